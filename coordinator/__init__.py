@@ -1,0 +1,1 @@
+"""The coordinator: power-limit optimisation and job bookkeeping over NATS."""

@@ -1,0 +1,29 @@
+"""Shared fixtures: a real nats-server per test module, and a connected client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeus_agent.broker import EmbeddedNats, connect
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_PROFILES = REPO_ROOT / "data" / "reference-profiles"
+
+
+@pytest.fixture(scope="module")
+def nats_server() -> Iterator[EmbeddedNats]:
+    """A real nats-server on a free loopback port, shared by one test module."""
+    with EmbeddedNats() as server:
+        yield server
+
+
+@pytest.fixture
+async def nc(nats_server: EmbeddedNats) -> AsyncIterator[Any]:
+    """A client connection to the module's nats-server, drained after the test."""
+    conn = await connect(nats_server.url, "test-client")
+    yield conn
+    await conn.drain()

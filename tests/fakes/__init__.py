@@ -1,0 +1,1 @@
+"""Test doubles: `fake_pynvml` (a fake NVML module with per-device state)."""

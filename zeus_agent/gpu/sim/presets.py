@@ -1,0 +1,193 @@
+"""Hardware presets and workloads of the simulated GPU, calibrated on real measurements.
+
+Pieces:
+
+* `PRESETS`: `HardwareParams` for "A40", "V100", "A100" and "H100". The A40 and V100 curve
+  parameters are fitted to the reference profiles (`data/reference-profiles/`); A100 (SXM4 40GB)
+  and H100 (SXM) are extrapolated from the fitted Ampere/Volta shapes (docs/simulator.md).
+* `WORKLOADS`: `WorkloadParams` fitted to each of the 12 reference profiles, keyed by the CSV
+  stem (e.g. "A40+resnet50+gpu0,1,2,3"), plus generic "compute-bound", "memory-bound" and
+  "input-bound" workloads for tests and demos.
+* `sm_clock_table`: builds an NVML-like SM clock table.
+
+The numbers between the GENERATED markers are written by
+``python -m zeus_agent.gpu.sim.calibration --write``; do not edit them by hand.
+"""
+
+from __future__ import annotations
+
+from zeus_agent.gpu.sim.physics import HardwareParams, WorkloadParams
+
+__all__ = ["FITTED_HARDWARE", "FITTED_WORKLOADS", "PRESETS", "WORKLOADS", "sm_clock_table"]
+
+
+def sm_clock_table(min_mhz: int, max_mhz: int, step_mhz: float) -> tuple[int, ...]:
+    """Return SM clocks from `max_mhz` down to `min_mhz`, NVML-style (fractional steps floored).
+
+    Args:
+        min_mhz: Lowest clock (MHz).
+        max_mhz: Highest clock (MHz); must be reachable from `min_mhz` in whole steps.
+        step_mhz: Step between clocks, e.g. 15 or 7.5 (MHz).
+
+    Returns:
+        The clocks, highest first (MHz).
+    """
+    count = round((max_mhz - min_mhz) / step_mhz)
+    return tuple(int(min_mhz + i * step_mhz) for i in range(count, -1, -1))
+
+
+# BEGIN GENERATED (python -m zeus_agent.gpu.sim.calibration --write)
+FITTED_HARDWARE: dict[str, dict[str, float]] = {}
+FITTED_WORKLOADS: dict[str, dict[str, float]] = {}
+# END GENERATED
+
+
+def _fitted(gpu: str, key: str, fallback: float) -> float:
+    """Return a fitted hardware parameter, or `fallback` before the first calibration."""
+    return FITTED_HARDWARE.get(gpu, {}).get(key, fallback)
+
+
+_A40_CLOCKS = sm_clock_table(210, 1740, 15)
+_V100_CLOCKS = sm_clock_table(135, 1380, 7.5)
+_A100_CLOCKS = sm_clock_table(210, 1410, 15)
+_H100_CLOCKS = sm_clock_table(210, 1980, 15)
+
+
+def _a40() -> HardwareParams:
+    static = _fitted("A40", "static_power_w", 70.0)
+    return HardwareParams(
+        name="NVIDIA A40",
+        architecture="ampere",
+        min_power_limit_w=100,
+        max_power_limit_w=300,
+        default_power_limit_w=300,
+        idle_power_w=30.0,
+        supported_sm_clocks_mhz=_A40_CLOCKS,
+        supported_memory_clocks_mhz=(7251, 5001, 810, 405),
+        static_power_w=static,
+        dynamic_power_w=_fitted("A40", "dynamic_power_w", 300.0 - static),
+        voltage_floor_clock_mhz=_fitted("A40", "voltage_floor_clock_mhz", 1000.0),
+        voltage_exponent=_fitted("A40", "voltage_exponent", 2.2),
+        throttle_floor_clock_mhz=_fitted("A40", "throttle_floor_clock_mhz", 400.0),
+    )
+
+
+def _v100() -> HardwareParams:
+    static = _fitted("V100", "static_power_w", 60.0)
+    return HardwareParams(
+        name="Tesla V100-PCIE-32GB",
+        architecture="volta",
+        min_power_limit_w=100,
+        max_power_limit_w=250,
+        default_power_limit_w=250,
+        idle_power_w=25.0,
+        supported_sm_clocks_mhz=_V100_CLOCKS,
+        supported_memory_clocks_mhz=(877,),
+        static_power_w=static,
+        dynamic_power_w=_fitted("V100", "dynamic_power_w", 250.0 - static),
+        voltage_floor_clock_mhz=_fitted("V100", "voltage_floor_clock_mhz", 800.0),
+        voltage_exponent=_fitted("V100", "voltage_exponent", 2.2),
+        throttle_floor_clock_mhz=_fitted("V100", "throttle_floor_clock_mhz", 300.0),
+    )
+
+
+def _scaled(
+    base: HardwareParams,
+    *,
+    name: str,
+    min_w: int,
+    max_w: int,
+    idle_w: float,
+    clocks: tuple[int, ...],
+    memory_clocks: tuple[int, ...],
+) -> HardwareParams:
+    """Extrapolate a GPU from a fitted one of the same family.
+
+    The static power scales with the TDP, the dynamic power fills the rest of the TDP, and the
+    voltage floor and throttle floor stay at the same fraction of the highest clock.
+    """
+    ratio = max_w / base.max_power_limit_w
+    static = base.static_power_w * ratio
+    clock_ratio = clocks[0] / base.max_sm_clock_mhz
+    return HardwareParams(
+        name=name,
+        architecture=base.architecture if "H100" not in name else "hopper",
+        min_power_limit_w=min_w,
+        max_power_limit_w=max_w,
+        default_power_limit_w=max_w,
+        idle_power_w=idle_w,
+        supported_sm_clocks_mhz=clocks,
+        supported_memory_clocks_mhz=memory_clocks,
+        static_power_w=static,
+        dynamic_power_w=base.dynamic_power_w * ratio,
+        voltage_floor_clock_mhz=base.voltage_floor_clock_mhz * clock_ratio,
+        voltage_exponent=base.voltage_exponent,
+        throttle_floor_clock_mhz=base.throttle_floor_clock_mhz * clock_ratio,
+    )
+
+
+_A40 = _a40()
+
+PRESETS: dict[str, HardwareParams] = {
+    "A40": _A40,
+    "V100": _v100(),
+    "A100": _scaled(
+        _A40,
+        name="NVIDIA A100-SXM4-40GB",
+        min_w=100,
+        max_w=400,
+        idle_w=55.0,
+        clocks=_A100_CLOCKS,
+        memory_clocks=(1215,),
+    ),
+    "H100": _scaled(
+        _A40,
+        name="NVIDIA H100 80GB HBM3",
+        min_w=200,
+        max_w=700,
+        idle_w=70.0,
+        clocks=_H100_CLOCKS,
+        memory_clocks=(2619,),
+    ),
+}
+"""Hardware presets by short name."""
+
+WORKLOADS: dict[str, WorkloadParams] = {
+    name: WorkloadParams(
+        compute_s=p["compute_s"],
+        memory_s=p["memory_s"],
+        floor_s=p["floor_s"],
+        overlap_exponent=p["overlap_exponent"],
+        activity=p["activity"],
+        wait_activity=p["wait_activity"],
+        description=f"fitted to data/reference-profiles/{name}.csv",
+    )
+    for name, p in FITTED_WORKLOADS.items()
+}
+"""Workloads by name: the 12 fitted profiles (CSV stems) and generic ones."""
+
+WORKLOADS["compute-bound"] = WorkloadParams(
+    compute_s=0.25,
+    memory_s=0.03,
+    floor_s=0.0,
+    activity=0.95,
+    wait_activity=0.3,
+    description="generic: a step that is almost all SM-bound kernels",
+)
+WORKLOADS["memory-bound"] = WorkloadParams(
+    compute_s=0.08,
+    memory_s=0.17,
+    floor_s=0.0,
+    activity=0.6,
+    wait_activity=0.3,
+    description="generic: a step dominated by memory-bound kernels",
+)
+WORKLOADS["input-bound"] = WorkloadParams(
+    compute_s=0.12,
+    memory_s=0.03,
+    floor_s=0.25,
+    overlap_exponent=6.0,
+    activity=0.8,
+    wait_activity=0.25,
+    description="generic: a step starved by its input pipeline (GPU work overlaps the floor)",
+)

@@ -1,0 +1,108 @@
+"""How async code calls a GPU backend without blocking the event loop.
+
+* `GPUCaller`: `await caller.call(fn, *args, timeout_s=2.0)`. For a backend whose `calls_block`
+  is True (NVML: calls serialise on a driver lock and can hang when a GPU falls off the bus),
+  calls run one at a time on a dedicated single-thread executor per GPU and time out with
+  `GPUUnavailableError`. For a backend whose `calls_block` is False (the simulated GPU), calls run
+  inline on the event loop.
+
+Pure asyncio; nothing here knows about NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from zeus_agent.errors import GPUUnavailableError
+from zeus_agent.gpu.base import GPU
+
+__all__ = ["DEFAULT_TIMEOUT_S", "GPUCaller"]
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 2.0
+"""Default time a blocking GPU call may take before it counts as hung. Units: s."""
+
+
+class GPUCaller:
+    """Runs one GPU's (possibly blocking) methods on behalf of async code.
+
+    A timed-out call keeps running in its thread (a blocking C call cannot be interrupted), so
+    later calls queue behind it and time out too until it returns; callers see
+    `GPUUnavailableError` each time, which is the right signal for a hung GPU.
+
+    Attributes:
+        gpu: The GPU whose methods are called.
+        blocking: Whether calls go through the executor (`gpu.calls_block`, default True).
+    """
+
+    def __init__(self, gpu: GPU) -> None:
+        """Create the caller and, for blocking backends, its single-thread executor.
+
+        Args:
+            gpu: The GPU to call. Its `calls_block` attribute (True when absent) picks the mode.
+        """
+        self.gpu = gpu
+        self.blocking: bool = bool(getattr(gpu, "calls_block", True))
+        self._executor: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpu{gpu.index}")
+            if self.blocking
+            else None
+        )
+        self._closed = False
+
+    def __repr__(self) -> str:
+        mode = "threaded" if self.blocking else "inline"
+        return f"GPUCaller(gpu={self.gpu!r}, {mode}, closed={self._closed})"
+
+    async def call(
+        self, fn: Callable[..., T], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> T:
+        """Call `fn(*args)`, in this GPU's thread if the backend blocks.
+
+        Args:
+            fn: Usually a bound method of `self.gpu`, e.g. `gpu.get_power_w`.
+            *args: Positional arguments for `fn`.
+            timeout_s: Longest wait for a blocking call (ignored for inline calls). Units: s.
+
+        Returns:
+            What `fn` returns.
+
+        Raises:
+            GPUUnavailableError: If the call did not return within `timeout_s`, or the caller
+                is closed.
+            GPUError: Whatever `fn` raises, unchanged.
+        """
+        if self._closed:
+            raise GPUUnavailableError(
+                f"GPU {self.gpu.index}: cannot call {_name(fn)}, the GPU caller is closed."
+            )
+        if self._executor is None:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError as e:
+            raise GPUUnavailableError(
+                f"GPU {self.gpu.index}: {_name(fn)} did not return within {timeout_s:g} s; "
+                "the GPU or its driver may be hung (check `nvidia-smi` and the kernel log)."
+            ) from e
+
+    def close(self) -> None:
+        """Shut the executor down without waiting; queued calls are cancelled. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    """Return a readable name for `fn` ("get_power_w" for a bound method)."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return str(name) if name else repr(fn)

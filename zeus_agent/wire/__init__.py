@@ -1,0 +1,12 @@
+"""The wire contract shared by the agent, the coordinator and trainers.
+
+* `subjects`: NATS subject names (pure functions, configurable prefix, sanitised tokens).
+* `messages`: pydantic v2 payload models with a schema version.
+* `codec`: the msgpack codec; `decode` raises one `PayloadError` that names the field.
+* `trainer`: the local datagram protocol between trainers and their node's agent.
+"""
+
+from zeus_agent.wire import subjects
+from zeus_agent.wire.codec import SCHEMA_VERSION, decode, encode, validate
+
+__all__ = ["SCHEMA_VERSION", "decode", "encode", "subjects", "validate"]

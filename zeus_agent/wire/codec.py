@@ -1,0 +1,87 @@
+"""The one msgpack codec of the wire contract, and validation into one error type.
+
+* `encode(model)`: a pydantic model (or plain data) -> msgpack bytes.
+* `decode(data, model)`: msgpack bytes -> a validated model; any problem (not msgpack, not a
+  map, wrong schema version, a bad field) raises `PayloadError` naming the field.
+* `validate(model, obj)`: the same validation for already-decoded data.
+
+`model` may be a pydantic model class or a `pydantic.TypeAdapter` (for unions of commands).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, overload
+
+import msgpack
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from zeus_agent.errors import PayloadError
+
+SCHEMA_VERSION = 1
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+def encode(obj: BaseModel | Any) -> bytes:
+    """Encode a model (or plain msgpack-able data) into msgpack bytes."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="python")
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    """Decode msgpack bytes into Python data, raising `PayloadError` if they are not msgpack."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types for garbage.
+        raise PayloadError(f"payload is not valid msgpack ({type(e).__name__}: {e})") from None
+
+
+def _describe(err: ValidationError) -> tuple[str, str]:
+    first = err.errors()[0]
+    field = ".".join(str(part) for part in first["loc"])
+    got = first.get("input")
+    shown = repr(got)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    more = f" (and {err.error_count() - 1} more errors)" if err.error_count() > 1 else ""
+    where = f"field '{field}'" if field else "payload"
+    return field, f"{where}: {first['msg']} (got {shown}){more}"
+
+
+@overload
+def validate(model: type[M], obj: Any) -> M: ...
+@overload
+def validate(model: TypeAdapter[T], obj: Any) -> T: ...
+def validate(model: Any, obj: Any) -> Any:
+    """Validate decoded data against a model class or `TypeAdapter`.
+
+    Raises:
+        PayloadError: The data is not a map, has an unsupported schema version, or a field is
+            invalid; the message and `.field` name the first bad field.
+    """
+    if not isinstance(obj, dict):
+        raise PayloadError(f"payload must be a map, got {type(obj).__name__}")
+    version = obj.get("v", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise PayloadError(
+            f"schema version {version!r} is not supported (this build speaks {SCHEMA_VERSION}); "
+            "upgrade the older side",
+            field="v",
+        )
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(obj)
+        return model.model_validate(obj)
+    except ValidationError as e:
+        field, message = _describe(e)
+        raise PayloadError(message, field=field) from None
+
+
+@overload
+def decode(data: bytes, model: type[M]) -> M: ...
+@overload
+def decode(data: bytes, model: TypeAdapter[T]) -> T: ...
+def decode(data: bytes, model: Any) -> Any:
+    """Decode msgpack bytes and validate them (see `validate`)."""
+    return validate(model, unpack(data))

@@ -1,0 +1,394 @@
+"""Payload models of the wire contract (pydantic v2, schema version `v`, unknown fields refused).
+
+Announcements and telemetry (agent -> bus):
+    `GpuDescription`, `AgentHello`, `Sample`, `SampleBatch`, `Mark`, `Measurement`,
+    `MeasurementBatch`, `ErrorEvent`.
+Commands to one GPU (request/reply on `gpu_command`), a union discriminated by `op`:
+    `InfoCmd`, `SetPowerLimitCmd`, `ResetPowerLimitCmd`, `LockClocksCmd`, `ResetClocksCmd`,
+    `InstallScheduleCmd`, `ClearScheduleCmd`, `BindRankCmd`, `UnbindRankCmd`, `EnergyCmd`,
+    `RenewLeasesCmd`; parse with `GPU_COMMAND`. Every reply is a `Reply`.
+Coordinator requests (request/reply): `RegisterJob`, `RegisterRank`, `JobQuery`;
+    `PowerLimitOptions` configures a job's power-limit optimizer.
+Job streams: `TrainerEvent`, `TrainerEventBatch`, `ScheduleMessage`, `JobStatus`,
+    `LeaseRenewal`.
+
+Every top-level message derives from `Message` (fields `v`, extra fields forbidden).
+Units are in the field names: `_w`, `_j`, `_s`, `_ns` (monotonic, host-local), `_mhz`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+from zeus_agent.gpu.base import GPUInfo
+from zeus_agent.models import FrequencySchedule, JobInfo, RankInfo
+from zeus_agent.wire.codec import SCHEMA_VERSION
+
+
+class Message(BaseModel):
+    """Base of every top-level payload: a schema version and no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: Literal[1] = SCHEMA_VERSION
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------- announcements
+class GpuDescription(_Part):
+    """What an agent announces about one GPU (see `zeus_agent.gpu.base.GPUInfo`)."""
+
+    index: int = Field(ge=0)
+    uuid: str
+    name: str
+    architecture: str
+    min_power_limit_w: int
+    max_power_limit_w: int
+    default_power_limit_w: int
+    supported_memory_clocks_mhz: list[int]
+    supported_graphics_clocks_mhz: list[int]
+    has_energy_counter: bool
+    power_limit_w: int
+
+    @classmethod
+    def from_info(cls, info: GPUInfo, power_limit_w: int) -> GpuDescription:
+        """Build from a backend's `GPUInfo` and the current limit."""
+        return cls(
+            index=info.index,
+            uuid=info.uuid,
+            name=info.name,
+            architecture=info.architecture,
+            min_power_limit_w=info.min_power_limit_w,
+            max_power_limit_w=info.max_power_limit_w,
+            default_power_limit_w=info.default_power_limit_w,
+            supported_memory_clocks_mhz=list(info.supported_memory_clocks_mhz),
+            supported_graphics_clocks_mhz=list(info.supported_graphics_clocks_mhz),
+            has_energy_counter=info.has_energy_counter,
+            power_limit_w=power_limit_w,
+        )
+
+
+class AgentHello(Message):
+    """An agent's announcement of its node and GPUs; repeated as the heartbeat."""
+
+    node: str
+    agent_id: str
+    backend: str
+    heartbeat_s: float
+    socket_path: str
+    gpus: list[GpuDescription]
+
+
+class Sample(_Part):
+    """One reading of a GPU. `energy_j` is the cumulative counter (or integrated power)."""
+
+    t_ns: int
+    energy_j: float
+    power_w: float
+    power_limit_w: int
+    sm_clock_mhz: int
+    memory_clock_mhz: int
+
+
+class SampleBatch(Message):
+    """Samples of one GPU, oldest first."""
+
+    node: str
+    gpu: int
+    uuid: str
+    samples: list[Sample]
+
+
+class Mark(_Part):
+    """The time and energy counter of a GPU at a trainer event (for windows over steps).
+
+    Counters, not timestamps, identify the event across hosts: `t_ns` is only comparable with
+    other marks of the same GPU.
+    """
+
+    kind: Literal["step_begin", "step_end", "epoch_begin", "epoch_end"]
+    epoch: int
+    step: int
+    t_ns: int
+    energy_j: float
+
+
+class Measurement(_Part):
+    """Time and energy of one step or instruction of the rank bound to a GPU."""
+
+    kind: Literal["step", "instruction"]
+    name: str
+    epoch: int
+    step: int
+    index: int
+    t0_ns: int
+    t1_ns: int
+    time_s: float
+    energy_j: float
+
+
+class MeasurementBatch(Message):
+    """Marks and measurements of the rank bound to one GPU."""
+
+    node: str
+    gpu: int
+    job_id: str
+    rank: int
+    marks: list[Mark] = []
+    measurements: list[Measurement] = []
+
+
+class ErrorEvent(Message):
+    """Something went wrong that nobody asked about: a bad datagram, a schedule mismatch."""
+
+    source: str
+    code: str
+    message: str
+    job_id: str | None = None
+    rank: int | None = None
+    detail: dict[str, Any] = {}
+
+
+# ---------------------------------------------------------------------------- GPU commands
+class _Leased(_Part):
+    holder: str = Field(default="", description="Who holds the setting (a job id); '' = nobody")
+    lease_s: float | None = Field(
+        default=None, gt=0, description="Restore defaults unless renewed within this time"
+    )
+
+
+class InfoCmd(_Part):
+    """Describe the GPU, its current settings, leases and bound rank."""
+
+    op: Literal["info"] = "info"
+
+
+class SetPowerLimitCmd(_Leased):
+    """Set the power limit (W)."""
+
+    op: Literal["set_power_limit"] = "set_power_limit"
+    power_limit_w: int
+
+
+class ResetPowerLimitCmd(_Part):
+    """Restore the default power limit."""
+
+    op: Literal["reset_power_limit"] = "reset_power_limit"
+
+
+class LockClocksCmd(_Leased):
+    """Lock the SM clock into [min_mhz, max_mhz]."""
+
+    op: Literal["lock_clocks"] = "lock_clocks"
+    min_mhz: int
+    max_mhz: int
+
+
+class ResetClocksCmd(_Part):
+    """Unlock the SM clock."""
+
+    op: Literal["reset_clocks"] = "reset_clocks"
+
+
+class InstallScheduleCmd(_Leased):
+    """Install a rank's frequency schedule, applied on each `instruction_begin`."""
+
+    op: Literal["install_schedule"] = "install_schedule"
+    job_id: str
+    schedule: FrequencySchedule
+
+
+class ClearScheduleCmd(_Part):
+    """Remove the installed schedule and unlock clocks."""
+
+    op: Literal["clear_schedule"] = "clear_schedule"
+
+
+class BindRankCmd(_Part):
+    """Bind a job's rank to this GPU, so its events are measured here."""
+
+    op: Literal["bind"] = "bind"
+    job_id: str
+    rank: int = Field(ge=0)
+
+
+class UnbindRankCmd(_Part):
+    """Forget the bound rank."""
+
+    op: Literal["unbind"] = "unbind"
+
+
+class EnergyCmd(_Part):
+    """Energy and time between two host-local monotonic timestamps of this agent's host."""
+
+    op: Literal["energy"] = "energy"
+    t0_ns: int
+    t1_ns: int
+
+
+class RenewLeasesCmd(_Part):
+    """Renew every lease of `holder` on this GPU."""
+
+    op: Literal["renew"] = "renew"
+    holder: str
+    lease_s: float = Field(gt=0)
+
+
+GpuCommand = Annotated[
+    InfoCmd
+    | SetPowerLimitCmd
+    | ResetPowerLimitCmd
+    | LockClocksCmd
+    | ResetClocksCmd
+    | InstallScheduleCmd
+    | ClearScheduleCmd
+    | BindRankCmd
+    | UnbindRankCmd
+    | EnergyCmd
+    | RenewLeasesCmd,
+    Field(discriminator="op"),
+]
+
+
+class CommandEnvelope(Message):
+    """A GPU command on the bus: `{"v": 1, "cmd": {"op": ..., ...}}`."""
+
+    cmd: GpuCommand
+
+
+class Reply(Message):
+    """The answer to every request. `ok` False carries a stable `code` and a message.
+
+    Codes: bad_request, out_of_range, not_supported, permission, unavailable, unknown_job,
+    unknown_rank, duplicate, conflict, timeout, internal.
+    """
+
+    ok: bool
+    code: str = ""
+    error: str = ""
+    result: dict[str, Any] = {}
+
+    @classmethod
+    def success(cls, **result: Any) -> Reply:
+        """A successful reply carrying `result`."""
+        return cls(ok=True, result=result)
+
+    @classmethod
+    def failure(cls, code: str, error: str) -> Reply:
+        """A failed reply with a stable code and a message for people."""
+        return cls(ok=False, code=code, error=error)
+
+
+# ---------------------------------------------------------------------------- coordinator
+SelectorName = Literal["Energy", "Time", "ZeusCost", "MaxSlowdownConstraint"]
+
+
+class PowerLimitOptions(_Part):
+    """How the coordinator optimises a data-parallel job's power limit (Zeus's arguments)."""
+
+    selector: SelectorName = "Time"
+    eta_knob: float = Field(default=0.5, ge=0.0, le=1.0)
+    max_slowdown: float = Field(default=1.1, ge=1.0)
+    wait_steps: int = Field(default=1, ge=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    profile_steps: int = Field(default=40, ge=1)
+    pl_step_w: int = Field(default=25, ge=1)
+    search: Literal["exhaustive", "adaptive"] = "exhaustive"
+    profile_path: str | None = None
+
+
+class RegisterJob(Message):
+    """Register a job. `power_limit` set: the coordinator runs the power-limit optimizer."""
+
+    job: JobInfo
+    scheduler: str = "PowerLimitOptimizer"
+    power_limit: PowerLimitOptions | None = None
+
+
+class GpuBinding(_Part):
+    """The GPU a rank drives: node name and GPU index (and uuid when known)."""
+
+    node: str
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str = ""
+
+
+class RegisterRank(Message):
+    """Register one rank of a job, with the GPU it drives."""
+
+    job_id: str
+    rank_info: RankInfo
+    gpu: GpuBinding
+    pid: int | None = None
+
+
+class JobQuery(Message):
+    """Ask the coordinator for a job's state (or the list of jobs when `job_id` is None)."""
+
+    job_id: str | None = None
+
+
+class TrainerEvent(_Part):
+    """A trainer event with the rank's running counters (stamp is host-local)."""
+
+    kind: Literal[
+        "epoch_begin",
+        "epoch_end",
+        "step_begin",
+        "step_end",
+        "instruction_begin",
+        "instruction_end",
+    ]
+    t_ns: int
+    epoch: int = 0
+    step: int = 0
+    index: int = 0
+    name: str = ""
+
+
+class TrainerEventBatch(Message):
+    """Events of one rank, oldest first, as forwarded by its node's agent."""
+
+    job_id: str
+    rank: int
+    node: str
+    gpu: int
+    events: list[TrainerEvent]
+
+
+class ScheduleMessage(Message):
+    """A rank's frequency schedule as broadcast by the coordinator."""
+
+    job_id: str
+    schedule: FrequencySchedule
+
+
+class JobStatus(Message):
+    """A job's state change or progress, for people and dashboards."""
+
+    job_id: str
+    state: str
+    message: str
+    progress: dict[str, Any] = {}
+
+
+class LeaseRenewal(Message):
+    """Renew every lease `holder` has on any agent for `lease_s` seconds."""
+
+    holder: str
+    lease_s: float = Field(gt=0)
+
+    @field_validator("holder")
+    @classmethod
+    def _non_empty(cls, holder: str) -> str:
+        if not holder:
+            raise ValueError("holder must not be empty")
+        return holder
+
+
+GPU_COMMAND: TypeAdapter[GpuCommand] = TypeAdapter(GpuCommand)

@@ -1,0 +1,185 @@
+"""The local datagram protocol between trainers (`zeus_agent.emit`) and their node's agent.
+
+Trainers send msgpack arrays on a Unix datagram socket; the agent answers requests by sending
+to the trainer's own (autobound) socket address. Arrays, not maps, keep the hot path at about
+a microsecond.
+
+* Event  (trainer -> agent, fire and forget): `[1, kind, pid, t_ns, a, b, name]`
+  * `EPOCH_BEGIN`/`EPOCH_END`: a = epoch, b = 0
+  * `STEP_BEGIN`/`STEP_END`: a = step (running count of the rank's steps), b = epoch
+  * `INSTRUCTION_BEGIN`/`INSTRUCTION_END`: a = instruction index (running), b = step; name
+* Request (trainer -> agent): `[1, kind, pid, request_id, payload]`, payload a map:
+  * `HELLO`: `TrainerHello` (binds the pid to a job rank and GPU; replied)
+  * `REGISTER_JOB`: a `RegisterJob` message, relayed to the coordinator
+  * `REGISTER_RANK`: a `RegisterRank` message, relayed to the coordinator
+  * `WINDOW`: `WindowRequest`, energy of GPUs between two stamps, answered from ring buffers
+  * `BYE`: the trainer is done; its GPUs' rank settings are released
+* Reply (agent -> trainer): `[1, REPLY, request_id, reply]` with reply a `Reply` map.
+
+`encode_event` is the hot path; everything else validates with pydantic.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field
+
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire.codec import unpack, validate
+from zeus_agent.wire.messages import Reply
+
+PROTOCOL_VERSION = 1
+DEFAULT_SOCKET_PATH = "/run/zeus-agent/agent.sock"
+MAX_DATAGRAM_BYTES = 65_000
+
+
+class Kind(enum.IntEnum):
+    """Datagram kinds."""
+
+    EPOCH_BEGIN = 1
+    EPOCH_END = 2
+    STEP_BEGIN = 3
+    STEP_END = 4
+    INSTRUCTION_BEGIN = 5
+    INSTRUCTION_END = 6
+    HELLO = 20
+    REGISTER_JOB = 21
+    REGISTER_RANK = 22
+    WINDOW = 23
+    BYE = 24
+    REPLY = 30
+
+
+EVENT_KINDS = frozenset(
+    {
+        Kind.EPOCH_BEGIN,
+        Kind.EPOCH_END,
+        Kind.STEP_BEGIN,
+        Kind.STEP_END,
+        Kind.INSTRUCTION_BEGIN,
+        Kind.INSTRUCTION_END,
+    }
+)
+REQUEST_KINDS = frozenset({Kind.HELLO, Kind.REGISTER_JOB, Kind.REGISTER_RANK, Kind.WINDOW, Kind.BYE})
+
+
+class TrainerHello(BaseModel):
+    """A trainer process introduces itself: which job rank it is and which GPUs it drives."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    rank: int = Field(ge=0)
+    dp_rank: int = Field(default=0, ge=0)
+    pp_rank: int = Field(default=0, ge=0)
+    tp_rank: int = Field(default=0, ge=0)
+    gpu_index: int = Field(ge=0)
+
+
+class WindowRequest(BaseModel):
+    """Energy of each listed GPU between two host-local monotonic stamps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    t0_ns: int
+    t1_ns: int
+    gpus: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class EventDatagram:
+    """A decoded trainer event."""
+
+    kind: Kind
+    pid: int
+    t_ns: int
+    a: int
+    b: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDatagram:
+    """A decoded trainer request; `payload` is still to be validated for its kind."""
+
+    kind: Kind
+    pid: int
+    request_id: int
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyDatagram:
+    """A decoded agent reply."""
+
+    request_id: int
+    reply: Reply
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode_event(kind: int, pid: int, t_ns: int, a: int, b: int, name: str) -> bytes:
+    """Pack an event datagram (hot path: no validation)."""
+    return _packer.pack([PROTOCOL_VERSION, kind, pid, t_ns, a, b, name])
+
+
+def encode_request(kind: Kind, pid: int, request_id: int, payload: BaseModel | dict) -> bytes:
+    """Pack a request datagram."""
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="python")
+    return _packer.pack([PROTOCOL_VERSION, int(kind), pid, request_id, payload])
+
+
+def encode_reply(request_id: int, reply: Reply) -> bytes:
+    """Pack a reply datagram."""
+    return _packer.pack(
+        [PROTOCOL_VERSION, int(Kind.REPLY), request_id, reply.model_dump(mode="python")]
+    )
+
+
+def _int(value: Any, what: str) -> int:
+    if type(value) is not int:
+        raise PayloadError(f"datagram field '{what}' must be an integer, got {value!r}", what)
+    return value
+
+
+def decode_datagram(data: bytes) -> EventDatagram | RequestDatagram | ReplyDatagram:
+    """Decode and check one datagram.
+
+    Raises:
+        PayloadError: Not msgpack, not an array of the right shape, an unknown kind or
+            protocol version, or a field of the wrong type; the message says which.
+    """
+    obj = unpack(data)
+    if not isinstance(obj, list) or len(obj) < 4:
+        raise PayloadError("datagram must be a msgpack array of at least 4 items")
+    if obj[0] != PROTOCOL_VERSION:
+        raise PayloadError(
+            f"datagram protocol version {obj[0]!r} is not supported (agent speaks "
+            f"{PROTOCOL_VERSION}); use a zeus_agent.emit of the agent's version",
+            "v",
+        )
+    try:
+        kind = Kind(_int(obj[1], "kind"))
+    except ValueError:
+        raise PayloadError(f"unknown datagram kind {obj[1]!r}", "kind") from None
+    if kind in EVENT_KINDS:
+        if len(obj) != 7:
+            raise PayloadError(f"{kind.name} datagram must have 7 items, got {len(obj)}")
+        name = obj[6]
+        if not isinstance(name, str):
+            raise PayloadError(f"datagram field 'name' must be a string, got {name!r}", "name")
+        return EventDatagram(
+            kind, _int(obj[2], "pid"), _int(obj[3], "t_ns"), _int(obj[4], "a"),
+            _int(obj[5], "b"), name,
+        )  # fmt: skip
+    if kind is Kind.REPLY:
+        return ReplyDatagram(_int(obj[2], "request_id"), validate(Reply, obj[3]))
+    if len(obj) != 5 or not isinstance(obj[4], dict):
+        raise PayloadError(f"{kind.name} datagram must be [v, kind, pid, request_id, map]")
+    return RequestDatagram(kind, _int(obj[2], "pid"), _int(obj[3], "request_id"), obj[4])
