@@ -96,7 +96,8 @@ class Time(OptimumSelector):
 class ZeusCost(OptimumSelector):
     r"""Selects the power limit that minimizes a linear Zeus time-energy cost function.
 
-    Cost function is $\eta \cdot \text{Energy} + (1 - \eta) \cdot \text{MaxPower} \cdot \text{Time}$,
+    Cost function is $\eta \cdot E + (1 - \eta) \cdot \text{MaxPower} \cdot T$ (E energy,
+    T time),
     with MaxPower the largest measured power limit times `world_size`.
     """
 

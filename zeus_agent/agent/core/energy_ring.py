@@ -17,7 +17,8 @@ Invariants (everything that affects the answers lives in this file):
    counter wrap) is handled by carrying an offset: from that sample on, stored = raw + offset,
    where the offset is chosen so the first sample after the reset stores the same value as the
    last one before it. The energy spent between those two samples is unknown and counted as zero
-   (never over-counted); `counter_resets` counts these events.
+   (never over-counted); `counter_resets` counts these events. A stored value is also clamped to
+   the previous one, so float rounding of `raw + offset` never makes the series dip.
 3. At most `capacity` samples are kept; appending to a full ring overwrites the oldest. Storage is
    two preallocated arrays used circularly; lookups binary-search the logical index in
    O(log capacity) without copying.
@@ -86,9 +87,7 @@ class EnergyRing:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
             raise ValueError(f"capacity must be an integer >= 2, got {capacity!r}.")
         if max_extrapolation_ns < 0:
-            raise ValueError(
-                f"max_extrapolation_ns must be >= 0, got {max_extrapolation_ns!r}."
-            )
+            raise ValueError(f"max_extrapolation_ns must be >= 0, got {max_extrapolation_ns!r}.")
         self.capacity = capacity
         self.max_extrapolation_ns = int(max_extrapolation_ns)
         self._t = array("q", bytes(8 * capacity))  # int64 times, preallocated
@@ -128,6 +127,9 @@ class EnergyRing:
                 self.counter_resets += 1
         self._last_raw_j = energy_j
         stored = energy_j + self._offset_j
+        if self._len:
+            # raw + offset can round below the previous value; never let the series dip.
+            stored = max(stored, self._e[self._phys(self._len - 1)])
         if self._len == self.capacity:
             slot = self._head
             self._head = (self._head + 1) % self.capacity
@@ -185,7 +187,9 @@ class EnergyRing:
             WindowOutOfRange: The ring is empty, `t_ns` is before the oldest sample, past the
                 horizon, or after the only sample (no power observed yet to extrapolate with).
         """
-        horizon = self.max_extrapolation_ns if max_extrapolation_ns is None else max_extrapolation_ns
+        horizon = self.max_extrapolation_ns
+        if max_extrapolation_ns is not None:
+            horizon = max_extrapolation_ns
         span = self.span()
         if span is None:
             raise WindowOutOfRange(

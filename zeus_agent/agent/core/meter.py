@@ -27,7 +27,8 @@ Invariants of `RankMeter` (everything that pairs events lives in this file):
 4. Counters that jump forward by more than one within the same parent (steps within an epoch,
    instructions within a step, epochs) report a `Gap` naming how many are missing. Step counters
    may restart per epoch or run globally: a new epoch resets the step check.
-5. A second begin or end of the same counter is a duplicate `Gap` and is otherwise ignored; an
+5. A second begin or end of the same counter is a duplicate `Gap` and is otherwise ignored (the
+   last 256 counters per kind are remembered; the partner of a given-up entry is "late"); an
    interval whose end time precedes its begin time, or an instruction whose end name differs from
    its begin name, is reported as a `Gap` and not returned as an `Interval`.
 
@@ -148,6 +149,10 @@ def _label(kind: IntervalKind, mark: _Mark) -> str:
     return f"instruction {mark.index} ({mark.name!r}) {where}"
 
 
+def _sentence(message: str) -> str:
+    return message[0].upper() + message[1:] + "."
+
+
 _Key = tuple[int, ...]
 
 
@@ -160,17 +165,17 @@ class _Pairer:
         self.open: dict[_Key, _Mark] = {}  # begins waiting for their end
         self.early: dict[_Key, _Mark] = {}  # ends waiting for their begin
         self.top: list[_Key] = []  # the `window + 1` largest keys seen, ascending
-        self.retired: OrderedDict[_Key, None] = OrderedDict()
+        self.retired: OrderedDict[_Key, bool] = OrderedDict()  # key -> was closed (not given up)
 
     def begin(self, key: _Key, mark: _Mark) -> list[MeterRecord]:
-        if key in self.open or key in self.retired:
+        if key in self.open or self.retired.get(key):
             return [self._gap(GapReason.DUPLICATE, f"duplicate begin of {self._l(mark)}", mark)]
-        if self._too_old(key):
+        if key in self.retired or self._too_old(key):
             return [
                 self._gap(
                     GapReason.LATE,
-                    f"begin of {self._l(mark)} at t={mark.t_ns} ns arrived after newer ones "
-                    "outran the reordering window; not measured",
+                    f"begin of {self._l(mark)} at t={mark.t_ns} ns arrived after its end was "
+                    "given up or outside the reordering window; not measured",
                     mark,
                 )
             ]
@@ -184,14 +189,14 @@ class _Pairer:
         begin = self.open.pop(key, None)
         if begin is not None:
             return self._close(key, begin, mark)
-        if key in self.early or key in self.retired:
+        if key in self.early or self.retired.get(key):
             return [self._gap(GapReason.DUPLICATE, f"duplicate end of {self._l(mark)}", mark)]
-        if self._too_old(key):
+        if key in self.retired or self._too_old(key):
             return [
                 self._gap(
                     GapReason.LATE,
-                    f"end of {self._l(mark)} at t={mark.t_ns} ns has no begin within the "
-                    "reordering window; not measured",
+                    f"end of {self._l(mark)} at t={mark.t_ns} ns arrived after its begin was "
+                    "given up or outside the reordering window; not measured",
                     mark,
                 )
             ]
@@ -204,21 +209,19 @@ class _Pairer:
         return _label(self.kind, mark)
 
     def _gap(self, reason: GapReason, message: str, mark: _Mark) -> Gap:
-        return Gap(self.kind, reason, message[0].upper() + message[1:] + ".", mark.t_ns)
+        return Gap(self.kind, reason, _sentence(message), mark.t_ns)
 
     def _too_old(self, key: _Key) -> bool:
         return len(self.top) > self.window and key < self.top[0]
 
-    def _retire(self, key: _Key) -> None:
-        self.retired[key] = None
+    def _retire(self, key: _Key, closed: bool) -> None:
+        self.retired[key] = closed
         if len(self.retired) > _RETIRED_MEMORY:
             self.retired.popitem(last=False)
 
     def _close(self, key: _Key, begin: _Mark, end: _Mark) -> list[MeterRecord]:
-        self._retire(key)
+        self._retire(key, closed=True)
         out: list[MeterRecord] = []
-        if key not in self.top:
-            out.extend(self._see(key, end.t_ns))
         if end.t_ns < begin.t_ns:
             out.append(
                 self._gap(
@@ -263,25 +266,29 @@ class _Pairer:
         out: list[MeterRecord] = []
         for k in sorted(k for k in self.open if k < floor):
             mark = self.open.pop(k)
-            self._retire(k)
+            self._retire(k, closed=False)
             out.append(
                 Gap(
                     self.kind,
                     GapReason.NEVER_ENDED,
-                    f"{_label(self.kind, mark).capitalize()} began at t={mark.t_ns} ns but its "
-                    "end never arrived (a newer one began); not measured.",
+                    _sentence(
+                        f"{_label(self.kind, mark)} began at t={mark.t_ns} ns but its end never "
+                        "arrived (newer ones began); not measured"
+                    ),
                     t_ns,
                 )
             )
         for k in sorted(k for k in self.early if k < floor):
             mark = self.early.pop(k)
-            self._retire(k)
+            self._retire(k, closed=False)
             out.append(
                 Gap(
                     self.kind,
                     GapReason.NO_BEGIN,
-                    f"{_label(self.kind, mark).capitalize()} ended at t={mark.t_ns} ns without a "
-                    "begin; not measured.",
+                    _sentence(
+                        f"{_label(self.kind, mark)} ended at t={mark.t_ns} ns without a begin; "
+                        "not measured"
+                    ),
                     t_ns,
                 )
             )
@@ -312,14 +319,15 @@ class RankMeter:
         self._steps = _Pairer("step", reorder_window)
         self._epochs = _Pairer("epoch", reorder_window)
         self._instructions = _Pairer("instruction", reorder_window)
-        self._newest_step: tuple[int, int] | None = None  # (epoch, step), the current step
+        self._newest_step: tuple[int, int] | None = None  # newest (epoch, step) seen
+        self._context: tuple[int, int] | None = None  # newest (epoch, step) begun
         self._newest_epoch: int | None = None
         self._newest_index: tuple[tuple[int, int] | None, int] | None = None  # (context, index)
 
     @property
     def current_step(self) -> tuple[int, int] | None:
-        """`(epoch, step)` of the newest step seen, or None."""
-        return self._newest_step
+        """`(epoch, step)` of the newest step begun (instructions belong to it), or None."""
+        return self._context
 
     # ----------------------------------------------------------------------------- steps
 
@@ -327,6 +335,8 @@ class RankMeter:
         """Record the begin of `step` of `epoch` at `t_ns`."""
         mark = _Mark(None, epoch, step, None, t_ns)
         out = self._step_counter(mark)
+        if self._context is None or (epoch, step) > self._context:
+            self._context = (epoch, step)
         return out + self._steps.begin((epoch, step), mark)
 
     def step_end(self, step: int, epoch: int, t_ns: int) -> list[MeterRecord]:
@@ -400,7 +410,7 @@ class RankMeter:
         return out + self._instructions.end(self._instruction_key(mark), mark)
 
     def _instruction_mark(self, name: str, index: int, t_ns: int) -> _Mark:
-        ctx = self._newest_step
+        ctx = self._context
         if ctx is None:
             return _Mark(name, None, None, index, t_ns)
         return _Mark(name, ctx[0], ctx[1], index, t_ns)
@@ -414,7 +424,7 @@ class RankMeter:
 
     def _instruction_counter(self, mark: _Mark) -> list[MeterRecord]:
         assert mark.index is not None
-        ctx = self._newest_step
+        ctx = self._context
         last = self._newest_index
         if last is not None and last[0] == ctx and mark.index <= last[1]:
             return []

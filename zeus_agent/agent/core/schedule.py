@@ -98,7 +98,9 @@ class ScheduleCursor:
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ValueError(f"Schedule rank must be an integer >= 0, got {rank!r}.")
         if not frequencies:
-            raise ValueError(f"Schedule for rank {rank} is empty; it needs one pair per instruction.")
+            raise ValueError(
+                f"Schedule for rank {rank} is empty; it needs one pair per instruction."
+            )
         supported = None if supported_clocks_mhz is None else frozenset(supported_clocks_mhz)
         pairs: list[tuple[str, int]] = []
         for i, item in enumerate(frequencies):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import re
 import statistics
@@ -262,17 +263,23 @@ def fit(
             for prof in group:
                 x0 += _initial_workload(prof, hw0[0], base.max_power_limit_w - hw0[0])
 
-            def residuals(x: np.ndarray, group: list[Profile] = group) -> np.ndarray:
-                hw = _hardware_from(base, x[:4])
+            def residuals(
+                x: np.ndarray, group: list[Profile] = group, base: HardwareParams = base
+            ) -> np.ndarray:
+                values = [float(v) for v in x]
+                hw = _hardware_from(base, values[:4])
                 res: list[float] = []
                 for i, prof in enumerate(group):
-                    vec = x[4 + 6 * i : 10 + 6 * i]
+                    vec = values[4 + 6 * i : 10 + 6 * i]
                     res += _residuals(hw, _workload_from(vec, prof.name), prof, quantize=False)
                 return np.asarray(res)
 
             lower = lo_hw + lo_wl * len(group)
             upper = hi_hw + hi_wl * len(group)
-            x0 = [min(max(v, lo + 1e-9), hi - 1e-9) for v, lo, hi in zip(x0, lower, upper)]
+            x0 = [
+                min(max(v, lo + 1e-9), hi - 1e-9)
+                for v, lo, hi in zip(x0, lower, upper, strict=True)
+            ]
             sol = least_squares(
                 residuals,
                 np.asarray(x0),
@@ -284,7 +291,7 @@ def fit(
             )
             if best is None or sol.cost < best.cost:
                 best = sol
-        x = best.x
+        x = [float(v) for v in best.x]
         hardware[gpu_type] = _hardware_from(base, x[:4])
         for i, prof in enumerate(group):
             workloads[prof.name] = _workload_from(x[4 + 6 * i : 10 + 6 * i], prof.name)
@@ -423,8 +430,8 @@ def render_report(report: Mapping[str, Any]) -> str:
 
 
 def _fmt(value: float) -> str:
-    """Format a fitted number with 6 significant digits."""
-    return repr(float(f"{value:.6g}"))
+    """Format a fitted number with 6 significant digits (below 1e-6 as 0)."""
+    return repr(float(f"{value:.6g}") if abs(value) >= 1e-6 else 0.0)
 
 
 def render_presets_block(
@@ -441,16 +448,16 @@ def render_presets_block(
     """
     lines = ["FITTED_HARDWARE: dict[str, dict[str, float]] = {"]
     for gpu, hw in sorted(hardware.items()):
-        lines.append(f"    {gpu!r}: {{")
+        lines.append(f"    {json.dumps(gpu)}: {{")
         for key in (*_HW_KEYS, "dynamic_power_w"):
-            lines.append(f"        {key!r}: {_fmt(getattr(hw, key))},")
+            lines.append(f"        {json.dumps(key)}: {_fmt(getattr(hw, key))},")
         lines.append("    },")
     lines.append("}")
     lines.append("FITTED_WORKLOADS: dict[str, dict[str, float]] = {")
     for name, wl in sorted(workloads.items()):
-        lines.append(f"    {name!r}: {{")
+        lines.append(f"    {json.dumps(name)}: {{")
         for key in _WL_KEYS:
-            lines.append(f"        {key!r}: {_fmt(getattr(wl, key))},")
+            lines.append(f"        {json.dumps(key)}: {_fmt(getattr(wl, key))},")
         lines.append("    },")
     lines.append("}")
     return "\n".join(lines)

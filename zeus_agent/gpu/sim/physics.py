@@ -426,9 +426,7 @@ class NoiseModel:
     @property
     def enabled(self) -> bool:
         """Whether this model perturbs anything."""
-        return any(
-            v > 0 for v in (self.jitter_rel, self.stall_probability, self.gpu_spread_rel)
-        )
+        return any(v > 0 for v in (self.jitter_rel, self.stall_probability, self.gpu_spread_rel))
 
     def device_energy_factor(self, rng: random.Random) -> float:
         """Draw one GPU's energy factor (GPU-to-GPU spread), clamped to +-3 sigma.

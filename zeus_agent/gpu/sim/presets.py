@@ -37,8 +37,120 @@ def sm_clock_table(min_mhz: int, max_mhz: int, step_mhz: float) -> tuple[int, ..
 
 
 # BEGIN GENERATED (python -m zeus_agent.gpu.sim.calibration --write)
-FITTED_HARDWARE: dict[str, dict[str, float]] = {}
-FITTED_WORKLOADS: dict[str, dict[str, float]] = {}
+FITTED_HARDWARE: dict[str, dict[str, float]] = {
+    "A40": {
+        "static_power_w": 75.5475,
+        "voltage_floor_clock_mhz": 1158.19,
+        "voltage_exponent": 2.0,
+        "throttle_floor_clock_mhz": 408.668,
+        "dynamic_power_w": 224.453,
+    },
+    "V100": {
+        "static_power_w": 34.1277,
+        "voltage_floor_clock_mhz": 1049.46,
+        "voltage_exponent": 2.0,
+        "throttle_floor_clock_mhz": 538.197,
+        "dynamic_power_w": 215.872,
+    },
+}
+FITTED_WORKLOADS: dict[str, dict[str, float]] = {
+    "A40+bert-base-uncased+gpu0": {
+        "compute_s": 0.256836,
+        "memory_s": 0.0,
+        "floor_s": 0.241169,
+        "overlap_exponent": 12.0875,
+        "activity": 0.841504,
+        "wait_activity": 1.0,
+    },
+    "A40+resnet18+gpu0": {
+        "compute_s": 0.157258,
+        "memory_s": 0.00884603,
+        "floor_s": 0.230797,
+        "overlap_exponent": 40.0,
+        "activity": 0.810498,
+        "wait_activity": 0.467895,
+    },
+    "A40+resnet18+gpu0,1,2,3": {
+        "compute_s": 0.474798,
+        "memory_s": 0.0,
+        "floor_s": 0.910189,
+        "overlap_exponent": 40.0,
+        "activity": 0.319283,
+        "wait_activity": 0.440161,
+    },
+    "A40+resnet50+gpu0": {
+        "compute_s": 0.409899,
+        "memory_s": 0.0,
+        "floor_s": 0.597605,
+        "overlap_exponent": 10.0081,
+        "activity": 1.12484,
+        "wait_activity": 0.650482,
+    },
+    "A40+resnet50+gpu0,1,2,3": {
+        "compute_s": 0.0764585,
+        "memory_s": 0.00348365,
+        "floor_s": 0.204355,
+        "overlap_exponent": 40.0,
+        "activity": 0.438811,
+        "wait_activity": 0.510198,
+    },
+    "A40+shufflenetv2+gpu0": {
+        "compute_s": 0.03108,
+        "memory_s": 0.0041722,
+        "floor_s": 0.0423648,
+        "overlap_exponent": 16.809,
+        "activity": 0.558658,
+        "wait_activity": 0.793482,
+    },
+    "V100+bert-base-uncased+gpu0": {
+        "compute_s": 0.297736,
+        "memory_s": 2.00262e-05,
+        "floor_s": 0.30824,
+        "overlap_exponent": 4.71062,
+        "activity": 0.884191,
+        "wait_activity": 0.711357,
+    },
+    "V100+resnet18+gpu0": {
+        "compute_s": 0.142978,
+        "memory_s": 0.039107,
+        "floor_s": 0.256464,
+        "overlap_exponent": 30.3243,
+        "activity": 0.9754,
+        "wait_activity": 0.0729764,
+    },
+    "V100+resnet18+gpu0,1": {
+        "compute_s": 0.0720758,
+        "memory_s": 0.0298935,
+        "floor_s": 0.263586,
+        "overlap_exponent": 22.8463,
+        "activity": 0.947342,
+        "wait_activity": 0.181531,
+    },
+    "V100+resnet50+gpu0": {
+        "compute_s": 0.510922,
+        "memory_s": 0.0897982,
+        "floor_s": 0.631714,
+        "overlap_exponent": 8.85101,
+        "activity": 0.982128,
+        "wait_activity": 0.164119,
+    },
+    "V100+resnet50+gpu0,1": {
+        "compute_s": 0.231921,
+        "memory_s": 0.102362,
+        "floor_s": 0.334611,
+        "overlap_exponent": 5.15729,
+        "activity": 0.980748,
+        "wait_activity": 0.00546941,
+    },
+    "V100+shufflenetv2+gpu0": {
+        "compute_s": 0.0114698,
+        "memory_s": 0.0299331,
+        "floor_s": 0.0372554,
+        "overlap_exponent": 5.8462,
+        "activity": 0.666329,
+        "wait_activity": 0.0930427,
+    },
+}
 # END GENERATED
 
 
@@ -103,11 +215,12 @@ def _scaled(
 ) -> HardwareParams:
     """Extrapolate a GPU from a fitted one of the same family.
 
-    The static power scales with the TDP, the dynamic power fills the rest of the TDP, and the
-    voltage floor and throttle floor stay at the same fraction of the highest clock.
+    The static power scales with the TDP but stays at most 80% of the lowest limit (so the
+    lowest limit is reachable at low clocks), the dynamic power fills the rest of the TDP, and
+    the voltage floor and throttle floor stay at the same fraction of the highest clock.
     """
     ratio = max_w / base.max_power_limit_w
-    static = base.static_power_w * ratio
+    static = min(base.static_power_w * ratio, 0.8 * min_w)
     clock_ratio = clocks[0] / base.max_sm_clock_mhz
     return HardwareParams(
         name=name,
@@ -119,7 +232,7 @@ def _scaled(
         supported_sm_clocks_mhz=clocks,
         supported_memory_clocks_mhz=memory_clocks,
         static_power_w=static,
-        dynamic_power_w=base.dynamic_power_w * ratio,
+        dynamic_power_w=max_w - static,
         voltage_floor_clock_mhz=base.voltage_floor_clock_mhz * clock_ratio,
         voltage_exponent=base.voltage_exponent,
         throttle_floor_clock_mhz=base.throttle_floor_clock_mhz * clock_ratio,

@@ -1,0 +1,545 @@
+"""The sans-I/O power-limit state machine: step events in, effects out.
+
+Invariants (h11 style, everything that affects the machine lives here):
+
+* Pure. No asyncio, nats, pynvml, files or clocks. The shell calls `start()`, `on_step_begin()`,
+  `on_epoch_end()` and `record(...)`, executes the returned effects in order, and feeds window
+  measurements back through `record`.
+* Seed semantics (Zeus `GlobalPowerLimitOptimizer`): limits `range(max, min - 1, -pl_step)` (W),
+  highest first, so an unaligned minimum is never tried; `wait_steps + 1` `on_step_begin` calls in
+  `Ready`, then per limit `warmup_steps` calls of warm-up and `profile_steps` calls of profiling;
+  the window closes on the call after the last profiling step. An epoch end during warm-up or
+  profiling cancels the window, goes back to the maximum and redoes that limit's warm-up next
+  epoch (`wait_steps` applies once). `SetPowerLimit` is emitted only when the target differs from
+  the current limit. The optimum is computed when the last needed measurement is recorded.
+* Deviations from the seed: `warmup_steps=0` works (the window opens on the call that sets the
+  limit); a loaded profile with a limit outside [min, max] is refused; impossible input raises
+  `InvalidTransitionError` naming the state and the input.
+* Delayed measurements: a window's measurement may be recorded any time after its `EndWindow`.
+  With the exhaustive search the machine moves on to the next limit at once (the next limit does
+  not depend on the result) and only `Done` waits for every record. With a search that needs the
+  results (`Adaptive`) the machine enters `Ready(next_power_limit=None)` until the record arrives;
+  steps meanwhile run at the current limit and count toward nothing; the record then sets the next
+  limit and starts its warm-up (or the window, if no warm-up is needed), or finishes.
+
+Pieces:
+
+* Effects: `SetPowerLimit`, `BeginWindow`, `EndWindow` (frozen dataclasses), `Effect` union.
+* States: `Ready`, `Warmup`, `Profiling`, `Done` (frozen dataclasses, replaced, never mutated).
+* Errors: `PowerLimitError` (base), `InvalidTransitionError`, `ProfileRangeError`.
+* `window_name`: the seed's window name for a limit.
+* `PowerLimitStateMachine`: the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from pydantic import ValidationError
+
+from coordinator.power_limit.search import (
+    Probe,
+    Search,
+    SearchStrategy,
+    WindowResult,
+    aggregate,
+    resolve_search,
+)
+from coordinator.power_limit.selectors import OptimumSelector, ZeusCost
+from zeus_agent.models import PowerLimitMeasurement
+
+__all__ = [
+    "BeginWindow",
+    "Done",
+    "Effect",
+    "EndWindow",
+    "InvalidTransitionError",
+    "PowerLimitError",
+    "PowerLimitStateMachine",
+    "ProfileRangeError",
+    "Profiling",
+    "Ready",
+    "SetPowerLimit",
+    "State",
+    "Warmup",
+    "window_name",
+]
+
+WINDOW_PREFIX = "__GlobalPowerLimitOptimizer_"
+
+
+def window_name(power_limit: int) -> str:
+    """Return the seed's profiling window name for a power limit (W)."""
+    return f"{WINDOW_PREFIX}{power_limit}"
+
+
+# Effects ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SetPowerLimit:
+    """Set the power limit of every GPU of the job.
+
+    Attributes:
+        watts: The power limit (W).
+    """
+
+    watts: int
+
+
+@dataclass(frozen=True, slots=True)
+class BeginWindow:
+    """Open a time/energy measurement window over the job's GPUs.
+
+    Attributes:
+        name: Window name (`__GlobalPowerLimitOptimizer_{limit}`).
+    """
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndWindow:
+    """Close a measurement window.
+
+    Attributes:
+        name: Window name.
+        cancel: If True, discard the window: no measurement is expected for it. Otherwise the
+            shell must later call `record(name, time, energy)`.
+    """
+
+    name: str
+    cancel: bool = False
+
+
+Effect = SetPowerLimit | BeginWindow | EndWindow
+
+
+# States -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Ready to start measuring the next power limit.
+
+    Initial state if no profile was loaded (`steps = wait_steps + 1`), and the state after an
+    epoch end interrupted warm-up or profiling (`steps = 1`).
+    `Ready` -> `Warmup` on the `steps`'th `on_step_begin` (-> `Profiling` if no warm-up).
+    With `next_power_limit=None` the machine waits for a pending measurement to choose the next
+    limit: `on_step_begin` does nothing, and `record` -> `Warmup`, `Profiling` or `Done`.
+
+    Attributes:
+        next_power_limit: The limit (W) to warm up next, or None while waiting for a record.
+        steps: `on_step_begin` calls left before the warm-up starts.
+        profile_steps: Window length (steps) for that limit.
+    """
+
+    next_power_limit: int | None
+    steps: int
+    profile_steps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Warmup:
+    """Warming up at a power limit before its window opens.
+
+    `Warmup` -> `Profiling` on the `steps`'th `on_step_begin`.
+    `Warmup` -> `Ready` on `on_epoch_end` before the `steps`'th `on_step_begin`.
+
+    Attributes:
+        current_power_limit: The limit (W) being warmed up.
+        steps: `on_step_begin` calls left in the warm-up.
+        profile_steps: Window length (steps) that follows.
+    """
+
+    current_power_limit: int
+    steps: int
+    profile_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Profiling:
+    """Profiling a power limit: its window is open.
+
+    `Profiling` -> `Warmup` or `Profiling` (next window) after the `steps`'th `on_step_begin`
+        when the search goes on and does not need this window's result to choose.
+    `Profiling` -> `Ready(next_power_limit=None)` after the `steps`'th `on_step_begin` when the
+        choice needs results not yet recorded.
+    `Profiling` -> `Done` after the `steps`'th `on_step_begin` when nothing is left to profile and
+        every result is recorded.
+    `Profiling` -> `Ready` on `on_epoch_end` before the `steps`'th `on_step_begin`.
+
+    Attributes:
+        current_power_limit: The limit (W) being profiled.
+        steps: `on_step_begin` calls left before the window closes.
+        profile_steps: Length of the window (steps).
+    """
+
+    current_power_limit: int
+    steps: int
+    profile_steps: int
+
+    @property
+    def window_name(self) -> str:
+        """Name of the open window."""
+        return window_name(self.current_power_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Done profiling: the optimal power limit is known.
+
+    Initial state if a profile was loaded. Final state in any case; every input is ignored.
+
+    Attributes:
+        optimal_power_limit: The selected limit (W).
+    """
+
+    optimal_power_limit: int
+
+
+State = Ready | Warmup | Profiling | Done
+
+
+# Errors -----------------------------------------------------------------------------------------
+
+
+class PowerLimitError(Exception):
+    """Base class of the errors raised on purpose by the power-limit core."""
+
+
+class InvalidTransitionError(PowerLimitError, RuntimeError):
+    """An input that the current state cannot accept (a bug in the shell driving the machine)."""
+
+
+class ProfileRangeError(PowerLimitError, ValueError):
+    """A loaded profile does not fit the GPU's power-limit range."""
+
+
+# Machine ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    power_limit: int
+    steps: int
+
+
+class PowerLimitStateMachine:
+    """JIT power-limit profiler and optimum selection, as a pure state machine.
+
+    Attributes:
+        state: The current state (`Ready`, `Warmup`, `Profiling` or `Done`).
+        power_limits: The limits the search may profile (W), highest first.
+        optimum_selector: The selector that picks the optimum.
+        search: The search strategy.
+    """
+
+    def __init__(
+        self,
+        min_power_limit: int,
+        max_power_limit: int,
+        optimum_selector: OptimumSelector | None = None,
+        world_size: int = 1,
+        wait_steps: int = 1,
+        warmup_steps: int = 10,
+        profile_steps: int = 40,
+        pl_step: int = 25,
+        measurements: Sequence[PowerLimitMeasurement] | None = None,
+        *,
+        search: str | SearchStrategy = "exhaustive",
+    ) -> None:
+        """Initialize the machine.
+
+        Args:
+            min_power_limit: The GPU's minimum power limit (W).
+            max_power_limit: The GPU's maximum power limit (W).
+            optimum_selector: Picks the optimum; default `ZeusCost(0.5, world_size)`.
+            world_size: Number of GPUs of the job (for the default selector).
+            wait_steps: Steps to let pass before anything happens.
+            warmup_steps: Warm-up steps at each limit before its window (0 allowed).
+            profile_steps: Steps in each profiling window.
+            pl_step: Stride between limits (W).
+            measurements: A loaded profile; the machine then starts `Done` at its optimum.
+            search: `"exhaustive"` (the seed's, default), `"adaptive"` or a `SearchStrategy`.
+
+        Raises:
+            ValueError: An argument is out of range (the message names it and the range).
+            ProfileRangeError: A loaded measurement's limit is outside [min, max].
+        """
+        if min_power_limit <= 0 or max_power_limit < min_power_limit:
+            raise ValueError(
+                "Power limits must satisfy 0 < min_power_limit <= max_power_limit; got "
+                f"min_power_limit={min_power_limit}, max_power_limit={max_power_limit}."
+            )
+        if world_size < 1:
+            raise ValueError(f"world_size must be greater than or equal to 1; got {world_size}.")
+        if wait_steps < 0:
+            raise ValueError(f"wait_steps must be non-negative; got {wait_steps}.")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be non-negative; got {warmup_steps}.")
+        if profile_steps <= 0:
+            raise ValueError(f"profile_steps must be positive; got {profile_steps}.")
+        if pl_step <= 0:
+            raise ValueError(f"pl_step must be positive; got {pl_step}.")
+
+        self.min_power_limit = min_power_limit
+        self.max_power_limit = max_power_limit
+        self.optimum_selector = optimum_selector or ZeusCost(eta_knob=0.5, world_size=world_size)
+        self.world_size = world_size
+        self.wait_steps = wait_steps
+        self.warmup_steps = warmup_steps
+        self.profile_steps = profile_steps
+        self.pl_step = pl_step
+        self.power_limits = list(range(max_power_limit, min_power_limit - 1, -pl_step))
+        self.search = resolve_search(search)
+
+        self._started = False
+        self._current: int | None = None
+        self._results: list[WindowResult] = []
+        self._completed = 0  # Windows closed without cancel (recorded or not).
+        self._pending: dict[str, _Pending] = {}
+        self._loaded: list[PowerLimitMeasurement] | None = None
+        self._search: Search | None = None
+        self._probe: Probe | None = None  # Probe of the open window / warm-up.
+        self._no_more_probes = False
+
+        self.state: State
+        if measurements is not None:
+            loaded = list(measurements)
+            if not loaded:
+                raise ValueError("measurements (a loaded profile) must not be empty.")
+            for m in loaded:
+                if not min_power_limit <= m.power_limit <= max_power_limit:
+                    raise ProfileRangeError(
+                        f"Loaded profile has power limit {m.power_limit} W, outside this GPU's "
+                        f"range [{min_power_limit}, {max_power_limit}] W. The profile was "
+                        "recorded on another GPU model: delete it to profile again."
+                    )
+            self._loaded = loaded
+            self.state = Done(optimal_power_limit=self.optimum_selector.select(loaded))
+        else:
+            self._search = self.search.plan(
+                self.power_limits, warmup_steps, profile_steps, self.optimum_selector
+            )
+            first = self._next_probe()
+            assert first is not None
+            self._probe = first
+            self.state = Ready(
+                next_power_limit=first.power_limit,
+                steps=wait_steps + 1,
+                profile_steps=first.profile_steps,
+            )
+
+    # Public views --------------------------------------------------------------------------------
+
+    @property
+    def measurements(self) -> list[PowerLimitMeasurement]:
+        """Measurements so far (or the loaded profile), one per limit, highest limit first.
+
+        Windows shorter than `profile_steps` are scaled to `profile_steps`; several windows of one
+        limit are pooled.
+        """
+        if self._loaded is not None:
+            return list(self._loaded)
+        return aggregate(self._results, self.profile_steps)
+
+    @property
+    def optimal_power_limit(self) -> int | None:
+        """The optimal power limit (W) once known, else None."""
+        return self.state.optimal_power_limit if isinstance(self.state, Done) else None
+
+    @property
+    def current_power_limit(self) -> int | None:
+        """The last limit (W) the machine asked the shell to set, or None before `start()`."""
+        return self._current
+
+    @property
+    def pending_windows(self) -> tuple[str, ...]:
+        """Names of closed windows whose measurement has not been recorded yet."""
+        return tuple(self._pending)
+
+    @property
+    def window_results(self) -> tuple[WindowResult, ...]:
+        """Every recorded window, in profiling order, with its own length (not scaled)."""
+        return tuple(self._results)
+
+    # Inputs --------------------------------------------------------------------------------------
+
+    def start(self) -> list[Effect]:
+        """Start the machine: set the maximum limit, or the loaded profile's optimum.
+
+        Returns:
+            The effects to execute.
+
+        Raises:
+            InvalidTransitionError: Already started.
+        """
+        if self._started:
+            raise self._invalid("start()")
+        self._started = True
+        if isinstance(self.state, Done):
+            return self._set(self.state.optimal_power_limit)
+        return self._set(self.max_power_limit)
+
+    def on_step_begin(self) -> list[Effect]:
+        """Mark the beginning of a training step.
+
+        Returns:
+            The effects to execute before the step runs.
+
+        Raises:
+            InvalidTransitionError: Called before `start()`.
+        """
+        if not self._started:
+            raise self._invalid("on_step_begin()")
+        state = self.state
+        if isinstance(state, Ready):
+            if state.next_power_limit is None:
+                return []  # Waiting for a record: steps count toward nothing.
+            if state.steps > 1:
+                self.state = replace(state, steps=state.steps - 1)
+                return []
+            assert self._probe is not None
+            return self._begin_probe(self._probe)
+        if isinstance(state, Warmup):
+            if state.steps > 1:
+                self.state = replace(state, steps=state.steps - 1)
+                return []
+            return self._open_window(state.current_power_limit, state.profile_steps)
+        if isinstance(state, Profiling):
+            if state.steps > 1:
+                self.state = replace(state, steps=state.steps - 1)
+                return []
+            return self._close_window(state)
+        return []
+
+    def on_epoch_end(self) -> list[Effect]:
+        """Mark the end of a training epoch.
+
+        Warm-up or profiling in progress is interrupted: the window is cancelled, the GPU goes
+        back to the maximum limit and that limit's warm-up is redone from the next epoch's
+        first step.
+
+        Returns:
+            The effects to execute.
+
+        Raises:
+            InvalidTransitionError: Called before `start()`.
+        """
+        if not self._started:
+            raise self._invalid("on_epoch_end()")
+        state = self.state
+        if not isinstance(state, Warmup | Profiling):
+            return []
+        effects: list[Effect] = []
+        if isinstance(state, Profiling):
+            effects.append(EndWindow(state.window_name, cancel=True))
+        assert self._probe is not None
+        # The redo always warms up: the GPU goes back to the maximum meanwhile.
+        self._probe = replace(self._probe, warmup_steps=self.warmup_steps)
+        self.state = Ready(
+            next_power_limit=state.current_power_limit,
+            steps=1,
+            profile_steps=state.profile_steps,
+        )
+        effects += self._set(self.max_power_limit)
+        return effects
+
+    def record(self, window_name: str, time: float, energy: float) -> list[Effect]:
+        """Record the measurement of a closed window.
+
+        Args:
+            window_name: The window's name, as in its `EndWindow`.
+            time: The window's duration (s), the maximum over the job's ranks.
+            energy: The window's energy (J), summed over the job's GPUs.
+
+        Returns:
+            The effects to execute (next limit, or the optimum once profiling is over).
+
+        Raises:
+            InvalidTransitionError: The window is not closed-and-pending (unknown, still open,
+                cancelled or already recorded), or time/energy are not positive.
+        """
+        call = f"record({window_name!r}, time={time!r}, energy={energy!r})"
+        if not self._started:
+            raise self._invalid(call)
+        pending = self._pending.get(window_name)
+        if pending is None:
+            raise self._invalid(call, f"pending windows are {sorted(self._pending) or 'none'}")
+        try:
+            PowerLimitMeasurement(power_limit=pending.power_limit, energy=energy, time=time)
+        except ValidationError:
+            raise self._invalid(call, "time and energy must be positive") from None
+        del self._pending[window_name]
+        self._results.append(WindowResult(pending.power_limit, pending.steps, time, energy))
+        if isinstance(self.state, Ready) and self.state.next_power_limit is None:
+            return self._advance()
+        return []
+
+    # Internals -----------------------------------------------------------------------------------
+
+    def _invalid(self, call: str, detail: str = "") -> InvalidTransitionError:
+        started = "" if self._started else " (start() not called yet)"
+        extra = f"; {detail}" if detail else ""
+        return InvalidTransitionError(
+            f"Can't handle {call} in state {self.state!r}{started}{extra}."
+        )
+
+    def _set(self, watts: int) -> list[Effect]:
+        if self._current == watts:
+            return []
+        self._current = watts
+        return [SetPowerLimit(watts)]
+
+    def _next_probe(self) -> Probe | None:
+        assert self._search is not None
+        if self._no_more_probes:
+            return None
+        probe = self._search.next_probe(tuple(self._results), self._completed)
+        if probe is None:
+            self._no_more_probes = True
+        return probe
+
+    def _begin_probe(self, probe: Probe) -> list[Effect]:
+        """Set the probe's limit and start its warm-up, or its window if no warm-up is due."""
+        self._probe = probe
+        effects = self._set(probe.power_limit)
+        if probe.warmup_steps == 0:
+            return effects + self._open_window(probe.power_limit, probe.profile_steps)
+        self.state = Warmup(
+            probe.power_limit, steps=probe.warmup_steps, profile_steps=probe.profile_steps
+        )
+        return effects
+
+    def _open_window(self, power_limit: int, profile_steps: int) -> list[Effect]:
+        self.state = Profiling(power_limit, steps=profile_steps, profile_steps=profile_steps)
+        return [BeginWindow(window_name(power_limit))]
+
+    def _close_window(self, state: Profiling) -> list[Effect]:
+        name = state.window_name
+        if name in self._pending:  # Only if a search re-probes a limit without waiting.
+            raise self._invalid("on_step_begin()", f"window {name!r} is still pending")
+        self._pending[name] = _Pending(state.current_power_limit, state.profile_steps)
+        self._completed += 1
+        effects: list[Effect] = [EndWindow(name)]
+        if self.search.waits_for_results:
+            self.state = Ready(next_power_limit=None, steps=0)
+            return effects
+        return effects + self._advance()
+
+    def _advance(self) -> list[Effect]:
+        """Choose what follows a closed window (results permitting)."""
+        if self.search.waits_for_results and self._pending:
+            self.state = Ready(next_power_limit=None, steps=0)
+            return []
+        probe = self._next_probe()
+        if probe is not None:
+            return self._begin_probe(probe)
+        if self._pending:
+            self.state = Ready(next_power_limit=None, steps=0)
+            return []
+        optimum = self.optimum_selector.select(self.measurements)
+        self.state = Done(optimal_power_limit=optimum)
+        return self._set(optimum)

@@ -1,0 +1,130 @@
+"""The GPU command handlers: decode -> validate against the GPU -> apply -> `Reply`.
+
+`handle_command(agent, data)` is what the NATS endpoint of each GPU calls. Every outcome is a
+`Reply`: domain errors map to stable codes (see `ERROR_CODES`), unexpected exceptions to
+"internal" with no internals leaked (they are logged). Nothing raised here reaches NATS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from zeus_agent.agent.core.energy_ring import WindowOutOfRange
+from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.errors import (
+    GPUNotSupportedError,
+    GPUPermissionError,
+    GPUUnavailableError,
+    GPUValueError,
+    PayloadError,
+    ZeusAgentError,
+)
+from zeus_agent.wire import codec
+from zeus_agent.wire.messages import (
+    BindRankCmd,
+    ClearScheduleCmd,
+    CommandEnvelope,
+    EnergyCmd,
+    GpuCommand,
+    InfoCmd,
+    InstallScheduleCmd,
+    LockClocksCmd,
+    RenewLeasesCmd,
+    Reply,
+    ResetClocksCmd,
+    ResetPowerLimitCmd,
+    SetPowerLimitCmd,
+    UnbindRankCmd,
+)
+
+LOG = logging.getLogger(__name__)
+
+ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (PayloadError, "bad_request"),
+    (WindowOutOfRange, "out_of_range"),
+    (GPUValueError, "out_of_range"),
+    (GPUNotSupportedError, "not_supported"),
+    (GPUPermissionError, "permission"),
+    (GPUUnavailableError, "unavailable"),
+    (ZeusAgentError, "internal"),
+)
+
+
+async def handle_command(agent: GpuAgent, data: bytes) -> Reply:
+    """Decode one command for `agent`, run it, and return the reply (never raises)."""
+    try:
+        cmd = codec.decode(data, CommandEnvelope).cmd
+        return await run_command(agent, cmd)
+    except Exception as e:  # noqa: BLE001 - every failure becomes a reply
+        for exc_type, code in ERROR_CODES:
+            if isinstance(e, exc_type):
+                return Reply.failure(code, str(e))
+        LOG.exception("GPU %d: unexpected error in command", agent.index)
+        return Reply.failure("internal", f"internal error in the agent of GPU {agent.index}; see its log")
+
+
+async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
+    """Run a validated command."""
+    match cmd:
+        case InfoCmd():
+            return Reply.success(**(await info(agent)))
+        case SetPowerLimitCmd():
+            old = await agent.set_power_limit(cmd.power_limit_w, cmd.holder, cmd.lease_s)
+            return Reply.success(power_limit_w=cmd.power_limit_w, previous_w=old)
+        case ResetPowerLimitCmd():
+            await agent.restore({"power_limit"}, reason="reset command")
+            await agent.caller.call(agent.gpu.reset_power_limit)
+            return Reply.success(power_limit_w=await agent.caller.call(agent.gpu.get_power_limit_w))
+        case LockClocksCmd():
+            await agent.lock_clocks(cmd.min_mhz, cmd.max_mhz, cmd.holder, cmd.lease_s)
+            return Reply.success(min_mhz=cmd.min_mhz, max_mhz=cmd.max_mhz)
+        case ResetClocksCmd():
+            await agent.restore({"sm_clocks"}, reason="reset command")
+            await agent.caller.call(agent.gpu.reset_sm_clocks)
+            return Reply.success()
+        case InstallScheduleCmd():
+            await agent.install_schedule(cmd.job_id, cmd.schedule, cmd.holder, cmd.lease_s)
+            return Reply.success(instructions=len(cmd.schedule.frequencies))
+        case ClearScheduleCmd():
+            return Reply.success(restored=await agent.restore({"schedule"}, reason="clear command"))
+        case BindRankCmd():
+            agent.bind(cmd.job_id, cmd.rank)
+            return Reply.success(job_id=cmd.job_id, rank=cmd.rank)
+        case UnbindRankCmd():
+            agent.unbind()
+            return Reply.success()
+        case EnergyCmd():
+            if cmd.t1_ns < cmd.t0_ns:
+                raise PayloadError("t1_ns must not precede t0_ns", "t1_ns")
+            await agent.read_energy_now()
+            energy = agent.energy_between(cmd.t0_ns, cmd.t1_ns)
+            return Reply.success(energy_j=energy, time_s=(cmd.t1_ns - cmd.t0_ns) / 1e9)
+        case RenewLeasesCmd():
+            kinds = agent.leases.renew(cmd.holder, time.monotonic_ns(), cmd.lease_s)
+            return Reply.success(renewed=list(kinds))
+    raise PayloadError(f"unsupported command {cmd!r}")  # pragma: no cover - union is exhaustive
+
+
+async def info(agent: GpuAgent) -> dict:
+    """The GPU's description, current settings, leases and bound rank."""
+    desc = await agent.describe()
+    now = time.monotonic_ns()
+    s = agent.last_sample
+    return {
+        "node": agent.node,
+        "gpu": desc.model_dump(),
+        "sm_clock_mhz": s.sm_clock_mhz if s else None,
+        "power_w": s.power_w if s else None,
+        "leases": [
+            {"kind": lease.kind, "holder": lease.holder, "remaining_s": (lease.deadline_ns - now) / 1e9}
+            for lease in agent.leases.held()
+        ],
+        "schedule_installed": agent.cursor.installed,
+        "binding": (
+            {"job_id": agent.binding.job_id, "rank": agent.binding.rank, "pid": agent.binding.pid}
+            if agent.binding
+            else None
+        ),
+        "counters": dict(agent.counters),
+    }

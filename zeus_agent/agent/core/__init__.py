@@ -1,0 +1,46 @@
+"""Pure, synchronous cores of the per-GPU agent (no asyncio, NATS, NVML or clock reads).
+
+* `energy_ring`: `EnergyRing`, the ring of cumulative-energy samples answering "energy between
+  t0 and t1" by interpolation; `WindowOutOfRange`.
+* `leases`: `LeaseTable` and `Lease`, the failsafe leases under which every non-default GPU
+  setting is held.
+* `schedule`: `ScheduleCursor` and `ScheduleStep`, the execution of a rank's frequency schedule.
+* `meter`: `RankMeter` (steps, epochs, instructions -> `Interval`s and `Gap`s) and
+  `WindowStack` (nested profiling windows).
+"""
+
+from zeus_agent.agent.core.energy_ring import (
+    DEFAULT_MAX_EXTRAPOLATION_NS,
+    EnergyRing,
+    WindowOutOfRange,
+)
+from zeus_agent.agent.core.leases import LEASE_KINDS, Lease, LeaseKind, LeaseTable
+from zeus_agent.agent.core.meter import (
+    Gap,
+    GapReason,
+    Interval,
+    IntervalKind,
+    MeterRecord,
+    RankMeter,
+    WindowStack,
+)
+from zeus_agent.agent.core.schedule import ScheduleCursor, ScheduleStep
+
+__all__ = [
+    "DEFAULT_MAX_EXTRAPOLATION_NS",
+    "LEASE_KINDS",
+    "EnergyRing",
+    "Gap",
+    "GapReason",
+    "Interval",
+    "IntervalKind",
+    "Lease",
+    "LeaseKind",
+    "LeaseTable",
+    "MeterRecord",
+    "RankMeter",
+    "ScheduleCursor",
+    "ScheduleStep",
+    "WindowOutOfRange",
+    "WindowStack",
+]

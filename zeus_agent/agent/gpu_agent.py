@@ -1,0 +1,444 @@
+"""`GpuAgent`: the asyncio shell around one GPU (sampling, settings, leases, schedules, meter).
+
+It owns one GPU through a `GPUCaller` and the sans-I/O cores of `zeus_agent.agent.core`:
+an `EnergyRing` of samples, a `LeaseTable` of non-default settings, a `ScheduleCursor` and a
+`RankMeter` for the rank bound to it. It publishes through a `publish(subject, bytes)`
+callable and never touches NATS itself, so it is driven the same way by the node server
+(`zeus_agent.agent.server`) and by tests.
+
+Pieces:
+* sampling: `sample()` reads the GPU into the ring and the pending sample batch;
+* settings: `set_power_limit`, `lock_clocks`, `install_schedule`... validate, apply, lease;
+* `restore(kinds)`: put settings back to default (lease expiry, trainer death, shutdown);
+* trainer events: `on_event` (applies the schedule at once) and `process_events` (measures);
+* `flush()`: publish pending samples, marks, measurements and trainer events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from zeus_agent.agent.core import EnergyRing, LeaseTable, RankMeter, ScheduleCursor
+from zeus_agent.agent.core.meter import Gap, Interval
+from zeus_agent.errors import GPUError, GPUNotSupportedError, GPUValueError
+from zeus_agent.gpu.base import GPU, GPUInfo
+from zeus_agent.gpu.power_integrator import PowerIntegrator
+from zeus_agent.gpu.threaded import GPUCaller
+from zeus_agent.models import FrequencySchedule
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import (
+    ErrorEvent,
+    GpuDescription,
+    Mark,
+    Measurement,
+    MeasurementBatch,
+    Sample,
+    SampleBatch,
+    TrainerEvent,
+    TrainerEventBatch,
+)
+from zeus_agent.wire.trainer import EventDatagram, Kind
+
+LOG = logging.getLogger(__name__)
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+POWER_LIMIT = "power_limit"
+SM_CLOCKS = "sm_clocks"
+SCHEDULE = "schedule"
+
+_EVENT_NAMES = {
+    Kind.EPOCH_BEGIN: "epoch_begin",
+    Kind.EPOCH_END: "epoch_end",
+    Kind.STEP_BEGIN: "step_begin",
+    Kind.STEP_END: "step_end",
+    Kind.INSTRUCTION_BEGIN: "instruction_begin",
+    Kind.INSTRUCTION_END: "instruction_end",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """The job rank (and trainer process) whose events this GPU measures."""
+
+    job_id: str
+    rank: int
+    pid: int | None = None
+
+
+class GpuAgent:
+    """One GPU's agent. Create, then `await start()` before use."""
+
+    def __init__(
+        self,
+        gpu: GPU,
+        node: str,
+        publish: Publish,
+        prefix: str = subjects.DEFAULT_PREFIX,
+        sample_hz: float = 10.0,
+        ring_seconds: float = 600.0,
+        default_lease_s: float = 60.0,
+    ) -> None:
+        self.gpu = gpu
+        self.node = node
+        self.prefix = prefix
+        self._publish = publish
+        self.caller = GPUCaller(gpu)
+        self.default_lease_s = default_lease_s
+        self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
+        self.leases = LeaseTable()
+        self.cursor = ScheduleCursor()
+        self.meter = RankMeter()
+        self.binding: Binding | None = None
+        self.info: GPUInfo | None = None
+        self.index = gpu.index
+        self._integrator: PowerIntegrator | None = None
+        self._changed: set[str] = set()
+        self._pending_samples: list[Sample] = []
+        self._pending_marks: list[Mark] = []
+        self._pending_measurements: list[Measurement] = []
+        self._pending_events: list[TrainerEvent] = []
+        self._event_queue: asyncio.Queue[EventDatagram] = asyncio.Queue()
+        self.last_sample: Sample | None = None
+        self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> GPUInfo:
+        """Read the GPU's static facts and take a first sample."""
+        self.info = await self.caller.call(self.gpu.info)
+        if not self.info.has_energy_counter:
+            self._integrator = PowerIntegrator()
+        await self.sample()
+        return self.info
+
+    async def describe(self) -> GpuDescription:
+        """The announcement of this GPU, with its current power limit."""
+        assert self.info is not None
+        limit = await self.caller.call(self.gpu.get_power_limit_w)
+        return GpuDescription.from_info(self.info, limit)
+
+    @property
+    def subject_suffix(self) -> tuple[str, int]:
+        """(node, index) used in this GPU's subjects."""
+        return self.node, self.index
+
+    # ------------------------------------------------------------------ sampling
+    def _read_energy(self) -> tuple[int, float]:
+        """Read (t_ns, cumulative energy J); integrate power on GPUs without a counter."""
+        if self._integrator is not None:
+            power = self.gpu.get_power_w()
+            t = time.monotonic_ns()
+            return t, self._integrator.add(t, power)
+        try:
+            energy = self.gpu.get_total_energy_j()
+        except GPUNotSupportedError:
+            self._integrator = PowerIntegrator()
+            return self._read_energy()
+        return time.monotonic_ns(), energy
+
+    def _read_sample(self) -> Sample:
+        t, energy = self._read_energy()
+        return Sample(
+            t_ns=t,
+            energy_j=energy,
+            power_w=self.gpu.get_power_w(),
+            power_limit_w=self.gpu.get_power_limit_w(),
+            sm_clock_mhz=self.gpu.get_sm_clock_mhz(),
+            memory_clock_mhz=self.gpu.get_memory_clock_mhz(),
+        )
+
+    async def sample(self) -> Sample | None:
+        """Take one full sample into the ring and the pending batch."""
+        try:
+            s = await self.caller.call(self._read_sample)
+        except GPUError as e:
+            self.counters["sample_errors"] += 1
+            LOG.warning("GPU %d: sampling failed: %s", self.index, e)
+            return None
+        self.ring.append(s.t_ns, s.energy_j)
+        self._pending_samples.append(s)
+        self.last_sample = s
+        return s
+
+    async def read_energy_now(self) -> None:
+        """An event-driven energy read that sharpens the edge of a window."""
+        try:
+            t, e = await self.caller.call(self._read_energy)
+        except GPUError as err:
+            LOG.debug("GPU %d: energy read failed: %s", self.index, err)
+            return
+        self.ring.append(t, e)
+
+    def energy_between(self, t0_ns: int, t1_ns: int) -> float:
+        """Energy (J) between two host-local stamps, from the ring (may raise WindowOutOfRange)."""
+        return self.ring.energy_between(t0_ns, t1_ns)
+
+    # ------------------------------------------------------------------ settings
+    def _check_limit(self, power_limit_w: int) -> None:
+        assert self.info is not None
+        lo, hi = self.info.min_power_limit_w, self.info.max_power_limit_w
+        if not lo <= power_limit_w <= hi:
+            raise GPUValueError(
+                f"power limit {power_limit_w} W is outside the range of GPU {self.index} "
+                f"({self.info.name}): [{lo}, {hi}] W"
+            )
+
+    def _check_clock(self, mhz: int) -> None:
+        assert self.info is not None
+        clocks = self.info.supported_graphics_clocks_mhz
+        if clocks and mhz not in clocks:
+            nearest = sorted(clocks, key=lambda c: abs(c - mhz))[:3]
+            raise GPUValueError(
+                f"SM clock {mhz} MHz is not supported by GPU {self.index} ({self.info.name}); "
+                f"nearest supported: {sorted(nearest)} MHz (range {min(clocks)}-{max(clocks)})"
+            )
+
+    def _lease(self, kind: str, holder: str, lease_s: float | None) -> None:
+        self.leases.grant(kind, holder or "anonymous", time.monotonic_ns(), lease_s or self.default_lease_s)
+
+    async def set_power_limit(self, power_limit_w: int, holder: str, lease_s: float | None) -> int:
+        """Validate, set (skipped when unchanged) and lease a power limit; returns the old one."""
+        self._check_limit(power_limit_w)
+        old = await self.caller.call(self.gpu.get_power_limit_w)
+        if old != power_limit_w:
+            await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
+        assert self.info is not None
+        if power_limit_w == self.info.default_power_limit_w:
+            self.leases.release(POWER_LIMIT)
+            self._changed.discard(POWER_LIMIT)
+        else:
+            self._changed.add(POWER_LIMIT)
+            self._lease(POWER_LIMIT, holder, lease_s)
+        return old
+
+    async def lock_clocks(self, min_mhz: int, max_mhz: int, holder: str, lease_s: float | None) -> None:
+        """Validate, lock and lease an SM clock range."""
+        if min_mhz > max_mhz:
+            raise GPUValueError(f"min_mhz ({min_mhz}) must not exceed max_mhz ({max_mhz})")
+        self._check_clock(min_mhz)
+        self._check_clock(max_mhz)
+        await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
+        self._changed.add(SM_CLOCKS)
+        self._lease(SM_CLOCKS, holder, lease_s)
+
+    async def install_schedule(
+        self, job_id: str, schedule: FrequencySchedule, holder: str, lease_s: float | None
+    ) -> None:
+        """Validate and install a frequency schedule for the bound rank."""
+        assert self.info is not None
+        clocks = set(self.info.supported_graphics_clocks_mhz) or None
+        try:
+            self.cursor.install(schedule.rank, list(schedule.frequencies), clocks)
+        except ValueError as e:
+            raise GPUValueError(f"schedule refused for GPU {self.index}: {e}") from None
+        self._changed.add(SCHEDULE)
+        self._lease(SCHEDULE, holder or job_id, lease_s)
+
+    async def restore(self, kinds: set[str] | None = None, reason: str = "") -> list[str]:
+        """Put settings back to default; `kinds` None means everything changed. Idempotent."""
+        kinds = set(self._changed) if kinds is None else kinds & self._changed
+        restored: list[str] = []
+        if SCHEDULE in kinds:
+            self.cursor.clear()
+            self.leases.release(SCHEDULE)
+            kinds.add(SM_CLOCKS)
+            restored.append(SCHEDULE)
+        for kind, call in ((POWER_LIMIT, self.gpu.reset_power_limit), (SM_CLOCKS, self.gpu.reset_sm_clocks)):
+            if kind not in kinds:
+                continue
+            try:
+                await self.caller.call(call)
+            except GPUError as e:
+                LOG.error("GPU %d: restoring %s failed: %s", self.index, kind, e)
+                continue
+            self.leases.release(kind)
+            restored.append(kind)
+        self._changed -= set(restored)
+        if restored:
+            self.counters["restores"] += 1
+            LOG.info("GPU %d: restored %s to default%s", self.index, ", ".join(restored),
+                     f" ({reason})" if reason else "")
+        return restored
+
+    async def expire_leases(self) -> list[str]:
+        """Restore every setting whose lease lapsed; returns the kinds restored."""
+        lapsed = self.leases.expire(time.monotonic_ns())
+        if not lapsed:
+            return []
+        kinds = {lease.kind for lease in lapsed}
+        holders = sorted({lease.holder for lease in lapsed})
+        restored = await self.restore(kinds, reason="lease expired")
+        await self.error_event(
+            "lease_expired",
+            f"GPU {self.index}: lease of {', '.join(sorted(kinds))} held by {', '.join(holders)} "
+            "expired without renewal; restored defaults",
+            detail={"restored": restored},
+        )
+        return restored
+
+    # ------------------------------------------------------------------ trainer events
+    def bind(self, job_id: str, rank: int, pid: int | None = None) -> None:
+        """Measure the events of `job_id`'s `rank` on this GPU."""
+        if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
+            self.meter = RankMeter()
+        self.binding = Binding(job_id, rank, pid)
+
+    def unbind(self) -> None:
+        """Forget the bound rank."""
+        self.binding = None
+        self.meter = RankMeter()
+
+    def on_event(self, ev: EventDatagram) -> None:
+        """Called on the event loop as soon as a datagram arrives: act now, measure later."""
+        if ev.kind is Kind.INSTRUCTION_BEGIN and self.cursor.installed:
+            step = self.cursor.on_instruction_begin(ev.name)
+            if step.error is not None:
+                self.counters["mismatches"] += 1
+                self._spawn(self.error_event("schedule_mismatch", step.error,
+                                             detail={"instruction": ev.name, "index": ev.a}))
+            if step.frequency_mhz is not None:
+                self._apply_frequency(step.frequency_mhz)
+        elif ev.kind is Kind.STEP_END and self.cursor.installed:
+            error = self.cursor.on_step_end()
+            if error is not None:
+                self.counters["mismatches"] += 1
+                self._spawn(self.error_event("schedule_mismatch", error))
+        self._event_queue.put_nowait(ev)
+
+    def _apply_frequency(self, mhz: int) -> None:
+        if not getattr(self.gpu, "calls_block", True):
+            try:
+                self.gpu.lock_sm_clocks_mhz(mhz, mhz)
+            except GPUError as e:
+                self._spawn(self.error_event("frequency_failed", str(e)))
+            return
+        self._spawn(self._apply_frequency_async(mhz))
+
+    async def _apply_frequency_async(self, mhz: int) -> None:
+        try:
+            await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
+        except GPUError as e:
+            await self.error_event("frequency_failed", str(e))
+
+    _background: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        GpuAgent._background.add(task)
+        task.add_done_callback(GpuAgent._background.discard)
+
+    async def process_events(self) -> None:
+        """Forever: measure queued events (one energy read per burst), then flush them."""
+        while True:
+            ev = await self._event_queue.get()
+            await self.read_energy_now()
+            self._measure(ev)
+            while not self._event_queue.empty():
+                self._measure(self._event_queue.get_nowait())
+            await self.flush_measurements()
+
+    def _energy_at(self, t_ns: int) -> float | None:
+        try:
+            return self.ring.energy_at(t_ns)
+        except ValueError:
+            return None
+
+    def _measure(self, ev: EventDatagram) -> None:
+        kind = ev.kind
+        name = _EVENT_NAMES[kind]
+        if kind in (Kind.STEP_BEGIN, Kind.STEP_END):
+            epoch, step, index = ev.b, ev.a, 0
+        elif kind in (Kind.EPOCH_BEGIN, Kind.EPOCH_END):
+            epoch, step, index = ev.a, 0, 0
+        else:
+            ctx = self.meter.current_step
+            epoch, step, index = (ctx[0] if ctx else 0), ev.b, ev.a
+        self._pending_events.append(
+            TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index, name=ev.name)  # type: ignore[arg-type]
+        )
+        if self.binding is None:
+            return
+        if kind in (Kind.STEP_BEGIN, Kind.STEP_END, Kind.EPOCH_BEGIN, Kind.EPOCH_END):
+            energy = self._energy_at(ev.t_ns)
+            if energy is not None:
+                self._pending_marks.append(
+                    Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy)  # type: ignore[arg-type]
+                )
+        if kind is Kind.STEP_BEGIN:
+            records = self.meter.step_begin(ev.a, ev.b, ev.t_ns)
+        elif kind is Kind.STEP_END:
+            records = self.meter.step_end(ev.a, ev.b, ev.t_ns)
+        elif kind is Kind.EPOCH_BEGIN:
+            records = self.meter.epoch_begin(ev.a, ev.t_ns)
+        elif kind is Kind.EPOCH_END:
+            records = self.meter.epoch_end(ev.a, ev.t_ns)
+        elif kind is Kind.INSTRUCTION_BEGIN:
+            records = self.meter.instruction_begin(ev.name, ev.a, ev.t_ns)
+        else:
+            records = self.meter.instruction_end(ev.name, ev.a, ev.t_ns)
+        for rec in records:
+            if isinstance(rec, Gap):
+                self.counters["gaps"] += 1
+                self._spawn(self.error_event(f"gap_{rec.reason}", rec.message))
+            elif isinstance(rec, Interval) and rec.kind in ("step", "instruction"):
+                try:
+                    energy_j = self.ring.energy_between(rec.t0_ns, rec.t1_ns)
+                except ValueError:
+                    continue
+                self._pending_measurements.append(
+                    Measurement(
+                        kind=rec.kind,
+                        name=rec.name or "",
+                        epoch=rec.epoch or 0,
+                        step=rec.step or 0,
+                        index=rec.index or 0,
+                        t0_ns=rec.t0_ns,
+                        t1_ns=rec.t1_ns,
+                        time_s=rec.duration_s,
+                        energy_j=energy_j,
+                    )
+                )
+
+    # ------------------------------------------------------------------ publishing
+    async def error_event(self, code: str, message: str, detail: dict | None = None) -> None:
+        """Publish an error event about this GPU (and its bound rank)."""
+        b = self.binding
+        event = ErrorEvent(
+            source=f"agent:{self.node}/gpu{self.index}",
+            code=code,
+            message=message,
+            job_id=b.job_id if b else None,
+            rank=b.rank if b else None,
+            detail=detail or {},
+        )
+        LOG.warning("GPU %d: %s: %s", self.index, code, message)
+        await self._publish(subjects.gpu_errors(self.node, self.index, self.prefix), codec.encode(event))
+
+    async def flush_samples(self) -> None:
+        """Publish the pending samples as one batch."""
+        if not self._pending_samples or self.info is None:
+            return
+        batch, self._pending_samples = self._pending_samples, []
+        msg = SampleBatch(node=self.node, gpu=self.index, uuid=self.info.uuid, samples=batch)
+        await self._publish(subjects.gpu_samples(self.node, self.index, self.prefix), codec.encode(msg))
+
+    async def flush_measurements(self) -> None:
+        """Publish pending marks/measurements and forward pending trainer events."""
+        b = self.binding
+        events, self._pending_events = self._pending_events, []
+        marks, self._pending_marks = self._pending_marks, []
+        meas, self._pending_measurements = self._pending_measurements, []
+        if b is None:
+            return
+        if events:
+            batch = TrainerEventBatch(job_id=b.job_id, rank=b.rank, node=self.node, gpu=self.index,
+                                      events=events)
+            await self._publish(subjects.job_events(b.job_id, b.rank, self.prefix), codec.encode(batch))
+        if marks or meas:
+            mb = MeasurementBatch(node=self.node, gpu=self.index, job_id=b.job_id, rank=b.rank,
+                                  marks=marks, measurements=meas)
+            await self._publish(subjects.gpu_measurements(self.node, self.index, self.prefix),
+                                codec.encode(mb))

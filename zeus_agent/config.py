@@ -1,0 +1,86 @@
+"""`AgentSettings`: every knob of `zeus-agent run`, defined once (flags and ZEUS_AGENT_* env).
+
+pydantic-settings builds both the command-line flags (`--nats-url`, `--backend`, ...) and the
+environment variables (`ZEUS_AGENT_NATS_URL`, ...) from the fields below; flags win over the
+environment. Construction does no I/O.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from zeus_agent.wire.subjects import DEFAULT_PREFIX
+from zeus_agent.wire.trainer import DEFAULT_SOCKET_PATH
+
+
+class AgentSettings(BaseSettings):
+    """Configuration of one node agent."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ZEUS_AGENT_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore"
+    )
+
+    nats_url: str | None = Field(
+        None, description="NATS server URL(s), comma separated; omit with --embedded-nats"
+    )
+    embedded_nats: bool = Field(
+        False, description="Start a private nats-server on a free loopback port (development)"
+    )
+    prefix: str = Field(DEFAULT_PREFIX, description="Subject prefix shared with the coordinator")
+    node: str = Field(
+        default_factory=socket.gethostname, description="Node name used in subjects"
+    )
+    backend: Literal["nvml", "sim"] = Field(
+        "nvml", description="GPU backend: 'nvml' (real GPUs) or 'sim' (simulated GPUs)"
+    )
+    gpus: list[int] | None = Field(
+        None, description="GPU indices to manage, e.g. '0,1'; default: all (nvml) or sim-count"
+    )
+    sim_count: int = Field(1, ge=1, description="Number of simulated GPUs (backend sim)")
+    sim_preset: str = Field("A40", description="Simulated GPU model: A40, V100, A100, H100")
+    sim_state_dir: str = Field(
+        "/tmp/zeus-sim", description="Directory of the simulated GPUs' shared state files"
+    )
+    sim_attach: bool = Field(
+        False, description="Open existing simulated GPU files instead of creating them"
+    )
+    sample_hz: float = Field(10.0, gt=0, le=1000, description="GPU sampling rate (Hz)")
+    publish_interval_s: float = Field(1.0, gt=0, description="How often samples are published")
+    heartbeat_s: float = Field(5.0, gt=0, description="Announcement/heartbeat interval (s)")
+    default_lease_s: float = Field(
+        60.0, gt=0, description="Lease of a setting whose command names none (s)"
+    )
+    socket_path: str = Field(
+        DEFAULT_SOCKET_PATH, description="Unix datagram socket where trainers send events"
+    )
+    socket_mode: str = Field(
+        "0666", description="Octal file mode of the socket (who may send events)"
+    )
+    metrics_port: int | None = Field(
+        None, description="Serve Prometheus /metrics on this port (omit: off)"
+    )
+    ring_seconds: float = Field(
+        600.0, gt=0, description="How much sample history answers energy windows (s)"
+    )
+    request_timeout_s: float = Field(
+        5.0, gt=0, description="Timeout of requests relayed to the coordinator (s)"
+    )
+    log_level: str = Field("INFO", description="Log level")
+
+    @field_validator("socket_mode")
+    @classmethod
+    def _octal(cls, value: str) -> str:
+        try:
+            int(value, 8)
+        except ValueError:
+            raise ValueError(f"socket_mode must be an octal mode like 0660, got {value!r}") from None
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, value: str) -> str:
+        return value.upper()

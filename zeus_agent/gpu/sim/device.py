@@ -1,0 +1,585 @@
+"""The simulated GPU device: a `GPU` backend whose state lives in a small shared file.
+
+Pieces:
+
+* `SimGPU`: implements `zeus_agent.gpu.base.GPU`. `SimGPU.create` writes a device file,
+  `SimGPU.open` attaches to one; an agent process (setting limits and clocks) and a simulated
+  trainer process (running work) that open the same file see one device.
+* `SimGPU.run_work`: the trainer-side call: computes the operating point from the current
+  power limit and clock locks (`physics.operating_point`), marks the device busy for the step's
+  duration from now and returns a `WorkResult` without sleeping.
+* `WorkResult`: duration, energy and clock of one piece of work.
+* `create_sim_gpus`: create several devices at once.
+
+State file: ``state_dir/gpu{index}.json`` (JSON, replaced atomically), guarded for
+read-modify-write by ``fcntl.flock`` on ``state_dir/gpu{index}.lock``. Time is
+``time.monotonic_ns()`` (system-wide on one host), injectable for tests.
+
+The energy counter integrates power over time: idle power when idle, the running work's
+average power while busy. Approximation: work already started keeps its duration and average
+power when the limit or clocks change mid-work; the state folds the energy up to the change and
+the new settings apply from the next `run_work`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import random
+import tempfile
+import time
+import uuid as uuid_mod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zeus_agent.errors import GPUNotSupportedError, GPUUnavailableError, GPUValueError
+from zeus_agent.gpu.base import GPU
+from zeus_agent.gpu.sim.physics import HardwareParams, NoiseModel, WorkloadParams, operating_point
+from zeus_agent.gpu.sim.presets import PRESETS
+
+__all__ = ["STATE_VERSION", "SimGPU", "WorkResult", "create_sim_gpus"]
+
+STATE_VERSION = 1
+"""Version of the device file's layout."""
+
+_NS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkResult:
+    """What one `SimGPU.run_work` call will do.
+
+    Attributes:
+        duration_s: How long the device is busy; the caller sleeps this long (s).
+        energy_j: Energy the device accrues over that time (J).
+        sm_clock_mhz: SM clock the work runs at (MHz).
+    """
+
+    duration_s: float
+    energy_j: float
+    sm_clock_mhz: int
+
+
+@dataclass(slots=True)
+class _State:
+    """Contents of one device file (mutable working copy)."""
+
+    index: int
+    uuid: str
+    hardware: HardwareParams
+    has_energy_counter: bool
+    seed: int | None
+    energy_factor: float
+    power_limit_w: int
+    locked_min_mhz: int | None
+    locked_max_mhz: int | None
+    persistence_mode: bool
+    energy_j: float
+    updated_ns: int
+    busy_until_ns: int
+    busy_power_w: float
+    busy_clock_mhz: int
+    work_count: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON-ready form."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["hardware"] = dataclasses.asdict(self.hardware)
+        data["version"] = STATE_VERSION
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _State:
+        """Rebuild from the JSON form."""
+        if data.get("version") != STATE_VERSION:
+            raise GPUUnavailableError(
+                f"simulated GPU state has version {data.get('version')!r}, expected "
+                f"{STATE_VERSION}; recreate it with SimGPU.create"
+            )
+        hw = dict(data["hardware"])
+        hw["supported_sm_clocks_mhz"] = tuple(hw["supported_sm_clocks_mhz"])
+        hw["supported_memory_clocks_mhz"] = tuple(hw["supported_memory_clocks_mhz"])
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        values["hardware"] = HardwareParams(**hw)
+        return cls(**values)
+
+    def energy_at(self, now_ns: int) -> float:
+        """Return the energy counter at `now_ns` without changing the state (J)."""
+        elapsed = now_ns - self.updated_ns
+        if elapsed <= 0:
+            return self.energy_j
+        busy = max(0, min(now_ns, self.busy_until_ns) - self.updated_ns)
+        idle = elapsed - busy
+        idle_w = self.hardware.idle_power_w * self.energy_factor
+        return self.energy_j + (self.busy_power_w * busy + idle_w * idle) / _NS
+
+    def fold(self, now_ns: int) -> None:
+        """Accrue energy up to `now_ns` and drop a finished busy period."""
+        if now_ns > self.updated_ns:
+            self.energy_j = self.energy_at(now_ns)
+            self.updated_ns = now_ns
+        if self.busy_until_ns <= self.updated_ns:
+            self.busy_until_ns = 0
+            self.busy_power_w = 0.0
+
+
+class SimGPU(GPU):
+    """A simulated GPU backed by a shared state file.
+
+    Attributes:
+        index: Index of the GPU on its (simulated) node.
+        calls_block: False: every call takes microseconds, so async callers may call it on the
+            event loop.
+    """
+
+    calls_block = False
+
+    def __init__(
+        self,
+        state_dir: str | Path,
+        index: int,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        """Attach to an existing device file; prefer `SimGPU.open` or `SimGPU.create`.
+
+        Args:
+            state_dir: Directory of the device files.
+            index: Index of the GPU.
+            clock: Monotonic clock in nanoseconds (injectable for tests).
+        """
+        self.index = index
+        self._dir = Path(state_dir)
+        self._clock = clock
+        self._path = self._dir / f"gpu{index}.json"
+        self._lock_path = self._dir / f"gpu{index}.lock"
+        # Static facts never change after creation: read them once.
+        self._static = self._read()
+
+    # Construction.
+    @classmethod
+    def create(
+        cls,
+        state_dir: str | Path,
+        index: int,
+        preset: str | HardwareParams = "A40",
+        uuid: str | None = None,
+        has_energy_counter: bool = True,
+        seed: int | None = None,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> SimGPU:
+        """Create (or overwrite) a device file and return the device.
+
+        Args:
+            state_dir: Directory of the device files (created if missing).
+            index: Index of the GPU.
+            preset: A key of `PRESETS` ("A40", "V100", "A100", "H100") or custom hardware.
+            uuid: The GPU's UUID (default: derived from `seed`, or random without one).
+            has_energy_counter: False emulates a pre-Volta GPU without an energy counter.
+            seed: Seed of the device's noise (energy spread, per-step jitter, power readings);
+                None turns noise off.
+            clock: Monotonic clock in nanoseconds (injectable for tests).
+
+        Returns:
+            The device.
+
+        Raises:
+            GPUValueError: When the preset name is unknown.
+        """
+        if isinstance(preset, HardwareParams):
+            hw = preset
+        else:
+            try:
+                hw = PRESETS[preset]
+            except KeyError:
+                raise GPUValueError(
+                    f"unknown simulated GPU preset {preset!r}; choose one of {sorted(PRESETS)}"
+                ) from None
+        if uuid is None:
+            if seed is None:
+                uuid = f"GPU-{uuid_mod.uuid4()}"
+            else:
+                rng = random.Random(f"uuid:{seed}:{index}")
+                uuid = f"GPU-{uuid_mod.UUID(int=rng.getrandbits(128), version=4)}"
+        factor = 1.0
+        if seed is not None:
+            factor = NoiseModel().device_energy_factor(random.Random(f"spread:{seed}:{index}"))
+        state = _State(
+            index=index,
+            uuid=uuid,
+            hardware=hw,
+            has_energy_counter=has_energy_counter,
+            seed=seed,
+            energy_factor=factor,
+            power_limit_w=hw.default_power_limit_w,
+            locked_min_mhz=None,
+            locked_max_mhz=None,
+            persistence_mode=False,
+            energy_j=0.0,
+            updated_ns=clock(),
+            busy_until_ns=0,
+            busy_power_w=0.0,
+            busy_clock_mhz=hw.min_sm_clock_mhz,
+            work_count=0,
+        )
+        state_dir = Path(state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        gpu = cls.__new__(cls)
+        gpu.index = index
+        gpu._dir = state_dir
+        gpu._clock = clock
+        gpu._path = state_dir / f"gpu{index}.json"
+        gpu._lock_path = state_dir / f"gpu{index}.lock"
+        with gpu._locked():
+            gpu._write(state)
+        gpu._static = state
+        return gpu
+
+    @classmethod
+    def open(
+        cls, state_dir: str | Path, index: int, *, clock: Callable[[], int] = time.monotonic_ns
+    ) -> SimGPU:
+        """Attach to a device file written by `create` (possibly in another process).
+
+        Args:
+            state_dir: Directory of the device files.
+            index: Index of the GPU.
+            clock: Monotonic clock in nanoseconds (injectable for tests).
+
+        Returns:
+            The device.
+
+        Raises:
+            GPUUnavailableError: When the file is missing or unreadable.
+        """
+        return cls(state_dir, index, clock=clock)
+
+    # File access.
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the exclusive lock of the device file."""
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _read(self) -> _State:
+        """Read the device file (atomic replace makes an unlocked read consistent)."""
+        try:
+            data = json.loads(self._path.read_text())
+        except (OSError, ValueError) as exc:
+            raise GPUUnavailableError(
+                f"simulated GPU {self.index}: cannot read {self._path} ({exc}); create it with "
+                f"SimGPU.create"
+            ) from exc
+        return _State.from_json(data)
+
+    def _write(self, state: _State) -> None:
+        """Replace the device file atomically; call with the lock held."""
+        fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=f".gpu{self.index}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(state.to_json(), fh)
+            os.replace(tmp, self._path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    @contextlib.contextmanager
+    def _update(self) -> Iterator[_State]:
+        """Lock, read, fold energy up to now, yield the state for changes, write it back."""
+        with self._locked():
+            state = self._read()
+            state.fold(self._clock())
+            yield state
+            self._write(state)
+
+    def _describe(self) -> str:
+        """Return e.g. "NVIDIA A40 (simulated GPU 0)" for error messages."""
+        return f"{self._static.hardware.name} (simulated GPU {self.index})"
+
+    # Identity and static facts.
+    @property
+    def hardware(self) -> HardwareParams:
+        """The hardware model of this device."""
+        return self._static.hardware
+
+    def get_name(self) -> str:
+        """Return the marketing name of the GPU."""
+        return self._static.hardware.name
+
+    def get_uuid(self) -> str:
+        """Return the GPU's UUID."""
+        return self._static.uuid
+
+    def get_architecture(self) -> str:
+        """Return the lower-case architecture name (e.g. "ampere")."""
+        return self._static.hardware.architecture
+
+    def get_power_limit_constraints_w(self) -> tuple[int, int]:
+        """Return the (min, max) settable power limit. Units: W."""
+        hw = self._static.hardware
+        return hw.min_power_limit_w, hw.max_power_limit_w
+
+    def get_default_power_limit_w(self) -> int:
+        """Return the default power limit. Units: W."""
+        return self._static.hardware.default_power_limit_w
+
+    def get_supported_memory_clocks_mhz(self) -> Sequence[int]:
+        """Return the supported memory clocks, highest first. Units: MHz."""
+        return self._static.hardware.supported_memory_clocks_mhz
+
+    def get_supported_graphics_clocks_mhz(
+        self, memory_clock_mhz: int | None = None
+    ) -> Sequence[int]:
+        """Return the SM clocks supported at a memory clock (default: the highest). Units: MHz.
+
+        The simulated GPU supports the same SM clocks at every memory clock.
+
+        Raises:
+            GPUValueError: When the memory clock is not supported.
+        """
+        hw = self._static.hardware
+        if memory_clock_mhz is not None and memory_clock_mhz not in hw.supported_memory_clocks_mhz:
+            raise GPUValueError(
+                f"{self._describe()}: memory clock {memory_clock_mhz} MHz is not supported; "
+                f"use one of {list(hw.supported_memory_clocks_mhz)} MHz"
+            )
+        return hw.supported_sm_clocks_mhz
+
+    def supports_energy_counter(self) -> bool:
+        """Return whether the GPU has a hardware energy counter (Volta and newer)."""
+        return self._static.has_energy_counter
+
+    # Power limit.
+    def get_power_limit_w(self) -> int:
+        """Return the current power limit. Units: W."""
+        return self._read().power_limit_w
+
+    def set_power_limit_w(self, power_limit_w: int) -> None:
+        """Set the power limit. Units: W.
+
+        Raises:
+            GPUValueError: When the limit is not an integer within the GPU's range.
+        """
+        lo, hi = self.get_power_limit_constraints_w()
+        if isinstance(power_limit_w, bool) or not isinstance(power_limit_w, int):
+            raise GPUValueError(
+                f"{self._describe()}: power limit must be an integer number of watts, got "
+                f"{power_limit_w!r}; pick an integer within {lo}-{hi} W"
+            )
+        if not lo <= power_limit_w <= hi:
+            raise GPUValueError(
+                f"{self._describe()}: power limit {power_limit_w} W is outside the allowed range "
+                f"{lo}-{hi} W; pick a value within it"
+            )
+        with self._update() as state:
+            state.power_limit_w = power_limit_w
+
+    def reset_power_limit(self) -> None:
+        """Restore the default power limit."""
+        with self._update() as state:
+            state.power_limit_w = state.hardware.default_power_limit_w
+
+    # Clocks.
+    def lock_sm_clocks_mhz(self, min_clock_mhz: int, max_clock_mhz: int) -> None:
+        """Lock the SM clock into [min, max]. Units: MHz.
+
+        Raises:
+            GPUValueError: When a clock is not supported or min > max.
+        """
+        hw = self._static.hardware
+        supported = hw.supported_sm_clocks_mhz
+        for label, value in (("minimum", min_clock_mhz), ("maximum", max_clock_mhz)):
+            if value not in supported:
+                raise GPUValueError(
+                    f"{self._describe()}: {label} SM clock {value!r} MHz is not supported; "
+                    f"supported clocks range {hw.min_sm_clock_mhz}-{hw.max_sm_clock_mhz} MHz "
+                    f"(see get_supported_graphics_clocks_mhz)"
+                )
+        if min_clock_mhz > max_clock_mhz:
+            raise GPUValueError(
+                f"{self._describe()}: minimum SM clock {min_clock_mhz} MHz exceeds the maximum "
+                f"{max_clock_mhz} MHz; swap them"
+            )
+        with self._update() as state:
+            state.locked_min_mhz = min_clock_mhz
+            state.locked_max_mhz = max_clock_mhz
+
+    def reset_sm_clocks(self) -> None:
+        """Undo `lock_sm_clocks_mhz`."""
+        with self._update() as state:
+            state.locked_min_mhz = None
+            state.locked_max_mhz = None
+
+    def get_locked_sm_clocks_mhz(self) -> tuple[int, int] | None:
+        """Return the locked (min, max) SM clocks, or None when unlocked. Units: MHz."""
+        state = self._read()
+        if state.locked_min_mhz is None or state.locked_max_mhz is None:
+            return None
+        return state.locked_min_mhz, state.locked_max_mhz
+
+    def get_sm_clock_mhz(self) -> int:
+        """Return the current SM clock: the work's clock when busy, the lowest allowed otherwise.
+
+        Units: MHz.
+        """
+        state = self._read()
+        if state.busy_until_ns > self._clock():
+            return state.busy_clock_mhz
+        return state.locked_min_mhz or state.hardware.min_sm_clock_mhz
+
+    def get_memory_clock_mhz(self) -> int:
+        """Return the current memory clock (the highest supported). Units: MHz."""
+        return self._static.hardware.supported_memory_clocks_mhz[0]
+
+    # Energy and power.
+    def get_total_energy_j(self) -> float:
+        """Return the energy counter. Units: J.
+
+        Raises:
+            GPUNotSupportedError: When the device emulates a GPU without an energy counter.
+        """
+        if not self._static.has_energy_counter:
+            raise GPUNotSupportedError(
+                f"{self._describe()} has no energy counter (emulating a pre-Volta GPU); "
+                f"integrate get_power_w over time instead"
+            )
+        return self._read().energy_at(self._clock())
+
+    def get_power_w(self) -> float:
+        """Return the current power draw, with +-1% noise when the device has a seed. Units: W."""
+        state = self._read()
+        now = self._clock()
+        if state.busy_until_ns > now:
+            power = state.busy_power_w
+        else:
+            power = state.hardware.idle_power_w * state.energy_factor
+        if state.seed is not None:
+            rng = random.Random(f"power:{state.seed}:{self.index}:{now}")
+            power *= 1.0 + 0.01 * max(-3.0, min(3.0, rng.gauss(0.0, 1.0)))
+        return power
+
+    def get_instant_power_w(self) -> float:
+        """Return the instantaneous power draw (same as `get_power_w` here). Units: W."""
+        return self.get_power_w()
+
+    def is_busy(self) -> bool:
+        """Return whether work submitted by `run_work` is still running."""
+        return self._read().busy_until_ns > self._clock()
+
+    # Persistence mode.
+    def get_persistence_mode(self) -> bool:
+        """Return whether persistence mode is on."""
+        return self._read().persistence_mode
+
+    def set_persistence_mode(self, enabled: bool) -> None:
+        """Turn persistence mode on or off."""
+        with self._update() as state:
+            state.persistence_mode = bool(enabled)
+
+    # Trainer side.
+    def run_work(
+        self,
+        workload: WorkloadParams,
+        *,
+        scale: float = 1.0,
+        rng: random.Random | None = None,
+        noise: NoiseModel | None = None,
+    ) -> WorkResult:
+        """Start one piece of work (a step, or a fraction of one) and return what it will do.
+
+        The operating point comes from the current power limit and clock locks. The device is
+        busy for the returned duration from now (after any unfinished work, which it queues
+        behind); this call does not sleep.
+
+        Args:
+            workload: The work.
+            scale: Factor on the work's durations (and so its energy); power is unchanged.
+            rng: Source of noise; with None the device's seed drives the noise, and without a
+                seed there is none.
+            noise: The noise model (default `NoiseModel()` when noise applies).
+
+        Returns:
+            Duration, energy and clock of the work.
+
+        Raises:
+            GPUValueError: When `scale` is not positive.
+        """
+        if not scale > 0:
+            raise GPUValueError(f"run_work scale must be > 0, got {scale!r}")
+        with self._update() as state:
+            hw = state.hardware
+            point = operating_point(
+                hw,
+                workload,
+                state.power_limit_w,
+                max_sm_clock_mhz=state.locked_max_mhz,
+                min_sm_clock_mhz=state.locked_min_mhz,
+            )
+            if rng is None and state.seed is not None:
+                rng = random.Random(f"work:{state.seed}:{self.index}:{state.work_count}")
+            if rng is not None:
+                point = (noise or NoiseModel()).perturb(point, rng, state.energy_factor)
+            elif state.energy_factor != 1.0:
+                point = dataclasses.replace(point, energy_j=point.energy_j * state.energy_factor)
+            duration_s = point.step_time_s * scale
+            energy_j = point.energy_j * scale
+            now = state.updated_ns
+            # Queue behind unfinished work: merge into one busy period of average power.
+            left_ns = max(0, state.busy_until_ns - now)
+            left_j = state.busy_power_w * left_ns / _NS
+            duration_ns = max(1, round(duration_s * _NS))
+            state.busy_until_ns = now + left_ns + duration_ns
+            state.busy_power_w = (left_j + energy_j) * _NS / (left_ns + duration_ns)
+            state.busy_clock_mhz = round(point.sm_clock_mhz)
+            state.work_count += 1
+        return WorkResult(
+            duration_s=duration_s, energy_j=energy_j, sm_clock_mhz=round(point.sm_clock_mhz)
+        )
+
+
+def create_sim_gpus(
+    state_dir: str | Path,
+    count: int,
+    preset: str | HardwareParams = "A40",
+    *,
+    seed: int | None = None,
+    has_energy_counter: bool = True,
+    clock: Callable[[], int] = time.monotonic_ns,
+) -> list[SimGPU]:
+    """Create `count` simulated GPUs with indices 0..count-1 in one directory.
+
+    Args:
+        state_dir: Directory of the device files.
+        count: Number of GPUs.
+        preset: A key of `PRESETS` or custom hardware.
+        seed: Noise seed shared by the devices (each index draws its own spread), or None.
+        has_energy_counter: False emulates pre-Volta GPUs.
+        clock: Monotonic clock in nanoseconds (injectable for tests).
+
+    Returns:
+        The devices, by index.
+    """
+    return [
+        SimGPU.create(
+            state_dir,
+            i,
+            preset,
+            has_energy_counter=has_energy_counter,
+            seed=seed,
+            clock=clock,
+        )
+        for i in range(count)
+    ]
