@@ -156,6 +156,7 @@ class PublisherStats:
         dropped_by_reason: `no_agent` (nobody at the socket), `buffer_full` (backlog full
             too), `error` (anything else).
         windows_unanswered: Window requests without an answer (their energies are NaN).
+        sync_failures: `torch.cuda.synchronize()` calls that raised (the event was sent).
         connected: Whether the socket is currently connected to an agent.
         detached: Whether `init` found no agent (or it did not answer).
     """
@@ -166,6 +167,7 @@ class PublisherStats:
     dropped: int
     dropped_by_reason: dict[str, int]
     windows_unanswered: int
+    sync_failures: int
     connected: bool
     detached: bool
 
@@ -283,6 +285,7 @@ class Publisher:
         self._n = 0
         self._drops: dict[str, int] = {_NO_AGENT: 0, _BUFFER_FULL: 0, _ERROR: 0}
         self._windows_unanswered = 0
+        self._sync_failures = 0
         self._warned_drops = False
         self._backlog: collections.deque[bytes] = collections.deque()
         self._backlog_max = backlog
@@ -342,7 +345,11 @@ class Publisher:
     def _rebind(self) -> None:
         """Re-introduce the process to an agent found after a failure (no reply awaited)."""
         try:
-            self._drain_incoming()
+            if self._request_lock.acquire(blocking=False):  # Never steal a waited-for reply.
+                try:
+                    self._drain_incoming()
+                finally:
+                    self._request_lock.release()
             if self._hello is not None:
                 self._send(encode_request(Kind.HELLO, self._pid, next(self._ids), self._hello))
             if self._rank_registration is not None:
@@ -428,7 +435,7 @@ class Publisher:
             if self._sync is not None:
                 self._sync()
         except Exception:
-            self._drops[_ERROR] += 1
+            self._sync_failures += 1
         self._n += 1
         data = _encode(_EPOCH_BEGIN, self._pid, _monotonic_ns(), self._epoch, 0, "")
         try:
@@ -445,7 +452,7 @@ class Publisher:
             if self._sync is not None:
                 self._sync()
         except Exception:
-            self._drops[_ERROR] += 1
+            self._sync_failures += 1
         self._n += 1
         epoch = self._epoch
         self._epoch = epoch + 1
@@ -464,7 +471,7 @@ class Publisher:
             if self._sync is not None:
                 self._sync()
         except Exception:
-            self._drops[_ERROR] += 1
+            self._sync_failures += 1
         self._n += 1
         self._step = step = self._step + 1
         data = _encode(_STEP_BEGIN, self._pid, _monotonic_ns(), step, self._epoch, "")
@@ -482,7 +489,7 @@ class Publisher:
             if self._sync is not None:
                 self._sync()
         except Exception:
-            self._drops[_ERROR] += 1
+            self._sync_failures += 1
         self._n += 1
         step = self._step if self._step >= 0 else 0
         data = _encode(_STEP_END, self._pid, _monotonic_ns(), step, self._epoch, "")
@@ -500,7 +507,7 @@ class Publisher:
             if self._sync is not None:
                 self._sync()
         except Exception:
-            self._drops[_ERROR] += 1
+            self._sync_failures += 1
         self._n += 1
         self._instruction = index = self._instruction + 1
         step = self._step if self._step >= 0 else 0
@@ -523,13 +530,16 @@ class Publisher:
             if self._sync is not None:
                 self._sync()
         except Exception:
-            self._drops[_ERROR] += 1
+            self._sync_failures += 1
         self._n += 1
         index = self._instruction if self._instruction >= 0 else 0
         step = self._step if self._step >= 0 else 0
         try:
             data = _encode(_INSTRUCTION_END, self._pid, _monotonic_ns(), index, step, name)
         except Exception:
+            self._drops[_ERROR] += 1
+            return
+        if len(data) > MAX_DATAGRAM_BYTES:
             self._drops[_ERROR] += 1
             return
         try:
@@ -552,6 +562,7 @@ class Publisher:
             dropped=dropped,
             dropped_by_reason=drops,
             windows_unanswered=self._windows_unanswered,
+            sync_failures=self._sync_failures,
             connected=self.connected,
             detached=self.detached,
         )
@@ -784,12 +795,16 @@ class Publisher:
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
-        """Send BYE (best effort, no reply awaited) and close the socket. Idempotent."""
+        """Flush the backlog (at most 0.1 s), send BYE (best effort), close. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
+            deadline = time.monotonic() + 0.1  # Bounded: let the agent take the backlog.
             self._flush_backlog()
+            while self._backlog and self.connected and time.monotonic() < deadline:
+                select.select([], [self._sock], [], 0.01)
+                self._flush_backlog()
             if self.connected:
                 self._sock.send(encode_request(Kind.BYE, self._pid, next(self._ids), {}))
         except Exception:  # Best effort.
@@ -941,15 +956,14 @@ def init(
         publisher.detached = True
 
     error: tuple[str, str, str] | None = None
-    if job_info is not None and rank == 0 and job_id is None:
-        if publisher.connected:
-            try:
-                job_id = publisher.register_job(job_info, power_limit, scheduler)
-            except RegistrationError as e:
-                error = (e.what, e.code, e.message)
-            if job_id is None and error is None:
-                _warn_no_agent(publisher, f"no reply within {timeout_s} s")
-                publisher.detached = True
+    if job_info is not None and rank == 0 and job_id is None and publisher.connected:
+        try:
+            job_id = publisher.register_job(job_info, power_limit, scheduler)
+        except RegistrationError as e:
+            error = (e.what, e.code, e.message)
+        if job_id is None and error is None:
+            _warn_no_agent(publisher, f"no reply within {timeout_s} s")
+            publisher.detached = True
     dist = _distributed() if job_info is not None else None
     if dist is not None:
         box: list[Any] = [(job_id, error)]

@@ -228,12 +228,12 @@ class Adaptive(SearchStrategy):
         max_refines: Most refinement windows after the descent.
     """
 
-    chunk: float = 0.375
-    max_steps: float = 0.5
+    chunk: float = 0.25
+    max_steps: float = 0.75
     refine_steps: float = 0.5
     noise: float = 0.01
-    k_ambiguous: float = 1.0
-    k_stop: float = 3.0
+    k_ambiguous: float = 2.0
+    k_stop: float = 4.0
     big_rise: float = 0.3
     k_refine: float = 1.5
     max_refines: int = 1

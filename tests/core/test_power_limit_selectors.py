@@ -133,7 +133,9 @@ def test_zeus_cost_world_size_validation(world_size: int) -> None:
 def test_max_slowdown_validation(factor: float) -> None:
     with pytest.raises(ValueError) as e:
         MaxSlowdownConstraint(factor)
-    assert str(e.value) == f"max_slowdown_factor must be greater than or equal to 1.0. Got {factor}."
+    assert (
+        str(e.value) == f"max_slowdown_factor must be greater than or equal to 1.0. Got {factor}."
+    )
 
 
 def test_boundaries_accepted() -> None:

@@ -76,8 +76,7 @@ class Gateway(asyncio.DatagramProtocol):
 
     # ------------------------------------------------------------------ protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: Any) -> None:  # noqa: D102
         self.counters["datagrams"] += 1

@@ -291,7 +291,7 @@ SelectorName = Literal["Energy", "Time", "ZeusCost", "MaxSlowdownConstraint"]
 class PowerLimitOptions(_Part):
     """How the coordinator optimises a data-parallel job's power limit (Zeus's arguments)."""
 
-    selector: SelectorName = "Time"
+    selector: SelectorName = "ZeusCost"
     eta_knob: float = Field(default=0.5, ge=0.0, le=1.0)
     max_slowdown: float = Field(default=1.1, ge=1.0)
     wait_steps: int = Field(default=1, ge=0)

@@ -1,0 +1,161 @@
+"""Cost of one `zeus_agent.emit` event call on the caller's thread (budget: p50 <= 2 us).
+
+Times `emit.step_begin()` (the module-level call a training loop makes) with
+`time.perf_counter_ns()` around each call, after a warm-up:
+
+* agent up: a receiver subprocess drains a bound datagram socket (or `--socket PATH` points at
+  a running agent), calls paced `--gap-us` apart as in a training loop (the receiver sleeps in
+  `recv` between events, so each send also pays the kernel's wake-up of the receiver);
+* agent up, back to back: no pacing (the receiver's 10-deep queue overflows; the backlog path);
+* agent absent: nothing at the socket (events dropped and counted).
+
+Also reports the bare `socket.send` of the same datagram (kernel cost, no emit code) and the
+timer's own overhead, both included in nothing else. The last line is one JSON object.
+
+Usage: python bench/emit_overhead.py [--calls 200000] [--gap-us 20] [--socket PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+from zeus_agent import emit
+from zeus_agent.wire.trainer import Kind, encode_event
+
+RECEIVER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+print("ready", flush=True)
+recv = s.recv
+while True:
+    recv(70000)
+"""
+
+BUDGET_P50_NS = 2000
+
+
+def measure(call: Callable[[], None], calls: int, warmup: int, gap_ns: int) -> list[int]:
+    pc = time.perf_counter_ns
+    for _ in range(warmup):
+        call()
+    samples = [0] * calls
+    for i in range(calls):
+        if gap_ns:
+            until = pc() + gap_ns
+            while pc() < until:
+                pass
+        t0 = pc()
+        call()
+        samples[i] = pc() - t0
+    samples.sort()
+    return samples
+
+
+def pct(samples: list[int], q: float) -> int:
+    return samples[min(len(samples) - 1, int(len(samples) * q))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--warmup", type=int, default=20_000)
+    parser.add_argument("--gap-us", type=float, default=20.0, help="pause between paced calls")
+    parser.add_argument("--socket", default=None, help="a running agent's socket (no receiver)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # The absent case warns by design.
+    gap_ns = int(args.gap_us * 1000)
+
+    tmp = tempfile.mkdtemp(prefix="emit-bench-")
+    receiver = None
+    path = args.socket
+    if path is None:
+        path = os.path.join(tmp, "agent.sock")
+        receiver = subprocess.Popen(
+            [sys.executable, "-c", RECEIVER, path], stdout=subprocess.PIPE, text=True
+        )
+        assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
+
+    rows: list[tuple[str, list[int], str]] = []
+    try:
+        # Timer overhead.
+        rows.append(("timer only (no call)", measure(lambda: None, args.calls, 1000, 0), ""))
+
+        # Bare kernel send of the same datagram, paced.
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        raw.setblocking(False)
+        raw.bind("")
+        raw.connect(path)
+        data = encode_event(int(Kind.STEP_BEGIN), os.getpid(), time.monotonic_ns(), 1, 0, "")
+
+        def raw_send() -> None:
+            with contextlib.suppress(BlockingIOError):
+                raw.send(data)
+
+        n_raw = max(1000, args.calls // 4)
+        rows.append(("socket.send only, paced", measure(raw_send, n_raw, 1000, gap_ns), ""))
+        raw.close()
+
+        emit.init(socket_path=path)
+        up = measure(emit.step_begin, args.calls, args.warmup, gap_ns)
+        s = emit.stats()
+        rows.append(("emit, agent up, paced", up, f"dropped {s.dropped}/{s.events}"))
+        emit.close()
+
+        emit.init(socket_path=path)
+        b2b = measure(emit.step_begin, args.calls, args.warmup, 0)
+        s = emit.stats()
+        rows.append(("emit, agent up, back to back", b2b, f"dropped {s.dropped}/{s.events}"))
+        emit.close()
+    finally:
+        if receiver is not None:
+            receiver.kill()
+            receiver.wait()
+
+    emit.init(socket_path=os.path.join(tmp, "absent.sock"))
+    absent = measure(emit.step_begin, args.calls, args.warmup, gap_ns)
+    s = emit.stats()
+    rows.append(("emit, agent absent, paced", absent, f"dropped {s.dropped}/{s.events}"))
+    emit.close()
+
+    print(f"{'ns per call':34s} {'p50':>7s} {'p99':>8s} {'max':>9s}  note")
+    for name, samples, note in rows:
+        print(f"{name:34s} {pct(samples, 0.5):7d} {pct(samples, 0.99):8d} {samples[-1]:9d}  {note}")
+    print(f"(paced: {args.gap_us} us between calls; receiver: {args.socket or 'subprocess'})")
+
+    p50_up, p50_absent = pct(up, 0.5), pct(absent, 0.5)
+    result = {
+        "bench": "emit_overhead",
+        "p50_ns_agent_up": p50_up,
+        "p99_ns_agent_up": pct(up, 0.99),
+        "p50_ns_agent_absent": p50_absent,
+        "p99_ns_agent_absent": pct(absent, 0.99),
+        "p50_ns_agent_up_back_to_back": pct(b2b, 0.5),
+        "p50_ns_raw_send_agent_up": pct(rows[1][1], 0.5),
+        "p50_ns_timer": pct(rows[0][1], 0.5),
+        "calls": args.calls,
+        "budget_p50_ns": BUDGET_P50_NS,
+        "ok": p50_up <= BUDGET_P50_NS and p50_absent <= BUDGET_P50_NS,
+        "machine": (
+            f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu "
+            f"{platform.platform()} python {platform.python_version()}"
+        ),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

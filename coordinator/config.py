@@ -1,0 +1,56 @@
+"""`CoordinatorSettings`: every knob of `zeus-coordinator run`, defined once.
+
+Environment variables use Zeus's `ZEUS_PFO_` prefix (`ZEUS_PFO_LOG_LEVEL`, `ZEUS_PFO_SCHEDULER`,
+`ZEUS_PFO_MAX_JOB_IDLE_TIME`, ...), so a Zeus pipeline-frequency-optimizer deployment keeps its
+settings; flags (`--log-level`, ...) override them. Construction does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from zeus_agent.wire.subjects import DEFAULT_PREFIX
+
+
+class CoordinatorSettings(BaseSettings):
+    """Configuration of the coordinator (Zeus's `PFOServerSettings` fields plus the bus)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ZEUS_PFO_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore"
+    )
+
+    # Zeus PFOServerSettings fields (same names, same defaults where they apply).
+    scheduler: str = Field(
+        "PointSolution", description="Frequency scheduler for pipeline jobs (Zeus name)"
+    )
+    scheduler_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra arguments of the scheduler (JSON)"
+    )
+    log_level: str = Field("INFO", description="Log level, e.g. DEBUG, INFO")
+    dump_data: bool = Field(True, description="Dump scheduler state for later inspection")
+    dump_dir: str = Field("./dump", description="Directory for dumped state")
+    max_job_idle_time: int = Field(
+        60 * 60 * 24 * 7, gt=0, description="Seconds a job may be idle before it is deleted"
+    )
+    # The bus and the service.
+    nats_url: str | None = Field(None, description="NATS server URL(s); omit with --embedded-nats")
+    embedded_nats: bool = Field(False, description="Start a private nats-server (development)")
+    prefix: str = Field(DEFAULT_PREFIX, description="Subject prefix shared with the agents")
+    state_dir: str = Field(
+        "./zeus-coordinator-state", description="Where jobs and power-limit profiles are kept"
+    )
+    lease_s: float = Field(
+        30.0, gt=0, description="Lease of GPU settings; renewed every lease_s/3 while jobs live"
+    )
+    lease_idle_s: float = Field(
+        900.0, gt=0, description="Stop renewing a job's leases after this long without events"
+    )
+    command_timeout_s: float = Field(2.0, gt=0, description="Timeout of a command to an agent")
+
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, value: str) -> str:
+        return value.upper()

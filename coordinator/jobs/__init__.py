@@ -1,0 +1,19 @@
+"""The job registry core: jobs, their ranks and the GPUs they drive (sans-I/O)."""
+
+from coordinator.jobs.registry import (
+    DuplicateError,
+    JobRecord,
+    JobRegistry,
+    RankRecord,
+    RegistryError,
+    UnknownJobError,
+)
+
+__all__ = [
+    "DuplicateError",
+    "JobRecord",
+    "JobRegistry",
+    "RankRecord",
+    "RegistryError",
+    "UnknownJobError",
+]

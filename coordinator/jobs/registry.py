@@ -1,0 +1,211 @@
+"""`JobRegistry`: jobs, ranks and their GPU bindings, as a pure in-memory core.
+
+Invariants:
+1. A job id is made by the seed's `JobInfo.set_job_id` (`%F-%H-%M-%S+dp+pp+tp+Scheduler[+meta]`);
+   if that id is taken (two jobs of the same shape in the same second), `+2`, `+3`, ... is
+   appended so ids stay unique.
+2. A rank is registered once per job. Registering the same rank again with the same
+   `RankInfo` and GPU is idempotent (a retry); with anything different it is a `DuplicateError`.
+   Two ranks of one job may not drive the same GPU.
+3. A rank's coordinates must fit the job: rank < world_size, dp_rank < dp_degree, etc.
+4. Time is an argument (`now_s`, any monotonic clock of the caller); `collect_idle` removes
+   jobs idle longer than the limit. Nothing here does I/O: `snapshot`/`restore` give the
+   service plain data to persist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeus_agent.models import JobInfo, RankInfo
+from zeus_agent.wire.messages import GpuBinding, PowerLimitOptions, RegisterJob, RegisterRank
+
+
+class RegistryError(Exception):
+    """A registration was refused. `code` is the wire error code."""
+
+    code = "bad_request"
+
+
+class UnknownJobError(RegistryError, KeyError):
+    """No job has this id (never registered, or collected after being idle)."""
+
+    code = "unknown_job"
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DuplicateError(RegistryError):
+    """The rank (or its GPU) is already registered differently."""
+
+    code = "duplicate"
+
+
+@dataclass
+class RankRecord:
+    """One registered rank."""
+
+    info: RankInfo
+    gpu: GpuBinding
+    pid: int | None = None
+
+
+@dataclass
+class JobRecord:
+    """One registered job."""
+
+    job_id: str
+    job: JobInfo
+    scheduler: str
+    power_limit: PowerLimitOptions | None
+    created_s: float
+    last_active_s: float
+    ranks: dict[int, RankRecord] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every rank of the job has registered."""
+        return len(self.ranks) == self.job.world_size
+
+    def gpus(self) -> list[GpuBinding]:
+        """The GPUs of the job, in rank order."""
+        return [self.ranks[r].gpu for r in sorted(self.ranks)]
+
+
+class JobRegistry:
+    """Registered jobs by id."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobRecord] = {}
+
+    def get(self, job_id: str) -> JobRecord:
+        """The job with this id.
+
+        Raises:
+            UnknownJobError: No such job; the message lists what to check.
+        """
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise UnknownJobError(
+                f"unknown job {job_id!r}: register it first (rank 0 registers the job and passes "
+                "the id to the other ranks), or it was removed after being idle"
+            ) from None
+
+    def register_job(self, request: RegisterJob, now_s: float) -> JobRecord:
+        """Register a job and give it an id."""
+        job = request.job.model_copy()
+        job.set_job_id(request.scheduler)
+        base, n = job.job_id, 1
+        while job.job_id in self.jobs:
+            n += 1
+            job.job_id = f"{base}+{n}"
+        record = JobRecord(
+            job_id=job.job_id,
+            job=job,
+            scheduler=request.scheduler,
+            power_limit=request.power_limit,
+            created_s=now_s,
+            last_active_s=now_s,
+        )
+        self.jobs[job.job_id] = record
+        return record
+
+    def register_rank(self, request: RegisterRank, now_s: float) -> tuple[JobRecord, bool]:
+        """Register a rank; returns the job and whether the rank is new (False: a retry).
+
+        Raises:
+            UnknownJobError: The job is not registered.
+            RegistryError: The rank does not fit the job's degrees.
+            DuplicateError: The rank or its GPU is registered differently.
+        """
+        record = self.get(request.job_id)
+        info, job = request.rank_info, record.job
+        for name, value, limit in (
+            ("rank", info.rank, job.world_size),
+            ("dp_rank", info.dp_rank, job.dp_degree),
+            ("pp_rank", info.pp_rank, job.pp_degree),
+            ("tp_rank", info.tp_rank, job.tp_degree),
+        ):
+            if value >= limit:
+                raise RegistryError(
+                    f"{name} {value} is out of range for job {record.job_id} "
+                    f"(dp{job.dp_degree} pp{job.pp_degree} tp{job.tp_degree}, "
+                    f"world size {job.world_size}): it must be below {limit}"
+                )
+        existing = record.ranks.get(info.rank)
+        if existing is not None:
+            if existing.info == info and existing.gpu == request.gpu:
+                record.last_active_s = now_s
+                return record, False
+            raise DuplicateError(
+                f"rank {info.rank} of job {record.job_id} is already registered with GPU "
+                f"{existing.gpu.gpu_index} on {existing.gpu.node}; each rank registers once"
+            )
+        for other_rank, other in record.ranks.items():
+            if (other.gpu.node, other.gpu.gpu_index) == (request.gpu.node, request.gpu.gpu_index):
+                raise DuplicateError(
+                    f"GPU {request.gpu.gpu_index} on {request.gpu.node} already drives rank "
+                    f"{other_rank} of job {record.job_id}; give each rank its own GPU"
+                )
+        record.ranks[info.rank] = RankRecord(info=info, gpu=request.gpu, pid=request.pid)
+        record.last_active_s = now_s
+        return record, True
+
+    def touch(self, job_id: str, now_s: float) -> None:
+        """Mark a job active (an event arrived)."""
+        if job_id in self.jobs:
+            self.jobs[job_id].last_active_s = now_s
+
+    def collect_idle(self, now_s: float, max_idle_s: float) -> list[str]:
+        """Remove and return the ids of jobs idle for more than `max_idle_s`."""
+        idle = [j for j, r in self.jobs.items() if now_s - r.last_active_s > max_idle_s]
+        for job_id in idle:
+            del self.jobs[job_id]
+        return idle
+
+    # ------------------------------------------------------------------ persistence
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data for persistence (JSON-able)."""
+        return {
+            "jobs": [
+                {
+                    "job_id": r.job_id,
+                    "job": r.job.model_dump(),
+                    "scheduler": r.scheduler,
+                    "power_limit": r.power_limit.model_dump() if r.power_limit else None,
+                    "created_s": r.created_s,
+                    "last_active_s": r.last_active_s,
+                    "ranks": [
+                        {"info": rr.info.model_dump(), "gpu": rr.gpu.model_dump(), "pid": rr.pid}
+                        for rr in r.ranks.values()
+                    ],
+                }
+                for r in self.jobs.values()
+            ]
+        }
+
+    @classmethod
+    def restore(cls, data: dict[str, Any], now_s: float) -> JobRegistry:
+        """Rebuild a registry from `snapshot()` data; idle clocks restart at `now_s`."""
+        registry = cls()
+        for j in data.get("jobs", []):
+            job_data = dict(j["job"])
+            job_id = job_data.pop("job_id")
+            job = JobInfo(**job_data)
+            job.job_id = job_id
+            record = JobRecord(
+                job_id=j["job_id"],
+                job=job,
+                scheduler=j["scheduler"],
+                power_limit=PowerLimitOptions(**j["power_limit"]) if j["power_limit"] else None,
+                created_s=now_s,
+                last_active_s=now_s,
+            )
+            for rr in j["ranks"]:
+                info = RankInfo(**rr["info"])
+                record.ranks[info.rank] = RankRecord(info, GpuBinding(**rr["gpu"]), rr["pid"])
+            registry.jobs[record.job_id] = record
+        return registry

@@ -1,0 +1,270 @@
+"""`PowerLimitJob`: one data-parallel job's power-limit optimisation across ranks (sans-I/O).
+
+It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into measurements:
+
+* rank 0's trainer events pace the machine (`step_begin` -> `on_step_begin`, `epoch_end` ->
+  `on_epoch_end`); the other ranks step together with it;
+* a window opened at rank 0's step `a` and closed at its step `b` covers, on every rank, the
+  interval between that rank's own `step_begin` marks of steps `a` and `b` (marks carry the
+  GPU's energy counter at the event, stamped on the rank's own host: only differences of one
+  GPU's marks are used, never timestamps across hosts);
+* a window's time is the maximum over ranks, its energy the sum over the job's GPUs; it is
+  recorded once every rank's two marks have arrived, in whatever order they come.
+
+Methods return `Action`s for the shell: `ApplyPowerLimit` (command every GPU of the job),
+`SaveProfile` (profiling finished) and `StatusUpdate` (for people and dashboards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.power_limit.machine import (
+    BeginWindow,
+    Done,
+    EndWindow,
+    PowerLimitStateMachine,
+    Profiling,
+    SetPowerLimit,
+    Warmup,
+)
+from coordinator.power_limit.selectors import (
+    Energy,
+    MaxSlowdownConstraint,
+    OptimumSelector,
+    Time,
+    ZeusCost,
+)
+from zeus_agent.models import PowerLimitMeasurement
+from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
+
+MAX_MARKS_PER_RANK = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyPowerLimit:
+    """Set this limit (W) on every GPU of the job."""
+
+    watts: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveProfile:
+    """Profiling finished: persist these measurements (Zeus profile format)."""
+
+    measurements: tuple[PowerLimitMeasurement, ...]
+    optimal_power_limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusUpdate:
+    """A state change or progress report."""
+
+    state: str
+    message: str
+    progress: dict[str, Any] = field(default_factory=dict)
+
+
+Action = ApplyPowerLimit | SaveProfile | StatusUpdate
+
+
+def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelector:
+    """The optimum selector the options name."""
+    if options.selector == "Energy":
+        return Energy()
+    if options.selector == "Time":
+        return Time()
+    if options.selector == "MaxSlowdownConstraint":
+        return MaxSlowdownConstraint(factor=options.max_slowdown)
+    return ZeusCost(eta_knob=options.eta_knob, world_size=world_size)
+
+
+@dataclass
+class _Window:
+    name: str
+    begin_step: int
+    end_step: int | None = None
+
+
+class PowerLimitJob:
+    """The power-limit optimiser of one job over all of its ranks.
+
+    Args:
+        job_id: The job.
+        options: Selector and step counts.
+        ranks: The job's ranks (each drives one GPU).
+        min_power_limit_w: Highest minimum limit over the job's GPUs.
+        max_power_limit_w: Lowest maximum limit over the job's GPUs.
+        measurements: A loaded profile (then the job starts done at its optimum).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        options: PowerLimitOptions,
+        ranks: Iterable[int],
+        min_power_limit_w: int,
+        max_power_limit_w: int,
+        measurements: list[PowerLimitMeasurement] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.options = options
+        self.ranks = sorted(ranks)
+        world_size = len(self.ranks)
+        self.machine = PowerLimitStateMachine(
+            min_power_limit=min_power_limit_w,
+            max_power_limit=max_power_limit_w,
+            optimum_selector=make_selector(options, world_size),
+            world_size=world_size,
+            wait_steps=options.wait_steps,
+            warmup_steps=options.warmup_steps,
+            profile_steps=options.profile_steps,
+            pl_step=options.pl_step_w,
+            measurements=measurements,
+            search=options.search,
+        )
+        self._marks: dict[int, dict[int, tuple[int, float]]] = {r: {} for r in self.ranks}
+        self._windows: dict[str, _Window] = {}
+        self._saved = measurements is not None
+        self.last_step: int | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the optimal limit is known."""
+        return isinstance(self.machine.state, Done)
+
+    def start(self) -> list[Action]:
+        """Start the machine (when every rank is registered)."""
+        actions = self._translate(self.machine.start(), step=None)
+        if self.done:
+            limit = self.machine.optimal_power_limit
+            actions.append(StatusUpdate("done", f"loaded profile: optimal power limit {limit} W",
+                                        self.progress()))
+        else:
+            actions.append(StatusUpdate(
+                "profiling",
+                f"profiling {len(self.machine.power_limits)} power limits "
+                f"({self.machine.power_limits[0]}..{self.machine.power_limits[-1]} W, "
+                f"{self.options.search} search)",
+                self.progress(),
+            ))
+        return actions
+
+    def on_event(self, rank: int, event: TrainerEvent) -> list[Action]:
+        """Feed a trainer event of `rank`; only rank 0 paces the machine."""
+        if rank != self.ranks[0] or self.done:
+            return []
+        if event.kind == "step_begin":
+            self.last_step = event.step
+            return self._translate(self.machine.on_step_begin(), step=event.step)
+        if event.kind == "epoch_end":
+            return self._translate(self.machine.on_epoch_end(), step=None)
+        return []
+
+    def on_mark(self, rank: int, mark: Mark) -> list[Action]:
+        """Feed a GPU mark of `rank`; may complete windows."""
+        if rank not in self._marks or mark.kind != "step_begin":
+            return []
+        marks = self._marks[rank]
+        marks[mark.step] = (mark.t_ns, mark.energy_j)
+        if len(marks) > MAX_MARKS_PER_RANK:
+            for step in sorted(marks)[: len(marks) - MAX_MARKS_PER_RANK]:
+                del marks[step]
+        return self._complete_windows()
+
+    def waiting_for(self) -> dict[str, list[int]]:
+        """Closed windows still missing marks: window name -> ranks."""
+        out: dict[str, list[int]] = {}
+        for w in self._windows.values():
+            if w.end_step is None:
+                continue
+            missing = [r for r in self.ranks
+                       if w.begin_step not in self._marks[r] or w.end_step not in self._marks[r]]
+            if missing:
+                out[w.name] = missing
+        return out
+
+    def progress(self) -> dict[str, Any]:
+        """A snapshot for status events and queries."""
+        state = self.machine.state
+        return {
+            "phase": type(state).__name__,
+            "power_limit_w": self.machine.current_power_limit,
+            "measured": len(self.machine.measurements),
+            "candidates": len(self.machine.power_limits),
+            "optimal_power_limit_w": self.machine.optimal_power_limit,
+            "measurements": [m.model_dump() for m in self.machine.measurements],
+        }
+
+    # ------------------------------------------------------------------ internals
+    def _translate(self, effects: list[Any], step: int | None) -> list[Action]:
+        actions: list[Action] = []
+        for effect in effects:
+            if isinstance(effect, SetPowerLimit):
+                actions.append(ApplyPowerLimit(effect.watts))
+            elif isinstance(effect, BeginWindow):
+                assert step is not None, "windows open on step_begin"
+                self._windows[effect.name] = _Window(effect.name, begin_step=step)
+                limit = self.machine.current_power_limit
+                actions.append(StatusUpdate(
+                    "profiling",
+                    f"measuring {limit} W at step {step}",
+                    self.progress(),
+                ))
+            elif isinstance(effect, EndWindow):
+                window = self._windows.get(effect.name)
+                if window is None:
+                    continue
+                if effect.cancel or step is None:
+                    del self._windows[effect.name]
+                    actions.append(StatusUpdate(
+                        "profiling",
+                        f"window {effect.name} cancelled (epoch ended); it will be redone",
+                        self.progress(),
+                    ))
+                else:
+                    window.end_step = step
+        actions += self._complete_windows() if effects else []
+        return actions
+
+    def _complete_windows(self) -> list[Action]:
+        actions: list[Action] = []
+        for name, w in list(self._windows.items()):
+            if w.end_step is None:
+                continue
+            spans = []
+            for r in self.ranks:
+                a, b = self._marks[r].get(w.begin_step), self._marks[r].get(w.end_step)
+                if a is None or b is None:
+                    break
+                spans.append(((b[0] - a[0]) / 1e9, b[1] - a[1]))
+            else:
+                del self._windows[name]
+                time_s = max(t for t, _ in spans)
+                energy_j = sum(e for _, e in spans)
+                if time_s <= 0 or energy_j <= 0:
+                    actions.append(StatusUpdate(
+                        "error", f"window {name} measured no time or energy; ignored", {}))
+                    continue
+                effects = self.machine.record(name, time_s, energy_j)
+                actions += self._translate(effects, step=self.last_step)
+                actions.append(StatusUpdate(
+                    "profiling" if not self.done else "done",
+                    f"{name}: {time_s:.3f} s, {energy_j:.1f} J over {len(self.ranks)} GPU(s)",
+                    self.progress(),
+                ))
+        if self.done and not self._saved:
+            self._saved = True
+            optimal = self.machine.optimal_power_limit
+            assert optimal is not None
+            actions.append(SaveProfile(tuple(self.machine.measurements), optimal))
+            actions.append(StatusUpdate("done", f"optimal power limit {optimal} W pinned",
+                                        self.progress()))
+        return actions
+
+
+def is_measuring(machine: PowerLimitStateMachine) -> bool:
+    """Whether the machine is warming up or profiling."""
+    return isinstance(machine.state, Warmup | Profiling)

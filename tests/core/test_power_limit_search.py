@@ -1,0 +1,125 @@
+"""Search strategies on replayed reference profiles: quality targets, no peeking, fallbacks."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from coordinator.power_limit import (
+    Adaptive,
+    Energy,
+    Exhaustive,
+    MaxSlowdownConstraint,
+    PowerLimitMeasurement,
+    WindowResult,
+    ZeusCost,
+    aggregate,
+)
+from coordinator.power_limit.search import resolve_search
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "power_limit_search_bench", ROOT / "bench" / "power_limit_search.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _bench()
+PROFILES = bench.load_reference_profiles()
+
+
+def test_quality_targets_on_seeded_noisy_replay() -> None:
+    """84 cases x 5 seeds, 1% noise per 40-step window: the issue's targets."""
+    result = bench.evaluate(PROFILES, Adaptive(), seeds=range(5), sigma=0.01)
+    assert result["cases"] == 84 * 5
+    assert result["within_1pct"] >= 0.95, result
+    assert result["worst_regret"] <= 0.05, result
+    assert result["time_ratio"] <= 0.5, result
+
+
+def test_exhaustive_replay_is_exact_without_noise() -> None:
+    result = bench.evaluate(PROFILES, "exhaustive", seeds=[0], sigma=0.0)
+    assert result["within_1pct"] == 1.0 and result["worst_regret"] == 0.0
+    assert result["time_ratio"] == 1.0
+
+
+def test_adaptive_does_not_peek_at_unprofiled_rows() -> None:
+    """Changing rows the search never profiled changes nothing it does."""
+    profile = next(p for p in PROFILES if p.name == "A40+resnet50+gpu0")
+    selector = Energy()
+    first = bench.replay(profile, selector, Adaptive(), rng=random.Random(1), sigma=0.01)
+    profiled = set(first.profiled)
+    assert len(profiled) < len(profile.limits)
+    tampered = bench.Profile(
+        profile.name,
+        profile.n_gpus,
+        profile.limits,
+        {pl: (t if pl in profiled else 1e-3) for pl, t in profile.time.items()},
+        {pl: (e if pl in profiled else 1e-3) for pl, e in profile.energy.items()},
+    )
+    second = bench.replay(tampered, selector, Adaptive(), rng=random.Random(1), sigma=0.01)
+    assert second == first
+
+
+def test_adaptive_falls_back_to_exhaustive_without_a_cost() -> None:
+    profile = PROFILES[0]
+    selector = MaxSlowdownConstraint(1.1)
+    ours = bench.replay(profile, selector, "adaptive", rng=random.Random(0), sigma=0.0)
+    ref = bench.replay(profile, selector, "exhaustive", rng=random.Random(0), sigma=0.0)
+    assert ours == ref
+    assert ours.pick == selector.select(profile.measurements())
+
+
+def test_aggregate_pools_and_scales() -> None:
+    results = [
+        WindowResult(300, 10, 2.0, 100.0),
+        WindowResult(250, 40, 9.0, 400.0),
+        WindowResult(300, 30, 6.0, 300.0),
+    ]
+    assert aggregate(results, 40) == [
+        PowerLimitMeasurement(power_limit=300, energy=400.0, time=8.0),
+        PowerLimitMeasurement(power_limit=250, energy=400.0, time=9.0),
+    ]
+
+
+def test_adaptive_uses_short_windows_and_no_warmup_on_extension() -> None:
+    plan = Adaptive().plan([300, 250, 200], 10, 40, ZeusCost(0.5))
+    first = plan.next_probe([], 0)
+    assert first is not None and first.power_limit == 300 and first.profile_steps == 10
+    assert first.warmup_steps == 10
+    second = plan.next_probe([WindowResult(300, 10, 2.5, 500.0)], 1)
+    assert second is not None and second.power_limit == 250 and second.warmup_steps == 10
+    # 250 W indistinguishable from 300 W: extend at the same limit, no warm-up.
+    third = plan.next_probe(
+        [WindowResult(300, 10, 2.5, 500.0), WindowResult(250, 10, 2.5, 500.0)], 2
+    )
+    assert third is not None and third.power_limit == 250 and third.warmup_steps == 0
+
+
+@pytest.mark.parametrize(
+    "kw", [{"chunk": 0}, {"noise": -1}, {"max_steps": 0.1, "chunk": 0.5}, {"max_refines": -1}]
+)
+def test_adaptive_validation(kw: dict) -> None:
+    with pytest.raises(ValueError, match="Adaptive"):
+        Adaptive(**kw)
+
+
+def test_resolve_search() -> None:
+    assert isinstance(resolve_search("exhaustive"), Exhaustive)
+    assert isinstance(resolve_search("adaptive"), Adaptive)
+    strategy = Adaptive(noise=0.02)
+    assert resolve_search(strategy) is strategy
+    with pytest.raises(ValueError, match="Unknown search"):
+        resolve_search("fast")

@@ -1,0 +1,36 @@
+"""Zeus-shaped drop-ins built on `zeus_agent.emit`: change the imports, keep the training loop.
+
+* `ZeusMonitor`, `Measurement` (`monitor`): named, overlapping energy windows measured by the
+  node's agent (`zeus.monitor`).
+* `GlobalPowerLimitOptimizer`, `power_limit_options` (`power_limit`): registers the job with
+  the coordinator's power-limit optimizer and forwards step/epoch events
+  (`zeus.optimizer.power_limit`).
+* `HFGlobalPowerLimitOptimizer` (`huggingface`): the same as a `transformers.TrainerCallback`;
+  imported on first access, so this package imports without transformers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zeus_agent.integrations.monitor import Measurement, ZeusMonitor
+from zeus_agent.integrations.power_limit import GlobalPowerLimitOptimizer, power_limit_options
+
+if TYPE_CHECKING:
+    from zeus_agent.integrations.huggingface import HFGlobalPowerLimitOptimizer
+
+__all__ = [
+    "GlobalPowerLimitOptimizer",
+    "HFGlobalPowerLimitOptimizer",
+    "Measurement",
+    "ZeusMonitor",
+    "power_limit_options",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HFGlobalPowerLimitOptimizer":
+        from zeus_agent.integrations.huggingface import HFGlobalPowerLimitOptimizer
+
+        return HFGlobalPowerLimitOptimizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

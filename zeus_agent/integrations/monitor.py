@@ -1,0 +1,194 @@
+"""A drop-in for `zeus.monitor.ZeusMonitor`, measured by the node's agent.
+
+* `Measurement`: time (s) and per-GPU energy (J) of one window (Zeus's names).
+* `ZeusMonitor`: named windows (`begin_window`/`end_window`) that may overlap; each window
+  is two local `time.monotonic_ns()` stamps, and `end_window` asks the agent (a WINDOW
+  request through `zeus_agent.emit`) for the energy in between. No NVML in the trainer.
+
+GPU indices are CUDA device indices of this process (they respect `CUDA_VISIBLE_DEVICES`, as
+in Zeus); `zeus_agent.emit` maps them to the node's indices. Without an agent, energies are
+NaN and times are still right.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from zeus_agent import emit
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Measurement:
+    """Measurement of one window.
+
+    Attributes:
+        time: Duration of the window (s).
+        gpu_energy: CUDA device index -> energy of the window (J).
+        cpu_energy: Not measured here (always None); kept for Zeus compatibility.
+        dram_energy: Not measured here (always None); kept for Zeus compatibility.
+    """
+
+    time: float
+    gpu_energy: dict[int, float]
+    cpu_energy: dict[int, float] | None = field(default=None)
+    dram_energy: dict[int, float] | None = field(default=None)
+
+    @property
+    def total_energy(self) -> float:
+        """Energy of all GPUs (J)."""
+        return sum(self.gpu_energy.values())
+
+
+def _visible_gpu_indices() -> list[int]:
+    """CUDA device indices this process sees, without importing torch or NVML."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                return list(range(torch.cuda.device_count()))
+        except Exception as e:  # A broken CUDA setup must not stop monitoring.
+            logger.debug("torch.cuda device query failed: %r", e)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        return list(range(len([p for p in visible.split(",") if p.strip()])))
+    return [emit.get_publisher().gpu_index]
+
+
+def _synchronize(gpu_indices: list[int]) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for index in gpu_indices:
+                torch.cuda.synchronize(index)
+    except Exception as e:
+        logger.debug("torch.cuda.synchronize failed: %r", e)
+
+
+class ZeusMonitor:
+    """Measure the time and GPU energy of named windows (Zeus's `ZeusMonitor`).
+
+    Windows may overlap and nest in any order; each has a unique key while open.
+
+    Example:
+        ```python
+        monitor = ZeusMonitor(gpu_indices=[0])
+        monitor.begin_window("epoch")
+        train_one_epoch()
+        m = monitor.end_window("epoch")
+        print(m.time, m.gpu_energy[0])
+        ```
+    """
+
+    def __init__(
+        self,
+        gpu_indices: list[int] | None = None,
+        cpu_indices: list[int] | None = None,
+        sync_execution_with: str = "torch",
+        approx_instant_energy: bool = False,
+        log_file: str | os.PathLike[str] | None = None,
+        publisher: emit.Publisher | None = None,
+    ) -> None:
+        """Set up the monitor (no GPU access: the agent measures).
+
+        Args:
+            gpu_indices: CUDA device indices to measure; default every visible GPU (torch's
+                device count, else `CUDA_VISIBLE_DEVICES`, else the publisher's GPU).
+            cpu_indices: Accepted for compatibility; CPU energy is not measured.
+            sync_execution_with: Accepted for compatibility; "torch" is the only framework
+                synchronized (when torch is imported and CUDA is initialized).
+            approx_instant_energy: Accepted for compatibility; the agent interpolates its
+                energy samples for short windows anyway.
+            log_file: When given, append one CSV line per finished window
+                (`start_time,window_name,elapsed_time,gpu{i}_energy...`).
+            publisher: The publisher to measure with; default `zeus_agent.emit`'s default
+                publisher at each call (so a later `emit.init` is picked up).
+
+        Raises:
+            ValueError: `gpu_indices` is empty or has negative or duplicate indices.
+        """
+        del cpu_indices, sync_execution_with, approx_instant_energy
+        indices = _visible_gpu_indices() if gpu_indices is None else list(gpu_indices)
+        if not indices:
+            raise ValueError("gpu_indices must not be empty")
+        if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+            raise ValueError(f"gpu_indices must be distinct non-negative integers, got {indices}")
+        self.gpu_indices = indices
+        self.log_file = None if log_file is None else os.fspath(log_file)
+        self._publisher = publisher
+        self._windows: dict[str, tuple[int, float]] = {}
+        if self.log_file is not None and not os.path.exists(self.log_file):
+            with open(self.log_file, "w") as f:
+                gpus = ",".join(f"gpu{i}_energy" for i in self.gpu_indices)
+                f.write(f"start_time,window_name,elapsed_time,{gpus}\n")
+
+    @property
+    def publisher(self) -> emit.Publisher:
+        """The publisher windows are measured with."""
+        return self._publisher if self._publisher is not None else emit.get_publisher()
+
+    def begin_window(self, key: str, sync_execution: bool = True) -> None:
+        """Begin a new measurement window.
+
+        Args:
+            key: Unique name of the window.
+            sync_execution: Wait for queued CUDA work before stamping.
+
+        Raises:
+            ValueError: A window named `key` is already open.
+        """
+        if key in self._windows:
+            raise ValueError(f"Measurement window '{key}' already exists")
+        if sync_execution:
+            _synchronize(self.gpu_indices)
+        self._windows[key] = (time.monotonic_ns(), time.time())
+
+    def end_window(
+        self, key: str, sync_execution: bool = True, cancel: bool = False
+    ) -> Measurement:
+        """End a measurement window and return its time and energy.
+
+        Args:
+            key: Name of a window opened with `begin_window`.
+            sync_execution: Wait for queued CUDA work before stamping.
+            cancel: Discard the window: nothing is measured and zeros are returned.
+
+        Returns:
+            The window's `Measurement` (energies NaN when the agent could not measure).
+
+        Raises:
+            ValueError: No window named `key` is open.
+        """
+        try:
+            t0_ns, start_wall = self._windows.pop(key)
+        except KeyError:
+            raise ValueError(f"Measurement window '{key}' does not exist") from None
+        if cancel:
+            return Measurement(time=0.0, gpu_energy=dict.fromkeys(self.gpu_indices, 0.0))
+        if sync_execution:
+            _synchronize(self.gpu_indices)
+        t1_ns = time.monotonic_ns()
+        energies = self.publisher.measure(t0_ns, t1_ns, self.gpu_indices)
+        measurement = Measurement(
+            time=(t1_ns - t0_ns) / 1e9,
+            gpu_energy=dict(zip(self.gpu_indices, energies, strict=True)),
+        )
+        if self.log_file is not None:
+            self._log(start_wall, key, measurement)
+        return measurement
+
+    def _log(self, start_wall: float, key: str, measurement: Measurement) -> None:
+        assert self.log_file is not None
+        try:
+            with open(self.log_file, "a") as f:
+                energies = ",".join(str(measurement.gpu_energy[i]) for i in self.gpu_indices)
+                f.write(f"{start_wall},{key},{measurement.time},{energies}\n")
+        except OSError as e:
+            logger.warning("ZeusMonitor: cannot write %s: %s", self.log_file, e)

@@ -1,0 +1,226 @@
+"""A drop-in for `zeus.optimizer.power_limit.GlobalPowerLimitOptimizer`, run by the coordinator.
+
+The trainer only registers and reports: the coordinator runs the power-limit state machine
+(Ready -> Warmup -> Profiling -> Done, per power limit) on rank 0's step and epoch events and
+commands every GPU of the job through the agents. The trainer needs no SYS_ADMIN.
+
+* `power_limit_options(...)`: Zeus's constructor arguments -> `PowerLimitOptions`; the optimum
+  selector (ours from `coordinator.power_limit` or Zeus's) is mapped by class name: `Energy`,
+  `Time`, `ZeusCost` (`eta_knob`), `MaxSlowdownConstraint` (`factor`).
+* `GlobalPowerLimitOptimizer`: validates the arguments like Zeus, registers the job (rank 0)
+  and this rank's GPU through `zeus_agent.emit`, and forwards `on_step_begin`/`on_epoch_end`.
+  With no agent or coordinator, it warns and training runs unoptimised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from zeus_agent import emit
+from zeus_agent.models import JobInfo
+from zeus_agent.wire.messages import PowerLimitOptions
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SELECTOR = "ZeusCost"
+"""Selector used when none is given: Zeus's `ZeusCost(eta_knob=0.5)` (seed 000)."""
+
+_SELECTOR_NAMES = ("Energy", "Time", "ZeusCost", "MaxSlowdownConstraint")
+_UNREACHABLE_CODES = frozenset({"unavailable", "timeout"})
+
+
+def power_limit_options(
+    optimum_selector: Any = None,
+    *,
+    wait_steps: int = 1,
+    warmup_steps: int = 10,
+    profile_steps: int = 40,
+    pl_step: int = 25,
+    profile_path: str | Path | None = None,
+) -> PowerLimitOptions:
+    """Build the coordinator's `PowerLimitOptions` from Zeus's constructor arguments.
+
+    Args:
+        optimum_selector: An `Energy`, `Time`, `ZeusCost` or `MaxSlowdownConstraint`
+            instance (ours or Zeus's); None = `ZeusCost(eta_knob=0.5)` as in Zeus.
+        wait_steps: Steps to let pass before profiling (>= 0).
+        warmup_steps: Warm-up steps per power limit (>= 0).
+        profile_steps: Profiling steps per power limit (>= 1).
+        pl_step: Stride between explored power limits (W, >= 1).
+        profile_path: Profile file on the coordinator's host (loaded if it exists, else
+            written when profiling finishes).
+
+    Raises:
+        ValueError: An argument is out of range, or the selector is not one of the four
+            built-in ones (the coordinator runs selectors by name).
+    """
+    if wait_steps < 0:
+        raise ValueError(f"wait_steps must be non-negative, got {wait_steps}.")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be non-negative, got {warmup_steps}.")
+    if profile_steps <= 0:
+        raise ValueError(f"profile_steps must be positive, got {profile_steps}.")
+    if pl_step <= 0:
+        raise ValueError(f"pl_step must be positive (W), got {pl_step}.")
+    fields: dict[str, Any] = {}
+    if optimum_selector is None:
+        fields["selector"] = DEFAULT_SELECTOR
+    else:
+        name = type(optimum_selector).__name__
+        if name not in _SELECTOR_NAMES:
+            raise ValueError(
+                f"optimum_selector {name} is not supported: the coordinator runs the built-in "
+                f"selectors by name ({', '.join(_SELECTOR_NAMES)}); custom selectors cannot be "
+                "shipped to it"
+            )
+        fields["selector"] = name
+        if name == "ZeusCost":
+            fields["eta_knob"] = float(optimum_selector.eta_knob)
+        elif name == "MaxSlowdownConstraint":
+            fields["max_slowdown"] = float(optimum_selector.factor)
+    try:
+        return PowerLimitOptions(
+            wait_steps=wait_steps,
+            warmup_steps=warmup_steps,
+            profile_steps=profile_steps,
+            pl_step_w=pl_step,
+            profile_path=None if profile_path is None else os.fspath(profile_path),
+            **fields,
+        )
+    except ValueError as e:  # pydantic's ValidationError: a selector attribute out of range.
+        raise ValueError(f"invalid optimum_selector {optimum_selector!r}: {e}") from None
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size) from `torch.distributed` when initialised, else (0, 1)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception as e:
+        logger.debug("torch.distributed query failed: %r", e)
+    return 0, 1
+
+
+def _own_gpu(gpu_indices: list[int]) -> int:
+    """This process's GPU among the monitor's: the only one, else `LOCAL_RANK`, else the first."""
+    if len(gpu_indices) == 1:
+        return gpu_indices[0]
+    try:
+        local = int(os.environ.get("LOCAL_RANK", ""))
+    except ValueError:
+        return gpu_indices[0]
+    return local if local in gpu_indices else gpu_indices[0]
+
+
+class GlobalPowerLimitOptimizer:
+    """Optimizer for the power limit knob (Zeus's callback API; the coordinator optimizes).
+
+    Call `on_step_begin()` at the start of every step and `on_epoch_end()` at the end of every
+    epoch; the other callbacks are no-ops kept for Zeus compatibility.
+    """
+
+    def __init__(
+        self,
+        monitor: Any,
+        optimum_selector: Any = None,
+        wait_steps: int = 1,
+        warmup_steps: int = 10,
+        profile_steps: int = 40,
+        pl_step: int = 25,
+        profile_path: str | Path | None = None,
+    ) -> None:
+        r"""Register the job and this rank with the coordinator.
+
+        GPU indices to optimize are taken from `monitor.gpu_indices`; this process's own GPU
+        is the only one, else the one `LOCAL_RANK` names, else the first.
+
+        Args:
+            monitor: A `ZeusMonitor` (ours or anything with `gpu_indices`).
+            optimum_selector: `Energy`, `Time`, `ZeusCost` or `MaxSlowdownConstraint`; default
+                `ZeusCost` with \eta=0.5, as in Zeus.
+            wait_steps: Steps to let pass before profiling (>= 0).
+            warmup_steps: Warm-up steps for each power limit (>= 0; 0 is allowed here).
+            profile_steps: Profiling steps for each power limit (>= 1).
+            pl_step: Stride between power limits to explore (W, >= 1).
+            profile_path: Profile file on the coordinator's host: loaded if it exists (no
+                profiling), else written when profiling finishes; None = neither.
+
+        Raises:
+            ValueError: An argument is out of range or the selector is not supported.
+            zeus_agent.emit.RegistrationError: The coordinator refused the job or the rank
+                (other than being unreachable, which only warns).
+        """
+        self.options = power_limit_options(
+            optimum_selector,
+            wait_steps=wait_steps,
+            warmup_steps=warmup_steps,
+            profile_steps=profile_steps,
+            pl_step=pl_step,
+            profile_path=profile_path,
+        )
+        self.monitor = monitor
+        self.optimum_selector = optimum_selector
+        gpu_indices = list(monitor.gpu_indices)
+        if not gpu_indices:
+            raise ValueError("monitor.gpu_indices must not be empty")
+        rank, world_size = _world()
+        job_info = JobInfo(pp_degree=1, dp_degree=world_size, tp_degree=1, world_size=world_size)
+        self.publisher: emit.Publisher
+        try:
+            self.publisher = emit.init(
+                job_info=job_info,
+                power_limit=self.options,
+                rank=rank,
+                dp_rank=rank,
+                gpu_index=_own_gpu(gpu_indices),
+                gpu_indices=gpu_indices,
+            )
+        except emit.RegistrationError as e:
+            if e.code not in _UNREACHABLE_CODES:
+                raise
+            logger.warning(
+                "GlobalPowerLimitOptimizer: the coordinator is unreachable (%s); training "
+                "continues without power-limit optimisation.",
+                e,
+            )
+            self.publisher = emit.get_publisher()
+        self.job_id = self.publisher.job_id
+        if self.job_id is None:
+            logger.warning(
+                "GlobalPowerLimitOptimizer: the job is not registered with a coordinator; "
+                "training continues without power-limit optimisation."
+            )
+
+    def on_step_begin(self) -> None:
+        """Mark the beginning of a training step."""
+        self.publisher.step_begin()
+
+    def on_epoch_end(self) -> None:
+        """Mark the end of a training epoch."""
+        self.publisher.epoch_end()
+
+    def on_step_end(self) -> None:
+        """No-op (Zeus compatibility)."""
+
+    def on_epoch_begin(self) -> None:
+        """No-op (Zeus compatibility)."""
+
+    def on_train_begin(self) -> None:
+        """No-op (Zeus compatibility)."""
+
+    def on_train_end(self) -> None:
+        """No-op (Zeus compatibility)."""
+
+    def on_evaluate(self, metric: float) -> None:
+        """No-op (Zeus compatibility)."""
+
+    def on_instruction_begin(self, name: str) -> None:
+        """No-op (Zeus compatibility)."""
+
+    def on_instruction_end(self, name: str) -> None:
+        """No-op (Zeus compatibility)."""
