@@ -249,12 +249,12 @@ class PowerLimitJob:
                         "error", f"window {name} measured no time or energy; ignored", {}))
                     continue
                 effects = self.machine.record(name, time_s, energy_j)
-                actions += self._translate(effects, step=self.last_step)
                 actions.append(StatusUpdate(
-                    "profiling" if not self.done else "done",
+                    "profiling",
                     f"{name}: {time_s:.3f} s, {energy_j:.1f} J over {len(self.ranks)} GPU(s)",
                     self.progress(),
                 ))
+                actions += self._translate(effects, step=self.last_step)
         if self.done and not self._saved:
             self._saved = True
             optimal = self.machine.optimal_power_limit

@@ -32,7 +32,7 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    v: Literal[1] = SCHEMA_VERSION
+    v: Literal[1] = 1
 
 
 class _Part(BaseModel):
