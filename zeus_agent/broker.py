@@ -114,7 +114,9 @@ class EmbeddedNats:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
                 self._cleanup()
-                raise BrokerError(f"nats-server exited at start (code {self._proc.returncode}): {err}")
+                raise BrokerError(
+                    f"nats-server exited at start (code {self._proc.returncode}): {err}"
+                )
             self.port = self.port or self._read_port(ports_dir)
             if self.port and self._accepts_clients(self.port):
                 LOG.info("embedded nats-server ready at %s (pid %d)", self.url, self._proc.pid)

@@ -77,7 +77,10 @@ def _run(argv: Sequence[str]) -> int:
 def _broker(argv: Sequence[str]) -> int:
     from zeus_agent.broker import EmbeddedNats
 
-    parser = argparse.ArgumentParser(prog="zeus-agent broker", description="Run a nats-server with JetStream on 127.0.0.1 in the foreground.")
+    parser = argparse.ArgumentParser(
+        prog="zeus-agent broker",
+        description="Run a nats-server with JetStream on 127.0.0.1 in the foreground.",
+    )
     parser.add_argument("--port", type=int, default=4222, help="client port (default: 4222)")
     args = parser.parse_args(argv)
     with EmbeddedNats(port=args.port) as server:
@@ -96,9 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"run": _run, "broker": _broker}
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
         parser = argparse.ArgumentParser(
-            prog="zeus-agent", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+            prog="zeus-agent",
+            description=DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        parser.add_argument("command", choices=sorted(commands), help="run: the agent; broker: a development nats-server")
+        parser.add_argument(
+            "command",
+            choices=sorted(commands),
+            help="run: the agent; broker: a development nats-server",
+        )
         if not args or args[0] in ("-h", "--help"):
             parser.print_help()
             return 0 if args else 2

@@ -31,9 +31,7 @@ class AgentSettings(BaseSettings):
         False, description="Start a private nats-server on a free loopback port (development)"
     )
     prefix: str = Field(DEFAULT_PREFIX, description="Subject prefix shared with the coordinator")
-    node: str = Field(
-        default_factory=socket.gethostname, description="Node name used in subjects"
-    )
+    node: str = Field(default_factory=socket.gethostname, description="Node name used in subjects")
     backend: Literal["nvml", "sim"] = Field(
         "nvml", description="GPU backend: 'nvml' (real GPUs) or 'sim' (simulated GPUs)"
     )
@@ -60,9 +58,13 @@ class AgentSettings(BaseSettings):
     socket_mode: str = Field(
         "0666", description="Octal file mode of the socket (who may send events)"
     )
-    metrics_port: int | None = Field(
-        None, description="Serve Prometheus /metrics on this port (omit: off)"
+    socket_group: str | None = Field(
+        None, description="Group owning the socket (with mode 0660: only its members may send)"
     )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve Prometheus /metrics on this port (0: any free)"
+    )
+    metrics_host: str = Field("0.0.0.0", description="Address /metrics listens on")
     ring_seconds: float = Field(
         600.0, gt=0, description="How much sample history answers energy windows (s)"
     )
@@ -77,7 +79,9 @@ class AgentSettings(BaseSettings):
         try:
             int(value, 8)
         except ValueError:
-            raise ValueError(f"socket_mode must be an octal mode like 0660, got {value!r}") from None
+            raise ValueError(
+                f"socket_mode must be an octal mode like 0660, got {value!r}"
+            ) from None
         return value
 
     @field_validator("log_level")

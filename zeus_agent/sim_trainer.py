@@ -15,6 +15,7 @@ meet in their all-reduce, so a step lasts as long as the slowest rank's.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import queue
 import random
@@ -140,10 +141,8 @@ def _rank_main(
         pub.close()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the job
         result.error = f"{type(e).__name__}: {e}"
-        try:
+        with contextlib.suppress(Exception):
             barrier.abort()
-        except Exception:  # noqa: BLE001
-            pass
     results.put(("rank", result))
 
 

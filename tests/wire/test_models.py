@@ -83,7 +83,7 @@ def test_instruction_profiling_csv_round_trip(tmp_path):
     result = InstructionProfilingResult([_offline(0, 0), _offline(1, 1)])
     path = str(tmp_path / "prof.csv")
     result.to_csv(path)
-    lines = open(path).read().splitlines()
+    lines = (tmp_path / "prof.csv").read_text().splitlines()
     assert lines[0] == ",".join(CSV_COLUMNS)
     assert lines[1] == "0,0,0,0,0,forward,1410,0.01,2.5"
     assert lines[4] == "1,0,1,0,1,forward,1410,0.01,2.5"

@@ -61,7 +61,9 @@ async def handle_command(agent: GpuAgent, data: bytes) -> Reply:
             if isinstance(e, exc_type):
                 return Reply.failure(code, str(e))
         LOG.exception("GPU %d: unexpected error in command", agent.index)
-        return Reply.failure("internal", f"internal error in the agent of GPU {agent.index}; see its log")
+        return Reply.failure(
+            "internal", f"internal error in the agent of GPU {agent.index}; see its log"
+        )
 
 
 async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
@@ -117,7 +119,11 @@ async def info(agent: GpuAgent) -> dict:
         "sm_clock_mhz": s.sm_clock_mhz if s else None,
         "power_w": s.power_w if s else None,
         "leases": [
-            {"kind": lease.kind, "holder": lease.holder, "remaining_s": (lease.deadline_ns - now) / 1e9}
+            {
+                "kind": lease.kind,
+                "holder": lease.holder,
+                "remaining_s": (lease.deadline_ns - now) / 1e9,
+            }
             for lease in agent.leases.held()
         ],
         "schedule_installed": agent.cursor.installed,

@@ -71,7 +71,7 @@ class Gateway(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.by_pid: dict[int, list[GpuAgent]] = {}
         self.counters: Counter[str] = Counter()
-        self._last_report_ns = 0
+        self._last_report_ns: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ protocol
@@ -84,7 +84,10 @@ class Gateway(asyncio.DatagramProtocol):
             dg = decode_datagram(data)
         except PayloadError as e:
             self.counters["malformed"] += 1
-            self._report("malformed_datagram", f"dropped a malformed datagram from {addr or 'an unbound socket'}: {e}")
+            self._report(
+                "malformed_datagram",
+                f"dropped a malformed datagram from {addr or 'an unbound socket'}: {e}",
+            )
             return
         if isinstance(dg, EventDatagram):
             agents = self.by_pid.get(dg.pid)
@@ -102,6 +105,7 @@ class Gateway(asyncio.DatagramProtocol):
             self._spawn(self._answer(dg, addr))
         elif isinstance(dg, ReplyDatagram):
             self.counters["malformed"] += 1
+            self._report("malformed_datagram", "dropped a reply datagram sent to the agent")
 
     def error_received(self, exc: Exception) -> None:  # noqa: D102
         LOG.warning("gateway socket error: %s", exc)
@@ -113,15 +117,22 @@ class Gateway(asyncio.DatagramProtocol):
         task.add_done_callback(self._tasks.discard)
 
     def _report(self, code: str, message: str, **detail: Any) -> None:
-        """Publish an error event, at most one per second (the counters carry the totals)."""
+        """Publish an error event, at most one per second and code (counters carry totals)."""
         now = time.monotonic_ns()
-        if now - self._last_report_ns < 1_000_000_000:
+        last = self._last_report_ns.get(code)
+        if last is not None and now - last < 1_000_000_000:
             return
-        self._last_report_ns = now
+        self._last_report_ns[code] = now
         LOG.warning("%s", message)
-        event = ErrorEvent(source=f"agent:{self.node}", code=code, message=message,
-                           detail={**detail, "counters": dict(self.counters)})
-        self._spawn(self._publish(subjects.agent_errors(self.node, self.prefix), codec.encode(event)))
+        event = ErrorEvent(
+            source=f"agent:{self.node}",
+            code=code,
+            message=message,
+            detail={**detail, "counters": dict(self.counters)},
+        )
+        self._spawn(
+            self._publish(subjects.agent_errors(self.node, self.prefix), codec.encode(event))
+        )
 
     def _send(self, addr: Any, request_id: int, reply: Reply) -> None:
         if not addr or self.transport is None:
@@ -142,7 +153,9 @@ class Gateway(asyncio.DatagramProtocol):
             reply = Reply.failure("out_of_range", str(e))
         except Exception:  # noqa: BLE001
             LOG.exception("gateway request %s failed", req.kind.name)
-            reply = Reply.failure("internal", f"internal error in the agent on {self.node}; see its log")
+            reply = Reply.failure(
+                "internal", f"internal error in the agent on {self.node}; see its log"
+            )
         self._send(addr, req.request_id, reply)
 
     def _agent(self, index: int) -> GpuAgent:

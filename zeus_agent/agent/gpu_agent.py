@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from zeus_agent.agent.core import EnergyRing, LeaseTable, RankMeter, ScheduleCursor
@@ -197,7 +197,9 @@ class GpuAgent:
             )
 
     def _lease(self, kind: str, holder: str, lease_s: float | None) -> None:
-        self.leases.grant(kind, holder or "anonymous", time.monotonic_ns(), lease_s or self.default_lease_s)
+        self.leases.grant(
+            kind, holder or "anonymous", time.monotonic_ns(), lease_s or self.default_lease_s
+        )
 
     async def set_power_limit(self, power_limit_w: int, holder: str, lease_s: float | None) -> int:
         """Validate, set (skipped when unchanged) and lease a power limit; returns the old one."""
@@ -214,7 +216,9 @@ class GpuAgent:
             self._lease(POWER_LIMIT, holder, lease_s)
         return old
 
-    async def lock_clocks(self, min_mhz: int, max_mhz: int, holder: str, lease_s: float | None) -> None:
+    async def lock_clocks(
+        self, min_mhz: int, max_mhz: int, holder: str, lease_s: float | None
+    ) -> None:
         """Validate, lock and lease an SM clock range."""
         if min_mhz > max_mhz:
             raise GPUValueError(f"min_mhz ({min_mhz}) must not exceed max_mhz ({max_mhz})")
@@ -237,17 +241,20 @@ class GpuAgent:
         self._changed.add(SCHEDULE)
         self._lease(SCHEDULE, holder or job_id, lease_s)
 
-    async def restore(self, kinds: set[str] | None = None, reason: str = "") -> list[str]:
+    async def restore(self, kinds: Collection[str] | None = None, reason: str = "") -> list[str]:
         """Put settings back to default; `kinds` None means everything changed. Idempotent."""
-        kinds = set(self._changed) if kinds is None else kinds & self._changed
+        todo = set(self._changed) if kinds is None else set(kinds) & self._changed
         restored: list[str] = []
-        if SCHEDULE in kinds:
+        if SCHEDULE in todo:
             self.cursor.clear()
             self.leases.release(SCHEDULE)
-            kinds.add(SM_CLOCKS)
+            todo.add(SM_CLOCKS)  # the schedule locked clocks: unlock them too
             restored.append(SCHEDULE)
-        for kind, call in ((POWER_LIMIT, self.gpu.reset_power_limit), (SM_CLOCKS, self.gpu.reset_sm_clocks)):
-            if kind not in kinds:
+        for kind, call in (
+            (POWER_LIMIT, self.gpu.reset_power_limit),
+            (SM_CLOCKS, self.gpu.reset_sm_clocks),
+        ):
+            if kind not in todo:
                 continue
             try:
                 await self.caller.call(call)
@@ -259,8 +266,12 @@ class GpuAgent:
         self._changed -= set(restored)
         if restored:
             self.counters["restores"] += 1
-            LOG.info("GPU %d: restored %s to default%s", self.index, ", ".join(restored),
-                     f" ({reason})" if reason else "")
+            LOG.info(
+                "GPU %d: restored %s to default%s",
+                self.index,
+                ", ".join(restored),
+                f" ({reason})" if reason else "",
+            )
         return restored
 
     async def expire_leases(self) -> list[str]:
@@ -297,8 +308,13 @@ class GpuAgent:
             step = self.cursor.on_instruction_begin(ev.name)
             if step.error is not None:
                 self.counters["mismatches"] += 1
-                self._spawn(self.error_event("schedule_mismatch", step.error,
-                                             detail={"instruction": ev.name, "index": ev.a}))
+                self._spawn(
+                    self.error_event(
+                        "schedule_mismatch",
+                        step.error,
+                        detail={"instruction": ev.name, "index": ev.a},
+                    )
+                )
             if step.frequency_mhz is not None:
                 self._apply_frequency(step.frequency_mhz)
         elif ev.kind is Kind.STEP_END and self.cursor.installed:
@@ -415,7 +431,9 @@ class GpuAgent:
             detail=detail or {},
         )
         LOG.warning("GPU %d: %s: %s", self.index, code, message)
-        await self._publish(subjects.gpu_errors(self.node, self.index, self.prefix), codec.encode(event))
+        await self._publish(
+            subjects.gpu_errors(self.node, self.index, self.prefix), codec.encode(event)
+        )
 
     async def flush_samples(self) -> None:
         """Publish the pending samples as one batch."""
@@ -423,7 +441,9 @@ class GpuAgent:
             return
         batch, self._pending_samples = self._pending_samples, []
         msg = SampleBatch(node=self.node, gpu=self.index, uuid=self.info.uuid, samples=batch)
-        await self._publish(subjects.gpu_samples(self.node, self.index, self.prefix), codec.encode(msg))
+        await self._publish(
+            subjects.gpu_samples(self.node, self.index, self.prefix), codec.encode(msg)
+        )
 
     async def flush_measurements(self) -> None:
         """Publish pending marks/measurements and forward pending trainer events."""
@@ -434,11 +454,21 @@ class GpuAgent:
         if b is None:
             return
         if events:
-            batch = TrainerEventBatch(job_id=b.job_id, rank=b.rank, node=self.node, gpu=self.index,
-                                      events=events)
-            await self._publish(subjects.job_events(b.job_id, b.rank, self.prefix), codec.encode(batch))
+            batch = TrainerEventBatch(
+                job_id=b.job_id, rank=b.rank, node=self.node, gpu=self.index, events=events
+            )
+            await self._publish(
+                subjects.job_events(b.job_id, b.rank, self.prefix), codec.encode(batch)
+            )
         if marks or meas:
-            mb = MeasurementBatch(node=self.node, gpu=self.index, job_id=b.job_id, rank=b.rank,
-                                  marks=marks, measurements=meas)
-            await self._publish(subjects.gpu_measurements(self.node, self.index, self.prefix),
-                                codec.encode(mb))
+            mb = MeasurementBatch(
+                node=self.node,
+                gpu=self.index,
+                job_id=b.job_id,
+                rank=b.rank,
+                marks=marks,
+                measurements=meas,
+            )
+            await self._publish(
+                subjects.gpu_measurements(self.node, self.index, self.prefix), codec.encode(mb)
+            )

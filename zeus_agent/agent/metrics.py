@@ -1,16 +1,31 @@
-"""Prometheus metrics of a node agent, named in the style of dcgm-exporter.
+"""Prometheus metrics of a node agent, in the style of dcgm-exporter.
 
 A custom collector reads each `GpuAgent`'s latest sample at scrape time, so the sampling loop
-does no metrics work. Labels: `Hostname`, `gpu` (index), `UUID`, `modelName`.
+does no metrics work. GPU labels are dcgm-exporter's: `gpu` (index), `UUID`, `device`
+("nvidia<index>"), `modelName`, `Hostname`.
 
-| metric | type | unit |
-|---|---|---|
-| `zeus_gpu_energy_joules_total` | counter | J since the driver started counting |
-| `zeus_gpu_power_watts` | gauge | W |
-| `zeus_gpu_power_limit_watts` | gauge | W |
-| `zeus_gpu_sm_clock_mhz` | gauge | MHz |
-| `zeus_gpu_memory_clock_mhz` | gauge | MHz |
-| `zeus_agent_datagrams_total{outcome}` | counter | trainer datagrams by outcome |
+Two families describe the same samples:
+
+* dcgm-exporter's own names and units, so its dashboards and alerts work unchanged:
+
+  | metric | type | unit |
+  |---|---|---|
+  | `DCGM_FI_DEV_POWER_USAGE` | gauge | W |
+  | `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` | counter-like gauge | mJ since the driver started |
+  | `DCGM_FI_DEV_POWER_MGMT_LIMIT` | gauge | W |
+  | `DCGM_FI_DEV_SM_CLOCK` | gauge | MHz |
+  | `DCGM_FI_DEV_MEM_CLOCK` | gauge | MHz |
+
+* Prometheus-convention names with the unit in the name:
+
+  | metric | type | unit |
+  |---|---|---|
+  | `zeus_gpu_energy_joules_total` | counter | J since the driver started counting |
+  | `zeus_gpu_power_watts` | gauge | W |
+  | `zeus_gpu_power_limit_watts` | gauge | W |
+  | `zeus_gpu_sm_clock_mhz` | gauge | MHz |
+  | `zeus_gpu_memory_clock_mhz` | gauge | MHz |
+  | `zeus_agent_datagrams_total{outcome}` | counter | trainer datagrams by outcome |
 """
 
 from __future__ import annotations
@@ -22,27 +37,57 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from zeus_agent.agent.gpu_agent import GpuAgent
 
-LABELS = ["Hostname", "gpu", "UUID", "modelName"]
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 
 
 class AgentCollector(Collector):
     """Yields the metrics above from the agents' latest samples."""
 
-    def __init__(self, agents: Mapping[int, GpuAgent], gateway_counters: Callable[[], Mapping[str, int]]):
+    def __init__(
+        self,
+        agents: Mapping[int, GpuAgent],
+        gateway_counters: Callable[[], Mapping[str, int]],
+    ):
         self.agents = agents
         self.gateway_counters = gateway_counters
 
     def collect(self) -> Iterable[Metric]:  # noqa: D102
-        energy = CounterMetricFamily("zeus_gpu_energy_joules", "GPU energy counter (J)", labels=LABELS)
+        dcgm_power = GaugeMetricFamily(
+            "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=LABELS
+        )
+        dcgm_energy = GaugeMetricFamily(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            "Total energy consumption since boot (in mJ).",
+            labels=LABELS,
+        )
+        dcgm_limit = GaugeMetricFamily(
+            "DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", labels=LABELS
+        )
+        dcgm_sm = GaugeMetricFamily(
+            "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", labels=LABELS
+        )
+        dcgm_mem = GaugeMetricFamily(
+            "DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", labels=LABELS
+        )
+        energy = CounterMetricFamily(
+            "zeus_gpu_energy_joules", "GPU energy counter (J)", labels=LABELS
+        )
         power = GaugeMetricFamily("zeus_gpu_power_watts", "GPU power draw (W)", labels=LABELS)
-        limit = GaugeMetricFamily("zeus_gpu_power_limit_watts", "GPU power limit (W)", labels=LABELS)
+        limit = GaugeMetricFamily(
+            "zeus_gpu_power_limit_watts", "GPU power limit (W)", labels=LABELS
+        )
         sm = GaugeMetricFamily("zeus_gpu_sm_clock_mhz", "SM clock (MHz)", labels=LABELS)
         mem = GaugeMetricFamily("zeus_gpu_memory_clock_mhz", "Memory clock (MHz)", labels=LABELS)
         for agent in self.agents.values():
             s, info = agent.last_sample, agent.info
             if s is None or info is None:
                 continue
-            labels = [agent.node, str(agent.index), info.uuid, info.name]
+            labels = [str(agent.index), info.uuid, f"nvidia{agent.index}", info.name, agent.node]
+            dcgm_power.add_metric(labels, s.power_w)
+            dcgm_energy.add_metric(labels, s.energy_j * 1000.0)
+            dcgm_limit.add_metric(labels, s.power_limit_w)
+            dcgm_sm.add_metric(labels, s.sm_clock_mhz)
+            dcgm_mem.add_metric(labels, s.memory_clock_mhz)
             energy.add_metric(labels, s.energy_j)
             power.add_metric(labels, s.power_w)
             limit.add_metric(labels, s.power_limit_w)
@@ -53,10 +98,13 @@ class AgentCollector(Collector):
         )
         for outcome, count in self.gateway_counters().items():
             datagrams.add_metric([outcome], count)
+        yield from (dcgm_power, dcgm_energy, dcgm_limit, dcgm_sm, dcgm_mem)
         yield from (energy, power, limit, sm, mem, datagrams)
 
 
-def make_registry(agents: Mapping[int, GpuAgent], gateway_counters: Callable[[], Mapping[str, int]]) -> CollectorRegistry:
+def make_registry(
+    agents: Mapping[int, GpuAgent], gateway_counters: Callable[[], Mapping[str, int]]
+) -> CollectorRegistry:
     """A registry holding only the agent's metrics."""
     registry = CollectorRegistry()
     registry.register(AgentCollector(agents, gateway_counters))

@@ -32,7 +32,7 @@ from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.config import AgentSettings
-from zeus_agent.errors import BrokerError, PayloadError
+from zeus_agent.errors import BrokerError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal
@@ -48,7 +48,9 @@ def open_gpus(settings: AgentSettings) -> list[GPU]:
         indices = settings.gpus if settings.gpus is not None else list(range(settings.sim_count))
         if settings.sim_attach:
             return [SimGPU.open(settings.sim_state_dir, i) for i in indices]
-        return [SimGPU.create(settings.sim_state_dir, i, preset=settings.sim_preset) for i in indices]
+        return [
+            SimGPU.create(settings.sim_state_dir, i, preset=settings.sim_preset) for i in indices
+        ]
     from zeus_agent.gpu.nvml import nvml_gpus
 
     return list(nvml_gpus(settings.gpus))
@@ -72,6 +74,8 @@ class AgentServer:
         self._subs: list[Any] = []
         self._transport: asyncio.DatagramTransport | None = None
         self._metrics_server: Any = None
+        self.metrics_port: int | None = None
+        """Port of /metrics once started (useful with `metrics_port=0`: any free port)."""
 
     # ------------------------------------------------------------------ bus helpers
     async def publish(self, subject: str, payload: bytes) -> None:
@@ -129,15 +133,23 @@ class AgentServer:
             url = self._embedded.url
             LOG.info("embedded nats-server at %s", url)
         if not url:
-            raise BrokerError("no NATS: pass --nats-url URL (or ZEUS_AGENT_NATS_URL), or --embedded-nats")
+            raise BrokerError(
+                "no NATS: pass --nats-url URL (or ZEUS_AGENT_NATS_URL), or --embedded-nats"
+            )
         self.nc = await connect(url, f"zeus-agent:{s.node}", on_reconnect=self.announce)
         gpus = self._gpus if self._gpus is not None else await asyncio.to_thread(open_gpus, s)
         for gpu in gpus:
-            agent = GpuAgent(gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds, s.default_lease_s)
+            agent = GpuAgent(
+                gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds, s.default_lease_s
+            )
             await agent.start()
             self.agents[agent.index] = agent
         await self._serve_commands()
-        self._subs.append(await self.nc.subscribe(subjects.lease_renewal("*", s.prefix), cb=self._on_lease_renewal))
+        self._subs.append(
+            await self.nc.subscribe(
+                subjects.lease_renewal("*", s.prefix), cb=self._on_lease_renewal
+            )
+        )
         self._subs.append(await self.nc.subscribe(f"{s.prefix}.agent.ping", cb=self._on_ping))
         await self._open_socket()
         if s.metrics_port is not None:
@@ -145,7 +157,9 @@ class AgentServer:
         await self.announce()
         LOG.info(
             "agent %s on node %s: %d GPU(s) [%s], socket %s",
-            self.agent_id, s.node, len(self.agents),
+            self.agent_id,
+            s.node,
+            len(self.agents),
             ", ".join(f"{a.index}:{a.info.name if a.info else '?'}" for a in self.agents.values()),
             s.socket_path,
         )
@@ -185,10 +199,29 @@ class AgentServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         sock.bind(str(path))
         os.chmod(path, int(self.settings.socket_mode, 8))
-        self.gateway = Gateway(self.agents, self.settings.node, self.settings.prefix,
-                               self.request, self.publish, self.settings.request_timeout_s)
+        if self.settings.socket_group is not None:
+            import grp
+
+            try:
+                gid = grp.getgrnam(self.settings.socket_group).gr_gid
+            except KeyError:
+                sock.close()
+                raise ZeusAgentError(
+                    f"socket group {self.settings.socket_group!r} does not exist on this node; "
+                    "create it or pass another --socket-group"
+                ) from None
+            os.chown(path, -1, gid)
+        gateway = Gateway(
+            self.agents,
+            self.settings.node,
+            self.settings.prefix,
+            self.request,
+            self.publish,
+            self.settings.request_timeout_s,
+        )
+        self.gateway = gateway
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: self.gateway, sock=sock)  # type: ignore[arg-type, return-value]
+        transport, _ = await loop.create_datagram_endpoint(lambda: gateway, sock=sock)
         self._transport = transport
 
     def _start_metrics(self, port: int) -> None:
@@ -196,8 +229,13 @@ class AgentServer:
 
         from zeus_agent.agent.metrics import make_registry
 
-        registry = make_registry(self.agents, lambda: dict(self.gateway.counters) if self.gateway else {})
-        self._metrics_server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)
+        registry = make_registry(
+            self.agents, lambda: dict(self.gateway.counters) if self.gateway else {}
+        )
+        host = self.settings.metrics_host
+        self._metrics_server, _ = start_http_server(port, addr=host, registry=registry)
+        self.metrics_port = int(self._metrics_server.server_address[1])
+        LOG.info("Prometheus metrics at http://%s:%d/metrics", host, self.metrics_port)
 
     async def announce(self) -> None:
         """Publish the node's GPUs (also the heartbeat)."""
@@ -209,7 +247,9 @@ class AgentServer:
             socket_path=self.settings.socket_path,
             gpus=[await a.describe() for a in self.agents.values()],
         )
-        await self.publish(subjects.agent_hello(self.settings.node, self.settings.prefix), codec.encode(hello))
+        await self.publish(
+            subjects.agent_hello(self.settings.node, self.settings.prefix), codec.encode(hello)
+        )
 
     async def _on_ping(self, msg: Any) -> None:
         await self.announce()

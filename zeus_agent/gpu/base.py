@@ -76,7 +76,9 @@ class GPU(abc.ABC):
         """Return the supported memory clocks, highest first. Units: MHz."""
 
     @abc.abstractmethod
-    def get_supported_graphics_clocks_mhz(self, memory_clock_mhz: int | None = None) -> Sequence[int]:
+    def get_supported_graphics_clocks_mhz(
+        self, memory_clock_mhz: int | None = None
+    ) -> Sequence[int]:
         """Return the SM clocks supported at a memory clock (default: the highest). Units: MHz."""
 
     @abc.abstractmethod
@@ -116,7 +118,11 @@ class GPU(abc.ABC):
     # Energy and power.
     @abc.abstractmethod
     def get_total_energy_j(self) -> float:
-        """Return the energy counter. Units: J. Raises `GPUNotSupportedError` before Volta."""
+        """Return the energy counter. Units: J.
+
+        GPUs older than Volta have no counter: the NVML backend emulates one by integrating
+        the power it polls; other backends may raise `GPUNotSupportedError`.
+        """
 
     @abc.abstractmethod
     def get_power_w(self) -> float:

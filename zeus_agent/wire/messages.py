@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from zeus_agent.gpu.base import GPUInfo
 from zeus_agent.models import FrequencySchedule, JobInfo, RankInfo
-from zeus_agent.wire.codec import SCHEMA_VERSION
 
 
 class Message(BaseModel):

@@ -5,21 +5,21 @@ Tokens that come from users (node names, job ids) go through `token()`, which re
 characters NATS reserves (".", "*", ">", white space) so a user string can never widen a
 subscription or split a subject.
 
-| function | subject | direction |
+| function | subject | from -> to |
 |---|---|---|
-| `agent_hello` | `<p>.agent.<node>.hello` | agent -> all: GPUs of the node, also the heartbeat |
-| `agent_errors` | `<p>.agent.<node>.error` | agent -> : bad datagrams, trainer crashes |
-| `gpu_samples` | `<p>.gpu.<node>.<gpu>.sample` | agent -> : batched samples |
+| `agent_hello` | `<p>.agent.<node>.hello` | agent -> all: GPUs, heartbeat |
+| `agent_errors` | `<p>.agent.<node>.error` | agent ->: bad datagrams, gone trainers |
+| `gpu_samples` | `<p>.gpu.<node>.<gpu>.sample` | agent ->: batched samples |
 | `gpu_command` | `<p>.gpu.<node>.<gpu>.cmd` | -> agent, request/reply |
-| `gpu_measurements` | `<p>.gpu.<node>.<gpu>.meas` | agent -> : step marks, step and instruction time/energy |
-| `gpu_errors` | `<p>.gpu.<node>.<gpu>.error` | agent -> : schedule mismatches and other rank errors |
-| `lease_renewal` | `<p>.lease.<holder>` | coordinator -> agents: renew every lease of a holder |
-| `coord_register_job` | `<p>.coord.jobs.register` | agent (for trainers) -> coordinator, request/reply |
-| `coord_register_rank` | `<p>.coord.ranks.register` | agent (for trainers) -> coordinator, request/reply |
-| `coord_job_query` | `<p>.coord.jobs.query` | anyone -> coordinator, request/reply |
-| `job_events` | `<p>.job.<job>.ev.<rank>` | agent (for trainers) -> : batched trainer events |
-| `job_schedule` | `<p>.job.<job>.sched.<rank>` | coordinator -> : a rank's frequency schedule |
-| `job_status` | `<p>.job.<job>.status` | coordinator -> : state changes and progress |
+| `gpu_measurements` | `<p>.gpu.<node>.<gpu>.meas` | agent ->: marks, step/instr. time+energy |
+| `gpu_errors` | `<p>.gpu.<node>.<gpu>.error` | agent ->: schedule mismatches |
+| `lease_renewal` | `<p>.lease.<holder>` | coordinator -> agents: renew leases |
+| `coord_register_job` | `<p>.coord.jobs.register` | agent -> coordinator, req/reply |
+| `coord_register_rank` | `<p>.coord.ranks.register` | agent -> coordinator, req/reply |
+| `coord_job_query` | `<p>.coord.jobs.query` | anyone -> coordinator, req/reply |
+| `job_events` | `<p>.job.<job>.ev.<rank>` | agent ->: batched trainer events |
+| `job_schedule` | `<p>.job.<job>.sched.<rank>` | coordinator ->: a rank's schedule |
+| `job_status` | `<p>.job.<job>.status` | coordinator ->: state and progress |
 """
 
 from __future__ import annotations

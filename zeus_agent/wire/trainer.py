@@ -64,7 +64,9 @@ EVENT_KINDS = frozenset(
         Kind.INSTRUCTION_END,
     }
 )
-REQUEST_KINDS = frozenset({Kind.HELLO, Kind.REGISTER_JOB, Kind.REGISTER_RANK, Kind.WINDOW, Kind.BYE})
+REQUEST_KINDS = frozenset(
+    {Kind.HELLO, Kind.REGISTER_JOB, Kind.REGISTER_RANK, Kind.WINDOW, Kind.BYE}
+)
 
 
 class TrainerHello(BaseModel):
