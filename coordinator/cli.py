@@ -37,11 +37,16 @@ def _run(argv: Sequence[str]) -> int:
     from zeus_agent.errors import ZeusAgentError
 
     try:
-        settings = CliApp.run(CoordinatorSettings, cli_args=list(argv), cli_prog_name="zeus-coordinator run")
+        settings = CliApp.run(
+            CoordinatorSettings, cli_args=list(argv), cli_prog_name="zeus-coordinator run"
+        )
     except ValidationError as e:
         print(f"zeus-coordinator run: invalid configuration:\n{e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger(__name__).debug("settings: %s", settings.model_dump())
     service = CoordinatorService(settings)
 
     async def main() -> None:
@@ -65,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
         parser = argparse.ArgumentParser(prog="zeus-coordinator", description=DESCRIPTION,
                                          formatter_class=argparse.RawDescriptionHelpFormatter)
-        parser.add_argument("command", choices=sorted(commands), help="run: the coordinator service")
+        parser.add_argument(
+            "command", choices=sorted(commands), help="run: the coordinator service"
+        )
         if not args or args[0] in ("-h", "--help"):
             parser.print_help()
             return 0 if args else 2

@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_agent.wire.subjects import DEFAULT_PREFIX
 
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
 
 class CoordinatorSettings(BaseSettings):
     """Configuration of the coordinator (Zeus's `PFOServerSettings` fields plus the bus)."""
@@ -24,33 +26,57 @@ class CoordinatorSettings(BaseSettings):
 
     # Zeus PFOServerSettings fields (same names, same defaults where they apply).
     scheduler: str = Field(
-        "PointSolution", description="Frequency scheduler for pipeline jobs (Zeus name)"
+        default="PointSolution", description="Frequency scheduler for pipeline jobs (Zeus name)"
     )
     scheduler_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra arguments of the scheduler (JSON)"
     )
-    log_level: str = Field("INFO", description="Log level, e.g. DEBUG, INFO")
-    dump_data: bool = Field(True, description="Dump scheduler state for later inspection")
-    dump_dir: str = Field("./dump", description="Directory for dumped state")
+    log_level: str = Field(default="INFO", description="Log level, e.g. DEBUG, INFO (any case)")
+    dump_data: bool = Field(default=True, description="Dump scheduler state for inspection")
+    dump_dir: str = Field(default="./dump", description="Directory for dumped state")
     max_job_idle_time: int = Field(
-        60 * 60 * 24 * 7, gt=0, description="Seconds a job may be idle before it is deleted"
+        default=60 * 60 * 24 * 7,
+        gt=0,
+        description="Seconds a job may be idle before it is deleted",
     )
     # The bus and the service.
-    nats_url: str | None = Field(None, description="NATS server URL(s); omit with --embedded-nats")
-    embedded_nats: bool = Field(False, description="Start a private nats-server (development)")
-    prefix: str = Field(DEFAULT_PREFIX, description="Subject prefix shared with the agents")
+    nats_url: str | None = Field(
+        default=None, description="NATS server URL(s); omit with --embedded-nats"
+    )
+    embedded_nats: bool = Field(
+        default=False, description="Start a private nats-server (development)"
+    )
+    prefix: str = Field(
+        default=DEFAULT_PREFIX, description="Subject prefix shared with the agents"
+    )
     state_dir: str = Field(
-        "./zeus-coordinator-state", description="Where jobs and power-limit profiles are kept"
+        default="./zeus-coordinator-state",
+        description="Where jobs and power-limit profiles are kept",
     )
     lease_s: float = Field(
-        30.0, gt=0, description="Lease of GPU settings; renewed every lease_s/3 while jobs live"
+        default=30.0,
+        gt=0,
+        description="Lease of GPU settings; renewed every lease_s/3 while jobs live",
     )
     lease_idle_s: float = Field(
-        900.0, gt=0, description="Stop renewing a job's leases after this long without events"
+        default=900.0,
+        gt=0,
+        description="Stop renewing a job's leases after this long without events",
     )
-    command_timeout_s: float = Field(2.0, gt=0, description="Timeout of a command to an agent")
+    command_timeout_s: float = Field(
+        default=2.0, gt=0, description="Timeout of a command to an agent (s)"
+    )
+    connect_timeout_s: float = Field(
+        default=5.0, gt=0, description="Give up connecting to NATS at start after this (s)"
+    )
+    shutdown_timeout_s: float = Field(
+        default=5.0, gt=0, description="On exit, how long in-flight requests may take (s)"
+    )
 
     @field_validator("log_level")
     @classmethod
     def _upper(cls, value: str) -> str:
-        return value.upper()
+        level = value.upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)} (any case)")
+        return level

@@ -11,7 +11,13 @@ GPU marks `<p>.gpu.*.*.meas` (window energies). It commands agents on `<p>.gpu.<
 renews leases on `<p>.lease.<job>` and reports on `<p>.job.<job>.status`.
 
 Handlers are decode -> core (`JobRegistry`, `PowerLimitJob`) -> encode; domain errors go out
-as coded `Reply`s. Jobs persist in `state_dir/jobs.json`; profiles in `state_dir/profiles/`.
+as coded `Reply`s. Each request runs in its own task (NATS runs a subscription's callbacks one
+at a time, and a rank registration waits for the GPU's agent), so thousands of ranks register
+concurrently. Agents' GPU descriptions are cached for `GPU_INFO_TTL_S`.
+
+Persistence: jobs live in `state_dir/jobs.json`, written before a registration is acknowledged
+(so nothing acknowledged is lost) with group commit: requests that arrive while a write is in
+progress share the next write. Profiles are kept in `state_dir/profiles/`.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord, JobRegistry, RegistryError
 from coordinator.power_limit.job import (
     Action,
@@ -37,13 +44,13 @@ from coordinator.power_limit.job import (
 )
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.profile import load_profile, save_profile
-from coordinator.config import CoordinatorSettings
 from zeus_agent import __version__
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.errors import BrokerError, PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     CommandEnvelope,
+    GpuDescription,
     InfoCmd,
     JobQuery,
     JobStatus,
@@ -58,11 +65,23 @@ from zeus_agent.wire.messages import (
 
 LOG = logging.getLogger(__name__)
 
+GPU_INFO_TTL_S = 30.0
+"""How long an agent's answer to `info` is trusted before asking again (s)."""
+
+INFO_COMMAND = codec.encode(CommandEnvelope(cmd=InfoCmd()))
+
+RANK_STATUS_EVERY_UP_TO = 64
+"""Jobs up to this world size get a status event per rank; bigger ones every 10 %."""
+
+Handler = Callable[[bytes], Awaitable[Reply]]
+
 
 class CoordinatorService:
     """The coordinator. `await serve()` runs until `should_exit` is set."""
 
-    def __init__(self, settings: CoordinatorSettings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, settings: CoordinatorSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.state_dir = Path(settings.state_dir)
@@ -70,36 +89,62 @@ class CoordinatorService:
         self.power_limit_jobs: dict[str, PowerLimitJob] = {}
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
         self.should_exit = asyncio.Event()
+        self.force_exit = asyncio.Event()
         self.started = asyncio.Event()
         self.nc: Any = None
         self._embedded: EmbeddedNats | None = None
         self._service: Any = None
         self._subs: list[Any] = []
         self._locks: dict[str, asyncio.Lock] = {}
+        self._gpu_info_cache: dict[tuple[str, int], tuple[float, GpuDescription]] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._persist_lock = asyncio.Lock()
+        self.writes = 0  # Writes of jobs.json by `_save` (for benchmarks and tests).
+        self._changes = 0  # Registry changes made (persistence generation).
+        self._persisted = 0  # Changes already on disk.
 
     # ------------------------------------------------------------------ lifecycle
     def install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM ask for a graceful exit."""
+        """SIGINT/SIGTERM ask for a graceful exit; a second one forces it."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.should_exit.set)
+                loop.add_signal_handler(sig, self.handle_exit)
+
+    def handle_exit(self) -> None:
+        """Ask for a graceful exit; asked twice, stop waiting for in-flight requests."""
+        if self.should_exit.is_set():
+            self.force_exit.set()
+        self.should_exit.set()
 
     async def serve(self) -> None:
-        """Start, serve until asked to exit, shut down (always)."""
+        """Start, serve until asked to exit, shut down (always).
+
+        Raises:
+            BrokerError: NATS could not be reached (nothing was served).
+        """
         try:
             await self.startup()
             async with asyncio.TaskGroup() as tg:
-                tasks = [
-                    tg.create_task(self._every(self.settings.lease_s / 3, self._renew_leases, "lease renewal")),
-                    tg.create_task(self._every(min(60.0, self.settings.max_job_idle_time / 10),
+                self._tg = tg
+                s = self.settings
+                loops = [
+                    tg.create_task(self._every(s.lease_s / 3, self._renew_leases, "lease renewal")),
+                    tg.create_task(self._every(min(60.0, s.max_job_idle_time / 10),
                                                self._collect_idle, "idle job collection")),
                 ]
+                for record in list(self.registry.jobs.values()):
+                    if record.complete:
+                        self._spawn(self._start_optimiser(record))
                 self.started.set()
                 await self.should_exit.wait()
-                for t in tasks:
+                await self._stop_intake()
+                await self._finish_inflight()
+                for t in loops:
                     t.cancel()
         finally:
+            self._tg = None
             await self.shutdown()
 
     @property
@@ -115,8 +160,10 @@ class CoordinatorService:
         if s.embedded_nats:
             self._embedded = await asyncio.to_thread(EmbeddedNats().start)
         if not self.url:
-            raise BrokerError("no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats")
-        self.nc = await connect(self.url, "zeus-coordinator")
+            raise BrokerError(
+                "no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats"
+            )
+        self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s)
         from nats import micro
 
         self._service = await micro.add_service(
@@ -128,27 +175,65 @@ class CoordinatorService:
             ("register_rank", subjects.coord_register_rank(s.prefix), self.handle_register_rank),
             ("query", subjects.coord_job_query(s.prefix), self.handle_query),
         ):
-            await self._service.add_endpoint(name=name, subject=subject, handler=self._endpoint(handler))
+            await self._service.add_endpoint(
+                name=name, subject=subject, handler=self._endpoint(handler)
+            )
         self._subs.append(await self.nc.subscribe(f"{s.prefix}.job.*.ev.*", cb=self._on_events))
-        self._subs.append(await self.nc.subscribe(f"{s.prefix}.gpu.*.*.meas", cb=self._on_measurements))
-        for record in self.registry.jobs.values():
-            if record.complete:
-                await self._start_optimiser(record)
+        self._subs.append(
+            await self.nc.subscribe(f"{s.prefix}.gpu.*.*.meas", cb=self._on_measurements)
+        )
         LOG.info("coordinator ready on %s (state in %s, %d job(s) restored)",
                  self.url, self.state_dir, len(self.registry.jobs))
 
-    async def shutdown(self) -> None:
-        """Stop endpoints, persist, drain NATS, stop the embedded server."""
+    async def _stop_intake(self) -> None:
+        """Stop taking requests and stream messages (first step of the shutdown)."""
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._service.stop(), 2)
-        self._persist()
+            self._service = None
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+
+    async def _finish_inflight(self) -> None:
+        """Let in-flight requests finish within `shutdown_timeout_s`, then cancel them."""
+        if not self._inflight:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout_s
+        forced = asyncio.ensure_future(self.force_exit.wait())
+        try:
+            while self._inflight and not forced.done() and loop.time() < deadline:
+                await asyncio.wait({*self._inflight, forced}, timeout=deadline - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+        pending = set(self._inflight)
+        for t in pending:
+            t.cancel(msg="coordinator shutting down")
+        if pending:
+            LOG.warning("cancelled %d request(s) still running at shutdown", len(pending))
+
+    async def shutdown(self) -> None:
+        """Stop intake, persist, drain NATS, stop the embedded server (idempotent)."""
+        await self._stop_intake()
+        if self._changes > self._persisted:
+            self._persist()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 5)
+            self.nc = None
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
+            self._embedded = None
         LOG.info("coordinator stopped")
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run `coro` as a task of the service's task group (inline before it exists)."""
+        task = asyncio.ensure_future(coro) if self._tg is None else self._tg.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
     @staticmethod
     async def _every(period_s: float, fn: Callable[[], Awaitable[Any]], what: str) -> None:
@@ -160,11 +245,33 @@ class CoordinatorService:
                 LOG.exception("%s failed; continuing", what)
 
     # ------------------------------------------------------------------ persistence
-    def _persist(self) -> None:
+    def _write(self, snapshot: dict[str, Any]) -> None:
         path = self.state_dir / "jobs.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.registry.snapshot()))
+        tmp.write_text(json.dumps(snapshot))
         os.replace(tmp, path)
+
+    def _persist(self) -> None:
+        """Write the registry now (blocking; for shutdown)."""
+        self._write(self.registry.snapshot())
+        self._persisted = self._changes
+
+    async def _save(self) -> None:
+        """Persist the registry's latest change before acknowledging it (group commit).
+
+        Callers that arrive while a write is running wait for the next one, which covers all
+        of their changes: n concurrent registrations cost a few writes, not n.
+        """
+        self._changes += 1
+        wanted = self._changes
+        async with self._persist_lock:
+            if self._persisted >= wanted:
+                return
+            covered = self._changes
+            snapshot = self.registry.snapshot()
+            await asyncio.to_thread(self._write, snapshot)
+            self._persisted = max(self._persisted, covered)
+            self.writes += 1
 
     def _restore(self) -> None:
         path = self.state_dir / "jobs.json"
@@ -172,7 +279,10 @@ class CoordinatorService:
             try:
                 self.registry = JobRegistry.restore(json.loads(path.read_text()), self.clock())
             except (ValueError, KeyError, TypeError) as e:
-                LOG.error("could not restore %s (%s); starting with no jobs", path, e)
+                aside = path.with_suffix(f".corrupt-{int(time.time())}")
+                os.replace(path, aside)
+                LOG.error("could not restore %s (%s); moved it to %s and started with no jobs",
+                          path, e, aside)
 
     def profile_path(self, record: JobRecord) -> Path:
         """Where the job's power-limit profile is loaded from and saved to."""
@@ -182,9 +292,10 @@ class CoordinatorService:
         return self.state_dir / "profiles" / f"{subjects.token(record.job_id)}.json"
 
     # ------------------------------------------------------------------ endpoints
-    @staticmethod
-    def _endpoint(handler: Callable[[bytes], Awaitable[Reply]]) -> Callable[[Any], Awaitable[None]]:
-        async def wrapped(req: Any) -> None:
+    def _endpoint(self, handler: Handler) -> Callable[[Any], Awaitable[None]]:
+        """Wrap a handler: one task per request; domain errors become coded replies."""
+
+        async def handle(req: Any) -> None:
             try:
                 reply = await handler(req.data)
             except PayloadError as e:
@@ -194,7 +305,13 @@ class CoordinatorService:
             except Exception:  # noqa: BLE001 - never leak internals
                 LOG.exception("request on %s failed", req.subject)
                 reply = Reply.failure("internal", "internal error in the coordinator; see its log")
-            await req.respond(codec.encode(reply))
+            try:
+                await req.respond(codec.encode(reply))
+            except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
+                LOG.warning("could not answer a request on %s: %s", req.subject, e)
+
+        async def wrapped(req: Any) -> None:
+            self._spawn(handle(req))
 
         return wrapped
 
@@ -202,40 +319,46 @@ class CoordinatorService:
         """Register a job and return its id."""
         request = codec.decode(data, RegisterJob)
         record = self.registry.register_job(request, self.clock())
-        self._persist()
+        await self._save()
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await self.status(record.job_id, "registered",
-                          f"job registered for {what}; waiting for {record.job.world_size} rank(s)")
+                          f"job registered for {what}; "
+                          f"waiting for {record.job.world_size} rank(s)")
         return Reply.success(job_id=record.job_id)
 
     async def handle_register_rank(self, data: bytes) -> Reply:
         """Register a rank after checking its GPU with the agent that drives it."""
         request = codec.decode(data, RegisterRank)
-        record = self.registry.get(request.job_id)
+        retry = self.registry.check_rank(request)  # Refuse bad requests before asking agents.
         gpu = request.gpu
-        info = await self._gpu_info(gpu.node, gpu.gpu_index)
-        if info is None:
-            return Reply.failure(
-                "unavailable",
-                f"no agent answers for GPU {gpu.gpu_index} on node {gpu.node!r}: start "
-                "`zeus-agent run` on that node, connected to the same NATS and prefix",
-            )
-        if gpu.gpu_uuid and gpu.gpu_uuid != info["uuid"]:
-            return Reply.failure(
-                "conflict",
-                f"GPU {gpu.gpu_index} on {gpu.node} has uuid {info['uuid']}, not {gpu.gpu_uuid}",
-            )
-        self.gpu_limits[(gpu.node, gpu.gpu_index)] = (info["min_power_limit_w"], info["max_power_limit_w"])
+        if not retry:
+            info = await self._gpu_info(gpu.node, gpu.gpu_index)
+            if info is None:
+                return Reply.failure(
+                    "unavailable",
+                    f"no agent answers for GPU {gpu.gpu_index} on node {gpu.node!r}: start "
+                    "`zeus-agent run` on that node, connected to the same NATS and prefix",
+                )
+            if gpu.gpu_uuid and gpu.gpu_uuid != info.uuid:
+                return Reply.failure(
+                    "conflict",
+                    f"GPU {gpu.gpu_index} on node {gpu.node!r} has uuid {info.uuid}, not "
+                    f"{gpu.gpu_uuid}: check the rank's CUDA_VISIBLE_DEVICES and GPU index",
+                )
+        # The job may have gone or the rank been taken meanwhile: this checks again.
         record, new = self.registry.register_rank(request, self.clock())
-        self._persist()
+        n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
-            await self.status(record.job_id, "rank_registered",
-                              f"rank {request.rank_info.rank} on {gpu.node}/gpu{gpu.gpu_index} "
-                              f"({len(record.ranks)}/{record.job.world_size})")
-        if new and record.complete:
-            await self._start_optimiser(record)
+            await self._save()
+            # One event per rank is too many to follow for big jobs: then every 10 %.
+            if world <= RANK_STATUS_EVERY_UP_TO or n * 10 // world != (n - 1) * 10 // world:
+                await self.status(record.job_id, "rank_registered",
+                                  f"rank {request.rank_info.rank} on {gpu.node}/gpu"
+                                  f"{gpu.gpu_index} ({n}/{world} ranks registered)")
+            if record.complete:
+                self._spawn(self._start_optimiser(record))
         return Reply.success(job_id=record.job_id, rank=request.rank_info.rank,
-                             registered=len(record.ranks), world_size=record.job.world_size)
+                             registered=n, world_size=world)
 
     async def handle_query(self, data: bytes) -> Reply:
         """Describe one job, or list all jobs."""
@@ -247,50 +370,74 @@ class CoordinatorService:
         return Reply.success(
             job_id=record.job_id,
             job=record.job.model_dump(),
-            ranks={str(r): {"node": rr.gpu.node, "gpu_index": rr.gpu.gpu_index}
-                   for r, rr in record.ranks.items()},
+            scheduler=record.scheduler,
+            power_limit_options=record.power_limit.model_dump() if record.power_limit else None,
+            complete=record.complete,
+            idle_s=max(0.0, self.clock() - record.last_active_s),
+            ranks={str(r): {"node": rr.gpu.node, "gpu_index": rr.gpu.gpu_index,
+                            "gpu_uuid": rr.gpu.gpu_uuid}
+                   for r, rr in sorted(record.ranks.items())},
             power_limit=job.progress() if job else None,
             waiting_for=job.waiting_for() if job else {},
         )
 
-    async def _gpu_info(self, node: str, index: int) -> dict[str, Any] | None:
+    async def _gpu_info(self, node: str, index: int) -> GpuDescription | None:
+        """The agent's description of a GPU (cached for `GPU_INFO_TTL_S`), None if no answer."""
+        key = (node, index)
+        cached = self._gpu_info_cache.get(key)
+        now = self.clock()
+        if cached is not None and now - cached[0] < GPU_INFO_TTL_S:
+            return cached[1]
         subject = subjects.gpu_command(node, index, self.settings.prefix)
         try:
-            raw = await self.nc.request(subject, codec.encode(CommandEnvelope(cmd=InfoCmd())),
+            raw = await self.nc.request(subject, INFO_COMMAND,
                                         timeout=self.settings.command_timeout_s)
             reply = codec.decode(raw.data, Reply)
+            if not reply.ok:
+                LOG.warning("agent on %s refused info: %s", subject, reply.error)
+                return None
+            info = codec.validate(GpuDescription, reply.result.get("gpu"))
         except Exception as e:  # noqa: BLE001 - timeout, no responders, bad reply
-            LOG.warning("no info from %s: %s", subject, e)
+            LOG.warning("no usable info from %s: %s", subject, e)
             return None
-        return reply.result.get("gpu") if reply.ok else None
+        self._gpu_info_cache[key] = (now, info)
+        self.gpu_limits[key] = (info.min_power_limit_w, info.max_power_limit_w)
+        return info
 
     # ------------------------------------------------------------------ power-limit jobs
     async def _start_optimiser(self, record: JobRecord) -> None:
-        if record.power_limit is None or record.job_id in self.power_limit_jobs:
-            return
-        limits = [self.gpu_limits.get((g.node, g.gpu_index)) for g in record.gpus()]
-        if any(lim is None for lim in limits):
-            for g in record.gpus():
-                info = await self._gpu_info(g.node, g.gpu_index)
-                if info is not None:
-                    self.gpu_limits[(g.node, g.gpu_index)] = (info["min_power_limit_w"], info["max_power_limit_w"])
-            limits = [self.gpu_limits.get((g.node, g.gpu_index)) for g in record.gpus()]
-        if any(lim is None for lim in limits):
-            await self.status(record.job_id, "error", "cannot reach every GPU's agent; not optimising")
-            return
-        lo = max(lim[0] for lim in limits if lim)
-        hi = min(lim[1] for lim in limits if lim)
-        path = self.profile_path(record)
-        measurements = None
-        try:
-            if path.exists():
-                measurements = await asyncio.to_thread(load_profile, path)
-            job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi, measurements)
-        except (PowerLimitError, ValueError) as e:
-            await self.status(record.job_id, "error", f"power-limit optimiser refused: {e}")
-            return
-        self.power_limit_jobs[record.job_id] = job
-        await self._execute(record, job.start())
+        async with self._lock(record.job_id):
+            if record.power_limit is None or record.job_id in self.power_limit_jobs:
+                return
+            if self.registry.jobs.get(record.job_id) is not record:
+                return  # Collected meanwhile.
+            gpus = record.gpus()
+            missing = [g for g in gpus if (g.node, g.gpu_index) not in self.gpu_limits]
+            await asyncio.gather(*(self._gpu_info(g.node, g.gpu_index) for g in missing))
+            unreachable = [f"{g.node}/gpu{g.gpu_index}" for g in gpus
+                           if (g.node, g.gpu_index) not in self.gpu_limits]
+            if unreachable:
+                await self.status(record.job_id, "error",
+                                  "cannot reach the agent of " + ", ".join(unreachable[:8])
+                                  + (" ..." if len(unreachable) > 8 else "")
+                                  + "; not optimising (restart the coordinator once they are up)")
+                return
+            limits = [self.gpu_limits[(g.node, g.gpu_index)] for g in gpus]
+            lo = max(lim[0] for lim in limits)
+            hi = min(lim[1] for lim in limits)
+            path = self.profile_path(record)
+            measurements = None
+            try:
+                if path.exists():
+                    measurements = await asyncio.to_thread(load_profile, path)
+                job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                    measurements)
+            except (PowerLimitError, ValueError, OSError) as e:
+                await self.status(record.job_id, "error",
+                                  f"power-limit optimiser refused to start: {e}")
+                return
+            self.power_limit_jobs[record.job_id] = job
+            await self._execute(record, job.start())
 
     def _lock(self, job_id: str) -> asyncio.Lock:
         return self._locks.setdefault(job_id, asyncio.Lock())
@@ -307,7 +454,7 @@ class CoordinatorService:
             return
         async with self._lock(batch.job_id):
             for event in batch.events:
-                await self._act(batch.job_id, lambda e=event: job.on_event(batch.rank, e))
+                await self._act(batch.job_id, job.on_event, batch.rank, event)
 
     async def _on_measurements(self, msg: Any) -> None:
         try:
@@ -320,14 +467,16 @@ class CoordinatorService:
             return
         async with self._lock(batch.job_id):
             for mark in batch.marks:
-                await self._act(batch.job_id, lambda m=mark: job.on_mark(batch.rank, m))
+                await self._act(batch.job_id, job.on_mark, batch.rank, mark)
 
-    async def _act(self, job_id: str, step: Callable[[], list[Action]]) -> None:
+    async def _act(
+        self, job_id: str, step: Callable[[int, Any], list[Action]], rank: int, item: Any
+    ) -> None:
         record = self.registry.jobs.get(job_id)
         if record is None:
             return
         try:
-            actions = step()
+            actions = step(rank, item)
         except PowerLimitError as e:
             await self.status(job_id, "error", f"power-limit optimiser: {e}")
             return
@@ -342,7 +491,8 @@ class CoordinatorService:
                 await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
                 await asyncio.to_thread(save_profile, path, list(action.measurements))
                 await self.status(record.job_id, "profile_saved", f"profile saved to {path}",
-                                  {"path": str(path), "optimal_power_limit_w": action.optimal_power_limit})
+                                  {"path": str(path),
+                                   "optimal_power_limit_w": action.optimal_power_limit})
             elif isinstance(action, StatusUpdate):
                 await self.status(record.job_id, action.state, action.message, action.progress)
 
@@ -350,26 +500,76 @@ class CoordinatorService:
         """Command every GPU of the job to `watts`, under the job's lease."""
         cmd = codec.encode(CommandEnvelope(cmd=SetPowerLimitCmd(
             power_limit_w=watts, holder=record.job_id, lease_s=self.settings.lease_s)))
-
-        async def one(node: str, index: int) -> str | None:
-            subject = subjects.gpu_command(node, index, self.settings.prefix)
-            try:
-                raw = await self.nc.request(subject, cmd, timeout=self.settings.command_timeout_s)
-                reply = codec.decode(raw.data, Reply)
-            except Exception as e:  # noqa: BLE001
-                return f"{node}/gpu{index}: {type(e).__name__}"
-            return None if reply.ok else f"{node}/gpu{index}: {reply.error}"
-
-        errors = [e for e in await asyncio.gather(*(one(g.node, g.gpu_index) for g in record.gpus())) if e]
+        gpus = record.gpus()
+        replies = await self.request_all(
+            [(subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus]
+        )
+        errors = [
+            f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"
+            for g, r in zip(gpus, replies, strict=True)
+            if isinstance(r, str) or not r.ok
+        ]
         if errors:
-            await self.status(record.job_id, "error", f"setting {watts} W failed on " + "; ".join(errors))
+            more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""
+            shown = "; ".join(errors[:8]) + more
+            await self.status(record.job_id, "error", f"setting {watts} W failed on {shown}")
 
-    async def status(self, job_id: str, state: str, message: str, progress: dict[str, Any] | None = None) -> None:
+    async def request_all(self, requests: list[tuple[str, bytes]]) -> list[Reply | str]:
+        """Send many requests at once over one reply inbox, within `command_timeout_s`.
+
+        Cheaper than one `nc.request` per GPU (no future, timer and task each), which matters
+        when a job has thousands of GPUs.
+
+        Returns:
+            Per request, in order: the `Reply`, or a text saying why there is none.
+        """
+        if not requests:
+            return []
+        inbox = self.nc.new_inbox()
+        results: list[Reply | str | None] = [None] * len(requests)
+        left = len(requests)
+        all_in = asyncio.Event()
+
+        async def on_reply(msg: Any) -> None:
+            nonlocal left
+            try:
+                i = int(msg.subject.rsplit(".", 1)[1])
+                if results[i] is not None:
+                    return
+            except (ValueError, IndexError):
+                return
+            if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                results[i] = "no agent answers (is zeus-agent running there?)"
+            else:
+                try:
+                    results[i] = codec.decode(msg.data, Reply)
+                except PayloadError as e:
+                    results[i] = f"bad reply: {e}"
+            left -= 1
+            if left == 0:
+                all_in.set()
+
+        sub = await self.nc.subscribe(f"{inbox}.*", cb=on_reply)
+        try:
+            for i, (subject, payload) in enumerate(requests):
+                await self.nc.publish(subject, payload, reply=f"{inbox}.{i}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_in.wait(), self.settings.command_timeout_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        timeout = f"no reply within {self.settings.command_timeout_s:g} s"
+        return [timeout if r is None else r for r in results]
+
+    async def status(
+        self, job_id: str, state: str, message: str, progress: dict[str, Any] | None = None
+    ) -> None:
         """Publish a job status event (and log it)."""
         LOG.info("job %s: %s: %s", job_id, state, message)
         event = JobStatus(job_id=job_id, state=state, message=message, progress=progress or {})
         with contextlib.suppress(Exception):
-            await self.nc.publish(subjects.job_status(job_id, self.settings.prefix), codec.encode(event))
+            await self.nc.publish(subjects.job_status(job_id, self.settings.prefix),
+                                  codec.encode(event))
 
     # ------------------------------------------------------------------ loops
     async def _renew_leases(self) -> None:
@@ -382,8 +582,13 @@ class CoordinatorService:
                                   codec.encode(renewal))
 
     async def _collect_idle(self) -> None:
-        for job_id in self.registry.collect_idle(self.clock(), self.settings.max_job_idle_time):
+        removed = self.registry.collect_idle(self.clock(), self.settings.max_job_idle_time)
+        if not removed:
+            return
+        await self._save()
+        for job_id in removed:
             self.power_limit_jobs.pop(job_id, None)
             self._locks.pop(job_id, None)
-            await self.status(job_id, "removed", "job removed after being idle (max_job_idle_time)")
-            self._persist()
+            await self.status(job_id, "removed",
+                              f"job removed after {self.settings.max_job_idle_time} s without "
+                              "events or registrations (max_job_idle_time)")

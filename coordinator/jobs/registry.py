@@ -6,8 +6,11 @@ Invariants:
    appended so ids stay unique.
 2. A rank is registered once per job. Registering the same rank again with the same
    `RankInfo` and GPU is idempotent (a retry); with anything different it is a `DuplicateError`.
-   Two ranks of one job may not drive the same GPU.
+   Two ranks of one job may not drive the same GPU (checked through a per-job index, so
+   registering n ranks costs O(n), not O(n^2)).
 3. A rank's coordinates must fit the job: rank < world_size, dp_rank < dp_degree, etc.
+   `check_rank` validates without changing anything (the shell calls it before asking the
+   GPU's agent); `register_rank` validates again and records.
 4. Time is an argument (`now_s`, any monotonic clock of the caller); `collect_idle` removes
    jobs idle longer than the limit. Nothing here does I/O: `snapshot`/`restore` give the
    service plain data to persist.
@@ -37,6 +40,12 @@ class UnknownJobError(RegistryError, KeyError):
         return str(self.args[0])
 
 
+class RankRangeError(RegistryError):
+    """A rank's coordinates do not fit the job's degrees."""
+
+    code = "out_of_range"
+
+
 class DuplicateError(RegistryError):
     """The rank (or its GPU) is already registered differently."""
 
@@ -50,6 +59,14 @@ class RankRecord:
     info: RankInfo
     gpu: GpuBinding
     pid: int | None = None
+    _plain: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def plain(self) -> dict[str, Any]:
+        """JSON-able data (computed once: a registered rank never changes)."""
+        if self._plain is None:
+            self._plain = {"info": self.info.model_dump(), "gpu": self.gpu.model_dump(),
+                           "pid": self.pid}
+        return self._plain
 
 
 @dataclass
@@ -63,6 +80,13 @@ class JobRecord:
     created_s: float
     last_active_s: float
     ranks: dict[int, RankRecord] = field(default_factory=dict)
+    gpu_ranks: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    """Index (node, GPU index) -> rank, kept in step with `ranks`."""
+
+    def add_rank(self, rank: RankRecord) -> None:
+        """Record a rank and index its GPU."""
+        self.ranks[rank.info.rank] = rank
+        self.gpu_ranks[(rank.gpu.node, rank.gpu.gpu_index)] = rank.info.rank
 
     @property
     def complete(self) -> bool:
@@ -113,12 +137,15 @@ class JobRegistry:
         self.jobs[job.job_id] = record
         return record
 
-    def register_rank(self, request: RegisterRank, now_s: float) -> tuple[JobRecord, bool]:
-        """Register a rank; returns the job and whether the rank is new (False: a retry).
+    def check_rank(self, request: RegisterRank) -> bool:
+        """Validate a rank registration without recording it.
+
+        Returns:
+            True if the same rank is already registered identically (a retry), else False.
 
         Raises:
             UnknownJobError: The job is not registered.
-            RegistryError: The rank does not fit the job's degrees.
+            RankRangeError: The rank does not fit the job's degrees.
             DuplicateError: The rank or its GPU is registered differently.
         """
         record = self.get(request.job_id)
@@ -130,7 +157,7 @@ class JobRegistry:
             ("tp_rank", info.tp_rank, job.tp_degree),
         ):
             if value >= limit:
-                raise RegistryError(
+                raise RankRangeError(
                     f"{name} {value} is out of range for job {record.job_id} "
                     f"(dp{job.dp_degree} pp{job.pp_degree} tp{job.tp_degree}, "
                     f"world size {job.world_size}): it must be below {limit}"
@@ -138,21 +165,33 @@ class JobRegistry:
         existing = record.ranks.get(info.rank)
         if existing is not None:
             if existing.info == info and existing.gpu == request.gpu:
-                record.last_active_s = now_s
-                return record, False
+                return True
             raise DuplicateError(
                 f"rank {info.rank} of job {record.job_id} is already registered with GPU "
                 f"{existing.gpu.gpu_index} on {existing.gpu.node}; each rank registers once"
             )
-        for other_rank, other in record.ranks.items():
-            if (other.gpu.node, other.gpu.gpu_index) == (request.gpu.node, request.gpu.gpu_index):
-                raise DuplicateError(
-                    f"GPU {request.gpu.gpu_index} on {request.gpu.node} already drives rank "
-                    f"{other_rank} of job {record.job_id}; give each rank its own GPU"
-                )
-        record.ranks[info.rank] = RankRecord(info=info, gpu=request.gpu, pid=request.pid)
+        other_rank = record.gpu_ranks.get((request.gpu.node, request.gpu.gpu_index))
+        if other_rank is not None:
+            raise DuplicateError(
+                f"GPU {request.gpu.gpu_index} on {request.gpu.node} already drives rank "
+                f"{other_rank} of job {record.job_id}; give each rank its own GPU"
+            )
+        return False
+
+    def register_rank(self, request: RegisterRank, now_s: float) -> tuple[JobRecord, bool]:
+        """Register a rank; returns the job and whether the rank is new (False: a retry).
+
+        Raises:
+            UnknownJobError: The job is not registered.
+            RankRangeError: The rank does not fit the job's degrees.
+            DuplicateError: The rank or its GPU is registered differently.
+        """
+        retry = self.check_rank(request)
+        record = self.jobs[request.job_id]
         record.last_active_s = now_s
-        return record, True
+        if not retry:
+            record.add_rank(RankRecord(info=request.rank_info, gpu=request.gpu, pid=request.pid))
+        return record, not retry
 
     def touch(self, job_id: str, now_s: float) -> None:
         """Mark a job active (an event arrived)."""
@@ -178,10 +217,7 @@ class JobRegistry:
                     "power_limit": r.power_limit.model_dump() if r.power_limit else None,
                     "created_s": r.created_s,
                     "last_active_s": r.last_active_s,
-                    "ranks": [
-                        {"info": rr.info.model_dump(), "gpu": rr.gpu.model_dump(), "pid": rr.pid}
-                        for rr in r.ranks.values()
-                    ],
+                    "ranks": [rr.plain() for rr in r.ranks.values()],
                 }
                 for r in self.jobs.values()
             ]
@@ -206,6 +242,6 @@ class JobRegistry:
             )
             for rr in j["ranks"]:
                 info = RankInfo(**rr["info"])
-                record.ranks[info.rank] = RankRecord(info, GpuBinding(**rr["gpu"]), rr["pid"])
+                record.add_rank(RankRecord(info, GpuBinding(**rr["gpu"]), rr["pid"]))
             registry.jobs[record.job_id] = record
         return registry

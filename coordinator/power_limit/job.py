@@ -5,11 +5,15 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
 * rank 0's trainer events pace the machine (`step_begin` -> `on_step_begin`, `epoch_end` ->
   `on_epoch_end`); the other ranks step together with it;
 * a window opened at rank 0's step `a` and closed at its step `b` covers, on every rank, the
-  interval between that rank's own `step_begin` marks of steps `a` and `b` (marks carry the
+  interval between that rank's own `step_begin` marks of steps `a` and `b`, steps being
+  identified by the (epoch, step) counters, so trainers that restart their step count every
+  epoch never match a stale mark of an earlier epoch (marks carry the
   GPU's energy counter at the event, stamped on the rank's own host: only differences of one
   GPU's marks are used, never timestamps across hosts);
 * a window's time is the maximum over ranks, its energy the sum over the job's GPUs; it is
-  recorded once every rank's two marks have arrived, in whatever order they come.
+  recorded once every rank's two marks have arrived, in whatever order they come (a closed
+  window keeps the set of ranks it still waits for, so a mark costs O(open windows), not
+  O(ranks)).
 
 Methods return `Action`s for the shell: `ApplyPowerLimit` (command every GPU of the job),
 `SaveProfile` (profiling finished) and `StatusUpdate` (for people and dashboards).
@@ -41,6 +45,9 @@ from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
 
 MAX_MARKS_PER_RANK = 4096
+
+StepKey = tuple[int, int]
+"""(epoch, step): a step of the job, as counted by every rank's trainer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +91,10 @@ def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelecto
 @dataclass
 class _Window:
     name: str
-    begin_step: int
-    end_step: int | None = None
+    begin_step: StepKey
+    end_step: StepKey | None = None
+    missing: set[int] = field(default_factory=set)
+    """Once closed: ranks whose marks of `begin_step` or `end_step` have not arrived."""
 
 
 class PowerLimitJob:
@@ -125,10 +134,10 @@ class PowerLimitJob:
             measurements=measurements,
             search=options.search,
         )
-        self._marks: dict[int, dict[int, tuple[int, float]]] = {r: {} for r in self.ranks}
+        self._marks: dict[int, dict[StepKey, tuple[int, float]]] = {r: {} for r in self.ranks}
         self._windows: dict[str, _Window] = {}
         self._saved = measurements is not None
-        self.last_step: int | None = None
+        self.last_step: StepKey | None = None
 
     @property
     def done(self) -> bool:
@@ -157,8 +166,8 @@ class PowerLimitJob:
         if rank != self.ranks[0] or self.done:
             return []
         if event.kind == "step_begin":
-            self.last_step = event.step
-            return self._translate(self.machine.on_step_begin(), step=event.step)
+            self.last_step = (event.epoch, event.step)
+            return self._translate(self.machine.on_step_begin(), step=self.last_step)
         if event.kind == "epoch_end":
             return self._translate(self.machine.on_epoch_end(), step=None)
         return []
@@ -168,23 +177,24 @@ class PowerLimitJob:
         if rank not in self._marks or mark.kind != "step_begin":
             return []
         marks = self._marks[rank]
-        marks[mark.step] = (mark.t_ns, mark.energy_j)
-        if len(marks) > MAX_MARKS_PER_RANK:
-            for step in sorted(marks)[: len(marks) - MAX_MARKS_PER_RANK]:
+        key = (mark.epoch, mark.step)
+        marks[key] = (mark.t_ns, mark.energy_j)
+        if len(marks) > 2 * MAX_MARKS_PER_RANK:  # Forget the oldest half, amortised O(1).
+            for step in sorted(marks)[:MAX_MARKS_PER_RANK]:
                 del marks[step]
-        return self._complete_windows()
+        completed = False
+        for w in self._windows.values():
+            if (w.end_step is not None and rank in w.missing
+                    and key in (w.begin_step, w.end_step)
+                    and w.begin_step in marks and w.end_step in marks):
+                w.missing.discard(rank)
+                completed = completed or not w.missing
+        return self._complete_windows() if completed else []
 
     def waiting_for(self) -> dict[str, list[int]]:
         """Closed windows still missing marks: window name -> ranks."""
-        out: dict[str, list[int]] = {}
-        for w in self._windows.values():
-            if w.end_step is None:
-                continue
-            missing = [r for r in self.ranks
-                       if w.begin_step not in self._marks[r] or w.end_step not in self._marks[r]]
-            if missing:
-                out[w.name] = missing
-        return out
+        return {w.name: sorted(w.missing) for w in self._windows.values()
+                if w.end_step is not None and w.missing}
 
     def progress(self) -> dict[str, Any]:
         """A snapshot for status events and queries."""
@@ -199,7 +209,7 @@ class PowerLimitJob:
         }
 
     # ------------------------------------------------------------------ internals
-    def _translate(self, effects: list[Any], step: int | None) -> list[Action]:
+    def _translate(self, effects: list[Any], step: StepKey | None) -> list[Action]:
         actions: list[Action] = []
         for effect in effects:
             if isinstance(effect, SetPowerLimit):
@@ -210,7 +220,7 @@ class PowerLimitJob:
                 limit = self.machine.current_power_limit
                 actions.append(StatusUpdate(
                     "profiling",
-                    f"measuring {limit} W at step {step}",
+                    f"measuring {limit} W from step {step[1]} (epoch {step[0]})",
                     self.progress(),
                 ))
             elif isinstance(effect, EndWindow):
@@ -226,35 +236,36 @@ class PowerLimitJob:
                     ))
                 else:
                     window.end_step = step
+                    window.missing = {
+                        r for r in self.ranks
+                        if window.begin_step not in self._marks[r] or step not in self._marks[r]
+                    }
         actions += self._complete_windows() if effects else []
         return actions
 
     def _complete_windows(self) -> list[Action]:
         actions: list[Action] = []
         for name, w in list(self._windows.items()):
-            if w.end_step is None:
+            if w.end_step is None or w.missing:
                 continue
-            spans = []
+            del self._windows[name]
+            time_s, energy_j = 0.0, 0.0
             for r in self.ranks:
-                a, b = self._marks[r].get(w.begin_step), self._marks[r].get(w.end_step)
-                if a is None or b is None:
-                    break
-                spans.append(((b[0] - a[0]) / 1e9, b[1] - a[1]))
-            else:
-                del self._windows[name]
-                time_s = max(t for t, _ in spans)
-                energy_j = sum(e for _, e in spans)
-                if time_s <= 0 or energy_j <= 0:
-                    actions.append(StatusUpdate(
-                        "error", f"window {name} measured no time or energy; ignored", {}))
-                    continue
-                effects = self.machine.record(name, time_s, energy_j)
+                marks = self._marks[r]
+                (t0_ns, e0_j), (t1_ns, e1_j) = marks[w.begin_step], marks[w.end_step]
+                time_s = max(time_s, (t1_ns - t0_ns) / 1e9)
+                energy_j += e1_j - e0_j
+            if time_s <= 0 or energy_j <= 0:
                 actions.append(StatusUpdate(
-                    "profiling",
-                    f"{name}: {time_s:.3f} s, {energy_j:.1f} J over {len(self.ranks)} GPU(s)",
-                    self.progress(),
-                ))
-                actions += self._translate(effects, step=self.last_step)
+                    "error", f"window {name} measured no time or energy; ignored", {}))
+                continue
+            effects = self.machine.record(name, time_s, energy_j)
+            actions.append(StatusUpdate(
+                "profiling",
+                f"{name}: {time_s:.3f} s, {energy_j:.1f} J over {len(self.ranks)} GPU(s)",
+                self.progress(),
+            ))
+            actions += self._translate(effects, step=self.last_step)
         if self.done and not self._saved:
             self._saved = True
             optimal = self.machine.optimal_power_limit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -78,7 +79,8 @@ class FakeAgent:
                 self.requests.append(dg)
                 reply = self.handler(dg)
                 if reply is not None:
-                    self.sock.sendto(encode_reply(dg.request_id, reply), addr)
+                    with contextlib.suppress(OSError):  # the publisher may have gone already
+                        self.sock.sendto(encode_reply(dg.request_id, reply), addr)
 
     def wait_events(
         self, n: int, pub: emit.Publisher | None = None, timeout_s: float = 2.0

@@ -9,7 +9,10 @@ def test_nats_server_config_is_valid():
     env = dict(os.environ, AGENT_PASSWORD="a", COORDINATOR_PASSWORD="b", DASHBOARD_PASSWORD="c")
     conf = REPO_ROOT / "deploy" / "nats" / "nats-server.conf"
     proc = subprocess.run(
-        [find_nats_server(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True,
+        [find_nats_server(), "-t", "-c", str(conf)],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr

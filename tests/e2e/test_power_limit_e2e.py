@@ -22,9 +22,14 @@ async def test_data_parallel_job_ends_pinned_at_the_chosen_limit(nats_server, tm
     agents = []
     for node in NODES:
         settings = AgentSettings(
-            nats_url=nats_server.url, backend="sim", sim_count=2, sim_preset="A40",
-            sim_state_dir=str(tmp_path / node), socket_path=str(tmp_path / f"{node}.sock"),
-            node=node, sample_hz=20,
+            nats_url=nats_server.url,
+            backend="sim",
+            sim_count=2,
+            sim_preset="A40",
+            sim_state_dir=str(tmp_path / node),
+            socket_path=str(tmp_path / f"{node}.sock"),
+            node=node,
+            sample_hz=20,
         )
         server = AgentServer(settings)
         agents.append((server, asyncio.create_task(server.serve())))
@@ -53,8 +58,9 @@ async def test_data_parallel_job_ends_pinned_at_the_chosen_limit(nats_server, tm
         workload="A40+resnet50+gpu0,1,2,3",
         steps_per_epoch=70,
         scale=0.05,
-        power_limit=PowerLimitOptions(selector="ZeusCost", eta_knob=0.5, warmup_steps=1,
-                                      profile_steps=4),
+        power_limit=PowerLimitOptions(
+            selector="ZeusCost", eta_knob=0.5, warmup_steps=1, profile_steps=4
+        ),
     )
     try:
         result = await asyncio.to_thread(run_data_parallel, placements, options, None, 120)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -69,6 +70,8 @@ class Gateway(asyncio.DatagramProtocol):
         self._publish = publish
         self.request_timeout_s = request_timeout_s
         self.transport: asyncio.DatagramTransport | None = None
+        self.reply_socket: socket.socket | None = None
+        """A non-blocking handle on the gateway's socket to answer requests with (see `_send`)."""
         self.by_pid: dict[int, list[GpuAgent]] = {}
         self.counters: Counter[str] = Counter()
         self._last_report_ns: dict[str, int] = {}
@@ -135,14 +138,24 @@ class Gateway(asyncio.DatagramProtocol):
         )
 
     def _send(self, addr: Any, request_id: int, reply: Reply) -> None:
+        if isinstance(addr, bytes):
+            # An autobound (abstract) trainer address. uvloop reports it padded with NULs to
+            # the full sun_path and then refuses to send to it; the name has no trailing NUL.
+            addr = addr.rstrip(b"\0")
         if not addr or self.transport is None:
             self.counters["unanswerable"] += 1
             return
+        data = encode_reply(request_id, reply)
         try:
-            self.transport.sendto(encode_reply(request_id, reply), addr)
-        except OSError as e:
+            if self.reply_socket is not None:
+                # Trainers autobind to abstract addresses; uvloop's transport cannot send to
+                # those (it pads them to the full sun_path, which names another socket).
+                self.reply_socket.sendto(data, addr)
+            else:
+                self.transport.sendto(data, addr)
+        except (OSError, ValueError) as e:
             self.counters["reply_failed"] += 1
-            LOG.debug("reply to %s failed: %s", addr, e)
+            LOG.warning("reply to trainer %r failed: %s", addr, e)
 
     async def _answer(self, req: RequestDatagram, addr: Any) -> None:
         try:

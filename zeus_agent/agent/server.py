@@ -145,15 +145,17 @@ class AgentServer:
             await agent.start()
             self.agents[agent.index] = agent
         await self._serve_commands()
-        self._subs.append(
-            await self.nc.subscribe(
-                subjects.lease_renewal("*", s.prefix), cb=self._on_lease_renewal
-            )
-        )
+        # Every holder's renewals: `lease_renewal(holder)` sanitises its token, so the
+        # wildcard is built here (`lease_renewal("*")` would subscribe to `<p>.lease._`).
+        renewals = subjects.lease_renewal("_", s.prefix).removesuffix("_") + "*"
+        self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
         self._subs.append(await self.nc.subscribe(f"{s.prefix}.agent.ping", cb=self._on_ping))
         await self._open_socket()
         if s.metrics_port is not None:
             self._start_metrics(s.metrics_port)
+        # The server has every subscription before anyone hears of us: a command sent right
+        # after the announcement (or after `started`) finds its responder.
+        await self.nc.flush(timeout=5)
         await self.announce()
         LOG.info(
             "agent %s on node %s: %d GPU(s) [%s], socket %s",
@@ -220,6 +222,9 @@ class AgentServer:
             self.settings.request_timeout_s,
         )
         self.gateway = gateway
+        reply_socket = sock.dup()
+        reply_socket.setblocking(False)
+        gateway.reply_socket = reply_socket
         loop = asyncio.get_running_loop()
         transport, _ = await loop.create_datagram_endpoint(lambda: gateway, sock=sock)
         self._transport = transport
@@ -314,6 +319,8 @@ class AgentServer:
         LOG.info("agent shutting down%s", " (forced)" if self.force_exit else "")
         if self._transport is not None:
             self._transport.close()
+            if self.gateway is not None and self.gateway.reply_socket is not None:
+                self.gateway.reply_socket.close()
             with contextlib.suppress(FileNotFoundError):
                 Path(self.settings.socket_path).unlink()
         if self._service is not None:

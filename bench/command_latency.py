@@ -1,0 +1,113 @@
+"""Command round trip: request -> agent -> reply for a power-limit command (DESIGN 7).
+
+Starts a loopback nats-server and `zeus-agent run --backend sim` as its own process (as in
+production), then times `set_power_limit` requests from this process with
+`time.perf_counter_ns()`: encode, NATS request, the agent decodes, validates against the GPU,
+sets the limit (alternating two values, so every command changes the simulated GPU's state
+file), leases it, and replies; this side decodes the reply. Budget: p99 <= 2 ms.
+
+Prints a short table, then one JSON object as the last line.
+
+    python bench/command_latency.py [--requests 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from zeus_agent.broker import EmbeddedNats, connect
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import CommandEnvelope, Reply, SetPowerLimitCmd
+
+BUDGET_P99_US = 2000.0
+NODE = "bench"
+STATE_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
+"""The simulated GPU's state file lives in memory, as a real GPU's registers do."""
+
+
+def pct(sorted_values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of sorted values."""
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def run(requests: int, warmup: int) -> dict:
+    """Start the broker and the agent, time the commands, stop everything."""
+    tmp = Path(tempfile.mkdtemp(prefix="zab-", dir=STATE_ROOT))
+    async with EmbeddedNats() as server:
+        nc = await connect(server.url, "bench-client")
+        hello = await nc.subscribe(subjects.agent_hello(NODE))
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "zeus_agent.cli", "run", "--nats-url", server.url,
+            "--backend", "sim", "--node", NODE, "--sim-state-dir", str(tmp / "sim"),
+            "--socket-path", str(tmp / "agent.sock"), "--log-level", "WARNING",
+        )  # fmt: skip
+        try:
+            await hello.next_msg(timeout=20)
+            subject = subjects.gpu_command(NODE, 0)
+            payloads = [
+                codec.encode(CommandEnvelope(cmd=SetPowerLimitCmd(power_limit_w=w, holder="b")))
+                for w in (200, 250)
+            ]
+            samples: list[float] = []
+            for i in range(warmup + requests):
+                t0 = time.perf_counter_ns()
+                msg = await nc.request(subject, payloads[i % 2], timeout=2)
+                reply = codec.decode(msg.data, Reply)
+                t1 = time.perf_counter_ns()
+                if not reply.ok:
+                    raise RuntimeError(f"command failed: {reply.code}: {reply.error}")
+                if i >= warmup:
+                    samples.append((t1 - t0) / 1000)
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(agent.wait(), 10)
+            await nc.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+    samples.sort()
+    return {"samples": samples}
+
+
+def main() -> None:
+    """Run the benchmark and print the table and the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--warmup", type=int, default=200)
+    args = parser.parse_args()
+    samples = asyncio.run(run(args.requests, args.warmup))["samples"]
+    p50, p90, p99 = (pct(samples, q) for q in (0.5, 0.9, 0.99))
+    head = ("set_power_limit round trip (us)", "p50", "p90", "p99", "max")
+    print("{:34s} {:>8s} {:>8s} {:>8s} {:>8s}".format(*head))
+    row = ("loopback NATS, sim GPU, agent proc", p50, p90, p99, samples[-1])
+    print("{:34s} {:8.0f} {:8.0f} {:8.0f} {:8.0f}".format(*row))
+    print(f"({len(samples)} requests after {args.warmup} warm-up; ", end="")
+    print(f"budget p99 <= {BUDGET_P99_US:.0f} us)")
+    result = {
+        "bench": "command_latency",
+        "p50_us": round(p50, 1),
+        "p99_us": round(p99, 1),
+        "max_us": round(samples[-1], 1),
+        "requests": len(samples),
+        "budget_p99_us": BUDGET_P99_US,
+        "ok": p99 <= BUDGET_P99_US,
+        "machine": (
+            f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu "
+            f"{platform.platform()} python {platform.python_version()}"
+        ),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

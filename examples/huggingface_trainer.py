@@ -1,0 +1,164 @@
+"""A Hugging Face `Trainer` with the drop-in power-limit callback, on a simulated GPU.
+
+A tiny GPT-2 (built from a config: two layers, 32-wide, 64-token vocabulary; nothing is
+downloaded) learns a synthetic language (counting modulo the vocabulary) on the CPU with
+`transformers.Trainer`. Two callbacks:
+
+* `HFGlobalPowerLimitOptimizer(ZeusMonitor(...))` from `zeus_agent.integrations`: the Zeus
+  drop-in. It registers the job through the node's agent, and the coordinator profiles the
+  power limits and pins the optimum (change the imports of a Zeus script, keep the rest);
+* `SimulatedGPUWork`: for this CPU-only example, each training step also runs one step of a
+  simulated workload on a simulated GPU and waits for it, so the power limit the coordinator
+  sets changes something the agent can measure.
+
+Run it against an agent and a coordinator (see examples/README.md):
+
+    python examples/huggingface_trainer.py --socket /tmp/zeus-agent.sock \\
+        --sim-state-dir /tmp/zeus-sim
+
+The last line printed is a JSON summary (job id, training loss, final power limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from zeus_agent import emit
+
+
+class CountingDataset(torch.utils.data.Dataset):
+    """Sequences i, i+1, ... modulo the vocabulary: a language a tiny model can learn."""
+
+    def __init__(self, size: int, length: int, vocab: int) -> None:
+        self.size, self.length, self.vocab = size, length, vocab
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = (torch.arange(self.length) + i) % self.vocab
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+class SimulatedGPUWork(TrainerCallback):
+    """Run one simulated GPU step per training step and wait for it (CPU-only stand-in)."""
+
+    def __init__(self, sim_state_dir: str, gpu_index: int, workload: str, scale: float) -> None:
+        from zeus_agent.gpu.sim import SimGPU
+        from zeus_agent.gpu.sim.presets import WORKLOADS
+
+        self.gpu = SimGPU.open(sim_state_dir, gpu_index)
+        self.workload = WORKLOADS[workload]
+        self.scale = scale
+        self._until = 0.0
+        self.power_limits_w: list[int] = []
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.power_limits_w.append(self.gpu.get_power_limit_w())
+        work = self.gpu.run_work(self.workload, scale=self.scale)
+        self._until = time.monotonic() + work.duration_s
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        time.sleep(max(0.0, self._until - time.monotonic()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--socket", default=None,
+                   help="the agent's socket (default $ZEUS_AGENT_SOCKET, else the agent's default)")
+    p.add_argument("--sim-state-dir", default="/tmp/zeus-sim",
+                   help="the simulated GPUs' state directory; '' for no simulated GPU")
+    p.add_argument("--gpu-index", type=int, default=0, help="GPU this process drives")
+    p.add_argument("--workload", default="A40+bert-base-uncased+gpu0",
+                   help="simulated workload run on the GPU each step")
+    p.add_argument("--scale", type=float, default=0.05, help="factor on the simulated step time")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--samples", type=int, default=256, help="training sequences per epoch")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--warmup-steps", type=int, default=2,
+                   help="power-limit optimizer: warm-up steps per limit")
+    p.add_argument("--profile-steps", type=int, default=5,
+                   help="power-limit optimizer: profiled steps per limit")
+    p.add_argument("--output-dir", default=None, help="Trainer output (default a temp dir)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.socket:  # The drop-in, like Zeus's, takes no socket: it reads the environment.
+        os.environ[emit.ENV_SOCKET] = args.socket
+
+    from zeus_agent.integrations import HFGlobalPowerLimitOptimizer, ZeusMonitor
+
+    torch.manual_seed(args.seed)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+
+    monitor = ZeusMonitor(gpu_indices=[args.gpu_index])
+    plo = HFGlobalPowerLimitOptimizer(
+        monitor, warmup_steps=args.warmup_steps, profile_steps=args.profile_steps
+    )
+    callbacks: list[TrainerCallback] = [plo]
+    sim = None
+    if args.sim_state_dir:
+        sim = SimulatedGPUWork(args.sim_state_dir, args.gpu_index, args.workload, args.scale)
+        callbacks.append(sim)
+
+    with tempfile.TemporaryDirectory(prefix="hf-example-") as tmp:
+        training_args = TrainingArguments(
+            output_dir=args.output_dir or tmp,
+            per_device_train_batch_size=args.batch_size,
+            num_train_epochs=args.epochs,
+            learning_rate=5e-3,
+            logging_steps=10,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=args.seed,
+        )
+        trainer = Trainer(
+            model=model,
+            args=training_args,
+            train_dataset=CountingDataset(args.samples, 16, config.vocab_size),
+            callbacks=callbacks,
+        )
+        output = trainer.train()
+
+    stats = plo.optimizer.publisher.stats()
+    summary = {
+        "job_id": plo.optimizer.job_id,
+        "train_loss": output.training_loss,
+        "steps": output.global_step,
+        "first_loss": trainer.state.log_history[0].get("loss"),
+        "power_limits_w": sorted(set(sim.power_limits_w)) if sim else [],
+        "final_power_limit_w": sim.gpu.get_power_limit_w() if sim else None,
+        "events": stats.events,
+        "dropped": stats.dropped,
+    }
+    plo.optimizer.publisher.close()
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

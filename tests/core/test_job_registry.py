@@ -1,0 +1,236 @@
+"""`JobRegistry`, the pure job/rank core: ids, range checks, duplicates, idle collection and
+persistence round trips. Table-driven, no event loop."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+
+import pytest
+
+from coordinator.jobs import (
+    DuplicateError,
+    JobRegistry,
+    RankRangeError,
+    RegistryError,
+    UnknownJobError,
+)
+from zeus_agent import models
+from zeus_agent.models import JobInfo, RankInfo
+from zeus_agent.wire.messages import GpuBinding, PowerLimitOptions, RegisterJob, RegisterRank
+
+ID_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}\+dp\d+\+pp\d+\+tp\d+\+\w+(\+.+)?$")
+
+
+class _FrozenDatetime(datetime):
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[override]
+        return cls(2024, 5, 17, 9, 30, 12)
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every job id is minted in the same second."""
+    monkeypatch.setattr(models, "datetime", _FrozenDatetime)
+
+
+def job(dp: int = 2, pp: int = 1, tp: int = 1, meta: str | None = None, **kw) -> RegisterJob:
+    info = JobInfo(dp_degree=dp, pp_degree=pp, tp_degree=tp, world_size=dp * pp * tp,
+                   job_metadata=meta)
+    return RegisterJob(job=info, **kw)
+
+
+def rank(job_id: str, r: int, node: str = "n0", gpu: int | None = None, dp: int | None = None,
+         pp: int = 0, tp: int = 0, uuid: str = "") -> RegisterRank:
+    return RegisterRank(
+        job_id=job_id,
+        rank_info=RankInfo(rank=r, dp_rank=r if dp is None else dp, pp_rank=pp, tp_rank=tp,
+                           available_frequencies=[1410, 1200]),
+        gpu=GpuBinding(node=node, gpu_index=r if gpu is None else gpu, gpu_uuid=uuid),
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "expected"),
+    [
+        (job(dp=4), "2024-05-17-09-30-12+dp4+pp1+tp1+PowerLimitOptimizer"),
+        (job(dp=2, pp=4, tp=2, scheduler="PointSolution"),
+         "2024-05-17-09-30-12+dp2+pp4+tp2+PointSolution"),
+        (job(dp=1, meta="bert"), "2024-05-17-09-30-12+dp1+pp1+tp1+PowerLimitOptimizer+bert"),
+    ],
+)
+def test_job_id_follows_the_seed_format(frozen_clock, request_, expected):
+    record = JobRegistry().register_job(request_, now_s=0.0)
+    assert record.job_id == expected == record.job.job_id
+    assert ID_FORMAT.match(record.job_id)
+
+
+def test_identical_jobs_in_the_same_second_get_distinct_ids(frozen_clock):
+    registry = JobRegistry()
+    ids = [registry.register_job(job(dp=2), now_s=0.0).job_id for _ in range(3)]
+    base = "2024-05-17-09-30-12+dp2+pp1+tp1+PowerLimitOptimizer"
+    assert ids == [base, f"{base}+2", f"{base}+3"]
+    assert sorted(registry.jobs) == sorted(ids)
+
+
+def test_job_id_uses_the_real_clock():
+    record = JobRegistry().register_job(job(dp=2), now_s=0.0)
+    assert ID_FORMAT.match(record.job_id)
+
+
+@pytest.mark.parametrize(
+    ("dp", "pp", "tp", "kwargs", "error", "words"),
+    [
+        # rank coordinates beyond the job's degrees
+        (2, 1, 1, {"r": 2}, RankRangeError, ["rank 2", "below 2"]),
+        (2, 2, 1, {"r": 0, "dp": 2}, RankRangeError, ["dp_rank 2", "below 2"]),
+        (2, 2, 1, {"r": 1, "dp": 0, "pp": 2}, RankRangeError, ["pp_rank 2", "below 2"]),
+        (1, 1, 2, {"r": 1, "dp": 0, "tp": 5}, RankRangeError, ["tp_rank 5", "below 2"]),
+    ],
+)
+def test_rank_must_fit_the_job(dp, pp, tp, kwargs, error, words):
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=dp, pp=pp, tp=tp), 0.0)
+    with pytest.raises(error) as e:
+        registry.register_rank(rank(record.job_id, **kwargs), 0.0)
+    assert e.value.code == "out_of_range"
+    for word in words:
+        assert word in str(e.value)
+    assert record.ranks == {}
+
+
+def test_a_rank_in_range_registers_and_completes_the_job():
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=2), 0.0)
+    for r, expect_complete in ((0, False), (1, True)):
+        got, new = registry.register_rank(rank(record.job_id, r), float(r))
+        assert got is record and new
+        assert record.complete is expect_complete
+    assert [g.gpu_index for g in record.gpus()] == [0, 1]
+    assert record.last_active_s == 1.0
+
+
+def test_reregistering_the_same_rank_is_idempotent():
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=2), 0.0)
+    req = rank(record.job_id, 0, uuid="GPU-a")
+    assert registry.register_rank(req, 1.0) == (record, True)
+    assert registry.check_rank(req) is True
+    assert registry.register_rank(req, 5.0) == (record, False)
+    assert len(record.ranks) == 1
+    assert record.last_active_s == 5.0  # A retry is activity.
+
+
+@pytest.mark.parametrize(
+    ("second", "words"),
+    [
+        # the same rank again, on another GPU
+        ({"r": 0, "gpu": 3}, ["rank 0", "already registered", "GPU 0 on n0"]),
+        # the same rank again, other coordinates
+        ({"r": 0, "dp": 1, "gpu": 0}, ["rank 0", "already registered"]),
+        # the same rank again, another uuid
+        ({"r": 0, "gpu": 0, "uuid": "GPU-x"}, ["rank 0", "already registered"]),
+        # another rank on the same GPU
+        ({"r": 1, "gpu": 0}, ["GPU 0 on n0", "already drives rank 0", "its own GPU"]),
+    ],
+)
+def test_duplicates_are_refused(second, words):
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=2), 0.0)
+    registry.register_rank(rank(record.job_id, 0, gpu=0), 0.0)
+    with pytest.raises(DuplicateError) as e:
+        registry.register_rank(rank(record.job_id, **second), 0.0)
+    assert e.value.code == "duplicate"
+    for word in words:
+        assert word in str(e.value)
+    assert list(record.ranks) == [0]
+
+
+def test_the_same_gpu_index_on_another_node_is_another_gpu():
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=2), 0.0)
+    registry.register_rank(rank(record.job_id, 0, node="a", gpu=0), 0.0)
+    registry.register_rank(rank(record.job_id, 1, node="b", gpu=0), 0.0)
+    assert record.complete
+    assert record.gpu_ranks == {("a", 0): 0, ("b", 0): 1}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda reg: reg.get("nope"),
+        lambda reg: reg.register_rank(rank("nope", 0), 0.0),
+        lambda reg: reg.check_rank(rank("nope", 0)),
+    ],
+)
+def test_unknown_job_message_says_what_to_do(call):
+    with pytest.raises(UnknownJobError) as e:
+        call(JobRegistry())
+    assert isinstance(e.value, RegistryError)
+    assert e.value.code == "unknown_job"
+    message = str(e.value)
+    assert "unknown job 'nope'" in message
+    assert "register it first" in message and "idle" in message
+
+
+@pytest.mark.parametrize(
+    ("now_s", "max_idle_s", "expected_removed"),
+    [
+        (100.0, 60.0, ["old"]),  # old idle 100 s, new idle 40 s
+        (100.0, 100.0, []),  # exactly at the limit is not over it
+        (200.0, 60.0, ["old", "new"]),
+        (50.0, 60.0, []),
+    ],
+)
+def test_collect_idle(frozen_clock, now_s, max_idle_s, expected_removed):
+    registry = JobRegistry()
+    old = registry.register_job(job(dp=1, meta="old"), now_s=0.0)
+    new = registry.register_job(job(dp=1, meta="new"), now_s=0.0)
+    registry.touch(new.job_id, 60.0)
+    registry.touch("unknown", 60.0)  # Ignored.
+    names = {old.job_id: "old", new.job_id: "new"}
+    removed = registry.collect_idle(now_s, max_idle_s)
+    assert [names[j] for j in removed] == expected_removed
+    assert set(registry.jobs) == set(names) - set(removed)
+
+
+def test_registering_a_rank_keeps_a_job_alive():
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=2), now_s=0.0)
+    registry.register_rank(rank(record.job_id, 0), 90.0)
+    assert registry.collect_idle(100.0, 60.0) == []
+
+
+def test_snapshot_restore_round_trip():
+    registry = JobRegistry()
+    pl = registry.register_job(
+        job(dp=2, meta="m", power_limit=PowerLimitOptions(selector="Energy", warmup_steps=0,
+                                                          profile_path="/tmp/p.json")), 1.0)
+    pipe = registry.register_job(job(dp=1, pp=2, scheduler="PointSolution"), 2.0)
+    registry.register_rank(rank(pl.job_id, 0, node="a", gpu=1, uuid="GPU-1"), 3.0)
+    registry.register_rank(rank(pl.job_id, 1, node="b", gpu=0), 3.0)
+    registry.register_rank(rank(pipe.job_id, 1, dp=0, pp=1, gpu=7), 4.0)
+
+    data = json.loads(json.dumps(registry.snapshot()))  # What the service writes.
+    restored = JobRegistry.restore(data, now_s=500.0)
+
+    assert sorted(restored.jobs) == sorted(registry.jobs)
+    for job_id, before in registry.jobs.items():
+        after = restored.jobs[job_id]
+        assert after.job == before.job and after.job.job_id == job_id
+        assert after.scheduler == before.scheduler
+        assert after.power_limit == before.power_limit
+        assert after.ranks == before.ranks
+        assert after.gpu_ranks == before.gpu_ranks  # The index is rebuilt.
+        assert after.last_active_s == 500.0  # Idle clocks restart at restore.
+    assert restored.jobs[pl.job_id].complete
+    assert restored.snapshot()["jobs"][0]["job"] == data["jobs"][0]["job"]
+    # The restored registry still refuses duplicates and continues id numbering.
+    with pytest.raises(DuplicateError):
+        restored.register_rank(rank(pipe.job_id, 0, gpu=7), 0.0)
+
+
+def test_restore_of_nothing_is_empty():
+    assert JobRegistry.restore({}, 0.0).jobs == {}
+    assert JobRegistry.restore({"jobs": []}, 0.0).jobs == {}

@@ -1,0 +1,289 @@
+"""`PowerLimitJob` driven by hand: rank 0's trainer events pace it, GPU marks of every rank
+measure its windows (time = max over ranks, energy = sum over GPUs), in any arrival order.
+No event loop, no mocks."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from coordinator.power_limit import PowerLimitMeasurement, ProfileRangeError
+from coordinator.power_limit.job import (
+    Action,
+    ApplyPowerLimit,
+    PowerLimitJob,
+    SaveProfile,
+    StatusUpdate,
+)
+from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
+
+W300 = "__GlobalPowerLimitOptimizer_300"
+W275 = "__GlobalPowerLimitOptimizer_275"
+
+# Per-rank (seconds per step, joules per step) at each limit. Rank 1 is the slowest at 300 W and
+# rank 2 at 275 W, so the max over ranks is not always the same rank's.
+RATES = {
+    300: {0: (1.0, 300.0), 1: (1.2, 310.0), 2: (1.1, 290.0)},
+    275: {0: (1.1, 250.0), 1: (1.2, 260.0), 2: (1.3, 240.0)},
+}
+STEPS = 5  # Steps 0..4 cover both windows of the tiny case below.
+
+
+def options(**kw) -> PowerLimitOptions:
+    base = {"selector": "Energy", "wait_steps": 0, "warmup_steps": 0, "profile_steps": 2,
+            "pl_step_w": 25}
+    return PowerLimitOptions(**{**base, **kw})
+
+
+def ev(step: int, kind: str = "step_begin", epoch: int = 0) -> TrainerEvent:
+    return TrainerEvent(kind=kind, t_ns=step * 10**9, epoch=epoch, step=step)
+
+
+def mark(step: int, t_s: float, energy_j: float, kind: str = "step_begin", epoch: int = 0) -> Mark:
+    return Mark(kind=kind, epoch=epoch, step=step, t_ns=round(t_s * 1e9), energy_j=energy_j)
+
+
+def rank_marks(rank: int, limits_by_step: dict[int, int]) -> list[tuple[int, Mark]]:
+    """Marks of one rank for steps 0..STEPS-1, integrating its rate at each step's limit."""
+    t, e, out = 100.0 * rank, 1e6 * rank, []  # Each host its own clock and counter origin.
+    for step in range(STEPS):
+        out.append((rank, mark(step, t, e)))
+        dt, de = RATES[limits_by_step[step]][rank]
+        t, e = t + dt, e + de
+    return out
+
+
+# Steps 0-1 run at 300 W (window 300 = steps [0, 2)), steps 2-3 at 275 W (window [2, 4)).
+LIMIT_AT_STEP = {0: 300, 1: 300, 2: 275, 3: 275, 4: 275}
+EXPECTED = {
+    300: (max(2 * RATES[300][r][0] for r in range(3)), sum(2 * RATES[300][r][1] for r in range(3))),
+    275: (max(2 * RATES[275][r][0] for r in range(3)), sum(2 * RATES[275][r][1] for r in range(3))),
+}
+
+
+def feed(job: PowerLimitJob, items: list[tuple[str, int, object]]) -> list[Action]:
+    actions: list[Action] = []
+    for what, rank, item in items:
+        if what == "event":
+            actions += job.on_event(rank, item)  # type: ignore[arg-type]
+        else:
+            actions += job.on_mark(rank, item)  # type: ignore[arg-type]
+    return actions
+
+
+def events() -> list[tuple[str, int, object]]:
+    return [("event", 0, ev(s)) for s in range(STEPS)]
+
+
+def marks() -> list[tuple[str, int, object]]:
+    return [("mark", r, m) for r in range(3) for _, m in rank_marks(r, LIMIT_AT_STEP)]
+
+
+def shuffled(seed: int) -> Callable[[], list[tuple[str, int, object]]]:
+    def order() -> list[tuple[str, int, object]]:
+        ms = marks()
+        random.Random(seed).shuffle(ms)
+        # Interleave: events keep their own order, marks come in any order around them.
+        out, evs = [], events()
+        for i, m in enumerate(ms):
+            out.append(m)
+            if i % 3 == 2 and evs:
+                out.append(evs.pop(0))
+        return out + evs
+
+    return order
+
+
+ORDERS = {
+    "marks_before_events": lambda: marks() + events(),
+    "marks_after_events": lambda: events() + marks(),
+    "marks_reversed_after_events": lambda: events() + marks()[::-1],
+    "interleaved_seed_1": shuffled(1),
+    "interleaved_seed_2": shuffled(2),
+    "interleaved_seed_3": shuffled(3),
+}
+
+
+@pytest.mark.parametrize("order", ORDERS.values(), ids=list(ORDERS))
+def test_windows_are_max_time_and_summed_energy_in_any_order(order):
+    job = PowerLimitJob("j", options(), ranks=[2, 0, 1], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    actions = feed(job, order())
+
+    assert job.done
+    got = {m.power_limit: (m.time, m.energy) for m in job.machine.measurements}
+    assert got.keys() == EXPECTED.keys()
+    for limit, (time_s, energy_j) in EXPECTED.items():
+        assert got[limit] == pytest.approx((time_s, energy_j))
+    # Energy selector: 275 W used 1500 J against 1800 J at 300 W.
+    saves = [a for a in actions if isinstance(a, SaveProfile)]
+    assert len(saves) == 1 and saves[0].optimal_power_limit == 275
+    assert [m.power_limit for m in saves[0].measurements] == [300, 275]
+    assert actions[-1] == StatusUpdate("done", "optimal power limit 275 W pinned", job.progress())
+    assert job.waiting_for() == {}
+
+
+def test_exact_actions_of_the_tiny_case():
+    """Two limits (one 25 W step), no wait, no warm-up, 2-step windows, marks after events."""
+    job = PowerLimitJob("j", options(), ranks=[0, 1, 2], min_power_limit_w=275,
+                        max_power_limit_w=300)
+
+    def kinds(actions: list[Action]) -> list[tuple]:
+        out: list[tuple] = []
+        for a in actions:
+            if isinstance(a, ApplyPowerLimit):
+                out.append(("apply", a.watts))
+            elif isinstance(a, SaveProfile):
+                out.append(("save", a.optimal_power_limit))
+            else:
+                out.append((a.state, a.message))
+        return out
+
+    assert kinds(job.start()) == [
+        ("apply", 300),
+        ("profiling", "profiling 2 power limits (300..275 W, exhaustive search)"),
+    ]
+    per_step = [kinds(job.on_event(0, ev(s))) for s in range(STEPS)]
+    assert per_step == [
+        [("profiling", "measuring 300 W from step 0 (epoch 0)")],  # 300 W is already set: no apply.
+        [],
+        [("apply", 275), ("profiling", "measuring 275 W from step 2 (epoch 0)")],
+        [],
+        [],  # Window 275 closes; the measurements are still missing.
+    ]
+    assert job.waiting_for() == {W300: [0, 1, 2], W275: [0, 1, 2]}
+    assert not job.done
+
+    all_marks = {r: rank_marks(r, LIMIT_AT_STEP) for r in range(3)}
+    for r in (0, 1):
+        assert feed(job, [("mark", r, m) for _, m in all_marks[r]]) == []
+    assert job.waiting_for() == {W300: [2], W275: [2]}
+    final = kinds(feed(job, [("mark", 2, m) for _, m in all_marks[2]]))
+    t300, e300 = EXPECTED[300]
+    t275, e275 = EXPECTED[275]
+    assert final == [
+        ("profiling", f"{W300}: {t300:.3f} s, {e300:.1f} J over 3 GPU(s)"),
+        ("profiling", f"{W275}: {t275:.3f} s, {e275:.1f} J over 3 GPU(s)"),
+        ("save", 275),
+        ("done", "optimal power limit 275 W pinned"),
+    ]
+    # The optimum 275 W is the current limit already, so no apply is needed.
+    assert job.machine.current_power_limit == 275
+    # Done ignores further input.
+    assert job.on_event(0, ev(5)) == [] and job.on_mark(0, mark(5, 9.0, 9.0)) == []
+
+
+@pytest.mark.parametrize(
+    ("missing", "expected"),
+    [
+        ({1: [0]}, {W300: [1]}),
+        ({1: [2], 2: [0]}, {W300: [1, 2], W275: [1]}),
+        ({0: [4]}, {W275: [0]}),
+        ({}, {}),
+    ],
+)
+def test_waiting_for_names_the_ranks_whose_marks_are_missing(missing, expected):
+    job = PowerLimitJob("j", options(), ranks=[0, 1, 2], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    feed(job, events())
+    items = [("mark", r, m) for r in range(3) for _, m in rank_marks(r, LIMIT_AT_STEP)
+             if m.step not in missing.get(r, [])]
+    feed(job, items)
+    assert job.waiting_for() == expected
+    assert job.done is (expected == {})
+
+
+def test_marks_of_unknown_ranks_and_other_kinds_are_ignored():
+    job = PowerLimitJob("j", options(), ranks=[0, 1], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    feed(job, events())
+    assert job.on_mark(7, mark(0, 0.0, 0.0)) == []
+    assert job.on_mark(0, mark(0, 0.0, 0.0, kind="step_end")) == []
+    assert job.on_event(1, ev(9)) == []  # Only rank 0 paces the machine.
+    assert job.waiting_for() == {W300: [0, 1], W275: [0, 1]}
+
+
+def test_epoch_end_cancels_the_open_window_and_redoes_it():
+    job = PowerLimitJob("j", options(warmup_steps=1), ranks=[0, 1], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    # step 0: warm-up at 300 W; step 1: window 300 opens; epoch ends inside it.
+    assert feed(job, [("event", 0, ev(0))]) == []
+    opened = feed(job, [("event", 0, ev(1))])
+    assert [a.message for a in opened if isinstance(a, StatusUpdate)] == [
+        "measuring 300 W from step 1 (epoch 0)"]
+    cancelled = job.on_event(0, ev(2, kind="epoch_end"))
+    assert [a.message for a in cancelled if isinstance(a, StatusUpdate)] == [
+        f"window {W300} cancelled (epoch ended); it will be redone"]
+    assert job.waiting_for() == {}
+    # Marks of the cancelled window's steps complete nothing.
+    for r in (0, 1):
+        assert job.on_mark(r, mark(1, 1.0, 10.0)) == []
+        assert job.on_mark(r, mark(2, 2.0, 20.0)) == []
+    # Next epoch, whose trainer restarts its step count: step 0 warms up again (the limit is
+    # already 300 W), step 1 opens the window anew.
+    redo = [job.on_event(0, ev(s, epoch=1)) for s in range(2)]
+    assert redo[0] == []
+    assert [a.message for a in redo[1] if isinstance(a, StatusUpdate)] == [
+        "measuring 300 W from step 1 (epoch 1)"]
+    # Epoch 0's marks of steps 1 and 3 do not close epoch 1's window [1, 3).
+    job.on_event(0, ev(2, epoch=1))
+    assert job.on_event(0, ev(3, epoch=1)) == [ApplyPowerLimit(275)]  # Warm-up of 275 W.
+    for r in (0, 1):
+        assert job.on_mark(r, mark(3, 3.0, 30.0)) == []
+    assert job.waiting_for() == {W300: [0, 1]}
+    for r in (0, 1):
+        job.on_mark(r, mark(1, 10.0, 100.0, epoch=1))
+        job.on_mark(r, mark(3, 12.0, 160.0 + r, epoch=1))
+    assert job.waiting_for() == {}
+    assert [(m.power_limit, m.time, m.energy) for m in job.machine.measurements] == [
+        (300, pytest.approx(2.0), pytest.approx(121.0))]
+
+
+def test_epoch_end_during_a_275_window_goes_back_to_max():
+    job = PowerLimitJob("j", options(), ranks=[0], min_power_limit_w=275, max_power_limit_w=300)
+    job.start()
+    feed(job, [("event", 0, ev(s)) for s in range(3)])  # Window 275 opens at step 2.
+    actions = job.on_event(0, ev(3, kind="epoch_end"))
+    assert ApplyPowerLimit(300) in actions
+    assert job.waiting_for() == {W300: [0]}  # The closed 300 W window still waits.
+
+
+def test_a_loaded_profile_starts_done_and_applies_the_optimum():
+    profile = [
+        PowerLimitMeasurement(power_limit=300, energy=1000.0, time=10.0),
+        PowerLimitMeasurement(power_limit=250, energy=800.0, time=11.0),
+        PowerLimitMeasurement(power_limit=200, energy=900.0, time=14.0),
+    ]
+    job = PowerLimitJob("j", options(), ranks=[0, 1], min_power_limit_w=100,
+                        max_power_limit_w=300, measurements=profile)
+    assert job.done
+    actions = job.start()
+    assert actions[0] == ApplyPowerLimit(250)
+    assert isinstance(actions[1], StatusUpdate) and actions[1].state == "done"
+    assert "loaded profile: optimal power limit 250 W" in actions[1].message
+    assert job.progress()["optimal_power_limit_w"] == 250
+    # Nothing to save again, nothing else happens.
+    assert job.on_event(0, ev(0)) == [] and job.on_mark(0, mark(0, 0.0, 0.0)) == []
+
+
+def test_a_loaded_profile_outside_the_gpu_range_is_refused():
+    profile = [PowerLimitMeasurement(power_limit=400, energy=1.0, time=1.0)]
+    with pytest.raises(ProfileRangeError, match="400 W"):
+        PowerLimitJob("j", options(), ranks=[0], min_power_limit_w=100, max_power_limit_w=300,
+                      measurements=profile)
+
+
+def test_a_window_without_energy_is_reported():
+    job = PowerLimitJob("j", options(), ranks=[0], min_power_limit_w=300, max_power_limit_w=300)
+    job.start()
+    feed(job, [("event", 0, ev(s)) for s in range(3)])
+    job.on_mark(0, mark(0, 0.0, 5.0))
+    actions = job.on_mark(0, mark(2, 2.0, 5.0))
+    assert [a.state for a in actions if isinstance(a, StatusUpdate)] == ["error"]
+    assert "measured no time or energy" in actions[0].message  # type: ignore[union-attr]

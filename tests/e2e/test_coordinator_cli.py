@@ -1,0 +1,99 @@
+"""`zeus-coordinator` as a user runs it: help, a dead NATS, a real run answering a
+registration and exiting cleanly on SIGTERM, and the log level from the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from zeus_agent.broker import connect
+from zeus_agent.models import JobInfo
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import JobQuery, RegisterJob, Reply
+
+
+def exe() -> list[str]:
+    script = Path(sysconfig.get_path("scripts")) / "zeus-coordinator"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "coordinator.cli"]
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
+    return subprocess.run([*exe(), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--help"], ["run", "power-limit", "--nats-url"]),
+        (["run", "--help"], ["--nats-url", "--state-dir", "--max-job-idle-time", "--log-level"]),
+    ],
+)
+def test_help_exits_0_and_explains(args, words):
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    for word in words:
+        assert word in result.stdout
+
+
+def test_unknown_command_is_a_usage_error():
+    result = run("serve")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_unreachable_nats_fails_fast_with_advice(tmp_path):
+    start = time.monotonic()
+    result = run("run", "--nats-url", "nats://127.0.0.1:1", "--state-dir", str(tmp_path),
+                 "--connect-timeout-s", "1")
+    assert result.returncode == 3, result.stderr
+    assert time.monotonic() - start < 15
+    assert "could not connect to NATS at nats://127.0.0.1:1" in result.stderr
+    assert "--embedded-nats" in result.stderr
+
+
+def test_bad_configuration_is_exit_2(tmp_path):
+    result = run("run", "--state-dir", str(tmp_path), env={"ZEUS_PFO_LOG_LEVEL": "loud"})
+    assert result.returncode == 2
+    assert "log_level must be one of" in result.stderr
+
+
+async def test_runs_answers_and_exits_0_on_sigterm(nats_server, tmp_path):
+    env = {**os.environ, "ZEUS_PFO_LOG_LEVEL": "debug"}
+    proc = subprocess.Popen(
+        [*exe(), "run", "--nats-url", nats_server.url, "--state-dir", str(tmp_path / "st")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    nc = await connect(nats_server.url, "cli-test")
+    try:
+        reply = None
+        job = RegisterJob(job=JobInfo(dp_degree=1, pp_degree=1, tp_degree=1, world_size=1))
+        for _ in range(100):  # Until the service is up.
+            try:
+                msg = await nc.request(subjects.coord_register_job(), codec.encode(job),
+                                       timeout=0.2)
+                reply = codec.decode(msg.data, Reply)
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert proc.poll() is None, proc.communicate()
+                await asyncio.sleep(0.1)
+        assert reply is not None and reply.ok, reply
+        job_id = reply.result["job_id"]
+        msg = await nc.request(subjects.coord_job_query(), codec.encode(JobQuery()), timeout=2)
+        assert job_id in codec.decode(msg.data, Reply).result["jobs"]
+    finally:
+        await nc.drain()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert " DEBUG " in err  # ZEUS_PFO_LOG_LEVEL=debug, upper-cased.
+    assert "coordinator stopped" in err
+    assert job_id in (tmp_path / "st" / "jobs.json").read_text()

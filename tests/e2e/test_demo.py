@@ -1,0 +1,177 @@
+"""`zeus-demo` end to end: run the console script with small step counts, check the report.
+
+The demo runs as a subprocess with a marker in its environment, so every process it started
+(nats-server, rank processes, multiprocessing helpers) can be found afterwards, wherever it
+was reparented: none may be left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from coordinator.power_limit import ZeusCost
+from zeus_agent.models import PowerLimitMeasurement
+
+MARK = "ZEUS_DEMO_TEST_MARK"
+
+
+def _demo_command() -> list[str]:
+    script = Path(sys.executable).with_name("zeus-demo")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("zeus-demo")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "coordinator.demo"]
+
+
+def _processes_with_mark(mark: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"{MARK}={mark}".encode() in environ.split(b"\0"):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{pid}: {command}")
+    return found
+
+
+def _run_demo(*args: str, timeout_s: float = 150) -> tuple[subprocess.CompletedProcess[str], str]:
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK: mark, "COLUMNS": "120"}
+    proc = subprocess.run(
+        [*_demo_command(), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
+    return proc, mark
+
+
+@pytest.mark.timeout(180)
+def test_demo_writes_a_report_from_the_agents_measurements(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    proc, mark = _run_demo(
+        "--steps",
+        "80",
+        "--warmup-steps",
+        "1",
+        "--profile-steps",
+        "4",
+        "--scale",
+        "0.05",
+        "--report-dir",
+        str(report),
+        "--no-progress",
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert _processes_with_mark(mark) == []
+    # The table was printed.
+    assert "baseline (max limit)" in proc.stdout and "optimised" in proc.stdout
+    assert "saving" in proc.stdout
+
+    summary = json.loads((report / "summary.json").read_text())
+    for key in (
+        "config",
+        "job_id",
+        "chosen_power_limit_w",
+        "max_power_limit_w",
+        "baseline",
+        "optimised",
+        "savings",
+        "profile",
+        "per_power_limit",
+        "elapsed_s",
+    ):
+        assert key in summary, key
+    cfg = summary["config"]
+    assert (cfg["nodes"], cfg["gpus_per_node"], cfg["job_gpus"]) == (2, 4, 4)
+    assert (cfg["preset"], cfg["selector"], cfg["steps"]) == ("A40", "ZeusCost", 80)
+    assert summary["job_id"].endswith(
+        "+dp4+pp1+tp1+PowerLimitOptimizer+" + summary["job_id"].rsplit("+", 1)[-1]
+    )
+    assert {p["node"] for p in summary["placements"]} == {"node-a", "node-b"}
+    assert 0 < summary["elapsed_s"] < 150
+
+    base, opt = summary["baseline"], summary["optimised"]
+    chosen = summary["chosen_power_limit_w"]
+    assert base["power_limit_w"] == summary["max_power_limit_w"] == 300
+    assert opt["power_limit_w"] == chosen
+    assert base["steps"] >= 1 and opt["steps"] >= 1
+    assert base["last_step"] < opt["first_step"]
+    # Energy per step is over four GPUs: more than four idle A40s for that time.
+    for side in (base, opt):
+        assert side["energy_per_step_j"] > 4 * 30 * side["time_per_step_s"] > 0
+    # Savings are exactly what the measured per-step numbers give.
+    savings = summary["savings"]
+    b_e, o_e = base["energy_per_step_j"], opt["energy_per_step_j"]
+    b_t, o_t = base["time_per_step_s"], opt["time_per_step_s"]
+    assert savings["energy_pct"] == pytest.approx((b_e - o_e) / b_e * 100)
+    assert savings["time_change_pct"] == pytest.approx((o_t - b_t) / b_t * 100)
+    # The per-limit table holds the same baseline numbers.
+    by_limit = {s["power_limit_w"]: s for s in summary["per_power_limit"]}
+    assert set(by_limit) >= {300, chosen}
+
+    # The profile has every limit, and the chosen one is what ZeusCost picks from it.
+    prof = summary["profile"]["measurements"]
+    assert [m["power_limit"] for m in prof] == list(range(300, 99, -25))
+    measurements = [PowerLimitMeasurement(**m) for m in prof]
+    assert ZeusCost(0.5, world_size=4).select(measurements) == chosen
+    zeus_profile = json.loads((report / "profile.json").read_text())
+    assert [m["power_limit"] for m in zeus_profile["measurements"]] == list(range(300, 99, -25))
+
+    png = report / "power_limits.png"
+    data = png.read_bytes()
+    assert len(data) > 1000 and data.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_demo_help_documents_the_options() -> None:
+    proc, _ = _run_demo("--help", timeout_s=60)
+    assert proc.returncode == 0, proc.stderr
+    for flag in (
+        "--nodes",
+        "--gpus-per-node",
+        "--job-gpus",
+        "--preset",
+        "--workload",
+        "--selector",
+        "--eta-knob",
+        "--max-slowdown",
+        "--warmup-steps",
+        "--profile-steps",
+        "--steps",
+        "--epochs",
+        "--scale",
+        "--search",
+        "--nats-url",
+        "--report-dir",
+        "--seed",
+        "examples:",
+    ):
+        assert flag in proc.stdout, flag
+
+
+def test_demo_rejects_inconsistent_options_with_a_clear_message(tmp_path: Path) -> None:
+    proc, mark = _run_demo("--steps", "10", "--report-dir", str(tmp_path / "r"), timeout_s=60)
+    assert proc.returncode == 2
+    assert "raise --steps" in proc.stderr
+    assert not (tmp_path / "r").exists()
+    proc, _ = _run_demo("--job-gpus", "9", timeout_s=60)
+    assert proc.returncode == 2 and "--job-gpus 9" in proc.stderr
+    assert _processes_with_mark(mark) == []

@@ -1,0 +1,200 @@
+"""Helpers for the agent shell tests: an in-process agent, a raw trainer socket, a subscriber.
+
+* `running_agent(url, **overrides)`: an `AgentServer` on simulated GPUs (short socket path,
+  fast sampling), started on the current loop; stopped (and its GPUs restored) on exit.
+* `RawTrainer`: the trainer side of the local datagram protocol with raw datagrams, so tests
+  control every counter and can send garbage. Replies are read with `loop.sock_recv`, never
+  with a blocking `recv` on the loop.
+* `Inbox`: a subscription whose messages are awaited one at a time, decoded into a model.
+* `command(nc, node, gpu, cmd)`: one GPU command round trip, decoded into a `Reply`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel
+
+from zeus_agent.agent.server import AgentServer
+from zeus_agent.config import AgentSettings
+from zeus_agent.gpu.base import GPU
+from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire import trainer as dg
+from zeus_agent.wire.messages import CommandEnvelope, GpuCommand, Reply
+
+M = TypeVar("M", bound=BaseModel)
+_nodes = itertools.count()
+
+
+class RecordingSimGPU(SimGPU):
+    """A simulated GPU that remembers every clock lock (in order) and when it was applied."""
+
+    locks: list[tuple[int, int, int]]
+
+    def lock_sm_clocks_mhz(self, min_clock_mhz: int, max_clock_mhz: int) -> None:  # noqa: D102
+        super().lock_sm_clocks_mhz(min_clock_mhz, max_clock_mhz)
+        if not hasattr(self, "locks"):
+            self.locks = []
+        self.locks.append((min_clock_mhz, max_clock_mhz, time.monotonic_ns()))
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    url: str, sim_count: int = 1, recording: bool = False, **overrides: Any
+) -> AsyncIterator[AgentServer]:
+    """Run an in-process agent on `sim_count` fresh simulated GPUs until the block exits."""
+    tmp = Path(tempfile.mkdtemp(prefix="za-", dir="/tmp"))  # AF_UNIX paths are short
+    values: dict[str, Any] = {
+        "nats_url": url,
+        "backend": "sim",
+        "node": f"n{os.getpid()}x{next(_nodes)}",
+        "sim_count": sim_count,
+        "sim_state_dir": str(tmp / "sim"),
+        "socket_path": str(tmp / "agent.sock"),
+        "sample_hz": 50.0,
+        "publish_interval_s": 0.1,
+        "heartbeat_s": 0.5,
+        "request_timeout_s": 0.5,
+    }
+    values.update(overrides)
+    settings = AgentSettings(**values)
+    gpus: list[GPU] | None = None
+    if recording:
+        gpus = [RecordingSimGPU.create(settings.sim_state_dir, i) for i in range(sim_count)]
+    server = AgentServer(settings, gpus=gpus)
+    task = asyncio.create_task(server.serve())
+    try:
+        started = asyncio.create_task(server.started.wait())
+        done, _ = await asyncio.wait({task, started}, timeout=10, return_when="FIRST_COMPLETED")
+        if task in done:
+            task.result()  # startup failed: raise its error
+        assert started in done, "agent did not start within 10 s"
+        server.serve_task = task  # type: ignore[attr-defined]  # for `stop_agent`
+        yield server
+    finally:
+        server.handle_exit()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def stop_agent(server: AgentServer) -> None:
+    """Ask a `running_agent` to exit (as SIGTERM does) and wait until it has shut down."""
+    server.handle_exit()
+    await asyncio.wait_for(server.serve_task, 10)  # type: ignore[attr-defined]
+
+
+async def command(nc: Any, node: str, gpu: int, cmd: GpuCommand | bytes) -> Reply:
+    """Send one command (a model, or raw bytes) to a GPU and decode the reply."""
+    data = cmd if isinstance(cmd, bytes) else codec.encode(CommandEnvelope(cmd=cmd))
+    msg = await nc.request(subjects.gpu_command(node, gpu), data, timeout=2)
+    return codec.decode(msg.data, Reply)
+
+
+class Inbox:
+    """Messages of one subscription, awaited one at a time.
+
+    Every inbox is remembered in `Inbox.opened` so the `nc` fixture can unsubscribe them before
+    it drains (a drain waits for unread messages of a subscription without a callback).
+    """
+
+    opened: ClassVar[list[Inbox]] = []
+
+    def __init__(self, sub: Any) -> None:
+        self.sub = sub
+        Inbox.opened.append(self)
+
+    @classmethod
+    async def close_all(cls) -> None:
+        """Unsubscribe every inbox opened so far."""
+        inboxes, cls.opened = cls.opened, []
+        for inbox in inboxes:
+            with contextlib.suppress(Exception):
+                await inbox.sub.unsubscribe()
+
+    @classmethod
+    async def open(cls, nc: Any, subject: str) -> Inbox:
+        """Subscribe to `subject` (flushed, so nothing published afterwards is missed)."""
+        sub = await nc.subscribe(subject)
+        await nc.flush()
+        return cls(sub)
+
+    async def next(self, model: type[M], timeout_s: float = 2.0) -> M:
+        """The next message, decoded."""
+        msg = await self.sub.next_msg(timeout=timeout_s)
+        return codec.decode(msg.data, model)
+
+    async def until(self, model: type[M], pred: Any, timeout_s: float = 3.0) -> M:
+        """The first message (decoded) for which `pred(message)` holds."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching {model.__name__} within {timeout_s} s")
+            item = await self.next(model, left)
+            if pred(item):
+                return item
+
+
+class RawTrainer:
+    """A trainer process's socket, speaking raw datagrams (this test process is the trainer)."""
+
+    def __init__(self, socket_path: str, pid: int | None = None) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.sock.bind("")  # autobind: the agent replies to this address
+        self.sock.connect(socket_path)
+        self._ids = itertools.count(1)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        """Send one raw datagram."""
+        self.sock.send(data)
+
+    def event(self, kind: dg.Kind, a: int = 0, b: int = 0, name: str = "") -> int:
+        """Send one event stamped now; return the stamp."""
+        t = time.monotonic_ns()
+        self.sock.send(dg.encode_event(kind, self.pid, t, a, b, name))
+        return t
+
+    async def request(self, kind: dg.Kind, payload: BaseModel | dict) -> Reply:
+        """Send a request and await its reply."""
+        request_id = next(self._ids)
+        self.sock.send(dg.encode_request(kind, self.pid, request_id, payload))
+        loop = asyncio.get_running_loop()
+        while True:
+            data = await asyncio.wait_for(loop.sock_recv(self.sock, 65536), 3)
+            reply = dg.decode_datagram(data)
+            assert isinstance(reply, dg.ReplyDatagram)
+            if reply.request_id == request_id:
+                return reply.reply
+
+    async def hello(self, job_id: str, rank: int = 0, gpu_index: int = 0) -> Reply:
+        """Bind this pid to a job rank and GPU."""
+        return await self.request(
+            dg.Kind.HELLO, dg.TrainerHello(job_id=job_id, rank=rank, gpu_index=gpu_index)
+        )
+
+
+async def wait_for(pred: Any, timeout_s: float = 3.0, what: str = "condition") -> None:
+    """Poll `pred()` every 10 ms until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout_s} s")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,301 @@
+"""`CoordinatorService` against a real nats-server with a simulated-GPU agent: registration
+through NATS requests, coded errors, queries, status events, lease renewals, idle collection,
+restart from the state directory and loaded profiles. The service keeps serving throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from coordinator.config import CoordinatorSettings
+from coordinator.service import CoordinatorService
+from zeus_agent.agent.server import AgentServer
+from zeus_agent.config import AgentSettings
+from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.models import JobInfo, RankInfo
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import (
+    CommandEnvelope,
+    GpuBinding,
+    InfoCmd,
+    JobQuery,
+    JobStatus,
+    LeaseRenewal,
+    PowerLimitOptions,
+    RegisterJob,
+    RegisterRank,
+    Reply,
+)
+
+NODE = "shell-node"
+
+
+@pytest.fixture
+async def agent(nats_server, tmp_path_factory) -> AsyncIterator[AgentServer]:
+    """One agent with two simulated A40s (100-300 W) on node `NODE`."""
+    tmp = tmp_path_factory.mktemp("agent")
+    server = AgentServer(AgentSettings(
+        nats_url=nats_server.url, backend="sim", sim_count=2, sim_preset="A40",
+        sim_state_dir=str(tmp / "gpus"), socket_path=str(tmp / "agent.sock"), node=NODE,
+        sample_hz=20,
+    ))
+    task = asyncio.create_task(server.serve())
+    await asyncio.wait_for(server.started.wait(), 10)
+    yield server
+    server.handle_exit()
+    await task
+
+
+async def start(nats_server, state_dir: Path, **kw: Any) -> tuple[CoordinatorService, asyncio.Task]:
+    settings = CoordinatorSettings(nats_url=nats_server.url, state_dir=str(state_dir),
+                                   command_timeout_s=1.0, **kw)
+    coord = CoordinatorService(settings)
+    task = asyncio.create_task(coord.serve())
+    await asyncio.wait_for(coord.started.wait(), 10)
+    return coord, task
+
+
+async def stop(coord: CoordinatorService, task: asyncio.Task) -> None:
+    coord.should_exit.set()
+    await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def coord(nats_server, agent, tmp_path) -> AsyncIterator[CoordinatorService]:
+    coord, task = await start(nats_server, tmp_path / "coord")
+    yield coord
+    await stop(coord, task)
+
+
+async def ask(nc, subject: str, payload: Any) -> Reply:
+    data = payload if isinstance(payload, bytes) else codec.encode(payload)
+    msg = await nc.request(subject, data, timeout=5)
+    return codec.decode(msg.data, Reply)
+
+
+def job_request(dp: int = 2, job_metadata: str | None = None, **kw: Any) -> RegisterJob:
+    info = JobInfo(dp_degree=dp, pp_degree=1, tp_degree=1, world_size=dp,
+                   job_metadata=job_metadata)
+    return RegisterJob(job=info, **kw)
+
+
+def rank_request(job_id: str, rank: int, gpu: int | None = None, node: str = NODE,
+                 uuid: str = "") -> RegisterRank:
+    return RegisterRank(
+        job_id=job_id,
+        rank_info=RankInfo(rank=rank, dp_rank=rank, pp_rank=0, tp_rank=0,
+                           available_frequencies=[1740, 210]),
+        gpu=GpuBinding(node=node, gpu_index=rank if gpu is None else gpu, gpu_uuid=uuid),
+    )
+
+
+async def register_job(nc, **kw: Any) -> str:
+    reply = await ask(nc, subjects.coord_register_job(), job_request(**kw))
+    assert reply.ok, reply
+    return reply.result["job_id"]
+
+
+async def gpu_info(nc, index: int) -> dict[str, Any]:
+    reply = await ask(nc, subjects.gpu_command(NODE, index), CommandEnvelope(cmd=InfoCmd()))
+    assert reply.ok
+    return reply.result
+
+
+async def collect(nc, subject: str, model: Any) -> list[Any]:
+    got: list[Any] = []
+
+    async def cb(msg: Any) -> None:
+        got.append(codec.decode(msg.data, model))
+
+    await nc.subscribe(subject, cb=cb)
+    await nc.flush()
+    return got
+
+
+async def wait_for(predicate, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_register_job_and_ranks_query_and_status(coord, nc):
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    job_id = await register_job(nc, dp=2, job_metadata="shell")
+    assert job_id.endswith("+dp2+pp1+tp1+PowerLimitOptimizer+shell")
+    uuid0 = (await gpu_info(nc, 0))["gpu"]["uuid"]
+    first = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0, uuid=uuid0))
+    assert first.ok and first.result["registered"] == 1 and first.result["world_size"] == 2
+    # A retry is idempotent.
+    again = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0, uuid=uuid0))
+    assert again.ok and again.result["registered"] == 1
+    second = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 1))
+    assert second.ok and second.result["registered"] == 2
+
+    one = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+    assert one.ok and one.result["complete"] is True
+    assert one.result["ranks"]["0"] == {"node": NODE, "gpu_index": 0, "gpu_uuid": uuid0}
+    assert one.result["job"]["dp_degree"] == 2
+    listing = await ask(nc, subjects.coord_job_query(), JobQuery())
+    assert job_id in listing.result["jobs"]
+
+    await wait_for(lambda: len([s for s in statuses if s.job_id == job_id]) >= 3)
+    states = [s.state for s in statuses if s.job_id == job_id]
+    assert states[:3] == ["registered", "rank_registered", "rank_registered"]
+    assert "waiting for 2 rank(s)" in statuses[0].message
+    assert "(2/2 ranks registered)" in [s for s in statuses if s.job_id == job_id][2].message
+
+
+@pytest.mark.parametrize(
+    ("subject", "payload", "code", "words"),
+    [
+        (subjects.coord_register_job(), b"\xc1not msgpack", "bad_request", ["not valid msgpack"]),
+        (subjects.coord_register_job(), msgpack.packb([1, 2]), "bad_request", ["must be a map"]),
+        (subjects.coord_register_job(),
+         {**job_request().model_dump(), "v": 2}, "bad_request", ["schema version 2"]),
+        (subjects.coord_register_job(),
+         {"v": 1, "job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 3}},
+         "bad_request", ["job.world_size", "must equal"]),
+        (subjects.coord_register_job(), {"v": 1, "job": {}, "extra": 1}, "bad_request",
+         ["field"]),
+        (subjects.coord_register_rank(), rank_request("no-such-job", 0), "unknown_job",
+         ["unknown job 'no-such-job'", "register it first"]),
+        (subjects.coord_job_query(), JobQuery(job_id="no-such-job"), "unknown_job",
+         ["no-such-job"]),
+        (subjects.coord_job_query(), {"v": 1, "job_id": 5}, "bad_request", ["job_id"]),
+    ],
+)
+async def test_bad_input_gets_a_coded_error(coord, nc, subject, payload, code, words):
+    data = payload if isinstance(payload, bytes) else codec.encode(payload)
+    reply = await ask(nc, subject, data)
+    assert not reply.ok and reply.code == code, reply
+    for word in words:
+        assert word in reply.error
+    # Still serving.
+    assert (await ask(nc, subjects.coord_job_query(), JobQuery())).ok
+
+
+async def test_rank_errors(coord, nc):
+    job_id = await register_job(nc, dp=2)
+    rank = subjects.coord_register_rank()
+    assert (await ask(nc, rank, rank_request(job_id, 0))).ok
+    cases = [
+        (rank_request(job_id, 0, gpu=1), "duplicate", "already registered"),
+        (rank_request(job_id, 1, gpu=0), "duplicate", "already drives rank 0"),
+        (rank_request(job_id, 2, gpu=1), "out_of_range", "rank 2 is out of range"),
+        (rank_request(job_id, 1, gpu=7), "unavailable", "no agent answers for GPU 7"),
+        (rank_request(job_id, 1, node="ghost-node"), "unavailable", "zeus-agent run"),
+        (rank_request(job_id, 1, uuid="GPU-not-this-one"), "conflict", "not GPU-not-this-one"),
+    ]
+    for request, code, words in cases:
+        reply = await ask(nc, rank, request)
+        assert (reply.ok, reply.code) == (False, code), (request, reply)
+        assert words in reply.error
+    one = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+    assert list(one.result["ranks"]) == ["0"] and one.result["complete"] is False
+    assert (await ask(nc, rank, rank_request(job_id, 1))).ok
+
+
+async def test_leases_renewed_while_active_and_idle_jobs_collected(nats_server, agent, nc,
+                                                                   tmp_path):
+    coord, task = await start(nats_server, tmp_path / "c", lease_s=0.3, max_job_idle_time=1)
+    try:
+        renewals = await collect(nc, "zeus.lease.*", LeaseRenewal)
+        statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+        job_id = await register_job(nc, dp=1)
+        await wait_for(lambda: len([r for r in renewals if r.holder == job_id]) >= 2, 3)
+        assert all(r.lease_s == 0.3 for r in renewals)
+        await wait_for(lambda: any(s.state == "removed" and s.job_id == job_id
+                                   for s in statuses), 4)
+        removed = [s for s in statuses if s.state == "removed"][0]
+        assert "max_job_idle_time" in removed.message
+        reply = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+        assert reply.code == "unknown_job"
+        # No more renewals for a removed job.
+        await asyncio.sleep(0.15)
+        count = len(renewals)
+        await asyncio.sleep(0.3)
+        assert len(renewals) == count
+        assert job_id not in json.loads((tmp_path / "c" / "jobs.json").read_text())["jobs"]
+    finally:
+        await stop(coord, task)
+
+
+async def test_state_survives_a_restart(nats_server, agent, nc, tmp_path):
+    state = tmp_path / "state"
+    coord, task = await start(nats_server, state)
+    job_id = await register_job(nc, dp=2, job_metadata="restart")
+    assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 1))).ok
+    await stop(coord, task)
+
+    coord, task = await start(nats_server, state)
+    try:
+        one = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+        assert one.ok and list(one.result["ranks"]) == ["1"]
+        # Registration continues where it stopped, duplicates are still refused.
+        dup = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0, gpu=1))
+        assert dup.code == "duplicate"
+        assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0))).ok
+    finally:
+        await stop(coord, task)
+
+
+def write_profile(path: Path, limits_energy_time: list[tuple[int, float, float]]) -> None:
+    path.write_text(json.dumps({"measurements": [
+        {"power_limit": w, "energy": e, "time": t} for w, e, t in limits_energy_time]}))
+
+
+async def test_loaded_profile_pins_the_optimum_on_every_gpu(coord, nc, tmp_path, agent):
+    profile = tmp_path / "profile.json"
+    write_profile(profile, [(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    job_id = await register_job(
+        nc, dp=2, power_limit=PowerLimitOptions(selector="Energy", profile_path=str(profile)))
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, r))).ok
+    await wait_for(lambda: any(s.job_id == job_id and s.state == "done" for s in statuses))
+    done = [s for s in statuses if s.job_id == job_id and s.state == "done"][0]
+    assert "loaded profile: optimal power limit 250 W" in done.message
+    for index in (0, 1):
+        info = await gpu_info(nc, index)
+        assert info["gpu"]["power_limit_w"] == 250
+        assert any(lease["holder"] == job_id for lease in info["leases"])
+        sim_dir = agent.settings.sim_state_dir
+        assert SimGPU.open(sim_dir, index).get_power_limit_w() == 250
+    query = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+    assert query.result["power_limit"]["optimal_power_limit_w"] == 250
+    # Give the GPUs back for the other tests.
+    for index in (0, 1):
+        await ask(nc, subjects.gpu_command(NODE, index),
+                  {"v": 1, "cmd": {"op": "reset_power_limit"}})
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ([(400, 1000.0, 10.0), (300, 900.0, 11.0)], "outside this GPU's range"),
+        (None, "power-limit optimiser refused to start"),
+    ],
+)
+async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc, tmp_path, content, words):
+    profile = tmp_path / "bad.json"
+    if content is None:
+        profile.write_text("{not json")
+    else:
+        write_profile(profile, content)
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    job_id = await register_job(
+        nc, dp=1, power_limit=PowerLimitOptions(profile_path=str(profile)))
+    assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0))).ok
+    await wait_for(lambda: any(s.job_id == job_id and s.state == "error" for s in statuses))
+    error = [s for s in statuses if s.job_id == job_id and s.state == "error"][0]
+    assert words in error.message
+    assert (await gpu_info(nc, 0))["gpu"]["power_limit_w"] == 300  # Nothing was applied.
+    assert (await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))).ok
