@@ -175,3 +175,53 @@ def test_demo_rejects_inconsistent_options_with_a_clear_message(tmp_path: Path) 
     proc, _ = _run_demo("--job-gpus", "9", timeout_s=60)
     assert proc.returncode == 2 and "--job-gpus 9" in proc.stderr
     assert _processes_with_mark(mark) == []
+
+
+# ---------------------------------------------------------------- the pure arithmetic
+def test_compare_uses_leading_max_and_trailing_chosen_steps() -> None:
+    from coordinator.demo import compare
+
+    # Two ranks: 3 steps at 300 W, 2 profiled at 200 W, back to 300, then 3 pinned at 200 W.
+    limits = [300, 300, 300, 200, 200, 300, 200, 200, 200]
+    step_limits = {0: limits, 1: limits}
+    measured = {}
+    for step, w in enumerate(limits):
+        for rank in (0, 1):
+            t = 1.0 if w == 300 else 1.1 + 0.1 * rank  # Time: max over ranks.
+            e = 100.0 if w == 300 else 70.0  # Energy: summed over ranks.
+            measured[(rank, step)] = (t, e)
+    del measured[(1, 8)]  # One rank's measurement is lost: that step is left out.
+    c = compare(step_limits, measured, max_power_limit_w=300, chosen_power_limit_w=200)
+    assert (c.baseline.steps, c.baseline.first_step, c.baseline.last_step) == (3, 0, 2)
+    assert (c.optimised.steps, c.optimised.first_step, c.optimised.last_step) == (2, 6, 7)
+    assert c.baseline.energy_per_step_j == pytest.approx(200.0)
+    assert c.optimised.energy_per_step_j == pytest.approx(140.0)
+    assert c.optimised.time_per_step_s == pytest.approx(1.2)
+    assert c.energy_saving_pct == pytest.approx(30.0)
+    assert c.time_change_pct == pytest.approx(20.0)
+    assert c.unmatched_steps == 1
+    assert [s.power_limit_w for s in c.per_limit] == [300, 200]
+    assert c.per_limit[0].steps == 4
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ([250, 300, 200], "did not start at the maximum"),
+        ([300, 200, 300], "not at the chosen"),
+        ([200, 200], "did not start at the maximum"),
+    ],
+)
+def test_compare_refuses_runs_it_cannot_compare(limits: list[int], message: str) -> None:
+    from coordinator.demo import DemoError, compare
+
+    measured = {(0, s): (1.0, 1.0) for s in range(len(limits))}
+    with pytest.raises(DemoError, match=message):
+        compare({0: limits}, measured, max_power_limit_w=300, chosen_power_limit_w=200)
+
+
+def test_compare_refuses_a_job_that_never_left_one_limit() -> None:
+    from coordinator.demo import DemoError, compare
+
+    with pytest.raises(DemoError, match="one power limit"):
+        compare({0: [300, 300]}, {(0, 0): (1.0, 1.0), (0, 1): (1.0, 1.0)}, 300, 300)
