@@ -132,7 +132,12 @@ async def run(steps: int, gap_us: int) -> dict[str, dict[str, list[float]]]:
                 )  # fmt: skip
                 out, _ = await proc.communicate()
                 stamps = json.loads(out)["stamps"]
-                await asyncio.sleep(0.2)
+                # The trainer has exited: wait until the agent has noticed and restored the GPU,
+                # so that the next mode's schedule is not cleared by that restore.
+                for _ in range(100):
+                    if agent.agents[0].binding is None:
+                        break
+                    await asyncio.sleep(0.05)
                 applied = gpu.applied
                 if len(applied) != len(stamps):
                     raise RuntimeError(
@@ -143,9 +148,6 @@ async def run(steps: int, gap_us: int) -> dict[str, dict[str, list[float]]]:
                 if [f for f, _, _ in applied] != expected:
                     raise RuntimeError(f"{mode}: frequencies applied out of order")
                 warm = len(PLAN)  # skip the first step
-                call = sorted((c - t) / 1000 for t, (_, c, _) in zip(stamps, applied, strict=True))
-                done = sorted((d - t) / 1000 for t, (_, _, d) in zip(stamps, applied, strict=True))
-                results[mode] = {"call": call[warm:], "done": done[warm:]}
                 results[mode] = {
                     "call": sorted(
                         (c - t) / 1000

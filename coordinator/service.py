@@ -45,6 +45,7 @@ from coordinator.power_limit.job import (
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.profile import load_profile, save_profile
 from zeus_agent import __version__
+from zeus_agent.aio import every
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.errors import BrokerError, PayloadError
 from zeus_agent.wire import codec, subjects
@@ -130,9 +131,9 @@ class CoordinatorService:
                 self._tg = tg
                 s = self.settings
                 loops = [
-                    tg.create_task(self._every(s.lease_s / 3, self._renew_leases, "lease renewal")),
-                    tg.create_task(self._every(min(60.0, s.max_job_idle_time / 10),
-                                               self._collect_idle, "idle job collection")),
+                    tg.create_task(every(s.lease_s / 3, self._renew_leases, "lease renewal", first_now=False)),
+                    tg.create_task(every(min(60.0, s.max_job_idle_time / 10),
+                                               self._collect_idle, "idle job collection", first_now=False)),
                 ]
                 for record in list(self.registry.jobs.values()):
                     if record.complete:
@@ -234,15 +235,6 @@ class CoordinatorService:
         task = asyncio.ensure_future(coro) if self._tg is None else self._tg.create_task(coro)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
-
-    @staticmethod
-    async def _every(period_s: float, fn: Callable[[], Awaitable[Any]], what: str) -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            try:
-                await fn()
-            except Exception:  # noqa: BLE001 - a loop never dies of one bad tick
-                LOG.exception("%s failed; continuing", what)
 
     # ------------------------------------------------------------------ persistence
     def _write(self, snapshot: dict[str, Any]) -> None:

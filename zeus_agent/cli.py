@@ -11,13 +11,11 @@ Only this module turns errors into exit codes: 0 ok, 2 usage, 3 startup failure.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import sys
 import time
 from collections.abc import Sequence
 
-STARTUP_FAILURE = 3
+from zeus_agent.cli_kit import dispatch, run_service
 
 DESCRIPTION = """\
 GPU agent of the zeus-bus energy optimiser. Run one per node: it samples the node's GPUs,
@@ -32,46 +30,11 @@ examples:
 """
 
 
-def run_event_loop(main: object) -> None:
-    """Run a coroutine on uvloop when available."""
-    try:
-        import uvloop
-
-        uvloop.run(main)  # type: ignore[arg-type]
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(main)  # type: ignore[arg-type]
-
-
 def _run(argv: Sequence[str]) -> int:
-    from pydantic import ValidationError
-    from pydantic_settings import CliApp
-
     from zeus_agent.agent.server import AgentServer
     from zeus_agent.config import AgentSettings
-    from zeus_agent.errors import ZeusAgentError
 
-    try:
-        settings = CliApp.run(AgentSettings, cli_args=list(argv), cli_prog_name="zeus-agent run")
-    except ValidationError as e:
-        print(f"zeus-agent run: invalid configuration:\n{e}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    server = AgentServer(settings)
-
-    async def main() -> None:
-        server.install_signal_handlers()
-        await server.serve()
-
-    try:
-        run_event_loop(main())
-    except ZeusAgentError as e:
-        print(f"zeus-agent: {e}", file=sys.stderr)
-        return STARTUP_FAILURE
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_service(AgentSettings, argv, "zeus-agent run", AgentServer)
 
 
 def _broker(argv: Sequence[str]) -> int:
@@ -95,24 +58,15 @@ def _broker(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `zeus-agent`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": _run, "broker": _broker}
-    if not args or args[0] in ("-h", "--help") or args[0] not in commands:
-        parser = argparse.ArgumentParser(
-            prog="zeus-agent",
-            description=DESCRIPTION,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        parser.add_argument(
-            "command",
-            choices=sorted(commands),
-            help="run: the agent; broker: a development nats-server",
-        )
-        if not args or args[0] in ("-h", "--help"):
-            parser.print_help()
-            return 0 if args else 2
-        parser.parse_args(args[:1])  # prints the usage error and exits 2
-    return commands[args[0]](args[1:])
+    return dispatch(
+        argv,
+        "zeus-agent",
+        DESCRIPTION,
+        {
+            "run": (_run, "the agent (see zeus-agent run --help)"),
+            "broker": (_broker, "a development nats-server"),
+        },
+    )
 
 
 if __name__ == "__main__":

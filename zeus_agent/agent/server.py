@@ -28,6 +28,7 @@ from typing import Any
 
 from zeus_agent import __version__
 from zeus_agent.agent.commands import handle_command
+from zeus_agent.aio import every
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.broker import EmbeddedNats, connect
@@ -273,30 +274,14 @@ class AgentServer:
     def _loops(self) -> list[Coroutine[Any, Any, None]]:
         s = self.settings
         loops = [
-            self._every(1.0 / s.sample_hz, self._sample_all, "sampling"),
-            self._every(s.publish_interval_s, self._publish_samples, "publishing"),
-            self._every(s.heartbeat_s, self.announce, "heartbeat"),
-            self._every(0.1, self._expire_leases, "lease expiry"),
-            self._every(0.5, self._reap, "trainer reaping"),
+            every(1.0 / s.sample_hz, self._sample_all, "sampling"),
+            every(s.publish_interval_s, self._publish_samples, "publishing"),
+            every(s.heartbeat_s, self.announce, "heartbeat"),
+            every(0.1, self._expire_leases, "lease expiry"),
+            every(0.5, self._reap, "trainer reaping"),
         ]
         loops += [a.process_events() for a in self.agents.values()]
         return loops
-
-    @staticmethod
-    async def _every(period_s: float, fn: Callable[[], Awaitable[Any]], what: str) -> None:
-        """Run `fn` every `period_s` on a fixed grid; log and go on if it fails."""
-        next_t = time.monotonic()
-        while True:
-            try:
-                await fn()
-            except Exception:  # noqa: BLE001 - a loop never dies of one bad tick
-                LOG.exception("%s failed; continuing", what)
-            next_t += period_s
-            delay = next_t - time.monotonic()
-            if delay < 0:
-                next_t = time.monotonic()
-                delay = 0
-            await asyncio.sleep(delay)
 
     async def _sample_all(self) -> None:
         await asyncio.gather(*(a.sample() for a in self.agents.values()))

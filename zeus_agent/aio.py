@@ -1,0 +1,51 @@
+"""Small asyncio helpers shared by the agent and the coordinator shells.
+
+* `every(period_s, fn, what)`: run a coroutine function on a fixed grid forever; one failing
+  tick is logged and the loop goes on (a loop never dies of one bad tick).
+* `run_event_loop(main)`: run a coroutine on uvloop when available.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+
+async def every(
+    period_s: float, fn: Callable[[], Awaitable[Any]], what: str, *, first_now: bool = True
+) -> None:
+    """Run `fn` every `period_s` seconds on a fixed grid (skipping missed ticks).
+
+    Args:
+        period_s: The period (s).
+        fn: The coroutine function to call.
+        what: What the loop does, for the log.
+        first_now: Call `fn` at once (else after one period).
+    """
+    next_t = time.monotonic() + (0 if first_now else period_s)
+    while True:
+        delay = next_t - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            await fn()
+        except Exception:  # noqa: BLE001 - a loop never dies of one bad tick
+            LOG.exception("%s failed; continuing", what)
+        next_t += period_s
+        if next_t < time.monotonic():
+            next_t = time.monotonic()
+
+
+def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine on uvloop when available, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(main)
+        return
+    uvloop.run(main)
