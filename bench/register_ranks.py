@@ -94,7 +94,7 @@ async def harness(url: str, nodes: int, gpus_per_node: int) -> dict:
         await msg.respond(ok_reply)
 
     # A wildcard subscription (subjects.gpu_command would sanitise "*" as a user token).
-    await agent_nc.subscribe(f"{subjects.DEFAULT_PREFIX}.gpu.*.*.cmd", cb=on_cmd)
+    await agent_nc.subscribe(subjects.all_gpu_commands(), cb=on_cmd)
     await agent_nc.flush()
 
     client = await connect(url, "trainers")

@@ -528,6 +528,7 @@ class _Observer:
         self.measured: dict[tuple[int, int], tuple[float, float]] = {}
         self.done = asyncio.Event()
         self.complete = asyncio.Event()
+        self.disconnects = 0
         self._expected: set[tuple[int, int]] | None = None
 
     def expect(self, keys: set[tuple[int, int]]) -> asyncio.Event:
@@ -627,6 +628,7 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
     coord_task: asyncio.Task[None] | None = None
     nc: Any = None
     job_id: str | None = None
+    lost_nats_during_job = False
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -655,15 +657,18 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
                     raise DemoStartupError(f"the embedded nats-server did not start: {e}") from e
                 url = embedded.url
             progress.update(task_id, description="starting services")
+            async def on_disconnect() -> None:
+                observer.disconnects += 1
+
             try:
-                nc = await connect(url, "zeus-demo")
+                nc = await connect(url, "zeus-demo", on_disconnect=on_disconnect)
             except BrokerError as e:
                 hint = " (with zeus-demo: omit --nats-url)" if config.nats_url else ""
                 raise DemoStartupError(f"{e}{hint}") from e
             p = config.prefix
             # Wildcards by hand: the subject functions sanitise "*" out of their tokens.
-            await nc.subscribe(f"{p}.job.*.status", cb=observer.status)
-            await nc.subscribe(f"{p}.gpu.*.*.meas", cb=observer.measurement)
+            await nc.subscribe(subjects.all_job_status(p), cb=observer.status)
+            await nc.subscribe(subjects.all_gpu_measurements(p), cb=observer.measurement)
             for node in config.node_names:
                 server = AgentServer(AgentSettings.model_validate({
                     "nats_url": url, "backend": "sim", "sim_count": config.gpus_per_node,
@@ -704,6 +709,7 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
             if not result.job_id:
                 raise DemoError("the job was not registered: no job id came back")
             job_id = result.job_id
+            lost_nats_during_job = observer.disconnects > 0
             expected = {(r.rank, s) for r in result.ranks for s in range(len(r.step_time_s))}
             # The last measurements may still be on their way; steps still missing after
             # this are left out of the comparison and counted (`unmatched_steps`).
@@ -719,6 +725,11 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
         profile_json = _read_profile(root, job_id)
         tmp.cleanup()
     done = [s for s in observer.statuses if s.state == "done"]
+    if not done and lost_nats_during_job:
+        raise DemoError(
+            f"the connection to NATS at {url} was lost during the job, so the optimizer could "
+            "not finish (was the nats-server stopped?); run the demo again"
+        )
     if not done:
         states = ", ".join(dict.fromkeys(s.state for s in observer.statuses)) or "none"
         raise DemoError(

@@ -131,9 +131,17 @@ class CoordinatorService:
                 self._tg = tg
                 s = self.settings
                 loops = [
-                    tg.create_task(every(s.lease_s / 3, self._renew_leases, "lease renewal", first_now=False)),
-                    tg.create_task(every(min(60.0, s.max_job_idle_time / 10),
-                                               self._collect_idle, "idle job collection", first_now=False)),
+                    tg.create_task(
+                        every(s.lease_s / 3, self._renew_leases, "lease renewal", first_now=False)
+                    ),
+                    tg.create_task(
+                        every(
+                            min(60.0, s.max_job_idle_time / 10),
+                            self._collect_idle,
+                            "idle job collection",
+                            first_now=False,
+                        )
+                    ),
                 ]
                 for record in list(self.registry.jobs.values()):
                     if record.complete:
@@ -179,10 +187,12 @@ class CoordinatorService:
             await self._service.add_endpoint(
                 name=name, subject=subject, handler=self._endpoint(handler)
             )
-        self._subs.append(await self.nc.subscribe(f"{s.prefix}.job.*.ev.*", cb=self._on_events))
-        self._subs.append(
-            await self.nc.subscribe(f"{s.prefix}.gpu.*.*.meas", cb=self._on_measurements)
-        )
+        for subject, callback in (
+            (subjects.all_job_events(s.prefix), self._on_events),
+            (subjects.all_gpu_measurements(s.prefix), self._on_measurements),
+        ):
+            self._subs.append(await self.nc.subscribe(subject, cb=callback))
+        await self.nc.flush(timeout=5)  # subscriptions are live before anyone hears we started
         LOG.info("coordinator ready on %s (state in %s, %d job(s) restored)",
                  self.url, self.state_dir, len(self.registry.jobs))
 

@@ -206,7 +206,13 @@ async def connect(
     async def error_cb(e: Exception) -> None:
         LOG.warning("NATS error on %s: %s", name, e)
 
+    conn: list[Any] = []  # the client, once connected (callbacks need it)
+
     async def disconnected_cb() -> None:
+        closing = bool(conn) and (conn[0].is_closed or conn[0].is_draining)
+        if closing:  # our own drain()/close(): nothing to worry about
+            LOG.debug("NATS connection of %s closed", name)
+            return
         LOG.warning("NATS connection of %s lost; work pauses until it reconnects", name)
         if on_disconnect:
             await on_disconnect()
@@ -221,7 +227,7 @@ async def connect(
 
     servers = [s.strip() for s in url.split(",") if s.strip()]
     try:
-        return await asyncio.wait_for(
+        client = await asyncio.wait_for(
             nats.connect(
                 servers=servers,
                 name=name,
@@ -237,6 +243,8 @@ async def connect(
             ),
             timeout_s,
         )
+        conn.append(client)
+        return client
     except (TimeoutError, OSError, Exception) as e:
         if isinstance(e, asyncio.CancelledError):
             raise

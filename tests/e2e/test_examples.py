@@ -138,7 +138,6 @@ async def run_example(name: str, *args: str, timeout_s: float = 90) -> tuple[dic
 
 
 async def test_pytorch_example_is_measured_and_optimised(cluster: Cluster) -> None:
-    pytest.importorskip("torch")
     epochs, steps = 2, 40
     summary, text = await run_example(
         "pytorch_training.py",
@@ -180,7 +179,6 @@ async def test_pytorch_example_is_measured_and_optimised(cluster: Cluster) -> No
 
 
 async def test_pytorch_example_runs_against_an_agent_alone(agent_only: Cluster) -> None:
-    pytest.importorskip("torch")
     summary, text = await run_example(
         "pytorch_training.py",
         "--socket",
@@ -206,8 +204,6 @@ async def test_pytorch_example_runs_against_an_agent_alone(agent_only: Cluster) 
 
 
 async def test_huggingface_example_callback_reaches_the_coordinator(cluster: Cluster) -> None:
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
     summary, text = await run_example(
         "huggingface_trainer.py",
         "--socket",

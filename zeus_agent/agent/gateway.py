@@ -153,6 +153,9 @@ class Gateway(asyncio.DatagramProtocol):
                 self.reply_socket.sendto(data, addr)
             else:
                 self.transport.sendto(data, addr)
+        except (ConnectionRefusedError, FileNotFoundError) as e:
+            self.counters["reply_failed"] += 1  # the trainer left (e.g. right after its BYE)
+            LOG.debug("reply to trainer %r failed: %s", addr, e)
         except (OSError, ValueError) as e:
             self.counters["reply_failed"] += 1
             LOG.warning("reply to trainer %r failed: %s", addr, e)
@@ -215,7 +218,7 @@ class Gateway(asyncio.DatagramProtocol):
             energy = [a.energy_between(window.t0_ns, window.t1_ns) for a in agents]
             return Reply.success(energy_j=energy, time_s=(window.t1_ns - window.t0_ns) / 1e9)
         if req.kind is Kind.BYE:
-            restored = await self.release_pid(req.pid, reason="trainer said goodbye")
+            restored = await self.release_pid(req.pid, reason="trainer said goodbye", crashed=False)
             return Reply.success(restored=restored)
         raise PayloadError(f"unsupported request kind {req.kind.name}")
 
@@ -235,14 +238,21 @@ class Gateway(asyncio.DatagramProtocol):
             return Reply.failure("internal", f"the coordinator sent an unreadable reply: {e}")
 
     # ------------------------------------------------------------------ trainer lifetimes
-    async def release_pid(self, pid: int, reason: str) -> list[str]:
-        """Restore and unbind every GPU a trainer process drove."""
+    async def release_pid(self, pid: int, reason: str, crashed: bool = True) -> list[str]:
+        """Restore and unbind every GPU a trainer process drove.
+
+        A trainer that left without saying goodbye (`crashed`) is reported as an error event;
+        one that said goodbye is only logged.
+        """
         restored: list[str] = []
         for agent in self.by_pid.pop(pid, []):
             if agent.binding is not None and agent.binding.pid not in (pid, None):
                 continue  # another trainer has taken this GPU over since
             restored += [f"gpu{agent.index}:{k}" for k in await agent.restore(reason=reason)]
-            if agent.binding is not None:
+            if agent.binding is not None and not crashed:
+                LOG.info("GPU %d: trainer pid %d (job %s, rank %d) finished; defaults restored",
+                         agent.index, pid, agent.binding.job_id, agent.binding.rank)
+            elif agent.binding is not None:
                 await agent.error_event(
                     "trainer_gone",
                     f"trainer pid {pid} (job {agent.binding.job_id}, rank {agent.binding.rank}) "

@@ -373,7 +373,7 @@ class GpuAgent:
             ctx = self.meter.current_step
             epoch, step, index = (ctx[0] if ctx else 0), ev.b, ev.a
         self._pending_events.append(
-            TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index, name=ev.name)  # type: ignore[arg-type]
+            TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index, name=ev.name)
         )
         if self.binding is None:
             return
@@ -381,7 +381,7 @@ class GpuAgent:
             energy = self._energy_at(ev.t_ns)
             if energy is not None:
                 self._pending_marks.append(
-                    Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy)  # type: ignore[arg-type]
+                    Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy)
                 )
         if kind is Kind.STEP_BEGIN:
             records = self.meter.step_begin(ev.a, ev.b, ev.t_ns)

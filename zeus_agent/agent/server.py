@@ -28,9 +28,9 @@ from typing import Any
 
 from zeus_agent import __version__
 from zeus_agent.agent.commands import handle_command
-from zeus_agent.aio import every
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.aio import every
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError, PayloadError, ZeusAgentError
@@ -146,11 +146,10 @@ class AgentServer:
             await agent.start()
             self.agents[agent.index] = agent
         await self._serve_commands()
-        # Every holder's renewals: `lease_renewal(holder)` sanitises its token, so the
-        # wildcard is built here (`lease_renewal("*")` would subscribe to `<p>.lease._`).
-        renewals = subjects.lease_renewal("_", s.prefix).removesuffix("_") + "*"
+        renewals = subjects.all_lease_renewals(s.prefix)
         self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
-        self._subs.append(await self.nc.subscribe(f"{s.prefix}.agent.ping", cb=self._on_ping))
+        ping = subjects.agent_ping(s.prefix)
+        self._subs.append(await self.nc.subscribe(ping, cb=self._on_ping))
         await self._open_socket()
         if s.metrics_port is not None:
             self._start_metrics(s.metrics_port)

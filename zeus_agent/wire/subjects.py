@@ -112,3 +112,34 @@ def job_schedule(job_id: str, rank: int | str, prefix: str = DEFAULT_PREFIX) -> 
 def job_status(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a job's status events."""
     return f"{_p(prefix)}.job.{token(job_id)}.status"
+
+
+# Wildcards for subscribers of every node, GPU, job or holder (tokens above never produce them).
+def all_gpu_measurements(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every GPU's measurements: `<p>.gpu.*.*.meas`."""
+    return f"{_p(prefix)}.gpu.*.*.meas"
+
+
+def all_gpu_commands(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every GPU's command subject: `<p>.gpu.*.*.cmd`."""
+    return f"{_p(prefix)}.gpu.*.*.cmd"
+
+
+def all_job_events(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every rank's trainer events: `<p>.job.*.ev.*`."""
+    return f"{_p(prefix)}.job.*.ev.*"
+
+
+def all_job_status(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every job's status: `<p>.job.*.status`."""
+    return f"{_p(prefix)}.job.*.status"
+
+
+def all_lease_renewals(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every holder's lease renewals: `<p>.lease.*`."""
+    return f"{_p(prefix)}.lease.*"
+
+
+def agent_ping(prefix: str = DEFAULT_PREFIX) -> str:
+    """Ask every agent to announce itself now: `<p>.agent.ping`."""
+    return f"{_p(prefix)}.agent.ping"

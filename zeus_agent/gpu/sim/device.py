@@ -30,7 +30,6 @@ import functools
 import json
 import os
 import random
-import tempfile
 import time
 import uuid as uuid_mod
 from collections.abc import Callable, Iterator, Sequence
