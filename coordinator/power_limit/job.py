@@ -85,7 +85,7 @@ def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelecto
         return Time()
     if options.selector == "MaxSlowdownConstraint":
         return MaxSlowdownConstraint(factor=options.max_slowdown)
-    return ZeusCost(eta_knob=options.eta_knob, world_size=world_size)
+    return ZeusCost(eta_knob=options.eta_knob, world_size=options.world_size or world_size)
 
 
 @dataclass

@@ -60,10 +60,10 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(
     ("selector", "expected"),
     [
-        (None, {"selector": "ZeusCost", "eta_knob": 0.5}),
+        (None, {"selector": "ZeusCost", "eta_knob": 0.5, "world_size": None}),
         (Energy(), {"selector": "Energy"}),
         (Time(), {"selector": "Time"}),
-        (ZeusCost(0.3, world_size=4), {"selector": "ZeusCost", "eta_knob": 0.3}),
+        (ZeusCost(0.3, world_size=4), {"selector": "ZeusCost", "eta_knob": 0.3, "world_size": 4}),
         (MaxSlowdownConstraint(1.25), {"selector": "MaxSlowdownConstraint", "max_slowdown": 1.25}),
     ],
 )

@@ -287,3 +287,13 @@ def test_a_window_without_energy_is_reported():
     actions = job.on_mark(0, mark(2, 2.0, 5.0))
     assert [a.state for a in actions if isinstance(a, StatusUpdate)] == ["error"]
     assert "measured no time or energy" in actions[0].message  # type: ignore[union-attr]
+
+
+def test_zeus_cost_world_size_from_the_options_wins_over_the_rank_count():
+    from coordinator.power_limit.job import make_selector
+    from zeus_agent.wire.messages import PowerLimitOptions
+
+    explicit = make_selector(PowerLimitOptions(selector="ZeusCost", eta_knob=0.3, world_size=8), 4)
+    default = make_selector(PowerLimitOptions(selector="ZeusCost", eta_knob=0.3), 4)
+    assert (explicit.eta_knob, explicit.world_size) == (0.3, 8)
+    assert default.world_size == 4

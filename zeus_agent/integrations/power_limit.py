@@ -80,6 +80,7 @@ def power_limit_options(
         fields["selector"] = name
         if name == "ZeusCost":
             fields["eta_knob"] = float(optimum_selector.eta_knob)
+            fields["world_size"] = int(optimum_selector.world_size)
         elif name == "MaxSlowdownConstraint":
             fields["max_slowdown"] = float(optimum_selector.factor)
     try:

@@ -292,6 +292,9 @@ class PowerLimitOptions(_Part):
 
     selector: SelectorName = "ZeusCost"
     eta_knob: float = Field(default=0.5, ge=0.0, le=1.0)
+    world_size: int | None = Field(
+        default=None, ge=1, description="ZeusCost's world_size; None: the job's GPU count"
+    )
     max_slowdown: float = Field(default=1.1, ge=1.0)
     wait_steps: int = Field(default=1, ge=0)
     warmup_steps: int = Field(default=10, ge=0)
