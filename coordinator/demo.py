@@ -614,7 +614,7 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
     from coordinator.config import CoordinatorSettings
     from coordinator.service import CoordinatorService
     from zeus_agent.agent.server import AgentServer
-    from zeus_agent.broker import EmbeddedNats, connect
+    from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
     from zeus_agent.config import AgentSettings
     from zeus_agent.sim_trainer import RankPlacement, TrainerOptions, run_data_parallel
 
@@ -666,9 +666,9 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
                 hint = " (with zeus-demo: omit --nats-url)" if config.nats_url else ""
                 raise DemoStartupError(f"{e}{hint}") from e
             p = config.prefix
-            # Wildcards by hand: the subject functions sanitise "*" out of their tokens.
             await nc.subscribe(subjects.all_job_status(p), cb=observer.status)
             await nc.subscribe(subjects.all_gpu_measurements(p), cb=observer.measurement)
+            await confirm_subscriptions(nc)
             for node in config.node_names:
                 server = AgentServer(AgentSettings.model_validate({
                     "nats_url": url, "backend": "sim", "sim_count": config.gpus_per_node,

@@ -46,7 +46,7 @@ from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.profile import load_profile, save_profile
 from zeus_agent import __version__
 from zeus_agent.aio import every
-from zeus_agent.broker import EmbeddedNats, connect
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.errors import BrokerError, PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -179,6 +179,11 @@ class CoordinatorService:
             self.nc, name="zeus-coordinator", version=__version__,
             description="Jobs, ranks and power-limit optimisation", queue_group="coord",
         )
+        for subject, callback in (
+            (subjects.all_job_events(s.prefix), self._on_events),
+            (subjects.all_gpu_measurements(s.prefix), self._on_measurements),
+        ):
+            self._subs.append(await self.nc.subscribe(subject, cb=callback))
         for name, subject, handler in (
             ("register_job", subjects.coord_register_job(s.prefix), self.handle_register_job),
             ("register_rank", subjects.coord_register_rank(s.prefix), self.handle_register_rank),
@@ -187,12 +192,8 @@ class CoordinatorService:
             await self._service.add_endpoint(
                 name=name, subject=subject, handler=self._endpoint(handler)
             )
-        for subject, callback in (
-            (subjects.all_job_events(s.prefix), self._on_events),
-            (subjects.all_gpu_measurements(s.prefix), self._on_measurements),
-        ):
-            self._subs.append(await self.nc.subscribe(subject, cb=callback))
-        await self.nc.flush(timeout=5)  # subscriptions are live before anyone hears we started
+        # Subscriptions are live before anyone hears we started.
+        await confirm_subscriptions(self.nc)
         LOG.info("coordinator ready on %s (state in %s, %d job(s) restored)",
                  self.url, self.state_dir, len(self.registry.jobs))
 

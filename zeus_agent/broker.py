@@ -6,6 +6,11 @@
   and async). Used by the tests, the demo and `--embedded-nats` of both services.
 * `connect(url, name)`: a nats-py connection with every callback set and the first connect
   bounded in time (nats-py alone may hang for minutes on a dead server).
+* `confirm_subscriptions(nc)`: return once the server has every subscription made so far on
+  `nc`. nats-py's `flush()` does not promise it: it writes its PING ahead of SUBs still waiting
+  in the client's buffer, so its PONG can come back before the server saw them (seen here: 5%
+  of the time on a busy machine). Services call this before saying they started; tests before
+  they trigger what they listen for.
 """
 
 from __future__ import annotations
@@ -252,3 +257,39 @@ async def connect(
             f"could not connect to NATS at {url} within {timeout_s:g} s ({type(e).__name__}: {e}). "
             "Check that a nats-server is running there, or use --embedded-nats to start one."
         ) from None
+
+
+
+async def confirm_subscriptions(nc: Any, timeout_s: float = 5.0) -> None:
+    """Return once the server has every subscription made so far on `nc`.
+
+    A fresh echo subscription is made last and requested until it answers: the server handles
+    a connection's commands in order, so when the echo answers, the earlier SUBs are in place.
+
+    Raises:
+        BrokerError: The echo did not answer within `timeout_s`.
+    """
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    subject = nc.new_inbox()
+
+    async def echo(msg: Any) -> None:
+        await msg.respond(b"")
+
+    sub = await nc.subscribe(subject, cb=echo)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                await nc.request(subject, b"", timeout=0.5)
+                return
+            except (TimeoutError, NoRespondersError, NatsTimeoutError):
+                if time.monotonic() > deadline:
+                    raise BrokerError(
+                        f"the NATS server did not confirm this client's subscriptions within "
+                        f"{timeout_s:g} s"
+                    ) from None
+                await asyncio.sleep(0.01)
+    finally:
+        await sub.unsubscribe()

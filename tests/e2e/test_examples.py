@@ -20,7 +20,7 @@ import pytest
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
 from zeus_agent.agent.server import AgentServer
-from zeus_agent.broker import connect
+from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.config import AgentSettings
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus, MeasurementBatch
@@ -95,7 +95,7 @@ async def _cluster(
         if coord is not None:
             await asyncio.wait_for(coord.started.wait(), 10)
         yield cluster
-        await nc.flush()
+        await confirm_subscriptions(nc)
         await asyncio.sleep(0.2)
     finally:
         agent.handle_exit()

@@ -8,7 +8,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.power_limit import ZeusCost, load_profile
 from coordinator.service import CoordinatorService
 from zeus_agent.agent.server import AgentServer
-from zeus_agent.broker import connect
+from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.sim_trainer import RankPlacement, TrainerOptions, run_data_parallel
@@ -64,7 +64,7 @@ async def test_data_parallel_job_ends_pinned_at_the_chosen_limit(nats_server, tm
     )
     try:
         result = await asyncio.to_thread(run_data_parallel, placements, options, None, 120)
-        await nc.flush()
+        await confirm_subscriptions(nc)
         await asyncio.sleep(0.2)
     finally:
         for server, _ in agents:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel
 
 from zeus_agent.agent.server import AgentServer
+from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.sim import SimGPU
@@ -127,7 +128,7 @@ class Inbox:
     async def open(cls, nc: Any, subject: str) -> Inbox:
         """Subscribe to `subject` (flushed, so nothing published afterwards is missed)."""
         sub = await nc.subscribe(subject)
-        await nc.flush()
+        await confirm_subscriptions(nc)
         return cls(sub)
 
     async def next(self, model: type[M], timeout_s: float = 2.0) -> M:

@@ -10,6 +10,7 @@ import msgpack
 import pytest
 
 from tests.shell.agent_kit import Inbox, RawTrainer, command, running_agent, wait_for
+from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.models import FrequencySchedule, JobInfo, RankInfo
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import (
@@ -201,7 +202,7 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
         await msg.respond(codec.encode(reply))
 
     sub = await nc.subscribe("zeus.coord.*.register", cb=coordinator)
-    await nc.flush()
+    await confirm_subscriptions(nc)
     job = JobInfo(job_metadata="relay", pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
     reply = await trainer.request(K.REGISTER_JOB, RegisterJob(job=job))
     assert reply.ok and reply.result == {"job_id": "relay-0001"}

@@ -42,3 +42,21 @@ async def test_connect_fails_fast_with_a_clear_message():
 def test_url_before_start_is_an_error():
     with pytest.raises(BrokerError, match="start"):
         _ = EmbeddedNats().url
+
+
+async def test_confirmed_subscriptions_see_the_very_next_publish(nats_server):
+    """nats-py's flush() can return before the server has a SUB; confirm_subscriptions can't."""
+    from zeus_agent.broker import confirm_subscriptions
+
+    listener = await connect(nats_server.url, "listener")
+    talker = await connect(nats_server.url, "talker")
+    try:
+        for i in range(50):
+            sub = await listener.subscribe(f"zeus.test.confirm.{i}")
+            await confirm_subscriptions(listener)
+            await talker.publish(f"zeus.test.confirm.{i}", b"x")
+            assert (await sub.next_msg(timeout=2)).data == b"x"
+            await sub.unsubscribe()
+    finally:
+        await listener.drain()
+        await talker.drain()

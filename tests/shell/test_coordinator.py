@@ -16,6 +16,7 @@ import pytest
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
 from zeus_agent.agent.server import AgentServer
+from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.models import JobInfo, RankInfo
@@ -114,7 +115,7 @@ async def collect(nc, subject: str, model: Any) -> list[Any]:
         got.append(codec.decode(msg.data, model))
 
     await nc.subscribe(subject, cb=cb)
-    await nc.flush()
+    await confirm_subscriptions(nc)
     return got
 
 

@@ -31,7 +31,7 @@ from zeus_agent.agent.commands import handle_command
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.aio import every
-from zeus_agent.broker import EmbeddedNats, connect
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
@@ -145,17 +145,17 @@ class AgentServer:
             )
             await agent.start()
             self.agents[agent.index] = agent
-        await self._serve_commands()
         renewals = subjects.all_lease_renewals(s.prefix)
         self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
         ping = subjects.agent_ping(s.prefix)
         self._subs.append(await self.nc.subscribe(ping, cb=self._on_ping))
+        await self._serve_commands()
         await self._open_socket()
         if s.metrics_port is not None:
             self._start_metrics(s.metrics_port)
         # The server has every subscription before anyone hears of us: a command sent right
         # after the announcement (or after `started`) finds its responder.
-        await self.nc.flush(timeout=5)
+        await confirm_subscriptions(self.nc)
         await self.announce()
         LOG.info(
             "agent %s on node %s: %d GPU(s) [%s], socket %s",
