@@ -186,3 +186,19 @@ def test_create_overwrites(tmp_path: Path) -> None:
     again = SimGPU.create(tmp_path, 0, "H100")
     assert again.get_power_limit_w() == 700
     assert SimGPU.open(tmp_path, 0).get_name() == PRESETS["H100"].name
+
+
+def test_read_telemetry_agrees_with_the_getters(tmp_path):
+    from zeus_agent.gpu.base import GPU
+
+    now = [1_000_000_000]
+    gpu = SimGPU.create(tmp_path, 0, "A40", clock=lambda: now[0])
+    gpu.set_power_limit_w(200)
+    gpu.lock_sm_clocks_mhz(900, 1200)
+    now[0] += 2_000_000_000
+    fast = gpu.read_telemetry()
+    slow = GPU.read_telemetry(gpu)  # the generic, one-getter-per-field reading
+    assert fast == slow
+    assert fast.power_limit_w == 200 and fast.energy_j is not None and fast.energy_j > 0
+    blind = SimGPU.create(tmp_path / "old", 0, "V100", has_energy_counter=False)
+    assert blind.read_telemetry().energy_j is None

@@ -140,14 +140,20 @@ class GpuAgent:
         return time.monotonic_ns(), energy
 
     def _read_sample(self) -> Sample:
-        t, energy = self._read_energy()
+        tel = self.gpu.read_telemetry()
+        t = time.monotonic_ns()
+        energy = tel.energy_j
+        if energy is None or self._integrator is not None:
+            if self._integrator is None:
+                self._integrator = PowerIntegrator()
+            energy = self._integrator.add(t, tel.power_w)
         return Sample(
             t_ns=t,
             energy_j=energy,
-            power_w=self.gpu.get_power_w(),
-            power_limit_w=self.gpu.get_power_limit_w(),
-            sm_clock_mhz=self.gpu.get_sm_clock_mhz(),
-            memory_clock_mhz=self.gpu.get_memory_clock_mhz(),
+            power_w=tel.power_w,
+            power_limit_w=tel.power_limit_w,
+            sm_clock_mhz=tel.sm_clock_mhz,
+            memory_clock_mhz=tel.memory_clock_mhz,
         )
 
     async def sample(self) -> Sample | None:

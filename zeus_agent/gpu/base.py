@@ -1,6 +1,7 @@
 """The GPU interface every backend implements, and the description a GPU announces.
 
 * `GPUInfo`: the static facts an agent announces (identity, power-limit range, clock tables).
+* `Telemetry`: one reading of what an agent samples (energy, power, limit, clocks).
 * `GPU`: one method per capability, units in the names (W, J, MHz). Backends:
   `zeus_agent.gpu.nvml` (real GPUs through pynvml) and `zeus_agent.gpu.sim` (the calibrated
   simulated GPU). Methods are synchronous and may block (NVML takes a driver lock); async
@@ -43,6 +44,25 @@ class GPUInfo:
     supported_memory_clocks_mhz: tuple[int, ...] = field(default_factory=tuple)
     supported_graphics_clocks_mhz: tuple[int, ...] = field(default_factory=tuple)
     has_energy_counter: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """One reading of a GPU.
+
+    Attributes:
+        energy_j: Energy counter (J); None when the GPU has none (integrate `power_w`).
+        power_w: Power draw (W).
+        power_limit_w: Power limit (W).
+        sm_clock_mhz: SM clock (MHz).
+        memory_clock_mhz: Memory clock (MHz).
+    """
+
+    energy_j: float | None
+    power_w: float
+    power_limit_w: int
+    sm_clock_mhz: int
+    memory_clock_mhz: int
 
 
 class GPU(abc.ABC):
@@ -140,6 +160,22 @@ class GPU(abc.ABC):
     @abc.abstractmethod
     def set_persistence_mode(self, enabled: bool) -> None:
         """Turn persistence mode on or off."""
+
+    def read_telemetry(self) -> Telemetry:
+        """Read everything an agent samples; backends may override to read it in one go."""
+        from zeus_agent.errors import GPUNotSupportedError
+
+        try:
+            energy: float | None = self.get_total_energy_j()
+        except GPUNotSupportedError:
+            energy = None
+        return Telemetry(
+            energy_j=energy,
+            power_w=self.get_power_w(),
+            power_limit_w=self.get_power_limit_w(),
+            sm_clock_mhz=self.get_sm_clock_mhz(),
+            memory_clock_mhz=self.get_memory_clock_mhz(),
+        )
 
     def info(self) -> GPUInfo:
         """Collect the static facts of this GPU into a `GPUInfo`."""

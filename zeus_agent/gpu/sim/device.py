@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_agent.errors import GPUNotSupportedError, GPUUnavailableError, GPUValueError
-from zeus_agent.gpu.base import GPU
+from zeus_agent.gpu.base import GPU, Telemetry
 from zeus_agent.gpu.sim.physics import HardwareParams, NoiseModel, WorkloadParams, operating_point
 from zeus_agent.gpu.sim.presets import PRESETS
 
@@ -496,8 +496,9 @@ class SimGPU(GPU):
 
     def get_power_w(self) -> float:
         """Return the current power draw, with +-1% noise when the device has a seed. Units: W."""
-        state = self._read()
-        now = self._clock()
+        return self._power_w(self._read(), self._clock())
+
+    def _power_w(self, state: _State, now: int) -> float:
         if state.busy_until_ns > now:
             power = state.busy_power_w
         else:
@@ -506,6 +507,21 @@ class SimGPU(GPU):
             rng = random.Random(f"power:{state.seed}:{self.index}:{now}")
             power *= 1.0 + 0.01 * max(-3.0, min(3.0, rng.gauss(0.0, 1.0)))
         return power
+
+    def read_telemetry(self) -> Telemetry:
+        """Everything an agent samples, from one read of the device file."""
+        state = self._read()
+        now = self._clock()
+        busy = state.busy_until_ns > now
+        return Telemetry(
+            energy_j=state.energy_at(now) if self._static.has_energy_counter else None,
+            power_w=self._power_w(state, now),
+            power_limit_w=state.power_limit_w,
+            sm_clock_mhz=state.busy_clock_mhz
+            if busy
+            else state.locked_min_mhz or state.hardware.min_sm_clock_mhz,
+            memory_clock_mhz=self._static.hardware.supported_memory_clocks_mhz[0],
+        )
 
     def get_instant_power_w(self) -> float:
         """Return the instantaneous power draw (same as `get_power_w` here). Units: W."""
