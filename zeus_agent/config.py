@@ -52,6 +52,11 @@ class AgentSettings(BaseSettings):
     default_lease_s: float = Field(
         60.0, gt=0, description="Lease of a setting whose command names none (s)"
     )
+    reset_on_start: bool = Field(
+        default=True,
+        description="Reset power limits and clocks at start (a previous agent may have been "
+        "killed before it could restore them)",
+    )
     socket_path: str = Field(
         DEFAULT_SOCKET_PATH, description="Unix datagram socket where trainers send events"
     )

@@ -149,3 +149,24 @@ async def test_a_trainer_that_says_bye_releases_without_waiting(nats_server):
             assert agent.agents[0].gpu.get_power_limit_w() == 300
         finally:
             trainer.close()
+
+
+async def test_an_agent_resets_what_a_killed_predecessor_left(nats_server, nc, tmp_path):
+    """A SIGKILLed agent restores nothing; the next agent on the node resets at start."""
+    state_dir = str(tmp_path / "sim")
+    async with running_agent(nats_server.url, sim_count=1, sim_state_dir=state_dir) as first:
+        gpu = first.agents[0].gpu
+    # Leave the device throttled, as a killed agent would.
+    gpu.set_power_limit_w(150)
+    gpu.lock_sm_clocks_mhz(900, 900)
+    async with running_agent(
+        nats_server.url, sim_count=1, sim_state_dir=state_dir, sim_attach=True
+    ) as second:
+        assert second.agents[0].gpu.get_power_limit_w() == 300
+        assert second.agents[0].gpu.get_locked_sm_clocks_mhz() is None
+    gpu.set_power_limit_w(150)
+    async with running_agent(
+        nats_server.url, sim_count=1, sim_state_dir=state_dir, sim_attach=True,
+        reset_on_start=False,
+    ) as third:  # fmt: skip
+        assert third.agents[0].gpu.get_power_limit_w() == 150

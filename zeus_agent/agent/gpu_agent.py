@@ -106,13 +106,32 @@ class GpuAgent:
         self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0}
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self) -> GPUInfo:
-        """Read the GPU's static facts and take a first sample."""
+    async def start(self, reset: bool = True) -> GPUInfo:
+        """Read the GPU's static facts, reset its settings (unless told not to), sample it.
+
+        Resetting at start is the failsafe for the agent itself: an agent killed with SIGKILL
+        cannot restore what it changed, so its successor does.
+        """
         self.info = await self.caller.call(self.gpu.info)
         if not self.info.has_energy_counter:
             self._integrator = PowerIntegrator()
+        if reset:
+            await self.reset_at_start()
         await self.sample()
         return self.info
+
+    async def reset_at_start(self) -> None:
+        """Put the power limit and SM clocks back to default, whoever changed them."""
+        assert self.info is not None
+        try:
+            limit = await self.caller.call(self.gpu.get_power_limit_w)
+            if limit != self.info.default_power_limit_w:
+                await self.caller.call(self.gpu.reset_power_limit)
+                LOG.warning("GPU %d: power limit %d W at start; reset to the default %d W",
+                            self.index, limit, self.info.default_power_limit_w)
+            await self.caller.call(self.gpu.reset_sm_clocks)
+        except GPUError as e:
+            LOG.warning("GPU %d: could not reset settings at start: %s", self.index, e)
 
     async def describe(self) -> GpuDescription:
         """The announcement of this GPU, with its current power limit."""

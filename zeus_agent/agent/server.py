@@ -143,7 +143,7 @@ class AgentServer:
             agent = GpuAgent(
                 gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds, s.default_lease_s
             )
-            await agent.start()
+            await agent.start(reset=s.reset_on_start)
             self.agents[agent.index] = agent
         renewals = subjects.all_lease_renewals(s.prefix)
         self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
