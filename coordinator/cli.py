@@ -1,5 +1,6 @@
 """`zeus-coordinator`: the coordinator's command line.
 
+* `zeus-coordinator watch [JOB] [--once]`: follow job status events (or print a job's state).
 * `zeus-coordinator run [flags]`: run the coordinator (every flag is also an environment
   variable with Zeus's `ZEUS_PFO_` prefix, e.g. `ZEUS_PFO_NATS_URL`, `ZEUS_PFO_LOG_LEVEL`).
 
@@ -22,6 +23,7 @@ the agents' settings, and reports job status on <prefix>.job.<job>.status.
 examples:
   zeus-coordinator run --embedded-nats
   zeus-coordinator run --nats-url nats://nats.cluster:4222 --state-dir /var/lib/zeus
+  zeus-coordinator watch --nats-url nats://nats.cluster:4222
 """
 
 
@@ -32,11 +34,20 @@ def _run(argv: Sequence[str]) -> int:
     return run_service(CoordinatorSettings, argv, "zeus-coordinator run", CoordinatorService)
 
 
+def _watch(argv: Sequence[str]) -> int:
+    from coordinator.watch import main as watch_main
+
+    return watch_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `zeus-coordinator`."""
     return dispatch(
         argv, "zeus-coordinator", DESCRIPTION,
-        {"run": (_run, "the coordinator service (see zeus-coordinator run --help)")},
+        {
+            "run": (_run, "the coordinator service (see zeus-coordinator run --help)"),
+            "watch": (_watch, "follow job status from a terminal"),
+        },
     )
 
 

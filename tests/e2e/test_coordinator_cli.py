@@ -97,3 +97,39 @@ async def test_runs_answers_and_exits_0_on_sigterm(nats_server, tmp_path):
     assert " DEBUG " in err  # ZEUS_PFO_LOG_LEVEL=debug, upper-cased.
     assert "coordinator stopped" in err
     assert job_id in (tmp_path / "st" / "jobs.json").read_text()
+
+
+async def test_watch_prints_status_events_and_once_prints_the_job(nats_server, tmp_path):
+    from coordinator.config import CoordinatorSettings
+    from coordinator.service import CoordinatorService
+
+    coord = CoordinatorService(
+        CoordinatorSettings(nats_url=nats_server.url, state_dir=str(tmp_path / "state"))
+    )
+    task = asyncio.create_task(coord.serve())
+    await asyncio.wait_for(coord.started.wait(), 10)
+    watcher = await asyncio.create_subprocess_exec(
+        *exe(), "watch", "--nats-url", nats_server.url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    nc = await connect(nats_server.url, "watch-test")
+    try:
+        first = await asyncio.wait_for(watcher.stdout.readline(), 20)
+        assert b"watching zeus.job.*.status" in first
+        job = RegisterJob(job=JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2))
+        msg = await nc.request(subjects.coord_register_job(), codec.encode(job), timeout=5)
+        job_id = codec.decode(msg.data, Reply).result["job_id"]
+        line = await asyncio.wait_for(watcher.stdout.readline(), 10)
+        assert job_id.encode() in line and b"[registered]" in line
+        once = await asyncio.create_subprocess_exec(
+            *exe(), "watch", job_id, "--once", "--nats-url", nats_server.url,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(once.communicate(), 30)
+        assert once.returncode == 0 and job_id.encode() in out and b'"world_size": 2' in out
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(watcher.wait(), 10) == 0
+        await nc.drain()
+        coord.should_exit.set()
+        await task

@@ -1,0 +1,98 @@
+"""`zeus-coordinator watch`: follow jobs from a terminal.
+
+Subscribes to `<prefix>.job.<job>.status` (all jobs, or one) and prints each state change and
+progress report as it comes, with the power-limit progress when there is one. With `--once`,
+it asks the coordinator for the job's current state instead (`<prefix>.coord.jobs.query`) and
+exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from zeus_agent.broker import confirm_subscriptions, connect
+from zeus_agent.errors import PayloadError, ZeusAgentError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import JobQuery, JobStatus, Reply
+
+
+def describe(status: JobStatus) -> str:
+    """One line for a status event."""
+    when = dt.datetime.now().strftime("%H:%M:%S")
+    line = f"{when} {status.job_id} [{status.state}] {status.message}"
+    p = status.progress
+    if "candidates" in p:
+        line += f"  ({p.get('measured', 0)}/{p['candidates']} limits measured"
+        if p.get("power_limit_w") is not None:
+            line += f", now {p['power_limit_w']} W"
+        if p.get("optimal_power_limit_w") is not None:
+            line += f", optimal {p['optimal_power_limit_w']} W"
+        line += ")"
+    return line
+
+
+async def watch(url: str, prefix: str, job_id: str | None, once: bool) -> int:
+    """Print a job's status (or every job's) until interrupted."""
+    nc = await connect(url, "zeus-coordinator-watch")
+    try:
+        if once:
+            msg = await nc.request(
+                subjects.coord_job_query(prefix), codec.encode(JobQuery(job_id=job_id)), timeout=5
+            )
+            reply = codec.decode(msg.data, Reply)
+            if not reply.ok:
+                print(f"{reply.code}: {reply.error}")
+                return 1
+            print(json.dumps(reply.result, indent=2, default=str))
+            return 0
+        subject = subjects.job_status(job_id, prefix) if job_id else subjects.all_job_status(prefix)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+
+        async def on_status(msg: Any) -> None:
+            try:
+                print(describe(codec.decode(msg.data, JobStatus)), flush=True)
+            except PayloadError as e:
+                print(f"(unreadable status on {msg.subject}: {e})", flush=True)
+
+        await nc.subscribe(subject, cb=on_status)
+        await confirm_subscriptions(nc)
+        print(f"watching {subject} on {url}; Ctrl-C to stop", flush=True)
+        await stop.wait()
+        return 0
+    finally:
+        await nc.drain()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of `zeus-coordinator watch`."""
+    parser = argparse.ArgumentParser(
+        prog="zeus-coordinator watch",
+        description="Follow job status events (state changes, profiling progress, the pinned "
+        "power limit), or print a job's current state with --once.",
+    )
+    parser.add_argument("job_id", nargs="?", help="a job id (default: every job)")
+    parser.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server URL")
+    parser.add_argument("--prefix", default=subjects.DEFAULT_PREFIX, help="subject prefix")
+    parser.add_argument(
+        "--once", action="store_true", help="ask the coordinator once (the job list without a job)"
+    )
+    args = parser.parse_args(list(argv))
+    try:
+        return asyncio.run(watch(args.nats_url, args.prefix, args.job_id, args.once))
+    except ZeusAgentError as e:
+        print(f"zeus-coordinator watch: {e}")
+        return 3
+    except Exception as e:  # noqa: BLE001 - NATS timeouts and no-responders, for people
+        print(f"zeus-coordinator watch: {type(e).__name__}: {e}; is a coordinator running?")
+        return 1
