@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from coordinator.power_limit.job import (
 )
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.profile import load_profile, save_profile
+from coordinator.power_limit.search import WindowResult
 from zeus_agent import __version__
 from zeus_agent.aio import every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
@@ -88,6 +90,7 @@ class CoordinatorService:
         self.state_dir = Path(settings.state_dir)
         self.registry = JobRegistry()
         self.power_limit_jobs: dict[str, PowerLimitJob] = {}
+        self._resume: dict[str, list[WindowResult]] = {}  # measured windows from before a restart
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
         self.should_exit = asyncio.Event()
         self.force_exit = asyncio.Event()
@@ -254,9 +257,19 @@ class CoordinatorService:
         tmp.write_text(json.dumps(snapshot))
         os.replace(tmp, path)
 
+    def snapshot(self) -> dict[str, Any]:
+        """What survives a restart: the registry, and the windows of unfinished profiles."""
+        data = self.registry.snapshot()
+        data["power_limit_windows"] = {
+            job_id: [dataclasses.asdict(w) for w in job.machine.window_results]
+            for job_id, job in self.power_limit_jobs.items()
+            if not job.done and job.machine.window_results
+        }
+        return data
+
     def _persist(self) -> None:
         """Write the registry now (blocking; for shutdown)."""
-        self._write(self.registry.snapshot())
+        self._write(self.snapshot())
         self._persisted = self._changes
 
     async def _save(self) -> None:
@@ -271,7 +284,7 @@ class CoordinatorService:
             if self._persisted >= wanted:
                 return
             covered = self._changes
-            snapshot = self.registry.snapshot()
+            snapshot = self.snapshot()
             await asyncio.to_thread(self._write, snapshot)
             self._persisted = max(self._persisted, covered)
             self.writes += 1
@@ -280,7 +293,12 @@ class CoordinatorService:
         path = self.state_dir / "jobs.json"
         if path.exists():
             try:
-                self.registry = JobRegistry.restore(json.loads(path.read_text()), self.clock())
+                data = json.loads(path.read_text())
+                self.registry = JobRegistry.restore(data, self.clock())
+                self._resume = {
+                    job_id: [WindowResult(**w) for w in windows]
+                    for job_id, windows in data.get("power_limit_windows", {}).items()
+                }
             except (ValueError, KeyError, TypeError) as e:
                 aside = path.with_suffix(f".corrupt-{int(time.time())}")
                 os.replace(path, aside)
@@ -430,11 +448,20 @@ class CoordinatorService:
             hi = min(lim[1] for lim in limits)
             path = self.profile_path(record)
             measurements = None
+            resume = self._resume.pop(record.job_id, [])
             try:
                 if path.exists():
                     measurements = await asyncio.to_thread(load_profile, path)
-                job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                    measurements)
+                try:
+                    job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                        measurements, resume=resume)
+                except PowerLimitError as e:
+                    if not resume:
+                        raise
+                    await self.status(record.job_id, "profiling",
+                                      f"cannot resume the profile measured before: {e}")
+                    job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                        measurements)
             except (PowerLimitError, ValueError, OSError) as e:
                 await self.status(record.job_id, "error",
                                   f"power-limit optimiser refused to start: {e}")
@@ -478,12 +505,16 @@ class CoordinatorService:
         record = self.registry.jobs.get(job_id)
         if record is None:
             return
+        job = self.power_limit_jobs.get(job_id)
+        recorded = len(job.machine.window_results) if job else 0
         try:
             actions = step(rank, item)
         except PowerLimitError as e:
             await self.status(job_id, "error", f"power-limit optimiser: {e}")
             return
         await self._execute(record, actions)
+        if job is not None and len(job.machine.window_results) > recorded:
+            await self._save()  # a measured window survives a restart
 
     async def _execute(self, record: JobRecord, actions: list[Action]) -> None:
         for action in actions:

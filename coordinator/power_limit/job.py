@@ -21,7 +21,7 @@ Methods return `Action`s for the shell: `ApplyPowerLimit` (command every GPU of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from coordinator.power_limit.machine import (
     SetPowerLimit,
     Warmup,
 )
+from coordinator.power_limit.search import WindowResult
 from coordinator.power_limit.selectors import (
     Energy,
     MaxSlowdownConstraint,
@@ -117,6 +118,7 @@ class PowerLimitJob:
         min_power_limit_w: int,
         max_power_limit_w: int,
         measurements: list[PowerLimitMeasurement] | None = None,
+        resume: Sequence[WindowResult] = (),
     ) -> None:
         self.job_id = job_id
         self.options = options
@@ -133,6 +135,7 @@ class PowerLimitJob:
             pl_step=options.pl_step_w,
             measurements=measurements,
             search=options.search,
+            resume=resume,
         )
         self._marks: dict[int, dict[StepKey, tuple[int, float]]] = {r: {} for r in self.ranks}
         self._windows: dict[str, _Window] = {}
@@ -147,16 +150,26 @@ class PowerLimitJob:
     def start(self) -> list[Action]:
         """Start the machine (when every rank is registered)."""
         actions = self._translate(self.machine.start(), step=None)
-        if self.done:
-            limit = self.machine.optimal_power_limit
+        limit = self.machine.optimal_power_limit
+        resumed = len(self.machine.window_results)
+        if self.done and self._saved:
             actions.append(StatusUpdate("done", f"loaded profile: optimal power limit {limit} W",
                                         self.progress()))
+        elif self.done:
+            assert limit is not None
+            self._saved = True
+            actions.append(SaveProfile(tuple(self.machine.measurements), limit))
+            actions.append(StatusUpdate(
+                "done", f"every limit was measured before a restart: optimal power limit {limit} W",
+                self.progress(),
+            ))
         else:
+            again = f", resuming after {resumed} measured window(s)" if resumed else ""
             actions.append(StatusUpdate(
                 "profiling",
                 f"profiling {len(self.machine.power_limits)} power limits "
                 f"({self.machine.power_limits[0]}..{self.machine.power_limits[-1]} W, "
-                f"{self.options.search} search)",
+                f"{self.options.search} search{again})",
                 self.progress(),
             ))
         return actions

@@ -249,6 +249,7 @@ class PowerLimitStateMachine:
         measurements: Sequence[PowerLimitMeasurement] | None = None,
         *,
         search: str | SearchStrategy = "exhaustive",
+        resume: Sequence[WindowResult] = (),
     ) -> None:
         """Initialize the machine.
 
@@ -263,6 +264,8 @@ class PowerLimitStateMachine:
             pl_step: Stride between limits (W).
             measurements: A loaded profile; the machine then starts `Done` at its optimum.
             search: `"exhaustive"` (the seed's, default), `"adaptive"` or a `SearchStrategy`.
+            resume: Windows recorded before (e.g. by a coordinator that restarted), in
+                profiling order; the search goes on after them. Ignored with `measurements`.
 
         Raises:
             ValueError: An argument is out of range (the message names it and the range).
@@ -323,14 +326,27 @@ class PowerLimitStateMachine:
             self._search = self.search.plan(
                 self.power_limits, warmup_steps, profile_steps, self.optimum_selector
             )
+            for result in resume:
+                if result.power_limit not in self.power_limits:
+                    raise ProfileRangeError(
+                        f"Resumed window at {result.power_limit} W is not one of this job's "
+                        f"power limits {self.power_limits[0]}..{self.power_limits[-1]} W "
+                        f"(step {pl_step} W): the GPUs or the options changed; profile again."
+                    )
+            self._results = list(resume)
+            self._completed = len(self._results)
             first = self._next_probe()
-            assert first is not None
-            self._probe = first
-            self.state = Ready(
-                next_power_limit=first.power_limit,
-                steps=wait_steps + 1,
-                profile_steps=first.profile_steps,
-            )
+            if first is None:  # everything was measured before the restart
+                self.state = Done(
+                    optimal_power_limit=self.optimum_selector.select(self.measurements)
+                )
+            else:
+                self._probe = first
+                self.state = Ready(
+                    next_power_limit=first.power_limit,
+                    steps=wait_steps + 1,
+                    profile_steps=first.profile_steps,
+                )
 
     # Public views --------------------------------------------------------------------------------
 

@@ -361,3 +361,46 @@ def test_core_is_pure(module: str) -> None:
             imported.add(node.module.split(".")[0])
     assert not imported & FORBIDDEN
     assert "open(" not in (ROOT / "coordinator" / "power_limit" / module).read_text()
+
+
+def _run_to_done(machine, measure, max_steps=10_000):
+    effects = list(machine.start())
+    for _ in range(max_steps):
+        if machine.optimal_power_limit is not None:
+            break
+        for e in machine.on_step_begin():
+            effects.append(e)
+            if isinstance(e, EndWindow) and not e.cancel:
+                limit = int(e.name.rsplit("_", 1)[1])
+                effects += machine.record(e.name, *measure(limit))
+    return effects
+
+
+def test_resume_continues_after_the_windows_measured_before_a_restart():
+    from coordinator.power_limit import Energy
+
+    def measure(limit):
+        return 10.0 + (300 - limit) / 100, 1000.0 - limit + (limit % 75)
+
+    whole = PowerLimitStateMachine(100, 300, optimum_selector=Energy(), warmup_steps=2,
+                                   profile_steps=3)
+    _run_to_done(whole, measure)
+    done_before = whole.window_results[:4]
+    resumed = PowerLimitStateMachine(100, 300, optimum_selector=Energy(), warmup_steps=2,
+                                     profile_steps=3, resume=done_before)
+    effects = _run_to_done(resumed, measure)
+    begun = [e.name for e in effects if isinstance(e, BeginWindow)]
+    assert begun[0] == "__GlobalPowerLimitOptimizer_200"  # the 5th limit: 300..225 were done
+    assert resumed.measurements == whole.measurements
+    assert resumed.optimal_power_limit == whole.optimal_power_limit
+    finished = PowerLimitStateMachine(100, 300, optimum_selector=Energy(), warmup_steps=2,
+                                      profile_steps=3, resume=whole.window_results)
+    assert finished.optimal_power_limit == whole.optimal_power_limit
+
+
+def test_resume_with_a_foreign_limit_is_refused():
+    from coordinator.power_limit import ProfileRangeError
+    from coordinator.power_limit.search import WindowResult
+
+    with pytest.raises(ProfileRangeError, match="310 W"):
+        PowerLimitStateMachine(100, 300, resume=[WindowResult(310, 40, 1.0, 1.0)])

@@ -300,3 +300,55 @@ async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc, tmp_path, c
     assert words in error.message
     assert (await gpu_info(nc, 0))["gpu"]["power_limit_w"] == 300  # Nothing was applied.
     assert (await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))).ok
+
+
+async def feed_steps(nc, job_id: str, steps: range) -> None:
+    """Rank 0's step_begin events and both ranks' marks, as the agents publish them."""
+    from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
+
+    for s in steps:
+        events = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, events=[
+            TrainerEvent(kind="step_begin", t_ns=s * 10**9, epoch=0, step=s)])
+        await nc.publish(subjects.job_events(job_id, 0), codec.encode(events))
+        for rank in (0, 1):
+            mark = Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9,
+                        energy_j=s * 100.0 * (rank + 1))
+            batch = MeasurementBatch(node=NODE, gpu=rank, job_id=job_id, rank=rank, marks=[mark])
+            await nc.publish(subjects.gpu_measurements(NODE, rank), codec.encode(batch))
+    await nc.flush()
+
+
+async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_path):
+    state = tmp_path / "state"
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, state)
+    options = PowerLimitOptions(selector="Energy", wait_steps=0, warmup_steps=1, profile_steps=2)
+    job_id = await register_job(nc, dp=2, job_metadata="resume", power_limit=options)
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, r))).ok
+
+    async def measured() -> int:
+        reply = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+        return reply.result["power_limit"]["measured"] if reply.result["power_limit"] else 0
+
+    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    # Steps 0..6: windows at 300 W (steps 1-3) and 275 W (steps 4-6) are measured.
+    await feed_steps(nc, job_id, range(7))
+    for _ in range(100):
+        if await measured() == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert await measured() == 2
+    await stop(coord, task)
+
+    coord, task = await start(nats_server, state)
+    try:
+        await wait_for(lambda: any("resuming after 2 measured window(s)" in s.message
+                                   for s in statuses if s.job_id == job_id))
+        assert await measured() == 2
+        first = coord.power_limit_jobs[job_id].machine.measurements
+        assert [m.power_limit for m in first] == [300, 275]
+        # 300 W window: 2 s, 2 steps x 100 J x (1 + 2) ranks' energy; time is the max over ranks.
+        assert (first[0].time, first[0].energy) == (2.0, 600.0)
+    finally:
+        await stop(coord, task)
