@@ -478,11 +478,21 @@ class CoordinatorService:
         except PayloadError as e:
             LOG.warning("ignored bad trainer events on %s: %s", msg.subject, e)
             return
-        self.registry.touch(batch.job_id, self.clock())
+        record = self.registry.jobs.get(batch.job_id)
+        now = self.clock()
+        lapsed = record is not None and now - record.last_active_s > self.settings.lease_idle_s
+        self.registry.touch(batch.job_id, now)
         job = self.power_limit_jobs.get(batch.job_id)
         if job is None:
             return
         async with self._lock(batch.job_id):
+            limit = job.machine.current_power_limit
+            if lapsed and record is not None and limit is not None:
+                # Renewals stopped while the job was quiet, so the agents have restored their
+                # defaults: the job is back, so is its limit.
+                await self.status(batch.job_id, "resumed",
+                                  f"events again after a quiet spell; re-applying {limit} W")
+                await self.apply_power_limit(record, limit)
             for event in batch.events:
                 await self._act(batch.job_id, job.on_event, batch.rank, event)
 

@@ -352,3 +352,25 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
         assert (first[0].time, first[0].energy) == (2.0, 600.0)
     finally:
         await stop(coord, task)
+
+
+async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, agent, nc, tmp_path):
+    profile = tmp_path / "profile.json"
+    write_profile(profile, [(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=0.6)
+    try:
+        options = PowerLimitOptions(selector="Energy", profile_path=str(profile))
+        job_id = await register_job(nc, dp=2, power_limit=options)
+        for r in (0, 1):
+            assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, r))).ok
+        sim_dir = agent.settings.sim_state_dir
+        await wait_for(lambda: SimGPU.open(sim_dir, 0).get_power_limit_w() == 250)
+        # Quiet: renewals stop after lease_idle_s, the agents' leases lapse, defaults return.
+        await wait_for(lambda: SimGPU.open(sim_dir, 0).get_power_limit_w() == 300, timeout_s=5)
+        await feed_steps(nc, job_id, range(1))
+        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
+                                   for i in (0, 1)))
+        assert any(s.state == "resumed" and s.job_id == job_id for s in statuses)
+    finally:
+        await stop(coord, task)
