@@ -28,7 +28,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -47,7 +46,7 @@ from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.profile import load_profile, save_profile
 from coordinator.power_limit.search import WindowResult
 from zeus_agent import __version__
-from zeus_agent.aio import every
+from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.errors import BrokerError, PayloadError
 from zeus_agent.wire import codec, subjects
@@ -79,7 +78,7 @@ RANK_STATUS_EVERY_UP_TO = 64
 Handler = Callable[[bytes], Awaitable[Reply]]
 
 
-class CoordinatorService:
+class CoordinatorService(ExitSignals):
     """The coordinator. `await serve()` runs until `should_exit` is set."""
 
     def __init__(
@@ -92,8 +91,7 @@ class CoordinatorService:
         self.power_limit_jobs: dict[str, PowerLimitJob] = {}
         self._resume: dict[str, list[WindowResult]] = {}  # measured windows from before a restart
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
-        self.should_exit = asyncio.Event()
-        self.force_exit = asyncio.Event()
+        super().__init__()
         self.started = asyncio.Event()
         self.nc: Any = None
         self._embedded: EmbeddedNats | None = None
@@ -109,19 +107,6 @@ class CoordinatorService:
         self._persisted = 0  # Changes already on disk.
 
     # ------------------------------------------------------------------ lifecycle
-    def install_signal_handlers(self) -> None:
-        """SIGINT/SIGTERM ask for a graceful exit; a second one forces it."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.handle_exit)
-
-    def handle_exit(self) -> None:
-        """Ask for a graceful exit; asked twice, stop waiting for in-flight requests."""
-        if self.should_exit.is_set():
-            self.force_exit.set()
-        self.should_exit.set()
-
     async def serve(self) -> None:
         """Start, serve until asked to exit, shut down (always).
 

@@ -3,12 +3,16 @@
 * `every(period_s, fn, what)`: run a coroutine function on a fixed grid forever; one failing
   tick is logged and the loop goes on (a loop never dies of one bad tick).
 * `run_event_loop(main)`: run a coroutine on uvloop when available.
+* `ExitSignals`: the `should_exit`/`force_exit` events of a server that SIGINT/SIGTERM set
+  (the first asks for a graceful exit, the second forces it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -49,3 +53,27 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
         return
     uvloop.run(main)
+
+
+class ExitSignals:
+    """The exit events of a server: the first `handle_exit` (or signal) asks, the second forces.
+
+    `install_signal_handlers` makes SIGINT and SIGTERM call `handle_exit`.
+    """
+
+    def __init__(self) -> None:
+        self.should_exit = asyncio.Event()
+        self.force_exit = asyncio.Event()
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGINT and SIGTERM call `handle_exit` (on the running loop)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.handle_exit)
+
+    def handle_exit(self) -> None:
+        """Ask for a graceful exit; asked again, force it."""
+        if self.should_exit.is_set():
+            self.force_exit.set()
+        self.should_exit.set()

@@ -264,3 +264,17 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_the_hugging_face_callback_shows_zeus_signature() -> None:
+    import inspect
+
+    from zeus_agent.integrations import HFGlobalPowerLimitOptimizer
+
+    hf = inspect.signature(HFGlobalPowerLimitOptimizer.__init__)
+    plain = inspect.signature(GlobalPowerLimitOptimizer.__init__)
+    assert hf == plain
+    assert list(hf.parameters)[1:] == [
+        "monitor", "optimum_selector", "wait_steps", "warmup_steps", "profile_steps", "pl_step",
+        "profile_path",
+    ]

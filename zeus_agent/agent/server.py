@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 import uuid
@@ -30,7 +29,7 @@ from zeus_agent import __version__
 from zeus_agent.agent.commands import handle_command
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.aio import every
+from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError, PayloadError, ZeusAgentError
@@ -57,15 +56,14 @@ def open_gpus(settings: AgentSettings) -> list[GPU]:
     return list(nvml_gpus(settings.gpus))
 
 
-class AgentServer:
+class AgentServer(ExitSignals):
     """One node agent. `await serve()` runs until `should_exit` is set (signals set it)."""
 
     def __init__(self, settings: AgentSettings, gpus: list[GPU] | None = None) -> None:
         self.settings = settings
         self._gpus = gpus
         self.agent_id = uuid.uuid4().hex[:12]
-        self.should_exit = asyncio.Event()
-        self.force_exit = False
+        super().__init__()
         self.started = asyncio.Event()
         self.agents: dict[int, GpuAgent] = {}
         self.gateway: Gateway | None = None
@@ -92,19 +90,6 @@ class AgentServer:
         return bytes(msg.data)
 
     # ------------------------------------------------------------------ lifecycle
-    def install_signal_handlers(self) -> None:
-        """First SIGINT/SIGTERM: graceful exit; second: force."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.handle_exit)
-
-    def handle_exit(self) -> None:
-        """Signal handler: ask for shutdown, or force it on the second signal."""
-        if self.should_exit.is_set():
-            self.force_exit = True
-        self.should_exit.set()
-
     async def serve(self) -> None:
         """Start, run the loops until asked to exit, shut down (always)."""
         try:
@@ -300,7 +285,7 @@ class AgentServer:
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
         """Stop intake, restore every GPU, flush, drain NATS, stop the embedded server."""
-        LOG.info("agent shutting down%s", " (forced)" if self.force_exit else "")
+        LOG.info("agent shutting down%s", " (forced)" if self.force_exit.is_set() else "")
         if self._transport is not None:
             self._transport.close()
             if self.gateway is not None and self.gateway.reply_socket is not None:
@@ -315,7 +300,7 @@ class AgentServer:
                 await agent.restore(reason="agent shutting down")
             except Exception:  # noqa: BLE001 - restore the others anyway
                 LOG.exception("GPU %d: restore at shutdown failed", agent.index)
-        if self.nc is not None and not self.force_exit:
+        if self.nc is not None and not self.force_exit.is_set():
             for agent in self.agents.values():
                 await agent.flush_measurements()
                 await agent.flush_samples()
@@ -325,7 +310,7 @@ class AgentServer:
             self._metrics_server.shutdown()
         if self.nc is not None:
             with contextlib.suppress(Exception):
-                if self.force_exit:
+                if self.force_exit.is_set():
                     await self.nc.close()
                 else:
                     await asyncio.wait_for(self.nc.drain(), 5)

@@ -7,7 +7,7 @@ transformers; `zeus_agent.integrations` imports it only on first access.
 
 from __future__ import annotations
 
-from pathlib import Path
+import inspect
 from typing import Any
 
 from zeus_agent.integrations.power_limit import GlobalPowerLimitOptimizer
@@ -27,17 +27,8 @@ class HFGlobalPowerLimitOptimizer(TrainerCallback):
     See `GlobalPowerLimitOptimizer` for the arguments and behaviour.
     """
 
-    def __init__(
-        self,
-        monitor: Any,
-        optimum_selector: Any = None,
-        wait_steps: int = 1,
-        warmup_steps: int = 10,
-        profile_steps: int = 40,
-        pl_step: int = 25,
-        profile_path: str | Path | None = None,
-    ) -> None:
-        """Register the job and rank (see `GlobalPowerLimitOptimizer.__init__`).
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Register the job and rank: the arguments are `GlobalPowerLimitOptimizer`'s.
 
         Raises:
             ImportError: transformers is not installed.
@@ -48,15 +39,7 @@ class HFGlobalPowerLimitOptimizer(TrainerCallback):
                 "HFGlobalPowerLimitOptimizer needs the transformers package: "
                 "pip install 'zeus-bus[transformers]'"
             ) from _TRANSFORMERS_ERROR
-        self.optimizer = GlobalPowerLimitOptimizer(
-            monitor=monitor,
-            optimum_selector=optimum_selector,
-            wait_steps=wait_steps,
-            warmup_steps=warmup_steps,
-            profile_steps=profile_steps,
-            pl_step=pl_step,
-            profile_path=profile_path,
-        )
+        self.optimizer = GlobalPowerLimitOptimizer(*args, **kwargs)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Mark the end of a training epoch."""
@@ -65,3 +48,9 @@ class HFGlobalPowerLimitOptimizer(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Mark the beginning of a training step."""
         self.optimizer.on_step_begin()
+
+
+# One signature, Zeus's, defined once: introspection and help() show the optimizer's arguments.
+HFGlobalPowerLimitOptimizer.__init__.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+    GlobalPowerLimitOptimizer.__init__
+)
