@@ -19,6 +19,7 @@ import csv
 import os
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -29,6 +30,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import PydanticUndefined
 
 CSV_COLUMNS = (
     "rank",
@@ -170,7 +172,16 @@ class OfflineProfilingResult(BaseModel):
 
 
 class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
-    """Time and energy of each instruction in each stage, one entry per rank."""
+    """Time and energy of each instruction in each stage, one entry per rank.
+
+    Built as `InstructionProfilingResult([...])`, or as in Zeus (pydantic v1) with
+    `InstructionProfilingResult(__root__=[...])`.
+    """
+
+    def __init__(self, root: Any = PydanticUndefined, **data: Any) -> None:
+        if "__root__" in data:  # Zeus's pydantic v1 spelling
+            root = data.pop("__root__")
+        super().__init__(root, **data)
 
     def to_csv(self, filepath: str) -> None:
         """Save as CSV with the seed's columns.

@@ -114,3 +114,9 @@ def test_dump_helpers_round_trip(tmp_path):
     assert load_prof(d, 3) == prof
     assert load_sched(d, 3) == sched
     assert load_ranks(d) == ranks
+
+
+def test_instruction_profiling_result_accepts_zeus_root_keyword():
+    entry = _offline(0, 0)
+    assert InstructionProfilingResult(__root__=[entry]) == InstructionProfilingResult([entry])
+    assert InstructionProfilingResult.model_validate([entry.model_dump()]).root == [entry]
