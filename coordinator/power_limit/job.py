@@ -29,6 +29,7 @@ from coordinator.power_limit.machine import (
     BeginWindow,
     Done,
     EndWindow,
+    PowerLimitError,
     PowerLimitStateMachine,
     Profiling,
     SetPowerLimit,
@@ -270,7 +271,17 @@ class PowerLimitJob:
                 energy_j += e1_j - e0_j
             if time_s <= 0 or energy_j <= 0:
                 actions.append(StatusUpdate(
-                    "error", f"window {name} measured no time or energy; ignored", {}))
+                    "error",
+                    f"window {name} measured {time_s:.3f} s and {energy_j:.1f} J: unusable, its "
+                    "limit is left out (windows this short need more profile_steps)",
+                    self.progress(),
+                ))
+                try:
+                    discarded = self.machine.discard(name)
+                except PowerLimitError as e:
+                    actions.append(StatusUpdate("error", f"not optimising: {e}", self.progress()))
+                    continue
+                actions += self._translate(discarded, step=self.last_step)
                 continue
             effects = self.machine.record(name, time_s, energy_j)
             actions.append(StatusUpdate(

@@ -494,6 +494,28 @@ class PowerLimitStateMachine:
             return self._advance()
         return []
 
+    def discard(self, window_name: str) -> list[Effect]:
+        """Give up a closed window whose measurement is unusable (e.g. no energy measured).
+
+        Its limit is left out of the measurements; if it was the last one awaited, the optimum
+        is chosen from the others (or the search goes on).
+
+        Raises:
+            InvalidTransitionError: The window is not closed-and-pending.
+        """
+        call = f"discard({window_name!r})"
+        if not self._started or window_name not in self._pending:
+            raise self._invalid(call, f"pending windows are {sorted(self._pending) or 'none'}")
+        del self._pending[window_name]
+        if not (isinstance(self.state, Ready) and self.state.next_power_limit is None):
+            return []
+        if self._pending or self._results:
+            return self._advance()
+        probe = self._next_probe()  # nothing measured yet: the search must go on
+        if probe is None:
+            raise self._invalid(call, "no window was measured: nothing to choose from")
+        return self._begin_probe(probe)
+
     # Internals -----------------------------------------------------------------------------------
 
     def _invalid(self, call: str, detail: str = "") -> InvalidTransitionError:

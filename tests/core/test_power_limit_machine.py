@@ -404,3 +404,27 @@ def test_resume_with_a_foreign_limit_is_refused():
 
     with pytest.raises(ProfileRangeError, match="310 W"):
         PowerLimitStateMachine(100, 300, resume=[WindowResult(310, 40, 1.0, 1.0)])
+
+
+def test_a_discarded_window_leaves_its_limit_out():
+    from coordinator.power_limit import Energy
+
+    machine = PowerLimitStateMachine(200, 300, optimum_selector=Energy(), warmup_steps=1,
+                                     profile_steps=1, pl_step=50, wait_steps=0)
+    machine.start()
+    closed = []
+    for _ in range(20):
+        for e in machine.on_step_begin():
+            if isinstance(e, EndWindow) and not e.cancel:
+                closed.append(e.name)
+                if e.name.endswith("_250"):
+                    machine.discard(e.name)  # e.g. no energy was measured
+                else:
+                    limit = int(e.name.rsplit("_", 1)[1])
+                    machine.record(e.name, 1.0, 1000.0 - limit)
+        if machine.optimal_power_limit is not None:
+            break
+    assert [m.power_limit for m in machine.measurements] == [300, 200]
+    assert machine.optimal_power_limit == 300  # lowest energy among the measured limits
+    with pytest.raises(InvalidTransitionError, match="discard"):
+        machine.discard("__GlobalPowerLimitOptimizer_250")
