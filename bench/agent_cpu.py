@@ -12,16 +12,16 @@ object as the last line.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import machine, now
 
 from zeus_agent.broker import EmbeddedNats
 
@@ -70,8 +70,8 @@ def main() -> None:
         "bench": "agent_cpu", "gpus": args.gpus, "sample_hz": args.hz,
         "cpu_pct_of_one_core": round(pct, 3), "window_s": round(t1 - t0, 1),
         "budget_pct": BUDGET_PCT, "ok": pct <= BUDGET_PCT,
-        "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "date": now(),
     }))
 
 

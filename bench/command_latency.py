@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import machine, now
 
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.wire import codec, subjects
@@ -100,11 +100,8 @@ def main() -> None:
         "requests": len(samples),
         "budget_p99_us": BUDGET_P99_US,
         "ok": p99 <= BUDGET_P99_US,
-        "machine": (
-            f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu "
-            f"{platform.platform()} python {platform.python_version()}"
-        ),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "date": now(),
     }
     print(json.dumps(result))
 

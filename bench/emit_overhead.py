@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import logging
 import os
-import platform
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+
+from _common import machine, now
 
 from zeus_agent import emit
 from zeus_agent.wire.trainer import Kind, encode_event
@@ -148,11 +148,8 @@ def main() -> None:
         "calls": args.calls,
         "budget_p50_ns": BUDGET_P50_NS,
         "ok": p50_up <= BUDGET_P50_NS and p50_absent <= BUDGET_P50_NS,
-        "machine": (
-            f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu "
-            f"{platform.platform()} python {platform.python_version()}"
-        ),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "date": now(),
     }
     print(json.dumps(result))
 

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from _common import machine, now
 
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
@@ -200,11 +200,8 @@ def main() -> None:
         "budget_p50_us": BUDGET_P50_US,
         "budget_p99_us": BUDGET_P99_US,
         "ok": ok,
-        "machine": (
-            f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu "
-            f"{platform.platform()} python {platform.python_version()}"
-        ),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "date": now(),
     }
     print(json.dumps(result))
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import logging
 import multiprocessing
-import platform
 import tempfile
 import time
 
 import msgpack
+from _common import machine, now
 
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
@@ -45,13 +44,6 @@ from zeus_agent.wire.messages import (
 )
 
 BUDGET_S = 1.0
-
-
-def machine() -> str:
-    """A short description of this host."""
-    import os
-
-    return f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}"
 
 
 async def harness(url: str, nodes: int, gpus_per_node: int) -> dict:
@@ -194,7 +186,7 @@ async def bench(nodes: int, gpus_per_node: int, state_dir: str, in_process: bool
         "state_writes": coord.writes,
         "harness": "in-process" if in_process else "subprocess",
         "machine": machine(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": now(),
     }
 
 
