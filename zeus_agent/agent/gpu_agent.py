@@ -102,6 +102,7 @@ class GpuAgent:
         self._pending_measurements: list[Measurement] = []
         self._pending_events: list[TrainerEvent] = []
         self._event_queue: asyncio.Queue[EventDatagram] = asyncio.Queue()
+        self._background: set[asyncio.Future[None]] = set()
         self.last_sample: Sample | None = None
         self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0}
 
@@ -364,12 +365,11 @@ class GpuAgent:
         except GPUError as e:
             await self.error_event("frequency_failed", str(e))
 
-    _background: set[asyncio.Task[None]] = set()
-
     def _spawn(self, coro: Awaitable[None]) -> None:
+        """Run a side task (error events, a blocking clock change), keeping a reference."""
         task = asyncio.ensure_future(coro)
-        GpuAgent._background.add(task)
-        task.add_done_callback(GpuAgent._background.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def process_events(self) -> None:
         """Forever: measure queued events (one energy read per burst), then flush them."""
