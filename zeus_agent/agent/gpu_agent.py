@@ -375,11 +375,14 @@ class GpuAgent:
         """Forever: measure queued events (one energy read per burst), then flush them."""
         while True:
             ev = await self._event_queue.get()
-            await self.read_energy_now()
-            self._measure(ev)
-            while not self._event_queue.empty():
-                self._measure(self._event_queue.get_nowait())
-            await self.flush_measurements()
+            try:
+                await self.read_energy_now()
+                self._measure(ev)
+                while not self._event_queue.empty():
+                    self._measure(self._event_queue.get_nowait())
+                await self.flush_measurements()
+            except Exception:  # noqa: BLE001 - one bad event never stops the measuring
+                LOG.exception("GPU %d: measuring trainer events failed; continuing", self.index)
 
     def _energy_at(self, t_ns: int) -> float | None:
         try:
