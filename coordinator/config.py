@@ -18,7 +18,11 @@ LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
 class CoordinatorSettings(BaseSettings):
-    """Configuration of the coordinator (Zeus's `PFOServerSettings` fields plus the bus)."""
+    """Configuration of the coordinator (Zeus's `PFOServerSettings` fields plus the bus).
+
+    Every flag is also an environment variable with Zeus's prefix: ZEUS_PFO_ and the flag's name
+    in capitals with underscores (--log-level: ZEUS_PFO_LOG_LEVEL). Flags win.
+    """
 
     model_config = SettingsConfigDict(
         env_prefix="ZEUS_PFO_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore"

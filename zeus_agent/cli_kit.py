@@ -14,7 +14,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic_settings import BaseSettings
 
@@ -43,12 +43,13 @@ def run_service(
         The exit code.
     """
     from pydantic import ValidationError
-    from pydantic_settings import CliApp
+    from pydantic_settings import CliApp, CliSettingsSource
 
     from zeus_agent.errors import ZeusAgentError
 
     try:
-        settings = CliApp.run(settings_cls, cli_args=list(argv), cli_prog_name=prog)
+        source: CliSettingsSource[Any] = CliSettingsSource(settings_cls, cli_prog_name=prog)
+        settings = CliApp.run(settings_cls, cli_args=list(argv), cli_settings_source=source)
     except ValidationError as e:
         print(f"{prog}: invalid configuration:\n{e}", file=sys.stderr)
         return 2

@@ -18,7 +18,11 @@ from zeus_agent.wire.trainer import DEFAULT_SOCKET_PATH
 
 
 class AgentSettings(BaseSettings):
-    """Configuration of one node agent."""
+    """Configuration of one node agent.
+
+    Every flag is also an environment variable: ZEUS_AGENT_ and the flag's name in capitals with
+    underscores (--nats-url: ZEUS_AGENT_NATS_URL). Flags win over the environment.
+    """
 
     model_config = SettingsConfigDict(
         env_prefix="ZEUS_AGENT_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore"
