@@ -32,7 +32,7 @@ from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.config import AgentSettings
-from zeus_agent.errors import BrokerError, PayloadError, ZeusAgentError
+from zeus_agent.errors import BrokerError, GPUUnavailableError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal
@@ -53,7 +53,13 @@ def open_gpus(settings: AgentSettings) -> list[GPU]:
         ]
     from zeus_agent.gpu.nvml import nvml_gpus
 
-    return list(nvml_gpus(settings.gpus))
+    try:
+        return list(nvml_gpus(settings.gpus))
+    except GPUUnavailableError as e:
+        raise GPUUnavailableError(
+            f"{str(e).rstrip('.')}. No NVIDIA driver on this host? To try the system without "
+            "GPUs, run the agent with --backend sim."
+        ) from e
 
 
 class AgentServer(ExitSignals):
