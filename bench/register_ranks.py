@@ -92,7 +92,7 @@ async def harness(url: str, nodes: int, gpus_per_node: int) -> dict:
     client = await connect(url, "trainers")
     info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
     raw = await client.request(
-        subjects.coord_register_job(),
+        subjects.coord_register_job("n0"),
         codec.encode(RegisterJob(job=info, power_limit=PowerLimitOptions())), timeout=10)
     job_id = codec.decode(raw.data, Reply).result["job_id"]
     requests = [
@@ -105,7 +105,6 @@ async def harness(url: str, nodes: int, gpus_per_node: int) -> dict:
         ))
         for r in range(ranks)
     ]
-    subject = subjects.coord_register_rank()
 
     # The trainers: every request outstanding at once, replies on one wildcard inbox (4,096
     # real trainers each pay their own request overhead, in their own process).
@@ -122,7 +121,8 @@ async def harness(url: str, nodes: int, gpus_per_node: int) -> dict:
     await client.flush()
     t0 = time.perf_counter()
     for r, payload in enumerate(requests):
-        await client.publish(subject, payload, reply=f"{inbox}.{r}")
+        node = f"node{r // gpus_per_node:04d}"  # each rank through its own node's subject
+        await client.publish(subjects.coord_register_rank(node), payload, reply=f"{inbox}.{r}")
     await asyncio.wait_for(all_replied.wait(), 30)
     t_registered = time.perf_counter()
     failures = [r for r in (codec.decode(x, Reply) for x in replies.values()) if not r.ok]

@@ -173,8 +173,8 @@ class CoordinatorService(ExitSignals):
         ):
             self._subs.append(await self.nc.subscribe(subject, cb=callback))
         for name, subject, handler in (
-            ("register_job", subjects.coord_register_job(s.prefix), self.handle_register_job),
-            ("register_rank", subjects.coord_register_rank(s.prefix), self.handle_register_rank),
+            ("register_job", subjects.all_coord_register_job(s.prefix), self.handle_register_job),
+            ("register_rank", subjects.all_coord_register_rank(s.prefix), self.handle_register_rank),
             ("query", subjects.coord_job_query(s.prefix), self.handle_query),
         ):
             await self._service.add_endpoint(

@@ -150,7 +150,7 @@ async def test_commands_events_samples_and_sigterm_restore(agent, nc):
     node = agent.node
     assert oct(agent.socket_path.stat().st_mode & 0o777) == oct(0o660)
     samples = await nc.subscribe(f"zeus.gpu.{node}.*.sample")  # not gpu_samples("*"): sanitised
-    events = await nc.subscribe(subjects.job_events("e2e-job", 1))
+    events = await nc.subscribe(subjects.job_events("e2e-job", 1, node))
 
     reply = await command(nc, node, 0, InfoCmd())
     assert reply.ok and reply.result["gpu"]["name"] == "NVIDIA A40"

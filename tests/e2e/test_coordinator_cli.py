@@ -78,7 +78,7 @@ async def test_runs_answers_and_exits_0_on_sigterm(nats_server, tmp_path):
         job = RegisterJob(job=JobInfo(dp_degree=1, pp_degree=1, tp_degree=1, world_size=1))
         for _ in range(100):  # Until the service is up.
             try:
-                msg = await nc.request(subjects.coord_register_job(), codec.encode(job),
+                msg = await nc.request(subjects.coord_register_job("n0"), codec.encode(job),
                                        timeout=0.2)
                 reply = codec.decode(msg.data, Reply)
                 break
@@ -117,7 +117,7 @@ async def test_watch_prints_status_events_and_once_prints_the_job(nats_server, t
         first = await asyncio.wait_for(watcher.stdout.readline(), 20)
         assert b"watching zeus.job.*.status" in first
         job = RegisterJob(job=JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2))
-        msg = await nc.request(subjects.coord_register_job(), codec.encode(job), timeout=5)
+        msg = await nc.request(subjects.coord_register_job("n0"), codec.encode(job), timeout=5)
         job_id = codec.decode(msg.data, Reply).result["job_id"]
         line = await asyncio.wait_for(watcher.stdout.readline(), 10)
         assert job_id.encode() in line and b"[registered]" in line

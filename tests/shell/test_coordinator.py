@@ -97,7 +97,7 @@ def rank_request(job_id: str, rank: int, gpu: int | None = None, node: str = NOD
 
 
 async def register_job(nc, **kw: Any) -> str:
-    reply = await ask(nc, subjects.coord_register_job(), job_request(**kw))
+    reply = await ask(nc, subjects.coord_register_job(NODE), job_request(**kw))
     assert reply.ok, reply
     return reply.result["job_id"]
 
@@ -132,12 +132,12 @@ async def test_register_job_and_ranks_query_and_status(coord, nc):
     job_id = await register_job(nc, dp=2, job_metadata="shell")
     assert job_id.endswith("+dp2+pp1+tp1+PowerLimitOptimizer+shell")
     uuid0 = (await gpu_info(nc, 0))["gpu"]["uuid"]
-    first = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0, uuid=uuid0))
+    first = await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0, uuid=uuid0))
     assert first.ok and first.result["registered"] == 1 and first.result["world_size"] == 2
     # A retry is idempotent.
-    again = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0, uuid=uuid0))
+    again = await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0, uuid=uuid0))
     assert again.ok and again.result["registered"] == 1
-    second = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 1))
+    second = await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 1))
     assert second.ok and second.result["registered"] == 2
 
     one = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
@@ -157,16 +157,16 @@ async def test_register_job_and_ranks_query_and_status(coord, nc):
 @pytest.mark.parametrize(
     ("subject", "payload", "code", "words"),
     [
-        (subjects.coord_register_job(), b"\xc1not msgpack", "bad_request", ["not valid msgpack"]),
-        (subjects.coord_register_job(), msgpack.packb([1, 2]), "bad_request", ["must be a map"]),
-        (subjects.coord_register_job(),
+        (subjects.coord_register_job(NODE), b"\xc1not msgpack", "bad_request", ["not valid msgpack"]),
+        (subjects.coord_register_job(NODE), msgpack.packb([1, 2]), "bad_request", ["must be a map"]),
+        (subjects.coord_register_job(NODE),
          {**job_request().model_dump(), "v": 2}, "bad_request", ["schema version 2"]),
-        (subjects.coord_register_job(),
+        (subjects.coord_register_job(NODE),
          {"v": 1, "job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 3}},
          "bad_request", ["job.world_size", "must equal"]),
-        (subjects.coord_register_job(), {"v": 1, "job": {}, "extra": 1}, "bad_request",
+        (subjects.coord_register_job(NODE), {"v": 1, "job": {}, "extra": 1}, "bad_request",
          ["field"]),
-        (subjects.coord_register_rank(), rank_request("no-such-job", 0), "unknown_job",
+        (subjects.coord_register_rank(NODE), rank_request("no-such-job", 0), "unknown_job",
          ["unknown job 'no-such-job'", "register it first"]),
         (subjects.coord_job_query(), JobQuery(job_id="no-such-job"), "unknown_job",
          ["no-such-job"]),
@@ -185,7 +185,7 @@ async def test_bad_input_gets_a_coded_error(coord, nc, subject, payload, code, w
 
 async def test_rank_errors(coord, nc):
     job_id = await register_job(nc, dp=2)
-    rank = subjects.coord_register_rank()
+    rank = subjects.coord_register_rank(NODE)
     assert (await ask(nc, rank, rank_request(job_id, 0))).ok
     cases = [
         (rank_request(job_id, 0, gpu=1), "duplicate", "already registered"),
@@ -233,7 +233,7 @@ async def test_state_survives_a_restart(nats_server, agent, nc, tmp_path):
     state = tmp_path / "state"
     coord, task = await start(nats_server, state)
     job_id = await register_job(nc, dp=2, job_metadata="restart")
-    assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 1))).ok
+    assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 1))).ok
     await stop(coord, task)
 
     coord, task = await start(nats_server, state)
@@ -241,9 +241,9 @@ async def test_state_survives_a_restart(nats_server, agent, nc, tmp_path):
         one = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
         assert one.ok and list(one.result["ranks"]) == ["1"]
         # Registration continues where it stopped, duplicates are still refused.
-        dup = await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0, gpu=1))
+        dup = await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0, gpu=1))
         assert dup.code == "duplicate"
-        assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0))).ok
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0))).ok
     finally:
         await stop(coord, task)
 
@@ -260,7 +260,7 @@ async def test_loaded_profile_pins_the_optimum_on_every_gpu(coord, nc, tmp_path,
     job_id = await register_job(
         nc, dp=2, power_limit=PowerLimitOptions(selector="Energy", profile_path=str(profile)))
     for r in (0, 1):
-        assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, r))).ok
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
     await wait_for(lambda: any(s.job_id == job_id and s.state == "done" for s in statuses))
     done = [s for s in statuses if s.job_id == job_id and s.state == "done"][0]
     assert "loaded profile: optimal power limit 250 W" in done.message
@@ -294,7 +294,7 @@ async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc, tmp_path, c
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     job_id = await register_job(
         nc, dp=1, power_limit=PowerLimitOptions(profile_path=str(profile)))
-    assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, 0))).ok
+    assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0))).ok
     await wait_for(lambda: any(s.job_id == job_id and s.state == "error" for s in statuses))
     error = [s for s in statuses if s.job_id == job_id and s.state == "error"][0]
     assert words in error.message
@@ -309,7 +309,7 @@ async def feed_steps(nc, job_id: str, steps: range) -> None:
     for s in steps:
         events = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, events=[
             TrainerEvent(kind="step_begin", t_ns=s * 10**9, epoch=0, step=s)])
-        await nc.publish(subjects.job_events(job_id, 0), codec.encode(events))
+        await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(events))
         for rank in (0, 1):
             mark = Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9,
                         energy_j=s * 100.0 * (rank + 1))
@@ -325,7 +325,7 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
     options = PowerLimitOptions(selector="Energy", wait_steps=0, warmup_steps=1, profile_steps=2)
     job_id = await register_job(nc, dp=2, job_metadata="resume", power_limit=options)
     for r in (0, 1):
-        assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, r))).ok
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
 
     async def measured() -> int:
         reply = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
@@ -363,7 +363,7 @@ async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, a
         options = PowerLimitOptions(selector="Energy", profile_path=str(profile))
         job_id = await register_job(nc, dp=2, power_limit=options)
         for r in (0, 1):
-            assert (await ask(nc, subjects.coord_register_rank(), rank_request(job_id, r))).ok
+            assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
         sim_dir = agent.settings.sim_state_dir
         await wait_for(lambda: SimGPU.open(sim_dir, 0).get_power_limit_w() == 250)
         # Quiet: renewals stop after lease_idle_s, the agents' leases lapse, defaults return.

@@ -17,13 +17,25 @@ from zeus_agent.wire.messages import (
 
 
 def test_subjects_sanitise_user_tokens():
-    assert subjects.token("node.a b*>") == "node_a_b__"
+    unsafe = subjects.token("node.a b*>")
+    assert unsafe.startswith("node_a_b__~") and len(unsafe) == len("node_a_b__~") + 16
+    assert subjects.token("node_a_b__") == "node_a_b__"  # a verbatim token never has "~"
     assert subjects.token("") == "_"
     assert subjects.gpu_command("n1", 3) == "zeus.gpu.n1.3.cmd"
-    assert subjects.job_events("2024+dp1.x", 0, prefix="t1") == "t1.job.2024+dp1_x.ev.0"
-    assert subjects.lease_renewal("a>b") == "zeus.lease.a_b"
+    assert subjects.job_events("2024+dp1+x", 0, "n1", prefix="t1") == "t1.job.2024+dp1+x.ev.0.n1"
+    assert subjects.lease_renewal("a>b").startswith("zeus.lease.a_b~")
     with pytest.raises(ValueError, match="prefix"):
         subjects.agent_hello("n", prefix="bad prefix")
+
+
+def test_long_user_values_give_short_distinct_tokens():
+    long_a, long_b = "j" * 5000, "j" * 4999 + "k"
+    ta, tb = subjects.token(long_a), subjects.token(long_b)
+    assert ta != tb and len(ta) <= subjects.MAX_TOKEN_CHARS and len(tb) <= subjects.MAX_TOKEN_CHARS
+    assert len(subjects.job_events(long_a, 2**40, "n" * 300)) < 200
+    assert subjects.token("x" * subjects.MAX_TOKEN_CHARS) == "x" * subjects.MAX_TOKEN_CHARS
+    assert "~" in subjects.token("x" * (subjects.MAX_TOKEN_CHARS + 1))
+    assert subjects.token("a.b") != subjects.token("a_b")
 
 
 def test_golden_round_trip_of_a_command():

@@ -203,12 +203,12 @@ class Gateway(asyncio.DatagramProtocol):
             )
         if req.kind is Kind.REGISTER_JOB:
             job = codec.validate(RegisterJob, req.payload)
-            return await self._relay(subjects.coord_register_job(self.prefix), codec.encode(job))
+            return await self._relay(subjects.coord_register_job(self.node, self.prefix), codec.encode(job))
         if req.kind is Kind.REGISTER_RANK:
             rank = codec.validate(RegisterRank, req.payload)
             if rank.pid is None:
                 rank = rank.model_copy(update={"pid": req.pid})
-            return await self._relay(subjects.coord_register_rank(self.prefix), codec.encode(rank))
+            return await self._relay(subjects.coord_register_rank(self.node, self.prefix), codec.encode(rank))
         if req.kind is Kind.WINDOW:
             window = codec.validate(WindowRequest, req.payload)
             if window.t1_ns < window.t0_ns:

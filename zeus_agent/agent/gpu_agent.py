@@ -486,7 +486,7 @@ class GpuAgent:
                 job_id=b.job_id, rank=b.rank, node=self.node, gpu=self.index, events=events
             )
             await self._publish(
-                subjects.job_events(b.job_id, b.rank, self.prefix), codec.encode(batch)
+                subjects.job_events(b.job_id, b.rank, self.node, self.prefix), codec.encode(batch)
             )
         if marks or meas:
             mb = MeasurementBatch(

@@ -1,9 +1,16 @@
 """NATS subject names, built by pure functions (one owner per subject).
 
 Every subject starts with a configurable prefix (default "zeus") so tenants can share a NATS.
-Tokens that come from users (node names, job ids) go through `token()`, which replaces the
-characters NATS reserves (".", "*", ">", white space) so a user string can never widen a
-subscription or split a subject.
+Tokens that come from users (node names, job ids) go through `token()`: a value made only of
+safe characters (letters, digits, `-_+=:@,`) and at most `MAX_TOKEN_CHARS` long is used as is;
+any other value becomes a readable head plus a digest of the whole value. So a user string can
+never widen a subscription, split a subject, or make a subject long enough for nats-server to
+close the connection (its control line is limited to 4 KiB), and two different values never
+share a token.
+
+Subjects a node's agent publishes or requests on carry the node's token (`jobs.register.<node>`,
+`ev.<rank>.<node>`), so NATS permissions can confine an agent's credentials to its own node and
+the coordinator knows which node a request came through (`deploy/nats/`, `permissions.py`).
 
 | function | subject | from -> to |
 |---|---|---|
@@ -14,35 +21,63 @@ subscription or split a subject.
 | `gpu_measurements` | `<p>.gpu.<node>.<gpu>.meas` | agent ->: marks, step/instr. time+energy |
 | `gpu_errors` | `<p>.gpu.<node>.<gpu>.error` | agent ->: schedule mismatches |
 | `lease_renewal` | `<p>.lease.<holder>` | coordinator -> agents: renew leases |
-| `coord_register_job` | `<p>.coord.jobs.register` | agent -> coordinator, req/reply |
-| `coord_register_rank` | `<p>.coord.ranks.register` | agent -> coordinator, req/reply |
+| `coord_register_job` | `<p>.coord.jobs.register.<node>` | agent -> coordinator, req/reply |
+| `coord_register_rank` | `<p>.coord.ranks.register.<node>` | agent -> coordinator, req/reply |
 | `coord_job_query` | `<p>.coord.jobs.query` | anyone -> coordinator, req/reply |
-| `job_events` | `<p>.job.<job>.ev.<rank>` | agent ->: batched trainer events |
+| `job_events` | `<p>.job.<job>.ev.<rank>.<node>` | agent ->: batched trainer events |
 | `job_schedule` | `<p>.job.<job>.sched.<rank>` | coordinator ->: a rank's schedule |
 | `job_status` | `<p>.job.<job>.status` | coordinator ->: state and progress |
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 DEFAULT_PREFIX = "zeus"
-_RESERVED = re.compile(r"[.*>\s]")
+MAX_TOKEN_CHARS = 64
+"""Longest token used verbatim; longer values are shortened to a head plus a digest."""
+MAX_PREFIX_CHARS = 64
+_SAFE = re.compile(r"[A-Za-z0-9_\-+=:@,]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-+=:@,]")
+_PREFIX = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
+_HEAD_CHARS = 40
+_DIGEST_CHARS = 16
 
 
 def token(value: str | int) -> str:
-    """Make a user-supplied value safe as one NATS subject token.
+    """Make a user-supplied value safe and short as one NATS subject token.
 
-    ".", "*", ">" and white space become "_"; an empty value becomes "_".
+    A value of safe characters (letters, digits, `-_+=:@,`) up to `MAX_TOKEN_CHARS` long is
+    its own token. Anything else becomes `<head>~<digest>`: the first characters with unsafe
+    ones replaced by "_", then 16 hex digits of the SHA-256 of the whole value, so the token
+    stays short and two different values do not share one ("~" never appears in a verbatim
+    token). An empty value becomes "_".
     """
-    text = _RESERVED.sub("_", str(value))
-    return text or "_"
+    text = str(value)
+    if not text:
+        return "_"
+    if len(text) <= MAX_TOKEN_CHARS and _SAFE.fullmatch(text):
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
+    return f"{_UNSAFE.sub('_', text[:_HEAD_CHARS])}~{digest}"
 
 
-def _p(prefix: str) -> str:
-    if not prefix or _RESERVED.search(prefix.replace(".", "")):
-        raise ValueError(f"invalid subject prefix {prefix!r}: use letters, digits, '-', '_'")
+def check_prefix(prefix: str) -> str:
+    """Return `prefix` if it is a valid subject prefix.
+
+    Raises:
+        ValueError: Empty, too long, or not dot-separated tokens of letters, digits, "-", "_".
+    """
+    if not prefix or len(prefix) > MAX_PREFIX_CHARS or not _PREFIX.fullmatch(prefix):
+        raise ValueError(
+            f"invalid subject prefix {prefix!r}: use up to {MAX_PREFIX_CHARS} letters, digits, "
+            "'-' and '_' (dots may separate tokens), e.g. 'zeus' or 'zeus-prod'"
+        )
     return prefix
+
+
+_p = check_prefix
 
 
 def agent_hello(node: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -84,14 +119,24 @@ def lease_renewal(holder: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.lease.{token(holder)}"
 
 
-def coord_register_job(prefix: str = DEFAULT_PREFIX) -> str:
-    """Request/reply subject to register a job with the coordinator."""
-    return f"{_p(prefix)}.coord.jobs.register"
+def coord_register_job(node: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Request/reply subject on which `node`'s agent registers its trainers' jobs."""
+    return f"{_p(prefix)}.coord.jobs.register.{token(node)}"
 
 
-def coord_register_rank(prefix: str = DEFAULT_PREFIX) -> str:
-    """Request/reply subject to register a rank with the coordinator."""
-    return f"{_p(prefix)}.coord.ranks.register"
+def coord_register_rank(node: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Request/reply subject on which `node`'s agent registers its trainers' ranks."""
+    return f"{_p(prefix)}.coord.ranks.register.{token(node)}"
+
+
+def all_coord_register_job(prefix: str = DEFAULT_PREFIX) -> str:
+    """Job registrations from every node: `<p>.coord.jobs.register.*`."""
+    return f"{_p(prefix)}.coord.jobs.register.*"
+
+
+def all_coord_register_rank(prefix: str = DEFAULT_PREFIX) -> str:
+    """Rank registrations from every node: `<p>.coord.ranks.register.*`."""
+    return f"{_p(prefix)}.coord.ranks.register.*"
 
 
 def coord_job_query(prefix: str = DEFAULT_PREFIX) -> str:
@@ -99,9 +144,9 @@ def coord_job_query(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.coord.jobs.query"
 
 
-def job_events(job_id: str, rank: int | str, prefix: str = DEFAULT_PREFIX) -> str:
-    """Subject of a rank's batched trainer events."""
-    return f"{_p(prefix)}.job.{token(job_id)}.ev.{token(rank)}"
+def job_events(job_id: str, rank: int | str, node: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Subject of a rank's batched trainer events, as relayed by `node`'s agent."""
+    return f"{_p(prefix)}.job.{token(job_id)}.ev.{token(rank)}.{token(node)}"
 
 
 def job_schedule(job_id: str, rank: int | str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -126,8 +171,23 @@ def all_gpu_commands(prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def all_job_events(prefix: str = DEFAULT_PREFIX) -> str:
-    """Every rank's trainer events: `<p>.job.*.ev.*`."""
-    return f"{_p(prefix)}.job.*.ev.*"
+    """Every rank's trainer events: `<p>.job.*.ev.*.*`."""
+    return f"{_p(prefix)}.job.*.ev.*.*"
+
+
+def last_token(subject: str) -> str:
+    """The last token of a subject (e.g. the node of `jobs.register.<node>`)."""
+    return subject.rsplit(".", 1)[-1]
+
+
+def inbox_prefix(role: str, name: str = "", prefix: str = DEFAULT_PREFIX) -> str:
+    """Reply inbox prefix of a client: `_INBOX.<p>.<role>[.<name>]`.
+
+    Agents use role "node" and their node's name, so NATS permissions can give each agent
+    only its own replies (nats-py's default `_INBOX.>` would let it read everybody's).
+    """
+    tail = f".{token(name)}" if name else ""
+    return f"_INBOX.{_p(prefix)}.{token(role)}{tail}"
 
 
 def all_job_status(prefix: str = DEFAULT_PREFIX) -> str:
