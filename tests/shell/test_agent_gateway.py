@@ -12,7 +12,7 @@ import pytest
 from tests.shell.agent_kit import Inbox, RawTrainer, command, running_agent, wait_for
 from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.models import FrequencySchedule, JobInfo, RankInfo
-from zeus_agent.wire import codec
+from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     ErrorEvent,
     GpuBinding,
@@ -67,7 +67,7 @@ async def test_hello_for_an_unknown_gpu_is_refused(agent, trainer):
 
 
 async def test_events_are_forwarded_to_the_job_subject_in_batches(agent, trainer, nc):
-    inbox = await Inbox.open(nc, "zeus.job.jobE.ev.3")
+    inbox = await Inbox.open(nc, subjects.job_events("jobE", 3, agent.settings.node))
     assert (await trainer.hello("jobE", rank=3, gpu_index=0)).ok
     trainer.event(K.EPOCH_BEGIN, 0)
     for step in range(3):
@@ -193,7 +193,7 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
 
     async def coordinator(msg):
         seen.append(msg.subject)
-        if msg.subject.endswith("jobs.register"):
+        if ".jobs.register." in msg.subject:
             job = codec.decode(msg.data, RegisterJob)
             reply = Reply.success(job_id=f"{job.job.job_metadata}-0001")
         else:
@@ -201,7 +201,7 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
             reply = Reply.success(rank=rank.rank_info.rank, pid=rank.pid)
         await msg.respond(codec.encode(reply))
 
-    sub = await nc.subscribe("zeus.coord.*.register", cb=coordinator)
+    sub = await nc.subscribe("zeus.coord.*.register.*", cb=coordinator)
     await confirm_subscriptions(nc)
     job = JobInfo(job_metadata="relay", pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
     reply = await trainer.request(K.REGISTER_JOB, RegisterJob(job=job))
@@ -213,7 +213,8 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
     )
     reply = await trainer.request(K.REGISTER_RANK, rank)
     assert reply.ok and reply.result == {"rank": 0, "pid": os.getpid()}  # pid filled in
-    assert seen == ["zeus.coord.jobs.register", "zeus.coord.ranks.register"]
+    node = agent.settings.node
+    assert seen == [subjects.coord_register_job(node), subjects.coord_register_rank(node)]
     await sub.unsubscribe()
 
 
