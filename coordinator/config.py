@@ -60,7 +60,22 @@ class CoordinatorSettings(BaseSettings):
     lease_s: float = Field(
         default=30.0,
         gt=0,
+        le=3600,
         description="Lease of GPU settings; renewed every lease_s/3 while jobs live",
+    )
+    mark_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A profiling window whose GPU marks have not all arrived this long after it "
+        "closed is profiled again (an agent restarted and lost them)",
+    )
+    max_jobs: int = Field(
+        default=10_000, ge=1, description="Most jobs registered at once (quota error beyond)"
+    )
+    max_jobs_per_node: int = Field(
+        default=256,
+        ge=1,
+        description="Most jobs registered at once through one node's agent (quota error beyond)",
     )
     lease_idle_s: float = Field(
         default=900.0,

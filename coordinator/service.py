@@ -1,14 +1,22 @@
 """`CoordinatorService`: the coordinator's NATS shell (config in, `serve()` runs it).
 
 Endpoints (a `nats.micro` service "zeus-coordinator", queue group so replicas share load):
-* `<p>.coord.jobs.register`: `RegisterJob` -> `Reply{job_id}`;
-* `<p>.coord.ranks.register`: `RegisterRank` -> `Reply{...}`; the rank's GPU is checked with
-  its agent (`info` command) and, once every rank is in, the job's optimiser starts;
-* `<p>.coord.jobs.query`: `JobQuery` -> `Reply{job or jobs}`.
+* `<p>.coord.jobs.register.<node>`: `RegisterJob` -> `Reply{job_id}` (quotas per node);
+* `<p>.coord.ranks.register.<node>`: `RegisterRank` -> `Reply{...}`; only through the agent of
+  the rank's GPU's node (the subject's node, which NATS permissions tie to that agent's
+  credentials); the GPU is checked with its agent (`info`) and, once every rank is in, the
+  job's optimiser starts;
+* `<p>.coord.jobs.query`: `JobQuery` -> `Reply{job or jobs}` (with the measured profile).
 
-Streams it follows: trainer events `<p>.job.*.ev.*` (rank 0 paces the power-limit machine),
-GPU marks `<p>.gpu.*.*.meas` (window energies). It commands agents on `<p>.gpu.<n>.<i>.cmd`,
-renews leases on `<p>.lease.<job>` and reports on `<p>.job.<job>.status`.
+Streams it follows: trainer events `<p>.job.*.ev.*.<node>` (rank 0 paces the power-limit
+machine), GPU marks `<p>.gpu.*.*.meas` (window energies), both accepted only from the node the
+rank is bound to; agent announcements `<p>.agent.*.hello`, on which it reconciles: a GPU whose
+limit is not its job's desired limit (its agent restarted) gets it again. It commands agents on
+`<p>.gpu.<n>.<i>.cmd`, renews leases on `<p>.lease.<job>` and reports on `<p>.job.<job>.status`.
+
+The coordinator never opens a path a client names: a profile comes with the job's options and
+goes back in the job's status and queries (the trainer's drop-in reads and writes its own
+`profile_path`); the coordinator's copies live in `state_dir/profiles/` under names it makes.
 
 Handlers are decode -> core (`JobRegistry`, `PowerLimitJob`) -> encode; domain errors go out
 as coded `Reply`s. Each request runs in its own task (NATS runs a subscription's callbacks one
@@ -17,7 +25,9 @@ concurrently. Agents' GPU descriptions are cached for `GPU_INFO_TTL_S`.
 
 Persistence: jobs live in `state_dir/jobs.json`, written before a registration is acknowledged
 (so nothing acknowledged is lost) with group commit: requests that arrive while a write is in
-progress share the next write. Profiles are kept in `state_dir/profiles/`.
+progress share the next write. A registration that cannot be written is undone and refused
+(`unavailable`), so a retry never makes a second job. Profiles are kept in
+`state_dir/profiles/`.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -51,7 +62,9 @@ from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.errors import BrokerError, PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
+    AgentHello,
     CommandEnvelope,
+    GpuBinding,
     GpuDescription,
     InfoCmd,
     JobQuery,
@@ -75,7 +88,17 @@ INFO_COMMAND = codec.encode(CommandEnvelope(cmd=InfoCmd()))
 RANK_STATUS_EVERY_UP_TO = 64
 """Jobs up to this world size get a status event per rank; bigger ones every 10 %."""
 
-Handler = Callable[[bytes], Awaitable[Reply]]
+Handler = Callable[[bytes, str], Awaitable[Reply]]
+"""An endpoint handler: (request payload, request subject) -> reply."""
+
+TICK_S = 1.0
+"""How often the jobs' timers (overdue windows) are checked (s)."""
+
+
+class PersistenceError(RegistryError):
+    """The state directory could not be written: the change was undone."""
+
+    code = "unavailable"
 
 
 class CoordinatorService(ExitSignals):
@@ -87,10 +110,15 @@ class CoordinatorService(ExitSignals):
         self.settings = settings
         self.clock = clock
         self.state_dir = Path(settings.state_dir)
-        self.registry = JobRegistry()
+        self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node)
         self.power_limit_jobs: dict[str, PowerLimitJob] = {}
         self._resume: dict[str, list[WindowResult]] = {}  # measured windows from before a restart
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
+        self._gpu_jobs: dict[tuple[str, str], str] = {}
+        """(node token, GPU index token) -> the optimised job that drives that GPU."""
+        self._agent_ids: dict[str, str] = {}
+        self.dropped: Counter[str] = Counter()
+        """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
         super().__init__()
         self.started = asyncio.Event()
         self.nc: Any = None
@@ -122,6 +150,7 @@ class CoordinatorService(ExitSignals):
                     tg.create_task(
                         every(s.lease_s / 3, self._renew_leases, "lease renewal", first_now=False)
                     ),
+                    tg.create_task(every(TICK_S, self._tick_jobs, "job timers", first_now=False)),
                     tg.create_task(
                         every(
                             min(60.0, s.max_job_idle_time / 10),
@@ -160,7 +189,8 @@ class CoordinatorService(ExitSignals):
             raise BrokerError(
                 "no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats"
             )
-        self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s)
+        self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
+                                inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix))
         from nats import micro
 
         self._service = await micro.add_service(
@@ -170,13 +200,16 @@ class CoordinatorService(ExitSignals):
         for subject, callback in (
             (subjects.all_job_events(s.prefix), self._on_events),
             (subjects.all_gpu_measurements(s.prefix), self._on_measurements),
+            (subjects.all_agent_hellos(s.prefix), self._on_agent_hello),
         ):
             self._subs.append(await self.nc.subscribe(subject, cb=callback))
-        for name, subject, handler in (
+        endpoints: list[tuple[str, str, Handler]] = [
             ("register_job", subjects.all_coord_register_job(s.prefix), self.handle_register_job),
-            ("register_rank", subjects.all_coord_register_rank(s.prefix), self.handle_register_rank),
+            ("register_rank", subjects.all_coord_register_rank(s.prefix),
+             self.handle_register_rank),
             ("query", subjects.coord_job_query(s.prefix), self.handle_query),
-        ):
+        ]
+        for name, subject, handler in endpoints:
             await self._service.add_endpoint(
                 name=name, subject=subject, handler=self._endpoint(handler)
             )
@@ -279,7 +312,8 @@ class CoordinatorService(ExitSignals):
         if path.exists():
             try:
                 data = json.loads(path.read_text())
-                self.registry = JobRegistry.restore(data, self.clock())
+                self.registry = JobRegistry.restore(data, self.clock(), self.settings.max_jobs,
+                                                    self.settings.max_jobs_per_node)
                 self._resume = {
                     job_id: [WindowResult(**w) for w in windows]
                     for job_id, windows in data.get("power_limit_windows", {}).items()
@@ -291,10 +325,7 @@ class CoordinatorService(ExitSignals):
                           path, e, aside)
 
     def profile_path(self, record: JobRecord) -> Path:
-        """Where the job's power-limit profile is loaded from and saved to."""
-        opts = record.power_limit
-        if opts is not None and opts.profile_path:
-            return Path(opts.profile_path)
+        """The coordinator's own copy of a job's profile (a name it makes, in its state dir)."""
         return self.state_dir / "profiles" / f"{subjects.token(record.job_id)}.json"
 
     # ------------------------------------------------------------------ endpoints
@@ -303,7 +334,7 @@ class CoordinatorService(ExitSignals):
 
         async def handle(req: Any) -> None:
             try:
-                reply = await handler(req.data)
+                reply = await handler(req.data, req.subject)
             except PayloadError as e:
                 reply = Reply.failure("bad_request", str(e))
             except RegistryError as e:
@@ -321,22 +352,49 @@ class CoordinatorService(ExitSignals):
 
         return wrapped
 
-    async def handle_register_job(self, data: bytes) -> Reply:
-        """Register a job and return its id."""
+    async def _save_or_undo(self, undo: Callable[[], None]) -> None:
+        """Persist a registration; if the state directory cannot be written, undo it.
+
+        Raises:
+            PersistenceError: The write failed (the change was undone: a retry starts afresh).
+        """
+        try:
+            await self._save()
+        except OSError as e:
+            undo()
+            LOG.error("cannot write the state directory %s: %s", self.state_dir, e)
+            raise PersistenceError(
+                f"the coordinator cannot write its state ({e.strerror or e}); nothing was "
+                "registered: retry once its state directory is writable"
+            ) from None
+
+    async def handle_register_job(self, data: bytes, subject: str = "") -> Reply:
+        """Register a job (through the node named by the subject) and return its id."""
         request = codec.decode(data, RegisterJob)
-        record = self.registry.register_job(request, self.clock())
-        await self._save()
+        record = self.registry.register_job(request, self.clock(), subjects.last_token(subject))
+        await self._save_or_undo(lambda: self.registry.unregister_job(record.job_id))
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await self.status(record.job_id, "registered",
                           f"job registered for {what}; "
                           f"waiting for {record.job.world_size} rank(s)")
         return Reply.success(job_id=record.job_id)
 
-    async def handle_register_rank(self, data: bytes) -> Reply:
-        """Register a rank after checking its GPU with the agent that drives it."""
+    async def handle_register_rank(self, data: bytes, subject: str = "") -> Reply:
+        """Register a rank after checking its GPU with the agent that drives it.
+
+        Only the agent of the GPU's node may register it: the subject names the node the
+        request came through.
+        """
         request = codec.decode(data, RegisterRank)
-        retry = self.registry.check_rank(request)  # Refuse bad requests before asking agents.
         gpu = request.gpu
+        via = subjects.last_token(subject)
+        if via != subjects.token(gpu.node):
+            return Reply.failure(
+                "forbidden",
+                f"a rank on node {gpu.node!r} must be registered through that node's agent, not "
+                f"through {via!r}: run the trainer on the node of its GPU",
+            )
+        retry = self.registry.check_rank(request)  # Refuse bad requests before asking agents.
         if not retry:
             info = await self._gpu_info(gpu.node, gpu.gpu_index)
             if info is None:
@@ -355,7 +413,8 @@ class CoordinatorService(ExitSignals):
         record, new = self.registry.register_rank(request, self.clock())
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
-            await self._save()
+            rank = request.rank_info.rank
+            await self._save_or_undo(lambda: self.registry.unregister_rank(record.job_id, rank))
             # One event per rank is too many to follow for big jobs: then every 10 %.
             if world <= RANK_STATUS_EVERY_UP_TO or n * 10 // world != (n - 1) * 10 // world:
                 await self.status(record.job_id, "rank_registered",
@@ -366,7 +425,7 @@ class CoordinatorService(ExitSignals):
         return Reply.success(job_id=record.job_id, rank=request.rank_info.rank,
                              registered=n, world_size=world)
 
-    async def handle_query(self, data: bytes) -> Reply:
+    async def handle_query(self, data: bytes, subject: str = "") -> Reply:
         """Describe one job, or list all jobs."""
         query = codec.decode(data, JobQuery)
         if query.job_id is None:
@@ -432,38 +491,65 @@ class CoordinatorService(ExitSignals):
             lo = max(lim[0] for lim in limits)
             hi = min(lim[1] for lim in limits)
             path = self.profile_path(record)
-            measurements = None
+            measurements = record.power_limit.profile  # the trainer's own profile file, if any
             resume = self._resume.pop(record.job_id, [])
+            timeout = self.settings.mark_timeout_s
             try:
-                if path.exists():
+                if measurements is None and path.exists():  # measured before a restart
                     measurements = await asyncio.to_thread(load_profile, path)
                 try:
                     job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                        measurements, resume=resume)
+                                        measurements, resume=resume, mark_timeout_s=timeout)
                 except PowerLimitError as e:
                     if not resume:
                         raise
                     await self.status(record.job_id, "profiling",
                                       f"cannot resume the profile measured before: {e}")
                     job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                        measurements)
+                                        measurements, mark_timeout_s=timeout)
             except (PowerLimitError, ValueError, OSError) as e:
                 await self.status(record.job_id, "error",
                                   f"power-limit optimiser refused to start: {e}")
                 return
             self.power_limit_jobs[record.job_id] = job
+            for g in gpus:
+                self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
             await self._execute(record, job.start())
 
     def _lock(self, job_id: str) -> asyncio.Lock:
         return self._locks.setdefault(job_id, asyncio.Lock())
 
+    def _drop(self, reason: str, subject: str, detail: object) -> None:
+        """Count a dropped stream message; log the first of each reason and then every 1000th."""
+        self.dropped[reason] += 1
+        n = self.dropped[reason]
+        if n == 1 or n % 1000 == 0:
+            LOG.warning("dropped a message on %s (%s, %d so far): %s", subject, reason, n, detail)
+
+    def _bound_here(self, record: JobRecord | None, rank: int, node: str, gpu: int | None) -> bool:
+        """Whether `rank` of the job is bound to a GPU of `node` (and to GPU `gpu` if given)."""
+        if record is None:
+            return False
+        rr = record.ranks.get(rank)
+        if rr is None or subjects.token(rr.gpu.node) != node:
+            return False
+        return gpu is None or rr.gpu.gpu_index == gpu
+
     async def _on_events(self, msg: Any) -> None:
         try:
             batch = codec.decode(msg.data, TrainerEventBatch)
         except PayloadError as e:
-            LOG.warning("ignored bad trainer events on %s: %s", msg.subject, e)
+            self._drop("malformed", msg.subject, e)
             return
         record = self.registry.jobs.get(batch.job_id)
+        via = subjects.last_token(msg.subject)
+        if record is None:
+            self._drop("unknown_job", msg.subject, batch.job_id)
+            return
+        if via != subjects.token(batch.node) or not self._bound_here(record, batch.rank, via, None):
+            self._drop("wrong_node", msg.subject,
+                       f"rank {batch.rank} of {batch.job_id} is not bound to node {via}")
+            return
         now = self.clock()
         lapsed = record is not None and now - record.last_active_s > self.settings.lease_idle_s
         self.registry.touch(batch.job_id, now)
@@ -471,7 +557,7 @@ class CoordinatorService(ExitSignals):
         if job is None:
             return
         async with self._lock(batch.job_id):
-            limit = job.machine.current_power_limit
+            limit = job.desired_power_limit
             if lapsed and record is not None and limit is not None:
                 # Renewals stopped while the job was quiet, so the agents have restored their
                 # defaults: the job is back, so is its limit.
@@ -479,20 +565,73 @@ class CoordinatorService(ExitSignals):
                                   f"events again after a quiet spell; re-applying {limit} W")
                 await self.apply_power_limit(record, limit)
             for event in batch.events:
-                await self._act(batch.job_id, job.on_event, batch.rank, event)
+                await self._act(batch.job_id, lambda r, e: job.on_event(r, e, now), batch.rank,
+                                event)
 
     async def _on_measurements(self, msg: Any) -> None:
         try:
             batch = codec.decode(msg.data, MeasurementBatch)
         except PayloadError as e:
-            LOG.warning("ignored bad measurements on %s: %s", msg.subject, e)
+            self._drop("malformed", msg.subject, e)
             return
         job = self.power_limit_jobs.get(batch.job_id)
         if job is None or not batch.marks:
             return
+        parts = msg.subject.split(".")  # <p...>.gpu.<node>.<gpu>.meas
+        node, gpu = parts[-3], parts[-2]
+        if (node != subjects.token(batch.node) or gpu != str(batch.gpu)
+                or not self._bound_here(self.registry.jobs.get(batch.job_id), batch.rank, node,
+                                        batch.gpu)):
+            self._drop("wrong_node", msg.subject,
+                       f"rank {batch.rank} of {batch.job_id} is not bound to {node}/gpu{gpu}")
+            return
         async with self._lock(batch.job_id):
             for mark in batch.marks:
                 await self._act(batch.job_id, job.on_mark, batch.rank, mark)
+
+    async def _on_agent_hello(self, msg: Any) -> None:
+        """Reconcile: a GPU of an optimised job whose limit is not the desired one gets it."""
+        try:
+            hello = codec.decode(msg.data, AgentHello)
+        except PayloadError as e:
+            self._drop("malformed", msg.subject, e)
+            return
+        node = subjects.token(hello.node)
+        if node != msg.subject.split(".")[-2]:
+            self._drop("wrong_node", msg.subject, f"hello names node {hello.node!r}")
+            return
+        previous = self._agent_ids.get(node)
+        self._agent_ids[node] = hello.agent_id
+        if previous is not None and previous != hello.agent_id:
+            LOG.info("the agent of node %s restarted (%s -> %s)", hello.node, previous,
+                     hello.agent_id)
+        for gpu in hello.gpus:
+            job_id = self._gpu_jobs.get((node, subjects.token(gpu.index)))
+            job = self.power_limit_jobs.get(job_id) if job_id else None
+            record = self.registry.jobs.get(job_id) if job_id else None
+            if job is None or record is None:
+                continue
+            desired = job.desired_power_limit
+            if desired is None or gpu.power_limit_w == desired:
+                continue
+            if self.clock() - record.last_active_s > self.settings.lease_idle_s:
+                continue  # A quiet job: its leases lapsed on purpose.
+            binding = next((g for g in record.gpus()
+                            if subjects.token(g.node) == node and g.gpu_index == gpu.index), None)
+            if binding is None:
+                continue
+            await self.status(record.job_id, "reconciled",
+                              f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, not "
+                              f"{desired} W (its agent restarted?): setting {desired} W again")
+            await self.apply_power_limit(record, desired, [binding])
+
+    async def _tick_jobs(self) -> None:
+        now = self.clock()
+        for job_id, job in list(self.power_limit_jobs.items()):
+            if job.done:
+                continue
+            async with self._lock(job_id):
+                await self._act(job_id, _ticker(job), 0, now)
 
     async def _act(
         self, job_id: str, step: Callable[[int, Any], list[Action]], rank: int, item: Any
@@ -517,19 +656,27 @@ class CoordinatorService(ExitSignals):
                 await self.apply_power_limit(record, action.watts)
             elif isinstance(action, SaveProfile):
                 path = self.profile_path(record)
-                await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-                await asyncio.to_thread(save_profile, path, list(action.measurements))
-                await self.status(record.job_id, "profile_saved", f"profile saved to {path}",
-                                  {"path": str(path),
-                                   "optimal_power_limit_w": action.optimal_power_limit})
+                try:
+                    await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+                    await asyncio.to_thread(save_profile, path, list(action.measurements))
+                    where = "kept by the coordinator"
+                except OSError as e:
+                    where = f"not kept by the coordinator ({e.strerror or e})"
+                await self.status(
+                    record.job_id, "profile_saved",
+                    f"profile measured ({where}); the trainer's drop-in writes its profile_path",
+                    {"optimal_power_limit_w": action.optimal_power_limit,
+                     "measurements": [m.model_dump() for m in action.measurements]})
             elif isinstance(action, StatusUpdate):
                 await self.status(record.job_id, action.state, action.message, action.progress)
 
-    async def apply_power_limit(self, record: JobRecord, watts: int) -> None:
-        """Command every GPU of the job to `watts`, under the job's lease."""
+    async def apply_power_limit(
+        self, record: JobRecord, watts: int, gpus: list[GpuBinding] | None = None
+    ) -> None:
+        """Command every GPU of the job (or only `gpus`) to `watts`, under the job's lease."""
         cmd = codec.encode(CommandEnvelope(cmd=SetPowerLimitCmd(
             power_limit_w=watts, holder=record.job_id, lease_s=self.settings.lease_s)))
-        gpus = record.gpus()
+        gpus = record.gpus() if gpus is None else gpus
         replies = await self.request_all(
             [(subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus]
         )
@@ -617,7 +764,14 @@ class CoordinatorService(ExitSignals):
         await self._save()
         for job_id in removed:
             self.power_limit_jobs.pop(job_id, None)
+            for key in [k for k, j in self._gpu_jobs.items() if j == job_id]:
+                del self._gpu_jobs[key]
             self._locks.pop(job_id, None)
             await self.status(job_id, "removed",
                               f"job removed after {self.settings.max_job_idle_time} s without "
                               "events or registrations (max_job_idle_time)")
+
+
+def _ticker(job: PowerLimitJob) -> Callable[[int, Any], list[Action]]:
+    """`job.tick` in the shape `_act` feeds (rank, item): the item is the time."""
+    return lambda _rank, now_s: job.tick(now_s)

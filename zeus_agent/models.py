@@ -8,6 +8,9 @@
   averages; the latter reads and writes the seed's CSV columns.
 * `PowerLimitMeasurement`: time and energy of one power limit's profiling window (Zeus profile).
 * `save_*`/`load_*`: the seed's dump helpers (`{n}.prof.json`, `{n}.sched.json`, `ranks.json`).
+* `save_power_limit_profile`/`load_power_limit_profile`: Zeus's profile JSON,
+  `{"measurements": [{"power_limit": W, "energy": J, "time": s}, ...]}`, highest limit first
+  (files are interchangeable with Zeus's).
 
 Validation errors are pydantic's `ValidationError` (a `ValueError`); use
 `zeus_agent.wire.codec.validate` to turn them into one `PayloadError` naming the field.
@@ -19,7 +22,7 @@ import csv
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -31,6 +34,17 @@ from pydantic import (
     field_validator,
 )
 from pydantic_core import PydanticUndefined
+
+MAX_ID_CHARS = 256
+"""Longest job id (and any other id) accepted on the wire."""
+MAX_NAME_CHARS = 255
+"""Longest name (node, GPU, scheduler, instruction) accepted on the wire."""
+MAX_METADATA_CHARS = 128
+"""Longest `JobInfo.job_metadata`: the job id stays within `MAX_ID_CHARS`."""
+MAX_RANK = 2**24 - 1
+"""Largest rank, degree or GPU index accepted (a bound, not a practical limit)."""
+MAX_SCHEDULE_LENGTH = 1_000_000
+"""Most instructions in one rank's frequency schedule."""
 
 CSV_COLUMNS = (
     "rank",
@@ -57,12 +71,12 @@ class JobInfo(BaseModel):
         job_metadata: Optional free text appended to the job id.
     """
 
-    job_id: str = ""
-    pp_degree: int = Field(ge=1)
-    dp_degree: int = Field(ge=1)
-    tp_degree: int = Field(ge=1)
-    world_size: int = Field(ge=1)
-    job_metadata: str | None = None
+    job_id: str = Field(default="", max_length=MAX_ID_CHARS)
+    pp_degree: int = Field(ge=1, le=MAX_RANK)
+    dp_degree: int = Field(ge=1, le=MAX_RANK)
+    tp_degree: int = Field(ge=1, le=MAX_RANK)
+    world_size: int = Field(ge=1, le=MAX_RANK)
+    job_metadata: str | None = Field(default=None, max_length=MAX_METADATA_CHARS)
 
     @field_validator("job_id")
     @classmethod
@@ -111,11 +125,11 @@ class RankInfo(BaseModel):
         available_frequencies: SM frequencies the rank's GPU supports (MHz).
     """
 
-    rank: int = Field(ge=0)
-    dp_rank: int = Field(ge=0)
-    pp_rank: int = Field(ge=0)
-    tp_rank: int = Field(ge=0)
-    available_frequencies: list[int]
+    rank: int = Field(ge=0, le=MAX_RANK)
+    dp_rank: int = Field(ge=0, le=MAX_RANK)
+    pp_rank: int = Field(ge=0, le=MAX_RANK)
+    tp_rank: int = Field(ge=0, le=MAX_RANK)
+    available_frequencies: list[int] = Field(max_length=4096)
 
 
 class FrequencySchedule(BaseModel):
@@ -124,8 +138,10 @@ class FrequencySchedule(BaseModel):
     `frequencies` lists (instruction name, SM frequency in MHz) in execution order.
     """
 
-    rank: int = Field(ge=0)
-    frequencies: list[tuple[str, int]]
+    rank: int = Field(ge=0, le=MAX_RANK)
+    frequencies: list[tuple[Annotated[str, Field(max_length=MAX_NAME_CHARS)], int]] = Field(
+        max_length=MAX_SCHEDULE_LENGTH
+    )
 
 
 class ProfilingResult(BaseModel):
@@ -267,8 +283,40 @@ class PowerLimitMeasurement(BaseModel):
     """
 
     power_limit: PositiveInt
-    energy: PositiveFloat
-    time: PositiveFloat
+    energy: PositiveFloat = Field(allow_inf_nan=False)
+    time: PositiveFloat = Field(allow_inf_nan=False)
+
+
+class _PowerLimitMeasurementList(BaseModel):
+    """Zeus's profile file layout: `{"measurements": [...]}`."""
+
+    measurements: list[PowerLimitMeasurement]
+
+
+def save_power_limit_profile(
+    path: str | os.PathLike[str], measurements: list[PowerLimitMeasurement]
+) -> None:
+    """Write measurements to a Zeus profile file, highest power limit first.
+
+    Raises:
+        ValueError: `measurements` is empty.
+    """
+    if not measurements:
+        raise ValueError("Refusing to save an empty profile: profile at least one power limit.")
+    ordered = sorted(measurements, key=lambda m: m.power_limit, reverse=True)
+    text = _PowerLimitMeasurementList(measurements=ordered).model_dump_json(indent=4)
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def load_power_limit_profile(path: str | os.PathLike[str]) -> list[PowerLimitMeasurement]:
+    """Read a Zeus profile file (measurements in file order).
+
+    Raises:
+        OSError: The file cannot be read.
+        pydantic.ValidationError: The file is not a valid profile (a `ValueError`).
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    return _PowerLimitMeasurementList.model_validate_json(text).measurements
 
 
 class _ProfilingResultList(RootModel[list[ProfilingResult]]):

@@ -11,7 +11,10 @@ Invariants:
 3. A rank's coordinates must fit the job: rank < world_size, dp_rank < dp_degree, etc.
    `check_rank` validates without changing anything (the shell calls it before asking the
    GPU's agent); `register_rank` validates again and records.
-4. Time is an argument (`now_s`, any monotonic clock of the caller); `collect_idle` removes
+4. Quotas: at most `max_jobs` jobs, and at most `max_jobs_per_node` registered through one
+   node's agent (`QuotaError`), so one node cannot fill the coordinator. `unregister_job` and
+   `unregister_rank` undo a registration that could not be persisted.
+5. Time is an argument (`now_s`, any monotonic clock of the caller); `collect_idle` removes
    jobs idle longer than the limit. Nothing here does I/O: `snapshot`/`restore` give the
    service plain data to persist.
 """
@@ -46,6 +49,12 @@ class RankRangeError(RegistryError):
     code = "out_of_range"
 
 
+class QuotaError(RegistryError):
+    """Too many jobs (in all, or registered through one node)."""
+
+    code = "quota"
+
+
 class DuplicateError(RegistryError):
     """The rank (or its GPU) is already registered differently."""
 
@@ -58,14 +67,12 @@ class RankRecord:
 
     info: RankInfo
     gpu: GpuBinding
-    pid: int | None = None
     _plain: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def plain(self) -> dict[str, Any]:
         """JSON-able data (computed once: a registered rank never changes)."""
         if self._plain is None:
-            self._plain = {"info": self.info.model_dump(), "gpu": self.gpu.model_dump(),
-                           "pid": self.pid}
+            self._plain = {"info": self.info.model_dump(), "gpu": self.gpu.model_dump()}
         return self._plain
 
 
@@ -79,6 +86,8 @@ class JobRecord:
     power_limit: PowerLimitOptions | None
     created_s: float
     last_active_s: float
+    node: str = ""
+    """The node whose agent registered the job (for per-node quotas)."""
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     gpu_ranks: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     """Index (node, GPU index) -> rank, kept in step with `ranks`."""
@@ -101,8 +110,11 @@ class JobRecord:
 class JobRegistry:
     """Registered jobs by id."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_jobs: int = 10_000, max_jobs_per_node: int = 256) -> None:
         self.jobs: dict[str, JobRecord] = {}
+        self.max_jobs = max_jobs
+        self.max_jobs_per_node = max_jobs_per_node
+        self._per_node: dict[str, int] = {}
 
     def get(self, job_id: str) -> JobRecord:
         """The job with this id.
@@ -118,8 +130,22 @@ class JobRegistry:
                 "the id to the other ranks), or it was removed after being idle"
             ) from None
 
-    def register_job(self, request: RegisterJob, now_s: float) -> JobRecord:
-        """Register a job and give it an id."""
+    def register_job(self, request: RegisterJob, now_s: float, node: str = "") -> JobRecord:
+        """Register a job (through `node`'s agent) and give it an id.
+
+        Raises:
+            QuotaError: `max_jobs` jobs are registered, or `max_jobs_per_node` through `node`.
+        """
+        if len(self.jobs) >= self.max_jobs:
+            raise QuotaError(
+                f"the coordinator holds {len(self.jobs)} jobs, its limit (max_jobs): wait for "
+                "jobs to finish or be collected when idle, or raise the limit"
+            )
+        if self._per_node.get(node, 0) >= self.max_jobs_per_node:
+            raise QuotaError(
+                f"node {node!r} has registered {self._per_node[node]} jobs, the limit per node "
+                "(max_jobs_per_node): wait for its jobs to finish or be collected when idle"
+            )
         job = request.job.model_copy()
         job.set_job_id(request.scheduler)
         base, n = job.job_id, 1
@@ -133,9 +159,36 @@ class JobRegistry:
             power_limit=request.power_limit,
             created_s=now_s,
             last_active_s=now_s,
+            node=node,
         )
-        self.jobs[job.job_id] = record
+        self._add(record)
         return record
+
+    def _add(self, record: JobRecord) -> None:
+        self.jobs[record.job_id] = record
+        self._per_node[record.node] = self._per_node.get(record.node, 0) + 1
+
+    def _remove(self, job_id: str) -> JobRecord | None:
+        record = self.jobs.pop(job_id, None)
+        if record is not None:
+            left = self._per_node.get(record.node, 1) - 1
+            if left > 0:
+                self._per_node[record.node] = left
+            else:
+                self._per_node.pop(record.node, None)
+        return record
+
+    def unregister_job(self, job_id: str) -> None:
+        """Undo `register_job` (its persistence failed)."""
+        self._remove(job_id)
+
+    def unregister_rank(self, job_id: str, rank: int) -> None:
+        """Undo a new rank's `register_rank` (its persistence failed)."""
+        record = self.jobs.get(job_id)
+        if record is None or rank not in record.ranks:
+            return
+        gone = record.ranks.pop(rank)
+        record.gpu_ranks.pop((gone.gpu.node, gone.gpu.gpu_index), None)
 
     def check_rank(self, request: RegisterRank) -> bool:
         """Validate a rank registration without recording it.
@@ -190,7 +243,7 @@ class JobRegistry:
         record = self.jobs[request.job_id]
         record.last_active_s = now_s
         if not retry:
-            record.add_rank(RankRecord(info=request.rank_info, gpu=request.gpu, pid=request.pid))
+            record.add_rank(RankRecord(info=request.rank_info, gpu=request.gpu))
         return record, not retry
 
     def touch(self, job_id: str, now_s: float) -> None:
@@ -202,7 +255,7 @@ class JobRegistry:
         """Remove and return the ids of jobs idle for more than `max_idle_s`."""
         idle = [j for j, r in self.jobs.items() if now_s - r.last_active_s > max_idle_s]
         for job_id in idle:
-            del self.jobs[job_id]
+            self._remove(job_id)
         return idle
 
     # ------------------------------------------------------------------ persistence
@@ -217,6 +270,7 @@ class JobRegistry:
                     "power_limit": r.power_limit.model_dump() if r.power_limit else None,
                     "created_s": r.created_s,
                     "last_active_s": r.last_active_s,
+                    "node": r.node,
                     "ranks": [rr.plain() for rr in r.ranks.values()],
                 }
                 for r in self.jobs.values()
@@ -224,9 +278,15 @@ class JobRegistry:
         }
 
     @classmethod
-    def restore(cls, data: dict[str, Any], now_s: float) -> JobRegistry:
-        """Rebuild a registry from `snapshot()` data; idle clocks restart at `now_s`."""
-        registry = cls()
+    def restore(
+        cls, data: dict[str, Any], now_s: float, max_jobs: int = 10_000,
+        max_jobs_per_node: int = 256,
+    ) -> JobRegistry:
+        """Rebuild a registry from `snapshot()` data; idle clocks restart at `now_s`.
+
+        Quotas apply to new registrations only: restored jobs are all kept.
+        """
+        registry = cls(max_jobs, max_jobs_per_node)
         for j in data.get("jobs", []):
             job_data = dict(j["job"])
             job_id = job_data.pop("job_id")
@@ -236,12 +296,20 @@ class JobRegistry:
                 job_id=j["job_id"],
                 job=job,
                 scheduler=j["scheduler"],
-                power_limit=PowerLimitOptions(**j["power_limit"]) if j["power_limit"] else None,
+                power_limit=_options(j["power_limit"]),
                 created_s=now_s,
                 last_active_s=now_s,
+                node=j.get("node", ""),
             )
             for rr in j["ranks"]:
                 info = RankInfo(**rr["info"])
-                record.add_rank(RankRecord(info, GpuBinding(**rr["gpu"]), rr["pid"]))
-            registry.jobs[record.job_id] = record
+                record.add_rank(RankRecord(info, GpuBinding(**rr["gpu"])))
+            registry._add(record)
         return registry
+
+
+def _options(data: dict[str, Any] | None) -> PowerLimitOptions | None:
+    """Restored options; `profile_path` (a client's path, no longer accepted) is dropped."""
+    if not data:
+        return None
+    return PowerLimitOptions(**{k: v for k, v in data.items() if k != "profile_path"})

@@ -13,7 +13,15 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
 * a window's time is the maximum over ranks, its energy the sum over the job's GPUs; it is
   recorded once every rank's two marks have arrived, in whatever order they come (a closed
   window keeps the set of ranks it still waits for, so a mark costs O(open windows), not
-  O(ranks)).
+  O(ranks));
+* steps are counted by the ranks' own step counters, not by delivered events: a duplicate or
+  stale event is ignored, steps whose events were lost (a broker restart) are still counted,
+  and an epoch whose end event was lost still ends (the next step's epoch counter says so);
+  a window that does not cover exactly its intended steps is normalised to them;
+* a closed window whose marks have not all arrived `mark_timeout_s` after it closed (an agent
+  restarted and lost them) is redone, not waited for (`tick`);
+* when nothing can be measured (every window unusable), the optimiser gives up: the GPUs go
+  back to the maximum limit and the status says why (`gave_up`).
 
 Methods return `Action`s for the shell: `ApplyPowerLimit` (command every GPU of the job),
 `SaveProfile` (profiling finished) and `StatusUpdate` (for people and dashboards).
@@ -47,6 +55,9 @@ from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
 
 MAX_MARKS_PER_RANK = 4096
+MAX_REPLAYED_STEPS = 100_000
+"""Most lost steps replayed into the machine at once (beyond, the gap counts as one step)."""
+DEFAULT_MARK_TIMEOUT_S = 30.0
 
 StepKey = tuple[int, int]
 """(epoch, step): a step of the job, as counted by every rank's trainer."""
@@ -94,9 +105,12 @@ def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelecto
 class _Window:
     name: str
     begin_step: StepKey
+    steps: int
+    """The steps the window is meant to cover."""
     end_step: StepKey | None = None
     missing: set[int] = field(default_factory=set)
     """Once closed: ranks whose marks of `begin_step` or `end_step` have not arrived."""
+    closed_s: float = 0.0
 
 
 class PowerLimitJob:
@@ -109,6 +123,8 @@ class PowerLimitJob:
         min_power_limit_w: Highest minimum limit over the job's GPUs.
         max_power_limit_w: Lowest maximum limit over the job's GPUs.
         measurements: A loaded profile (then the job starts done at its optimum).
+        resume: Windows measured before a coordinator restart.
+        mark_timeout_s: How long a closed window waits for its marks before it is redone.
     """
 
     def __init__(
@@ -120,8 +136,10 @@ class PowerLimitJob:
         max_power_limit_w: int,
         measurements: list[PowerLimitMeasurement] | None = None,
         resume: Sequence[WindowResult] = (),
+        mark_timeout_s: float = DEFAULT_MARK_TIMEOUT_S,
     ) -> None:
         self.job_id = job_id
+        self.mark_timeout_s = mark_timeout_s
         self.options = options
         self.ranks = sorted(ranks)
         world_size = len(self.ranks)
@@ -142,11 +160,22 @@ class PowerLimitJob:
         self._windows: dict[str, _Window] = {}
         self._saved = measurements is not None
         self.last_step: StepKey | None = None
+        self._ended_epoch = -1  # Highest epoch whose end the machine has seen.
+        self._now_s = 0.0
+        self.gave_up: str | None = None
+        """Why the optimiser gave up (the GPUs are back at the maximum limit), or None."""
 
     @property
     def done(self) -> bool:
-        """Whether the optimal limit is known."""
-        return isinstance(self.machine.state, Done)
+        """Whether the optimal limit is known (or the optimiser gave up)."""
+        return isinstance(self.machine.state, Done) or self.gave_up is not None
+
+    @property
+    def desired_power_limit(self) -> int | None:
+        """The limit every GPU of the job should be at now (W), None before `start()`."""
+        if self.gave_up is not None:
+            return self.machine.max_power_limit
+        return self.machine.current_power_limit
 
     def start(self) -> list[Action]:
         """Start the machine (when every rank is registered)."""
@@ -175,16 +204,67 @@ class PowerLimitJob:
             ))
         return actions
 
-    def on_event(self, rank: int, event: TrainerEvent) -> list[Action]:
-        """Feed a trainer event of `rank`; only rank 0 paces the machine."""
+    def on_event(self, rank: int, event: TrainerEvent, now_s: float | None = None) -> list[Action]:
+        """Feed a trainer event of `rank`; only rank 0 paces the machine.
+
+        Steps are counted by the event's (epoch, step) counters: a step at or before the last
+        one seen is ignored; within an epoch, steps skipped since the last one are replayed (a
+        trainer may restart its step count each epoch, so nothing is replayed across epochs).
+        """
+        if now_s is not None:
+            self._now_s = now_s
         if rank != self.ranks[0] or self.done:
             return []
-        if event.kind == "step_begin":
-            self.last_step = (event.epoch, event.step)
-            return self._translate(self.machine.on_step_begin(), step=self.last_step)
         if event.kind == "epoch_end":
+            if event.epoch <= self._ended_epoch:
+                return []  # Already ended (a duplicate, or inferred from a later step).
+            self._ended_epoch = event.epoch
             return self._translate(self.machine.on_epoch_end(), step=None)
-        return []
+        if event.kind != "step_begin":
+            return []
+        actions: list[Action] = []
+        last = self.last_step
+        key = (event.epoch, event.step)
+        if last is not None and key <= last:
+            return []  # A duplicate or a late, reordered event.
+        if last is not None and event.epoch > last[0] > self._ended_epoch:
+            # The epoch's end event was lost: its steps say it ended.
+            self._ended_epoch = last[0]
+            actions += self._translate(self.machine.on_epoch_end(), step=None)
+        first = event.step
+        if last is not None and last[0] == event.epoch:
+            first = max(last[1] + 1, event.step - MAX_REPLAYED_STEPS)
+        for step in range(first, event.step + 1):
+            if self.done:
+                break
+            self.last_step = (event.epoch, step)
+            actions += self._translate(self.machine.on_step_begin(), step=self.last_step)
+        return actions
+
+    def tick(self, now_s: float) -> list[Action]:
+        """Let time pass: redo closed windows whose marks are overdue."""
+        self._now_s = now_s
+        if self.done:
+            return []
+        actions: list[Action] = []
+        for w in list(self._windows.values()):
+            if w.end_step is None or not w.missing or now_s - w.closed_s < self.mark_timeout_s:
+                continue
+            del self._windows[w.name]
+            missing = sorted(w.missing)
+            actions.append(StatusUpdate(
+                "profiling",
+                f"window {w.name}: no marks from rank(s) {missing[:8]} within "
+                f"{self.mark_timeout_s:g} s (an agent restarted?); profiling that limit again",
+                self.progress(),
+            ))
+            try:
+                effects = self.machine.redo(w.name)
+            except PowerLimitError as e:
+                actions += self._give_up(str(e))
+                continue
+            actions += self._translate(effects, step=self.last_step)
+        return actions
 
     def on_mark(self, rank: int, mark: Mark) -> list[Action]:
         """Feed a GPU mark of `rank`; may complete windows."""
@@ -220,6 +300,8 @@ class PowerLimitJob:
             "candidates": len(self.machine.power_limits),
             "optimal_power_limit_w": self.machine.optimal_power_limit,
             "measurements": [m.model_dump() for m in self.machine.measurements],
+            "redone": {str(k): v for k, v in self.machine.redos().items()},
+            "gave_up": self.gave_up,
         }
 
     # ------------------------------------------------------------------ internals
@@ -230,7 +312,9 @@ class PowerLimitJob:
                 actions.append(ApplyPowerLimit(effect.watts))
             elif isinstance(effect, BeginWindow):
                 assert step is not None, "windows open on step_begin"
-                self._windows[effect.name] = _Window(effect.name, begin_step=step)
+                state = self.machine.state
+                steps = state.profile_steps if isinstance(state, Profiling) else 0
+                self._windows[effect.name] = _Window(effect.name, begin_step=step, steps=steps)
                 limit = self.machine.current_power_limit
                 actions.append(StatusUpdate(
                     "profiling",
@@ -250,6 +334,7 @@ class PowerLimitJob:
                     ))
                 else:
                     window.end_step = step
+                    window.closed_s = self._now_s
                     window.missing = {
                         r for r in self.ranks
                         if window.begin_step not in self._marks[r] or step not in self._marks[r]
@@ -269,6 +354,14 @@ class PowerLimitJob:
                 (t0_ns, e0_j), (t1_ns, e1_j) = marks[w.begin_step], marks[w.end_step]
                 time_s = max(time_s, (t1_ns - t0_ns) / 1e9)
                 energy_j += e1_j - e0_j
+            covered = w.end_step[1] - w.begin_step[1]
+            if covered != w.steps and covered > 0 and w.steps > 0:
+                actions.append(StatusUpdate(
+                    "profiling",
+                    f"window {name} covered {covered} steps, not {w.steps}: normalised",
+                    self.progress(),
+                ))
+                time_s, energy_j = time_s * w.steps / covered, energy_j * w.steps / covered
             if time_s <= 0 or energy_j <= 0:
                 actions.append(StatusUpdate(
                     "error",
@@ -279,7 +372,7 @@ class PowerLimitJob:
                 try:
                     discarded = self.machine.discard(name)
                 except PowerLimitError as e:
-                    actions.append(StatusUpdate("error", f"not optimising: {e}", self.progress()))
+                    actions += self._give_up(str(e))
                     continue
                 actions += self._translate(discarded, step=self.last_step)
                 continue
@@ -290,7 +383,7 @@ class PowerLimitJob:
                 self.progress(),
             ))
             actions += self._translate(effects, step=self.last_step)
-        if self.done and not self._saved:
+        if self.done and not self._saved and self.gave_up is None:
             self._saved = True
             optimal = self.machine.optimal_power_limit
             assert optimal is not None
@@ -298,6 +391,25 @@ class PowerLimitJob:
             actions.append(StatusUpdate("done", f"optimal power limit {optimal} W pinned",
                                         self.progress()))
         return actions
+
+
+    def _give_up(self, why: str) -> list[Action]:
+        """Stop optimising: every GPU back to the maximum limit, and say so."""
+        if self.gave_up is not None:
+            return []
+        self.gave_up = why
+        self._windows.clear()
+        limit = self.machine.max_power_limit
+        return [
+            ApplyPowerLimit(limit),
+            StatusUpdate(
+                "gave_up",
+                f"power-limit optimiser gave up ({why}); GPUs restored to the maximum limit "
+                f"{limit} W. Check that the agents measure energy (zeus-agent logs), then "
+                "register the job again",
+                self.progress(),
+            ),
+        ]
 
 
 def is_measuring(machine: PowerLimitStateMachine) -> bool:

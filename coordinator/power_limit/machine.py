@@ -12,6 +12,10 @@ Invariants (h11 style, everything that affects the machine lives here):
   profiling cancels the window, goes back to the maximum and redoes that limit's warm-up next
   epoch (`wait_steps` applies once). `SetPowerLimit` is emitted only when the target differs from
   the current limit. The optimum is computed when the last needed measurement is recorded.
+* Lost measurements: a closed window whose measurement can never come (its marks were lost with
+  an agent that restarted) is `redo`ne: its limit is profiled again (warm-up included) before the
+  search's next probe, up to `MAX_REDOS` times, then left out like a `discard`ed window. A redo
+  does not count as a new window for the search.
 * Deviations from the seed: `warmup_steps=0` works (the window opens on the call that sets the
   limit); a loaded profile with a limit outside [min, max] is refused; impossible input raises
   `InvalidTransitionError` naming the state and the input.
@@ -67,6 +71,8 @@ __all__ = [
 ]
 
 WINDOW_PREFIX = "__GlobalPowerLimitOptimizer_"
+MAX_REDOS = 3
+"""How many times one limit's window is redone before the limit is left out."""
 
 
 def window_name(power_limit: int) -> str:
@@ -307,6 +313,9 @@ class PowerLimitStateMachine:
         self._search: Search | None = None
         self._probe: Probe | None = None  # Probe of the open window / warm-up.
         self._no_more_probes = False
+        self._redo_queue: list[Probe] = []  # Windows to profile again, before the search's next.
+        self._redos: dict[int, int] = {}  # Limit -> times redone.
+        self._probe_is_redo = False
 
         self.state: State
         if measurements is not None:
@@ -516,6 +525,36 @@ class PowerLimitStateMachine:
             raise self._invalid(call, "no window was measured: nothing to choose from")
         return self._begin_probe(probe)
 
+    def redo(self, window_name: str) -> list[Effect]:
+        """Profile a closed window's limit again: its measurement will never come.
+
+        The limit is queued ahead of the search's next probe (with a full warm-up). After
+        `MAX_REDOS` redos of one limit, the window is discarded instead (see `discard`).
+
+        Returns:
+            The effects to execute (the redo starts at once if the machine was waiting).
+
+        Raises:
+            InvalidTransitionError: The window is not closed-and-pending.
+        """
+        call = f"redo({window_name!r})"
+        pending = self._pending.get(window_name) if self._started else None
+        if pending is None:
+            raise self._invalid(call, f"pending windows are {sorted(self._pending) or 'none'}")
+        done = self._redos.get(pending.power_limit, 0)
+        if done >= MAX_REDOS:
+            return self.discard(window_name)
+        self._redos[pending.power_limit] = done + 1
+        del self._pending[window_name]
+        self._redo_queue.append(Probe(pending.power_limit, self.warmup_steps, pending.steps))
+        if isinstance(self.state, Ready) and self.state.next_power_limit is None:
+            return self._advance()
+        return []
+
+    def redos(self) -> dict[int, int]:
+        """Limit (W) -> how many times its window was redone."""
+        return dict(self._redos)
+
     # Internals -----------------------------------------------------------------------------------
 
     def _invalid(self, call: str, detail: str = "") -> InvalidTransitionError:
@@ -533,6 +572,9 @@ class PowerLimitStateMachine:
 
     def _next_probe(self) -> Probe | None:
         assert self._search is not None
+        self._probe_is_redo = bool(self._redo_queue)
+        if self._redo_queue:
+            return self._redo_queue.pop(0)
         if self._no_more_probes:
             return None
         probe = self._search.next_probe(tuple(self._results), self._completed)
@@ -560,7 +602,8 @@ class PowerLimitStateMachine:
         if name in self._pending:  # Only if a search re-probes a limit without waiting.
             raise self._invalid("on_step_begin()", f"window {name!r} is still pending")
         self._pending[name] = _Pending(state.current_power_limit, state.profile_steps)
-        self._completed += 1
+        if not self._probe_is_redo:
+            self._completed += 1
         effects: list[Effect] = [EndWindow(name)]
         if self.search.waits_for_results:
             self.state = Ready(next_power_limit=None, steps=0)

@@ -19,8 +19,9 @@ from zeus_agent.integrations import (
     ZeusMonitor,
     power_limit_options,
 )
+from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.codec import validate
-from zeus_agent.wire.messages import RegisterJob, RegisterRank, Reply
+from zeus_agent.wire.messages import PowerLimitOptions, RegisterJob, RegisterRank, Reply
 from zeus_agent.wire.trainer import Kind, RequestDatagram, WindowRequest
 
 
@@ -73,12 +74,13 @@ def test_selector_mapping(selector: object, expected: dict) -> None:
 
 
 def test_options_carry_the_arguments(tmp_path: Path) -> None:
+    profile = [PowerLimitMeasurement(power_limit=200, energy=10.0, time=1.0)]
     options = power_limit_options(
-        Time(), wait_steps=2, warmup_steps=0, profile_steps=5, pl_step=10,
-        profile_path=tmp_path / "p.json",
+        Time(), wait_steps=2, warmup_steps=0, profile_steps=5, pl_step=10, profile=profile,
     )  # fmt: skip
     assert (options.wait_steps, options.warmup_steps, options.profile_steps) == (2, 0, 5)
-    assert options.pl_step_w == 10 and options.profile_path == str(tmp_path / "p.json")
+    assert options.pl_step_w == 10 and options.profile == profile
+    assert "profile_path" not in PowerLimitOptions.model_fields  # never a path on the wire
 
 
 @pytest.mark.parametrize(

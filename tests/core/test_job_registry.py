@@ -206,7 +206,7 @@ def test_snapshot_restore_round_trip():
     registry = JobRegistry()
     pl = registry.register_job(
         job(dp=2, meta="m", power_limit=PowerLimitOptions(selector="Energy", warmup_steps=0,
-                                                          profile_path="/tmp/p.json")), 1.0)
+                                                          save_profile=True)), 1.0, node="a")
     pipe = registry.register_job(job(dp=1, pp=2, scheduler="PointSolution"), 2.0)
     registry.register_rank(rank(pl.job_id, 0, node="a", gpu=1, uuid="GPU-1"), 3.0)
     registry.register_rank(rank(pl.job_id, 1, node="b", gpu=0), 3.0)
@@ -234,3 +234,47 @@ def test_snapshot_restore_round_trip():
 def test_restore_of_nothing_is_empty():
     assert JobRegistry.restore({}, 0.0).jobs == {}
     assert JobRegistry.restore({"jobs": []}, 0.0).jobs == {}
+
+
+def test_quotas_per_node_and_in_all():
+    """Defect: registrations were unbounded (10,000 jobs from one node)."""
+    from coordinator.jobs import QuotaError
+
+    registry = JobRegistry(max_jobs=5, max_jobs_per_node=2)
+    for _ in range(2):
+        registry.register_job(job(dp=1), 0.0, node="a")
+    with pytest.raises(QuotaError, match="node 'a' has registered 2 jobs") as info:
+        registry.register_job(job(dp=1), 0.0, node="a")
+    assert info.value.code == "quota"
+    for _ in range(2):
+        registry.register_job(job(dp=1), 0.0, node="b")
+    registry.register_job(job(dp=1), 0.0, node="c")
+    with pytest.raises(QuotaError, match="max_jobs"):
+        registry.register_job(job(dp=1), 0.0, node="d")
+    # Collected jobs free their node's quota; a restored registry counts them again.
+    assert len(registry.collect_idle(100.0, 10.0)) == 5
+    registry.register_job(job(dp=1), 100.0, node="a")
+    restored = JobRegistry.restore(registry.snapshot(), 0.0, max_jobs=5, max_jobs_per_node=1)
+    with pytest.raises(QuotaError):
+        restored.register_job(job(dp=1), 0.0, node="a")
+
+
+def test_unregister_undoes_a_registration():
+    registry = JobRegistry(max_jobs=1)
+    record = registry.register_job(job(dp=2), 0.0, node="a")
+    registry.register_rank(rank(record.job_id, 0), 1.0)
+    registry.unregister_rank(record.job_id, 0)
+    assert record.ranks == {} and record.gpu_ranks == {}
+    registry.register_rank(rank(record.job_id, 0), 1.0)  # the GPU is free again
+    registry.unregister_job(record.job_id)
+    assert registry.jobs == {}
+    registry.register_job(job(dp=1), 0.0, node="a")  # the quota is free again
+
+
+def test_a_state_file_with_a_profile_path_still_restores():
+    registry = JobRegistry()
+    registry.register_job(job(dp=1, power_limit=PowerLimitOptions()), 0.0)
+    data = registry.snapshot()
+    data["jobs"][0]["power_limit"]["profile_path"] = "/etc/shadow"  # written by an older version
+    restored = JobRegistry.restore(data, 0.0)
+    assert next(iter(restored.jobs.values())).power_limit == PowerLimitOptions()

@@ -287,8 +287,103 @@ def test_a_window_without_energy_is_reported():
     actions = job.on_mark(0, mark(2, 2.0, 5.0))
     errors = [a for a in actions if isinstance(a, StatusUpdate) and a.state == "error"]
     assert "unusable" in errors[0].message
-    assert "no window was measured" in errors[1].message  # the only limit: nothing to pick
-    assert not job.done
+    gave_up = [a for a in actions if isinstance(a, StatusUpdate) and a.state == "gave_up"]
+    assert "no window was measured" in gave_up[0].message  # the only limit: nothing to pick
+
+
+def test_when_every_window_measures_zero_joules_it_gives_up_at_the_maximum_limit():
+    """Defect: the optimiser gave up and left the GPUs at the minimum limit (renewed)."""
+    job = PowerLimitJob("j", options(), ranks=[0], min_power_limit_w=250, max_power_limit_w=300)
+    job.start()
+    actions: list[Action] = []
+    # 3 limits x 2 steps; every window measures 0 J.
+    for s in range(8):
+        actions += job.on_event(0, ev(s))
+        actions += job.on_mark(0, mark(s, float(s), 5.0))
+    applied = [a.watts for a in actions if isinstance(a, ApplyPowerLimit)]
+    assert applied[-1] == 300 and 250 in applied  # went down to 250 W, came back to the max
+    assert job.done and job.gave_up and job.desired_power_limit == 300
+    status = [a for a in actions if isinstance(a, StatusUpdate) and a.state == "gave_up"]
+    assert len(status) == 1 and "maximum limit 300 W" in status[0].message
+    assert job.progress()["gave_up"]
+    assert not any(isinstance(a, SaveProfile) for a in actions)
+    assert job.on_event(0, ev(9)) == [] and job.tick(1e9) == []
+
+
+def test_lost_step_events_are_counted_by_the_step_counters():
+    """Defect: after a NATS restart a 10-step window spanned 46 steps and was accepted."""
+    job = PowerLimitJob("j", options(profile_steps=10), ranks=[0], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    actions: list[Action] = []
+    delivered = [0, 1, 2, 9, 10, 11, 11, 5]  # steps 3-8 lost, 11 twice, 5 late
+    for s in delivered:
+        actions += job.on_event(0, ev(s))
+    # Window 300 opened at step 0 and closed at step 10 (10 steps), though 6 events were lost.
+    assert job.waiting_for() == {W300: [0]}
+    assert job.last_step == (0, 11)
+    actions = job.on_mark(0, mark(0, 0.0, 0.0)) + job.on_mark(0, mark(10, 10.0, 3000.0))
+    assert job.machine.window_results[0].time == pytest.approx(10.0)
+    assert job.machine.window_results[0].energy == pytest.approx(3000.0)
+
+
+def test_a_lost_epoch_end_still_cancels_the_window():
+    job = PowerLimitJob("j", options(profile_steps=10), ranks=[0], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    for s in range(3):
+        job.on_event(0, ev(s))
+    assert job.machine.state.__class__.__name__ == "Profiling"
+    # The epoch_end of epoch 0 was lost; the next event is epoch 1's first step.
+    actions = job.on_event(0, ev(0, epoch=1))
+    assert any("cancelled" in a.message for a in actions if isinstance(a, StatusUpdate))
+    assert job.on_event(0, ev(2, kind="epoch_end")) == []  # late duplicate of that end
+
+
+def test_a_window_whose_marks_never_come_is_redone_after_the_timeout():
+    """Defect: an agent killed mid-profiling lost its marks and the optimiser waited forever."""
+    job = PowerLimitJob("j", options(), ranks=[0, 1], min_power_limit_w=275,
+                        max_power_limit_w=300, mark_timeout_s=5.0)
+    job.start()
+    for s in range(5):  # windows 300 [0, 2) and 275 [2, 4) close
+        job.on_event(0, ev(s), now_s=float(s))
+    for s in range(5):
+        job.on_mark(0, mark(s, float(s), 100.0 * s))  # rank 1's agent died: no marks
+    assert job.waiting_for() == {W300: [1], W275: [1]}
+    assert job.tick(5.0) == []  # 300 closed at t=2: not overdue yet
+    actions = job.tick(7.5)
+    assert any("profiling that limit again" in a.message
+               for a in actions if isinstance(a, StatusUpdate))
+    assert W300 not in job.waiting_for()
+    actions = job.tick(100.0)
+    assert job.waiting_for() == {}
+    # Both limits are profiled again (warm-up 0 here: the first redo window opened at once, at
+    # the last step seen, 4); rank 1's agent is back and marks again.
+    actions = []
+    for s in range(5, 10):
+        actions += job.on_event(0, ev(s), now_s=100.0 + s)
+    for r in (0, 1):
+        for s in range(4, 10):
+            actions += job.on_mark(r, mark(s, float(s), 100.0 * s + r))
+    assert job.done and job.gave_up is None
+    assert sorted(m.power_limit for m in job.machine.measurements) == [275, 300]
+    assert job.progress()["redone"] == {"300": 1, "275": 1}
+
+
+def test_redone_too_often_a_limit_is_left_out():
+    job = PowerLimitJob("j", options(), ranks=[0, 1], min_power_limit_w=275,
+                        max_power_limit_w=300, mark_timeout_s=1.0)
+    job.start()
+    now, step = 0.0, 0
+    for _ in range(40):  # rank 1 never sends marks
+        job.on_event(0, ev(step), now_s=now)
+        job.on_mark(0, mark(step, now, 10.0 * step))
+        job.tick(now)
+        now, step = now + 1.0, step + 1
+        if job.done:
+            break
+    assert job.done and job.gave_up and "no window was measured" in job.gave_up
+    assert job.desired_power_limit == 300
 
 
 def test_zeus_cost_world_size_from_the_options_wins_over_the_rank_count():

@@ -157,8 +157,10 @@ async def test_register_job_and_ranks_query_and_status(coord, nc):
 @pytest.mark.parametrize(
     ("subject", "payload", "code", "words"),
     [
-        (subjects.coord_register_job(NODE), b"\xc1not msgpack", "bad_request", ["not valid msgpack"]),
-        (subjects.coord_register_job(NODE), msgpack.packb([1, 2]), "bad_request", ["must be a map"]),
+        (subjects.coord_register_job(NODE), b"\xc1not msgpack", "bad_request",
+         ["not valid msgpack"]),
+        (subjects.coord_register_job(NODE), msgpack.packb([1, 2]), "bad_request",
+         ["must be a map"]),
         (subjects.coord_register_job(NODE),
          {**job_request().model_dump(), "v": 2}, "bad_request", ["schema version 2"]),
         (subjects.coord_register_job(NODE),
@@ -192,13 +194,17 @@ async def test_rank_errors(coord, nc):
         (rank_request(job_id, 1, gpu=0), "duplicate", "already drives rank 0"),
         (rank_request(job_id, 2, gpu=1), "out_of_range", "rank 2 is out of range"),
         (rank_request(job_id, 1, gpu=7), "unavailable", "no agent answers for GPU 7"),
-        (rank_request(job_id, 1, node="ghost-node"), "unavailable", "zeus-agent run"),
+        (rank_request(job_id, 1, node="ghost-node"), "forbidden", "through that node's agent"),
         (rank_request(job_id, 1, uuid="GPU-not-this-one"), "conflict", "not GPU-not-this-one"),
     ]
     for request, code, words in cases:
         reply = await ask(nc, rank, request)
         assert (reply.ok, reply.code) == (False, code), (request, reply)
         assert words in reply.error
+    # Through its own node's subject, a node without an agent is unavailable.
+    ghost = await ask(nc, subjects.coord_register_rank("ghost-node"),
+                      rank_request(job_id, 1, node="ghost-node"))
+    assert (ghost.code, "zeus-agent run" in ghost.error) == ("unavailable", True)
     one = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
     assert list(one.result["ranks"]) == ["0"] and one.result["complete"] is False
     assert (await ask(nc, rank, rank_request(job_id, 1))).ok
@@ -248,17 +254,18 @@ async def test_state_survives_a_restart(nats_server, agent, nc, tmp_path):
         await stop(coord, task)
 
 
-def write_profile(path: Path, limits_energy_time: list[tuple[int, float, float]]) -> None:
-    path.write_text(json.dumps({"measurements": [
-        {"power_limit": w, "energy": e, "time": t} for w, e, t in limits_energy_time]}))
+def measurements(limits_energy_time: list[tuple[int, float, float]]) -> list:
+    from zeus_agent.models import PowerLimitMeasurement
+
+    return [PowerLimitMeasurement(power_limit=w, energy=e, time=t)
+            for w, e, t in limits_energy_time]
 
 
-async def test_loaded_profile_pins_the_optimum_on_every_gpu(coord, nc, tmp_path, agent):
-    profile = tmp_path / "profile.json"
-    write_profile(profile, [(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
+async def test_a_profile_sent_with_the_job_pins_the_optimum_on_every_gpu(coord, nc, agent):
+    profile = measurements([(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     job_id = await register_job(
-        nc, dp=2, power_limit=PowerLimitOptions(selector="Energy", profile_path=str(profile)))
+        nc, dp=2, power_limit=PowerLimitOptions(selector="Energy", profile=profile))
     for r in (0, 1):
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
     await wait_for(lambda: any(s.job_id == job_id and s.state == "done" for s in statuses))
@@ -278,22 +285,29 @@ async def test_loaded_profile_pins_the_optimum_on_every_gpu(coord, nc, tmp_path,
                   {"v": 1, "cmd": {"op": "reset_power_limit"}})
 
 
-@pytest.mark.parametrize(
-    ("content", "words"),
-    [
-        ([(400, 1000.0, 10.0), (300, 900.0, 11.0)], "outside this GPU's range"),
-        (None, "power-limit optimiser refused to start"),
-    ],
-)
-async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc, tmp_path, content, words):
-    profile = tmp_path / "bad.json"
-    if content is None:
-        profile.write_text("{not json")
-    else:
-        write_profile(profile, content)
+async def test_a_profile_path_is_refused_and_never_opened(coord, nc, tmp_path):
+    """Defect: a trainer's `profile_path` was read and written on the coordinator's host."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("head of a private file\n" * 10)
+    target = tmp_path / "new" / "dir" / "p.json"
+    for path in (secret, target):
+        reply = await ask(nc, subjects.coord_register_job(NODE), {
+            "v": 1, "job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1},
+            "power_limit": {"profile_path": str(path)}})
+        assert (reply.ok, reply.code) == (False, "bad_request")
+        assert "profile_path" in reply.error
+    assert not target.parent.exists()
+    # The coordinator's own copies are named by it, under its state directory.
+    record_path = coord.profile_path(next(iter(coord.registry.jobs.values()))) \
+        if coord.registry.jobs else coord.state_dir / "profiles"
+    assert str(record_path).startswith(str(coord.state_dir))
+
+
+async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc):
+    words = "outside this GPU's range"
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
-    job_id = await register_job(
-        nc, dp=1, power_limit=PowerLimitOptions(profile_path=str(profile)))
+    job_id = await register_job(nc, dp=1, power_limit=PowerLimitOptions(
+        profile=measurements([(400, 1000.0, 10.0), (300, 900.0, 11.0)])))
     assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0))).ok
     await wait_for(lambda: any(s.job_id == job_id and s.state == "error" for s in statuses))
     error = [s for s in statuses if s.job_id == job_id and s.state == "error"][0]
@@ -355,12 +369,11 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
 
 
 async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, agent, nc, tmp_path):
-    profile = tmp_path / "profile.json"
-    write_profile(profile, [(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
+    profile = measurements([(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=0.6)
     try:
-        options = PowerLimitOptions(selector="Energy", profile_path=str(profile))
+        options = PowerLimitOptions(selector="Energy", profile=profile)
         job_id = await register_job(nc, dp=2, power_limit=options)
         for r in (0, 1):
             assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
@@ -372,5 +385,86 @@ async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, a
         await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
                                    for i in (0, 1)))
         assert any(s.state == "resumed" and s.job_id == job_id for s in statuses)
+    finally:
+        await stop(coord, task)
+
+
+RESET = {"v": 1, "cmd": {"op": "reset_power_limit"}}
+
+
+async def test_a_gpu_reset_behind_the_coordinators_back_is_reconciled(coord, nc, agent):
+    """Defect: a restarted agent (GPUs reset at start) was never brought back to the job's limit."""
+    profile = measurements([(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions(selector="Energy",
+                                                                        profile=profile))
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+    sim_dir = agent.settings.sim_state_dir
+    await wait_for(lambda: SimGPU.open(sim_dir, 1).get_power_limit_w() == 250)
+    # What a restarted agent does at start: every GPU back to its default.
+    for index in (0, 1):
+        await ask(nc, subjects.gpu_command(NODE, index), RESET)
+    assert SimGPU.open(sim_dir, 1).get_power_limit_w() == 300
+    await nc.publish(subjects.agent_ping(), b"")  # the agent announces itself (as at start)
+    await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
+                               for i in (0, 1)))
+    assert any(s.state == "reconciled" and s.job_id == job_id for s in statuses)
+    for index in (0, 1):
+        await ask(nc, subjects.gpu_command(NODE, index), RESET)
+
+
+async def test_events_and_marks_from_another_node_are_dropped(coord, nc):
+    """A node's agent can only speak for ranks bound to its own GPUs."""
+    from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
+
+    job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    events = TrainerEventBatch(job_id=job_id, rank=0, node="evil", gpu=0, events=[
+        TrainerEvent(kind="step_begin", t_ns=1, epoch=0, step=s) for s in range(50)])
+    await nc.publish(subjects.job_events(job_id, 0, "evil"), codec.encode(events))
+    spoofed = events.model_copy(update={"node": NODE})  # claims the right node, wrong subject
+    await nc.publish(subjects.job_events(job_id, 0, "evil"), codec.encode(spoofed))
+    marks = MeasurementBatch(node="evil", gpu=0, job_id=job_id, rank=0, marks=[
+        Mark(kind="step_begin", epoch=0, step=1, t_ns=1, energy_j=1.0)])
+    await nc.publish(subjects.gpu_measurements("evil", 0), codec.encode(marks))
+    await wait_for(lambda: coord.dropped["wrong_node"] >= 3)
+    assert coord.power_limit_jobs[job_id].last_step is None  # nothing paced the machine
+
+
+async def test_an_unwritable_state_directory_refuses_without_half_registering(coord, nc):
+    """Defect: with an unwritable state dir a failed registration stayed, and a retry made a
+    second job."""
+    before = set(coord.registry.jobs)
+    original = coord._write
+
+    def broken(snapshot):
+        raise PermissionError(13, "Permission denied", str(coord.state_dir / "jobs.json"))
+
+    coord._write = broken
+    try:
+        for _ in range(2):
+            reply = await ask(nc, subjects.coord_register_job(NODE), job_request(dp=1))
+            assert (reply.ok, reply.code) == (False, "unavailable")
+            assert "cannot write its state" in reply.error and "retry" in reply.error
+        assert set(coord.registry.jobs) == before
+    finally:
+        coord._write = original
+    job_id = await register_job(nc, dp=1)
+    assert set(coord.registry.jobs) == before | {job_id}
+
+
+async def test_quota_per_node(nats_server, nc, tmp_path):
+    """Defect: registrations were unbounded; now a node gets a clear `quota` error."""
+    coord, task = await start(nats_server, tmp_path / "state", max_jobs_per_node=3)
+    try:
+        for _ in range(3):
+            assert (await ask(nc, subjects.coord_register_job(NODE), job_request(dp=1))).ok
+        reply = await ask(nc, subjects.coord_register_job(NODE), job_request(dp=1))
+        assert (reply.ok, reply.code) == (False, "quota")
+        assert "max_jobs_per_node" in reply.error
+        assert (await ask(nc, subjects.coord_register_job("other-node"), job_request(dp=1))).ok
     finally:
         await stop(coord, task)

@@ -10,6 +10,11 @@ commands every GPU of the job through the agents. The trainer needs no SYS_ADMIN
 * `GlobalPowerLimitOptimizer`: validates the arguments like Zeus, registers the job (rank 0)
   and this rank's GPU through `zeus_agent.emit`, and forwards `on_step_begin`/`on_epoch_end`.
   With no agent or coordinator, it warns and training runs unoptimised.
+
+`profile_path` is the trainer's file, as in Zeus: if it exists, rank 0 reads it and sends the
+measurements with the job (no profiling); otherwise, once profiling is over, rank 0 fetches the
+measured profile from the coordinator (at an epoch end or the end of training, or when
+`save_profile()` is called) and writes it there. The coordinator never sees the path.
 """
 
 from __future__ import annotations
@@ -21,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from zeus_agent import emit
-from zeus_agent.models import JobInfo
-from zeus_agent.wire.messages import PowerLimitOptions
+from zeus_agent.models import (
+    JobInfo,
+    PowerLimitMeasurement,
+    load_power_limit_profile,
+    save_power_limit_profile,
+)
+from zeus_agent.wire.messages import JobQuery, PowerLimitOptions
+from zeus_agent.wire.trainer import Kind
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +51,8 @@ def power_limit_options(
     warmup_steps: int = 10,
     profile_steps: int = 40,
     pl_step: int = 25,
-    profile_path: str | Path | None = None,
+    profile: list[PowerLimitMeasurement] | None = None,
+    save_profile: bool = False,
 ) -> PowerLimitOptions:
     """Build the coordinator's `PowerLimitOptions` from Zeus's constructor arguments.
 
@@ -51,8 +63,8 @@ def power_limit_options(
         warmup_steps: Warm-up steps per power limit (>= 0).
         profile_steps: Profiling steps per power limit (>= 1).
         pl_step: Stride between explored power limits (W, >= 1).
-        profile_path: Profile file on the coordinator's host (loaded if it exists, else
-            written when profiling finishes).
+        profile: Measurements read from the trainer's profile file (profiling is skipped).
+        save_profile: Whether the trainer will fetch the measured profile to write it.
 
     Raises:
         ValueError: An argument is out of range, or the selector is not one of the four
@@ -89,7 +101,8 @@ def power_limit_options(
             warmup_steps=warmup_steps,
             profile_steps=profile_steps,
             pl_step_w=pl_step,
-            profile_path=None if profile_path is None else os.fspath(profile_path),
+            profile=profile,
+            save_profile=save_profile,
             **fields,
         )
     except ValueError as e:  # pydantic's ValidationError: a selector attribute out of range.
@@ -148,28 +161,42 @@ class GlobalPowerLimitOptimizer:
             warmup_steps: Warm-up steps for each power limit (>= 0; 0 is allowed here).
             profile_steps: Profiling steps for each power limit (>= 1).
             pl_step: Stride between power limits to explore (W, >= 1).
-            profile_path: Profile file on the coordinator's host: loaded if it exists (no
-                profiling), else written when profiling finishes; None = neither.
+            profile_path: This trainer's profile file (Zeus JSON): loaded if it exists (no
+                profiling), else written by rank 0 once profiling is over; None = neither.
 
         Raises:
-            ValueError: An argument is out of range or the selector is not supported.
+            ValueError: An argument is out of range, the selector is not supported, or the
+                profile file exists but is not a valid profile.
             zeus_agent.emit.RegistrationError: The coordinator refused the job or the rank
                 (other than being unreachable, which only warns).
         """
+        self.profile_path = None if profile_path is None else Path(profile_path)
+        profile = None
+        if self.profile_path is not None and self.profile_path.exists():
+            try:
+                profile = load_power_limit_profile(self.profile_path)
+            except (OSError, ValueError) as e:
+                raise ValueError(
+                    f"profile_path {self.profile_path} is not a readable power-limit profile "
+                    f"({e}); delete it to profile again"
+                ) from None
         self.options = power_limit_options(
             optimum_selector,
             wait_steps=wait_steps,
             warmup_steps=warmup_steps,
             profile_steps=profile_steps,
             pl_step=pl_step,
-            profile_path=profile_path,
+            profile=profile,
+            save_profile=self.profile_path is not None and profile is None,
         )
+        self._profile_written = not self.options.save_profile
         self.monitor = monitor
         self.optimum_selector = optimum_selector
         gpu_indices = list(monitor.gpu_indices)
         if not gpu_indices:
             raise ValueError("monitor.gpu_indices must not be empty")
         rank, world_size = _world()
+        self.rank = rank
         job_info = JobInfo(pp_degree=1, dp_degree=world_size, tp_degree=1, world_size=world_size)
         self.publisher: emit.Publisher
         try:
@@ -202,8 +229,37 @@ class GlobalPowerLimitOptimizer:
         self.publisher.step_begin()
 
     def on_epoch_end(self) -> None:
-        """Mark the end of a training epoch."""
+        """Mark the end of a training epoch (rank 0 also writes a newly measured profile)."""
         self.publisher.epoch_end()
+        self.save_profile()
+
+    def save_profile(self) -> bool:
+        """Write the measured profile to `profile_path` if profiling is over (rank 0 only).
+
+        Asks the coordinator through the node's agent (one request, at most the publisher's
+        timeout); called at every epoch end and at the end of training.
+
+        Returns:
+            Whether the profile has been written (now or before).
+        """
+        if self._profile_written or self.rank != 0 or self.job_id is None:
+            return self._profile_written
+        assert self.profile_path is not None
+        reply = self.publisher.request(Kind.QUERY_JOB, JobQuery(job_id=self.job_id))
+        progress = reply.result.get("power_limit") if reply is not None and reply.ok else None
+        if not isinstance(progress, dict) or progress.get("optimal_power_limit_w") is None:
+            return False  # Still profiling (or the coordinator is unreachable): next time.
+        try:
+            measurements = [PowerLimitMeasurement(**m) for m in progress["measurements"]]
+            self.profile_path.parent.mkdir(parents=True, exist_ok=True)
+            save_power_limit_profile(self.profile_path, measurements)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            logger.warning("GlobalPowerLimitOptimizer: could not write the profile to %s: %s",
+                           self.profile_path, e)
+            return False
+        self._profile_written = True
+        logger.info("GlobalPowerLimitOptimizer: profile written to %s", self.profile_path)
+        return True
 
     def on_step_end(self) -> None:
         """No-op (Zeus compatibility)."""
@@ -215,7 +271,8 @@ class GlobalPowerLimitOptimizer:
         """No-op (Zeus compatibility)."""
 
     def on_train_end(self) -> None:
-        """No-op (Zeus compatibility)."""
+        """End of training: rank 0 writes a newly measured profile."""
+        self.save_profile()
 
     def on_evaluate(self, metric: float) -> None:
         """No-op (Zeus compatibility)."""

@@ -14,38 +14,66 @@ Job streams: `TrainerEvent`, `TrainerEventBatch`, `ScheduleMessage`, `JobStatus`
 
 Every top-level message derives from `Message` (fields `v`, extra fields forbidden).
 Units are in the field names: `_w`, `_j`, `_s`, `_ns` (monotonic, host-local), `_mhz`.
+
+Every string a client supplies is bounded (`Id`, `Name`, `Text`; `MAX_*_CHARS`), floats are
+finite, and leases lie in (0, `MAX_LEASE_S`], so a payload can neither make a subject too long
+for the server nor park a GPU setting forever.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, field_validator
 
 from zeus_agent.gpu.base import GPUInfo
-from zeus_agent.models import FrequencySchedule, JobInfo, RankInfo
+from zeus_agent.models import (
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
+    MAX_RANK,
+    FrequencySchedule,
+    JobInfo,
+    PowerLimitMeasurement,
+    RankInfo,
+)
+
+MAX_TEXT_CHARS = 4096
+"""Longest free text (error messages, status messages)."""
+MAX_LEASE_S = 3600.0
+"""Longest lease an agent grants (s): a setting nobody renews comes back within this time."""
+MAX_PROFILE_ROWS = 256
+"""Most power limits in a profile sent with a job."""
+
+Id = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS)]
+"""A job id, lease holder or agent id."""
+Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
+"""A node name, GPU uuid or name, scheduler or instruction name."""
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
+"""Free text for people."""
+Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class Message(BaseModel):
     """Base of every top-level payload: a schema version and no unknown fields."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     v: Literal[1] = 1
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------------------- announcements
 class GpuDescription(_Part):
     """What an agent announces about one GPU (see `zeus_agent.gpu.base.GPUInfo`)."""
 
-    index: int = Field(ge=0)
-    uuid: str
-    name: str
-    architecture: str
+    index: int = Field(ge=0, le=MAX_RANK)
+    uuid: Name
+    name: Name
+    architecture: Name
     min_power_limit_w: int
     max_power_limit_w: int
     default_power_limit_w: int
@@ -75,11 +103,11 @@ class GpuDescription(_Part):
 class AgentHello(Message):
     """An agent's announcement of its node and GPUs; repeated as the heartbeat."""
 
-    node: str
-    agent_id: str
-    backend: str
+    node: Name
+    agent_id: Id
+    backend: Name
     heartbeat_s: float
-    socket_path: str
+    socket_path: Text
     gpus: list[GpuDescription]
 
 
@@ -97,9 +125,9 @@ class Sample(_Part):
 class SampleBatch(Message):
     """Samples of one GPU, oldest first."""
 
-    node: str
+    node: Name
     gpu: int
-    uuid: str
+    uuid: Name
     samples: list[Sample]
 
 
@@ -121,7 +149,7 @@ class Measurement(_Part):
     """Time and energy of one step or instruction of the rank bound to a GPU."""
 
     kind: Literal["step", "instruction"]
-    name: str
+    name: Name
     epoch: int
     step: int
     index: int
@@ -134,10 +162,10 @@ class Measurement(_Part):
 class MeasurementBatch(Message):
     """Marks and measurements of the rank bound to one GPU."""
 
-    node: str
+    node: Name
     gpu: int
-    job_id: str
-    rank: int
+    job_id: Id
+    rank: Rank
     marks: list[Mark] = []
     measurements: list[Measurement] = []
 
@@ -145,19 +173,23 @@ class MeasurementBatch(Message):
 class ErrorEvent(Message):
     """Something went wrong that nobody asked about: a bad datagram, a schedule mismatch."""
 
-    source: str
-    code: str
-    message: str
-    job_id: str | None = None
+    source: Name
+    code: Name
+    message: Text
+    job_id: Id | None = None
     rank: int | None = None
     detail: dict[str, Any] = {}
 
 
 # ---------------------------------------------------------------------------- GPU commands
 class _Leased(_Part):
-    holder: str = Field(default="", description="Who holds the setting (a job id); '' = nobody")
+    holder: Id = Field(default="", description="Who holds the setting (a job id); '' = nobody")
     lease_s: float | None = Field(
-        default=None, gt=0, description="Restore defaults unless renewed within this time"
+        default=None,
+        gt=0,
+        le=MAX_LEASE_S,
+        description="Restore defaults unless renewed within this time (s); None: the agent's "
+        "default lease",
     )
 
 
@@ -198,7 +230,7 @@ class InstallScheduleCmd(_Leased):
     """Install a rank's frequency schedule, applied on each `instruction_begin`."""
 
     op: Literal["install_schedule"] = "install_schedule"
-    job_id: str
+    job_id: Id
     schedule: FrequencySchedule
 
 
@@ -212,8 +244,8 @@ class BindRankCmd(_Part):
     """Bind a job's rank to this GPU, so its events are measured here."""
 
     op: Literal["bind"] = "bind"
-    job_id: str
-    rank: int = Field(ge=0)
+    job_id: Id
+    rank: Rank
 
 
 class UnbindRankCmd(_Part):
@@ -234,8 +266,8 @@ class RenewLeasesCmd(_Part):
     """Renew every lease of `holder` on this GPU."""
 
     op: Literal["renew"] = "renew"
-    holder: str
-    lease_s: float = Field(gt=0)
+    holder: Id
+    lease_s: float = Field(gt=0, le=MAX_LEASE_S)
 
 
 GpuCommand = Annotated[
@@ -263,13 +295,13 @@ class CommandEnvelope(Message):
 class Reply(Message):
     """The answer to every request. `ok` False carries a stable `code` and a message.
 
-    Codes: bad_request, out_of_range, not_supported, permission, unavailable, unknown_job,
-    unknown_rank, duplicate, conflict, timeout, internal.
+    Codes: bad_request, out_of_range, not_supported, permission, forbidden, quota, unavailable,
+    unknown_job, unknown_rank, duplicate, conflict, timeout, internal.
     """
 
     ok: bool
-    code: str = ""
-    error: str = ""
+    code: Name = ""
+    error: Text = ""
     result: dict[str, Any] = {}
 
     @classmethod
@@ -301,38 +333,46 @@ class PowerLimitOptions(_Part):
     profile_steps: int = Field(default=40, ge=1)
     pl_step_w: int = Field(default=25, ge=1)
     search: Literal["exhaustive", "adaptive"] = "exhaustive"
-    profile_path: str | None = None
+    profile: list[PowerLimitMeasurement] | None = Field(
+        default=None,
+        max_length=MAX_PROFILE_ROWS,
+        description="A profile the trainer read from its own `profile_path` (Zeus JSON "
+        "measurements): profiling is skipped and the optimum is chosen from it",
+    )
+    save_profile: bool = Field(
+        default=False,
+        description="The trainer wants the measured profile back (to write its `profile_path`)",
+    )
 
 
 class RegisterJob(Message):
     """Register a job. `power_limit` set: the coordinator runs the power-limit optimizer."""
 
     job: JobInfo
-    scheduler: str = "PowerLimitOptimizer"
+    scheduler: Annotated[str, StringConstraints(max_length=64)] = "PowerLimitOptimizer"
     power_limit: PowerLimitOptions | None = None
 
 
 class GpuBinding(_Part):
     """The GPU a rank drives: node name and GPU index (and uuid when known)."""
 
-    node: str
-    gpu_index: int = Field(ge=0)
-    gpu_uuid: str = ""
+    node: Name
+    gpu_index: int = Field(ge=0, le=MAX_RANK)
+    gpu_uuid: Name = ""
 
 
 class RegisterRank(Message):
     """Register one rank of a job, with the GPU it drives."""
 
-    job_id: str
+    job_id: Id
     rank_info: RankInfo
     gpu: GpuBinding
-    pid: int | None = None
 
 
 class JobQuery(Message):
     """Ask the coordinator for a job's state (or the list of jobs when `job_id` is None)."""
 
-    job_id: str | None = None
+    job_id: Id | None = None
 
 
 class TrainerEvent(_Part):
@@ -350,15 +390,15 @@ class TrainerEvent(_Part):
     epoch: int = 0
     step: int = 0
     index: int = 0
-    name: str = ""
+    name: Name = ""
 
 
 class TrainerEventBatch(Message):
     """Events of one rank, oldest first, as forwarded by its node's agent."""
 
-    job_id: str
-    rank: int
-    node: str
+    job_id: Id
+    rank: Rank
+    node: Name
     gpu: int
     events: list[TrainerEvent]
 
@@ -366,24 +406,24 @@ class TrainerEventBatch(Message):
 class ScheduleMessage(Message):
     """A rank's frequency schedule as broadcast by the coordinator."""
 
-    job_id: str
+    job_id: Id
     schedule: FrequencySchedule
 
 
 class JobStatus(Message):
     """A job's state change or progress, for people and dashboards."""
 
-    job_id: str
-    state: str
-    message: str
+    job_id: Id
+    state: Name
+    message: Text
     progress: dict[str, Any] = {}
 
 
 class LeaseRenewal(Message):
     """Renew every lease `holder` has on any agent for `lease_s` seconds."""
 
-    holder: str
-    lease_s: float = Field(gt=0)
+    holder: Id
+    lease_s: float = Field(gt=0, le=MAX_LEASE_S)
 
     @field_validator("holder")
     @classmethod

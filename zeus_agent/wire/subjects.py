@@ -165,6 +165,11 @@ def all_gpu_measurements(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.gpu.*.*.meas"
 
 
+def all_agent_hellos(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every agent's announcements: `<p>.agent.*.hello`."""
+    return f"{_p(prefix)}.agent.*.hello"
+
+
 def all_gpu_commands(prefix: str = DEFAULT_PREFIX) -> str:
     """Every GPU's command subject: `<p>.gpu.*.*.cmd`."""
     return f"{_p(prefix)}.gpu.*.*.cmd"
