@@ -40,6 +40,13 @@ def _watch(argv: Sequence[str]) -> int:
     return watch_main(argv)
 
 
+def _nats_auth(argv: Sequence[str]) -> int:
+    from coordinator import nats_auth
+
+    parser = nats_auth.build_parser("zeus-coordinator nats-auth")
+    return nats_auth.main(parser.parse_args(list(argv)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `zeus-coordinator`."""
     return dispatch(
@@ -47,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         {
             "run": (_run, "the coordinator service (see zeus-coordinator run --help)"),
             "watch": (_watch, "follow job status from a terminal"),
+            "nats-auth": (_nats_auth, "write NATS users and permissions for a list of GPU nodes"),
         },
     )
 

@@ -40,7 +40,8 @@ def describe(status: JobStatus) -> str:
 
 async def watch(url: str, prefix: str, job_id: str | None, once: bool) -> int:
     """Print a job's status (or every job's) until interrupted."""
-    nc = await connect(url, "zeus-coordinator-watch")
+    nc = await connect(url, "zeus-coordinator-watch",
+                       inbox_prefix=subjects.inbox_prefix("observer", "", prefix))
     try:
         if once:
             msg = await nc.request(

@@ -48,6 +48,7 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
         subjects.gpu_errors(node, 1), subjects.agent_hello(node), subjects.agent_errors(node),
         subjects.coord_register_job(node), subjects.coord_register_rank(node),
         subjects.job_events("any job / with spaces", 7, node),
+        subjects.coord_job_query(),  # relays its trainers' queries (their measured profiles)
         permissions.inbox("agent", node) + ".abc.1",
     ]  # fmt: skip
     for s in own_pub:
@@ -57,7 +58,7 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
         subjects.gpu_samples(other, 0), subjects.coord_register_rank(other),
         subjects.coord_register_job(other), subjects.job_events("j", 0, other),
         subjects.agent_hello(other), subjects.lease_renewal("h"), subjects.job_status("j"),
-        subjects.job_schedule("j", 0), subjects.agent_ping(), subjects.coord_job_query(),
+        subjects.job_schedule("j", 0), subjects.agent_ping(),
         permissions.inbox("coordinator") + ".x", permissions.inbox("agent", other) + ".x",
         "_INBOX.x", "$SRV.PING",
     ):  # fmt: skip
@@ -78,7 +79,8 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
     # Every pattern is the node's own: no wildcard stands where the node token is.
     token = subjects.token(node)
     for p in perms.publish:
-        assert token in p.split(".") or p.startswith(permissions.inbox("agent", node)), p
+        assert (token in p.split(".") or p.startswith(permissions.inbox("agent", node))
+                or p == subjects.coord_job_query()), p
 
 
 def test_no_wildcard_in_a_pattern_comes_from_a_user_value():

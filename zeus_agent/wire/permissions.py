@@ -155,6 +155,7 @@ def agent(node: str, prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             pattern(subjects.gpu_errors, node, ANY, prefix=p),
             subjects.coord_register_job(node, p),
             subjects.coord_register_rank(node, p),
+            subjects.coord_job_query(p),  # relays its trainers' job queries (their profiles)
             pattern(subjects.job_events, ANY, ANY, node, prefix=p),
             _below(inbox("agent", node, p)),  # requests to itself (confirm_subscriptions)
         ),
