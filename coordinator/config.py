@@ -63,6 +63,13 @@ class CoordinatorSettings(BaseSettings):
         le=3600,
         description="Lease of GPU settings; renewed every lease_s/3 while jobs live",
     )
+    status_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /healthz on this port (0: any free port); none when unset",
+    )
+    status_host: str = Field(default="127.0.0.1", description="Address of the /healthz server")
     mark_timeout_s: float = Field(
         default=30.0,
         gt=0,

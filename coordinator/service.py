@@ -14,6 +14,11 @@ rank is bound to; agent announcements `<p>.agent.*.hello`, on which it reconcile
 limit is not its job's desired limit (its agent restarted) gets it again. It commands agents on
 `<p>.gpu.<n>.<i>.cmd`, renews leases on `<p>.lease.<job>` and reports on `<p>.job.<job>.status`.
 
+Never deaf: if the NATS server closes the connection for good (nats-py then stops
+reconnecting), the coordinator stops and exits with `BUS_LOST` (4) so its supervisor starts a
+fresh one; `/healthz` (`status_port`) answers 503 while it is disconnected or closed. After a
+reconnection it pings the agents, whose announcements reconcile every GPU's limit.
+
 The coordinator never opens a path a client names: a profile comes with the job's options and
 goes back in the job's status and queries (the trainer's drop-in reads and writes its own
 `profile_path`); the coordinator's copies live in `state_dir/profiles/` under names it makes.
@@ -56,9 +61,10 @@ from coordinator.power_limit.job import (
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.profile import load_profile, save_profile
 from coordinator.power_limit.search import WindowResult
-from zeus_agent import __version__
+from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.errors import BrokerError, PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -130,6 +136,10 @@ class CoordinatorService(ExitSignals):
         self._tg: asyncio.TaskGroup | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._persist_lock = asyncio.Lock()
+        self.exit_code = 0
+        """What the process should exit with: 0, or `BUS_LOST` (the server closed NATS)."""
+        self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
+        self._status_server: status_http.StatusServer | None = None
         self.writes = 0  # Writes of jobs.json by `_save` (for benchmarks and tests).
         self._changes = 0  # Registry changes made (persistence generation).
         self._persisted = 0  # Changes already on disk.
@@ -189,8 +199,13 @@ class CoordinatorService(ExitSignals):
             raise BrokerError(
                 "no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats"
             )
+        if s.status_port is not None:
+            self._status_server = status_http.start(s.status_host, s.status_port, self.health)
         self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
+                                on_disconnect=self._on_disconnect,
+                                on_reconnect=self._on_reconnect, on_closed=self._on_closed,
                                 inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix))
+        self.bus_state = ("connected", time.time(), "connected to NATS")
         from nats import micro
 
         self._service = await micro.add_service(
@@ -217,6 +232,37 @@ class CoordinatorService(ExitSignals):
         await confirm_subscriptions(self.nc)
         LOG.info("coordinator ready on %s (state in %s, %d job(s) restored)",
                  self.url, self.state_dir, len(self.registry.jobs))
+
+    async def _on_disconnect(self) -> None:
+        self.bus_state = ("disconnected", time.time(), "the connection to NATS was lost")
+
+    async def _on_reconnect(self) -> None:
+        self.bus_state = ("connected", time.time(), "reconnected to NATS")
+        # Agents may have restarted meanwhile: their announcements reconcile the GPUs.
+        with contextlib.suppress(Exception):
+            await self.nc.publish(subjects.agent_ping(self.settings.prefix), b"")
+
+    async def _on_closed(self) -> None:
+        """The server closed the connection and nats-py will not reconnect: exit non-zero."""
+        last = getattr(self.nc, "last_error", None) if self.nc is not None else None
+        reason = f"the NATS server closed the connection ({last or 'no reason given'})"
+        self.bus_state = ("closed", time.time(), reason)
+        LOG.error("%s; exiting with code %d so the supervisor starts a fresh coordinator",
+                  reason, BUS_LOST)
+        self.exit_code = BUS_LOST
+        self.should_exit.set()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, detail) for `/healthz` (called on the status server's thread)."""
+        state, since, reason = self.bus_state
+        detail = {"nats": {"state": state, "since": since, "reason": reason},
+                  "jobs": len(self.registry.jobs), "dropped": dict(self.dropped)}
+        if state != "connected":
+            return False, {"status": state, "reason": reason, **detail}
+        if not self.started.is_set() or self.should_exit.is_set():
+            return False, {"status": "stopping" if self.should_exit.is_set() else "starting",
+                           **detail}
+        return True, {"status": "ok", **detail}
 
     async def _stop_intake(self) -> None:
         """Stop taking requests and stream messages (first step of the shutdown)."""
@@ -252,7 +298,11 @@ class CoordinatorService(ExitSignals):
         """Stop intake, persist, drain NATS, stop the embedded server (idempotent)."""
         await self._stop_intake()
         if self._changes > self._persisted:
-            self._persist()
+            try:
+                self._persist()
+            except OSError as e:
+                LOG.error("could not write the state directory %s at shutdown: %s",
+                          self.state_dir, e)
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 5)
@@ -260,6 +310,9 @@ class CoordinatorService(ExitSignals):
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
             self._embedded = None
+        if self._status_server is not None:
+            await asyncio.to_thread(self._status_server.close)
+            self._status_server = None
         LOG.info("coordinator stopped")
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:

@@ -468,3 +468,24 @@ async def test_quota_per_node(nats_server, nc, tmp_path):
         assert (await ask(nc, subjects.coord_register_job("other-node"), job_request(dp=1))).ok
     finally:
         await stop(coord, task)
+
+
+async def test_a_4kb_job_id_is_refused_and_the_coordinator_stays_on_the_bus(coord, nc):
+    """Defect: a 4,100-character `job_metadata` made a subject over nats-server's control-line
+    limit; the server closed the coordinator's connection and it stayed up deaf."""
+    reply = await ask(nc, subjects.coord_register_job(NODE), {
+        "v": 1, "job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1,
+                        "job_metadata": "m" * 4100}})
+    assert (reply.ok, reply.code) == (False, "bad_request") and "job_metadata" in reply.error
+    # The longest accepted id still makes short subjects; the coordinator publishes on them.
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    job_id = await register_job(nc, dp=1, job_metadata="m" * 128,
+                                power_limit=PowerLimitOptions())
+    assert len(job_id) > 150 and len(subjects.job_status(job_id)) < 120
+    assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0))).ok
+    await wait_for(lambda: any(s.job_id == job_id and s.state == "profiling" for s in statuses))
+    await asyncio.sleep(0.2)
+    assert not coord.nc.is_closed
+    query = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+    assert query.ok and query.result["job_id"] == job_id
+    await ask(nc, subjects.gpu_command(NODE, 0), RESET)
