@@ -280,3 +280,57 @@ def test_the_hugging_face_callback_shows_zeus_signature() -> None:
         "monitor", "optimum_selector", "wait_steps", "warmup_steps", "profile_steps", "pl_step",
         "profile_path",
     ]
+
+
+# ----------------------------------------------------------------------------- profile_path
+def test_profile_path_is_read_and_written_by_the_trainer(tmp_path: Path, monkeypatch) -> None:
+    """Defect: `profile_path` was read and written on the coordinator's host. Now rank 0 sends
+    the content of an existing file, and writes the profile the coordinator measured."""
+    from zeus_agent.models import load_power_limit_profile, save_power_limit_profile
+    from zeus_agent.wire.messages import JobQuery
+
+    measured = [{"power_limit": 300, "energy": 1000.0, "time": 10.0},
+                {"power_limit": 250, "energy": 800.0, "time": 10.5}]
+    done = {"now": False}
+
+    def handler(req: RequestDatagram) -> Reply | None:
+        if req.kind is Kind.QUERY_JOB:
+            assert validate(JobQuery, req.payload).job_id == "job-1"
+            progress = {"optimal_power_limit_w": 250 if done["now"] else None,
+                        "measurements": measured if done["now"] else measured[:1]}
+            return Reply.success(job_id="job-1", power_limit=progress)
+        return default_handler(req)
+
+    fake = FakeAgent(str(tmp_path / "agent.sock"), handler)
+    monkeypatch.setenv(emit.ENV_SOCKET, fake.path)
+    try:
+        path = tmp_path / "profiles" / "p.json"
+        plo = GlobalPowerLimitOptimizer(ZeusMonitor(gpu_indices=[0]), Energy(), profile_path=path)
+        job = validate(RegisterJob, fake.requests[0].payload)
+        assert job.power_limit is not None and job.power_limit.profile is None
+        assert job.power_limit.save_profile
+        plo.on_epoch_end()  # still profiling: nothing written
+        assert not path.exists()
+        done["now"] = True
+        plo.on_train_end()
+        assert [m.model_dump() for m in load_power_limit_profile(path)] == measured
+        queries = len(fake.wait_requests(Kind.QUERY_JOB))
+        plo.on_epoch_end()  # written once, not asked again
+        assert len([r for r in fake.requests if r.kind is Kind.QUERY_JOB]) == queries
+        emit.close()
+
+        # An existing file: its measurements go with the job, no profiling is asked back.
+        fake.requests.clear()
+        plo = GlobalPowerLimitOptimizer(ZeusMonitor(gpu_indices=[0]), Energy(), profile_path=path)
+        job = validate(RegisterJob, fake.wait_requests(Kind.REGISTER_JOB)[0].payload)
+        assert job.power_limit is not None and not job.power_limit.save_profile
+        assert [m.model_dump() for m in job.power_limit.profile or []] == measured
+        emit.close()
+
+        # A broken file is the trainer's error, said clearly (Zeus would fail to load it too).
+        path.write_text("{not json")
+        with pytest.raises(ValueError, match="not a readable power-limit profile"):
+            GlobalPowerLimitOptimizer(ZeusMonitor(gpu_indices=[0]), profile_path=path)
+        save_power_limit_profile(path, [PowerLimitMeasurement(**measured[0])])
+    finally:
+        fake.stop()
