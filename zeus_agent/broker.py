@@ -5,7 +5,8 @@
   temporary directory, wait until it accepts clients, stop it cleanly (context manager, sync
   and async). Used by the tests, the demo and `--embedded-nats` of both services.
 * `connect(url, name)`: a nats-py connection with every callback set and the first connect
-  bounded in time (nats-py alone may hang for minutes on a dead server).
+  bounded in time (nats-py alone may hang for minutes on a dead server); `on_closed` reports a
+  connection the server closed for good. `redact_url(url)` hides passwords in messages.
 * `confirm_subscriptions(nc)`: return once the server has every subscription made so far on
   `nc`. nats-py's `flush()` does not promise it: it writes its PING ahead of SUBs still waiting
   in the client's buffer, so its PONG can come back before the server saw them (seen here: 5%
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -185,37 +187,91 @@ class EmbeddedNats:
         await asyncio.to_thread(self.stop)
 
 
+def redact_url(url: str) -> str:
+    """`url` (comma-separated URLs too) with any password replaced by `***`."""
+    return ",".join(_redact_one(u) for u in url.split(","))
+
+
+def _redact_one(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+
+
+_client_class: Any = None
+
+
+def _nats_client_class() -> Any:
+    """A nats-py `Client` that remembers whether we closed (or drained) it ourselves."""
+    global _client_class
+    if _client_class is None:
+        from nats.aio.client import Client
+
+        class _Client(Client):
+            closed_by_us = False
+
+            async def close(self) -> None:
+                self.closed_by_us = True
+                await super().close()
+
+            async def drain(self) -> None:
+                self.closed_by_us = True
+                await super().drain()
+
+        _client_class = _Client
+    return _client_class
+
+
 async def connect(
     url: str,
     name: str,
     timeout_s: float = 5.0,
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
     on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    on_closed: Callable[[], Awaitable[None]] | None = None,
     **options: Any,
 ) -> Any:
     """Connect to NATS with logging callbacks, reconnecting forever once connected.
 
+    nats-py reconnects after a lost connection, but not after the server closed it with an
+    error (an authorization violation, a protocol error such as a control line too long): the
+    client is then closed for good and a service that goes on is deaf. `on_closed` tells the
+    service, which must re-open or exit (the agent exits, see `zeus_agent.agent.server`).
+
     Args:
-        url: Server URL(s), comma separated.
+        url: Server URL(s), comma separated (`nats://user:password@host:4222` works).
         name: Connection name shown by the server.
         timeout_s: Bound on the first connection.
         on_disconnect: Extra coroutine run when the connection drops.
         on_reconnect: Extra coroutine run when it comes back.
-        **options: Passed to `nats.connect` (credentials, TLS...).
+        on_closed: Extra coroutine run when the connection is closed and it was not our own
+            `close()`/`drain()` (nats-py gave up on it).
+        **options: Passed to nats-py's `connect` (user, password, inbox_prefix, TLS...).
 
     Raises:
-        BrokerError: No server answered within `timeout_s`; the message says what to do.
+        BrokerError: No server answered within `timeout_s`, or it refused us; the message
+            names the URL (password hidden) and what to check.
     """
-    import nats
+    client = _nats_client_class()()
+    last_error: list[BaseException] = []
 
     async def error_cb(e: Exception) -> None:
+        if not client.is_connected and not client.is_reconnecting:
+            # The first connection: kept for the error message; a refusal of the credentials
+            # explains more than the connection resets that follow it.
+            if not last_error or not _is_auth_error(last_error[0]):
+                last_error[:] = [e]
+            LOG.debug("NATS error on %s while connecting: %s", name, e)
+            return
         LOG.warning("NATS error on %s: %s", name, e)
 
-    conn: list[Any] = []  # the client, once connected (callbacks need it)
-
     async def disconnected_cb() -> None:
-        closing = bool(conn) and (conn[0].is_closed or conn[0].is_draining)
-        if closing:  # our own drain()/close(): nothing to worry about
+        if client.closed_by_us:  # our own drain()/close(): nothing to worry about
             LOG.debug("NATS connection of %s closed", name)
             return
         LOG.warning("NATS connection of %s lost; work pauses until it reconnects", name)
@@ -228,12 +284,22 @@ async def connect(
             await on_reconnect()
 
     async def closed_cb() -> None:
-        LOG.debug("NATS connection of %s closed", name)
+        if client.closed_by_us:
+            LOG.debug("NATS connection of %s closed", name)
+            return
+        LOG.error(
+            "NATS connection of %s was closed by the server and will not reconnect (%s)",
+            name,
+            client.last_error or "no reason given",
+        )
+        if on_closed:
+            await on_closed()
 
     servers = [s.strip() for s in url.split(",") if s.strip()]
+    shown = redact_url(url)
     try:
-        client = await asyncio.wait_for(
-            nats.connect(
+        await asyncio.wait_for(
+            client.connect(
                 servers=servers,
                 name=name,
                 error_cb=error_cb,
@@ -248,16 +314,41 @@ async def connect(
             ),
             timeout_s,
         )
-        conn.append(client)
         return client
-    except (TimeoutError, OSError, Exception) as e:
-        if isinstance(e, asyncio.CancelledError):
-            raise
-        raise BrokerError(
-            f"could not connect to NATS at {url} within {timeout_s:g} s ({type(e).__name__}: {e}). "
-            "Check that a nats-server is running there, or use --embedded-nats to start one."
-        ) from None
+    except Exception as e:  # noqa: BLE001 - TimeoutError, OSError, nats errors
+        client.closed_by_us = True
+        with contextlib.suppress(Exception):
+            await client.close()
+        cause = last_error[0] if last_error else e
+        raise BrokerError(_connect_failure(shown, timeout_s, cause)) from None
+    except asyncio.CancelledError:
+        client.closed_by_us = True
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise
 
+
+def _is_auth_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return "authoriz" in text or "authentic" in text
+
+
+def _connect_failure(url: str, timeout_s: float, e: BaseException) -> str:
+    """One line: which URL failed, why, and what to check."""
+    reason = str(e).strip() or type(e).__name__
+    if isinstance(e, TimeoutError) and not str(e).strip():
+        reason = "no answer"
+    if _is_auth_error(e):
+        hint = (
+            "the server refused the credentials: check the user and password (user:password "
+            "in the URL, or --nats-user/--nats-password) and the server's authorization config"
+        )
+    else:
+        hint = (
+            "check that a nats-server is running at that address and that this host can reach "
+            "it (host name, port, firewall, TLS), or use --embedded-nats to start a private one"
+        )
+    return f"could not connect to NATS at {url} within {timeout_s:g} s ({reason}): {hint}"
 
 
 async def confirm_subscriptions(nc: Any, timeout_s: float = 5.0) -> None:

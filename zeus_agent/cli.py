@@ -5,7 +5,9 @@ Subcommands:
   every flag is also an environment variable `ZEUS_AGENT_<FLAG>`).
 * `zeus-agent broker [--port N]`: run an embedded nats-server in the foreground (development).
 
-Only this module turns errors into exit codes: 0 ok, 2 usage, 3 startup failure.
+Only the command line turns errors into exit codes (`zeus_agent.cli_kit`): 0 ok, 2 usage or
+configuration, 3 startup failure, 4 the NATS server closed the connection for good (the agent
+restored its GPUs; its supervisor should restart it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ GPU agent of the zeus-bus energy optimiser. Run one per node: it samples the nod
 publishes energy and time on NATS, obeys power-limit and clock commands from the coordinator
 (restoring defaults when their lease lapses), and relays the node's trainers' events
 (zeus_agent.emit) from a local Unix socket.
+
+exit codes: 0 ok; 2 usage or configuration; 3 startup failure (NATS unreachable, socket or
+metrics port unusable); 4 the NATS server closed the connection for good: GPU settings were
+restored, restart the agent (systemd Restart=on-failure does).
 
 examples:
   zeus-agent run --embedded-nats --backend sim --sim-count 2 --socket-path /tmp/zeus.sock
