@@ -142,7 +142,7 @@ async def test_bind_and_unbind(agent, nc):
     reply = await command(nc, node, 0, BindRankCmd(job_id="job7", rank=3))
     assert reply.ok and reply.result == {"job_id": "job7", "rank": 3}
     binding = (await command(nc, node, 0, InfoCmd())).result["binding"]
-    assert binding == {"job_id": "job7", "rank": 3, "pid": None}
+    assert binding == {"job_id": "job7", "rank": 3, "pid": None, "uid": None}
     assert (await command(nc, node, 0, UnbindRankCmd())).ok
     assert (await command(nc, node, 0, InfoCmd())).result["binding"] is None
 

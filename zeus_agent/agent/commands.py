@@ -103,8 +103,7 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
             energy = agent.energy_between(cmd.t0_ns, cmd.t1_ns)
             return Reply.success(energy_j=energy, time_s=(cmd.t1_ns - cmd.t0_ns) / 1e9)
         case RenewLeasesCmd():
-            kinds = agent.leases.renew(cmd.holder, time.monotonic_ns(), cmd.lease_s)
-            return Reply.success(renewed=list(kinds))
+            return Reply.success(renewed=agent.renew_leases(cmd.holder, cmd.lease_s))
     raise PayloadError(f"unsupported command {cmd!r}")  # pragma: no cover - union is exhaustive
 
 
@@ -128,7 +127,12 @@ async def info(agent: GpuAgent) -> dict:
         ],
         "schedule_installed": agent.cursor.installed,
         "binding": (
-            {"job_id": agent.binding.job_id, "rank": agent.binding.rank, "pid": agent.binding.pid}
+            {
+                "job_id": agent.binding.job_id,
+                "rank": agent.binding.rank,
+                "pid": agent.binding.pid,
+                "uid": agent.binding.uid,
+            }
             if agent.binding
             else None
         ),

@@ -22,15 +22,17 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
-from zeus_agent.agent.core import EnergyRing, LeaseTable, RankMeter, ScheduleCursor
+from zeus_agent.agent.core import EnergyRing, Lease, LeaseTable, RankMeter, ScheduleCursor
+from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.core.meter import Gap, Interval
-from zeus_agent.errors import GPUError, GPUNotSupportedError, GPUValueError
+from zeus_agent.errors import GPUError, GPUNotSupportedError, GPUValueError, PayloadError
 from zeus_agent.gpu.base import GPU, GPUInfo
 from zeus_agent.gpu.power_integrator import PowerIntegrator
 from zeus_agent.gpu.threaded import GPUCaller
-from zeus_agent.models import FrequencySchedule
+from zeus_agent.models import MAX_NAME_CHARS, FrequencySchedule
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
+    MAX_LEASE_S,
     ErrorEvent,
     GpuDescription,
     Mark,
@@ -62,11 +64,16 @@ _EVENT_NAMES = {
 
 @dataclass(frozen=True, slots=True)
 class Binding:
-    """The job rank (and trainer process) whose events this GPU measures."""
+    """The job rank (and trainer process) whose events this GPU measures.
+
+    `pid` and `uid` are the trainer's as the kernel reported them on the socket (never what a
+    payload claims); both None when the coordinator bound the rank (`BindRankCmd`).
+    """
 
     job_id: str
     rank: int
     pid: int | None = None
+    uid: int | None = None
 
 
 class GpuAgent:
@@ -87,9 +94,12 @@ class GpuAgent:
         self.prefix = prefix
         self._publish = publish
         self.caller = GPUCaller(gpu)
-        self.default_lease_s = default_lease_s
+        self.leases = LeaseTable(max_ttl_s=MAX_LEASE_S)
+        try:
+            self.default_lease_s = check_ttl(default_lease_s, MAX_LEASE_S)
+        except ValueError as e:
+            raise ValueError(f"default_lease_s: {e}") from None
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
-        self.leases = LeaseTable()
         self.cursor = ScheduleCursor()
         self.meter = RankMeter()
         self.binding: Binding | None = None
@@ -222,50 +232,97 @@ class GpuAgent:
                 f"nearest supported: {sorted(nearest)} MHz (range {min(clocks)}-{max(clocks)})"
             )
 
-    def _lease(self, kind: str, holder: str, lease_s: float | None) -> None:
-        self.leases.grant(
-            kind, holder or "anonymous", time.monotonic_ns(), lease_s or self.default_lease_s
-        )
+    def _grant(self, kind: str, holder: str, lease_s: float | None) -> Lease | None:
+        """Grant the lease of `kind` before its setting is applied; return the one it replaced.
+
+        A command that names no lease gets the agent's default one: no setting is ever applied
+        without a finite lease.
+
+        Raises:
+            PayloadError: `lease_s` is not a finite number of seconds in (0, MAX_LEASE_S]; the
+                lease table (and so the GPU) is unchanged.
+        """
+        previous = self.leases.get(kind)
+        ttl_s = self.default_lease_s if lease_s is None else lease_s
+        try:
+            self.leases.grant(kind, holder or "anonymous", time.monotonic_ns(), ttl_s)
+        except ValueError as e:
+            raise PayloadError(str(e), "lease_s") from None
+        return previous
+
+    @staticmethod
+    def _check_lease_s(lease_s: float | None) -> None:
+        if lease_s is None:
+            return
+        try:
+            check_ttl(lease_s, MAX_LEASE_S)
+        except ValueError as e:
+            raise PayloadError(str(e), "lease_s") from None
 
     async def set_power_limit(self, power_limit_w: int, holder: str, lease_s: float | None) -> int:
-        """Validate, set (skipped when unchanged) and lease a power limit; returns the old one."""
-        self._check_limit(power_limit_w)
-        old = await self.caller.call(self.gpu.get_power_limit_w)
-        if old != power_limit_w:
-            await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
+        """Validate, lease, then set (skipped when unchanged) a power limit; return the old one.
+
+        Everything is checked before the GPU is touched; the lease is granted before the limit
+        is applied and put back as it was if applying fails. Setting the default limit needs
+        no lease (and drops the one held).
+        """
         assert self.info is not None
-        if power_limit_w == self.info.default_power_limit_w:
+        self._check_limit(power_limit_w)
+        self._check_lease_s(lease_s)
+        to_default = power_limit_w == self.info.default_power_limit_w
+        previous = None if to_default else self._grant(POWER_LIMIT, holder, lease_s)
+        try:
+            old = await self.caller.call(self.gpu.get_power_limit_w)
+            if old != power_limit_w:
+                await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
+        except BaseException:
+            if not to_default:
+                self.leases.reinstate(POWER_LIMIT, previous)
+            raise
+        if to_default:
             self.leases.release(POWER_LIMIT)
             self._changed.discard(POWER_LIMIT)
         else:
             self._changed.add(POWER_LIMIT)
-            self._lease(POWER_LIMIT, holder, lease_s)
         return old
 
     async def lock_clocks(
         self, min_mhz: int, max_mhz: int, holder: str, lease_s: float | None
     ) -> None:
-        """Validate, lock and lease an SM clock range."""
+        """Validate, lease, then lock an SM clock range (the lease is undone if locking fails)."""
         if min_mhz > max_mhz:
             raise GPUValueError(f"min_mhz ({min_mhz}) must not exceed max_mhz ({max_mhz})")
         self._check_clock(min_mhz)
         self._check_clock(max_mhz)
-        await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
+        previous = self._grant(SM_CLOCKS, holder, lease_s)
+        try:
+            await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
+        except BaseException:
+            self.leases.reinstate(SM_CLOCKS, previous)
+            raise
         self._changed.add(SM_CLOCKS)
-        self._lease(SM_CLOCKS, holder, lease_s)
 
     async def install_schedule(
         self, job_id: str, schedule: FrequencySchedule, holder: str, lease_s: float | None
     ) -> None:
-        """Validate and install a frequency schedule for the bound rank."""
+        """Validate, lease, then install a frequency schedule for the bound rank."""
         assert self.info is not None
         clocks = set(self.info.supported_graphics_clocks_mhz) or None
+        self._check_lease_s(lease_s)
+        previous = self._grant(SCHEDULE, holder or job_id, lease_s)
         try:
             self.cursor.install(schedule.rank, list(schedule.frequencies), clocks)
         except ValueError as e:
+            self.leases.reinstate(SCHEDULE, previous)
             raise GPUValueError(f"schedule refused for GPU {self.index}: {e}") from None
         self._changed.add(SCHEDULE)
-        self._lease(SCHEDULE, holder or job_id, lease_s)
+
+    def renew_leases(self, holder: str, lease_s: float) -> list[str]:
+        """Renew every lease of `holder` on this GPU (a bad `lease_s` raises PayloadError)."""
+        try:
+            return list(self.leases.renew(holder, time.monotonic_ns(), lease_s))
+        except ValueError as e:
+            raise PayloadError(str(e), "lease_s") from None
 
     async def restore(self, kinds: Collection[str] | None = None, reason: str = "") -> list[str]:
         """Put settings back to default; `kinds` None means everything changed. Idempotent."""
@@ -317,11 +374,13 @@ class GpuAgent:
         return restored
 
     # ------------------------------------------------------------------ trainer events
-    def bind(self, job_id: str, rank: int, pid: int | None = None) -> None:
-        """Measure the events of `job_id`'s `rank` on this GPU."""
+    def bind(
+        self, job_id: str, rank: int, pid: int | None = None, uid: int | None = None
+    ) -> None:
+        """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.meter = RankMeter()
-        self.binding = Binding(job_id, rank, pid)
+        self.binding = Binding(job_id, rank, pid, uid)
 
     def unbind(self) -> None:
         """Forget the bound rank."""
@@ -451,7 +510,7 @@ class GpuAgent:
         """Publish an error event about this GPU (and its bound rank)."""
         b = self.binding
         event = ErrorEvent(
-            source=f"agent:{self.node}/gpu{self.index}",
+            source=f"agent:{self.node}/gpu{self.index}"[-MAX_NAME_CHARS:],
             code=code,
             message=message,
             job_id=b.job_id if b else None,

@@ -14,7 +14,14 @@ from zeus_agent.agent.core.energy_ring import (
     EnergyRing,
     WindowOutOfRange,
 )
-from zeus_agent.agent.core.leases import LEASE_KINDS, Lease, LeaseKind, LeaseTable
+from zeus_agent.agent.core.leases import (
+    LEASE_KINDS,
+    MAX_TTL_S,
+    Lease,
+    LeaseKind,
+    LeaseTable,
+    check_ttl,
+)
 from zeus_agent.agent.core.meter import (
     Gap,
     GapReason,
@@ -29,6 +36,7 @@ from zeus_agent.agent.core.schedule import ScheduleCursor, ScheduleStep
 __all__ = [
     "DEFAULT_MAX_EXTRAPOLATION_NS",
     "LEASE_KINDS",
+    "MAX_TTL_S",
     "EnergyRing",
     "Gap",
     "GapReason",
@@ -43,4 +51,5 @@ __all__ = [
     "ScheduleStep",
     "WindowOutOfRange",
     "WindowStack",
+    "check_ttl",
 ]

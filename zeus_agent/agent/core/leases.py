@@ -19,8 +19,11 @@ Invariants (everything that decides whether a setting survives lives in this fil
 3. `expire(now)` removes exactly the lapsed leases and returns them, earliest deadline first; the
    caller restores those settings. Calling it again at the same time returns nothing
    (idempotent).
-4. `ttl_s` is a finite number of seconds > 0; deadlines are integers in monotonic ns
-   (`now_ns + round(ttl_s * 1e9)`, at least `now_ns + 1`).
+4. `ttl_s` is a finite number of seconds > 0 and at most the table's `max_ttl_s`
+   (`MAX_TTL_S`, one hour, by default); deadlines are integers in monotonic ns
+   (`now_ns + round(ttl_s * 1e9)`, at least `now_ns + 1`). A bad ttl raises before the table
+   changes, so the shell grants the lease first and applies the setting only when that worked
+   (and puts the previous lease back with `reinstate` if applying fails).
 
 No clock is read here: every time is an argument.
 """
@@ -31,13 +34,16 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["LEASE_KINDS", "Lease", "LeaseKind", "LeaseTable"]
+__all__ = ["LEASE_KINDS", "MAX_TTL_S", "Lease", "LeaseKind", "LeaseTable", "check_ttl"]
 
 LeaseKind = Literal["power_limit", "sm_clocks", "schedule"]
 """What a lease covers."""
 
 LEASE_KINDS: tuple[LeaseKind, ...] = get_args(LeaseKind)
 """Every lease kind, in the order `held()` lists them."""
+
+MAX_TTL_S = 3600.0
+"""Longest lease a table grants by default (s): a setting nobody renews comes back within it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +64,13 @@ class Lease:
 class LeaseTable:
     """The leases on one GPU's settings (see the module docstring for the invariants)."""
 
-    def __init__(self) -> None:
-        """Create a table with no lease held."""
+    def __init__(self, max_ttl_s: float = MAX_TTL_S) -> None:
+        """Create a table with no lease held.
+
+        Args:
+            max_ttl_s: Longest ttl `grant` and `renew` accept (s), finite and > 0.
+        """
+        self.max_ttl_s = check_ttl(max_ttl_s, math.inf)
         self._leases: dict[LeaseKind, Lease] = {}
 
     def grant(self, kind: str, holder: str, now_ns: int, ttl_s: float) -> Lease:
@@ -69,18 +80,18 @@ class LeaseTable:
             kind: "power_limit", "sm_clocks" or "schedule".
             holder: Non-empty id of the holder.
             now_ns: Current monotonic time (ns).
-            ttl_s: Lease time (s), finite and > 0.
+            ttl_s: Lease time (s), finite, > 0 and <= `max_ttl_s`.
 
         Returns:
             The new lease.
 
         Raises:
-            ValueError: Unknown kind, empty holder or a ttl that is not > 0.
+            ValueError: Unknown kind, empty holder or a bad ttl; the table is unchanged.
         """
         k = _check_kind(kind)
         if not isinstance(holder, str) or not holder:
             raise ValueError(f"Lease holder must be a non-empty string, got {holder!r}.")
-        lease = Lease(k, holder, _deadline(now_ns, ttl_s))
+        lease = Lease(k, holder, self._deadline(now_ns, ttl_s))
         self._leases[k] = lease
         return lease
 
@@ -90,16 +101,16 @@ class LeaseTable:
         Args:
             holder: Id of the holder renewing.
             now_ns: Current monotonic time (ns).
-            ttl_s: New lease time from now (s), finite and > 0.
+            ttl_s: New lease time from now (s), finite, > 0 and <= `max_ttl_s`.
 
         Returns:
             The kinds renewed, in `LEASE_KINDS` order; empty for an unknown holder. Lapsed
             leases (deadline <= now) are not renewed: `expire` returns them.
 
         Raises:
-            ValueError: A ttl that is not > 0.
+            ValueError: A bad ttl; nothing is renewed.
         """
-        deadline = _deadline(now_ns, ttl_s)
+        deadline = self._deadline(now_ns, ttl_s)
         renewed: list[LeaseKind] = []
         for kind in LEASE_KINDS:
             lease = self._leases.get(kind)
@@ -128,6 +139,23 @@ class LeaseTable:
             return None
         del self._leases[k]
         return lease
+
+    def reinstate(self, kind: str, lease: Lease | None) -> None:
+        """Put back the lease of `kind` held before a grant (None: no lease at all).
+
+        The shell grants a lease before it applies the setting; when applying fails, the
+        setting did not change, so whatever covered it before covers it again.
+
+        Raises:
+            ValueError: Unknown kind, or a lease of another kind.
+        """
+        k = _check_kind(kind)
+        if lease is None:
+            self._leases.pop(k, None)
+            return
+        if lease.kind != k:
+            raise ValueError(f"Cannot reinstate a {lease.kind} lease as {k}.")
+        self._leases[k] = lease
 
     def release_holder(self, holder: str) -> list[Lease]:
         """Remove every lease of `holder` (e.g. its job ended); return them in kind order."""
@@ -165,6 +193,9 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
+    def _deadline(self, now_ns: int, ttl_s: float) -> int:
+        return now_ns + max(1, round(check_ttl(ttl_s, self.max_ttl_s) * 1e9))
+
 
 def _check_kind(kind: str) -> LeaseKind:
     for k in LEASE_KINDS:
@@ -173,7 +204,12 @@ def _check_kind(kind: str) -> LeaseKind:
     raise ValueError(f"Unknown lease kind {kind!r}; expected one of {', '.join(LEASE_KINDS)}.")
 
 
-def _deadline(now_ns: int, ttl_s: float) -> int:
+def check_ttl(ttl_s: float, max_ttl_s: float = MAX_TTL_S) -> float:
+    """Return `ttl_s` if it is a finite number of seconds > 0 and <= `max_ttl_s`.
+
+    Raises:
+        ValueError: Not a number (bools neither), NaN, infinite, <= 0 or above `max_ttl_s`.
+    """
     if (
         isinstance(ttl_s, bool)
         or not isinstance(ttl_s, int | float)
@@ -181,4 +217,6 @@ def _deadline(now_ns: int, ttl_s: float) -> int:
         or ttl_s <= 0
     ):
         raise ValueError(f"Lease ttl_s must be a finite number of seconds > 0, got {ttl_s!r}.")
-    return now_ns + max(1, round(ttl_s * 1e9))
+    if ttl_s > max_ttl_s:
+        raise ValueError(f"Lease ttl_s must be at most {max_ttl_s:g} s, got {ttl_s!r}.")
+    return ttl_s

@@ -1,0 +1,167 @@
+"""Bounded leases, applied only together with the setting, over a real nats-server.
+
+A lease that is not a finite number of seconds in (0, MAX_LEASE_S] is refused before anything
+touches the GPU, whether it comes on the bus (raw msgpack, so no client-side model stands in
+the way) or through `GpuAgent`'s own API; a command without a lease gets the agent's default
+one; an out-of-range limit or clock is refused before anything is applied; and when applying
+fails, the lease granted for it is dropped again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+import pytest
+
+from tests.shell.agent_kit import command, running_agent, wait_for
+from zeus_agent.errors import GPUUnavailableError, PayloadError
+from zeus_agent.models import FrequencySchedule
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import MAX_LEASE_S, InfoCmd, LeaseRenewal, SetPowerLimitCmd
+
+BAD_LEASES = [math.nan, math.inf, -math.inf, 1e300, MAX_LEASE_S + 1, -1.0, 0.0]
+BAD_IDS = ["nan", "inf", "-inf", "1e300", "max+1", "negative", "zero"]
+
+
+@pytest.fixture
+async def agent(nats_server):
+    async with running_agent(nats_server.url) as server:
+        yield server
+
+
+def _raw(cmd: dict) -> bytes:
+    return msgpack.packb({"v": 1, "cmd": cmd}, use_bin_type=True)
+
+
+async def _unchanged(nc, agent) -> None:
+    """The GPU is at its defaults and no lease is held."""
+    gpu = agent.agents[0].gpu
+    assert gpu.get_power_limit_w() == 300
+    assert gpu.get_locked_sm_clocks_mhz() is None
+    assert agent.agents[0].cursor.installed is False
+    info = (await command(nc, agent.settings.node, 0, InfoCmd())).result
+    assert info["leases"] == []
+    assert len(agent.agents[0].leases) == 0
+
+
+@pytest.mark.parametrize("lease_s", BAD_LEASES, ids=BAD_IDS)
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        {"op": "set_power_limit", "power_limit_w": 200, "holder": "h"},
+        {"op": "lock_clocks", "min_mhz": 900, "max_mhz": 900, "holder": "h"},
+        {"op": "install_schedule", "job_id": "j", "holder": "h",
+         "schedule": {"rank": 0, "frequencies": [["forward", 1200]]}},
+    ],  # fmt: skip
+    ids=["power_limit", "clocks", "schedule"],
+)
+async def test_a_bad_lease_on_the_bus_is_refused_and_nothing_is_applied(agent, nc, cmd, lease_s):
+    reply = await command(nc, agent.settings.node, 0, _raw({**cmd, "lease_s": lease_s}))
+    assert (reply.ok, reply.code) == (False, "bad_request")
+    assert "lease_s" in reply.error
+    await _unchanged(nc, agent)
+
+
+@pytest.mark.parametrize("lease_s", BAD_LEASES, ids=BAD_IDS)
+async def test_a_bad_lease_through_the_agent_api_is_refused_before_the_gpu(agent, nc, lease_s):
+    gpu_agent = agent.agents[0]
+    schedule = FrequencySchedule(rank=0, frequencies=[("forward", 1200)])
+    for attempt in (
+        gpu_agent.set_power_limit(200, "h", lease_s),
+        gpu_agent.lock_clocks(900, 900, "h", lease_s),
+        gpu_agent.install_schedule("j", schedule, "h", lease_s),
+    ):
+        with pytest.raises(PayloadError, match="lease_s|ttl_s"):
+            await attempt
+    await _unchanged(nc, agent)
+
+
+async def test_a_bad_lease_keeps_the_setting_and_lease_held_before(agent, nc):
+    node, gpu_agent = agent.settings.node, agent.agents[0]
+    good = SetPowerLimitCmd(power_limit_w=250, holder="first", lease_s=30)
+    assert (await command(nc, node, 0, good)).ok
+    bad = _raw({"op": "set_power_limit", "power_limit_w": 150, "holder": "second",
+                "lease_s": math.inf})  # fmt: skip
+    assert not (await command(nc, node, 0, bad)).ok
+    with pytest.raises(PayloadError):
+        await gpu_agent.set_power_limit(150, "second", math.inf)
+    assert gpu_agent.gpu.get_power_limit_w() == 250
+    leases = (await command(nc, node, 0, InfoCmd())).result["leases"]
+    assert [(lease["holder"], lease["kind"]) for lease in leases] == [("first", "power_limit")]
+
+
+@pytest.mark.parametrize(
+    ("cmd", "needle"),
+    [
+        ({"op": "set_power_limit", "power_limit_w": 99, "lease_s": 30}, "[100, 300] W"),
+        ({"op": "set_power_limit", "power_limit_w": 301, "lease_s": 30}, "[100, 300] W"),
+        ({"op": "set_power_limit", "power_limit_w": -5}, "[100, 300] W"),
+        ({"op": "lock_clocks", "min_mhz": 1201, "max_mhz": 1500, "lease_s": 30}, "1201 MHz"),
+        ({"op": "lock_clocks", "min_mhz": 210, "max_mhz": 1741, "lease_s": 30}, "1741 MHz"),
+        ({"op": "lock_clocks", "min_mhz": 1500, "max_mhz": 1200}, "must not exceed"),
+        ({"op": "install_schedule", "job_id": "j", "lease_s": 30,
+          "schedule": {"rank": 0, "frequencies": [["forward", 1741]]}}, "does not support"),
+    ],  # fmt: skip
+)
+async def test_an_out_of_range_setting_is_refused_before_anything_is_applied(agent, nc, cmd,
+                                                                             needle):  # fmt: skip
+    reply = await command(nc, agent.settings.node, 0, _raw(cmd))
+    assert (reply.ok, reply.code) == (False, "out_of_range")
+    assert needle in reply.error
+    await _unchanged(nc, agent)
+
+
+async def test_a_setting_without_a_lease_gets_the_default_lease_and_lapses(nats_server, nc):
+    async with running_agent(nats_server.url, default_lease_s=0.5) as agent:
+        node, gpu = agent.settings.node, agent.agents[0].gpu
+        assert (await command(nc, node, 0, SetPowerLimitCmd(power_limit_w=180))).ok
+        assert gpu.get_power_limit_w() == 180
+        (lease,) = (await command(nc, node, 0, InfoCmd())).result["leases"]
+        assert lease["kind"] == "power_limit" and 0 < lease["remaining_s"] <= 0.5
+        await wait_for(lambda: gpu.get_power_limit_w() == 300, 3, "default lease lapsed")
+        assert (await command(nc, node, 0, InfoCmd())).result["leases"] == []
+
+
+async def test_a_valid_lease_restores_the_default_when_it_lapses(agent, nc):
+    node, gpu = agent.settings.node, agent.agents[0].gpu
+    cmd = SetPowerLimitCmd(power_limit_w=220, holder="h", lease_s=0.3)
+    assert (await command(nc, node, 0, cmd)).ok
+    assert gpu.get_power_limit_w() == 220
+    await wait_for(lambda: gpu.get_power_limit_w() == 300, 3, "lease lapsed")
+    await _unchanged(nc, agent)
+
+
+async def test_when_applying_fails_the_lease_is_dropped_again(agent, nc, monkeypatch):
+    node, gpu_agent = agent.settings.node, agent.agents[0]
+
+    def unplugged(*_args):
+        raise GPUUnavailableError("GPU fell off the bus")
+
+    monkeypatch.setattr(gpu_agent.gpu, "set_power_limit_w", unplugged)
+    monkeypatch.setattr(gpu_agent.gpu, "lock_sm_clocks_mhz", unplugged)
+    reply = await command(nc, node, 0, SetPowerLimitCmd(power_limit_w=200, holder="h", lease_s=60))
+    assert (reply.ok, reply.code) == (False, "unavailable")
+    reply = await command(nc, node, 0, _raw({"op": "lock_clocks", "min_mhz": 900,
+                                             "max_mhz": 900, "lease_s": 60}))  # fmt: skip
+    assert (reply.ok, reply.code) == (False, "unavailable")
+    monkeypatch.undo()
+    await _unchanged(nc, agent)
+
+
+async def test_bad_renewals_are_refused_and_change_nothing(agent, nc):
+    node, gpu_agent = agent.settings.node, agent.agents[0]
+    assert (await command(nc, node, 0, SetPowerLimitCmd(power_limit_w=250, holder="h",
+                                                        lease_s=30))).ok  # fmt: skip
+    before = gpu_agent.leases.get("power_limit")
+    for lease_s in BAD_LEASES:
+        reply = await command(nc, node, 0, _raw({"op": "renew", "holder": "h", "lease_s": lease_s}))
+        assert (reply.ok, reply.code) == (False, "bad_request")
+        with pytest.raises(PayloadError):
+            gpu_agent.renew_leases("h", lease_s)
+        raw = msgpack.packb({"v": 1, "holder": "h", "lease_s": lease_s})
+        await nc.publish(subjects.lease_renewal("h"), raw)
+    good = LeaseRenewal(holder="h", lease_s=40)
+    await nc.publish(subjects.lease_renewal("h"), codec.encode(good))
+    await wait_for(lambda: gpu_agent.leases.get("power_limit") != before, 3, "renewed")
+    assert gpu_agent.leases.get("power_limit").deadline_ns < before.deadline_ns + 11 * 10**9
