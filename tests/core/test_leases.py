@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from zeus_agent.agent.core.leases import LEASE_KINDS, Lease, LeaseTable
+from zeus_agent.agent.core.leases import LEASE_KINDS, MAX_TTL_S, Lease, LeaseTable, check_ttl
 
 S = 1_000_000_000
 
@@ -65,6 +65,40 @@ def test_ttl_validation(ttl_s: object, ok: bool) -> None:
         table.grant("schedule", "h", 100, 1)
         with pytest.raises(ValueError, match="> 0"):
             table.renew("h", 100, ttl_s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl_s", [MAX_TTL_S + 1, 1e300, 10**400])
+def test_ttl_above_the_maximum_is_refused_and_leaves_the_table_unchanged(ttl_s: float) -> None:
+    table = LeaseTable()
+    held = table.grant("power_limit", "h", 0, 5)
+    with pytest.raises(ValueError, match="at most 3600 s"):
+        table.grant("power_limit", "other", 0, ttl_s)
+    with pytest.raises(ValueError, match="at most 3600 s"):
+        table.renew("h", 0, ttl_s)
+    assert table.held() == [held]
+    assert table.grant("power_limit", "h", 0, MAX_TTL_S).deadline_ns == 3600 * S
+
+
+def test_a_smaller_maximum_and_check_ttl() -> None:
+    table = LeaseTable(max_ttl_s=10)
+    with pytest.raises(ValueError, match="at most 10 s"):
+        table.grant("sm_clocks", "h", 0, 11)
+    assert check_ttl(2.5) == 2.5
+    with pytest.raises(ValueError):
+        LeaseTable(max_ttl_s=math.inf)
+
+
+def test_reinstate_puts_back_the_previous_lease_or_none() -> None:
+    table = LeaseTable()
+    first = table.grant("power_limit", "first", 0, 5)
+    table.grant("power_limit", "second", S, 5)
+    table.reinstate("power_limit", first)
+    assert table.held() == [first]
+    table.grant("schedule", "j", 0, 1)
+    table.reinstate("schedule", None)
+    assert table.get("schedule") is None
+    with pytest.raises(ValueError, match="Cannot reinstate"):
+        table.reinstate("sm_clocks", first)
 
 
 @pytest.mark.parametrize(

@@ -210,13 +210,15 @@ def check_ttl(ttl_s: float, max_ttl_s: float = MAX_TTL_S) -> float:
     Raises:
         ValueError: Not a number (bools neither), NaN, infinite, <= 0 or above `max_ttl_s`.
     """
-    if (
-        isinstance(ttl_s, bool)
-        or not isinstance(ttl_s, int | float)
-        or not math.isfinite(ttl_s)
-        or ttl_s <= 0
-    ):
-        raise ValueError(f"Lease ttl_s must be a finite number of seconds > 0, got {ttl_s!r}.")
+    shown = f"{ttl_s!r:.40}"
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float):
+        raise ValueError(f"Lease ttl_s must be a finite number of seconds > 0, got {shown}.")
+    try:
+        finite = math.isfinite(ttl_s)
+    except OverflowError:  # an int beyond any float: finite, and far above any maximum
+        finite = True
+    if not finite or ttl_s <= 0:
+        raise ValueError(f"Lease ttl_s must be a finite number of seconds > 0, got {shown}.")
     if ttl_s > max_ttl_s:
-        raise ValueError(f"Lease ttl_s must be at most {max_ttl_s:g} s, got {ttl_s!r}.")
+        raise ValueError(f"Lease ttl_s must be at most {max_ttl_s:g} s, got {shown}.")
     return ttl_s
