@@ -316,7 +316,7 @@ async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc):
     assert (await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))).ok
 
 
-async def feed_steps(nc, job_id: str, steps: range) -> None:
+async def feed_steps(nc, job_id: str, steps: range, joules_per_step: float = 100.0) -> None:
     """Rank 0's step_begin events and both ranks' marks, as the agents publish them."""
     from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
 
@@ -326,7 +326,7 @@ async def feed_steps(nc, job_id: str, steps: range) -> None:
         await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(events))
         for rank in (0, 1):
             mark = Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9,
-                        energy_j=s * 100.0 * (rank + 1))
+                        energy_j=s * joules_per_step * (rank + 1))
             batch = MeasurementBatch(node=NODE, gpu=rank, job_id=job_id, rank=rank, marks=[mark])
             await nc.publish(subjects.gpu_measurements(NODE, rank), codec.encode(batch))
     await nc.flush()
@@ -489,3 +489,25 @@ async def test_a_4kb_job_id_is_refused_and_the_coordinator_stays_on_the_bus(coor
     query = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
     assert query.ok and query.result["job_id"] == job_id
     await ask(nc, subjects.gpu_command(NODE, 0), RESET)
+
+
+async def test_when_nothing_can_be_measured_the_gpus_go_back_to_the_maximum(coord, nc, agent):
+    """Defect: with every window at 0 J the optimiser gave up and left the GPUs at the minimum
+    limit (renewed for as long as the job ran)."""
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    options = PowerLimitOptions(selector="Energy", wait_steps=0, warmup_steps=0, profile_steps=2,
+                                pl_step_w=100)  # 300, 200, 100 W
+    job_id = await register_job(nc, dp=2, power_limit=options)
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    sim_dir = agent.settings.sim_state_dir
+    await feed_steps(nc, job_id, range(7), joules_per_step=0.0)
+    await wait_for(lambda: any(s.job_id == job_id and s.state == "gave_up" for s in statuses))
+    gave_up = next(s for s in statuses if s.job_id == job_id and s.state == "gave_up")
+    assert "maximum limit 300 W" in gave_up.message
+    await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300
+                               for i in (0, 1)))
+    query = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
+    assert query.result["power_limit"]["gave_up"]
+    assert coord.power_limit_jobs[job_id].desired_power_limit == 300
