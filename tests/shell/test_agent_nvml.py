@@ -4,6 +4,7 @@ settings are checked against NVML's tables, NVML errors become coded replies, le
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 
 from tests.fakes.fake_pynvml import NVML_ERROR_NO_PERMISSION, FakeNVML, a40, p100
@@ -14,8 +15,9 @@ from zeus_agent.gpu.nvml import NVMLGPU
 from zeus_agent.wire.messages import InfoCmd, LockClocksCmd, SetPowerLimitCmd
 
 
-async def start(url: str, fake: FakeNVML, node: str) -> tuple[AgentServer, asyncio.Task]:
-    tmp = tempfile.mkdtemp(prefix="zan-", dir="/tmp")
+async def start(
+    url: str, fake: FakeNVML, node: str, tmp: str
+) -> tuple[AgentServer, asyncio.Task]:
     settings = AgentSettings(nats_url=url, backend="nvml", node=node, sample_hz=50.0,
                              socket_path=f"{tmp}/agent.sock")
     gpus = [NVMLGPU(i, nvml=fake) for i in range(len(fake.devices))]
@@ -27,7 +29,8 @@ async def start(url: str, fake: FakeNVML, node: str) -> tuple[AgentServer, async
 
 async def test_commands_on_nvml_gpus(nats_server, nc):
     fake = FakeNVML([a40(0), p100(1)])
-    server, task = await start(nats_server.url, fake, "nvml-node")
+    tmp = tempfile.mkdtemp(prefix="zan-", dir="/tmp")  # short: AF_UNIX paths are limited
+    server, task = await start(nats_server.url, fake, "nvml-node", tmp)
     try:
         info = (await command(nc, "nvml-node", 0, InfoCmd())).result
         assert info["gpu"]["name"] == "NVIDIA A40" and info["gpu"]["architecture"] == "ampere"
@@ -53,4 +56,7 @@ async def test_commands_on_nvml_gpus(nats_server, nc):
         assert fake.devices[0].limit_mw == 300_000
     finally:
         server.handle_exit()
-        await asyncio.wait_for(task, 10)
+        try:
+            await asyncio.wait_for(task, 10)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
