@@ -7,14 +7,20 @@ environment. Construction does no I/O.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from zeus_agent.wire.subjects import DEFAULT_PREFIX
+from zeus_agent.models import MAX_NAME_CHARS
+from zeus_agent.wire.messages import MAX_LEASE_S
+from zeus_agent.wire.subjects import DEFAULT_PREFIX, check_prefix
 from zeus_agent.wire.trainer import DEFAULT_SOCKET_PATH
+
+MAX_SOCKET_PATH_BYTES = 107
+"""Longest Unix socket path Linux binds (`sun_path` is 108 bytes with the final NUL)."""
 
 
 class AgentSettings(BaseSettings):
@@ -22,6 +28,12 @@ class AgentSettings(BaseSettings):
 
     Every flag is also an environment variable: ZEUS_AGENT_ and the flag's name in capitals with
     underscores (--nats-url: ZEUS_AGENT_NATS_URL). Flags win over the environment.
+
+    Exit codes: 0 stopped by SIGTERM/SIGINT (GPU settings restored); 2 invalid configuration;
+    3 startup failure (NATS unreachable, socket or metrics port unusable); 4 the NATS server
+    closed the connection for good (settings restored; let the supervisor restart the agent,
+    e.g. systemd Restart=on-failure). With --metrics-port, GET /healthz answers 200 while the
+    agent is connected and serving, else 503 with the reason.
     """
 
     model_config = SettingsConfigDict(
@@ -29,13 +41,28 @@ class AgentSettings(BaseSettings):
     )
 
     nats_url: str | None = Field(
-        None, description="NATS server URL(s), comma separated; omit with --embedded-nats"
+        None,
+        description="NATS server URL(s), comma separated; omit with --embedded-nats. "
+        "Credentials may be given in the URL (nats://user:password@host:4222)",
+    )
+    nats_user: str | None = Field(
+        None, description="NATS user name (with --nats-password; or user:password in the URL)"
+    )
+    nats_password: SecretStr | None = Field(
+        None,
+        description="NATS password; prefer the environment variable ZEUS_AGENT_NATS_PASSWORD "
+        "(a flag shows in the process list)",
     )
     embedded_nats: bool = Field(
         False, description="Start a private nats-server on a free loopback port (development)"
     )
     prefix: str = Field(DEFAULT_PREFIX, description="Subject prefix shared with the coordinator")
-    node: str = Field(default_factory=socket.gethostname, description="Node name used in subjects")
+    node: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=MAX_NAME_CHARS,
+        description="Node name used in subjects",
+    )
     backend: Literal["nvml", "sim"] = Field(
         "nvml", description="GPU backend: 'nvml' (real GPUs) or 'sim' (simulated GPUs)"
     )
@@ -54,7 +81,12 @@ class AgentSettings(BaseSettings):
     publish_interval_s: float = Field(1.0, gt=0, description="How often samples are published")
     heartbeat_s: float = Field(5.0, gt=0, description="Announcement/heartbeat interval (s)")
     default_lease_s: float = Field(
-        60.0, gt=0, description="Lease of a setting whose command names none (s)"
+        60.0,
+        gt=0,
+        le=MAX_LEASE_S,
+        allow_inf_nan=False,
+        description="Lease of a setting whose command names none (s): every non-default "
+        "setting is restored unless renewed within its lease",
     )
     reset_on_start: bool = Field(
         default=True,
@@ -71,9 +103,12 @@ class AgentSettings(BaseSettings):
         None, description="Group owning the socket (with mode 0660: only its members may send)"
     )
     metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Serve Prometheus /metrics on this port (0: any free)"
+        None,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus /metrics and /healthz on this port (0: any free)",
     )
-    metrics_host: str = Field("0.0.0.0", description="Address /metrics listens on")
+    metrics_host: str = Field("0.0.0.0", description="Address /metrics and /healthz listen on")
     ring_seconds: float = Field(
         600.0, gt=0, description="How much sample history answers energy windows (s)"
     )
@@ -92,6 +127,37 @@ class AgentSettings(BaseSettings):
                 f"socket_mode must be an octal mode like 0660, got {value!r}"
             ) from None
         return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return check_prefix(value)
+
+    @field_validator("socket_path")
+    @classmethod
+    def _socket_path(cls, value: str) -> str:
+        size = len(os.fsencode(value))
+        if not value or size > MAX_SOCKET_PATH_BYTES:
+            raise ValueError(
+                f"the socket path is {size} bytes long; Linux binds Unix socket paths of 1 to "
+                f"{MAX_SOCKET_PATH_BYTES} bytes: choose a shorter --socket-path"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> AgentSettings:
+        if (self.nats_user is None) != (self.nats_password is None):
+            raise ValueError(
+                "give both --nats-user and --nats-password (ZEUS_AGENT_NATS_USER and "
+                "ZEUS_AGENT_NATS_PASSWORD), or put user:password in --nats-url"
+            )
+        return self
+
+    def nats_options(self) -> dict[str, str]:
+        """Credentials for nats-py's `connect` (empty when the URL carries them, or none)."""
+        if self.nats_user is None or self.nats_password is None:
+            return {}
+        return {"user": self.nats_user, "password": self.nats_password.get_secret_value()}
 
     @field_validator("log_level")
     @classmethod

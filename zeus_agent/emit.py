@@ -1016,7 +1016,6 @@ def init(
             gpu_index=publisher.physical_gpu_index,
             gpu_uuid=str(reply.result.get("gpu_uuid", "") or ""),
         ),
-        pid=os.getpid(),
     )
     if publisher.register_rank(registration) is None:
         _warn_no_agent(publisher, f"no reply to REGISTER_RANK within {timeout_s} s")

@@ -336,7 +336,8 @@ def test_init_registers_job_hello_and_rank(agent: FakeAgent, monkeypatch) -> Non
     reg_rank = validate(RegisterRank, agent.requests[2].payload)
     assert reg_rank.job_id == "job-1"
     assert reg_rank.rank_info.available_frequencies == CLOCKS
-    assert (reg_rank.gpu.node, reg_rank.gpu.gpu_index, reg_rank.pid) == ("node-a", 0, os.getpid())
+    assert (reg_rank.gpu.node, reg_rank.gpu.gpu_index) == ("node-a", 0)
+    assert "pid" not in agent.requests[2].payload  # the agent takes the pid from the kernel
     emit.step_begin()
     assert agent.wait_events(1)[0].kind is Kind.STEP_BEGIN
     emit.close()

@@ -7,6 +7,8 @@
   with a blocking `recv` on the loop.
 * `Inbox`: a subscription whose messages are awaited one at a time, decoded into a model.
 * `command(nc, node, gpu, cmd)`: one GPU command round trip, decoded into a `Reply`.
+* `TrainerProcess`: a real second trainer process (raw datagrams) driven over its stdin, so
+  tests can show what one process can and cannot do to another's GPU.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -149,7 +154,11 @@ class Inbox:
 
 
 class RawTrainer:
-    """A trainer process's socket, speaking raw datagrams (this test process is the trainer)."""
+    """A trainer process's socket, speaking raw datagrams (this test process is the trainer).
+
+    `pid` is only what the datagrams *claim*: the agent reads the sender's real pid from the
+    kernel, so a `pid` other than this process's is a forgery.
+    """
 
     def __init__(self, socket_path: str, pid: int | None = None) -> None:
         self.pid = os.getpid() if pid is None else pid
@@ -186,9 +195,9 @@ class RawTrainer:
                 return reply.reply
 
     async def hello(self, job_id: str, rank: int = 0, gpu_index: int = 0) -> Reply:
-        """Bind this pid to a job rank and GPU."""
+        """Bind this process to a job rank and GPU (unvalidated: the agent checks)."""
         return await self.request(
-            dg.Kind.HELLO, dg.TrainerHello(job_id=job_id, rank=rank, gpu_index=gpu_index)
+            dg.Kind.HELLO, {"job_id": job_id, "rank": rank, "gpu_index": gpu_index}
         )
 
 
@@ -199,3 +208,80 @@ async def wait_for(pred: Any, timeout_s: float = 3.0, what: str = "condition") -
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not hold within {timeout_s} s")
         await asyncio.sleep(0.01)
+
+
+TRAINER_PROCESS = textwrap.dedent(
+    """
+    import json, os, socket, sys, time
+    from zeus_agent.wire import trainer as dg
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(""); s.connect(sys.argv[1]); s.settimeout(5)
+    ids = iter(range(1, 1 << 30))
+    print(json.dumps({"pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = req.get("pid") or os.getpid()
+        if req["op"] == "event":
+            s.send(dg.encode_event(req["kind"], pid, time.monotonic_ns(), req["a"], req["b"], ""))
+            print("{}", flush=True)
+            continue
+        rid = next(ids)
+        s.send(dg.encode_request(dg.Kind(req["kind"]), pid, rid, req["payload"]))
+        while True:
+            reply = dg.decode_datagram(s.recv(65536))
+            if reply.request_id == rid:
+                break
+        print(json.dumps(reply.reply.model_dump()), flush=True)
+    """
+)
+
+
+class TrainerProcess:
+    """A real trainer process speaking raw datagrams, driven line by line over its stdin.
+
+    `pid=` on a call forges the pid field of the datagram (the kernel still names the sender).
+    """
+
+    def __init__(self, proc: Any, pid: int) -> None:
+        self.proc = proc
+        self.pid = pid
+
+    @classmethod
+    async def start(cls, socket_path: str) -> TrainerProcess:
+        """Start one and wait until its socket is connected to the agent's."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", TRAINER_PROCESS, socket_path,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 15)
+        return cls(proc, json.loads(line)["pid"])
+
+    async def _call(self, req: dict[str, Any]) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        await self.proc.stdin.drain()
+        return json.loads(await asyncio.wait_for(self.proc.stdout.readline(), 10))
+
+    async def request(self, kind: dg.Kind, payload: BaseModel | dict, pid: int = 0) -> Reply:
+        """Send a request (its pid field forged when `pid` is given) and return the reply."""
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="python")
+        reply = await self._call({"op": "request", "kind": int(kind), "payload": payload,
+                                  "pid": pid})  # fmt: skip
+        return Reply.model_validate(reply)
+
+    async def hello(self, job_id: str, rank: int = 0, gpu_index: int = 0, pid: int = 0) -> Reply:
+        """Bind this process to a job rank and GPU."""
+        hello = {"job_id": job_id, "rank": rank, "gpu_index": gpu_index}
+        return await self.request(dg.Kind.HELLO, hello, pid)
+
+    async def event(self, kind: dg.Kind, a: int = 0, b: int = 0, pid: int = 0) -> None:
+        """Send one event stamped now."""
+        await self._call({"op": "event", "kind": int(kind), "a": a, "b": b, "pid": pid})
+
+    async def kill(self) -> None:
+        """SIGKILL (no goodbye) and reap."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self.proc.wait()

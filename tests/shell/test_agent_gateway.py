@@ -55,7 +55,7 @@ async def test_hello_binds_the_pid_to_a_rank_and_gpu(agent, trainer, nc):
     assert reply.result["gpu_uuid"] == agent.agents[1].info.uuid
     assert reply.result["supported_graphics_clocks_mhz"][0] == 1740
     binding = (await command(nc, agent.settings.node, 1, InfoCmd())).result["binding"]
-    assert binding == {"job_id": "jobA", "rank": 2, "pid": os.getpid()}
+    assert binding == {"job_id": "jobA", "rank": 2, "pid": os.getpid(), "uid": os.getuid()}
 
 
 async def test_hello_for_an_unknown_gpu_is_refused(agent, trainer):
@@ -146,12 +146,12 @@ async def test_a_bad_request_payload_gets_a_bad_request_reply(agent, trainer):
 async def test_events_from_a_pid_that_never_said_hello_are_dropped_and_reported(agent, nc):
     inbox = await Inbox.open(nc, f"zeus.agent.{agent.settings.node}.error")
     events = await Inbox.open(nc, "zeus.job.>")
-    stranger = RawTrainer(agent.settings.socket_path, pid=os.getpid() + 123_457)
+    stranger = RawTrainer(agent.settings.socket_path)  # this process, which said no hello
     try:
         stranger.event(K.STEP_BEGIN, 0, 0)
         stranger.event(K.STEP_END, 0, 0)
         event = await inbox.until(ErrorEvent, lambda e: e.code == "unbound_trainer")
-        assert str(stranger.pid) in event.message and "hello" in event.message
+        assert f"pid {os.getpid()}" in event.message and "hello" in event.message
         await wait_for(lambda: agent.gateway.counters["unbound"] == 2, what="unbound counted")
         with pytest.raises(asyncio.TimeoutError):
             await events.sub.next_msg(timeout=0.3)
@@ -198,7 +198,7 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
             reply = Reply.success(job_id=f"{job.job.job_metadata}-0001")
         else:
             rank = codec.decode(msg.data, RegisterRank)
-            reply = Reply.success(rank=rank.rank_info.rank, pid=rank.pid)
+            reply = Reply.success(rank=rank.rank_info.rank)
         await msg.respond(codec.encode(reply))
 
     sub = await nc.subscribe("zeus.coord.*.register.*", cb=coordinator)
@@ -206,13 +206,14 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
     job = JobInfo(job_metadata="relay", pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
     reply = await trainer.request(K.REGISTER_JOB, RegisterJob(job=job))
     assert reply.ok and reply.result == {"job_id": "relay-0001"}
+    assert (await trainer.hello("relay-0001", rank=0, gpu_index=0)).ok
     rank = RegisterRank(
         job_id="relay-0001",
         rank_info=RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, available_frequencies=[1740]),
         gpu=GpuBinding(node=agent.settings.node, gpu_index=0),
     )
     reply = await trainer.request(K.REGISTER_RANK, rank)
-    assert reply.ok and reply.result == {"rank": 0, "pid": os.getpid()}  # pid filled in
+    assert reply.ok and reply.result == {"rank": 0}
     node = agent.settings.node
     assert seen == [subjects.coord_register_job(node), subjects.coord_register_rank(node)]
     await sub.unsubscribe()

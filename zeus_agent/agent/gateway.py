@@ -1,9 +1,18 @@
 """`Gateway`: the node's local datagram socket where trainers send events and requests.
 
 A trainer (`zeus_agent.emit`) sends each event as one datagram from its own thread; the
-gateway hands it to the `GpuAgent` bound to the trainer's pid at once (so a schedule's next
+gateway hands it to the `GpuAgent` bound to the trainer's process at once (so a schedule's next
 frequency is applied within microseconds), and relays requests: registrations go to the
 coordinator over NATS, profiling windows are answered from the GPUs' energy rings.
+
+Who sent a datagram is the kernel's word, never the payload's: the socket has `SO_PASSCRED`
+set and every datagram is read with `recvmsg`, which hands over the sender's pid and uid
+(`SCM_CREDENTIALS`). The pid field of the datagram format is kept (old emitters still work)
+and ignored. So a trainer can only bind, drive, register and release GPUs as itself: a BYE
+releases the GPUs bound to the sender's own process, events are attributed to the sender's own
+binding, and a REGISTER_RANK is relayed only for a GPU of this node that the sender said HELLO
+for. A datagram without credentials, or with pid 0 (a sender in a PID namespace the agent
+cannot see), is dropped, counted and reported.
 
 Bad datagrams are counted and reported on the node's error subject (rate limited); they never
 stop the gateway. Trainers that exit without saying goodbye (SIGKILL included) are noticed by
@@ -16,6 +25,7 @@ import asyncio
 import logging
 import os
 import socket
+import struct
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -24,9 +34,11 @@ from typing import Any
 from zeus_agent.agent.core.energy_ring import WindowOutOfRange
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import PayloadError
+from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import ErrorEvent, RegisterJob, RegisterRank, Reply
+from zeus_agent.wire.messages import ErrorEvent, JobQuery, RegisterJob, RegisterRank, Reply
 from zeus_agent.wire.trainer import (
+    MAX_DATAGRAM_BYTES,
     EventDatagram,
     Kind,
     ReplyDatagram,
@@ -41,8 +53,43 @@ LOG = logging.getLogger(__name__)
 Request = Callable[[str, bytes, float], Awaitable[bytes]]
 Publish = Callable[[str, bytes], Awaitable[None]]
 
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_CREDENTIALS.size)
+"""Room for the credentials and nothing else: file descriptors a sender passes (SCM_RIGHTS)
+do not fit, so the kernel never installs them in the agent."""
+_RECV_BYTES = max(65_536, MAX_DATAGRAM_BYTES + 1)
+_MAX_PER_WAKEUP = 256
+"""Datagrams read per wake-up before the loop gets a turn (the reader is called again)."""
+_SOL_SOCKET = socket.SOL_SOCKET
+_SCM_CREDENTIALS = socket.SCM_CREDENTIALS  # type: ignore[attr-defined,unused-ignore]
+_SO_PASSCRED = socket.SO_PASSCRED  # type: ignore[attr-defined,unused-ignore]
 
-class Gateway(asyncio.DatagramProtocol):
+FORBIDDEN = "forbidden"
+"""Reply code of a request the sender may not make.
+
+Another node's GPU, another process's binding, a sender without usable credentials.
+"""
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (any owner).
+
+    Never raises: a pid that cannot name a process (<= 0, too large) is not alive.
+    """
+    if type(pid) is not int or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by another user
+    except (OverflowError, ValueError, OSError):
+        return False
+    return True
+
+
+class Gateway:
     """Receives trainer datagrams on the node's Unix socket.
 
     Args:
@@ -52,6 +99,8 @@ class Gateway(asyncio.DatagramProtocol):
         request: `request(subject, payload, timeout_s) -> reply bytes` over NATS.
         publish: `publish(subject, payload)` over NATS.
         request_timeout_s: Timeout of relayed requests.
+
+    `attach(sock)` starts reading a bound socket on the running loop; `close()` stops.
     """
 
     def __init__(
@@ -69,19 +118,61 @@ class Gateway(asyncio.DatagramProtocol):
         self._request = request
         self._publish = publish
         self.request_timeout_s = request_timeout_s
-        self.transport: asyncio.DatagramTransport | None = None
-        self.reply_socket: socket.socket | None = None
-        """A non-blocking handle on the gateway's socket to answer requests with (see `_send`)."""
+        self.sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.by_pid: dict[int, list[GpuAgent]] = {}
+        """GPUs bound to each trainer process (kernel pid)."""
         self.counters: Counter[str] = Counter()
         self._last_report_ns: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    # ------------------------------------------------------------------ protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
-        self.transport = transport  # type: ignore[assignment]
+    # ------------------------------------------------------------------ socket
+    def attach(self, sock: socket.socket) -> None:
+        """Read `sock` (a bound AF_UNIX datagram socket) on the running loop from now on.
 
-    def datagram_received(self, data: bytes, addr: Any) -> None:  # noqa: D102
+        Sets `SO_PASSCRED` so every datagram carries its sender's pid and uid.
+        """
+        sock.setblocking(False)
+        sock.setsockopt(_SOL_SOCKET, _SO_PASSCRED, 1)
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    def close(self) -> None:
+        """Stop reading and close the socket (idempotent)."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(sock.fileno())
+        sock.close()
+
+    def _on_readable(self) -> None:
+        """Drain the socket (up to `_MAX_PER_WAKEUP` datagrams) with the senders' credentials."""
+        sock = self.sock
+        if sock is None:
+            return
+        recvmsg = sock.recvmsg
+        for _ in range(_MAX_PER_WAKEUP):
+            try:
+                data, ancillary, _flags, addr = recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                LOG.warning("gateway socket error: %s", e)
+                return
+            pid = uid = None
+            for level, kind, cdata in ancillary:
+                if kind == _SCM_CREDENTIALS and level == _SOL_SOCKET and len(cdata) >= 12:
+                    pid, uid, _gid = _CREDENTIALS.unpack_from(cdata)
+            try:
+                self.datagram_received(data, addr, pid, uid)
+            except Exception:  # noqa: BLE001 - one datagram never stops the gateway
+                self.counters["internal_error"] += 1
+                LOG.exception("gateway: handling a datagram failed; continuing")
+
+    def datagram_received(self, data: bytes, addr: Any, pid: int | None, uid: int | None) -> None:
+        """Handle one datagram sent by process `pid` of user `uid` (the kernel's credentials)."""
         self.counters["datagrams"] += 1
         try:
             dg = decode_datagram(data)
@@ -89,29 +180,50 @@ class Gateway(asyncio.DatagramProtocol):
             self.counters["malformed"] += 1
             self._report(
                 "malformed_datagram",
-                f"dropped a malformed datagram from {addr or 'an unbound socket'}: {e}",
+                f"dropped a malformed datagram from {_who(pid, addr)}: {e}",
             )
             return
+        if not pid or uid is None:
+            self._refuse_sender(dg, addr, pid)
+            return
         if isinstance(dg, EventDatagram):
-            agents = self.by_pid.get(dg.pid)
+            agents = self.by_pid.get(pid)
             if not agents:
                 self.counters["unbound"] += 1
                 self._report(
                     "unbound_trainer",
-                    f"dropped events of pid {dg.pid}: it has not said hello (call "
+                    f"dropped events of pid {pid}: it has not said hello (call "
                     "zeus_agent.emit.init(...) before emitting events)",
                 )
                 return
             for agent in agents:
                 agent.on_event(dg)
         elif isinstance(dg, RequestDatagram):
-            self._spawn(self._answer(dg, addr))
+            self._spawn(self._answer(dg, addr, pid, uid))
         elif isinstance(dg, ReplyDatagram):
             self.counters["malformed"] += 1
             self._report("malformed_datagram", "dropped a reply datagram sent to the agent")
 
-    def error_received(self, exc: Exception) -> None:  # noqa: D102
-        LOG.warning("gateway socket error: %s", exc)
+    def _refuse_sender(self, dg: Any, addr: Any, pid: int | None) -> None:
+        """Drop a datagram whose sender the kernel could not name; answer a request anyway."""
+        if pid is None:
+            reason = "no_credentials"
+            message = (
+                "dropped a datagram without sender credentials (the kernel attached no "
+                "SCM_CREDENTIALS): the agent cannot tell which process sent it"
+            )
+        else:
+            reason = "foreign_pid_namespace"
+            message = (
+                "dropped a datagram from a process outside the agent's PID namespace (the "
+                "kernel reports its pid as 0): run trainers in the agent's PID namespace "
+                "(same container, or hostPID on Kubernetes), so the agent can tell them apart "
+                "and restore a GPU when its trainer dies"
+            )
+        self.counters[reason] += 1
+        self._report(reason, message)
+        if isinstance(dg, RequestDatagram):
+            self._send(addr, dg.request_id, Reply.failure(FORBIDDEN, message))
 
     # ------------------------------------------------------------------ helpers
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -128,9 +240,9 @@ class Gateway(asyncio.DatagramProtocol):
         self._last_report_ns[code] = now
         LOG.warning("%s", message)
         event = ErrorEvent(
-            source=f"agent:{self.node}",
+            source=f"agent:{self.node}"[:MAX_NAME_CHARS],
             code=code,
-            message=message,
+            message=message[:4000],
             detail={**detail, "counters": dict(self.counters)},
         )
         self._spawn(
@@ -139,20 +251,14 @@ class Gateway(asyncio.DatagramProtocol):
 
     def _send(self, addr: Any, request_id: int, reply: Reply) -> None:
         if isinstance(addr, bytes):
-            # An autobound (abstract) trainer address. uvloop reports it padded with NULs to
-            # the full sun_path and then refuses to send to it; the name has no trailing NUL.
+            # An autobound (abstract) trainer address; never padded here, but be lenient.
             addr = addr.rstrip(b"\0")
-        if not addr or self.transport is None:
+        if not addr or self.sock is None:
             self.counters["unanswerable"] += 1
             return
         data = encode_reply(request_id, reply)
         try:
-            if self.reply_socket is not None:
-                # Trainers autobind to abstract addresses; uvloop's transport cannot send to
-                # those (it pads them to the full sun_path, which names another socket).
-                self.reply_socket.sendto(data, addr)
-            else:
-                self.transport.sendto(data, addr)
+            self.sock.sendto(data, addr)
         except (ConnectionRefusedError, FileNotFoundError) as e:
             self.counters["reply_failed"] += 1  # the trainer left (e.g. right after its BYE)
             LOG.debug("reply to trainer %r failed: %s", addr, e)
@@ -160,11 +266,11 @@ class Gateway(asyncio.DatagramProtocol):
             self.counters["reply_failed"] += 1
             LOG.warning("reply to trainer %r failed: %s", addr, e)
 
-    async def _answer(self, req: RequestDatagram, addr: Any) -> None:
+    async def _answer(self, req: RequestDatagram, addr: Any, pid: int, uid: int) -> None:
         try:
-            reply = await self._handle(req)
+            reply = await self._handle(req, pid, uid)
         except PayloadError as e:
-            reply = Reply.failure("bad_request", f"{req.kind.name}: {e}")
+            reply = Reply.failure("bad_request", f"{req.kind.name}: {e}"[:4000])
         except WindowOutOfRange as e:
             reply = Reply.failure("out_of_range", str(e))
         except Exception:  # noqa: BLE001
@@ -184,31 +290,21 @@ class Gateway(asyncio.DatagramProtocol):
             )
         return agent
 
-    async def _handle(self, req: RequestDatagram) -> Reply:
+    async def _handle(self, req: RequestDatagram, pid: int, uid: int) -> Reply:
+        """Answer one request of process `pid` (user `uid`), as the kernel named them."""
         if req.kind is Kind.HELLO:
-            hello = codec.validate(TrainerHello, req.payload)
-            agent = self._agent(hello.gpu_index)
-            agent.bind(hello.job_id, hello.rank, req.pid)
-            bound = self.by_pid.setdefault(req.pid, [])
-            if agent not in bound:
-                bound.append(agent)
-            assert agent.info is not None
-            return Reply.success(
-                node=self.node,
-                gpu_index=agent.index,
-                gpu_uuid=agent.info.uuid,
-                gpu_name=agent.info.name,
-                supported_graphics_clocks_mhz=list(agent.info.supported_graphics_clocks_mhz),
-                supported_memory_clocks_mhz=list(agent.info.supported_memory_clocks_mhz),
-            )
+            return await self._hello(codec.validate(TrainerHello, req.payload), pid, uid)
         if req.kind is Kind.REGISTER_JOB:
             job = codec.validate(RegisterJob, req.payload)
-            return await self._relay(subjects.coord_register_job(self.node, self.prefix), codec.encode(job))
+            subject = subjects.coord_register_job(self.node, self.prefix)
+            return await self._relay(subject, codec.encode(job))
         if req.kind is Kind.REGISTER_RANK:
-            rank = codec.validate(RegisterRank, req.payload)
-            if rank.pid is None:
-                rank = rank.model_copy(update={"pid": req.pid})
-            return await self._relay(subjects.coord_register_rank(self.node, self.prefix), codec.encode(rank))
+            payload = dict(req.payload)
+            payload.pop("pid", None)  # older emitters sent their pid: the kernel's counts
+            return await self._register_rank(codec.validate(RegisterRank, payload), pid)
+        if req.kind is Kind.QUERY_JOB:
+            query = codec.validate(JobQuery, req.payload)
+            return await self._relay(subjects.coord_job_query(self.prefix), codec.encode(query))
         if req.kind is Kind.WINDOW:
             window = codec.validate(WindowRequest, req.payload)
             if window.t1_ns < window.t0_ns:
@@ -218,9 +314,69 @@ class Gateway(asyncio.DatagramProtocol):
             energy = [a.energy_between(window.t0_ns, window.t1_ns) for a in agents]
             return Reply.success(energy_j=energy, time_s=(window.t1_ns - window.t0_ns) / 1e9)
         if req.kind is Kind.BYE:
-            restored = await self.release_pid(req.pid, reason="trainer said goodbye", crashed=False)
+            restored = await self.release_pid(pid, reason="trainer said goodbye", crashed=False)
             return Reply.success(restored=restored)
         raise PayloadError(f"unsupported request kind {req.kind.name}")
+
+    async def _hello(self, hello: TrainerHello, pid: int, uid: int) -> Reply:
+        agent = self._agent(hello.gpu_index)
+        bound = agent.binding
+        if bound is not None and bound.pid is not None and bound.pid != pid:
+            if process_alive(bound.pid):
+                return Reply.failure(
+                    "conflict",
+                    f"GPU {agent.index} on node {self.node!r} is driven by trainer pid "
+                    f"{bound.pid} (job {bound.job_id!r}, rank {bound.rank}), which is still "
+                    "running: one trainer process per GPU",
+                )
+            await self.release_pid(bound.pid, reason="process exited without goodbye")
+        agent.bind(hello.job_id, hello.rank, pid, uid)
+        mine = self.by_pid.setdefault(pid, [])
+        if agent not in mine:
+            mine.append(agent)
+        assert agent.info is not None
+        return Reply.success(
+            node=self.node,
+            gpu_index=agent.index,
+            gpu_uuid=agent.info.uuid,
+            gpu_name=agent.info.name,
+            supported_graphics_clocks_mhz=list(agent.info.supported_graphics_clocks_mhz),
+            supported_memory_clocks_mhz=list(agent.info.supported_memory_clocks_mhz),
+        )
+
+    async def _register_rank(self, rank: RegisterRank, pid: int) -> Reply:
+        """Relay a rank's registration only for a GPU of this node the sender said HELLO for."""
+        index = rank.gpu.gpu_index
+        agent = self.agents.get(index)
+        if rank.gpu.node != self.node or agent is None:
+            return Reply.failure(
+                FORBIDDEN,
+                f"this agent relays only bindings to its own GPUs (node {self.node!r}, GPUs "
+                f"{sorted(self.agents)}); got node {rank.gpu.node[:80]!r}, GPU {index}",
+            )
+        assert agent.info is not None
+        if rank.gpu.gpu_uuid and rank.gpu.gpu_uuid != agent.info.uuid:
+            return Reply.failure(
+                FORBIDDEN,
+                f"GPU {index} on node {self.node!r} is {agent.info.uuid}, not "
+                f"{rank.gpu.gpu_uuid[:80]!r}",
+            )
+        bound = agent.binding
+        if bound is None or bound.pid != pid:
+            holder = f"pid {bound.pid}" if bound is not None and bound.pid else "no process"
+            return Reply.failure(
+                FORBIDDEN,
+                f"REGISTER_RANK for GPU {index} must come from the process that said HELLO for "
+                f"it ({holder} did); this process (pid {pid}) must say HELLO first",
+            )
+        if (bound.job_id, bound.rank) != (rank.job_id, rank.rank_info.rank):
+            return Reply.failure(
+                "conflict",
+                f"this process said HELLO as job {bound.job_id!r} rank {bound.rank} on GPU "
+                f"{index}, not as job {rank.job_id!r} rank {rank.rank_info.rank}",
+            )
+        subject = subjects.coord_register_rank(self.node, self.prefix)
+        return await self._relay(subject, codec.encode(rank))
 
     async def _relay(self, subject: str, payload: bytes) -> Reply:
         try:
@@ -239,34 +395,51 @@ class Gateway(asyncio.DatagramProtocol):
 
     # ------------------------------------------------------------------ trainer lifetimes
     async def release_pid(self, pid: int, reason: str, crashed: bool = True) -> list[str]:
-        """Restore and unbind every GPU a trainer process drove.
+        """Restore and unbind every GPU bound to trainer process `pid` (and no other).
 
         A trainer that left without saying goodbye (`crashed`) is reported as an error event;
         one that said goodbye is only logged.
         """
         restored: list[str] = []
         for agent in self.by_pid.pop(pid, []):
-            if agent.binding is not None and agent.binding.pid not in (pid, None):
-                continue  # another trainer has taken this GPU over since
+            bound = agent.binding
+            if bound is not None and bound.pid not in (pid, None):
+                continue  # another trainer process has taken this GPU over since
             restored += [f"gpu{agent.index}:{k}" for k in await agent.restore(reason=reason)]
-            if agent.binding is not None and not crashed:
+            if bound is not None and not crashed:
                 LOG.info("GPU %d: trainer pid %d (job %s, rank %d) finished; defaults restored",
-                         agent.index, pid, agent.binding.job_id, agent.binding.rank)
-            elif agent.binding is not None:
+                         agent.index, pid, bound.job_id, bound.rank)  # fmt: skip
+            elif bound is not None:
                 await agent.error_event(
                     "trainer_gone",
-                    f"trainer pid {pid} (job {agent.binding.job_id}, rank {agent.binding.rank}) "
-                    f"is gone ({reason}); GPU {agent.index} restored to defaults",
+                    f"trainer pid {pid} (job {bound.job_id}, rank {bound.rank}) is gone "
+                    f"({reason}); GPU {agent.index} restored to defaults",
                 )
             agent.unbind()
         return restored
 
     async def reap_dead_trainers(self) -> None:
-        """Release the GPUs of trainer processes that no longer exist."""
+        """Release the GPUs of trainer processes that no longer exist.
+
+        Never stops at one entry: a pid that cannot name a process counts as gone, and a
+        failing release is logged and the next pid checked.
+        """
         for pid in list(self.by_pid):
+            if process_alive(pid):
+                continue
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
                 await self.release_pid(pid, reason="process exited without goodbye")
-            except PermissionError:
-                pass  # alive, owned by another user
+            except Exception:  # noqa: BLE001 - the other trainers still get reaped
+                LOG.exception("releasing the GPUs of trainer pid %r failed", pid)
+                self.by_pid.pop(pid, None)
+
+    def close_tasks(self) -> None:
+        """Cancel requests still being answered (shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+
+
+def _who(pid: int | None, addr: Any) -> str:
+    if pid:
+        return f"pid {pid}"
+    return str(addr or "an unbound socket")

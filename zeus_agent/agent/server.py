@@ -10,12 +10,25 @@ Shutdown order (aiohttp's): stop intake (socket, endpoints), cancel the loops, r
 GPU setting the agent changed, publish what is pending, drain NATS, stop the embedded server.
 The first SIGINT/SIGTERM starts it; a second one skips the graceful waits (GPUs are still
 restored).
+
+Never deaf: nats-py reconnects a lost connection forever, but a connection the *server* closed
+with an error (an authorization violation, a protocol error) stays closed. The agent then
+restores its GPUs and exits with `EXIT_BUS_LOST` (4), so its supervisor (systemd
+`Restart=on-failure`, a Kubernetes DaemonSet) starts a fresh one, which connects anew, resets
+the GPUs and announces itself; trainers re-introduce themselves (`zeus_agent.emit` re-sends
+HELLO when the socket comes back).
+
+Health: with `--metrics-port`, `GET /healthz` answers 200 `{"ok": true, "status": "ok", ...}`
+while the agent is connected and its event loop turns, else 503 with the status
+("starting", "disconnected" since when, "closed", "stalled", "stopping") and a reason
+(`zeus_agent.status_http`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import os
 import socket
@@ -25,12 +38,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from zeus_agent import __version__
+from zeus_agent import __version__, status_http
 from zeus_agent.agent.commands import handle_command
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError, GPUUnavailableError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
@@ -38,6 +52,11 @@ from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal
 
 LOG = logging.getLogger(__name__)
+
+EXIT_BUS_LOST = BUS_LOST
+"""Exit code (4) when the NATS server closed the agent's connection for good (GPUs restored)."""
+STALL_S = 10.0
+"""`/healthz` reports the agent unhealthy when its event loop has not turned for this long."""
 
 
 def open_gpus(settings: AgentSettings) -> list[GPU]:
@@ -77,10 +96,17 @@ class AgentServer(ExitSignals):
         self._embedded: EmbeddedNats | None = None
         self._service: Any = None
         self._subs: list[Any] = []
-        self._transport: asyncio.DatagramTransport | None = None
-        self._metrics_server: Any = None
+        self._socket: socket.socket | None = None
+        self._status_server: status_http.StatusServer | None = None
         self.metrics_port: int | None = None
-        """Port of /metrics once started (useful with `metrics_port=0`: any free port)."""
+        """Port of /metrics and /healthz once started (with `metrics_port=0`: any free port)."""
+        self.exit_code = 0
+        """What the process should exit with: 0, or `EXIT_BUS_LOST`."""
+        self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
+        """(state, since (Unix time), reason): "starting", "connected", "disconnected",
+        "closed"."""
+        self._stopping = False
+        self._tick = time.monotonic()
 
     # ------------------------------------------------------------------ bus helpers
     async def publish(self, subject: str, payload: bytes) -> None:
@@ -117,8 +143,11 @@ class AgentServer(ExitSignals):
             pass
 
     async def startup(self) -> None:
-        """Connect, open GPUs, start agents, endpoints and the trainers' socket."""
+        """Open the status server and the trainers' socket, connect, open GPUs, start agents."""
         s = self.settings
+        if s.metrics_port is not None:
+            self._start_status_server(s.metrics_port)
+        self._socket = sock = self._bind_socket()
         url = s.nats_url
         if s.embedded_nats:
             self._embedded = await asyncio.to_thread(EmbeddedNats().start)
@@ -128,7 +157,19 @@ class AgentServer(ExitSignals):
             raise BrokerError(
                 "no NATS: pass --nats-url URL (or ZEUS_AGENT_NATS_URL), or --embedded-nats"
             )
-        self.nc = await connect(url, f"zeus-agent:{s.node}", on_reconnect=self.announce)
+        options: dict[str, Any] = {
+            "inbox_prefix": subjects.inbox_prefix("node", s.node, s.prefix),
+            **s.nats_options(),
+        }
+        self.nc = await connect(
+            url,
+            f"zeus-agent:{s.node}",
+            on_disconnect=self._on_disconnect,
+            on_reconnect=self._on_reconnect,
+            on_closed=self._on_closed,
+            **options,
+        )
+        self._set_bus_state("connected", "connected to NATS")
         gpus = self._gpus if self._gpus is not None else await asyncio.to_thread(open_gpus, s)
         for gpu in gpus:
             agent = GpuAgent(
@@ -141,9 +182,7 @@ class AgentServer(ExitSignals):
         ping = subjects.agent_ping(s.prefix)
         self._subs.append(await self.nc.subscribe(ping, cb=self._on_ping))
         await self._serve_commands()
-        await self._open_socket()
-        if s.metrics_port is not None:
-            self._start_metrics(s.metrics_port)
+        self._open_gateway(sock)
         # The server has every subscription before anyone hears of us: a command sent right
         # after the announcement (or after `started`) finds its responder.
         await confirm_subscriptions(self.nc)
@@ -183,27 +222,61 @@ class AgentServer(ExitSignals):
 
         return handler
 
-    async def _open_socket(self) -> None:
+    def _bind_socket(self) -> socket.socket:
+        """Create and bind the trainers' socket (before anything else, so a bad path fails fast).
+
+        Raises:
+            ZeusAgentError: The directory cannot be created, the path cannot be bound, or the
+                group does not exist; one line saying which path and what to do.
+        """
         path = Path(self.settings.socket_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ZeusAgentError(
+                f"cannot create the socket directory {path.parent}: a file is in the way; "
+                "remove it or choose another --socket-path"
+            ) from None
+        except OSError as e:
+            raise ZeusAgentError(
+                f"cannot create the socket directory {path.parent}: {e.strerror or e}; "
+                "choose another --socket-path"
+            ) from None
         with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                raise ZeusAgentError(
+                    f"the socket path {path} is a directory; choose another --socket-path"
+                )
             path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-        sock.bind(str(path))
-        os.chmod(path, int(self.settings.socket_mode, 8))
-        if self.settings.socket_group is not None:
-            import grp
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            sock.bind(str(path))
+            os.chmod(path, int(self.settings.socket_mode, 8))
+            if self.settings.socket_group is not None:
+                import grp
 
-            try:
-                gid = grp.getgrnam(self.settings.socket_group).gr_gid
-            except KeyError:
-                sock.close()
-                raise ZeusAgentError(
-                    f"socket group {self.settings.socket_group!r} does not exist on this node; "
-                    "create it or pass another --socket-group"
-                ) from None
-            os.chown(path, -1, gid)
+                try:
+                    gid = grp.getgrnam(self.settings.socket_group).gr_gid
+                except KeyError:
+                    raise ZeusAgentError(
+                        f"socket group {self.settings.socket_group!r} does not exist on this "
+                        "node; create it or pass another --socket-group"
+                    ) from None
+                os.chown(path, -1, gid)
+        except OSError as e:
+            sock.close()
+            raise ZeusAgentError(
+                f"cannot open the trainers' socket at {path}: {e.strerror or e}; "
+                "choose another --socket-path"
+            ) from None
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _open_gateway(self, sock: socket.socket) -> None:
+        """Start reading the trainers' socket."""
         gateway = Gateway(
             self.agents,
             self.settings.node,
@@ -213,25 +286,74 @@ class AgentServer(ExitSignals):
             self.settings.request_timeout_s,
         )
         self.gateway = gateway
-        reply_socket = sock.dup()
-        reply_socket.setblocking(False)
-        gateway.reply_socket = reply_socket
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: gateway, sock=sock)
-        self._transport = transport
+        gateway.attach(sock)
 
-    def _start_metrics(self, port: int) -> None:
-        from prometheus_client import start_http_server
-
+    def _start_status_server(self, port: int) -> None:
         from zeus_agent.agent.metrics import make_registry
 
         registry = make_registry(
             self.agents, lambda: dict(self.gateway.counters) if self.gateway else {}
         )
         host = self.settings.metrics_host
-        self._metrics_server, _ = start_http_server(port, addr=host, registry=registry)
-        self.metrics_port = int(self._metrics_server.server_address[1])
-        LOG.info("Prometheus metrics at http://%s:%d/metrics", host, self.metrics_port)
+        try:
+            self._status_server = status_http.start(host, port, self.health, registry=registry)
+        except ZeusAgentError as e:
+            raise ZeusAgentError(f"{e} (--metrics-port, --metrics-host)") from None
+        self.metrics_port = self._status_server.port
+        LOG.info("metrics at http://%s:%d/metrics, health at /healthz", host, self.metrics_port)
+
+    # ------------------------------------------------------------------ health
+    def _set_bus_state(self, state: str, reason: str) -> None:
+        self.bus_state = (state, time.time(), reason)
+
+    async def _on_disconnect(self) -> None:
+        self._set_bus_state("disconnected", "the connection to NATS was lost; reconnecting")
+
+    async def _on_reconnect(self) -> None:
+        self._set_bus_state("connected", "reconnected to NATS")
+        await self.announce()
+
+    async def _on_closed(self) -> None:
+        """The server closed the connection and nats-py will not reconnect: exit (restored)."""
+        last = getattr(self.nc, "last_error", None) if self.nc is not None else None
+        reason = f"the NATS server closed the connection ({last or 'no reason given'})"
+        self._set_bus_state("closed", reason)
+        LOG.error(
+            "%s; nats-py does not reconnect after that. Restoring the GPUs and exiting with "
+            "code %d so the supervisor starts a fresh agent",
+            reason,
+            EXIT_BUS_LOST,
+        )
+        self.exit_code = EXIT_BUS_LOST
+        self.should_exit.set()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, detail) for `/healthz`; called on the status server's thread."""
+        state, since, reason = self.bus_state
+        detail: dict[str, Any] = {
+            "node": self.settings.node,
+            "agent_id": self.agent_id,
+            "gpus": len(self.agents),
+            "nats": {"state": state, "since": _iso(since), "reason": reason},
+        }
+        stalled_s = time.monotonic() - self._tick
+        if self._stopping and state != "closed":
+            return False, {"status": "stopping", "reason": "the agent is shutting down", **detail}
+        if state != "connected":
+            if state == "disconnected":
+                why = f"disconnected from NATS since {_iso(since)}; reconnecting"
+            else:
+                why = reason
+            return False, {"status": state, "reason": why, **detail}
+        if not self.started.is_set():
+            return False, {"status": "starting", "reason": "the agent is starting", **detail}
+        if stalled_s > STALL_S:
+            return False, {
+                "status": "stalled",
+                "reason": f"the agent's event loop has not turned for {stalled_s:.1f} s",
+                **detail,
+            }
+        return True, {"status": "ok", **detail}
 
     async def announce(self) -> None:
         """Publish the node's GPUs (also the heartbeat)."""
@@ -253,12 +375,10 @@ class AgentServer(ExitSignals):
     async def _on_lease_renewal(self, msg: Any) -> None:
         try:
             renewal = codec.decode(msg.data, LeaseRenewal)
+            for agent in self.agents.values():
+                agent.renew_leases(renewal.holder, renewal.lease_s)
         except PayloadError as e:
             LOG.warning("ignored a bad lease renewal on %s: %s", msg.subject, e)
-            return
-        now = time.monotonic_ns()
-        for agent in self.agents.values():
-            agent.leases.renew(renewal.holder, now, renewal.lease_s)
 
     # ------------------------------------------------------------------ loops
     def _loops(self) -> list[Coroutine[Any, Any, None]]:
@@ -268,6 +388,7 @@ class AgentServer(ExitSignals):
             every(s.publish_interval_s, self._publish_samples, "publishing"),
             every(s.heartbeat_s, self.announce, "heartbeat"),
             every(0.1, self._expire_leases, "lease expiry"),
+            every(1.0, self._heartbeat_tick, "liveness"),
             every(0.5, self._reap, "trainer reaping"),
         ]
         loops += [a.process_events() for a in self.agents.values()]
@@ -281,8 +402,12 @@ class AgentServer(ExitSignals):
             await a.flush_samples()
 
     async def _expire_leases(self) -> None:
+        self._tick = time.monotonic()
         for a in self.agents.values():
             await a.expire_leases()
+
+    async def _heartbeat_tick(self) -> None:
+        self._tick = time.monotonic()
 
     async def _reap(self) -> None:
         if self.gateway is not None:
@@ -292,10 +417,13 @@ class AgentServer(ExitSignals):
     async def shutdown(self) -> None:
         """Stop intake, restore every GPU, flush, drain NATS, stop the embedded server."""
         LOG.info("agent shutting down%s", " (forced)" if self.force_exit.is_set() else "")
-        if self._transport is not None:
-            self._transport.close()
-            if self.gateway is not None and self.gateway.reply_socket is not None:
-                self.gateway.reply_socket.close()
+        self._stopping = True
+        if self.gateway is not None:
+            self.gateway.close()
+            self.gateway.close_tasks()
+        elif self._socket is not None:
+            self._socket.close()
+        if self._socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 Path(self.settings.socket_path).unlink()
         if self._service is not None:
@@ -312,17 +440,21 @@ class AgentServer(ExitSignals):
                 await agent.flush_samples()
         for agent in self.agents.values():
             agent.caller.close()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+        if self._status_server is not None:
+            await asyncio.to_thread(self._status_server.close)
         if self.nc is not None:
             with contextlib.suppress(Exception):
-                if self.force_exit.is_set():
+                if self.force_exit.is_set() or self.nc.is_closed:
                     await self.nc.close()
                 else:
                     await asyncio.wait_for(self.nc.drain(), 5)
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
         LOG.info("agent stopped")
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="seconds")
 
 
 class _Stop(Exception):

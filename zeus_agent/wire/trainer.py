@@ -4,6 +4,9 @@ Trainers send msgpack arrays on a Unix datagram socket; the agent answers reques
 to the trainer's own (autobound) socket address. Arrays, not maps, keep the hot path at about
 a microsecond.
 
+The `pid` field of events and requests is kept for compatibility and ignored by the agent: it
+reads each sender's pid and uid from the kernel (`SO_PASSCRED`/`SCM_CREDENTIALS`).
+
 * Event  (trainer -> agent, fire and forget): `[1, kind, pid, t_ns, a, b, name]`
   * `EPOCH_BEGIN`/`EPOCH_END`: a = epoch, b = 0
   * `STEP_BEGIN`/`STEP_END`: a = step (running count of the rank's steps), b = epoch
@@ -14,6 +17,8 @@ a microsecond.
   * `REGISTER_RANK`: a `RegisterRank` message, relayed to the coordinator
   * `WINDOW`: `WindowRequest`, energy of GPUs between two stamps, answered from ring buffers
   * `BYE`: the trainer is done; its GPUs' rank settings are released
+  * `QUERY_JOB`: a `JobQuery` message, relayed to the coordinator (e.g. for the measured
+    profile, which the trainer's drop-in writes to its own `profile_path`)
 * Reply (agent -> trainer): `[1, REPLY, request_id, reply]` with reply a `Reply` map.
 
 `encode_event` is the hot path; everything else validates with pydantic.
@@ -29,6 +34,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field
 
 from zeus_agent.errors import PayloadError
+from zeus_agent.models import MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RANK
 from zeus_agent.wire.codec import unpack, validate
 from zeus_agent.wire.messages import Reply
 
@@ -51,6 +57,7 @@ class Kind(enum.IntEnum):
     REGISTER_RANK = 22
     WINDOW = 23
     BYE = 24
+    QUERY_JOB = 25
     REPLY = 30
 
 
@@ -65,21 +72,29 @@ EVENT_KINDS = frozenset(
     }
 )
 REQUEST_KINDS = frozenset(
-    {Kind.HELLO, Kind.REGISTER_JOB, Kind.REGISTER_RANK, Kind.WINDOW, Kind.BYE}
+    {Kind.HELLO, Kind.REGISTER_JOB, Kind.REGISTER_RANK, Kind.WINDOW, Kind.BYE, Kind.QUERY_JOB}
 )
 
 
+MAX_WINDOW_GPUS = 1024
+"""Most GPUs one WINDOW request may name."""
+
+
 class TrainerHello(BaseModel):
-    """A trainer process introduces itself: which job rank it is and which GPUs it drives."""
+    """A trainer process introduces itself: which job rank it is and which GPU it drives.
+
+    The agent binds the GPU to the process the kernel names as the sender (never a pid in the
+    payload). Strings are bounded: a job id has 1 to `MAX_ID_CHARS` characters.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    job_id: str
-    rank: int = Field(ge=0)
-    dp_rank: int = Field(default=0, ge=0)
-    pp_rank: int = Field(default=0, ge=0)
-    tp_rank: int = Field(default=0, ge=0)
-    gpu_index: int = Field(ge=0)
+    job_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    rank: int = Field(ge=0, le=MAX_RANK)
+    dp_rank: int = Field(default=0, ge=0, le=MAX_RANK)
+    pp_rank: int = Field(default=0, ge=0, le=MAX_RANK)
+    tp_rank: int = Field(default=0, ge=0, le=MAX_RANK)
+    gpu_index: int = Field(ge=0, le=MAX_RANK)
 
 
 class WindowRequest(BaseModel):
@@ -89,7 +104,7 @@ class WindowRequest(BaseModel):
 
     t0_ns: int
     t1_ns: int
-    gpus: list[int]
+    gpus: list[int] = Field(max_length=MAX_WINDOW_GPUS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +190,12 @@ def decode_datagram(data: bytes) -> EventDatagram | RequestDatagram | ReplyDatag
             raise PayloadError(f"{kind.name} datagram must have 7 items, got {len(obj)}")
         name = obj[6]
         if not isinstance(name, str):
-            raise PayloadError(f"datagram field 'name' must be a string, got {name!r}", "name")
+            raise PayloadError(f"datagram field 'name' must be a string, got {name!r:.80}", "name")
+        if len(name) > MAX_NAME_CHARS:
+            raise PayloadError(
+                f"datagram field 'name' has {len(name)} characters; at most {MAX_NAME_CHARS}",
+                "name",
+            )
         return EventDatagram(
             kind, _int(obj[2], "pid"), _int(obj[3], "t_ns"), _int(obj[4], "a"),
             _int(obj[5], "b"), name,
