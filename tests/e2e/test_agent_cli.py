@@ -198,3 +198,52 @@ async def test_lease_expiry_restores_defaults(agent, nc):
     await poll(lambda: agent.gpu(0).get_power_limit_w() == 300, 3, "restore on lease expiry")
     assert agent.proc.returncode is None  # and the agent keeps running
     assert (await command(nc, agent.node, 0, InfoCmd())).result["leases"] == []
+
+
+async def test_a_connection_the_server_closes_ends_the_process_with_4_gpus_restored(tmp_path):
+    """The NATS server throws the agent out for good (its credentials revoked by a config
+    reload): `zeus-agent run` restores its GPUs and exits 4 instead of living on deaf."""
+    import json
+    import urllib.request
+
+    from tests.shell.agent_kit import AuthNats, free_port
+
+    server = AuthNats(tmp_path).start()
+    tmp = Path(tempfile.mkdtemp(prefix="zae-", dir="/tmp"))
+    node = f"e2e{os.getpid()}closed"
+    http = free_port()
+    nc = await connect(server.url("first"), "e2e-test")
+    proc = None
+    try:
+        hello = await nc.subscribe(subjects.agent_hello(node))
+        args = [
+            "run", "--nats-url", server.url("first"), "--backend", "sim", "--node", node,
+            "--sim-state-dir", str(tmp / "sim"), "--socket-path", str(tmp / "agent.sock"),
+            "--metrics-port", str(http), "--metrics-host", "127.0.0.1", "--log-level", "ERROR",
+        ]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *AGENT, *args, stderr=asyncio.subprocess.PIPE
+        )
+        await hello.next_msg(timeout=15)
+        url = f"http://127.0.0.1:{http}/healthz"
+        body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url).read()))
+        assert body["ok"] is True and body["status"] == "ok"
+        cmd = SetPowerLimitCmd(power_limit_w=150, holder="h", lease_s=600)
+        assert (await command(nc, node, 0, cmd)).ok
+        assert SimGPU.open(tmp / "sim", 0).get_power_limit_w() == 150
+
+        server.revoke()
+        assert await asyncio.wait_for(proc.wait(), 20) == 4
+        stderr = (await proc.stderr.read()).decode()
+        assert "closed the connection" in stderr and "exiting with code 4" in stderr
+        assert "Traceback" not in stderr
+        assert SimGPU.open(tmp / "sim", 0).get_power_limit_w() == 300
+        assert not (tmp / "agent.sock").exists()
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        with contextlib.suppress(Exception):
+            await nc.close()
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

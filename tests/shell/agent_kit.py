@@ -7,6 +7,8 @@
   with a blocking `recv` on the loop.
 * `Inbox`: a subscription whose messages are awaited one at a time, decoded into a model.
 * `command(nc, node, gpu, cmd)`: one GPU command round trip, decoded into a `Reply`.
+* `AuthNats`: a nats-server with one password-protected user, whose password a config reload
+  revokes (the server then closes the client's connection for good); `free_port()`.
 * `TrainerProcess`: a real second trainer process (raw datagrams) driven over its stdin, so
   tests can show what one process can and cannot do to another's GPU.
 """
@@ -19,7 +21,9 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -31,7 +35,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel
 
 from zeus_agent.agent.server import AgentServer
-from zeus_agent.broker import confirm_subscriptions
+from zeus_agent.broker import confirm_subscriptions, find_nats_server
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.sim import SimGPU
@@ -285,3 +289,57 @@ class TrainerProcess:
         if self.proc.returncode is None:
             self.proc.kill()
         await self.proc.wait()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class AuthNats:
+    """A nats-server with one user whose password a config reload can change (as an operator
+    revoking credentials does): the server then closes the client's connection for good."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.conf = tmp / "nats.conf"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def write(self, password: str) -> None:
+        self.conf.write_text(
+            f'listen: "127.0.0.1:{self.port}"\n'
+            f'authorization {{ users = [ {{user: agent, password: "{password}"}} ] }}\n'
+        )
+
+    def url(self, password: str) -> str:
+        return f"nats://agent:{password}@127.0.0.1:{self.port}"
+
+    def start(self) -> AuthNats:
+        self.write("first")
+        self.proc = subprocess.Popen(
+            [find_nats_server(), "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(
+                ("127.0.0.1", self.port), timeout=0.5
+            ) as s:
+                if s.recv(4) == b"INFO":
+                    return self
+            assert time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.01)
+
+    def revoke(self) -> None:
+        """Change the password and reload: connected clients are thrown out for good."""
+        assert self.proc is not None
+        self.write("second")
+        self.proc.send_signal(signal.SIGHUP)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)

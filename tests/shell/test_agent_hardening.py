@@ -24,15 +24,17 @@ from typing import Any
 import pytest
 
 from tests.shell.agent_kit import (
+    AuthNats,
     Inbox,
     RawTrainer,
     TrainerProcess,
     command,
+    free_port,
     running_agent,
     wait_for,
 )
 from zeus_agent.agent.server import EXIT_BUS_LOST
-from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, find_nats_server
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.models import RankInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -68,12 +70,6 @@ async def poll_health(port: int, status: int, timeout_s: float = 10.0) -> dict[s
             return body
         assert time.monotonic() < deadline, f"/healthz stayed {code} {body}"
         await asyncio.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rank_registration(node: str, gpu: int, job_id: str = "job-r", rank: int = 0) -> RegisterRank:
@@ -177,53 +173,6 @@ async def test_healthz_follows_the_connection_through_a_server_restart():
             assert agent.exit_code == 0
     finally:
         server.stop()
-
-
-class AuthNats:
-    """A nats-server with one user whose password a config reload can change (as an operator
-    revoking credentials does): the server then closes the client's connection for good."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.conf = tmp / "nats.conf"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def write(self, password: str) -> None:
-        self.conf.write_text(
-            f'listen: "127.0.0.1:{self.port}"\n'
-            f'authorization {{ users = [ {{user: agent, password: "{password}"}} ] }}\n'
-        )
-
-    def url(self, password: str) -> str:
-        return f"nats://agent:{password}@127.0.0.1:{self.port}"
-
-    def start(self) -> AuthNats:
-        self.write("first")
-        self.proc = subprocess.Popen(
-            [find_nats_server(), "-c", str(self.conf)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=0.5
-            ) as s:
-                if s.recv(4) == b"INFO":
-                    return self
-            assert time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.01)
-
-    def revoke(self) -> None:
-        """Change the password and reload: connected clients are thrown out for good."""
-        assert self.proc is not None
-        self.write("second")
-        self.proc.send_signal(signal.SIGHUP)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 @pytest.fixture
