@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from tests.shell.agent_kit import (
@@ -428,3 +429,17 @@ async def test_a_trainer_outside_the_agents_pid_namespace_is_refused(nats_server
             proc.kill()  # --kill-child: the agent gets SIGKILL with it
             await proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def test_a_datagram_longer_than_the_read_buffer_is_dropped_as_malformed(nats_server, nc):
+    async with running_agent(nats_server.url) as agent:
+        trainer = RawTrainer(agent.settings.socket_path)
+        try:
+            trainer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+            hello = {"job_id": "job-t", "rank": 0, "gpu_index": 0, "pad": "x" * 80_000}
+            trainer.send(msgpack.packb([1, int(K.HELLO), 0, 1, hello]))
+            await wait_for(lambda: agent.gateway.counters["malformed"] == 1, what="counted")
+            assert agent.agents[0].binding is None
+            assert (await trainer.hello("job-t", gpu_index=0)).ok  # still serving
+        finally:
+            trainer.close()

@@ -9,7 +9,10 @@ fails, the lease granted for it is dropped again.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+import urllib.request
 
 import msgpack
 import pytest
@@ -18,7 +21,13 @@ from tests.shell.agent_kit import command, running_agent, wait_for
 from zeus_agent.errors import GPUUnavailableError, PayloadError
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import MAX_LEASE_S, InfoCmd, LeaseRenewal, SetPowerLimitCmd
+from zeus_agent.wire.messages import (
+    MAX_LEASE_S,
+    MAX_TEXT_CHARS,
+    InfoCmd,
+    LeaseRenewal,
+    SetPowerLimitCmd,
+)
 
 BAD_LEASES = [math.nan, math.inf, -math.inf, 1e300, MAX_LEASE_S + 1, -1.0, 0.0]
 BAD_IDS = ["nan", "inf", "-inf", "1e300", "max+1", "negative", "zero"]
@@ -165,3 +174,36 @@ async def test_bad_renewals_are_refused_and_change_nothing(agent, nc):
     await nc.publish(subjects.lease_renewal("h"), codec.encode(good))
     await wait_for(lambda: gpu_agent.leases.get("power_limit") != before, 3, "renewed")
     assert gpu_agent.leases.get("power_limit").deadline_ns < before.deadline_ns + 11 * 10**9
+
+
+async def test_a_tiny_lease_is_still_live_when_its_setting_is_applied(agent, nc, monkeypatch):
+    gpu_agent = agent.agents[0]
+    live_at_call: list[bool] = []
+    lock = gpu_agent.gpu.lock_sm_clocks_mhz
+
+    def recording_lock(lo: int, hi: int) -> None:
+        lease = gpu_agent.leases.get("sm_clocks")
+        live_at_call.append(lease is not None and lease.deadline_ns > time.monotonic_ns())
+        lock(lo, hi)
+
+    monkeypatch.setattr(gpu_agent.gpu, "lock_sm_clocks_mhz", recording_lock)
+    cmd = _raw({"op": "lock_clocks", "min_mhz": 1740, "max_mhz": 1740, "lease_s": 5e-324})
+    assert (await command(nc, agent.settings.node, 0, cmd)).ok
+    assert live_at_call == [True]
+    await wait_for(lambda: gpu_agent.gpu.get_locked_sm_clocks_mhz() is None, 3, "lapsed")
+
+
+async def test_malformed_lease_renewals_are_counted_in_metrics(nats_server, nc):
+    async with running_agent(nats_server.url, metrics_port=0, metrics_host="127.0.0.1") as agent:
+        await nc.publish(subjects.lease_renewal("h"), b"\xc1 not msgpack")
+        await nc.publish(subjects.lease_renewal("h"), msgpack.packb({"v": 1, "holder": "h"}))
+        await wait_for(lambda: agent.counters["bad_lease_renewal"] == 2, 3, "counted")
+        url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
+        assert 'zeus_agent_bus_messages_dropped_total{reason="bad_lease_renewal"} 2.0' in text
+
+
+async def test_an_error_echoing_a_huge_value_still_gets_a_reply(agent, nc):
+    reply = await command(nc, agent.settings.node, 0, _raw({"op": "z" * 60_000}))
+    assert (reply.ok, reply.code) == (False, "bad_request")
+    assert len(reply.error) <= MAX_TEXT_CHARS

@@ -36,7 +36,14 @@ from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import ErrorEvent, JobQuery, RegisterJob, RegisterRank, Reply
+from zeus_agent.wire.messages import (
+    MAX_TEXT_CHARS,
+    ErrorEvent,
+    JobQuery,
+    RegisterJob,
+    RegisterRank,
+    Reply,
+)
 from zeus_agent.wire.trainer import (
     MAX_DATAGRAM_BYTES,
     EventDatagram,
@@ -60,6 +67,7 @@ do not fit, so the kernel never installs them in the agent."""
 _RECV_BYTES = max(65_536, MAX_DATAGRAM_BYTES + 1)
 _MAX_PER_WAKEUP = 256
 """Datagrams read per wake-up before the loop gets a turn (the reader is called again)."""
+_MSG_TRUNC = socket.MSG_TRUNC
 _SOL_SOCKET = socket.SOL_SOCKET
 _SCM_CREDENTIALS = socket.SCM_CREDENTIALS  # type: ignore[attr-defined,unused-ignore]
 _SO_PASSCRED = socket.SO_PASSCRED  # type: ignore[attr-defined,unused-ignore]
@@ -155,7 +163,7 @@ class Gateway:
         recvmsg = sock.recvmsg
         for _ in range(_MAX_PER_WAKEUP):
             try:
-                data, ancillary, _flags, addr = recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
+                data, ancillary, flags, addr = recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -166,10 +174,21 @@ class Gateway:
                 if kind == _SCM_CREDENTIALS and level == _SOL_SOCKET and len(cdata) >= 12:
                     pid, uid, _gid = _CREDENTIALS.unpack_from(cdata)
             try:
+                if flags & _MSG_TRUNC:
+                    self._too_long(pid, addr)
+                    continue
                 self.datagram_received(data, addr, pid, uid)
             except Exception:  # noqa: BLE001 - one datagram never stops the gateway
                 self.counters["internal_error"] += 1
                 LOG.exception("gateway: handling a datagram failed; continuing")
+
+    def _too_long(self, pid: int | None, addr: Any) -> None:
+        self.counters["datagrams"] += 1
+        self.counters["malformed"] += 1
+        self._report(
+            "malformed_datagram",
+            f"dropped a datagram longer than {_RECV_BYTES} bytes from {_who(pid, addr)}",
+        )
 
     def datagram_received(self, data: bytes, addr: Any, pid: int | None, uid: int | None) -> None:
         """Handle one datagram sent by process `pid` of user `uid` (the kernel's credentials)."""
@@ -242,7 +261,7 @@ class Gateway:
         event = ErrorEvent(
             source=f"agent:{self.node}"[:MAX_NAME_CHARS],
             code=code,
-            message=message[:4000],
+            message=message[:MAX_TEXT_CHARS],
             detail={**detail, "counters": dict(self.counters)},
         )
         self._spawn(
@@ -270,7 +289,7 @@ class Gateway:
         try:
             reply = await self._handle(req, pid, uid)
         except PayloadError as e:
-            reply = Reply.failure("bad_request", f"{req.kind.name}: {e}"[:4000])
+            reply = Reply.failure("bad_request", f"{req.kind.name}: {e}"[:MAX_TEXT_CHARS])
         except WindowOutOfRange as e:
             reply = Reply.failure("out_of_range", str(e))
         except Exception:  # noqa: BLE001

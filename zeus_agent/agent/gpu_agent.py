@@ -48,6 +48,10 @@ from zeus_agent.wire.trainer import EventDatagram, Kind
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
 
+MIN_LEASE_S = 0.1
+"""Shortest lease held for a setting (s): a shorter one (down to 5e-324 s) would lapse before
+the setting is even applied; it is held this long instead, one tick of the expiry loop."""
+
 POWER_LIMIT = "power_limit"
 SM_CLOCKS = "sm_clocks"
 SCHEDULE = "schedule"
@@ -236,7 +240,8 @@ class GpuAgent:
         """Grant the lease of `kind` before its setting is applied; return the one it replaced.
 
         A command that names no lease gets the agent's default one: no setting is ever applied
-        without a finite lease.
+        without a finite lease. A valid lease shorter than `MIN_LEASE_S` is held for
+        `MIN_LEASE_S`, so it is still live when the setting is applied.
 
         Raises:
             PayloadError: `lease_s` is not a finite number of seconds in (0, MAX_LEASE_S]; the
@@ -245,7 +250,10 @@ class GpuAgent:
         previous = self.leases.get(kind)
         ttl_s = self.default_lease_s if lease_s is None else lease_s
         try:
-            self.leases.grant(kind, holder or "anonymous", time.monotonic_ns(), ttl_s)
+            check_ttl(ttl_s, MAX_LEASE_S)
+            self.leases.grant(
+                kind, holder or "anonymous", time.monotonic_ns(), max(ttl_s, MIN_LEASE_S)
+            )
         except ValueError as e:
             raise PayloadError(str(e), "lease_s") from None
         return previous

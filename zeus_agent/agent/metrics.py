@@ -26,6 +26,7 @@ Two families describe the same samples:
   | `zeus_gpu_sm_clock_mhz` | gauge | MHz |
   | `zeus_gpu_memory_clock_mhz` | gauge | MHz |
   | `zeus_agent_datagrams_total{outcome}` | counter | trainer datagrams by outcome |
+  | `zeus_agent_bus_messages_dropped_total{reason}` | counter | bus messages the agent dropped |
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ class AgentCollector(Collector):
         self,
         agents: Mapping[int, GpuAgent],
         gateway_counters: Callable[[], Mapping[str, int]],
+        bus_counters: Callable[[], Mapping[str, int]] = dict,
     ):
         self.agents = agents
         self.gateway_counters = gateway_counters
+        self.bus_counters = bus_counters
 
     def collect(self) -> Iterable[Metric]:  # noqa: D102
         dcgm_power = GaugeMetricFamily(
@@ -98,14 +101,23 @@ class AgentCollector(Collector):
         )
         for outcome, count in self.gateway_counters().items():
             datagrams.add_metric([outcome], count)
+        dropped = CounterMetricFamily(
+            "zeus_agent_bus_messages_dropped",
+            "Bus messages the agent dropped (e.g. malformed lease renewals)",
+            labels=["reason"],
+        )
+        for reason, count in self.bus_counters().items():
+            dropped.add_metric([reason], count)
         yield from (dcgm_power, dcgm_energy, dcgm_limit, dcgm_sm, dcgm_mem)
-        yield from (energy, power, limit, sm, mem, datagrams)
+        yield from (energy, power, limit, sm, mem, datagrams, dropped)
 
 
 def make_registry(
-    agents: Mapping[int, GpuAgent], gateway_counters: Callable[[], Mapping[str, int]]
+    agents: Mapping[int, GpuAgent],
+    gateway_counters: Callable[[], Mapping[str, int]],
+    bus_counters: Callable[[], Mapping[str, int]] = dict,
 ) -> CollectorRegistry:
     """A registry holding only the agent's metrics."""
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agents, gateway_counters))
+    registry.register(AgentCollector(agents, gateway_counters, bus_counters))
     return registry

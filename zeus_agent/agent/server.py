@@ -34,6 +34,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError, GPUUnavailableError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, LeaseRenewal
+from zeus_agent.wire.messages import AgentHello, LeaseRenewal, Reply
 
 LOG = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class AgentServer(ExitSignals):
         "closed"."""
         self._stopping = False
         self._tick = time.monotonic()
+        self.counters: Counter[str] = Counter()
+        """Bus messages dropped, by reason (`zeus_agent_bus_messages_dropped_total`)."""
 
     # ------------------------------------------------------------------ bus helpers
     async def publish(self, subject: str, payload: bytes) -> None:
@@ -217,7 +220,13 @@ class AgentServer(ExitSignals):
     @staticmethod
     def _command_handler(agent: GpuAgent) -> Callable[[Any], Awaitable[None]]:
         async def handler(req: Any) -> None:
-            reply = await handle_command(agent, req.data)
+            try:
+                reply = await handle_command(agent, req.data)
+            except Exception:  # noqa: BLE001 - handle_command should not raise; never go silent
+                LOG.exception("GPU %d: command handling failed", agent.index)
+                reply = Reply.failure(
+                    "internal", f"internal error in the agent of GPU {agent.index}"
+                )
             await req.respond(codec.encode(reply))
 
         return handler
@@ -292,7 +301,9 @@ class AgentServer(ExitSignals):
         from zeus_agent.agent.metrics import make_registry
 
         registry = make_registry(
-            self.agents, lambda: dict(self.gateway.counters) if self.gateway else {}
+            self.agents,
+            lambda: dict(self.gateway.counters) if self.gateway else {},
+            lambda: dict(self.counters),
         )
         host = self.settings.metrics_host
         try:
@@ -378,6 +389,7 @@ class AgentServer(ExitSignals):
             for agent in self.agents.values():
                 agent.renew_leases(renewal.holder, renewal.lease_s)
         except PayloadError as e:
+            self.counters["bad_lease_renewal"] += 1
             LOG.warning("ignored a bad lease renewal on %s: %s", msg.subject, e)
 
     # ------------------------------------------------------------------ loops
