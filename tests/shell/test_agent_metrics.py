@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.shell.agent_kit import Inbox, RawTrainer, command, running_agent, wait_for
+from zeus_agent.errors import ZeusAgentError
 from zeus_agent.wire.messages import SampleBatch, SetPowerLimitCmd
 
 
@@ -85,3 +90,49 @@ async def test_metrics_page_has_dcgm_style_names_and_labels(nats_server, nc):
     assert _value(page, "zeus_gpu_power_watts", "0") > 0
     assert 'zeus_agent_datagrams_total{outcome="malformed"} 1.0' in page
     assert "# TYPE zeus_gpu_energy_joules_total counter" in page
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_status_server_serves_healthz_metrics_and_404():
+    """`zeus_agent.status_http`, the server both services use for /healthz and /metrics."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from zeus_agent import status_http
+
+    registry = CollectorRegistry()
+    Counter("demo_things", "Things.", registry=registry).inc(3)
+    state = {"ok": True}
+
+    def health() -> tuple[bool, dict]:
+        if state["ok"] is None:
+            raise RuntimeError("check broke")
+        return bool(state["ok"]), {"status": "ok" if state["ok"] else "disconnected"}
+
+    server = status_http.start("127.0.0.1", 0, health, registry=registry)
+    try:
+        base = server.url
+        assert _json(_get(f"{base}/healthz")) == (200, {"ok": True, "status": "ok"})
+        state["ok"] = False
+        assert _json(_get(f"{base}/healthz")) == (503, {"ok": False, "status": "disconnected"})
+        state["ok"] = None
+        code, body = _json(_get(f"{base}/healthz"))
+        assert (code, body["status"], body["reason"]) == (503, "error", "check broke")
+        code, page = _get(f"{base}/metrics")
+        assert code == 200 and "demo_things_total 3.0" in page
+        assert _get(f"{base}/nothing")[0] == 404
+        with pytest.raises(ZeusAgentError, match="already in use"):
+            status_http.start("127.0.0.1", server.port, health)
+    finally:
+        server.close()
+        server.close()  # idempotent
+
+
+def _json(answer: tuple[int, str]) -> tuple[int, dict]:
+    return answer[0], json.loads(answer[1])
