@@ -643,7 +643,11 @@ class CoordinatorService(ExitSignals):
                 await self._act(batch.job_id, job.on_mark, batch.rank, mark)
 
     async def _on_agent_hello(self, msg: Any) -> None:
-        """Reconcile: a GPU of an optimised job whose limit is not the desired one gets it."""
+        """Reconcile: a GPU still driven by an optimised job's rank gets the job's limit back.
+
+        Only a GPU whose agent says the job's trainer is bound to it (it said HELLO, again after
+        an agent restart): a GPU whose trainer left stays at its default.
+        """
         try:
             hello = codec.decode(msg.data, AgentHello)
         except PayloadError as e:
@@ -660,8 +664,10 @@ class CoordinatorService(ExitSignals):
                      hello.agent_id)
         for gpu in hello.gpus:
             job_id = self._gpu_jobs.get((node, subjects.token(gpu.index)))
-            job = self.power_limit_jobs.get(job_id) if job_id else None
-            record = self.registry.jobs.get(job_id) if job_id else None
+            if job_id is None or gpu.job_id != job_id:
+                continue
+            job = self.power_limit_jobs.get(job_id)
+            record = self.registry.jobs.get(job_id)
             if job is None or record is None:
                 continue
             desired = job.desired_power_limit

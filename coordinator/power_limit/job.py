@@ -20,6 +20,9 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
   a window that does not cover exactly its intended steps is normalised to them;
 * a closed window whose marks have not all arrived `mark_timeout_s` after it closed (an agent
   restarted and lost them) is redone, not waited for (`tick`);
+* a window whose closing marks say the GPU ran at another limit is redone: after a broker
+  outage, agents deliver their buffered events late and at once, and the machine would
+  otherwise close windows for steps that all ran at an earlier limit (marks carry the limit);
 * when nothing can be measured (every window unusable), the optimiser gives up: the GPUs go
   back to the maximum limit and the status says why (`gave_up`).
 
@@ -107,6 +110,7 @@ class _Window:
     begin_step: StepKey
     steps: int
     """The steps the window is meant to cover."""
+    power_limit: int | None = None
     end_step: StepKey | None = None
     missing: set[int] = field(default_factory=set)
     """Once closed: ranks whose marks of `begin_step` or `end_step` have not arrived."""
@@ -156,7 +160,9 @@ class PowerLimitJob:
             search=options.search,
             resume=resume,
         )
-        self._marks: dict[int, dict[StepKey, tuple[int, float]]] = {r: {} for r in self.ranks}
+        self._marks: dict[int, dict[StepKey, tuple[int, float, int | None]]] = {
+            r: {} for r in self.ranks
+        }
         self._windows: dict[str, _Window] = {}
         self._saved = measurements is not None
         self.last_step: StepKey | None = None
@@ -272,7 +278,7 @@ class PowerLimitJob:
             return []
         marks = self._marks[rank]
         key = (mark.epoch, mark.step)
-        marks[key] = (mark.t_ns, mark.energy_j)
+        marks[key] = (mark.t_ns, mark.energy_j, mark.power_limit_w)
         if len(marks) > 2 * MAX_MARKS_PER_RANK:  # Forget the oldest half, amortised O(1).
             for step in sorted(marks)[:MAX_MARKS_PER_RANK]:
                 del marks[step]
@@ -314,7 +320,8 @@ class PowerLimitJob:
                 assert step is not None, "windows open on step_begin"
                 state = self.machine.state
                 steps = state.profile_steps if isinstance(state, Profiling) else 0
-                self._windows[effect.name] = _Window(effect.name, begin_step=step, steps=steps)
+                self._windows[effect.name] = _Window(effect.name, begin_step=step, steps=steps,
+                                                     power_limit=self.machine.current_power_limit)
                 limit = self.machine.current_power_limit
                 actions.append(StatusUpdate(
                     "profiling",
@@ -348,10 +355,26 @@ class PowerLimitJob:
             if w.end_step is None or w.missing:
                 continue
             del self._windows[name]
+            limits = (self._marks[r][w.end_step][2] for r in self.ranks)
+            ran_at = {x for x in limits if x is not None and x != w.power_limit}
+            if ran_at:
+                actions.append(StatusUpdate(
+                    "profiling",
+                    f"window {name}: its steps ran at {sorted(ran_at)} W, not {w.power_limit} W "
+                    "(events delivered late, e.g. after a broker outage); profiling it again",
+                    self.progress(),
+                ))
+                try:
+                    effects = self.machine.redo(name)
+                except PowerLimitError as e:
+                    actions += self._give_up(str(e))
+                    continue
+                actions += self._translate(effects, step=self.last_step)
+                continue
             time_s, energy_j = 0.0, 0.0
             for r in self.ranks:
                 marks = self._marks[r]
-                (t0_ns, e0_j), (t1_ns, e1_j) = marks[w.begin_step], marks[w.end_step]
+                (t0_ns, e0_j, _), (t1_ns, e1_j, _) = marks[w.begin_step], marks[w.end_step]
                 time_s = max(time_s, (t1_ns - t0_ns) / 1e9)
                 energy_j += e1_j - e0_j
             covered = w.end_step[1] - w.begin_step[1]

@@ -394,3 +394,22 @@ def test_zeus_cost_world_size_from_the_options_wins_over_the_rank_count():
     default = make_selector(PowerLimitOptions(selector="ZeusCost", eta_knob=0.3), 4)
     assert (explicit.eta_knob, explicit.world_size) == (0.3, 8)
     assert default.world_size == 4
+
+
+def test_a_window_whose_steps_ran_at_another_limit_is_redone():
+    """Found with real processes: after a NATS restart the agents delivered their buffered events
+    at once, and windows were closed and recorded for steps that all ran at an earlier limit."""
+    job = PowerLimitJob("j", options(), ranks=[0], min_power_limit_w=275, max_power_limit_w=300)
+    job.start()
+    actions: list[Action] = []
+    for s in range(5):  # the burst: windows 300 [0, 2) and 275 [2, 4) close at once
+        actions += job.on_event(0, ev(s))
+    # ...but every step ran at 300 W, as the agent's marks say.
+    for s in range(5):
+        m = mark(s, float(s), 100.0 * s).model_copy(update={"power_limit_w": 300})
+        actions += job.on_mark(0, m)
+    assert [m.power_limit for m in job.machine.measurements] == [300]
+    assert job.progress()["redone"] == {"275": 1}
+    assert any("ran at [300] W, not 275 W" in a.message
+               for a in actions if isinstance(a, StatusUpdate))
+    assert not job.done

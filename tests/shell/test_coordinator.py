@@ -402,6 +402,10 @@ async def test_a_gpu_reset_behind_the_coordinators_back_is_reconciled(coord, nc,
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
     sim_dir = agent.settings.sim_state_dir
     await wait_for(lambda: SimGPU.open(sim_dir, 1).get_power_limit_w() == 250)
+    # The trainers (here: bind commands) drive the GPUs, as after their HELLO to an agent.
+    for r in (0, 1):
+        await ask(nc, subjects.gpu_command(NODE, r),
+                  {"v": 1, "cmd": {"op": "bind", "job_id": job_id, "rank": r}})
     # What a restarted agent does at start: every GPU back to its default.
     for index in (0, 1):
         await ask(nc, subjects.gpu_command(NODE, index), RESET)
@@ -410,8 +414,15 @@ async def test_a_gpu_reset_behind_the_coordinators_back_is_reconciled(coord, nc,
     await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
                                for i in (0, 1)))
     assert any(s.state == "reconciled" and s.job_id == job_id for s in statuses)
+    # A GPU whose trainer left stays at its default, whatever the job's limit.
     for index in (0, 1):
+        await ask(nc, subjects.gpu_command(NODE, index), {"v": 1, "cmd": {"op": "unbind"}})
         await ask(nc, subjects.gpu_command(NODE, index), RESET)
+    reconciled = sum(s.state == "reconciled" for s in statuses)
+    await nc.publish(subjects.agent_ping(), b"")
+    await asyncio.sleep(0.5)
+    assert SimGPU.open(sim_dir, 0).get_power_limit_w() == 300
+    assert sum(s.state == "reconciled" for s in statuses) == reconciled
 
 
 async def test_events_and_marks_from_another_node_are_dropped(coord, nc):

@@ -85,7 +85,8 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
         case ResetPowerLimitCmd():
             await agent.restore({"power_limit"}, reason="reset command")
             await agent.caller.call(agent.gpu.reset_power_limit)
-            return Reply.success(power_limit_w=await agent.caller.call(agent.gpu.get_power_limit_w))
+            agent.power_limit_w = await agent.caller.call(agent.gpu.get_power_limit_w)
+            return Reply.success(power_limit_w=agent.power_limit_w)
         case LockClocksCmd():
             await agent.lock_clocks(cmd.min_mhz, cmd.max_mhz, cmd.holder, cmd.lease_s)
             return Reply.success(min_mhz=cmd.min_mhz, max_mhz=cmd.max_mhz)

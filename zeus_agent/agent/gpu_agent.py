@@ -107,6 +107,8 @@ class GpuAgent:
         self.cursor = ScheduleCursor()
         self.meter = RankMeter()
         self.binding: Binding | None = None
+        self.power_limit_w: int | None = None
+        """The power limit this agent last set or read (W), stamped on step marks."""
         self.info: GPUInfo | None = None
         self.index = gpu.index
         self._integrator: PowerIntegrator | None = None
@@ -132,6 +134,7 @@ class GpuAgent:
             self._integrator = PowerIntegrator()
         if reset:
             await self.reset_at_start()
+        self.power_limit_w = await self.caller.call(self.gpu.get_power_limit_w)
         await self.sample()
         return self.info
 
@@ -152,7 +155,9 @@ class GpuAgent:
         """The announcement of this GPU, with its current power limit."""
         assert self.info is not None
         limit = await self.caller.call(self.gpu.get_power_limit_w)
-        return GpuDescription.from_info(self.info, limit)
+        self.power_limit_w = limit
+        job_id = self.binding.job_id if self.binding is not None else None
+        return GpuDescription.from_info(self.info, limit, job_id)
 
     @property
     def subject_suffix(self) -> tuple[str, int]:
@@ -283,6 +288,7 @@ class GpuAgent:
             old = await self.caller.call(self.gpu.get_power_limit_w)
             if old != power_limit_w:
                 await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
+            self.power_limit_w = power_limit_w
         except BaseException:
             if not to_default:
                 self.leases.reinstate(POWER_LIMIT, previous)
@@ -352,6 +358,8 @@ class GpuAgent:
             except GPUError as e:
                 LOG.error("GPU %d: restoring %s failed: %s", self.index, kind, e)
                 continue
+            if kind == POWER_LIMIT and self.info is not None:
+                self.power_limit_w = self.info.default_power_limit_w
             self.leases.release(kind)
             restored.append(kind)
         self._changed -= set(restored)
@@ -476,7 +484,8 @@ class GpuAgent:
             energy = self._energy_at(ev.t_ns)
             if energy is not None:
                 self._pending_marks.append(
-                    Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy)
+                    Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy,
+                         power_limit_w=self.power_limit_w)
                 )
         if kind is Kind.STEP_BEGIN:
             records = self.meter.step_begin(ev.a, ev.b, ev.t_ns)

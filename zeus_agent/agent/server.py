@@ -260,6 +260,9 @@ class AgentServer(ExitSignals):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            # Before bind: a datagram queued before the gateway attaches must carry its
+            # sender's credentials too (a trainer re-introducing itself to a restarted agent).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             sock.bind(str(path))
             os.chmod(path, int(self.settings.socket_mode, 8))
             if self.settings.socket_group is not None:

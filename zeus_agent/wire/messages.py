@@ -81,10 +81,14 @@ class GpuDescription(_Part):
     supported_graphics_clocks_mhz: list[int]
     has_energy_counter: bool
     power_limit_w: int
+    job_id: Id | None = None
+    """The job whose rank is bound to the GPU (a trainer said HELLO), or None."""
 
     @classmethod
-    def from_info(cls, info: GPUInfo, power_limit_w: int) -> GpuDescription:
-        """Build from a backend's `GPUInfo` and the current limit."""
+    def from_info(
+        cls, info: GPUInfo, power_limit_w: int, job_id: str | None = None
+    ) -> GpuDescription:
+        """Build from a backend's `GPUInfo`, the current limit and the bound job."""
         return cls(
             index=info.index,
             uuid=info.uuid,
@@ -97,6 +101,7 @@ class GpuDescription(_Part):
             supported_graphics_clocks_mhz=list(info.supported_graphics_clocks_mhz),
             has_energy_counter=info.has_energy_counter,
             power_limit_w=power_limit_w,
+            job_id=job_id,
         )
 
 
@@ -143,6 +148,8 @@ class Mark(_Part):
     step: int
     t_ns: int
     energy_j: float
+    power_limit_w: int | None = None
+    """The GPU's power limit when the mark was taken (None: not known)."""
 
 
 class Measurement(_Part):
