@@ -443,3 +443,40 @@ async def test_a_datagram_longer_than_the_read_buffer_is_dropped_as_malformed(na
             assert (await trainer.hello("job-t", gpu_index=0)).ok  # still serving
         finally:
             trainer.close()
+
+
+ONE_SHOT_TRAINER = """
+import socket, sys
+from zeus_agent.wire import trainer as dg
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(""); s.connect(sys.argv[1]); s.settimeout(5)
+s.send(dg.encode_request(dg.Kind.HELLO, 0, 1, {"job_id": "job-z", "rank": 0, "gpu_index": 0}))
+assert dg.decode_datagram(s.recv(65536)).reply.ok
+print("bound", flush=True)
+"""
+
+
+async def test_a_trainer_that_exited_but_is_not_reaped_yet_gets_its_gpu_restored(
+    nats_server, nc
+):
+    """A zombie (its parent has not waited for it) is gone as far as its GPU is concerned."""
+    async with running_agent(nats_server.url) as agent:
+        node = agent.settings.node
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ONE_SHOT_TRAINER, agent.settings.socket_path],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert await asyncio.to_thread(proc.stdout.readline) == b"bound\n"
+            cmd = SetPowerLimitCmd(power_limit_w=140, holder="job-z", lease_s=600)
+            assert (await command(nc, node, 0, cmd)).ok
+            # the process exits; this test (its parent) does not reap it: a zombie
+            await wait_for(lambda: Path(f"/proc/{proc.pid}/stat").read_bytes().split(b")")[-1]
+                           .split()[0] == b"Z", 10, "the trainer became a zombie")  # fmt: skip
+            await wait_for(lambda: agent.agents[0].gpu.get_power_limit_w() == 300, 3,
+                           "the zombie's GPU restored")  # fmt: skip
+            assert agent.agents[0].binding is None
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()

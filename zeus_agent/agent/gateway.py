@@ -80,9 +80,10 @@ Another node's GPU, another process's binding, a sender without usable credentia
 
 
 def process_alive(pid: int) -> bool:
-    """Whether a process `pid` exists (any owner).
+    """Whether a process `pid` exists (any owner) and has not exited.
 
-    Never raises: a pid that cannot name a process (<= 0, too large) is not alive.
+    A zombie (exited, not yet reaped by its parent) is not alive. Never raises: a pid that
+    cannot name a process (<= 0, too large) is not alive.
     """
     if type(pid) is not int or pid <= 0:
         return False
@@ -91,10 +92,19 @@ def process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # alive, owned by another user
+        pass  # alive, owned by another user
     except (OverflowError, ValueError, OSError):
         return False
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False  # no procfs (or it just went): trust kill()
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
 
 
 class Gateway:
@@ -119,8 +129,12 @@ class Gateway:
         request: Request,
         publish: Publish,
         request_timeout_s: float = 5.0,
+        on_bind: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.agents = agents
+        self._on_bind = on_bind
+        """Run when a trainer binds a GPU anew (the server announces the node at once, so the
+        coordinator reconciles a GPU whose trainer came back to a restarted agent)."""
         self.node = node
         self.prefix = prefix
         self._request = request
@@ -245,6 +259,14 @@ class Gateway:
             self._send(addr, dg.request_id, Reply.failure(FORBIDDEN, message))
 
     # ------------------------------------------------------------------ helpers
+    async def _bound(self) -> None:
+        if self._on_bind is None:
+            return
+        try:
+            await self._on_bind()
+        except Exception as e:  # noqa: BLE001 - the next heartbeat announces anyway
+            LOG.warning("announcing a new binding failed: %s", e)
+
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -349,7 +371,10 @@ class Gateway:
                     "running: one trainer process per GPU",
                 )
             await self.release_pid(bound.pid, reason="process exited without goodbye")
+        before = agent.binding
         agent.bind(hello.job_id, hello.rank, pid, uid)
+        if before != agent.binding:
+            self._spawn(self._bound())
         mine = self.by_pid.setdefault(pid, [])
         if agent not in mine:
             mine.append(agent)
