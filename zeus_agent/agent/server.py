@@ -296,6 +296,7 @@ class AgentServer(ExitSignals):
             self.request,
             self.publish,
             self.settings.request_timeout_s,
+            on_bind=self.announce,
         )
         self.gateway = gateway
         gateway.attach(sock)
