@@ -1,0 +1,635 @@
+"""Fuzzing the coordinator: its endpoints `<p>.coord.jobs.register.<node>`,
+`<p>.coord.ranks.register.<node>`, `<p>.coord.jobs.query` and its streams `<p>.job.*.ev.*.*`,
+`<p>.gpu.*.*.meas`, `<p>.agent.*.hello`, with random bytes, wrong shapes, near-valid payloads
+with one field mutated, unknown jobs and ranks, spoofed nodes, huge counters and energies.
+
+The module's jobs: $JOB (data parallel on the agent's two GPUs, power-limit optimised with
+one profiling step per limit, so fuzzed events and marks drive its optimiser and its commands
+to the agent) and $JOB2 (four ranks, none registered, for rank registrations).
+
+Properties (besides `Bus.check_healthy` after every example: registry consistent, GPUs safe,
+no internal error, still serving):
+* a request gets a `Reply`: "bad_request" when it does not decode, "forbidden" for a rank
+  registered through another node than its GPU's, "unknown_job", "out_of_range" for a rank
+  that does not fit its job, never "internal"; every acknowledged registration is on disk;
+* a stream message never gets an answer; a malformed one is counted ("malformed"), and so is
+  one about an unknown job, or a rank not bound to the node it came through;
+* racing registrations of a job's ranks leave one rank per GPU and register exactly what was
+  acknowledged;
+* an optimiser started with any options (loaded profiles in or out of range, empty, long) and
+  fed step events and marks with any energies and times reports a status, never crashes, and
+  keeps the GPUs in range and under leases;
+* `jobs.query` answers with 6,000 jobs registered (within the default `max_jobs`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from tests.fuzz.conftest import (
+    I64,
+    JOB_QUERIES,
+    NODES,
+    OK,
+    PROFILE_ROWS,
+    RANDOM,
+    REGISTER_JOBS,
+    REGISTER_RANKS,
+    STABLE_CODES,
+    STAMPS,
+    U64,
+    Bus,
+    Case,
+    fuzz,
+    mutated,
+    resolve,
+)
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import (
+    AgentHello,
+    JobQuery,
+    JobStatus,
+    MeasurementBatch,
+    RegisterJob,
+    RegisterRank,
+    Reply,
+    TrainerEventBatch,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+ACKNOWLEDGED: dict[str, set[int]] = {}
+"""Jobs (and their ranks) the coordinator acknowledged during the fuzz."""
+
+
+@pytest.fixture(scope="module")
+def jobs(bus: Bus) -> dict[str, str]:
+    """Register $JOB (optimised, both ranks on the agent's GPUs) and $JOB2 (no ranks)."""
+    node = bus.node
+    job = {"v": 1, "job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
+                           "job_metadata": "fuzz-optimised"},
+           "power_limit": {"selector": "Energy", "wait_steps": 0, "warmup_steps": 0,
+                           "profile_steps": 1, "pl_step_w": 100}}  # fmt: skip
+    reply = bus.ask(subjects.coord_register_job(node), codec.encode(job))
+    assert reply.ok, reply
+    job_id = reply.result["job_id"]
+    for rank in (0, 1):
+        rank_request = {"v": 1, "job_id": job_id,
+                        "rank_info": {"rank": rank, "dp_rank": rank, "pp_rank": 0, "tp_rank": 0,
+                                      "available_frequencies": [1740, 210]},
+                        "gpu": {"node": node, "gpu_index": rank}}  # fmt: skip
+        reply = bus.ask(subjects.coord_register_rank(node), codec.encode(rank_request))
+        assert reply.ok, reply
+    job2 = {"v": 1, "job": {"dp_degree": 4, "pp_degree": 1, "tp_degree": 1, "world_size": 4,
+                            "job_metadata": "fuzz-ranks"}}  # fmt: skip
+    reply = bus.ask(subjects.coord_register_job(node), codec.encode(job2))
+    assert reply.ok, reply
+    deadline = time.monotonic() + 10
+    while job_id not in bus.call(lambda: set(bus.coord.power_limit_jobs)):
+        assert time.monotonic() < deadline, "the optimiser of the module's job did not start"
+        time.sleep(0.02)
+    bus.env_extra.update({"$JOB": job_id, "$JOB2": reply.result["job_id"]})
+    ACKNOWLEDGED.update({job_id: {0, 1}, reply.result["job_id"]: set()})
+    return {"$JOB": job_id, "$JOB2": reply.result["job_id"]}
+
+
+# ---------------------------------------------------------------------------- requests
+VIA = st.sampled_from(["$NODE", "$NODE", "$NODE", "ghost-node", "v" * 64, "a~b"])
+REQUEST_CASES = st.one_of(
+    st.tuples(st.just("job"), st.one_of(RANDOM, REGISTER_JOBS, mutated(REGISTER_JOBS)), VIA),
+    st.tuples(st.just("rank"),
+              st.one_of(RANDOM, REGISTER_RANKS, REGISTER_RANKS, mutated(REGISTER_RANKS)), VIA),
+    st.tuples(st.just("query"), st.one_of(RANDOM, JOB_QUERIES, mutated(JOB_QUERIES)), st.just("")),
+)  # fmt: skip
+
+
+def _request_subject(endpoint: str, via: str) -> str:
+    if endpoint == "job":
+        return subjects.coord_register_job(via)
+    if endpoint == "rank":
+        return subjects.coord_register_rank(via)
+    return subjects.coord_job_query()
+
+
+def expected_request(bus: Bus, endpoint: str, data: bytes, via: str, case: Case) -> set[str]:
+    """What the coordinator may answer (independent of its code, from its documented codes)."""
+    model = {"job": RegisterJob, "rank": RegisterRank, "query": JobQuery}[endpoint]
+    try:
+        request: Any = codec.decode(data, model)
+    except PayloadError:
+        return {"bad_request"}
+    if case.bad:
+        return set(STABLE_CODES)
+    known = bus.call(lambda: {j: r.job for j, r in bus.coord.registry.jobs.items()})
+    if endpoint == "job":
+        return {OK, "quota"}
+    if endpoint == "query":
+        return {OK} if request.job_id is None or request.job_id in known else {"unknown_job"}
+    if subjects.token(via) != subjects.token(request.gpu.node):
+        return {"forbidden"}
+    job = known.get(request.job_id)
+    if job is None:
+        return {"unknown_job"}
+    info = request.rank_info
+    if (
+        info.rank >= job.world_size
+        or info.dp_rank >= job.dp_degree
+        or info.pp_rank >= job.pp_degree
+        or info.tp_rank >= job.tp_degree
+    ):
+        return {"out_of_range"}
+    return set(STABLE_CODES) | {OK}
+
+
+@fuzz(150)
+@given(request=REQUEST_CASES)
+def test_requests_get_coded_replies_and_the_registry_stays_consistent(
+    bus: Bus, jobs: dict[str, str], request: tuple[str, Case, str]
+):
+    endpoint, case, via = request
+    mark = bus.mark()
+    env = bus.env()
+    via = resolve(via, env)
+    data = case.encode(env)
+    subject = _request_subject(endpoint, via)
+    expected = expected_request(bus, endpoint, data, via, case)
+    reply = bus.ask(subject, data)
+    outcome = OK if reply.ok else reply.code
+    assert outcome in expected, (
+        f"{subject} answered {outcome!r} ({reply.error[:300]!r}), expected one of "
+        f"{sorted(expected)} for {case!r}"
+    )
+    if not reply.ok:
+        assert reply.code in STABLE_CODES, f"unstable code {reply.code!r} for {case!r}"
+    elif endpoint == "job":
+        ACKNOWLEDGED.setdefault(reply.result["job_id"], set())
+    elif endpoint == "rank":
+        ACKNOWLEDGED.setdefault(reply.result["job_id"], set()).add(reply.result["rank"])
+    bus.check_healthy(mark, f"{subject} {case!r}")
+
+
+def test_acknowledged_registrations_are_on_disk(bus: Bus, jobs: dict[str, str]):
+    """What the fuzz got acknowledged is in the registry and in `jobs.json`, as it is."""
+    registry = bus.call(lambda: {j: set(r.ranks) for j, r in bus.coord.registry.jobs.items()})
+    for job_id, ranks in ACKNOWLEDGED.items():
+        assert job_id in registry, f"acknowledged job {job_id!r} is not registered"
+        assert ranks <= registry[job_id], f"acknowledged ranks of {job_id!r} are missing"
+    disk = json.loads((bus.state_dir / "jobs.json").read_text())
+    on_disk = {j["job_id"]: {rr["info"]["rank"] for rr in j["ranks"]} for j in disk["jobs"]}
+    assert on_disk == registry, "jobs.json does not hold the registry"
+
+
+# ---------------------------------------------------------------------------- streams
+BIG = st.sampled_from([2**63 - 1, U64, I64, -1, 10**6])
+COUNTER = st.one_of(st.integers(0, 3), BIG)
+STEP = st.one_of(st.integers(0, 40), BIG)
+STREAM_JOBS = st.sampled_from(["$JOB", "$JOB2", "no-such-job", "j" * 256])
+STREAM_RANKS = st.sampled_from([0, 0, 1, 2, -1, 2**24])
+STREAM_GPUS = st.sampled_from([0, 0, 1, 5, -1])
+
+TRAINER_EVENTS = st.lists(
+    st.fixed_dictionaries(
+        {"kind": st.sampled_from(["step_begin", "step_begin", "step_end", "epoch_begin",
+                                  "epoch_end", "instruction_begin"]),
+         "t_ns": st.one_of(STAMPS, BIG), "epoch": COUNTER, "step": STEP},
+        optional={"index": COUNTER, "name": st.sampled_from(["", "forward"])},
+    ),
+    max_size=6,
+)  # fmt: skip
+EVENT_BATCHES = st.builds(
+    lambda job, rank, node, gpu, events: Case(
+        "event batch", {"v": 1, "job_id": job, "rank": rank, "node": node, "gpu": gpu,
+                        "events": events}),
+    STREAM_JOBS, STREAM_RANKS, NODES, STREAM_GPUS, TRAINER_EVENTS,
+)  # fmt: skip
+MARKS = st.lists(
+    st.fixed_dictionaries({
+        "kind": st.sampled_from(["step_begin", "step_begin", "step_end", "epoch_begin",
+                                 "epoch_end"]),
+        "epoch": COUNTER, "step": STEP, "t_ns": st.one_of(STAMPS, BIG),
+        "energy_j": st.one_of(st.floats(-1e6, 1e9), st.sampled_from([0.0, -1.0, 1e300, -1e300,
+                                                                     5e-324])),
+    }),
+    max_size=4,
+)  # fmt: skip
+MEASUREMENT_BATCHES = st.builds(
+    lambda job, rank, node, gpu, marks: Case(
+        "measurement batch", {"v": 1, "node": node, "gpu": gpu, "job_id": job, "rank": rank,
+                              "marks": marks, "measurements": []}),
+    STREAM_JOBS, STREAM_RANKS, NODES, STREAM_GPUS, MARKS,
+)  # fmt: skip
+GPU_DESCRIPTIONS = st.builds(
+    lambda index, uuid, limit: {
+        "index": index, "uuid": uuid, "name": "NVIDIA A40", "architecture": "Ampere",
+        "min_power_limit_w": 100, "max_power_limit_w": 300, "default_power_limit_w": 300,
+        "supported_memory_clocks_mhz": [7251], "supported_graphics_clocks_mhz": [1740, 210],
+        "has_energy_counter": True, "power_limit_w": limit},
+    st.sampled_from([0, 1, 2, -1]), st.sampled_from(["$UUID0", "$UUID1", "GPU-x"]),
+    st.sampled_from([100, 200, 300, 0, -5, 10**6]),
+)  # fmt: skip
+AGENT_HELLOS = st.builds(
+    lambda node, agent_id, gpus: Case(
+        "agent hello", {"v": 1, "node": node, "agent_id": agent_id, "backend": "sim",
+                        "heartbeat_s": 0.5, "socket_path": "/tmp/fuzz.sock", "gpus": gpus}),
+    NODES, st.sampled_from(["fuzz-agent", "a" * 256]), st.lists(GPU_DESCRIPTIONS, max_size=3),
+)  # fmt: skip
+
+STREAM_CASES = st.one_of(
+    st.tuples(st.just("events"), st.one_of(RANDOM, EVENT_BATCHES, EVENT_BATCHES,
+                                           mutated(EVENT_BATCHES)), STREAM_JOBS, STREAM_RANKS,
+              NODES),
+    st.tuples(st.just("meas"), st.one_of(RANDOM, MEASUREMENT_BATCHES, MEASUREMENT_BATCHES,
+                                         mutated(MEASUREMENT_BATCHES)), STREAM_JOBS,
+              STREAM_GPUS, NODES),
+    st.tuples(st.just("hello"), st.one_of(RANDOM, AGENT_HELLOS, mutated(AGENT_HELLOS)),
+              st.just(""), st.just(""), NODES),
+)  # fmt: skip
+"""(stream, payload, subject job, subject rank or GPU, subject node)."""
+
+MODELS = {"events": TrainerEventBatch, "meas": MeasurementBatch, "hello": AgentHello}
+
+
+def _stream_subject(stream: str, job: str, rank_or_gpu: Any, node: str) -> str:
+    if stream == "events":
+        return subjects.job_events(job, rank_or_gpu, node)
+    if stream == "meas":
+        return subjects.gpu_measurements(node, rank_or_gpu)
+    return subjects.agent_hello(node)
+
+
+def _bound_here(bus: Bus, job_id: str, rank: int, node: str, gpu: int | None) -> bool:
+    record = bus.coord.registry.jobs.get(job_id)
+    rr = record.ranks.get(rank) if record is not None else None
+    if rr is None or subjects.token(rr.gpu.node) != node:
+        return False
+    return gpu is None or rr.gpu.gpu_index == gpu
+
+
+def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | None:
+    """The reason a stream message must be dropped for ("any": some reason), or None."""
+    try:
+        message: Any = codec.decode(data, MODELS[stream])
+    except PayloadError:
+        return "malformed"
+    tokens = subject.split(".")
+    if stream == "hello":
+        return None if subjects.token(message.node) == tokens[-2] else "any"
+    known = message.job_id in bus.coord.registry.jobs
+    if not known:
+        return "any"  # an unknown job
+    if stream == "events":
+        via = tokens[-1]
+        if via != subjects.token(message.node) or not _bound_here(
+            bus, message.job_id, message.rank, via, None
+        ):
+            return "any"
+        return None
+    node, gpu = tokens[-3], tokens[-2]
+    if (
+        message.job_id in bus.coord.power_limit_jobs
+        and message.marks
+        and (
+            node != subjects.token(message.node)
+            or gpu != str(message.gpu)
+            or not _bound_here(bus, message.job_id, message.rank, node, message.gpu)
+        )
+    ):
+        return "any"
+    return None
+
+
+def _publish_stream(bus: Bus, stream_case: tuple[Any, ...]) -> tuple[str, bytes, str, Case]:
+    stream, case, job, rank_or_gpu, node = stream_case
+    env = bus.env()
+    subject = _stream_subject(stream, resolve(job, env), rank_or_gpu, resolve(node, env))
+    return stream, case.encode(env), subject, case
+
+
+def _dropped(bus: Bus) -> dict[str, int]:
+    return dict(bus.coord.dropped)
+
+
+BARRIER = b"\xc1"
+"""Never msgpack: published after the fuzzed message on the same subject. One subscription's
+messages are handled in order, so once the barrier is counted ("malformed"), the fuzzed
+message has been handled too."""
+
+
+def publish_and_settle(bus: Bus, subject: str, data: bytes, malformed: bool) -> dict[str, int]:
+    """Publish `data` then the barrier; return how the drop counters moved (barrier excluded)."""
+    before = bus.call(_dropped, bus)
+    bus.publish(subject, data)
+    bus.publish(subject, BARRIER)
+    want = before.get("malformed", 0) + 1 + malformed
+    deadline = time.monotonic() + 2
+    while True:
+        after = bus.call(_dropped, bus)
+        if after.get("malformed", 0) >= want or time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    moved["malformed"] = moved.get("malformed", 0) - 1
+    return {k: v for k, v in moved.items() if v}
+
+
+def _malformed(data: bytes, stream: str) -> bool:
+    try:
+        codec.decode(data, MODELS[stream])
+    except PayloadError:
+        return True
+    return False
+
+
+@fuzz(150)
+@given(stream_case=STREAM_CASES)
+def test_streams_never_answer_never_crash_and_count_malformed(
+    bus: Bus, jobs: dict[str, str], stream_case: tuple[Any, ...]
+):
+    stream, data, subject, case = _publish_stream(bus, stream_case)
+    mark = bus.mark()
+    malformed = _malformed(data, stream)
+    moved = publish_and_settle(bus, subject, data, malformed)
+    assert moved.get("malformed", 0) == malformed, (
+        f"'malformed' drops moved by {moved.get('malformed', 0)} for {subject} {case!r} "
+        f"(malformed: {malformed})"
+    )
+    bus.check_healthy(mark, f"{subject} {case!r}")
+
+
+ACCOUNTING_CASES = st.one_of(
+    st.tuples(st.just("events"), EVENT_BATCHES | mutated(EVENT_BATCHES), STREAM_JOBS,
+              STREAM_RANKS, NODES),
+    st.tuples(st.just("meas"), MEASUREMENT_BATCHES | mutated(MEASUREMENT_BATCHES), STREAM_JOBS,
+              STREAM_GPUS, NODES),
+    st.tuples(st.just("hello"), AGENT_HELLOS, st.just(""), st.just(""), NODES),
+)  # fmt: skip
+"""Mostly well-formed stream messages, about known and unknown jobs, ranks and nodes."""
+
+
+def _events(job: str, rank: int, node: str) -> Case:
+    event = {"kind": "step_begin", "t_ns": "$NOW", "epoch": 0, "step": 1}
+    return Case("event batch", {"v": 1, "job_id": job, "rank": rank, "node": node, "gpu": rank,
+                                "events": [event]})  # fmt: skip
+
+
+def _marks(job: str, rank: int, node: str, gpu: int, marks: bool = True) -> Case:
+    mark = {"kind": "step_begin", "epoch": 0, "step": 1, "t_ns": "$NOW", "energy_j": 5.0}
+    return Case("measurement batch", {"v": 1, "node": node, "gpu": gpu, "job_id": job,
+                                      "rank": rank, "marks": [mark] if marks else [],
+                                      "measurements": []})  # fmt: skip
+
+
+@fuzz(100)
+@example(stream_case=("events", _events("no-such-job", 0, "$NODE"), "no-such-job", 0, "$NODE"))
+@example(stream_case=("events", _events("$JOB", 3, "$NODE"), "$JOB", 3, "$NODE"))
+@example(stream_case=("events", _events("$JOB", 0, "ghost-node"), "$JOB", 0, "ghost-node"))
+@example(stream_case=("events", _events("$JOB", 0, "$NODE"), "$JOB", 0, "ghost-node"))
+@example(stream_case=("meas", _marks("no-such-job", 0, "$NODE", 0), "", 0, "$NODE"))
+@example(stream_case=("meas", _marks("no-such-job", 0, "$NODE", 0, marks=False), "", 0, "$NODE"))
+@example(stream_case=("meas", _marks("$JOB", 3, "$NODE", 0), "", 0, "$NODE"))
+@example(stream_case=("meas", _marks("$JOB", 0, "$NODE", 1), "", 1, "$NODE"))
+@example(stream_case=("meas", _marks("$JOB", 0, "$NODE", 0), "", 0, "ghost-node"))
+@example(
+    stream_case=(
+        "hello",
+        Case(
+            "agent hello",
+            {
+                "v": 1,
+                "node": "$NODE",
+                "agent_id": "spoof",
+                "backend": "sim",
+                "heartbeat_s": 1.0,
+                "socket_path": "/x",
+                "gpus": [],
+            },
+        ),
+        "",
+        "",
+        "ghost-node",
+    )
+)
+@given(stream_case=ACCOUNTING_CASES)
+def test_streams_count_unknown_jobs_ranks_and_spoofed_nodes(
+    bus: Bus, jobs: dict[str, str], stream_case: tuple[Any, ...]
+):
+    stream, data, subject, case = _publish_stream(bus, stream_case)
+    reason = bus.call(expected_drop, bus, stream, data, subject)
+    moved = publish_and_settle(bus, subject, data, reason == "malformed")
+    if reason is None:
+        assert not moved, f"{subject} {case!r} is a valid message but was dropped: {moved}"
+    else:
+        assert sum(moved.values()) == 1, (
+            f"{subject} {case!r} must be dropped and counted once (expected reason: {reason}); "
+            f"the drop counters moved by {moved}"
+        )
+        if reason != "any":
+            assert moved.get(reason) == 1, f"{case!r} counted as {moved}, not {reason!r}"
+
+
+CONCURRENT_RANKS = st.lists(
+    st.tuples(st.integers(0, 4), st.sampled_from([0, 1, 0, 1, 3]),
+              st.sampled_from(["", "", "$UUID0", "$UUID1"])),
+    min_size=2, max_size=8,
+)  # fmt: skip
+
+
+RACES = itertools.count()
+
+
+@fuzz(30)
+@given(requests=CONCURRENT_RANKS)
+def test_concurrent_rank_registrations_keep_one_rank_per_gpu(
+    bus: Bus, jobs: dict[str, str], requests: list[tuple[int, int, str]]
+):
+    """Registrations racing for the ranks and GPUs of a fresh job (dp4): each rank and each
+    GPU is taken once, what was acknowledged is what is registered, refusals are coded."""
+    mark = bus.mark()
+    env = bus.env()
+    job = {"v": 1, "job": {"dp_degree": 4, "pp_degree": 1, "tp_degree": 1, "world_size": 4,
+                           "job_metadata": "race"}}  # fmt: skip
+    # Through a node of its own (jobs are counted per node: the quota is not under test).
+    reply = bus.ask(subjects.coord_register_job(f"race-{next(RACES)}"), codec.encode(job))
+    assert reply.ok, reply
+    job_id = reply.result["job_id"]
+    payloads = [
+        _rank_request(job_id, rank, bus.node, gpu, resolve(uuid, env))
+        for rank, gpu, uuid in requests
+    ]
+    subject = subjects.coord_register_rank(bus.node)
+
+    async def race() -> list[Any]:
+        import asyncio
+
+        return await asyncio.gather(*(bus.nc.request(subject, codec.encode(p), timeout=5)
+                                      for p in payloads))  # fmt: skip
+
+    replies = [codec.decode(m.data, Reply) for m in bus.run(race())]
+    registered = bus.call(
+        lambda: {
+            r: (rr.gpu.gpu_index, rr.gpu.gpu_uuid)
+            for r, rr in bus.coord.registry.jobs[job_id].ranks.items()
+        }
+    )
+    for payload, reply in zip(payloads, replies, strict=True):
+        rank, gpu = payload["rank_info"]["rank"], payload["gpu"]["gpu_index"]
+        if reply.ok:
+            assert registered.get(rank, (None,))[0] == gpu, (
+                f"rank {rank} on GPU {gpu} was acknowledged but the registry has "
+                f"{registered.get(rank)} ({requests})"
+            )
+        else:
+            assert reply.code in {"duplicate", "out_of_range", "unavailable", "conflict"}, (
+                f"rank {rank} on GPU {gpu}: {reply.code} {reply.error[:200]} ({requests})"
+            )
+    gpus = [gpu for gpu, _uuid in registered.values()]
+    assert len(gpus) == len(set(gpus)), f"two ranks on one GPU: {registered} ({requests})"
+    acknowledged = {p["rank_info"]["rank"] for p, r in zip(payloads, replies, strict=True) if r.ok}
+    assert acknowledged == set(registered), f"{acknowledged} != {registered} ({requests})"
+    bus.check_healthy(mark, f"racing registrations {requests}")
+
+
+def _rank_request(job_id: str, rank: int, node: str, gpu: int, uuid: str) -> dict[str, Any]:
+    return {"v": 1, "job_id": job_id,
+            "rank_info": {"rank": rank, "dp_rank": rank, "pp_rank": 0, "tp_rank": 0,
+                          "available_frequencies": [1740, 210]},
+            "gpu": {"node": node, "gpu_index": gpu, "gpu_uuid": uuid}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def statuses(bus: Bus) -> list[JobStatus]:
+    """Every job status the coordinator publishes from now on (each must decode)."""
+    got: list[JobStatus] = []
+
+    async def on_status(msg: Any) -> None:
+        got.append(codec.decode(msg.data, JobStatus))
+
+    async def subscribe() -> None:
+        await bus.nc.subscribe(subjects.all_job_status(), cb=on_status)
+        await bus.nc.flush()
+
+    bus.run(subscribe())
+    return got
+
+
+OPTIONS = st.fixed_dictionaries({}, optional={
+    "selector": st.sampled_from(["Energy", "Time", "ZeusCost", "MaxSlowdownConstraint"]),
+    "eta_knob": st.sampled_from([0.0, 0.5, 1.0]),
+    "world_size": st.sampled_from([None, 1, 2, 10**6]),
+    "max_slowdown": st.sampled_from([1.0, 1.1, 1e300]),
+    "wait_steps": st.sampled_from([0, 1]),
+    "warmup_steps": st.sampled_from([0, 1]),
+    "profile_steps": st.sampled_from([1, 2]),
+    "pl_step_w": st.sampled_from([1, 50, 100, 200, 10**9]),
+    "search": st.sampled_from(["exhaustive", "adaptive"]),
+    "profile": st.none() | PROFILE_ROWS | st.integers(1, 256).map(
+        lambda n: [{"power_limit": 300 - (i % 201), "energy": 1.0 + i, "time": 1.0 + i / n}
+                   for i in range(n)]),
+})  # fmt: skip
+ENERGY_STEPS = st.lists(
+    st.tuples(st.one_of(st.floats(0, 1e4), st.sampled_from([0.0, -5.0, 1e300, -1e300, 5e-324])),
+              st.sampled_from([0, 1, 1_000, 10**8, 10**12])),
+    max_size=8,
+)  # fmt: skip
+
+
+@fuzz(40)
+@given(options=OPTIONS, gpu=st.sampled_from([0, 1]), steps=ENERGY_STEPS)
+def test_optimisers_start_and_run_safely_on_any_options_and_measurements(
+    bus: Bus,
+    jobs: dict[str, str],
+    statuses: list[JobStatus],
+    options: dict[str, Any],
+    gpu: int,
+    steps: list[tuple[float, int]],
+):
+    """A one-rank job with fuzzed optimiser options (loaded profiles too, in range or not) on
+    one of the agent's GPUs, driven by step events and marks with any energies and times: the
+    optimiser starts or refuses with a status, nothing crashes, the GPUs stay safe."""
+    mark = bus.mark()
+    job = {"v": 1, "job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1,
+                           "job_metadata": "opt"}, "power_limit": options}  # fmt: skip
+    reply = bus.ask(subjects.coord_register_job(f"opt-{next(RACES)}"), codec.encode(job))
+    if not reply.ok:
+        assert reply.code in STABLE_CODES, reply
+        return
+    job_id = reply.result["job_id"]
+    rank = _rank_request(job_id, 0, bus.node, gpu, "")
+    reply = bus.ask(subjects.coord_register_rank(bus.node), codec.encode(rank))
+    assert reply.ok, reply
+    deadline = time.monotonic() + 3
+    while not [
+        s
+        for s in list(statuses)
+        if s.job_id == job_id and s.state not in ("registered", "rank_registered")
+    ]:
+        assert time.monotonic() < deadline, f"the optimiser of {options} never reported"
+        time.sleep(0.005)
+    t, energy = time.monotonic_ns() - 10**13, 0.0
+    events, marks = [], []
+    for step, (joules, dt) in enumerate(steps):
+        t += dt
+        energy += joules
+        events.append({"kind": "step_begin", "t_ns": t, "epoch": 0, "step": step})
+        marks.append(
+            {
+                "kind": "step_begin",
+                "epoch": 0,
+                "step": step,
+                "t_ns": t,
+                "energy_j": energy if abs(energy) < 1e308 else 1e308,
+            }
+        )
+    batch = {"v": 1, "job_id": job_id, "rank": 0, "node": bus.node, "gpu": gpu,
+             "events": events}  # fmt: skip
+    meas = {"v": 1, "node": bus.node, "gpu": gpu, "job_id": job_id, "rank": 0, "marks": marks}
+    moved = publish_and_settle(bus, subjects.job_events(job_id, 0, bus.node), codec.encode(batch),
+                               False)  # fmt: skip
+    assert not moved, f"valid events were dropped: {moved}"
+    moved = publish_and_settle(bus, subjects.gpu_measurements(bus.node, gpu), codec.encode(meas),
+                               False)  # fmt: skip
+    assert not moved, f"valid marks were dropped: {moved}"
+    bus.check_healthy(mark, f"options {options}, steps {steps}")
+
+
+def test_the_job_list_is_answered_with_thousands_of_jobs(bus: Bus, jobs: dict[str, str]):
+    """6,000 jobs (the default max_jobs is 10,000) with the longest metadata: `jobs.query`
+    still answers (the list, bounded, or a coded refusal), and so do single-job queries.
+    Last in the module: it leaves the jobs registered."""
+    job = codec.encode(
+        {
+            "v": 1,
+            "job": {
+                "dp_degree": 1,
+                "pp_degree": 1,
+                "tp_degree": 1,
+                "world_size": 1,
+                "job_metadata": "m" * 128,
+            },
+        }
+    )
+
+    async def register(first: int, n: int) -> None:
+        import asyncio
+
+        await asyncio.gather(*(bus.nc.request(subjects.coord_register_job(f"many-{i % 1000}"),
+                                              job, timeout=60)
+                               for i in range(first, first + n)))  # fmt: skip
+
+    while (held := bus.call(lambda: len(bus.coord.registry.jobs))) < 6000:
+        bus.run(register(held, min(1000, 6000 - held)), 120)
+    try:
+        reply = bus.ask(subjects.coord_job_query(), codec.encode(JobQuery()))
+    except Exception as e:  # noqa: BLE001 - no answer at all is the failure
+        raise AssertionError(f"jobs.query got no answer with 6,000 jobs: {e!r}") from None
+    assert reply.ok or reply.code in STABLE_CODES, reply
+    one = bus.ask(subjects.coord_job_query(), codec.encode(JobQuery(job_id=jobs["$JOB"])))
+    assert one.ok, one
