@@ -107,7 +107,9 @@ class LoopThread:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError:  # Also the coroutine's own TimeoutError.
+            if future.done():
+                raise
             future.cancel()
             raise TimeoutError(f"{coro!r} did not finish within {timeout_s} s") from None
 
