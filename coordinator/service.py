@@ -192,6 +192,9 @@ class CoordinatorService(ExitSignals):
         """Restore state, connect, serve endpoints and follow job streams."""
         s = self.settings
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        probe = self.state_dir / f".write-probe-{os.getpid()}"
+        probe.write_text("")  # An unwritable state directory fails here, before serving.
+        probe.unlink()
         self._restore()
         if s.embedded_nats:
             self._embedded = await asyncio.to_thread(EmbeddedNats().start)

@@ -180,7 +180,7 @@ class MeasurementBatch(Message):
 class ErrorEvent(Message):
     """Something went wrong that nobody asked about: a bad datagram, a schedule mismatch."""
 
-    source: Name
+    source: Text
     code: Name
     message: Text
     job_id: Id | None = None
