@@ -485,7 +485,10 @@ class CoordinatorService(ExitSignals):
         """Describe one job, or list all jobs."""
         query = codec.decode(data, JobQuery)
         if query.job_id is None:
-            return Reply.success(jobs=sorted(self.registry.jobs))
+            ids = sorted(self.registry.jobs)
+            end = query.offset + query.limit
+            return Reply.success(jobs=ids[query.offset:end], total=len(ids),
+                                 next_offset=end if end < len(ids) else None)
         record = self.registry.get(query.job_id)
         job = self.power_limit_jobs.get(record.job_id)
         return Reply.success(
@@ -631,7 +634,11 @@ class CoordinatorService(ExitSignals):
             self._drop("malformed", msg.subject, e)
             return
         job = self.power_limit_jobs.get(batch.job_id)
-        if job is None or not batch.marks:
+        if job is None:
+            if batch.job_id not in self.registry.jobs:
+                self._drop("unknown_job", msg.subject, batch.job_id)
+            return
+        if not batch.marks:
             return
         parts = msg.subject.split(".")  # <p...>.gpu.<node>.<gpu>.meas
         node, gpu = parts[-3], parts[-2]

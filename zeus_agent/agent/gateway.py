@@ -298,6 +298,13 @@ class Gateway:
             self.counters["unanswerable"] += 1
             return
         data = encode_reply(request_id, reply)
+        if len(data) > MAX_DATAGRAM_BYTES:
+            self.counters["reply_too_large"] += 1
+            data = encode_reply(request_id, Reply.failure(
+                "too_large",
+                f"the answer is {len(data)} bytes, more than a datagram carries "
+                f"({MAX_DATAGRAM_BYTES}): ask for less (one job_id, or a smaller limit)",
+            ))
         try:
             self.sock.sendto(data, addr)
         except (ConnectionRefusedError, FileNotFoundError) as e:

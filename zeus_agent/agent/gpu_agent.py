@@ -406,6 +406,13 @@ class GpuAgent:
     def on_event(self, ev: EventDatagram) -> None:
         """Called on the event loop as soon as a datagram arrives: act now, measure later."""
         if ev.kind is Kind.INSTRUCTION_BEGIN and self.cursor.installed:
+            lease = self.leases.get(SCHEDULE)
+            if lease is None or time.monotonic_ns() >= lease.deadline_ns:
+                # The lease lapsed and the expiry tick has not run yet: never apply a clock
+                # without a live lease; restore now.
+                self._spawn(self._expire_now())
+                self._event_queue.put_nowait(ev)
+                return
             step = self.cursor.on_instruction_begin(ev.name)
             if step.error is not None:
                 self.counters["mismatches"] += 1
@@ -424,6 +431,9 @@ class GpuAgent:
                 self.counters["mismatches"] += 1
                 self._spawn(self.error_event("schedule_mismatch", error))
         self._event_queue.put_nowait(ev)
+
+    async def _expire_now(self) -> None:
+        await self.expire_leases()
 
     def _apply_frequency(self, mhz: int) -> None:
         if not getattr(self.gpu, "calls_block", True):

@@ -302,8 +302,8 @@ class CommandEnvelope(Message):
 class Reply(Message):
     """The answer to every request. `ok` False carries a stable `code` and a message.
 
-    Codes: bad_request, out_of_range, not_supported, permission, forbidden, quota, unavailable,
-    unknown_job, unknown_rank, duplicate, conflict, timeout, internal.
+    Codes: bad_request, out_of_range, not_supported, permission, forbidden, quota, too_large,
+    unavailable, unknown_job, unknown_rank, duplicate, conflict, timeout, internal.
     """
 
     ok: bool
@@ -376,10 +376,20 @@ class RegisterRank(Message):
     gpu: GpuBinding
 
 
+MAX_JOBS_PER_PAGE = 1000
+"""Most job ids in one answer to a listing `JobQuery` (keeps it far below NATS's 1 MB)."""
+
+
 class JobQuery(Message):
-    """Ask the coordinator for a job's state (or the list of jobs when `job_id` is None)."""
+    """Ask the coordinator for a job's state, or (`job_id` None) a page of the job ids.
+
+    A listing answers `jobs` (sorted ids from `offset`, at most `limit`), `total` and
+    `next_offset` (None on the last page).
+    """
 
     job_id: Id | None = None
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=MAX_JOBS_PER_PAGE, ge=1, le=MAX_JOBS_PER_PAGE)
 
 
 class TrainerEvent(_Part):
