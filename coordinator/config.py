@@ -59,7 +59,7 @@ class CoordinatorSettings(BaseSettings):
     )
     lease_s: float = Field(
         default=30.0,
-        gt=0,
+        ge=0.3,
         le=3600,
         description="Lease of GPU settings; renewed every lease_s/3 while jobs live",
     )

@@ -63,7 +63,7 @@ from coordinator.power_limit.profile import load_profile, save_profile
 from coordinator.power_limit.search import WindowResult
 from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, every
-from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.errors import BrokerError, PayloadError
 from zeus_agent.wire import codec, subjects
@@ -234,7 +234,7 @@ class CoordinatorService(ExitSignals):
         # Subscriptions are live before anyone hears we started.
         await confirm_subscriptions(self.nc)
         LOG.info("coordinator ready on %s (state in %s, %d job(s) restored)",
-                 self.url, self.state_dir, len(self.registry.jobs))
+                 redact_url(self.url or ""), self.state_dir, len(self.registry.jobs))
 
     async def _on_disconnect(self) -> None:
         self.bus_state = ("disconnected", time.time(), "the connection to NATS was lost")
@@ -374,7 +374,7 @@ class CoordinatorService(ExitSignals):
                     job_id: [WindowResult(**w) for w in windows]
                     for job_id, windows in data.get("power_limit_windows", {}).items()
                 }
-            except (ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 aside = path.with_suffix(f".corrupt-{int(time.time())}")
                 os.replace(path, aside)
                 LOG.error("could not restore %s (%s); moved it to %s and started with no jobs",
@@ -389,6 +389,12 @@ class CoordinatorService(ExitSignals):
         """Wrap a handler: one task per request; domain errors become coded replies."""
 
         async def handle(req: Any) -> None:
+            inbox = getattr(getattr(req, "_msg", None), "reply", "") or ""
+            if not inbox.startswith("_INBOX."):
+                # A reply subject aimed elsewhere would make the coordinator publish where its
+                # asker may not (NATS's allow_responses lets it answer any reply subject).
+                self._drop("reply_not_an_inbox", req.subject, inbox)
+                return
             try:
                 reply = await handler(req.data, req.subject)
             except PayloadError as e:

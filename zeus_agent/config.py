@@ -78,8 +78,12 @@ class AgentSettings(BaseSettings):
         False, description="Open existing simulated GPU files instead of creating them"
     )
     sample_hz: float = Field(10.0, gt=0, le=1000, description="GPU sampling rate (Hz)")
-    publish_interval_s: float = Field(1.0, gt=0, description="How often samples are published")
-    heartbeat_s: float = Field(5.0, gt=0, description="Announcement/heartbeat interval (s)")
+    publish_interval_s: float = Field(
+        1.0, ge=0.01, le=3600, description="How often samples are published (s)"
+    )
+    heartbeat_s: float = Field(
+        5.0, ge=0.1, le=3600, description="Announcement/heartbeat interval (s)"
+    )
     default_lease_s: float = Field(
         60.0,
         gt=0,

@@ -43,6 +43,8 @@ MAX_METADATA_CHARS = 128
 """Longest `JobInfo.job_metadata`: the job id stays within `MAX_ID_CHARS`."""
 MAX_RANK = 2**24 - 1
 """Largest rank, degree or GPU index accepted (a bound, not a practical limit)."""
+NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
+"""Pattern of ids and names: no control characters (they would forge log lines, drive terminals)."""
 MAX_SCHEDULE_LENGTH = 1_000_000
 """Most instructions in one rank's frequency schedule."""
 
@@ -76,7 +78,9 @@ class JobInfo(BaseModel):
     dp_degree: int = Field(ge=1, le=MAX_RANK)
     tp_degree: int = Field(ge=1, le=MAX_RANK)
     world_size: int = Field(ge=1, le=MAX_RANK)
-    job_metadata: str | None = Field(default=None, max_length=MAX_METADATA_CHARS)
+    job_metadata: str | None = Field(
+        default=None, max_length=MAX_METADATA_CHARS, pattern=NO_CONTROL_CHARS
+    )
 
     @field_validator("job_id")
     @classmethod

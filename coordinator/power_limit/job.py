@@ -58,7 +58,7 @@ from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
 
 MAX_MARKS_PER_RANK = 4096
-MAX_REPLAYED_STEPS = 100_000
+MAX_REPLAYED_STEPS = 1_000
 """Most lost steps replayed into the machine at once (beyond, the gap counts as one step)."""
 DEFAULT_MARK_TIMEOUT_S = 30.0
 

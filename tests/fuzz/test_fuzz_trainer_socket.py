@@ -233,8 +233,9 @@ def expected_reply(request: dg.RequestDatagram, case: Case) -> set[str]:
                 outcomes = {OK} if hello.gpu_index in (0, 1) else {"bad_request"}
             case K.WINDOW:
                 window = codec.validate(dg.WindowRequest, payload)
-                if window.t1_ns < window.t0_ns or not set(window.gpus) <= {0, 1}:
-                    return {"bad_request"}
+                if (window.t1_ns < window.t0_ns or not set(window.gpus) <= {0, 1}
+                        or len(set(window.gpus)) != len(window.gpus)):
+                    return {"bad_request"}  # distinct GPUs of this agent only
                 outcomes = {OK, "out_of_range"}
             case K.REGISTER_JOB:
                 codec.validate(RegisterJob, payload)

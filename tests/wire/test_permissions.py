@@ -163,7 +163,8 @@ def test_users_refuse_colliding_names_and_dedupe():
 def test_render_quotes_subjects_and_references_password_variables():
     text = permissions.render_authorization(["gpu-a"], command="x\ninclude /etc/passwd")
     assert "password: $ZEUS_NATS_AGENT_GPU_A_PASSWORD" in text
-    assert '"zeus.gpu.gpu-a.*.cmd"' in text and '"$SRV.*.zeus-agent"' in text
+    assert '"zeus.gpu.gpu-a.*.cmd"' in text and '"$SRV.PING.zeus-agent"' in text
+    assert '"$SRV.*"' not in text  # the verbs are literal
     assert "x?include /etc/passwd" in text  # a comment, not a directive
     assert text.count("allow_responses: true") == 2  # agent, coordinator
     assert text.count("allow_responses: false") == 1  # observer

@@ -357,6 +357,10 @@ class Gateway:
             window = codec.validate(WindowRequest, req.payload)
             if window.t1_ns < window.t0_ns:
                 raise PayloadError("t1_ns must not precede t0_ns", "t1_ns")
+            if len(window.gpus) > len(self.agents) or len(set(window.gpus)) != len(window.gpus):
+                raise PayloadError(
+                    f"gpus must list distinct GPUs of this agent ({sorted(self.agents)})", "gpus"
+                )
             agents = [self._agent(i) for i in window.gpus]
             await asyncio.gather(*(a.read_energy_now() for a in agents))
             energy = [a.energy_between(window.t0_ns, window.t1_ns) for a in agents]

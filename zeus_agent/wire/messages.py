@@ -31,6 +31,7 @@ from zeus_agent.models import (
     MAX_ID_CHARS,
     MAX_NAME_CHARS,
     MAX_RANK,
+    NO_CONTROL_CHARS,
     FrequencySchedule,
     JobInfo,
     PowerLimitMeasurement,
@@ -41,12 +42,14 @@ MAX_TEXT_CHARS = 4096
 """Longest free text (error messages, status messages)."""
 MAX_LEASE_S = 3600.0
 """Longest lease an agent grants (s): a setting nobody renews comes back within this time."""
+MAX_STEPS = 100_000
+"""Most steps in a power-limit phase (wait, warm-up, profile)."""
 MAX_PROFILE_ROWS = 256
 """Most power limits in a profile sent with a job."""
 
-Id = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS)]
+Id = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS, pattern=NO_CONTROL_CHARS)]
 """A job id, lease holder or agent id."""
-Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
+Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS, pattern=NO_CONTROL_CHARS)]
 """A node name, GPU uuid or name, scheduler or instruction name."""
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 """Free text for people."""
@@ -335,10 +338,10 @@ class PowerLimitOptions(_Part):
         default=None, ge=1, description="ZeusCost's world_size; None: the job's GPU count"
     )
     max_slowdown: float = Field(default=1.1, ge=1.0)
-    wait_steps: int = Field(default=1, ge=0)
-    warmup_steps: int = Field(default=10, ge=0)
-    profile_steps: int = Field(default=40, ge=1)
-    pl_step_w: int = Field(default=25, ge=1)
+    wait_steps: int = Field(default=1, ge=0, le=MAX_STEPS)
+    warmup_steps: int = Field(default=10, ge=0, le=MAX_STEPS)
+    profile_steps: int = Field(default=40, ge=1, le=MAX_STEPS)
+    pl_step_w: int = Field(default=25, ge=1, le=10_000)
     search: Literal["exhaustive", "adaptive"] = "exhaustive"
     profile: list[PowerLimitMeasurement] | None = Field(
         default=None,
@@ -356,7 +359,9 @@ class RegisterJob(Message):
     """Register a job. `power_limit` set: the coordinator runs the power-limit optimizer."""
 
     job: JobInfo
-    scheduler: Annotated[str, StringConstraints(max_length=64)] = "PowerLimitOptimizer"
+    scheduler: Annotated[
+        str, StringConstraints(max_length=64, pattern=NO_CONTROL_CHARS)
+    ] = "PowerLimitOptimizer"
     power_limit: PowerLimitOptions | None = None
 
 

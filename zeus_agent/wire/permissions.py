@@ -137,7 +137,16 @@ def srv_subjects(service: str) -> tuple[str, ...]:
     `$SRV.<VERB>`, `$SRV.<VERB>.<service>` and `$SRV.<VERB>.<service>.<id>` for the verbs
     PING, INFO and STATS (`nats.micro.service.Service.start`).
     """
-    return (f"{SRV_PREFIX}.*", f"{SRV_PREFIX}.*.{service}", f"{SRV_PREFIX}.*.{service}.*")
+    verbs = ("PING", "INFO", "STATS")  # literal: "$SRV.*" would also admit "$SRV.>"-like reach
+    return tuple(
+        subject
+        for verb in verbs
+        for subject in (
+            f"{SRV_PREFIX}.{verb}",
+            f"{SRV_PREFIX}.{verb}.{service}",
+            f"{SRV_PREFIX}.{verb}.{service}.*",
+        )
+    )
 
 
 # --- roles ----------------------------------------------------------------------------------
