@@ -51,3 +51,7 @@ class GPUValueError(GPUError, ValueError):
 
 class GPUUnavailableError(GPUError):
     """The GPU or the driver is unavailable (lost, not initialised, timed out)."""
+
+
+class SettingRefusedError(ZeusAgentError):
+    """A setting refused because of who asks: e.g. a job whose trainer has left this GPU."""

@@ -517,8 +517,11 @@ async def test_step_counter_jumps_cannot_stall_the_coordinator(cluster: Cluster)
 
     r = Raw(cluster.sock("a"))
     try:
+        refused = {"job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1},
+                   "power_limit": {"warmup_steps": 10**15, "profile_steps": 10**15}}
+        assert r.req(Kind.REGISTER_JOB, refused).code == "bad_request"  # step counts bounded
         job = {"job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1},
-               "power_limit": {"warmup_steps": 10**15, "profile_steps": 10**15}}
+               "power_limit": {"warmup_steps": 100_000, "profile_steps": 100_000}}
         job_id = r.req(Kind.REGISTER_JOB, job).result["job_id"]
         assert r.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0}).ok
         assert r.req(Kind.REGISTER_RANK, rank_payload(job_id, 0, "a", 0)).ok
@@ -750,10 +753,6 @@ def test_a_map_of_unknown_keys_is_refused_cheaply() -> None:
     coordinator's loop to refuse (every extra field becomes a pydantic error): thirty of them
     from an observer's or any agent's credentials stall it ~8 s."""
     big = msgpack.packb({"v": 1, **{f"k{i}": i for i in range(80_000)}})
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        with pytest.raises(PayloadError):
-            codec.decode(big, JobQuery)
-        times.append(time.perf_counter() - t)
-    assert sorted(times)[1] < 0.1, f"refusing it took {sorted(times)[1]:.2f} s"
+    # Refused by its shape, before pydantic builds 80,000 errors (no timing in a unit test).
+    with pytest.raises(PayloadError, match="80001 fields; no message has more than"):
+        codec.decode(big, JobQuery)

@@ -18,6 +18,7 @@ from zeus_agent.errors import (
     GPUUnavailableError,
     GPUValueError,
     PayloadError,
+    SettingRefusedError,
     ZeusAgentError,
 )
 from zeus_agent.wire import codec
@@ -48,6 +49,7 @@ ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
     (GPUNotSupportedError, "not_supported"),
     (GPUPermissionError, "permission"),
     (GPUUnavailableError, "unavailable"),
+    (SettingRefusedError, "conflict"),
     (ZeusAgentError, "internal"),
 )
 

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from zeus_agent.agent.core import EnergyRing, Lease, LeaseTable, RankMeter, ScheduleCursor
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.core.meter import Gap, Interval
-from zeus_agent.errors import GPUError, GPUNotSupportedError, GPUValueError, PayloadError
+from zeus_agent.errors import (
+    GPUError,
+    GPUNotSupportedError,
+    GPUValueError,
+    PayloadError,
+    SettingRefusedError,
+)
 from zeus_agent.gpu.base import GPU, GPUInfo
 from zeus_agent.gpu.power_integrator import PowerIntegrator
 from zeus_agent.gpu.threaded import GPUCaller
@@ -55,6 +61,8 @@ the setting is even applied; it is held this long instead, one tick of the expir
 POWER_LIMIT = "power_limit"
 SM_CLOCKS = "sm_clocks"
 SCHEDULE = "schedule"
+MAX_DEPARTED = 64
+"""Jobs remembered per GPU as 'its trainer left' (their settings are refused)."""
 
 _EVENT_NAMES = {
     Kind.EPOCH_BEGIN: "epoch_begin",
@@ -107,6 +115,8 @@ class GpuAgent:
         self.cursor = ScheduleCursor()
         self.meter = RankMeter()
         self.binding: Binding | None = None
+        self._departed: dict[str, None] = {}
+        """Jobs whose trainer left this GPU, oldest first (bounded: `MAX_DEPARTED`)."""
         self.power_limit_w: int | None = None
         """The power limit this agent last set or read (W), stamped on step marks."""
         self.info: GPUInfo | None = None
@@ -282,6 +292,7 @@ class GpuAgent:
         assert self.info is not None
         self._check_limit(power_limit_w)
         self._check_lease_s(lease_s)
+        self._check_holder(holder)
         to_default = power_limit_w == self.info.default_power_limit_w
         previous = None if to_default else self._grant(POWER_LIMIT, holder, lease_s)
         try:
@@ -308,6 +319,7 @@ class GpuAgent:
             raise GPUValueError(f"min_mhz ({min_mhz}) must not exceed max_mhz ({max_mhz})")
         self._check_clock(min_mhz)
         self._check_clock(max_mhz)
+        self._check_holder(holder)
         previous = self._grant(SM_CLOCKS, holder, lease_s)
         try:
             await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
@@ -323,6 +335,7 @@ class GpuAgent:
         assert self.info is not None
         clocks = set(self.info.supported_graphics_clocks_mhz) or None
         self._check_lease_s(lease_s)
+        self._check_holder(holder or job_id)
         previous = self._grant(SCHEDULE, holder or job_id, lease_s)
         try:
             self.cursor.install(schedule.rank, list(schedule.frequencies), clocks)
@@ -396,12 +409,25 @@ class GpuAgent:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.meter = RankMeter()
+        self._departed.pop(job_id, None)
         self.binding = Binding(job_id, rank, pid, uid)
 
     def unbind(self) -> None:
-        """Forget the bound rank."""
+        """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""
+        if self.binding is not None and self.binding.pid is not None:
+            self._departed[self.binding.job_id] = None
+            while len(self._departed) > MAX_DEPARTED:
+                del self._departed[next(iter(self._departed))]
         self.binding = None
         self.meter = RankMeter()
+
+    def _check_holder(self, holder: str) -> None:
+        """Refuse a job's setting once its trainer has left this GPU (until it binds again)."""
+        if holder in self._departed and (self.binding is None or self.binding.job_id != holder):
+            raise SettingRefusedError(
+                f"the trainer of job {holder!r} has left GPU {self.index}: its settings are not "
+                "applied again (the GPU stays at its default until a trainer binds it)"
+            )
 
     def on_event(self, ev: EventDatagram) -> None:
         """Called on the event loop as soon as a datagram arrives: act now, measure later."""

@@ -21,6 +21,9 @@ SCHEMA_VERSION = 1
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
+MAX_FIELDS = 64
+"""Most top-level fields of a payload (every message has far fewer)."""
+
 
 def encode(obj: BaseModel | Any) -> bytes:
     """Encode a model (or plain msgpack-able data) into msgpack bytes."""
@@ -62,6 +65,9 @@ def validate(model: Any, obj: Any) -> Any:
     """
     if not isinstance(obj, dict):
         raise PayloadError(f"payload must be a map, got {type(obj).__name__}")
+    if len(obj) > MAX_FIELDS:
+        # Refused before validation: pydantic would build one error per unknown field.
+        raise PayloadError(f"payload has {len(obj)} fields; no message has more than {MAX_FIELDS}")
     version = obj.get("v", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
         raise PayloadError(
