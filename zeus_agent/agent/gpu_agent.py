@@ -28,6 +28,7 @@ from zeus_agent.agent.core.meter import Gap, Interval
 from zeus_agent.errors import (
     GPUError,
     GPUNotSupportedError,
+    GPUUnavailableError,
     GPUValueError,
     PayloadError,
     SettingRefusedError,
@@ -300,9 +301,13 @@ class GpuAgent:
             if old != power_limit_w:
                 await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
             self.power_limit_w = power_limit_w
-        except BaseException:
+        except BaseException as e:
             if not to_default:
                 self.leases.reinstate(POWER_LIMIT, previous)
+            if isinstance(e, GPUUnavailableError):
+                # Timed out: the call may still complete in its thread. Count the limit as
+                # changed, so the expiry loop restores it unless a lease covers it.
+                self._changed.add(POWER_LIMIT)
             raise
         if to_default:
             self.leases.release(POWER_LIMIT)
@@ -387,8 +392,15 @@ class GpuAgent:
         return restored
 
     async def expire_leases(self) -> list[str]:
-        """Restore every setting whose lease lapsed; returns the kinds restored."""
+        """Restore every setting whose lease lapsed; returns the kinds restored.
+
+        A changed setting that holds no lease (its restore failed before, or a set that timed
+        out completed in its thread afterwards) is restored again on every call until it is.
+        """
         lapsed = self.leases.expire(time.monotonic_ns())
+        orphaned = {k for k in self._changed if self.leases.get(k) is None}
+        if orphaned and not lapsed:
+            return await self.restore(orphaned, reason="setting left without a lease")
         if not lapsed:
             return []
         kinds = {lease.kind for lease in lapsed}

@@ -32,6 +32,7 @@ import datetime
 import logging
 import os
 import socket
+import stat
 import time
 import uuid
 from collections import Counter
@@ -98,6 +99,7 @@ class AgentServer(ExitSignals):
         self._service: Any = None
         self._subs: list[Any] = []
         self._socket: socket.socket | None = None
+        self._socket_inode = -1  # the inode this agent bound (it removes only that one)
         self._status_server: status_http.StatusServer | None = None
         self.metrics_port: int | None = None
         """Port of /metrics and /healthz once started (with `metrics_port=0`: any free port)."""
@@ -251,12 +253,7 @@ class AgentServer(ExitSignals):
                 f"cannot create the socket directory {path.parent}: {e.strerror or e}; "
                 "choose another --socket-path"
             ) from None
-        with contextlib.suppress(FileNotFoundError):
-            if path.is_dir() and not path.is_symlink():
-                raise ZeusAgentError(
-                    f"the socket path {path} is a directory; choose another --socket-path"
-                )
-            path.unlink()
+        _remove_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
@@ -264,6 +261,7 @@ class AgentServer(ExitSignals):
             # sender's credentials too (a trainer re-introducing itself to a restarted agent).
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             sock.bind(str(path))
+            self._socket_inode = os.stat(path).st_ino
             os.chmod(path, int(self.settings.socket_mode, 8))
             if self.settings.socket_group is not None:
                 import grp
@@ -441,7 +439,9 @@ class AgentServer(ExitSignals):
             self._socket.close()
         if self._socket is not None:
             with contextlib.suppress(FileNotFoundError):
-                Path(self.settings.socket_path).unlink()
+                path = Path(self.settings.socket_path)
+                if os.stat(path).st_ino == self._socket_inode:  # not a newer agent's socket
+                    path.unlink()
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._service.stop(), 2)
@@ -475,3 +475,36 @@ def _iso(t: float) -> str:
 
 class _Stop(Exception):
     """Raised inside the TaskGroup to cancel every loop at once."""
+
+
+def _remove_stale_socket(path: Path) -> None:
+    """Make way for the trainers' socket: remove a socket nobody serves, and nothing else.
+
+    Raises:
+        ZeusAgentError: The path is a directory or a file that is not a socket (never deleted),
+            or another agent serves the socket.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "a file that is not a socket"
+        raise ZeusAgentError(
+            f"the socket path {path} is {what}; it is left alone: choose another --socket-path"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # stale: its agent is gone
+    except OSError as e:
+        raise ZeusAgentError(f"cannot check the socket {path}: {e.strerror or e}") from None
+    else:
+        raise ZeusAgentError(
+            f"another agent serves {path}; stop it first or choose another --socket-path"
+        )
+    finally:
+        probe.close()
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
