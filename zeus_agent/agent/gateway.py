@@ -72,6 +72,10 @@ _SOL_SOCKET = socket.SOL_SOCKET
 _SCM_CREDENTIALS = socket.SCM_CREDENTIALS  # type: ignore[attr-defined,unused-ignore]
 _SO_PASSCRED = socket.SO_PASSCRED  # type: ignore[attr-defined,unused-ignore]
 
+ANNOUNCE_AFTER_BIND_S = 0.2
+"""Bindings within this time share one announcement (a flood of HELLOs is not a flood of
+announcements)."""
+
 FORBIDDEN = "forbidden"
 """Reply code of a request the sender may not make.
 
@@ -133,6 +137,7 @@ class Gateway:
     ) -> None:
         self.agents = agents
         self._on_bind = on_bind
+        self._announce_pending = False
         """Run when a trainer binds a GPU anew (the server announces the node at once, so the
         coordinator reconciles a GPU whose trainer came back to a restarted agent)."""
         self.node = node
@@ -260,12 +265,17 @@ class Gateway:
 
     # ------------------------------------------------------------------ helpers
     async def _bound(self) -> None:
-        if self._on_bind is None:
+        """Announce new bindings: at most one announcement per `ANNOUNCE_AFTER_BIND_S`."""
+        if self._on_bind is None or self._announce_pending:
             return
+        self._announce_pending = True
         try:
+            await asyncio.sleep(ANNOUNCE_AFTER_BIND_S)  # many bindings, one announcement
             await self._on_bind()
         except Exception as e:  # noqa: BLE001 - the next heartbeat announces anyway
             LOG.warning("announcing a new binding failed: %s", e)
+        finally:
+            self._announce_pending = False
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
