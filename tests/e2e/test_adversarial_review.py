@@ -382,6 +382,9 @@ async def test_agent_cannot_subscribe_to_other_services_discovery(
 
 
 # ======================================================================= trainers vs nodes
+@pytest.mark.xfail(strict=True, reason=(
+    "open defect: a rank joins a job with nothing but its id (guessable from the clock); needs "
+    "a join token returned to rank 0 and passed to the other ranks with the id"))
 def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -> None:
     """Any process on node a can list the jobs (QUERY_JOB) and register itself as a missing
     rank of a job running on node b: the legitimate rank is then refused (`duplicate`) and
@@ -389,6 +392,8 @@ def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -
     victim = Raw(cluster.sock("b"))
     intruder = Raw(cluster.sock("a"))
     try:
+        listing = intruder.req(Kind.QUERY_JOB, {})
+        assert (listing.ok, listing.code) == (False, "bad_request")  # trainers cannot list jobs
         job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
                        "job_metadata": "victim"}}
         job_id = victim.req(Kind.REGISTER_JOB, job).result["job_id"]

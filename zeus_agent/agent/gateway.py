@@ -362,6 +362,10 @@ class Gateway:
             return await self._register_rank(codec.validate(RegisterRank, payload), pid)
         if req.kind is Kind.QUERY_JOB:
             query = codec.validate(JobQuery, req.payload)
+            if query.job_id is None:
+                raise PayloadError(
+                    "QUERY_JOB names one job (job_id): trainers do not list other jobs", "job_id"
+                )
             return await self._relay(subjects.coord_job_query(self.prefix), codec.encode(query))
         if req.kind is Kind.WINDOW:
             window = codec.validate(WindowRequest, req.payload)
