@@ -2,6 +2,7 @@
 
 from coordinator.jobs.registry import (
     DuplicateError,
+    ForbiddenError,
     JobRecord,
     JobRegistry,
     QuotaError,
@@ -13,6 +14,7 @@ from coordinator.jobs.registry import (
 
 __all__ = [
     "DuplicateError",
+    "ForbiddenError",
     "JobRecord",
     "JobRegistry",
     "QuotaError",

@@ -11,10 +11,12 @@ Invariants:
 3. A rank's coordinates must fit the job: rank < world_size, dp_rank < dp_degree, etc.
    `check_rank` validates without changing anything (the shell calls it before asking the
    GPU's agent); `register_rank` validates again and records.
-4. Quotas: at most `max_jobs` jobs, and at most `max_jobs_per_node` registered through one
+4. A job registered by a trainer of user id U (as its agent saw it on the socket) accepts
+   only ranks of user U (`ForbiddenError`): another user cannot take a rank of it.
+5. Quotas: at most `max_jobs` jobs, and at most `max_jobs_per_node` registered through one
    node's agent (`QuotaError`), so one node cannot fill the coordinator. `unregister_job` and
    `unregister_rank` undo a registration that could not be persisted.
-5. Time is an argument (`now_s`, any monotonic clock of the caller); `collect_idle` removes
+6. Time is an argument (`now_s`, any monotonic clock of the caller); `collect_idle` removes
    jobs idle longer than the limit. Nothing here does I/O: `snapshot`/`restore` give the
    service plain data to persist.
 """
@@ -55,6 +57,12 @@ class QuotaError(RegistryError):
     code = "quota"
 
 
+class ForbiddenError(RegistryError):
+    """The rank may not join the job (another user's job)."""
+
+    code = "forbidden"
+
+
 class DuplicateError(RegistryError):
     """The rank (or its GPU) is already registered differently."""
 
@@ -88,6 +96,8 @@ class JobRecord:
     last_active_s: float
     node: str = ""
     """The node whose agent registered the job (for per-node quotas)."""
+    uid: int | None = None
+    """The user id of the trainer that registered the job (its ranks must share it)."""
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     gpu_ranks: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     """Index (node, GPU index) -> rank, kept in step with `ranks`."""
@@ -160,6 +170,7 @@ class JobRegistry:
             created_s=now_s,
             last_active_s=now_s,
             node=node,
+            uid=request.uid,
         )
         self._add(record)
         return record
@@ -202,6 +213,11 @@ class JobRegistry:
             DuplicateError: The rank or its GPU is registered differently.
         """
         record = self.get(request.job_id)
+        if record.uid is not None and request.uid != record.uid:
+            raise ForbiddenError(
+                f"job {record.job_id} belongs to another user: a job's ranks run as the user "
+                "who registered it"
+            )
         info, job = request.rank_info, record.job
         for name, value, limit in (
             ("rank", info.rank, job.world_size),
@@ -271,6 +287,7 @@ class JobRegistry:
                     "created_s": r.created_s,
                     "last_active_s": r.last_active_s,
                     "node": r.node,
+                    "uid": r.uid,
                     "ranks": [rr.plain() for rr in r.ranks.values()],
                 }
                 for r in self.jobs.values()
@@ -300,6 +317,7 @@ class JobRegistry:
                 created_s=now_s,
                 last_active_s=now_s,
                 node=j.get("node", ""),
+                uid=j.get("uid"),
             )
             for rr in j["ranks"]:
                 info = RankInfo(**rr["info"])

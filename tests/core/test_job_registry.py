@@ -278,3 +278,20 @@ def test_a_state_file_with_a_profile_path_still_restores():
     data["jobs"][0]["power_limit"]["profile_path"] = "/etc/shadow"  # written by an older version
     restored = JobRegistry.restore(data, 0.0)
     assert next(iter(restored.jobs.values())).power_limit == PowerLimitOptions()
+
+
+def test_a_jobs_ranks_must_come_from_the_user_who_registered_it():
+    """Found by the adversarial review: a trainer of another user (on any node) took a rank of
+    a job with nothing but its id. The agents stamp the kernel's uid on registrations."""
+    from coordinator.jobs import ForbiddenError
+
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=2).model_copy(update={"uid": 1000}), 0.0, node="b")
+    intruder = rank(record.job_id, 1).model_copy(update={"uid": 1001})
+    with pytest.raises(ForbiddenError, match="belongs to another user") as info:
+        registry.register_rank(intruder, 1.0)
+    assert info.value.code == "forbidden" and record.ranks == {}
+    registry.register_rank(rank(record.job_id, 1).model_copy(update={"uid": 1000}), 1.0)
+    restored = JobRegistry.restore(registry.snapshot(), 0.0)
+    with pytest.raises(ForbiddenError):
+        restored.check_rank(rank(record.job_id, 0).model_copy(update={"uid": 0}))

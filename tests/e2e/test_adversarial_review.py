@@ -383,8 +383,9 @@ async def test_agent_cannot_subscribe_to_other_services_discovery(
 
 # ======================================================================= trainers vs nodes
 @pytest.mark.xfail(strict=True, reason=(
-    "open defect: a rank joins a job with nothing but its id (guessable from the clock); needs "
-    "a join token returned to rank 0 and passed to the other ranks with the id"))
+    "open defect, same user only: a rank of the job's own user joins with nothing but the job id "
+    "(guessable from the clock); another user is refused (next test). Closing it needs a join "
+    "token returned to rank 0 and passed to the other ranks with the id"))
 def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -> None:
     """Any process on node a can list the jobs (QUERY_JOB) and register itself as a missing
     rank of a job running on node b: the legitimate rank is then refused (`duplicate`) and
@@ -408,6 +409,56 @@ def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -
     finally:
         victim.close()
         intruder.close()
+        bye_everywhere(cluster)
+
+
+def _intrude_as_nobody(path: Path, job_id: str, rank: dict[str, Any]) -> list[Any]:
+    """HELLO + REGISTER_RANK from a forked child running as `nobody`; returns both replies."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, speak, report through the pipe, exit
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            r = Raw(path)
+            out = [r.req(Kind.HELLO, {"job_id": job_id, "rank": 1, "dp_rank": 1,
+                                      "gpu_index": 0}).model_dump(),
+                   r.req(Kind.REGISTER_RANK, rank).model_dump()]
+            os.write(write, json.dumps(out).encode())
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            os.write(write, json.dumps({"error": repr(e)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        data = json.loads(f.read() or "null")
+    os.waitpid(pid, 0)
+    assert isinstance(data, list), data
+    return data
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the intruder as another user")
+def test_another_users_trainer_cannot_take_a_rank_of_a_job(cluster: Cluster) -> None:
+    """The agents stamp the kernel's uid on registrations; a job's ranks must share the uid
+    of the trainer that registered it. The intruder runs as `nobody` on another node."""
+    victim = Raw(cluster.sock("b"))
+    try:
+        job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
+                       "job_metadata": "victim"}}
+        job_id = victim.req(Kind.REGISTER_JOB, job).result["job_id"]
+        os.chmod(cluster.root, 0o755)  # let `nobody` reach node a's socket (mode 0666)
+        hello, registered = _intrude_as_nobody(cluster.sock("a"), job_id,
+                                               rank_payload(job_id, 1, "a", 0))
+        assert hello["ok"], hello
+        assert (registered["ok"], registered["code"]) == (False, "forbidden"), registered
+        assert "another user" in registered["error"]
+        # The job's own user still registers its rank 1.
+        assert victim.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0}).ok
+        assert victim.req(Kind.REGISTER_RANK, rank_payload(job_id, 0, "b", 0)).ok
+    finally:
+        victim.close()
         bye_everywhere(cluster)
 
 

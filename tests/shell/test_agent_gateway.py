@@ -190,21 +190,25 @@ async def test_window_errors(agent, trainer, window, code):
 
 async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
     seen = []
+    uids: list[int | None] = []
 
     async def coordinator(msg):
         seen.append(msg.subject)
         if ".jobs.register." in msg.subject:
             job = codec.decode(msg.data, RegisterJob)
+            uids.append(job.uid)
             reply = Reply.success(job_id=f"{job.job.job_metadata}-0001")
         else:
             rank = codec.decode(msg.data, RegisterRank)
+            uids.append(rank.uid)
             reply = Reply.success(rank=rank.rank_info.rank)
         await msg.respond(codec.encode(reply))
 
     sub = await nc.subscribe("zeus.coord.*.register.*", cb=coordinator)
     await confirm_subscriptions(nc)
     job = JobInfo(job_metadata="relay", pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
-    reply = await trainer.request(K.REGISTER_JOB, RegisterJob(job=job))
+    forged = RegisterJob(job=job, uid=4242)  # the agent stamps the kernel's uid instead
+    reply = await trainer.request(K.REGISTER_JOB, forged)
     assert reply.ok and reply.result == {"job_id": "relay-0001"}
     assert (await trainer.hello("relay-0001", rank=0, gpu_index=0)).ok
     rank = RegisterRank(
@@ -216,6 +220,7 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
     assert reply.ok and reply.result == {"rank": 0}
     node = agent.settings.node
     assert seen == [subjects.coord_register_job(node), subjects.coord_register_rank(node)]
+    assert uids == [os.getuid(), os.getuid()]
     await sub.unsubscribe()
 
 

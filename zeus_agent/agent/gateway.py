@@ -354,12 +354,14 @@ class Gateway:
             return await self._hello(codec.validate(TrainerHello, req.payload), pid, uid)
         if req.kind is Kind.REGISTER_JOB:
             job = codec.validate(RegisterJob, req.payload)
+            job = job.model_copy(update={"uid": uid})  # the kernel's word, not the payload's
             subject = subjects.coord_register_job(self.node, self.prefix)
             return await self._relay(subject, codec.encode(job))
         if req.kind is Kind.REGISTER_RANK:
             payload = dict(req.payload)
             payload.pop("pid", None)  # older emitters sent their pid: the kernel's counts
-            return await self._register_rank(codec.validate(RegisterRank, payload), pid)
+            rank = codec.validate(RegisterRank, payload).model_copy(update={"uid": uid})
+            return await self._register_rank(rank, pid)
         if req.kind is Kind.QUERY_JOB:
             query = codec.validate(JobQuery, req.payload)
             if query.job_id is None:

@@ -359,6 +359,13 @@ class RegisterJob(Message):
     """Register a job. `power_limit` set: the coordinator runs the power-limit optimizer."""
 
     job: JobInfo
+    uid: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**32 - 1,
+        description="The registering trainer's user id, as its agent saw it on the socket "
+        "(set by the agent, never by the trainer)",
+    )
     scheduler: Annotated[
         str, StringConstraints(max_length=64, pattern=NO_CONTROL_CHARS)
     ] = "PowerLimitOptimizer"
@@ -379,6 +386,13 @@ class RegisterRank(Message):
     job_id: Id
     rank_info: RankInfo
     gpu: GpuBinding
+    uid: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**32 - 1,
+        description="The trainer's user id, as its agent saw it (set by the agent): a job's "
+        "ranks must come from the user who registered it",
+    )
 
 
 MAX_JOBS_PER_PAGE = 1000
