@@ -119,7 +119,8 @@ async def run(steps: int, gap_us: int) -> dict[str, dict[str, list[float]]]:
         try:
             for mode in ("sleep", "busy"):
                 schedule = FrequencySchedule(rank=0, frequencies=PLAN)
-                cmd = InstallScheduleCmd(job_id="bench", schedule=schedule, holder="bench")
+                # One holder per mode: the agent refuses a holder whose trainer left the GPU.
+                cmd = InstallScheduleCmd(job_id="bench", schedule=schedule, holder=f"bench-{mode}")
                 msg = await nc.request(
                     subjects.gpu_command(NODE, 0), codec.encode(CommandEnvelope(cmd=cmd)), 2
                 )
