@@ -128,3 +128,13 @@ def test_datagram_request_and_reply_round_trip():
 def test_bad_datagrams(raw, match):
     with pytest.raises(PayloadError, match=match):
         dg.decode_datagram(raw)
+
+
+def test_an_event_name_with_control_characters_is_malformed():
+    """Found by the fuzz tests: such a name passed the datagram decoder and failed later."""
+    from zeus_agent.errors import PayloadError
+    from zeus_agent.wire.trainer import Kind, decode_datagram, encode_event
+
+    with pytest.raises(PayloadError, match="control characters"):
+        decode_datagram(encode_event(int(Kind.INSTRUCTION_BEGIN), 1, 1, 0, 0, "\x99\tX"))
+    assert decode_datagram(encode_event(int(Kind.INSTRUCTION_BEGIN), 1, 1, 0, 0, "forward")).name

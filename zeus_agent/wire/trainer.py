@@ -196,6 +196,8 @@ def decode_datagram(data: bytes) -> EventDatagram | RequestDatagram | ReplyDatag
                 f"datagram field 'name' has {len(name)} characters; at most {MAX_NAME_CHARS}",
                 "name",
             )
+        if name and not name.isprintable():
+            raise PayloadError(f"datagram field 'name' {name!r:.80} has control characters", "name")
         return EventDatagram(
             kind, _int(obj[2], "pid"), _int(obj[3], "t_ns"), _int(obj[4], "a"),
             _int(obj[5], "b"), name,
