@@ -111,6 +111,8 @@ class _Window:
     steps: int
     """The steps the window is meant to cover."""
     power_limit: int | None = None
+    check_begin: bool = True
+    """Whether the begin marks must show `power_limit` too (the limit was set steps before)."""
     end_step: StepKey | None = None
     missing: set[int] = field(default_factory=set)
     """Once closed: ranks whose marks of `begin_step` or `end_step` have not arrived."""
@@ -313,15 +315,18 @@ class PowerLimitJob:
     # ------------------------------------------------------------------ internals
     def _translate(self, effects: list[Any], step: StepKey | None) -> list[Action]:
         actions: list[Action] = []
+        set_now = False  # a limit set on this very step: its begin mark may predate it
         for effect in effects:
             if isinstance(effect, SetPowerLimit):
                 actions.append(ApplyPowerLimit(effect.watts))
+                set_now = True
             elif isinstance(effect, BeginWindow):
                 assert step is not None, "windows open on step_begin"
                 state = self.machine.state
                 steps = state.profile_steps if isinstance(state, Profiling) else 0
                 self._windows[effect.name] = _Window(effect.name, begin_step=step, steps=steps,
-                                                     power_limit=self.machine.current_power_limit)
+                                                     power_limit=self.machine.current_power_limit,
+                                                     check_begin=not set_now)
                 limit = self.machine.current_power_limit
                 actions.append(StatusUpdate(
                     "profiling",
@@ -355,7 +360,8 @@ class PowerLimitJob:
             if w.end_step is None or w.missing:
                 continue
             del self._windows[name]
-            limits = (self._marks[r][w.end_step][2] for r in self.ranks)
+            edges = (w.begin_step, w.end_step) if w.check_begin else (w.end_step,)
+            limits = (self._marks[r][e][2] for r in self.ranks for e in edges)
             ran_at = {x for x in limits if x is not None and x != w.power_limit}
             if ran_at:
                 actions.append(StatusUpdate(
@@ -370,6 +376,11 @@ class PowerLimitJob:
                     actions += self._give_up(str(e))
                     continue
                 actions += self._translate(effects, step=self.last_step)
+                if self.desired_power_limit is not None and not any(
+                        isinstance(a, ApplyPowerLimit) for a in actions):
+                    # A command did not land (lost while the broker was away): the machine
+                    # sends a limit only when it changes, so send the current one again.
+                    actions.append(ApplyPowerLimit(self.desired_power_limit))
                 continue
             time_s, energy_j = 0.0, 0.0
             for r in self.ranks:

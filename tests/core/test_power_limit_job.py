@@ -413,3 +413,19 @@ def test_a_window_whose_steps_ran_at_another_limit_is_redone():
     assert any("ran at [300] W, not 275 W" in a.message
                for a in actions if isinstance(a, StatusUpdate))
     assert not job.done
+
+
+def test_a_window_that_began_on_steps_at_another_limit_is_redone():
+    """Found with real processes: a window opened on a late (stale) step and closed on a fresh
+    one; with a warm-up before it, its begin marks must show its limit too."""
+    job = PowerLimitJob("j", options(warmup_steps=1), ranks=[0], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    actions: list[Action] = []
+    for s in range(4):  # 300 W: warm-up at step 0, window [1, 3)
+        actions += job.on_event(0, ev(s))
+    limits = {0: 300, 1: 250, 2: 300, 3: 300}  # step 1's mark: an older limit
+    for s in range(4):
+        m = mark(s, float(s), 100.0 * s).model_copy(update={"power_limit_w": limits[s]})
+        actions += job.on_mark(0, m)
+    assert job.machine.measurements == [] and job.progress()["redone"] == {"300": 1}
