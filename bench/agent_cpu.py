@@ -1,4 +1,4 @@
-"""CPU cost of a node agent: 8 simulated GPUs sampled at 10 Hz (DESIGN 7: <= 2% of one core).
+"""CPU cost of a node agent: 8 simulated GPUs sampled at 10 Hz (budget: <= 2% of one core).
 
 Starts an embedded nats-server and `zeus-agent run --backend sim --sim-count 8 --sample-hz 10`
 as a separate process, lets it settle, then reads the agent's user+system CPU time from

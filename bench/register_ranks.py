@@ -10,7 +10,7 @@ all 4,096 ranks concurrently (every request outstanding at once, like 4,096 trai
 * deliver_s: last rank reply -> the fake agent has received the job's first power limit on
   all 4,096 GPUs (the coordinator starts the optimiser when the last rank is in; 0 when the
   limits arrive before the client has read its last reply);
-* total_s: first rank request -> last delivery. Budget 1 s (DESIGN 7); Zeus's HTTP server
+* total_s: first rank request -> last delivery. Budget 1 s (the README's budget); Zeus's HTTP server
   needs 10.2 s at best for the same registration.
 
 Prints a human line, then LAST one JSON object.

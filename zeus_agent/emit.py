@@ -9,7 +9,7 @@ Pieces:
 * `Publisher`: the socket, the rank's running counters and the hot-path event methods
   (`epoch_begin`, `epoch_end`, `step_begin`, `step_end`, `instruction_begin`,
   `instruction_end`); requests with a reply (`register_job`, `hello`, `register_rank`,
-  `measure`); profiling windows (`push_window`/`pop_window`/`window`, seed 002); `stats()`;
+  `measure`); profiling windows (`push_window`/`pop_window`/`window`, as in Zeus 0.16); `stats()`;
   `close()`.
 * `ProfilingResult`: time (s) and per-GPU energy (J) of one window (the seed's dataclass).
 * `PublisherStats`: counters of emitted, sent, queued and dropped events.
@@ -132,7 +132,7 @@ class RegistrationError(ZeusAgentError):
 
 @dataclass
 class ProfilingResult:
-    """Profiling result of one window (seed 002).
+    """Profiling result of one window (as in Zeus 0.16).
 
     Attributes:
         time: Time elapsed within the window (s).

@@ -1,4 +1,4 @@
-"""Cores are pure: no asyncio, NATS, NVML, sockets, clocks or threads (STYLE "Our rules" 1).
+"""Cores are pure: no asyncio, NATS, NVML, sockets, clocks or threads.
 
 Parses the imports of every checked module with `ast` (nothing is imported or executed).
 Add paths to `PURE_PATHS` as new cores appear; a path that does not exist yet is skipped, except

@@ -1,5 +1,5 @@
 """Differential test: our PowerLimitStateMachine against an oracle that follows the seed's
-GlobalPowerLimitOptimizer (seed 000) line by line, on random parameters and random sequences of
+GlobalPowerLimitOptimizer (Zeus 0.16) line by line, on random parameters and random sequences of
 step and epoch events. Effects must come out identical, in order, and so must the optimum.
 
 The oracle keeps the seed's milliwatt arithmetic and its mutable step counters; it only

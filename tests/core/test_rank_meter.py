@@ -1,4 +1,4 @@
-"""RankMeter (pairing by counters, reordering, gaps) and WindowStack (seed 002 push/pop)."""
+"""RankMeter (pairing by counters, reordering, gaps) and WindowStack (Zeus 0.16 push/pop)."""
 
 from __future__ import annotations
 

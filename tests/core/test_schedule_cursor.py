@@ -1,4 +1,4 @@
-"""ScheduleCursor: seed 004 semantics (fewer / more frequencies, name mismatch), validation."""
+"""ScheduleCursor: Zeus 0.16's semantics (fewer / more frequencies, name mismatch), validation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Differential test: the selectors against the seed's selection code (seed 000), on random
+"""Differential test: the selectors against the seed's selection code (Zeus 0.16), on random
 measurement lists in any order, with duplicate limits and ties. Results must be identical."""
 
 from __future__ import annotations

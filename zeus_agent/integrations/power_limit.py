@@ -38,7 +38,7 @@ from zeus_agent.wire.trainer import Kind
 logger = logging.getLogger(__name__)
 
 DEFAULT_SELECTOR = "ZeusCost"
-"""Selector used when none is given: Zeus's `ZeusCost(eta_knob=0.5)` (seed 000)."""
+"""Selector used when none is given: Zeus's `ZeusCost(eta_knob=0.5)` (Zeus 0.16)."""
 
 _SELECTOR_NAMES = ("Energy", "Time", "ZeusCost", "MaxSlowdownConstraint")
 _UNREACHABLE_CODES = frozenset({"unavailable", "timeout"})

@@ -6,7 +6,7 @@ Pieces:
 * `Lease`: who holds which setting until when (frozen).
 * `LeaseTable`: one GPU's leases. The shell grants a lease when it applies a setting, renews on
   the holder's heartbeats, arms one timer at `next_deadline_ns()`, and on `expire(now)` restores
-  the default of every lease returned (DESIGN 4.5: a dead coordinator, a killed trainer or a lost
+  the default of every lease returned (a dead coordinator, a killed trainer or a lost
   job restores defaults within the lease time).
 
 Invariants (everything that decides whether a setting survives lives in this file):

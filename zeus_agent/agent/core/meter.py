@@ -7,8 +7,8 @@ Pieces:
 * `Gap`, `GapReason`: an anomaly in the trainer's event stream (counter jump, end without begin,
   begin whose end never came, duplicate, name mismatch), with a human-readable message.
 * `RankMeter`: fed the trainer events of the rank bound to this GPU, with the rank's running
-  counters (DESIGN 5); returns `Interval`s and `Gap`s, never raises for trainer mistakes.
-* `WindowStack`: push/pop profiling windows (seed 002 `push_window`/`pop_window`), optionally
+  counters; returns `Interval`s and `Gap`s, never raises for trainer mistakes.
+* `WindowStack`: push/pop profiling windows (Zeus 0.16's `push_window`/`pop_window`), optionally
   named. Dependency-free so the trainer process can use it too.
 
 Invariants of `RankMeter` (everything that pairs events lives in this file):
@@ -444,7 +444,7 @@ class RankMeter:
 
 
 class WindowStack:
-    """Nested profiling windows of one trainer (seed 002 `push_window`/`pop_window`).
+    """Nested profiling windows of one trainer (Zeus 0.16's `push_window`/`pop_window`).
 
     Windows may be named; `pop(None, t)` closes the innermost window whatever its name.
     """

@@ -1,4 +1,4 @@
-"""Execution of one rank's per-instruction frequency schedule (Perseus client semantics, seed 004).
+"""Execution of one rank's per-instruction frequency schedule (Perseus client, Zeus 0.16).
 
 Pieces:
 
