@@ -11,14 +11,28 @@ and does no I/O. The state machine asks it for the next probe and executes it.
   proposes probes one at a time.
 * `Exhaustive`: the seed's search (the default): every limit from max down, one full window each.
 * `Adaptive`: a faster, noise-aware descent (opt in with `search="adaptive"` or `Adaptive(...)`):
-  1. descend from the maximum limit with short windows (`chunk` x profile_steps);
-  2. while a limit's cost is statistically indistinguishable from the best other limit's, extend it
-     with another short window at the same limit (no warm-up needed, the limit is already set), up
-     to `max_steps` x profile_steps;
-  3. stop descending once two consecutive limits are clearly worse than the best (each z-score above
-     `k_stop` under the assumed per-window `noise`, the second higher than the first), or one is
-     `big_rise` above the best;
-  4. re-profile up to `max_refines` contenders still within `k_refine` sigmas of the best.
+  1. descend from the maximum limit with short windows (`chunk` x profile_steps), warming up at
+     each new limit;
+  2. extend the last profiled limit in place (no warm-up: the limit is already set) while it and
+     the best other limit could still be misjudged by more than `tolerance` (`k_ambiguous`
+     sigmas), up to `max_steps` x profile_steps on one limit and `ext_ratio` times the other's;
+  3. while the cost falls steeply (more than `steep` per limit), skip the next limit; if the cost
+     did not keep falling across the skip, go back and profile the skipped limit at once;
+  4. stop descending only after `patience` consecutive limits are clearly worse than the best
+     (more than `k_stop` sigmas and `rel_stop` above it), each costlier than the one above it, or
+     one is clearly worse by more than `big_rise`; before stopping, confirm the best with a longer
+     measurement and judge again. A single bump (a noisy window, or the jitter of a real profile)
+     followed by a drop does not end the descent; once a bump is seen (a limit clearly costlier
+     than its profiled neighbours on both sides) the profile is rough: no more skips and no early
+     stop;
+  5. profile a skipped limit next to the best; make sure the best has `confirm` x profile_steps;
+     re-profile (up to `max_refines` windows of `refine_steps`) the limits that could be misjudged
+     against the best (`k_refine` sigmas), least profiled first;
+  6. never spend more than `budget` x the exhaustive search's steps (if set).
+  Sigmas come from the assumed per-window `noise` of time and of energy (independent), through
+  the cost: a ZeusCost mixing both is less noisy than either. Thresholds are relative (fractions
+  of the cost, sigmas of a relative noise), so they hold for any workload's scale. The defaults
+  were tuned by cross-validation across workloads (`bench/tune_adaptive_search.py`).
   Costs are the selector's own (`Energy`, `Time`, `ZeusCost`); for any other selector `Adaptive`
   falls back to `Exhaustive`, since it cannot tell "clearly worse" without a cost.
 * `resolve_search`: turn the machine's `search` keyword (`"exhaustive"`, `"adaptive"` or a strategy)
@@ -211,32 +225,55 @@ def cost_function(selector: OptimumSelector) -> CostFunction | None:
 
 @dataclass(frozen=True, slots=True)
 class Adaptive(SearchStrategy):
-    """Noise-aware descent with short windows, early stop and a final refinement.
+    """Noise-aware descent with short windows, skips, early stop and refinement.
 
     Window lengths are fractions of the configured `profile_steps` (rounded, at least 1 step).
 
     Attributes:
         chunk: Length of one short window, as a fraction of profile_steps.
-        max_steps: Most steps spent on one limit during the descent (fraction of profile_steps).
+        ext_ratio: Extend a limit in place only while it has fewer than this many times the
+            steps of the limit it is compared with (its noise would no longer dominate).
+        max_steps: Most steps spent on one limit (fraction of profile_steps).
         refine_steps: Length of a refinement window (fraction of profile_steps).
-        noise: Assumed relative noise (1 sigma) of a profile_steps-long window's cost; shorter
-            windows are assumed noisier by sqrt(profile_steps / steps).
-        k_ambiguous: A limit within this many sigmas of the best other limit is a contender.
-        k_stop: A limit more than this many sigmas above the best is "clearly worse".
-        big_rise: Stop at once when a limit costs this fraction more than the best.
-        k_refine: After the descent, a limit within this many sigmas of the best is re-profiled.
+        noise: Assumed relative noise (1 sigma) of a profile_steps-long window's time and, apart,
+            of its energy; shorter windows are assumed noisier by sqrt(profile_steps / steps).
+        tolerance: Costs this fraction apart count as equally good.
+        k_ambiguous: Extend the current limit while it and the best other limit could be
+            misjudged by more than `tolerance` at this many sigmas.
+        steep: Skip the next limit while the cost falls by more than this fraction per visited
+            limit (inf: never skip); a skip is taken back at once if the fall did not go on, and
+            a skipped limit next to the best is profiled at the end.
+        k_stop: A limit more than this many sigmas above the best is "clearly worse"...
+        rel_stop: ...and more than this fraction above the best.
+        patience: Stop descending after this many consecutive clearly worse limits, each
+            costlier than the one above it (the best is confirmed first).
+        big_rise: Stop at once when a limit is clearly worse and costs this fraction more than
+            the best (the best is confirmed first).
+        k_refine: After the descent, re-profile limits that could be misjudged against the best
+            by more than `tolerance` at this many sigmas.
         max_refines: Most refinement windows after the descent.
+        confirm: Before finishing, the best limit must have been profiled for at least this
+            fraction of profile_steps (a short window that looks best may just be lucky).
+        budget: Most steps (warm-up + profiling) of one search, as a fraction of the exhaustive
+            search's steps; 0 or less: no budget.
     """
 
-    chunk: float = 0.25
-    max_steps: float = 0.75
-    refine_steps: float = 0.5
+    chunk: float = 0.125
+    ext_ratio: float = 2.0
+    max_steps: float = 1.5
+    refine_steps: float = 0.25
     noise: float = 0.01
+    tolerance: float = 0.01
     k_ambiguous: float = 2.0
+    steep: float = 0.08
     k_stop: float = 4.0
+    rel_stop: float = 0.02
+    patience: int = 3
     big_rise: float = 0.3
     k_refine: float = 1.5
-    max_refines: int = 1
+    max_refines: int = 3
+    confirm: float = 0.5
+    budget: float = 0.0
 
     waits_for_results = True
 
@@ -250,6 +287,8 @@ class Adaptive(SearchStrategy):
             )
         if self.max_refines < 0:
             raise ValueError(f"Adaptive.max_refines must be >= 0; got {self.max_refines}.")
+        if self.patience < 1:
+            raise ValueError(f"Adaptive.patience must be >= 1; got {self.patience}.")
 
     def plan(
         self,
@@ -262,7 +301,7 @@ class Adaptive(SearchStrategy):
         cost = cost_function(selector)
         if cost is None:
             return _ExhaustiveSearch(power_limits, warmup_steps, profile_steps)
-        return _AdaptiveSearch(self, power_limits, warmup_steps, profile_steps, cost)
+        return _AdaptiveSearch(self, power_limits, warmup_steps, profile_steps, selector, cost)
 
 
 class _AdaptiveSearch(Search):
@@ -272,77 +311,201 @@ class _AdaptiveSearch(Search):
         power_limits: Sequence[int],
         warmup_steps: int,
         profile_steps: int,
+        selector: OptimumSelector,
         cost: CostFunction,
     ) -> None:
         def steps(fraction: float) -> int:
             return max(1, round(fraction * profile_steps))
 
         self._p = params
+        self._selector = selector
         self._limits = list(power_limits)
         self._warmup = warmup_steps
         self._profile_steps = profile_steps
         self._chunk = steps(params.chunk)
         self._max_steps = max(self._chunk, steps(params.max_steps))
         self._refine = steps(params.refine_steps)
+        self._confirm = round(params.confirm * profile_steps)
+        self._budget = (
+            params.budget * len(self._limits) * (warmup_steps + profile_steps)
+            if params.budget > 0
+            else math.inf
+        )
         self._cost = cost
         self._index = 0  # Descent position in self._limits.
         self._descending = True
-        self._worse_run = 0
-        self._prev_cost: float | None = None
+        self._pending_skip: tuple[int, int] | None = None  # (limit above, skipped limit)
+        self._skipped: set[int] = set()
+        self._rough = False  # A bump was seen: the profile is not one smooth valley.
         self._refines = 0
+
+    def _spent(self, results: Sequence[WindowResult]) -> int:
+        """Steps spent so far: every window, plus a warm-up whenever the limit changed."""
+        spent = 0
+        previous: int | None = None
+        for r in results:
+            spent += r.steps + (self._warmup if r.power_limit != previous else 0)
+            previous = r.power_limit
+        return spent
+
+    def _spread(self, measured: Sequence[PowerLimitMeasurement]) -> dict[int, float]:
+        """Relative noise of each limit's cost per unit of relative time and energy noise.
+
+        Time and energy are measured with independent errors. The three costs are linear,
+        `a * energy + b * time` (Energy: a=1, b=0; Time: a=0, b=1; ZeusCost: a=eta,
+        b=(1-eta) * max_power), so a cost mixing both is less noisy than either:
+        sqrt((a E)^2 + (b T)^2) / (a E + b T), between 1/sqrt(2) and 1.
+        """
+        selector = self._selector
+        if isinstance(selector, ZeusCost):
+            a = selector.eta_knob
+            b = (1 - selector.eta_knob) * max(m.power_limit for m in measured) * selector.world_size
+        else:
+            a, b = (1.0, 0.0) if isinstance(selector, Energy) else (0.0, 1.0)
+        return {
+            m.power_limit: math.hypot(a * m.energy, b * m.time) / (a * m.energy + b * m.time)
+            for m in measured
+        }
 
     def next_probe(self, results: Sequence[WindowResult], started: int) -> Probe | None:
         if not results:
             return Probe(self._limits[0], self._warmup, self._chunk)
+        p = self._p
         steps: dict[int, int] = {}
         for r in results:
             steps[r.power_limit] = steps.get(r.power_limit, 0) + r.steps
-        costs = self._cost(aggregate(results, self._profile_steps))
+        measured = aggregate(results, self._profile_steps)
+        costs = self._cost(measured)
+        spread = self._spread(measured)
         last = results[-1].power_limit
+        spent = self._spent(results)
 
         def sigma(limit: int) -> float:
-            return self._p.noise * math.sqrt(self._profile_steps / steps[limit])
+            return p.noise * spread[limit] * math.sqrt(self._profile_steps / steps[limit])
 
         def z(a: int, b: int) -> float:
             return (costs[a] - costs[b]) / (costs[b] * math.hypot(sigma(a), sigma(b)))
+
+        def danger(a: int, b: int) -> float:
+            # Sigmas by which a and b must be misjudged for the pick to be tolerance off.
+            return (abs(costs[a] / costs[b] - 1) + p.tolerance) / math.hypot(sigma(a), sigma(b))
 
         def best(exclude: int | None = None) -> int | None:
             # Highest limit first on ties, like the selectors.
             others = [pl for pl in sorted(costs, reverse=True) if pl != exclude]
             return min(others, key=lambda pl: costs[pl]) if others else None
 
+        def remaining() -> int:
+            # Steps the rest of the descent needs at least.
+            left = len(self._limits) - 1 - self._index if self._descending else 0
+            return left * (self._warmup + self._chunk)
+
+        # Extend the last limit in place while it is ambiguous against the best other.
+        other = best(exclude=last)
+        size = min(self._chunk, self._max_steps - steps[last])
+        if (
+            other is not None
+            and size > 0
+            and danger(last, other) <= p.k_ambiguous
+            and steps[last] < p.ext_ratio * steps[other]
+            and spent + size + remaining() <= self._budget
+        ):
+            return Probe(last, 0, size)
+
         if self._descending:
             current = self._limits[self._index]
-            other = best(exclude=current)
-            if (
-                other is not None
-                and abs(z(current, other)) <= self._p.k_ambiguous
-                and steps[current] < self._max_steps
-            ):
-                size = min(self._chunk, self._max_steps - steps[current])
-                return Probe(current, 0, size)
-            worse = other is not None and z(current, other) > self._p.k_stop
-            rising = self._prev_cost is None or costs[current] > self._prev_cost
-            self._worse_run = (
-                self._worse_run + 1 if worse and (rising or not self._worse_run) else 0
-            )
-            self._prev_cost = costs[current]
-            big = other is not None and costs[current] > costs[other] * (1 + self._p.big_rise)
-            if self._worse_run >= 2 or big or self._index == len(self._limits) - 1:
-                self._descending = False
-            else:
-                self._index += 1
-                return Probe(self._limits[self._index], self._warmup, self._chunk)
-
-        if self._refines < self._p.max_refines:
+            if self._pending_skip is not None:
+                # A skip pays off only if the cost kept falling across it; else go back.
+                above, skipped = self._pending_skip
+                self._pending_skip = None
+                if costs[current] * (1 + p.steep) >= costs[above]:
+                    return Probe(skipped, self._warmup, self._chunk)
+                self._skipped.add(skipped)
             top = best()
             assert top is not None
-            rivals = [pl for pl in costs if pl != top and z(pl, top) <= self._p.k_refine]
+
+            def worse(pl: int, top: int = top) -> bool:
+                return (
+                    pl != top
+                    and z(pl, top) > p.k_stop
+                    and costs[pl] > costs[top] * (1 + p.rel_stop)
+                )
+
+            # Trailing run: the last descent limits, each clearly worse than the best and each
+            # costlier than the one above it. A bump followed by a drop breaks the run.
+            descent = [pl for pl in self._limits[: self._index + 1] if pl in costs]
+            run = 0
+            for k in range(len(descent) - 1, -1, -1):
+                if not worse(descent[k]):
+                    break
+                run += 1
+                if k == 0 or costs[descent[k]] <= costs[descent[k - 1]]:
+                    break
+            # A bump (a limit clearly costlier than its profiled neighbours on both sides) means a
+            # rough profile: its shape says little about unprofiled limits, so no more skips and
+            # no stop at one big rise.
+            self._rough = self._rough or any(
+                z(descent[k], descent[k - 1]) > p.k_stop
+                and z(descent[k], descent[k + 1]) > p.k_stop
+                for k in range(1, len(descent) - 1)
+            )
+            big = (
+                not self._rough
+                and worse(current)
+                and costs[current] > costs[top] * (1 + p.big_rise)
+            )
+            stop = (run >= p.patience or big) and not self._rough
+            if stop and steps[top] < min(self._confirm, self._max_steps):
+                # The evidence for stopping is only as good as the best's measurement: confirm
+                # it first (a lucky short window must not end the descent), then judge again.
+                warmup = 0 if top == last else self._warmup
+                size = min(self._refine, self._max_steps - steps[top])
+                if spent + warmup + size <= self._budget:
+                    return Probe(top, warmup, size)
+            higher = [pl for pl in costs if pl > current]
+            prev_cost = costs[min(higher)] if higher else None
+            falling = (
+                not self._rough
+                and prev_cost is not None
+                and costs[current] * (1 + p.steep) < prev_cost
+            )
+            if (
+                stop
+                or self._index == len(self._limits) - 1
+                or spent + self._warmup + self._chunk > self._budget
+            ):
+                self._descending = False
+            else:
+                if falling and self._index + 2 < len(self._limits):
+                    self._pending_skip = (current, self._limits[self._index + 1])
+                    self._index += 2
+                else:
+                    self._index += 1
+                return Probe(self._limits[self._index], self._warmup, self._chunk)
+
+        # Profile a skipped limit next to the best.
+        top = best()
+        assert top is not None
+        i = self._limits.index(top)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(self._limits) and self._limits[j] in self._skipped:
+                target = self._limits[j]
+                self._skipped.discard(target)
+                if spent + self._warmup + self._chunk <= self._budget:
+                    return Probe(target, self._warmup, self._chunk)
+
+        if self._refines < p.max_refines:
+            rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
             contenders = [pl for pl in [*rivals, top] if steps[pl] < self._max_steps]
+            if steps[top] < min(self._confirm, self._max_steps):
+                rivals, contenders = [top], [top]
             if rivals and contenders:
                 target = min(contenders, key=lambda pl: (steps[pl], -pl))
-                self._refines += 1
-                return Probe(target, 0 if target == last else self._warmup, self._refine)
+                warmup = 0 if target == last else self._warmup
+                size = min(self._refine, self._max_steps - steps[target])
+                if spent + warmup + size <= self._budget:
+                    self._refines += 1
+                    return Probe(target, warmup, size)
         return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import random
 import sys
 from pathlib import Path
@@ -41,7 +42,11 @@ PROFILES = bench.load_reference_profiles()
 
 
 def test_quality_targets_on_seeded_noisy_replay() -> None:
-    """84 cases x 5 seeds, 1% noise per 40-step window: the issue's targets."""
+    """84 cases x 5 seeds, 1% noise per 40-step window: a regression guard.
+
+    In-sample: the defaults were tuned (other noise seeds) on these and the trace profiles; the
+    out-of-fold figures are in the bench's `cross_validation` block.
+    """
     result = bench.evaluate(PROFILES, Adaptive(), seeds=range(5), sigma=0.01)
     assert result["cases"] == 84 * 5
     assert result["within_1pct"] >= 0.95, result
@@ -95,7 +100,7 @@ def test_aggregate_pools_and_scales() -> None:
 
 
 def test_adaptive_uses_short_windows_and_no_warmup_on_extension() -> None:
-    plan = Adaptive().plan([300, 250, 200], 10, 40, ZeusCost(0.5))
+    plan = Adaptive(chunk=0.25, ext_ratio=math.inf).plan([300, 250, 200], 10, 40, ZeusCost(0.5))
     first = plan.next_probe([], 0)
     assert first is not None and first.power_limit == 300 and first.profile_steps == 10
     assert first.warmup_steps == 10
@@ -109,7 +114,14 @@ def test_adaptive_uses_short_windows_and_no_warmup_on_extension() -> None:
 
 
 @pytest.mark.parametrize(
-    "kw", [{"chunk": 0}, {"noise": -1}, {"max_steps": 0.1, "chunk": 0.5}, {"max_refines": -1}]
+    "kw",
+    [
+        {"chunk": 0},
+        {"noise": -1},
+        {"max_steps": 0.1, "chunk": 0.5},
+        {"max_refines": -1},
+        {"patience": 0},
+    ],
 )
 def test_adaptive_validation(kw: dict) -> None:
     with pytest.raises(ValueError, match="Adaptive"):
