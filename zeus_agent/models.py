@@ -134,6 +134,12 @@ class RankInfo(BaseModel):
     pp_rank: int = Field(ge=0, le=MAX_RANK)
     tp_rank: int = Field(ge=0, le=MAX_RANK)
     available_frequencies: list[int] = Field(max_length=4096)
+    instructions: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] | None = Field(
+        default=None, max_length=MAX_SCHEDULE_LENGTH
+    )
+    """Extension over Zeus 0.16 (None when unknown): the rank's instruction names of one
+    iteration in execution order, as the coordinator observed them before scheduling; a
+    scheduler builds schedules of exactly this shape."""
 
 
 class FrequencySchedule(BaseModel):
