@@ -14,7 +14,8 @@ Procedure (all of it runs inside every fold, so the out-of-fold figures are hone
    fold, `tune` uses ONLY the other folds' profiles: from each of the `STARTS` best settings of the
    pool, coordinate descent over `SPACE` (`PASSES` passes); the best result wins. "Best" is
    `score`: the within-1% share, with steep penalties beyond a time ratio of `TIME_CAP` and a worst
-   regret of `WORST_CAP` (margins under the goals 0.5 and 5%, for profiles never seen).
+   regret of `WORST_CAP` (10% margins under the goals 0.5 and 5%, for profiles never seen); a
+   move must gain more than `MIN_GAIN`.
 3. The fold's settings are scored on the held-out fold with the bench's scoring seeds
    (0..seeds-1), next to the noisy exhaustive search on the same cases. Pooled over folds, these
    are the out-of-fold (generalization) figures.
@@ -29,7 +30,7 @@ same replay (same probes, same noise draws, same pick, same time; `--verify` che
 and a test does too).
 
 Usage: python bench/tune_adaptive_search.py [--candidates N] [--tuning-seeds N] [--seeds N]
-       [--jobs N] [--folds family|gpu] [--quick] [--verify] [--write]
+       [--jobs N] [--folds family|gpu] [--quick] [--verify] [--write] [--restamp]
 """
 
 from __future__ import annotations
@@ -71,10 +72,12 @@ from coordinator.power_limit.search import WindowResult, aggregate, resolve_sear
 CV_FILE = ROOT / "data" / "power-traces" / "adaptive_search_cv.json"
 SIGMA = 0.01
 TUNING_SEED_BASE = 100  # Tuning seeds are 100, 101, ...; the bench scores seeds 0, 1, ...
-TIME_CAP = 0.47  # The goal is 0.5; the margin is for profiles the tuning never saw.
+TIME_CAP = 0.45  # The goal is 0.5; 10% margin for profiles the tuning never saw (a cap of 0.47
+# gave 0.49 out of fold: settings picked on some workloads cost more on others).
 WORST_CAP = 0.045  # The goal is 5%.
 PENALTY = 10.0  # Within-1% points lost per unit over a cap: the caps act as constraints.
-MIN_GAIN = 0.0005  # Smallest score gain that moves the coordinate descent.
+MIN_GAIN = 0.001  # Smallest score gain that moves the coordinate descent: ~4 of ~4,000 training
+# cases, so a move must be more than a lucky draw of the tuning seeds (less overfitting).
 PASSES = 2
 STARTS = 3
 POOL_SEED = 2024
@@ -316,6 +319,18 @@ def _line(label: str, a: dict[str, float], e: dict[str, float]) -> str:
     )
 
 
+def restamp(path: Path = CV_FILE) -> dict[str, object]:
+    """Set `shipped_defaults_match` in the written record to whether `Adaptive()`'s defaults
+    are its `final.params` now (after they were copied into the code); nothing else changes."""
+    record: dict[str, object] = json.loads(path.read_text())
+    final = record["final"]
+    assert isinstance(final, dict)
+    record["shipped_defaults_match"] = Adaptive(**decode(final["params"])) == Adaptive()
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{path.relative_to(ROOT)}: shipped_defaults_match = {record['shipped_defaults_match']}")
+    return record
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", type=int, default=100, help="random settings in the pool")
@@ -331,7 +346,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         default="family",
         help="fold by workload family (the default, the one written) or by GPU model",
     )
+    parser.add_argument(
+        "--restamp",
+        action="store_true",
+        help=f"only re-check shipped_defaults_match in {CV_FILE.name} against Adaptive()",
+    )
     args = parser.parse_args(argv)
+    if args.restamp:
+        return restamp()
     global PASSES, STARTS
     if args.quick:
         args.candidates, args.tuning_seeds, args.seeds, PASSES = 20, 1, 2, 1
@@ -408,7 +430,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         )
     )
     matches = Adaptive(**final) == Adaptive()
-    print(f"Adaptive() defaults {'match' if matches else 'DIFFER FROM'} this result")
+    print(
+        f"Adaptive() defaults {'match' if matches else 'DIFFER FROM'} this result"
+        + ("" if matches else " (copy final.params into Adaptive, then re-stamp with --restamp)")
+    )
     out: dict[str, object] = {
         "bench": "tune_adaptive_search",
         "machine": machine(),

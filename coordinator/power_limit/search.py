@@ -25,9 +25,11 @@ and does no I/O. The state machine asks it for the next probe and executes it.
      followed by a drop does not end the descent; once a bump is seen (a limit clearly costlier
      than its profiled neighbours on both sides) the profile is rough: no more skips and no early
      stop;
-  5. profile a skipped limit next to the best; make sure the best has `confirm` x profile_steps;
-     re-profile (up to `max_refines` windows of `refine_steps`) the limits that could be misjudged
-     against the best (`k_refine` sigmas), least profiled first;
+  5. profile a skipped limit next to the best; make sure the best has `confirm` x profile_steps
+     (re-checked whenever the best changes; these windows are not counted as refinements); then
+     up to `max_refines` windows of `refine_steps`: take the rival most likely to be misjudged
+     against the best (fewest sigmas, within `k_refine`) and re-profile the less profiled of the
+     two;
   6. never spend more than `budget` x the exhaustive search's steps (if set).
   Sigmas come from the assumed per-window `noise` of time and of energy (independent), through
   the cost: a ZeusCost mixing both is less noisy than either. Thresholds are relative (fractions
@@ -250,10 +252,13 @@ class Adaptive(SearchStrategy):
         big_rise: Stop at once when a limit is clearly worse and costs this fraction more than
             the best (the best is confirmed first).
         k_refine: After the descent, re-profile limits that could be misjudged against the best
-            by more than `tolerance` at this many sigmas.
-        max_refines: Most refinement windows after the descent.
+            by more than `tolerance` at this many sigmas: the most ambiguous rival and the best,
+            whichever has fewer steps.
+        max_refines: Most refinement windows after the descent (confirmation windows of the
+            best not counted).
         confirm: Before finishing, the best limit must have been profiled for at least this
-            fraction of profile_steps (a short window that looks best may just be lucky).
+            fraction of profile_steps (a short window that looks best may just be lucky); if
+            another limit becomes the best, it is confirmed too.
         budget: Most steps (warm-up + profiling) of one search, as a fraction of the exhaustive
             search's steps; 0 or less: no budget.
     """
@@ -494,17 +499,27 @@ class _AdaptiveSearch(Search):
                 if spent + self._warmup + self._chunk <= self._budget:
                     return Probe(target, self._warmup, self._chunk)
 
-        if self._refines < p.max_refines:
-            rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
-            contenders = [pl for pl in [*rivals, top] if steps[pl] < self._max_steps]
-            if steps[top] < min(self._confirm, self._max_steps):
-                rivals, contenders = [top], [top]
-            if rivals and contenders:
-                target = min(contenders, key=lambda pl: (steps[pl], -pl))
+        # Confirm the best (these windows do not count as refinements), then refine the rival
+        # most likely to be misjudged against it: re-profile the less profiled of the two.
+        confirming = steps[top] < min(self._confirm, self._max_steps)
+        if confirming or self._refines < p.max_refines:
+            if confirming:
+                pair = [top]
+            else:
+                rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
+                pair = []
+                if rivals:
+                    rival = min(rivals, key=lambda pl: (danger(pl, top), -pl))
+                    pair = [pl for pl in (rival, top) if steps[pl] < self._max_steps]
+                    if not pair:  # Both at max_steps: the next most ambiguous rival.
+                        pair = [pl for pl in rivals if steps[pl] < self._max_steps]
+            if pair:
+                target = min(pair, key=lambda pl: (steps[pl], -pl))
                 warmup = 0 if target == last else self._warmup
                 size = min(self._refine, self._max_steps - steps[target])
                 if spent + warmup + size <= self._budget:
-                    self._refines += 1
+                    if not confirming:
+                        self._refines += 1
                     return Probe(target, warmup, size)
         return None
 
