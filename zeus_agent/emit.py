@@ -59,6 +59,7 @@ from zeus_agent.wire.trainer import (
     MAX_DATAGRAM_BYTES,
     Kind,
     ReplyDatagram,
+    ScheduleNotice,
     TrainerHello,
     WindowRequest,
     decode_datagram,
@@ -297,6 +298,7 @@ class Publisher:
         self._request_lock = threading.Lock()
         self._windows: list[tuple[str | None, int]] = []
         self._closed = False
+        self._notice: ScheduleNotice | None = None
 
         self._sync: Callable[[], None] | None = None
         self._sync_device: Callable[[int], None] | None = None
@@ -571,13 +573,48 @@ class Publisher:
 
     # ------------------------------------------------------------------ requests
     def _drain_incoming(self) -> None:
-        """Discard datagrams already received (late replies of earlier requests)."""
+        """Read datagrams already received: keep schedule notices, drop late replies."""
         recv = self._sock.recv
         for _ in range(1024):
             try:
-                recv(MAX_DATAGRAM_BYTES)
+                raw = recv(MAX_DATAGRAM_BYTES)
             except OSError:
                 return
+            self._keep_notice(raw)
+
+    def _keep_notice(self, raw: bytes) -> None:
+        """Keep `raw` if it is a schedule notice for this publisher's rank."""
+        if len(raw) < 3 or raw[2] != int(Kind.SCHEDULE):  # [1, kind, ...]: cheap pre-check
+            return
+        try:
+            notice = decode_datagram(raw)
+        except PayloadError as e:
+            logger.warning("zeus_agent.emit: ignoring a bad schedule notice from the agent: %s", e)
+            return
+        if isinstance(notice, ScheduleNotice) and (
+            self._notice is None or notice.version >= self._notice.version
+        ):
+            self._notice = notice
+
+    @property
+    def next_step(self) -> int:
+        """The step counter the next `step_begin()` will carry (a running count from 0)."""
+        return self._step + 1
+
+    def latest_schedule(self) -> ScheduleNotice | None:
+        """The newest frequency schedule the agent pushed for this rank (non-blocking).
+
+        The agent applies the frequencies itself; a drop-in uses this to check instruction
+        names locally. None until the coordinator has installed a schedule.
+        """
+        if self.connected and not self._closed:
+            with contextlib.suppress(Exception):
+                if self._request_lock.acquire(blocking=False):
+                    try:
+                        self._drain_incoming()
+                    finally:
+                        self._request_lock.release()
+        return self._notice
 
     def request(self, kind: Kind, payload: Any, timeout_s: float | None = None) -> Reply | None:
         """Send a request datagram and wait for its reply on the caller's thread.
@@ -640,6 +677,7 @@ class Publisher:
                     continue
                 if isinstance(reply, ReplyDatagram) and reply.request_id == request_id:
                     return reply.reply
+                self._keep_notice(raw)
 
     def _registration(self, what: str, kind: Kind, payload: Any) -> Reply | None:
         reply = self.request(kind, payload)

@@ -97,7 +97,8 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
             await agent.caller.call(agent.gpu.reset_sm_clocks)
             return Reply.success()
         case InstallScheduleCmd():
-            await agent.install_schedule(cmd.job_id, cmd.schedule, cmd.holder, cmd.lease_s)
+            await agent.install_schedule(cmd.job_id, cmd.schedule, cmd.holder, cmd.lease_s,
+                                         version=cmd.version, from_step=cmd.from_step)
             return Reply.success(instructions=len(cmd.schedule.frequencies))
         case ClearScheduleCmd():
             return Reply.success(restored=await agent.restore({"schedule"}, reason="clear command"))

@@ -22,6 +22,7 @@ stop the gateway. Trainers that exit without saying goodbye (SIGKILL included) a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -48,11 +49,12 @@ from zeus_agent.wire.trainer import (
     MAX_DATAGRAM_BYTES,
     EventDatagram,
     Kind,
-    ReplyDatagram,
     RequestDatagram,
+    ScheduleNotice,
     TrainerHello,
     WindowRequest,
     decode_datagram,
+    encode_notice,
     encode_reply,
 )
 
@@ -238,9 +240,10 @@ class Gateway:
                 agent.on_event(dg)
         elif isinstance(dg, RequestDatagram):
             self._spawn(self._answer(dg, addr, pid, uid))
-        elif isinstance(dg, ReplyDatagram):
+        else:  # A reply or a schedule notice: only the agent sends those.
             self.counters["malformed"] += 1
-            self._report("malformed_datagram", "dropped a reply datagram sent to the agent")
+            self._report("malformed_datagram",
+                         "dropped a reply or schedule datagram sent to the agent")
 
     def _refuse_sender(self, dg: Any, addr: Any, pid: int | None) -> None:
         """Drop a datagram whose sender the kernel could not name; answer a request anyway."""
@@ -324,9 +327,23 @@ class Gateway:
             self.counters["reply_failed"] += 1
             LOG.warning("reply to trainer %r failed: %s", addr, e)
 
+    def _notify(self, addr: Any, notice: ScheduleNotice) -> None:
+        """Push a schedule notice to a trainer's socket (best effort, never blocks)."""
+        if isinstance(addr, bytes):
+            addr = addr.rstrip(b"\0")
+        data = encode_notice(notice)
+        if self.sock is None or len(data) > MAX_DATAGRAM_BYTES:
+            self.counters["notice_failed"] += 1
+            return
+        try:
+            self.sock.sendto(data, addr)
+        except (OSError, ValueError) as e:
+            self.counters["notice_failed"] += 1
+            LOG.debug("schedule notice to trainer %r failed: %s", addr, e)
+
     async def _answer(self, req: RequestDatagram, addr: Any, pid: int, uid: int) -> None:
         try:
-            reply = await self._handle(req, pid, uid)
+            reply = await self._handle(req, pid, uid, addr)
         except PayloadError as e:
             reply = Reply.failure("bad_request", f"{req.kind.name}: {e}"[:MAX_TEXT_CHARS])
         except WindowOutOfRange as e:
@@ -348,10 +365,12 @@ class Gateway:
             )
         return agent
 
-    async def _handle(self, req: RequestDatagram, pid: int, uid: int) -> Reply:
+    async def _handle(
+        self, req: RequestDatagram, pid: int, uid: int, addr: Any = None
+    ) -> Reply:
         """Answer one request of process `pid` (user `uid`), as the kernel named them."""
         if req.kind is Kind.HELLO:
-            return await self._hello(codec.validate(TrainerHello, req.payload), pid, uid)
+            return await self._hello(codec.validate(TrainerHello, req.payload), pid, uid, addr)
         if req.kind is Kind.REGISTER_JOB:
             job = codec.validate(RegisterJob, req.payload)
             job = job.model_copy(update={"uid": uid})  # the kernel's word, not the payload's
@@ -386,7 +405,7 @@ class Gateway:
             return Reply.success(restored=restored)
         raise PayloadError(f"unsupported request kind {req.kind.name}")
 
-    async def _hello(self, hello: TrainerHello, pid: int, uid: int) -> Reply:
+    async def _hello(self, hello: TrainerHello, pid: int, uid: int, addr: Any = None) -> Reply:
         agent = self._agent(hello.gpu_index)
         bound = agent.binding
         if bound is not None and bound.pid is not None and bound.pid != pid:
@@ -400,6 +419,7 @@ class Gateway:
             await self.release_pid(bound.pid, reason="process exited without goodbye")
         before = agent.binding
         agent.bind(hello.job_id, hello.rank, pid, uid)
+        agent.notify_trainer = functools.partial(self._notify, addr) if addr else None
         if before != agent.binding:
             self._spawn(self._bound())
         mine = self.by_pid.setdefault(pid, [])
@@ -446,6 +466,10 @@ class Gateway:
                 f"this process said HELLO as job {bound.job_id!r} rank {bound.rank} on GPU "
                 f"{index}, not as job {rank.job_id!r} rank {rank.rank_info.rank}",
             )
+        # The GPU's clocks as its agent knows them, not as the trainer said (highest first).
+        clocks = sorted(agent.info.supported_graphics_clocks_mhz, reverse=True)
+        rank = rank.model_copy(update={"rank_info": rank.rank_info.model_copy(
+            update={"available_frequencies": clocks})})
         subject = subjects.coord_register_rank(self.node, self.prefix)
         return await self._relay(subject, codec.encode(rank))
 

@@ -50,7 +50,7 @@ from zeus_agent.wire.messages import (
     TrainerEvent,
     TrainerEventBatch,
 )
-from zeus_agent.wire.trainer import EventDatagram, Kind
+from zeus_agent.wire.trainer import EventDatagram, Kind, ScheduleNotice
 
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
@@ -128,7 +128,13 @@ class GpuAgent:
         self._pending_marks: list[Mark] = []
         self._pending_measurements: list[Measurement] = []
         self._pending_events: list[TrainerEvent] = []
-        self._event_queue: asyncio.Queue[EventDatagram] = asyncio.Queue()
+        self._event_queue: asyncio.Queue[tuple[EventDatagram, int | None]] = asyncio.Queue()
+        self.schedule_version: int | None = None
+        """Version of the installed schedule (None: none installed)."""
+        self._pending_schedule: tuple[int, int, int, tuple[tuple[str, int], ...]] | None = None
+        """(from_step, version, rank, pairs): a validated schedule waiting for its step."""
+        self.notify_trainer: Callable[[ScheduleNotice], None] | None = None
+        """Set by the gateway: pushes a schedule notice to the bound trainer's socket."""
         self._background: set[asyncio.Future[None]] = set()
         self.last_sample: Sample | None = None
         self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0}
@@ -334,20 +340,45 @@ class GpuAgent:
         self._changed.add(SM_CLOCKS)
 
     async def install_schedule(
-        self, job_id: str, schedule: FrequencySchedule, holder: str, lease_s: float | None
+        self,
+        job_id: str,
+        schedule: FrequencySchedule,
+        holder: str,
+        lease_s: float | None,
+        version: int = 0,
+        from_step: int | None = None,
     ) -> None:
-        """Validate, lease, then install a frequency schedule for the bound rank."""
+        """Validate, lease, then install a frequency schedule for the bound rank.
+
+        With `from_step`, the schedule waits for the rank's first `step_begin` whose step
+        counter is >= `from_step` (all ranks switch at the same iteration boundary); the bound
+        trainer is told at once (a `ScheduleNotice`) so its drop-in switches there too.
+        """
         assert self.info is not None
         clocks = set(self.info.supported_graphics_clocks_mhz) or None
         self._check_lease_s(lease_s)
         self._check_holder(holder or job_id)
-        previous = self._grant(SCHEDULE, holder or job_id, lease_s)
         try:
-            self.cursor.install(schedule.rank, list(schedule.frequencies), clocks)
+            ScheduleCursor().install(schedule.rank, list(schedule.frequencies), clocks)
         except ValueError as e:
-            self.leases.reinstate(SCHEDULE, previous)
             raise GPUValueError(f"schedule refused for GPU {self.index}: {e}") from None
+        self._grant(SCHEDULE, holder or job_id, lease_s)
+        pairs = tuple((name, freq) for name, freq in schedule.frequencies)
+        if from_step is None:
+            self.cursor.install(schedule.rank, pairs)
+            self.schedule_version = version
+            self._pending_schedule = None
+        else:
+            self._pending_schedule = (from_step, version, schedule.rank, pairs)
         self._changed.add(SCHEDULE)
+        b = self.binding
+        if self.notify_trainer is not None and b is not None and b.job_id == job_id:
+            notice = ScheduleNotice(job_id=job_id, rank=schedule.rank, version=version,
+                                    from_step=from_step or 0, frequencies=list(pairs))
+            try:
+                self.notify_trainer(notice)
+            except Exception as e:  # noqa: BLE001 - the trainer is told best-effort
+                LOG.warning("GPU %d: could not tell the trainer its schedule: %s", self.index, e)
 
     def renew_leases(self, holder: str, lease_s: float) -> list[str]:
         """Renew every lease of `holder` on this GPU (a bad `lease_s` raises PayloadError)."""
@@ -362,6 +393,8 @@ class GpuAgent:
         restored: list[str] = []
         if SCHEDULE in todo:
             self.cursor.clear()
+            self.schedule_version = None
+            self._pending_schedule = None
             self.leases.release(SCHEDULE)
             todo.add(SM_CLOCKS)  # the schedule locked clocks: unlock them too
             restored.append(SCHEDULE)
@@ -443,13 +476,19 @@ class GpuAgent:
 
     def on_event(self, ev: EventDatagram) -> None:
         """Called on the event loop as soon as a datagram arrives: act now, measure later."""
+        pending = self._pending_schedule
+        if ev.kind is Kind.STEP_BEGIN and pending is not None and ev.a >= pending[0]:
+            _, version, rank, pairs = pending
+            self.cursor.install(rank, pairs)  # Validated when it arrived.
+            self.schedule_version = version
+            self._pending_schedule = None
         if ev.kind is Kind.INSTRUCTION_BEGIN and self.cursor.installed:
             lease = self.leases.get(SCHEDULE)
             if lease is None or time.monotonic_ns() >= lease.deadline_ns:
                 # The lease lapsed and the expiry tick has not run yet: never apply a clock
                 # without a live lease; restore now.
                 self._spawn(self._expire_now())
-                self._event_queue.put_nowait(ev)
+                self._event_queue.put_nowait((ev, self.schedule_version))
                 return
             step = self.cursor.on_instruction_begin(ev.name)
             if step.error is not None:
@@ -468,7 +507,7 @@ class GpuAgent:
             if error is not None:
                 self.counters["mismatches"] += 1
                 self._spawn(self.error_event("schedule_mismatch", error))
-        self._event_queue.put_nowait(ev)
+        self._event_queue.put_nowait((ev, self.schedule_version))
 
     async def _expire_now(self) -> None:
         await self.expire_leases()
@@ -497,12 +536,12 @@ class GpuAgent:
     async def process_events(self) -> None:
         """Forever: measure queued events (one energy read per burst), then flush them."""
         while True:
-            ev = await self._event_queue.get()
+            ev, version = await self._event_queue.get()
             try:
                 await self.read_energy_now()
-                self._measure(ev)
+                self._measure(ev, version)
                 while not self._event_queue.empty():
-                    self._measure(self._event_queue.get_nowait())
+                    self._measure(*self._event_queue.get_nowait())
                 await self.flush_measurements()
             except Exception:  # noqa: BLE001 - one bad event never stops the measuring
                 LOG.exception("GPU %d: measuring trainer events failed; continuing", self.index)
@@ -513,7 +552,7 @@ class GpuAgent:
         except ValueError:
             return None
 
-    def _measure(self, ev: EventDatagram) -> None:
+    def _measure(self, ev: EventDatagram, version: int | None = None) -> None:
         kind = ev.kind
         name = _EVENT_NAMES[kind]
         if kind in (Kind.STEP_BEGIN, Kind.STEP_END):
@@ -567,6 +606,7 @@ class GpuAgent:
                         t1_ns=rec.t1_ns,
                         time_s=rec.duration_s,
                         energy_j=energy_j,
+                        schedule=version,
                     )
                 )
 

@@ -167,6 +167,8 @@ class Measurement(_Part):
     t1_ns: int
     time_s: float
     energy_j: float
+    schedule: int | None = None
+    """The version of the frequency schedule the step or instruction ran under (None: none)."""
 
 
 class MeasurementBatch(Message):
@@ -242,6 +244,14 @@ class InstallScheduleCmd(_Leased):
     op: Literal["install_schedule"] = "install_schedule"
     job_id: Id
     schedule: FrequencySchedule
+    version: int = Field(default=0, ge=0, le=2**31 - 1, description="The schedule's number "
+                         "in its job (measurements made under it carry it)")
+    from_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="Switch to it at the rank's first step_begin whose step counter is >= this "
+        "(so every rank switches at the same iteration boundary); None: at once",
+    )
 
 
 class ClearScheduleCmd(_Part):

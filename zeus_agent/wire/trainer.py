@@ -20,6 +20,9 @@ reads each sender's pid and uid from the kernel (`SO_PASSCRED`/`SCM_CREDENTIALS`
   * `QUERY_JOB`: a `JobQuery` message, relayed to the coordinator (e.g. for the measured
     profile, which the trainer's drop-in writes to its own `profile_path`)
 * Reply (agent -> trainer): `[1, REPLY, request_id, reply]` with reply a `Reply` map.
+* Schedule notice (agent -> trainer, unsolicited): `[1, SCHEDULE, 0, notice]`, a
+  `ScheduleNotice` map: the frequency schedule installed for the trainer's rank and the step
+  from which it applies, so the trainer's drop-in can check instruction names locally.
 
 `encode_event` is the hot path; everything else validates with pydantic.
 """
@@ -59,6 +62,7 @@ class Kind(enum.IntEnum):
     BYE = 24
     QUERY_JOB = 25
     REPLY = 30
+    SCHEDULE = 31
 
 
 EVENT_KINDS = frozenset(
@@ -105,6 +109,19 @@ class WindowRequest(BaseModel):
     t0_ns: int
     t1_ns: int
     gpus: list[int] = Field(max_length=MAX_WINDOW_GPUS)
+
+
+class ScheduleNotice(BaseModel):
+    """A rank's frequency schedule, pushed by the agent when the coordinator installs it.
+
+    It applies from the iteration whose `step_begin` carries a step counter >= `from_step`.
+    """
+
+    job_id: str = Field(max_length=MAX_ID_CHARS)
+    rank: int = Field(ge=0, le=MAX_RANK)
+    version: int = Field(ge=0)
+    from_step: int = Field(ge=0)
+    frequencies: list[tuple[str, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,13 +176,22 @@ def encode_reply(request_id: int, reply: Reply) -> bytes:
     )
 
 
+def encode_notice(notice: ScheduleNotice) -> bytes:
+    """Pack a schedule notice datagram (agent -> trainer)."""
+    return _packer.pack(
+        [PROTOCOL_VERSION, int(Kind.SCHEDULE), 0, notice.model_dump(mode="python")]
+    )
+
+
 def _int(value: Any, what: str) -> int:
     if type(value) is not int:
         raise PayloadError(f"datagram field '{what}' must be an integer, got {value!r}", what)
     return value
 
 
-def decode_datagram(data: bytes) -> EventDatagram | RequestDatagram | ReplyDatagram:
+def decode_datagram(
+    data: bytes,
+) -> EventDatagram | RequestDatagram | ReplyDatagram | ScheduleNotice:
     """Decode and check one datagram.
 
     Raises:
@@ -204,6 +230,8 @@ def decode_datagram(data: bytes) -> EventDatagram | RequestDatagram | ReplyDatag
         )  # fmt: skip
     if kind is Kind.REPLY:
         return ReplyDatagram(_int(obj[2], "request_id"), validate(Reply, obj[3]))
+    if kind is Kind.SCHEDULE:
+        return validate(ScheduleNotice, obj[3])
     if len(obj) != 5 or not isinstance(obj[4], dict):
         raise PayloadError(f"{kind.name} datagram must be [v, kind, pid, request_id, map]")
     return RequestDatagram(kind, _int(obj[2], "pid"), _int(obj[3], "request_id"), obj[4])
