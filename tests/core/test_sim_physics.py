@@ -127,9 +127,14 @@ def test_clock_locks() -> None:
     assert capped.step_time_s > free.step_time_s
     pinned = operating_point(A40, wl, 100, max_sm_clock_mhz=210, min_sm_clock_mhz=210)
     assert pinned.sm_clock_mhz == 210
+    # The power cap wins over locks, as on real GPUs: a locked minimum (or a pinned clock)
+    # above what the limit allows is throttled down to the limit's clock.
+    limited = operating_point(A40, wl, 100)
     raised = operating_point(A40, wl, 100, min_sm_clock_mhz=1200)
-    assert raised.sm_clock_mhz == 1200
-    assert not raised.limit_held
+    assert raised.sm_clock_mhz == limited.sm_clock_mhz < 1200
+    pinned_high = operating_point(A40, wl, 150, max_sm_clock_mhz=1740, min_sm_clock_mhz=1740)
+    assert pinned_high.sm_clock_mhz == operating_point(A40, wl, 150).sm_clock_mhz < 1740
+    assert pinned_high.busy_power_w <= 150
 
 
 def test_continuous_clock_is_close_to_quantized() -> None:

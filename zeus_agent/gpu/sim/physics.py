@@ -31,6 +31,9 @@ Model summary, with ``x = f / f_max`` the SM clock as a fraction of the highest 
 * Energy per step ``E = P_busy * t_gpu + P_wait * (T - t_gpu)``.
 * A power limit ``L`` selects the highest supported clock with ``P_busy(f) <= L``, but never below
   the throttle floor clock: there a low limit is not held.
+* Clock locks bound the clock from above; the power limit still throttles below a locked clock
+  (as the software power cap does on real GPUs: the A40 pipeline profiles in `data/perseus/`
+  run no faster at a locked 1740 MHz than at ~1450 MHz under the 300 W limit).
 """
 
 from __future__ import annotations
@@ -274,16 +277,16 @@ def step_time_s(wl: WorkloadParams, gpu_s: float) -> float:
     return big * ((gpu_s / big) ** p + (wl.floor_s / big) ** p) ** (1.0 / p)
 
 
-def _clock_range(
-    hw: HardwareParams, max_sm_clock_mhz: float | None, min_sm_clock_mhz: float | None
-) -> tuple[float, float]:
-    """Return the (floor, ceiling) the clock may take under throttling and locks (MHz)."""
+def _clock_range(hw: HardwareParams, max_sm_clock_mhz: float | None) -> tuple[float, float]:
+    """Return the (floor, ceiling) the clock may take under throttling and locks (MHz).
+
+    The floor is the power-limit controller's (a locked minimum does not raise it: the power
+    cap wins over clock locks); the ceiling is the highest clock or the locked maximum.
+    """
     ceiling = float(hw.max_sm_clock_mhz)
     if max_sm_clock_mhz is not None:
         ceiling = min(ceiling, float(max_sm_clock_mhz))
     floor = max(hw.throttle_floor_clock_mhz, float(hw.min_sm_clock_mhz))
-    if min_sm_clock_mhz is not None:
-        floor = max(floor, float(min_sm_clock_mhz))
     return min(floor, ceiling), ceiling
 
 
@@ -312,23 +315,28 @@ def throttle_clock_mhz(
     """Return the SM clock a power limit and clock locks allow.
 
     The highest clock whose busy power fits under the limit, clamped into the clock range: at
-    most the highest (or locked maximum) clock, at least the throttle floor clock or the locked
-    minimum, whichever is higher, unless that exceeds the ceiling: a lock of both ends at one
-    clock pins the clock there whatever the limit.
+    most the highest (or locked maximum) clock, at least the throttle floor clock (or the
+    ceiling, when that is lower). Clock locks do not override the power limit, as on real GPUs
+    (the software power cap throttles below locked clocks): a lock of both ends at one clock
+    runs at that clock only while its busy power fits under the limit, and a locked minimum
+    never raises the clock above what the limit allows (the model always runs the highest
+    allowed clock, so the locked minimum has no effect).
 
     Args:
         hw: The GPU model.
         wl: The workload.
         power_limit_w: Power limit (W).
         max_sm_clock_mhz: Locked maximum SM clock, or None (MHz).
-        min_sm_clock_mhz: Locked minimum SM clock, or None (MHz).
+        min_sm_clock_mhz: Locked minimum SM clock, or None (MHz); accepted for symmetry with
+            the device's locks, without effect (see above).
         quantize: Round down to a supported clock (True) or return the continuous solution
             (False, used by the calibration fit to keep the objective smooth).
 
     Returns:
         The SM clock (MHz).
     """
-    floor, ceiling = _clock_range(hw, max_sm_clock_mhz, min_sm_clock_mhz)
+    del min_sm_clock_mhz  # the power cap wins over a locked minimum
+    floor, ceiling = _clock_range(hw, max_sm_clock_mhz)
     clock = min(max(_solve_clock_mhz(hw, wl, power_limit_w), floor), ceiling)
     if not quantize:
         return clock
