@@ -21,23 +21,21 @@ from zeus_agent.integrations.perseus import (
     PipelineFrequencyOptimizer,
     socket_path_from_url,
 )
+from zeus_agent.wire.trainer import ScheduleNotice
 
 
-@dataclass
-class Notice:
-    """Shape of `zeus_agent.wire.trainer.ScheduleNotice`."""
-
-    job_id: str
-    rank: int
-    version: int
-    from_step: int
-    frequencies: list[tuple[str, int]]
+def Notice(  # noqa: N802 - reads like the model it builds
+    job_id: str, rank: int, version: int, from_step: int, frequencies: Any
+) -> ScheduleNotice:
+    return ScheduleNotice(
+        job_id=job_id, rank=rank, version=version, from_step=from_step, frequencies=frequencies
+    )
 
 
 @dataclass
 class FakePublisher:
     job_id: str | None = "job-1"
-    notices: list[Notice] = field(default_factory=list)
+    notices: list[ScheduleNotice] = field(default_factory=list)
     events: list[tuple[str, Any]] = field(default_factory=list)
     step: int = -1
     polls: int = 0
@@ -46,7 +44,7 @@ class FakePublisher:
     def next_step(self) -> int:
         return self.step + 1
 
-    def latest_schedule(self) -> Notice | None:
+    def latest_schedule(self) -> ScheduleNotice | None:
         self.polls += 1
         return self.notices[-1] if self.notices else None
 
@@ -197,6 +195,16 @@ def test_activation_at_from_step(fake: dict[str, Any]) -> None:
     assert opt.schedule_version is None
     run_iteration(opt, ORDER)  # step 2: active from its step_begin
     assert opt.schedule == SCHEDULE and opt.schedule_version == 1
+    assert opt.frequency == 1410  # the last instruction's
+    opt.on_step_begin()
+    opt.on_instruction_begin("forward")
+    assert opt.frequency == 1740
+    opt.on_instruction_end("forward")
+    opt.on_instruction_begin("forward")
+    assert opt.frequency == 1500
+    for name in ORDER[2:]:
+        opt.on_instruction_begin(name)
+    opt.on_step_end()
     run_iteration(opt, ORDER)
     with pytest.raises(RuntimeError):
         run_iteration(opt, ["other"])
@@ -301,23 +309,6 @@ def test_events_and_polls(fake: dict[str, Any]) -> None:
     )
     opt.close()
     assert pub.events[-1] == ("close", None)
-
-
-def test_publisher_without_schedule_api(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A publisher without `latest_schedule` (no pushes): no schedule, no checks."""
-
-    class Bare:
-        job_id = None
-
-        def __getattr__(self, name: str) -> Any:
-            if name in ("latest_schedule", "next_step"):
-                raise AttributeError(name)
-            return lambda *a: None
-
-    monkeypatch.setattr(emit, "init", lambda **kw: Bare())
-    opt = make()
-    run_iteration(opt, ["forward", "x"])
-    assert opt.schedule_version is None and opt.job_id is None
 
 
 def test_unreachable_coordinator_only_warns(

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator
 from urllib.parse import unquote, urlsplit
 
 from zeus_agent import emit
 from zeus_agent.models import JobInfo
+from zeus_agent.wire.trainer import ScheduleNotice
 
 __all__ = ["PerseusOptimizer", "PipelineFrequencyOptimizer", "socket_path_from_url"]
 
@@ -38,25 +38,6 @@ logger = logging.getLogger(__name__)
 
 _UNREACHABLE_CODES = frozenset({"unavailable", "timeout"})
 _warned_http = False
-
-
-class _Notice(Protocol):
-    """What the drop-in reads of `zeus_agent.wire.trainer.ScheduleNotice`."""
-
-    @property
-    def job_id(self) -> str: ...  # noqa: D102
-
-    @property
-    def rank(self) -> int: ...  # noqa: D102
-
-    @property
-    def version(self) -> int: ...  # noqa: D102
-
-    @property
-    def from_step(self) -> int: ...  # noqa: D102
-
-    @property
-    def frequencies(self) -> list[tuple[str, int]]: ...  # noqa: D102
 
 
 def socket_path_from_url(server_url: str) -> str | None:
@@ -213,18 +194,11 @@ class PerseusOptimizer:
                 "PerseusOptimizer: the job is not registered with a coordinator; training "
                 "continues at the GPUs' current clocks."
             )
-        self._bind(self.publisher)
-
-    def _bind(self, publisher: Any) -> None:
-        """Take the publisher's schedule API (absent on an older emit: no schedule ever)."""
-        self._latest: Callable[[], _Notice | None] | None = getattr(
-            publisher, "latest_schedule", None
-        )
-        self._steps_begun = 0  # Fallback count when the publisher has no `next_step`.
-        self._pending: _Notice | None = None
+        self._pending: ScheduleNotice | None = None
         self._version: int | None = None
         self._schedule: list[tuple[str, int]] = []
         self._iter: Iterator[tuple[str, int]] | None = None
+        self._frequency: int | None = None
 
     # ------------------------------------------------------------------ schedule state
     @property
@@ -233,27 +207,30 @@ class PerseusOptimizer:
         return list(self._schedule)
 
     @property
+    def frequency(self) -> int | None:
+        """The active schedule's SM frequency (MHz) for the instruction begun last; else None.
+
+        The agent locks the GPU's SM clock at this frequency when it receives the
+        instruction's `instruction_begin`.
+        """
+        return self._frequency
+
+    @property
     def schedule_version(self) -> int | None:
         """Version of the active schedule; None before any."""
         return self._version
 
-    def _next_step(self) -> int:
-        next_step = getattr(self.publisher, "next_step", None)
-        return self._steps_begun if next_step is None else int(next_step)
-
     def _poll(self) -> None:
         """Take the newest pushed notice and activate a pending one whose step has come."""
-        if self._latest is not None:
-            notice = self._latest()
-            if notice is not None and (self._version is None or notice.version > self._version):
-                if notice.rank != self.rank:
-                    raise RuntimeError(
-                        f"Perseus server returned a schedule for rank {notice.rank} to rank "
-                        f"{self.rank}"
-                    )
-                self._pending = notice
+        notice = self.publisher.latest_schedule()
+        if notice is not None and (self._version is None or notice.version > self._version):
+            if notice.rank != self.rank:
+                raise RuntimeError(
+                    f"Perseus server returned a schedule for rank {notice.rank} to rank {self.rank}"
+                )
+            self._pending = notice
         pending = self._pending
-        if pending is not None and self._next_step() >= pending.from_step:
+        if pending is not None and self.publisher.next_step >= pending.from_step:
             self._pending = None
             self._version = pending.version
             self._schedule = [(str(name), int(freq)) for name, freq in pending.frequencies]
@@ -264,7 +241,6 @@ class PerseusOptimizer:
         """Mark the beginning of a step (activates a pushed schedule whose step has come)."""
         self._poll()
         self.publisher.step_begin()
-        self._steps_begun += 1
 
     def on_step_end(self) -> None:
         """Mark the end of a step.
@@ -298,9 +274,10 @@ class PerseusOptimizer:
             item = next(self._iter, None)
             if item is None:
                 raise RuntimeError("Perseus server returned fewer frequencies than expected")
-            instruction, _frequency = item
+            instruction, frequency = item
             if instruction != name:
                 raise RuntimeError(f"The next expected instruction is not forward: {instruction}")
+            self._frequency = frequency
         self.publisher.instruction_begin(name)
 
     def on_instruction_end(self, name: str) -> None:
