@@ -18,6 +18,7 @@ Sans-I/O, with Zeus 0.16's semantics:
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
@@ -35,7 +36,9 @@ class SchedulerError(ValueError):
 class FrequencyScheduler(abc.ABC):
     """Produces per-rank frequency schedules and learns from their profiling results."""
 
-    def __init__(self, job_info: JobInfo, rank_infos: Sequence[RankInfo], pfo_settings: Any) -> None:
+    def __init__(
+        self, job_info: JobInfo, rank_infos: Sequence[RankInfo], pfo_settings: Any
+    ) -> None:
         self.job_info = job_info
         self.rank_infos = sorted(rank_infos, key=lambda info: info.rank)
         self.world_size = job_info.world_size
@@ -118,6 +121,7 @@ def make_3d_parallel(sched_cls: type[S], name: str | None = None) -> type[S]:
             job_info: JobInfo,
             rank_infos: Sequence[RankInfo],
             pfo_settings: Any,
+            *args: Any,
             **kwargs: Any,
         ) -> None:
             self._orig_job_info = job_info
@@ -136,7 +140,7 @@ def make_3d_parallel(sched_cls: type[S], name: str | None = None) -> type[S]:
                         "one to plan for it"
                     )
                 stage_infos.append(first.model_copy(update={"rank": stage}))
-            super().__init__(pp_job_info, stage_infos, pfo_settings, **kwargs)
+            super().__init__(pp_job_info, stage_infos, pfo_settings, *args, **kwargs)
 
         def next_schedule(self) -> list[FrequencySchedule]:
             stage_schedules = super().next_schedule()
@@ -162,4 +166,7 @@ def make_3d_parallel(sched_cls: type[S], name: str | None = None) -> type[S]:
 
     Wrapper.__name__ = Wrapper.__qualname__ = name or f"{sched_cls.__name__}3D"
     Wrapper.__doc__ = f"{sched_cls.__name__}, planned per pipeline stage (`make_3d_parallel`)."
-    return Wrapper  # type: ignore[return-value]
+    # The wrapper forwards its arguments: show the wrapped constructor's, so that checking
+    # scheduler args with `inspect.signature(cls).bind(...)` sees the real parameters.
+    Wrapper.__signature__ = inspect.signature(sched_cls)
+    return Wrapper
