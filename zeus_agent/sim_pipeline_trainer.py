@@ -620,7 +620,7 @@ def run_pipeline(
                 finished.add(value)
         drain_progress()
     finally:
-        if failure is not None:
+        if failure is not None or len(finished) < len(procs):  # a failure, or interrupted
             abort.set()
             with contextlib.suppress(Exception):
                 barrier.abort()

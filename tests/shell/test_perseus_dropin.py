@@ -1,25 +1,47 @@
 """The Perseus drop-in (`zeus_agent.integrations.perseus`): Zeus 0.16's errors and callbacks.
 
 A fake publisher stands in for `zeus_agent.emit.Publisher` (its schedule API: `latest_schedule`,
-`next_step`); `emit.init` is replaced to capture the registration arguments. One test runs the
-drop-in against a real agent on simulated GPUs (no coordinator: the job cannot register, so the
-drop-in warns and runs unoptimised, emitting real events).
+`next_step`); `emit.init` is replaced to capture the registration arguments. The last tests run
+the simulated pipeline trainer (`zeus_agent.sim_pipeline_trainer`, whose ranks use the drop-in)
+as real processes against two real agents on simulated GPUs and a coordinator on a real
+nats-server: its command line, a failing rank stopping the job, and clear failures.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
+import multiprocessing
+import sys
+import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coordinator.config import CoordinatorSettings
+from coordinator.service import CoordinatorService
 from zeus_agent import emit
+from zeus_agent.agent.server import AgentServer
+from zeus_agent.config import AgentSettings
+from zeus_agent.gpu.sim import create_sim_gpus
 from zeus_agent.integrations import perseus
 from zeus_agent.integrations.perseus import (
     PerseusOptimizer,
     PipelineFrequencyOptimizer,
     socket_path_from_url,
+)
+from zeus_agent.sim_pipeline_trainer import (
+    NodeSpec,
+    PipelineError,
+    PipelineOptions,
+    RankPlacement,
+    place_ranks,
+    run_pipeline,
 )
 from zeus_agent.wire.trainer import ScheduleNotice
 
@@ -330,3 +352,110 @@ def test_unreachable_coordinator_only_warns(
     monkeypatch.setattr(emit, "init", forbid)
     with pytest.raises(emit.RegistrationError):
         make()
+
+
+# ---------------------------------------------------------------------- real processes
+# The simulated pipeline trainer against real agents (two nodes) and a coordinator on a real
+# nats-server; its command line in a subprocess, as a user would run it.
+
+NODES = ("pa", "pb")
+TRAINER = [sys.executable, "-m", "zeus_agent.sim_pipeline_trainer"]
+
+
+@contextlib.asynccontextmanager
+async def cluster(url: str) -> AsyncIterator[Path]:
+    """Two agents (2 sim A40s each) and a coordinator; yields the directory of their files."""
+    root = Path(tempfile.mkdtemp(prefix="pp-", dir="/tmp"))  # short AF_UNIX paths
+    agents = []
+    for node in NODES:
+        settings = AgentSettings(
+            nats_url=url, backend="sim", sim_count=2, sim_preset="A40",
+            sim_state_dir=str(root / node), socket_path=str(root / f"{node}.sock"), node=node,
+            sample_hz=20,
+        )
+        server = AgentServer(settings)
+        agents.append((server, asyncio.create_task(server.serve())))
+    coord = CoordinatorService(CoordinatorSettings(nats_url=url, state_dir=str(root / "coord")))
+    coord_task = asyncio.create_task(coord.serve())
+    try:
+        for server, _ in agents:
+            await asyncio.wait_for(server.started.wait(), 10)
+        await asyncio.wait_for(coord.started.wait(), 10)
+        yield root
+    finally:
+        for server, _ in agents:
+            server.handle_exit()
+        coord.should_exit.set()
+        await asyncio.gather(coord_task, *(t for _, t in agents), return_exceptions=True)
+
+
+def node_args(root: Path) -> list[str]:
+    return [arg for n in NODES for arg in ("--node", f"{n}:{root}/{n}.sock:{root}/{n}:0,1")]
+
+
+async def run_cli(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *TRAINER, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode()
+
+
+async def test_pipeline_trainer_cli_on_two_agents(nats_server: Any, tmp_path: Path) -> None:
+    output = tmp_path / "result.json"
+    async with cluster(nats_server.url) as root:
+        code, log = await run_cli(
+            "--profile", "synthetic", "--stages", "2", "--dp", "2", "--microbatches", "3",
+            "--iterations", "6", "--time-scale", "0.02", "--straggler", "1:1.5",
+            "--output", str(output), *node_args(root),
+        )
+    assert code == 0, log
+    assert "iteration 6/6" in log and "mean" in log
+    result = json.loads(output.read_text())
+    assert "+dp2+pp2+tp1+" in result["job_id"]
+    assert result["job_id"].endswith("+simulated-pipeline")
+    assert result["iterations"] == 6
+    ranks = result["ranks"]
+    assert [(r["rank"], r["pp_rank"], r["dp_rank"], r["node"], r["gpu_index"]) for r in ranks] == [
+        (0, 0, 0, "pa", 0), (1, 0, 1, "pa", 1), (2, 1, 0, "pb", 0), (3, 1, 1, "pb", 1)
+    ]
+    for r in ranks:
+        assert len(r["iteration_time_s"]) == 6 and len(r["clocks_mhz"]) == 6
+        assert all(len(clocks) == 6 for clocks in r["clocks_mhz"])  # 2 x 3 microbatches
+        assert r["dropped_events"] == 0
+    # The straggler replica (dp 1) did more work per iteration than replica 0 (x1.5 energy).
+    assert ranks[1]["work_energy_j"][0] > 1.3 * ranks[0]["work_energy_j"][0]
+
+
+async def test_a_failing_rank_stops_the_job(nats_server: Any) -> None:
+    async with cluster(nats_server.url) as root:
+        nodes = [NodeSpec(n, f"{root}/{n}.sock", f"{root}/{n}", (0, 1)) for n in NODES]
+        places = place_ranks(nodes, 2, 2)
+        # Rank 3's GPU does not exist: it fails at start while its peers wait for it.
+        bad = RankPlacement(**{**places[3].__dict__, "gpu_index": 7})
+        options = PipelineOptions(stages=2, dp=2, microbatches=2, iterations=50,
+                                  time_scale=0.02, ipc_timeout_s=30)
+        with pytest.raises(PipelineError) as info:
+            await asyncio.to_thread(run_pipeline, [*places[:3], bad], options, None, 60)
+    message = str(info.value)
+    assert message.startswith("rank 3 (dp 1, stage 1, node pb GPU 7) failed: "), message
+    assert "GPUUnavailableError" in message  # the root cause, not a peer's broken barrier
+    assert multiprocessing.active_children() == []  # its peers were stopped
+
+
+async def test_cli_without_an_agent_fails_clearly(tmp_path: Path) -> None:
+    create_sim_gpus(tmp_path / "sim", 2)
+    code, log = await run_cli(
+        "--profile", "synthetic", "--stages", "2", "--iterations", "2",
+        "--socket", str(tmp_path / "none.sock"), "--sim-dir", str(tmp_path / "sim"),
+        "--ipc-timeout", "20",
+    )
+    assert code == 1, log
+    assert "rank 0 (dp 0, stage 0, node local GPU 0) failed: RuntimeError: the job could not " \
+        "be registered" in log
+    code, log = await run_cli("--stages", "2", "--socket", "/tmp/x.sock",
+                              "--sim-dir", str(tmp_path / "missing"))
+    assert code == 1 and "cannot open simulated GPU 0" in log, log
+    code, log = await run_cli("--stages", "3", "--socket", "/tmp/x.sock",
+                              "--sim-dir", str(tmp_path / "sim"), "--gpus", "0,1")
+    assert code == 2 and "need 3 GPUs" in log, log
