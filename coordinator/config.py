@@ -7,12 +7,15 @@ settings; flags (`--log-level`, ...) override them. Construction does no I/O.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_agent.wire.subjects import DEFAULT_PREFIX
+
+if TYPE_CHECKING:
+    from coordinator.pipeline.settings import PFOServerSettings
 
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
@@ -30,7 +33,10 @@ class CoordinatorSettings(BaseSettings):
 
     # Zeus PFOServerSettings fields (same names, same defaults where they apply).
     scheduler: str = Field(
-        default="PointSolution", description="Frequency scheduler for pipeline jobs (Zeus name)"
+        default="InstructionProfiler",
+        description="Frequency scheduler for pipeline jobs (Zeus names accepted; Zeus 0.16's "
+        "default PointSolution needs scheduler_args {\"solution_path\": ...}, so the default "
+        "here profiles the instructions online)",
     )
     scheduler_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra arguments of the scheduler (JSON)"
@@ -42,6 +48,18 @@ class CoordinatorSettings(BaseSettings):
         default=60 * 60 * 24 * 7,
         gt=0,
         description="Seconds a job may be idle before it is deleted",
+    )
+    profiling_iterations: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Pipeline jobs: iterations per rank that make one profiling result",
+    )
+    switch_lead_steps: int = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="Pipeline jobs: a new schedule starts this many steps after the latest seen",
     )
     # The bus and the service.
     nats_url: str | None = Field(
@@ -106,3 +124,29 @@ class CoordinatorSettings(BaseSettings):
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)} (any case)")
         return level
+
+    @model_validator(mode="after")
+    def _check_scheduler(self) -> CoordinatorSettings:
+        """The scheduler and its arguments must be usable (checked at start, not per job)."""
+        self.pfo_settings()
+        return self
+
+    def pfo_settings(self) -> PFOServerSettings:
+        """The pipeline frequency optimizer's settings (Zeus 0.16's `PFOServerSettings`).
+
+        Raises:
+            ValueError: An unknown scheduler, or arguments its constructor does not take.
+        """
+        from coordinator.pipeline.settings import PFOServerSettings
+
+        try:
+            return PFOServerSettings(
+                scheduler=self.scheduler,
+                scheduler_args=self.scheduler_args,
+                log_level=self.log_level,
+                dump_data=self.dump_data,
+                dump_dir=self.dump_dir,
+                max_job_idle_time=self.max_job_idle_time,
+            )
+        except ValidationError as e:
+            raise ValueError("; ".join(str(err["msg"]) for err in e.errors())) from None

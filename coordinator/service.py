@@ -39,25 +39,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord, JobRegistry, RegistryError
-from coordinator.power_limit.job import (
+from coordinator.optimizer import (
     Action,
     ApplyPowerLimit,
-    PowerLimitJob,
+    ClearSchedules,
+    InstallSchedules,
+    JobOptimizer,
+    KeepFile,
     SaveProfile,
     StatusUpdate,
 )
+from coordinator.pipeline.job import PipelineJob
+from coordinator.pipeline.scheduler import SchedulerError
+from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.profile import load_profile, save_profile
 from coordinator.power_limit.search import WindowResult
@@ -66,13 +72,16 @@ from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.errors import BrokerError, PayloadError
+from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     AgentHello,
+    ClearScheduleCmd,
     CommandEnvelope,
     GpuBinding,
     GpuDescription,
     InfoCmd,
+    InstallScheduleCmd,
     JobQuery,
     JobStatus,
     LeaseRenewal,
@@ -117,7 +126,9 @@ class CoordinatorService(ExitSignals):
         self.clock = clock
         self.state_dir = Path(settings.state_dir)
         self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node)
-        self.power_limit_jobs: dict[str, PowerLimitJob] = {}
+        self.pfo = settings.pfo_settings()
+        self.optimisers: dict[str, JobOptimizer] = {}
+        """Job id -> the optimiser driving it (power-limit or pipeline frequency)."""
         self._resume: dict[str, list[WindowResult]] = {}  # measured windows from before a restart
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
         self._gpu_jobs: dict[tuple[str, str], str] = {}
@@ -182,6 +193,16 @@ class CoordinatorService(ExitSignals):
         finally:
             self._tg = None
             await self.shutdown()
+
+    @property
+    def power_limit_jobs(self) -> dict[str, PowerLimitJob]:
+        """The power-limit optimisers, by job id."""
+        return {k: j for k, j in self.optimisers.items() if isinstance(j, PowerLimitJob)}
+
+    @property
+    def pipeline_jobs(self) -> dict[str, PipelineJob]:
+        """The pipeline frequency optimisers, by job id."""
+        return {k: j for k, j in self.optimisers.items() if isinstance(j, PipelineJob)}
 
     @property
     def url(self) -> str | None:
@@ -335,9 +356,8 @@ class CoordinatorService(ExitSignals):
         """What survives a restart: the registry, and the windows of unfinished profiles."""
         data = self.registry.snapshot()
         data["power_limit_windows"] = {
-            job_id: [dataclasses.asdict(w) for w in job.machine.window_results]
-            for job_id, job in self.power_limit_jobs.items()
-            if not job.done and job.machine.window_results
+            job_id: state for job_id, job in self.power_limit_jobs.items()
+            if (state := job.persisted()) is not None
         }
         return data
 
@@ -433,7 +453,17 @@ class CoordinatorService(ExitSignals):
     async def handle_register_job(self, data: bytes, subject: str = "") -> Reply:
         """Register a job (through the node named by the subject) and return its id."""
         request = codec.decode(data, RegisterJob)
-        record = self.registry.register_job(request, self.clock(), subjects.last_token(subject))
+        if request.power_limit is None:  # A pipeline job: this coordinator's scheduler runs it.
+            name = self.pfo.scheduler
+            if request.scheduler not in ("PowerLimitOptimizer", name):
+                return Reply.failure(
+                    "bad_request",
+                    f"this coordinator runs pipeline jobs with {name} (ZEUS_PFO_SCHEDULER), not "
+                    f"{request.scheduler[:64]!r}: omit the scheduler, or ask its operator",
+                )
+            request = request.model_copy(update={"scheduler": name})
+        record = self.registry.register_job(request, self.clock(), subjects.last_token(subject),
+                                            datetime.now())
         await self._save_or_undo(lambda: self.registry.unregister_job(record.job_id))
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await self.status(record.job_id, "registered",
@@ -496,7 +526,9 @@ class CoordinatorService(ExitSignals):
             return Reply.success(jobs=ids[query.offset:end], total=len(ids),
                                  next_offset=end if end < len(ids) else None)
         record = self.registry.get(query.job_id)
-        job = self.power_limit_jobs.get(record.job_id)
+        optimiser = self.optimisers.get(record.job_id)
+        pipeline = optimiser.progress() if isinstance(optimiser, PipelineJob) else None
+        job = optimiser if isinstance(optimiser, PowerLimitJob) else None
         return Reply.success(
             job_id=record.job_id,
             job=record.job.model_dump(),
@@ -508,7 +540,8 @@ class CoordinatorService(ExitSignals):
                             "gpu_uuid": rr.gpu.gpu_uuid}
                    for r, rr in sorted(record.ranks.items())},
             power_limit=job.progress() if job else None,
-            waiting_for=job.waiting_for() if job else {},
+            pipeline=pipeline,
+            waiting_for=optimiser.waiting_for() if optimiser is not None else {},
         )
 
     async def _gpu_info(self, node: str, index: int) -> GpuDescription | None:
@@ -537,10 +570,13 @@ class CoordinatorService(ExitSignals):
     # ------------------------------------------------------------------ power-limit jobs
     async def _start_optimiser(self, record: JobRecord) -> None:
         async with self._lock(record.job_id):
-            if record.power_limit is None or record.job_id in self.power_limit_jobs:
+            if record.job_id in self.optimisers:
                 return
             if self.registry.jobs.get(record.job_id) is not record:
                 return  # Collected meanwhile.
+            if record.power_limit is None:
+                await self._start_pipeline(record)
+                return
             gpus = record.gpus()
             missing = [g for g in gpus if (g.node, g.gpu_index) not in self.gpu_limits]
             await asyncio.gather(*(self._gpu_info(g.node, g.gpu_index) for g in missing))
@@ -576,10 +612,31 @@ class CoordinatorService(ExitSignals):
                 await self.status(record.job_id, "error",
                                   f"power-limit optimiser refused to start: {e}")
                 return
-            self.power_limit_jobs[record.job_id] = job
+            self.optimisers[record.job_id] = job
             for g in gpus:
                 self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
             await self._execute(record, job.start())
+
+    async def _start_pipeline(self, record: JobRecord) -> None:
+        """Start a pipeline job's frequency optimiser (the lock is held)."""
+        pfo = self.pfo
+
+        def make_scheduler(job_info: JobInfo, ranks: list[RankInfo]) -> Any:
+            return pfo.create_scheduler(job_info, ranks)
+
+        try:
+            job = PipelineJob(
+                record.job_id, record.job, [rr.info for rr in record.ranks.values()],
+                make_scheduler, scheduler_name=pfo.scheduler,
+                profiling_iterations=self.settings.profiling_iterations,
+                switch_lead_steps=self.settings.switch_lead_steps)
+        except (SchedulerError, ValueError) as e:
+            await self.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
+            return
+        self.optimisers[record.job_id] = job
+        for g in record.gpus():
+            self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
+        await self._execute(record, job.start())
 
     def _lock(self, job_id: str) -> asyncio.Lock:
         return self._locks.setdefault(job_id, asyncio.Lock())
@@ -618,17 +675,14 @@ class CoordinatorService(ExitSignals):
         now = self.clock()
         lapsed = record is not None and now - record.last_active_s > self.settings.lease_idle_s
         self.registry.touch(batch.job_id, now)
-        job = self.power_limit_jobs.get(batch.job_id)
+        job = self.optimisers.get(batch.job_id)
         if job is None:
             return
         async with self._lock(batch.job_id):
-            limit = job.desired_power_limit
-            if lapsed and record is not None and limit is not None:
+            if lapsed and record is not None:
                 # Renewals stopped while the job was quiet, so the agents have restored their
-                # defaults: the job is back, so is its limit.
-                await self.status(batch.job_id, "resumed",
-                                  f"events again after a quiet spell; re-applying {limit} W")
-                await self.apply_power_limit(record, limit)
+                # defaults: the job is back, so are its settings.
+                await self._reapply(record, job, "events again after a quiet spell")
             for event in batch.events:
                 await self._act(batch.job_id, lambda r, e: job.on_event(r, e, now), batch.rank,
                                 event)
@@ -639,12 +693,12 @@ class CoordinatorService(ExitSignals):
         except PayloadError as e:
             self._drop("malformed", msg.subject, e)
             return
-        job = self.power_limit_jobs.get(batch.job_id)
+        job = self.optimisers.get(batch.job_id)
         if job is None:
             if batch.job_id not in self.registry.jobs:
                 self._drop("unknown_job", msg.subject, batch.job_id)
             return
-        if not batch.marks:
+        if not batch.marks and not batch.measurements:
             return
         parts = msg.subject.split(".")  # <p...>.gpu.<node>.<gpu>.meas
         node, gpu = parts[-3], parts[-2]
@@ -654,9 +708,13 @@ class CoordinatorService(ExitSignals):
             self._drop("wrong_node", msg.subject,
                        f"rank {batch.rank} of {batch.job_id} is not bound to {node}/gpu{gpu}")
             return
+        now = self.clock()
         async with self._lock(batch.job_id):
             for mark in batch.marks:
                 await self._act(batch.job_id, job.on_mark, batch.rank, mark)
+            for m in batch.measurements:
+                await self._act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),
+                                batch.rank, m)
 
     async def _on_agent_hello(self, msg: Any) -> None:
         """Reconcile: a GPU still driven by an optimised job's rank gets the job's limit back.
@@ -682,27 +740,33 @@ class CoordinatorService(ExitSignals):
             job_id = self._gpu_jobs.get((node, subjects.token(gpu.index)))
             if job_id is None or gpu.job_id != job_id:
                 continue
-            job = self.power_limit_jobs.get(job_id)
+            job = self.optimisers.get(job_id)
             record = self.registry.jobs.get(job_id)
             if job is None or record is None:
                 continue
-            desired = job.desired_power_limit
-            if desired is None or gpu.power_limit_w == desired:
-                continue
             if self.clock() - record.last_active_s > self.settings.lease_idle_s:
                 continue  # A quiet job: its leases lapsed on purpose.
-            binding = next((g for g in record.gpus()
-                            if subjects.token(g.node) == node and g.gpu_index == gpu.index), None)
+            rank = record.gpu_ranks.get((hello.node, gpu.index))
+            binding = record.ranks[rank].gpu if rank in record.ranks else None
             if binding is None:
                 continue
-            await self.status(record.job_id, "reconciled",
-                              f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, not "
-                              f"{desired} W (its agent restarted?): setting {desired} W again")
-            await self.apply_power_limit(record, desired, [binding])
+            desired = job.desired_power_limit
+            if desired is not None and gpu.power_limit_w != desired:
+                await self.status(record.job_id, "reconciled",
+                                  f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, not "
+                                  f"{desired} W (its agent restarted?): setting {desired} W again")
+                await self.apply_power_limit(record, desired, [binding])
+            wanted = job.desired_schedule(rank) if rank is not None else None
+            if wanted is not None and gpu.schedule_version != wanted[1]:
+                await self.status(record.job_id, "reconciled",
+                                  f"{binding.node}/gpu{gpu.index} has schedule "
+                                  f"{gpu.schedule_version}, not {wanted[1]} (its agent "
+                                  "restarted?): installing it again")
+                await self.install_schedules(record, InstallSchedules((wanted[0],), wanted[1]))
 
     async def _tick_jobs(self) -> None:
         now = self.clock()
-        for job_id, job in list(self.power_limit_jobs.items()):
+        for job_id, job in list(self.optimisers.items()):
             if job.done:
                 continue
             async with self._lock(job_id):
@@ -714,15 +778,16 @@ class CoordinatorService(ExitSignals):
         record = self.registry.jobs.get(job_id)
         if record is None:
             return
-        job = self.power_limit_jobs.get(job_id)
-        recorded = len(job.machine.window_results) if job else 0
+        job = self.optimisers.get(job_id)
+        plj = job if isinstance(job, PowerLimitJob) else None
+        recorded = len(plj.machine.window_results) if plj else 0
         try:
             actions = step(rank, item)
         except PowerLimitError as e:
             await self.status(job_id, "error", f"power-limit optimiser: {e}")
             return
         await self._execute(record, actions)
-        if job is not None and len(job.machine.window_results) > recorded:
+        if plj is not None and len(plj.machine.window_results) > recorded:
             await self._save()  # a measured window survives a restart
 
     async def _execute(self, record: JobRecord, actions: list[Action]) -> None:
@@ -742,6 +807,12 @@ class CoordinatorService(ExitSignals):
                     f"profile measured ({where}); the trainer's drop-in writes its profile_path",
                     {"optimal_power_limit_w": action.optimal_power_limit,
                      "measurements": [m.model_dump() for m in action.measurements]})
+            elif isinstance(action, InstallSchedules):
+                await self.install_schedules(record, action)
+            elif isinstance(action, ClearSchedules):
+                await self.clear_schedules(record)
+            elif isinstance(action, KeepFile):
+                await self.keep_file(record, action)
             elif isinstance(action, StatusUpdate):
                 await self.status(record.job_id, action.state, action.message, action.progress)
 
@@ -764,6 +835,71 @@ class CoordinatorService(ExitSignals):
             more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""
             shown = "; ".join(errors[:8]) + more
             await self.status(record.job_id, "error", f"setting {watts} W failed on {shown}")
+
+    async def _reapply(self, record: JobRecord, job: JobOptimizer, why: str) -> None:
+        """Apply the job's desired settings again on all its GPUs."""
+        limit = job.desired_power_limit
+        if limit is not None:
+            await self.status(record.job_id, "resumed", f"{why}; re-applying {limit} W")
+            await self.apply_power_limit(record, limit)
+        wanted = [w for r in sorted(record.ranks) if (w := job.desired_schedule(r)) is not None]
+        if wanted:
+            await self.status(record.job_id, "resumed",
+                              f"{why}; installing schedule {wanted[0][1]} again")
+            await self.install_schedules(
+                record, InstallSchedules(tuple(s for s, _ in wanted), wanted[0][1]))
+
+    async def install_schedules(self, record: JobRecord, action: InstallSchedules) -> None:
+        """Install each rank's schedule on the agent of its GPU, under the job's lease."""
+        requests, targets = [], []
+        for schedule in action.schedules:
+            rr = record.ranks.get(schedule.rank)
+            if rr is None:
+                continue
+            cmd = InstallScheduleCmd(job_id=record.job_id, schedule=schedule,
+                                     holder=record.job_id, lease_s=self.settings.lease_s,
+                                     version=action.version, from_step=action.from_step)
+            requests.append((subjects.gpu_command(rr.gpu.node, rr.gpu.gpu_index,
+                                                  self.settings.prefix),
+                             codec.encode(CommandEnvelope(cmd=cmd))))
+            targets.append(rr.gpu)
+        await self._report_failures(record, f"installing schedule {action.version}", targets,
+                                    await self.request_all(requests))
+
+    async def clear_schedules(self, record: JobRecord) -> None:
+        """Remove the job's schedules from its GPUs (clocks back to default)."""
+        cmd = codec.encode(CommandEnvelope(cmd=ClearScheduleCmd()))
+        gpus = record.gpus()
+        replies = await self.request_all(
+            [(subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus])
+        await self._report_failures(record, "clearing the schedules", gpus, replies)
+
+    async def _report_failures(self, record: JobRecord, what: str, gpus: list[GpuBinding],
+                               replies: list[Reply | str]) -> None:
+        errors = [
+            f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"
+            for g, r in zip(gpus, replies, strict=True)
+            if isinstance(r, str) or not r.ok
+        ]
+        if errors:
+            more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""
+            await self.status(record.job_id, "error",
+                              f"{what} failed on " + "; ".join(errors[:8]) + more)
+
+    def dump_dir(self, record: JobRecord) -> Path:
+        """The job's dump directory: `<dump_dir>/<job id>` (a token if the id is unsafe)."""
+        return Path(self.pfo.dump_dir) / subjects.token(record.job_id)
+
+    async def keep_file(self, record: JobRecord, action: KeepFile) -> None:
+        """Write a dump file of the job when dumping is on (`ZEUS_PFO_DUMP_DATA`)."""
+        if not self.pfo.dump_data:
+            return
+        path = self.dump_dir(record) / action.name
+        try:
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(path.write_text, action.content)
+        except OSError as e:
+            LOG.warning("job %s: could not write %s: %s", record.job_id, path, e)
 
     async def request_all(self, requests: list[tuple[str, bytes]]) -> list[Reply | str]:
         """Send many requests at once over one reply inbox, within `command_timeout_s`.
@@ -838,7 +974,7 @@ class CoordinatorService(ExitSignals):
             return
         await self._save()
         for job_id in removed:
-            self.power_limit_jobs.pop(job_id, None)
+            self.optimisers.pop(job_id, None)
             for key in [k for k, j in self._gpu_jobs.items() if j == job_id]:
                 del self._gpu_jobs[key]
             self._locks.pop(job_id, None)
@@ -847,6 +983,6 @@ class CoordinatorService(ExitSignals):
                               "events or registrations (max_job_idle_time)")
 
 
-def _ticker(job: PowerLimitJob) -> Callable[[int, Any], list[Action]]:
+def _ticker(job: JobOptimizer) -> Callable[[int, Any], list[Action]]:
     """`job.tick` in the shape `_act` feeds (rank, item): the item is the time."""
     return lambda _rank, now_s: job.tick(now_s)

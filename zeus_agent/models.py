@@ -103,11 +103,14 @@ class JobInfo(BaseModel):
                 )
         return world_size
 
-    def set_job_id(self, scheduler_name: str) -> None:
-        """Generate and set the job id: `%F-%H-%M-%S+dp{dp}+pp{pp}+tp{tp}+{scheduler}[+meta]`."""
+    def set_job_id(self, scheduler_name: str, now: datetime | None = None) -> None:
+        """Generate and set the job id: `%F-%H-%M-%S+dp{dp}+pp{pp}+tp{tp}+{scheduler}[+meta]`.
+
+        `now` is the wall-clock time to stamp (default: now, local time, as Zeus 0.16).
+        """
         self.job_id = "+".join(
             [
-                datetime.now().strftime("%F-%H-%M-%S"),
+                (now or datetime.now()).strftime("%F-%H-%M-%S"),
                 f"dp{self.dp_degree}",
                 f"pp{self.pp_degree}",
                 f"tp{self.tp_degree}",

@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from zeus_agent.models import JobInfo, RankInfo
@@ -140,8 +141,10 @@ class JobRegistry:
                 "the id to the other ranks), or it was removed after being idle"
             ) from None
 
-    def register_job(self, request: RegisterJob, now_s: float, node: str = "") -> JobRecord:
-        """Register a job (through `node`'s agent) and give it an id.
+    def register_job(
+        self, request: RegisterJob, now_s: float, node: str = "", wall: datetime | None = None
+    ) -> JobRecord:
+        """Register a job (through `node`'s agent) and give it an id (stamped with `wall`).
 
         Raises:
             QuotaError: `max_jobs` jobs are registered, or `max_jobs_per_node` through `node`.
@@ -157,7 +160,7 @@ class JobRegistry:
                 "(max_jobs_per_node): wait for its jobs to finish or be collected when idle"
             )
         job = request.job.model_copy()
-        job.set_job_id(request.scheduler)
+        job.set_job_id(request.scheduler, wall)
         base, n = job.job_id, 1
         while job.job_id in self.jobs:
             n += 1

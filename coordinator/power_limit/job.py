@@ -26,16 +26,19 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
 * when nothing can be measured (every window unusable), the optimiser gives up: the GPUs go
   back to the maximum limit and the status says why (`gave_up`).
 
-Methods return `Action`s for the shell: `ApplyPowerLimit` (command every GPU of the job),
-`SaveProfile` (profiling finished) and `StatusUpdate` (for people and dashboards).
+It implements `coordinator.optimizer.JobOptimizer`: methods return `Action`s for the shell:
+`ApplyPowerLimit` (command every GPU of the job), `SaveProfile` (profiling finished) and
+`StatusUpdate` (for people and dashboards).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.optimizer import Action, ApplyPowerLimit, SaveProfile, StatusUpdate
 from coordinator.power_limit.machine import (
     BeginWindow,
     Done,
@@ -55,7 +58,7 @@ from coordinator.power_limit.selectors import (
     ZeusCost,
 )
 from zeus_agent.models import PowerLimitMeasurement
-from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
+from zeus_agent.wire.messages import Mark, Measurement, PowerLimitOptions, TrainerEvent
 
 MAX_MARKS_PER_RANK = 4096
 MAX_REPLAYED_STEPS = 1_000
@@ -66,31 +69,6 @@ StepKey = tuple[int, int]
 """(epoch, step): a step of the job, as counted by every rank's trainer."""
 
 
-@dataclass(frozen=True, slots=True)
-class ApplyPowerLimit:
-    """Set this limit (W) on every GPU of the job."""
-
-    watts: int
-
-
-@dataclass(frozen=True, slots=True)
-class SaveProfile:
-    """Profiling finished: persist these measurements (Zeus profile format)."""
-
-    measurements: tuple[PowerLimitMeasurement, ...]
-    optimal_power_limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class StatusUpdate:
-    """A state change or progress report."""
-
-    state: str
-    message: str
-    progress: dict[str, Any] = field(default_factory=dict)
-
-
-Action = ApplyPowerLimit | SaveProfile | StatusUpdate
 
 
 def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelector:
@@ -292,6 +270,20 @@ class PowerLimitJob:
                 w.missing.discard(rank)
                 completed = completed or not w.missing
         return self._complete_windows() if completed else []
+
+    def desired_schedule(self, rank: int) -> None:
+        """Power-limit jobs install no frequency schedules."""
+        return None
+
+    def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
+        """Step and instruction measurements are not used: windows come from marks."""
+        return []
+
+    def persisted(self) -> list[dict[str, Any]] | None:
+        """The windows measured so far, while profiling (a restarted coordinator resumes)."""
+        if self.done or not self.machine.window_results:
+            return None
+        return [dataclasses.asdict(w) for w in self.machine.window_results]
 
     def waiting_for(self) -> dict[str, list[int]]:
         """Closed windows still missing marks: window name -> ranks."""

@@ -19,10 +19,19 @@ PURE_PATHS: tuple[str, ...] = (
     "zeus_agent/gpu/sim/physics.py",
     "zeus_agent/wire",
     "coordinator/power_limit",
+    "coordinator/pipeline",
+    "coordinator/jobs",
+    "coordinator/optimizer.py",
 )
 """Files or directories (searched recursively) whose modules must stay pure."""
 
-REQUIRED_PATHS: tuple[str, ...] = ("zeus_agent/agent/core",)
+REQUIRED_PATHS: tuple[str, ...] = (
+    "zeus_agent/agent/core",
+    "coordinator/power_limit",
+    "coordinator/pipeline",
+    "coordinator/jobs",
+    "coordinator/optimizer.py",
+)
 """Paths in `PURE_PATHS` that must exist."""
 
 FORBIDDEN_MODULES: frozenset[str] = frozenset(

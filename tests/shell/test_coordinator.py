@@ -130,7 +130,7 @@ async def wait_for(predicate, timeout_s: float = 5.0) -> None:
 async def test_register_job_and_ranks_query_and_status(coord, nc):
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     job_id = await register_job(nc, dp=2, job_metadata="shell")
-    assert job_id.endswith("+dp2+pp1+tp1+PowerLimitOptimizer+shell")
+    assert job_id.endswith("+dp2+pp1+tp1+InstructionProfiler+shell")  # a pipeline job
     uuid0 = (await gpu_info(nc, 0))["gpu"]["uuid"]
     first = await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0, uuid=uuid0))
     assert first.ok and first.result["registered"] == 1 and first.result["world_size"] == 2

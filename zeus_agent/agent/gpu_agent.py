@@ -174,7 +174,10 @@ class GpuAgent:
         limit = await self.caller.call(self.gpu.get_power_limit_w)
         self.power_limit_w = limit
         job_id = self.binding.job_id if self.binding is not None else None
-        return GpuDescription.from_info(self.info, limit, job_id)
+        pending = self._pending_schedule
+        version = pending[1] if pending is not None else self.schedule_version
+        return GpuDescription.from_info(self.info, limit, job_id).model_copy(
+            update={"schedule_version": version})
 
     @property
     def subject_suffix(self) -> tuple[str, int]:

@@ -86,6 +86,8 @@ class GpuDescription(_Part):
     power_limit_w: int
     job_id: Id | None = None
     """The job whose rank is bound to the GPU (a trainer said HELLO), or None."""
+    schedule_version: int | None = None
+    """Version of the frequency schedule installed or waiting for its step (None: none)."""
 
     @classmethod
     def from_info(

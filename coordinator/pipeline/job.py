@@ -1,0 +1,297 @@
+"""`PipelineJob`: one DP x PP x TP job's frequency optimisation across ranks (sans-I/O).
+
+It wraps a `FrequencyScheduler` and turns the agents' measurements into its inputs:
+
+1. **Discovering.** Until every rank has completed one iteration (a step measurement and the
+   instruction measurements of that step), the job runs at the GPUs' current clocks. Each rank's
+   instruction names in execution order become its `RankInfo.instructions`; then the scheduler
+   is built (a scheduler that cannot run for this job is an `error` status, not a crash).
+2. **Schedule n.** The scheduler's schedules (one per rank, checked against the observed
+   instruction order and each GPU's clocks) are installed as version n, switching on every
+   rank at the same iteration boundary: `from_step` = the latest step any rank has completed +
+   `switch_lead_steps`. Dumps: `ranks.json` (once) and `<n>.sched.json`.
+3. **Observing.** Measurements carry the schedule version they ran under. Once every rank has
+   `profiling_iterations` complete iterations under version n, each rank's first ones become one
+   `ProfilingResult` (`iter_time`, `iter_energy`, `time_breakdown`, `energy_breakdown` by
+   instruction name, in order), dumped as `<n>.prof.json` and observed by the scheduler.
+4. A scheduler that answers with the same schedules (it has finished) is **serving** them: the
+   job stops collecting. Otherwise the new schedules become version n + 1 (step 2).
+
+Memory is bounded: per rank, only iterations of the current version (at most
+`profiling_iterations` of them) and those still being completed are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.optimizer import Action, ClearSchedules, InstallSchedules, KeepFile, StatusUpdate
+from coordinator.pipeline.scheduler import FrequencyScheduler, SchedulerError
+from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
+
+__all__ = ["PipelineJob", "SchedulerFactory"]
+
+SchedulerFactory = Callable[[JobInfo, list[RankInfo]], FrequencyScheduler]
+"""Builds the job's scheduler from its info and its ranks (with their instruction orders)."""
+
+MAX_OPEN_STEPS = 64
+"""Most incomplete iterations kept per rank (older ones are dropped)."""
+MAX_INSTRUCTIONS_PER_STEP = 100_000
+
+
+@dataclass
+class _Step:
+    """One iteration of one rank, as its measurements arrive."""
+
+    instructions: dict[int, tuple[str, float, float, int | None]] = field(default_factory=dict)
+    """Instruction index -> (name, time, energy, schedule version)."""
+    time_s: float | None = None
+    energy_j: float | None = None
+    version: int | None = None
+
+
+class PipelineJob:
+    """Discover, schedule, observe, re-schedule (see the module docstring)."""
+
+    def __init__(
+        self,
+        job_id: str,
+        job_info: JobInfo,
+        rank_infos: Sequence[RankInfo],
+        make_scheduler: SchedulerFactory,
+        *,
+        scheduler_name: str = "",
+        profiling_iterations: int = 5,
+        switch_lead_steps: int = 2,
+    ) -> None:
+        if profiling_iterations < 1:
+            raise ValueError(f"profiling_iterations must be >= 1, got {profiling_iterations}")
+        if switch_lead_steps < 1:
+            raise ValueError(f"switch_lead_steps must be >= 1, got {switch_lead_steps}")
+        self.job_id = job_id
+        self.job_info = job_info
+        self.rank_infos = {info.rank: info for info in rank_infos}
+        self.make_scheduler = make_scheduler
+        self.scheduler_name = scheduler_name
+        self.profiling_iterations = profiling_iterations
+        self.switch_lead_steps = switch_lead_steps
+        self.phase = "discovering"
+        self.scheduler: FrequencyScheduler | None = None
+        self.version: int | None = None
+        """Number of the schedules installed last (None before the first)."""
+        self.schedules: dict[int, FrequencySchedule] = {}
+        self.orders: dict[int, list[str]] = {}
+        self.error: str | None = None
+        self._steps: dict[int, dict[int, _Step]] = {rank: {} for rank in self.rank_infos}
+        self._latest_step = -1
+        self._observed = 0
+
+    # ------------------------------------------------------------------ JobOptimizer
+    @property
+    def done(self) -> bool:
+        """Serving a final plan, or stopped by an error: nothing left to decide."""
+        return self.phase in ("serving", "error")
+
+    @property
+    def desired_power_limit(self) -> None:
+        """Pipeline jobs set clocks, not power limits."""
+        return None
+
+    def desired_schedule(self, rank: int) -> tuple[FrequencySchedule, int] | None:
+        """The schedule rank `rank` should run now and its version."""
+        schedule = self.schedules.get(rank)
+        if schedule is None or self.version is None:
+            return None
+        return schedule, self.version
+
+    def start(self) -> list[Action]:
+        """Every rank is registered: learn the instruction orders from one iteration."""
+        return [StatusUpdate("discovering", f"all {len(self.rank_infos)} rank(s) registered; "
+                             "observing one iteration to learn each rank's instructions")]
+
+    def on_event(self, rank: int, event: TrainerEvent, now_s: float) -> list[Action]:
+        """Trainer events pace nothing here: the measurements carry what is needed."""
+        return []
+
+    def on_mark(self, rank: int, mark: Mark) -> list[Action]:
+        """Marks are for power-limit windows."""
+        return []
+
+    def tick(self, now_s: float) -> list[Action]:
+        """No timers yet."""
+        return []
+
+    def persisted(self) -> None:
+        """Nothing: a restarted coordinator discovers and profiles again."""
+        return None
+
+    def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
+        """Take one step or instruction measurement of `rank`."""
+        if self.done or rank not in self._steps:
+            return []
+        steps = self._steps[rank]
+        m = measurement
+        if self.version is not None and m.schedule != self.version:
+            return []  # Before the switch (or a stale version): not what is being profiled.
+        step = steps.get(m.step)
+        if step is None:
+            if len(steps) >= MAX_OPEN_STEPS:
+                del steps[min(steps)]
+            step = steps[m.step] = _Step()
+        if m.kind == "instruction":
+            if len(step.instructions) < MAX_INSTRUCTIONS_PER_STEP:
+                step.instructions[m.index] = (m.name, m.time_s, m.energy_j, m.schedule)
+            return []
+        step.time_s, step.energy_j, step.version = m.time_s, m.energy_j, m.schedule
+        self._latest_step = max(self._latest_step, m.step)
+        if self.phase == "discovering":
+            return self._discover(rank, m.step)
+        return self._maybe_observe()
+
+    def progress(self) -> dict[str, Any]:
+        """Phase, schedule number and the scheduler's own progress."""
+        rounds = self.scheduler.progress() if self.scheduler is not None else None
+        return {
+            "phase": self.phase,
+            "schedule": self.version,
+            "observed": self._observed,
+            "scheduler": self.scheduler_name,
+            "rounds": list(rounds) if rounds else None,
+            "error": self.error,
+        }
+
+    def waiting_for(self) -> dict[str, Any]:
+        """Ranks that still owe iterations (discovery or the current profiling window)."""
+        if self.phase == "discovering":
+            return {"ranks_to_discover": sorted(set(self.rank_infos) - set(self.orders))}
+        if self.phase != "profiling":
+            return {}
+        need = self.profiling_iterations
+        return {"ranks_short_of_iterations": sorted(
+            r for r, steps in self._steps.items() if len(self._complete(steps)) < need)}
+
+    # ------------------------------------------------------------------ internals
+    def _complete(self, steps: dict[int, _Step]) -> list[tuple[int, _Step]]:
+        """Steps with their step measurement, under the current version, in step order."""
+        return sorted((n, s) for n, s in steps.items()
+                      if s.time_s is not None and s.version == self.version and s.instructions)
+
+    def _discover(self, rank: int, step_number: int) -> list[Action]:
+        step = self._steps[rank].get(step_number)
+        if step is None or not step.instructions or rank in self.orders:
+            return []
+        self.orders[rank] = [step.instructions[i][0] for i in sorted(step.instructions)]
+        if len(self.orders) < len(self.rank_infos):
+            return []
+        infos = [info.model_copy(update={"instructions": self.orders[r]})
+                 for r, info in sorted(self.rank_infos.items())]
+        self.rank_infos = {info.rank: info for info in infos}
+        try:
+            self.scheduler = self.make_scheduler(self.job_info, infos)
+            schedules = self.scheduler.next_schedule()
+        except (SchedulerError, ValueError, TypeError, KeyError, OSError) as e:
+            return self._fail(f"the scheduler {self.scheduler_name or ''} cannot run: {e}")
+        ranks = json.dumps([info.model_dump(mode="json") for info in infos])
+        return [KeepFile("ranks.json", ranks), *self._install(schedules)]
+
+    def _install(self, schedules: list[FrequencySchedule]) -> list[Action]:
+        by_rank = {s.rank: s for s in schedules}
+        problem = self._check(by_rank)
+        if problem is not None:
+            return self._fail(problem)
+        self.version = 0 if self.version is None else self.version + 1
+        self.schedules = by_rank
+        for steps in self._steps.values():
+            steps.clear()
+        from_step = self._latest_step + self.switch_lead_steps
+        rounds = self.scheduler.progress() if self.scheduler is not None else None
+        self.phase = "profiling"
+        what = (f"profiling {rounds[0] + 1}/{rounds[1]}" if rounds
+                else f"schedule {self.version}")
+        ordered = tuple(by_rank[r] for r in sorted(by_rank))
+        dump = json.dumps([s.model_dump(mode="json") for s in ordered])
+        return [
+            InstallSchedules(ordered, self.version, from_step),
+            KeepFile(f"{self.version}.sched.json", dump),
+            StatusUpdate("profiling", f"{what}: schedule {self.version} from step {from_step}",
+                         self.progress()),
+        ]
+
+    def _check(self, by_rank: dict[int, FrequencySchedule]) -> str | None:
+        """Why these schedules cannot be installed, or None."""
+        missing = sorted(set(self.rank_infos) - set(by_rank))
+        if missing or len(by_rank) != len(self.rank_infos):
+            return (f"the scheduler gave schedules for ranks {sorted(by_rank)[:16]}, not for "
+                    f"every rank (missing {missing[:16]})")
+        for rank, schedule in by_rank.items():
+            names = [name for name, _ in schedule.frequencies]
+            order = self.orders.get(rank)
+            if order is not None and names != order:
+                return (f"the schedule of rank {rank} lists {len(names)} instruction(s) that do "
+                        f"not match the {len(order)} the rank runs per iteration "
+                        f"({order[:4]}...)")
+            clocks = set(self.rank_infos[rank].available_frequencies)
+            bad = sorted({f for _, f in schedule.frequencies if clocks and f not in clocks})
+            if bad:
+                return f"the schedule of rank {rank} asks for clocks its GPU lacks: {bad[:8]} MHz"
+        return None
+
+    def _maybe_observe(self) -> list[Action]:
+        if self.phase != "profiling" or self.scheduler is None or self.version is None:
+            return []
+        need = self.profiling_iterations
+        complete = {r: self._complete(steps) for r, steps in self._steps.items()}
+        if any(len(c) < need for c in complete.values()):
+            return []
+        results = [self._result(rank, [s for _, s in complete[rank][:need]])
+                   for rank in sorted(complete)]
+        version = self.version
+        current = self.scheduler.next_schedule()
+        try:
+            self.scheduler.observe(results)
+            schedules = self.scheduler.next_schedule()
+        except (SchedulerError, ValueError, TypeError, KeyError, OSError) as e:
+            return self._fail(f"the scheduler failed on the results of schedule {version}: {e}")
+        self._observed += 1
+        dump = json.dumps([r.model_dump(mode="json") for r in results])
+        actions: list[Action] = [KeepFile(f"{version}.prof.json", dump)]
+        if self.scheduler.finished and schedules is current:
+            self.phase = "serving"
+            for steps in self._steps.values():
+                steps.clear()
+            actions.append(StatusUpdate("serving", f"serving plan {version} (the scheduler has "
+                                        "finished)", self.progress()))
+            return actions
+        return actions + self._install(schedules)
+
+    def _result(self, rank: int, steps: list[_Step]) -> ProfilingResult:
+        times: dict[str, list[list[float]]] = {}
+        energies: dict[str, list[list[float]]] = {}
+        for i, step in enumerate(steps):
+            for name in set(times) | {n for n, *_ in step.instructions.values()}:
+                times.setdefault(name, [[] for _ in range(i)]).append([])
+                energies.setdefault(name, [[] for _ in range(i)]).append([])
+            for index in sorted(step.instructions):
+                name, t, e, _ = step.instructions[index]
+                times[name][i].append(t)
+                energies[name][i].append(e)
+        return ProfilingResult(
+            rank=rank,
+            iter_time=[s.time_s or 0.0 for s in steps],
+            iter_energy=[s.energy_j or 0.0 for s in steps],
+            time_breakdown=times,
+            energy_breakdown=energies,
+        )
+
+    def _fail(self, why: str) -> list[Action]:
+        self.phase = "error"
+        self.error = why
+        installed = bool(self.schedules)
+        self.schedules = {}
+        status = StatusUpdate("error", f"pipeline frequency optimiser stopped: {why}; the GPUs "
+                              "run at their default clocks")
+        return [ClearSchedules(), status] if installed else [status]
