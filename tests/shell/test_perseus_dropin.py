@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -375,7 +376,11 @@ async def cluster(url: str) -> AsyncIterator[Path]:
         )
         server = AgentServer(settings)
         agents.append((server, asyncio.create_task(server.serve())))
-    coord = CoordinatorService(CoordinatorSettings(nats_url=url, state_dir=str(root / "coord")))
+    coord = CoordinatorService(
+        CoordinatorSettings(
+            nats_url=url, state_dir=str(root / "coord"), dump_dir=str(root / "dump")
+        )
+    )
     coord_task = asyncio.create_task(coord.serve())
     try:
         for server, _ in agents:
@@ -387,6 +392,7 @@ async def cluster(url: str) -> AsyncIterator[Path]:
             server.handle_exit()
         coord.should_exit.set()
         await asyncio.gather(coord_task, *(t for _, t in agents), return_exceptions=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def node_args(root: Path) -> list[str]:
