@@ -2,23 +2,33 @@
 
 Pieces:
 
-* `PRESETS`: `HardwareParams` for "A40", "V100", "A100" and "H100". The A40 and V100 curve
-  parameters are fitted to the reference profiles (`data/reference-profiles/`); A100 (SXM4 40GB)
-  and H100 (SXM) are extrapolated from the fitted Ampere/Volta shapes (docs/simulator.md).
+* `PRESETS`: `HardwareParams` for "A40", "V100", "A100", "H100" and "A100-SXM". The A40 and
+  V100 curve parameters are fitted to the reference profiles (`data/reference-profiles/`); A100
+  (SXM4 40GB) and H100 (SXM) are extrapolated from the fitted Ampere/Volta shapes
+  (docs/simulator.md). "A100-SXM" (SXM4 80GB, 855-1410 MHz) is fitted to the Perseus pipeline
+  stage profiles (`data/perseus/stage_profiles/`) by `zeus_agent.gpu.sim.instructions`.
 * `WORKLOADS`: `WorkloadParams` fitted to each of the 12 reference profiles, keyed by the CSV
   stem (e.g. "A40+resnet50+gpu0,1,2,3"), plus generic "compute-bound", "memory-bound" and
   "input-bound" workloads for tests and demos.
 * `sm_clock_table`: builds an NVML-like SM clock table.
 
 The numbers between the GENERATED markers are written by
-``python -m zeus_agent.gpu.sim.calibration --write``; do not edit them by hand.
+``python -m zeus_agent.gpu.sim.calibration --write``, those between the PIPELINE FIT markers by
+``python -m zeus_agent.gpu.sim.instructions --fit --write``; do not edit them by hand.
 """
 
 from __future__ import annotations
 
 from zeus_agent.gpu.sim.physics import HardwareParams, WorkloadParams
 
-__all__ = ["FITTED_HARDWARE", "FITTED_WORKLOADS", "PRESETS", "WORKLOADS", "sm_clock_table"]
+__all__ = [
+    "FITTED_HARDWARE",
+    "FITTED_PIPELINE_HARDWARE",
+    "FITTED_WORKLOADS",
+    "PRESETS",
+    "WORKLOADS",
+    "sm_clock_table",
+]
 
 
 def sm_clock_table(min_mhz: int, max_mhz: int, step_mhz: float) -> tuple[int, ...]:
@@ -153,6 +163,16 @@ FITTED_WORKLOADS: dict[str, dict[str, float]] = {
 }
 # END GENERATED
 
+# BEGIN PIPELINE FIT (python -m zeus_agent.gpu.sim.instructions --fit --write)
+FITTED_PIPELINE_HARDWARE: dict[str, dict[str, float]] = {
+    "A100-SXM": {
+        "static_power_w": 55.8844,
+        "voltage_floor_clock_mhz": 1114.24,
+        "voltage_exponent": 2.80964,
+    },
+}
+# END PIPELINE FIT
+
 
 def _fitted(gpu: str, key: str, fallback: float) -> float:
     """Return a fitted hardware parameter, or `fallback` before the first calibration."""
@@ -163,6 +183,7 @@ _A40_CLOCKS = sm_clock_table(210, 1740, 15)
 _V100_CLOCKS = sm_clock_table(135, 1380, 7.5)
 _A100_CLOCKS = sm_clock_table(210, 1410, 15)
 _H100_CLOCKS = sm_clock_table(210, 1980, 15)
+_A100_SXM_CLOCKS = sm_clock_table(855, 1410, 15)
 
 
 def _a40() -> HardwareParams:
@@ -200,6 +221,32 @@ def _v100() -> HardwareParams:
         voltage_floor_clock_mhz=_fitted("V100", "voltage_floor_clock_mhz", 800.0),
         voltage_exponent=_fitted("V100", "voltage_exponent", 2.2),
         throttle_floor_clock_mhz=_fitted("V100", "throttle_floor_clock_mhz", 300.0),
+    )
+
+
+def _a100_sxm() -> HardwareParams:
+    """The A100 SXM4 80GB of the Perseus stage profiles (`data/perseus/`).
+
+    Clocks 855-1410 MHz (the profiled range); 500 W limit (the profiles draw up to ~480 W and
+    flatten at the top clocks); static power, voltage floor and exponent fitted to the profiles,
+    dynamic power = 500 W - static (so activity ~1 reaches the limit at the highest clock).
+    """
+    fitted = FITTED_PIPELINE_HARDWARE.get("A100-SXM", {})
+    static = fitted.get("static_power_w", 62.0)
+    return HardwareParams(
+        name="NVIDIA A100-SXM4-80GB",
+        architecture="ampere",
+        min_power_limit_w=100,
+        max_power_limit_w=500,
+        default_power_limit_w=500,
+        idle_power_w=50.0,
+        supported_sm_clocks_mhz=_A100_SXM_CLOCKS,
+        supported_memory_clocks_mhz=(1593,),
+        static_power_w=static,
+        dynamic_power_w=500.0 - static,
+        voltage_floor_clock_mhz=fitted.get("voltage_floor_clock_mhz", 1100.0),
+        voltage_exponent=fitted.get("voltage_exponent", 2.8),
+        throttle_floor_clock_mhz=float(_A100_SXM_CLOCKS[-1]),
     )
 
 
@@ -262,6 +309,7 @@ PRESETS: dict[str, HardwareParams] = {
         clocks=_H100_CLOCKS,
         memory_clocks=(2619,),
     ),
+    "A100-SXM": _a100_sxm(),
 }
 """Hardware presets by short name."""
 
