@@ -35,6 +35,15 @@ def describe(status: JobStatus) -> str:
         if p.get("optimal_power_limit_w") is not None:
             line += f", optimal {p['optimal_power_limit_w']} W"
         line += ")"
+    elif "phase" in p:  # A pipeline job: discovering, profiling k/n, serving plan n.
+        phase = p["phase"]
+        rounds = p.get("rounds")
+        if phase == "profiling" and rounds:
+            line += f"  (profiling {rounds[0]}/{rounds[1]}, schedule {p.get('schedule')})"
+        elif phase == "serving":
+            line += f"  (serving plan {p.get('schedule')})"
+        else:
+            line += f"  ({phase})"
     return line
 
 
