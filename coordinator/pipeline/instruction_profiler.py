@@ -1,0 +1,563 @@
+"""`InstructionProfiler`: online per-instruction time and energy profiling of a pipeline job.
+
+Perseus plans a pipeline's frequencies from each stage's forward and backward time and energy at
+each SM clock (the `InstructionProfilingResult` CSV). This scheduler measures them while the job
+trains, through the ordinary scheduler interface (`next_schedule()` / `observe()`).
+
+What is measured, and what is not. Instruction TIMES are exact (the trainer's events). ENERGY is
+read from NVML's counter, which advances only every ~100 ms: a per-instruction reading (a few ms
+to ~0.3 s) is mostly noise, and one iteration's reading is off by up to ~0.1 s of power at each
+end. The sum over consecutive iterations telescopes, though: a window of N iterations is accurate
+to two counter steps. So the energy is attributed per window, by the exact instruction times:
+
+    E_window = sum over (kind, clock) of P_kind(clock) * T_kind,clock + P_block * T_idle
+
+where T_kind,clock is the total time of that kind's instructions run at that clock in the window,
+T_idle = window time - busy time (waiting for other stages, and any instruction other than
+"forward" and "backward", which always runs at the highest clock), and P_block the power drawn
+meanwhile. The powers are the unknowns of a least-squares fit over all windows of a stage;
+the per-instruction energy is P_kind(clock) * (mean time of that kind at that clock).
+
+The settings (per rank; under `make_3d_parallel`, per stage):
+
+* Grid: `clocks` clocks from the highest available one down to `min_clock_fraction` of it,
+  evenly spaced in clock PERIOD (instruction time is ~ a + b / f, so equal steps in 1/f are
+  equal steps in time: finer where the curves bend most), snapped to the rank's available clocks.
+* Blocking rounds (when P_block is not given and the job has 2+ stages): all stages at the
+  highest clock; then even stages at the highest clock while odd stages run slowly (grid level
+  `block_level`, by default the lowest: ~2x slower, so the fast stages wait ~half the time), then
+  the reverse. A stage seen at the same clocks with little and with much
+  waiting pins P_block.
+* Staircase down the grid: (forward, backward) levels (1, 0), (1, 1), (2, 1), (2, 2), ... Each
+  setting brings one new unknown, and pairing different forward and backward clocks makes
+  P_fwd(f) and P_bwd(f) separable across clocks.
+* One direction is not measurable from iteration energies at all: every iteration runs as many
+  forwards as backwards, so moving delta joules from every backward to every forward changes no
+  window's energy. The fit fixes it with a weak prior that a forward and a backward draw the same
+  power at the same clock (the Perseus A40 and A100 stage profiles in `data/perseus/` have them
+  within 1-6%); the prior pins only that one direction: with its small weight it does not bias
+  what the windows do determine.
+* Warm-up: the first `warmup_iterations` iterations after a rank's schedule changed are
+  discarded; a setting is held (more rounds) until `min_profile_iterations` iterations of it are
+  measured.
+* Early stop, per rank: after each diagonal setting (k, k), when for BOTH kinds the estimated
+  energy of the last `stop_after_rising` grid levels is above the lowest so far, the rank stops
+  going down. Per rank rather than globally: stages differ (the last one is often heavier or
+  lighter), and the iteration runs at the pace of the slowest stage anyway, so a stopped rank
+  costs nothing by waiting for the others: meanwhile it replays its own settings (more windows,
+  better estimates, no new clocks). Profiling ends when every rank has stopped or reached the
+  end of its grid.
+
+At the end the result (one row per rank, instruction and available clock from the highest down
+to the rank's lowest profiled grid clock; linear interpolation in between grid clocks) is
+`self.result`, written as CSV to `result_path`, and the scheduler serves the all-max-clock
+schedule from then on (Zeus 0.16 semantics: a finished scheduler keeps serving its last one).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coordinator.pipeline.scheduler import (
+    FrequencyScheduler,
+    ScheduleGenerator,
+    SchedulerError,
+    make_3d_parallel,
+)
+from zeus_agent.models import (
+    FrequencySchedule,
+    InstructionProfilingResult,
+    JobInfo,
+    OfflineProfilingResult,
+    ProfilingResult,
+    RankInfo,
+)
+
+__all__ = ["KINDS", "InstructionProfiler", "InstructionProfiler3D", "coarse_grid"]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("forward", "backward")
+"""The instruction kinds profiled (the CSV's instructions)."""
+
+Setting = tuple[int, int]
+"""(forward grid level, backward grid level); level 0 is the highest clock."""
+
+DEFAULT_PROFILING_ITERATIONS = 5
+"""Iterations per `observe()` assumed for `progress()` before the first results arrive."""
+
+
+def coarse_grid(available: Sequence[int], clocks: int, min_clock_fraction: float) -> list[int]:
+    """Grid clocks, highest first: evenly spaced in period, snapped to available clocks.
+
+    Args:
+        available: The rank's available SM clocks (MHz), any order.
+        clocks: How many grid points to aim for (fewer when snapping merges some).
+        min_clock_fraction: The lowest grid clock as a fraction of the highest available one
+            (never below the lowest available clock).
+
+    Returns:
+        Distinct available clocks, highest first; the first is the highest available clock.
+    """
+    avail = sorted(set(available), reverse=True)
+    f_max = avail[0]
+    f_low = max(avail[-1], min_clock_fraction * f_max)
+    candidates = [f for f in avail if f >= f_low - 1e-9] or [f_max]
+    grid: list[int] = []
+    for i in range(clocks):
+        period = 1.0 / f_max + (1.0 / f_low - 1.0 / f_max) * i / (clocks - 1)
+        nearest = min(candidates, key=lambda f: (abs(f - 1.0 / period), -f))
+        if nearest not in grid:
+            grid.append(nearest)
+    return sorted(grid, reverse=True)
+
+
+@dataclass
+class _Window:
+    """One usable profiling window of one rank: exact times, telescoped energy."""
+
+    busy_s: dict[tuple[str, int], float]
+    idle_s: float
+    energy_j: float
+
+
+@dataclass
+class _RankState:
+    """What the profiler knows and plans for one rank."""
+
+    info: RankInfo
+    grid: list[int]
+    queue: list[Setting]
+    """Settings to run, in order (blocking rounds, then the staircase)."""
+    staircase_start: int
+    """Index in `queue` of the first staircase setting (early stop is judged from there)."""
+    position: int = 0
+    stopped: bool = False
+    replay: list[Setting] = field(default_factory=list)
+    replay_index: int = 0
+    current: Setting = (0, 0)
+    previous: Setting | None = None
+    usable: int = 0
+    """Iterations measured of the current setting (after warm-up)."""
+    lowest_level: int = 0
+    """Deepest grid level at which both kinds have been measured."""
+    windows: list[_Window] = field(default_factory=list)
+    durations: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    """(kind, level) -> [sum of durations, count]."""
+    powers: dict[tuple[str, int], float] = field(default_factory=dict)
+    p_block_w: float | None = None
+
+
+class InstructionProfiler(FrequencyScheduler):
+    """Profile each rank's forward/backward time and energy at a coarse grid of SM clocks.
+
+    See the module docstring for the design. Arguments beyond Zeus's three:
+
+    Args:
+        job_info: The job.
+        rank_infos: One per rank; `instructions` must be set (the coordinator does it).
+        pfo_settings: Server settings; its `dump_dir` gives the default `result_path`.
+        clocks: Grid points to aim for, from the highest clock down (>= 2).
+        min_clock_fraction: The lowest grid clock as a fraction of the highest (0 < x <= 1).
+        warmup_iterations: Iterations discarded after a rank's schedule changes (>= 0).
+        min_profile_iterations: Iterations measured (after warm-up) before a setting is left
+            (>= 1); a setting is held over several `observe()` rounds if needed.
+        stop_after_rising: Stop going down once this many consecutive grid levels have an
+            energy above the lowest so far, for both kinds (>= 1).
+        block_level: Grid level the slow stages run at in the blocking rounds (>= 1; clamped to
+            the grid); None: the lowest grid level (the strongest contrast in waiting).
+        p_block_w: The power drawn while a rank waits (W), when known: not fitted then.
+        prior_weight: Weight of the equal-power prior relative to one window (> 0).
+        result_path: Where the CSV goes (must end with ".csv"); None: `<dump_dir>/<job_id>/
+            instruction_profile.csv` when `pfo_settings` has a `dump_dir`, else no file.
+
+    Raises:
+        SchedulerError: A bad argument, or a rank without `instructions` (or without both a
+            forward and a backward), or without available frequencies.
+    """
+
+    def __init__(
+        self,
+        job_info: JobInfo,
+        rank_infos: Sequence[RankInfo],
+        pfo_settings: Any,
+        *,
+        clocks: int = 8,
+        min_clock_fraction: float = 0.5,
+        warmup_iterations: int = 1,
+        min_profile_iterations: int = 4,
+        stop_after_rising: int = 2,
+        block_level: int | None = None,
+        p_block_w: float | None = None,
+        prior_weight: float = 0.05,
+        result_path: str | None = None,
+    ) -> None:
+        _check_int("clocks", clocks, 2)
+        _check_int("warmup_iterations", warmup_iterations, 0)
+        _check_int("min_profile_iterations", min_profile_iterations, 1)
+        _check_int("stop_after_rising", stop_after_rising, 1)
+        if block_level is not None:
+            _check_int("block_level", block_level, 1)
+        _check_float("min_clock_fraction", min_clock_fraction, 0.0, 1.0, low_open=True)
+        _check_float("prior_weight", prior_weight, 0.0, math.inf, low_open=True)
+        if p_block_w is not None:
+            _check_float("p_block_w", p_block_w, 0.0, math.inf)
+        if result_path is not None and (
+            not isinstance(result_path, str) or not result_path.endswith(".csv")
+        ):
+            raise SchedulerError(
+                f"result_path must be a path ending with '.csv', got {result_path!r}"
+            )
+        if not rank_infos:
+            raise SchedulerError("InstructionProfiler needs at least one RankInfo")
+        for info in rank_infos:
+            if info.instructions is None:
+                raise SchedulerError(
+                    f"rank {info.rank} has no instructions: the coordinator must set "
+                    "RankInfo.instructions (the iteration's instruction names in order) before "
+                    "building InstructionProfiler"
+                )
+            missing = [k for k in KINDS if k not in info.instructions]
+            if missing:
+                raise SchedulerError(
+                    f"rank {info.rank}: instructions have no {' and no '.join(missing)}; "
+                    "InstructionProfiler profiles pipeline forwards and backwards"
+                )
+            if not info.available_frequencies or min(info.available_frequencies) <= 0:
+                raise SchedulerError(
+                    f"rank {info.rank}: available_frequencies must be a non-empty list of "
+                    f"positive clocks (MHz), got {info.available_frequencies!r}"
+                )
+        self.clocks = clocks
+        self.min_clock_fraction = float(min_clock_fraction)
+        self.warmup_iterations = warmup_iterations
+        self.min_profile_iterations = min_profile_iterations
+        self.stop_after_rising = stop_after_rising
+        self.p_block_w = None if p_block_w is None else float(p_block_w)
+        self.prior_weight = float(prior_weight)
+        self.result: InstructionProfilingResult | None = None
+        """The profile, once profiling has finished."""
+        self.rounds_done = 0
+        """`observe()` calls consumed while profiling."""
+        self._iterations_per_round = int(
+            _setting(pfo_settings, "profiling_iterations", DEFAULT_PROFILING_ITERATIONS)
+        )
+        super().__init__(job_info, rank_infos, pfo_settings)
+        if result_path is None:
+            dump_dir = _setting(pfo_settings, "dump_dir", None)
+            if dump_dir:
+                result_path = os.path.join(
+                    str(dump_dir), job_info.job_id or "job", "instruction_profile.csv"
+                )
+        self.result_path = result_path
+        stages = sorted({info.pp_rank for info in self.rank_infos})
+        blocking = self.p_block_w is None and len(stages) >= 2
+        self._states: list[_RankState] = []
+        for info in self.rank_infos:
+            grid = coarse_grid(info.available_frequencies, clocks, self.min_clock_fraction)
+            levels = len(grid)
+            queue: list[Setting] = []
+            if blocking and levels >= 2:
+                slow = min(block_level or levels - 1, levels - 1)
+                fast_first = stages.index(info.pp_rank) % 2 == 0
+                queue = [(0, 0), (0, 0), (slow, slow)] if fast_first else [
+                    (0, 0), (slow, slow), (0, 0)]
+            else:
+                queue = [(0, 0)]
+            start = len(queue)
+            for level in range(1, levels):
+                queue += [(level, level - 1), (level, level)]
+            self._states.append(
+                _RankState(info=info, grid=grid, queue=queue, staircase_start=start)
+            )
+        self._max_schedules = [self._schedule(s, (0, 0)) for s in self._states]
+
+    # ----------------------------------------------------------------------------- interface
+
+    def observe(self, profiling_results: list[ProfilingResult]) -> None:
+        """Take one `ProfilingResult` per rank; after profiling, serve the all-max schedule.
+
+        Raises:
+            SchedulerError: Not one result per rank (nothing is consumed then).
+        """
+        if not self.finished:
+            ranks = sorted(r.rank for r in profiling_results)
+            expected = [s.info.rank for s in self._states]
+            if ranks != expected:
+                raise SchedulerError(
+                    f"expected one ProfilingResult per rank {expected}, got ranks {ranks}"
+                )
+        super().observe(profiling_results)
+        if self.finished:
+            self._next_schedule = self._max_schedules
+
+    def progress(self) -> tuple[int, int] | None:
+        """(rounds done, rounds planned): planned shrinks as ranks stop early."""
+        if self.finished:
+            return (self.rounds_done, self.rounds_done)
+        per_setting = math.ceil(
+            (self.warmup_iterations + self.min_profile_iterations)
+            / max(self._iterations_per_round, 1)
+        )
+        remaining = max(
+            (len(s.queue) - s.position for s in self._states if not s.stopped), default=0
+        )
+        return (self.rounds_done, self.rounds_done + max(remaining, 1) * max(per_setting, 1))
+
+    def estimates(self, rank: int) -> dict[str, Any]:
+        """The fitted powers of one rank: {"power": {(kind, clock): W}, "p_block_w": W}."""
+        state = next(s for s in self._states if s.info.rank == rank)
+        return {
+            "power": {(k, state.grid[lvl]): p for (k, lvl), p in state.powers.items()},
+            "p_block_w": state.p_block_w,
+        }
+
+    # ----------------------------------------------------------------------------- generator
+
+    def _run(self) -> ScheduleGenerator:
+        for state in self._states:
+            state.current = state.queue[0]
+        while True:
+            results = yield [self._schedule(s, s.current) for s in self._states]
+            self.rounds_done += 1
+            by_rank = {r.rank: r for r in results}
+            for state in self._states:
+                self._ingest(state, by_rank[state.info.rank])
+            if all(s.usable >= self.min_profile_iterations for s in self._states):
+                for state in self._states:
+                    self._advance(state)
+                if all(s.stopped for s in self._states):
+                    break
+        for state in self._states:
+            self._fit(state)
+        self.result = self._build_result()
+        if self.result_path:
+            Path(self.result_path).parent.mkdir(parents=True, exist_ok=True)
+            self.result.to_csv(self.result_path)
+            logger.info("instruction profile written to %s", self.result_path)
+
+    def _schedule(self, state: _RankState, setting: Setting) -> FrequencySchedule:
+        clock_of = {
+            "forward": state.grid[setting[0]],
+            "backward": state.grid[setting[1]],
+        }
+        assert state.info.instructions is not None
+        return FrequencySchedule(
+            rank=state.info.rank,
+            frequencies=[(n, clock_of.get(n, state.grid[0])) for n in state.info.instructions],
+        )
+
+    def _ingest(self, state: _RankState, result: ProfilingResult) -> None:
+        """Turn one round's result into a window (after warm-up) and duration samples."""
+        switched = state.previous != state.current and state.usable == 0
+        skip = self.warmup_iterations if switched else 0
+        n = len(result.iter_time)
+        assert state.info.instructions is not None
+        counts = {k: state.info.instructions.count(k) for k in KINDS}
+        usable = list(range(skip, n))
+        ok = len(result.iter_energy) == n and all(
+            len(result.time_breakdown.get(k, [])) == n
+            and all(len(result.time_breakdown[k][i]) == counts[k] for i in usable)
+            for k in KINDS
+        )
+        state.previous = state.current
+        if not ok:
+            logger.warning(
+                "rank %d: results do not match the schedule (iterations or instruction counts);"
+                " window skipped", state.info.rank,
+            )
+            return
+        if not usable:
+            state.usable += 0
+            return
+        busy: dict[tuple[str, int], float] = {}
+        total_busy = 0.0
+        for kind, level in zip(KINDS, state.current, strict=True):
+            key = (kind, level)
+            durations = [d for i in usable for d in result.time_breakdown[kind][i]]
+            busy[key] = sum(durations)
+            total_busy += busy[key]
+            acc = state.durations.setdefault(key, [0.0, 0.0])
+            acc[0] += sum(durations)
+            acc[1] += len(durations)
+        window_s = sum(result.iter_time[i] for i in usable)
+        energy = sum(result.iter_energy[i] for i in usable)
+        state.windows.append(_Window(busy, max(window_s - total_busy, 0.0), energy))
+        state.usable += len(usable)
+
+    def _advance(self, state: _RankState) -> None:
+        """Move a rank to its next setting, judging the early stop after diagonal settings."""
+        state.usable = 0
+        if not state.stopped:
+            done = state.current
+            if done[0] == done[1] and state.position >= state.staircase_start:
+                state.lowest_level = max(state.lowest_level, done[0])
+                if self._rising(state):
+                    logger.info(
+                        "rank %d: energy rising for %d levels below %d MHz; stopping",
+                        state.info.rank, self.stop_after_rising,
+                        state.grid[state.lowest_level - self.stop_after_rising],
+                    )
+                    state.stopped = True
+            state.position += 1
+            if state.position >= len(state.queue):
+                state.stopped = True
+            if state.stopped:
+                state.replay = list(dict.fromkeys(state.queue[: state.position]))
+            else:
+                state.current = state.queue[state.position]
+                return
+        if state.replay:
+            state.current = state.replay[state.replay_index % len(state.replay)]
+            state.replay_index += 1
+
+    def _rising(self, state: _RankState) -> bool:
+        if state.lowest_level < self.stop_after_rising:
+            return False
+        self._fit(state)
+        for kind in KINDS:
+            energies = [self._energy(state, kind, lvl) for lvl in range(state.lowest_level + 1)]
+            best = int(np.argmin(energies))
+            if state.lowest_level - best < self.stop_after_rising:
+                return False
+        return True
+
+    # ----------------------------------------------------------------------------- the fit
+
+    def _fit(self, state: _RankState) -> None:
+        """Least squares over the rank's windows, with the equal-power prior."""
+        keys = sorted({k for w in state.windows for k in w.busy_s})
+        fit_block = self.p_block_w is None
+        ncol = len(keys) + (1 if fit_block else 0)
+        if not state.windows or not keys:
+            return
+        rows: list[list[float]] = []
+        rhs: list[float] = []
+        for w in state.windows:
+            row = [w.busy_s.get(k, 0.0) for k in keys]
+            target = w.energy_j
+            if fit_block:
+                row.append(w.idle_s)
+            else:
+                assert self.p_block_w is not None
+                target -= self.p_block_w * w.idle_s
+            rows.append(row)
+            rhs.append(target)
+        scale = float(np.median([sum(r) for r in rows])) or 1.0
+        weight = self.prior_weight * scale
+        index = {k: i for i, k in enumerate(keys)}
+        for level in {lvl for _, lvl in keys}:
+            if ("forward", level) in index and ("backward", level) in index:
+                row = [0.0] * ncol
+                row[index[("forward", level)]] = weight
+                row[index[("backward", level)]] = -weight
+                rows.append(row)
+                rhs.append(0.0)
+        mean_power = sum(rhs[: len(state.windows)]) / max(
+            sum(sum(r) for r in rows[: len(state.windows)]), 1e-12)
+        if fit_block:
+            # Keeps P_block bounded when waiting is too rare to determine it (one stage).
+            row = [0.0] * ncol
+            row[-1] = weight * 0.1
+            rows.append(row)
+            rhs.append(weight * 0.1 * 0.5 * mean_power)
+        a = np.asarray(rows, dtype=float)
+        b = np.asarray(rhs, dtype=float)
+        norms = np.linalg.norm(a, axis=0)
+        norms[norms == 0] = 1.0
+        x, *_ = np.linalg.lstsq(a / norms, b, rcond=None)
+        x = x / norms
+        state.powers = {k: float(x[i]) for k, i in index.items()}
+        state.p_block_w = float(x[-1]) if fit_block else self.p_block_w
+
+    def _time(self, state: _RankState, kind: str, level: int) -> float:
+        total, count = state.durations[(kind, level)]
+        return total / count
+
+    def _energy(self, state: _RankState, kind: str, level: int) -> float:
+        return state.powers[(kind, level)] * self._time(state, kind, level)
+
+    def _build_result(self) -> InstructionProfilingResult:
+        entries = []
+        for state in self._states:
+            lowest = state.lowest_level
+            grid = state.grid[: lowest + 1]
+            avail = sorted({f for f in state.info.available_frequencies
+                            if grid[-1] <= f <= grid[0]}, reverse=True)
+            values: dict[str, dict[str, dict[int, float]]] = {}
+            for kind in KINDS:
+                times = [self._time(state, kind, lvl) for lvl in range(lowest + 1)]
+                energies = [self._energy(state, kind, lvl) for lvl in range(lowest + 1)]
+                values[kind] = {
+                    "time": {f: _interpolate(grid, times, f) for f in avail},
+                    "energy": {f: _interpolate(grid, energies, f) for f in avail},
+                }
+            info = state.info
+            entries.append(OfflineProfilingResult(
+                rank=info.rank, dp_rank=info.dp_rank, pp_rank=info.pp_rank,
+                tp_rank=info.tp_rank,
+                forward_time=values["forward"]["time"],
+                forward_energy=values["forward"]["energy"],
+                backward_time=values["backward"]["time"],
+                backward_energy=values["backward"]["energy"],
+            ))
+        return InstructionProfilingResult(entries)
+
+
+def _interpolate(grid: list[int], values: list[float], clock: int) -> float:
+    """Linear interpolation in clock between grid points (grid highest first)."""
+    if len(grid) == 1:
+        return values[0]
+    for i in range(len(grid) - 1):
+        hi, lo = grid[i], grid[i + 1]
+        if lo <= clock <= hi:
+            frac = (clock - lo) / (hi - lo)
+            return values[i + 1] + frac * (values[i] - values[i + 1])
+    return values[0] if clock > grid[0] else values[-1]
+
+
+def _setting(settings: Any, name: str, default: Any) -> Any:
+    if isinstance(settings, dict):
+        return settings.get(name, default)
+    return getattr(settings, name, default)
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SchedulerError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_float(
+    name: str, value: Any, low: float, high: float, *, low_open: bool = False
+) -> None:
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and value <= high
+    )
+    if not ok:
+        bound = f"{'>' if low_open else '>='} {low}"
+        if high != math.inf:
+            bound += f" and <= {high}"
+        raise SchedulerError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+InstructionProfiler3D = make_3d_parallel(InstructionProfiler, "InstructionProfiler3D")
+
+try:
+    from coordinator.pipeline.names import register_scheduler
+except ImportError:  # pragma: no cover - the registry is not there yet.
+    pass
+else:
+    register_scheduler("InstructionProfiler", InstructionProfiler)
+    register_scheduler("InstructionProfiler3D", InstructionProfiler3D)
