@@ -5,6 +5,9 @@
 * `GlobalPowerLimitOptimizer`, `power_limit_options` (`power_limit`): registers the job with
   the coordinator's power-limit optimizer and forwards step/epoch events
   (`zeus.optimizer.power_limit`).
+* `PerseusOptimizer` / `PipelineFrequencyOptimizer` (`perseus`): a pipeline-parallel rank of
+  the coordinator's frequency optimizer; the node's agent sets each instruction's SM clock
+  (`zeus.optimizer.perseus`).
 * `HFGlobalPowerLimitOptimizer` (`huggingface`): the same as a `transformers.TrainerCallback`;
   imported on first access, so this package imports without transformers.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zeus_agent.integrations.monitor import Measurement, ZeusMonitor
+from zeus_agent.integrations.perseus import PerseusOptimizer, PipelineFrequencyOptimizer
 from zeus_agent.integrations.power_limit import GlobalPowerLimitOptimizer, power_limit_options
 
 if TYPE_CHECKING:
@@ -23,6 +27,8 @@ __all__ = [
     "GlobalPowerLimitOptimizer",
     "HFGlobalPowerLimitOptimizer",
     "Measurement",
+    "PerseusOptimizer",
+    "PipelineFrequencyOptimizer",
     "ZeusMonitor",
     "power_limit_options",
 ]
