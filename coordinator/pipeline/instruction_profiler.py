@@ -36,7 +36,8 @@ The settings (per rank; under `make_3d_parallel`, per stage):
   window's energy. The fit fixes it with a weak prior that a forward and a backward draw the same
   power at the same clock (the Perseus A40 and A100 stage profiles in `data/perseus/` have them
   within 1-6%); the prior pins only that one direction: with its small weight it does not bias
-  what the windows do determine.
+  what the windows do determine. When the true powers differ by r, both kinds' energies are off
+  by ~r/2 (a 10% difference: ~5% errors); `forward_power_ratio` sets the prior's ratio when known.
 * Warm-up: the first `warmup_iterations` iterations after a rank's schedule changed are
   discarded; a setting is held (more rounds) until `min_profile_iterations` iterations of it are
   measured.
@@ -176,6 +177,9 @@ class InstructionProfiler(FrequencyScheduler):
             the grid); None: the lowest grid level (the strongest contrast in waiting).
         p_block_w: The power drawn while a rank waits (W), when known: not fitted then.
         prior_weight: Weight of the equal-power prior relative to one window (> 0).
+        forward_power_ratio: The prior's P_fwd(f) / P_bwd(f) (> 0; default 1: equal powers).
+            Window energies cannot tell it (see above): set it when known, e.g. from an
+            offline profile of the same model and GPU.
         result_path: Where the CSV goes (must end with ".csv"); None: `<dump_dir>/<job_id>/
             instruction_profile.csv` when `pfo_settings` has a `dump_dir`, else no file.
 
@@ -198,6 +202,7 @@ class InstructionProfiler(FrequencyScheduler):
         block_level: int | None = None,
         p_block_w: float | None = None,
         prior_weight: float = 0.05,
+        forward_power_ratio: float = 1.0,
         result_path: str | None = None,
     ) -> None:
         _check_int("clocks", clocks, 2)
@@ -208,6 +213,7 @@ class InstructionProfiler(FrequencyScheduler):
             _check_int("block_level", block_level, 1)
         _check_float("min_clock_fraction", min_clock_fraction, 0.0, 1.0, low_open=True)
         _check_float("prior_weight", prior_weight, 0.0, math.inf, low_open=True)
+        _check_float("forward_power_ratio", forward_power_ratio, 0.0, math.inf, low_open=True)
         if p_block_w is not None:
             _check_float("p_block_w", p_block_w, 0.0, math.inf)
         if result_path is not None and (
@@ -243,6 +249,7 @@ class InstructionProfiler(FrequencyScheduler):
         self.stop_after_rising = stop_after_rising
         self.p_block_w = None if p_block_w is None else float(p_block_w)
         self.prior_weight = float(prior_weight)
+        self.forward_power_ratio = float(forward_power_ratio)
         self.result: InstructionProfilingResult | None = None
         """The profile, once profiling has finished."""
         self.rounds_done = 0
@@ -458,7 +465,7 @@ class InstructionProfiler(FrequencyScheduler):
             if ("forward", level) in index and ("backward", level) in index:
                 row = [0.0] * ncol
                 row[index[("forward", level)]] = weight
-                row[index[("backward", level)]] = -weight
+                row[index[("backward", level)]] = -weight * self.forward_power_ratio
                 rows.append(row)
                 rhs.append(0.0)
         mean_power = sum(rhs[: len(state.windows)]) / max(

@@ -241,6 +241,21 @@ def test_regression_recovers_powers_exactly(corrupt: bool) -> None:
         assert entry.backward_energy[f] == pytest.approx(p_bwd_lin(f) * t_bwd(f), rel=1e-4)
 
 
+def test_forward_power_ratio_prior() -> None:
+    def p_fwd(f: int) -> float:
+        return 0.8 * p_bwd_lin(f)
+
+    def worst(ratio: float = 1.0) -> float:
+        prof = InstructionProfiler(job_for(), infos_for(), {}, clocks=4, prior_weight=1e-4,
+                                   stop_after_rising=10, forward_power_ratio=ratio)
+        drive(prof, Synthetic(p_fwd, p_bwd_lin))
+        return max(abs(p / (p_fwd(f) if k == "forward" else p_bwd_lin(f)) - 1)
+                   for (k, f), p in prof.estimates(1)["power"].items())
+
+    assert worst(0.8) < 1e-4
+    assert worst() > 0.05  # the split the windows cannot see follows the (wrong) prior
+
+
 def test_warmup_iterations_are_discarded() -> None:
     grid = coarse_grid(CLOCKS, 4, 0.5)
     p_fwd = _p_fwd_orthogonal(grid)
@@ -345,6 +360,7 @@ def test_default_result_path_under_dump_dir(tmp_path: Path) -> None:
         ({"p_block_w": -1.0}, "p_block_w"),
         ({"p_block_w": float("nan")}, "p_block_w"),
         ({"prior_weight": 0}, "prior_weight"),
+        ({"forward_power_ratio": -1.0}, "forward_power_ratio"),
         ({"block_level": 0}, "block_level"),
         ({"result_path": "profile.txt"}, "ending with '.csv'"),
     ],
