@@ -347,9 +347,14 @@ class InstructionProfiler(FrequencyScheduler):
             self._fit(state)
         self.result = self._build_result()
         if self.result_path:
-            Path(self.result_path).parent.mkdir(parents=True, exist_ok=True)
-            self.result.to_csv(self.result_path)
-            logger.info("instruction profile written to %s", self.result_path)
+            try:
+                Path(self.result_path).parent.mkdir(parents=True, exist_ok=True)
+                self.result.to_csv(self.result_path)
+            except OSError as e:  # The result stays in `self.result`.
+                logger.error("cannot write the instruction profile to %s: %s",
+                             self.result_path, e)
+            else:
+                logger.info("instruction profile written to %s", self.result_path)
 
     def _schedule(self, state: _RankState, setting: Setting) -> FrequencySchedule:
         clock_of = {

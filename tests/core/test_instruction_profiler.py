@@ -333,6 +333,15 @@ def test_csv_columns_and_rows(tmp_path: Path) -> None:
     assert entry.forward_time[grid[0]] <= entry.forward_time[mid] <= entry.forward_time[grid[1]]
 
 
+def test_unwritable_result_path_keeps_the_result(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    prof = InstructionProfiler(job_for(), infos_for(), {}, clocks=3,
+                               result_path=str(blocker / "p.csv"))
+    drive(prof, Synthetic(p_bwd_lin, p_bwd_lin))
+    assert prof.result is not None and prof.finished
+
+
 def test_default_result_path_under_dump_dir(tmp_path: Path) -> None:
     job = job_for()
     job.set_job_id("InstructionProfiler")
