@@ -147,6 +147,7 @@ class CoordinatorSettings(BaseSettings):
                 dump_data=self.dump_data,
                 dump_dir=self.dump_dir,
                 max_job_idle_time=self.max_job_idle_time,
+                profiling_iterations=self.profiling_iterations,
             )
         except ValidationError as e:
             raise ValueError("; ".join(str(err["msg"]) for err in e.errors())) from None

@@ -61,6 +61,7 @@ from coordinator.optimizer import (
     SaveProfile,
     StatusUpdate,
 )
+from coordinator.pipeline.dumps import job_dir_name
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.scheduler import SchedulerError
 from coordinator.power_limit.job import PowerLimitJob
@@ -756,7 +757,9 @@ class CoordinatorService(ExitSignals):
                                   f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, not "
                                   f"{desired} W (its agent restarted?): setting {desired} W again")
                 await self.apply_power_limit(record, desired, [binding])
-            wanted = job.desired_schedule(rank) if rank is not None else None
+            # Only a restarted agent lost its schedule (a heartbeat may predate an install).
+            restarted = previous is not None and previous != hello.agent_id
+            wanted = job.desired_schedule(rank) if rank is not None and restarted else None
             if wanted is not None and gpu.schedule_version != wanted[1]:
                 await self.status(record.job_id, "reconciled",
                                   f"{binding.node}/gpu{gpu.index} has schedule "
@@ -888,7 +891,7 @@ class CoordinatorService(ExitSignals):
 
     def dump_dir(self, record: JobRecord) -> Path:
         """The job's dump directory: `<dump_dir>/<job id>` (a token if the id is unsafe)."""
-        return Path(self.pfo.dump_dir) / subjects.token(record.job_id)
+        return Path(self.pfo.dump_dir) / job_dir_name(record.job_id)
 
     async def keep_file(self, record: JobRecord, action: KeepFile) -> None:
         """Write a dump file of the job when dumping is on (`ZEUS_PFO_DUMP_DATA`)."""

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.pipeline.dumps import job_dir_name
 from coordinator.pipeline.scheduler import (
     FrequencyScheduler,
     ScheduleGenerator,
@@ -262,7 +263,7 @@ class InstructionProfiler(FrequencyScheduler):
             dump_dir = _setting(pfo_settings, "dump_dir", None)
             if dump_dir:
                 result_path = os.path.join(
-                    str(dump_dir), job_info.job_id or "job", "instruction_profile.csv"
+                    str(dump_dir), job_dir_name(job_info.job_id or "job"), "instruction_profile.csv"
                 )
         self.result_path = result_path
         stages = sorted({info.pp_rank for info in self.rank_infos})

@@ -14,8 +14,10 @@ It wraps a `FrequencyScheduler` and turns the agents' measurements into its inpu
    `profiling_iterations` complete iterations under version n, each rank's first ones become one
    `ProfilingResult` (`iter_time`, `iter_energy`, `time_breakdown`, `energy_breakdown` by
    instruction name, in order), dumped as `<n>.prof.json` and observed by the scheduler.
-4. A scheduler that answers with the same schedules (it has finished) is **serving** them: the
-   job stops collecting. Otherwise the new schedules become version n + 1 (step 2).
+4. A scheduler that has finished keeps serving its last schedules (installed if they differ
+   from the current ones): the job is **serving** them and stops collecting. Otherwise the
+   scheduler's schedules become version n + 1 (step 2), even when they equal the current ones
+   (a scheduler holding a setting).
 
 Memory is bounded: per rank, only iterations of the current version (at most
 `profiling_iterations` of them) and those still being completed are kept.
@@ -250,7 +252,6 @@ class PipelineJob:
         results = [self._result(rank, [s for _, s in complete[rank][:need]])
                    for rank in sorted(complete)]
         version = self.version
-        current = self.scheduler.next_schedule()
         try:
             self.scheduler.observe(results)
             schedules = self.scheduler.next_schedule()
@@ -259,12 +260,16 @@ class PipelineJob:
         self._observed += 1
         dump = json.dumps([r.model_dump(mode="json") for r in results])
         actions: list[Action] = [KeepFile(f"{version}.prof.json", dump)]
-        if self.scheduler.finished and schedules is current:
+        if self.scheduler.finished:  # It serves these from now on: install them if new.
+            current = {r: s.frequencies for r, s in self.schedules.items()}
+            if {s.rank: s.frequencies for s in schedules} != current:
+                actions += [a for a in self._install(schedules)
+                            if not isinstance(a, StatusUpdate)]
             self.phase = "serving"
             for steps in self._steps.values():
                 steps.clear()
-            actions.append(StatusUpdate("serving", f"serving plan {version} (the scheduler has "
-                                        "finished)", self.progress()))
+            actions.append(StatusUpdate("serving", f"serving plan {self.version} (the scheduler "
+                                        "has finished)", self.progress()))
             return actions
         return actions + self._install(schedules)
 

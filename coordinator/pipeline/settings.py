@@ -66,6 +66,9 @@ class PFOServerSettings(BaseSettings):
     dump_data: bool = True
     dump_dir: str = "./dump"
     max_job_idle_time: int = Field(default=60 * 60 * 24 * 7, gt=0)
+    profiling_iterations: int = Field(default=5, ge=1, le=1000)
+    """Extension over Zeus 0.16: iterations per rank in one `ProfilingResult` (the coordinator
+    observes the scheduler every this many iterations; profilers plan their rounds with it)."""
 
     @field_validator("scheduler")
     @classmethod

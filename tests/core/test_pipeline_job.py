@@ -128,3 +128,33 @@ def test_bad_knobs_are_refused() -> None:
     info = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
     with pytest.raises(ValueError, match="profiling_iterations"):
         PipelineJob("j", info, [], lambda ji, ri: TwoRounds(ji, ri, None), profiling_iterations=0)
+
+
+def test_a_finished_3d_scheduler_is_served_though_it_copies_its_schedules() -> None:
+    """The 3D wrapper builds new schedule objects on every call: serving is by `finished`."""
+    from coordinator.pipeline.scheduler import make_3d_parallel
+
+    info = JobInfo(pp_degree=2, dp_degree=2, tp_degree=1, world_size=4)
+    ranks = [RankInfo(rank=r, dp_rank=r % 2, pp_rank=r // 2, tp_rank=0,
+                      available_frequencies=CLOCKS) for r in range(4)]
+    wrapped = make_3d_parallel(TwoRounds)
+    job = PipelineJob("job", info, ranks, lambda ji, ri: wrapped(ji, ri, None),
+                      profiling_iterations=1)
+    order = {r: ORDERS[r // 2] for r in range(4)}
+
+    def feed(rank: int, step: int, version: int | None) -> list:
+        actions = []
+        for i, name in enumerate(order[rank]):
+            actions += job.on_measurement(rank, Measurement(
+                kind="instruction", name=name, epoch=0, step=step, index=i, t0_ns=0, t1_ns=1,
+                time_s=0.1, energy_j=1.0, schedule=version), 0.0)
+        return actions + job.on_measurement(rank, Measurement(
+            kind="step", name="", epoch=0, step=step, index=0, t0_ns=0, t1_ns=1, time_s=1.0,
+            energy_j=10.0, schedule=version), 0.0)
+
+    for rank in range(4):
+        feed(rank, 0, None)
+    for version in range(3):
+        for rank in range(4):
+            feed(rank, 10 + version, version)
+    assert job.phase == "serving" and job.version == 2
