@@ -51,7 +51,7 @@ def test_two_handles_share_one_device(tmp_path: Path) -> None:
 
 
 def test_energy_idle_then_busy(tmp_path: Path, clock: FakeClock) -> None:
-    gpu = SimGPU.create(tmp_path, 0, "A40", clock=clock)
+    gpu = SimGPU.create(tmp_path, 0, "A40", energy_update_ms=0, clock=clock)
     idle_w = PRESETS["A40"].idle_power_w
     assert gpu.get_total_energy_j() == 0.0
     clock.advance(2.0)
@@ -72,7 +72,7 @@ def test_energy_idle_then_busy(tmp_path: Path, clock: FakeClock) -> None:
 
 
 def test_power_limit_change_applies_to_next_work(tmp_path: Path, clock: FakeClock) -> None:
-    gpu = SimGPU.create(tmp_path, 0, "A40", clock=clock)
+    gpu = SimGPU.create(tmp_path, 0, "A40", energy_update_ms=0, clock=clock)
     wl = WORKLOADS["compute-bound"]
     fast = gpu.run_work(wl)
     clock.advance(fast.duration_s / 2)
@@ -87,7 +87,7 @@ def test_power_limit_change_applies_to_next_work(tmp_path: Path, clock: FakeCloc
 
 
 def test_scale_and_queueing(tmp_path: Path, clock: FakeClock) -> None:
-    gpu = SimGPU.create(tmp_path, 0, "A40", clock=clock)
+    gpu = SimGPU.create(tmp_path, 0, "A40", energy_update_ms=0, clock=clock)
     wl = WORKLOADS["compute-bound"]
     full = gpu.run_work(wl)
     half = gpu.run_work(wl, scale=0.5)  # queued behind the unfinished step

@@ -81,7 +81,10 @@ async def running_agent(
     settings = AgentSettings(**values)
     gpus: list[GPU] | None = None
     if recording:
-        gpus = [RecordingSimGPU.create(settings.sim_state_dir, i) for i in range(sim_count)]
+        gpus = [
+            RecordingSimGPU.create(settings.sim_state_dir, i, energy_update_ms=0)
+            for i in range(sim_count)
+        ]
     server = AgentServer(settings, gpus=gpus)
     task = asyncio.create_task(server.serve())
     try:

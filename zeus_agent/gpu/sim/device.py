@@ -15,10 +15,17 @@ State file: ``state_dir/gpu{index}.json`` (JSON, rewritten in place), guarded fo
 read-modify-write by ``fcntl.flock`` on ``state_dir/gpu{index}.lock``. Time is
 ``time.monotonic_ns()`` (system-wide on one host), injectable for tests.
 
-The energy counter integrates power over time: idle power when idle, the running work's
+The device integrates power over time exactly: idle power when idle, the running work's
 average power while busy. Approximation: work already started keeps its duration and average
 power when the limit or clocks change mid-work; the state folds the energy up to the change and
 the new settings apply from the next `run_work`.
+
+The energy counter as read (`get_total_energy_j`, `read_telemetry`) is coarse, like NVML's: it
+advances every `energy_update_ms` (per device; the preset's `HardwareParams.energy_update_ms`,
+100 ms, unless `SimGPU.create` is given another; 0 = continuous) and shows the exact energy at
+the last update instant ``floor(now / period) * period`` of the device's clock. The state keeps
+the exact energy at the last update instant at or before its last fold, so the staircase is
+deterministic and telescopes: differences over long windows are exact to within one step.
 """
 
 from __future__ import annotations
@@ -44,8 +51,8 @@ from zeus_agent.gpu.sim.presets import PRESETS
 
 __all__ = ["STATE_VERSION", "SimGPU", "WorkResult", "create_sim_gpus"]
 
-STATE_VERSION = 1
-"""Version of the device file's layout."""
+STATE_VERSION = 2
+"""Version of the device file's layout (2: the coarse energy counter; 1 is still read)."""
 
 _NS = 1_000_000_000
 
@@ -85,6 +92,9 @@ class _State:
     busy_power_w: float
     busy_clock_mhz: int
     work_count: int
+    energy_update_ns: int
+    counter_ns: int
+    counter_j: float
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON-ready form."""
@@ -96,7 +106,14 @@ class _State:
     @classmethod
     def from_json(cls, data: dict[str, Any], hardware: HardwareParams | None = None) -> _State:
         """Rebuild from the JSON form (`hardware`: the already known model, to skip parsing it)."""
-        if data.get("version") != STATE_VERSION:
+        if data.get("version") == 1:  # before the coarse counter: a continuous one
+            data = {
+                **data,
+                "energy_update_ns": 0,
+                "counter_ns": data["updated_ns"],
+                "counter_j": data["energy_j"],
+            }
+        elif data.get("version") != STATE_VERSION:
             raise GPUUnavailableError(
                 f"simulated GPU state has version {data.get('version')!r}, expected "
                 f"{STATE_VERSION}; recreate it with SimGPU.create"
@@ -115,9 +132,33 @@ class _State:
         idle_w = self.hardware.idle_power_w * self.energy_factor
         return self.energy_j + (self.busy_power_w * busy + idle_w * idle) / _NS
 
+    def update_instant(self, now_ns: int) -> int:
+        """Return the counter's last update instant at or before `now_ns` (ns)."""
+        period = self.energy_update_ns
+        return now_ns if period <= 0 else now_ns - now_ns % period
+
+    def counter_at(self, now_ns: int) -> float:
+        """Return the energy counter as read at `now_ns` (J).
+
+        The exact energy at the last update instant (`update_instant`), or at `now_ns` for a
+        continuous counter.
+        """
+        instant = self.update_instant(now_ns)
+        if instant > self.updated_ns:
+            return self.energy_at(instant)
+        if instant == self.updated_ns:
+            return self.energy_j
+        # The instant precedes the last fold: it is the one the fold recorded (or, for a read
+        # from a clock behind the file's, an earlier one; the recorded value never goes back).
+        return self.counter_j
+
     def fold(self, now_ns: int) -> None:
-        """Accrue energy up to `now_ns` and drop a finished busy period."""
+        """Accrue energy up to `now_ns`, record the last counter update, drop finished work."""
         if now_ns > self.updated_ns:
+            instant = self.update_instant(now_ns)
+            if instant > self.counter_ns:
+                self.counter_j = self.energy_at(instant)
+                self.counter_ns = instant
             self.energy_j = self.energy_at(now_ns)
             self.updated_ns = now_ns
         if self.busy_until_ns <= self.updated_ns:
@@ -147,7 +188,6 @@ def _hardware_from_json(data: dict[str, Any]) -> HardwareParams:
 
 
 _HARDWARE_BY_JSON: dict[str, HardwareParams] = {}
-
 
 
 class SimGPU(GPU):
@@ -194,6 +234,7 @@ class SimGPU(GPU):
         has_energy_counter: bool = True,
         seed: int | None = None,
         *,
+        energy_update_ms: float | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> SimGPU:
         """Create (or overwrite) a device file and return the device.
@@ -206,13 +247,15 @@ class SimGPU(GPU):
             has_energy_counter: False emulates a pre-Volta GPU without an energy counter.
             seed: Seed of the device's noise (energy spread, per-step jitter, power readings);
                 None turns noise off.
+            energy_update_ms: Period of the energy counter's updates (ms; 0 = continuous);
+                None takes the preset's `HardwareParams.energy_update_ms` (100 ms).
             clock: Monotonic clock in nanoseconds (injectable for tests).
 
         Returns:
             The device.
 
         Raises:
-            GPUValueError: When the preset name is unknown.
+            GPUValueError: When the preset name is unknown or `energy_update_ms` is negative.
         """
         if isinstance(preset, HardwareParams):
             hw = preset
@@ -223,6 +266,10 @@ class SimGPU(GPU):
                 raise GPUValueError(
                     f"unknown simulated GPU preset {preset!r}; choose one of {sorted(PRESETS)}"
                 ) from None
+        period_ms = hw.energy_update_ms if energy_update_ms is None else energy_update_ms
+        if not period_ms >= 0:
+            raise GPUValueError(f"energy_update_ms must be >= 0, got {energy_update_ms!r}")
+        period_ns = round(period_ms * 1_000_000)
         if uuid is None:
             if seed is None:
                 uuid = f"GPU-{uuid_mod.uuid4()}"
@@ -232,6 +279,7 @@ class SimGPU(GPU):
         factor = 1.0
         if seed is not None:
             factor = NoiseModel().device_energy_factor(random.Random(f"spread:{seed}:{index}"))
+        now = clock()
         state = _State(
             index=index,
             uuid=uuid,
@@ -244,11 +292,14 @@ class SimGPU(GPU):
             locked_max_mhz=None,
             persistence_mode=False,
             energy_j=0.0,
-            updated_ns=clock(),
+            updated_ns=now,
             busy_until_ns=0,
             busy_power_w=0.0,
             busy_clock_mhz=hw.min_sm_clock_mhz,
             work_count=0,
+            energy_update_ns=period_ns,
+            counter_ns=now - now % period_ns if period_ns > 0 else now,
+            counter_j=0.0,
         )
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -394,6 +445,11 @@ class SimGPU(GPU):
             )
         return hw.supported_sm_clocks_mhz
 
+    @property
+    def energy_update_ms(self) -> float:
+        """Period of the energy counter's updates (ms; 0 = continuous)."""
+        return self._static.energy_update_ns / 1_000_000
+
     def supports_energy_counter(self) -> bool:
         """Return whether the GPU has a hardware energy counter (Volta and newer)."""
         return self._static.has_energy_counter
@@ -482,7 +538,7 @@ class SimGPU(GPU):
 
     # Energy and power.
     def get_total_energy_j(self) -> float:
-        """Return the energy counter. Units: J.
+        """Return the energy counter: the energy up to its last update instant. Units: J.
 
         Raises:
             GPUNotSupportedError: When the device emulates a GPU without an energy counter.
@@ -492,7 +548,7 @@ class SimGPU(GPU):
                 f"{self._describe()} has no energy counter (emulating a pre-Volta GPU); "
                 f"integrate get_power_w over time instead"
             )
-        return self._read().energy_at(self._clock())
+        return self._read().counter_at(self._clock())
 
     def get_power_w(self) -> float:
         """Return the current power draw, with +-1% noise when the device has a seed. Units: W."""
@@ -514,7 +570,7 @@ class SimGPU(GPU):
         now = self._clock()
         busy = state.busy_until_ns > now
         return Telemetry(
-            energy_j=state.energy_at(now) if self._static.has_energy_counter else None,
+            energy_j=state.counter_at(now) if self._static.has_energy_counter else None,
             power_w=self._power_w(state, now),
             power_limit_w=state.power_limit_w,
             sm_clock_mhz=state.busy_clock_mhz
@@ -609,6 +665,7 @@ def create_sim_gpus(
     *,
     seed: int | None = None,
     has_energy_counter: bool = True,
+    energy_update_ms: float | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
 ) -> list[SimGPU]:
     """Create `count` simulated GPUs with indices 0..count-1 in one directory.
@@ -619,6 +676,8 @@ def create_sim_gpus(
         preset: A key of `PRESETS` or custom hardware.
         seed: Noise seed shared by the devices (each index draws its own spread), or None.
         has_energy_counter: False emulates pre-Volta GPUs.
+        energy_update_ms: Period of the energy counters (ms; 0 = continuous; None: the
+            preset's).
         clock: Monotonic clock in nanoseconds (injectable for tests).
 
     Returns:
@@ -631,6 +690,7 @@ def create_sim_gpus(
             preset,
             has_energy_counter=has_energy_counter,
             seed=seed,
+            energy_update_ms=energy_update_ms,
             clock=clock,
         )
         for i in range(count)

@@ -80,6 +80,9 @@ class HardwareParams:
             (dimensionless, ~2-2.5).
         throttle_floor_clock_mhz: Lowest clock the power-limit controller throttles to; a limit
             that needs a lower clock is not held (MHz).
+        energy_update_ms: Period at which the energy counter advances: it shows the energy
+            accrued up to the last update instant (ms; ~100 on recent GPUs, 0 for a continuous
+            counter). The simulated device's default (`SimGPU.create`).
     """
 
     name: str
@@ -95,6 +98,7 @@ class HardwareParams:
     voltage_floor_clock_mhz: float
     voltage_exponent: float
     throttle_floor_clock_mhz: float
+    energy_update_ms: float = 100.0
 
     def __post_init__(self) -> None:
         """Check that the parameters describe a possible GPU.
@@ -116,6 +120,8 @@ class HardwareParams:
                 raise ValueError(f"{self.name}: {label} must be non-empty, unique, highest first")
         if min(self.dynamic_power_w, self.voltage_floor_clock_mhz, self.voltage_exponent) <= 0:
             raise ValueError(f"{self.name}: curve parameters must be positive")
+        if not self.energy_update_ms >= 0:
+            raise ValueError(f"{self.name}: energy_update_ms must be >= 0")
 
     @property
     def max_sm_clock_mhz(self) -> int:
