@@ -675,6 +675,9 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
                     "sim_preset": config.preset, "sim_state_dir": str(root / node),
                     "socket_path": str(root / f"{node}.sock"), "node": node, "sample_hz": 20,
                     "prefix": p, "log_level": config.log_level,
+                    # The job runs `scale` times faster than the real one: so does the GPU's
+                    # energy counter (100 ms on real GPUs).
+                    "sim_energy_update_ms": 100.0 * config.scale,
                 }))
                 agents.append((server, asyncio.create_task(server.serve())))
             coord = CoordinatorService(CoordinatorSettings.model_validate({

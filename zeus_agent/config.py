@@ -70,7 +70,16 @@ class AgentSettings(BaseSettings):
         None, description="GPU indices to manage, e.g. '0,1'; default: all (nvml) or sim-count"
     )
     sim_count: int = Field(1, ge=1, description="Number of simulated GPUs (backend sim)")
-    sim_preset: str = Field("A40", description="Simulated GPU model: A40, V100, A100, H100")
+    sim_preset: str = Field(
+        "A40", description="Simulated GPU model: A40, V100, A100, A100-SXM, H100"
+    )
+    sim_energy_update_ms: float | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description="How often a simulated GPU's energy counter advances (ms), as NVML's does "
+        "on real GPUs (~100 ms); default: the preset's (100 ms); 0: continuous",
+    )
     sim_state_dir: str = Field(
         "/tmp/zeus-sim", description="Directory of the simulated GPUs' shared state files"
     )

@@ -60,6 +60,7 @@ async def _cluster(
                 "nats_url": nats_server.url,
                 "backend": "sim",
                 "sim_count": 1,
+                "sim_energy_update_ms": 0,  # steps of a few ms: an exact counter
                 "sim_preset": "A40",
                 "sim_state_dir": cluster.sim_state_dir,
                 "socket_path": cluster.socket_path,

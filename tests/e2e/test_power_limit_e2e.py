@@ -25,6 +25,7 @@ async def test_data_parallel_job_ends_pinned_at_the_chosen_limit(nats_server, tm
             nats_url=nats_server.url,
             backend="sim",
             sim_count=2,
+            sim_energy_update_ms=0,  # windows of a few 10 ms: an exact counter
             sim_preset="A40",
             sim_state_dir=str(tmp_path / node),
             socket_path=str(tmp_path / f"{node}.sock"),

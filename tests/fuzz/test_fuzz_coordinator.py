@@ -130,6 +130,10 @@ def expected_request(bus: Bus, endpoint: str, data: bytes, via: str, case: Case)
         return set(STABLE_CODES)
     known = bus.call(lambda: {j: r.job for j, r in bus.coord.registry.jobs.items()})
     if endpoint == "job":
+        if request.power_limit is None and request.scheduler not in (
+            "PowerLimitOptimizer", bus.coord.pfo.scheduler
+        ):
+            return {"bad_request"}  # A pipeline job names another scheduler than the one run.
         return {OK, "quota"}
     if endpoint == "query":
         return {OK} if request.job_id is None or request.job_id in known else {"unknown_job"}

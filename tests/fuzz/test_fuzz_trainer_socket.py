@@ -112,6 +112,8 @@ class Trainer:
                 f"trainer reads at most {dg.MAX_DATAGRAM_BYTES} (MAX_DATAGRAM_BYTES)"
             )
             got = dg.decode_datagram(data)
+            if isinstance(got, dg.ScheduleNotice):
+                continue  # The agent tells a bound trainer its schedule, unasked.
             assert isinstance(got, dg.ReplyDatagram), f"the agent sent a non-reply {got!r}"
             if got.request_id == request_id:
                 return got.reply

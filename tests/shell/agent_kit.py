@@ -70,6 +70,7 @@ async def running_agent(
         "backend": "sim",
         "node": f"n{os.getpid()}x{next(_nodes)}",
         "sim_count": sim_count,
+        "sim_energy_update_ms": 0,  # Exact counters unless a test asks for a coarse one.
         "sim_state_dir": str(tmp / "sim"),
         "socket_path": str(tmp / "agent.sock"),
         "sample_hz": 50.0,

@@ -43,6 +43,7 @@ async def agent(nats_server, tmp_path_factory) -> AsyncIterator[AgentServer]:
     tmp = tmp_path_factory.mktemp("agent")
     server = AgentServer(AgentSettings(
         nats_url=nats_server.url, backend="sim", sim_count=2, sim_preset="A40",
+        sim_energy_update_ms=0,
         sim_state_dir=str(tmp / "gpus"), socket_path=str(tmp / "agent.sock"), node=NODE,
         sample_hz=20,
     ))

@@ -70,7 +70,9 @@ def open_gpus(settings: AgentSettings) -> list[GPU]:
         if settings.sim_attach:
             return [SimGPU.open(settings.sim_state_dir, i) for i in indices]
         return [
-            SimGPU.create(settings.sim_state_dir, i, preset=settings.sim_preset) for i in indices
+            SimGPU.create(settings.sim_state_dir, i, preset=settings.sim_preset,
+                          energy_update_ms=settings.sim_energy_update_ms)
+            for i in indices
         ]
     from zeus_agent.gpu.nvml import nvml_gpus
 
