@@ -25,11 +25,10 @@ and does no I/O. The state machine asks it for the next probe and executes it.
      followed by a drop does not end the descent; once a bump is seen (a limit clearly costlier
      than its profiled neighbours on both sides) the profile is rough: no more skips and no early
      stop;
-  5. profile a skipped limit next to the best; make sure the best has `confirm` x profile_steps
-     (re-checked whenever the best changes; these windows are not counted as refinements); then
-     up to `max_refines` windows of `refine_steps`: take the rival most likely to be misjudged
-     against the best (fewest sigmas, within `k_refine`) and re-profile the less profiled of the
-     two;
+  5. profile a skipped limit next to the best; make sure the best has `confirm` x profile_steps;
+     re-profile (up to `max_refines` windows of `refine_steps`) the limits that could be misjudged
+     against the best (`k_refine` sigmas), least profiled first (`focused_refinement`: the best
+     and its most ambiguous rival only, confirmation not counted);
   6. never spend more than `budget` x the exhaustive search's steps (if set).
   Sigmas come from the assumed per-window `noise` of time and of energy (independent), through
   the cost: a ZeusCost mixing both is less noisy than either. Thresholds are relative (fractions
@@ -252,15 +251,17 @@ class Adaptive(SearchStrategy):
         big_rise: Stop at once when a limit is clearly worse and costs this fraction more than
             the best (the best is confirmed first).
         k_refine: After the descent, re-profile limits that could be misjudged against the best
-            by more than `tolerance` at this many sigmas: the most ambiguous rival and the best,
-            whichever has fewer steps.
-        max_refines: Most refinement windows after the descent (confirmation windows of the
-            best not counted).
+            by more than `tolerance` at this many sigmas.
+        max_refines: Most refinement windows after the descent.
         confirm: Before finishing, the best limit must have been profiled for at least this
-            fraction of profile_steps (a short window that looks best may just be lucky); if
-            another limit becomes the best, it is confirmed too.
+            fraction of profile_steps (a short window that looks best may just be lucky).
         budget: Most steps (warm-up + profiling) of one search, as a fraction of the exhaustive
             search's steps; 0 or less: no budget.
+        focused_refinement: If True (not yet the default: not cross-validated), confirmation
+            windows of the best do not count against `max_refines` (a new best is confirmed
+            too), and each refinement re-profiles the rival most likely to be misjudged against
+            the best (fewest sigmas) or the best, whichever has fewer steps. If False, the least
+            profiled of the best and all its rivals within `k_refine`, and confirmation counts.
     """
 
     chunk: float = 0.125
@@ -279,6 +280,7 @@ class Adaptive(SearchStrategy):
     max_refines: int = 3
     confirm: float = 0.5
     budget: float = 0.0
+    focused_refinement: bool = False
 
     waits_for_results = True
 
@@ -499,19 +501,18 @@ class _AdaptiveSearch(Search):
                 if spent + self._warmup + self._chunk <= self._budget:
                     return Probe(target, self._warmup, self._chunk)
 
-        # Confirm the best (these windows do not count as refinements), then refine the rival
-        # most likely to be misjudged against it: re-profile the less profiled of the two.
         confirming = steps[top] < min(self._confirm, self._max_steps)
-        if confirming or self._refines < p.max_refines:
-            if confirming:
-                pair = [top]
-            else:
+        if p.focused_refinement and (confirming or self._refines < p.max_refines):
+            # Confirm the best (these windows do not count as refinements), then refine the
+            # rival most likely to be misjudged against it: the less profiled of the two.
+            pair = [top]
+            if not confirming:
                 rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
                 pair = []
                 if rivals:
                     rival = min(rivals, key=lambda pl: (danger(pl, top), -pl))
                     pair = [pl for pl in (rival, top) if steps[pl] < self._max_steps]
-                    if not pair:  # Both at max_steps: the next most ambiguous rival.
+                    if not pair:  # Both at max_steps: the next most ambiguous rivals.
                         pair = [pl for pl in rivals if steps[pl] < self._max_steps]
             if pair:
                 target = min(pair, key=lambda pl: (steps[pl], -pl))
@@ -520,6 +521,18 @@ class _AdaptiveSearch(Search):
                 if spent + warmup + size <= self._budget:
                     if not confirming:
                         self._refines += 1
+                    return Probe(target, warmup, size)
+        elif not p.focused_refinement and self._refines < p.max_refines:
+            rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
+            contenders = [pl for pl in [*rivals, top] if steps[pl] < self._max_steps]
+            if confirming:
+                rivals, contenders = [top], [top]
+            if rivals and contenders:
+                target = min(contenders, key=lambda pl: (steps[pl], -pl))
+                warmup = 0 if target == last else self._warmup
+                size = min(self._refine, self._max_steps - steps[target])
+                if spent + warmup + size <= self._budget:
+                    self._refines += 1
                     return Probe(target, warmup, size)
         return None
 

@@ -185,6 +185,7 @@ def test_shipped_defaults_are_the_cross_validated_pick() -> None:
     """Adaptive()'s defaults are what the tuning selected on all profiles; folds are valid."""
     cv = json.loads(tune.CV_FILE.read_text())
     assert Adaptive() == Adaptive(**tune.decode(cv["final"]["params"]))
+    assert cv["shipped_defaults_match"] is True  # The record says so too.
     assert {f["family"] for f in cv["folds"]} == {p.family for p in TRACES + REFERENCE}
     for fold in cv["folds"]:
         Adaptive(**tune.decode(fold["params"]))  # Valid settings.

@@ -155,19 +155,28 @@ def _drive(search: Adaptive, rows: dict[int, float]) -> list[WindowResult]:
 
 
 def test_best_is_confirmed_even_without_refinements() -> None:
-    """Confirmation windows do not use up `max_refines`: with none left, the best is still
-    profiled for `confirm` x profile_steps before the search ends."""
+    """With `focused_refinement`, confirmation windows do not use up `max_refines`: with none
+    left, the best is still profiled for `confirm` x profile_steps before the search ends."""
     rows = {300: 100.0, 275: 97.0, 250: 95.0, 225: 94.0, 200: 96.0, 175: 99.0, 150: 103.0}
-    results = _drive(Adaptive(max_refines=0, confirm=1.0, k_ambiguous=0.0), rows)
+    results = _drive(
+        Adaptive(max_refines=0, confirm=1.0, k_ambiguous=0.0, focused_refinement=True), rows
+    )
     best = min(rows, key=rows.__getitem__)
     assert sum(r.steps for r in results if r.power_limit == best) >= 40
 
 
 def test_refinement_goes_to_the_best_and_its_most_ambiguous_rival() -> None:
-    """After the descent, refinement windows re-profile only the best and the rival closest to
-    it in sigmas (here 250 W, 0.2% away), never a rival farther off (200 W, 1.5% away)."""
+    """With `focused_refinement`, refinement windows re-profile only the best and the rival
+    closest to it in sigmas (here 250 W, 0.2% away), never one farther off (200 W, 1.5%)."""
     rows = {300: 110.0, 275: 104.0, 250: 100.2, 225: 100.0, 200: 101.5, 175: 108.0, 150: 118.0}
-    search = Adaptive(max_refines=2, confirm=0.0, k_ambiguous=0.0, k_refine=3.0, steep=math.inf)
+    search = Adaptive(
+        max_refines=2,
+        confirm=0.0,
+        k_ambiguous=0.0,
+        k_refine=3.0,
+        steep=math.inf,
+        focused_refinement=True,
+    )
     results = _drive(search, rows)
     descent = len(rows)  # k_ambiguous=0: one window per limit on the way down, no extension.
     assert [r.power_limit for r in results[:descent]] == sorted(rows, reverse=True)
