@@ -61,6 +61,12 @@ class CoordinatorSettings(BaseSettings):
         le=1000,
         description="Pipeline jobs: a new schedule starts this many steps after the latest seen",
     )
+    stall_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="Pipeline jobs: a rank silent this long while profiling gets a status",
+    )
     # The bus and the service.
     nats_url: str | None = Field(
         default=None, description="NATS server URL(s); omit with --embedded-nats"

@@ -5,8 +5,9 @@ pipeline frequency optimiser (`coordinator.pipeline.job`). The shell feeds it wh
 the bus and executes what it returns; it never looks inside:
 
 * in: `start()`, then trainer events (`on_event`), GPU marks (`on_mark`), per-step and
-  per-instruction measurements (`on_measurement`) and timer ticks (`tick`), each with the time
-  passed in (the optimiser reads no clock);
+  per-instruction measurements (`on_measurement`), the agents' error events about a rank
+  (`on_agent_error`) and timer ticks (`tick`), each with the time passed in (the optimiser
+  reads no clock);
 * out: a list of `Action`s: apply a power limit to the job's GPUs, install per-rank frequency
   schedules, keep a file (a profile, a dump), report a status;
 * for reconciliation after an agent restart: `desired_power_limit` and `desired_schedule(rank)`,
@@ -127,6 +128,10 @@ class JobOptimizer(Protocol):
 
     def tick(self, now_s: float) -> list[Action]:
         """Timers (overdue windows...)."""
+        ...
+
+    def on_agent_error(self, rank: int, code: str, message: str, now_s: float) -> list[Action]:
+        """An error event of the agent driving `rank`'s GPU (e.g. `trainer_gone`)."""
         ...
 
     def progress(self) -> dict[str, Any]:

@@ -79,6 +79,7 @@ from zeus_agent.wire.messages import (
     AgentHello,
     ClearScheduleCmd,
     CommandEnvelope,
+    ErrorEvent,
     GpuBinding,
     GpuDescription,
     InfoCmd,
@@ -135,6 +136,8 @@ class CoordinatorService(ExitSignals):
         self._gpu_jobs: dict[tuple[str, str], str] = {}
         """(node token, GPU index token) -> the optimised job that drives that GPU."""
         self._agent_ids: dict[str, str] = {}
+        self._installed_at: dict[tuple[str, int], float] = {}
+        """(job id, rank) -> when its schedule was last sent (coordinator clock)."""
         self.dropped: Counter[str] = Counter()
         """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
         super().__init__()
@@ -240,6 +243,7 @@ class CoordinatorService(ExitSignals):
         for subject, callback in (
             (subjects.all_job_events(s.prefix), self._on_events),
             (subjects.all_gpu_measurements(s.prefix), self._on_measurements),
+            (subjects.all_gpu_errors(s.prefix), self._on_gpu_error),
             (subjects.all_agent_hellos(s.prefix), self._on_agent_hello),
         ):
             self._subs.append(await self.nc.subscribe(subject, cb=callback))
@@ -454,6 +458,12 @@ class CoordinatorService(ExitSignals):
     async def handle_register_job(self, data: bytes, subject: str = "") -> Reply:
         """Register a job (through the node named by the subject) and return its id."""
         request = codec.decode(data, RegisterJob)
+        if request.power_limit is not None and request.scheduler != "PowerLimitOptimizer":
+            return Reply.failure(
+                "bad_request",
+                f"a job with power_limit options runs the power-limit optimizer, not "
+                f"{request.scheduler[:64]!r}: drop the scheduler, or the power_limit options",
+            )
         if request.power_limit is None:  # A pipeline job: this coordinator's scheduler runs it.
             name = self.pfo.scheduler
             if request.scheduler not in ("PowerLimitOptimizer", name):
@@ -625,12 +635,14 @@ class CoordinatorService(ExitSignals):
         def make_scheduler(job_info: JobInfo, ranks: list[RankInfo]) -> Any:
             return pfo.create_scheduler(job_info, ranks)
 
+        first = await asyncio.to_thread(self._next_dump_number, record)
         try:
             job = PipelineJob(
                 record.job_id, record.job, [rr.info for rr in record.ranks.values()],
                 make_scheduler, scheduler_name=pfo.scheduler,
                 profiling_iterations=self.settings.profiling_iterations,
-                switch_lead_steps=self.settings.switch_lead_steps)
+                switch_lead_steps=self.settings.switch_lead_steps, first_version=first,
+                stall_after_s=self.settings.stall_after_s)
         except (SchedulerError, ValueError) as e:
             await self.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
             return
@@ -638,6 +650,12 @@ class CoordinatorService(ExitSignals):
         for g in record.gpus():
             self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
         await self._execute(record, job.start())
+
+    def _next_dump_number(self, record: JobRecord) -> int:
+        """After the schedules already dumped for this job (by a coordinator before a restart)."""
+        numbers = [int(p.name.split(".", 1)[0]) for p in self.dump_dir(record).glob("*.sched.json")
+                   if p.name.split(".", 1)[0].isdigit()]
+        return max(numbers, default=-1) + 1
 
     def _lock(self, job_id: str) -> asyncio.Lock:
         return self._locks.setdefault(job_id, asyncio.Lock())
@@ -717,6 +735,31 @@ class CoordinatorService(ExitSignals):
                 await self._act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),
                                 batch.rank, m)
 
+    async def _on_gpu_error(self, msg: Any) -> None:
+        """An agent's error event about the rank bound to one of its GPUs (a trainer gone...)."""
+        try:
+            event = codec.decode(msg.data, ErrorEvent)
+        except PayloadError as e:
+            self._drop("malformed", msg.subject, e)
+            return
+        if event.job_id is None or event.rank is None:
+            return
+        job = self.optimisers.get(event.job_id)
+        if job is None:
+            return
+        parts = msg.subject.split(".")  # <p...>.gpu.<node>.<gpu>.error
+        if not self._bound_here(self.registry.jobs.get(event.job_id), event.rank, parts[-3],
+                                int(parts[-2]) if parts[-2].isdigit() else -1):
+            self._drop("wrong_node", msg.subject,
+                       f"rank {event.rank} of {event.job_id} is not bound to {parts[-3]}/gpu"
+                       f"{parts[-2]}")
+            return
+        now = self.clock()
+        async with self._lock(event.job_id):
+            await self._act(event.job_id,
+                            lambda r, e: job.on_agent_error(r, e.code, e.message, now),
+                            event.rank, event)
+
     async def _on_agent_hello(self, msg: Any) -> None:
         """Reconcile: a GPU still driven by an optimised job's rank gets the job's limit back.
 
@@ -757,9 +800,11 @@ class CoordinatorService(ExitSignals):
                                   f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, not "
                                   f"{desired} W (its agent restarted?): setting {desired} W again")
                 await self.apply_power_limit(record, desired, [binding])
-            # Only a restarted agent lost its schedule (a heartbeat may predate an install).
-            restarted = previous is not None and previous != hello.agent_id
-            wanted = job.desired_schedule(rank) if rank is not None and restarted else None
+            # A heartbeat may predate a recent install: only a schedule installed a while ago
+            # and missing now was lost (the agent restarted).
+            installed_at = self._installed_at.get((job_id, rank), 0.0) if rank is not None else 0
+            settled = self.clock() - installed_at > max(2.0, self.settings.command_timeout_s)
+            wanted = job.desired_schedule(rank) if rank is not None and settled else None
             if wanted is not None and gpu.schedule_version != wanted[1]:
                 await self.status(record.job_id, "reconciled",
                                   f"{binding.node}/gpu{gpu.index} has schedule "
@@ -855,6 +900,8 @@ class CoordinatorService(ExitSignals):
     async def install_schedules(self, record: JobRecord, action: InstallSchedules) -> None:
         """Install each rank's schedule on the agent of its GPU, under the job's lease."""
         requests, targets = [], []
+        limit = int(getattr(self.nc, "max_payload", 0) or 1 << 20)
+        now = self.clock()
         for schedule in action.schedules:
             rr = record.ranks.get(schedule.rank)
             if rr is None:
@@ -862,9 +909,20 @@ class CoordinatorService(ExitSignals):
             cmd = InstallScheduleCmd(job_id=record.job_id, schedule=schedule,
                                      holder=record.job_id, lease_s=self.settings.lease_s,
                                      version=action.version, from_step=action.from_step)
+            payload = codec.encode(CommandEnvelope(cmd=cmd))
+            if len(payload) > limit:
+                job = self.optimisers.get(record.job_id)
+                why = (f"the schedule of rank {schedule.rank} is {len(payload)} bytes, more than "
+                       f"one NATS message carries ({limit}): too many instructions per "
+                       "iteration, or names too long")
+                if isinstance(job, PipelineJob):
+                    await self._execute(record, job.abort(why))
+                else:
+                    await self.status(record.job_id, "error", why)
+                return
+            self._installed_at[(record.job_id, schedule.rank)] = now
             requests.append((subjects.gpu_command(rr.gpu.node, rr.gpu.gpu_index,
-                                                  self.settings.prefix),
-                             codec.encode(CommandEnvelope(cmd=cmd))))
+                                                  self.settings.prefix), payload))
             targets.append(rr.gpu)
         await self._report_failures(record, f"installing schedule {action.version}", targets,
                                     await self.request_all(requests))

@@ -189,6 +189,16 @@ class InstructionProfiler(FrequencyScheduler):
             forward and a backward), or without available frequencies.
     """
 
+    @classmethod
+    def check_args(cls, **kwargs: Any) -> None:
+        """Check the knobs when the coordinator starts, on a one-rank job (raises on bad ones)."""
+        kwargs.pop("result_path", None)  # Checked when the job runs: it may not exist yet.
+        info = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
+        rank = RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0,
+                        available_frequencies=[2000, 1500, 1000],
+                        instructions=["forward", "backward"])
+        InstructionProfiler(info, [rank], None, **kwargs)
+
     def __init__(
         self,
         job_info: JobInfo,

@@ -2,14 +2,18 @@
 
 It wraps a `FrequencyScheduler` and turns the agents' measurements into its inputs:
 
-1. **Discovering.** Until every rank has completed one iteration (a step measurement and the
-   instruction measurements of that step), the job runs at the GPUs' current clocks. Each rank's
-   instruction names in execution order become its `RankInfo.instructions`; then the scheduler
-   is built (a scheduler that cannot run for this job is an `error` status, not a crash).
+1. **Discovering.** Until every rank has completed two consecutive iterations with the same
+   instructions (a step measurement and the instruction measurements of that step; one
+   iteration may have been seen only in part, when the trainer started before the job), the
+   job runs at the GPUs' current clocks. Each rank's instruction names in execution order become
+   its `RankInfo.instructions`; then the scheduler is built (a scheduler that cannot run for
+   this job is an `error` status, not a crash).
 2. **Schedule n.** The scheduler's schedules (one per rank, checked against the observed
    instruction order and each GPU's clocks) are installed as version n, switching on every
-   rank at the same iteration boundary: `from_step` = the latest step any rank has completed +
-   `switch_lead_steps`. Dumps: `ranks.json` (once) and `<n>.sched.json`.
+   rank at the same iteration boundary: `from_step` = the median over ranks of the latest step
+   each has completed + `switch_lead_steps` (one rank with a wild counter cannot push it away).
+   Dumps: `ranks.json` (once) and `<n>.sched.json`. Versions start at `first_version` (a
+   restarted coordinator continues the numbering of its predecessor's dumps).
 3. **Observing.** Measurements carry the schedule version they ran under. Once every rank has
    `profiling_iterations` complete iterations under version n, each rank's first ones become one
    `ProfilingResult` (`iter_time`, `iter_energy`, `time_breakdown`, `energy_breakdown` by
@@ -19,8 +23,13 @@ It wraps a `FrequencyScheduler` and turns the agents' measurements into its inpu
    scheduler's schedules become version n + 1 (step 2), even when they equal the current ones
    (a scheduler holding a setting).
 
-Memory is bounded: per rank, only iterations of the current version (at most
-`profiling_iterations` of them) and those still being completed are kept.
+Guards: a rank whose iterations no longer run the instructions it was discovered with
+(`MAX_ORDER_MISMATCHES` in a row), a rank that left (its agent reports the trainer gone) or a
+schedule that cannot be delivered (`abort`) stops the optimisation: the job's schedules are
+cleared (default clocks) and the status says why. A rank silent for `stall_after_s` while
+profiling gets a `stalled` status naming it. Memory is bounded: per rank, only iterations of
+the current version (at most `profiling_iterations` of them) and those still being completed
+are kept.
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ SchedulerFactory = Callable[[JobInfo, list[RankInfo]], FrequencyScheduler]
 MAX_OPEN_STEPS = 64
 """Most incomplete iterations kept per rank (older ones are dropped)."""
 MAX_INSTRUCTIONS_PER_STEP = 100_000
+MAX_ORDER_MISMATCHES = 3
+"""Consecutive iterations of a rank with other instructions than discovered before it stops."""
+DEFAULT_STALL_AFTER_S = 30.0
 
 
 @dataclass
@@ -69,6 +81,8 @@ class PipelineJob:
         scheduler_name: str = "",
         profiling_iterations: int = 5,
         switch_lead_steps: int = 2,
+        first_version: int = 0,
+        stall_after_s: float = DEFAULT_STALL_AFTER_S,
     ) -> None:
         if profiling_iterations < 1:
             raise ValueError(f"profiling_iterations must be >= 1, got {profiling_iterations}")
@@ -88,15 +102,25 @@ class PipelineJob:
         self.schedules: dict[int, FrequencySchedule] = {}
         self.orders: dict[int, list[str]] = {}
         self.error: str | None = None
+        if first_version < 0 or not stall_after_s > 0:
+            raise ValueError("first_version must be >= 0 and stall_after_s > 0")
+        self.first_version = first_version
+        self.stall_after_s = stall_after_s
         self._steps: dict[int, dict[int, _Step]] = {rank: {} for rank in self.rank_infos}
-        self._latest_step = -1
+        self._latest: dict[int, int] = {}
+        """Rank -> the latest step it completed."""
+        self._candidates: dict[int, list[str]] = {}
+        """Rank -> instruction names of its last complete iteration while discovering."""
+        self._mismatches: dict[int, int] = {}
+        self._last_seen: dict[int, float] = {}
+        self._stalled: set[int] = set()
         self._observed = 0
 
     # ------------------------------------------------------------------ JobOptimizer
     @property
     def done(self) -> bool:
-        """Serving a final plan, or stopped by an error: nothing left to decide."""
-        return self.phase in ("serving", "error")
+        """Serving a final plan, or stopped: nothing left to decide."""
+        return self.phase in ("serving", "error", "stopped")
 
     @property
     def desired_power_limit(self) -> None:
@@ -124,8 +148,37 @@ class PipelineJob:
         return []
 
     def tick(self, now_s: float) -> list[Action]:
-        """No timers yet."""
+        """Name ranks that have sent nothing for `stall_after_s` (once per silence)."""
+        if self.done:
+            return []
+        for rank in self.rank_infos:
+            self._last_seen.setdefault(rank, now_s)  # The clock starts at the first tick.
+        silent = sorted(r for r, t in self._last_seen.items()
+                        if now_s - t >= self.stall_after_s and r not in self._stalled)
+        if not silent:
+            return []
+        self._stalled.update(silent)
+        shown = ", ".join(str(r) for r in silent[:16]) + (" ..." if len(silent) > 16 else "")
+        return [StatusUpdate("stalled", f"no iteration from rank(s) {shown} for "
+                             f"{self.stall_after_s:g} s while {self.phase}: is the trainer "
+                             "stuck, or its agent down?", self.progress())]
+
+    def on_agent_error(self, rank: int, code: str, message: str, now_s: float) -> list[Action]:
+        """An agent's error event about `rank`: stop when the trainer left or is unmeasurable.
+
+        An unmeasurable trainer sends counters out of range (e.g. a step count near 2**63).
+        """
+        if self.done or rank not in self.rank_infos:
+            return []
+        if code == "trainer_gone":
+            return self.abort(f"rank {rank} left ({message[:200]})", state="stopped")
+        if code == "measurement_refused":
+            return self.abort(f"rank {rank}'s iterations cannot be measured ({message[:200]})")
         return []
+
+    def abort(self, why: str, state: str = "error") -> list[Action]:
+        """Stop optimising: clear the job's schedules (default clocks) and say why."""
+        return self._fail(why, state)
 
     def persisted(self) -> None:
         """Nothing: a restarted coordinator discovers and profiles again."""
@@ -135,6 +188,8 @@ class PipelineJob:
         """Take one step or instruction measurement of `rank`."""
         if self.done or rank not in self._steps:
             return []
+        self._last_seen[rank] = now_s
+        self._stalled.discard(rank)
         steps = self._steps[rank]
         m = measurement
         if self.version is not None and m.schedule != self.version:
@@ -149,9 +204,22 @@ class PipelineJob:
                 step.instructions[m.index] = (m.name, m.time_s, m.energy_j, m.schedule)
             return []
         step.time_s, step.energy_j, step.version = m.time_s, m.energy_j, m.schedule
-        self._latest_step = max(self._latest_step, m.step)
+        self._latest[rank] = max(self._latest.get(rank, m.step), m.step)
         if self.phase == "discovering":
             return self._discover(rank, m.step)
+        names = [step.instructions[i][0] for i in sorted(step.instructions)]
+        if names != self.orders.get(rank):
+            del steps[m.step]
+            self._mismatches[rank] = self._mismatches.get(rank, 0) + 1
+            if self._mismatches[rank] >= MAX_ORDER_MISMATCHES:
+                got = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+                return self._fail(
+                    f"rank {rank} no longer runs the {len(self.orders.get(rank) or [])} "
+                    f"instruction(s) it was discovered with ({len(names)} now: {got}); a "
+                    "changed pipeline schedule (e.g. another number of microbatches) needs a "
+                    "new job")
+            return []
+        self._mismatches.pop(rank, None)
         return self._maybe_observe()
 
     def progress(self) -> dict[str, Any]:
@@ -186,7 +254,11 @@ class PipelineJob:
         step = self._steps[rank].get(step_number)
         if step is None or not step.instructions or rank in self.orders:
             return []
-        self.orders[rank] = [step.instructions[i][0] for i in sorted(step.instructions)]
+        names = [step.instructions[i][0] for i in sorted(step.instructions)]
+        if self._candidates.get(rank) != names:  # Two iterations alike: not a partial one.
+            self._candidates[rank] = names
+            return []
+        self.orders[rank] = names
         if len(self.orders) < len(self.rank_infos):
             return []
         infos = [info.model_copy(update={"instructions": self.orders[r]})
@@ -205,11 +277,12 @@ class PipelineJob:
         problem = self._check(by_rank)
         if problem is not None:
             return self._fail(problem)
-        self.version = 0 if self.version is None else self.version + 1
+        self.version = self.first_version if self.version is None else self.version + 1
         self.schedules = by_rank
         for steps in self._steps.values():
             steps.clear()
-        from_step = self._latest_step + self.switch_lead_steps
+        latest = sorted(self._latest.values()) or [0]
+        from_step = latest[len(latest) // 2] + self.switch_lead_steps
         rounds = self.scheduler.progress() if self.scheduler is not None else None
         self.phase = "profiling"
         what = (f"profiling {rounds[0] + 1}/{rounds[1]}" if rounds
@@ -292,11 +365,11 @@ class PipelineJob:
             energy_breakdown=energies,
         )
 
-    def _fail(self, why: str) -> list[Action]:
-        self.phase = "error"
+    def _fail(self, why: str, state: str = "error") -> list[Action]:
+        """Stop: clear the job's schedules everywhere (a predecessor's too) and say why."""
+        self.phase = state
         self.error = why
-        installed = bool(self.schedules)
         self.schedules = {}
-        status = StatusUpdate("error", f"pipeline frequency optimiser stopped: {why}; the GPUs "
+        status = StatusUpdate(state, f"pipeline frequency optimiser stopped: {why}; the GPUs "
                               "run at their default clocks")
-        return [ClearSchedules(), status] if installed else [status]
+        return [ClearSchedules(), status]

@@ -268,6 +268,11 @@ class PointSolution(FrequencyScheduler):
     The plan is yielded once and then served for as long as the job runs.
     """
 
+    @classmethod
+    def check_args(cls, solution_path: str, **_: object) -> None:
+        """Read and check the plan when the coordinator starts (raises `SchedulerError`)."""
+        load_plan(solution_path)
+
     def __init__(
         self,
         job_info: JobInfo,

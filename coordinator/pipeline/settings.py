@@ -101,6 +101,12 @@ class PFOServerSettings(BaseSettings):
                 f"Invalid scheduler args for {name}: {e}; {name} takes "
                 f"{describe_parameters(sched_cls)}"
             ) from None
+        check = getattr(sched_cls, "check_args", None)
+        if check is not None:  # What can be checked before any job: files, ranges.
+            try:
+                check(**args)
+            except (ValueError, TypeError, OSError) as e:
+                raise ValueError(f"Invalid scheduler args for {name}: {e}") from None
         return args
 
     @field_validator("log_level")

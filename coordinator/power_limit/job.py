@@ -271,6 +271,10 @@ class PowerLimitJob:
                 completed = completed or not w.missing
         return self._complete_windows() if completed else []
 
+    def on_agent_error(self, rank: int, code: str, message: str, now_s: float) -> list[Action]:
+        """Agents' error events do not change the plan: marks and timeouts do."""
+        return []
+
     def desired_schedule(self, rank: int) -> None:
         """Power-limit jobs install no frequency schedules."""
         return None

@@ -51,13 +51,23 @@ def iteration(job: PipelineJob, rank: int, step: int, version: int | None,
     return actions + job.on_measurement(rank, m, 0.0)
 
 
+def discover(job: PipelineJob, steps: tuple[int, ...] = (0, 1)) -> list:
+    """Two alike iterations of every rank: the job learns their orders."""
+    actions = []
+    for step in steps:
+        for rank in (0, 1):
+            actions += iteration(job, rank, step, None)
+    return actions
+
+
 def test_discovers_orders_then_installs_schedule_0_after_the_latest_step() -> None:
     job = make_job()
     assert isinstance(job.start()[0], StatusUpdate)
     assert iteration(job, 0, 0, None) == [] and iteration(job, 0, 1, None) == []
-    actions = iteration(job, 1, 1, None)
+    assert iteration(job, 1, 1, None) == []  # One iteration of rank 1 is not enough.
+    actions = iteration(job, 1, 2, None)
     install = next(a for a in actions if isinstance(a, InstallSchedules))
-    assert (install.version, install.from_step) == (0, 1 + 2)
+    assert (install.version, install.from_step) == (0, 2 + 2)  # (Upper) median of latest steps
     assert [s.rank for s in install.schedules] == [0, 1]
     assert [n for n, _ in install.schedules[1].frequencies] == ORDERS[1]
     assert {a.name for a in actions if isinstance(a, KeepFile)} == {"ranks.json", "0.sched.json"}
@@ -67,8 +77,7 @@ def test_discovers_orders_then_installs_schedule_0_after_the_latest_step() -> No
 
 def test_results_use_only_the_current_version_and_become_profiling_results() -> None:
     job = make_job()
-    iteration(job, 0, 0, None)
-    iteration(job, 1, 0, None)
+    discover(job)
     assert iteration(job, 0, 1, None) == []  # Still version None: not profiled.
     for step in (2, 3):
         assert not any(isinstance(a, InstallSchedules) for a in iteration(job, 0, step, 0))
@@ -88,8 +97,7 @@ def test_results_use_only_the_current_version_and_become_profiling_results() -> 
 
 def test_a_finished_scheduler_is_served_and_collection_stops() -> None:
     job = make_job(n=1)
-    for rank in (0, 1):
-        iteration(job, rank, 0, None)
+    discover(job)
     for version in (0, 1, 2):
         for rank in (0, 1):
             actions = iteration(job, rank, 10 + version, version)
@@ -117,11 +125,12 @@ class Broken(FrequencyScheduler):
     (WrongShape, "do not match"), (Broken, "3 rows for 2 ranks")])
 def test_a_scheduler_that_cannot_run_is_an_error_status(scheduler, words) -> None:
     job = make_job(scheduler)
-    iteration(job, 0, 0, None)
-    actions = iteration(job, 1, 0, None)
+    actions = discover(job)
     assert job.phase == "error" and job.done and words in (job.error or "")
-    assert [a.state for a in actions if isinstance(a, StatusUpdate)] == ["error"]
-    assert not any(isinstance(a, (InstallSchedules, ClearSchedules)) for a in actions)
+    assert [a.state for a in actions if isinstance(a, StatusUpdate)] == ["discovering"][:0] + [
+        "error"]
+    assert not any(isinstance(a, InstallSchedules) for a in actions)
+    assert any(isinstance(a, ClearSchedules) for a in actions)  # A predecessor's, if any.
 
 
 def test_bad_knobs_are_refused() -> None:
@@ -152,9 +161,77 @@ def test_a_finished_3d_scheduler_is_served_though_it_copies_its_schedules() -> N
             kind="step", name="", epoch=0, step=step, index=0, t0_ns=0, t1_ns=1, time_s=1.0,
             energy_j=10.0, schedule=version), 0.0)
 
-    for rank in range(4):
-        feed(rank, 0, None)
+    for step in (0, 1):
+        for rank in range(4):
+            feed(rank, step, None)
     for version in range(3):
         for rank in range(4):
             feed(rank, 10 + version, version)
     assert job.phase == "serving" and job.version == 2
+
+
+def test_a_partial_first_iteration_is_not_taken_for_the_order() -> None:
+    """A trainer that started before the job: its first iteration is seen only in part."""
+    job = make_job()
+    partial = ORDERS[0][2:]
+    for i, name in enumerate(partial):
+        job.on_measurement(0, Measurement(kind="instruction", name=name, epoch=0, step=0,
+                                          index=i, t0_ns=0, t1_ns=1, time_s=0.1, energy_j=1.0),
+                           0.0)
+    job.on_measurement(0, Measurement(kind="step", name="", epoch=0, step=0, index=0, t0_ns=0,
+                                      t1_ns=1, time_s=1.0, energy_j=10.0), 0.0)
+    discover(job, steps=(1, 2))
+    assert job.orders[0] == ORDERS[0] and job.phase == "profiling"
+
+
+def test_a_rank_whose_instructions_change_stops_the_job_and_clears_its_clocks() -> None:
+    job = make_job()
+    discover(job)
+    ORDERS[2] = ["forward", "backward"]
+    try:
+        actions: list = []
+        for step in (5, 6, 7):
+            for i, name in enumerate(ORDERS[2]):
+                job.on_measurement(0, Measurement(
+                    kind="instruction", name=name, epoch=0, step=step, index=i, t0_ns=0,
+                    t1_ns=1, time_s=0.1, energy_j=1.0, schedule=0), 0.0)
+            actions += job.on_measurement(0, Measurement(
+                kind="step", name="", epoch=0, step=step, index=0, t0_ns=0, t1_ns=1,
+                time_s=1.0, energy_j=10.0, schedule=0), 0.0)
+    finally:
+        del ORDERS[2]
+    assert job.phase == "error" and "no longer runs the 4 instruction(s)" in (job.error or "")
+    assert any(isinstance(a, ClearSchedules) for a in actions)
+
+
+def test_a_departed_rank_stops_profiling_and_a_silent_one_is_named() -> None:
+    job = make_job()
+    discover(job)
+    assert job.tick(10.0) == []
+    job.on_measurement(0, Measurement(kind="step", name="", epoch=0, step=6, index=0, t0_ns=0,
+                                      t1_ns=1, time_s=1.0, energy_j=10.0, schedule=0), 29.0)
+    stalled = job.tick(31.0)
+    assert [a.state for a in stalled] == ["stalled"] and "rank(s) 1 " in stalled[0].message
+    assert job.tick(40.0) == []  # Once per silence.
+    actions = job.on_agent_error(1, "trainer_gone", "trainer pid 7 is gone", 141.0)
+    assert job.phase == "stopped" and job.done
+    assert any(isinstance(a, ClearSchedules) for a in actions)
+    assert "rank 1 left" in actions[-1].message
+
+
+def test_from_step_ignores_one_rank_with_a_wild_counter() -> None:
+    info = JobInfo(pp_degree=3, dp_degree=1, tp_degree=1, world_size=3)
+    ranks = [RankInfo(rank=r, dp_rank=0, pp_rank=r, tp_rank=0, available_frequencies=CLOCKS)
+             for r in range(3)]
+    ORDERS[2] = ORDERS[1]
+    try:
+        job = PipelineJob("job", info, ranks, lambda ji, ri: TwoRounds(ji, ri, None))
+        actions = []
+        for step in (0, 1):
+            actions += iteration(job, 0, step, None) + iteration(job, 1, step, None)
+        for step in (2**40, 2**40 + 1):
+            actions += iteration(job, 2, step, None)
+    finally:
+        del ORDERS[2]
+    install = next(a for a in actions if isinstance(a, InstallSchedules))
+    assert install.from_step == 1 + 2

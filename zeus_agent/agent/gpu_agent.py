@@ -137,7 +137,8 @@ class GpuAgent:
         """Set by the gateway: pushes a schedule notice to the bound trainer's socket."""
         self._background: set[asyncio.Future[None]] = set()
         self.last_sample: Sample | None = None
-        self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0}
+        self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0,
+                         "refused": 0}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, reset: bool = True) -> GPUInfo:
@@ -596,10 +597,10 @@ class GpuAgent:
             elif isinstance(rec, Interval) and rec.kind in ("step", "instruction"):
                 try:
                     energy_j = self.ring.energy_between(rec.t0_ns, rec.t1_ns)
-                except ValueError:
+                except ValueError:  # No samples cover it.
                     continue
-                self._pending_measurements.append(
-                    Measurement(
+                try:
+                    measurement = Measurement(
                         kind=rec.kind,
                         name=rec.name or "",
                         epoch=rec.epoch or 0,
@@ -608,10 +609,20 @@ class GpuAgent:
                         t0_ns=rec.t0_ns,
                         t1_ns=rec.t1_ns,
                         time_s=rec.duration_s,
-                        energy_j=energy_j,
+                        energy_j=max(0.0, energy_j),  # A counter never runs backwards.
                         schedule=version,
                     )
-                )
+                except ValueError as e:  # Counters no real trainer sends (e.g. step 2**63).
+                    self.counters["refused"] += 1
+                    if self.counters["refused"] == 1 or self.counters["refused"] % 1000 == 0:
+                        what = "; ".join(err["msg"] for err in getattr(e, "errors", list)())
+                        self._spawn(self.error_event(
+                            "measurement_refused",
+                            f"a {rec.kind} of step {rec.step} cannot be measured: "
+                            f"{what[:300] or e}; fix the trainer's counters",
+                            detail={"step": str(rec.step), "index": str(rec.index)}))
+                    continue
+                self._pending_measurements.append(measurement)
 
     # ------------------------------------------------------------------ publishing
     async def error_event(self, code: str, message: str, detail: dict | None = None) -> None:

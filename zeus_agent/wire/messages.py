@@ -24,7 +24,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from zeus_agent.gpu.base import GPUInfo
 from zeus_agent.models import (
@@ -46,6 +54,8 @@ MAX_STEPS = 100_000
 """Most steps in a power-limit phase (wait, warm-up, profile)."""
 MAX_PROFILE_ROWS = 256
 """Most power limits in a profile sent with a job."""
+MAX_COUNTER = 2**53
+"""Largest epoch, step or instruction counter in a measurement (beyond: not a real count)."""
 
 Id = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS, pattern=NO_CONTROL_CHARS)]
 """A job id, lease holder or agent id."""
@@ -162,15 +172,21 @@ class Measurement(_Part):
 
     kind: Literal["step", "instruction"]
     name: Name
-    epoch: int
-    step: int
-    index: int
+    epoch: int = Field(ge=0, le=MAX_COUNTER)
+    step: int = Field(ge=0, le=MAX_COUNTER)
+    index: int = Field(ge=0, le=MAX_COUNTER)
     t0_ns: int
     t1_ns: int
-    time_s: float
-    energy_j: float
+    time_s: float = Field(ge=0)
+    energy_j: float = Field(ge=0)
     schedule: int | None = None
     """The version of the frequency schedule the step or instruction ran under (None: none)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Measurement:
+        if self.t1_ns < self.t0_ns:
+            raise ValueError(f"t1_ns ({self.t1_ns}) precedes t0_ns ({self.t0_ns})")
+        return self
 
 
 class MeasurementBatch(Message):

@@ -160,6 +160,11 @@ def job_status(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 # Wildcards for subscribers of every node, GPU, job or holder (tokens above never produce them).
+def all_gpu_errors(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every GPU's rank errors: `<p>.gpu.*.*.error`."""
+    return f"{_p(prefix)}.gpu.*.*.error"
+
+
 def all_gpu_measurements(prefix: str = DEFAULT_PREFIX) -> str:
     """Every GPU's measurements: `<p>.gpu.*.*.meas`."""
     return f"{_p(prefix)}.gpu.*.*.meas"
