@@ -924,8 +924,10 @@ class CoordinatorService(ExitSignals):
             requests.append((subjects.gpu_command(rr.gpu.node, rr.gpu.gpu_index,
                                                   self.settings.prefix), payload))
             targets.append(rr.gpu)
+        # Not the job's error: an agent that did not answer gets it back when it announces
+        # itself again (reconciliation).
         await self._report_failures(record, f"installing schedule {action.version}", targets,
-                                    await self.request_all(requests))
+                                    await self.request_all(requests), state="install_failed")
 
     async def clear_schedules(self, record: JobRecord) -> None:
         """Remove the job's schedules from its GPUs (clocks back to default)."""
@@ -936,7 +938,7 @@ class CoordinatorService(ExitSignals):
         await self._report_failures(record, "clearing the schedules", gpus, replies)
 
     async def _report_failures(self, record: JobRecord, what: str, gpus: list[GpuBinding],
-                               replies: list[Reply | str]) -> None:
+                               replies: list[Reply | str], state: str = "error") -> None:
         errors = [
             f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"
             for g, r in zip(gpus, replies, strict=True)
@@ -944,7 +946,7 @@ class CoordinatorService(ExitSignals):
         ]
         if errors:
             more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""
-            await self.status(record.job_id, "error",
+            await self.status(record.job_id, state,
                               f"{what} failed on " + "; ".join(errors[:8]) + more)
 
     def dump_dir(self, record: JobRecord) -> Path:

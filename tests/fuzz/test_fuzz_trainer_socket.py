@@ -240,7 +240,13 @@ def expected_reply(request: dg.RequestDatagram, case: Case) -> set[str]:
                     return {"bad_request"}  # distinct GPUs of this agent only
                 outcomes = {OK, "out_of_range"}
             case K.REGISTER_JOB:
-                codec.validate(RegisterJob, payload)
+                job = codec.validate(RegisterJob, payload)
+                # A job names no scheduler, or (a pipeline job) the one this coordinator runs.
+                allowed = {"PowerLimitOptimizer"}
+                if job.power_limit is None:
+                    allowed.add("InstructionProfiler")
+                if job.scheduler not in allowed:
+                    return {"bad_request"}
                 outcomes = {OK, "quota"}
             case K.REGISTER_RANK:
                 codec.validate(RegisterRank, {k: v for k, v in payload.items() if k != "pid"})
