@@ -47,6 +47,12 @@ def _nats_auth(argv: Sequence[str]) -> int:
     return nats_auth.main(parser.parse_args(list(argv)))
 
 
+def _straggler(argv: Sequence[str]) -> int:
+    from coordinator.straggler_cli import main as straggler_main
+
+    return straggler_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `zeus-coordinator`."""
     return dispatch(
@@ -55,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run": (_run, "the coordinator service (see zeus-coordinator run --help)"),
             "watch": (_watch, "follow job status from a terminal"),
             "nats-auth": (_nats_auth, "write NATS users and permissions for a list of GPU nodes"),
+            "straggler": (_straggler, "tell the coordinator a pipeline of a job is a straggler"),
         },
     )
 

@@ -67,6 +67,20 @@ class CoordinatorSettings(BaseSettings):
         le=86_400,
         description="Pipeline jobs: a rank silent this long while profiling gets a status",
     )
+    straggler_threshold: float = Field(
+        default=0.05,
+        gt=0,
+        le=10,
+        description="Pipeline jobs: a data-parallel pipeline this fraction slower than the "
+        "others (its own iteration time, against its plan) may be a straggler",
+    )
+    straggler_window: int = Field(
+        default=5,
+        ge=1,
+        le=10_000,
+        description="Pipeline jobs: consecutive iterations a pipeline must be that slower to "
+        "be a straggler (or within the threshold to have recovered)",
+    )
     # The bus and the service.
     nats_url: str | None = Field(
         default=None, description="NATS server URL(s); omit with --embedded-nats"

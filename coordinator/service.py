@@ -6,7 +6,11 @@ Endpoints (a `nats.micro` service "zeus-coordinator", queue group so replicas sh
   the rank's GPU's node (the subject's node, which NATS permissions tie to that agent's
   credentials); the GPU is checked with its agent (`info`) and, once every rank is in, the
   job's optimiser starts;
-* `<p>.coord.jobs.query`: `JobQuery` -> `Reply{job or jobs}` (with the measured profile).
+* `<p>.coord.jobs.query`: `JobQuery` -> `Reply{job or jobs}` (with the measured profile);
+* `<p>.coord.jobs.straggler`: `StragglerNotice` -> `Reply{stragglers}` or a coded error
+  (`unknown_job`, `not_supported`: not a pipeline job, `unavailable`: its ranks are still
+  registering, `out_of_range`: no such pipeline, `bad_request`: a bad factor, `conflict`: its
+  optimiser stopped); the job's other pipelines are slowed down (`PipelineJob.set_straggler`).
 
 Streams it follows: trainer events `<p>.job.*.ev.*.<node>` (rank 0 paces the power-limit
 machine), GPU marks `<p>.gpu.*.*.meas` (window energies), both accepted only from the node the
@@ -62,7 +66,7 @@ from coordinator.optimizer import (
     StatusUpdate,
 )
 from coordinator.pipeline.dumps import job_dir_name
-from coordinator.pipeline.job import PipelineJob
+from coordinator.pipeline.job import PipelineJob, StragglerError
 from coordinator.pipeline.scheduler import SchedulerError
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.machine import PowerLimitError
@@ -92,6 +96,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     Reply,
     SetPowerLimitCmd,
+    StragglerNotice,
     TrainerEventBatch,
 )
 
@@ -252,6 +257,7 @@ class CoordinatorService(ExitSignals):
             ("register_rank", subjects.all_coord_register_rank(s.prefix),
              self.handle_register_rank),
             ("query", subjects.coord_job_query(s.prefix), self.handle_query),
+            ("straggler", subjects.coord_job_straggler(s.prefix), self.handle_straggler),
         ]
         for name, subject, handler in endpoints:
             await self._service.add_endpoint(
@@ -555,6 +561,34 @@ class CoordinatorService(ExitSignals):
             waiting_for=optimiser.waiting_for() if optimiser is not None else {},
         )
 
+    async def handle_straggler(self, data: bytes, subject: str = "") -> Reply:
+        """A straggler notice about one pipeline of a pipeline job (or its clearing)."""
+        notice = codec.decode(data, StragglerNotice)
+        record = self.registry.get(notice.job_id)
+        if record.power_limit is not None:
+            return Reply.failure(
+                "not_supported",
+                f"job {record.job_id} is optimised by the power-limit optimizer: straggler "
+                "notices are for pipeline jobs (pipeline frequency optimizer)")
+        async with self._lock(record.job_id):
+            job = self.optimisers.get(record.job_id)
+            if not isinstance(job, PipelineJob):
+                return Reply.failure(
+                    "unavailable",
+                    f"job {record.job_id}'s optimiser has not started ({len(record.ranks)}/"
+                    f"{record.job.world_size} ranks registered): send the notice again later")
+            try:
+                actions = job.set_straggler(notice.pipeline, None if notice.clear
+                                            else notice.factor)
+            except StragglerError as e:
+                return Reply.failure(e.code, str(e))
+            await self._execute(record, actions)
+            progress = job.progress()
+        message = next((a.message for a in reversed(actions) if isinstance(a, StatusUpdate)), "")
+        return Reply.success(job_id=record.job_id, stragglers=progress["stragglers"],
+                             slowed=progress["slowed"], schedule=progress["schedule"],
+                             message=message)
+
     async def _gpu_info(self, node: str, index: int) -> GpuDescription | None:
         """The agent's description of a GPU (cached for `GPU_INFO_TTL_S`), None if no answer."""
         key = (node, index)
@@ -642,7 +676,9 @@ class CoordinatorService(ExitSignals):
                 make_scheduler, scheduler_name=pfo.scheduler,
                 profiling_iterations=self.settings.profiling_iterations,
                 switch_lead_steps=self.settings.switch_lead_steps, first_version=first,
-                stall_after_s=self.settings.stall_after_s)
+                stall_after_s=self.settings.stall_after_s,
+                straggler_threshold=self.settings.straggler_threshold,
+                straggler_window=self.settings.straggler_window)
         except (SchedulerError, ValueError) as e:
             await self.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
             return

@@ -23,6 +23,30 @@ It wraps a `FrequencyScheduler` and turns the agents' measurements into its inpu
    scheduler's schedules become version n + 1 (step 2), even when they equal the current ones
    (a scheduler holding a setting).
 
+5. A scheduler that has not finished but says it is `serving` (Perseus: it serves a chosen
+   plan and keeps watching the iteration time) keeps getting results; its schedules are
+   installed only when they change (a new plan), as "serving", not "profiling".
+
+**Stragglers** (extrinsic bloat; jobs with several data-parallel pipelines, while serving a
+scheduler that has a `frontier`, see `coordinator.pipeline.perseus`). A pipeline's iteration
+time, per step, is the longest over its ranks of start of the step -> end of its last
+instruction: the step time itself also holds the wait at the data-parallel all-reduce, where
+every pipeline waits for the slowest one, so it cannot tell them apart (the step time is used
+when the stamps are unusable). Each pipeline's time is divided by the planned time of the
+frontier point it runs (so a pipeline slowed down on purpose is not taken for a straggler), and
+compared with the median of the other pipelines'. A pipeline slower by more than
+`straggler_threshold` for `straggler_window` consecutive iterations is a straggler, with the
+median ratio over that window as its factor (re-measured every window: a change beyond the
+threshold is applied); it has recovered after `straggler_window` consecutive iterations within
+the threshold. An explicit notice (`set_straggler(dp_index, factor)`, e.g. from an operator
+who knows a node throttles) overrides what is measured for that pipeline until cleared
+(`factor` None). While a straggler is known, with F its factor, every other pipeline (own
+factor f, 1 unless also a straggler) runs the frontier point of least energy whose planned time
+is <= chosen time * F / f: never slower than the straggler; the straggler's ranks keep the
+chosen plan. That is a new schedule version, with a `straggler` status; back to the chosen plan
+(`serving` status) when no straggler is left. Meanwhile the scheduler gets no results (its drift
+watch is for the job's own time, not a straggler's).
+
 Guards: a rank whose iterations no longer run the instructions it was discovered with
 (`MAX_ORDER_MISMATCHES` in a row), a rank that left (its agent reports the trainer gone) or a
 schedule that cannot be delivered (`abort`) stops the optimisation: the job's schedules are
@@ -35,16 +59,19 @@ are kept.
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.optimizer import Action, ClearSchedules, InstallSchedules, KeepFile, StatusUpdate
+from coordinator.pipeline.perseus import plan_schedule
 from coordinator.pipeline.scheduler import FrequencyScheduler, SchedulerError
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
-from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
+from zeus_agent.wire.messages import MAX_STRAGGLER_FACTOR, Mark, Measurement, TrainerEvent
 
-__all__ = ["PipelineJob", "SchedulerFactory"]
+__all__ = ["MAX_STRAGGLER_FACTOR", "PipelineJob", "SchedulerFactory", "StragglerError"]
 
 SchedulerFactory = Callable[[JobInfo, list[RankInfo]], FrequencyScheduler]
 """Builds the job's scheduler from its info and its ranks (with their instruction orders)."""
@@ -55,6 +82,12 @@ MAX_INSTRUCTIONS_PER_STEP = 100_000
 MAX_ORDER_MISMATCHES = 3
 """Consecutive iterations of a rank with other instructions than discovered before it stops."""
 DEFAULT_STALL_AFTER_S = 30.0
+class StragglerError(ValueError):
+    """A straggler notice this job cannot take; `code` is the `Reply` code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -66,6 +99,10 @@ class _Step:
     time_s: float | None = None
     energy_j: float | None = None
     version: int | None = None
+    start_ns: int | None = None
+    """The step's start (its agent's clock)."""
+    last_end_ns: int | None = None
+    """The end of its latest instruction (the same clock)."""
 
 
 class PipelineJob:
@@ -83,7 +120,13 @@ class PipelineJob:
         switch_lead_steps: int = 2,
         first_version: int = 0,
         stall_after_s: float = DEFAULT_STALL_AFTER_S,
+        straggler_threshold: float = 0.05,
+        straggler_window: int = 5,
     ) -> None:
+        if not (math.isfinite(straggler_threshold) and straggler_threshold > 0):
+            raise ValueError(f"straggler_threshold must be > 0, got {straggler_threshold}")
+        if straggler_window < 1:
+            raise ValueError(f"straggler_window must be >= 1, got {straggler_window}")
         if profiling_iterations < 1:
             raise ValueError(f"profiling_iterations must be >= 1, got {profiling_iterations}")
         if switch_lead_steps < 1:
@@ -115,12 +158,30 @@ class PipelineJob:
         self._last_seen: dict[int, float] = {}
         self._stalled: set[int] = set()
         self._observed = 0
+        self.straggler_threshold = straggler_threshold
+        self.straggler_window = straggler_window
+        self.pipelines = sorted({info.dp_rank for info in self.rank_infos.values()})
+        """The data-parallel pipelines (dp ranks)."""
+        self.notices: dict[int, float] = {}
+        """Pipeline -> straggler factor given by a notice (`set_straggler`)."""
+        self.detected: dict[int, float] = {}
+        """Pipeline -> straggler factor measured."""
+        self._base: dict[int, FrequencySchedule] = {}
+        """The scheduler's schedules while serving (the chosen plan), before straggler changes."""
+        self._points: dict[int, Any] = {}
+        """Pipeline -> the frontier point it runs instead of the chosen one."""
+        self._spans: dict[int, dict[int, float]] = {}
+        """Step -> rank -> the rank's own iteration time (s), under the current version."""
+        self._slow: dict[int, list[float]] = {}
+        self._normal: dict[int, int] = {}
 
     # ------------------------------------------------------------------ JobOptimizer
     @property
     def done(self) -> bool:
-        """Serving a final plan, or stopped: nothing left to decide."""
-        return self.phase in ("serving", "error", "stopped")
+        """Stopped, or serving a final plan with nothing left to watch (no frontier)."""
+        if self.phase == "serving":
+            return not self._watching()
+        return self.phase in ("error", "stopped")
 
     @property
     def desired_power_limit(self) -> None:
@@ -149,7 +210,7 @@ class PipelineJob:
 
     def tick(self, now_s: float) -> list[Action]:
         """Name ranks that have sent nothing for `stall_after_s` (once per silence)."""
-        if self.done:
+        if self.done or self.phase == "serving":
             return []
         for rank in self.rank_infos:
             self._last_seen.setdefault(rank, now_s)  # The clock starts at the first tick.
@@ -202,8 +263,11 @@ class PipelineJob:
         if m.kind == "instruction":
             if len(step.instructions) < MAX_INSTRUCTIONS_PER_STEP:
                 step.instructions[m.index] = (m.name, m.time_s, m.energy_j, m.schedule)
+                if step.last_end_ns is None or m.t1_ns > step.last_end_ns:
+                    step.last_end_ns = m.t1_ns
             return []
         step.time_s, step.energy_j, step.version = m.time_s, m.energy_j, m.schedule
+        step.start_ns = m.t0_ns
         self._latest[rank] = max(self._latest.get(rank, m.step), m.step)
         if self.phase == "discovering":
             return self._discover(rank, m.step)
@@ -220,7 +284,44 @@ class PipelineJob:
                     "new job")
             return []
         self._mismatches.pop(rank, None)
-        return self._maybe_observe()
+        actions = self._track(rank, m.step)
+        return actions + self._maybe_observe()
+
+    def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
+        """Take an explicit straggler notice: pipeline `dp_index` runs `factor` times slower.
+
+        `factor` None clears the notice (what is measured counts again for that pipeline).
+
+        Raises:
+            StragglerError: No such pipeline (code "out_of_range"), a factor not in
+                [1, `MAX_STRAGGLER_FACTOR`] ("bad_request"), or the job has stopped
+                ("conflict").
+        """
+        if isinstance(dp_index, bool) or not isinstance(dp_index, int) or (
+                dp_index not in self.pipelines):
+            raise StragglerError(
+                "out_of_range", f"the job has no pipeline {dp_index!r}: its pipelines (data-"
+                f"parallel ranks) are {_ranges(self.pipelines)}")
+        if factor is not None and (
+            isinstance(factor, bool) or not isinstance(factor, int | float)
+            or not math.isfinite(factor) or not 1.0 <= factor <= MAX_STRAGGLER_FACTOR
+        ):
+            raise StragglerError(
+                "bad_request", f"a straggler factor is the pipeline's slowdown, from 1 to "
+                f"{MAX_STRAGGLER_FACTOR:g} (1.3: 30% slower), got {factor!r}")
+        if self.phase in ("error", "stopped"):
+            raise StragglerError(
+                "conflict", f"the job's pipeline optimiser has stopped ({self.error})")
+        if factor is None:
+            self.notices.pop(dp_index, None)
+        else:
+            self.notices[dp_index] = float(factor)
+        actions = self._apply_stragglers()
+        if actions:
+            return actions
+        what = (f"pipeline {dp_index} noted as a straggler ({factor:g}x)" if factor is not None
+                else f"straggler notice of pipeline {dp_index} cleared")
+        return [StatusUpdate("straggler", f"{what}; {self._why_unchanged()}", self.progress())]
 
     def progress(self) -> dict[str, Any]:
         """Phase, schedule number and the scheduler's own progress."""
@@ -232,6 +333,8 @@ class PipelineJob:
             "scheduler": self.scheduler_name,
             "rounds": list(rounds) if rounds else None,
             "error": self.error,
+            "stragglers": {str(d): round(f, 4) for d, f in sorted(self._stragglers().items())},
+            "slowed": {str(d): round(float(p.time), 6) for d, p in sorted(self._points.items())},
         }
 
     def waiting_for(self) -> dict[str, Any]:
@@ -272,7 +375,13 @@ class PipelineJob:
         ranks = json.dumps([info.model_dump(mode="json") for info in infos])
         return [KeepFile("ranks.json", ranks), *self._install(schedules)]
 
-    def _install(self, schedules: list[FrequencySchedule]) -> list[Action]:
+    def _install(self, schedules: list[FrequencySchedule], state: str = "profiling",
+                 message: str = "") -> list[Action]:
+        """Install `schedules` as the next version.
+
+        `state`: "profiling", or "serving" or "straggler" (phase "serving", with `message`
+        saying what is served).
+        """
         by_rank = {s.rank: s for s in schedules}
         problem = self._check(by_rank)
         if problem is not None:
@@ -281,18 +390,24 @@ class PipelineJob:
         self.schedules = by_rank
         for steps in self._steps.values():
             steps.clear()
+        self._spans.clear()
+        self._slow.clear()
+        self._normal.clear()
         latest = sorted(self._latest.values()) or [0]
         from_step = latest[len(latest) // 2] + self.switch_lead_steps
-        rounds = self.scheduler.progress() if self.scheduler is not None else None
-        self.phase = "profiling"
-        what = (f"profiling {rounds[0] + 1}/{rounds[1]}" if rounds
-                else f"schedule {self.version}")
+        if state == "profiling":
+            rounds = self.scheduler.progress() if self.scheduler is not None else None
+            self.phase = "profiling"
+            message = (f"profiling {rounds[0] + 1}/{rounds[1]}" if rounds
+                       else f"schedule {self.version}")
+        else:
+            self.phase = "serving"
         ordered = tuple(by_rank[r] for r in sorted(by_rank))
         dump = json.dumps([s.model_dump(mode="json") for s in ordered])
         return [
             InstallSchedules(ordered, self.version, from_step),
             KeepFile(f"{self.version}.sched.json", dump),
-            StatusUpdate("profiling", f"{what}: schedule {self.version} from step {from_step}",
+            StatusUpdate(state, f"{message}: schedule {self.version} from step {from_step}",
                          self.progress()),
         ]
 
@@ -316,7 +431,12 @@ class PipelineJob:
         return None
 
     def _maybe_observe(self) -> list[Action]:
-        if self.phase != "profiling" or self.scheduler is None or self.version is None:
+        if self.scheduler is None or self.version is None:
+            return []
+        if self.phase == "serving" and (self.scheduler.finished or self._stragglers()):
+            self._drop_complete()  # Nothing to observe: a final plan, or a straggler's time.
+            return []
+        if self.phase not in ("profiling", "serving"):
             return []
         need = self.profiling_iterations
         complete = {r: self._complete(steps) for r, steps in self._steps.items()}
@@ -339,12 +459,196 @@ class PipelineJob:
                 actions += [a for a in self._install(schedules)
                             if not isinstance(a, StatusUpdate)]
             self.phase = "serving"
+            self._base = {s.rank: s for s in schedules}
             for steps in self._steps.values():
                 steps.clear()
             actions.append(StatusUpdate("serving", f"serving plan {self.version} (the scheduler "
                                         "has finished)", self.progress()))
             return actions
+        if getattr(self.scheduler, "serving", False):  # A plan, watched by the scheduler.
+            return actions + self._serve(schedules)
+        self._base, self._points = {}, {}
+        self.detected.clear()
         return actions + self._install(schedules)
+
+    # ------------------------------------------------------------------ serving, stragglers
+    def _watching(self) -> bool:
+        """Whether a serving job still has something to watch (results, stragglers)."""
+        scheduler = self.scheduler
+        return scheduler is not None and (
+            not scheduler.finished or getattr(scheduler, "frontier", None) is not None)
+
+    def _drop_complete(self) -> None:
+        """Forget the complete steps (in-progress ones stay: their instructions are coming)."""
+        for steps in self._steps.values():
+            for n in [n for n, s in steps.items() if s.time_s is not None]:
+                del steps[n]
+
+    def _serve(self, schedules: list[FrequencySchedule]) -> list[Action]:
+        """The scheduler serves `schedules` (its chosen plan): install them when they are new."""
+        by_rank = {s.rank: s for s in schedules}
+        same = ({r: s.frequencies for r, s in by_rank.items()}
+                == {r: s.frequencies for r, s in self._base.items()})
+        if same and self.phase == "serving":
+            self._drop_complete()  # The next window starts.
+            return []
+        self._base = by_rank
+        self.phase = "serving"  # (Installed right below.)
+        return self._apply_stragglers(force=True)
+
+    def _stragglers(self) -> dict[int, float]:
+        """Pipeline -> straggler factor (> 1): notices, else what was measured."""
+        factors = {**self.detected, **self.notices}
+        return {d: f for d, f in factors.items() if f > 1.0}
+
+    def _frontier(self) -> tuple[list[Any], Any] | None:
+        """(frontier, chosen point) while serving a plan of a scheduler that has them."""
+        frontier = getattr(self.scheduler, "frontier", None)
+        chosen = getattr(self.scheduler, "chosen", None)
+        if self.phase != "serving" or not self._base or not frontier or chosen is None:
+            return None
+        return frontier, chosen
+
+    def _track(self, rank: int, step_number: int) -> list[Action]:
+        """Record rank's own iteration time for one step; judge the step once all ranks did."""
+        if len(self.pipelines) < 2 or self._frontier() is None:
+            return []
+        step = self._steps[rank].get(step_number)
+        if step is None or step.time_s is None:
+            return []
+        span = step.time_s
+        if step.start_ns is not None and step.last_end_ns is not None:
+            own = (step.last_end_ns - step.start_ns) / 1e9
+            if 0 < own <= span * (1 + 1e-3) + 1e-6:
+                span = own  # Without the wait at the data-parallel all-reduce.
+        spans = self._spans.setdefault(step_number, {})
+        spans[rank] = span
+        if len(self._spans) > MAX_OPEN_STEPS:
+            del self._spans[min(self._spans)]
+        if len(spans) < len(self.rank_infos):
+            return []
+        del self._spans[step_number]
+        return self._judge(spans)
+
+    def _planned_time(self, pipeline: int) -> float:
+        found = self._frontier()
+        point = self._points.get(pipeline) or (found[1] if found else None)
+        time = float(point.time) if point is not None else 1.0
+        return time if time > 0 else 1.0
+
+    def _judge(self, spans: dict[int, float]) -> list[Action]:
+        """One iteration of every pipeline: update what is measured of stragglers."""
+        times: dict[int, float] = {}
+        for rank, span in spans.items():
+            d = self.rank_infos[rank].dp_rank
+            times[d] = max(times.get(d, 0.0), span)
+        norm = {d: t / self._planned_time(d) for d, t in times.items()}
+        changed = False
+        for d in self.pipelines:
+            ref = statistics.median([norm[o] for o in self.pipelines if o != d])
+            ratio = norm[d] / ref if ref > 0 else 1.0
+            if ratio > 1 + self.straggler_threshold:
+                self._slow.setdefault(d, []).append(ratio)
+                self._normal[d] = 0
+            else:
+                self._slow[d] = []
+                self._normal[d] = self._normal.get(d, 0) + 1
+            slow = self._slow.get(d, [])
+            if len(slow) >= self.straggler_window:
+                factor = statistics.median(slow)
+                self._slow[d] = []
+                previous = self.detected.get(d)
+                if previous is None or abs(factor / previous - 1) > self.straggler_threshold:
+                    self.detected[d] = factor
+                    changed = True
+            elif d in self.detected and self._normal[d] >= self.straggler_window:
+                del self.detected[d]
+                changed = True
+        return self._apply_stragglers() if changed else []
+
+    def _plan_points(self) -> dict[int, Any]:
+        """Pipeline -> the frontier point it runs instead of the chosen one (stragglers)."""
+        found = self._frontier()
+        stragglers = self._stragglers()
+        if found is None or not stragglers:
+            return {}
+        frontier, chosen = found
+        worst = max(stragglers.values())
+        points: dict[int, Any] = {}
+        for d in self.pipelines:
+            own = stragglers.get(d, 1.0)
+            if own >= worst:
+                continue  # The straggler keeps the chosen plan.
+            target = float(chosen.time) * worst / own
+            fits = [p for p in frontier if float(p.time) <= target * (1 + 1e-9)]
+            best = min(fits, key=lambda p: (float(p.energy), -float(p.time)), default=chosen)
+            if float(best.energy) < float(chosen.energy):
+                points[d] = best
+        return points
+
+    def _apply_stragglers(self, force: bool = False) -> list[Action]:
+        """Install the schedules the stragglers call for, if they differ from the current ones.
+
+        `force`: install anyway (a new plan is being served).
+        """
+        found = self._frontier()
+        if found is None:
+            if force and self._base:  # A plan without a frontier: serve it as it is.
+                return self._install(list(self._base.values()), "serving",
+                                     f"serving the plan of {self.scheduler_name}")
+            return []
+        points = self._plan_points()
+        schedules: dict[int, FrequencySchedule] = {}
+        for rank, info in self.rank_infos.items():
+            point = points.get(info.dp_rank)
+            if point is None:
+                schedules[rank] = self._base[rank]
+                continue
+            try:
+                stage_plan = point.plan[info.pp_rank]
+                schedules[rank] = plan_schedule(rank, self.orders.get(rank, []), stage_plan,
+                                                max(info.available_frequencies))
+            except (SchedulerError, IndexError) as e:
+                problem: list[Action] = [StatusUpdate(
+                    "straggler", f"cannot slow the other pipelines down: {e}", self.progress())]
+                if not force:
+                    return problem
+                self._points = {}
+                return problem + self._install(list(self._base.values()), "serving",
+                                               f"serving the plan of {self.scheduler_name}")
+        current = {r: s.frequencies for r, s in self.schedules.items()}
+        if not force and {r: s.frequencies for r, s in schedules.items()} == current:
+            self._points = points
+            return []
+        self._points = points
+        chosen = found[1]
+        plan = (f"the plan of {float(chosen.time):.4g} s, {float(chosen.energy):.4g} J per "
+                "iteration")
+        if not points:
+            return self._install(list(schedules.values()), "serving",
+                                 f"serving {plan}" if force or not self._stragglers() else
+                                 f"serving {plan} (no other pipeline to slow down)")
+        stragglers = self._stragglers()
+        worst = max(stragglers, key=lambda d: stragglers[d])
+        source = "notice" if worst in self.notices else "measured"
+        slowed = ", ".join(
+            f"{d} -> {float(p.time):.4g} s ({float(p.time) / float(chosen.time):.3f}x, energy "
+            f"{100 * (float(p.energy) / float(chosen.energy) - 1):+.1f}%)"
+            for d, p in sorted(points.items()))
+        return self._install(
+            list(schedules.values()), "straggler",
+            f"pipeline {worst} is a straggler ({stragglers[worst]:.3f}x, {source}); chosen "
+            f"plan {float(chosen.time):.4g} s; pipeline(s) {slowed}")
+
+    def _why_unchanged(self) -> str:
+        if self.phase != "serving":
+            return f"applied once a plan is served (the job is {self.phase})"
+        if getattr(self.scheduler, "frontier", None) is None:
+            return (f"the scheduler {self.scheduler_name} has no time-energy frontier to slow "
+                    "the other pipelines down with")
+        if len(self.pipelines) < 2:
+            return "the job has no other pipeline to slow down"
+        return "the schedules stay as they are"
 
     def _result(self, rank: int, steps: list[_Step]) -> ProfilingResult:
         times: dict[str, list[list[float]]] = {}
@@ -373,3 +677,10 @@ class PipelineJob:
         status = StatusUpdate(state, f"pipeline frequency optimiser stopped: {why}; the GPUs "
                               "run at their default clocks")
         return [ClearSchedules(), status]
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """0..3, or a list when not contiguous."""
+    if values and list(values) == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}..{values[-1]}" if len(values) > 1 else str(values[0])
+    return str(list(values)[:16])

@@ -7,7 +7,8 @@ Commands to one GPU (request/reply on `gpu_command`), a union discriminated by `
     `InfoCmd`, `SetPowerLimitCmd`, `ResetPowerLimitCmd`, `LockClocksCmd`, `ResetClocksCmd`,
     `InstallScheduleCmd`, `ClearScheduleCmd`, `BindRankCmd`, `UnbindRankCmd`, `EnergyCmd`,
     `RenewLeasesCmd`; parse with `GPU_COMMAND`. Every reply is a `Reply`.
-Coordinator requests (request/reply): `RegisterJob`, `RegisterRank`, `JobQuery`;
+Coordinator requests (request/reply): `RegisterJob`, `RegisterRank`, `JobQuery`,
+    `StragglerNotice`;
     `PowerLimitOptions` configures a job's power-limit optimizer.
 Job streams: `TrainerEvent`, `TrainerEventBatch`, `ScheduleMessage`, `JobStatus`,
     `LeaseRenewal`.
@@ -56,6 +57,8 @@ MAX_PROFILE_ROWS = 256
 """Most power limits in a profile sent with a job."""
 MAX_COUNTER = 2**53
 """Largest epoch, step or instruction counter in a measurement (beyond: not a real count)."""
+MAX_STRAGGLER_FACTOR = 100.0
+"""Largest slowdown a straggler notice may give."""
 
 Id = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS, pattern=NO_CONTROL_CHARS)]
 """A job id, lease holder or agent id."""
@@ -437,6 +440,27 @@ class JobQuery(Message):
     job_id: Id | None = None
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=MAX_JOBS_PER_PAGE, ge=1, le=MAX_JOBS_PER_PAGE)
+
+
+class StragglerNotice(Message):
+    """Pipeline `pipeline` (a data-parallel rank) of pipeline job `job_id` is a straggler.
+
+    `factor`: it runs that many times slower than planned (1.3: 30% slower), e.g. a node known
+    to throttle; the coordinator slows the job's other pipelines down to save energy, never
+    below the straggler's pace. `clear`: it is not (any more); what the coordinator measures
+    counts again. Exactly one of the two.
+    """
+
+    job_id: Id
+    pipeline: int = Field(ge=0, le=MAX_RANK)
+    factor: float | None = Field(default=None, ge=1.0, le=MAX_STRAGGLER_FACTOR)
+    clear: bool = False
+
+    @model_validator(mode="after")
+    def _factor_or_clear(self) -> StragglerNotice:
+        if (self.factor is None) != self.clear:
+            raise ValueError("give either a factor (>= 1) or clear=true, not both nor neither")
+        return self
 
 
 class TrainerEvent(_Part):

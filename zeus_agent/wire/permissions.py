@@ -10,7 +10,9 @@ Three roles share one NATS account, each with its own users:
   command another node's GPUs, nor speak for another node, nor read anybody else's replies.
 * **coordinator** (`coordinator`): commands every GPU (`<p>.gpu.*.*.cmd`), renews leases,
   publishes job status and schedules, pings agents, serves `<p>.coord.*` requests and reads
-  every node's measurements and events; its replies arrive under `_INBOX.<p>.coord`.
+  every node's measurements and events; its replies arrive under `_INBOX.<p>.coord`. Straggler
+  notices (`<p>.coord.jobs.straggler`, `zeus-coordinator straggler`) change clocks, so they are
+  sent with these credentials (an operator's), not the observer's.
 * **observer** (`observer`, for `zeus-coordinator watch` and dashboards): read-only: asks
   `<p>.coord.jobs.query`, reads job status, agent announcements and GPU samples and
   measurements; replies under `_INBOX.<p>.observer`.
@@ -189,6 +191,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_job_status(p),
             pattern(subjects.job_schedule, ANY, ANY, prefix=p),
             subjects.agent_ping(p),
+            subjects.coord_job_straggler(p),  # operators' notices (`zeus-coordinator straggler`)
             f"{SRV_PREFIX}.>",  # discovery requests (read-only answers)
             _below(inbox("coordinator", prefix=p)),
         ),
@@ -196,6 +199,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_coord_register_job(p),
             subjects.all_coord_register_rank(p),
             subjects.coord_job_query(p),
+            subjects.coord_job_straggler(p),
             subjects.all_job_events(p),
             subjects.all_job_status(p),
             pattern(subjects.job_schedule, ANY, ANY, prefix=p),

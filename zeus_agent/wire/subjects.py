@@ -24,6 +24,7 @@ the coordinator knows which node a request came through (`deploy/nats/`, `permis
 | `coord_register_job` | `<p>.coord.jobs.register.<node>` | agent -> coordinator, req/reply |
 | `coord_register_rank` | `<p>.coord.ranks.register.<node>` | agent -> coordinator, req/reply |
 | `coord_job_query` | `<p>.coord.jobs.query` | anyone -> coordinator, req/reply |
+| `coord_job_straggler` | `<p>.coord.jobs.straggler` | operator -> coordinator, req/reply |
 | `job_events` | `<p>.job.<job>.ev.<rank>.<node>` | agent ->: batched trainer events |
 | `job_schedule` | `<p>.job.<job>.sched.<rank>` | coordinator ->: a rank's schedule |
 | `job_status` | `<p>.job.<job>.status` | coordinator ->: state and progress |
@@ -142,6 +143,11 @@ def all_coord_register_rank(prefix: str = DEFAULT_PREFIX) -> str:
 def coord_job_query(prefix: str = DEFAULT_PREFIX) -> str:
     """Request/reply subject to ask the coordinator about a job."""
     return f"{_p(prefix)}.coord.jobs.query"
+
+
+def coord_job_straggler(prefix: str = DEFAULT_PREFIX) -> str:
+    """Request/reply subject of straggler notices about a pipeline job (`StragglerNotice`)."""
+    return f"{_p(prefix)}.coord.jobs.straggler"
 
 
 def job_events(job_id: str, rank: int | str, node: str, prefix: str = DEFAULT_PREFIX) -> str:
