@@ -573,10 +573,11 @@ class CoordinatorService(ExitSignals):
         async with self._lock(record.job_id):
             job = self.optimisers.get(record.job_id)
             if not isinstance(job, PipelineJob):
+                why = ("it refused to start: see the job's status" if record.complete else
+                       f"{len(record.ranks)}/{record.job.world_size} ranks registered: send the "
+                       "notice again later")
                 return Reply.failure(
-                    "unavailable",
-                    f"job {record.job_id}'s optimiser has not started ({len(record.ranks)}/"
-                    f"{record.job.world_size} ranks registered): send the notice again later")
+                    "unavailable", f"job {record.job_id}'s optimiser is not running ({why})")
             try:
                 actions = job.set_straggler(notice.pipeline, None if notice.clear
                                             else notice.factor)

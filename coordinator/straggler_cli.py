@@ -92,7 +92,8 @@ def main(argv: Sequence[str]) -> int:
         return 3
     except Exception as e:  # noqa: BLE001 - NATS timeouts and no-responders, for people
         print(f"{PROG}: {type(e).__name__}: {e}; is a coordinator running on {args.nats_url} "
-              f"with prefix {args.prefix!r}?")
+              f"with prefix {args.prefix!r}? (with NATS permissions, only the coordinator user "
+              "may send notices)")
         return 1
     if not reply.ok:
         print(f"{PROG}: refused ({reply.code}): {reply.error}")

@@ -285,6 +285,11 @@ class PipelineJob:
             return []
         self._mismatches.pop(rank, None)
         actions = self._track(rank, m.step)
+        if self.phase == "serving" and self.scheduler is not None and (
+                self.scheduler.finished or self._stragglers()):
+            # Nothing to observe (a final plan, or a straggler's time): forget the step.
+            steps.pop(m.step, None)
+            return actions
         return actions + self._maybe_observe()
 
     def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
@@ -432,9 +437,6 @@ class PipelineJob:
 
     def _maybe_observe(self) -> list[Action]:
         if self.scheduler is None or self.version is None:
-            return []
-        if self.phase == "serving" and (self.scheduler.finished or self._stragglers()):
-            self._drop_complete()  # Nothing to observe: a final plan, or a straggler's time.
             return []
         if self.phase not in ("profiling", "serving"):
             return []
