@@ -1,4 +1,4 @@
-"""`zeus-demo`: the whole power-limit system in one command, with a report people can read.
+"""`zeus-demo`: both optimizers of the system in one command, with a report people can read.
 
 One process runs everything on one asyncio loop: an embedded `nats-server` (or an external NATS
 given by `--nats-url`), one `AgentServer` per simulated node (simulated GPUs, `backend="sim"`)
@@ -8,6 +8,13 @@ The demo follows the job's status events for live progress and records the agent
 measurements; at the end it compares the steps that ran at the maximum power limit (the
 baseline) with the steps that ran at the chosen limit after it was pinned, prints a table and
 writes a report folder.
+
+Then the pipeline part (`coordinator.demo_pipeline`; `--skip-pipeline` leaves it out,
+`--pipeline-only` runs only it): a simulated 1F1B pipeline job (GPT-3 stages fitted on the real
+Perseus A40 profiles) runs at all-max SM clocks, then under the coordinator's Perseus scheduler
+(online profiling, time-energy frontier, served plan); its table compares the two as the agents
+measured them, next to the planner's prediction, and the report gets `pipeline_frontier.png`,
+`pipeline_timeline.png` and a `pipeline` section in summary.json.
 
 Pieces:
 
@@ -55,6 +62,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from coordinator.demo_pipeline import (
+    PipelineDemoConfig,
+    PipelineDemoError,
+    render_pipeline_table,
+    run_pipeline_demo,
+    write_pipeline_report,
+)
 from zeus_agent.errors import BrokerError
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 from zeus_agent.wire import codec, subjects
@@ -70,7 +84,8 @@ EXIT_STARTUP_FAILURE = 3
 SELECTORS: tuple[SelectorName, ...] = ("Energy", "Time", "ZeusCost", "MaxSlowdownConstraint")
 SearchName = Literal["exhaustive", "adaptive"]
 FALLBACK_WORKLOAD = "A40+resnet50+gpu0,1,2,3"
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
+"""2: summary.json has a `pipeline` section (None when skipped)."""
 
 
 class DemoError(Exception):
@@ -119,6 +134,17 @@ class DemoConfig:
         timeout_s: Give up on the job after this long (s).
         log_level: Log level of the services (their logs go to stderr).
         progress: Show the live progress bar.
+        skip_pipeline: Leave the pipeline part out.
+        pipeline_only: Run only the pipeline part.
+        pipeline_stages: Pipeline stages (PP degree) of the pipeline job.
+        pipeline_dp: Data-parallel pipelines of the pipeline job.
+        microbatches: Microbatches per pipeline iteration.
+        pipeline_time_scale: Factor on the simulated instruction times (and the energy
+            counter's period) of the pipeline job.
+        pipeline_iterations: Iterations measured at all-max clocks and under the served plan.
+        pipeline_clocks: Clocks the online profiler tries per instruction.
+        pipeline_profile: Stage profile of the pipeline job.
+        pipeline_scheduler: "auto" (Perseus, else InstructionProfiler) or a scheduler name.
     """
 
     nodes: int = 2
@@ -142,9 +168,26 @@ class DemoConfig:
     timeout_s: float = 300.0
     log_level: str = "ERROR"
     progress: bool = True
+    skip_pipeline: bool = False
+    pipeline_only: bool = False
+    pipeline_stages: int = 4
+    pipeline_dp: int = 1
+    microbatches: int = 4
+    pipeline_time_scale: float = 0.1
+    pipeline_iterations: int = 30
+    pipeline_clocks: int = 6
+    pipeline_profile: str = "gpt3-175b+a40"
+    pipeline_scheduler: str = "auto"
 
     def __post_init__(self) -> None:
         """Validate every option; the message names the option, its value and the fix."""
+        if self.skip_pipeline and self.pipeline_only:
+            raise DemoConfigError("--skip-pipeline and --pipeline-only exclude each other")
+        if not self.skip_pipeline:
+            try:
+                self.pipeline_config()
+            except ValueError as e:
+                raise DemoConfigError(str(e)) from None
         positive = {
             "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "job_gpus": self.job_gpus,
             "profile_steps": self.profile_steps, "steps": self.steps, "epochs": self.epochs,
@@ -194,6 +237,19 @@ class DemoConfig:
                 f"raise --steps to at least {self.profiling_steps + 30} or lower "
                 "--profile-steps/--warmup-steps"
             )
+
+    def pipeline_config(self) -> PipelineDemoConfig:
+        """The pipeline part's options.
+
+        Raises:
+            PipelineDemoConfigError: One is out of range.
+        """
+        return PipelineDemoConfig(
+            profile=self.pipeline_profile, stages=self.pipeline_stages, dp=self.pipeline_dp,
+            microbatches=self.microbatches, time_scale=self.pipeline_time_scale,
+            baseline_iterations=self.pipeline_iterations,
+            serve_iterations=self.pipeline_iterations, clocks=self.pipeline_clocks,
+            scheduler=self.pipeline_scheduler, timeout_s=max(self.timeout_s, 120.0))
 
     @property
     def workload_name(self) -> str:
@@ -253,9 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
         description=(
             "Run the whole system in one process: a NATS server, the coordinator, one agent per\n"
-            "simulated node, then a simulated data-parallel job under the power-limit optimizer.\n"
-            "Prints baseline (max limit) versus optimised energy and time per step, measured by\n"
-            "the agents, and writes REPORT_DIR/summary.json, power_limits.png and profile.json."
+            "simulated node, then\n"
+            " 1. a simulated data-parallel job under the power-limit optimizer (Zeus): baseline\n"
+            "    (max limit) versus optimised energy and time per step, measured by the agents;\n"
+            "    REPORT_DIR/summary.json, power_limits.png and profile.json;\n"
+            " 2. a simulated 1F1B pipeline job (GPT-3 stages fitted on real A40 profiles) at\n"
+            "    all-max SM clocks, then under the Perseus pipeline frequency scheduler, which\n"
+            "    profiles it online, plans the time-energy frontier and serves a plan: energy and\n"
+            "    time per iteration measured by the agents, the planner's predicted saving;\n"
+            "    REPORT_DIR/pipeline_frontier.png, pipeline_timeline.png and summary.json's\n"
+            "    'pipeline' section.\n"
+            "The whole demo takes about two minutes on a 2-core machine."
         ),
         epilog=(
             "examples:\n"
@@ -263,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  zeus-demo --preset V100 --selector MaxSlowdownConstraint --max-slowdown 1.05\n"
             "  zeus-demo --steps 120 --warmup-steps 1 --profile-steps 8 --report-dir /tmp/r\n"
             "  zeus-demo --nats-url nats://127.0.0.1:4222 --prefix demo   # an existing NATS\n"
+            "  zeus-demo --skip-pipeline                   # the power-limit part only\n"
+            "  zeus-demo --pipeline-only --pipeline-dp 2 --microbatches 8   # 2 x 4 A40s\n"
             "\nexit codes: 0 done, 1 the demo failed, 2 bad options, 3 a service did not start"
         ),
     )
@@ -299,13 +365,40 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=d.seed, help="seed of the simulated noise")
     g.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
                    help="give up on the job after this many seconds")
+    g = p.add_argument_group("pipeline frequency optimizer (Perseus)")
+    which = g.add_mutually_exclusive_group()
+    which.add_argument("--skip-pipeline", action="store_true",
+                       help="leave the pipeline part out (power-limit part only)")
+    which.add_argument("--pipeline-only", action="store_true",
+                       help="run only the pipeline part")
+    g.add_argument("--pipeline-stages", type=int, default=d.pipeline_stages,
+                   help="pipeline stages of the pipeline job (2-8; the last one is GPT-3's "
+                   "heavier last stage)")
+    g.add_argument("--pipeline-dp", type=int, default=d.pipeline_dp,
+                   help="data-parallel pipelines (DP degree) of the pipeline job")
+    g.add_argument("--microbatches", type=int, default=d.microbatches,
+                   help="microbatches per pipeline iteration")
+    g.add_argument("--pipeline-time-scale", type=float, default=d.pipeline_time_scale,
+                   help="factor on the simulated instruction times (0.1: ten times faster than "
+                   "the profiled job; the GPUs' 100 ms energy counter is scaled alike)")
+    g.add_argument("--pipeline-iterations", type=int, default=d.pipeline_iterations,
+                   help="iterations measured at all-max clocks and under the served plan")
+    g.add_argument("--pipeline-clocks", type=int, default=d.pipeline_clocks,
+                   help="SM clocks the online profiler tries per instruction (fewer: faster)")
+    g.add_argument("--pipeline-profile", default=d.pipeline_profile, metavar="PROFILE",
+                   help="stage profile (model+GPU) of the simulated instructions; the agents "
+                   "simulate that GPU")
+    g.add_argument("--pipeline-scheduler", default=d.pipeline_scheduler, metavar="NAME",
+                   help="coordinator scheduler: auto = Perseus (Perseus3D for DP > 1), or "
+                   "InstructionProfiler when Perseus is not installed")
     g = p.add_argument_group("bus and output")
     g.add_argument("--nats-url", default=None, metavar="URL",
                    help="use this NATS server instead of starting an embedded one")
     g.add_argument("--prefix", default=d.prefix,
                    help="subject prefix (use your own on a shared NATS)")
     g.add_argument("--report-dir", default=d.report_dir,
-                   help="folder for summary.json, power_limits.png and profile.json")
+                   help="folder for summary.json, power_limits.png, profile.json, "
+                   "pipeline_frontier.png and pipeline_timeline.png")
     g.add_argument("--log-level", default=d.log_level,
                    help="log level of the agents and the coordinator (stderr)")
     g.add_argument("--no-progress", dest="progress", action="store_false",
@@ -970,28 +1063,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         err.print(f"[red]zeus-demo: --log-level {config.log_level!r} is not a log level[/]")
         return EXIT_USAGE
-    console.print(
-        f"[bold]zeus-demo[/]: {'embedded NATS' if not config.nats_url else config.nats_url}, "
-        f"{config.nodes} nodes x {config.gpus_per_node} simulated {config.preset}, job on "
-        f"{config.job_gpus} GPUs, {config.workload_name}, {config.selector}, "
-        f"{config.epochs} x {config.steps} steps"
-    )
+    report_dir = Path(config.report_dir)
+    summary: dict[str, Any] | None = None
     try:
-        run = asyncio.run(run_demo(config, console))
-        comparison = compare(run.step_limits_w, run.measured, run.max_power_limit_w,
-                             run.chosen_power_limit_w)
-        if comparison.baseline.steps == 0 or comparison.optimised.steps == 0:
-            raise DemoError(
-                "the agents measured no step at the "
-                + ("maximum" if comparison.baseline.steps == 0 else "chosen")
-                + " power limit; raise --steps or run with --log-level INFO"
-            )
-        report_dir = Path(config.report_dir)
-        summary = write_report(run, comparison, report_dir)
+        if not config.pipeline_only:
+            summary = _power_limit_part(config, console, report_dir)
+        if not config.skip_pipeline:
+            section = _pipeline_part(config, console, report_dir)
+            if summary is None:
+                cfg = dataclasses.asdict(config)
+                summary = {"version": SUMMARY_VERSION, "config": cfg, "elapsed_s": None}
+            summary["pipeline"] = section
+        elif summary is not None:
+            summary["pipeline"] = None
+        if summary is not None:
+            (report_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     except DemoStartupError as e:
         err.print(f"[red]zeus-demo: {e}[/]")
         return EXIT_STARTUP_FAILURE
-    except DemoError as e:
+    except (DemoError, PipelineDemoError) as e:
         err.print(f"[red]zeus-demo failed: {e}[/]")
         return EXIT_FAILED
     except OSError as e:
@@ -1005,15 +1095,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"[red]zeus-demo failed unexpectedly: {type(e).__name__}: {e}[/]\n"
                   "rerun with --log-level DEBUG for the traceback and the services' logs")
         return EXIT_FAILED
+    console.print(f"report: {os.fspath(report_dir / 'summary.json')}")
+    return EXIT_OK
+
+
+def _power_limit_part(config: DemoConfig, console: Console, report_dir: Path) -> dict[str, Any]:
+    """Run the power-limit part, print its table; return its summary (written to report_dir)."""
+    console.print(
+        f"[bold]zeus-demo[/] power limits: "
+        f"{'embedded NATS' if not config.nats_url else config.nats_url}, "
+        f"{config.nodes} nodes x {config.gpus_per_node} simulated {config.preset}, job on "
+        f"{config.job_gpus} GPUs, {config.workload_name}, {config.selector}, "
+        f"{config.epochs} x {config.steps} steps"
+    )
+    run = asyncio.run(run_demo(config, console))
+    comparison = compare(run.step_limits_w, run.measured, run.max_power_limit_w,
+                         run.chosen_power_limit_w)
+    if comparison.baseline.steps == 0 or comparison.optimised.steps == 0:
+        raise DemoError(
+            "the agents measured no step at the "
+            + ("maximum" if comparison.baseline.steps == 0 else "chosen")
+            + " power limit; raise --steps or run with --log-level INFO"
+        )
+    summary = write_report(run, comparison, report_dir)
     console.print(render_table(summary))
     console.print(
         f"job [cyan]{run.job_id}[/]; {comparison.unmatched_steps} step(s) without a measurement "
         f"from every rank; {run.elapsed_s:.1f} s"
     )
-    console.print(f"report: {os.fspath(report_dir / 'summary.json')}, "
-                  f"{os.fspath(report_dir / 'power_limits.png')}"
+    console.print(f"report: {os.fspath(report_dir / 'power_limits.png')}"
                   + (f", {os.fspath(report_dir / 'profile.json')}" if run.profile_json else ""))
-    return EXIT_OK
+    return summary
+
+
+def _pipeline_part(config: DemoConfig, console: Console, report_dir: Path) -> dict[str, Any]:
+    """Run the pipeline part, print its table; return summary.json's `pipeline` section."""
+    pcfg = config.pipeline_config()
+    console.print(
+        f"[bold]zeus-demo[/] pipeline: {pcfg.stages} stages x {pcfg.dp} pipeline(s) on "
+        f"simulated {pcfg.preset}s ({pcfg.profile}), {pcfg.microbatches} microbatches, time "
+        f"scale {pcfg.time_scale:g} (energy counter every {pcfg.energy_update_ms:g} ms): "
+        "all-max clocks, then Perseus"
+    )
+    run = asyncio.run(run_pipeline_demo(
+        pcfg, console, progress=config.progress, nats_url=config.nats_url,
+        prefix=config.prefix, log_level=config.log_level))
+    section = write_pipeline_report(run, report_dir)
+    console.print(render_pipeline_table(section))
+    console.print(
+        f"jobs [cyan]{run.all_max.job_id}[/] (all-max) and [cyan]{run.perseus.job_id}[/]; "
+        f"{section['late_clocks']} instruction(s) started before their clock was locked; "
+        f"{run.elapsed_s:.1f} s"
+    )
+    console.print("report: " + ", ".join(os.fspath(report_dir / name)
+                                         for name in section["images"]))
+    return section
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """`zeus-demo` end to end: run the console script with small step counts, check the report.
 
+The power-limit part and the pipeline part (`--skip-pipeline`, `--pipeline-only`) are run
+separately, each with small counts; `make demo` runs both.
+
 The demo runs as a subprocess with a marker in its environment, so every process it started
 (nats-server, rank processes, multiprocessing helpers) can be found afterwards, wherever it
 was reparented: none may be left.
@@ -78,6 +81,7 @@ def test_demo_writes_a_report_from_the_agents_measurements(tmp_path: Path) -> No
         "--report-dir",
         str(report),
         "--no-progress",
+        "--skip-pipeline",
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
@@ -108,6 +112,8 @@ def test_demo_writes_a_report_from_the_agents_measurements(tmp_path: Path) -> No
     )
     assert {p["node"] for p in summary["placements"]} == {"node-a", "node-b"}
     assert 0 < summary["elapsed_s"] < 150
+    assert summary["pipeline"] is None  # --skip-pipeline
+    assert not (report / "pipeline_timeline.png").exists()
 
     base, opt = summary["baseline"], summary["optimised"]
     chosen = summary["chosen_power_limit_w"]
@@ -162,6 +168,15 @@ def test_demo_help_documents_the_options() -> None:
         "--nats-url",
         "--report-dir",
         "--seed",
+        "--skip-pipeline",
+        "--pipeline-only",
+        "--pipeline-stages",
+        "--pipeline-dp",
+        "--microbatches",
+        "--pipeline-time-scale",
+        "--pipeline-iterations",
+        "--pipeline-clocks",
+        "Perseus",
         "examples:",
     ):
         assert flag in proc.stdout, flag
@@ -174,7 +189,85 @@ def test_demo_rejects_inconsistent_options_with_a_clear_message(tmp_path: Path) 
     assert not (tmp_path / "r").exists()
     proc, _ = _run_demo("--job-gpus", "9", timeout_s=60)
     assert proc.returncode == 2 and "--job-gpus 9" in proc.stderr
+    proc, _ = _run_demo("--pipeline-stages", "1", timeout_s=60)
+    assert proc.returncode == 2 and "--pipeline-stages" in proc.stderr
+    proc, _ = _run_demo("--skip-pipeline", "--pipeline-only", timeout_s=60)
+    assert proc.returncode == 2
     assert _processes_with_mark(mark) == []
+
+
+@pytest.mark.timeout(240)
+def test_demo_pipeline_part_compares_all_max_and_perseus(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    proc, mark = _run_demo(
+        "--pipeline-only",
+        "--pipeline-iterations",
+        "8",
+        "--pipeline-clocks",
+        "3",
+        "--report-dir",
+        str(report),
+        "--no-progress",
+        timeout_s=220,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert _processes_with_mark(mark) == []
+    assert "all-max clocks" in proc.stdout and "measured" in proc.stdout
+    assert "predicted" in proc.stdout
+    assert "profiling online" in proc.stdout  # live progress, plain lines without a terminal
+
+    summary = json.loads((report / "summary.json").read_text())
+    assert "baseline" not in summary  # --pipeline-only: no power-limit part
+    pipe = summary["pipeline"]
+    cfg = pipe["config"]
+    assert (cfg["stages"], cfg["dp"], cfg["microbatches"]) == (4, 1, 4)
+    assert (cfg["profile"], cfg["preset"]) == ("gpt3-175b+a40", "A40")
+    assert cfg["energy_update_ms"] == pytest.approx(100 * cfg["time_scale"])
+    scheduler = pipe["scheduler"]
+    assert scheduler in ("Perseus", "InstructionProfiler")
+    assert pipe["jobs"]["all_max"].split("+")[1:5] == ["dp1", "pp4", "tp1", "PointSolution"]
+    assert pipe["jobs"]["perseus"].split("+")[1:5] == ["dp1", "pp4", "tp1", scheduler]
+
+    base, opt = pipe["all_max"], pipe["perseus"]
+    assert base["iterations"] == 8 and opt["iterations"] >= 8
+    assert base["schedule_versions"] == [0]
+    assert opt["schedule_versions"] == [pipe["served_schedule"]]
+    for side in (base, opt):
+        # Four GPUs for the iteration: more than four idle A40s (30 W), less than four at 300 W.
+        e, t = side["energy_per_iteration_j"], side["time_per_iteration_s"]
+        assert 4 * 30 * t < e < 4 * 300 * t
+        assert side["energy_per_iteration_by_pipeline_j"] == {"0": pytest.approx(e)}
+    savings = pipe["savings"]
+    b_e, o_e = base["energy_per_iteration_j"], opt["energy_per_iteration_j"]
+    b_t, o_t = base["time_per_iteration_s"], opt["time_per_iteration_s"]
+    assert savings["energy_pct"] == pytest.approx((b_e - o_e) / b_e * 100)
+    assert savings["time_change_pct"] == pytest.approx((o_t - b_t) / b_t * 100)
+
+    timeline = report / "pipeline_timeline.png"
+    assert timeline.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    if scheduler == "InstructionProfiler":  # Perseus not installed: said so, no planner.
+        assert pipe["scheduler_note"] and pipe["planner"] is None
+        return
+    plan = pipe["planner"]
+    assert plan["frontier_points"] == len(plan["frontier"]) >= 2
+    times = [p["time_s"] for p in plan["frontier"]]
+    energies = [p["energy_j"] for p in plan["frontier"]]
+    assert times == sorted(times) and energies == sorted(energies, reverse=True)
+    assert plan["chosen"]["energy_j"] < plan["all_max"]["energy_j"]
+    assert plan["chosen"]["time_s"] <= plan["all_max"]["time_s"] * (1 + 1e-9)
+    assert plan["predicted_energy_saving_pct"] > 0
+    # The served plan: every stage's 1F1B order, clocks within the A40's range.
+    from zeus_agent.sim_pipeline_trainer import one_f_one_b
+
+    assert len(plan["chosen_plan"]) == 4
+    for stage, row in enumerate(plan["chosen_plan"]):
+        assert [n for n, _ in row] == [n for n, _ in one_f_one_b(stage, 4, 4)]
+        assert all(210 <= f <= 1740 for _, f in row)
+    # The saving is real: measured by the agents' energy counters.
+    assert savings["energy_pct"] > 0
+    assert (report / "pipeline_frontier.png").read_bytes().startswith(b"\x89PNG")
+    assert pipe["images"] == ["pipeline_frontier.png", "pipeline_timeline.png"]
 
 
 # ---------------------------------------------------------------- the pure arithmetic
@@ -225,3 +318,35 @@ def test_compare_refuses_a_job_that_never_left_one_limit() -> None:
 
     with pytest.raises(DemoError, match="one power limit"):
         compare({0: [300, 300]}, {(0, 0): (1.0, 1.0), (0, 1): (1.0, 1.0)}, 300, 300)
+
+
+def test_pipeline_window_stats_takes_steps_every_rank_ran_under_the_versions() -> None:
+    from coordinator.demo_pipeline import StepRecord, window_stats
+
+    # Two pipelines of two stages: ranks 0, 1 (pipeline 0 and 1 of stage 0), 2, 3 (stage 1).
+    pipelines = {0: 0, 1: 1, 2: 0, 3: 1}
+    steps = {}
+    for step in range(8):
+        version = None if step < 2 else 5 if step < 6 else 6
+        for rank in range(4):
+            t = 1.0 + 0.1 * rank
+            steps[(rank, step)] = StepRecord(0, 1, t, 10.0 * (rank + 1), version)
+    del steps[(3, 4)]  # A lost measurement: that step is left out.
+    side = window_stats(steps, pipelines, [5], skip=1)
+    assert (side.iterations, side.first_step, side.last_step) == (2, 3, 5)
+    assert side.time_s == pytest.approx(1.3)  # The slowest rank.
+    assert side.energy_j == pytest.approx(100.0)  # Summed over the GPUs.
+    assert side.pipeline_energy_j == {0: pytest.approx(40.0), 1: pytest.approx(60.0)}
+    assert window_stats(steps, pipelines, [6]).iterations == 2
+    assert window_stats(steps, pipelines, [6], limit=1).last_step == 6
+    assert window_stats(steps, pipelines, [7]).iterations == 0
+
+
+def test_pipeline_all_max_plan_follows_1f1b() -> None:
+    from coordinator.demo_pipeline import all_max_plan
+
+    plan = all_max_plan(4, 3, 1740)
+    assert [len(row) for row in plan] == [6, 6, 6, 6]
+    assert [n[0] for n, _ in plan[3]] == list("fbfbfb")
+    assert [n[0] for n, _ in plan[0]] == list("fffbbb")
+    assert {f for row in plan for _, f in row} == {1740}
