@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from coordinator.pipeline import perseus
+from coordinator.pipeline.instruction_profiler import coarse_grid
 from coordinator.pipeline.names import resolve_scheduler
 from coordinator.pipeline.perseus import Perseus, Perseus3D, one_f_one_b, plan_schedule
 from coordinator.pipeline.scheduler import SchedulerError
@@ -170,6 +171,18 @@ def test_profiles_then_plans_with_m_s_and_the_fitted_p_block(stub: StubPlanner) 
         assert {f for _, f in sch.frequencies} == {1200}
 
 
+@pytest.mark.parametrize("plan_clocks", ["grid", "all"])
+def test_plans_on_the_measured_grid_or_every_profiled_clock(stub: StubPlanner,
+                                                            plan_clocks: str) -> None:
+    sched = Perseus(job(), ranks(), {}, profiler_args={**FAST, "clocks": 4},
+                    plan_clocks=plan_clocks)
+    profile_to_end(sched)
+    clocks = {r[2] for r in next(args for name, args in stub.calls if name == "rows")}
+    grid = set(coarse_grid(CLOCKS, 4, 0.5))
+    assert clocks == (grid if plan_clocks == "grid" else set(CLOCKS))
+    assert len(grid) < len(CLOCKS)
+
+
 def test_given_p_block_skips_the_fit_and_reaches_the_profiler(stub: StubPlanner) -> None:
     sched = Perseus(job(), ranks(), {}, profiler_args=FAST, p_block_w=55.0)
     assert sched._profiler.p_block_w == 55.0
@@ -256,7 +269,7 @@ def test_the_choice_gets_the_knobs_and_the_all_max_time(stub: StubPlanner, knobs
     {"target_time": 1.0, "eta_knob": 0.5}, {"max_slowdown": -0.1}, {"eta_knob": 1.5},
     {"target_time": 0}, {"replan_window": 0}, {"replan_threshold": 0.0},
     {"max_reprofiles": -1}, {"profiler_args": {"clocks": 1}}, {"profiler_args": {"nope": 1}},
-    {"frontier_path": "f.txt"}, {"profiler_args": "clocks=3"},
+    {"frontier_path": "f.txt"}, {"profiler_args": "clocks=3"}, {"plan_clocks": "some"},
 ])
 def test_bad_knobs_are_refused(knobs: dict) -> None:
     with pytest.raises(SchedulerError):
