@@ -768,6 +768,17 @@ class CoordinatorService(ExitSignals):
         async with self._lock(batch.job_id):
             for mark in batch.marks:
                 await self._act(batch.job_id, job.on_mark, batch.rank, mark)
+            if isinstance(job, PipelineJob) and any(m.kind == "step" for m in batch.measurements):
+                # A step may close a profiling window, and the scheduler may then plan a
+                # frontier for seconds: off the event loop (leases keep being renewed). The
+                # job's lock keeps its inputs in order meanwhile.
+                record = self.registry.jobs.get(batch.job_id)
+                actions = await asyncio.to_thread(
+                    lambda: [a for m in batch.measurements
+                             for a in job.on_measurement(batch.rank, m, now)])
+                if record is not None:
+                    await self._execute(record, actions)
+                return
             for m in batch.measurements:
                 await self._act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),
                                 batch.rank, m)

@@ -28,7 +28,10 @@ __all__ = [
 ZEUS_SCHEDULER_MODULE = "zeus.optimizer.pipeline_frequency.server.scheduler"
 """Where Zeus 0.16 keeps its schedulers: its settings name them by this full path."""
 
-LAZY_MODULES: tuple[str, ...] = ("coordinator.pipeline.instruction_profiler",)
+LAZY_MODULES: tuple[str, ...] = (
+    "coordinator.pipeline.instruction_profiler",
+    "coordinator.pipeline.perseus",
+)
 """Modules imported (when they exist) before a name is resolved, for their registrations."""
 
 SCHEDULERS: dict[str, type[FrequencyScheduler]] = {
