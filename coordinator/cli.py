@@ -53,6 +53,12 @@ def _straggler(argv: Sequence[str]) -> int:
     return straggler_main(argv)
 
 
+def _plan(argv: Sequence[str]) -> int:
+    from coordinator.plan_cli import main as plan_main
+
+    return plan_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `zeus-coordinator`."""
     return dispatch(
@@ -61,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run": (_run, "the coordinator service (see zeus-coordinator run --help)"),
             "watch": (_watch, "follow job status from a terminal"),
             "nats-auth": (_nats_auth, "write NATS users and permissions for a list of GPU nodes"),
+            "plan": (_plan, "plan a pipeline's time-energy frontier from an instruction profile"),
             "straggler": (_straggler, "tell the coordinator a pipeline of a job is a straggler"),
         },
     )
