@@ -336,6 +336,8 @@ class Side:
         energy_j: Mean over steps of the energy summed over the job's GPUs (J).
         pipeline_energy_j: Pipeline (dp index) -> mean energy of its GPUs per step (J).
         versions: The schedule versions the steps ran under.
+        median_time_s: Median over steps of the slowest rank's step time (s): what the
+            iteration takes without the occasional hiccup of a busy machine.
     """
 
     iterations: int
@@ -345,12 +347,14 @@ class Side:
     energy_j: float
     pipeline_energy_j: dict[int, float]
     versions: list[int | None]
+    median_time_s: float = math.nan
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN as None)."""
         return {
             "iterations": self.iterations, "first_step": self.first_step,
             "last_step": self.last_step, "time_per_iteration_s": _finite(self.time_s),
+            "median_time_per_iteration_s": _finite(self.median_time_s),
             "energy_per_iteration_j": _finite(self.energy_j),
             "energy_per_iteration_by_pipeline_j": {
                 str(d): _finite(e) for d, e in sorted(self.pipeline_energy_j.items())},
@@ -408,7 +412,8 @@ def window_stats(
         for d in sorted(set(rank_pipeline.values()))
     }
     return Side(len(picked), picked[0], picked[-1], statistics.fmean(times),
-                statistics.fmean(energies), by_pipeline, list(versions))
+                statistics.fmean(energies), by_pipeline, list(versions),
+                statistics.median(times))
 
 
 def pct_less(before: float, after: float) -> float:
@@ -559,7 +564,7 @@ class PipelineCluster:
                 "nats_url": self.url, "backend": "sim", "sim_count": cfg.gpus_per_node,
                 "sim_preset": cfg.preset, "sim_state_dir": str(self.root / node),
                 "socket_path": str(self.root / f"{node}.sock"), "node": node,
-                "sample_hz": 10, "prefix": self.prefix, "log_level": self.log_level,
+                "sample_hz": 2, "prefix": self.prefix, "log_level": self.log_level,
                 "sim_energy_update_ms": cfg.energy_update_ms,
             }))
             self.agents.append((server, asyncio.create_task(server.serve())))
