@@ -42,10 +42,10 @@ the threshold. An explicit notice (`set_straggler(dp_index, factor)`, e.g. from 
 who knows a node throttles) overrides what is measured for that pipeline until cleared
 (`factor` None). While a straggler is known, with F its factor, every other pipeline (own
 factor f, 1 unless also a straggler) runs the frontier point of least energy whose planned time
-is <= chosen time * F / f: never slower than the straggler; the straggler's ranks keep the
-chosen plan. That is a new schedule version, with a `straggler` status; back to the chosen plan
-(`serving` status) when no straggler is left. Meanwhile the scheduler gets no results (its drift
-watch is for the job's own time, not a straggler's).
+is <= chosen time * F / f * (1 - `STRAGGLER_MARGIN`): never slower than the straggler; the
+straggler's ranks keep the chosen plan. That is a new schedule version, with a `straggler`
+status; back to the chosen plan (`serving` status) when no straggler is left. Meanwhile the
+scheduler gets no results (its drift watch is for the job's own time, not a straggler's).
 
 Guards: a rank whose iterations no longer run the instructions it was discovered with
 (`MAX_ORDER_MISMATCHES` in a row), a rank that left (its agent reports the trainer gone) or a
@@ -79,6 +79,9 @@ SchedulerFactory = Callable[[JobInfo, list[RankInfo]], FrequencyScheduler]
 MAX_OPEN_STEPS = 64
 """Most incomplete iterations kept per rank (older ones are dropped)."""
 MAX_INSTRUCTIONS_PER_STEP = 100_000
+STRAGGLER_MARGIN = 0.02
+"""Other pipelines aim this fraction under the straggler's pace (measured: exactly its pace
+made the iteration 3.5% slower on the simulated nodes)."""
 MAX_ORDER_MISMATCHES = 3
 """Consecutive iterations of a rank with other instructions than discovered before it stops."""
 DEFAULT_STALL_AFTER_S = 30.0
@@ -581,7 +584,9 @@ class PipelineJob:
             own = stragglers.get(d, 1.0)
             if own >= worst:
                 continue  # The straggler keeps the chosen plan.
-            target = float(chosen.time) * worst / own
+            # A margin under the straggler's pace: clock changes cost time the plan does not
+            # show, and a pipeline slowed to exactly that pace would become the critical one.
+            target = float(chosen.time) * worst / own * (1 - STRAGGLER_MARGIN)
             fits = [p for p in frontier if float(p.time) <= target * (1 + 1e-9)]
             best = min(fits, key=lambda p: (float(p.energy), -float(p.time)), default=chosen)
             if float(best.energy) < float(chosen.energy):

@@ -150,7 +150,8 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> StubPlanner:
 
 
 def test_profiles_then_plans_with_m_s_and_the_fitted_p_block(stub: StubPlanner) -> None:
-    sched = Perseus(job(), ranks(), {"profiling_iterations": 2}, profiler_args=FAST)
+    sched = Perseus(job(), ranks(), {"profiling_iterations": 2}, profiler_args=FAST,
+                    time_margin=0.0)
     assert sched.progress() is not None and sched.frontier is None and not sched.serving
     first = sched.next_schedule()
     assert all({f for _, f in s.frequencies} == {1500} for s in first)  # The profiler's.
@@ -174,7 +175,7 @@ def test_profiles_then_plans_with_m_s_and_the_fitted_p_block(stub: StubPlanner) 
 @pytest.mark.parametrize("plan_clocks", ["grid", "all"])
 def test_plans_on_the_measured_grid_or_every_profiled_clock(stub: StubPlanner,
                                                             plan_clocks: str) -> None:
-    sched = Perseus(job(), ranks(), {}, profiler_args={**FAST, "clocks": 4},
+    sched = Perseus(job(), ranks(), {}, profiler_args={**FAST, "clocks": 4}, time_margin=0.0,
                     plan_clocks=plan_clocks)
     profile_to_end(sched)
     clocks = {r[2] for r in next(args for name, args in stub.calls if name == "rows")}
@@ -184,7 +185,7 @@ def test_plans_on_the_measured_grid_or_every_profiled_clock(stub: StubPlanner,
 
 
 def test_given_p_block_skips_the_fit_and_reaches_the_profiler(stub: StubPlanner) -> None:
-    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, p_block_w=55.0)
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0, p_block_w=55.0)
     assert sched._profiler.p_block_w == 55.0
     profile_to_end(sched)
     assert [args[2] for name, args in stub.calls if name == "plan"] == [55.0]
@@ -193,7 +194,7 @@ def test_given_p_block_skips_the_fit_and_reaches_the_profiler(stub: StubPlanner)
 def test_schedules_follow_the_ranks_order_with_other_instructions_at_the_top_clock(
         stub: StubPlanner) -> None:
     extra = {0: ["optimizer"], 3: ["optimizer"]}
-    sched = Perseus(job(), ranks(extra=extra), {}, profiler_args=FAST)
+    sched = Perseus(job(), ranks(extra=extra), {}, profiler_args=FAST, time_margin=0.0)
     profile_to_end(sched)
     served = sched.next_schedule()
     assert served[0].frequencies[-1] == ("optimizer", 1500)
@@ -209,7 +210,7 @@ def test_plan_schedule_refuses_another_order() -> None:
 def test_a_plan_in_another_order_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     gpipe = tuple(tuple([("forward", 1200)] * 4 + [("backward", 1200)] * 4) for _ in range(4))
     monkeypatch.setattr(perseus, "planner", StubPlanner([Point(1.0, 1.0, gpipe)]))
-    sched = Perseus(job(), ranks(), {}, profiler_args=FAST)
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0)
     with pytest.raises(SchedulerError, match="planner's 1F1B DAG is not the pipeline's"):
         profile_to_end(sched)
 
@@ -233,11 +234,12 @@ def test_jobs_perseus_cannot_plan_are_refused_when_built(case: str) -> None:
         infos[2] = infos[2].model_copy(update={"instructions": None})
         words = "has no instructions"
     with pytest.raises(SchedulerError, match=words):
-        Perseus(job(dp=2 if case == "shared_stage" else 1), infos, {}, profiler_args=FAST)
+        Perseus(job(dp=2 if case == "shared_stage" else 1), infos, {}, profiler_args=FAST,
+                time_margin=0.0)
 
 
 def test_3d_plans_per_stage_and_serves_every_replica(stub: StubPlanner) -> None:
-    sched = Perseus3D(job(dp=2), ranks(dp=2), {}, profiler_args=FAST)
+    sched = Perseus3D(job(dp=2), ranks(dp=2), {}, profiler_args=FAST, time_margin=0.0)
     rounds = 0
     while not sched.serving:
         sched.observe(results(sched.next_schedule()))
@@ -258,7 +260,7 @@ def test_3d_plans_per_stage_and_serves_every_replica(stub: StubPlanner) -> None:
 ])
 def test_the_choice_gets_the_knobs_and_the_all_max_time(stub: StubPlanner, knobs: dict,
                                                         expected: dict) -> None:
-    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, **knobs)
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0, **knobs)
     profile_to_end(sched)
     assert [kw for name, kw in stub.calls if name == "choose"] == [expected]
     assert sched.chosen == (FRONTIER[2] if knobs else FRONTIER[1])
@@ -294,7 +296,7 @@ def serve(sched: Perseus, scale: float) -> None:
 
 
 def test_re_profiles_after_replan_window_drifting_windows(stub: StubPlanner) -> None:
-    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, replan_window=2)
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0, replan_window=2)
     profile_to_end(sched)
     plan = sched.next_schedule()
     serve(sched, 1.0)  # The first served window calibrates (its overheads are not planned).
@@ -313,7 +315,8 @@ def test_re_profiles_after_replan_window_drifting_windows(stub: StubPlanner) -> 
 
 
 def test_re_profiles_at_most_max_reprofiles_times(stub: StubPlanner) -> None:
-    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, replan_window=1, max_reprofiles=0)
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0, replan_window=1,
+                    max_reprofiles=0)
     profile_to_end(sched)
     for scale in (1.0, 1.5, 1.5, 1.5):
         serve(sched, scale)
@@ -324,7 +327,8 @@ def test_re_profiles_at_most_max_reprofiles_times(stub: StubPlanner) -> None:
 
 
 def test_frontier_csv_in_the_job_dump_directory(stub: StubPlanner, tmp_path) -> None:
-    sched = Perseus(job(), ranks(), {"dump_dir": str(tmp_path)}, profiler_args=FAST)
+    sched = Perseus(job(), ranks(), {"dump_dir": str(tmp_path)}, profiler_args=FAST,
+                    time_margin=0.0)
     profile_to_end(sched)
     with (tmp_path / "job+perseus" / "frontier.csv").open() as f:
         rows = list(csv.reader(f))
@@ -343,8 +347,8 @@ def test_registered_names() -> None:
 
 def test_with_the_real_planner() -> None:
     pytest.importorskip("coordinator.pipeline.planner")
-    Perseus.check_args(profiler_args=FAST)
-    sched = Perseus(job(), ranks(), {}, profiler_args=FAST)
+    Perseus.check_args(profiler_args=FAST, time_margin=0.0)
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0)
     profile_to_end(sched)
     assert sched.frontier and sched.chosen is not None and sched.all_max_time is not None
     assert sched.chosen.time <= sched.all_max_time * (1 + 1e-9)
@@ -355,3 +359,13 @@ def test_with_the_real_planner() -> None:
         assert [n for n, _ in sch.frequencies] == info.instructions
         assert all(f in CLOCKS for _, f in sch.frequencies)
     assert any(f < 1500 for s in served for _, f in s.frequencies)  # Some slack was used.
+
+
+def test_the_default_choice_keeps_a_margin_for_clock_changes(stub: StubPlanner) -> None:
+    """By default the plan leaves 1% of the all-max time as slack: locking a new clock as an
+    instruction begins costs time the profile does not show."""
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST)
+    profile_to_end(sched)
+    (call,) = [kw for name, kw in stub.calls if name == "choose"]
+    assert call["target_time"] == pytest.approx(0.99 * sched.all_max_time)
+    assert sched.chosen is not None and sched.chosen.time <= 0.99 * sched.all_max_time

@@ -17,6 +17,13 @@ from coordinator.pipeline.scheduler import FrequencyScheduler
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Measurement
 
+
+@pytest.fixture(autouse=True)
+def exact_pace(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The selection rule at exactly the straggler's pace (the margin has its own test)."""
+    if "margin" not in request.node.name:
+        monkeypatch.setattr("coordinator.pipeline.job.STRAGGLER_MARGIN", 0.0)
+
 CLOCKS = [1500, 1200, 1000, 900]
 STAGES = 2
 ORDERS = {0: ["forward", "forward", "backward", "backward"],
@@ -298,3 +305,13 @@ def test_settings_reach_the_job_and_are_checked() -> None:
             CoordinatorSettings(**bad)
     with pytest.raises(ValueError, match="straggler_window"):
         make_job(straggler_window=0)
+
+
+def test_the_other_pipelines_keep_a_margin_under_the_stragglers_pace() -> None:
+    """With the default 2% margin, a frontier point at exactly the straggler's pace is too slow:
+    the next faster one is taken (1.2 s, not 1.5 s, for a 1.5x straggler)."""
+    job, _ = serving()
+    job.set_straggler(1, 1.5)
+    assert clocks_by_pipeline(job) == {0: 1200, 1: 1500}
+    job.set_straggler(1, 1.54)  # 1.5 s is within 2% under 1.54 s.
+    assert clocks_by_pipeline(job) == {0: 1000, 1: 1500}
