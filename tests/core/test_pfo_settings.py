@@ -267,10 +267,12 @@ def test_lazy_module_with_a_missing_import_is_reported(
         sys.modules.pop(module, None)
 
 
-def test_the_instruction_profiler_module_is_optional() -> None:
-    # Whether or not coordinator.pipeline.instruction_profiler exists yet, resolving works.
-    assert names.LAZY_MODULES == ("coordinator.pipeline.instruction_profiler",)
+def test_the_lazily_imported_scheduler_modules_register_their_names() -> None:
+    assert names.LAZY_MODULES == ("coordinator.pipeline.instruction_profiler",
+                                  "coordinator.pipeline.perseus")
     assert resolve_scheduler("PointSolution") is PointSolution
+    assert {"InstructionProfiler", "InstructionProfiler3D", "Perseus", "Perseus3D"} <= set(
+        names.known_schedulers())
     assert {"PointSolution", "PointSolution3D"} <= set(names.known_schedulers())
 
 
