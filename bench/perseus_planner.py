@@ -200,10 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = args.profiles or sorted(p.stem for p in PROFILES.glob("*.csv"))
     lowtime_left = 0.0 if args.no_lowtime else args.lowtime_budget_s
     cases: list[dict[str, Any]] = []
-    for name in names:
-        profile = load_profile(PROFILES / f"{name}.csv")
-        model = name.split("+")[0]
-        for m in args.microbatches:
+    profiles = {name: load_profile(PROFILES / f"{name}.csv") for name in names}
+    # Smallest pipelines first, so lowtime's budget covers as many cases as it can.
+    for m in args.microbatches:
+        for name in names:
+            profile = profiles[name]
+            model = name.split("+")[0]
             stats = PlannerStats()
             start = time.perf_counter()
             frontier = plan_frontier(profile, m, p_block_w=P_BLOCK_W, stats=stats)
