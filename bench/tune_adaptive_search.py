@@ -93,6 +93,7 @@ PREVIOUS_DEFAULTS: dict[str, Any] = {
     "k_refine": 1.5,
     "max_refines": 1,
     "confirm": 0.0,
+    "focused_refinement": False,
 }
 """Adaptive's settings before this tuning (no skips, no confirmation), with the new stop rule."""
 
@@ -111,10 +112,15 @@ SPACE: dict[str, tuple[Any, ...]] = {
     "k_refine": (1.0, 1.5, 2.0),
     "max_refines": (2, 3, 4, 6),
     "confirm": (0.0, 0.5, 0.75, 1.0),
+    "focused_refinement": (False, True),
 }
 """Values each tuned setting may take. Not tuned: `noise` (the assumed 1%), `patience` (3 limits
 clearly worse, each worse than the one above: a robust stop, never at one bump) and `budget`
 (none: the time goal is over all cases, a per-case cap only starves the hard ones)."""
+
+POOL_FIXED: dict[str, Any] = {"focused_refinement": False}
+"""Settings the random pool does not draw (so the pool is the one drawn before they joined
+`SPACE`); the coordinate descent still tunes them."""
 
 
 def candidate_pool(n: int, seed: int = POOL_SEED) -> list[dict[str, Any]]:
@@ -123,7 +129,10 @@ def candidate_pool(n: int, seed: int = POOL_SEED) -> list[dict[str, Any]]:
     pool = [dict(PREVIOUS_DEFAULTS)]
     seen = {json.dumps(encode(pool[0]), sort_keys=True)}
     while len(pool) < n + 1:
-        params = {name: rng.choice(values) for name, values in SPACE.items()}
+        params = {
+            name: POOL_FIXED[name] if name in POOL_FIXED else rng.choice(values)
+            for name, values in SPACE.items()
+        }
         if params["max_steps"] < params["chunk"]:
             continue
         key = json.dumps(encode(params), sort_keys=True)

@@ -257,7 +257,8 @@ class Adaptive(SearchStrategy):
             fraction of profile_steps (a short window that looks best may just be lucky).
         budget: Most steps (warm-up + profiling) of one search, as a fraction of the exhaustive
             search's steps; 0 or less: no budget.
-        focused_refinement: If True (not yet the default: not cross-validated), confirmation
+        focused_refinement: If True (a tuned setting; the tuning on all profiles leaves it off,
+            two of the five cross-validation folds turn it on), confirmation
             windows of the best do not count against `max_refines` (a new best is confirmed
             too), and each refinement re-profiles the rival most likely to be misjudged against
             the best (fewest sigmas) or the best, whichever has fewer steps. If False, the least

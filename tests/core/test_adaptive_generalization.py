@@ -198,6 +198,9 @@ def test_candidate_pool_is_data_independent_and_reproducible() -> None:
     for params in tune.candidate_pool(50):
         Adaptive(**params)
         assert params.get("patience", 2) >= 2
+        assert set(params) == set(tune.SPACE)
+        assert all(params[name] == value for name, value in tune.POOL_FIXED.items())
+    assert tune.SPACE["focused_refinement"] == (False, True)  # Tuned by the coordinate descent.
 
 
 def test_time_selector_on_flat_top_profile() -> None:
