@@ -69,6 +69,7 @@ from coordinator.demo_pipeline import (
     run_pipeline_demo,
     write_pipeline_report,
 )
+from zeus_agent.aio import wait_started
 from zeus_agent.errors import BrokerError
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 from zeus_agent.wire import codec, subjects
@@ -666,18 +667,8 @@ class _Observer:
 
 async def _wait_started(event: asyncio.Event, task: asyncio.Task[Any], what: str) -> None:
     """Wait until a service says it started, or fail with its error if it died first."""
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        done, _ = await asyncio.wait({waiter, task}, timeout=20,
-                                     return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    if event.is_set():
-        return
-    if task in done:
-        exc = task.exception()
-        raise DemoStartupError(f"{what} did not start: {exc or 'it exited'}") from exc
-    raise DemoStartupError(f"{what} did not start within 20 s; rerun with --log-level INFO")
+    await wait_started(event, task, what, DemoStartupError,
+                       hint="; rerun with --log-level INFO")
 
 
 def _phase_text(ev: Any) -> str:

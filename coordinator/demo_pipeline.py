@@ -53,6 +53,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from zeus_agent.aio import wait_started
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobStatus, MeasurementBatch
 
@@ -784,18 +785,7 @@ def _read_schedules(directory: Path) -> dict[int, dict[int, list[tuple[str, int]
 
 
 async def _wait_started(event: asyncio.Event, task: asyncio.Task[Any], what: str) -> None:
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        done, _ = await asyncio.wait({waiter, task}, timeout=20,
-                                     return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    if event.is_set():
-        return
-    if task in done:
-        exc = task.exception()
-        raise PipelineDemoError(f"{what} did not start: {exc or 'it exited'}") from exc
-    raise PipelineDemoError(f"{what} did not start within 20 s")
+    await wait_started(event, task, what, PipelineDemoError)
 
 
 def _write_plan(path: Path, plan: Sequence[Sequence[tuple[str, int]]]) -> str:

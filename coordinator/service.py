@@ -51,7 +51,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord, JobRegistry, RegistryError
@@ -109,6 +111,8 @@ INFO_COMMAND = codec.encode(CommandEnvelope(cmd=InfoCmd()))
 
 RANK_STATUS_EVERY_UP_TO = 64
 """Jobs up to this world size get a status event per rank; bigger ones every 10 %."""
+
+M = TypeVar("M", bound=BaseModel)
 
 Handler = Callable[[bytes, str], Awaitable[Reply]]
 """An endpoint handler: (request payload, request subject) -> reply."""
@@ -704,6 +708,14 @@ class CoordinatorService(ExitSignals):
         if n == 1 or n % 1000 == 0:
             LOG.warning("dropped a message on %s (%s, %d so far): %s", subject, reason, n, detail)
 
+    def _decode_stream(self, msg: Any, model: type[M]) -> M | None:
+        """A stream message as `model`, or None (dropped and counted as malformed)."""
+        try:
+            return codec.decode(msg.data, model)
+        except PayloadError as e:
+            self._drop("malformed", msg.subject, e)
+            return None
+
     def _bound_here(self, record: JobRecord | None, rank: int, node: str, gpu: int | None) -> bool:
         """Whether `rank` of the job is bound to a GPU of `node` (and to GPU `gpu` if given)."""
         if record is None:
@@ -714,10 +726,8 @@ class CoordinatorService(ExitSignals):
         return gpu is None or rr.gpu.gpu_index == gpu
 
     async def _on_events(self, msg: Any) -> None:
-        try:
-            batch = codec.decode(msg.data, TrainerEventBatch)
-        except PayloadError as e:
-            self._drop("malformed", msg.subject, e)
+        batch = self._decode_stream(msg, TrainerEventBatch)
+        if batch is None:
             return
         record = self.registry.jobs.get(batch.job_id)
         via = subjects.last_token(msg.subject)
@@ -744,10 +754,8 @@ class CoordinatorService(ExitSignals):
                                 event)
 
     async def _on_measurements(self, msg: Any) -> None:
-        try:
-            batch = codec.decode(msg.data, MeasurementBatch)
-        except PayloadError as e:
-            self._drop("malformed", msg.subject, e)
+        batch = self._decode_stream(msg, MeasurementBatch)
+        if batch is None:
             return
         job = self.optimisers.get(batch.job_id)
         if job is None:
@@ -785,10 +793,8 @@ class CoordinatorService(ExitSignals):
 
     async def _on_gpu_error(self, msg: Any) -> None:
         """An agent's error event about the rank bound to one of its GPUs (a trainer gone...)."""
-        try:
-            event = codec.decode(msg.data, ErrorEvent)
-        except PayloadError as e:
-            self._drop("malformed", msg.subject, e)
+        event = self._decode_stream(msg, ErrorEvent)
+        if event is None:
             return
         if event.job_id is None or event.rank is None:
             return
@@ -814,10 +820,8 @@ class CoordinatorService(ExitSignals):
         Only a GPU whose agent says the job's trainer is bound to it (it said HELLO, again after
         an agent restart): a GPU whose trainer left stays at its default.
         """
-        try:
-            hello = codec.decode(msg.data, AgentHello)
-        except PayloadError as e:
-            self._drop("malformed", msg.subject, e)
+        hello = self._decode_stream(msg, AgentHello)
+        if hello is None:
             return
         node = subjects.token(hello.node)
         if node != msg.subject.split(".")[-2]:

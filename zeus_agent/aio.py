@@ -5,6 +5,8 @@
 * `run_event_loop(main)`: run a coroutine on uvloop when available.
 * `ExitSignals`: the `should_exit`/`force_exit` events of a server that SIGINT/SIGTERM set
   (the first asks for a graceful exit, the second forces it).
+* `wait_started(event, task, what, error)`: wait until a service in a task says it started,
+  or fail with its own error if it died first.
 """
 
 from __future__ import annotations
@@ -77,3 +79,31 @@ class ExitSignals:
         if self.should_exit.is_set():
             self.force_exit.set()
         self.should_exit.set()
+
+
+async def wait_started(
+    event: asyncio.Event,
+    task: asyncio.Task[Any],
+    what: str,
+    error: type[Exception] = RuntimeError,
+    timeout_s: float = 20.0,
+    hint: str = "",
+) -> None:
+    """Wait until a service says it started (`event`), or fail if its task ended first.
+
+    Raises:
+        error: `what` did not start: its task ended (with its exception as the cause) or
+            `timeout_s` passed (`hint` appended to the message).
+    """
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter, task}, timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if event.is_set():
+        return
+    if task in done:
+        exc = task.exception()
+        raise error(f"{what} did not start: {exc or 'it exited'}") from exc
+    raise error(f"{what} did not start within {timeout_s:g} s{hint}")

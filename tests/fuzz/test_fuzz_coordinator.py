@@ -130,10 +130,13 @@ def expected_request(bus: Bus, endpoint: str, data: bytes, via: str, case: Case)
         return set(STABLE_CODES)
     known = bus.call(lambda: {j: r.job for j, r in bus.coord.registry.jobs.items()})
     if endpoint == "job":
-        if request.power_limit is None and request.scheduler not in (
-            "PowerLimitOptimizer", bus.coord.pfo.scheduler
-        ):
-            return {"bad_request"}  # A pipeline job names another scheduler than the one run.
+        allowed = {"PowerLimitOptimizer"}
+        if request.power_limit is None:
+            allowed.add(bus.coord.pfo.scheduler)
+        if request.scheduler not in allowed:
+            # A pipeline job names another scheduler than the one run, or a power-limit job
+            # names a pipeline scheduler.
+            return {"bad_request"}
         return {OK, "quota"}
     if endpoint == "query":
         return {OK} if request.job_id is None or request.job_id in known else {"unknown_job"}
