@@ -926,15 +926,7 @@ class CoordinatorService(ExitSignals):
         replies = await self.request_all(
             [(subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus]
         )
-        errors = [
-            f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"
-            for g, r in zip(gpus, replies, strict=True)
-            if isinstance(r, str) or not r.ok
-        ]
-        if errors:
-            more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""
-            shown = "; ".join(errors[:8]) + more
-            await self.status(record.job_id, "error", f"setting {watts} W failed on {shown}")
+        await self._report_failures(record, f"setting {watts} W", gpus, replies)
 
     async def _reapply(self, record: JobRecord, job: JobOptimizer, why: str) -> None:
         """Apply the job's desired settings again on all its GPUs."""

@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.pipeline.dumps import job_dir_name
+from coordinator.pipeline.names import register_scheduler
 from coordinator.pipeline.scheduler import (
     FrequencyScheduler,
     ScheduleGenerator,
@@ -577,10 +578,5 @@ def _check_float(
 
 InstructionProfiler3D = make_3d_parallel(InstructionProfiler, "InstructionProfiler3D")
 
-try:
-    from coordinator.pipeline.names import register_scheduler
-except ImportError:  # pragma: no cover - the registry is not there yet.
-    pass
-else:
-    register_scheduler("InstructionProfiler", InstructionProfiler)
-    register_scheduler("InstructionProfiler3D", InstructionProfiler3D)
+register_scheduler("InstructionProfiler", InstructionProfiler)
+register_scheduler("InstructionProfiler3D", InstructionProfiler3D)

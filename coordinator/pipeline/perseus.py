@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.pipeline.dumps import job_dir_name
 from coordinator.pipeline.instruction_profiler import KINDS, InstructionProfiler, coarse_grid
+from coordinator.pipeline.names import register_scheduler
 from coordinator.pipeline.scheduler import (
     FrequencyScheduler,
     ScheduleGenerator,
@@ -452,10 +453,5 @@ def _setting(settings: Any, name: str, default: Any) -> Any:
 
 Perseus3D = make_3d_parallel(Perseus, "Perseus3D")
 
-try:
-    from coordinator.pipeline.names import register_scheduler
-except ImportError:  # pragma: no cover - the registry is not there yet.
-    pass
-else:
-    register_scheduler("Perseus", Perseus)
-    register_scheduler("Perseus3D", Perseus3D)
+register_scheduler("Perseus", Perseus)
+register_scheduler("Perseus3D", Perseus3D)
