@@ -7,6 +7,8 @@ settings; flags (`--log-level`, ...) override them. Construction does no I/O.
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -93,7 +95,33 @@ class CoordinatorSettings(BaseSettings):
     )
     state_dir: str = Field(
         default="./zeus-coordinator-state",
-        description="Where jobs and power-limit profiles are kept",
+        description="Files the coordinator keeps for people (measured profiles; with "
+        "--embedded-nats also its JetStream store); jobs live in JetStream",
+    )
+    state_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="JetStream replicas of the state buckets (3 on a 3-server NATS cluster)",
+    )
+    state_bucket: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="JetStream KV bucket of the jobs (default zeus-state-<prefix>; leases in "
+        "<bucket>-owners); the NATS permissions of nats-auth cover the default only",
+    )
+    replica_name: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        min_length=1,
+        max_length=128,
+        description="Name of this coordinator replica (host-pid by default); unique per replica",
+    )
+    ownership_lease_s: float = Field(
+        default=10.0,
+        ge=0.3,
+        le=600,
+        description="A replica's lease on the jobs it drives; another replica takes a job over "
+        "this long after its owner stopped renewing (capped at lease_s / 2)",
     )
     lease_s: float = Field(
         default=30.0,

@@ -32,11 +32,19 @@ as coded `Reply`s. Each request runs in its own task (NATS runs a subscription's
 at a time, and a rank registration waits for the GPU's agent), so thousands of ranks register
 concurrently. Agents' GPU descriptions are cached for `GPU_INFO_TTL_S`.
 
-Persistence: jobs live in `state_dir/jobs.json`, written before a registration is acknowledged
-(so nothing acknowledged is lost) with group commit: requests that arrive while a write is in
-progress share the next write. A registration that cannot be written is undone and refused
-(`unavailable`), so a retry never makes a second job. Profiles are kept in
-`state_dir/profiles/`.
+Durable state (`coordinator.state`): jobs, ranks, GPU bindings and each optimiser's progress
+live in a JetStream KV bucket, one key per fact; a registration is acknowledged once JetStream
+has it (so nothing acknowledged is lost), and a write that fails is undone and refused
+(`unavailable`), so a retry never makes a second job. Every replica follows the bucket, so
+all share one view of the jobs. An existing `state_dir/jobs.json` (earlier versions) is
+imported once and renamed.
+
+Replicas: request endpoints are a queue group (any replica answers); each job is driven by
+one owner (`OwnershipBook`: a lease in the `-owners` bucket, taken by compare-and-set). Only
+the owner follows the job's events and measurements, commands its GPUs, renews their leases
+and writes its progress; queries and straggler notices about it are forwarded to the owner.
+When an owner stops renewing (it died), another replica takes the job over after the lease
+and resumes it from its recorded progress; a stopping replica gives its jobs up at once.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from coordinator.config import CoordinatorSettings
-from coordinator.jobs import JobRecord, JobRegistry, RegistryError
+from coordinator.jobs import JobRecord, JobRegistry, RankRecord, RegistryError
 from coordinator.optimizer import (
     Action,
     ApplyPowerLimit,
@@ -72,14 +80,16 @@ from coordinator.pipeline.job import PipelineJob, StragglerError
 from coordinator.pipeline.scheduler import SchedulerError
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.machine import PowerLimitError
-from coordinator.power_limit.profile import load_profile, save_profile
+from coordinator.power_limit.profile import save_profile
 from coordinator.power_limit.search import WindowResult
+from coordinator.state import OwnershipBook, RecordError, records
+from coordinator.state.jetstream import JetStreamState, StateUnavailableError
 from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.errors import BrokerError, PayloadError
-from zeus_agent.models import JobInfo, RankInfo
+from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     AgentHello,
@@ -121,12 +131,6 @@ TICK_S = 1.0
 """How often the jobs' timers (overdue windows) are checked (s)."""
 
 
-class PersistenceError(RegistryError):
-    """The state directory could not be written: the change was undone."""
-
-    code = "unavailable"
-
-
 class CoordinatorService(ExitSignals):
     """The coordinator. `await serve()` runs until `should_exit` is set."""
 
@@ -140,7 +144,16 @@ class CoordinatorService(ExitSignals):
         self.pfo = settings.pfo_settings()
         self.optimisers: dict[str, JobOptimizer] = {}
         """Job id -> the optimiser driving it (power-limit or pipeline frequency)."""
-        self._resume: dict[str, list[WindowResult]] = {}  # measured windows from before a restart
+        self.progress: dict[str, dict[str, Any]] = {}
+        """Job id -> its optimiser's recorded progress (what a new owner resumes from)."""
+        self.book = OwnershipBook(settings.replica_name,
+                                  min(settings.ownership_lease_s, settings.lease_s / 2))
+        self.state: JetStreamState | None = None
+        self._job_ids: dict[str, str] = {}
+        """Job hash (state keys) -> job id."""
+        self._starting: set[str] = set()
+        self._registering: set[tuple[str, int]] = set()
+        """(job id, rank) being recorded by this replica's handlers right now."""
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
         self._gpu_jobs: dict[tuple[str, str], str] = {}
         """(node token, GPU index token) -> the optimised job that drives that GPU."""
@@ -159,14 +172,11 @@ class CoordinatorService(ExitSignals):
         self._gpu_info_cache: dict[tuple[str, int], tuple[float, GpuDescription]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._persist_lock = asyncio.Lock()
         self.exit_code = 0
         """What the process should exit with: 0, or `BUS_LOST` (the server closed NATS)."""
         self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
         self._status_server: status_http.StatusServer | None = None
-        self.writes = 0  # Writes of jobs.json by `_save` (for benchmarks and tests).
-        self._changes = 0  # Registry changes made (persistence generation).
-        self._persisted = 0  # Changes already on disk.
+        self.writes = 0  # Writes to the state bucket (for benchmarks and tests).
 
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> None:
@@ -185,6 +195,8 @@ class CoordinatorService(ExitSignals):
                         every(s.lease_s / 3, self._renew_leases, "lease renewal", first_now=False)
                     ),
                     tg.create_task(every(TICK_S, self._tick_jobs, "job timers", first_now=False)),
+                    tg.create_task(every(self.book.lease_s / 3, self._ownership, "job ownership",
+                                         first_now=True)),
                     tg.create_task(
                         every(
                             min(60.0, s.max_job_idle_time / 10),
@@ -194,9 +206,6 @@ class CoordinatorService(ExitSignals):
                         )
                     ),
                 ]
-                for record in list(self.registry.jobs.values()):
-                    if record.complete:
-                        self._spawn(self._start_optimiser(record))
                 self.started.set()
                 await self.should_exit.wait()
                 await self._stop_intake()
@@ -229,9 +238,9 @@ class CoordinatorService(ExitSignals):
         probe = self.state_dir / f".write-probe-{os.getpid()}"
         probe.write_text("")  # An unwritable state directory fails here, before serving.
         probe.unlink()
-        self._restore()
-        if s.embedded_nats:
-            self._embedded = await asyncio.to_thread(EmbeddedNats().start)
+        if s.embedded_nats:  # Its JetStream store is kept with the state: a restart resumes.
+            store = str(self.state_dir / "jetstream")
+            self._embedded = await asyncio.to_thread(EmbeddedNats(store_dir=store).start)
         if not self.url:
             raise BrokerError(
                 "no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats"
@@ -243,6 +252,11 @@ class CoordinatorService(ExitSignals):
                                 on_reconnect=self._on_reconnect, on_closed=self._on_closed,
                                 inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix))
         self.bus_state = ("connected", time.time(), "connected to NATS")
+        self.state = JetStreamState(self.nc, s.prefix, s.state_replicas,
+                                    timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket)
+        await self.state.open()
+        await self._import_jobs_json()
+        await self.state.follow(self._on_state_entry, self._on_owner_entry)
         from nats import micro
 
         self._service = await micro.add_service(
@@ -263,14 +277,22 @@ class CoordinatorService(ExitSignals):
             ("query", subjects.coord_job_query(s.prefix), self.handle_query),
             ("straggler", subjects.coord_job_straggler(s.prefix), self.handle_straggler),
         ]
+        me = s.replica_name
+        own: list[tuple[str, Handler]] = [("query", self.handle_query),
+                                          ("straggler", self.handle_straggler)]
+        for name, own_handler in own:
+            # This replica's own subjects, where the others forward requests about its jobs.
+            self._subs.append(await self.nc.subscribe(
+                subjects.coord_replica(me, name, s.prefix), cb=self._own_endpoint(own_handler)))
         for name, subject, handler in endpoints:
             await self._service.add_endpoint(
                 name=name, subject=subject, handler=self._endpoint(handler)
             )
         # Subscriptions are live before anyone hears we started.
         await confirm_subscriptions(self.nc)
-        LOG.info("coordinator ready on %s (state in %s, %d job(s) restored)",
-                 redact_url(self.url or ""), self.state_dir, len(self.registry.jobs))
+        LOG.info("coordinator replica %s ready on %s (state in JetStream bucket %s, %d job(s))",
+                 s.replica_name, redact_url(self.url or ""), self.state.bucket,
+                 len(self.registry.jobs))
 
     async def _on_disconnect(self) -> None:
         self.bus_state = ("disconnected", time.time(), "the connection to NATS was lost")
@@ -295,7 +317,8 @@ class CoordinatorService(ExitSignals):
         """(healthy, detail) for `/healthz` (called on the status server's thread)."""
         state, since, reason = self.bus_state
         detail = {"nats": {"state": state, "since": since, "reason": reason},
-                  "jobs": len(self.registry.jobs), "dropped": dict(self.dropped)}
+                  "replica": self.settings.replica_name, "jobs": len(self.registry.jobs),
+                  "owned": len(self.book.mine()), "dropped": dict(self.dropped)}
         if state != "connected":
             return False, {"status": state, "reason": reason, **detail}
         if not self.started.is_set() or self.should_exit.is_set():
@@ -336,12 +359,9 @@ class CoordinatorService(ExitSignals):
     async def shutdown(self) -> None:
         """Stop intake, persist, drain NATS, stop the embedded server (idempotent)."""
         await self._stop_intake()
-        if self._changes > self._persisted:
-            try:
-                self._persist()
-            except OSError as e:
-                LOG.error("could not write the state directory %s at shutdown: %s",
-                          self.state_dir, e)
+        await self._give_up_jobs()
+        if self.state is not None:
+            await self.state.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.drain(), 5)
@@ -360,60 +380,170 @@ class CoordinatorService(ExitSignals):
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    # ------------------------------------------------------------------ persistence
-    def _write(self, snapshot: dict[str, Any]) -> None:
+    # ------------------------------------------------------------------ durable state
+    async def _import_jobs_json(self) -> None:
+        """Import `state_dir/jobs.json` (the file store of earlier versions) once."""
         path = self.state_dir / "jobs.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(snapshot))
-        os.replace(tmp, path)
+        if not path.exists() or self.state is None:
+            return
+        try:
+            data = json.loads(path.read_text())
+            imported = JobRegistry.restore(data, self.clock())
+            windows = {job_id: w for job_id, w in data.get("power_limit_windows", {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+            aside = path.with_suffix(f".corrupt-{int(time.time())}")
+            os.replace(path, aside)
+            LOG.error("could not import %s (%s); moved it to %s", path, e, aside)
+            return
+        for record in imported.jobs.values():
+            if await self.state.create_job(record):
+                for rank in record.ranks.values():
+                    await self.state.create_rank(record.job_id, rank)
+                if record.job_id in windows:
+                    await self.state.put_progress(record.job_id, "windows",
+                                                  windows[record.job_id])
+        done = path.with_suffix(f".imported-{int(time.time())}")
+        os.replace(path, done)
+        LOG.info("imported %d job(s) from %s into JetStream (the file is now %s)",
+                 len(imported.jobs), path, done.name)
 
-    def snapshot(self) -> dict[str, Any]:
-        """What survives a restart: the registry, and the windows of unfinished profiles."""
-        data = self.registry.snapshot()
-        data["power_limit_windows"] = {
-            job_id: state for job_id, job in self.power_limit_jobs.items()
-            if (state := job.persisted()) is not None
-        }
-        return data
-
-    def _persist(self) -> None:
-        """Write the registry now (blocking; for shutdown)."""
-        self._write(self.snapshot())
-        self._persisted = self._changes
-
-    async def _save(self) -> None:
-        """Persist the registry's latest change before acknowledging it (group commit).
-
-        Callers that arrive while a write is running wait for the next one, which covers all
-        of their changes: n concurrent registrations cost a few writes, not n.
-        """
-        self._changes += 1
-        wanted = self._changes
-        async with self._persist_lock:
-            if self._persisted >= wanted:
+    async def _on_state_entry(self, entry: Any) -> None:
+        """Keep this replica's view in step with the state bucket (any replica's writes)."""
+        deleted = entry.operation in ("DEL", "PURGE")
+        try:
+            change = records.decode(entry.key, entry.value, deleted, self.clock())
+        except RecordError as e:
+            self._drop("bad_state_entry", entry.key, e)
+            return
+        if change.kind == "job":
+            if change.deleted:
+                job_id = self._job_ids.pop(change.job_hash, None)
+                if job_id is not None:
+                    self._forget_job(job_id)
                 return
-            covered = self._changes
-            snapshot = self.snapshot()
-            await asyncio.to_thread(self._write, snapshot)
-            self._persisted = max(self._persisted, covered)
-            self.writes += 1
+            assert change.job is not None
+            self._job_ids[change.job_hash] = change.job.job_id
+            self.registry.apply_job(change.job)
+        elif change.kind == "rank" and change.deleted:  # A registration undone (a lost race).
+            job_id = self._job_ids.get(change.job_hash)
+            rank = entry.key.rsplit(".", 1)[-1]
+            if job_id is not None and rank.isdigit():
+                self.registry.unregister_rank(job_id, int(rank))
+        elif change.kind == "rank" and change.rank is not None and change.job_id is not None:
+            if self.registry.apply_rank(change.job_id, change.rank, self.clock()):
+                record = self.registry.jobs[change.job_id]
+                if record.complete and (change.job_id, change.rank.info.rank) not in (
+                        self._registering):
+                    self._maybe_start(record)
+        elif (change.kind == "prog" and change.job_id is not None and change.progress
+              and change.job_id not in self.optimisers):  # Our own writes change nothing here.
+            self.progress[change.job_id] = change.progress
 
-    def _restore(self) -> None:
-        path = self.state_dir / "jobs.json"
-        if path.exists():
-            try:
-                data = json.loads(path.read_text())
-                self.registry = JobRegistry.restore(data, self.clock(), self.settings.max_jobs,
-                                                    self.settings.max_jobs_per_node)
-                self._resume = {
-                    job_id: [WindowResult(**w) for w in windows]
-                    for job_id, windows in data.get("power_limit_windows", {}).items()
-                }
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                aside = path.with_suffix(f".corrupt-{int(time.time())}")
-                os.replace(path, aside)
-                LOG.error("could not restore %s (%s); moved it to %s and started with no jobs",
-                          path, e, aside)
+    async def _on_owner_entry(self, entry: Any) -> None:
+        """Follow the ownership leases; a job another replica took is dropped here."""
+        if entry.operation in ("DEL", "PURGE") or not entry.value:
+            self.book.forget(entry.key)
+            return
+        lease = self.book.observe(entry.key, entry.value, entry.revision)
+        if lease is not None and lease.owner != self.book.me:
+            self._release_locally(lease.job_id, f"replica {lease.owner} took it over")
+
+    def _release_locally(self, job_id: str, why: str) -> None:
+        """Stop driving a job here (another replica owns it now): no commands, no leases."""
+        if self.optimisers.pop(job_id, None) is not None:
+            LOG.info("job %s: no longer driven by this replica (%s)", job_id, why)
+        for key in [k for k, j in self._gpu_jobs.items() if j == job_id]:
+            del self._gpu_jobs[key]
+
+    def _forget_job(self, job_id: str) -> None:
+        """The job was removed (by its owner): forget it."""
+        self.registry.drop_job(job_id)
+        self._release_locally(job_id, "removed")
+        self.progress.pop(job_id, None)
+        self._locks.pop(job_id, None)
+
+    def _state(self) -> JetStreamState:
+        if self.state is None:
+            raise StateUnavailableError("the coordinator is not connected to its state yet")
+        return self.state
+
+    def owns(self, job_id: str) -> bool:
+        """Whether this replica drives the job now."""
+        return self.book.owns(records.job_hash(job_id), time.time())
+
+    def _maybe_start(self, record: JobRecord) -> None:
+        """Start the job's optimiser if every rank is in and this replica owns the job."""
+        job_id = record.job_id
+        if (record.complete and job_id not in self.optimisers and job_id not in self._starting
+                and self.owns(job_id)):
+            self._starting.add(job_id)
+            self._spawn(self._start_optimiser(record))
+
+    async def _ownership(self) -> None:
+        """Renew this replica's leases, take over jobs whose owner is gone."""
+        if self.state is None or self.nc is None or not self.nc.is_connected:
+            return
+        now = time.time()
+        for job_hash, lease in self.book.renewals():
+            revision = await self.state.take(job_hash, self.book.value(lease.job_id, now),
+                                             lease.revision)
+            if revision is not None:
+                self.book.observe(job_hash, self.book.value(lease.job_id, now), revision)
+            elif self.book.owner(job_hash, time.time()) != self.book.me:
+                self._release_locally(lease.job_id, "its lease was taken by another replica")
+        known = {records.job_hash(j): j for j in self.registry.jobs}
+        for job_hash, revision in self.book.claimable(list(known), time.time()):
+            await self._take(known[job_hash], revision, "its owner stopped renewing its lease"
+                             if revision else "it had no owner")
+        for job_hash in self.book.mine():
+            record = self.registry.jobs.get(known.get(job_hash, ""))
+            if record is not None:
+                self._maybe_start(record)
+
+    async def _take(self, job_id: str, revision: int, why: str) -> bool:
+        """Take a job's lease (compare-and-set on `revision`); True if this replica has it."""
+        assert self.state is not None
+        value = self.book.value(job_id, time.time())
+        new = await self.state.take(records.job_hash(job_id), value, revision)
+        if new is None:
+            return False
+        self.book.observe(records.job_hash(job_id), value, new)
+        if revision:
+            LOG.info("job %s: taken over by replica %s (%s)", job_id, self.book.me, why)
+            await self.status(job_id, "taken_over",
+                              f"coordinator replica {self.book.me} drives the job now ({why})")
+        return True
+
+    async def _give_up_jobs(self) -> None:
+        """At shutdown: give the leases up so another replica takes the jobs at once."""
+        if self.state is None or self.nc is None or not self.nc.is_connected:
+            return
+        for job_hash, lease in self.book.renewals():
+            value = self.book.value(lease.job_id, time.time(), release=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.state.take(job_hash, value, lease.revision), 2)
+
+    async def _save_progress(self, job_id: str, job: JobOptimizer) -> None:
+        """Record the optimiser's progress, so a replica taking the job over resumes it."""
+        state = job.persisted()
+        if state is None or self.state is None:
+            return
+        kind = "pipeline" if isinstance(job, PipelineJob) else "windows"
+        try:
+            await self.state.put_progress(job_id, kind, state)
+            self.writes += 1
+        except StateUnavailableError as e:
+            LOG.warning("job %s: progress not recorded (%s); a takeover would redo it", job_id, e)
+
+    async def _known_job(self, job_id: str) -> None:
+        """Make sure this replica knows a job registered through another (its view may lag)."""
+        if job_id in self.registry.jobs or self.state is None:
+            return
+        with contextlib.suppress(StateUnavailableError, RecordError):
+            record = await self.state.get_job(job_id)
+            if record is not None:
+                self._job_ids[records.job_hash(job_id)] = job_id
+                self.registry.apply_job(record)
 
     def profile_path(self, record: JobRecord) -> Path:
         """The coordinator's own copy of a job's profile (a name it makes, in its state dir)."""
@@ -449,21 +579,33 @@ class CoordinatorService(ExitSignals):
 
         return wrapped
 
-    async def _save_or_undo(self, undo: Callable[[], None]) -> None:
-        """Persist a registration; if the state directory cannot be written, undo it.
+    def _own_endpoint(self, handler: Handler) -> Callable[[Any], Awaitable[None]]:
+        """Wrap a handler for this replica's own subject (requests forwarded by replicas)."""
+        endpoint = self._endpoint(handler)
 
-        Raises:
-            PersistenceError: The write failed (the change was undone: a retry starts afresh).
+        async def handle(msg: Any) -> None:
+            await endpoint(_Forwarded(msg))
+
+        return handle
+
+    async def _forward(self, job_id: str, endpoint: str, data: bytes,
+                       subject: str) -> Reply | None:
+        """Ask the job's owning replica when it is another one (None: answer here).
+
+        A request forwarded to this replica is answered here (never forwarded again).
         """
+        owner = self.book.owner(records.job_hash(job_id), time.time())
+        if (owner is None or owner == self.book.me or self.nc is None
+                or subject.startswith(subjects.all_coord_replicas(self.settings.prefix)[:-1])):
+            return None
+        subject = subjects.coord_replica(owner, endpoint, self.settings.prefix)
         try:
-            await self._save()
-        except OSError as e:
-            undo()
-            LOG.error("cannot write the state directory %s: %s", self.state_dir, e)
-            raise PersistenceError(
-                f"the coordinator cannot write its state ({e.strerror or e}); nothing was "
-                "registered: retry once its state directory is writable"
-            ) from None
+            msg = await self.nc.request(subject, data, timeout=self.settings.command_timeout_s)
+            return codec.decode(msg.data, Reply)
+        except Exception as e:  # noqa: BLE001 - the owner died meanwhile: answer here
+            LOG.warning("replica %s did not answer a %s about job %s: %s", owner, endpoint,
+                        job_id, e)
+            return None
 
     async def handle_register_job(self, data: bytes, subject: str = "") -> Reply:
         """Register a job (through the node named by the subject) and return its id."""
@@ -483,9 +625,24 @@ class CoordinatorService(ExitSignals):
                     f"{request.scheduler[:64]!r}: omit the scheduler, or ask its operator",
                 )
             request = request.model_copy(update={"scheduler": name})
-        record = self.registry.register_job(request, self.clock(), subjects.last_token(subject),
-                                            datetime.now())
-        await self._save_or_undo(lambda: self.registry.unregister_job(record.job_id))
+        node = subjects.last_token(subject)
+        for _ in range(8):
+            record = self.registry.register_job(request, self.clock(), node, datetime.now())
+            try:
+                created = await self._state().create_job(record)
+            except StateUnavailableError:
+                self.registry.unregister_job(record.job_id)
+                raise
+            if created:
+                break
+            # Another replica registered a job with this id meanwhile: learn it, take the next.
+            self.registry.unregister_job(record.job_id)
+            await self._known_job(record.job_id)
+        else:
+            raise StateUnavailableError("could not give the job a unique id; retry")
+        self.writes += 1
+        self._job_ids[records.job_hash(record.job_id)] = record.job_id
+        await self._take(record.job_id, 0, "registered here")
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await self.status(record.job_id, "registered",
                           f"job registered for {what}; "
@@ -501,6 +658,7 @@ class CoordinatorService(ExitSignals):
         request = codec.decode(data, RegisterRank)
         gpu = request.gpu
         via = subjects.last_token(subject)
+        await self._known_job(request.job_id)
         if via != subjects.token(gpu.node):
             return Reply.failure(
                 "forbidden",
@@ -522,19 +680,27 @@ class CoordinatorService(ExitSignals):
                     f"GPU {gpu.gpu_index} on node {gpu.node!r} has uuid {info.uuid}, not "
                     f"{gpu.gpu_uuid}: check the rank's CUDA_VISIBLE_DEVICES and GPU index",
                 )
-        # The job may have gone or the rank been taken meanwhile: this checks again.
-        record, new = self.registry.register_rank(request, self.clock())
+        # The job may have gone or the rank been taken meanwhile (here, or through another
+        # replica: the state bucket decides, once): this checks again.
+        self.registry.check_rank(request)
+        mine = (request.job_id, request.rank_info.rank)
+        self._registering.add(mine)  # This handler, not the state watch, starts the job.
+        try:
+            new = await self._state().create_rank(
+                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu))
+        finally:
+            self._registering.discard(mine)
+        record, _ = self.registry.register_rank(request, self.clock())
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
-            rank = request.rank_info.rank
-            await self._save_or_undo(lambda: self.registry.unregister_rank(record.job_id, rank))
+            self.writes += 2
             # One event per rank is too many to follow for big jobs: then every 10 %.
             if world <= RANK_STATUS_EVERY_UP_TO or n * 10 // world != (n - 1) * 10 // world:
                 await self.status(record.job_id, "rank_registered",
                                   f"rank {request.rank_info.rank} on {gpu.node}/gpu"
                                   f"{gpu.gpu_index} ({n}/{world} ranks registered)")
             if record.complete:
-                self._spawn(self._start_optimiser(record))
+                self._maybe_start(record)
         return Reply.success(job_id=record.job_id, rank=request.rank_info.rank,
                              registered=n, world_size=world)
 
@@ -546,7 +712,11 @@ class CoordinatorService(ExitSignals):
             end = query.offset + query.limit
             return Reply.success(jobs=ids[query.offset:end], total=len(ids),
                                  next_offset=end if end < len(ids) else None)
+        await self._known_job(query.job_id)
         record = self.registry.get(query.job_id)
+        forwarded = await self._forward(record.job_id, "query", data, subject)
+        if forwarded is not None:
+            return forwarded
         optimiser = self.optimisers.get(record.job_id)
         pipeline = optimiser.progress() if isinstance(optimiser, PipelineJob) else None
         job = optimiser if isinstance(optimiser, PowerLimitJob) else None
@@ -568,7 +738,11 @@ class CoordinatorService(ExitSignals):
     async def handle_straggler(self, data: bytes, subject: str = "") -> Reply:
         """A straggler notice about one pipeline of a pipeline job (or its clearing)."""
         notice = codec.decode(data, StragglerNotice)
+        await self._known_job(notice.job_id)
         record = self.registry.get(notice.job_id)
+        forwarded = await self._forward(record.job_id, "straggler", data, subject)
+        if forwarded is not None:
+            return forwarded
         if record.power_limit is not None:
             return Reply.failure(
                 "not_supported",
@@ -588,6 +762,7 @@ class CoordinatorService(ExitSignals):
             except StragglerError as e:
                 return Reply.failure(e.code, str(e))
             await self._execute(record, actions)
+            await self._save_progress(record.job_id, job)
             progress = job.progress()
         message = next((a.message for a in reversed(actions) if isinstance(a, StatusUpdate)), "")
         return Reply.success(job_id=record.job_id, stragglers=progress["stragglers"],
@@ -619,53 +794,64 @@ class CoordinatorService(ExitSignals):
 
     # ------------------------------------------------------------------ power-limit jobs
     async def _start_optimiser(self, record: JobRecord) -> None:
-        async with self._lock(record.job_id):
-            if record.job_id in self.optimisers:
-                return
-            if self.registry.jobs.get(record.job_id) is not record:
-                return  # Collected meanwhile.
-            if record.power_limit is None:
-                await self._start_pipeline(record)
-                return
-            gpus = record.gpus()
-            missing = [g for g in gpus if (g.node, g.gpu_index) not in self.gpu_limits]
-            await asyncio.gather(*(self._gpu_info(g.node, g.gpu_index) for g in missing))
-            unreachable = [f"{g.node}/gpu{g.gpu_index}" for g in gpus
-                           if (g.node, g.gpu_index) not in self.gpu_limits]
-            if unreachable:
-                await self.status(record.job_id, "error",
-                                  "cannot reach the agent of " + ", ".join(unreachable[:8])
-                                  + (" ..." if len(unreachable) > 8 else "")
-                                  + "; not optimising (restart the coordinator once they are up)")
-                return
-            limits = [self.gpu_limits[(g.node, g.gpu_index)] for g in gpus]
-            lo = max(lim[0] for lim in limits)
-            hi = min(lim[1] for lim in limits)
-            path = self.profile_path(record)
-            measurements = record.power_limit.profile  # the trainer's own profile file, if any
-            resume = self._resume.pop(record.job_id, [])
-            timeout = self.settings.mark_timeout_s
+        try:
+            async with self._lock(record.job_id):
+                if record.job_id in self.optimisers or not self.owns(record.job_id):
+                    return
+                if self.registry.jobs.get(record.job_id) is not record:
+                    return  # Collected meanwhile.
+                if record.power_limit is None:
+                    await self._start_pipeline(record)
+                else:
+                    await self._start_power_limit(record)
+        finally:
+            self._starting.discard(record.job_id)
+        self.progress.pop(record.job_id, None)  # Taken in by the optimiser (if it started).
+
+    async def _start_power_limit(self, record: JobRecord) -> None:
+        """Start a power-limit job's optimiser (the lock is held)."""
+        assert record.power_limit is not None
+        gpus = record.gpus()
+        missing = [g for g in gpus if (g.node, g.gpu_index) not in self.gpu_limits]
+        await asyncio.gather(*(self._gpu_info(g.node, g.gpu_index) for g in missing))
+        unreachable = [f"{g.node}/gpu{g.gpu_index}" for g in gpus
+                       if (g.node, g.gpu_index) not in self.gpu_limits]
+        if unreachable:
+            await self.status(record.job_id, "error",
+                              "cannot reach the agent of " + ", ".join(unreachable[:8])
+                              + (" ..." if len(unreachable) > 8 else "")
+                              + "; not optimising (restart the coordinator once they are up)")
+            return
+        limits = [self.gpu_limits[(g.node, g.gpu_index)] for g in gpus]
+        lo = max(lim[0] for lim in limits)
+        hi = min(lim[1] for lim in limits)
+        measurements = record.power_limit.profile  # the trainer's own profile file, if any
+        recorded = self.progress.get(record.job_id) or {}
+        resume: list[WindowResult] = []
+        timeout = self.settings.mark_timeout_s
+        try:
+            if measurements is None and recorded.get("kind") == "profile":
+                measurements = [PowerLimitMeasurement(**m) for m in recorded["state"]]
+            elif recorded.get("kind") == "windows":  # measured before a takeover
+                resume = [WindowResult(**w) for w in recorded["state"]]
             try:
-                if measurements is None and path.exists():  # measured before a restart
-                    measurements = await asyncio.to_thread(load_profile, path)
-                try:
-                    job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                        measurements, resume=resume, mark_timeout_s=timeout)
-                except PowerLimitError as e:
-                    if not resume:
-                        raise
-                    await self.status(record.job_id, "profiling",
-                                      f"cannot resume the profile measured before: {e}")
-                    job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                        measurements, mark_timeout_s=timeout)
-            except (PowerLimitError, ValueError, OSError) as e:
-                await self.status(record.job_id, "error",
-                                  f"power-limit optimiser refused to start: {e}")
-                return
-            self.optimisers[record.job_id] = job
-            for g in gpus:
-                self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
-            await self._execute(record, job.start())
+                job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                    measurements, resume=resume, mark_timeout_s=timeout)
+            except PowerLimitError as e:
+                if not resume:
+                    raise
+                await self.status(record.job_id, "profiling",
+                                  f"cannot resume the profile measured before: {e}")
+                job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                    measurements, mark_timeout_s=timeout)
+        except (PowerLimitError, ValueError, OSError, TypeError, KeyError) as e:
+            await self.status(record.job_id, "error",
+                              f"power-limit optimiser refused to start: {e}")
+            return
+        self.optimisers[record.job_id] = job
+        for g in gpus:
+            self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
+        await self._execute(record, job.start())
 
     async def _start_pipeline(self, record: JobRecord) -> None:
         """Start a pipeline job's frequency optimiser (the lock is held)."""
@@ -887,10 +1073,19 @@ class CoordinatorService(ExitSignals):
             await self.status(job_id, "error", f"power-limit optimiser: {e}")
             return
         await self._execute(record, actions)
-        if plj is not None and len(plj.machine.window_results) > recorded:
-            await self._save()  # a measured window survives a restart
+        if job is not None and (
+            (plj is not None and len(plj.machine.window_results) > recorded)
+            or (plj is None and any(isinstance(a, KeepFile | InstallSchedules) for a in actions))
+        ):
+            await self._save_progress(job_id, job)  # A measured window survives a takeover.
 
     async def _execute(self, record: JobRecord, actions: list[Action]) -> None:
+        if actions and not self.owns(record.job_id):
+            # Fenced: this replica's lease on the job is about to lapse (it could not renew
+            # it), so another replica may take over: it sends no more commands.
+            LOG.warning("job %s: %d action(s) not carried out: this replica's lease on the job "
+                        "is lapsing", record.job_id, len(actions))
+            return
         for action in actions:
             if isinstance(action, ApplyPowerLimit):
                 await self.apply_power_limit(record, action.watts)
@@ -902,6 +1097,11 @@ class CoordinatorService(ExitSignals):
                     where = "kept by the coordinator"
                 except OSError as e:
                     where = f"not kept by the coordinator ({e.strerror or e})"
+                if self.state is not None:  # A replica taking the job over serves it at once.
+                    with contextlib.suppress(StateUnavailableError):
+                        await self.state.put_progress(
+                            record.job_id, "profile",
+                            [m.model_dump() for m in action.measurements])
                 await self.status(
                     record.job_id, "profile_saved",
                     f"profile measured ({where}); the trainer's drop-in writes its profile_path",
@@ -1069,22 +1269,26 @@ class CoordinatorService(ExitSignals):
     async def _renew_leases(self) -> None:
         now = self.clock()
         for record in list(self.registry.jobs.values()):
-            if now - record.last_active_s > self.settings.lease_idle_s:
+            if now - record.last_active_s > self.settings.lease_idle_s or not self.owns(
+                    record.job_id):
                 continue
             renewal = LeaseRenewal(holder=record.job_id, lease_s=self.settings.lease_s)
             await self.nc.publish(subjects.lease_renewal(record.job_id, self.settings.prefix),
                                   codec.encode(renewal))
 
     async def _collect_idle(self) -> None:
-        removed = self.registry.collect_idle(self.clock(), self.settings.max_job_idle_time)
-        if not removed:
-            return
-        await self._save()
-        for job_id in removed:
-            self.optimisers.pop(job_id, None)
-            for key in [k for k, j in self._gpu_jobs.items() if j == job_id]:
-                del self._gpu_jobs[key]
-            self._locks.pop(job_id, None)
+        """Remove the owned jobs idle for longer than `max_job_idle_time`."""
+        now, limit = self.clock(), self.settings.max_job_idle_time
+        idle = [j for j, r in list(self.registry.jobs.items())
+                if now - r.last_active_s > limit and self.owns(j)]
+        for job_id in idle:
+            if self.state is not None:
+                try:
+                    await self.state.delete_job(job_id)
+                except StateUnavailableError as e:
+                    LOG.warning("job %s: not removed (%s); trying again later", job_id, e)
+                    continue
+            self._forget_job(job_id)
             await self.status(job_id, "removed",
                               f"job removed after {self.settings.max_job_idle_time} s without "
                               "events or registrations (max_job_idle_time)")
@@ -1093,3 +1297,15 @@ class CoordinatorService(ExitSignals):
 def _ticker(job: JobOptimizer) -> Callable[[int, Any], list[Action]]:
     """`job.tick` in the shape `_act` feeds (rank, item): the item is the time."""
     return lambda _rank, now_s: job.tick(now_s)
+
+
+class _Forwarded:
+    """A plain NATS message in the shape of a `nats.micro` request (what `_endpoint` reads)."""
+
+    def __init__(self, msg: Any) -> None:
+        self._msg = msg
+        self.subject = msg.subject
+        self.data = msg.data
+
+    async def respond(self, data: bytes) -> None:
+        await self._msg.respond(data)

@@ -84,6 +84,11 @@ class RankRecord:
             self._plain = {"info": self.info.model_dump(), "gpu": self.gpu.model_dump()}
         return self._plain
 
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> RankRecord:
+        """Rebuild from `plain()` data (raises KeyError, TypeError, ValueError if it is not)."""
+        return cls(RankInfo(**data["info"]), GpuBinding(**data["gpu"]))
+
 
 @dataclass
 class JobRecord:
@@ -116,6 +121,45 @@ class JobRecord:
     def gpus(self) -> list[GpuBinding]:
         """The GPUs of the job, in rank order."""
         return [self.ranks[r].gpu for r in sorted(self.ranks)]
+
+    def plain(self, with_ranks: bool = True) -> dict[str, Any]:
+        """JSON-able data (the durable store keeps ranks apart: `with_ranks=False`)."""
+        data: dict[str, Any] = {
+            "job_id": self.job_id,
+            "job": self.job.model_dump(),
+            "scheduler": self.scheduler,
+            "power_limit": self.power_limit.model_dump() if self.power_limit else None,
+            "node": self.node,
+            "uid": self.uid,
+        }
+        if with_ranks:
+            data["ranks"] = [rr.plain() for rr in self.ranks.values()]
+        return data
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any], now_s: float) -> JobRecord:
+        """Rebuild from `plain()` data; its idle clock starts at `now_s`.
+
+        Raises:
+            KeyError, TypeError, ValueError: The data is not a job record.
+        """
+        job_data = dict(data["job"])
+        job_id = job_data.pop("job_id")
+        job = JobInfo(**job_data)
+        job.job_id = job_id
+        record = cls(
+            job_id=data["job_id"],
+            job=job,
+            scheduler=data["scheduler"],
+            power_limit=_options(data["power_limit"]),
+            created_s=now_s,
+            last_active_s=now_s,
+            node=data.get("node", ""),
+            uid=data.get("uid"),
+        )
+        for rr in data.get("ranks", []):
+            record.add_rank(RankRecord.from_plain(rr))
+        return record
 
 
 class JobRegistry:
@@ -197,12 +241,14 @@ class JobRegistry:
         self._remove(job_id)
 
     def unregister_rank(self, job_id: str, rank: int) -> None:
-        """Undo a new rank's `register_rank` (its persistence failed)."""
+        """Undo a new rank's registration (not recorded, or undone by another replica)."""
         record = self.jobs.get(job_id)
         if record is None or rank not in record.ranks:
             return
         gone = record.ranks.pop(rank)
-        record.gpu_ranks.pop((gone.gpu.node, gone.gpu.gpu_index), None)
+        key = (gone.gpu.node, gone.gpu.gpu_index)
+        if record.gpu_ranks.get(key) == rank:
+            del record.gpu_ranks[key]
 
     def check_rank(self, request: RegisterRank) -> bool:
         """Validate a rank registration without recording it.
@@ -277,25 +323,35 @@ class JobRegistry:
             self._remove(job_id)
         return idle
 
-    # ------------------------------------------------------------------ persistence
+    # ------------------------------------------------------------------ replicas, persistence
+    def apply_job(self, record: JobRecord) -> bool:
+        """Take a job registered elsewhere (another replica, the durable store).
+
+        Returns False if a job with that id is already known (kept as it is).
+        """
+        if record.job_id in self.jobs:
+            return False
+        self._add(record)
+        return True
+
+    def apply_rank(self, job_id: str, rank: RankRecord, now_s: float) -> bool:
+        """Take a rank registered elsewhere; False if the job is unknown or the rank known."""
+        record = self.jobs.get(job_id)
+        if record is None or rank.info.rank in record.ranks:
+            return False
+        if (rank.gpu.node, rank.gpu.gpu_index) in record.gpu_ranks:
+            return False  # Its GPU drives another rank: a registration being undone.
+        record.add_rank(rank)
+        record.last_active_s = now_s
+        return True
+
+    def drop_job(self, job_id: str) -> JobRecord | None:
+        """Forget a job removed elsewhere (collected by its owner)."""
+        return self._remove(job_id)
+
     def snapshot(self) -> dict[str, Any]:
-        """Plain data for persistence (JSON-able)."""
-        return {
-            "jobs": [
-                {
-                    "job_id": r.job_id,
-                    "job": r.job.model_dump(),
-                    "scheduler": r.scheduler,
-                    "power_limit": r.power_limit.model_dump() if r.power_limit else None,
-                    "created_s": r.created_s,
-                    "last_active_s": r.last_active_s,
-                    "node": r.node,
-                    "uid": r.uid,
-                    "ranks": [rr.plain() for rr in r.ranks.values()],
-                }
-                for r in self.jobs.values()
-            ]
-        }
+        """Plain data of every job (JSON-able), as the file store of earlier versions kept."""
+        return {"jobs": [r.plain() for r in self.jobs.values()]}
 
     @classmethod
     def restore(
@@ -308,24 +364,7 @@ class JobRegistry:
         """
         registry = cls(max_jobs, max_jobs_per_node)
         for j in data.get("jobs", []):
-            job_data = dict(j["job"])
-            job_id = job_data.pop("job_id")
-            job = JobInfo(**job_data)
-            job.job_id = job_id
-            record = JobRecord(
-                job_id=j["job_id"],
-                job=job,
-                scheduler=j["scheduler"],
-                power_limit=_options(j["power_limit"]),
-                created_s=now_s,
-                last_active_s=now_s,
-                node=j.get("node", ""),
-                uid=j.get("uid"),
-            )
-            for rr in j["ranks"]:
-                info = RankInfo(**rr["info"])
-                record.add_rank(RankRecord(info, GpuBinding(**rr["gpu"])))
-            registry._add(record)
+            registry._add(JobRecord.from_plain(j, now_s))
         return registry
 
 

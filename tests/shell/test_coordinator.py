@@ -5,7 +5,7 @@ restart from the state directory and loaded profiles. The service keeps serving 
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,13 @@ async def agent(nats_server, tmp_path_factory) -> AsyncIterator[AgentServer]:
     await task
 
 
+def bucket_of(state_dir: Path) -> str:
+    """A JetStream bucket of the test's own (the NATS server is shared by the session)."""
+    return "t-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
+
+
 async def start(nats_server, state_dir: Path, **kw: Any) -> tuple[CoordinatorService, asyncio.Task]:
+    kw.setdefault("state_bucket", bucket_of(state_dir))
     settings = CoordinatorSettings(nats_url=nats_server.url, state_dir=str(state_dir),
                                    command_timeout_s=1.0, **kw)
     coord = CoordinatorService(settings)
@@ -231,9 +237,20 @@ async def test_leases_renewed_while_active_and_idle_jobs_collected(nats_server, 
         count = len(renewals)
         await asyncio.sleep(0.3)
         assert len(renewals) == count
-        assert job_id not in json.loads((tmp_path / "c" / "jobs.json").read_text())["jobs"]
+        # Gone from the durable state too (the job's key deleted, its ranks purged).
+        assert await state_keys(coord) == set()
     finally:
         await stop(coord, task)
+
+
+async def state_keys(coord: CoordinatorService) -> set[str]:
+    """The keys in the coordinator's state bucket now."""
+    from nats.js.errors import NoKeysError
+
+    try:
+        return set(await coord.state.kv.keys())
+    except NoKeysError:
+        return set()
 
 
 async def test_state_survives_a_restart(nats_server, agent, nc, tmp_path):
@@ -446,24 +463,26 @@ async def test_events_and_marks_from_another_node_are_dropped(coord, nc):
     assert coord.power_limit_jobs[job_id].last_step is None  # nothing paced the machine
 
 
-async def test_an_unwritable_state_directory_refuses_without_half_registering(coord, nc):
-    """Defect: with an unwritable state dir a failed registration stayed, and a retry made a
-    second job."""
+async def test_an_unavailable_state_store_refuses_without_half_registering(coord, nc):
+    """Defect: with an unwritable state a failed registration stayed, and a retry made a
+    second job. Now JetStream refusing the write leaves nothing behind."""
     before = set(coord.registry.jobs)
-    original = coord._write
+    keys = await state_keys(coord)
+    original = coord.state.kv.create
 
-    def broken(snapshot):
-        raise PermissionError(13, "Permission denied", str(coord.state_dir / "jobs.json"))
+    async def broken(*args: Any, **kw: Any) -> int:
+        raise TimeoutError("JetStream did not answer")
 
-    coord._write = broken
+    coord.state.kv.create = broken
     try:
         for _ in range(2):
             reply = await ask(nc, subjects.coord_register_job(NODE), job_request(dp=1))
             assert (reply.ok, reply.code) == (False, "unavailable")
-            assert "cannot write its state" in reply.error and "retry" in reply.error
+            assert "could not record" in reply.error and "retry" in reply.error
         assert set(coord.registry.jobs) == before
+        assert await state_keys(coord) == keys
     finally:
-        coord._write = original
+        coord.state.kv.create = original
     job_id = await register_job(nc, dp=1)
     assert set(coord.registry.jobs) == before | {job_id}
 

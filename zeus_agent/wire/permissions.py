@@ -181,6 +181,16 @@ def agent(node: str, prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
     )
 
 
+def jetstream_state(prefix: str = subjects.DEFAULT_PREFIX) -> tuple[str, ...]:
+    """What the coordinator publishes to keep its state in JetStream KV.
+
+    The JetStream API (bucket creation, reads, watches and their flow control) and writes to its
+    own buckets (`subjects.state_buckets`). Agents and observers get none of it.
+    """
+    state, owners = subjects.state_buckets(prefix)
+    return ("$JS.API.>", "$JS.FC.>", "$JS.ACK.>", f"$KV.{state}.>", f"$KV.{owners}.>")
+
+
 def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
     """Permissions of the coordinator: commands every GPU, serves `<p>.coord.*`."""
     p = prefix
@@ -192,7 +202,9 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             pattern(subjects.job_schedule, ANY, ANY, prefix=p),
             subjects.agent_ping(p),
             subjects.coord_job_straggler(p),  # operators' notices (`zeus-coordinator straggler`)
+            subjects.all_coord_replicas(p),  # requests forwarded to a job's owning replica
             f"{SRV_PREFIX}.>",  # discovery requests (read-only answers)
+            *jetstream_state(p),
             _below(inbox("coordinator", prefix=p)),
         ),
         subscribe=(
@@ -200,6 +212,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_coord_register_rank(p),
             subjects.coord_job_query(p),
             subjects.coord_job_straggler(p),
+            subjects.all_coord_replicas(p),
             subjects.all_job_events(p),
             subjects.all_job_status(p),
             pattern(subjects.job_schedule, ANY, ANY, prefix=p),

@@ -150,6 +150,19 @@ def coord_job_straggler(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.coord.jobs.straggler"
 
 
+def coord_replica(replica: str, endpoint: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Request/reply subject of one coordinator replica (`query`, `straggler`).
+
+    A replica that does not own a job forwards requests about it to its owner.
+    """
+    return f"{_p(prefix)}.coord.replica.{token(replica)}.{token(endpoint)}"
+
+
+def all_coord_replicas(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every replica's own request subjects: `<p>.coord.replica.>`."""
+    return f"{_p(prefix)}.coord.replica.>"
+
+
 def job_events(job_id: str, rank: int | str, node: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a rank's batched trainer events, as relayed by `node`'s agent."""
     return f"{_p(prefix)}.job.{token(job_id)}.ev.{token(rank)}.{token(node)}"
@@ -219,3 +232,12 @@ def all_lease_renewals(prefix: str = DEFAULT_PREFIX) -> str:
 def agent_ping(prefix: str = DEFAULT_PREFIX) -> str:
     """Ask every agent to announce itself now: `<p>.agent.ping`."""
     return f"{_p(prefix)}.agent.ping"
+
+
+def state_buckets(prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
+    """JetStream KV buckets of the coordinators of `prefix`: (state, ownership leases).
+
+    Bucket names allow letters, digits, `_` and `-`; other characters of the prefix become `_`.
+    """
+    base = "zeus-state-" + re.sub(r"[^A-Za-z0-9_-]", "_", prefix)
+    return base, base + "-owners"

@@ -1,0 +1,283 @@
+"""`JetStreamState`: the coordinator's durable state in two JetStream KV buckets (async shell).
+
+The layout is `coordinator.state.records`'s, the ownership rules `coordinator.state.ownership`'s;
+this module only moves bytes. Every write is acknowledged by JetStream before the coordinator
+acknowledges what it records (a registration, a measured window), so nothing acknowledged is
+lost when a coordinator dies; with `replicas` > 1 on a NATS cluster, nothing is lost when a
+server dies either. Every replica follows both buckets (KV watches) and keeps its in-memory view
+in step: a rank registered through one replica is known to all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
+from coordinator.state import records
+
+LOG = logging.getLogger(__name__)
+
+Entry = Any
+"""A `nats.js.kv.KeyValue.Entry`."""
+
+OnEntry = Callable[[Entry], Awaitable[None]]
+
+
+class StateUnavailableError(RegistryError):
+    """JetStream did not take a write: the change was not made."""
+
+    code = "unavailable"
+
+
+class NoJetStreamError(Exception):
+    """The NATS server has no JetStream (the coordinator cannot keep its state there)."""
+
+
+class JetStreamState:
+    """The state and ownership buckets of one subject prefix."""
+
+    def __init__(self, nc: Any, prefix: str, replicas: int = 1, timeout_s: float = 5.0,
+                 bucket: str | None = None) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=timeout_s)
+        self.bucket, self.owners_bucket = ((bucket, f"{bucket}-owners") if bucket
+                                           else records.bucket_names(prefix))
+        self.replicas = replicas
+        self.kv: Any = None
+        self.owners: Any = None
+        self._watchers: list[tuple[Any, asyncio.Task[None]]] = []
+
+    async def open(self) -> None:
+        """Bind the buckets, creating them on first use.
+
+        Raises:
+            NoJetStreamError: The server has no JetStream, or refused the buckets.
+        """
+        from nats.js import api
+        from nats.js.errors import (
+            BucketNotFoundError,
+            NoStreamResponseError,
+            ServiceUnavailableError,
+        )
+
+        async def bind(name: str, history: int) -> Any:
+            try:
+                return await self.js.key_value(name)
+            except BucketNotFoundError:
+                pass
+            config = api.KeyValueConfig(bucket=name, history=history, replicas=self.replicas,
+                                        storage=api.StorageType.FILE)
+            return await self.js.create_key_value(config)
+
+        try:
+            self.kv = await bind(self.bucket, 1)
+            self.owners = await bind(self.owners_bucket, 1)
+        except (NoStreamResponseError, ServiceUnavailableError, TimeoutError) as e:
+            raise NoJetStreamError(
+                f"the NATS server did not answer JetStream requests ({type(e).__name__}): the "
+                "coordinator keeps its state in JetStream; start nats-server with -js (or a "
+                "`jetstream {}` block in its configuration), and give the coordinator's NATS "
+                "user the JetStream permissions (`zeus-coordinator nats-auth` writes them)"
+            ) from None
+        except Exception as e:  # noqa: BLE001 - nats.js.errors.APIError and kin
+            raise NoJetStreamError(
+                f"JetStream refused the state buckets {self.bucket}, {self.owners_bucket}: {e}"
+            ) from None
+
+    async def follow(self, on_state: OnEntry, on_owner: OnEntry) -> None:
+        """Feed every entry of both buckets, current ones first, then changes as they come.
+
+        Returns once the current entries have all been fed (the view is complete).
+        """
+        for kv, callback in ((self.kv, on_state), (self.owners, on_owner)):
+            watcher = await kv.watchall()
+            loaded = asyncio.Event()
+            task = asyncio.create_task(self._pump(watcher, callback, loaded))
+            self._watchers.append((watcher, task))
+            await loaded.wait()
+
+    @staticmethod
+    async def _pump(watcher: Any, callback: OnEntry, loaded: asyncio.Event) -> None:
+        async for entry in watcher:
+            if entry is None:  # The current entries have been delivered.
+                loaded.set()
+                continue
+            try:
+                await callback(entry)
+            except Exception:  # noqa: BLE001 - one bad entry must not stop the view
+                LOG.exception("could not apply state entry %s", getattr(entry, "key", "?"))
+        loaded.set()
+
+    async def close(self) -> None:
+        """Stop following the buckets."""
+        for watcher, task in self._watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+            task.cancel()
+        self._watchers.clear()
+
+    # ------------------------------------------------------------------ writes
+    async def _write(self, what: str, coro: Awaitable[Any]) -> Any:
+        """Await a bucket operation.
+
+        Raises:
+            StateUnavailableError: It failed, other than by a lost compare-and-set.
+        """
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:
+            return await coro
+        except (RegistryError, KeyWrongLastSequenceError):
+            raise
+        except Exception as e:  # noqa: BLE001 - timeouts, no responders, API errors
+            raise StateUnavailableError(
+                f"the coordinator could not record {what} in JetStream ({type(e).__name__}: "
+                f"{e}); nothing was registered: retry in a moment"
+            ) from None
+
+    async def create_job(self, record: JobRecord) -> bool:
+        """Record a new job; False if its id is already taken (the caller picks another).
+
+        Raises:
+            StateUnavailableError: JetStream did not take it.
+        """
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:
+            await self._write(f"job {record.job_id}",
+                              self.kv.create(records.job_key(record.job_id),
+                                             records.encode_job(record)))
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def create_rank(self, job_id: str, rank: RankRecord) -> bool:
+        """Record a rank and its GPU binding, each exactly once across replicas.
+
+        The GPU's key is taken first: a rank's key (what replicas follow) only ever appears
+        for a GPU it holds alone, so no replica's view sees two ranks on one GPU.
+
+        Returns:
+            True if new, False if the same rank was already recorded identically (a retry).
+
+        Raises:
+            DuplicateError: The rank, or its GPU, is recorded differently.
+            StateUnavailableError: JetStream did not take it.
+        """
+        info, gpu = rank.info, rank.gpu
+        gpu_key = records.gpu_key(job_id, gpu.node, gpu.gpu_index)
+        new_gpu = await self._create_once(
+            gpu_key, records.encode_gpu(job_id, info.rank),
+            lambda raw: records.rank_of_gpu_value(raw) == info.rank,
+            f"GPU {gpu.gpu_index} on {gpu.node} already drives another rank of job "
+            f"{job_id}; give each rank its own GPU")
+        key = records.rank_key(job_id, info.rank)
+        try:
+            return await self._create_once(
+                key, records.encode_rank(job_id, rank),
+                lambda raw: records.decode(key, raw, False, 0).rank == rank,
+                f"rank {info.rank} of job {job_id} is already registered with another GPU or "
+                "coordinates; each rank registers once")
+        except RegistryError:
+            if new_gpu:  # Undo: the GPU must not stay bound to a rank that is not recorded.
+                with contextlib.suppress(Exception):
+                    await self.kv.delete(gpu_key)
+            raise
+
+    async def _create_once(self, key: str, value: bytes, same: Callable[[bytes], bool],
+                           conflict: str) -> bool:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:
+            await self._write(key, self.kv.create(key, value))
+            return True
+        except KeyWrongLastSequenceError:
+            pass
+        entry = await self._write(key, self.kv.get(key))
+        try:
+            if same(entry.value):
+                return False
+        except (records.RecordError, AttributeError):
+            pass
+        raise DuplicateError(conflict)
+
+    async def put_progress(self, job_id: str, kind: str, state: Any) -> None:
+        """Record a job's optimiser progress (raises StateUnavailableError)."""
+        await self._write(f"the progress of job {job_id}",
+                          self.kv.put(records.progress_key(job_id),
+                                      records.encode_progress(job_id, kind, state)))
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        """A job as recorded now (for a replica whose view has not caught up yet)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await self.kv.get(records.job_key(job_id))
+        except KeyNotFoundError:
+            return None
+        change = records.decode(entry.key, entry.value, False, 0.0)
+        return change.job
+
+    async def read_jobs(self, now_s: float = 0.0) -> dict[str, JobRecord]:
+        """Every job with its ranks as recorded now.
+
+        This reads the whole bucket: for checks and tools, not for the service (which follows
+        the bucket instead).
+        """
+        from nats.js.errors import KeyNotFoundError, NoKeysError
+
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            return {}
+        jobs: dict[str, JobRecord] = {}
+        ranks: list[tuple[str, RankRecord]] = []
+        for key in keys:
+            try:
+                entry = await self.kv.get(key)
+                change = records.decode(key, entry.value, False, now_s)
+            except (KeyNotFoundError, records.RecordError):
+                continue
+            if change.job is not None:
+                jobs[change.job.job_id] = change.job
+            elif change.rank is not None and change.job_id is not None:
+                ranks.append((change.job_id, change.rank))
+        for job_id, rank in ranks:
+            if job_id in jobs:
+                jobs[job_id].add_rank(rank)
+        return jobs
+
+    async def delete_job(self, job_id: str) -> None:
+        """Remove a job and everything recorded about it (its owner does this)."""
+        await self._write(f"the removal of job {job_id}",
+                          self.kv.delete(records.job_key(job_id)))
+        jsm = self.nc.jsm()
+        stream = f"KV_{self.bucket}"
+        for kind in ("rank", "gpu"):
+            with contextlib.suppress(Exception):
+                await jsm.purge_stream(
+                    stream, subject=f"$KV.{self.bucket}.{records.job_keys_filter(job_id, kind)}")
+        for kv, key in ((self.kv, records.progress_key(job_id)),
+                        (self.owners, records.job_hash(job_id))):
+            with contextlib.suppress(Exception):
+                await kv.purge(key)
+
+    # ------------------------------------------------------------------ ownership
+    async def take(self, job_hash: str, value: bytes, revision: int) -> int | None:
+        """Take or renew a job's lease if its revision is still `revision` (0: no lease yet).
+
+        Returns:
+            The lease's new revision, or None if another replica changed it first (or
+            JetStream did not answer: then nothing is assumed).
+        """
+        try:
+            if revision == 0:
+                return int(await self.owners.create(job_hash, value))
+            return int(await self.owners.update(job_hash, value, last=revision))
+        except Exception as e:  # noqa: BLE001 - a lost race, a timeout
+            LOG.debug("lease %s at revision %d not taken: %s", job_hash, revision, e)
+            return None

@@ -1,0 +1,107 @@
+"""`OwnershipBook`: which coordinator replica drives which job (pure; leases in KV).
+
+Every job has one owner: the replica that commands its GPUs, renews their leases, runs its
+optimiser and writes its progress. Ownership is a lease in the ownership bucket (key: the job's
+hash, value: owner name and wall-clock expiry), taken and renewed by compare-and-set on the
+key's revision, so two replicas can never both win it.
+
+Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
+* The replica that registers a job takes it. A replica takes any job whose lease has expired
+  (its owner died or stopped) or that has none.
+* An owner renews its leases every `lease_s / 3`, each to now + `lease_s`.
+* **Fencing.** An owner acts on a job only until `until - fence_s` (`fence_s` = `lease_s / 3`),
+  and another replica only takes it after `until`: between the two, nobody commands its
+  GPUs, so a takeover never sends double commands (as long as clocks differ by less than
+  `fence_s`). An owner whose renewal failed (another replica has the lease) drops the job.
+* A replica that stops gives its jobs up (`until` = 0), so another takes them at once.
+
+The shell (`coordinator.state.jetstream`, `coordinator.service`) feeds the bucket's entries in
+(`observe`, `forget`) and does the compare-and-set writes this book decides on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Lease:
+    """An ownership lease as read from the bucket."""
+
+    owner: str
+    until: float
+    revision: int
+    job_id: str
+
+
+class OwnershipBook:
+    """Ownership leases of all jobs as last seen, and the decisions they imply."""
+
+    def __init__(self, me: str, lease_s: float) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"the ownership lease must be > 0 s, got {lease_s}")
+        self.me = me
+        self.lease_s = lease_s
+        self.fence_s = lease_s / 3
+        self.leases: dict[str, Lease] = {}
+        """Job hash -> its lease (revision: the key's revision in the bucket)."""
+
+    # ------------------------------------------------------------------ what the bucket says
+    def observe(self, job_hash: str, raw: bytes, revision: int) -> Lease | None:
+        """Take an entry of the ownership bucket; returns the lease (None if unreadable)."""
+        lease = decode_lease(raw, revision)
+        current = self.leases.get(job_hash)
+        if lease is None or (current is not None and current.revision > revision):
+            return None  # A stale update (a watch behind our own write).
+        self.leases[job_hash] = lease
+        return lease
+
+    def forget(self, job_hash: str) -> None:
+        """The job's lease was deleted (the job is gone)."""
+        self.leases.pop(job_hash, None)
+
+    # ------------------------------------------------------------------ decisions
+    def owns(self, job_hash: str, now: float) -> bool:
+        """Whether this replica may act on the job now (fenced before the lease ends)."""
+        lease = self.leases.get(job_hash)
+        return lease is not None and lease.owner == self.me and now < lease.until - self.fence_s
+
+    def owner(self, job_hash: str, now: float) -> str | None:
+        """The replica holding a live lease on the job, if any."""
+        lease = self.leases.get(job_hash)
+        return lease.owner if lease is not None and now < lease.until else None
+
+    def claimable(self, job_hashes: list[str], now: float) -> list[tuple[str, int]]:
+        """Jobs to take now: (hash, revision to compare with; 0: no lease yet)."""
+        out = []
+        for h in job_hashes:
+            lease = self.leases.get(h)
+            if lease is None:
+                out.append((h, 0))
+            elif now >= lease.until:
+                out.append((h, lease.revision))
+        return out
+
+    def renewals(self) -> list[tuple[str, Lease]]:
+        """This replica's leases, to renew (all of them, every `lease_s / 3`)."""
+        return [(h, lease) for h, lease in self.leases.items() if lease.owner == self.me]
+
+    def mine(self) -> list[str]:
+        """Hashes of the jobs whose lease this replica holds (fenced or not)."""
+        return [h for h, lease in self.leases.items() if lease.owner == self.me]
+
+    def value(self, job_id: str, now: float, release: bool = False) -> bytes:
+        """The value this replica writes to take or renew a job's lease (or give it up)."""
+        until = 0.0 if release else now + self.lease_s
+        return json.dumps({"v": 1, "owner": self.me, "until": until, "job_id": job_id}).encode()
+
+
+def decode_lease(raw: bytes, revision: int) -> Lease | None:
+    """A lease from its bucket value, or None if unreadable."""
+    try:
+        data: Any = json.loads(raw)
+        return Lease(str(data["owner"]), float(data["until"]), int(revision), str(data["job_id"]))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
