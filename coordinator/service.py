@@ -861,15 +861,28 @@ class CoordinatorService(ExitSignals):
             return pfo.create_scheduler(job_info, ranks)
 
         first = await asyncio.to_thread(self._next_dump_number, record)
-        try:
-            job = PipelineJob(
+        recorded = self.progress.get(record.job_id) or {}
+        resume = recorded.get("state") if recorded.get("kind") == "pipeline" else None
+
+        def build(resume: dict[str, Any] | None) -> PipelineJob:
+            s = self.settings
+            return PipelineJob(
                 record.job_id, record.job, [rr.info for rr in record.ranks.values()],
                 make_scheduler, scheduler_name=pfo.scheduler,
-                profiling_iterations=self.settings.profiling_iterations,
-                switch_lead_steps=self.settings.switch_lead_steps, first_version=first,
-                stall_after_s=self.settings.stall_after_s,
-                straggler_threshold=self.settings.straggler_threshold,
-                straggler_window=self.settings.straggler_window)
+                profiling_iterations=s.profiling_iterations,
+                switch_lead_steps=s.switch_lead_steps, first_version=first,
+                stall_after_s=s.stall_after_s, straggler_threshold=s.straggler_threshold,
+                straggler_window=s.straggler_window, resume=resume)
+
+        try:
+            try:  # Replaying recorded rounds may plan a frontier: off the event loop.
+                job = await asyncio.to_thread(build, resume)
+            except ValueError as e:
+                if resume is None:
+                    raise
+                await self.status(record.job_id, "discovering",
+                                  f"cannot resume the recorded progress ({e}); starting over")
+                job = build(None)
         except (SchedulerError, ValueError) as e:
             await self.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
             return

@@ -125,6 +125,7 @@ class PipelineJob:
         stall_after_s: float = DEFAULT_STALL_AFTER_S,
         straggler_threshold: float = 0.05,
         straggler_window: int = 5,
+        resume: dict[str, Any] | None = None,
     ) -> None:
         if not (math.isfinite(straggler_threshold) and straggler_threshold > 0):
             raise ValueError(f"straggler_threshold must be > 0, got {straggler_threshold}")
@@ -177,6 +178,11 @@ class PipelineJob:
         """Step -> rank -> the rank's own iteration time (s), under the current version."""
         self._slow: dict[int, list[float]] = {}
         self._normal: dict[int, int] = {}
+        self._rounds: list[list[ProfilingResult]] = []
+        """Every round of results the scheduler observed (what a takeover replays)."""
+        self.resumed = False
+        if resume is not None:
+            self._replay(resume)
 
     # ------------------------------------------------------------------ JobOptimizer
     @property
@@ -199,7 +205,19 @@ class PipelineJob:
         return schedule, self.version
 
     def start(self) -> list[Action]:
-        """Every rank is registered: learn the instruction orders from one iteration."""
+        """Every rank is registered: learn the instruction orders from one iteration.
+
+        A job resumed from recorded progress installs the schedules it had reached instead
+        (at once: its agents most likely run them already).
+        """
+        if self.error is not None:  # The recorded progress led to a stop (replayed).
+            return self._fail(self.error)
+        if self.resumed and self.version is not None:
+            ordered = tuple(self.schedules[r] for r in sorted(self.schedules))
+            return [InstallSchedules(ordered, self.version),
+                    StatusUpdate(self.phase, f"resumed from the recorded progress "
+                                 f"({len(self._rounds)} round(s) observed): schedule "
+                                 f"{self.version}", self.progress())]
         return [StatusUpdate("discovering", f"all {len(self.rank_infos)} rank(s) registered; "
                              "observing one iteration to learn each rank's instructions")]
 
@@ -244,9 +262,47 @@ class PipelineJob:
         """Stop optimising: clear the job's schedules (default clocks) and say why."""
         return self._fail(why, state)
 
-    def persisted(self) -> None:
-        """Nothing: a restarted coordinator discovers and profiles again."""
-        return None
+    def persisted(self) -> dict[str, Any] | None:
+        """What a replica taking the job over replays: orders, observed rounds, notices.
+
+        None before the orders are known (a new owner discovers them again) and once stopped.
+        The scheduler is deterministic: fed the same rounds, it reaches the same state.
+        """
+        if self.scheduler is None or self.phase in ("error", "stopped"):
+            return None
+        return {
+            "first_version": self.first_version,
+            "orders": {str(r): names for r, names in sorted(self.orders.items())},
+            "rounds": [[r.model_dump(mode="json") for r in results] for results in self._rounds],
+            "notices": {str(d): f for d, f in sorted(self.notices.items())},
+        }
+
+    def _replay(self, state: dict[str, Any]) -> None:
+        """Rebuild the state `persisted()` described (the actions it implied are not redone).
+
+        Raises:
+            ValueError: The state does not fit this job (other ranks), or is malformed.
+        """
+        try:
+            orders = {int(r): [str(n) for n in names] for r, names in state["orders"].items()}
+            rounds = [[ProfilingResult(**r) for r in results] for results in state["rounds"]]
+            notices = {int(d): float(f) for d, f in state.get("notices", {}).items()}
+            self.first_version = int(state.get("first_version", self.first_version))
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ValueError(f"recorded progress unreadable: {e}") from None
+        if set(orders) != set(self.rank_infos):
+            raise ValueError(f"recorded progress is for ranks {sorted(orders)[:16]}, not "
+                             f"{sorted(self.rank_infos)[:16]}")
+        self.orders = orders
+        self._schedule_first()
+        for results in rounds:
+            if self.phase in ("error", "stopped"):
+                break
+            self._observe(results)
+        self.notices = {d: f for d, f in notices.items() if d in self.pipelines}
+        if self.notices and self.phase == "serving":
+            self._apply_stragglers()
+        self.resumed = self.phase not in ("error", "stopped")
 
     def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         """Take one step or instruction measurement of `rank`."""
@@ -372,6 +428,10 @@ class PipelineJob:
         self.orders[rank] = names
         if len(self.orders) < len(self.rank_infos):
             return []
+        return self._schedule_first()
+
+    def _schedule_first(self) -> list[Action]:
+        """Every rank's order is known: build the scheduler, install its first schedules."""
         infos = [info.model_copy(update={"instructions": self.orders[r]})
                  for r, info in sorted(self.rank_infos.items())]
         self.rank_infos = {info.rank: info for info in infos}
@@ -449,6 +509,11 @@ class PipelineJob:
             return []
         results = [self._result(rank, [s for _, s in complete[rank][:need]])
                    for rank in sorted(complete)]
+        return self._observe(results)
+
+    def _observe(self, results: list[ProfilingResult]) -> list[Action]:
+        """Give one round of results (one per rank) to the scheduler; act on its answer."""
+        assert self.scheduler is not None
         version = self.version
         try:
             self.scheduler.observe(results)
@@ -456,6 +521,7 @@ class PipelineJob:
         except (SchedulerError, ValueError, TypeError, KeyError, OSError) as e:
             return self._fail(f"the scheduler failed on the results of schedule {version}: {e}")
         self._observed += 1
+        self._rounds.append(results)
         dump = json.dumps([r.model_dump(mode="json") for r in results])
         actions: list[Action] = [KeepFile(f"{version}.prof.json", dump)]
         if self.scheduler.finished:  # It serves these from now on: install them if new.

@@ -235,3 +235,58 @@ def test_from_step_ignores_one_rank_with_a_wild_counter() -> None:
         del ORDERS[2]
     install = next(a for a in actions if isinstance(a, InstallSchedules))
     assert install.from_step == 1 + 2
+
+
+def resumed(job: PipelineJob, n: int = 1) -> PipelineJob:
+    """A new owner's job, rebuilt from what the old owner recorded (through JSON)."""
+    import json
+
+    state = json.loads(json.dumps(job.persisted()))
+    info = JobInfo(pp_degree=2, dp_degree=1, tp_degree=1, world_size=2)
+    ranks = [RankInfo(rank=r, dp_rank=0, pp_rank=r, tp_rank=0, available_frequencies=CLOCKS)
+             for r in range(2)]
+    return PipelineJob("job", info, ranks, lambda ji, ri: TwoRounds(ji, ri, None),
+                       scheduler_name="TwoRounds", profiling_iterations=n, resume=state)
+
+
+def test_nothing_is_recorded_before_the_orders_are_known() -> None:
+    job = make_job()
+    iteration(job, 0, 0, None)
+    assert job.persisted() is None
+
+
+def test_a_takeover_replays_the_recorded_rounds_and_reinstalls_the_same_schedule() -> None:
+    """A replica taking the job over reaches the same scheduler state and schedule version,
+    and installs it at once (the agents most likely run it already)."""
+    job = make_job(n=1)
+    discover(job)
+    for rank in (0, 1):
+        iteration(job, rank, 10, 0)  # One round observed: schedule 1 (CLOCKS[1]) installed.
+    assert job.version == 1 and job.phase == "profiling"
+    new = resumed(job)
+    assert new.version == 1 and new.phase == "profiling" and new.orders == job.orders
+    assert new.desired_schedule(0) == job.desired_schedule(0)
+    scheduler = new.scheduler
+    assert isinstance(scheduler, TwoRounds) and len(scheduler.seen) == 1
+    install, status = new.start()
+    assert isinstance(install, InstallSchedules)
+    assert (install.version, install.from_step) == (1, None)
+    assert isinstance(status, StatusUpdate) and "resumed" in status.message
+    # It carries on from there: the next round finishes the scheduler, as the old owner would.
+    for rank in (0, 1):
+        iteration(new, rank, 20, 1)
+    assert new.version == 2 and new.desired_schedule(1)[0].frequencies[0][1] == CLOCKS[2]
+
+
+def test_unusable_recorded_progress_is_refused() -> None:
+    job = make_job(n=1)
+    discover(job)
+    state = job.persisted()
+    assert state is not None
+    info = JobInfo(pp_degree=2, dp_degree=1, tp_degree=1, world_size=2)
+    ranks = [RankInfo(rank=r, dp_rank=0, pp_rank=r, tp_rank=0, available_frequencies=CLOCKS)
+             for r in range(2)]
+    for bad in ({**state, "orders": {"0": ["forward"]}}, {**state, "rounds": [[{"x": 1}]]},
+                {"orders": 3}):
+        with pytest.raises(ValueError, match="recorded progress"):
+            PipelineJob("job", info, ranks, lambda ji, ri: TwoRounds(ji, ri, None), resume=bad)
