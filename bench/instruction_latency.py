@@ -13,21 +13,49 @@ changes the frequency, so every one is applied. Two trainer modes between instru
 Budget: p50 <= 200 us and p99 <= 2 ms in both modes ("call"). Prints a short table, then one
 JSON object as the last line.
 
-    python bench/instruction_latency.py [--steps 150] [--gap-us 1000]
+Contention (`--contend N`): N CPU-bound processes (pure-Python spin loops, like data loaders
+decoding samples) run beside the agent and the busy trainer, and the busy-trainer latency is
+measured with the agent at normal priority and at raised priority, alternating for `--rounds`
+rounds (fresh contenders each time). Raising the agent's priority needs a privilege
+(CAP_SYS_NICE, root, or an RLIMIT_NICE/RLIMIT_RTPRIO allowing it); the methods
+(`--raise-method`, repeatable):
+
+* `nice`: every thread of the agent's process at nice -10 (`setpriority` per thread: Linux
+  nice values are per thread), as systemd's `Nice=-10`;
+* `rr`: every thread of the agent's process in the real-time class SCHED_RR at priority 1,
+  as systemd's `CPUSchedulingPolicy=rr` and `CPUSchedulingPriority=1`: a waking real-time
+  thread preempts any normal one at once, whatever the normal ones' time slices;
+* `others`: the agent stays at nice 0 and the contenders and the trainer run at nice +10: the
+  same difference of 10 nice levels as `nice` (the fair scheduler weighs runnable tasks by
+  the difference), and it needs no privilege;
+* `auto` (default): `nice` and `rr` when permitted, else `others`.
+
+The trainer and the contenders always start in the normal class (a child inherits the
+scheduling attributes of the thread that forks it).
+
+The JSON line says which methods ran (`priority_methods`) and gives the latencies of each
+(`contended_busy_call`: `normal` and one entry per method).
+
+    python bench/instruction_latency.py [--steps 150] [--gap-us 1000] [--contend 2 --rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from _common import machine, now
 
@@ -43,6 +71,11 @@ BUDGET_P99_US = 2000.0
 NODE = "bench-instr"
 FREQS = [1740, 1500, 1200, 900, 1605, 1005, 1305, 705]
 PLAN = [("forward" if i % 2 == 0 else "backward", f) for i, f in enumerate(FREQS)]
+RAISED_NICE = -10
+"""The agent's nice value at raised priority (the systemd unit's `Nice=-10`)."""
+OTHERS_NICE = 10
+"""Without privilege: the contenders' and the trainer's nice value (same difference)."""
+SPINNER = "while True:\n    sum(range(100))\n"
 
 TRAINER = textwrap.dedent(
     """
@@ -94,13 +127,167 @@ def pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def run(steps: int, gap_us: int) -> dict[str, dict[str, list[float]]]:
-    """Run the agent here and one trainer process per mode; return latencies (us)."""
+def _child_priority(nice: int) -> Any:
+    """A `preexec_fn` giving the child the normal policy at nice `nice`.
+
+    A child inherits the nice value (and policy) of the thread that forks it: without this,
+    the trainer and the contenders would share the agent's raised priority.
+    """
+
+    def preexec() -> None:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+    return preexec
+
+
+def set_agent_priority(method: str) -> None:
+    """Give every thread of this process (the agent's) the priority of `method`.
+
+    Linux scheduling attributes are per thread: each thread listed in /proc/self/task is set.
+    "nice": nice `RAISED_NICE`; "rr": SCHED_RR priority 1; anything else: SCHED_OTHER, nice 0.
+
+    Raises:
+        PermissionError: Raising a priority needs CAP_SYS_NICE (or RLIMIT_NICE/RLIMIT_RTPRIO).
+    """
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            if method == "rr":
+                os.sched_setscheduler(tid, os.SCHED_RR, os.sched_param(1))
+            else:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, tid, RAISED_NICE if method == "nice" else 0)
+
+
+def permitted(method: str) -> bool:
+    """Whether this process may raise its priority with `method` ("others" always may)."""
+    if method == "others":
+        return True
+    try:
+        if method == "rr":
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+        else:
+            os.setpriority(os.PRIO_PROCESS, 0, RAISED_NICE)
+    except PermissionError:
+        return False
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
+    return True
+
+
+@contextlib.contextmanager
+def contenders(count: int, nice: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` CPU-bound Python processes at nice `nice`, killed on exit."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SPINNER],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            preexec_fn=_child_priority(nice),  # noqa: PLW1509 - a nice value, nothing else
+        )
+        for _ in range(count)
+    ]
+    try:
+        time.sleep(0.2)  # let them start spinning
+        yield procs
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.wait()
+
+
+class Bench:
+    """One agent (in this process) and its simulated GPU; trainers run as child processes."""
+
+    def __init__(self, agent: AgentServer, gpu: StampedSimGPU, nc: Any, steps: int, gap_us: int):
+        self.agent, self.gpu, self.nc = agent, gpu, nc
+        self.steps, self.gap_us = steps, gap_us
+        self.runs = 0
+
+    async def trainer(self, mode: str, nice: int = 0) -> dict[str, list[float]]:
+        """Install the schedule, run one trainer process, return its latencies (us)."""
+        self.runs += 1
+        schedule = FrequencySchedule(rank=0, frequencies=PLAN)
+        # One holder per run: the agent refuses a holder whose trainer left the GPU.
+        cmd = InstallScheduleCmd(
+            job_id="bench", schedule=schedule, holder=f"bench-{mode}-{self.runs}"
+        )
+        msg = await self.nc.request(
+            subjects.gpu_command(NODE, 0), codec.encode(CommandEnvelope(cmd=cmd)), 2
+        )
+        assert codec.decode(msg.data, Reply).ok
+        self.gpu.applied = []
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", TRAINER, self.agent.settings.socket_path, mode,
+            str(self.steps), str(self.gap_us * 1000), json.dumps([n for n, _ in PLAN]),
+            stdout=asyncio.subprocess.PIPE, preexec_fn=_child_priority(nice),
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        stamps = json.loads(out)["stamps"]
+        # The trainer has exited: wait until the agent has noticed and restored the GPU,
+        # so that the next run's schedule is not cleared by that restore.
+        for _ in range(100):
+            if self.agent.agents[0].binding is None:
+                break
+            await asyncio.sleep(0.05)
+        applied = self.gpu.applied
+        if len(applied) != len(stamps):
+            raise RuntimeError(
+                f"{mode}: {len(stamps)} instructions, {len(applied)} applied; "
+                f"trainer {json.loads(out)['stats']}; {self.agent.agents[0].counters}"
+            )
+        expected = [f for _, f in PLAN] * self.steps
+        if [f for f, _, _ in applied] != expected:
+            raise RuntimeError(f"{mode}: frequencies applied out of order")
+        warm = len(PLAN)  # skip the first step
+        pairs = list(zip(stamps, applied, strict=True))[warm:]
+        return {
+            "call": sorted((c - t) / 1000 for t, (_, c, _) in pairs),
+            "done": sorted((d - t) / 1000 for t, (_, _, d) in pairs),
+        }
+
+    async def contended(
+        self, count: int, rounds: int, methods: list[str]
+    ) -> dict[str, dict[str, list[float]]]:
+        """Busy-trainer latencies beside `count` contenders, agent at normal and raised priority.
+
+        Args:
+            count: CPU-bound processes running beside the agent and the trainer.
+            rounds: Alternations of the levels (samples of all rounds pooled).
+            methods: Raised levels measured after "normal" each round (`RAISE_METHODS`).
+        """
+        levels = ["normal", *methods]
+        pooled: dict[str, dict[str, list[float]]] = {
+            level: {"call": [], "done": []} for level in levels
+        }
+        for _ in range(rounds):
+            for level in levels:
+                others = OTHERS_NICE if level == "others" else 0
+                set_agent_priority(level)
+                try:
+                    with contenders(count, others):
+                        series = await self.trainer("busy", nice=others)
+                finally:
+                    set_agent_priority("normal")
+                for what, values in series.items():
+                    pooled[level][what].extend(values)
+        for by_what in pooled.values():
+            for values in by_what.values():
+                values.sort()
+        return pooled
+
+
+async def run(
+    steps: int, gap_us: int, contend: int = 0, rounds: int = 3, methods: tuple[str, ...] = ()
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """Run the agent here and trainer processes; return (quiet, contended) latencies (us)."""
     from zeus_agent.broker import EmbeddedNats, connect
 
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     tmp = Path(tempfile.mkdtemp(prefix="zai-", dir=root))
-    results: dict[str, dict[str, list[float]]] = {}
+    quiet: dict[str, dict[str, list[float]]] = {}
+    contended: dict[str, dict[str, list[float]]] = {}
     async with EmbeddedNats() as server:
         settings = AgentSettings(
             nats_url=server.url,
@@ -111,60 +298,42 @@ async def run(steps: int, gap_us: int) -> dict[str, dict[str, list[float]]]:
             log_level="WARNING",
         )
         gpu = StampedSimGPU.create(settings.sim_state_dir, 0)
+        assert isinstance(gpu, StampedSimGPU)
         gpu.applied = []
         agent = AgentServer(settings, gpus=[gpu])
         serve = asyncio.create_task(agent.serve())
         await asyncio.wait_for(agent.started.wait(), 20)
         nc = await connect(server.url, "bench")
+        bench = Bench(agent, gpu, nc, steps, gap_us)
         try:
             for mode in ("sleep", "busy"):
-                schedule = FrequencySchedule(rank=0, frequencies=PLAN)
-                # One holder per mode: the agent refuses a holder whose trainer left the GPU.
-                cmd = InstallScheduleCmd(job_id="bench", schedule=schedule, holder=f"bench-{mode}")
-                msg = await nc.request(
-                    subjects.gpu_command(NODE, 0), codec.encode(CommandEnvelope(cmd=cmd)), 2
-                )
-                assert codec.decode(msg.data, Reply).ok
-                gpu.applied = []
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", TRAINER, settings.socket_path, mode, str(steps),
-                    str(gap_us * 1000), json.dumps([n for n, _ in PLAN]),
-                    stdout=asyncio.subprocess.PIPE,
-                )  # fmt: skip
-                out, _ = await proc.communicate()
-                stamps = json.loads(out)["stamps"]
-                # The trainer has exited: wait until the agent has noticed and restored the GPU,
-                # so that the next mode's schedule is not cleared by that restore.
-                for _ in range(100):
-                    if agent.agents[0].binding is None:
-                        break
-                    await asyncio.sleep(0.05)
-                applied = gpu.applied
-                if len(applied) != len(stamps):
-                    raise RuntimeError(
-                        f"{mode}: {len(stamps)} instructions, {len(applied)} applied; "
-                        f"trainer {json.loads(out)['stats']}; {agent.agents[0].counters}"
-                    )
-                expected = [f for _, f in PLAN] * steps
-                if [f for f, _, _ in applied] != expected:
-                    raise RuntimeError(f"{mode}: frequencies applied out of order")
-                warm = len(PLAN)  # skip the first step
-                results[mode] = {
-                    "call": sorted(
-                        (c - t) / 1000
-                        for t, (_, c, _) in list(zip(stamps, applied, strict=True))[warm:]
-                    ),
-                    "done": sorted(
-                        (d - t) / 1000
-                        for t, (_, _, d) in list(zip(stamps, applied, strict=True))[warm:]
-                    ),
-                }
+                quiet[mode] = await bench.trainer(mode)
+            if contend:
+                contended = await bench.contended(contend, rounds, list(methods))
         finally:
             await nc.close()
             agent.handle_exit()
             await serve
             shutil.rmtree(tmp, ignore_errors=True)
-    return results
+    return quiet, contended
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_us": round(pct(values, 0.5), 1),
+        "p99_us": round(pct(values, 0.99), 1),
+        "max_us": round(values[-1], 1),
+    }
+
+
+RAISE_METHODS = {
+    "nice": f"every thread of the agent's process at nice {RAISED_NICE} (setpriority; "
+    f"systemd Nice={RAISED_NICE})",
+    "rr": "every thread of the agent's process in SCHED_RR at priority 1 (sched_setscheduler; "
+    "systemd CPUSchedulingPolicy=rr, CPUSchedulingPriority=1)",
+    "others": f"the agent at nice 0, the contenders and the trainer at nice +{OTHERS_NICE}: "
+    "the same difference as 'nice', without privilege",
+}
 
 
 def main() -> None:
@@ -172,10 +341,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--gap-us", type=int, default=1000, help="trainer time between events")
+    parser.add_argument(
+        "--contend", type=int, default=0, metavar="N",
+        help="also measure the busy trainer beside N CPU-bound processes, with the agent at "
+        "normal and at raised priority (default: 0, no contention)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=3,
+        help="with --contend: normal/raised alternations, pooled (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--raise-method", action="append", choices=["auto", *RAISE_METHODS],
+        help="how the agent's priority is raised, repeatable (default: auto: nice and rr when "
+        "permitted, else others; see the module docstring)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.contend < 0 or args.rounds < 1:
+        parser.error("--contend must be >= 0 and --rounds >= 1")
+    methods: list[str] = []
+    for m in args.raise_method or ["auto"]:
+        if m == "auto":
+            privileged = [x for x in ("nice", "rr") if permitted(x)]
+            methods += privileged or ["others"]
+        elif not permitted(m):
+            parser.error(
+                f"--raise-method {m}: this process may not raise its priority that way (needs "
+                "CAP_SYS_NICE or root); use --raise-method others"
+            )
+        else:
+            methods.append(m)
+    methods = list(dict.fromkeys(methods))
     import uvloop
 
-    results = uvloop.run(run(args.steps, args.gap_us))
+    results, contended = uvloop.run(
+        run(args.steps, args.gap_us, args.contend, args.rounds, tuple(methods))
+    )
     print(f"{'instruction_begin -> applied (us)':36s} {'p50':>7s} {'p99':>7s} {'max':>8s}")
     out: dict[str, float] = {}
     ok = True
@@ -192,6 +392,24 @@ def main() -> None:
         f"(call: agent issues the clock change; done: the simulated GPU's file is rewritten; "
         f"{n} instructions per mode, {args.gap_us} us apart)"
     )
+    contention: dict[str, Any] = {}
+    if contended:
+        print(
+            f"busy trainer beside {args.contend} CPU-bound processes ({args.rounds} rounds), call:"
+        )
+        for level, series in contended.items():
+            values = series["call"]
+            p50, p99 = pct(values, 0.5), pct(values, 0.99)
+            print(
+                f"{'  agent at ' + level + ' priority':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}"
+            )
+            contention[level] = {
+                **_summary(values),
+                "done": _summary(series["done"]),
+                "instructions": len(values),
+            }
+        for m in methods:
+            print(f"({m}: {RAISE_METHODS[m]})")
     result = {
         "bench": "instruction_latency",
         "p50_us": max(out["sleep_call_p50_us"], out["busy_call_p50_us"]),
@@ -201,9 +419,15 @@ def main() -> None:
         "budget_p50_us": BUDGET_P50_US,
         "budget_p99_us": BUDGET_P99_US,
         "ok": ok,
-        "machine": machine(),
-        "date": now(),
     }
+    if contended:
+        result.update(
+            contend=args.contend,
+            rounds=args.rounds,
+            priority_methods={m: RAISE_METHODS[m] for m in methods},
+            contended_busy_call=contention,
+        )
+    result.update(machine=machine(), date=now())
     print(json.dumps(result))
 
 
