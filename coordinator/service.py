@@ -290,8 +290,8 @@ class CoordinatorService(ExitSignals):
             )
         # Subscriptions are live before anyone hears we started.
         await confirm_subscriptions(self.nc)
-        LOG.info("coordinator replica %s ready on %s (state in JetStream bucket %s, %d job(s))",
-                 s.replica_name, redact_url(self.url or ""), self.state.bucket,
+        LOG.info("coordinator ready on %s: replica %s, state in JetStream bucket %s, %d job(s)",
+                 redact_url(self.url or ""), s.replica_name, self.state.bucket,
                  len(self.registry.jobs))
 
     async def _on_disconnect(self) -> None:

@@ -212,11 +212,13 @@ class FaultCluster:
         agent_args: Extra flags of every `zeus-agent run`.
         relays: Connect the coordinator and the agents to NATS through `Relay`s (one for the
             coordinator, one for all agents), so a test decides who reconnects first.
+        replicas: Coordinator replicas, processes "coordinator", "coordinator-2", ... (each
+            `--replica-name`d after its process).
     """
 
     def __init__(self, nodes: Sequence[str] = ("node-a", "node-b"), gpus_per_node: int = 2,
                  coordinator_args: Sequence[str] = (), agent_args: Sequence[str] = (),
-                 relays: bool = False) -> None:
+                 relays: bool = False, replicas: int = 1) -> None:
         # Short: the agents' Unix socket paths must fit in 108 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="zft-", dir="/tmp"))
         self.procs = Processes(self.root)
@@ -238,6 +240,8 @@ class FaultCluster:
         self.strays: list[int] = []
         self.use_relays = relays
         self.relays: dict[str, Relay] = {}
+        self.replicas = [("coordinator" if i == 0 else f"coordinator-{i + 1}")
+                         for i in range(replicas)]
 
     # ------------------------------------------------------------------ paths
     def sim_dir(self, node: str) -> Path:
@@ -283,7 +287,8 @@ class FaultCluster:
         await self.nc.subscribe(subjects.all_agent_hellos(), cb=self._on_hello)
         await self.nc.subscribe(subjects.all_gpu_measurements(), cb=self._on_measurements)
         await confirm_subscriptions(self.nc)
-        self.start_coordinator()
+        for name in self.replicas:
+            self.start_coordinator(name)
         for node in self.nodes:
             self.start_agent(node)
         await self.wait_coordinator()
@@ -333,13 +338,14 @@ class FaultCluster:
                 for node in self.nodes:
                     await self.wait_agent(node, hellos[node])
 
-    def start_coordinator(self) -> None:
+    def start_coordinator(self, name: str = "coordinator") -> None:
+        """Start coordinator replica `name` (its own state directory for kept files)."""
         argv = [*console_script("zeus-coordinator", "coordinator.cli"), "run",
                 "--nats-url", self.url_for("coordinator"),
-                "--state-dir", str(self.root / "coord"),
+                "--state-dir", str(self.root / name),
                 "--dump-dir", str(self.root / "dump"), "--log-level", "INFO",
-                *self.coordinator_args]
-        self.procs.spawn("coordinator", argv, cwd=self.root)
+                "--replica-name", name, *self.coordinator_args]
+        self.procs.spawn(name, argv, cwd=self.root)
 
     def start_agent(self, node: str, attach: bool = False) -> None:
         """Start the agent of `node` (`attach`: open its existing GPUs, as after a restart)."""
@@ -385,9 +391,10 @@ class FaultCluster:
                 await self.query(None, timeout_s=0.5)
                 return
             except Exception:
-                if time.monotonic() > deadline or not self.procs.alive("coordinator"):
-                    raise AssertionError("the coordinator did not answer queries\n"
-                                         + self.procs.log("coordinator")) from None
+                if time.monotonic() > deadline or not any(
+                        self.procs.alive(n) for n in self.replicas):
+                    raise AssertionError("no coordinator answered queries\n" + "\n".join(
+                        self.procs.log(n) for n in self.replicas)) from None
                 await asyncio.sleep(0.1)
 
     async def query(self, job_id: str | None, timeout_s: float = 2.0) -> dict[str, Any]:

@@ -4,6 +4,7 @@ registration and exiting cleanly on SIGTERM, and the log level from the environm
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.state import records
 from zeus_agent.broker import connect
 from zeus_agent.models import JobInfo
 from zeus_agent.wire import codec, subjects
@@ -67,7 +69,8 @@ def test_bad_configuration_is_exit_2(tmp_path):
 
 
 async def test_runs_answers_and_exits_0_on_sigterm(nats_server, tmp_path):
-    env = {**os.environ, "ZEUS_PFO_LOG_LEVEL": "debug"}
+    bucket = f"cli-{os.getpid()}"
+    env = {**os.environ, "ZEUS_PFO_LOG_LEVEL": "debug", "ZEUS_PFO_STATE_BUCKET": bucket}
     proc = subprocess.Popen(
         [*exe(), "run", "--nats-url", nats_server.url, "--state-dir", str(tmp_path / "st")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -90,13 +93,18 @@ async def test_runs_answers_and_exits_0_on_sigterm(nats_server, tmp_path):
         msg = await nc.request(subjects.coord_job_query(), codec.encode(JobQuery()), timeout=2)
         assert job_id in codec.decode(msg.data, Reply).result["jobs"]
     finally:
-        await nc.drain()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=15)
-    assert proc.returncode == 0, err
-    assert " DEBUG " in err  # ZEUS_PFO_LOG_LEVEL=debug, upper-cased.
-    assert "coordinator stopped" in err
-    assert job_id in (tmp_path / "st" / "jobs.json").read_text()
+    try:
+        assert proc.returncode == 0, err
+        assert " DEBUG " in err  # ZEUS_PFO_LOG_LEVEL=debug, upper-cased.
+        assert "coordinator stopped" in err
+        # The job outlives the process, in JetStream.
+        kv = await nc.jetstream().key_value(bucket)
+        entry = await kv.get(records.job_key(job_id))
+        assert json.loads(entry.value)["job_id"] == job_id
+    finally:
+        await nc.drain()
 
 
 async def test_watch_prints_status_events_and_once_prints_the_job(nats_server, tmp_path):
