@@ -7,6 +7,10 @@
 * `connect(url, name)`: a nats-py connection with every callback set and the first connect
   bounded in time (nats-py alone may hang for minutes on a dead server); `on_closed` reports a
   connection the server closed for good. `redact_url(url)` hides passwords in messages.
+* `tls_context(ca_file, cert_file, key_file)`: the `ssl.SSLContext` `connect` uses when given
+  TLS files (`tls_ca_file=`, `tls_cert_file=`, `tls_key_file=`): verify the server with a CA
+  (or the system's CAs), present a client certificate for mutual TLS; a missing, unreadable or
+  unusable file is a `BrokerError` naming it.
 * `confirm_subscriptions(nc)`: return once the server has every subscription made so far on
   `nc`. nats-py's `flush()` does not promise it: it writes its PING ahead of SUBs still waiting
   in the client's buffer, so its PONG can come back before the server saw them (seen here: 5%
@@ -24,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sysconfig
 import tempfile
@@ -203,6 +208,59 @@ def _redact_one(url: str) -> str:
     return f"{scheme}://{user}{':***' if colon else ''}@{host}"
 
 
+def tls_context(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext:
+    """A client `ssl.SSLContext` for NATS over TLS.
+
+    The server's certificate is verified, host name included, against `ca_file` (PEM; the
+    system's CAs when None). With `cert_file` the client presents that certificate (mutual TLS,
+    for a server with `verify: true`); its key is `key_file`, or inside `cert_file` when None.
+
+    Raises:
+        BrokerError: A key without a certificate; a file that is missing or unreadable; a CA
+            file without a certificate; a certificate and key that do not load or match. The
+            message names the file and the option (`--nats-tls-ca`, `--nats-tls-cert`,
+            `--nats-tls-key`).
+    """
+    if key_file is not None and cert_file is None:
+        raise BrokerError(
+            f"a TLS client key ({key_file}) needs its certificate: give --nats-tls-cert too"
+        )
+    files = [
+        ("CA file", "--nats-tls-ca", ca_file),
+        ("client certificate", "--nats-tls-cert", cert_file),
+        ("client key", "--nats-tls-key", key_file),
+    ]
+    for what, flag, path in files:
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise BrokerError(
+                f"cannot read the NATS TLS {what} {path} ({flag}): {e.strerror or e}"
+            ) from None
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    except ssl.SSLError as e:
+        raise BrokerError(
+            f"the NATS TLS CA file {ca_file} (--nats-tls-ca) holds no usable PEM certificate "
+            f"({e.reason or e})"
+        ) from None
+    if cert_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except ssl.SSLError as e:
+            key = f"key {key_file}" if key_file else "a key inside it"
+            raise BrokerError(
+                f"the NATS TLS client certificate {cert_file} (--nats-tls-cert) and {key} "
+                f"(--nats-tls-key) do not load as a matching PEM pair ({e.reason or e})"
+            ) from None
+    return context
+
+
 _client_class: Any = None
 
 
@@ -234,6 +292,10 @@ async def connect(
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
     on_reconnect: Callable[[], Awaitable[None]] | None = None,
     on_closed: Callable[[], Awaitable[None]] | None = None,
+    *,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
     **options: Any,
 ) -> Any:
     """Connect to NATS with logging callbacks, reconnecting forever once connected.
@@ -251,12 +313,23 @@ async def connect(
         on_reconnect: Extra coroutine run when it comes back.
         on_closed: Extra coroutine run when the connection is closed and it was not our own
             `close()`/`drain()` (nats-py gave up on it).
-        **options: Passed to nats-py's `connect` (user, password, inbox_prefix, TLS...).
+        tls_ca_file: CA certificate(s) (PEM) that verify the server's certificate.
+        tls_cert_file: Client certificate (PEM), for servers that verify clients.
+        tls_key_file: Its private key (PEM), unless `tls_cert_file` holds it.
+        **options: Passed to nats-py's `connect` (user, password, inbox_prefix, tls_hostname...).
+
+    With any `tls_*_file`, the client speaks TLS (`tls_context`) to every server that asks for
+    it; a nats-server with a `tls {}` block asks every client (deploy/README.md).
 
     Raises:
-        BrokerError: No server answered within `timeout_s`, or it refused us; the message
-            names the URL (password hidden) and what to check.
+        BrokerError: A TLS file is missing or unusable (`tls_context`), or both `tls=` and TLS
+            files were given; no server answered within `timeout_s`, or it refused us; the
+            message names the URL (password hidden) and what to check.
     """
+    if tls_ca_file is not None or tls_cert_file is not None or tls_key_file is not None:
+        if "tls" in options:
+            raise BrokerError("give either an ssl context (tls=) or TLS files, not both")
+        options["tls"] = tls_context(tls_ca_file, tls_cert_file, tls_key_file)
     client = _nats_client_class()()
     last_error: list[BaseException] = []
 

@@ -32,6 +32,7 @@ restored, restart the agent (systemd Restart=on-failure does).
 examples:
   zeus-agent run --embedded-nats --backend sim --sim-count 2 --socket-path /tmp/zeus.sock
   zeus-agent run --nats-url nats://nats.cluster:4222 --gpus 0,1,2,3
+  zeus-agent run --nats-url tls://nats:4222 --nats-tls-ca ca.pem --nats-tls-cert agent.pem
   zeus-agent broker --port 4222
 """
 

@@ -53,6 +53,21 @@ class AgentSettings(BaseSettings):
         description="NATS password; prefer the environment variable ZEUS_AGENT_NATS_PASSWORD "
         "(a flag shows in the process list)",
     )
+    nats_tls_ca: str | None = Field(
+        None,
+        description="CA certificate(s) (PEM file) that verify the NATS server's certificate; "
+        "default: the system's CAs (used when the server asks for TLS, as one with a tls {} "
+        "block does)",
+    )
+    nats_tls_cert: str | None = Field(
+        None,
+        description="Client certificate (PEM file) for a NATS server that verifies clients "
+        "(mutual TLS, tls { verify: true })",
+    )
+    nats_tls_key: str | None = Field(
+        None,
+        description="Private key (PEM file) of --nats-tls-cert; omit when that file holds it",
+    )
     embedded_nats: bool = Field(
         False, description="Start a private nats-server on a free loopback port (development)"
     )
@@ -164,13 +179,29 @@ class AgentSettings(BaseSettings):
                 "give both --nats-user and --nats-password (ZEUS_AGENT_NATS_USER and "
                 "ZEUS_AGENT_NATS_PASSWORD), or put user:password in --nats-url"
             )
+        if self.nats_tls_key is not None and self.nats_tls_cert is None:
+            raise ValueError(
+                "--nats-tls-key (ZEUS_AGENT_NATS_TLS_KEY) needs --nats-tls-cert "
+                "(ZEUS_AGENT_NATS_TLS_CERT), the certificate of that key"
+            )
         return self
 
     def nats_options(self) -> dict[str, str]:
-        """Credentials for nats-py's `connect` (empty when the URL carries them, or none)."""
-        if self.nats_user is None or self.nats_password is None:
-            return {}
-        return {"user": self.nats_user, "password": self.nats_password.get_secret_value()}
+        """Options for `zeus_agent.broker.connect`: credentials and TLS files, when set.
+
+        Credentials are absent when the URL carries them (or there are none); the TLS files
+        (`tls_ca_file`, `tls_cert_file`, `tls_key_file`) are read when connecting.
+        """
+        options: dict[str, str] = {}
+        if self.nats_user is not None and self.nats_password is not None:
+            options |= {"user": self.nats_user, "password": self.nats_password.get_secret_value()}
+        tls = {
+            "tls_ca_file": self.nats_tls_ca,
+            "tls_cert_file": self.nats_tls_cert,
+            "tls_key_file": self.nats_tls_key,
+        }
+        options |= {k: v for k, v in tls.items() if v is not None}
+        return options
 
     @field_validator("log_level")
     @classmethod
