@@ -827,17 +827,17 @@ class CoordinatorService(ExitSignals):
         hi = min(lim[1] for lim in limits)
         measurements = record.power_limit.profile  # the trainer's own profile file, if any
         recorded = self.progress.get(record.job_id) or {}
-        resume: list[WindowResult] = []
+        resume: list[WindowResult] | dict[str, Any] = []
         timeout = self.settings.mark_timeout_s
         try:
             if measurements is None and recorded.get("kind") == "profile":
                 measurements = [PowerLimitMeasurement(**m) for m in recorded["state"]]
             elif recorded.get("kind") == "windows":  # measured before a takeover
-                resume = [WindowResult(**w) for w in recorded["state"]]
+                resume = recorded["state"]
             try:
                 job = PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
                                     measurements, resume=resume, mark_timeout_s=timeout)
-            except PowerLimitError as e:
+            except (PowerLimitError, ValueError, TypeError, KeyError) as e:
                 if not resume:
                     raise
                 await self.status(record.job_id, "profiling",

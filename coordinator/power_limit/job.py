@@ -33,7 +33,6 @@ It implements `coordinator.optimizer.JobOptimizer`: methods return `Action`s for
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +48,7 @@ from coordinator.power_limit.machine import (
     SetPowerLimit,
     Warmup,
 )
-from coordinator.power_limit.search import WindowResult
+from coordinator.power_limit.search import Probe, WindowResult
 from coordinator.power_limit.selectors import (
     Energy,
     MaxSlowdownConstraint,
@@ -107,7 +106,11 @@ class PowerLimitJob:
         min_power_limit_w: Highest minimum limit over the job's GPUs.
         max_power_limit_w: Lowest maximum limit over the job's GPUs.
         measurements: A loaded profile (then the job starts done at its optimum).
-        resume: Windows measured before a coordinator restart.
+        resume: Windows measured before a coordinator restart (a list), or `persisted()` of
+            the job's previous owner.
+
+    Raises:
+        ValueError, TypeError, KeyError: `resume` is not readable.
         mark_timeout_s: How long a closed window waits for its marks before it is redone.
     """
 
@@ -119,7 +122,7 @@ class PowerLimitJob:
         min_power_limit_w: int,
         max_power_limit_w: int,
         measurements: list[PowerLimitMeasurement] | None = None,
-        resume: Sequence[WindowResult] = (),
+        resume: Sequence[WindowResult] | dict[str, Any] = (),
         mark_timeout_s: float = DEFAULT_MARK_TIMEOUT_S,
     ) -> None:
         self.job_id = job_id
@@ -138,7 +141,7 @@ class PowerLimitJob:
             pl_step=options.pl_step_w,
             measurements=measurements,
             search=options.search,
-            resume=resume,
+            **_resume_arguments(resume),
         )
         self._marks: dict[int, dict[StepKey, tuple[int, float, int | None]]] = {
             r: {} for r in self.ranks
@@ -283,11 +286,16 @@ class PowerLimitJob:
         """Step and instruction measurements are not used: windows come from marks."""
         return []
 
-    def persisted(self) -> list[dict[str, Any]] | None:
-        """The windows measured so far, while profiling (a restarted coordinator resumes)."""
-        if self.done or not self.machine.window_results:
+    def persisted(self) -> dict[str, Any] | None:
+        """While profiling, what a replica taking the job over resumes from.
+
+        The windows measured so far, how far the search got and what is to be profiled again
+        (`PowerLimitStateMachine.resume_state`).
+        """
+        if self.done or self.machine.state.__class__.__name__ == "Done":
             return None
-        return [dataclasses.asdict(w) for w in self.machine.window_results]
+        state = self.machine.resume_state()
+        return state if state["windows"] or state["redo"] or state["completed"] else None
 
     def waiting_for(self) -> dict[str, list[int]]:
         """Closed windows still missing marks: window name -> ranks."""
@@ -445,3 +453,16 @@ class PowerLimitJob:
 def is_measuring(machine: PowerLimitStateMachine) -> bool:
     """Whether the machine is warming up or profiling."""
     return isinstance(machine.state, Warmup | Profiling)
+
+
+def _resume_arguments(resume: Sequence[WindowResult] | dict[str, Any]) -> dict[str, Any]:
+    """The machine's `resume*` arguments from a list of windows or a `persisted()` dict."""
+    if not isinstance(resume, dict):
+        return {"resume": [w if isinstance(w, WindowResult) else WindowResult(**w)
+                           for w in resume]}
+    return {
+        "resume": [WindowResult(**w) for w in resume["windows"]],
+        "resume_completed": int(resume["completed"]),
+        "resume_redo": [Probe(int(w), int(warmup), int(steps))
+                        for w, warmup, steps in resume["redo"]],
+    }

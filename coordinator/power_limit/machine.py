@@ -37,8 +37,10 @@ Pieces:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -256,6 +258,8 @@ class PowerLimitStateMachine:
         *,
         search: str | SearchStrategy = "exhaustive",
         resume: Sequence[WindowResult] = (),
+        resume_completed: int | None = None,
+        resume_redo: Sequence[Probe] = (),
     ) -> None:
         """Initialize the machine.
 
@@ -272,6 +276,10 @@ class PowerLimitStateMachine:
             search: `"exhaustive"` (the seed's, default), `"adaptive"` or a `SearchStrategy`.
             resume: Windows recorded before (e.g. by a coordinator that restarted), in
                 profiling order; the search goes on after them. Ignored with `measurements`.
+            resume_completed: With `resume`: the windows the search had completed (default:
+                as many as recorded), from `resume_state()`.
+            resume_redo: With `resume`: windows to profile again first (redos queued, and
+                windows whose marks had not all arrived), from `resume_state()`.
 
         Raises:
             ValueError: An argument is out of range (the message names it and the range).
@@ -343,7 +351,9 @@ class PowerLimitStateMachine:
                         f"(step {pl_step} W): the GPUs or the options changed; profile again."
                     )
             self._results = list(resume)
-            self._completed = len(self._results)
+            self._completed = len(self._results) if resume_completed is None else max(
+                len(self._results), resume_completed)
+            self._redo_queue = [p for p in resume_redo if p.power_limit in self.power_limits]
             first = self._next_probe()
             if first is None:  # everything was measured before the restart
                 self.state = Done(
@@ -550,6 +560,23 @@ class PowerLimitStateMachine:
         if isinstance(self.state, Ready) and self.state.next_power_limit is None:
             return self._advance()
         return []
+
+    def resume_state(self) -> dict[str, Any]:
+        """What a machine resuming this profile needs (see `resume*` in the constructor).
+
+        Windows closed but not yet recorded, and an open window that was a redo, are to be
+        profiled again: a machine built from this state profiles them first.
+        """
+        redo = list(self._redo_queue)
+        redo += [Probe(p.power_limit, self.warmup_steps, p.steps) for p in self._pending.values()]
+        if (self._probe is not None and self._probe_is_redo
+                and isinstance(self.state, Warmup | Profiling)):
+            redo.append(self._probe)
+        return {
+            "windows": [dataclasses.asdict(w) for w in self._results],
+            "completed": self._completed,
+            "redo": [[p.power_limit, p.warmup_steps, p.profile_steps] for p in redo],
+        }
 
     def redos(self) -> dict[int, int]:
         """Limit (W) -> how many times its window was redone."""

@@ -398,6 +398,47 @@ def test_resume_continues_after_the_windows_measured_before_a_restart():
     assert finished.optimal_power_limit == whole.optimal_power_limit
 
 
+def test_resume_state_keeps_redos_and_unrecorded_windows_for_the_next_owner():
+    """Defect (coordinator replicas): a window redone out of order (300 W redone after 250 W
+    was measured) was lost when another replica resumed from the recorded windows alone: it
+    went on with the 3rd limit, measured 250 W twice and never 300 W. The resume state keeps
+    how far the search got and what is to be profiled again (also windows closed but not yet
+    recorded, whose marks the dead owner was waiting for)."""
+    import json
+
+    from coordinator.power_limit import Energy
+    from coordinator.power_limit.job import _resume_arguments
+
+    def measure(limit):
+        return 10.0 + (300 - limit) / 100, 1000.0 - limit + (limit % 75)
+
+    whole = PowerLimitStateMachine(100, 300, optimum_selector=Energy(), warmup_steps=1,
+                                   profile_steps=2)
+    _run_to_done(whole, measure)
+    m = PowerLimitStateMachine(100, 300, optimum_selector=Energy(), warmup_steps=1,
+                               profile_steps=2)
+    effects = list(m.start())
+    closed: list[str] = []
+    while len(closed) < 3:  # 300 W (redone below), 275 W (recorded), the 3rd left pending
+        for e in m.on_step_begin():
+            if isinstance(e, EndWindow) and not e.cancel:
+                closed.append(e.name)
+                if len(closed) == 1:
+                    effects += m.redo(e.name)
+                elif len(closed) == 2:
+                    effects += m.record(e.name, *measure(int(e.name.rsplit("_", 1)[1])))
+    state = json.loads(json.dumps(m.resume_state()))
+    assert [w["power_limit"] for w in state["windows"]] == [275]
+    third = int(closed[2].rsplit("_", 1)[1])
+    assert {300, third} <= {w for w, _, _ in state["redo"]}
+    resumed = PowerLimitStateMachine(100, 300, optimum_selector=Energy(), warmup_steps=1,
+                                     profile_steps=2, **_resume_arguments(state))
+    _run_to_done(resumed, measure)
+    assert sorted(x.power_limit for x in resumed.measurements) == sorted(
+        x.power_limit for x in whole.measurements)
+    assert resumed.optimal_power_limit == whole.optimal_power_limit
+
+
 def test_resume_with_a_foreign_limit_is_refused():
     from coordinator.power_limit import ProfileRangeError
     from coordinator.power_limit.search import WindowResult
