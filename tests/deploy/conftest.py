@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
 import sysconfig
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +57,45 @@ def nats_check(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess
         timeout=30,
         cwd=config.parent,
     )
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def nats_server(config: Path, port: int, env: dict[str, str]) -> Iterator[None]:
+    """Run nats-server with `config` (listening on 127.0.0.1:`port`) until the block ends."""
+    proc = subprocess.Popen(
+        [find_nats_server(), "-c", str(config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=config.parent,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise AssertionError(f"nats-server exited: {err}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    if s.recv(4) == b"INFO":
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.02)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +12,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.deploy.conftest import DEPLOY, Pki
-from zeus_agent.broker import connect, find_nats_server, tls_context
+from tests.deploy.conftest import DEPLOY, Pki, clean_env, free_port, nats_server
+from zeus_agent.broker import connect, tls_context
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError
 
@@ -93,12 +90,6 @@ def test_agent_settings_refuse_a_key_without_certificate() -> None:
 # --- deploy/nats/tls.conf on a real nats-server ---------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def tls_server(pki: Pki, tmp_path: Path) -> Iterator[str]:
     """nats-server with the shipped tls block (its /etc/nats/tls/ files replaced by the PKI's)."""
@@ -108,29 +99,10 @@ def tls_server(pki: Pki, tmp_path: Path) -> Iterator[str]:
         assert f"/etc/nats/tls/{name}" in block
         block = block.replace(f"/etc/nats/tls/{name}", str(path))
     (tmp_path / "tls.conf").write_text(block)
-    port = _free_port()
+    port = free_port()
     (tmp_path / "server.conf").write_text(f'listen: "127.0.0.1:{port}"\ninclude ./tls.conf\n')
-    proc = subprocess.Popen(
-        [find_nats_server(), "-c", str(tmp_path / "server.conf")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            assert proc.poll() is None, "nats-server exited"
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                    if s.recv(4) == b"INFO":
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.02)
+    with nats_server(tmp_path / "server.conf", port, clean_env()):
         yield f"tls://localhost:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 async def test_mutual_tls_with_the_shipped_block(tls_server: str, pki: Pki) -> None:
