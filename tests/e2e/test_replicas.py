@@ -1,0 +1,160 @@
+"""Coordinator replicas with their state in JetStream, under faults, with real processes.
+
+`FaultCluster(replicas=2)`: nats-server (JetStream), two `zeus-coordinator run` replicas,
+agents on two simulated nodes (2 A40s each) and a 4-rank simulated data-parallel job. The job's
+owner is read from the ownership bucket (`<bucket>-owners`), as an operator would with
+`nats kv get`.
+
+1. SIGKILL the owning replica mid-profiling: the other takes the job over once the owner's
+   lease lapses (`taken_over` status), resumes from the windows recorded in JetStream and ends
+   with the optimum the physics of the simulated GPUs gives (what an undisturbed run picks:
+   the same selector on the same windows; `Energy`, whose optimum noise cannot flip); no
+   GPU's lease lapses meanwhile (no agent reports `lease_expired`), and every GPU ends at that
+   optimum.
+2. SIGKILL every replica mid-profiling, start one again: it resumes the job from JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from coordinator.power_limit import Energy
+from coordinator.state import records
+from tests.e2e.procs import FaultCluster, processes_with_mark
+from tests.e2e.test_fault_recovery import (
+    LIMITS,
+    SCALE,
+    WORKLOAD,
+    describe,
+    expected_window,
+    inconsistent,
+    measured,
+    options,
+)
+from zeus_agent.models import PowerLimitMeasurement
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import ErrorEvent
+
+OWNERSHIP_LEASE_S = 3.0
+PROFILE_STEPS = 6
+
+
+def job_options() -> dict[str, Any]:
+    """The `Energy` selector: its optimum (200 W) leads the next by ~12 % of energy, so noise
+    and load cannot flip it (ZeusCost(0.5)'s 250 and 200 W are within 0.3 %)."""
+    return {**options(PROFILE_STEPS), "selector": "Energy"}
+
+
+def undisturbed_optimum() -> int:
+    """What `Energy` picks from the windows the physics gives (an undisturbed run)."""
+    profile = [PowerLimitMeasurement(power_limit=w, time=t, energy=e)
+               for w in LIMITS for t, e in [expected_window(w, PROFILE_STEPS)]]
+    return Energy().select(profile)
+
+
+@pytest.fixture
+async def replicated():
+    """A `FaultCluster` with two replicas; its lease-expiry error events; cleaned up after."""
+    c = FaultCluster(replicas=2, coordinator_args=[
+        "--ownership-lease-s", str(OWNERSHIP_LEASE_S), "--mark-timeout-s", "2"])
+    expired: list[ErrorEvent] = []
+    try:
+        await c.start()
+
+        async def on_error(msg: Any) -> None:
+            event = codec.decode(msg.data, ErrorEvent)
+            if event.code == "lease_expired":
+                expired.append(event)
+
+        await c.nc.subscribe(subjects.all_gpu_errors(), cb=on_error)
+        yield c, expired
+    finally:
+        await c.close()
+    assert processes_with_mark(c.procs.mark) == []
+
+
+async def owner_of(c: FaultCluster, job_id: str) -> str:
+    """The replica whose lease on the job is in the ownership bucket."""
+    _, owners = records.bucket_names(subjects.DEFAULT_PREFIX)
+    kv = await c.nc.jetstream().key_value(owners)
+    entry = await kv.get(records.job_hash(job_id))
+    return str(json.loads(entry.value)["owner"])
+
+
+async def wait_done(c: FaultCluster, timeout_s: float, after: int = 0) -> Any:
+    _, done = await c.wait_status(lambda s: s.state == "done", timeout_s, "done", after)
+    return done
+
+
+@pytest.mark.timeout(150)
+async def test_killing_the_owner_mid_profiling_the_other_replica_finishes_the_job(replicated):
+    c, expired = replicated
+    c.start_trainer(workload=WORKLOAD, steps=300, scale=SCALE,
+                    power_limit=job_options(), timeout_s=100)
+    _, status = await c.wait_status(lambda s: s.message.startswith("measuring 200 W"), 40,
+                                    "the 200 W window opened")
+    job_id = status.job_id
+    owner = await owner_of(c, job_id)
+    other = next(n for n in c.replicas if n != owner)
+    killed_at = time.monotonic()
+    c.procs.kill(owner)
+    _, taken = await c.wait_status(lambda s: s.state == "taken_over", 20, "taken_over")
+    took_s = time.monotonic() - killed_at
+    assert other in taken.message, taken.message
+    assert await owner_of(c, job_id) == other
+    # Fenced: not before the lease the dead owner held ran out (renewed every lease/3).
+    assert took_s >= OWNERSHIP_LEASE_S * 2 / 3 - 0.5, took_s
+    assert took_s <= OWNERSHIP_LEASE_S + 5, took_s
+
+    done = await wait_done(c, 60)
+    optimum = done.progress["optimal_power_limit_w"]
+    profile = measured(done.progress)
+    assert sorted((m.power_limit for m in profile), reverse=True) == LIMITS, describe(
+        c, *c.replicas[1:])
+    # Resumed, not started over: the windows measured before the kill were kept.
+    assert any("resuming after" in s.message for _, s in c.statuses), describe(
+        c, *c.replicas[1:])
+    bad = inconsistent(profile, PROFILE_STEPS, check_energy=False)
+    assert not bad, "\n".join(bad)
+    assert optimum == undisturbed_optimum(), describe(c, *c.replicas[1:])
+    assert c.job_limits() == dict.fromkeys(c.job_limits(), optimum), describe(c, *c.replicas[1:])
+    assert expired == [], f"GPU leases lapsed during the takeover: {expired}"
+    result = await c.wait_trainer(80)
+    for rank in result["ranks"]:
+        assert rank["step_power_limit_w"][-20:] == [optimum] * 20, rank["rank"]
+
+
+@pytest.mark.timeout(150)
+async def test_every_replica_killed_one_restarted_resumes_the_job_from_jetstream(replicated):
+    c, _ = replicated
+    c.start_trainer(workload=WORKLOAD, steps=320, scale=SCALE,
+                    power_limit=job_options(), timeout_s=100)
+    _, status = await c.wait_status(lambda s: s.message.startswith("measuring 200 W"), 40,
+                                    "the 200 W window opened")
+    job_id = status.job_id
+    before = (await c.query(job_id))["power_limit"]["measured"]
+    assert before >= 2, before  # 300 and 250 W measured, in JetStream.
+    for name in c.replicas:
+        c.procs.kill(name)
+    await asyncio.sleep(1.0)
+    seen = len(c.statuses)
+    c.start_coordinator("coordinator-3")
+    c.replicas.append("coordinator-3")
+    await c.wait_coordinator()
+    _, taken = await c.wait_status(lambda s: s.state == "taken_over", 20, "taken_over", seen)
+    assert "coordinator-3" in taken.message
+    done = await wait_done(c, 60, seen)
+    profile = measured(done.progress)
+    assert sorted((m.power_limit for m in profile), reverse=True) == LIMITS
+    assert done.progress["optimal_power_limit_w"] == undisturbed_optimum(), describe(
+        c, "coordinator-3")
+    # The windows measured before the kill were not measured again.
+    opened = [s.message for _, s in c.statuses[seen:] if s.message.startswith("measuring")]
+    assert not any(m.startswith(("measuring 300 W", "measuring 250 W")) for m in opened), opened
+    assert c.job_limits() == dict.fromkeys(c.job_limits(), done.progress[
+        "optimal_power_limit_w"])
