@@ -14,14 +14,18 @@ import yaml
 
 from coordinator.config import CoordinatorSettings
 from tests.conftest import REPO_ROOT
-from tests.deploy.conftest import DEPLOY, clean_env, load_credentials_module, nats_check
+from tests.deploy.conftest import (
+    DEPLOY,
+    PENDING_COORDINATOR_SETTINGS,
+    clean_env,
+    load_credentials_module,
+    nats_check,
+)
 from zeus_agent.config import AgentSettings
 
 DOCKER = DEPLOY / "docker"
 COMPOSE = yaml.safe_load((DOCKER / "compose.yaml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-PENDING_COORDINATOR_SETTINGS = {"state_replicas", "replica_name"}
-"""Coordinator settings of the durable-coordinator issue, tolerated until its settings land."""
 
 
 def _final_stage(commands: list[Any]) -> list[Any]:

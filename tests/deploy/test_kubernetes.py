@@ -15,7 +15,13 @@ import pytest
 import yaml
 
 from coordinator.config import CoordinatorSettings
-from tests.deploy.conftest import DEPLOY, clean_env, documents, nats_check
+from tests.deploy.conftest import (
+    DEPLOY,
+    PENDING_COORDINATOR_SETTINGS,
+    clean_env,
+    documents,
+    nats_check,
+)
 from zeus_agent import status_http
 from zeus_agent.config import AgentSettings
 
@@ -29,8 +35,6 @@ OLDEST = "1.30.0"
 """The oldest Kubernetes the manifests are checked against (and the newest kubernetes-validate
 bundles): policy/v1 PodDisruptionBudget, runtimeClassName, seccompProfile are all older."""
 CRDS = {"ServiceMonitor"}
-PENDING_COORDINATOR_SETTINGS = {"state_replicas", "replica_name"}
-"""Coordinator settings of the durable-coordinator issue, tolerated until its settings land."""
 
 
 def by_kind(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:

@@ -11,16 +11,13 @@ from pathlib import Path
 import pytest
 
 from coordinator.config import CoordinatorSettings
-from tests.deploy.conftest import DEPLOY, SCRIPTS, clean_env
+from tests.deploy.conftest import DEPLOY, PENDING_COORDINATOR_SETTINGS, SCRIPTS, clean_env
 from zeus_agent.config import AgentSettings
 
 SYSTEMD = DEPLOY / "systemd"
 UNITS = sorted(SYSTEMD.glob("*.service"))
 INSTALLED = "/opt/zeus-bus/bin/"
 """Where the units expect the project (a virtual environment in /opt/zeus-bus)."""
-PENDING_COORDINATOR_SETTINGS = {"state_replicas", "replica_name", "nats_tls_ca",
-                                "nats_tls_cert", "nats_tls_key"}  # fmt: skip
-"""Coordinator settings of the durable-coordinator issue, tolerated until its settings land."""
 
 
 def directives(path: Path) -> dict[str, list[str]]:
