@@ -373,6 +373,7 @@ def main() -> None:
     methods = list(dict.fromkeys(methods))
     import uvloop
 
+    load_before = os.getloadavg()
     results, contended = uvloop.run(
         run(args.steps, args.gap_us, args.contend, args.rounds, tuple(methods))
     )
@@ -400,9 +401,8 @@ def main() -> None:
         for level, series in contended.items():
             values = series["call"]
             p50, p99 = pct(values, 0.5), pct(values, 0.99)
-            print(
-                f"{'  agent at ' + level + ' priority':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}"
-            )
+            label = "  agent, normal priority" if level == "normal" else f"  agent raised: {level}"
+            print(f"{label:36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
             contention[level] = {
                 **_summary(values),
                 "done": _summary(series["done"]),
@@ -427,7 +427,13 @@ def main() -> None:
             priority_methods={m: RAISE_METHODS[m] for m in methods},
             contended_busy_call=contention,
         )
-    result.update(machine=machine(), date=now())
+    # The machine may be shared: its load average (1, 5, 15 min) around the run.
+    result.update(
+        loadavg_before=[round(x, 2) for x in load_before],
+        loadavg_after=[round(x, 2) for x in os.getloadavg()],
+        machine=machine(),
+        date=now(),
+    )
     print(json.dumps(result))
 
 
