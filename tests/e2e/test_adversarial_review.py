@@ -245,7 +245,9 @@ class AuthServer:
         self.nodes = ["a", "b"]
         self.tmp = Path(tempfile.mkdtemp(prefix="zara-", dir="/tmp"))
         (self.tmp / "auth.conf").write_text(permissions.render_authorization(self.nodes))
-        (self.tmp / "server.conf").write_text('listen: "127.0.0.1:-1"\ninclude ./auth.conf\n')
+        (self.tmp / "server.conf").write_text(
+            'listen: "127.0.0.1:-1"\ninclude ./auth.conf\n'
+            'jetstream { store_dir: "' + str(self.tmp / "js") + '" }\n')
         (self.tmp / "ports").mkdir()
         self.passwords = {u.password_variable: f"z{os.urandom(12).hex()}"
                           for u in permissions.users(self.nodes)}

@@ -76,7 +76,9 @@ def server() -> Iterator[Server]:
     tmp = Path(tempfile.mkdtemp(prefix="zeus-nats-auth-"))
     try:
         shutil.copyfile(AUTH_CONF, tmp / "auth.conf")
-        (tmp / "server.conf").write_text('listen: "127.0.0.1:-1"\ninclude ./auth.conf\n')
+        (tmp / "server.conf").write_text(
+            'listen: "127.0.0.1:-1"\ninclude ./auth.conf\n'
+            'jetstream { store_dir: "' + str(tmp / "js") + '" }\n')
         (tmp / "ports").mkdir()
         passwords = {
             u.password_variable: f"z{os.urandom(12).hex()}" for u in permissions.users([A, B])
@@ -286,6 +288,25 @@ async def test_agent_cannot_command_another_nodes_gpu(server):
         await agent_a.refused("publish", subjects.gpu_command(A, 0))
         assert agent_a.nc.is_connected  # refused, not disconnected
         assert agent_b.violations() == [] and coord.violations() == []
+
+
+async def test_only_the_coordinator_touches_the_durable_state(server):
+    """The jobs live in JetStream KV: an agent's or an observer's credentials can neither read
+    nor write them (no JetStream API, no bucket subjects); the coordinator can."""
+    state, owners = subjects.state_buckets()
+    async with (
+        agent_client(server, A) as agent,
+        observer_client(server) as observer,
+        coordinator_client(server) as coord,
+    ):
+        for client in (agent, observer):
+            for subject in (f"$KV.{state}.job.x", f"$KV.{owners}.x",
+                            f"$JS.API.STREAM.INFO.KV_{state}"):
+                await client.nc.publish(subject, b"{}")
+                await client.refused("publish", subject)
+        kv = await coord.nc.jetstream().create_key_value(bucket=state)
+        assert await kv.put("probe", b"1") >= 1
+        assert coord.violations() == []
 
 
 async def test_agent_cannot_speak_for_another_node_or_the_coordinator(server):
