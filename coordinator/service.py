@@ -985,6 +985,8 @@ class CoordinatorService(ExitSignals):
                              for a in job.on_measurement(batch.rank, m, now)])
                 if record is not None:
                     await self._execute(record, actions)
+                    if any(isinstance(a, KeepFile | InstallSchedules) for a in actions):
+                        await self._save_progress(batch.job_id, job)  # A round observed.
                 return
             for m in batch.measurements:
                 await self._act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),

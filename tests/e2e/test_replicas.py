@@ -158,3 +158,53 @@ async def test_every_replica_killed_one_restarted_resumes_the_job_from_jetstream
     assert not any(m.startswith(("measuring 300 W", "measuring 250 W")) for m in opened), opened
     assert c.job_limits() == dict.fromkeys(c.job_limits(), done.progress[
         "optimal_power_limit_w"])
+
+
+PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
+
+
+@pytest.mark.timeout(180)
+async def test_a_pipeline_job_survives_its_owner_and_is_served_by_the_other_replica() -> None:
+    """A 4-stage pipeline job (InstructionProfiler): its owner is SIGKILLed after a round of
+    profiling; the other replica replays the recorded rounds, reinstalls the schedule reached
+    (same version: not profiled again from schedule 0) and takes the job on to its plan."""
+    import sys
+
+    from tests.e2e.procs import REPO_ROOT
+
+    c = FaultCluster(replicas=2, coordinator_args=[
+        "--scheduler", "InstructionProfiler", "--scheduler-args", json.dumps(PROFILER_ARGS),
+        "--profiling-iterations", "3", "--switch-lead-steps", "2",
+        "--ownership-lease-s", str(OWNERSHIP_LEASE_S)])
+    try:
+        await c.start()
+        nodes = [f"{n}:{c.socket_path(n)}:{c.sim_dir(n)}:0-1" for n in c.nodes]
+        c.procs.spawn("trainer", [
+            sys.executable, "-m", "zeus_agent.sim_pipeline_trainer",
+            "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
+            "--dp", "1", "--seconds", "30", "--time-scale", "0.1",
+            "--job-metadata", c.tag, "--output", str(c.root / "pipeline.json"),
+            "--timeout", "150", *[arg for node in nodes for arg in ("--node", node)],
+        ], cwd=REPO_ROOT)
+        _, second = await c.wait_status(
+            lambda s: s.state == "profiling" and (s.progress.get("schedule") or 0) >= 1, 60,
+            "schedule 1 installed (one round observed)")
+        job_id = second.job_id
+        owner = await owner_of(c, job_id)
+        reached = second.progress["schedule"]
+        c.procs.kill(owner)
+        seen = len(c.statuses)
+        _, taken = await c.wait_status(lambda s: s.state == "taken_over", 20, "taken_over",
+                                       seen)
+        _, resumed = await c.wait_status(lambda s: "resumed from the recorded progress"
+                                         in s.message, 60, "resumed", seen)
+        # Replayed, not rediscovered: the schedule reached (or the next, if the owner got one
+        # more round recorded before it died), never schedule 0 again.
+        assert resumed.progress["schedule"] >= reached, (resumed.progress, c.messages())
+        _, serving = await c.wait_status(lambda s: s.state == "serving", 90, "serving", seen)
+        assert "error" not in c.states(), c.messages()
+        assert not any(s.state == "discovering" for _, s in c.statuses[seen:]), c.messages()
+        assert serving.progress["schedule"] > reached
+    finally:
+        await c.close()
+    assert processes_with_mark(c.procs.mark) == []
