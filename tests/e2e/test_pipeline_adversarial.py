@@ -530,7 +530,8 @@ def load_ranks_of(c: Any, job_id: str) -> list[list[str]]:
 
 # ====================================================================== trainer-made values
 async def test_a_step_counter_near_2_64_does_not_stall_the_job_silently(env: Any) -> None:
-    """Regression (a defect found by review, fixed). Rank 1 of a 2-stage job counts its steps from 2**63 (msgpack carries it; the agent
+    """Regression (a defect found by review, fixed). Rank 1 of a 2-stage job counts its steps from
+    2**63 (msgpack carries it; the agent
     and the wire accept any int). `from_step` = latest step of ANY rank + lead, so schedule 0
     switches at step ~2**63 on every rank: rank 0 never gets there, its measurements never
     carry version 0, and the job sits in `profiling` forever with no error status (only the
@@ -549,7 +550,8 @@ async def test_a_step_counter_near_2_64_does_not_stall_the_job_silently(env: Any
 
 
 async def test_measurements_with_impossible_values_are_refused_at_decode(env: Any) -> None:
-    """Regression (a defect found by review, fixed). `Measurement` refuses NaN/inf (good) but takes a negative duration,
+    """Regression (a defect found by review, fixed). `Measurement` refuses NaN/inf (good) but takes
+    a negative duration,
     a negative energy, an end stamp before its begin stamp and negative step/index counters:
     such a batch (from a buggy or compromised agent) reaches `PipelineJob` and becomes a
     `ProfilingResult` with negative `iter_time` fed to the scheduler. Expected: refused at
@@ -585,7 +587,8 @@ async def test_measurements_with_impossible_values_are_refused_at_decode(env: An
 
 
 async def test_instruction_order_changing_between_iterations_is_reported(env: Any) -> None:
-    """Regression (a defect found by review, fixed). A rank runs [forward, backward] in its first iteration (learnt as its order) and
+    """Regression (a defect found by review, fixed). A rank runs [forward, backward] in its first
+    iteration (learnt as its order) and
     then [forward, forward, backward, backward]. The agent publishes `schedule_mismatch` error
     events (the coordinator does not follow them); InstructionProfiler skips every window
     ("results do not match the schedule") and holds its setting without bound: the job profiles
@@ -634,7 +637,8 @@ async def test_dp_peers_with_different_instruction_orders_get_a_clear_error(env:
 
 
 async def test_a_rank_training_before_the_job_starts_is_discovered_correctly(env: Any) -> None:
-    """Regression (a defect found by review, fixed). Rank 0 of a 2-stage job registers and starts training at once (as a
+    """Regression (a defect found by review, fixed). Rank 0 of a 2-stage job registers and starts
+    training at once (as a
     Perseus drop-in does) while rank 1 is still registering. The optimiser starts when rank 1
     registers, in the middle of rank 0's first iteration: the `forward` it already finished was
     measured before the job existed, so the first complete iteration the job sees holds only
@@ -676,7 +680,8 @@ async def _profiling_job(env: Any, placements: list[tuple[str, int]], pp: int,
 
 
 async def test_a_killed_rank_gets_its_gpu_restored_and_the_job_says_so(env: Any) -> None:
-    """Regression (a defect found by review, fixed). Rank 1 of a 2-stage job is SIGKILLed mid-profiling. Its
+    """Regression (a defect found by review, fixed). Rank 1 of a 2-stage job is SIGKILLed
+    mid-profiling. Its
     agent notices (reaping) and restores its GPU (clocks unlocked): good. But the coordinator
     does not follow the agents' `trainer_gone` error events, so the job stays in `profiling`
     waiting for a rank that will never report, with no status event; only a query's
@@ -701,7 +706,8 @@ async def test_a_killed_rank_gets_its_gpu_restored_and_the_job_says_so(env: Any)
 
 
 async def test_agent_sigkill_and_restart_mid_profiling(env: Any) -> None:
-    """Regression (a defect found by review, fixed). Node b's agent is SIGKILLed while its rank is profiled, and started again
+    """Regression (a defect found by review, fixed). Node b's agent is SIGKILLed while its rank is
+    profiled, and started again
     on the same GPUs; it resets the clocks (good); the rank reconnects and says HELLO again.
     The coordinator reinstalls a schedule only when `restarted` (the hello's agent id differs
     from the previous hello's), but the new agent's FIRST hello (at start, before any trainer
@@ -731,7 +737,8 @@ async def test_agent_sigkill_and_restart_mid_profiling(env: Any) -> None:
 
 
 async def test_coordinator_sigkill_mid_profiling_loses_nothing(env: Any) -> None:
-    """Regression (a defect found by review, fixed). The coordinator is SIGKILLed mid-profiling and stays
+    """Regression (a defect found by review, fixed). The coordinator is SIGKILLed mid-profiling and
+    stays
     down past the lease: the agents restore the GPUs' clocks (good). Restarted, it rebuilds the
     job and profiles again from schedule 0 (documented), writing `0.sched.json`,
     `0.prof.json`... into the same dump directory: the dumps of the first run are overwritten
@@ -763,7 +770,8 @@ LONG = [f"allreduce-{i:0>240}" for i in range(5000)]
 
 
 async def test_an_iteration_too_big_for_one_message_fails_clearly(env: Any) -> None:
-    """Regression (a defect found by review, fixed). A rank runs 5002 instructions per iteration with 250-character names (within
+    """Regression (a defect found by review, fixed). A rank runs 5002 instructions per iteration
+    with 250-character names (within
     every per-field bound: names <= 255, <= 100 000 instructions per step). Discovery works and
     `ranks.json` is dumped, but schedule 0 (~1.3 MB of msgpack) exceeds NATS's max payload:
     `request_all`'s publish raises inside the measurement callback (logged only as "NATS error
@@ -870,7 +878,8 @@ async def test_job_metadata_with_dot_dot_stays_inside_the_dump_dir(env: Any) -> 
 
 async def test_a_job_asking_for_a_pipeline_scheduler_and_power_limits_is_refused(
         env: Any) -> None:
-    """Regression (a defect found by review, fixed). `RegisterJob` naming the pipeline scheduler AND carrying power-limit
+    """Regression (a defect found by review, fixed). `RegisterJob` naming the pipeline scheduler AND
+    carrying power-limit
     options (pp=2) is accepted: the job id and the query say `InstructionProfiler3D`, while
     the coordinator runs the power-limit optimiser on it. Expected: refused (`bad_request`),
     like a pipeline job naming another scheduler."""
@@ -915,7 +924,8 @@ CONFIG_ERROR = 2
 ], ids=["mistyped-plan-path", "bad-profiler-arg", "plan-file-with-code"])
 def test_coordinator_refuses_scheduler_args_it_cannot_run(
         tmp_path: Path, scheduler: str, args: dict[str, Any], why: str) -> None:
-    """Regression (a defect found by review, fixed). `zeus-coordinator run` checks only that scheduler_args BIND to the scheduler's
+    """Regression (a defect found by review, fixed). `zeus-coordinator run` checks only that
+    scheduler_args BIND to the scheduler's
     constructor (CoordinatorSettings says "checked at start, not per job"): a mistyped
     `solution_path`, a plan file holding code, or `clocks: 1` are accepted; the coordinator
     starts (here: goes on to connect to NATS) and every pipeline job then fails after its
