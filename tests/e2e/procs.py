@@ -214,11 +214,15 @@ class FaultCluster:
             coordinator, one for all agents), so a test decides who reconnects first.
         replicas: Coordinator replicas, processes "coordinator", "coordinator-2", ... (each
             `--replica-name`d after its process).
+        nats_urls: For NATS run elsewhere (e.g. `tests.e2e.nats_cluster.NatsCluster`): the
+            NATS URL(s) of each process by name ("observer" for the test's own connection,
+            "coordinator", "coordinator-2", ..., "agent-<node>"); no nats-server is started.
     """
 
     def __init__(self, nodes: Sequence[str] = ("node-a", "node-b"), gpus_per_node: int = 2,
                  coordinator_args: Sequence[str] = (), agent_args: Sequence[str] = (),
-                 relays: bool = False, replicas: int = 1) -> None:
+                 relays: bool = False, replicas: int = 1,
+                 nats_urls: Callable[[str], str] | None = None) -> None:
         # Short: the agents' Unix socket paths must fit in 108 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="zft-", dir="/tmp"))
         self.procs = Processes(self.root)
@@ -242,6 +246,7 @@ class FaultCluster:
         self.relays: dict[str, Relay] = {}
         self.replicas = [("coordinator" if i == 0 else f"coordinator-{i + 1}")
                          for i in range(replicas)]
+        self.nats_urls = nats_urls
 
     # ------------------------------------------------------------------ paths
     def sim_dir(self, node: str) -> Path:
@@ -259,6 +264,10 @@ class FaultCluster:
         relay = self.relays.get(side)
         return relay.url if relay is not None else self.url
 
+    def process_url(self, name: str, side: str) -> str:
+        """The NATS URL of process `name` (`nats_urls`'s, else that of its `side`)."""
+        return self.nats_urls(name) if self.nats_urls is not None else self.url_for(side)
+
     def gpu_limit(self, node: str, index: int) -> int:
         """The power limit of a simulated GPU, read from its shared file."""
         return SimGPU.open(self.sim_dir(node), index).get_power_limit_w()
@@ -274,7 +283,8 @@ class FaultCluster:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Start NATS, connect the observer, start the coordinator and the agents."""
-        await self.start_nats()
+        if self.nats_urls is None:
+            await self.start_nats()
         if self.use_relays:
             for side in ("coordinator", "agents"):
                 self.relays[side] = Relay(self.nats_port)
@@ -282,7 +292,8 @@ class FaultCluster:
         async def wake() -> None:
             self._changed.set()
 
-        self.nc = await connect(self.url, "fault-test-observer", on_reconnect=wake)
+        self.nc = await connect(self.process_url("observer", "observer"), "fault-test-observer",
+                                on_reconnect=wake)
         await self.nc.subscribe(subjects.all_job_status(), cb=self._on_status)
         await self.nc.subscribe(subjects.all_agent_hellos(), cb=self._on_hello)
         await self.nc.subscribe(subjects.all_gpu_measurements(), cb=self._on_measurements)
@@ -341,7 +352,7 @@ class FaultCluster:
     def start_coordinator(self, name: str = "coordinator") -> None:
         """Start coordinator replica `name` (its own state directory for kept files)."""
         argv = [*console_script("zeus-coordinator", "coordinator.cli"), "run",
-                "--nats-url", self.url_for("coordinator"),
+                "--nats-url", self.process_url(name, "coordinator"),
                 "--state-dir", str(self.root / name),
                 "--dump-dir", str(self.root / "dump"), "--log-level", "INFO",
                 "--replica-name", name, *self.coordinator_args]
@@ -350,7 +361,7 @@ class FaultCluster:
     def start_agent(self, node: str, attach: bool = False) -> None:
         """Start the agent of `node` (`attach`: open its existing GPUs, as after a restart)."""
         argv = [*console_script("zeus-agent", "zeus_agent.cli"), "run",
-                "--nats-url", self.url_for("agents"), "--backend", "sim",
+                "--nats-url", self.process_url(f"agent-{node}", "agents"), "--backend", "sim",
                 "--sim-count", str(self.gpus_per_node), "--sim-preset", "A40",
                 "--sim-state-dir", str(self.sim_dir(node)),
                 "--socket-path", str(self.socket_path(node)), "--node", node,
@@ -533,7 +544,11 @@ class FaultCluster:
 
 # ---------------------------------------------------------------------- trainer process
 def _trainer_main(spec_json: str) -> int:
-    """Run `run_data_parallel` from a JSON spec and write its result as JSON."""
+    """Run `run_data_parallel` from a JSON spec and write its result as JSON.
+
+    The result's "step_seen_at" has, for each step of rank 0, the `time.monotonic()` (the
+    system's clock, the test's too) at which this process learnt it ended (polled every 50 ms).
+    """
     from zeus_agent.sim_trainer import RankPlacement, TrainerOptions, run_data_parallel
     from zeus_agent.wire.messages import PowerLimitOptions
 
@@ -541,11 +556,14 @@ def _trainer_main(spec_json: str) -> int:
     out = Path(spec["out"])
     opts = dict(spec["options"])
     opts["power_limit"] = PowerLimitOptions(**opts["power_limit"])
+    seen: list[float] = []
     try:
         result = run_data_parallel([RankPlacement(**p) for p in spec["placements"]],
-                                   TrainerOptions(**opts), None, spec["timeout_s"])
+                                   TrainerOptions(**opts), lambda _: seen.append(time.monotonic()),
+                                   spec["timeout_s"])
         data: dict[str, Any] = {
             "job_id": result.job_id,
+            "step_seen_at": seen,
             "ranks": [
                 {"rank": r.rank, "step_time_s": r.step_time_s,
                  "step_power_limit_w": r.step_power_limit_w,
