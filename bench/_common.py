@@ -158,6 +158,11 @@ class Replicas:
                 proc.kill()
                 proc.wait()
 
+    def print_logs(self, chars: int = 3000) -> None:
+        """Every replica's log tail, to stderr (when a run failed)."""
+        for name in self.names:
+            print(f"== log of replica {name}:\n{self.log_tail(name, chars)}", file=sys.stderr)
+
     def log_tail(self, name: str, chars: int = 3000) -> str:
         try:
             return (self.root / f"{name}.log").read_text(errors="replace")[-chars:]

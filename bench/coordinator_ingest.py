@@ -79,6 +79,7 @@ from zeus_agent.wire.messages import (
 
 GPUS_PER_NODE = 8
 SENTINEL_JOB = "bench-sentinel-no-such-job"
+SENTINEL_NODE = "bench-sentinel-node"
 KEEPS_UP_S = 1.0
 """A rate is sustained when the owner has processed everything within this of the last publish."""
 OPTIONS = PowerLimitOptions(warmup_steps=5, profile_steps=10, pl_step_w=5)
@@ -189,11 +190,13 @@ class Ranks:
             node, gpu = placement(r)
             self.subjects.append((node, gpu, subjects.job_events(job_id, r, node),
                                   subjects.gpu_measurements(node, gpu)))
+        # On subjects of no rank's node or GPU: a replica filtering what it does not own by
+        # subject still processes (and counts) them.
         self.sentinel_events = codec.encode({
-            "v": 1, "job_id": SENTINEL_JOB, "rank": 0, "node": node_name(0), "gpu": 0,
+            "v": 1, "job_id": SENTINEL_JOB, "rank": 0, "node": SENTINEL_NODE, "gpu": 0,
             "events": []})
-        self.sentinel_events_subject = subjects.job_events(SENTINEL_JOB, 0, node_name(0))
-        self.sentinel_meas_subject = subjects.gpu_measurements(node_name(0), 0)
+        self.sentinel_events_subject = subjects.job_events(SENTINEL_JOB, 0, SENTINEL_NODE)
+        self.sentinel_meas_subject = subjects.gpu_measurements(SENTINEL_NODE, 0)
         self.step_ns = 0
         self.t0_ns = time.monotonic_ns()
 
@@ -300,6 +303,7 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
         "offered_events_per_s": round(4 * rate * sim.ranks),
         "offered_messages_per_s": round(2 * tick_hz * sim.ranks),
         "published_events_per_s": round(items / (t_published - t_start)),
+        "published_messages_per_s": round(messages / (t_published - t_start)),
         "late_flushes": late_ticks,
         "events_per_s": round(items / span) if owner in done_at else None,
         "messages_per_s": round(messages / span) if owner in done_at else None,
@@ -364,6 +368,9 @@ async def ingest(args: argparse.Namespace) -> dict[str, Any]:
                                      codec.encode({"v": 1, "job_id": job_id}), timeout=10)
             progress = codec.decode(query.data, Reply).result.get("power_limit") or {}
             healths = {n: reps.health(n) for n in names}
+        except BaseException:
+            reps.print_logs()
+            raise
         finally:
             for c in (nc, agents_nc):
                 if c is not None:
@@ -453,6 +460,9 @@ async def takeover_trial(lease_s: float, trial: int, ranks: int) -> dict[str, An
                 (t for t, h, _ in agents.limits if h == job_id and t > t_kill), None), timeout,
                 agents.changed)
             new_owner = str((await owner_of(nc, job_id))["owner"])
+        except BaseException:
+            reps.print_logs()
+            raise
         finally:
             for c in (nc, agents_nc):
                 if c is not None:

@@ -327,6 +327,9 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
             cpu["harness"] = round(self1.ru_utime + self1.ru_stime
                                    - self0.ru_utime - self0.ru_stime, 3)
             seen = await inspect(server.url, timings["job_id"])
+        except BaseException:
+            reps.print_logs()
+            raise
         finally:
             await asyncio.to_thread(stop_spies, spies)
             await asyncio.to_thread(reps.stop_all)
