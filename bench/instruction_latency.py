@@ -106,7 +106,15 @@ TRAINER = textwrap.dedent(
             pub.instruction_end(name)
         pub.step_end()
         wait()
-    print(json.dumps({"stamps": stamps, "stats": str(pub.stats())}), flush=True)
+    # Events still in the publisher's backlog (the agent's socket queue was full: a slow
+    # agent) are sent before leaving, or the last instructions would never be applied.
+    deadline = time.monotonic() + 10
+    while pub.stats().queued and time.monotonic() < deadline:
+        pub.flush()
+        time.sleep(0.001)
+    stats = str(pub.stats())
+    pub.close()
+    print(json.dumps({"stamps": stamps, "stats": stats}), flush=True)
     """
 )
 
