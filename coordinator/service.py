@@ -153,6 +153,8 @@ class CoordinatorService(ExitSignals):
         """Job hash (state keys) -> job id."""
         self._starting: set[str] = set()
         self._registering: set[tuple[str, int]] = set()
+        self._unsaved: dict[str, tuple[str, Any]] = {}
+        """Job id -> (kind, progress) JetStream has not taken yet (written again later)."""
         """(job id, rank) being recorded by this replica's handlers right now."""
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
         self._gpu_jobs: dict[tuple[str, str], str] = {}
@@ -493,12 +495,16 @@ class CoordinatorService(ExitSignals):
                 self._release_locally(lease.job_id, "its lease was taken by another replica")
         known = {records.job_hash(j): j for j in self.registry.jobs}
         for job_hash, revision in self.book.claimable(list(known), time.time()):
-            await self._take(known[job_hash], revision, "its owner stopped renewing its lease"
-                             if revision else "it had no owner")
+            held = self.book.leases.get(job_hash)
+            why = ("it had no owner" if held is None else
+                   f"replica {held.owner} stopped and gave it up" if held.until == 0 else
+                   f"replica {held.owner} stopped renewing its lease (it died or lost NATS)")
+            await self._take(known[job_hash], revision, why)
         for job_hash in self.book.mine():
             record = self.registry.jobs.get(known.get(job_hash, ""))
             if record is not None:
                 self._maybe_start(record)
+        await self._record_unsaved()
 
     async def _take(self, job_id: str, revision: int, why: str) -> bool:
         """Take a job's lease (compare-and-set on `revision`); True if this replica has it."""
@@ -515,9 +521,14 @@ class CoordinatorService(ExitSignals):
         return True
 
     async def _give_up_jobs(self) -> None:
-        """At shutdown: give the leases up so another replica takes the jobs at once."""
+        """At shutdown: record what is unsaved, then give the leases up.
+
+        Another replica then takes the jobs at once, from their latest progress.
+        """
         if self.state is None or self.nc is None or not self.nc.is_connected:
             return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._record_unsaved(), self.settings.shutdown_timeout_s)
         for job_hash, lease in self.book.renewals():
             value = self.book.value(lease.job_id, time.time(), release=True)
             with contextlib.suppress(Exception):
@@ -526,14 +537,36 @@ class CoordinatorService(ExitSignals):
     async def _save_progress(self, job_id: str, job: JobOptimizer) -> None:
         """Record the optimiser's progress, so a replica taking the job over resumes it."""
         state = job.persisted()
-        if state is None or self.state is None:
+        if state is not None:
+            await self._record(job_id, "pipeline" if isinstance(job, PipelineJob) else "windows",
+                               state)
+
+    async def _record(self, job_id: str, kind: str, state: Any) -> None:
+        """Write a job's progress, or keep it to write again later.
+
+        If JetStream cannot take it now, it is written again on every ownership round until
+        it can (only the latest progress matters).
+        """
+        if self.state is None:
             return
-        kind = "pipeline" if isinstance(job, PipelineJob) else "windows"
         try:
             await self.state.put_progress(job_id, kind, state)
             self.writes += 1
+            self._unsaved.pop(job_id, None)
         except StateUnavailableError as e:
-            LOG.warning("job %s: progress not recorded (%s); a takeover would redo it", job_id, e)
+            first = job_id not in self._unsaved
+            self._unsaved[job_id] = (kind, state)
+            if first:
+                LOG.warning("job %s: progress not recorded yet (%s); writing it again until "
+                            "JetStream takes it", job_id, e)
+
+    async def _record_unsaved(self) -> None:
+        """Write again the progress JetStream could not take (a stream leader election)."""
+        for job_id, (kind, state) in list(self._unsaved.items()):
+            if not self.owns(job_id):
+                self._unsaved.pop(job_id, None)  # Not ours to write any more.
+            elif self._unsaved.get(job_id) == (kind, state):
+                await self._record(job_id, kind, state)
 
     async def _known_job(self, job_id: str) -> None:
         """Make sure this replica knows a job registered through another (its view may lag)."""
@@ -1112,11 +1145,9 @@ class CoordinatorService(ExitSignals):
                     where = "kept by the coordinator"
                 except OSError as e:
                     where = f"not kept by the coordinator ({e.strerror or e})"
-                if self.state is not None:  # A replica taking the job over serves it at once.
-                    with contextlib.suppress(StateUnavailableError):
-                        await self.state.put_progress(
-                            record.job_id, "profile",
-                            [m.model_dump() for m in action.measurements])
+                # A replica taking the job over serves it at once.
+                await self._record(record.job_id, "profile",
+                                   [m.model_dump() for m in action.measurements])
                 await self.status(
                     record.job_id, "profile_saved",
                     f"profile measured ({where}); the trainer's drop-in writes its profile_path",

@@ -41,8 +41,10 @@ class JetStreamState:
     """The state and ownership buckets of one subject prefix."""
 
     def __init__(self, nc: Any, prefix: str, replicas: int = 1, timeout_s: float = 5.0,
-                 bucket: str | None = None) -> None:
+                 bucket: str | None = None, retry_s: float = 10.0) -> None:
         self.nc = nc
+        self.retry_s = retry_s
+        """How long a write is retried while JetStream cannot answer (a leader election)."""
         self.js = nc.jetstream(timeout=timeout_s)
         self.bucket, self.owners_bucket = ((bucket, f"{bucket}-owners") if bucket
                                            else records.bucket_names(prefix))
@@ -121,22 +123,43 @@ class JetStreamState:
         self._watchers.clear()
 
     # ------------------------------------------------------------------ writes
-    async def _write(self, what: str, coro: Awaitable[Any]) -> Any:
-        """Await a bucket operation.
+    async def _write(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a bucket operation, retrying while JetStream cannot answer for a moment.
+
+        A stream whose leader died answers nothing until the cluster elects another (about
+        4 s measured on a 3-server cluster): `call` is retried with backoff for `retry_s`.
 
         Raises:
             StateUnavailableError: It failed, other than by a lost compare-and-set.
         """
-        from nats.js.errors import KeyWrongLastSequenceError
+        from nats.errors import NoRespondersError
+        from nats.js.errors import (
+            KeyWrongLastSequenceError,
+            NoStreamResponseError,
+            ServiceUnavailableError,
+        )
 
-        try:
-            return await coro
-        except (RegistryError, KeyWrongLastSequenceError):
-            raise
-        except Exception as e:  # noqa: BLE001 - timeouts, no responders, API errors
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_s
+        pause = 0.05
+        while True:
+            try:
+                return await call()
+            except (RegistryError, KeyWrongLastSequenceError):
+                raise
+            except (NoStreamResponseError, ServiceUnavailableError, NoRespondersError,
+                    TimeoutError) as e:
+                if loop.time() + pause < deadline:
+                    LOG.debug("JetStream busy on %s (%s); retrying", what, type(e).__name__)
+                    await asyncio.sleep(pause)
+                    pause = min(1.0, pause * 2)
+                    continue
+                error: Exception = e
+            except Exception as e:  # noqa: BLE001 - API errors
+                error = e
             raise StateUnavailableError(
-                f"the coordinator could not record {what} in JetStream ({type(e).__name__}: "
-                f"{e}); nothing was registered: retry in a moment"
+                f"the coordinator could not record {what} in JetStream ({type(error).__name__}: "
+                f"{error}); nothing was registered: retry in a moment"
             ) from None
 
     async def create_job(self, record: JobRecord) -> bool:
@@ -149,8 +172,8 @@ class JetStreamState:
 
         try:
             await self._write(f"job {record.job_id}",
-                              self.kv.create(records.job_key(record.job_id),
-                                             records.encode_job(record)))
+                              lambda: self.kv.create(records.job_key(record.job_id),
+                                                     records.encode_job(record)))
         except KeyWrongLastSequenceError:
             return False
         return True
@@ -193,11 +216,11 @@ class JetStreamState:
         from nats.js.errors import KeyWrongLastSequenceError
 
         try:
-            await self._write(key, self.kv.create(key, value))
+            await self._write(key, lambda: self.kv.create(key, value))
             return True
         except KeyWrongLastSequenceError:
             pass
-        entry = await self._write(key, self.kv.get(key))
+        entry = await self._write(key, lambda: self.kv.get(key))
         try:
             if same(entry.value):
                 return False
@@ -207,9 +230,9 @@ class JetStreamState:
 
     async def put_progress(self, job_id: str, kind: str, state: Any) -> None:
         """Record a job's optimiser progress (raises StateUnavailableError)."""
+        value = records.encode_progress(job_id, kind, state)
         await self._write(f"the progress of job {job_id}",
-                          self.kv.put(records.progress_key(job_id),
-                                      records.encode_progress(job_id, kind, state)))
+                          lambda: self.kv.put(records.progress_key(job_id), value))
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         """A job as recorded now (for a replica whose view has not caught up yet)."""
@@ -254,7 +277,7 @@ class JetStreamState:
     async def delete_job(self, job_id: str) -> None:
         """Remove a job and everything recorded about it (its owner does this)."""
         await self._write(f"the removal of job {job_id}",
-                          self.kv.delete(records.job_key(job_id)))
+                          lambda: self.kv.delete(records.job_key(job_id)))
         jsm = self.nc.jsm()
         stream = f"KV_{self.bucket}"
         for kind in ("rank", "gpu"):

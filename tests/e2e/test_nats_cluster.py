@@ -29,8 +29,8 @@ they emit reaches the coordinator through the agent's server and the cluster.
    clean shutdown) and SIGKILL (a crash; the server recovers its store).
 3. The server leading the state bucket's stream is SIGKILLed while the job's last window is
    measured, then the owning replica stops: the other must take the job over with its profile
-   complete. It does not today (`KNOWN_DEFECT`: the write of the profile is dropped during the
-   stream's leader election); the test says xfail on exactly that symptom.
+   complete: writes are retried through the stream's leader election (~4 s), what is still
+   unsaved is written on every ownership round and before a replica stops.
 
 Times on a 2-core machine: about 35, 15 + 15 and 15-20 s.
 """
@@ -324,14 +324,6 @@ async def test_restarting_the_owners_server_mid_profiling_fails_over_and_the_job
 
 
 
-KNOWN_DEFECT = (
-    "open defect: a state write JetStream refuses while the state stream elects a new leader "
-    "(NoStreamResponseError for ~4 s after its leader's server crashed) is dropped, not retried: "
-    "the measured profile (coordinator/service.py, SaveProfile: put_progress(..., 'profile') "
-    "under suppress(StateUnavailableError), not even logged) never reaches JetStream, and the "
-    "replica taking the job over measures its last window again")
-
-
 @pytest.mark.timeout(60)
 async def test_a_profile_measured_while_the_state_streams_leader_is_down_survives_a_takeover(
         nats, clusters):
@@ -340,8 +332,8 @@ async def test_a_profile_measured_while_the_state_streams_leader_is_down_survive
     Its other two servers elect a new leader within seconds (R3), so nothing is lost as long as
     the coordinator's writes wait or retry that long. Then, when the owner replica stops, the
     other replica takes the job over from JetStream with its profile complete: it pins the
-    optimum without measuring anything again. Today the profile is lost (`KNOWN_DEFECT`): the
-    test is marked xfail when, and only when, JetStream holds the windows of before the crash.
+    optimum without measuring anything again. (Was: the write of the profile was dropped during
+    the election, and the replica taking over measured the last window again.)
     """
     c = await clusters(coordinator_args=["--state-replicas", "3",
                                         "--mark-timeout-s", str(MARK_TIMEOUT_S)])
@@ -358,8 +350,6 @@ async def test_a_profile_measured_while_the_state_streams_leader_is_down_survive
     await asyncio.to_thread(nats.stop, leader, True)  # SIGKILL
     optimum = (await wait_optimum(c, job_id, 20))["optimal_power_limit_w"]
     await asyncio.to_thread(nats.start_server, leader)
-    entry = await kv_get(c, bucket, records.progress_key(job_id))
-    recorded = records.decode(entry.key, entry.value, False, 0).progress or {}
 
     owner = await owner_of(c, job_id)
     after = len(c.statuses)
@@ -370,9 +360,8 @@ async def test_a_profile_measured_while_the_state_streams_leader_is_down_survive
     assert c.procs.alive("trainer"), ("the job ended before the takeover: raise its steps\n"
                                       + c.procs.log("trainer") + describe(c))
     since = "\n".join(f"  {s.state}: {s.message}" for _, s in c.statuses[after:])
-    if recorded.get("kind") == "windows" and len(recorded["state"]["windows"]) < len(LIMITS):
-        pytest.xfail(f"{KNOWN_DEFECT}. JetStream holds {len(recorded['state']['windows'])} "
-                     f"measured windows after the job was done; after the takeover:\n{since}")
+    entry = await kv_get(c, bucket, records.progress_key(job_id))
+    recorded = records.decode(entry.key, entry.value, False, 0).progress or {}
     assert recorded.get("kind") == "profile" and len(recorded["state"]) == len(LIMITS), (
         f"JetStream holds {recorded.get('kind')} {json.dumps(recorded.get('state'))[:300]} "
         f"after the job was done; after the takeover:\n{since}")
