@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -130,6 +131,13 @@ Handler = Callable[[bytes, str], Awaitable[Reply]]
 TICK_S = 1.0
 """How often the jobs' timers (overdue windows) are checked (s)."""
 
+GC_THRESHOLD = 20_000
+"""Allocations between young-generation collections (Python's default: 700)."""
+_gc_tuned = False
+
+OWNERSHIP_POLL_S = 0.5
+"""How often leases are checked for jobs to take over (renewals: every lease / 3)."""
+
 
 class CoordinatorService(ExitSignals):
     """The coordinator. `await serve()` runs until `should_exit` is set."""
@@ -154,6 +162,12 @@ class CoordinatorService(ExitSignals):
         self._starting: set[str] = set()
         self._registering: set[tuple[str, int]] = set()
         self._unsaved: dict[str, tuple[str, Any]] = {}
+        self._renewed_at = 0.0
+        """When this replica last renewed its leases (wall clock)."""
+        self._job_tokens: dict[str, str] = {}
+        """Subject token of a known job's id -> the id (to skip others' jobs' events cheaply)."""
+        self._bound: dict[tuple[str, str], str] = {}
+        """(node token, GPU index token) -> the known job whose rank drives that GPU."""
         """Job id -> (kind, progress) JetStream has not taken yet (written again later)."""
         """(job id, rank) being recorded by this replica's handlers right now."""
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
@@ -197,8 +211,8 @@ class CoordinatorService(ExitSignals):
                         every(s.lease_s / 3, self._renew_leases, "lease renewal", first_now=False)
                     ),
                     tg.create_task(every(TICK_S, self._tick_jobs, "job timers", first_now=False)),
-                    tg.create_task(every(self.book.lease_s / 3, self._ownership, "job ownership",
-                                         first_now=True)),
+                    tg.create_task(every(min(OWNERSHIP_POLL_S, self.book.lease_s / 3),
+                                         self._ownership, "job ownership", first_now=True)),
                     tg.create_task(
                         every(
                             min(60.0, s.max_job_idle_time / 10),
@@ -292,6 +306,7 @@ class CoordinatorService(ExitSignals):
             )
         # Subscriptions are live before anyone hears we started.
         await confirm_subscriptions(self.nc)
+        _tune_gc()
         LOG.info("coordinator ready on %s: replica %s, state in JetStream bucket %s, %d job(s)",
                  redact_url(self.url or ""), s.replica_name, self.state.bucket,
                  len(self.registry.jobs))
@@ -425,6 +440,7 @@ class CoordinatorService(ExitSignals):
                 return
             assert change.job is not None
             self._job_ids[change.job_hash] = change.job.job_id
+            self._job_tokens[subjects.token(change.job.job_id)] = change.job.job_id
             self.registry.apply_job(change.job)
         elif change.kind == "rank" and change.deleted:  # A registration undone (a lost race).
             job_id = self._job_ids.get(change.job_hash)
@@ -432,6 +448,10 @@ class CoordinatorService(ExitSignals):
             if job_id is not None and rank.isdigit():
                 self.registry.unregister_rank(job_id, int(rank))
         elif change.kind == "rank" and change.rank is not None and change.job_id is not None:
+            gpu = change.rank.gpu
+            self._bound[subjects.token(gpu.node), subjects.token(gpu.gpu_index)] = change.job_id
+            if change.limits is not None:  # The owner need not ask that GPU's agent again.
+                self.gpu_limits.setdefault((gpu.node, gpu.gpu_index), change.limits)
             if self.registry.apply_rank(change.job_id, change.rank, self.clock()):
                 record = self.registry.jobs[change.job_id]
                 if record.complete and (change.job_id, change.rank.info.rank) not in (
@@ -459,6 +479,9 @@ class CoordinatorService(ExitSignals):
 
     def _forget_job(self, job_id: str) -> None:
         """The job was removed (by its owner): forget it."""
+        self._job_tokens.pop(subjects.token(job_id), None)
+        for key in [k for k, j in self._bound.items() if j == job_id]:
+            del self._bound[key]
         self.registry.drop_job(job_id)
         self._release_locally(job_id, "removed")
         self.progress.pop(job_id, None)
@@ -486,7 +509,10 @@ class CoordinatorService(ExitSignals):
         if self.state is None or self.nc is None or not self.nc.is_connected:
             return
         now = time.time()
-        for job_hash, lease in self.book.renewals():
+        due = now - self._renewed_at >= self.book.lease_s / 3
+        if due:
+            self._renewed_at = now
+        for job_hash, lease in self.book.renewals() if due else []:
             revision = await self.state.take(job_hash, self.book.value(lease.job_id, now),
                                              lease.revision)
             if revision is not None:
@@ -514,6 +540,7 @@ class CoordinatorService(ExitSignals):
         if new is None:
             return False
         self.book.observe(records.job_hash(job_id), value, new)
+        self.registry.touch(job_id, self.clock())  # Its idle clock starts with its new owner.
         if revision:
             LOG.info("job %s: taken over by replica %s (%s)", job_id, self.book.me, why)
             await self.status(job_id, "taken_over",
@@ -699,6 +726,7 @@ class CoordinatorService(ExitSignals):
                 f"through {via!r}: run the trainer on the node of its GPU",
             )
         retry = self.registry.check_rank(request)  # Refuse bad requests before asking agents.
+        info: GpuDescription | None = None
         if not retry:
             info = await self._gpu_info(gpu.node, gpu.gpu_index)
             if info is None:
@@ -719,8 +747,9 @@ class CoordinatorService(ExitSignals):
         mine = (request.job_id, request.rank_info.rank)
         self._registering.add(mine)  # This handler, not the state watch, starts the job.
         try:
+            limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
             new = await self._state().create_rank(
-                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu))
+                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits)
         finally:
             self._registering.discard(mine)
         record, _ = self.registry.register_rank(request, self.clock())
@@ -957,7 +986,14 @@ class CoordinatorService(ExitSignals):
             return False
         return gpu is None or rr.gpu.gpu_index == gpu
 
+    def _other_replicas_job(self, job_id: str | None) -> bool:
+        """Whether a stream message is about a job this replica knows another one drives."""
+        return job_id is not None and job_id not in self.optimisers and not self.owns(job_id)
+
     async def _on_events(self, msg: Any) -> None:
+        # <p...>.job.<job token>.ev.<rank>.<node>: another replica's job is not decoded.
+        if self._other_replicas_job(self._job_tokens.get(msg.subject.split(".")[-4])):
+            return
         batch = self._decode_stream(msg, TrainerEventBatch)
         if batch is None:
             return
@@ -986,6 +1022,9 @@ class CoordinatorService(ExitSignals):
                                 event)
 
     async def _on_measurements(self, msg: Any) -> None:
+        parts = msg.subject.split(".")  # <p...>.gpu.<node>.<gpu>.meas
+        if self._other_replicas_job(self._bound.get((parts[-3], parts[-2]))):
+            return
         batch = self._decode_stream(msg, MeasurementBatch)
         if batch is None:
             return
@@ -1355,3 +1394,17 @@ class _Forwarded:
 
     async def respond(self, data: bytes) -> None:
         await self._msg.respond(data)
+
+
+def _tune_gc() -> None:
+    """Once per process, after start-up: fewer garbage collections.
+
+    What start-up made lives as long as the process (frozen: out of the collector's way), and
+    a registration burst makes many short-lived objects: with Python's default thresholds a
+    replica spent ~25 % of its CPU collecting (bench/register_ranks.py).
+    """
+    global _gc_tuned
+    if not _gc_tuned:
+        _gc_tuned = True
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, 20, 20)

@@ -25,10 +25,14 @@ and does no I/O. The state machine asks it for the next probe and executes it.
      followed by a drop does not end the descent; once a bump is seen (a limit clearly costlier
      than its profiled neighbours on both sides) the profile is rough: no more skips and no early
      stop;
-  5. profile a skipped limit next to the best; make sure the best has `confirm` x profile_steps;
+  5. profile a skipped limit next to the best or to one of its rivals (below); make sure the best
+     has `confirm` x profile_steps;
      re-profile (up to `max_refines` windows of `refine_steps`) the limits that could be misjudged
      against the best (`k_refine` sigmas), least profiled first (`focused_refinement`: the best
-     and its most ambiguous rival only, confirmation not counted);
+     and its most ambiguous rival only, confirmation not counted); finally, while a rival could
+     still be misjudged against it, settle the best: profile it up to `settle` x profile_steps
+     in one window (of close limits, the one measured shortest is the likeliest to look best by
+     luck), again if another limit then looks best;
   6. never spend more than `budget` x the exhaustive search's steps (if set).
   Sigmas come from the assumed per-window `noise` of time and of energy (independent), through
   the cost: a ZeusCost mixing both is less noisy than either. Thresholds are relative (fractions
@@ -263,6 +267,9 @@ class Adaptive(SearchStrategy):
             too), and each refinement re-profiles the rival most likely to be misjudged against
             the best (fewest sigmas) or the best, whichever has fewer steps. If False, the least
             profiled of the best and all its rivals within `k_refine`, and confirmation counts.
+        settle: Before finishing, a best with a rival within `k_refine` sigmas is profiled up to
+            this fraction of profile_steps (capped by `max_steps`), in one window, not counted
+            against `max_refines`; 0: off.
     """
 
     chunk: float = 0.125
@@ -282,6 +289,7 @@ class Adaptive(SearchStrategy):
     confirm: float = 0.5
     budget: float = 0.0
     focused_refinement: bool = False
+    settle: float = 0.0
 
     waits_for_results = True
 
@@ -293,6 +301,8 @@ class Adaptive(SearchStrategy):
             raise ValueError(
                 f"Adaptive.max_steps ({self.max_steps}) must be at least chunk ({self.chunk})."
             )
+        if self.settle < 0:
+            raise ValueError(f"Adaptive.settle must be >= 0; got {self.settle}.")
         if self.max_refines < 0:
             raise ValueError(f"Adaptive.max_refines must be >= 0; got {self.max_refines}.")
         if self.patience < 1:
@@ -334,6 +344,7 @@ class _AdaptiveSearch(Search):
         self._max_steps = max(self._chunk, steps(params.max_steps))
         self._refine = steps(params.refine_steps)
         self._confirm = round(params.confirm * profile_steps)
+        self._settle = round(params.settle * profile_steps)
         self._budget = (
             params.budget * len(self._limits) * (warmup_steps + profile_steps)
             if params.budget > 0
@@ -491,16 +502,22 @@ class _AdaptiveSearch(Search):
                     self._index += 1
                 return Probe(self._limits[self._index], self._warmup, self._chunk)
 
-        # Profile a skipped limit next to the best.
+        # Profile a skipped limit next to the best or next to a rival that could be misjudged
+        # against it (a lucky reading elsewhere must not hide the skipped optimum).
         top = best()
         assert top is not None
-        i = self._limits.index(top)
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(self._limits) and self._limits[j] in self._skipped:
-                target = self._limits[j]
-                self._skipped.discard(target)
-                if spent + self._warmup + self._chunk <= self._budget:
-                    return Probe(target, self._warmup, self._chunk)
+        rivals = sorted(
+            (pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine),
+            key=lambda pl: danger(pl, top),
+        )
+        for near in [top, *rivals]:
+            i = self._limits.index(near)
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(self._limits) and self._limits[j] in self._skipped:
+                    target = self._limits[j]
+                    self._skipped.discard(target)
+                    if spent + self._warmup + self._chunk <= self._budget:
+                        return Probe(target, self._warmup, self._chunk)
 
         confirming = steps[top] < min(self._confirm, self._max_steps)
         if p.focused_refinement and (confirming or self._refines < p.max_refines):
@@ -535,6 +552,17 @@ class _AdaptiveSearch(Search):
                 if spent + warmup + size <= self._budget:
                     self._refines += 1
                     return Probe(target, warmup, size)
+
+        # Settle: the pick must not rest on fewer than `settle` x profile_steps while a rival
+        # could be misjudged against it: of several close limits, the one measured shortest is
+        # the likeliest to look best by luck. One window brings it there (not counted against
+        # max_refines); if another limit then looks best, it settles too.
+        settle = min(self._settle, self._max_steps)
+        if steps[top] < settle and any(pl != top and danger(pl, top) <= p.k_refine for pl in costs):
+            warmup = 0 if top == last else self._warmup
+            size = settle - steps[top]
+            if spent + warmup + size <= self._budget:
+                return Probe(top, warmup, size)
         return None
 
 

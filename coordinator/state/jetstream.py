@@ -95,8 +95,9 @@ class JetStreamState:
 
         Returns once the current entries have all been fed (the view is complete).
         """
-        for kv, callback in ((self.kv, on_state), (self.owners, on_owner)):
-            watcher = await kv.watchall()
+        for kv, keys, callback in ((self.kv, records.FOLLOWED, on_state),
+                                   (self.owners, ">", on_owner)):
+            watcher = await kv.watch(keys)
             loaded = asyncio.Event()
             task = asyncio.create_task(self._pump(watcher, callback, loaded))
             self._watchers.append((watcher, task))
@@ -178,7 +179,8 @@ class JetStreamState:
             return False
         return True
 
-    async def create_rank(self, job_id: str, rank: RankRecord) -> bool:
+    async def create_rank(self, job_id: str, rank: RankRecord,
+                          limits: tuple[int, int] | None = None) -> bool:
         """Record a rank and its GPU binding, each exactly once across replicas.
 
         The GPU's key is taken first: a rank's key (what replicas follow) only ever appears
@@ -201,7 +203,7 @@ class JetStreamState:
         key = records.rank_key(job_id, info.rank)
         try:
             return await self._create_once(
-                key, records.encode_rank(job_id, rank),
+                key, records.encode_rank(job_id, rank, limits),
                 lambda raw: records.decode(key, raw, False, 0).rank == rank,
                 f"rank {info.rank} of job {job_id} is already registered with another GPU or "
                 "coordinates; each rank registers once")

@@ -5,10 +5,12 @@ One bucket holds the state of every job, one key per fact, so a change writes on
 
 | key | value |
 |---|---|
-| `job.<h>` | the job (`JobRecord.plain(with_ranks=False)`) |
-| `rank.<h>.<rank>` | one registered rank (`RankRecord.plain()`), created once (compare-and-set) |
+| `v.job.<h>` | the job (`JobRecord.plain(with_ranks=False)`) |
+| `v.rank.<h>.<rank>` | one registered rank (`RankRecord.plain()`, its GPU's limit range), once |
+| `v.prog.<h>` | the job's optimiser progress (`JobOptimizer.persisted()`), or its profile |
 | `gpu.<h>.<n>.<i>` | the rank driving GPU `i` of node digest `<n>` in the job (created once) |
-| `prog.<h>` | the job's optimiser progress (`JobOptimizer.persisted()`), or its measured profile |
+
+Replicas follow the `v.` keys (`FOLLOWED`); the `gpu.` keys only make a GPU's binding unique.
 
 `<h>` is a digest of the job id (KV keys allow few characters; job ids carry `+`, `:`...), so
 every value names its job id. A second bucket, `<bucket>-owners`, holds one ownership lease per
@@ -44,14 +46,18 @@ def job_hash(job_id: str) -> str:
     return _digest(job_id, 32)
 
 
+FOLLOWED = "v.>"
+"""The keys every replica follows (the view); the others are locks."""
+
+
 def job_key(job_id: str) -> str:
     """The key of a job's record."""
-    return f"job.{job_hash(job_id)}"
+    return f"v.job.{job_hash(job_id)}"
 
 
 def rank_key(job_id: str, rank: int) -> str:
     """The key of one rank of a job."""
-    return f"rank.{job_hash(job_id)}.{rank}"
+    return f"v.rank.{job_hash(job_id)}.{rank}"
 
 
 def gpu_key(job_id: str, node: str, gpu_index: int) -> str:
@@ -61,12 +67,12 @@ def gpu_key(job_id: str, node: str, gpu_index: int) -> str:
 
 def progress_key(job_id: str) -> str:
     """The key of a job's optimiser progress."""
-    return f"prog.{job_hash(job_id)}"
+    return f"v.prog.{job_hash(job_id)}"
 
 
 def job_keys_filter(job_id: str, kind: str) -> str:
     """The subject filter (within the bucket) of all `kind` keys ("rank", "gpu") of a job."""
-    return f"{kind}.{job_hash(job_id)}.>"
+    return f"{'v.' if kind == 'rank' else ''}{kind}.{job_hash(job_id)}.>"
 
 
 def _dump(data: dict[str, Any]) -> bytes:
@@ -90,9 +96,13 @@ def encode_job(record: JobRecord) -> bytes:
     return _dump(record.plain(with_ranks=False))
 
 
-def encode_rank(job_id: str, rank: RankRecord) -> bytes:
-    """A rank's value."""
-    return _dump({"job_id": job_id, **rank.plain()})
+def encode_rank(job_id: str, rank: RankRecord,
+                limits: tuple[int, int] | None = None) -> bytes:
+    """A rank's value, with its GPU's power limit range when known.
+
+    So the job's owner need not ask the GPU's agent again.
+    """
+    return _dump({"job_id": job_id, **rank.plain(), "limits": list(limits) if limits else None})
 
 
 def encode_gpu(job_id: str, rank: int) -> bytes:
@@ -121,6 +131,8 @@ class Change:
     job_id: str | None = None
     rank: RankRecord | None = None
     progress: dict[str, Any] | None = None
+    limits: tuple[int, int] | None = None
+    """A rank's GPU's power limit range (min, max) in W, when recorded."""
 
 
 def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
@@ -130,6 +142,8 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
         RecordError: An unknown key or a value this version cannot read.
     """
     parts = key.split(".")
+    if parts[0] == "v":
+        parts = parts[1:]
     kind = parts[0]
     if kind not in ("job", "rank", "gpu", "prog") or len(parts) < 2:
         raise RecordError(f"unknown key {key!r}")
@@ -141,8 +155,10 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
             record = JobRecord.from_plain(data, now_s)
             return Change(kind, parts[1], False, job=record, job_id=record.job_id)
         if kind == "rank":
+            limits = data.get("limits")
             return Change(kind, parts[1], False, job_id=str(data["job_id"]),
-                          rank=RankRecord.from_plain(data))
+                          rank=RankRecord.from_plain(data),
+                          limits=(int(limits[0]), int(limits[1])) if limits else None)
         if kind == "prog":
             return Change(kind, parts[1], False, job_id=str(data["job_id"]),
                           progress={"kind": data["kind"], "state": data["state"]})

@@ -474,6 +474,7 @@ async def test_an_unavailable_state_store_refuses_without_half_registering(coord
         raise TimeoutError("JetStream did not answer")
 
     coord.state.kv.create = broken
+    coord.state.retry_s = 0.3  # (It retries a JetStream that does not answer, for a while.)
     try:
         for _ in range(2):
             reply = await ask(nc, subjects.coord_register_job(NODE), job_request(dp=1))
@@ -483,6 +484,7 @@ async def test_an_unavailable_state_store_refuses_without_half_registering(coord
         assert await state_keys(coord) == keys
     finally:
         coord.state.kv.create = original
+        coord.state.retry_s = 10.0
     job_id = await register_job(nc, dp=1)
     assert set(coord.registry.jobs) == before | {job_id}
 
