@@ -22,7 +22,14 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
-from zeus_agent.agent.core import EnergyRing, Lease, LeaseTable, RankMeter, ScheduleCursor
+from zeus_agent.agent.core import (
+    EnergyRing,
+    Lease,
+    LeaseTable,
+    LimitHistory,
+    RankMeter,
+    ScheduleCursor,
+)
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.core.meter import Gap, Interval
 from zeus_agent.errors import (
@@ -118,8 +125,8 @@ class GpuAgent:
         self.binding: Binding | None = None
         self._departed: dict[str, None] = {}
         """Jobs whose trainer left this GPU, oldest first (bounded: `MAX_DEPARTED`)."""
-        self.power_limit_w: int | None = None
-        """The power limit this agent last set or read (W), stamped on step marks."""
+        self.limits = LimitHistory()
+        """When the power limit changed: step marks carry the limit in force at their event."""
         self.info: GPUInfo | None = None
         self.index = gpu.index
         self._integrator: PowerIntegrator | None = None
@@ -179,6 +186,15 @@ class GpuAgent:
         version = pending[1] if pending is not None else self.schedule_version
         return GpuDescription.from_info(self.info, limit, job_id).model_copy(
             update={"schedule_version": version})
+
+    @property
+    def power_limit_w(self) -> int | None:
+        """The power limit this agent last set or read (W)."""
+        return self.limits.current
+
+    @power_limit_w.setter
+    def power_limit_w(self, limit_w: int | None) -> None:
+        self.limits.record(time.monotonic_ns(), limit_w)
 
     @property
     def subject_suffix(self) -> tuple[str, int]:
@@ -308,9 +324,10 @@ class GpuAgent:
         previous = None if to_default else self._grant(POWER_LIMIT, holder, lease_s)
         try:
             old = await self.caller.call(self.gpu.get_power_limit_w)
+            t_ns = time.monotonic_ns()  # Steps that began before the set ran at the old limit.
             if old != power_limit_w:
                 await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
-            self.power_limit_w = power_limit_w
+            self.limits.record(t_ns, power_limit_w)
         except BaseException as e:
             if not to_default:
                 self.leases.reinstate(POWER_LIMIT, previous)
@@ -408,13 +425,14 @@ class GpuAgent:
         ):
             if kind not in todo:
                 continue
+            t_ns = time.monotonic_ns()
             try:
                 await self.caller.call(call)
             except GPUError as e:
                 LOG.error("GPU %d: restoring %s failed: %s", self.index, kind, e)
                 continue
             if kind == POWER_LIMIT and self.info is not None:
-                self.power_limit_w = self.info.default_power_limit_w
+                self.limits.record(t_ns, self.info.default_power_limit_w)
             self.leases.release(kind)
             restored.append(kind)
         self._changed -= set(restored)
@@ -576,7 +594,7 @@ class GpuAgent:
             if energy is not None:
                 self._pending_marks.append(
                     Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy,
-                         power_limit_w=self.power_limit_w)
+                         power_limit_w=self.limits.at(ev.t_ns))
                 )
         if kind is Kind.STEP_BEGIN:
             records = self.meter.step_begin(ev.a, ev.b, ev.t_ns)

@@ -4,6 +4,8 @@
   t0 and t1" by interpolation; `WindowOutOfRange`.
 * `leases`: `LeaseTable` and `Lease`, the failsafe leases under which every non-default GPU
   setting is held.
+* `limit_history`: `LimitHistory`, a GPU's recent power-limit changes by time (which limit a
+  step mark is stamped with).
 * `schedule`: `ScheduleCursor` and `ScheduleStep`, the execution of a rank's frequency schedule.
 * `meter`: `RankMeter` (steps, epochs, instructions -> `Interval`s and `Gap`s) and
   `WindowStack` (nested profiling windows).
@@ -22,6 +24,7 @@ from zeus_agent.agent.core.leases import (
     LeaseTable,
     check_ttl,
 )
+from zeus_agent.agent.core.limit_history import LimitHistory
 from zeus_agent.agent.core.meter import (
     Gap,
     GapReason,
@@ -45,6 +48,7 @@ __all__ = [
     "Lease",
     "LeaseKind",
     "LeaseTable",
+    "LimitHistory",
     "MeterRecord",
     "RankMeter",
     "ScheduleCursor",
