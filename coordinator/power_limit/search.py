@@ -261,8 +261,7 @@ class Adaptive(SearchStrategy):
             fraction of profile_steps (a short window that looks best may just be lucky).
         budget: Most steps (warm-up + profiling) of one search, as a fraction of the exhaustive
             search's steps; 0 or less: no budget.
-        focused_refinement: If True (a tuned setting; the tuning on all profiles leaves it off,
-            two of the five cross-validation folds turn it on), confirmation
+        focused_refinement: If True (a tuned setting, on in the shipped defaults), confirmation
             windows of the best do not count against `max_refines` (a new best is confirmed
             too), and each refinement re-profiles the rival most likely to be misjudged against
             the best (fewest sigmas) or the best, whichever has fewer steps. If False, the least
@@ -272,24 +271,24 @@ class Adaptive(SearchStrategy):
             against `max_refines`; 0: off.
     """
 
-    chunk: float = 0.125
+    chunk: float = 0.1
     ext_ratio: float = 2.0
-    max_steps: float = 1.5
+    max_steps: float = 2.0
     refine_steps: float = 0.25
     noise: float = 0.01
     tolerance: float = 0.01
-    k_ambiguous: float = 2.0
-    steep: float = 0.08
+    k_ambiguous: float = 1.5
+    steep: float = 0.03
     k_stop: float = 4.0
     rel_stop: float = 0.02
     patience: int = 3
     big_rise: float = 0.3
-    k_refine: float = 1.5
-    max_refines: int = 3
-    confirm: float = 0.5
+    k_refine: float = 1.25
+    max_refines: int = 4
+    confirm: float = 0.75
     budget: float = 0.0
-    focused_refinement: bool = False
-    settle: float = 0.0
+    focused_refinement: bool = True
+    settle: float = 0.75
 
     waits_for_results = True
 

@@ -182,25 +182,85 @@ def test_fast_replay_matches_the_state_machine_replay() -> None:
 
 
 def test_shipped_defaults_are_the_cross_validated_pick() -> None:
-    """Adaptive()'s defaults are what the tuning selected on all profiles; folds are valid."""
+    """Adaptive()'s defaults are what the tuning selected on all profiles; folds are valid; the
+    record names every setting; the seeds of the tuning, of the choice among its finalists, of the
+    out-of-fold scoring and of the bench are four disjoint sets."""
     cv = json.loads(tune.CV_FILE.read_text())
     assert Adaptive() == Adaptive(**tune.decode(cv["final"]["params"]))
     assert cv["shipped_defaults_match"] is True  # The record says so too.
+    fields = set(Adaptive.__dataclass_fields__)
+    assert set(cv["final"]["params"]) == fields
     assert {f["family"] for f in cv["folds"]} == {p.family for p in TRACES + REFERENCE}
     for fold in cv["folds"]:
+        assert set(fold["params"]) == fields
         Adaptive(**tune.decode(fold["params"]))  # Valid settings.
-    assert set(cv["tuning_seeds"]).isdisjoint(range(cv["scoring_seeds"][-1] + 1))
+    tuning, selection = set(cv["tuning_seeds"]), set(cv["selection_seeds"])
+    scoring, bench_seeds = set(cv["scoring_seeds"]), set(range(10))
+    assert len(tuning) >= 3 and len(selection) >= 3 and len(scoring) >= 5
+    for a, b in [(tuning, selection), (tuning, scoring), (selection, scoring)]:
+        assert a.isdisjoint(b)
+    assert (tuning | selection | scoring).isdisjoint(bench_seeds)
 
 
 def test_candidate_pool_is_data_independent_and_reproducible() -> None:
     assert tune.candidate_pool(20) == tune.candidate_pool(20)
     assert tune.candidate_pool(5)[0] == tune.PREVIOUS_DEFAULTS
+    assert set(tune.FIXED).isdisjoint(tune.SPACE)
+    assert set(tune.FIXED) | set(tune.SPACE) == set(Adaptive.__dataclass_fields__)
     for params in tune.candidate_pool(50):
-        Adaptive(**params)
-        assert params.get("patience", 2) >= 2
+        Adaptive(**tune.full(params))
         assert set(params) == set(tune.SPACE)
-        assert all(params[name] == value for name, value in tune.POOL_FIXED.items())
-    assert tune.SPACE["focused_refinement"] == (False, True)  # Tuned by the coordinate descent.
+        assert all(params[name] in values for name, values in tune.SPACE.items())
+
+
+def _fake_tally(within: int, time: float = 0.4, tail: int = 0) -> object:
+    return bench.Tally(
+        cases=100, within=within, worst=0.02, spent=time, spent_exhaustive=1.0, tail=tail
+    )
+
+
+class _FakeEvaluator:
+    """Stands in for `tune.Evaluator`: one profile, a score that is a function of the settings."""
+
+    def __init__(self, within) -> None:  # noqa: ANN001
+        self.within = within
+        self.calls: list[str] = []
+
+    def __call__(self, settings):  # noqa: ANN001, ANN204
+        keys = [s if isinstance(s, str) else tune.key_of(s) for s in settings]
+        self.calls += keys
+        return [[_fake_tally(self.within(tune.params_of(k)))] for k in keys]
+
+
+def test_tune_picks_among_finalists_on_the_selection_seeds(monkeypatch) -> None:  # noqa: ANN001
+    """The descent's best setting on the tuning seeds is not the pick when fresh (selection)
+    seeds rank another finalist higher: the pick is the best on the selection seeds."""
+    monkeypatch.setattr(tune, "PASSES", 1)
+    monkeypatch.setattr(tune, "FINALISTS", 3)
+    pool = tune.candidate_pool(0)
+    start = pool[0]
+
+    def changed(p: dict) -> int:
+        return sum(p[k] != start[k] for k in p if k != "max_refines")
+
+    # Tuning seeds: more refinements look ever better (6 best); any other change is worse.
+    # Selection seeds: 4 refinements are best.
+    tuning = _FakeEvaluator(lambda p: 50 + 5 * p["max_refines"] - 20 * changed(p))
+    selection = _FakeEvaluator(lambda p: 90 - abs(p["max_refines"] - 4))
+    result = tune.tune(pool, tuning(pool), [True], tuning, selection)
+    finalists = result["finalists"]
+    assert len(finalists) == 3 and len(selection.calls) == 3
+    assert finalists[0]["params"]["max_refines"] == 6  # Best on the tuning seeds...
+    assert result["params"]["max_refines"] == 4  # ...but the pick is the selection seeds' best.
+    assert max(f["selection_score"] for f in finalists) == pytest.approx(0.90)
+
+
+def test_score_penalizes_time_over_the_cap_and_a_heavy_tail() -> None:
+    base = tune.score(_fake_tally(90).summary())  # type: ignore[attr-defined]
+    slow = tune.score(_fake_tally(90, time=tune.TIME_CAP + 0.02).summary())  # type: ignore[attr-defined]
+    tail = tune.score(_fake_tally(90, tail=2).summary())  # type: ignore[attr-defined]
+    assert slow[0] < base[0] - 0.1
+    assert tail[0] == pytest.approx(base[0] - tune.TAIL_WEIGHT * 0.02)
 
 
 def test_time_selector_on_flat_top_profile() -> None:
