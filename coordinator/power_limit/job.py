@@ -364,6 +364,8 @@ class PowerLimitJob:
             if w.end_step is None or w.missing:
                 continue
             del self._windows[name]
+            if w.check_begin:
+                w.begin_step = self._settled_begin(w)
             edges = (w.begin_step, w.end_step) if w.check_begin else (w.end_step,)
             limits = (self._marks[r][e][2] for r in self.ranks for e in edges)
             ran_at = {x for x in limits if x is not None and x != w.power_limit}
@@ -430,6 +432,29 @@ class PowerLimitJob:
                                         self.progress()))
         return actions
 
+
+    def _settled_begin(self, w: _Window) -> StepKey:
+        """The window's first step at which every rank's GPU ran at the window's limit.
+
+        Under load the limit command can land just after the window's first step began on
+        some rank (its mark then shows the previous limit): the window starts at the first
+        step all marks agree on instead of being redone, if at least half its steps (and 2)
+        are left (it is then normalised to its intended steps).
+        """
+        def settled(step: StepKey) -> bool:
+            return all(step in self._marks[r] and self._marks[r][step][2] in (None, w.power_limit)
+                       for r in self.ranks)
+
+        assert w.end_step is not None
+        (epoch, first), (end_epoch, end) = w.begin_step, w.end_step
+        if settled(w.begin_step) or epoch != end_epoch:
+            return w.begin_step
+        for later in range(first + 1, end):
+            if end - later < max(2, (w.steps + 1) // 2):
+                break
+            if settled((epoch, later)):
+                return (epoch, later)
+        return w.begin_step
 
     def _give_up(self, why: str) -> list[Action]:
         """Stop optimising: every GPU back to the maximum limit, and say so."""

@@ -415,6 +415,29 @@ def test_a_window_whose_steps_ran_at_another_limit_is_redone():
     assert not job.done
 
 
+def test_a_limit_that_lands_just_after_the_window_began_starts_the_window_later():
+    """Found with real processes under CPU load: the limit command reached one GPU just after
+    the window's first step began there (its mark shows the previous limit), and the window was
+    redone, 3 times in a row until the limit was left out. Now the window starts at the first
+    step every GPU ran at its limit and is normalised to its intended steps."""
+    job = PowerLimitJob("j", options(warmup_steps=1, profile_steps=6), ranks=[0, 1],
+                        min_power_limit_w=275, max_power_limit_w=300)
+    job.start()
+    actions: list[Action] = []
+    for s in range(8):  # 300 W: warm-up at step 0, window [1, 7)
+        actions += job.on_event(0, ev(s))
+    for rank in (0, 1):
+        for s in range(8):
+            limit = 275 if (rank, s) == (1, 1) else 300  # rank 1's step 1: not landed yet
+            m = mark(s, float(s), 100.0 * s).model_copy(update={"power_limit_w": limit})
+            actions += job.on_mark(rank, m)
+    assert [(m.power_limit, m.time, m.energy) for m in job.machine.measurements] == [
+        (300, 6.0, 1200.0)]  # steps 2..7 (5 steps), normalised to 6
+    assert job.progress()["redone"] == {}
+    assert any("covered 5 steps, not 6: normalised" in a.message
+               for a in actions if isinstance(a, StatusUpdate))
+
+
 def test_a_window_that_began_on_steps_at_another_limit_is_redone():
     """Found with real processes: a window opened on a late (stale) step and closed on a fresh
     one; with a warm-up before it, its begin marks must show its limit too."""
