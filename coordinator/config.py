@@ -90,6 +90,16 @@ class CoordinatorSettings(BaseSettings):
     embedded_nats: bool = Field(
         default=False, description="Start a private nats-server (development)"
     )
+    nats_tls_ca: str | None = Field(
+        default=None,
+        description="CA certificate(s) (PEM) verifying the NATS server (default: the system's)",
+    )
+    nats_tls_cert: str | None = Field(
+        default=None, description="Client certificate (PEM) for a server that verifies clients"
+    )
+    nats_tls_key: str | None = Field(
+        default=None, description="Private key (PEM) of --nats-tls-cert, if not in that file"
+    )
     prefix: str = Field(
         default=DEFAULT_PREFIX, description="Subject prefix shared with the agents"
     )
@@ -164,6 +174,12 @@ class CoordinatorSettings(BaseSettings):
     shutdown_timeout_s: float = Field(
         default=5.0, gt=0, description="On exit, how long in-flight requests may take (s)"
     )
+
+    def tls_options(self) -> dict[str, str]:
+        """`zeus_agent.broker.connect`'s TLS arguments, those set."""
+        files = {"tls_ca_file": self.nats_tls_ca, "tls_cert_file": self.nats_tls_cert,
+                 "tls_key_file": self.nats_tls_key}
+        return {k: v for k, v in files.items() if v is not None}
 
     @field_validator("log_level")
     @classmethod

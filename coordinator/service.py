@@ -266,7 +266,8 @@ class CoordinatorService(ExitSignals):
         self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
                                 on_disconnect=self._on_disconnect,
                                 on_reconnect=self._on_reconnect, on_closed=self._on_closed,
-                                inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix))
+                                inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix),
+                                **s.tls_options())
         self.bus_state = ("connected", time.time(), "connected to NATS")
         self.state = JetStreamState(self.nc, s.prefix, s.state_replicas,
                                     timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket)

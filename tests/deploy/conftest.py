@@ -23,7 +23,7 @@ from tests.conftest import REPO_ROOT
 from zeus_agent.broker import find_nats_server
 
 DEPLOY = REPO_ROOT / "deploy"
-PENDING_COORDINATOR_SETTINGS = {"nats_tls_ca", "nats_tls_cert", "nats_tls_key"}
+PENDING_COORDINATOR_SETTINGS: set[str] = set()
 """Coordinator settings the deployment files name before `CoordinatorSettings` has them (its
 TLS options, as the agent's); tolerated by the tests only while they are missing."""
 SCRIPTS = Path(sysconfig.get_path("scripts"))

@@ -544,3 +544,15 @@ async def test_when_nothing_can_be_measured_the_gpus_go_back_to_the_maximum(coor
     query = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
     assert query.result["power_limit"]["gave_up"]
     assert coord.power_limit_jobs[job_id].desired_power_limit == 300
+
+
+async def test_a_missing_tls_file_is_named_at_start(nats_server, tmp_path):
+    """The coordinator takes the agent's TLS options; a CA file that is not there stops the
+    start with a message naming the file and its flag (exit 3 from the command line)."""
+    from zeus_agent.errors import BrokerError
+
+    settings = CoordinatorSettings(nats_url=nats_server.url, state_dir=str(tmp_path / "s"),
+                                   nats_tls_ca=str(tmp_path / "no-ca.pem"))
+    assert settings.tls_options() == {"tls_ca_file": str(tmp_path / "no-ca.pem")}
+    with pytest.raises(BrokerError, match=r"no-ca\.pem.*--nats-tls-ca|--nats-tls-ca.*no-ca\.pem"):
+        await CoordinatorService(settings).serve()
