@@ -64,6 +64,7 @@ from tests.e2e.test_fault_recovery import (
     measured,
     options,
 )
+from tests.e2e.test_pipeline_e2e import clocks_checked
 from zeus_agent.models import load_prof, load_ranks, load_sched
 from zeus_agent.wire import subjects
 
@@ -259,16 +260,7 @@ async def test_a_power_limit_job_and_a_pipeline_job_complete_on_a_3_server_clust
     assert proc.returncode == 0, c.procs.log("pipeline")
     result = json.loads(out.read_text())
     assert result["job_id"] == pipeline_id
-    checked = late = wrong = 0
-    for rank in result["ranks"]:
-        late += rank["late_clocks"]
-        for version, clocks in zip(rank["schedule_version"], rank["clocks_mhz"], strict=True):
-            if version is None:
-                continue
-            expected = [f for _, f in schedules[version][rank["rank"]].frequencies]
-            for got, want in zip(clocks, expected, strict=True):
-                wrong += got > want or (want <= 1300 and got != want)
-                checked += 1
+    checked, late, wrong = clocks_checked(result, schedules)
     assert checked >= 8 * 4 * (served + 1)
     assert wrong <= late <= checked // 100, (wrong, late, checked)
     query = await c.query(pipeline_id)

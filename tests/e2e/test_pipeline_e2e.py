@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,25 @@ from tests.e2e.procs import REPO_ROOT, FaultCluster
 from zeus_agent.models import load_prof, load_ranks, load_sched
 
 PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
+
+
+def clocks_checked(result: dict[str, Any], schedules: dict[int, Any]) -> tuple[int, int, int]:
+    """(instructions checked, started before their clock was locked, run at a wrong clock).
+
+    The lock is the schedule's; the 300 W cap throttles the A40 below it at the top clocks (as
+    on the real GPU), never at the low ones.
+    """
+    checked = late = wrong = 0
+    for rank in result["ranks"]:
+        late += rank["late_clocks"]
+        for version, clocks in zip(rank["schedule_version"], rank["clocks_mhz"], strict=True):
+            if version is None:
+                continue
+            expected = [f for _, f in schedules[version][rank["rank"]].frequencies]
+            for got, want in zip(clocks, expected, strict=True):
+                wrong += got > want or (want <= 1300 and got != want)
+                checked += 1
+    return checked, late, wrong
 
 
 @pytest.mark.parametrize("dp", [1, 2])
@@ -82,18 +102,7 @@ async def test_a_pipeline_job_is_profiled_online_and_its_plan_served(dp: int) ->
         assert proc.returncode == 0, c.procs.log("trainer")
         result = json.loads(out.read_text())
         assert result["job_id"] == job_id
-        checked = late = wrong = 0
-        for rank in result["ranks"]:
-            late += rank["late_clocks"]
-            for version, clocks in zip(rank["schedule_version"], rank["clocks_mhz"], strict=True):
-                if version is None:
-                    continue
-                expected = [f for _, f in schedules[version][rank["rank"]].frequencies]
-                # The lock is the schedule's; the 300 W cap throttles the A40 below it at the
-                # top clocks (as on the real GPU), never at the low ones.
-                for got, want in zip(clocks, expected, strict=True):
-                    wrong += got > want or (want <= 1300 and got != want)
-                    checked += 1
+        checked, late, wrong = clocks_checked(result, schedules)
         # On this 2-core machine a rank may start an instruction before its agent (which
         # shares the cores with 4-8 trainer processes) has locked the clock: rarely.
         assert checked >= 8 * 4 * dp * (served + 1)
