@@ -142,6 +142,16 @@ class FakeAgents:
         return nc
 
 
+
+async def _teardown(reps: Any, server: Any, *clients: Any) -> None:
+    """Close the bench's NATS clients, stop the replicas, then the server (always)."""
+    for c in clients:
+        if c is not None:
+            with contextlib.suppress(Exception):
+                await c.close()
+    await asyncio.to_thread(reps.stop_all)
+    await asyncio.to_thread(server.stop)
+
 async def register(nc: Any, ranks: int, options: PowerLimitOptions = OPTIONS) -> str:
     """Register a job of `ranks` ranks, each through its own node; returns the job id."""
     info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
@@ -372,12 +382,7 @@ async def ingest(args: argparse.Namespace) -> dict[str, Any]:
             reps.print_logs()
             raise
         finally:
-            for c in (nc, agents_nc):
-                if c is not None:
-                    with contextlib.suppress(Exception):
-                        await c.close()
-            await asyncio.to_thread(reps.stop_all)
-            await asyncio.to_thread(server.stop)
+            await _teardown(reps, server, nc, agents_nc)
     sustained = [lv for lv in levels if lv["keeps_up"]]
     best = max(sustained, key=lambda lv: lv["events_per_s"] or 0) if sustained else None
     peak = max((lv for lv in levels if lv["events_per_s"]), key=lambda lv: lv["events_per_s"],
@@ -464,12 +469,7 @@ async def takeover_trial(lease_s: float, trial: int, ranks: int) -> dict[str, An
             reps.print_logs()
             raise
         finally:
-            for c in (nc, agents_nc):
-                if c is not None:
-                    with contextlib.suppress(Exception):
-                        await c.close()
-            await asyncio.to_thread(reps.stop_all)
-            await asyncio.to_thread(server.stop)
+            await _teardown(reps, server, nc, agents_nc)
     return {"lease_s": lease_s, "taken_over_s": round(t_taken - t_kill, 3),
             "first_command_s": round(t_cmd - t_kill, 3), "lease_left_s": round(lease_left, 3),
             "killed": owner, "new_owner": new_owner, "expected": new_owner == survivor,

@@ -167,12 +167,11 @@ class CoordinatorService(ExitSignals):
         self._job_tokens: dict[str, str] = {}
         """Subject token of a known job's id -> the id (to skip others' jobs' events cheaply)."""
         self._bound: dict[tuple[str, str], str] = {}
-        """(node token, GPU index token) -> the known job whose rank drives that GPU."""
+        """(node token, GPU index token) -> the known job whose rank drives that GPU (the one
+        this replica drives, when it has an optimiser for it)."""
         """Job id -> (kind, progress) JetStream has not taken yet (written again later)."""
         """(job id, rank) being recorded by this replica's handlers right now."""
         self.gpu_limits: dict[tuple[str, int], tuple[int, int]] = {}
-        self._gpu_jobs: dict[tuple[str, str], str] = {}
-        """(node token, GPU index token) -> the optimised job that drives that GPU."""
         self._agent_ids: dict[str, str] = {}
         self._installed_at: dict[tuple[str, int], float] = {}
         """(job id, rank) -> when its schedule was last sent (coordinator clock)."""
@@ -450,7 +449,7 @@ class CoordinatorService(ExitSignals):
                 self.registry.unregister_rank(job_id, int(rank))
         elif change.kind == "rank" and change.rank is not None and change.job_id is not None:
             gpu = change.rank.gpu
-            self._bound[subjects.token(gpu.node), subjects.token(gpu.gpu_index)] = change.job_id
+            self._index_gpu(change.job_id, gpu)
             if change.limits is not None:  # The owner need not ask that GPU's agent again.
                 self.gpu_limits.setdefault((gpu.node, gpu.gpu_index), change.limits)
             if self.registry.apply_rank(change.job_id, change.rank, self.clock()):
@@ -475,8 +474,6 @@ class CoordinatorService(ExitSignals):
         """Stop driving a job here (another replica owns it now): no commands, no leases."""
         if self.optimisers.pop(job_id, None) is not None:
             LOG.info("job %s: no longer driven by this replica (%s)", job_id, why)
-        for key in [k for k, j in self._gpu_jobs.items() if j == job_id]:
-            del self._gpu_jobs[key]
 
     def _forget_job(self, job_id: str) -> None:
         """The job was removed (by its owner): forget it."""
@@ -911,10 +908,7 @@ class CoordinatorService(ExitSignals):
             await self.status(record.job_id, "error",
                               f"power-limit optimiser refused to start: {e}")
             return
-        self.optimisers[record.job_id] = job
-        for g in gpus:
-            self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
-        await self._execute(record, job.start())
+        await self._adopt(record, job)
 
     async def _start_pipeline(self, record: JobRecord) -> None:
         """Start a pipeline job's frequency optimiser (the lock is held)."""
@@ -949,10 +943,18 @@ class CoordinatorService(ExitSignals):
         except (SchedulerError, ValueError) as e:
             await self.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
             return
+        await self._adopt(record, job)
+
+    async def _adopt(self, record: JobRecord, job: JobOptimizer) -> None:
+        """Drive the job with `job` from now on (the lock is held): index its GPUs, start."""
         self.optimisers[record.job_id] = job
-        for g in record.gpus():
-            self._gpu_jobs[subjects.token(g.node), subjects.token(g.gpu_index)] = job.job_id
+        for g in record.gpus():  # (The state watch may not have indexed them yet.)
+            self._index_gpu(record.job_id, g)
         await self._execute(record, job.start())
+
+    def _index_gpu(self, job_id: str, gpu: GpuBinding) -> None:
+        """Note that a rank of `job_id` drives `gpu` (its stream messages name it by tokens)."""
+        self._bound[subjects.token(gpu.node), subjects.token(gpu.gpu_index)] = job_id
 
     def _next_dump_number(self, record: JobRecord) -> int:
         """After the schedules already dumped for this job (by a coordinator before a restart)."""
@@ -1107,7 +1109,7 @@ class CoordinatorService(ExitSignals):
             LOG.info("the agent of node %s restarted (%s -> %s)", hello.node, previous,
                      hello.agent_id)
         for gpu in hello.gpus:
-            job_id = self._gpu_jobs.get((node, subjects.token(gpu.index)))
+            job_id = self._bound.get((node, subjects.token(gpu.index)))
             if job_id is None or gpu.job_id != job_id:
                 continue
             job = self.optimisers.get(job_id)
