@@ -161,7 +161,9 @@ class CoordinatorService(ExitSignals):
         """Job hash (state keys) -> job id."""
         self._starting: set[str] = set()
         self._registering: set[tuple[str, int]] = set()
-        self._unsaved: dict[str, tuple[str, Any]] = {}
+        self._unsaved: dict[str, tuple[str, Any]] = {}  # progress JetStream has not taken yet
+        self._unsaved_warned: set[str] = set()
+        self._progress_locks: dict[str, asyncio.Lock] = {}
         self._renewed_at = 0.0
         """When this replica last renewed its leases (wall clock)."""
         self._job_tokens: dict[str, str] = {}
@@ -484,6 +486,9 @@ class CoordinatorService(ExitSignals):
         self._release_locally(job_id, "removed")
         self.progress.pop(job_id, None)
         self._locks.pop(job_id, None)
+        self._unsaved.pop(job_id, None)
+        self._unsaved_warned.discard(job_id)
+        self._progress_locks.pop(job_id, None)
 
     def _state(self) -> JetStreamState:
         if self.state is None:
@@ -569,29 +574,42 @@ class CoordinatorService(ExitSignals):
     async def _record(self, job_id: str, kind: str, state: Any) -> None:
         """Write a job's progress, or keep it to write again later.
 
-        If JetStream cannot take it now, it is written again on every ownership round until
-        it can (only the latest progress matters).
+        Only the latest progress matters: it is what `_unsaved` holds until JetStream has it,
+        written again on every ownership round if JetStream cannot take it now. Writes of one
+        job are serialised and each writes the latest progress, so a slow write of older
+        progress (retried through a leader election) never lands after a newer one.
         """
         if self.state is None:
             return
-        try:
-            await self.state.put_progress(job_id, kind, state)
+        self._unsaved[job_id] = (kind, state)
+        await self._write_progress(job_id)
+
+    async def _write_progress(self, job_id: str) -> None:
+        lock = self._progress_locks.setdefault(job_id, asyncio.Lock())
+        async with lock:
+            latest = self._unsaved.get(job_id)
+            if latest is None or self.state is None:
+                return  # A write that waited for the lock wrote it already.
+            try:
+                await self.state.put_progress(job_id, *latest)
+            except StateUnavailableError as e:
+                if job_id not in self._unsaved_warned:
+                    self._unsaved_warned.add(job_id)
+                    LOG.warning("job %s: progress not recorded yet (%s); writing it again until "
+                                "JetStream takes it", job_id, e)
+                return
             self.writes += 1
-            self._unsaved.pop(job_id, None)
-        except StateUnavailableError as e:
-            first = job_id not in self._unsaved
-            self._unsaved[job_id] = (kind, state)
-            if first:
-                LOG.warning("job %s: progress not recorded yet (%s); writing it again until "
-                            "JetStream takes it", job_id, e)
+            self._unsaved_warned.discard(job_id)
+            if self._unsaved.get(job_id) is latest:
+                del self._unsaved[job_id]
 
     async def _record_unsaved(self) -> None:
         """Write again the progress JetStream could not take (a stream leader election)."""
-        for job_id, (kind, state) in list(self._unsaved.items()):
+        for job_id in list(self._unsaved):
             if not self.owns(job_id):
                 self._unsaved.pop(job_id, None)  # Not ours to write any more.
-            elif self._unsaved.get(job_id) == (kind, state):
-                await self._record(job_id, kind, state)
+            else:
+                await self._write_progress(job_id)
 
     async def _known_job(self, job_id: str) -> None:
         """Make sure this replica knows a job registered through another (its view may lag)."""
@@ -860,6 +878,7 @@ class CoordinatorService(ExitSignals):
                     return
                 if self.registry.jobs.get(record.job_id) is not record:
                     return  # Collected meanwhile.
+                await self._read_progress(record.job_id)
                 if record.power_limit is None:
                     await self._start_pipeline(record)
                 else:
@@ -867,6 +886,22 @@ class CoordinatorService(ExitSignals):
         finally:
             self._starting.discard(record.job_id)
         self.progress.pop(record.job_id, None)  # Taken in by the optimiser (if it started).
+
+    async def _read_progress(self, job_id: str) -> None:
+        """Read the job's recorded progress from JetStream itself before resuming it.
+
+        The watched view can lag behind the bucket after a stream leader election; a replica
+        that resumed from it would measure again what the previous owner recorded.
+        """
+        if self.state is None:
+            return
+        try:
+            recorded = await self.state.get_progress(job_id)
+        except (StateUnavailableError, RecordError) as e:
+            LOG.warning("job %s: resuming from the progress this replica has seen (%s)", job_id, e)
+            return
+        if recorded:
+            self.progress[job_id] = recorded
 
     async def _start_power_limit(self, record: JobRecord) -> None:
         """Start a power-limit job's optimiser (the lock is held)."""

@@ -236,6 +236,27 @@ class JetStreamState:
         await self._write(f"the progress of job {job_id}",
                           lambda: self.kv.put(records.progress_key(job_id), value))
 
+    async def get_progress(self, job_id: str) -> dict[str, Any] | None:
+        """A job's progress as recorded now, read from the stream's leader.
+
+        A replica taking a job over reads it here rather than trusting its watch, which can lag
+        behind after a stream leader election (raises StateUnavailableError).
+        """
+        from nats.js.errors import KeyNotFoundError
+
+        key = records.progress_key(job_id)
+
+        async def read() -> Any:
+            try:
+                return await self.kv.get(key)
+            except KeyNotFoundError:
+                return None
+
+        entry = await self._write(f"the progress of job {job_id}", read)
+        if entry is None:
+            return None
+        return records.decode(entry.key, entry.value, False, 0.0).progress
+
     async def get_job(self, job_id: str) -> JobRecord | None:
         """A job as recorded now (for a replica whose view has not caught up yet)."""
         from nats.js.errors import KeyNotFoundError

@@ -346,7 +346,10 @@ async def test_a_profile_measured_while_the_state_streams_leader_is_down_survive
     await c.wait_status(lambda s: (s.progress or {}).get("measured") == len(LIMITS) - 1, 30,
                         "all windows but one measured")
     await asyncio.to_thread(nats.stop, leader, True)  # SIGKILL
-    optimum = (await wait_optimum(c, job_id, 20))["optimal_power_limit_w"]
+    # The owner says `profile_saved` once JetStream took the profile, or once it gave up for
+    # now and keeps it to write again (the query could tell the optimum before either).
+    _, saved = await c.wait_status(lambda s: s.state == "profile_saved", 30, "profile saved")
+    optimum = (saved.progress or {})["optimal_power_limit_w"]
     await asyncio.to_thread(nats.start_server, leader)
 
     owner = await owner_of(c, job_id)
@@ -363,5 +366,6 @@ async def test_a_profile_measured_while_the_state_streams_leader_is_down_survive
     assert recorded.get("kind") == "profile" and len(recorded["state"]) == len(LIMITS), (
         f"JetStream holds {recorded.get('kind')} {json.dumps(recorded.get('state'))[:300]} "
         f"after the job was done; after the takeover:\n{since}")
-    assert not any(s.message.startswith("measuring") for _, s in c.statuses[after:]), since
+    assert not any(s.message.startswith("measuring") for _, s in c.statuses[after:]), (
+        since + "\n" + describe(c))
     assert set(c.job_limits().values()) == {optimum}, since
