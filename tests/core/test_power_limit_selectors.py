@@ -108,7 +108,8 @@ def test_reference_known_picks() -> None:
 
 
 @pytest.mark.parametrize(
-    "selector", [Energy(), Time(), ZeusCost(0.5), MaxSlowdownConstraint(1.2)], ids=repr
+    "selector", [Energy(), Time(), ZeusCost(0.5), MaxSlowdownConstraint(1.2)],
+    ids=["Energy", "Time", "ZeusCost", "MaxSlowdownConstraint"],
 )
 def test_empty_raises(selector: OptimumSelector) -> None:
     with pytest.raises(ValueError):

@@ -853,7 +853,11 @@ async def test_a_trainer_on_node_a_cannot_feed_measurements_of_node_bs_rank(env:
         await obs.wait_status(job.job_id, lambda s: s.state == "profiling", 8, "profiling")
     finally:
         await asyncio.gather(*(r.stop() for r in job.ranks))
-    ranks = json.loads((c.dump / job_dir_name(job.job_id) / "ranks.json").read_text())
+    dumped = c.dump / job_dir_name(job.job_id) / "ranks.json"
+    deadline = time.monotonic() + 5  # written right after `profiling` is announced
+    while not dumped.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    ranks = json.loads(dumped.read_text())
     assert ranks[1]["instructions"] == FB
     assert c.health()["dropped"].get("wrong_node", 0) > before
 
