@@ -150,6 +150,8 @@ class PowerLimitJob:
         self._saved = measurements is not None
         self.last_step: StepKey | None = None
         self._ended_epoch = -1  # Highest epoch whose end the machine has seen.
+        self._stale_steps: list[StepKey] = []  # Late steps of rank 0 skipped in a row.
+        self._stale_since: float | None = None  # When the skipping began (coordinator time).
         self._now_s = 0.0
         self.gave_up: str | None = None
         """Why the optimiser gave up (the GPUs are back at the maximum limit), or None."""
@@ -220,6 +222,17 @@ class PowerLimitJob:
             # The epoch's end event was lost: its steps say it ended.
             self._ended_epoch = last[0]
             actions += self._translate(self.machine.on_epoch_end(), step=None)
+        if self._ran_before_its_limit(event):
+            # A late event (buffered through a broker outage): its step ran before the limit
+            # being warmed up or profiled was set. It counts toward nothing; an open window
+            # starts again at the first step that ran at its limit.
+            self.last_step = key
+            self._stale_steps.append(key)
+            return actions
+        if self._stale_steps:
+            actions += self._restart_open_window(key)
+            if self.last_step == key:
+                return actions  # The window's first step: its opening was counted already.
         first = event.step
         if last is not None and last[0] == event.epoch:
             first = max(last[1] + 1, event.step - MAX_REPLAYED_STEPS)
@@ -317,6 +330,39 @@ class PowerLimitJob:
         }
 
     # ------------------------------------------------------------------ internals
+    def _ran_before_its_limit(self, event: TrainerEvent) -> bool:
+        """Whether a step of rank 0 began before the limit being warmed up or profiled was set.
+
+        Its agent says which limit the GPU had when the step began. Such steps are skipped for
+        at most `mark_timeout_s` (coordinator time) in a row: a backlog comes at once, while a
+        GPU that really stays at another limit must not stall the search (its windows are then
+        redone by the marks' check).
+        """
+        want = self.machine.current_power_limit
+        if (event.power_limit_w is None or want is None or event.power_limit_w == want
+                or not isinstance(self.machine.state, Warmup | Profiling)):
+            self._stale_since = None
+            return False
+        if self._stale_since is None:
+            self._stale_since = self._now_s
+        return self._now_s - self._stale_since < self.mark_timeout_s
+
+    def _restart_open_window(self, key: StepKey) -> list[Action]:
+        """After skipped late steps: the open window (if any) begins at step `key` instead."""
+        skipped, self._stale_steps = self._stale_steps, []
+        window = next((w for w in self._windows.values() if w.end_step is None), None)
+        if window is None:
+            return []
+        window.begin_step, window.check_begin = key, True
+        self.last_step = key
+        return [StatusUpdate(
+            "profiling",
+            f"steps {skipped[0][1]}..{skipped[-1][1]} (epoch {skipped[0][0]}) ran before "
+            f"{window.power_limit} W was set (events delivered late, e.g. after a broker "
+            f"outage): window {window.name} starts at step {key[1]} instead",
+            self.progress(),
+        )]
+
     def _translate(self, effects: list[Any], step: StepKey | None) -> list[Action]:
         actions: list[Action] = []
         set_now = False  # a limit set on this very step: its begin mark may predate it

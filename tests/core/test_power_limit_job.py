@@ -452,3 +452,49 @@ def test_a_window_that_began_on_steps_at_another_limit_is_redone():
         m = mark(s, float(s), 100.0 * s).model_copy(update={"power_limit_w": limits[s]})
         actions += job.on_mark(0, m)
     assert job.machine.measurements == [] and job.progress()["redone"] == {"300": 1}
+
+
+def test_late_steps_that_ran_before_the_limit_count_toward_no_window():
+    """Found with real processes: after a NATS outage the agents delivered ~45 buffered steps
+    at once, all run at the outage's limit. The machine, paced by them, opened and closed
+    windows on them; each was redone until the limits were left out of the profile. Events
+    now carry the limit their step began at: such steps are skipped and the window starts at
+    the first step that ran at its limit, measured over exactly its intended steps."""
+    job = PowerLimitJob("j", options(profile_steps=4), ranks=[0], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    limit_at = {s: 300 for s in range(0, 5)}  # 300 W window: steps [0, 4)
+    limit_at |= {s: 300 for s in range(5, 40)}  # the backlog: 275 W was set, not yet in force
+    limit_at |= {s: 275 for s in range(40, 50)}
+    actions: list[Action] = []
+    for s in range(50):
+        actions += job.on_event(0, ev(s).model_copy(update={"power_limit_w": limit_at[s]}))
+    for s in range(50):
+        m = mark(s, float(s), 100.0 * s + (s > 40) * 10.0 * (s - 40))
+        actions += job.on_mark(0, m.model_copy(update={"power_limit_w": limit_at[s]}))
+    # 275 W opened at step 4 (its command sent then), steps 5..39 skipped, window [40, 44).
+    assert [(m.power_limit, m.time, m.energy) for m in job.machine.measurements] == [
+        (300, 4.0, 400.0), (275, 4.0, 440.0)]
+    assert job.progress()["redone"] == {}
+    assert any("steps 5..39 (epoch 0) ran before 275 W was set" in a.message
+               and "starts at step 40 instead" in a.message
+               for a in actions if isinstance(a, StatusUpdate))
+
+
+def test_a_gpu_that_stays_at_another_limit_does_not_stall_the_search():
+    """Late steps are skipped only for `mark_timeout_s` in a row (coordinator time): steps that
+    keep coming at another limit (a GPU that does not follow its commands) count again, and
+    the marks' check redoes their windows instead."""
+    job = PowerLimitJob("j", options(profile_steps=2), ranks=[0], min_power_limit_w=275,
+                        max_power_limit_w=300, mark_timeout_s=5.0)
+    job.start()
+    actions: list[Action] = []
+    for s in range(40):
+        limit = 300  # never follows the 275 W command
+        actions += job.on_event(0, ev(s).model_copy(update={"power_limit_w": limit}), float(s))
+        m = mark(s, float(s), 100.0 * s).model_copy(update={"power_limit_w": limit})
+        actions += job.on_mark(0, m)
+    messages = [a.message for a in actions if isinstance(a, StatusUpdate)]
+    assert any("steps 3..7 (epoch 0) ran before 275 W" in m for m in messages)  # 5 s of them
+    assert job.progress()["redone"] == {"275": 3}  # then redone until left out, as before
+    assert job.done and job.machine.optimal_power_limit == 300

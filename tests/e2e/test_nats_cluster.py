@@ -269,13 +269,7 @@ async def test_a_power_limit_job_and_a_pipeline_job_complete_on_a_3_server_clust
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kill", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=False, reason=(
-        "open, about 1 run in 4 in the full suite (the defect of test_fault_recovery's "
-        "coordinator-reconnect-first case): after the server's crash one GPU stays at the limit "
-        "in force during the outage although later windows command others (marks keep showing "
-        "it), its windows are redone until their limits are left out")))],
-    ids=["sigterm", "sigkill"])
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
 async def test_restarting_the_owners_server_mid_profiling_fails_over_and_the_job_goes_on(
         nats, clusters, kill):
     """SIGTERM: the server shuts down cleanly; SIGKILL: it crashes, and recovers its store."""

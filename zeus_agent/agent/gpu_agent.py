@@ -584,17 +584,20 @@ class GpuAgent:
         else:
             ctx = self.meter.current_step
             epoch, step, index = (ctx[0] if ctx else 0), ev.b, ev.a
+        counted = kind in (Kind.STEP_BEGIN, Kind.STEP_END, Kind.EPOCH_BEGIN, Kind.EPOCH_END)
+        limit = self.limits.at(ev.t_ns) if counted else None
         self._pending_events.append(
-            TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index, name=ev.name)
+            TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index,
+                         name=ev.name, power_limit_w=limit)
         )
         if self.binding is None:
             return
-        if kind in (Kind.STEP_BEGIN, Kind.STEP_END, Kind.EPOCH_BEGIN, Kind.EPOCH_END):
+        if counted:
             energy = self._energy_at(ev.t_ns)
             if energy is not None:
                 self._pending_marks.append(
                     Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy,
-                         power_limit_w=self.limits.at(ev.t_ns))
+                         power_limit_w=limit)
                 )
         if kind is Kind.STEP_BEGIN:
             records = self.meter.step_begin(ev.a, ev.b, ev.t_ns)

@@ -479,6 +479,12 @@ class TrainerEvent(_Part):
     step: int = 0
     index: int = 0
     name: Name = ""
+    power_limit_w: int | None = None
+    """The GPU's power limit when the event happened, as its agent knows it (None: unknown).
+
+    The coordinator paces profiling windows with these events: after a broker outage they come
+    late and at once, and this says which of them ran before the window's limit was set.
+    """
 
 
 class TrainerEventBatch(Message):
