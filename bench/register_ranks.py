@@ -77,7 +77,8 @@ BUDGET_S = 1.0
 ZEUS_HTTP_S = 10.2
 
 
-async def harness(url: str, nodes: int, gpus_per_node: int) -> dict[str, Any]:
+async def harness(url: str, nodes: int, gpus_per_node: int,
+                  ask_info: bool = False) -> dict[str, Any]:
     """The outside world: fake agents for every GPU, and the trainers registering.
 
     Returns the timings (`time.perf_counter`, the system-wide monotonic clock) and counts.
@@ -86,9 +87,10 @@ async def harness(url: str, nodes: int, gpus_per_node: int) -> dict[str, Any]:
     # The fake agents: one responder for every GPU of every node.
     agent_nc = await connect(url, "fake-agents")
     info_replies: dict[str, bytes] = {}
+    descriptions: dict[tuple[int, int], GpuDescription] = {}
     for n in range(nodes):
         for g in range(gpus_per_node):
-            desc = GpuDescription(
+            descriptions[n, g] = desc = GpuDescription(
                 index=g, uuid=f"GPU-{n:04d}-{g}", name="NVIDIA A40", architecture="Ampere",
                 min_power_limit_w=100, max_power_limit_w=300, default_power_limit_w=300,
                 supported_memory_clocks_mhz=[7251], supported_graphics_clocks_mhz=[1740, 210],
@@ -133,6 +135,8 @@ async def harness(url: str, nodes: int, gpus_per_node: int) -> dict[str, Any]:
                                available_frequencies=[1740, 1500, 1200, 900, 600, 210]),
             gpu=GpuBinding(node=f"node{r // gpus_per_node:04d}", gpu_index=r % gpus_per_node,
                            gpu_uuid=f"GPU-{r // gpus_per_node:04d}-{r % gpus_per_node}"),
+            # As the node's agent relays it: with the GPU's description (unless --ask-info).
+            gpu_info=None if ask_info else descriptions[divmod(r, gpus_per_node)],
         ))
         for r in range(ranks)
     ]
@@ -294,7 +298,7 @@ def print_profiles(profile_dir: Path, names: list[str], top: int) -> None:
 
 
 async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: Path | None,
-                   py_spy: str | None = None) -> dict[str, Any]:
+                   py_spy: str | None = None, ask_info: bool = False) -> dict[str, Any]:
     """One run on a fresh nats-server and fresh replicas; its record.
 
     With `profile_dir`: py-spy samples the replicas during the run when `py_spy` is given,
@@ -319,7 +323,7 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
                 spies = start_spies(py_spy, reps, profile_dir)
                 await asyncio.sleep(1.0)  # py-spy attached
             self0 = resource.getrusage(resource.RUSAGE_SELF)
-            timings = await harness(server.url, nodes, gpus_per_node)
+            timings = await harness(server.url, nodes, gpus_per_node, ask_info)
             await asyncio.to_thread(stop_spies, spies)
             spies = []
             cpu = {k: round(cpu_seconds(p) - cpu0[k], 3) for k, p in pids.items()}
@@ -367,7 +371,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for i in range(args.runs):
         run = await run_once(args.nodes, args.gpus_per_node, args.replicas, args.profile,
-                             args.py_spy)
+                             args.py_spy, args.ask_info)
         runs.append(run)
         print(f"run {i + 1}/{args.runs}: {ranks} ranks registered in {run['register_s']:.3f} s, "
               f"first power limit on every GPU {run['deliver_s']:.3f} s later: "
@@ -428,6 +432,9 @@ def main() -> None:
     parser.add_argument("--py-spy", metavar="PATH", default=shutil.which("py-spy"),
                         help="the py-spy binary for --profile (default: py-spy on PATH)")
     parser.add_argument("--top", type=int, default=15, help="functions shown per profile")
+    parser.add_argument("--ask-info", action="store_true",
+                        help="registrations without the GPU's description (as older agents relay "
+                        "them): the coordinator asks each GPU's agent first (`info`)")
     args = parser.parse_args()
     if args.quick:
         args.runs = 1

@@ -429,6 +429,15 @@ class CoordinatorService(ExitSignals):
     async def _on_state_entry(self, entry: Any) -> None:
         """Keep this replica's view in step with the state bucket (any replica's writes)."""
         deleted = entry.operation in ("DEL", "PURGE")
+        if not deleted and entry.key.startswith("v.rank."):
+            # Rank keys are only ever created: one this replica knows (it registered the rank
+            # itself) is not decoded again, which halves the work of a big registration.
+            _, _, job_hash, rank = entry.key.split(".", 3)
+            known = self.registry.jobs.get(self._job_ids.get(job_hash, ""))
+            held = known.ranks.get(int(rank)) if known is not None and rank.isdigit() else None
+            if known is not None and held is not None:
+                self._index_gpu(known.job_id, held.gpu)
+                return
         try:
             change = records.decode(entry.key, entry.value, deleted, self.clock())
         except RecordError as e:
@@ -744,7 +753,11 @@ class CoordinatorService(ExitSignals):
         retry = self.registry.check_rank(request)  # Refuse bad requests before asking agents.
         info: GpuDescription | None = None
         if not retry:
-            info = await self._gpu_info(gpu.node, gpu.gpu_index)
+            info = request.gpu_info  # Set by the agent that relayed it (only it may).
+            if info is None or info.index != gpu.gpu_index:
+                info = await self._gpu_info(gpu.node, gpu.gpu_index)
+            else:
+                self._know_gpu(gpu.node, info)
             if info is None:
                 return Reply.failure(
                     "unavailable",
@@ -847,6 +860,12 @@ class CoordinatorService(ExitSignals):
                              slowed=progress["slowed"], schedule=progress["schedule"],
                              message=message)
 
+    def _know_gpu(self, node: str, info: GpuDescription, now: float | None = None) -> None:
+        """Remember a GPU's description (its power-limit range above all)."""
+        key = (node, info.index)
+        self._gpu_info_cache[key] = (self.clock() if now is None else now, info)
+        self.gpu_limits[key] = (info.min_power_limit_w, info.max_power_limit_w)
+
     async def _gpu_info(self, node: str, index: int) -> GpuDescription | None:
         """The agent's description of a GPU (cached for `GPU_INFO_TTL_S`), None if no answer."""
         key = (node, index)
@@ -866,8 +885,7 @@ class CoordinatorService(ExitSignals):
         except Exception as e:  # noqa: BLE001 - timeout, no responders, bad reply
             LOG.warning("no usable info from %s: %s", subject, e)
             return None
-        self._gpu_info_cache[key] = (now, info)
-        self.gpu_limits[key] = (info.min_power_limit_w, info.max_power_limit_w)
+        self._know_gpu(node, info, now)
         return info
 
     # ------------------------------------------------------------------ power-limit jobs

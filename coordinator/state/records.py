@@ -20,6 +20,7 @@ them with `nats kv get`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ def _digest(text: str, chars: int) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:chars]
 
 
+@functools.lru_cache(maxsize=4096)
 def job_hash(job_id: str) -> str:
     """The key token of a job: 32 hex digits of the SHA-256 of its id."""
     return _digest(job_id, 32)

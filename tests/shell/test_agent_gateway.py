@@ -16,6 +16,7 @@ from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     ErrorEvent,
     GpuBinding,
+    GpuDescription,
     InfoCmd,
     InstallScheduleCmd,
     MeasurementBatch,
@@ -191,6 +192,7 @@ async def test_window_errors(agent, trainer, window, code):
 async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
     seen = []
     uids: list[int | None] = []
+    relayed_ranks: list[RegisterRank] = []
 
     async def coordinator(msg):
         seen.append(msg.subject)
@@ -200,6 +202,7 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
             reply = Reply.success(job_id=f"{job.job.job_metadata}-0001")
         else:
             rank = codec.decode(msg.data, RegisterRank)
+            relayed_ranks.append(rank)
             uids.append(rank.uid)
             reply = Reply.success(rank=rank.rank_info.rank)
         await msg.respond(codec.encode(reply))
@@ -216,11 +219,21 @@ async def test_registrations_are_relayed_to_the_coordinator(agent, trainer, nc):
         rank_info=RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, available_frequencies=[1740]),
         gpu=GpuBinding(node=agent.settings.node, gpu_index=0),
     )
-    reply = await trainer.request(K.REGISTER_RANK, rank)
+    # A description the trainer made up is replaced by the agent's own.
+    forged_gpu = GpuDescription(
+        index=0, uuid="GPU-forged", name="x", architecture="x", min_power_limit_w=1,
+        max_power_limit_w=10_000, default_power_limit_w=10_000, supported_memory_clocks_mhz=[],
+        supported_graphics_clocks_mhz=[], has_energy_counter=False, power_limit_w=1)
+    reply = await trainer.request(K.REGISTER_RANK, rank.model_copy(update={"gpu_info": forged_gpu}))
     assert reply.ok and reply.result == {"rank": 0}
     node = agent.settings.node
     assert seen == [subjects.coord_register_job(node), subjects.coord_register_rank(node)]
     assert uids == [os.getuid(), os.getuid()]
+    relayed = relayed_ranks[0].gpu_info
+    described = agent.agents[0].info
+    assert relayed is not None and (relayed.index, relayed.uuid) == (0, described.uuid)
+    assert (relayed.min_power_limit_w, relayed.max_power_limit_w) == (
+        described.min_power_limit_w, described.max_power_limit_w)
     await sub.unsubscribe()
 
 

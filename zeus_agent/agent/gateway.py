@@ -40,6 +40,7 @@ from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     MAX_TEXT_CHARS,
     ErrorEvent,
+    GpuDescription,
     JobQuery,
     RegisterJob,
     RegisterRank,
@@ -468,8 +469,11 @@ class Gateway:
             )
         # The GPU's clocks as its agent knows them, not as the trainer said (highest first).
         clocks = sorted(agent.info.supported_graphics_clocks_mhz, reverse=True)
-        rank = rank.model_copy(update={"rank_info": rank.rank_info.model_copy(
-            update={"available_frequencies": clocks})})
+        # With the GPU's description (limits, uuid), so the coordinator need not ask for it.
+        limit = agent.power_limit_w or agent.info.default_power_limit_w
+        rank = rank.model_copy(update={
+            "rank_info": rank.rank_info.model_copy(update={"available_frequencies": clocks}),
+            "gpu_info": GpuDescription.from_info(agent.info, limit, bound.job_id)})
         subject = subjects.coord_register_rank(self.node, self.prefix)
         return await self._relay(subject, codec.encode(rank))
 

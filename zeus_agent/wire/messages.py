@@ -424,6 +424,12 @@ class RegisterRank(Message):
         description="The trainer's user id, as its agent saw it (set by the agent): a job's "
         "ranks must come from the user who registered it",
     )
+    gpu_info: GpuDescription | None = Field(
+        default=None,
+        description="The GPU as its agent describes it (set by the agent, which relays the "
+        "registration): the coordinator then need not ask the agent (`info`) before it accepts "
+        "the rank; None: the coordinator asks",
+    )
 
 
 MAX_JOBS_PER_PAGE = 1000
