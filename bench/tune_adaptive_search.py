@@ -43,7 +43,7 @@ default run (25 candidates, 5+5 seeds, 10 out-of-fold seeds, one worker) takes ~
 
 Usage: python bench/tune_adaptive_search.py [--candidates N] [--tuning-seeds N]
        [--selection-seeds N] [--seeds N] [--jobs N] [--folds family|gpu] [--quick] [--verify]
-       [--write] [--restamp]
+       [--write] [--restamp] [--worst N]
 """
 
 from __future__ import annotations
@@ -75,11 +75,17 @@ from power_limit_search import (  # noqa: E402
     load_reference_profiles,
     load_trace_profiles,
     replay,
+    selector_grid,
     tally,
 )
 
 from coordinator.power_limit import Adaptive, OptimumSelector, SearchStrategy  # noqa: E402
-from coordinator.power_limit.search import WindowResult, aggregate, resolve_search  # noqa: E402
+from coordinator.power_limit.search import (  # noqa: E402
+    WindowResult,
+    aggregate,
+    cost_function,
+    resolve_search,
+)
 
 CV_FILE = ROOT / "data" / "power-traces" / "adaptive_search_cv.json"
 SIGMA = 0.01
@@ -104,26 +110,30 @@ FIXED: dict[str, Any] = {
     "patience": 3,
     "big_rise": 0.3,
     "budget": 0.0,
+    "guard_regret": 0.03,
 }
 """Settings not tuned: `noise` (the assumed 1%), the stop rule (`k_stop`, `rel_stop`, `patience`,
 `big_rise`: the descent almost never stops on the wrong side of the optimum, and they barely move
-the time), `tolerance` (1%, the goal's own) and `budget` (none: a per-case cap starves the cases
-that need the time)."""
+the time), `tolerance` (1%, the goal's own), `budget` (none: a per-case cap starves the cases
+that need the time) and `guard_regret` (3%: the tail the score counts; `k_guard`, how hard the
+guard looks, is tuned)."""
 
 PREVIOUS_DEFAULTS: dict[str, Any] = {
-    "chunk": 0.125,
+    "chunk": 0.1,
     "ext_ratio": 2.0,
-    "max_steps": 1.5,
+    "max_steps": 2.0,
     "refine_steps": 0.25,
-    "k_ambiguous": 2.0,
-    "steep": 0.08,
-    "k_refine": 1.5,
-    "max_refines": 3,
-    "confirm": 0.5,
-    "focused_refinement": False,
-    "settle": 0.0,
+    "k_ambiguous": 1.5,
+    "steep": 0.03,
+    "k_refine": 1.25,
+    "max_refines": 4,
+    "confirm": 0.75,
+    "focused_refinement": True,
+    "settle": 0.75,
+    "k_guard": 0.0,
 }
-"""Adaptive's defaults before this tuning (the previous cross-validated pick, ca17797)."""
+"""Adaptive's defaults before this tuning (the previous cross-validated pick, 34251f9; no
+guard: `k_guard` 0)."""
 
 INF = math.inf
 SPACE: dict[str, tuple[Any, ...]] = {
@@ -138,6 +148,7 @@ SPACE: dict[str, tuple[Any, ...]] = {
     "confirm": (0.5, 0.75),
     "focused_refinement": (False, True),
     "settle": (0.0, 0.75, 1.0, 1.25),
+    "k_guard": (0.0, 2.5, 3.0),
 }
 """Values each tuned setting may take (a smaller space than the first tuning's: fewer chances to
 fit the noise of the tuning seeds)."""
@@ -181,11 +192,12 @@ def fast_replay(
     *,
     rng: random.Random,
     sigma: float,
+    windows: list[WindowResult] | None = None,
 ) -> Replay:
     """The bench's replay without the state machine (records at once, no epoch ends).
 
     Same probes, same noise draws (time then energy per window), same pick and same spent time
-    as `power_limit_search.replay`.
+    as `power_limit_search.replay`. The recorded windows are appended to `windows` if given.
     """
     strategy = resolve_search(search)
     plan = strategy.plan(list(profile.limits), WARMUP_STEPS, REFERENCE_STEPS, selector)
@@ -200,6 +212,8 @@ def fast_replay(
         t = profile.time[limit] * scale * (1 + rng.gauss(0, noise))
         e = profile.energy[limit] * scale * (1 + rng.gauss(0, noise))
         results.append(WindowResult(limit, steps, t, e))
+    if windows is not None:
+        windows.extend(results)
     pick = selector.select(aggregate(results, REFERENCE_STEPS))
     profiled = tuple(sorted({r.power_limit for r in results}, reverse=True))
     return Replay(pick, spent, len(results), profiled)
@@ -414,6 +428,71 @@ def restamp(path: Path = CV_FILE) -> dict[str, object]:
     return record
 
 
+def worst_cases(n: int, path: Path = CV_FILE) -> list[dict[str, object]]:
+    """The `n` out-of-fold cases of the written record with the largest regret.
+
+    Each fold's settings replayed on its held-out profiles with the record's scoring seeds (as
+    the tuning scored them): profile, selector, seed, regret, the optimum and the pick, the true
+    and the measured cost of every profiled limit (relative to the optimum's, with its steps),
+    and the windows in order (limit/steps). Prints them and returns them.
+    """
+    record = json.loads(path.read_text())
+    profiles = load_reference_profiles() + load_trace_profiles()
+    cases: list[dict[str, object]] = []
+    for fold in record["folds"]:
+        search = Adaptive(**decode(fold["params"]))
+        for profile in (p for p in profiles if p.family == fold["family"]):
+            truth = profile.measurements()
+            for label, selector in selector_grid(profile.n_gpus):
+                cost = cost_function(selector)
+                assert cost is not None
+                true_costs = cost(truth)
+                optimum = selector.select(truth)
+                for seed in record["scoring_seeds"]:
+                    rng = random.Random(f"{profile.name}|{label}|{seed}|{record['sigma']}")
+                    windows: list[WindowResult] = []
+                    result = fast_replay(
+                        profile, selector, search, rng=rng, sigma=record["sigma"], windows=windows
+                    )
+                    regret = true_costs[result.pick] / true_costs[optimum] - 1
+                    cases.append(
+                        {
+                            "regret": regret,
+                            "profile": profile.name,
+                            "selector": label,
+                            "seed": seed,
+                            "optimum": optimum,
+                            "pick": result.pick,
+                            "windows": windows,
+                            "true": true_costs,
+                            "measured": cost(aggregate(windows, REFERENCE_STEPS)),
+                        }
+                    )
+    cases.sort(key=lambda c: -float(c["regret"]))  # type: ignore[arg-type]
+    for c in cases[:n]:
+        windows = c["windows"]
+        true, measured = c["true"], c["measured"]
+        assert isinstance(windows, list) and isinstance(true, dict) and isinstance(measured, dict)
+        base = true[c["optimum"]]
+        steps: dict[int, int] = {}
+        for w in windows:
+            steps[w.power_limit] = steps.get(w.power_limit, 0) + w.steps
+        print(
+            f"{c['regret']:.2%}  {c['profile']}  {c['selector']}  seed {c['seed']}: optimum "
+            f"{c['optimum']} W, pick {c['pick']} W"
+        )
+        print("  true:     " + " ".join(f"{pl}:{true[pl] / base - 1:+.1%}" for pl in true))
+        print(
+            "  measured: "
+            + " ".join(
+                f"{pl}:{measured[pl] / base - 1:+.1%}({steps[pl]})"
+                for pl in sorted(measured, reverse=True)
+            )
+        )
+        print("  windows:  " + " ".join(f"{w.power_limit}/{w.steps}" for w in windows))
+    return cases[:n]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", type=int, default=24, help="random settings in the pool")
@@ -435,9 +514,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         action="store_true",
         help=f"only re-check shipped_defaults_match in {CV_FILE.name} against Adaptive()",
     )
+    parser.add_argument(
+        "--worst",
+        type=int,
+        metavar="N",
+        help=f"only print the N worst out-of-fold cases of {CV_FILE.name} (no tuning)",
+    )
     args = parser.parse_args(argv)
     if args.restamp:
         return restamp()
+    if args.worst:
+        keep = ("regret", "profile", "selector", "seed", "optimum", "pick")
+        return {"worst": [{k: c[k] for k in keep} for c in worst_cases(args.worst)]}
     global PASSES, FINALISTS
     if args.quick:
         args.candidates, args.tuning_seeds, args.selection_seeds, args.seeds = 8, 1, 1, 2

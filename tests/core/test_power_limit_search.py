@@ -124,6 +124,8 @@ def test_adaptive_uses_short_windows_and_no_warmup_on_extension() -> None:
         {"max_refines": -1},
         {"patience": 0},
         {"settle": -0.5},
+        {"k_guard": -1.0},
+        {"guard_regret": -0.01},
     ],
 )
 def test_adaptive_validation(kw: dict) -> None:
@@ -220,3 +222,44 @@ def test_a_skipped_limit_next_to_a_rival_is_profiled() -> None:
     visited = [r.power_limit for r in results]
     assert visited[:6] == [300, 275, 225, 175, 125, 150]  # 250, 200 skipped; 150 taken back.
     assert 200 in visited and 250 not in visited
+
+
+def _drive_with_outlier(
+    search: Adaptive, rows: dict[int, float], outlier: int, high: float
+) -> list[WindowResult]:
+    """Like `_drive`, but the first window at `outlier` reads `high` x its true energy."""
+    plan = search.plan(sorted(rows, reverse=True), 10, 40, Energy())
+    results: list[WindowResult] = []
+    while (probe := plan.next_probe(tuple(results), len(results))) is not None:
+        scale = probe.profile_steps / 40
+        first = probe.power_limit == outlier and all(r.power_limit != outlier for r in results)
+        energy = rows[probe.power_limit] * scale * (high if first else 1.0)
+        results.append(WindowResult(probe.power_limit, probe.profile_steps, 10.0 * scale, energy))
+    return results
+
+
+def test_guard_reprofiles_an_optimum_hidden_by_one_high_short_window() -> None:
+    """The out-of-fold worst case (A40 bert, ZeusCost(1)): the optimum (200 W) is read once, in
+    a 4-step window that came out 9% high (under 3 sigmas of such a window), the next limit
+    (175 W, 5.1% costlier) looks best and is confirmed. 200 W lies beyond `k_refine` sigmas (it
+    guards against 1% misjudgements), so without the guard the search ends on 175 W: a 5.1%
+    regret. The guard profiles 200 W once more (it could still be >3% cheaper within `k_guard`
+    sigmas); the pick is then the optimum."""
+    rows = {300: 128.3, 275: 121.5, 250: 113.4, 225: 107.0, 200: 100.0, 175: 105.1}
+    rows |= {150: 121.4, 125: 153.9, 100: 202.2}
+    # One window per limit on the way down (no skip, no extension), as in that case around 200 W.
+    kw = {"chunk": 0.1, "confirm": 0.75, "k_refine": 1.25, "steep": math.inf, "k_ambiguous": 0.0}
+    previous, guarded = Adaptive(k_guard=0.0, **kw), Adaptive(k_guard=2.5, **kw)
+
+    def pick(results: list[WindowResult]) -> int:
+        return Energy().select(aggregate(results, 40))
+
+    plain = _drive_with_outlier(previous, rows, outlier=200, high=1.09)
+    assert sum(r.steps for r in plain if r.power_limit == 200) == 4  # One short window...
+    assert pick(plain) == 175  # ...and the pick is off by 5.1%.
+    fixed = _drive_with_outlier(guarded, rows, outlier=200, high=1.09)
+    assert fixed[: len(plain)] == plain  # The guard acts only once the old rule would stop.
+    assert fixed[len(plain)] == WindowResult(200, 4, 1.0, 10.0)  # 200 W once more, a chunk.
+    assert pick(fixed) == 200
+    assert sum(r.steps for r in fixed if r.power_limit == 200) >= 30  # Then confirmed.
+    assert pick(_drive(guarded, rows)) == 200  # Without the outlier: the same pick.
