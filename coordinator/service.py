@@ -574,11 +574,17 @@ class CoordinatorService(ExitSignals):
                 await asyncio.wait_for(self.state.take(job_hash, value, lease.revision), 2)
 
     async def _save_progress(self, job_id: str, job: JobOptimizer) -> None:
-        """Record the optimiser's progress, so a replica taking the job over resumes it."""
+        """Record the optimiser's progress, so a replica taking the job over resumes it.
+
+        The write runs beside the job, not in its way: callers hold the job's lock, and a
+        write waits out a stream leader election (seconds) during which the job's windows
+        must go on. Writes stay in order (`_write_progress`) and are flushed at shutdown.
+        """
         state = job.persisted()
-        if state is not None:
-            await self._record(job_id, "pipeline" if isinstance(job, PipelineJob) else "windows",
-                               state)
+        if state is not None and self.state is not None:
+            self._unsaved[job_id] = ("pipeline" if isinstance(job, PipelineJob) else "windows",
+                                     state)
+            self._spawn(self._write_progress(job_id))
 
     async def _record(self, job_id: str, kind: str, state: Any) -> None:
         """Write a job's progress, or keep it to write again later.
@@ -896,7 +902,8 @@ class CoordinatorService(ExitSignals):
                     return
                 if self.registry.jobs.get(record.job_id) is not record:
                     return  # Collected meanwhile.
-                await self._read_progress(record.job_id)
+                if not await self._read_progress(record.job_id):
+                    return  # Started again on a later ownership round.
                 if record.power_limit is None:
                     await self._start_pipeline(record)
                 else:
@@ -905,21 +912,30 @@ class CoordinatorService(ExitSignals):
             self._starting.discard(record.job_id)
         self.progress.pop(record.job_id, None)  # Taken in by the optimiser (if it started).
 
-    async def _read_progress(self, job_id: str) -> None:
+    async def _read_progress(self, job_id: str) -> bool:
         """Read the job's recorded progress from JetStream itself before resuming it.
 
         The watched view can lag behind the bucket after a stream leader election; a replica
-        that resumed from it would measure again what the previous owner recorded.
+        that resumed from it would redo what the previous owner recorded, or worse, command
+        the limits of an older step of the search. So a job is resumed only from what the
+        bucket holds now: False if it cannot be read (the job is started on a later round).
         """
         if self.state is None:
-            return
+            return True
         try:
             recorded = await self.state.get_progress(job_id)
-        except (StateUnavailableError, RecordError) as e:
-            LOG.warning("job %s: resuming from the progress this replica has seen (%s)", job_id, e)
-            return
+        except StateUnavailableError as e:
+            LOG.warning("job %s: not resumed yet, its progress cannot be read (%s)", job_id, e)
+            return False
+        except RecordError as e:
+            LOG.warning("job %s: its recorded progress is unreadable (%s); starting afresh",
+                        job_id, e)
+            recorded = None
         if recorded:
             self.progress[job_id] = recorded
+        else:
+            self.progress.pop(job_id, None)
+        return True
 
     async def _start_power_limit(self, record: JobRecord) -> None:
         """Start a power-limit job's optimiser (the lock is held)."""

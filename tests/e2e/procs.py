@@ -500,7 +500,8 @@ class FaultCluster:
             raise AssertionError(
                 f"no status event '{what}' within {timeout_s} s; trainer "
                 f"{'running' if self.procs.alive('trainer') else 'ended'}; events:\n"
-                f"{self.messages()}\n{self.procs.log('coordinator')}"
+                f"{self.messages()}\n"
+                + "\n".join(self.procs.log(name, 4000) for name in self.replicas)
             ) from None
 
     # ------------------------------------------------------------------ the job
