@@ -567,7 +567,8 @@ class CoordinatorService(ExitSignals):
         if self.state is None or self.nc is None or not self.nc.is_connected:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._record_unsaved(), self.settings.shutdown_timeout_s)
+            await asyncio.wait_for(self._record_unsaved(stopping=True),
+                                   self.settings.shutdown_timeout_s)
         for job_hash, lease in self.book.renewals():
             value = self.book.value(lease.job_id, time.time(), release=True)
             with contextlib.suppress(Exception):
@@ -599,12 +600,16 @@ class CoordinatorService(ExitSignals):
         self._unsaved[job_id] = (kind, state)
         await self._write_progress(job_id)
 
-    async def _write_progress(self, job_id: str) -> None:
+    async def _write_progress(self, job_id: str, stopping: bool = False) -> None:
         lock = self._progress_locks.setdefault(job_id, asyncio.Lock())
         async with lock:
             latest = self._unsaved.get(job_id)
             if latest is None or self.state is None:
                 return  # A write that waited for the lock wrote it already.
+            if not stopping and not self.owns(job_id):
+                # Fenced (its lease could not be renewed): written once it is renewed, dropped
+                # once another replica holds the job (`_record_unsaved`).
+                return
             try:
                 await self.state.put_progress(job_id, *latest)
             except StateUnavailableError as e:
@@ -618,13 +623,18 @@ class CoordinatorService(ExitSignals):
             if self._unsaved.get(job_id) is latest:
                 del self._unsaved[job_id]
 
-    async def _record_unsaved(self) -> None:
-        """Write again the progress JetStream could not take (a stream leader election)."""
+    async def _record_unsaved(self, stopping: bool = False) -> None:
+        """Write again the progress JetStream could not take (a stream leader election).
+
+        `stopping`: before this replica gives its leases up, its latest progress is written
+        even if it could not renew a lease meanwhile, as long as no other replica holds it.
+        """
         for job_id in list(self._unsaved):
-            if not self.owns(job_id):
+            holder = self.book.owner(records.job_hash(job_id), time.time())
+            if holder is not None and holder != self.book.me:
                 self._unsaved.pop(job_id, None)  # Not ours to write any more.
-            else:
-                await self._write_progress(job_id)
+            elif stopping or self.owns(job_id):
+                await self._write_progress(job_id, stopping)
 
     async def _known_job(self, job_id: str) -> None:
         """Make sure this replica knows a job registered through another (its view may lag)."""

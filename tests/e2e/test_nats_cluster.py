@@ -331,7 +331,10 @@ async def test_a_profile_measured_while_the_state_streams_leader_is_down_survive
     optimum without measuring anything again. (Was: the write of the profile was dropped during
     the election, and the replica taking over measured the last window again.)
     """
-    c = await clusters(coordinator_args=["--state-replicas", "3",
+    # The owner keeps its lease through the election (up to ~10 s on a loaded 2-core VM; with
+    # the default 10 s lease the other replica may rightly take the job over meanwhile and
+    # measure again the window whose profile was not yet written).
+    c = await clusters(coordinator_args=["--state-replicas", "3", "--ownership-lease-s", "15",
                                         "--mark-timeout-s", str(MARK_TIMEOUT_S)])
     c.start_trainer(workload=WORKLOAD, steps=800, scale=SCALE, power_limit=options(10),
                     timeout_s=60)
