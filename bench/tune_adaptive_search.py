@@ -21,7 +21,11 @@ Procedure (all of it runs inside every fold, so the out-of-fold figures are hone
    profiles and traces together (`--folds gpu`: by GPU model instead, reported only). For each
    fold, `tune` uses ONLY the other folds' profiles: from the `STARTS` best settings of the pool,
    coordinate descent over `SPACE` (`PASSES` passes, tuning seeds), then the finalists on the
-   selection seeds. "Best" is `score`: the within-1% share minus `TAIL_WEIGHT` x the share of
+   selection seeds. A pass that keeps no single change tries pair moves (`pair_moves`): each of the
+   `PAIR_FLAGS` best changes that beat the score but for the time cap (e.g. the guard `k_guard`)
+   together with each of the `PAIR_PARTNERS` changes of another setting that cut the time (e.g.
+   `confirm` 0.5) whose pair would score best if the effects added up: a dozen pairs instead of the
+   ~350 of every pair. "Best" is `score`: the within-1% share minus `TAIL_WEIGHT` x the share of
    cases with a regret above 3% (a smooth stand-in for the worst regret, whose maximum over a few
    seeds is mostly noise), with steep penalties beyond a time ratio of `TIME_CAP` and a worst
    regret of `WORST_CAP` (margins under the goals 0.5 and 5%, for profiles never seen).
@@ -100,6 +104,8 @@ MIN_GAIN = 0.001  # Smallest score gain that moves the coordinate descent.
 PASSES = 2
 STARTS = 1
 FINALISTS = 4
+PAIR_FLAGS = 2  # Flagged single changes (better but over the time cap) paired up.
+PAIR_PARTNERS = 6  # Cheaper changes of other settings each flagged change is paired with.
 POOL_SEED = 2025
 
 FIXED: dict[str, Any] = {
@@ -291,32 +297,119 @@ def score(summary: dict[str, float]) -> tuple[float, float]:
     )
 
 
+def quality(summary: dict[str, float]) -> float:
+    """`score` without its time penalty: what a setting would score if its time were free."""
+    return (
+        summary["within_1pct"]
+        - TAIL_WEIGHT * summary["tail_3pct"]
+        - PENALTY * max(0.0, summary["worst_regret"] - WORST_CAP)
+    )
+
+
+def pair_moves(
+    current: dict[str, Any],
+    current_summary: dict[str, float],
+    singles: Sequence[tuple[str, dict[str, Any], dict[str, float]]],
+) -> list[dict[str, Any]]:
+    """Pairs of one-setting changes worth trying once the one-at-a-time moves are stuck.
+
+    `singles` are the single changes just tried from `current` (setting name, settings, summary).
+    A change is *flagged* when it would have been kept but for the time cap (its `quality` beats
+    the current one's by more than `MIN_GAIN`, its `score` does not). Each is paired with the
+    `PAIR_PARTNERS` changes of OTHER settings that cut the time (a cheaper setting may pay for
+    the flagged one) whose pair would score best if the two changes' effects added up (quality
+    and time); the `PAIR_FLAGS` flagged changes (at most one per setting) with the best such
+    guess are tried. So a stuck descent tries at most `PAIR_FLAGS` x `PAIR_PARTNERS` pairs, not
+    every pair.
+    """
+    base_quality = quality(current_summary)
+    base_score = score(current_summary)[0]
+
+    def guess(flag: dict[str, float], partner: dict[str, float]) -> float:
+        # The pair's score if the two changes added up (quality and time).
+        keys = ("within_1pct", "tail_3pct", "worst_regret", "time_ratio")
+        return score({k: flag[k] + partner[k] - current_summary[k] for k in keys})[0]
+
+    # Per flagged change: its partners, best guessed pair first.
+    options: list[tuple[float, str, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = []
+    for name, trial, summary in singles:
+        held_back = score(summary)[0] <= base_score + MIN_GAIN
+        if not (held_back and quality(summary) > base_quality + MIN_GAIN):
+            continue
+        partners = sorted(
+            (
+                (guess(summary, other), other_name, other_trial)
+                for other_name, other_trial, other in singles
+                if other_name != name and other["time_ratio"] < current_summary["time_ratio"]
+            ),
+            key=lambda x: x[0],
+            reverse=True,
+        )[:PAIR_PARTNERS]
+        if partners:
+            options.append((partners[0][0], name, trial, [(n, t) for _, n, t in partners]))
+    # The `PAIR_FLAGS` flagged changes (one per setting) with the best guessed pairs.
+    options.sort(key=lambda x: x[0], reverse=True)
+    pairs: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    flagged: set[str] = set()
+    for _, name, trial, partners in options:
+        if name in flagged or len(flagged) >= PAIR_FLAGS:
+            continue
+        flagged.add(name)
+        for partner_name, partner in partners:
+            pair = {**trial, partner_name: partner[partner_name]}
+            key = key_of(pair)
+            if pair["max_steps"] >= pair["chunk"] and key not in seen:
+                seen.add(key)
+                pairs.append(pair)
+    return pairs
+
+
 def coordinate_descent(
     start: dict[str, Any], mask: Sequence[bool], evaluate: Evaluator
 ) -> tuple[dict[str, Any], dict[str, tuple[float, float]]]:
-    """Improve settings one at a time over `SPACE`, scored on the profiles in `mask` only.
+    """Improve settings one at a time over `SPACE`, scored on the profiles in `mask` only, with
+    pair moves (`pair_moves`) when one-at-a-time moves are stuck.
 
     A change is kept if it raises the score by more than `MIN_GAIN`; at most `PASSES` passes.
+    A pass that keeps no single change tries the pairs of its flagged changes (better but over
+    the time cap) with cheaper changes of other settings; if one is kept, the next pass starts
+    from it.
 
     Returns:
         The settings, and every setting evaluated (by key) with its score.
     """
     current = dict(start)
-    current_score = score(pooled(evaluate([current])[0], mask).summary())
+    current_summary = pooled(evaluate([current])[0], mask).summary()
+    current_score = score(current_summary)
     seen = {key_of(current): current_score}
     for _ in range(PASSES):
         moved = False
+        singles: list[tuple[str, dict[str, Any], dict[str, float]]] = []
         for name, values in SPACE.items():
             trials = [{**current, name: v} for v in values if v != current[name]]
             trials = [t for t in trials if t["max_steps"] >= t["chunk"]]
             if not trials:
                 continue
-            results = evaluate(trials)
-            scores = [score(pooled(r, mask).summary()) for r in results]
+            summaries = [pooled(r, mask).summary() for r in evaluate(trials)]
+            scores = [score(s) for s in summaries]
             seen.update(zip(map(key_of, trials), scores, strict=True))
+            singles.extend((name, t, s) for t, s in zip(trials, summaries, strict=True))
             i = max(range(len(trials)), key=lambda j: scores[j])
             if scores[i][0] > current_score[0] + MIN_GAIN:
-                current, current_score, moved = trials[i], scores[i], True
+                current, current_summary, current_score = trials[i], summaries[i], scores[i]
+                moved = True
+        if not moved:
+            # Every single change was tried from `current` (it did not move): pairs.
+            pairs = pair_moves(current, current_summary, singles)
+            if pairs:
+                summaries = [pooled(r, mask).summary() for r in evaluate(pairs)]
+                scores = [score(s) for s in summaries]
+                seen.update(zip(map(key_of, pairs), scores, strict=True))
+                i = max(range(len(pairs)), key=lambda j: scores[j])
+                if scores[i][0] > current_score[0] + MIN_GAIN:
+                    current, current_summary, current_score = pairs[i], summaries[i], scores[i]
+                    moved = True
         if not moved:
             break
     return current, seen
@@ -633,8 +726,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
             "ties": "lower time_ratio",
             "search": (
                 f"coordinate descent over SPACE ({PASSES} passes, tuning seeds) from the "
-                f"{STARTS} best of the pool; of the {FINALISTS} best settings it evaluated, "
-                "the best on the selection seeds"
+                f"{STARTS} best of the pool, with pair moves when stuck (the {PAIR_FLAGS} best "
+                "single changes kept out only by the time cap, each with the "
+                f"{PAIR_PARTNERS} time-cutting changes of other settings whose pair scores best if "
+                "their effects add up); of the "
+                f"{FINALISTS} best settings it evaluated, the best on the selection seeds"
             ),
         },
         "sigma": SIGMA,

@@ -33,12 +33,11 @@ and does no I/O. The state machine asks it for the next probe and executes it.
      still be misjudged against it, settle the best: profile it up to `settle` x profile_steps
      in one window (of close limits, the one measured shortest is the likeliest to look best by
      luck), again if another limit then looks best;
-  6. optionally (`k_guard` > 0; off in the defaults) guard against a large regret: before
+  6. optionally (`k_guard` > 0; on in the defaults, 2.5) guard against a large regret: before
      finishing, profile once more each limit that could still be cheaper than the best by more
      than `guard_regret` at `k_guard` sigmas (the optimum read once in a short, unluckily high
      window: the out-of-fold worst cases), then go on as before. It lowers the tail but costs
-     ~0.015-0.025 of the exhaustive search's time, which the cross-validation under the time cap
-     did not spend;
+     ~0.015-0.025 of the exhaustive search's time; the tuning pays for it with `confirm` 0.5;
   7. never spend more than `budget` x the exhaustive search's steps (if set).
   Sigmas come from the assumed per-window `noise` of time and of energy (independent), through
   the cost: a ZeusCost mixing both is less noisy than either. Thresholds are relative (fractions
@@ -296,13 +295,13 @@ class Adaptive(SearchStrategy):
     rel_stop: float = 0.02
     patience: int = 3
     big_rise: float = 0.3
-    k_refine: float = 1.25
-    max_refines: int = 4
-    confirm: float = 0.75
+    k_refine: float = 1.5
+    max_refines: int = 6
+    confirm: float = 0.5
     budget: float = 0.0
     focused_refinement: bool = True
     settle: float = 0.75
-    k_guard: float = 0.0
+    k_guard: float = 2.5
     guard_regret: float = 0.03
 
     waits_for_results = True

@@ -181,6 +181,7 @@ def test_refinement_goes_to_the_best_and_its_most_ambiguous_rival() -> None:
         k_refine=3.0,
         steep=math.inf,
         focused_refinement=True,
+        k_guard=0.0,  # No guard windows: refinement only.
     )
     results = _drive(search, rows)
     descent = len(rows)  # k_ambiguous=0: one window per limit on the way down, no extension.
@@ -196,6 +197,7 @@ def test_a_close_pick_is_settled_on_a_full_window() -> None:
     rows = {300: 110.0, 275: 104.0, 250: 100.3, 225: 100.0, 200: 101.5, 175: 108.0, 150: 118.0}
     kw = {"max_refines": 0, "confirm": 0.0, "k_ambiguous": 0.0, "steep": math.inf}
     kw |= {"chunk": 0.125, "max_steps": 1.5, "focused_refinement": False, "settle": 0.0}
+    kw |= {"k_guard": 0.0}  # No guard windows: settling only.
     plain = _drive(Adaptive(**kw), rows)
     settled = _drive(Adaptive(**(kw | {"settle": 1.0})), rows)
     assert settled[: len(plain)] == plain
@@ -263,3 +265,31 @@ def test_guard_reprofiles_an_optimum_hidden_by_one_high_short_window() -> None:
     assert pick(fixed) == 200
     assert sum(r.steps for r in fixed if r.power_limit == 200) >= 30  # Then confirmed.
     assert pick(_drive(guarded, rows)) == 200  # Without the outlier: the same pick.
+
+
+def test_tuner_pairs_a_change_over_the_time_cap_with_a_cheaper_one() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "tune_adaptive_search_bench", ROOT / "bench" / "tune_adaptive_search.py"
+    )
+    assert spec and spec.loader
+    tuner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tuner
+    spec.loader.exec_module(tuner)
+    cap = tuner.TIME_CAP
+
+    def summary(within: float, time: float) -> dict[str, float]:
+        return {"within_1pct": within, "tail_3pct": 0.0, "worst_regret": 0.04, "time_ratio": time}
+
+    current = dict(tuner.PREVIOUS_DEFAULTS)
+    guard = {**current, "k_guard": 2.5}  # better, but over the time cap: flagged
+    cheap = {**current, "confirm": 0.5}  # a little worse, cheaper: a partner
+    slow = {**current, "settle": 1.0}  # worse and dearer: neither
+    singles = [
+        ("k_guard", guard, summary(0.95, cap + 0.01)),
+        ("confirm", cheap, summary(0.935, cap - 0.02)),
+        ("settle", slow, summary(0.93, cap + 0.01)),
+    ]
+    pairs = tuner.pair_moves(current, summary(0.94, cap - 0.005), singles)
+    assert pairs == [{**current, "k_guard": 2.5, "confirm": 0.5}]
+    # Nothing is flagged when no change is held back by the time alone.
+    assert tuner.pair_moves(current, summary(0.96, cap - 0.005), singles) == []
