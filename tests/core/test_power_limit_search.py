@@ -26,10 +26,9 @@ from coordinator.power_limit.search import resolve_search
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "power_limit_search_bench", ROOT / "bench" / "power_limit_search.py"
-    )
+def _bench(name: str = "power_limit_search") -> ModuleType:
+    """Load `bench/<name>.py` as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "bench" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -268,13 +267,7 @@ def test_guard_reprofiles_an_optimum_hidden_by_one_high_short_window() -> None:
 
 
 def test_tuner_pairs_a_change_over_the_time_cap_with_a_cheaper_one() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "tune_adaptive_search_bench", ROOT / "bench" / "tune_adaptive_search.py"
-    )
-    assert spec and spec.loader
-    tuner = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tuner
-    spec.loader.exec_module(tuner)
+    tuner = _bench("tune_adaptive_search")
     cap = tuner.TIME_CAP
 
     def summary(within: float, time: float) -> dict[str, float]:
