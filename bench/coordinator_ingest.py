@@ -160,12 +160,13 @@ async def register(nc: Any, ranks: int, options: PowerLimitOptions = OPTIONS) ->
     reply = codec.decode(raw.data, Reply)
     if not reply.ok:
         raise RuntimeError(f"job not registered: {reply.code}: {reply.error}")
-    job_id = str(reply.result["job_id"])
+    job_id, token = str(reply.result["job_id"]), str(reply.result["join_token"])
 
     async def one(r: int) -> Reply:
         node, gpu = placement(r)
         request = RegisterRank(
             job_id=job_id,
+            join_token=token,
             rank_info=RankInfo(rank=r, dp_rank=r, pp_rank=0, tp_rank=0,
                                available_frequencies=[1740, 1500, 1200, 900, 600, 210]),
             gpu=GpuBinding(node=node, gpu_index=gpu, gpu_uuid=f"GPU-{node}-{gpu}"))

@@ -127,10 +127,12 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
     raw = await client.request(
         subjects.coord_register_job("node0000"),
         codec.encode(RegisterJob(job=info, power_limit=PowerLimitOptions())), timeout=10)
-    job_id = codec.decode(raw.data, Reply).result["job_id"]
+    registered = codec.decode(raw.data, Reply).result
+    job_id, token = registered["job_id"], registered["join_token"]
     requests = [
         codec.encode(RegisterRank(
             job_id=job_id,
+            join_token=token,
             rank_info=RankInfo(rank=r, dp_rank=r, pp_rank=0, tp_rank=0,
                                available_frequencies=[1740, 1500, 1200, 900, 600, 210]),
             gpu=GpuBinding(node=f"node{r // gpus_per_node:04d}", gpu_index=r % gpus_per_node,

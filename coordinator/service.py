@@ -55,6 +55,7 @@ import gc
 import json
 import logging
 import os
+import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
@@ -116,6 +117,8 @@ from zeus_agent.wire.messages import (
 LOG = logging.getLogger(__name__)
 
 GPU_INFO_TTL_S = 30.0
+JOIN_TOKEN_BYTES = 18
+"""Randomness in a job's join token (144 bits; 24 URL-safe characters)."""
 """How long an agent's answer to `info` is trusted before asking again (s)."""
 
 INFO_COMMAND = codec.encode(CommandEnvelope(cmd=InfoCmd()))
@@ -727,8 +730,10 @@ class CoordinatorService(ExitSignals):
                 )
             request = request.model_copy(update={"scheduler": name})
         node = subjects.last_token(subject)
+        token = secrets.token_urlsafe(JOIN_TOKEN_BYTES)
         for _ in range(8):
-            record = self.registry.register_job(request, self.clock(), node, datetime.now())
+            record = self.registry.register_job(request, self.clock(), node, datetime.now(),
+                                                join_token=token)
             try:
                 created = await self._state().create_job(record)
             except StateUnavailableError:
@@ -748,7 +753,7 @@ class CoordinatorService(ExitSignals):
         await self.status(record.job_id, "registered",
                           f"job registered for {what}; "
                           f"waiting for {record.job.world_size} rank(s)")
-        return Reply.success(job_id=record.job_id)
+        return Reply.success(job_id=record.job_id, join_token=token)
 
     async def handle_register_rank(self, data: bytes, subject: str = "") -> Reply:
         """Register a rank after checking its GPU with the agent that drives it.

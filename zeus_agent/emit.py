@@ -275,6 +275,8 @@ class Publisher:
         self.physical_gpu_indices = [physical_gpu_index(i) for i in self.gpu_indices]
         self.timeout_s = timeout_s
         self.job_id: str | None = None
+        self.join_token: str | None = None
+        """The job's join token (rank 0: from the registration; other ranks: from rank 0)."""
         self.rank = 0
         self.node: str | None = None
         self.detached = False
@@ -694,7 +696,8 @@ class Publisher:
         """Register a job through the agent (relayed to the coordinator).
 
         Returns:
-            The job id the coordinator generated, or None when no agent answered.
+            The job id the coordinator generated, or None when no agent answered. The job's
+            join token, which every rank must present, is kept in `join_token`.
 
         Raises:
             RegistrationError: The coordinator refused the job.
@@ -708,6 +711,8 @@ class Publisher:
         job_id = reply.result.get("job_id")
         if not isinstance(job_id, str) or not job_id:
             raise RegistrationError("job", "internal", f"reply carries no job id: {reply.result}")
+        token = reply.result.get("join_token")
+        self.join_token = token if isinstance(token, str) and token else None
         return job_id
 
     def hello(self, hello: TrainerHello) -> Reply | None:
@@ -927,6 +932,7 @@ def _default_rank() -> int:
 def init(
     *,
     job_id: str | None = None,
+    join_token: str | None = None,
     job_info: JobInfo | None = None,
     power_limit: PowerLimitOptions | None = None,
     rank: int | None = None,
@@ -942,9 +948,10 @@ def init(
 ) -> Publisher:
     """Create the default publisher and register this process with its node's agent.
 
-    Order: rank 0 registers the job (`job_info`; relayed to the coordinator) and gets its id,
-    broadcast to the other ranks when `torch.distributed` is initialised (else pass `job_id`
-    on them); then every rank sends HELLO (binds this pid to its job rank and GPU) and
+    Order: rank 0 registers the job (`job_info`; relayed to the coordinator) and gets its id
+    and join token, broadcast to the other ranks when `torch.distributed` is initialised (else
+    pass `job_id` and `join_token` on them: see `Publisher.job_id` and `Publisher.join_token`
+    on rank 0); then every rank sends HELLO (binds this pid to its job rank and GPU) and
     REGISTER_RANK (`RankInfo` with the GPU's SM clocks, and the GPU binding). Without a job,
     nothing is registered and the publisher only measures windows and sends events.
 
@@ -953,6 +960,9 @@ def init(
 
     Args:
         job_id: The job's id, when it is registered already (ranks other than 0).
+        join_token: The job's join token, with `job_id` (rank 0's `Publisher.join_token`): the
+            coordinator accepts a rank only with it, so a process that learnt or guessed the
+            job id cannot take one of its ranks. Keep it as private as the job's other secrets.
         job_info: The job's parallelism degrees; rank 0 registers it.
         power_limit: Run the coordinator's power-limit optimizer with these options.
         rank: Global rank; default `torch.distributed`'s rank, else env `RANK`, else 0.
@@ -974,8 +984,8 @@ def init(
     Raises:
         RegistrationError: The coordinator or the agent refused the job, the rank or the
             binding (its `code` says why).
-        ValueError: Bad arguments: a GPU index that is not visible, or no `job_id` on a rank
-            other than 0 without `torch.distributed`.
+        ValueError: Bad arguments: a GPU index that is not visible, or no `job_id` (or no
+            `join_token`) on a rank other than 0 without `torch.distributed`.
     """
     global _default
     rank = _default_rank() if rank is None else rank
@@ -999,6 +1009,7 @@ def init(
     if job_info is not None and rank == 0 and job_id is None and publisher.connected:
         try:
             job_id = publisher.register_job(job_info, power_limit, scheduler)
+            join_token = publisher.join_token
         except RegistrationError as e:
             error = (e.what, e.code, e.message)
         if job_id is None and error is None:
@@ -1006,9 +1017,9 @@ def init(
             publisher.detached = True
     dist = _distributed() if job_info is not None else None
     if dist is not None:
-        box: list[Any] = [(job_id, error)]
+        box: list[Any] = [(job_id, join_token, error)]
         dist.broadcast_object_list(box, src=0)
-        job_id, error = box[0]
+        job_id, join_token, error = box[0]
     if error is not None:
         raise RegistrationError(*error)
     if job_info is not None and job_id is None and rank != 0 and not publisher.detached:
@@ -1016,10 +1027,17 @@ def init(
             f"rank {rank} needs the job id: pass init(job_id=...) or initialise "
             "torch.distributed so rank 0 can broadcast it"
         )
+    if job_id is not None and join_token is None:
+        raise ValueError(
+            f"rank {rank} needs the job's join token with its id: pass init(job_id=..., "
+            "join_token=...) with rank 0's Publisher.join_token, or initialise "
+            "torch.distributed so rank 0 can broadcast both"
+        )
     if job_id is None:
         return publisher
 
     publisher.job_id = job_id
+    publisher.join_token = join_token
     hello = TrainerHello(
         job_id=job_id,
         rank=rank,
@@ -1042,6 +1060,7 @@ def init(
         raise RegistrationError("hello", "internal", f"the agent's reply names no node: {reply}")
     registration = RegisterRank(
         job_id=job_id,
+        join_token=join_token,
         rank_info=RankInfo(
             rank=rank,
             dp_rank=dp_rank,

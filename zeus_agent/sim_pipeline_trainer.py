@@ -399,13 +399,14 @@ def _rank_main(
         if options.straggler is not None and options.straggler[0] == place.dp_rank:
             scale *= options.straggler[1]
         job_id: str | None = None
+        token: str | None = None
         if place.rank != 0:
             deadline = time.monotonic() + options.ipc_timeout_s
             while True:
                 if abort.is_set():
                     raise _Aborted
                 try:
-                    job_id = job_ids.get(timeout=0.1)
+                    job_id, token = job_ids.get(timeout=0.1)
                     break
                 except queue.Empty:
                     if time.monotonic() > deadline:
@@ -423,6 +424,7 @@ def _rank_main(
             server_url=f"unix://{place.socket_path}",
             job_metadata=options.job_metadata,
             job_id=job_id,
+            join_token=token,
             sync_cuda=False,
             timeout_s=options.registration_timeout_s,
         )
@@ -434,7 +436,7 @@ def _rank_main(
                 )
             results.put(("job_id", opt.job_id))
             for _ in range(stages * dp - 1):
-                job_ids.put(opt.job_id)
+                job_ids.put((opt.job_id, opt.join_token))  # as torch.distributed would
         order = one_f_one_b(place.pp_rank, stages, options.microbatches)
         barrier.wait(timeout=options.ipc_timeout_s)
         started = time.monotonic()

@@ -112,12 +112,13 @@ def _rank_main(
                             timeout_s=10.0)
             job_id = pub.job_id
             for _ in range(world_size - 1):
-                job_ids.put(job_id)
+                job_ids.put((job_id, pub.join_token))  # as torch.distributed would broadcast
             results.put(("job_id", job_id))
         else:
-            job_id = job_ids.get(timeout=60)
-            pub = emit.init(job_id=job_id, rank=rank, dp_rank=rank, gpu_index=placement.gpu_index,
-                            socket_path=placement.socket_path, timeout_s=10.0)
+            job_id, token = job_ids.get(timeout=60)
+            pub = emit.init(job_id=job_id, join_token=token, rank=rank, dp_rank=rank,
+                            gpu_index=placement.gpu_index, socket_path=placement.socket_path,
+                            timeout_s=10.0)
         barrier.wait(timeout=60)
         step = 0
         for _epoch in range(options.epochs):

@@ -12,7 +12,10 @@ Invariants:
    `check_rank` validates without changing anything (the shell calls it before asking the
    GPU's agent); `register_rank` validates again and records.
 4. A job registered by a trainer of user id U (as its agent saw it on the socket) accepts
-   only ranks of user U (`ForbiddenError`): another user cannot take a rank of it.
+   only ranks of user U (`ForbiddenError`): another user cannot take a rank of it. A job
+   registered with a join token accepts only ranks that present it (`ForbiddenError`): a
+   process of the same user that learnt or guessed the job id cannot take a rank either. Only
+   the token's SHA-256 digest is kept (and persisted); the caller makes the token.
 5. Quotas: at most `max_jobs` jobs, and at most `max_jobs_per_node` registered through one
    node's agent (`QuotaError`), so one node cannot fill the coordinator. `unregister_job` and
    `unregister_rank` undo a registration that could not be persisted.
@@ -23,6 +26,8 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -104,6 +109,9 @@ class JobRecord:
     """The node whose agent registered the job (for per-node quotas)."""
     uid: int | None = None
     """The user id of the trainer that registered the job (its ranks must share it)."""
+    join_digest: str | None = None
+    """SHA-256 (hex) of the job's join token, which every rank must present; None: no token
+    (a job registered before tokens existed)."""
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     gpu_ranks: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     """Index (node, GPU index) -> rank, kept in step with `ranks`."""
@@ -131,6 +139,7 @@ class JobRecord:
             "power_limit": self.power_limit.model_dump() if self.power_limit else None,
             "node": self.node,
             "uid": self.uid,
+            "join_digest": self.join_digest,
         }
         if with_ranks:
             data["ranks"] = [rr.plain() for rr in self.ranks.values()]
@@ -156,10 +165,16 @@ class JobRecord:
             last_active_s=now_s,
             node=data.get("node", ""),
             uid=data.get("uid"),
+            join_digest=data.get("join_digest"),
         )
         for rr in data.get("ranks", []):
             record.add_rank(RankRecord.from_plain(rr))
         return record
+
+
+def join_digest(token: str) -> str:
+    """The digest of a join token that a job record keeps (never the token itself)."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class JobRegistry:
@@ -186,9 +201,17 @@ class JobRegistry:
             ) from None
 
     def register_job(
-        self, request: RegisterJob, now_s: float, node: str = "", wall: datetime | None = None
+        self,
+        request: RegisterJob,
+        now_s: float,
+        node: str = "",
+        wall: datetime | None = None,
+        join_token: str | None = None,
     ) -> JobRecord:
         """Register a job (through `node`'s agent) and give it an id (stamped with `wall`).
+
+        `join_token` (made by the caller, e.g. `secrets.token_urlsafe`): every rank must present
+        it; None: any rank of the job's user may join.
 
         Raises:
             QuotaError: `max_jobs` jobs are registered, or `max_jobs_per_node` through `node`.
@@ -218,6 +241,7 @@ class JobRegistry:
             last_active_s=now_s,
             node=node,
             uid=request.uid,
+            join_digest=None if join_token is None else join_digest(join_token),
         )
         self._add(record)
         return record
@@ -258,6 +282,7 @@ class JobRegistry:
 
         Raises:
             UnknownJobError: The job is not registered.
+            ForbiddenError: Another user's job, or a missing or wrong join token.
             RankRangeError: The rank does not fit the job's degrees.
             DuplicateError: The rank or its GPU is registered differently.
         """
@@ -266,6 +291,17 @@ class JobRegistry:
             raise ForbiddenError(
                 f"job {record.job_id} belongs to another user: a job's ranks run as the user "
                 "who registered it"
+            )
+        if record.join_digest is not None and not (
+            request.join_token is not None
+            and hmac.compare_digest(join_digest(request.join_token), record.join_digest)
+        ):
+            what = "a wrong" if request.join_token else "no"
+            raise ForbiddenError(
+                f"rank {request.rank_info.rank} of job {record.job_id} presented {what} join "
+                "token: rank 0's registration returns it with the job id, and every rank "
+                "presents it (zeus_agent.emit.init passes both to the other ranks over "
+                "torch.distributed; without it, pass init(job_id=..., join_token=...))"
             )
         info, job = request.rank_info, record.job
         for name, value, limit in (

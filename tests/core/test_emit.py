@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,13 +31,14 @@ from zeus_agent.wire.trainer import (
 
 Handler = Callable[[RequestDatagram], "Reply | None"]
 CLOCKS = [1410, 1395, 1200]
+TOKEN = "fake-join-token-0123"  # what the coordinator returns with a job id
 
 
 def default_handler(req: RequestDatagram) -> Reply | None:
     """What a healthy agent (and coordinator) answers."""
     if req.kind is Kind.REGISTER_JOB:
         validate(RegisterJob, req.payload)
-        return Reply.success(job_id="job-1")
+        return Reply.success(job_id="job-1", join_token=TOKEN)
     if req.kind is Kind.HELLO:
         validate(TrainerHello, req.payload)
         return Reply.success(node="node-a", supported_graphics_clocks_mhz=CLOCKS)
@@ -233,7 +235,7 @@ def test_late_agent_is_picked_up(sock_path: str) -> None:
 
 def test_restarted_agent_is_picked_up_and_rebound(sock_path: str) -> None:
     first = FakeAgent(sock_path)
-    emit.init(job_id="job-1", rank=0, socket_path=sock_path)
+    emit.init(job_id="job-1", join_token=TOKEN, rank=0, socket_path=sock_path)
     pub = emit.get_publisher()
     pub._retry_interval_ns = 10_000_000
     emit.step_begin()
@@ -334,7 +336,8 @@ def test_init_registers_job_hello_and_rank(agent: FakeAgent, monkeypatch) -> Non
     hello = validate(TrainerHello, agent.requests[1].payload)
     assert (hello.job_id, hello.rank, hello.gpu_index) == ("job-1", 0, 0)
     reg_rank = validate(RegisterRank, agent.requests[2].payload)
-    assert reg_rank.job_id == "job-1"
+    assert (reg_rank.job_id, reg_rank.join_token) == ("job-1", TOKEN)
+    assert pub.join_token == TOKEN  # for the other ranks, with the id
     assert reg_rank.rank_info.available_frequencies == CLOCKS
     assert (reg_rank.gpu.node, reg_rank.gpu.gpu_index) == ("node-a", 0)
     assert "pid" not in agent.requests[2].payload  # the agent takes the pid from the kernel
@@ -345,7 +348,8 @@ def test_init_registers_job_hello_and_rank(agent: FakeAgent, monkeypatch) -> Non
 
 
 def test_init_other_rank_uses_given_job_id(agent: FakeAgent) -> None:
-    emit.init(job_id="job-7", rank=3, dp_rank=3, gpu_index=1, socket_path=agent.path)
+    emit.init(job_id="job-7", join_token=TOKEN, rank=3, dp_rank=3, gpu_index=1,
+              socket_path=agent.path)
     assert [r.kind for r in agent.requests] == [Kind.HELLO, Kind.REGISTER_RANK]
     reg = validate(RegisterRank, agent.requests[1].payload)
     assert (reg.job_id, reg.rank_info.rank, reg.rank_info.dp_rank, reg.gpu.gpu_index) == (
@@ -354,6 +358,41 @@ def test_init_other_rank_uses_given_job_id(agent: FakeAgent) -> None:
         3,
         1,
     )
+    assert reg.join_token == TOKEN
+
+
+def test_init_other_rank_without_the_join_token_is_an_error(agent: FakeAgent) -> None:
+    """The coordinator would refuse the rank: say so before anything is sent."""
+    with pytest.raises(ValueError, match="rank 3 needs the job's join token"):
+        emit.init(job_id="job-7", rank=3, dp_rank=3, gpu_index=1, socket_path=agent.path)
+    assert agent.requests == []
+
+
+def test_rank_0_broadcasts_the_job_id_with_its_join_token(agent: FakeAgent, monkeypatch) -> None:
+    """With torch.distributed, rank 0 broadcasts (id, token, error); the others use both."""
+    sent: list[Any] = []
+
+    class Dist:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+        def broadcast_object_list(self, box: list[Any], src: int) -> None:
+            assert src == 0
+            if self.rank == 0:
+                sent.append(box[0])
+            else:
+                box[0] = sent[0]
+
+    job = JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2)
+    monkeypatch.setattr(emit, "_distributed", lambda: Dist(0))
+    emit.init(job_info=job, rank=0, socket_path=agent.path)
+    assert sent == [("job-1", TOKEN, None)]
+    monkeypatch.setattr(emit, "_distributed", lambda: Dist(1))
+    emit.init(job_info=job, rank=1, dp_rank=1, gpu_index=1, socket_path=agent.path)
+    ranks = [validate(RegisterRank, r.payload) for r in agent.requests
+             if r.kind is Kind.REGISTER_RANK]
+    assert [(r.rank_info.rank, r.job_id, r.join_token) for r in ranks] == [
+        (0, "job-1", TOKEN), (1, "job-1", TOKEN)]
 
 
 def test_init_other_rank_without_job_id_is_an_error(agent: FakeAgent) -> None:
@@ -409,7 +448,7 @@ def test_init_silent_agent_times_out_and_detaches(sock_path: str, caplog) -> Non
 def test_cuda_visible_devices_mapping(agent: FakeAgent, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    pub = emit.init(job_id="j", socket_path=agent.path)
+    pub = emit.init(job_id="j", join_token=TOKEN, socket_path=agent.path)
     assert (pub.gpu_index, pub.physical_gpu_index) == (1, 5)
     hello = validate(TrainerHello, agent.requests[0].payload)
     assert hello.gpu_index == 5

@@ -295,3 +295,31 @@ def test_a_jobs_ranks_must_come_from_the_user_who_registered_it():
     restored = JobRegistry.restore(registry.snapshot(), 0.0)
     with pytest.raises(ForbiddenError):
         restored.check_rank(rank(record.job_id, 0).model_copy(update={"uid": 0}))
+
+
+def test_a_jobs_ranks_must_present_its_join_token():
+    """Found by the adversarial review: a process of the job's own user, on any node, took a
+    missing rank with nothing but the job id (made from the clock). A job registered with a
+    join token accepts only ranks that present it; only its digest is kept and persisted."""
+    from coordinator.jobs import ForbiddenError
+
+    token = "s3cret-join-token-0123456789"
+    registry = JobRegistry()
+    record = registry.register_job(job(dp=2), 0.0, node="b", join_token=token)
+    assert record.join_digest is not None and token not in json.dumps(registry.snapshot())
+    for presented, words in ((None, "presented no join token"),
+                             ("a-guessed-token-000000", "presented a wrong join token")):
+        with pytest.raises(ForbiddenError, match=words) as info:
+            registry.register_rank(rank(record.job_id, 1).model_copy(
+                update={"join_token": presented}), 1.0)
+        assert "join_token=" in str(info.value)  # says how to pass it
+    assert record.ranks == {}
+    registry.register_rank(rank(record.job_id, 1).model_copy(update={"join_token": token}), 1.0)
+    restored = JobRegistry.restore(registry.snapshot(), 0.0)
+    with pytest.raises(ForbiddenError):
+        restored.check_rank(rank(record.job_id, 0))
+    assert restored.check_rank(rank(record.job_id, 0).model_copy(
+        update={"join_token": token})) is False
+    # A retry of a registered rank presents the token too.
+    assert restored.check_rank(rank(record.job_id, 1).model_copy(
+        update={"join_token": token})) is True

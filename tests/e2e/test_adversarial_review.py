@@ -94,9 +94,11 @@ class Raw:
         self.s.close()
 
 
-def rank_payload(job_id: str, rank: int, node: str, gpu: int) -> dict[str, Any]:
+def rank_payload(job_id: str, rank: int, node: str, gpu: int,
+                 token: str | None) -> dict[str, Any]:
     return {
         "job_id": job_id,
+        "join_token": token,
         "rank_info": {"rank": rank, "dp_rank": rank, "pp_rank": 0, "tp_rank": 0,
                       "available_frequencies": []},
         "gpu": {"node": node, "gpu_index": gpu},
@@ -132,11 +134,12 @@ req(Kind.BYE, {})
 """
 
 
-def spawn_rank(sock: Path, job_id: str, rank: int, node: str, gpu: int, steps: int,
+def spawn_rank(sock: Path, job: tuple[str, str], rank: int, node: str, gpu: int, steps: int,
                bye_at: int | None, period: float = 0.15) -> subprocess.Popen[str]:
+    job_id, token = job
     spec = {"sock": str(sock), "job": job_id, "rank": rank, "gpu": gpu, "steps": steps,
             "bye_at": -1 if bye_at is None else bye_at, "period": period,
-            "registration": rank_payload(job_id, rank, node, gpu)}
+            "registration": rank_payload(job_id, rank, node, gpu, token)}
     return subprocess.Popen([sys.executable, "-c", RANK_CHILD, json.dumps(spec), str(REPO_ROOT)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
@@ -384,14 +387,11 @@ async def test_agent_cannot_subscribe_to_other_services_discovery(
 
 
 # ======================================================================= trainers vs nodes
-@pytest.mark.xfail(strict=True, reason=(
-    "open defect, same user only: a rank of the job's own user joins with nothing but the job id "
-    "(guessable from the clock); another user is refused (next test). Closing it needs a join "
-    "token returned to rank 0 and passed to the other ranks with the id"))
 def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -> None:
-    """Any process on node a can list the jobs (QUERY_JOB) and register itself as a missing
-    rank of a job running on node b: the legitimate rank is then refused (`duplicate`) and
-    the coordinator commands node b's GPUs on the intruder's measurements."""
+    """Any process on node a could list the jobs (QUERY_JOB) and register itself as a missing
+    rank of a job running on node b: the legitimate rank was then refused (`duplicate`) and
+    the coordinator commanded node b's GPUs on the intruder's measurements. Trainers cannot
+    list jobs, and a rank joins only with the join token rank 0 got with the job id."""
     victim = Raw(cluster.sock("b"))
     intruder = Raw(cluster.sock("a"))
     try:
@@ -399,15 +399,23 @@ def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -
         assert (listing.ok, listing.code) == (False, "bad_request")  # trainers cannot list jobs
         job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
                        "job_metadata": "victim"}}
-        job_id = victim.req(Kind.REGISTER_JOB, job).result["job_id"]
+        registered = victim.req(Kind.REGISTER_JOB, job).result
+        job_id, token = registered["job_id"], registered["join_token"]
         assert victim.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0}).ok
-        assert victim.req(Kind.REGISTER_RANK, rank_payload(job_id, 0, "b", 0)).ok
+        assert victim.req(Kind.REGISTER_RANK, rank_payload(job_id, 0, "b", 0, token)).ok
         assert intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 1, "dp_rank": 1,
                                          "gpu_index": 0}).ok
-        reply = intruder.req(Kind.REGISTER_RANK, rank_payload(job_id, 1, "a", 0))
-        assert not reply.ok, (
-            "a trainer on node a joined node b's job as rank 1 with nothing but its id "
-            f"(ids are listed by QUERY_JOB and made from the clock): {reply.result}")
+        for guess in (None, "a-guessed-join-token-0000"):
+            reply = intruder.req(Kind.REGISTER_RANK, rank_payload(job_id, 1, "a", 0, guess))
+            assert (reply.ok, reply.code) == (False, "forbidden"), (
+                "a trainer on node a joined node b's job as rank 1 with nothing but its id "
+                f"(made from the clock): {reply}")
+            assert "join token" in reply.error
+        # The events of the intruder's bound pid are not the job's: rank 1 is still free, and
+        # the job's own rank 1 (which has the token) takes it.
+        assert victim.req(Kind.HELLO, {"job_id": job_id, "rank": 1, "dp_rank": 1,
+                                       "gpu_index": 1}).ok
+        assert victim.req(Kind.REGISTER_RANK, rank_payload(job_id, 1, "b", 1, token)).ok
     finally:
         victim.close()
         intruder.close()
@@ -449,16 +457,18 @@ def test_another_users_trainer_cannot_take_a_rank_of_a_job(cluster: Cluster) -> 
     try:
         job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
                        "job_metadata": "victim"}}
-        job_id = victim.req(Kind.REGISTER_JOB, job).result["job_id"]
+        registered = victim.req(Kind.REGISTER_JOB, job).result
+        job_id, token = registered["job_id"], registered["join_token"]
         os.chmod(cluster.root, 0o755)  # let `nobody` reach node a's socket (mode 0666)
+        # Even with the token (leaked, say), another user is refused.
         hello, registered = _intrude_as_nobody(cluster.sock("a"), job_id,
-                                               rank_payload(job_id, 1, "a", 0))
+                                               rank_payload(job_id, 1, "a", 0, token))
         assert hello["ok"], hello
         assert (registered["ok"], registered["code"]) == (False, "forbidden"), registered
         assert "another user" in registered["error"]
         # The job's own user still registers its rank 1.
         assert victim.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0}).ok
-        assert victim.req(Kind.REGISTER_RANK, rank_payload(job_id, 0, "b", 0)).ok
+        assert victim.req(Kind.REGISTER_RANK, rank_payload(job_id, 0, "b", 0, token)).ok
     finally:
         victim.close()
         bye_everywhere(cluster)
@@ -472,10 +482,11 @@ def test_gpu_of_a_departed_rank_is_not_throttled_again(cluster: Cluster) -> None
     r = Raw(cluster.sock("a"))
     job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2},
            "power_limit": {"warmup_steps": 1, "profile_steps": 3, "pl_step_w": 100}}
-    job_id = r.req(Kind.REGISTER_JOB, job).result["job_id"]
+    registered = r.req(Kind.REGISTER_JOB, job).result
+    job_id, token = registered["job_id"], registered["join_token"]
     r.close()
-    ranks = [spawn_rank(cluster.sock("a"), job_id, 0, "a", 1, steps=14, bye_at=None),
-             spawn_rank(cluster.sock("a"), job_id, 1, "a", 2, steps=14, bye_at=3)]
+    ranks = [spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 1, steps=14, bye_at=None),
+             spawn_rank(cluster.sock("a"), (job_id, token), 1, "a", 2, steps=14, bye_at=3)]
     try:
         for p in ranks:
             line = json.loads(p.stdout.readline())  # type: ignore[union-attr]
@@ -580,9 +591,11 @@ async def test_step_counter_jumps_cannot_stall_the_coordinator(cluster: Cluster)
         assert r.req(Kind.REGISTER_JOB, refused).code == "bad_request"  # step counts bounded
         job = {"job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1},
                "power_limit": {"warmup_steps": 100_000, "profile_steps": 100_000}}
-        job_id = r.req(Kind.REGISTER_JOB, job).result["job_id"]
+        registered = r.req(Kind.REGISTER_JOB, job).result
+        job_id = registered["job_id"]
         assert r.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0}).ok
-        assert r.req(Kind.REGISTER_RANK, rank_payload(job_id, 0, "a", 0)).ok
+        assert r.req(Kind.REGISTER_RANK,
+                     rank_payload(job_id, 0, "a", 0, registered["join_token"])).ok
         await asyncio.sleep(1.0)  # the optimiser starts
         assert await latency() < 0.5
         for k in range(1, 16):

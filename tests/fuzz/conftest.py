@@ -745,11 +745,15 @@ REGISTER_JOBS = st.builds(
 """`RegisterJob` payloads, valid or not in their values."""
 
 
-def _rank(job: str, rank: int, node: str, gpu: int, uuid: str, dp: int | None) -> Case:
+def _rank(job: str, rank: int, node: str, gpu: int, uuid: str, dp: int | None,
+          token: str | None) -> Case:
     info = {"rank": rank, "dp_rank": rank if dp is None else dp, "pp_rank": 0, "tp_rank": 0,
             "available_frequencies": [1740, 210]}  # fmt: skip
     gpu_binding = {"node": node, "gpu_index": gpu, "gpu_uuid": uuid}
-    return Case("register rank", {"v": 1, "job_id": job, "rank_info": info, "gpu": gpu_binding})
+    request = {"v": 1, "job_id": job, "rank_info": info, "gpu": gpu_binding}
+    if token != "<absent>":
+        request["join_token"] = token
+    return Case("register rank", request)
 
 
 REGISTER_RANKS = st.builds(
@@ -760,6 +764,9 @@ REGISTER_RANKS = st.builds(
     st.sampled_from([0, 1, 0, 1, 2, 7, -1, 2**24 - 1]),
     st.sampled_from(["", "", "$UUID0", "$UUID1", "GPU-not-this-one"]),
     st.sampled_from([None, None, 0, 5]),
+    # The join token of $JOB or $JOB2 (right or wrong for the job named), none, or another.
+    st.sampled_from(["$TOKEN", "$TOKEN", "$TOKEN2", "$TOKEN2", "<absent>", None,
+                     "a-guessed-token-0000000", "short", "not a token!"]),
 )
 """`RegisterRank` payloads for the module's jobs ($JOB, $JOB2) and others."""
 

@@ -32,6 +32,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from coordinator.jobs.registry import join_digest
 from tests.fuzz.conftest import (
     I64,
     JOB_QUERIES,
@@ -79,9 +80,9 @@ def jobs(bus: Bus) -> dict[str, str]:
                            "profile_steps": 1, "pl_step_w": 100}}  # fmt: skip
     reply = bus.ask(subjects.coord_register_job(node), codec.encode(job))
     assert reply.ok, reply
-    job_id = reply.result["job_id"]
+    job_id, token = reply.result["job_id"], reply.result["join_token"]
     for rank in (0, 1):
-        rank_request = {"v": 1, "job_id": job_id,
+        rank_request = {"v": 1, "job_id": job_id, "join_token": token,
                         "rank_info": {"rank": rank, "dp_rank": rank, "pp_rank": 0, "tp_rank": 0,
                                       "available_frequencies": [1740, 210]},
                         "gpu": {"node": node, "gpu_index": rank}}  # fmt: skip
@@ -95,7 +96,8 @@ def jobs(bus: Bus) -> dict[str, str]:
     while job_id not in bus.call(lambda: set(bus.coord.power_limit_jobs)):
         assert time.monotonic() < deadline, "the optimiser of the module's job did not start"
         time.sleep(0.02)
-    bus.env_extra.update({"$JOB": job_id, "$JOB2": reply.result["job_id"]})
+    bus.env_extra.update({"$JOB": job_id, "$JOB2": reply.result["job_id"],
+                          "$TOKEN": token, "$TOKEN2": reply.result["join_token"]})
     ACKNOWLEDGED.update({job_id: {0, 1}, reply.result["job_id"]: set()})
     return {"$JOB": job_id, "$JOB2": reply.result["job_id"]}
 
@@ -128,6 +130,7 @@ def expected_request(bus: Bus, endpoint: str, data: bytes, via: str, case: Case)
     if case.bad:
         return set(STABLE_CODES)
     known = bus.call(lambda: {j: r.job for j, r in bus.coord.registry.jobs.items()})
+    digests = bus.call(lambda: {j: r.join_digest for j, r in bus.coord.registry.jobs.items()})
     if endpoint == "job":
         allowed = {"PowerLimitOptimizer"}
         if request.power_limit is None:
@@ -144,6 +147,10 @@ def expected_request(bus: Bus, endpoint: str, data: bytes, via: str, case: Case)
     job = known.get(request.job_id)
     if job is None:
         return {"unknown_job"}
+    digest = digests[request.job_id]
+    if digest is not None and (request.join_token is None
+                               or join_digest(request.join_token) != digest):
+        return {"forbidden"}  # Knowing the id is not enough: the rank presents the job's token.
     info = request.rank_info
     if (
         info.rank >= job.world_size
@@ -465,9 +472,9 @@ def test_concurrent_rank_registrations_keep_one_rank_per_gpu(
     # Through a node of its own (jobs are counted per node: the quota is not under test).
     reply = bus.ask(subjects.coord_register_job(f"race-{next(RACES)}"), codec.encode(job))
     assert reply.ok, reply
-    job_id = reply.result["job_id"]
+    job_id, token = reply.result["job_id"], reply.result["join_token"]
     payloads = [
-        _rank_request(job_id, rank, bus.node, gpu, resolve(uuid, env))
+        _rank_request(job_id, rank, bus.node, gpu, resolve(uuid, env), token)
         for rank, gpu, uuid in requests
     ]
     subject = subjects.coord_register_rank(bus.node)
@@ -503,8 +510,9 @@ def test_concurrent_rank_registrations_keep_one_rank_per_gpu(
     bus.check_healthy(mark, f"racing registrations {requests}")
 
 
-def _rank_request(job_id: str, rank: int, node: str, gpu: int, uuid: str) -> dict[str, Any]:
-    return {"v": 1, "job_id": job_id,
+def _rank_request(job_id: str, rank: int, node: str, gpu: int, uuid: str,
+                  token: str) -> dict[str, Any]:
+    return {"v": 1, "job_id": job_id, "join_token": token,
             "rank_info": {"rank": rank, "dp_rank": rank, "pp_rank": 0, "tp_rank": 0,
                           "available_frequencies": [1740, 210]},
             "gpu": {"node": node, "gpu_index": gpu, "gpu_uuid": uuid}}  # fmt: skip
@@ -568,7 +576,7 @@ def test_optimisers_start_and_run_safely_on_any_options_and_measurements(
         assert reply.code in STABLE_CODES, reply
         return
     job_id = reply.result["job_id"]
-    rank = _rank_request(job_id, 0, bus.node, gpu, "")
+    rank = _rank_request(job_id, 0, bus.node, gpu, "", reply.result["join_token"])
     reply = bus.ask(subjects.coord_register_rank(bus.node), codec.encode(rank))
     assert reply.ok, reply
     deadline = time.monotonic() + 3

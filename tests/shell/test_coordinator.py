@@ -94,10 +94,15 @@ def job_request(dp: int = 2, job_metadata: str | None = None, **kw: Any) -> Regi
     return RegisterJob(job=info, **kw)
 
 
+JOIN_TOKENS: dict[str, str] = {}
+"""Job id -> the join token its registration returned (`register_job` keeps it)."""
+
+
 def rank_request(job_id: str, rank: int, gpu: int | None = None, node: str = NODE,
                  uuid: str = "") -> RegisterRank:
     return RegisterRank(
         job_id=job_id,
+        join_token=JOIN_TOKENS.get(job_id),
         rank_info=RankInfo(rank=rank, dp_rank=rank, pp_rank=0, tp_rank=0,
                            available_frequencies=[1740, 210]),
         gpu=GpuBinding(node=node, gpu_index=rank if gpu is None else gpu, gpu_uuid=uuid),
@@ -107,6 +112,7 @@ def rank_request(job_id: str, rank: int, gpu: int | None = None, node: str = NOD
 async def register_job(nc, **kw: Any) -> str:
     reply = await ask(nc, subjects.coord_register_job(NODE), job_request(**kw))
     assert reply.ok, reply
+    JOIN_TOKENS[reply.result["job_id"]] = reply.result["join_token"]
     return reply.result["job_id"]
 
 
@@ -234,6 +240,11 @@ async def test_rank_errors(coord, nc):
         (rank_request(job_id, 1, gpu=7), "unavailable", "no agent answers for GPU 7"),
         (rank_request(job_id, 1, node="ghost-node"), "forbidden", "through that node's agent"),
         (rank_request(job_id, 1, uuid="GPU-not-this-one"), "conflict", "not GPU-not-this-one"),
+        # Knowing the job id is not enough: every rank presents the job's join token.
+        (rank_request(job_id, 1).model_copy(update={"join_token": None}), "forbidden",
+         "rank 1 of job " + job_id + " presented no join token"),
+        (rank_request(job_id, 1).model_copy(update={"join_token": "x" * 24}), "forbidden",
+         "presented a wrong join token"),
     ]
     for request, code, words in cases:
         reply = await ask(nc, rank, request)
@@ -284,6 +295,11 @@ async def state_keys(coord: CoordinatorService) -> set[str]:
         return set()
 
 
+async def state_values(coord: CoordinatorService) -> list[bytes]:
+    """Every value in the coordinator's state bucket now."""
+    return [(await coord.state.kv.get(key)).value or b"" for key in await state_keys(coord)]
+
+
 async def test_state_survives_a_restart(nats_server, agent, nc, tmp_path):
     state = tmp_path / "state"
     coord, task = await start(nats_server, state)
@@ -298,6 +314,11 @@ async def test_state_survives_a_restart(nats_server, agent, nc, tmp_path):
         # Registration continues where it stopped, duplicates are still refused.
         dup = await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0, gpu=1))
         assert dup.code == "duplicate"
+        # The join token outlives the restart (its digest is in the state; never the token).
+        tokenless = rank_request(job_id, 0).model_copy(update={"join_token": None})
+        refused = await ask(nc, subjects.coord_register_rank(NODE), tokenless)
+        assert (refused.code, "no join token" in refused.error) == ("forbidden", True)
+        assert not any(JOIN_TOKENS[job_id] in str(v) for v in (await state_values(coord)))
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0))).ok
     finally:
         await stop(coord, task)

@@ -58,6 +58,7 @@ def Notice(  # noqa: N802 - reads like the model it builds
 @dataclass
 class FakePublisher:
     job_id: str | None = "job-1"
+    join_token: str | None = "fake-join-token-0123"
     notices: list[ScheduleNotice] = field(default_factory=list)
     events: list[tuple[str, Any]] = field(default_factory=list)
     step: int = -1

@@ -16,7 +16,15 @@ import pytest
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.scheduler import FrequencyScheduler
 from coordinator.service import CoordinatorService
-from tests.shell.test_coordinator import NODE, ask, gpu_info, register_job, start, stop
+from tests.shell.test_coordinator import (
+    JOIN_TOKENS,
+    NODE,
+    ask,
+    gpu_info,
+    register_job,
+    start,
+    stop,
+)
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
@@ -81,7 +89,7 @@ class Served(FrequencyScheduler):
 
 
 def rank_request(job_id: str, rank: int) -> RegisterRank:
-    return RegisterRank(job_id=job_id, rank_info=RankInfo(
+    return RegisterRank(job_id=job_id, join_token=JOIN_TOKENS.get(job_id), rank_info=RankInfo(
         rank=rank, dp_rank=rank, pp_rank=0, tp_rank=0, available_frequencies=[1740, 210]),
         gpu=GpuBinding(node=NODE, gpu_index=rank))
 

@@ -81,6 +81,7 @@ class PerseusOptimizer:
         device_id: CUDA device index of this process's GPU.
         server_url: As passed (only a `unix://` URL is used: the agent's socket).
         job_id: The job's id (None when the job could not be registered).
+        join_token: The job's join token, which every rank presents with the id.
         publisher: The `zeus_agent.emit.Publisher` the events go through.
     """
 
@@ -99,6 +100,7 @@ class PerseusOptimizer:
         job_metadata: str | None = None,
         *,
         job_id: str | None = None,
+        join_token: str | None = None,
         socket_path: str | None = None,
         sync_cuda: bool | None = None,
         timeout_s: float = 5.0,
@@ -122,7 +124,8 @@ class PerseusOptimizer:
                 default socket).
             job_metadata: Free text appended to the job id.
             job_id: The job's id on ranks other than 0 when `torch.distributed` is not
-                initialised (with it, rank 0 broadcasts the id).
+                initialised (with it, rank 0 broadcasts the id and the join token).
+            join_token: The job's join token, with `job_id` (rank 0's `join_token`).
             socket_path: The agent's socket; overrides the default (not a `unix://` URL).
             sync_cuda: `torch.cuda.synchronize()` before each event; default: when torch is
                 imported and CUDA is available and initialised.
@@ -168,6 +171,7 @@ class PerseusOptimizer:
         try:
             self.publisher = emit.init(
                 job_id=job_id,
+                join_token=join_token,
                 job_info=job_info,
                 rank=rank,
                 dp_rank=dp_rank,
@@ -189,6 +193,7 @@ class PerseusOptimizer:
             )
             self.publisher = emit.get_publisher()
         self.job_id: str | None = self.publisher.job_id
+        self.join_token: str | None = self.publisher.join_token
         if self.job_id is None:
             logger.warning(
                 "PerseusOptimizer: the job is not registered with a coordinator; training "

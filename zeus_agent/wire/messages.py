@@ -67,6 +67,10 @@ Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS, pattern=NO_CO
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 """Free text for people."""
 Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
+JoinToken = Annotated[
+    str, StringConstraints(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+]
+"""A job's join token: URL-safe base64, as `secrets.token_urlsafe` makes it."""
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -423,6 +427,12 @@ class RegisterRank(Message):
         le=2**32 - 1,
         description="The trainer's user id, as its agent saw it (set by the agent): a job's "
         "ranks must come from the user who registered it",
+    )
+    join_token: JoinToken | None = Field(
+        default=None,
+        description="The secret the coordinator returned with the job id when rank 0 "
+        "registered the job; every rank presents it (rank 0 passes it to the other ranks with "
+        "the id), so knowing a job's id is not enough to take one of its ranks",
     )
     gpu_info: GpuDescription | None = Field(
         default=None,
