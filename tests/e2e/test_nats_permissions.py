@@ -541,6 +541,7 @@ async def test_real_agent_and_coordinator_register_a_rank_with_their_credentials
                         assert hello is not None and hello.ok, hello
                         rank = RegisterRank(
                             job_id=job_id,
+                            join_token=pub.join_token,
                             rank_info=RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0,
                                                available_frequencies=[]),
                             gpu=GpuBinding(node=A, gpu_index=0),

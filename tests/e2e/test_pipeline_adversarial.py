@@ -311,12 +311,15 @@ class Rank:
         return Reply.model_validate(await self.call({"op": "req", "kind": int(kind),
                                                      "payload": payload}))
 
-    async def join(self, job_id: str, rank: int, dp: int, pp: int) -> None:
+    async def join(self, job: tuple[str, str], rank: int, dp: int, pp: int) -> None:
+        """HELLO and REGISTER_RANK as rank `rank` of `job` (its id and join token)."""
+        job_id, token = job
         hello = await self.req(Kind.HELLO, {"job_id": job_id, "rank": rank, "dp_rank": dp,
                                             "pp_rank": pp, "gpu_index": self.gpu})
         assert hello.ok, hello
         reg = await self.req(Kind.REGISTER_RANK, {
             "job_id": job_id,
+            "join_token": token,
             "rank_info": {"rank": rank, "dp_rank": dp, "pp_rank": pp, "tp_rank": 0,
                           "available_frequencies": []},
             "gpu": {"node": self.node, "gpu_index": self.gpu}})
@@ -440,6 +443,7 @@ class Job:
         self.obs = obs
         self.ranks: list[Rank] = []
         self.job_id = ""
+        self.join_token = ""
 
     async def register(self, placements: list[tuple[str, int]], pp: int, dp: int,
                        metadata: str | None = None, **extra: Any) -> Reply:
@@ -451,13 +455,18 @@ class Job:
                                "job_metadata": metadata or f"adv{next(_tags)}x{os.getpid()}"}
         reply = await self.ranks[0].req(Kind.REGISTER_JOB, {"job": job, **extra})
         if reply.ok:
-            self.job_id = reply.result["job_id"]
+            self.job_id, self.join_token = reply.result["job_id"], reply.result["join_token"]
         return reply
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What a rank joins with: the job id and its join token."""
+        return self.job_id, self.join_token
 
     async def join_all(self, pp: int) -> None:
         """Every rank says HELLO and registers (rank r: pp_rank r % pp, dp_rank r // pp)."""
         for r, rank in enumerate(self.ranks):
-            await rank.join(self.job_id, r, r // pp, r % pp)
+            await rank.join(self.key, r, r // pp, r % pp)
 
     async def close(self) -> None:
         await asyncio.gather(*(r.close() for r in self.ranks), return_exceptions=True)
@@ -650,10 +659,10 @@ async def test_a_rank_training_before_the_job_starts_is_discovered_correctly(env
     job = Job(c, obs)
     jobs.append(job)
     assert (await job.register([("a", 1), ("b", 1)], pp=2, dp=1)).ok
-    await job.ranks[0].join(job.job_id, 0, 0, 0)
+    await job.ranks[0].join(job.key, 0, 0, 0)
     job.ranks[0].run(5, FB, dt=0.6, max_steps=1)  # forward 0-0.6 s, backward 0.6-1.2 s
     await asyncio.sleep(0.8)
-    await job.ranks[1].join(job.job_id, 1, 0, 1)  # the job starts during rank 0's backward
+    await job.ranks[1].join(job.key, 1, 0, 1)  # the job starts during rank 0's backward
     await job.ranks[0].stop()
     for rank in job.ranks:
         rank.run(6, FB, dt=0.01)
