@@ -1,4 +1,8 @@
-"""Cost of one `zeus_agent.emit` event call on the caller's thread (budget: p50 <= 2 us).
+"""Cost of one `zeus_agent.emit` event call on the caller's thread.
+
+Budget (the design's): with the agent up, the p50 at most 1 us above a bare `socket.send` of
+the same datagram measured in the same run (that send, which wakes the sleeping agent, is the
+floor emit cannot go under: ~3 us on a quiet 2-core VM); with no agent, p50 <= 2 us.
 
 Times `emit.step_begin()` (the module-level call a training loop makes) with
 `time.perf_counter_ns()` around each call, after a warm-up:
@@ -45,6 +49,9 @@ while True:
 """
 
 BUDGET_P50_NS = 2000
+"""p50 with no agent."""
+BUDGET_ABOVE_SEND_NS = 1000
+"""p50 with the agent up, above the bare send's p50 in the same run."""
 
 
 def measure(call: Callable[[], None], calls: int, warmup: int, gap_ns: int) -> list[int]:
@@ -136,6 +143,7 @@ def main() -> None:
     print(f"(paced: {args.gap_us} us between calls; receiver: {args.socket or 'subprocess'})")
 
     p50_up, p50_absent = pct(up, 0.5), pct(absent, 0.5)
+    p50_send = pct(rows[1][1], 0.5)
     result = {
         "bench": "emit_overhead",
         "p50_ns_agent_up": p50_up,
@@ -143,11 +151,13 @@ def main() -> None:
         "p50_ns_agent_absent": p50_absent,
         "p99_ns_agent_absent": pct(absent, 0.99),
         "p50_ns_agent_up_back_to_back": pct(b2b, 0.5),
-        "p50_ns_raw_send_agent_up": pct(rows[1][1], 0.5),
+        "p50_ns_raw_send_agent_up": p50_send,
+        "p50_ns_agent_up_above_send": p50_up - p50_send,
         "p50_ns_timer": pct(rows[0][1], 0.5),
         "calls": args.calls,
-        "budget_p50_ns": BUDGET_P50_NS,
-        "ok": p50_up <= BUDGET_P50_NS and p50_absent <= BUDGET_P50_NS,
+        "budget_p50_ns_agent_absent": BUDGET_P50_NS,
+        "budget_p50_ns_above_send": BUDGET_ABOVE_SEND_NS,
+        "ok": p50_up - p50_send <= BUDGET_ABOVE_SEND_NS and p50_absent <= BUDGET_P50_NS,
         "machine": machine(),
         "date": now(),
     }
