@@ -274,15 +274,15 @@ def test_tuner_pairs_a_change_over_the_time_cap_with_a_cheaper_one() -> None:
         return {"within_1pct": within, "tail_3pct": 0.0, "worst_regret": 0.04, "time_ratio": time}
 
     current = dict(tuner.PREVIOUS_DEFAULTS)
-    wider = {**current, "k_refine": 2.0}  # better, but over the time cap: flagged
+    guard = {**current, "k_guard": 2.5}  # better, but over the time cap: flagged
     cheap = {**current, "confirm": 0.5}  # a little worse, cheaper: a partner
     slow = {**current, "settle": 1.0}  # worse and dearer: neither
     singles = [
-        ("k_refine", wider, summary(0.95, cap + 0.01)),
+        ("k_guard", guard, summary(0.95, cap + 0.01)),
         ("confirm", cheap, summary(0.935, cap - 0.02)),
         ("settle", slow, summary(0.93, cap + 0.01)),
     ]
     pairs = tuner.pair_moves(current, summary(0.94, cap - 0.005), singles)
-    assert pairs == [{**current, "k_refine": 2.0, "confirm": 0.5}]
+    assert pairs == [{**current, "k_guard": 2.5, "confirm": 0.5}]
     # Nothing is flagged when no change is held back by the time alone.
     assert tuner.pair_moves(current, summary(0.96, cap - 0.005), singles) == []
