@@ -13,10 +13,11 @@ Endpoints (a `nats.micro` service "zeus-coordinator", queue group so replicas sh
   optimiser stopped); the job's other pipelines are slowed down (`PipelineJob.set_straggler`).
 
 Streams it follows: trainer events `<p>.job.*.ev.*.<node>` (rank 0 paces the power-limit
-machine), GPU marks `<p>.gpu.*.*.meas` (window energies), both accepted only from the node the
-rank is bound to; agent announcements `<p>.agent.*.hello`, on which it reconciles: a GPU whose
-limit is not its job's desired limit (its agent restarted) gets it again. It commands agents on
-`<p>.gpu.<n>.<i>.cmd`, renews leases on `<p>.lease.<job>` and reports on `<p>.job.<job>.status`.
+machine), GPU marks `<p>.gpu.*.*.meas` (window energies), both accepted only from the GPU the
+rank is bound to (as its node's agent names it); agent announcements `<p>.agent.*.hello`, on
+which it reconciles: a GPU whose limit is not its job's desired limit (its agent restarted)
+gets it again. It commands agents on `<p>.gpu.<n>.<i>.cmd`, renews leases on `<p>.lease.<job>`
+and reports on `<p>.job.<job>.status`.
 
 Never deaf: if the NATS server closes the connection for good (nats-py then stops
 reconnecting), the coordinator stops and exits with `BUS_LOST` (4) so its supervisor starts a
@@ -1089,9 +1090,13 @@ class CoordinatorService(ExitSignals):
         if record is None:
             self._drop("unknown_job", msg.subject, batch.job_id)
             return
-        if via != subjects.token(batch.node) or not self._bound_here(record, batch.rank, via, None):
+        # The rank's own GPU, not just its node: an agent binds a GPU to (job, rank) on a
+        # trainer's HELLO, which carries no join token, so any process of the node that knows
+        # the job id could otherwise speak for the rank from another GPU.
+        if (via != subjects.token(batch.node)
+                or not self._bound_here(record, batch.rank, via, batch.gpu)):
             self._drop("wrong_node", msg.subject,
-                       f"rank {batch.rank} of {batch.job_id} is not bound to node {via}")
+                       f"rank {batch.rank} of {batch.job_id} is not bound to {via}/gpu{batch.gpu}")
             return
         now = self.clock()
         lapsed = record is not None and now - record.last_active_s > self.settings.lease_idle_s

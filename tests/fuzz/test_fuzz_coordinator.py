@@ -301,7 +301,7 @@ def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | Non
     if stream == "events":
         via = tokens[-1]
         if via != subjects.token(message.node) or not _bound_here(
-            bus, message.job_id, message.rank, via, None
+            bus, message.job_id, message.rank, via, message.gpu
         ):
             return "any"
         return None

@@ -1,0 +1,113 @@
+"""Reproducers from an adversarial review of the join tokens (a job's ranks must present the
+secret rank 0 got with the job id): each test asserts the safe behaviour and fails while the
+defect it names is present.
+
+Real processes: an embedded `nats-server`, `zeus-coordinator run`, `zeus-agent run --backend
+sim` on two simulated nodes (the `Cluster` of `test_adversarial_review`), and trainers speaking
+the datagram protocol on the agents' sockets; trainers that the agent must tell apart (by the
+kernel's pid) run as child processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_adversarial_review import (
+    DEFAULT_W,
+    Cluster,
+    Raw,
+    bye_everywhere,
+    kill_group,
+    spawn_rank,
+)
+from zeus_agent.broker import connect
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import JobQuery, Reply
+from zeus_agent.wire.trainer import Kind
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        c.close()
+
+
+async def _power_limit_progress(nc: Any, job_id: str) -> dict[str, Any] | None:
+    """The job's power-limit optimiser progress as a query shows it (None: not started)."""
+    raw = await nc.request(subjects.coord_job_query(), codec.encode(JobQuery(job_id=job_id)),
+                           timeout=5)
+    reply = codec.decode(raw.data, Reply)
+    assert reply.ok, reply
+    progress = reply.result.get("power_limit")
+    return progress if isinstance(progress, dict) else None
+
+
+async def _wait_progress(nc: Any, job_id: str, done: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        progress = await _power_limit_progress(nc, job_id)
+        if progress is not None and done(progress):
+            return progress
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; progress: {progress}")
+        await asyncio.sleep(0.1)
+
+
+async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
+    cluster: Cluster,
+) -> None:
+    """The agent binds a GPU to (job, rank) on HELLO, which carries no token; the coordinator
+    took a rank's events from any GPU of the node the rank is bound to (its marks and errors
+    only from the rank's own GPU). So a process of the job's user on that node that knows only
+    the job id said HELLO as rank 0 on a free GPU and its step events paced the job's
+    power-limit search (which commands every GPU of the job), while the real rank 0 was silent:
+    the join token was not needed to speak for a rank, only to register one."""
+    r = Raw(cluster.sock("a"))
+    job = {"job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1,
+                   "job_metadata": "silent-victim"},
+           "power_limit": {"wait_steps": 1, "warmup_steps": 1, "profile_steps": 3,
+                           "pl_step_w": 100}}
+    registered = r.req(Kind.REGISTER_JOB, job).result
+    r.close()
+    job_id, token = registered["job_id"], registered["join_token"]
+    victim = spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 0, steps=6, bye_at=None,
+                        period=0.1)
+    intruder = Raw(cluster.sock("a"))
+    nc = await connect(cluster.url, "join-token-review")
+    try:
+        line = json.loads(victim.stdout.readline())  # type: ignore[union-attr]
+        assert line["hello"] and line["rank"], line
+        await _wait_progress(nc, job_id, lambda p: p["phase"] == "Ready", 15,
+                             "the job's optimiser to start")
+        # The intruder: the job's user on the node of rank 0, on a GPU of its own (no token).
+        assert intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 1}).ok
+        for step in range(8):
+            intruder.event(Kind.STEP_BEGIN, step)
+        await asyncio.sleep(1.5)
+        progress = await _power_limit_progress(nc, job_id)
+        assert progress is not None and progress["phase"] == "Ready", (
+            "a process that knows only the job id paced its power-limit search as rank 0 "
+            f"(from GPU 1 of rank 0's node; rank 0 drives GPU 0 and sent nothing): {progress}")
+        assert cluster.limit("a", 0) == DEFAULT_W  # rank 0's GPU was not commanded either
+        # The real rank 0 (its own GPU) still paces it.
+        victim.stdin.write("go\n")  # type: ignore[union-attr]
+        victim.stdin.flush()  # type: ignore[union-attr]
+        await _wait_progress(nc, job_id, lambda p: p["phase"] != "Ready", 15,
+                             "rank 0's own steps to pace the search")
+    finally:
+        intruder.close()
+        await nc.close()
+        kill_group(victim)
+        bye_everywhere(cluster)
