@@ -111,3 +111,58 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
         await nc.close()
         kill_group(victim)
         bye_everywhere(cluster)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open defect, same user on the node of a rank whose process has gone: the agent binds a GPU "
+    "to (job, rank) on HELLO, which carries no join token, and forwards that binding's events "
+    "and marks; the coordinator checks them by node and GPU only. Closing it needs the agent to "
+    "forward a binding's events only once the coordinator accepted its REGISTER_RANK (with the "
+    "token), or the token in HELLO checked by the coordinator"))
+async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
+    cluster: Cluster,
+) -> None:
+    """Rank 0 (node a, GPU 0) dies; rank 1 (node b) is still running. A process of the job's
+    user on node a that knows only the job id says HELLO as rank 0 on GPU 0 (its trainer is
+    gone, so the agent lets it) and sends steps: the coordinator takes them as rank 0's, paces
+    the power-limit search on them and commands rank 1's GPU on node b."""
+    r = Raw(cluster.sock("a"))
+    job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
+                   "job_metadata": "departed-rank-0"},
+           "power_limit": {"wait_steps": 1, "warmup_steps": 1, "profile_steps": 3,
+                           "pl_step_w": 100}}
+    registered = r.req(Kind.REGISTER_JOB, job).result
+    r.close()
+    job_id, token = registered["job_id"], registered["join_token"]
+    ranks = [spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 0, steps=0, bye_at=None),
+             spawn_rank(cluster.sock("b"), (job_id, token), 1, "b", 0, steps=0, bye_at=None)]
+    intruder = Raw(cluster.sock("a"))
+    nc = await connect(cluster.url, "join-token-review")
+    try:
+        for p in ranks:
+            line = json.loads(p.stdout.readline())  # type: ignore[union-attr]
+            assert line["hello"] and line["rank"], line
+        await _wait_progress(nc, job_id, lambda p: p["phase"] == "Ready", 15,
+                             "the job's optimiser to start")
+        kill_group(ranks[0])  # rank 0 dies; rank 1 goes on
+        hello = intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0})
+        assert hello.ok, hello
+        refused = intruder.req(Kind.REGISTER_RANK, {
+            "job_id": job_id, "rank_info": {"rank": 0, "dp_rank": 0, "pp_rank": 0,
+                                            "tp_rank": 0, "available_frequencies": []},
+            "gpu": {"node": "a", "gpu_index": 0}})
+        assert (refused.ok, refused.code) == (False, "forbidden")  # no token: no rank
+        for step in range(8):
+            intruder.event(Kind.STEP_BEGIN, step)
+        await asyncio.sleep(1.5)
+        progress = await _power_limit_progress(nc, job_id)
+        assert progress is not None and progress["phase"] == "Ready", (
+            "a process that knows only the job id spoke as its departed rank 0 and paced the "
+            f"power-limit search: {progress}")
+        assert cluster.limit("b", 0) == DEFAULT_W  # rank 1's GPU not commanded on its steps
+    finally:
+        intruder.close()
+        await nc.close()
+        for p in ranks:
+            kill_group(p)
+        bye_everywhere(cluster)
