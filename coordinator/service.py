@@ -118,9 +118,9 @@ from zeus_agent.wire.messages import (
 LOG = logging.getLogger(__name__)
 
 GPU_INFO_TTL_S = 30.0
+"""How long an agent's answer to `info` is trusted before asking again (s)."""
 JOIN_TOKEN_BYTES = 18
 """Randomness in a job's join token (144 bits; 24 URL-safe characters)."""
-"""How long an agent's answer to `info` is trusted before asking again (s)."""
 
 INFO_COMMAND = codec.encode(CommandEnvelope(cmd=InfoCmd()))
 
