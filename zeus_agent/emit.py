@@ -1040,6 +1040,7 @@ def init(
     publisher.join_token = join_token
     hello = TrainerHello(
         job_id=job_id,
+        join_token=join_token,
         rank=rank,
         dp_rank=dp_rank,
         pp_rank=pp_rank,

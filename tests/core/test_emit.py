@@ -335,6 +335,7 @@ def test_init_registers_job_hello_and_rank(agent: FakeAgent, monkeypatch) -> Non
     assert reg_job.power_limit.selector == "Energy"
     hello = validate(TrainerHello, agent.requests[1].payload)
     assert (hello.job_id, hello.rank, hello.gpu_index) == ("job-1", 0, 0)
+    assert hello.join_token == TOKEN  # the agent checks it once it has relayed a rank with it
     reg_rank = validate(RegisterRank, agent.requests[2].payload)
     assert (reg_rank.job_id, reg_rank.join_token) == ("job-1", TOKEN)
     assert pub.join_token == TOKEN  # for the other ranks, with the id

@@ -121,7 +121,8 @@ def req(kind, payload):
         if getattr(dg, "request_id", None) == rid:
             return dg.reply
 hello = req(Kind.HELLO, {"job_id": spec["job"], "rank": spec["rank"], "dp_rank": spec["rank"],
-                         "gpu_index": spec["gpu"]})
+                         "gpu_index": spec["gpu"],
+                         "join_token": spec["registration"]["join_token"]})
 rank = req(Kind.REGISTER_RANK, spec["registration"])
 print(json.dumps({"hello": hello.ok, "rank": rank.ok, "code": rank.code}), flush=True)
 sys.stdin.readline()  # go
@@ -414,7 +415,7 @@ def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -
         # The events of the intruder's bound pid are not the job's: rank 1 is still free, and
         # the job's own rank 1 (which has the token) takes it.
         assert victim.req(Kind.HELLO, {"job_id": job_id, "rank": 1, "dp_rank": 1,
-                                       "gpu_index": 1}).ok
+                                       "gpu_index": 1, "join_token": token}).ok
         assert victim.req(Kind.REGISTER_RANK, rank_payload(job_id, 1, "b", 1, token)).ok
     finally:
         victim.close()

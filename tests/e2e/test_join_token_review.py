@@ -82,17 +82,25 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
     registered = r.req(Kind.REGISTER_JOB, job).result
     r.close()
     job_id, token = registered["job_id"], registered["join_token"]
+    # The intruder: the job's user on the node of rank 0, on a GPU of its own (no token). It
+    # says HELLO before rank 0 registers (later, the agent, which then relayed rank 0 with the
+    # job's token, refuses a HELLO without it: checked below), so its binding stands.
+    intruder = Raw(cluster.sock("a"))
+    assert intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 1}).ok
     victim = spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 0, steps=6, bye_at=None,
                         period=0.1)
-    intruder = Raw(cluster.sock("a"))
     nc = await connect(cluster.url, "join-token-review")
     try:
         line = json.loads(victim.stdout.readline())  # type: ignore[union-attr]
         assert line["hello"] and line["rank"], line
         await _wait_progress(nc, job_id, lambda p: p["phase"] == "Ready", 15,
                              "the job's optimiser to start")
-        # The intruder: the job's user on the node of rank 0, on a GPU of its own (no token).
-        assert intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 1}).ok
+        late = Raw(cluster.sock("a"))
+        try:
+            refused = late.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 2})
+            assert (refused.ok, refused.code) == (False, "forbidden"), refused
+        finally:
+            late.close()
         for step in range(8):
             intruder.event(Kind.STEP_BEGIN, step)
         await asyncio.sleep(1.5)
@@ -113,19 +121,15 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
         bye_everywhere(cluster)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open defect, same user on the node of a rank whose process has gone: the agent binds a GPU "
-    "to (job, rank) on HELLO, which carries no join token, and forwards that binding's events "
-    "and marks; the coordinator checks them by node and GPU only. Closing it needs the agent to "
-    "forward a binding's events only once the coordinator accepted its REGISTER_RANK (with the "
-    "token), or the token in HELLO checked by the coordinator"))
 async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
     cluster: Cluster,
 ) -> None:
     """Rank 0 (node a, GPU 0) dies; rank 1 (node b) is still running. A process of the job's
-    user on node a that knows only the job id says HELLO as rank 0 on GPU 0 (its trainer is
-    gone, so the agent lets it) and sends steps: the coordinator takes them as rank 0's, paces
-    the power-limit search on them and commands rank 1's GPU on node b."""
+    user on node a that knows only the job id said HELLO as rank 0 on GPU 0 (its trainer was
+    gone, so the agent let it) and sent steps: the coordinator took them as rank 0's, paced
+    the power-limit search on them and commanded rank 1's GPU on node b. Now an agent that
+    relayed a rank of the job with its join token refuses a HELLO for the job without it;
+    a restarted rank 0 (with the token) binds the GPU again."""
     r = Raw(cluster.sock("a"))
     job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
                    "job_metadata": "departed-rank-0"},
@@ -146,7 +150,11 @@ async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
                              "the job's optimiser to start")
         kill_group(ranks[0])  # rank 0 dies; rank 1 goes on
         hello = intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0})
-        assert hello.ok, hello
+        assert (hello.ok, hello.code) == (False, "forbidden"), hello
+        assert "join token" in hello.error
+        guessed = intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0,
+                                            "join_token": "a-guessed-join-token-0000"})
+        assert (guessed.ok, guessed.code) == (False, "forbidden"), guessed
         refused = intruder.req(Kind.REGISTER_RANK, {
             "job_id": job_id, "rank_info": {"rank": 0, "dp_rank": 0, "pp_rank": 0,
                                             "tp_rank": 0, "available_frequencies": []},
@@ -160,6 +168,14 @@ async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
             "a process that knows only the job id spoke as its departed rank 0 and paced the "
             f"power-limit search: {progress}")
         assert cluster.limit("b", 0) == DEFAULT_W  # rank 1's GPU not commanded on its steps
+        # Rank 0 restarted by its launcher (it has the token) takes its GPU back.
+        back = Raw(cluster.sock("a"))
+        try:
+            rejoined = back.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0,
+                                             "join_token": token})
+            assert rejoined.ok, rejoined
+        finally:
+            back.close()
     finally:
         intruder.close()
         await nc.close()

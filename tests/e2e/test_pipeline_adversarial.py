@@ -315,7 +315,8 @@ class Rank:
         """HELLO and REGISTER_RANK as rank `rank` of `job` (its id and join token)."""
         job_id, token = job
         hello = await self.req(Kind.HELLO, {"job_id": job_id, "rank": rank, "dp_rank": dp,
-                                            "pp_rank": pp, "gpu_index": self.gpu})
+                                            "pp_rank": pp, "gpu_index": self.gpu,
+                                            "join_token": token})
         assert hello.ok, hello
         reg = await self.req(Kind.REGISTER_RANK, {
             "job_id": job_id,
@@ -735,7 +736,7 @@ async def test_agent_sigkill_and_restart_mid_profiling(env: Any) -> None:
         await rank.stop()
         await rank.call({"op": "reconnect"})
         hello = await rank.req(Kind.HELLO, {"job_id": job.job_id, "rank": 1, "pp_rank": 1,
-                                            "gpu_index": 1})
+                                            "gpu_index": 1, "join_token": job.join_token})
         assert hello.ok, hello
         rank.run(30, FB, dt=0.01)
         await obs.wait_status(job.job_id, lambda s: s.state == "reconciled", 8, "reconciled")
@@ -845,13 +846,18 @@ async def test_schedule_notices_sent_to_the_agent_are_dropped(env: Any) -> None:
 async def test_a_trainer_on_node_a_cannot_feed_measurements_of_node_bs_rank(env: Any) -> None:
     """Regression: a process on node a says HELLO as rank 1 of a job whose rank 1 runs on
     node b, and trains a different instruction order: its agent forwards the measurements, the
-    coordinator drops them (`wrong_node`), and the job learns rank 1's order from node b."""
+    coordinator drops them (`wrong_node`), and the job learns rank 1's order from node b. The
+    forger has the job's token (a misconfigured rank of the job, say): without it, node a's
+    agent, which relayed rank 0 with the token, refuses the HELLO itself."""
     c, obs, _ = env
     job = await new_job(env, [("a", 0), ("b", 0)], pp=2)
     forger = await Rank.start(c, "a", 1)
     job.ranks.append(forger)
+    tokenless = await forger.req(Kind.HELLO, {"job_id": job.job_id, "rank": 1, "pp_rank": 1,
+                                              "gpu_index": 1})
+    assert (tokenless.ok, tokenless.code) == (False, "forbidden"), tokenless
     hello = await forger.req(Kind.HELLO, {"job_id": job.job_id, "rank": 1, "pp_rank": 1,
-                                          "gpu_index": 1})
+                                          "gpu_index": 1, "join_token": job.join_token})
     assert hello.ok  # HELLO is local; the coordinator is the one to refuse
     before = c.health()["dropped"].get("wrong_node", 0)
     forger.run(5, ["evil"] * 3, dt=0.002)

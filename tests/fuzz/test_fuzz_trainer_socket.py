@@ -232,7 +232,9 @@ def expected_reply(request: dg.RequestDatagram, case: Case) -> set[str]:
         match request.kind:
             case K.HELLO:
                 hello = codec.validate(dg.TrainerHello, payload)
-                outcomes = {OK} if hello.gpu_index in (0, 1) else {"bad_request"}
+                # forbidden: a job this agent relayed a rank of with its join token, and
+                # this HELLO does not present that token.
+                outcomes = {OK, "forbidden"} if hello.gpu_index in (0, 1) else {"bad_request"}
             case K.WINDOW:
                 window = codec.validate(dg.WindowRequest, payload)
                 if (window.t1_ns < window.t0_ns or not set(window.gpus) <= {0, 1}

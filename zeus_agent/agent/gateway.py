@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import hmac
 import logging
 import os
 import socket
 import struct
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -76,6 +78,8 @@ _SCM_CREDENTIALS = socket.SCM_CREDENTIALS  # type: ignore[attr-defined,unused-ig
 _SO_PASSCRED = socket.SO_PASSCRED  # type: ignore[attr-defined,unused-ignore]
 
 ANNOUNCE_AFTER_BIND_S = 0.2
+MAX_JOIN_DIGESTS = 4096
+"""Jobs whose join token's digest the gateway remembers (the most recently registered)."""
 """Bindings within this time share one announcement (a flood of HELLOs is not a flood of
 announcements)."""
 
@@ -155,6 +159,9 @@ class Gateway:
         self.counters: Counter[str] = Counter()
         self._last_report_ns: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._join_digests: OrderedDict[str, bytes] = OrderedDict()
+        """Job id -> SHA-256 of the join token of a rank the coordinator accepted through this
+        agent: a HELLO for the job must present the same token."""
 
     # ------------------------------------------------------------------ socket
     def attach(self, sock: socket.socket) -> None:
@@ -408,6 +415,17 @@ class Gateway:
 
     async def _hello(self, hello: TrainerHello, pid: int, uid: int, addr: Any = None) -> Reply:
         agent = self._agent(hello.gpu_index)
+        digest = self._join_digests.get(hello.job_id)
+        if digest is not None and not (
+            hello.join_token is not None
+            and hmac.compare_digest(hashlib.sha256(hello.join_token.encode()).digest(), digest)
+        ):
+            return Reply.failure(
+                FORBIDDEN,
+                f"job {hello.job_id!r} has ranks on this node that joined with its join token: "
+                "a HELLO for it must present the token too (zeus_agent.emit.init sends it; pass "
+                "init(job_id=..., join_token=...) without torch.distributed)",
+            )
         bound = agent.binding
         if bound is not None and bound.pid is not None and bound.pid != pid:
             if process_alive(bound.pid):
@@ -475,7 +493,14 @@ class Gateway:
             "rank_info": rank.rank_info.model_copy(update={"available_frequencies": clocks}),
             "gpu_info": GpuDescription.from_info(agent.info, limit, bound.job_id)})
         subject = subjects.coord_register_rank(self.node, self.prefix)
-        return await self._relay(subject, codec.encode(rank))
+        reply = await self._relay(subject, codec.encode(rank))
+        if reply.ok and rank.join_token is not None:
+            # The coordinator checked the token: later HELLOs for the job must present it.
+            self._join_digests[rank.job_id] = hashlib.sha256(rank.join_token.encode()).digest()
+            self._join_digests.move_to_end(rank.job_id)
+            while len(self._join_digests) > MAX_JOIN_DIGESTS:
+                self._join_digests.popitem(last=False)
+        return reply
 
     async def _relay(self, subject: str, payload: bytes) -> Reply:
         try:

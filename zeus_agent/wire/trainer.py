@@ -99,6 +99,12 @@ class TrainerHello(BaseModel):
     pp_rank: int = Field(default=0, ge=0, le=MAX_RANK)
     tp_rank: int = Field(default=0, ge=0, le=MAX_RANK)
     gpu_index: int = Field(ge=0, le=MAX_RANK)
+    join_token: str | None = Field(
+        default=None, min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$"
+    )
+    """The job's join token (as in `RegisterRank`): an agent that relayed a rank of the job
+    with it refuses a HELLO for the job without it, so a process that knows only the job id
+    cannot speak as one of its ranks (e.g. a rank whose process has gone)."""
 
 
 class WindowRequest(BaseModel):
