@@ -1022,6 +1022,14 @@ def init(
         job_id, join_token, error = box[0]
     if error is not None:
         raise RegistrationError(*error)
+    if dist is not None and job_id is None and rank != 0:
+        # Rank 0 could not register the job (no agent answered it): like rank 0, run on
+        # unregistered (events are still sent; nothing is optimised).
+        logger.warning(
+            "zeus_agent.emit: rank 0 could not register the job (its agent did not answer); "
+            "rank %d runs unregistered: nothing is optimised", rank
+        )
+        return publisher
     if job_info is not None and job_id is None and rank != 0 and not publisher.detached:
         raise ValueError(
             f"rank {rank} needs the job id: pass init(job_id=...) or initialise "

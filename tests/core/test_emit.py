@@ -396,6 +396,24 @@ def test_rank_0_broadcasts_the_job_id_with_its_join_token(agent: FakeAgent, monk
         (0, "job-1", TOKEN), (1, "job-1", TOKEN)]
 
 
+def test_other_ranks_run_unregistered_when_rank_0_could_not_register(
+    agent: FakeAgent, monkeypatch, caplog
+) -> None:
+    """Rank 0's agent did not answer: it broadcasts no id; the others warn and run on (they
+    raised "needs the job id", which sent users looking for a job id they could not have)."""
+
+    class Dist:
+        def broadcast_object_list(self, box: list[Any], src: int) -> None:
+            box[0] = (None, None, None)
+
+    job = JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2)
+    monkeypatch.setattr(emit, "_distributed", lambda: Dist())
+    with caplog.at_level(logging.WARNING, logger="zeus_agent.emit"):
+        pub = emit.init(job_info=job, rank=1, dp_rank=1, gpu_index=1, socket_path=agent.path)
+    assert pub.job_id is None and agent.requests == []
+    assert "rank 0 could not register the job" in caplog.text
+
+
 def test_init_other_rank_without_job_id_is_an_error(agent: FakeAgent) -> None:
     job = JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2)
     with pytest.raises(ValueError, match="rank 1 needs the job id"):
