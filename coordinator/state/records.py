@@ -31,8 +31,13 @@ from zeus_agent.wire.subjects import state_buckets as bucket_names
 
 __all__ = ["bucket_names"]  # re-exported: the buckets' names live in the wire contract
 
-VERSION = 1
-"""Version of the values' layout (`"v"` in every value)."""
+VERSION = 2
+"""Version of the values' layout (`"v"` in every value). 2: a job's value has `join_digest`; a
+replica of version 1 would ignore it and accept ranks without the job's token, so it must not
+read version 2 values (it refuses any other version, and then does not know the job)."""
+READABLE = (1, 2)
+"""Layouts this coordinator reads (a version-1 job has no join token: any rank of its user
+may join, as before)."""
 
 class RecordError(ValueError):
     """A value in the bucket is not what this version of the coordinator wrote."""
@@ -88,8 +93,11 @@ def _load(raw: bytes) -> dict[str, Any]:
         raise RecordError(f"not JSON: {e}") from None
     if not isinstance(data, dict):
         raise RecordError("not a JSON object")
-    if data.get("v") != VERSION:
-        raise RecordError(f"layout version {data.get('v')!r}, this coordinator reads {VERSION}")
+    if data.get("v") not in READABLE:
+        raise RecordError(
+            f"layout version {data.get('v')!r}, this coordinator reads {READABLE[0]} to "
+            f"{READABLE[-1]}"
+        )
     return data
 
 

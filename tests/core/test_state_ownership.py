@@ -145,10 +145,27 @@ def test_records_round_trip_and_keys_are_valid_kv_keys() -> None:
     assert records.decode(records.job_key(record.job_id), None, True, 0).deleted
 
 
+def test_a_jobs_join_digest_is_stored_and_version_1_jobs_still_read() -> None:
+    """Layout 2 keeps the job's join digest (a version-1 replica must not read it: it would
+    accept ranks without the token); a version-1 job (before tokens) reads with none."""
+    import json
+
+    record = make_record()
+    record.join_digest = "ab" * 32
+    raw = records.encode_job(record)
+    assert json.loads(raw)["v"] == records.VERSION == 2
+    job = records.decode(records.job_key(record.job_id), raw, False, 0)
+    assert job.job is not None and job.job.join_digest == "ab" * 32
+    old = {**json.loads(raw), "v": 1}
+    del old["join_digest"]
+    job = records.decode(records.job_key(record.job_id), json.dumps(old).encode(), False, 0)
+    assert job.job is not None and job.job.join_digest is None
+
+
 @pytest.mark.parametrize("key,raw,words", [
     ("nope.x", b"{}", "unknown key"),
     ("job.x", b"[1]", "not a JSON object"),
-    ("job.x", b'{"v": 2}', "layout version 2"),
+    ("job.x", b'{"v": 3}', "layout version 3"),
     ("job.x", b'{"v": 1, "job": {}}', "job.x"),
     ("rank.x.1", b"\xff", "not JSON"),
 ])
