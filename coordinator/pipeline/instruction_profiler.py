@@ -38,6 +38,10 @@ The settings (per rank; under `make_3d_parallel`, per stage):
   within 1-6%); the prior pins only that one direction: with its small weight it does not bias
   what the windows do determine. When the true powers differ by r, both kinds' energies are off
   by ~r/2 (a 10% difference: ~5% errors); `forward_power_ratio` sets the prior's ratio when known.
+* Physical bounds: the fit is a bounded least squares (`scipy.optimize.lsq_linear`): a busy
+  GPU draws at least `MIN_POWER_FRACTION` of the rank's mean power, and a waiting one no less
+  than nothing. Unbounded, a setting seen briefly in a window whose energy read low (a coarse
+  counter, a loaded host) got a negative power, hence a negative energy in the profile.
 * Warm-up: the first `warmup_iterations` iterations after a rank's schedule changed are
   discarded; a setting is held (more rounds) until `min_profile_iterations` iterations of it are
   measured.
@@ -66,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.optimize import lsq_linear
 
 from coordinator.pipeline.dumps import job_dir_name
 from coordinator.pipeline.names import register_scheduler
@@ -85,6 +90,10 @@ from zeus_agent.models import (
 )
 
 __all__ = ["KINDS", "InstructionProfiler", "InstructionProfiler3D", "coarse_grid"]
+
+MIN_POWER_FRACTION = 0.05
+"""The least power a busy GPU is fitted to draw, as a fraction of the rank's mean power over its
+windows (a GPU at work never draws less than a few percent of its average)."""
 
 logger = logging.getLogger(__name__)
 
@@ -497,8 +506,13 @@ class InstructionProfiler(FrequencyScheduler):
         b = np.asarray(rhs, dtype=float)
         norms = np.linalg.norm(a, axis=0)
         norms[norms == 0] = 1.0
-        x, *_ = np.linalg.lstsq(a / norms, b, rcond=None)
-        x = x / norms
+        # Bounds on the unknowns (in the scaled columns: x_scaled = x * norm).
+        low = np.full(ncol, MIN_POWER_FRACTION * max(mean_power, 0.0))
+        if fit_block:
+            low[-1] = 0.0
+        scaled = lsq_linear(a / norms, b, bounds=(low * norms, np.full(ncol, np.inf)),
+                            method="bvls")
+        x = scaled.x / norms
         state.powers = {k: float(x[i]) for k, i in index.items()}
         state.p_block_w = float(x[-1]) if fit_block else self.p_block_w
 

@@ -241,6 +241,34 @@ def test_regression_recovers_powers_exactly(corrupt: bool) -> None:
         assert entry.backward_energy[f] == pytest.approx(p_bwd_lin(f) * t_bwd(f), rel=1e-4)
 
 
+def test_a_setting_seen_briefly_in_a_low_reading_window_gets_no_negative_power() -> None:
+    """Found by a loaded e2e run (a profile row with energy <= 0): the unbounded least squares
+    gave a setting seen for 0.05 s in one window whose energy read 20 J low a power of about
+    -500 W. The fit is bounded: every busy power is at least MIN_POWER_FRACTION of the rank's
+    mean power, P_block at least 0; what the windows determine is unchanged."""
+    from coordinator.pipeline.instruction_profiler import MIN_POWER_FRACTION, _Window
+
+    prof = InstructionProfiler(job_for(stages=1), infos_for(stages=1), {})
+    state = prof._states[0]
+    state.windows = [
+        _Window({("forward", 0): 1.0, ("backward", 0): 2.0}, 0.1, 3.0 * 200 + 0.1 * 50),
+        _Window({("forward", 0): 1.0, ("backward", 0): 2.0}, 0.2, 3.0 * 200 + 0.2 * 50),
+        _Window({("forward", 0): 0.9, ("backward", 0): 2.1, ("forward", 1): 0.05}, 0.1,
+                3.0 * 200 - 20),
+    ]
+    prof._fit(state)
+    mean = sum(w.energy_j for w in state.windows) / sum(
+        sum(w.busy_s.values()) + w.idle_s for w in state.windows)
+    assert min(state.powers.values()) >= MIN_POWER_FRACTION * mean * (1 - 1e-9)
+    assert state.p_block_w is not None and state.p_block_w >= 0
+    # Consistent windows are fitted as before (the bounds are not active).
+    state.windows = state.windows[:2] + [
+        _Window({("forward", 0): 0.9, ("backward", 0): 2.1, ("forward", 1): 0.5}, 0.1,
+                3.0 * 200 + 0.5 * 150 + 0.1 * 50)]
+    prof._fit(state)
+    assert state.powers[("forward", 1)] == pytest.approx(150, rel=0.05)
+
+
 def test_forward_power_ratio_prior() -> None:
     def p_fwd(f: int) -> float:
         return 0.8 * p_bwd_lin(f)
