@@ -59,17 +59,20 @@ def measure(call: Callable[[], None], calls: int, warmup: int, gap_ns: int) -> l
     pc = time.perf_counter_ns
     for _ in range(warmup):
         call()
-    samples = [0] * calls
-    for i in range(calls):
-        if gap_ns:
-            until = pc() + gap_ns
-            while pc() < until:
-                pass
-        t0 = pc()
-        call()
-        samples[i] = pc() - t0
+    samples = [timed(call, gap_ns, pc) for _ in range(calls)]
     samples.sort()
     return samples
+
+
+def timed(call: Callable[[], None], gap_ns: int, pc: Callable[[], int]) -> int:
+    """ns one `call` takes, after spinning `gap_ns` (the pause of a training loop)."""
+    if gap_ns:
+        until = pc() + gap_ns
+        while pc() < until:
+            pass
+    t0 = pc()
+    call()
+    return pc() - t0
 
 
 def measure_pair(
@@ -86,12 +89,7 @@ def measure_pair(
     orders = (((first, a), (second, b)), ((second, b), (first, a)))
     for i in range(calls):
         for call, samples in orders[i & 1]:  # A B, B A, ...: neither always follows the other
-            until = pc() + gap_ns
-            while pc() < until:
-                pass
-            t0 = pc()
-            call()
-            samples[i] = pc() - t0
+            samples[i] = timed(call, gap_ns, pc)
     a.sort()
     b.sort()
     return a, b

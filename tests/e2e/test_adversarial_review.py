@@ -221,14 +221,18 @@ class Cluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def running_cluster() -> Iterator[Cluster]:
+    """A started `Cluster`, closed afterwards (the module fixture `cluster`, here and in
+    other modules that attack the same set-up)."""
     c = Cluster()
     try:
         c.start()
         yield c
     finally:
         c.close()
+
+
+cluster_fixture = pytest.fixture(scope="module", name="cluster")(running_cluster)
 
 
 def bye_everywhere(c: Cluster) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from tests.e2e.test_adversarial_review import (
     Raw,
     bye_everywhere,
     kill_group,
+    running_cluster,
     spawn_rank,
 )
 from zeus_agent.broker import connect
@@ -34,14 +34,21 @@ from zeus_agent.wire.trainer import Kind
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster()
+cluster_fixture = pytest.fixture(scope="module", name="cluster")(running_cluster)
+
+
+def register_job(cluster: Cluster, dp: int, metadata: str) -> tuple[str, str]:
+    """Register a power-limit job through node a; returns its id and join token."""
+    r = Raw(cluster.sock("a"))
+    job = {"job": {"dp_degree": dp, "pp_degree": 1, "tp_degree": 1, "world_size": dp,
+                   "job_metadata": metadata},
+           "power_limit": {"wait_steps": 1, "warmup_steps": 1, "profile_steps": 3,
+                           "pl_step_w": 100}}
     try:
-        c.start()
-        yield c
+        registered = r.req(Kind.REGISTER_JOB, job).result
     finally:
-        c.close()
+        r.close()
+    return registered["job_id"], registered["join_token"]
 
 
 async def _power_limit_progress(nc: Any, job_id: str) -> dict[str, Any] | None:
@@ -74,14 +81,7 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
     the job id said HELLO as rank 0 on a free GPU and its step events paced the job's
     power-limit search (which commands every GPU of the job), while the real rank 0 was silent:
     the join token was not needed to speak for a rank, only to register one."""
-    r = Raw(cluster.sock("a"))
-    job = {"job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1,
-                   "job_metadata": "silent-victim"},
-           "power_limit": {"wait_steps": 1, "warmup_steps": 1, "profile_steps": 3,
-                           "pl_step_w": 100}}
-    registered = r.req(Kind.REGISTER_JOB, job).result
-    r.close()
-    job_id, token = registered["job_id"], registered["join_token"]
+    job_id, token = register_job(cluster, 1, "silent-victim")
     # The intruder: the job's user on the node of rank 0, on a GPU of its own (no token). It
     # says HELLO before rank 0 registers (later, the agent, which then relayed rank 0 with the
     # job's token, refuses a HELLO without it: checked below), so its binding stands.
@@ -130,14 +130,7 @@ async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
     the power-limit search on them and commanded rank 1's GPU on node b. Now an agent that
     relayed a rank of the job with its join token refuses a HELLO for the job without it;
     a restarted rank 0 (with the token) binds the GPU again."""
-    r = Raw(cluster.sock("a"))
-    job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
-                   "job_metadata": "departed-rank-0"},
-           "power_limit": {"wait_steps": 1, "warmup_steps": 1, "profile_steps": 3,
-                           "pl_step_w": 100}}
-    registered = r.req(Kind.REGISTER_JOB, job).result
-    r.close()
-    job_id, token = registered["job_id"], registered["join_token"]
+    job_id, token = register_job(cluster, 2, "departed-rank-0")
     ranks = [spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 0, steps=0, bye_at=None),
              spawn_rank(cluster.sock("b"), (job_id, token), 1, "b", 0, steps=0, bye_at=None)]
     intruder = Raw(cluster.sock("a"))
