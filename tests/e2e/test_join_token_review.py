@@ -72,6 +72,16 @@ async def _wait_progress(nc: Any, job_id: str, done: Any, timeout_s: float, what
         await asyncio.sleep(0.1)
 
 
+async def _steps_pace_nothing(intruder: Raw, nc: Any, job_id: str, what: str) -> None:
+    """The intruder sends 8 steps; the job's power-limit search must not move."""
+    for step in range(8):
+        intruder.event(Kind.STEP_BEGIN, step)
+    await asyncio.sleep(1.5)
+    progress = await _power_limit_progress(nc, job_id)
+    assert progress is not None and progress["phase"] == "Ready", (
+        f"a process that knows only the job id {what}: {progress}")
+
+
 async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
     cluster: Cluster,
 ) -> None:
@@ -101,13 +111,9 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
             assert (refused.ok, refused.code) == (False, "forbidden"), refused
         finally:
             late.close()
-        for step in range(8):
-            intruder.event(Kind.STEP_BEGIN, step)
-        await asyncio.sleep(1.5)
-        progress = await _power_limit_progress(nc, job_id)
-        assert progress is not None and progress["phase"] == "Ready", (
-            "a process that knows only the job id paced its power-limit search as rank 0 "
-            f"(from GPU 1 of rank 0's node; rank 0 drives GPU 0 and sent nothing): {progress}")
+        await _steps_pace_nothing(intruder, nc, job_id, "paced its power-limit search as rank 0 "
+                                  "(from GPU 1 of rank 0's node; rank 0 drives GPU 0 and sent "
+                                  "nothing)")
         assert cluster.limit("a", 0) == DEFAULT_W  # rank 0's GPU was not commanded either
         # The real rank 0 (its own GPU) still paces it.
         victim.stdin.write("go\n")  # type: ignore[union-attr]
@@ -153,13 +159,8 @@ async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
                                             "tp_rank": 0, "available_frequencies": []},
             "gpu": {"node": "a", "gpu_index": 0}})
         assert (refused.ok, refused.code) == (False, "forbidden")  # no token: no rank
-        for step in range(8):
-            intruder.event(Kind.STEP_BEGIN, step)
-        await asyncio.sleep(1.5)
-        progress = await _power_limit_progress(nc, job_id)
-        assert progress is not None and progress["phase"] == "Ready", (
-            "a process that knows only the job id spoke as its departed rank 0 and paced the "
-            f"power-limit search: {progress}")
+        await _steps_pace_nothing(intruder, nc, job_id,
+                                  "spoke as its departed rank 0 and paced the power-limit search")
         assert cluster.limit("b", 0) == DEFAULT_W  # rank 1's GPU not commanded on its steps
         # Rank 0 restarted by its launcher (it has the token) takes its GPU back.
         back = Raw(cluster.sock("a"))
