@@ -28,7 +28,11 @@ Procedure (all of it runs inside every fold, so the out-of-fold figures are hone
    ~350 of every pair. "Best" is `score`: the within-1% share minus `TAIL_WEIGHT` x the share of
    cases with a regret above 3% (a smooth stand-in for the worst regret, whose maximum over a few
    seeds is mostly noise), with steep penalties beyond a time ratio of `TIME_CAP` and a worst
-   regret of `WORST_CAP` (margins under the goals 0.5 and 5%, for profiles never seen).
+   regret of `WORST_CAP` (`TIME_CAP` with a margin under the goal 0.5, for profiles never seen;
+   `WORST_CAP` at the goal, 5%: with a 4.5% cap, tried on 2026-11-23, the tuner's out-of-fold
+   worst fell to 4.83% but the bench's replay of the folds with other seeds read 5.1%, and the
+   final pick lost 0.9 point within 1% on the traces: the maximum is noise at this level, and
+   the within-1% share is not).
 3. The fold's pick is scored on the held-out fold with the out-of-fold seeds, next to the noisy
    exhaustive search on the same cases. Pooled over folds, these are the out-of-fold
    (generalization) figures, also per seed (`spread`).
@@ -97,7 +101,7 @@ TUNING_SEED_BASE = 100  # Coordinate descent: seeds 100, 101, ...
 SELECTION_SEED_BASE = 150  # Choosing among the finalists: seeds 150, 151, ...
 OOF_SEED_BASE = 200  # Out-of-fold scoring: seeds 200, 201, ... (the bench scores 0, 1, ...)
 TIME_CAP = 0.46  # The goal is 0.5; the margin is for profiles the tuning never saw.
-WORST_CAP = 0.05  # The goal is 5%; a guard only (the max of a few seeds is too noisy to tune on).
+WORST_CAP = 0.05  # The goal, 5%; a guard only (the max of a few seeds is too noisy to tune on).
 TAIL_WEIGHT = 3.0  # Within-1% points lost per point of cases with a regret above 3%.
 PENALTY = 10.0  # Within-1% points lost per unit over a cap: the caps act as constraints.
 MIN_GAIN = 0.001  # Smallest score gain that moves the coordinate descent.
