@@ -26,14 +26,19 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from zeus_agent.models import JobInfo, RankInfo
-from zeus_agent.wire.messages import GpuBinding, PowerLimitOptions, RegisterJob, RegisterRank
+from zeus_agent.wire.messages import (
+    GpuBinding,
+    PowerLimitOptions,
+    RegisterJob,
+    RegisterRank,
+    join_token_digest,
+)
 
 
 class RegistryError(Exception):
@@ -172,11 +177,6 @@ class JobRecord:
         return record
 
 
-def join_digest(token: str) -> str:
-    """The digest of a join token that a job record keeps (never the token itself)."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 class JobRegistry:
     """Registered jobs by id."""
 
@@ -241,7 +241,7 @@ class JobRegistry:
             last_active_s=now_s,
             node=node,
             uid=request.uid,
-            join_digest=None if join_token is None else join_digest(join_token),
+            join_digest=None if join_token is None else join_token_digest(join_token),
         )
         self._add(record)
         return record
@@ -294,7 +294,7 @@ class JobRegistry:
             )
         if record.join_digest is not None and not (
             request.join_token is not None
-            and hmac.compare_digest(join_digest(request.join_token), record.join_digest)
+            and hmac.compare_digest(join_token_digest(request.join_token), record.join_digest)
         ):
             what = "a wrong" if request.join_token else "no"
             raise ForbiddenError(

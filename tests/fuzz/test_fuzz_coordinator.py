@@ -32,7 +32,6 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from coordinator.jobs.registry import join_digest
 from tests.fuzz.conftest import (
     I64,
     JOB_QUERIES,
@@ -62,6 +61,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     Reply,
     TrainerEventBatch,
+    join_token_digest,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -149,7 +149,7 @@ def expected_request(bus: Bus, endpoint: str, data: bytes, via: str, case: Case)
         return {"unknown_job"}
     digest = digests[request.job_id]
     if digest is not None and (request.join_token is None
-                               or join_digest(request.join_token) != digest):
+                               or join_token_digest(request.join_token) != digest):
         return {"forbidden"}  # Knowing the id is not enough: the rank presents the job's token.
     info = request.rank_info
     if (

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import hmac
 import logging
 import os
@@ -47,6 +46,7 @@ from zeus_agent.wire.messages import (
     RegisterJob,
     RegisterRank,
     Reply,
+    join_token_digest,
 )
 from zeus_agent.wire.trainer import (
     MAX_DATAGRAM_BYTES,
@@ -78,10 +78,10 @@ _SCM_CREDENTIALS = socket.SCM_CREDENTIALS  # type: ignore[attr-defined,unused-ig
 _SO_PASSCRED = socket.SO_PASSCRED  # type: ignore[attr-defined,unused-ignore]
 
 ANNOUNCE_AFTER_BIND_S = 0.2
-MAX_JOIN_DIGESTS = 4096
-"""Jobs whose join token's digest the gateway remembers (the most recently registered)."""
 """Bindings within this time share one announcement (a flood of HELLOs is not a flood of
 announcements)."""
+MAX_JOIN_DIGESTS = 4096
+"""Jobs whose join token's digest the gateway remembers (the most recently registered)."""
 
 FORBIDDEN = "forbidden"
 """Reply code of a request the sender may not make.
@@ -159,7 +159,7 @@ class Gateway:
         self.counters: Counter[str] = Counter()
         self._last_report_ns: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._join_digests: OrderedDict[str, bytes] = OrderedDict()
+        self._join_digests: OrderedDict[str, str] = OrderedDict()
         """Job id -> SHA-256 of the join token of a rank the coordinator accepted through this
         agent: a HELLO for the job must present the same token."""
 
@@ -418,7 +418,7 @@ class Gateway:
         digest = self._join_digests.get(hello.job_id)
         if digest is not None and not (
             hello.join_token is not None
-            and hmac.compare_digest(hashlib.sha256(hello.join_token.encode()).digest(), digest)
+            and hmac.compare_digest(join_token_digest(hello.join_token), digest)
         ):
             return Reply.failure(
                 FORBIDDEN,
@@ -496,7 +496,7 @@ class Gateway:
         reply = await self._relay(subject, codec.encode(rank))
         if reply.ok and rank.join_token is not None:
             # The coordinator checked the token: later HELLOs for the job must present it.
-            self._join_digests[rank.job_id] = hashlib.sha256(rank.join_token.encode()).digest()
+            self._join_digests[rank.job_id] = join_token_digest(rank.join_token)
             self._join_digests.move_to_end(rank.job_id)
             while len(self._join_digests) > MAX_JOIN_DIGESTS:
                 self._join_digests.popitem(last=False)

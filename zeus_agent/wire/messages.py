@@ -23,6 +23,7 @@ for the server nor park a GPU setting forever.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -71,6 +72,11 @@ JoinToken = Annotated[
     str, StringConstraints(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
 ]
 """A job's join token: URL-safe base64, as `secrets.token_urlsafe` makes it."""
+
+
+def join_token_digest(token: str) -> str:
+    """What is kept of a join token to check it later (SHA-256, hex), never the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
