@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RANK
 from zeus_agent.wire.codec import unpack, validate
-from zeus_agent.wire.messages import Reply
+from zeus_agent.wire.messages import JoinToken, Reply
 
 PROTOCOL_VERSION = 1
 DEFAULT_SOCKET_PATH = "/run/zeus-agent/agent.sock"
@@ -99,9 +99,7 @@ class TrainerHello(BaseModel):
     pp_rank: int = Field(default=0, ge=0, le=MAX_RANK)
     tp_rank: int = Field(default=0, ge=0, le=MAX_RANK)
     gpu_index: int = Field(ge=0, le=MAX_RANK)
-    join_token: str | None = Field(
-        default=None, min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$"
-    )
+    join_token: JoinToken | None = None
     """The job's join token (as in `RegisterRank`): an agent that relayed a rank of the job
     with it refuses a HELLO for the job without it, so a process that knows only the job id
     cannot speak as one of its ranks (e.g. a rank whose process has gone)."""
