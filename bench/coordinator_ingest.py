@@ -75,6 +75,7 @@ from zeus_agent.wire.messages import (
     RegisterJob,
     RegisterRank,
     Reply,
+    join_token_digest,
 )
 
 GPUS_PER_NODE = 8
@@ -152,8 +153,11 @@ async def _teardown(reps: Any, server: Any, *clients: Any) -> None:
     await asyncio.to_thread(reps.stop_all)
     await asyncio.to_thread(server.stop)
 
-async def register(nc: Any, ranks: int, options: PowerLimitOptions = OPTIONS) -> str:
-    """Register a job of `ranks` ranks, each through its own node; returns the job id."""
+async def register(
+    nc: Any, ranks: int, options: PowerLimitOptions = OPTIONS
+) -> tuple[str, str]:
+    """Register a job of `ranks` ranks, each through its own node; returns the job id and its
+    join token."""
     info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
     raw = await nc.request(subjects.coord_register_job(node_name(0)),
                            codec.encode(RegisterJob(job=info, power_limit=options)), timeout=10)
@@ -179,7 +183,7 @@ async def register(nc: Any, ranks: int, options: PowerLimitOptions = OPTIONS) ->
     if failed:
         raise RuntimeError(f"{len(failed)} rank registrations failed, e.g. {failed[0].code}: "
                            f"{failed[0].error}")
-    return job_id
+    return job_id, token
 
 
 async def owner_of(nc: Any, job_id: str) -> dict[str, Any]:
@@ -193,8 +197,10 @@ async def owner_of(nc: Any, job_id: str) -> dict[str, Any]:
 class Ranks:
     """The simulated ranks: what their agents publish at each flush (pre-built subjects)."""
 
-    def __init__(self, job_id: str, ranks: int) -> None:
+    def __init__(self, job_id: str, ranks: int, join_digest: str) -> None:
         self.job_id = job_id
+        self.join_digest = join_digest
+        """Sent with every batch, as the agent of a trainer whose HELLO had the token does."""
         self.ranks = ranks
         self.subjects = []
         for r in range(ranks):
@@ -230,9 +236,11 @@ class Ranks:
             marks.append({"kind": "step_begin", "epoch": 0, "step": s, "t_ns": t,
                           "energy_j": watts * step_s * s, "power_limit_w": None})
         ev = msgpack.packb({"v": 1, "job_id": self.job_id, "rank": r, "node": node, "gpu": gpu,
-                            "events": events}, use_bin_type=True)
+                            "events": events, "join_digest": self.join_digest},
+                           use_bin_type=True)
         mb = msgpack.packb({"v": 1, "node": node, "gpu": gpu, "job_id": self.job_id, "rank": r,
-                            "marks": marks, "measurements": meas}, use_bin_type=True)
+                            "marks": marks, "measurements": meas,
+                            "join_digest": self.join_digest}, use_bin_type=True)
         return ev, mb
 
 
@@ -348,7 +356,7 @@ async def ingest(args: argparse.Namespace) -> dict[str, Any]:
             agents_nc = await agents.start(server.url)
             nc = await connect(server.url, "simulated-agents")
             t = time.monotonic()
-            job_id = await register(nc, args.ranks)
+            job_id, token = await register(nc, args.ranks)
             registered_s = time.monotonic() - t
             owner = (await owner_of(nc, job_id))["owner"]
             # The optimiser starts once every rank is in: its first limit reaches every GPU.
@@ -357,7 +365,7 @@ async def ingest(args: argparse.Namespace) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the job's first power limit did not reach every GPU")
                 await asyncio.sleep(0.05)
-            sim = Ranks(job_id, args.ranks)
+            sim = Ranks(job_id, args.ranks, join_token_digest(token))
             nats_pid = server._proc.pid if server._proc is not None else 0  # noqa: SLF001
             published = [0, 0]
             levels = []
@@ -433,7 +441,7 @@ async def takeover_trial(lease_s: float, trial: int, ranks: int) -> dict[str, An
 
             await nc.subscribe(subjects.all_job_status(), cb=on_status)
             await confirm_subscriptions(nc)
-            job_id = await register(nc, ranks)
+            job_id, _token = await register(nc, ranks)
 
             async def wait_for(what: str, found: Callable[[], float | None],
                                timeout_s: float, event: asyncio.Event) -> float:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import json
 import logging
 import os
@@ -1074,6 +1075,16 @@ class CoordinatorService(ExitSignals):
             return False
         return gpu is None or rr.gpu.gpu_index == gpu
 
+    @staticmethod
+    def _has_token(record: JobRecord | None, digest: str | None) -> bool:
+        """Whether a rank's events or marks come from a trainer whose HELLO had the job's token.
+
+        The agent sends the digest of the token the HELLO presented.
+        """
+        if record is None or record.join_digest is None:
+            return True  # A job from before join tokens.
+        return digest is not None and hmac.compare_digest(digest, record.join_digest)
+
     def _other_replicas_job(self, job_id: str | None) -> bool:
         """Whether a stream message is about a job this replica knows another one drives."""
         return job_id is not None and job_id not in self.optimisers and not self.owns(job_id)
@@ -1090,13 +1101,18 @@ class CoordinatorService(ExitSignals):
         if record is None:
             self._drop("unknown_job", msg.subject, batch.job_id)
             return
-        # The rank's own GPU, not just its node: an agent binds a GPU to (job, rank) on a
-        # trainer's HELLO, which carries no join token, so any process of the node that knows
-        # the job id could otherwise speak for the rank from another GPU.
+        # The rank's own GPU, not just its node, and a trainer that presented the job's token:
+        # an agent binds a GPU to (job, rank) on a trainer's HELLO, so any process of the node
+        # that knows the job id could otherwise speak for the rank.
         if (via != subjects.token(batch.node)
                 or not self._bound_here(record, batch.rank, via, batch.gpu)):
             self._drop("wrong_node", msg.subject,
                        f"rank {batch.rank} of {batch.job_id} is not bound to {via}/gpu{batch.gpu}")
+            return
+        if not self._has_token(record, batch.join_digest):
+            self._drop("no_join_token", msg.subject,
+                       f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not "
+                       "present the job's join token")
             return
         now = self.clock()
         lapsed = record is not None and now - record.last_active_s > self.settings.lease_idle_s
@@ -1134,6 +1150,11 @@ class CoordinatorService(ExitSignals):
                                         batch.gpu)):
             self._drop("wrong_node", msg.subject,
                        f"rank {batch.rank} of {batch.job_id} is not bound to {node}/gpu{gpu}")
+            return
+        if not self._has_token(self.registry.jobs.get(batch.job_id), batch.join_digest):
+            self._drop("no_join_token", msg.subject,
+                       f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not "
+                       "present the job's join token")
             return
         now = self.clock()
         async with self._lock(batch.job_id):

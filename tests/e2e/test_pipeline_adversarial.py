@@ -794,8 +794,8 @@ async def test_an_iteration_too_big_for_one_message_fails_clearly(env: Any) -> N
     job.ranks[0].run(7, [FB + LONG], dt=0)
     try:
         await obs.wait_status(job.job_id, lambda s: s.state == "discovering", 5, "discovering")
-        await wait_async(lambda: (c.dump / job_dir_name(job.job_id) / "ranks.json").exists(), 5,
-                         "the instruction order to be learnt")
+        await wait_async(lambda: (c.dump / job_dir_name(job.job_id) / "ranks.json").exists(), 15,
+                         "the instruction order to be learnt")  # ~1.3 MB iterations: slow if loaded
         try:
             await obs.wait_status(job.job_id, lambda s: s.state in ("profiling", "error"), 4,
                                   "profiling or error")

@@ -97,7 +97,8 @@ def jobs(bus: Bus) -> dict[str, str]:
         assert time.monotonic() < deadline, "the optimiser of the module's job did not start"
         time.sleep(0.02)
     bus.env_extra.update({"$JOB": job_id, "$JOB2": reply.result["job_id"],
-                          "$TOKEN": token, "$TOKEN2": reply.result["join_token"]})
+                          "$TOKEN": token, "$TOKEN2": reply.result["join_token"],
+                          "$DIGEST": join_token_digest(token)})
     ACKNOWLEDGED.update({job_id: {0, 1}, reply.result["job_id"]: set()})
     return {"$JOB": job_id, "$JOB2": reply.result["job_id"]}
 
@@ -217,11 +218,20 @@ TRAINER_EVENTS = st.lists(
     ),
     max_size=6,
 )  # fmt: skip
+STREAM_DIGESTS = st.sampled_from(["$DIGEST", "$DIGEST", "$DIGEST", "<absent>", None,
+                                  "0" * 64, "not-a-digest"])
+"""The digest of the join token the bound trainer presented: $JOB's, none, another, bad."""
+
+
+def _with_digest(message: dict[str, Any], digest: str | None) -> dict[str, Any]:
+    return message if digest == "<absent>" else {**message, "join_digest": digest}
+
+
 EVENT_BATCHES = st.builds(
-    lambda job, rank, node, gpu, events: Case(
-        "event batch", {"v": 1, "job_id": job, "rank": rank, "node": node, "gpu": gpu,
-                        "events": events}),
-    STREAM_JOBS, STREAM_RANKS, NODES, STREAM_GPUS, TRAINER_EVENTS,
+    lambda job, rank, node, gpu, events, digest: Case(
+        "event batch", _with_digest({"v": 1, "job_id": job, "rank": rank, "node": node,
+                                     "gpu": gpu, "events": events}, digest)),
+    STREAM_JOBS, STREAM_RANKS, NODES, STREAM_GPUS, TRAINER_EVENTS, STREAM_DIGESTS,
 )  # fmt: skip
 MARKS = st.lists(
     st.fixed_dictionaries({
@@ -234,10 +244,11 @@ MARKS = st.lists(
     max_size=4,
 )  # fmt: skip
 MEASUREMENT_BATCHES = st.builds(
-    lambda job, rank, node, gpu, marks: Case(
-        "measurement batch", {"v": 1, "node": node, "gpu": gpu, "job_id": job, "rank": rank,
-                              "marks": marks, "measurements": []}),
-    STREAM_JOBS, STREAM_RANKS, NODES, STREAM_GPUS, MARKS,
+    lambda job, rank, node, gpu, marks, digest: Case(
+        "measurement batch", _with_digest({"v": 1, "node": node, "gpu": gpu, "job_id": job,
+                                           "rank": rank, "marks": marks, "measurements": []},
+                                          digest)),
+    STREAM_JOBS, STREAM_RANKS, NODES, STREAM_GPUS, MARKS, STREAM_DIGESTS,
 )  # fmt: skip
 GPU_DESCRIPTIONS = st.builds(
     lambda index, uuid, limit: {
@@ -286,6 +297,12 @@ def _bound_here(bus: Bus, job_id: str, rank: int, node: str, gpu: int | None) ->
     return gpu is None or rr.gpu.gpu_index == gpu
 
 
+def _has_token(bus: Bus, message: Any) -> bool:
+    """Whether the message carries its job's join token digest (or the job has none)."""
+    expected = bus.coord.registry.jobs[message.job_id].join_digest
+    return expected is None or message.join_digest == expected
+
+
 def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | None:
     """The reason a stream message must be dropped for ("any": some reason), or None."""
     try:
@@ -302,7 +319,7 @@ def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | Non
         via = tokens[-1]
         if via != subjects.token(message.node) or not _bound_here(
             bus, message.job_id, message.rank, via, message.gpu
-        ):
+        ) or not _has_token(bus, message):
             return "any"
         return None
     node, gpu = tokens[-3], tokens[-2]
@@ -313,6 +330,7 @@ def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | Non
             node != subjects.token(message.node)
             or gpu != str(message.gpu)
             or not _bound_here(bus, message.job_id, message.rank, node, message.gpu)
+            or not _has_token(bus, message)
         )
     ):
         return "any"
@@ -390,14 +408,15 @@ ACCOUNTING_CASES = st.one_of(
 def _events(job: str, rank: int, node: str) -> Case:
     event = {"kind": "step_begin", "t_ns": "$NOW", "epoch": 0, "step": 1}
     return Case("event batch", {"v": 1, "job_id": job, "rank": rank, "node": node, "gpu": rank,
-                                "events": [event]})  # fmt: skip
+                                "events": [event], "join_digest": "$DIGEST"})  # fmt: skip
 
 
 def _marks(job: str, rank: int, node: str, gpu: int, marks: bool = True) -> Case:
     mark = {"kind": "step_begin", "epoch": 0, "step": 1, "t_ns": "$NOW", "energy_j": 5.0}
     return Case("measurement batch", {"v": 1, "node": node, "gpu": gpu, "job_id": job,
                                       "rank": rank, "marks": [mark] if marks else [],
-                                      "measurements": []})  # fmt: skip
+                                      "measurements": [],
+                                      "join_digest": "$DIGEST"})  # fmt: skip
 
 
 @fuzz(100)
@@ -575,8 +594,8 @@ def test_optimisers_start_and_run_safely_on_any_options_and_measurements(
     if not reply.ok:
         assert reply.code in STABLE_CODES, reply
         return
-    job_id = reply.result["job_id"]
-    rank = _rank_request(job_id, 0, bus.node, gpu, "", reply.result["join_token"])
+    job_id, token = reply.result["job_id"], reply.result["join_token"]
+    rank = _rank_request(job_id, 0, bus.node, gpu, "", token)
     reply = bus.ask(subjects.coord_register_rank(bus.node), codec.encode(rank))
     assert reply.ok, reply
     deadline = time.monotonic() + 3
@@ -602,9 +621,11 @@ def test_optimisers_start_and_run_safely_on_any_options_and_measurements(
                 "energy_j": energy if abs(energy) < 1e308 else 1e308,
             }
         )
+    digest = join_token_digest(token)  # as the agent of the rank's HELLO (with it) sends it
     batch = {"v": 1, "job_id": job_id, "rank": 0, "node": bus.node, "gpu": gpu,
-             "events": events}  # fmt: skip
-    meas = {"v": 1, "node": bus.node, "gpu": gpu, "job_id": job_id, "rank": 0, "marks": marks}
+             "events": events, "join_digest": digest}  # fmt: skip
+    meas = {"v": 1, "node": bus.node, "gpu": gpu, "job_id": job_id, "rank": 0, "marks": marks,
+            "join_digest": digest}
     moved = publish_and_settle(bus, subjects.job_events(job_id, 0, bus.node), codec.encode(batch),
                                False)  # fmt: skip
     assert not moved, f"valid events were dropped: {moved}"

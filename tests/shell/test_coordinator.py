@@ -33,6 +33,7 @@ from zeus_agent.wire.messages import (
     RegisterJob,
     RegisterRank,
     Reply,
+    join_token_digest,
 )
 
 NODE = "shell-node"
@@ -387,17 +388,21 @@ async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc):
 
 
 async def feed_steps(nc, job_id: str, steps: range, joules_per_step: float = 100.0) -> None:
-    """Rank 0's step_begin events and both ranks' marks, as the agents publish them."""
+    """Rank 0's step_begin events and both ranks' marks, as the agents publish them (with the
+    digest of the join token their trainers' HELLO presented)."""
     from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
 
+    digest = join_token_digest(JOIN_TOKENS[job_id])
     for s in steps:
-        events = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, events=[
-            TrainerEvent(kind="step_begin", t_ns=s * 10**9, epoch=0, step=s)])
+        events = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, join_digest=digest,
+                                   events=[TrainerEvent(kind="step_begin", t_ns=s * 10**9,
+                                                        epoch=0, step=s)])
         await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(events))
         for rank in (0, 1):
             mark = Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9,
                         energy_j=s * joules_per_step * (rank + 1))
-            batch = MeasurementBatch(node=NODE, gpu=rank, job_id=job_id, rank=rank, marks=[mark])
+            batch = MeasurementBatch(node=NODE, gpu=rank, job_id=job_id, rank=rank, marks=[mark],
+                                     join_digest=digest)
             await nc.publish(subjects.gpu_measurements(NODE, rank), codec.encode(batch))
     await nc.flush()
 
@@ -475,7 +480,8 @@ async def test_a_gpu_reset_behind_the_coordinators_back_is_reconciled(coord, nc,
     # The trainers (here: bind commands) drive the GPUs, as after their HELLO to an agent.
     for r in (0, 1):
         await ask(nc, subjects.gpu_command(NODE, r),
-                  {"v": 1, "cmd": {"op": "bind", "job_id": job_id, "rank": r}})
+                  {"v": 1, "cmd": {"op": "bind", "job_id": job_id, "rank": r,
+                                   "join_digest": join_token_digest(JOIN_TOKENS[job_id])}})
     # What a restarted agent does at start: every GPU back to its default.
     for index in (0, 1):
         await ask(nc, subjects.gpu_command(NODE, index), RESET)
@@ -513,6 +519,33 @@ async def test_events_and_marks_from_another_node_are_dropped(coord, nc):
     await nc.publish(subjects.gpu_measurements("evil", 0), codec.encode(marks))
     await wait_for(lambda: coord.dropped["wrong_node"] >= 3)
     assert coord.power_limit_jobs[job_id].last_step is None  # nothing paced the machine
+
+
+async def test_events_and_marks_of_a_trainer_without_the_join_token_are_dropped(coord, nc):
+    """The right node and GPU are not enough: the agent sends the digest of the join token
+    the bound trainer's HELLO presented, and a job counts only its own (a process that knows
+    the job id took a departed rank's GPU after that node's agent restarted and forgot the
+    job's token)."""
+    from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
+
+    job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    before = coord.dropped["no_join_token"]
+    for digest in (None, join_token_digest("a-guessed-join-token-0000")):
+        events = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, join_digest=digest,
+                                   events=[TrainerEvent(kind="step_begin", t_ns=1, epoch=0,
+                                                        step=s) for s in range(50)])
+        await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(events))
+        marks = MeasurementBatch(node=NODE, gpu=0, job_id=job_id, rank=0, join_digest=digest,
+                                 marks=[Mark(kind="step_begin", epoch=0, step=1, t_ns=1,
+                                             energy_j=1.0)])
+        await nc.publish(subjects.gpu_measurements(NODE, 0), codec.encode(marks))
+    await wait_for(lambda: coord.dropped["no_join_token"] >= before + 4)
+    assert coord.power_limit_jobs[job_id].last_step is None  # nothing paced the machine
+    await feed_steps(nc, job_id, range(1, 3))  # with the token: counted
+    await wait_for(lambda: coord.power_limit_jobs[job_id].last_step is not None)
 
 
 async def test_an_unavailable_state_store_refuses_without_half_registering(coord, nc):

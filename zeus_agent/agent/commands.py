@@ -103,7 +103,7 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
         case ClearScheduleCmd():
             return Reply.success(restored=await agent.restore({"schedule"}, reason="clear command"))
         case BindRankCmd():
-            agent.bind(cmd.job_id, cmd.rank)
+            agent.bind(cmd.job_id, cmd.rank, join_digest=cmd.join_digest)
             return Reply.success(job_id=cmd.job_id, rank=cmd.rank)
         case UnbindRankCmd():
             agent.unbind()

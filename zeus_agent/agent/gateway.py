@@ -415,10 +415,10 @@ class Gateway:
 
     async def _hello(self, hello: TrainerHello, pid: int, uid: int, addr: Any = None) -> Reply:
         agent = self._agent(hello.gpu_index)
+        presented = None if hello.join_token is None else join_token_digest(hello.join_token)
         digest = self._join_digests.get(hello.job_id)
         if digest is not None and not (
-            hello.join_token is not None
-            and hmac.compare_digest(join_token_digest(hello.join_token), digest)
+            presented is not None and hmac.compare_digest(presented, digest)
         ):
             return Reply.failure(
                 FORBIDDEN,
@@ -437,7 +437,7 @@ class Gateway:
                 )
             await self.release_pid(bound.pid, reason="process exited without goodbye")
         before = agent.binding
-        agent.bind(hello.job_id, hello.rank, pid, uid)
+        agent.bind(hello.job_id, hello.rank, pid, uid, presented)
         agent.notify_trainer = functools.partial(self._notify, addr) if addr else None
         if before != agent.binding:
             self._spawn(self._bound())

@@ -88,12 +88,15 @@ class Binding:
 
     `pid` and `uid` are the trainer's as the kernel reported them on the socket (never what a
     payload claims); both None when the coordinator bound the rank (`BindRankCmd`).
+    `join_digest`: digest of the join token the trainer's HELLO presented (None: none); sent
+    with the rank's events and marks, which the coordinator counts only with the job's.
     """
 
     job_id: str
     rank: int
     pid: int | None = None
     uid: int | None = None
+    join_digest: str | None = None
 
 
 class GpuAgent:
@@ -471,13 +474,18 @@ class GpuAgent:
 
     # ------------------------------------------------------------------ trainer events
     def bind(
-        self, job_id: str, rank: int, pid: int | None = None, uid: int | None = None
+        self,
+        job_id: str,
+        rank: int,
+        pid: int | None = None,
+        uid: int | None = None,
+        join_digest: str | None = None,
     ) -> None:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.meter = RankMeter()
         self._departed.pop(job_id, None)
-        self.binding = Binding(job_id, rank, pid, uid)
+        self.binding = Binding(job_id, rank, pid, uid, join_digest)
 
     def unbind(self) -> None:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""
@@ -682,7 +690,12 @@ class GpuAgent:
             return
         if events:
             batch = TrainerEventBatch(
-                job_id=b.job_id, rank=b.rank, node=self.node, gpu=self.index, events=events
+                job_id=b.job_id,
+                rank=b.rank,
+                node=self.node,
+                gpu=self.index,
+                events=events,
+                join_digest=b.join_digest,
             )
             await self._publish(
                 subjects.job_events(b.job_id, b.rank, self.node, self.prefix), codec.encode(batch)
@@ -695,6 +708,7 @@ class GpuAgent:
                 rank=b.rank,
                 marks=marks,
                 measurements=meas,
+                join_digest=b.join_digest,
             )
             await self._publish(
                 subjects.gpu_measurements(self.node, self.index, self.prefix), codec.encode(mb)

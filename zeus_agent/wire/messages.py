@@ -74,6 +74,10 @@ JoinToken = Annotated[
 """A job's join token: URL-safe base64, as `secrets.token_urlsafe` makes it."""
 
 
+JoinDigest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""A join token's digest (`join_token_digest`)."""
+
+
 def join_token_digest(token: str) -> str:
     """What is kept of a join token to check it later (SHA-256, hex), never the token itself."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -211,6 +215,11 @@ class MeasurementBatch(Message):
     rank: Rank
     marks: list[Mark] = []
     measurements: list[Measurement] = []
+    join_digest: JoinDigest | None = Field(
+        default=None,
+        description="Digest of the join token the bound trainer presented in its HELLO (None: "
+        "none): the coordinator counts a job's marks only from a trainer that had its token",
+    )
 
 
 class ErrorEvent(Message):
@@ -297,6 +306,8 @@ class BindRankCmd(_Part):
     op: Literal["bind"] = "bind"
     job_id: Id
     rank: Rank
+    join_digest: JoinDigest | None = None
+    """The job's join token digest, as a trainer's HELLO with the token would bind it."""
 
 
 class UnbindRankCmd(_Part):
@@ -517,6 +528,11 @@ class TrainerEventBatch(Message):
     node: Name
     gpu: int
     events: list[TrainerEvent]
+    join_digest: JoinDigest | None = Field(
+        default=None,
+        description="Digest of the join token the bound trainer presented in its HELLO (None: "
+        "none): the coordinator counts a job's events only from a trainer that had its token",
+    )
 
 
 class ScheduleMessage(Message):
