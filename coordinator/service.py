@@ -53,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import json
 import logging
 import os
@@ -1075,15 +1074,17 @@ class CoordinatorService(ExitSignals):
             return False
         return gpu is None or rr.gpu.gpu_index == gpu
 
-    @staticmethod
-    def _has_token(record: JobRecord | None, digest: str | None) -> bool:
-        """Whether a rank's events or marks come from a trainer whose HELLO had the job's token.
+    def _without_token(self, record: JobRecord | None, batch: Any, subject: str) -> bool:
+        """Drop (and count) events or marks whose trainer's HELLO lacked the job's join token.
 
-        The agent sends the digest of the token the HELLO presented.
+        The agent sends the digest of what the HELLO presented. Returns True if dropped.
         """
-        if record is None or record.join_digest is None:
-            return True  # A job from before join tokens.
-        return digest is not None and hmac.compare_digest(digest, record.join_digest)
+        if record is None or record.admits(batch.join_digest):
+            return False
+        self._drop("no_join_token", subject,
+                   f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not present "
+                   "the job's join token")
+        return True
 
     def _other_replicas_job(self, job_id: str | None) -> bool:
         """Whether a stream message is about a job this replica knows another one drives."""
@@ -1109,10 +1110,7 @@ class CoordinatorService(ExitSignals):
             self._drop("wrong_node", msg.subject,
                        f"rank {batch.rank} of {batch.job_id} is not bound to {via}/gpu{batch.gpu}")
             return
-        if not self._has_token(record, batch.join_digest):
-            self._drop("no_join_token", msg.subject,
-                       f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not "
-                       "present the job's join token")
+        if self._without_token(record, batch, msg.subject):
             return
         now = self.clock()
         lapsed = record is not None and now - record.last_active_s > self.settings.lease_idle_s
@@ -1151,10 +1149,7 @@ class CoordinatorService(ExitSignals):
             self._drop("wrong_node", msg.subject,
                        f"rank {batch.rank} of {batch.job_id} is not bound to {node}/gpu{gpu}")
             return
-        if not self._has_token(self.registry.jobs.get(batch.job_id), batch.join_digest):
-            self._drop("no_join_token", msg.subject,
-                       f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not "
-                       "present the job's join token")
+        if self._without_token(self.registry.jobs.get(batch.job_id), batch, msg.subject):
             return
         now = self.clock()
         async with self._lock(batch.job_id):

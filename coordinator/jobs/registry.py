@@ -121,6 +121,12 @@ class JobRecord:
     gpu_ranks: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     """Index (node, GPU index) -> rank, kept in step with `ranks`."""
 
+    def admits(self, digest: str | None) -> bool:
+        """Whether a join token with this digest (None: no token) is the job's own."""
+        if self.join_digest is None:
+            return True  # A job from before join tokens.
+        return digest is not None and hmac.compare_digest(digest, self.join_digest)
+
     def add_rank(self, rank: RankRecord) -> None:
         """Record a rank and index its GPU."""
         self.ranks[rank.info.rank] = rank
@@ -292,11 +298,9 @@ class JobRegistry:
                 f"job {record.job_id} belongs to another user: a job's ranks run as the user "
                 "who registered it"
             )
-        if record.join_digest is not None and not (
-            request.join_token is not None
-            and hmac.compare_digest(join_token_digest(request.join_token), record.join_digest)
-        ):
-            what = "a wrong" if request.join_token else "no"
+        token = request.join_token
+        if not record.admits(None if token is None else join_token_digest(token)):
+            what = "a wrong" if token else "no"
             raise ForbiddenError(
                 f"rank {request.rank_info.rank} of job {record.job_id} presented {what} join "
                 "token: rank 0's registration returns it with the job id, and every rank "
