@@ -17,7 +17,9 @@ and does no I/O. The state machine asks it for the next probe and executes it.
      the best other limit could still be misjudged by more than `tolerance` (`k_ambiguous`
      sigmas), up to `max_steps` x profile_steps on one limit and `ext_ratio` times the other's;
   3. while the cost falls steeply (more than `steep` per limit), skip the next limit; if the cost
-     did not keep falling across the skip, go back and profile the skipped limit at once;
+     did not keep falling across the skip, go back and profile the skipped limit at once, and
+     skip no more (past a valley's floor, or on a rough profile, a skipped limit may hide a dip
+     that neither neighbour hints at: the out-of-fold cases with an optimum never profiled);
   4. stop descending only after `patience` consecutive limits are clearly worse than the best
      (more than `k_stop` sigmas and `rel_stop` above it), each costlier than the one above it, or
      one is clearly worse by more than `big_rise`; before stopping, confirm the best with a longer
@@ -251,8 +253,9 @@ class Adaptive(SearchStrategy):
         k_ambiguous: Extend the current limit while it and the best other limit could be
             misjudged by more than `tolerance` at this many sigmas.
         steep: Skip the next limit while the cost falls by more than this fraction per visited
-            limit (inf: never skip); a skip is taken back at once if the fall did not go on, and
-            a skipped limit next to the best is profiled at the end.
+            limit (inf: never skip); a skip is taken back at once if the fall did not go on (and
+            then no more skips are taken), and a skipped limit next to the best is profiled at
+            the end.
         k_stop: A limit more than this many sigmas above the best is "clearly worse"...
         rel_stop: ...and more than this fraction above the best.
         patience: Stop descending after this many consecutive clearly worse limits, each
@@ -370,6 +373,7 @@ class _AdaptiveSearch(Search):
         self._pending_skip: tuple[int, int] | None = None  # (limit above, skipped limit)
         self._skipped: set[int] = set()
         self._rough = False  # A bump was seen: the profile is not one smooth valley.
+        self._skips_over = False  # A skip was taken back: no more skips.
         self._refines = 0
         self._guarded: set[int] = set()  # Limits the guard re-profiled (once each).
 
@@ -453,6 +457,9 @@ class _AdaptiveSearch(Search):
                 above, skipped = self._pending_skip
                 self._pending_skip = None
                 if costs[current] * (1 + p.steep) >= costs[above]:
+                    # The fall stopped (a valley's floor or a rough stretch): skipping further
+                    # could step over a dip that no neighbour's cost hints at.
+                    self._skips_over = True
                     return Probe(skipped, self._warmup, self._chunk)
                 self._skipped.add(skipped)
             top = best()
@@ -500,6 +507,7 @@ class _AdaptiveSearch(Search):
             prev_cost = costs[min(higher)] if higher else None
             falling = (
                 not self._rough
+                and not self._skips_over
                 and prev_cost is not None
                 and costs[current] * (1 + p.steep) < prev_cost
             )

@@ -225,6 +225,21 @@ def test_a_skipped_limit_next_to_a_rival_is_profiled() -> None:
     assert 200 in visited and 250 not in visited
 
 
+def test_no_skip_after_a_skip_was_taken_back() -> None:
+    """Once the fall stopped across a skip (taken back at once), the descent skips no more: on a
+    rough profile a skipped limit can hide a dip that neither neighbour hints at (the out-of-fold
+    cases whose optimum was never profiled). Here 250 W is skipped and taken back (225 W is not
+    3% below 275 W); skipping on from 225 W would step over the optimum, 200 W, whose neighbours
+    (225 W, 175 W) are 12-18% costlier, neither a rival of the best found elsewhere (125 W)."""
+    rows = {300: 130.0, 275: 120.0, 250: 125.0, 225: 118.0, 200: 100.0, 175: 112.0}
+    rows |= {150: 108.0, 125: 104.0, 100: 115.0}
+    results = _drive(Adaptive(k_ambiguous=0.0), rows)
+    visited = [r.power_limit for r in results]
+    assert visited[:5] == [300, 275, 225, 250, 200]  # 250 skipped, taken back; then no skips.
+    assert set(visited) == set(rows)
+    assert Energy().select(aggregate(results, 40)) == 200
+
+
 def _drive_with_outlier(
     search: Adaptive, rows: dict[int, float], outlier: int, high: float
 ) -> list[WindowResult]:
