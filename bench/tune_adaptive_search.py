@@ -33,7 +33,7 @@ Procedure (all of it runs inside every fold, so the out-of-fold figures are hone
    worst fell to 4.83% but the bench's replay of the folds with other seeds read 5.1%, and the
    final pick lost 0.9 point within 1% on the traces: the maximum is noise at this level, and
    the within-1% share is not). `k_guard` stays tuned: fixed at 2.5 in every fold (tried twice,
-   the second time after the search stopped skipping once a skip was taken back) the out-of-fold
+   the second time after the search stopped skipping once a skip was taken back), the out-of-fold
    figures were worse (93.85% and 93.69% within 1%, worst 5.21% both times).
 3. The fold's pick is scored on the held-out fold with the out-of-fold seeds, next to the noisy
    exhaustive search on the same cases. Pooled over folds, these are the out-of-fold
