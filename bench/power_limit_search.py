@@ -299,11 +299,13 @@ class Tally:
     spent_exhaustive: float = 0.0
     case_ratio_sum: float = 0.0
     tail: int = 0  # Cases with a regret above TAIL.
+    tail4: int = 0  # Cases with a regret above TAIL4.
 
     def add(self, other: Tally) -> Tally:
         self.cases += other.cases
         self.within += other.within
         self.tail += other.tail
+        self.tail4 += other.tail4
         self.worst = max(self.worst, other.worst)
         self.regret_sum += other.regret_sum
         self.spent += other.spent
@@ -321,11 +323,13 @@ class Tally:
             "time_ratio": round(self.spent / max(self.spent_exhaustive, 1e-300), 4),
             "mean_case_time_ratio": round(self.case_ratio_sum / n, 4),
             "tail_3pct": round(self.tail / n, 5),
+            "tail_4pct": round(self.tail4 / n, 5),
         }
 
 
 Replayer = Callable[..., Replay]
 TAIL = 0.03  # `tail_3pct`: share of cases whose regret exceeds 3% (a smoother tail than the worst).
+TAIL4 = 0.04  # `tail_4pct`: share of cases whose regret exceeds 4% (near misses of the 5% goal).
 
 
 def exhaustive_time(profile: Profile) -> float:
@@ -361,6 +365,7 @@ def tally(
                 out.within += regret <= 0.01 + 1e-12
                 out.worst = max(out.worst, regret)
                 out.tail += regret > TAIL
+                out.tail4 += regret > TAIL4
                 out.regret_sum += regret
                 out.spent += result.profiling_time_s
                 out.spent_exhaustive += full

@@ -16,6 +16,10 @@ and does no I/O. The state machine asks it for the next probe and executes it.
   2. extend the last profiled limit in place (no warm-up: the limit is already set) while it and
      the best other limit could still be misjudged by more than `tolerance` (`k_ambiguous`
      sigmas), up to `max_steps` x profile_steps on one limit and `ext_ratio` times the other's;
+     also while it looks costlier than the best other but could truly be cheaper by more than
+     `guard_regret` (`k_guard_extend` sigmas), up to `guard_extend` x profile_steps: a limit
+     read once, in a short window that came out a few sigmas high, is the mechanism of the
+     largest regrets, and a few more steps in place cost no warm-up, unlike a visit later;
   3. while the cost falls steeply (more than `steep` per limit), skip the next limit; if the cost
      did not keep falling across the skip, go back and profile the skipped limit at once, and
      skip no more (past a valley's floor, or on a rough profile, a skipped limit may hide a dip
@@ -283,7 +287,15 @@ class Adaptive(SearchStrategy):
             counted against `max_refines`); then the search goes on as before (a limit that now
             looks best is confirmed and settled). It catches the optimum measured by one short,
             unluckily high window, which `k_refine` (sized for 1% misjudgements) lets go. 0: off.
-        guard_regret: The regret (a fraction of the cost) `k_guard` guards against.
+        guard_regret: The regret (a fraction of the cost) `k_guard` and `k_guard_extend` guard
+            against.
+        guard_extend: Extend the last limit in place (one `chunk` window at a time, no warm-up)
+            while it has fewer steps than this fraction of profile_steps, looks costlier than
+            the best other limit, and could still be truly cheaper than it by more than
+            `guard_regret` at `k_guard_extend` sigmas; 0: off. The guard below re-visits such a
+            limit after the descent, at the price of a warm-up; in place, while the limit is
+            set, the same evidence costs a fraction of it, so the threshold can be stricter.
+        k_guard_extend: The sigmas of the `guard_extend` test.
     """
 
     chunk: float = 0.1
@@ -298,7 +310,7 @@ class Adaptive(SearchStrategy):
     rel_stop: float = 0.02
     patience: int = 3
     big_rise: float = 0.3
-    k_refine: float = 1.5
+    k_refine: float = 1.25
     max_refines: int = 6
     confirm: float = 0.5
     budget: float = 0.0
@@ -306,6 +318,8 @@ class Adaptive(SearchStrategy):
     settle: float = 0.75
     k_guard: float = 2.5
     guard_regret: float = 0.03
+    guard_extend: float = 0.3
+    k_guard_extend: float = 3.0
 
     waits_for_results = True
 
@@ -317,7 +331,7 @@ class Adaptive(SearchStrategy):
             raise ValueError(
                 f"Adaptive.max_steps ({self.max_steps}) must be at least chunk ({self.chunk})."
             )
-        for name in ("settle", "k_guard", "guard_regret"):
+        for name in ("settle", "k_guard", "guard_regret", "guard_extend", "k_guard_extend"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Adaptive.{name} must be >= 0; got {getattr(self, name)}.")
         if self.max_refines < 0:
@@ -362,6 +376,7 @@ class _AdaptiveSearch(Search):
         self._refine = steps(params.refine_steps)
         self._confirm = round(params.confirm * profile_steps)
         self._settle = round(params.settle * profile_steps)
+        self._guard_extend = round(params.guard_extend * profile_steps)
         self._budget = (
             params.budget * len(self._limits) * (warmup_steps + profile_steps)
             if params.budget > 0
@@ -438,14 +453,21 @@ class _AdaptiveSearch(Search):
             left = len(self._limits) - 1 - self._index if self._descending else 0
             return left * (self._warmup + self._chunk)
 
-        # Extend the last limit in place while it is ambiguous against the best other.
+        # Extend the last limit in place while it is ambiguous against the best other, or while
+        # it looks costlier but could be the optimum read high (the guard, at no warm-up).
         other = best(exclude=last)
         size = min(self._chunk, self._max_steps - steps[last])
         if (
             other is not None
             and size > 0
-            and danger(last, other) <= p.k_ambiguous
-            and steps[last] < p.ext_ratio * steps[other]
+            and (
+                (danger(last, other) <= p.k_ambiguous and steps[last] < p.ext_ratio * steps[other])
+                or (
+                    steps[last] < self._guard_extend
+                    and costs[last] >= costs[other]
+                    and danger(last, other, p.guard_regret) <= p.k_guard_extend
+                )
+            )
             and spent + size + remaining() <= self._budget
         ):
             return Probe(last, 0, size)

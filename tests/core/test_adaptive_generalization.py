@@ -184,7 +184,7 @@ def test_fast_replay_matches_the_state_machine_replay() -> None:
 def test_shipped_defaults_are_the_cross_validated_pick() -> None:
     """Adaptive()'s defaults are what the tuning selected on all profiles; folds are valid; the
     record names every setting; the seeds of the tuning, of the choice among its finalists, of the
-    out-of-fold scoring and of the bench are four disjoint sets."""
+    out-of-fold scoring, of the tail stage and of the bench are five disjoint sets."""
     cv = json.loads(tune.CV_FILE.read_text())
     assert Adaptive() == Adaptive(**tune.decode(cv["final"]["params"]))
     assert cv["shipped_defaults_match"] is True  # The record says so too.
@@ -195,11 +195,19 @@ def test_shipped_defaults_are_the_cross_validated_pick() -> None:
         assert set(fold["params"]) == fields
         Adaptive(**tune.decode(fold["params"]))  # Valid settings.
     tuning, selection = set(cv["tuning_seeds"]), set(cv["selection_seeds"])
-    scoring, bench_seeds = set(cv["scoring_seeds"]), set(range(10))
-    assert len(tuning) >= 3 and len(selection) >= 3 and len(scoring) >= 5
-    for a, b in [(tuning, selection), (tuning, scoring), (selection, scoring)]:
-        assert a.isdisjoint(b)
-    assert (tuning | selection | scoring).isdisjoint(bench_seeds)
+    scoring, tail, bench_seeds = set(cv["scoring_seeds"]), set(cv["tail_seeds"]), set(range(10))
+    assert len(tuning) >= 3 and len(selection) >= 3 and len(scoring) >= 5 and len(tail) >= 20
+    sets = [tuning, selection, scoring, tail]
+    for i, a in enumerate(sets):
+        for b in sets[i + 1 :]:
+            assert a.isdisjoint(b)
+    assert (tuning | selection | scoring | tail).isdisjoint(bench_seeds)
+    # The tail stage ran on top of the descent's pick: the pick is one of its grid's settings.
+    for record in [cv["final"], *cv["folds"]]:
+        stage = record["tail_stage"]
+        chosen = {k: tune.decode(record["params"])[k] for k in tune.TAIL_SPACE}
+        assert chosen in [tune.decode(g["settings"]) for g in stage["grid"]]
+        assert len(stage["grid"]) == math.prod(len(v) for v in tune.TAIL_SPACE.values())
 
 
 def test_candidate_pool_is_data_independent_and_reproducible() -> None:

@@ -125,6 +125,8 @@ def test_adaptive_uses_short_windows_and_no_warmup_on_extension() -> None:
         {"settle": -0.5},
         {"k_guard": -1.0},
         {"guard_regret": -0.01},
+        {"guard_extend": -0.1},
+        {"k_guard_extend": -1.0},
     ],
 )
 def test_adaptive_validation(kw: dict) -> None:
@@ -181,6 +183,7 @@ def test_refinement_goes_to_the_best_and_its_most_ambiguous_rival() -> None:
         steep=math.inf,
         focused_refinement=True,
         k_guard=0.0,  # No guard windows: refinement only.
+        guard_extend=0.0,
     )
     results = _drive(search, rows)
     descent = len(rows)  # k_ambiguous=0: one window per limit on the way down, no extension.
@@ -219,7 +222,8 @@ def test_a_skipped_limit_next_to_a_rival_is_profiled() -> None:
     one next to a limit clearly worse (250 W, next to 225 W, 6.7% off) stays skipped."""
     rows = {300: 140.0, 275: 125.0, 250: 112.0, 225: 104.0, 200: 100.0, 175: 98.0, 150: 97.5}
     rows |= {125: 105.0, 100: 115.0}
-    results = _drive(Adaptive(steep=0.03, k_ambiguous=0.0, confirm=0.0, max_refines=0), rows)
+    no_extension = {"k_ambiguous": 0.0, "guard_extend": 0.0}
+    results = _drive(Adaptive(steep=0.03, confirm=0.0, max_refines=0, **no_extension), rows)
     visited = [r.power_limit for r in results]
     assert visited[:6] == [300, 275, 225, 175, 125, 150]  # 250, 200 skipped; 150 taken back.
     assert 200 in visited and 250 not in visited
@@ -233,7 +237,7 @@ def test_no_skip_after_a_skip_was_taken_back() -> None:
     (225 W, 175 W) are 12-18% costlier, neither a rival of the best found elsewhere (125 W)."""
     rows = {300: 130.0, 275: 120.0, 250: 125.0, 225: 118.0, 200: 100.0, 175: 112.0}
     rows |= {150: 108.0, 125: 104.0, 100: 115.0}
-    results = _drive(Adaptive(k_ambiguous=0.0), rows)
+    results = _drive(Adaptive(k_ambiguous=0.0, guard_extend=0.0), rows)
     visited = [r.power_limit for r in results]
     assert visited[:5] == [300, 275, 225, 250, 200]  # 250 skipped, taken back; then no skips.
     assert set(visited) == set(rows)
@@ -265,6 +269,7 @@ def test_guard_reprofiles_an_optimum_hidden_by_one_high_short_window() -> None:
     rows |= {150: 121.4, 125: 153.9, 100: 202.2}
     # One window per limit on the way down (no skip, no extension), as in that case around 200 W.
     kw = {"chunk": 0.1, "confirm": 0.75, "k_refine": 1.25, "steep": math.inf, "k_ambiguous": 0.0}
+    kw |= {"guard_extend": 0.0}
     previous, guarded = Adaptive(k_guard=0.0, **kw), Adaptive(k_guard=2.5, **kw)
 
     def pick(results: list[WindowResult]) -> int:
@@ -279,6 +284,32 @@ def test_guard_reprofiles_an_optimum_hidden_by_one_high_short_window() -> None:
     assert pick(fixed) == 200
     assert sum(r.steps for r in fixed if r.power_limit == 200) >= 30  # Then confirmed.
     assert pick(_drive(guarded, rows)) == 200  # Without the outlier: the same pick.
+
+
+def test_guard_extension_reprofiles_a_high_reading_in_place() -> None:
+    """The same case, caught while the limit is still set: 200 W reads 9% high in its first
+    4-step window and looks costlier than 225 W, but could be >3% cheaper at 3 sigmas, so it is
+    extended in place (no warm-up, unlike the guard's visit after the descent) until the pooled
+    reading rules that out or it reaches `guard_extend` x profile_steps. With the end guard off,
+    the pick is the optimum only with the extension."""
+    rows = {300: 128.3, 275: 121.5, 250: 113.4, 225: 107.0, 200: 100.0, 175: 105.1}
+    rows |= {150: 121.4, 125: 153.9, 100: 202.2}
+    kw = {"chunk": 0.1, "confirm": 0.75, "k_refine": 1.25, "steep": math.inf, "k_ambiguous": 0.0}
+    kw |= {"k_guard": 0.0}
+
+    def pick(results: list[WindowResult]) -> int:
+        return Energy().select(aggregate(results, 40))
+
+    plain = _drive_with_outlier(Adaptive(guard_extend=0.0, **kw), rows, outlier=200, high=1.09)
+    assert pick(plain) == 175
+    extended = _drive_with_outlier(Adaptive(guard_extend=0.5, **kw), rows, outlier=200, high=1.09)
+    first = next(i for i, r in enumerate(extended) if r.power_limit == 200)
+    assert extended[first + 1] == WindowResult(200, 4, 1.0, 10.0)  # In place, the next window.
+    assert pick(extended) == 200
+    # The extension stops at guard_extend x profile_steps, however suspicious the limit stays.
+    capped = _drive_with_outlier(Adaptive(guard_extend=0.2, **kw), rows, outlier=200, high=1.09)
+    run = [r.power_limit for r in capped[first : first + 3]]
+    assert run == [200, 200, 175]
 
 
 def test_tuner_pairs_a_change_over_the_time_cap_with_a_cheaper_one() -> None:
@@ -301,3 +332,55 @@ def test_tuner_pairs_a_change_over_the_time_cap_with_a_cheaper_one() -> None:
     assert pairs == [{**current, "k_guard": 2.5, "confirm": 0.5}]
     # Nothing is flagged when no change is held back by the time alone.
     assert tuner.pair_moves(current, summary(0.96, cap - 0.005), singles) == []
+
+
+def test_tuner_tail_stage_weighs_cases_above_4_percent() -> None:
+    """The tail stage scores every `TAIL_SPACE` combination on the training profiles only and
+    prefers fewer near misses of the 5% goal at the same within-1% share and time."""
+    tuner = _bench("tune_adaptive_search")
+    grid_size = math.prod(len(v) for v in tuner.TAIL_SPACE.values())
+
+    def tally(tail4: int, time: float, cases: int = 1000) -> bench.Tally:
+        return bench.Tally(
+            cases=cases, within=950, tail=5, tail4=tail4, spent=time, spent_exhaustive=1.0
+        )
+
+    class FakeEvaluator:
+        calls: list[list[dict]] = []
+
+        def __call__(self, settings: list[dict]) -> list[list[bench.Tally]]:
+            self.calls.append(settings)
+            out = []
+            for s in settings:
+                # Held-out profile (index 1) would favour no extension; training (index 0) the 0.4.
+                train = tally(1 if s["guard_extend"] == 0.4 else 4, 0.45)
+                held = tally(0 if s["guard_extend"] == 0.0 else 9, 0.45)
+                if s["guard_extend"] == 0.5:
+                    train = tally(0, 0.49)  # Fewest near misses, but over the time cap.
+                out.append([train, held])
+            return out
+
+    evaluate = FakeEvaluator()
+    base = {"k_refine": 1.5, "k_guard": 2.5, "chunk": 0.1}
+    result = tuner.tail_stage(base, [True, False], evaluate)
+    assert len(evaluate.calls[0]) == len(result["grid"]) == grid_size
+    assert result["params"]["guard_extend"] == 0.4 and result["params"]["chunk"] == 0.1
+    first = tuner.tail_score(
+        {
+            "within_1pct": 0.95,
+            "tail_3pct": 0.0,
+            "tail_4pct": 0.0,
+            "worst_regret": 0.04,
+            "time_ratio": 0.4,
+        }
+    )
+    second = tuner.tail_score(
+        {
+            "within_1pct": 0.95,
+            "tail_3pct": 0.0,
+            "tail_4pct": 0.001,
+            "worst_regret": 0.04,
+            "time_ratio": 0.4,
+        }
+    )
+    assert first[0] - second[0] == pytest.approx(tuner.TAIL4_WEIGHT * 0.001)
