@@ -56,6 +56,10 @@ DEFAULT_LIMIT = PRESETS["A40"].default_power_limit_w
 MARK_TIMEOUT_S = 2.0
 PER_STEP_OVERHEAD_S = 0.010
 """Allowance per step for what the simulator does not model (barrier, sleep, emit)."""
+STALL_S = 0.15
+"""Allowance per window for one scheduling stall of a loaded 2-core machine (a 3-server cluster
+test once measured a 6-step window 0.107 s over its steps' time, with its energy within 10%). The
+defects these checks catch are windows of the wrong number of steps, several times too long."""
 
 
 def options(profile_steps: int) -> dict[str, Any]:
@@ -76,7 +80,7 @@ def inconsistent(measurements: list[PowerLimitMeasurement], profile_steps: int,
     bad = []
     for m in measurements:
         t, e = expected_window(m.power_limit, profile_steps)
-        t_hi = 1.25 * t + profile_steps * PER_STEP_OVERHEAD_S
+        t_hi = 1.25 * t + profile_steps * PER_STEP_OVERHEAD_S + STALL_S
         e_hi = 1.25 * e + profile_steps * WORLD * 0.5  # + idle power between steps
         line = (f"{m.power_limit} W: measured {m.time:.3f} s, {m.energy:.1f} J; "
                 f"{profile_steps} steps take {t:.3f} s, {e:.1f} J "
