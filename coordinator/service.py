@@ -1191,9 +1191,41 @@ class CoordinatorService(ExitSignals):
             return
         now = self.clock()
         async with self._lock(event.job_id):
+            if event.code == "lease_expired":
+                restored = event.detail.get("restored")
+                await self._reapply_lapsed(event.job_id, job, event.rank,
+                                           restored if isinstance(restored, list) else [])
             await self._act(event.job_id,
                             lambda r, e: job.on_agent_error(r, e.code, e.message, now),
                             event.rank, event)
+
+    async def _reapply_lapsed(
+        self, job_id: str, job: JobOptimizer, rank: int, restored: list[Any]
+    ) -> None:
+        """An agent restored settings of an active job whose lease lapsed: set them again.
+
+        The renewals were late (a stalled replica, a slow bus) while the trainer kept going;
+        without this the GPU would stay at its default until the job next went quiet. A quiet
+        job's leases lapse on purpose and stay lapsed.
+        """
+        record = self.registry.jobs.get(job_id)
+        if (record is None or rank not in record.ranks or not self.owns(job_id)
+                or self.clock() - record.last_active_s > self.settings.lease_idle_s):
+            return
+        binding = record.ranks[rank].gpu
+        where = f"{binding.node}/gpu{binding.gpu_index}"
+        desired = job.desired_power_limit
+        if "power_limit" in restored and desired is not None:
+            await self.status(job_id, "reconciled",
+                              f"the lease on {where} lapsed while the job was active (late "
+                              f"renewals): setting {desired} W again")
+            await self.apply_power_limit(record, desired, [binding])
+        wanted = job.desired_schedule(rank)
+        if "schedule" in restored and wanted is not None:
+            await self.status(job_id, "reconciled",
+                              f"the lease on {where} lapsed while the job was active (late "
+                              f"renewals): installing schedule {wanted[1]} again")
+            await self.install_schedules(record, InstallSchedules((wanted[0],), wanted[1]))
 
     async def _on_agent_hello(self, msg: Any) -> None:
         """Reconcile: a GPU still driven by an optimised job's rank gets the job's limit back.

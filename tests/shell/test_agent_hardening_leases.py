@@ -18,7 +18,9 @@ import msgpack
 import pytest
 
 from tests.shell.agent_kit import command, running_agent, wait_for
+from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import GPUUnavailableError, PayloadError
+from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -207,3 +209,66 @@ async def test_an_error_echoing_a_huge_value_still_gets_a_reply(agent, nc):
     reply = await command(nc, agent.settings.node, 0, _raw({"op": "z" * 60_000}))
     assert (reply.ok, reply.code) == (False, "bad_request")
     assert len(reply.error) <= MAX_TEXT_CHARS
+
+
+class ThreadedSlowGPU(SimGPU):
+    """A simulated GPU called as NVML is (in the GPU's thread), whose resets take 0.2 s."""
+
+    calls_block = True
+
+    def reset_power_limit(self) -> None:
+        time.sleep(0.2)
+        super().reset_power_limit()
+
+
+async def _no_publish(subject: str, payload: bytes) -> None:
+    return None
+
+
+async def test_a_set_during_a_lapsed_leases_restore_keeps_its_new_lease(tmp_path, monkeypatch):
+    """Defect (CI, a job back from a quiet spell): the expiry tick removed the lapsed lease and
+    awaited the reset; a set_power_limit arriving meanwhile granted a new lease, which the
+    restore then released. The GPU was left at the new limit with no lease, so the next tick
+    reset it as an orphan and the job's renewals had nothing to renew: the job never got its
+    limit back. Settings are now applied one at a time per GPU."""
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = ThreadedSlowGPU.open(tmp_path, 0)
+    agent = GpuAgent(gpu, "n", _no_publish)
+    try:
+        await agent.start()
+        await agent.set_power_limit(250, "job", 0.05)
+        await asyncio.sleep(0.1)
+        expiry = asyncio.create_task(agent.expire_leases())
+        await asyncio.sleep(0.05)  # the restore's reset is under way in its thread
+        await agent.set_power_limit(250, "job", 30.0)
+        await expiry
+        for _ in range(3):  # the expiry loop's next ticks
+            await agent.expire_leases()
+        assert gpu.get_power_limit_w() == 250
+        lease = agent.leases.get("power_limit")
+        assert lease is not None and lease.holder == "job"
+        assert agent.renew_leases("job", 30.0) == ["power_limit"]
+    finally:
+        agent.caller.close()
+
+
+async def test_a_clock_change_queued_behind_a_restore_is_dropped(tmp_path):
+    """With a blocking backend a schedule's clock change runs in a background task; queued
+    behind the restore that cleared the schedule it would lock the clocks with no lease and
+    nothing left to unlock them."""
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = ThreadedSlowGPU.open(tmp_path, 0)
+    agent = GpuAgent(gpu, "n", _no_publish)
+    try:
+        await agent.start()
+        mhz = agent.info.supported_graphics_clocks_mhz[3]
+        await agent.install_schedule("job", FrequencySchedule(rank=0, frequencies=[
+            ("forward", mhz)]), "job", 30.0)
+        agent._apply_frequency(mhz)  # as on an instruction_begin: spawned, not yet run
+        assert await agent.restore({"schedule"}, reason="clear command") == ["schedule",
+                                                                             "sm_clocks"]
+        await asyncio.gather(*agent._background)
+        assert gpu.get_locked_sm_clocks_mhz() is None
+        assert agent.leases.get("schedule") is None
+    finally:
+        agent.caller.close()

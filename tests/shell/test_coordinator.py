@@ -443,6 +443,15 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
         await stop(coord, task)
 
 
+async def bind_trainers(nc, job_id: str) -> None:
+    """What the agent does on each rank's trainer HELLO: bind its GPU to (job, rank)."""
+    for r in (0, 1):
+        assert (await ask(nc, subjects.gpu_command(NODE, r),
+                          {"v": 1, "cmd": {"op": "bind", "job_id": job_id, "rank": r,
+                                           "join_digest": join_token_digest(JOIN_TOKENS[job_id])}}
+                          )).ok
+
+
 async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, agent, nc, tmp_path):
     profile = measurements([(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
@@ -452,6 +461,7 @@ async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, a
         job_id = await register_job(nc, dp=2, power_limit=options)
         for r in (0, 1):
             assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+        await bind_trainers(nc, job_id)
         sim_dir = agent.settings.sim_state_dir
         await wait_for(lambda: SimGPU.open(sim_dir, 0).get_power_limit_w() == 250)
         # Quiet: renewals stop after lease_idle_s, the agents' leases lapse, defaults return.
@@ -460,6 +470,45 @@ async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, a
         await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
                                    for i in (0, 1)))
         assert any(s.state == "resumed" and s.job_id == job_id for s in statuses)
+    finally:
+        await stop(coord, task)
+
+
+async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, agent, nc,
+                                                                   tmp_path, monkeypatch):
+    """Defect (CI, a loaded machine): renewals ran late, the agents' leases lapsed while the
+    trainers kept going, and the job stayed at the default limit until it next went quiet. The
+    agents' `lease_expired` events now bring an active job's settings back."""
+    stalled = asyncio.Event()
+    renew = CoordinatorService._renew_leases
+
+    async def late_renewals(self: CoordinatorService) -> None:
+        if not stalled.is_set():
+            await renew(self)
+
+    monkeypatch.setattr(CoordinatorService, "_renew_leases", late_renewals)
+    profile = measurements([(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=60)
+    try:
+        options = PowerLimitOptions(selector="Energy", profile=profile)
+        job_id = await register_job(nc, dp=2, power_limit=options)
+        for r in (0, 1):
+            assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+        await bind_trainers(nc, job_id)
+        sim_dir = agent.settings.sim_state_dir
+        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
+                                   for i in (0, 1)))
+        stalled.set()
+        await wait_for(lambda: sum("lapsed while the job was active" in s.message
+                                   for s in statuses) >= 2)
+        stalled.clear()
+        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
+                                   for i in (0, 1)))
+        await asyncio.sleep(0.6)  # two lease periods of renewals: it stays set
+        assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250 for i in (0, 1))
+        assert all(s.state == "reconciled" for s in statuses
+                   if "lapsed while the job was active" in s.message)
     finally:
         await stop(coord, task)
 

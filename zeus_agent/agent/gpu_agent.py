@@ -134,6 +134,11 @@ class GpuAgent:
         self.index = gpu.index
         self._integrator: PowerIntegrator | None = None
         self._changed: set[str] = set()
+        self._settings = asyncio.Lock()
+        """Held while a setting is changed or restored: with a blocking backend (NVML) each
+        call awaits its thread, and an expiry's restore interleaved with a new set would
+        release the lease that set had just granted (the GPU then kept the new limit with no
+        lease, and the next tick reset it under the job's renewals)."""
         self._pending_samples: list[Sample] = []
         self._pending_marks: list[Mark] = []
         self._pending_measurements: list[Measurement] = []
@@ -324,6 +329,12 @@ class GpuAgent:
         self._check_lease_s(lease_s)
         self._check_holder(holder)
         to_default = power_limit_w == self.info.default_power_limit_w
+        async with self._settings:
+            return await self._set_power_limit(power_limit_w, holder, lease_s, to_default)
+
+    async def _set_power_limit(
+        self, power_limit_w: int, holder: str, lease_s: float | None, to_default: bool
+    ) -> int:
         previous = None if to_default else self._grant(POWER_LIMIT, holder, lease_s)
         try:
             old = await self.caller.call(self.gpu.get_power_limit_w)
@@ -355,13 +366,14 @@ class GpuAgent:
         self._check_clock(min_mhz)
         self._check_clock(max_mhz)
         self._check_holder(holder)
-        previous = self._grant(SM_CLOCKS, holder, lease_s)
-        try:
-            await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
-        except BaseException:
-            self.leases.reinstate(SM_CLOCKS, previous)
-            raise
-        self._changed.add(SM_CLOCKS)
+        async with self._settings:
+            previous = self._grant(SM_CLOCKS, holder, lease_s)
+            try:
+                await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
+            except BaseException:
+                self.leases.reinstate(SM_CLOCKS, previous)
+                raise
+            self._changed.add(SM_CLOCKS)
 
     async def install_schedule(
         self,
@@ -386,15 +398,16 @@ class GpuAgent:
             ScheduleCursor().install(schedule.rank, list(schedule.frequencies), clocks)
         except ValueError as e:
             raise GPUValueError(f"schedule refused for GPU {self.index}: {e}") from None
-        self._grant(SCHEDULE, holder or job_id, lease_s)
         pairs = tuple((name, freq) for name, freq in schedule.frequencies)
-        if from_step is None:
-            self.cursor.install(schedule.rank, pairs)
-            self.schedule_version = version
-            self._pending_schedule = None
-        else:
-            self._pending_schedule = (from_step, version, schedule.rank, pairs)
-        self._changed.add(SCHEDULE)
+        async with self._settings:
+            self._grant(SCHEDULE, holder or job_id, lease_s)
+            if from_step is None:
+                self.cursor.install(schedule.rank, pairs)
+                self.schedule_version = version
+                self._pending_schedule = None
+            else:
+                self._pending_schedule = (from_step, version, schedule.rank, pairs)
+            self._changed.add(SCHEDULE)
         b = self.binding
         if self.notify_trainer is not None and b is not None and b.job_id == job_id:
             notice = ScheduleNotice(job_id=job_id, rank=schedule.rank, version=version,
@@ -413,6 +426,10 @@ class GpuAgent:
 
     async def restore(self, kinds: Collection[str] | None = None, reason: str = "") -> list[str]:
         """Put settings back to default; `kinds` None means everything changed. Idempotent."""
+        async with self._settings:
+            return await self._restore(kinds, reason)
+
+    async def _restore(self, kinds: Collection[str] | None, reason: str) -> list[str]:
         todo = set(self._changed) if kinds is None else set(kinds) & self._changed
         restored: list[str] = []
         if SCHEDULE in todo:
@@ -455,15 +472,16 @@ class GpuAgent:
         A changed setting that holds no lease (its restore failed before, or a set that timed
         out completed in its thread afterwards) is restored again on every call until it is.
         """
-        lapsed = self.leases.expire(time.monotonic_ns())
-        orphaned = {k for k in self._changed if self.leases.get(k) is None}
-        if orphaned and not lapsed:
-            return await self.restore(orphaned, reason="setting left without a lease")
-        if not lapsed:
-            return []
-        kinds = {lease.kind for lease in lapsed}
-        holders = sorted({lease.holder for lease in lapsed})
-        restored = await self.restore(kinds, reason="lease expired")
+        async with self._settings:
+            lapsed = self.leases.expire(time.monotonic_ns())
+            orphaned = {k for k in self._changed if self.leases.get(k) is None}
+            if orphaned and not lapsed:
+                return await self._restore(orphaned, reason="setting left without a lease")
+            if not lapsed:
+                return []
+            kinds = {lease.kind for lease in lapsed}
+            holders = sorted({lease.holder for lease in lapsed})
+            restored = await self._restore(kinds, reason="lease expired")
         await self.error_event(
             "lease_expired",
             f"GPU {self.index}: lease of {', '.join(sorted(kinds))} held by {', '.join(holders)} "
@@ -552,10 +570,19 @@ class GpuAgent:
         self._spawn(self._apply_frequency_async(mhz))
 
     async def _apply_frequency_async(self, mhz: int) -> None:
-        try:
-            await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
-        except GPUError as e:
-            await self.error_event("frequency_failed", str(e))
+        async with self._settings:
+            # Queued behind a restore (the schedule's lease lapsed, or it was cleared): a clock
+            # applied now would stay locked with nothing left to restore it.
+            lease = self.leases.get(SCHEDULE)
+            if lease is None or not self.cursor.installed:
+                return
+            try:
+                await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
+            except GPUError as e:
+                error = str(e)
+            else:
+                return
+        await self.error_event("frequency_failed", error)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         """Run a side task (error events, a blocking clock change), keeping a reference."""
