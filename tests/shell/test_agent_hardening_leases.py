@@ -226,11 +226,11 @@ async def _no_publish(subject: str, payload: bytes) -> None:
 
 
 async def test_a_set_during_a_lapsed_leases_restore_keeps_its_new_lease(tmp_path, monkeypatch):
-    """Defect (CI, a job back from a quiet spell): the expiry tick removed the lapsed lease and
-    awaited the reset; a set_power_limit arriving meanwhile granted a new lease, which the
-    restore then released. The GPU was left at the new limit with no lease, so the next tick
-    reset it as an orphan and the job's renewals had nothing to renew: the job never got its
-    limit back. Settings are now applied one at a time per GPU."""
+    """Defect (blocking backends, NVML): the expiry tick removed the lapsed lease and awaited
+    the reset in the GPU's thread; a set_power_limit arriving meanwhile granted a new lease,
+    which the restore then released. The GPU was left at the new limit with no lease, so the
+    next tick reset it as an orphan and the job's renewals had nothing to renew. Settings are
+    now applied and restored one at a time per GPU."""
     SimGPU.create(tmp_path, 0, preset="A40")
     gpu = ThreadedSlowGPU.open(tmp_path, 0)
     agent = GpuAgent(gpu, "n", _no_publish)

@@ -452,16 +452,22 @@ async def bind_trainers(nc, job_id: str) -> None:
                           )).ok
 
 
-async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, agent, nc, tmp_path):
+async def bound_energy_job(nc) -> str:
+    """A 2-rank job whose profile makes 250 W optimal, its ranks registered and bound."""
     profile = measurements([(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
+    job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions(selector="Energy",
+                                                                        profile=profile))
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+    await bind_trainers(nc, job_id)
+    return job_id
+
+
+async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, agent, nc, tmp_path):
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=0.6)
     try:
-        options = PowerLimitOptions(selector="Energy", profile=profile)
-        job_id = await register_job(nc, dp=2, power_limit=options)
-        for r in (0, 1):
-            assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
-        await bind_trainers(nc, job_id)
+        job_id = await bound_energy_job(nc)
         sim_dir = agent.settings.sim_state_dir
         await wait_for(lambda: SimGPU.open(sim_dir, 0).get_power_limit_w() == 250)
         # Quiet: renewals stop after lease_idle_s, the agents' leases lapse, defaults return.
@@ -487,15 +493,10 @@ async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, 
             await renew(self)
 
     monkeypatch.setattr(CoordinatorService, "_renew_leases", late_renewals)
-    profile = measurements([(300, 1000.0, 10.0), (250, 700.0, 10.5), (200, 800.0, 13.0)])
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=60)
     try:
-        options = PowerLimitOptions(selector="Energy", profile=profile)
-        job_id = await register_job(nc, dp=2, power_limit=options)
-        for r in (0, 1):
-            assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
-        await bind_trainers(nc, job_id)
+        job_id = await bound_energy_job(nc)
         sim_dir = agent.settings.sim_state_dir
         await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
                                    for i in (0, 1)))
@@ -507,7 +508,7 @@ async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, 
                                    for i in (0, 1)))
         await asyncio.sleep(0.6)  # two lease periods of renewals: it stays set
         assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250 for i in (0, 1))
-        assert all(s.state == "reconciled" for s in statuses
+        assert all(s.state == "reconciled" and s.job_id == job_id for s in statuses
                    if "lapsed while the job was active" in s.message)
     finally:
         await stop(coord, task)
