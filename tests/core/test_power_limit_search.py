@@ -352,10 +352,10 @@ def test_tuner_tail_stage_weighs_cases_above_4_percent() -> None:
             self.calls.append(settings)
             out = []
             for s in settings:
-                # Held-out profile (index 1) would favour no extension; training (index 0) the 0.4.
-                train = tally(1 if s["guard_extend"] == 0.4 else 4, 0.45)
-                held = tally(0 if s["guard_extend"] == 0.0 else 9, 0.45)
-                if s["guard_extend"] == 0.5:
+                # Held-out profile (index 1) would favour 0.3; training (index 0) the 0.5.
+                train = tally(1 if s["guard_extend"] == 0.5 else 4, 0.45)
+                held = tally(0 if s["guard_extend"] == 0.3 else 9, 0.45)
+                if s["guard_extend"] == 0.6:
                     train = tally(0, 0.49)  # Fewest near misses, but over the time cap.
                 out.append([train, held])
             return out
@@ -364,7 +364,7 @@ def test_tuner_tail_stage_weighs_cases_above_4_percent() -> None:
     base = {"k_refine": 1.5, "k_guard": 2.5, "chunk": 0.1}
     result = tuner.tail_stage(base, [True, False], evaluate)
     assert len(evaluate.calls[0]) == len(result["grid"]) == grid_size
-    assert result["params"]["guard_extend"] == 0.4 and result["params"]["chunk"] == 0.1
+    assert result["params"]["guard_extend"] == 0.5 and result["params"]["chunk"] == 0.1
     first = tuner.tail_score(
         {
             "within_1pct": 0.95,
