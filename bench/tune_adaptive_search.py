@@ -146,11 +146,11 @@ FIXED: dict[str, Any] = {
     "k_guard_extend": 3.0,
     "guard_extend": 0.0,
 }
-"""Settings not tuned: `noise` (the assumed 1%), the stop rule (`k_stop`, `rel_stop`, `patience`,
-`big_rise`: the descent almost never stops on the wrong side of the optimum, and they barely move
-the time), `tolerance` (1%, the goal's own; the tail stage may loosen it), `budget` (none: a per-case cap starves the cases
-that need the time) and `guard_regret` (3%: the tail the score counts; `k_guard`, how hard the
-guard looks, is tuned)."""
+"""Settings the descent does not tune: `noise` (the assumed 1%), the stop rule (`k_stop`,
+`rel_stop`, `patience`, `big_rise`: the descent almost never stops on the wrong side of the
+optimum, and they barely move the time), `tolerance` (1%, the goal's own; the tail stage may
+loosen it), `budget` (none: a per-case cap starves the cases that need the time) and
+`guard_regret` (3%: the tail the score counts; `k_guard`, how hard the guard looks, is tuned)."""
 
 PREVIOUS_DEFAULTS: dict[str, Any] = {
     "chunk": 0.1,
