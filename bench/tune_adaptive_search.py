@@ -37,9 +37,9 @@ Procedure (all of it runs inside every fold, so the out-of-fold figures are hone
    the second time after the search stopped skipping once a skip was taken back), the out-of-fold
    figures were worse (93.85% and 93.69% within 1%, worst 5.21% both times).
 3. The tail stage (`tail_stage`), on the same training profiles: every combination of
-   `TAIL_SPACE` (the guard extension `guard_extend`, off in the descent, and `k_refine`, which it
-   trades time against) on top of the descent's pick, scored on the tail seeds (600, 601, ...; 20
-   by default, 4x the descent's) by `tail_score`: `score` minus
+   `TAIL_SPACE` (the guard extension `guard_extend`, off in the descent, and `k_refine` and
+   `tolerance`, which it trades time against) on top of the descent's pick, scored on the tail
+   seeds (600, 601, ...; 20 by default, 4x the descent's) by `tail_score`: `score` minus
    `TAIL4_WEIGHT` x the share of cases with a regret above 4%. The descent's 5 seeds hold a
    handful of such cases per setting, too few to see what the guard extension does to them (over
    100 seeds of every profile it halves them, at ~0.018 of the exhaustive time), while the time
