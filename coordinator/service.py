@@ -181,6 +181,8 @@ class CoordinatorService(ExitSignals):
         self._agent_ids: dict[str, str] = {}
         self._installed_at: dict[tuple[str, int], float] = {}
         """(job id, rank) -> when its schedule was last sent (coordinator clock)."""
+        self._lapse_reapplies: dict[tuple[str, int], list[float]] = {}
+        """(job id, rank) -> when its lapsed settings were set again (`REAPPLY_LIMIT`)."""
         self.dropped: Counter[str] = Counter()
         """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
         super().__init__()
@@ -502,6 +504,8 @@ class CoordinatorService(ExitSignals):
         self._unsaved.pop(job_id, None)
         self._unsaved_warned.discard(job_id)
         self._progress_locks.pop(job_id, None)
+        for lapsed in [k for k in self._lapse_reapplies if k[0] == job_id]:
+            del self._lapse_reapplies[lapsed]
 
     def _state(self) -> JetStreamState:
         if self.state is None:
@@ -1214,6 +1218,24 @@ class CoordinatorService(ExitSignals):
             return
         binding = record.ranks[rank].gpu
         where = f"{binding.node}/gpu{binding.gpu_index}"
+        # Leases that lapse again and again mean renewals never reach the agent (its
+        # permissions, a one-way partition): setting them again each time would only flap the
+        # GPU and flood commands (the agent's events are its own to send).
+        now, window = self.clock(), REAPPLY_WINDOW_LEASES * self.settings.lease_s
+        recent = [t for t in self._lapse_reapplies.get((job_id, rank), []) if now - t < window]
+        if len(recent) >= REAPPLY_LIMIT:
+            if len(recent) == REAPPLY_LIMIT:
+                await self.status(job_id, "error",
+                                  f"the leases on {where} lapsed {REAPPLY_LIMIT} times in "
+                                  f"{window:g} s while the job was active: renewals do not reach "
+                                  f"its agent (check that it may subscribe to "
+                                  f"{subjects.all_lease_renewals(self.settings.prefix)}); its "
+                                  "settings stay at the defaults until its agent restarts or the "
+                                  "job comes back from a quiet spell")
+                recent.append(now)  # Said once per window.
+            self._lapse_reapplies[(job_id, rank)] = recent
+            return
+        self._lapse_reapplies[(job_id, rank)] = [*recent, now]
         desired = job.desired_power_limit
         if "power_limit" in restored and desired is not None:
             await self.status(job_id, "reconciled",
@@ -1517,6 +1539,11 @@ class CoordinatorService(ExitSignals):
             await self.status(job_id, "removed",
                               f"job removed after {self.settings.max_job_idle_time} s without "
                               "events or registrations (max_job_idle_time)")
+
+
+REAPPLY_LIMIT = 3
+"""Most times one rank's lapsed settings are set again within `REAPPLY_WINDOW_LEASES` leases."""
+REAPPLY_WINDOW_LEASES = 10
 
 
 def _ticker(job: JobOptimizer) -> Callable[[int, Any], list[Action]]:

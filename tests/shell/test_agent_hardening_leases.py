@@ -21,6 +21,7 @@ from tests.shell.agent_kit import command, running_agent, wait_for
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import GPUUnavailableError, PayloadError
 from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.gpu.threaded import GPUCaller
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -270,5 +271,41 @@ async def test_a_clock_change_queued_behind_a_restore_is_dropped(tmp_path):
         await asyncio.gather(*agent._background)
         assert gpu.get_locked_sm_clocks_mhz() is None
         assert agent.leases.get("schedule") is None
+    finally:
+        agent.caller.close()
+
+
+async def test_clock_changes_behind_a_hung_gpu_do_not_pile_up(tmp_path, monkeypatch):
+    """Adversarial review: each instruction's clock change waited its turn on the GPU's lock and
+    then its full call timeout, so behind a hung GPU they queued faster than they drained, and
+    the GPU's lease expiry and shutdown restore waited behind all of them. Only the latest
+    wanted clock is kept: the hung call, then at most one more."""
+    monkeypatch.setitem(GPUCaller.call.__kwdefaults__, "timeout_s", 0.2)
+
+    class HangingClocksGPU(SimGPU):
+        calls_block = True
+        calls: list[tuple[int, int]] = []
+
+        def lock_sm_clocks_mhz(self, min_mhz: int, max_mhz: int) -> None:
+            self.calls.append((min_mhz, max_mhz))
+            time.sleep(0.3)  # longer than the call timeout: NVML stuck on the driver lock
+            super().lock_sm_clocks_mhz(min_mhz, max_mhz)
+
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = HangingClocksGPU.open(tmp_path, 0)
+    agent = GpuAgent(gpu, "n", _no_publish)
+    try:
+        await agent.start()
+        clocks = agent.info.supported_graphics_clocks_mhz
+        await agent.install_schedule("job", FrequencySchedule(rank=0, frequencies=[
+            ("forward", clocks[3])]), "job", 30.0)
+        gpu.calls.clear()
+        for i in range(20):  # a trainer's instruction_begin events, one after another
+            agent._apply_frequency(clocks[i % 4])
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*agent._background)
+        assert 1 <= len(gpu.calls) <= 2
+        assert gpu.calls[-1] == (clocks[19 % 4],) * 2  # the latest wanted clock, none stale
+        assert await agent.restore(reason="agent shutting down") == ["schedule", "sm_clocks"]
     finally:
         agent.caller.close()

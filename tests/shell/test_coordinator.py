@@ -514,6 +514,39 @@ async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, 
         await stop(coord, task)
 
 
+async def test_leases_that_keep_lapsing_are_set_again_only_a_few_times(nats_server, agent, nc,
+                                                                        tmp_path, monkeypatch):
+    """Adversarial review: when renewals never reach an agent (its permissions forget the
+    lease subject) every lapse was set again, once per lease, for as long as the job ran: the
+    GPU flapped and each of the agent's events cost a command. Now `REAPPLY_LIMIT` times per
+    rank in `REAPPLY_WINDOW_LEASES` leases, then one error status that says what to check."""
+    from coordinator.service import REAPPLY_LIMIT
+
+    async def no_renewals(self: CoordinatorService) -> None:
+        return None
+
+    monkeypatch.setattr(CoordinatorService, "_renew_leases", no_renewals)
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=60)
+    try:
+        job_id = await bound_energy_job(nc)
+        await wait_for(lambda: sum("renewals do not reach" in s.message for s in statuses) == 2)
+        errors = [s for s in statuses if "renewals do not reach" in s.message]
+        assert {s.state for s in errors} == {"error"} and all(
+            "zeus.lease.*" in s.message and s.job_id == job_id for s in errors)
+        again = sum("lapsed while the job was active" in s.message for s in statuses)
+        assert again == 2 * REAPPLY_LIMIT  # both ranks
+        sim_dir = agent.settings.sim_state_dir
+        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300
+                                   for i in (0, 1)))
+        await asyncio.sleep(1.0)  # three more leases: nothing is set again, nothing said again
+        assert sum("lapsed while the job was active" in s.message for s in statuses) == again
+        assert sum("renewals do not reach" in s.message for s in statuses) == 2
+        assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300 for i in (0, 1))
+    finally:
+        await stop(coord, task)
+
+
 RESET = {"v": 1, "cmd": {"op": "reset_power_limit"}}
 
 

@@ -135,6 +135,11 @@ class GpuAgent:
         self._integrator: PowerIntegrator | None = None
         self._changed: set[str] = set()
         self._settings = asyncio.Lock()
+        self._wanted_mhz: int | None = None
+        """The latest clock change not yet applied (blocking backends): one worker applies
+        them, skipping those overtaken, so a hung GPU holds at most one behind its lock."""
+        self._frequency_worker: asyncio.Future[None] | None = None
+        self._expiring = False
         """Held while a setting is changed or restored: with a blocking backend (NVML) each
         call awaits its thread, and an expiry's restore interleaved with a new set would
         release the lease that set had just granted (the GPU then kept the new limit with no
@@ -558,7 +563,13 @@ class GpuAgent:
         self._event_queue.put_nowait((ev, self.schedule_version))
 
     async def _expire_now(self) -> None:
-        await self.expire_leases()
+        if self._expiring:
+            return  # One is already waiting: every instruction of a burst need not queue one.
+        self._expiring = True
+        try:
+            await self.expire_leases()
+        finally:
+            self._expiring = False
 
     def _apply_frequency(self, mhz: int) -> None:
         if not getattr(self.gpu, "calls_block", True):
@@ -567,22 +578,28 @@ class GpuAgent:
             except GPUError as e:
                 self._spawn(self.error_event("frequency_failed", str(e)))
             return
-        self._spawn(self._apply_frequency_async(mhz))
+        self._wanted_mhz = mhz
+        if self._frequency_worker is None or self._frequency_worker.done():
+            self._frequency_worker = asyncio.ensure_future(self._apply_frequencies())
+            self._background.add(self._frequency_worker)
+            self._frequency_worker.add_done_callback(self._background.discard)
 
-    async def _apply_frequency_async(self, mhz: int) -> None:
-        async with self._settings:
-            # Queued behind a restore (the schedule's lease lapsed, or it was cleared): a clock
-            # applied now would stay locked with nothing left to restore it.
-            lease = self.leases.get(SCHEDULE)
-            if lease is None or not self.cursor.installed:
-                return
-            try:
-                await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
-            except GPUError as e:
-                error = str(e)
-            else:
-                return
-        await self.error_event("frequency_failed", error)
+    async def _apply_frequencies(self) -> None:
+        """Apply the latest wanted clock until none is left (a stale one is never applied)."""
+        while (mhz := self._wanted_mhz) is not None:
+            self._wanted_mhz = None
+            error = None
+            async with self._settings:
+                # Queued behind a restore (the schedule's lease lapsed, or it was cleared): a
+                # clock applied now would stay locked with nothing left to restore it.
+                if self.leases.get(SCHEDULE) is None or not self.cursor.installed:
+                    continue
+                try:
+                    await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
+                except GPUError as e:
+                    error = str(e)
+            if error is not None:
+                await self.error_event("frequency_failed", error)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         """Run a side task (error events, a blocking clock change), keeping a reference."""

@@ -419,8 +419,8 @@ class AgentServer(ExitSignals):
 
     async def _expire_leases(self) -> None:
         self._tick = time.monotonic()
-        for a in self.agents.values():
-            await a.expire_leases()
+        # Side by side: a hung GPU (each call waits out its timeout) delays no other GPU's.
+        await asyncio.gather(*(a.expire_leases() for a in self.agents.values()))
 
     async def _heartbeat_tick(self) -> None:
         self._tick = time.monotonic()
@@ -447,11 +447,13 @@ class AgentServer(ExitSignals):
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._service.stop(), 2)
-        for agent in self.agents.values():
+        async def restore(agent: GpuAgent) -> None:
             try:
                 await agent.restore(reason="agent shutting down")
             except Exception:  # noqa: BLE001 - restore the others anyway
                 LOG.exception("GPU %d: restore at shutdown failed", agent.index)
+
+        await asyncio.gather(*(restore(a) for a in self.agents.values()))
         if self.nc is not None and not self.force_exit.is_set():
             for agent in self.agents.values():
                 await agent.flush_measurements()
