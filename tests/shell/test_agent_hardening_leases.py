@@ -309,3 +309,42 @@ async def test_clock_changes_behind_a_hung_gpu_do_not_pile_up(tmp_path, monkeypa
         assert await agent.restore(reason="agent shutting down") == ["schedule", "sm_clocks"]
     finally:
         agent.caller.close()
+
+
+async def test_a_set_waiting_for_a_dead_trainers_restore_is_refused(tmp_path):
+    """Adversarial review: the gateway restored a dead trainer's GPU, then awaited publishing
+    `trainer_gone`, then unbound it. A set of the job waiting for the restore (the GPU's lock)
+    ran in that gap and leased the limit to a job whose other ranks keep renewing it: a GPU
+    throttled with no trainer. The GPU is unbound as soon as its restore returns, and the
+    holder is checked again under the lock."""
+    from zeus_agent.agent.gateway import Gateway
+    from zeus_agent.errors import SettingRefusedError
+    from zeus_agent.wire.messages import ErrorEvent
+
+    published: list[tuple[str, bytes]] = []
+
+    async def publish(subject: str, payload: bytes) -> None:
+        published.append((subject, payload))
+
+    async def request(subject: str, payload: bytes, timeout: float) -> bytes:
+        raise AssertionError("no request expected")
+
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = ThreadedSlowGPU.open(tmp_path, 0)
+    agent = GpuAgent(gpu, "n", publish)
+    gateway = Gateway({0: agent}, "n", "zeus", request, publish)
+    try:
+        await agent.start()
+        agent.bind("job", 0, pid=4242)
+        gateway.by_pid[4242] = [agent]
+        await agent.set_power_limit(250, "job", 30.0)
+        release = asyncio.create_task(gateway.release_pid(4242, reason="process exited"))
+        await asyncio.sleep(0.05)  # the restore's reset is under way in its thread
+        with pytest.raises(SettingRefusedError):
+            await agent.set_power_limit(250, "job", 30.0)  # the coordinator's, just too late
+        assert await release == ["gpu0:power_limit"]
+        assert gpu.get_power_limit_w() == 300 and agent.leases.get("power_limit") is None
+        gone = [codec.decode(p, ErrorEvent) for s, p in published if s.endswith(".error")]
+        assert [(e.code, e.job_id, e.rank) for e in gone] == [("trainer_gone", "job", 0)]
+    finally:
+        agent.caller.close()

@@ -530,6 +530,10 @@ class Gateway:
             if bound is not None and bound.pid not in (pid, None):
                 continue  # another trainer process has taken this GPU over since
             restored += [f"gpu{agent.index}:{k}" for k in await agent.restore(reason=reason)]
+            if agent.binding is bound:
+                # At once, before anything else awaits: a setting of the job that waited for the
+                # restore to finish is then refused, not applied to a GPU whose trainer is gone.
+                agent.unbind()
             if bound is not None and not crashed:
                 LOG.info("GPU %d: trainer pid %d (job %s, rank %d) finished; defaults restored",
                          agent.index, pid, bound.job_id, bound.rank)  # fmt: skip
@@ -538,8 +542,8 @@ class Gateway:
                     "trainer_gone",
                     f"trainer pid {pid} (job {bound.job_id}, rank {bound.rank}) is gone "
                     f"({reason}); GPU {agent.index} restored to defaults",
+                    binding=bound,
                 )
-            agent.unbind()
         return restored
 
     async def reap_dead_trainers(self) -> None:

@@ -335,6 +335,8 @@ class GpuAgent:
         self._check_holder(holder)
         to_default = power_limit_w == self.info.default_power_limit_w
         async with self._settings:
+            # Again: the trainer may have left while this waited for a restore to finish.
+            self._check_holder(holder)
             return await self._set_power_limit(power_limit_w, holder, lease_s, to_default)
 
     async def _set_power_limit(
@@ -372,6 +374,7 @@ class GpuAgent:
         self._check_clock(max_mhz)
         self._check_holder(holder)
         async with self._settings:
+            self._check_holder(holder)  # The trainer may have left meanwhile.
             previous = self._grant(SM_CLOCKS, holder, lease_s)
             try:
                 await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
@@ -405,6 +408,7 @@ class GpuAgent:
             raise GPUValueError(f"schedule refused for GPU {self.index}: {e}") from None
         pairs = tuple((name, freq) for name, freq in schedule.frequencies)
         async with self._settings:
+            self._check_holder(holder or job_id)  # The trainer may have left meanwhile.
             self._grant(SCHEDULE, holder or job_id, lease_s)
             if from_step is None:
                 self.cursor.install(schedule.rank, pairs)
@@ -698,9 +702,11 @@ class GpuAgent:
                 self._pending_measurements.append(measurement)
 
     # ------------------------------------------------------------------ publishing
-    async def error_event(self, code: str, message: str, detail: dict | None = None) -> None:
-        """Publish an error event about this GPU (and its bound rank)."""
-        b = self.binding
+    async def error_event(
+        self, code: str, message: str, detail: dict | None = None, binding: Binding | None = None
+    ) -> None:
+        """Publish an error event about this GPU (and its bound rank, or `binding`'s)."""
+        b = binding or self.binding
         event = ErrorEvent(
             source=f"agent:{self.node}/gpu{self.index}"[-MAX_NAME_CHARS:],
             code=code,
