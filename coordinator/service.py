@@ -92,7 +92,7 @@ from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.errors import BrokerError, PayloadError
-from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo
+from zeus_agent.models import FrequencySchedule, JobInfo, PowerLimitMeasurement, RankInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     AgentHello,
@@ -181,6 +181,8 @@ class CoordinatorService(ExitSignals):
         self._agent_ids: dict[str, str] = {}
         self._installed_at: dict[tuple[str, int], float] = {}
         """(job id, rank) -> when its schedule was last sent (coordinator clock)."""
+        self._switch_steps: dict[tuple[str, int], int | None] = {}
+        """(job id, schedule version) -> the step its ranks switch at (None: at once)."""
         self._lapse_reapplies: dict[tuple[str, int], list[float]] = {}
         """(job id, rank) -> when its lapsed settings were set again (`REAPPLY_LIMIT`)."""
         self.dropped: Counter[str] = Counter()
@@ -506,6 +508,8 @@ class CoordinatorService(ExitSignals):
         self._progress_locks.pop(job_id, None)
         for lapsed in [k for k in self._lapse_reapplies if k[0] == job_id]:
             del self._lapse_reapplies[lapsed]
+        for switch in [k for k in self._switch_steps if k[0] == job_id]:
+            del self._switch_steps[switch]
 
     def _state(self) -> JetStreamState:
         if self.state is None:
@@ -1247,7 +1251,7 @@ class CoordinatorService(ExitSignals):
             await self.status(job_id, "reconciled",
                               f"the lease on {where} lapsed while the job was active (late "
                               f"renewals): installing schedule {wanted[1]} again")
-            await self.install_schedules(record, InstallSchedules((wanted[0],), wanted[1]))
+            await self.install_again(record, (wanted[0],), wanted[1])
 
     async def _on_agent_hello(self, msg: Any) -> None:
         """Reconcile: a GPU still driven by an optimised job's rank gets the job's limit back.
@@ -1297,7 +1301,7 @@ class CoordinatorService(ExitSignals):
                                   f"{binding.node}/gpu{gpu.index} has schedule "
                                   f"{gpu.schedule_version}, not {wanted[1]} (its agent "
                                   "restarted?): installing it again")
-                await self.install_schedules(record, InstallSchedules((wanted[0],), wanted[1]))
+                await self.install_again(record, (wanted[0],), wanted[1])
 
     async def _tick_jobs(self) -> None:
         now = self.clock()
@@ -1385,11 +1389,23 @@ class CoordinatorService(ExitSignals):
         if wanted:
             await self.status(record.job_id, "resumed",
                               f"{why}; installing schedule {wanted[0][1]} again")
-            await self.install_schedules(
-                record, InstallSchedules(tuple(s for s, _ in wanted), wanted[0][1]))
+            await self.install_again(record, tuple(s for s, _ in wanted), wanted[0][1])
+
+    async def install_again(
+        self, record: JobRecord, schedules: tuple[FrequencySchedule, ...], version: int
+    ) -> None:
+        """Install schedules of `version` again (an agent restarted, a lease lapsed).
+
+        They switch at the step they were first sent for: a rank past it switches at its next
+        iteration, one not there yet still waits for the other ranks (after a takeover that
+        step is not known: at once).
+        """
+        from_step = self._switch_steps.get((record.job_id, version))
+        await self.install_schedules(record, InstallSchedules(schedules, version, from_step))
 
     async def install_schedules(self, record: JobRecord, action: InstallSchedules) -> None:
         """Install each rank's schedule on the agent of its GPU, under the job's lease."""
+        self._switch_steps[(record.job_id, action.version)] = action.from_step
         requests, targets = [], []
         limit = int(getattr(self.nc, "max_payload", 0) or 1 << 20)
         now = self.clock()

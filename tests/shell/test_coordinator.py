@@ -547,6 +547,28 @@ async def test_leases_that_keep_lapsing_are_set_again_only_a_few_times(nats_serv
         await stop(coord, task)
 
 
+async def test_a_schedule_installed_again_switches_at_the_step_it_was_sent_for(coord, nc,
+                                                                               monkeypatch):
+    """Adversarial review: a schedule installed again (its lease lapsed, its agent restarted)
+    was installed at once, so a rank whose schedule was still waiting for its `from_step`
+    switched iterations before the other ranks."""
+    from coordinator.optimizer import InstallSchedules
+
+    job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
+    await wait_for(lambda: job_id in coord.registry.jobs)
+    record = coord.registry.jobs[job_id]
+    await coord.install_schedules(record, InstallSchedules((), 3, from_step=120))
+    sent: list[InstallSchedules] = []
+
+    async def capture(record: Any, action: InstallSchedules) -> None:
+        sent.append(action)
+
+    monkeypatch.setattr(coord, "install_schedules", capture)
+    await coord.install_again(record, (), 3)
+    await coord.install_again(record, (), 4)  # never sent by this replica: at once
+    assert [(a.version, a.from_step) for a in sent] == [(3, 120), (4, None)]
+
+
 RESET = {"v": 1, "cmd": {"op": "reset_power_limit"}}
 
 
