@@ -506,10 +506,9 @@ class CoordinatorService(ExitSignals):
         self._unsaved.pop(job_id, None)
         self._unsaved_warned.discard(job_id)
         self._progress_locks.pop(job_id, None)
-        for lapsed in [k for k in self._lapse_reapplies if k[0] == job_id]:
-            del self._lapse_reapplies[lapsed]
-        for switch in [k for k in self._switch_steps if k[0] == job_id]:
-            del self._switch_steps[switch]
+        for by_job in (self._installed_at, self._switch_steps, self._lapse_reapplies):
+            for stale in [k for k in by_job if k[0] == job_id]:
+                del by_job[stale]
 
     def _state(self) -> JetStreamState:
         if self.state is None:

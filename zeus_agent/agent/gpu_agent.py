@@ -135,15 +135,16 @@ class GpuAgent:
         self._integrator: PowerIntegrator | None = None
         self._changed: set[str] = set()
         self._settings = asyncio.Lock()
+        """Held while a setting is changed or restored: with a blocking backend (NVML) each
+        call awaits its thread, and an expiry's restore interleaved with a new set would
+        release the lease that set had just granted (the GPU then kept the new limit with no
+        lease, and the next tick reset it under the job's renewals)."""
         self._wanted_mhz: int | None = None
         """The latest clock change not yet applied (blocking backends): one worker applies
         them, skipping those overtaken, so a hung GPU holds at most one behind its lock."""
         self._frequency_worker: asyncio.Future[None] | None = None
         self._expiring = False
-        """Held while a setting is changed or restored: with a blocking backend (NVML) each
-        call awaits its thread, and an expiry's restore interleaved with a new set would
-        release the lease that set had just granted (the GPU then kept the new limit with no
-        lease, and the next tick reset it under the job's renewals)."""
+        """An expiry started from the event path is pending (at most one at a time)."""
         self._pending_samples: list[Sample] = []
         self._pending_marks: list[Mark] = []
         self._pending_measurements: list[Measurement] = []
@@ -584,9 +585,7 @@ class GpuAgent:
             return
         self._wanted_mhz = mhz
         if self._frequency_worker is None or self._frequency_worker.done():
-            self._frequency_worker = asyncio.ensure_future(self._apply_frequencies())
-            self._background.add(self._frequency_worker)
-            self._frequency_worker.add_done_callback(self._background.discard)
+            self._frequency_worker = self._spawn(self._apply_frequencies())
 
     async def _apply_frequencies(self) -> None:
         """Apply the latest wanted clock until none is left (a stale one is never applied)."""
@@ -605,11 +604,12 @@ class GpuAgent:
             if error is not None:
                 await self.error_event("frequency_failed", error)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        """Run a side task (error events, a blocking clock change), keeping a reference."""
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
+        """Run a side task (error events, clock changes), keeping a reference until it ends."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def process_events(self) -> None:
         """Forever: measure queued events (one energy read per burst), then flush them."""
