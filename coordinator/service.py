@@ -87,6 +87,7 @@ from coordinator.power_limit.profile import save_profile
 from coordinator.power_limit.search import WindowResult
 from coordinator.state import OwnershipBook, RecordError, records
 from coordinator.state.jetstream import JetStreamState, StateUnavailableError
+from coordinator.state.ownership import Lease
 from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
@@ -580,10 +581,20 @@ class CoordinatorService(ExitSignals):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._record_unsaved(stopping=True),
                                    self.settings.shutdown_timeout_s)
-        for job_hash, lease in self.book.renewals():
+        state, gate = self.state, asyncio.Semaphore(RELEASES_IN_FLIGHT)
+
+        async def release(job_hash: str, lease: Lease) -> None:
             value = self.book.value(lease.job_id, time.time(), release=True)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.state.take(job_hash, value, lease.revision), 2)
+            async with gate:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(state.take(job_hash, value, lease.revision), 2)
+
+        # Side by side and bounded: one at a time, thousands of jobs took minutes to give up
+        # (a lease not given up in time simply runs out, and another replica takes it then).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(release(h, lease) for h, lease in self.book.renewals())),
+                self.settings.shutdown_timeout_s)
 
     async def _save_progress(self, job_id: str, job: JobOptimizer) -> None:
         """Record the optimiser's progress, so a replica taking the job over resumes it.
@@ -1556,6 +1567,8 @@ class CoordinatorService(ExitSignals):
                               "events or registrations (max_job_idle_time)")
 
 
+RELEASES_IN_FLIGHT = 64
+"""Job leases given up at once at shutdown (JetStream KV updates in flight)."""
 REAPPLY_LIMIT = 3
 """Most times one rank's lapsed settings are set again within `REAPPLY_WINDOW_LEASES` leases."""
 REAPPLY_WINDOW_LEASES = 10
