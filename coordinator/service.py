@@ -78,7 +78,7 @@ from coordinator.optimizer import (
     SaveProfile,
     StatusUpdate,
 )
-from coordinator.pipeline.dumps import job_dir_name
+from coordinator.pipeline.dumps import job_dir_name, keep_dump
 from coordinator.pipeline.job import PipelineJob, StragglerError
 from coordinator.pipeline.scheduler import SchedulerError
 from coordinator.power_limit.job import PowerLimitJob
@@ -142,6 +142,8 @@ _gc_tuned = False
 
 OWNERSHIP_POLL_S = 0.5
 """How often leases are checked for jobs to take over (renewals: every lease / 3)."""
+EVENTS_PER_YIELD = 256
+"""Trainer events handled between two yields to the event loop (a 1 MB batch holds ~50,000)."""
 
 
 class CoordinatorService(ExitSignals):
@@ -186,6 +188,8 @@ class CoordinatorService(ExitSignals):
         """(job id, schedule version) -> the step its ranks switch at (None: at once)."""
         self._lapse_reapplies: dict[tuple[str, int], list[float]] = {}
         """(job id, rank) -> when its lapsed settings were set again (`REAPPLY_LIMIT`)."""
+        self._late_renewals: dict[str, float] = {}
+        """Job hash -> when an action last renewed its late ownership lease (`_owns_now`)."""
         self.dropped: Counter[str] = Counter()
         """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
         super().__init__()
@@ -507,6 +511,7 @@ class CoordinatorService(ExitSignals):
         self._unsaved.pop(job_id, None)
         self._unsaved_warned.discard(job_id)
         self._progress_locks.pop(job_id, None)
+        self._late_renewals.pop(records.job_hash(job_id), None)
         for by_job in (self._installed_at, self._switch_steps, self._lapse_reapplies):
             for stale in [k for k in by_job if k[0] == job_id]:
                 del by_job[stale]
@@ -537,12 +542,7 @@ class CoordinatorService(ExitSignals):
         if due:
             self._renewed_at = now
         for job_hash, lease in self.book.renewals() if due else []:
-            revision = await self.state.take(job_hash, self.book.value(lease.job_id, now),
-                                             lease.revision)
-            if revision is not None:
-                self.book.observe(job_hash, self.book.value(lease.job_id, now), revision)
-            elif self.book.owner(job_hash, time.time()) != self.book.me:
-                self._release_locally(lease.job_id, "its lease was taken by another replica")
+            await self._renew(job_hash, lease, now)
         known = {records.job_hash(j): j for j in self.registry.jobs}
         for job_hash, revision in self.book.claimable(list(known), time.time()):
             held = self.book.leases.get(job_hash)
@@ -555,6 +555,36 @@ class CoordinatorService(ExitSignals):
             if record is not None:
                 self._maybe_start(record)
         await self._record_unsaved()
+
+    async def _renew(self, job_hash: str, lease: Lease, now: float) -> None:
+        """Renew one of this replica's ownership leases (compare-and-set on its revision)."""
+        assert self.state is not None
+        value = self.book.value(lease.job_id, now)
+        revision = await self.state.take(job_hash, value, lease.revision)
+        if revision is not None:
+            self.book.observe(job_hash, value, revision)
+        elif self.book.owner(job_hash, time.time()) != self.book.me:
+            self._release_locally(lease.job_id, "its lease was taken by another replica")
+
+    async def _owns_now(self, job_id: str) -> bool:
+        """Whether this replica may act on the job, renewing its lease first if that is late.
+
+        The ownership loop renews every lease on time unless the event loop was busy (a burst of
+        huge iterations on a loaded host): a lease still held but inside its fence is renewed
+        here rather than fencing the job's actions. One another replica holds is never taken.
+        """
+        if self.owns(job_id):
+            return True
+        job_hash = records.job_hash(job_id)
+        lease = self.book.leases.get(job_hash)
+        now = time.time()
+        if (lease is None or lease.owner != self.book.me or now >= lease.until
+                or self.state is None or self.nc is None or not self.nc.is_connected
+                or now - self._late_renewals.get(job_hash, 0.0) < self.book.fence_s / 2):
+            return False  # (At most one try per half fence: JetStream may be what is slow.)
+        self._late_renewals[job_hash] = now
+        await self._renew(job_hash, lease, now)
+        return self.owns(job_id)
 
     async def _take(self, job_id: str, revision: int, why: str) -> bool:
         """Take a job's lease (compare-and-set on `revision`); True if this replica has it."""
@@ -1141,9 +1171,11 @@ class CoordinatorService(ExitSignals):
                 # Renewals stopped while the job was quiet, so the agents have restored their
                 # defaults: the job is back, so are its settings.
                 await self._reapply(record, job, "events again after a quiet spell")
-            for event in batch.events:
+            for i, event in enumerate(batch.events, 1):
                 await self._act(batch.job_id, lambda r, e: job.on_event(r, e, now), batch.rank,
                                 event)
+                if i % EVENTS_PER_YIELD == 0:
+                    await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
 
     async def _on_measurements(self, msg: Any) -> None:
         parts = msg.subject.split(".")  # <p...>.gpu.<node>.<gpu>.meas
@@ -1343,7 +1375,7 @@ class CoordinatorService(ExitSignals):
             await self._save_progress(job_id, job)  # A measured window survives a takeover.
 
     async def _execute(self, record: JobRecord, actions: list[Action]) -> None:
-        if actions and not self.owns(record.job_id):
+        if actions and not await self._owns_now(record.job_id):
             # Fenced: this replica's lease on the job is about to lapse (it could not renew
             # it), so another replica may take over: it sends no more commands.
             LOG.warning("job %s: %d action(s) not carried out: this replica's lease on the job "
@@ -1476,10 +1508,14 @@ class CoordinatorService(ExitSignals):
             return
         path = self.dump_dir(record) / action.name
         try:
-            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-            await asyncio.to_thread(path.write_text, action.content)
+            written = await asyncio.to_thread(keep_dump, path, action.content)
         except OSError as e:
             LOG.warning("job %s: could not write %s: %s", record.job_id, path, e)
+            return
+        if written is not None and written != path:
+            LOG.info("job %s: %s holds other data (dumped before a restart, its progress not "
+                     "recorded yet): kept, the new dump is %s", record.job_id, path.name,
+                     written.name)
 
     async def request_all(self, requests: list[tuple[str, bytes]]) -> list[Reply | str]:
         """Send many requests at once over one reply inbox, within `command_timeout_s`.

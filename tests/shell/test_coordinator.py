@@ -748,3 +748,47 @@ async def test_a_missing_tls_file_is_named_at_start(nats_server, tmp_path):
     assert settings.tls_options() == {"tls_ca_file": str(tmp_path / "no-ca.pem")}
     with pytest.raises(BrokerError, match=r"no-ca\.pem.*--nats-tls-ca|--nats-tls-ca.*no-ca\.pem"):
         await CoordinatorService(settings).serve()
+
+
+async def test_a_late_ownership_renewal_is_made_before_acting_not_fenced(nats_server, agent, nc,
+                                                                          tmp_path, monkeypatch):
+    """Defect (CI, a loaded machine): a burst of huge iterations kept the event loop busy, the
+    ownership renewal ran late, and the job's actions were fenced ("this replica's lease on the
+    job is lapsing") although no other replica held it: the job never went on. An action on a
+    job whose lease is still this replica's renews it first; one another replica holds is still
+    fenced."""
+    from coordinator.optimizer import StatusUpdate
+    from coordinator.state import records
+    from coordinator.state.ownership import Lease
+
+    stalled = asyncio.Event()
+    ownership = CoordinatorService._ownership
+
+    async def late_ownership(self: CoordinatorService) -> None:
+        if not stalled.is_set():
+            await ownership(self)
+
+    monkeypatch.setattr(CoordinatorService, "_ownership", late_ownership)
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=0.9)
+    try:
+        job_id = await register_job(nc, dp=2)
+        job_hash = records.job_hash(job_id)
+        await wait_for(lambda: coord.owns(job_id))
+        stalled.set()
+        await wait_for(lambda: not coord.owns(job_id))  # inside its fence, not renewed
+        record = coord.registry.jobs[job_id]
+        await coord._execute(record, [StatusUpdate("profiling", "acted on a late lease")])
+        await wait_for(lambda: any(s.message == "acted on a late lease" for s in statuses))
+        assert coord.owns(job_id)  # renewed by the action
+
+        held = coord.book.leases[job_hash]
+        coord.book.leases[job_hash] = Lease("another-replica", held.until, held.revision + 1,
+                                            job_id)
+        await coord._execute(record, [StatusUpdate("profiling", "acted on another's lease")])
+        await asyncio.sleep(0.3)
+        assert not any(s.message == "acted on another's lease" for s in statuses)
+        assert coord.book.leases[job_hash].owner == "another-replica"  # nothing taken
+    finally:
+        stalled.clear()
+        await stop(coord, task)
