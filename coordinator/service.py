@@ -1488,10 +1488,15 @@ class CoordinatorService(ExitSignals):
 
     async def _report_failures(self, record: JobRecord, what: str, gpus: list[GpuBinding],
                                replies: list[Reply | str], state: str = "error") -> None:
+        """Say which GPUs did not take a command.
+
+        A GPU whose trainer left is no failure: the agent's `trainer_gone` event says so, and a
+        command may cross the trainer's goodbye.
+        """
         errors = [
             f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"
             for g, r in zip(gpus, replies, strict=True)
-            if isinstance(r, str) or not r.ok
+            if isinstance(r, str) or not (r.ok or r.code == "trainer_left")
         ]
         if errors:
             more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""

@@ -55,3 +55,11 @@ class GPUUnavailableError(GPUError):
 
 class SettingRefusedError(ZeusAgentError):
     """A setting refused because of who asks: e.g. a job whose trainer has left this GPU."""
+
+
+class TrainerLeftError(SettingRefusedError):
+    """A job's setting refused because the job's trainer has left this GPU (code `trainer_left`).
+
+    Its own code: a coordinator setting a job's limit again may cross the trainer's goodbye,
+    which is no failure of the job's other GPUs.
+    """

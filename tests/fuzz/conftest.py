@@ -85,7 +85,8 @@ A40 = PRESETS["A40"]
 CLOCKS = tuple(A40.supported_sm_clocks_mhz)
 STABLE_CODES = frozenset({
     "bad_request", "out_of_range", "not_supported", "permission", "forbidden", "quota", "too_large",
-    "unavailable", "unknown_job", "unknown_rank", "duplicate", "conflict", "timeout",
+    "unavailable", "unknown_job", "unknown_rank", "duplicate", "conflict", "trainer_left",
+    "timeout",
 })  # fmt: skip
 """Codes a refusal may carry (`Reply`'s docstring), "internal" excluded on purpose."""
 OK = "ok"

@@ -346,5 +346,13 @@ async def test_a_set_waiting_for_a_dead_trainers_restore_is_refused(tmp_path):
         assert gpu.get_power_limit_w() == 300 and agent.leases.get("power_limit") is None
         gone = [codec.decode(p, ErrorEvent) for s, p in published if s.endswith(".error")]
         assert [(e.code, e.job_id, e.rank) for e in gone] == [("trainer_gone", "job", 0)]
+        # Through the command path the refusal has its own code, which the coordinator does not
+        # report as the job's failure (a reapply may cross the goodbye).
+        from zeus_agent.agent.commands import handle_command
+        from zeus_agent.wire.messages import CommandEnvelope, SetPowerLimitCmd
+
+        reply = await handle_command(agent, codec.encode(CommandEnvelope(cmd=SetPowerLimitCmd(
+            power_limit_w=250, holder="job", lease_s=30.0))))
+        assert (reply.ok, reply.code) == (False, "trainer_left") and "has left" in reply.error
     finally:
         agent.caller.close()

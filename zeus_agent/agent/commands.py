@@ -19,6 +19,7 @@ from zeus_agent.errors import (
     GPUValueError,
     PayloadError,
     SettingRefusedError,
+    TrainerLeftError,
     ZeusAgentError,
 )
 from zeus_agent.wire import codec
@@ -49,6 +50,7 @@ ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
     (GPUNotSupportedError, "not_supported"),
     (GPUPermissionError, "permission"),
     (GPUUnavailableError, "unavailable"),
+    (TrainerLeftError, "trainer_left"),
     (SettingRefusedError, "conflict"),
     (ZeusAgentError, "internal"),
 )

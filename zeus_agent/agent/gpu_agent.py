@@ -38,7 +38,7 @@ from zeus_agent.errors import (
     GPUUnavailableError,
     GPUValueError,
     PayloadError,
-    SettingRefusedError,
+    TrainerLeftError,
 )
 from zeus_agent.gpu.base import GPU, GPUInfo
 from zeus_agent.gpu.power_integrator import PowerIntegrator
@@ -527,7 +527,7 @@ class GpuAgent:
     def _check_holder(self, holder: str) -> None:
         """Refuse a job's setting once its trainer has left this GPU (until it binds again)."""
         if holder in self._departed and (self.binding is None or self.binding.job_id != holder):
-            raise SettingRefusedError(
+            raise TrainerLeftError(
                 f"the trainer of job {holder!r} has left GPU {self.index}: its settings are not "
                 "applied again (the GPU stays at its default until a trainer binds it)"
             )

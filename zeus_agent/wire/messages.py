@@ -358,7 +358,7 @@ class Reply(Message):
     """The answer to every request. `ok` False carries a stable `code` and a message.
 
     Codes: bad_request, out_of_range, not_supported, permission, forbidden, quota, too_large,
-    unavailable, unknown_job, unknown_rank, duplicate, conflict, timeout, internal.
+    unavailable, unknown_job, unknown_rank, duplicate, conflict, trainer_left, timeout, internal.
     """
 
     ok: bool
