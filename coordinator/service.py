@@ -557,14 +557,21 @@ class CoordinatorService(ExitSignals):
         await self._record_unsaved()
 
     async def _renew(self, job_hash: str, lease: Lease, now: float) -> None:
-        """Renew one of this replica's ownership leases (compare-and-set on its revision)."""
+        """Renew one of this replica's ownership leases (compare-and-set on its revision).
+
+        A failed renewal drops the job only once another replica holds it: JetStream may just
+        have been slow (an election), and a lease that ran out meanwhile is taken again by the
+        ownership loop with the job still driven here, not restarted from its progress.
+        """
         assert self.state is not None
         value = self.book.value(lease.job_id, now)
         revision = await self.state.take(job_hash, value, lease.revision)
         if revision is not None:
             self.book.observe(job_hash, value, revision)
-        elif self.book.owner(job_hash, time.time()) != self.book.me:
-            self._release_locally(lease.job_id, "its lease was taken by another replica")
+            return
+        held = self.book.leases.get(job_hash)
+        if held is not None and held.owner != self.book.me:
+            self._release_locally(lease.job_id, f"replica {held.owner} took it over")
 
     async def _owns_now(self, job_id: str) -> bool:
         """Whether this replica may act on the job, renewing its lease first if that is late.
@@ -583,7 +590,10 @@ class CoordinatorService(ExitSignals):
                 or now - self._late_renewals.get(job_hash, 0.0) < self.book.fence_s / 2):
             return False  # (At most one try per half fence: JetStream may be what is slow.)
         self._late_renewals[job_hash] = now
-        await self._renew(job_hash, lease, now)
+        try:  # Bounded: the job's lock is held, and JetStream may be slow (an election).
+            await asyncio.wait_for(self._renew(job_hash, lease, now), self.book.fence_s / 2)
+        except TimeoutError:
+            return False
         return self.owns(job_id)
 
     async def _take(self, job_id: str, revision: int, why: str) -> bool:
@@ -1490,8 +1500,8 @@ class CoordinatorService(ExitSignals):
                                replies: list[Reply | str], state: str = "error") -> None:
         """Say which GPUs did not take a command.
 
-        A GPU whose trainer left is no failure: the agent's `trainer_gone` event says so, and a
-        command may cross the trainer's goodbye.
+        A GPU whose trainer left (`trainer_left`) is no failure of the job: a command may cross
+        the trainer's goodbye, and a trainer that died is reported by its agent (`trainer_gone`).
         """
         errors = [
             f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"

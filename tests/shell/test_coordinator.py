@@ -809,3 +809,52 @@ async def test_a_gpu_whose_trainer_left_is_not_reported_as_a_failed_command(coor
     await wait_for(lambda: any("200 W" in s.message for s in statuses))
     errors = [s.message for s in statuses if s.state == "error"]
     assert errors == [f"setting 200 W failed on {NODE}/gpu1: held by another job"], errors
+
+
+async def test_a_slow_late_renewal_fences_the_actions_and_keeps_the_job(nats_server, agent, nc,
+                                                                         tmp_path, monkeypatch):
+    """Review: a late lease renewed on demand while JetStream did not answer (an election) ran
+    out meanwhile, and the job was dropped as "taken by another replica" though none had it,
+    then restarted from its recorded progress. Now the try is bounded by half the fence, the
+    actions are fenced, and the job stays driven here (the ownership loop takes its lease
+    again)."""
+    from coordinator.optimizer import StatusUpdate
+
+    stalled = asyncio.Event()
+    ownership = CoordinatorService._ownership
+
+    async def late_ownership(self: CoordinatorService) -> None:
+        if not stalled.is_set():
+            await ownership(self)
+
+    monkeypatch.setattr(CoordinatorService, "_ownership", late_ownership)
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
+    try:
+        job_id = await bound_energy_job(nc)
+        await wait_for(lambda: job_id in coord.optimisers and coord.owns(job_id), 10)
+        stalled.set()
+        await wait_for(lambda: not coord.owns(job_id), 10)
+        assert coord.state is not None
+        take = coord.state.take
+
+        async def jetstream_not_answering(*args: Any) -> int | None:
+            await asyncio.sleep(coord.book.fence_s + 0.3)
+            return None
+
+        monkeypatch.setattr(coord.state, "take", jetstream_not_answering)
+        record = coord.registry.jobs[job_id]
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await coord._execute(record, [StatusUpdate("profiling", "acted while JetStream slept")])
+        assert loop.time() - t0 < coord.book.fence_s  # bounded, not JetStream's timeout
+        assert job_id in coord.optimisers  # still driven here
+        await asyncio.sleep(0.3)
+        assert not any(s.message == "acted while JetStream slept" for s in statuses)
+        monkeypatch.setattr(coord.state, "take", take)
+        stalled.clear()  # the loop takes the lease again, the job goes on where it was
+        await wait_for(lambda: coord.owns(job_id), 10)
+        assert job_id in coord.optimisers
+    finally:
+        stalled.clear()
+        await stop(coord, task)
