@@ -548,6 +548,8 @@ class CoordinatorService(ExitSignals):
             held = self.book.leases.get(job_hash)
             why = ("it had no owner" if held is None else
                    f"replica {held.owner} stopped and gave it up" if held.until == 0 else
+                   "its lease ran out here before JetStream took the renewal"
+                   if held.owner == self.book.me else
                    f"replica {held.owner} stopped renewing its lease (it died or lost NATS)")
             await self._take(known[job_hash], revision, why)
         for job_hash in self.book.mine():
