@@ -750,6 +750,19 @@ async def test_a_missing_tls_file_is_named_at_start(nats_server, tmp_path):
         await CoordinatorService(settings).serve()
 
 
+def stall_ownership(monkeypatch: Any) -> asyncio.Event:
+    """Make the coordinators' ownership loop (renewals, takeovers) do nothing while it is set."""
+    stalled = asyncio.Event()
+    ownership = CoordinatorService._ownership
+
+    async def late_ownership(self: CoordinatorService) -> None:
+        if not stalled.is_set():
+            await ownership(self)
+
+    monkeypatch.setattr(CoordinatorService, "_ownership", late_ownership)
+    return stalled
+
+
 async def test_a_late_ownership_renewal_is_made_before_acting_not_fenced(nats_server, agent, nc,
                                                                           tmp_path, monkeypatch):
     """Defect (CI, a loaded machine): a burst of huge iterations kept the event loop busy, the
@@ -761,14 +774,7 @@ async def test_a_late_ownership_renewal_is_made_before_acting_not_fenced(nats_se
     from coordinator.state import records
     from coordinator.state.ownership import Lease
 
-    stalled = asyncio.Event()
-    ownership = CoordinatorService._ownership
-
-    async def late_ownership(self: CoordinatorService) -> None:
-        if not stalled.is_set():
-            await ownership(self)
-
-    monkeypatch.setattr(CoordinatorService, "_ownership", late_ownership)
+    stalled = stall_ownership(monkeypatch)
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
     try:
@@ -820,14 +826,7 @@ async def test_a_slow_late_renewal_fences_the_actions_and_keeps_the_job(nats_ser
     again)."""
     from coordinator.optimizer import StatusUpdate
 
-    stalled = asyncio.Event()
-    ownership = CoordinatorService._ownership
-
-    async def late_ownership(self: CoordinatorService) -> None:
-        if not stalled.is_set():
-            await ownership(self)
-
-    monkeypatch.setattr(CoordinatorService, "_ownership", late_ownership)
+    stalled = stall_ownership(monkeypatch)
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
     try:
