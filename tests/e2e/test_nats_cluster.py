@@ -189,7 +189,9 @@ async def check_power_limit_job(c: FaultCluster, job_id: str, profile_steps: int
     result = await c.wait_trainer(60)
     assert result["job_id"] == job_id
     for rank in result["ranks"]:
-        assert rank["step_power_limit_w"][-30:] == [optimum] * 30, rank["rank"]
+        assert rank["step_power_limit_w"][-30:] == [optimum] * 30, (
+            f"rank {rank['rank']}: {rank['step_power_limit_w'][-30:]}\n"
+            + describe(c, *(f"agent-{n}" for n in c.nodes)))
     return optimum, result
 
 
