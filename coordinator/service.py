@@ -571,9 +571,21 @@ class CoordinatorService(ExitSignals):
         if revision is not None:
             self.book.observe(job_hash, value, revision)
             return
+        await self._read_lease(job_hash)
         held = self.book.leases.get(job_hash)
         if held is not None and held.owner != self.book.me:
             self._release_locally(lease.job_id, f"replica {held.owner} took it over")
+
+    async def _read_lease(self, job_hash: str) -> None:
+        """After a compare-and-set failed: learn the lease's current revision from the bucket.
+
+        The watch may lag or stall (its server restarting): waiting for it, a replica would
+        try again and again on a stale revision and never take a job given up to it.
+        """
+        assert self.state is not None
+        current = await self.state.read_lease(job_hash)
+        if current is not None:
+            self.book.observe(job_hash, *current)
 
     async def _owns_now(self, job_id: str) -> bool:
         """Whether this replica may act on the job, renewing its lease first if that is late.
@@ -604,6 +616,7 @@ class CoordinatorService(ExitSignals):
         value = self.book.value(job_id, time.time())
         new = await self.state.take(records.job_hash(job_id), value, revision)
         if new is None:
+            await self._read_lease(records.job_hash(job_id))
             return False
         self.book.observe(records.job_hash(job_id), value, new)
         self.registry.touch(job_id, self.clock())  # Its idle clock starts with its new owner.

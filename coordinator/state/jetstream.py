@@ -365,6 +365,19 @@ class JetStreamState:
                 await kv.purge(key)
 
     # ------------------------------------------------------------------ ownership
+    async def read_lease(self, job_hash: str) -> tuple[bytes, int] | None:
+        """A job's lease as the bucket holds it now: (value, revision); None if unknown.
+
+        The watch brings every change, but it lags (or stalls while its server restarts): a
+        compare-and-set that failed on a stale revision reads the key to learn the new one.
+        """
+        try:
+            entry = await asyncio.wait_for(self.owners.get(job_hash), self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - a missing key, a timeout
+            LOG.debug("lease %s not read: %s", job_hash, e)
+            return None
+        return (entry.value, int(entry.revision)) if entry.value else None
+
     async def take(self, job_hash: str, value: bytes, revision: int) -> int | None:
         """Take or renew a job's lease if its revision is still `revision` (0: no lease yet).
 
