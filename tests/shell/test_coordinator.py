@@ -482,19 +482,25 @@ async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, a
         await stop(coord, task)
 
 
+def stall(monkeypatch: Any, method: str) -> asyncio.Event:
+    """Make `CoordinatorService.<method>` do nothing while the returned event is set."""
+    stalled = asyncio.Event()
+    real = getattr(CoordinatorService, method)
+
+    async def stallable(self: CoordinatorService, *args: Any) -> None:
+        if not stalled.is_set():
+            await real(self, *args)
+
+    monkeypatch.setattr(CoordinatorService, method, stallable)
+    return stalled
+
+
 async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, agent, nc,
                                                                    tmp_path, monkeypatch):
     """Defect (CI, a loaded machine): renewals ran late, the agents' leases lapsed while the
     trainers kept going, and the job stayed at the default limit until it next went quiet. The
     agents' `lease_expired` events now bring an active job's settings back."""
-    stalled = asyncio.Event()
-    renew = CoordinatorService._renew_leases
-
-    async def late_renewals(self: CoordinatorService) -> None:
-        if not stalled.is_set():
-            await renew(self)
-
-    monkeypatch.setattr(CoordinatorService, "_renew_leases", late_renewals)
+    stalled = stall(monkeypatch, "_renew_leases")
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=0.5, lease_idle_s=60)
     try:
@@ -752,19 +758,6 @@ async def test_a_missing_tls_file_is_named_at_start(nats_server, tmp_path):
         await CoordinatorService(settings).serve()
 
 
-def stall_ownership(monkeypatch: Any) -> asyncio.Event:
-    """Make the coordinators' ownership loop (renewals, takeovers) do nothing while it is set."""
-    stalled = asyncio.Event()
-    ownership = CoordinatorService._ownership
-
-    async def late_ownership(self: CoordinatorService) -> None:
-        if not stalled.is_set():
-            await ownership(self)
-
-    monkeypatch.setattr(CoordinatorService, "_ownership", late_ownership)
-    return stalled
-
-
 async def test_a_late_ownership_renewal_is_made_before_acting_not_fenced(nats_server, agent, nc,
                                                                           tmp_path, monkeypatch):
     """Defect (CI, a loaded machine): a burst of huge iterations kept the event loop busy, the
@@ -776,7 +769,7 @@ async def test_a_late_ownership_renewal_is_made_before_acting_not_fenced(nats_se
     from coordinator.state import records
     from coordinator.state.ownership import Lease
 
-    stalled = stall_ownership(monkeypatch)
+    stalled = stall(monkeypatch, "_ownership")
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
     try:
@@ -828,7 +821,7 @@ async def test_a_slow_late_renewal_fences_the_actions_and_keeps_the_job(nats_ser
     again)."""
     from coordinator.optimizer import StatusUpdate
 
-    stalled = stall_ownership(monkeypatch)
+    stalled = stall(monkeypatch, "_ownership")
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
     try:
@@ -871,14 +864,7 @@ async def test_a_failed_lease_write_reads_the_lease_when_the_watch_lags(nats_ser
 
     from coordinator.state import records
 
-    stalled = asyncio.Event()
-    follow = CoordinatorService._on_owner_entry
-
-    async def lagging_watch(self: CoordinatorService, entry: Any) -> None:
-        if not stalled.is_set():
-            await follow(self, entry)
-
-    monkeypatch.setattr(CoordinatorService, "_on_owner_entry", lagging_watch)
+    stalled = stall(monkeypatch, "_on_owner_entry")
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=0.9)
     try:
         job_id = await register_job(nc, dp=2)
