@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import itertools
 import os
 import re
 import tempfile
@@ -45,15 +44,16 @@ def keep_dump(path: Path, content: str) -> Path | None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        for k in itertools.count():
-            target = path if k == 0 else path.with_name(f"{stem}.rerun-{k}.json")
+        target, k = path, 0
+        while True:
             try:
                 _link(tmp, target)
                 return target
             except FileExistsError:
                 if _holds(target, data):
                     return None
-        raise AssertionError("unreachable")  # pragma: no cover - itertools.count() is endless
+            k += 1
+            target = path.with_name(f"{stem}.rerun-{k}.json")
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
