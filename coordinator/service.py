@@ -190,6 +190,9 @@ class CoordinatorService(ExitSignals):
         """(job id, rank) -> when its lapsed settings were set again (`REAPPLY_LIMIT`)."""
         self._late_renewals: dict[str, float] = {}
         """Job hash -> when an action last renewed its late ownership lease (`_owns_now`)."""
+        self._pending_lapses: dict[tuple[str, int], set[str]] = {}
+        """(job id, rank) -> settings an agent restored while this replica's own ownership
+        lease had lapsed: set again once the ownership loop has taken the lease back."""
         self.dropped: Counter[str] = Counter()
         """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
         super().__init__()
@@ -512,7 +515,8 @@ class CoordinatorService(ExitSignals):
         self._unsaved_warned.discard(job_id)
         self._progress_locks.pop(job_id, None)
         self._late_renewals.pop(records.job_hash(job_id), None)
-        for by_job in (self._installed_at, self._switch_steps, self._lapse_reapplies):
+        for by_job in (self._installed_at, self._switch_steps, self._lapse_reapplies,
+                       self._pending_lapses):
             for stale in [k for k in by_job if k[0] == job_id]:
                 del by_job[stale]
 
@@ -556,7 +560,20 @@ class CoordinatorService(ExitSignals):
             record = self.registry.jobs.get(known.get(job_hash, ""))
             if record is not None:
                 self._maybe_start(record)
+        await self._reapply_pending_lapses()
         await self._record_unsaved()
+
+    async def _reapply_pending_lapses(self) -> None:
+        """Set again the lapsed settings kept while this replica's own lease had lapsed."""
+        for (job_id, rank) in list(self._pending_lapses):
+            lease = self.book.leases.get(records.job_hash(job_id))
+            job = self.optimisers.get(job_id)
+            if lease is None or lease.owner != self.book.me or job is None:
+                del self._pending_lapses[(job_id, rank)]  # Another replica drives it now.
+            elif self.owns(job_id):
+                restored = self._pending_lapses.pop((job_id, rank))
+                async with self._lock(job_id):
+                    await self._reapply_lapsed(job_id, job, rank, sorted(restored))
 
     async def _renew(self, job_hash: str, lease: Lease, now: float) -> None:
         """Renew one of this replica's ownership leases (compare-and-set on its revision).
@@ -1284,8 +1301,18 @@ class CoordinatorService(ExitSignals):
         job's leases lapse on purpose and stay lapsed.
         """
         record = self.registry.jobs.get(job_id)
-        if (record is None or rank not in record.ranks or not self.owns(job_id)
+        if (record is None or rank not in record.ranks
                 or self.clock() - record.last_active_s > self.settings.lease_idle_s):
+            return
+        if not await self._owns_now(job_id):
+            lease = self.book.leases.get(records.job_hash(job_id))
+            if lease is not None and lease.owner == self.book.me:
+                # This replica's own lease lapsed too (the same stall that made the renewals
+                # late): the agent says so only once, so keep it for when the lease is back.
+                self._pending_lapses.setdefault((job_id, rank), set()).update(restored)
+                LOG.info("job %s: rank %d's settings lapsed while this replica's lease on the "
+                         "job had lapsed too; setting them again once it is taken back",
+                         job_id, rank)
             return
         binding = record.ranks[rank].gpu
         where = f"{binding.node}/gpu{binding.gpu_index}"
@@ -1344,8 +1371,8 @@ class CoordinatorService(ExitSignals):
                 continue
             job = self.optimisers.get(job_id)
             record = self.registry.jobs.get(job_id)
-            if job is None or record is None:
-                continue
+            if job is None or record is None or not self.owns(job_id):
+                continue  # (Fenced: a replica whose lease lapsed may be being taken over.)
             if self.clock() - record.last_active_s > self.settings.lease_idle_s:
                 continue  # A quiet job: its leases lapsed on purpose.
             rank = record.gpu_ranks.get((hello.node, gpu.index))

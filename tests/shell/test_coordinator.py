@@ -23,6 +23,7 @@ from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     CommandEnvelope,
+    ErrorEvent,
     GpuBinding,
     GpuDescription,
     InfoCmd,
@@ -520,6 +521,37 @@ async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, 
                                    for i in (0, 1)))
         assert all(s.state == "reconciled" and s.job_id == job_id for s in statuses
                    if "lapsed while the job was active" in s.message)
+    finally:
+        await stop(coord, task)
+
+
+async def test_a_lease_that_lapsed_with_the_replicas_own_lease_is_set_again_once_it_is_back(
+        nats_server, agent, nc, tmp_path, monkeypatch):
+    """Defect (CI, a loaded machine): the stall that made the GPU lease renewals late also let
+    the replica's ownership lease lapse, so the agents' one `lease_expired` event came while
+    the replica did not own the job and was dropped: the GPUs stayed at the default limit until
+    their agent's next heartbeat (`heartbeat_s`, 5 s by default) showed the difference. The
+    event is now kept and acted on as soon as the ownership loop has taken the lease back."""
+    stalled = stall(monkeypatch, "_ownership")
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    lapses = await collect(nc, subjects.all_gpu_errors(), ErrorEvent)
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=1.0, lease_idle_s=60)
+    try:
+        job_id = await bound_energy_job(nc)
+        sim_dir = agent.settings.sim_state_dir
+        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
+                                   for i in (0, 1)))
+        stalled.set()  # The ownership lease lapses, then the GPU leases (not renewed unowned).
+        await wait_for(lambda: sum(e.code == "lease_expired" for e in lapses) == 2)
+        await asyncio.sleep(0.3)  # The coordinator has had the events (and kept them).
+        assert not coord.owns(job_id)
+        assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300 for i in (0, 1))
+        stalled.clear()
+        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
+                                   for i in (0, 1)))
+        again = [s for s in statuses if "lapsed while the job was active" in s.message]
+        assert len(again) >= 2 and all(s.state == "reconciled" and s.job_id == job_id
+                                       for s in again)
     finally:
         await stop(coord, task)
 
