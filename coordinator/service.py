@@ -1291,6 +1291,11 @@ class CoordinatorService(ExitSignals):
                             lambda r, e: job.on_agent_error(r, e.code, e.message, now),
                             event.rank, event)
 
+    def _recent_reapplies(self, job_id: str, rank: int) -> list[float]:
+        """When the rank's lapsed settings were set again within the last window."""
+        now, window = self.clock(), REAPPLY_WINDOW_LEASES * self.settings.lease_s
+        return [t for t in self._lapse_reapplies.get((job_id, rank), []) if now - t < window]
+
     async def _reapply_lapsed(
         self, job_id: str, job: JobOptimizer, rank: int, restored: list[Any]
     ) -> None:
@@ -1320,7 +1325,7 @@ class CoordinatorService(ExitSignals):
         # permissions, a one-way partition): setting them again each time would only flap the
         # GPU and flood commands (the agent's events are its own to send).
         now, window = self.clock(), REAPPLY_WINDOW_LEASES * self.settings.lease_s
-        recent = [t for t in self._lapse_reapplies.get((job_id, rank), []) if now - t < window]
+        recent = self._recent_reapplies(job_id, rank)
         if len(recent) >= REAPPLY_LIMIT:
             if len(recent) == REAPPLY_LIMIT:
                 await self.status(job_id, "error",
@@ -1362,7 +1367,8 @@ class CoordinatorService(ExitSignals):
             return
         previous = self._agent_ids.get(node)
         self._agent_ids[node] = hello.agent_id
-        if previous is not None and previous != hello.agent_id:
+        restarted = previous is not None and previous != hello.agent_id
+        if restarted:
             LOG.info("the agent of node %s restarted (%s -> %s)", hello.node, previous,
                      hello.agent_id)
         for gpu in hello.gpus:
@@ -1377,8 +1383,12 @@ class CoordinatorService(ExitSignals):
                 continue  # A quiet job: its leases lapsed on purpose.
             rank = record.gpu_ranks.get((hello.node, gpu.index))
             binding = record.ranks[rank].gpu if rank in record.ranks else None
-            if binding is None:
+            if binding is None or rank is None:
                 continue
+            if restarted:
+                self._lapse_reapplies.pop((job_id, rank), None)
+            elif len(self._recent_reapplies(job_id, rank)) >= REAPPLY_LIMIT:
+                continue  # Renewals do not reach this agent (said): no flapping per heartbeat.
             desired = job.desired_power_limit
             if desired is not None and gpu.power_limit_w != desired:
                 await self.status(record.job_id, "reconciled",
@@ -1387,9 +1397,9 @@ class CoordinatorService(ExitSignals):
                 await self.apply_power_limit(record, desired, [binding])
             # A heartbeat may predate a recent install: only a schedule installed a while ago
             # and missing now was lost (the agent restarted).
-            installed_at = self._installed_at.get((job_id, rank), 0.0) if rank is not None else 0
+            installed_at = self._installed_at.get((job_id, rank), 0.0)
             settled = self.clock() - installed_at > max(2.0, self.settings.command_timeout_s)
-            wanted = job.desired_schedule(rank) if rank is not None and settled else None
+            wanted = job.desired_schedule(rank) if settled else None
             if wanted is not None and gpu.schedule_version != wanted[1]:
                 await self.status(record.job_id, "reconciled",
                                   f"{binding.node}/gpu{gpu.index} has schedule "

@@ -581,10 +581,15 @@ async def test_leases_that_keep_lapsing_are_set_again_only_a_few_times(nats_serv
         sim_dir = agent.settings.sim_state_dir
         await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300
                                    for i in (0, 1)))
+        await agent.announce()  # A heartbeat shows 300 W, not 250 W: not set again either.
         await asyncio.sleep(1.0)  # three more leases: nothing is set again, nothing said again
         assert sum("lapsed while the job was active" in s.message for s in statuses) == again
+        assert not any("its agent restarted?" in s.message for s in statuses)
         assert sum("renewals do not reach" in s.message for s in statuses) == 2
         assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300 for i in (0, 1))
+        agent.agent_id = "restarted"  # As said: a restarted agent gets the settings back.
+        await agent.announce()
+        await wait_for(lambda: sum("its agent restarted?" in s.message for s in statuses) == 2)
     finally:
         await stop(coord, task)
 
