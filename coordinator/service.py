@@ -571,9 +571,15 @@ class CoordinatorService(ExitSignals):
             if lease is None or lease.owner != self.book.me or job is None:
                 del self._pending_lapses[(job_id, rank)]  # Another replica drives it now.
             elif self.owns(job_id):
-                restored = self._pending_lapses.pop((job_id, rank))
-                async with self._lock(job_id):
-                    await self._reapply_lapsed(job_id, job, rank, sorted(restored))
+                restored = sorted(self._pending_lapses.pop((job_id, rank)))
+                # A task: the job's lock may be held for long (a plan), and this loop renews
+                # every job's lease.
+                self._spawn(self._reapply_locked(job_id, job, rank, restored))
+
+    async def _reapply_locked(self, job_id: str, job: JobOptimizer, rank: int,
+                              restored: list[str]) -> None:
+        async with self._lock(job_id):
+            await self._reapply_lapsed(job_id, job, rank, restored)
 
     async def _renew(self, job_hash: str, lease: Lease, now: float) -> None:
         """Renew one of this replica's ownership leases (compare-and-set on its revision).
