@@ -1381,20 +1381,20 @@ class CoordinatorService(ExitSignals):
             job_id = self._bound.get((node, subjects.token(gpu.index)))
             if job_id is None or gpu.job_id != job_id:
                 continue
-            job = self.optimisers.get(job_id)
             record = self.registry.jobs.get(job_id)
-            if job is None or record is None or not self.owns(job_id):
+            rank = record.gpu_ranks.get((hello.node, gpu.index)) if record is not None else None
+            if record is None or rank is None or rank not in record.ranks:
+                continue
+            if restarted:  # (Whoever owns the job: the next heartbeat may find it owned.)
+                self._lapse_reapplies.pop((job_id, rank), None)
+            job = self.optimisers.get(job_id)
+            if job is None or not self.owns(job_id):
                 continue  # (Fenced: a replica whose lease lapsed may be being taken over.)
             if self.clock() - record.last_active_s > self.settings.lease_idle_s:
                 continue  # A quiet job: its leases lapsed on purpose.
-            rank = record.gpu_ranks.get((hello.node, gpu.index))
-            binding = record.ranks[rank].gpu if rank in record.ranks else None
-            if binding is None or rank is None:
-                continue
-            if restarted:
-                self._lapse_reapplies.pop((job_id, rank), None)
-            elif len(self._recent_reapplies(job_id, rank)) >= REAPPLY_LIMIT:
+            if len(self._recent_reapplies(job_id, rank)) >= REAPPLY_LIMIT:
                 continue  # Renewals do not reach this agent (said): no flapping per heartbeat.
+            binding = record.ranks[rank].gpu
             desired = job.desired_power_limit
             if desired is not None and gpu.power_limit_w != desired:
                 await self.status(record.job_id, "reconciled",
