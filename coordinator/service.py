@@ -578,8 +578,12 @@ class CoordinatorService(ExitSignals):
 
     async def _reapply_locked(self, job_id: str, job: JobOptimizer, rank: int,
                               restored: list[str]) -> None:
-        async with self._lock(job_id):
-            await self._reapply_lapsed(job_id, job, rank, restored)
+        try:
+            async with self._lock(job_id):
+                if self.optimisers.get(job_id) is job:  # (Not one released meanwhile.)
+                    await self._reapply_lapsed(job_id, job, rank, restored)
+        except Exception:  # A task of the service: one job's failure must not stop it.
+            LOG.exception("job %s: setting rank %d's lapsed settings again failed", job_id, rank)
 
     async def _renew(self, job_hash: str, lease: Lease, now: float) -> None:
         """Renew one of this replica's ownership leases (compare-and-set on its revision).
@@ -1320,7 +1324,8 @@ class CoordinatorService(ExitSignals):
             if lease is not None and lease.owner == self.book.me:
                 # This replica's own lease lapsed too (the same stall that made the renewals
                 # late): the agent says so only once, so keep it for when the lease is back.
-                self._pending_lapses.setdefault((job_id, rank), set()).update(restored)
+                self._pending_lapses.setdefault((job_id, rank), set()).update(
+                    r for r in restored if r in ("power_limit", "schedule"))
                 LOG.info("job %s: rank %d's settings lapsed while this replica's lease on the "
                          "job had lapsed too; setting them again once it is taken back",
                          job_id, rank)
@@ -1377,6 +1382,13 @@ class CoordinatorService(ExitSignals):
         if restarted:
             LOG.info("the agent of node %s restarted (%s -> %s)", hello.node, previous,
                      hello.agent_id)
+            # Its ranks' lapse throttle ends (as the error status says), whatever this first
+            # announcement shows: a restarted agent has no trainers bound yet.
+            for key in list(self._lapse_reapplies):
+                held = self.registry.jobs.get(key[0])
+                if (held is not None and key[1] in held.ranks
+                        and subjects.token(held.ranks[key[1]].gpu.node) == node):
+                    del self._lapse_reapplies[key]
         for gpu in hello.gpus:
             job_id = self._bound.get((node, subjects.token(gpu.index)))
             if job_id is None or gpu.job_id != job_id:
@@ -1385,8 +1397,6 @@ class CoordinatorService(ExitSignals):
             rank = record.gpu_ranks.get((hello.node, gpu.index)) if record is not None else None
             if record is None or rank is None or rank not in record.ranks:
                 continue
-            if restarted:  # (Whoever owns the job: the next heartbeat may find it owned.)
-                self._lapse_reapplies.pop((job_id, rank), None)
             job = self.optimisers.get(job_id)
             if job is None or not self.owns(job_id):
                 continue  # (Fenced: a replica whose lease lapsed may be being taken over.)

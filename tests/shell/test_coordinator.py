@@ -40,10 +40,8 @@ from zeus_agent.wire.messages import (
 NODE = "shell-node"
 
 
-@pytest.fixture
-async def agent(nats_server, tmp_path_factory) -> AsyncIterator[AgentServer]:
-    """One agent with two simulated A40s (100-300 W) on node `NODE`."""
-    tmp = tmp_path_factory.mktemp("agent")
+async def start_agent(nats_server, tmp: Path) -> tuple[AgentServer, asyncio.Task]:
+    """An agent with two simulated A40s (100-300 W, their state in `tmp`) on node `NODE`."""
     server = AgentServer(AgentSettings(
         nats_url=nats_server.url, backend="sim", sim_count=2, sim_preset="A40",
         sim_energy_update_ms=0,
@@ -52,6 +50,13 @@ async def agent(nats_server, tmp_path_factory) -> AsyncIterator[AgentServer]:
     ))
     task = asyncio.create_task(server.serve())
     await asyncio.wait_for(server.started.wait(), 10)
+    return server, task
+
+
+@pytest.fixture
+async def agent(nats_server, tmp_path_factory) -> AsyncIterator[AgentServer]:
+    """One agent with two simulated A40s (100-300 W) on node `NODE`."""
+    server, task = await start_agent(nats_server, tmp_path_factory.mktemp("agent"))
     yield server
     server.handle_exit()
     await task
@@ -587,15 +592,49 @@ async def test_leases_that_keep_lapsing_are_set_again_only_a_few_times(nats_serv
         assert not any("its agent restarted?" in s.message for s in statuses)
         assert sum("renewals do not reach" in s.message for s in statuses) == 2
         assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300 for i in (0, 1))
-        agent.agent_id = "restarted"  # As said: a restarted agent gets the settings back,
-        for _ in range(100):  # at its first heartbeat this replica owns the job (a loaded
-            await agent.announce()  # machine may fence a 0.15 s ownership lease for a while).
+    finally:
+        await stop(coord, task)
+
+
+async def test_a_restarted_agent_gets_the_settings_the_lapse_throttle_held_back(
+        nats_server, nc, tmp_path, monkeypatch):
+    """Adversarial review: the error status says lapsed settings stay at the defaults "until
+    its agent restarts", but the throttle outlived a real restart: the new agent's first
+    announcement shows no trainer bound yet, and by the heartbeat that shows the job again the
+    restart was no longer news, so its GPUs stayed at the default for the whole window."""
+    import coordinator.service as service
+
+    async def no_renewals(self: CoordinatorService) -> None:
+        return None
+
+    monkeypatch.setattr(CoordinatorService, "_renew_leases", no_renewals)
+    monkeypatch.setattr(service, "REAPPLY_WINDOW_LEASES", 1000)  # 300 s, as with 30 s leases
+    agent, agent_task = await start_agent(nats_server, tmp_path)
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=60)
+    try:
+        job_id = await bound_energy_job(nc)
+        await wait_for(lambda: sum("renewals do not reach" in s.message for s in statuses) == 2)
+        await wait_for(lambda: all(SimGPU.open(tmp_path / "gpus", i).get_power_limit_w() == 300
+                                   for i in (0, 1)))
+        old_id = agent.agent_id
+        await agent.announce()  # A heartbeat of the old agent: throttled, nothing set again.
+        await wait_for(lambda: old_id in coord._agent_ids.values())
+        agent.handle_exit()  # The operator mends its permissions and restarts it.
+        await agent_task
+        agent, agent_task = await start_agent(nats_server, tmp_path)
+        await asyncio.sleep(0.2)  # Its start-up announcement: no trainer bound yet.
+        await bind_trainers(nc, job_id)  # The trainers say HELLO to the new agent.
+        for _ in range(100):  # Heartbeats, until one finds this replica owning the job (a
+            await agent.announce()  # loaded machine may fence a 0.15 s ownership lease).
             await asyncio.sleep(0.05)
             if sum("its agent restarted?" in s.message for s in statuses) >= 2:
                 break
         assert sum("its agent restarted?" in s.message for s in statuses) >= 2
     finally:
         await stop(coord, task)
+        agent.handle_exit()
+        await agent_task
 
 
 async def test_a_schedule_installed_again_switches_at_the_step_it_was_sent_for(coord, nc,
