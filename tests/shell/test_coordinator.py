@@ -449,6 +449,11 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
         await stop(coord, task)
 
 
+def limits_are(sim_dir: Any, watts: int) -> bool:
+    """Whether both simulated GPUs in `sim_dir` are at `watts`."""
+    return all(SimGPU.open(sim_dir, i).get_power_limit_w() == watts for i in (0, 1))
+
+
 async def bind_trainers(nc, job_id: str) -> None:
     """What the agent does on each rank's trainer HELLO: bind its GPU to (job, rank)."""
     for r in (0, 1):
@@ -481,8 +486,7 @@ async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, a
         # Quiet: renewals stop after lease_idle_s, the agents' leases lapse, defaults return.
         await wait_for(lambda: SimGPU.open(sim_dir, 0).get_power_limit_w() == 300, timeout_s=10)
         await feed_steps(nc, job_id, range(1))
-        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(sim_dir, 250))
         assert any(s.state == "resumed" and s.job_id == job_id for s in statuses)
     finally:
         await stop(coord, task)
@@ -512,18 +516,15 @@ async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, 
     try:
         job_id = await bound_energy_job(nc)
         sim_dir = agent.settings.sim_state_dir
-        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(sim_dir, 250))
         stalled.set()
         await wait_for(lambda: sum("lapsed while the job was active" in s.message
                                    for s in statuses) >= 2)
         stalled.clear()
-        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(sim_dir, 250))
         await asyncio.sleep(1.0)  # two lease periods of renewals: it is set (a loaded machine
         # may delay a renewal past a lease again: then it is set again at once)
-        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(sim_dir, 250))
         assert all(s.state == "reconciled" and s.job_id == job_id for s in statuses
                    if "lapsed while the job was active" in s.message)
     finally:
@@ -544,16 +545,14 @@ async def test_a_lease_that_lapsed_with_the_replicas_own_lease_is_set_again_once
     try:
         job_id = await bound_energy_job(nc)
         sim_dir = agent.settings.sim_state_dir
-        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(sim_dir, 250))
         stalled.set()  # The ownership lease lapses, then the GPU leases (not renewed unowned).
         await wait_for(lambda: sum(e.code == "lease_expired" for e in lapses) == 2)
         await asyncio.sleep(0.3)  # The coordinator has had the events (and kept them).
         assert not coord.owns(job_id)
-        assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300 for i in (0, 1))
+        assert limits_are(sim_dir, 300)
         stalled.clear()
-        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(sim_dir, 250))
         again = [s for s in statuses if "lapsed while the job was active" in s.message]
         assert len(again) >= 2 and all(s.state == "reconciled" and s.job_id == job_id
                                        for s in again)
@@ -584,14 +583,13 @@ async def test_leases_that_keep_lapsing_are_set_again_only_a_few_times(nats_serv
         again = sum("lapsed while the job was active" in s.message for s in statuses)
         assert again == 2 * REAPPLY_LIMIT  # both ranks
         sim_dir = agent.settings.sim_state_dir
-        await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(sim_dir, 300))
         await agent.announce()  # A heartbeat shows 300 W, not 250 W: not set again either.
         await asyncio.sleep(1.0)  # three more leases: nothing is set again, nothing said again
         assert sum("lapsed while the job was active" in s.message for s in statuses) == again
         assert not any("its agent restarted?" in s.message for s in statuses)
         assert sum("renewals do not reach" in s.message for s in statuses) == 2
-        assert all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300 for i in (0, 1))
+        assert limits_are(sim_dir, 300)
     finally:
         await stop(coord, task)
 
@@ -615,8 +613,7 @@ async def test_a_restarted_agent_gets_the_settings_the_lapse_throttle_held_back(
     try:
         job_id = await bound_energy_job(nc)
         await wait_for(lambda: sum("renewals do not reach" in s.message for s in statuses) == 2)
-        await wait_for(lambda: all(SimGPU.open(tmp_path / "gpus", i).get_power_limit_w() == 300
-                                   for i in (0, 1)))
+        await wait_for(lambda: limits_are(tmp_path / "gpus", 300))
         old_id = agent.agent_id
         await agent.announce()  # A heartbeat of the old agent: throttled, nothing set again.
         await wait_for(lambda: old_id in coord._agent_ids.values())
@@ -682,8 +679,7 @@ async def test_a_gpu_reset_behind_the_coordinators_back_is_reconciled(coord, nc,
         await ask(nc, subjects.gpu_command(NODE, index), RESET)
     assert SimGPU.open(sim_dir, 1).get_power_limit_w() == 300
     await nc.publish(subjects.agent_ping(), b"")  # the agent announces itself (as at start)
-    await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 250
-                               for i in (0, 1)))
+    await wait_for(lambda: limits_are(sim_dir, 250))
     assert any(s.state == "reconciled" and s.job_id == job_id for s in statuses)
     # A GPU whose trainer left stays at its default, whatever the job's limit.
     for index in (0, 1):
@@ -819,8 +815,7 @@ async def test_when_nothing_can_be_measured_the_gpus_go_back_to_the_maximum(coor
     await wait_for(lambda: any(s.job_id == job_id and s.state == "gave_up" for s in statuses))
     gave_up = next(s for s in statuses if s.job_id == job_id and s.state == "gave_up")
     assert "maximum limit 300 W" in gave_up.message
-    await wait_for(lambda: all(SimGPU.open(sim_dir, i).get_power_limit_w() == 300
-                               for i in (0, 1)))
+    await wait_for(lambda: limits_are(sim_dir, 300))
     query = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
     assert query.result["power_limit"]["gave_up"]
     assert coord.power_limit_jobs[job_id].desired_power_limit == 300
