@@ -34,6 +34,7 @@ async def every(
         first_now: Call `fn` at once (else after one period).
     """
     next_t = time.monotonic() + (0 if first_now else period_s)
+    task = asyncio.current_task()
     while True:
         delay = next_t - time.monotonic()
         if delay > 0:
@@ -42,6 +43,10 @@ async def every(
             await fn()
         except Exception:  # noqa: BLE001 - a loop never dies of one bad tick
             LOG.exception("%s failed; continuing", what)
+        if task is not None and task.cancelling():
+            # A cancellation `fn` swallowed (Python 3.11's `wait_for` loses one that lands as
+            # its inner call finishes): the loop must still stop, or a shutdown waits on it.
+            raise asyncio.CancelledError
         next_t += period_s
         if next_t < time.monotonic():
             next_t = time.monotonic()
