@@ -569,7 +569,8 @@ class CoordinatorService(ExitSignals):
             lease = self.book.leases.get(records.job_hash(job_id))
             job = self.optimisers.get(job_id)
             if lease is None or lease.owner != self.book.me or job is None:
-                del self._pending_lapses[(job_id, rank)]  # Another replica drives it now.
+                # Another replica drives it now, or it has no optimiser here any more.
+                del self._pending_lapses[(job_id, rank)]
             elif self.owns(job_id):
                 restored = sorted(self._pending_lapses.pop((job_id, rank)))
                 # A task: the job's lock may be held for long (a plan), and this loop renews
