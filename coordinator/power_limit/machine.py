@@ -23,7 +23,9 @@ Invariants (h11 style, everything that affects the machine lives here):
   With the exhaustive search the machine moves on to the next limit at once (the next limit does
   not depend on the result) and only `Done` waits for every record. With a search that needs the
   results (`Adaptive`) the machine enters `Ready(next_power_limit=None)` until the record arrives;
-  steps meanwhile run at the current limit and count toward nothing; the record then sets the next
+  steps meanwhile count toward nothing and run at the maximum limit (the first of them sets it:
+  nothing is measured, so the GPUs do not stay at the last, often lowest, limit tried; Zeus's
+  GPUs are never held at a profiled limit between windows either); the record then sets the next
   limit and starts its warm-up (or the window, if no warm-up is needed), or finishes.
 
 Pieces:
@@ -135,7 +137,8 @@ class Ready:
     epoch end interrupted warm-up or profiling (`steps = 1`).
     `Ready` -> `Warmup` on the `steps`'th `on_step_begin` (-> `Profiling` if no warm-up).
     With `next_power_limit=None` the machine waits for a pending measurement to choose the next
-    limit: `on_step_begin` does nothing, and `record` -> `Warmup`, `Profiling` or `Done`.
+    limit: `on_step_begin` sets the maximum limit (nothing is measured meanwhile), and `record`
+    -> `Warmup`, `Profiling` or `Done`.
 
     Attributes:
         next_power_limit: The limit (W) to warm up next, or None while waiting for a record.
@@ -432,7 +435,9 @@ class PowerLimitStateMachine:
         state = self.state
         if isinstance(state, Ready):
             if state.next_power_limit is None:
-                return []  # Waiting for a record: steps count toward nothing.
+                # Waiting for a record: steps count toward nothing, so they run at the maximum
+                # (a lost window can keep the machine waiting for many steps).
+                return self._set(self.max_power_limit)
             if state.steps > 1:
                 self.state = replace(state, steps=state.steps - 1)
                 return []

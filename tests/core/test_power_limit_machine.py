@@ -469,3 +469,30 @@ def test_a_discarded_window_leaves_its_limit_out():
     assert machine.optimal_power_limit == 300  # lowest energy among the measured limits
     with pytest.raises(InvalidTransitionError, match="discard"):
         machine.discard("__GlobalPowerLimitOptimizer_250")
+
+
+def test_steps_while_waiting_for_a_record_run_at_the_maximum_limit():
+    """Defect: a window whose marks were lost kept the machine waiting after the last window
+    (100 W here) closed, and the GPUs trained on at 100 W, the lowest limit tried, until the
+    window was redone. Nothing is measured meanwhile: the first waiting step sets the maximum;
+    the redo then sets its own limit, and the optimum follows its record."""
+    m = small()
+    m.start()
+    for _ in range(7):  # Window 150 closes on call 7: its record never comes (lost marks).
+        m.on_step_begin()
+    for _ in range(5):  # 125 W: warm-up, window, closed and recorded on call 12.
+        m.on_step_begin()
+    m.record(N + "125", 3.3, 27.0)
+    for _ in range(5):  # 100 W: its window closes on call 17.
+        m.on_step_begin()
+    m.record(N + "100", 4.0, 28.0)
+    assert m.state == Ready(next_power_limit=None, steps=0) and m.current_power_limit == 100
+    assert m.on_step_begin() == [SetPowerLimit(150)]  # Nothing measured: the maximum.
+    assert m.on_step_begin() == [] and m.current_power_limit == 150
+    # The lost 150 W window is redone (its warm-up at the limit it already has), then chosen.
+    assert m.redo(N + "150") == []
+    assert m.state == Warmup(150, steps=2, profile_steps=3)
+    log = [m.on_step_begin() for _ in range(5)]
+    assert log == [[], [BeginWindow(N + "150")], [], [], [EndWindow(N + "150")]]
+    assert m.record(N + "150", 3.0, 30.0) == [SetPowerLimit(125)]
+    assert m.optimal_power_limit == 125
