@@ -115,6 +115,7 @@ from zeus_agent.wire.messages import (
     StragglerNotice,
     TrainerEventBatch,
 )
+from zeus_agent.wire.text import bounded, shown
 
 LOG = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ class CoordinatorService(ExitSignals):
         self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
         self._status_server: status_http.StatusServer | None = None
         self.writes = 0  # Writes to the state bucket (for benchmarks and tests).
+        self.fenced_commands = 0  # GPU commands not sent: the job was no longer this replica's.
 
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> None:
@@ -353,7 +355,8 @@ class CoordinatorService(ExitSignals):
         state, since, reason = self.bus_state
         detail = {"nats": {"state": state, "since": since, "reason": reason},
                   "replica": self.settings.replica_name, "jobs": len(self.registry.jobs),
-                  "owned": len(self.book.mine()), "dropped": dict(self.dropped)}
+                  "owned": len(self.book.mine()), "dropped": dict(self.dropped),
+                  "fenced_commands": self.fenced_commands}
         if state != "connected":
             return False, {"status": state, "reason": reason, **detail}
         if not self.started.is_set() or self.should_exit.is_set():
@@ -757,15 +760,14 @@ class CoordinatorService(ExitSignals):
 
     # ------------------------------------------------------------------ endpoints
     def _endpoint(self, handler: Handler) -> Callable[[Any], Awaitable[None]]:
-        """Wrap a handler: one task per request; domain errors become coded replies."""
+        """Wrap a handler: one task per request; domain errors become coded replies.
 
-        async def handle(req: Any) -> None:
-            inbox = getattr(getattr(req, "_msg", None), "reply", "") or ""
-            if not inbox.startswith("_INBOX."):
-                # A reply subject aimed elsewhere would make the coordinator publish where its
-                # asker may not (NATS's allow_responses lets it answer any reply subject).
-                self._drop("reply_not_an_inbox", req.subject, inbox)
-                return
+        Nothing that goes wrong with one request leaves its task (a task of the service's task
+        group: an exception there would stop the whole service): a failure while handling it
+        is answered `internal`, one while answering it is logged.
+        """
+
+        async def answer(req: Any) -> None:
             try:
                 reply = await handler(req.data, req.subject)
             except PayloadError as e:
@@ -773,12 +775,32 @@ class CoordinatorService(ExitSignals):
             except RegistryError as e:
                 reply = Reply.failure(e.code, str(e))
             except Exception:  # noqa: BLE001 - never leak internals
-                LOG.exception("request on %s failed", req.subject)
-                reply = Reply.failure("internal", "internal error in the coordinator; see its log")
+                LOG.exception("request on %s failed", bounded(req.subject, 300))
+                reply = INTERNAL_REPLY
             try:
-                await req.respond(codec.encode(reply))
+                data = codec.encode(reply)
+            except Exception:  # noqa: BLE001 - a reply that cannot be encoded is a bug here
+                LOG.exception("the reply to a request on %s could not be encoded",
+                              bounded(req.subject, 300))
+                data = codec.encode(INTERNAL_REPLY)
+            try:
+                await req.respond(data)
             except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
-                LOG.warning("could not answer a request on %s: %s", req.subject, e)
+                LOG.warning("could not answer a request on %s: %s", bounded(req.subject, 300),
+                            bounded(e, 300))
+
+        async def handle(req: Any) -> None:
+            try:
+                inbox = getattr(getattr(req, "_msg", None), "reply", "") or ""
+                if not inbox.startswith("_INBOX."):
+                    # A reply subject aimed elsewhere would make the coordinator publish where
+                    # its asker may not (NATS's allow_responses lets it answer any reply subject).
+                    self._drop("reply_not_an_inbox", req.subject, shown(inbox, 300))
+                    return
+                await answer(req)
+            except Exception:  # noqa: BLE001 - the last guard of the service's task group
+                LOG.exception("a request on %s failed outside its handler",
+                              bounded(getattr(req, "subject", "?"), 300))
 
         async def wrapped(req: Any) -> None:
             self._spawn(handle(req))
@@ -1156,7 +1178,8 @@ class CoordinatorService(ExitSignals):
         self.dropped[reason] += 1
         n = self.dropped[reason]
         if n == 1 or n % 1000 == 0:
-            LOG.warning("dropped a message on %s (%s, %d so far): %s", subject, reason, n, detail)
+            LOG.warning("dropped a message on %s (%s, %d so far): %s", bounded(subject, 300),
+                        reason, n, bounded(detail, 500))
 
     def _decode_stream(self, msg: Any, model: type[M]) -> M | None:
         """A stream message as `model`, or None (dropped and counted as malformed)."""
@@ -1375,7 +1398,7 @@ class CoordinatorService(ExitSignals):
             return
         node = subjects.token(hello.node)
         if node != msg.subject.split(".")[-2]:
-            self._drop("wrong_node", msg.subject, f"hello names node {hello.node!r}")
+            self._drop("wrong_node", msg.subject, f"hello names node {shown(hello.node)}")
             return
         previous = self._agent_ids.get(node)
         self._agent_ids[node] = hello.agent_id
@@ -1495,10 +1518,10 @@ class CoordinatorService(ExitSignals):
         cmd = codec.encode(CommandEnvelope(cmd=SetPowerLimitCmd(
             power_limit_w=watts, holder=record.job_id, lease_s=self.settings.lease_s)))
         gpus = record.gpus() if gpus is None else gpus
-        replies = await self.request_all(
-            [(subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus]
-        )
-        await self._report_failures(record, f"setting {watts} W", gpus, replies)
+        replies = await self._command(record, f"setting {watts} W", [
+            (subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus])
+        if replies is not None:
+            await self._report_failures(record, f"setting {watts} W", gpus, replies)
 
     async def _reapply(self, record: JobRecord, job: JobOptimizer, why: str) -> None:
         """Apply the job's desired settings again on all its GPUs."""
@@ -1554,16 +1577,37 @@ class CoordinatorService(ExitSignals):
             targets.append(rr.gpu)
         # Not the job's error: an agent that did not answer gets it back when it announces
         # itself again (reconciliation).
-        await self._report_failures(record, f"installing schedule {action.version}", targets,
-                                    await self.request_all(requests), state="install_failed")
+        what = f"installing schedule {action.version}"
+        replies = await self._command(record, what, requests)
+        if replies is not None:
+            await self._report_failures(record, what, targets, replies, state="install_failed")
 
     async def clear_schedules(self, record: JobRecord) -> None:
         """Remove the job's schedules from its GPUs (clocks back to default)."""
         cmd = codec.encode(CommandEnvelope(cmd=ClearScheduleCmd()))
         gpus = record.gpus()
-        replies = await self.request_all(
-            [(subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus])
-        await self._report_failures(record, "clearing the schedules", gpus, replies)
+        replies = await self._command(record, "clearing the schedules", [
+            (subjects.gpu_command(g.node, g.gpu_index, self.settings.prefix), cmd) for g in gpus])
+        if replies is not None:
+            await self._report_failures(record, "clearing the schedules", gpus, replies)
+
+    async def _command(self, record: JobRecord, what: str,
+                       requests: list[tuple[str, bytes]]) -> list[Reply | str] | None:
+        """Send a job's commands to its GPUs if this replica drives the job now (else None).
+
+        The one way a job's GPUs are commanded: ownership is checked just before the send, so
+        a replica that was paused (SIGSTOP, a stalled event loop) while another took its job
+        over never sets a GPU again, whatever path led here (events after a quiet spell, a
+        heartbeat, a lapse, a plan that finished meanwhile).
+        """
+        if not requests:
+            return []
+        if not await self._owns_now(record.job_id):
+            self.fenced_commands += len(requests)
+            LOG.warning("job %s: %s not sent to %d GPU(s): this replica no longer drives the job",
+                        record.job_id, what, len(requests))
+            return None
+        return await self.request_all(requests)
 
     async def _report_failures(self, record: JobRecord, what: str, gpus: list[GpuBinding],
                                replies: list[Reply | str], state: str = "error") -> None:
@@ -1652,11 +1696,15 @@ class CoordinatorService(ExitSignals):
         self, job_id: str, state: str, message: str, progress: dict[str, Any] | None = None
     ) -> None:
         """Publish a job status event (and log it)."""
+        message = bounded(message)  # It often names what a peer sent.
         LOG.info("job %s: %s: %s", job_id, state, message)
-        event = JobStatus(job_id=job_id, state=state, message=message, progress=progress or {})
-        with contextlib.suppress(Exception):
+        try:
+            event = JobStatus(job_id=job_id, state=state, message=message,
+                              progress=progress or {})
             await self.nc.publish(subjects.job_status(job_id, self.settings.prefix),
                                   codec.encode(event))
+        except Exception as e:  # noqa: BLE001 - a status that cannot go out stops nothing
+            LOG.warning("job %s: status %s not published: %s", job_id, state, bounded(e, 300))
 
     # ------------------------------------------------------------------ loops
     async def _renew_leases(self) -> None:
@@ -1687,6 +1735,8 @@ class CoordinatorService(ExitSignals):
                               "events or registrations (max_job_idle_time)")
 
 
+INTERNAL_REPLY = Reply.failure("internal", "internal error in the coordinator; see its log")
+"""The answer to a request whose handling failed in a way the coordinator did not expect."""
 RELEASES_IN_FLIGHT = 64
 """Job leases given up at once at shutdown (JetStream KV updates in flight)."""
 REAPPLY_LIMIT = 3

@@ -25,8 +25,12 @@ class PayloadError(ZeusAgentError, ValueError):
     """
 
     def __init__(self, message: str, field: str = "") -> None:
-        super().__init__(message)
-        self.field = field
+        # Cut to fit a reply: a message may echo what a peer sent (a safety net; the code that
+        # builds one echoes only `wire.text.shown` forms).
+        from zeus_agent.wire.text import bounded
+
+        super().__init__(bounded(message))
+        self.field = bounded(field, 200)
 
 
 class BrokerError(ZeusAgentError):

@@ -24,7 +24,6 @@ from zeus_agent.errors import (
 )
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import (
-    MAX_TEXT_CHARS,
     BindRankCmd,
     ClearScheduleCmd,
     CommandEnvelope,
@@ -64,18 +63,11 @@ async def handle_command(agent: GpuAgent, data: bytes) -> Reply:
     except Exception as e:  # noqa: BLE001 - every failure becomes a reply
         for exc_type, code in ERROR_CODES:
             if isinstance(e, exc_type):
-                return Reply.failure(code, _bounded(str(e)))
+                return Reply.failure(code, str(e))  # (`failure` cuts it to fit.)
         LOG.exception("GPU %d: unexpected error in command", agent.index)
         return Reply.failure(
             "internal", f"internal error in the agent of GPU {agent.index}; see its log"
         )
-
-
-def _bounded(text: str) -> str:
-    """An error message that fits a `Reply` (a payload may echo a huge value back)."""
-    if len(text) <= MAX_TEXT_CHARS:
-        return text
-    return text[: MAX_TEXT_CHARS - 20] + " ... (truncated)"
 
 
 async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:

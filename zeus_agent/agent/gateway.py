@@ -39,7 +39,6 @@ from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
-    MAX_TEXT_CHARS,
     ErrorEvent,
     GpuDescription,
     JobQuery,
@@ -48,6 +47,7 @@ from zeus_agent.wire.messages import (
     Reply,
     join_token_digest,
 )
+from zeus_agent.wire.text import bounded
 from zeus_agent.wire.trainer import (
     MAX_DATAGRAM_BYTES,
     EventDatagram,
@@ -304,7 +304,7 @@ class Gateway:
         event = ErrorEvent(
             source=f"agent:{self.node}"[:MAX_NAME_CHARS],
             code=code,
-            message=message[:MAX_TEXT_CHARS],
+            message=bounded(message),
             detail={**detail, "counters": dict(self.counters)},
         )
         self._spawn(
@@ -353,7 +353,7 @@ class Gateway:
         try:
             reply = await self._handle(req, pid, uid, addr)
         except PayloadError as e:
-            reply = Reply.failure("bad_request", f"{req.kind.name}: {e}"[:MAX_TEXT_CHARS])
+            reply = Reply.failure("bad_request", f"{req.kind.name}: {e}")
         except WindowOutOfRange as e:
             reply = Reply.failure("out_of_range", str(e))
         except Exception:  # noqa: BLE001

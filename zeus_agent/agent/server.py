@@ -52,6 +52,7 @@ from zeus_agent.errors import BrokerError, GPUUnavailableError, PayloadError, Ze
 from zeus_agent.gpu.base import GPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal, Reply
+from zeus_agent.wire.text import bounded
 
 LOG = logging.getLogger(__name__)
 
@@ -223,15 +224,22 @@ class AgentServer(ExitSignals):
 
     @staticmethod
     def _command_handler(agent: GpuAgent) -> Callable[[Any], Awaitable[None]]:
+        """The endpoint of one GPU: nothing that goes wrong with one command leaves it."""
+
         async def handler(req: Any) -> None:
             try:
                 reply = await handle_command(agent, req.data)
+                data = codec.encode(reply)
             except Exception:  # noqa: BLE001 - handle_command should not raise; never go silent
                 LOG.exception("GPU %d: command handling failed", agent.index)
-                reply = Reply.failure(
-                    "internal", f"internal error in the agent of GPU {agent.index}"
-                )
-            await req.respond(codec.encode(reply))
+                data = codec.encode(Reply.failure(
+                    "internal", f"internal error in the agent of GPU {agent.index}; see its log"
+                ))
+            try:
+                await req.respond(data)
+            except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
+                LOG.warning("GPU %d: could not answer a command: %s", agent.index,
+                            bounded(e, 300))
 
         return handler
 

@@ -5,6 +5,9 @@
   map, wrong schema version, a bad field) raises `PayloadError` naming the field.
 * `validate(model, obj)`: the same validation for already-decoded data.
 
+Error messages echo at most a short `shown` form of what the peer sent (`wire.text`): a reply
+that repeats a 5 KB value would not fit the wire's bounded text.
+
 `model` may be a pydantic model class or a `pydantic.TypeAdapter` (for unions of commands).
 """
 
@@ -16,6 +19,7 @@ import msgpack
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from zeus_agent.errors import PayloadError
+from zeus_agent.wire.text import bounded, shown
 
 SCHEMA_VERSION = 1
 M = TypeVar("M", bound=BaseModel)
@@ -37,19 +41,18 @@ def unpack(data: bytes) -> Any:
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types for garbage.
-        raise PayloadError(f"payload is not valid msgpack ({type(e).__name__}: {e})") from None
+        raise PayloadError(
+            f"payload is not valid msgpack ({type(e).__name__}: {bounded(e, 200)})"
+        ) from None
 
 
 def _describe(err: ValidationError) -> tuple[str, str]:
     first = err.errors()[0]
-    field = ".".join(str(part) for part in first["loc"])
-    got = first.get("input")
-    shown = repr(got)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
+    # A field's name is the peer's too (an unknown key, a map's key): cut like its value.
+    field = bounded(".".join(str(part) for part in first["loc"]), 200)
     more = f" (and {err.error_count() - 1} more errors)" if err.error_count() > 1 else ""
     where = f"field '{field}'" if field else "payload"
-    return field, f"{where}: {first['msg']} (got {shown}){more}"
+    return field, f"{where}: {bounded(first['msg'], 500)} (got {shown(first.get('input'))}){more}"
 
 
 @overload
@@ -71,8 +74,8 @@ def validate(model: Any, obj: Any) -> Any:
     version = obj.get("v", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
         raise PayloadError(
-            f"schema version {version!r} is not supported (this build speaks {SCHEMA_VERSION}); "
-            "upgrade the older side",
+            f"schema version {shown(version)} is not supported (this build speaks "
+            f"{SCHEMA_VERSION}); upgrade the older side",
             field="v",
         )
     try:

@@ -47,9 +47,8 @@ from zeus_agent.models import (
     PowerLimitMeasurement,
     RankInfo,
 )
+from zeus_agent.wire.text import MAX_TEXT_CHARS, bounded
 
-MAX_TEXT_CHARS = 4096
-"""Longest free text (error messages, status messages)."""
 MAX_LEASE_S = 3600.0
 """Longest lease an agent grants (s): a setting nobody renews comes back within this time."""
 MAX_STEPS = 100_000
@@ -373,8 +372,11 @@ class Reply(Message):
 
     @classmethod
     def failure(cls, code: str, error: str) -> Reply:
-        """A failed reply with a stable code and a message for people."""
-        return cls(ok=False, code=code, error=error)
+        """A failed reply with a stable code and a message for people, cut to fit.
+
+        (Messages often echo what the asker sent.)
+        """
+        return cls(ok=False, code=code, error=bounded(error))
 
 
 # ---------------------------------------------------------------------------- coordinator
