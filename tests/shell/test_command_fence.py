@@ -1,0 +1,108 @@
+"""A replica that no longer drives a job never commands its GPUs, whatever path leads there.
+
+Regression (issue "One request must not stop a coordinator", item 2): a replica paused
+(SIGSTOP) past its ownership lease, while another replica took its job over, was continued
+and saw the trainer's events "after a quiet spell": `_on_events` -> `_reapply` ->
+`apply_power_limit` sent `set_power_limit` without checking ownership, and the GPUs sat at the
+stale replica's limit for seconds. Every command is now sent through `_command`, which checks
+ownership just before the send. Against a real nats-server and a real agent with simulated
+GPUs; the takeover is the lease's holder changing under the stale replica (what its ownership
+watch shows once it runs again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from coordinator.state import records
+from coordinator.state.ownership import Lease
+from tests.shell import test_coordinator as tc
+from tests.shell.test_coordinator import (
+    bound_energy_job,
+    collect,
+    feed_steps,
+    limits_are,
+    stall,
+    start,
+    stop,
+    wait_for,
+)
+from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.models import FrequencySchedule
+from zeus_agent.wire.messages import JobStatus
+
+agent = tc.agent  # The fixture: one agent with two simulated A40s (100-300 W).
+
+
+def taken_over(coord: Any, job_id: str) -> None:
+    """The job's lease now names another replica (as the stale replica's watch shows it)."""
+    job_hash = records.job_hash(job_id)
+    held = coord.book.leases[job_hash]
+    coord.book.leases[job_hash] = Lease("another-replica", held.until + 60, held.revision + 1,
+                                        job_id)
+
+
+async def test_a_stale_replica_back_from_a_pause_does_not_set_the_limit_again(
+        nats_server, agent, nc, tmp_path, monkeypatch) -> None:
+    stalled = stall(monkeypatch, "_ownership")  # Its watch and renewals are "paused".
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=1.0, lease_idle_s=1.5)
+    try:
+        job_id = await bound_energy_job(nc)
+        sim_dir = agent.settings.sim_state_dir
+        await wait_for(lambda: limits_are(sim_dir, 250))
+        # Quiet: the GPU leases lapse and the agents restore the default (300 W).
+        await wait_for(lambda: limits_are(sim_dir, 300), timeout_s=10)
+        stalled.set()
+        taken_over(coord, job_id)
+        assert job_id in coord.optimisers  # The stale replica still holds its optimiser.
+        fenced = coord.fenced_commands
+        await feed_steps(nc, job_id, range(1))  # The trainer goes on: "events again".
+        seen = set()
+        for _ in range(50):  # (A stale 250 W would lapse again after the 1 s lease: watch.)
+            seen.add(tuple(SimGPU.open(sim_dir, i).get_power_limit_w() for i in (0, 1)))
+            await asyncio.sleep(0.02)
+        await wait_for(lambda: coord.fenced_commands > fenced)
+        assert seen == {(300, 300)}, seen  # Never the stale replica's 250 W.
+        assert not any(s.state == "reconciled" for s in statuses if s.job_id == job_id)
+    finally:
+        stalled.clear()
+        await stop(coord, task)
+
+
+async def test_every_command_path_is_fenced(nats_server, agent, nc, tmp_path,
+                                            monkeypatch) -> None:
+    """Power limits, schedules (first and again) and clears: none is sent once another
+    replica holds the job; each is counted."""
+    from coordinator.optimizer import InstallSchedules
+
+    stalled = stall(monkeypatch, "_ownership")
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=5.0)
+    try:
+        job_id = await bound_energy_job(nc)
+        sim_dir = agent.settings.sim_state_dir
+        await wait_for(lambda: limits_are(sim_dir, 250))
+        stalled.set()
+        taken_over(coord, job_id)
+        record = coord.registry.jobs[job_id]
+        job = coord.optimisers[job_id]
+        sent: list[Any] = []
+
+        async def request_all(requests: list[tuple[str, bytes]]) -> list[Any]:
+            sent.extend(requests)
+            return []
+
+        monkeypatch.setattr(coord, "request_all", request_all)
+        schedule = FrequencySchedule(rank=0, frequencies=[("forward", 1740)])
+        await coord.apply_power_limit(record, 200)
+        await coord._reapply(record, job, "events again after a quiet spell")
+        await coord.install_schedules(record, InstallSchedules((schedule,), 1, None))
+        await coord.install_again(record, (schedule,), 1)
+        await coord.clear_schedules(record)
+        assert sent == []
+        assert coord.fenced_commands >= 2 + 2 + 2  # (Two GPUs each; the schedule: one.)
+        assert limits_are(sim_dir, 250)
+    finally:
+        stalled.clear()
+        await stop(coord, task)
