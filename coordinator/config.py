@@ -147,10 +147,11 @@ class CoordinatorSettings(BaseSettings):
     )
     status_host: str = Field(default="127.0.0.1", description="Address of the /healthz server")
     mark_timeout_s: float = Field(
-        default=30.0,
+        default=10.0,
         gt=0,
         description="A profiling window whose GPU marks have not all arrived this long after it "
-        "closed is profiled again (an agent restarted and lost them)",
+        "closed is profiled again; the last resort: a window whose marks later ones show lost "
+        "(an agent restarted, the bus was down) is profiled again at the next step",
     )
     max_jobs: int = Field(
         default=10_000, ge=1, description="Most jobs registered at once (quota error beyond)"

@@ -11,15 +11,19 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
   GPU's energy counter at the event, stamped on the rank's own host: only differences of one
   GPU's marks are used, never timestamps across hosts);
 * a window's time is the maximum over ranks, its energy the sum over the job's GPUs; it is
-  recorded once every rank's two marks have arrived, in whatever order they come (a closed
-  window keeps the set of ranks it still waits for, so a mark costs O(open windows), not
-  O(ranks));
+  recorded once every rank's two marks have arrived, in whatever order the ranks' marks and
+  the events interleave (each GPU's own marks come in step order; a closed window keeps the
+  set of ranks it still waits for, so a mark costs O(open windows), not O(ranks));
 * steps are counted by the ranks' own step counters, not by delivered events: a duplicate or
   stale event is ignored, steps whose events were lost (a broker restart) are still counted,
   and an epoch whose end event was lost still ends (the next step's epoch counter says so);
   a window that does not cover exactly its intended steps is normalised to them;
-* a closed window whose marks have not all arrived `mark_timeout_s` after it closed (an agent
-  restarted and lost them) is redone, not waited for (`tick`);
+* a closed window whose marks can never come is redone at rank 0's next step: an agent sends
+  its GPU's marks in step order over one connection, so a rank's mark missing behind a later
+  mark of that rank was lost (its agent restarted, the bus was down, no energy reading); only
+  when nothing proves the loss, a window whose marks have not all arrived `mark_timeout_s`
+  after it closed is redone (`tick`). Meanwhile nothing is measured and the machine keeps the
+  GPUs at the maximum limit (`PowerLimitStateMachine`);
 * a window whose closing marks say the GPU ran at another limit is redone: after a broker
   outage, agents deliver their buffered events late and at once, and the machine would
   otherwise close windows for steps that all ran at an earlier limit (marks carry the limit);
@@ -45,6 +49,7 @@ from coordinator.power_limit.machine import (
     PowerLimitError,
     PowerLimitStateMachine,
     Profiling,
+    Ready,
     SetPowerLimit,
     Warmup,
 )
@@ -62,7 +67,8 @@ from zeus_agent.wire.messages import Mark, Measurement, PowerLimitOptions, Train
 MAX_MARKS_PER_RANK = 4096
 MAX_REPLAYED_STEPS = 1_000
 """Most lost steps replayed into the machine at once (beyond, the gap counts as one step)."""
-DEFAULT_MARK_TIMEOUT_S = 30.0
+DEFAULT_MARK_TIMEOUT_S = 10.0
+"""Last resort: later marks prove most losses at the next step."""
 
 StepKey = tuple[int, int]
 """(epoch, step): a step of the job, as counted by every rank's trainer."""
@@ -94,6 +100,8 @@ class _Window:
     missing: set[int] = field(default_factory=set)
     """Once closed: ranks whose marks of `begin_step` or `end_step` have not arrived."""
     closed_s: float = 0.0
+    lost: list[int] = field(default_factory=list)
+    """Once closed: ranks whose missing marks a later mark proved lost (redo at the next step)."""
 
 
 class PowerLimitJob:
@@ -108,10 +116,11 @@ class PowerLimitJob:
         measurements: A loaded profile (then the job starts done at its optimum).
         resume: Windows measured before a coordinator restart (a list), or `persisted()` of
             the job's previous owner.
+        mark_timeout_s: How long a closed window waits for marks that nothing proved lost
+            before it is redone.
 
     Raises:
         ValueError, TypeError, KeyError: `resume` is not readable.
-        mark_timeout_s: How long a closed window waits for its marks before it is redone.
     """
 
     def __init__(
@@ -146,6 +155,7 @@ class PowerLimitJob:
         self._marks: dict[int, dict[StepKey, tuple[int, float, int | None]]] = {
             r: {} for r in self.ranks
         }
+        self._last_mark: dict[int, StepKey] = {}  # Each rank's latest step_begin mark.
         self._windows: dict[str, _Window] = {}
         self._saved = measurements is not None
         self.last_step: StepKey | None = None
@@ -240,7 +250,7 @@ class PowerLimitJob:
             if self.done:
                 break
             self.last_step = (event.epoch, step)
-            actions += self._translate(self.machine.on_step_begin(), step=self.last_step)
+            actions += self._step(self.last_step)
         return actions
 
     def tick(self, now_s: float) -> list[Action]:
@@ -275,16 +285,19 @@ class PowerLimitJob:
         marks = self._marks[rank]
         key = (mark.epoch, mark.step)
         marks[key] = (mark.t_ns, mark.energy_j, mark.power_limit_w)
+        self._last_mark[rank] = key
         if len(marks) > 2 * MAX_MARKS_PER_RANK:  # Forget the oldest half, amortised O(1).
             for step in sorted(marks)[:MAX_MARKS_PER_RANK]:
                 del marks[step]
         completed = False
         for w in self._windows.values():
-            if (w.end_step is not None and rank in w.missing
-                    and key in (w.begin_step, w.end_step)
-                    and w.begin_step in marks and w.end_step in marks):
+            if w.end_step is None or rank not in w.missing:
+                continue
+            if key in (w.begin_step, w.end_step) and w.begin_step in marks and w.end_step in marks:
                 w.missing.discard(rank)
                 completed = completed or not w.missing
+            elif rank not in w.lost and self._marks_lost(w, rank):
+                w.lost.append(rank)
         return self._complete_windows() if completed else []
 
     def on_agent_error(self, rank: int, code: str, message: str, now_s: float) -> list[Action]:
@@ -330,6 +343,52 @@ class PowerLimitJob:
         }
 
     # ------------------------------------------------------------------ internals
+    def _step(self, key: StepKey) -> list[Action]:
+        """One step of rank 0: windows proved lost are redone at its boundary, else it paces.
+
+        A redo that starts the machine again (it was waiting for records) takes the step, as
+        a closing step takes the next limit's first warm-up step.
+        """
+        lost = [w for w in self._windows.values() if w.lost]
+        if not lost:
+            return self._translate(self.machine.on_step_begin(), step=key)
+        waiting = self._waiting()
+        actions: list[Action] = []
+        for w in lost:
+            del self._windows[w.name]
+            actions.append(StatusUpdate(
+                "profiling",
+                f"window {w.name}: marks of rank(s) {sorted(w.lost)[:8]} were lost (later ones "
+                f"came: an agent restarted, or the bus was down); profiling that limit again "
+                f"from step {key[1]}",
+                self.progress(),
+            ))
+            try:
+                effects = self.machine.redo(w.name)
+            except PowerLimitError as e:
+                return actions + self._give_up(str(e))
+            actions += self._translate(effects, step=key)
+        if self.done or (waiting and not self._waiting()):
+            return actions
+        return actions + self._translate(self.machine.on_step_begin(), step=key)
+
+    def _waiting(self) -> bool:
+        """Whether the machine waits for records (nothing is measured)."""
+        state = self.machine.state
+        return isinstance(state, Ready) and state.next_power_limit is None
+
+    def _marks_lost(self, w: _Window, rank: int) -> bool:
+        """Whether a mark of `rank` that closed window `w` needs can never come.
+
+        Marks of one GPU arrive in step order (one agent, one connection, one subscription):
+        one missing behind the rank's latest mark was lost.
+        """
+        latest = self._last_mark.get(rank)
+        marks = self._marks[rank]
+        return latest is not None and any(
+            edge not in marks and edge < latest for edge in (w.begin_step, w.end_step)
+            if edge is not None)
+
     def _ran_before_its_limit(self, event: TrainerEvent) -> bool:
         """Whether a step of rank 0 began before the limit being warmed up or profiled was set.
 
@@ -401,6 +460,8 @@ class PowerLimitJob:
                         r for r in self.ranks
                         if window.begin_step not in self._marks[r] or step not in self._marks[r]
                     }
+                    window.lost = sorted(r for r in window.missing
+                                         if self._marks_lost(window, r))
         actions += self._complete_windows() if effects else []
         return actions
 

@@ -1,6 +1,7 @@
 """`PowerLimitJob` driven by hand: rank 0's trainer events pace it, GPU marks of every rank
-measure its windows (time = max over ranks, energy = sum over GPUs), in any arrival order.
-No event loop, no mocks."""
+measure its windows (time = max over ranks, energy = sum over GPUs), in any arrival order of
+ranks and events (each GPU's own marks in step order, as its agent sends them). No event loop,
+no mocks."""
 
 from __future__ import annotations
 
@@ -83,8 +84,13 @@ def marks() -> list[tuple[str, int, object]]:
 
 def shuffled(seed: int) -> Callable[[], list[tuple[str, int, object]]]:
     def order() -> list[tuple[str, int, object]]:
-        ms = marks()
-        random.Random(seed).shuffle(ms)
+        # Each GPU's marks come in step order (one agent, one connection, handled in order);
+        # the ranks' marks are merged in any order.
+        rng = random.Random(seed)
+        per_rank = [[("mark", r, m) for _, m in rank_marks(r, LIMIT_AT_STEP)] for r in range(3)]
+        ms = []
+        while any(per_rank):
+            ms.append(rng.choice([q for q in per_rank if q]).pop(0))
         # Interleave: events keep their own order, marks come in any order around them.
         out, evs = [], events()
         for i, m in enumerate(ms):
@@ -498,3 +504,84 @@ def test_a_gpu_that_stays_at_another_limit_does_not_stall_the_search():
     assert any("steps 3..7 (epoch 0) ran before 275 W" in m for m in messages)  # 5 s of them
     assert job.progress()["redone"] == {"275": 3}  # then redone until left out, as before
     assert job.done and job.machine.optimal_power_limit == 300
+
+
+# Lost windows: redone at the next step, the GPUs at the maximum meanwhile ---------------------
+def _step_cost(limit: int) -> tuple[float, float]:
+    """(s, J) of one step at `limit`: slower below 300 W; the least energy at 250 W."""
+    dt = 1.0 + 0.5 * ((300 - limit) / 100) ** 2
+    return dt, 0.8 * limit * dt
+
+
+def run_job(job: PowerLimitJob, steps: int, lost_marks: set[tuple[int, int]] = frozenset(),
+            lost_events: set[int] = frozenset()) -> tuple[list[int], list[Action]]:
+    """A trainer of `steps` steps: rank 0's event, then every rank's mark, step by step.
+
+    Returns the limit each step ran at (the one in force when it began) and every action.
+    Nothing ticks: no window can be redone by the timeout.
+    """
+    actions = job.start()
+    limit, ran_at = job.desired_power_limit, []
+    clocks = {r: (100.0 * r, 1e6 * r) for r in job.ranks}
+    for s in range(steps):
+        if s not in lost_events:
+            actions += job.on_event(0, ev(s), now_s=float(s))
+        limit = job.desired_power_limit
+        assert limit is not None
+        ran_at.append(limit)
+        for r in job.ranks:
+            t, e = clocks[r]
+            if (r, s) not in lost_marks:
+                actions += job.on_mark(r, mark(s, t, e))
+            dt, de = _step_cost(limit)
+            clocks[r] = (t + dt, e + de)
+    return ran_at, actions
+
+
+def lost_window_job() -> PowerLimitJob:
+    # 300..100 W by 50 W; warm-up 1, window 4: windows [1,5) [6,10) [11,15) [16,20) [21,25).
+    return PowerLimitJob("j", options(warmup_steps=1, profile_steps=4, pl_step_w=50),
+                         ranks=[0, 1], min_power_limit_w=100, max_power_limit_w=300,
+                         mark_timeout_s=1e9)
+
+
+def test_a_window_whose_marks_an_agent_restart_lost_is_redone_at_the_next_step():
+    """Defect: rank 1's agent restarted during the 150 W and 100 W windows; their marks were
+    lost and the job trained on at 100 W for the whole 30 s timeout (a 320-step job spent its
+    last ~190 steps there and never chose). The restarted agent's next marks prove the loss:
+    the windows are redone at the next step, and the job chooses."""
+    job = lost_window_job()
+    ran_at, actions = run_job(job, 60, lost_marks={(1, s) for s in range(18, 24)})
+    assert job.done and job.gave_up is None
+    assert job.machine.optimal_power_limit == 250
+    assert job.progress()["redone"] == {"150": 1, "100": 1}
+    assert [m.power_limit for m in job.machine.measurements] == [300, 250, 200, 150, 100]
+    assert any("marks of rank(s) [1] were lost" in a.message and "profiling that limit again"
+               in a.message for a in actions if isinstance(a, StatusUpdate))
+    done_at = max(i for i, w in enumerate(ran_at) if w != 250) + 1
+    assert done_at <= 40  # two more windows (warm-up 1, 4 steps each) after step 25
+    assert ran_at[done_at:] == [250] * (60 - done_at)
+    # Its window and its redo (warm-up included), and the step whose marks recorded the redo.
+    assert ran_at.count(100) <= 2 * 5 + 1
+
+
+def test_a_window_a_broker_outage_cut_is_redone_at_the_next_step():
+    """Steps 14-16 reached the coordinator neither as events nor as marks (the bus was down):
+    window 200 W [11, 15) can never complete; the marks after the outage say so."""
+    job = lost_window_job()
+    gap = range(14, 17)
+    ran_at, actions = run_job(job, 60, lost_marks={(r, s) for r in (0, 1) for s in gap},
+                              lost_events=set(gap))
+    assert job.done and job.machine.optimal_power_limit == 250
+    assert job.progress()["redone"].get("200") == 1
+    assert ran_at[-15:] == [250] * 15
+
+
+def test_while_a_lost_window_is_awaited_the_gpus_run_at_the_maximum():
+    """Rank 1's agent is gone for good: nothing proves its marks lost, so the windows wait for
+    the timeout; meanwhile nothing is measured and the GPUs run at the maximum, not at 100 W."""
+    job = lost_window_job()
+    ran_at, _ = run_job(job, 40, lost_marks={(1, s) for s in range(18, 40)})
+    assert not job.done and job.waiting_for()
+    assert ran_at[20:26] == [100] * 6  # 100 W: warm-up, window [21, 25), its closing step
+    assert ran_at[26:] == [300] * 14
