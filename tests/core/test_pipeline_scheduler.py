@@ -265,3 +265,90 @@ def test_3d_wrapper_keeps_the_wrapped_constructor_signature() -> None:
     # Extra arguments are forwarded, positionally too.
     sched = Scripted3D(job(pp=2), grid(pp=2, dp=1, tp=1), None, 5)
     assert sched.rounds == 5
+
+
+# --- make_3d_parallel: broken rank lists and results are clear errors (Zeus raises or serves) --
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # Rank 2 left out: Zeus serves 3 schedules to a 4-rank job.
+        (lambda infos: [i for i in infos if i.rank != 2],
+         r"Scripted3D: rank\(s\) 2 missing \(the job has 4 ranks, 0 to 3\): no rank at "
+         r"pp_rank=0, dp_rank=1, tp_rank=0"),
+        # Rank 3 given twice (a re-registration, or a copy-paste): one of them replaces rank 2.
+        (lambda infos: [i for i in infos if i.rank != 2]
+         + [rank_info(3, pp=1, dp=1)],
+         "Scripted3D: rank 3 is registered twice"),
+        # Rank 2 numbered as if it were rank 3's position (misnumbered).
+        (lambda infos: [i if i.rank != 2 else rank_info(2, pp=1, dp=1) for i in infos],
+         "Scripted3D: ranks 2 and 3 are both at pp_rank=1, dp_rank=1, tp_rank=0 "
+         r"\(misnumbered\)"),
+        # Rank 4 in a 4-rank world.
+        (lambda infos: [i if i.rank != 3 else rank_info(4, pp=1, dp=1) for i in infos],
+         r"Scripted3D: rank 4 is beyond the world size 4 \(ranks are 0 to 3\)"),
+        # A stage, DP or TP rank beyond its degree.
+        (lambda infos: [i if i.rank != 3 else rank_info(3, pp=2, dp=1) for i in infos],
+         r"Scripted3D: rank 3 has pp_rank=2, beyond the job's pp_degree 2 \(0 to 1\)"),
+        (lambda infos: [i if i.rank != 3 else rank_info(3, pp=1, dp=2) for i in infos],
+         "Scripted3D: rank 3 has dp_rank=2, beyond the job's dp_degree 2"),
+        (lambda infos: [i if i.rank != 3 else rank_info(3, pp=1, dp=1, tp=1) for i in infos],
+         "Scripted3D: rank 3 has tp_rank=1, beyond the job's tp_degree 1"),
+    ],
+)
+def test_3d_broken_rank_lists_name_the_rank(change: Any, message: str) -> None:
+    infos = sorted(grid(pp=2, dp=2, tp=1), key=lambda i: i.rank)  # rank = 2 * dp + pp
+    with pytest.raises(SchedulerError, match=message):
+        Scripted3D(job(pp=2, dp=2, tp=1), change(infos), None)
+
+
+def breakdown_result(rank: int, time_keys: Sequence[str] = ("forward", "backward"),
+                     energy_keys: Sequence[str] = ("forward", "backward")) -> ProfilingResult:
+    return ProfilingResult(
+        rank=rank, iter_time=[1.0], iter_energy=[10.0],
+        time_breakdown={k: [[0.1]] for k in time_keys},
+        energy_breakdown={k: [[1.0]] for k in energy_keys},
+    )
+
+
+@pytest.mark.parametrize(
+    ("results", "message"),
+    [
+        ([], r"Scripted3D: no profiling results \(one per rank is needed, 4 ranks\)"),
+        ([breakdown_result(r) for r in (0, 1, 2, 3, 7)],
+         r"Scripted3D: a result from rank 7, which is not a rank of the job \(ranks 0 to 3\)"),
+        # Ranks 1 and 3 are stage 1 (grid: TP fastest, then PP, then DP).
+        ([breakdown_result(r) for r in (0, 2)],
+         r"Scripted3D: no result for stage 1 \(ranks 1, 3\)"),
+        ([breakdown_result(r) for r in (0, 1, 2)],
+         r"Scripted3D: no result from rank\(s\) 3 of stage 1"),
+        ([breakdown_result(r) for r in (0, 1, 2, 3, 1)],
+         r"Scripted3D: two results from rank 1 \(stage 1\)"),
+        ([*(breakdown_result(r) for r in (0, 1, 2)), breakdown_result(3, time_keys=["forward"])],
+         r"Scripted3D: the result of rank 3 \(stage 1\) has no time_breakdown for 'backward', "
+         r"which rank 1's has"),
+        ([breakdown_result(0, energy_keys=["forward"]), *(breakdown_result(r) for r in (1, 2, 3))],
+         r"Scripted3D: the result of rank 0 \(stage 0\) has no energy_breakdown for 'backward', "
+         r"which rank 2's has"),
+    ],
+)
+def test_3d_observe_refuses_bad_results_naming_the_rank_or_stage(
+    results: list[ProfilingResult], message: str
+) -> None:
+    sched = Scripted3D(job(pp=2, dp=2, tp=1), grid(pp=2, dp=2, tp=1), None, rounds=2)
+    first = sched.next_schedule()
+    with pytest.raises(SchedulerError, match=message):
+        sched.observe(results)
+    assert sched.received == []  # Nothing reached the wrapped scheduler ...
+    assert sched.next_schedule() == first  # ... which still serves the same schedules.
+
+
+def test_3d_results_without_breakdowns_are_aggregated() -> None:
+    # Zeus's ProfilingResult defaults the breakdowns to {}: a stage where all are empty is fine.
+    sched = Scripted3D(job(pp=2, dp=2, tp=1), grid(pp=2, dp=2, tp=1), None, rounds=2)
+    sched.next_schedule()
+    sched.observe([result(r, value=r + 1) for r in range(4)])
+    (stage_results,) = sched.received
+    assert [(r.rank, r.iter_time, r.time_breakdown) for r in stage_results] == [
+        (0, [3], {}), (1, [4], {})]
