@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     PositiveFloat,
     PositiveInt,
@@ -168,6 +169,10 @@ class ProfilingResult(BaseModel):
             instructions of iteration i (s).
         energy_breakdown: Same structure as `time_breakdown`, in J.
     """
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+    """inf, -inf and NaN as `Infinity`, `-Infinity`, `NaN` in JSON (as Python's `json` and Zeus's
+    pydantic v1 write them; the default `null` could not be read back as a float)."""
 
     rank: int = Field(ge=0)
     iter_time: list[float]
@@ -350,12 +355,12 @@ def _dump(path: Path, model: RootModel) -> None:
 
 
 def save_prof(data: list[ProfilingResult], directory: str, schedule_num: int) -> None:
-    """Save `ProfilingResult`s as `{directory}/{schedule_num}.prof.json`."""
+    """Save `ProfilingResult`s as `{directory}/{schedule_num}.prof.json` (inf: `Infinity`)."""
     _dump(Path(directory) / f"{schedule_num}.prof.json", _ProfilingResultList(data))
 
 
 def load_prof(directory: str, schedule_num: int) -> list[ProfilingResult]:
-    """Load what `save_prof` saved."""
+    """Load what `save_prof` (or Zeus's) saved; `Infinity`, `-Infinity` and `NaN` are read."""
     text = (Path(directory) / f"{schedule_num}.prof.json").read_text()
     return _ProfilingResultList.model_validate_json(text).root
 

@@ -1,3 +1,4 @@
+import json
 import re
 
 import pytest
@@ -120,3 +121,42 @@ def test_instruction_profiling_result_accepts_zeus_root_keyword():
     entry = _offline(0, 0)
     assert InstructionProfilingResult(__root__=[entry]) == InstructionProfilingResult([entry])
     assert InstructionProfilingResult.model_validate([entry.model_dump()]).root == [entry]
+
+
+def _with_non_finite():
+    inf, nan = float("inf"), float("nan")
+    return [
+        ProfilingResult(
+            rank=1,
+            iter_time=[1.0, inf],
+            iter_energy=[-inf, nan],
+            time_breakdown={"forward": [[0.5, inf]]},
+            energy_breakdown={"forward": [[nan, -inf]]},
+        )
+    ]
+
+
+def test_save_prof_writes_infinity_and_nan_as_python_json_does(tmp_path):
+    # Zeus (pydantic v1's .json(), i.e. Python's json) writes Infinity/-Infinity/NaN; null
+    # could be read back by neither Zeus's load_prof nor ours.
+    save_prof(_with_non_finite(), str(tmp_path), 0)
+    text = (tmp_path / "0.prof.json").read_text()
+    assert "null" not in text
+    assert "Infinity" in text and "-Infinity" in text and "NaN" in text
+    # Python's json (what Zeus's parse_file uses) reads it to the same values.
+    (data,) = json.loads(text)
+    assert repr(data["iter_time"]) == "[1.0, inf]"
+    assert repr(data["iter_energy"]) == "[-inf, nan]"
+    assert repr(data["time_breakdown"]) == "{'forward': [[0.5, inf]]}"
+    assert repr(data["energy_breakdown"]) == "{'forward': [[nan, -inf]]}"
+
+
+def test_load_prof_reads_back_infinity_and_nan_both_ways(tmp_path):
+    expected = repr(_with_non_finite())
+    save_prof(_with_non_finite(), str(tmp_path), 1)
+    assert repr(load_prof(str(tmp_path), 1)) == expected  # NaN != NaN: compare the reprs.
+    # A file as Zeus writes it (Python's json.dumps defaults, with spaces).
+    zeus_text = json.dumps([r.model_dump() for r in _with_non_finite()])
+    assert "Infinity" in zeus_text and "NaN" in zeus_text
+    (tmp_path / "2.prof.json").write_text(zeus_text)
+    assert repr(load_prof(str(tmp_path), 2)) == expected
