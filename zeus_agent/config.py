@@ -95,6 +95,22 @@ class AgentSettings(BaseSettings):
         description="How often a simulated GPU's energy counter advances (ms), as NVML's does "
         "on real GPUs (~100 ms); default: the preset's (100 ms); 0: continuous",
     )
+    sim_nvml_timing: Literal["h200", "none"] = Field(
+        "h200",
+        description="What a simulated GPU's NVML calls cost: 'h200' charges what they cost on "
+        "a real H200 (energy-counter read ~3 ms, p99 24 ms; power-limit read 146 us; other "
+        "getters 1-5 us; setters --sim-set-latency-ms), runs the counter read, power-limit read "
+        "and setters one at a time per GPU as the driver does, and jitters the energy counter's "
+        "100 ms updates as recorded; 'none' charges nothing (fast tests only)",
+    )
+    sim_set_latency_ms: float = Field(
+        1.0,
+        ge=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Cost of a simulated setter (lock clocks, set a power limit) under "
+        "--sim-nvml-timing h200 (ms): setters could not be timed on the real GPU",
+    )
     sim_state_dir: str = Field(
         "/tmp/zeus-sim", description="Directory of the simulated GPUs' shared state files"
     )
@@ -115,6 +131,14 @@ class AgentSettings(BaseSettings):
         allow_inf_nan=False,
         description="Lease of a setting whose command names none (s): every non-default "
         "setting is restored unless renewed within its lease",
+    )
+    observe_only: bool = Field(
+        default=False,
+        description="Never change a GPU's settings: no power limit, clock, reset or persistence "
+        "call, not at start, not for a command, not at shutdown. Sampling, windows, step and "
+        "instruction measurements, metrics and health work as usual; a command that would "
+        "change a setting gets the error code read_only. For measurement without privileges, "
+        "or on a GPU that is lent or shared",
     )
     reset_on_start: bool = Field(
         default=True,

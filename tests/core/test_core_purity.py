@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PURE_PATHS: tuple[str, ...] = (
     "zeus_agent/agent/core",
     "zeus_agent/gpu/sim/physics.py",
+    "zeus_agent/gpu/sim/state.py",
+    "zeus_agent/gpu/sim/timing.py",
+    "zeus_agent/gpu/sim/timing_h200.py",
     "zeus_agent/wire",
     "coordinator/power_limit",
     "coordinator/pipeline",

@@ -8,6 +8,8 @@ Pieces:
   profiles and generic workloads).
 * `device`: `SimGPU`, the `GPU` backend whose state lives in a shared file, `WorkResult` and
   `create_sim_gpus`.
+* `timing`: what NVML calls cost (`NvmlTiming`, `timing_preset`: "h200", the recorded H200;
+  "none", free), charged by a `SimGPU` handle opened with ``timing=``.
 * `calibration`: fits the model to `data/reference-profiles/` and reports its error
   (``python -m zeus_agent.gpu.sim.calibration``); imported on demand, as it needs scipy.
 """
@@ -23,16 +25,21 @@ from zeus_agent.gpu.sim.physics import (
     operating_point,
 )
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
+from zeus_agent.gpu.sim.timing import TIMING_PRESETS, CallKind, NvmlTiming, timing_preset
 
 __all__ = [
     "PRESETS",
+    "TIMING_PRESETS",
     "WORKLOADS",
+    "CallKind",
     "HardwareParams",
     "NoiseModel",
+    "NvmlTiming",
     "OperatingPoint",
     "SimGPU",
     "WorkResult",
     "WorkloadParams",
     "create_sim_gpus",
     "operating_point",
+    "timing_preset",
 ]

@@ -23,17 +23,27 @@ the new settings apply from the next `run_work`.
 The energy counter as read (`get_total_energy_j`, `read_telemetry`) is coarse, like NVML's: it
 advances every `energy_update_ms` (per device; the preset's `HardwareParams.energy_update_ms`,
 100 ms, unless `SimGPU.create` is given another; 0 = continuous) and shows the exact energy at
-the last update instant ``floor(now / period) * period`` of the device's clock. The state keeps
-the exact energy at the last update instant at or before its last fold, so the staircase is
-deterministic and telescopes: differences over long windows are exact to within one step.
+the last update instant ``floor(now / period) * period`` of the device's clock (with timing
+"h200": a per-device phase and the recorded per-update jitter, `zeus_agent.gpu.sim.state`). The
+state keeps the exact energy at the last update instant at or before its last fold, so the
+staircase is deterministic and telescopes: differences over long windows are exact to within
+one step.
+
+Call costs (`zeus_agent.gpu.sim.timing`): a handle opened with ``timing="h200"`` charges every
+NVML-like call what it cost on a real H200 (a counter read ~3 ms, taking its value at the
+call's midpoint; setters `set_latency_ms`) and serialises the counter read, the power-limit
+read and setters on a per-GPU lock (`zeus_agent.gpu.sim.driver`); it is then called like NVML
+(`calls_block` True). ``timing="none"`` (the default, for fast tests and the trainer's handle)
+charges nothing. `run_work`, `is_busy` and `get_locked_sm_clocks_mhz` are the simulation's own
+calls and never charge.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import json
 import os
 import random
@@ -42,17 +52,16 @@ import uuid as uuid_mod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from zeus_agent.errors import GPUNotSupportedError, GPUUnavailableError, GPUValueError
 from zeus_agent.gpu.base import GPU, Telemetry
+from zeus_agent.gpu.sim.driver import NO_CALL, SimDriver, driver_lock
 from zeus_agent.gpu.sim.physics import HardwareParams, NoiseModel, WorkloadParams, operating_point
 from zeus_agent.gpu.sim.presets import PRESETS
+from zeus_agent.gpu.sim.state import STATE_VERSION, DeviceState
+from zeus_agent.gpu.sim.timing import CallKind, NvmlTiming, timing_preset
 
 __all__ = ["STATE_VERSION", "SimGPU", "WorkResult", "create_sim_gpus"]
-
-STATE_VERSION = 2
-"""Version of the device file's layout (2: the coarse energy counter; 1 is still read)."""
 
 _NS = 1_000_000_000
 
@@ -72,131 +81,14 @@ class WorkResult:
     sm_clock_mhz: int
 
 
-@dataclass(slots=True)
-class _State:
-    """Contents of one device file (mutable working copy)."""
-
-    index: int
-    uuid: str
-    hardware: HardwareParams
-    has_energy_counter: bool
-    seed: int | None
-    energy_factor: float
-    power_limit_w: int
-    locked_min_mhz: int | None
-    locked_max_mhz: int | None
-    persistence_mode: bool
-    energy_j: float
-    updated_ns: int
-    busy_until_ns: int
-    busy_power_w: float
-    busy_clock_mhz: int
-    work_count: int
-    energy_update_ns: int
-    counter_ns: int
-    counter_j: float
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the JSON-ready form."""
-        data = {name: getattr(self, name) for name in _STATE_FIELDS}
-        data["hardware"] = _hardware_json(self.hardware)
-        data["version"] = STATE_VERSION
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], hardware: HardwareParams | None = None) -> _State:
-        """Rebuild from the JSON form (`hardware`: the already known model, to skip parsing it)."""
-        if data.get("version") == 1:  # before the coarse counter: a continuous one
-            data = {
-                **data,
-                "energy_update_ns": 0,
-                "counter_ns": data["updated_ns"],
-                "counter_j": data["energy_j"],
-            }
-        elif data.get("version") != STATE_VERSION:
-            raise GPUUnavailableError(
-                f"simulated GPU state has version {data.get('version')!r}, expected "
-                f"{STATE_VERSION}; recreate it with SimGPU.create"
-            )
-        values = {k: v for k, v in data.items() if k in _STATE_FIELDS}
-        values["hardware"] = hardware or _hardware_from_json(data["hardware"])
-        return cls(**values)
-
-    def energy_at(self, now_ns: int) -> float:
-        """Return the energy counter at `now_ns` (J), without changing the state."""
-        elapsed = now_ns - self.updated_ns
-        if elapsed <= 0:
-            return self.energy_j
-        busy = max(0, min(now_ns, self.busy_until_ns) - self.updated_ns)
-        idle = elapsed - busy
-        idle_w = self.hardware.idle_power_w * self.energy_factor
-        return self.energy_j + (self.busy_power_w * busy + idle_w * idle) / _NS
-
-    def update_instant(self, now_ns: int) -> int:
-        """Return the counter's last update instant at or before `now_ns` (ns)."""
-        period = self.energy_update_ns
-        return now_ns if period <= 0 else now_ns - now_ns % period
-
-    def counter_at(self, now_ns: int) -> float:
-        """Return the energy counter as read at `now_ns` (J).
-
-        The exact energy at the last update instant (`update_instant`), or at `now_ns` for a
-        continuous counter.
-        """
-        instant = self.update_instant(now_ns)
-        if instant > self.updated_ns:
-            return self.energy_at(instant)
-        if instant == self.updated_ns:
-            return self.energy_j
-        # The instant precedes the last fold: it is the one the fold recorded (or, for a read
-        # from a clock behind the file's, an earlier one; the recorded value never goes back).
-        return self.counter_j
-
-    def fold(self, now_ns: int) -> None:
-        """Accrue energy up to `now_ns`, record the last counter update, drop finished work."""
-        if now_ns > self.updated_ns:
-            instant = self.update_instant(now_ns)
-            if instant > self.counter_ns:
-                self.counter_j = self.energy_at(instant)
-                self.counter_ns = instant
-            self.energy_j = self.energy_at(now_ns)
-            self.updated_ns = now_ns
-        if self.busy_until_ns <= self.updated_ns:
-            self.busy_until_ns = 0
-            self.busy_power_w = 0.0
-
-
-_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(_State))
-
-
-@functools.lru_cache(maxsize=32)
-def _hardware_json(hw: HardwareParams) -> dict[str, Any]:
-    """The JSON form of a hardware model, computed once (it never changes; setters are hot)."""
-    return dataclasses.asdict(hw)
-
-
-def _hardware_from_json(data: dict[str, Any]) -> HardwareParams:
-    """Rebuild a hardware model, reusing the previous one when the file holds the same."""
-    key = json.dumps(data)
-    cached = _HARDWARE_BY_JSON.get(key)
-    if cached is None:
-        hw = dict(data)
-        hw["supported_sm_clocks_mhz"] = tuple(hw["supported_sm_clocks_mhz"])
-        hw["supported_memory_clocks_mhz"] = tuple(hw["supported_memory_clocks_mhz"])
-        cached = _HARDWARE_BY_JSON[key] = HardwareParams(**hw)
-    return cached
-
-
-_HARDWARE_BY_JSON: dict[str, HardwareParams] = {}
-
-
 class SimGPU(GPU):
     """A simulated GPU backed by a shared state file.
 
     Attributes:
         index: Index of the GPU on its (simulated) node.
-        calls_block: False: every call takes microseconds, so async callers may call it on the
-            event loop.
+        calls_block: False without call costs (timing "none"): every call takes microseconds,
+            so async callers may call it on the event loop. True with costs: called like NVML,
+            through the per-GPU executor.
     """
 
     calls_block = False
@@ -207,6 +99,9 @@ class SimGPU(GPU):
         index: int,
         *,
         clock: Callable[[], int] = time.monotonic_ns,
+        timing: str | NvmlTiming = "none",
+        set_latency_ms: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """Attach to an existing device file; prefer `SimGPU.open` or `SimGPU.create`.
 
@@ -214,6 +109,12 @@ class SimGPU(GPU):
             state_dir: Directory of the device files.
             index: Index of the GPU.
             clock: Monotonic clock in nanoseconds (injectable for tests).
+            timing: What this handle's calls cost: "h200", "none" or a model.
+            set_latency_ms: Cost of a setter (ms; default 1 ms under "h200").
+            sleep: Sleeps seconds; charged calls wait with it (injectable for tests).
+
+        Raises:
+            GPUValueError: For an unknown timing name or a negative setter cost.
         """
         self.index = index
         self._dir = Path(state_dir)
@@ -222,6 +123,14 @@ class SimGPU(GPU):
         self._lock_path = self._dir / f"gpu{index}.lock"
         # Static facts never change after creation: read them once.
         self._static = self._read()
+        self._attach_driver(_resolve_timing(timing, set_latency_ms), sleep)
+
+    def _attach_driver(self, timing: NvmlTiming, sleep: Callable[[float], None]) -> None:
+        """Give this handle its cost model and the GPU's driver lock."""
+        rng = random.Random(f"nvml:{self._static.uuid}")
+        lock = driver_lock(self._dir, self.index)
+        self._driver = SimDriver(timing, lock, rng, self._clock, sleep)
+        self.calls_block = timing.charges
 
     # Construction.
     @classmethod
@@ -236,6 +145,9 @@ class SimGPU(GPU):
         *,
         energy_update_ms: float | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
+        timing: str | NvmlTiming = "none",
+        set_latency_ms: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> SimGPU:
         """Create (or overwrite) a device file and return the device.
 
@@ -250,13 +162,20 @@ class SimGPU(GPU):
             energy_update_ms: Period of the energy counter's updates (ms; 0 = continuous);
                 None takes the preset's `HardwareParams.energy_update_ms` (100 ms).
             clock: Monotonic clock in nanoseconds (injectable for tests).
+            timing: What the returned handle's calls cost ("h200", "none" or a model); a
+                model whose counter jitters ("h200") also makes this device's counter update
+                at jittered instants, for every process that opens it.
+            set_latency_ms: Cost of a setter (ms; default 1 ms under "h200").
+            sleep: Sleeps seconds; charged calls wait with it (injectable for tests).
 
         Returns:
             The device.
 
         Raises:
-            GPUValueError: When the preset name is unknown or `energy_update_ms` is negative.
+            GPUValueError: When the preset or timing name is unknown, `energy_update_ms` or
+                `set_latency_ms` is negative.
         """
+        model = _resolve_timing(timing, set_latency_ms)
         if isinstance(preset, HardwareParams):
             hw = preset
         else:
@@ -280,7 +199,7 @@ class SimGPU(GPU):
         if seed is not None:
             factor = NoiseModel().device_energy_factor(random.Random(f"spread:{seed}:{index}"))
         now = clock()
-        state = _State(
+        state = DeviceState(
             index=index,
             uuid=uuid,
             hardware=hw,
@@ -298,9 +217,11 @@ class SimGPU(GPU):
             busy_clock_mhz=hw.min_sm_clock_mhz,
             work_count=0,
             energy_update_ns=period_ns,
-            counter_ns=now - now % period_ns if period_ns > 0 else now,
+            counter_ns=now,
             counter_j=0.0,
+            counter_jitter=model.counter.name if model.counter is not None else "",
         )
+        state.counter_ns = state.update_instant(now)
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         gpu = cls.__new__(cls)
@@ -312,26 +233,44 @@ class SimGPU(GPU):
         with gpu._locked():
             gpu._write(state)
         gpu._static = state
+        gpu._attach_driver(model, sleep)
         return gpu
 
     @classmethod
     def open(
-        cls, state_dir: str | Path, index: int, *, clock: Callable[[], int] = time.monotonic_ns
+        cls,
+        state_dir: str | Path,
+        index: int,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        timing: str | NvmlTiming = "none",
+        set_latency_ms: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> SimGPU:
         """Attach to a device file written by `create` (possibly in another process).
+
+        The counter's update instants are the file's (its creator's timing); `timing` sets
+        only what this handle's calls cost.
 
         Args:
             state_dir: Directory of the device files.
             index: Index of the GPU.
             clock: Monotonic clock in nanoseconds (injectable for tests).
+            timing: What this handle's calls cost: "h200", "none" (default) or a model.
+            set_latency_ms: Cost of a setter (ms; default 1 ms under "h200").
+            sleep: Sleeps seconds; charged calls wait with it (injectable for tests).
 
         Returns:
             The device.
 
         Raises:
             GPUUnavailableError: When the file is missing or unreadable.
+            GPUValueError: For an unknown timing name or a negative setter cost.
         """
-        return cls(state_dir, index, clock=clock)
+        return cls(
+            state_dir, index, clock=clock, timing=timing, set_latency_ms=set_latency_ms,
+            sleep=sleep,
+        )
 
     # File access.
     @contextlib.contextmanager
@@ -345,7 +284,7 @@ class SimGPU(GPU):
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
-    def _read(self, lock: bool = True) -> _State:
+    def _read(self, lock: bool = True) -> DeviceState:
         """Read the device file, under a shared lock unless the caller holds the exclusive one.
 
         Writers rewrite the file in place, so an unlocked read could see half a write.
@@ -367,9 +306,9 @@ class SimGPU(GPU):
                 f"SimGPU.create"
             ) from exc
         static = getattr(self, "_static", None)  # hardware never changes after `create`
-        return _State.from_json(data, static.hardware if static is not None else None)
+        return DeviceState.from_json(data, static.hardware if static is not None else None)
 
-    def _write(self, state: _State) -> None:
+    def _write(self, state: DeviceState) -> None:
         """Rewrite the device file in place; call with the exclusive lock held.
 
         In place rather than write-and-rename: a rename costs hundreds of microseconds on some
@@ -384,7 +323,7 @@ class SimGPU(GPU):
             os.close(fd)
 
     @contextlib.contextmanager
-    def _update(self) -> Iterator[_State]:
+    def _update(self) -> Iterator[DeviceState]:
         """Lock, read, fold energy up to now, yield the state for changes, write it back."""
         with self._locked():
             state = self._read(lock=False)
@@ -457,7 +396,8 @@ class SimGPU(GPU):
     # Power limit.
     def get_power_limit_w(self) -> int:
         """Return the current power limit. Units: W."""
-        return self._read().power_limit_w
+        with self._driver.call(CallKind.POWER_LIMIT):
+            return self._read().power_limit_w
 
     def set_power_limit_w(self, power_limit_w: int) -> None:
         """Set the power limit. Units: W.
@@ -476,12 +416,12 @@ class SimGPU(GPU):
                 f"{self._describe()}: power limit {power_limit_w} W is outside the allowed range "
                 f"{lo}-{hi} W; pick a value within it"
             )
-        with self._update() as state:
+        with self._driver.call(CallKind.SET), self._update() as state:
             state.power_limit_w = power_limit_w
 
     def reset_power_limit(self) -> None:
         """Restore the default power limit."""
-        with self._update() as state:
+        with self._driver.call(CallKind.SET), self._update() as state:
             state.power_limit_w = state.hardware.default_power_limit_w
 
     # Clocks.
@@ -505,13 +445,13 @@ class SimGPU(GPU):
                 f"{self._describe()}: minimum SM clock {min_clock_mhz} MHz exceeds the maximum "
                 f"{max_clock_mhz} MHz; swap them"
             )
-        with self._update() as state:
+        with self._driver.call(CallKind.SET), self._update() as state:
             state.locked_min_mhz = min_clock_mhz
             state.locked_max_mhz = max_clock_mhz
 
     def reset_sm_clocks(self) -> None:
         """Undo `lock_sm_clocks_mhz`."""
-        with self._update() as state:
+        with self._driver.call(CallKind.SET), self._update() as state:
             state.locked_min_mhz = None
             state.locked_max_mhz = None
 
@@ -527,14 +467,16 @@ class SimGPU(GPU):
 
         Units: MHz.
         """
-        state = self._read()
-        if state.busy_until_ns > self._clock():
-            return state.busy_clock_mhz
-        return state.locked_min_mhz or state.hardware.min_sm_clock_mhz
+        with self._driver.call(CallKind.SM_CLOCK):
+            state = self._read()
+            if state.busy_until_ns > self._clock():
+                return state.busy_clock_mhz
+            return state.locked_min_mhz or state.hardware.min_sm_clock_mhz
 
     def get_memory_clock_mhz(self) -> int:
         """Return the current memory clock (the highest supported). Units: MHz."""
-        return self._static.hardware.supported_memory_clocks_mhz[0]
+        with self._driver.call(CallKind.MEM_CLOCK):
+            return self._static.hardware.supported_memory_clocks_mhz[0]
 
     # Energy and power.
     def get_total_energy_j(self) -> float:
@@ -548,13 +490,16 @@ class SimGPU(GPU):
                 f"{self._describe()} has no energy counter (emulating a pre-Volta GPU); "
                 f"integrate get_power_w over time instead"
             )
-        return self._read().counter_at(self._clock())
+        with self._driver.call(CallKind.ENERGY) as call:
+            call.midpoint()  # the value is the counter's at the middle of the call
+            return self._read().counter_at(self._clock())
 
     def get_power_w(self) -> float:
         """Return the current power draw, with +-1% noise when the device has a seed. Units: W."""
-        return self._power_w(self._read(), self._clock())
+        with self._driver.call(CallKind.POWER):
+            return self._power_w(self._read(), self._clock())
 
-    def _power_w(self, state: _State, now: int) -> float:
+    def _power_w(self, state: DeviceState, now: int) -> float:
         if state.busy_until_ns > now:
             power = state.busy_power_w
         else:
@@ -565,9 +510,20 @@ class SimGPU(GPU):
         return power
 
     def read_telemetry(self) -> Telemetry:
-        """Everything an agent samples, from one read of the device file."""
-        state = self._read()
-        now = self._clock()
+        """Everything an agent samples, from one read of the device file.
+
+        With call costs, it costs what NVML's five getters cost one after the other (counter,
+        power, power limit, SM and memory clocks); the file is read at the counter read's
+        midpoint.
+        """
+        counter = self._static.has_energy_counter
+        with self._driver.call(CallKind.ENERGY) if counter else NO_CALL as call:
+            call.midpoint()
+            state = self._read()
+            now = self._clock()
+        for kind in _TELEMETRY_REST:
+            with self._driver.call(kind):
+                pass
         busy = state.busy_until_ns > now
         return Telemetry(
             energy_j=state.counter_at(now) if self._static.has_energy_counter else None,
@@ -581,7 +537,19 @@ class SimGPU(GPU):
 
     def get_instant_power_w(self) -> float:
         """Return the instantaneous power draw (same as `get_power_w` here). Units: W."""
-        return self.get_power_w()
+        with self._driver.call(CallKind.POWER_INSTANT):
+            return self._power_w(self._read(), self._clock())
+
+    # What the calls cost.
+    @property
+    def timing(self) -> NvmlTiming:
+        """This handle's call-cost model (ask it e.g. ``p99_s(CallKind.ENERGY)``)."""
+        return self._driver.timing
+
+    @property
+    def call_counts(self) -> collections.Counter[CallKind]:
+        """NVML-like calls made through this handle so far, by kind."""
+        return self._driver.counts
 
     def is_busy(self) -> bool:
         """Return whether work submitted by `run_work` is still running."""
@@ -590,11 +558,12 @@ class SimGPU(GPU):
     # Persistence mode.
     def get_persistence_mode(self) -> bool:
         """Return whether persistence mode is on."""
-        return self._read().persistence_mode
+        with self._driver.call(CallKind.OTHER):
+            return self._read().persistence_mode
 
     def set_persistence_mode(self, enabled: bool) -> None:
         """Turn persistence mode on or off."""
-        with self._update() as state:
+        with self._driver.call(CallKind.SET), self._update() as state:
             state.persistence_mode = bool(enabled)
 
     # Trainer side.
@@ -656,6 +625,26 @@ class SimGPU(GPU):
         return WorkResult(
             duration_s=duration_s, energy_j=energy_j, sm_clock_mhz=round(point.sm_clock_mhz)
         )
+
+
+_TELEMETRY_REST = (CallKind.POWER, CallKind.POWER_LIMIT, CallKind.SM_CLOCK, CallKind.MEM_CLOCK)
+"""The getters `read_telemetry` charges after the counter read."""
+
+
+def _resolve_timing(timing: str | NvmlTiming, set_latency_ms: float | None) -> NvmlTiming:
+    """The cost model a `timing` argument names; `set_latency_ms` overrides its setter cost."""
+    if isinstance(timing, NvmlTiming):
+        if set_latency_ms is None or timing.name == "none":
+            return timing
+        if not set_latency_ms >= 0:
+            raise GPUValueError(f"set_latency_ms must be >= 0, got {set_latency_ms!r}")
+        return dataclasses.replace(timing, set_latency_s=set_latency_ms / 1e3)
+    try:
+        if set_latency_ms is None:
+            return timing_preset(timing)
+        return timing_preset(timing, set_latency_ms)
+    except ValueError as e:
+        raise GPUValueError(f"simulated NVML timing: {e}") from None
 
 
 def create_sim_gpus(
