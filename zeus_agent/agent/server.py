@@ -68,11 +68,14 @@ def open_gpus(settings: AgentSettings) -> list[GPU]:
         from zeus_agent.gpu.sim import SimGPU
 
         indices = settings.gpus if settings.gpus is not None else list(range(settings.sim_count))
-        if settings.sim_attach:
-            return [SimGPU.open(settings.sim_state_dir, i) for i in indices]
+        timing, set_ms = settings.sim_nvml_timing, settings.sim_set_latency_ms
+        if settings.sim_attach:  # the counter's update model is the file's creator's
+            return [SimGPU.open(settings.sim_state_dir, i, timing=timing, set_latency_ms=set_ms)
+                    for i in indices]
         return [
             SimGPU.create(settings.sim_state_dir, i, preset=settings.sim_preset,
-                          energy_update_ms=settings.sim_energy_update_ms)
+                          energy_update_ms=settings.sim_energy_update_ms, timing=timing,
+                          set_latency_ms=set_ms)
             for i in indices
         ]
     from zeus_agent.gpu.nvml import nvml_gpus
