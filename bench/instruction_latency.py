@@ -36,7 +36,12 @@ scheduling attributes of the thread that forks it).
 The JSON line says which methods ran (`priority_methods`) and gives the latencies of each
 (`contended_busy_call`: `normal` and one entry per method).
 
+The simulated GPU charges NVML's costs (`--nvml-timing h200`, the default: a counter read
+~3 ms, serialised with setters; setters `--set-latency-ms`, 1 ms), so the agent calls it
+through its per-GPU executor as it calls NVML; `--nvml-timing none` is the untimed simulator.
+
     python bench/instruction_latency.py [--steps 150] [--gap-us 1000] [--contend 2 --rounds 3]
+        [--nvml-timing h200|none] [--set-latency-ms 1.0]
 """
 
 from __future__ import annotations
@@ -287,7 +292,13 @@ class Bench:
 
 
 async def run(
-    steps: int, gap_us: int, contend: int = 0, rounds: int = 3, methods: tuple[str, ...] = ()
+    steps: int,
+    gap_us: int,
+    contend: int = 0,
+    rounds: int = 3,
+    methods: tuple[str, ...] = (),
+    timing: str = "h200",
+    set_latency_ms: float = 1.0,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
     """Run the agent here and trainer processes; return (quiet, contended) latencies (us)."""
     from zeus_agent.broker import EmbeddedNats, connect
@@ -304,8 +315,12 @@ async def run(
             sim_state_dir=str(tmp / "sim"),
             socket_path=str(tmp / "agent.sock"),
             log_level="WARNING",
+            sim_nvml_timing=timing,
+            sim_set_latency_ms=set_latency_ms,
         )
-        gpu = StampedSimGPU.create(settings.sim_state_dir, 0)
+        gpu = StampedSimGPU.create(
+            settings.sim_state_dir, 0, timing=timing, set_latency_ms=set_latency_ms
+        )
         assert isinstance(gpu, StampedSimGPU)
         gpu.applied = []
         agent = AgentServer(settings, gpus=[gpu])
@@ -363,6 +378,15 @@ def main() -> None:
         help="how the agent's priority is raised, repeatable (default: auto: nice and rr when "
         "permitted, else others; see the module docstring)",
     )  # fmt: skip
+    parser.add_argument(
+        "--nvml-timing", choices=["h200", "none"], default="h200",
+        help="what the simulated GPU's NVML calls cost (default: %(default)s, the recorded "
+        "H200; none: the untimed simulator)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--set-latency-ms", type=float, default=1.0,
+        help="cost of a clock or power-limit change under h200 (ms; default: %(default)s)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.contend < 0 or args.rounds < 1:
         parser.error("--contend must be >= 0 and --rounds >= 1")
@@ -383,8 +407,11 @@ def main() -> None:
 
     load_before = os.getloadavg()
     results, contended = uvloop.run(
-        run(args.steps, args.gap_us, args.contend, args.rounds, tuple(methods))
-    )
+        run(
+            args.steps, args.gap_us, args.contend, args.rounds, tuple(methods),
+            args.nvml_timing, args.set_latency_ms,
+        )
+    )  # fmt: skip
     print(f"{'instruction_begin -> applied (us)':36s} {'p50':>7s} {'p99':>7s} {'max':>8s}")
     out: dict[str, float] = {}
     ok = True
@@ -420,6 +447,8 @@ def main() -> None:
             print(f"({m}: {RAISE_METHODS[m]})")
     result = {
         "bench": "instruction_latency",
+        "nvml_timing": args.nvml_timing,
+        "set_latency_ms": args.set_latency_ms,
         "p50_us": max(out["sleep_call_p50_us"], out["busy_call_p50_us"]),
         "p99_us": max(out["sleep_call_p99_us"], out["busy_call_p99_us"]),
         **out,
