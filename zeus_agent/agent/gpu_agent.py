@@ -29,6 +29,7 @@ from zeus_agent.agent.core import (
     LimitHistory,
     RankMeter,
     ScheduleCursor,
+    Throttle,
 )
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.core.meter import Gap, Interval
@@ -71,6 +72,12 @@ SM_CLOCKS = "sm_clocks"
 SCHEDULE = "schedule"
 MAX_DEPARTED = 64
 """Jobs remembered per GPU as 'its trainer left' (their settings are refused)."""
+FLOOD_REPORTS_PER_S = 2.0
+"""Schedule mismatches (and measurement gaps) reported, i.e. logged and published, per second
+after the first `FLOOD_BURST`; the others are counted and reported with the next one (a changed
+pipeline shape mismatches every instruction: 20,000 warnings and events in 1.5 s unthrottled)."""
+FLOOD_BURST = 3
+_FLOODS = {"mismatches": "schedule mismatch(es)", "gaps": "measurement gap(s)"}
 
 _EVENT_NAMES = {
     Kind.EPOCH_BEGIN: "epoch_begin",
@@ -160,6 +167,9 @@ class GpuAgent:
         self.last_sample: Sample | None = None
         self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0,
                          "refused": 0}
+        self._throttles: dict[str, Throttle] = {}
+        """Counter ("mismatches", "gaps") -> the throttle of its reports (per bound rank)."""
+        self._summaries: dict[str, asyncio.Future[None]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, reset: bool = True) -> GPUInfo:
@@ -512,6 +522,7 @@ class GpuAgent:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.meter = RankMeter()
+            self._throttles = {}
         self._departed.pop(job_id, None)
         self.binding = Binding(job_id, rank, pid, uid, join_digest)
 
@@ -550,22 +561,51 @@ class GpuAgent:
                 return
             step = self.cursor.on_instruction_begin(ev.name)
             if step.error is not None:
-                self.counters["mismatches"] += 1
-                self._spawn(
-                    self.error_event(
-                        "schedule_mismatch",
-                        step.error,
-                        detail={"instruction": ev.name, "index": ev.a},
-                    )
-                )
+                self._report("mismatches", "schedule_mismatch", step.error,
+                             {"instruction": ev.name, "index": ev.a})
             if step.frequency_mhz is not None:
                 self._apply_frequency(step.frequency_mhz)
         elif ev.kind is Kind.STEP_END and self.cursor.installed:
             error = self.cursor.on_step_end()
             if error is not None:
-                self.counters["mismatches"] += 1
-                self._spawn(self.error_event("schedule_mismatch", error))
+                self._report("mismatches", "schedule_mismatch", error, {})
         self._event_queue.put_nowait((ev, self.schedule_version))
+
+    def _report(self, counter: str, code: str, message: str, detail: dict[str, object]) -> None:
+        """Count one of a flood-prone kind (`_FLOODS`); report it unless throttled.
+
+        A report carries how many were held back before it (`suppressed`); those held back
+        after the last report go out in one summary once the throttle allows.
+        """
+        self.counters[counter] += 1
+        throttle = self._throttles.setdefault(counter, Throttle(FLOOD_REPORTS_PER_S, FLOOD_BURST))
+        held = throttle.hit(time.monotonic())
+        if held is None:
+            summary = self._summaries.get(counter)
+            if summary is None or summary.done():
+                self._summaries[counter] = self._spawn(
+                    self._summarise(counter, code, throttle, self.binding))
+            return
+        if held:
+            message = f"{message} ({held} more {_FLOODS[counter]} not reported before it)"
+            detail = {**detail, "suppressed": held}
+        self._spawn(self.error_event(code, message, detail=detail))
+
+    async def _summarise(
+        self, counter: str, code: str, throttle: Throttle, binding: Binding | None
+    ) -> None:
+        """Report what a throttle held back once it allows (a flood may just have ended)."""
+        while throttle.held:
+            await asyncio.sleep(throttle.wait_s(time.monotonic()) + 0.01)
+            held = throttle.flush(time.monotonic())
+            if held:
+                await self.error_event(
+                    code,
+                    f"{held} more {_FLOODS[counter]} since the last one reported "
+                    f"({throttle.seen} in all for this rank on GPU {self.index})",
+                    detail={"suppressed": held},
+                    binding=binding,
+                )
 
     async def _expire_now(self) -> None:
         if self._expiring:
@@ -669,8 +709,7 @@ class GpuAgent:
             records = self.meter.instruction_end(ev.name, ev.a, ev.t_ns)
         for rec in records:
             if isinstance(rec, Gap):
-                self.counters["gaps"] += 1
-                self._spawn(self.error_event(f"gap_{rec.reason}", rec.message))
+                self._report("gaps", f"gap_{rec.reason}", rec.message, {})
             elif isinstance(rec, Interval) and rec.kind in ("step", "instruction"):
                 try:
                     energy_j = self.ring.energy_between(rec.t0_ns, rec.t1_ns)
@@ -703,7 +742,8 @@ class GpuAgent:
 
     # ------------------------------------------------------------------ publishing
     async def error_event(
-        self, code: str, message: str, detail: dict | None = None, binding: Binding | None = None
+        self, code: str, message: str, detail: dict | None = None, binding: Binding | None = None,
+        log_level: int = logging.WARNING,
     ) -> None:
         """Publish an error event about this GPU (and its bound rank, or `binding`'s)."""
         b = binding or self.binding
@@ -715,7 +755,7 @@ class GpuAgent:
             rank=b.rank if b else None,
             detail=detail or {},
         )
-        LOG.warning("GPU %d: %s: %s", self.index, code, message)
+        LOG.log(log_level, "GPU %d: %s: %s", self.index, code, message)
         await self._publish(
             subjects.gpu_errors(self.node, self.index, self.prefix), codec.encode(event)
         )

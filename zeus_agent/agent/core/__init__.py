@@ -9,6 +9,8 @@
 * `schedule`: `ScheduleCursor` and `ScheduleStep`, the execution of a rank's frequency schedule.
 * `meter`: `RankMeter` (steps, epochs, instructions -> `Interval`s and `Gap`s) and
   `WindowStack` (nested profiling windows).
+* `throttle`: `Throttle`, which reports a flood of like events (schedule mismatches) as a few,
+  each with the number held back before it.
 """
 
 from zeus_agent.agent.core.energy_ring import (
@@ -35,6 +37,7 @@ from zeus_agent.agent.core.meter import (
     WindowStack,
 )
 from zeus_agent.agent.core.schedule import ScheduleCursor, ScheduleStep
+from zeus_agent.agent.core.throttle import Throttle
 
 __all__ = [
     "DEFAULT_MAX_EXTRAPOLATION_NS",
@@ -53,6 +56,7 @@ __all__ = [
     "RankMeter",
     "ScheduleCursor",
     "ScheduleStep",
+    "Throttle",
     "WindowOutOfRange",
     "WindowStack",
     "check_ttl",

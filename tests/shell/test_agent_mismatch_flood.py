@@ -1,0 +1,78 @@
+"""A flood of schedule mismatches over a real nats-server: counted exactly, reported a few times.
+
+Before the throttle, every mismatched instruction was one WARNING line and one error event
+(20,000 in an iteration: 4.5 MB of log and 19,394 events in 1.5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from tests.shell.agent_kit import Inbox, RawTrainer, command, running_agent, wait_for
+from zeus_agent.agent.gpu_agent import FLOOD_BURST, FLOOD_REPORTS_PER_S
+from zeus_agent.models import FrequencySchedule
+from zeus_agent.wire import subjects
+from zeus_agent.wire import trainer as dg
+from zeus_agent.wire.messages import ErrorEvent, InstallScheduleCmd
+
+FLOOD = 2_000
+
+
+async def _send(trainer: RawTrainer, kind: dg.Kind, a: int, b: int, name: str) -> None:
+    """One event, waiting while the agent's socket queue is full (Linux queues 10 datagrams)."""
+    while True:
+        try:
+            trainer.event(kind, a, b, name)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(0.001)
+
+
+async def test_a_mismatch_flood_is_counted_exactly_and_reported_a_few_times_a_second(
+    nats_server, nc, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Instructions that match no schedule pair: each is counted, a few a second are logged and
+    published, and every one is in a report (its own, or the `suppressed` count of a later one,
+    the last ones in the summary sent once the flood is over)."""
+    caplog.set_level(logging.WARNING, logger="zeus_agent.agent.gpu_agent")
+    async with running_agent(nats_server.url) as agent:
+        node = agent.settings.node
+        errors = await Inbox.open(nc, subjects.gpu_errors(node, 0))
+        schedule = FrequencySchedule(rank=0, frequencies=[("forward", 1740)])
+        cmd = InstallScheduleCmd(job_id="jobF", schedule=schedule, holder="coord", lease_s=30)
+        assert (await command(nc, node, 0, cmd)).ok
+        trainer = RawTrainer(agent.settings.socket_path)
+        try:
+            assert (await trainer.hello("jobF", rank=0, gpu_index=0)).ok
+            started = time.monotonic()
+            await _send(trainer, dg.Kind.STEP_BEGIN, 0, 0, "")
+            for i in range(FLOOD):  # The schedule has one pair: every instruction mismatches.
+                await _send(trainer, dg.Kind.INSTRUCTION_BEGIN, i, 0, "backward")
+                await _send(trainer, dg.Kind.INSTRUCTION_END, i, 0, "backward")
+            gpu = agent.agents[0]
+            await wait_for(lambda: gpu.counters["mismatches"] == FLOOD, 20, "all counted")
+            flood_s = time.monotonic() - started
+            events: list[ErrorEvent] = []
+            accounted = 0
+            while accounted < FLOOD:
+                event = await errors.next(ErrorEvent, timeout_s=5)
+                assert (event.code, event.job_id, event.rank) == ("schedule_mismatch", "jobF", 0)
+                events.append(event)
+                held = event.detail.get("suppressed", 0)
+                summary = "since the last one reported" in event.message
+                accounted += held + (0 if summary else 1)
+                if held:
+                    assert f"{held} more schedule mismatch(es)" in event.message
+            assert accounted == FLOOD
+            # The burst, then a few per second (and the summary): not one per mismatch.
+            assert len(events) <= FLOOD_BURST + FLOOD_REPORTS_PER_S * flood_s + 2, flood_s
+            assert events[0].detail == {"instruction": "backward", "index": 0}
+            logged = [r for r in caplog.records if "schedule_mismatch" in r.getMessage()]
+            assert len(logged) == len(events)
+            assert gpu.counters["gaps"] == 0
+        finally:
+            trainer.close()
