@@ -9,12 +9,22 @@ Zeus 0.16 `eval()`s that file. Here it is parsed, never executed: JSON with `jso
 Python with `ast`, refusing any file whose syntax tree holds anything but literals (calls, names,
 attribute access, comprehensions, lambdas, operators, f-strings, imports, statements...); only
 then is `ast.literal_eval` applied to it.
+
+Clocks are read as Zeus's pydantic model reads them: `1410`, `1410.0` (pandas writes floats) and
+`"1410"` are all 1410 MHz; only what cannot be a clock is refused (not a number, not positive,
+beyond NVML's 32 bits).
+A clock the rank's GPU does not list (a plan made on another GPU model) runs at the nearest one it
+does, a tie going to the higher clock (never slower than planned where a choice exists); one
+warning per plan names every substitution.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
 import json
+import logging
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,14 +50,19 @@ __all__ = [
     "PointSolution",
     "PointSolution3D",
     "load_plan",
+    "nearest_clock",
 ]
+
+logger = logging.getLogger(__name__)
 
 MAX_PLAN_BYTES = 64 * 1024 * 1024
 """Largest plan file read (64 MiB)."""
 MAX_FREQUENCY_MHZ = 2**31 - 1
 """Largest frequency accepted in a plan (an NVML clock is a 32-bit value)."""
 
-Plan = list[list[tuple[str, int]]]
+Clock = int | float
+"""A plan's clock (MHz): an int, or a float that is not a whole number (mapped when run)."""
+Plan = list[list[tuple[str, Clock]]]
 
 _LITERAL_NODES = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load)
 """Syntax nodes a literal is made of (a dict or set is a literal, refused later by shape)."""
@@ -183,7 +198,7 @@ def _check_shape(value: Any, source: str) -> Plan:
                 f"plan file {source}, row {i}: {len(row)} instructions, more than "
                 f"{MAX_SCHEDULE_LENGTH}"
             )
-        checked: list[tuple[str, int]] = []
+        checked: list[tuple[str, Clock]] = []
         for j, entry in enumerate(row):
             where = f"plan file {source}, row {i}, entry {j}"
             if not isinstance(entry, list | tuple) or len(entry) != 2:
@@ -199,19 +214,56 @@ def _check_shape(value: Any, source: str) -> Plan:
                 raise SchedulerError(
                     f"{where}: instruction name longer than {MAX_NAME_CHARS} characters"
                 )
-            if isinstance(freq, bool) or not isinstance(freq, int):
-                raise SchedulerError(
-                    f"{where} ({name!r}): the frequency must be an integer number of MHz, got "
-                    f"{_short(freq)}"
-                )
-            if not 0 < freq <= MAX_FREQUENCY_MHZ:
-                raise SchedulerError(
-                    f"{where} ({name!r}): the frequency must be a positive number of MHz "
-                    f"(at most {MAX_FREQUENCY_MHZ}), got {freq}"
-                )
-            checked.append((name, freq))
+            checked.append((name, _clock(freq, f"{where} ({name!r})")))
         plan.append(checked)
     return plan
+
+
+def _clock(value: Any, where: str) -> Clock:
+    """A plan entry's clock as Zeus's `int` field reads it: 1410, 1410.0 and "1410" are 1410.
+
+    Raises:
+        SchedulerError: Not a number (bool and None included), not finite, not positive, or
+            beyond a 32-bit NVML clock.
+    """
+    number: int | float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            try:
+                number = float(value.strip())
+            except ValueError:
+                number = None
+    if number is None or (isinstance(number, float) and not math.isfinite(number)):
+        raise SchedulerError(f"{where}: the frequency must be a number of MHz, got {_short(value)}")
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if not 0 < number <= MAX_FREQUENCY_MHZ:
+        raise SchedulerError(
+            f"{where}: the frequency must be a positive number of MHz (at most "
+            f"{MAX_FREQUENCY_MHZ}), got {_short(value) if isinstance(value, str) else value}"
+        )
+    return number
+
+
+def nearest_clock(clock: Clock, offered: Sequence[int]) -> int:
+    """The clock of `offered` (sorted ascending) nearest `clock`; a tie goes to the higher one.
+
+    With nothing offered (the GPU did not say), a whole clock is kept and another is rounded
+    half up (at least 1 MHz).
+    """
+    if not offered:
+        return int(clock) if isinstance(clock, int) else max(1, math.floor(clock + 0.5))
+    i = bisect.bisect_left(offered, clock)
+    if i == len(offered):
+        return offered[-1]
+    if i == 0 or offered[i] == clock:
+        return offered[i]
+    lower, higher = offered[i - 1], offered[i]
+    return lower if clock - lower < higher - clock else higher
 
 
 def _short(value: Any) -> str:
@@ -262,10 +314,14 @@ class PointSolution(FrequencyScheduler):
     """Run one precomputed frequency plan (Zeus 0.16's `PointSolution`).
 
     The plan (see `load_plan`) is read when the scheduler is built and must hold one row per
-    rank of the job it plans for (with `PointSolution3D`, one per pipeline stage). Each row's
-    frequencies must be among the rank's available frequencies (when it reports them) and, when
-    the rank's instruction order is known (`RankInfo.instructions`), its names must match it.
-    The plan is yielded once and then served for as long as the job runs.
+    rank of the job it plans for (with `PointSolution3D`, one per pipeline stage). A clock a
+    rank's GPU does not list runs at the nearest one it does (`nearest_clock`), logged once per
+    plan; when the rank's instruction order is known (`RankInfo.instructions`), a row's names
+    must match it. The plan is yielded once and then served for as long as the job runs.
+
+    Attributes:
+        rank_rows: Rank -> the (instruction, MHz) pairs it runs, clocks mapped to its GPU's.
+        substitutions: (row, rank, planned clock, clock run, entries) for each clock replaced.
     """
 
     @classmethod
@@ -280,13 +336,15 @@ class PointSolution(FrequencyScheduler):
         pfo_settings: Any,
         solution_path: str,
     ) -> None:
-        """Load the plan at `solution_path` and check it against the job's ranks.
+        """Load the plan at `solution_path` and fit it to the job's ranks.
 
         Raises:
             SchedulerError: The plan cannot be loaded or does not fit the job.
         """
         self.solution_path = os.fspath(solution_path)
         self.plan = load_plan(self.solution_path)
+        self.rank_rows: dict[int, list[tuple[str, int]]] = {}
+        self.substitutions: list[tuple[int, int, Clock, int, int]] = []
         super().__init__(job_info, rank_infos, pfo_settings)
         self._check_plan()
 
@@ -309,6 +367,7 @@ class PointSolution(FrequencyScheduler):
                 f"{type(self).__name__} needs one RankInfo per {unit} numbered 0 to "
                 f"{self.world_size - 1}, got {ranks}"
             )
+        self._rows: list[list[tuple[str, int]]] = []
         for index, row in enumerate(self.plan):
             if orig_infos is not None:
                 checked = [info for info in orig_infos if info.pp_rank == index]
@@ -316,19 +375,56 @@ class PointSolution(FrequencyScheduler):
                 checked = [self.rank_infos[index]]
             for info in checked:
                 self._check_row(index, row, info, unit)
+                self.rank_rows[info.rank] = self._fit_row(index, row, info)
+            # The row the (wrapped) scheduler yields: its dp_rank = tp_rank = 0 rank's.
+            first = next((i for i in checked if i.dp_rank == 0 and i.tp_rank == 0), checked[0])
+            self._rows.append(self.rank_rows[first.rank])
+        if self.substitutions:
+            logger.warning("%s", self.substitution_warning())
 
-    def _check_row(self, index: int, row: list[tuple[str, int]], info: RankInfo, unit: str) -> None:
+    def _fit_row(
+        self, index: int, row: list[tuple[str, Clock]], info: RankInfo
+    ) -> list[tuple[str, int]]:
+        """`row` with each clock the rank's GPU offers or the nearest one (noted)."""
+        offered = sorted(set(info.available_frequencies))
+        fitted: list[tuple[str, int]] = []
+        count: dict[tuple[Clock, int], int] = {}
+        mapped: dict[Clock, int] = {}
+        for name, clock in row:
+            run = mapped.get(clock)
+            if run is None:
+                run = mapped[clock] = nearest_clock(clock, offered)
+            if run != clock:
+                count[(clock, run)] = count.get((clock, run), 0) + 1
+            fitted.append((name, run))
+        self.substitutions += [(index, info.rank, clock, run, n)
+                               for (clock, run), n in count.items()]
+        return fitted
+
+    def substitution_warning(self) -> str:
+        """One line naming every clock of the plan replaced, per row (ranks, clocks, entries)."""
+        unit = "stage" if getattr(self, "_orig_rank_infos", None) is not None else "rank"
+        grouped: dict[tuple[int, Clock, int], list[tuple[int, int]]] = {}
+        for index, rank, clock, run, n in self.substitutions:
+            grouped.setdefault((index, clock, run), []).append((rank, n))
+        parts = []
+        for (index, clock, run), who in sorted(grouped.items(), key=lambda kv: kv[0]):
+            ranks = ", ".join(str(rank) for rank, _ in who)
+            where = (f"stage {index} (rank{'s' if len(who) > 1 else ''} {ranks})"
+                     if unit == "stage" else f"rank {index}")
+            entries = who[0][1]
+            parts.append(f"{where}: {clock} -> {run} MHz ({entries} "
+                         f"entr{'ies' if entries > 1 else 'y'})")
+        return (f"{type(self).__name__} (job {self.job_info.job_id or '?'}): plan file "
+                f"{self.solution_path} asks for clocks the GPUs do not offer; running the "
+                f"nearest offered (a tie goes to the higher clock; rounded where a GPU lists "
+                f"none): {'; '.join(parts)}")
+
+    def _check_row(
+        self, index: int, row: list[tuple[str, Clock]], info: RankInfo, unit: str
+    ) -> None:
         who = f"{unit} {index}" + (f" (rank {info.rank})" if unit != "rank" else "")
         where = f"{type(self).__name__}: plan file {self.solution_path}, row {index} for {who}"
-        if info.available_frequencies:
-            available = set(info.available_frequencies)
-            for j, (name, freq) in enumerate(row):
-                if freq not in available:
-                    raise SchedulerError(
-                        f"{where}: entry {j} ({name!r}) asks for {freq} MHz, which the GPU does "
-                        f"not support (it supports {len(available)} frequencies from "
-                        f"{min(available)} to {max(available)} MHz)"
-                    )
         if info.instructions is not None:
             names = [name for name, _ in row]
             if names != info.instructions:
@@ -354,9 +450,17 @@ class PointSolution(FrequencyScheduler):
         """Yield the plan once; the framework keeps serving it afterwards."""
         yield [
             FrequencySchedule(rank=info.rank, frequencies=list(row))
-            for info, row in zip(self.rank_infos, self.plan, strict=True)
+            for info, row in zip(self.rank_infos, self._rows, strict=True)
         ]
 
 
-PointSolution3D = make_3d_parallel(PointSolution, "PointSolution3D")
-"""`PointSolution` planned per pipeline stage: one plan row per stage, run by all its ranks."""
+class PointSolution3D(make_3d_parallel(PointSolution, "PointSolution3D")):  # type: ignore[misc]
+    """`PointSolution` planned per pipeline stage: one plan row per stage, run by all its ranks.
+
+    Each rank runs its stage's row with the clocks fitted to its own GPU (`rank_rows`).
+    """
+
+    def next_schedule(self) -> list[FrequencySchedule]:
+        """Every rank's schedule: its stage's row, clocks fitted to its own GPU."""
+        return [FrequencySchedule(rank=s.rank, frequencies=list(self.rank_rows[s.rank]))
+                for s in super().next_schedule()]

@@ -64,6 +64,41 @@ def test_lowtime_style_file(tmp_path: Path) -> None:
     assert load_plan(write(tmp_path, text, "freqs_pipeline_00042.py")) == stages
 
 
+def test_whole_floats_and_numeric_strings_are_clocks(tmp_path: Path) -> None:
+    # pandas writes clocks as floats; Zeus's pydantic model reads 1410.0 and "1410" as 1410.
+    plan = [[["forward", 1410.0], ["backward", "1410"], ["forward", " 1200 "],
+             ["backward", "1.2e3"], ["forward", 1395]]]
+    got = load_plan(write(tmp_path, json.dumps(plan), "plan.json"))
+    assert got == [[("forward", 1410), ("backward", 1410), ("forward", 1200),
+                    ("backward", 1200), ("forward", 1395)]]
+    assert all(type(freq) is int for _, freq in got[0])
+    # The same in a Python literal; a fraction of a MHz is kept until fitted to a GPU.
+    assert load_plan(write(tmp_path, "[[('forward', 1410.0), ('backward', 1200.5)]]")) == [
+        [("forward", 1410), ("backward", 1200.5)]]
+
+
+@pytest.mark.parametrize(
+    ("clock", "offered", "expected"),
+    [
+        (1400, [1200, 1410], 1410),  # Planned on another GPU model.
+        (1210, [1200, 1410], 1200),
+        (1305, [1200, 1410], 1410),  # A tie goes to the higher clock.
+        (1304.9, [1200, 1410], 1200),
+        (1305.0, [1200, 1410], 1410),
+        (5000, [1200, 1410], 1410),  # Beyond the range: the nearest end.
+        (1, [1200, 1410], 1200),
+        (1410, [1200, 1410], 1410),
+        (1200, [1200], 1200),
+        (1410.4, [], 1410),  # The GPU lists no clocks: whole MHz, rounded half up.
+        (1410.5, [], 1411),
+        (0.2, [], 1),
+        (1395, [], 1395),
+    ],
+)
+def test_nearest_clock(clock: float, offered: list[int], expected: int) -> None:
+    assert point_solution.nearest_clock(clock, offered) == expected
+
+
 def test_utf8_bom_and_signed_positive_number(tmp_path: Path) -> None:
     path = write(tmp_path, '\ufeff[[("forward", +1410)]]'.encode())
     assert load_plan(path) == [[("forward", 1410)]]
@@ -206,12 +241,19 @@ SHAPES = [
     ("[[('forward', 0)]]", "positive number of MHz"),
     ("[[('forward', -1410)]]", "positive number of MHz (at most 2147483647), got -1410"),
     ("[[('forward', 2147483648)]]", "got 2147483648"),
-    ("[[('forward', 1410.0)]]", "integer number of MHz, got float 1410.0"),
-    ("[[('forward', True)]]", "integer number of MHz, got bool True"),
-    ('[[["forward", true]]]', "integer number of MHz, got bool True"),  # JSON
-    ("[[('forward', '1410')]]", "integer number of MHz, got str"),
+    ("[[('forward', True)]]", "the frequency must be a number of MHz, got bool True"),
+    ('[[["forward", true]]]', "the frequency must be a number of MHz, got bool True"),  # JSON
     ("[[('forward', None)]]", "got NoneType"),
-    ("[[('forward', 1410)], [('backward', 1e3)]]", "row 1, entry 0 ('backward')"),
+    ("[[('forward', 1410)], [('backward', 'fast')]]",
+     "row 1, entry 0 ('backward'): the frequency must be a number of MHz, got str 'fast'"),
+    ("[[('forward', '1410 MHz')]]", "must be a number of MHz, got str '1410 MHz'"),
+    ("[[('forward', [1410])]]", "must be a number of MHz, got list [1410]"),
+    ('[[["forward", NaN]]]', "must be a number of MHz, got float nan"),  # JSON as Python writes
+    ("[[('forward', 1e400)]]", "must be a number of MHz, got float inf"),
+    ("[[('forward', 'inf')]]", "must be a number of MHz, got str 'inf'"),
+    ("[[('forward', 0.0)]]", "positive number of MHz (at most 2147483647), got 0"),
+    ("[[('forward', -0.5)]]", "positive number of MHz (at most 2147483647), got -0.5"),
+    ("[[('forward', '-1410')]]", "positive number of MHz (at most 2147483647), got str '-1410'"),
     ("[[('forward', 1410)]]\n[[('forward', 1410)]]", "holds 2 expressions"),
     ("[[('forward', 1410)]", "neither JSON nor a Python literal (line 1"),
     ("[{[1]}]", "not a valid literal"),
@@ -342,14 +384,21 @@ def test_point_solution_needs_ranks_zero_to_n(plan_path: str) -> None:
         PointSolution(job(pp=2), [rank(0), rank(5, pp=1)], None, plan_path)
 
 
-def test_point_solution_frequency_must_be_available(plan_path: str) -> None:
+def test_point_solution_runs_the_nearest_offered_clock_a_tie_going_higher(
+    plan_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Rank 1's GPU lacks 1200 MHz: 1005 and 1395 are both 195 MHz away, the higher one runs.
     infos = [rank(0), rank(1, pp=1, freqs=[1410, 1395, 1005])]
-    with pytest.raises(SchedulerError) as info:
-        PointSolution(job(pp=2), infos, None, plan_path)
-    message = str(info.value)
-    assert f"plan file {plan_path}, row 1 for rank 1" in message
-    assert "entry 0 ('forward') asks for 1200 MHz" in message
-    assert "3 frequencies from 1005 to 1410 MHz" in message
+    sched = PointSolution(job(pp=2), infos, None, plan_path)
+    assert [s.frequencies for s in sched.next_schedule()] == [
+        STAGE0, [("forward", 1395), ("backward", 1005), ("forward", 1395), ("backward", 1005)]]
+    assert sched.substitutions == [(1, 1, 1200, 1395, 2)]
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    assert record.getMessage() == (
+        f"PointSolution (job ?): plan file {plan_path} asks for clocks the GPUs do not offer; "
+        "running the nearest offered (a tie goes to the higher clock; rounded where a GPU "
+        "lists none): rank 1: 1200 -> 1395 MHz (2 entries)")
 
 
 @pytest.mark.parametrize(
@@ -411,11 +460,66 @@ def test_point_solution_3d_needs_one_row_per_stage(tmp_path: Path, plan_path: st
         PointSolution3D(job(pp=2, dp=2), grid(pp=2, dp=2, tp=1), None, solution_path=per_rank)
 
 
-def test_point_solution_3d_checks_every_rank_of_a_stage(plan_path: str) -> None:
+def test_point_solution_3d_fits_every_rank_of_a_stage_to_its_own_gpu(
+    plan_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
     infos = grid(pp=2, dp=2, tp=1)
-    # Rank 3 (dp 1, stage 1) has a GPU without 1005 MHz; the stage's dp0 rank has it.
+    # Rank 3 (dp 1, stage 1) has a GPU without 1005 MHz; the stage's dp0 rank (1) has it.
     infos[3] = rank(3, pp=1, dp=1, freqs=[1410, 1200])
-    with pytest.raises(SchedulerError) as info:
-        PointSolution3D(job(pp=2, dp=2), infos, None, solution_path=plan_path)
-    assert "row 1 for pipeline stage 1 (rank 3)" in str(info.value)
-    assert "asks for 1005 MHz" in str(info.value)
+    sched = PointSolution3D(job(pp=2, dp=2), infos, None, solution_path=plan_path)
+    got = {s.rank: s.frequencies for s in sched.next_schedule()}
+    assert got[0] == got[2] == STAGE0
+    assert got[1] == STAGE1
+    assert got[3] == [("forward", 1200), ("backward", 1200), ("forward", 1200),
+                      ("backward", 1200)]
+    sched.observe([outcome(r) for r in range(4)])
+    assert {s.rank: s.frequencies for s in sched.next_schedule()} == got  # Served as fitted.
+    (record,) = caplog.records
+    assert record.getMessage().endswith("stage 1 (rank 3): 1005 -> 1200 MHz (2 entries)")
+    assert record.getMessage().startswith("PointSolution3D (job ?): plan file ")
+
+
+def test_point_solution_fits_a_plan_from_another_gpu_model_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A plan made on a GPU offering 1400/1300 MHz, as pandas writes it, run on 1410/1200.
+    rows = [[["forward", 1400.0], ["backward", "1300"], ["forward", 1400], ["backward", 1410]],
+            [["forward", 1305.5], ["backward", 1200]]]
+    path = str(write(tmp_path, json.dumps(rows), "plan.json"))
+    infos = [rank(0, freqs=[1410, 1200]), rank(1, pp=1, freqs=[1410, 1200])]
+    info = job(pp=2)
+    info.set_job_id("PointSolution")
+    sched = PointSolution(info, infos, None, path)
+    assert [s.frequencies for s in sched.next_schedule()] == [
+        [("forward", 1410), ("backward", 1200), ("forward", 1410), ("backward", 1410)],
+        [("forward", 1410), ("backward", 1200)],
+    ]
+    (record,) = caplog.records  # One warning for the plan, naming every substitution.
+    assert record.levelname == "WARNING"
+    assert record.getMessage() == (
+        f"PointSolution (job {info.job_id}): plan file {path} asks for clocks the GPUs do not "
+        "offer; running the nearest offered (a tie goes to the higher clock; rounded where a "
+        "GPU lists none): rank 0: 1300 -> 1200 MHz (1 entry); rank 0: 1400 -> 1410 MHz "
+        "(2 entries); rank 1: 1305.5 -> 1410 MHz (1 entry)")
+
+
+def test_point_solution_3d_groups_a_stage_substitution_over_its_ranks(
+    plan_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    infos = grid(pp=2, dp=2, tp=1, freqs=[1410, 1200, 1005])  # No 1395, no 1380.
+    sched = PointSolution3D(job(pp=2, dp=2), infos, None, solution_path=plan_path)
+    assert sched.next_schedule()[0].frequencies == [
+        ("forward", 1410), ("forward", 1410), ("backward", 1410), ("backward", 1410)]
+    (record,) = caplog.records
+    assert record.getMessage().endswith(
+        "stage 0 (ranks 0, 2): 1380 -> 1410 MHz (1 entry); "
+        "stage 0 (ranks 0, 2): 1395 -> 1410 MHz (1 entry)")
+
+
+def test_point_solution_offered_clocks_log_nothing(
+    plan_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = PointSolution(job(pp=2), [rank(0), rank(1, pp=1)], None, plan_path)
+    assert [s.frequencies for s in sched.next_schedule()] == [STAGE0, STAGE1]
+    assert sched.substitutions == []
+    assert caplog.records == []
