@@ -1,0 +1,238 @@
+"""The energy counter's read policy (`ReadPolicy`) and the series it builds, on synthetic counters.
+
+A synthetic counter updates every `period` (each instant jittered around its grid) to the energy
+spent so far at constant power; a read samples it at the midpoint of its call, whose cost is
+drawn from a few recorded-like values. Everything is simulated time: nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from zeus_agent.agent.core.counter_phase import (
+    Knot,
+    PhaseState,
+    ReadPolicy,
+    avoid_boundaries,
+)
+from zeus_agent.agent.core.energy_ring import EnergyRing
+
+MS = 1_000_000
+COSTS_MS = (2.2, 2.5, 3.0, 3.2, 3.5, 5.5, 7.0)
+
+
+@dataclass
+class Counter:
+    """A counter that updates every `period_ns` (+- `jitter_ns`) at `power_w` from t = 0."""
+
+    period_ns: int = 100 * MS
+    phase_ns: int = 37 * MS
+    jitter_ns: int = 1 * MS
+    power_w: float = 700.0
+    seed: int = 0
+    duration_ns: int = 120_000 * MS
+    jump_at_ns: int | None = None
+    jump_ns: int = 0
+    updates: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        rng = random.Random(self.seed)
+        self.updates = []
+        k = 0
+        while (t := self.phase_ns + k * self.period_ns) < self.duration_ns:
+            if self.jump_at_ns is not None and t >= self.jump_at_ns:
+                t += self.jump_ns
+            self.updates.append(t + rng.randint(-self.jitter_ns, self.jitter_ns))
+            k += 1
+
+    def energy_at(self, t_ns: int) -> float:
+        """The true energy spent by `t_ns` (J)."""
+        return self.power_w * t_ns / 1e9
+
+    def value_at(self, t_ns: int) -> float:
+        """What the counter shows at `t_ns`: the energy at its last update (J)."""
+        k = bisect.bisect_right(self.updates, t_ns) - 1
+        return 0.0 if k < 0 else self.energy_at(self.updates[k])
+
+
+@dataclass
+class Run:
+    reads: list[tuple[int, int]] = field(default_factory=list)  # (start, end)
+    knots: list[tuple[int, Knot]] = field(default_factory=list)  # (available at, knot)
+    locked_at: int | None = None
+
+
+def drive(
+    policy: ReadPolicy,
+    read_value: object,
+    until_ns: int,
+    seed: int = 1,
+    start_ns: int = 0,
+    run: Run | None = None,
+) -> Run:
+    """Run the read loop in simulated time: plan, read (at a drawn cost), feed."""
+    rng = random.Random(seed)
+    run = run or Run()
+    now = start_ns
+    while True:
+        start = policy.next_read_at(now)
+        if start >= until_ns:
+            return run
+        end = start + int(rng.choice(COSTS_MS) * MS)
+        knot = policy.on_read(start, end, read_value((start + end) // 2))  # type: ignore[operator]
+        run.reads.append((start, end))
+        if knot is not None:
+            run.knots.append((end, knot))
+        if run.locked_at is None and policy.locked:
+            run.locked_at = end
+        now = end
+
+
+def test_it_learns_the_phase_and_period_of_a_jittered_counter() -> None:
+    counter = Counter()
+    policy = ReadPolicy()
+    run = drive(policy, counter.value_at, 20_000 * MS)
+    assert run.locked_at is not None and run.locked_at < 3_000 * MS
+    assert policy.state is PhaseState.LOCKED and policy.locks == 1
+    assert policy.period_ns == pytest.approx(100 * MS, abs=0.1 * MS)
+    # Each knot after the lock sits at the update whose value it carries (within its jitter).
+    errors = []
+    for _, knot in run.knots:
+        if knot.t_ns > run.locked_at:
+            k = round(knot.energy_j / 700.0 * 1e9)  # the update instant this value belongs to
+            errors.append(abs(knot.t_ns - k))
+    assert errors and max(errors) <= 4 * MS
+    assert sorted(errors)[len(errors) // 2] <= 1.5 * MS
+
+
+def test_locked_it_reads_at_most_once_per_update_period() -> None:
+    counter = Counter(phase_ns=81 * MS, seed=3)
+    policy = ReadPolicy()
+    run = drive(policy, counter.value_at, 30_000 * MS, seed=4)
+    assert run.locked_at is not None
+    after = [s for s, _ in run.reads if s > run.locked_at]
+    # Reads stay most of a period apart (a test read sits just before its update, the
+    # regular read of the update before it just after that one) ...
+    assert min(b - a for a, b in zip(after, after[1:], strict=False)) >= 0.85 * 100 * MS
+    # ... and never outnumber the updates, over any stretch.
+    periods = [u for u in counter.updates if run.locked_at < u < 30_000 * MS]
+    for i in range(0, len(periods) - 10, 7):
+        a, b = periods[i], periods[i + 10]
+        assert sum(1 for s in after if a <= s < b) <= 10 + 1
+    assert len(after) >= 0.95 * len(periods)  # and it keeps reading (misses are rare)
+
+
+def test_a_drifting_clock_stays_locked() -> None:
+    counter = Counter(period_ns=100 * MS + 40_000, phase_ns=5 * MS, seed=5)  # 400 ppm off
+    policy = ReadPolicy()
+    run = drive(policy, counter.value_at, 60_000 * MS, seed=6)
+    assert run.locked_at is not None
+    assert policy.locks == 1 and policy.locked
+    assert policy.misses <= 0.05 * len(run.reads)
+    assert policy.period_ns == pytest.approx(100.04 * MS, abs=0.02 * MS)
+
+
+def test_a_counter_that_jumps_to_another_phase_is_learnt_again() -> None:
+    counter = Counter(phase_ns=20 * MS, jump_at_ns=10_000 * MS, jump_ns=47 * MS, seed=7)
+    policy = ReadPolicy()
+    run = drive(policy, counter.value_at, 20_000 * MS, seed=8)
+    assert policy.locks >= 2 and policy.locked
+    late = [knot for _, knot in run.knots if knot.t_ns > 15_000 * MS]
+    errors = [abs(k.t_ns - round(k.energy_j / 700.0 * 1e9)) for k in late]
+    assert errors and max(errors) <= 4 * MS
+
+
+def test_a_continuous_counter_is_read_plainly_at_the_fallback_interval() -> None:
+    policy = ReadPolicy(fallback_interval_ns=50 * MS)
+    run = drive(policy, lambda t: 300.0 * t / 1e9, 5_000 * MS, seed=9)
+    assert policy.state is PhaseState.PLAIN
+    gaps = [b[0] - a[0] for a, b in zip(run.reads[20:], run.reads[21:], strict=False)]
+    assert min(gaps) >= 50 * MS
+    # Each value is fresh: its knot is the read's midpoint.
+    for _, knot in run.knots[20:]:
+        assert knot.energy_j == pytest.approx(300.0 * knot.t_ns / 1e9)
+
+
+def test_reads_avoid_a_due_boundary_within_their_p99_cost() -> None:
+    counter = Counter(seed=11)
+    policy = ReadPolicy()
+    drive(policy, counter.value_at, 5_000 * MS, seed=12)
+    assert policy.locked
+    now = 5_000 * MS
+    free = policy.plan_read(now)
+    cost = 7 * MS
+    # A clock change due 1 ms into the read: the read moves so that it cannot overlap it.
+    boundary = free.t_ns + 1 * MS
+    plan = policy.plan_read(now, [boundary], read_cost_p99_ns=cost)
+    assert not plan.collides
+    assert not plan.t_ns <= boundary <= plan.t_ns + cost
+    assert plan.target_ns == free.t_ns
+    assert plan.t_ns - free.t_ns <= 0.4 * 100 * MS
+    assert policy.next_read_at(now, [boundary], cost) == plan.t_ns
+    # Boundaries every 2 ms for 60 ms around the target: no start avoids them all.
+    dense = [free.t_ns - 10 * MS + i * 2 * MS for i in range(40)]
+    stuck = policy.plan_read(now, dense, read_cost_p99_ns=cost, count=True)
+    assert stuck.collides and stuck.t_ns == free.t_ns and policy.collisions == 1
+
+
+def test_avoid_boundaries_picks_the_nearest_free_start() -> None:
+    # Free already.
+    assert avoid_boundaries(100, [50, 200], 10, 0, 300) == (100, False)
+    # A boundary at 108 blocks starts in [98, 108]: 97 (before) is nearer than 109 (after).
+    assert avoid_boundaries(100, [108], 10, 0, 300) == (97, False)
+    assert avoid_boundaries(100, [108], 10, 100, 300) == (109, False)  # may not go earlier
+    assert avoid_boundaries(100, [103], 10, 0, 300) == (104, False)
+    assert avoid_boundaries(100, [105], 10, 0, 300) == (106, False)  # a tie goes later
+    # Nothing free within the range: the target, flagged.
+    assert avoid_boundaries(100, [100, 108, 116], 10, 95, 116) == (100, True)
+
+
+def test_extrapolation_uses_the_last_full_update_periods_power() -> None:
+    """Past the newest knot the ring uses the power of the last period between two changed
+    values, never a slope through an unchanged read (0, 1 or 2 increments on a 100 ms counter)."""
+    counter = Counter(seed=13, jitter_ns=0)
+    policy = ReadPolicy()
+    run = drive(policy, counter.value_at, 10_000 * MS, seed=14)
+    ring = EnergyRing(4096)
+    for _, knot in run.knots:
+        ring.append(knot.t_ns, knot.energy_j)
+    # An unchanged read right after the newest update adds no knot.
+    newest_t, newest_e = ring.latest()  # type: ignore[misc]
+    assert policy.on_read(newest_t + 40 * MS, newest_t + 43 * MS, newest_e) is None
+    power = ring.last_power_w()
+    assert power is not None and power == pytest.approx(700.0, rel=0.02)
+    t0, t1 = newest_t + 10 * MS, newest_t + 64 * MS
+    assert ring.energy_between(t0, t1) == pytest.approx(power * 0.054)
+    assert ring.energy_between(t0, t1) == pytest.approx(counter.energy_at(t1 - t0), rel=0.02)
+
+
+def test_an_exact_window_is_interpolated_once_a_knot_follows_its_end() -> None:
+    counter = Counter(seed=15)
+    policy = ReadPolicy()
+    run = drive(policy, counter.value_at, 8_300 * MS, seed=16)
+    t1 = 7_950 * MS
+    t0 = t1 - 54 * MS
+    ring = EnergyRing(4096)
+    for at, knot in run.knots:
+        ring.append(knot.t_ns, knot.energy_j)
+        if knot.t_ns >= t1:
+            # The first read after the update that follows it (a test read that came just
+            # before that update leaves it to the next one).
+            assert at - t1 <= 2 * 100 * MS + 10 * MS
+            break
+    newest_t, _ = ring.latest()  # type: ignore[misc]
+    assert newest_t >= t1
+    points = sorted(ring._t[i] for i in range(len(ring)))  # noqa: SLF001 - the knots kept
+
+    def interpolated(t: int) -> float:
+        i = bisect.bisect_left(points, t)
+        a, b = points[i - 1], points[i]
+        ea, eb = ring.energy_at(a), ring.energy_at(b)
+        return ea + (eb - ea) * (t - a) / (b - a)
+
+    assert ring.energy_between(t0, t1) == pytest.approx(interpolated(t1) - interpolated(t0))
+    assert ring.energy_between(t0, t1) == pytest.approx(counter.energy_at(t1 - t0), rel=0.06)
