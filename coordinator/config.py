@@ -7,19 +7,18 @@ settings; flags (`--log-level`, ...) override them. Construction does no I/O.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_agent.wire.subjects import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
     from coordinator.pipeline.settings import PFOServerSettings
-
-LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
 class CoordinatorSettings(BaseSettings):
@@ -36,14 +35,18 @@ class CoordinatorSettings(BaseSettings):
     # Zeus PFOServerSettings fields (same names, same defaults where they apply).
     scheduler: str = Field(
         default="InstructionProfiler",
-        description="Frequency scheduler for pipeline jobs (Zeus names accepted; Zeus 0.16's "
-        "default PointSolution needs scheduler_args {\"solution_path\": ...}, so the default "
-        "here profiles the instructions online)",
+        description="Frequency scheduler for pipeline jobs (Zeus names accepted). Unset: "
+        "PointSolution when scheduler_args hold a solution_path (Zeus 0.16's default), else "
+        "InstructionProfiler, which profiles the instructions online (PointSolution needs a plan)",
     )
     scheduler_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra arguments of the scheduler (JSON)"
     )
-    log_level: str = Field(default="INFO", description="Log level, e.g. DEBUG, INFO (any case)")
+    log_level: str = Field(
+        default="INFO",
+        description="Log level: a name Python's logging knows (DEBUG, INFO, WARN(ING), ERROR, "
+        "CRITICAL, FATAL, NOTSET), any case",
+    )
     dump_data: bool = Field(default=True, description="Dump scheduler state for inspection")
     dump_dir: str = Field(default="./dump", description="Directory for dumped state")
     max_job_idle_time: int = Field(
@@ -182,19 +185,38 @@ class CoordinatorSettings(BaseSettings):
                  "tls_key_file": self.nats_tls_key}
         return {k: v for k, v in files.items() if v is not None}
 
+    _scheduler_note: str | None = PrivateAttr(default=None)
+
     @field_validator("log_level")
     @classmethod
     def _upper(cls, value: str) -> str:
-        level = value.upper()
-        if level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)} (any case)")
+        """Upper-cased, as Zeus does; any name Python's logging takes (WARN, FATAL, NOTSET too)."""
+        level = value.strip().upper()
+        names = logging.getLevelNamesMapping()
+        if level not in names:
+            raise ValueError(
+                f"log_level must be one of {', '.join(names)} (any case), got {value[:40]!r}")
         return level
 
     @model_validator(mode="after")
     def _check_scheduler(self) -> CoordinatorSettings:
-        """The scheduler and its arguments must be usable (checked at start, not per job)."""
+        """The scheduler and its arguments must be usable (checked at start, not per job).
+
+        A Zeus configuration that names only a plan (`solution_path`, no scheduler) runs
+        Zeus's default `PointSolution`, as Zeus does; `scheduler_note` says so for the log.
+        """
+        if "scheduler" not in self.model_fields_set and "solution_path" in self.scheduler_args:
+            self.scheduler = "PointSolution"
+            self._scheduler_note = (
+                "no scheduler named and scheduler_args hold a solution_path: running "
+                "PointSolution (Zeus 0.16's default) on that plan")
         self.pfo_settings()
         return self
+
+    @property
+    def scheduler_note(self) -> str | None:
+        """Why the scheduler is not the one named or the default (None: it is)."""
+        return self._scheduler_note
 
     def pfo_settings(self) -> PFOServerSettings:
         """The pipeline frequency optimizer's settings (Zeus 0.16's `PFOServerSettings`).

@@ -330,6 +330,8 @@ class CoordinatorService(ExitSignals):
         LOG.info("coordinator ready on %s: replica %s, state in JetStream bucket %s, %d job(s)",
                  redact_url(self.url or ""), s.replica_name, self.state.bucket,
                  len(self.registry.jobs))
+        if s.scheduler_note:  # A Zeus configuration naming only a plan runs PointSolution.
+            LOG.info("pipeline jobs: %s", s.scheduler_note)
 
     async def _on_disconnect(self) -> None:
         self.bus_state = ("disconnected", time.time(), "the connection to NATS was lost")

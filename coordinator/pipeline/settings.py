@@ -112,11 +112,12 @@ class PFOServerSettings(BaseSettings):
     @field_validator("log_level")
     @classmethod
     def _upper(cls, level: str) -> str:
+        """Upper-cased, as Zeus does; any name Python's logging takes (WARN, FATAL, NOTSET too)."""
         upper = level.strip().upper()
-        if upper not in logging.getLevelNamesMapping():
+        names = logging.getLevelNamesMapping()
+        if upper not in names:
             raise ValueError(
-                f"unknown log level {level!r}; use one of "
-                "CRITICAL, ERROR, WARNING, INFO, DEBUG (any case)"
+                f"unknown log level {level[:40]!r}; use one of {', '.join(names)} (any case)"
             )
         return upper
 

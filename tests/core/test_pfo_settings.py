@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -13,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+import coordinator.pipeline.instruction_profiler  # noqa: F401 - registered before the registry is saved
 from coordinator.pipeline import names
 from coordinator.pipeline.names import register_scheduler, resolve_scheduler
 from coordinator.pipeline.point_solution import PointSolution, PointSolution3D
@@ -283,3 +285,84 @@ def test_make_3d_parallel_of_a_registered_class_keeps_its_args() -> None:
     register_scheduler("Constant3D", make_3d_parallel(Constant, "Constant3D"))
     s = PFOServerSettings(scheduler="Constant3D", scheduler_args={"frequency": 1005})
     assert s.scheduler_class.__name__ == "Constant3D"
+
+
+# --- The coordinator's settings: Zeus configurations start -----------------------------------
+
+
+def coordinator_settings(**values: Any) -> Any:
+    from coordinator.config import CoordinatorSettings
+
+    return CoordinatorSettings(**values)
+
+
+def test_a_zeus_configuration_naming_only_a_plan_runs_point_solution(
+    monkeypatch: pytest.MonkeyPatch, plan: str
+) -> None:
+    # Zeus 0.16: ZEUS_PFO_SCHEDULER unset is PointSolution, which the plan is for.
+    monkeypatch.setenv("ZEUS_PFO_SCHEDULER_ARGS", json.dumps({"solution_path": plan}))
+    s = coordinator_settings()
+    assert s.scheduler == "PointSolution"
+    assert s.pfo_settings().scheduler_class is PointSolution
+    assert s.pfo_settings().scheduler_args == {"solution_path": plan}
+    assert s.scheduler_note == (
+        "no scheduler named and scheduler_args hold a solution_path: running PointSolution "
+        "(Zeus 0.16's default) on that plan")
+
+
+def test_a_plan_given_by_flag_runs_point_solution_too(plan: str) -> None:
+    from pydantic_settings import CliApp
+
+    from coordinator.config import CoordinatorSettings
+
+    s = CliApp.run(CoordinatorSettings,
+                   cli_args=["--scheduler-args", json.dumps({"solution_path": plan})])
+    assert s.scheduler == "PointSolution"
+    assert s.scheduler_note is not None
+
+
+def test_a_named_scheduler_is_kept_whatever_its_args(
+    monkeypatch: pytest.MonkeyPatch, plan: str
+) -> None:
+    monkeypatch.setenv("ZEUS_PFO_SCHEDULER_ARGS", json.dumps({"solution_path": plan}))
+    monkeypatch.setenv("ZEUS_PFO_SCHEDULER", "PointSolution3D")
+    s = coordinator_settings()
+    assert (s.scheduler, s.scheduler_note) == ("PointSolution3D", None)
+    # Naming the default explicitly is naming it: its args are checked against it.
+    monkeypatch.setenv("ZEUS_PFO_SCHEDULER", "InstructionProfiler")
+    with pytest.raises(ValidationError, match="unexpected keyword argument 'solution_path'"):
+        coordinator_settings()
+
+
+def test_without_a_plan_the_default_is_instruction_profiler() -> None:
+    s = coordinator_settings()
+    assert (s.scheduler, s.scheduler_note) == ("InstructionProfiler", None)
+    s = coordinator_settings(scheduler_args={"clocks": 4})
+    assert (s.scheduler, s.scheduler_note) == ("InstructionProfiler", None)
+
+
+@pytest.mark.parametrize(
+    ("given", "level"),
+    [("warn", "WARN"), ("fatal", "FATAL"), ("notset", "NOTSET"), ("NotSet", "NOTSET"),
+     ("Warning", "WARNING"), ("debug", "DEBUG"), (" info ", "INFO"), ("CRITICAL", "CRITICAL")],
+)
+def test_log_levels_python_accepts_are_accepted(
+    monkeypatch: pytest.MonkeyPatch, plan: str, given: str, level: str
+) -> None:
+    # Zeus upper-cases ZEUS_PFO_LOG_LEVEL and logging takes any name it knows.
+    monkeypatch.setenv("ZEUS_PFO_LOG_LEVEL", given)
+    assert coordinator_settings().log_level == level
+    assert PFOServerSettings(scheduler_args={"solution_path": plan}).log_level == level
+    assert level in logging.getLevelNamesMapping()  # What logging.basicConfig(level=) takes.
+
+
+def test_unknown_log_levels_are_refused_listing_the_known(
+    monkeypatch: pytest.MonkeyPatch, plan: str
+) -> None:
+    monkeypatch.setenv("ZEUS_PFO_LOG_LEVEL", "loud")
+    known = "CRITICAL, FATAL, ERROR, WARN, WARNING, INFO, DEBUG, NOTSET"
+    with pytest.raises(ValidationError, match=f"log_level must be one of {known} "
+                                              r"\(any case\), got 'loud'"):
+        coordinator_settings()
+    with pytest.raises(ValidationError, match=f"unknown log level 'loud'; use one of {known}"):
+        PFOServerSettings(scheduler_args={"solution_path": plan})

@@ -141,3 +141,36 @@ async def test_watch_prints_status_events_and_once_prints_the_job(nats_server, t
         await nc.drain()
         coord.should_exit.set()
         await task
+
+
+async def test_a_zeus_configuration_naming_only_a_plan_starts(nats_server, tmp_path):
+    # Zeus 0.16 runs PointSolution when ZEUS_PFO_SCHEDULER is unset; its log levels include
+    # notset (and warn, fatal), in any case.
+    plan = tmp_path / "freqs_pipeline_00000.py"
+    plan.write_text(repr([[("forward", 1410), ("backward", 1410)]]))
+    env = {**os.environ, "ZEUS_PFO_LOG_LEVEL": "notset",
+           "ZEUS_PFO_SCHEDULER_ARGS": json.dumps({"solution_path": str(plan)}),
+           "ZEUS_PFO_STATE_BUCKET": f"cli-plan-{os.getpid()}"}
+    env.pop("ZEUS_PFO_SCHEDULER", None)
+    proc = subprocess.Popen(
+        [*exe(), "run", "--nats-url", nats_server.url, "--state-dir", str(tmp_path / "st")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    nc = await connect(nats_server.url, "cli-plan-test")
+    try:
+        for _ in range(100):  # Until the service answers.
+            try:
+                await nc.request(subjects.coord_job_query(), codec.encode(JobQuery()),
+                                 timeout=0.2)
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert proc.poll() is None, proc.communicate()
+                await asyncio.sleep(0.1)
+    finally:
+        await nc.drain()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert ("pipeline jobs: no scheduler named and scheduler_args hold a solution_path: "
+            "running PointSolution (Zeus 0.16's default) on that plan") in err
+    assert " DEBUG " in err  # notset: everything is logged.
