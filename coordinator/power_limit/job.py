@@ -250,7 +250,7 @@ class PowerLimitJob:
             if self.done:
                 break
             self.last_step = (event.epoch, step)
-            actions += self._step(self.last_step)
+            actions += self._step(self.last_step, redo=step == event.step)
         return actions
 
     def tick(self, now_s: float) -> list[Action]:
@@ -343,13 +343,15 @@ class PowerLimitJob:
         }
 
     # ------------------------------------------------------------------ internals
-    def _step(self, key: StepKey) -> list[Action]:
+    def _step(self, key: StepKey, redo: bool) -> list[Action]:
         """One step of rank 0: windows proved lost are redone at its boundary, else it paces.
 
-        A redo that starts the machine again (it was waiting for records) takes the step, as
-        a closing step takes the next limit's first warm-up step.
+        Only at a step whose event came (`redo`): the marks of replayed steps, whose events
+        were lost, were most likely lost too, and a redo there would be lost again. A redo
+        that starts the machine again (it was waiting for records) takes the step, as a
+        closing step takes the next limit's first warm-up step.
         """
-        lost = [w for w in self._windows.values() if w.lost]
+        lost = [w for w in self._windows.values() if w.lost] if redo else []
         if not lost:
             return self._translate(self.machine.on_step_begin(), step=key)
         waiting = self._waiting()

@@ -514,19 +514,22 @@ def _step_cost(limit: int) -> tuple[float, float]:
 
 
 def run_job(job: PowerLimitJob, steps: int, lost_marks: set[tuple[int, int]] = frozenset(),
-            lost_events: set[int] = frozenset()) -> tuple[list[int], list[Action]]:
-    """A trainer of `steps` steps: rank 0's event, then every rank's mark, step by step.
+            lost_events: set[int] = frozenset(),
+            marks_first: bool = False) -> tuple[list[int], list[Action]]:
+    """A trainer of `steps` steps: rank 0's event and every rank's mark, step by step.
 
-    Returns the limit each step ran at (the one in force when it began) and every action.
-    Nothing ticks: no window can be redone by the timeout.
+    The marks of a step come after its event (or before it, `marks_first`). Returns the limit
+    each step ran at (the one in force when it began) and every action. Nothing ticks: no
+    window can be redone by the timeout.
     """
     actions = job.start()
-    limit, ran_at = job.desired_power_limit, []
+    ran_at: list[int] = []
     clocks = {r: (100.0 * r, 1e6 * r) for r in job.ranks}
     for s in range(steps):
-        if s not in lost_events:
+        limit = job.desired_power_limit  # In force before this step's event (marks_first).
+        if not marks_first and s not in lost_events:
             actions += job.on_event(0, ev(s), now_s=float(s))
-        limit = job.desired_power_limit
+            limit = job.desired_power_limit
         assert limit is not None
         ran_at.append(limit)
         for r in job.ranks:
@@ -535,6 +538,8 @@ def run_job(job: PowerLimitJob, steps: int, lost_marks: set[tuple[int, int]] = f
                 actions += job.on_mark(r, mark(s, t, e))
             dt, de = _step_cost(limit)
             clocks[r] = (t + dt, e + de)
+        if marks_first and s not in lost_events:
+            actions += job.on_event(0, ev(s), now_s=float(s))
     return ran_at, actions
 
 
@@ -575,6 +580,23 @@ def test_a_window_a_broker_outage_cut_is_redone_at_the_next_step():
     assert job.done and job.machine.optimal_power_limit == 250
     assert job.progress()["redone"].get("200") == 1
     assert ran_at[-15:] == [250] * 15
+
+
+def test_windows_closed_on_the_steps_of_a_long_outage_are_redone_once_after_it():
+    """Steps 3-40 reached the coordinator neither as events nor as marks, and the marks of
+    step 41 came before rank 0's event: the steps replayed then close every window on lost
+    marks. They are redone from step 41, once each, not at replayed steps (whose redo windows
+    would be lost again, until their limits were left out)."""
+    job = lost_window_job()
+    gap = range(3, 41)
+    _, actions = run_job(job, 100, lost_marks={(r, s) for r in (0, 1) for s in gap},
+                         lost_events=set(gap), marks_first=True)
+    assert job.done and job.machine.optimal_power_limit == 250
+    assert [m.power_limit for m in job.machine.measurements] == [300, 250, 200, 150, 100]
+    assert job.progress()["redone"] == dict.fromkeys(("300", "250", "200", "150", "100"), 1)
+    redone_from = {a.message.rsplit(" ", 1)[1] for a in actions
+                   if isinstance(a, StatusUpdate) and "were lost" in a.message}
+    assert redone_from == {"41"}
 
 
 def test_while_a_lost_window_is_awaited_the_gpus_run_at_the_maximum():
