@@ -86,6 +86,18 @@ class CoordinatorSettings(BaseSettings):
         description="Pipeline jobs: consecutive iterations a pipeline must be that slower to "
         "be a straggler (or within the threshold to have recovered)",
     )
+    max_pipeline_mb_per_job: int = Field(
+        default=1024,
+        ge=1,
+        description="Pipeline jobs: most MB of its ranks' measurements one job may keep in the "
+        "coordinator (an estimate); beyond, the job stops with code too_large",
+    )
+    max_pipeline_mb_per_node: int = Field(
+        default=256,
+        ge=1,
+        description="Pipeline jobs: most MB of measurements the jobs' ranks on one node may "
+        "keep in the coordinator together; beyond, the job adding to it stops (too_large)",
+    )
     # The bus and the service.
     nats_url: str | None = Field(
         default=None, description="NATS server URL(s); omit with --embedded-nats"

@@ -80,6 +80,7 @@ from coordinator.optimizer import (
 )
 from coordinator.pipeline.dumps import job_dir_name, keep_dump
 from coordinator.pipeline.job import PipelineJob, StragglerError
+from coordinator.pipeline.memory import MB, NodeBudget
 from coordinator.pipeline.scheduler import SchedulerError
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.machine import PowerLimitError
@@ -158,6 +159,10 @@ class CoordinatorService(ExitSignals):
         self.state_dir = Path(settings.state_dir)
         self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node)
         self.pfo = settings.pfo_settings()
+        self.pipeline_budget = NodeBudget(
+            settings.max_pipeline_mb_per_node * MB,
+            alive=lambda job: self.optimisers.get(getattr(job, "job_id", "")) is job)
+        """What the pipeline jobs driven here keep of their measurements, per node."""
         self.optimisers: dict[str, JobOptimizer] = {}
         """Job id -> the optimiser driving it (power-limit or pipeline frequency)."""
         self.progress: dict[str, dict[str, Any]] = {}
@@ -1139,7 +1144,9 @@ class CoordinatorService(ExitSignals):
                 profiling_iterations=s.profiling_iterations,
                 switch_lead_steps=s.switch_lead_steps, first_version=first,
                 stall_after_s=s.stall_after_s, straggler_threshold=s.straggler_threshold,
-                straggler_window=s.straggler_window, resume=resume)
+                straggler_window=s.straggler_window, resume=resume,
+                max_kept_bytes=s.max_pipeline_mb_per_job * MB, budget=self.pipeline_budget,
+                nodes={r: rr.gpu.node for r, rr in record.ranks.items()})
 
         try:
             try:  # Replaying recorded rounds may plan a frontier: off the event loop.

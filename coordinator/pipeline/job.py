@@ -53,7 +53,11 @@ schedule that cannot be delivered (`abort`) stops the optimisation: the job's sc
 cleared (default clocks) and the status says why. A rank silent for `stall_after_s` while
 profiling gets a `stalled` status naming it. Memory is bounded: per rank, only iterations of
 the current version (at most `profiling_iterations` of them) and those still being completed
-are kept.
+are kept. What a job keeps is charged to `Kept` (`coordinator.pipeline.memory`): past the
+cap per job or per node the job stops with code `too_large`; discovery keeps only the names of
+each rank's last iteration and the iterations still being completed; a rank whose trainer
+left (said goodbye: `trainer_left`) has its iterations dropped, and once every rank has left a
+job still discovering or profiling stops. A stopped job keeps nothing of its measurements.
 """
 
 from __future__ import annotations
@@ -61,11 +65,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.optimizer import Action, ClearSchedules, InstallSchedules, KeepFile, StatusUpdate
+from coordinator.pipeline.memory import MB, Kept, NodeBudget, name_bytes, record_bytes
 from coordinator.pipeline.perseus import plan_schedule
 from coordinator.pipeline.scheduler import FrequencyScheduler, SchedulerError
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
@@ -85,6 +90,10 @@ made the iteration 3.5% slower on the simulated nodes)."""
 MAX_ORDER_MISMATCHES = 3
 """Consecutive iterations of a rank with other instructions than discovered before it stops."""
 DEFAULT_STALL_AFTER_S = 30.0
+DEFAULT_MAX_KEPT_BYTES = 1024 * MB
+"""What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
+
+
 class StragglerError(ValueError):
     """A straggler notice this job cannot take; `code` is the `Reply` code."""
 
@@ -106,6 +115,8 @@ class _Step:
     """The step's start (its agent's clock)."""
     last_end_ns: int | None = None
     """The end of its latest instruction (the same clock)."""
+    kept: int = 0
+    """Estimated bytes of its instructions (charged to the job's `Kept`)."""
 
 
 class PipelineJob:
@@ -126,7 +137,15 @@ class PipelineJob:
         straggler_threshold: float = 0.05,
         straggler_window: int = 5,
         resume: dict[str, Any] | None = None,
+        max_kept_bytes: int = DEFAULT_MAX_KEPT_BYTES,
+        budget: NodeBudget | None = None,
+        nodes: Mapping[int, str] | None = None,
     ) -> None:
+        """See the module docstring.
+
+        `max_kept_bytes` caps what this job keeps of its measurements, `budget` (shared by a
+        coordinator's jobs) what the jobs keep per node, `nodes` naming each rank's node.
+        """
         if not (math.isfinite(straggler_threshold) and straggler_threshold > 0):
             raise ValueError(f"straggler_threshold must be > 0, got {straggler_threshold}")
         if straggler_window < 1:
@@ -162,6 +181,9 @@ class PipelineJob:
         self._last_seen: dict[int, float] = {}
         self._stalled: set[int] = set()
         self._observed = 0
+        self._left: set[int] = set()
+        """Ranks whose trainer said goodbye (`trainer_left`) and sent nothing since."""
+        self.kept = Kept(self, max_kept_bytes, budget, nodes)
         self.straggler_threshold = straggler_threshold
         self.straggler_window = straggler_window
         self.pipelines = sorted({info.dp_rank for info in self.rank_infos.values()})
@@ -254,6 +276,8 @@ class PipelineJob:
             return []
         if code == "trainer_gone":
             return self.abort(f"rank {rank} left ({message[:200]})", state="stopped")
+        if code == "trainer_left":
+            return self._rank_left(rank)
         if code == "measurement_refused":
             return self.abort(f"rank {rank}'s iterations cannot be measured ({message[:200]})")
         return []
@@ -310,6 +334,7 @@ class PipelineJob:
             return []
         self._last_seen[rank] = now_s
         self._stalled.discard(rank)
+        self._left.discard(rank)
         steps = self._steps[rank]
         m = measurement
         if self.version is not None and m.schedule != self.version:
@@ -317,10 +342,16 @@ class PipelineJob:
         step = steps.get(m.step)
         if step is None:
             if len(steps) >= MAX_OPEN_STEPS:
-                del steps[min(steps)]
+                self._drop(rank, min(steps))
             step = steps[m.step] = _Step()
         if m.kind == "instruction":
             if len(step.instructions) < MAX_INSTRUCTIONS_PER_STEP:
+                old = step.instructions.get(m.index)
+                grow = record_bytes(m.name) - (record_bytes(old[0]) if old else 0)
+                why = self.kept.take(rank, grow)
+                if why is not None:
+                    return self._fail(f"rank {rank}: {why}", code="too_large")
+                step.kept += grow
                 step.instructions[m.index] = (m.name, m.time_s, m.energy_j, m.schedule)
                 if step.last_end_ns is None or m.t1_ns > step.last_end_ns:
                     step.last_end_ns = m.t1_ns
@@ -329,10 +360,13 @@ class PipelineJob:
         step.start_ns = m.t0_ns
         self._latest[rank] = max(self._latest.get(rank, m.step), m.step)
         if self.phase == "discovering":
-            return self._discover(rank, m.step)
+            actions = self._discover(rank, m.step)
+            if self.phase == "discovering":
+                self._drop(rank, m.step)  # Its names are the rank's candidate now.
+            return actions
         names = [step.instructions[i][0] for i in sorted(step.instructions)]
         if names != self.orders.get(rank):
-            del steps[m.step]
+            self._drop(rank, m.step)
             self._mismatches[rank] = self._mismatches.get(rank, 0) + 1
             if self._mismatches[rank] >= MAX_ORDER_MISMATCHES:
                 got = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
@@ -347,8 +381,10 @@ class PipelineJob:
         if self.phase == "serving" and self.scheduler is not None and (
                 self.scheduler.finished or self._stragglers()):
             # Nothing to observe (a final plan, or a straggler's time): forget the step.
-            steps.pop(m.step, None)
+            self._drop(rank, m.step)
             return actions
+        for n, _ in self._complete(steps)[self.profiling_iterations:]:
+            self._drop(rank, n)  # Only the first ones are observed.
         return actions + self._maybe_observe()
 
     def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
@@ -399,6 +435,7 @@ class PipelineJob:
             "error": self.error,
             "stragglers": {str(d): round(f, 4) for d, f in sorted(self._stragglers().items())},
             "slowed": {str(d): round(float(p.time), 6) for d, p in sorted(self._points.items())},
+            "kept_bytes": self.kept.total,
         }
 
     def waiting_for(self) -> dict[str, Any]:
@@ -422,10 +459,15 @@ class PipelineJob:
         if step is None or not step.instructions or rank in self.orders:
             return []
         names = [step.instructions[i][0] for i in sorted(step.instructions)]
-        if self._candidates.get(rank) != names:  # Two iterations alike: not a partial one.
+        old = self._candidates.get(rank)
+        if old != names:  # Two iterations alike: not a partial one.
+            why = self.kept.take(rank, name_bytes(names) - name_bytes(old or []))
+            if why is not None:
+                return self._fail(f"rank {rank}: {why}", code="too_large")
             self._candidates[rank] = names
             return []
-        self.orders[rank] = names
+        self.orders[rank] = names  # (Charged as the candidate; it stays kept as the order.)
+        del self._candidates[rank]
         if len(self.orders) < len(self.rank_infos):
             return []
         return self._schedule_first()
@@ -456,8 +498,7 @@ class PipelineJob:
             return self._fail(problem)
         self.version = self.first_version if self.version is None else self.version + 1
         self.schedules = by_rank
-        for steps in self._steps.values():
-            steps.clear()
+        self._clear_steps()
         self._spans.clear()
         self._slow.clear()
         self._normal.clear()
@@ -527,12 +568,13 @@ class PipelineJob:
         if self.scheduler.finished:  # It serves these from now on: install them if new.
             current = {r: s.frequencies for r, s in self.schedules.items()}
             if {s.rank: s.frequencies for s in schedules} != current:
-                actions += [a for a in self._install(schedules)
-                            if not isinstance(a, StatusUpdate)]
+                installed = self._install(schedules)
+                if self.phase == "error":  # They cannot be installed: stopped (say why).
+                    return actions + installed
+                actions += [a for a in installed if not isinstance(a, StatusUpdate)]
             self.phase = "serving"
             self._base = {s.rank: s for s in schedules}
-            for steps in self._steps.values():
-                steps.clear()
+            self._clear_steps()
             actions.append(StatusUpdate("serving", f"serving plan {self.version} (the scheduler "
                                         "has finished)", self.progress()))
             return actions
@@ -551,9 +593,34 @@ class PipelineJob:
 
     def _drop_complete(self) -> None:
         """Forget the complete steps (in-progress ones stay: their instructions are coming)."""
-        for steps in self._steps.values():
+        for rank, steps in self._steps.items():
             for n in [n for n, s in steps.items() if s.time_s is not None]:
-                del steps[n]
+                self._drop(rank, n)
+
+    def _drop(self, rank: int, step_number: int) -> None:
+        """Forget one step of `rank` (if kept) and what it was charged."""
+        step = self._steps[rank].pop(step_number, None)
+        if step is not None:
+            self.kept.give(rank, step.kept)
+
+    def _clear_steps(self, rank: int | None = None) -> None:
+        """Forget every step (of `rank`, or of every rank)."""
+        for r in (rank,) if rank is not None else list(self._steps):
+            for n in list(self._steps[r]):
+                self._drop(r, n)
+
+    def _rank_left(self, rank: int) -> list[Action]:
+        """Rank's trainer said goodbye: drop its steps; all gone, a job still learning stops."""
+        self._left.add(rank)
+        self._clear_steps(rank)
+        if self._left < set(self.rank_infos):
+            return []
+        if self.phase in ("discovering", "profiling"):
+            return self._fail(f"every rank's trainer said goodbye while {self.phase}",
+                              state="stopped")
+        self._clear_steps()
+        self._spans.clear()
+        return []
 
     def _serve(self, schedules: list[FrequencySchedule]) -> list[Action]:
         """The scheduler serves `schedules` (its chosen plan): install them when they are new."""
@@ -742,13 +809,24 @@ class PipelineJob:
             energy_breakdown=energies,
         )
 
-    def _fail(self, why: str, state: str = "error") -> list[Action]:
-        """Stop: clear the job's schedules everywhere (a predecessor's too) and say why."""
+    def _fail(self, why: str, state: str = "error", code: str | None = None) -> list[Action]:
+        """Stop: clear the job's schedules everywhere (a predecessor's too) and say why.
+
+        What it kept of its measurements is let go (nothing more is observed); `code` (e.g.
+        `too_large`) goes in the status's progress.
+        """
         self.phase = state
         self.error = why
         self.schedules = {}
+        for steps in self._steps.values():
+            steps.clear()
+        self._candidates.clear()
+        self._spans.clear()
+        self._slow.clear()
+        self._rounds.clear()  # (Only a running job is persisted for a takeover.)
+        self.kept.release()
         status = StatusUpdate(state, f"pipeline frequency optimiser stopped: {why}; the GPUs "
-                              "run at their default clocks")
+                              "run at their default clocks", {"code": code} if code else {})
         return [ClearSchedules(), status]
 
 

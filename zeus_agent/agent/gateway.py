@@ -521,8 +521,9 @@ class Gateway:
     async def release_pid(self, pid: int, reason: str, crashed: bool = True) -> list[str]:
         """Restore and unbind every GPU bound to trainer process `pid` (and no other).
 
-        A trainer that left without saying goodbye (`crashed`) is reported as an error event;
-        one that said goodbye is only logged.
+        A trainer that left without saying goodbye (`crashed`) is reported as an error event
+        (`trainer_gone`, a warning); one that said goodbye as `trainer_left` (logged as info):
+        the coordinator then lets go of what it kept of the rank's measurements.
         """
         restored: list[str] = []
         for agent in self.by_pid.pop(pid, []):
@@ -535,8 +536,13 @@ class Gateway:
                 # restore to finish is then refused, not applied to a GPU whose trainer is gone.
                 agent.unbind()
             if bound is not None and not crashed:
-                LOG.info("GPU %d: trainer pid %d (job %s, rank %d) finished; defaults restored",
-                         agent.index, pid, bound.job_id, bound.rank)  # fmt: skip
+                await agent.error_event(
+                    "trainer_left",
+                    f"trainer pid {pid} (job {bound.job_id}, rank {bound.rank}) said goodbye; "
+                    f"GPU {agent.index} restored to defaults",
+                    binding=bound,
+                    log_level=logging.INFO,
+                )
             elif bound is not None:
                 await agent.error_event(
                     "trainer_gone",
