@@ -27,6 +27,12 @@ T = TypeVar("T")
 
 MAX_FIELDS = 64
 """Most top-level fields of a payload (every message has far fewer)."""
+MAX_DEPTH = 32
+"""Deepest nesting of maps and lists in a payload (every message nests far less). Deeper values
+are refused before validation: pydantic reports a discriminator it cannot read (a list nested
+~1,000 deep as a command's `op`) by printing its `repr`, which fails near Python's recursion
+limit (an "unraisable" RecursionError per request), and anything nested that deep cannot be
+encoded again (msgpack's packer stops at 511 levels)."""
 
 
 def encode(obj: BaseModel | Any) -> bytes:
@@ -55,6 +61,30 @@ def _describe(err: ValidationError) -> tuple[str, str]:
     return field, f"{where}: {bounded(first['msg'], 500)} (got {shown(first.get('input'))}){more}"
 
 
+_CONTAINERS = frozenset({dict, list})
+
+
+def _deeper_than(obj: dict[Any, Any], limit: int) -> bool:
+    """Whether maps and lists nest more than `limit` levels in `obj` (a map: level 1).
+
+    Level by level; a map or list of scalars only is passed over at C speed.
+    """
+    level: list[Any] = [obj]
+    depth = 1
+    while level:
+        below: list[Any] = []
+        for value in level:
+            items = value.values() if type(value) is dict else value
+            if _CONTAINERS.isdisjoint(map(type, items)):
+                continue
+            below.extend(item for item in items if type(item) in _CONTAINERS)
+        if below and depth >= limit:
+            return True
+        level = below
+        depth += 1
+    return False
+
+
 @overload
 def validate(model: type[M], obj: Any) -> M: ...
 @overload
@@ -71,6 +101,8 @@ def validate(model: Any, obj: Any) -> Any:
     if len(obj) > MAX_FIELDS:
         # Refused before validation: pydantic would build one error per unknown field.
         raise PayloadError(f"payload has {len(obj)} fields; no message has more than {MAX_FIELDS}")
+    if _deeper_than(obj, MAX_DEPTH):
+        raise PayloadError(f"payload nests maps or lists more than {MAX_DEPTH} levels deep")
     version = obj.get("v", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
         raise PayloadError(
