@@ -37,8 +37,8 @@ logged, both services answer, GPUs safe, nothing answered a stream message):
 
 At `ZEUS_FUZZ_SCALE` 1 every field gets the core values (a 5 KB string, a list and a map 960
 deep, 2**64-1, -2**63, nan, inf, a map with a 5 KB key) and, in turn, one other cheap value and
-one costly one (100 KB, near the payload limit, 100,000 keys or items or levels): ~3,900 cases,
-about 40 s; at 2 or more, every value on every field (~8,900 cases, ~3 minutes).
+one costly one (100 KB, near the payload limit, 100,000 keys or items or levels): ~3,300 cases,
+about 40 s; at 2 or more, every value on every field (~8,300 cases, ~3 minutes).
 
 Regressions at the end of the module (each failed before its fix): a datagram item nested
 ~1,000 deep or 60 KB long (`decode_datagram` echoed it with `!r`), a command whose `op` is
