@@ -748,14 +748,25 @@ class Publisher:
         return reply
 
     def measure(
-        self, t0_ns: int, t1_ns: int, gpu_indices: Sequence[int] | None = None
+        self,
+        t0_ns: int,
+        t1_ns: int,
+        gpu_indices: Sequence[int] | None = None,
+        exact: bool = False,
     ) -> list[float]:
         """Energy (J) of GPUs between two `time.monotonic_ns()` stamps of this host.
+
+        By default the agent answers at once from its counter reads (past the newest read,
+        with the last update period's power: median error ~2% at 54 ms, ~0.4% at 1.3 s on an
+        H200). With `exact`, it answers once a read brackets `t1_ns` (~60 ms later, ~200 ms at
+        most), interpolating between reads. An agent too old to know `exact` is asked again
+        without it.
 
         Args:
             t0_ns: Start stamp.
             t1_ns: End stamp.
             gpu_indices: CUDA device indices; default the publisher's `gpu_indices`.
+            exact: Wait for the read that brackets the end (see above).
 
         Returns:
             One energy per GPU, in order; NaN for every GPU when the agent did not answer or
@@ -768,7 +779,12 @@ class Publisher:
                 if gpu_indices is None
                 else [physical_gpu_index(i) for i in logical]
             )
-            reply = self.request(Kind.WINDOW, WindowRequest(t0_ns=t0_ns, t1_ns=t1_ns, gpus=gpus))
+            request = WindowRequest(t0_ns=t0_ns, t1_ns=t1_ns, gpus=gpus, exact=exact)
+            reply = self.request(Kind.WINDOW, request)
+            old_agent = reply is not None and reply.code == "bad_request" and "exact" in reply.error
+            if exact and old_agent:
+                logger.info("zeus_agent.emit: the agent predates exact windows; measuring at once")
+                reply = self.request(Kind.WINDOW, request.model_copy(update={"exact": False}))
         except Exception as e:  # measuring never raises into training.
             logger.warning("zeus_agent.emit: window request failed: %r", e)
             reply = None
@@ -801,11 +817,12 @@ class Publisher:
         self._sync_windows()
         self._windows.append((name, _monotonic_ns()))
 
-    def pop_window(self, name: str | None = None) -> ProfilingResult:
+    def pop_window(self, name: str | None = None, exact: bool = False) -> ProfilingResult:
         """Close the innermost window and measure it.
 
         Args:
             name: When given, it must be the innermost window's name.
+            exact: Wait for the counter read that brackets the window's end (see `measure`).
 
         Returns:
             Its time (s) and the energy (J) of each of the publisher's GPUs (NaN without an
@@ -826,7 +843,7 @@ class Publisher:
                 "nest: pop the innermost first"
             )
         self._windows.pop()
-        return ProfilingResult(time=(t1 - t0) / 1e9, energy=self.measure(t0, t1))
+        return ProfilingResult(time=(t1 - t0) / 1e9, energy=self.measure(t0, t1, exact=exact))
 
     @contextlib.contextmanager
     def window(self, name: str | None = None) -> Iterator[_WindowHandle]:
@@ -1134,14 +1151,14 @@ def push_window(name: str | None = None) -> None:
     get_publisher().push_window(name)
 
 
-def pop_window(name: str | None = None) -> ProfilingResult:
+def pop_window(name: str | None = None, exact: bool = False) -> ProfilingResult:
     """Close and measure the innermost window (see `Publisher.pop_window`).
 
     Raises:
         RuntimeError: No window is open.
         ValueError: `name` is not the innermost window's name.
     """
-    return get_publisher().pop_window(name)
+    return get_publisher().pop_window(name, exact)
 
 
 @contextlib.contextmanager

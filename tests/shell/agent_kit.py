@@ -61,9 +61,16 @@ class RecordingSimGPU(SimGPU):
 
 @contextlib.asynccontextmanager
 async def running_agent(
-    url: str, sim_count: int = 1, recording: bool = False, **overrides: Any
+    url: str,
+    sim_count: int = 1,
+    recording: bool = False,
+    gpus: list[GPU] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[AgentServer]:
-    """Run an in-process agent on `sim_count` fresh simulated GPUs until the block exits."""
+    """Run an in-process agent on `sim_count` fresh simulated GPUs until the block exits.
+
+    `gpus`: the agent's GPUs instead (e.g. simulated GPUs a test gates or counts).
+    """
     tmp = Path(tempfile.mkdtemp(prefix="za-", dir="/tmp"))  # AF_UNIX paths are short
     values: dict[str, Any] = {
         "nats_url": url,
@@ -80,13 +87,13 @@ async def running_agent(
     }
     values.update(overrides)
     settings = AgentSettings(**values)
-    gpus: list[GPU] | None = None
+    given, gpus = gpus, None
     if recording:
         gpus = [
             RecordingSimGPU.create(settings.sim_state_dir, i, energy_update_ms=0)
             for i in range(sim_count)
         ]
-    server = AgentServer(settings, gpus=gpus)
+    server = AgentServer(settings, gpus=gpus or given)
     task = asyncio.create_task(server.serve())
     try:
         started = asyncio.create_task(server.started.wait())

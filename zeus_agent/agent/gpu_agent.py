@@ -17,8 +17,10 @@ Pieces:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
@@ -33,16 +35,15 @@ from zeus_agent.agent.core import (
 )
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.core.meter import Gap, Interval
+from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.errors import (
     GPUError,
-    GPUNotSupportedError,
     GPUUnavailableError,
     GPUValueError,
     PayloadError,
     TrainerLeftError,
 )
 from zeus_agent.gpu.base import GPU, GPUInfo
-from zeus_agent.gpu.power_integrator import PowerIntegrator
 from zeus_agent.gpu.threaded import GPUCaller
 from zeus_agent.models import MAX_NAME_CHARS, FrequencySchedule
 from zeus_agent.wire import codec, subjects
@@ -72,6 +73,8 @@ SM_CLOCKS = "sm_clocks"
 SCHEDULE = "schedule"
 MAX_DEPARTED = 64
 """Jobs remembered per GPU as 'its trainer left' (their settings are refused)."""
+MAX_UNREAD = 100_000
+"""Marks and measurements held per GPU while no read brackets them (the oldest go first)."""
 FLOOD_REPORTS_PER_S = 2.0
 """Schedule mismatches (and measurement gaps) reported, i.e. logged and published, per second
 after the first `FLOOD_BURST`; the others are counted and reported with the next one (a changed
@@ -130,6 +133,11 @@ class GpuAgent:
         except ValueError as e:
             raise ValueError(f"default_lease_s: {e}") from None
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
+        self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
+        """Reads the energy counter when its policy says (never per event) into the ring."""
+        self.counter.on_knot = self._release_measured
+        self._unread: deque[tuple[int, Binding, Callable[[], None]]] = deque()
+        """Marks and measurements waiting for a read after their time: (t, binding, emit)."""
         self.cursor = ScheduleCursor()
         self.meter = RankMeter()
         self.binding: Binding | None = None
@@ -139,7 +147,6 @@ class GpuAgent:
         """When the power limit changed: step marks carry the limit in force at their event."""
         self.info: GPUInfo | None = None
         self.index = gpu.index
-        self._integrator: PowerIntegrator | None = None
         self._changed: set[str] = set()
         self._settings = asyncio.Lock()
         """Held while a setting is changed or restored: with a blocking backend (NVML) each
@@ -180,10 +187,11 @@ class GpuAgent:
         """
         self.info = await self.caller.call(self.gpu.info)
         if not self.info.has_energy_counter:
-            self._integrator = PowerIntegrator()
+            self.counter.use_integrator()
         if reset:
             await self.reset_at_start()
         self.power_limit_w = await self.caller.call(self.gpu.get_power_limit_w)
+        await self.counter.read_once()
         await self.sample()
         return self.info
 
@@ -226,61 +234,38 @@ class GpuAgent:
         return self.node, self.index
 
     # ------------------------------------------------------------------ sampling
-    def _read_energy(self) -> tuple[int, float]:
-        """Read (t_ns, cumulative energy J); integrate power on GPUs without a counter."""
-        if self._integrator is not None:
-            power = self.gpu.get_power_w()
-            t = time.monotonic_ns()
-            return t, self._integrator.add(t, power)
-        try:
-            energy = self.gpu.get_total_energy_j()
-        except GPUNotSupportedError:
-            self._integrator = PowerIntegrator()
-            return self._read_energy()
-        return time.monotonic_ns(), energy
-
-    def _read_sample(self) -> Sample:
-        tel = self.gpu.read_telemetry()
-        t = time.monotonic_ns()
-        energy = tel.energy_j
-        if energy is None or self._integrator is not None:
-            if self._integrator is None:
-                self._integrator = PowerIntegrator()
-            energy = self._integrator.add(t, tel.power_w)
-        return Sample(
-            t_ns=t,
-            energy_j=energy,
-            power_w=tel.power_w,
-            power_limit_w=tel.power_limit_w,
-            sm_clock_mhz=tel.sm_clock_mhz,
-            memory_clock_mhz=tel.memory_clock_mhz,
-        )
-
     async def sample(self) -> Sample | None:
-        """Take one full sample into the ring and the pending batch."""
+        """Take one telemetry sample into the pending batch.
+
+        Its energy is the counter's newest value as `counter` read it: a sample never reads
+        the counter itself (a read costs milliseconds and holds the driver).
+        """
         try:
-            s = await self.caller.call(self._read_sample)
+            status = await self.caller.call(self.gpu.read_status)  # never the counter
         except GPUError as e:
             self.counters["sample_errors"] += 1
             LOG.warning("GPU %d: sampling failed: %s", self.index, e)
             return None
-        self.ring.append(s.t_ns, s.energy_j)
+        energy_j = self.counter.latest_energy_j()
+        if energy_j is None:
+            return None  # no counter read has succeeded yet
+        s = Sample(t_ns=time.monotonic_ns(), energy_j=energy_j, power_w=status.power_w,
+                   power_limit_w=status.power_limit_w, sm_clock_mhz=status.sm_clock_mhz,
+                   memory_clock_mhz=status.memory_clock_mhz)  # fmt: skip
         self._pending_samples.append(s)
         self.last_sample = s
         return s
 
-    async def read_energy_now(self) -> None:
-        """An event-driven energy read that sharpens the edge of a window."""
-        try:
-            t, e = await self.caller.call(self._read_energy)
-        except GPUError as err:
-            LOG.debug("GPU %d: energy read failed: %s", self.index, err)
-            return
-        self.ring.append(t, e)
-
     def energy_between(self, t0_ns: int, t1_ns: int) -> float:
-        """Energy (J) between two host-local stamps, from the ring (may raise WindowOutOfRange)."""
-        return self.ring.energy_between(t0_ns, t1_ns)
+        """Energy (J) between two host-local stamps, at once (may raise WindowOutOfRange).
+
+        From the phase-locked reads; past the newest, the last full update period's power.
+        """
+        return self.counter.energy_between(t0_ns, t1_ns)
+
+    async def energy_between_exact(self, t0_ns: int, t1_ns: int) -> tuple[float, bool]:
+        """`(energy J, exact)` once a read brackets `t1_ns` (see `CounterReader`)."""
+        return await self.counter.energy_between_exact(t0_ns, t1_ns)
 
     # ------------------------------------------------------------------ settings
     def _check_limit(self, power_limit_w: int) -> None:
@@ -652,23 +637,51 @@ class GpuAgent:
         return task
 
     async def process_events(self) -> None:
-        """Forever: measure queued events (one energy read per burst), then flush them."""
-        while True:
-            ev, version = await self._event_queue.get()
-            try:
-                await self.read_energy_now()
-                self._measure(ev, version)
-                while not self._event_queue.empty():
-                    self._measure(*self._event_queue.get_nowait())
-                await self.flush_measurements()
-            except Exception:  # noqa: BLE001 - one bad event never stops the measuring
-                LOG.exception("GPU %d: measuring trainer events failed; continuing", self.index)
+        """Forever: read the counter (`CounterReader.run`), measure and flush queued events.
+
+        Energies go out once reads bracket them. No event reads the counter: on a real GPU a
+        read costs milliseconds and a clock change would queue behind it.
+        """
+        reads = asyncio.ensure_future(self.counter.run())
+        try:
+            while True:
+                ev, version = await self._event_queue.get()
+                try:
+                    self._measure(ev, version)
+                    while not self._event_queue.empty():
+                        self._measure(*self._event_queue.get_nowait())
+                    self._release_measured(flush=False)
+                    await self.flush_measurements()
+                except Exception:  # noqa: BLE001 - one bad event never stops the measuring
+                    LOG.exception("GPU %d: measuring trainer events failed; continuing",
+                                  self.index)  # fmt: skip
+        finally:
+            reads.cancel()
 
     def _energy_at(self, t_ns: int) -> float | None:
         try:
             return self.ring.energy_at(t_ns)
         except ValueError:
             return None
+
+    def _when_read(self, t_ns: int, emit: Callable[[], None]) -> None:
+        """Call `emit` (a mark or a measurement) once a read at or after `t_ns` is in."""
+        assert self.binding is not None
+        self._unread.append((t_ns, self.binding, emit))
+        if len(self._unread) > MAX_UNREAD:
+            self._unread.popleft()  # The counter is not being read: measure what comes next.
+            self.counters["unmeasured"] = self.counters.get("unmeasured", 0) + 1
+
+    def _release_measured(self, flush: bool = True) -> None:
+        """Emit the marks and measurements that reads now bracket, in their order."""
+        released = False
+        while self._unread and self.counter.covers(self._unread[0][0]):
+            _, binding, emit = self._unread.popleft()
+            if binding is self.binding:  # (the rank it was measured for is still bound)
+                emit()
+                released = True
+        if released and flush:
+            self._spawn(self.flush_measurements())
 
     def _measure(self, ev: EventDatagram, version: int | None = None) -> None:
         kind = ev.kind
@@ -689,12 +702,8 @@ class GpuAgent:
         if self.binding is None:
             return
         if counted:
-            energy = self._energy_at(ev.t_ns)
-            if energy is not None:
-                self._pending_marks.append(
-                    Mark(kind=name, epoch=epoch, step=step, t_ns=ev.t_ns, energy_j=energy,
-                         power_limit_w=limit)
-                )
+            self._when_read(ev.t_ns, functools.partial(self._mark, name, epoch, step, ev.t_ns,
+                                                       limit))  # fmt: skip
         if kind is Kind.STEP_BEGIN:
             records = self.meter.step_begin(ev.a, ev.b, ev.t_ns)
         elif kind is Kind.STEP_END:
@@ -711,34 +720,44 @@ class GpuAgent:
             if isinstance(rec, Gap):
                 self._report("gaps", f"gap_{rec.reason}", rec.message, {})
             elif isinstance(rec, Interval) and rec.kind in ("step", "instruction"):
-                try:
-                    energy_j = self.ring.energy_between(rec.t0_ns, rec.t1_ns)
-                except ValueError:  # No samples cover it.
-                    continue
-                try:
-                    measurement = Measurement(
-                        kind=rec.kind,
-                        name=rec.name or "",
-                        epoch=rec.epoch or 0,
-                        step=rec.step or 0,
-                        index=rec.index or 0,
-                        t0_ns=rec.t0_ns,
-                        t1_ns=rec.t1_ns,
-                        time_s=rec.duration_s,
-                        energy_j=max(0.0, energy_j),  # A counter never runs backwards.
-                        schedule=version,
-                    )
-                except ValueError as e:  # Counters no real trainer sends (e.g. step 2**63).
-                    self.counters["refused"] += 1
-                    if self.counters["refused"] == 1 or self.counters["refused"] % 1000 == 0:
-                        what = "; ".join(err["msg"] for err in getattr(e, "errors", list)())
-                        self._spawn(self.error_event(
-                            "measurement_refused",
-                            f"a {rec.kind} of step {rec.step} cannot be measured: "
-                            f"{what[:300] or e}; fix the trainer's counters",
-                            detail={"step": str(rec.step), "index": str(rec.index)}))
-                    continue
-                self._pending_measurements.append(measurement)
+                self._when_read(rec.t1_ns, functools.partial(self._measurement, rec, version))
+
+    def _mark(self, kind: str, epoch: int, step: int, t_ns: int, limit: int | None) -> None:
+        energy = self._energy_at(t_ns)
+        if energy is not None:
+            self._pending_marks.append(Mark(kind=kind, epoch=epoch, step=step, t_ns=t_ns,
+                                            energy_j=energy, power_limit_w=limit))  # fmt: skip
+
+    def _measurement(self, rec: Interval, version: int | None) -> None:
+        """Measure a closed step or instruction (reads bracket both of its edges)."""
+        try:
+            energy_j = self.ring.energy_between(rec.t0_ns, rec.t1_ns)
+        except ValueError:  # No reads cover it (it began before the oldest kept).
+            return
+        try:
+            measurement = Measurement(
+                kind=rec.kind,
+                name=rec.name or "",
+                epoch=rec.epoch or 0,
+                step=rec.step or 0,
+                index=rec.index or 0,
+                t0_ns=rec.t0_ns,
+                t1_ns=rec.t1_ns,
+                time_s=rec.duration_s,
+                energy_j=max(0.0, energy_j),  # A counter never runs backwards.
+                schedule=version,
+            )
+        except ValueError as e:  # Counters no real trainer sends (e.g. step 2**63).
+            self.counters["refused"] += 1
+            if self.counters["refused"] == 1 or self.counters["refused"] % 1000 == 0:
+                what = "; ".join(err["msg"] for err in getattr(e, "errors", list)())
+                self._spawn(self.error_event(
+                    "measurement_refused",
+                    f"a {rec.kind} of step {rec.step} cannot be measured: "
+                    f"{what[:300] or e}; fix the trainer's counters",
+                    detail={"step": str(rec.step), "index": str(rec.index)}))
+            return
+        self._pending_measurements.append(measurement)
 
     # ------------------------------------------------------------------ publishing
     async def error_event(

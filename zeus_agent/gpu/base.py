@@ -177,6 +177,21 @@ class GPU(abc.ABC):
             memory_clock_mhz=self.get_memory_clock_mhz(),
         )
 
+    def read_status(self) -> Telemetry:
+        """Everything an agent samples but the energy counter (`energy_j` is None).
+
+        On a real GPU the counter read costs milliseconds and holds the driver (the agent reads
+        it on its own schedule); these getters cost microseconds. Backends may override it to
+        read them in one go.
+        """
+        return Telemetry(
+            energy_j=None,
+            power_w=self.get_power_w(),
+            power_limit_w=self.get_power_limit_w(),
+            sm_clock_mhz=self.get_sm_clock_mhz(),
+            memory_clock_mhz=self.get_memory_clock_mhz(),
+        )
+
     def info(self) -> GPUInfo:
         """Collect the static facts of this GPU into a `GPUInfo`."""
         min_w, max_w = self.get_power_limit_constraints_w()

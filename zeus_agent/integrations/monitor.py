@@ -151,7 +151,7 @@ class ZeusMonitor:
         self._windows[key] = (time.monotonic_ns(), time.time())
 
     def end_window(
-        self, key: str, sync_execution: bool = True, cancel: bool = False
+        self, key: str, sync_execution: bool = True, cancel: bool = False, exact: bool = False
     ) -> Measurement:
         """End a measurement window and return its time and energy.
 
@@ -159,6 +159,9 @@ class ZeusMonitor:
             key: Name of a window opened with `begin_window`.
             sync_execution: Wait for queued CUDA work before stamping.
             cancel: Discard the window: nothing is measured and zeros are returned.
+            exact: Not in Zeus: wait for the energy counter's read that brackets the window's
+                end (~60 ms, ~200 ms at most on an H200) instead of answering at once
+                (`zeus_agent.emit.Publisher.measure`).
 
         Returns:
             The window's `Measurement` (energies NaN when the agent could not measure).
@@ -175,7 +178,7 @@ class ZeusMonitor:
         if sync_execution:
             _synchronize(self.gpu_indices)
         t1_ns = time.monotonic_ns()
-        energies = self.publisher.measure(t0_ns, t1_ns, self.gpu_indices)
+        energies = self.publisher.measure(t0_ns, t1_ns, self.gpu_indices, exact=exact)
         measurement = Measurement(
             time=(t1_ns - t0_ns) / 1e9,
             gpu_energy=dict(zip(self.gpu_indices, energies, strict=True)),

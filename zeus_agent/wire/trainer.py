@@ -16,6 +16,7 @@ reads each sender's pid and uid from the kernel (`SO_PASSCRED`/`SCM_CREDENTIALS`
   * `REGISTER_JOB`: a `RegisterJob` message, relayed to the coordinator
   * `REGISTER_RANK`: a `RegisterRank` message, relayed to the coordinator
   * `WINDOW`: `WindowRequest`, energy of GPUs between two stamps, answered from ring buffers
+    (at once; with `exact`, once a counter read brackets the window's end)
   * `BYE`: the trainer is done; its GPUs' rank settings are released
   * `QUERY_JOB`: a `JobQuery` message, relayed to the coordinator (e.g. for the measured
     profile, which the trainer's drop-in writes to its own `profile_path`)
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RANK
@@ -113,6 +114,19 @@ class WindowRequest(BaseModel):
     t0_ns: int
     t1_ns: int
     gpus: list[int] = Field(max_length=MAX_WINDOW_GPUS)
+    exact: bool = False
+    """Answer once a counter read brackets `t1_ns` (~60 ms later, ~200 ms at most on an H200)
+    instead of at once (past the newest read: the last update period's power). Added after
+    protocol 1 shipped: sent only when True, so agents that predate it keep answering every
+    other window; one that predates it refuses an exact window (bad_request), and
+    `zeus_agent.emit` then asks again without it."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_exact(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("exact") is False:
+            del data["exact"]
+        return data
 
 
 class ScheduleNotice(BaseModel):

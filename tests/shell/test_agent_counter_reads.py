@@ -1,0 +1,161 @@
+"""The agent reads the energy counter on its read policy's schedule: never per trainer event or
+per window request; an exact window, and a step's measurement, wait for the read that brackets
+their end.
+
+The simulated GPU here counts its counter reads and can hold them (a gate in its thread, as a
+slow NVML call would), so "no read happened" and "it waited for a read" are facts, not timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.shell.agent_kit import RawTrainer, running_agent, wait_for
+from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import Measurement, MeasurementBatch
+from zeus_agent.wire.trainer import EventDatagram, Kind, WindowRequest
+
+
+class GatedGPU(SimGPU):
+    """A simulated GPU whose counter reads are counted and wait while `gate` is clear."""
+
+    gate: threading.Event
+    waiting: threading.Event
+    reads: int
+
+    def get_total_energy_j(self) -> float:  # noqa: D102
+        if not self.gate.is_set():
+            self.waiting.set()
+            self.gate.wait(10)
+        self.reads += 1
+        return super().get_total_energy_j()
+
+
+def gated_gpu(state_dir: Path, energy_update_ms: float = 100) -> GatedGPU:
+    SimGPU.create(state_dir, 0, preset="A40", energy_update_ms=energy_update_ms)
+    gpu = GatedGPU.open(state_dir, 0)
+    assert isinstance(gpu, GatedGPU)
+    gpu.calls_block = True  # called in the agent's GPU thread, as NVML is
+    gpu.gate, gpu.waiting, gpu.reads = threading.Event(), threading.Event(), 0
+    gpu.gate.set()
+    return gpu
+
+
+async def hold_reads(gpu: GatedGPU) -> None:
+    """Close the gate and wait until a read is held in it (none can complete from then on)."""
+    gpu.waiting.clear()
+    gpu.gate.clear()
+    await wait_for(gpu.waiting.is_set, 5.0, "a counter read held at the gate")
+
+
+class Published:
+    def __init__(self) -> None:
+        self.measurements: list[Measurement] = []
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        if subject == subjects.gpu_measurements("n", 0):
+            self.measurements += codec.decode(payload, MeasurementBatch).measurements
+
+
+@contextlib.asynccontextmanager
+async def measuring_agent(gpu: GatedGPU) -> AsyncIterator[tuple[GpuAgent, Published]]:
+    published = Published()
+    agent = GpuAgent(gpu, "n", published.publish)
+    await agent.start()
+    agent.bind("job", 0, os.getpid())
+    task = asyncio.create_task(agent.process_events())  # (it runs the counter reads too)
+    try:
+        yield agent, published
+    finally:
+        gpu.gate.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await agent.restore(reason="test over")
+        agent.caller.close()
+
+
+def event(kind: Kind, a: int, name: str = "") -> EventDatagram:
+    return EventDatagram(kind, os.getpid(), time.monotonic_ns(), a, 0, name)
+
+
+async def test_trainer_events_never_read_the_counter(tmp_path: Path) -> None:
+    gpu = gated_gpu(tmp_path)
+    async with measuring_agent(gpu) as (agent, published):
+        steps = 300
+        before, t0 = gpu.reads, time.monotonic()
+        for step in range(steps):  # each event alone, as a pipeline's would come
+            for kind, a, name in ((Kind.STEP_BEGIN, step, ""),
+                                  (Kind.INSTRUCTION_BEGIN, 2 * step, "forward"),
+                                  (Kind.INSTRUCTION_END, 2 * step, "forward"),
+                                  (Kind.STEP_END, step, "")):  # fmt: skip
+                agent.on_event(event(kind, a, name))
+                await asyncio.sleep(0)  # the agent measures it before the next comes
+        reads, elapsed_s = gpu.reads - before, time.monotonic() - t0
+        # The old agent read once per burst of events: 1,200 reads here. The policy reads at
+        # most once per learning interval (20 ms), then once per counter update (100 ms).
+        assert reads <= elapsed_s / 0.020 + 2
+        assert reads < 4 * steps / 20
+        # Every step and instruction is still measured, once reads bracket it.
+        await wait_for(lambda: len(published.measurements) == 2 * steps, 5.0, "measurements")
+
+
+async def test_a_measurement_waits_for_the_read_that_brackets_its_end(tmp_path: Path) -> None:
+    gpu = gated_gpu(tmp_path)
+    async with measuring_agent(gpu) as (agent, published):
+        await wait_for(lambda: len(agent.ring) >= 3, 5.0, "the first reads")
+        await hold_reads(gpu)
+        agent.on_event(event(Kind.STEP_BEGIN, 0))
+        await asyncio.sleep(0.01)
+        agent.on_event(event(Kind.STEP_END, 0))
+        await wait_for(lambda: agent._event_queue.empty() and len(agent._unread) == 3, 3.0,
+                       "the step and its marks waiting")  # fmt: skip
+        await asyncio.sleep(0.05)
+        assert published.measurements == []  # no read after its end yet: nothing published
+        gpu.gate.set()
+        await wait_for(lambda: published.measurements, 5.0, "the step's measurement")
+        [m] = published.measurements
+        assert agent.counter.covers(m.t1_ns)
+        assert m.energy_j == pytest.approx(agent.energy_between(m.t0_ns, m.t1_ns))
+
+
+async def test_an_exact_window_waits_for_the_read_that_brackets_its_end(
+    nats_server, tmp_path: Path
+) -> None:
+    gpu = gated_gpu(tmp_path)
+    async with running_agent(nats_server.url, gpus=[gpu], sample_hz=10.0) as server:
+        agent = server.agents[0]
+        trainer = RawTrainer(server.settings.socket_path)
+        try:
+            await wait_for(lambda: len(agent.ring) >= 3, 5.0, "the first reads")
+            t0 = time.monotonic_ns()
+            await hold_reads(gpu)
+            t1 = time.monotonic_ns()
+            reads = gpu.reads
+            # The default answer comes at once, from the reads so far: no read per request.
+            reply = await trainer.request(Kind.WINDOW, WindowRequest(t0_ns=t0, t1_ns=t1, gpus=[0]))
+            assert reply.ok and "exact" not in reply.result and gpu.reads == reads
+            # The exact one waits until a read after its end is in.
+            request = WindowRequest(t0_ns=t0, t1_ns=t1, gpus=[0], exact=True)
+            answer = asyncio.create_task(trainer.request(Kind.WINDOW, request))
+            await wait_for(lambda: agent.counter._waiters, 3.0, "the exact window waiting")
+            assert not answer.done() and not agent.counter.covers(t1)
+            gpu.gate.set()
+            reply = await answer
+            assert reply.ok and reply.result["exact"] is True
+            assert agent.counter.covers(t1)
+            [energy] = reply.result["energy_j"]
+            assert energy == pytest.approx(agent.energy_between(t0, t1))  # interpolated
+        finally:
+            gpu.gate.set()
+            trainer.close()
