@@ -216,6 +216,8 @@ class CoordinatorService(ExitSignals):
         self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
         self._status_server: status_http.StatusServer | None = None
         self.writes = 0  # Writes to the state bucket (for benchmarks and tests).
+        self._observe_only_said: dict[tuple[str, str, int], None] = {}
+        """(job, node token, GPU) whose GPU was said to be observe-only (once each)."""
         self.fenced_commands = 0  # GPU commands not sent: the job was no longer this replica's.
 
     # ------------------------------------------------------------------ lifecycle
@@ -529,6 +531,8 @@ class CoordinatorService(ExitSignals):
                        self._pending_lapses):
             for stale in [k for k in by_job if k[0] == job_id]:
                 del by_job[stale]
+        for said in [k for k in self._observe_only_said if k[0] == job_id]:
+            del self._observe_only_said[said]
 
     def _state(self) -> JetStreamState:
         if self.state is None:
@@ -921,6 +925,18 @@ class CoordinatorService(ExitSignals):
                     "conflict",
                     f"GPU {gpu.gpu_index} on node {gpu.node!r} has uuid {info.uuid}, not "
                     f"{gpu.gpu_uuid}: check the rank's CUDA_VISIBLE_DEVICES and GPU index",
+                )
+            if not info.controllable:
+                held = self.registry.jobs.get(request.job_id)
+                what = ("its power limit" if held is not None and held.power_limit is not None
+                        else "its SM clocks")
+                return Reply.failure(
+                    "read_only",
+                    f"GPU {gpu.gpu_index} on node {gpu.node!r} is observe-only (its agent runs "
+                    "with --observe-only, or lacks the privilege to change GPU settings), and "
+                    f"job {shown(request.job_id)} must set {what}: run that node's agent "
+                    "without --observe-only, as root or with CAP_SYS_ADMIN; to measure only, "
+                    "use profiling windows, which need no job",
                 )
         # The job may have gone or the rank been taken meanwhile (here, or through another
         # replica: the state bucket decides, once): this checks again.
@@ -1318,8 +1334,10 @@ class CoordinatorService(ExitSignals):
         if job is None:
             return
         parts = msg.subject.split(".")  # <p...>.gpu.<node>.<gpu>.error
+        # ASCII digits only: "²" is a digit to `isdigit` but not to `int`.
+        gpu = int(parts[-2]) if parts[-2].isascii() and parts[-2].isdigit() else -1
         if not self._bound_here(self.registry.jobs.get(event.job_id), event.rank, parts[-3],
-                                int(parts[-2]) if parts[-2].isdigit() else -1):
+                                gpu):
             self._drop("wrong_node", msg.subject,
                        f"rank {event.rank} of {event.job_id} is not bound to {parts[-3]}/gpu"
                        f"{parts[-2]}")
@@ -1433,6 +1451,16 @@ class CoordinatorService(ExitSignals):
             job = self.optimisers.get(job_id)
             if job is None or not self.owns(job_id):
                 continue  # (Fenced: a replica whose lease lapsed may be being taken over.)
+            if not gpu.controllable:
+                # Its agent lost the privilege (or restarted observe-only): said once.
+                if (job_id, node, gpu.index) not in self._observe_only_said:
+                    self._observe_only_said[(job_id, node, gpu.index)] = None
+                    await self.status(job_id, "error",
+                                      f"{hello.node}/gpu{gpu.index} (rank {rank}) is observe-only "
+                                      "now: its agent cannot change its settings, so the job's "
+                                      "settings are not applied there; restart that agent "
+                                      "without --observe-only, as root or with CAP_SYS_ADMIN")
+                continue
             if self.clock() - record.last_active_s > self.settings.lease_idle_s:
                 continue  # A quiet job: its leases lapsed on purpose.
             if len(self._recent_reapplies(job_id, rank)) >= REAPPLY_LIMIT:

@@ -1,7 +1,9 @@
 """`zeus-coordinator watch`: follow jobs from a terminal.
 
 Subscribes to `<prefix>.job.<job>.status` (all jobs, or one) and prints each state change and
-progress report as it comes, with the power-limit progress when there is one. With `--once`,
+progress report as it comes, with the power-limit progress when there is one, and which GPUs
+are observe-only (from the agents' announcements, `<prefix>.agent.*.hello`: a line when a GPU is
+first seen observe-only, and when that changes). With `--once`,
 it asks the coordinator for the job's current state instead (`<prefix>.coord.jobs.query`) and
 exits.
 """
@@ -20,7 +22,7 @@ from typing import Any
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.errors import PayloadError, ZeusAgentError
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import JobQuery, JobStatus, Reply
+from zeus_agent.wire.messages import AgentHello, JobQuery, JobStatus, Reply
 
 
 def describe(status: JobStatus) -> str:
@@ -45,6 +47,30 @@ def describe(status: JobStatus) -> str:
         else:
             line += f"  ({phase})"
     return line
+
+
+def control_changes(hello: AgentHello, known: dict[tuple[str, int], bool]) -> list[str]:
+    """Lines for the GPUs of an announcement whose control changed (`known` is updated).
+
+    A GPU first seen controllable says nothing (the usual case); one first seen observe-only,
+    or whose control changed, gets a line.
+    """
+    when = dt.datetime.now().strftime("%H:%M:%S")
+    lines = []
+    for gpu in hello.gpus:
+        key = (hello.node, gpu.index)
+        before = known.get(key)
+        known[key] = gpu.controllable
+        if before == gpu.controllable or (before is None and gpu.controllable):
+            continue
+        if gpu.controllable:
+            lines.append(f"{when} {hello.node}/gpu{gpu.index} [controllable] its agent may "
+                         "change its settings again (it restarted with the privilege)")
+        else:
+            lines.append(f"{when} {hello.node}/gpu{gpu.index} [observe-only] measured, never "
+                         "set: jobs that optimise it are refused (its agent runs with "
+                         "--observe-only or lacks CAP_SYS_ADMIN)")
+    return lines
 
 
 async def watch(url: str, prefix: str, job_id: str | None, once: bool) -> int:
@@ -75,7 +101,15 @@ async def watch(url: str, prefix: str, job_id: str | None, once: bool) -> int:
             except PayloadError as e:
                 print(f"(unreadable status on {msg.subject}: {e})", flush=True)
 
+        known: dict[tuple[str, int], bool] = {}
+
+        async def on_hello(msg: Any) -> None:
+            with contextlib.suppress(PayloadError):  # (Not ours to judge: the coordinator's.)
+                for line in control_changes(codec.decode(msg.data, AgentHello), known):
+                    print(line, flush=True)
+
         await nc.subscribe(subject, cb=on_status)
+        await nc.subscribe(subjects.all_agent_hellos(prefix), cb=on_hello)
         await confirm_subscriptions(nc)
         print(f"watching {subject} on {url}; Ctrl-C to stop", flush=True)
         await stop.wait()
@@ -89,7 +123,8 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="zeus-coordinator watch",
         description="Follow job status events (state changes, profiling progress, the pinned "
-        "power limit), or print a job's current state with --once.",
+        "power limit) and which GPUs are observe-only, or print a job's current state with "
+        "--once.",
     )
     parser.add_argument("job_id", nargs="?", help="a job id (default: every job)")
     parser.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server URL")

@@ -3,6 +3,8 @@
 * `ZeusAgentError`: base of everything raised on purpose here.
 * `PayloadError`: a message or payload failed validation; the text names the field.
 * `BrokerError`: no NATS server could be started or reached.
+* `ReadOnlyError`: a setting refused because the GPU is observed only (`--observe-only`, or no
+  privilege to change it).
 * `GPUError` and its subclasses: a GPU operation failed.
   * `GPUNotSupportedError`: the device or driver lacks the feature; do without it.
   * `GPUPermissionError`: a setter needs CAP_SYS_ADMIN or root; fix the deployment.
@@ -66,4 +68,12 @@ class TrainerLeftError(SettingRefusedError):
 
     Its own code: a coordinator setting a job's limit again may cross the trainer's goodbye,
     which is no failure of the job's other GPUs.
+    """
+
+
+class ReadOnlyError(SettingRefusedError):
+    """A setting refused because the GPU is observed only (code `read_only`).
+
+    The agent runs with `--observe-only`, or found that it lacks the privilege to change the
+    GPU's settings (NVML answered `NO_PERMISSION`): it measures, it never sets.
     """

@@ -18,6 +18,7 @@ from zeus_agent.errors import (
     GPUUnavailableError,
     GPUValueError,
     PayloadError,
+    ReadOnlyError,
     SettingRefusedError,
     TrainerLeftError,
     ZeusAgentError,
@@ -50,6 +51,7 @@ ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
     (GPUPermissionError, "permission"),
     (GPUUnavailableError, "unavailable"),
     (TrainerLeftError, "trainer_left"),
+    (ReadOnlyError, "read_only"),
     (SettingRefusedError, "conflict"),
     (ZeusAgentError, "internal"),
 )

@@ -38,12 +38,15 @@ from zeus_agent.agent.core.meter import Gap, Interval
 from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.errors import (
     GPUError,
+    GPUPermissionError,
     GPUUnavailableError,
     GPUValueError,
     PayloadError,
+    ReadOnlyError,
     TrainerLeftError,
 )
 from zeus_agent.gpu.base import GPU, GPUInfo
+from zeus_agent.gpu.observe_only import ObserveOnlyGPU
 from zeus_agent.gpu.threaded import GPUCaller
 from zeus_agent.models import MAX_NAME_CHARS, FrequencySchedule
 from zeus_agent.wire import codec, subjects
@@ -59,6 +62,7 @@ from zeus_agent.wire.messages import (
     TrainerEvent,
     TrainerEventBatch,
 )
+from zeus_agent.wire.text import bounded
 from zeus_agent.wire.trainer import EventDatagram, Kind, ScheduleNotice
 
 LOG = logging.getLogger(__name__)
@@ -147,6 +151,8 @@ class GpuAgent:
         """When the power limit changed: step marks carry the limit in force at their event."""
         self.info: GPUInfo | None = None
         self.index = gpu.index
+        self.on_control_lost: Callable[[], None] | None = None
+        """Set by the server: announce at once that this GPU can no longer be controlled."""
         self._changed: set[str] = set()
         self._settings = asyncio.Lock()
         """Held while a setting is changed or restored: with a blocking backend (NVML) each
@@ -188,7 +194,7 @@ class GpuAgent:
         self.info = await self.caller.call(self.gpu.info)
         if not self.info.has_energy_counter:
             self.counter.use_integrator()
-        if reset:
+        if reset and self.controllable:
             await self.reset_at_start()
         self.power_limit_w = await self.caller.call(self.gpu.get_power_limit_w)
         await self.counter.read_once()
@@ -205,8 +211,42 @@ class GpuAgent:
                 LOG.warning("GPU %d: power limit %d W at start; reset to the default %d W",
                             self.index, limit, self.info.default_power_limit_w)
             await self.caller.call(self.gpu.reset_sm_clocks)
+        except GPUPermissionError as e:
+            self.lose_control(str(e))
         except GPUError as e:
             LOG.warning("GPU %d: could not reset settings at start: %s", self.index, e)
+
+    @property
+    def controllable(self) -> bool:
+        """Whether this agent may change the GPU's settings (not observe-only, privileged)."""
+        return not isinstance(self.gpu, ObserveOnlyGPU)
+
+    def observe_only(self, why: str) -> None:
+        """From now on, never change this GPU's settings (`why`: the refusals' explanation)."""
+        if self.controllable:
+            self.gpu = ObserveOnlyGPU(self.gpu, why)
+
+    def lose_control(self, error: str) -> None:
+        """NVML answered NO_PERMISSION to a setter: observe only from now on, say so once.
+
+        Privileges are found out, not assumed: an agent without CAP_SYS_ADMIN measures as
+        usual, announces the GPU as not controllable (the coordinator then refuses jobs that
+        need control there) and refuses settings at once instead of failing command by command.
+        """
+        if not self.controllable:
+            return
+        self.observe_only(
+            "the agent lacks the privilege to change GPU settings (NVML: NO_PERMISSION); "
+            "run it as root or grant CAP_SYS_ADMIN, or pass --observe-only to say it is meant")
+        LOG.warning("GPU %d: observe-only from now on: %s", self.index, error)
+        self.cursor.clear()  # A schedule's clocks can no longer be applied.
+        self._pending_schedule = None
+        if self.on_control_lost is not None:
+            self.on_control_lost()
+
+    def _check_controllable(self) -> None:
+        if isinstance(self.gpu, ObserveOnlyGPU):
+            raise self.gpu._refuse("changing a setting")
 
     async def describe(self) -> GpuDescription:
         """The announcement of this GPU, with its current power limit."""
@@ -217,7 +257,7 @@ class GpuAgent:
         pending = self._pending_schedule
         version = pending[1] if pending is not None else self.schedule_version
         return GpuDescription.from_info(self.info, limit, job_id).model_copy(
-            update={"schedule_version": version})
+            update={"schedule_version": version, "controllable": self.controllable})
 
     @property
     def power_limit_w(self) -> int | None:
@@ -326,6 +366,7 @@ class GpuAgent:
         no lease (and drops the one held).
         """
         assert self.info is not None
+        self._check_controllable()
         self._check_limit(power_limit_w)
         self._check_lease_s(lease_s)
         self._check_holder(holder)
@@ -345,6 +386,11 @@ class GpuAgent:
             if old != power_limit_w:
                 await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
             self.limits.record(t_ns, power_limit_w)
+        except GPUPermissionError as e:
+            if not to_default:
+                self.leases.reinstate(POWER_LIMIT, previous)
+            self.lose_control(str(e))  # Said once; later settings are refused at once.
+            raise
         except BaseException as e:
             if not to_default:
                 self.leases.reinstate(POWER_LIMIT, previous)
@@ -368,12 +414,17 @@ class GpuAgent:
             raise GPUValueError(f"min_mhz ({min_mhz}) must not exceed max_mhz ({max_mhz})")
         self._check_clock(min_mhz)
         self._check_clock(max_mhz)
+        self._check_controllable()
         self._check_holder(holder)
         async with self._settings:
             self._check_holder(holder)  # The trainer may have left meanwhile.
             previous = self._grant(SM_CLOCKS, holder, lease_s)
             try:
                 await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
+            except GPUPermissionError as e:
+                self.leases.reinstate(SM_CLOCKS, previous)
+                self.lose_control(str(e))  # Said once; later settings are refused at once.
+                raise
             except BaseException:
                 self.leases.reinstate(SM_CLOCKS, previous)
                 raise
@@ -396,6 +447,7 @@ class GpuAgent:
         """
         assert self.info is not None
         clocks = set(self.info.supported_graphics_clocks_mhz) or None
+        self._check_controllable()
         self._check_lease_s(lease_s)
         self._check_holder(holder or job_id)
         try:
@@ -444,9 +496,13 @@ class GpuAgent:
             self.leases.release(SCHEDULE)
             todo.add(SM_CLOCKS)  # the schedule locked clocks: unlock them too
             restored.append(SCHEDULE)
+        # Observe-only: nothing was set (`_changed` is empty), so nothing is reset. A GPU that
+        # lost control (NVML said NO_PERMISSION to one setter) gets back what another did set:
+        # never left throttled.
+        gpu = self.gpu.wrapped if isinstance(self.gpu, ObserveOnlyGPU) else self.gpu
         for kind, call in (
-            (POWER_LIMIT, self.gpu.reset_power_limit),
-            (SM_CLOCKS, self.gpu.reset_sm_clocks),
+            (POWER_LIMIT, gpu.reset_power_limit),
+            (SM_CLOCKS, gpu.reset_sm_clocks),
         ):
             if kind not in todo:
                 continue
@@ -605,7 +661,7 @@ class GpuAgent:
         if not getattr(self.gpu, "calls_block", True):
             try:
                 self.gpu.lock_sm_clocks_mhz(mhz, mhz)
-            except GPUError as e:
+            except (GPUError, ReadOnlyError) as e:
                 self._spawn(self.error_event("frequency_failed", str(e)))
             return
         self._wanted_mhz = mhz
@@ -624,7 +680,7 @@ class GpuAgent:
                     continue
                 try:
                     await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
-                except GPUError as e:
+                except (GPUError, ReadOnlyError) as e:
                     error = str(e)
             if error is not None:
                 await self.error_event("frequency_failed", error)
@@ -769,7 +825,7 @@ class GpuAgent:
         event = ErrorEvent(
             source=f"agent:{self.node}/gpu{self.index}"[-MAX_NAME_CHARS:],
             code=code,
-            message=message,
+            message=bounded(message),  # It may name what a trainer sent.
             job_id=b.job_id if b else None,
             rank=b.rank if b else None,
             detail=detail or {},

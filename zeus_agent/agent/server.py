@@ -50,6 +50,7 @@ from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError, GPUUnavailableError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
+from zeus_agent.gpu.observe_only import OBSERVE_ONLY_HELP
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal, Reply
 from zeus_agent.wire.text import bounded
@@ -99,6 +100,7 @@ class AgentServer(ExitSignals):
         super().__init__()
         self.started = asyncio.Event()
         self.agents: dict[int, GpuAgent] = {}
+        self._announcing: set[asyncio.Future[None]] = set()
         self.gateway: Gateway | None = None
         self.nc: Any = None
         self._embedded: EmbeddedNats | None = None
@@ -186,8 +188,13 @@ class AgentServer(ExitSignals):
             agent = GpuAgent(
                 gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds, s.default_lease_s
             )
+            if s.observe_only:
+                agent.observe_only(OBSERVE_ONLY_HELP)
+            agent.on_control_lost = self._announce_soon
             await agent.start(reset=s.reset_on_start)
             self.agents[agent.index] = agent
+        if s.observe_only:
+            LOG.info("observe-only: no GPU setting is ever changed by this agent")
         renewals = subjects.all_lease_renewals(s.prefix)
         self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
         ping = subjects.agent_ping(s.prefix)
@@ -395,6 +402,23 @@ class AgentServer(ExitSignals):
             subjects.agent_hello(self.settings.node, self.settings.prefix), codec.encode(hello)
         )
 
+    def _announce_soon(self) -> None:
+        """A GPU can no longer be controlled (NVML: NO_PERMISSION): say so now.
+
+        Not at the next heartbeat; the start-up announcement carries it when it happens before.
+        """
+        if self.nc is None or not self.started.is_set():
+            return
+        task = asyncio.ensure_future(self._announce_quietly())
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+
+    async def _announce_quietly(self) -> None:
+        try:
+            await self.announce()
+        except Exception as e:  # noqa: BLE001 - the heartbeat says it again
+            LOG.warning("could not announce: %s", bounded(e, 300))
+
     async def _on_ping(self, msg: Any) -> None:
         await self.announce()
 
@@ -404,8 +428,13 @@ class AgentServer(ExitSignals):
             for agent in self.agents.values():
                 agent.renew_leases(renewal.holder, renewal.lease_s)
         except PayloadError as e:
+            # Counted always; logged the first time and every 1000th (the subject and the
+            # error are a peer's to choose: one WARNING line each would be a log flood).
             self.counters["bad_lease_renewal"] += 1
-            LOG.warning("ignored a bad lease renewal on %s: %s", msg.subject, e)
+            n = self.counters["bad_lease_renewal"]
+            if n == 1 or n % 1000 == 0:
+                LOG.warning("ignored a bad lease renewal on %s (%d so far): %s",
+                            bounded(msg.subject, 300), n, e)
 
     # ------------------------------------------------------------------ loops
     def _loops(self) -> list[Coroutine[Any, Any, None]]:

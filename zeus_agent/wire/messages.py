@@ -33,6 +33,7 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -114,6 +115,18 @@ class GpuDescription(_Part):
     """The job whose rank is bound to the GPU (a trainer said HELLO), or None."""
     schedule_version: int | None = None
     """Version of the frequency schedule installed or waiting for its step (None: none)."""
+    controllable: bool = True
+    """Whether the agent may change this GPU's settings: False when it runs `--observe-only` or
+    lacks the privilege (NVML: NO_PERMISSION). Added after schema 1 shipped: sent only when
+    False, so coordinators that predate it keep accepting controllable GPUs' announcements
+    (one that predates it refuses an observe-only GPU's announcement: it could not drive it)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_controllable(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("controllable") is True:
+            del data["controllable"]
+        return data
 
     @classmethod
     def from_info(

@@ -41,6 +41,7 @@ from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RANK
 from zeus_agent.wire.codec import unpack, validate
 from zeus_agent.wire.messages import JoinToken, Reply
+from zeus_agent.wire.text import shown
 
 PROTOCOL_VERSION = 1
 DEFAULT_SOCKET_PATH = "/run/zeus-agent/agent.sock"
@@ -203,7 +204,7 @@ def encode_notice(notice: ScheduleNotice) -> bytes:
 
 def _int(value: Any, what: str) -> int:
     if type(value) is not int:
-        raise PayloadError(f"datagram field '{what}' must be an integer, got {value!r}", what)
+        raise PayloadError(f"datagram field '{what}' must be an integer, got {shown(value)}", what)
     return value
 
 
@@ -221,27 +222,29 @@ def decode_datagram(
         raise PayloadError("datagram must be a msgpack array of at least 4 items")
     if obj[0] != PROTOCOL_VERSION:
         raise PayloadError(
-            f"datagram protocol version {obj[0]!r} is not supported (agent speaks "
+            f"datagram protocol version {shown(obj[0])} is not supported (agent speaks "
             f"{PROTOCOL_VERSION}); use a zeus_agent.emit of the agent's version",
             "v",
         )
     try:
         kind = Kind(_int(obj[1], "kind"))
     except ValueError:
-        raise PayloadError(f"unknown datagram kind {obj[1]!r}", "kind") from None
+        raise PayloadError(f"unknown datagram kind {shown(obj[1])}", "kind") from None
     if kind in EVENT_KINDS:
         if len(obj) != 7:
             raise PayloadError(f"{kind.name} datagram must have 7 items, got {len(obj)}")
         name = obj[6]
         if not isinstance(name, str):
-            raise PayloadError(f"datagram field 'name' must be a string, got {name!r:.80}", "name")
+            raise PayloadError(f"datagram field 'name' must be a string, got {shown(name)}", "name")
         if len(name) > MAX_NAME_CHARS:
             raise PayloadError(
                 f"datagram field 'name' has {len(name)} characters; at most {MAX_NAME_CHARS}",
                 "name",
             )
         if name and not name.isprintable():
-            raise PayloadError(f"datagram field 'name' {name!r:.80} has control characters", "name")
+            raise PayloadError(
+                f"datagram field 'name' {shown(name)} has control characters", "name"
+            )
         return EventDatagram(
             kind, _int(obj[2], "pid"), _int(obj[3], "t_ns"), _int(obj[4], "a"),
             _int(obj[5], "b"), name,
