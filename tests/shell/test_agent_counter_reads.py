@@ -159,3 +159,36 @@ async def test_an_exact_window_waits_for_the_read_that_brackets_its_end(
         finally:
             gpu.gate.set()
             trainer.close()
+
+
+async def test_a_step_that_ends_just_before_goodbye_is_still_measured(tmp_path: Path) -> None:
+    """Its trainer leaves (the GPU is unbound) before a read brackets its last step: the step
+    goes out once one does, under the rank it was measured for."""
+    gpu = gated_gpu(tmp_path)
+    batches: list[MeasurementBatch] = []
+
+    async def publish(subject: str, payload: bytes) -> None:
+        if subject == subjects.gpu_measurements("n", 0):
+            batches.append(codec.decode(payload, MeasurementBatch))
+
+    agent = GpuAgent(gpu, "n", publish)
+    await agent.start()
+    agent.bind("job", 3, os.getpid())
+    task = asyncio.create_task(agent.process_events())
+    try:
+        await wait_for(lambda: len(agent.ring) >= 3, 5.0, "the first reads")
+        await hold_reads(gpu)
+        agent.on_event(event(Kind.STEP_BEGIN, 0))
+        agent.on_event(event(Kind.STEP_END, 0))
+        await wait_for(lambda: len(agent._unread) == 3, 3.0, "the step waiting for a read")
+        agent.unbind()  # the trainer said goodbye
+        gpu.gate.set()
+        await wait_for(lambda: any(b.measurements for b in batches), 5.0, "the last step")
+        [batch] = [b for b in batches if b.measurements]
+        assert (batch.job_id, batch.rank, batch.measurements[0].step) == ("job", 3, 0)
+    finally:
+        gpu.gate.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        agent.caller.close()

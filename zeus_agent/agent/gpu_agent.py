@@ -140,7 +140,8 @@ class GpuAgent:
         self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
         """Reads the energy counter when its policy says (never per event) into the ring."""
         self.counter.on_knot = self._release_measured
-        self._unread: deque[tuple[int, Binding, Callable[[], None]]] = deque()
+        self._unread: deque[tuple[int, Binding, Callable[[], Mark | Measurement | None]]]
+        self._unread = deque()
         """Marks and measurements waiting for a read after their time: (t, binding, emit)."""
         self.cursor = ScheduleCursor()
         self.meter = RankMeter()
@@ -720,8 +721,8 @@ class GpuAgent:
         except ValueError:
             return None
 
-    def _when_read(self, t_ns: int, emit: Callable[[], None]) -> None:
-        """Call `emit` (a mark or a measurement) once a read at or after `t_ns` is in."""
+    def _when_read(self, t_ns: int, emit: Callable[[], Mark | Measurement | None]) -> None:
+        """Call `emit` (it makes a mark or a measurement) once a read at or after `t_ns` is in."""
         assert self.binding is not None
         self._unread.append((t_ns, self.binding, emit))
         if len(self._unread) > MAX_UNREAD:
@@ -729,13 +730,29 @@ class GpuAgent:
             self.counters["unmeasured"] = self.counters.get("unmeasured", 0) + 1
 
     def _release_measured(self, flush: bool = True) -> None:
-        """Emit the marks and measurements that reads now bracket, in their order."""
+        """Emit the marks and measurements that reads now bracket, in their order.
+
+        Those of a rank unbound meanwhile (its trainer said goodbye right after its last step)
+        go out under that rank.
+        """
         released = False
+        gone: dict[int, tuple[Binding, list[Mark], list[Measurement]]] = {}
         while self._unread and self.counter.covers(self._unread[0][0]):
             _, binding, emit = self._unread.popleft()
-            if binding is self.binding:  # (the rank it was measured for is still bound)
-                emit()
+            item = emit()
+            if item is None:
+                continue
+            if binding is self.binding:
+                marks, measurements = self._pending_marks, self._pending_measurements
                 released = True
+            else:
+                _, marks, measurements = gone.setdefault(id(binding), (binding, [], []))
+            if isinstance(item, Mark):
+                marks.append(item)
+            else:
+                measurements.append(item)
+        for binding, marks, measurements in gone.values():
+            self._spawn(self._publish_measured(binding, marks, measurements))
         if released and flush:
             self._spawn(self.flush_measurements())
 
@@ -778,18 +795,19 @@ class GpuAgent:
             elif isinstance(rec, Interval) and rec.kind in ("step", "instruction"):
                 self._when_read(rec.t1_ns, functools.partial(self._measurement, rec, version))
 
-    def _mark(self, kind: str, epoch: int, step: int, t_ns: int, limit: int | None) -> None:
+    def _mark(self, kind: str, epoch: int, step: int, t_ns: int, limit: int | None) -> Mark | None:
         energy = self._energy_at(t_ns)
-        if energy is not None:
-            self._pending_marks.append(Mark(kind=kind, epoch=epoch, step=step, t_ns=t_ns,
-                                            energy_j=energy, power_limit_w=limit))  # fmt: skip
+        if energy is None:
+            return None
+        return Mark(kind=kind, epoch=epoch, step=step, t_ns=t_ns, energy_j=energy,
+                    power_limit_w=limit)  # fmt: skip
 
-    def _measurement(self, rec: Interval, version: int | None) -> None:
+    def _measurement(self, rec: Interval, version: int | None) -> Measurement | None:
         """Measure a closed step or instruction (reads bracket both of its edges)."""
         try:
             energy_j = self.ring.energy_between(rec.t0_ns, rec.t1_ns)
         except ValueError:  # No reads cover it (it began before the oldest kept).
-            return
+            return None
         try:
             measurement = Measurement(
                 kind=rec.kind,
@@ -812,8 +830,8 @@ class GpuAgent:
                     f"a {rec.kind} of step {rec.step} cannot be measured: "
                     f"{what[:300] or e}; fix the trainer's counters",
                     detail={"step": str(rec.step), "index": str(rec.index)}))
-            return
-        self._pending_measurements.append(measurement)
+            return None
+        return measurement
 
     # ------------------------------------------------------------------ publishing
     async def error_event(
@@ -865,6 +883,12 @@ class GpuAgent:
             await self._publish(
                 subjects.job_events(b.job_id, b.rank, self.node, self.prefix), codec.encode(batch)
             )
+        await self._publish_measured(b, marks, meas)
+
+    async def _publish_measured(
+        self, b: Binding, marks: list[Mark], meas: list[Measurement]
+    ) -> None:
+        """Publish marks and measurements of the rank bound as `b`."""
         if marks or meas:
             mb = MeasurementBatch(
                 node=self.node,
