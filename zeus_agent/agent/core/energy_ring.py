@@ -2,9 +2,10 @@
 
 Pieces:
 
-* `EnergyRing`: the ring buffer. The agent's sampler appends `(t_ns, energy_j)` readings (and
-  event-driven reads sharpen window edges); `energy_at`, `energy_between` and `power_between`
-  answer by linear interpolation between the bracketing samples.
+* `EnergyRing`: the ring buffer. The agent appends `(t_ns, energy_j)` knots: one per counter
+  update, placed at the update's instant by the read policy (`counter_phase`; a read that finds
+  the value unchanged adds none); `energy_at`, `energy_between` and `power_between` answer by
+  linear interpolation between the bracketing samples.
 * `WindowOutOfRange`: a window reaches before the oldest sample kept, or further past the newest
   than the extrapolation horizon allows. A `ValueError` (and a `ZeusAgentError`).
 
@@ -24,9 +25,11 @@ Invariants (everything that affects the answers lives in this file):
    O(log capacity) without copying.
 4. `energy_at(t)` for `oldest <= t <= newest` interpolates linearly between the bracketing
    samples. For `newest < t <= newest + horizon` it extrapolates with the last observed power
-   (the slope of the two newest samples); such answers are provisional, a later sample may
-   revise them. Before the oldest sample, past the horizon, with an empty ring, or when an
-   extrapolation needs a slope that one sample cannot give, it raises `WindowOutOfRange`.
+   (the slope of the two newest samples: with the agent's knots, the average power of the last
+   full update period, never a slope through an unchanged read); such answers are provisional,
+   a later sample may revise them. Before the oldest sample, past the horizon, with an empty
+   ring, or when an extrapolation needs a slope that one sample cannot give, it raises
+   `WindowOutOfRange`.
 5. Consequently `energy_between(a, b) + energy_between(b, c) == energy_between(a, c)` (up to
    float rounding) and `energy_between` is never negative.
 
