@@ -2,6 +2,8 @@
 
 * `energy_ring`: `EnergyRing`, the ring of cumulative-energy samples answering "energy between
   t0 and t1" by interpolation; `WindowOutOfRange`.
+* `counter_phase`: `ReadPolicy`, when to read the energy counter (once after each of its
+  updates, clear of due setting changes) and the update instant each value belongs to (`Knot`).
 * `leases`: `LeaseTable` and `Lease`, the failsafe leases under which every non-default GPU
   setting is held.
 * `limit_history`: `LimitHistory`, a GPU's recent power-limit changes by time (which limit a
