@@ -210,6 +210,70 @@ def contenders(count: int, nice: int) -> Iterator[list[subprocess.Popen[bytes]]]
             p.wait()
 
 
+def read_per_event(server: AgentServer) -> None:
+    """Make the agent read the energy counter once per burst of trainer events, as it did
+    before the phase-locked reads (for comparison: `--compare-read-per-event`)."""
+    for agent in server.agents.values():
+        busy = [False]
+
+        async def read(agent: Any = agent, busy: list[bool] = busy) -> None:
+            try:
+                await agent.counter.read_once()
+            finally:
+                busy[0] = False
+
+        def on_event(ev: Any, real: Any = agent.on_event, agent: Any = agent,
+                     busy: list[bool] = busy) -> None:
+            real(ev)
+            if not busy[0]:
+                busy[0] = True
+                agent._spawn(read())
+
+        agent.on_event = on_event
+
+
+def attribute(
+    stamps: list[int], expected: list[int], applied: list[tuple[int, int, int]]
+) -> tuple[dict[str, list[float]], int]:
+    """Each instruction's latency to the first clock change that applies it or a newer one.
+
+    The agent applies the latest clock wanted when its GPU thread is free: a change that waited
+    (behind a counter read) may be overtaken by the next instruction's, and is never applied on
+    its own. Applied change k is the latest instruction begun before its call whose clock it
+    sets; an instruction's latency runs to the first change applying it or a later one. The
+    first step is warm-up and left out.
+
+    Returns:
+        ({"call": [...], "done": [...]} in us, sorted; how many instructions were overtaken).
+
+    Raises:
+        ValueError: A change matches no instruction, or the last instruction was never applied.
+    """
+    applied_for: list[int] = []
+    j = 0
+    for freq, call, _ in applied:
+        while j + 1 < len(stamps) and stamps[j + 1] <= call:
+            j += 1
+        i = j
+        while i >= 0 and expected[i] != freq:
+            i -= 1
+        if i < 0 or (applied_for and i < applied_for[-1]):
+            raise ValueError(f"a change to {freq} MHz matches no instruction in order")
+        applied_for.append(i)
+    if not applied_for or applied_for[-1] != len(stamps) - 1:
+        raise ValueError(f"{len(stamps)} instructions, the last never applied")
+    call: list[float] = []
+    done: list[float] = []
+    k = 0
+    for i, t in enumerate(stamps):
+        while applied_for[k] < i:
+            k += 1
+        if i >= len(PLAN):
+            call.append((applied[k][1] - t) / 1000)
+            done.append((applied[k][2] - t) / 1000)
+    return {"call": sorted(call), "done": sorted(done)}, len(stamps) - len(set(applied_for))
+
+
 class Bench:
     """One agent (in this process) and its simulated GPU; trainers run as child processes."""
 
@@ -217,8 +281,9 @@ class Bench:
         self.agent, self.gpu, self.nc = agent, gpu, nc
         self.steps, self.gap_us = steps, gap_us
         self.runs = 0
+        self.overtaken: dict[str, int] = {}
 
-    async def trainer(self, mode: str, nice: int = 0) -> dict[str, list[float]]:
+    async def trainer(self, mode: str, nice: int = 0, label: str = "") -> dict[str, list[float]]:
         """Install the schedule, run one trainer process, return its latencies (us)."""
         self.runs += 1
         schedule = FrequencySchedule(rank=0, frequencies=PLAN)
@@ -244,21 +309,17 @@ class Bench:
             if self.agent.agents[0].binding is None:
                 break
             await asyncio.sleep(0.05)
-        applied = self.gpu.applied
-        if len(applied) != len(stamps):
-            raise RuntimeError(
-                f"{mode}: {len(stamps)} instructions, {len(applied)} applied; "
-                f"trainer {json.loads(out)['stats']}; {self.agent.agents[0].counters}"
-            )
         expected = [f for _, f in PLAN] * self.steps
-        if [f for f, _, _ in applied] != expected:
-            raise RuntimeError(f"{mode}: frequencies applied out of order")
-        warm = len(PLAN)  # skip the first step
-        pairs = list(zip(stamps, applied, strict=True))[warm:]
-        return {
-            "call": sorted((c - t) / 1000 for t, (_, c, _) in pairs),
-            "done": sorted((d - t) / 1000 for t, (_, _, d) in pairs),
-        }
+        if len(stamps) != len(expected):
+            raise RuntimeError(f"{mode}: the trainer ran {len(stamps)} instructions")
+        try:
+            series, overtaken = attribute(stamps, expected, self.gpu.applied)
+        except ValueError as e:
+            raise RuntimeError(
+                f"{mode}: {e}; trainer {json.loads(out)['stats']}; "
+                f"{self.agent.agents[0].counters}") from None
+        self.overtaken[label or mode] = self.overtaken.get(label or mode, 0) + overtaken
+        return series
 
     async def contended(
         self, count: int, rounds: int, methods: list[str]
@@ -299,14 +360,22 @@ async def run(
     methods: tuple[str, ...] = (),
     timing: str = "h200",
     set_latency_ms: float = 1.0,
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
-    """Run the agent here and trainer processes; return (quiet, contended) latencies (us)."""
+    compare: bool = False,
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]],
+           dict[str, dict[str, list[float]]], dict[str, int]]:
+    """Run the agent here and trainer processes.
+
+    Returns:
+        (quiet, contended, read-per-event, overtaken) latencies (us): read-per-event is empty
+        unless `compare`; overtaken counts the instructions whose change was overtaken.
+    """
     from zeus_agent.broker import EmbeddedNats, connect
 
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     tmp = Path(tempfile.mkdtemp(prefix="zai-", dir=root))
     quiet: dict[str, dict[str, list[float]]] = {}
     contended: dict[str, dict[str, list[float]]] = {}
+    legacy: dict[str, dict[str, list[float]]] = {}
     async with EmbeddedNats() as server:
         settings = AgentSettings(
             nats_url=server.url,
@@ -333,12 +402,19 @@ async def run(
                 quiet[mode] = await bench.trainer(mode)
             if contend:
                 contended = await bench.contended(contend, rounds, list(methods))
+            if compare:
+                read_per_event(agent)
+                for mode in ("sleep", "busy"):
+                    legacy[mode] = await bench.trainer(mode, label=f"read_per_event_{mode}")
         finally:
             await nc.close()
             agent.handle_exit()
             await serve
             shutil.rmtree(tmp, ignore_errors=True)
-    return quiet, contended
+    counter = agent.agents[0].counter
+    bench.overtaken["counter_reads"] = counter.reads
+    bench.overtaken["counter_reads_collided"] = counter.policy.collisions
+    return quiet, contended, legacy, bench.overtaken
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -362,8 +438,17 @@ RAISE_METHODS = {
 def main() -> None:
     """Run the benchmark and print the table and the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--gap-us", type=int, default=1000, help="trainer time between events")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--gap-us", type=int, default=50_000,
+        help="trainer time between events (default: %(default)s: a real forward or backward "
+        "instruction lasts tens of ms; at 1 ms apart, 1 ms clock changes saturate the GPU)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare-read-per-event", action="store_true",
+        help="also measure, in the same run, the agent reading the counter once per burst of "
+        "trainer events (the design before phase-locked reads)",
+    )  # fmt: skip
     parser.add_argument(
         "--contend", type=int, default=0, metavar="N",
         help="also measure the busy trainer beside N CPU-bound processes, with the agent at "
@@ -406,10 +491,10 @@ def main() -> None:
     import uvloop
 
     load_before = os.getloadavg()
-    results, contended = uvloop.run(
+    results, contended, legacy, overtaken = uvloop.run(
         run(
             args.steps, args.gap_us, args.contend, args.rounds, tuple(methods),
-            args.nvml_timing, args.set_latency_ms,
+            args.nvml_timing, args.set_latency_ms, args.compare_read_per_event,
         )
     )  # fmt: skip
     print(f"{'instruction_begin -> applied (us)':36s} {'p50':>7s} {'p99':>7s} {'max':>8s}")
@@ -423,6 +508,12 @@ def main() -> None:
             out[f"{mode}_{what}_p99_us"] = round(p99, 1)
             if what == "call":
                 ok = ok and p50 <= BUDGET_P50_US and p99 <= BUDGET_P99_US
+    for mode, series in legacy.items():
+        values = series["call"]
+        p50, p99 = pct(values, 0.5), pct(values, 0.99)
+        print(f"{mode + ', read per event, call':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
+        out[f"read_per_event_{mode}_call_p50_us"] = round(p50, 1)
+        out[f"read_per_event_{mode}_call_p99_us"] = round(p99, 1)
     n = len(results["sleep"]["call"])
     print(
         f"(call: agent issues the clock change; done: the simulated GPU's file is rewritten; "
@@ -453,6 +544,10 @@ def main() -> None:
         "p99_us": max(out["sleep_call_p99_us"], out["busy_call_p99_us"]),
         **out,
         "instructions_per_mode": n,
+        "gap_us": args.gap_us,
+        "overtaken": overtaken,
+        "counter_reads": overtaken.pop("counter_reads"),
+        "counter_reads_collided": overtaken.pop("counter_reads_collided"),
         "budget_p50_us": BUDGET_P50_US,
         "budget_p99_us": BUDGET_P99_US,
         "ok": ok,

@@ -33,6 +33,7 @@ from zeus_agent.agent.core import (
     ScheduleCursor,
     Throttle,
 )
+from zeus_agent.agent.core.boundaries import BoundaryForecast
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.core.meter import Gap, Interval
 from zeus_agent.agent.counter_reader import CounterReader
@@ -79,6 +80,9 @@ MAX_DEPARTED = 64
 """Jobs remembered per GPU as 'its trainer left' (their settings are refused)."""
 MAX_UNREAD = 100_000
 """Marks and measurements held per GPU while no read brackets them (the oldest go first)."""
+FORECAST_NS = 250_000_000
+"""How far ahead the counter reader looks for clock changes to avoid (beyond one read's span
+and its longest postponement)."""
 FLOOD_REPORTS_PER_S = 2.0
 """Schedule mismatches (and measurement gaps) reported, i.e. logged and published, per second
 after the first `FLOOD_BURST`; the others are counted and reported with the next one (a changed
@@ -164,6 +168,12 @@ class GpuAgent:
         """The latest clock change not yet applied (blocking backends): one worker applies
         them, skipping those overtaken, so a hung GPU holds at most one behind its lock."""
         self._frequency_worker: asyncio.Future[None] | None = None
+        self._clock_mhz: int | None = None
+        """The schedule's clock last asked for (applied or being applied); None: unknown. An
+        instruction at the same clock asks nothing: each lock call costs ~1 ms on a real GPU."""
+        self.boundaries = BoundaryForecast()
+        """When the schedule's next clock changes are due: counter reads avoid them."""
+        self.counter.due_boundaries = lambda now_ns: self.boundaries.due(now_ns, FORECAST_NS)
         self._expiring = False
         """An expiry started from the event path is pending (at most one at a time)."""
         self._pending_samples: list[Sample] = []
@@ -430,6 +440,7 @@ class GpuAgent:
                 self.leases.reinstate(SM_CLOCKS, previous)
                 raise
             self._changed.add(SM_CLOCKS)
+            self._clock_mhz = None  # Locked by hand: a schedule's next instruction sets its own.
 
     async def install_schedule(
         self,
@@ -461,6 +472,7 @@ class GpuAgent:
             self._grant(SCHEDULE, holder or job_id, lease_s)
             if from_step is None:
                 self.cursor.install(schedule.rank, pairs)
+                self.boundaries.clear()
                 self.schedule_version = version
                 self._pending_schedule = None
             else:
@@ -492,6 +504,7 @@ class GpuAgent:
         restored: list[str] = []
         if SCHEDULE in todo:
             self.cursor.clear()
+            self.boundaries.clear()
             self.schedule_version = None
             self._pending_schedule = None
             self.leases.release(SCHEDULE)
@@ -515,6 +528,8 @@ class GpuAgent:
                 continue
             if kind == POWER_LIMIT and self.info is not None:
                 self.limits.record(t_ns, self.info.default_power_limit_w)
+            if kind == SM_CLOCKS:
+                self._clock_mhz = None
             self.leases.release(kind)
             restored.append(kind)
         self._changed -= set(restored)
@@ -591,8 +606,11 @@ class GpuAgent:
         if ev.kind is Kind.STEP_BEGIN and pending is not None and ev.a >= pending[0]:
             _, version, rank, pairs = pending
             self.cursor.install(rank, pairs)  # Validated when it arrived.
+            self.boundaries.clear()
             self.schedule_version = version
             self._pending_schedule = None
+        if ev.kind is Kind.STEP_BEGIN and self.cursor.installed:
+            self.boundaries.on_step_begin(ev.t_ns)
         if ev.kind is Kind.INSTRUCTION_BEGIN and self.cursor.installed:
             lease = self.leases.get(SCHEDULE)
             if lease is None or time.monotonic_ns() >= lease.deadline_ns:
@@ -605,7 +623,8 @@ class GpuAgent:
             if step.error is not None:
                 self._report("mismatches", "schedule_mismatch", step.error,
                              {"instruction": ev.name, "index": ev.a})
-            if step.frequency_mhz is not None:
+            if step.frequency_mhz is not None and step.frequency_mhz != self._clock_mhz:
+                self.boundaries.on_clock_change(ev.t_ns)
                 self._apply_frequency(step.frequency_mhz)
         elif ev.kind is Kind.STEP_END and self.cursor.installed:
             error = self.cursor.on_step_end()
@@ -659,10 +678,12 @@ class GpuAgent:
             self._expiring = False
 
     def _apply_frequency(self, mhz: int) -> None:
+        self._clock_mhz = mhz
         if not getattr(self.gpu, "calls_block", True):
             try:
                 self.gpu.lock_sm_clocks_mhz(mhz, mhz)
             except (GPUError, ReadOnlyError) as e:
+                self._clock_mhz = None
                 self._spawn(self.error_event("frequency_failed", str(e)))
             return
         self._wanted_mhz = mhz
@@ -682,6 +703,7 @@ class GpuAgent:
                 try:
                     await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
                 except (GPUError, ReadOnlyError) as e:
+                    self._clock_mhz = None  # Unknown: the next instruction asks again.
                     error = str(e)
             if error is not None:
                 await self.error_event("frequency_failed", error)

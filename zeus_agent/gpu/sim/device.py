@@ -130,7 +130,8 @@ class SimGPU(GPU):
         rng = random.Random(f"nvml:{self._static.uuid}")
         lock = driver_lock(self._dir, self.index)
         self._driver = SimDriver(timing, lock, rng, self._clock, sleep)
-        self.calls_block = timing.charges
+        if timing.charges:  # (Untimed, a subclass's own `calls_block` stands.)
+            self.calls_block = True
 
     # Construction.
     @classmethod

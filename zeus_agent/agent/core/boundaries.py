@@ -1,0 +1,63 @@
+"""`BoundaryForecast`: when a rank's next clock changes are due, so counter reads avoid them.
+
+On a real GPU an energy-counter read holds the driver for milliseconds (3 ms median, 24 ms p99
+on an H200), and a clock change issued meanwhile waits for it. A rank running a frequency
+schedule repeats the same iteration: the instructions that changed the clock in the last
+iteration, at the same offsets from its step's begin, will change it again in this one and the
+next. The forecast replays those offsets from the current step's begin (and one iteration on);
+the counter reader (`ReadPolicy.plan_read`) then starts no read whose span holds one.
+
+Pure: times in, times out (monotonic ns, as the trainer stamps its events).
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_BOUNDARIES", "BoundaryForecast"]
+
+MAX_BOUNDARIES = 4096
+"""Most clock changes remembered per iteration (a longer schedule is forecast in part)."""
+
+
+class BoundaryForecast:
+    """Forecast clock changes from the last complete iteration's offsets."""
+
+    def __init__(self, max_boundaries: int = MAX_BOUNDARIES) -> None:
+        """Create an empty forecast (nothing is due until one iteration has been seen)."""
+        self._max = max_boundaries
+        self._step_t: int | None = None
+        self._period: int | None = None
+        self._current: list[int] = []
+        self._offsets: list[int] = []
+
+    def clear(self) -> None:
+        """Forget everything (a schedule installed, cleared or restored)."""
+        self._step_t = self._period = None
+        self._current = []
+        self._offsets = []
+
+    def on_step_begin(self, t_ns: int) -> None:
+        """A step (iteration) began at `t_ns`: the previous one is complete."""
+        if self._step_t is not None and t_ns > self._step_t:
+            self._period = t_ns - self._step_t
+            self._offsets = self._current
+        self._current = []
+        self._step_t = t_ns
+
+    def on_clock_change(self, t_ns: int) -> None:
+        """An instruction that changes the clock began at `t_ns` (in the current step)."""
+        if self._step_t is not None and t_ns >= self._step_t and len(self._current) < self._max:
+            self._current.append(t_ns - self._step_t)
+
+    def due(self, now_ns: int, horizon_ns: int) -> list[int]:
+        """The forecast clock changes in `[now_ns, now_ns + horizon_ns]`, in time order."""
+        if self._step_t is None or not self._offsets:
+            return []
+        end = now_ns + horizon_ns
+        bases = [self._step_t]
+        if self._period:
+            # Iterations may have gone by without a step event seen yet (a long horizon, or
+            # events in flight): replay from the latest iteration that may still be running.
+            behind = max(0, (now_ns - self._step_t) // self._period)
+            bases = [self._step_t + k * self._period for k in (behind, behind + 1)]
+        return sorted(t for base in bases for o in self._offsets
+                      if now_ns <= (t := base + o) <= end)
