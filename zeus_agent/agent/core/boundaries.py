@@ -16,14 +16,19 @@ __all__ = ["MAX_BOUNDARIES", "BoundaryForecast"]
 
 MAX_BOUNDARIES = 4096
 """Most clock changes remembered per iteration (a longer schedule is forecast in part)."""
+GUARD_NS = 5_000_000
+"""How long after its forecast instant a change may still be issued: the trainer stamps an
+instruction's begin, its event reaches the agent and the agent issues the change a millisecond
+or so later, and iterations jitter. A read must not start in that span either."""
 
 
 class BoundaryForecast:
     """Forecast clock changes from the last complete iteration's offsets."""
 
-    def __init__(self, max_boundaries: int = MAX_BOUNDARIES) -> None:
+    def __init__(self, max_boundaries: int = MAX_BOUNDARIES, guard_ns: int = GUARD_NS) -> None:
         """Create an empty forecast (nothing is due until one iteration has been seen)."""
         self._max = max_boundaries
+        self._guard = guard_ns
         self._step_t: int | None = None
         self._period: int | None = None
         self._current: list[int] = []
@@ -49,7 +54,12 @@ class BoundaryForecast:
             self._current.append(t_ns - self._step_t)
 
     def due(self, now_ns: int, horizon_ns: int) -> list[int]:
-        """The forecast clock changes in `[now_ns, now_ns + horizon_ns]`, in time order."""
+        """The forecast clock changes in `[now_ns, now_ns + horizon_ns]`, in time order.
+
+        Each change is given twice, at its instant and `guard_ns` later: a read planned around
+        both (`ReadPolicy.plan_read` keeps a read's span clear of each) neither starts shortly
+        before the change nor just after its forecast instant, while it is being issued.
+        """
         if self._step_t is None or not self._offsets:
             return []
         end = now_ns + horizon_ns
@@ -59,5 +69,6 @@ class BoundaryForecast:
             # events in flight): replay from the latest iteration that may still be running.
             behind = max(0, (now_ns - self._step_t) // self._period)
             bases = [self._step_t + k * self._period for k in (behind, behind + 1)]
-        return sorted(t for base in bases for o in self._offsets
-                      if now_ns <= (t := base + o) <= end)
+        guards = (0, self._guard) if self._guard else (0,)
+        return sorted(t for base in bases for o in self._offsets for g in guards
+                      if now_ns <= (t := base + o + g) <= end)
