@@ -17,9 +17,11 @@ highest clocks takes `--iteration-s`. Each instruction's time and power get a se
 
 The real `InstructionProfiler` is driven through `next_schedule()` / `observe()` with
 `ProfilingResult`s built as the coordinator builds them: every `--profiling-iterations`
-iterations, per rank, iteration time (step begin to step end), iteration energy (counter at step
-end minus counter at step begin), every instruction's exact duration, and every instruction's
-energy from the counter too.
+iterations, per rank, iteration time (step begin to step end), iteration energy and every
+instruction's energy as the agent measures them (its reads are phase-locked, at most one per
+counter update, each value filed at its update's instant; an edge is interpolated between the
+two updates that bracket it), and every instruction's exact duration. `--counter-at-events`:
+the counter as read at each event instead (the agent before phase-locked reads).
 
 Printed: per profile and overall, the median and p90 relative energy error and the median
 relative time error over all (stage, instruction, clock) rows of the result against the ground
@@ -181,6 +183,14 @@ class _Gpu:
         tick = self.phase_s + math.floor((t - self.phase_s) / self.update_s) * self.update_s
         return self.true_energy(tick)
 
+    def measured(self, t: float) -> float:
+        """The energy at `t` as the agent has it: its reads are phase-locked (at most one per
+        update), each value filed at its update's instant, and `t` interpolated between the two
+        updates that bracket it (`EnergyRing`), once a read after `t` has come."""
+        tick = self.phase_s + math.floor((t - self.phase_s) / self.update_s) * self.update_s
+        e0, e1 = self.true_energy(tick), self.true_energy(tick + self.update_s)
+        return e0 + (e1 - e0) * (t - tick) / self.update_s
+
 
 @dataclass
 class Sim:
@@ -193,6 +203,9 @@ class Sim:
     update_s: float
     jitter: float
     seed: int
+    counter_at_events: bool = False
+    """True: the counter as read at each event (the agent before phase-locked reads); False:
+    the agent's series, one value per update at its instant, interpolated."""
 
     def __post_init__(self) -> None:
         self.num_stages = len(self.costs)
@@ -260,6 +273,7 @@ class Sim:
     def window(self, schedules: Sequence[FrequencySchedule], n: int) -> list[ProfilingResult]:
         """Run n iterations; one `ProfilingResult` per stage, as the coordinator builds it."""
         its = [self.iteration(schedules) for _ in range(n)]
+        read = _Gpu.counter if self.counter_at_events else _Gpu.measured
         results = []
         for s in range(self.num_stages):
             gpu = self.gpus[s]
@@ -269,12 +283,12 @@ class Sim:
                 rec = it[s]
                 for kind in tb:
                     tb[kind].append([e - b for k, b, e in rec["spans"] if k == kind])
-                    eb[kind].append([gpu.counter(e) - gpu.counter(b)
+                    eb[kind].append([read(gpu, e) - read(gpu, b)
                                      for k, b, e in rec["spans"] if k == kind])
             results.append(ProfilingResult(
                 rank=s,
                 iter_time=[it[s]["end"] - it[s]["begin"] for it in its],
-                iter_energy=[gpu.counter(it[s]["end"]) - gpu.counter(it[s]["begin"])
+                iter_energy=[read(gpu, it[s]["end"]) - read(gpu, it[s]["begin"])
                              for it in its],
                 time_breakdown=tb,
                 energy_breakdown=eb,
@@ -284,7 +298,7 @@ class Sim:
 
 def build_sim(profile: str, *, num_stages: int = 4, microbatches: int = 8,
               iteration_s: float = 1.0, update_ms: float = 100.0, jitter: float = 0.01,
-              seed: int = 0) -> tuple[Sim, str]:
+              seed: int = 0, counter_at_events: bool = False) -> tuple[Sim, str]:
     """A pipeline of the profile whose iteration at the highest clocks takes `iteration_s`."""
     hw, raw, source = load_model(profile, num_stages)
     probe = Sim(hw, raw, microbatches, update_ms / 1000.0, 0.0, seed)
@@ -297,7 +311,8 @@ def build_sim(profile: str, *, num_stages: int = 4, microbatches: int = 8,
         {kind: _scaled_cost(f, scale) for kind, f in stage.items()}
         for stage in raw
     ]
-    return Sim(hw, scaled, microbatches, update_ms / 1000.0, jitter, seed), source
+    return Sim(hw, scaled, microbatches, update_ms / 1000.0, jitter, seed,
+               counter_at_events), source
 
 
 # --------------------------------------------------------------------------- the run
@@ -320,11 +335,11 @@ def errors(result: InstructionProfilingResult, sim: Sim) -> dict[str, list[float
 def run_profile(profile: str, *, num_stages: int = 4, microbatches: int = 8,
                 iteration_s: float = 1.0, update_ms: float = 100.0, jitter: float = 0.01,
                 profiling_iterations: int = 5, seed: int = 0, max_rounds: int = 200,
-                **profiler_args: Any) -> dict[str, Any]:
+                counter_at_events: bool = False, **profiler_args: Any) -> dict[str, Any]:
     """Profile one pipeline with the real InstructionProfiler; figures against ground truth."""
     sim, source = build_sim(profile, num_stages=num_stages, microbatches=microbatches,
                             iteration_s=iteration_s, update_ms=update_ms, jitter=jitter,
-                            seed=seed)
+                            seed=seed, counter_at_events=counter_at_events)
     clocks = list(sim.hw.supported_sm_clocks_mhz)
     infos = [RankInfo(rank=s, dp_rank=0, pp_rank=s, tp_rank=0, available_frequencies=clocks,
                       instructions=sim.instructions(s)) for s in range(num_stages)]
@@ -391,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--energy-update-ms", type=float, default=100.0)
     parser.add_argument("--jitter", type=float, default=0.01)
     parser.add_argument("--profiling-iterations", type=int, default=5)
+    parser.add_argument(
+        "--counter-at-events", action="store_true",
+        help="measure with the counter as read at each event (the agent before phase-locked "
+        "reads) instead of the agent's series (one read per update, interpolated)")
     args = parser.parse_args(argv)
     seeds = 1 if args.quick else args.seeds
     runs = []
@@ -399,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             run = run_profile(profile, num_stages=args.stages, microbatches=args.microbatches,
                               iteration_s=args.iteration_s, update_ms=args.energy_update_ms,
                               jitter=args.jitter,
-                              profiling_iterations=args.profiling_iterations, seed=seed)
+                              profiling_iterations=args.profiling_iterations, seed=seed,
+                              counter_at_events=args.counter_at_events)
             runs.append(run)
             print(f"{profile:20s} seed {seed}: energy median {run['energy_median']:.2%} "
                   f"p90 {run['energy_p90']:.2%} max {run['energy_max']:.2%} | time median "
