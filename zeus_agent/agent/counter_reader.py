@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from zeus_agent.agent.core.counter_phase import ReadPolicy
 from zeus_agent.agent.core.energy_ring import EnergyRing
 from zeus_agent.errors import GPUError, GPUNotSupportedError
+from zeus_agent.gpu.base import Telemetry
 from zeus_agent.gpu.power_integrator import PowerIntegrator
 from zeus_agent.gpu.threaded import GPUCaller
 
@@ -76,6 +77,10 @@ class CounterReader:
         self.on_knot: Callable[[], None] | None = None
         self._integrator: PowerIntegrator | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.status: tuple[int, Telemetry] | None = None
+        """(t_ns, status) read right after the newest counter read, in the same GPU-thread call:
+        the agent's sample takes it instead of a call of its own (each call costs the event
+        loop a thread hand-off; the getters cost microseconds beside the counter's milliseconds)."""
 
     def use_integrator(self) -> None:
         """Integrate power polls instead of reading a counter (a GPU without one)."""
@@ -96,7 +101,12 @@ class CounterReader:
         except GPUNotSupportedError:
             self.use_integrator()
             return self._read()
-        return t0, time.monotonic_ns(), energy
+        t1 = time.monotonic_ns()
+        try:
+            self.status = (time.monotonic_ns(), self.gpu.read_status())
+        except GPUError:
+            self.status = None  # The sample reads it on its own (and says what failed).
+        return t0, t1, energy
 
     async def read_once(self) -> bool:
         """Read the counter now and feed the policy; whether the read succeeded."""

@@ -142,6 +142,8 @@ class GpuAgent:
             raise ValueError(f"default_lease_s: {e}") from None
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
         self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
+        self._status_max_age_ns = int(1.5e9 / sample_hz)
+        """A status read with the counter is a sample's if it is younger than this."""
         """Reads the energy counter when its policy says (never per event) into the ring."""
         self.counter.on_knot = self._release_measured
         self._unread: deque[tuple[int, Binding, Callable[[], Mark | Measurement | None]]]
@@ -291,8 +293,12 @@ class GpuAgent:
         Its energy is the counter's newest value as `counter` read it: a sample never reads
         the counter itself (a read costs milliseconds and holds the driver).
         """
+        taken = self.counter.status
         try:
-            status = await self.caller.call(self.gpu.read_status)  # never the counter
+            if taken is not None and time.monotonic_ns() - taken[0] < self._status_max_age_ns:
+                status = taken[1]  # Read with the newest counter read, in the same call.
+            else:
+                status = await self.caller.call(self.gpu.read_status)  # never the counter
         except GPUError as e:
             self.counters["sample_errors"] += 1
             LOG.warning("GPU %d: sampling failed: %s", self.index, e)

@@ -536,6 +536,29 @@ class SimGPU(GPU):
             memory_clock_mhz=self._static.hardware.supported_memory_clocks_mhz[0],
         )
 
+    def read_status(self) -> Telemetry:
+        """Everything an agent samples but the energy counter, from one read of the device file.
+
+        With call costs, it costs what NVML's four getters cost one after the other (power,
+        power limit, SM and memory clocks); four file reads would charge the agent's process
+        for the simulator's own work, which a real GPU does not.
+        """
+        for kind in _TELEMETRY_REST:
+            with self._driver.call(kind):
+                pass
+        state = self._read()
+        now = self._clock()
+        busy = state.busy_until_ns > now
+        return Telemetry(
+            energy_j=None,
+            power_w=self._power_w(state, now),
+            power_limit_w=state.power_limit_w,
+            sm_clock_mhz=state.busy_clock_mhz
+            if busy
+            else state.locked_min_mhz or state.hardware.min_sm_clock_mhz,
+            memory_clock_mhz=self._static.hardware.supported_memory_clocks_mhz[0],
+        )
+
     def get_instant_power_w(self) -> float:
         """Return the instantaneous power draw (same as `get_power_w` here). Units: W."""
         with self._driver.call(CallKind.POWER_INSTANT):
