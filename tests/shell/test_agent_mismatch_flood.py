@@ -76,3 +76,52 @@ async def test_a_mismatch_flood_is_counted_exactly_and_reported_a_few_times_a_se
             assert gpu.counters["gaps"] == 0
         finally:
             trainer.close()
+
+
+async def test_failing_clock_changes_are_counted_exactly_and_reported_a_few_times_a_second(
+    nats_server, nc, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: a GPU whose clock lock fails (a driver error) sent one `frequency_failed` event
+    and one WARNING per instruction (2,000 instructions: 2,000 events). Now throttled as the
+    mismatches are; the counter `clock_failures` stays exact."""
+    from zeus_agent.errors import GPUError
+    from zeus_agent.gpu.sim import SimGPU
+
+    class FailingClocks(SimGPU):
+        def lock_sm_clocks_mhz(self, min_clock_mhz: int, max_clock_mhz: int) -> None:
+            raise GPUError(f"GPU {self.index}: the driver refused the clock change")
+
+    caplog.set_level(logging.WARNING, logger="zeus_agent.agent.gpu_agent")
+    gpu = FailingClocks.create(tmp_path / "sim", 0, energy_update_ms=0)
+    async with running_agent(nats_server.url, gpus=[gpu]) as agent:
+        node = agent.settings.node
+        errors = await Inbox.open(nc, subjects.gpu_errors(node, 0))
+        clocks = [1740, 1200]
+        schedule = FrequencySchedule(
+            rank=0, frequencies=[("forward", clocks[i % 2]) for i in range(FLOOD)])
+        cmd = InstallScheduleCmd(job_id="jobC", schedule=schedule, holder="coord", lease_s=30)
+        assert (await command(nc, node, 0, cmd)).ok
+        trainer = RawTrainer(agent.settings.socket_path)
+        try:
+            assert (await trainer.hello("jobC", rank=0, gpu_index=0)).ok
+            started = time.monotonic()
+            await _send(trainer, dg.Kind.STEP_BEGIN, 0, 0, "")
+            for i in range(FLOOD):
+                await _send(trainer, dg.Kind.INSTRUCTION_BEGIN, i, 0, "forward")
+                await _send(trainer, dg.Kind.INSTRUCTION_END, i, 0, "forward")
+            sim = agent.agents[0]
+            await wait_for(lambda: sim.counters["clock_failures"] == FLOOD, 20, "all counted")
+            flood_s = time.monotonic() - started
+            accounted, events = 0, 0
+            while accounted < FLOOD:
+                event = await errors.next(ErrorEvent, timeout_s=5)
+                assert event.code == "frequency_failed"
+                events += 1
+                summary = "since the last one reported" in event.message
+                accounted += event.detail.get("suppressed", 0) + (0 if summary else 1)
+            assert accounted == FLOOD
+            assert events <= FLOOD_BURST + FLOOD_REPORTS_PER_S * flood_s + 2, flood_s
+            logged = [r for r in caplog.records if "frequency_failed" in r.getMessage()]
+            assert len(logged) == events
+        finally:
+            trainer.close()

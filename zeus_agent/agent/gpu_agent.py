@@ -88,7 +88,8 @@ FLOOD_REPORTS_PER_S = 2.0
 after the first `FLOOD_BURST`; the others are counted and reported with the next one (a changed
 pipeline shape mismatches every instruction: 20,000 warnings and events in 1.5 s unthrottled)."""
 FLOOD_BURST = 3
-_FLOODS = {"mismatches": "schedule mismatch(es)", "gaps": "measurement gap(s)"}
+_FLOODS = {"mismatches": "schedule mismatch(es)", "gaps": "measurement gap(s)",
+           "clock_failures": "failed clock change(s)"}
 
 _EVENT_NAMES = {
     Kind.EPOCH_BEGIN: "epoch_begin",
@@ -191,7 +192,8 @@ class GpuAgent:
         """Set by the gateway: pushes a schedule notice to the bound trainer's socket."""
         self._background: set[asyncio.Future[None]] = set()
         self.last_sample: Sample | None = None
-        self.counters = {"mismatches": 0, "gaps": 0, "restores": 0, "sample_errors": 0,
+        self.counters = {"mismatches": 0, "gaps": 0, "clock_failures": 0, "restores": 0,
+                         "sample_errors": 0,
                          "refused": 0}
         self._throttles: dict[str, Throttle] = {}
         """Counter ("mismatches", "gaps") -> the throttle of its reports (per bound rank)."""
@@ -690,7 +692,7 @@ class GpuAgent:
                 self.gpu.lock_sm_clocks_mhz(mhz, mhz)
             except (GPUError, ReadOnlyError) as e:
                 self._clock_mhz = None
-                self._spawn(self.error_event("frequency_failed", str(e)))
+                self._report("clock_failures", "frequency_failed", str(e), {"mhz": mhz})
             return
         self._wanted_mhz = mhz
         if self._frequency_worker is None or self._frequency_worker.done():
@@ -712,7 +714,7 @@ class GpuAgent:
                     self._clock_mhz = None  # Unknown: the next instruction asks again.
                     error = str(e)
             if error is not None:
-                await self.error_event("frequency_failed", error)
+                self._report("clock_failures", "frequency_failed", error, {"mhz": mhz})
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
         """Run a side task (error events, clock changes), keeping a reference until it ends."""
