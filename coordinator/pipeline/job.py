@@ -53,7 +53,9 @@ schedule that cannot be delivered (`abort`) stops the optimisation: the job's sc
 cleared (default clocks) and the status says why. A rank silent for `stall_after_s` while
 profiling gets a `stalled` status naming it. Memory is bounded: per rank, only iterations of
 the current version (at most `profiling_iterations` of them) and those still being completed
-are kept. What a job keeps is charged to `Kept` (`coordinator.pipeline.memory`): past the
+are kept; of the observed rounds a takeover replays (`persisted`), every round up to the plan
+being served, and of the windows served under it only the first and the latest few. What a job
+keeps (the rounds too) is charged to `Kept` (`coordinator.pipeline.memory`): past the
 cap per job or per node the job stops with code `too_large`; discovery keeps only the names of
 each rank's last iteration and the iterations still being completed; a rank whose trainer
 left (said goodbye: `trainer_left`) has its iterations dropped, and once every rank has left a
@@ -70,7 +72,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.optimizer import Action, ClearSchedules, InstallSchedules, KeepFile, StatusUpdate
-from coordinator.pipeline.memory import MB, Kept, NodeBudget, name_bytes, record_bytes
+from coordinator.pipeline.memory import (
+    MB,
+    Kept,
+    NodeBudget,
+    name_bytes,
+    record_bytes,
+    result_bytes,
+)
 from coordinator.pipeline.perseus import plan_schedule
 from coordinator.pipeline.scheduler import FrequencyScheduler, SchedulerError
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
@@ -90,6 +99,10 @@ made the iteration 3.5% slower on the simulated nodes)."""
 MAX_ORDER_MISMATCHES = 3
 """Consecutive iterations of a rank with other instructions than discovered before it stops."""
 DEFAULT_STALL_AFTER_S = 30.0
+SERVED_ROUNDS_KEPT = 8
+"""Latest served windows of a plan kept for a takeover to replay (besides its first one); at
+least the scheduler's `replan_window` (Perseus), at most `MAX_SERVED_ROUNDS_KEPT`."""
+MAX_SERVED_ROUNDS_KEPT = 64
 DEFAULT_MAX_KEPT_BYTES = 1024 * MB
 """What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
 
@@ -201,7 +214,10 @@ class PipelineJob:
         self._slow: dict[int, list[float]] = {}
         self._normal: dict[int, int] = {}
         self._rounds: list[list[ProfilingResult]] = []
-        """Every round of results the scheduler observed (what a takeover replays)."""
+        """The rounds of results the scheduler observed that a takeover replays (`_keep`)."""
+        self._served_from: int | None = None
+        """Index in `_rounds` of the first window served under the current plan (None when
+        no plan is being served with unchanged schedules)."""
         self.resumed = False
         if resume is not None:
             self._replay(resume)
@@ -290,7 +306,10 @@ class PipelineJob:
         """What a replica taking the job over replays: orders, observed rounds, notices.
 
         None before the orders are known (a new owner discovers them again) and once stopped.
-        The scheduler is deterministic: fed the same rounds, it reaches the same state.
+        The scheduler is deterministic: fed the same rounds, it reaches the same state. The
+        rounds are those `_keep` kept: all that led to a plan, and of the windows served under
+        the current plan (or any earlier one) the first and the latest few, so a plan served
+        for ever is replayed as a bounded number of windows.
         """
         if self.scheduler is None or self.phase in ("error", "stopped"):
             return None
@@ -318,6 +337,11 @@ class PipelineJob:
             raise ValueError(f"recorded progress is for ranks {sorted(orders)[:16]}, not "
                              f"{sorted(self.rank_infos)[:16]}")
         self.orders = orders
+        for rank, names in sorted(orders.items()):  # (Kept as a discovered order is.)
+            why = self.kept.take(rank, name_bytes(names))
+            if why is not None:
+                self._fail(f"rank {rank}: {why}", code="too_large")
+                return
         self._schedule_first()
         for results in rounds:
             if self.phase in ("error", "stopped"):
@@ -556,13 +580,20 @@ class PipelineJob:
         """Give one round of results (one per rank) to the scheduler; act on its answer."""
         assert self.scheduler is not None
         version = self.version
+        serving = self.phase == "serving" and bool(getattr(self.scheduler, "serving", False))
+        base = {r: s.frequencies for r, s in self._base.items()}
         try:
             self.scheduler.observe(results)
             schedules = self.scheduler.next_schedule()
         except (SchedulerError, ValueError, TypeError, KeyError, OSError) as e:
             return self._fail(f"the scheduler failed on the results of schedule {version}: {e}")
         self._observed += 1
-        self._rounds.append(results)
+        served = (serving and not self.scheduler.finished
+                  and getattr(self.scheduler, "serving", False)
+                  and {s.rank: s.frequencies for s in schedules} == base)
+        why = self._keep(results, served)
+        if why is not None:
+            return self._fail(f"the results of schedule {version}: {why}", code="too_large")
         dump = json.dumps([r.model_dump(mode="json") for r in results])
         actions: list[Action] = [KeepFile(f"{version}.prof.json", dump)]
         if self.scheduler.finished:  # It serves these from now on: install them if new.
@@ -583,6 +614,36 @@ class PipelineJob:
         self._base, self._points = {}, {}
         self.detected.clear()
         return actions + self._install(schedules)
+
+    def _keep(self, results: list[ProfilingResult], served: bool) -> str | None:
+        """Keep one observed round for a takeover to replay, charged to `Kept`; why not, or None.
+
+        Every round that leads to a plan is kept (a replay re-plans from them), and of the
+        windows `served` under an unchanged plan (a scheduler that keeps watching it, e.g.
+        Perseus' drift watch) the first one (Perseus' baseline) and the latest
+        `SERVED_ROUNDS_KEPT` (or the scheduler's `replan_window`, at most
+        `MAX_SERVED_ROUNDS_KEPT`): the ones between are given back, so a plan served for ever
+        keeps a bounded number of rounds.
+        """
+        for result in results:
+            why = self.kept.take(result.rank, result_bytes(result))
+            if why is not None:
+                return why
+        if not served:
+            self._served_from = None  # A new plan (or profiling): its rounds all count.
+            self._rounds.append(results)
+            return None
+        if self._served_from is None:
+            self._served_from = len(self._rounds)
+        self._rounds.append(results)
+        window = getattr(self.scheduler, "replan_window", 0)
+        tail = SERVED_ROUNDS_KEPT
+        if isinstance(window, int) and not isinstance(window, bool):
+            tail = min(max(tail, window), MAX_SERVED_ROUNDS_KEPT)
+        while len(self._rounds) - self._served_from - 1 > tail:
+            for result in self._rounds.pop(self._served_from + 1):
+                self.kept.give(result.rank, result_bytes(result))
+        return None
 
     # ------------------------------------------------------------------ serving, stragglers
     def _watching(self) -> bool:
@@ -824,6 +885,7 @@ class PipelineJob:
         self._spans.clear()
         self._slow.clear()
         self._rounds.clear()  # (Only a running job is persisted for a takeover.)
+        self._served_from = None
         self.kept.release()
         status = StatusUpdate(state, f"pipeline frequency optimiser stopped: {why}; the GPUs "
                               "run at their default clocks", {"code": code} if code else {})

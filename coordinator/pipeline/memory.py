@@ -3,7 +3,8 @@
 A rank that sent new instruction names every iteration made the coordinator keep ~275 bytes per
 instruction for as long as its job lived (64 open steps x 100,000 instructions allowed ~1.7 GB
 per rank, and a node may hold 256 jobs). `PipelineJob` charges what it keeps (an estimate:
-`record_bytes` per instruction, `name_bytes` per name of a discovered or candidate order) to a
+`record_bytes` per instruction, `name_bytes` per name of a discovered or candidate order,
+`result_bytes` per rank's result of each round it keeps for a takeover to replay) to a
 `Kept`, which refuses past the job's cap or past its rank's node's cap in a `NodeBudget` shared
 by the jobs of one coordinator; the job then stops with code `too_large`. Sans-I/O (and no
 locks: see `NodeBudget`).
@@ -13,14 +14,20 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-__all__ = ["RECORD_BYTES", "Kept", "NodeBudget", "name_bytes", "record_bytes"]
+if TYPE_CHECKING:
+    from zeus_agent.models import ProfilingResult
+
+__all__ = ["RECORD_BYTES", "Kept", "NodeBudget", "name_bytes", "record_bytes", "result_bytes"]
 
 RECORD_BYTES = 272
 """One instruction measurement kept in a step (its dict slot, tuple, floats and a short name's
 string): about 275 bytes measured with 3-letter names."""
 NAME_BYTES = 64
 """One instruction name of an order (its list slot and string object)."""
+VALUE_BYTES = 32
+"""One float of a kept `ProfilingResult` (its float object and list slot)."""
 MB = 1 << 20
 CHUNK = 64 << 10
 """Room a job reserves on a node at a time (its reservation exceeds what it keeps by less)."""
@@ -34,6 +41,15 @@ def record_bytes(name: str) -> int:
 def name_bytes(names: Iterable[str]) -> int:
     """Estimated bytes of an order of instruction names."""
     return sum(NAME_BYTES + len(n) for n in names)
+
+
+def result_bytes(result: ProfilingResult) -> int:
+    """Estimated bytes of one kept `ProfilingResult` (a round of results a takeover replays)."""
+    values = len(result.iter_time) + len(result.iter_energy)
+    for breakdown in (result.time_breakdown, result.energy_breakdown):
+        values += sum(len(per_iter) for lists in breakdown.values() for per_iter in lists)
+        values += sum(len(lists) for lists in breakdown.values())  # (A list per iteration.)
+    return values * VALUE_BYTES + 2 * name_bytes(result.time_breakdown)
 
 
 class NodeBudget:

@@ -214,3 +214,89 @@ def test_kept_refuses_past_its_caps_and_reserves_in_chunks() -> None:
         NodeBudget(0)
     with pytest.raises(ValueError):
         Kept(Holder(), 0)
+
+
+def test_a_plan_served_for_ever_keeps_bounded_rounds_charged_and_resumes_the_same_plan() -> None:
+    """A scheduler that keeps watching its plan (Perseus) gets a round per window for ever:
+    the job keeps the rounds that led to the plan, the first served window and the latest
+    `SERVED_ROUNDS_KEPT`, charged to `Kept`; the bounded record resumes the same plan."""
+    import json
+
+    from coordinator.optimizer import InstallSchedules
+    from coordinator.pipeline.job import SERVED_ROUNDS_KEPT
+    from coordinator.pipeline.memory import result_bytes
+    from tests.core.test_pipeline_stragglers import FRONTIER, Trainer, Watching
+    from tests.core.test_pipeline_stragglers import make_job as make_watched
+
+    job = make_watched(dp=2)
+    trainer = Trainer(job)
+    trainer.iterate(n=3)  # Discovery, one profiling round: the plan is served.
+    assert job.phase == "serving" and job.version == 1
+    trainer.iterate(n=1000)  # 1,000 windows of 1 iteration served.
+    assert job.phase == "serving" and job.version == 1 and not job.done
+    scheduler = job.scheduler
+    assert isinstance(scheduler, Watching) and scheduler.seen == 1000
+    rounds = job._rounds
+    assert len(rounds) == 1 + 1 + SERVED_ROUNDS_KEPT  # Profiling, first served, latest ones.
+    kept_rounds = sum(result_bytes(r) for results in rounds for r in results)
+    assert 0 < kept_rounds <= job.kept.total < 64 << 10
+    assert sum(job.kept.by_rank.values()) == job.kept.total
+    state = job.persisted()
+    assert state is not None
+    record = json.dumps(state)
+    assert len(record) < 16 << 10, len(record)  # Was 839 KB (every window).
+
+    resumed = make_watched(dp=2, resume=json.loads(record))
+    assert resumed.resumed and resumed.phase == "serving" and resumed.version == job.version
+    assert resumed.schedules == job.schedules
+    assert resumed.persisted() == state  # Replaying the bounded record keeps it as it is.
+    assert resumed.kept.total == kept_rounds + sum(
+        name_bytes(names) for names in resumed.orders.values())
+    installs = [a for a in resumed.start() if isinstance(a, InstallSchedules)]
+    assert [(i.version, i.schedules) for i in installs] == [
+        (job.version, tuple(job.schedules[r] for r in sorted(job.schedules)))]
+    chosen = {s.rank: s.frequencies for s in resumed.schedules.values()}
+    assert all(f == 1500 for freqs in chosen.values() for _, f in freqs)
+    assert resumed.scheduler is not None and getattr(resumed.scheduler, "chosen", None) == (
+        FRONTIER[0])
+    more = Trainer(resumed)
+    more.step = trainer.step
+    more.iterate(n=50)  # It serves on, still bounded.
+    assert resumed.version == job.version and len(resumed._rounds) == len(rounds)
+
+
+def test_a_new_plan_while_serving_keeps_its_round_and_bounds_the_next_one() -> None:
+    """A re-plan (the scheduler serves another plan) is a round a replay needs: kept, and the
+    windows served under each plan are bounded; a resumed job serves the latest plan."""
+    import json
+
+    from coordinator.pipeline.job import SERVED_ROUNDS_KEPT
+    from tests.core.test_pipeline_stragglers import FRONTIER, Trainer, Watching
+    from tests.core.test_pipeline_stragglers import make_job as make_watched
+
+    job = make_watched(dp=2)
+    trainer = Trainer(job)
+    trainer.iterate(n=3 + 30)
+    scheduler = job.scheduler
+    assert isinstance(scheduler, Watching)
+    scheduler.new_plan = FRONTIER[1]
+    trainer.iterate(n=1)  # Its window's round brings the new plan (version 2).
+    assert job.version == 2
+    trainer.iterate(n=2 + 30)  # The switch, then 30 windows under the new plan.
+    assert job.version == 2
+    # Profiling; first + latest windows of plan 1; the re-plan; first + latest of plan 2.
+    assert len(job._rounds) == 1 + (1 + SERVED_ROUNDS_KEPT) + 1 + (1 + SERVED_ROUNDS_KEPT)
+
+    class Replanned(Watching):
+        """Re-plans at the same window as the job's scheduler did (as a replay would)."""
+
+        def observe(self, profiling_results: list[ProfilingResult]) -> None:
+            if self.seen == 1 + SERVED_ROUNDS_KEPT and self.chosen == FRONTIER[0]:
+                self.new_plan = FRONTIER[1]
+            super().observe(profiling_results)
+
+    resumed = PipelineJob("job", job.job_info, list(job.rank_infos.values()),
+                          lambda ji, ri: Replanned(ji, ri, None), profiling_iterations=1,
+                          resume=json.loads(json.dumps(job.persisted())))
+    assert resumed.phase == "serving" and resumed.version == 2
+    assert resumed.schedules == job.schedules and resumed.persisted() == job.persisted()
