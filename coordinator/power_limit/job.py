@@ -17,6 +17,8 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
 * steps are counted by the ranks' own step counters, not by delivered events: a duplicate or
   stale event is ignored, steps whose events were lost (a broker restart) are still counted,
   and an epoch whose end event was lost still ends (the next step's epoch counter says so);
+  a count that jumps far ahead or goes back (a trainer restarted, a bogus counter) is
+  re-anchored: the open window is redone, and marks of a rank's old count are dropped;
   a window that does not cover exactly its intended steps is normalised to them;
 * a closed window whose marks can never come is redone at rank 0's next step: an agent sends
   its GPU's marks in step order over one connection, so a rank's mark missing behind a later
@@ -66,7 +68,11 @@ from zeus_agent.wire.messages import Mark, Measurement, PowerLimitOptions, Train
 
 MAX_MARKS_PER_RANK = 4096
 MAX_REPLAYED_STEPS = 1_000
-"""Most lost steps replayed into the machine at once (beyond, the gap counts as one step)."""
+"""Most lost steps replayed into the machine at once: a longer jump ahead re-anchors the count."""
+MAX_LATE_STEPS = 100
+"""A step of rank 0 further back than this in its epoch restarts the step count (re-anchors)."""
+RESTART_RUN = 3
+"""Steps of rank 0 in a row, ascending but behind the last one, that say its count restarted."""
 DEFAULT_MARK_TIMEOUT_S = 10.0
 """Last resort: later marks prove most losses at the next step."""
 
@@ -162,6 +168,9 @@ class PowerLimitJob:
         self._ended_epoch = -1  # Highest epoch whose end the machine has seen.
         self._stale_steps: list[StepKey] = []  # Late steps of rank 0 skipped in a row.
         self._stale_since: float | None = None  # When the skipping began (coordinator time).
+        self._behind: list[StepKey] = []  # Steps of rank 0 behind the last one, in a row.
+        self._high_mark: dict[int, StepKey] = {}  # Each rank's highest mark of its count.
+        self._marks_behind: dict[int, list[StepKey]] = {}  # Its marks behind that, in a row.
         self._now_s = 0.0
         self.gave_up: str | None = None
         """Why the optimiser gave up (the GPUs are back at the maximum limit), or None."""
@@ -208,9 +217,13 @@ class PowerLimitJob:
     def on_event(self, rank: int, event: TrainerEvent, now_s: float | None = None) -> list[Action]:
         """Feed a trainer event of `rank`; only rank 0 paces the machine.
 
-        Steps are counted by the event's (epoch, step) counters: a step at or before the last
-        one seen is ignored; within an epoch, steps skipped since the last one are replayed (a
-        trainer may restart its step count each epoch, so nothing is replayed across epochs).
+        Steps are counted by the event's (epoch, step) counters: a step at or a little before
+        the last one seen is ignored (a duplicate or a late event); within an epoch, steps
+        skipped since the last one are replayed (a trainer may restart its step count each
+        epoch, so nothing is replayed across epochs). A count that jumps more than
+        `MAX_REPLAYED_STEPS` ahead, or goes back (more than `MAX_LATE_STEPS` in its epoch, or
+        `RESTART_RUN` ascending steps in a row) is re-anchored there: the open window is
+        redone from the next step, the GPUs at the maximum limit meanwhile.
         """
         if now_s is not None:
             self._now_s = now_s
@@ -227,7 +240,15 @@ class PowerLimitJob:
         last = self.last_step
         key = (event.epoch, event.step)
         if last is not None and key <= last:
-            return []  # A duplicate or a late, reordered event.
+            if not self._restarted(last, key):
+                return []  # A duplicate or a late, reordered event.
+            return self._reanchor(key, f"went back to step {key[1]} (epoch {key[0]}) from "
+                                       f"step {last[1]} (epoch {last[0]})")
+        self._behind = []
+        if (last is not None and last[0] == event.epoch
+                and event.step - last[1] > MAX_REPLAYED_STEPS):
+            return self._reanchor(key, f"jumped from step {last[1]} to step {key[1]} "
+                                       f"(epoch {key[0]})")
         if last is not None and event.epoch > last[0] > self._ended_epoch:
             # The epoch's end event was lost: its steps say it ended.
             self._ended_epoch = last[0]
@@ -273,7 +294,7 @@ class PowerLimitJob:
             try:
                 effects = self.machine.redo(w.name)
             except PowerLimitError as e:
-                actions += self._give_up(str(e))
+                actions += self._give_up(_why(e))
                 continue
             actions += self._translate(effects, step=self.last_step)
         return actions
@@ -284,11 +305,17 @@ class PowerLimitJob:
             return []
         marks = self._marks[rank]
         key = (mark.epoch, mark.step)
+        if self._mark_count_restarted(rank, key):
+            # Marks after it are of the old count: they must not measure the new one's windows.
+            for step in [k for k in marks if k > key]:
+                del marks[step]
         marks[key] = (mark.t_ns, mark.energy_j, mark.power_limit_w)
         self._last_mark[rank] = key
-        if len(marks) > 2 * MAX_MARKS_PER_RANK:  # Forget the oldest half, amortised O(1).
+        if len(marks) > 2 * MAX_MARKS_PER_RANK:  # Forget the oldest half, amortised O(1)...
+            edges = {e for w in self._windows.values() for e in (w.begin_step, w.end_step)}
             for step in sorted(marks)[:MAX_MARKS_PER_RANK]:
-                del marks[step]
+                if step not in edges:  # ...but the edges of windows not yet measured.
+                    del marks[step]
         completed = False
         for w in self._windows.values():
             if w.end_step is None or rank not in w.missing:
@@ -368,7 +395,7 @@ class PowerLimitJob:
             try:
                 effects = self.machine.redo(w.name)
             except PowerLimitError as e:
-                return actions + self._give_up(str(e))
+                return actions + self._give_up(_why(e))
             actions += self._translate(effects, step=key)
         if self.done or (waiting and not self._waiting()):
             return actions
@@ -407,6 +434,61 @@ class PowerLimitJob:
         if self._stale_since is None:
             self._stale_since = self._now_s
         return self._now_s - self._stale_since < self.mark_timeout_s
+
+    def _restarted(self, last: StepKey, key: StepKey) -> bool:
+        """Whether rank 0's step `key`, at or behind the last one, restarts its step count.
+
+        A duplicate or a step a little behind in the same epoch is a late event (ignored);
+        one far behind, or `RESTART_RUN` ascending steps in a row behind the last, say the
+        count restarted (a trainer started again, or the last step was bogus).
+        """
+        if key == last:
+            return False
+        if key[0] == last[0] and last[1] - key[1] > MAX_LATE_STEPS:
+            return True
+        if self._behind and key <= self._behind[-1]:
+            self._behind = []
+        self._behind.append(key)
+        return len(self._behind) >= RESTART_RUN
+
+    def _mark_count_restarted(self, rank: int, key: StepKey) -> bool:
+        """Whether `rank`'s mark of step `key` says its step count restarted.
+
+        A GPU's marks come in step order: one of an earlier epoch or far behind the highest,
+        or `RESTART_RUN` ascending ones in a row behind it, come from a restarted count (or the
+        highest was bogus). A few marks handled in reverse order are not a restart.
+        """
+        high = self._high_mark.get(rank)
+        if high is None or key >= high:
+            self._high_mark[rank], self._marks_behind[rank] = key, []
+            return False
+        behind = self._marks_behind.setdefault(rank, [])
+        if behind and key <= behind[-1]:
+            behind.clear()
+        behind.append(key)
+        if (key[0] < high[0] or high[1] - key[1] > MAX_LATE_STEPS
+                or len(behind) >= RESTART_RUN):
+            self._high_mark[rank], self._marks_behind[rank] = key, []
+            return True
+        return False
+
+    def _reanchor(self, key: StepKey, what: str) -> list[Action]:
+        """Rank 0's step count restarted or jumped: count on from step `key`.
+
+        No step is replayed across the jump: the open window (if any) is abandoned and its
+        limit warmed up and profiled again from the next step, the GPUs at the maximum limit
+        meanwhile (as after an epoch end).
+        """
+        self.last_step = key
+        self._behind, self._stale_steps, self._stale_since = [], [], None
+        actions: list[Action] = [StatusUpdate(
+            "profiling",
+            f"rank {self.ranks[0]}'s step count {what} (a trainer restart, or a bogus step): "
+            "counting from there; a limit being measured is profiled again",
+            self.progress(),
+        )]
+        actions += self._translate(self.machine.on_epoch_end(), step=None)
+        return actions
 
     def _restart_open_window(self, key: StepKey) -> list[Action]:
         """After skipped late steps: the open window (if any) begins at step `key` instead."""
@@ -488,7 +570,7 @@ class PowerLimitJob:
                 try:
                     effects = self.machine.redo(name)
                 except PowerLimitError as e:
-                    actions += self._give_up(str(e))
+                    actions += self._give_up(_why(e))
                     continue
                 actions += self._translate(effects, step=self.last_step)
                 if self.desired_power_limit is not None and not any(
@@ -521,7 +603,7 @@ class PowerLimitJob:
                 try:
                     discarded = self.machine.discard(name)
                 except PowerLimitError as e:
-                    actions += self._give_up(str(e))
+                    actions += self._give_up(_why(e))
                     continue
                 actions += self._translate(discarded, step=self.last_step)
                 continue
@@ -582,6 +664,14 @@ class PowerLimitJob:
                 self.progress(),
             ),
         ]
+
+
+def _why(error: PowerLimitError) -> str:
+    """Why the optimiser gives up, in words for people (the machine's text for developers)."""
+    if "no window was measured" in str(error):
+        return ("no window was measured: every power limit's window was lost, unusable or "
+                "redone too often, so there is nothing to choose from")
+    return f"internal error of the power-limit optimiser: {error}"
 
 
 def is_measuring(machine: PowerLimitStateMachine) -> bool:

@@ -607,3 +607,107 @@ def test_while_a_lost_window_is_awaited_the_gpus_run_at_the_maximum():
     assert not job.done and job.waiting_for()
     assert ran_at[20:26] == [100] * 6  # 100 W: warm-up, window [21, 25), its closing step
     assert ran_at[26:] == [300] * 14
+
+
+# Step counters that jump: re-anchored, never frozen -------------------------------------------
+def run_trainer(job: PowerLimitJob, keys: list[tuple[int, int]]) -> tuple[list[int], list[Action]]:
+    """Like `run_job`, but rank 0's event and every rank's mark carry the given step counters
+    (one iteration each, run at the limit in force after its event)."""
+    actions = job.start()
+    ran_at: list[int] = []
+    clocks = {r: (100.0 * r, 1e6 * r) for r in job.ranks}
+    for i, (epoch, step) in enumerate(keys):
+        actions += job.on_event(0, ev(step, epoch=epoch), now_s=float(i))
+        limit = job.desired_power_limit
+        assert limit is not None
+        ran_at.append(limit)
+        for r in job.ranks:
+            t, e = clocks[r]
+            actions += job.on_mark(r, mark(step, t, e, epoch=epoch))
+            dt, de = _step_cost(limit)
+            clocks[r] = (t + dt, e + de)
+    return ran_at, actions
+
+
+def assert_measured_exactly(job: PowerLimitJob) -> None:
+    """Every limit measured over its 4 steps on both GPUs, from marks of the current count."""
+    assert job.done and job.gave_up is None and job.machine.optimal_power_limit == 250
+    got = {m.power_limit: (m.time, m.energy) for m in job.machine.measurements}
+    assert got.keys() == {300, 250, 200, 150, 100}
+    for limit, (time_s, energy_j) in got.items():
+        dt, de = _step_cost(limit)
+        assert (time_s, energy_j) == pytest.approx((4 * dt, 2 * 4 * de))
+
+
+def test_one_bogus_future_step_does_not_freeze_the_job_at_a_low_limit():
+    """Defect: one step counter from the future (step 10**12) made every later step of rank 0
+    a 'duplicate', and its replay closed windows whose marks never came: the job stayed in
+    warm-up at 100 W for good. The jump re-anchors the count: the 100 W window is abandoned
+    and redone, the GPUs at the maximum meanwhile."""
+    job = lost_window_job()
+    keys = [(0, s) for s in range(22)] + [(0, 10**12)] + [(0, s) for s in range(22, 60)]
+    ran_at, actions = run_trainer(job, keys)
+    assert ran_at[21] == 100 and ran_at[22] == 300  # the bogus step: back to the maximum
+    assert_measured_exactly(job)
+    assert job.progress()["redone"] == {}  # abandoned while open, not redone as lost
+    messages = [a.message for a in actions if isinstance(a, StatusUpdate)]
+    assert any("jumped from step 21 to step 1000000000000" in m for m in messages)
+    assert any("went back to step 22" in m for m in messages)
+
+
+@pytest.mark.parametrize("back_to", [0, 10])
+def test_a_trainer_that_restarts_its_step_count_is_followed(back_to):
+    """Defect: a trainer restarted from step 0 (same registration, so the job's state is kept)
+    had its steps ignored until it passed the old count, hundreds of steps at 150 W with
+    nothing measured. A few steps behind in a row (or one far behind) restart the count:
+    the open window is redone from there, measured on the new count's marks only."""
+    job = lost_window_job()
+    keys = [(0, s) for s in range(18)] + [(0, s) for s in range(back_to, back_to + 60)]
+    ran_at, actions = run_trainer(job, keys)
+    assert ran_at[16:18] == [150, 150] and ran_at[18:20] == [150, 150]  # two steps ignored
+    assert ran_at[20] == 300  # the third restarts the count: back to the maximum
+    assert_measured_exactly(job)
+    assert any("went back to step" in a.message for a in actions if isinstance(a, StatusUpdate))
+
+
+def test_a_restart_far_back_re_anchors_at_once():
+    job = lost_window_job()
+    keys = [(0, s) for s in range(200, 218)] + [(0, s) for s in range(60)]
+    ran_at, _ = run_trainer(job, keys)
+    assert ran_at[17] == 150 and ran_at[18] == 300
+    assert_measured_exactly(job)
+
+
+def test_a_restart_in_an_earlier_epoch_is_followed():
+    job = lost_window_job()
+    keys = [(3, s) for s in range(18)] + [(0, s) for s in range(60)]
+    ran_at, _ = run_trainer(job, keys)
+    assert ran_at[20] == 300 and job.done
+    assert_measured_exactly(job)
+
+
+def test_windows_longer_than_the_marks_kept_per_rank_are_measured():
+    """Defect: with profile_steps above ~4,096 the pruning of old marks dropped the begin mark
+    of the open window; its close read that as a lost mark, every limit was redone until left
+    out, and the job gave up with 'Can't handle discard(...)'."""
+    job = PowerLimitJob("j", options(profile_steps=9000), ranks=[0], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    ran_at, _ = run_job(job, 18_001)
+    assert job.done and job.gave_up is None and job.progress()["redone"] == {}
+    got = {m.power_limit: (m.time, m.energy) for m in job.machine.measurements}
+    for limit in (300, 275):
+        dt, de = _step_cost(limit)
+        assert got[limit] == pytest.approx((9000 * dt, 9000 * de))
+    assert len(job._marks[0]) <= 2 * 4096 + 2  # old marks are still forgotten
+
+
+def test_giving_up_says_why_in_words():
+    job = PowerLimitJob("j", options(), ranks=[0, 1], min_power_limit_w=275,
+                        max_power_limit_w=300, mark_timeout_s=1.0)
+    job.start()
+    for step in range(40):  # rank 1 never sends marks
+        job.on_event(0, ev(step), now_s=float(step))
+        job.on_mark(0, mark(step, float(step), 10.0 * step))
+        job.tick(float(step))
+    assert job.gave_up is not None and "Can't handle" not in job.gave_up
+    assert "nothing to choose from" in job.gave_up and "redone too often" in job.gave_up
