@@ -205,6 +205,8 @@ def test_demo_pipeline_part_compares_all_max_and_perseus(tmp_path: Path) -> None
         "8",
         "--pipeline-clocks",
         "3",
+        "--pipeline-time-scale",  # (1, the default, takes minutes: real instruction times)
+        "0.1",
         "--report-dir",
         str(report),
         "--no-progress",
@@ -216,6 +218,7 @@ def test_demo_pipeline_part_compares_all_max_and_perseus(tmp_path: Path) -> None
     assert "all-max clocks" in proc.stdout and "measured" in proc.stdout
     assert "predicted" in proc.stdout
     assert "profiling online" in proc.stdout  # live progress, plain lines without a terminal
+    assert "scaled: instruction times and the energy counter x0.1" in proc.stdout
 
     summary = json.loads((report / "summary.json").read_text())
     assert "baseline" not in summary  # --pipeline-only: no power-limit part
