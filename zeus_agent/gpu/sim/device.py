@@ -525,9 +525,14 @@ class SimGPU(GPU):
         for kind in _TELEMETRY_REST:
             with self._driver.call(kind):
                 pass
+        energy = state.counter_at(now) if self._static.has_energy_counter else None
+        return self._telemetry(state, now, energy)
+
+    def _telemetry(self, state: DeviceState, now: int, energy_j: float | None) -> Telemetry:
+        """What the getters would answer from one read of the device file."""
         busy = state.busy_until_ns > now
         return Telemetry(
-            energy_j=state.counter_at(now) if self._static.has_energy_counter else None,
+            energy_j=energy_j,
             power_w=self._power_w(state, now),
             power_limit_w=state.power_limit_w,
             sm_clock_mhz=state.busy_clock_mhz
@@ -546,18 +551,7 @@ class SimGPU(GPU):
         for kind in _TELEMETRY_REST:
             with self._driver.call(kind):
                 pass
-        state = self._read()
-        now = self._clock()
-        busy = state.busy_until_ns > now
-        return Telemetry(
-            energy_j=None,
-            power_w=self._power_w(state, now),
-            power_limit_w=state.power_limit_w,
-            sm_clock_mhz=state.busy_clock_mhz
-            if busy
-            else state.locked_min_mhz or state.hardware.min_sm_clock_mhz,
-            memory_clock_mhz=self._static.hardware.supported_memory_clocks_mhz[0],
-        )
+        return self._telemetry(self._read(), self._clock(), None)
 
     def get_instant_power_w(self) -> float:
         """Return the instantaneous power draw (same as `get_power_w` here). Units: W."""
