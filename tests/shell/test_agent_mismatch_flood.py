@@ -125,3 +125,45 @@ async def test_failing_clock_changes_are_counted_exactly_and_reported_a_few_time
             assert len(logged) == events
         finally:
             trainer.close()
+
+
+async def test_mismatches_held_back_for_each_binding_are_all_reported(tmp_path) -> None:
+    """Review: a rebind during a flood started new throttles while the old binding's summary
+    still waited; the new rank's held-back mismatches were never summarised (3 of 10 reported).
+    Each throttle now has its summary."""
+    from zeus_agent.agent.gpu_agent import GpuAgent
+    from zeus_agent.gpu.sim import SimGPU
+    from zeus_agent.wire import codec
+    from zeus_agent.wire.trainer import EventDatagram
+
+    events: list[ErrorEvent] = []
+
+    async def publish(subject: str, payload: bytes) -> None:
+        if subject.endswith(".error"):
+            events.append(codec.decode(payload, ErrorEvent))
+
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = GpuAgent(SimGPU.open(tmp_path, 0), "n", publish)
+    await gpu.start()
+    try:
+        assert gpu.info is not None
+        top = gpu.info.supported_graphics_clocks_mhz[0]
+        await gpu.install_schedule("job", FrequencySchedule(rank=0, frequencies=[("forward", top)]),
+                                   "job", 30.0)
+        t = time.monotonic_ns()
+        for rank in (0, 1):
+            gpu.bind("job", rank, pid=1)
+            gpu.on_event(EventDatagram(dg.Kind.STEP_BEGIN, 1, t, rank, 0, ""))
+            for i in range(10):
+                gpu.on_event(EventDatagram(dg.Kind.INSTRUCTION_BEGIN, 1, t, i, 0, "backward"))
+            await asyncio.sleep(0.05)
+
+        def accounted(rank: int) -> int:
+            return sum(e.detail.get("suppressed", 0)
+                       + (0 if "since the last one reported" in e.message else 1)
+                       for e in events if e.rank == rank)
+
+        await wait_for(lambda: accounted(0) == 10 and accounted(1) == 10, 8, "all reported")
+        assert gpu.counters["mismatches"] == 20
+    finally:
+        gpu.caller.close()

@@ -197,7 +197,9 @@ class GpuAgent:
                          "refused": 0}
         self._throttles: dict[str, Throttle] = {}
         """Counter ("mismatches", "gaps") -> the throttle of its reports (per bound rank)."""
-        self._summaries: dict[str, asyncio.Future[None]] = {}
+        self._summaries: dict[Throttle, asyncio.Future[None]] = {}
+        """The summary task of each throttle (per throttle: a rebind starts new throttles while
+        the old ones' summaries still wait to report what they held back)."""
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, reset: bool = True) -> GPUInfo:
@@ -650,9 +652,10 @@ class GpuAgent:
         throttle = self._throttles.setdefault(counter, Throttle(FLOOD_REPORTS_PER_S, FLOOD_BURST))
         held = throttle.hit(time.monotonic())
         if held is None:
-            summary = self._summaries.get(counter)
+            summary = self._summaries.get(throttle)
             if summary is None or summary.done():
-                self._summaries[counter] = self._spawn(
+                self._summaries = {t: f for t, f in self._summaries.items() if not f.done()}
+                self._summaries[throttle] = self._spawn(
                     self._summarise(counter, code, throttle, self.binding))
             return
         if held:
