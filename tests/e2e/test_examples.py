@@ -161,12 +161,17 @@ async def test_pytorch_example_is_measured_and_optimised(cluster: Cluster) -> No
         "--profile-steps",
         "3",
     )
-    await asyncio.sleep(0.3)
     job_id = summary["job_id"]
     assert job_id and job_id.endswith("+pytorch-example"), text
     # The model really trained.
     assert summary["losses"][-1] < summary["losses"][0]
-    # The agent measured every step of the job, each with the simulated GPU's energy.
+    # The agent measured every step of the job, each with the simulated GPU's energy. A step's
+    # measurement goes out once a counter read brackets its end (the reads are phase-locked to
+    # the 100 ms counter) and the next batch is published: the last ones come after the trainer.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while len(cluster.step_measurements(job_id)) < epochs * steps and loop.time() < deadline:
+        await asyncio.sleep(0.05)
     measured = cluster.step_measurements(job_id)
     assert sorted(measured) == list(range(epochs * steps))
     assert all(m.energy_j > 0 and m.time_s > 0 for m in measured.values())
