@@ -64,7 +64,7 @@ from tests.e2e.test_fault_recovery import (
     measured,
     options,
 )
-from tests.e2e.test_pipeline_e2e import clocks_checked
+from tests.e2e.test_pipeline_e2e import LATE_CLOCKS_PER, clocks_checked
 from zeus_agent.models import load_prof, load_ranks, load_sched
 from zeus_agent.wire import subjects
 
@@ -268,7 +268,7 @@ async def test_a_power_limit_job_and_a_pipeline_job_complete_on_a_3_server_clust
     assert result["job_id"] == pipeline_id
     checked, late, wrong = clocks_checked(result, schedules)
     assert checked >= 8 * 4 * (served + 1)
-    assert wrong <= late <= checked // 100, (wrong, late, checked)
+    assert wrong <= late <= checked // LATE_CLOCKS_PER, (wrong, late, checked)
     query = await c.query(pipeline_id)
     assert query["pipeline"]["phase"] == "serving"
     assert query["pipeline"]["schedule"] == served

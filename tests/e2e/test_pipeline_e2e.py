@@ -23,6 +23,13 @@ from tests.e2e.procs import REPO_ROOT, FaultCluster
 from zeus_agent.models import load_prof, load_ranks, load_sched
 
 PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
+LATE_CLOCKS_PER = 40
+"""At most one instruction in this many may start before its clock is locked. The pipeline runs
+at time scale 0.1 while the agents' simulated GPUs charge the h200 model's real NVML costs (a
+~3 ms counter read, a 1 ms clock change): a clock change weighs ten times more against an
+instruction than on a real GPU, and on this 2-core machine the agents share the cores with 4-8
+trainer processes. (On the untimed simulator the bound was 1 in 100; at real time scale the
+savings bench and the demo measure it.)"""
 
 
 def clocks_checked(result: dict[str, Any], schedules: dict[int, Any]) -> tuple[int, int, int]:
@@ -106,7 +113,7 @@ async def test_a_pipeline_job_is_profiled_online_and_its_plan_served(dp: int) ->
         # On this 2-core machine a rank may start an instruction before its agent (which
         # shares the cores with 4-8 trainer processes) has locked the clock: rarely.
         assert checked >= 8 * 4 * dp * (served + 1)
-        assert wrong <= late <= checked // 100, (wrong, late, checked)
+        assert wrong <= late <= checked // LATE_CLOCKS_PER, (wrong, late, checked)
 
         query = await c.query(job_id)
         assert query["pipeline"]["phase"] == "serving"
