@@ -712,12 +712,25 @@ class GpuAgent:
                 if self.leases.get(SCHEDULE) is None or not self.cursor.installed:
                     continue
                 try:
-                    await self.caller.call(self.gpu.lock_sm_clocks_mhz, mhz, mhz)
+                    # The lease is checked again in the GPU's thread, just before the call: the
+                    # call may have waited there behind a counter read (milliseconds on a real
+                    # GPU) while the lease ran out.
+                    if not await self.caller.call(self._lock_if_leased, mhz):
+                        self._clock_mhz = None
+                        self._spawn(self._expire_now())
                 except (GPUError, ReadOnlyError) as e:
                     self._clock_mhz = None  # Unknown: the next instruction asks again.
                     error = str(e)
             if error is not None:
                 self._report("clock_failures", "frequency_failed", error, {"mhz": mhz})
+
+    def _lock_if_leased(self, mhz: int) -> bool:
+        """In the GPU's thread: lock the clock if the schedule's lease is still live."""
+        lease = self.leases.get(SCHEDULE)
+        if lease is None or time.monotonic_ns() >= lease.deadline_ns:
+            return False
+        self.gpu.lock_sm_clocks_mhz(mhz, mhz)
+        return True
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
         """Run a side task (error events, clock changes), keeping a reference until it ends."""
