@@ -6,7 +6,7 @@ limit, application clocks, persistence and compute mode) and its current SM and 
 are read before and after; if any differs afterwards the run FAILS (exit 1, `changed` in the
 JSON names them; the current clocks are given 10 s to settle back first, since they follow the
 load). On a GPU that is lent or shared, put a read-only `pynvml` guard first on `PYTHONPATH`
-(a module that loads the real `pynvml` and makes every `nvmlDeviceSet*`/`Reset*`/`Clear*`
+(a module that loads the real `pynvml` and makes every NVML setter, reset and clear call
 raise `NO_PERMISSION`, keeping the refused calls in a `BLOCKED` list): the JSON says whether
 it was in force (`read_only.guard`), and any call it refused, here or in the agent, fails the
 run too.
