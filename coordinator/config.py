@@ -158,9 +158,11 @@ class CoordinatorSettings(BaseSettings):
         default=None,
         ge=0,
         le=65535,
-        description="Serve /healthz on this port (0: any free port); none when unset",
+        description="Serve /healthz and /metrics on this port (0: any free port); none when unset",
     )
-    status_host: str = Field(default="127.0.0.1", description="Address of the /healthz server")
+    status_host: str = Field(
+        default="127.0.0.1", description="Address of the /healthz and /metrics server"
+    )
     mark_timeout_s: float = Field(
         default=10.0,
         gt=0,

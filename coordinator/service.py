@@ -21,8 +21,9 @@ and reports on `<p>.job.<job>.status`.
 
 Never deaf: if the NATS server closes the connection for good (nats-py then stops
 reconnecting), the coordinator stops and exits with `BUS_LOST` (4) so its supervisor starts a
-fresh one; `/healthz` (`status_port`) answers 503 while it is disconnected or closed. After a
-reconnection it pings the agents, whose announcements reconcile every GPU's limit.
+fresh one; `/healthz` (`status_port`, beside Prometheus `/metrics`: `coordinator.metrics`)
+answers 503 while it is disconnected or closed. After a reconnection it pings the agents, whose
+announcements reconcile every GPU's limit.
 
 The coordinator never opens a path a client names: a profile comes with the job's options and
 goes back in the job's status and queries (the trainer's drop-in reads and writes its own
@@ -66,6 +67,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from coordinator import metrics
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord, JobRegistry, RankRecord, RegistryError
 from coordinator.optimizer import (
@@ -288,7 +290,9 @@ class CoordinatorService(ExitSignals):
                 "no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats"
             )
         if s.status_port is not None:
-            self._status_server = status_http.start(s.status_host, s.status_port, self.health)
+            self._status_server = status_http.start(
+                s.status_host, s.status_port, self.health,
+                registry=metrics.make_registry(lambda: metrics.snapshot(self)))
         self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
                                 on_disconnect=self._on_disconnect,
                                 on_reconnect=self._on_reconnect, on_closed=self._on_closed,

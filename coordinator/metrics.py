@@ -1,0 +1,354 @@
+"""Prometheus metrics of a coordinator replica, served on its status port beside `/healthz`.
+
+A custom collector builds a `CoordinatorSnapshot` from what the service already keeps (its job
+registry, its optimisers, the counters of `/healthz`) at scrape time, on the status server's
+thread: the event loop does no metrics work. `snapshot` reads; `families` turns a snapshot into
+metric families (pure, unit-tested); `make_registry` wires the two for `status_http.start`.
+
+Each replica exports the jobs it drives (those with an optimiser here) and the jobs still
+registering (every replica knows those); a dashboard takes `max by (job_id)` over replicas.
+
+| metric | type | meaning |
+|---|---|---|
+| `zeus_coordinator_info{replica,version}` | gauge | 1 |
+| `zeus_coordinator_nats_connected` | gauge | 1 while connected to NATS, else 0 |
+| `zeus_coordinator_jobs` | gauge | jobs known to this replica |
+| `zeus_coordinator_jobs_owned` | gauge | jobs whose ownership lease this replica holds |
+| `zeus_coordinator_messages_dropped_total{reason}` | counter | stream messages dropped |
+| `zeus_coordinator_commands_fenced_total` | counter | GPU commands not sent (fenced) |
+| `zeus_job_phase{job_id,kind,phase}` | gauge | 1 for the job's current phase |
+| `zeus_job_power_limit_watts{job_id}` | gauge | the limit the job's GPUs are set to now |
+| `zeus_job_optimal_power_limit_watts{job_id}` | gauge | the chosen limit, once known |
+| `zeus_job_power_limits_measured{job_id}` | gauge | limits profiled so far |
+| `zeus_job_power_limit_candidates{job_id}` | gauge | limits to profile |
+| `zeus_job_schedule_version{job_id}` | gauge | number of the schedules installed last |
+| `zeus_job_plan_index{job_id}` | gauge | chosen frontier point (0: the fastest) |
+| `zeus_job_plan_frontier_points{job_id}` | gauge | points on the planned frontier |
+| `zeus_job_plan_iteration_seconds{job_id}` | gauge | planned iteration time of the chosen point |
+| `zeus_job_plan_iteration_energy_joules{job_id}` | gauge | its planned iteration energy |
+| `zeus_job_energy_saving_ratio{job_id,kind}` | gauge | 1 - energy(chosen) / energy(reference) |
+| `zeus_job_slowdown_ratio{job_id,kind}` | gauge | time(chosen) / time(reference) - 1 |
+
+`kind` is `power_limit` or `pipeline`. The saving and slowdown of a power-limit job compare the
+profiling windows (same number of steps) of the chosen limit and of the highest limit measured
+(the maximum, unless the search skipped it); those of a pipeline job compare the planned
+iteration of the chosen frontier point with the frontier's fastest point (all clocks high).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from coordinator.jobs import JobRecord
+from coordinator.optimizer import JobOptimizer
+from coordinator.pipeline.job import PipelineJob
+from coordinator.power_limit.job import PowerLimitJob
+from zeus_agent import __version__
+
+SNAPSHOT_ATTEMPTS = 3
+"""Reads of the service's dicts retried when the event loop changed one mid-read."""
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """What the dashboard shows of one job (None: not known, or not this kind's)."""
+
+    job_id: str
+    kind: str
+    """"power_limit" or "pipeline"."""
+    phase: str
+    power_limit_w: float | None = None
+    optimal_power_limit_w: float | None = None
+    measured: int | None = None
+    candidates: int | None = None
+    schedule_version: int | None = None
+    plan_index: int | None = None
+    plan_points: int | None = None
+    plan_time_s: float | None = None
+    plan_energy_j: float | None = None
+    energy_saving: float | None = None
+    slowdown: float | None = None
+
+
+@dataclass(frozen=True)
+class CoordinatorSnapshot:
+    """One replica's state as its metrics show it."""
+
+    replica: str
+    nats_state: str
+    jobs: int
+    owned: int
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    fenced_commands: int = 0
+    job_list: Sequence[JobSnapshot] = ()
+    version: str = __version__
+
+
+class _Settings(Protocol):
+    @property
+    def replica_name(self) -> str: ...
+
+
+class _Registry(Protocol):
+    @property
+    def jobs(self) -> Mapping[str, JobRecord]: ...
+
+
+class _Book(Protocol):
+    def mine(self) -> list[str]: ...
+
+
+class _Service(Protocol):
+    """What `snapshot` reads of a `CoordinatorService`."""
+
+    @property
+    def settings(self) -> _Settings: ...
+    @property
+    def registry(self) -> _Registry: ...
+    @property
+    def optimisers(self) -> Mapping[str, JobOptimizer]: ...
+    @property
+    def dropped(self) -> Mapping[str, int]: ...
+    @property
+    def fenced_commands(self) -> int: ...
+    @property
+    def bus_state(self) -> tuple[str, float, str]: ...
+    @property
+    def book(self) -> _Book: ...
+
+
+# ---------------------------------------------------------------------------------- snapshots
+def _ratios(chosen: tuple[float, float], reference: tuple[float, float]) -> tuple[float, float]:
+    """(energy saving, slowdown) of `chosen` against `reference`, each (energy, time)."""
+    (e, t), (e_ref, t_ref) = chosen, reference
+    saving = 1.0 - e / e_ref if e_ref > 0 else math.nan
+    slowdown = t / t_ref - 1.0 if t_ref > 0 else math.nan
+    return saving, slowdown
+
+
+def power_limit_job(job_id: str, job: PowerLimitJob) -> JobSnapshot:
+    """A power-limit job: its phase, limits and the saving its profile measured."""
+    machine = job.machine
+    phase = "gave_up" if job.gave_up is not None else type(machine.state).__name__.lower()
+    optimal = machine.optimal_power_limit
+    measurements = list(machine.measurements)
+    saving = slowdown = None
+    if optimal is not None and measurements:
+        by_limit = {m.power_limit: m for m in measurements}
+        chosen, reference = by_limit.get(optimal), by_limit[max(by_limit)]
+        if chosen is not None:
+            saving, slowdown = _ratios(
+                (chosen.energy, chosen.time), (reference.energy, reference.time)
+            )
+    current = job.desired_power_limit
+    return JobSnapshot(
+        job_id=job_id,
+        kind="power_limit",
+        phase=phase,
+        power_limit_w=float(current) if current is not None else None,
+        optimal_power_limit_w=float(optimal) if optimal is not None else None,
+        measured=len(measurements),
+        candidates=len(machine.power_limits),
+        energy_saving=saving,
+        slowdown=slowdown,
+    )
+
+
+def pipeline_job(job_id: str, job: PipelineJob) -> JobSnapshot:
+    """A pipeline job: its phase, schedule version and the plan it serves (if any)."""
+    frontier: Sequence[Any] | None = getattr(job.scheduler, "frontier", None)
+    chosen: Any = getattr(job.scheduler, "chosen", None)
+    index = points = time_s = energy_j = saving = slowdown = None
+    if frontier and chosen is not None:
+        points = len(frontier)
+        index = next((i for i, p in enumerate(frontier) if p is chosen), None)
+        if index is None:
+            index = next((i for i, p in enumerate(frontier) if p == chosen), None)
+        time_s, energy_j = float(chosen.time), float(chosen.energy)
+        fastest = frontier[0]
+        saving, slowdown = _ratios((energy_j, time_s), (float(fastest.energy), float(fastest.time)))
+    return JobSnapshot(
+        job_id=job_id,
+        kind="pipeline",
+        phase=job.phase,
+        schedule_version=job.version,
+        plan_index=index,
+        plan_points=points,
+        plan_time_s=time_s,
+        plan_energy_j=energy_j,
+        energy_saving=saving,
+        slowdown=slowdown,
+    )
+
+
+def registering_job(record: JobRecord) -> JobSnapshot:
+    """A job whose ranks are not all registered yet."""
+    kind = "power_limit" if record.power_limit is not None else "pipeline"
+    return JobSnapshot(job_id=record.job_id, kind=kind, phase="registering")
+
+
+def snapshot(service: _Service) -> CoordinatorSnapshot:
+    """Read `service` (from any thread: a dict changed mid-read is read again)."""
+    for attempt in range(SNAPSHOT_ATTEMPTS):
+        try:
+            return _snapshot(service)
+        except RuntimeError:  # "dictionary changed size during iteration"
+            if attempt == SNAPSHOT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _snapshot(service: _Service) -> CoordinatorSnapshot:
+    records = dict(service.registry.jobs)
+    optimisers = dict(service.optimisers)
+    jobs: list[JobSnapshot] = []
+    for job_id, optimiser in sorted(optimisers.items()):
+        if isinstance(optimiser, PowerLimitJob):
+            jobs.append(power_limit_job(job_id, optimiser))
+        elif isinstance(optimiser, PipelineJob):
+            jobs.append(pipeline_job(job_id, optimiser))
+    jobs += [
+        registering_job(r)
+        for j, r in sorted(records.items())
+        if j not in optimisers and not r.complete
+    ]
+    return CoordinatorSnapshot(
+        replica=service.settings.replica_name,
+        nats_state=service.bus_state[0],
+        jobs=len(records),
+        owned=len(service.book.mine()),
+        dropped=dict(service.dropped),
+        fenced_commands=service.fenced_commands,
+        job_list=jobs,
+    )
+
+
+# ---------------------------------------------------------------------------------- families
+_JOB_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (
+        "power_limit_w",
+        "zeus_job_power_limit_watts",
+        "Power limit the job's GPUs are set to now (W)",
+    ),
+    (
+        "optimal_power_limit_w",
+        "zeus_job_optimal_power_limit_watts",
+        "Power limit chosen by the job's optimiser (W)",
+    ),
+    ("measured", "zeus_job_power_limits_measured", "Power limits profiled so far"),
+    ("candidates", "zeus_job_power_limit_candidates", "Power limits to profile"),
+    (
+        "schedule_version",
+        "zeus_job_schedule_version",
+        "Number of the frequency schedules installed last",
+    ),
+    (
+        "plan_index",
+        "zeus_job_plan_index",
+        "Index of the chosen point on the time-energy frontier (0: the fastest)",
+    ),
+    ("plan_points", "zeus_job_plan_frontier_points", "Points on the planned frontier"),
+    (
+        "plan_time_s",
+        "zeus_job_plan_iteration_seconds",
+        "Planned iteration time of the chosen frontier point (s)",
+    ),
+    (
+        "plan_energy_j",
+        "zeus_job_plan_iteration_energy_joules",
+        "Planned iteration energy of the chosen frontier point (J)",
+    ),
+)
+
+METRIC_NAMES: tuple[str, ...] = (
+    "zeus_coordinator_info",
+    "zeus_coordinator_nats_connected",
+    "zeus_coordinator_jobs",
+    "zeus_coordinator_jobs_owned",
+    "zeus_coordinator_messages_dropped_total",
+    "zeus_coordinator_commands_fenced_total",
+    "zeus_job_phase",
+    *(name for _, name, _ in _JOB_GAUGES),
+    "zeus_job_energy_saving_ratio",
+    "zeus_job_slowdown_ratio",
+)
+"""Every metric name `families` yields (as exposed: counters with `_total`)."""
+
+
+def families(snap: CoordinatorSnapshot) -> list[Metric]:
+    """The metric families of a snapshot (each present, with or without samples)."""
+    info = GaugeMetricFamily(
+        "zeus_coordinator_info", "Coordinator replica and version", labels=["replica", "version"]
+    )
+    info.add_metric([snap.replica, snap.version], 1)
+    connected = GaugeMetricFamily(
+        "zeus_coordinator_nats_connected",
+        "1 while the coordinator is connected to NATS",
+        value=1 if snap.nats_state == "connected" else 0,
+    )
+    jobs = GaugeMetricFamily("zeus_coordinator_jobs", "Jobs known to this replica", value=snap.jobs)
+    owned = GaugeMetricFamily(
+        "zeus_coordinator_jobs_owned",
+        "Jobs whose ownership lease this replica holds",
+        value=snap.owned,
+    )
+    dropped = CounterMetricFamily(
+        "zeus_coordinator_messages_dropped",
+        "Stream messages the coordinator dropped (spoofed node, unknown rank, malformed...)",
+        labels=["reason"],
+    )
+    for reason, count in sorted(snap.dropped.items()):
+        dropped.add_metric([reason], count)
+    fenced = CounterMetricFamily(
+        "zeus_coordinator_commands_fenced",
+        "GPU commands not sent: the job was no longer this replica's",
+        value=snap.fenced_commands,
+    )
+    phase = GaugeMetricFamily(
+        "zeus_job_phase", "1 for the job's current phase", labels=["job_id", "kind", "phase"]
+    )
+    gauges = [GaugeMetricFamily(name, text, labels=["job_id"]) for _, name, text in _JOB_GAUGES]
+    saving = GaugeMetricFamily(
+        "zeus_job_energy_saving_ratio",
+        "1 - energy of the chosen limit or plan / energy at the highest limit or fastest plan",
+        labels=["job_id", "kind"],
+    )
+    slowdown = GaugeMetricFamily(
+        "zeus_job_slowdown_ratio",
+        "Time of the chosen limit or plan / time at the highest limit or fastest plan - 1",
+        labels=["job_id", "kind"],
+    )
+    for job in snap.job_list:
+        phase.add_metric([job.job_id, job.kind, job.phase], 1)
+        for (attr, _, _), family in zip(_JOB_GAUGES, gauges, strict=True):
+            value = getattr(job, attr)
+            if value is not None:
+                family.add_metric([job.job_id], float(value))
+        if job.energy_saving is not None and math.isfinite(job.energy_saving):
+            saving.add_metric([job.job_id, job.kind], job.energy_saving)
+        if job.slowdown is not None and math.isfinite(job.slowdown):
+            slowdown.add_metric([job.job_id, job.kind], job.slowdown)
+    return [info, connected, jobs, owned, dropped, fenced, phase, *gauges, saving, slowdown]
+
+
+class CoordinatorCollector(Collector):
+    """Yields `families(read())` at each scrape."""
+
+    def __init__(self, read: Callable[[], CoordinatorSnapshot]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[Metric]:  # noqa: D102
+        yield from families(self.read())
+
+
+def make_registry(read: Callable[[], CoordinatorSnapshot]) -> CollectorRegistry:
+    """A registry holding only the coordinator's metrics (`read` is called at each scrape)."""
+    registry = CollectorRegistry()
+    registry.register(CoordinatorCollector(read))
+    return registry
