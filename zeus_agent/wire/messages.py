@@ -366,11 +366,31 @@ class CommandEnvelope(Message):
     cmd: GpuCommand
 
 
+REPLY_CODES: dict[str, str] = {
+    "bad_request": "the payload does not decode or validate (a field, the version, the size)",
+    "out_of_range": "a limit, clock or lease outside what the GPU or the contract allows",
+    "not_supported": "the GPU cannot do it (no such clock, no energy counter, ...)",
+    "permission": "NVML refused the call: the agent lacks the privilege",
+    "read_only": "the GPU is observed only (--observe-only, or NVML said NO_PERMISSION)",
+    "forbidden": "the sender may not ask it (another node's GPU, another user's job, a token)",
+    "quota": "too many jobs in all or on this node (--max-jobs, --max-jobs-per-node)",
+    "too_large": "what a job keeps would pass its memory cap (--max-pipeline-mb-per-*)",
+    "unavailable": "a dependency is down (JetStream, the GPU, the owner replica): retry",
+    "unknown_job": "no such job (never registered, or deleted after being idle)",
+    "unknown_rank": "no such rank in the job",
+    "duplicate": "already registered",
+    "conflict": "another running trainer process drives this GPU",
+    "trainer_left": "the job's trainer left this GPU: its settings are not applied again",
+    "timeout": "the work did not finish in time",
+    "internal": "a bug: the service logged it and keeps serving",
+}
+"""Every stable `Reply.code`, with what it means (the reference documentation lists these)."""
+
+
 class Reply(Message):
     """The answer to every request. `ok` False carries a stable `code` and a message.
 
-    Codes: bad_request, out_of_range, not_supported, permission, forbidden, quota, too_large,
-    unavailable, unknown_job, unknown_rank, duplicate, conflict, trainer_left, timeout, internal.
+    Codes: the keys of `REPLY_CODES`.
     """
 
     ok: bool

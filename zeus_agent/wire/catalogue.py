@@ -1,0 +1,97 @@
+"""Every NATS subject of the contract, as data: its pattern, who talks, and its payloads.
+
+The one list the documentation's subject reference is generated from (`tools/gen_docs.py`) and
+that a test holds to the builders in `zeus_agent.wire.subjects` (each pattern, its placeholders
+filled, is what its builder returns). A subject added to the contract without an entry here is
+undocumented; `tests/wire/test_catalogue.py` lists the builders that lack one.
+
+Pure data: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from zeus_agent.wire import messages as m
+from zeus_agent.wire import subjects as s
+
+__all__ = ["SUBJECTS", "SubjectSpec"]
+
+
+@dataclass(frozen=True)
+class SubjectSpec:
+    """One subject of the contract.
+
+    Attributes:
+        pattern: The subject with `{placeholders}` (`{prefix}` first), as the docs show it.
+        builder: The function of `zeus_agent.wire.subjects` that builds it.
+        direction: Who publishes to whom (`agent -> coordinator`, ...).
+        payload: The model of what is published (None: an empty payload).
+        reply: The model of the reply for request/reply subjects (None: no reply).
+        summary: One sentence: what goes there and when.
+    """
+
+    pattern: str
+    builder: Callable[..., str]
+    direction: str
+    payload: type[BaseModel] | None
+    reply: type[BaseModel] | None
+    summary: str
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        """The placeholders of the pattern after `{prefix}`, in order."""
+        return tuple(part[1:-1] for part in self.pattern.split(".")
+                     if part.startswith("{") and part != "{prefix}")
+
+
+SUBJECTS: tuple[SubjectSpec, ...] = (
+    SubjectSpec("{prefix}.agent.{node}.hello", s.agent_hello, "agent -> all", m.AgentHello, None,
+                "An agent announces its GPUs (uuid, name, limits, clocks, whether it may "
+                "control them); repeated as its heartbeat."),
+    SubjectSpec("{prefix}.agent.ping", s.agent_ping, "anyone -> agents", None, None,
+                "Asks every agent to announce itself now (a coordinator that starts)."),
+    SubjectSpec("{prefix}.agent.{node}.error", s.agent_errors, "agent ->", m.ErrorEvent, None,
+                "A node's errors that belong to no GPU: bad datagrams, trainers gone."),
+    SubjectSpec("{prefix}.gpu.{node}.{gpu}.sample", s.gpu_samples, "agent ->", m.SampleBatch,
+                None, "A GPU's batched samples: time, energy, power, limit, clocks."),
+    SubjectSpec("{prefix}.gpu.{node}.{gpu}.cmd", s.gpu_command, "-> agent (request/reply)",
+                m.CommandEnvelope, m.Reply,
+                "A command to one GPU: info, set/reset power limit, lock/reset clocks, "
+                "install/clear schedule, bind/unbind a rank, energy, renew."),
+    SubjectSpec("{prefix}.gpu.{node}.{gpu}.meas", s.gpu_measurements, "agent ->",
+                m.MeasurementBatch, None,
+                "A GPU's step marks (time, energy, limit at a step's edge) and step and "
+                "instruction measurements, once counter reads bracket them."),
+    SubjectSpec("{prefix}.gpu.{node}.{gpu}.error", s.gpu_errors, "agent ->", m.ErrorEvent, None,
+                "A GPU's rank errors: schedule mismatches, lapsed leases, measurement gaps."),
+    SubjectSpec("{prefix}.lease.{holder}", s.lease_renewal, "coordinator -> agents",
+                m.LeaseRenewal, None, "Renews every lease `holder` has on any agent."),
+    SubjectSpec("{prefix}.coord.jobs.register.{node}", s.coord_register_job,
+                "node's agent -> coordinator (request/reply)", m.RegisterJob, m.Reply,
+                "Registers a trainer's job; the reply carries the job id and join token."),
+    SubjectSpec("{prefix}.coord.ranks.register.{node}", s.coord_register_rank,
+                "node's agent -> coordinator (request/reply)", m.RegisterRank, m.Reply,
+                "Registers a rank, only through the node its GPU is on."),
+    SubjectSpec("{prefix}.coord.jobs.query", s.coord_job_query,
+                "anyone -> coordinator (request/reply)", m.JobQuery, m.Reply,
+                "One job's state, progress and measured profile, or a page of job ids."),
+    SubjectSpec("{prefix}.coord.jobs.straggler", s.coord_job_straggler,
+                "operator -> coordinator (request/reply)", m.StragglerNotice, m.Reply,
+                "Says a pipeline of a job is a straggler (or no longer is)."),
+    SubjectSpec("{prefix}.coord.replica.{replica}.{endpoint}", s.coord_replica,
+                "replica -> replica (request/reply)", None, m.Reply,
+                "A replica's own endpoints (`query`, `straggler`: the same payloads): a "
+                "replica that does not own a job forwards requests about it to its owner."),
+    SubjectSpec("{prefix}.job.{job}.ev.{rank}.{node}", s.job_events, "node's agent ->",
+                m.TrainerEventBatch, None,
+                "A rank's batched trainer events with the rank's counters."),
+    SubjectSpec("{prefix}.job.{job}.sched.{rank}", s.job_schedule, "coordinator ->",
+                m.ScheduleMessage, None, "A rank's frequency schedule (reserved)."),
+    SubjectSpec("{prefix}.job.{job}.status", s.job_status, "coordinator ->", m.JobStatus, None,
+                "A job's state, message and progress."),
+)
+"""Every subject, in the order the reference shows them."""
