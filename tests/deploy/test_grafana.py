@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
-from tests.deploy.conftest import DEPLOY, free_port
+from tests.deploy.conftest import DEPLOY, documents, free_port
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo
@@ -240,6 +240,24 @@ def test_prometheus_scrapes_the_coordinator_and_the_agents() -> None:
         assert str(dns["port"]) == SERVICES[name]["environment"]["ZEUS_AGENT_METRICS_PORT"]
     for config in jobs.values():
         assert config.get("metrics_path", "/metrics") == "/metrics"
+
+
+def test_kubernetes_scrapes_the_coordinator_and_names_the_agents_job() -> None:
+    """The ServiceMonitor sets the agents' job name the dashboard selects on; the coordinator's
+    pods carry scrape annotations for its status port."""
+    k8s = DEPLOY / "kubernetes"
+    (monitor,) = [d for d in documents(k8s / "monitoring" / "zeus-agent-servicemonitor.yaml")
+                  if d["kind"] == "ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    rules = [r for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+    assert [r["replacement"] for r in rules] == ["zeus-agent"]
+    (deployment,) = [d for d in documents(k8s / "20-zeus-coordinator.yaml")
+                     if d["kind"] == "Deployment"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    (config,) = [d for d in documents(k8s / "10-config.yaml")
+                 if d["metadata"]["name"] == "zeus-coordinator-config"]
+    assert annotations["prometheus.io/port"] == config["data"]["ZEUS_PFO_STATUS_PORT"]
+    assert annotations["prometheus.io/path"] == "/metrics"
 
 
 # ------------------------------------------------------------------------ live scrape
