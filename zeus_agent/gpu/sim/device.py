@@ -12,7 +12,9 @@ Pieces:
 * `create_sim_gpus`: create several devices at once.
 
 State file: ``state_dir/gpu{index}.json`` (JSON, rewritten in place), guarded for
-read-modify-write by ``fcntl.flock`` on ``state_dir/gpu{index}.lock``. Time is
+read-modify-write by ``fcntl.flock`` on ``state_dir/gpu{index}.lock``, which also holds a
+generation number that lets a handle reuse the state it parsed until a write (in any process)
+changes it (`zeus_agent.gpu.sim.store`). Time is
 ``time.monotonic_ns()`` (system-wide on one host), injectable for tests.
 
 The device integrates power over time exactly: idle power when idle, the running work's
@@ -43,9 +45,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import fcntl
-import json
-import os
 import random
 import time
 import uuid as uuid_mod
@@ -53,12 +52,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from zeus_agent.errors import GPUNotSupportedError, GPUUnavailableError, GPUValueError
+from zeus_agent.errors import GPUNotSupportedError, GPUValueError
 from zeus_agent.gpu.base import GPU, Telemetry
 from zeus_agent.gpu.sim.driver import NO_CALL, SimDriver, driver_lock
 from zeus_agent.gpu.sim.physics import HardwareParams, NoiseModel, WorkloadParams, operating_point
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.gpu.sim.state import STATE_VERSION, DeviceState
+from zeus_agent.gpu.sim.store import StateFile
 from zeus_agent.gpu.sim.timing import CallKind, NvmlTiming, timing_preset
 
 __all__ = ["STATE_VERSION", "SimGPU", "WorkResult", "create_sim_gpus"]
@@ -119,8 +119,7 @@ class SimGPU(GPU):
         self.index = index
         self._dir = Path(state_dir)
         self._clock = clock
-        self._path = self._dir / f"gpu{index}.json"
-        self._lock_path = self._dir / f"gpu{index}.lock"
+        self._file = StateFile(self._dir, index)
         # Static facts never change after creation: read them once.
         self._static = self._read()
         self._attach_driver(_resolve_timing(timing, set_latency_ms), sleep)
@@ -229,10 +228,9 @@ class SimGPU(GPU):
         gpu.index = index
         gpu._dir = state_dir
         gpu._clock = clock
-        gpu._path = state_dir / f"gpu{index}.json"
-        gpu._lock_path = state_dir / f"gpu{index}.lock"
-        with gpu._locked():
-            gpu._write(state)
+        gpu._file = StateFile(state_dir, index)
+        with gpu._file.locked():
+            gpu._file.write(state)
         gpu._static = state
         gpu._attach_driver(model, sleep)
         return gpu
@@ -273,64 +271,19 @@ class SimGPU(GPU):
             sleep=sleep,
         )
 
-    # File access.
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold the exclusive lock of the device file."""
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    def _read(self, lock: bool = True) -> DeviceState:
-        """Read the device file, under a shared lock unless the caller holds the exclusive one.
-
-        Writers rewrite the file in place, so an unlocked read could see half a write.
-        """
-        try:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644) if lock else -1
-            try:
-                if lock:
-                    fcntl.flock(fd, fcntl.LOCK_SH)
-                with open(self._path, "rb") as fh:
-                    raw = fh.read()
-            finally:
-                if lock:
-                    os.close(fd)  # closing releases the lock
-            data = json.loads(raw)
-        except (OSError, ValueError) as exc:
-            raise GPUUnavailableError(
-                f"simulated GPU {self.index}: cannot read {self._path} ({exc}); create it with "
-                f"SimGPU.create"
-            ) from exc
+    # File access (`zeus_agent.gpu.sim.store`: parsed again only after a write).
+    def _read(self) -> DeviceState:
+        """The device's state (shared: do not change it; `_update` gives a copy to change)."""
         static = getattr(self, "_static", None)  # hardware never changes after `create`
-        return DeviceState.from_json(data, static.hardware if static is not None else None)
-
-    def _write(self, state: DeviceState) -> None:
-        """Rewrite the device file in place; call with the exclusive lock held.
-
-        In place rather than write-and-rename: a rename costs hundreds of microseconds on some
-        file systems, and a schedule locks clocks at every instruction.
-        """
-        data = json.dumps(state.to_json()).encode()
-        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
+        return self._file.read(static.hardware if static is not None else None)
 
     @contextlib.contextmanager
     def _update(self) -> Iterator[DeviceState]:
         """Lock, read, fold energy up to now, yield the state for changes, write it back."""
-        with self._locked():
-            state = self._read(lock=False)
+        static = getattr(self, "_static", None)
+        with self._file.update(static.hardware if static is not None else None) as state:
             state.fold(self._clock())
             yield state
-            self._write(state)
 
     def _describe(self) -> str:
         """Return e.g. "NVIDIA A40 (simulated GPU 0)" for error messages."""

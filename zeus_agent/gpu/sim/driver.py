@@ -17,6 +17,7 @@ import collections
 import os
 import random
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -24,6 +25,9 @@ from types import TracebackType
 from zeus_agent.gpu.sim.timing import SERIALISED, CallKind, NvmlTiming
 
 __all__ = ["NO_CALL", "SimDriver", "driver_lock"]
+
+SPIN_NS = 10_000
+"""Waits shorter than this spin instead of sleeping (the cheap getters: 1-5 us)."""
 
 _LOCKS: dict[tuple[str, int], threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
@@ -70,6 +74,8 @@ class SimDriver:
         self._rng = rng
         self._clock = clock
         self._sleep = sleep
+        self._spins = clock is time.monotonic_ns and sleep is time.sleep
+        """Short waits spin only on the real clock (an injected one would never move)."""
 
     def call(self, kind: CallKind) -> _FreeCall | _TimedCall:
         """A context for one `kind` call: it waits for the lock and lasts the drawn cost."""
@@ -79,14 +85,21 @@ class SimDriver:
         return _TimedCall(self, kind)
 
     def sleep_until(self, deadline_ns: int) -> None:
-        """Sleep until the device clock reaches `deadline_ns` (no sleep when it has).
+        """Wait until the device clock reaches `deadline_ns` (no wait when it has).
 
-        The simulator's own work (reading the device file, tens of microseconds) counts
-        towards the cost, so a microsecond getter costs what the file read costs.
+        The simulator's own work counts towards the cost. A wait shorter than `SPIN_NS` spins
+        on the clock instead of sleeping: a real getter's microseconds are CPU work in the
+        calling thread (an ioctl), and a sleep that short would last the kernel's timer slack
+        (~50 us) and cost more CPU than the spin (a wake-up costs ~5-40 us on a VM).
         """
         left = deadline_ns - self._clock()
-        if left > 0:
+        if left <= 0:
+            return
+        if left >= SPIN_NS or not self._spins:
             self._sleep(left / 1e9)
+            return
+        while self._clock() < deadline_ns:
+            pass
 
 
 class _FreeCall:
