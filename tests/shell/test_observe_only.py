@@ -99,6 +99,15 @@ def test_the_wrapper_refuses_every_setter_without_calling_the_backend(setter, ar
     assert backend.calls == ["get_power_limit_w", "get_total_energy_j"]
 
 
+def test_the_wrapper_passes_the_backends_own_reads_through() -> None:
+    """`read_status` and `read_telemetry` are the backend's, not the base class's per-getter
+    version (the simulator reads its device file once for all of them)."""
+    backend = Backend()
+    gpu = ObserveOnlyGPU(backend)  # type: ignore[arg-type]
+    assert gpu.read_status() == 7 and gpu.read_telemetry() == 7
+    assert backend.calls == ["read_status", "read_telemetry"]
+
+
 def test_controllable_is_sent_only_when_false() -> None:
     """Coordinators that predate the field keep accepting controllable GPUs' announcements."""
     desc = GpuDescription(index=0, uuid="u", name="n", architecture="a", min_power_limit_w=1,

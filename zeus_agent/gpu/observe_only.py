@@ -121,6 +121,14 @@ class ObserveOnlyGPU(GPU):
         """The backend's (it may read everything in one go)."""
         return self._gpu.read_telemetry()
 
+    def read_status(self) -> Telemetry:
+        """The backend's (it may read everything in one go).
+
+        The simulator charges one read of its device file as NVML's four getters; the base
+        class's four calls would charge four.
+        """
+        return self._gpu.read_status()
+
     def info(self) -> GPUInfo:
         """The backend's."""
         return self._gpu.info()
