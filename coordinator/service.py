@@ -908,7 +908,7 @@ class CoordinatorService(ExitSignals):
             return Reply.failure(
                 "forbidden",
                 f"a rank on node {gpu.node!r} must be registered through that node's agent, not "
-                f"through {via!r}: run the trainer on the node of its GPU",
+                f"through {shown(via)}: run the trainer on the node of its GPU",
             )
         retry = self.registry.check_rank(request)  # Refuse bad requests before asking agents.
         info: GpuDescription | None = None
@@ -1261,7 +1261,8 @@ class CoordinatorService(ExitSignals):
         if (via != subjects.token(batch.node)
                 or not self._bound_here(record, batch.rank, via, batch.gpu)):
             self._drop("wrong_node", msg.subject,
-                       f"rank {batch.rank} of {batch.job_id} is not bound to {via}/gpu{batch.gpu}")
+                       f"rank {batch.rank} of {batch.job_id} is not bound to "
+                       f"{shown(via)}/gpu{batch.gpu}")
             return
         if self._without_token(record, batch, msg.subject):
             return

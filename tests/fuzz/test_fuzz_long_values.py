@@ -496,8 +496,15 @@ def request_problems(bus: Bus, subject: str, data: bytes, model: Any, what: str)
     if outcome not in expected:
         return [f"{what}: answered {outcome!r} ({reply.error[:200]!r}), expected one of "
                 f"{sorted(expected)}"]  # fmt: skip
+    if len(reply.error) > ECHO_CHARS:
+        return [f"{what}: the error echoes {len(reply.error)} characters "
+                f"({reply.error[:120]!r}...): what a peer sent must be shown cut"]
     return []
 
+
+ECHO_CHARS = 1_500
+"""Longest error text a reply may carry here: a message names a few of the peer's values, each
+cut by `shown()` (`SHOWN_CHARS`), never a whole one."""
 
 BARRIER = b"\xc1"
 """Never msgpack: published after a message on the same subject; once the coordinator has
