@@ -1,15 +1,20 @@
 """A read-only check of the whole measuring path on a real NVIDIA GPU.
 
 Never changes the GPU: this script calls no NVML setter, and the agent it starts runs with
-`--observe-only` (it refuses every setter itself). The GPU's settings (power limit, enforced
-limit, application clocks, persistence and compute mode) and its current SM and memory clocks
-are read before and after; if any differs afterwards the run FAILS (exit 1, `changed` in the
-JSON names them; the current clocks are given 10 s to settle back first, since they follow the
-load). On a GPU that is lent or shared, put a read-only `pynvml` guard first on `PYTHONPATH`
-(a module that loads the real `pynvml` and makes every NVML setter, reset and clear call
-raise `NO_PERMISSION`, keeping the refused calls in a `BLOCKED` list): the JSON says whether
-it was in force (`read_only.guard`), and any call it refused, here or in the agent, fails the
-run too.
+`--observe-only` (it refuses every setter itself; `--observe-only` is accepted here too, and
+changes nothing). The GPU's settings (power limit, enforced limit, application clocks,
+persistence and compute mode) are read at the start and its current SM and memory clocks at
+idle before the agent starts (with the training loop: once the model is on the GPU, since this
+process's CUDA context, alive to the end, can hold an idle GPU's clocks up; `clocks_at_start`
+gives the first read too); all are read again at the end, and if any differs the run FAILS
+(exit 1, `changed` in the JSON names them; the current clocks are given 10 s to settle back
+first, since they follow the load). On a GPU that is lent or shared, put a read-only `pynvml`
+guard first on `PYTHONPATH` (a module that loads the real `pynvml` and makes every NVML
+setter, reset and clear call raise `NO_PERMISSION`, keeping the refused calls in a `BLOCKED`
+list and writing them to `$NVML_GUARD_LOG`): the JSON says whether it was in force
+(`read_only.guard`), and any call it refused, here or in the agent, fails the run too. The
+agent's guard writes to the same `$NVML_GUARD_LOG` when one is set (the lines it added during
+the run are read back), else to a file of the script's own.
 
 What it measures, in this order:
 
@@ -42,19 +47,28 @@ What it measures, in this order:
    overhead phases, per wall second and per GPU it watches (1).
 
 Without a GPU (`pynvml` not importable, `nvmlInit` failing, 0 GPUs) it prints one JSON line
-saying so (`"gpu": null`, `"reason"`) and exits 0.
+saying so (`"gpu": null`, `"reason"`) and exits 0. A GPU NVML lists but cannot open: the same
+line, exit 1.
 
     python bench/real_gpu.py [--gpu N] [--steps 300] [--seconds 5] [--calls 200]
                              [--warmup-s 5] [--window-steps 1,5,25,100] [--no-train]
-                             [--no-zeus] [--json-only] [--rows rows.json]
+                             [--no-zeus] [--observe-only] [--json-only] [--rows rows.json]
+
+The GPU: `--gpu N` (NVML index), else the first `CUDA_VISIBLE_DEVICES` names (an index, a
+GPU UUID or its prefix, or a MIG instance's UUID, which means its whole GPU: NVML's counter is
+the GPU's; `gpu.mig_mode` says whether MIG is on), else 0.
 
 (`--device cpu` and the model's sizes, `--layers --width --batch --seq`, are for tests without
 a GPU: the loop on the CPU, the agent on a fake NVML.) A GPU without an energy counter (before
 Volta) gets the facts and getter costs only.
 
-Progress goes to stderr; stdout gets a short summary (not with `--json-only`) and, as its last
-line, one JSON object. Exit status: 0 passed (or no GPU), 1 a setting changed, a setter was
-attempted or the run failed, 2 bad arguments (a GPU index NVML does not have).
+Progress goes to stderr, and so do Zeus's logs (Zeus logs to stdout); stdout gets a short
+summary (not with `--json-only`) and, as its last line, one JSON object. SIGTERM or Ctrl-C
+stops the agent and its nats-server, checks the GPU (without waiting for the clocks) and
+prints the JSON line (`error`, exit 1); a second signal ends the script at once. Exit status:
+0 passed (or no GPU), 1 a setting changed, a setter was attempted or the run failed (or was
+stopped), 2 bad arguments (a GPU index NVML does not have, or a `CUDA_VISIBLE_DEVICES` UUID it
+does not know).
 """
 
 from __future__ import annotations
@@ -62,6 +76,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import queue
@@ -214,6 +229,9 @@ class Nvml:
             "app_sm_clock_mhz": g("nvmlDeviceGetApplicationsClock", self.clock_sm),
             "app_mem_clock_mhz": g("nvmlDeviceGetApplicationsClock", self.clock_mem),
             "persistence_mode": g("nvmlDeviceGetPersistenceMode"),
+            # [current, pending]; None: no MIG on this GPU. With MIG on, the counter is the
+            # whole GPU's while a training loop runs on one instance.
+            "mig_mode": g("nvmlDeviceGetMigMode"),
         }
         try:
             self.energy_j()
@@ -239,8 +257,10 @@ class Nvml:
         }
 
 
-def open_nvml(requested: int | None) -> tuple[Any, int, int] | str:
-    """(pynvml, the GPU's NVML index, GPUs seen), or why there is no GPU to check."""
+def open_nvml(requested: int | None) -> tuple[Any, int | None, int] | str:
+    """(pynvml, the GPU's NVML index, GPUs seen), or why there is no GPU to check.
+
+    The index is None when `CUDA_VISIBLE_DEVICES` names a GPU NVML does not know."""
     try:
         import pynvml
     except ImportError as e:
@@ -261,18 +281,28 @@ def open_nvml(requested: int | None) -> tuple[Any, int, int] | str:
     return pynvml, index, count
 
 
-def default_index(nvml: Any, count: int) -> int:
-    """The NVML index of the first GPU `CUDA_VISIBLE_DEVICES` names (an index or a UUID), else 0."""
+def default_index(nvml: Any, count: int) -> int | None:
+    """The NVML index of the first GPU `CUDA_VISIBLE_DEVICES` names, else 0.
+
+    It may name an index, a GPU UUID (or its prefix, as CUDA accepts) or a MIG instance's UUID
+    (then its parent GPU: NVML's energy counter and settings are the whole GPU's). None: it
+    names a UUID NVML does not know."""
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     if first.isdigit():
         return int(first)
-    if first.startswith("GPU-"):
-        for i in range(count):
-            with contextlib.suppress(Exception):
-                uuid = text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)))
-                if uuid is not None and uuid.startswith(first):
-                    return i
-    return 0
+    if not first.startswith(("GPU-", "MIG-")):
+        return 0
+    with contextlib.suppress(Exception):  # the full UUID; a MIG instance's is a MIG handle
+        handle = nvml.nvmlDeviceGetHandleByUUID(first)
+        if first.startswith("MIG-"):
+            handle = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        return int(nvml.nvmlDeviceGetIndex(handle))
+    for i in range(count):  # a prefix
+        with contextlib.suppress(Exception):
+            uuid = text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)))
+            if uuid is not None and uuid.startswith(first):
+                return i
+    return None
 
 
 # ------------------------------------------------------------------ costs and the counter
@@ -340,24 +370,43 @@ def counter_period(gpu: Nvml, seconds: float) -> dict[str, Any]:
     }
 
 
-def unchanged(gpu: Nvml, before: dict[str, Any], clocks_before: dict[str, Any]) -> list[str]:
-    """What differs from before the run: the settings at once, current clocks after settling."""
+def unchanged(gpu: Nvml, before: dict[str, Any], clocks_before: dict[str, Any],
+              settle_s: float = SETTLE_S) -> tuple[list[str], dict[str, Any]]:
+    """What differs from before the run (the settings at once, the current clocks after up to
+    `settle_s` to settle), and the current clocks read last."""
     after = gpu.settings()
     changed = [f"{k}: {before[k]} -> {after[k]}" for k in before if before[k] != after[k]]
-    deadline = time.monotonic() + SETTLE_S
+    deadline = time.monotonic() + settle_s
     clocks = gpu.clocks()
     while clocks != clocks_before and time.monotonic() < deadline:
         time.sleep(0.25)
         clocks = gpu.clocks()
     changed += [f"{k} (current): {clocks_before[k]} -> {clocks[k]}"
                 for k in clocks_before if clocks_before[k] != clocks[k]]
-    return changed
+    return changed, clocks
+
+
+def settled_clocks(gpu: Nvml, limit_s: float = 5.0) -> dict[str, Any]:
+    """The current clocks once two reads 0.5 s apart agree (at most `limit_s`)."""
+    clocks = gpu.clocks()
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        again = gpu.clocks()
+        if again == clocks:
+            break
+        clocks = again
+    return clocks
 
 
 # --------------------------------------------------------------------------- the agent
 @contextlib.contextmanager
 def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterator[Any]:
-    """A `zeus-agent run --observe-only --backend nvml` process watching GPU `index` only."""
+    """A `zeus-agent run --observe-only --backend nvml` process watching GPU `index` only.
+
+    `guard_log`: where a pynvml guard in the agent writes the calls it refused (the
+    `NVML_GUARD_LOG` the script was given, else a file of its own). The process and its
+    nats-server are stopped on the way out, whatever ends the block (an error, SIGTERM)."""
     from zeus_agent.broker import EmbeddedNats
 
     sock = tmp / "agent.sock"
@@ -540,9 +589,48 @@ class ExactAsker:
             p.close()
 
 
+def zeus_logs_to_stderr() -> None:
+    """Zeus's loggers write to stdout (`zeus.utils.logging.get_logger`): move them to stderr,
+    where the progress goes (stdout: the summary and, last, the JSON line)."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if (name == "zeus" or name.startswith("zeus.")) and isinstance(logger, logging.Logger):
+            for handler in logger.handlers:
+                if (isinstance(handler, logging.StreamHandler)
+                        and handler.stream in (sys.stdout, sys.__stdout__)):
+                    handler.setStream(sys.stderr)
+
+
+def open_zeus(cuda_index: int) -> tuple[Any, dict[str, Any]]:
+    """Zeus's `ZeusMonitor` on CUDA device `cuda_index` (None when Zeus is missing or fails to
+    start) and what to report about it. Whatever Zeus prints goes to stderr."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            import zeus
+            from zeus.monitor import ZeusMonitor
+
+            monitor = ZeusMonitor(gpu_indices=[cuda_index], cpu_indices=[])
+    except Exception as e:  # noqa: BLE001 - not installed, or it could not start
+        return None, {"skipped": f"{type(e).__name__}: {e}"}
+    finally:
+        zeus_logs_to_stderr()
+    return monitor, {"version": getattr(zeus, "__version__", "unknown")}
+
+
+def check_agent(proc: Any, log: Path) -> None:
+    """Raise if the agent process has exited (its log's end in the message)."""
+    if proc.poll() is not None:
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the observe-only agent exited (status {proc.returncode}):\n{tail}")
+
+
 def train_and_measure(args: argparse.Namespace, gpu: Nvml, facts: dict[str, Any],
-                      guard_log: Path | None) -> dict[str, Any]:
-    """The agent, the training loop, the windows, emit's overhead and the agent's CPU."""
+                      guard_log: Path | None, baseline: dict[str, Any]) -> dict[str, Any]:
+    """The agent, the training loop, the windows, emit's overhead and the agent's CPU.
+
+    Once the model is on the device (this process's CUDA context made) and before the agent
+    starts, the GPU's idle clocks are read again into `baseline["clocks"]`: the end's check
+    compares clocks read in the same state (idle, this context alive), since a context can hold
+    a GPU's idle clocks where none held them."""
     try:
         import torch
     except ImportError as e:
@@ -576,14 +664,8 @@ def train_and_measure(args: argparse.Namespace, gpu: Nvml, facts: dict[str, Any]
         out["zeus"] = {"skipped": f"Zeus would read NVML GPU {zeus_reads}, not {gpu.index} "
                                   "(set CUDA_DEVICE_ORDER=PCI_BUS_ID)"}
     elif on_cuda and not args.no_zeus:
-        try:
-            import zeus
-            from zeus.monitor import ZeusMonitor
-
-            zeus_monitor = ZeusMonitor(gpu_indices=[cuda_index], cpu_indices=[])
-            out["zeus"] = {"version": getattr(zeus, "__version__", "unknown")}
-        except Exception as e:  # noqa: BLE001 - not installed, or it could not start
-            out["zeus"] = {"skipped": f"{type(e).__name__}: {e}"}
+        assert cuda_index is not None
+        zeus_monitor, out["zeus"] = open_zeus(cuda_index)
     else:
         out["zeus"] = {"skipped": "--no-zeus" if on_cuda else "not on a CUDA device"}
 
@@ -592,6 +674,9 @@ def train_and_measure(args: argparse.Namespace, gpu: Nvml, facts: dict[str, Any]
     step = build_training(torch, device, args)
     out["model"] = {"layers": args.layers, "width": args.width, "batch": args.batch,
                     "seq": args.seq, "dtype": "bfloat16"}
+    sync()
+    baseline["clocks"] = settled_clocks(gpu)
+    baseline["when"] = "idle, after this process made its CUDA context, before the agent"
     mono = time.monotonic_ns
     with tempfile.TemporaryDirectory(prefix="real-gpu-") as tmp_name, \
             observe_only_agent(gpu.index, Path(tmp_name), guard_log) as (proc, sock, log):
@@ -606,6 +691,7 @@ def train_and_measure(args: argparse.Namespace, gpu: Nvml, facts: dict[str, Any]
             progress(f"warming up for {args.warmup_s:g} s (the agent learns the counter's phase)")
             until = time.monotonic() + args.warmup_s
             while time.monotonic() < until:
+                check_agent(proc, log)
                 pub.step_begin()
                 step()
                 pub.step_end()
@@ -626,6 +712,7 @@ def train_and_measure(args: argparse.Namespace, gpu: Nvml, facts: dict[str, Any]
             done = dict.fromkeys(sizes, 0)
             next_report = time.monotonic() + 10
             while any(done[s] < counts[s] for s in sizes):
+                check_agent(proc, log)
                 for steps in sizes:
                     if done[steps] >= counts[steps]:
                         continue
@@ -662,6 +749,7 @@ def train_and_measure(args: argparse.Namespace, gpu: Nvml, facts: dict[str, Any]
                     progress(f"windows done: {done}")
                     next_report = time.monotonic() + 10
             asker.stop()
+            check_agent(proc, log)
 
             pairs = max(4, args.steps // (2 * OVERHEAD_BLOCK))
             progress(f"emit overhead: {pairs} pairs of {OVERHEAD_BLOCK}-step blocks")
@@ -740,6 +828,29 @@ def steps_list(value: str) -> tuple[int, ...]:
     return steps
 
 
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT: stop the agent, check the GPU, print the JSON line (exit 1).
+
+    A BaseException, so that no `except Exception` on the way swallows it."""
+
+
+def on_signal(signum: int, _frame: Any) -> None:
+    """The first SIGTERM/SIGINT ends the run cleanly; a second one ends the process at once."""
+    signal.signal(signum, signal.SIG_DFL)
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+
+def guard_log_path() -> tuple[Path, bool]:
+    """Where a pynvml guard writes the calls it refuses: the `NVML_GUARD_LOG` the script was
+    given (kept: whoever runs the check reads it), else a file of its own (True: remove it)."""
+    given = os.environ.get("NVML_GUARD_LOG")
+    if given:
+        return Path(given), False
+    fd, name = tempfile.mkstemp(prefix="real-gpu-guard-", suffix=".log")
+    os.close(fd)
+    return Path(name), True
+
+
 def main() -> None:
     global _quiet
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -757,6 +868,9 @@ def main() -> None:
     parser.add_argument("--no-train", action="store_true",
                         help="facts, getter costs and the counter's period only (no agent)")
     parser.add_argument("--no-zeus", action="store_true", help="do not use Zeus's ZeusMonitor")
+    parser.add_argument("--observe-only", action="store_true",
+                        help="accepted for clarity: the check is always read-only and its agent "
+                             "always runs with --observe-only")
     parser.add_argument("--json-only", action="store_true",
                         help="stdout gets only the JSON line (progress stays on stderr)")
     parser.add_argument("--rows", default=None, help="write every window's figures here (JSON)")
@@ -783,20 +897,40 @@ def main() -> None:
         finish(result | {"gpu": None, "reason": opened}, 0)
         return
     nvml, index, count = opened
-    if not 0 <= index < count:
-        reason = f"NVML sees {count} GPU(s): index {index} is not one of them"
+    if index is None or not 0 <= index < count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if index is None:
+            reason = (f"CUDA_VISIBLE_DEVICES={visible!r} names none of the {count} GPU(s) NVML "
+                      "sees; pass --gpu N")
+        else:
+            reason = f"NVML sees {count} GPU(s): index {index} is not one of them"
+            if args.gpu is None:
+                reason += f" (from CUDA_VISIBLE_DEVICES={visible!r}; pass --gpu N)"
         finish(result | {"gpu": None, "reason": reason}, 2)
         return
     guard = hasattr(nvml, "BLOCKED")
-    gpu = Nvml(nvml, index)
+    try:
+        gpu = Nvml(nvml, index)
+    except Exception as e:  # noqa: BLE001 - NO_PERMISSION in a container, GPU_IS_LOST...
+        reason = f"NVML GPU {index} could not be opened: {type(e).__name__}: {text(e)}"
+        finish(result | {"gpu": None, "reason": reason, "ok": False}, 1)
+        return
     settings_before = gpu.settings()
-    clocks_before = gpu.clocks()
+    clocks_at_start = gpu.clocks()
+    baseline: dict[str, Any] = {"clocks": clocks_at_start,
+                                "when": "at the start, before this process used CUDA"}
     facts = gpu.facts(count)
     progress(f"GPU {index}: {facts['name']}, driver {facts['driver']}, limit "
              f"{facts['power_limit_w']} W; pynvml guard {'in force' if guard else 'absent'}")
     result["gpu"] = facts
     error: str | None = None
     guard_log: Path | None = None
+    own_guard_log = False
+    guard_log_start = 0
+    changed: list[str] = []
+    clocks_after: dict[str, Any] = {}
+    blocked: list[str] = []
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         progress(f"timing the getters ({args.calls} calls each)")
         result["getter_cost_us"] = getter_costs(gpu, args.calls)
@@ -809,33 +943,49 @@ def main() -> None:
         if args.no_train and "train" not in result:
             result["train"] = {"skipped": "--no-train"}
         elif "train" not in result:
-            if guard:  # the agent's guard writes the calls it refused here
-                fd, name = tempfile.mkstemp(prefix="real-gpu-guard-", suffix=".log")
-                os.close(fd)
-                guard_log = Path(name)
-            result["train"] = train_and_measure(args, gpu, facts, guard_log)
-    except Exception as e:  # noqa: BLE001 - report it; the settings are still checked
+            if guard:  # the agent's guard writes the calls it refused there
+                guard_log, own_guard_log = guard_log_path()
+                guard_log_start = guard_log.stat().st_size if guard_log.exists() else 0
+            result["train"] = train_and_measure(args, gpu, facts, guard_log, baseline)
+    except (Exception, Interrupted) as e:  # noqa: BLE001 - report it; the GPU is still checked
         error = f"{type(e).__name__}: {e}"
         progress(f"failed: {error}")
     finally:
-        progress("checking that nothing changed")
-        changed = unchanged(gpu, settings_before, clocks_before)
-        blocked = [f"bench: {name}" for name in getattr(nvml, "BLOCKED", [])]
-        if guard_log is not None and guard_log.exists():
-            blocked += [f"agent: {line}" for line in guard_log.read_text().splitlines()]
-            guard_log.unlink()
+        try:
+            progress("checking that nothing changed")
+            settle_s = 0.0 if error is not None and error.startswith("Interrupted") else SETTLE_S
+            changed, clocks_after = unchanged(gpu, settings_before, baseline["clocks"], settle_s)
+            blocked = [f"bench: {name}" for name in getattr(nvml, "BLOCKED", [])]
+            if guard_log is not None and guard_log.exists():
+                with guard_log.open("rb") as fh:
+                    fh.seek(guard_log_start)
+                    lines = fh.read().decode(errors="replace").splitlines()
+                mine = f"{os.getpid()} "  # this process's refusals: already in BLOCKED
+                blocked += [f"agent: {line}" for line in lines
+                            if line.strip() and not line.startswith(mine)]
+                if own_guard_log:
+                    guard_log.unlink()
+        except Interrupted as e:  # the check itself was interrupted: say so
+            error = error or f"Interrupted: {e}"
+            changed.append("not checked: interrupted")
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
+        for sig, handler in handlers.items():  # from here on a signal ends the process
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     result["read_only"] = {
         "guard": guard, "observe_only_agent": not args.no_train,
-        "settings_before": settings_before, "clocks_before": clocks_before,
-        "changed": changed, "setter_calls_blocked": blocked,
+        "settings_before": settings_before, "clocks_at_start": clocks_at_start,
+        "clocks_before": baseline["clocks"], "clocks_before_when": baseline["when"],
+        "clocks_after": clocks_after, "changed": changed, "setter_calls_blocked": blocked,
     }
     ok = not changed and not blocked and error is None
     result["ok"] = ok
     if error is not None:
         result["error"] = error
-    summary(result)
+    try:
+        summary(result)
+    except Exception as e:  # noqa: BLE001 - the JSON line comes whatever the summary does
+        progress(f"summary failed: {type(e).__name__}: {e}")
     finish(result, 0 if ok else 1)
 
 

@@ -10,8 +10,11 @@ not what a real GPU measures.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,19 +24,32 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "real_gpu.py"
-SHIM = ROOT / "tests" / "fakes" / "pynvml_shim"
+FAKES = ROOT / "tests" / "fakes"
+SHIM = FAKES / "pynvml_shim"
+GUARD = FAKES / "pynvml_guard"
+CPU_LOOP = ("--device", "cpu", "--layers", "1", "--width", "32", "--batch", "2", "--seq", "8",
+            "--seconds", "0.3", "--calls", "5")
+"""A short run of the whole path: the training loop on the CPU, a tiny model."""
 
 
-def run(*args: str, fake: str | None = None, timeout: float = 60,
-        **env: str) -> tuple[int, dict[str, Any], str]:
-    """Run the script; (exit status, its last stdout line as JSON, stderr)."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FAKE_PYNVML")}
+def environment(fake: str | None, guard: bool = False, **env: str) -> dict[str, str]:
+    """The script's environment: the fake NVML (behind the read-only guard) when asked."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "NVML_GUARD_LOG") and not k.startswith("FAKE_PYNVML")}
     environ.pop("CUDA_VISIBLE_DEVICES", None)
     if fake is not None:
-        environ["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(ROOT)])
+        path = [str(GUARD)] if guard else []
+        environ["PYTHONPATH"] = os.pathsep.join([*path, str(SHIM), str(ROOT)])
         environ["FAKE_PYNVML"] = fake
     environ.update(env)
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=environ,
+    return environ
+
+
+def run(*args: str, fake: str | None = None, timeout: float = 60, guard: bool = False,
+        **env: str) -> tuple[int, dict[str, Any], str]:
+    """Run the script; (exit status, its last stdout line as JSON, stderr)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT,
+                          env=environment(fake, guard, **env),
                           capture_output=True, text=True, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     assert lines, f"no output; stderr:\n{proc.stderr[-3000:]}"
@@ -104,10 +120,15 @@ def test_a_changed_setting_fails_the_run() -> None:
 def test_the_whole_path_on_the_fake_gpu_with_a_cpu_loop(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     rows = tmp_path / "rows.json"
+    # As the issue runs it (`--observe-only`); the fake's SM clock reads 210 MHz for the first
+    # two reads (the start's), 1,740 MHz after, as when this process's CUDA context holds an idle
+    # GPU's clocks up: the end's check compares with the clocks read once the model is built.
     code, result, err = run(
+        "--observe-only",
         "--device", "cpu", "--layers", "1", "--width", "32", "--batch", "2", "--seq", "8",
         "--steps", "10", "--window-steps", "1,5", "--seconds", "0.5", "--calls", "10",
-        "--warmup-s", "2", "--rows", str(rows), fake="a40", timeout=110)
+        "--warmup-s", "2", "--rows", str(rows), fake="a40", timeout=110,
+        FAKE_PYNVML_CONTEXT_CLOCKS_AT="3")
     assert code == 0 and result["ok"] is True, err[-3000:]
     train = result["train"]
     assert train["zeus"] == {"skipped": "not on a CUDA device"}
@@ -130,3 +151,109 @@ def test_the_whole_path_on_the_fake_gpu_with_a_cpu_loop(tmp_path: Path) -> None:
     read_only = result["read_only"]
     assert read_only["observe_only_agent"] is True
     assert read_only["changed"] == [] and read_only["setter_calls_blocked"] == []
+    assert read_only["clocks_at_start"]["sm_clock_mhz"] == 210
+    assert read_only["clocks_before"]["sm_clock_mhz"] == 1740
+    assert read_only["clocks_after"] == read_only["clocks_before"]
+    assert "CUDA context" in read_only["clocks_before_when"]
+
+
+def test_current_clocks_that_moved_fail_a_run_without_training() -> None:
+    # Without a training loop the start's clocks are the baseline: 210 -> 1,740 MHz fails.
+    code, result, _ = run("--no-train", "--seconds", "0.3", "--calls", "5", "--json-only",
+                          fake="a40", FAKE_PYNVML_CONTEXT_CLOCKS_AT="3")
+    assert code == 1 and result["ok"] is False
+    assert result["read_only"]["changed"] == ["sm_clock_mhz (current): 210 -> 1740"]
+
+
+@pytest.mark.parametrize(("visible", "index"), [
+    ("0", 0),
+    ("GPU-a40a40a4-0000-0000-0000-000000000000", 0),  # a full UUID: nvmlDeviceGetHandleByUUID
+    ("GPU-a40a40a4", 0),  # a prefix, as CUDA accepts
+])
+def test_the_gpu_cuda_visible_devices_names(visible: str, index: int) -> None:
+    code, result, _ = run("--no-train", "--seconds", "0.3", "--calls", "5", "--json-only",
+                          fake="a40", CUDA_VISIBLE_DEVICES=visible)
+    assert code == 0 and result["gpu"]["index"] == index
+    assert result["gpu"]["mig_mode"] is None  # NOT_SUPPORTED on a GPU without MIG
+
+
+def test_cuda_visible_devices_naming_no_gpu_nvml_sees() -> None:
+    code, result, _ = run("--json-only", fake="a40", CUDA_VISIBLE_DEVICES="GPU-ffffffff")
+    assert code == 2 and result["gpu"] is None
+    assert "GPU-ffffffff" in result["reason"] and "--gpu" in result["reason"]
+
+
+def test_a_setter_in_the_agent_under_a_guard_fails_the_run(tmp_path: Path) -> None:
+    """The agent's refused call fails the run and stays in the caller's `NVML_GUARD_LOG`."""
+    pytest.importorskip("torch")
+    log = tmp_path / "guard.log"
+    log.write_text("123 blocked nvmlDeviceSetPowerManagementLimit\n")  # an earlier run's line
+    code, result, err = run(*CPU_LOOP, "--steps", "5", "--window-steps", "5", "--warmup-s",
+                            "0.5", "--json-only", fake="a40", guard=True, timeout=110,
+                            NVML_GUARD_LOG=str(log), FAKE_PYNVML_SETTER_IN_AGENT="1")
+    read_only = result["read_only"]
+    assert read_only["guard"] is True, err[-3000:]
+    assert code == 1 and result["ok"] is False and "error" not in result, err[-3000:]
+    assert len(read_only["setter_calls_blocked"]) == 1
+    assert re.fullmatch(r"agent: \d+ blocked nvmlDeviceSetPersistenceMode",
+                        read_only["setter_calls_blocked"][0])
+    lines = log.read_text().splitlines()  # the caller's log is kept, with the agent's line
+    assert len(lines) == 2 and lines[1].endswith("blocked nvmlDeviceSetPersistenceMode")
+
+
+def test_a_clean_run_under_the_guard_passes() -> None:
+    code, result, err = run("--no-train", "--seconds", "0.3", "--calls", "5", "--json-only",
+                            fake="a40", guard=True)
+    assert code == 0 and result["ok"] is True, err[-3000:]
+    assert result["read_only"]["guard"] is True
+    assert result["read_only"]["setter_calls_blocked"] == []
+
+
+def test_sigterm_stops_the_agent_and_still_prints_the_json_line() -> None:
+    pytest.importorskip("torch")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *CPU_LOOP, "--warmup-s", "60", "--json-only"],
+        cwd=ROOT, env=environment("a40"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        agent_pid = None
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if m := re.search(r"observe-only agent started \(pid (\d+)\)", line):
+                agent_pid = int(m.group(1))
+            if "warming up" in line:
+                break
+        assert agent_pid is not None, "the agent did not start"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"] is False and "SIGTERM" in result["error"]
+    with pytest.raises(ProcessLookupError):  # the agent was stopped (and reaped) first
+        os.kill(agent_pid, 0)
+
+
+def test_zeus_logs_go_to_stderr(monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Zeus logs at INFO to stdout; with `--json-only` stdout must hold only the JSON line."""
+    monkeypatch.syspath_prepend(str(FAKES / "zeus_shim"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("real_gpu_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    try:
+        monitor, info = bench.open_zeus(0)
+        assert info == {"version": "0.16.0+fake"}
+        monitor.begin_window("w", sync_execution=False)
+        assert monitor.end_window("w", sync_execution=False).gpu_energy == {0: 0.0}
+    finally:
+        for name in [n for n in sys.modules if n == "zeus" or n.startswith("zeus.")]:
+            del sys.modules[name]
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "Monitoring GPU indices [0]" in err and "'w' ended" in err

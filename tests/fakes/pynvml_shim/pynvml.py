@@ -14,6 +14,15 @@ selects what it plays:
 * `FAKE_PYNVML=p100`: one P100 (Pascal: no energy counter);
 * `FAKE_PYNVML_LIMIT_DRIFT=N`: from the N-th power-limit read of a process on, the limit reads
   50 W lower (a setting that changed during the run).
+* `FAKE_PYNVML_CONTEXT_CLOCKS_AT=N`: the first N-1 SM clock reads of a process give the idle
+  clock (210 MHz), the later ones the device's (1,740 MHz), as when a CUDA context made in
+  between holds an idle GPU's clocks up.
+* `FAKE_PYNVML_SETTER_IN_AGENT=1`: the agent's process (`zeus_agent/cli.py`) calls
+  `nvmlDeviceSetPersistenceMode` through whatever `pynvml` it imported, once, at `nvmlInit`
+  (a stand-in for code that should not; a guard first on `PYTHONPATH` refuses and logs it).
+
+As in nvidia-ml-py: `nvmlDeviceGetMigMode` raises `NOT_SUPPORTED` (neither preset has MIG),
+`nvmlDeviceGetHandleByUUID` takes the full UUID, `nvmlDeviceGetIndex` gives a handle's index.
 
 Calls are not recorded (`FakeNVML.calls` stays empty): the script reads the counter back to back.
 The functions and `NVML_*` constants are module attributes, as in pynvml.
@@ -21,7 +30,9 @@ The functions and `NVML_*` constants are module attributes, as in pynvml.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -43,6 +54,9 @@ class _ShimNVML(_f.FakeNVML):
         super().__init__(devices)
         self.limit_reads = 0
         self.drift_after = int(os.environ.get("FAKE_PYNVML_LIMIT_DRIFT", "0") or 0)
+        self.sm_reads = 0
+        self.context_at = int(os.environ.get("FAKE_PYNVML_CONTEXT_CLOCKS_AT", "0") or 0)
+        self.setter_in_agent = os.environ.get("FAKE_PYNVML_SETTER_IN_AGENT") == "1"
 
     def _enter(self, function: str, handle: Any, *args: Any) -> None:
         super()._enter(function, handle, *args)
@@ -52,6 +66,34 @@ class _ShimNVML(_f.FakeNVML):
         if _MODE == "init_fails":
             raise NVMLError(_f.NVML_ERROR_DRIVER_NOT_LOADED)
         super().nvmlInit()
+        if self.setter_in_agent and sys.argv[0].endswith(os.path.join("zeus_agent", "cli.py")):
+            self.setter_in_agent = False
+            with contextlib.suppress(Exception):  # a guard refuses it
+                sys.modules["pynvml"].nvmlDeviceSetPersistenceMode(self.devices[0], 1)
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:  # noqa: N802
+        clock = int(super().nvmlDeviceGetClockInfo(handle, clock_type))
+        if clock_type == _f.NVML_CLOCK_SM and self.context_at:
+            self.sm_reads += 1
+            if self.sm_reads < self.context_at:
+                return 210
+        return clock
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:  # noqa: N802
+        self._enter("nvmlDeviceGetMigMode", handle)
+        raise NVMLError(_f.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:  # noqa: N802
+        self._enter("nvmlDeviceGetHandleByUUID", None, uuid)
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for device in self.devices:
+            if device.uuid == wanted:
+                return device
+        raise NVMLError(_f.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetIndex", handle)
+        return self.devices.index(handle)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetTotalEnergyConsumption", handle)
