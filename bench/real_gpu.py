@@ -400,6 +400,18 @@ def settled_clocks(gpu: Nvml, limit_s: float = 5.0) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the agent
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when this script dies, SIGKILL included (Linux).
+
+    A checker's hard timeout must not leave an agent reading the GPU's counter behind it.
+    """
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 @contextlib.contextmanager
 def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterator[Any]:
     """A `zeus-agent run --observe-only --backend nvml` process watching GPU `index` only.
@@ -422,7 +434,8 @@ def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterato
                 "--socket-path", str(sock), "--node", "real-gpu-check",
                 "--log-level", "WARNING"]
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)  # noqa: PLW1509
         try:
             deadline = time.monotonic() + 60
             while not sock.exists():

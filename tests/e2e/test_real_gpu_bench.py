@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,45 @@ def test_sigterm_stops_the_agent_and_still_prints_the_json_line() -> None:
     assert result["ok"] is False and "SIGTERM" in result["error"]
     with pytest.raises(ProcessLookupError):  # the agent was stopped (and reaped) first
         os.kill(agent_pid, 0)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie nobody reaped yet has exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_sigkill_of_the_script_stops_its_agent() -> None:
+    """A checker's hard timeout (SIGKILL: no handler runs) leaves no agent reading the GPU."""
+    pytest.importorskip("torch")
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *CPU_LOOP, "--warmup-s", "60", "--json-only"],
+        cwd=ROOT, env=environment("a40"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    agent_pid = None
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if m := re.search(r"observe-only agent started \(pid (\d+)\)", line):
+                agent_pid = int(m.group(1))
+            if "warming up" in line:
+                break
+        assert agent_pid is not None, "the agent did not start"
+        proc.kill()
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 20
+        while _alive(agent_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(agent_pid), "the agent outlived the script's SIGKILL"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if agent_pid is not None and _alive(agent_pid):
+            os.kill(agent_pid, signal.SIGKILL)
 
 
 def test_zeus_logs_go_to_stderr(monkeypatch: pytest.MonkeyPatch,
