@@ -51,6 +51,12 @@ def gated_gpu(state_dir: Path, energy_update_ms: float = 100) -> GatedGPU:
     return gpu
 
 
+def knots(agent: GpuAgent) -> int:
+    """Knots in the agent's ring (a query first takes those the reader thread has added)."""
+    agent.counter.newest_ns()
+    return len(agent.ring)
+
+
 async def hold_reads(gpu: GatedGPU) -> None:
     """Close the gate and wait until a read is held in it (none can complete from then on)."""
     gpu.waiting.clear()
@@ -113,7 +119,7 @@ async def test_trainer_events_never_read_the_counter(tmp_path: Path) -> None:
 async def test_a_measurement_waits_for_the_read_that_brackets_its_end(tmp_path: Path) -> None:
     gpu = gated_gpu(tmp_path)
     async with measuring_agent(gpu) as (agent, published):
-        await wait_for(lambda: len(agent.ring) >= 3, 5.0, "the first reads")
+        await wait_for(lambda: knots(agent) >= 3, 5.0, "the first reads")
         await hold_reads(gpu)
         agent.on_event(event(Kind.STEP_BEGIN, 0))
         await asyncio.sleep(0.01)
@@ -137,7 +143,7 @@ async def test_an_exact_window_waits_for_the_read_that_brackets_its_end(
         agent = server.agents[0]
         trainer = RawTrainer(server.settings.socket_path)
         try:
-            await wait_for(lambda: len(agent.ring) >= 3, 5.0, "the first reads")
+            await wait_for(lambda: knots(agent) >= 3, 5.0, "the first reads")
             t0 = time.monotonic_ns()
             await hold_reads(gpu)
             t1 = time.monotonic_ns()
@@ -176,7 +182,7 @@ async def test_a_step_that_ends_just_before_goodbye_is_still_measured(tmp_path: 
     agent.bind("job", 3, os.getpid())
     task = asyncio.create_task(agent.process_events())
     try:
-        await wait_for(lambda: len(agent.ring) >= 3, 5.0, "the first reads")
+        await wait_for(lambda: knots(agent) >= 3, 5.0, "the first reads")
         await hold_reads(gpu)
         agent.on_event(event(Kind.STEP_BEGIN, 0))
         agent.on_event(event(Kind.STEP_END, 0))

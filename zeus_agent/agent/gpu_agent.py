@@ -147,6 +147,7 @@ class GpuAgent:
         """A status read with the counter is a sample's if it is younger than this."""
         """Reads the energy counter when its policy says (never per event) into the ring."""
         self.counter.on_knot = self._release_measured
+        self.counter.wants_knots = lambda: bool(self._unread)  # (else knots wait for a query)
         self._unread: deque[tuple[int, Binding, Callable[[], Mark | Measurement | None]]]
         self._unread = deque()
         """Marks and measurements waiting for a read after their time: (t, binding, emit)."""
@@ -762,6 +763,7 @@ class GpuAgent:
             reads.cancel()
 
     def _energy_at(self, t_ns: int) -> float | None:
+        self.counter.newest_ns()  # (takes the reader thread's knots into the ring)
         try:
             return self.ring.energy_at(t_ns)
         except ValueError:
