@@ -13,6 +13,13 @@ changes the frequency, so every one is applied. Two trainer modes between instru
 Budget: p50 <= 200 us and p99 <= 2 ms in both modes ("call"). Prints a short table, then one
 JSON object as the last line.
 
+The agent issues a schedule's clock *raises* ahead of their instructions (`EarlyRaises`: a lead
+before the instruction is forecast to begin); an early change has no latency to measure, so the
+two modes above run with raises ahead turned off (every change reacts to its event). A third
+run (sleeping trainer, raises ahead on) reports them separately (`early_raises`): how many of
+the raises were in before their instruction began, by how much (`lead_us`: the instruction's
+stamp minus the change's return), and the latency of the changes left to their events.
+
 Contention (`--contend N`): N CPU-bound processes (pure-Python spin loops, like data loaders
 decoding samples) run beside the agent and the busy trainer, and the busy-trainer latency is
 measured with the agent at normal priority and at raised priority, alternating for `--rounds`
@@ -229,7 +236,7 @@ def read_per_event(server: AgentServer) -> None:
                 busy[0] = True
                 agent._spawn(read())
 
-        agent.on_event = on_event
+        agent.on_event = on_event  # type: ignore[method-assign]
 
 
 def attribute(
@@ -251,8 +258,8 @@ def attribute(
     """
     applied_for: list[int] = []
     j = 0
-    for freq, call, _ in applied:
-        while j + 1 < len(stamps) and stamps[j + 1] <= call:
+    for freq, t_call, _ in applied:
+        while j + 1 < len(stamps) and stamps[j + 1] <= t_call:
             j += 1
         i = j
         while i >= 0 and expected[i] != freq:
@@ -285,6 +292,54 @@ class Bench:
 
     async def trainer(self, mode: str, nice: int = 0, label: str = "") -> dict[str, list[float]]:
         """Install the schedule, run one trainer process, return its latencies (us)."""
+        stamps = await self._run_trainer(mode, nice)
+        expected = [f for _, f in PLAN] * self.steps
+        try:
+            series, overtaken = attribute(stamps, expected, self.gpu.applied)
+        except ValueError as e:
+            raise RuntimeError(f"{mode}: {e}; {self.agent.agents[0].counters}") from None
+        self.overtaken[label or mode] = self.overtaken.get(label or mode, 0) + overtaken
+        return series
+
+    async def early(self) -> dict[str, Any]:
+        """A sleeping trainer with raises issued ahead: early raises and reactive changes."""
+        agent = self.agent.agents[0]
+        agent.raises.enabled = True
+        issued = agent.raises.issued
+        try:
+            stamps = await self._run_trainer("sleep", 0)
+        finally:
+            agent.raises.enabled = False
+        expected = [f for _, f in PLAN] * self.steps
+        # The last instruction's successor never comes, but its raise may have gone out.
+        applied = self.gpu.applied[: len(expected)]
+        if [f for f, _, _ in applied] != expected:
+            raise RuntimeError(f"early raises: {len(applied)} changes for {len(stamps)} "
+                               "instructions, not one each in order")
+        leads: list[float] = []
+        reactive: list[float] = []
+        raises = late = 0
+        for i in range(len(PLAN), len(stamps)):
+            _, call, done = applied[i]
+            if expected[i] > expected[i - 1]:
+                raises += 1
+                late += done > stamps[i]
+                leads.append((stamps[i] - done) / 1000)
+            else:
+                reactive.append((call - stamps[i]) / 1000)
+        leads.sort()
+        reactive.sort()
+        return {
+            "raises": raises,
+            "issued_ahead": agent.raises.issued - issued,
+            "raises_late": late,
+            "lead_us": _summary_low(leads),
+            "planned_lead_us": round(agent.raises.ahead.lead_ns / 1000, 1),
+            "reactive_call_us": _summary(reactive),
+        }
+
+    async def _run_trainer(self, mode: str, nice: int) -> list[int]:
+        """Install the schedule, run one trainer process, return its instruction stamps."""
         self.runs += 1
         schedule = FrequencySchedule(rank=0, frequencies=PLAN)
         # One holder per run: the agent refuses a holder whose trainer left the GPU.
@@ -302,24 +357,17 @@ class Bench:
             stdout=asyncio.subprocess.PIPE, preexec_fn=_child_priority(nice),
         )  # fmt: skip
         out, _ = await proc.communicate()
-        stamps = json.loads(out)["stamps"]
+        stamps: list[int] = json.loads(out)["stamps"]
         # The trainer has exited: wait until the agent has noticed and restored the GPU,
         # so that the next run's schedule is not cleared by that restore.
         for _ in range(100):
             if self.agent.agents[0].binding is None:
                 break
             await asyncio.sleep(0.05)
-        expected = [f for _, f in PLAN] * self.steps
-        if len(stamps) != len(expected):
-            raise RuntimeError(f"{mode}: the trainer ran {len(stamps)} instructions")
-        try:
-            series, overtaken = attribute(stamps, expected, self.gpu.applied)
-        except ValueError as e:
-            raise RuntimeError(
-                f"{mode}: {e}; trainer {json.loads(out)['stats']}; "
-                f"{self.agent.agents[0].counters}") from None
-        self.overtaken[label or mode] = self.overtaken.get(label or mode, 0) + overtaken
-        return series
+        if len(stamps) != len(PLAN) * self.steps:
+            raise RuntimeError(f"{mode}: the trainer ran {len(stamps)} instructions "
+                               f"({json.loads(out)['stats']})")
+        return stamps
 
     async def contended(
         self, count: int, rounds: int, methods: list[str]
@@ -362,12 +410,13 @@ async def run(
     set_latency_ms: float = 1.0,
     compare: bool = False,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]],
-           dict[str, dict[str, list[float]]], dict[str, int]]:
+           dict[str, dict[str, list[float]]], dict[str, int], dict[str, Any]]:
     """Run the agent here and trainer processes.
 
     Returns:
-        (quiet, contended, read-per-event, overtaken) latencies (us): read-per-event is empty
-        unless `compare`; overtaken counts the instructions whose change was overtaken.
+        (quiet, contended, read-per-event, overtaken, early) latencies (us): read-per-event is
+        empty unless `compare`; overtaken counts the instructions whose change was overtaken;
+        early: the run with raises issued ahead (`Bench.early`).
     """
     from zeus_agent.broker import EmbeddedNats, connect
 
@@ -397,9 +446,11 @@ async def run(
         await asyncio.wait_for(agent.started.wait(), 20)
         nc = await connect(server.url, "bench")
         bench = Bench(agent, gpu, nc, steps, gap_us)
+        agent.agents[0].raises.enabled = False  # The reactive path: every change on its event.
         try:
             for mode in ("sleep", "busy"):
                 quiet[mode] = await bench.trainer(mode)
+            early = await bench.early()
             if contend:
                 contended = await bench.contended(contend, rounds, list(methods))
             if compare:
@@ -414,7 +465,16 @@ async def run(
     counter = agent.agents[0].counter
     bench.overtaken["counter_reads"] = counter.reads
     bench.overtaken["counter_reads_collided"] = counter.policy.collisions
-    return quiet, contended, legacy, bench.overtaken
+    return quiet, contended, legacy, bench.overtaken, early
+
+
+def _summary_low(values: list[float]) -> dict[str, float]:
+    """Percentiles of a series where low is bad (a lead: p1 is the worst but 1%)."""
+    return {
+        "min_us": round(values[0], 1),
+        "p1_us": round(pct(values, 0.01), 1),
+        "p50_us": round(pct(values, 0.5), 1),
+    }
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -491,7 +551,7 @@ def main() -> None:
     import uvloop
 
     load_before = os.getloadavg()
-    results, contended, legacy, overtaken = uvloop.run(
+    results, contended, legacy, overtaken, early = uvloop.run(
         run(
             args.steps, args.gap_us, args.contend, args.rounds, tuple(methods),
             args.nvml_timing, args.set_latency_ms, args.compare_read_per_event,
@@ -515,6 +575,13 @@ def main() -> None:
         out[f"read_per_event_{mode}_call_p50_us"] = round(p50, 1)
         out[f"read_per_event_{mode}_call_p99_us"] = round(p99, 1)
     n = len(results["sleep"]["call"])
+    print(
+        f"raises ahead (sleeping trainer): {early['raises_late']} of {early['raises']} raises "
+        f"late; lead p1 {early['lead_us']['p1_us']:.0f} us, p50 {early['lead_us']['p50_us']:.0f} "
+        f"us (planned {early['planned_lead_us']:.0f} us); the changes left to their events: "
+        f"call p50 {early['reactive_call_us']['p50_us']:.0f} us, "
+        f"p99 {early['reactive_call_us']['p99_us']:.0f} us"
+    )
     print(
         f"(call: agent issues the clock change; done: the simulated GPU's file is rewritten; "
         f"{n} instructions per mode, {args.gap_us} us apart)"
@@ -544,6 +611,7 @@ def main() -> None:
         "p99_us": max(out["sleep_call_p99_us"], out["busy_call_p99_us"]),
         **out,
         "instructions_per_mode": n,
+        "early_raises": early,
         "gap_us": args.gap_us,
         "overtaken": overtaken,
         "counter_reads": overtaken.pop("counter_reads"),

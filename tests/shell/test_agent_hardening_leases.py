@@ -254,9 +254,9 @@ async def test_a_set_during_a_lapsed_leases_restore_keeps_its_new_lease(tmp_path
 
 
 async def test_a_clock_change_queued_behind_a_restore_is_dropped(tmp_path):
-    """With a blocking backend a schedule's clock change runs in a background task; queued
-    behind the restore that cleared the schedule it would lock the clocks with no lease and
-    nothing left to unlock them."""
+    """With a blocking backend a schedule's clock change runs in the GPU's setters' thread;
+    applied after the restore that cleared the schedule it would lock the clocks with no lease
+    and nothing left to unlock them (the restore's reset runs after it on the same lane)."""
     SimGPU.create(tmp_path, 0, preset="A40")
     gpu = ThreadedSlowGPU.open(tmp_path, 0)
     agent = GpuAgent(gpu, "n", _no_publish)
@@ -265,10 +265,10 @@ async def test_a_clock_change_queued_behind_a_restore_is_dropped(tmp_path):
         mhz = agent.info.supported_graphics_clocks_mhz[3]
         await agent.install_schedule("job", FrequencySchedule(rank=0, frequencies=[
             ("forward", mhz)]), "job", 30.0)
-        agent._apply_frequency(mhz)  # as on an instruction_begin: spawned, not yet run
+        agent._apply_frequency(mhz)  # as on an instruction_begin: queued, maybe not yet run
         assert await agent.restore({"schedule"}, reason="clear command") == ["schedule",
                                                                              "sm_clocks"]
-        await asyncio.gather(*agent._background)
+        await agent.clocks.drained()
         assert gpu.get_locked_sm_clocks_mhz() is None
         assert agent.leases.get("schedule") is None
     finally:
@@ -304,7 +304,7 @@ async def test_clock_changes_behind_a_hung_gpu_do_not_pile_up(tmp_path, monkeypa
         await asyncio.sleep(0.05)  # its call hangs
         for i in range(1, 20):  # the trainer's next instruction_begin events meanwhile
             agent._apply_frequency(clocks[i % 4])
-        await asyncio.gather(*agent._background)
+        await agent.clocks.drained()
         # The hung call, then only the latest wanted clock (none stale, none queued).
         assert gpu.calls == [(clocks[0],) * 2, (clocks[19 % 4],) * 2]
     finally:

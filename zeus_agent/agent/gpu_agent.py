@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
+from zeus_agent.agent.clock_lane import ClockLane, EarlyRaises
 from zeus_agent.agent.core import (
     EnergyRing,
     Lease,
@@ -43,7 +44,6 @@ from zeus_agent.errors import (
     GPUUnavailableError,
     GPUValueError,
     PayloadError,
-    ReadOnlyError,
     TrainerLeftError,
 )
 from zeus_agent.gpu.base import GPU, GPUInfo
@@ -83,6 +83,11 @@ MAX_UNREAD = 100_000
 FORECAST_NS = 250_000_000
 """How far ahead the counter reader looks for clock changes to avoid (beyond one read's span
 and its longest postponement)."""
+MEASURE_AFTER_CLOCK_S = 0.002
+"""How long the measuring of a scheduled rank's events waits (a GPU whose calls block). The
+loop goes idle at once and the GPU's setters' thread gets the GIL for a clock change: measuring
+at once (this event or the `instruction_end` just before it) held it ~0.4 ms on a 2-core VM and
+the change waited that long. A measurement goes out ~100 ms later anyway."""
 FLOOD_REPORTS_PER_S = 2.0
 """Schedule mismatches (and measurement gaps) reported, i.e. logged and published, per second
 after the first `FLOOD_BURST`; the others are counted and reported with the next one (a changed
@@ -168,10 +173,10 @@ class GpuAgent:
         call awaits its thread, and an expiry's restore interleaved with a new set would
         release the lease that set had just granted (the GPU then kept the new limit with no
         lease, and the next tick reset it under the job's renewals)."""
-        self._wanted_mhz: int | None = None
-        """The latest clock change not yet applied (blocking backends): one worker applies
-        them, skipping those overtaken, so a hung GPU holds at most one behind its lock."""
-        self._frequency_worker: asyncio.Future[None] | None = None
+        self.clocks = ClockLane(self.caller, self._lock_if_leased, self._clock_failed)
+        """Applies the schedule's clock changes in the GPU's setters' thread, at once."""
+        self.raises = EarlyRaises(self.clocks)
+        """Issues the schedule's raises a lead before their instructions begin."""
         self._clock_mhz: int | None = None
         """The schedule's clock last asked for (applied or being applied); None: unknown. An
         instruction at the same clock asks nothing: each lock call costs ~1 ms on a real GPU."""
@@ -185,6 +190,9 @@ class GpuAgent:
         self._pending_measurements: list[Measurement] = []
         self._pending_events: list[TrainerEvent] = []
         self._event_queue: asyncio.Queue[tuple[EventDatagram, int | None]] = asyncio.Queue()
+        self._held: deque[tuple[EventDatagram, int | None]] = deque()
+        """Events held back from measuring, in order (`MEASURE_AFTER_CLOCK_S`)."""
+        self._held_timer: asyncio.TimerHandle | None = None
         self.schedule_version: int | None = None
         """Version of the installed schedule (None: none installed)."""
         self._pending_schedule: tuple[int, int, int, tuple[tuple[str, int], ...]] | None = None
@@ -258,6 +266,7 @@ class GpuAgent:
             "run it as root or grant CAP_SYS_ADMIN, or pass --observe-only to say it is meant")
         LOG.warning("GPU %d: observe-only from now on: %s", self.index, error)
         self.cursor.clear()  # A schedule's clocks can no longer be applied.
+        self._schedule_changed()
         self._pending_schedule = None
         if self.on_control_lost is not None:
             self.on_control_lost()
@@ -483,7 +492,7 @@ class GpuAgent:
             self._grant(SCHEDULE, holder or job_id, lease_s)
             if from_step is None:
                 self.cursor.install(schedule.rank, pairs)
-                self.boundaries.clear()
+                self._schedule_changed()
                 self.schedule_version = version
                 self._pending_schedule = None
             else:
@@ -515,7 +524,7 @@ class GpuAgent:
         restored: list[str] = []
         if SCHEDULE in todo:
             self.cursor.clear()
-            self.boundaries.clear()
+            self._schedule_changed()
             self.schedule_version = None
             self._pending_schedule = None
             self.leases.release(SCHEDULE)
@@ -588,6 +597,7 @@ class GpuAgent:
         join_digest: str | None = None,
     ) -> None:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
+        self._release_held()  # Those held back are measured as they were bound when they came.
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.meter = RankMeter()
             self._throttles = {}
@@ -596,6 +606,7 @@ class GpuAgent:
 
     def unbind(self) -> None:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""
+        self._release_held()
         if self.binding is not None and self.binding.pid is not None:
             self._departed[self.binding.job_id] = None
             while len(self._departed) > MAX_DEPARTED:
@@ -617,7 +628,7 @@ class GpuAgent:
         if ev.kind is Kind.STEP_BEGIN and pending is not None and ev.a >= pending[0]:
             _, version, rank, pairs = pending
             self.cursor.install(rank, pairs)  # Validated when it arrived.
-            self.boundaries.clear()
+            self._schedule_changed()
             self.schedule_version = version
             self._pending_schedule = None
         if ev.kind is Kind.STEP_BEGIN and self.cursor.installed:
@@ -631,17 +642,36 @@ class GpuAgent:
                 self._event_queue.put_nowait((ev, self.schedule_version))
                 return
             step = self.cursor.on_instruction_begin(ev.name)
+            mhz = step.frequency_mhz
+            early = self.raises.begun(step.index, ev.t_ns)  # Its raise was issued ahead.
+            if mhz is not None and (mhz != self._clock_mhz or early):
+                self.boundaries.on_clock_change(ev.t_ns)
+                if mhz != self._clock_mhz:
+                    self._apply_frequency(mhz, ev.t_ns)
+            if self.raises.enabled:
+                self._plan_raise(step.index, ev.t_ns)
             if step.error is not None:
                 self._report("mismatches", "schedule_mismatch", step.error,
                              {"instruction": ev.name, "index": ev.a})
-            if step.frequency_mhz is not None and step.frequency_mhz != self._clock_mhz:
-                self.boundaries.on_clock_change(ev.t_ns)
-                self._apply_frequency(step.frequency_mhz)
         elif ev.kind is Kind.STEP_END and self.cursor.installed:
             error = self.cursor.on_step_end()
             if error is not None:
                 self._report("mismatches", "schedule_mismatch", error, {})
-        self._event_queue.put_nowait((ev, self.schedule_version))
+        if self.caller.blocking and (self.cursor.installed or self._held):
+            self._held.append((ev, self.schedule_version))
+            if self._held_timer is None:
+                self._held_timer = asyncio.get_running_loop().call_later(
+                    MEASURE_AFTER_CLOCK_S, self._release_held)
+        else:
+            self._event_queue.put_nowait((ev, self.schedule_version))
+
+    def _release_held(self) -> None:
+        """Hand the events held back (`MEASURE_AFTER_CLOCK_S`) to the measuring, in order."""
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        while self._held:
+            self._event_queue.put_nowait(self._held.popleft())
 
     def _report(self, counter: str, code: str, message: str, detail: dict[str, object]) -> None:
         """Count one of a flood-prone kind (`_FLOODS`); report it unless throttled.
@@ -689,44 +719,50 @@ class GpuAgent:
         finally:
             self._expiring = False
 
-    def _apply_frequency(self, mhz: int) -> None:
+    def _apply_frequency(self, mhz: int, event_ns: int | None = None) -> None:
+        """Lock the schedule's clock `mhz` now (`ClockLane`: no task, no lock on the way)."""
         self._clock_mhz = mhz
-        if not getattr(self.gpu, "calls_block", True):
-            try:
-                self.gpu.lock_sm_clocks_mhz(mhz, mhz)
-            except (GPUError, ReadOnlyError) as e:
-                self._clock_mhz = None
-                self._report("clock_failures", "frequency_failed", str(e), {"mhz": mhz})
-            return
-        self._wanted_mhz = mhz
-        if self._frequency_worker is None or self._frequency_worker.done():
-            self._frequency_worker = self._spawn(self._apply_frequencies())
+        self.clocks.want(mhz, event_ns)
 
-    async def _apply_frequencies(self) -> None:
-        """Apply the latest wanted clock until none is left (a stale one is never applied)."""
-        while (mhz := self._wanted_mhz) is not None:
-            self._wanted_mhz = None
-            error = None
-            async with self._settings:
-                # Queued behind a restore (the schedule's lease lapsed, or it was cleared): a
-                # clock applied now would stay locked with nothing left to restore it.
-                if self.leases.get(SCHEDULE) is None or not self.cursor.installed:
-                    continue
-                try:
-                    # The lease is checked again in the GPU's thread, just before the call: the
-                    # call may have waited there behind a counter read (milliseconds on a real
-                    # GPU) while the lease ran out.
-                    if not await self.caller.call(self._lock_if_leased, mhz):
-                        self._clock_mhz = None
-                        self._spawn(self._expire_now())
-                except (GPUError, ReadOnlyError) as e:
-                    self._clock_mhz = None  # Unknown: the next instruction asks again.
-                    error = str(e)
-            if error is not None:
-                self._report("clock_failures", "frequency_failed", error, {"mhz": mhz})
+    def _schedule_changed(self) -> None:
+        """A schedule was installed, replaced or cleared: what was wanted or forecast is stale."""
+        self.clocks.invalidate()
+        self.raises.clear()
+        self.boundaries.clear()
+
+    def _plan_raise(self, position: int, t_ns: int) -> None:
+        """If the next instruction raises the clock, issue the raise a lead before it begins."""
+        pair = self.cursor.next_pair()
+        if pair is None or self._clock_mhz is None or pair[1] <= self._clock_mhz:
+            return  # A lowering (or no change) waits for its event.
+        if self._pending_schedule is not None and self.cursor.position >= len(
+                self.cursor.frequencies):
+            return  # The next iteration may run another schedule.
+        self.boundaries.lead_ns = self.raises.ahead.lead_ns
+        self.raises.plan(position, t_ns, pair[1], self._raise_now)
+
+    def _raise_now(self, mhz: int) -> bool:
+        """The timer of a raise planned ahead: apply it under a live lease (True: issued)."""
+        lease = self.leases.get(SCHEDULE)
+        if not self.cursor.installed or lease is None or time.monotonic_ns() >= lease.deadline_ns:
+            return False
+        self._apply_frequency(mhz)
+        return True
+
+    def _clock_failed(self, mhz: int, error: str | None) -> None:
+        """On the loop: a change was not applied (`error` None: the lease had lapsed)."""
+        self._clock_mhz = None  # Unknown: the next instruction asks again.
+        if error is None:
+            self._spawn(self._expire_now())
+        else:
+            self._report("clock_failures", "frequency_failed", error, {"mhz": mhz})
 
     def _lock_if_leased(self, mhz: int) -> bool:
-        """In the GPU's thread: lock the clock if the schedule's lease is still live."""
+        """In the GPU's thread: lock the clock if the schedule's lease is still live.
+
+        Checked here, just before the call: the change may have waited in the driver behind a
+        counter read (milliseconds on a real GPU) while a short lease ran out.
+        """
         lease = self.leases.get(SCHEDULE)
         if lease is None or time.monotonic_ns() >= lease.deadline_ns:
             return False
@@ -786,6 +822,8 @@ class GpuAgent:
         released = False
         gone: dict[int, tuple[Binding, list[Mark], list[Measurement]]] = {}
         while self._unread and self.counter.covers(self._unread[0][0]):
+            if not self._unread:
+                break  # `covers` took the reader's knots and released them (`on_knot`).
             _, binding, emit = self._unread.popleft()
             item = emit()
             if item is None:

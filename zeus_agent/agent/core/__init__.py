@@ -9,6 +9,9 @@
 * `limit_history`: `LimitHistory`, a GPU's recent power-limit changes by time (which limit a
   step mark is stamped with).
 * `schedule`: `ScheduleCursor` and `ScheduleStep`, the execution of a rank's frequency schedule.
+* `boundaries`: `BoundaryForecast`, when a rank's next clock changes are due (reads avoid them).
+* `raise_ahead`: `RaiseAhead`, when to issue a clock raise so that it is in before its
+  instruction begins.
 * `meter`: `RankMeter` (steps, epochs, instructions -> `Interval`s and `Gap`s) and
   `WindowStack` (nested profiling windows).
 * `throttle`: `Throttle`, which reports a flood of like events (schedule mismatches) as a few,

@@ -29,6 +29,9 @@ class BoundaryForecast:
         """Create an empty forecast (nothing is due until one iteration has been seen)."""
         self._max = max_boundaries
         self._guard = guard_ns
+        self.lead_ns = 0
+        """How long before its instant a clock raise may be issued (`RaiseAhead`): a read must
+        not start then either."""
         self._step_t: int | None = None
         self._period: int | None = None
         self._current: list[int] = []
@@ -56,9 +59,10 @@ class BoundaryForecast:
     def due(self, now_ns: int, horizon_ns: int) -> list[int]:
         """The forecast clock changes in `[now_ns, now_ns + horizon_ns]`, in time order.
 
-        Each change is given twice, at its instant and `guard_ns` later: a read planned around
-        both (`ReadPolicy.plan_read` keeps a read's span clear of each) neither starts shortly
-        before the change nor just after its forecast instant, while it is being issued.
+        Each change is given at its instant and `guard_ns` later (and `lead_ns` before, when
+        raises are issued ahead): a read planned around them (`ReadPolicy.plan_read` keeps a
+        read's span clear of each) neither starts shortly before the change nor just after
+        its forecast instant, while it is being issued.
         """
         if self._step_t is None or not self._offsets:
             return []
@@ -69,6 +73,6 @@ class BoundaryForecast:
             # events in flight): replay from the latest iteration that may still be running.
             behind = max(0, (now_ns - self._step_t) // self._period)
             bases = [self._step_t + k * self._period for k in (behind, behind + 1)]
-        guards = (0, self._guard) if self._guard else (0,)
+        guards = tuple(dict.fromkeys((-self.lead_ns, 0, self._guard)))
         return sorted(t for base in bases for o in self._offsets for g in guards
                       if now_ns <= (t := base + o + g) <= end)

@@ -166,6 +166,17 @@ class ScheduleCursor:
         """Iterations completed under the installed schedule."""
         return self._iteration
 
+    def next_pair(self) -> tuple[str, int] | None:
+        """The pair the next `instruction_begin` will take, without taking it.
+
+        The current iteration's next pair or, when they are used up, the first (as after the
+        `step_end` due next); None without a schedule. Nothing is consumed: a raise issued ahead
+        (`zeus_agent.agent.core.raise_ahead`) leaves mismatches to the event.
+        """
+        if not self._pairs:
+            return None
+        return self._pairs[self._pos] if self._pos < len(self._pairs) else self._pairs[0]
+
     # ----------------------------------------------------------------------------- events
 
     def on_instruction_begin(self, name: str) -> ScheduleStep:

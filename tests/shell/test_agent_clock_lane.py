@@ -1,0 +1,143 @@
+"""The clock-change path of a GPU whose calls block: `ClockLane` and `EarlyRaises` in an agent.
+
+* a change wanted before its schedule was cleared is dropped in the GPU's thread, even when it
+  only gets there after the restore;
+* a clock change never queues behind a read on the getters' lane (its own lane);
+* a raise is issued ahead of its forecast instruction, whose event then sends nothing; a
+  lowering waits for its event; a mismatch is still reported by the event.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tests.shell.agent_kit import wait_for
+from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.models import FrequencySchedule
+from zeus_agent.wire.trainer import EventDatagram, Kind
+
+MS = 1_000_000
+
+
+class ThreadedGPU(SimGPU):
+    """A simulated GPU called as NVML is (in the GPU's threads); records its clock locks."""
+
+    calls_block = True
+    locks: list[int]
+    gate: threading.Event | None = None
+
+    def lock_sm_clocks_mhz(self, min_clock_mhz: int, max_clock_mhz: int) -> None:  # noqa: D102
+        self.locks.append(min_clock_mhz)
+        super().lock_sm_clocks_mhz(min_clock_mhz, max_clock_mhz)
+
+    def get_power_w(self) -> float:  # noqa: D102 - a getter that can be held
+        if self.gate is not None:
+            self.gate.wait(5)
+        return super().get_power_w()
+
+
+async def _no_publish(subject: str, payload: bytes) -> None:
+    return None
+
+
+def _event(kind: Kind, t_ns: int, a: int = 0, name: str = "") -> EventDatagram:
+    return EventDatagram(kind=kind, pid=1, t_ns=t_ns, a=a, b=0, name=name)
+
+
+async def _agent(tmp_path, pairs: list[tuple[str, int]]) -> tuple[GpuAgent, ThreadedGPU]:
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = ThreadedGPU.open(tmp_path, 0)
+    gpu.locks = []
+    agent = GpuAgent(gpu, "n", _no_publish)
+    await agent.start()
+    agent.bind("job", 0)
+    await agent.install_schedule("job", FrequencySchedule(rank=0, frequencies=pairs), "job", 30.0)
+    return agent, gpu
+
+
+async def test_a_change_wanted_before_a_clear_is_dropped_in_the_gpus_thread(tmp_path):
+    agent, gpu = await _agent(tmp_path, [("forward", 1200)])
+    try:
+        hold = threading.Event()
+        busy = agent.caller.submit_setter(hold.wait, 5)  # the setters' lane is busy
+        agent._apply_frequency(1200)  # queued behind it
+        restore = agent.restore({"schedule"}, reason="clear command")
+        hold.set()
+        assert await restore == ["schedule", "sm_clocks"]
+        await agent.clocks.drained()
+        busy.result(1)
+        assert gpu.locks == []  # dropped: its schedule was cleared before it ran
+        assert gpu.get_locked_sm_clocks_mhz() is None
+    finally:
+        agent.caller.close()
+
+
+async def test_a_clock_change_does_not_wait_behind_a_queued_read(tmp_path):
+    agent, gpu = await _agent(tmp_path, [("forward", 1200)])
+    try:
+        gpu.gate = threading.Event()
+        read = agent.caller.call(gpu.get_power_w)  # holds the getters' lane
+        pending = __import__("asyncio").ensure_future(read)
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, time.monotonic_ns(), 0, "forward"))
+        await agent.clocks.drained()
+        assert gpu.locks == [1200]  # applied while the read still holds its lane
+        assert not pending.done()
+        gpu.gate.set()
+        await pending
+    finally:
+        agent.caller.close()
+
+
+async def test_a_raise_is_issued_ahead_and_its_event_sends_nothing(tmp_path):
+    low, high = 900, 1740
+    agent, gpu = await _agent(tmp_path, [("forward", low), ("backward", high)])
+    try:
+        lead = agent.raises.ahead.lead_ns  # before calibration: the longest lead
+        gap = 3 * lead  # forward lasts three leads
+        t = time.monotonic_ns() - 10 * gap
+        for step in range(2):  # one iteration to learn the gaps (stamps in the past)
+            agent.on_event(_event(Kind.STEP_BEGIN, t, step))
+            agent.on_event(_event(Kind.INSTRUCTION_BEGIN, t, 2 * step, "forward"))
+            await agent.clocks.drained()  # (changes wanted at once coalesce to the latest)
+            agent.on_event(_event(Kind.INSTRUCTION_BEGIN, t + gap, 2 * step + 1, "backward"))
+            await agent.clocks.drained()
+            agent.on_event(_event(Kind.STEP_END, t + 2 * gap, step))
+            t += 2 * gap
+        await agent.clocks.drained()
+        issued = agent.raises.issued
+        assert gpu.locks == [low, high, low, high]  # all on their events so far
+        now = time.monotonic_ns()
+        agent.on_event(_event(Kind.STEP_BEGIN, now, 2))
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, now, 4, "forward"))  # lowers on its event
+        await wait_for(lambda: agent.raises.issued > issued, 5.0, "the raise issued ahead")
+        await agent.clocks.drained()
+        assert gpu.locks[-2:] == [low, high]
+        assert gpu.get_locked_sm_clocks_mhz() == (high, high)  # in before backward began
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, time.monotonic_ns(), 5, "other"))
+        await agent.clocks.drained()
+        assert len(gpu.locks) == 6  # not sent again on its event
+        assert agent.counters["mismatches"] == 1  # the event still checks the instruction
+        assert agent.raises.on_event == 0
+    finally:
+        agent.caller.close()
+
+
+async def test_no_raise_is_issued_ahead_when_turned_off(tmp_path):
+    agent, gpu = await _agent(tmp_path, [("forward", 900), ("backward", 1740)])
+    agent.raises.enabled = False
+    try:
+        gap = 3 * agent.raises.ahead.lead_ns
+        t = time.monotonic_ns() - 10 * gap
+        for i in range(6):
+            agent.on_event(_event(Kind.INSTRUCTION_BEGIN, t + i * gap, i,
+                                  ("forward", "backward")[i % 2]))
+            await agent.clocks.drained()
+            if i % 2:
+                agent.on_event(_event(Kind.STEP_END, t + i * gap, i // 2))
+        await agent.clocks.drained()
+        assert agent.raises.issued == 0
+        assert gpu.locks == [900, 1740] * 3
+    finally:
+        agent.caller.close()
