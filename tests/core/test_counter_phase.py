@@ -236,3 +236,90 @@ def test_an_exact_window_is_interpolated_once_a_knot_follows_its_end() -> None:
 
     assert ring.energy_between(t0, t1) == pytest.approx(interpolated(t1) - interpolated(t0))
     assert ring.energy_between(t0, t1) == pytest.approx(counter.energy_at(t1 - t0), rel=0.06)
+
+
+def _locked_then_idle(seed: int, until_ns: int) -> tuple[Counter, ReadPolicy, Run, int, int]:
+    """Lock on a counter for 5 s, then go idle until `until_ns`: (counter, policy, run, reads and
+    knots before idling)."""
+    counter = Counter(seed=seed, phase_ns=(13 + 17 * seed) * MS, duration_ns=until_ns + 60_000 * MS)
+    policy = ReadPolicy()
+    run = drive(policy, counter.value_at, 5_000 * MS, seed=seed)
+    assert policy.locked
+    reads, knots = len(run.reads), len(run.knots)
+    policy.set_active(False)
+    drive(policy, counter.value_at, until_ns, seed=seed + 100, start_ns=run.reads[-1][1], run=run)
+    return counter, policy, run, reads, knots
+
+
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_idle_it_reads_about_one_update_in_ten_and_stays_locked(seed: int) -> None:
+    counter, policy, run, reads, knots = _locked_then_idle(seed, 305_000 * MS)
+    idle_reads = len(run.reads) - reads
+    # One update in ten, plus a probe pair now and then: ~1.1-1.3 reads/s instead of 10.
+    assert 300 <= idle_reads <= 1.4 * 300
+    assert policy.locked and policy.locks == 1 and policy.misses == 0 and policy.idle
+    assert policy.read_interval_ns == pytest.approx(1_000 * MS, rel=0.01)
+    idle_knots = [knot for _, knot in run.knots[knots:]]
+    # Each still sits at the update whose value it carries, and they stay ~1 s apart.
+    errors = [abs(k.t_ns - round(k.energy_j / 700.0 * 1e9)) for k in idle_knots]
+    assert max(errors) <= 4 * MS
+    gaps = [b.t_ns - a.t_ns for a, b in zip(idle_knots, idle_knots[1:], strict=False)]
+    assert max(gaps) <= 1_100 * MS + 4 * MS
+    # Reads stay just after their update (the grid stays tight without reading every update).
+    lo, hi = policy.grid_range()  # type: ignore[misc]
+    assert hi - lo <= policy.lock_width_ns
+
+
+def test_active_again_it_reads_the_next_update_and_every_one_after() -> None:
+    counter, policy, run, _, _ = _locked_then_idle(24, 30_000 * MS)
+    now = run.reads[-1][1] + 37 * MS  # a trainer binds in the middle of an idle second
+    policy.set_active(True)
+    first = policy.next_read_at(now)
+    assert first - now <= 100 * MS + policy.late_ns + policy.jitter_bound_ns
+    before = len(run.reads)
+    drive(policy, counter.value_at, now + 10_000 * MS, seed=25, start_ns=now, run=run)
+    assert len(run.reads) - before >= 0.95 * 100
+    assert policy.locked and not policy.idle
+    assert policy.read_interval_ns == pytest.approx(100 * MS, rel=0.01)
+
+
+def test_idle_knots_answer_windows_and_extrapolate_with_the_last_knots_power() -> None:
+    counter, policy, run, _, knots = _locked_then_idle(26, 60_000 * MS)
+    ring = EnergyRing(4096)
+    for _, knot in run.knots:
+        ring.append(knot.t_ns, knot.energy_j)
+    newest_t, newest_e = ring.latest()  # type: ignore[misc]
+    # The slope past the newest knot is the power between the two newest (~1 s apart), not
+    # one through an unchanged read (which adds no knot).
+    assert policy.on_read(newest_t + 40 * MS, newest_t + 43 * MS, newest_e) is None
+    assert ring.last_power_w() == pytest.approx(700.0, rel=0.005)
+    for length in (54 * MS, 257 * MS, 1_280 * MS):
+        t0 = newest_t - 3_000 * MS
+        assert ring.energy_between(t0, t0 + length) == pytest.approx(0.7 * length / MS, rel=0.01)
+        # (Idle, the newest knot may be ~1.1 s old: the agent extrapolates up to 2 s.)
+        past = ring.energy_between(newest_t, newest_t + length, max_extrapolation_ns=2_000 * MS)
+        assert past == pytest.approx(0.7 * length / MS, rel=0.01)
+
+
+def test_idle_a_continuous_counter_is_read_every_idle_every_intervals() -> None:
+    policy = ReadPolicy(fallback_interval_ns=50 * MS, idle_every=4)
+    run = drive(policy, lambda t: 300.0 * t / 1e9, 3_000 * MS, seed=27)
+    assert policy.state is PhaseState.PLAIN
+    policy.set_active(False)
+    assert policy.read_interval_ns == 200 * MS
+    start = len(run.reads)
+    drive(policy, lambda t: 300.0 * t / 1e9, 6_000 * MS, 28, run.reads[-1][1], run)
+    gaps = [b[0] - a[0] for a, b in zip(run.reads[start:], run.reads[start + 1 :], strict=False)]
+    assert gaps and min(gaps) >= 200 * MS
+
+
+def test_idle_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="idle_every"):
+        ReadPolicy(idle_every=0)
+    with pytest.raises(ValueError, match="idle_every"):
+        ReadPolicy(idle_probe_every=0)
+    policy = ReadPolicy(idle_every=1)  # idle reads every update, as active
+    counter = Counter(seed=29)
+    drive(policy, counter.value_at, 5_000 * MS, seed=29)
+    policy.set_active(False)
+    assert policy.read_interval_ns == pytest.approx(100 * MS, rel=0.01)

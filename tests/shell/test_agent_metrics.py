@@ -90,6 +90,11 @@ async def test_metrics_page_has_dcgm_style_names_and_labels(nats_server, nc):
     assert _value(page, "zeus_gpu_power_watts", "0") > 0
     assert 'zeus_agent_datagrams_total{outcome="malformed"} 1.0' in page
     assert "# TYPE zeus_gpu_energy_joules_total counter" in page
+    assert _value(page, "zeus_gpu_counter_reads_total", "0") >= 1
+    assert 1 <= _value(page, "zeus_gpu_power_limit_reads_total", "0") <= _value(
+        page, "zeus_gpu_counter_reads_total", "0"
+    )
+    assert _value(page, "zeus_gpu_counter_reads_idle", "0") in (0, 1)
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -15,12 +15,28 @@ and appends each `Knot` it returns to the `EnergyRing`. Then:
 
 GPUs without an energy counter are read as before: their power is integrated (`PowerIntegrator`)
 and each read is a fresh value (the policy reads such a series plainly at the sampling interval).
+
+Idle: while nothing needs the fine series (`is_active`, set by the agent: a trainer bound, marks
+or measurements waiting; or an exact window waiting, or a window asked within
+`WINDOW_HOLD_S`), the policy reads only one update in ten (`ReadPolicy.set_active`): ~1 read/s
+instead of 10 (each is milliseconds of the driver on a real GPU, and a few thread wake-ups of
+the agent's CPU). `wake()` ends the reader's sleep at once when that changes. A power integrator
+is never idle (its energy is only as good as its polls).
+
+Status: each counter read is followed, in the same call, by the cheap getters (power, clocks),
+whose values the agent's samples take. The power limit's getter is not cheap (~146 us on an
+H200, and it waits behind a counter read), so it is read at most every `LIMIT_MAX_AGE_NS` and
+right after the agent sets or restores the limit (`refresh_limit`); in between the status
+carries the limit read last. The agent is the only process that should change it: a change by
+another tool shows in samples within ~1 s (marks carry the limit the agent set, `LimitHistory`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -37,6 +53,11 @@ LOG = logging.getLogger(__name__)
 
 DEFAULT_EXACT_TIMEOUT_S = 1.0
 """Longest an exact window waits for its bracketing read before it is answered the default way."""
+LIMIT_MAX_AGE_NS = 1_000_000_000
+"""Oldest power limit a status read reuses instead of reading it (ns)."""
+WINDOW_HOLD_S = 60.0
+"""How long a window request keeps a GPU's reads at every update: a monitor that measured one
+window (a bare `ZeusMonitor`, no trainer bound) likely measures another soon."""
 
 
 class CounterReader:
@@ -73,6 +94,11 @@ class CounterReader:
         self.ring = ring
         self.policy = policy or ReadPolicy(fallback_interval_ns=fallback_interval_ns)
         self.fallback_interval_ns = fallback_interval_ns
+        self.horizon_ns = max(
+            ring.max_extrapolation_ns, 2 * self.policy.idle_every * fallback_interval_ns
+        )
+        """How far past the newest knot windows and samples are extrapolated (ns): idle, the
+        newest knot may be a second old when a window is asked."""
         self.reads = 0
         self.read_errors = 0
         self.due_boundaries: Callable[[int], Iterable[int]] | None = None
@@ -89,11 +115,84 @@ class CounterReader:
         """(t_ns, status) read right after the newest counter read, in the same GPU-thread call:
         the agent's sample takes it instead of a call of its own (each call costs the event
         loop a thread hand-off; the getters cost microseconds beside the counter's milliseconds)."""
+        self.limit_reads = 0
+        """Status reads that read the power limit (the others reuse the last one read)."""
+        self._limit: tuple[int, int] | None = None
+        """(t_ns, W): the power limit last read with a status."""
+        self._limit_generation = 0
+        """Bumped by `refresh_limit`: a status read that reused an older limit is dropped."""
+        self.is_active: Callable[[], bool] | None = None
+        """Set by the agent (optional): whether it needs every update read (None: always)."""
+        self._active_until_ns = 0
+        self._wakeup = threading.Event()
+        """Set by `wake`: the reader thread's sleep ends to plan again."""
+        self._wakeup_async: asyncio.Event | None = None
+        self._sampled_j = -math.inf
+        """The energy `energy_for_sample` answered last (its answers never go back)."""
 
     def use_integrator(self) -> None:
         """Integrate power polls instead of reading a counter (a GPU without one)."""
         if self._integrator is None:
             self._integrator = PowerIntegrator()
+
+    # ------------------------------------------------------------------ idle or active
+    @property
+    def active(self) -> bool:
+        """Whether every counter update is read now (see the module's docstring)."""
+        if self._integrator is not None or self._waiters:
+            return True
+        if time.monotonic_ns() < self._active_until_ns:
+            return True
+        return self.is_active is None or self.is_active()
+
+    def hold_active(self, seconds: float = WINDOW_HOLD_S) -> None:
+        """Read every update for the next `seconds` at least (a window was asked); wake it."""
+        self._active_until_ns = max(self._active_until_ns, time.monotonic_ns() + int(seconds * 1e9))
+        self.wake()
+
+    def wake(self) -> None:
+        """Something may now need every update: the reader plans again at once (loop thread)."""
+        self._wakeup.set()  # (at worst one plan more, when it was active already)
+        if self._wakeup_async is not None:
+            self._wakeup_async.set()
+
+    def _plan(self, now: int) -> int:
+        """Tell the policy active or idle, and when to start the next read (ns)."""
+        due = self.due_boundaries(now) if self.due_boundaries is not None else ()
+        active = self.active
+        with self._policy_lock:
+            self.policy.set_active(active)
+            return self.policy.plan_read(now, due, count=True).t_ns
+
+    @property
+    def status_max_age_ns(self) -> int:
+        """Oldest status with the counter a sample takes: 1.5 of the usual time between reads."""
+        return self.policy.read_interval_ns * 3 // 2
+
+    def refresh_limit(self) -> None:
+        """The agent set or restored the power limit: the next status reads it, none reuses it."""
+        self._limit_generation += 1
+        self._limit = None
+        self.status = None  # The next sample reads its own status (with the new limit).
+
+    def _read_status(self) -> None:
+        """After a counter read, in the GPU's thread: the cheap getters, the limit when due."""
+        generation, limit = self._limit_generation, self._limit
+        now = time.monotonic_ns()
+        known = None if limit is None or now - limit[0] >= LIMIT_MAX_AGE_NS else limit[1]
+        try:
+            status = self.gpu.read_status() if known is None else self.gpu.read_status(known)
+        except GPUError:
+            self.status = None  # The sample reads it on its own (and says what failed).
+            return
+        if known is None:
+            self.limit_reads += 1
+            if generation == self._limit_generation:
+                self._limit = (now, status.power_limit_w)
+        elif generation != self._limit_generation:
+            self.status = None  # The limit changed meanwhile: this one may be stale.
+            return
+        self.status = (time.monotonic_ns(), status)
 
     # ------------------------------------------------------------------ reading
     def _read(self) -> tuple[int, int, float]:
@@ -110,10 +209,7 @@ class CounterReader:
             self.use_integrator()
             return self._read()
         t1 = time.monotonic_ns()
-        try:
-            self.status = (time.monotonic_ns(), self.gpu.read_status())
-        except GPUError:
-            self.status = None  # The sample reads it on its own (and says what failed).
+        self._read_status()
         return t0, t1, energy
 
     async def read_once(self) -> bool:
@@ -142,6 +238,7 @@ class CounterReader:
         their own lane); only the driver serialises them with a read in flight, as before.
         """
         if not self.caller.blocking:
+            self._wakeup_async = asyncio.Event()
             await self._run_inline()
             return
         stop = threading.Event()
@@ -154,18 +251,22 @@ class CounterReader:
         try:
             await loop.create_future()  # until cancelled
         finally:
-            stop.set()  # it ends after its current sleep or read
+            stop.set()  # it ends after its current read, or at once from its sleep
+            self._wakeup.set()
 
     async def _run_inline(self) -> None:
         """`run` for a GPU whose calls return at once: plan, sleep and read on the loop."""
+        wakeup = self._wakeup_async
+        assert wakeup is not None
         while True:
             try:
                 now = time.monotonic_ns()
-                due = self.due_boundaries(now) if self.due_boundaries is not None else ()
-                with self._policy_lock:
-                    plan = self.policy.plan_read(now, due, count=True)
-                if plan.t_ns > now:
-                    await asyncio.sleep((plan.t_ns - now) / 1e9)
+                start = self._plan(now)
+                if start > now:
+                    wakeup.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wakeup.wait(), (start - now) / 1e9)
+                        continue  # woken: something needs every update now, plan again
                 if not await self.read_once():
                     await asyncio.sleep(self.fallback_interval_ns / 1e9)  # never a hot loop
             except asyncio.CancelledError:
@@ -181,13 +282,14 @@ class CounterReader:
             try:
                 now = time.monotonic_ns()
                 # (The forecast is the loop's; a stale one at worst lets a read collide.)
-                due = self.due_boundaries(now) if self.due_boundaries is not None else ()
-                with self._policy_lock:
-                    plan = self.policy.plan_read(now, due, count=True)
-                if plan.t_ns > now:
-                    time.sleep((plan.t_ns - now) / 1e9)
+                start = self._plan(now)
+                if start > now:
+                    woken = self._wakeup.wait((start - now) / 1e9)
                     if stop.is_set():
                         return
+                    if woken:
+                        self._wakeup.clear()
+                        continue  # something needs every update now: plan again
                 try:
                     t0, t1, energy = self._read()
                 except GPUError as e:
@@ -242,6 +344,26 @@ class CounterReader:
         latest = self.ring.latest()
         return None if latest is None else latest[1]
 
+    def energy_for_sample(self, t_ns: int) -> float | None:
+        """The counter's energy at `t_ns` for a sample (J), or None before any read.
+
+        From the ring: interpolated, or past the newest knot extrapolated with the power of the
+        last period between two knots (~1 s of them when idle), up to `horizon_ns` ahead; else
+        the newest value. Never below an earlier answer: samples are a counter, and a
+        Prometheus counter that goes back reads as a reset.
+        """
+        self._take()
+        latest = self.ring.latest()
+        if latest is None:
+            return None
+        try:
+            energy = self.ring.energy_at(t_ns, self.horizon_ns)
+        except ValueError:
+            energy = latest[1]
+        energy = max(energy, self._sampled_j)
+        self._sampled_j = energy
+        return energy
+
     def covers(self, t_ns: int) -> bool:
         """Whether a knot at or after `t_ns` is in (energies up to `t_ns` are interpolated)."""
         newest = self.newest_ns()
@@ -250,7 +372,7 @@ class CounterReader:
     def energy_between(self, t0_ns: int, t1_ns: int) -> float:
         """The default window answer (J), at once (may raise `WindowOutOfRange`)."""
         self._take()
-        return self.ring.energy_between(t0_ns, t1_ns)
+        return self.ring.energy_between(t0_ns, t1_ns, self.horizon_ns)
 
     async def energy_between_exact(
         self, t0_ns: int, t1_ns: int, timeout_s: float = DEFAULT_EXACT_TIMEOUT_S
@@ -262,7 +384,7 @@ class CounterReader:
         """
         exact = await self.wait_covered(t1_ns, timeout_s)
         self._take()
-        return self.ring.energy_between(t0_ns, t1_ns), exact
+        return self.ring.energy_between(t0_ns, t1_ns, self.horizon_ns), exact
 
     async def wait_covered(self, t_ns: int, timeout_s: float) -> bool:
         """Wait until `covers(t_ns)`; False if it did not within `timeout_s`."""
@@ -270,6 +392,7 @@ class CounterReader:
             return True
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((t_ns, future))
+        self.wake()  # An idle reader reads the next update, not one a second later.
         if self.covers(t_ns):  # a knot the thread added before it saw this waiter
             self._waiters = [(t, f) for t, f in self._waiters if f is not future]
             return True

@@ -405,6 +405,8 @@ class Gateway:
                     f"gpus must list distinct GPUs of this agent ({sorted(self.agents)})", "gpus"
                 )
             agents = [self._agent(i) for i in window.gpus]
+            for agent in agents:  # A monitor measures again soon: read every update meanwhile.
+                agent.counter.hold_active()
             time_s = (window.t1_ns - window.t0_ns) / 1e9
             if not window.exact:  # At once, from the reads so far: no read per request.
                 energy = [a.energy_between(window.t0_ns, window.t1_ns) for a in agents]

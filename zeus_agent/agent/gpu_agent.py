@@ -148,11 +148,11 @@ class GpuAgent:
             raise ValueError(f"default_lease_s: {e}") from None
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
         self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
-        self._status_max_age_ns = int(1.5e9 / sample_hz)
-        """A status read with the counter is a sample's if it is younger than this."""
         """Reads the energy counter when its policy says (never per event) into the ring."""
         self.counter.on_knot = self._release_measured
         self.counter.wants_knots = lambda: bool(self._unread)  # (else knots wait for a query)
+        # Every update is read while a trainer is bound or marks wait; else ~1 per second.
+        self.counter.is_active = lambda: self.binding is not None or bool(self._unread)
         self._unread: deque[tuple[int, Binding, Callable[[], Mark | Measurement | None]]]
         self._unread = deque()
         """Marks and measurements waiting for a read after their time: (t, binding, emit)."""
@@ -304,12 +304,14 @@ class GpuAgent:
     async def sample(self) -> Sample | None:
         """Take one telemetry sample into the pending batch.
 
-        Its energy is the counter's newest value as `counter` read it: a sample never reads
-        the counter itself (a read costs milliseconds and holds the driver).
+        Its energy is the ring's at the sample's time (`CounterReader.energy_for_sample`): a
+        sample never reads the counter itself (a read costs milliseconds and holds the driver).
+        Its status is the one read with the newest counter read while that is recent (~1 s old
+        at most when no trainer is bound).
         """
-        taken = self.counter.status
+        taken, max_age_ns = self.counter.status, self.counter.status_max_age_ns
         try:
-            if taken is not None and time.monotonic_ns() - taken[0] < self._status_max_age_ns:
+            if taken is not None and time.monotonic_ns() - taken[0] < max_age_ns:
                 status = taken[1]  # Read with the newest counter read, in the same call.
             else:
                 status = await self.caller.call(self.gpu.read_status)  # never the counter
@@ -317,10 +319,11 @@ class GpuAgent:
             self.counters["sample_errors"] += 1
             LOG.warning("GPU %d: sampling failed: %s", self.index, e)
             return None
-        energy_j = self.counter.latest_energy_j()
+        t_ns = time.monotonic_ns()
+        energy_j = self.counter.energy_for_sample(t_ns)
         if energy_j is None:
             return None  # no counter read has succeeded yet
-        s = Sample(t_ns=time.monotonic_ns(), energy_j=energy_j, power_w=status.power_w,
+        s = Sample(t_ns=t_ns, energy_j=energy_j, power_w=status.power_w,
                    power_limit_w=status.power_limit_w, sm_clock_mhz=status.sm_clock_mhz,
                    memory_clock_mhz=status.memory_clock_mhz)  # fmt: skip
         self._pending_samples.append(s)
@@ -416,6 +419,7 @@ class GpuAgent:
             t_ns = time.monotonic_ns()  # Steps that began before the set ran at the old limit.
             if old != power_limit_w:
                 await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
+                self.counter.refresh_limit()  # Samples show it at once, read back.
             self.limits.record(t_ns, power_limit_w)
         except GPUPermissionError as e:
             if not to_default:
@@ -548,6 +552,7 @@ class GpuAgent:
                 continue
             if kind == POWER_LIMIT and self.info is not None:
                 self.limits.record(t_ns, self.info.default_power_limit_w)
+                self.counter.refresh_limit()
             if kind == SM_CLOCKS:
                 self._clock_mhz = None
             self.leases.release(kind)
@@ -603,6 +608,7 @@ class GpuAgent:
             self._throttles = {}
         self._departed.pop(job_id, None)
         self.binding = Binding(job_id, rank, pid, uid, join_digest)
+        self.counter.wake()  # Bound: its reader reads every update from the next one on.
 
     def unbind(self) -> None:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""

@@ -25,6 +25,9 @@ Two families describe the same samples:
   | `zeus_gpu_power_limit_watts` | gauge | W |
   | `zeus_gpu_sm_clock_mhz` | gauge | MHz |
   | `zeus_gpu_memory_clock_mhz` | gauge | MHz |
+  | `zeus_gpu_counter_reads_total` | counter | energy-counter reads (each ~3 ms of the driver) |
+  | `zeus_gpu_power_limit_reads_total` | counter | power-limit reads with a status (~1/s) |
+  | `zeus_gpu_counter_reads_idle` | gauge | 1 while only ~1 update a second is read |
   | `zeus_agent_datagrams_total{outcome}` | counter | trainer datagrams by outcome |
   | `zeus_agent_bus_messages_dropped_total{reason}` | counter | bus messages the agent dropped |
 """
@@ -81,11 +84,28 @@ class AgentCollector(Collector):
         )
         sm = GaugeMetricFamily("zeus_gpu_sm_clock_mhz", "SM clock (MHz)", labels=LABELS)
         mem = GaugeMetricFamily("zeus_gpu_memory_clock_mhz", "Memory clock (MHz)", labels=LABELS)
+        reads = CounterMetricFamily(
+            "zeus_gpu_counter_reads", "Energy-counter reads made", labels=LABELS
+        )
+        limit_reads = CounterMetricFamily(
+            "zeus_gpu_power_limit_reads", "Power-limit reads made with a status", labels=LABELS
+        )
+        idle = GaugeMetricFamily(
+            "zeus_gpu_counter_reads_idle",
+            "1 while the counter is read ~once a second (nothing needs every update)",
+            labels=LABELS,
+        )
         for agent in self.agents.values():
-            s, info = agent.last_sample, agent.info
-            if s is None or info is None:
+            info = agent.info
+            if info is None:
                 continue
             labels = [str(agent.index), info.uuid, f"nvidia{agent.index}", info.name, agent.node]
+            reads.add_metric(labels, agent.counter.reads)
+            limit_reads.add_metric(labels, agent.counter.limit_reads)
+            idle.add_metric(labels, 1.0 if agent.counter.policy.idle else 0.0)
+            s = agent.last_sample
+            if s is None:
+                continue
             dcgm_power.add_metric(labels, s.power_w)
             dcgm_energy.add_metric(labels, s.energy_j * 1000.0)
             dcgm_limit.add_metric(labels, s.power_limit_w)
@@ -109,7 +129,7 @@ class AgentCollector(Collector):
         for reason, count in self.bus_counters().items():
             dropped.add_metric([reason], count)
         yield from (dcgm_power, dcgm_energy, dcgm_limit, dcgm_sm, dcgm_mem)
-        yield from (energy, power, limit, sm, mem, datagrams, dropped)
+        yield from (energy, power, limit, sm, mem, reads, limit_reads, idle, datagrams, dropped)
 
 
 def make_registry(

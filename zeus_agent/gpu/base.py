@@ -177,17 +177,21 @@ class GPU(abc.ABC):
             memory_clock_mhz=self.get_memory_clock_mhz(),
         )
 
-    def read_status(self) -> Telemetry:
+    def read_status(self, power_limit_w: int | None = None) -> Telemetry:
         """Everything an agent samples but the energy counter (`energy_j` is None).
 
         On a real GPU the counter read costs milliseconds and holds the driver (the agent reads
-        it on its own schedule); these getters cost microseconds. Backends may override it to
+        it on its own schedule); these getters cost microseconds, but for the power limit's
+        (~146 us on an H200, and it waits behind a counter read). Backends may override it to
         read them in one go.
+
+        Args:
+            power_limit_w: The limit the caller read recently: then it is not read again.
         """
         return Telemetry(
             energy_j=None,
             power_w=self.get_power_w(),
-            power_limit_w=self.get_power_limit_w(),
+            power_limit_w=self.get_power_limit_w() if power_limit_w is None else power_limit_w,
             sm_clock_mhz=self.get_sm_clock_mhz(),
             memory_clock_mhz=self.get_memory_clock_mhz(),
         )

@@ -121,13 +121,15 @@ class ObserveOnlyGPU(GPU):
         """The backend's (it may read everything in one go)."""
         return self._gpu.read_telemetry()
 
-    def read_status(self) -> Telemetry:
+    def read_status(self, power_limit_w: int | None = None) -> Telemetry:
         """The backend's (it may read everything in one go).
 
         The simulator charges one read of its device file as NVML's four getters; the base
         class's four calls would charge four.
         """
-        return self._gpu.read_status()
+        if power_limit_w is None:
+            return self._gpu.read_status()
+        return self._gpu.read_status(power_limit_w)
 
     def info(self) -> GPUInfo:
         """The backend's."""

@@ -34,6 +34,18 @@ States (`PhaseState`):
   sampling interval): plain periodic reads every `fallback_interval_ns`, each changed value a
   knot at its read's midpoint. LEARNING is tried again after `relearn_after_ns`.
 
+Idle (`set_active(False)`): while nothing needs the fine series (no trainer bound, no window
+or measurement waiting), a LOCKED policy reads only the updates whose number is a multiple of
+`idle_every` (~1 s apart at 100 ms), each after the latest instant it can come (the grid's range
+plus the jitter bound: a read a second after the one before cannot tell it came too early, as a
+read one period after it can). Such a lone read says nothing about the grid (the value always
+changed), so every `idle_probe_every`-th such update, and every one while the range is wider
+than `lock_width_ns`, is a pair: the update before it read after it, then it read at its
+predicted instant, as LOCKED tests do. PLAIN
+reads every `idle_every` fallback intervals; LEARNING is not slowed (it ends in ~2 s). The
+shell says `set_active(True)` the moment something needs the series: the next plan reads the
+next update it can still catch.
+
 Schedule awareness (`plan_read`, `next_read_at`): a clock or power-limit change that lands
 while a counter read runs waits for it. Given the times at which such changes are due and the
 read's p99 cost, the planned start moves (later by at most `max_postpone_ns`, earlier by at most
@@ -63,6 +75,8 @@ _KEEP_BOUNDS = 64
 """Bounds the grid is rebuilt from (the newest) when old ones contradict new ones."""
 _MAX_PERIOD_NS = 2_000_000_000
 """Slowest counter the policy locks onto."""
+_IDLE_AFTER_LOCKED_READS = 20
+"""Reads at every update after a lock before idle reads may stretch (~2 s at 100 ms)."""
 
 Vertex = tuple[float, float]  # (b, period): grid(n) = b + n * period, ns from the origin
 
@@ -190,6 +204,8 @@ class ReadPolicy:
         max_postpone_ns: int | None = None,
         max_advance_ns: int = 1_000_000,
         relearn_after_ns: int = 60_000_000_000,
+        idle_every: int = 10,
+        idle_probe_every: int = 8,
     ) -> None:
         """Create a policy that starts LEARNING.
 
@@ -207,14 +223,19 @@ class ReadPolicy:
             max_advance_ns: Earliest a read may move to avoid a boundary (a regular read moved
                 much earlier would come before its update).
             relearn_after_ns: How long PLAIN lasts before learning is tried again.
+            idle_every: Idle: one update in this many is read (1: as when active).
+            idle_probe_every: Idle: one read update in this many is tested (a pair of reads).
 
         Raises:
-            ValueError: A non-positive interval or `probe_every` below 2.
+            ValueError: A non-positive interval, `probe_every` below 2, `idle_every` or
+                `idle_probe_every` below 1.
         """
         if fallback_interval_ns <= 0 or learn_interval_ns <= 0:
             raise ValueError("read intervals must be positive")
         if probe_every < 2:
             raise ValueError(f"probe_every must be >= 2, got {probe_every}")
+        if idle_every < 1 or idle_probe_every < 1:
+            raise ValueError("idle_every and idle_probe_every must be >= 1")
         self.fallback_interval_ns = int(fallback_interval_ns)
         self.learn_interval_ns = int(min(learn_interval_ns, fallback_interval_ns))
         self.jitter_bound_ns = int(jitter_bound_ns)
@@ -224,6 +245,10 @@ class ReadPolicy:
         self.max_postpone_ns = max_postpone_ns
         self.max_advance_ns = int(max_advance_ns)
         self.relearn_after_ns = int(relearn_after_ns)
+        self.idle_every = int(idle_every)
+        self.idle_probe_every = int(idle_probe_every)
+        self.active = True
+        """Whether something needs every update read (`set_active`)."""
         self.state = PhaseState.LEARNING
         self.reads = 0
         self.misses = 0
@@ -242,6 +267,7 @@ class ReadPolicy:
         self._changed_run = 0
         self._plain_since = 0
         self._missed_run = 0
+        self._locked_reads = 0  # reads since the policy last locked
 
     # ----------------------------------------------------------------------------- queries
 
@@ -295,6 +321,25 @@ class ReadPolicy:
             n += 1
         return self._origin + round(self._centre(n))
 
+    def set_active(self, active: bool) -> None:
+        """Read every update (True) or only every `idle_every`-th (False: nothing needs more)."""
+        self.active = bool(active)
+
+    @property
+    def idle(self) -> bool:
+        """Whether reads are stretched now (told idle, and LOCKED for a while, or PLAIN)."""
+        if self.active or self.idle_every == 1:
+            return False
+        return self.state is PhaseState.PLAIN or (self.locked and self._settled())
+
+    @property
+    def read_interval_ns(self) -> int:
+        """The usual time between reads now (ns): what a status read with the counter ages to."""
+        period = self.period_ns
+        if self.locked and period is not None:
+            return round(period) * (self.idle_every if self.idle else 1)
+        return self._interval()
+
     # ----------------------------------------------------------------------------- planning
 
     def plan_read(
@@ -336,7 +381,7 @@ class ReadPolicy:
 
     def _interval(self) -> int:
         if self.state is PhaseState.PLAIN:
-            return self.fallback_interval_ns
+            return self.fallback_interval_ns * (1 if self.active else self.idle_every)
         return self.learn_interval_ns
 
     def _bisecting(self) -> bool:
@@ -364,6 +409,8 @@ class ReadPolicy:
         if self.locked and self._tested >= n:
             n = self._tested + 1  # its test came first: read it with the next (one per period)
             lo, hi = self._range(n)
+        if self.locked and self.idle:
+            return self._idle_target(now_ns, n)
         every = self.probe_every if hi - lo <= self.lock_width_ns else 2  # tests it more
         test = self._tested < n and (self.state is PhaseState.LEARNING or n % every == 0)
         if test:
@@ -378,6 +425,29 @@ class ReadPolicy:
             self._plan = ("regular", n)
             at = (lo + hi) / 2 + self.late_ns - self._cost_q(0.1) / 2
         return max(now_ns, self._origin + round(at))
+
+    def _settled(self) -> bool:
+        """Locked long enough to stretch reads a second apart (the period is tight by then)."""
+        return self._locked_reads >= _IDLE_AFTER_LOCKED_READS
+
+    def _idle_target(self, now_ns: int, n: int) -> int:
+        """LOCKED, idle: the next update numbered a multiple of `idle_every`, maybe as a pair."""
+        k = self.idle_every
+        m = -(-n // k) * k  # the first multiple of k at or after n
+        lo, hi = self._range(m)
+        probe = (m // k) % self.idle_probe_every == 0 or hi - lo > self.lock_width_ns
+        if probe and self._tested < m:
+            if self._seen == m - 1:  # the update before it was just read: test this one
+                self._plan = ("test", m)
+                at = (lo + hi) / 2 - self._cost_q(0.5) / 2
+                return max(now_ns, self._origin + round(at))
+            if n <= m - 1:  # read the update before it first, just after it
+                m -= 1
+                lo, hi = self._range(m)
+        # After the latest the update can be: a lone read cannot tell an early read (before its
+        # update) from one after it, as a read one period after the one before can.
+        self._plan = ("regular", m)
+        return max(now_ns, self._origin + round(hi) + self.jitter_bound_ns)
 
     # ----------------------------------------------------------------------------- intake
 
@@ -417,6 +487,7 @@ class ReadPolicy:
                 return Knot(read.mid, energy_j) if changed else None
         knot = self._observe(prev, read, changed, plan)
         self._check_state()
+        self._locked_reads = self._locked_reads + 1 if self.locked else 0
         return knot
 
     def _observe(

@@ -494,17 +494,23 @@ class SimGPU(GPU):
             memory_clock_mhz=self._static.hardware.supported_memory_clocks_mhz[0],
         )
 
-    def read_status(self) -> Telemetry:
+    def read_status(self, power_limit_w: int | None = None) -> Telemetry:
         """Everything an agent samples but the energy counter, from one read of the device file.
 
         With call costs, it costs what NVML's four getters cost one after the other (power,
         power limit, SM and memory clocks); four file reads would charge the agent's process
-        for the simulator's own work, which a real GPU does not.
+        for the simulator's own work, which a real GPU does not. Given `power_limit_w` (the
+        caller read it recently), the limit's getter is neither called nor charged.
         """
         for kind in _TELEMETRY_REST:
+            if power_limit_w is not None and kind is CallKind.POWER_LIMIT:
+                continue
             with self._driver.call(kind):
                 pass
-        return self._telemetry(self._read(), self._clock(), None)
+        status = self._telemetry(self._read(), self._clock(), None)
+        if power_limit_w is None:
+            return status
+        return dataclasses.replace(status, power_limit_w=power_limit_w)
 
     def get_instant_power_w(self) -> float:
         """Return the instantaneous power draw (same as `get_power_w` here). Units: W."""
