@@ -12,6 +12,12 @@ does. Random windows of 54 ms, 257 ms and 1.28 s inside the constant-power `busy
 * exact (`exact=True`): once the first knot at or after the window's end is in, by
   interpolation between knots that bracket both edges; its latency is reported.
 
+The replay models a GPU with a trainer bound (every update read, as the agent reads while a
+trainer is bound, marks wait, or a window was asked in the last minute). The same windows are
+also answered from an idle series (`idle_err_*`: ~1 update a second read, as the agent reads a
+GPU nothing needs the fine series of): what the first window of a monitor that never said HELLO
+sees, and any window reaching back into idle time.
+
 Truth: the busy phase's average power (counter increase between its first and last update
 instants, away from its edges) times the window's length. Error: median absolute relative error.
 Goals (issue 21): <= 5% (54 ms), <= 2.5% (257 ms), <= 0.7% (1.28 s) in the default mode.
@@ -49,6 +55,8 @@ SETTLE_NS = 500_000_000
 
 GRID_NS = 100_000_000
 """The recorded counter's update period (fitted: 99.9996 ms)."""
+HORIZON_NS = 2_000_000_000
+"""How far past the newest knot the agent extrapolates (`CounterReader.horizon_ns`)."""
 
 
 @dataclass(frozen=True)
@@ -126,20 +134,23 @@ class Read:
     knot: tuple[int, float] | None
 
 
-def replay(rec: Recording, policy: ReadPolicy) -> tuple[list[Read], int | None]:
+def replay(rec: Recording, policy: ReadPolicy) -> tuple[list[Read], int | None, int | None]:
     """Read the recording as the agent's read loop would: ask the policy, read, feed it.
 
     Returns:
-        The reads, and when the policy first locked (ns; None if it never did).
+        The reads, when the policy first locked and when its reads first stretched (idle)
+        (ns; None if it never did).
     """
     reads: list[Read] = []
     t = rec.t0[0]
     end = rec.updates[-1]
-    locked_at = None
+    locked_at = idle_at = None
     while True:
         start = policy.next_read_at(t)
+        if idle_at is None and policy.idle:
+            idle_at = start
         if start >= end:
-            return reads, locked_at
+            return reads, locked_at, idle_at
         cost, value = rec.read(start)
         knot = policy.on_read(start, start + cost, value)
         reads.append(
@@ -150,11 +161,13 @@ def replay(rec: Recording, policy: ReadPolicy) -> tuple[list[Read], int | None]:
         t = start + cost
 
 
-def answer(reads: list[Read], queries: list[tuple[int, int, int]]) -> list[float]:
+def answer(
+    reads: list[Read], queries: list[tuple[int, int, int]], horizon_ns: int = HORIZON_NS
+) -> list[float]:
     """Answer `(answer_at, t0, t1)` queries from the knots of reads finished by `answer_at`."""
     knots = sorted((r.end_ns, r.knot) for r in reads if r.knot is not None)
     order = sorted(range(len(queries)), key=lambda i: queries[i][0])
-    ring = EnergyRing(len(knots) + 2)
+    ring = EnergyRing(len(knots) + 2, max_extrapolation_ns=horizon_ns)
     out = [0.0] * len(queries)
     k = 0
     for i in order:
@@ -193,11 +206,18 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     busy0, busy1 = busy_phase()
     power = phase_power_w(rec, busy0, busy1)
     policy = ReadPolicy(fallback_interval_ns=100_000_000)
-    reads, locked_at = replay(rec, policy)
+    policy.set_active(True)  # a trainer is bound: every update is read (the agent's default)
+    reads, locked_at, _ = replay(rec, policy)
+    idle_policy = ReadPolicy(fallback_interval_ns=100_000_000)
+    idle_policy.set_active(False)  # nothing bound, no window asked yet: ~1 update a second
+    idle_reads, _, idle_at = replay(rec, idle_policy)
+    assert idle_at is not None, "the idle policy never stretched its reads"
+    idle_from = max(idle_at + 2 * 1_000_000_000, busy0 + SETTLE_NS)  # past its first idle knots
     duration_s = (rec.updates[-1] - rec.t0[0]) / 1e9
     busy_reads = sum(1 for r in reads if busy0 <= r.start_ns <= busy1)
 
     rng = random.Random(args.seed)
+    irng = random.Random(args.seed + 1)  # (the bound series' windows stay those of `seed`)
     result: dict[str, object] = {}
     print(
         f"busy phase {(busy1 - busy0) / 1e9:.2f} s at {power:.1f} W; {len(reads)} reads in "
@@ -211,6 +231,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         default = answer(reads, [(t0 + length, t0, t0 + length) for t0 in starts])
         ready = [exact_ready(reads, t0 + length) for t0 in starts]
         exact = answer(reads, [(at, t0, t0 + length) for at, t0 in zip(ready, starts, strict=True)])
+        istarts = [irng.randrange(idle_from, busy1 - length) for _ in range(args.windows)]
+        idle = answer(idle_reads, [(t0 + length, t0, t0 + length) for t0 in istarts])
+        ierr = [(e - truth) / truth for e in idle]
         err = [(e - truth) / truth for e in default]
         xerr = [(e - truth) / truth for e in exact]
         latency_ms = [(at - t0 - length) / 1e6 for at, t0 in zip(ready, starts, strict=True)]
@@ -220,11 +243,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         result[f"exact_p90_err_{length_ms}ms"] = round(pct([abs(e) for e in xerr], 0.9), 5)
         result[f"exact_latency_p50_{length_ms}ms_ms"] = round(statistics.median(latency_ms), 2)
         result[f"exact_latency_max_{length_ms}ms_ms"] = round(max(latency_ms), 2)
+        result[f"idle_err_{length_ms}ms"] = round(median_rel(ierr), 5)
+        result[f"idle_p90_err_{length_ms}ms"] = round(pct([abs(e) for e in ierr], 0.9), 5)
         print(
             f"{length_ms:5d} ms: default median {100 * median_rel(err):.2f}% "
             f"(goal {100 * GOALS[length_ms]:.1f}%), exact {100 * median_rel(xerr):.2f}%, "
             f"exact latency p50 {statistics.median(latency_ms):.1f} ms, "
-            f"max {max(latency_ms):.1f} ms"
+            f"max {max(latency_ms):.1f} ms; idle series {100 * median_rel(ierr):.2f}%"
         )
     goals_met = all(float(result[f"err_{n}ms"]) <= GOALS[n] for n in LENGTHS_MS)  # type: ignore[arg-type]
     result = {
@@ -234,6 +259,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "goals_met": goals_met,
         "reads_per_s": round(len(reads) / duration_s, 2),
         "busy_reads_per_s": round(busy_reads / ((busy1 - busy0) / 1e9), 2),
+        "idle_reads_per_s": round(
+            sum(1 for r in idle_reads if idle_from <= r.start_ns <= busy1)
+            / ((busy1 - idle_from) / 1e9), 2
+        ),
+        "idle_policy_state": idle_policy.state.value,
         "locked_after_s": None if locked_at is None else round((locked_at - rec.t0[0]) / 1e9, 3),
         "learning_reads": sum(1 for r in reads if locked_at is None or r.start_ns < locked_at),
         "policy_state": policy.state.value,

@@ -260,14 +260,16 @@ def test_idle_it_reads_about_one_update_in_ten_and_stays_locked(seed: int) -> No
     assert policy.locked and policy.locks == 1 and policy.misses == 0 and policy.idle
     assert policy.read_interval_ns == pytest.approx(1_000 * MS, rel=0.01)
     idle_knots = [knot for _, knot in run.knots[knots:]]
-    # Each still sits at the update whose value it carries, and they stay ~1 s apart.
-    errors = [abs(k.t_ns - round(k.energy_j / 700.0 * 1e9)) for k in idle_knots]
-    assert max(errors) <= 4 * MS
+    # Each still sits at the update whose value it carries (a looser grid than when every
+    # update is read: it is probed every 8 s, or each second while wider than 2 lock widths),
+    # and they stay ~1 s apart.
+    errors = sorted(abs(k.t_ns - round(k.energy_j / 700.0 * 1e9)) for k in idle_knots)
+    assert max(errors) <= 6 * MS and errors[int(0.9 * len(errors))] <= 2.5 * MS
     gaps = [b.t_ns - a.t_ns for a, b in zip(idle_knots, idle_knots[1:], strict=False)]
-    assert max(gaps) <= 1_100 * MS + 4 * MS
-    # Reads stay just after their update (the grid stays tight without reading every update).
+    assert max(gaps) <= 1_100 * MS + 2 * 6 * MS  # (a probe's test came before its update)
+    # The grid stays tight enough to stay locked without reading every update.
     lo, hi = policy.grid_range()  # type: ignore[misc]
-    assert hi - lo <= policy.lock_width_ns
+    assert hi - lo <= 2 * policy.lock_width_ns
 
 
 def test_active_again_it_reads_the_next_update_and_every_one_after() -> None:

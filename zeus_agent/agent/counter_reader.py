@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import math
 import threading
@@ -58,6 +59,15 @@ LIMIT_MAX_AGE_NS = 1_000_000_000
 WINDOW_HOLD_S = 60.0
 """How long a window request keeps a GPU's reads at every update: a monitor that measured one
 window (a bare `ZeusMonitor`, no trainer bound) likely measures another soon."""
+
+
+def _name_native_thread(name: str) -> None:
+    """Give the OS thread its Python name (`top -H`, /proc/<pid>/task/*/comm; Linux only)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 class CounterReader:
@@ -277,6 +287,7 @@ class CounterReader:
 
     def _read_forever(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
         """The reader thread: plan, sleep, read, feed the policy; knots go to the loop."""
+        _name_native_thread(threading.current_thread().name)
         fallback_s = self.fallback_interval_ns / 1e9
         while not stop.is_set():
             try:
@@ -284,7 +295,11 @@ class CounterReader:
                 # (The forecast is the loop's; a stale one at worst lets a read collide.)
                 start = self._plan(now)
                 if start > now:
-                    woken = self._wakeup.wait((start - now) / 1e9)
+                    if self.policy.idle:  # up to a second: ended early by `wake`
+                        woken = self._wakeup.wait((start - now) / 1e9)
+                    else:  # until the next update: a plain sleep costs the CPU less
+                        time.sleep((start - now) / 1e9)
+                        woken = False
                     if stop.is_set():
                         return
                     if woken:

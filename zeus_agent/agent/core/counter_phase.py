@@ -40,11 +40,11 @@ or measurement waiting), a LOCKED policy reads only the updates whose number is 
 plus the jitter bound: a read a second after the one before cannot tell it came too early, as a
 read one period after it can). Such a lone read says nothing about the grid (the value always
 changed), so every `idle_probe_every`-th such update, and every one while the range is wider
-than `lock_width_ns`, is a pair: the update before it read after it, then it read at its
-predicted instant, as LOCKED tests do. PLAIN
-reads every `idle_every` fallback intervals; LEARNING is not slowed (it ends in ~2 s). The
-shell says `set_active(True)` the moment something needs the series: the next plan reads the
-next update it can still catch.
+than twice `lock_width_ns` (LOCKED relearns past three), is a pair: the update before it read
+after it, then it read at its predicted instant, as LOCKED tests do. Idle starts 20 reads after
+a lock (the period is tight by then). PLAIN reads every `idle_every` fallback intervals;
+LEARNING is not slowed (it ends in ~2 s). The shell says `set_active(True)` the moment
+something needs the series: the next plan reads the next update it can still catch.
 
 Schedule awareness (`plan_read`, `next_read_at`): a clock or power-limit change that lands
 while a counter read runs waits for it. Given the times at which such changes are due and the
@@ -435,7 +435,7 @@ class ReadPolicy:
         k = self.idle_every
         m = -(-n // k) * k  # the first multiple of k at or after n
         lo, hi = self._range(m)
-        probe = (m // k) % self.idle_probe_every == 0 or hi - lo > self.lock_width_ns
+        probe = (m // k) % self.idle_probe_every == 0 or hi - lo > 2 * self.lock_width_ns
         if probe and self._tested < m:
             if self._seen == m - 1:  # the update before it was just read: test this one
                 self._plan = ("test", m)
