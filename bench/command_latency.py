@@ -1,4 +1,4 @@
-"""Command round trip: request -> agent -> reply for a power-limit command (the README's budget).
+"""Command round trip: request -> agent -> reply for a power-limit command (docs/benchmarks.md).
 
 Starts a loopback nats-server and `zeus-agent run --backend sim` as its own process (as in
 production), then times `set_power_limit` requests from this process with

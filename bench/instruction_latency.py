@@ -1,4 +1,4 @@
-"""`instruction_begin` on the trainer -> frequency applied by the agent (the README's budget).
+"""`instruction_begin` on the trainer -> frequency applied by the agent (docs/benchmarks.md).
 
 The agent (an in-process `AgentServer` on uvloop, as `zeus-agent run` runs it) drives one
 simulated GPU whose `lock_sm_clocks_mhz` records `time.monotonic_ns()` when the agent calls it

@@ -5,7 +5,8 @@
 * `mkdocs build --strict`: no broken link or anchor, no missing page, every mkdocstrings
   reference resolves;
 * the subject catalogue is the builders' truth, and lists every builder;
-* every reply code the code sends is documented.
+* every reply code the code sends is documented;
+* the README stays a front door (at most 1,500 words) and its links resolve.
 """
 
 from __future__ import annotations
@@ -86,3 +87,16 @@ def test_every_reply_code_sent_is_documented() -> None:
                         (ROOT / "zeus_agent/agent/commands.py").read_text())
     assert mapped and set(mapped) - set(REPLY_CODES) == set()
 
+
+
+def test_the_readme_is_a_front_door() -> None:
+    words = len((ROOT / "README.md").read_text().split())
+    assert words <= 1500, f"README.md has {words} words; move detail into docs/"
+
+
+def test_the_readmes_links_resolve() -> None:
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert local, "the README links into docs/"
+    assert [link for link in local if not (ROOT / link).exists()] == []
