@@ -141,3 +141,60 @@ async def test_no_raise_is_issued_ahead_when_turned_off(tmp_path):
         assert gpu.locks == [900, 1740] * 3
     finally:
         agent.caller.close()
+
+
+class FailingGPU(ThreadedGPU):
+    """Its first clock lock raises what no backend error maps (an OSError, a driver bug)."""
+
+    failures = 1
+
+    def lock_sm_clocks_mhz(self, min_clock_mhz: int, max_clock_mhz: int) -> None:  # noqa: D102
+        if self.failures:
+            self.failures -= 1
+            raise OSError("the device file's directory is gone")
+        super().lock_sm_clocks_mhz(min_clock_mhz, max_clock_mhz)
+
+
+async def test_an_unexpected_error_in_the_lane_is_reported_and_the_lane_goes_on(tmp_path):
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = FailingGPU.open(tmp_path, 0)
+    gpu.locks = []
+    agent = GpuAgent(gpu, "n", _no_publish)
+    await agent.start()
+    agent.bind("job", 0)
+    await agent.install_schedule(
+        "job", FrequencySchedule(rank=0, frequencies=[("forward", 900), ("backward", 1740)]),
+        "job", 30.0)
+    agent.raises.enabled = False
+    try:
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, time.monotonic_ns(), 0, "forward"))
+        await agent.clocks.drained()
+        await wait_for(lambda: agent.counters["clock_failures"] == 1, 2.0, "the failure reported")
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, time.monotonic_ns(), 1, "backward"))
+        await agent.clocks.drained()
+        assert gpu.locks == [1740]  # the lane did not die with the first change
+        assert gpu.get_locked_sm_clocks_mhz() == (1740, 1740)
+    finally:
+        agent.caller.close()
+
+
+async def test_a_change_dropped_by_a_new_schedule_is_sent_again_by_it(tmp_path):
+    agent, gpu = await _agent(tmp_path, [("forward", 1200)])
+    agent.raises.enabled = False
+    try:
+        hold = threading.Event()
+        busy = agent.caller.submit_setter(hold.wait, 5)  # the setters' lane is busy
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, time.monotonic_ns(), 0, "forward"))
+        # Another schedule (same first clock) replaces it before the change ran: dropped.
+        await agent.install_schedule(
+            "job", FrequencySchedule(rank=0, frequencies=[("forward", 1200)]), "job", 30.0,
+            version=1)
+        hold.set()
+        busy.result(1)
+        await agent.clocks.drained()
+        assert gpu.locks == []
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, time.monotonic_ns(), 0, "forward"))
+        await agent.clocks.drained()
+        assert gpu.get_locked_sm_clocks_mhz() == (1200, 1200)  # the new schedule's clock is in
+    finally:
+        agent.caller.close()

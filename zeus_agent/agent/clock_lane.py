@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -38,6 +39,8 @@ from zeus_agent.errors import GPUError, GPUUnavailableError, ReadOnlyError
 from zeus_agent.gpu.threaded import GPUCaller
 
 __all__ = ["ClockLane", "EarlyRaises"]
+
+LOG = logging.getLogger(__name__)
 
 LATENCIES_KEPT = 256
 """Recent event -> applied latencies kept (ns)."""
@@ -136,6 +139,12 @@ class ClockLane:
             applied = self._apply(mhz)
         except (GPUError, ReadOnlyError) as e:
             self._failed(mhz, str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - the lane must outlive a backend's bug
+            # Raised out of `_drain`, it would leave `_draining` set: every later change would
+            # be taken for queued behind it and none would ever be applied (silently).
+            LOG.exception("locking the SM clock at %d MHz failed unexpectedly", mhz)
+            self._failed(mhz, f"{type(e).__name__}: {e}")
             return
         if not applied:
             self._failed(mhz, None)

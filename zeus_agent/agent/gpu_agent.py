@@ -733,6 +733,9 @@ class GpuAgent:
     def _schedule_changed(self) -> None:
         """A schedule was installed, replaced or cleared: what was wanted or forecast is stale."""
         self.clocks.invalidate()
+        # A change wanted before may now be dropped in the GPU's thread: the clock is unknown
+        # (else the next schedule's instruction at that clock would send nothing).
+        self._clock_mhz = None
         self.raises.clear()
         self.boundaries.clear()
 
