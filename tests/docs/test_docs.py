@@ -100,3 +100,29 @@ def test_the_readmes_links_resolve() -> None:
     local = [link for link in links if not link.startswith(("http://", "https://"))]
     assert local, "the README links into docs/"
     assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def _tree_block() -> str:
+    page = (ROOT / "docs" / "concepts" / "architecture.md").read_text()
+    blocks = re.findall(r"```\n(zeus_agent/.*?)```", page, flags=re.S)
+    assert len(blocks) == 1, "the architecture page shows one source tree"
+    return blocks[0]
+
+
+def test_the_source_tree_shown_lists_every_package() -> None:
+    tree = _tree_block()
+    for top in ("zeus_agent", "coordinator"):
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / top).as_posix()
+            if rel == ".":
+                continue
+            shown = rel + "/" in tree or rel.rsplit("/", 1)[-1] + "/" in tree
+            assert shown, f"{top}/{rel}/ is not in the architecture page's tree"
+
+
+def test_every_file_the_source_tree_names_exists() -> None:
+    names = set(re.findall(r"\b([a-z_0-9]+\.py)\b", _tree_block()))
+    assert len(names) > 30
+    existing = {p.name for top in ("zeus_agent", "coordinator", "tools")
+                for p in (ROOT / top).rglob("*.py")}
+    assert sorted(names - existing) == []
