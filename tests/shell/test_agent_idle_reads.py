@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from tests.shell.agent_kit import RawTrainer, running_agent, wait_for
 from tests.shell.test_agent_counter_reads import GatedGPU, gated_gpu
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.gpu.base import Telemetry
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire.trainer import Kind, WindowRequest
 
@@ -129,3 +131,41 @@ async def test_the_power_limit_is_read_about_once_a_second_and_after_the_agent_s
             assert time.monotonic() < deadline, "another tool's limit not seen within 3 s"
             await asyncio.sleep(0.05)
         agent.unbind()
+
+
+async def test_a_status_read_across_the_agents_limit_change_is_not_kept(tmp_path: Path) -> None:
+    """A status whose limit was read before the agent set another is dropped, not sampled."""
+
+    class HeldStatus(SimGPU):
+        calls_block = True
+        hold = False
+        entered = threading.Event()
+        release = threading.Event()
+
+        def read_status(self, power_limit_w: int | None = None) -> Telemetry:
+            status = super().read_status(power_limit_w)  # the limit as it was
+            if self.hold:
+                self.entered.set()
+                self.release.wait(5)
+            return status
+
+    SimGPU.create(tmp_path, 0, preset="A40")
+    gpu = HeldStatus.open(tmp_path, 0)
+    agent = GpuAgent(gpu, "n", _published)
+    await agent.start()
+    try:
+        reader = agent.counter
+        old = gpu.get_power_limit_w()
+        reader.refresh_limit()  # (or the limit read last is over a second old): read it again
+        gpu.hold = True
+        thread = threading.Thread(target=reader._read_status)  # as after a counter read
+        thread.start()
+        assert await asyncio.to_thread(gpu.entered.wait, 5)
+        gpu.set_power_limit_w(old - 50)  # the agent's set, then its refresh
+        reader.refresh_limit()
+        gpu.release.set()
+        await asyncio.to_thread(thread.join, 5)
+        taken = reader.status
+        assert taken is None or taken[1].power_limit_w == old - 50  # a sample takes it
+    finally:
+        agent.caller.close()

@@ -197,12 +197,14 @@ class CounterReader:
             return
         if known is None:
             self.limit_reads += 1
-            if generation == self._limit_generation:
-                self._limit = (now, status.power_limit_w)
-        elif generation != self._limit_generation:
-            self.status = None  # The limit changed meanwhile: this one may be stale.
+        if generation != self._limit_generation:
+            self.status = None  # The agent changed the limit meanwhile: this one may be stale.
             return
+        if known is None:
+            self._limit = (now, status.power_limit_w)
         self.status = (time.monotonic_ns(), status)
+        if generation != self._limit_generation:  # `refresh_limit` ran between check and store
+            self.status, self._limit = None, None
 
     # ------------------------------------------------------------------ reading
     def _read(self) -> tuple[int, int, float]:
