@@ -158,6 +158,7 @@ class FailingGPU(ThreadedGPU):
 async def test_an_unexpected_error_in_the_lane_is_reported_and_the_lane_goes_on(tmp_path):
     SimGPU.create(tmp_path, 0, preset="A40")
     gpu = FailingGPU.open(tmp_path, 0)
+    assert isinstance(gpu, FailingGPU)
     gpu.locks = []
     agent = GpuAgent(gpu, "n", _no_publish)
     await agent.start()

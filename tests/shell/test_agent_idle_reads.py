@@ -151,6 +151,7 @@ async def test_a_status_read_across_the_agents_limit_change_is_not_kept(tmp_path
 
     SimGPU.create(tmp_path, 0, preset="A40")
     gpu = HeldStatus.open(tmp_path, 0)
+    assert isinstance(gpu, HeldStatus)
     agent = GpuAgent(gpu, "n", _published)
     await agent.start()
     try:
