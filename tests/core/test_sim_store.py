@@ -73,3 +73,17 @@ def test_an_empty_lock_file_from_before_grows_to_hold_the_generation(tmp_path: P
     gpu.set_power_limit_w(200)
     assert lock.stat().st_size == 8
     assert SimGPU.open(tmp_path, 0).get_power_limit_w() == 200
+
+
+def test_files_created_again_are_seen_by_a_handle_opened_before(tmp_path: Path) -> None:
+    """An agent restarted on a wiped state directory: a trainer's older handle follows it."""
+    SimGPU.create(tmp_path, 0, "A40")
+    trainer = SimGPU.open(tmp_path, 0)
+    assert trainer.get_power_limit_w() == 300  # parsed and kept
+    for name in ("gpu0.json", "gpu0.lock"):
+        (tmp_path / name).unlink()
+    agent = SimGPU.create(tmp_path, 0, "A40")
+    agent.set_power_limit_w(250)
+    assert trainer.get_power_limit_w() == 250
+    trainer.set_power_limit_w(260)  # and the agent sees the trainer's writes
+    assert agent.get_power_limit_w() == 260

@@ -58,30 +58,44 @@ class StateFile:
         self.index = index
         self.path = state_dir / f"gpu{index}.json"
         self.lock_path = state_dir / f"gpu{index}.lock"
-        self._gen: mmap.mmap | None = None
-        self._cache: tuple[int, DeviceState] | None = None
-        """(generation, state parsed at it); replaced whole, so threads see consistent pairs."""
+        self._gen: _Mapping | None = None
+        self._cache: tuple[_Mapping, int, DeviceState] | None = None
+        """(mapping, generation, state parsed at it); replaced whole, so threads see consistent
+        triples (a generation of a lock file created anew is not one of the deleted file's)."""
+
+    def _mapped(self) -> _Mapping:
+        """The lock file's mapping, made again when that file was deleted (created anew).
+
+        One `fstat` per call: a handle that kept mapping a deleted lock file (the state
+        directory wiped and the devices created again, e.g. by a restarted agent) would never
+        see another write, nor anyone its own.
+        """
+        mapped = self._gen
+        if mapped is not None and os.fstat(mapped.fd).st_nlink > 0:
+            return mapped
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < _GEN.size:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # grow it once, not under a reader's feet
+                try:
+                    if os.fstat(fd).st_size < _GEN.size:
+                        os.ftruncate(fd, _GEN.size)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            mapped = _Mapping(fd, mmap.mmap(fd, _GEN.size, mmap.MAP_SHARED))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._gen = mapped  # (the one replaced is closed when no thread uses it any more)
+        return mapped
 
     def _generation_map(self) -> mmap.mmap:
         """The mapped generation, the lock file grown to hold it first if it was empty."""
-        if self._gen is None:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                if os.fstat(fd).st_size < _GEN.size:
-                    fcntl.flock(fd, fcntl.LOCK_EX)  # grow it once, not under a reader's feet
-                    try:
-                        if os.fstat(fd).st_size < _GEN.size:
-                            os.ftruncate(fd, _GEN.size)
-                    finally:
-                        fcntl.flock(fd, fcntl.LOCK_UN)  # the mapping keeps a dup of `fd`
-                self._gen = mmap.mmap(fd, _GEN.size, mmap.MAP_SHARED)
-            finally:
-                os.close(fd)
-        return self._gen
+        return self._mapped().map
 
-    def generation(self) -> int:
-        """The device's write count as mapped now."""
-        return int(_GEN.unpack_from(self._generation_map(), 0)[0])
+    def _generation(self) -> tuple[_Mapping, int]:
+        mapped = self._mapped()
+        return mapped, int(_GEN.unpack_from(mapped.map, 0)[0])
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -105,15 +119,15 @@ class StateFile:
             GPUUnavailableError: The file is missing or unreadable.
         """
         try:
-            gen = self.generation()
+            mapped, gen = self._generation()
             cached = self._cache
-            if cached is not None and cached[0] == gen:
-                return cached[1]
+            if cached is not None and cached[0] is mapped and cached[1] == gen:
+                return cached[2]
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644) if lock else -1
             try:
                 if lock:
                     fcntl.flock(fd, fcntl.LOCK_SH)
-                    gen = self.generation()  # stable while the lock is held
+                    mapped, gen = self._generation()  # stable while the lock is held
                 with open(self.path, "rb") as fh:
                     raw = fh.read()
             finally:
@@ -126,7 +140,7 @@ class StateFile:
                 f"SimGPU.create"
             ) from exc
         state = DeviceState.from_json(data, hardware)
-        self._cache = (gen, state)
+        self._cache = (mapped, gen, state)
         return state
 
     def write(self, state: DeviceState) -> None:
@@ -142,9 +156,10 @@ class StateFile:
             os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
-        gen = self.generation() + 1
-        _GEN.pack_into(self._generation_map(), 0, gen)
-        self._cache = (gen, dataclasses.replace(state))  # the caller's copy may change on
+        mapped, gen = self._generation()
+        gen += 1
+        _GEN.pack_into(mapped.map, 0, gen)
+        self._cache = (mapped, gen, dataclasses.replace(state))  # the caller's copy may change on
 
     @contextlib.contextmanager
     def update(self, hardware: HardwareParams | None) -> Iterator[DeviceState]:
@@ -153,3 +168,17 @@ class StateFile:
             state = dataclasses.replace(self.read(hardware, lock=False))
             yield state
             self.write(state)
+
+
+class _Mapping:
+    """The lock file's generation mapped, and the descriptor that tells whether it was deleted."""
+
+    __slots__ = ("fd", "map")
+
+    def __init__(self, fd: int, mapped: mmap.mmap) -> None:
+        self.fd = fd
+        self.map = mapped
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            os.close(self.fd)
