@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -197,5 +198,37 @@ async def test_a_change_dropped_by_a_new_schedule_is_sent_again_by_it(tmp_path):
         agent.on_event(_event(Kind.INSTRUCTION_BEGIN, time.monotonic_ns(), 0, "forward"))
         await agent.clocks.drained()
         assert gpu.get_locked_sm_clocks_mhz() == (1200, 1200)  # the new schedule's clock is in
+    finally:
+        agent.caller.close()
+
+
+async def test_a_trainer_that_leaves_takes_its_planned_raise_with_it(tmp_path):
+    """A BYE (unbind) between a lowering and the raise planned after it: no raise follows,
+    although the schedule's lease is still live (its trainer is gone: the GPU stays put)."""
+    low, high = 900, 1740
+    agent, gpu = await _agent(tmp_path, [("forward", low), ("backward", high)])
+    try:
+        lead = agent.raises.ahead.lead_ns
+        gap = 3 * lead
+        t = time.monotonic_ns() - 10 * gap
+        for step in range(2):  # one iteration to learn the gaps (stamps in the past)
+            agent.on_event(_event(Kind.STEP_BEGIN, t, step))
+            agent.on_event(_event(Kind.INSTRUCTION_BEGIN, t, 2 * step, "forward"))
+            await agent.clocks.drained()
+            agent.on_event(_event(Kind.INSTRUCTION_BEGIN, t + gap, 2 * step + 1, "backward"))
+            await agent.clocks.drained()
+            agent.on_event(_event(Kind.STEP_END, t + 2 * gap, step))
+            t += 2 * gap
+        issued = agent.raises.issued
+        now = time.monotonic_ns()
+        agent.on_event(_event(Kind.STEP_BEGIN, now, 2))
+        agent.on_event(_event(Kind.INSTRUCTION_BEGIN, now, 4, "forward"))  # lowers; plans a raise
+        await agent.clocks.drained()
+        locks = list(gpu.locks)
+        agent.unbind()
+        await asyncio.sleep(4 * gap / 1e9)  # past the raise's planned instant
+        await agent.clocks.drained()
+        assert agent.raises.issued == issued
+        assert gpu.locks == locks and gpu.get_locked_sm_clocks_mhz() == (low, low)
     finally:
         agent.caller.close()

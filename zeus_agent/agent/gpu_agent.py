@@ -613,6 +613,7 @@ class GpuAgent:
     def unbind(self) -> None:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""
         self._release_held()
+        self.raises.clear()  # No instruction will follow: a raise planned ahead is not wanted.
         if self.binding is not None and self.binding.pid is not None:
             self._departed[self.binding.job_id] = None
             while len(self._departed) > MAX_DEPARTED:
