@@ -52,6 +52,11 @@ from zeus_agent.gpu.threaded import GPUCaller
 
 LOG = logging.getLogger(__name__)
 
+INBOX_KNOTS = 1024
+"""Knots the reader thread keeps for the loop (the oldest go beyond: none at these rates)."""
+INBOX_TAKE_AT = 256
+"""The loop is woken to take the knots once this many wait, whoever asks: with a slow sampling
+rate and a quiet trainer nothing else might take them before the inbox drops the oldest."""
 DEFAULT_EXACT_TIMEOUT_S = 1.0
 """Longest an exact window waits for its bracketing read before it is answered the default way."""
 LIMIT_MAX_AGE_NS = 1_000_000_000
@@ -115,7 +120,7 @@ class CounterReader:
         self.on_knot: Callable[[], None] | None = None
         self._integrator: PowerIntegrator | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._inbox: deque[Knot] = deque(maxlen=1024)
+        self._inbox: deque[Knot] = deque(maxlen=INBOX_KNOTS)
         """Knots from the reader thread not yet in the ring (`_take`)."""
         self.wants_knots: Callable[[], bool] | None = None
         """Set by the agent (optional): whether it waits for a knot now (None: always)."""
@@ -319,7 +324,8 @@ class CounterReader:
                     knot = self.policy.on_read(t0, t1, energy)
                 if knot is not None:
                     self._inbox.append(knot)  # taken on the loop by the next query
-                    if self._waiters or self.wants_knots is None or self.wants_knots():
+                    if (self._waiters or self.wants_knots is None or self.wants_knots()
+                            or len(self._inbox) >= INBOX_TAKE_AT):  # never let it overflow
                         loop.call_soon_threadsafe(self._take)  # someone waits: now
             except RuntimeError:
                 if loop.is_closed():
