@@ -124,7 +124,7 @@ async def test_a_measurement_waits_for_the_read_that_brackets_its_end(tmp_path: 
         agent.on_event(event(Kind.STEP_BEGIN, 0))
         await asyncio.sleep(0.01)
         agent.on_event(event(Kind.STEP_END, 0))
-        await wait_for(lambda: agent._event_queue.empty() and len(agent._unread) == 3, 3.0,
+        await wait_for(lambda: agent.measurer.idle and len(agent.measurer.unread) == 3, 3.0,
                        "the step and its marks waiting")  # fmt: skip
         await asyncio.sleep(0.05)
         assert published.measurements == []  # no read after its end yet: nothing published
@@ -186,7 +186,7 @@ async def test_a_step_that_ends_just_before_goodbye_is_still_measured(tmp_path: 
         await hold_reads(gpu)
         agent.on_event(event(Kind.STEP_BEGIN, 0))
         agent.on_event(event(Kind.STEP_END, 0))
-        await wait_for(lambda: len(agent._unread) == 3, 3.0, "the step waiting for a read")
+        await wait_for(lambda: len(agent.measurer.unread) == 3, 3.0, "the step waiting for a read")
         agent.unbind()  # the trainer said goodbye
         gpu.gate.set()
         await wait_for(lambda: any(b.measurements for b in batches), 5.0, "the last step")

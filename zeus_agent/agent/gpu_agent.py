@@ -1,28 +1,27 @@
 """`GpuAgent`: the asyncio shell around one GPU (sampling, settings, leases, schedules, meter).
 
 It owns one GPU through a `GPUCaller` and the sans-I/O cores of `zeus_agent.agent.core`:
-an `EnergyRing` of samples, a `LeaseTable` of non-default settings, a `ScheduleCursor` and a
-`RankMeter` for the rank bound to it. It publishes through a `publish(subject, bytes)`
-callable and never touches NATS itself, so it is driven the same way by the node server
-(`zeus_agent.agent.server`) and by tests.
+an `EnergyRing` of counter reads (`CounterReader`), a `LeaseTable` of non-default settings and
+a `ScheduleCursor`; a `ClockLane` applies the schedule's clocks and a `RankMeasurer`
+(`zeus_agent.agent.measuring`) measures the bound rank's steps and instructions. It publishes
+through a `publish(subject, bytes)` callable and never touches NATS itself, so it is driven
+the same way by the node server (`zeus_agent.agent.server`) and by tests.
 
 Pieces:
 * sampling: `sample()` reads the GPU into the ring and the pending sample batch;
 * settings: `set_power_limit`, `lock_clocks`, `install_schedule`... validate, apply, lease;
 * `restore(kinds)`: put settings back to default (lease expiry, trainer death, shutdown);
-* trainer events: `on_event` (applies the schedule at once) and `process_events` (measures);
+* trainer events: `on_event` (applies the schedule at once) and `process_events` (measures,
+  through `RankMeasurer`);
 * `flush()`: publish pending samples, marks, measurements and trainer events.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
 
 from zeus_agent.agent.clock_lane import ClockLane, EarlyRaises
 from zeus_agent.agent.core import (
@@ -30,14 +29,13 @@ from zeus_agent.agent.core import (
     Lease,
     LeaseTable,
     LimitHistory,
-    RankMeter,
     ScheduleCursor,
     Throttle,
 )
 from zeus_agent.agent.core.boundaries import BoundaryForecast
 from zeus_agent.agent.core.leases import check_ttl
-from zeus_agent.agent.core.meter import Gap, Interval
 from zeus_agent.agent.counter_reader import CounterReader
+from zeus_agent.agent.measuring import Binding, RankMeasurer
 from zeus_agent.errors import (
     GPUError,
     GPUPermissionError,
@@ -55,13 +53,8 @@ from zeus_agent.wire.messages import (
     MAX_LEASE_S,
     ErrorEvent,
     GpuDescription,
-    Mark,
-    Measurement,
-    MeasurementBatch,
     Sample,
     SampleBatch,
-    TrainerEvent,
-    TrainerEventBatch,
 )
 from zeus_agent.wire.text import bounded
 from zeus_agent.wire.trainer import EventDatagram, Kind, ScheduleNotice
@@ -78,16 +71,9 @@ SM_CLOCKS = "sm_clocks"
 SCHEDULE = "schedule"
 MAX_DEPARTED = 64
 """Jobs remembered per GPU as 'its trainer left' (their settings are refused)."""
-MAX_UNREAD = 100_000
-"""Marks and measurements held per GPU while no read brackets them (the oldest go first)."""
 FORECAST_NS = 250_000_000
 """How far ahead the counter reader looks for clock changes to avoid (beyond one read's span
 and its longest postponement)."""
-MEASURE_AFTER_CLOCK_S = 0.002
-"""How long the measuring of a scheduled rank's events waits (a GPU whose calls block). The
-loop goes idle at once and the GPU's setters' thread gets the GIL for a clock change: measuring
-at once (this event or the `instruction_end` just before it) held it ~0.4 ms on a 2-core VM and
-the change waited that long. A measurement goes out ~100 ms later anyway."""
 FLOOD_REPORTS_PER_S = 2.0
 """Schedule mismatches (and measurement gaps) reported, i.e. logged and published, per second
 after the first `FLOOD_BURST`; the others are counted and reported with the next one (a changed
@@ -95,33 +81,6 @@ pipeline shape mismatches every instruction: 20,000 warnings and events in 1.5 s
 FLOOD_BURST = 3
 _FLOODS = {"mismatches": "schedule mismatch(es)", "gaps": "measurement gap(s)",
            "clock_failures": "failed clock change(s)"}
-
-_EVENT_NAMES = {
-    Kind.EPOCH_BEGIN: "epoch_begin",
-    Kind.EPOCH_END: "epoch_end",
-    Kind.STEP_BEGIN: "step_begin",
-    Kind.STEP_END: "step_end",
-    Kind.INSTRUCTION_BEGIN: "instruction_begin",
-    Kind.INSTRUCTION_END: "instruction_end",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Binding:
-    """The job rank (and trainer process) whose events this GPU measures.
-
-    `pid` and `uid` are the trainer's as the kernel reported them on the socket (never what a
-    payload claims); both None when the coordinator bound the rank (`BindRankCmd`).
-    `join_digest`: digest of the join token the trainer's HELLO presented (None: none); sent
-    with the rank's events and marks, which the coordinator counts only with the job's.
-    """
-
-    job_id: str
-    rank: int
-    pid: int | None = None
-    uid: int | None = None
-    join_digest: str | None = None
-
 
 class GpuAgent:
     """One GPU's agent. Create, then `await start()` before use."""
@@ -149,15 +108,7 @@ class GpuAgent:
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
         self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
         """Reads the energy counter when its policy says (never per event) into the ring."""
-        self.counter.on_knot = self._release_measured
-        self.counter.wants_knots = lambda: bool(self._unread)  # (else knots wait for a query)
-        # Every update is read while a trainer is bound or marks wait; else ~1 per second.
-        self.counter.is_active = lambda: self.binding is not None or bool(self._unread)
-        self._unread: deque[tuple[int, Binding, Callable[[], Mark | Measurement | None]]]
-        self._unread = deque()
-        """Marks and measurements waiting for a read after their time: (t, binding, emit)."""
         self.cursor = ScheduleCursor()
-        self.meter = RankMeter()
         self.binding: Binding | None = None
         self._departed: dict[str, None] = {}
         """Jobs whose trainer left this GPU, oldest first (bounded: `MAX_DEPARTED`)."""
@@ -186,13 +137,6 @@ class GpuAgent:
         self._expiring = False
         """An expiry started from the event path is pending (at most one at a time)."""
         self._pending_samples: list[Sample] = []
-        self._pending_marks: list[Mark] = []
-        self._pending_measurements: list[Measurement] = []
-        self._pending_events: list[TrainerEvent] = []
-        self._event_queue: asyncio.Queue[tuple[EventDatagram, int | None]] = asyncio.Queue()
-        self._held: deque[tuple[EventDatagram, int | None]] = deque()
-        """Events held back from measuring, in order (`MEASURE_AFTER_CLOCK_S`)."""
-        self._held_timer: asyncio.TimerHandle | None = None
         self.schedule_version: int | None = None
         """Version of the installed schedule (None: none installed)."""
         self._pending_schedule: tuple[int, int, int, tuple[tuple[str, int], ...]] | None = None
@@ -209,6 +153,16 @@ class GpuAgent:
         self._summaries: dict[Throttle, asyncio.Future[None]] = {}
         """The summary task of each throttle (per throttle: a rebind starts new throttles while
         the old ones' summaries still wait to report what they held back)."""
+        self.measurer = RankMeasurer(
+            index=self.index, node=node, prefix=prefix, ring=self.ring, counter=self.counter,
+            limits=self.limits, publish=publish, binding=lambda: self.binding,
+            report=self._report, refused=self._refused, spawn=self._spawn,
+            counters=self.counters)
+        """Measures the bound rank's events once reads bracket them, and publishes them."""
+        self.counter.on_knot = self.measurer.release_measured
+        self.counter.wants_knots = lambda: bool(self.measurer.unread)  # (else knots wait)
+        # Every update is read while a trainer is bound or marks wait; else ~1 per second.
+        self.counter.is_active = lambda: self.binding is not None or bool(self.measurer.unread)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, reset: bool = True) -> GPUInfo:
@@ -602,9 +556,9 @@ class GpuAgent:
         join_digest: str | None = None,
     ) -> None:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
-        self._release_held()  # Those held back are measured as they were bound when they came.
+        self.measurer.release_held()  # Those held back are measured as bound when they came.
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
-            self.meter = RankMeter()
+            self.measurer.reset()
             self._throttles = {}
         self._departed.pop(job_id, None)
         self.binding = Binding(job_id, rank, pid, uid, join_digest)
@@ -612,14 +566,14 @@ class GpuAgent:
 
     def unbind(self) -> None:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""
-        self._release_held()
+        self.measurer.release_held()
         self.raises.clear()  # No instruction will follow: a raise planned ahead is not wanted.
         if self.binding is not None and self.binding.pid is not None:
             self._departed[self.binding.job_id] = None
             while len(self._departed) > MAX_DEPARTED:
                 del self._departed[next(iter(self._departed))]
         self.binding = None
-        self.meter = RankMeter()
+        self.measurer.reset()
 
     def _check_holder(self, holder: str) -> None:
         """Refuse a job's setting once its trainer has left this GPU (until it binds again)."""
@@ -646,7 +600,7 @@ class GpuAgent:
                 # The lease lapsed and the expiry tick has not run yet: never apply a clock
                 # without a live lease; restore now.
                 self._spawn(self._expire_now())
-                self._event_queue.put_nowait((ev, self.schedule_version))
+                self.measurer.submit(ev, self.schedule_version)
                 return
             step = self.cursor.on_instruction_begin(ev.name)
             mhz = step.frequency_mhz
@@ -664,21 +618,10 @@ class GpuAgent:
             error = self.cursor.on_step_end()
             if error is not None:
                 self._report("mismatches", "schedule_mismatch", error, {})
-        if self.caller.blocking and (self.cursor.installed or self._held):
-            self._held.append((ev, self.schedule_version))
-            if self._held_timer is None:
-                self._held_timer = asyncio.get_running_loop().call_later(
-                    MEASURE_AFTER_CLOCK_S, self._release_held)
-        else:
-            self._event_queue.put_nowait((ev, self.schedule_version))
-
-    def _release_held(self) -> None:
-        """Hand the events held back (`MEASURE_AFTER_CLOCK_S`) to the measuring, in order."""
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer = None
-        while self._held:
-            self._event_queue.put_nowait(self._held.popleft())
+        # A scheduled rank's events on a GPU whose calls block are measured a moment later, so
+        # the setters' thread gets the GIL for the clock change at once.
+        self.measurer.submit(ev, self.schedule_version,
+                             hold=self.caller.blocking and self.cursor.installed)
 
     def _report(self, counter: str, code: str, message: str, detail: dict[str, object]) -> None:
         """Count one of a flood-prone kind (`_FLOODS`); report it unless throttled.
@@ -789,145 +732,18 @@ class GpuAgent:
     async def process_events(self) -> None:
         """Forever: read the counter (`CounterReader.run`), measure and flush queued events.
 
-        Energies go out once reads bracket them. No event reads the counter: on a real GPU a
-        read costs milliseconds and a clock change would queue behind it.
+        Energies go out once reads bracket them (`RankMeasurer`). No event reads the counter:
+        on a real GPU a read costs milliseconds and a clock change would queue behind it.
         """
         reads = asyncio.ensure_future(self.counter.run())
         try:
-            while True:
-                ev, version = await self._event_queue.get()
-                try:
-                    self._measure(ev, version)
-                    while not self._event_queue.empty():
-                        self._measure(*self._event_queue.get_nowait())
-                    self._release_measured(flush=False)
-                    await self.flush_measurements()
-                except Exception:  # noqa: BLE001 - one bad event never stops the measuring
-                    LOG.exception("GPU %d: measuring trainer events failed; continuing",
-                                  self.index)  # fmt: skip
+            await self.measurer.run()
         finally:
             reads.cancel()
 
-    def _energy_at(self, t_ns: int) -> float | None:
-        self.counter.newest_ns()  # (takes the reader thread's knots into the ring)
-        try:
-            return self.ring.energy_at(t_ns)
-        except ValueError:
-            return None
-
-    def _when_read(self, t_ns: int, emit: Callable[[], Mark | Measurement | None]) -> None:
-        """Call `emit` (it makes a mark or a measurement) once a read at or after `t_ns` is in."""
-        assert self.binding is not None
-        self._unread.append((t_ns, self.binding, emit))
-        if len(self._unread) > MAX_UNREAD:
-            self._unread.popleft()  # The counter is not being read: measure what comes next.
-            self.counters["unmeasured"] = self.counters.get("unmeasured", 0) + 1
-
-    def _release_measured(self, flush: bool = True) -> None:
-        """Emit the marks and measurements that reads now bracket, in their order.
-
-        Those of a rank unbound meanwhile (its trainer said goodbye right after its last step)
-        go out under that rank.
-        """
-        released = False
-        gone: dict[int, tuple[Binding, list[Mark], list[Measurement]]] = {}
-        while self._unread and self.counter.covers(self._unread[0][0]):
-            if not self._unread:
-                break  # `covers` took the reader's knots and released them (`on_knot`).
-            _, binding, emit = self._unread.popleft()
-            item = emit()
-            if item is None:
-                continue
-            if binding is self.binding:
-                marks, measurements = self._pending_marks, self._pending_measurements
-                released = True
-            else:
-                _, marks, measurements = gone.setdefault(id(binding), (binding, [], []))
-            if isinstance(item, Mark):
-                marks.append(item)
-            else:
-                measurements.append(item)
-        for binding, marks, measurements in gone.values():
-            self._spawn(self._publish_measured(binding, marks, measurements))
-        if released and flush:
-            self._spawn(self.flush_measurements())
-
-    def _measure(self, ev: EventDatagram, version: int | None = None) -> None:
-        kind = ev.kind
-        name = _EVENT_NAMES[kind]
-        if kind in (Kind.STEP_BEGIN, Kind.STEP_END):
-            epoch, step, index = ev.b, ev.a, 0
-        elif kind in (Kind.EPOCH_BEGIN, Kind.EPOCH_END):
-            epoch, step, index = ev.a, 0, 0
-        else:
-            ctx = self.meter.current_step
-            epoch, step, index = (ctx[0] if ctx else 0), ev.b, ev.a
-        counted = kind in (Kind.STEP_BEGIN, Kind.STEP_END, Kind.EPOCH_BEGIN, Kind.EPOCH_END)
-        limit = self.limits.at(ev.t_ns) if counted else None
-        self._pending_events.append(
-            TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index,
-                         name=ev.name, power_limit_w=limit)
-        )
-        if self.binding is None:
-            return
-        if counted:
-            self._when_read(ev.t_ns, functools.partial(self._mark, name, epoch, step, ev.t_ns,
-                                                       limit))  # fmt: skip
-        if kind is Kind.STEP_BEGIN:
-            records = self.meter.step_begin(ev.a, ev.b, ev.t_ns)
-        elif kind is Kind.STEP_END:
-            records = self.meter.step_end(ev.a, ev.b, ev.t_ns)
-        elif kind is Kind.EPOCH_BEGIN:
-            records = self.meter.epoch_begin(ev.a, ev.t_ns)
-        elif kind is Kind.EPOCH_END:
-            records = self.meter.epoch_end(ev.a, ev.t_ns)
-        elif kind is Kind.INSTRUCTION_BEGIN:
-            records = self.meter.instruction_begin(ev.name, ev.a, ev.t_ns)
-        else:
-            records = self.meter.instruction_end(ev.name, ev.a, ev.t_ns)
-        for rec in records:
-            if isinstance(rec, Gap):
-                self._report("gaps", f"gap_{rec.reason}", rec.message, {})
-            elif isinstance(rec, Interval) and rec.kind in ("step", "instruction"):
-                self._when_read(rec.t1_ns, functools.partial(self._measurement, rec, version))
-
-    def _mark(self, kind: str, epoch: int, step: int, t_ns: int, limit: int | None) -> Mark | None:
-        energy = self._energy_at(t_ns)
-        if energy is None:
-            return None
-        return Mark(kind=kind, epoch=epoch, step=step, t_ns=t_ns, energy_j=energy,
-                    power_limit_w=limit)  # fmt: skip
-
-    def _measurement(self, rec: Interval, version: int | None) -> Measurement | None:
-        """Measure a closed step or instruction (reads bracket both of its edges)."""
-        try:
-            energy_j = self.ring.energy_between(rec.t0_ns, rec.t1_ns)
-        except ValueError:  # No reads cover it (it began before the oldest kept).
-            return None
-        try:
-            measurement = Measurement(
-                kind=rec.kind,
-                name=rec.name or "",
-                epoch=rec.epoch or 0,
-                step=rec.step or 0,
-                index=rec.index or 0,
-                t0_ns=rec.t0_ns,
-                t1_ns=rec.t1_ns,
-                time_s=rec.duration_s,
-                energy_j=max(0.0, energy_j),  # A counter never runs backwards.
-                schedule=version,
-            )
-        except ValueError as e:  # Counters no real trainer sends (e.g. step 2**63).
-            self.counters["refused"] += 1
-            if self.counters["refused"] == 1 or self.counters["refused"] % 1000 == 0:
-                what = "; ".join(err["msg"] for err in getattr(e, "errors", list)())
-                self._spawn(self.error_event(
-                    "measurement_refused",
-                    f"a {rec.kind} of step {rec.step} cannot be measured: "
-                    f"{what[:300] or e}; fix the trainer's counters",
-                    detail={"step": str(rec.step), "index": str(rec.index)}))
-            return None
-        return measurement
+    def _refused(self, message: str, detail: dict[str, str]) -> None:
+        """A closed step or instruction that cannot be measured (its counters): say so."""
+        self._spawn(self.error_event("measurement_refused", message, detail=dict(detail)))
 
     # ------------------------------------------------------------------ publishing
     async def error_event(
@@ -961,40 +777,4 @@ class GpuAgent:
 
     async def flush_measurements(self) -> None:
         """Publish pending marks/measurements and forward pending trainer events."""
-        b = self.binding
-        events, self._pending_events = self._pending_events, []
-        marks, self._pending_marks = self._pending_marks, []
-        meas, self._pending_measurements = self._pending_measurements, []
-        if b is None:
-            return
-        if events:
-            batch = TrainerEventBatch(
-                job_id=b.job_id,
-                rank=b.rank,
-                node=self.node,
-                gpu=self.index,
-                events=events,
-                join_digest=b.join_digest,
-            )
-            await self._publish(
-                subjects.job_events(b.job_id, b.rank, self.node, self.prefix), codec.encode(batch)
-            )
-        await self._publish_measured(b, marks, meas)
-
-    async def _publish_measured(
-        self, b: Binding, marks: list[Mark], meas: list[Measurement]
-    ) -> None:
-        """Publish marks and measurements of the rank bound as `b`."""
-        if marks or meas:
-            mb = MeasurementBatch(
-                node=self.node,
-                gpu=self.index,
-                job_id=b.job_id,
-                rank=b.rank,
-                marks=marks,
-                measurements=meas,
-                join_digest=b.join_digest,
-            )
-            await self._publish(
-                subjects.gpu_measurements(self.node, self.index, self.prefix), codec.encode(mb)
-            )
+        await self.measurer.flush()
