@@ -95,6 +95,11 @@ async def test_metrics_page_has_dcgm_style_names_and_labels(nats_server, nc):
         page, "zeus_gpu_counter_reads_total", "0"
     )
     assert _value(page, "zeus_gpu_counter_reads_idle", "0") in (0, 1)
+    assert _value(page, "zeus_gpu_controllable", "1") == 1
+    restores = [x for x in page.splitlines() if x.startswith("zeus_agent_gpu_events_total{")
+                and 'gpu="1"' in x and 'event="restores"' in x]
+    assert len(restores) == 1  # each GPU's event counters are exported, zeros included
+    assert "zeus_agent_nats_connected 1.0" in page
 
 
 def _get(url: str) -> tuple[int, str]:

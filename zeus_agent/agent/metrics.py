@@ -30,6 +30,9 @@ Two families describe the same samples:
   | `zeus_gpu_counter_reads_idle` | gauge | 1 while only ~1 update a second is read |
   | `zeus_agent_datagrams_total{outcome}` | counter | trainer datagrams by outcome |
   | `zeus_agent_bus_messages_dropped_total{reason}` | counter | bus messages the agent dropped |
+  | `zeus_gpu_controllable` | gauge | 1 if settings may be changed, 0 observe-only |
+  | `zeus_agent_gpu_events_total{event}` | counter | per GPU: mismatches, gaps, failed clocks... |
+  | `zeus_agent_nats_connected` | gauge | 1 while connected to NATS |
 """
 
 from __future__ import annotations
@@ -52,10 +55,12 @@ class AgentCollector(Collector):
         agents: Mapping[int, GpuAgent],
         gateway_counters: Callable[[], Mapping[str, int]],
         bus_counters: Callable[[], Mapping[str, int]] = dict,
+        bus_connected: Callable[[], bool] | None = None,
     ):
         self.agents = agents
         self.gateway_counters = gateway_counters
         self.bus_counters = bus_counters
+        self.bus_connected = bus_connected
 
     def collect(self) -> Iterable[Metric]:  # noqa: D102
         dcgm_power = GaugeMetricFamily(
@@ -95,11 +100,22 @@ class AgentCollector(Collector):
             "1 while the counter is read ~once a second (nothing needs every update)",
             labels=LABELS,
         )
+        controllable = GaugeMetricFamily(
+            "zeus_gpu_controllable",
+            "1 if the agent may change the GPU's settings, 0 if observe-only", labels=LABELS)
+        events = CounterMetricFamily(
+            "zeus_agent_gpu_events",
+            "Per GPU: schedule mismatches, measurement gaps, failed clock changes, restores, "
+            "sample errors, refused and unmeasured measurements",
+            labels=[*LABELS, "event"])
         for agent in self.agents.values():
             info = agent.info
             if info is None:
                 continue
             labels = [str(agent.index), info.uuid, f"nvidia{agent.index}", info.name, agent.node]
+            controllable.add_metric(labels, 1.0 if agent.controllable else 0.0)
+            for event, count in sorted(agent.counters.items()):
+                events.add_metric([*labels, event], count)
             reads.add_metric(labels, agent.counter.reads)
             limit_reads.add_metric(labels, agent.counter.limit_reads)
             idle.add_metric(labels, 1.0 if agent.counter.policy.idle else 0.0)
@@ -130,14 +146,20 @@ class AgentCollector(Collector):
             dropped.add_metric([reason], count)
         yield from (dcgm_power, dcgm_energy, dcgm_limit, dcgm_sm, dcgm_mem)
         yield from (energy, power, limit, sm, mem, reads, limit_reads, idle, datagrams, dropped)
+        yield from (controllable, events)
+        if self.bus_connected is not None:
+            yield GaugeMetricFamily(
+                "zeus_agent_nats_connected", "1 while the agent is connected to NATS",
+                value=1.0 if self.bus_connected() else 0.0)
 
 
 def make_registry(
     agents: Mapping[int, GpuAgent],
     gateway_counters: Callable[[], Mapping[str, int]],
     bus_counters: Callable[[], Mapping[str, int]] = dict,
+    bus_connected: Callable[[], bool] | None = None,
 ) -> CollectorRegistry:
     """A registry holding only the agent's metrics."""
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agents, gateway_counters, bus_counters))
+    registry.register(AgentCollector(agents, gateway_counters, bus_counters, bus_connected))
     return registry

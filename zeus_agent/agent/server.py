@@ -326,6 +326,7 @@ class AgentServer(ExitSignals):
             self.agents,
             lambda: dict(self.gateway.counters) if self.gateway else {},
             lambda: dict(self.counters),
+            lambda: self.bus_state[0] == "connected",
         )
         host = self.settings.metrics_host
         try:
