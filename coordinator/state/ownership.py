@@ -89,8 +89,13 @@ class OwnershipBook:
         return [(h, lease) for h, lease in self.leases.items() if lease.owner == self.me]
 
     def mine(self) -> list[str]:
-        """Hashes of the jobs whose lease this replica holds (fenced or not)."""
-        return [h for h, lease in self.leases.items() if lease.owner == self.me]
+        """Hashes of the jobs whose lease this replica holds (fenced or not).
+
+        Safe from another thread (`/healthz` and `/metrics` call it on the status server's):
+        the leases are copied in one C call, which the event loop cannot interleave, before
+        any Python code runs per lease.
+        """
+        return [h for h, lease in list(self.leases.items()) if lease.owner == self.me]
 
     def value(self, job_id: str, now: float, release: bool = False) -> bytes:
         """The value this replica writes to take or renew a job's lease (or give it up)."""

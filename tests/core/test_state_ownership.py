@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from coordinator.jobs import JobRecord, RankRecord
 from coordinator.state import OwnershipBook, RecordError, records
+from coordinator.state.ownership import Lease
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire.messages import GpuBinding, PowerLimitOptions
 
@@ -172,3 +173,22 @@ def test_a_jobs_join_digest_is_stored_and_version_1_jobs_still_read() -> None:
 def test_unreadable_entries_say_why(key: str, raw: bytes, words: str) -> None:
     with pytest.raises(RecordError, match=words):
         records.decode(key, raw, False, 0)
+
+
+def test_mine_reads_a_copy_of_the_leases_the_loop_may_change_meanwhile() -> None:
+    """`/healthz` and `/metrics` call `mine()` on the status server's thread: the event loop can
+    take or forget a lease between two of its per-lease steps (simulated here by a lease whose
+    owner check changes the dict), which raised "dictionary changed size during iteration"."""
+    book = OwnershipBook("a", 9.0)
+
+    class Meddling:
+        revision, until, job_id = 1, 1e9, "j"
+
+        @property
+        def owner(self) -> str:
+            book.leases[f"new{len(book.leases)}"] = Lease("a", 1e9, 1, "k")  # the loop, meanwhile
+            return "a"
+
+    book.leases["h1"] = Meddling()  # type: ignore[assignment]
+    book.leases["h2"] = Lease("a", 1e9, 2, "j2")
+    assert book.mine() == ["h1", "h2"]
