@@ -20,7 +20,7 @@ registering (every replica knows those); a dashboard takes `max by (job_id)` ove
 | `zeus_job_power_limit_watts{job_id}` | gauge | the limit the job's GPUs are set to now |
 | `zeus_job_optimal_power_limit_watts{job_id}` | gauge | the chosen limit, once known |
 | `zeus_job_power_limits_measured{job_id}` | gauge | limits profiled so far |
-| `zeus_job_power_limit_candidates{job_id}` | gauge | limits to profile |
+| `zeus_job_power_limit_candidates{job_id}` | gauge | limits in the search range |
 | `zeus_job_schedule_version{job_id}` | gauge | number of the schedules installed last |
 | `zeus_job_plan_index{job_id}` | gauge | chosen frontier point (0: the fastest) |
 | `zeus_job_plan_frontier_points{job_id}` | gauge | points on the planned frontier |
@@ -242,7 +242,8 @@ _JOB_GAUGES: tuple[tuple[str, str, str], ...] = (
         "Power limit chosen by the job's optimiser (W)",
     ),
     ("measured", "zeus_job_power_limits_measured", "Power limits profiled so far"),
-    ("candidates", "zeus_job_power_limit_candidates", "Power limits to profile"),
+    ("candidates", "zeus_job_power_limit_candidates",
+     "Power limits in the search range (an adaptive search profiles fewer)"),
     (
         "schedule_version",
         "zeus_job_schedule_version",
