@@ -1,0 +1,153 @@
+"""An owner replica frozen by a real SIGSTOP past its ownership lease, then continued.
+
+`tests/shell/test_command_fence.py` simulates a stale replica by stalling its ownership loop;
+here the owner is a real `zeus-coordinator run` process stopped by the kernel
+(`os.kill(pid, SIGSTOP)`) while it profiles a power-limit job, with a second replica, agents
+and a simulated data-parallel job all real processes (`tests.e2e.procs.FaultCluster`).
+
+The other replica must take the job over (`taken_over`) and finish it at the optimum the
+simulated GPUs' physics gives; once continued (SIGCONT), the stale replica must know it lost
+the job (its log and `/healthz`) and send no GPU command for it while the trainer goes on: the
+test listens on every GPU's command subject (`<p>.gpu.*.*.cmd`) and attributes each command to
+its sender by its reply inbox (`_INBOX.<p>.coord.<nuid>...`: nats-py's NUID, whose first 12
+characters are fixed per client connection, so each replica's commands carry their own).
+The GPUs end at the new owner's limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.e2e.procs import FaultCluster, processes_with_mark
+from tests.e2e.test_fault_recovery import SCALE, WORKLOAD
+from tests.e2e.test_replicas import OWNERSHIP_LEASE_S, job_options, owner_of, undisturbed_optimum
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import CommandEnvelope
+
+MUTATING = {"set_power_limit", "reset_power_limit", "lock_clocks", "reset_clocks",
+            "install_schedule", "clear_schedule", "renew", "bind", "unbind"}
+"""Commands that change a GPU (or its leases/binding): only the job's owner may send them."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StatusCluster(FaultCluster):
+    """A `FaultCluster` whose replicas each serve `/healthz` on a port of their own."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.status_ports: dict[str, int] = {}
+
+    def start_coordinator(self, name: str = "coordinator") -> None:
+        port = self.status_ports.setdefault(name, free_port())
+        common = self.coordinator_args
+        self.coordinator_args = [*common, "--status-port", str(port)]
+        try:
+            super().start_coordinator(name)
+        finally:
+            self.coordinator_args = common
+
+    async def health(self, name: str) -> dict[str, Any]:
+        def get() -> dict[str, Any]:
+            url = f"http://127.0.0.1:{self.status_ports[name]}/healthz"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    return dict(json.loads(r.read()))
+            except urllib.error.HTTPError as e:  # 503: not healthy, still a detail.
+                return dict(json.loads(e.read()))
+        return await asyncio.to_thread(get)
+
+
+def sender(reply: str | None) -> str:
+    """The client connection a command came from: its reply inbox's NUID prefix."""
+    tokens = (reply or "").split(".")
+    return tokens[3][:12] if len(tokens) > 3 and tokens[:3] == ["_INBOX", "zeus", "coord"] \
+        else f"?{reply}"
+
+
+@pytest.mark.timeout(120)
+async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont() -> None:
+    c = StatusCluster(replicas=2, coordinator_args=[
+        "--ownership-lease-s", str(OWNERSHIP_LEASE_S), "--mark-timeout-s", "2"])
+    commands: list[tuple[float, str, str, str]] = []  # (time, subject, sender, op)
+    stopped: str | None = None
+    try:
+        await c.start()
+
+        async def on_command(msg: Any) -> None:
+            op = codec.decode(msg.data, CommandEnvelope).cmd.op
+            commands.append((time.monotonic(), msg.subject, sender(msg.reply), op))
+
+        await c.nc.subscribe(subjects.all_gpu_commands(), cb=on_command)
+        c.start_trainer(workload=WORKLOAD, steps=260, scale=SCALE,
+                        power_limit=job_options(), timeout_s=100)
+        _, status = await c.wait_status(lambda s: s.message.startswith("measuring 200 W"), 40,
+                                        "the 200 W window opened")
+        job_id = status.job_id
+        owner = await owner_of(c, job_id)
+        other = next(n for n in c.replicas if n != owner)
+        owner_senders = {s for _, _, s, op in commands if op in MUTATING}
+        assert len(owner_senders) == 1, commands  # Only the owner commanded the GPUs so far.
+        owner_sender = owner_senders.pop()
+
+        stopped = owner
+        c.procs.kill(owner, signal.SIGSTOP)  # Frozen: no renewals, no watch, no commands.
+        stopped_at = time.monotonic()
+        seen = len(c.statuses)
+        _, taken = await c.wait_status(lambda s: s.state == "taken_over", 25, "taken_over",
+                                       seen)
+        assert other in taken.message, taken.message
+        assert await owner_of(c, job_id) == other
+        _, done = await c.wait_status(lambda s: s.state == "done", 60, "done", seen)
+        optimum = done.progress["optimal_power_limit_w"]
+        assert optimum == undisturbed_optimum(), c.messages()
+        assert c.job_limits() == dict.fromkeys(c.job_limits(), optimum)
+        new_senders = {s for _, _, s, op in commands if op in MUTATING} - {owner_sender}
+        assert new_senders, "the new owner never commanded the GPUs"
+
+        resumed_at = time.monotonic()
+        c.procs.kill(owner, signal.SIGCONT)
+        stopped = None
+        # It learns from the ownership watch that it lost the job ...
+        await c.wait(lambda: "no longer driven by this replica" in c.procs.log(owner, 20000),
+                     20)
+        health = await c.health(owner)
+        assert health["owned"] == 0, health
+        assert c.procs.alive(owner), c.procs.log(owner)
+        limits = c.job_limits()
+        trainer_on = c.procs.alive("trainer")  # (Its goodbye restores the default limit.)
+        assert limits == dict.fromkeys(limits, optimum) or not trainer_on, limits
+        # ... while the trainer goes on (its events reach the stale replica too) to its end.
+        result = await c.wait_trainer(80)
+        stale = [(round(t - resumed_at, 2), subj, op) for t, subj, s, op in commands
+                 if t >= resumed_at and s == owner_sender and op in MUTATING]
+        assert stale == [], f"the stale replica commanded GPUs after SIGCONT: {stale}\n" + \
+            c.procs.log(owner)
+        health = await c.health(owner)
+        assert health["owned"] == 0, health
+        # The trainer ran on after the stale replica was continued, at the new owner's limit.
+        after = sum(1 for t in result["step_seen_at"] if t > resumed_at)
+        assert after >= 20, after
+        for rank in result["ranks"]:
+            assert rank["step_power_limit_w"][-20:] == [optimum] * 20, rank["rank"]
+        print(f"stale replica: fenced_commands={health['fenced_commands']}; {after} steps "
+              f"after SIGCONT; stopped {resumed_at - stopped_at:.1f} s; "
+              f"{sum(1 for t, *_ in commands if t >= resumed_at)} commands after SIGCONT, "
+              f"none from it")
+    finally:
+        if stopped is not None:
+            c.procs.kill(stopped, signal.SIGCONT)
+        await c.close()
+    assert processes_with_mark(c.procs.mark) == []
