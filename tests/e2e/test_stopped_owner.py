@@ -78,7 +78,11 @@ def sender(reply: str | None) -> str:
 
 
 @pytest.mark.timeout(120)
-async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont() -> None:
+@pytest.mark.parametrize("resume", ["after_done", "mid_profiling"])
+async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont(resume: str) -> None:
+    """`resume`: SIGCONT once the new owner chose the limit, or as soon as it took the job
+    over (it is still profiling, and the stale replica still holds the optimiser it had, with
+    the events and measurements of the stop queued on its connection)."""
     c = StatusCluster(replicas=2, coordinator_args=[
         "--ownership-lease-s", str(OWNERSHIP_LEASE_S), "--mark-timeout-s", "2"])
     commands: list[tuple[float, str, str, str]] = []  # (time, subject, sender, op)
@@ -110,16 +114,20 @@ async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont() -> No
                                        seen)
         assert other in taken.message, taken.message
         assert await owner_of(c, job_id) == other
+        if resume == "mid_profiling":
+            resumed_at = time.monotonic()
+            c.procs.kill(owner, signal.SIGCONT)
+            stopped = None
         _, done = await c.wait_status(lambda s: s.state == "done", 60, "done", seen)
         optimum = done.progress["optimal_power_limit_w"]
         assert optimum == undisturbed_optimum(), c.messages()
-        assert c.job_limits() == dict.fromkeys(c.job_limits(), optimum)
         new_senders = {s for _, _, s, op in commands if op in MUTATING} - {owner_sender}
         assert new_senders, "the new owner never commanded the GPUs"
-
-        resumed_at = time.monotonic()
-        c.procs.kill(owner, signal.SIGCONT)
-        stopped = None
+        if resume == "after_done":
+            assert c.job_limits() == dict.fromkeys(c.job_limits(), optimum)
+            resumed_at = time.monotonic()
+            c.procs.kill(owner, signal.SIGCONT)
+            stopped = None
         # It learns from the ownership watch that it lost the job ...
         await c.wait(lambda: "no longer driven by this replica" in c.procs.log(owner, 20000),
                      20)
