@@ -400,18 +400,6 @@ def settled_clocks(gpu: Nvml, limit_s: float = 5.0) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the agent
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when this script dies, SIGKILL included (Linux).
-
-    A checker's hard timeout must not leave an agent reading the GPU's counter behind it.
-    """
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-
 @contextlib.contextmanager
 def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterator[Any]:
     """A `zeus-agent run --observe-only --backend nvml` process watching GPU `index` only.
@@ -419,7 +407,7 @@ def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterato
     `guard_log`: where a pynvml guard in the agent writes the calls it refused (the
     `NVML_GUARD_LOG` the script was given, else a file of its own). The process and its
     nats-server are stopped on the way out, whatever ends the block (an error, SIGTERM)."""
-    from zeus_agent.broker import EmbeddedNats
+    from zeus_agent.broker import EmbeddedNats, die_with_parent
 
     sock = tmp / "agent.sock"
     log = tmp / "agent.log"
@@ -428,14 +416,16 @@ def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterato
     env["PYTHONPATH"] = os.pathsep.join([*parts, str(REPO_ROOT)])  # a guard stays first
     if guard_log is not None:
         env["NVML_GUARD_LOG"] = str(guard_log)
-    with EmbeddedNats() as nats, log.open("ab") as out:
+    # Both children die with this script, SIGKILL included (a checker's hard timeout): nothing
+    # is left reading the GPU's counter or holding a port.
+    with EmbeddedNats(die_with_parent=True) as nats, log.open("ab") as out:
         argv = [sys.executable, "-m", "zeus_agent.cli", "run", "--observe-only",
                 "--backend", "nvml", "--gpus", str(index), "--nats-url", nats.url,
                 "--socket-path", str(sock), "--node", "real-gpu-check",
                 "--log-level", "WARNING"]
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)  # noqa: PLW1509
+                                preexec_fn=die_with_parent)  # noqa: PLW1509
         try:
             deadline = time.monotonic() + 60
             while not sock.exists():

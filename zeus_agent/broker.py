@@ -61,6 +61,19 @@ def find_nats_server() -> str:
     )
 
 
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child gets SIGTERM when its parent thread ends, SIGKILL included.
+
+    Linux only (`PR_SET_PDEATHSIG`); elsewhere it does nothing. The signal follows the thread
+    that forked the child, not the process: fork from a thread that outlives the child.
+    """
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 class EmbeddedNats:
     """A real nats-server child process on 127.0.0.1 with JetStream.
 
@@ -69,6 +82,10 @@ class EmbeddedNats:
         store_dir: JetStream directory; a temporary one (removed on stop) when None.
         monitor_port: Port for the HTTP monitoring endpoint (`/healthz`), or None.
         ready_timeout_s: How long `start` waits for the server to accept clients.
+        die_with_parent: The server gets SIGTERM when the thread that starts it ends, the
+            process SIGKILLed included (Linux, `die_with_parent`): for a script that must leave
+            nothing behind. Only from a thread that lives as long as the server should (the
+            main thread): not from `asyncio.to_thread`, whose worker may end first.
     """
 
     def __init__(
@@ -77,7 +94,9 @@ class EmbeddedNats:
         store_dir: str | None = None,
         monitor_port: int | None = None,
         ready_timeout_s: float = 10.0,
+        die_with_parent: bool = False,
     ) -> None:
+        self._die_with_parent = die_with_parent
         self._requested_port = port
         self._store_dir = store_dir
         self._monitor_port = monitor_port
@@ -119,7 +138,8 @@ class EmbeddedNats:
         log_path = os.path.join(self._tmp.name, "nats.log")
         args += ["-l", log_path]
         self._proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent if self._die_with_parent else None,  # noqa: PLW1509
         )
         deadline = time.monotonic() + self._ready_timeout_s
         while time.monotonic() < deadline:

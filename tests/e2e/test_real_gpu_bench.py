@@ -247,8 +247,22 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
 def test_sigkill_of_the_script_stops_its_agent() -> None:
-    """A checker's hard timeout (SIGKILL: no handler runs) leaves no agent reading the GPU."""
+    """A checker's hard timeout (SIGKILL: no handler runs) leaves no agent reading the GPU,
+    and no nats-server behind."""
     pytest.importorskip("torch")
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), *CPU_LOOP, "--warmup-s", "60", "--json-only"],
@@ -263,18 +277,22 @@ def test_sigkill_of_the_script_stops_its_agent() -> None:
             if "warming up" in line:
                 break
         assert agent_pid is not None, "the agent did not start"
+        children = _children(proc.pid)
+        assert agent_pid in children and len(children) == 2, children  # agent, nats-server
         proc.kill()
         proc.communicate(timeout=30)
         deadline = time.monotonic() + 20
-        while _alive(agent_pid) and time.monotonic() < deadline:
+        while any(map(_alive, children)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(agent_pid), "the agent outlived the script's SIGKILL"
+        assert not any(map(_alive, children)), "the nats-server outlived the script's SIGKILL"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if agent_pid is not None and _alive(agent_pid):
-            os.kill(agent_pid, signal.SIGKILL)
+        for pid in [agent_pid, *(children if "children" in locals() else [])]:
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_zeus_logs_go_to_stderr(monkeypatch: pytest.MonkeyPatch,
