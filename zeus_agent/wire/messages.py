@@ -24,7 +24,7 @@ for the server nor park a GPU setting forever.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -96,9 +96,31 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class AddedFields(BaseModel):
+    """Base of payloads that gained fields after their schema shipped (`ADDED`).
+
+    Such a field is sent only when it differs from its default, so a peer that predates it
+    keeps decoding every payload that does not need it (its `extra="forbid"` would refuse the
+    field), and a peer that knows it reads the default when it is absent.
+    """
+
+    ADDED: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        fields = type(self).model_fields
+        for name in self.ADDED:
+            if name in data and data[name] == fields[name].default:
+                del data[name]
+        return data
+
+
 # ---------------------------------------------------------------------------- announcements
-class GpuDescription(_Part):
+class GpuDescription(_Part, AddedFields):
     """What an agent announces about one GPU (see `zeus_agent.gpu.base.GPUInfo`)."""
+
+    ADDED: ClassVar[tuple[str, ...]] = ("controllable",)
 
     index: int = Field(ge=0, le=MAX_RANK)
     uuid: Name
@@ -120,13 +142,6 @@ class GpuDescription(_Part):
     lacks the privilege (NVML: NO_PERMISSION). Added after schema 1 shipped: sent only when
     False, so coordinators that predate it keep accepting controllable GPUs' announcements
     (one that predates it refuses an observe-only GPU's announcement: it could not drive it)."""
-
-    @model_serializer(mode="wrap")
-    def _omit_default_controllable(self, handler: Any) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("controllable") is True:
-            del data["controllable"]
-        return data
 
     @classmethod
     def from_info(

@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RANK
 from zeus_agent.wire.codec import unpack, validate
-from zeus_agent.wire.messages import JoinToken, Reply
+from zeus_agent.wire.messages import AddedFields, JoinToken, Reply
 from zeus_agent.wire.text import shown
 
 PROTOCOL_VERSION = 1
@@ -107,10 +107,11 @@ class TrainerHello(BaseModel):
     cannot speak as one of its ranks (e.g. a rank whose process has gone)."""
 
 
-class WindowRequest(BaseModel):
+class WindowRequest(AddedFields):
     """Energy of each listed GPU between two host-local monotonic stamps."""
 
     model_config = ConfigDict(extra="forbid")
+    ADDED: ClassVar[tuple[str, ...]] = ("exact",)
 
     t0_ns: int
     t1_ns: int
@@ -121,13 +122,6 @@ class WindowRequest(BaseModel):
     protocol 1 shipped: sent only when True, so agents that predate it keep answering every
     other window; one that predates it refuses an exact window (bad_request), and
     `zeus_agent.emit` then asks again without it."""
-
-    @model_serializer(mode="wrap")
-    def _omit_default_exact(self, handler: Any) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("exact") is False:
-            del data["exact"]
-        return data
 
 
 class ScheduleNotice(BaseModel):
