@@ -210,6 +210,19 @@ def test_a_clean_run_under_the_guard_passes() -> None:
     assert result["read_only"]["setter_calls_blocked"] == []
 
 
+def _agent_started(proc: subprocess.Popen[str]) -> int:
+    """Read the script's progress until it warms up; the observe-only agent's pid."""
+    agent_pid = None
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if m := re.search(r"observe-only agent started \(pid (\d+)\)", line):
+            agent_pid = int(m.group(1))
+        if "warming up" in line:
+            break
+    assert agent_pid is not None, "the agent did not start"
+    return agent_pid
+
+
 def test_sigterm_stops_the_agent_and_still_prints_the_json_line() -> None:
     pytest.importorskip("torch")
     proc = subprocess.Popen(
@@ -218,13 +231,7 @@ def test_sigterm_stops_the_agent_and_still_prints_the_json_line() -> None:
         text=True)
     try:
         agent_pid = None
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if m := re.search(r"observe-only agent started \(pid (\d+)\)", line):
-                agent_pid = int(m.group(1))
-            if "warming up" in line:
-                break
-        assert agent_pid is not None, "the agent did not start"
+        agent_pid = _agent_started(proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -270,13 +277,7 @@ def test_sigkill_of_the_script_stops_its_agent() -> None:
         text=True)
     agent_pid = None
     try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if m := re.search(r"observe-only agent started \(pid (\d+)\)", line):
-                agent_pid = int(m.group(1))
-            if "warming up" in line:
-                break
-        assert agent_pid is not None, "the agent did not start"
+        agent_pid = _agent_started(proc)
         children = _children(proc.pid)
         assert agent_pid in children and len(children) == 2, children  # agent, nats-server
         proc.kill()

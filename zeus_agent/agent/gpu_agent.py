@@ -30,12 +30,14 @@ from zeus_agent.agent.core import (
     LeaseTable,
     LimitHistory,
     ScheduleCursor,
-    Throttle,
 )
 from zeus_agent.agent.core.boundaries import BoundaryForecast
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.agent.measuring import Binding, RankMeasurer
+from zeus_agent.agent.reports import FLOOD_BURST as FLOOD_BURST
+from zeus_agent.agent.reports import FLOOD_REPORTS_PER_S as FLOOD_REPORTS_PER_S
+from zeus_agent.agent.reports import GpuReports
 from zeus_agent.errors import (
     GPUError,
     GPUPermissionError,
@@ -47,16 +49,14 @@ from zeus_agent.errors import (
 from zeus_agent.gpu.base import GPU, GPUInfo
 from zeus_agent.gpu.observe_only import ObserveOnlyGPU
 from zeus_agent.gpu.threaded import GPUCaller
-from zeus_agent.models import MAX_NAME_CHARS, FrequencySchedule
+from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     MAX_LEASE_S,
-    ErrorEvent,
     GpuDescription,
     Sample,
     SampleBatch,
 )
-from zeus_agent.wire.text import bounded
 from zeus_agent.wire.trainer import EventDatagram, Kind, ScheduleNotice
 
 LOG = logging.getLogger(__name__)
@@ -74,13 +74,6 @@ MAX_DEPARTED = 64
 FORECAST_NS = 250_000_000
 """How far ahead the counter reader looks for clock changes to avoid (beyond one read's span
 and its longest postponement)."""
-FLOOD_REPORTS_PER_S = 2.0
-"""Schedule mismatches (and measurement gaps) reported, i.e. logged and published, per second
-after the first `FLOOD_BURST`; the others are counted and reported with the next one (a changed
-pipeline shape mismatches every instruction: 20,000 warnings and events in 1.5 s unthrottled)."""
-FLOOD_BURST = 3
-_FLOODS = {"mismatches": "schedule mismatch(es)", "gaps": "measurement gap(s)",
-           "clock_failures": "failed clock change(s)"}
 
 class GpuAgent:
     """One GPU's agent. Create, then `await start()` before use."""
@@ -148,15 +141,15 @@ class GpuAgent:
         self.counters = {"mismatches": 0, "gaps": 0, "clock_failures": 0, "restores": 0,
                          "sample_errors": 0,
                          "refused": 0}
-        self._throttles: dict[str, Throttle] = {}
-        """Counter ("mismatches", "gaps") -> the throttle of its reports (per bound rank)."""
-        self._summaries: dict[Throttle, asyncio.Future[None]] = {}
-        """The summary task of each throttle (per throttle: a rebind starts new throttles while
-        the old ones' summaries still wait to report what they held back)."""
+        self.reports = GpuReports(self.index, node, prefix, publish, self.counters,
+                                  lambda: self.binding, self._spawn)
+        """Error events; mismatches, measurement gaps, failed clock changes throttled."""
+        self.error_event = self.reports.error_event
+        self._report = self.reports.report
         self.measurer = RankMeasurer(
             index=self.index, node=node, prefix=prefix, ring=self.ring, counter=self.counter,
             limits=self.limits, publish=publish, binding=lambda: self.binding,
-            report=self._report, refused=self._refused, spawn=self._spawn,
+            report=self.reports.report, refused=self.reports.refused, spawn=self._spawn,
             counters=self.counters)
         """Measures the bound rank's events once reads bracket them, and publishes them."""
         self.counter.on_knot = self.measurer.release_measured
@@ -249,11 +242,6 @@ class GpuAgent:
     def power_limit_w(self, limit_w: int | None) -> None:
         self.limits.record(time.monotonic_ns(), limit_w)
 
-    @property
-    def subject_suffix(self) -> tuple[str, int]:
-        """(node, index) used in this GPU's subjects."""
-        return self.node, self.index
-
     # ------------------------------------------------------------------ sampling
     async def sample(self) -> Sample | None:
         """Take one telemetry sample into the pending batch.
@@ -296,25 +284,6 @@ class GpuAgent:
         return await self.counter.energy_between_exact(t0_ns, t1_ns)
 
     # ------------------------------------------------------------------ settings
-    def _check_limit(self, power_limit_w: int) -> None:
-        assert self.info is not None
-        lo, hi = self.info.min_power_limit_w, self.info.max_power_limit_w
-        if not lo <= power_limit_w <= hi:
-            raise GPUValueError(
-                f"power limit {power_limit_w} W is outside the range of GPU {self.index} "
-                f"({self.info.name}): [{lo}, {hi}] W"
-            )
-
-    def _check_clock(self, mhz: int) -> None:
-        assert self.info is not None
-        clocks = self.info.supported_graphics_clocks_mhz
-        if clocks and mhz not in clocks:
-            nearest = sorted(clocks, key=lambda c: abs(c - mhz))[:3]
-            raise GPUValueError(
-                f"SM clock {mhz} MHz is not supported by GPU {self.index} ({self.info.name}); "
-                f"nearest supported: {sorted(nearest)} MHz (range {min(clocks)}-{max(clocks)})"
-            )
-
     def _grant(self, kind: str, holder: str, lease_s: float | None) -> Lease | None:
         """Grant the lease of `kind` before its setting is applied; return the one it replaced.
 
@@ -355,7 +324,8 @@ class GpuAgent:
         """
         assert self.info is not None
         self._check_controllable()
-        self._check_limit(power_limit_w)
+        assert self.info is not None
+        self.info.check_power_limit(power_limit_w)
         self._check_lease_s(lease_s)
         self._check_holder(holder)
         to_default = power_limit_w == self.info.default_power_limit_w
@@ -401,8 +371,9 @@ class GpuAgent:
         """Validate, lease, then lock an SM clock range (the lease is undone if locking fails)."""
         if min_mhz > max_mhz:
             raise GPUValueError(f"min_mhz ({min_mhz}) must not exceed max_mhz ({max_mhz})")
-        self._check_clock(min_mhz)
-        self._check_clock(max_mhz)
+        assert self.info is not None
+        self.info.check_sm_clock(min_mhz)
+        self.info.check_sm_clock(max_mhz)
         self._check_controllable()
         self._check_holder(holder)
         async with self._settings:
@@ -559,7 +530,7 @@ class GpuAgent:
         self.measurer.release_held()  # Those held back are measured as bound when they came.
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.measurer.reset()
-            self._throttles = {}
+            self.reports.rebound()
         self._departed.pop(job_id, None)
         self.binding = Binding(job_id, rank, pid, uid, join_digest)
         self.counter.wake()  # Bound: its reader reads every update from the next one on.
@@ -622,43 +593,6 @@ class GpuAgent:
         # the setters' thread gets the GIL for the clock change at once.
         self.measurer.submit(ev, self.schedule_version,
                              hold=self.caller.blocking and self.cursor.installed)
-
-    def _report(self, counter: str, code: str, message: str, detail: dict[str, object]) -> None:
-        """Count one of a flood-prone kind (`_FLOODS`); report it unless throttled.
-
-        A report carries how many were held back before it (`suppressed`); those held back
-        after the last report go out in one summary once the throttle allows.
-        """
-        self.counters[counter] += 1
-        throttle = self._throttles.setdefault(counter, Throttle(FLOOD_REPORTS_PER_S, FLOOD_BURST))
-        held = throttle.hit(time.monotonic())
-        if held is None:
-            summary = self._summaries.get(throttle)
-            if summary is None or summary.done():
-                self._summaries = {t: f for t, f in self._summaries.items() if not f.done()}
-                self._summaries[throttle] = self._spawn(
-                    self._summarise(counter, code, throttle, self.binding))
-            return
-        if held:
-            message = f"{message} ({held} more {_FLOODS[counter]} not reported before it)"
-            detail = {**detail, "suppressed": held}
-        self._spawn(self.error_event(code, message, detail=detail))
-
-    async def _summarise(
-        self, counter: str, code: str, throttle: Throttle, binding: Binding | None
-    ) -> None:
-        """Report what a throttle held back once it allows (a flood may just have ended)."""
-        while throttle.held:
-            await asyncio.sleep(throttle.wait_s(time.monotonic()) + 0.01)
-            held = throttle.flush(time.monotonic())
-            if held:
-                await self.error_event(
-                    code,
-                    f"{held} more {_FLOODS[counter]} since the last one reported "
-                    f"({throttle.seen} in all for this rank on GPU {self.index})",
-                    detail={"suppressed": held},
-                    binding=binding,
-                )
 
     async def _expire_now(self) -> None:
         if self._expiring:
@@ -741,30 +675,7 @@ class GpuAgent:
         finally:
             reads.cancel()
 
-    def _refused(self, message: str, detail: dict[str, str]) -> None:
-        """A closed step or instruction that cannot be measured (its counters): say so."""
-        self._spawn(self.error_event("measurement_refused", message, detail=dict(detail)))
-
     # ------------------------------------------------------------------ publishing
-    async def error_event(
-        self, code: str, message: str, detail: dict | None = None, binding: Binding | None = None,
-        log_level: int = logging.WARNING,
-    ) -> None:
-        """Publish an error event about this GPU (and its bound rank, or `binding`'s)."""
-        b = binding or self.binding
-        event = ErrorEvent(
-            source=f"agent:{self.node}/gpu{self.index}"[-MAX_NAME_CHARS:],
-            code=code,
-            message=bounded(message),  # It may name what a trainer sent.
-            job_id=b.job_id if b else None,
-            rank=b.rank if b else None,
-            detail=detail or {},
-        )
-        LOG.log(log_level, "GPU %d: %s: %s", self.index, code, message)
-        await self._publish(
-            subjects.gpu_errors(self.node, self.index, self.prefix), codec.encode(event)
-        )
-
     async def flush_samples(self) -> None:
         """Publish the pending samples as one batch."""
         if not self._pending_samples or self.info is None:

@@ -16,6 +16,8 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from zeus_agent.errors import GPUValueError
+
 
 @dataclass(frozen=True, slots=True)
 class GPUInfo:
@@ -44,6 +46,25 @@ class GPUInfo:
     supported_memory_clocks_mhz: tuple[int, ...] = field(default_factory=tuple)
     supported_graphics_clocks_mhz: tuple[int, ...] = field(default_factory=tuple)
     has_energy_counter: bool = True
+
+    def check_power_limit(self, power_limit_w: int) -> None:
+        """Raise `GPUValueError` unless the limit is within this GPU's range."""
+        lo, hi = self.min_power_limit_w, self.max_power_limit_w
+        if not lo <= power_limit_w <= hi:
+            raise GPUValueError(
+                f"power limit {power_limit_w} W is outside the range of GPU {self.index} "
+                f"({self.name}): [{lo}, {hi}] W"
+            )
+
+    def check_sm_clock(self, mhz: int) -> None:
+        """Raise `GPUValueError` unless the GPU lists the SM clock (any, if it lists none)."""
+        clocks = self.supported_graphics_clocks_mhz
+        if clocks and mhz not in clocks:
+            nearest = sorted(clocks, key=lambda c: abs(c - mhz))[:3]
+            raise GPUValueError(
+                f"SM clock {mhz} MHz is not supported by GPU {self.index} ({self.name}); "
+                f"nearest supported: {sorted(nearest)} MHz (range {min(clocks)}-{max(clocks)})"
+            )
 
 
 @dataclass(frozen=True, slots=True)
