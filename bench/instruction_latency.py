@@ -13,6 +13,11 @@ changes the frequency, so every one is applied. Two trainer modes between instru
 Budget: p50 <= 200 us and p99 <= 2 ms in both modes ("call"). Prints a short table, then one
 JSON object as the last line.
 
+The machine's floor is measured beside each mode (`bench/wake_floor.py`: the same datagram ->
+event loop -> worker thread hops with no agent code, same gap and mode): `floor_*` and
+`over_floor_*_p50_us` (the agent's own share of the p50). On a small VM whose vCPUs halt while
+idle the floor alone can exceed the p50 budget.
+
 The agent issues a schedule's clock *raises* ahead of their instructions (`EarlyRaises`: a lead
 before the instruction is forecast to begin); an early change has no latency to measure, so the
 two modes above run with raises ahead turned off (every change reacts to its event). A third
@@ -70,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine, now
+from wake_floor import measure as measure_floor
 
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
@@ -423,6 +429,7 @@ async def run(
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     tmp = Path(tempfile.mkdtemp(prefix="zai-", dir=root))
     quiet: dict[str, dict[str, list[float]]] = {}
+    floor: dict[str, list[float]] = {}
     contended: dict[str, dict[str, list[float]]] = {}
     legacy: dict[str, dict[str, list[float]]] = {}
     async with EmbeddedNats() as server:
@@ -449,6 +456,8 @@ async def run(
         agent.agents[0].raises.enabled = False  # The reactive path: every change on its event.
         try:
             for mode in ("sleep", "busy"):
+                # The machine's own wake-up cost, just before the agent's run it underlies.
+                floor[mode] = await measure_floor(mode, steps * len(PLAN), gap_us)
                 quiet[mode] = await bench.trainer(mode)
             early = await bench.early()
             if contend:
@@ -465,6 +474,7 @@ async def run(
     counter = agent.agents[0].counter
     bench.overtaken["counter_reads"] = counter.reads
     bench.overtaken["counter_reads_collided"] = counter.policy.collisions
+    early["floor"] = floor
     return quiet, contended, legacy, bench.overtaken, early
 
 
@@ -574,6 +584,13 @@ def main() -> None:
         print(f"{mode + ', read per event, call':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
         out[f"read_per_event_{mode}_call_p50_us"] = round(p50, 1)
         out[f"read_per_event_{mode}_call_p99_us"] = round(p99, 1)
+    floor = early.pop("floor")
+    for mode, values in floor.items():
+        p50, p99 = pct(values, 0.5), pct(values, 0.99)
+        print(f"{mode + ' sender, floor (no agent)':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
+        out[f"floor_{mode}_p50_us"] = round(p50, 1)
+        out[f"floor_{mode}_p99_us"] = round(p99, 1)
+        out[f"over_floor_{mode}_p50_us"] = round(out[f"{mode}_call_p50_us"] - p50, 1)
     n = len(results["sleep"]["call"])
     print(
         f"raises ahead (sleeping trainer): {early['raises_late']} of {early['raises']} raises "
@@ -584,7 +601,9 @@ def main() -> None:
     )
     print(
         f"(call: agent issues the clock change; done: the simulated GPU's file is rewritten; "
-        f"{n} instructions per mode, {args.gap_us} us apart)"
+        f"{n} instructions per mode, {args.gap_us} us apart; floor: bench/wake_floor.py just "
+        "before each mode, a bare datagram -> event loop -> worker thread, no agent code: "
+        "what this machine charges for waking two threads after the gap)"
     )
     contention: dict[str, Any] = {}
     if contended:

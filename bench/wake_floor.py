@@ -1,0 +1,129 @@
+"""The machine's floor under `instruction_latency.py`: the same two hops with no agent code.
+
+A trainer-like child process stamps `time.monotonic_ns()` and sends an 8-byte datagram on an
+AF_UNIX socket, then sleeps (or spins, holding its GIL) for the gap; this process reads the
+socket on a uvloop reader (as the agent's gateway does) and hands the stamp to a worker thread
+through a `ThreadPoolExecutor` (as the agent hands a clock change to its GPU's setters' thread),
+which takes the time. No decoding, no schedule, no NVML: what is left is the kernel's and the
+interpreter's cost of waking two threads after `gap` of idleness. On a bare-metal host that is
+tens of microseconds; on a small VM whose vCPUs halt while idle it is hundreds, and it moves
+2-3x between runs, so `instruction_latency.py` measures it beside each of its own runs.
+
+    python bench/wake_floor.py [--steps 200] [--gap-us 50000]
+
+Prints one line per mode, then one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from _common import machine, now
+
+SENDER = textwrap.dedent(
+    """
+    import socket, sys, time
+    path, mode, steps, gap_ns = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for _ in range(steps):
+        s.sendto(time.monotonic_ns().to_bytes(8, "little"), path)
+        if mode == "sleep":
+            time.sleep(gap_ns / 1e9)
+        else:
+            end = time.perf_counter_ns() + gap_ns
+            x = 0
+            while time.perf_counter_ns() < end:
+                x += sum(range(50))
+    s.sendto(b"", path)
+    """
+)
+
+
+async def measure(mode: str, steps: int, gap_us: int) -> list[float]:
+    """Stamp -> worker thread latencies (us, sorted) of `steps` datagrams `gap_us` apart."""
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    tmp = Path(tempfile.mkdtemp(prefix="zfl-", dir=root))
+    path = str(tmp / "floor.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    latencies: list[int] = []
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floor")
+    worker.submit(lambda: None).result()  # The thread exists before the first datagram.
+
+    def took(stamp: int) -> None:
+        latencies.append(time.monotonic_ns() - stamp)
+
+    def readable() -> None:
+        while True:
+            try:
+                data = sock.recv(64)
+            except BlockingIOError:
+                return
+            if not data:
+                if not done.done():
+                    done.set_result(None)
+                return
+            worker.submit(took, int.from_bytes(data, "little"))
+
+    loop.add_reader(sock.fileno(), readable)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SENDER, path, mode, str(steps), str(gap_us * 1000),
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await asyncio.wait_for(done, timeout=30 + steps * gap_us / 1e6 * 2)
+        await proc.wait()
+    finally:
+        loop.remove_reader(sock.fileno())
+        sock.close()
+        worker.shutdown(wait=True)
+        os.unlink(path)
+        tmp.rmdir()
+    return sorted(x / 1000 for x in latencies)
+
+
+def pct(sorted_values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of sorted values."""
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def main() -> None:
+    """Measure both modes; print a line each and the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="datagrams per mode")
+    parser.add_argument("--gap-us", type=int, default=50_000,
+                        help="time between datagrams (default: %(default)s, as "
+                        "instruction_latency.py)")
+    args = parser.parse_args()
+    if args.steps < 1 or args.gap_us < 0:
+        parser.error("--steps must be >= 1 and --gap-us >= 0")
+    import uvloop
+
+    result: dict[str, object] = {"bench": "wake_floor", "gap_us": args.gap_us}
+    for mode in ("sleep", "busy"):
+        values = uvloop.run(measure(mode, args.steps, args.gap_us))
+        p50, p99 = pct(values, 0.5), pct(values, 0.99)
+        print(f"{mode} sender: datagram -> loop -> worker thread p50 {p50:.0f} us, "
+              f"p99 {p99:.0f} us ({len(values)} datagrams)")
+        result[f"{mode}_p50_us"] = round(p50, 1)
+        result[f"{mode}_p99_us"] = round(p99, 1)
+    result.update(loadavg=[round(x, 2) for x in os.getloadavg()], machine=machine(), date=now())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
