@@ -11,7 +11,7 @@ Pieces:
   `instruction_end`); requests with a reply (`register_job`, `hello`, `register_rank`,
   `measure`); profiling windows (`push_window`/`pop_window`/`window`, as in Zeus 0.16); `stats()`;
   `close()`.
-* `ProfilingResult`: time (s) and per-GPU energy (J) of one window (the seed's dataclass).
+* `ProfilingResult`: time (s) and per-GPU energy (J) of one window (Zeus 0.16's dataclass).
 * `PublisherStats`: counters of emitted, sent, queued and dropped events.
 * `RegistrationError`: the coordinator or agent refused a registration at `init`.
 * `init(...)`: build the default publisher, register the job (rank 0) and the rank.

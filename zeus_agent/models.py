@@ -1,13 +1,13 @@
-"""The seed's data models, with the seed's names, fields and validation (pydantic v2).
+"""Zeus 0.16's data models, with its names, fields and validation (pydantic v2).
 
-* `JobInfo`: a training job's parallelism degrees; `set_job_id` builds the seed's job id.
+* `JobInfo`: a training job's parallelism degrees; `set_job_id` builds Zeus 0.16's job id.
 * `RankInfo`: one rank's position in the DP x PP x TP grid and its GPU's frequencies.
 * `FrequencySchedule`: one rank's (instruction, SM frequency) pairs for one iteration.
 * `ProfilingResult`: measured iteration and per-instruction time/energy of a schedule.
 * `OfflineProfilingResult`, `InstructionProfilingResult`: per-instruction, per-frequency
-  averages; the latter reads and writes the seed's CSV columns.
+  averages; the latter reads and writes Zeus 0.16's CSV columns.
 * `PowerLimitMeasurement`: time and energy of one power limit's profiling window (Zeus profile).
-* `save_*`/`load_*`: the seed's dump helpers (`{n}.prof.json`, `{n}.sched.json`, `ranks.json`).
+* `save_*`/`load_*`: Zeus 0.16's dump helpers (`{n}.prof.json`, `{n}.sched.json`, `ranks.json`).
 * `save_power_limit_profile`/`load_power_limit_profile`: Zeus's profile JSON,
   `{"measurements": [{"power_limit": W, "energy": J, "time": s}, ...]}`, highest limit first
   (files are interchangeable with Zeus's).
@@ -218,7 +218,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         super().__init__(root, **data)
 
     def to_csv(self, filepath: str) -> None:
-        """Save as CSV with the seed's columns.
+        """Save as CSV with Zeus 0.16's columns.
 
         Columns: rank, dp_rank, pp_rank, tp_rank, stage, instruction, frequency, time, energy.
         `stage` equals `pp_rank`; `instruction` is "forward" or "backward"; time and energy
@@ -254,7 +254,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         """Read a CSV written by `to_csv` (or by Zeus) back, ranks in order of appearance.
 
         Raises:
-            ValueError: The header is not the seed's, or an instruction is unknown.
+            ValueError: The header is not Zeus 0.16's, or an instruction is unknown.
         """
         by_rank: dict[int, dict] = {}
         with open(filepath, newline="") as f:

@@ -1,7 +1,7 @@
 """`JobRegistry`: jobs, ranks and their GPU bindings, as a pure in-memory core.
 
 Invariants:
-1. A job id is made by the seed's `JobInfo.set_job_id` (`%F-%H-%M-%S+dp+pp+tp+Scheduler[+meta]`);
+1. A job id is made by Zeus 0.16's `JobInfo.set_job_id` (`%F-%H-%M-%S+dp+pp+tp+Scheduler[+meta]`);
    if that id is taken (two jobs of the same shape in the same second), `+2`, `+3`, ... is
    appended so ids stay unique.
 2. A rank is registered once per job. Registering the same rank again with the same

@@ -16,7 +16,7 @@ Invariants (h11 style, everything that affects the machine lives here):
   an agent that restarted) is `redo`ne: its limit is profiled again (warm-up included) before the
   search's next probe, up to `MAX_REDOS` times, then left out like a `discard`ed window. A redo
   does not count as a new window for the search.
-* Deviations from the seed: `warmup_steps=0` works (the window opens on the call that sets the
+* Deviations from Zeus 0.16: `warmup_steps=0` works (the window opens on the call that sets the
   limit); a loaded profile with a limit outside [min, max] is refused; impossible input raises
   `InvalidTransitionError` naming the state and the input.
 * Delayed measurements: a window's measurement may be recorded any time after its `EndWindow`.
@@ -33,7 +33,7 @@ Pieces:
 * Effects: `SetPowerLimit`, `BeginWindow`, `EndWindow` (frozen dataclasses), `Effect` union.
 * States: `Ready`, `Warmup`, `Profiling`, `Done` (frozen dataclasses, replaced, never mutated).
 * Errors: `PowerLimitError` (base), `InvalidTransitionError`, `ProfileRangeError`.
-* `window_name`: the seed's window name for a limit.
+* `window_name`: Zeus 0.16's window name for a limit.
 * `PowerLimitStateMachine`: the machine.
 """
 
@@ -80,7 +80,7 @@ MAX_REDOS = 3
 
 
 def window_name(power_limit: int) -> str:
-    """Return the seed's profiling window name for a power limit (W)."""
+    """Return Zeus 0.16's profiling window name for a power limit (W)."""
     return f"{WINDOW_PREFIX}{power_limit}"
 
 
@@ -276,7 +276,7 @@ class PowerLimitStateMachine:
             profile_steps: Steps in each profiling window.
             pl_step: Stride between limits (W).
             measurements: A loaded profile; the machine then starts `Done` at its optimum.
-            search: `"exhaustive"` (the seed's, default), `"adaptive"` or a `SearchStrategy`.
+            search: `"exhaustive"` (Zeus 0.16's, default), `"adaptive"` or a `SearchStrategy`.
             resume: Windows recorded before (e.g. by a coordinator that restarted), in
                 profiling order; the search goes on after them. Ignored with `measurements`.
             resume_completed: With `resume`: the windows the search had completed (default:

@@ -9,7 +9,7 @@ and does no I/O. The state machine asks it for the next probe and executes it.
   configured window length, highest limit first.
 * `SearchStrategy` / `Search`: a strategy makes a fresh `Search` per profiling run; the `Search`
   proposes probes one at a time.
-* `Exhaustive`: the seed's search (the default): every limit from max down, one full window each.
+* `Exhaustive`: Zeus 0.16's search (the default): every limit from max down, one full window each.
 * `Adaptive`: a faster, noise-aware descent (opt in with `search="adaptive"` or `Adaptive(...)`):
   1. descend from the maximum limit with short windows (`chunk` x profile_steps), warming up at
      each new limit;
@@ -163,7 +163,7 @@ class SearchStrategy(ABC):
     Attributes:
         waits_for_results: If True, the machine asks for the next probe only once every closed
             window has been recorded (the choice depends on the results). If False, the next
-            probe is chosen as soon as a window closes, as the seed does.
+            probe is chosen as soon as a window closes, as Zeus 0.16 does.
     """
 
     waits_for_results: bool = True
@@ -202,7 +202,7 @@ class _ExhaustiveSearch(Search):
 
 
 class Exhaustive(SearchStrategy):
-    """The seed's search: every limit from the highest down, one full window each."""
+    """Zeus 0.16's search: every limit from the highest down, one full window each."""
 
     waits_for_results = False
 

@@ -96,7 +96,7 @@ def drive(
     raise AssertionError("machine did not finish")
 
 
-# Exact sequence, derived by hand from the seed's GlobalPowerLimitOptimizer -----------------------
+# Exact sequence, derived by hand from Zeus 0.16's GlobalPowerLimitOptimizer -----------------------
 #
 # limits 150/125/100 W, wait 1, warm-up 2, profile 3. Seed: Ready(steps=2): call 1 -> steps 1;
 # call 2 -> set 150 (already set: skipped), Warmup(2); call 3 -> 1; call 4 -> Profiling(3) + begin;

@@ -1,9 +1,9 @@
-"""Differential test: our PowerLimitStateMachine against an oracle that follows the seed's
-GlobalPowerLimitOptimizer (Zeus 0.16) line by line, on random parameters and random sequences of
+"""Differential test: our PowerLimitStateMachine against an oracle that follows Zeus 0.16's
+GlobalPowerLimitOptimizer line by line, on random parameters and random sequences of
 step and epoch events. Effects must come out identical, in order, and so must the optimum.
 
-The oracle keeps the seed's milliwatt arithmetic and its mutable step counters; it only
-replaces NVML and the monitor by lists. The seed crashes with warmup_steps=0, so the oracle is
+The oracle keeps Zeus 0.16's milliwatt arithmetic and its mutable step counters; it only
+replaces NVML and the monitor by lists. Zeus 0.16 crashes with warmup_steps=0, so the oracle is
 only asked about warmup_steps >= 1.
 """
 
@@ -34,7 +34,7 @@ def measure(power_limit_w: int) -> tuple[float, float]:
 
 
 class SeedOracle:
-    """The seed's state machine with NVML and the monitor replaced by an effect list."""
+    """Zeus 0.16's state machine with NVML and the monitor replaced by an effect list."""
 
     def __init__(self, min_w, max_w, selector, wait_steps, warmup_steps, profile_steps, pl_step):
         self.selector = selector
@@ -127,7 +127,7 @@ selectors = st.sampled_from(
     selector=selectors,
     events=st.lists(st.sampled_from(["step"] * 9 + ["epoch"]), min_size=0, max_size=250),
 )
-def test_effects_match_the_seed(
+def test_effects_match_zeus_016(
     min_w, span, pl_step, wait_steps, warmup_steps, profile_steps, selector, events
 ):
     max_w = min_w + span

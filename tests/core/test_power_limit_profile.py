@@ -37,7 +37,7 @@ ZEUS_FILE = """{
 }"""
 
 
-class ZeusPowerLimitMeasurement(BaseModel):  # Zeus's models, as in the seed.
+class ZeusPowerLimitMeasurement(BaseModel):  # Zeus 0.16's models.
     power_limit: int
     energy: float
     time: float

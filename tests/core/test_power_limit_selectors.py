@@ -31,7 +31,7 @@ def test_measurement_is_the_models_class() -> None:
     assert PowerLimitMeasurement is models.PowerLimitMeasurement
 
 
-# The seed's selection code, verbatim in logic, as the oracle.
+# Zeus 0.16's selection code, verbatim in logic, as the oracle.
 def seed_select(selector: OptimumSelector, ms: list[PowerLimitMeasurement]) -> int:
     if isinstance(selector, Energy):
         return min(ms, key=lambda x: x.energy).power_limit

@@ -1,4 +1,4 @@
-"""Differential test: the selectors against the seed's selection code (Zeus 0.16), on random
+"""Differential test: the selectors against Zeus 0.16's selection code, on random
 measurement lists in any order, with duplicate limits and ties. Results must be identical."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ lists = st.lists(measurement, min_size=1, max_size=10)
 @settings(max_examples=500, deadline=None)
 @given(ms=lists, eta=st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), world=st.integers(1, 8),
        factor=st.sampled_from([1.0, 1.05, 1.1, 1.5, 2.0]))
-def test_selectors_match_the_seed(ms, eta, world, factor):
+def test_selectors_match_zeus_016(ms, eta, world, factor):
     assert Energy().select(ms) == seed_energy(ms)
     assert Time().select(ms) == seed_time(ms)
     assert ZeusCost(eta, world_size=world).select(ms) == seed_zeus_cost(ms, eta, world)

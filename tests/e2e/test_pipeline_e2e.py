@@ -94,7 +94,7 @@ async def test_a_pipeline_job_is_profiled_online_and_its_plan_served(dp: int) ->
                  for _, f in s.frequencies if f < top}
         assert len(lower) >= 2, "the profiler should have tried lower clocks"
 
-        # The instruction profile: the seed's columns, every stage, both instructions.
+        # The instruction profile: Zeus 0.16's columns, every stage, both instructions.
         with (dump / "instruction_profile.csv").open() as f:
             rows = list(csv.DictReader(f))
         assert list(rows[0]) == ["rank", "dp_rank", "pp_rank", "tp_rank", "stage",

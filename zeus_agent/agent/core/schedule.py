@@ -10,11 +10,11 @@ Pieces:
 Invariants (mirroring `PerseusOptimizer.on_instruction_begin` / `on_step_end`):
 
 1. A schedule holds one iteration's worth of pairs. Each `on_instruction_begin` consumes the next
-   pair, whether or not the name matches (the seed consumed it with `next()` before checking).
+   pair, whether or not the name matches (Zeus 0.16 consumed it with `next()` before checking).
 2. If the iteration's pairs are exhausted, the step carries the error "... returned fewer
    frequencies than expected" and no frequency (`frequency_mhz is None`).
 3. If the name differs from the expected instruction, the step carries an error naming both, and
-   the scheduled frequency is still returned: the shell decides whether to apply it (the seed
+   the scheduled frequency is still returned: the shell decides whether to apply it (Zeus 0.16
    raised before applying; the agent instead reports an error event and, by default, applies
    the frequency the schedule says for that slot, so one mislabelled event does not desynchronise
    the rest of the iteration).
