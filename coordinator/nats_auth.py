@@ -11,15 +11,14 @@ Run as `python -m coordinator.nats_auth --node gpu-a --node gpu-b --out auth.con
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import secrets
 import shlex
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from zeus_agent.fileio import atomic_write
 from zeus_agent.wire import permissions, subjects
 
 PROG = "zeus-coordinator nats-auth"
@@ -108,20 +107,6 @@ def _nodes(args: argparse.Namespace) -> list[str]:
     return nodes
 
 
-def _write(path: Path, text: str, mode: int) -> None:
-    """Write `text` to `path` atomically with file mode `mode`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def new_password() -> str:
     """A random password nats-server reads as a string from the environment: `z` + 48 hex."""
     return "z" + secrets.token_hex(24)
@@ -159,11 +144,12 @@ def main(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.write(text)
     else:
-        _write(args.out, text, 0o644)
+        atomic_write(args.out, text, 0o644)
         print(f"{PROG}: wrote {len(users)} users to {args.out}", file=sys.stderr)
     if args.env_file is not None:
         existing = args.env_file.read_text() if args.env_file.exists() else ""
-        _write(args.env_file, env_file_text([u.password_variable for u in users], existing), 0o600)
+        variables = [u.password_variable for u in users]
+        atomic_write(args.env_file, env_file_text(variables, existing), 0o600)
         print(f"{PROG}: passwords in {args.env_file} (mode 0600)", file=sys.stderr)
     width = max(len(u.name) for u in users)
     print("users, and the variable nats-server reads each password from:", file=sys.stderr)

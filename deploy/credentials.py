@@ -28,11 +28,11 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from coordinator import nats_auth
+from zeus_agent.fileio import atomic_write
 from zeus_agent.wire import permissions, subjects
 
 _ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
@@ -63,19 +63,6 @@ def read_env(text: str) -> dict[str, str]:
         if m:
             values[m.group(1)] = m.group(2)
     return values
-
-
-def write(path: Path, text: str, mode: int) -> None:
-    """Write `text` to `path` atomically with file mode `mode`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def agent_file_name(node: str) -> str:
@@ -156,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passwords = read_env(env_path.read_text())
     files = client_files(args.node, passwords, args.nats_url, args.prefix)
     for name, text in files.items():
-        write(directory / name, text, mode)
+        atomic_write(directory / name, text, mode)
         print(f"credentials: wrote {directory / name}", file=sys.stderr)
     for stale in directory.glob(f"{permissions.AGENT_USER_PREFIX}*.env"):
         if stale.name not in files:
