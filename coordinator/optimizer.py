@@ -9,16 +9,22 @@ the bus and executes what it returns; it never looks inside:
   (`on_agent_error`) and timer ticks (`tick`), each with the time passed in (the optimiser
   reads no clock);
 * out: a list of `Action`s: apply a power limit to the job's GPUs, install per-rank frequency
-  schedules, keep a file (a profile, a dump), report a status;
-* for reconciliation after an agent restart: `desired_power_limit` and `desired_schedule(rank)`,
-  what the job's GPUs should be running now;
-* for queries and persistence: `progress()`, `waiting_for()`, `persisted()`.
+  schedules, keep a file (a profile, a dump), record its progress (`SaveProgress`: what a
+  replica taking the job over resumes from), report a status;
+* for reconciliation after an agent restart: `desired_power_limit` and `desired_schedule(rank)`
+  (with the step its ranks switch at), what the job's GPUs should be running now;
+* for queries: `kind` (the key its `progress()` goes under), `progress()`, `waiting_for()`;
+* what the shell must know to carry an input: `plans_on(measurement)` (it may plan for seconds:
+  fed off the event loop); `abort(why)` (a schedule too big to send); `set_straggler` (a
+  straggler notice: `StragglerError` with a reply code when the job takes none).
+
+The shell never checks which optimiser it drives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from zeus_agent.models import FrequencySchedule, PowerLimitMeasurement
 from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
@@ -29,10 +35,30 @@ __all__ = [
     "ClearSchedules",
     "InstallSchedules",
     "JobOptimizer",
+    "DesiredSchedule",
     "KeepFile",
     "SaveProfile",
+    "SaveProgress",
     "StatusUpdate",
+    "StragglerError",
 ]
+
+
+class StragglerError(Exception):
+    """A straggler notice the job cannot take; `code` is the reply's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DesiredSchedule(NamedTuple):
+    """What one rank should be running: the schedule, its version, the step it switches at."""
+
+    schedule: FrequencySchedule
+    version: int
+    from_step: int | None = None
+    """The step its ranks switch at (None: at once, or not known after a takeover)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +103,18 @@ class KeepFile:
 
 
 @dataclass(frozen=True, slots=True)
+class SaveProgress:
+    """Record this progress (JSON-ready) so that a replica taking the job over resumes it.
+
+    `kind` names what it is (`"windows"`: a power-limit search; `"pipeline"`: a pipeline
+    job's rounds); only the latest progress of a job matters.
+    """
+
+    kind: str
+    state: Any
+
+
+@dataclass(frozen=True, slots=True)
 class StatusUpdate:
     """A state change or progress report."""
 
@@ -86,7 +124,8 @@ class StatusUpdate:
 
 
 Action = (
-    ApplyPowerLimit | InstallSchedules | ClearSchedules | SaveProfile | KeepFile | StatusUpdate
+    ApplyPowerLimit | InstallSchedules | ClearSchedules | SaveProfile | SaveProgress | KeepFile
+    | StatusUpdate
 )
 
 
@@ -95,6 +134,8 @@ class JobOptimizer(Protocol):
     """What the shell needs from an optimiser (see the module docstring)."""
 
     job_id: str
+    kind: str
+    """The key its `progress()` goes under in a query's reply ("power_limit", "pipeline")."""
 
     @property
     def done(self) -> bool:
@@ -106,8 +147,20 @@ class JobOptimizer(Protocol):
         """The limit the job's GPUs should have now (None: none of this optimiser's)."""
         ...
 
-    def desired_schedule(self, rank: int) -> tuple[FrequencySchedule, int] | None:
-        """(schedule, version) rank `rank` should be running now, or None."""
+    def desired_schedule(self, rank: int) -> DesiredSchedule | None:
+        """What rank `rank` should be running now, or None."""
+        ...
+
+    def plans_on(self, measurement: Measurement) -> bool:
+        """Whether feeding `measurement` may take long (plan a frontier): fed off the loop."""
+        ...
+
+    def abort(self, why: str) -> list[Action]:
+        """Stop optimising (a schedule that cannot be sent): the actions that say so."""
+        ...
+
+    def set_straggler(self, pipeline: int, factor: float | None) -> list[Action]:
+        """A straggler notice (factor None: cleared). Raises `StragglerError`."""
         ...
 
     def start(self) -> list[Action]:
@@ -142,6 +195,3 @@ class JobOptimizer(Protocol):
         """What the optimisation waits for (for queries)."""
         ...
 
-    def persisted(self) -> Any:
-        """JSON-ready state that lets a restarted coordinator resume (None: nothing)."""
-        ...

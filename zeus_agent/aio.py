@@ -4,7 +4,8 @@
   tick is logged and the loop goes on (a loop never dies of one bad tick).
 * `run_event_loop(main)`: run a coroutine on uvloop when available.
 * `ExitSignals`: the `should_exit`/`force_exit` events of a server that SIGINT/SIGTERM set
-  (the first asks for a graceful exit, the second forces it).
+  (the first asks for a graceful exit, the second forces it); `finish` lets in-flight tasks
+  end before a deadline unless the exit is forced.
 * `wait_started(event, task, what, error)`: wait until a service in a task says it started,
   or fail with its own error if it died first.
 """
@@ -84,6 +85,27 @@ class ExitSignals:
         if self.should_exit.is_set():
             self.force_exit.set()
         self.should_exit.set()
+
+    async def finish(self, tasks: set[asyncio.Task[Any]], timeout_s: float, why: str) -> int:
+        """Let `tasks` (a live set) finish within `timeout_s` unless the exit is forced.
+
+        Those left are then cancelled with the message `why`; returns how many were.
+        """
+        if not tasks:
+            return 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        forced = asyncio.ensure_future(self.force_exit.wait())
+        try:
+            while tasks and not forced.done() and loop.time() < deadline:
+                await asyncio.wait({*tasks, forced}, timeout=deadline - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+        pending = set(tasks)
+        for t in pending:
+            t.cancel(msg=why)
+        return len(pending)
 
 
 async def wait_started(

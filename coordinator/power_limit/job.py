@@ -43,7 +43,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.optimizer import Action, ApplyPowerLimit, SaveProfile, StatusUpdate
+from coordinator.optimizer import (
+    Action,
+    ApplyPowerLimit,
+    SaveProfile,
+    SaveProgress,
+    StatusUpdate,
+    StragglerError,
+)
 from coordinator.power_limit.machine import (
     BeginWindow,
     Done,
@@ -128,6 +135,9 @@ class PowerLimitJob:
     Raises:
         ValueError, TypeError, KeyError: `resume` is not readable.
     """
+
+    kind = "power_limit"
+    """Its progress goes under `power_limit` in a query's reply."""
 
     def __init__(
         self,
@@ -215,6 +225,31 @@ class PowerLimitJob:
         return actions
 
     def on_event(self, rank: int, event: TrainerEvent, now_s: float | None = None) -> list[Action]:
+        """Feed a trainer event of `rank` (`_feed_event`); `SaveProgress` after a window."""
+        before = len(self.machine.window_results)
+        return self._with_progress(before, self._feed_event(rank, event, now_s))
+
+    def tick(self, now_s: float) -> list[Action]:
+        """Let time pass: redo closed windows whose marks are overdue."""
+        before = len(self.machine.window_results)
+        return self._with_progress(before, self._tick(now_s))
+
+    def on_mark(self, rank: int, mark: Mark) -> list[Action]:
+        """Feed a GPU mark of `rank`; may complete windows (then `SaveProgress`)."""
+        before = len(self.machine.window_results)
+        return self._with_progress(before, self._feed_mark(rank, mark))
+
+    def _with_progress(self, before: int, actions: list[Action]) -> list[Action]:
+        """Record the progress when a window was measured: it survives a takeover."""
+        if len(self.machine.window_results) > before:
+            state = self.persisted()
+            if state is not None:
+                actions.append(SaveProgress("windows", state))
+        return actions
+
+    def _feed_event(
+        self, rank: int, event: TrainerEvent, now_s: float | None = None
+    ) -> list[Action]:
         """Feed a trainer event of `rank`; only rank 0 paces the machine.
 
         Steps are counted by the event's (epoch, step) counters: a step at or a little before
@@ -274,8 +309,7 @@ class PowerLimitJob:
             actions += self._step(self.last_step, redo=step == event.step)
         return actions
 
-    def tick(self, now_s: float) -> list[Action]:
-        """Let time pass: redo closed windows whose marks are overdue."""
+    def _tick(self, now_s: float) -> list[Action]:
         self._now_s = now_s
         if self.done:
             return []
@@ -299,8 +333,7 @@ class PowerLimitJob:
             actions += self._translate(effects, step=self.last_step)
         return actions
 
-    def on_mark(self, rank: int, mark: Mark) -> list[Action]:
-        """Feed a GPU mark of `rank`; may complete windows."""
+    def _feed_mark(self, rank: int, mark: Mark) -> list[Action]:
         if rank not in self._marks or mark.kind != "step_begin":
             return []
         marks = self._marks[rank]
@@ -334,6 +367,21 @@ class PowerLimitJob:
     def desired_schedule(self, rank: int) -> None:
         """Power-limit jobs install no frequency schedules."""
         return None
+
+    def plans_on(self, measurement: Measurement) -> bool:
+        """Nothing it is fed takes long."""
+        return False
+
+    def abort(self, why: str) -> list[Action]:
+        """Nothing of its own to stop (it sends no schedules): say why."""
+        return [StatusUpdate("error", why)]
+
+    def set_straggler(self, pipeline: int, factor: float | None) -> list[Action]:
+        """Straggler notices are for pipeline jobs."""
+        raise StragglerError(
+            "not_supported",
+            f"job {self.job_id} is optimised by the power-limit optimizer: straggler notices "
+            "are for pipeline jobs (pipeline frequency optimizer)")
 
     def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         """Step and instruction measurements are not used: windows come from marks."""

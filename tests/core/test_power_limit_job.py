@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from coordinator.optimizer import SaveProgress
 from coordinator.power_limit import PowerLimitMeasurement, ProfileRangeError
 from coordinator.power_limit.job import (
     Action,
@@ -144,6 +145,8 @@ def test_exact_actions_of_the_tiny_case():
                 out.append(("apply", a.watts))
             elif isinstance(a, SaveProfile):
                 out.append(("save", a.optimal_power_limit))
+            elif isinstance(a, SaveProgress):
+                out.append(("save_progress", a.kind, len(a.state["windows"])))
             else:
                 out.append((a.state, a.message))
         return out
@@ -172,6 +175,7 @@ def test_exact_actions_of_the_tiny_case():
     t275, e275 = EXPECTED[275]
     assert final == [
         ("profiling", f"{W300}: {t300:.3f} s, {e300:.1f} J over 3 GPU(s)"),
+        ("save_progress", "windows", 1),  # A replica taking over resumes after this window.
         ("profiling", f"{W275}: {t275:.3f} s, {e275:.1f} J over 3 GPU(s)"),
         ("save", 275),
         ("done", "optimal power limit 275 W pinned"),

@@ -28,12 +28,17 @@ the coordinator knows which node a request came through (`deploy/nats/`, `permis
 | `job_events` | `<p>.job.<job>.ev.<rank>.<node>` | agent ->: batched trainer events |
 | `job_schedule` | `<p>.job.<job>.sched.<rank>` | coordinator ->: a rank's schedule |
 | `job_status` | `<p>.job.<job>.status` | coordinator ->: state and progress |
+
+The parsers (`parse_job_events`, `parse_gpu_subject`, `parse_agent_hello`) read the tokens
+back from a subject a wildcard subscription delivered, counting from its end (the prefix may
+hold dots); they return None for a subject of another shape.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from typing import NamedTuple
 
 DEFAULT_PREFIX = "zeus"
 MAX_TOKEN_CHARS = 64
@@ -241,3 +246,48 @@ def state_buckets(prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
     """
     base = "zeus-state-" + re.sub(r"[^A-Za-z0-9_-]", "_", prefix)
     return base, base + "-owners"
+
+
+class JobEventsSubject(NamedTuple):
+    """Tokens of `<p>.job.<job>.ev.<rank>.<node>`."""
+
+    job: str
+    rank: str
+    node: str
+
+
+class GpuSubject(NamedTuple):
+    """Tokens of `<p>.gpu.<node>.<gpu>.<leaf>` (`leaf`: sample, cmd, meas, error)."""
+
+    node: str
+    gpu: str
+    leaf: str
+
+    @property
+    def gpu_index(self) -> int | None:
+        """The GPU token as an index (None unless ASCII digits: "²" is a digit to `isdigit`)."""
+        return int(self.gpu) if self.gpu.isascii() and self.gpu.isdigit() else None
+
+
+def parse_job_events(subject: str) -> JobEventsSubject | None:
+    """The tokens of a `job_events` subject, or None."""
+    parts = subject.rsplit(".", 5)
+    if len(parts) != 6 or parts[1] != "job" or parts[3] != "ev":
+        return None
+    return JobEventsSubject(parts[2], parts[4], parts[5])
+
+
+def parse_gpu_subject(subject: str) -> GpuSubject | None:
+    """The tokens of a `gpu_*` subject (samples, commands, measurements, errors), or None."""
+    parts = subject.rsplit(".", 4)
+    if len(parts) != 5 or parts[1] != "gpu":
+        return None
+    return GpuSubject(parts[2], parts[3], parts[4])
+
+
+def parse_agent_hello(subject: str) -> str | None:
+    """The node token of an `agent_hello` subject, or None."""
+    parts = subject.rsplit(".", 3)
+    if len(parts) != 4 or parts[1] != "agent" or parts[3] != "hello":
+        return None
+    return parts[2]
