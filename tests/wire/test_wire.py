@@ -1,5 +1,7 @@
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import FrequencySchedule, JobInfo
@@ -26,6 +28,28 @@ def test_subjects_sanitise_user_tokens():
     assert subjects.lease_renewal("a>b").startswith("zeus.lease.a_b~")
     with pytest.raises(ValueError, match="prefix"):
         subjects.agent_hello("n", prefix="bad prefix")
+
+
+@settings(max_examples=200, deadline=None)
+@given(job=st.text(max_size=80), rank=st.integers(0, 2**40), node=st.text(max_size=80),
+       gpu=st.integers(0, 1024), prefix=st.from_regex(r"[a-z]{1,8}(\.[a-z0-9]{1,8}){0,2}",
+                                                       fullmatch=True))
+def test_subject_parsers_read_back_what_the_builders_wrote(job, rank, node, gpu, prefix):
+    ev = subjects.parse_job_events(subjects.job_events(job, rank, node, prefix))
+    assert ev == (subjects.token(job), subjects.token(rank), subjects.token(node))
+    for build, leaf in ((subjects.gpu_measurements, "meas"), (subjects.gpu_errors, "error"),
+                        (subjects.gpu_command, "cmd")):
+        parsed = subjects.parse_gpu_subject(build(node, gpu, prefix))
+        assert parsed == (subjects.token(node), str(gpu), leaf) and parsed.gpu_index == gpu
+    assert subjects.parse_agent_hello(subjects.agent_hello(node, prefix)) == subjects.token(node)
+
+
+def test_subject_parsers_refuse_other_shapes():
+    assert subjects.parse_job_events("zeus.job.j.status") is None
+    assert subjects.parse_job_events("job.j.ev.0.n") is None  # no prefix
+    assert subjects.parse_gpu_subject("zeus.agent.n.hello") is None
+    assert subjects.parse_gpu_subject("zeus.gpu.n.².meas").gpu_index is None  # not ASCII
+    assert subjects.parse_agent_hello("zeus.agent.n.error") is None
 
 
 def test_long_user_values_give_short_distinct_tokens():
