@@ -5,20 +5,18 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
 * rank 0's trainer events pace the machine (`step_begin` -> `on_step_begin`, `epoch_end` ->
   `on_epoch_end`); the other ranks step together with it;
 * a window opened at rank 0's step `a` and closed at its step `b` covers, on every rank, the
-  interval between that rank's own `step_begin` marks of steps `a` and `b`, steps being
-  identified by the (epoch, step) counters, so trainers that restart their step count every
-  epoch never match a stale mark of an earlier epoch (marks carry the
-  GPU's energy counter at the event, stamped on the rank's own host: only differences of one
-  GPU's marks are used, never timestamps across hosts);
-* a window's time is the maximum over ranks, its energy the sum over the job's GPUs; it is
-  recorded once every rank's two marks have arrived, in whatever order the ranks' marks and
-  the events interleave (each GPU's own marks come in step order; a closed window keeps the
-  set of ranks it still waits for, so a mark costs O(open windows), not O(ranks));
+  interval between that rank's own `step_begin` marks of steps `a` and `b` (identified by the
+  (epoch, step) counters); the marks come on their own stream, after the events, and
+  `WindowJoin` (`coordinator.power_limit.window_join`) joins them with the windows: a window's
+  time is the maximum over ranks, its energy the sum over the job's GPUs, measured once every
+  rank's two marks have arrived, in whatever order the ranks' marks and the events interleave.
+  Why a step's boundary travels twice (an event at once, a mark once the counter was read):
+  docs/concepts/architecture.md, "Why a step boundary travels twice";
 * steps are counted by the ranks' own step counters, not by delivered events: a duplicate or
   stale event is ignored, steps whose events were lost (a broker restart) are still counted,
   and an epoch whose end event was lost still ends (the next step's epoch counter says so);
   a count that jumps far ahead or goes back (a trainer restarted, a bogus counter) is
-  re-anchored: the open window is redone, and marks of a rank's old count are dropped;
+  re-anchored: the open window is redone (the join drops marks of a rank's old count);
   a window that does not cover exactly its intended steps is normalised to them;
 * a closed window whose marks can never come is redone at rank 0's next step: an agent sends
   its GPU's marks in step order over one connection, so a rank's mark missing behind a later
@@ -33,14 +31,14 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
   back to the maximum limit and the status says why (`gave_up`).
 
 It implements `coordinator.optimizer.JobOptimizer`: methods return `Action`s for the shell:
-`ApplyPowerLimit` (command every GPU of the job), `SaveProfile` (profiling finished) and
+`ApplyPowerLimit` (command every GPU of the job), `SaveProfile` (profiling finished),
+`SaveProgress` (after each measured window: what a replica taking the job over resumes from) and
 `StatusUpdate` (for people and dashboards).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.optimizer import (
@@ -70,23 +68,19 @@ from coordinator.power_limit.selectors import (
     Time,
     ZeusCost,
 )
+from coordinator.power_limit.window_join import (
+    MAX_LATE_STEPS,
+    RESTART_RUN,
+    StepKey,
+    WindowJoin,
+)
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.messages import Mark, Measurement, PowerLimitOptions, TrainerEvent
 
-MAX_MARKS_PER_RANK = 4096
 MAX_REPLAYED_STEPS = 1_000
 """Most lost steps replayed into the machine at once: a longer jump ahead re-anchors the count."""
-MAX_LATE_STEPS = 100
-"""A step of rank 0 further back than this in its epoch restarts the step count (re-anchors)."""
-RESTART_RUN = 3
-"""Steps of rank 0 in a row, ascending but behind the last one, that say its count restarted."""
 DEFAULT_MARK_TIMEOUT_S = 10.0
 """Last resort: later marks prove most losses at the next step."""
-
-StepKey = tuple[int, int]
-"""(epoch, step): a step of the job, as counted by every rank's trainer."""
-
-
 
 
 def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelector:
@@ -99,22 +93,6 @@ def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelecto
         return MaxSlowdownConstraint(factor=options.max_slowdown)
     return ZeusCost(eta_knob=options.eta_knob, world_size=options.world_size or world_size)
 
-
-@dataclass
-class _Window:
-    name: str
-    begin_step: StepKey
-    steps: int
-    """The steps the window is meant to cover."""
-    power_limit: int | None = None
-    check_begin: bool = True
-    """Whether the begin marks must show `power_limit` too (the limit was set steps before)."""
-    end_step: StepKey | None = None
-    missing: set[int] = field(default_factory=set)
-    """Once closed: ranks whose marks of `begin_step` or `end_step` have not arrived."""
-    closed_s: float = 0.0
-    lost: list[int] = field(default_factory=list)
-    """Once closed: ranks whose missing marks a later mark proved lost (redo at the next step)."""
 
 
 class PowerLimitJob:
@@ -151,7 +129,6 @@ class PowerLimitJob:
         mark_timeout_s: float = DEFAULT_MARK_TIMEOUT_S,
     ) -> None:
         self.job_id = job_id
-        self.mark_timeout_s = mark_timeout_s
         self.options = options
         self.ranks = sorted(ranks)
         world_size = len(self.ranks)
@@ -168,22 +145,21 @@ class PowerLimitJob:
             search=options.search,
             **_resume_arguments(resume),
         )
-        self._marks: dict[int, dict[StepKey, tuple[int, float, int | None]]] = {
-            r: {} for r in self.ranks
-        }
-        self._last_mark: dict[int, StepKey] = {}  # Each rank's latest step_begin mark.
-        self._windows: dict[str, _Window] = {}
+        self._join = WindowJoin(self.ranks, mark_timeout_s)
         self._saved = measurements is not None
         self.last_step: StepKey | None = None
         self._ended_epoch = -1  # Highest epoch whose end the machine has seen.
         self._stale_steps: list[StepKey] = []  # Late steps of rank 0 skipped in a row.
         self._stale_since: float | None = None  # When the skipping began (coordinator time).
         self._behind: list[StepKey] = []  # Steps of rank 0 behind the last one, in a row.
-        self._high_mark: dict[int, StepKey] = {}  # Each rank's highest mark of its count.
-        self._marks_behind: dict[int, list[StepKey]] = {}  # Its marks behind that, in a row.
         self._now_s = 0.0
         self.gave_up: str | None = None
         """Why the optimiser gave up (the GPUs are back at the maximum limit), or None."""
+
+    @property
+    def mark_timeout_s(self) -> float:
+        """How long a closed window waits for marks (and late steps are skipped), in s."""
+        return self._join.mark_timeout_s
 
     @property
     def done(self) -> bool:
@@ -314,10 +290,8 @@ class PowerLimitJob:
         if self.done:
             return []
         actions: list[Action] = []
-        for w in list(self._windows.values()):
-            if w.end_step is None or not w.missing or now_s - w.closed_s < self.mark_timeout_s:
-                continue
-            del self._windows[w.name]
+        for w in self._join.overdue(now_s):
+            self._join.drop(w.name)
             missing = sorted(w.missing)
             actions.append(StatusUpdate(
                 "profiling",
@@ -334,31 +308,8 @@ class PowerLimitJob:
         return actions
 
     def _feed_mark(self, rank: int, mark: Mark) -> list[Action]:
-        if rank not in self._marks or mark.kind != "step_begin":
-            return []
-        marks = self._marks[rank]
-        key = (mark.epoch, mark.step)
-        if self._mark_count_restarted(rank, key):
-            # Marks after it are of the old count: they must not measure the new one's windows.
-            for step in [k for k in marks if k > key]:
-                del marks[step]
-        marks[key] = (mark.t_ns, mark.energy_j, mark.power_limit_w)
-        self._last_mark[rank] = key
-        if len(marks) > 2 * MAX_MARKS_PER_RANK:  # Forget the oldest half, amortised O(1)...
-            edges = {e for w in self._windows.values() for e in (w.begin_step, w.end_step)}
-            for step in sorted(marks)[:MAX_MARKS_PER_RANK]:
-                if step not in edges:  # ...but the edges of windows not yet measured.
-                    del marks[step]
-        completed = False
-        for w in self._windows.values():
-            if w.end_step is None or rank not in w.missing:
-                continue
-            if key in (w.begin_step, w.end_step) and w.begin_step in marks and w.end_step in marks:
-                w.missing.discard(rank)
-                completed = completed or not w.missing
-            elif rank not in w.lost and self._marks_lost(w, rank):
-                w.lost.append(rank)
-        return self._complete_windows() if completed else []
+        """The join takes the mark; windows it completed are measured."""
+        return self._complete_windows() if self._join.add_mark(rank, mark) else []
 
     def on_agent_error(self, rank: int, code: str, message: str, now_s: float) -> list[Action]:
         """Agents' error events do not change the plan: marks and timeouts do."""
@@ -400,8 +351,7 @@ class PowerLimitJob:
 
     def waiting_for(self) -> dict[str, list[int]]:
         """Closed windows still missing marks: window name -> ranks."""
-        return {w.name: sorted(w.missing) for w in self._windows.values()
-                if w.end_step is not None and w.missing}
+        return self._join.waiting_for()
 
     def progress(self) -> dict[str, Any]:
         """A snapshot for status events and queries."""
@@ -426,13 +376,13 @@ class PowerLimitJob:
         that starts the machine again (it was waiting for records) takes the step, as a
         closing step takes the next limit's first warm-up step.
         """
-        lost = [w for w in self._windows.values() if w.lost] if redo else []
+        lost = self._join.lost() if redo else []
         if not lost:
             return self._translate(self.machine.on_step_begin(), step=key)
         waiting = self._waiting()
         actions: list[Action] = []
         for w in lost:
-            del self._windows[w.name]
+            self._join.drop(w.name)
             actions.append(StatusUpdate(
                 "profiling",
                 f"window {w.name}: marks of rank(s) {sorted(w.lost)[:8]} were lost (later ones "
@@ -453,18 +403,6 @@ class PowerLimitJob:
         """Whether the machine waits for records (nothing is measured)."""
         state = self.machine.state
         return isinstance(state, Ready) and state.next_power_limit is None
-
-    def _marks_lost(self, w: _Window, rank: int) -> bool:
-        """Whether a mark of `rank` that closed window `w` needs can never come.
-
-        Marks of one GPU arrive in step order (one agent, one connection, one subscription):
-        one missing behind the rank's latest mark was lost.
-        """
-        latest = self._last_mark.get(rank)
-        marks = self._marks[rank]
-        return latest is not None and any(
-            edge not in marks and edge < latest for edge in (w.begin_step, w.end_step)
-            if edge is not None)
 
     def _ran_before_its_limit(self, event: TrainerEvent) -> bool:
         """Whether a step of rank 0 began before the limit being warmed up or profiled was set.
@@ -499,27 +437,6 @@ class PowerLimitJob:
         self._behind.append(key)
         return len(self._behind) >= RESTART_RUN
 
-    def _mark_count_restarted(self, rank: int, key: StepKey) -> bool:
-        """Whether `rank`'s mark of step `key` says its step count restarted.
-
-        A GPU's marks come in step order: one of an earlier epoch or far behind the highest,
-        or `RESTART_RUN` ascending ones in a row behind it, come from a restarted count (or the
-        highest was bogus). A few marks handled in reverse order are not a restart.
-        """
-        high = self._high_mark.get(rank)
-        if high is None or key >= high:
-            self._high_mark[rank], self._marks_behind[rank] = key, []
-            return False
-        behind = self._marks_behind.setdefault(rank, [])
-        if behind and key <= behind[-1]:
-            behind.clear()
-        behind.append(key)
-        if (key[0] < high[0] or high[1] - key[1] > MAX_LATE_STEPS
-                or len(behind) >= RESTART_RUN):
-            self._high_mark[rank], self._marks_behind[rank] = key, []
-            return True
-        return False
-
     def _reanchor(self, key: StepKey, what: str) -> list[Action]:
         """Rank 0's step count restarted or jumped: count on from step `key`.
 
@@ -541,10 +458,9 @@ class PowerLimitJob:
     def _restart_open_window(self, key: StepKey) -> list[Action]:
         """After skipped late steps: the open window (if any) begins at step `key` instead."""
         skipped, self._stale_steps = self._stale_steps, []
-        window = next((w for w in self._windows.values() if w.end_step is None), None)
+        window = self._join.restart_open(key)
         if window is None:
             return []
-        window.begin_step, window.check_begin = key, True
         self.last_step = key
         return [StatusUpdate(
             "profiling",
@@ -565,9 +481,9 @@ class PowerLimitJob:
                 assert step is not None, "windows open on step_begin"
                 state = self.machine.state
                 steps = state.profile_steps if isinstance(state, Profiling) else 0
-                self._windows[effect.name] = _Window(effect.name, begin_step=step, steps=steps,
-                                                     power_limit=self.machine.current_power_limit,
-                                                     check_begin=not set_now)
+                self._join.open(effect.name, begin_step=step, steps=steps,
+                                power_limit=self.machine.current_power_limit,
+                                check_begin=not set_now)
                 limit = self.machine.current_power_limit
                 actions.append(StatusUpdate(
                     "profiling",
@@ -575,43 +491,36 @@ class PowerLimitJob:
                     self.progress(),
                 ))
             elif isinstance(effect, EndWindow):
-                window = self._windows.get(effect.name)
-                if window is None:
+                if effect.name not in self._join:
                     continue
                 if effect.cancel or step is None:
-                    del self._windows[effect.name]
+                    self._join.drop(effect.name)
                     actions.append(StatusUpdate(
                         "profiling",
                         f"window {effect.name} cancelled (epoch ended); it will be redone",
                         self.progress(),
                     ))
                 else:
-                    window.end_step = step
-                    window.closed_s = self._now_s
-                    window.missing = {
-                        r for r in self.ranks
-                        if window.begin_step not in self._marks[r] or step not in self._marks[r]
-                    }
-                    window.lost = sorted(r for r in window.missing
-                                         if self._marks_lost(window, r))
+                    self._join.close(effect.name, step, self._now_s)
         actions += self._complete_windows() if effects else []
         return actions
 
     def _complete_windows(self) -> list[Action]:
+        """Measure the windows whose marks are all in (`WindowJoin.measure`) and record them.
+
+        A window whose marks say its steps ran at another limit is redone; one that measured
+        nothing (no time or no energy) is discarded.
+        """
         actions: list[Action] = []
-        for name, w in list(self._windows.items()):
-            if w.end_step is None or w.missing:
+        for w in self._join.windows():
+            if not w.complete:
                 continue
-            del self._windows[name]
-            if w.check_begin:
-                w.begin_step = self._settled_begin(w)
-            edges = (w.begin_step, w.end_step) if w.check_begin else (w.end_step,)
-            limits = (self._marks[r][e][2] for r in self.ranks for e in edges)
-            ran_at = {x for x in limits if x is not None and x != w.power_limit}
-            if ran_at:
+            name = w.name
+            m = self._join.measure(w)
+            if m.ran_at:
                 actions.append(StatusUpdate(
                     "profiling",
-                    f"window {name}: its steps ran at {sorted(ran_at)} W, not {w.power_limit} W "
+                    f"window {name}: its steps ran at {list(m.ran_at)} W, not {m.power_limit} W "
                     "(events delivered late, e.g. after a broker outage); profiling it again",
                     self.progress(),
                 ))
@@ -627,20 +536,13 @@ class PowerLimitJob:
                     # sends a limit only when it changes, so send the current one again.
                     actions.append(ApplyPowerLimit(self.desired_power_limit))
                 continue
-            time_s, energy_j = 0.0, 0.0
-            for r in self.ranks:
-                marks = self._marks[r]
-                (t0_ns, e0_j, _), (t1_ns, e1_j, _) = marks[w.begin_step], marks[w.end_step]
-                time_s = max(time_s, (t1_ns - t0_ns) / 1e9)
-                energy_j += e1_j - e0_j
-            covered = w.end_step[1] - w.begin_step[1]
-            if covered != w.steps and covered > 0 and w.steps > 0:
+            time_s, energy_j = m.time_s, m.energy_j
+            if m.normalised:
                 actions.append(StatusUpdate(
                     "profiling",
-                    f"window {name} covered {covered} steps, not {w.steps}: normalised",
+                    f"window {name} covered {m.covered} steps, not {m.steps}: normalised",
                     self.progress(),
                 ))
-                time_s, energy_j = time_s * w.steps / covered, energy_j * w.steps / covered
             if time_s <= 0 or energy_j <= 0:
                 actions.append(StatusUpdate(
                     "error",
@@ -671,36 +573,12 @@ class PowerLimitJob:
                                         self.progress()))
         return actions
 
-
-    def _settled_begin(self, w: _Window) -> StepKey:
-        """The window's first step at which every rank's GPU ran at the window's limit.
-
-        Under load the limit command can land just after the window's first step began on
-        some rank (its mark then shows the previous limit): the window starts at the first
-        step all marks agree on instead of being redone, if at least half its steps (and 2)
-        are left (it is then normalised to its intended steps).
-        """
-        def settled(step: StepKey) -> bool:
-            return all(step in self._marks[r] and self._marks[r][step][2] in (None, w.power_limit)
-                       for r in self.ranks)
-
-        assert w.end_step is not None
-        (epoch, first), (end_epoch, end) = w.begin_step, w.end_step
-        if settled(w.begin_step) or epoch != end_epoch:
-            return w.begin_step
-        for later in range(first + 1, end):
-            if end - later < max(2, (w.steps + 1) // 2):
-                break
-            if settled((epoch, later)):
-                return (epoch, later)
-        return w.begin_step
-
     def _give_up(self, why: str) -> list[Action]:
         """Stop optimising: every GPU back to the maximum limit, and say so."""
         if self.gave_up is not None:
             return []
         self.gave_up = why
-        self._windows.clear()
+        self._join.clear()
         limit = self.machine.max_power_limit
         return [
             ApplyPowerLimit(limit),

@@ -702,7 +702,7 @@ def test_windows_longer_than_the_marks_kept_per_rank_are_measured():
     for limit in (300, 275):
         dt, de = _step_cost(limit)
         assert got[limit] == pytest.approx((9000 * dt, 9000 * de))
-    assert len(job._marks[0]) <= 2 * 4096 + 2  # old marks are still forgotten
+    assert job._join.kept(0) <= 2 * 4096 + 2  # old marks are still forgotten
 
 
 def test_giving_up_says_why_in_words():
