@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from zeus_agent import emit
+from zeus_agent.emit import api as emit_api  # init reads _distributed from there
 from zeus_agent.models import JobInfo
 from zeus_agent.wire.codec import validate
 from zeus_agent.wire.messages import PowerLimitOptions, RegisterJob, RegisterRank, Reply
@@ -385,10 +386,10 @@ def test_rank_0_broadcasts_the_job_id_with_its_join_token(agent: FakeAgent, monk
                 box[0] = sent[0]
 
     job = JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2)
-    monkeypatch.setattr(emit, "_distributed", lambda: Dist(0))
+    monkeypatch.setattr(emit_api, "_distributed", lambda: Dist(0))
     emit.init(job_info=job, rank=0, socket_path=agent.path)
     assert sent == [("job-1", TOKEN, None)]
-    monkeypatch.setattr(emit, "_distributed", lambda: Dist(1))
+    monkeypatch.setattr(emit_api, "_distributed", lambda: Dist(1))
     emit.init(job_info=job, rank=1, dp_rank=1, gpu_index=1, socket_path=agent.path)
     ranks = [validate(RegisterRank, r.payload) for r in agent.requests
              if r.kind is Kind.REGISTER_RANK]
@@ -407,7 +408,7 @@ def test_other_ranks_run_unregistered_when_rank_0_could_not_register(
             box[0] = (None, None, None)
 
     job = JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2)
-    monkeypatch.setattr(emit, "_distributed", lambda: Dist())
+    monkeypatch.setattr(emit_api, "_distributed", lambda: Dist())
     with caplog.at_level(logging.WARNING, logger="zeus_agent.emit"):
         pub = emit.init(job_info=job, rank=1, dp_rank=1, gpu_index=1, socket_path=agent.path)
     assert pub.job_id is None and agent.requests == []
