@@ -55,7 +55,7 @@ if _root not in sys.path:
 
 from _common import machine, now  # noqa: E402
 
-from coordinator.pipeline.instruction_profiler import InstructionProfiler  # noqa: E402
+from coordinator.pipeline.schedulers.instruction_profiler import InstructionProfiler  # noqa: E402
 from zeus_agent.gpu.sim.physics import HardwareParams, WorkloadParams, point_at_clock  # noqa: E402
 from zeus_agent.gpu.sim.presets import PRESETS  # noqa: E402
 from zeus_agent.models import (  # noqa: E402
@@ -65,6 +65,7 @@ from zeus_agent.models import (  # noqa: E402
     ProfilingResult,
     RankInfo,
 )
+from zeus_agent.pipeline_order import one_f_one_b  # noqa: E402
 
 PROFILES = ("gpt3-175b+a40", "gpt3-175b+a100_sxm", "bloom+a40", "bloom+a100_sxm")
 GOAL = {"energy_median": 0.05, "energy_p90": 0.10, "time_median": 0.02, "profile_s": 120.0}
@@ -141,20 +142,6 @@ def load_model(profile: str, num_stages: int) -> tuple[HardwareParams, list[dict
 # --------------------------------------------------------------------------- the pipeline
 
 
-def one_f_one_b(num_stages: int, microbatches: int, stage: int) -> list[tuple[str, int]]:
-    """1F1B order of one stage: (kind, microbatch)."""
-    warm = min(num_stages - stage - 1, microbatches)
-    order = [("forward", m) for m in range(warm)]
-    f, b = warm, 0
-    while f < microbatches:
-        order.append(("forward", f))
-        f += 1
-        order.append(("backward", b))
-        b += 1
-    order += [("backward", m) for m in range(b, microbatches)]
-    return order
-
-
 class _Gpu:
     """One GPU's power timeline and its coarse energy counter."""
 
@@ -212,7 +199,7 @@ class Sim:
         self.rng = random.Random(self.seed)
         self.gpus = [_Gpu(self.hw.idle_power_w, self.update_s, self.rng.uniform(0, self.update_s))
                      for _ in range(self.num_stages)]
-        self.orders = [one_f_one_b(self.num_stages, self.microbatches, s)
+        self.orders = [one_f_one_b(s, self.num_stages, self.microbatches)
                        for s in range(self.num_stages)]
         self.clock_s = 0.0
         self.iterations = 0

@@ -35,17 +35,17 @@ for _path in (ROOT, ROOT / "bench"):
 
 from _common import machine, now  # noqa: E402
 
-from coordinator.pipeline.dag import Synchronous1F1B, build_dag  # noqa: E402
 from coordinator.pipeline.planner import (  # noqa: E402
     DEFAULT_P_BLOCK_W,
     FrontierPoint,
     InstructionProfile,
     PlannerStats,
     evaluate,
-    load_profile,
     max_frequency_plan,
     plan_frontier,
 )
+from coordinator.pipeline.planner.dag import Synchronous1F1B, build_dag  # noqa: E402
+from coordinator.pipeline.planner.profile_file import load_profile  # noqa: E402
 
 PROFILES = ROOT / "data" / "perseus" / "stage_profiles"
 FRONTIERS = ROOT / "data" / "perseus" / "frontiers" / "a100_sxm"

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from zeus_agent.wire.subjects import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
-    from coordinator.pipeline.settings import PFOServerSettings
+    from coordinator.pipeline.schedulers.settings import PFOServerSettings
 
 
 class CoordinatorSettings(BaseSettings):
@@ -238,7 +238,7 @@ class CoordinatorSettings(BaseSettings):
         Raises:
             ValueError: An unknown scheduler, or arguments its constructor does not take.
         """
-        from coordinator.pipeline.settings import PFOServerSettings
+        from coordinator.pipeline.schedulers.settings import PFOServerSettings
 
         try:
             return PFOServerSettings(

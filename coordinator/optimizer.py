@@ -9,8 +9,9 @@ the bus and executes what it returns; it never looks inside:
   (`on_agent_error`) and timer ticks (`tick`), each with the time passed in (the optimiser
   reads no clock);
 * out: a list of `Action`s: apply a power limit to the job's GPUs, install per-rank frequency
-  schedules, keep a file (a profile, a dump), record its progress (`SaveProgress`: what a
-  replica taking the job over resumes from), report a status;
+  schedules, keep a file (a profile, a dump), write a file a scheduler produced (`WriteFile`),
+  record its progress (`SaveProgress`: what a replica taking the job over resumes from),
+  report a status;
 * for reconciliation after an agent restart: `desired_power_limit` and `desired_schedule(rank)`
   (with the step its ranks switch at), what the job's GPUs should be running now;
 * for queries: `kind` (the key its `progress()` goes under), `progress()`, `waiting_for()`;
@@ -41,6 +42,7 @@ __all__ = [
     "SaveProgress",
     "StatusUpdate",
     "StragglerError",
+    "WriteFile",
 ]
 
 
@@ -103,6 +105,19 @@ class KeepFile:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteFile:
+    """Write `content` as `path`, replacing it: a file a scheduler produced.
+
+    A profile, a frontier (`FrequencyScheduler.take_files`); `what` names it for the log.
+    Written whether dumping is on or not.
+    """
+
+    path: str
+    content: str
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
 class SaveProgress:
     """Record this progress (JSON-ready) so that a replica taking the job over resumes it.
 
@@ -125,7 +140,7 @@ class StatusUpdate:
 
 Action = (
     ApplyPowerLimit | InstallSchedules | ClearSchedules | SaveProfile | SaveProgress | KeepFile
-    | StatusUpdate
+    | WriteFile | StatusUpdate
 )
 
 

@@ -24,12 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from coordinator.pipeline.planner import (
-    DEFAULT_P_BLOCK_W,
-    FrontierPoint,
-    load_profile,
-    plan_frontier,
-)
+from coordinator.pipeline.planner import DEFAULT_P_BLOCK_W, FrontierPoint, plan_frontier
+from coordinator.pipeline.planner.profile_file import load_profile
 
 __all__ = ["build_parser", "main", "write_frontier"]
 

@@ -19,6 +19,7 @@ Validation errors are pydantic's `ValidationError` (a `ValueError`); use
 from __future__ import annotations
 
 import csv
+import io
 import os
 from datetime import datetime
 from pathlib import Path
@@ -218,11 +219,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         super().__init__(root, **data)
 
     def to_csv(self, filepath: str) -> None:
-        """Save as CSV with Zeus 0.16's columns.
-
-        Columns: rank, dp_rank, pp_rank, tp_rank, stage, instruction, frequency, time, energy.
-        `stage` equals `pp_rank`; `instruction` is "forward" or "backward"; time and energy
-        are averages over the profiling iterations.
+        """Save as CSV with Zeus 0.16's columns (`to_csv_text`).
 
         Raises:
             ValueError: `filepath` does not end with ".csv".
@@ -230,24 +227,29 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         if not filepath.endswith(".csv"):
             raise ValueError("Filepath does not end with '.csv'")
         with open(filepath, "w", newline="") as f:
-            writer = csv.writer(f, lineterminator="\n")
-            writer.writerow(CSV_COLUMNS)
-            for res in self.root:
-                prefix = (res.rank, res.dp_rank, res.pp_rank, res.tp_rank, res.pp_rank)
-                for freq in res.forward_time:
-                    writer.writerow(
-                        (*prefix, "forward", freq, res.forward_time[freq], res.forward_energy[freq])
-                    )
-                for freq in res.backward_time:
-                    writer.writerow(
-                        (
-                            *prefix,
-                            "backward",
-                            freq,
-                            res.backward_time[freq],
-                            res.backward_energy[freq],
-                        )
-                    )
+            f.write(self.to_csv_text())
+
+    def to_csv_text(self) -> str:
+        """The CSV text `to_csv` writes, with Zeus 0.16's columns.
+
+        Columns: rank, dp_rank, pp_rank, tp_rank, stage, instruction, frequency, time, energy.
+        `stage` equals `pp_rank`; `instruction` is "forward" or "backward"; time and energy
+        are averages over the profiling iterations.
+        """
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for res in self.root:
+            prefix = (res.rank, res.dp_rank, res.pp_rank, res.tp_rank, res.pp_rank)
+            for freq in res.forward_time:
+                writer.writerow(
+                    (*prefix, "forward", freq, res.forward_time[freq], res.forward_energy[freq])
+                )
+            for freq in res.backward_time:
+                writer.writerow(
+                    (*prefix, "backward", freq, res.backward_time[freq], res.backward_energy[freq])
+                )
+        return out.getvalue()
 
     @classmethod
     def from_csv(cls, filepath: str) -> InstructionProfilingResult:

@@ -1,30 +1,47 @@
-"""A job's dumps: `<dump_dir>/<job id>/` as Zeus 0.16 (a safe directory name), never overwritten."""
+"""A job's dumps and its scheduler's files, written. I/O edge: writes files.
+
+* `keep_dump(path, content)`: a dump in `<dump_dir>/<job dir>/` as Zeus 0.16 lays them out
+  (`coordinator.pipeline.paths.job_dir_name`: a safe directory name), never overwritten.
+* `write_files(files)`: the files a scheduler produced (`FrequencyScheduler.take_files`: a
+  profile, a frontier), each replacing what was there, atomically (`zeus_agent.fileio`); a
+  file that cannot be written is logged and skipped (the scheduler keeps what it holds).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
+import logging
 import os
-import re
-import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["job_dir_name", "keep_dump"]
+from coordinator.pipeline.paths import job_dir_name
+from coordinator.pipeline.schedulers.base import FileOut
+from zeus_agent.fileio import atomic_write, written_beside
 
-_SAFE = re.compile(r"[A-Za-z0-9_\-+=:@,.]{1,200}")
+__all__ = ["job_dir_name", "keep_dump", "write_file", "write_files"]
+
+logger = logging.getLogger(__name__)
 
 
-def job_dir_name(job_id: str) -> str:
-    """The job id itself when it is a safe file name, else a readable prefix and a digest.
+def write_file(path: str, content: str, what: str) -> bool:
+    """Write a produced file whole, replacing it (`atomic_write`); False if it cannot be.
 
-    A job id ends with the trainer's `job_metadata`, which may hold '/' or '..': such an id
-    never names a path outside the dump directory.
+    `what` names it in the log ("the frontier").
     """
-    if _SAFE.fullmatch(job_id) and job_id not in (".", ".."):
-        return job_id
-    head = re.sub(r"[^A-Za-z0-9_\-+=:@,]", "_", job_id)[:64]
-    return f"{head}~{hashlib.sha256(job_id.encode()).hexdigest()[:16]}"
+    try:
+        atomic_write(path, content)
+    except OSError as e:  # The scheduler still holds it (its result, its frontier).
+        logger.error("cannot write %s to %s: %s", what, path, e)
+        return False
+    logger.info("%s written to %s", what, path)
+    return True
+
+
+def write_files(files: Iterable[FileOut]) -> None:
+    """Write each file a scheduler produced (`write_file`), in order."""
+    for file in files:
+        write_file(file.path, file.content, file.what)
 
 
 def keep_dump(path: Path, content: str) -> Path | None:
@@ -38,12 +55,8 @@ def keep_dump(path: Path, content: str) -> Path | None:
     never overwrite each other, and no reader sees half a file.
     """
     data = content.encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
     stem = path.name.removesuffix(".json")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    with written_beside(path, data) as tmp:
         target, k = path, 0
         while True:
             try:
@@ -54,9 +67,6 @@ def keep_dump(path: Path, content: str) -> Path | None:
                     return None
             k += 1
             target = path.with_name(f"{stem}.rerun-{k}.json")
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def _link(tmp: str, target: Path) -> None:

@@ -27,25 +27,17 @@ It wraps a `FrequencyScheduler` and turns the agents' measurements into its inpu
    plan and keeps watching the iteration time) keeps getting results; its schedules are
    installed only when they change (a new plan), as "serving", not "profiling".
 
-**Stragglers** (extrinsic bloat; jobs with several data-parallel pipelines, while serving a
-scheduler that has a `frontier`, see `coordinator.pipeline.perseus`). A pipeline's iteration
-time, per step, is the longest over its ranks of start of the step -> end of its last
-instruction: the step time itself also holds the wait at the data-parallel all-reduce, where
-every pipeline waits for the slowest one, so it cannot tell them apart (the step time is used
-when the stamps are unusable). Each pipeline's time is divided by the planned time of the
-frontier point it runs (so a pipeline slowed down on purpose is not taken for a straggler), and
-compared with the median of the other pipelines'. A pipeline slower by more than
-`straggler_threshold` for `straggler_window` consecutive iterations is a straggler, with the
-median ratio over that window as its factor (re-measured every window: a change beyond the
-threshold is applied); it has recovered after `straggler_window` consecutive iterations within
-the threshold. An explicit notice (`set_straggler(dp_index, factor)`, e.g. from an operator
-who knows a node throttles) overrides what is measured for that pipeline until cleared
-(`factor` None). While a straggler is known, with F its factor, every other pipeline (own
-factor f, 1 unless also a straggler) runs the frontier point of least energy whose planned time
-is <= chosen time * F / f * (1 - `STRAGGLER_MARGIN`): never slower than the straggler; the
-straggler's ranks keep the chosen plan. That is a new schedule version, with a `straggler`
-status; back to the chosen plan (`serving` status) when no straggler is left. Meanwhile the
-scheduler gets no results (its drift watch is for the job's own time, not a straggler's).
+**Stragglers** (jobs with several data-parallel pipelines, while serving a scheduler that has
+a `frontier`): what is measured of each pipeline's pace, and the frontier points the other
+pipelines run meanwhile, are `coordinator.pipeline.stragglers`' (`Stragglers`); an explicit
+notice (`set_straggler(dp_index, factor)`) overrides what is measured for that pipeline until
+cleared (`factor` None). The job installs those points' schedules as a new version with a
+`straggler` status, and the chosen plan again (`serving` status) when no straggler is left.
+Meanwhile the scheduler gets no results (its drift watch is for the job's own time, not a
+straggler's).
+
+**Phases** (`coordinator.pipeline.phase`): discovering, profiling, serving, error, stopped;
+every change is checked against `TRANSITIONS` (a change it does not list raises `PhaseError`).
 
 Guards: a rank whose iterations no longer run the instructions it was discovered with
 (`MAX_ORDER_MISMATCHES` in a row), a rank that left (its agent reports the trainer gone) or a
@@ -66,70 +58,49 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.optimizer import Action, ClearSchedules, InstallSchedules, KeepFile, StatusUpdate
+from coordinator.optimizer import (
+    Action,
+    ClearSchedules,
+    InstallSchedules,
+    KeepFile,
+    StatusUpdate,
+    StragglerError,
+    WriteFile,
+)
 from coordinator.pipeline.memory import (
     MB,
     Kept,
     NodeBudget,
     name_bytes,
     record_bytes,
-    result_bytes,
 )
-from coordinator.pipeline.perseus import plan_schedule
-from coordinator.pipeline.scheduler import FrequencyScheduler, SchedulerError
+from coordinator.pipeline.phase import Phase, check_transition
+from coordinator.pipeline.schedulers.base import FrequencyScheduler, PlanPoint, SchedulerError
+from coordinator.pipeline.steps import (
+    MAX_INSTRUCTIONS_PER_STEP,
+    MAX_OPEN_STEPS,
+    Step,
+    complete,
+    profiling_result,
+)
+from coordinator.pipeline.stragglers import MAX_STRAGGLER_FACTOR, Stragglers
+from coordinator.pipeline.takeover import KeptRounds, progress_record, read_progress
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
-from zeus_agent.wire.messages import MAX_STRAGGLER_FACTOR, Mark, Measurement, TrainerEvent
+from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
 
-__all__ = ["MAX_STRAGGLER_FACTOR", "PipelineJob", "SchedulerFactory", "StragglerError"]
+__all__ = ["MAX_STRAGGLER_FACTOR", "Phase", "PipelineJob", "SchedulerFactory", "StragglerError"]
 
 SchedulerFactory = Callable[[JobInfo, list[RankInfo]], FrequencyScheduler]
 """Builds the job's scheduler from its info and its ranks (with their instruction orders)."""
 
-MAX_OPEN_STEPS = 64
-"""Most incomplete iterations kept per rank (older ones are dropped)."""
-MAX_INSTRUCTIONS_PER_STEP = 100_000
-STRAGGLER_MARGIN = 0.02
-"""Other pipelines aim this fraction under the straggler's pace (measured: exactly its pace
-made the iteration 3.5% slower on the simulated nodes)."""
 MAX_ORDER_MISMATCHES = 3
 """Consecutive iterations of a rank with other instructions than discovered before it stops."""
 DEFAULT_STALL_AFTER_S = 30.0
-SERVED_ROUNDS_KEPT = 8
-"""Latest served windows of a plan kept for a takeover to replay (besides its first one); at
-least the scheduler's `replan_window` (Perseus), at most `MAX_SERVED_ROUNDS_KEPT`."""
-MAX_SERVED_ROUNDS_KEPT = 64
 DEFAULT_MAX_KEPT_BYTES = 1024 * MB
 """What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
-
-
-class StragglerError(ValueError):
-    """A straggler notice this job cannot take; `code` is the `Reply` code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class _Step:
-    """One iteration of one rank, as its measurements arrive."""
-
-    instructions: dict[int, tuple[str, float, float, int | None]] = field(default_factory=dict)
-    """Instruction index -> (name, time, energy, schedule version)."""
-    time_s: float | None = None
-    energy_j: float | None = None
-    version: int | None = None
-    start_ns: int | None = None
-    """The step's start (its agent's clock)."""
-    last_end_ns: int | None = None
-    """The end of its latest instruction (the same clock)."""
-    kept: int = 0
-    """Estimated bytes of its instructions (charged to the job's `Kept`)."""
 
 
 class PipelineJob:
@@ -174,7 +145,7 @@ class PipelineJob:
         self.scheduler_name = scheduler_name
         self.profiling_iterations = profiling_iterations
         self.switch_lead_steps = switch_lead_steps
-        self.phase = "discovering"
+        self._phase = Phase.DISCOVERING
         self.scheduler: FrequencyScheduler | None = None
         self.version: int | None = None
         """Number of the schedules installed last (None before the first)."""
@@ -185,7 +156,7 @@ class PipelineJob:
             raise ValueError("first_version must be >= 0 and stall_after_s > 0")
         self.first_version = first_version
         self.stall_after_s = stall_after_s
-        self._steps: dict[int, dict[int, _Step]] = {rank: {} for rank in self.rank_infos}
+        self._steps: dict[int, dict[int, Step]] = {rank: {} for rank in self.rank_infos}
         self._latest: dict[int, int] = {}
         """Rank -> the latest step it completed."""
         self._candidates: dict[int, list[str]] = {}
@@ -199,36 +170,52 @@ class PipelineJob:
         self.kept = Kept(self, max_kept_bytes, budget, nodes)
         self.straggler_threshold = straggler_threshold
         self.straggler_window = straggler_window
-        self.pipelines = sorted({info.dp_rank for info in self.rank_infos.values()})
-        """The data-parallel pipelines (dp ranks)."""
-        self.notices: dict[int, float] = {}
-        """Pipeline -> straggler factor given by a notice (`set_straggler`)."""
-        self.detected: dict[int, float] = {}
-        """Pipeline -> straggler factor measured."""
+        self.stragglers = Stragglers({r: i.dp_rank for r, i in self.rank_infos.items()},
+                                     straggler_threshold, straggler_window)
+        """What is known of the job's stragglers (`coordinator.pipeline.stragglers`)."""
         self._base: dict[int, FrequencySchedule] = {}
         """The scheduler's schedules while serving (the chosen plan), before straggler changes."""
-        self._points: dict[int, Any] = {}
-        """Pipeline -> the frontier point it runs instead of the chosen one."""
-        self._spans: dict[int, dict[int, float]] = {}
-        """Step -> rank -> the rank's own iteration time (s), under the current version."""
-        self._slow: dict[int, list[float]] = {}
-        self._normal: dict[int, int] = {}
-        self._rounds: list[list[ProfilingResult]] = []
-        """The rounds of results the scheduler observed that a takeover replays (`_keep`)."""
-        self._served_from: int | None = None
-        """Index in `_rounds` of the first window served under the current plan (None when
-        no plan is being served with unchanged schedules)."""
+        self._resume_files: list[Action] = []
+        """Files the scheduler produced while the recorded rounds were replayed (`start`)."""
+        self.kept_rounds = KeptRounds(self.kept)
+        """The observed rounds a takeover replays (`coordinator.pipeline.takeover`)."""
         self.resumed = False
         if resume is not None:
             self._replay(resume)
+
+    # ------------------------------------------------------------------ phase
+    @property
+    def phase(self) -> Phase:
+        """Where the optimisation stands (`coordinator.pipeline.phase`)."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, new: Phase | str) -> None:
+        """Change phase, as `TRANSITIONS` allows (`PhaseError` otherwise)."""
+        self._phase = check_transition(self._phase, new)
+
+    @property
+    def pipelines(self) -> list[int]:
+        """The data-parallel pipelines (dp ranks)."""
+        return self.stragglers.pipelines
+
+    @property
+    def notices(self) -> dict[int, float]:
+        """Pipeline -> straggler factor given by a notice (`set_straggler`)."""
+        return self.stragglers.notices
+
+    @property
+    def detected(self) -> dict[int, float]:
+        """Pipeline -> straggler factor measured."""
+        return self.stragglers.detected
 
     # ------------------------------------------------------------------ JobOptimizer
     @property
     def done(self) -> bool:
         """Stopped, or serving a final plan with nothing left to watch (no frontier)."""
-        if self.phase == "serving":
+        if self.phase is Phase.SERVING:
             return not self._watching()
-        return self.phase in ("error", "stopped")
+        return self.phase.final
 
     @property
     def desired_power_limit(self) -> None:
@@ -252,12 +239,14 @@ class PipelineJob:
             return self._fail(self.error)
         if self.resumed and self.version is not None:
             ordered = tuple(self.schedules[r] for r in sorted(self.schedules))
-            return [InstallSchedules(ordered, self.version),
-                    StatusUpdate(self.phase, f"resumed from the recorded progress "
-                                 f"({len(self._rounds)} round(s) observed): schedule "
+            files, self._resume_files = self._resume_files, []
+            return [*files, InstallSchedules(ordered, self.version),
+                    StatusUpdate(self.phase.value, f"resumed from the recorded progress "
+                                 f"({len(self.kept_rounds)} round(s) observed): schedule "
                                  f"{self.version}", self.progress())]
-        return [StatusUpdate("discovering", f"all {len(self.rank_infos)} rank(s) registered; "
-                             "observing one iteration to learn each rank's instructions")]
+        return [StatusUpdate(Phase.DISCOVERING.value,
+                             f"all {len(self.rank_infos)} rank(s) registered; observing one "
+                             "iteration to learn each rank's instructions")]
 
     def on_event(self, rank: int, event: TrainerEvent, now_s: float) -> list[Action]:
         """Trainer events pace nothing here: the measurements carry what is needed."""
@@ -269,7 +258,7 @@ class PipelineJob:
 
     def tick(self, now_s: float) -> list[Action]:
         """Name ranks that have sent nothing for `stall_after_s` (once per silence)."""
-        if self.done or self.phase == "serving":
+        if self.done or self.phase is Phase.SERVING:
             return []
         for rank in self.rank_infos:
             self._last_seen.setdefault(rank, now_s)  # The clock starts at the first tick.
@@ -307,18 +296,14 @@ class PipelineJob:
 
         None before the orders are known (a new owner discovers them again) and once stopped.
         The scheduler is deterministic: fed the same rounds, it reaches the same state. The
-        rounds are those `_keep` kept: all that led to a plan, and of the windows served under
+        rounds are those `KeptRounds` kept: all that led to a plan, and of the windows served under
         the current plan (or any earlier one) the first and the latest few, so a plan served
         for ever is replayed as a bounded number of windows.
         """
-        if self.scheduler is None or self.phase in ("error", "stopped"):
+        if self.scheduler is None or self.phase.final:
             return None
-        return {
-            "first_version": self.first_version,
-            "orders": {str(r): names for r, names in sorted(self.orders.items())},
-            "rounds": [[r.model_dump(mode="json") for r in results] for results in self._rounds],
-            "notices": {str(d): f for d, f in sorted(self.notices.items())},
-        }
+        return progress_record(self.first_version, self.orders, self.kept_rounds.rounds,
+                               self.notices)
 
     def _replay(self, state: dict[str, Any]) -> None:
         """Rebuild the state `persisted()` described (the actions it implied are not redone).
@@ -326,13 +311,10 @@ class PipelineJob:
         Raises:
             ValueError: The state does not fit this job (other ranks), or is malformed.
         """
-        try:
-            orders = {int(r): [str(n) for n in names] for r, names in state["orders"].items()}
-            rounds = [[ProfilingResult(**r) for r in results] for results in state["rounds"]]
-            notices = {int(d): float(f) for d, f in state.get("notices", {}).items()}
-            self.first_version = int(state.get("first_version", self.first_version))
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f"recorded progress unreadable: {e}") from None
+        recorded = read_progress(state)
+        orders = recorded.orders
+        if recorded.first_version is not None:
+            self.first_version = recorded.first_version
         if set(orders) != set(self.rank_infos):
             raise ValueError(f"recorded progress is for ranks {sorted(orders)[:16]}, not "
                              f"{sorted(self.rank_infos)[:16]}")
@@ -343,14 +325,17 @@ class PipelineJob:
                 self._fail(f"rank {rank}: {why}", code="too_large")
                 return
         self._schedule_first()
-        for results in rounds:
-            if self.phase in ("error", "stopped"):
+        for results in recorded.rounds:
+            if self.phase.final:
                 break
-            self._observe(results)
-        self.notices = {d: f for d, f in notices.items() if d in self.pipelines}
-        if self.notices and self.phase == "serving":
+            # What the replay's actions did is done already, but for the files its scheduler
+            # produced (a frontier planned again): written when the job starts.
+            self._resume_files += [a for a in self._observe(results) if isinstance(a, WriteFile)]
+        self.stragglers.notices = {d: f for d, f in recorded.notices.items()
+                                   if d in self.pipelines}
+        if self.notices and self.phase is Phase.SERVING:
             self._apply_stragglers()
-        self.resumed = self.phase not in ("error", "stopped")
+        self.resumed = not self.phase.final
 
     def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         """Take one step or instruction measurement of `rank`."""
@@ -367,7 +352,7 @@ class PipelineJob:
         if step is None:
             if len(steps) >= MAX_OPEN_STEPS:
                 self._drop(rank, min(steps))
-            step = steps[m.step] = _Step()
+            step = steps[m.step] = Step()
         if m.kind == "instruction":
             if len(step.instructions) < MAX_INSTRUCTIONS_PER_STEP:
                 old = step.instructions.get(m.index)
@@ -383,12 +368,12 @@ class PipelineJob:
         step.time_s, step.energy_j, step.version = m.time_s, m.energy_j, m.schedule
         step.start_ns = m.t0_ns
         self._latest[rank] = max(self._latest.get(rank, m.step), m.step)
-        if self.phase == "discovering":
+        if self.phase is Phase.DISCOVERING:
             actions = self._discover(rank, m.step)
-            if self.phase == "discovering":
+            if self.phase is Phase.DISCOVERING:
                 self._drop(rank, m.step)  # Its names are the rank's candidate now.
             return actions
-        names = [step.instructions[i][0] for i in sorted(step.instructions)]
+        names = step.names()
         if names != self.orders.get(rank):
             self._drop(rank, m.step)
             self._mismatches[rank] = self._mismatches.get(rank, 0) + 1
@@ -402,12 +387,12 @@ class PipelineJob:
             return []
         self._mismatches.pop(rank, None)
         actions = self._track(rank, m.step)
-        if self.phase == "serving" and self.scheduler is not None and (
-                self.scheduler.finished or self._stragglers()):
+        if self.phase is Phase.SERVING and self.scheduler is not None and (
+                self.scheduler.finished or self.stragglers.factors()):
             # Nothing to observe (a final plan, or a straggler's time): forget the step.
             self._drop(rank, m.step)
             return actions
-        for n, _ in self._complete(steps)[self.profiling_iterations:]:
+        for n, _ in complete(steps, self.version)[self.profiling_iterations:]:
             self._drop(rank, n)  # Only the first ones are observed.
         return actions + self._maybe_observe()
 
@@ -421,19 +406,8 @@ class PipelineJob:
                 [1, `MAX_STRAGGLER_FACTOR`] ("bad_request"), or the job has stopped
                 ("conflict").
         """
-        if isinstance(dp_index, bool) or not isinstance(dp_index, int) or (
-                dp_index not in self.pipelines):
-            raise StragglerError(
-                "out_of_range", f"the job has no pipeline {dp_index!r}: its pipelines (data-"
-                f"parallel ranks) are {_ranges(self.pipelines)}")
-        if factor is not None and (
-            isinstance(factor, bool) or not isinstance(factor, int | float)
-            or not math.isfinite(factor) or not 1.0 <= factor <= MAX_STRAGGLER_FACTOR
-        ):
-            raise StragglerError(
-                "bad_request", f"a straggler factor is the pipeline's slowdown, from 1 to "
-                f"{MAX_STRAGGLER_FACTOR:g} (1.3: 30% slower), got {factor!r}")
-        if self.phase in ("error", "stopped"):
+        self.stragglers.check_notice(dp_index, factor)
+        if self.phase.final:
             raise StragglerError(
                 "conflict", f"the job's pipeline optimiser has stopped ({self.error})")
         if factor is None:
@@ -451,38 +425,36 @@ class PipelineJob:
         """Phase, schedule number and the scheduler's own progress."""
         rounds = self.scheduler.progress() if self.scheduler is not None else None
         return {
-            "phase": self.phase,
+            "phase": self.phase.value,
             "schedule": self.version,
             "observed": self._observed,
             "scheduler": self.scheduler_name,
             "rounds": list(rounds) if rounds else None,
             "error": self.error,
-            "stragglers": {str(d): round(f, 4) for d, f in sorted(self._stragglers().items())},
-            "slowed": {str(d): round(float(p.time), 6) for d, p in sorted(self._points.items())},
+            "stragglers": {str(d): round(f, 4)
+                           for d, f in sorted(self.stragglers.factors().items())},
+            "slowed": {str(d): round(float(p.time), 6)
+                       for d, p in sorted(self.stragglers.points.items())},
             "kept_bytes": self.kept.total,
         }
 
     def waiting_for(self) -> dict[str, Any]:
         """Ranks that still owe iterations (discovery or the current profiling window)."""
-        if self.phase == "discovering":
+        if self.phase is Phase.DISCOVERING:
             return {"ranks_to_discover": sorted(set(self.rank_infos) - set(self.orders))}
-        if self.phase != "profiling":
+        if self.phase is not Phase.PROFILING:
             return {}
         need = self.profiling_iterations
         return {"ranks_short_of_iterations": sorted(
-            r for r, steps in self._steps.items() if len(self._complete(steps)) < need)}
+            r for r, steps in self._steps.items() if len(complete(steps, self.version)) < need)}
 
     # ------------------------------------------------------------------ internals
-    def _complete(self, steps: dict[int, _Step]) -> list[tuple[int, _Step]]:
-        """Steps with their step measurement, under the current version, in step order."""
-        return sorted((n, s) for n, s in steps.items()
-                      if s.time_s is not None and s.version == self.version and s.instructions)
 
     def _discover(self, rank: int, step_number: int) -> list[Action]:
         step = self._steps[rank].get(step_number)
         if step is None or not step.instructions or rank in self.orders:
             return []
-        names = [step.instructions[i][0] for i in sorted(step.instructions)]
+        names = step.names()
         old = self._candidates.get(rank)
         if old != names:  # Two iterations alike: not a partial one.
             why = self.kept.take(rank, name_bytes(names) - name_bytes(old or []))
@@ -505,9 +477,16 @@ class PipelineJob:
             self.scheduler = self.make_scheduler(self.job_info, infos)
             schedules = self.scheduler.next_schedule()
         except (SchedulerError, ValueError, TypeError, KeyError, OSError) as e:
-            return self._fail(f"the scheduler {self.scheduler_name or ''} cannot run: {e}")
+            return self._files() + self._fail(
+                f"the scheduler {self.scheduler_name or ''} cannot run: {e}")
         ranks = json.dumps([info.model_dump(mode="json") for info in infos])
-        return [KeepFile("ranks.json", ranks), *self._install(schedules)]
+        return [KeepFile("ranks.json", ranks), *self._files(), *self._install(schedules)]
+
+    def _files(self) -> list[Action]:
+        """The files the scheduler produced since last asked, to be written."""
+        if self.scheduler is None:
+            return []
+        return [WriteFile(f.path, f.content, f.what) for f in self.scheduler.take_files()]
 
     def _install(self, schedules: list[FrequencySchedule], state: str = "profiling",
                  message: str = "") -> list[Action]:
@@ -523,18 +502,16 @@ class PipelineJob:
         self.version = self.first_version if self.version is None else self.version + 1
         self.schedules = by_rank
         self._clear_steps()
-        self._spans.clear()
-        self._slow.clear()
-        self._normal.clear()
+        self.stragglers.new_version()
         latest = sorted(self._latest.values()) or [0]
         from_step = latest[len(latest) // 2] + self.switch_lead_steps
         if state == "profiling":
             rounds = self.scheduler.progress() if self.scheduler is not None else None
-            self.phase = "profiling"
+            self.phase = Phase.PROFILING
             message = (f"profiling {rounds[0] + 1}/{rounds[1]}" if rounds
                        else f"schedule {self.version}")
         else:
-            self.phase = "serving"
+            self.phase = Phase.SERVING
         ordered = tuple(by_rank[r] for r in sorted(by_rank))
         dump = json.dumps([s.model_dump(mode="json") for s in ordered])
         return [
@@ -566,91 +543,63 @@ class PipelineJob:
     def _maybe_observe(self) -> list[Action]:
         if self.scheduler is None or self.version is None:
             return []
-        if self.phase not in ("profiling", "serving"):
+        if self.phase not in (Phase.PROFILING, Phase.SERVING):
             return []
         need = self.profiling_iterations
-        complete = {r: self._complete(steps) for r, steps in self._steps.items()}
-        if any(len(c) < need for c in complete.values()):
+        done = {r: complete(steps, self.version) for r, steps in self._steps.items()}
+        if any(len(c) < need for c in done.values()):
             return []
-        results = [self._result(rank, [s for _, s in complete[rank][:need]])
-                   for rank in sorted(complete)]
+        results = [profiling_result(rank, [s for _, s in done[rank][:need]])
+                   for rank in sorted(done)]
         return self._observe(results)
 
     def _observe(self, results: list[ProfilingResult]) -> list[Action]:
         """Give one round of results (one per rank) to the scheduler; act on its answer."""
         assert self.scheduler is not None
         version = self.version
-        serving = self.phase == "serving" and bool(getattr(self.scheduler, "serving", False))
+        serving = self.phase is Phase.SERVING and self.scheduler.serving
         base = {r: s.frequencies for r, s in self._base.items()}
         try:
             self.scheduler.observe(results)
             schedules = self.scheduler.next_schedule()
         except (SchedulerError, ValueError, TypeError, KeyError, OSError) as e:
-            return self._fail(f"the scheduler failed on the results of schedule {version}: {e}")
+            return self._files() + self._fail(
+                f"the scheduler failed on the results of schedule {version}: {e}")
         self._observed += 1
-        served = (serving and not self.scheduler.finished
-                  and getattr(self.scheduler, "serving", False)
+        served = (serving and not self.scheduler.finished and self.scheduler.serving
                   and {s.rank: s.frequencies for s in schedules} == base)
-        why = self._keep(results, served)
+        files = self._files()
+        window = self.scheduler.replan_window
+        why = self.kept_rounds.keep(results, served, window)
         if why is not None:
-            return self._fail(f"the results of schedule {version}: {why}", code="too_large")
+            return files + self._fail(f"the results of schedule {version}: {why}",
+                                      code="too_large")
         dump = json.dumps([r.model_dump(mode="json") for r in results])
-        actions: list[Action] = [KeepFile(f"{version}.prof.json", dump)]
+        actions: list[Action] = [KeepFile(f"{version}.prof.json", dump), *files]
         if self.scheduler.finished:  # It serves these from now on: install them if new.
             current = {r: s.frequencies for r, s in self.schedules.items()}
             if {s.rank: s.frequencies for s in schedules} != current:
                 installed = self._install(schedules)
-                if self.phase == "error":  # They cannot be installed: stopped (say why).
+                if self.phase is Phase.ERROR:  # They cannot be installed: stopped (say why).
                     return actions + installed
                 actions += [a for a in installed if not isinstance(a, StatusUpdate)]
-            self.phase = "serving"
+            self.phase = Phase.SERVING
             self._base = {s.rank: s for s in schedules}
             self._clear_steps()
-            actions.append(StatusUpdate("serving", f"serving plan {self.version} (the scheduler "
-                                        "has finished)", self.progress()))
+            actions.append(StatusUpdate(Phase.SERVING.value, f"serving plan {self.version} (the "
+                                        "scheduler has finished)", self.progress()))
             return actions
-        if getattr(self.scheduler, "serving", False):  # A plan, watched by the scheduler.
+        if self.scheduler.serving:  # A plan, watched by the scheduler.
             return actions + self._serve(schedules)
-        self._base, self._points = {}, {}
+        self._base, self.stragglers.points = {}, {}
         self.detected.clear()
         return actions + self._install(schedules)
-
-    def _keep(self, results: list[ProfilingResult], served: bool) -> str | None:
-        """Keep one observed round for a takeover to replay, charged to `Kept`; why not, or None.
-
-        Every round that leads to a plan is kept (a replay re-plans from them), and of the
-        windows `served` under an unchanged plan (a scheduler that keeps watching it, e.g.
-        Perseus' drift watch) the first one (Perseus' baseline) and the latest
-        `SERVED_ROUNDS_KEPT` (or the scheduler's `replan_window`, at most
-        `MAX_SERVED_ROUNDS_KEPT`): the ones between are given back, so a plan served for ever
-        keeps a bounded number of rounds.
-        """
-        for result in results:
-            why = self.kept.take(result.rank, result_bytes(result))
-            if why is not None:
-                return why
-        if not served:
-            self._served_from = None  # A new plan (or profiling): its rounds all count.
-            self._rounds.append(results)
-            return None
-        if self._served_from is None:
-            self._served_from = len(self._rounds)
-        self._rounds.append(results)
-        window = getattr(self.scheduler, "replan_window", 0)
-        tail = SERVED_ROUNDS_KEPT
-        if isinstance(window, int) and not isinstance(window, bool):
-            tail = min(max(tail, window), MAX_SERVED_ROUNDS_KEPT)
-        while len(self._rounds) - self._served_from - 1 > tail:
-            for result in self._rounds.pop(self._served_from + 1):
-                self.kept.give(result.rank, result_bytes(result))
-        return None
 
     # ------------------------------------------------------------------ serving, stragglers
     def _watching(self) -> bool:
         """Whether a serving job still has something to watch (results, stragglers)."""
         scheduler = self.scheduler
-        return scheduler is not None and (
-            not scheduler.finished or getattr(scheduler, "frontier", None) is not None)
+        return scheduler is not None and (not scheduler.finished or scheduler.frontier is not None)
 
     def _drop_complete(self) -> None:
         """Forget the complete steps (in-progress ones stay: their instructions are coming)."""
@@ -676,11 +625,11 @@ class PipelineJob:
         self._clear_steps(rank)
         if self._left < set(self.rank_infos):
             return []
-        if self.phase in ("discovering", "profiling"):
+        if self.phase in (Phase.DISCOVERING, Phase.PROFILING):
             return self._fail(f"every rank's trainer said goodbye while {self.phase}",
                               state="stopped")
         self._clear_steps()
-        self._spans.clear()
+        self.stragglers.forget_spans()
         return []
 
     def _serve(self, schedules: list[FrequencySchedule]) -> list[Action]:
@@ -688,104 +637,35 @@ class PipelineJob:
         by_rank = {s.rank: s for s in schedules}
         same = ({r: s.frequencies for r, s in by_rank.items()}
                 == {r: s.frequencies for r, s in self._base.items()})
-        if same and self.phase == "serving":
+        if same and self.phase is Phase.SERVING:
             self._drop_complete()  # The next window starts.
             return []
         self._base = by_rank
-        self.phase = "serving"  # (Installed right below.)
+        self.phase = Phase.SERVING  # (Installed right below.)
         return self._apply_stragglers(force=True)
 
-    def _stragglers(self) -> dict[int, float]:
-        """Pipeline -> straggler factor (> 1): notices, else what was measured."""
-        factors = {**self.detected, **self.notices}
-        return {d: f for d, f in factors.items() if f > 1.0}
-
-    def _frontier(self) -> tuple[list[Any], Any] | None:
+    def _frontier(self) -> tuple[Sequence[PlanPoint], PlanPoint] | None:
         """(frontier, chosen point) while serving a plan of a scheduler that has them."""
-        frontier = getattr(self.scheduler, "frontier", None)
-        chosen = getattr(self.scheduler, "chosen", None)
-        if self.phase != "serving" or not self._base or not frontier or chosen is None:
+        scheduler = self.scheduler
+        if scheduler is None or self.phase is not Phase.SERVING or not self._base:
+            return None
+        frontier, chosen = scheduler.frontier, scheduler.chosen
+        if not frontier or chosen is None:
             return None
         return frontier, chosen
 
     def _track(self, rank: int, step_number: int) -> list[Action]:
         """Record rank's own iteration time for one step; judge the step once all ranks did."""
-        if len(self.pipelines) < 2 or self._frontier() is None:
+        found = self._frontier()
+        if len(self.pipelines) < 2 or found is None:
             return []
         step = self._steps[rank].get(step_number)
-        if step is None or step.time_s is None:
+        span = step.own_time() if step is not None else None
+        if span is None:
             return []
-        span = step.time_s
-        if step.start_ns is not None and step.last_end_ns is not None:
-            own = (step.last_end_ns - step.start_ns) / 1e9
-            if 0 < own <= span * (1 + 1e-3) + 1e-6:
-                span = own  # Without the wait at the data-parallel all-reduce.
-        spans = self._spans.setdefault(step_number, {})
-        spans[rank] = span
-        if len(self._spans) > MAX_OPEN_STEPS:
-            del self._spans[min(self._spans)]
-        if len(spans) < len(self.rank_infos):
-            return []
-        del self._spans[step_number]
-        return self._judge(spans)
-
-    def _planned_time(self, pipeline: int) -> float:
-        found = self._frontier()
-        point = self._points.get(pipeline) or (found[1] if found else None)
-        time = float(point.time) if point is not None else 1.0
-        return time if time > 0 else 1.0
-
-    def _judge(self, spans: dict[int, float]) -> list[Action]:
-        """One iteration of every pipeline: update what is measured of stragglers."""
-        times: dict[int, float] = {}
-        for rank, span in spans.items():
-            d = self.rank_infos[rank].dp_rank
-            times[d] = max(times.get(d, 0.0), span)
-        norm = {d: t / self._planned_time(d) for d, t in times.items()}
-        changed = False
-        for d in self.pipelines:
-            ref = statistics.median([norm[o] for o in self.pipelines if o != d])
-            ratio = norm[d] / ref if ref > 0 else 1.0
-            if ratio > 1 + self.straggler_threshold:
-                self._slow.setdefault(d, []).append(ratio)
-                self._normal[d] = 0
-            else:
-                self._slow[d] = []
-                self._normal[d] = self._normal.get(d, 0) + 1
-            slow = self._slow.get(d, [])
-            if len(slow) >= self.straggler_window:
-                factor = statistics.median(slow)
-                self._slow[d] = []
-                previous = self.detected.get(d)
-                if previous is None or abs(factor / previous - 1) > self.straggler_threshold:
-                    self.detected[d] = factor
-                    changed = True
-            elif d in self.detected and self._normal[d] >= self.straggler_window:
-                del self.detected[d]
-                changed = True
-        return self._apply_stragglers() if changed else []
-
-    def _plan_points(self) -> dict[int, Any]:
-        """Pipeline -> the frontier point it runs instead of the chosen one (stragglers)."""
-        found = self._frontier()
-        stragglers = self._stragglers()
-        if found is None or not stragglers:
-            return {}
-        frontier, chosen = found
-        worst = max(stragglers.values())
-        points: dict[int, Any] = {}
-        for d in self.pipelines:
-            own = stragglers.get(d, 1.0)
-            if own >= worst:
-                continue  # The straggler keeps the chosen plan.
-            # A margin under the straggler's pace: clock changes cost time the plan does not
-            # show, and a pipeline slowed to exactly that pace would become the critical one.
-            target = float(chosen.time) * worst / own * (1 - STRAGGLER_MARGIN)
-            fits = [p for p in frontier if float(p.time) <= target * (1 + 1e-9)]
-            best = min(fits, key=lambda p: (float(p.energy), -float(p.time)), default=chosen)
-            if float(best.energy) < float(chosen.energy):
-                points[d] = best
-        return points
+        if self.stragglers.track(rank, step_number, span, len(self.rank_infos), found[1]):
+            return self._apply_stragglers()
+        return []
 
     def _apply_stragglers(self, force: bool = False) -> list[Action]:
         """Install the schedules the stragglers call for, if they differ from the current ones.
@@ -798,77 +678,42 @@ class PipelineJob:
                 return self._install(list(self._base.values()), "serving",
                                      f"serving the plan of {self.scheduler_name}")
             return []
-        points = self._plan_points()
-        schedules: dict[int, FrequencySchedule] = {}
-        for rank, info in self.rank_infos.items():
-            point = points.get(info.dp_rank)
-            if point is None:
-                schedules[rank] = self._base[rank]
-                continue
-            try:
-                stage_plan = point.plan[info.pp_rank]
-                schedules[rank] = plan_schedule(rank, self.orders.get(rank, []), stage_plan,
-                                                max(info.available_frequencies))
-            except (SchedulerError, IndexError) as e:
-                problem: list[Action] = [StatusUpdate(
-                    "straggler", f"cannot slow the other pipelines down: {e}", self.progress())]
-                if not force:
-                    return problem
-                self._points = {}
-                return problem + self._install(list(self._base.values()), "serving",
-                                               f"serving the plan of {self.scheduler_name}")
+        frontier, chosen = found
+        points = self.stragglers.plan_points(frontier, chosen)
+        try:
+            schedules = self.stragglers.schedules(points, self.rank_infos, self.orders,
+                                                  self._base)
+        except (SchedulerError, IndexError) as e:
+            problem: list[Action] = [StatusUpdate(
+                "straggler", f"cannot slow the other pipelines down: {e}", self.progress())]
+            if not force:
+                return problem
+            self.stragglers.points = {}
+            return problem + self._install(list(self._base.values()), "serving",
+                                           f"serving the plan of {self.scheduler_name}")
         current = {r: s.frequencies for r, s in self.schedules.items()}
         if not force and {r: s.frequencies for r, s in schedules.items()} == current:
-            self._points = points
+            self.stragglers.points = points
             return []
-        self._points = points
-        chosen = found[1]
+        self.stragglers.points = points
         plan = (f"the plan of {float(chosen.time):.4g} s, {float(chosen.energy):.4g} J per "
                 "iteration")
         if not points:
             return self._install(list(schedules.values()), "serving",
-                                 f"serving {plan}" if force or not self._stragglers() else
-                                 f"serving {plan} (no other pipeline to slow down)")
-        stragglers = self._stragglers()
-        worst = max(stragglers, key=lambda d: stragglers[d])
-        source = "notice" if worst in self.notices else "measured"
-        slowed = ", ".join(
-            f"{d} -> {float(p.time):.4g} s ({float(p.time) / float(chosen.time):.3f}x, energy "
-            f"{100 * (float(p.energy) / float(chosen.energy) - 1):+.1f}%)"
-            for d, p in sorted(points.items()))
-        return self._install(
-            list(schedules.values()), "straggler",
-            f"pipeline {worst} is a straggler ({stragglers[worst]:.3f}x, {source}); chosen "
-            f"plan {float(chosen.time):.4g} s; pipeline(s) {slowed}")
+                                 f"serving {plan}" if force or not self.stragglers.factors()
+                                 else f"serving {plan} (no other pipeline to slow down)")
+        return self._install(list(schedules.values()), "straggler",
+                             self.stragglers.describe(points, chosen))
 
     def _why_unchanged(self) -> str:
-        if self.phase != "serving":
+        if self.phase is not Phase.SERVING:
             return f"applied once a plan is served (the job is {self.phase})"
-        if getattr(self.scheduler, "frontier", None) is None:
+        if self.scheduler is None or self.scheduler.frontier is None:
             return (f"the scheduler {self.scheduler_name} has no time-energy frontier to slow "
                     "the other pipelines down with")
         if len(self.pipelines) < 2:
             return "the job has no other pipeline to slow down"
         return "the schedules stay as they are"
-
-    def _result(self, rank: int, steps: list[_Step]) -> ProfilingResult:
-        times: dict[str, list[list[float]]] = {}
-        energies: dict[str, list[list[float]]] = {}
-        for i, step in enumerate(steps):
-            for name in set(times) | {n for n, *_ in step.instructions.values()}:
-                times.setdefault(name, [[] for _ in range(i)]).append([])
-                energies.setdefault(name, [[] for _ in range(i)]).append([])
-            for index in sorted(step.instructions):
-                name, t, e, _ = step.instructions[index]
-                times[name][i].append(t)
-                energies[name][i].append(e)
-        return ProfilingResult(
-            rank=rank,
-            iter_time=[s.time_s or 0.0 for s in steps],
-            iter_energy=[s.energy_j or 0.0 for s in steps],
-            time_breakdown=times,
-            energy_breakdown=energies,
-        )
 
     def _fail(self, why: str, state: str = "error", code: str | None = None) -> list[Action]:
         """Stop: clear the job's schedules everywhere (a predecessor's too) and say why.
@@ -882,18 +727,10 @@ class PipelineJob:
         for steps in self._steps.values():
             steps.clear()
         self._candidates.clear()
-        self._spans.clear()
-        self._slow.clear()
-        self._rounds.clear()  # (Only a running job is persisted for a takeover.)
-        self._served_from = None
+        self.stragglers.forget_slow()
+        self.kept_rounds.clear()  # (Only a running job is persisted for a takeover.)
         self.kept.release()
         status = StatusUpdate(state, f"pipeline frequency optimiser stopped: {why}; the GPUs "
                               "run at their default clocks", {"code": code} if code else {})
         return [ClearSchedules(), status]
 
-
-def _ranges(values: Sequence[int]) -> str:
-    """0..3, or a list when not contiguous."""
-    if values and list(values) == list(range(values[0], values[-1] + 1)):
-        return f"{values[0]}..{values[-1]}" if len(values) > 1 else str(values[0])
-    return str(list(values)[:16])

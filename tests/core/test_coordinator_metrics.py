@@ -76,6 +76,7 @@ def test_a_pipeline_job_serving_a_frontier_point_shows_its_plan() -> None:
     frontier = [SimpleNamespace(time=1.0, energy=100.0), SimpleNamespace(time=1.1, energy=80.0),
                 SimpleNamespace(time=1.5, energy=70.0)]
     job.scheduler = SimpleNamespace(frontier=frontier, chosen=frontier[1])  # type: ignore[assignment]
+    job.phase = "profiling"  # (The phases a job goes through: TRANSITIONS.)
     job.phase, job.version = "serving", 3
     snap = metrics.pipeline_job("pp", job)
     assert (snap.kind, snap.phase, snap.schedule_version) == ("pipeline", "serving", 3)

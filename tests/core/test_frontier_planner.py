@@ -15,17 +15,17 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from coordinator.pipeline.dag import Synchronous1F1B, build_dag
 from coordinator.pipeline.planner import (
     DEFAULT_P_BLOCK_W,
     FrontierPoint,
     InstructionProfile,
     choose,
     evaluate,
-    load_profile,
     max_frequency_plan,
     plan_frontier,
 )
+from coordinator.pipeline.planner.dag import Synchronous1F1B, build_dag
+from coordinator.pipeline.planner.profile_file import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "data" / "perseus" / "stage_profiles"

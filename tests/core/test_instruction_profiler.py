@@ -16,12 +16,14 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from coordinator.pipeline.instruction_profiler import (
+from coordinator.pipeline.dumps import write_file, write_files
+from coordinator.pipeline.schedulers import SchedulerError
+from coordinator.pipeline.schedulers.instruction_profiler import (
     InstructionProfiler,
     InstructionProfiler3D,
     coarse_grid,
 )
-from coordinator.pipeline.scheduler import SchedulerError
+from zeus_agent import pipeline_order
 from zeus_agent.models import (
     CSV_COLUMNS,
     FrequencySchedule,
@@ -53,7 +55,7 @@ TICK = 0.1
 
 
 def one_f_one_b(stages: int, microbatches: int, stage: int) -> list[str]:
-    return [kind for kind, _ in bench.one_f_one_b(stages, microbatches, stage)]
+    return [kind for kind, _ in pipeline_order.one_f_one_b(stage, stages, microbatches)]
 
 
 def infos_for(stages: int = 4, microbatches: int = 4, dp: int = 1) -> list[RankInfo]:
@@ -246,7 +248,7 @@ def test_a_setting_seen_briefly_in_a_low_reading_window_gets_no_negative_power()
     gave a setting seen for 0.05 s in one window whose energy read 20 J low a power of about
     -500 W. The fit is bounded: every busy power is at least MIN_POWER_FRACTION of the rank's
     mean power, P_block at least 0; what the windows determine is unchanged."""
-    from coordinator.pipeline.instruction_profiler import MIN_POWER_FRACTION, _Window
+    from coordinator.pipeline.schedulers.instruction_profiler import MIN_POWER_FRACTION, _Window
 
     prof = InstructionProfiler(job_for(stages=1), infos_for(stages=1), {})
     state = prof._states[0]
@@ -346,6 +348,8 @@ def test_csv_columns_and_rows(tmp_path: Path) -> None:
     prof = InstructionProfiler(job_for(), infos_for(), {}, clocks=4, result_path=str(path),
                                stop_after_rising=10)
     drive(prof, Synthetic(p_bwd_lin, p_bwd_lin))
+    assert not path.exists()  # Handed over, not written: the coordinator writes it.
+    write_files(prof.take_files())
     lines = path.read_text().splitlines()
     assert tuple(lines[0].split(",")) == CSV_COLUMNS
     back = InstructionProfilingResult.from_csv(str(path))
@@ -368,6 +372,10 @@ def test_unwritable_result_path_keeps_the_result(tmp_path: Path) -> None:
                                result_path=str(blocker / "p.csv"))
     drive(prof, Synthetic(p_bwd_lin, p_bwd_lin))
     assert prof.result is not None and prof.finished
+    (file,) = prof.take_files()
+    assert file.path == str(blocker / "p.csv") and file.what == "the instruction profile"
+    assert not write_file(file.path, file.content, file.what)  # Logged; nothing raised.
+    assert prof.take_files() == []
 
 
 def test_default_result_path_under_dump_dir(tmp_path: Path) -> None:
@@ -377,6 +385,7 @@ def test_default_result_path_under_dump_dir(tmp_path: Path) -> None:
     prof = InstructionProfiler(job, infos_for(), settings, clocks=3)
     assert prof.result_path == str(tmp_path / job.job_id / "instruction_profile.csv")
     drive(prof, Synthetic(p_bwd_lin, p_bwd_lin))
+    write_files(prof.take_files())
     assert Path(prof.result_path).exists()
     assert InstructionProfiler(job_for(), infos_for(), {}).result_path is None
 
@@ -446,7 +455,7 @@ def test_mismatched_result_window_is_skipped_and_setting_held() -> None:
 
 
 def test_registered_names() -> None:
-    from coordinator.pipeline.names import resolve_scheduler
+    from coordinator.pipeline.schedulers.registry import resolve_scheduler
 
     assert resolve_scheduler("InstructionProfiler") is InstructionProfiler
     assert resolve_scheduler("InstructionProfiler3D") is InstructionProfiler3D
@@ -473,6 +482,7 @@ def test_3d_wrapper_with_data_parallel(tmp_path: Path) -> None:
                       for d in range(2) for r in stage_results])
     assert len(prof.next_schedule()) == 8
     assert all({f for _, f in s.frequencies} == {clocks[0]} for s in prof.next_schedule())
+    write_files(prof.take_files())
     back = InstructionProfilingResult.from_csv(str(path))
     assert [e.rank for e in back.root] == [0, 1, 2, 3]
     # Two DP ranks' energies are summed per stage (they ran the same, so twice one GPU's).

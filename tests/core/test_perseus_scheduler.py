@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from coordinator.pipeline import perseus
-from coordinator.pipeline.instruction_profiler import coarse_grid
-from coordinator.pipeline.names import resolve_scheduler
-from coordinator.pipeline.perseus import Perseus, Perseus3D, one_f_one_b, plan_schedule
-from coordinator.pipeline.scheduler import SchedulerError
+from coordinator.pipeline.dumps import write_files
+from coordinator.pipeline.schedulers import SchedulerError, perseus
+from coordinator.pipeline.schedulers.instruction_profiler import coarse_grid
+from coordinator.pipeline.schedulers.perseus import Perseus, Perseus3D, one_f_one_b, plan_schedule
+from coordinator.pipeline.schedulers.registry import resolve_scheduler
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 
 CLOCKS = [1500, 1350, 1200, 1050, 900, 750]
@@ -330,6 +330,9 @@ def test_frontier_csv_in_the_job_dump_directory(stub: StubPlanner, tmp_path) -> 
     sched = Perseus(job(), ranks(), {"dump_dir": str(tmp_path)}, profiler_args=FAST,
                     time_margin=0.0)
     profile_to_end(sched)
+    files = sched.take_files()
+    assert [f.what for f in files] == ["the instruction profile", "the frontier"]
+    write_files(files)
     with (tmp_path / "job+perseus" / "frontier.csv").open() as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["index", "time", "energy"]

@@ -14,17 +14,21 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-import coordinator.pipeline.instruction_profiler  # noqa: F401 - registered before the registry is saved
-from coordinator.pipeline import names
-from coordinator.pipeline.names import register_scheduler, resolve_scheduler
-from coordinator.pipeline.point_solution import PointSolution, PointSolution3D
-from coordinator.pipeline.scheduler import (
+from coordinator.pipeline.schedulers import (
     FrequencyScheduler,
     ScheduleGenerator,
     SchedulerError,
     make_3d_parallel,
 )
-from coordinator.pipeline.settings import PFOServerSettings
+from coordinator.pipeline.schedulers import registry as names
+from coordinator.pipeline.schedulers.instruction_profiler import (
+    InstructionProfiler,
+    InstructionProfiler3D,
+)
+from coordinator.pipeline.schedulers.perseus import Perseus, Perseus3D
+from coordinator.pipeline.schedulers.point_solution import PointSolution, PointSolution3D
+from coordinator.pipeline.schedulers.registry import register_scheduler, resolve_scheduler
+from coordinator.pipeline.schedulers.settings import PFOServerSettings
 from zeus_agent.models import FrequencySchedule, JobInfo, RankInfo
 
 ZEUS_PATH = "zeus.optimizer.pipeline_frequency.server.scheduler"
@@ -235,50 +239,45 @@ def test_register_refuses_conflicts_and_non_schedulers() -> None:
         register_scheduler("Dict", dict)  # type: ignore[arg-type]
 
 
-def test_lazy_modules_register_on_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = "lazy_sched_for_test"
+def test_the_registry_is_an_explicit_table_of_the_shipped_schedulers() -> None:
+    assert dict(names.BUILTIN) == {
+        "PointSolution": PointSolution, "PointSolution3D": PointSolution3D,
+        "InstructionProfiler": InstructionProfiler,
+        "InstructionProfiler3D": InstructionProfiler3D,
+        "Perseus": Perseus, "Perseus3D": Perseus3D,
+    }
+    assert names.known_schedulers() == sorted(names.BUILTIN)
+    assert all(cls.__name__ == name for name, cls in names.BUILTIN.items())
+    with pytest.raises(TypeError):
+        names.BUILTIN["Other"] = PointSolution  # type: ignore[index]
+
+
+def test_importing_a_module_registers_nothing(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only `register_scheduler`, called, adds a name: a module defining a scheduler does not."""
+    module = "defines_a_sched_for_test"
     (tmp_path / f"{module}.py").write_text(
-        "from coordinator.pipeline.names import register_scheduler\n"
-        "from coordinator.pipeline.scheduler import make_3d_parallel\n"
+        "from coordinator.pipeline.schedulers import make_3d_parallel\n"
         "from tests.core.test_pfo_settings import Constant\n"
-        "register_scheduler('Lazy', Constant)\n"
-        "register_scheduler('Lazy3D', make_3d_parallel(Constant, 'Lazy3D'))\n"
+        "Lazy3D = make_3d_parallel(Constant, 'Lazy3D')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(names, "LAZY_MODULES", ("no_such_module_for_test", module))
     try:
-        assert "Lazy" not in names.SCHEDULERS
-        assert resolve_scheduler("Lazy") is Constant
-        assert resolve_scheduler("Lazy3D").__name__ == "Lazy3D"
-        assert "Lazy3D" in names.known_schedulers()
+        before = dict(names.SCHEDULERS)
+        imported = __import__(module)
+        assert before == names.SCHEDULERS
+        with pytest.raises(SchedulerError, match="unknown scheduler 'Lazy3D'"):
+            resolve_scheduler("Lazy3D")
+        register_scheduler("Lazy3D", imported.Lazy3D)
+        assert resolve_scheduler("Lazy3D") is imported.Lazy3D
     finally:
         sys.modules.pop(module, None)
 
 
-def test_lazy_module_with_a_missing_import_is_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    module = "broken_sched_for_test"
-    (tmp_path / f"{module}.py").write_text("import no_such_dependency_for_test\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(names, "LAZY_MODULES", (module,))
-    try:
-        with pytest.raises(ModuleNotFoundError, match="no_such_dependency_for_test"):
-            resolve_scheduler("PointSolution")
-    finally:
-        sys.modules.pop(module, None)
-
-
-def test_the_lazily_imported_scheduler_modules_register_their_names() -> None:
-    assert names.LAZY_MODULES == ("coordinator.pipeline.instruction_profiler",
-                                  "coordinator.pipeline.perseus")
-    assert resolve_scheduler("PointSolution") is PointSolution
-    import importlib
-
-    for module, name in [("coordinator.pipeline.instruction_profiler", "InstructionProfiler3D"),
-                         ("coordinator.pipeline.perseus", "Perseus3D")]:
-        assert getattr(importlib.import_module(module), name).__name__ == name
-    assert {"PointSolution", "PointSolution3D"} <= set(names.known_schedulers())
+def test_a_user_path_names_how_to_register() -> None:
+    with pytest.raises(SchedulerError,
+                       match="coordinator.pipeline.schedulers.registry.register_scheduler"):
+        resolve_scheduler("mypackage.schedulers.Mine")
 
 
 def test_make_3d_parallel_of_a_registered_class_keeps_its_args() -> None:

@@ -6,9 +6,15 @@ from collections.abc import Generator
 
 import pytest
 
-from coordinator.optimizer import ClearSchedules, InstallSchedules, KeepFile, StatusUpdate
+from coordinator.optimizer import (
+    ClearSchedules,
+    InstallSchedules,
+    KeepFile,
+    StatusUpdate,
+    WriteFile,
+)
 from coordinator.pipeline.job import PipelineJob
-from coordinator.pipeline.scheduler import FrequencyScheduler, SchedulerError
+from coordinator.pipeline.schedulers import FrequencyScheduler, SchedulerError
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Measurement
 
@@ -141,7 +147,7 @@ def test_bad_knobs_are_refused() -> None:
 
 def test_a_finished_3d_scheduler_is_served_though_it_copies_its_schedules() -> None:
     """The 3D wrapper builds new schedule objects on every call: serving is by `finished`."""
-    from coordinator.pipeline.scheduler import make_3d_parallel
+    from coordinator.pipeline.schedulers import make_3d_parallel
 
     info = JobInfo(pp_degree=2, dp_degree=2, tp_degree=1, world_size=4)
     ranks = [RankInfo(rank=r, dp_rank=r % 2, pp_rank=r // 2, tp_rank=0,
@@ -290,3 +296,49 @@ def test_unusable_recorded_progress_is_refused() -> None:
                 {"orders": 3}):
         with pytest.raises(ValueError, match="recorded progress"):
             PipelineJob("job", info, ranks, lambda ji, ri: TwoRounds(ji, ri, None), resume=bad)
+
+
+class Writes(TwoRounds):
+    """TwoRounds that produces a file after each round (as the profiler and Perseus do)."""
+
+    def observe(self, profiling_results: list[ProfilingResult]) -> None:
+        super().observe(profiling_results)
+        self._give_file(f"/out/{len(self.seen)}.csv", f"round {len(self.seen)}\n", "a round")
+
+
+def test_the_files_a_scheduler_produces_become_write_file_actions() -> None:
+    """The job reads no file and writes none: the shell writes what the scheduler produced."""
+    job = make_job(Writes, n=1)
+    discover(job)
+    actions = iteration(job, 0, 4, 0) + iteration(job, 1, 4, 0)
+    writes = [a for a in actions if isinstance(a, WriteFile)]
+    assert writes == [WriteFile("/out/1.csv", "round 1\n", "a round")]
+    keep = next(i for i, a in enumerate(actions) if isinstance(a, KeepFile))
+    assert actions.index(writes[0]) == keep + 1  # Right after the round's dump.
+    assert job.scheduler is not None and job.scheduler.take_files() == []  # Taken once.
+
+
+def test_a_scheduler_without_features_answers_the_base_defaults() -> None:
+    """What the job asks of any scheduler is declared on the base class, not probed."""
+    job = make_job()
+    discover(job)
+    scheduler = job.scheduler
+    assert scheduler is not None
+    assert (scheduler.serving, scheduler.replan_window, scheduler.frontier, scheduler.chosen,
+            scheduler.job_rank_infos) == (False, 0, None, None, None)
+    assert TwoRounds.check_args(anything=1) is None
+
+
+def test_a_takeover_writes_the_files_its_replay_produced_when_it_starts() -> None:
+    job = make_job(Writes, n=1)
+    discover(job)
+    for rank in (0, 1):
+        iteration(job, rank, 10, 0)
+    info = JobInfo(pp_degree=2, dp_degree=1, tp_degree=1, world_size=2)
+    new = PipelineJob("job", info, list(job.rank_infos.values()),
+                      lambda ji, ri: Writes(ji, ri, None), profiling_iterations=1,
+                      resume=job.persisted())
+    write, install, status = new.start()
+    assert write == WriteFile("/out/1.csv", "round 1\n", "a round")
+    assert isinstance(install, InstallSchedules) and isinstance(status, StatusUpdate)
+    assert not any(isinstance(a, WriteFile) for a in new.start())  # Written once.

@@ -12,7 +12,7 @@ import pytest
 from coordinator.optimizer import ClearSchedules, StatusUpdate
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.memory import CHUNK, Kept, NodeBudget, name_bytes, record_bytes
-from coordinator.pipeline.scheduler import FrequencyScheduler
+from coordinator.pipeline.schedulers import FrequencyScheduler
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Measurement
 
@@ -223,8 +223,8 @@ def test_a_plan_served_for_ever_keeps_bounded_rounds_charged_and_resumes_the_sam
     import json
 
     from coordinator.optimizer import InstallSchedules
-    from coordinator.pipeline.job import SERVED_ROUNDS_KEPT
     from coordinator.pipeline.memory import result_bytes
+    from coordinator.pipeline.takeover import SERVED_ROUNDS_KEPT
     from tests.core.test_pipeline_stragglers import FRONTIER, Trainer, Watching
     from tests.core.test_pipeline_stragglers import make_job as make_watched
 
@@ -236,7 +236,7 @@ def test_a_plan_served_for_ever_keeps_bounded_rounds_charged_and_resumes_the_sam
     assert job.phase == "serving" and job.version == 1 and not job.done
     scheduler = job.scheduler
     assert isinstance(scheduler, Watching) and scheduler.seen == 1000
-    rounds = job._rounds
+    rounds = job.kept_rounds.rounds
     assert len(rounds) == 1 + 1 + SERVED_ROUNDS_KEPT  # Profiling, first served, latest ones.
     kept_rounds = sum(result_bytes(r) for results in rounds for r in results)
     assert 0 < kept_rounds <= job.kept.total < 64 << 10
@@ -262,7 +262,7 @@ def test_a_plan_served_for_ever_keeps_bounded_rounds_charged_and_resumes_the_sam
     more = Trainer(resumed)
     more.step = trainer.step
     more.iterate(n=50)  # It serves on, still bounded.
-    assert resumed.version == job.version and len(resumed._rounds) == len(rounds)
+    assert resumed.version == job.version and len(resumed.kept_rounds.rounds) == len(rounds)
 
 
 def test_a_new_plan_while_serving_keeps_its_round_and_bounds_the_next_one() -> None:
@@ -270,7 +270,7 @@ def test_a_new_plan_while_serving_keeps_its_round_and_bounds_the_next_one() -> N
     windows served under each plan are bounded; a resumed job serves the latest plan."""
     import json
 
-    from coordinator.pipeline.job import SERVED_ROUNDS_KEPT
+    from coordinator.pipeline.takeover import SERVED_ROUNDS_KEPT
     from tests.core.test_pipeline_stragglers import FRONTIER, Trainer, Watching
     from tests.core.test_pipeline_stragglers import make_job as make_watched
 
@@ -285,7 +285,7 @@ def test_a_new_plan_while_serving_keeps_its_round_and_bounds_the_next_one() -> N
     trainer.iterate(n=2 + 30)  # The switch, then 30 windows under the new plan.
     assert job.version == 2
     # Profiling; first + latest windows of plan 1; the re-plan; first + latest of plan 2.
-    assert len(job._rounds) == 1 + (1 + SERVED_ROUNDS_KEPT) + 1 + (1 + SERVED_ROUNDS_KEPT)
+    assert len(job.kept_rounds) == 1 + (1 + SERVED_ROUNDS_KEPT) + 1 + (1 + SERVED_ROUNDS_KEPT)
 
     class Replanned(Watching):
         """Re-plans at the same window as the job's scheduler did (as a replay would)."""

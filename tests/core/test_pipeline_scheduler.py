@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.pipeline.scheduler import (
+from coordinator.pipeline.schedulers import (
     FrequencyScheduler,
     ScheduleGenerator,
     SchedulerError,

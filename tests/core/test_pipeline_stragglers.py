@@ -13,7 +13,7 @@ import pytest
 from coordinator.config import CoordinatorSettings
 from coordinator.optimizer import InstallSchedules, StatusUpdate
 from coordinator.pipeline.job import PipelineJob, StragglerError
-from coordinator.pipeline.scheduler import FrequencyScheduler
+from coordinator.pipeline.schedulers import FrequencyScheduler
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Measurement
 
@@ -22,7 +22,7 @@ from zeus_agent.wire.messages import Measurement
 def exact_pace(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The selection rule at exactly the straggler's pace (the margin has its own test)."""
     if "margin" not in request.node.name:
-        monkeypatch.setattr("coordinator.pipeline.job.STRAGGLER_MARGIN", 0.0)
+        monkeypatch.setattr("coordinator.pipeline.stragglers.STRAGGLER_MARGIN", 0.0)
 
 CLOCKS = [1500, 1200, 1000, 900]
 STAGES = 2

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.pipeline import point_solution
-from coordinator.pipeline.point_solution import PointSolution, PointSolution3D, load_plan
-from coordinator.pipeline.scheduler import SchedulerError
+from coordinator.pipeline.schedulers import SchedulerError, plan_file, point_solution
+from coordinator.pipeline.schedulers.plan_file import load_plan
+from coordinator.pipeline.schedulers.point_solution import PointSolution, PointSolution3D
 from zeus_agent.models import JobInfo, ProfilingResult, RankInfo
 
 FREQS = [1410, 1395, 1380, 1200, 1005]
@@ -182,7 +182,7 @@ CODE_ATOMS = [
 @st.composite
 def literal_plans(draw: st.DrawFn) -> list[list[tuple[str, int]]]:
     names = st.text(alphabet=string.printable + "éß→", min_size=1, max_size=20)
-    entry = st.tuples(names, st.integers(1, point_solution.MAX_FREQUENCY_MHZ))
+    entry = st.tuples(names, st.integers(1, plan_file.MAX_FREQUENCY_MHZ))
     return draw(st.lists(st.lists(entry, min_size=1, max_size=8), min_size=1, max_size=6))
 
 
@@ -294,14 +294,14 @@ def test_not_utf8(tmp_path: Path) -> None:
 
 def test_oversize_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = repr([[("forward", 1410)] * 100])
-    monkeypatch.setattr(point_solution, "MAX_PLAN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(plan_file, "MAX_PLAN_BYTES", 1024 * 1024)
     path = write(tmp_path, text + " " * (1024 * 1024))
     with pytest.raises(SchedulerError, match="is larger than 1 MiB"):
         load_plan(path)
     assert load_plan(write(tmp_path, text, "small.py")) == [[("forward", 1410)] * 100]
-    assert point_solution.MAX_PLAN_BYTES == 1024 * 1024
+    assert plan_file.MAX_PLAN_BYTES == 1024 * 1024
     monkeypatch.undo()
-    assert point_solution.MAX_PLAN_BYTES == 64 * 1024 * 1024
+    assert plan_file.MAX_PLAN_BYTES == 64 * 1024 * 1024
 
 
 # --- PointSolution --------------------------------------------------------------------------

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.pipeline.dag import one_f_one_b_order
-from coordinator.pipeline.planner import evaluate, load_profile
-from coordinator.pipeline.point_solution import PointSolution, PointSolution3D, load_plan
+from coordinator.pipeline.planner import evaluate
+from coordinator.pipeline.planner.profile_file import load_profile
+from coordinator.pipeline.schedulers.plan_file import load_plan
+from coordinator.pipeline.schedulers.point_solution import PointSolution, PointSolution3D
 from zeus_agent.models import JobInfo, RankInfo
+from zeus_agent.pipeline_order import one_f_one_b
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "data" / "perseus" / "stage_profiles" / "bloom+a100_sxm_bf16.csv"
@@ -63,7 +65,7 @@ def test_plan_writes_frontier_and_plans_point_solution_runs(tmp_path: Path) -> N
                 pp_rank=s,
                 tp_rank=0,
                 available_frequencies=freqs,
-                instructions=[name for name, _ in one_f_one_b_order(s, 8, m)],
+                instructions=[name for name, _ in one_f_one_b(s, 8, m)],
             )
             for s in range(8)
         ]
@@ -78,7 +80,7 @@ def test_plan_writes_frontier_and_plans_point_solution_runs(tmp_path: Path) -> N
                 pp_rank=s,
                 tp_rank=0,
                 available_frequencies=freqs,
-                instructions=[name for name, _ in one_f_one_b_order(s, 8, m)],
+                instructions=[name for name, _ in one_f_one_b(s, 8, m)],
             )
             for s in range(8)
             for d in range(2)

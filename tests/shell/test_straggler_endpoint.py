@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from coordinator.pipeline.job import PipelineJob
-from coordinator.pipeline.scheduler import FrequencyScheduler
+from coordinator.pipeline.schedulers import FrequencyScheduler
 from coordinator.service import CoordinatorService
 from tests.shell.test_coordinator import (
     JOIN_TOKENS,

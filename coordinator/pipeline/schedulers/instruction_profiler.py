@@ -55,31 +55,29 @@ The settings (per rank; under `make_3d_parallel`, per stage):
 
 At the end the result (one row per rank, instruction and available clock from the highest down
 to the rank's lowest profiled grid clock; linear interpolation in between grid clocks) is
-`self.result`, written as CSV to `result_path`, and the scheduler serves the all-max-clock
-schedule from then on (Zeus 0.16 semantics: a finished scheduler keeps serving its last one).
+`self.result`, handed over as CSV for `result_path` (`take_files()`: the coordinator writes it),
+and the scheduler serves the all-max-clock schedule from then on (Zeus 0.16 semantics: a
+finished scheduler keeps serving its last one). Pure: nothing here reads or writes a file.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from coordinator.pipeline.dumps import job_dir_name
-from coordinator.pipeline.names import register_scheduler
-from coordinator.pipeline.scheduler import (
+from coordinator.pipeline.paths import job_file
+from coordinator.pipeline.schedulers.base import (
     FrequencyScheduler,
     ScheduleGenerator,
     SchedulerError,
-    make_3d_parallel,
 )
+from coordinator.pipeline.schedulers.parallel3d import make_3d_parallel
 from zeus_agent.models import (
     FrequencySchedule,
     InstructionProfilingResult,
@@ -88,6 +86,7 @@ from zeus_agent.models import (
     ProfilingResult,
     RankInfo,
 )
+from zeus_agent.pipeline_order import BACKWARD, FORWARD
 
 __all__ = ["KINDS", "InstructionProfiler", "InstructionProfiler3D", "coarse_grid"]
 
@@ -97,7 +96,7 @@ windows (a GPU at work never draws less than a few percent of its average)."""
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("forward", "backward")
+KINDS = (FORWARD, BACKWARD)
 """The instruction kinds profiled (the CSV's instructions)."""
 
 Setting = tuple[int, int]
@@ -282,9 +281,8 @@ class InstructionProfiler(FrequencyScheduler):
         if result_path is None:
             dump_dir = _setting(pfo_settings, "dump_dir", None)
             if dump_dir:
-                result_path = os.path.join(
-                    str(dump_dir), job_dir_name(job_info.job_id or "job"), "instruction_profile.csv"
-                )
+                result_path = job_file(str(dump_dir), job_info.job_id or "job",
+                                       "instruction_profile.csv")
         self.result_path = result_path
         stages = sorted({info.pp_rank for info in self.rank_infos})
         blocking = self.p_block_w is None and len(stages) >= 2
@@ -367,15 +365,8 @@ class InstructionProfiler(FrequencyScheduler):
         for state in self._states:
             self._fit(state)
         self.result = self._build_result()
-        if self.result_path:
-            try:
-                Path(self.result_path).parent.mkdir(parents=True, exist_ok=True)
-                self.result.to_csv(self.result_path)
-            except OSError as e:  # The result stays in `self.result`.
-                logger.error("cannot write the instruction profile to %s: %s",
-                             self.result_path, e)
-            else:
-                logger.info("instruction profile written to %s", self.result_path)
+        if self.result_path:  # (The result stays in `self.result` if it cannot be written.)
+            self._give_file(self.result_path, self.result.to_csv_text(), "the instruction profile")
 
     def _schedule(self, state: _RankState, setting: Setting) -> FrequencySchedule:
         clock_of = {
@@ -591,6 +582,3 @@ def _check_float(
 
 
 InstructionProfiler3D = make_3d_parallel(InstructionProfiler, "InstructionProfiler3D")
-
-register_scheduler("InstructionProfiler", InstructionProfiler)
-register_scheduler("InstructionProfiler3D", InstructionProfiler3D)

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from zeus_agent.pipeline_order import BACKWARD, FORWARD, one_f_one_b
+
 __all__ = [
     "BACKWARD",
     "FORWARD",
@@ -25,11 +27,7 @@ __all__ = [
     "PipelineSchedule",
     "Synchronous1F1B",
     "build_dag",
-    "one_f_one_b_order",
 ]
-
-FORWARD = "forward"
-BACKWARD = "backward"
 
 
 @dataclass(frozen=True, order=True)
@@ -63,29 +61,6 @@ class PipelineSchedule(Protocol):
         ...
 
 
-def one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
-    """One stage's synchronous 1F1B order (the same as the simulated trainer's).
-
-    Stage `s` of `S` runs `min(S - s - 1, M)` warm-up forwards, then alternates one forward and
-    one backward while forwards remain, then runs the remaining backwards.
-
-    Raises:
-        ValueError: An argument out of range.
-    """
-    if num_stages < 1 or num_microbatches < 1 or not 0 <= stage < num_stages:
-        raise ValueError(
-            f"need 0 <= stage < num_stages and num_microbatches >= 1, got stage={stage}, "
-            f"num_stages={num_stages}, num_microbatches={num_microbatches}"
-        )
-    warmup = min(num_stages - stage - 1, num_microbatches)
-    order = [(FORWARD, mb) for mb in range(warmup)]
-    for i in range(num_microbatches - warmup):
-        order.append((FORWARD, warmup + i))
-        order.append((BACKWARD, i))
-    order.extend((BACKWARD, mb) for mb in range(num_microbatches - warmup, num_microbatches))
-    return order
-
-
 @dataclass(frozen=True)
 class Synchronous1F1B:
     """Synchronous 1F1B (DeepSpeed / Megatron's default pipeline schedule).
@@ -106,8 +81,8 @@ class Synchronous1F1B:
             )
 
     def stage_order(self, stage: int) -> list[tuple[str, int]]:
-        """Stage `stage`'s 1F1B order."""
-        return one_f_one_b_order(stage, self.num_stages, self.num_microbatches)
+        """Stage `stage`'s 1F1B order (`zeus_agent.pipeline_order`, as the trainers run it)."""
+        return one_f_one_b(stage, self.num_stages, self.num_microbatches)
 
     def cross_stage_edges(self) -> Iterator[tuple[Node, Node]]:
         """Activations forward, gradients backward, the last stage's turnaround."""

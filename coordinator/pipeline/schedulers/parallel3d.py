@@ -1,92 +1,29 @@
-"""`FrequencyScheduler` and `make_3d_parallel`: the pipeline frequency optimizer's framework.
+"""`make_3d_parallel`: plan per pipeline stage of a DP x PP x TP job. Pure.
 
-Sans-I/O, with Zeus 0.16's semantics:
+`make_3d_parallel(cls)` wraps a scheduler so that it plans per pipeline stage: the wrapped
+scheduler sees a pipeline-only job (dp = tp = 1, world size = pp) with one `RankInfo` per stage
+(rank = pp_rank, taken from the stage's dp_rank = tp_rank = 0 rank; Zeus 0.16 builds that list
+and then passes the original one: fixed here). A stage's results are aggregated (max of times,
+sum of energies, per iteration and per instruction) and its schedule is given to every DP/TP
+rank of the stage. The job's own ranks are kept as `job_rank_infos`.
 
-* A scheduler is built from the job's `JobInfo`, its `RankInfo`s (sorted by rank here) and the
-  server settings. Its generator `_run` yields one `FrequencySchedule` per rank (a list, by rank)
-  and receives, at each `send`, one `ProfilingResult` per rank for the schedules it yielded.
-* `next_schedule()` returns the current schedules (starting the generator the first time);
-  `observe(results)` sends the results in and moves to the next schedules. A generator that has
-  finished keeps serving its last schedules (`finished` becomes True).
-* `make_3d_parallel(cls)` plans per pipeline stage: the wrapped scheduler sees a pipeline-only
-  job (dp = tp = 1, world size = pp) with one `RankInfo` per stage (rank = pp_rank, taken from
-  the stage's dp_rank = tp_rank = 0 rank; Zeus 0.16 builds that list and then passes the
-  original one: fixed here). A stage's results are aggregated (max of times, sum of energies,
-  per iteration and per instruction) and its schedule is given to every DP/TP rank of the stage.
-  Broken input raises a `SchedulerError` naming the rank or stage: a rank list that is not
-  exactly 0..world_size-1 at distinct grid positions, and results that are not one per rank
-  with the same breakdown keys across a stage (Zeus 0.16 serves the former and fails on the
-  latter with a bare KeyError/IndexError, or aggregates silently).
+Broken input raises a `SchedulerError` naming the rank or stage: a rank list that is not
+exactly 0..world_size-1 at distinct grid positions, and results that are not one per rank with
+the same breakdown keys across a stage (Zeus 0.16 serves the former and fails on the latter
+with a bare KeyError/IndexError, or aggregates silently).
 """
 
 from __future__ import annotations
 
-import abc
 import inspect
 import itertools
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from coordinator.pipeline.schedulers.base import FrequencyScheduler, SchedulerError
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 
-__all__ = ["FrequencyScheduler", "SchedulerError", "make_3d_parallel"]
-
-ScheduleGenerator = Generator[list[FrequencySchedule], list[ProfilingResult], None]
-
-
-class SchedulerError(ValueError):
-    """A scheduler cannot run for this job (bad plan, wrong shape, bad results)."""
-
-
-class FrequencyScheduler(abc.ABC):
-    """Produces per-rank frequency schedules and learns from their profiling results."""
-
-    def __init__(
-        self, job_info: JobInfo, rank_infos: Sequence[RankInfo], pfo_settings: Any
-    ) -> None:
-        self.job_info = job_info
-        self.rank_infos = sorted(rank_infos, key=lambda info: info.rank)
-        self.world_size = job_info.world_size
-        self.pfo_settings = pfo_settings
-        self._generator: ScheduleGenerator = self._run()
-        self._next_schedule: list[FrequencySchedule] | None = None
-        self.finished = False
-        """True once `_run` has returned: the last schedules are served from then on."""
-
-    def observe(self, profiling_results: list[ProfilingResult]) -> None:
-        """Take one `ProfilingResult` per rank (sorted by rank) for the current schedules."""
-        if self._next_schedule is None:
-            self.next_schedule()
-        if self.finished:
-            return
-        try:
-            self._next_schedule = self._generator.send(profiling_results)
-        except StopIteration:
-            self.finished = True  # Keep serving the last schedules.
-
-    def next_schedule(self) -> list[FrequencySchedule]:
-        """The schedules to run now, one per rank (sorted by rank).
-
-        Raises:
-            SchedulerError: The generator stopped before yielding any schedule.
-        """
-        if self._next_schedule is None:
-            try:
-                self._next_schedule = next(self._generator)
-            except StopIteration:
-                raise SchedulerError(
-                    f"{type(self).__name__} stopped before producing any schedule"
-                ) from None
-        return self._next_schedule
-
-    def progress(self) -> tuple[int, int] | None:
-        """(rounds done, rounds planned) while profiling; None when not known or not profiling."""
-        return None
-
-    @abc.abstractmethod
-    def _run(self) -> ScheduleGenerator:
-        """Yield schedules (one per rank) and receive their profiling results."""
-
+__all__ = ["make_3d_parallel"]
 
 S = TypeVar("S", bound=FrequencyScheduler)
 
@@ -227,13 +164,14 @@ def make_3d_parallel(sched_cls: type[S], name: str | None = None) -> type[S]:
             **kwargs: Any,
         ) -> None:
             self._orig_job_info = job_info
-            self._orig_rank_infos = _checked_grid(type(self).__name__, job_info, rank_infos)
-            self._stage_of = {info.rank: info.pp_rank for info in self._orig_rank_infos}
+            self._job_ranks = _checked_grid(type(self).__name__, job_info, rank_infos)
+            self.job_rank_infos = self._job_ranks
+            self._stage_of = {info.rank: info.pp_rank for info in self._job_ranks}
             pp = job_info.pp_degree
             pp_job_info = job_info.model_copy(
                 update={"dp_degree": 1, "tp_degree": 1, "world_size": pp}
             )
-            by_position = {(i.pp_rank, i.dp_rank, i.tp_rank): i for i in self._orig_rank_infos}
+            by_position = {(i.pp_rank, i.dp_rank, i.tp_rank): i for i in self._job_ranks}
             stage_infos = [by_position[(stage, 0, 0)].model_copy(update={"rank": stage})
                            for stage in range(pp)]
             super().__init__(pp_job_info, stage_infos, pfo_settings, *args, **kwargs)
@@ -248,7 +186,7 @@ def make_3d_parallel(sched_cls: type[S], name: str | None = None) -> type[S]:
             return [
                 FrequencySchedule(rank=info.rank,
                                   frequencies=list(stage_schedules[info.pp_rank].frequencies))
-                for info in self._orig_rank_infos
+                for info in self._job_ranks
             ]
 
         def observe(self, profiling_results: list[ProfilingResult]) -> None:

@@ -10,9 +10,10 @@ The Perseus (SOSP '24) scheduler, through the ordinary scheduler interface:
 2. **Plan.** `planner.plan_frontier` on the profiled rows, with M = the number of "forward"
    entries in a stage's `RankInfo.instructions` and S = the number of stages, gives the
    iteration time-energy frontier (fastest first, energies decreasing); each point's plan
-   lists, per stage, (instruction, MHz) in execution order. It is written to
+   lists, per stage, (instruction, MHz) in execution order. It is handed over as
    `<dump_dir>/<job dir>/frontier.csv` (index,time,energy) when the settings have a dump
-   directory (and `dump_data` is not off). The rows planned on are, by default
+   directory (and `dump_data` is not off): `take_files()`, which the coordinator writes, with
+   the profiler's CSV. The rows planned on are, by default
    (`plan_clocks="grid"`), those of the clocks the profiler measured at (its grid, ~`clocks`
    of them); "all" adds every available clock in between, whose rows the profiler interpolates:
    finer options, but no new measurement, and far slower planning (planner 2026-11 on this
@@ -41,7 +42,9 @@ The Perseus (SOSP '24) scheduler, through the ordinary scheduler interface:
    re-profile; at most `max_reprofiles` of them (0: never), after which it keeps serving.
 
 `frontier`, `chosen` and `progress()` are public; the job (`coordinator.pipeline.job`) uses
-`frontier`, `chosen` and `serving` to slow down the pipelines that wait for a straggler.
+`frontier`, `chosen`, `serving` and `replan_window` (`FrequencyScheduler` declares them) to
+slow down the pipelines that wait for a straggler and to keep what a takeover replays. Pure:
+nothing here reads or writes a file.
 
 Planning runs inside `observe()`, on the caller's thread (the coordinator's event loop): a large
 frontier takes as long as the planner takes.
@@ -49,33 +52,28 @@ frontier takes as long as the planner takes.
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
-import os
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from coordinator.pipeline.dumps import job_dir_name
-from coordinator.pipeline.instruction_profiler import KINDS, InstructionProfiler, coarse_grid
-from coordinator.pipeline.names import register_scheduler
-from coordinator.pipeline.scheduler import (
+from coordinator.pipeline import planner
+from coordinator.pipeline.paths import job_file
+from coordinator.pipeline.planner import FrontierPoint
+from coordinator.pipeline.schedulers.base import (
     FrequencyScheduler,
     ScheduleGenerator,
     SchedulerError,
-    make_3d_parallel,
 )
+from coordinator.pipeline.schedulers.instruction_profiler import (
+    KINDS,
+    InstructionProfiler,
+    coarse_grid,
+)
+from coordinator.pipeline.schedulers.parallel3d import make_3d_parallel
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
-
-try:  # The frontier planner (coordinator/pipeline/planner.py).
-    from coordinator.pipeline import planner
-except ImportError:  # pragma: no cover - only before the planner exists.
-    planner = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    from coordinator.pipeline.planner import FrontierPoint
+from zeus_agent.pipeline_order import one_f_one_b as one_f_one_b_order
 
 __all__ = ["Perseus", "Perseus3D", "one_f_one_b", "plan_schedule"]
 
@@ -86,12 +84,12 @@ Plan = Sequence[Sequence[tuple[str, int]]]
 
 
 def one_f_one_b(stage: int, num_stages: int, microbatches: int) -> list[str]:
-    """One stage's forward/backward order in a synchronous 1F1B iteration."""
-    warmup = min(num_stages - stage - 1, microbatches)
-    order = ["forward"] * warmup
-    for _ in range(microbatches - warmup):
-        order += ["forward", "backward"]
-    return order + ["backward"] * warmup
+    """One stage's forward/backward names in a synchronous 1F1B iteration (in order).
+
+    Raises:
+        ValueError: An argument out of range (`zeus_agent.pipeline_order.one_f_one_b`).
+    """
+    return [name for name, _ in one_f_one_b_order(stage, num_stages, microbatches)]
 
 
 def plan_schedule(
@@ -151,10 +149,6 @@ class Perseus(FrequencyScheduler):
     @classmethod
     def check_args(cls, **kwargs: Any) -> None:
         """Check the knobs when the coordinator starts, on a two-stage job (raises on bad ones)."""
-        if planner is None:
-            raise SchedulerError(
-                "the frontier planner (coordinator/pipeline/planner.py) is not installed"
-            )
         kwargs.pop("frontier_path", None)
         args = kwargs.get("profiler_args")
         if isinstance(args, dict):
@@ -247,8 +241,8 @@ class Perseus(FrequencyScheduler):
         if frontier_path is None:
             dump_dir = _setting(pfo_settings, "dump_dir", None)
             if dump_dir and _setting(pfo_settings, "dump_data", True):
-                frontier_path = os.path.join(
-                    str(dump_dir), job_dir_name(job_info.job_id or "job"), "frontier.csv")
+                frontier_path = job_file(str(dump_dir), job_info.job_id or "job",
+                                         "frontier.csv")
         self.frontier_path = frontier_path
         self._top = {info.rank: max(info.available_frequencies) for info in self.rank_infos}
         self._profiler = self._new_profiler()  # Checks the profiler's knobs now.
@@ -325,6 +319,7 @@ class Perseus(FrequencyScheduler):
             while not profiler.finished:
                 results = yield schedules
                 profiler.observe(results)
+                self._files += profiler.take_files()  # Its profile, once it has finished.
                 schedules = profiler.next_schedule()
             served = self._plan(profiler)
             self.serving = True
@@ -357,9 +352,6 @@ class Perseus(FrequencyScheduler):
 
     def _plan(self, profiler: InstructionProfiler) -> list[FrequencySchedule]:
         """Frontier, choice and schedules from a finished profiler."""
-        if planner is None:
-            raise SchedulerError(
-                "the frontier planner (coordinator/pipeline/planner.py) is not installed")
         result = profiler.result
         assert result is not None
         rows: list[tuple[int, str, int, float, float]] = []
@@ -409,17 +401,12 @@ class Perseus(FrequencyScheduler):
         return served
 
     def _write_frontier(self, frontier: list[FrontierPoint]) -> None:
+        """Hand the frontier over as CSV (index,time,energy) for `frontier_path`, if any."""
         if not self.frontier_path:
-            return
-        try:
-            Path(self.frontier_path).parent.mkdir(parents=True, exist_ok=True)
-            with open(self.frontier_path, "w", newline="") as f:
-                writer = csv.writer(f, lineterminator="\n")
-                writer.writerow(("index", "time", "energy"))
-                for i, point in enumerate(frontier):
-                    writer.writerow((i, repr(float(point.time)), repr(float(point.energy))))
-        except OSError as e:  # The frontier stays in `self.frontier`.
-            logger.error("cannot write the frontier to %s: %s", self.frontier_path, e)
+            return  # (It stays in `self.frontier` if it cannot be written.)
+        lines = ["index,time,energy\n"]
+        lines += [f"{i},{float(p.time)!r},{float(p.energy)!r}\n" for i, p in enumerate(frontier)]
+        self._give_file(self.frontier_path, "".join(lines), "the frontier")
 
 
 def _window_time(results: list[ProfilingResult]) -> float:
@@ -452,6 +439,3 @@ def _setting(settings: Any, name: str, default: Any) -> Any:
 
 
 Perseus3D = make_3d_parallel(Perseus, "Perseus3D")
-
-register_scheduler("Perseus", Perseus)
-register_scheduler("Perseus3D", Perseus3D)

@@ -1,9 +1,15 @@
 """`PFOServerSettings`: Zeus 0.16's pipeline frequency optimizer settings (`ZEUS_PFO_*`).
 
+I/O edge: built without a value, a field is read from the environment (`ZEUS_PFO_*`, as
+Zeus's `BaseSettings` does), and checking `scheduler_args` runs the scheduler's `check_args`,
+which may read a file (`PointSolution` reads its plan). The coordinator builds it from its own
+settings (`coordinator.config`), every field given.
+
 Same fields, names, defaults and environment variables as Zeus 0.16:
 
-* `scheduler`: a registered scheduler name (`coordinator.pipeline.names`), e.g. "PointSolution"
-  or Zeus's full path to it; stored as the short name. Never imported from a user path.
+* `scheduler`: a registered scheduler name (`coordinator.pipeline.schedulers.registry`), e.g.
+  "PointSolution" or Zeus's full path to it; stored as the short name. Never imported from a
+  user path.
 * `scheduler_args`: extra constructor arguments of the scheduler, checked against its
   constructor when the settings are built (`ZEUS_PFO_SCHEDULER_ARGS` is JSON).
 * `log_level` (upper-cased), `dump_data`, `dump_dir`, `max_job_idle_time` (seconds).
@@ -19,8 +25,8 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from coordinator.pipeline.names import resolve_scheduler
-from coordinator.pipeline.scheduler import FrequencyScheduler
+from coordinator.pipeline.schedulers.base import FrequencyScheduler
+from coordinator.pipeline.schedulers.registry import resolve_scheduler
 from zeus_agent.models import JobInfo, RankInfo
 
 __all__ = ["PFOServerSettings", "describe_parameters"]
@@ -50,7 +56,8 @@ class PFOServerSettings(BaseSettings):
     """Settings of the pipeline frequency optimizer (Zeus 0.16's `PFOServerSettings`).
 
     Attributes:
-        scheduler: Name of the frequency scheduler (registered in `coordinator.pipeline.names`).
+        scheduler: Name of the frequency scheduler (registered in
+            `coordinator.pipeline.schedulers.registry`).
         scheduler_args: Extra arguments of the scheduler's constructor.
         log_level: Log level, upper-cased.
         dump_data: Dump profiling results and schedules for inspection.
@@ -101,12 +108,10 @@ class PFOServerSettings(BaseSettings):
                 f"Invalid scheduler args for {name}: {e}; {name} takes "
                 f"{describe_parameters(sched_cls)}"
             ) from None
-        check = getattr(sched_cls, "check_args", None)
-        if check is not None:  # What can be checked before any job: files, ranges.
-            try:
-                check(**args)
-            except (ValueError, TypeError, OSError) as e:
-                raise ValueError(f"Invalid scheduler args for {name}: {e}") from None
+        try:  # What can be checked before any job: files, ranges.
+            sched_cls.check_args(**args)
+        except (ValueError, TypeError, OSError) as e:
+            raise ValueError(f"Invalid scheduler args for {name}: {e}") from None
         return args
 
     @field_validator("log_level")

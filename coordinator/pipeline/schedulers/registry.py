@@ -1,23 +1,28 @@
-"""The registry of pipeline frequency schedulers by name (Zeus 0.16's scheduler names).
+"""The registry of pipeline frequency schedulers by name (Zeus 0.16's scheduler names). Pure.
 
-`resolve_scheduler("PointSolution")` returns the class; Zeus's full import path
-(`zeus.optimizer.pipeline_frequency.server.scheduler.PointSolution`) is accepted too, by its
-last component. Nothing is imported from a user-given path: only registered classes are found.
-
-Modules that define more schedulers call `register_scheduler(name, cls)` at import time; the
-ones listed in `LAZY_MODULES` are imported by `resolve_scheduler` (if they exist), so their
-schedulers are found without the caller importing them first.
+`BUILTIN` is the explicit table of the schedulers this package ships, name -> class;
+`SCHEDULERS` starts as a copy of it. `resolve_scheduler("PointSolution")` returns the class;
+Zeus's full import path (`zeus.optimizer.pipeline_frequency.server.scheduler.PointSolution`) is
+accepted too, by its last component. Nothing is imported from a user-given path, and no module
+registers anything by being imported: only the classes in the table, and those a program adds
+with `register_scheduler(name, cls)` before it starts the coordinator, are found.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
 
-from coordinator.pipeline.point_solution import PointSolution, PointSolution3D
-from coordinator.pipeline.scheduler import FrequencyScheduler, SchedulerError
+from coordinator.pipeline.schedulers.base import FrequencyScheduler, SchedulerError
+from coordinator.pipeline.schedulers.instruction_profiler import (
+    InstructionProfiler,
+    InstructionProfiler3D,
+)
+from coordinator.pipeline.schedulers.perseus import Perseus, Perseus3D
+from coordinator.pipeline.schedulers.point_solution import PointSolution, PointSolution3D
 
 __all__ = [
-    "LAZY_MODULES",
+    "BUILTIN",
     "SCHEDULERS",
     "ZEUS_SCHEDULER_MODULE",
     "known_schedulers",
@@ -28,17 +33,19 @@ __all__ = [
 ZEUS_SCHEDULER_MODULE = "zeus.optimizer.pipeline_frequency.server.scheduler"
 """Where Zeus 0.16 keeps its schedulers: its settings name them by this full path."""
 
-LAZY_MODULES: tuple[str, ...] = (
-    "coordinator.pipeline.instruction_profiler",
-    "coordinator.pipeline.perseus",
-)
-"""Modules imported (when they exist) before a name is resolved, for their registrations."""
-
-SCHEDULERS: dict[str, type[FrequencyScheduler]] = {
+BUILTIN: Mapping[str, type[FrequencyScheduler]] = MappingProxyType({
     "PointSolution": PointSolution,
     "PointSolution3D": PointSolution3D,
-}
-"""Scheduler name -> class. Add with `register_scheduler`."""
+    "InstructionProfiler": InstructionProfiler,
+    "InstructionProfiler3D": InstructionProfiler3D,
+    "Perseus": Perseus,
+    "Perseus3D": Perseus3D,
+})
+"""The schedulers shipped here: Zeus 0.16's `PointSolution`(3D), and the online
+`InstructionProfiler`(3D) and `Perseus`(3D)."""
+
+SCHEDULERS: dict[str, type[FrequencyScheduler]] = dict(BUILTIN)
+"""Scheduler name -> class: `BUILTIN` and those added with `register_scheduler`."""
 
 
 def register_scheduler(name: str, cls: type[FrequencyScheduler]) -> None:
@@ -65,18 +72,8 @@ def register_scheduler(name: str, cls: type[FrequencyScheduler]) -> None:
     SCHEDULERS[name] = cls
 
 
-def _import_lazy_modules() -> None:
-    for module in LAZY_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise  # The module exists but one of its imports is missing: say so.
-
-
 def known_schedulers() -> list[str]:
-    """The registered names, sorted (after importing `LAZY_MODULES`)."""
-    _import_lazy_modules()
+    """The registered names, sorted."""
     return sorted(SCHEDULERS)
 
 
@@ -86,7 +83,6 @@ def resolve_scheduler(name: str) -> type[FrequencyScheduler]:
     Raises:
         SchedulerError: No such scheduler; the message lists the known names.
     """
-    _import_lazy_modules()
     key: str | None = name.strip() if isinstance(name, str) else None
     if key is not None and "." in key:
         module, _, last = key.rpartition(".")
@@ -96,7 +92,7 @@ def resolve_scheduler(name: str) -> type[FrequencyScheduler]:
     if cls is None:
         hint = (
             " (import paths other than Zeus's are not loaded: register the class with "
-            "coordinator.pipeline.names.register_scheduler)"
+            "coordinator.pipeline.schedulers.registry.register_scheduler)"
             if isinstance(name, str) and "." in name and key is None
             else ""
         )

@@ -1,0 +1,135 @@
+"""The least-cost cut of the critical subgraph, as one integer maximum flow. Pure.
+
+One step of the frontier planner's Phillips-Dessouky sweep (`coordinator.pipeline.planner.
+frontier`) needs the cheapest way to shorten every critical path: a minimum s-t cut with lower
+bounds over the critical subgraph, found with `scipy.sparse.csgraph.maximum_flow` on a network
+whose layout is built once per DAG (`CutNetwork`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+from coordinator.pipeline.planner.graph import Graph
+
+__all__ = ["INF_CAP", "CutNetwork"]
+
+
+INF_CAP = 1 << 28
+"""An uncuttable arc's capacity in the integer max-flow (scipy's flows are 32-bit)."""
+
+
+class CutNetwork:
+    """The flow network of the least-cost cut, with a fixed arc layout.
+
+    Node i is operation i's start, n + i its end, 2n the source, 2n + 1 the sink. Arcs (and, with
+    capacity 0, their reverses): each operation's arc i -> n + i; each dependency u -> v as
+    n + u -> v; source -> i for operations without predecessors; n + i -> sink for every
+    operation; and per operation the two arcs source -> n + i and i -> sink that carry its lower
+    bound. One iteration only fills in capacities (0 for arcs off the critical subgraph), so the
+    CSR layout is computed once.
+
+    The cut with lower bounds (forward operation arcs count ub, backward ones -lb) is found with
+    one max flow: operation arcs get capacity ub - lb and each operation's lb is moved onto its
+    source and sink arcs (every cut's value shifts by the sum of the lbs).
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        n = self.n = graph.n
+        s, t = 2 * n, 2 * n + 1
+        ops = np.arange(n)
+        self.src_ops = np.flatnonzero(~graph.has_pred)
+        e = graph.eu.size
+        rows = np.concatenate(
+            [ops, graph.eu + n, np.full(self.src_ops.size, s), ops + n, np.full(n, s), ops]
+        )
+        cols = np.concatenate(
+            [ops + n, graph.ev, self.src_ops, np.full(n, t), ops + n, np.full(n, t)]
+        )
+        # Offsets of each arc group in the capacity vector.
+        self.o_prec = n
+        self.o_src = n + e
+        self.o_sink = self.o_src + self.src_ops.size
+        self.o_lbs = self.o_sink + n
+        self.o_lbt = self.o_lbs + n
+        self.arcs = rows.size
+        size = self.size = 2 * n + 2
+        all_rows = np.concatenate([rows, cols])
+        all_cols = np.concatenate([cols, rows])
+        order = np.argsort(all_rows * size + all_cols, kind="stable")
+        key = (all_rows * size + all_cols)[order]
+        if np.any(key[1:] == key[:-1]):
+            raise AssertionError("duplicate arcs in the cut network")
+        self.order = order
+        self.indices = all_cols[order].astype(np.int32)
+        self.indptr = np.zeros(size + 1, dtype=np.int32)
+        np.cumsum(np.bincount(all_rows, minlength=size), out=self.indptr[1:])
+        self.row_of = np.repeat(np.arange(size), np.diff(self.indptr))
+        self.caps = np.zeros(2 * rows.size, dtype=np.int64)
+
+    def min_cut(
+        self,
+        crit_ops: np.ndarray,
+        ub: np.ndarray,
+        lb: np.ndarray,
+        prec: np.ndarray,
+        src: np.ndarray,
+        sink: np.ndarray,
+    ) -> np.ndarray | None:
+        """Source side of a least-cost cut of the critical subgraph, or None if none is finite.
+
+        Args:
+            crit_ops: The critical operations.
+            ub: Their cost of being sped up (inf: they cannot be).
+            lb: Their saving from being slowed down (0: they cannot be).
+            prec: Mask over dependencies: on the critical subgraph.
+            src: Mask over `src_ops`: critical and starting at 0.
+            sink: Mask over operations: critical and ending the iteration.
+        """
+        n = self.n
+        finite_ub = np.isfinite(ub)
+        finite_vals = np.concatenate([(ub - lb)[finite_ub], lb])
+        biggest = float(finite_vals.max()) if finite_vals.size else 0.0
+        n_finite = max(1, finite_vals.size)
+        cap_max = max(1, min(1 << 20, (INF_CAP // 4) // n_finite))
+        scale = cap_max / biggest if biggest > 0 else 1.0
+        caps = self.caps
+        caps[:] = 0
+        caps[crit_ops] = np.where(finite_ub, np.rint((ub - lb) * scale), INF_CAP)
+        caps[self.o_prec : self.o_src][prec] = INF_CAP
+        caps[self.o_src : self.o_sink][src] = INF_CAP
+        caps[self.o_sink : self.o_lbs][sink] = INF_CAP
+        lb_cap = np.rint(lb * scale).astype(np.int64)
+        caps[self.o_lbs + crit_ops] = lb_cap
+        caps[self.o_lbt + crit_ops] = lb_cap
+        data = caps[self.order].astype(np.int32)
+        size = self.size
+        graph = sp.csr_array((data, self.indices, self.indptr), shape=(size, size))
+        result = maximum_flow(graph, 2 * n, 2 * n + 1)
+        if result.flow_value - int(lb_cap.sum()) >= INF_CAP // 2:
+            return None
+        flow = result.flow
+        if flow.nnz == data.size and np.array_equal(flow.indices, self.indices):
+            open_arc = (data - flow.data) > 0
+            indices, row_of = self.indices, self.row_of
+        else:  # A scipy that lays the flow out differently: sparse arithmetic.
+            diff = (graph - flow).tocsr()
+            diff.sort_indices()
+            open_arc = diff.data > 0
+            indices = diff.indices
+            row_of = np.repeat(np.arange(size), np.diff(diff.indptr))
+        open_indptr = np.zeros(size + 1, dtype=np.int32)
+        np.cumsum(np.bincount(row_of[open_arc], minlength=size), out=open_indptr[1:])
+        residual = sp.csr_array(
+            (np.ones(int(open_arc.sum()), dtype=np.int8), indices[open_arc], open_indptr),
+            shape=(size, size),
+        )
+        reached = breadth_first_order(residual, 2 * n, directed=True, return_predecessors=False)
+        side = np.zeros(size, dtype=bool)
+        side[reached] = True
+        if side[2 * n + 1]:
+            return None
+        return side
+

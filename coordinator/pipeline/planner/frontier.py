@@ -1,0 +1,386 @@
+"""Perseus (SOSP '24) iteration time-energy frontier planner. Pure (numpy and scipy only).
+
+Input: an instruction profile, the mean time and energy of one forward or backward instruction
+of each pipeline stage at each locked SM clock (`InstructionProfile`). Output: the iteration
+time T versus energy frontier over per-instruction clock choices of one synchronous 1F1B
+iteration, each point with its plan (per stage, (instruction, MHz) in execution order).
+
+Energy is counted as Perseus and lowtime 0.3.0 count it: every instruction's energy minus
+`P_block` times its time (its "cost"), summed, plus `S * T * P_block`, where `P_block` is the
+power of a GPU that waits (blocked on communication) and S the number of stages. Equivalently,
+the GPUs' instruction energy plus `P_block` for every second a GPU is idle during the iteration.
+Per instruction only the options that are Pareto-optimal in (time, cost) matter (measured time
+is not always monotone in the clock).
+
+Algorithm: an event-driven Phillips-Dessouky (PD) sweep over continuous durations. Each
+instruction's cost is replaced by the lower convex hull of its Pareto options (a convex
+piecewise-linear function of its duration); starting from every instruction at its cheapest
+(slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum
+s-t cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are
+slowed down at their right slope), solved as one maximum flow (`scipy.sparse.csgraph`), and
+applies it for as long as it stays valid: until an instruction reaches a hull vertex or another
+path becomes critical (found exactly by a few longest-path passes). For convex piecewise-linear
+costs this traces the optimum of the continuous relaxation; unlike lowtime 0.3.0 there is no
+time quantum (lowtime shortens by one quantum per step) and no fitted cost model (lowtime fits
+an exponential). Real plans are taken from the sweep: after every step and wherever a moving
+instruction passes one of its options, the durations are rounded to real options (each
+instruction takes its slowest option at least as fast as planned, and also, as a second
+candidate, the next slower one), evaluated on the profile (critical path and the formula
+above), and the Pareto-optimal candidates get their off-critical slack reclaimed (in
+topological order every instruction takes its slowest option that keeps the iteration time).
+The frontier keeps the Pareto-optimal plans, at most one per `unit_time` of iteration time.
+
+The discrete problem is NP-hard; this is a heuristic on top of an exact relaxation. On the
+Perseus artifact's profiles its energies are at or below lowtime 0.3.0's plans evaluated the
+same way (bench/perseus_planner.py); on tiny adversarial chains it can be a few percent above
+the exact discrete frontier (tests/core/test_frontier_planner.py).
+
+The pieces: `profile` (the input), `dag` (the iteration's DAG), `graph` (longest-path passes),
+`cut` (one step's least-cost cut), `points` (a plan's cost, the all-max plan, the choice); this
+module runs the sweep (`plan_frontier`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coordinator.pipeline.planner.cut import CutNetwork
+from coordinator.pipeline.planner.graph import Graph
+from coordinator.pipeline.planner.points import FrontierPoint, schedule_dag
+from coordinator.pipeline.planner.profile import DEFAULT_P_BLOCK_W, InstructionProfile
+
+__all__ = ["PlannerStats", "plan_frontier"]
+
+
+@dataclass
+class PlannerStats:
+    """What one `plan_frontier` run did (for benchmarks and tests)."""
+
+    iterations: int = 0
+    longest_path_passes: int = 0
+    candidates: int = 0
+    stopped: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Kinds:
+    """Per (stage, instruction) options, padded to rectangular arrays."""
+
+    keys: list[tuple[int, str]]
+    freqs: np.ndarray  # [K, P] int, Pareto options ascending in time
+    times: np.ndarray  # [K, P] float, +inf padding
+    costs: np.ndarray  # [K, P] float
+    hull_t: np.ndarray  # [K, H] hull vertex times ascending, +inf padding
+    hull_n: np.ndarray  # [K] vertices per kind
+    slope: np.ndarray  # [K, H] slope of segment j (vertex j to j+1): cost saved per second
+
+
+def _pareto(
+    rows: Sequence[tuple[int, float, float]], p_block: float
+) -> list[tuple[float, float, int]]:
+    """(time, cost, MHz) of the options not dominated in (time, cost), ascending in time."""
+    opts = sorted((t, e - p_block * t, -f) for f, t, e in rows)  # ties: the highest clock first
+    out: list[tuple[float, float, int]] = []
+    for t, c, nf in opts:
+        if out and c >= out[-1][1]:
+            continue  # No cheaper than a faster (or equally fast) option.
+        if out and t == out[-1][0]:
+            continue
+        out.append((t, c, -nf))
+    return out
+
+
+def _lower_hull(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the lower convex hull of points sorted by ascending x (decreasing y)."""
+    hull: list[int] = []
+    for i, (x, y) in enumerate(points):
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = points[hull[-2]], points[hull[-1]]
+            # Drop the middle point if it is on or above the segment from hull[-2] to i.
+            if (y2 - y1) * (x - x1) >= (y - y1) * (x2 - x1):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+def _build_kinds(profile: InstructionProfile, p_block: float) -> _Kinds:
+    keys = sorted(profile.entries)
+    pareto = [_pareto(profile.entries[k], p_block) for k in keys]
+    hulls = [_lower_hull([(t, c) for t, c, _ in opts]) for opts in pareto]
+    n_k = len(keys)
+    width = max(len(o) for o in pareto)
+    h_width = max(len(h) for h in hulls)
+    freqs = np.zeros((n_k, width), dtype=np.int64)
+    times = np.full((n_k, width), np.inf)
+    costs = np.full((n_k, width), np.inf)
+    hull_t = np.full((n_k, h_width + 1), np.inf)
+    hull_n = np.zeros(n_k, dtype=np.int64)
+    slope = np.zeros((n_k, h_width + 1))
+    for k, (opts, hull) in enumerate(zip(pareto, hulls, strict=True)):
+        for j, (t, c, f) in enumerate(opts):
+            times[k, j], costs[k, j], freqs[k, j] = t, c, f
+        hull_n[k] = len(hull)
+        for j, i in enumerate(hull):
+            hull_t[k, j] = opts[i][0]
+        for j in range(len(hull) - 1):
+            a, b = opts[hull[j]], opts[hull[j + 1]]
+            slope[k, j] = (a[1] - b[1]) / (b[0] - a[0])
+    return _Kinds(keys, freqs, times, costs, hull_t, hull_n, slope)
+
+
+
+def _pareto_indices(times: Sequence[float], energies: Sequence[float]) -> list[int]:
+    """Indices of the points no faster-or-as-fast point beats on energy, fastest first."""
+    order = np.lexsort((np.asarray(energies), np.asarray(times)))
+    kept: list[int] = []
+    best = math.inf
+    for i in order.tolist():
+        if energies[i] < best:
+            kept.append(i)
+            best = energies[i]
+    return kept
+
+
+def plan_frontier(
+    profile: InstructionProfile,
+    num_microbatches: int,
+    num_stages: int | None = None,
+    p_block_w: float = DEFAULT_P_BLOCK_W,
+    unit_time: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    stats: PlannerStats | None = None,
+) -> list[FrontierPoint]:
+    """The iteration time-energy frontier of synchronous 1F1B over per-instruction clocks.
+
+    Args:
+        profile: The instruction profile (every stage needs "forward" and "backward" rows).
+        num_microbatches: Microbatches M per iteration.
+        num_stages: Pipeline stages S (default: the profile's; a one-stage profile is used for
+            every stage).
+        p_block_w: Power of a waiting GPU (W).
+        unit_time: Time resolution (s): at most one point per `unit_time` of iteration time is
+            kept (the least energy one at or below each multiple of it above the fastest).
+            Default: 1/2000 of the fastest iteration time (0.05%); 0 keeps every point found.
+        progress: Called with (done, total) as the sweep goes from the slowest to the fastest
+            iteration time (total is 1000).
+        stats: Filled in with what the run did.
+
+    Returns:
+        Frontier points, fastest first, energies strictly decreasing. The first one's time is
+        the critical path with every instruction at its fastest profiled option.
+
+    Raises:
+        ValueError: Bad arguments or a profile that lacks an instruction of a stage.
+    """
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    if not (math.isfinite(p_block_w) and p_block_w >= 0):
+        raise ValueError(f"p_block_w must be >= 0, got {p_block_w}")
+    if unit_time is not None and not (math.isfinite(unit_time) and unit_time >= 0):
+        raise ValueError(f"unit_time must be >= 0, got {unit_time}")
+    stages = profile.num_stages if num_stages is None else num_stages
+    if stages < 1:
+        raise ValueError(f"num_stages must be >= 1, got {stages}")
+    profile = profile.for_stages(stages)
+    stats = stats if stats is not None else PlannerStats()
+    dag = schedule_dag(stages, num_microbatches)
+    for node in dag.nodes:
+        if (node.stage, node.instruction) not in profile.entries:
+            raise ValueError(f"the profile has no {node.instruction} rows for stage {node.stage}")
+    kinds = _build_kinds(profile, p_block_w)
+    kind_index = {key: k for k, key in enumerate(kinds.keys)}
+    kind = np.array([kind_index[(nd.stage, nd.instruction)] for nd in dag.nodes], dtype=np.int64)
+    graph = Graph(dag)
+    n = graph.n
+
+    op_times = kinds.times[kind]  # [n, P]
+    op_costs = kinds.costs[kind]
+    op_hull = kinds.hull_t[kind]  # [n, H]
+    op_hull_n = kinds.hull_n[kind]
+    op_slope = kinds.slope[kind]
+    rows_n = np.arange(n)
+    fastest = op_hull[:, 0].copy()
+    slowest = op_hull[rows_n, op_hull_n - 1].copy()
+
+    t_min = max(graph.forward(fastest.tolist()))
+    t_max = max(graph.forward(slowest.tolist()))
+    eps_t = 1e-9 * max(t_max, 1e-12)  # Criticality and snapping tolerance.
+
+    cand_time: list[float] = []
+    cand_energy: list[float] = []
+    cand_plan: list[np.ndarray] = []
+
+    def record(dur: np.ndarray, horizon: float) -> None:
+        """Round `dur` to real options (never slower) and keep the plan as a candidate.
+
+        Its iteration time is computed later, for all candidates at once (`horizon` when no
+        operation was rounded).
+        """
+        choice = (op_times <= dur[:, None] + eps_t).sum(axis=1) - 1
+        between = op_times[rows_n, choice] != dur
+        cand_time.append(math.nan if between.any() else horizon)
+        cand_energy.append(float(op_costs[rows_n, choice].sum()))
+        cand_plan.append(choice.astype(np.int16))
+        if between.any():  # Also the plan rounded the other way (a bit slower, cheaper).
+            slower = choice.copy()
+            slower[between] += 1
+            cand_time.append(math.nan)
+            cand_energy.append(float(op_costs[rows_n, slower].sum()))
+            cand_plan.append(slower.astype(np.int16))
+
+    def snap(values: np.ndarray, moved: np.ndarray) -> np.ndarray:
+        """`values` with the moved operations within rounding of a hull vertex put on it."""
+        # Only ever downwards: a snapped operation never lengthens a path.
+        near = op_hull[moved]
+        gap = values[moved][:, None] - near
+        gap[(gap < 0) | (gap > eps_t)] = np.inf
+        j = gap.argmin(axis=1)
+        close = np.isfinite(gap[np.arange(moved.size), j])
+        values[moved[close]] = near[np.arange(moved.size), j][close]
+        return values
+
+    dur = slowest.copy()
+    fin_list = graph.forward(dur.tolist())
+    record(dur, max(fin_list[:n]))
+    max_iterations = 50 * n * int(op_hull_n.max()) + 1000
+    span = max(t_max - t_min, 1e-300)
+    last_report = -1
+    stats.stopped = "converged"
+    eu, ev = graph.eu, graph.ev
+    network = CutNetwork(graph)
+    for _ in range(max_iterations):
+        fin = np.array(fin_list[:n])
+        horizon = float(fin.max())
+        if horizon <= t_min + eps_t:
+            break
+        if progress is not None:
+            done = min(1000, int(1000 * (t_max - horizon) / span))
+            if done != last_report:
+                progress(done, 1000)
+                last_report = done
+        d_list = dur.tolist()
+        latest_start = np.array(graph.backward(d_list, horizon)[:n])
+        start = fin - dur
+        crit = (latest_start - start) <= eps_t
+        crit_ops = np.flatnonzero(crit)
+        prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
+        src_mask = crit & (start <= eps_t)
+        sink_mask = crit & (fin >= horizon - eps_t)
+        # Positions of the critical operations on their cost hulls.
+        cd = dur[crit_ops]
+        ch = op_hull[crit_ops]
+        below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
+        upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
+        nh = op_hull_n[crit_ops]
+        cs = op_slope[crit_ops]
+        idx = np.arange(crit_ops.size)
+        ub = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
+        lb = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
+        side = network.min_cut(crit_ops, ub, lb, prec, src_mask[network.src_ops], sink_mask)
+        stats.iterations += 1
+        if side is None:
+            stats.stopped = "no finite cut"
+            break
+        speed = side[crit_ops] & ~side[crit_ops + n]
+        slow = ~side[crit_ops] & side[crit_ops + n] & (lb > 0)
+        if not speed.any() or not np.isfinite(ub[speed]).all():
+            stats.stopped = "no speed-up"
+            break
+        sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
+        step = float(np.min(dur[sp_ops] - ch[speed, below[speed] - 1]))
+        if sl_ops.size:
+            step = min(step, float(np.min(ch[slow, upto[slow]] - dur[sl_ops])))
+        rate = np.zeros(n)
+        rate[sp_ops] = -1.0
+        rate[sl_ops] = 1.0
+        rate_list = rate.tolist()
+        moved = np.concatenate([sp_ops, sl_ops])
+        # Shrink the step until no other path outgrows the shortened critical ones.
+        for _ in range(1000):
+            trial = snap(dur + step * rate, moved)
+            fin_list, length, acc = graph.forward_tracked(trial.tolist(), rate_list)
+            if length <= horizon - step + eps_t or acc <= -1.0:
+                break  # (A path that shortens as fast as the iteration: rounding only.)
+            shorter = (horizon - (length - step * acc)) / (acc + 1.0)
+            if not shorter < step:
+                break
+            step = shorter
+        if step <= 0:
+            stats.stopped = "no progress"
+            break
+        # Plans on the way: wherever a moving operation passes one of its (Pareto) options.
+        lo_t, hi_t = eps_t, step - eps_t
+        passes = np.concatenate(
+            [
+                (dur[sp_ops][:, None] - op_times[sp_ops]).ravel(),
+                (op_times[sl_ops] - dur[sl_ops][:, None]).ravel(),
+            ]
+        )
+        passes = np.unique(passes[(passes > lo_t) & (passes < hi_t)])
+        for k in passes.tolist():
+            record(dur + k * rate, math.nan)
+        dur = trial
+        record(dur, max(fin_list[:n]))
+    else:
+        stats.stopped = "iteration limit"
+    if progress is not None:
+        progress(1000, 1000)
+    stats.longest_path_passes = graph.passes
+    stats.candidates = len(cand_time)
+    pending = [i for i, t in enumerate(cand_time) if math.isnan(t)]
+    for lo in range(0, len(pending), 256):
+        chunk = pending[lo : lo + 256]
+        choices = np.stack([cand_plan[i] for i in chunk], axis=1).astype(np.int64)  # [n, c]
+        times = graph.longest_many(op_times[rows_n[:, None], choices])
+        for i, t in zip(chunk, times.tolist(), strict=True):
+            cand_time[i] = t
+    cand_energy = [
+        e + stages * t * p_block_w for e, t in zip(cand_energy, cand_time, strict=True)
+    ]
+    # Rounding to real options leaves slack off the critical path: reclaim it on the
+    # Pareto-optimal candidates (a plan's time never grows, its energy never does).
+    pareto = _pareto_indices(cand_time, cand_energy)
+    for lo in range(0, len(pareto), 128):
+        chunk = pareto[lo : lo + 128]
+        choices = np.stack([cand_plan[i] for i in chunk], axis=1).astype(np.int64)
+        new, times = graph.reclaim_many(choices, op_times, eps_t)
+        costs = op_costs[rows_n[:, None], new].sum(axis=0)
+        for j, i in enumerate(chunk):
+            energy = float(costs[j]) + stages * float(times[j]) * p_block_w
+            if energy < cand_energy[i]:
+                cand_time[i], cand_energy[i] = float(times[j]), energy
+                cand_plan[i] = new[:, j].astype(np.int16)
+
+    # Pareto filter, then at most one point per unit_time.
+    kept = _pareto_indices(cand_time, cand_energy)
+    resolution = t_min / 2000 if unit_time is None else unit_time
+    if resolution > 0 and kept:
+        first = cand_time[kept[0]]
+        thinned: list[int] = []
+        last_cell = -1
+        for i in kept:
+            cell = math.ceil((cand_time[i] - first) / resolution - 1e-9)
+            if thinned and cell == last_cell:
+                thinned[-1] = i
+            else:
+                thinned.append(i)
+            last_cell = cell
+        kept = thinned
+    points: list[FrontierPoint] = []
+    names = [[dag.nodes[v].instruction for v in ids] for ids in dag.stage_nodes]
+    stage_ids = [np.array(ids, dtype=np.int64) for ids in dag.stage_nodes]
+    for i in kept:
+        freqs = kinds.freqs[kind, cand_plan[i]]
+        plan = tuple(
+            tuple(zip(row_names, freqs[ids].tolist(), strict=True))
+            for row_names, ids in zip(names, stage_ids, strict=True)
+        )
+        points.append(FrontierPoint(cand_time[i], cand_energy[i], plan))
+    return points

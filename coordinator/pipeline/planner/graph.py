@@ -1,0 +1,154 @@
+"""The iteration DAG as flat lists and numpy arrays, for fast longest-path passes. Pure.
+
+The frontier planner (`coordinator.pipeline.planner.frontier`) runs thousands of forward
+(earliest finish) and backward (latest start) passes over one DAG; `Graph` lays the DAG out
+once so that each pass is a tight loop, or one numpy operation per topological level over
+many duration vectors at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.pipeline.planner.dag import PipelineDAG
+
+__all__ = ["Graph"]
+
+
+class Graph:
+    """The DAG as flat lists and numpy arrays for fast longest-path passes.
+
+    Every node's predecessors (and successors) are padded to the same count with a sentinel
+    node `n` whose finish time is 0 (whose latest start is the horizon); with at most two
+    (1F1B) the passes use a specialised loop.
+    """
+
+    def __init__(self, dag: PipelineDAG) -> None:
+        self.dag = dag
+        n = self.n = len(dag.nodes)
+        width_p = max(1, max((len(p) for p in dag.preds), default=1))
+        width_s = max(1, max((len(s) for s in dag.succs), default=1))
+        self.width = max(width_p, width_s)
+        self.pad_preds = [list(p) + [n] * (self.width - len(p)) for p in dag.preds]
+        self.pad_succs = [list(s) + [n] * (self.width - len(s)) for s in dag.succs]
+        topo = list(dag.topo_order)
+        self.fwd_rows = [(v, *self.pad_preds[v]) for v in topo]
+        self.bwd_rows = [(v, *self.pad_succs[v]) for v in reversed(topo)]
+        edges = list(dag.edges())
+        self.eu = np.array([u for u, _ in edges], dtype=np.int64)
+        self.ev = np.array([v for _, v in edges], dtype=np.int64)
+        self.has_pred = np.array([bool(p) for p in dag.preds])
+        self.passes = 0
+        # Topological levels, for passes vectorised over many duration vectors at once.
+        level = [0] * n
+        for v in topo:
+            level[v] = 1 + max((level[u] for u in dag.preds[v]), default=-1)
+        by_level: dict[int, list[int]] = {}
+        for v in range(n):
+            by_level.setdefault(level[v], []).append(v)
+        self.levels = [
+            (
+                np.array(vs, dtype=np.int64),
+                np.array([self.pad_preds[v] for v in vs], dtype=np.int64),
+                np.array([self.pad_succs[v] for v in vs], dtype=np.int64),
+            )
+            for _, vs in sorted(by_level.items())
+        ]
+
+    def longest_many(self, durations: np.ndarray) -> np.ndarray:
+        """Iteration times of many duration vectors at once (`durations` is [n, count])."""
+        fin = np.zeros((self.n + 1, durations.shape[1]))
+        for nodes, preds, _ in self.levels:
+            fin[nodes] = fin[preds].max(axis=1) + durations[nodes]
+        return fin[: self.n].max(axis=0)
+
+    def reclaim_many(
+        self, choices: np.ndarray, op_times: np.ndarray, tol: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Slow operations down into their slack, for many plans at once.
+
+        `choices` is [n, count] option indices into `op_times` ([n, P], ascending). Each plan
+        keeps its iteration time: a backward pass gives every operation's latest finish, then
+        in topological order every operation takes its slowest option that still finishes by
+        then (starting after its predecessors' new finish times). Returns the new choices and
+        iteration times.
+        """
+        n, count = choices.shape
+        rows = np.arange(n)[:, None]
+        dur = op_times[rows, choices]
+        fin = np.zeros((n + 1, count))
+        for nodes, preds, _ in self.levels:
+            fin[nodes] = fin[preds].max(axis=1) + dur[nodes]
+        horizon = fin[:n].max(axis=0)
+        latest_start = np.empty((n + 1, count))
+        latest_start[n] = horizon
+        latest_finish = np.empty((n, count))
+        for nodes, _, succs in reversed(self.levels):
+            latest_finish[nodes] = latest_start[succs].min(axis=1)
+            latest_start[nodes] = latest_finish[nodes] - dur[nodes]
+        new = choices.copy()
+        fin[:] = 0.0
+        for nodes, preds, _ in self.levels:
+            start = fin[preds].max(axis=1)  # [L, count]
+            room = latest_finish[nodes] - start + tol
+            fits = (op_times[nodes][:, None, :] <= room[:, :, None]).sum(axis=2) - 1
+            pick = np.maximum(fits, choices[nodes])
+            new[nodes] = pick
+            fin[nodes] = start + op_times[nodes[:, None], pick]
+        return new, fin[:n].max(axis=0)
+
+    def forward(self, d: list[float]) -> list[float]:
+        """Earliest finish times (index n is the sentinel)."""
+        self.passes += 1
+        fin = [0.0] * (self.n + 1)
+        if self.width == 2:
+            for v, a, b in self.fwd_rows:
+                x = fin[a]
+                y = fin[b]
+                fin[v] = (x if x > y else y) + d[v]
+        else:
+            for row in self.fwd_rows:
+                fin[row[0]] = max(fin[u] for u in row[1:]) + d[row[0]]
+        return fin
+
+    def backward(self, d: list[float], horizon: float) -> list[float]:
+        """Latest start times for the iteration to end by `horizon` (index n: the horizon)."""
+        self.passes += 1
+        ls = [horizon] * (self.n + 1)
+        if self.width == 2:
+            for v, a, b in self.bwd_rows:
+                x = ls[a]
+                y = ls[b]
+                ls[v] = (x if x < y else y) - d[v]
+        else:
+            for row in self.bwd_rows:
+                ls[row[0]] = min(ls[w] for w in row[1:]) - d[row[0]]
+        return ls
+
+    def forward_tracked(
+        self, d: list[float], rate: list[float]
+    ) -> tuple[list[float], float, float]:
+        """(finish times, length, summed rate along it) of a longest path."""
+        self.passes += 1
+        n = self.n
+        fin = [0.0] * (n + 1)
+        acc = [0.0] * (n + 1)
+        if self.width == 2:
+            for v, a, b in self.fwd_rows:
+                x = fin[a]
+                y = fin[b]
+                if x >= y:
+                    fin[v] = x + d[v]
+                    acc[v] = acc[a] + rate[v]
+                else:
+                    fin[v] = y + d[v]
+                    acc[v] = acc[b] + rate[v]
+        else:
+            for row in self.fwd_rows:
+                v = row[0]
+                u = max(row[1:], key=fin.__getitem__)
+                fin[v] = fin[u] + d[v]
+                acc[v] = acc[u] + rate[v]
+        best = max(range(n), key=fin.__getitem__)
+        return fin, fin[best], acc[best]
+

@@ -1,0 +1,120 @@
+"""What a replica taking a pipeline job over resumes from: its record, the rounds kept. Pure.
+
+The record (`progress_record`, read back by `read_progress`) holds each rank's instruction
+order, the observed rounds and the straggler notices. A replica taking a job over feeds its
+scheduler the rounds of results the previous owner's observed (a scheduler is deterministic:
+fed the same rounds, it reaches the same state). Every round that leads to a plan is kept (a
+replay re-plans from them), and of the windows served under an unchanged plan (a scheduler
+that keeps watching it, e.g. Perseus' drift watch) the first one (Perseus' baseline) and the
+latest `SERVED_ROUNDS_KEPT` (or the scheduler's `replan_window`, at most
+`MAX_SERVED_ROUNDS_KEPT`): the ones between are given back, so a plan served for ever keeps a
+bounded number of rounds (`KeptRounds`). What is kept is charged to the job's `Kept`
+(`coordinator.pipeline.memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.pipeline.memory import Kept, result_bytes
+from zeus_agent.models import ProfilingResult
+
+__all__ = [
+    "MAX_SERVED_ROUNDS_KEPT",
+    "SERVED_ROUNDS_KEPT",
+    "KeptRounds",
+    "Progress",
+    "progress_record",
+    "read_progress",
+]
+
+SERVED_ROUNDS_KEPT = 8
+"""Latest served windows of a plan kept for a takeover to replay (besides its first one); at
+least the scheduler's `replan_window` (Perseus), at most `MAX_SERVED_ROUNDS_KEPT`."""
+MAX_SERVED_ROUNDS_KEPT = 64
+
+
+class KeptRounds:
+    """The rounds one job keeps (see the module docstring), oldest first, in `rounds`."""
+
+    def __init__(self, kept: Kept) -> None:
+        self.kept = kept
+        self.rounds: list[list[ProfilingResult]] = []
+        self._served_from: int | None = None
+        """Index in `rounds` of the first window served under the current plan (None when
+        no plan is being served with unchanged schedules)."""
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def keep(self, results: list[ProfilingResult], served: bool, replan_window: int) -> str | None:
+        """Keep one observed round, charged to `Kept`; why not, or None.
+
+        `served`: a window served under an unchanged plan; `replan_window`: the scheduler's.
+        """
+        for result in results:
+            why = self.kept.take(result.rank, result_bytes(result))
+            if why is not None:
+                return why
+        if not served:
+            self._served_from = None  # A new plan (or profiling): its rounds all count.
+            self.rounds.append(results)
+            return None
+        if self._served_from is None:
+            self._served_from = len(self.rounds)
+        self.rounds.append(results)
+        tail = min(max(SERVED_ROUNDS_KEPT, replan_window), MAX_SERVED_ROUNDS_KEPT)
+        while len(self.rounds) - self._served_from - 1 > tail:
+            for result in self.rounds.pop(self._served_from + 1):
+                self.kept.give(result.rank, result_bytes(result))
+        return None
+
+    def clear(self) -> None:
+        """Forget every round (what they were charged is let go with the job's `Kept`)."""
+        self.rounds.clear()
+        self._served_from = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A job's recorded progress, read back (`read_progress`)."""
+
+    first_version: int | None
+    """The first schedule version (None: not recorded)."""
+    orders: dict[int, list[str]]
+    """Rank -> its instruction names, in order."""
+    rounds: list[list[ProfilingResult]]
+    notices: dict[int, float]
+    """Pipeline -> straggler factor noticed."""
+
+
+def progress_record(first_version: int, orders: Mapping[int, list[str]],
+                    rounds: Sequence[list[ProfilingResult]],
+                    notices: Mapping[int, float]) -> dict[str, Any]:
+    """The JSON-ready record of a job's progress."""
+    return {
+        "first_version": first_version,
+        "orders": {str(r): names for r, names in sorted(orders.items())},
+        "rounds": [[r.model_dump(mode="json") for r in results] for results in rounds],
+        "notices": {str(d): f for d, f in sorted(notices.items())},
+    }
+
+
+def read_progress(state: Mapping[str, Any]) -> Progress:
+    """A record `progress_record` wrote, read back.
+
+    Raises:
+        ValueError: The record is malformed.
+    """
+    try:
+        first = state.get("first_version")
+        return Progress(
+            first_version=None if first is None else int(first),
+            orders={int(r): [str(n) for n in names] for r, names in state["orders"].items()},
+            rounds=[[ProfilingResult(**r) for r in results] for results in state["rounds"]],
+            notices={int(d): float(f) for d, f in state.get("notices", {}).items()},
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"recorded progress unreadable: {e}") from None
