@@ -60,7 +60,7 @@ def test_every_subject_builder_is_catalogued() -> None:
     catalogued = {spec.builder.__name__ for spec in SUBJECTS}
     builders = {
         name for name, fn in inspect.getmembers(subjects, inspect.isfunction)
-        if fn.__module__ == subjects.__name__ and not name.startswith(("_", "all_"))
+        if fn.__module__ == subjects.__name__ and not name.startswith(("_", "all_", "parse_"))
         and name not in {"token", "check_prefix", "last_token", "inbox_prefix", "state_buckets"}
     }
     assert builders - catalogued == set()
@@ -111,7 +111,7 @@ def _tree_block() -> str:
 
 def test_the_source_tree_shown_lists_every_package() -> None:
     tree = _tree_block()
-    for top in ("zeus_agent", "coordinator"):
+    for top in ("zeus_agent", "coordinator", "zeus_demo"):
         for init in sorted((ROOT / top).rglob("__init__.py")):
             rel = init.parent.relative_to(ROOT / top).as_posix()
             if rel == ".":
@@ -123,6 +123,6 @@ def test_the_source_tree_shown_lists_every_package() -> None:
 def test_every_file_the_source_tree_names_exists() -> None:
     names = set(re.findall(r"\b([a-z_0-9]+\.py)\b", _tree_block()))
     assert len(names) > 30
-    existing = {p.name for top in ("zeus_agent", "coordinator", "tools")
+    existing = {p.name for top in ("zeus_agent", "coordinator", "zeus_demo", "tools")
                 for p in (ROOT / top).rglob("*.py")}
     assert sorted(names - existing) == []
