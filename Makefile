@@ -18,7 +18,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
-	$(BIN)/ruff check zeus_agent coordinator tests bench tools
+	$(BIN)/ruff check zeus_agent coordinator zeus_demo tests bench tools
 	$(BIN)/mypy
 
 demo: $(STAMP)

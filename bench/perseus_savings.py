@@ -3,9 +3,9 @@
 Everything real but the GPUs: an embedded nats-server, one `AgentServer` per simulated node
 (simulated A40s, the coarse NVML-like energy counter with its 100 ms period scaled by the time
 scale), a `CoordinatorService` per job, and the simulated 1F1B pipeline trainer
-(`zeus_agent.sim_pipeline_trainer`, one process per rank) with the GPT-3 175B A40 stages of
+(`zeus_agent.gpu.sim.trainers.pipeline`, one process per rank) with the GPT-3 175B A40 stages of
 `zeus_agent.gpu.sim.instructions` (4 stages: three of the profile's stage 0, then its heavier
-last stage), DP 2 x PP 4 by default, in one asyncio loop (`coordinator.demo_pipeline`).
+last stage), DP 2 x PP 4 by default, in one asyncio loop (`zeus_demo.pipeline`).
 
 Jobs, each under a fresh coordinator:
 
@@ -56,19 +56,19 @@ if _root not in sys.path:
 
 from _common import machine, now  # noqa: E402
 
-from coordinator.demo_pipeline import (  # noqa: E402
+from zeus_demo.pipeline import (  # noqa: E402
     JobContext,
     JobRun,
     PipelineCluster,
     PipelineDemoConfig,
     Side,
-    _write_plan,
     all_max_plan,
     pct_less,
     pct_more,
     resolve_scheduler,
     scheduler_args,
     window_stats,
+    write_plan,
 )
 
 GOAL = {"saving_vs_prediction_points": 2.0, "slowdown_pct": 1.0,
@@ -176,7 +176,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     try:
         await cluster.start()
-        plan = _write_plan(cluster.root / "all-max.json",
+        plan = write_plan(cluster.root / "all-max.json",
                            all_max_plan(cfg.stages, cfg.microbatches, cluster.top_clock_mhz))
         budget = cfg.profiling_budget(cluster.available_clocks)
 

@@ -45,8 +45,9 @@ COMMANDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zeus-coordinator plan", "coordinator.cli:main", ("plan", "--help")),
     ("zeus-coordinator straggler", "coordinator.cli:main", ("straggler", "--help")),
     ("zeus-coordinator nats-auth", "coordinator.cli:main", ("nats-auth", "--help")),
-    ("zeus-demo", "coordinator.demo:main", ("--help",)),
-    ("python -m zeus_agent.sim_pipeline_trainer", "zeus_agent.sim_pipeline_trainer:main",
+    ("zeus-demo", "zeus_demo.cli:main", ("--help",)),
+    ("python -m zeus_agent.gpu.sim.trainers.pipeline",
+     "zeus_agent.gpu.sim.trainers.pipeline.cli:main",
      ("--help",)),
 )
 """(command as typed, entry point, arguments) of every help page shown."""

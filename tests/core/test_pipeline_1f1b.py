@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from zeus_agent.sim_pipeline_trainer import (
+from zeus_agent.gpu.sim.trainers.pipeline import (
     BACKWARD,
     FORWARD,
     NodeSpec,
-    _parser,
     one_f_one_b,
     place_ranks,
     timeline,
     waits_for,
 )
+from zeus_agent.gpu.sim.trainers.pipeline.cli import _parser
 
 F, B = FORWARD, BACKWARD
 

@@ -7,22 +7,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.pipeline.dag import (
+from coordinator.pipeline.planner.dag import (
     BACKWARD,
     FORWARD,
     Node,
     Synchronous1F1B,
     build_dag,
-    one_f_one_b_order,
 )
-from zeus_agent.sim_pipeline_trainer import one_f_one_b
+from zeus_agent.gpu.sim.trainers.pipeline import one_f_one_b
 
 
 @pytest.mark.parametrize("num_stages", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("microbatches", [1, 2, 3, 5, 8, 12])
 def test_order_matches_simulated_trainer(num_stages: int, microbatches: int) -> None:
     for stage in range(num_stages):
-        assert one_f_one_b_order(stage, num_stages, microbatches) == one_f_one_b(
+        assert Synchronous1F1B(num_stages, microbatches).stage_order(stage) == one_f_one_b(
             stage, num_stages, microbatches
         )
 
@@ -49,7 +48,7 @@ def test_order_matches_lowtime(num_stages: int, microbatches: int) -> None:
             (FORWARD if isinstance(op, Forward) else BACKWARD, op.micro_batch_id)
             for op in LowtimeSchedule(num_stages, microbatches, stage, specs)  # type: ignore[arg-type]
         ]
-        assert one_f_one_b_order(stage, num_stages, microbatches) == theirs
+        assert Synchronous1F1B(num_stages, microbatches).stage_order(stage) == theirs
 
 
 def test_edges_of_a_small_pipeline() -> None:
@@ -58,7 +57,7 @@ def test_edges_of_a_small_pipeline() -> None:
     edges = {(dag.nodes[u], dag.nodes[v]) for u, v in dag.edges()}
     expected: set[tuple[Node, Node]] = set()
     for stage, ids in enumerate(dag.stage_nodes):
-        order = one_f_one_b_order(stage, 3, 4)
+        order = Synchronous1F1B(3, 4).stage_order(stage)
         assert [(dag.nodes[v].instruction, dag.nodes[v].microbatch) for v in ids] == order
         assert all(dag.nodes[v].stage == stage for v in ids)
         for a, b in zip(order, order[1:], strict=False):
@@ -94,7 +93,7 @@ def test_bad_shapes() -> None:
     with pytest.raises(ValueError):
         Synchronous1F1B(2, 0)
     with pytest.raises(ValueError):
-        one_f_one_b_order(2, 2, 1)
+        Synchronous1F1B(2, 1).stage_order(2)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@
 `FaultCluster` starts, as separate processes, what a deployment runs: an embedded
 `nats-server` (restartable on the same port with the same JetStream directory),
 `zeus-coordinator run`, one `zeus-agent run --backend sim` per simulated node and a simulated
-data-parallel job (`zeus_agent.sim_trainer.run_data_parallel` in a process of its own, started
-as `python -m tests.e2e.procs trainer SPEC`, its ranks being its children). Each process is the
-leader of a new session, so SIGKILL of its process group takes its children with it; every
-process carries a marker in its environment, so `close()` finds and kills whatever is left,
-wherever it was reparented, and then removes the temporary directory.
+data-parallel job (`zeus_agent.gpu.sim.trainers.data_parallel.run_data_parallel` in a process
+of its own, started as `python -m tests.e2e.procs trainer SPEC`, its ranks being its children).
+Each process is the leader of a new session, so SIGKILL of its process group takes its children
+with it; every process carries a marker in its environment, so `close()` finds and kills
+whatever is left, wherever it was reparented, and then removes the temporary directory.
 
 The test follows the job as anyone would: `JobStatus` events on `<p>.job.*.status`, the
 coordinator's `<p>.coord.jobs.query`, and the simulated GPUs' shared files (`SimGPU.open`).
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+from zeus_agent.fileio import atomic_write
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, JobQuery, JobStatus, MeasurementBatch, Reply
@@ -550,7 +551,11 @@ def _trainer_main(spec_json: str) -> int:
     The result's "step_seen_at" has, for each step of rank 0, the `time.monotonic()` (the
     system's clock, the test's too) at which this process learnt it ended (polled every 50 ms).
     """
-    from zeus_agent.sim_trainer import RankPlacement, TrainerOptions, run_data_parallel
+    from zeus_agent.gpu.sim.trainers.data_parallel import (
+        RankPlacement,
+        TrainerOptions,
+        run_data_parallel,
+    )
     from zeus_agent.wire.messages import PowerLimitOptions
 
     spec = json.loads(spec_json)
@@ -574,9 +579,7 @@ def _trainer_main(spec_json: str) -> int:
         }
     except Exception as e:  # noqa: BLE001 - reported to the test
         data = {"error": f"{type(e).__name__}: {e}"}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, out)
+    atomic_write(out, json.dumps(data))
     return 0 if "error" not in data else 1
 
 

@@ -33,7 +33,7 @@ def _demo_command() -> list[str]:
     found = shutil.which("zeus-demo")
     if found:
         return [found]
-    return [sys.executable, "-m", "coordinator.demo"]
+    return [sys.executable, "-m", "zeus_demo"]
 
 
 def _processes_with_mark(mark: str) -> list[str]:
@@ -261,7 +261,7 @@ def test_demo_pipeline_part_compares_all_max_and_perseus(tmp_path: Path) -> None
     assert plan["chosen"]["time_s"] <= plan["all_max"]["time_s"] * (1 + 1e-9)
     assert plan["predicted_energy_saving_pct"] > 0
     # The served plan: every stage's 1F1B order, clocks within the A40's range.
-    from zeus_agent.sim_pipeline_trainer import one_f_one_b
+    from zeus_agent.gpu.sim.trainers.pipeline import one_f_one_b
 
     assert len(plan["chosen_plan"]) == 4
     for stage, row in enumerate(plan["chosen_plan"]):
@@ -275,7 +275,7 @@ def test_demo_pipeline_part_compares_all_max_and_perseus(tmp_path: Path) -> None
 
 # ---------------------------------------------------------------- the pure arithmetic
 def test_compare_uses_leading_max_and_trailing_chosen_steps() -> None:
-    from coordinator.demo import compare
+    from zeus_demo.compare import compare
 
     # Two ranks: 3 steps at 300 W, 2 profiled at 200 W, back to 300, then 3 pinned at 200 W.
     limits = [300, 300, 300, 200, 200, 300, 200, 200, 200]
@@ -309,7 +309,8 @@ def test_compare_uses_leading_max_and_trailing_chosen_steps() -> None:
     ],
 )
 def test_compare_refuses_runs_it_cannot_compare(limits: list[int], message: str) -> None:
-    from coordinator.demo import DemoError, compare
+    from zeus_demo.compare import compare
+    from zeus_demo.config import DemoError
 
     measured = {(0, s): (1.0, 1.0) for s in range(len(limits))}
     with pytest.raises(DemoError, match=message):
@@ -317,14 +318,15 @@ def test_compare_refuses_runs_it_cannot_compare(limits: list[int], message: str)
 
 
 def test_compare_refuses_a_job_that_never_left_one_limit() -> None:
-    from coordinator.demo import DemoError, compare
+    from zeus_demo.compare import compare
+    from zeus_demo.config import DemoError
 
     with pytest.raises(DemoError, match="one power limit"):
         compare({0: [300, 300]}, {(0, 0): (1.0, 1.0), (0, 1): (1.0, 1.0)}, 300, 300)
 
 
 def test_pipeline_window_stats_takes_steps_every_rank_ran_under_the_versions() -> None:
-    from coordinator.demo_pipeline import StepRecord, window_stats
+    from zeus_demo.pipeline import StepRecord, window_stats
 
     # Two pipelines of two stages: ranks 0, 1 (pipeline 0 and 1 of stage 0), 2, 3 (stage 1).
     pipelines = {0: 0, 1: 1, 2: 0, 3: 1}
@@ -346,7 +348,7 @@ def test_pipeline_window_stats_takes_steps_every_rank_ran_under_the_versions() -
 
 
 def test_pipeline_all_max_plan_follows_1f1b() -> None:
-    from coordinator.demo_pipeline import all_max_plan
+    from zeus_demo.pipeline import all_max_plan
 
     plan = all_max_plan(4, 3, 1740)
     assert [len(row) for row in plan] == [6, 6, 6, 6]

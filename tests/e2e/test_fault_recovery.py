@@ -3,9 +3,9 @@ a nats-server restart mid-profiling.
 
 Every piece is a process of its own (`tests.e2e.procs.FaultCluster`): `nats-server`,
 `zeus-coordinator run`, `zeus-agent run --backend sim` on two simulated nodes (2 A40s each)
-and a 4-rank simulated data-parallel job (`zeus_agent.sim_trainer`, one process per rank, real
-`emit` calls). The job is followed as a user would: `JobStatus` events, `<p>.coord.jobs.query`
-and the simulated GPUs' shared files.
+and a 4-rank simulated data-parallel job (`zeus_agent.gpu.sim.trainers.data_parallel`, one
+process per rank, real `emit` calls). The job is followed as a user would: `JobStatus` events,
+`<p>.coord.jobs.query` and the simulated GPUs' shared files.
 
 Each test reproduces a defect seen before the coordinator's hardening and asserts the fixed
 behaviour:

@@ -226,7 +226,7 @@ async def test_a_power_limit_job_and_a_pipeline_job_complete_on_a_3_server_clust
     out = c.root / "pipeline.json"
     nodes = [f"{n}:{c.socket_path(n)}:{c.sim_dir(n)}:0-1" for n in c.nodes]
     c.procs.spawn("pipeline", [
-        sys.executable, "-m", "zeus_agent.sim_pipeline_trainer",
+        sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
         "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
         "--seconds", "20", "--time-scale", "0.1", "--job-metadata", c.tag,
         "--output", str(out), "--timeout", "60",

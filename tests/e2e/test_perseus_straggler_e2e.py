@@ -26,7 +26,7 @@ async def test_perseus_serves_a_plan_and_slows_the_other_pipeline_for_a_straggle
         out = c.root / "pipeline.json"
         nodes = [f"{n}:{c.socket_path(n)}:{c.sim_dir(n)}:0-3" for n in c.nodes]
         c.procs.spawn("trainer", [
-            sys.executable, "-m", "zeus_agent.sim_pipeline_trainer",
+            sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
             "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4", "--dp", "2",
             "--seconds", "30", "--time-scale", "0.1", "--straggler", "1:1.3",
             "--job-metadata", c.tag, "--output", str(out), "--timeout", "120",

@@ -2,8 +2,8 @@
 
 nats-server, `zeus-coordinator run` (scheduler `InstructionProfiler`, or its 3D wrapper for
 DP=2), one `zeus-agent run --backend sim` per node (two nodes) and the simulated 4-stage 1F1B
-trainer (`python -m zeus_agent.sim_pipeline_trainer`, one process per rank, ranks split over
-both nodes). The coordinator learns each rank's instructions from one iteration, profiles them
+trainer (`python -m zeus_agent.gpu.sim.trainers.pipeline`, one process per rank, ranks split
+over both nodes). The coordinator learns each rank's instructions from one iteration, profiles them
 online through schedules the agents apply, then serves its final plan. Checked: the phases in the
 job's status events, the clocks the simulated GPUs actually ran each instruction at (from the
 trainer's record) against the schedules the coordinator dumped, and Zeus 0.16's dump files.
@@ -62,7 +62,7 @@ async def test_a_pipeline_job_is_profiled_online_and_its_plan_served(dp: int) ->
         out = c.root / "pipeline.json"
         nodes = [f"{n}:{c.socket_path(n)}:{c.sim_dir(n)}:0-{2 * dp - 1}" for n in c.nodes]
         c.procs.spawn("trainer", [
-            sys.executable, "-m", "zeus_agent.sim_pipeline_trainer",
+            sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
             "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
             "--dp", str(dp), "--seconds", "20", "--time-scale", "0.1",
             "--job-metadata", c.tag, "--output", str(out), "--timeout", "120",

@@ -11,7 +11,11 @@ from zeus_agent.agent.server import AgentServer
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.sim import SimGPU
-from zeus_agent.sim_trainer import RankPlacement, TrainerOptions, run_data_parallel
+from zeus_agent.gpu.sim.trainers.data_parallel import (
+    RankPlacement,
+    TrainerOptions,
+    run_data_parallel,
+)
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus, PowerLimitOptions
 

@@ -202,7 +202,7 @@ async def test_a_pipeline_job_survives_its_owner_and_is_served_by_the_other_repl
         await c.start()
         nodes = [f"{n}:{c.socket_path(n)}:{c.sim_dir(n)}:0-1" for n in c.nodes]
         c.procs.spawn("trainer", [
-            sys.executable, "-m", "zeus_agent.sim_pipeline_trainer",
+            sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
             "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
             "--dp", "1", "--seconds", "30", "--time-scale", "0.1",
             "--job-metadata", c.tag, "--output", str(c.root / "pipeline.json"),

@@ -2,9 +2,9 @@
 
 A fake publisher stands in for `zeus_agent.emit.Publisher` (its schedule API: `latest_schedule`,
 `next_step`); `emit.init` is replaced to capture the registration arguments. The last tests run
-the simulated pipeline trainer (`zeus_agent.sim_pipeline_trainer`, whose ranks use the drop-in)
-as real processes against two real agents on simulated GPUs and a coordinator on a real
-nats-server: its command line, a failing rank stopping the job, and clear failures.
+the simulated pipeline trainer (`zeus_agent.gpu.sim.trainers.pipeline`, whose ranks use the
+drop-in) as real processes against two real agents on simulated GPUs and a coordinator on a
+real nats-server: its command line, a failing rank stopping the job, and clear failures.
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from zeus_agent import emit
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.sim import create_sim_gpus
-from zeus_agent.integrations import perseus
-from zeus_agent.integrations.perseus import (
-    PerseusOptimizer,
-    PipelineFrequencyOptimizer,
-    socket_path_from_url,
-)
-from zeus_agent.sim_pipeline_trainer import (
+from zeus_agent.gpu.sim.trainers.pipeline import (
     NodeSpec,
     PipelineError,
     PipelineOptions,
     RankPlacement,
     place_ranks,
     run_pipeline,
+)
+from zeus_agent.integrations import perseus
+from zeus_agent.integrations.perseus import (
+    PerseusOptimizer,
+    PipelineFrequencyOptimizer,
+    socket_path_from_url,
 )
 from zeus_agent.wire.trainer import ScheduleNotice
 
@@ -361,7 +361,7 @@ def test_unreachable_coordinator_only_warns(
 # nats-server; its command line in a subprocess, as a user would run it.
 
 NODES = ("pa", "pb")
-TRAINER = [sys.executable, "-m", "zeus_agent.sim_pipeline_trainer"]
+TRAINER = [sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline"]
 
 
 @contextlib.asynccontextmanager

@@ -1,20 +1,16 @@
-"""A simulated synchronous-1F1B pipeline-parallel trainer: real processes, simulated GPUs.
+"""The simulated pipeline job: stage workloads, rank placement, the rank processes, the launcher.
 
 One process per (data-parallel replica, pipeline stage) (tensor parallelism 1). Each opens its
 simulated GPU (`SimGPU.open` on the state directory its node's agent created), registers with
 `PerseusOptimizer` (rank 0 registers the job; the launcher hands its id to the others) and runs
-synchronous 1F1B iterations. Stages wait for each other for real through pipes: a forward waits
-for the previous stage's activation of its microbatch, a backward for the next stage's
-gradient. Each instruction's work is `gpu.run_work(stage_workload[name], scale)` at whatever SM
-clock the agent locked, then a sleep of its duration. At the end of an iteration every rank
-meets at a barrier (the gradient all-reduce and optimizer step), then `on_step_end()`.
+synchronous 1F1B iterations (`schedule.one_f_one_b`). Stages wait for each other for real
+through pipes: a forward waits for the previous stage's activation of its microbatch, a
+backward for the next stage's gradient. Each instruction's work is
+`gpu.run_work(stage_workload[name], scale)` at whatever SM clock the agent locked, then a sleep
+of its duration. At the end of an iteration every rank meets at a barrier (the gradient
+all-reduce and optimizer step), then `on_step_end()`.
 
-* `one_f_one_b(stage, num_stages, microbatches)`: one stage's instruction order, pure.
-* `waits_for(stage, num_stages, instruction)`: the stage whose message an instruction waits
-  for, pure.
-* `timeline(num_stages, microbatches, duration)`: start and end of every instruction of one
-  iteration when each takes `duration(stage, name)`, pure (what the processes do, without
-  noise).
+* `stage_profiles()`: the names `--profile` accepts.
 * `NodeSpec`, `RankPlacement`, `place_ranks(nodes, stages, dp)`: where ranks run. Ranks are
   numbered as Megatron-LM numbers them with TP = 1: `rank = stage * dp + dp_index`; they take
   the nodes' GPUs in order (first node's list first).
@@ -22,7 +18,6 @@ meets at a barrier (the gradient all-reduce and optimizer step), then `on_step_e
   `PipelineResult` (job id, per rank: iteration times, work energy, SM clock and schedule
   version of every instruction) or raises `PipelineError` naming the failed rank (its peers are
   killed).
-* `main(argv)`: the command line (`python -m zeus_agent.sim_pipeline_trainer --help`).
 
 Rank order convention for progress: rank 0 (stage 0, replica 0) decides when to stop (after
 `iterations`, or once `seconds` have passed) and reports each iteration's time.
@@ -30,24 +25,21 @@ Rank order convention for progress: rank 0 (stage 0, replica 0) decides when to 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
-import json
 import math
 import multiprocessing as mp
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from zeus_agent.gpu.sim.trainers.pipeline.schedule import BACKWARD, FORWARD, one_f_one_b
+
 __all__ = [
-    "FORWARD",
-    "BACKWARD",
     "NodeSpec",
     "PipelineError",
     "PipelineOptions",
@@ -55,111 +47,13 @@ __all__ = [
     "RankPlacement",
     "RankResult",
     "SYNTHETIC_PROFILE",
-    "main",
-    "one_f_one_b",
     "place_ranks",
     "run_pipeline",
     "stage_profiles",
-    "timeline",
-    "waits_for",
 ]
 
-FORWARD = "forward"
-BACKWARD = "backward"
 SYNTHETIC_PROFILE = "synthetic"
 """A hand-made profile (every stage alike; backward twice the forward), always available."""
-
-_PROG = "python -m zeus_agent.sim_pipeline_trainer"
-
-
-# ---------------------------------------------------------------------- pure 1F1B logic
-def one_f_one_b(stage: int, num_stages: int, microbatches: int) -> list[tuple[str, int]]:
-    """One stage's synchronous 1F1B instruction order for one iteration.
-
-    Stage `s` of `S` with `M` microbatches runs `min(S - s - 1, M)` warm-up forwards, then
-    alternates one forward and one backward while forwards remain, then the remaining
-    backwards. Microbatches are numbered from 0 in each direction.
-
-    Args:
-        stage: This stage, 0 <= stage < num_stages.
-        num_stages: Pipeline stages S >= 1.
-        microbatches: Microbatches M >= 1.
-
-    Returns:
-        `(instruction, microbatch)` pairs, `2 * M` of them.
-
-    Raises:
-        ValueError: An argument out of range.
-    """
-    if num_stages < 1 or microbatches < 1 or not 0 <= stage < num_stages:
-        raise ValueError(
-            f"need 0 <= stage < num_stages and microbatches >= 1, got stage={stage}, "
-            f"num_stages={num_stages}, microbatches={microbatches}"
-        )
-    warmup = min(num_stages - stage - 1, microbatches)
-    order = [(FORWARD, mb) for mb in range(warmup)]
-    for i in range(microbatches - warmup):
-        order.append((FORWARD, warmup + i))
-        order.append((BACKWARD, i))
-    order.extend((BACKWARD, mb) for mb in range(microbatches - warmup, microbatches))
-    return order
-
-
-def waits_for(stage: int, num_stages: int, instruction: str) -> int | None:
-    """The stage whose message `instruction` of `stage` waits for (same microbatch), or None.
-
-    A forward waits for the previous stage's activation (none at stage 0), a backward for the
-    next stage's gradient (none at the last stage).
-
-    Raises:
-        ValueError: An instruction other than "forward" or "backward".
-    """
-    if instruction == FORWARD:
-        return stage - 1 if stage > 0 else None
-    if instruction == BACKWARD:
-        return stage + 1 if stage < num_stages - 1 else None
-    raise ValueError(f"unknown instruction {instruction!r} (forward or backward)")
-
-
-def timeline(
-    num_stages: int, microbatches: int, duration: Callable[[int, str], float]
-) -> list[list[tuple[str, int, float, float]]]:
-    """Start and end times of one iteration's instructions when each takes `duration(s, name)`.
-
-    Each stage runs its `one_f_one_b` order; an instruction starts when the stage is free and
-    the message it `waits_for` has arrived (messages take no time).
-
-    Returns:
-        Per stage, `(instruction, microbatch, start, end)` in the stage's order; the
-        iteration's time is the largest end.
-
-    Raises:
-        ValueError: Arguments out of range (the order itself cannot deadlock).
-    """
-    orders = [one_f_one_b(s, num_stages, microbatches) for s in range(num_stages)]
-    done: dict[tuple[int, str, int], float] = {}
-    out: list[list[tuple[str, int, float, float]]] = [[] for _ in range(num_stages)]
-    position = [0] * num_stages
-    free = [0.0] * num_stages
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s in range(num_stages):
-            while position[s] < len(orders[s]):
-                name, mb = orders[s][position[s]]
-                peer = waits_for(s, num_stages, name)
-                if peer is not None and (peer, name, mb) not in done:
-                    break
-                start = max(free[s], done[(peer, name, mb)] if peer is not None else 0.0)
-                end = start + duration(s, name)
-                done[(s, name, mb)] = free[s] = end
-                out[s].append((name, mb, start, end))
-                position[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - 1F1B never deadlocks
-            raise RuntimeError("the 1F1B orders deadlocked")
-    return out
 
 
 # ---------------------------------------------------------------------- workloads
@@ -643,275 +537,3 @@ def run_pipeline(
     mean = sum(times) / len(times) if times else math.nan
     return PipelineResult(job_id, iterations, mean, [done[r] for r in sorted(done)])
 
-
-# ---------------------------------------------------------------------- command line
-def _gpu_list(text: str) -> tuple[int, ...]:
-    gpus: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            gpus.extend(range(int(lo), int(hi) + 1))
-        else:
-            gpus.append(int(part))
-    if not gpus or min(gpus) < 0:
-        raise ValueError(f"bad GPU list {text!r} (e.g. 0,1,2,3 or 0-3)")
-    return tuple(gpus)
-
-
-def _node_arg(text: str) -> NodeSpec:
-    parts = text.split(":")
-    if len(parts) != 4 or not all(parts):
-        raise argparse.ArgumentTypeError(
-            f"--node {text!r}: expected NAME:SOCKET:SIMDIR:GPUS, e.g. "
-            "node-a:/tmp/a.sock:/tmp/sim-a:0,1,2,3"
-        )
-    try:
-        gpus = _gpu_list(parts[3])
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--node {text!r}: {e}") from None
-    return NodeSpec(parts[0], parts[1], parts[2], gpus)
-
-
-def _straggler_arg(text: str) -> tuple[int, float]:
-    try:
-        index, factor = text.split(":")
-        value = (int(index), float(factor))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--straggler {text!r}: expected DP_INDEX:FACTOR, e.g. 1:1.3"
-        ) from None
-    if value[0] < 0 or not value[1] > 0:
-        raise argparse.ArgumentTypeError(f"--straggler {text!r}: DP_INDEX >= 0, FACTOR > 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    profiles = stage_profiles()
-    parser = argparse.ArgumentParser(
-        prog=_PROG,
-        description=(
-            "Run a simulated synchronous-1F1B pipeline-parallel training job: one process per "
-            "(data-parallel replica, pipeline stage), each driving one simulated GPU of its "
-            "node's Zeus agent and using the PerseusOptimizer drop-in (rank 0 registers the "
-            "job; the coordinator's pipeline frequency scheduler plans it and the agents lock "
-            "each instruction's SM clock). Stages wait for each other's activations and "
-            "gradients for real; every iteration ends with a barrier across all ranks (the "
-            "all-reduce). Progress (iterations done, mean iteration time) goes to stderr."
-        ),
-        epilog=(
-            "Ranks are numbered as in Megatron-LM (TP = 1): rank = stage * DP + dp_index, and "
-            "take the nodes' GPUs in order. Start the agents with `zeus-agent run --backend sim "
-            "--sim-preset PRESET` (the preset the profile was measured on) and a coordinator "
-            "first. Exit status: 0 done, 1 a rank failed (its error is printed, its peers are "
-            "killed), 2 bad arguments."
-        ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    job = parser.add_argument_group("job")
-    job.add_argument(
-        "--profile",
-        default=profiles[0],
-        choices=profiles,
-        help="Stage workloads: a simulator stage profile (model+GPU), or "
-        f"'{SYNTHETIC_PROFILE}' (identical hand-made stages)",
-    )
-    job.add_argument("--stages", type=int, default=4, help="Pipeline stages (PP degree)")
-    job.add_argument("--microbatches", type=int, default=8, help="Microbatches per iteration")
-    job.add_argument("--dp", type=int, default=1, help="Data-parallel replicas (DP degree)")
-    length = job.add_mutually_exclusive_group()
-    length.add_argument("--iterations", type=int, default=20, help="Iterations to run")
-    length.add_argument(
-        "--seconds",
-        type=_positive_float,
-        default=None,
-        help="Run iterations for this long instead (the last one finishes)",
-    )
-    job.add_argument(
-        "--time-scale",
-        type=_positive_float,
-        default=0.1,
-        help="Factor on every instruction's duration and energy (0.1 = 10x faster "
-        "than the profiled job)",
-    )
-    job.add_argument(
-        "--straggler",
-        type=_straggler_arg,
-        default=None,
-        metavar="DP_INDEX:FACTOR",
-        help="Slow every instruction of one data-parallel replica by FACTOR",
-    )
-    job.add_argument(
-        "--job-metadata", default="simulated-pipeline", help="Free text appended to the job id"
-    )
-    where = parser.add_argument_group(
-        "placement",
-        "Either one node (--socket, --sim-dir, --gpus) or --node repeated (e.g. two agents).",
-    )
-    where.add_argument(
-        "--node",
-        type=_node_arg,
-        action="append",
-        default=None,
-        metavar="NAME:SOCKET:SIMDIR:GPUS",
-        help="A node: a name for messages, its agent's socket, its simulated "
-        "GPUs' state directory, and GPU indices to use (0,1,2 or 0-3); "
-        "repeat for more nodes; ranks fill the nodes in the order given",
-    )
-    where.add_argument(
-        "--socket",
-        default=os.environ.get("ZEUS_AGENT_SOCKET"),
-        help="Single node: the agent's socket (default env ZEUS_AGENT_SOCKET)",
-    )
-    where.add_argument(
-        "--sim-dir",
-        default=None,
-        help="Single node: the simulated GPUs' state directory (the agent's --sim-state-dir)",
-    )
-    where.add_argument(
-        "--gpus", default=None, help="Single node: GPU indices to use (default 0..world size-1)"
-    )
-    tuning = parser.add_argument_group("timing")
-    tuning.add_argument(
-        "--clock-wait-ms",
-        type=float,
-        default=20.0,
-        help="With a schedule active, wait at most this long after "
-        "instruction_begin for the agent to lock the scheduled clock",
-    )
-    tuning.add_argument(
-        "--ipc-timeout",
-        type=_positive_float,
-        default=120.0,
-        help="Longest wait (s) for a peer stage's message or the barrier",
-    )
-    tuning.add_argument(
-        "--timeout",
-        type=_positive_float,
-        default=3600.0,
-        help="Stop the job (exit 1) if it runs longer than this (s)",
-    )
-    parser.add_argument(
-        "--output",
-        default=None,
-        help="Write the result (job id, per rank per iteration: time, work "
-        "energy, SM clocks, schedule version) as JSON to this file",
-    )
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.node:
-        if args.sim_dir or args.gpus:
-            parser.error("--node cannot be combined with --sim-dir/--gpus")
-        nodes: list[NodeSpec] = list(args.node)
-    else:
-        if not args.socket or not args.sim_dir:
-            parser.error("give --socket and --sim-dir (or --node NAME:SOCKET:SIMDIR:GPUS)")
-        try:
-            gpus = _gpu_list(args.gpus) if args.gpus else tuple(range(args.stages * args.dp))
-        except ValueError as e:
-            parser.error(str(e))
-        nodes = [NodeSpec("local", args.socket, args.sim_dir, gpus)]
-    options = PipelineOptions(
-        profile=args.profile,
-        stages=args.stages,
-        microbatches=args.microbatches,
-        dp=args.dp,
-        iterations=args.iterations,
-        seconds=args.seconds,
-        time_scale=args.time_scale,
-        straggler=args.straggler,
-        job_metadata=args.job_metadata or None,
-        clock_wait_s=max(0.0, args.clock_wait_ms) / 1000,
-        ipc_timeout_s=args.ipc_timeout,
-    )
-    try:
-        placements = place_ranks(nodes, args.stages, args.dp)
-    except ValueError as e:
-        parser.error(str(e))
-    problem = _check_gpus(placements, args.profile)
-    if problem:
-        print(f"{_PROG}: {problem}", file=sys.stderr)
-        return 1
-
-    total = None if args.seconds is not None else args.iterations
-    last_print = [0.0]
-    seen: list[float] = []
-
-    def report(count: int, elapsed: float) -> None:
-        seen.append(elapsed)
-        now = time.monotonic()
-        if now - last_print[0] >= 1.0 or count == total:
-            last_print[0] = now
-            of = f"/{total}" if total else ""
-            print(
-                f"iteration {count}{of}: {elapsed:.3f} s, mean {sum(seen) / len(seen):.3f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    print(
-        f"{_PROG}: {len(placements)} ranks ({args.stages} stages x {args.dp} replicas), "
-        f"profile {args.profile}, {args.microbatches} microbatches",
-        file=sys.stderr,
-    )
-    try:
-        result = run_pipeline(placements, options, report, timeout_s=args.timeout)
-    except PipelineError as e:
-        print(f"{_PROG}: {e}", file=sys.stderr)
-        return 1
-    except ValueError as e:
-        print(f"{_PROG}: {e}", file=sys.stderr)
-        return 2
-    late = sum(r.late_clocks for r in result.ranks)
-    print(
-        f"{_PROG}: job {result.job_id}: {result.iterations} iterations, mean "
-        f"{result.mean_iteration_s:.3f} s; {late} instruction(s) started before their "
-        "scheduled clock was locked",
-        file=sys.stderr,
-    )
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(result.to_json(), f)
-    return 0
-
-
-def _check_gpus(placements: Sequence[RankPlacement], profile: str) -> str | None:
-    """Open each rank's simulated GPU here first: a clear message for a wrong --sim-dir."""
-    from zeus_agent.errors import GPUError
-    from zeus_agent.gpu.sim import PRESETS, SimGPU
-
-    preset = _preset_for(profile)
-    for place in placements:
-        try:
-            gpu = SimGPU.open(place.sim_dir, place.gpu_index)
-            name = gpu.get_name()
-        except (GPUError, OSError) as e:
-            return (
-                f"{_describe(place)}: cannot open simulated GPU {place.gpu_index} in "
-                f"{place.sim_dir} ({e}); is its agent running with --backend sim?"
-            )
-        if preset is not None and preset in PRESETS and PRESETS[preset].name != name:
-            print(
-                f"{_PROG}: warning: profile {profile} was measured on {preset} but "
-                f"{_describe(place)} simulates {name}",
-                file=sys.stderr,
-            )
-    return None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

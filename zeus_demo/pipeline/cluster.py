@@ -1,0 +1,398 @@
+"""`PipelineCluster`: NATS, the agents and a coordinator per job, the engine of the pipeline part.
+
+Also the engine of `bench/perseus_savings.py`. `PipelineCluster.start()` starts an embedded
+NATS (or uses an external one) and one `AgentServer` per simulated node; `run_job(...)` starts
+a coordinator with a scheduler, runs the simulated pipeline trainer
+(`zeus_agent.gpu.sim.trainers.pipeline`, in a thread), follows the job's status events and
+measurements, snapshots the scheduler (`SchedulerSnapshot`), stops the coordinator and returns
+a `JobRun`. A director (`Director`, given a `JobContext`) may run alongside the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zeus_agent.aio import wait_started
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import JobStatus
+from zeus_demo.pipeline.config import PipelineDemoConfig, PipelineDemoError
+from zeus_demo.pipeline.measure import JobObserver, pct_less, pct_more
+
+LOG = logging.getLogger(__name__)
+
+@dataclass
+class SchedulerSnapshot:
+    """What the coordinator's Perseus scheduler planned (None fields: it has none)."""
+
+    name: str
+    frontier: list[tuple[float, float]] = field(default_factory=list)
+    chosen: tuple[float, float] | None = None
+    chosen_plan: list[list[tuple[str, int]]] | None = None
+    all_max: tuple[float, float] | None = None
+    p_block_w: float | None = None
+    profile_rows: list[tuple[int, str, int, float, float]] = field(default_factory=list)
+
+    @property
+    def predicted_saving_pct(self) -> float:
+        """The planner's energy saving of the chosen plan over all-max clocks (%)."""
+        if self.chosen is None or self.all_max is None:
+            return math.nan
+        return pct_less(self.all_max[1], self.chosen[1])
+
+    @property
+    def predicted_slowdown_pct(self) -> float:
+        """The planner's iteration time change of the chosen plan over all-max clocks (%)."""
+        if self.chosen is None or self.all_max is None:
+            return math.nan
+        return pct_more(self.all_max[0], self.chosen[0])
+
+
+def snapshot_scheduler(name: str, scheduler: Any, microbatches: int) -> SchedulerSnapshot:
+    """Copy what a Perseus scheduler planned (frontier, choice, all-max evaluation)."""
+    snap = SchedulerSnapshot(name=name)
+    frontier = getattr(scheduler, "frontier", None)
+    chosen = getattr(scheduler, "chosen", None)
+    if not frontier or chosen is None:
+        return snap
+    snap.frontier = [(float(p.time), float(p.energy)) for p in frontier]
+    snap.chosen = (float(chosen.time), float(chosen.energy))
+    snap.chosen_plan = [[(str(n), int(f)) for n, f in stage] for stage in chosen.plan]
+    snap.p_block_w = getattr(scheduler, "p_block_used", None)
+    snap.profile_rows = [(int(s), str(n), int(f), float(t), float(e))
+                         for s, n, f, t, e in getattr(scheduler, "profile_rows", [])]
+    try:
+        from coordinator.pipeline import planner
+
+        profile = planner.InstructionProfile.from_rows(snap.profile_rows)
+        plan = planner.max_frequency_plan(profile, microbatches)
+        t, e = planner.evaluate(profile, plan, microbatches,
+                                snap.p_block_w if snap.p_block_w is not None
+                                else planner.DEFAULT_P_BLOCK_W)
+        snap.all_max = (float(t), float(e))
+    except Exception as e:  # noqa: BLE001 - the prediction is a report item, not the run
+        LOG.warning("cannot evaluate the all-max plan on the profile: %s", e)
+    return snap
+
+
+@dataclass
+class JobRun:
+    """One job: what the trainer did, what the agents measured, what the coordinator planned."""
+
+    scheduler: str
+    job_id: str
+    result: Any  # PipelineResult
+    observer: JobObserver
+    rank_pipeline: dict[int, int]
+    snapshot: SchedulerSnapshot | None
+    schedules: dict[int, dict[int, list[tuple[str, int]]]]
+    """Version -> rank -> (instruction, MHz), from the coordinator's dumps."""
+    marks: dict[str, int] = field(default_factory=dict)
+    """Named steps the director recorded (e.g. "notice": the step the notice was sent at)."""
+    elapsed_s: float = 0.0
+
+
+Director = Callable[["JobContext"], Coroutine[Any, Any, None]]
+
+
+@dataclass
+class JobContext:
+    """What a director (run alongside the trainer) can see and do."""
+
+    cluster: PipelineCluster
+    observer: JobObserver
+    marks: dict[str, int]
+    iterations: list[int]
+    """Iterations done, as reported by the trainer (rank 0)."""
+
+
+class PipelineCluster:
+    """Embedded NATS (or an external one), one agent per simulated node, coordinators per job."""
+
+    def __init__(self, config: PipelineDemoConfig, *, nats_url: str | None = None,
+                 prefix: str = subjects.DEFAULT_PREFIX, log_level: str = "ERROR") -> None:
+        self.config = config
+        self.nats_url = nats_url
+        self.prefix = prefix
+        self.log_level = log_level
+        self._tmp = tempfile.TemporaryDirectory(prefix="zeus-pipeline-demo-")
+        self.root = Path(self._tmp.name)
+        self.embedded: Any = None
+        self.url = ""
+        self.nc: Any = None
+        self.agents: list[tuple[Any, asyncio.Task[None]]] = []
+        self._observers: list[JobObserver] = []
+        self.top_clock_mhz = 0
+        self.available_clocks: list[int] = []
+
+    async def start(self) -> None:
+        """Start NATS (unless external), the agents, and subscribe to statuses and measurements.
+
+        Raises:
+            PipelineDemoError: Something did not start.
+        """
+        from zeus_agent.agent.server import AgentServer
+        from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+        from zeus_agent.config import AgentSettings
+        from zeus_agent.errors import BrokerError
+        from zeus_agent.gpu.sim.presets import PRESETS
+
+        cfg = self.config
+        if self.nats_url:
+            self.url = self.nats_url
+        else:
+            try:
+                self.embedded = await asyncio.to_thread(EmbeddedNats().start)
+            except BrokerError as e:
+                raise PipelineDemoError(f"the embedded nats-server did not start: {e}") from e
+            self.url = self.embedded.url
+        try:
+            self.nc = await connect(self.url, "zeus-demo-pipeline")
+        except BrokerError as e:
+            raise PipelineDemoError(str(e)) from e
+        await self.nc.subscribe(subjects.all_job_status(self.prefix), cb=self._status)
+        await self.nc.subscribe(subjects.all_gpu_measurements(self.prefix), cb=self._measurement)
+        await confirm_subscriptions(self.nc)
+        for node in cfg.node_names:
+            server = AgentServer(AgentSettings.model_validate({
+                "nats_url": self.url, "backend": "sim", "sim_count": cfg.gpus_per_node,
+                "sim_preset": cfg.preset, "sim_state_dir": str(self.root / node),
+                "socket_path": str(self.root / f"{node}.sock"), "node": node,
+                "sample_hz": 2, "prefix": self.prefix, "log_level": self.log_level,
+                "sim_energy_update_ms": cfg.energy_update_ms,
+            }))
+            self.agents.append((server, asyncio.create_task(server.serve())))
+        for server, task in self.agents:
+            await _wait_started(server.started, task, f"agent {server.settings.node}")
+        hw = PRESETS[cfg.preset]
+        self.available_clocks = sorted(hw.supported_sm_clocks_mhz, reverse=True)
+        self.top_clock_mhz = self.available_clocks[0]
+
+    async def _status(self, msg: Any) -> None:
+        for obs in list(self._observers):
+            await obs.status(msg)
+
+    async def _measurement(self, msg: Any) -> None:
+        for obs in list(self._observers):
+            await obs.measurement(msg)
+
+    def placements(self) -> list[Any]:
+        """The job's ranks on the nodes' GPUs (Megatron order: rank = stage * dp + d)."""
+        from zeus_agent.gpu.sim.trainers.pipeline import NodeSpec, place_ranks
+
+        cfg = self.config
+        per = cfg.gpus_per_node
+        nodes = [NodeSpec(n, str(self.root / f"{n}.sock"), str(self.root / n), tuple(range(per)))
+                 for n in cfg.node_names]
+        return place_ranks(nodes, cfg.stages, cfg.dp)
+
+    async def run_job(
+        self,
+        scheduler: str,
+        scheduler_args: Mapping[str, Any],
+        iterations: int,
+        *,
+        label: str,
+        straggler: tuple[int, float] | None = None,
+        detect_stragglers: bool = True,
+        on_iteration: Callable[[int, float], None] | None = None,
+        on_status: Callable[[JobStatus], None] | None = None,
+        director: Director | None = None,
+        perseus_snapshot: bool = False,
+    ) -> JobRun:
+        """Run one job under a fresh coordinator running `scheduler`; stop the coordinator.
+
+        Raises:
+            PipelineDemoError: The coordinator did not start, the job failed, or the
+                coordinator stopped the optimisation with an error.
+        """
+        from coordinator.config import CoordinatorSettings
+        from coordinator.pipeline.dumps import job_dir_name
+        from coordinator.service import CoordinatorService
+        from zeus_agent.gpu.sim.trainers.pipeline import (
+            PipelineError,
+            PipelineOptions,
+            run_pipeline,
+        )
+
+        cfg = self.config
+        started = time.monotonic()
+        tag = f"{label}-{uuid.uuid4().hex[:8]}"
+        observer = JobObserver(tag, on_status)
+        self._observers.append(observer)
+        home = self.root / f"coordinator-{tag}"
+        values: dict[str, Any] = {
+            "nats_url": self.url, "prefix": self.prefix, "state_dir": str(home / "state"),
+            "dump_dir": str(home / "dump"), "log_level": self.log_level,
+            "scheduler": scheduler, "scheduler_args": dict(scheduler_args),
+            "profiling_iterations": cfg.profiling_iterations, "switch_lead_steps": 2,
+        }
+        fields = CoordinatorSettings.model_fields
+        if "straggler_threshold" in fields and not detect_stragglers:
+            values["straggler_threshold"] = 10.0  # The largest allowed: nothing is detected.
+        try:
+            settings = CoordinatorSettings.model_validate(values)
+        except Exception as e:  # noqa: BLE001 - pydantic's message names the field
+            raise PipelineDemoError(f"coordinator settings: {e}") from e
+        coord = CoordinatorService(settings)
+        coord_task = asyncio.create_task(coord.serve())
+        director_task: asyncio.Task[None] | None = None
+        marks: dict[str, int] = {}
+        done_iterations: list[int] = []
+        loop = asyncio.get_running_loop()
+        try:
+            await _wait_started(coord.started, coord_task, "the coordinator")
+            options = PipelineOptions(
+                profile=cfg.profile, stages=cfg.stages, microbatches=cfg.microbatches,
+                dp=cfg.dp, iterations=iterations, time_scale=cfg.time_scale,
+                straggler=straggler, job_metadata=tag)
+
+            def iteration_done(count: int, elapsed: float) -> None:
+                def note() -> None:
+                    done_iterations.append(count)
+                    observer.changed.set()
+                    if on_iteration is not None:
+                        on_iteration(count, elapsed)
+                loop.call_soon_threadsafe(note)
+
+            if director is not None:
+                ctx = JobContext(self, observer, marks, done_iterations)
+                director_task = asyncio.create_task(director(ctx))
+            try:
+                result = await asyncio.to_thread(run_pipeline, self.placements(), options,
+                                                 iteration_done, cfg.timeout_s)
+            except PipelineError as e:
+                raise PipelineDemoError(f"the simulated pipeline job ({label}) failed: {e}") from e
+            if not result.job_id:
+                raise PipelineDemoError(f"the {label} job was not registered")
+            expected = {(r.rank, s) for r in result.ranks for s in range(len(r.iteration_time_s))}
+            deadline = time.monotonic() + 10
+            while not expected <= observer.steps.keys() and time.monotonic() < deadline:
+                observer.changed.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(observer.changed.wait(), 0.5)
+            if director_task is not None:
+                if not director_task.done():
+                    director_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await director_task
+            job = coord.pipeline_jobs.get(result.job_id)
+            snapshot = None
+            if perseus_snapshot and job is not None and job.scheduler is not None:
+                snapshot = snapshot_scheduler(scheduler, job.scheduler, cfg.microbatches)
+            schedules = _read_schedules(home / "dump" / job_dir_name(result.job_id))
+        finally:
+            if director_task is not None and not director_task.done():
+                director_task.cancel()
+            coord.should_exit.set()
+            done, pending = await asyncio.wait({coord_task}, timeout=15)
+            for t in pending:
+                t.cancel()
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    LOG.warning("the coordinator ended with an error: %s", t.exception())
+            self._observers.remove(observer)
+        errors = [ev.message for ev in observer.statuses if ev.state == "error"]
+        if errors:
+            raise PipelineDemoError(f"the coordinator stopped the {label} job: {errors[-1]}")
+        return JobRun(
+            scheduler=scheduler, job_id=result.job_id, result=result, observer=observer,
+            rank_pipeline={r.rank: r.dp_rank for r in result.ranks}, snapshot=snapshot,
+            schedules=schedules, marks=marks, elapsed_s=time.monotonic() - started)
+
+    async def straggler_notice(self, job_id: str, pipeline: int, factor: float | None) -> str:
+        """Send a straggler notice as `zeus-coordinator straggler` does; the answer's text.
+
+        Runs the command line itself when it is installed, else sends the `StragglerNotice`
+        request directly.
+
+        Raises:
+            PipelineDemoError: No straggler support, or the coordinator refused the notice.
+        """
+        what = ["--clear"] if factor is None else ["--factor", f"{factor:g}"]
+        command = _coordinator_command()
+        if command is not None:
+            argv = [*command, "straggler", job_id, "--pipeline", str(pipeline), *what,
+                    "--nats-url", self.url, "--prefix", self.prefix]
+            proc = await asyncio.to_thread(
+                subprocess.run, argv, capture_output=True, text=True, timeout=60,
+                stdin=subprocess.DEVNULL)
+            text = (proc.stdout + proc.stderr).strip()
+            if proc.returncode == 0:
+                return text
+            if "invalid choice" not in text:
+                raise PipelineDemoError(f"zeus-coordinator straggler failed: {text}")
+        try:
+            from zeus_agent.wire.messages import Reply, StragglerNotice
+        except ImportError as e:
+            raise PipelineDemoError("this coordinator has no straggler notices") from e
+        notice = (StragglerNotice(job_id=job_id, pipeline=pipeline, clear=True) if factor is None
+                  else StragglerNotice(job_id=job_id, pipeline=pipeline, factor=factor))
+        subject = getattr(subjects, "coord_job_straggler")(self.prefix)  # noqa: B009
+        msg = await self.nc.request(subject, codec.encode(notice), timeout=10)
+        reply = codec.decode(msg.data, Reply)
+        if not reply.ok:
+            raise PipelineDemoError(f"the coordinator refused the notice: {reply}")
+        return str(reply)
+
+    async def stop(self) -> None:
+        """Stop the agents and NATS; remove the temporary state."""
+        for server, _ in self.agents:
+            server.handle_exit()
+        tasks = [t for _, t in self.agents]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=15)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+        self.agents = []
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.drain(), 5)
+            self.nc = None
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)
+            self.embedded = None
+        self._tmp.cleanup()
+
+
+def _coordinator_command() -> list[str] | None:
+    """`zeus-coordinator` next to this Python, on PATH, or None."""
+    script = Path(sys.executable).with_name("zeus-coordinator")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("zeus-coordinator")
+    return [found] if found else None
+
+
+def _read_schedules(directory: Path) -> dict[int, dict[int, list[tuple[str, int]]]]:
+    out: dict[int, dict[int, list[tuple[str, int]]]] = {}
+    for path in directory.glob("*.sched.json"):
+        head = path.name.split(".", 1)[0]
+        if not head.isdigit():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[int(head)] = {int(s["rank"]): [(str(n), int(f)) for n, f in s["frequencies"]]
+                          for s in data}
+    return out
+
+
+async def _wait_started(event: asyncio.Event, task: asyncio.Task[Any], what: str) -> None:
+    await wait_started(event, task, what, PipelineDemoError)

@@ -1,0 +1,340 @@
+"""The power-limit part's run: services up, the data-parallel job, measurements, services down.
+
+One asyncio loop runs an embedded `nats-server` (or uses `--nats-url`), one `AgentServer` per
+simulated node (simulated GPUs, `backend="sim"`) and a `CoordinatorService`. A simulated
+data-parallel job (`zeus_agent.gpu.sim.trainers.data_parallel`: one process per rank, real
+`zeus_agent.emit` calls) then runs under the power-limit optimizer, while `_Observer` follows
+the job's status events (live progress) and records the agents' per-step measurements.
+
+`run_demo(config, console)` returns a `DemoRun`, the report's inputs; every process it started
+is stopped and its temporary state removed, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from zeus_agent.aio import wait_started
+from zeus_agent.errors import BrokerError
+from zeus_agent.gpu.sim.presets import PRESETS
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import JobStatus, MeasurementBatch
+from zeus_demo.config import DemoConfig, DemoError, DemoStartupError
+
+LOG = logging.getLogger(__name__)
+
+@dataclass
+class DemoRun:
+    """What a demo run produced (the report's inputs).
+
+    Attributes:
+        config: The options.
+        job_id: The job's id.
+        nats_url: The NATS used ("embedded" servers are noted in `embedded_nats`).
+        embedded_nats: Whether the demo started its own nats-server.
+        chosen_power_limit_w: The limit the coordinator pinned (from its "done" status).
+        max_power_limit_w: The GPUs' maximum limit.
+        profile: The profile's measurements (Zeus format: power_limit W, energy J, time s of a
+            `profile_steps`-step window over the job's GPUs).
+        profile_json: The saved profile file's text (Zeus JSON), when it was found.
+        step_limits_w: Rank -> power limit of each step, as the trainer ran them.
+        measured: (rank, step) -> (time_s, energy_j) from the agents' measurement batches.
+        statuses: (state, message) of every status event of the job, in order.
+        elapsed_s: Wall time of the whole run (s).
+    """
+
+    config: DemoConfig
+    job_id: str
+    nats_url: str
+    embedded_nats: bool
+    chosen_power_limit_w: int
+    max_power_limit_w: int
+    profile: list[dict[str, Any]]
+    profile_json: str | None
+    step_limits_w: dict[int, list[int]]
+    measured: dict[tuple[int, int], tuple[float, float]]
+    statuses: list[tuple[str, str]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+class _Observer:
+    """Follows the job's status events and the agents' step measurements on NATS."""
+
+    def __init__(self, job_tag: str, on_status: Any) -> None:
+        self.job_tag = job_tag
+        self.on_status = on_status
+        self.statuses: list[Any] = []
+        self.measured: dict[tuple[int, int], tuple[float, float]] = {}
+        self.done = asyncio.Event()
+        self.complete = asyncio.Event()
+        self.disconnects = 0
+        self._expected: set[tuple[int, int]] | None = None
+
+    def expect(self, keys: set[tuple[int, int]]) -> asyncio.Event:
+        """The returned event is set once every (rank, step) in `keys` has a measurement."""
+        self._expected = keys
+        self._check_complete()
+        return self.complete
+
+    def _check_complete(self) -> None:
+        if self._expected is not None and self._expected <= self.measured.keys():
+            self.complete.set()
+
+    def _ours(self, job_id: str) -> bool:
+        return job_id.endswith(self.job_tag)
+
+    async def status(self, msg: Any) -> None:
+        try:
+            ev = codec.decode(msg.data, JobStatus)
+        except Exception as e:  # noqa: BLE001 - a foreign message on a shared bus
+            LOG.debug("ignoring an undecodable status event: %s", e)
+            return
+        if not self._ours(ev.job_id):
+            return
+        self.statuses.append(ev)
+        if ev.state == "done" and ev.progress.get("optimal_power_limit_w") is not None:
+            self.done.set()
+        self.on_status(ev)
+
+    async def measurement(self, msg: Any) -> None:
+        try:
+            batch = codec.decode(msg.data, MeasurementBatch)
+        except Exception as e:  # noqa: BLE001
+            LOG.debug("ignoring an undecodable measurement batch: %s", e)
+            return
+        if not self._ours(batch.job_id):
+            return
+        for m in batch.measurements:
+            if m.kind == "step":
+                self.measured[(batch.rank, m.step)] = (m.time_s, m.energy_j)
+        self._check_complete()
+
+
+async def _wait_started(event: asyncio.Event, task: asyncio.Task[Any], what: str) -> None:
+    """Wait until a service says it started, or fail with its error if it died first."""
+    await wait_started(event, task, what, DemoStartupError,
+                       hint="; rerun with --log-level INFO")
+
+
+def _phase_text(ev: Any) -> str:
+    p = ev.progress or {}
+    phase = p.get("phase", ev.state)
+    limit = p.get("power_limit_w")
+    text = f"{ev.state}: {phase}"
+    if limit is not None:
+        text += f" @ {limit} W"
+    if p.get("candidates"):
+        text += f" ({p.get('measured', 0)}/{p['candidates']} limits measured)"
+    if p.get("optimal_power_limit_w") is not None:
+        text = f"done: pinned {p['optimal_power_limit_w']} W"
+    return text
+
+
+async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
+    """Start the services, run the job, collect what the agents measured, stop everything.
+
+    Every process started here (nats-server, rank processes) is stopped and the temporary
+    state (simulated GPUs, sockets, coordinator state) is removed, whatever happens.
+
+    Raises:
+        DemoStartupError: NATS, an agent or the coordinator did not start.
+        DemoError: The job failed or the optimizer did not pin a limit.
+    """
+    from coordinator.config import CoordinatorSettings
+    from coordinator.service import CoordinatorService
+    from zeus_agent.agent.server import AgentServer
+    from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+    from zeus_agent.config import AgentSettings
+    from zeus_agent.gpu.sim.trainers.data_parallel import (
+        RankPlacement,
+        TrainerOptions,
+        run_data_parallel,
+    )
+
+    started_at = time.monotonic()
+    job_tag = f"zeus-demo-{uuid.uuid4().hex[:8]}"
+    tmp = tempfile.TemporaryDirectory(prefix="zeus-demo-")
+    root = Path(tmp.name)
+    embedded: EmbeddedNats | None = None
+    agents: list[tuple[AgentServer, asyncio.Task[None]]] = []
+    coord: CoordinatorService | None = None
+    coord_task: asyncio.Task[None] | None = None
+    nc: Any = None
+    job_id: str | None = None
+    lost_nats_during_job = False
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[phase]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not config.progress,
+    )
+    task_id = progress.add_task("starting", total=config.total_steps, phase="")
+
+    def on_status(ev: Any) -> None:
+        progress.update(task_id, phase=_phase_text(ev))
+
+    observer = _Observer(job_tag, on_status)
+    try:
+        with progress:
+            if config.nats_url:
+                url = config.nats_url
+            else:
+                progress.update(task_id, description="starting nats-server")
+                try:
+                    embedded = await asyncio.to_thread(EmbeddedNats().start)
+                except BrokerError as e:
+                    raise DemoStartupError(f"the embedded nats-server did not start: {e}") from e
+                url = embedded.url
+            progress.update(task_id, description="starting services")
+            async def on_disconnect() -> None:
+                observer.disconnects += 1
+
+            try:
+                nc = await connect(url, "zeus-demo", on_disconnect=on_disconnect)
+            except BrokerError as e:
+                hint = " (with zeus-demo: omit --nats-url)" if config.nats_url else ""
+                raise DemoStartupError(f"{e}{hint}") from e
+            p = config.prefix
+            await nc.subscribe(subjects.all_job_status(p), cb=observer.status)
+            await nc.subscribe(subjects.all_gpu_measurements(p), cb=observer.measurement)
+            await confirm_subscriptions(nc)
+            for node in config.node_names:
+                server = AgentServer(AgentSettings.model_validate({
+                    "nats_url": url, "backend": "sim", "sim_count": config.gpus_per_node,
+                    "sim_preset": config.preset, "sim_state_dir": str(root / node),
+                    "socket_path": str(root / f"{node}.sock"), "node": node, "sample_hz": 20,
+                    "prefix": p, "log_level": config.log_level,
+                    # The job runs `scale` times faster than the real one: so does the GPU's
+                    # energy counter (100 ms on real GPUs).
+                    "sim_energy_update_ms": 100.0 * config.scale,
+                }))
+                agents.append((server, asyncio.create_task(server.serve())))
+            coord = CoordinatorService(CoordinatorSettings.model_validate({
+                "nats_url": url, "prefix": p, "state_dir": str(root / "coordinator"),
+                "dump_dir": str(root / "dump"), "log_level": config.log_level,
+            }))
+            coord_task = asyncio.create_task(coord.serve())
+            for server, agent_task in agents:
+                await _wait_started(server.started, agent_task, f"agent {server.settings.node}")
+            await _wait_started(coord.started, coord_task, "the coordinator")
+
+            placements = [
+                RankPlacement(node, str(root / f"{node}.sock"), str(root / node), gpu)
+                for node, gpu in config.placements()
+            ]
+            options = TrainerOptions(
+                workload=config.workload_name, epochs=config.epochs,
+                steps_per_epoch=config.steps, scale=config.scale,
+                power_limit=config.power_limit_options, job_metadata=job_tag, seed=config.seed,
+            )
+            progress.update(task_id, description="training", phase="registering the job")
+
+            def on_step(step: int) -> None:
+                progress.update(task_id, completed=step)
+
+            try:
+                result = await asyncio.to_thread(
+                    run_data_parallel, placements, options, on_step, config.timeout_s
+                )
+            except RuntimeError as e:
+                raise DemoError(f"the simulated job failed: {e}") from e
+            if not result.job_id:
+                raise DemoError("the job was not registered: no job id came back")
+            job_id = result.job_id
+            lost_nats_during_job = observer.disconnects > 0
+            expected = {(r.rank, s) for r in result.ranks for s in range(len(r.step_time_s))}
+            # The last measurements may still be on their way; steps still missing after
+            # this are left out of the comparison and counted (`unmatched_steps`).
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(observer.expect(expected).wait(), 5.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(observer.done.wait(), 2.0)
+            progress.update(task_id, description="done", completed=config.total_steps)
+    finally:
+        await _stop(agents, coord, coord_task, nc)
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        profile_json = _read_profile(root, job_id)
+        tmp.cleanup()
+    done = [s for s in observer.statuses if s.state == "done"]
+    if not done and lost_nats_during_job:
+        raise DemoError(
+            f"the connection to NATS at {url} was lost during the job, so the optimizer could "
+            "not finish (was the nats-server stopped?); run the demo again"
+        )
+    if not done:
+        states = ", ".join(dict.fromkeys(s.state for s in observer.statuses)) or "none"
+        raise DemoError(
+            f"the optimizer did not pin a power limit (status events seen: {states}); raise "
+            "--steps or run with --log-level INFO"
+        )
+    final = done[-1].progress
+    hw = PRESETS[config.preset]
+    return DemoRun(
+        config=config,
+        job_id=result.job_id,
+        nats_url=url,
+        embedded_nats=embedded is not None,
+        chosen_power_limit_w=int(final["optimal_power_limit_w"]),
+        max_power_limit_w=hw.max_power_limit_w,
+        profile=list(final.get("measurements", [])),
+        profile_json=profile_json,
+        step_limits_w={r.rank: list(r.step_power_limit_w) for r in result.ranks},
+        measured=dict(observer.measured),
+        statuses=[(s.state, s.message) for s in observer.statuses],
+        elapsed_s=time.monotonic() - started_at,
+    )
+
+
+def _read_profile(root: Path, job_id: str | None) -> str | None:
+    if job_id is None:
+        return None
+    path = root / "coordinator" / "profiles" / f"{subjects.token(job_id)}.json"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+async def _stop(agents: list[tuple[Any, asyncio.Task[None]]], coord: Any,
+                coord_task: asyncio.Task[None] | None, nc: Any) -> None:
+    """Stop intake (agents, then the coordinator), wait for them, drain our connection."""
+    for server, _ in agents:
+        server.handle_exit()
+    if coord is not None:
+        coord.should_exit.set()
+    tasks = [t for _, t in agents] + ([coord_task] if coord_task is not None else [])
+    if tasks:
+        done, pending = await asyncio.wait(tasks, timeout=15)
+        for t in pending:
+            t.cancel(msg="zeus-demo: service did not stop within 15 s")
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                LOG.warning("a service ended with an error: %s", t.exception())
+    if nc is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.drain(), 5)
