@@ -162,8 +162,9 @@ def power_limit_job(job_id: str, job: PowerLimitJob) -> JobSnapshot:
 
 def pipeline_job(job_id: str, job: PipelineJob) -> JobSnapshot:
     """A pipeline job: its phase, schedule version and the plan it serves (if any)."""
-    frontier: Sequence[Any] | None = getattr(job.scheduler, "frontier", None)
-    chosen: Any = getattr(job.scheduler, "chosen", None)
+    scheduler = job.scheduler  # (Every scheduler answers `frontier` and `chosen`: None.)
+    frontier: Sequence[Any] | None = scheduler.frontier if scheduler is not None else None
+    chosen: Any = scheduler.chosen if scheduler is not None else None
     index = points = time_s = energy_j = saving = slowdown = None
     if frontier and chosen is not None:
         points = len(frontier)
@@ -176,7 +177,7 @@ def pipeline_job(job_id: str, job: PipelineJob) -> JobSnapshot:
     return JobSnapshot(
         job_id=job_id,
         kind="pipeline",
-        phase=job.phase,
+        phase=job.phase.value,
         schedule_version=job.version,
         plan_index=index,
         plan_points=points,
