@@ -502,7 +502,10 @@ class PowerLimitJob:
                     ))
                 else:
                     self._join.close(effect.name, step, self._now_s)
-        actions += self._complete_windows() if effects else []
+        if effects or (self.done and not self._saved):
+            # Also when the machine finished with no effect (a limit left out, the optimum
+            # already set): the profile is saved and the job says it is done.
+            actions += self._complete_windows()
         return actions
 
     def _complete_windows(self) -> list[Action]:

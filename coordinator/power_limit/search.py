@@ -45,6 +45,11 @@ and does no I/O. The state machine asks it for the next probe and executes it.
      window: the out-of-fold worst cases), then go on as before. It lowers the tail but costs
      ~0.015-0.025 of the exhaustive search's time; the tuning pays for it with `confirm` 0.5;
   7. never spend more than `budget` x the exhaustive search's steps (if set).
+  A window the machine leaves out (`PowerLimitStateMachine.discard`: it measured nothing, or its
+  limit was redone `MAX_REDOS` times) is seen by the next call as a window started but never
+  recorded: its limit is not profiled again (what it measured before stands), the descent goes
+  on past it (a skip across it is taken back: the fall was not shown), and nothing is extended
+  in place (the GPU ran that limit since the last recorded window).
   Sigmas come from the assumed per-window `noise` of time and of energy (independent), through
   the cost: a ZeusCost mixing both is less noisy than either. Thresholds are relative (fractions
   of the cost, sigmas of a relative noise), so they hold for any workload's scale. The defaults
@@ -391,6 +396,8 @@ class _AdaptiveSearch(Search):
         self._skips_over = False  # A skip was taken back: no more skips.
         self._refines = 0
         self._guarded: set[int] = set()  # Limits the guard re-profiled (once each).
+        self._left_out: set[int] = set()  # Limits whose window the machine left out.
+        self._asked: tuple[int, int, int] | None = None  # Last probe: limit, results, started.
 
     def _spent(self, results: Sequence[WindowResult]) -> int:
         """Steps spent so far: every window, plus a warm-up whenever the limit changed."""
@@ -421,9 +428,29 @@ class _AdaptiveSearch(Search):
         }
 
     def next_probe(self, results: Sequence[WindowResult], started: int) -> Probe | None:
+        in_place: int | None = results[-1].power_limit if results else None
+        if self._asked is not None:
+            limit, recorded, begun = self._asked
+            if started - begun > len(results) - recorded:
+                # The last probe's window was closed but never recorded: left out.
+                self._left_out.add(limit)
+                in_place = None
+        probe = self._choose(results, in_place)
+        if probe is not None:
+            self._asked = (probe.power_limit, len(results), started)
+        return probe
+
+    def _choose(self, results: Sequence[WindowResult], in_place: int | None) -> Probe | None:
+        """The next probe; `in_place`: the limit still set since its window was recorded."""
         if not results:
-            return Probe(self._limits[0], self._warmup, self._chunk)
+            # Nothing recorded: the descent starts at the first limit not left out.
+            while self._index < len(self._limits) and self._limits[self._index] in self._left_out:
+                self._index += 1
+            if self._index == len(self._limits):
+                return None
+            return Probe(self._limits[self._index], self._warmup, self._chunk)
         p = self._p
+        left_out = self._left_out
         steps: dict[int, int] = {}
         for r in results:
             steps[r.power_limit] = steps.get(r.power_limit, 0) + r.steps
@@ -459,6 +486,7 @@ class _AdaptiveSearch(Search):
         size = min(self._chunk, self._max_steps - steps[last])
         if (
             other is not None
+            and in_place == last
             and size > 0
             and (
                 (danger(last, other) <= p.k_ambiguous and steps[last] < p.ext_ratio * steps[other])
@@ -478,9 +506,10 @@ class _AdaptiveSearch(Search):
                 # A skip pays off only if the cost kept falling across it; else go back.
                 above, skipped = self._pending_skip
                 self._pending_skip = None
-                if costs[current] * (1 + p.steep) >= costs[above]:
-                    # The fall stopped (a valley's floor or a rough stretch): skipping further
-                    # could step over a dip that no neighbour's cost hints at.
+                if current not in costs or costs[current] * (1 + p.steep) >= costs[above]:
+                    # The fall stopped (a valley's floor or a rough stretch), or `current` was
+                    # left out and did not show it: skipping further could step over a dip that
+                    # no neighbour's cost hints at.
                     self._skips_over = True
                     return Probe(skipped, self._warmup, self._chunk)
                 self._skipped.add(skipped)
@@ -514,14 +543,15 @@ class _AdaptiveSearch(Search):
             )
             big = (
                 not self._rough
+                and current in costs  # A left-out limit says nothing: the descent goes on.
                 and worse(current)
                 and costs[current] > costs[top] * (1 + p.big_rise)
             )
             stop = (run >= p.patience or big) and not self._rough
-            if stop and steps[top] < min(self._confirm, self._max_steps):
+            if stop and top not in left_out and steps[top] < min(self._confirm, self._max_steps):
                 # The evidence for stopping is only as good as the best's measurement: confirm
                 # it first (a lucky short window must not end the descent), then judge again.
-                warmup = 0 if top == last else self._warmup
+                warmup = 0 if top == in_place else self._warmup
                 size = min(self._refine, self._max_steps - steps[top])
                 if spent + warmup + size <= self._budget:
                     return Probe(top, warmup, size)
@@ -531,6 +561,7 @@ class _AdaptiveSearch(Search):
                 not self._rough
                 and not self._skips_over
                 and prev_cost is not None
+                and current in costs
                 and costs[current] * (1 + p.steep) < prev_cost
             )
             if (
@@ -564,7 +595,7 @@ class _AdaptiveSearch(Search):
                     if spent + self._warmup + self._chunk <= self._budget:
                         return Probe(target, self._warmup, self._chunk)
 
-        confirming = steps[top] < min(self._confirm, self._max_steps)
+        confirming = top not in left_out and steps[top] < min(self._confirm, self._max_steps)
         if p.focused_refinement and (confirming or self._refines < p.max_refines):
             # Confirm the best (these windows do not count as refinements), then refine the
             # rival most likely to be misjudged against it: the less profiled of the two.
@@ -574,12 +605,20 @@ class _AdaptiveSearch(Search):
                 pair = []
                 if rivals:
                     rival = min(rivals, key=lambda pl: (danger(pl, top), -pl))
-                    pair = [pl for pl in (rival, top) if steps[pl] < self._max_steps]
+                    pair = [
+                        pl
+                        for pl in (rival, top)
+                        if steps[pl] < self._max_steps and pl not in left_out
+                    ]
                     if not pair:  # Both at max_steps: the next most ambiguous rivals.
-                        pair = [pl for pl in rivals if steps[pl] < self._max_steps]
+                        pair = [
+                            pl
+                            for pl in rivals
+                            if steps[pl] < self._max_steps and pl not in left_out
+                        ]
             if pair:
                 target = min(pair, key=lambda pl: (steps[pl], -pl))
-                warmup = 0 if target == last else self._warmup
+                warmup = 0 if target == in_place else self._warmup
                 size = min(self._refine, self._max_steps - steps[target])
                 if spent + warmup + size <= self._budget:
                     if not confirming:
@@ -587,12 +626,14 @@ class _AdaptiveSearch(Search):
                     return Probe(target, warmup, size)
         elif not p.focused_refinement and self._refines < p.max_refines:
             rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
-            contenders = [pl for pl in [*rivals, top] if steps[pl] < self._max_steps]
+            contenders = [
+                pl for pl in [*rivals, top] if steps[pl] < self._max_steps and pl not in left_out
+            ]
             if confirming:
                 rivals, contenders = [top], [top]
             if rivals and contenders:
                 target = min(contenders, key=lambda pl: (steps[pl], -pl))
-                warmup = 0 if target == last else self._warmup
+                warmup = 0 if target == in_place else self._warmup
                 size = min(self._refine, self._max_steps - steps[target])
                 if spent + warmup + size <= self._budget:
                     self._refines += 1
@@ -603,8 +644,12 @@ class _AdaptiveSearch(Search):
         # the likeliest to look best by luck. One window brings it there (not counted against
         # max_refines); if another limit then looks best, it settles too.
         settle = min(self._settle, self._max_steps)
-        if steps[top] < settle and any(pl != top and danger(pl, top) <= p.k_refine for pl in costs):
-            warmup = 0 if top == last else self._warmup
+        if (
+            top not in left_out
+            and steps[top] < settle
+            and any(pl != top and danger(pl, top) <= p.k_refine for pl in costs)
+        ):
+            warmup = 0 if top == in_place else self._warmup
             size = settle - steps[top]
             if spent + warmup + size <= self._budget:
                 return Probe(top, warmup, size)
@@ -620,13 +665,14 @@ class _AdaptiveSearch(Search):
                 for pl in costs
                 if pl != top
                 and pl not in self._guarded
+                and pl not in left_out
                 and costs[pl] >= costs[top]
                 and danger(pl, top, p.guard_regret) <= p.k_guard
             ]
             if suspects:
                 target = min(suspects, key=lambda pl: (danger(pl, top, p.guard_regret), -pl))
                 self._guarded.add(target)
-                warmup = 0 if target == last else self._warmup
+                warmup = 0 if target == in_place else self._warmup
                 size = min(self._chunk, self._max_steps - steps[target])
                 if size > 0 and spent + warmup + size <= self._budget:
                     return Probe(target, warmup, size)

@@ -17,7 +17,9 @@ docs/concepts/architecture.md, "Why a step boundary travels twice".
   rank was lost (`lost`: its agent restarted, the bus was down, no energy reading). A rank's
   marks that go back (an earlier epoch, more than `MAX_LATE_STEPS` behind, or `RESTART_RUN`
   ascending ones in a row behind its highest) say its step count restarted: its marks of the
-  old count after the new one are dropped, so they never measure the new count's windows;
+  old count after the new one are dropped, so they never measure the new count's windows (a
+  closed window that had counted a dropped mark in waits for the rank's marks of its steps
+  again: the new count's, or proof that they were lost, or the timeout);
 * `lost` / `overdue`: closed windows whose marks can never come, proved by later marks, or
   not all in `mark_timeout_s` after the window closed (the job redoes them);
 * `measure`: a complete window (every rank's two marks in): its first step settled to one
@@ -201,8 +203,10 @@ class WindowJoin:
         key = (mark.epoch, mark.step)
         if self._mark_count_restarted(rank, key):
             # Marks after it are of the old count: they must not measure the new one's windows.
-            for step in [k for k in marks if k > key]:
+            dropped = {k for k in marks if k > key}
+            for step in dropped:
                 del marks[step]
+            self._await_again(rank, dropped)
         marks[key] = (mark.t_ns, mark.energy_j, mark.power_limit_w)
         self._last_mark[rank] = key
         if len(marks) > 2 * MAX_MARKS_PER_RANK:  # Forget the oldest half, amortised O(1)...
@@ -220,6 +224,18 @@ class WindowJoin:
             elif rank not in w.lost and self._marks_lost(w, rank):
                 w.lost.append(rank)
         return completed
+
+    def _await_again(self, rank: int, dropped: set[StepKey]) -> None:
+        """Closed windows that counted in a mark of `rank` now `dropped` wait for it again.
+
+        Those marks were of the rank's old count (a window closed on rank 0's steps of the new
+        count may have counted them in while they were still kept): the window is measured
+        from the new count's marks of its steps when they come, redone if later marks prove
+        them lost or they are overdue, never measured without them.
+        """
+        for w in self._windows.values():
+            if w.end_step is not None and dropped.intersection((w.begin_step, w.end_step)):
+                w.missing.add(rank)
 
     def _marks_lost(self, w: Window, rank: int) -> bool:
         """Whether a mark of `rank` that closed window `w` needs can never come.

@@ -9,9 +9,11 @@ import random
 from collections.abc import Callable
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from coordinator.optimizer import SaveProgress
-from coordinator.power_limit import PowerLimitMeasurement, ProfileRangeError
+from coordinator.power_limit import PowerLimitError, PowerLimitMeasurement, ProfileRangeError
 from coordinator.power_limit.job import (
     Action,
     ApplyPowerLimit,
@@ -19,6 +21,7 @@ from coordinator.power_limit.job import (
     SaveProfile,
     StatusUpdate,
 )
+from coordinator.power_limit.window_join import RESTART_RUN
 from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
 
 W300 = "__GlobalPowerLimitOptimizer_300"
@@ -396,6 +399,27 @@ def test_redone_too_often_a_limit_is_left_out():
     assert job.desired_power_limit == 300
 
 
+def test_a_job_that_finishes_by_leaving_a_limit_out_saves_its_profile():
+    """Defect (found by the random traces below): rank 1's marks stop after the 300 W window;
+    275 W is redone until left out, on a tick, and the machine chooses 300 W, the limit already
+    set: with no effect to act on, the job never saved its profile nor said it was done."""
+    job = PowerLimitJob("j", options(), ranks=[0, 1], min_power_limit_w=275,
+                        max_power_limit_w=300, mark_timeout_s=1.0)
+    actions = job.start()
+    for s in range(40):
+        actions += job.on_event(0, ev(s), now_s=float(s))
+        actions += job.on_mark(0, mark(s, float(s), 10.0 * s))
+        if s <= 2:
+            actions += job.on_mark(1, mark(s, float(s), 10.0 * s))
+        actions += job.tick(float(s))
+        if job.done:
+            break
+    assert job.done and job.gave_up is None and job.progress()["redone"] == {"275": 3}
+    saved = [a for a in actions if isinstance(a, SaveProfile)]
+    assert [(a.optimal_power_limit, len(a.measurements)) for a in saved] == [(300, 1)]
+    assert actions[-1] == StatusUpdate("done", "optimal power limit 300 W pinned", job.progress())
+
+
 def test_zeus_cost_world_size_from_the_options_wins_over_the_rank_count():
     from coordinator.power_limit.job import make_selector
     from zeus_agent.wire.messages import PowerLimitOptions
@@ -715,3 +739,223 @@ def test_giving_up_says_why_in_words():
         job.tick(float(step))
     assert job.gave_up is not None and "Can't handle" not in job.gave_up
     assert "nothing to choose from" in job.gave_up and "redone too often" in job.gave_up
+
+
+def test_a_window_closed_before_a_ranks_marks_showed_the_restart_is_measured_on_the_new_count():
+    """Defect: every rank's trainer restarted from step 0; rank 0's events re-anchored the job
+    at once and window 150 W [4, 8) of the new count closed while rank 1's marks lagged: its
+    old count's marks of steps 4 and 8 were still kept, so the window waited for rank 0 only.
+    Rank 1's new marks then showed the restart (its old count's later marks dropped) and
+    rank 0's mark of step 8 made measuring the window raise KeyError out of `on_mark`. The
+    window waits for rank 1's new count's marks of its steps, and every limit is measured on
+    the marks of the count it ran in."""
+    job = lost_window_job()
+    actions = job.start()
+    keys = [(0, s) for s in range(18)] + [(0, s) for s in range(60)]
+    clocks = {r: (100.0 * r, 1e6 * r) for r in job.ranks}
+    held: list[Mark] = []  # rank 1's marks of the new count's steps 0..7: its agent lags
+    for i, (epoch, step) in enumerate(keys):
+        actions += job.on_event(0, ev(step, epoch=epoch), now_s=float(i))
+        limit = job.desired_power_limit
+        assert limit is not None
+        now = {}
+        for r in job.ranks:
+            t, e = clocks[r]
+            now[r] = mark(step, t, e, epoch=epoch)
+            dt, de = _step_cost(limit)
+            clocks[r] = (t + dt, e + de)
+        if 18 <= i < 26:
+            held.append(now[1])
+            actions += job.on_mark(0, now[0])
+            continue
+        if i == 26:  # the window closed on this step's event (rank 0's mark of it not in yet)
+            assert job.waiting_for() == {"__GlobalPowerLimitOptimizer_150": [0]}
+            for m in held[:RESTART_RUN]:  # rank 1's marks say its count restarted...
+                actions += job.on_mark(1, m)
+            assert job.waiting_for() == {"__GlobalPowerLimitOptimizer_150": [0, 1]}
+            actions += job.on_mark(0, now[0])  # ...before rank 0's mark of step 8 comes
+            held = held[RESTART_RUN:]
+        for m in [*held, now[1]]:
+            actions += job.on_mark(1, m)
+        held = []
+        if i != 26:
+            actions += job.on_mark(0, now[0])
+    assert_measured_exactly(job)
+    assert job.progress()["redone"] == {}
+
+
+def test_a_restart_of_one_ranks_mark_count_after_a_window_counted_its_marks_does_not_crash():
+    """The reviewer's case: rank 1's count alone goes back after window 300 W [3, 5) counted its
+    marks in; rank 0's marks come last. The window waits for rank 1's marks again (measured
+    from its new count's marks of steps 3 and 5, or redone if they never come)."""
+    job = PowerLimitJob("j", options(wait_steps=3, profile_steps=2), ranks=[0, 1],
+                        min_power_limit_w=275, max_power_limit_w=300)
+    job.start()
+    for s in range(6):
+        job.on_event(0, ev(s))
+    for s in [*range(7), 0, 1, 2]:  # rank 1's count restarted after step 6
+        job.on_mark(1, mark(s, float(s), 100.0 * s))
+    assert job.waiting_for() == {W300: [0, 1]}
+    for s in range(7):
+        assert job.on_mark(0, mark(s, float(s), 100.0 * s)) == []
+    assert job.waiting_for() == {W300: [1]}
+    actions: list[Action] = []
+    for s in (3, 4, 5):  # the new count's marks of the window's steps
+        actions += job.on_mark(1, mark(s, 10.0 + s, 1000.0 + 50.0 * s))
+    assert job.waiting_for() == {}
+    assert [(m.power_limit, m.time, m.energy) for m in job.machine.measurements] == [
+        (300, pytest.approx(2.0), pytest.approx(200.0 + 100.0))]
+    assert any(isinstance(a, SaveProgress) for a in actions)
+
+
+# Random traces: nothing but PowerLimitError escapes, and the job ends in a known state --------
+_RANK = st.integers(0, 2)
+_DISTURBANCE = st.one_of(
+    st.tuples(st.just("lag"), _RANK, st.integers(1, 12)),  # its agent holds its marks a while
+    st.tuples(st.just("deliver"), _RANK, st.integers(1, 8)),  # some held marks come
+    st.tuples(st.just("drop"), _RANK, st.integers(1, 6)),  # its oldest pending marks are lost
+    st.tuples(st.just("dup"), _RANK),  # its last mark is delivered again
+    st.tuples(st.just("swap"), _RANK),  # its next two marks are handled in reverse order
+    st.tuples(st.just("count_back"), _RANK, st.sampled_from([1, 3, 20, 150])),  # its count
+    st.tuples(st.just("epoch_end"), st.booleans(), st.booleans()),  # (event lost, count resets)
+    st.tuples(st.just("tick"), st.sampled_from([0.3, 1.0, 5.0, 30.0])),
+    st.tuples(st.just("dead"), _RANK),  # the rank's energy counter stops (toggle)
+    st.tuples(st.just("all_dead"), st.booleans()),  # every counter stops, or runs again
+    st.tuples(st.just("event_lost"), _RANK),  # rank 0's next event never comes
+    st.tuples(st.just("no_limit"), _RANK),  # its marks and events carry no limit (toggle)
+    st.tuples(st.just("advance"), st.sampled_from([0, 2, -1, -3, 1500])),  # every count moves
+)
+_STATES = {"profiling", "done", "error", "gave_up"}
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nranks=st.integers(1, 3),
+    search=st.sampled_from(["exhaustive", "adaptive"]),
+    selector=st.sampled_from(["Energy", "Time", "ZeusCost"]),
+    steps=st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(1, 4)),
+    limits=st.sampled_from([(250, 300), (200, 300), (100, 300)]),
+    mark_timeout_s=st.sampled_from([0.5, 2.0, 10.0]),
+    rounds=st.integers(20, 150),
+    disturbances=st.lists(st.tuples(st.integers(0, 79), _DISTURBANCE), max_size=60),
+)
+def test_random_traces_raise_nothing_and_end_in_a_known_state(
+    nranks, search, selector, steps, limits, mark_timeout_s, rounds, disturbances
+):
+    """One step per round (rank 0's event, every rank's mark) plus random disturbances: marks
+    of the ranks in random interleavings, duplicates, reordered, lost or held back, count
+    restarts of one rank or of all, lost events and epoch ends, dead energy counters, ticks
+    past the mark timeout. No exception but `PowerLimitError` leaves the job (the coordinator's
+    shell catches only that one: anything else stops the job's measurement batch), every limit
+    it sends is in range, and it either finished, keeps profiling, or gave up and said so."""
+    wait, warmup, profile = steps
+    lo, hi = limits
+    job = PowerLimitJob(
+        "j",
+        options(selector=selector, wait_steps=wait, warmup_steps=warmup, profile_steps=profile,
+                search=search),
+        ranks=range(nranks), min_power_limit_w=lo, max_power_limit_w=hi,
+        mark_timeout_s=mark_timeout_s,
+    )
+    at: dict[int, list[tuple]] = {}
+    for i, d in disturbances:
+        at.setdefault(i, []).append(d)
+    actions: list[Action] = []
+    applied = dict.fromkeys(range(nranks), hi)
+    pending: dict[int, list[Mark]] = {r: [] for r in range(nranks)}
+    last: dict[int, Mark] = {}
+    offset = dict.fromkeys(range(nranks), 0)
+    held_until = dict.fromkeys(range(nranks), 0)  # Rounds until a rank's marks come.
+    dead: set[int] = set()
+    no_limit: set[int] = set()
+    clocks = {r: (10**9 * r, 1e5 * r) for r in range(nranks)}
+    epoch, step, now, event_lost = 0, 0, 0.0, False
+
+    def deliver(r: int, n: int) -> None:
+        nonlocal actions
+        for m in pending[r][:n]:
+            actions += job.on_mark(r, m)
+            last[r] = m
+        del pending[r][:n]
+
+    try:
+        actions += job.start()
+        for i in range(rounds):
+            if job.done:
+                break
+            advance = 1
+            for kind, *arg in at.get(i, []):
+                r = arg[0] % nranks if type(arg[0]) is int else 0
+                if kind == "lag":
+                    held_until[r] = max(held_until[r], i + arg[1])
+                elif kind == "deliver":
+                    deliver(r, arg[1])
+                elif kind == "drop":
+                    del pending[r][: arg[1]]
+                elif kind == "dup" and r in last:
+                    actions += job.on_mark(r, last[r])
+                elif kind == "swap":
+                    pending[r][:2] = pending[r][:2][::-1]
+                elif kind == "count_back":
+                    offset[r] -= arg[1]
+                elif kind == "epoch_end":
+                    lost, reset = arg
+                    if not lost:
+                        actions += job.on_event(0, ev(step, "epoch_end", epoch), now)
+                    epoch += 1
+                    if reset:
+                        step, advance, offset = 0, 0, dict.fromkeys(range(nranks), 0)
+                elif kind == "tick":
+                    now += arg[0]
+                    actions += job.tick(now)
+                elif kind == "dead":
+                    dead ^= {r}
+                elif kind == "all_dead":
+                    dead = set(range(nranks)) if arg[0] else set()
+                elif kind == "no_limit":
+                    no_limit ^= {r}
+                elif kind == "event_lost":
+                    event_lost = True
+                elif kind == "advance":
+                    advance = arg[0]
+            step = max(0, step + advance)
+            now += 0.2
+            for r in range(nranks):
+                key = (epoch, max(0, step + offset[r]))
+                limit = None if r in no_limit else applied[r]
+                if r == 0 and not event_lost:
+                    step_begin = TrainerEvent(kind="step_begin", t_ns=clocks[r][0],
+                                              epoch=key[0], step=key[1], power_limit_w=limit)
+                    actions += job.on_event(0, step_begin, now)
+                if r > 0 and i % 7 == 0:  # other ranks' events change nothing
+                    assert job.on_event(r, ev(key[1], epoch=key[0]), now) == []
+                t, e = clocks[r]
+                pending[r].append(Mark(kind="step_begin", epoch=key[0], step=key[1], t_ns=t,
+                                       energy_j=e, power_limit_w=limit))
+                dt = 0.1 * (1 + (hi - applied[r]) / hi)
+                clocks[r] = (t + round(dt * 1e9), e if r in dead else e + dt * applied[r])
+            event_lost = False
+            for a in actions:
+                if isinstance(a, ApplyPowerLimit):
+                    applied = dict.fromkeys(range(nranks), a.watts)
+            for r in range(nranks):
+                if i >= held_until[r]:
+                    deliver(r, len(pending[r]))
+        for r in range(nranks):
+            deliver(r, len(pending[r]))
+        actions += job.tick(now + 1e3)
+    except PowerLimitError:
+        return  # the documented error (the shell reports it)
+    assert all(lo <= a.watts <= hi for a in actions if isinstance(a, ApplyPowerLimit))
+    statuses = [a for a in actions if isinstance(a, StatusUpdate)]
+    assert {a.state for a in statuses} <= _STATES
+    saved = [a for a in actions if isinstance(a, SaveProfile)]
+    if job.gave_up is not None:
+        assert job.done and job.desired_power_limit == hi
+        assert [a.state for a in statuses].count("gave_up") == 1
+    elif job.done:
+        assert len(saved) == 1 and saved[0].optimal_power_limit == job.desired_power_limit
+        assert lo <= saved[0].optimal_power_limit <= hi
+    else:  # still profiling
+        assert saved == [] and "gave_up" not in {a.state for a in statuses}
+        assert lo <= (job.desired_power_limit or 0) <= hi

@@ -6,6 +6,7 @@ import importlib.util
 import math
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -13,14 +14,19 @@ import pytest
 
 from coordinator.power_limit import (
     Adaptive,
+    EndWindow,
     Energy,
     Exhaustive,
     MaxSlowdownConstraint,
+    PowerLimitError,
     PowerLimitMeasurement,
+    PowerLimitStateMachine,
+    Probe,
     WindowResult,
     ZeusCost,
     aggregate,
 )
+from coordinator.power_limit.machine import MAX_REDOS
 from coordinator.power_limit.search import resolve_search
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -384,3 +390,129 @@ def test_tuner_tail_stage_weighs_cases_above_4_percent() -> None:
         }
     )
     assert first[0] - second[0] == pytest.approx(tuner.TAIL4_WEIGHT * 0.001)
+
+
+# Windows the machine leaves out (discarded, or redone MAX_REDOS times) ---------------------------
+def _drive_leaving_out(
+    search: Adaptive, rows: dict[int, float], leave: Callable[[int, Probe], bool]
+) -> tuple[list[Probe], list[bool], list[WindowResult]]:
+    """Like `_drive`, but a window `leave(index, probe)` says is left out closes and is never
+    recorded (`started` counts it, as the machine's does). Returns the probes, whether each was
+    recorded, and the results."""
+    plan = search.plan(sorted(rows, reverse=True), 10, 40, Energy())
+    probes: list[Probe] = []
+    recorded: list[bool] = []
+    results: list[WindowResult] = []
+    while (probe := plan.next_probe(tuple(results), len(probes))) is not None:
+        probes.append(probe)
+        assert len(probes) < 200, "the search does not end"
+        recorded.append(not leave(len(probes) - 1, probe))
+        if recorded[-1]:
+            scale = probe.profile_steps / 40
+            results.append(
+                WindowResult(
+                    probe.power_limit,
+                    probe.profile_steps,
+                    10.0 * scale,
+                    rows[probe.power_limit] * scale,
+                )
+            )
+    return probes, recorded, results
+
+
+def test_a_left_out_descent_limit_is_passed_over_not_read() -> None:
+    """Defect: the machine left out the 275 W window (redone too often) and the adaptive
+    search, still descending at 275 W, read its cost: KeyError 275 out of `machine.redo`. The
+    descent goes on past it; 275 W is never profiled again."""
+    plan = Adaptive().plan([300, 275, 250, 225], 10, 40, Energy())
+    first = plan.next_probe((), 0)
+    assert first == Probe(300, 10, 4)
+    results = (WindowResult(300, 4, 1.0, 100.0),)
+    assert plan.next_probe(results, 1) == Probe(275, 10, 4)
+    assert plan.next_probe(results, 2) == Probe(250, 10, 4)  # 275 W was left out
+    rows = {300: 100.0, 275: 97.0, 250: 95.0, 225: 94.0, 200: 96.0, 175: 99.0, 150: 103.0}
+    probes, _, results = _drive_leaving_out(Adaptive(), rows, lambda i, p: p.power_limit == 250)
+    assert [p.power_limit for p in probes].count(250) == 1
+    assert Energy().select(aggregate(results, 40)) == 225
+
+
+def test_an_extension_in_place_follows_only_a_recorded_window() -> None:
+    """275 W reads as 300 W: the search extends it in place (no warm-up). When that window is
+    left out, 275 W is not profiled again (before, it was extended "in place" again and again)
+    and the descent goes on, warming up at its next limit."""
+    rows = {300: 100.0, 275: 100.0, 250: 120.0, 225: 140.0}
+    probes, _, _ = _drive_leaving_out(Adaptive(), rows, lambda i, p: False)
+    assert probes[2:4] == [Probe(275, 0, 4), Probe(275, 0, 4)]
+    probes, _, _ = _drive_leaving_out(Adaptive(), rows, lambda i, p: i == 2)
+    assert probes[3] == Probe(250, 10, 4)
+    assert [p.power_limit for p in probes[3:]].count(275) == 0
+
+
+def test_left_out_windows_are_never_profiled_again_nor_extended_in_place() -> None:
+    """Random profiles and left-out windows: the search ends, never profiles a limit again
+    once a window of it was left out, and opens a window without warm-up only right after a
+    recorded window of that limit."""
+    rng = random.Random(5)
+    limits = list(range(300, 99, -25))
+    for _ in range(300):
+        shape = rng.random()
+        if shape < 0.3:
+            rows = {pl: rng.uniform(80.0, 120.0) for pl in limits}
+        elif shape < 0.6:  # nearly flat: windows are extended in place
+            rows = {pl: rng.uniform(99.0, 101.0) for pl in limits}
+        else:  # a valley, steep on the way down (skips)
+            low = rng.choice(limits)
+            rows = {
+                pl: 100.0 * (1 + 0.004 * abs(pl - low) / 25 * rng.uniform(1, 12)) for pl in limits
+            }
+        p_leave = rng.choice([0.0, 0.1, 0.3, 1.0])
+        search = Adaptive(steep=rng.choice([0.03, 0.0, math.inf]), confirm=rng.choice([0.5, 1.0]))
+        leave = lambda i, p, q=p_leave: rng.random() < q  # noqa: E731
+        probes, recorded, _ = _drive_leaving_out(search, rows, leave)
+        for i, probe in enumerate(probes):
+            assert all(recorded[j] for j in range(i) if probes[j].power_limit == probe.power_limit)
+            if probe.warmup_steps == 0:
+                assert i > 0 and recorded[i - 1] and probes[i - 1].power_limit == probe.power_limit
+        if p_leave == 1.0:
+            assert [p.power_limit for p in probes] == limits
+
+
+def test_the_machine_goes_on_after_the_adaptive_search_s_window_is_redone_too_often() -> None:
+    """The crash's path: `redo` of the 275 W window, MAX_REDOS times, then it is discarded and
+    the machine asks the search for the next probe (KeyError 275 before)."""
+    machine = PowerLimitStateMachine(
+        250, 300, Energy(), wait_steps=0, warmup_steps=1, profile_steps=10, search="adaptive"
+    )
+    machine.start()
+    windows: list[int] = []
+    for _ in range(500):
+        for effect in machine.on_step_begin():
+            if isinstance(effect, EndWindow):
+                limit = int(effect.name.rsplit("_", 1)[1])
+                windows.append(limit)
+                if limit == 275:
+                    machine.redo(effect.name)
+                else:
+                    machine.record(effect.name, 1.0, {300: 100.0, 250: 90.0}[limit])
+        if machine.optimal_power_limit is not None:
+            break
+    assert machine.optimal_power_limit == 250
+    assert windows.count(275) == MAX_REDOS + 1 and machine.redos() == {275: MAX_REDOS}
+    assert [m.power_limit for m in machine.measurements] == [300, 250]
+
+
+def test_when_every_adaptive_window_is_left_out_the_machine_has_nothing_to_choose() -> None:
+    """Before, the adaptive search proposed the first limit again and again (no result yet):
+    a job whose GPUs measure no energy never gave up. Each limit is tried once."""
+    machine = PowerLimitStateMachine(
+        250, 300, Energy(), wait_steps=0, warmup_steps=0, profile_steps=10, search="adaptive"
+    )
+    machine.start()
+    windows: list[int] = []
+    with pytest.raises(PowerLimitError, match="no window was measured"):
+        for _ in range(500):
+            for effect in machine.on_step_begin():
+                if isinstance(effect, EndWindow):
+                    windows.append(int(effect.name.rsplit("_", 1)[1]))
+                    machine.discard(effect.name)
+    assert windows == [300, 275, 250]

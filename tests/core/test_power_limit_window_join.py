@@ -212,3 +212,38 @@ def test_a_window_restarted_while_open_begins_later_and_checks_its_begin():
     assert join.open_window() is None and W in join
     join.clear()
     assert W not in join and join.windows() == []
+
+
+def test_a_closed_window_whose_counted_marks_a_restart_dropped_waits_for_them_again():
+    """Defect: rank 1's marks of a closed window's steps were in (the window waited for rank 0
+    only); then rank 1's count restarted, which dropped them, and rank 0's last mark completed
+    the window: measuring it raised KeyError (0, 3). The dropped marks were of the old count:
+    the window waits for rank 1 again, and its new count's marks of the window's steps measure
+    it."""
+    join = closed_join(ranks=(0, 1), begin=3, end=5, steps=2)
+    for s in range(7):
+        join.add_mark(1, mark(1, s))
+    assert join.waiting_for() == {W: [0]}
+    for s in range(RESTART_RUN):  # rank 1's count starts again
+        join.add_mark(1, mark(1, s, energy_j=5000.0 + 10.0 * s))
+    assert join.waiting_for() == {W: [0, 1]}
+    for s in range(7):
+        assert join.add_mark(0, mark(0, s)) is False  # rank 1's marks are not in
+    assert join.waiting_for() == {W: [1]} and join.lost() == []
+    done = [join.add_mark(1, mark(1, s, energy_j=5000.0 + 10.0 * s)) for s in range(RESTART_RUN, 6)]
+    assert done == [False, False, True]  # steps 3, 4, 5 of the new count: step 5 completes it
+    m = join.measure(join.windows()[0])
+    assert m.energy_j == pytest.approx(2 * 300.0 + 2 * 10.0)  # rank 1: the new count's marks
+    assert m.time_s == pytest.approx(2 * 1.5)
+
+
+def test_a_window_waiting_again_after_a_restart_is_lost_when_the_new_count_skips_its_step():
+    join = closed_join(ranks=(0, 1), begin=3, end=5, steps=2)
+    for s in range(7):
+        join.add_mark(1, mark(1, s))
+    for s in range(5):
+        join.add_mark(0, mark(0, s))
+    for s in (0, 1, 2, 3, 4, 6):  # rank 1 restarted; its new count's mark of step 5 was lost
+        join.add_mark(1, mark(1, s))
+    assert [(w.name, w.lost) for w in join.lost()] == [(W, [1])]
+    assert join.add_mark(0, mark(0, 5)) is False and join.waiting_for() == {W: [1]}
