@@ -225,12 +225,12 @@ async def inspect(url: str, job_id: str) -> dict[str, Any]:
 
 
 ACTIVITIES = [  # The first that matches a stack names it (nested ones first).
-    ("owner: start the optimiser, info, first limit", ("_start_optimiser", "request_all")),
+    ("owner: start the optimiser, info, first limit", ("OptimiserStarter.start", "request_all")),
     ("rank handler: JetStream creates (JetStreamState.create_rank)", ("create_rank",)),
-    ("rank handler: GPU info request (_gpu_info)", ("_gpu_info",)),
-    ("rank handler: the rest (decode, checks, registry, status)", ("handle_register_rank",)),
-    ("reply: encode + respond (_endpoint.handle)", ("_endpoint.<locals>.handle",)),
-    ("request dispatch (nats.micro, task spawn)", ("micro/service.py", "_spawn")),
+    ("rank handler: GPU info request (GpuDirectory.describe)", ("GpuDirectory.describe",)),
+    ("rank handler: the rest (decode, checks, registry, status)", ("Endpoints.register_rank",)),
+    ("reply: encode + respond (Endpoints.wrap.handle)", ("wrap.<locals>.handle",)),
+    ("request dispatch (nats.micro, task spawn)", ("micro/service.py", "CoordinatorService.spawn")),
     ("KV watch: entries -> this replica's view (_pump)", ("JetStreamState._pump", "watch_updates")),
     ("nats-py read loop: parse, headers, Msg objects", ("_read_loop",)),
     ("nats-py reply routing (request futures)", ("_request_sub_callback",)),

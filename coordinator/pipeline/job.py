@@ -64,8 +64,10 @@ from typing import Any
 from coordinator.optimizer import (
     Action,
     ClearSchedules,
+    DesiredSchedule,
     InstallSchedules,
     KeepFile,
+    SaveProgress,
     StatusUpdate,
     StragglerError,
     WriteFile,
@@ -78,7 +80,7 @@ from coordinator.pipeline.memory import (
     record_bytes,
 )
 from coordinator.pipeline.phase import Phase, check_transition
-from coordinator.pipeline.schedulers.base import FrequencyScheduler, PlanPoint, SchedulerError
+from coordinator.pipeline.schedulers.base import FrequencyScheduler, SchedulerError
 from coordinator.pipeline.steps import (
     MAX_INSTRUCTIONS_PER_STEP,
     MAX_OPEN_STEPS,
@@ -87,6 +89,7 @@ from coordinator.pipeline.steps import (
     profiling_result,
 )
 from coordinator.pipeline.stragglers import MAX_STRAGGLER_FACTOR, Stragglers
+from coordinator.pipeline.straggling import StragglerHandling
 from coordinator.pipeline.takeover import KeptRounds, progress_record, read_progress
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
@@ -103,8 +106,11 @@ DEFAULT_MAX_KEPT_BYTES = 1024 * MB
 """What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
 
 
-class PipelineJob:
+class PipelineJob(StragglerHandling):
     """Discover, schedule, observe, re-schedule (see the module docstring)."""
+
+    kind = "pipeline"
+    """Its progress goes under `pipeline` in a query's reply."""
 
     def __init__(
         self,
@@ -149,6 +155,8 @@ class PipelineJob:
         self.scheduler: FrequencyScheduler | None = None
         self.version: int | None = None
         """Number of the schedules installed last (None before the first)."""
+        self.from_step: int | None = None
+        """The step the schedules of `version` switch at (None: at once)."""
         self.schedules: dict[int, FrequencySchedule] = {}
         self.orders: dict[int, list[str]] = {}
         self.error: str | None = None
@@ -194,21 +202,6 @@ class PipelineJob:
         """Change phase, as `TRANSITIONS` allows (`PhaseError` otherwise)."""
         self._phase = check_transition(self._phase, new)
 
-    @property
-    def pipelines(self) -> list[int]:
-        """The data-parallel pipelines (dp ranks)."""
-        return self.stragglers.pipelines
-
-    @property
-    def notices(self) -> dict[int, float]:
-        """Pipeline -> straggler factor given by a notice (`set_straggler`)."""
-        return self.stragglers.notices
-
-    @property
-    def detected(self) -> dict[int, float]:
-        """Pipeline -> straggler factor measured."""
-        return self.stragglers.detected
-
     # ------------------------------------------------------------------ JobOptimizer
     @property
     def done(self) -> bool:
@@ -222,12 +215,24 @@ class PipelineJob:
         """Pipeline jobs set clocks, not power limits."""
         return None
 
-    def desired_schedule(self, rank: int) -> tuple[FrequencySchedule, int] | None:
-        """The schedule rank `rank` should run now and its version."""
+    def desired_schedule(self, rank: int) -> DesiredSchedule | None:
+        """The schedule rank `rank` should run now, its version and its switch step."""
         schedule = self.schedules.get(rank)
         if schedule is None or self.version is None:
             return None
-        return schedule, self.version
+        return DesiredSchedule(schedule, self.version, self.from_step)
+
+    def plans_on(self, measurement: Measurement) -> bool:
+        """A step may close a profiling round, and the scheduler may then plan for seconds."""
+        return measurement.kind == "step"
+
+    def _saving(self, actions: list[Action], always: bool = False) -> list[Action]:
+        """Record the progress (`SaveProgress`) after a round observed or a schedule made."""
+        if always or any(isinstance(a, KeepFile | InstallSchedules) for a in actions):
+            state = self.persisted()
+            if state is not None:
+                actions.append(SaveProgress("pipeline", state))
+        return actions
 
     def start(self) -> list[Action]:
         """Every rank is registered: learn the instruction orders from one iteration.
@@ -258,6 +263,9 @@ class PipelineJob:
 
     def tick(self, now_s: float) -> list[Action]:
         """Name ranks that have sent nothing for `stall_after_s` (once per silence)."""
+        return self._saving(self._tick(now_s))
+
+    def _tick(self, now_s: float) -> list[Action]:
         if self.done or self.phase is Phase.SERVING:
             return []
         for rank in self.rank_infos:
@@ -277,6 +285,9 @@ class PipelineJob:
 
         An unmeasurable trainer sends counters out of range (e.g. a step count near 2**63).
         """
+        return self._saving(self._on_agent_error(rank, code, message))
+
+    def _on_agent_error(self, rank: int, code: str, message: str) -> list[Action]:
         if self.done or rank not in self.rank_infos:
             return []
         if code == "trainer_gone":
@@ -336,9 +347,13 @@ class PipelineJob:
         if self.notices and self.phase is Phase.SERVING:
             self._apply_stragglers()
         self.resumed = not self.phase.final
+        self.from_step = None  # The replay's steps are not the trainers': installed at once.
 
     def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         """Take one step or instruction measurement of `rank`."""
+        return self._saving(self._on_measurement(rank, measurement, now_s))
+
+    def _on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         if self.done or rank not in self._steps:
             return []
         self._last_seen[rank] = now_s
@@ -395,31 +410,6 @@ class PipelineJob:
         for n, _ in complete(steps, self.version)[self.profiling_iterations:]:
             self._drop(rank, n)  # Only the first ones are observed.
         return actions + self._maybe_observe()
-
-    def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
-        """Take an explicit straggler notice: pipeline `dp_index` runs `factor` times slower.
-
-        `factor` None clears the notice (what is measured counts again for that pipeline).
-
-        Raises:
-            StragglerError: No such pipeline (code "out_of_range"), a factor not in
-                [1, `MAX_STRAGGLER_FACTOR`] ("bad_request"), or the job has stopped
-                ("conflict").
-        """
-        self.stragglers.check_notice(dp_index, factor)
-        if self.phase.final:
-            raise StragglerError(
-                "conflict", f"the job's pipeline optimiser has stopped ({self.error})")
-        if factor is None:
-            self.notices.pop(dp_index, None)
-        else:
-            self.notices[dp_index] = float(factor)
-        actions = self._apply_stragglers()
-        if actions:
-            return actions
-        what = (f"pipeline {dp_index} noted as a straggler ({factor:g}x)" if factor is not None
-                else f"straggler notice of pipeline {dp_index} cleared")
-        return [StatusUpdate("straggler", f"{what}; {self._why_unchanged()}", self.progress())]
 
     def progress(self) -> dict[str, Any]:
         """Phase, schedule number and the scheduler's own progress."""
@@ -504,7 +494,7 @@ class PipelineJob:
         self._clear_steps()
         self.stragglers.new_version()
         latest = sorted(self._latest.values()) or [0]
-        from_step = latest[len(latest) // 2] + self.switch_lead_steps
+        from_step = self.from_step = latest[len(latest) // 2] + self.switch_lead_steps
         if state == "profiling":
             rounds = self.scheduler.progress() if self.scheduler is not None else None
             self.phase = Phase.PROFILING
@@ -643,77 +633,6 @@ class PipelineJob:
         self._base = by_rank
         self.phase = Phase.SERVING  # (Installed right below.)
         return self._apply_stragglers(force=True)
-
-    def _frontier(self) -> tuple[Sequence[PlanPoint], PlanPoint] | None:
-        """(frontier, chosen point) while serving a plan of a scheduler that has them."""
-        scheduler = self.scheduler
-        if scheduler is None or self.phase is not Phase.SERVING or not self._base:
-            return None
-        frontier, chosen = scheduler.frontier, scheduler.chosen
-        if not frontier or chosen is None:
-            return None
-        return frontier, chosen
-
-    def _track(self, rank: int, step_number: int) -> list[Action]:
-        """Record rank's own iteration time for one step; judge the step once all ranks did."""
-        found = self._frontier()
-        if len(self.pipelines) < 2 or found is None:
-            return []
-        step = self._steps[rank].get(step_number)
-        span = step.own_time() if step is not None else None
-        if span is None:
-            return []
-        if self.stragglers.track(rank, step_number, span, len(self.rank_infos), found[1]):
-            return self._apply_stragglers()
-        return []
-
-    def _apply_stragglers(self, force: bool = False) -> list[Action]:
-        """Install the schedules the stragglers call for, if they differ from the current ones.
-
-        `force`: install anyway (a new plan is being served).
-        """
-        found = self._frontier()
-        if found is None:
-            if force and self._base:  # A plan without a frontier: serve it as it is.
-                return self._install(list(self._base.values()), "serving",
-                                     f"serving the plan of {self.scheduler_name}")
-            return []
-        frontier, chosen = found
-        points = self.stragglers.plan_points(frontier, chosen)
-        try:
-            schedules = self.stragglers.schedules(points, self.rank_infos, self.orders,
-                                                  self._base)
-        except (SchedulerError, IndexError) as e:
-            problem: list[Action] = [StatusUpdate(
-                "straggler", f"cannot slow the other pipelines down: {e}", self.progress())]
-            if not force:
-                return problem
-            self.stragglers.points = {}
-            return problem + self._install(list(self._base.values()), "serving",
-                                           f"serving the plan of {self.scheduler_name}")
-        current = {r: s.frequencies for r, s in self.schedules.items()}
-        if not force and {r: s.frequencies for r, s in schedules.items()} == current:
-            self.stragglers.points = points
-            return []
-        self.stragglers.points = points
-        plan = (f"the plan of {float(chosen.time):.4g} s, {float(chosen.energy):.4g} J per "
-                "iteration")
-        if not points:
-            return self._install(list(schedules.values()), "serving",
-                                 f"serving {plan}" if force or not self.stragglers.factors()
-                                 else f"serving {plan} (no other pipeline to slow down)")
-        return self._install(list(schedules.values()), "straggler",
-                             self.stragglers.describe(points, chosen))
-
-    def _why_unchanged(self) -> str:
-        if self.phase is not Phase.SERVING:
-            return f"applied once a plan is served (the job is {self.phase})"
-        if self.scheduler is None or self.scheduler.frontier is None:
-            return (f"the scheduler {self.scheduler_name} has no time-energy frontier to slow "
-                    "the other pipelines down with")
-        if len(self.pipelines) < 2:
-            return "the job has no other pipeline to slow down"
-        return "the schedules stay as they are"
 
     def _fail(self, why: str, state: str = "error", code: str | None = None) -> list[Action]:
         """Stop: clear the job's schedules everywhere (a predecessor's too) and say why.

@@ -10,6 +10,7 @@ from coordinator.optimizer import (
     ClearSchedules,
     InstallSchedules,
     KeepFile,
+    SaveProgress,
     StatusUpdate,
     WriteFile,
 )
@@ -78,7 +79,13 @@ def test_discovers_orders_then_installs_schedule_0_after_the_latest_step() -> No
     assert [n for n, _ in install.schedules[1].frequencies] == ORDERS[1]
     assert {a.name for a in actions if isinstance(a, KeepFile)} == {"ranks.json", "0.sched.json"}
     assert job.rank_infos[0].instructions == ORDERS[0]
-    assert job.phase == "profiling" and job.desired_schedule(1) == (install.schedules[1], 0)
+    # The desired schedule carries the step it was sent to switch at: installed again (an
+    # agent restarted, a lease lapsed), a rank waiting for that step must not switch early.
+    assert job.phase == "profiling" and job.desired_schedule(1) == (install.schedules[1], 0, 4)
+    # A schedule made is progress: recorded, so a replica taking over resumes from it.
+    saved = [a for a in actions if isinstance(a, SaveProgress)]
+    assert len(saved) == 1 and saved[0].kind == "pipeline" and saved[0].state == job.persisted()
+    assert actions[-1] is saved[0]  # After the schedules and dumps it records.
 
 
 def test_results_use_only_the_current_version_and_become_profiling_results() -> None:
@@ -271,7 +278,8 @@ def test_a_takeover_replays_the_recorded_rounds_and_reinstalls_the_same_schedule
     assert job.version == 1 and job.phase == "profiling"
     new = resumed(job)
     assert new.version == 1 and new.phase == "profiling" and new.orders == job.orders
-    assert new.desired_schedule(0) == job.desired_schedule(0)
+    assert new.desired_schedule(0)[:2] == job.desired_schedule(0)[:2]
+    assert new.desired_schedule(0).from_step is None  # Its switch step is not known: at once.
     scheduler = new.scheduler
     assert isinstance(scheduler, TwoRounds) and len(scheduler.seen) == 1
     install, status = new.start()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from coordinator.config import CoordinatorSettings
-from coordinator.optimizer import InstallSchedules, StatusUpdate
+from coordinator.optimizer import InstallSchedules, SaveProgress, StatusUpdate
 from coordinator.pipeline.job import PipelineJob, StragglerError
 from coordinator.pipeline.schedulers import FrequencyScheduler
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
@@ -155,7 +155,7 @@ def test_a_persistently_slower_pipeline_slows_the_others_down() -> None:
         status.message)
     assert job.progress()["stragglers"] == {"1": 1.3}
     assert job.progress()["slowed"] == {"0": 1.2}
-    assert job.desired_schedule(0) == (job.schedules[0], install.version)
+    assert job.desired_schedule(0) == (job.schedules[0], install.version, install.from_step)
 
 
 def test_slower_within_the_threshold_or_not_for_long_enough_is_no_straggler() -> None:
@@ -223,6 +223,9 @@ def test_a_notice_applies_and_clears() -> None:
     actions = job.set_straggler(1, 1.5)
     assert len(installs(actions)) == 1 and clocks_by_pipeline(job) == {0: 1000, 1: 1500}
     assert "(1.500x, notice)" in [a for a in actions if isinstance(a, StatusUpdate)][-1].message
+    # The notice is progress a replica taking the job over must resume with.
+    saved = [a for a in actions if isinstance(a, SaveProgress)]
+    assert len(saved) == 1 and saved[0].state["notices"] == {"1": 1.5}
     # What is measured does not override the notice.
     assert installs(trainer.iterate({0: 1.5, 1: 1.0}, n=4)) == []
     actions = job.set_straggler(1, None)
@@ -256,13 +259,18 @@ def test_bad_notices_are_refused_with_a_code(pipeline: int, factor: float, code:
     assert job.notices == {}
 
 
+def last_status(actions: list[Any]) -> StatusUpdate:
+    """The last status of `actions` (a notice's actions end with the progress it records)."""
+    return [a for a in actions if isinstance(a, StatusUpdate)][-1]
+
+
 def test_a_notice_before_serving_waits_for_the_plan() -> None:
     job = make_job()
     trainer = Trainer(job)
     trainer.iterate(n=2)
     actions = job.set_straggler(1, 1.3)
     assert installs(actions) == []
-    assert "applied once a plan is served" in actions[-1].message
+    assert "applied once a plan is served" in last_status(actions).message
     actions = trainer.iterate()
     assert [a.state for a in actions if isinstance(a, StatusUpdate)] == ["straggler"]
     assert clocks_by_pipeline(job) == {0: 1200, 1: 1500}
@@ -273,13 +281,13 @@ def test_a_scheduler_without_frontier_says_so() -> None:
     Trainer(job).iterate(n=3)
     assert job.phase == "serving" and job.done  # A finished scheduler, nothing to watch.
     actions = job.set_straggler(1, 1.3)
-    assert installs(actions) == [] and "has no time-energy frontier" in actions[-1].message
+    assert installs(actions) == [] and "has no time-energy frontier" in last_status(actions).message
 
 
 def test_one_pipeline_has_nothing_to_slow_down() -> None:
     job, trainer = serving(dp=1)
     actions = job.set_straggler(0, 1.3)
-    assert installs(actions) == [] and "no other pipeline" in actions[-1].message
+    assert installs(actions) == [] and "no other pipeline" in last_status(actions).message
     with pytest.raises(StragglerError):
         job.set_straggler(1, 1.3)
 

@@ -45,7 +45,7 @@ def taken_over(coord: Any, job_id: str) -> None:
 
 async def test_a_stale_replica_back_from_a_pause_does_not_set_the_limit_again(
         nats_server, agent, nc, tmp_path, monkeypatch) -> None:
-    stalled = stall(monkeypatch, "_ownership")  # Its watch and renewals are "paused".
+    stalled = stall(monkeypatch, "ownership")  # Its watch and renewals are "paused".
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=1.0, lease_idle_s=1.5)
     try:
@@ -75,9 +75,9 @@ async def test_every_command_path_is_fenced(nats_server, agent, nc, tmp_path,
                                             monkeypatch) -> None:
     """Power limits, schedules (first and again) and clears: none is sent once another
     replica holds the job; each is counted."""
-    from coordinator.optimizer import InstallSchedules
+    from coordinator.optimizer import DesiredSchedule, InstallSchedules
 
-    stalled = stall(monkeypatch, "_ownership")
+    stalled = stall(monkeypatch, "ownership")
     coord, task = await start(nats_server, tmp_path / "state", lease_s=5.0)
     try:
         job_id = await bound_energy_job(nc)
@@ -93,13 +93,13 @@ async def test_every_command_path_is_fenced(nats_server, agent, nc, tmp_path,
             sent.extend(requests)
             return []
 
-        monkeypatch.setattr(coord, "request_all", request_all)
+        monkeypatch.setattr(coord.actions, "request_all", request_all)
         schedule = FrequencySchedule(rank=0, frequencies=[("forward", 1740)])
-        await coord.apply_power_limit(record, 200)
-        await coord._reapply(record, job, "events again after a quiet spell")
-        await coord.install_schedules(record, InstallSchedules((schedule,), 1, None))
-        await coord.install_again(record, (schedule,), 1)
-        await coord.clear_schedules(record)
+        await coord.actions.apply_power_limit(record, 200)
+        await coord.actions.reapply(record, job, "events again after a quiet spell")
+        await coord.actions.install_schedules(record, InstallSchedules((schedule,), 1, None))
+        await coord.actions.install_again(record, [DesiredSchedule(schedule, 1)])
+        await coord.actions.clear_schedules(record)
         assert sent == []
         assert coord.fenced_commands >= 2 + 2 + 2  # (Two GPUs each; the schedule: one.)
         assert limits_are(sim_dir, 250)

@@ -15,6 +15,8 @@ import pytest
 
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
+from coordinator.service.durable import DurableState
+from coordinator.service.replicas import Replicas
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.config import AgentSettings
@@ -474,6 +476,28 @@ async def bound_energy_job(nc) -> str:
     return job_id
 
 
+async def test_forgetting_a_job_drops_its_driver_and_every_index_entry(nats_server, agent, nc,
+                                                                         tmp_path):
+    """Issue 24: per-job state lives in one `JobDriver`; a removed job leaves nothing behind
+    (the service kept ~21 per-job maps that `_forget_job` had to clear by hand)."""
+    coord, task = await start(nats_server, tmp_path / "c", lease_s=0.3, max_job_idle_time=2)
+    try:
+        statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+        job_id = await bound_energy_job(nc)
+        await wait_for(lambda: job_id in coord.optimisers)
+        driver = coord.drivers[job_id]
+        assert driver.optimiser is coord.optimisers[job_id]
+        assert job_id in coord.bound.values() and job_id in coord.job_tokens.values()
+        await wait_for(lambda: any(s.state == "removed" and s.job_id == job_id
+                                   for s in statuses), 6)
+        await wait_for(lambda: job_id not in coord.job_ids.values())
+        assert job_id not in coord.drivers and job_id not in coord.optimisers
+        assert job_id not in coord.bound.values() and job_id not in coord.job_tokens.values()
+        assert job_id not in coord.registry.jobs
+    finally:
+        await stop(coord, task)
+
+
 async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, agent, nc, tmp_path):
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     # Leases of 1 s (the ownership lease is capped at half of it): shorter ones lapse on a
@@ -492,16 +516,16 @@ async def test_a_job_back_from_a_quiet_spell_gets_its_limit_again(nats_server, a
         await stop(coord, task)
 
 
-def stall(monkeypatch: Any, method: str) -> asyncio.Event:
-    """Make `CoordinatorService.<method>` do nothing while the returned event is set."""
+def stall(monkeypatch: Any, method: str, part: type = Replicas) -> asyncio.Event:
+    """Make `<part>.<method>` (a part of the service) do nothing while the event is set."""
     stalled = asyncio.Event()
-    real = getattr(CoordinatorService, method)
+    real = getattr(part, method)
 
-    async def stallable(self: CoordinatorService, *args: Any) -> None:
+    async def stallable(self: Any, *args: Any) -> None:
         if not stalled.is_set():
             await real(self, *args)
 
-    monkeypatch.setattr(CoordinatorService, method, stallable)
+    monkeypatch.setattr(part, method, stallable)
     return stalled
 
 
@@ -510,7 +534,7 @@ async def test_a_lease_lapsed_while_the_job_is_active_is_set_again(nats_server, 
     """Defect (CI, a loaded machine): renewals ran late, the agents' leases lapsed while the
     trainers kept going, and the job stayed at the default limit until it next went quiet. The
     agents' `lease_expired` events now bring an active job's settings back."""
-    stalled = stall(monkeypatch, "_renew_leases")
+    stalled = stall(monkeypatch, "renew_gpu_leases")
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=0.5, lease_idle_s=60)
     try:
@@ -538,7 +562,7 @@ async def test_a_lease_that_lapsed_with_the_replicas_own_lease_is_set_again_once
     the replica did not own the job and was dropped: the GPUs stayed at the default limit until
     their agent's next heartbeat (`heartbeat_s`, 5 s by default) showed the difference. The
     event is now kept and acted on as soon as the ownership loop has taken the lease back."""
-    stalled = stall(monkeypatch, "_ownership")
+    stalled = stall(monkeypatch, "ownership")
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     lapses = await collect(nc, subjects.all_gpu_errors(), ErrorEvent)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=1.0, lease_idle_s=60)
@@ -566,12 +590,12 @@ async def test_leases_that_keep_lapsing_are_set_again_only_a_few_times(nats_serv
     lease subject) every lapse was set again, once per lease, for as long as the job ran: the
     GPU flapped and each of the agent's events cost a command. Now `REAPPLY_LIMIT` times per
     rank in `REAPPLY_WINDOW_LEASES` leases, then one error status that says what to check."""
-    from coordinator.service import REAPPLY_LIMIT
+    from coordinator.service.streams import REAPPLY_LIMIT
 
-    async def no_renewals(self: CoordinatorService) -> None:
+    async def no_renewals(self: Replicas) -> None:
         return None
 
-    monkeypatch.setattr(CoordinatorService, "_renew_leases", no_renewals)
+    monkeypatch.setattr(Replicas, "renew_gpu_leases", no_renewals)
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=60)
     try:
@@ -600,13 +624,13 @@ async def test_a_restarted_agent_gets_the_settings_the_lapse_throttle_held_back(
     its agent restarts", but the throttle outlived a real restart: the new agent's first
     announcement shows no trainer bound yet, and by the heartbeat that shows the job again the
     restart was no longer news, so its GPUs stayed at the default for the whole window."""
-    import coordinator.service as service
+    import coordinator.service.streams as streams
 
-    async def no_renewals(self: CoordinatorService) -> None:
+    async def no_renewals(self: Replicas) -> None:
         return None
 
-    monkeypatch.setattr(CoordinatorService, "_renew_leases", no_renewals)
-    monkeypatch.setattr(service, "REAPPLY_WINDOW_LEASES", 1000)  # 300 s, as with 30 s leases
+    monkeypatch.setattr(Replicas, "renew_gpu_leases", no_renewals)
+    monkeypatch.setattr(streams, "REAPPLY_WINDOW_LEASES", 1000)  # 300 s, as with 30 s leases
     agent, agent_task = await start_agent(nats_server, tmp_path)
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", lease_s=0.3, lease_idle_s=60)
@@ -616,7 +640,7 @@ async def test_a_restarted_agent_gets_the_settings_the_lapse_throttle_held_back(
         await wait_for(lambda: limits_are(tmp_path / "gpus", 300))
         old_id = agent.agent_id
         await agent.announce()  # A heartbeat of the old agent: throttled, nothing set again.
-        await wait_for(lambda: old_id in coord._agent_ids.values())
+        await wait_for(lambda: old_id in coord.streams.agent_ids.values())
         agent.handle_exit()  # The operator mends its permissions and restarts it.
         await agent_task
         agent, agent_task = await start_agent(nats_server, tmp_path)
@@ -638,22 +662,26 @@ async def test_a_schedule_installed_again_switches_at_the_step_it_was_sent_for(c
                                                                                monkeypatch):
     """Adversarial review: a schedule installed again (its lease lapsed, its agent restarted)
     was installed at once, so a rank whose schedule was still waiting for its `from_step`
-    switched iterations before the other ranks."""
-    from coordinator.optimizer import InstallSchedules
+    switched iterations before the other ranks. The desired schedule carries its switch step
+    (`DesiredSchedule.from_step`, kept by the optimiser: tests/core/test_pipeline_job.py), and
+    installing it again sends that step."""
+    from coordinator.optimizer import DesiredSchedule, InstallSchedules
+    from zeus_agent.models import FrequencySchedule
 
     job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
     await wait_for(lambda: job_id in coord.registry.jobs)
     record = coord.registry.jobs[job_id]
-    await coord.install_schedules(record, InstallSchedules((), 3, from_step=120))
     sent: list[InstallSchedules] = []
 
     async def capture(record: Any, action: InstallSchedules) -> None:
         sent.append(action)
 
-    monkeypatch.setattr(coord, "install_schedules", capture)
-    await coord.install_again(record, (), 3)
-    await coord.install_again(record, (), 4)  # never sent by this replica: at once
-    assert [(a.version, a.from_step) for a in sent] == [(3, 120), (4, None)]
+    monkeypatch.setattr(coord.actions, "install_schedules", capture)
+    schedule = FrequencySchedule(rank=0, frequencies=[("forward", 1740)])
+    await coord.actions.install_again(record, [DesiredSchedule(schedule, 3, 120)])
+    await coord.actions.install_again(record, [DesiredSchedule(schedule, 4)])  # after a takeover
+    assert [(a.version, a.from_step, a.schedules) for a in sent] == [
+        (3, 120, (schedule,)), (4, None, (schedule,))]
 
 
 RESET = {"v": 1, "cmd": {"op": "reset_power_limit"}}
@@ -844,7 +872,7 @@ async def test_a_late_ownership_renewal_is_made_before_acting_not_fenced(nats_se
     from coordinator.state import records
     from coordinator.state.ownership import Lease
 
-    stalled = stall(monkeypatch, "_ownership")
+    stalled = stall(monkeypatch, "ownership")
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
     try:
@@ -854,14 +882,14 @@ async def test_a_late_ownership_renewal_is_made_before_acting_not_fenced(nats_se
         stalled.set()
         await wait_for(lambda: not coord.owns(job_id), 10)  # inside its fence (1 s), not renewed
         record = coord.registry.jobs[job_id]
-        await coord._execute(record, [StatusUpdate("profiling", "acted on a late lease")])
+        await coord.actions.execute(record, [StatusUpdate("profiling", "acted on a late lease")])
         await wait_for(lambda: any(s.message == "acted on a late lease" for s in statuses))
         assert coord.owns(job_id)  # renewed by the action
 
         held = coord.book.leases[job_hash]
         coord.book.leases[job_hash] = Lease("another-replica", held.until, held.revision + 1,
                                             job_id)
-        await coord._execute(record, [StatusUpdate("profiling", "acted on another's lease")])
+        await coord.actions.execute(record, [StatusUpdate("profiling", "acted on another's lease")])
         await asyncio.sleep(0.3)
         assert not any(s.message == "acted on another's lease" for s in statuses)
         assert coord.book.leases[job_hash].owner == "another-replica"  # nothing taken
@@ -879,8 +907,8 @@ async def test_a_gpu_whose_trainer_left_is_not_reported_as_a_failed_command(coor
     record = coord.registry.jobs[job_id]
     gpus = [GpuBinding(node=NODE, gpu_index=i) for i in (0, 1)]
     left = Reply.failure("trainer_left", "the trainer of job x has left GPU 0")
-    await coord._report_failures(record, "setting 250 W", gpus, [left, Reply.success()])
-    await coord._report_failures(record, "setting 200 W", gpus,
+    await coord.actions.report_failures(record, "setting 250 W", gpus, [left, Reply.success()])
+    await coord.actions.report_failures(record, "setting 200 W", gpus,
                                  [left, Reply.failure("conflict", "held by another job")])
     await wait_for(lambda: any("200 W" in s.message for s in statuses))
     errors = [s.message for s in statuses if s.state == "error"]
@@ -896,7 +924,7 @@ async def test_a_slow_late_renewal_fences_the_actions_and_keeps_the_job(nats_ser
     again)."""
     from coordinator.optimizer import StatusUpdate
 
-    stalled = stall(monkeypatch, "_ownership")
+    stalled = stall(monkeypatch, "ownership")
     statuses = await collect(nc, "zeus.job.*.status", JobStatus)
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
     try:
@@ -915,7 +943,8 @@ async def test_a_slow_late_renewal_fences_the_actions_and_keeps_the_job(nats_ser
         record = coord.registry.jobs[job_id]
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await coord._execute(record, [StatusUpdate("profiling", "acted while JetStream slept")])
+        await coord.actions.execute(record,
+                                    [StatusUpdate("profiling", "acted while JetStream slept")])
         assert loop.time() - t0 < coord.book.fence_s  # bounded, not JetStream's timeout
         assert job_id in coord.optimisers  # still driven here
         await asyncio.sleep(0.3)
@@ -939,7 +968,7 @@ async def test_a_failed_lease_write_reads_the_lease_when_the_watch_lags(nats_ser
 
     from coordinator.state import records
 
-    stalled = stall(monkeypatch, "_on_owner_entry")
+    stalled = stall(monkeypatch, "on_owner_entry", DurableState)
     coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=0.9)
     try:
         job_id = await register_job(nc, dp=2)

@@ -111,12 +111,12 @@ async def test_a_reply_that_cannot_be_built_is_answered_internal_and_the_service
     async def exploding(data: bytes, subject: str) -> Reply:
         raise RuntimeError("a bug in a handler")
 
-    monkeypatch.setattr(coord, "handle_query", unencodable)
-    monkeypatch.setattr(coord, "handle_straggler", exploding)
+    monkeypatch.setattr(coord.endpoints, "query", unencodable)
+    monkeypatch.setattr(coord.endpoints, "straggler", exploding)
     # The endpoints were wrapped at start: wrap the patched handlers the same way.
     for subject, handler in ((subjects.coord_job_query(), unencodable),
                              (subjects.coord_job_straggler(), exploding)):
-        sub = await nc.subscribe(subject + ".probe", cb=coord._own_endpoint(handler))
+        sub = await nc.subscribe(subject + ".probe", cb=coord.endpoints.wrap_own(handler))
         for _ in range(3):
             msg = await nc.request(subject + ".probe", codec.encode(JobQuery()), timeout=5)
             reply = codec.decode(msg.data, Reply)
@@ -136,13 +136,13 @@ async def test_a_request_whose_answer_cannot_be_sent_stops_nothing(
         subject = subjects.coord_job_query()
         data = msgpack.packb({"v": HUGE})
 
-        class _msg:  # noqa: N801 - the shape `_endpoint` reads
+        class _msg:  # noqa: N801 - the shape `Endpoints.wrap` reads
             reply = "_INBOX.gone"
 
         async def respond(self, data: bytes) -> None:
             raise ConnectionError("the asker left")
 
-    handler = coord._endpoint(coord.handle_query)
+    handler = coord.endpoints.wrap(coord.endpoints.query)
     await handler(Gone())
     await asyncio.sleep(0.2)  # The request's task runs.
     reply = await ask(nc, subjects.coord_job_query(), JobQuery())

@@ -1,0 +1,389 @@
+"""`CoordinatorService`: the coordinator's NATS shell (config in, `serve()` runs it).
+
+The shell is lifecycle plus thin adapters, each in its own module:
+
+* `endpoints`: the request handlers (register jobs and ranks, queries, straggler notices);
+* `streams`: the streams it follows (trainer events, GPU marks and measurements, agents' error
+  events and announcements, on which GPUs are reconciled);
+* `actions`: carries out what the optimisers return; the one way GPUs are commanded;
+* `replicas`: which replica drives which job (ownership leases), GPU lease renewals, idle jobs;
+* `durable`: the view of the JetStream state bucket and the jobs' progress writes;
+* `starter`: builds a job's optimiser once every rank is in;
+* `driver`: `JobDriver`, everything this replica holds about one job (forgetting a job is
+  dropping its driver); `gpus`: the GPUs' descriptions.
+
+The optimisers (`coordinator.optimizer`) say everything through actions: the shell never
+checks which optimiser drives a job nor reads its internals.
+
+Never deaf: if the NATS server closes the connection for good, the coordinator exits with
+`BUS_LOST` (4) so its supervisor starts a fresh one; `/healthz` (`status_port`, beside the
+Prometheus `/metrics` of `coordinator.metrics`) answers 503 while it is disconnected or closed.
+After a reconnection it pings the agents, whose announcements reconcile every GPU's settings.
+The coordinator never opens a path a client names (its copies of profiles live in
+`state_dir/profiles/` under names it makes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from coordinator import metrics
+from coordinator.config import CoordinatorSettings
+from coordinator.jobs import JobRegistry
+from coordinator.optimizer import JobOptimizer
+from coordinator.pipeline.memory import MB, NodeBudget
+from coordinator.service.actions import ActionExecutor
+from coordinator.service.driver import JobDriver
+from coordinator.service.durable import DurableState
+from coordinator.service.endpoints import Endpoints
+from coordinator.service.gpus import GpuDirectory
+from coordinator.service.replicas import Replicas
+from coordinator.service.starter import OptimiserStarter
+from coordinator.service.streams import Streams
+from coordinator.state import OwnershipBook
+from coordinator.state.jetstream import JetStreamState, StateUnavailableError
+from zeus_agent import __version__, status_http
+from zeus_agent.aio import ExitSignals, every
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
+from zeus_agent.cli_kit import BUS_LOST
+from zeus_agent.errors import BrokerError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import GpuBinding, JobStatus
+from zeus_agent.wire.text import bounded
+
+__all__ = ["CoordinatorService"]
+
+LOG = logging.getLogger(__name__)
+
+TICK_S = 1.0
+"""How often the jobs' timers (overdue windows) are checked (s)."""
+OWNERSHIP_POLL_S = 0.5
+"""How often leases are checked for jobs to take over (renewals: every lease / 3)."""
+GC_THRESHOLD = 20_000
+"""Allocations between young-generation collections (Python's default: 700)."""
+_gc_tuned = False
+
+
+class CoordinatorService(ExitSignals):
+    """The coordinator. `await serve()` runs until `should_exit` is set.
+
+    Attributes:
+        drivers: Job id -> its `JobDriver` (every job this replica knows of).
+        job_ids: Job hash (state keys) -> job id.
+        job_tokens: Subject token of a known job's id -> the id (others' events are skipped).
+        bound: (node token, GPU index token) -> the known job whose rank drives that GPU.
+        registering: (job id, rank) being recorded by this replica's handlers right now.
+        dropped: Stream messages dropped, by reason (spoofed node, unknown rank...).
+    """
+
+    def __init__(
+        self, settings: CoordinatorSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.state_dir = Path(settings.state_dir)
+        self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node)
+        self.pfo = settings.pfo_settings()
+        self.pipeline_budget = NodeBudget(
+            settings.max_pipeline_mb_per_node * MB,
+            alive=lambda job: self.optimiser(getattr(job, "job_id", "")) is job)
+        """What the pipeline jobs driven here keep of their measurements, per node."""
+        self.book = OwnershipBook(settings.replica_name,
+                                  min(settings.ownership_lease_s, settings.lease_s / 2))
+        self.state: JetStreamState | None = None
+        self.drivers: dict[str, JobDriver] = {}
+        self.job_ids: dict[str, str] = {}
+        self.job_tokens: dict[str, str] = {}
+        self.bound: dict[tuple[str, str], str] = {}
+        self.registering: set[tuple[str, int]] = set()
+        self.dropped: Counter[str] = Counter()
+        self.writes = 0  # Writes to the state bucket (for benchmarks and tests).
+        self.gpus = GpuDirectory(self)
+        self.actions = ActionExecutor(self)
+        self.durable = DurableState(self)
+        self.endpoints = Endpoints(self)
+        self.replicas = Replicas(self)
+        self.starter = OptimiserStarter(self)
+        self.streams = Streams(self)
+        super().__init__()
+        self.started = asyncio.Event()
+        self.nc: Any = None
+        self._embedded: EmbeddedNats | None = None
+        self._service: Any = None
+        self._subs: list[Any] = []
+        self._tg: asyncio.TaskGroup | None = None
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self.exit_code = 0
+        """What the process should exit with: 0, or `BUS_LOST` (the server closed NATS)."""
+        self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
+        self._status_server: status_http.StatusServer | None = None
+
+    # ------------------------------------------------------------------ jobs
+    def driver(self, job_id: str) -> JobDriver:
+        """The job's driver (made on first use)."""
+        driver = self.drivers.get(job_id)
+        if driver is None:
+            driver = self.drivers[job_id] = JobDriver(job_id)
+        return driver
+
+    def optimiser(self, job_id: str) -> JobOptimizer | None:
+        """The optimiser driving the job here, or None."""
+        driver = self.drivers.get(job_id)
+        return driver.optimiser if driver is not None else None
+
+    @property
+    def optimisers(self) -> dict[str, JobOptimizer]:
+        """The optimisers driven by this replica, by job id."""
+        return {j: d.optimiser for j, d in self.drivers.items() if d.optimiser is not None}
+
+    @property
+    def power_limit_jobs(self) -> dict[str, Any]:
+        """The power-limit optimisers driven here, by job id (for tests and tools)."""
+        return {j: o for j, o in self.optimisers.items() if o.kind == "power_limit"}
+
+    @property
+    def pipeline_jobs(self) -> dict[str, Any]:
+        """The pipeline frequency optimisers driven here, by job id (for tests and tools)."""
+        return {j: o for j, o in self.optimisers.items() if o.kind == "pipeline"}
+
+    @property
+    def gpu_limits(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """(node, GPU index) -> (min, max) power limit (W) of the GPUs known here."""
+        return self.gpus.limits
+
+    @property
+    def fenced_commands(self) -> int:
+        """GPU commands not sent: the job was no longer this replica's."""
+        return self.actions.fenced_commands
+
+    def owns(self, job_id: str) -> bool:
+        """Whether this replica drives the job now."""
+        return self.replicas.owns(job_id)
+
+    def release_locally(self, job_id: str, why: str) -> None:
+        """Stop driving a job here (another replica owns it now): no commands, no leases."""
+        driver = self.drivers.get(job_id)
+        if driver is not None and driver.optimiser is not None:
+            driver.optimiser = None
+            LOG.info("job %s: no longer driven by this replica (%s)", job_id, why)
+
+    def forget_job(self, job_id: str) -> None:
+        """The job was removed (by its owner): drop its driver and its index entries."""
+        self.release_locally(job_id, "removed")
+        self.drivers.pop(job_id, None)
+        self.job_tokens.pop(subjects.token(job_id), None)
+        for key in [k for k, j in self.bound.items() if j == job_id]:
+            del self.bound[key]
+        self.registry.drop_job(job_id)
+
+    def index_gpu(self, job_id: str, gpu: GpuBinding) -> None:
+        """Note that a rank of `job_id` drives `gpu` (its stream messages name it by tokens)."""
+        self.bound[subjects.token(gpu.node), subjects.token(gpu.gpu_index)] = job_id
+
+    def require_state(self) -> JetStreamState:
+        """The state bucket (raises `StateUnavailableError` before it is open)."""
+        if self.state is None:
+            raise StateUnavailableError("the coordinator is not connected to its state yet")
+        return self.state
+
+    def drop(self, reason: str, subject: str, detail: object) -> None:
+        """Count a dropped stream message; log the first of each reason and then every 1000th."""
+        self.dropped[reason] += 1
+        n = self.dropped[reason]
+        if n == 1 or n % 1000 == 0:
+            LOG.warning("dropped a message on %s (%s, %d so far): %s", bounded(subject, 300),
+                        reason, n, bounded(detail, 500))
+
+    async def status(
+        self, job_id: str, state: str, message: str, progress: dict[str, Any] | None = None
+    ) -> None:
+        """Publish a job status event (and log it)."""
+        message = bounded(message)  # It often names what a peer sent.
+        LOG.info("job %s: %s: %s", job_id, state, message)
+        try:
+            event = JobStatus(job_id=job_id, state=state, message=message,
+                              progress=progress or {})
+            await self.nc.publish(subjects.job_status(job_id, self.settings.prefix),
+                                  codec.encode(event))
+        except Exception as e:  # noqa: BLE001 - a status that cannot go out stops nothing
+            LOG.warning("job %s: status %s not published: %s", job_id, state, bounded(e, 300))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run `coro` as a task of the service's task group (inline before it exists)."""
+        task = asyncio.ensure_future(coro) if self._tg is None else self._tg.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str | None:
+        """The NATS URL in use (the embedded server's when there is one)."""
+        return self._embedded.url if self._embedded else self.settings.nats_url
+
+    async def serve(self) -> None:
+        """Start, serve until asked to exit, shut down (always).
+
+        Raises:
+            BrokerError: NATS could not be reached (nothing was served).
+        """
+        try:
+            await self.startup()
+            s = self.settings
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                loops = [tg.create_task(every(period, loop, name, first_now=first_now))
+                         for period, loop, name, first_now in (
+                    (s.lease_s / 3, self.replicas.renew_gpu_leases, "lease renewal", False),
+                    (TICK_S, self.actions.tick_jobs, "job timers", False),
+                    (min(OWNERSHIP_POLL_S, self.book.lease_s / 3), self.replicas.ownership,
+                     "job ownership", True),
+                    (min(60.0, s.max_job_idle_time / 10), self.replicas.collect_idle,
+                     "idle job collection", False),
+                )]
+                self.started.set()
+                await self.should_exit.wait()
+                await self._stop_intake()
+                cancelled = await self.finish(self._inflight, s.shutdown_timeout_s,
+                                              "coordinator shutting down")
+                if cancelled:
+                    LOG.warning("cancelled %d request(s) still running at shutdown", cancelled)
+                for t in loops:
+                    t.cancel()
+        finally:
+            self._tg = None
+            await self.shutdown()
+
+    async def startup(self) -> None:
+        """Restore state, connect, serve endpoints and follow job streams."""
+        s = self.settings
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        probe = self.state_dir / f".write-probe-{os.getpid()}"
+        probe.write_text("")  # An unwritable state directory fails here, before serving.
+        probe.unlink()
+        if s.embedded_nats:  # Its JetStream store is kept with the state: a restart resumes.
+            store = str(self.state_dir / "jetstream")
+            self._embedded = await asyncio.to_thread(EmbeddedNats(store_dir=store).start)
+        if not self.url:
+            raise BrokerError(
+                "no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats"
+            )
+        if s.status_port is not None:
+            self._status_server = status_http.start(
+                s.status_host, s.status_port, self.health,
+                registry=metrics.make_registry(lambda: metrics.snapshot(self)))
+        self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
+                                on_disconnect=self._on_disconnect,
+                                on_reconnect=self._on_reconnect, on_closed=self._on_closed,
+                                inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix),
+                                **s.tls_options())
+        self.bus_state = ("connected", time.time(), "connected to NATS")
+        self.state = JetStreamState(self.nc, s.prefix, s.state_replicas,
+                                    timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket)
+        await self.state.open()
+        await self.durable.import_jobs_json()
+        await self.state.follow(self.durable.on_entry, self.durable.on_owner_entry)
+        from nats import micro
+
+        self._service = await micro.add_service(
+            self.nc, name="zeus-coordinator", version=__version__,
+            description="Jobs, ranks and power-limit optimisation", queue_group="coord",
+        )
+        for subject, callback in self.streams.subscriptions():
+            self._subs.append(await self.nc.subscribe(subject, cb=callback))
+        for name, handler in self.endpoints.forwardable():
+            # This replica's own subjects, where the others forward requests about its jobs.
+            self._subs.append(await self.nc.subscribe(
+                subjects.coord_replica(s.replica_name, name, s.prefix),
+                cb=self.endpoints.wrap_own(handler)))
+        for name, subject, handler in self.endpoints.table():
+            await self._service.add_endpoint(
+                name=name, subject=subject, handler=self.endpoints.wrap(handler))
+        # Subscriptions are live before anyone hears we started.
+        await confirm_subscriptions(self.nc)
+        _tune_gc()
+        LOG.info("coordinator ready on %s: replica %s, state in JetStream bucket %s, %d job(s)",
+                 redact_url(self.url or ""), s.replica_name, self.state.bucket,
+                 len(self.registry.jobs))
+        if s.scheduler_note:  # A Zeus configuration naming only a plan runs PointSolution.
+            LOG.info("pipeline jobs: %s", s.scheduler_note)
+
+    async def _on_disconnect(self) -> None:
+        self.bus_state = ("disconnected", time.time(), "the connection to NATS was lost")
+
+    async def _on_reconnect(self) -> None:
+        self.bus_state = ("connected", time.time(), "reconnected to NATS")
+        # Agents may have restarted meanwhile: their announcements reconcile the GPUs.
+        with contextlib.suppress(Exception):
+            await self.nc.publish(subjects.agent_ping(self.settings.prefix), b"")
+
+    async def _on_closed(self) -> None:
+        """The server closed the connection and nats-py will not reconnect: exit non-zero."""
+        last = getattr(self.nc, "last_error", None) if self.nc is not None else None
+        reason = f"the NATS server closed the connection ({last or 'no reason given'})"
+        self.bus_state = ("closed", time.time(), reason)
+        LOG.error("%s; exiting with code %d so the supervisor starts a fresh coordinator",
+                  reason, BUS_LOST)
+        self.exit_code = BUS_LOST
+        self.should_exit.set()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, detail) for `/healthz` (called on the status server's thread)."""
+        state, since, reason = self.bus_state
+        detail = {"nats": {"state": state, "since": since, "reason": reason},
+                  "replica": self.settings.replica_name, "jobs": len(self.registry.jobs),
+                  "owned": len(self.book.mine()), "dropped": dict(self.dropped),
+                  "fenced_commands": self.fenced_commands}
+        if state != "connected":
+            return False, {"status": state, "reason": reason, **detail}
+        if not self.started.is_set() or self.should_exit.is_set():
+            return False, {"status": "stopping" if self.should_exit.is_set() else "starting",
+                           **detail}
+        return True, {"status": "ok", **detail}
+
+    async def _stop_intake(self) -> None:
+        """Stop taking requests and stream messages (first step of the shutdown)."""
+        if self._service is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._service.stop(), 2)
+            self._service = None
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+
+    async def shutdown(self) -> None:
+        """Stop intake, persist, drain NATS, stop the embedded server (idempotent)."""
+        await self._stop_intake()
+        await self.replicas.give_up_jobs()
+        if self.state is not None:
+            await self.state.close()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.drain(), 5)
+            self.nc = None
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+            self._embedded = None
+        if self._status_server is not None:
+            await asyncio.to_thread(self._status_server.close)
+            self._status_server = None
+        LOG.info("coordinator stopped")
+
+
+def _tune_gc() -> None:
+    """Fewer young-generation collections: a registration burst allocates millions of objects."""
+    global _gc_tuned
+    if not _gc_tuned:
+        _gc_tuned = True
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, 20, 20)
+

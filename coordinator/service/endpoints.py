@@ -1,0 +1,363 @@
+"""`Endpoints`: the coordinator's request handlers (a `nats.micro` service, queue group "coord").
+
+* `<p>.coord.jobs.register.<node>`: `RegisterJob` -> `Reply{job_id, join_token}`;
+* `<p>.coord.ranks.register.<node>`: `RegisterRank` -> `Reply{...}`; only through the agent of
+  the rank's GPU's node (the subject's node, which NATS permissions tie to that agent's
+  credentials); once every rank is in, the job's optimiser starts;
+* `<p>.coord.jobs.query`: `JobQuery` -> `Reply{job or jobs}` (with the measured profile);
+* `<p>.coord.jobs.straggler`: `StragglerNotice` -> `Reply{stragglers}` or a coded error.
+
+Handlers are decode -> core -> encode; domain errors go out as coded `Reply`s. Each request runs
+in its own task (NATS runs a subscription's callbacks one at a time, and a rank registration
+may wait for the GPU's agent), so thousands of ranks register concurrently. A query or notice
+about a job another replica drives is forwarded to that replica's own subject.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from coordinator.jobs import RankRecord, RegistryError
+from coordinator.optimizer import StatusUpdate, StragglerError
+from coordinator.state import records
+from coordinator.state.jetstream import StateUnavailableError
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import (
+    GpuDescription,
+    JobQuery,
+    RegisterJob,
+    RegisterRank,
+    Reply,
+    StragglerNotice,
+)
+from zeus_agent.wire.text import bounded, shown
+
+if TYPE_CHECKING:
+    from coordinator.service import CoordinatorService
+
+__all__ = ["INTERNAL_REPLY", "Endpoints", "Handler"]
+
+LOG = logging.getLogger(__name__)
+
+Handler = Callable[[bytes, str], Awaitable[Reply]]
+"""An endpoint handler: (request payload, request subject) -> reply."""
+
+INTERNAL_REPLY = Reply.failure("internal", "internal error in the coordinator; see its log")
+"""The answer to a request whose handling failed in a way the coordinator did not expect."""
+JOIN_TOKEN_BYTES = 18
+"""Randomness in a job's join token (144 bits; 24 URL-safe characters)."""
+RANK_STATUS_EVERY_UP_TO = 64
+"""Jobs up to this world size get a status event per rank; bigger ones every 10 %."""
+
+
+class Endpoints:
+    """The request handlers of the service `svc`."""
+
+    def __init__(self, svc: CoordinatorService) -> None:
+        self.svc = svc
+
+    def table(self) -> list[tuple[str, str, Handler]]:
+        """(name, subject, handler) of every endpoint."""
+        p = self.svc.settings.prefix
+        return [
+            ("register_job", subjects.all_coord_register_job(p), self.register_job),
+            ("register_rank", subjects.all_coord_register_rank(p), self.register_rank),
+            ("query", subjects.coord_job_query(p), self.query),
+            ("straggler", subjects.coord_job_straggler(p), self.straggler),
+        ]
+
+    def forwardable(self) -> list[tuple[str, Handler]]:
+        """Endpoints the other replicas forward requests about this replica's jobs to."""
+        return [("query", self.query), ("straggler", self.straggler)]
+
+    # ------------------------------------------------------------------ wrapping
+    def wrap(self, handler: Handler) -> Callable[[Any], Awaitable[None]]:
+        """Wrap a handler: one task per request; domain errors become coded replies.
+
+        Nothing that goes wrong with one request leaves its task (a task of the service's task
+        group: an exception there would stop the whole service): a failure while handling it
+        is answered `internal`, one while answering it is logged.
+        """
+        svc = self.svc
+
+        async def answer(req: Any) -> None:
+            try:
+                reply = await handler(req.data, req.subject)
+            except PayloadError as e:
+                reply = Reply.failure("bad_request", str(e))
+            except RegistryError as e:
+                reply = Reply.failure(e.code, str(e))
+            except Exception:  # noqa: BLE001 - never leak internals
+                LOG.exception("request on %s failed", bounded(req.subject, 300))
+                reply = INTERNAL_REPLY
+            try:
+                data = codec.encode(reply)
+            except Exception:  # noqa: BLE001 - a reply that cannot be encoded is a bug here
+                LOG.exception("the reply to a request on %s could not be encoded",
+                              bounded(req.subject, 300))
+                data = codec.encode(INTERNAL_REPLY)
+            try:
+                await req.respond(data)
+            except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
+                LOG.warning("could not answer a request on %s: %s", bounded(req.subject, 300),
+                            bounded(e, 300))
+
+        async def handle(req: Any) -> None:
+            try:
+                inbox = getattr(getattr(req, "_msg", None), "reply", "") or ""
+                if not inbox.startswith("_INBOX."):
+                    # A reply subject aimed elsewhere would make the coordinator publish where
+                    # its asker may not (NATS's allow_responses lets it answer any reply subject).
+                    svc.drop("reply_not_an_inbox", req.subject, shown(inbox, 300))
+                    return
+                await answer(req)
+            except Exception:  # noqa: BLE001 - the last guard of the service's task group
+                LOG.exception("a request on %s failed outside its handler",
+                              bounded(getattr(req, "subject", "?"), 300))
+
+        async def wrapped(req: Any) -> None:
+            svc.spawn(handle(req))
+
+        return wrapped
+
+    def wrap_own(self, handler: Handler) -> Callable[[Any], Awaitable[None]]:
+        """Wrap a handler for this replica's own subject (requests forwarded by replicas)."""
+        endpoint = self.wrap(handler)
+
+        async def handle(msg: Any) -> None:
+            await endpoint(_Forwarded(msg))
+
+        return handle
+
+    async def _forward(self, job_id: str, endpoint: str, data: bytes,
+                       subject: str) -> Reply | None:
+        """Ask the job's owning replica when it is another one (None: answer here).
+
+        A request forwarded to this replica is answered here (never forwarded again).
+        """
+        svc = self.svc
+        owner = svc.book.owner(records.job_hash(job_id), time.time())
+        if (owner is None or owner == svc.book.me or svc.nc is None
+                or subject.startswith(subjects.all_coord_replicas(svc.settings.prefix)[:-1])):
+            return None
+        subject = subjects.coord_replica(owner, endpoint, svc.settings.prefix)
+        try:
+            msg = await svc.nc.request(subject, data, timeout=svc.settings.command_timeout_s)
+            return codec.decode(msg.data, Reply)
+        except Exception as e:  # noqa: BLE001 - the owner died meanwhile: answer here
+            LOG.warning("replica %s did not answer a %s about job %s: %s", owner, endpoint,
+                        job_id, e)
+            return None
+
+    # ------------------------------------------------------------------ handlers
+    async def register_job(self, data: bytes, subject: str = "") -> Reply:
+        """Register a job (through the node named by the subject) and return its id."""
+        svc = self.svc
+        request = codec.decode(data, RegisterJob)
+        if request.power_limit is not None and request.scheduler != "PowerLimitOptimizer":
+            return Reply.failure(
+                "bad_request",
+                f"a job with power_limit options runs the power-limit optimizer, not "
+                f"{request.scheduler[:64]!r}: drop the scheduler, or the power_limit options",
+            )
+        if request.power_limit is None:  # A pipeline job: this coordinator's scheduler runs it.
+            name = svc.pfo.scheduler
+            if request.scheduler not in ("PowerLimitOptimizer", name):
+                return Reply.failure(
+                    "bad_request",
+                    f"this coordinator runs pipeline jobs with {name} (ZEUS_PFO_SCHEDULER), not "
+                    f"{request.scheduler[:64]!r}: omit the scheduler, or ask its operator",
+                )
+            request = request.model_copy(update={"scheduler": name})
+        node = subjects.last_token(subject)
+        token = secrets.token_urlsafe(JOIN_TOKEN_BYTES)
+        state = svc.require_state()
+        for _ in range(8):
+            record = svc.registry.register_job(request, svc.clock(), node, datetime.now(),
+                                               join_token=token)
+            try:
+                created = await state.create_job(record)
+            except StateUnavailableError:
+                svc.registry.unregister_job(record.job_id)
+                raise
+            if created:
+                break
+            # Another replica registered a job with this id meanwhile: learn it, take the next.
+            svc.registry.unregister_job(record.job_id)
+            await svc.durable.known_job(record.job_id)
+        else:
+            raise StateUnavailableError("could not give the job a unique id; retry")
+        svc.writes += 1
+        svc.job_ids[records.job_hash(record.job_id)] = record.job_id
+        await svc.replicas.take(record.job_id, 0, "registered here")
+        what = "power-limit optimisation" if request.power_limit else request.scheduler
+        await svc.status(record.job_id, "registered",
+                         f"job registered for {what}; waiting for {record.job.world_size} rank(s)")
+        return Reply.success(job_id=record.job_id, join_token=token)
+
+    async def register_rank(self, data: bytes, subject: str = "") -> Reply:
+        """Register a rank after checking its GPU with the agent that drives it.
+
+        Only the agent of the GPU's node may register it: the subject names the node the
+        request came through.
+        """
+        svc = self.svc
+        request = codec.decode(data, RegisterRank)
+        gpu = request.gpu
+        via = subjects.last_token(subject)
+        await svc.durable.known_job(request.job_id)
+        if via != subjects.token(gpu.node):
+            return Reply.failure(
+                "forbidden",
+                f"a rank on node {gpu.node!r} must be registered through that node's agent, not "
+                f"through {shown(via)}: run the trainer on the node of its GPU",
+            )
+        retry = svc.registry.check_rank(request)  # Refuse bad requests before asking agents.
+        info: GpuDescription | None = None
+        if not retry:
+            info = request.gpu_info  # Set by the agent that relayed it (only it may).
+            if info is None or info.index != gpu.gpu_index:
+                info = await svc.gpus.describe(gpu.node, gpu.gpu_index)
+            else:
+                svc.gpus.know(gpu.node, info)
+            refused = self._refuse_gpu(request, info)
+            if refused is not None:
+                return refused
+        # The job may have gone or the rank been taken meanwhile (here, or through another
+        # replica: the state bucket decides, once): this checks again.
+        svc.registry.check_rank(request)
+        mine = (request.job_id, request.rank_info.rank)
+        svc.registering.add(mine)  # This handler, not the state watch, starts the job.
+        try:
+            limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
+            new = await svc.require_state().create_rank(
+                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits)
+        finally:
+            svc.registering.discard(mine)
+        record, _ = svc.registry.register_rank(request, svc.clock())
+        n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
+        if new:
+            svc.writes += 2
+            # One event per rank is too many to follow for big jobs: then every 10 %.
+            if world <= RANK_STATUS_EVERY_UP_TO or n * 10 // world != (n - 1) * 10 // world:
+                await svc.status(record.job_id, "rank_registered",
+                                 f"rank {request.rank_info.rank} on {gpu.node}/gpu"
+                                 f"{gpu.gpu_index} ({n}/{world} ranks registered)")
+            if record.complete:
+                svc.starter.maybe_start(record)
+        return Reply.success(job_id=record.job_id, rank=request.rank_info.rank,
+                             registered=n, world_size=world)
+
+    def _refuse_gpu(self, request: RegisterRank, info: GpuDescription | None) -> Reply | None:
+        """Why the rank's GPU cannot serve the job (no agent, another GPU, observe-only)."""
+        gpu = request.gpu
+        if info is None:
+            return Reply.failure(
+                "unavailable",
+                f"no agent answers for GPU {gpu.gpu_index} on node {gpu.node!r}: start "
+                "`zeus-agent run` on that node, connected to the same NATS and prefix",
+            )
+        if gpu.gpu_uuid and gpu.gpu_uuid != info.uuid:
+            return Reply.failure(
+                "conflict",
+                f"GPU {gpu.gpu_index} on node {gpu.node!r} has uuid {info.uuid}, not "
+                f"{gpu.gpu_uuid}: check the rank's CUDA_VISIBLE_DEVICES and GPU index",
+            )
+        if not info.controllable:
+            held = self.svc.registry.jobs.get(request.job_id)
+            what = ("its power limit" if held is not None and held.power_limit is not None
+                    else "its SM clocks")
+            return Reply.failure(
+                "read_only",
+                f"GPU {gpu.gpu_index} on node {gpu.node!r} is observe-only (its agent runs "
+                "with --observe-only, or lacks the privilege to change GPU settings), and "
+                f"job {shown(request.job_id)} must set {what}: run that node's agent "
+                "without --observe-only, as root or with CAP_SYS_ADMIN; to measure only, "
+                "use profiling windows, which need no job",
+            )
+        return None
+
+    async def query(self, data: bytes, subject: str = "") -> Reply:
+        """Describe one job, or list all jobs."""
+        svc = self.svc
+        query = codec.decode(data, JobQuery)
+        if query.job_id is None:
+            ids = sorted(svc.registry.jobs)
+            end = query.offset + query.limit
+            return Reply.success(jobs=ids[query.offset:end], total=len(ids),
+                                 next_offset=end if end < len(ids) else None)
+        await svc.durable.known_job(query.job_id)
+        record = svc.registry.get(query.job_id)
+        forwarded = await self._forward(record.job_id, "query", data, subject)
+        if forwarded is not None:
+            return forwarded
+        optimiser = svc.optimiser(record.job_id)
+        progress: dict[str, Any] = {"power_limit": None, "pipeline": None}
+        if optimiser is not None:
+            progress[optimiser.kind] = optimiser.progress()
+        return Reply.success(
+            job_id=record.job_id,
+            job=record.job.model_dump(),
+            scheduler=record.scheduler,
+            power_limit_options=record.power_limit.model_dump() if record.power_limit else None,
+            complete=record.complete,
+            idle_s=max(0.0, svc.clock() - record.last_active_s),
+            ranks={str(r): {"node": rr.gpu.node, "gpu_index": rr.gpu.gpu_index,
+                            "gpu_uuid": rr.gpu.gpu_uuid}
+                   for r, rr in sorted(record.ranks.items())},
+            **progress,
+            waiting_for=optimiser.waiting_for() if optimiser is not None else {},
+        )
+
+    async def straggler(self, data: bytes, subject: str = "") -> Reply:
+        """A straggler notice about one pipeline of a pipeline job (or its clearing)."""
+        svc = self.svc
+        notice = codec.decode(data, StragglerNotice)
+        await svc.durable.known_job(notice.job_id)
+        record = svc.registry.get(notice.job_id)
+        forwarded = await self._forward(record.job_id, "straggler", data, subject)
+        if forwarded is not None:
+            return forwarded
+        if record.power_limit is not None:
+            return Reply.failure(
+                "not_supported",
+                f"job {record.job_id} is optimised by the power-limit optimizer: straggler "
+                "notices are for pipeline jobs (pipeline frequency optimizer)")
+        driver = svc.driver(record.job_id)
+        async with driver.lock:
+            job = driver.optimiser
+            if job is None:
+                why = ("it refused to start: see the job's status" if record.complete else
+                       f"{len(record.ranks)}/{record.job.world_size} ranks registered: send the "
+                       "notice again later")
+                return Reply.failure(
+                    "unavailable", f"job {record.job_id}'s optimiser is not running ({why})")
+            try:
+                actions = job.set_straggler(notice.pipeline, None if notice.clear
+                                            else notice.factor)
+            except StragglerError as e:
+                return Reply.failure(e.code, str(e))
+            await svc.actions.execute(record, actions)
+            progress = job.progress()
+        message = next((a.message for a in reversed(actions) if isinstance(a, StatusUpdate)), "")
+        return Reply.success(job_id=record.job_id, stragglers=progress["stragglers"],
+                             slowed=progress["slowed"], schedule=progress["schedule"],
+                             message=message)
+
+
+class _Forwarded:
+    """A plain NATS message in the shape of a `nats.micro` request (what `wrap` reads)."""
+
+    def __init__(self, msg: Any) -> None:
+        self._msg = msg
+        self.subject = msg.subject
+        self.data = msg.data
+
+    async def respond(self, data: bytes) -> None:
+        await self._msg.respond(data)

@@ -1,0 +1,68 @@
+"""`GpuDirectory`: what the coordinator knows of the GPUs its jobs' ranks run on.
+
+An agent describes a GPU (its power-limit range above all) when it relays a rank's
+registration, or when asked (`info`); descriptions are trusted for `GPU_INFO_TTL_S`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import CommandEnvelope, GpuDescription, InfoCmd, Reply
+
+if TYPE_CHECKING:
+    from coordinator.service import CoordinatorService
+
+__all__ = ["GPU_INFO_TTL_S", "GpuDirectory"]
+
+LOG = logging.getLogger(__name__)
+
+GPU_INFO_TTL_S = 30.0
+"""How long an agent's answer to `info` is trusted before asking again (s)."""
+
+INFO_COMMAND = codec.encode(CommandEnvelope(cmd=InfoCmd()))
+
+
+class GpuDirectory:
+    """GPU descriptions by (node, index), for the service `svc`.
+
+    Attributes:
+        limits: (node, index) -> (min, max) power limit (W): from descriptions, and from the
+            state bucket (the replica that registered the rank recorded them).
+    """
+
+    def __init__(self, svc: CoordinatorService) -> None:
+        self.svc = svc
+        self.limits: dict[tuple[str, int], tuple[int, int]] = {}
+        self._cache: dict[tuple[str, int], tuple[float, GpuDescription]] = {}
+
+    def know(self, node: str, info: GpuDescription, now: float | None = None) -> None:
+        """Remember a GPU's description (its power-limit range above all)."""
+        key = (node, info.index)
+        self._cache[key] = (self.svc.clock() if now is None else now, info)
+        self.limits[key] = (info.min_power_limit_w, info.max_power_limit_w)
+
+    async def describe(self, node: str, index: int) -> GpuDescription | None:
+        """The agent's description of a GPU (cached for `GPU_INFO_TTL_S`), None if no answer."""
+        svc = self.svc
+        key = (node, index)
+        cached = self._cache.get(key)
+        now = svc.clock()
+        if cached is not None and now - cached[0] < GPU_INFO_TTL_S:
+            return cached[1]
+        subject = subjects.gpu_command(node, index, svc.settings.prefix)
+        try:
+            raw = await svc.nc.request(subject, INFO_COMMAND,
+                                       timeout=svc.settings.command_timeout_s)
+            reply = codec.decode(raw.data, Reply)
+            if not reply.ok:
+                LOG.warning("agent on %s refused info: %s", subject, reply.error)
+                return None
+            info = codec.validate(GpuDescription, reply.result.get("gpu"))
+        except Exception as e:  # noqa: BLE001 - timeout, no responders, bad reply
+            LOG.warning("no usable info from %s: %s", subject, e)
+            return None
+        self.know(node, info, now)
+        return info

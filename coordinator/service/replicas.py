@@ -1,0 +1,219 @@
+"""`Replicas`: which replica drives which job, and the leases that say so.
+
+Each job is driven by one owner (`OwnershipBook`: a lease in the `-owners` bucket, taken by
+compare-and-set). The ownership loop renews this replica's leases, takes over jobs whose owner
+stopped renewing (it died) and starts their optimisers from the recorded progress; a stopping
+replica gives its jobs up at once. The GPU leases the agents hold for a job are renewed here
+too (`renew_gpu_leases`), and idle jobs are collected (`collect_idle`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from coordinator.state import records
+from coordinator.state.jetstream import StateUnavailableError
+from coordinator.state.ownership import Lease
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import LeaseRenewal
+
+if TYPE_CHECKING:
+    from coordinator.service import CoordinatorService
+
+__all__ = ["Replicas"]
+
+LOG = logging.getLogger(__name__)
+
+RELEASES_IN_FLIGHT = 64
+"""Job leases given up at once at shutdown (JetStream KV updates in flight)."""
+
+
+class Replicas:
+    """Ownership of the jobs for the service `svc`."""
+
+    def __init__(self, svc: CoordinatorService) -> None:
+        self.svc = svc
+        self._renewed_at = 0.0
+        """When this replica last renewed its leases (wall clock)."""
+
+    def owns(self, job_id: str) -> bool:
+        """Whether this replica drives the job now."""
+        return self.svc.book.owns(records.job_hash(job_id), time.time())
+
+    async def ownership(self) -> None:
+        """Renew this replica's leases, take over jobs whose owner is gone."""
+        svc = self.svc
+        book = svc.book
+        if svc.state is None or svc.nc is None or not svc.nc.is_connected:
+            return
+        now = time.time()
+        due = now - self._renewed_at >= book.lease_s / 3
+        if due:
+            self._renewed_at = now
+        for job_hash, lease in book.renewals() if due else []:
+            await self.renew(job_hash, lease, now)
+        known = {records.job_hash(j): j for j in svc.registry.jobs}
+        for job_hash, revision in book.claimable(list(known), time.time()):
+            held = book.leases.get(job_hash)
+            why = ("it had no owner" if held is None else
+                   f"replica {held.owner} stopped and gave it up" if held.until == 0 else
+                   "its lease ran out here before JetStream took the renewal"
+                   if held.owner == book.me else
+                   f"replica {held.owner} stopped renewing its lease (it died or lost NATS)")
+            await self.take(known[job_hash], revision, why)
+        for job_hash in book.mine():
+            record = svc.registry.jobs.get(known.get(job_hash, ""))
+            if record is not None:
+                svc.starter.maybe_start(record)
+        self.reapply_pending_lapses()
+        await svc.durable.record_unsaved()
+
+    def reapply_pending_lapses(self) -> None:
+        """Set again the lapsed settings kept while this replica's own lease had lapsed."""
+        svc = self.svc
+        for job_id, driver in list(svc.drivers.items()):
+            if not driver.pending_lapses:
+                continue
+            lease = svc.book.leases.get(records.job_hash(job_id))
+            job = driver.optimiser
+            if lease is None or lease.owner != svc.book.me or job is None:
+                # Another replica drives it now, or it has no optimiser here any more.
+                driver.pending_lapses.clear()
+            elif self.owns(job_id):
+                for rank, restored in list(driver.pending_lapses.items()):
+                    del driver.pending_lapses[rank]
+                    # A task: the job's lock may be held for long (a plan), and this loop
+                    # renews every job's lease.
+                    svc.spawn(svc.streams.reapply_locked(driver, job, rank, sorted(restored)))
+
+    async def renew(self, job_hash: str, lease: Lease, now: float) -> None:
+        """Renew one of this replica's ownership leases (compare-and-set on its revision).
+
+        A failed renewal drops the job only once another replica holds it: JetStream may just
+        have been slow (an election), and a lease that ran out meanwhile is taken again by the
+        ownership loop with the job still driven here, not restarted from its progress.
+        """
+        svc = self.svc
+        assert svc.state is not None
+        value = svc.book.value(lease.job_id, now)
+        revision = await svc.state.take(job_hash, value, lease.revision)
+        if revision is not None:
+            svc.book.observe(job_hash, value, revision)
+            return
+        await self.read_lease(job_hash)
+        held = svc.book.leases.get(job_hash)
+        if held is not None and held.owner != svc.book.me:
+            svc.release_locally(lease.job_id, f"replica {held.owner} took it over")
+
+    async def read_lease(self, job_hash: str) -> None:
+        """After a compare-and-set failed: learn the lease's current revision from the bucket.
+
+        The watch may lag or stall (its server restarting): waiting for it, a replica would
+        try again and again on a stale revision and never take a job given up to it.
+        """
+        assert self.svc.state is not None
+        current = await self.svc.state.read_lease(job_hash)
+        if current is not None:
+            self.svc.book.observe(job_hash, *current)
+
+    async def owns_now(self, job_id: str) -> bool:
+        """Whether this replica may act on the job, renewing its lease first if that is late.
+
+        The ownership loop renews every lease on time unless the event loop was busy (a burst of
+        huge iterations on a loaded host): a lease still held but inside its fence is renewed
+        here rather than fencing the job's actions. One another replica holds is never taken.
+        """
+        if self.owns(job_id):
+            return True
+        svc = self.svc
+        job_hash = records.job_hash(job_id)
+        lease = svc.book.leases.get(job_hash)
+        driver = svc.driver(job_id)
+        now = time.time()
+        if (lease is None or lease.owner != svc.book.me or now >= lease.until
+                or svc.state is None or svc.nc is None or not svc.nc.is_connected
+                or now - driver.late_renewal < svc.book.fence_s / 2):
+            return False  # (At most one try per half fence: JetStream may be what is slow.)
+        driver.late_renewal = now
+        try:  # Bounded: the job's lock is held, and JetStream may be slow (an election).
+            await asyncio.wait_for(self.renew(job_hash, lease, now), svc.book.fence_s / 2)
+        except TimeoutError:
+            return False
+        return self.owns(job_id)
+
+    async def take(self, job_id: str, revision: int, why: str) -> bool:
+        """Take a job's lease (compare-and-set on `revision`); True if this replica has it."""
+        svc = self.svc
+        assert svc.state is not None
+        value = svc.book.value(job_id, time.time())
+        new = await svc.state.take(records.job_hash(job_id), value, revision)
+        if new is None:
+            await self.read_lease(records.job_hash(job_id))
+            return False
+        svc.book.observe(records.job_hash(job_id), value, new)
+        svc.registry.touch(job_id, svc.clock())  # Its idle clock starts with its new owner.
+        if revision:
+            LOG.info("job %s: taken over by replica %s (%s)", job_id, svc.book.me, why)
+            await svc.status(job_id, "taken_over",
+                             f"coordinator replica {svc.book.me} drives the job now ({why})")
+        return True
+
+    async def give_up_jobs(self) -> None:
+        """At shutdown: record what is unsaved, then give the leases up.
+
+        Another replica then takes the jobs at once, from their latest progress.
+        """
+        svc = self.svc
+        if svc.state is None or svc.nc is None or not svc.nc.is_connected:
+            return
+        timeout_s = svc.settings.shutdown_timeout_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(svc.durable.record_unsaved(stopping=True), timeout_s)
+        state, gate = svc.state, asyncio.Semaphore(RELEASES_IN_FLIGHT)
+
+        async def release(job_hash: str, lease: Lease) -> None:
+            value = svc.book.value(lease.job_id, time.time(), release=True)
+            async with gate:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(state.take(job_hash, value, lease.revision), 2)
+
+        # Side by side and bounded: one at a time, thousands of jobs took minutes to give up
+        # (a lease not given up in time simply runs out, and another replica takes it then).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(release(h, lease) for h, lease in svc.book.renewals())),
+                timeout_s)
+
+    async def renew_gpu_leases(self) -> None:
+        """Renew the GPU leases of the active jobs this replica drives (agents hold them)."""
+        svc = self.svc
+        s = svc.settings
+        now = svc.clock()
+        for record in list(svc.registry.jobs.values()):
+            if now - record.last_active_s > s.lease_idle_s or not self.owns(record.job_id):
+                continue
+            renewal = LeaseRenewal(holder=record.job_id, lease_s=s.lease_s)
+            await svc.nc.publish(subjects.lease_renewal(record.job_id, s.prefix),
+                                 codec.encode(renewal))
+
+    async def collect_idle(self) -> None:
+        """Remove the owned jobs idle for longer than `max_job_idle_time`."""
+        svc = self.svc
+        now, limit = svc.clock(), svc.settings.max_job_idle_time
+        idle = [j for j, r in list(svc.registry.jobs.items())
+                if now - r.last_active_s > limit and self.owns(j)]
+        for job_id in idle:
+            if svc.state is not None:
+                try:
+                    await svc.state.delete_job(job_id)
+                except StateUnavailableError as e:
+                    LOG.warning("job %s: not removed (%s); trying again later", job_id, e)
+                    continue
+            svc.forget_job(job_id)
+            await svc.status(job_id, "removed",
+                             f"job removed after {limit} s without events or registrations "
+                             "(max_job_idle_time)")

@@ -1,0 +1,164 @@
+"""`OptimiserStarter`: builds a job's optimiser once every rank is in and this replica owns it.
+
+A power-limit job gets a `PowerLimitJob` over the limits every GPU of the job supports (asked of
+the agents when the state bucket did not have them); a pipeline job gets a `PipelineJob` with
+this coordinator's scheduler (`ZEUS_PFO_*`). Either resumes from the progress its previous
+owner recorded, read from JetStream itself (`DurableState.read_progress`); progress that cannot
+be resumed is said in the job's status and the optimiser starts afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from coordinator.jobs import JobRecord
+from coordinator.optimizer import JobOptimizer
+from coordinator.pipeline.job import PipelineJob
+from coordinator.pipeline.memory import MB
+from coordinator.pipeline.schedulers.base import SchedulerError
+from coordinator.power_limit.job import PowerLimitJob
+from coordinator.power_limit.machine import PowerLimitError
+from coordinator.power_limit.search import WindowResult
+from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo
+
+if TYPE_CHECKING:
+    from coordinator.service import CoordinatorService
+
+__all__ = ["OptimiserStarter"]
+
+LOG = logging.getLogger(__name__)
+
+
+class OptimiserStarter:
+    """Starts the jobs' optimisers for the service `svc`."""
+
+    def __init__(self, svc: CoordinatorService) -> None:
+        self.svc = svc
+
+    def maybe_start(self, record: JobRecord) -> None:
+        """Start the job's optimiser if every rank is in and this replica owns the job."""
+        svc = self.svc
+        driver = svc.driver(record.job_id)
+        if (record.complete and driver.optimiser is None and not driver.starting
+                and svc.owns(record.job_id)):
+            driver.starting = True
+            svc.spawn(self.start(record))
+
+    async def start(self, record: JobRecord) -> None:
+        """Build and adopt the job's optimiser (unless that happened meanwhile)."""
+        svc = self.svc
+        driver = svc.driver(record.job_id)
+        try:
+            async with driver.lock:
+                if driver.optimiser is not None or not svc.owns(record.job_id):
+                    return
+                if svc.registry.jobs.get(record.job_id) is not record:
+                    return  # Collected meanwhile.
+                if not await svc.durable.read_progress(record.job_id):
+                    return  # Started again on a later ownership round.
+                recorded = driver.recorded or {}
+                job: JobOptimizer | None
+                if record.power_limit is None:
+                    job = await self._pipeline(record, recorded)
+                else:
+                    job = await self._power_limit(record, recorded)
+                if job is not None:
+                    await self._adopt(record, job)
+        finally:
+            driver.starting = False
+        driver.recorded = None  # Taken in by the optimiser (if it started).
+
+    async def _power_limit(self, record: JobRecord,
+                           recorded: dict[str, Any]) -> PowerLimitJob | None:
+        """A power-limit job's optimiser (the lock is held), or None (said why)."""
+        svc = self.svc
+        assert record.power_limit is not None
+        gpus = record.gpus()
+        limits_of = svc.gpus.limits
+        missing = [g for g in gpus if (g.node, g.gpu_index) not in limits_of]
+        await asyncio.gather(*(svc.gpus.describe(g.node, g.gpu_index) for g in missing))
+        unreachable = [f"{g.node}/gpu{g.gpu_index}" for g in gpus
+                       if (g.node, g.gpu_index) not in limits_of]
+        if unreachable:
+            await svc.status(record.job_id, "error",
+                             "cannot reach the agent of " + ", ".join(unreachable[:8])
+                             + (" ..." if len(unreachable) > 8 else "")
+                             + "; not optimising (restart the coordinator once they are up)")
+            return None
+        limits = [limits_of[(g.node, g.gpu_index)] for g in gpus]
+        lo = max(lim[0] for lim in limits)
+        hi = min(lim[1] for lim in limits)
+        measurements = record.power_limit.profile  # the trainer's own profile file, if any
+        resume: list[WindowResult] | dict[str, Any] = []
+        timeout = svc.settings.mark_timeout_s
+        try:
+            if measurements is None and recorded.get("kind") == "profile":
+                measurements = [PowerLimitMeasurement(**m) for m in recorded["state"]]
+            elif recorded.get("kind") == "windows":  # measured before a takeover
+                resume = recorded["state"]
+            try:
+                return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                     measurements, resume=resume, mark_timeout_s=timeout)
+            except (PowerLimitError, ValueError, TypeError, KeyError) as e:
+                if not resume:
+                    raise
+                await svc.status(record.job_id, "profiling",
+                                 f"cannot resume the profile measured before: {e}")
+                return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                     measurements, mark_timeout_s=timeout)
+        except (PowerLimitError, ValueError, OSError, TypeError, KeyError) as e:
+            await svc.status(record.job_id, "error",
+                             f"power-limit optimiser refused to start: {e}")
+            return None
+
+    async def _pipeline(self, record: JobRecord, recorded: dict[str, Any]) -> PipelineJob | None:
+        """A pipeline job's frequency optimiser (the lock is held), or None (said why)."""
+        svc = self.svc
+        pfo, s = svc.pfo, svc.settings
+
+        def make_scheduler(job_info: JobInfo, ranks: list[RankInfo]) -> Any:
+            return pfo.create_scheduler(job_info, ranks)
+
+        first = await asyncio.to_thread(self._next_dump_number, record)
+        resume = recorded.get("state") if recorded.get("kind") == "pipeline" else None
+
+        def build(resume: dict[str, Any] | None) -> PipelineJob:
+            return PipelineJob(
+                record.job_id, record.job, [rr.info for rr in record.ranks.values()],
+                make_scheduler, scheduler_name=pfo.scheduler,
+                profiling_iterations=s.profiling_iterations,
+                switch_lead_steps=s.switch_lead_steps, first_version=first,
+                stall_after_s=s.stall_after_s, straggler_threshold=s.straggler_threshold,
+                straggler_window=s.straggler_window, resume=resume,
+                max_kept_bytes=s.max_pipeline_mb_per_job * MB, budget=svc.pipeline_budget,
+                nodes={r: rr.gpu.node for r, rr in record.ranks.items()})
+
+        try:
+            try:  # Replaying recorded rounds may plan a frontier: off the event loop.
+                return await asyncio.to_thread(build, resume)
+            except ValueError as e:
+                if resume is None:
+                    raise
+                await svc.status(record.job_id, "discovering",
+                                 f"cannot resume the recorded progress ({e}); starting over")
+                return build(None)
+        except (SchedulerError, ValueError) as e:
+            await svc.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
+            return None
+
+    async def _adopt(self, record: JobRecord, job: JobOptimizer) -> None:
+        """Drive the job with `job` from now on (the lock is held): index its GPUs, start."""
+        svc = self.svc
+        svc.driver(record.job_id).optimiser = job
+        for g in record.gpus():  # (The state watch may not have indexed them yet.)
+            svc.index_gpu(record.job_id, g)
+        await svc.actions.execute(record, job.start())
+
+    def _next_dump_number(self, record: JobRecord) -> int:
+        """After the schedules already dumped for this job (by a coordinator before a restart)."""
+        folder = self.svc.actions.dump_dir(record)
+        numbers = [int(p.name.split(".", 1)[0]) for p in folder.glob("*.sched.json")
+                   if p.name.split(".", 1)[0].isdigit()]
+        return max(numbers, default=-1) + 1

@@ -1,0 +1,370 @@
+"""`Streams`: the bus streams the coordinator follows, fed to the jobs' optimisers.
+
+* trainer events `<p>.job.*.ev.*.<node>` (rank 0 paces the power-limit machine);
+* GPU marks and measurements `<p>.gpu.*.*.meas` (window energies, step and instruction times);
+* the agents' error events `<p>.gpu.*.*.error` (a trainer gone, a lease that lapsed);
+* agent announcements `<p>.agent.*.hello`, on which GPUs are reconciled: one whose limit or
+  schedule is not its job's (its agent restarted) gets it again.
+
+Every message is accepted only from the GPU its rank is bound to (as its node's agent names it)
+and from a trainer that presented the job's join token; anything else is dropped and counted
+(`CoordinatorService.dropped`). Messages about a job another replica drives are not decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+from coordinator.jobs import JobRecord
+from coordinator.optimizer import JobOptimizer
+from coordinator.service.driver import JobDriver
+from coordinator.state import records
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import AgentHello, ErrorEvent, MeasurementBatch, TrainerEventBatch
+from zeus_agent.wire.text import shown
+
+if TYPE_CHECKING:
+    from coordinator.service import CoordinatorService
+
+__all__ = ["Streams"]
+
+LOG = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+EVENTS_PER_YIELD = 256
+"""Trainer events handled between two yields to the event loop (a 1 MB batch holds ~50,000)."""
+REAPPLY_LIMIT = 3
+"""Most times one rank's lapsed settings are set again within `REAPPLY_WINDOW_LEASES` leases."""
+REAPPLY_WINDOW_LEASES = 10
+
+
+class Streams:
+    """The stream handlers of the service `svc`."""
+
+    def __init__(self, svc: CoordinatorService) -> None:
+        self.svc = svc
+        self.agent_ids: dict[str, str] = {}
+        """Node token -> the id of the agent that last announced itself there."""
+
+    def subscriptions(self) -> list[tuple[str, Any]]:
+        """(subject, callback) of every stream followed."""
+        p = self.svc.settings.prefix
+        return [
+            (subjects.all_job_events(p), self.on_events),
+            (subjects.all_gpu_measurements(p), self.on_measurements),
+            (subjects.all_gpu_errors(p), self.on_gpu_error),
+            (subjects.all_agent_hellos(p), self.on_agent_hello),
+        ]
+
+    # ------------------------------------------------------------------ checks
+    def _decode(self, msg: Any, model: type[M]) -> M | None:
+        """A stream message as `model`, or None (dropped and counted as malformed)."""
+        try:
+            return codec.decode(msg.data, model)
+        except PayloadError as e:
+            self.svc.drop("malformed", msg.subject, e)
+            return None
+
+    @staticmethod
+    def _bound_here(record: JobRecord | None, rank: int, node: str, gpu: int | None) -> bool:
+        """Whether `rank` of the job is bound to a GPU of `node` (and to GPU `gpu` if given)."""
+        if record is None:
+            return False
+        rr = record.ranks.get(rank)
+        if rr is None or subjects.token(rr.gpu.node) != node:
+            return False
+        return gpu is None or rr.gpu.gpu_index == gpu
+
+    def _without_token(self, record: JobRecord | None, batch: Any, subject: str) -> bool:
+        """Drop (and count) events or marks whose trainer's HELLO lacked the job's join token.
+
+        The agent sends the digest of what the HELLO presented. Returns True if dropped.
+        """
+        if record is None or record.admits(batch.join_digest):
+            return False
+        self.svc.drop("no_join_token", subject,
+                      f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not present "
+                      "the job's join token")
+        return True
+
+    def _other_replicas_job(self, job_id: str | None) -> bool:
+        """Whether a stream message is about a job this replica knows another one drives."""
+        return job_id is not None and self.svc.optimiser(job_id) is None and not (
+            self.svc.owns(job_id))
+
+    # ------------------------------------------------------------------ streams
+    async def on_events(self, msg: Any) -> None:
+        """A batch of a rank's trainer events."""
+        svc = self.svc
+        where = subjects.parse_job_events(msg.subject)
+        if where is None or self._other_replicas_job(svc.job_tokens.get(where.job)):
+            return  # Another replica's job is not even decoded.
+        batch = self._decode(msg, TrainerEventBatch)
+        if batch is None:
+            return
+        record = svc.registry.jobs.get(batch.job_id)
+        if record is None:
+            svc.drop("unknown_job", msg.subject, batch.job_id)
+            return
+        # The rank's own GPU, not just its node, and a trainer that presented the job's token:
+        # an agent binds a GPU to (job, rank) on a trainer's HELLO, so any process of the node
+        # that knows the job id could otherwise speak for the rank.
+        if (where.node != subjects.token(batch.node)
+                or not self._bound_here(record, batch.rank, where.node, batch.gpu)):
+            svc.drop("wrong_node", msg.subject,
+                     f"rank {batch.rank} of {batch.job_id} is not bound to "
+                     f"{shown(where.node)}/gpu{batch.gpu}")
+            return
+        if self._without_token(record, batch, msg.subject):
+            return
+        now = svc.clock()
+        lapsed = now - record.last_active_s > svc.settings.lease_idle_s
+        svc.registry.touch(batch.job_id, now)
+        driver = svc.drivers.get(batch.job_id)
+        job = driver.optimiser if driver is not None else None
+        if driver is None or job is None:
+            return
+        async with driver.lock:
+            if lapsed:
+                # Renewals stopped while the job was quiet, so the agents have restored their
+                # defaults: the job is back, so are its settings.
+                await svc.actions.reapply(record, job, "events again after a quiet spell")
+            for i, event in enumerate(batch.events, 1):
+                await svc.actions.act(batch.job_id, lambda r, e: job.on_event(r, e, now),
+                                      batch.rank, event)
+                if i % EVENTS_PER_YIELD == 0:
+                    await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
+
+    async def on_measurements(self, msg: Any) -> None:
+        """A batch of a rank's GPU marks and step or instruction measurements."""
+        svc = self.svc
+        where = subjects.parse_gpu_subject(msg.subject)
+        if where is None or self._other_replicas_job(svc.bound.get((where.node, where.gpu))):
+            return
+        batch = self._decode(msg, MeasurementBatch)
+        if batch is None:
+            return
+        driver = svc.drivers.get(batch.job_id)
+        job = driver.optimiser if driver is not None else None
+        if driver is None or job is None:
+            if batch.job_id not in svc.registry.jobs:
+                svc.drop("unknown_job", msg.subject, batch.job_id)
+            return
+        if not batch.marks and not batch.measurements:
+            return
+        record = svc.registry.jobs.get(batch.job_id)
+        if (where.node != subjects.token(batch.node) or where.gpu != str(batch.gpu)
+                or not self._bound_here(record, batch.rank, where.node, batch.gpu)):
+            svc.drop("wrong_node", msg.subject, f"rank {batch.rank} of {batch.job_id} is not "
+                     f"bound to {where.node}/gpu{where.gpu}")
+            return
+        if self._without_token(record, batch, msg.subject):
+            return
+        now = svc.clock()
+        async with driver.lock:
+            for mark in batch.marks:
+                await svc.actions.act(batch.job_id, job.on_mark, batch.rank, mark)
+            if record is not None and any(job.plans_on(m) for m in batch.measurements):
+                # A step may close a profiling window, and the scheduler may then plan a
+                # frontier for seconds: off the event loop (leases keep being renewed). The
+                # job's lock keeps its inputs in order meanwhile.
+                actions = await asyncio.to_thread(
+                    lambda: [a for m in batch.measurements
+                             for a in job.on_measurement(batch.rank, m, now)])
+                await svc.actions.execute(record, actions)
+                return
+            for m in batch.measurements:
+                await svc.actions.act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),
+                                      batch.rank, m)
+
+    async def on_gpu_error(self, msg: Any) -> None:
+        """An agent's error event about the rank bound to one of its GPUs (a trainer gone...)."""
+        svc = self.svc
+        event = self._decode(msg, ErrorEvent)
+        if event is None or event.job_id is None or event.rank is None:
+            return
+        driver = svc.drivers.get(event.job_id)
+        job = driver.optimiser if driver is not None else None
+        if driver is None or job is None:
+            return
+        where = subjects.parse_gpu_subject(msg.subject)
+        gpu = where.gpu_index if where is not None else None
+        record = svc.registry.jobs.get(event.job_id)
+        if where is None or not self._bound_here(record, event.rank, where.node,
+                                                 -1 if gpu is None else gpu):
+            node, token = (where.node, where.gpu) if where is not None else ("?", "?")
+            svc.drop("wrong_node", msg.subject,
+                     f"rank {event.rank} of {event.job_id} is not bound to {node}/gpu{token}")
+            return
+        now = svc.clock()
+        async with driver.lock:
+            if event.code == "lease_expired":
+                restored = event.detail.get("restored")
+                await self.reapply_lapsed(driver, job, event.rank,
+                                          restored if isinstance(restored, list) else [])
+            await svc.actions.act(event.job_id,
+                                  lambda r, e: job.on_agent_error(r, e.code, e.message, now),
+                                  event.rank, event)
+
+    # ------------------------------------------------------------------ lapsed settings
+    def _recent_reapplies(self, driver: JobDriver, rank: int) -> list[float]:
+        """When the rank's lapsed settings were set again within the last window."""
+        svc = self.svc
+        now, window = svc.clock(), REAPPLY_WINDOW_LEASES * svc.settings.lease_s
+        return [t for t in driver.lapse_reapplies.get(rank, []) if now - t < window]
+
+    async def reapply_locked(self, driver: JobDriver, job: JobOptimizer, rank: int,
+                             restored: list[str]) -> None:
+        """`reapply_lapsed` under the job's lock (a task of the ownership loop)."""
+        try:
+            async with driver.lock:
+                if driver.optimiser is job:  # (Not one released meanwhile.)
+                    await self.reapply_lapsed(driver, job, rank, restored)
+        except Exception:  # A task of the service: one job's failure must not stop it.
+            LOG.exception("job %s: setting rank %d's lapsed settings again failed",
+                          driver.job_id, rank)
+
+    async def reapply_lapsed(
+        self, driver: JobDriver, job: JobOptimizer, rank: int, restored: list[Any]
+    ) -> None:
+        """An agent restored settings of an active job whose lease lapsed: set them again.
+
+        The renewals were late (a stalled replica, a slow bus) while the trainer kept going;
+        without this the GPU would stay at its default until the job next went quiet. A quiet
+        job's leases lapse on purpose and stay lapsed.
+        """
+        svc = self.svc
+        job_id = driver.job_id
+        record = svc.registry.jobs.get(job_id)
+        if (record is None or rank not in record.ranks
+                or svc.clock() - record.last_active_s > svc.settings.lease_idle_s):
+            return
+        if not await svc.replicas.owns_now(job_id):
+            lease = svc.book.leases.get(records.job_hash(job_id))
+            if lease is not None and lease.owner == svc.book.me:
+                # This replica's own lease lapsed too (the same stall that made the renewals
+                # late): the agent says so only once, so keep it for when the lease is back.
+                driver.pending_lapses.setdefault(rank, set()).update(
+                    r for r in restored if r in ("power_limit", "schedule"))
+                LOG.info("job %s: rank %d's settings lapsed while this replica's lease on the "
+                         "job had lapsed too; setting them again once it is taken back",
+                         job_id, rank)
+            return
+        binding = record.ranks[rank].gpu
+        where = f"{binding.node}/gpu{binding.gpu_index}"
+        # Leases that lapse again and again mean renewals never reach the agent (its
+        # permissions, a one-way partition): setting them again each time would only flap the
+        # GPU and flood commands (the agent's events are its own to send).
+        now, window = svc.clock(), REAPPLY_WINDOW_LEASES * svc.settings.lease_s
+        recent = self._recent_reapplies(driver, rank)
+        if len(recent) >= REAPPLY_LIMIT:
+            if len(recent) == REAPPLY_LIMIT:
+                await svc.status(job_id, "error",
+                                 f"the leases on {where} lapsed {REAPPLY_LIMIT} times in "
+                                 f"{window:g} s while the job was active: renewals do not reach "
+                                 f"its agent (check that it may subscribe to "
+                                 f"{subjects.all_lease_renewals(svc.settings.prefix)}); its "
+                                 "settings stay at the defaults until its agent restarts or the "
+                                 "job comes back from a quiet spell")
+                recent.append(now)  # Said once per window.
+            driver.lapse_reapplies[rank] = recent
+            return
+        driver.lapse_reapplies[rank] = [*recent, now]
+        desired = job.desired_power_limit
+        if "power_limit" in restored and desired is not None:
+            await svc.status(job_id, "reconciled",
+                             f"the lease on {where} lapsed while the job was active (late "
+                             f"renewals): setting {desired} W again")
+            await svc.actions.apply_power_limit(record, desired, [binding])
+        wanted = job.desired_schedule(rank)
+        if "schedule" in restored and wanted is not None:
+            await svc.status(job_id, "reconciled",
+                             f"the lease on {where} lapsed while the job was active (late "
+                             f"renewals): installing schedule {wanted.version} again")
+            await svc.actions.install_again(record, [wanted])
+
+    # ------------------------------------------------------------------ reconciliation
+    async def on_agent_hello(self, msg: Any) -> None:
+        """Reconcile: a GPU still driven by an optimised job's rank gets the job's limit back.
+
+        Only a GPU whose agent says the job's trainer is bound to it (it said HELLO, again after
+        an agent restart): a GPU whose trainer left stays at its default.
+        """
+        svc = self.svc
+        hello = self._decode(msg, AgentHello)
+        if hello is None:
+            return
+        node = subjects.token(hello.node)
+        if node != subjects.parse_agent_hello(msg.subject):
+            svc.drop("wrong_node", msg.subject, f"hello names node {shown(hello.node)}")
+            return
+        previous = self.agent_ids.get(node)
+        self.agent_ids[node] = hello.agent_id
+        if previous is not None and previous != hello.agent_id:
+            LOG.info("the agent of node %s restarted (%s -> %s)", hello.node, previous,
+                     hello.agent_id)
+            # Its ranks' lapse throttle ends (as the error status says), whatever this first
+            # announcement shows: a restarted agent has no trainers bound yet.
+            for known, throttled in svc.drivers.items():
+                held = svc.registry.jobs.get(known)
+                for r in list(throttled.lapse_reapplies):
+                    if (held is not None and r in held.ranks
+                            and subjects.token(held.ranks[r].gpu.node) == node):
+                        del throttled.lapse_reapplies[r]
+        for gpu in hello.gpus:
+            job_id = svc.bound.get((node, subjects.token(gpu.index)))
+            if job_id is None or gpu.job_id != job_id:
+                continue
+            record = svc.registry.jobs.get(job_id)
+            rank = record.gpu_ranks.get((hello.node, gpu.index)) if record is not None else None
+            driver = svc.drivers.get(job_id)
+            job = driver.optimiser if driver is not None else None
+            if record is None or rank is None or rank not in record.ranks or driver is None:
+                continue
+            if job is None or not svc.owns(job_id):
+                continue  # (Fenced: a replica whose lease lapsed may be being taken over.)
+            await self._reconcile(hello, gpu, record, driver, job, rank)
+
+    async def _reconcile(self, hello: AgentHello, gpu: Any, record: JobRecord,
+                         driver: JobDriver, job: JobOptimizer, rank: int) -> None:
+        """Set again what one announced GPU of a driven job lacks (its agent restarted?)."""
+        svc = self.svc
+        node = subjects.token(hello.node)
+        if not gpu.controllable:
+            # Its agent lost the privilege (or restarted observe-only): said once.
+            if (node, gpu.index) not in driver.observe_only_said:
+                driver.observe_only_said.add((node, gpu.index))
+                await svc.status(record.job_id, "error",
+                                 f"{hello.node}/gpu{gpu.index} (rank {rank}) is observe-only "
+                                 "now: its agent cannot change its settings, so the job's "
+                                 "settings are not applied there; restart that agent "
+                                 "without --observe-only, as root or with CAP_SYS_ADMIN")
+            return
+        if svc.clock() - record.last_active_s > svc.settings.lease_idle_s:
+            return  # A quiet job: its leases lapsed on purpose.
+        if len(self._recent_reapplies(driver, rank)) >= REAPPLY_LIMIT:
+            return  # Renewals do not reach this agent (said): no flapping per heartbeat.
+        binding = record.ranks[rank].gpu
+        desired = job.desired_power_limit
+        if desired is not None and gpu.power_limit_w != desired:
+            await svc.status(record.job_id, "reconciled",
+                             f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, not "
+                             f"{desired} W (its agent restarted?): setting {desired} W again")
+            await svc.actions.apply_power_limit(record, desired, [binding])
+        # A heartbeat may predate a recent install: only a schedule installed a while ago
+        # and missing now was lost (the agent restarted).
+        installed_at = driver.installed_at.get(rank, 0.0)
+        settled = svc.clock() - installed_at > max(2.0, svc.settings.command_timeout_s)
+        wanted = job.desired_schedule(rank) if settled else None
+        if wanted is not None and gpu.schedule_version != wanted.version:
+            await svc.status(record.job_id, "reconciled",
+                             f"{binding.node}/gpu{gpu.index} has schedule "
+                             f"{gpu.schedule_version}, not {wanted.version} (its agent "
+                             "restarted?): installing it again")
+            await svc.actions.install_again(record, [wanted])
