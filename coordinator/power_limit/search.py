@@ -507,9 +507,8 @@ class _AdaptiveSearch(Search):
                 above, skipped = self._pending_skip
                 self._pending_skip = None
                 if current not in costs or costs[current] * (1 + p.steep) >= costs[above]:
-                    # The fall stopped (a valley's floor or a rough stretch), or `current` was
-                    # left out and did not show it: skipping further could step over a dip that
-                    # no neighbour's cost hints at.
+                    # The fall stopped (a valley's floor, a rough stretch, `current` left out):
+                    # skipping further could step over a dip no neighbour's cost hints at.
                     self._skips_over = True
                     return Probe(skipped, self._warmup, self._chunk)
                 self._skipped.add(skipped)
@@ -533,9 +532,8 @@ class _AdaptiveSearch(Search):
                 run += 1
                 if k == 0 or costs[descent[k]] <= costs[descent[k - 1]]:
                     break
-            # A bump (a limit clearly costlier than its profiled neighbours on both sides) means a
-            # rough profile: its shape says little about unprofiled limits, so no more skips and
-            # no stop at one big rise.
+            # A bump (a limit clearly costlier than its profiled neighbours on both sides): a rough
+            # profile says little about unprofiled limits, so no more skips, no stop at one rise.
             self._rough = self._rough or any(
                 z(descent[k], descent[k - 1]) > p.k_stop
                 and z(descent[k], descent[k + 1]) > p.k_stop
