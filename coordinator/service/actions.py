@@ -105,6 +105,11 @@ class ActionExecutor:
             # it), so another replica may take over: it sends no more commands.
             LOG.warning("job %s: %d action(s) not carried out: this replica's lease on the job "
                         "is lapsing", record.job_id, len(actions))
+            # Its progress is still kept: written once the lease is renewed (or before this
+            # replica gives its jobs up), dropped once another replica holds the job.
+            for action in actions:
+                if isinstance(action, SaveProgress):
+                    svc.durable.save_progress(record.job_id, action.kind, action.state)
             return
         for action in actions:
             if isinstance(action, ApplyPowerLimit):

@@ -1,0 +1,58 @@
+"""Review of the coordinator shell split (issue 24): behaviour the split changed by mistake.
+
+Against a real nats-server and a real agent with simulated GPUs (the fixtures of
+`tests/shell/test_coordinator.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from coordinator.optimizer import SaveProgress
+from tests.shell import test_coordinator as tc
+from tests.shell.test_coordinator import bound_energy_job, stall, start, stop, wait_for
+
+agent = tc.agent  # The fixture: one agent with two simulated A40s (100-300 W).
+
+
+async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_written_later(
+        nats_server, agent, nc, tmp_path, monkeypatch) -> None:
+    """Before the split, a window measured while the replica's lease was lapsing (its actions
+    fenced: a late renewal JetStream did not answer) was still kept as unsaved progress and
+    written once the lease was renewed (or before the replica gave its jobs up). The split made
+    `SaveProgress` an action, and a fenced `execute` dropped it with the commands: a replica
+    taking the job over later resumed from older progress (a window measured again, a
+    straggler notice forgotten)."""
+    stalled = stall(monkeypatch, "ownership")
+    coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
+    try:
+        job_id = await bound_energy_job(nc)
+        await wait_for(lambda: job_id in coord.optimisers and coord.owns(job_id), 10)
+        stalled.set()
+        await wait_for(lambda: not coord.owns(job_id), 10)  # inside its fence, not renewed
+        assert coord.state is not None
+        take = coord.state.take
+
+        async def jetstream_not_answering(*args: Any) -> int | None:
+            return None
+
+        monkeypatch.setattr(coord.state, "take", jetstream_not_answering)
+        progress = {"windows": [{"power_limit": 300, "time_s": 2.0, "energy_j": 600.0}]}
+        driver = coord.drivers[job_id]
+        async with driver.lock:  # (What a stream handler holds while the optimiser acts.)
+            await coord.actions.act(job_id, lambda _r, _i: [SaveProgress("windows", progress)],
+                                    0, None)
+        assert job_id in coord.optimisers  # still driven here, its actions fenced
+        monkeypatch.setattr(coord.state, "take", take)
+        stalled.clear()  # The ownership loop takes the lease again and writes what is unsaved.
+        await wait_for(lambda: coord.owns(job_id), 10)
+        for _ in range(100):
+            recorded = await coord.state.get_progress(job_id)
+            if recorded and recorded["kind"] == "windows":  # (Its profile was recorded first.)
+                break
+            await asyncio.sleep(0.05)
+        assert recorded == {"kind": "windows", "state": progress}
+    finally:
+        stalled.clear()
+        await stop(coord, task)
