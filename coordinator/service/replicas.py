@@ -132,11 +132,12 @@ class Replicas:
         svc = self.svc
         job_hash = records.job_hash(job_id)
         lease = svc.book.leases.get(job_hash)
-        driver = svc.driver(job_id)
         now = time.time()
         if (lease is None or lease.owner != svc.book.me or now >= lease.until
-                or svc.state is None or svc.nc is None or not svc.nc.is_connected
-                or now - driver.late_renewal < svc.book.fence_s / 2):
+                or svc.state is None or svc.nc is None or not svc.nc.is_connected):
+            return False
+        driver = svc.driver(job_id)  # (Only for a job whose lease is this replica's.)
+        if now - driver.late_renewal < svc.book.fence_s / 2:
             return False  # (At most one try per half fence: JetStream may be what is slow.)
         driver.late_renewal = now
         try:  # Bounded: the job's lock is held, and JetStream may be slow (an election).

@@ -56,3 +56,16 @@ async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_wri
     finally:
         stalled.clear()
         await stop(coord, task)
+
+
+async def test_asking_whether_a_job_may_be_acted_on_makes_no_driver(tmp_path) -> None:
+    """`owns_now` (every `execute` and GPU command asks it) made a `JobDriver` for the job
+    before looking at its lease: a job forgotten while a plan or a request was in flight got a
+    driver again, kept for ever. Before the split the late-renewal throttle was written only
+    when a renewal was tried."""
+    from coordinator.config import CoordinatorSettings
+    from coordinator.service import CoordinatorService
+
+    coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
+    assert not await coord.replicas.owns_now("removed-or-never-known")
+    assert coord.drivers == {}
