@@ -158,7 +158,9 @@ class DurableState:
             LOG.warning("job %s: its recorded progress is unreadable (%s); starting afresh",
                         job_id, e)
             recorded = None
-        svc.driver(job_id).recorded = recorded or None
+        driver = svc.drivers.get(job_id)
+        if driver is not None:  # (None: the job was removed meanwhile.)
+            driver.recorded = recorded or None
         return True
 
     # ------------------------------------------------------------------ progress writes

@@ -49,7 +49,9 @@ class OptimiserStarter:
     async def start(self, record: JobRecord) -> None:
         """Build and adopt the job's optimiser (unless that happened meanwhile)."""
         svc = self.svc
-        driver = svc.driver(record.job_id)
+        driver = svc.drivers.get(record.job_id)
+        if driver is None:
+            return  # Forgotten (removed) since `maybe_start`.
         try:
             async with driver.lock:
                 if driver.optimiser is not None or not svc.owns(record.job_id):
@@ -64,8 +66,8 @@ class OptimiserStarter:
                     job = await self._pipeline(record, recorded)
                 else:
                     job = await self._power_limit(record, recorded)
-                if job is not None:
-                    await self._adopt(record, job)
+                if job is not None and svc.drivers.get(record.job_id) is driver:
+                    await self._adopt(record, job)  # (Unless removed while it was built.)
         finally:
             driver.starting = False
         driver.recorded = None  # Taken in by the optimiser (if it started).

@@ -69,3 +69,19 @@ async def test_asking_whether_a_job_may_be_acted_on_makes_no_driver(tmp_path) ->
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
     assert not await coord.replicas.owns_now("removed-or-never-known")
     assert coord.drivers == {}
+
+
+async def test_a_start_that_runs_after_its_job_was_forgotten_makes_no_driver(tmp_path) -> None:
+    """`maybe_start` spawns `start`; the job removed before that task ran (the ownership loop
+    retries a job whose optimiser refused to start every round, while idle collection removes
+    it) got a new `JobDriver` from `start`, kept for ever."""
+    from coordinator.config import CoordinatorSettings
+    from coordinator.service import CoordinatorService
+    from tests.shell.test_coordinator import job_request
+
+    coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
+    record = coord.registry.register_job(job_request(dp=2), coord.clock(), "n")
+    coord.driver(record.job_id).starting = True  # (What `maybe_start` did.)
+    coord.forget_job(record.job_id)
+    await coord.starter.start(record)
+    assert coord.drivers == {}
