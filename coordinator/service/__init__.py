@@ -142,8 +142,9 @@ class CoordinatorService(ExitSignals):
 
     @property
     def optimisers(self) -> dict[str, JobOptimizer]:
-        """The optimisers driven by this replica, by job id."""
-        return {j: d.optimiser for j, d in self.drivers.items() if d.optimiser is not None}
+        """The optimisers driven by this replica, by job id (readable from any thread)."""
+        drivers = dict(self.drivers)  # (One copy under the GIL: `/metrics` reads it too.)
+        return {j: o for j, d in drivers.items() if (o := d.optimiser) is not None}
 
     @property
     def power_limit_jobs(self) -> dict[str, Any]:

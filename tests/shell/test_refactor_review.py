@@ -85,3 +85,45 @@ async def test_a_start_that_runs_after_its_job_was_forgotten_makes_no_driver(tmp
     coord.forget_job(record.job_id)
     await coord.starter.start(record)
     assert coord.drivers == {}
+
+
+def test_the_optimisers_can_be_read_from_another_thread_while_jobs_come_and_go(tmp_path) -> None:
+    """`/metrics` reads `optimisers` on the status server's thread. Before the split it was a
+    dict, copied whole under the GIL; the split made it a comprehension over the drivers, which
+    the event loop's thread changes meanwhile: "dictionary changed size during iteration"
+    (`metrics.snapshot` tries three times, then the scrape fails)."""
+    import sys
+    import threading
+
+    from coordinator.config import CoordinatorSettings
+    from coordinator.service import CoordinatorService
+    from coordinator.service.driver import JobDriver
+
+    coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
+    for i in range(2000):
+        coord.drivers[f"job-{i}"] = JobDriver(f"job-{i}")
+    stop = threading.Event()
+
+    def jobs_come_and_go() -> None:
+        i = 0
+        while not stop.is_set():
+            coord.drivers[f"new-{i % 50}"] = JobDriver("new")
+            coord.drivers.pop(f"new-{(i + 25) % 50}", None)
+            i += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    churn = threading.Thread(target=jobs_come_and_go)
+    churn.start()
+    errors = 0
+    try:
+        for _ in range(3000):
+            try:
+                coord.optimisers  # noqa: B018 - the read is the test
+            except RuntimeError:
+                errors += 1
+    finally:
+        stop.set()
+        churn.join()
+        sys.setswitchinterval(interval)
+    assert errors == 0
