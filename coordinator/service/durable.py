@@ -227,6 +227,8 @@ class DurableState:
         for job_id in [j for j, d in svc.drivers.items() if d.unsaved is not None]:
             holder = svc.book.owner(records.job_hash(job_id), time.time())
             if holder is not None and holder != svc.book.me:
-                svc.drivers[job_id].unsaved = None  # Not ours to write any more.
+                driver = svc.drivers.get(job_id)  # (None: removed during an earlier write.)
+                if driver is not None:
+                    driver.unsaved = None  # Not ours to write any more.
             elif stopping or svc.owns(job_id):
                 await self.write_progress(job_id, stopping)

@@ -127,3 +127,30 @@ def test_the_optimisers_can_be_read_from_another_thread_while_jobs_come_and_go(t
         churn.join()
         sys.setswitchinterval(interval)
     assert errors == 0
+
+
+async def test_a_job_removed_while_unsaved_progress_is_written_stops_nothing(tmp_path) -> None:
+    """`record_unsaved` (every ownership round, and before a stopping replica gives its jobs
+    up) writes the jobs' unsaved progress one after the other; a job removed during an earlier
+    write (another replica collected it) had lost its driver, and dropping its unsaved progress
+    raised KeyError: the shutdown stopped there (NATS not drained, the embedded server not
+    stopped). Before the split the unsaved progress was popped from a map."""
+    import time
+
+    from coordinator.config import CoordinatorSettings
+    from coordinator.service import CoordinatorService
+    from coordinator.state import records
+    from coordinator.state.ownership import Lease
+
+    coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
+    until = time.time() + 60
+    for job_id, owner in (("mine", coord.book.me), ("taken", "another-replica")):
+        coord.driver(job_id).unsaved = ("windows", {"windows": []})
+        coord.book.leases[records.job_hash(job_id)] = Lease(owner, until, 1, job_id)
+
+    async def write_progress(job_id: str, stopping: bool = False) -> None:
+        coord.forget_job("taken")  # (Its removal arrives while this write waits on JetStream.)
+
+    coord.durable.write_progress = write_progress  # type: ignore[method-assign]
+    await coord.durable.record_unsaved(stopping=True)
+    assert "taken" not in coord.drivers
