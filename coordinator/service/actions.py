@@ -105,11 +105,15 @@ class ActionExecutor:
             # it), so another replica may take over: it sends no more commands.
             LOG.warning("job %s: %d action(s) not carried out: this replica's lease on the job "
                         "is lapsing", record.job_id, len(actions))
-            # Its progress is still kept: written once the lease is renewed (or before this
-            # replica gives its jobs up), dropped once another replica holds the job.
+            # What is no command still happens: its progress is kept (written once the lease is
+            # renewed or before this replica gives its jobs up, dropped once another replica
+            # holds the job), and the files its scheduler produced are written (as the
+            # schedulers did themselves before they were handed over as actions).
             for action in actions:
                 if isinstance(action, SaveProgress):
                     svc.durable.save_progress(record.job_id, action.kind, action.state)
+                elif isinstance(action, WriteFile):
+                    await asyncio.to_thread(write_file, action.path, action.content, action.what)
             return
         for action in actions:
             if isinstance(action, ApplyPowerLimit):

@@ -58,6 +58,39 @@ async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_wri
         await stop(coord, task)
 
 
+async def test_a_file_a_scheduler_produced_is_written_while_the_actions_are_fenced(
+        nats_server, agent, nc, tmp_path, monkeypatch) -> None:
+    """A scheduler wrote its files itself (the instruction profile, Perseus' frontier) until
+    issue 24 made them `WriteFile` actions; a fenced `execute` dropped them with the commands,
+    so the instruction profile a job ran for was never written if its lease was lapsing just
+    then (a replica taking the job over writes what its replay produced; this one, renewing its
+    lease, never did)."""
+    from coordinator.optimizer import WriteFile
+
+    stalled = stall(monkeypatch, "ownership")
+    coord, task = await start(nats_server, tmp_path / "state", ownership_lease_s=3.0)
+    try:
+        job_id = await bound_energy_job(nc)
+        await wait_for(lambda: job_id in coord.optimisers and coord.owns(job_id), 10)
+        stalled.set()
+        await wait_for(lambda: not coord.owns(job_id), 10)  # inside its fence, not renewed
+        assert coord.state is not None
+
+        async def jetstream_not_answering(*args: Any) -> int | None:
+            return None
+
+        monkeypatch.setattr(coord.state, "take", jetstream_not_answering)
+        path = tmp_path / "profiles" / "instruction_profile.csv"
+        record = coord.registry.jobs[job_id]
+        await coord.actions.execute(record, [WriteFile(str(path), "rank,time\n",
+                                                       "the instruction profile")])
+        assert not coord.owns(job_id)  # (It was fenced.)
+        assert path.read_text() == "rank,time\n"
+    finally:
+        stalled.clear()
+        await stop(coord, task)
+
+
 async def test_asking_whether_a_job_may_be_acted_on_makes_no_driver(tmp_path) -> None:
     """`owns_now` (every `execute` and GPU command asks it) made a `JobDriver` for the job
     before looking at its lease: a job forgotten while a plan or a request was in flight got a
