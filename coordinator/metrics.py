@@ -40,40 +40,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from coordinator.jobs import JobRecord
-from coordinator.optimizer import JobOptimizer
-from coordinator.pipeline.job import PipelineJob
-from coordinator.power_limit.job import PowerLimitJob
+from coordinator.optimizer import JobOptimizer, JobSnapshot
 from zeus_agent import __version__
 
 SNAPSHOT_ATTEMPTS = 3
 """Reads of the service's dicts retried when the event loop changed one mid-read."""
-
-
-@dataclass(frozen=True)
-class JobSnapshot:
-    """What the dashboard shows of one job (None: not known, or not this kind's)."""
-
-    job_id: str
-    kind: str
-    """"power_limit" or "pipeline"."""
-    phase: str
-    power_limit_w: float | None = None
-    optimal_power_limit_w: float | None = None
-    measured: int | None = None
-    candidates: int | None = None
-    schedule_version: int | None = None
-    plan_index: int | None = None
-    plan_points: int | None = None
-    plan_time_s: float | None = None
-    plan_energy_j: float | None = None
-    energy_saving: float | None = None
-    slowdown: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,70 +101,6 @@ class _Service(Protocol):
 
 
 # ---------------------------------------------------------------------------------- snapshots
-def _ratios(chosen: tuple[float, float], reference: tuple[float, float]) -> tuple[float, float]:
-    """(energy saving, slowdown) of `chosen` against `reference`, each (energy, time)."""
-    (e, t), (e_ref, t_ref) = chosen, reference
-    saving = 1.0 - e / e_ref if e_ref > 0 else math.nan
-    slowdown = t / t_ref - 1.0 if t_ref > 0 else math.nan
-    return saving, slowdown
-
-
-def power_limit_job(job_id: str, job: PowerLimitJob) -> JobSnapshot:
-    """A power-limit job: its phase, limits and the saving its profile measured."""
-    machine = job.machine
-    phase = "gave_up" if job.gave_up is not None else type(machine.state).__name__.lower()
-    optimal = machine.optimal_power_limit
-    measurements = list(machine.measurements)
-    saving = slowdown = None
-    if optimal is not None and measurements:
-        by_limit = {m.power_limit: m for m in measurements}
-        chosen, reference = by_limit.get(optimal), by_limit[max(by_limit)]
-        if chosen is not None:
-            saving, slowdown = _ratios(
-                (chosen.energy, chosen.time), (reference.energy, reference.time)
-            )
-    current = job.desired_power_limit
-    return JobSnapshot(
-        job_id=job_id,
-        kind="power_limit",
-        phase=phase,
-        power_limit_w=float(current) if current is not None else None,
-        optimal_power_limit_w=float(optimal) if optimal is not None else None,
-        measured=len(measurements),
-        candidates=len(machine.power_limits),
-        energy_saving=saving,
-        slowdown=slowdown,
-    )
-
-
-def pipeline_job(job_id: str, job: PipelineJob) -> JobSnapshot:
-    """A pipeline job: its phase, schedule version and the plan it serves (if any)."""
-    scheduler = job.scheduler  # (Every scheduler answers `frontier` and `chosen`: None.)
-    frontier: Sequence[Any] | None = scheduler.frontier if scheduler is not None else None
-    chosen: Any = scheduler.chosen if scheduler is not None else None
-    index = points = time_s = energy_j = saving = slowdown = None
-    if frontier and chosen is not None:
-        points = len(frontier)
-        index = next((i for i, p in enumerate(frontier) if p is chosen), None)
-        if index is None:
-            index = next((i for i, p in enumerate(frontier) if p == chosen), None)
-        time_s, energy_j = float(chosen.time), float(chosen.energy)
-        fastest = frontier[0]
-        saving, slowdown = _ratios((energy_j, time_s), (float(fastest.energy), float(fastest.time)))
-    return JobSnapshot(
-        job_id=job_id,
-        kind="pipeline",
-        phase=job.phase.value,
-        schedule_version=job.version,
-        plan_index=index,
-        plan_points=points,
-        plan_time_s=time_s,
-        plan_energy_j=energy_j,
-        energy_saving=saving,
-        slowdown=slowdown,
-    )
-
-
 def registering_job(record: JobRecord) -> JobSnapshot:
     """A job whose ranks are not all registered yet."""
     kind = "power_limit" if record.power_limit is not None else "pipeline"
@@ -209,11 +122,8 @@ def _snapshot(service: _Service) -> CoordinatorSnapshot:
     records = dict(service.registry.jobs)
     optimisers = dict(service.optimisers)
     jobs: list[JobSnapshot] = []
-    for job_id, optimiser in sorted(optimisers.items()):
-        if isinstance(optimiser, PowerLimitJob):
-            jobs.append(power_limit_job(job_id, optimiser))
-        elif isinstance(optimiser, PipelineJob):
-            jobs.append(pipeline_job(job_id, optimiser))
+    for _, optimiser in sorted(optimisers.items()):
+        jobs.append(optimiser.snapshot())  # What each optimiser shows of itself.
     jobs += [
         registering_job(r)
         for j, r in sorted(records.items())

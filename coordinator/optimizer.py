@@ -15,6 +15,7 @@ the bus and executes what it returns; it never looks inside:
 * for reconciliation after an agent restart: `desired_power_limit` and `desired_schedule(rank)`
   (with the step its ranks switch at), what the job's GPUs should be running now;
 * for queries: `kind` (the key its `progress()` goes under), `progress()`, `waiting_for()`;
+  for dashboards: `snapshot()` (a `JobSnapshot`);
 * what the shell must know to carry an input: `plans_on(measurement)` (it may plan for seconds:
   fed off the event loop); `abort(why)` (a schedule too big to send); `set_straggler` (a
   straggler notice: `StragglerError` with a reply code when the job takes none).
@@ -24,6 +25,7 @@ The shell never checks which optimiser it drives.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -36,6 +38,7 @@ __all__ = [
     "ClearSchedules",
     "InstallSchedules",
     "JobOptimizer",
+    "JobSnapshot",
     "DesiredSchedule",
     "KeepFile",
     "SaveProfile",
@@ -144,6 +147,37 @@ Action = (
 )
 
 
+@dataclass(frozen=True)
+class JobSnapshot:
+    """What the dashboard shows of one job (None: not known, or not this kind's)."""
+
+    job_id: str
+    kind: str
+    """"power_limit" or "pipeline"."""
+    phase: str
+    power_limit_w: float | None = None
+    optimal_power_limit_w: float | None = None
+    measured: int | None = None
+    candidates: int | None = None
+    schedule_version: int | None = None
+    plan_index: int | None = None
+    plan_points: int | None = None
+    plan_time_s: float | None = None
+    plan_energy_j: float | None = None
+    energy_saving: float | None = None
+    slowdown: float | None = None
+
+
+def saving_and_slowdown(
+    chosen: tuple[float, float], reference: tuple[float, float]
+) -> tuple[float, float]:
+    """(energy saving, slowdown) of `chosen` against `reference`, each (energy, time)."""
+    (e, t), (e_ref, t_ref) = chosen, reference
+    saving = 1.0 - e / e_ref if e_ref > 0 else math.nan
+    slowdown = t / t_ref - 1.0 if t_ref > 0 else math.nan
+    return saving, slowdown
+
+
 @runtime_checkable
 class JobOptimizer(Protocol):
     """What the shell needs from an optimiser (see the module docstring)."""
@@ -208,5 +242,9 @@ class JobOptimizer(Protocol):
 
     def waiting_for(self) -> dict[str, Any]:
         """What the optimisation waits for (for queries)."""
+        ...
+
+    def snapshot(self) -> JobSnapshot:
+        """What a dashboard shows of the job (`coordinator.metrics`)."""
         ...
 

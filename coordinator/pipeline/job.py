@@ -66,11 +66,13 @@ from coordinator.optimizer import (
     ClearSchedules,
     DesiredSchedule,
     InstallSchedules,
+    JobSnapshot,
     KeepFile,
     SaveProgress,
     StatusUpdate,
     StragglerError,
     WriteFile,
+    saving_and_slowdown,
 )
 from coordinator.pipeline.memory import (
     MB,
@@ -427,6 +429,27 @@ class PipelineJob(StragglerHandling):
                        for d, p in sorted(self.stragglers.points.items())},
             "kept_bytes": self.kept.total,
         }
+
+    def snapshot(self) -> JobSnapshot:
+        """Its phase, schedule version and the plan it serves, if any (for dashboards)."""
+        scheduler = self.scheduler  # (Every scheduler answers `frontier` and `chosen`: None.)
+        frontier = scheduler.frontier if scheduler is not None else None
+        chosen = scheduler.chosen if scheduler is not None else None
+        index = points = time_s = energy_j = saving = slowdown = None
+        if frontier and chosen is not None:
+            points = len(frontier)
+            index = next((i for i, p in enumerate(frontier) if p is chosen), None)
+            if index is None:
+                index = next((i for i, p in enumerate(frontier) if p == chosen), None)
+            time_s, energy_j = float(chosen.time), float(chosen.energy)
+            fastest = frontier[0]
+            saving, slowdown = saving_and_slowdown(
+                (energy_j, time_s), (float(fastest.energy), float(fastest.time)))
+        return JobSnapshot(
+            job_id=self.job_id, kind=self.kind, phase=self.phase.value,
+            schedule_version=self.version, plan_index=index, plan_points=points,
+            plan_time_s=time_s, plan_energy_j=energy_j, energy_saving=saving,
+            slowdown=slowdown)
 
     def waiting_for(self) -> dict[str, Any]:
         """Ranks that still owe iterations (discovery or the current profiling window)."""

@@ -44,10 +44,12 @@ from typing import Any
 from coordinator.optimizer import (
     Action,
     ApplyPowerLimit,
+    JobSnapshot,
     SaveProfile,
     SaveProgress,
     StatusUpdate,
     StragglerError,
+    saving_and_slowdown,
 )
 from coordinator.power_limit.machine import (
     BeginWindow,
@@ -348,6 +350,27 @@ class PowerLimitJob:
             return None
         state = self.machine.resume_state()
         return state if state["windows"] or state["redo"] or state["completed"] else None
+
+    def snapshot(self) -> JobSnapshot:
+        """Its phase, limits and the saving its profile measured (for dashboards)."""
+        machine = self.machine
+        phase = "gave_up" if self.gave_up is not None else type(machine.state).__name__.lower()
+        optimal = machine.optimal_power_limit
+        measurements = list(machine.measurements)
+        saving = slowdown = None
+        if optimal is not None and measurements:
+            by_limit = {m.power_limit: m for m in measurements}
+            chosen, reference = by_limit.get(optimal), by_limit[max(by_limit)]
+            if chosen is not None:
+                saving, slowdown = saving_and_slowdown(
+                    (chosen.energy, chosen.time), (reference.energy, reference.time))
+        current = self.desired_power_limit
+        return JobSnapshot(
+            job_id=self.job_id, kind=self.kind, phase=phase,
+            power_limit_w=float(current) if current is not None else None,
+            optimal_power_limit_w=float(optimal) if optimal is not None else None,
+            measured=len(measurements), candidates=len(machine.power_limits),
+            energy_saving=saving, slowdown=slowdown)
 
     def waiting_for(self) -> dict[str, list[int]]:
         """Closed windows still missing marks: window name -> ranks."""

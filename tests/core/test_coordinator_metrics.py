@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator import metrics
 from coordinator.jobs import JobRecord
+from coordinator.optimizer import JobSnapshot
 from coordinator.pipeline.job import PipelineJob
 from coordinator.power_limit import PowerLimitMeasurement
 from coordinator.power_limit.job import PowerLimitJob
@@ -52,7 +53,7 @@ def value(samples: list[Any], name: str, **labels: str) -> float:
 
 
 def test_a_loaded_power_limit_job_shows_its_limit_and_measured_saving() -> None:
-    snap = metrics.power_limit_job("pl", loaded_job())
+    snap = loaded_job().snapshot()
     assert (snap.kind, snap.phase) == ("power_limit", "done")
     assert snap.optimal_power_limit_w == snap.power_limit_w == 250
     assert (snap.measured, snap.candidates) == (3, 5)  # 200..300 W in 25 W steps
@@ -64,7 +65,7 @@ def test_a_power_limit_job_still_profiling_has_no_saving_yet() -> None:
     job = PowerLimitJob("pl", PowerLimitOptions(), ranks=[0], min_power_limit_w=200,
                         max_power_limit_w=300)
     job.start()
-    snap = metrics.power_limit_job("pl", job)
+    snap = job.snapshot()
     assert snap.phase in {"ready", "warmup", "profiling"}
     assert snap.optimal_power_limit_w is None and snap.energy_saving is None
     assert snap.power_limit_w == 300 and snap.measured == 0
@@ -72,13 +73,13 @@ def test_a_power_limit_job_still_profiling_has_no_saving_yet() -> None:
 
 def test_a_pipeline_job_serving_a_frontier_point_shows_its_plan() -> None:
     job = pipeline()
-    assert metrics.pipeline_job("pp", job).plan_index is None  # Discovering: no plan yet.
+    assert job.snapshot().plan_index is None  # Discovering: no plan yet.
     frontier = [SimpleNamespace(time=1.0, energy=100.0), SimpleNamespace(time=1.1, energy=80.0),
                 SimpleNamespace(time=1.5, energy=70.0)]
     job.scheduler = SimpleNamespace(frontier=frontier, chosen=frontier[1])  # type: ignore[assignment]
     job.phase = "profiling"  # (The phases a job goes through: TRANSITIONS.)
     job.phase, job.version = "serving", 3
-    snap = metrics.pipeline_job("pp", job)
+    snap = job.snapshot()
     assert (snap.kind, snap.phase, snap.schedule_version) == ("pipeline", "serving", 3)
     assert (snap.plan_index, snap.plan_points) == (1, 3)
     assert (snap.plan_time_s, snap.plan_energy_j) == (1.1, 80.0)
@@ -87,9 +88,9 @@ def test_a_pipeline_job_serving_a_frontier_point_shows_its_plan() -> None:
 
 def test_families_expose_every_name_and_only_known_values() -> None:
     jobs = [
-        metrics.power_limit_job("pl", loaded_job()),
-        metrics.JobSnapshot(job_id="reg", kind="pipeline", phase="registering"),
-        metrics.JobSnapshot(job_id="nan", kind="pipeline", phase="serving", energy_saving=math.nan),
+        loaded_job().snapshot(),
+        JobSnapshot(job_id="reg", kind="pipeline", phase="registering"),
+        JobSnapshot(job_id="nan", kind="pipeline", phase="serving", energy_saving=math.nan),
     ]
     snap = metrics.CoordinatorSnapshot(
         replica="r1", nats_state="connected", jobs=3, owned=2,
