@@ -525,6 +525,21 @@ class FaultCluster:
         self.procs.spawn("trainer", [sys.executable, "-m", "tests.e2e.procs", "trainer",
                                      json.dumps(spec)], cwd=REPO_ROOT)
 
+    def start_pipeline_trainer(self, timeout_s: float) -> None:
+        """Start the simulated 4-stage GPT-3 pipeline (1F1B, a tenth of real time).
+
+        One rank per GPU of the first two on each node, in its own process; its result goes to
+        `pipeline.json`.
+        """
+        nodes = [f"{n}:{self.socket_path(n)}:{self.sim_dir(n)}:0-1" for n in self.nodes]
+        self.procs.spawn("trainer", [
+            sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
+            "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
+            "--dp", "1", "--seconds", "30", "--time-scale", "0.1",
+            "--job-metadata", self.tag, "--output", str(self.root / "pipeline.json"),
+            "--timeout", str(timeout_s), *[arg for node in nodes for arg in ("--node", node)],
+        ], cwd=REPO_ROOT)  # fmt: skip
+
     async def wait_trainer(self, timeout_s: float) -> dict[str, Any]:
         """Wait for the job to end; returns its result (job id, per-rank steps)."""
         proc = self.procs.procs["trainer"]

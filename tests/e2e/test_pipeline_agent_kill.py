@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 import time
 from typing import Any
 
 import pytest
 
-from tests.e2e.procs import REPO_ROOT, FaultCluster, processes_with_mark
+from tests.e2e.procs import FaultCluster, processes_with_mark
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import MeasurementBatch
@@ -54,14 +53,7 @@ async def test_an_agent_killed_while_serving_schedules_resets_clocks_and_the_job
                 batches.append((time.monotonic(), batch.node, len(batch.measurements)))
 
         await c.nc.subscribe(subjects.all_gpu_measurements(), cb=on_batch)
-        nodes = [f"{n}:{c.socket_path(n)}:{c.sim_dir(n)}:0-1" for n in c.nodes]
-        c.procs.spawn("trainer", [
-            sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
-            "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
-            "--dp", "1", "--seconds", "30", "--time-scale", "0.1",
-            "--job-metadata", c.tag, "--output", str(c.root / "pipeline.json"),
-            "--timeout", "130", *[arg for node in nodes for arg in ("--node", node)],
-        ], cwd=REPO_ROOT)
+        c.start_pipeline_trainer(timeout_s=130)
         _, first = await c.wait_status(
             lambda s: s.state == "profiling" and (s.progress.get("schedule") or 0) >= 1, 60,
             "schedule 1 installed")

@@ -190,24 +190,13 @@ async def test_a_pipeline_job_survives_its_owner_and_is_served_by_the_other_repl
     """A 4-stage pipeline job (InstructionProfiler): its owner is SIGKILLed after a round of
     profiling; the other replica replays the recorded rounds, reinstalls the schedule reached
     (same version: not profiled again from schedule 0) and takes the job on to its plan."""
-    import sys
-
-    from tests.e2e.procs import REPO_ROOT
-
     c = FaultCluster(replicas=2, coordinator_args=[
         "--scheduler", "InstructionProfiler", "--scheduler-args", json.dumps(PROFILER_ARGS),
         "--profiling-iterations", "3", "--switch-lead-steps", "2",
         "--ownership-lease-s", str(OWNERSHIP_LEASE_S)])
     try:
         await c.start()
-        nodes = [f"{n}:{c.socket_path(n)}:{c.sim_dir(n)}:0-1" for n in c.nodes]
-        c.procs.spawn("trainer", [
-            sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
-            "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
-            "--dp", "1", "--seconds", "30", "--time-scale", "0.1",
-            "--job-metadata", c.tag, "--output", str(c.root / "pipeline.json"),
-            "--timeout", "150", *[arg for node in nodes for arg in ("--node", node)],
-        ], cwd=REPO_ROOT)
+        c.start_pipeline_trainer(timeout_s=150)
         _, second = await c.wait_status(
             lambda s: s.state == "profiling" and (s.progress.get("schedule") or 0) >= 1, 60,
             "schedule 1 installed (one round observed)")
