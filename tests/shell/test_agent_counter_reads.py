@@ -95,6 +95,26 @@ def event(kind: Kind, a: int, name: str = "") -> EventDatagram:
     return EventDatagram(kind, os.getpid(), time.monotonic_ns(), a, 0, name)
 
 
+async def test_the_reader_thread_has_ended_once_the_agent_stops_measuring(
+        tmp_path: Path) -> None:
+    """The counter's reader thread is joined when `process_events` ends (shutdown), so no
+    read of the GPU runs after the agent restored it and closed its caller (it was left to
+    end by itself after its sleep or its read)."""
+    import threading
+
+    gpu = gated_gpu(tmp_path)
+    name = f"gpu{gpu.index}-counter"
+    async with measuring_agent(gpu) as (agent, _):
+        await wait_for(lambda: any(t.name == name for t in threading.enumerate()), 5.0,
+                       "the reader thread started")
+        await wait_for(lambda: gpu.reads > 0, 5.0, "a read")
+    # (The context cancelled and awaited process_events, then restored the GPU.)
+    assert not any(t.name == name and t.is_alive() for t in threading.enumerate())
+    reads = gpu.reads
+    await asyncio.sleep(0.3)  # more than a counter period: no read comes any more
+    assert gpu.reads == reads
+
+
 async def test_trainer_events_never_read_the_counter(tmp_path: Path) -> None:
     gpu = gated_gpu(tmp_path)
     async with measuring_agent(gpu) as (agent, published):

@@ -57,6 +57,8 @@ INBOX_KNOTS = 1024
 INBOX_TAKE_AT = 256
 """The loop is woken to take the knots once this many wait, whoever asks: with a slow sampling
 rate and a quiet trainer nothing else might take them before the inbox drops the oldest."""
+JOIN_TIMEOUT_S = 0.5
+"""How long the agent waits at shutdown for a reader thread to end (s)."""
 DEFAULT_EXACT_TIMEOUT_S = 1.0
 """Longest an exact window waits for its bracketing read before it is answered the default way."""
 LIMIT_MAX_AGE_NS = 1_000_000_000
@@ -270,6 +272,10 @@ class CounterReader:
         finally:
             stop.set()  # it ends after its current read, or at once from its sleep
             self._wakeup.set()
+            # Joined (bounded: a read may hang in the driver), so no read of this GPU runs
+            # after the agent has restored it and closed its caller.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.to_thread(thread.join, JOIN_TIMEOUT_S))
 
     async def _run_inline(self) -> None:
         """`run` for a GPU whose calls return at once: plan, sleep and read on the loop."""

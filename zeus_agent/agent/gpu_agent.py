@@ -19,6 +19,7 @@ Pieces:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -674,6 +675,10 @@ class GpuAgent:
             await self.measurer.run()
         finally:
             reads.cancel()
+            # Its reader thread has ended (`CounterReader.run`) before the agent restores the
+            # GPU and closes its caller at shutdown.
+            with contextlib.suppress(asyncio.CancelledError):
+                await reads
 
     # ------------------------------------------------------------------ publishing
     async def flush_samples(self) -> None:
