@@ -1,6 +1,8 @@
 """Shared by the benchmarks.
 
 * `machine()`, `now()`, `load()`: what every benchmark stamps on its JSON line.
+* `pct(sorted_values, q)`: the nearest-rank quantile; `SHM_ROOT`: where temporary state goes
+  (in memory where the machine has /dev/shm: a simulated GPU's state file, as its registers).
 * `Replicas`: coordinator replicas as real `zeus-coordinator run` processes (each its own
   interpreter, GIL and CPU share, as deployed), with their `/healthz`, CPU time and logs.
 * `spread()`: median, min and max of repeated runs.
@@ -25,6 +27,15 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
+"""A temporary directory's parent: memory when the machine has it (None: the default)."""
+
+
+def pct(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile (nearest rank) of sorted values."""
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def machine() -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import sys
@@ -29,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine, now
+from _common import SHM_ROOT, machine, now, pct
 
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.wire import codec, subjects
@@ -37,19 +36,13 @@ from zeus_agent.wire.messages import CommandEnvelope, Reply, SetPowerLimitCmd
 
 BUDGET_P99_US = 2000.0
 NODE = "bench"
-STATE_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
-"""The simulated GPU's state file lives in memory, as a real GPU's registers do."""
-
-
-def pct(sorted_values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of sorted values."""
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 async def run(requests: int, warmup: int, timing: str = "h200",
               set_latency_ms: float = 1.0) -> dict:
     """Start the broker and the agent, time the commands, stop everything."""
-    tmp = Path(tempfile.mkdtemp(prefix="zab-", dir=STATE_ROOT))
+    # The simulated GPU's state file lives in memory, as a real GPU's registers do.
+    tmp = Path(tempfile.mkdtemp(prefix="zab-", dir=SHM_ROOT))
     async with EmbeddedNats() as server:
         nc = await connect(server.url, "bench-client")
         hello = await nc.subscribe(subjects.agent_hello(NODE))

@@ -74,7 +74,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import machine, now
+from _common import SHM_ROOT, machine, now, pct
+from wake_floor import WAIT
 from wake_floor import measure as measure_floor
 
 from zeus_agent.agent.server import AgentServer
@@ -105,14 +106,9 @@ TRAINER = textwrap.dedent(
     pub = Publisher(socket_path=sock, gpu_index=0)
     reply = pub.hello(TrainerHello(job_id="bench", rank=0, gpu_index=0))
     assert reply is not None and reply.ok, reply
-    def wait():
-        if mode == "sleep":
-            time.sleep(gap_ns / 1e9)
-        else:
-            end = time.perf_counter_ns() + gap_ns
-            x = 0
-            while time.perf_counter_ns() < end:
-                x += sum(range(50))
+    """
+) + WAIT + textwrap.dedent(
+    """
     stamps = []
     for _ in range(steps):
         pub.step_begin()
@@ -146,11 +142,6 @@ class StampedSimGPU(SimGPU):
         t_call = time.monotonic_ns()
         super().lock_sm_clocks_mhz(min_clock_mhz, max_clock_mhz)
         self.applied.append((min_clock_mhz, t_call, time.monotonic_ns()))
-
-
-def pct(sorted_values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of sorted values."""
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def _child_priority(nice: int) -> Any:
@@ -416,18 +407,19 @@ async def run(
     set_latency_ms: float = 1.0,
     compare: bool = False,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]],
-           dict[str, dict[str, list[float]]], dict[str, int], dict[str, Any]]:
+           dict[str, dict[str, list[float]]], dict[str, int], dict[str, Any],
+           dict[str, list[float]]]:
     """Run the agent here and trainer processes.
 
     Returns:
-        (quiet, contended, read-per-event, overtaken, early) latencies (us): read-per-event is
-        empty unless `compare`; overtaken counts the instructions whose change was overtaken;
-        early: the run with raises issued ahead (`Bench.early`).
+        (quiet, contended, read-per-event, overtaken, early, floor) latencies (us):
+        read-per-event is empty unless `compare`; overtaken counts the instructions whose change
+        was overtaken; early: the run with raises issued ahead (`Bench.early`); floor: the
+        machine's (`wake_floor.measure`) just before each quiet mode.
     """
     from zeus_agent.broker import EmbeddedNats, connect
 
-    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    tmp = Path(tempfile.mkdtemp(prefix="zai-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix="zai-", dir=SHM_ROOT))
     quiet: dict[str, dict[str, list[float]]] = {}
     floor: dict[str, list[float]] = {}
     contended: dict[str, dict[str, list[float]]] = {}
@@ -474,8 +466,7 @@ async def run(
     counter = agent.agents[0].counter
     bench.overtaken["counter_reads"] = counter.reads
     bench.overtaken["counter_reads_collided"] = counter.policy.collisions
-    early["floor"] = floor
-    return quiet, contended, legacy, bench.overtaken, early
+    return quiet, contended, legacy, bench.overtaken, early, floor
 
 
 def _summary_low(values: list[float]) -> dict[str, float]:
@@ -561,7 +552,7 @@ def main() -> None:
     import uvloop
 
     load_before = os.getloadavg()
-    results, contended, legacy, overtaken, early = uvloop.run(
+    results, contended, legacy, overtaken, early, floor = uvloop.run(
         run(
             args.steps, args.gap_us, args.contend, args.rounds, tuple(methods),
             args.nvml_timing, args.set_latency_ms, args.compare_read_per_event,
@@ -584,7 +575,6 @@ def main() -> None:
         print(f"{mode + ', read per event, call':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
         out[f"read_per_event_{mode}_call_p50_us"] = round(p50, 1)
         out[f"read_per_event_{mode}_call_p99_us"] = round(p99, 1)
-    floor = early.pop("floor")
     for mode, values in floor.items():
         p50, p99 = pct(values, 0.5), pct(values, 0.99)
         print(f"{mode + ' sender, floor (no agent)':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")

@@ -177,7 +177,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         await cluster.start()
         plan = write_plan(cluster.root / "all-max.json",
-                           all_max_plan(cfg.stages, cfg.microbatches, cluster.top_clock_mhz))
+                          all_max_plan(cfg.stages, cfg.microbatches, cluster.top_clock_mhz))
         budget = cfg.profiling_budget(cluster.available_clocks)
 
         async def all_max(label: str, slow: tuple[int, float] | None) -> JobRun:

@@ -29,15 +29,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import machine, now
+from _common import SHM_ROOT, machine, now, pct
 
-SENDER = textwrap.dedent(
+WAIT = textwrap.dedent(
     """
-    import socket, sys, time
-    path, mode, steps, gap_ns = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    for _ in range(steps):
-        s.sendto(time.monotonic_ns().to_bytes(8, "little"), path)
+    def wait():
         if mode == "sleep":
             time.sleep(gap_ns / 1e9)
         else:
@@ -45,6 +41,22 @@ SENDER = textwrap.dedent(
             x = 0
             while time.perf_counter_ns() < end:
                 x += sum(range(50))
+    """
+)
+"""The gap between events, as the trainer of `instruction_latency.py` waits it (`mode`,
+`gap_ns`): the floor means something only if both sleep or spin alike."""
+
+SENDER = textwrap.dedent(
+    """
+    import socket, sys, time
+    path, mode, steps, gap_ns = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    """
+) + WAIT + textwrap.dedent(
+    """
+    for _ in range(steps):
+        s.sendto(time.monotonic_ns().to_bytes(8, "little"), path)
+        wait()
     s.sendto(b"", path)
     """
 )
@@ -52,8 +64,7 @@ SENDER = textwrap.dedent(
 
 async def measure(mode: str, steps: int, gap_us: int) -> list[float]:
     """Stamp -> worker thread latencies (us, sorted) of `steps` datagrams `gap_us` apart."""
-    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    tmp = Path(tempfile.mkdtemp(prefix="zfl-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix="zfl-", dir=SHM_ROOT))
     path = str(tmp / "floor.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
@@ -94,11 +105,6 @@ async def measure(mode: str, steps: int, gap_us: int) -> list[float]:
         os.unlink(path)
         tmp.rmdir()
     return sorted(x / 1000 for x in latencies)
-
-
-def pct(sorted_values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of sorted values."""
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from typing import Literal
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 from zeus_agent.wire import subjects
 from zeus_agent.wire.messages import PowerLimitOptions, SelectorName
-from zeus_demo.pipeline.config import PipelineDemoConfig
+from zeus_demo.pipeline.config import DEFAULT_PROFILE, PipelineDemoConfig
 
 SELECTORS: tuple[SelectorName, ...] = ("Energy", "Time", "ZeusCost", "MaxSlowdownConstraint")
 SearchName = Literal["exhaustive", "adaptive"]
@@ -110,7 +110,7 @@ class DemoConfig:
     pipeline_time_scale: float = 1.0
     pipeline_iterations: int = 12
     pipeline_clocks: int = 4
-    pipeline_profile: str = "gpt3-175b+a40"
+    pipeline_profile: str = DEFAULT_PROFILE
     pipeline_scheduler: str = "auto"
 
     def __post_init__(self) -> None:

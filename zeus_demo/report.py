@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,11 @@ from rich.table import Table
 
 from zeus_demo.compare import Comparison, StepStats
 from zeus_demo.config import DemoError
+from zeus_demo.pipeline.measure import finite
 from zeus_demo.power_limit import DemoRun
 
 SUMMARY_VERSION = 2
 """2: summary.json has a `pipeline` section (None when skipped)."""
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
 
 def build_summary(run: DemoRun, comparison: Comparison) -> dict[str, Any]:
     """The JSON summary: config, job, chosen limit, baseline/optimised, savings, profile."""
@@ -37,8 +33,8 @@ def build_summary(run: DemoRun, comparison: Comparison) -> dict[str, Any]:
     def side(s: StepStats) -> dict[str, Any]:
         return {
             "power_limit_w": s.power_limit_w,
-            "energy_per_step_j": _finite(s.energy_per_step_j),
-            "time_per_step_s": _finite(s.time_per_step_s),
+            "energy_per_step_j": finite(s.energy_per_step_j),
+            "time_per_step_s": finite(s.time_per_step_s),
             "steps": s.steps,
             "first_step": s.first_step,
             "last_step": s.last_step,
@@ -57,8 +53,8 @@ def build_summary(run: DemoRun, comparison: Comparison) -> dict[str, Any]:
         "baseline": side(comparison.baseline),
         "optimised": side(comparison.optimised),
         "savings": {
-            "energy_pct": _finite(comparison.energy_saving_pct),
-            "time_change_pct": _finite(comparison.time_change_pct),
+            "energy_pct": finite(comparison.energy_saving_pct),
+            "time_change_pct": finite(comparison.time_change_pct),
         },
         "measured_by": "agents: energy summed over the job's GPUs, time the maximum over ranks",
         "per_power_limit": [side(s) for s in comparison.per_limit],

@@ -346,7 +346,7 @@ class PowerLimitJob:
         The windows measured so far, how far the search got and what is to be profiled again
         (`PowerLimitStateMachine.resume_state`).
         """
-        if self.done or self.machine.state.__class__.__name__ == "Done":
+        if self.done:
             return None
         state = self.machine.resume_state()
         return state if state["windows"] or state["redo"] or state["completed"] else None
@@ -624,11 +624,6 @@ def _why(error: PowerLimitError) -> str:
         return ("no window was measured: every power limit's window was lost, unusable or "
                 "redone too often, so there is nothing to choose from")
     return f"internal error of the power-limit optimiser: {error}"
-
-
-def is_measuring(machine: PowerLimitStateMachine) -> bool:
-    """Whether the machine is warming up or profiling."""
-    return isinstance(machine.state, Warmup | Profiling)
 
 
 def _resume_arguments(resume: Sequence[WindowResult] | dict[str, Any]) -> dict[str, Any]:

@@ -452,6 +452,10 @@ class _AdaptiveSearch(Search):
         p = self._p
         left_out = self._left_out
         steps: dict[int, int] = {}
+
+        def open_to(pl: int) -> bool:  # May still be profiled more.
+            return pl not in left_out and steps[pl] < self._max_steps
+
         for r in results:
             steps[r.power_limit] = steps.get(r.power_limit, 0) + r.steps
         measured = aggregate(results, self._profile_steps)
@@ -546,7 +550,7 @@ class _AdaptiveSearch(Search):
                 and costs[current] > costs[top] * (1 + p.big_rise)
             )
             stop = (run >= p.patience or big) and not self._rough
-            if stop and top not in left_out and steps[top] < min(self._confirm, self._max_steps):
+            if stop and open_to(top) and steps[top] < self._confirm:
                 # The evidence for stopping is only as good as the best's measurement: confirm
                 # it first (a lucky short window must not end the descent), then judge again.
                 warmup = 0 if top == in_place else self._warmup
@@ -593,7 +597,7 @@ class _AdaptiveSearch(Search):
                     if spent + self._warmup + self._chunk <= self._budget:
                         return Probe(target, self._warmup, self._chunk)
 
-        confirming = top not in left_out and steps[top] < min(self._confirm, self._max_steps)
+        confirming = open_to(top) and steps[top] < self._confirm
         if p.focused_refinement and (confirming or self._refines < p.max_refines):
             # Confirm the best (these windows do not count as refinements), then refine the
             # rival most likely to be misjudged against it: the less profiled of the two.
@@ -603,17 +607,9 @@ class _AdaptiveSearch(Search):
                 pair = []
                 if rivals:
                     rival = min(rivals, key=lambda pl: (danger(pl, top), -pl))
-                    pair = [
-                        pl
-                        for pl in (rival, top)
-                        if steps[pl] < self._max_steps and pl not in left_out
-                    ]
+                    pair = [pl for pl in (rival, top) if open_to(pl)]
                     if not pair:  # Both at max_steps: the next most ambiguous rivals.
-                        pair = [
-                            pl
-                            for pl in rivals
-                            if steps[pl] < self._max_steps and pl not in left_out
-                        ]
+                        pair = [pl for pl in rivals if open_to(pl)]
             if pair:
                 target = min(pair, key=lambda pl: (steps[pl], -pl))
                 warmup = 0 if target == in_place else self._warmup
@@ -624,9 +620,7 @@ class _AdaptiveSearch(Search):
                     return Probe(target, warmup, size)
         elif not p.focused_refinement and self._refines < p.max_refines:
             rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
-            contenders = [
-                pl for pl in [*rivals, top] if steps[pl] < self._max_steps and pl not in left_out
-            ]
+            contenders = [pl for pl in [*rivals, top] if open_to(pl)]
             if confirming:
                 rivals, contenders = [top], [top]
             if rivals and contenders:

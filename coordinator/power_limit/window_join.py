@@ -80,11 +80,6 @@ class Window:
     """Once closed: ranks whose missing marks a later mark proved lost (redo at the next step)."""
 
     @property
-    def closed(self) -> bool:
-        """Whether rank 0's step that ends it came."""
-        return self.end_step is not None
-
-    @property
     def complete(self) -> bool:
         """Whether it is closed and every rank's marks of its two steps are in."""
         return self.end_step is not None and not self.missing

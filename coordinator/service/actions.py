@@ -109,12 +109,7 @@ class ActionExecutor:
             # renewed or before this replica gives its jobs up, dropped once another replica
             # holds the job), and the files its scheduler produced are written (as the
             # schedulers did themselves before they were handed over as actions).
-            for action in actions:
-                if isinstance(action, SaveProgress):
-                    svc.durable.save_progress(record.job_id, action.kind, action.state)
-                elif isinstance(action, WriteFile):
-                    await asyncio.to_thread(write_file, action.path, action.content, action.what)
-            return
+            actions = [a for a in actions if isinstance(a, SaveProgress | WriteFile)]
         for action in actions:
             if isinstance(action, ApplyPowerLimit):
                 await self.apply_power_limit(record, action.watts)

@@ -106,7 +106,7 @@ class DurableState:
             gpu = change.rank.gpu
             svc.index_gpu(change.job_id, gpu)
             if change.limits is not None:  # The owner need not ask that GPU's agent again.
-                svc.gpu_limits.setdefault((gpu.node, gpu.gpu_index), change.limits)
+                svc.gpus.limits.setdefault((gpu.node, gpu.gpu_index), change.limits)
             if svc.registry.apply_rank(change.job_id, change.rank, svc.clock()):
                 record = svc.registry.jobs[change.job_id]
                 if record.complete and (change.job_id, change.rank.info.rank) not in (

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.jobs import RankRecord, RegistryError
 from coordinator.optimizer import StatusUpdate, StragglerError
+from coordinator.service.driver import JobDriver
 from coordinator.state import records
 from coordinator.state.jetstream import StateUnavailableError
 from zeus_agent.errors import PayloadError
@@ -329,7 +330,8 @@ class Endpoints:
                 "not_supported",
                 f"job {record.job_id} is optimised by the power-limit optimizer: straggler "
                 "notices are for pipeline jobs (pipeline frequency optimizer)")
-        driver = svc.driver(record.job_id)
+        # (Not kept for a job removed meanwhile: its optimiser is simply not running.)
+        driver = svc.drivers.get(record.job_id) or JobDriver(record.job_id)
         async with driver.lock:
             job = driver.optimiser
             if job is None:

@@ -21,6 +21,7 @@ from coordinator.pipeline.schedulers.base import SchedulerError
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.power_limit.search import WindowResult
+from coordinator.service.driver import JobDriver
 from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class OptimiserStarter:
                 else:
                     job = await self._power_limit(record, recorded)
                 if job is not None and svc.drivers.get(record.job_id) is driver:
-                    await self._adopt(record, job)  # (Unless removed while it was built.)
+                    await self._adopt(record, driver, job)  # (Unless removed meanwhile.)
         finally:
             driver.starting = False
         driver.recorded = None  # Taken in by the optimiser (if it started).
@@ -150,10 +151,10 @@ class OptimiserStarter:
             await svc.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
             return None
 
-    async def _adopt(self, record: JobRecord, job: JobOptimizer) -> None:
+    async def _adopt(self, record: JobRecord, driver: JobDriver, job: JobOptimizer) -> None:
         """Drive the job with `job` from now on (the lock is held): index its GPUs, start."""
         svc = self.svc
-        svc.driver(record.job_id).optimiser = job
+        driver.optimiser = job
         for g in record.gpus():  # (The state watch may not have indexed them yet.)
             svc.index_gpu(record.job_id, g)
         await svc.actions.execute(record, job.start())

@@ -188,6 +188,9 @@ def test_io_edges_say_so_and_are_needed(rel: str) -> None:
     doc = ast.get_docstring(ast.parse(source)) or ""
     assert "I/O edge" in doc, f"{rel}'s docstring does not say it does I/O"
     assert impurities(source, rel), f"{rel} does no I/O: remove it from IO_EDGES"
+    loops = {"asyncio", "nats", "pynvml", "socket", "time", "threading"}
+    used = {n.split(".")[0] for node in ast.walk(ast.parse(source)) for n in _imported(node)}
+    assert not used & loops, f"{rel} imports {sorted(used & loops)}: an edge does files only"
 
 
 def test_every_edge_import_allowed_is_made() -> None:

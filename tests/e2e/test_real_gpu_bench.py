@@ -230,7 +230,6 @@ def test_sigterm_stops_the_agent_and_still_prints_the_json_line() -> None:
         cwd=ROOT, env=environment("a40"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
-        agent_pid = None
         agent_pid = _agent_started(proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
@@ -275,7 +274,8 @@ def test_sigkill_of_the_script_stops_its_agent() -> None:
         [sys.executable, str(SCRIPT), *CPU_LOOP, "--warmup-s", "60", "--json-only"],
         cwd=ROOT, env=environment("a40"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
-    agent_pid = None
+    agent_pid: int | None = None
+    children: list[int] = []
     try:
         agent_pid = _agent_started(proc)
         children = _children(proc.pid)
@@ -291,7 +291,7 @@ def test_sigkill_of_the_script_stops_its_agent() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in [agent_pid, *(children if "children" in locals() else [])]:
+        for pid in [agent_pid, *children]:
             if pid is not None and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.shell.agent_kit import Inbox, RawTrainer, command, running_agent, wait_for
-from zeus_agent.agent.gpu_agent import FLOOD_BURST, FLOOD_REPORTS_PER_S
+from zeus_agent.agent.reports import FLOOD_BURST, FLOOD_REPORTS_PER_S
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import subjects
 from zeus_agent.wire import trainer as dg

@@ -2,12 +2,12 @@
 
 Regression (issue "One request must not stop a coordinator", item 2): a replica paused
 (SIGSTOP) past its ownership lease, while another replica took its job over, was continued
-and saw the trainer's events "after a quiet spell": `_on_events` -> `_reapply` ->
-`apply_power_limit` sent `set_power_limit` without checking ownership, and the GPUs sat at the
-stale replica's limit for seconds. Every command is now sent through `_command`, which checks
-ownership just before the send. Against a real nats-server and a real agent with simulated
-GPUs; the takeover is the lease's holder changing under the stale replica (what its ownership
-watch shows once it runs again).
+and saw the trainer's events "after a quiet spell": `Streams.on_events` ->
+`ActionExecutor.reapply` -> `apply_power_limit` sent `set_power_limit` without checking
+ownership, and the GPUs sat at the stale replica's limit for seconds. Every command is now sent
+through `ActionExecutor.command`, which checks ownership just before the send. Against a real
+nats-server and a real agent with simulated GPUs; the takeover is the lease's holder changing
+under the stale replica (what its ownership watch shows once it runs again).
 """
 
 from __future__ import annotations

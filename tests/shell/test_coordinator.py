@@ -479,7 +479,7 @@ async def bound_energy_job(nc) -> str:
 async def test_forgetting_a_job_drops_its_driver_and_every_index_entry(nats_server, agent, nc,
                                                                          tmp_path):
     """Issue 24: per-job state lives in one `JobDriver`; a removed job leaves nothing behind
-    (the service kept ~21 per-job maps that `_forget_job` had to clear by hand)."""
+    (the service kept ~21 per-job maps that forgetting a job had to clear by hand)."""
     coord, task = await start(nats_server, tmp_path / "c", lease_s=0.3, max_job_idle_time=2)
     try:
         statuses = await collect(nc, "zeus.job.*.status", JobStatus)

@@ -36,8 +36,6 @@ from zeus_agent.agent.core.boundaries import BoundaryForecast
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.agent.measuring import Binding, RankMeasurer
-from zeus_agent.agent.reports import FLOOD_BURST as FLOOD_BURST
-from zeus_agent.agent.reports import FLOOD_REPORTS_PER_S as FLOOD_REPORTS_PER_S
 from zeus_agent.agent.reports import GpuReports
 from zeus_agent.errors import (
     GPUError,
@@ -325,7 +323,6 @@ class GpuAgent:
         """
         assert self.info is not None
         self._check_controllable()
-        assert self.info is not None
         self.info.check_power_limit(power_limit_w)
         self._check_lease_s(lease_s)
         self._check_holder(holder)

@@ -144,11 +144,6 @@ class RankMeasurer:
 
     # ------------------------------------------------------------------ queueing
     @property
-    def holding(self) -> bool:
-        """Whether events are held back now (later ones wait behind them, in order)."""
-        return bool(self._held)
-
-    @property
     def idle(self) -> bool:
         """Whether no event waits to be measured."""
         return self._queue.empty() and not self._held

@@ -240,8 +240,7 @@ class PipelineCluster:
             "scheduler": scheduler, "scheduler_args": dict(scheduler_args),
             "profiling_iterations": cfg.profiling_iterations, "switch_lead_steps": 2,
         }
-        fields = CoordinatorSettings.model_fields
-        if "straggler_threshold" in fields and not detect_stragglers:
+        if not detect_stragglers:
             values["straggler_threshold"] = 10.0  # The largest allowed: nothing is detected.
         try:
             settings = CoordinatorSettings.model_validate(values)
@@ -335,13 +334,11 @@ class PipelineCluster:
                 return text
             if "invalid choice" not in text:
                 raise PipelineDemoError(f"zeus-coordinator straggler failed: {text}")
-        try:
-            from zeus_agent.wire.messages import Reply, StragglerNotice
-        except ImportError as e:
-            raise PipelineDemoError("this coordinator has no straggler notices") from e
+        from zeus_agent.wire.messages import Reply, StragglerNotice
+
         notice = (StragglerNotice(job_id=job_id, pipeline=pipeline, clear=True) if factor is None
                   else StragglerNotice(job_id=job_id, pipeline=pipeline, factor=factor))
-        subject = getattr(subjects, "coord_job_straggler")(self.prefix)  # noqa: B009
+        subject = subjects.coord_job_straggler(self.prefix)
         msg = await self.nc.request(subject, codec.encode(notice), timeout=10)
         reply = codec.decode(msg.data, Reply)
         if not reply.ok:

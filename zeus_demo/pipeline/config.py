@@ -180,7 +180,7 @@ def resolve_scheduler(requested: str, dp: int) -> tuple[str, str | None]:
 
 def all_max_plan(stages: int, microbatches: int, top_mhz: int) -> list[list[tuple[str, int]]]:
     """Per stage, every 1F1B instruction at `top_mhz` (a `PointSolution3D` plan)."""
-    from zeus_agent.gpu.sim.trainers.pipeline import one_f_one_b
+    from zeus_agent.pipeline_order import one_f_one_b
 
     return [[(name, top_mhz) for name, _ in one_f_one_b(s, stages, microbatches)]
             for s in range(stages)]

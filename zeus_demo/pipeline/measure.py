@@ -142,16 +142,17 @@ class Side:
         """A JSON-ready dict (NaN as None)."""
         return {
             "iterations": self.iterations, "first_step": self.first_step,
-            "last_step": self.last_step, "time_per_iteration_s": _finite(self.time_s),
-            "median_time_per_iteration_s": _finite(self.median_time_s),
-            "energy_per_iteration_j": _finite(self.energy_j),
+            "last_step": self.last_step, "time_per_iteration_s": finite(self.time_s),
+            "median_time_per_iteration_s": finite(self.median_time_s),
+            "energy_per_iteration_j": finite(self.energy_j),
             "energy_per_iteration_by_pipeline_j": {
-                str(d): _finite(e) for d, e in sorted(self.pipeline_energy_j.items())},
+                str(d): finite(e) for d, e in sorted(self.pipeline_energy_j.items())},
             "schedule_versions": self.versions,
         }
 
 
-def _finite(x: float | None) -> float | None:
+def finite(x: float | None) -> float | None:
+    """`x` for a JSON summary: None when it is missing, NaN or infinite."""
     return x if x is not None and math.isfinite(x) else None
 
 

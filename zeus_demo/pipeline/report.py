@@ -18,7 +18,7 @@ from rich.table import Table
 
 from zeus_demo.pipeline.cluster import JobRun
 from zeus_demo.pipeline.config import PipelineDemoError
-from zeus_demo.pipeline.measure import Side, _finite, pct_less, pct_more
+from zeus_demo.pipeline.measure import Side, finite, pct_less, pct_more
 from zeus_demo.pipeline.run import PipelineDemoRun
 
 PIPELINE_SUMMARY_VERSION = 1
@@ -76,8 +76,8 @@ def pipeline_summary(run: PipelineDemoRun) -> dict[str, Any]:
             "chosen": {"time_s": snap.chosen[0], "energy_j": snap.chosen[1]},
             "all_max": (None if snap.all_max is None
                         else {"time_s": snap.all_max[0], "energy_j": snap.all_max[1]}),
-            "predicted_energy_saving_pct": _finite(snap.predicted_saving_pct),
-            "predicted_time_change_pct": _finite(snap.predicted_slowdown_pct),
+            "predicted_energy_saving_pct": finite(snap.predicted_saving_pct),
+            "predicted_time_change_pct": finite(snap.predicted_slowdown_pct),
             "p_block_w": snap.p_block_w,
             "chosen_plan": snap.chosen_plan,
             "note": "per iteration, whole job (energies of a stage summed over its replicas); "
@@ -106,8 +106,8 @@ def pipeline_summary(run: PipelineDemoRun) -> dict[str, Any]:
         "perseus": o.to_json(),
         "served_schedule": run.served_version,
         "savings": {
-            "energy_pct": _finite(pct_less(b.energy_j, o.energy_j)),
-            "time_change_pct": _finite(pct_more(b.time_s, o.time_s)),
+            "energy_pct": finite(pct_less(b.energy_j, o.energy_j)),
+            "time_change_pct": finite(pct_more(b.time_s, o.time_s)),
         },
         "planner": planner_part,
         "measured_by": "agents: GPU energy counters per step summed over the steps and the "

@@ -3,9 +3,9 @@
 One process per (data-parallel replica, pipeline stage) (tensor parallelism 1). Each opens its
 simulated GPU (`SimGPU.open` on the state directory its node's agent created), registers with
 `PerseusOptimizer` (rank 0 registers the job; the launcher hands its id to the others) and runs
-synchronous 1F1B iterations (`schedule.one_f_one_b`). Stages wait for each other for real
-through pipes: a forward waits for the previous stage's activation of its microbatch, a
-backward for the next stage's gradient. Each instruction's work is
+synchronous 1F1B iterations (`zeus_agent.pipeline_order.one_f_one_b`). Stages wait for each
+other for real through pipes: a forward waits for the previous stage's activation of its
+microbatch, a backward for the next stage's gradient. Each instruction's work is
 `gpu.run_work(stage_workload[name], scale)` at whatever SM clock the agent locked, then a sleep
 of its duration. At the end of an iteration every rank meets at a barrier (the gradient
 all-reduce and optimizer step), then `on_step_end()`.
@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from zeus_agent.gpu.sim.trainers.pipeline.schedule import BACKWARD, FORWARD, one_f_one_b
+from zeus_agent.pipeline_order import BACKWARD, FORWARD, one_f_one_b
 
 __all__ = [
     "NodeSpec",
