@@ -446,6 +446,7 @@ async def run(
         nc = await connect(server.url, "bench")
         bench = Bench(agent, gpu, nc, steps, gap_us)
         agent.agents[0].raises.enabled = False  # The reactive path: every change on its event.
+        doorbell = agent.agents[0].doorbell  # (closed, and forgotten, at shutdown)
         try:
             for mode in ("sleep", "busy"):
                 # The machine's own wake-up cost, just before the agent's run it underlies.
@@ -464,6 +465,8 @@ async def run(
             await serve
             shutil.rmtree(tmp, ignore_errors=True)
     counter = agent.agents[0].counter
+    bench.overtaken["doorbell_rings"] = 0 if doorbell is None else doorbell.counters["rings"]
+    bench.overtaken["doorbell_applied"] = 0 if doorbell is None else doorbell.counters["applied"]
     bench.overtaken["counter_reads"] = counter.reads
     bench.overtaken["counter_reads_collided"] = counter.policy.collisions
     return quiet, contended, legacy, bench.overtaken, early, floor
@@ -625,6 +628,8 @@ def main() -> None:
         "overtaken": overtaken,
         "counter_reads": overtaken.pop("counter_reads"),
         "counter_reads_collided": overtaken.pop("counter_reads_collided"),
+        "doorbell_rings": overtaken.pop("doorbell_rings"),
+        "doorbell_applied": overtaken.pop("doorbell_applied"),
         "budget_p50_us": BUDGET_P50_US,
         "budget_p99_us": BUDGET_P99_US,
         "ok": ok,

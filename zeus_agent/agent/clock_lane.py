@@ -17,7 +17,14 @@ kept are kept here:
 * a change wanted before the schedule was restored, cleared or replaced (`invalidate`) is
   dropped in the GPU's thread, and the schedule's lease is checked there again, just before
   the call (`apply`), since the call may have waited behind a read in the driver;
-* a restore is never overtaken: its reset runs on the same lane, in the order issued.
+* a restore is never overtaken: its reset runs on the same lane, in the order issued, and
+  holds the lane's apply lock (`exclusive`), which a change holds from its epoch check to its
+  call's return.
+
+A change can also come from the GPU's doorbell thread (`ring`, `zeus_agent.agent.doorbell`):
+the trainer's own datagram woke it, so the change skips both the loop and the hop to the
+setters' thread. It joins the same wanted list and runs in the ringing thread unless a drain is
+running; the apply lock keeps it behind any restore that invalidated it.
 
 Failures come back to the loop (`on_failed`); successes only leave their latency (the
 trainer's stamp -> the call returned), which calibrates how early a raise is issued
@@ -33,6 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from zeus_agent.agent.core.raise_ahead import RaiseAhead
 from zeus_agent.errors import GPUError, GPUUnavailableError, ReadOnlyError
@@ -41,6 +49,8 @@ from zeus_agent.gpu.threaded import GPUCaller
 __all__ = ["ClockLane", "EarlyRaises"]
 
 LOG = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 LATENCIES_KEPT = 256
 """Recent event -> applied latencies kept (ns)."""
@@ -79,12 +89,35 @@ class ClockLane:
         wanted on an event, then the latest raise wanted ahead of its event."""
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._apply_lock = threading.Lock()
+        """Held from a change's epoch check to its call's return, and by `exclusive` calls."""
+        self._applied: tuple[int, int] | None = None
+        """(MHz, epoch) of the last clock locked; None after a restore, failure or hand lock."""
         self.epoch = 0
         self.latencies: deque[int] = deque(maxlen=LATENCIES_KEPT)
+
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Report failures of changes rung from another thread to `loop` (the agent's)."""
+        self._loop = loop
 
     def invalidate(self) -> None:
         """Drop every change wanted so far (a restore, a clear or a new schedule)."""
         self.epoch += 1
+
+    def exclusive(self, call: Callable[..., T]) -> Callable[..., T]:
+        """`call` wrapped to run under the apply lock, forgetting the clock last locked.
+
+        For a call that changes the clocks outside the lane (a restore's reset, a lock by
+        hand): a change checked against the old epoch has returned before it starts.
+        """
+
+        def run(*args: Any) -> T:
+            with self._apply_lock:
+                self._applied = None
+                return call(*args)
+
+        run.__qualname__ = getattr(call, "__qualname__", "exclusive")
+        return run
 
     def want(self, mhz: int, event_ns: int | None = None) -> None:
         """Apply `mhz` as soon as the GPU allows (on the loop's thread; returns at once).
@@ -116,6 +149,18 @@ class ClockLane:
                 self._wanted, self._draining = [], False
             self._on_failed(mhz, str(e))
 
+    def ring(self, mhz: int, epoch: int, event_ns: int) -> None:
+        """From the doorbell's thread: apply `mhz` (wanted in `epoch`) in this thread.
+
+        If a drain is running in another thread, it takes the change next instead.
+        """
+        with self._guard:
+            self._wanted = [(mhz, epoch, event_ns)]
+            if self._draining:
+                return
+            self._draining = True
+        self._drain()
+
     async def drained(self, timeout_s: float = 5.0) -> None:
         """Wait until every change wanted so far has been applied or dropped."""
         if self._caller.blocking:
@@ -133,19 +178,25 @@ class ClockLane:
                 self._run(*change)
 
     def _run(self, mhz: int, epoch: int, event_ns: int | None) -> None:
-        if epoch != self.epoch:
-            return  # Wanted before a restore or another schedule: stale.
-        try:
-            applied = self._apply(mhz)
-        except (GPUError, ReadOnlyError) as e:
-            self._failed(mhz, str(e))
-            return
-        except Exception as e:  # noqa: BLE001 - the lane must outlive a backend's bug
-            # Raised out of `_drain`, it would leave `_draining` set: every later change would
-            # be taken for queued behind it and none would ever be applied (silently).
-            LOG.exception("locking the SM clock at %d MHz failed unexpectedly", mhz)
-            self._failed(mhz, f"{type(e).__name__}: {e}")
-            return
+        with self._apply_lock:
+            if epoch != self.epoch:
+                return  # Wanted before a restore or another schedule: stale.
+            if self._applied == (mhz, epoch):
+                return  # Locked there already (a raise issued ahead, then its ring).
+            self._applied = None
+            try:
+                applied = self._apply(mhz)
+            except (GPUError, ReadOnlyError) as e:
+                self._failed(mhz, str(e))
+                return
+            except Exception as e:  # noqa: BLE001 - the lane must outlive a backend's bug
+                # Raised out of `_drain`, it would leave `_draining` set: every later change
+                # would be taken for queued behind it and none would ever be applied (silently).
+                LOG.exception("locking the SM clock at %d MHz failed unexpectedly", mhz)
+                self._failed(mhz, f"{type(e).__name__}: {e}")
+                return
+            if applied:
+                self._applied = (mhz, epoch)
         if not applied:
             self._failed(mhz, None)
         elif event_ns is not None:

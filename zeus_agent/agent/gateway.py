@@ -27,13 +27,19 @@ import hmac
 import logging
 import os
 import socket
-import struct
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from zeus_agent.agent.core.energy_ring import WindowOutOfRange
+from zeus_agent.agent.credentials import (
+    ANCILLARY_BYTES,
+    RECV_BYTES,
+    Received,
+    pass_credentials,
+    sender,
+)
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_NAME_CHARS
@@ -65,17 +71,9 @@ LOG = logging.getLogger(__name__)
 Request = Callable[[str, bytes, float], Awaitable[bytes]]
 Publish = Callable[[str, bytes], Awaitable[None]]
 
-_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_ANCILLARY_BYTES = socket.CMSG_SPACE(_CREDENTIALS.size)
-"""Room for the credentials and nothing else: file descriptors a sender passes (SCM_RIGHTS)
-do not fit, so the kernel never installs them in the agent."""
-_RECV_BYTES = max(65_536, MAX_DATAGRAM_BYTES + 1)
 _MAX_PER_WAKEUP = 256
 """Datagrams read per wake-up before the loop gets a turn (the reader is called again)."""
 _MSG_TRUNC = socket.MSG_TRUNC
-_SOL_SOCKET = socket.SOL_SOCKET
-_SCM_CREDENTIALS = socket.SCM_CREDENTIALS  # type: ignore[attr-defined,unused-ignore]
-_SO_PASSCRED = socket.SO_PASSCRED  # type: ignore[attr-defined,unused-ignore]
 
 ANNOUNCE_AFTER_BIND_S = 0.2
 """Bindings within this time share one announcement (a flood of HELLOs is not a flood of
@@ -170,7 +168,7 @@ class Gateway:
         Sets `SO_PASSCRED` so every datagram carries its sender's pid and uid.
         """
         sock.setblocking(False)
-        sock.setsockopt(_SOL_SOCKET, _SO_PASSCRED, 1)
+        pass_credentials(sock)
         self.sock = sock
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.fileno(), self._on_readable)
@@ -192,31 +190,39 @@ class Gateway:
         recvmsg = sock.recvmsg
         for _ in range(_MAX_PER_WAKEUP):
             try:
-                data, ancillary, flags, addr = recvmsg(_RECV_BYTES, _ANCILLARY_BYTES)
+                data, ancillary, flags, addr = recvmsg(RECV_BYTES, ANCILLARY_BYTES)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 LOG.warning("gateway socket error: %s", e)
                 return
-            pid = uid = None
-            for level, kind, cdata in ancillary:
-                if kind == _SCM_CREDENTIALS and level == _SOL_SOCKET and len(cdata) >= 12:
-                    pid, uid, _gid = _CREDENTIALS.unpack_from(cdata)
-            try:
-                if flags & _MSG_TRUNC:
-                    self._too_long(pid, addr)
-                    continue
-                self.datagram_received(data, addr, pid, uid)
-            except Exception:  # noqa: BLE001 - one datagram never stops the gateway
-                self.counters["internal_error"] += 1
-                LOG.exception("gateway: handling a datagram failed; continuing")
+            self.received(data, ancillary, flags, addr)
+
+    def received(self, data: bytes, ancillary: Any, flags: int, addr: Any) -> None:
+        """Handle one datagram as `recvmsg` returned it, from this socket or a GPU's doorbell."""
+        pid, uid = sender(ancillary)
+        try:
+            if flags & _MSG_TRUNC:
+                self._too_long(pid, addr)
+                return
+            self.datagram_received(data, addr, pid, uid)
+        except Exception:  # noqa: BLE001 - one datagram never stops the gateway
+            self.counters["internal_error"] += 1
+            LOG.exception("gateway: handling a datagram failed; continuing")
+
+    def received_all(self, batch: list[Received]) -> None:
+        """On the loop: the datagrams a doorbell read, in order (dropped once closed)."""
+        if self.sock is None:
+            return
+        for data, ancillary, flags, addr in batch:
+            self.received(data, ancillary, flags, addr)
 
     def _too_long(self, pid: int | None, addr: Any) -> None:
         self.counters["datagrams"] += 1
         self.counters["malformed"] += 1
         self._report(
             "malformed_datagram",
-            f"dropped a datagram longer than {_RECV_BYTES} bytes from {_who(pid, addr)}",
+            f"dropped a datagram longer than {RECV_BYTES} bytes from {_who(pid, addr)}",
         )
 
     def datagram_received(self, data: bytes, addr: Any, pid: int | None, uid: int | None) -> None:
@@ -361,6 +367,8 @@ class Gateway:
             reply = Reply.failure(
                 "internal", f"internal error in the agent on {self.node}; see its log"
             )
+        if req.kind is Kind.BYE and not addr:
+            return  # Sent through a doorbell, which has no address: nobody waits for it.
         self._send(addr, req.request_id, reply)
 
     def _agent(self, index: int) -> GpuAgent:
@@ -452,7 +460,9 @@ class Gateway:
         if agent not in mine:
             mine.append(agent)
         assert agent.info is not None
+        doorbell = {} if agent.doorbell is None else {"doorbell": agent.doorbell.path}
         return Reply.success(
+            **doorbell,
             node=self.node,
             gpu_index=agent.index,
             gpu_uuid=agent.info.uuid,

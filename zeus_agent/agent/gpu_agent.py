@@ -35,6 +35,8 @@ from zeus_agent.agent.core import (
 from zeus_agent.agent.core.boundaries import BoundaryForecast
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.counter_reader import CounterReader
+from zeus_agent.agent.credentials import Received
+from zeus_agent.agent.doorbell import ClockDoorbell
 from zeus_agent.agent.measuring import Binding, RankMeasurer
 from zeus_agent.agent.reports import GpuReports
 from zeus_agent.errors import (
@@ -120,6 +122,8 @@ class GpuAgent:
         """Applies the schedule's clock changes in the GPU's setters' thread, at once."""
         self.raises = EarlyRaises(self.clocks)
         """Issues the schedule's raises a lead before their instructions begin."""
+        self.doorbell: ClockDoorbell | None = None
+        """The trainer's direct line to the clock (`open_doorbell`; calls that block only)."""
         self._clock_mhz: int | None = None
         """The schedule's clock last asked for (applied or being applied); None: unknown. An
         instruction at the same clock asks nothing: each lock call costs ~1 ms on a real GPU."""
@@ -172,6 +176,22 @@ class GpuAgent:
         await self.counter.read_once()
         await self.sample()
         return self.info
+
+    def open_doorbell(self, path: str, deliver: Callable[[list[Received]], None], mode: int,
+                      gid: int | None = None) -> bool:
+        """Open this GPU's doorbell (`zeus_agent.agent.doorbell`); False: it runs without one.
+
+        Only for a GPU whose calls block: inline calls are already on the loop.
+        """
+        if self.caller.blocking and self.doorbell is None:
+            self.doorbell = ClockDoorbell.opened(path, self.clocks, self.index, deliver, mode, gid)
+        return self.doorbell is not None
+
+    def close_doorbell(self) -> None:
+        """Stop the doorbell's thread and remove its socket (shutdown: before the restore)."""
+        doorbell, self.doorbell = self.doorbell, None
+        if doorbell is not None:
+            doorbell.close()
 
     async def reset_at_start(self) -> None:
         """Put the power limit and SM clocks back to default, whoever changed them."""
@@ -378,7 +398,8 @@ class GpuAgent:
             self._check_holder(holder)  # The trainer may have left meanwhile.
             previous = self._grant(SM_CLOCKS, holder, lease_s)
             try:
-                await self.caller.call(self.gpu.lock_sm_clocks_mhz, min_mhz, max_mhz)
+                await self.caller.call(self.clocks.exclusive(self.gpu.lock_sm_clocks_mhz),
+                                       min_mhz, max_mhz, setter=True)
             except GPUPermissionError as e:
                 self.leases.reinstate(SM_CLOCKS, previous)
                 self.lose_control(str(e))  # Said once; later settings are refused at once.
@@ -469,7 +490,10 @@ class GpuAgent:
                 continue
             t_ns = time.monotonic_ns()
             try:
-                await self.caller.call(call)
+                if kind == SM_CLOCKS:  # Never overtaken by a change rung from the doorbell.
+                    await self.caller.call(self.clocks.exclusive(call), setter=True)
+                else:
+                    await self.caller.call(call)
             except GPUError as e:
                 LOG.error("GPU %d: restoring %s failed: %s", self.index, kind, e)
                 continue
@@ -537,6 +561,8 @@ class GpuAgent:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""
         self.measurer.release_held()
         self.raises.clear()  # No instruction will follow: a raise planned ahead is not wanted.
+        if self.doorbell is not None:
+            self.doorbell.disarm()
         if self.binding is not None and self.binding.pid is not None:
             self._departed[self.binding.job_id] = None
             while len(self._departed) > MAX_DEPARTED:
@@ -577,9 +603,14 @@ class GpuAgent:
             if mhz is not None and (mhz != self._clock_mhz or early):
                 self.boundaries.on_clock_change(ev.t_ns)
                 if mhz != self._clock_mhz:
-                    self._apply_frequency(mhz, ev.t_ns)
+                    if self.doorbell is None or self.doorbell.claim(ev.a):
+                        self._apply_frequency(mhz, ev.t_ns)
+                    else:
+                        self._clock_mhz = mhz  # Rung: the doorbell's thread applies it.
             if self.raises.enabled:
                 self._plan_raise(step.index, ev.t_ns)
+            if self.doorbell is not None:
+                self._arm_doorbell(ev.a + 1)
             if step.error is not None:
                 self._report("mismatches", "schedule_mismatch", step.error,
                              {"instruction": ev.name, "index": ev.a})
@@ -614,6 +645,20 @@ class GpuAgent:
         self._clock_mhz = None
         self.raises.clear()
         self.boundaries.clear()
+        if self.doorbell is not None:
+            self.doorbell.disarm()
+
+    def _arm_doorbell(self, index: int) -> None:
+        """Let the ring of instruction `index` apply its clock, if it changes it."""
+        assert self.doorbell is not None
+        pair = self.cursor.next_pair()
+        b = self.binding
+        if (pair is None or b is None or b.pid is None or pair[1] == self._clock_mhz
+                or (self._pending_schedule is not None
+                    and self.cursor.position >= len(self.cursor.frequencies))):
+            self.doorbell.disarm()  # No change, nobody to ring, or the next schedule's turn.
+            return
+        self.doorbell.arm(b.pid, index, pair[0], pair[1])
 
     def _plan_raise(self, position: int, t_ns: int) -> None:
         """If the next instruction raises the clock, issue the raise a lead before it begins."""

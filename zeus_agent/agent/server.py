@@ -42,6 +42,7 @@ from typing import Any
 
 from zeus_agent import __version__, status_http
 from zeus_agent.agent.commands import handle_command
+from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.aio import ExitSignals, every
@@ -108,6 +109,7 @@ class AgentServer(ExitSignals):
         self._subs: list[Any] = []
         self._socket: socket.socket | None = None
         self._socket_inode = -1  # the inode this agent bound (it removes only that one)
+        self._socket_gid: int | None = None
         self._status_server: status_http.StatusServer | None = None
         self.metrics_port: int | None = None
         """Port of /metrics and /healthz once started (with `metrics_port=0`: any free port)."""
@@ -294,6 +296,7 @@ class AgentServer(ExitSignals):
                         "node; create it or pass another --socket-group"
                     ) from None
                 os.chown(path, -1, gid)
+                self._socket_gid = gid
         except OSError as e:
             sock.close()
             raise ZeusAgentError(
@@ -317,6 +320,11 @@ class AgentServer(ExitSignals):
             on_bind=self.announce,
         )
         self.gateway = gateway
+        s = self.settings
+        if not s.observe_only:  # (observe-only: no clock is ever locked)
+            for agent in self.agents.values():
+                agent.open_doorbell(doorbell_path(s.socket_path, agent.index),
+                                    gateway.received_all, int(s.socket_mode, 8), self._socket_gid)
         gateway.attach(sock)
 
     def _start_status_server(self, port: int) -> None:
@@ -480,6 +488,8 @@ class AgentServer(ExitSignals):
             self.gateway.close_tasks()
         elif self._socket is not None:
             self._socket.close()
+        for agent in self.agents.values():
+            agent.close_doorbell()
         if self._socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 path = Path(self.settings.socket_path)

@@ -2,7 +2,7 @@
 
 The six event methods stamp `time.monotonic_ns()` on the caller's thread, count, encode and
 send at once; they never block and never raise. They read only module globals and instance
-attributes and call `_send` (the socket's own `send` while connected) directly, so this
+attributes and call `_send` (a socket's own `send` while connected) directly, so this
 module is the whole cost of an event: the socket, backlog and drop handling they fall back on
 live in `transport.py`, requests in `requests.py`, windows in `windows.py`, all base classes
 of `Publisher` whose state this constructor sets.
@@ -125,6 +125,9 @@ class Publisher(Windows):
         self._request_lock = threading.Lock()
         self._windows: list[tuple[str | None, int]] = []
         self._notice: ScheduleNotice | None = None
+        self._doorbell: str | None = None
+        """The bound GPU's doorbell (the HELLO reply's): events go there (`transport.py`)."""
+        self._bell: socket.socket | None = None
 
         self._sync: Callable[[], None] | None = None
         self._sync_device: Callable[[int], None] | None = None

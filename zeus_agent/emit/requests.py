@@ -63,10 +63,13 @@ class Requests(Transport):
                     self._drain_incoming()
                 finally:
                     self._request_lock.release()
+            # From the trainers' socket, never the doorbell: the agent answers and pushes
+            # schedule notices to the HELLO's address.
             if self._hello is not None:
-                self._send(encode_request(Kind.HELLO, self._pid, next(self._ids), self._hello))
+                self._sock.send(
+                    encode_request(Kind.HELLO, self._pid, next(self._ids), self._hello))
             if self._rank_registration is not None:
-                self._send(
+                self._sock.send(
                     encode_request(
                         Kind.REGISTER_RANK, self._pid, next(self._ids), self._rank_registration
                     )
@@ -230,6 +233,10 @@ class Requests(Transport):
         if reply is not None:
             node = reply.result.get("node")
             self.node = node if isinstance(node, str) else None
+            doorbell = reply.result.get("doorbell")
+            if isinstance(doorbell, str) and doorbell and doorbell != self._doorbell:
+                self._doorbell = doorbell
+                self._open_bell()
         return reply
 
     def register_rank(self, registration: RegisterRank) -> Reply | None:

@@ -41,8 +41,9 @@ class Transport:
 
     `Publisher.__init__` sets the state below (one constructor for every layer) and opens the
     socket: non-blocking, autobound to an abstract address so the agent can answer with
-    `sendto`. `_send` is the socket's `send` while connected and `_send_detached` otherwise,
-    so the hot path never tests the connection.
+    `sendto`. `_send` is the socket's `send` while connected (or, once the HELLO reply named
+    the GPU's doorbell, the `send` of a second socket connected to it: `_open_bell`) and
+    `_send_detached` otherwise, so the hot path never tests the connection.
     """
 
     socket_path: str
@@ -59,6 +60,8 @@ class Transport:
     _retry_interval_ns: int
     _retry_at_ns: int
     _closed: bool
+    _doorbell: str | None
+    _bell: socket.socket | None
 
     # ------------------------------------------------------------------ connection
     def _connect(self, now_ns: int) -> bool:
@@ -69,9 +72,40 @@ class Transport:
             return False
         self._send = self._sock.send
         self.connected = True
+        self._open_bell()  # A restarted agent opens its doorbells at the same paths.
         return True
 
+    def _open_bell(self) -> None:
+        """While connected: send events through the GPU's doorbell, if the agent named one.
+
+        A second socket connected to it: the events' order is kept (one socket), and the
+        doorbell's thread applies a scheduled clock one wake-up sooner than the agent's loop.
+        Replies and schedule notices still come to the first socket. If the doorbell cannot
+        be reached, events go to the trainers' socket as before.
+        """
+        self._close_bell()
+        if not self.connected:
+            return
+        self._send = self._sock.send
+        if self._doorbell is None:
+            return
+        bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            bell.setblocking(False)
+            bell.connect(self._doorbell)
+        except OSError:
+            bell.close()
+            return
+        self._bell = bell
+        self._send = bell.send
+
+    def _close_bell(self) -> None:
+        bell, self._bell = self._bell, None
+        if bell is not None:
+            bell.close()
+
     def _disconnect(self) -> None:
+        self._close_bell()
         self._send = self._send_detached
         self.connected = False
         self._retry_at_ns = _monotonic_ns() + self._retry_interval_ns
@@ -132,7 +166,7 @@ class Transport:
 
     def _flush_backlog(self) -> None:
         backlog = self._backlog
-        send = self._sock.send
+        send = self._sock.send if self._bell is None else self._bell.send
         while backlog and self.connected:
             try:
                 send(backlog[0])
@@ -172,10 +206,12 @@ class Transport:
             while self._backlog and self.connected and time.monotonic() < deadline:
                 select.select([], [self._sock], [], 0.01)
                 self._flush_backlog()
-            if self.connected:
-                self._sock.send(encode_request(Kind.BYE, self._pid, next(self._ids), {}))
+            if self.connected:  # After the events, through the same socket.
+                send = self._sock.send if self._bell is None else self._bell.send
+                send(encode_request(Kind.BYE, self._pid, next(self._ids), {}))
         except Exception:  # Best effort.
             pass
+        self._close_bell()
         self._send = self._send_detached
         self.connected = False
         self._sock.close()

@@ -1,0 +1,258 @@
+"""`ClockDoorbell`: a trainer's `instruction_begin` reaches its GPU's clock in one wake-up.
+
+Through the trainers' socket, a clock change costs two wake-ups: the datagram wakes the event
+loop, and the loop wakes the GPU's setters' thread. On a host whose idle CPUs halt (any VM,
+or bare metal in a deep C-state) each costs 100-200 us (`bench/wake_floor.py`), so the pair
+alone is over the 200 us budget of `instruction_begin` -> clock lock call.
+
+So each GPU whose calls block (NVML) has a socket of its own beside the trainers' one,
+`<socket>.gpu<index>`, read by a thread that sleeps in `recvmsg`. The HELLO reply names it
+(`doorbell`), and the bound trainer then sends its events (and its goodbye) there instead:
+one socket, so their order is kept. The thread hands everything it reads to the gateway on the
+loop, in order (`Gateway.received_all`, which checks, attributes and handles them exactly as
+datagrams of the trainers' socket); it only looks first for one thing.
+
+The loop, having handled instruction k, *arms* the doorbell for instruction k + 1: the bound
+trainer's pid, the instruction's index, name and clock. When the `instruction_begin` of k + 1
+arrives from that pid (the kernel's credentials, never the payload's), the thread takes the
+arm, hands the batch to the loop and applies the clock itself through the GPU's `ClockLane`
+(`ring`), with every guarantee of the lane: coalescing, the epoch check (a restore, clear or
+new schedule drops it), the lease check just before the call, restores never overtaken
+(`ClockLane.exclusive`). The loop wakes while the call runs, with the GIL released.
+
+Exactly one of the two applies a change: the arm is taken under a lock, by the thread or by
+the loop (`claim`, when the event reached it first: no arm yet because the loop was behind).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import NamedTuple
+
+from zeus_agent.agent.clock_lane import ClockLane
+from zeus_agent.agent.credentials import (
+    ANCILLARY_BYTES,
+    RECV_BYTES,
+    Received,
+    pass_credentials,
+    sender,
+)
+from zeus_agent.wire.trainer import EventDatagram, Kind, decode_datagram
+
+__all__ = ["ClockDoorbell", "doorbell_path"]
+
+LOG = logging.getLogger(__name__)
+
+_INSTRUCTION_BEGIN = int(Kind.INSTRUCTION_BEGIN)
+_MAX_PER_WAKEUP = 256
+"""Datagrams read per wake-up and handed to the loop at once."""
+
+
+def doorbell_path(socket_path: str, index: int) -> str:
+    """Where GPU `index`'s doorbell is bound, beside the trainers' socket `socket_path`."""
+    return f"{socket_path}.gpu{index}"
+
+
+class Arm(NamedTuple):
+    """The change the next ring may apply: `pid`'s instruction `instruction`, named `name`."""
+
+    pid: int
+    instruction: int
+    name: str
+    mhz: int
+    epoch: int
+
+
+class ClockDoorbell:
+    """One GPU's doorbell socket and the thread that answers it.
+
+    Attributes:
+        path: The socket's path.
+        counters: `datagrams` (read), `applied` (changes taken by the thread), `claimed` (by
+            the loop: its event reached the loop first).
+    """
+
+    def __init__(self, path: str, lane: ClockLane, index: int) -> None:
+        """Create it for `lane`; nothing is bound until `open`."""
+        self.path = path
+        self.index = index
+        self.counters: Counter[str] = Counter()
+        self._lane = lane
+        self._sock: socket.socket | None = None
+        self._deliver: Callable[[list[Received]], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._inode = -1
+        self._take = threading.Lock()
+        self._arm: Arm | None = None
+        self._rung: int | None = None
+        """The index of the instruction whose change the doorbell took (until the loop's
+        `claim` of it, or `disarm`)."""
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def opened(cls, path: str, lane: ClockLane, index: int,
+               deliver: Callable[[list[Received]], None], mode: int,
+               gid: int | None = None) -> ClockDoorbell | None:
+        """A doorbell open at `path` (`open`), or None (logged): the GPU goes without one."""
+        doorbell = cls(path, lane, index)
+        try:
+            doorbell.open(deliver, mode, gid)
+        except OSError as e:
+            LOG.warning("GPU %d: no doorbell at %s (%s): its clock changes go through the "
+                        "event loop, one wake-up slower", index, path, e)
+            return None
+        lane.use_loop(asyncio.get_running_loop())
+        return doorbell
+
+    def open(self, deliver: Callable[[list[Received]], None], mode: int,
+             gid: int | None = None) -> None:
+        """Bind the socket (mode and group as the trainers' socket) and start the thread.
+
+        On the loop; `deliver` is called there with each batch read (`Gateway.received_all`).
+
+        Raises:
+            OSError: The path cannot be bound (something that is not a socket is in the way,
+                or the path is too long).
+        """
+        _make_way(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024 * 1024)
+            pass_credentials(sock)
+            sock.bind(self.path)
+            self._inode = os.stat(self.path).st_ino
+            os.chmod(self.path, mode)
+            if gid is not None:
+                os.chown(self.path, -1, gid)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._deliver = deliver
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(
+            target=self._serve, name=f"gpu{self.index}-doorbell", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Stop the thread (it wakes at once), close and remove the socket. Idempotent."""
+        self._closed = True
+        self.disarm()
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RD)  # A blocked recvmsg returns (empty) at once.
+        if self._thread is not None:
+            self._thread.join(timeout_s)  # A change being applied may hold it (bounded).
+        sock.close()
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino == self._inode:  # not a newer agent's
+                os.unlink(self.path)
+
+    # ------------------------------------------------------------------ the loop's side
+    def arm(self, pid: int, index: int, name: str, mhz: int) -> None:
+        """On the loop: the next ring for instruction `index` (`name`) of `pid` locks `mhz`."""
+        with self._take:
+            self._arm = Arm(pid, index, name, mhz, self._lane.epoch)
+
+    def disarm(self) -> None:
+        """On the loop: nothing is to be applied from a ring (schedule changed, trainer left)."""
+        with self._take:
+            self._arm = None
+            self._rung = None
+
+    def claim(self, index: int) -> bool:
+        """On the loop, on instruction `index`'s event: should the loop apply its change?
+
+        False when the doorbell took it already; else the arm (if for `index`) is taken.
+        """
+        with self._take:
+            if self._rung == index:
+                self._rung = None
+                return False
+            if self._arm is not None and self._arm.instruction == index:
+                self._arm = None
+                self.counters["claimed"] += 1
+            return True
+
+    # ------------------------------------------------------------------ the thread
+    def _serve(self) -> None:
+        sock, loop, deliver = self._sock, self._loop, self._deliver
+        assert sock is not None and loop is not None and deliver is not None
+        while not self._closed:
+            batch: list[Received] = []
+            try:
+                batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES))
+                while len(batch) < _MAX_PER_WAKEUP:
+                    batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT))
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as e:
+                if self._closed:
+                    return
+                LOG.warning("GPU %d: doorbell socket error: %s", self.index, e)
+                continue
+            if self._closed:
+                return  # (Woken by `close`: an empty read.)
+            if not batch:
+                continue
+            try:
+                change = self._take_armed(batch)
+            except Exception:  # noqa: BLE001 - the batch is still delivered; the loop applies
+                change = None
+                LOG.exception("GPU %d: checking a doorbell batch failed; continuing", self.index)
+            self.counters["datagrams"] += len(batch)
+            try:
+                loop.call_soon_threadsafe(deliver, batch)
+            except RuntimeError:
+                return  # The loop is closed: the agent is gone.
+            if change is not None:
+                self._lane.ring(*change)
+
+    def _take_armed(self, batch: list[Received]) -> tuple[int, int, int] | None:
+        """In the thread: the armed change if `batch` holds its instruction (the arm taken)."""
+        arm = self._arm
+        if arm is None:
+            return None
+        for data, ancillary, _flags, _addr in batch:
+            if len(data) < 3 or data[2] != _INSTRUCTION_BEGIN:  # [1, kind, ...]: pre-check
+                continue
+            if sender(ancillary)[0] != arm.pid:
+                continue
+            try:
+                event = decode_datagram(data)
+            except Exception:  # noqa: BLE001 - malformed: the gateway reports it
+                continue
+            if not isinstance(event, EventDatagram) or (
+                    (event.a, event.name) != (arm.instruction, arm.name)):
+                continue
+            with self._take:
+                if self._arm is not arm:
+                    return None  # The loop claimed it (its event came first) or re-armed.
+                self._arm = None
+                self._rung = arm.instruction
+            self.counters["applied"] += 1
+            return arm.mhz, arm.epoch, event.t_ns
+        return None
+
+
+def _make_way(path: str) -> None:
+    """Remove a stale doorbell socket at `path` (the trainers' socket beside it is ours)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is not a socket; it is left alone")
+    os.unlink(path)
