@@ -465,8 +465,8 @@ async def run(
             await serve
             shutil.rmtree(tmp, ignore_errors=True)
     counter = agent.agents[0].counter
-    bench.overtaken["doorbell_rings"] = 0 if doorbell is None else doorbell.counters["rings"]
-    bench.overtaken["doorbell_applied"] = 0 if doorbell is None else doorbell.counters["applied"]
+    bench.overtaken["doorbell_datagrams"] = 0 if doorbell is None else doorbell.counters["datagrams"]
+    bench.overtaken["doorbell_taken"] = 0 if doorbell is None else doorbell.counters["taken"]
     bench.overtaken["counter_reads"] = counter.reads
     bench.overtaken["counter_reads_collided"] = counter.policy.collisions
     return quiet, contended, legacy, bench.overtaken, early, floor
@@ -628,8 +628,8 @@ def main() -> None:
         "overtaken": overtaken,
         "counter_reads": overtaken.pop("counter_reads"),
         "counter_reads_collided": overtaken.pop("counter_reads_collided"),
-        "doorbell_rings": overtaken.pop("doorbell_rings"),
-        "doorbell_applied": overtaken.pop("doorbell_applied"),
+        "doorbell_datagrams": overtaken.pop("doorbell_datagrams"),
+        "doorbell_taken": overtaken.pop("doorbell_taken"),
         "budget_p50_us": BUDGET_P50_US,
         "budget_p99_us": BUDGET_P99_US,
         "ok": ok,

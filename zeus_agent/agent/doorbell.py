@@ -76,8 +76,8 @@ class ClockDoorbell:
 
     Attributes:
         path: The socket's path.
-        counters: `datagrams` (read), `applied` (changes taken by the thread), `claimed` (by
-            the loop: its event reached the loop first).
+        counters: `datagrams` (read), `taken` (armed changes the thread applied, or found in
+            already: a raise issued ahead), `claimed` (by the loop: its event came first).
     """
 
     def __init__(self, path: str, lane: ClockLane, index: int) -> None:
@@ -242,7 +242,7 @@ class ClockDoorbell:
                     return None  # The loop claimed it (its event came first) or re-armed.
                 self._arm = None
                 self._rung = arm.instruction
-            self.counters["applied"] += 1
+            self.counters["taken"] += 1
             return arm.mhz, arm.epoch, event.t_ns
         return None
 

@@ -1,0 +1,267 @@
+"""The GPUs' doorbells (`zeus_agent.agent.doorbell`): a trainer's clock change in one wake-up.
+
+* through a real agent: the HELLO reply names the doorbell, the bound trainer's events go there,
+  a scheduled clock change is applied in the doorbell's own thread, every event still reaches
+  the agent in order (no mismatch), and the goodbye comes after them (nothing dropped as
+  unbound);
+* a datagram from another process never applies the armed change (the kernel's pid counts);
+* the loop applies a change whose event reached it first (no arm taken twice);
+* a restore racing a change applied from the doorbell: the reset comes last, the GPU is left
+  unlocked; a change armed before an invalidation is dropped;
+* the publisher falls back to the trainers' socket when the doorbell is gone;
+* shutdown ends the thread and removes the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.shell.agent_kit import running_agent, wait_for
+from zeus_agent.agent.doorbell import doorbell_path
+from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.emit import Publisher
+from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.models import FrequencySchedule
+from zeus_agent.wire import trainer as dg
+from zeus_agent.wire.messages import Reply
+from zeus_agent.wire.trainer import EventDatagram, Kind, TrainerHello
+
+LOW, HIGH = 900, 1740
+PAIRS = [("forward", LOW), ("backward", HIGH)]
+
+
+class ThreadGPU(SimGPU):
+    """A simulated GPU called as NVML is; records each clock lock and the thread that made it."""
+
+    calls_block = True
+    locks: list[tuple[int, str]]
+    gate: threading.Event | None = None
+    entered: threading.Event | None = None
+
+    def lock_sm_clocks_mhz(self, min_clock_mhz: int, max_clock_mhz: int) -> None:  # noqa: D102
+        if self.entered is not None:
+            self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(5)
+        super().lock_sm_clocks_mhz(min_clock_mhz, max_clock_mhz)
+        self.locks.append((min_clock_mhz, threading.current_thread().name))
+
+    def reset_sm_clocks(self) -> None:  # noqa: D102
+        super().reset_sm_clocks()
+        self.locks.append((0, threading.current_thread().name))
+
+
+def _gpu(tmp_path: Path) -> ThreadGPU:
+    SimGPU.create(tmp_path / "sim", 0, preset="A40", energy_update_ms=0)
+    gpu = ThreadGPU.open(tmp_path / "sim", 0)
+    gpu.locks = []
+    return gpu
+
+
+def _instruction(index: int, name: str) -> bytes:
+    return dg.encode_event(Kind.INSTRUCTION_BEGIN, os.getpid(), time.monotonic_ns(), index, 0,
+                           name)
+
+
+async def test_a_bound_trainers_clock_changes_are_applied_by_its_doorbell(nats_server, tmp_path):
+    gpu = _gpu(tmp_path)
+    async with running_agent(nats_server.url, gpus=[gpu]) as server:
+        agent = server.agents[0]
+        path = server.settings.socket_path
+        assert agent.doorbell is not None and agent.doorbell.path == doorbell_path(path, 0)
+        pub = Publisher(socket_path=path, gpu_index=0, reconnect_interval_s=0.01)
+        reply = await asyncio.to_thread(pub.hello, TrainerHello(job_id="j", rank=0, gpu_index=0))
+        assert reply is not None and reply.ok and reply.result["doorbell"] == agent.doorbell.path
+        await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=PAIRS), "j", 30.0)
+        del gpu.locks[:]  # (the reset at start)
+
+        def train() -> None:
+            for _ in range(4):
+                pub.step_begin()
+                for name, _ in PAIRS:
+                    pub.instruction_begin(name)
+                    time.sleep(0.02)  # The change is in well before the next instruction.
+                    pub.instruction_end(name)
+                pub.step_end()
+
+        await asyncio.to_thread(train)
+        await wait_for(lambda: len(gpu.locks) >= 8 and agent.doorbell.counters["datagrams"] == 24,
+                       5.0, "every change applied, every event through the doorbell")
+        assert [mhz for mhz, _ in gpu.locks] == [LOW, HIGH] * 4
+        # Lowerings wait for their event: the doorbell's thread applies them (the first one
+        # follows the install, on the loop). Raises go ahead of their event (`EarlyRaises`,
+        # the setters' thread) unless the forecast is not ready: then the doorbell's too.
+        assert all(t == "gpu0-doorbell" for mhz, t in gpu.locks[2:] if mhz == LOW), gpu.locks
+        raises_rung = sum(t == "gpu0-doorbell" for mhz, t in gpu.locks if mhz == HIGH)
+        assert raises_rung + agent.raises.issued == 4, (gpu.locks, agent.raises.issued)
+        assert agent.doorbell.counters["taken"] >= 3 + raises_rung
+        assert agent.counters["mismatches"] == 0  # ... and reached the agent, in order
+        await asyncio.to_thread(pub.close)  # the goodbye follows the events
+        await wait_for(lambda: gpu.get_locked_sm_clocks_mhz() is None, 3.0, "restored at BYE")
+        assert server.gateway is not None
+        assert server.gateway.counters["unbound"] == 0
+        assert server.gateway.counters["unanswerable"] == 0
+
+
+async def test_another_process_cannot_ring_the_armed_change(nats_server, tmp_path):
+    gpu = _gpu(tmp_path)
+    async with running_agent(nats_server.url, gpus=[gpu]) as server:
+        agent = server.agents[0]
+        assert agent.doorbell is not None
+        agent.bind("j", 0, pid=os.getpid(), uid=os.getuid())
+        await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=PAIRS), "j", 30.0)
+        del gpu.locks[:]  # (the reset at start)
+        agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 0, 0,
+                                     "forward"))
+        await agent.clocks.drained()
+        assert [mhz for mhz, _ in gpu.locks] == [LOW]  # armed for instruction 1 (backward)
+        data = _instruction(1, "backward")  # claims this pid; the kernel says otherwise
+        subprocess.run(
+            [sys.executable, "-c", "import socket, sys; socket.socket(socket.AF_UNIX, "
+             "socket.SOCK_DGRAM).sendto(bytes.fromhex(sys.argv[2]), sys.argv[1])",
+             agent.doorbell.path, data.hex()], check=True, timeout=30)
+        assert server.gateway is not None
+        await wait_for(lambda: server.gateway.counters["unbound"] == 1, 3.0,
+                       "the foreign datagram handled as the gateway handles it")
+        await agent.clocks.drained()
+        assert [mhz for mhz, _ in gpu.locks] == [LOW]
+        assert agent.doorbell.counters["taken"] == 0
+
+
+async def _gpu_agent(tmp_path: Path, gpu: ThreadGPU) -> tuple[GpuAgent, list[list]]:
+    agent = GpuAgent(gpu, "n", _no_publish)
+    await agent.start()
+    del gpu.locks[:]  # (the reset at start)
+    delivered: list[list] = []
+    assert agent.open_doorbell(str(tmp_path / "bell.gpu0"), delivered.append, 0o600)
+    agent.bind("j", 0, pid=os.getpid(), uid=os.getuid())
+    await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=PAIRS), "j", 30.0)
+    agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 0, 0, "forward"))
+    await agent.clocks.drained()
+    return agent, delivered
+
+
+async def _no_publish(subject: str, payload: bytes) -> None:
+    return None
+
+
+def _ring(agent: GpuAgent, data: bytes) -> None:
+    assert agent.doorbell is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(data, agent.doorbell.path)
+
+
+async def test_the_loop_applies_a_change_whose_event_came_first(tmp_path):
+    gpu = _gpu(tmp_path)
+    agent, _ = await _gpu_agent(tmp_path, gpu)
+    try:
+        agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 1, 0,
+                                     "backward"))  # before any ring: the loop claims it
+        await agent.clocks.drained()
+        assert gpu.locks[-1] == (HIGH, "gpu0-set_0")
+        assert agent.doorbell is not None and agent.doorbell.counters["claimed"] == 1
+        _ring(agent, _instruction(1, "backward"))  # late: nothing is armed for it any more
+        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the late ring")
+        assert agent.doorbell.counters["taken"] == 0
+        assert [mhz for mhz, _ in gpu.locks] == [LOW, HIGH]
+    finally:
+        agent.close_doorbell()
+        agent.caller.close()
+
+
+async def test_a_restore_racing_a_rung_change_leaves_the_gpu_unlocked(tmp_path):
+    gpu = _gpu(tmp_path)
+    agent, delivered = await _gpu_agent(tmp_path, gpu)
+    try:
+        gpu.gate, gpu.entered = threading.Event(), threading.Event()
+        _ring(agent, _instruction(1, "backward"))
+        assert await asyncio.to_thread(gpu.entered.wait, 5)  # in the lock call, in its thread
+        restore = asyncio.ensure_future(agent.restore({"schedule"}, reason="clear"))
+        await asyncio.sleep(0.05)
+        assert not restore.done()  # the reset waits for the change in flight
+        gpu.gate.set()
+        assert await restore == ["schedule", "sm_clocks"]
+        assert gpu.locks[-2:] == [(HIGH, "gpu0-doorbell"), (0, "gpu0-set_0")]
+        assert gpu.get_locked_sm_clocks_mhz() is None
+        assert len(delivered) == 1  # the batch went to the loop all the same
+    finally:
+        agent.close_doorbell()
+        agent.caller.close()
+
+
+async def test_a_change_armed_before_a_new_schedule_is_dropped(tmp_path):
+    gpu = _gpu(tmp_path)
+    agent, _ = await _gpu_agent(tmp_path, gpu)
+    try:
+        assert agent.doorbell is not None
+        epoch = agent.clocks.epoch
+        await agent.install_schedule(  # invalidates and disarms
+            "j", FrequencySchedule(rank=0, frequencies=[("forward", LOW)]), "j", 30.0)
+        _ring(agent, _instruction(1, "backward"))
+        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the ring")
+        agent.clocks.ring(HIGH, epoch, time.monotonic_ns())  # a change taken just before
+        await agent.clocks.drained()
+        assert [mhz for mhz, _ in gpu.locks] == [LOW]
+        assert agent.doorbell.counters["taken"] == 0
+    finally:
+        agent.close_doorbell()
+        agent.caller.close()
+
+
+def test_the_publisher_falls_back_to_the_trainers_socket_without_its_doorbell(tmp_path):
+    gateway = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    gateway.bind(str(tmp_path / "agent.sock"))
+    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    bell.bind(str(tmp_path / "agent.sock.gpu0"))
+    gateway.settimeout(5)
+    bell.settimeout(5)
+    pub = Publisher(socket_path=str(tmp_path / "agent.sock"), gpu_index=0,
+                    reconnect_interval_s=0.001)
+
+    def agent_side() -> None:
+        data, addr = gateway.recvfrom(65536)
+        hello = dg.decode_datagram(data)
+        assert isinstance(hello, dg.RequestDatagram) and hello.kind is Kind.HELLO
+        reply = Reply.success(node="n", doorbell=str(tmp_path / "agent.sock.gpu0"))
+        gateway.sendto(dg.encode_reply(hello.request_id, reply), addr)
+
+    answer = threading.Thread(target=agent_side)
+    answer.start()
+    reply = pub.hello(TrainerHello(job_id="j", rank=0, gpu_index=0))
+    answer.join()
+    assert reply is not None and reply.ok
+    try:
+        pub.instruction_begin("forward")
+        assert dg.decode_datagram(bell.recv(512)).kind is Kind.INSTRUCTION_BEGIN
+        bell.close()
+        os.unlink(tmp_path / "agent.sock.gpu0")
+        pub.step_begin()  # refused: counted as no agent; the publisher reconnects
+        time.sleep(0.01)
+        pub.step_end()
+        rebind = dg.decode_datagram(gateway.recv(512))  # re-introduced, from its own socket
+        assert isinstance(rebind, dg.RequestDatagram) and rebind.kind is Kind.HELLO
+        event = dg.decode_datagram(gateway.recv(512))
+        assert isinstance(event, EventDatagram) and event.kind is Kind.STEP_END
+        assert pub.stats().dropped_by_reason["no_agent"] == 1
+    finally:
+        pub.close()
+        gateway.close()
+
+
+async def test_shutdown_ends_the_doorbell_and_removes_its_socket(nats_server, tmp_path):
+    gpu = _gpu(tmp_path)
+    async with running_agent(nats_server.url, gpus=[gpu]) as server:
+        doorbell = server.agents[0].doorbell
+        assert doorbell is not None and os.path.exists(doorbell.path)
+        thread = doorbell._thread
+        assert thread is not None and thread.is_alive()
+    assert not os.path.exists(doorbell.path)
+    assert not thread.is_alive()
+    assert server.agents[0].doorbell is None
