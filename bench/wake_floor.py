@@ -1,13 +1,18 @@
-"""The machine's floor under `instruction_latency.py`: the same two hops with no agent code.
+"""The machine's floor under `instruction_latency.py`: the agent's hops with no agent code.
 
 A trainer-like child process stamps `time.monotonic_ns()` and sends an 8-byte datagram on an
-AF_UNIX socket, then sleeps (or spins, holding its GIL) for the gap; this process reads the
-socket on a uvloop reader (as the agent's gateway does) and hands the stamp to a worker thread
-through a `ThreadPoolExecutor` (as the agent hands a clock change to its GPU's setters' thread),
-which takes the time. No decoding, no schedule, no NVML: what is left is the kernel's and the
-interpreter's cost of waking two threads after `gap` of idleness. On a bare-metal host that is
-tens of microseconds; on a small VM whose vCPUs halt while idle it is hundreds, and it moves
-2-3x between runs, so `instruction_latency.py` measures it beside each of its own runs.
+AF_UNIX socket, then sleeps (or spins, holding its GIL) for the gap. Two receivers:
+
+* one hop (the agent's path, `zeus_agent.agent.doorbell`): a thread of this process sleeping
+  in `recv` takes the time;
+* two hops (the path without a doorbell): a uvloop reader (as the agent's gateway) hands the
+  stamp to a worker thread through a `ThreadPoolExecutor` (as the loop hands a clock change to
+  the GPU's setters' thread), which takes the time.
+
+No decoding, no schedule, no NVML: what is left is the kernel's and the interpreter's cost of
+waking threads after `gap` of idleness. On a bare-metal host that is tens of microseconds a
+hop; on a small VM whose vCPUs halt while idle it is 100-200 and it moves 2-3x between runs,
+so `instruction_latency.py` measures the one-hop floor beside each of its own runs.
 
     python bench/wake_floor.py [--steps 200] [--gap-us 50000]
 
@@ -62,8 +67,13 @@ SENDER = textwrap.dedent(
 )
 
 
-async def measure(mode: str, steps: int, gap_us: int) -> list[float]:
-    """Stamp -> worker thread latencies (us, sorted) of `steps` datagrams `gap_us` apart."""
+async def measure(mode: str, steps: int, gap_us: int, hops: int = 1) -> list[float]:
+    """Stamp -> receiving thread latencies (us, sorted) of `steps` datagrams `gap_us` apart.
+
+    `hops`: 1, a thread sleeping in `recv`; 2, the event loop, then a worker thread.
+    """
+    if hops == 1:
+        return await asyncio.to_thread(_one_hop, mode, steps, gap_us)
     tmp = Path(tempfile.mkdtemp(prefix="zfl-", dir=SHM_ROOT))
     path = str(tmp / "floor.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -107,6 +117,28 @@ async def measure(mode: str, steps: int, gap_us: int) -> list[float]:
     return sorted(x / 1000 for x in latencies)
 
 
+def _one_hop(mode: str, steps: int, gap_us: int) -> list[float]:
+    tmp = Path(tempfile.mkdtemp(prefix="zfl-", dir=SHM_ROOT))
+    path = str(tmp / "floor.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(30 + steps * gap_us / 1e6 * 2)
+    latencies: list[int] = []
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SENDER, path, mode, str(steps), str(gap_us * 1000)],
+        stdout=subprocess.DEVNULL)
+    try:
+        while data := sock.recv(64):
+            latencies.append(time.monotonic_ns() - int.from_bytes(data, "little"))
+        proc.wait(30)
+    finally:
+        proc.kill()
+        sock.close()
+        os.unlink(path)
+        tmp.rmdir()
+    return sorted(x / 1000 for x in latencies)
+
+
 def main() -> None:
     """Measure both modes; print a line each and the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -121,12 +153,13 @@ def main() -> None:
 
     result: dict[str, object] = {"bench": "wake_floor", "gap_us": args.gap_us}
     for mode in ("sleep", "busy"):
-        values = uvloop.run(measure(mode, args.steps, args.gap_us))
-        p50, p99 = pct(values, 0.5), pct(values, 0.99)
-        print(f"{mode} sender: datagram -> loop -> worker thread p50 {p50:.0f} us, "
-              f"p99 {p99:.0f} us ({len(values)} datagrams)")
-        result[f"{mode}_p50_us"] = round(p50, 1)
-        result[f"{mode}_p99_us"] = round(p99, 1)
+        for hops, prefix, path in ((1, "", "thread"), (2, "two_hop_", "loop -> worker thread")):
+            values = uvloop.run(measure(mode, args.steps, args.gap_us, hops))
+            p50, p99 = pct(values, 0.5), pct(values, 0.99)
+            print(f"{mode} sender: datagram -> {path} p50 {p50:.0f} us, "
+                  f"p99 {p99:.0f} us ({len(values)} datagrams)")
+            result[f"{prefix}{mode}_p50_us"] = round(p50, 1)
+            result[f"{prefix}{mode}_p99_us"] = round(p99, 1)
     result.update(loadavg=[round(x, 2) for x in os.getloadavg()], machine=machine(), date=now())
     print(json.dumps(result))
 

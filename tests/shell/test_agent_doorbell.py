@@ -26,6 +26,7 @@ from pathlib import Path
 from tests.shell.agent_kit import running_agent, wait_for
 from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.agent.metrics import AgentCollector
 from zeus_agent.emit import Publisher
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.models import FrequencySchedule
@@ -103,6 +104,10 @@ async def test_a_bound_trainers_clock_changes_are_applied_by_its_doorbell(nats_s
         assert raises_rung + agent.raises.issued == 4, (gpu.locks, agent.raises.issued)
         assert agent.doorbell.counters["taken"] >= 3 + raises_rung
         assert agent.counters["mismatches"] == 0  # ... and reached the agent, in order
+        families = {m.name: m for m in AgentCollector(server.agents, dict).collect()}
+        exported = {s.labels["event"]: s.value for s in families["zeus_agent_gpu_events"].samples}
+        assert exported["doorbell_taken"] == agent.doorbell.counters["taken"]
+        assert exported["doorbell_datagrams"] == 24
         await asyncio.to_thread(pub.close)  # the goodbye follows the events
         await wait_for(lambda: gpu.get_locked_sm_clocks_mhz() is None, 3.0, "restored at BYE")
         assert server.gateway is not None

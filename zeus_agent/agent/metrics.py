@@ -31,7 +31,8 @@ Two families describe the same samples:
   | `zeus_agent_datagrams_total{outcome}` | counter | trainer datagrams by outcome |
   | `zeus_agent_bus_messages_dropped_total{reason}` | counter | bus messages the agent dropped |
   | `zeus_gpu_controllable` | gauge | 1 if settings may be changed, 0 observe-only |
-  | `zeus_agent_gpu_events_total{event}` | counter | per GPU: mismatches, gaps, failed clocks... |
+  | `zeus_agent_gpu_events_total{event}` | counter | per GPU: mismatches, gaps, failed clocks, |
+  |  |  | the doorbell's datagrams, changes taken, changes claimed by the loop |
   | `zeus_agent_nats_connected` | gauge | 1 while connected to NATS |
 """
 
@@ -106,7 +107,8 @@ class AgentCollector(Collector):
         events = CounterMetricFamily(
             "zeus_agent_gpu_events",
             "Per GPU: schedule mismatches, measurement gaps, failed clock changes, restores, "
-            "sample errors, refused and unmeasured measurements",
+            "sample errors, refused and unmeasured measurements; the doorbell's datagrams, the "
+            "clock changes its thread took and those the event loop claimed first",
             labels=[*LABELS, "event"])
         for agent in self.agents.values():
             info = agent.info
@@ -116,6 +118,9 @@ class AgentCollector(Collector):
             controllable.add_metric(labels, 1.0 if agent.controllable else 0.0)
             for event, count in sorted(agent.counters.items()):
                 events.add_metric([*labels, event], count)
+            if agent.doorbell is not None:
+                for event, count in sorted(agent.doorbell.counters.items()):
+                    events.add_metric([*labels, f"doorbell_{event}"], count)
             reads.add_metric(labels, agent.counter.reads)
             limit_reads.add_metric(labels, agent.counter.limit_reads)
             idle.add_metric(labels, 1.0 if agent.counter.policy.idle else 0.0)
