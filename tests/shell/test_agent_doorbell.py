@@ -99,8 +99,9 @@ async def test_a_bound_trainers_clock_changes_are_applied_by_its_doorbell(nats_s
         # Lowerings wait for their event: the doorbell's thread applies them (the first one
         # follows the install, on the loop). Raises go ahead of their event (`EarlyRaises`,
         # the setters' thread) unless the forecast is not ready: then the doorbell's too.
-        assert all(t == "gpu0-doorbell" for mhz, t in gpu.locks[2:] if mhz == LOW), gpu.locks
-        raises_rung = sum(t == "gpu0-doorbell" for mhz, t in gpu.locks if mhz == HIGH)
+        lowered = [t for mhz, t in gpu.locks[2:] if mhz == LOW]
+        assert all(t.startswith("gpu0-doorbell") for t in lowered), gpu.locks
+        raises_rung = sum(t.startswith("gpu0-doorbell") for mhz, t in gpu.locks if mhz == HIGH)
         assert raises_rung + agent.raises.issued == 4, (gpu.locks, agent.raises.issued)
         assert agent.doorbell.counters["taken"] >= 3 + raises_rung
         assert agent.counters["mismatches"] == 0  # ... and reached the agent, in order
@@ -193,7 +194,8 @@ async def test_a_restore_racing_a_rung_change_leaves_the_gpu_unlocked(tmp_path):
         assert not restore.done()  # the reset waits for the change in flight
         gpu.gate.set()
         assert await restore == ["schedule", "sm_clocks"]
-        assert gpu.locks[-2:] == [(HIGH, "gpu0-doorbell"), (0, "gpu0-set_0")]
+        assert [mhz for mhz, _ in gpu.locks[-2:]] == [HIGH, 0]
+        assert gpu.locks[-2][1].startswith("gpu0-doorbell") and gpu.locks[-1][1] == "gpu0-set_0"
         assert gpu.get_locked_sm_clocks_mhz() is None
         assert len(delivered) == 1  # the batch went to the loop all the same
     finally:
@@ -211,7 +213,7 @@ async def test_a_change_armed_before_a_new_schedule_is_dropped(tmp_path):
             "j", FrequencySchedule(rank=0, frequencies=[("forward", LOW)]), "j", 30.0)
         _ring(agent, _instruction(1, "backward"))
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the ring")
-        agent.clocks.ring(HIGH, epoch, time.monotonic_ns())  # a change taken just before
+        agent.clocks.ring(HIGH, epoch, time.monotonic_ns(), agent.clocks.asked)  # taken before
         await agent.clocks.drained()
         assert [mhz for mhz, _ in gpu.locks] == [LOW]
         assert agent.doorbell.counters["taken"] == 0
@@ -265,8 +267,154 @@ async def test_shutdown_ends_the_doorbell_and_removes_its_socket(nats_server, tm
     async with running_agent(nats_server.url, gpus=[gpu]) as server:
         doorbell = server.agents[0].doorbell
         assert doorbell is not None and os.path.exists(doorbell.path)
-        thread = doorbell._thread
-        assert thread is not None and thread.is_alive()
+        threads = doorbell._threads
+        assert len(threads) == 2 and all(t.is_alive() for t in threads)
     assert not os.path.exists(doorbell.path)
-    assert not thread.is_alive()
+    assert not any(t.is_alive() for t in threads)
     assert server.agents[0].doorbell is None
+
+
+async def _wired_agent(tmp_path: Path, gpu: ThreadGPU, on_batch=None) -> GpuAgent:
+    """A `GpuAgent` whose doorbell hands its batches to `on_event`, as the gateway does."""
+    agent = GpuAgent(gpu, "n", _no_publish)
+    await agent.start()
+    del gpu.locks[:]
+
+    def deliver(batch: list) -> None:
+        for data, _ancillary, _flags, _addr in batch:
+            event = dg.decode_datagram(data)
+            if isinstance(event, EventDatagram):
+                agent.on_event(event)
+        if on_batch is not None:
+            on_batch(batch)
+
+    assert agent.open_doorbell(str(tmp_path / "bell.gpu0"), deliver, 0o600)
+    agent.bind("j", 0, pid=os.getpid(), uid=os.getuid())
+    await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=PAIRS), "j", 30.0)
+    agent.raises.enabled = False  # (every change on its event: the doorbell's or the loop's)
+    return agent
+
+
+def _event(kind: Kind, a: int = 0, name: str = "") -> bytes:
+    return dg.encode_event(kind, os.getpid(), time.monotonic_ns(), a, 0, name)
+
+
+async def test_a_rung_change_the_loop_overtook_is_dropped(tmp_path):
+    """The thread took instruction 1's arm, but the loop handled 1 and 2 before it rang."""
+    gpu = _gpu(tmp_path)
+    handled = threading.Event()
+    agent = await _wired_agent(tmp_path, gpu, on_batch=lambda batch: handled.set())
+    assert agent.doorbell is not None
+    ring = agent.clocks.ring
+
+    def late_ring(*change: int) -> bool:
+        handled.wait(5)  # The loop runs first ...
+        time.sleep(0.05)  # ... and the setters' thread applies what it asked for.
+        return ring(*change)
+
+    agent.clocks.ring = late_ring  # type: ignore[method-assign]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(agent.doorbell.path)
+            s.send(_event(Kind.INSTRUCTION_BEGIN, 0, "forward"))
+            await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
+            handled.clear()
+            for data in (_event(Kind.INSTRUCTION_BEGIN, 1, "backward"),
+                         _event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
+                         _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
+                s.send(data)  # (one batch, most likely)
+            await wait_for(lambda: agent.doorbell.counters["datagrams"] == 5, 3.0, "all read")
+            await asyncio.sleep(0.2)
+            await agent.clocks.drained()
+        assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # instruction 2's, the latest
+        assert agent._clock_mhz == LOW
+    finally:
+        agent.close_doorbell()
+        agent.caller.close()
+
+
+async def test_a_schedule_pending_for_the_next_step_disarms_the_doorbell(tmp_path):
+    gpu = _gpu(tmp_path)
+    agent = await _wired_agent(tmp_path, gpu)
+    assert agent.doorbell is not None
+    try:
+        for index, (name, _) in enumerate(PAIRS):  # one iteration: armed for the next one's
+            agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), index,
+                                         0, name))
+            await agent.clocks.drained()  # (else the two coalesce to the latest)
+        assert agent.doorbell._arm is not None and agent.doorbell._arm.mhz == LOW
+        new = [("forward", 1200), ("backward", HIGH)]
+        await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=new), "j", 30.0,
+                                     version=1, from_step=1)
+        assert agent.doorbell._arm is None  # the next iteration may run the new schedule
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(agent.doorbell.path)
+            for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
+                         _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
+                s.send(data)
+            await wait_for(lambda: agent.doorbell.counters["datagrams"] == 3, 3.0, "all read")
+        await asyncio.sleep(0.05)
+        await agent.clocks.drained()
+        assert [mhz for mhz, _ in gpu.locks] == [LOW, HIGH, 1200]  # never the old LOW again
+    finally:
+        agent.close_doorbell()
+        agent.caller.close()
+
+
+async def test_the_loop_applies_its_own_clock_when_the_doorbell_rang_another(tmp_path):
+    """An iteration that ended early: the cursor went back to the schedule's start, which the
+    arm (the next position) did not foresee; the names happen to match."""
+    pairs = [("forward", LOW), ("backward", HIGH), ("forward", 1200)]
+    gpu = _gpu(tmp_path)
+    agent = await _wired_agent(tmp_path, gpu)
+    assert agent.doorbell is not None
+    try:
+        await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=pairs), "j",
+                                     30.0, version=1)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(agent.doorbell.path)
+            for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
+                s.send(data)
+            await wait_for(lambda: len(gpu.locks) == 1, 3.0, "forward's clock")
+            s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+            await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
+            for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
+                         _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):  # armed: 1200
+                s.send(data)
+            await wait_for(lambda: agent.doorbell.counters["datagrams"] == 6, 3.0, "all read")
+        await asyncio.sleep(0.05)
+        await agent.clocks.drained()
+        assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # the cursor's: forward at LOW
+        assert agent._clock_mhz == LOW
+    finally:
+        agent.close_doorbell()
+        agent.caller.close()
+
+
+async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_path):
+    gpu = _gpu(tmp_path)
+    delivered: list[int] = []
+    agent = await _wired_agent(tmp_path, gpu, on_batch=lambda batch: delivered.append(len(batch)))
+    assert agent.doorbell is not None
+    try:
+        agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 0, 0,
+                                     "forward"))
+        await agent.clocks.drained()
+        gpu.gate, gpu.entered = threading.Event(), threading.Event()  # the next lock hangs
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(agent.doorbell.path)
+            s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+            assert await asyncio.to_thread(gpu.entered.wait, 5)  # a doorbell thread is in it
+            for _ in range(100):  # ten times what the socket queues (net.unix.max_dgram_qlen)
+                s.send(_event(Kind.STEP_END))
+                await asyncio.sleep(0.001)
+            await wait_for(lambda: sum(delivered) == 101, 3.0, "every event delivered")
+        assert not gpu.gate.is_set()  # ... while the lock call still hangs
+        gpu.gate.set()
+        await agent.clocks.drained()
+        assert gpu.get_locked_sm_clocks_mhz() == (HIGH, HIGH), (gpu.locks, agent.doorbell.counters)
+    finally:
+        assert gpu.gate is not None
+        gpu.gate.set()
+        agent.close_doorbell()
+        agent.caller.close()

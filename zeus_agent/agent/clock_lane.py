@@ -94,6 +94,9 @@ class ClockLane:
         self._applied: tuple[int, int] | None = None
         """(MHz, epoch) of the last clock locked; None after a restore, failure or hand lock."""
         self.epoch = 0
+        self.asked = 0
+        """Changes asked for on the loop (`want`) so far: a ring armed before the latest one
+        is older than it and is dropped."""
         self.latencies: deque[int] = deque(maxlen=LATENCIES_KEPT)
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -134,6 +137,7 @@ class ClockLane:
             self._loop = asyncio.get_running_loop()
         change = (mhz, self.epoch, event_ns)
         with self._guard:
+            self.asked += 1
             wanted = self._wanted
             if event_ns is None and wanted and wanted[0][2] is not None:
                 self._wanted = [wanted[0], change]  # The running instruction's, then the raise.
@@ -149,22 +153,30 @@ class ClockLane:
                 self._wanted, self._draining = [], False
             self._on_failed(mhz, str(e))
 
-    def ring(self, mhz: int, epoch: int, event_ns: int) -> None:
-        """From the doorbell's thread: apply `mhz` (wanted in `epoch`) in this thread.
+    def ring(self, mhz: int, epoch: int, event_ns: int, asked: int) -> bool:
+        """From the doorbell's thread: apply `mhz` (armed in `epoch` after `asked` changes).
 
-        If a drain is running in another thread, it takes the change next instead.
+        Applied in this thread, or, if a drain is running in another, next by that drain.
+        Dropped (False) if the loop asked for a change since it armed this one: the loop's is
+        newer (its event overtook this thread, or a new schedule began).
         """
         with self._guard:
-            self._wanted = [(mhz, epoch, event_ns)]
+            if asked != self.asked:
+                return False
+            self._wanted = [(mhz, epoch, event_ns)]  # Older than the arm: stale.
             if self._draining:
-                return
+                return True
             self._draining = True
         self._drain()
+        return True
 
     async def drained(self, timeout_s: float = 5.0) -> None:
-        """Wait until every change wanted so far has been applied or dropped."""
+        """Wait until every change wanted or rung so far has been applied or dropped."""
         if self._caller.blocking:
+            deadline = time.monotonic() + timeout_s
             await self._caller.call(_nothing, timeout_s=timeout_s, setter=True)
+            while self._draining and time.monotonic() < deadline:  # (a doorbell's thread)
+                await asyncio.sleep(0.001)
 
     def _drain(self) -> None:
         """In the GPU's thread: apply the latest wanted change until none is left."""
@@ -279,6 +291,10 @@ class EarlyRaises:
         if seen == self._seen and epoch == self._lane.epoch and fire(mhz):
             self._raised_for = seen + 1
             self.issued += 1
+
+    def cancel(self) -> None:
+        """Cancel a raise planned ahead (the next instruction may run another schedule)."""
+        self._cancel()
 
     def _cancel(self) -> None:
         if self._timer is not None:

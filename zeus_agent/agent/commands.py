@@ -90,7 +90,8 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
             return Reply.success(min_mhz=cmd.min_mhz, max_mhz=cmd.max_mhz)
         case ResetClocksCmd():
             await agent.restore({"sm_clocks"}, reason="reset command")
-            await agent.caller.call(agent.gpu.reset_sm_clocks)
+            await agent.caller.call(agent.clocks.exclusive(agent.gpu.reset_sm_clocks),
+                                    setter=True)
             return Reply.success()
         case InstallScheduleCmd():
             await agent.install_schedule(cmd.job_id, cmd.schedule, cmd.holder, cmd.lease_s,

@@ -33,6 +33,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
@@ -69,6 +70,8 @@ class Arm(NamedTuple):
     name: str
     mhz: int
     epoch: int
+    asked: int
+    """The lane's `asked` when armed: a change the loop asks for later makes this one stale."""
 
 
 class ClockDoorbell:
@@ -76,8 +79,9 @@ class ClockDoorbell:
 
     Attributes:
         path: The socket's path.
-        counters: `datagrams` (read), `taken` (armed changes the thread applied, or found in
-            already: a raise issued ahead), `claimed` (by the loop: its event came first).
+        counters: `datagrams` (read), `taken` (armed changes the threads took: applied, found
+            in already (a raise issued ahead) or `stale` (the loop asked for a newer change
+            before it was applied)), `claimed` (by the loop: its event came first).
     """
 
     def __init__(self, path: str, lane: ClockLane, index: int) -> None:
@@ -89,14 +93,17 @@ class ClockDoorbell:
         self._sock: socket.socket | None = None
         self._deliver: Callable[[list[Received]], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._reading = threading.Lock()
+        """Held by the thread that reads and delivers: one at a time, so batches stay in
+        order; released while the holder applies a change, so the other reads meanwhile."""
         self._closed = False
         self._inode = -1
         self._take = threading.Lock()
         self._arm: Arm | None = None
-        self._rung: int | None = None
-        """The index of the instruction whose change the doorbell took (until the loop's
-        `claim` of it, or `disarm`)."""
+        self._rung: tuple[int, int] | None = None
+        """(instruction, MHz) of the last change the doorbell took, until the loop's `claim`
+        of it or `disarm`."""
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -140,21 +147,34 @@ class ClockDoorbell:
         self._sock = sock
         self._deliver = deliver
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(
-            target=self._serve, name=f"gpu{self.index}-doorbell", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._serve, name=f"gpu{self.index}-doorbell-{n}",
+                                          daemon=True) for n in (1, 2)]
+        for thread in self._threads:
+            thread.start()
 
-    def close(self, timeout_s: float = 1.0) -> None:
-        """Stop the thread (it wakes at once), close and remove the socket. Idempotent."""
+    def stop(self) -> None:
+        """Wake the threads to end (a blocked `recvmsg` returns at once). Idempotent.
+
+        Nothing is delivered from now on.
+        """
         self._closed = True
         self.disarm()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RD)
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """`stop`, wait for the threads, close and remove the socket. Idempotent.
+
+        A change being applied may hold a thread: the wait is bounded by `timeout_s`.
+        """
+        self.stop()
         sock, self._sock = self._sock, None
         if sock is None:
             return
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RD)  # A blocked recvmsg returns (empty) at once.
-        if self._thread is not None:
-            self._thread.join(timeout_s)  # A change being applied may hold it (bounded).
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         sock.close()
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._inode:  # not a newer agent's
@@ -164,7 +184,7 @@ class ClockDoorbell:
     def arm(self, pid: int, index: int, name: str, mhz: int) -> None:
         """On the loop: the next ring for instruction `index` (`name`) of `pid` locks `mhz`."""
         with self._take:
-            self._arm = Arm(pid, index, name, mhz, self._lane.epoch)
+            self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked)
 
     def disarm(self) -> None:
         """On the loop: nothing is to be applied from a ring (schedule changed, trainer left)."""
@@ -172,13 +192,15 @@ class ClockDoorbell:
             self._arm = None
             self._rung = None
 
-    def claim(self, index: int) -> bool:
-        """On the loop, on instruction `index`'s event: should the loop apply its change?
+    def claim(self, index: int, mhz: int) -> bool:
+        """On the loop, on instruction `index`'s event, which wants `mhz`: apply it?
 
-        False when the doorbell took it already; else the arm (if for `index`) is taken.
+        False when the doorbell took that change already; else the arm (if for `index`) is
+        taken. (The doorbell took another clock if the loop's cursor moved otherwise than it
+        armed, e.g. an iteration that ended early: the loop's wins.)
         """
         with self._take:
-            if self._rung == index:
+            if self._rung == (index, mhz):
                 self._rung = None
                 return False
             if self._arm is not None and self._arm.instruction == index:
@@ -188,8 +210,26 @@ class ClockDoorbell:
 
     # ------------------------------------------------------------------ the thread
     def _serve(self) -> None:
+        """One of two threads: read and deliver while holding `_reading`; apply without it.
+
+        While one applies a change (a lock call: ~1 ms, or hung), the other reads, so the
+        trainer's events never wait behind the GPU.
+        """
         sock, loop, deliver = self._sock, self._loop, self._deliver
         assert sock is not None and loop is not None and deliver is not None
+        while not self._closed:
+            with self._reading:
+                change = self._read_until_change(sock, loop, deliver)
+            if change is None:
+                return
+            if not self._lane.ring(*change):
+                self.counters["stale"] += 1
+
+    def _read_until_change(
+        self, sock: socket.socket, loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[list[Received]], None],
+    ) -> tuple[int, int, int, int] | None:
+        """Deliver batches until one holds the armed instruction; None once closed."""
         while not self._closed:
             batch: list[Received] = []
             try:
@@ -200,11 +240,11 @@ class ClockDoorbell:
                 pass
             except OSError as e:
                 if self._closed:
-                    return
+                    return None
                 LOG.warning("GPU %d: doorbell socket error: %s", self.index, e)
-                continue
+                time.sleep(0.01)
             if self._closed:
-                return  # (Woken by `close`: an empty read.)
+                return None  # (Woken by `stop`: an empty read.)
             if not batch:
                 continue
             try:
@@ -216,11 +256,12 @@ class ClockDoorbell:
             try:
                 loop.call_soon_threadsafe(deliver, batch)
             except RuntimeError:
-                return  # The loop is closed: the agent is gone.
+                return None  # The loop is closed: the agent is gone.
             if change is not None:
-                self._lane.ring(*change)
+                return change
+        return None
 
-    def _take_armed(self, batch: list[Received]) -> tuple[int, int, int] | None:
+    def _take_armed(self, batch: list[Received]) -> tuple[int, int, int, int] | None:
         """In the thread: the armed change if `batch` holds its instruction (the arm taken)."""
         arm = self._arm
         if arm is None:
@@ -241,9 +282,9 @@ class ClockDoorbell:
                 if self._arm is not arm:
                     return None  # The loop claimed it (its event came first) or re-armed.
                 self._arm = None
-                self._rung = arm.instruction
+                self._rung = arm.instruction, arm.mhz
             self.counters["taken"] += 1
-            return arm.mhz, arm.epoch, event.t_ns
+            return arm.mhz, arm.epoch, event.t_ns, arm.asked
         return None
 
 

@@ -187,11 +187,11 @@ class GpuAgent:
             self.doorbell = ClockDoorbell.opened(path, self.clocks, self.index, deliver, mode, gid)
         return self.doorbell is not None
 
-    def close_doorbell(self) -> None:
-        """Stop the doorbell's thread and remove its socket (shutdown: before the restore)."""
+    def close_doorbell(self, timeout_s: float = 1.0) -> None:
+        """Stop the doorbell's threads and remove its socket (shutdown: before the restore)."""
         doorbell, self.doorbell = self.doorbell, None
         if doorbell is not None:
-            doorbell.close()
+            doorbell.close(timeout_s)
 
     async def reset_at_start(self) -> None:
         """Put the power limit and SM clocks back to default, whoever changed them."""
@@ -445,6 +445,11 @@ class GpuAgent:
                 self._pending_schedule = None
             else:
                 self._pending_schedule = (from_step, version, schedule.rank, pairs)
+                # What was armed or planned for the next instruction may be the next
+                # iteration's under the old schedule: its event decides.
+                self.raises.cancel()
+                if self.doorbell is not None:
+                    self.doorbell.disarm()
             self._changed.add(SCHEDULE)
         b = self.binding
         if self.notify_trainer is not None and b is not None and b.job_id == job_id:
@@ -550,6 +555,8 @@ class GpuAgent:
     ) -> None:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
         self.measurer.release_held()  # Those held back are measured as bound when they came.
+        if self.doorbell is not None:
+            self.doorbell.disarm()  # (A new trainer counts its instructions from 0 again.)
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.measurer.reset()
             self.reports.rebound()
@@ -603,7 +610,7 @@ class GpuAgent:
             if mhz is not None and (mhz != self._clock_mhz or early):
                 self.boundaries.on_clock_change(ev.t_ns)
                 if mhz != self._clock_mhz:
-                    if self.doorbell is None or self.doorbell.claim(ev.a):
+                    if self.doorbell is None or self.doorbell.claim(ev.a, mhz):
                         self._apply_frequency(mhz, ev.t_ns)
                     else:
                         self._clock_mhz = mhz  # Rung: the doorbell's thread applies it.

@@ -488,8 +488,12 @@ class AgentServer(ExitSignals):
             self.gateway.close_tasks()
         elif self._socket is not None:
             self._socket.close()
+        for agent in self.agents.values():  # All woken at once; then waited for (1 s in all).
+            if agent.doorbell is not None:
+                agent.doorbell.stop()
+        deadline = time.monotonic() + 1.0
         for agent in self.agents.values():
-            agent.close_doorbell()
+            agent.close_doorbell(max(0.0, deadline - time.monotonic()))
         if self._socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 path = Path(self.settings.socket_path)
