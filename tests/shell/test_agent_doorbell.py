@@ -405,6 +405,7 @@ async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_p
             s.connect(agent.doorbell.path)
             s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
             assert await asyncio.to_thread(gpu.entered.wait, 5)  # a doorbell thread is in it
+            s.setblocking(False)  # (A full queue raises BlockingIOError: the test fails.)
             for _ in range(100):  # ten times what the socket queues (net.unix.max_dgram_qlen)
                 s.send(_event(Kind.STEP_END))
                 await asyncio.sleep(0.001)
