@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import socket
 import stat
 import threading
@@ -37,6 +38,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
+
+import msgpack
 
 from zeus_agent.agent.clock_lane import ClockLane
 from zeus_agent.agent.credentials import (
@@ -46,7 +49,7 @@ from zeus_agent.agent.credentials import (
     pass_credentials,
     sender,
 )
-from zeus_agent.wire.trainer import EventDatagram, Kind, decode_datagram
+from zeus_agent.wire.trainer import Kind
 
 __all__ = ["ClockDoorbell", "doorbell_path"]
 
@@ -55,6 +58,8 @@ LOG = logging.getLogger(__name__)
 _INSTRUCTION_BEGIN = int(Kind.INSTRUCTION_BEGIN)
 _MAX_PER_WAKEUP = 256
 """Datagrams read per wake-up and handed to the loop at once."""
+HOLD_S = 0.001
+"""While armed, how long a batch without the armed instruction waits for it (`_read...`)."""
 
 
 def doorbell_path(socket_path: str, index: int) -> str:
@@ -229,54 +234,84 @@ class ClockDoorbell:
         self, sock: socket.socket, loop: asyncio.AbstractEventLoop,
         deliver: Callable[[list[Received]], None],
     ) -> tuple[int, int, int, int] | None:
-        """Deliver batches until one holds the armed instruction; None once closed."""
+        """Deliver batches until one holds the armed instruction; None once closed.
+
+        While armed, datagrams without the instruction are held up to `HOLD_S` for it: a
+        trainer sends an instruction's end and the next one's begin (or a step's begin and
+        its first instruction's) microseconds apart, and a loop woken for the first would
+        hold the GIL while this thread needs it for the second.
+        """
+        held: list[Received] = []
+        deadline = 0.0
         while not self._closed:
-            batch: list[Received] = []
-            try:
-                batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES))
-                while len(batch) < _MAX_PER_WAKEUP:
-                    batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT))
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as e:
-                if self._closed:
-                    return None
-                LOG.warning("GPU %d: doorbell socket error: %s", self.index, e)
-                time.sleep(0.01)
+            batch = self._read(sock, None if not held else deadline - time.monotonic())
             if self._closed:
                 return None  # (Woken by `stop`: an empty read.)
-            if not batch:
+            change = None
+            if batch:
+                try:
+                    change = self._take_armed(batch)
+                except Exception:  # noqa: BLE001 - delivered all the same; the loop applies
+                    LOG.exception("GPU %d: checking a doorbell batch failed", self.index)
+                self.counters["datagrams"] += len(batch)
+                if not held:
+                    deadline = time.monotonic() + HOLD_S
+                held += batch
+            if (change is None and held and self._arm is not None
+                    and time.monotonic() < deadline):
                 continue
-            try:
-                change = self._take_armed(batch)
-            except Exception:  # noqa: BLE001 - the batch is still delivered; the loop applies
-                change = None
-                LOG.exception("GPU %d: checking a doorbell batch failed; continuing", self.index)
-            self.counters["datagrams"] += len(batch)
-            try:
-                loop.call_soon_threadsafe(deliver, batch)
-            except RuntimeError:
-                return None  # The loop is closed: the agent is gone.
+            if held:
+                try:
+                    loop.call_soon_threadsafe(deliver, held)
+                except RuntimeError:
+                    return None  # The loop is closed: the agent is gone.
+                held = []
             if change is not None:
                 return change
         return None
 
+    def _read(self, sock: socket.socket, timeout_s: float | None) -> list[Received]:
+        """What the socket holds (at most `_MAX_PER_WAKEUP`), once it holds anything.
+
+        `timeout_s`: None waits for ever; else [] once that has passed.
+        """
+        batch: list[Received] = []
+        try:
+            if timeout_s is not None and (
+                    timeout_s <= 0 or not select.select([sock], [], [], timeout_s)[0]):
+                return batch
+            batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES))
+            while len(batch) < _MAX_PER_WAKEUP:
+                batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT))
+        except (BlockingIOError, InterruptedError):
+            pass
+        except (OSError, ValueError) as e:  # (ValueError: select on a closed socket)
+            if not self._closed:
+                LOG.warning("GPU %d: doorbell socket error: %s", self.index, e)
+                time.sleep(0.01)
+        return batch
+
     def _take_armed(self, batch: list[Received]) -> tuple[int, int, int, int] | None:
-        """In the thread: the armed change if `batch` holds its instruction (the arm taken)."""
+        """In the thread: the armed change if `batch` holds its instruction (the arm taken).
+
+        Only what the match needs is read (kind, index, name, stamp; the sender's pid from
+        the kernel): the gateway checks every datagram in full when it gets the batch. On a
+        vCPU that just woke, each microsecond of Python here costs several.
+        """
         arm = self._arm
         if arm is None:
             return None
         for data, ancillary, _flags, _addr in batch:
             if len(data) < 3 or data[2] != _INSTRUCTION_BEGIN:  # [1, kind, ...]: pre-check
                 continue
-            if sender(ancillary)[0] != arm.pid:
-                continue
             try:
-                event = decode_datagram(data)
+                fields = msgpack.unpackb(data)
             except Exception:  # noqa: BLE001 - malformed: the gateway reports it
                 continue
-            if not isinstance(event, EventDatagram) or (
-                    (event.a, event.name) != (arm.instruction, arm.name)):
+            if not (isinstance(fields, list) and len(fields) == 7 and fields[4] == arm.instruction
+                    and fields[6] == arm.name and type(fields[3]) is int):
+                continue
+            if sender(ancillary)[0] != arm.pid:
                 continue
             with self._take:
                 if self._arm is not arm:
@@ -284,7 +319,7 @@ class ClockDoorbell:
                 self._arm = None
                 self._rung = arm.instruction, arm.mhz
             self.counters["taken"] += 1
-            return arm.mhz, arm.epoch, event.t_ns, arm.asked
+            return arm.mhz, arm.epoch, fields[3], arm.asked
         return None
 
 

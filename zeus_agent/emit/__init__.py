@@ -3,6 +3,9 @@
 Tiny and unprivileged: one non-blocking Unix datagram socket (autobound to an abstract address,
 so the agent can answer with `sendto`), no thread, no NATS. Events are stamped with
 `time.monotonic_ns()` on the caller's thread and sent at once; they never block and never raise.
+Once the HELLO reply names the bound GPU's doorbell (`zeus_agent.agent.doorbell`), events (and
+the goodbye) go there through a second socket connected to it, so a scheduled clock change is
+applied one wake-up sooner; requests stay on the first.
 
 Pieces:
 
