@@ -213,7 +213,7 @@ async def test_a_change_armed_before_a_new_schedule_is_dropped(tmp_path):
             "j", FrequencySchedule(rank=0, frequencies=[("forward", LOW)]), "j", 30.0)
         _ring(agent, _instruction(1, "backward"))
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the ring")
-        agent.clocks.ring(HIGH, epoch, time.monotonic_ns(), agent.clocks.asked)  # taken before
+        agent.clocks.ring(HIGH, epoch, time.monotonic_ns(), agent.clocks.asked, 1)  # taken before
         await agent.clocks.drained()
         assert [mhz for mhz, _ in gpu.locks] == [LOW]
         assert agent.doorbell.counters["taken"] == 0
@@ -419,3 +419,42 @@ async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_p
         gpu.gate.set()
         agent.close_doorbell()
         agent.caller.close()
+
+
+def test_a_doorbell_not_there_yet_is_used_once_a_later_hello_names_it(tmp_path):
+    gateway = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    gateway.bind(str(tmp_path / "agent.sock"))
+    gateway.settimeout(5)
+    path = str(tmp_path / "agent.sock.gpu0")
+    pub = Publisher(socket_path=str(tmp_path / "agent.sock"), gpu_index=0)
+
+    def hello() -> None:
+        def agent_side() -> None:
+            data, addr = gateway.recvfrom(65536)
+            request = dg.decode_datagram(data)
+            assert isinstance(request, dg.RequestDatagram) and request.kind is Kind.HELLO
+            reply = Reply.success(node="n", doorbell=path)
+            gateway.sendto(dg.encode_reply(request.request_id, reply), addr)
+
+        answer = threading.Thread(target=agent_side)
+        answer.start()
+        reply = pub.hello(TrainerHello(job_id="j", rank=0, gpu_index=0))
+        answer.join()
+        assert reply is not None and reply.ok
+
+    try:
+        hello()  # names a doorbell nobody has opened yet: events go to the trainers' socket
+        pub.step_begin()
+        assert dg.decode_datagram(gateway.recv(512)).kind is Kind.STEP_BEGIN
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as bell:
+            bell.bind(path)
+            bell.settimeout(5)
+            hello()  # the same path, there now
+            pub.step_end()
+            assert dg.decode_datagram(bell.recv(512)).kind is Kind.STEP_END
+            pub.close()  # the goodbye goes the events' way
+            bye = dg.decode_datagram(bell.recv(512))
+            assert isinstance(bye, dg.RequestDatagram) and bye.kind is Kind.BYE
+    finally:
+        pub.close()
+        gateway.close()

@@ -97,6 +97,8 @@ class ClockLane:
         self.asked = 0
         """Changes asked for on the loop (`want`) so far: a ring armed before the latest one
         is older than it and is dropped."""
+        self._rang = -1
+        """The instruction index of the latest ring taken (rings from two threads may race)."""
         self.latencies: deque[int] = deque(maxlen=LATENCIES_KEPT)
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -153,16 +155,24 @@ class ClockLane:
                 self._wanted, self._draining = [], False
             self._on_failed(mhz, str(e))
 
-    def ring(self, mhz: int, epoch: int, event_ns: int, asked: int) -> bool:
-        """From the doorbell's thread: apply `mhz` (armed in `epoch` after `asked` changes).
+    def forget_rings(self) -> None:
+        """A new trainer: its instruction indices start again."""
+        with self._guard:
+            self._rang = -1
 
-        Applied in this thread, or, if a drain is running in another, next by that drain.
-        Dropped (False) if the loop asked for a change since it armed this one: the loop's is
-        newer (its event overtook this thread, or a new schedule began).
+    def ring(self, mhz: int, epoch: int, event_ns: int, asked: int, instruction: int) -> bool:
+        """From a doorbell's thread: apply instruction `instruction`'s `mhz`.
+
+        It was armed in `epoch`, after `asked` changes. Applied in this thread, or, if a
+        drain is running in another, next by that drain.
+        Dropped (False) if the loop asked for a change since it armed this one (its event
+        overtook this thread, or a new schedule began), or if a later instruction's ring got
+        here first: either is newer.
         """
         with self._guard:
-            if asked != self.asked:
+            if asked != self.asked or instruction <= self._rang:
                 return False
+            self._rang = instruction
             self._wanted = [(mhz, epoch, event_ns)]  # Older than the arm: stale.
             if self._draining:
                 return True

@@ -233,7 +233,7 @@ class ClockDoorbell:
     def _read_until_change(
         self, sock: socket.socket, loop: asyncio.AbstractEventLoop,
         deliver: Callable[[list[Received]], None],
-    ) -> tuple[int, int, int, int] | None:
+    ) -> tuple[int, int, int, int, int] | None:
         """Deliver batches until one holds the armed instruction; None once closed.
 
         While armed, datagrams without the instruction are held up to `HOLD_S` for it: a
@@ -291,7 +291,7 @@ class ClockDoorbell:
                 time.sleep(0.01)
         return batch
 
-    def _take_armed(self, batch: list[Received]) -> tuple[int, int, int, int] | None:
+    def _take_armed(self, batch: list[Received]) -> tuple[int, int, int, int, int] | None:
         """In the thread: the armed change if `batch` holds its instruction (the arm taken).
 
         Only what the match needs is read (kind, index, name, stamp; the sender's pid from
@@ -319,7 +319,7 @@ class ClockDoorbell:
                 self._arm = None
                 self._rung = arm.instruction, arm.mhz
             self.counters["taken"] += 1
-            return arm.mhz, arm.epoch, fields[3], arm.asked
+            return arm.mhz, arm.epoch, fields[3], arm.asked, arm.instruction
         return None
 
 

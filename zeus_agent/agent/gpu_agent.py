@@ -557,6 +557,7 @@ class GpuAgent:
         self.measurer.release_held()  # Those held back are measured as bound when they came.
         if self.doorbell is not None:
             self.doorbell.disarm()  # (A new trainer counts its instructions from 0 again.)
+            self.clocks.forget_rings()
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.measurer.reset()
             self.reports.rebound()

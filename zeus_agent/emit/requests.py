@@ -234,7 +234,8 @@ class Requests(Transport):
             node = reply.result.get("node")
             self.node = node if isinstance(node, str) else None
             doorbell = reply.result.get("doorbell")
-            if isinstance(doorbell, str) and doorbell and doorbell != self._doorbell:
+            if isinstance(doorbell, str) and doorbell and (
+                    doorbell != self._doorbell or self._bell is None):
                 self._doorbell = doorbell
                 self._open_bell()
         return reply

@@ -89,7 +89,10 @@ class Transport:
         self._send = self._sock.send
         if self._doorbell is None:
             return
-        bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except OSError:  # (Out of file descriptors: the trainers' socket will do.)
+            return
         try:
             bell.setblocking(False)
             bell.connect(self._doorbell)
@@ -137,6 +140,9 @@ class Transport:
                 self._disconnect()
                 self._drops[NO_AGENT] += 1
             else:
+                if self._bell is not None:  # The doorbell refuses (EPERM...): go without it.
+                    self._close_bell()
+                    self._send = self._sock.send
                 self._drops[ERROR] += 1
                 logger.debug("zeus_agent.emit: event send failed: %r", exc)
             self._first_drop()
@@ -204,7 +210,7 @@ class Transport:
             deadline = time.monotonic() + 0.1  # Bounded: let the agent take the backlog.
             self._flush_backlog()
             while self._backlog and self.connected and time.monotonic() < deadline:
-                select.select([], [self._sock], [], 0.01)
+                select.select([], [self._bell or self._sock], [], 0.01)
                 self._flush_backlog()
             if self.connected:  # After the events, through the same socket.
                 send = self._sock.send if self._bell is None else self._bell.send
