@@ -52,6 +52,11 @@ LOG = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+def _nothing() -> None:
+    """A call that marks its place in the setters' lane."""
+
+
 LATENCIES_KEPT = 256
 """Recent event -> applied latencies kept (ns)."""
 
@@ -156,28 +161,34 @@ class ClockLane:
             self._on_failed(mhz, str(e))
 
     def forget_rings(self) -> None:
-        """A new trainer: its instruction indices start again."""
+        """A new trainer: its instruction indices start again.
+
+        The old trainer's arms are stale (`asked` moves on).
+        """
         with self._guard:
             self._rang = -1
+            self.asked += 1
 
-    def ring(self, mhz: int, epoch: int, event_ns: int, asked: int, instruction: int) -> bool:
+    def ring(self, mhz: int, epoch: int, event_ns: int, asked: int, instruction: int,
+             accept: Callable[[], bool] = lambda: True) -> bool:
         """From a doorbell's thread: apply instruction `instruction`'s `mhz`.
 
         It was armed in `epoch`, after `asked` changes. Applied in this thread, or, if a
         drain is running in another, next by that drain.
         Dropped (False) if the loop asked for a change since it armed this one (its event
         overtook this thread, or a new schedule began), or if a later instruction's ring got
-        here first: either is newer.
+        here first: either is newer; or if `accept()` (the doorbell's last word, asked under
+        the lane's guard) says no.
         """
         with self._guard:
-            if asked != self.asked or instruction <= self._rang:
+            if asked != self.asked or instruction <= self._rang or not accept():
                 return False
             self._rang = instruction
             self._wanted = [(mhz, epoch, event_ns)]  # Older than the arm: stale.
-            if self._draining:
-                return True
+            drain = not self._draining
             self._draining = True
-        self._drain()
+        if drain:
+            self._drain()
         return True
 
     async def drained(self, timeout_s: float = 5.0) -> None:
@@ -231,10 +242,6 @@ class ClockLane:
             return
         with contextlib.suppress(RuntimeError):  # A closed loop: nothing left to report to.
             loop.call_soon_threadsafe(self._on_failed, mhz, error)
-
-
-def _nothing() -> None:
-    """A call that marks its place in the setters' lane."""
 
 
 class EarlyRaises:

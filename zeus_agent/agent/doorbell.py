@@ -107,8 +107,13 @@ class ClockDoorbell:
         self._take = threading.Lock()
         self._arm: Arm | None = None
         self._rung: tuple[int, int] | None = None
-        """(instruction, MHz) of the last change the doorbell took, until the loop's `claim`
-        of it or `disarm`."""
+        """(instruction, MHz) of the last change a thread took and the lane accepted, until
+        the loop's `claim` of it or `disarm`. Taken but not (yet) accepted, the loop's claim
+        finds nothing and the loop applies what its event wants itself."""
+        self._taken: int | None = None
+        """The instruction whose arm a thread took and the lane has not accepted yet."""
+        self._vetoed: int | None = None
+        """An instruction the loop claimed while it was taken, not accepted: never accepted."""
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -163,7 +168,7 @@ class ClockDoorbell:
         Nothing is delivered from now on.
         """
         self._closed = True
-        self.disarm()
+        self.forget()
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RD)
@@ -192,26 +197,34 @@ class ClockDoorbell:
             self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked)
 
     def disarm(self) -> None:
-        """On the loop: nothing is to be applied from a ring (schedule changed, trainer left)."""
+        """On the loop: the next instruction's ring applies nothing."""
         with self._take:
             self._arm = None
-            self._rung = None
 
-    def claim(self, index: int, mhz: int) -> bool:
-        """On the loop, on instruction `index`'s event, which wants `mhz`: apply it?
+    def forget(self) -> None:
+        """On the loop: another schedule, trainer or none: forget every arm and ring."""
+        with self._take:
+            self._arm = None
+            self._rung = self._taken = self._vetoed = None
 
-        False when the doorbell took that change already; else the arm (if for `index`) is
-        taken. (The doorbell took another clock if the loop's cursor moved otherwise than it
-        armed, e.g. an iteration that ended early: the loop's wins.)
+    def claim(self, index: int) -> int | None:
+        """On the loop, on instruction `index`'s event: the clock a thread took for it, if any.
+
+        Else the arm (if for `index`) is taken: the loop applies the change. The loop applies
+        its own clock anyway if it differs from the one taken (the arm is a forecast).
         """
         with self._take:
-            if self._rung == (index, mhz):
+            if self._rung is not None and self._rung[0] == index:
+                mhz = self._rung[1]
                 self._rung = None
-                return False
+                return mhz
+            if self._taken == index:  # Taken, not accepted yet: it never will be.
+                self._vetoed, self._taken = index, None
+                return None
             if self._arm is not None and self._arm.instruction == index:
                 self._arm = None
                 self.counters["claimed"] += 1
-            return True
+            return None
 
     # ------------------------------------------------------------------ the thread
     def _serve(self) -> None:
@@ -227,8 +240,18 @@ class ClockDoorbell:
                 change = self._read_until_change(sock, loop, deliver)
             if change is None:
                 return
-            if not self._lane.ring(*change):
-                self.counters["stale"] += 1
+            mhz, _epoch, _t_ns, _asked, instruction = change
+
+            def accept(rung: tuple[int, int] = (instruction, mhz)) -> bool:
+                with self._take:
+                    if self._vetoed == rung[0]:
+                        return False  # The loop handled the event first: its clock stands.
+                    self._rung, self._taken = rung, None  # The loop's claim will say so.
+                    return True
+
+            if not self._lane.ring(*change, accept):
+                with self._take:
+                    self.counters["stale"] += 1  # (The loop applies what its event wants.)
 
     def _read_until_change(
         self, sock: socket.socket, loop: asyncio.AbstractEventLoop,
@@ -317,7 +340,7 @@ class ClockDoorbell:
                 if self._arm is not arm:
                     return None  # The loop claimed it (its event came first) or re-armed.
                 self._arm = None
-                self._rung = arm.instruction, arm.mhz
+                self._taken = arm.instruction
             self.counters["taken"] += 1
             return arm.mhz, arm.epoch, fields[3], arm.asked, arm.instruction
         return None

@@ -124,6 +124,8 @@ class GpuAgent:
         """Issues the schedule's raises a lead before their instructions begin."""
         self.doorbell: ClockDoorbell | None = None
         """The trainer's direct line to the clock (`open_doorbell`; calls that block only)."""
+        self._last_instruction = -1
+        """The bound trainer's index of its latest `instruction_begin` (the next is armed)."""
         self._clock_mhz: int | None = None
         """The schedule's clock last asked for (applied or being applied); None: unknown. An
         instruction at the same clock asks nothing: each lock call costs ~1 ms on a real GPU."""
@@ -556,8 +558,9 @@ class GpuAgent:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
         self.measurer.release_held()  # Those held back are measured as bound when they came.
         if self.doorbell is not None:
-            self.doorbell.disarm()  # (A new trainer counts its instructions from 0 again.)
+            self.doorbell.forget()  # (A new trainer counts its instructions from 0 again.)
             self.clocks.forget_rings()
+        self._last_instruction = -1
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.measurer.reset()
             self.reports.rebound()
@@ -570,7 +573,7 @@ class GpuAgent:
         self.measurer.release_held()
         self.raises.clear()  # No instruction will follow: a raise planned ahead is not wanted.
         if self.doorbell is not None:
-            self.doorbell.disarm()
+            self.doorbell.forget()
         if self.binding is not None and self.binding.pid is not None:
             self._departed[self.binding.job_id] = None
             while len(self._departed) > MAX_DEPARTED:
@@ -595,6 +598,8 @@ class GpuAgent:
             self._schedule_changed()
             self.schedule_version = version
             self._pending_schedule = None
+            if self.doorbell is not None:
+                self._arm_doorbell()  # (Its first instruction: nothing was armed for it.)
         if ev.kind is Kind.STEP_BEGIN and self.cursor.installed:
             self.boundaries.on_step_begin(ev.t_ns)
         if ev.kind is Kind.INSTRUCTION_BEGIN and self.cursor.installed:
@@ -608,17 +613,22 @@ class GpuAgent:
             step = self.cursor.on_instruction_begin(ev.name)
             mhz = step.frequency_mhz
             early = self.raises.begun(step.index, ev.t_ns)  # Its raise was issued ahead.
-            if mhz is not None and (mhz != self._clock_mhz or early):
+            before = self._clock_mhz
+            if self.doorbell is not None:
+                self._last_instruction = ev.a
+                rung = self.doorbell.claim(ev.a)
+                if rung is not None:
+                    self._clock_mhz = rung  # Its thread applies it (the arm was a forecast).
+            # No clock for it (a mismatch): the instruction keeps the clock it found.
+            target = mhz if mhz is not None else before
+            if mhz is not None and (mhz != before or early):
                 self.boundaries.on_clock_change(ev.t_ns)
-                if mhz != self._clock_mhz:
-                    if self.doorbell is None or self.doorbell.claim(ev.a, mhz):
-                        self._apply_frequency(mhz, ev.t_ns)
-                    else:
-                        self._clock_mhz = mhz  # Rung: the doorbell's thread applies it.
+            if target is not None and target != self._clock_mhz:
+                self._apply_frequency(target, ev.t_ns)
             if self.raises.enabled:
                 self._plan_raise(step.index, ev.t_ns)
             if self.doorbell is not None:
-                self._arm_doorbell(ev.a + 1)
+                self._arm_doorbell()
             if step.error is not None:
                 self._report("mismatches", "schedule_mismatch", step.error,
                              {"instruction": ev.name, "index": ev.a})
@@ -654,19 +664,26 @@ class GpuAgent:
         self.raises.clear()
         self.boundaries.clear()
         if self.doorbell is not None:
-            self.doorbell.disarm()
+            self.doorbell.forget()
 
-    def _arm_doorbell(self, index: int) -> None:
-        """Let the ring of instruction `index` apply its clock, if it changes it."""
+    def _arm_doorbell(self) -> None:
+        """Let the ring of the next instruction apply its clock, if it changes it.
+
+        Past the iteration's last pair, the next iteration's first (after its `step_end`),
+        unless a schedule waits for a step. The arm is a forecast: the loop applies its own
+        clock if the event says otherwise (an iteration that ended early, an extra instruction).
+        """
         assert self.doorbell is not None
-        pair = self.cursor.next_pair()
         b = self.binding
+        pair = self.cursor.next_pair()
         if (pair is None or b is None or b.pid is None or pair[1] == self._clock_mhz
                 or (self._pending_schedule is not None
                     and self.cursor.position >= len(self.cursor.frequencies))):
             self.doorbell.disarm()  # No change, nobody to ring, or the next schedule's turn.
             return
-        self.doorbell.arm(b.pid, index, pair[0], pair[1])
+        self.doorbell.arm(b.pid, self._last_instruction + 1, pair[0], pair[1])
+
+
 
     def _plan_raise(self, position: int, t_ns: int) -> None:
         """If the next instruction raises the clock, issue the raise a lead before it begins."""
