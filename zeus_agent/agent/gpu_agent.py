@@ -11,8 +11,8 @@ Pieces:
 * sampling: `sample()` reads the GPU into the ring and the pending sample batch;
 * settings: `set_power_limit`, `lock_clocks`, `install_schedule`... validate, apply, lease;
 * `restore(kinds)`: put settings back to default (lease expiry, trainer death, shutdown);
-* trainer events: `on_event` (applies the schedule at once) and `process_events` (measures,
-  through `RankMeasurer`);
+* trainer events: `on_event` (applies the schedule at once: `ScheduleEvents`, in
+  `schedule_events.py`) and `process_events` (measures, through `RankMeasurer`);
 * `flush()`: publish pending samples, marks, measurements and trainer events.
 """
 
@@ -39,6 +39,7 @@ from zeus_agent.agent.credentials import Received
 from zeus_agent.agent.doorbell import ClockDoorbell
 from zeus_agent.agent.measuring import Binding, RankMeasurer
 from zeus_agent.agent.reports import GpuReports
+from zeus_agent.agent.schedule_events import SCHEDULE, ScheduleEvents
 from zeus_agent.errors import (
     GPUError,
     GPUPermissionError,
@@ -58,7 +59,7 @@ from zeus_agent.wire.messages import (
     Sample,
     SampleBatch,
 )
-from zeus_agent.wire.trainer import EventDatagram, Kind, ScheduleNotice
+from zeus_agent.wire.trainer import ScheduleNotice
 
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
@@ -69,14 +70,13 @@ the setting is even applied; it is held this long instead, one tick of the expir
 
 POWER_LIMIT = "power_limit"
 SM_CLOCKS = "sm_clocks"
-SCHEDULE = "schedule"
 MAX_DEPARTED = 64
 """Jobs remembered per GPU as 'its trainer left' (their settings are refused)."""
 FORECAST_NS = 250_000_000
 """How far ahead the counter reader looks for clock changes to avoid (beyond one read's span
 and its longest postponement)."""
 
-class GpuAgent:
+class GpuAgent(ScheduleEvents):
     """One GPU's agent. Create, then `await start()` before use."""
 
     def __init__(
@@ -588,141 +588,6 @@ class GpuAgent:
                 f"the trainer of job {holder!r} has left GPU {self.index}: its settings are not "
                 "applied again (the GPU stays at its default until a trainer binds it)"
             )
-
-    def on_event(self, ev: EventDatagram) -> None:
-        """Called on the event loop as soon as a datagram arrives: act now, measure later."""
-        pending = self._pending_schedule
-        if ev.kind is Kind.STEP_BEGIN and pending is not None and ev.a >= pending[0]:
-            _, version, rank, pairs = pending
-            self.cursor.install(rank, pairs)  # Validated when it arrived.
-            self._schedule_changed()
-            self.schedule_version = version
-            self._pending_schedule = None
-            if self.doorbell is not None:
-                self._arm_doorbell()  # (Its first instruction: nothing was armed for it.)
-        if ev.kind is Kind.STEP_BEGIN and self.cursor.installed:
-            self.boundaries.on_step_begin(ev.t_ns)
-        if ev.kind is Kind.INSTRUCTION_BEGIN and self.cursor.installed:
-            lease = self.leases.get(SCHEDULE)
-            if lease is None or time.monotonic_ns() >= lease.deadline_ns:
-                # The lease lapsed and the expiry tick has not run yet: never apply a clock
-                # without a live lease; restore now.
-                self._spawn(self._expire_now())
-                self.measurer.submit(ev, self.schedule_version)
-                return
-            step = self.cursor.on_instruction_begin(ev.name)
-            mhz = step.frequency_mhz
-            early = self.raises.begun(step.index, ev.t_ns)  # Its raise was issued ahead.
-            before = self._clock_mhz
-            if self.doorbell is not None:
-                self._last_instruction = ev.a
-                rung = self.doorbell.claim(ev.a)
-                if rung is not None:
-                    self._clock_mhz = rung  # Its thread applies it (the arm was a forecast).
-            # No clock for it (a mismatch): the instruction keeps the clock it found.
-            target = mhz if mhz is not None else before
-            if mhz is not None and (mhz != before or early):
-                self.boundaries.on_clock_change(ev.t_ns)
-            if target is not None and target != self._clock_mhz:
-                self._apply_frequency(target, ev.t_ns)
-            if self.raises.enabled:
-                self._plan_raise(step.index, ev.t_ns)
-            if self.doorbell is not None:
-                self._arm_doorbell()
-            if step.error is not None:
-                self._report("mismatches", "schedule_mismatch", step.error,
-                             {"instruction": ev.name, "index": ev.a})
-        elif ev.kind is Kind.STEP_END and self.cursor.installed:
-            error = self.cursor.on_step_end()
-            if error is not None:
-                self._report("mismatches", "schedule_mismatch", error, {})
-        # A scheduled rank's events on a GPU whose calls block are measured a moment later, so
-        # the setters' thread gets the GIL for the clock change at once.
-        self.measurer.submit(ev, self.schedule_version,
-                             hold=self.caller.blocking and self.cursor.installed)
-
-    async def _expire_now(self) -> None:
-        if self._expiring:
-            return  # One is already waiting: every instruction of a burst need not queue one.
-        self._expiring = True
-        try:
-            await self.expire_leases()
-        finally:
-            self._expiring = False
-
-    def _apply_frequency(self, mhz: int, event_ns: int | None = None) -> None:
-        """Lock the schedule's clock `mhz` now (`ClockLane`: no task, no lock on the way)."""
-        self._clock_mhz = mhz
-        self.clocks.want(mhz, event_ns)
-
-    def _schedule_changed(self) -> None:
-        """A schedule was installed, replaced or cleared: what was wanted or forecast is stale."""
-        self.clocks.invalidate()
-        # A change wanted before may now be dropped in the GPU's thread: the clock is unknown
-        # (else the next schedule's instruction at that clock would send nothing).
-        self._clock_mhz = None
-        self.raises.clear()
-        self.boundaries.clear()
-        if self.doorbell is not None:
-            self.doorbell.forget()
-
-    def _arm_doorbell(self) -> None:
-        """Let the ring of the next instruction apply its clock, if it changes it.
-
-        Past the iteration's last pair, the next iteration's first (after its `step_end`),
-        unless a schedule waits for a step. The arm is a forecast: the loop applies its own
-        clock if the event says otherwise (an iteration that ended early, an extra instruction).
-        """
-        assert self.doorbell is not None
-        b = self.binding
-        pair = self.cursor.next_pair()
-        if (pair is None or b is None or b.pid is None or pair[1] == self._clock_mhz
-                or (self._pending_schedule is not None
-                    and self.cursor.position >= len(self.cursor.frequencies))):
-            self.doorbell.disarm()  # No change, nobody to ring, or the next schedule's turn.
-            return
-        self.doorbell.arm(b.pid, self._last_instruction + 1, pair[0], pair[1])
-
-
-
-    def _plan_raise(self, position: int, t_ns: int) -> None:
-        """If the next instruction raises the clock, issue the raise a lead before it begins."""
-        pair = self.cursor.next_pair()
-        if pair is None or self._clock_mhz is None or pair[1] <= self._clock_mhz:
-            return  # A lowering (or no change) waits for its event.
-        if self._pending_schedule is not None and self.cursor.position >= len(
-                self.cursor.frequencies):
-            return  # The next iteration may run another schedule.
-        self.boundaries.lead_ns = self.raises.ahead.lead_ns
-        self.raises.plan(position, t_ns, pair[1], self._raise_now)
-
-    def _raise_now(self, mhz: int) -> bool:
-        """The timer of a raise planned ahead: apply it under a live lease (True: issued)."""
-        lease = self.leases.get(SCHEDULE)
-        if not self.cursor.installed or lease is None or time.monotonic_ns() >= lease.deadline_ns:
-            return False
-        self._apply_frequency(mhz)
-        return True
-
-    def _clock_failed(self, mhz: int, error: str | None) -> None:
-        """On the loop: a change was not applied (`error` None: the lease had lapsed)."""
-        self._clock_mhz = None  # Unknown: the next instruction asks again.
-        if error is None:
-            self._spawn(self._expire_now())
-        else:
-            self._report("clock_failures", "frequency_failed", error, {"mhz": mhz})
-
-    def _lock_if_leased(self, mhz: int) -> bool:
-        """In the GPU's thread: lock the clock if the schedule's lease is still live.
-
-        Checked here, just before the call: the change may have waited in the driver behind a
-        counter read (milliseconds on a real GPU) while a short lease ran out.
-        """
-        lease = self.leases.get(SCHEDULE)
-        if lease is None or time.monotonic_ns() >= lease.deadline_ns:
-            return False
-        self.gpu.lock_sm_clocks_mhz(mhz, mhz)
-        return True
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
         """Run a side task (error events, clock changes), keeping a reference until it ends."""
