@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import subprocess
@@ -489,3 +490,30 @@ async def test_an_iteration_that_ends_early_never_keeps_the_rung_forecast(tmp_pa
     finally:
         agent.close_doorbell()
         agent.caller.close()
+
+
+def test_a_doorbell_that_refuses_is_dropped_and_the_event_goes_to_the_trainers_socket(tmp_path):
+    gateway = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    gateway.bind(str(tmp_path / "agent.sock"))
+    gateway.settimeout(5)
+    pub = Publisher(socket_path=str(tmp_path / "agent.sock"), gpu_index=0)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as bell:
+            bell.bind(str(tmp_path / "agent.sock.gpu0"))
+            pub._doorbell = str(tmp_path / "agent.sock.gpu0")
+            pub._open_bell()
+            assert pub._bell is not None
+
+            def refuse(data: bytes) -> None:
+                raise PermissionError(errno.EPERM, "refused")
+
+            pub._send = refuse  # as a doorbell that refuses this sender would
+            pub.step_begin()
+            assert pub._bell is None
+            assert dg.decode_datagram(gateway.recv(512)).kind is Kind.STEP_BEGIN
+            assert pub.stats().dropped == 0
+            pub.step_end()  # and so on, on the trainers' socket
+            assert dg.decode_datagram(gateway.recv(512)).kind is Kind.STEP_END
+    finally:
+        pub.close()
+        gateway.close()

@@ -143,6 +143,9 @@ class Transport:
                 if self._bell is not None:  # The doorbell refuses (EPERM...): go without it.
                     self._close_bell()
                     self._send = self._sock.send
+                    with contextlib.suppress(OSError):
+                        self._sock.send(data)
+                        return
                 self._drops[ERROR] += 1
                 logger.debug("zeus_agent.emit: event send failed: %r", exc)
             self._first_drop()
