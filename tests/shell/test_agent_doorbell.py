@@ -22,7 +22,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.shell.agent_kit import running_agent, wait_for
 from zeus_agent.agent.doorbell import doorbell_path
@@ -141,8 +144,22 @@ async def test_another_process_cannot_ring_the_armed_change(nats_server, tmp_pat
         assert agent.doorbell.counters["taken"] == 0
 
 
+_OPEN: list[GpuAgent] = []
+"""Agents the helpers below made: closed after each test (`_close_agents`)."""
+
+
+@pytest.fixture(autouse=True)
+def _close_agents() -> Iterator[None]:
+    yield
+    while _OPEN:
+        agent = _OPEN.pop()
+        agent.close_doorbell()
+        agent.caller.close()
+
+
 async def _gpu_agent(tmp_path: Path, gpu: ThreadGPU) -> tuple[GpuAgent, list[list]]:
     agent = GpuAgent(gpu, "n", _no_publish)
+    _OPEN.append(agent)
     await agent.start()
     del gpu.locks[:]  # (the reset at start)
     delivered: list[list] = []
@@ -167,59 +184,64 @@ def _ring(agent: GpuAgent, data: bytes) -> None:
 async def test_the_loop_applies_a_change_whose_event_came_first(tmp_path):
     gpu = _gpu(tmp_path)
     agent, _ = await _gpu_agent(tmp_path, gpu)
-    try:
-        agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 1, 0,
-                                     "backward"))  # before any ring: the loop claims it
-        await agent.clocks.drained()
-        assert gpu.locks[-1] == (HIGH, "gpu0-set_0")
-        assert agent.doorbell is not None and agent.doorbell.counters["claimed"] == 1
-        _ring(agent, _instruction(1, "backward"))  # late: nothing is armed for it any more
-        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the late ring")
-        assert agent.doorbell.counters["taken"] == 0
-        assert [mhz for mhz, _ in gpu.locks] == [LOW, HIGH]
-    finally:
-        agent.close_doorbell()
-        agent.caller.close()
+    agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 1, 0,
+                                 "backward"))  # before any ring: the loop claims it
+    await agent.clocks.drained()
+    assert gpu.locks[-1] == (HIGH, "gpu0-set_0")
+    assert agent.doorbell is not None and agent.doorbell.counters["claimed"] == 1
+    _ring(agent, _instruction(1, "backward"))  # late: nothing is armed for it any more
+    await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the late ring")
+    assert agent.doorbell.counters["taken"] == 0
+    assert [mhz for mhz, _ in gpu.locks] == [LOW, HIGH]
 
 
 async def test_a_restore_racing_a_rung_change_leaves_the_gpu_unlocked(tmp_path):
     gpu = _gpu(tmp_path)
     agent, delivered = await _gpu_agent(tmp_path, gpu)
-    try:
-        gpu.gate, gpu.entered = threading.Event(), threading.Event()
-        _ring(agent, _instruction(1, "backward"))
-        assert await asyncio.to_thread(gpu.entered.wait, 5)  # in the lock call, in its thread
-        restore = asyncio.ensure_future(agent.restore({"schedule"}, reason="clear"))
-        await asyncio.sleep(0.05)
-        assert not restore.done()  # the reset waits for the change in flight
-        gpu.gate.set()
-        assert await restore == ["schedule", "sm_clocks"]
-        assert [mhz for mhz, _ in gpu.locks[-2:]] == [HIGH, 0]
-        assert gpu.locks[-2][1].startswith("gpu0-doorbell") and gpu.locks[-1][1] == "gpu0-set_0"
-        assert gpu.get_locked_sm_clocks_mhz() is None
-        assert len(delivered) == 1  # the batch went to the loop all the same
-    finally:
-        agent.close_doorbell()
-        agent.caller.close()
+    gpu.gate, gpu.entered = threading.Event(), threading.Event()
+    _ring(agent, _instruction(1, "backward"))
+    assert await asyncio.to_thread(gpu.entered.wait, 5)  # in the lock call, in its thread
+    restore = asyncio.ensure_future(agent.restore({"schedule"}, reason="clear"))
+    await asyncio.sleep(0.05)
+    assert not restore.done()  # the reset waits for the change in flight
+    gpu.gate.set()
+    assert await restore == ["schedule", "sm_clocks"]
+    assert [mhz for mhz, _ in gpu.locks[-2:]] == [HIGH, 0]
+    assert gpu.locks[-2][1].startswith("gpu0-doorbell") and gpu.locks[-1][1] == "gpu0-set_0"
+    assert gpu.get_locked_sm_clocks_mhz() is None
+    assert len(delivered) == 1  # the batch went to the loop all the same
 
 
 async def test_a_change_armed_before_a_new_schedule_is_dropped(tmp_path):
     gpu = _gpu(tmp_path)
     agent, _ = await _gpu_agent(tmp_path, gpu)
-    try:
-        assert agent.doorbell is not None
-        epoch = agent.clocks.epoch
-        await agent.install_schedule(  # invalidates and disarms
-            "j", FrequencySchedule(rank=0, frequencies=[("forward", LOW)]), "j", 30.0)
-        _ring(agent, _instruction(1, "backward"))
-        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the ring")
-        agent.clocks.ring(HIGH, epoch, time.monotonic_ns(), agent.clocks.asked, 1)  # taken before
-        await agent.clocks.drained()
-        assert [mhz for mhz, _ in gpu.locks] == [LOW]
-        assert agent.doorbell.counters["taken"] == 0
-    finally:
-        agent.close_doorbell()
-        agent.caller.close()
+    assert agent.doorbell is not None
+    epoch = agent.clocks.epoch
+    await agent.install_schedule(  # invalidates and disarms
+        "j", FrequencySchedule(rank=0, frequencies=[("forward", LOW)]), "j", 30.0)
+    _ring(agent, _instruction(1, "backward"))
+    await wait_for(lambda: agent.doorbell.counters["datagrams"] == 1, 3.0, "the ring")
+    agent.clocks.ring(HIGH, epoch, time.monotonic_ns(), agent.clocks.asked, 1)  # taken before
+    await agent.clocks.drained()
+    assert [mhz for mhz, _ in gpu.locks] == [LOW]
+    assert agent.doorbell.counters["taken"] == 0
+
+
+def _hello(pub: Publisher, gateway: socket.socket, doorbell: str) -> None:
+    """`pub.hello`, answered by a fake agent on `gateway` that names `doorbell`."""
+
+    def agent_side() -> None:
+        data, addr = gateway.recvfrom(65536)
+        request = dg.decode_datagram(data)
+        assert isinstance(request, dg.RequestDatagram) and request.kind is Kind.HELLO
+        reply = Reply.success(node="n", doorbell=doorbell)
+        gateway.sendto(dg.encode_reply(request.request_id, reply), addr)
+
+    answer = threading.Thread(target=agent_side)
+    answer.start()
+    reply = pub.hello(TrainerHello(job_id="j", rank=0, gpu_index=0))
+    answer.join()
+    assert reply is not None and reply.ok
 
 
 def test_the_publisher_falls_back_to_the_trainers_socket_without_its_doorbell(tmp_path):
@@ -231,19 +253,7 @@ def test_the_publisher_falls_back_to_the_trainers_socket_without_its_doorbell(tm
     bell.settimeout(5)
     pub = Publisher(socket_path=str(tmp_path / "agent.sock"), gpu_index=0,
                     reconnect_interval_s=0.001)
-
-    def agent_side() -> None:
-        data, addr = gateway.recvfrom(65536)
-        hello = dg.decode_datagram(data)
-        assert isinstance(hello, dg.RequestDatagram) and hello.kind is Kind.HELLO
-        reply = Reply.success(node="n", doorbell=str(tmp_path / "agent.sock.gpu0"))
-        gateway.sendto(dg.encode_reply(hello.request_id, reply), addr)
-
-    answer = threading.Thread(target=agent_side)
-    answer.start()
-    reply = pub.hello(TrainerHello(job_id="j", rank=0, gpu_index=0))
-    answer.join()
-    assert reply is not None and reply.ok
+    _hello(pub, gateway, str(tmp_path / "agent.sock.gpu0"))
     try:
         pub.instruction_begin("forward")
         assert dg.decode_datagram(bell.recv(512)).kind is Kind.INSTRUCTION_BEGIN
@@ -277,6 +287,7 @@ async def test_shutdown_ends_the_doorbell_and_removes_its_socket(nats_server, tm
 async def _wired_agent(tmp_path: Path, gpu: ThreadGPU, on_batch=None) -> GpuAgent:
     """A `GpuAgent` whose doorbell hands its batches to `on_event`, as the gateway does."""
     agent = GpuAgent(gpu, "n", _no_publish)
+    _OPEN.append(agent)
     await agent.start()
     del gpu.locks[:]
 
@@ -313,52 +324,44 @@ async def test_a_rung_change_the_loop_overtook_is_dropped(tmp_path):
         return ring(*change)
 
     agent.clocks.ring = late_ring  # type: ignore[method-assign]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(agent.doorbell.path)
-            s.send(_event(Kind.INSTRUCTION_BEGIN, 0, "forward"))
-            await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
-            handled.clear()
-            for data in (_event(Kind.INSTRUCTION_BEGIN, 1, "backward"),
-                         _event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
-                         _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
-                s.send(data)  # (one batch, most likely)
-            await wait_for(lambda: agent.doorbell.counters["datagrams"] == 5, 3.0, "all read")
-            await asyncio.sleep(0.2)
-            await agent.clocks.drained()
-        assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # instruction 2's, the latest
-        assert agent._clock_mhz == LOW
-    finally:
-        agent.close_doorbell()
-        agent.caller.close()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        s.send(_event(Kind.INSTRUCTION_BEGIN, 0, "forward"))
+        await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
+        handled.clear()
+        for data in (_event(Kind.INSTRUCTION_BEGIN, 1, "backward"),
+                     _event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
+                     _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
+            s.send(data)  # (one batch, most likely)
+        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 5, 3.0, "all read")
+        await asyncio.sleep(0.2)
+        await agent.clocks.drained()
+    assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # instruction 2's, the latest
+    assert agent._clock_mhz == LOW
 
 
 async def test_a_schedule_pending_for_the_next_step_disarms_the_doorbell(tmp_path):
     gpu = _gpu(tmp_path)
     agent = await _wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
-    try:
-        for index, (name, _) in enumerate(PAIRS):  # one iteration: armed for the next one's
-            agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), index,
-                                         0, name))
-            await agent.clocks.drained()  # (else the two coalesce to the latest)
-        assert agent.doorbell._arm is not None and agent.doorbell._arm.mhz == LOW
-        new = [("forward", 1200), ("backward", HIGH)]
-        await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=new), "j", 30.0,
-                                     version=1, from_step=1)
-        assert agent.doorbell._arm is None  # the next iteration may run the new schedule
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(agent.doorbell.path)
-            for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
-                         _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
-                s.send(data)
-            await wait_for(lambda: agent.doorbell.counters["datagrams"] == 3, 3.0, "all read")
-        await asyncio.sleep(0.05)
-        await agent.clocks.drained()
-        assert [mhz for mhz, _ in gpu.locks] == [LOW, HIGH, 1200]  # never the old LOW again
-    finally:
-        agent.close_doorbell()
-        agent.caller.close()
+    for index, (name, _) in enumerate(PAIRS):  # one iteration: armed for the next one's
+        agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), index,
+                                     0, name))
+        await agent.clocks.drained()  # (else the two coalesce to the latest)
+    assert agent.doorbell._arm is not None and agent.doorbell._arm.mhz == LOW
+    new = [("forward", 1200), ("backward", HIGH)]
+    await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=new), "j", 30.0,
+                                 version=1, from_step=1)
+    assert agent.doorbell._arm is None  # the next iteration may run the new schedule
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
+                     _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
+            s.send(data)
+        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 3, 3.0, "all read")
+    await asyncio.sleep(0.05)
+    await agent.clocks.drained()
+    assert [mhz for mhz, _ in gpu.locks] == [LOW, HIGH, 1200]  # never the old LOW again
 
 
 async def test_the_loop_applies_its_own_clock_when_the_doorbell_rang_another(tmp_path):
@@ -368,27 +371,23 @@ async def test_the_loop_applies_its_own_clock_when_the_doorbell_rang_another(tmp
     gpu = _gpu(tmp_path)
     agent = await _wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
-    try:
-        await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=pairs), "j",
-                                     30.0, version=1)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(agent.doorbell.path)
-            for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
-                s.send(data)
-            await wait_for(lambda: len(gpu.locks) == 1, 3.0, "forward's clock")
-            s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
-            await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
-            for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
-                         _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):  # armed: 1200
-                s.send(data)
-            await wait_for(lambda: agent.doorbell.counters["datagrams"] == 6, 3.0, "all read")
-        await asyncio.sleep(0.05)
-        await agent.clocks.drained()
-        assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # the cursor's: forward at LOW
-        assert agent._clock_mhz == LOW
-    finally:
-        agent.close_doorbell()
-        agent.caller.close()
+    await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=pairs), "j",
+                                 30.0, version=1)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
+            s.send(data)
+        await wait_for(lambda: len(gpu.locks) == 1, 3.0, "forward's clock")
+        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
+        for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
+                     _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):  # armed: 1200
+            s.send(data)
+        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 6, 3.0, "all read")
+    await asyncio.sleep(0.05)
+    await agent.clocks.drained()
+    assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # the cursor's: forward at LOW
+    assert agent._clock_mhz == LOW
 
 
 async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_path):
@@ -416,9 +415,7 @@ async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_p
         assert gpu.get_locked_sm_clocks_mhz() == (HIGH, HIGH), (gpu.locks, agent.doorbell.counters)
     finally:
         assert gpu.gate is not None
-        gpu.gate.set()
-        agent.close_doorbell()
-        agent.caller.close()
+        gpu.gate.set()  # (else closing waits for the hung call)
 
 
 def test_a_doorbell_not_there_yet_is_used_once_a_later_hello_names_it(tmp_path):
@@ -428,28 +425,14 @@ def test_a_doorbell_not_there_yet_is_used_once_a_later_hello_names_it(tmp_path):
     path = str(tmp_path / "agent.sock.gpu0")
     pub = Publisher(socket_path=str(tmp_path / "agent.sock"), gpu_index=0)
 
-    def hello() -> None:
-        def agent_side() -> None:
-            data, addr = gateway.recvfrom(65536)
-            request = dg.decode_datagram(data)
-            assert isinstance(request, dg.RequestDatagram) and request.kind is Kind.HELLO
-            reply = Reply.success(node="n", doorbell=path)
-            gateway.sendto(dg.encode_reply(request.request_id, reply), addr)
-
-        answer = threading.Thread(target=agent_side)
-        answer.start()
-        reply = pub.hello(TrainerHello(job_id="j", rank=0, gpu_index=0))
-        answer.join()
-        assert reply is not None and reply.ok
-
     try:
-        hello()  # names a doorbell nobody has opened yet: events go to the trainers' socket
+        _hello(pub, gateway, path)  # a doorbell nobody has opened yet: the trainers' socket
         pub.step_begin()
         assert dg.decode_datagram(gateway.recv(512)).kind is Kind.STEP_BEGIN
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as bell:
             bell.bind(path)
             bell.settimeout(5)
-            hello()  # the same path, there now
+            _hello(pub, gateway, path)  # the same path, there now
             pub.step_end()
             assert dg.decode_datagram(bell.recv(512)).kind is Kind.STEP_END
             pub.close()  # the goodbye goes the events' way
@@ -467,29 +450,25 @@ async def test_an_iteration_that_ends_early_never_keeps_the_rung_forecast(tmp_pa
     gpu = _gpu(tmp_path)
     agent = await _wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
-    try:
-        await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=pairs), "j",
-                                     30.0, version=1)
-        index = 0
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(agent.doorbell.path)
-            for step in range(3):
-                events = [_event(Kind.STEP_BEGIN, step)]
-                for _ in range(3):
-                    events.append(_event(Kind.INSTRUCTION_BEGIN, index, "forward"))
-                    index += 1
-                for data in [*events, _event(Kind.STEP_END, step)]:
-                    s.send(data)
-                    await asyncio.sleep(0.01)
-                    await agent.clocks.drained()
-                    assert gpu.get_locked_sm_clocks_mhz() in (None, (LOW, LOW)) or (
-                        data[2] == Kind.STEP_END), gpu.locks
-        await agent.clocks.drained()
-        assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW), gpu.locks
-        assert agent._clock_mhz == LOW
-    finally:
-        agent.close_doorbell()
-        agent.caller.close()
+    await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=pairs), "j",
+                                 30.0, version=1)
+    index = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        for step in range(3):
+            events = [_event(Kind.STEP_BEGIN, step)]
+            for _ in range(3):
+                events.append(_event(Kind.INSTRUCTION_BEGIN, index, "forward"))
+                index += 1
+            for data in [*events, _event(Kind.STEP_END, step)]:
+                s.send(data)
+                await asyncio.sleep(0.01)
+                await agent.clocks.drained()
+                assert gpu.get_locked_sm_clocks_mhz() in (None, (LOW, LOW)) or (
+                    data[2] == Kind.STEP_END), gpu.locks
+    await agent.clocks.drained()
+    assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW), gpu.locks
+    assert agent._clock_mhz == LOW
 
 
 def test_a_doorbell_that_refuses_is_dropped_and_the_event_goes_to_the_trainers_socket(tmp_path):
