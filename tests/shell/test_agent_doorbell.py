@@ -32,6 +32,7 @@ from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.metrics import AgentCollector
 from zeus_agent.emit import Publisher
+from zeus_agent.errors import GPUError
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import trainer as dg
@@ -496,3 +497,35 @@ def test_a_doorbell_that_refuses_is_dropped_and_the_event_goes_to_the_trainers_s
     finally:
         pub.close()
         gateway.close()
+
+
+async def test_a_ring_dropped_after_a_failed_raise_leaves_the_loop_to_apply_it(tmp_path):
+    """The raise issued ahead of `backward` fails; its want made the ring stale: the loop must
+    not take the dropped ring for applied, and asks for the clock on the event."""
+    gpu = _gpu(tmp_path)
+    agent = await _wired_agent(tmp_path, gpu)
+    assert agent.doorbell is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
+            s.send(data)
+        await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
+        await asyncio.sleep(0.02)
+        fail = [True]
+        lock = gpu.lock_sm_clocks_mhz
+
+        def flaky(low: int, high: int) -> None:
+            if fail and fail.pop():
+                raise GPUError("transient: the GPU is busy")
+            lock(low, high)
+
+        gpu.lock_sm_clocks_mhz = flaky  # type: ignore[method-assign]
+        agent.raises._fire(HIGH, agent.raises._seen, agent.clocks.epoch, agent._raise_now)
+        await agent.clocks.drained()
+        await wait_for(lambda: agent._clock_mhz is None, 3.0, "the failure reported")
+        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 3, 3.0, "the ring read")
+        await asyncio.sleep(0.05)
+        await agent.clocks.drained()
+    assert gpu.get_locked_sm_clocks_mhz() == (HIGH, HIGH), gpu.locks
+    assert agent._clock_mhz == HIGH
