@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -529,3 +530,43 @@ async def test_a_ring_dropped_after_a_failed_raise_leaves_the_loop_to_apply_it(t
         await agent.clocks.drained()
     assert gpu.get_locked_sm_clocks_mhz() == (HIGH, HIGH), gpu.locks
     assert agent._clock_mhz == HIGH
+
+
+async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_path):
+    """A thread took the old trainer's arm and stalls until a new trainer has bound: its ring
+    is stale, and the new trainer's own changes are applied."""
+    gpu = _gpu(tmp_path)
+    agent = await _wired_agent(tmp_path, gpu)
+    assert agent.doorbell is not None
+    go, first = threading.Event(), [True]
+    ring = agent.clocks.ring
+
+    def stalled_ring(*change: Any) -> bool:
+        if first and first.pop():
+            go.wait(5)
+        return ring(*change)
+
+    agent.clocks.ring = stalled_ring  # type: ignore[method-assign]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
+            s.send(data)
+        await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
+        await asyncio.sleep(0.02)
+        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))  # taken; its ring stalls
+        s.send(_event(Kind.STEP_END, 0))
+        await wait_for(lambda: agent.doorbell.counters["datagrams"] == 4, 3.0, "all read")
+        await asyncio.sleep(0.02)
+        agent.unbind()
+        agent.bind("j", 0, pid=os.getpid(), uid=os.getuid())  # the next trainer
+        go.set()
+        await asyncio.sleep(0.05)
+        await agent.clocks.drained()
+        assert agent.doorbell.counters["stale"] == 1
+        s.send(_event(Kind.STEP_BEGIN, 0))
+        for index, (name, mhz) in enumerate(PAIRS):  # its indices start at 0 again
+            s.send(_event(Kind.INSTRUCTION_BEGIN, index, name))
+            await asyncio.sleep(0.05)
+            await agent.clocks.drained()
+            assert gpu.get_locked_sm_clocks_mhz() == (mhz, mhz), gpu.locks
+            assert agent._clock_mhz == mhz

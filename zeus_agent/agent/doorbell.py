@@ -304,6 +304,9 @@ class ClockDoorbell:
                     timeout_s <= 0 or not select.select([sock], [], [], timeout_s)[0]):
                 return batch
             batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES))
+            data = batch[0][0]
+            if self._arm is not None and len(data) > 2 and data[2] == _INSTRUCTION_BEGIN:
+                return batch  # Maybe the armed one: no more syscalls before it is applied.
             while len(batch) < _MAX_PER_WAKEUP:
                 batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT))
         except (BlockingIOError, InterruptedError):
