@@ -570,3 +570,34 @@ async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_
             await agent.clocks.drained()
             assert gpu.get_locked_sm_clocks_mhz() == (mhz, mhz), gpu.locks
             assert agent._clock_mhz == mhz
+
+
+async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after_it(tmp_path):
+    """Backward's ring is accepted (the loop counts it applied) but its thread stalls before
+    the call; a lock by hand comes and goes meanwhile: the late change must not undo it (the
+    setters' lane kept the two in order)."""
+    gpu = _gpu(tmp_path)
+    agent = await _wired_agent(tmp_path, gpu)
+    assert agent.doorbell is not None
+    go = threading.Event()
+    drain = agent.clocks._drain
+
+    def stalled_drain() -> None:
+        if threading.current_thread().name.startswith("gpu0-doorbell"):
+            go.wait(5)
+        drain()
+
+    agent.clocks._drain = stalled_drain  # type: ignore[method-assign]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
+            s.send(data)
+        await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
+        await asyncio.sleep(0.02)  # (armed for backward, at HIGH)
+        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        await wait_for(lambda: agent._clock_mhz == HIGH, 3.0, "the ring counted by the loop")
+        await agent.lock_clocks(1200, 1200, "j", 30.0)
+        go.set()
+        await asyncio.sleep(0.05)
+        await agent.clocks.drained()
+    assert gpu.get_locked_sm_clocks_mhz() == (1200, 1200), gpu.locks

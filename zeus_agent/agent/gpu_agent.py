@@ -399,6 +399,8 @@ class GpuAgent(ScheduleEvents):
         async with self._settings:
             self._check_holder(holder)  # The trainer may have left meanwhile.
             previous = self._grant(SM_CLOCKS, holder, lease_s)
+            # A schedule's change wanted or rung before it must not land after it.
+            self.clocks.invalidate()
             try:
                 await self.caller.call(self.clocks.exclusive(self.gpu.lock_sm_clocks_mhz),
                                        min_mhz, max_mhz, setter=True)
