@@ -328,10 +328,18 @@ class JetStreamState:
         """
         from nats.js.errors import KeyNotFoundError, NoKeysError
 
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            return {}
+        keys: list[str] = []
+        for attempt in range(5):
+            try:
+                keys = await self.kv.keys()
+                break
+            except NoKeysError:
+                # nats-py's `keys()` can come back empty from a bucket that has keys (seen once,
+                # in a fresh-clone test run on a loaded machine); an empty bucket holds no
+                # messages at all, so only then is the answer "no jobs".
+                if not (await self.kv.status()).values:
+                    return {}
+                await asyncio.sleep(0.05 * (attempt + 1))
         jobs: dict[str, JobRecord] = {}
         ranks: list[tuple[str, RankRecord]] = []
         for key in keys:
