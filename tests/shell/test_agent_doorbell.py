@@ -312,6 +312,17 @@ def _event(kind: Kind, a: int = 0, name: str = "") -> bytes:
     return dg.encode_event(kind, os.getpid(), time.monotonic_ns(), a, 0, name)
 
 
+async def _first_forward(agent: GpuAgent, gpu: ThreadGPU, s: socket.socket) -> None:
+    """Connect `s` to the doorbell; step 0 begins with forward, locked at LOW by the loop
+    (nothing was armed yet), which then arms backward (HIGH)."""
+    assert agent.doorbell is not None
+    s.connect(agent.doorbell.path)
+    for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
+        s.send(data)
+    await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
+    await asyncio.sleep(0.02)
+
+
 async def test_a_rung_change_the_loop_overtook_is_dropped(tmp_path):
     """The thread took instruction 1's arm, but the loop handled 1 and 2 before it rang."""
     gpu = _gpu(tmp_path)
@@ -507,11 +518,7 @@ async def test_a_ring_dropped_after_a_failed_raise_leaves_the_loop_to_apply_it(t
     agent = await _wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.connect(agent.doorbell.path)
-        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
-            s.send(data)
-        await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
-        await asyncio.sleep(0.02)
+        await _first_forward(agent, gpu, s)
         fail = [True]
         lock = gpu.lock_sm_clocks_mhz
 
@@ -548,11 +555,7 @@ async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_
 
     agent.clocks.ring = stalled_ring  # type: ignore[method-assign]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.connect(agent.doorbell.path)
-        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
-            s.send(data)
-        await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
-        await asyncio.sleep(0.02)
+        await _first_forward(agent, gpu, s)
         s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))  # taken; its ring stalls
         s.send(_event(Kind.STEP_END, 0))
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 4, 3.0, "all read")
@@ -589,11 +592,7 @@ async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after
 
     agent.clocks._drain = stalled_drain  # type: ignore[method-assign]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.connect(agent.doorbell.path)
-        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
-            s.send(data)
-        await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
-        await asyncio.sleep(0.02)  # (armed for backward, at HIGH)
+        await _first_forward(agent, gpu, s)  # (armed for backward, at HIGH)
         s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: agent._clock_mhz == HIGH, 3.0, "the ring counted by the loop")
         await agent.lock_clocks(1200, 1200, "j", 30.0)
