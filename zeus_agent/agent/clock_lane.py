@@ -276,7 +276,7 @@ class EarlyRaises:
 
     def clear(self) -> None:
         """Another schedule, or none: cancel a planned raise and forget the forecast."""
-        self._cancel()
+        self.cancel()
         self.ahead.clear()
 
     def begun(self, position: int, t_ns: int) -> bool:
@@ -286,7 +286,7 @@ class EarlyRaises:
             Whether its raise was issued ahead (its clock is in or on its way).
         """
         if self._timer is not None:
-            self._cancel()
+            self.cancel()
             self.on_event += 1
         self._seen += 1
         self.ahead.on_instruction(position, t_ns)
@@ -311,9 +311,6 @@ class EarlyRaises:
 
     def cancel(self) -> None:
         """Cancel a raise planned ahead (the next instruction may run another schedule)."""
-        self._cancel()
-
-    def _cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -42,6 +42,7 @@ from typing import Any
 
 from zeus_agent import __version__, status_http
 from zeus_agent.agent.commands import handle_command
+from zeus_agent.agent.credentials import pass_credentials
 from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
@@ -281,7 +282,7 @@ class AgentServer(ExitSignals):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
             # Before bind: a datagram queued before the gateway attaches must carry its
             # sender's credentials too (a trainer re-introducing itself to a restarted agent).
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            pass_credentials(sock)
             sock.bind(str(path))
             self._socket_inode = os.stat(path).st_ino
             os.chmod(path, int(self.settings.socket_mode, 8))

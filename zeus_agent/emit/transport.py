@@ -102,6 +102,10 @@ class Transport:
         self._bell = bell
         self._send = bell.send
 
+    def _events_socket(self) -> socket.socket:
+        """Where events go while connected: the doorbell's socket, else the trainers'."""
+        return self._bell or self._sock
+
     def _close_bell(self) -> None:
         bell, self._bell = self._bell, None
         if bell is not None:
@@ -175,7 +179,7 @@ class Transport:
 
     def _flush_backlog(self) -> None:
         backlog = self._backlog
-        send = self._sock.send if self._bell is None else self._bell.send
+        send = self._events_socket().send
         while backlog and self.connected:
             try:
                 send(backlog[0])
@@ -213,10 +217,10 @@ class Transport:
             deadline = time.monotonic() + 0.1  # Bounded: let the agent take the backlog.
             self._flush_backlog()
             while self._backlog and self.connected and time.monotonic() < deadline:
-                select.select([], [self._bell or self._sock], [], 0.01)
+                select.select([], [self._events_socket()], [], 0.01)
                 self._flush_backlog()
             if self.connected:  # After the events, through the same socket.
-                send = self._sock.send if self._bell is None else self._bell.send
+                send = self._events_socket().send
                 send(encode_request(Kind.BYE, self._pid, next(self._ids), {}))
         except Exception:  # Best effort.
             pass
