@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from tests.shell.agent_kit import running_agent, wait_for
@@ -33,7 +34,7 @@ from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.metrics import AgentCollector
 from zeus_agent.emit import Publisher
-from zeus_agent.errors import GPUError
+from zeus_agent.errors import GPUError, PayloadError
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import trainer as dg
@@ -295,7 +296,10 @@ async def _wired_agent(tmp_path: Path, gpu: ThreadGPU, on_batch=None) -> GpuAgen
 
     def deliver(batch: list) -> None:
         for data, _ancillary, _flags, _addr in batch:
-            event = dg.decode_datagram(data)
+            try:
+                event = dg.decode_datagram(data)
+            except PayloadError:
+                continue  # (The gateway reports it.)
             if isinstance(event, EventDatagram):
                 agent.on_event(event)
         if on_batch is not None:
@@ -600,3 +604,25 @@ async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after
         await asyncio.sleep(0.05)
         await agent.clocks.drained()
     assert gpu.get_locked_sm_clocks_mhz() == (1200, 1200), gpu.locks
+
+
+async def test_a_ring_the_gateway_would_refuse_applies_nothing(tmp_path):
+    """The armed instruction's fields in a datagram of another protocol version, too long, or
+    truncated: nothing applied by the doorbell; the gateway gets them and refuses them."""
+    gpu = _gpu(tmp_path)
+    delivered: list[int] = []
+    agent = await _wired_agent(tmp_path, gpu, on_batch=lambda batch: delivered.append(len(batch)))
+    assert agent.doorbell is not None
+    good = _event(Kind.INSTRUCTION_BEGIN, 1, "backward")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        await _first_forward(agent, gpu, s)
+        delivered.clear()
+        for data in (msgpack.packb([2, int(Kind.INSTRUCTION_BEGIN), os.getpid(),
+                                    time.monotonic_ns(), 1, 0, "backward"]),
+                     good[:-3], good + bytes(66_000), bytes([0x97])):
+            s.send(data)
+        await wait_for(lambda: sum(delivered) == 4, 3.0, "the four delivered")
+    await asyncio.sleep(0.05)
+    await agent.clocks.drained()
+    assert agent.doorbell.counters["taken"] == 0
+    assert [mhz for mhz, _ in gpu.locks] == [LOW]

@@ -49,7 +49,7 @@ from zeus_agent.agent.credentials import (
     pass_credentials,
     sender,
 )
-from zeus_agent.wire.trainer import Kind
+from zeus_agent.wire.trainer import PROTOCOL_VERSION, Kind
 
 __all__ = ["ClockDoorbell", "doorbell_path"]
 
@@ -334,7 +334,8 @@ class ClockDoorbell:
                 fields = msgpack.unpackb(data)
             except Exception:  # noqa: BLE001 - malformed: the gateway reports it
                 continue
-            if not (isinstance(fields, list) and len(fields) == 7 and fields[4] == arm.instruction
+            if not (isinstance(fields, list) and len(fields) == 7
+                    and fields[0] == PROTOCOL_VERSION and fields[4] == arm.instruction
                     and fields[6] == arm.name and type(fields[3]) is int):
                 continue
             if sender(ancillary)[0] != arm.pid:
