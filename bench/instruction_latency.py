@@ -408,6 +408,7 @@ async def run(
     timing: str = "h200",
     set_latency_ms: float = 1.0,
     compare: bool = False,
+    spin_us: float | None = None,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]],
            dict[str, dict[str, list[float]]], dict[str, int], dict[str, Any],
            dict[str, list[float]]]:
@@ -436,6 +437,7 @@ async def run(
             log_level="WARNING",
             sim_nvml_timing=timing,
             sim_set_latency_ms=set_latency_ms,
+            **({} if spin_us is None else {"doorbell_spin_us": spin_us}),
         )
         gpu = StampedSimGPU.create(
             settings.sim_state_dir, 0, timing=timing, set_latency_ms=set_latency_ms
@@ -470,6 +472,9 @@ async def run(
     rung = {} if doorbell is None else doorbell.counters
     bench.overtaken["doorbell_datagrams"] = rung.get("datagrams", 0)
     bench.overtaken["doorbell_taken"] = rung.get("taken", 0)
+    bench.overtaken["doorbell_spins"] = rung.get("spins", 0)
+    bench.overtaken["doorbell_spin_hits"] = rung.get("spin_hits", 0)
+    bench.overtaken["doorbell_spun_us"] = 0 if doorbell is None else doorbell.spun_ns // 1000
     bench.overtaken["counter_reads"] = counter.reads
     bench.overtaken["counter_reads_collided"] = counter.policy.collisions
     return quiet, contended, legacy, bench.overtaken, early, floor
@@ -539,6 +544,11 @@ def main() -> None:
         "--set-latency-ms", type=float, default=1.0,
         help="cost of a clock or power-limit change under h200 (ms; default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--doorbell-spin-us", type=float, default=None,
+        help="the agent's --doorbell-spin-us (default: the agent's default, "
+        f"{AgentSettings.model_fields['doorbell_spin_us'].default:g}; 0: its thread never spins)",
+    )
     args = parser.parse_args()
     if args.contend < 0 or args.rounds < 1:
         parser.error("--contend must be >= 0 and --rounds >= 1")
@@ -558,10 +568,12 @@ def main() -> None:
     import uvloop
 
     load_before = os.getloadavg()
+    started = time.monotonic()
     results, contended, legacy, overtaken, early, floor = uvloop.run(
         run(
             args.steps, args.gap_us, args.contend, args.rounds, tuple(methods),
             args.nvml_timing, args.set_latency_ms, args.compare_read_per_event,
+            args.doorbell_spin_us,
         )
     )  # fmt: skip
     print(f"{'instruction_begin -> applied (us)':36s} {'p50':>7s} {'p99':>7s} {'max':>8s}")
@@ -601,6 +613,12 @@ def main() -> None:
         "before each mode, a bare datagram -> a thread sleeping in recv, no agent code: "
         "what this machine charges for waking a thread after the gap)"
     )
+    spins, spun_us = overtaken.pop("doorbell_spins"), overtaken.pop("doorbell_spun_us")
+    spin_us = (args.doorbell_spin_us if args.doorbell_spin_us is not None
+               else AgentSettings.model_fields["doorbell_spin_us"].default)
+    total_s = time.monotonic() - started
+    print(f"doorbell spin {spin_us:g} us: {spins} windows, {spun_us / max(1, spins):.0f} us "
+          f"spun per window, {100 * spun_us / (total_s * 1e6):.2f}% of a core over the run")
     contention: dict[str, Any] = {}
     if contended:
         print(
@@ -633,6 +651,11 @@ def main() -> None:
         "counter_reads_collided": overtaken.pop("counter_reads_collided"),
         "doorbell_datagrams": overtaken.pop("doorbell_datagrams"),
         "doorbell_taken": overtaken.pop("doorbell_taken"),
+        "doorbell_spin_us": spin_us,
+        "doorbell_spins": spins,
+        "doorbell_spin_hits": overtaken.pop("doorbell_spin_hits"),
+        "spun_us_per_change": round(spun_us / max(1, spins), 1),
+        "spun_cpu_share": round(spun_us / (total_s * 1e6), 4),
         "budget_p50_us": BUDGET_P50_US,
         "budget_p99_us": BUDGET_P99_US,
         "ok": ok,

@@ -154,6 +154,17 @@ class AgentSettings(BaseSettings):
     socket_group: str | None = Field(
         None, description="Group owning the socket (with mode 0660: only its members may send)"
     )
+    doorbell_spin_us: float = Field(
+        500.0,
+        ge=0,
+        le=100_000,
+        allow_inf_nan=False,
+        description="During a frequency schedule, the GPU's doorbell thread polls without "
+        "sleeping from this long before each clock change's forecast instant to twice this "
+        "long after it (us): a sleeping thread takes 100-400 us to wake on a VM, a spinning "
+        "one microseconds. Costs at most three times this in CPU time of one core per "
+        "scheduled clock change; 0 never spins",
+    )
     metrics_port: int | None = Field(
         None,
         ge=0,

@@ -22,6 +22,15 @@ new schedule drops it), the lease check just before the call, restores never ove
 
 Exactly one of the two applies a change: the arm is taken under a lock, by the thread or by
 the loop (`claim`, when the event reached it first: no arm yet because the loop was behind).
+
+A thread asleep in `recvmsg` still pays one wake-up (100-400 us on a VM, all of the budget).
+So an arm carries the forecast of its instruction's begin (the last iterations' gaps, the
+`RaiseAhead` forecast) and, from `spin_ns` before it to 2 x `spin_ns` after it, the reading
+thread *spins*: it polls the socket without sleeping, so it holds its CPU awake and finds the
+datagram within microseconds. Outside those windows it sleeps, so the cost is bounded: at most
+3 x `spin_ns` of one core per scheduled instruction (0 turns it off). One thread of the
+process spins at a time (`_SPIN_TOKEN`): spinning threads fight for the GIL, and a GPU whose
+window overlaps another's waits asleep, as without spinning.
 """
 
 from __future__ import annotations
@@ -60,6 +69,12 @@ _MAX_PER_WAKEUP = 256
 """Datagrams read per wake-up and handed to the loop at once."""
 HOLD_S = 0.001
 """While armed, how long a batch without the armed instruction waits for it (`_read...`)."""
+SPIN_LATE = 2
+"""The spin goes on this many `spin_ns` past the forecast: a forecast is the shortest of the
+last gaps, so the instruction comes later more often than earlier (a sleeping trainer's gaps
+vary by a few hundred microseconds on a VM)."""
+_SPIN_TOKEN = threading.Lock()
+"""Held by the one doorbell thread of this process that spins (`ClockDoorbell._spin`)."""
 
 
 def doorbell_path(socket_path: str, index: int) -> str:
@@ -77,6 +92,8 @@ class Arm(NamedTuple):
     epoch: int
     asked: int
     """The lane's `asked` when armed: a change the loop asks for later makes this one stale."""
+    spin: tuple[int, int] | None = None
+    """When the reading thread spins for it (monotonic ns, from, until); None: it sleeps."""
 
 
 class ClockDoorbell:
@@ -86,13 +103,19 @@ class ClockDoorbell:
         path: The socket's path.
         counters: `datagrams` (read), `taken` (armed changes the threads took: applied, found
             in already (a raise issued ahead) or `stale` (the loop asked for a newer change
-            before it was applied)), `claimed` (by the loop: its event came first).
+            before it was applied)), `claimed` (by the loop: its event came first), `spins`
+            (windows spun in), `spin_hits` (datagrams a spinning thread found).
+        spin_ns: How long before and after an armed instruction's forecast begin the reading
+            thread spins (0: never).
+        spun_ns: Time spent spinning so far (CPU time of one core).
     """
 
-    def __init__(self, path: str, lane: ClockLane, index: int) -> None:
+    def __init__(self, path: str, lane: ClockLane, index: int, spin_ns: int = 0) -> None:
         """Create it for `lane`; nothing is bound until `open`."""
         self.path = path
         self.index = index
+        self.spin_ns = spin_ns
+        self.spun_ns = 0
         self.counters: Counter[str] = Counter()
         self._lane = lane
         self._sock: socket.socket | None = None
@@ -114,14 +137,16 @@ class ClockDoorbell:
         """The instruction whose arm a thread took and the lane has not accepted yet."""
         self._vetoed: int | None = None
         """An instruction the loop claimed while it was taken, not accepted: never accepted."""
+        self._wake = -1
+        """An eventfd: `arm` wakes the reading thread with it to start its spin on time."""
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def opened(cls, path: str, lane: ClockLane, index: int,
                deliver: Callable[[list[Received]], None], mode: int,
-               gid: int | None = None) -> ClockDoorbell | None:
+               gid: int | None = None, spin_ns: int = 0) -> ClockDoorbell | None:
         """A doorbell open at `path` (`open`), or None (logged): the GPU goes without one."""
-        doorbell = cls(path, lane, index)
+        doorbell = cls(path, lane, index, spin_ns)
         try:
             doorbell.open(deliver, mode, gid)
         except OSError as e:
@@ -151,6 +176,7 @@ class ClockDoorbell:
             os.chmod(self.path, mode)
             if gid is not None:
                 os.chown(self.path, -1, gid)
+            self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
             sock.close()
             raise
@@ -186,15 +212,28 @@ class ClockDoorbell:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         sock.close()
+        if not any(thread.is_alive() for thread in self._threads):  # (else: theirs to read)
+            with contextlib.suppress(OSError):
+                os.close(self._wake)
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._inode:  # not a newer agent's
                 os.unlink(self.path)
 
     # ------------------------------------------------------------------ the loop's side
-    def arm(self, pid: int, index: int, name: str, mhz: int) -> None:
-        """On the loop: the next ring for instruction `index` (`name`) of `pid` locks `mhz`."""
+    def arm(self, pid: int, index: int, name: str, mhz: int, due_ns: int | None = None) -> None:
+        """On the loop: the next ring for instruction `index` (`name`) of `pid` locks `mhz`.
+
+        `due_ns`: when the instruction is forecast to begin (monotonic ns); the reading thread
+        spins around it (`spin_ns`), woken now to sleep until then.
+        """
+        spin = None
+        if self.spin_ns > 0 and due_ns is not None:
+            spin = (due_ns - self.spin_ns, due_ns + SPIN_LATE * self.spin_ns)
         with self._take:
-            self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked)
+            self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked, spin)
+        if spin is not None:
+            with contextlib.suppress(OSError):  # (closed: nobody to wake)
+                os.eventfd_write(self._wake, 1)
 
     def disarm(self) -> None:
         """On the loop: the next instruction's ring applies nothing."""
@@ -300,11 +339,12 @@ class ClockDoorbell:
         """
         batch: list[Received] = []
         try:
-            if timeout_s is not None and (
-                    timeout_s <= 0 or not select.select([sock], [], [], timeout_s)[0]):
+            until = None if timeout_s is None else time.monotonic_ns() + int(timeout_s * 1e9)
+            first = self._first(sock, until)
+            if first is None:
                 return batch
-            batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES))
-            data = batch[0][0]
+            batch.append(first)
+            data = first[0]
             if self._arm is not None and len(data) > 2 and data[2] == _INSTRUCTION_BEGIN:
                 return batch  # Maybe the armed one: no more syscalls before it is applied.
             while len(batch) < _MAX_PER_WAKEUP:
@@ -316,6 +356,61 @@ class ClockDoorbell:
                 LOG.warning("GPU %d: doorbell socket error: %s", self.index, e)
                 time.sleep(0.01)
         return batch
+
+    def _first(self, sock: socket.socket, until_ns: int | None) -> Received | None:
+        """The next datagram, or None once `until_ns` (monotonic; None: never) has passed.
+
+        Asleep in `select` (the socket, and `_wake` for a new arm), except in the armed
+        instruction's spin window: there it spins (`_spin`) if no other thread of the process
+        does.
+        """
+        while not self._closed:
+            now = time.monotonic_ns()
+            if until_ns is not None and now >= until_ns:
+                return None
+            arm = self._arm
+            spin = arm.spin if arm is not None else None
+            wake_ns = until_ns
+            if spin is not None and now < spin[1]:
+                if now < spin[0]:
+                    wake_ns = spin[0] if wake_ns is None else min(wake_ns, spin[0])
+                elif _SPIN_TOKEN.acquire(blocking=False):
+                    try:
+                        end = spin[1] if until_ns is None else min(until_ns, spin[1])
+                        got = self._spin(sock, arm, end)
+                    finally:
+                        _SPIN_TOKEN.release()
+                    if got is not None:
+                        return got
+                    continue  # The window ended, the arm changed or `until_ns` passed.
+            timeout = None if wake_ns is None else max(0.0, (wake_ns - now) / 1e9)
+            ready = select.select([sock, self._wake], [], [], timeout)[0]
+            if self._wake in ready:
+                with contextlib.suppress(BlockingIOError):  # (the other thread read it)
+                    os.eventfd_read(self._wake)
+            if sock in ready:
+                with contextlib.suppress(BlockingIOError):
+                    return sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT)
+        return None
+
+    def _spin(self, sock: socket.socket, arm: Arm | None, end_ns: int) -> Received | None:
+        """Poll `sock` without sleeping until a datagram, `end_ns`, another arm or `stop`."""
+        recv, flags, clock = sock.recvmsg, socket.MSG_DONTWAIT, time.monotonic_ns
+        start = clock()
+        self.counters["spins"] += 1
+        try:
+            while self._arm is arm and not self._closed:
+                try:
+                    got = recv(RECV_BYTES, ANCILLARY_BYTES, flags)
+                except BlockingIOError:
+                    if clock() >= end_ns:
+                        return None
+                    continue
+                self.counters["spin_hits"] += 1
+                return got
+            return None
+        finally:
+            self.spun_ns += clock() - start
 
     def _take_armed(self, batch: list[Received]) -> tuple[int, int, int, int, int] | None:
         """In the thread: the armed change if `batch` holds its instruction (the arm taken).

@@ -180,13 +180,15 @@ class GpuAgent(ScheduleEvents):
         return self.info
 
     def open_doorbell(self, path: str, deliver: Callable[[list[Received]], None], mode: int,
-                      gid: int | None = None) -> bool:
+                      gid: int | None = None, spin_us: float = 0.0) -> bool:
         """Open this GPU's doorbell (`zeus_agent.agent.doorbell`); False: it runs without one.
 
-        Only for a GPU whose calls block: inline calls are already on the loop.
+        Only for a GPU whose calls block: inline calls are already on the loop. `spin_us`: how
+        long its thread spins before and after a forecast clock change (0: never).
         """
         if self.caller.blocking and self.doorbell is None:
-            self.doorbell = ClockDoorbell.opened(path, self.clocks, self.index, deliver, mode, gid)
+            self.doorbell = ClockDoorbell.opened(path, self.clocks, self.index, deliver, mode,
+                                                 gid, int(spin_us * 1000))
         return self.doorbell is not None
 
     def close_doorbell(self, timeout_s: float = 1.0) -> None:

@@ -92,7 +92,7 @@ class ScheduleEvents:
             if self.raises.enabled:
                 self._plan_raise(step.index, ev.t_ns)
             if self.doorbell is not None:
-                self._arm_doorbell()
+                self._arm_doorbell(self.raises.ahead.forecast(step.index, ev.t_ns))
             if step.error is not None:
                 self._report("mismatches", "schedule_mismatch", step.error,
                              {"instruction": ev.name, "index": ev.a})
@@ -130,12 +130,13 @@ class ScheduleEvents:
         if self.doorbell is not None:
             self.doorbell.forget()
 
-    def _arm_doorbell(self) -> None:
+    def _arm_doorbell(self, due_ns: int | None = None) -> None:
         """Let the ring of the next instruction apply its clock, if it changes it.
 
         Past the iteration's last pair, the next iteration's first (after its `step_end`),
         unless a schedule waits for a step. The arm is a forecast: the loop applies its own
         clock if the event says otherwise (an iteration that ended early, an extra instruction).
+        `due_ns`: when that instruction is forecast to begin (the doorbell spins around it).
         """
         assert self.doorbell is not None
         b = self.binding
@@ -145,9 +146,7 @@ class ScheduleEvents:
                     and self.cursor.position >= len(self.cursor.frequencies))):
             self.doorbell.disarm()  # No change, nobody to ring, or the next schedule's turn.
             return
-        self.doorbell.arm(b.pid, self._last_instruction + 1, pair[0], pair[1])
-
-
+        self.doorbell.arm(b.pid, self._last_instruction + 1, pair[0], pair[1], due_ns)
 
     def _plan_raise(self, position: int, t_ns: int) -> None:
         """If the next instruction raises the clock, issue the raise a lead before it begins."""

@@ -325,7 +325,8 @@ class AgentServer(ExitSignals):
         if not s.observe_only:  # (observe-only: no clock is ever locked)
             for agent in self.agents.values():
                 agent.open_doorbell(doorbell_path(s.socket_path, agent.index),
-                                    gateway.received_all, int(s.socket_mode, 8), self._socket_gid)
+                                    gateway.received_all, int(s.socket_mode, 8), self._socket_gid,
+                                    s.doorbell_spin_us)
         gateway.attach(sock)
 
     def _start_status_server(self, port: int) -> None:
