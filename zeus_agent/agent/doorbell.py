@@ -137,6 +137,8 @@ class ClockDoorbell:
         """The instruction whose arm a thread took and the lane has not accepted yet."""
         self._vetoed: int | None = None
         """An instruction the loop claimed while it was taken, not accepted: never accepted."""
+        self._handover: list[Received] = []
+        """The batch that held a change taken, for the next reader to deliver first."""
         self._wake = -1
         """An eventfd: `arm` wakes the reading thread with it to start its spin on time."""
 
@@ -298,11 +300,19 @@ class ClockDoorbell:
     ) -> tuple[int, int, int, int, int] | None:
         """Deliver batches until one holds the armed instruction; None once closed.
 
+        That batch is left in `_handover`, delivered first by whichever thread reads next.
+
         While armed, datagrams without the instruction are held up to `HOLD_S` for it: a
         trainer sends an instruction's end and the next one's begin (or a step's begin and
         its first instruction's) microseconds apart, and a loop woken for the first would
         hold the GIL while this thread needs it for the second.
         """
+        handover, self._handover = self._handover, []
+        if handover and not self._closed:  # (the previous reader's, in order)
+            try:
+                loop.call_soon_threadsafe(deliver, handover)
+            except RuntimeError:
+                return None
         held: list[Received] = []
         deadline = 0.0
         while not self._closed:
@@ -322,14 +332,17 @@ class ClockDoorbell:
             if (change is None and held and self._arm is not None
                     and time.monotonic() < deadline):
                 continue
+            if change is not None:
+                # The next reader (the other thread, woken as this one lets go) delivers it:
+                # waking the loop from here would delay the clock change by one more wake-up.
+                self._handover = held
+                return change
             if held:
                 try:
                     loop.call_soon_threadsafe(deliver, held)
                 except RuntimeError:
                     return None  # The loop is closed: the agent is gone.
                 held = []
-            if change is not None:
-                return change
         return None
 
     def _read(self, sock: socket.socket, timeout_s: float | None) -> list[Received]:
