@@ -287,7 +287,8 @@ async def test_shutdown_ends_the_doorbell_and_removes_its_socket(nats_server, tm
     assert server.agents[0].doorbell is None
 
 
-async def _wired_agent(tmp_path: Path, gpu: ThreadGPU, on_batch=None) -> GpuAgent:
+async def _wired_agent(tmp_path: Path, gpu: ThreadGPU, on_batch=None,
+                       spin_us: float = 0.0) -> GpuAgent:
     """A `GpuAgent` whose doorbell hands its batches to `on_event`, as the gateway does."""
     agent = GpuAgent(gpu, "n", _no_publish)
     _OPEN.append(agent)
@@ -305,7 +306,7 @@ async def _wired_agent(tmp_path: Path, gpu: ThreadGPU, on_batch=None) -> GpuAgen
         if on_batch is not None:
             on_batch(batch)
 
-    assert agent.open_doorbell(str(tmp_path / "bell.gpu0"), deliver, 0o600)
+    assert agent.open_doorbell(str(tmp_path / "bell.gpu0"), deliver, 0o600, spin_us=spin_us)
     agent.bind("j", 0, pid=os.getpid(), uid=os.getuid())
     await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=PAIRS), "j", 30.0)
     agent.raises.enabled = False  # (every change on its event: the doorbell's or the loop's)
