@@ -28,6 +28,7 @@ from tests.shell.test_agent_doorbell import (  # noqa: F401 - `_close_agents`: a
     _wired_agent,
 )
 from zeus_agent.agent import doorbell as bell
+from zeus_agent.agent.metrics import AgentCollector
 from zeus_agent.wire.trainer import EventDatagram, Kind
 
 SPIN_US = 20_000.0
@@ -71,6 +72,11 @@ async def test_an_instruction_in_the_window_is_caught_spinning(tmp_path):
     assert doorbell.counters["spins"] == 1 and doorbell.counters["spin_hits"] == 1
     assert doorbell.counters["taken"] == 1 and doorbell.spun_ns > 0
     assert agent.counters["mismatches"] == 0
+    families = {m.name: m for m in AgentCollector({0: agent}, dict).collect()}
+    exported = {s.labels["event"]: s.value for s in families["zeus_agent_gpu_events"].samples}
+    assert exported["doorbell_spins"] == exported["doorbell_spin_hits"] == 1
+    [spun] = families["zeus_agent_doorbell_spin_seconds"].samples
+    assert spun.value == doorbell.spun_ns / 1e9 > 0
 
 
 async def test_a_window_without_its_instruction_ends_and_the_thread_sleeps(tmp_path):

@@ -397,11 +397,11 @@ class ClockDoorbell:
                         return got
                     continue  # The window ended, the arm changed or `until_ns` passed.
             timeout = None if wake_ns is None else max(0.0, (wake_ns - now) / 1e9)
-            ready = select.select([sock, self._wake], [], [], timeout)[0]
+            ready = select.select([sock.fileno(), self._wake], [], [], timeout)[0]
             if self._wake in ready:
                 with contextlib.suppress(BlockingIOError):  # (the other thread read it)
                     os.eventfd_read(self._wake)
-            if sock in ready:
+            if sock.fileno() in ready:
                 with contextlib.suppress(BlockingIOError):
                     return sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT)
         return None

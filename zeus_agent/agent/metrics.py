@@ -32,7 +32,9 @@ Two families describe the same samples:
   | `zeus_agent_bus_messages_dropped_total{reason}` | counter | bus messages the agent dropped |
   | `zeus_gpu_controllable` | gauge | 1 if settings may be changed, 0 observe-only |
   | `zeus_agent_gpu_events_total{event}` | counter | per GPU: mismatches, gaps, failed clocks, |
-  |  |  | the doorbell's datagrams, changes taken, changes claimed by the loop |
+  |  |  | the doorbell's datagrams, changes taken, changes claimed by the loop, |
+  |  |  | windows spun, changes found spinning |
+  | `zeus_agent_doorbell_spin_seconds_total` | counter | per GPU: CPU time its doorbell spun |
   | `zeus_agent_nats_connected` | gauge | 1 while connected to NATS |
 """
 
@@ -108,8 +110,13 @@ class AgentCollector(Collector):
             "zeus_agent_gpu_events",
             "Per GPU: schedule mismatches, measurement gaps, failed clock changes, restores, "
             "sample errors, refused and unmeasured measurements; the doorbell's datagrams, the "
-            "clock changes its thread took and those the event loop claimed first",
+            "clock changes its thread took and those the event loop claimed first, the windows "
+            "it spun in and the changes it found spinning",
             labels=[*LABELS, "event"])
+        spun = CounterMetricFamily(
+            "zeus_agent_doorbell_spin_seconds",
+            "Per GPU: time its doorbell's thread polled without sleeping around forecast clock "
+            "changes (CPU time of one core; --doorbell-spin-us)", labels=LABELS)
         for agent in self.agents.values():
             info = agent.info
             if info is None:
@@ -121,6 +128,7 @@ class AgentCollector(Collector):
             if agent.doorbell is not None:
                 for event, count in sorted(agent.doorbell.counters.items()):
                     events.add_metric([*labels, f"doorbell_{event}"], count)
+                spun.add_metric(labels, agent.doorbell.spun_ns / 1e9)
             reads.add_metric(labels, agent.counter.reads)
             limit_reads.add_metric(labels, agent.counter.limit_reads)
             idle.add_metric(labels, 1.0 if agent.counter.policy.idle else 0.0)
@@ -151,7 +159,7 @@ class AgentCollector(Collector):
             dropped.add_metric([reason], count)
         yield from (dcgm_power, dcgm_energy, dcgm_limit, dcgm_sm, dcgm_mem)
         yield from (energy, power, limit, sm, mem, reads, limit_reads, idle, datagrams, dropped)
-        yield from (controllable, events)
+        yield from (controllable, events, spun)
         if self.bus_connected is not None:
             yield GaugeMetricFamily(
                 "zeus_agent_nats_connected", "1 while the agent is connected to NATS",
