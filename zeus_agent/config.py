@@ -163,7 +163,8 @@ class AgentSettings(BaseSettings):
         "sleeping from this long before each clock change's forecast instant to twice this "
         "long after it (us): a sleeping thread takes 100-400 us to wake on a VM, a spinning "
         "one microseconds. Costs at most three times this in CPU time of one core per "
-        "scheduled clock change; 0 never spins",
+        "scheduled clock change, spent only on changes forecast at least 30 times this away "
+        "(at most a tenth of a core per GPU); 0 never spins",
     )
     metrics_port: int | None = Field(
         None,

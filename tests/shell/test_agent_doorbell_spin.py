@@ -7,7 +7,7 @@
 * a window in which nothing comes ends, and the thread sleeps again (no CPU after it);
 * one thread of the process spins at a time: a doorbell that finds another spinning waits
   asleep and still applies its change;
-* `spin_ns` 0 never spins.
+* `spin_ns` 0 never spins, nor does a change forecast less than ten windows away.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ from zeus_agent.agent import doorbell as bell
 from zeus_agent.agent.metrics import AgentCollector
 from zeus_agent.wire.trainer import EventDatagram, Kind
 
-SPIN_US = 20_000.0
-"""Wide windows: the thread is spinning when the test sends, however slow the machine."""
+SPIN_US = 10_000.0
+"""Wide windows (from 10 ms before the forecast to 20 ms after): the thread is spinning when
+the test sends, 5 ms before the forecast, however slow the machine. The forecast must then be
+at least 300 ms away (ten windows)."""
+AWAY_NS = 320_000_000
 
 
 async def test_the_schedules_forecast_sets_the_spin_window(tmp_path):
@@ -63,9 +66,9 @@ async def test_an_instruction_in_the_window_is_caught_spinning(tmp_path):
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         await _first_forward(agent, gpu, s)  # armed for backward (HIGH), no forecast yet
         assert doorbell._arm is not None and doorbell._arm.spin is None
-        due = time.monotonic_ns() + 30_000_000
+        due = time.monotonic_ns() + AWAY_NS
         doorbell.arm(os.getpid(), 1, "backward", HIGH, due)  # (as the loop, with a forecast)
-        await asyncio.sleep((due - time.monotonic_ns()) / 1e9)
+        await asyncio.sleep((due - 5_000_000 - time.monotonic_ns()) / 1e9)
         s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
     assert gpu.locks[1][0] == HIGH and gpu.locks[1][1].startswith("gpu0-doorbell")
@@ -86,8 +89,9 @@ async def test_a_window_without_its_instruction_ends_and_the_thread_sleeps(tmp_p
     assert doorbell is not None
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         await _first_forward(agent, gpu, s)
-        due = time.monotonic_ns() + 10_000_000
+        due = time.monotonic_ns() + 200_000_000  # (windows of 15 ms: ten of them away)
         doorbell.arm(os.getpid(), 1, "backward", HIGH, due)
+        assert doorbell._arm is not None and doorbell._arm.spin is not None
         await wait_for(lambda: time.monotonic_ns() > due + 10_000_000 + 50_000_000, 3.0,
                        "the window over")
         spun = doorbell.spun_ns
@@ -111,9 +115,9 @@ async def test_one_thread_of_the_process_spins_at_a_time(tmp_path):
         await _first_forward(agent, gpu, s)
         assert bell._SPIN_TOKEN.acquire(timeout=5)  # another GPU's doorbell spins
         try:
-            due = time.monotonic_ns() + 30_000_000
+            due = time.monotonic_ns() + AWAY_NS
             doorbell.arm(os.getpid(), 1, "backward", HIGH, due)
-            await asyncio.sleep((due - time.monotonic_ns()) / 1e9)
+            await asyncio.sleep((due - 5_000_000 - time.monotonic_ns()) / 1e9)
             s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
             await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
         finally:
@@ -130,11 +134,26 @@ async def test_no_spin_when_it_is_off(tmp_path):
     assert doorbell is not None
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         await _first_forward(agent, gpu, s)
-        due = time.monotonic_ns() + 30_000_000
+        due = time.monotonic_ns() + AWAY_NS
         doorbell.arm(os.getpid(), 1, "backward", HIGH, due)
         assert doorbell._arm is not None and doorbell._arm.spin is None
-        await asyncio.sleep((due - time.monotonic_ns()) / 1e9)
+        await asyncio.sleep((due - 5_000_000 - time.monotonic_ns()) / 1e9)
         s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
     assert doorbell.counters["spins"] == 0 and doorbell.spun_ns == 0
     assert doorbell.counters["taken"] == 1
+
+
+async def test_a_change_too_close_for_a_tenth_of_a_core_is_not_spun_for(tmp_path):
+    gpu = _gpu(tmp_path)
+    agent = await _wired_agent(tmp_path, gpu, spin_us=1_000)  # windows of 3 ms
+    doorbell = agent.doorbell
+    assert doorbell is not None
+    now = time.monotonic_ns()
+    doorbell.arm(os.getpid(), 1, "backward", HIGH, now + 20_000_000)  # < 10 windows away
+    assert doorbell._arm is not None and doorbell._arm.spin is None
+    doorbell.arm(os.getpid(), 1, "backward", HIGH, now + 40_000_000)
+    assert doorbell._arm is not None and doorbell._arm.spin == (now + 39_000_000,
+                                                                now + 42_000_000)
+    doorbell.disarm()
+    await agent.clocks.drained()

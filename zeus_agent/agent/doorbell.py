@@ -28,7 +28,8 @@ So an arm carries the forecast of its instruction's begin (the last iterations' 
 `RaiseAhead` forecast) and, from `spin_ns` before it to 2 x `spin_ns` after it, the reading
 thread *spins*: it polls the socket without sleeping, so it holds its CPU awake and finds the
 datagram within microseconds. Outside those windows it sleeps, so the cost is bounded: at most
-3 x `spin_ns` of one core per scheduled instruction (0 turns it off). One thread of the
+3 x `spin_ns` of one core per scheduled instruction, and only for an instruction forecast at
+least ten windows away, so at most a tenth of a core per GPU (`spin_ns` 0 turns it off). One thread of the
 process spins at a time (`_SPIN_TOKEN`): spinning threads fight for the GIL, and a GPU whose
 window overlaps another's waits asleep, as without spinning.
 """
@@ -73,6 +74,10 @@ SPIN_LATE = 2
 """The spin goes on this many `spin_ns` past the forecast: a forecast is the shortest of the
 last gaps, so the instruction comes later more often than earlier (a sleeping trainer's gaps
 vary by a few hundred microseconds on a VM)."""
+SPIN_SHARE_INVERSE = 10
+"""A change is spun for only if it is forecast at least this many windows away: the thread
+spins at most a tenth of the time (instructions shorter than 15 ms at the default 500 us pay
+the wake-up instead)."""
 _SPIN_TOKEN = threading.Lock()
 """Held by the one doorbell thread of this process that spins (`ClockDoorbell._spin`)."""
 
@@ -217,6 +222,7 @@ class ClockDoorbell:
         if not any(thread.is_alive() for thread in self._threads):  # (else: theirs to read)
             with contextlib.suppress(OSError):
                 os.close(self._wake)
+            self._wake = -1  # (`arm` must not write to a number the process reuses)
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._inode:  # not a newer agent's
                 os.unlink(self.path)
@@ -229,7 +235,9 @@ class ClockDoorbell:
         spins around it (`spin_ns`), woken now to sleep until then.
         """
         spin = None
-        if self.spin_ns > 0 and due_ns is not None:
+        window = (1 + SPIN_LATE) * self.spin_ns
+        if (self.spin_ns > 0 and due_ns is not None
+                and due_ns - time.monotonic_ns() >= SPIN_SHARE_INVERSE * window):
             spin = (due_ns - self.spin_ns, due_ns + SPIN_LATE * self.spin_ns)
         with self._take:
             self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked, spin)
