@@ -29,9 +29,9 @@ So an arm carries the forecast of its instruction's begin (the last iterations' 
 thread *spins*: it polls the socket without sleeping, so it holds its CPU awake and finds the
 datagram within microseconds. Outside those windows it sleeps, so the cost is bounded: at most
 3 x `spin_ns` of one core per scheduled instruction, and only for an instruction forecast at
-least ten windows away, so at most a tenth of a core per GPU (`spin_ns` 0 turns it off). One thread of the
-process spins at a time (`_SPIN_TOKEN`): spinning threads fight for the GIL, and a GPU whose
-window overlaps another's waits asleep, as without spinning.
+least ten windows away, so at most a tenth of a core per GPU (`spin_ns` 0 turns it off). One
+thread of the process spins at a time (`_SPIN_TOKEN`): spinning threads fight for the GIL, and
+a GPU whose window overlaps another's waits asleep, as without spinning.
 """
 
 from __future__ import annotations
