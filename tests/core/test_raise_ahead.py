@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zeus_agent.agent.core.raise_ahead import MIN_SAMPLES, RaiseAhead
+from zeus_agent.agent.core.raise_ahead import EARLY_KEPT, MIN_SAMPLES, RaiseAhead
 from zeus_agent.agent.core.schedule import ScheduleCursor
 
 MS = 1_000_000
@@ -78,3 +78,21 @@ def test_the_cursor_shows_the_next_pair_without_taking_it() -> None:
     assert c.next_pair() == ("forward", 1200)  # used up: the next iteration's first
     assert c.on_step_end() is None
     assert c.next_pair() == ("forward", 1200)
+
+
+def test_the_lead_grows_by_how_early_instructions_came_against_their_forecast() -> None:
+    r = RaiseAhead(min_lead_ns=1 * MS, max_lead_ns=10 * MS, slack_ns=1 * MS)
+    latencies = [1 * MS] * MIN_SAMPLES
+    t = 0
+    for _ in range(4):  # one position, a steady 50 ms: on time, nothing early
+        r.on_instruction(0, t)
+        t += 50 * MS
+    assert r.calibrate(latencies) == 2 * MS  # latency p99 + slack
+    r.on_instruction(0, t - 1_300_000)  # 1.3 ms before its forecast (the shortest gap)
+    assert r.calibrate(latencies) == 3_300_000
+    t -= 1_300_000
+    for _ in range(EARLY_KEPT):  # steady again: the early one falls out of the last EARLY_KEPT
+        t += 50 * MS
+        r.on_instruction(0, t)
+    assert r.forecast(0, t) == t + 50 * MS
+    assert r.calibrate(latencies) == 2 * MS

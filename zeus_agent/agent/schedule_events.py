@@ -165,6 +165,8 @@ class ScheduleEvents:
         if not self.cursor.installed or lease is None or time.monotonic_ns() >= lease.deadline_ns:
             return False
         self._apply_frequency(mhz)
+        if self.doorbell is not None:
+            self.doorbell.disarm()  # The instruction's ring has nothing left to do (or spin for).
         return True
 
     def _clock_failed(self, mhz: int, error: str | None) -> None:

@@ -12,7 +12,9 @@ lowers only on the event.
   shortest of the last `GAPS_KEPT` is used (a forecast that comes early costs a little energy,
   one that comes late is caught by the event, as without this).
 * Lead: a high quantile (`quantile`) of the agent's own event -> applied latencies, plus
-  `slack_ns` for the loop timer's granularity (1 ms on uvloop) and wake-up, clamped to
+  `slack_ns` for the loop timer's granularity (1 ms on uvloop) and wake-up, plus the same
+  quantile of how much earlier than forecast the last `EARLY_KEPT` instructions began (a
+  trainer whose gaps jitter by a millisecond needs a millisecond more), clamped to
   `[min_lead_ns, max_lead_ns]`; `max_lead_ns` until `MIN_SAMPLES` latencies are known.
 
 Pure: positions and times in (monotonic ns, as the trainer stamps its events), instants out.
@@ -23,12 +25,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-__all__ = ["GAPS_KEPT", "MIN_SAMPLES", "RaiseAhead"]
+__all__ = ["EARLY_KEPT", "GAPS_KEPT", "MIN_SAMPLES", "RaiseAhead"]
 
 GAPS_KEPT = 3
 """Gaps remembered per schedule position (the forecast takes the shortest)."""
 MIN_SAMPLES = 8
 """Latencies needed before the lead is calibrated from them."""
+EARLY_KEPT = 64
+"""Instructions whose earliness against their forecast is remembered (for the lead)."""
 MAX_POSITIONS = 4096
 """Schedule positions forecast at most (a longer schedule is raised ahead in part)."""
 
@@ -61,6 +65,8 @@ class RaiseAhead:
         """How long before the forecast instant a raise is issued (`calibrate` sets it)."""
         self._gaps: dict[int, deque[int]] = {}
         self._prev: tuple[int, int] | None = None
+        self._early: deque[int] = deque(maxlen=EARLY_KEPT)
+        """How much earlier than forecast recent instructions began (ns; 0: on time or late)."""
 
     def clear(self) -> None:
         """Forget the forecast (another schedule: other positions). The lead is kept."""
@@ -72,10 +78,13 @@ class RaiseAhead:
         if len(latencies_ns) < MIN_SAMPLES:
             self.lead_ns = self.max_lead_ns
         else:
-            ordered = sorted(latencies_ns)
-            q = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
-            self.lead_ns = max(self.min_lead_ns, min(self.max_lead_ns, q + self.slack_ns))
+            lead = self._quantile(latencies_ns) + self.slack_ns + self._quantile(self._early)
+            self.lead_ns = max(self.min_lead_ns, min(self.max_lead_ns, lead))
         return self.lead_ns
+
+    def _quantile(self, values: Sequence[int]) -> int:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))] if ordered else 0
 
     def on_instruction(self, position: int, t_ns: int) -> None:
         """The instruction at schedule `position` began at `t_ns` (the trainer's stamp).
@@ -85,6 +94,8 @@ class RaiseAhead:
         prev = self._prev
         if prev is not None and t_ns > prev[1] and 0 <= prev[0] < MAX_POSITIONS:
             gaps = self._gaps.get(prev[0])
+            if gaps:  # This instruction had a forecast: how early did it come?
+                self._early.append(max(0, prev[1] + min(gaps) - t_ns))
             if gaps is None:
                 gaps = self._gaps[prev[0]] = deque(maxlen=GAPS_KEPT)
             gaps.append(t_ns - prev[1])
