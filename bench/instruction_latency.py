@@ -15,10 +15,14 @@ JSON object as the last line.
 
 The trainer's events reach the GPU's doorbell (`zeus_agent.agent.doorbell`), whose thread
 applies the change itself: one wake-up (`doorbell_taken` counts the changes it took; the rest
-went through the event loop and the setters' thread). The machine's floor is measured beside
-each mode (`bench/wake_floor.py`: the same one hop, a datagram -> a thread sleeping in `recv`,
-with no agent code, same gap and mode): `floor_*` and `over_floor_*_p50_us` (the agent's own
-share of the p50). On a small VM whose vCPUs halt while idle the floor is 100-200 us.
+went through the event loop and the setters' thread), or none when the thread is spinning
+around the change's forecast instant (the agent's `--doorbell-spin-us`, its default unless
+`--doorbell-spin-us` is given here; 0 turns spinning off). `doorbell_spins` windows were spun,
+`doorbell_spin_hits` datagrams found spinning, `spun_us_per_change` is the CPU time of a window
+and `spun_cpu_share` the share of one core over the whole run. The machine's floor is measured
+beside each mode (`bench/wake_floor.py`: the same one hop, a datagram -> a thread *sleeping* in
+`recv`, with no agent code, same gap and mode): `floor_*` and `over_floor_*_p50_us` (negative
+when spinning beats it). On a small VM whose vCPUs halt while idle the floor is 100-200 us.
 
 The agent issues a schedule's clock *raises* ahead of their instructions (`EarlyRaises`: a lead
 before the instruction is forecast to begin); an early change has no latency to measure, so the
@@ -55,7 +59,7 @@ The simulated GPU charges NVML's costs (`--nvml-timing h200`, the default: a cou
 through its per-GPU executor as it calls NVML; `--nvml-timing none` is the untimed simulator.
 
     python bench/instruction_latency.py [--steps 150] [--gap-us 1000] [--contend 2 --rounds 3]
-        [--nvml-timing h200|none] [--set-latency-ms 1.0]
+        [--nvml-timing h200|none] [--set-latency-ms 1.0] [--doorbell-spin-us 500]
 """
 
 from __future__ import annotations
