@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import socket
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.shell.agent_kit import wait_for
 from tests.shell.test_agent_doorbell import (  # noqa: F401 - `_close_agents`: a fixture
@@ -33,6 +36,7 @@ from zeus_agent.agent import doorbell as bell
 from zeus_agent.agent.doorbell import ClockDoorbell
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.metrics import AgentCollector
+from zeus_agent.wire import trainer as dg
 from zeus_agent.wire.trainer import EventDatagram, Kind
 
 SPIN_US = 10_000.0
@@ -40,26 +44,111 @@ SPIN_US = 10_000.0
 the test sends, 5 ms before the forecast, however slow the machine. The forecast must then be
 at least 300 ms away (ten windows)."""
 AWAY_NS = 320_000_000
+MS = 1_000_000
+
+
+def _iterations(t0: int, gap: int) -> tuple[list[bytes], int, int]:
+    """Three steps of forward and backward, stamped `gap` apart from `t0` (the forecast learns
+    it): the datagrams, the next instruction's index and its forecast begin."""
+    datagrams, index = [], 0
+    for step in range(3):
+        datagrams.append(dg.encode_event(Kind.STEP_BEGIN, os.getpid(), t0, step, 0, ""))
+        for name in ("forward", "backward"):
+            datagrams.append(dg.encode_event(Kind.INSTRUCTION_BEGIN, os.getpid(), t0, index, 0,
+                                             name))
+            index += 1
+            t0 += gap
+        datagrams.append(dg.encode_event(Kind.STEP_END, os.getpid(), t0, step, 0, ""))
+    return datagrams, index, t0
 
 
 async def test_the_schedules_forecast_sets_the_spin_window(tmp_path):
     gpu = _gpu(tmp_path)
     agent = await _wired_agent(tmp_path, gpu, spin_us=500)
     assert agent.doorbell is not None
-    t0, gap = time.monotonic_ns(), 40_000_000
-    index = 0
-    for step in range(3):  # forward, backward at a steady gap: the forecast learns it
-        agent.on_event(EventDatagram(Kind.STEP_BEGIN, os.getpid(), t0, step, 0, ""))
-        for name in ("forward", "backward"):
-            agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, os.getpid(), t0, index, 0,
-                                         name))
-            index += 1
-            t0 += gap
-        agent.on_event(EventDatagram(Kind.STEP_END, os.getpid(), t0, step, 0, ""))
-    arm = agent.doorbell._arm  # the next forward, at LOW, after backward began at t0 - gap
+    datagrams, index, due = _iterations(time.monotonic_ns(), 40_000_000)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(agent.doorbell.path)
+        for data in datagrams:
+            s.send(data)
+            await asyncio.sleep(0.002)
+        await wait_for(lambda: agent.cursor.position == 0 and agent.doorbell is not None
+                       and agent.doorbell.counters["datagrams"] == len(datagrams), 3.0, "all")
+        await asyncio.sleep(0.05)
+    arm = agent.doorbell._arm  # the next forward, at LOW, after backward began at due - gap
     assert arm is not None and (arm.instruction, arm.name, arm.mhz) == (index, "forward", LOW)
-    assert arm.spin == (t0 - 500_000, t0 + 1_000_000)
+    assert arm.spin == (due - 500_000, due + 1_000_000)
     await agent.clocks.drained()
+
+
+async def test_a_trainer_that_sends_its_events_elsewhere_is_never_spun_for(tmp_path):
+    """An old emitter, or one that cannot reach its doorbell: the events reach the loop through
+    the trainers' socket and the doorbell reads nothing, so nothing is spun."""
+    gpu = _gpu(tmp_path)
+    agent = await _wired_agent(tmp_path, gpu, spin_us=500)
+    assert agent.doorbell is not None
+    datagrams, index, _ = _iterations(time.monotonic_ns(), 40_000_000)
+    for data in datagrams:
+        event = dg.decode_datagram(data)
+        assert isinstance(event, EventDatagram)
+        agent.on_event(event)
+    arm = agent.doorbell._arm
+    assert arm is not None and arm.instruction == index and arm.spin is None
+    await agent.clocks.drained()
+
+
+async def test_a_forecast_from_an_absurd_stamp_is_not_spun_for_and_reading_goes_on(tmp_path):
+    """A trainer's stamp is its own: one near 2**64 made the wait until the window overflow
+    and killed both reading threads. Such a forecast is not spun for."""
+    gpu, agent, doorbell = await _agent(tmp_path, 500)
+    delivered = doorbell.counters
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        await _first_forward(agent, gpu, s)
+        doorbell.arm(os.getpid(), 1, "backward", HIGH, 2**64 - 1)
+        assert doorbell._arm is not None and doorbell._arm.spin is None
+        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
+        s.send(_event(Kind.STEP_END, 0))
+        await wait_for(lambda: delivered["datagrams"] == 4, 3.0, "still reading")
+    assert all(thread.is_alive() for thread in doorbell._threads)
+
+
+def test_waiting_works_for_descriptors_past_what_select_takes(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this machine allows only {hard} open descriptors (a test needs 2,048)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    high, high_wake = os.dup2(a.fileno(), 1500), os.dup2(wake, 1501)
+    try:
+        assert bell._wait(high, high_wake, 0.01) == (False, False)
+        b.send(b"x")
+        assert bell._wait(high, high_wake, 1.0) == (True, False)
+        os.eventfd_write(wake, 1)
+        assert bell._wait(high, high_wake, 1.0) == (True, True)
+    finally:
+        for fd in (high, high_wake, wake):
+            os.close(fd)
+        a.close()
+        b.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_window_counts_once_and_its_catch_once(tmp_path):
+    """The spin finds an instruction's end, then spins on for the next one's begin: one window,
+    one change caught."""
+    gpu, agent, doorbell = await _agent(tmp_path, SPIN_US)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        await _first_forward(agent, gpu, s)
+        due = time.monotonic_ns() + AWAY_NS
+        doorbell.arm(os.getpid(), 1, "backward", HIGH, due)
+        await asyncio.sleep((due - 5_000_000 - time.monotonic_ns()) / 1e9)
+        s.send(_event(Kind.INSTRUCTION_END, 0, "forward"))
+        time.sleep(0.0003)
+        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
+    assert doorbell.counters["spins"] == 1 and doorbell.counters["spin_hits"] == 1
 
 
 async def _agent(tmp_path: Path, spin_us: float) -> tuple[Any, GpuAgent, ClockDoorbell]:
@@ -142,11 +231,14 @@ async def test_no_spin_when_it_is_off(tmp_path):
 
 async def test_a_change_too_close_for_a_tenth_of_a_core_is_not_spun_for(tmp_path):
     gpu, agent, doorbell = await _agent(tmp_path, 1_000)  # windows of 3 ms
-    now = time.monotonic_ns()
-    doorbell.arm(os.getpid(), 1, "backward", HIGH, now + 20_000_000)  # < 10 windows away
-    assert doorbell._arm is not None and doorbell._arm.spin is None
-    doorbell.arm(os.getpid(), 1, "backward", HIGH, now + 40_000_000)
-    assert doorbell._arm is not None and doorbell._arm.spin == (now + 39_000_000,
-                                                                now + 42_000_000)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(doorbell.path)
+        for read, (away, spin) in enumerate([(20, None), (40, (39, 42))], 1):
+            s.send(_event(Kind.STEP_END))  # (the trainer uses its doorbell)
+            await wait_for(lambda read=read: doorbell.counters["datagrams"] == read, 3.0, "read")
+            now = time.monotonic_ns()
+            doorbell.arm(os.getpid(), 1, "backward", HIGH, now + away * MS)
+            expected = None if spin is None else (now + spin[0] * MS, now + spin[1] * MS)
+            assert doorbell._arm is not None and doorbell._arm.spin == expected  # 20: < 10 away
     doorbell.disarm()
     await agent.clocks.drained()

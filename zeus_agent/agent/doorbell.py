@@ -30,8 +30,9 @@ thread *spins*: it polls the socket without sleeping, so it holds its CPU awake 
 datagram within microseconds. Outside those windows it sleeps, so the cost is bounded: at most
 3 x `spin_ns` of one core per scheduled instruction, and only for an instruction forecast at
 least ten windows away, so at most a tenth of a core per GPU (`spin_ns` 0 turns it off). One
-thread of the process spins at a time (`_SPIN_TOKEN`): spinning threads fight for the GIL, and
-a GPU whose window overlaps another's waits asleep, as without spinning.
+thread of the process spins at a time (`_SPIN_TOKEN`): spinning threads fight for the GIL. A
+spinning thread holds the GIL most of its window, so the loop and the other GPUs' doorbell
+threads may wait for it until the window ends (at most 1.5 ms at the default).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import select
 import socket
@@ -74,6 +76,8 @@ SPIN_LATE = 2
 """The spin goes on this many `spin_ns` past the forecast: a forecast is the shortest of the
 last gaps, so the instruction comes later more often than earlier (a sleeping trainer's gaps
 vary by a few hundred microseconds on a VM)."""
+SPIN_AHEAD_NS = 60_000_000_000
+"""A forecast further away than this is not spun for (a trainer's stamp is not checked)."""
 SPIN_SHARE_INVERSE = 10
 """A change is spun for only if it is forecast at least this many windows away: the thread
 spins at most a tenth of the time (instructions shorter than 15 ms at the default 500 us pay
@@ -109,10 +113,11 @@ class ClockDoorbell:
         counters: `datagrams` (read), `taken` (armed changes the threads took: applied, found
             in already (a raise issued ahead) or `stale` (the loop asked for a newer change
             before it was applied)), `claimed` (by the loop: its event came first), `spins`
-            (windows spun in), `spin_hits` (datagrams a spinning thread found).
+            (windows spun in), `spin_hits` (armed changes taken from a batch a spin found).
         spin_ns: How long before and after an armed instruction's forecast begin the reading
             thread spins (0: never).
-        spun_ns: Time spent spinning so far (CPU time of one core).
+        spun_ns: Time spent spinning so far (about the CPU time of one core: it includes any
+            wait for the GIL).
     """
 
     def __init__(self, path: str, lane: ClockLane, index: int, spin_ns: int = 0) -> None:
@@ -146,6 +151,13 @@ class ClockDoorbell:
         """The batch that held a change taken, for the next reader to deliver first."""
         self._wake = -1
         """An eventfd: `arm` wakes the reading thread with it to start its spin on time."""
+        self._read_at_arm = 0
+        """`counters["datagrams"]` at the last arm with a forecast: none since, the trainer
+        is not using the doorbell."""
+        self._spun_for: Arm | None = None
+        """The arm whose window the last spin was in (`spins` counts windows, not spins)."""
+        self._found_spinning = False
+        """Whether the last datagram `_first` returned was found by a spin."""
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -219,7 +231,9 @@ class ClockDoorbell:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         sock.close()
-        if not any(thread.is_alive() for thread in self._threads):  # (else: theirs to read)
+        # A thread still in a hung lock call may yet wait on it: then it is left open (one
+        # descriptor, at a shutdown that already timed out).
+        if not any(thread.is_alive() for thread in self._threads):
             with contextlib.suppress(OSError):
                 os.close(self._wake)
             self._wake = -1  # (`arm` must not write to a number the process reuses)
@@ -232,13 +246,19 @@ class ClockDoorbell:
         """On the loop: the next ring for instruction `index` (`name`) of `pid` locks `mhz`.
 
         `due_ns`: when the instruction is forecast to begin (monotonic ns); the reading thread
-        spins around it (`spin_ns`), woken now to sleep until then.
+        spins around it (`spin_ns`), woken now to sleep until then: only if the forecast is
+        ten windows to `SPIN_AHEAD_NS` away, and only if the doorbell read anything since the
+        previous arm with a forecast (a trainer that sends its events elsewhere is never spun
+        for).
         """
         spin = None
         window = (1 + SPIN_LATE) * self.spin_ns
-        if (self.spin_ns > 0 and due_ns is not None
-                and due_ns - time.monotonic_ns() >= SPIN_SHARE_INVERSE * window):
-            spin = (due_ns - self.spin_ns, due_ns + SPIN_LATE * self.spin_ns)
+        if self.spin_ns > 0 and due_ns is not None:
+            read = self.counters["datagrams"]
+            used, self._read_at_arm = read > self._read_at_arm, read
+            away = due_ns - time.monotonic_ns()
+            if used and SPIN_SHARE_INVERSE * window <= away <= SPIN_AHEAD_NS:
+                spin = (due_ns - self.spin_ns, due_ns + SPIN_LATE * self.spin_ns)
         with self._take:
             self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked, spin)
         if spin is not None:
@@ -341,6 +361,8 @@ class ClockDoorbell:
                     and time.monotonic() < deadline):
                 continue
             if change is not None:
+                if self._found_spinning:
+                    self.counters["spin_hits"] += 1
                 # The next reader (the other thread, woken as this one lets go) delivers it:
                 # waking the loop from here would delay the clock change by one more wake-up.
                 self._handover = held
@@ -376,6 +398,10 @@ class ClockDoorbell:
             if not self._closed:
                 LOG.warning("GPU %d: doorbell socket error: %s", self.index, e)
                 time.sleep(0.01)
+        except Exception:  # noqa: BLE001 - the threads must outlive a bug: events still flow
+            if not self._closed:
+                LOG.exception("GPU %d: reading the doorbell failed", self.index)
+                time.sleep(0.01)
         return batch
 
     def _first(self, sock: socket.socket, until_ns: int | None) -> Received | None:
@@ -402,23 +428,28 @@ class ClockDoorbell:
                     finally:
                         _SPIN_TOKEN.release()
                     if got is not None:
+                        self._found_spinning = True
                         return got
                     continue  # The window ended, the arm changed or `until_ns` passed.
             timeout = None if wake_ns is None else max(0.0, (wake_ns - now) / 1e9)
-            ready = select.select([sock.fileno(), self._wake], [], [], timeout)[0]
-            if self._wake in ready:
+            readable, woken = _wait(sock.fileno(), self._wake, timeout)
+            if woken:
                 with contextlib.suppress(BlockingIOError):  # (the other thread read it)
                     os.eventfd_read(self._wake)
-            if sock.fileno() in ready:
+            if readable:
                 with contextlib.suppress(BlockingIOError):
-                    return sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT)
+                    got = sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT)
+                    self._found_spinning = False
+                    return got
         return None
 
     def _spin(self, sock: socket.socket, arm: Arm | None, end_ns: int) -> Received | None:
         """Poll `sock` without sleeping until a datagram, `end_ns`, another arm or `stop`."""
         recv, flags, clock = sock.recvmsg, socket.MSG_DONTWAIT, time.monotonic_ns
         start = clock()
-        self.counters["spins"] += 1
+        if self._spun_for is not arm:
+            self._spun_for = arm
+            self.counters["spins"] += 1
         try:
             while self._arm is arm and not self._closed:
                 try:
@@ -427,7 +458,6 @@ class ClockDoorbell:
                     if clock() >= end_ns:
                         return None
                     continue
-                self.counters["spin_hits"] += 1
                 return got
             return None
         finally:
@@ -464,6 +494,26 @@ class ClockDoorbell:
             self.counters["taken"] += 1
             return arm.mhz, arm.epoch, fields[3], arm.asked, arm.instruction
         return None
+
+
+_FD_SETSIZE = 1024
+
+
+def _wait(fd: int, wake: int, timeout_s: float | None) -> tuple[bool, bool]:
+    """Wait until `fd` or `wake` is readable or `timeout_s` (None: for ever) has passed.
+
+    `select` (microseconds) while both numbers fit in its sets; `poll` (whole milliseconds,
+    rounded up) for an agent with over 1,024 descriptors open.
+    """
+    if fd < _FD_SETSIZE and wake < _FD_SETSIZE:
+        ready = select.select([fd, wake], [], [], timeout_s)[0]
+        return fd in ready, wake in ready
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if wake >= 0:
+        poller.register(wake, select.POLLIN)
+    events = dict(poller.poll(None if timeout_s is None else math.ceil(timeout_s * 1000)))
+    return fd in events, wake in events
 
 
 def _make_way(path: str) -> None:

@@ -31,7 +31,7 @@ GAPS_KEPT = 3
 """Gaps remembered per schedule position (the forecast takes the shortest)."""
 MIN_SAMPLES = 8
 """Latencies needed before the lead is calibrated from them."""
-EARLY_KEPT = 64
+EARLY_KEPT = 256
 """Instructions whose earliness against their forecast is remembered (for the lead)."""
 MAX_POSITIONS = 4096
 """Schedule positions forecast at most (a longer schedule is raised ahead in part)."""
