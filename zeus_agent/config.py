@@ -157,7 +157,7 @@ class AgentSettings(BaseSettings):
     doorbell_spin_us: float = Field(
         500.0,
         ge=0,
-        le=100_000,
+        le=5_000,
         allow_inf_nan=False,
         description="During a frequency schedule, the GPU's doorbell thread polls without "
         "sleeping from this long before each clock change's forecast instant to twice this "

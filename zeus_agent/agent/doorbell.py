@@ -151,9 +151,9 @@ class ClockDoorbell:
         """The batch that held a change taken, for the next reader to deliver first."""
         self._wake = -1
         """An eventfd: `arm` wakes the reading thread with it to start its spin on time."""
-        self._read_at_arm = 0
-        """`counters["datagrams"]` at the last arm with a forecast: none since, the trainer
-        is not using the doorbell."""
+        self._delivering = False
+        """True on the loop while it handles a batch this doorbell read (`_hand`): an arm made
+        then follows an event that came this way, so the trainer uses its doorbell."""
         self._spun_for: Arm | None = None
         """The arm whose window the last spin was in (`spins` counts windows, not spins)."""
         self._found_spinning = False
@@ -200,7 +200,7 @@ class ClockDoorbell:
             sock.close()
             raise
         self._sock = sock
-        self._deliver = deliver
+        self._deliver = self._hand(deliver)
         self._loop = asyncio.get_running_loop()
         self._threads = [threading.Thread(target=self._serve, name=f"gpu{self.index}-doorbell-{n}",
                                           daemon=True) for n in (1, 2)]
@@ -247,17 +247,14 @@ class ClockDoorbell:
 
         `due_ns`: when the instruction is forecast to begin (monotonic ns); the reading thread
         spins around it (`spin_ns`), woken now to sleep until then: only if the forecast is
-        ten windows to `SPIN_AHEAD_NS` away, and only if the doorbell read anything since the
-        previous arm with a forecast (a trainer that sends its events elsewhere is never spun
-        for).
+        ten windows to `SPIN_AHEAD_NS` away, and only while the loop handles an event this
+        doorbell read (a trainer that sends its events elsewhere is never spun for).
         """
         spin = None
         window = (1 + SPIN_LATE) * self.spin_ns
-        if self.spin_ns > 0 and due_ns is not None:
-            read = self.counters["datagrams"]
-            used, self._read_at_arm = read > self._read_at_arm, read
+        if self.spin_ns > 0 and due_ns is not None and self._delivering:
             away = due_ns - time.monotonic_ns()
-            if used and SPIN_SHARE_INVERSE * window <= away <= SPIN_AHEAD_NS:
+            if SPIN_SHARE_INVERSE * window <= away <= SPIN_AHEAD_NS:
                 spin = (due_ns - self.spin_ns, due_ns + SPIN_LATE * self.spin_ns)
         with self._take:
             self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked, spin)
@@ -294,6 +291,18 @@ class ClockDoorbell:
                 self._arm = None
                 self.counters["claimed"] += 1
             return None
+
+    def _hand(self, deliver: Callable[[list[Received]], None]) -> Callable[[list[Received]], None]:
+        """`deliver`, marking (`_delivering`) that the loop handles this doorbell's events."""
+
+        def hand(batch: list[Received]) -> None:
+            self._delivering = True
+            try:
+                deliver(batch)
+            finally:
+                self._delivering = False
+
+        return hand
 
     # ------------------------------------------------------------------ the thread
     def _serve(self) -> None:
