@@ -91,6 +91,7 @@ from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InstallScheduleCmd, Reply
 
+DEFAULT_SPIN_US: float = AgentSettings.model_fields["doorbell_spin_us"].default
 BUDGET_P50_US = 200.0
 BUDGET_P99_US = 2000.0
 NODE = "bench-instr"
@@ -551,7 +552,7 @@ def main() -> None:
     parser.add_argument(
         "--doorbell-spin-us", type=float, default=None,
         help="the agent's --doorbell-spin-us (default: the agent's default, "
-        f"{AgentSettings.model_fields['doorbell_spin_us'].default:g}; 0: its thread never spins)",
+        f"{DEFAULT_SPIN_US:g}; 0: its thread never spins)",
     )
     args = parser.parse_args()
     if args.contend < 0 or args.rounds < 1:
@@ -618,8 +619,7 @@ def main() -> None:
         "what this machine charges for waking a thread after the gap)"
     )
     spins, spun_us = overtaken.pop("doorbell_spins"), overtaken.pop("doorbell_spun_us")
-    spin_us = (args.doorbell_spin_us if args.doorbell_spin_us is not None
-               else AgentSettings.model_fields["doorbell_spin_us"].default)
+    spin_us = DEFAULT_SPIN_US if args.doorbell_spin_us is None else args.doorbell_spin_us
     total_s = time.monotonic() - started
     print(f"doorbell spin {spin_us:g} us: {spins} windows, {spun_us / max(1, spins):.0f} us "
           f"spun per window, {100 * spun_us / (total_s * 1e6):.2f}% of a core over the run")

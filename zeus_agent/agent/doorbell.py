@@ -70,7 +70,7 @@ LOG = logging.getLogger(__name__)
 _INSTRUCTION_BEGIN = int(Kind.INSTRUCTION_BEGIN)
 _MAX_PER_WAKEUP = 256
 """Datagrams read per wake-up and handed to the loop at once."""
-HOLD_S = 0.001
+HOLD_NS = 1_000_000
 """While armed, how long a batch without the armed instruction waits for it (`_read...`)."""
 SPIN_LATE = 2
 """The spin goes on this many `spin_ns` past the forecast: a forecast is the shortest of the
@@ -339,7 +339,7 @@ class ClockDoorbell:
 
         That batch is left in `_handover`, delivered first by whichever thread reads next.
 
-        While armed, datagrams without the instruction are held up to `HOLD_S` for it: a
+        While armed, datagrams without the instruction are held up to `HOLD_NS` for it: a
         trainer sends an instruction's end and the next one's begin (or a step's begin and
         its first instruction's) microseconds apart, and a loop woken for the first would
         hold the GIL while this thread needs it for the second.
@@ -351,9 +351,9 @@ class ClockDoorbell:
             except RuntimeError:
                 return None
         held: list[Received] = []
-        deadline = 0.0
+        deadline = 0
         while not self._closed:
-            batch = self._read(sock, None if not held else deadline - time.monotonic())
+            batch = self._read(sock, deadline if held else None)
             if self._closed:
                 return None  # (Woken by `stop`: an empty read.)
             change = None
@@ -364,10 +364,10 @@ class ClockDoorbell:
                     LOG.exception("GPU %d: checking a doorbell batch failed", self.index)
                 self.counters["datagrams"] += len(batch)
                 if not held:
-                    deadline = time.monotonic() + HOLD_S
+                    deadline = time.monotonic_ns() + HOLD_NS
                 held += batch
             if (change is None and held and self._arm is not None
-                    and time.monotonic() < deadline):
+                    and time.monotonic_ns() < deadline):
                 continue
             if change is not None:
                 if self._found_spinning:
@@ -384,15 +384,14 @@ class ClockDoorbell:
                 held = []
         return None
 
-    def _read(self, sock: socket.socket, timeout_s: float | None) -> list[Received]:
+    def _read(self, sock: socket.socket, until_ns: int | None) -> list[Received]:
         """What the socket holds (at most `_MAX_PER_WAKEUP`), once it holds anything.
 
-        `timeout_s`: None waits for ever; else [] once that has passed.
+        `until_ns`: None waits for ever; else [] once that (monotonic) instant has passed.
         """
         batch: list[Received] = []
         try:
-            until = None if timeout_s is None else time.monotonic_ns() + int(timeout_s * 1e9)
-            first = self._first(sock, until)
+            first = self._first(sock, until_ns)
             if first is None:
                 return batch
             batch.append(first)
@@ -416,7 +415,7 @@ class ClockDoorbell:
     def _first(self, sock: socket.socket, until_ns: int | None) -> Received | None:
         """The next datagram, or None once `until_ns` (monotonic; None: never) has passed.
 
-        Asleep in `select` (the socket, and `_wake` for a new arm), except in the armed
+        Asleep in `_wait` (the socket, and `_wake` for a new arm), except in the armed
         instruction's spin window: there it spins (`_spin`) if no other thread of the process
         does.
         """
