@@ -10,12 +10,14 @@
 """
 
 from coordinator.power_limit.machine import (
+    MAX_POWER_LIMITS,
     BeginWindow,
     Done,
     Effect,
     EndWindow,
     InvalidTransitionError,
     PowerLimitError,
+    PowerLimitRangeError,
     PowerLimitStateMachine,
     ProfileRangeError,
     Profiling,
@@ -46,6 +48,7 @@ from coordinator.power_limit.selectors import (
 from zeus_agent.models import PowerLimitMeasurement
 
 __all__ = [
+    "MAX_POWER_LIMITS",
     "Adaptive",
     "BeginWindow",
     "Done",
@@ -58,6 +61,7 @@ __all__ = [
     "OptimumSelector",
     "PowerLimitError",
     "PowerLimitMeasurement",
+    "PowerLimitRangeError",
     "PowerLimitStateMachine",
     "Probe",
     "ProfileRangeError",

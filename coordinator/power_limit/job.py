@@ -28,7 +28,12 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
   outage, agents deliver their buffered events late and at once, and the machine would
   otherwise close windows for steps that all ran at an earlier limit (marks carry the limit);
 * when nothing can be measured (every window unusable), the optimiser gives up: the GPUs go
-  back to the maximum limit and the status says why (`gave_up`).
+  back to the maximum limit and the status says why (`gave_up`);
+* one input sends at most one power-limit command, the limit it ends at: a step count that
+  jumps (lost steps replayed) or a batch of late events (`on_events`) can move the machine
+  through several windows at once, all already past, and a command for them would only hold the
+  GPUs at limits nobody measures (`coordinator.power_limit.commands`). A window opened on a
+  replayed step has its first marks checked: its limit was commanded after that step at best.
 
 It implements `coordinator.optimizer.JobOptimizer`: methods return `Action`s for the shell:
 `ApplyPowerLimit` (command every GPU of the job), `SaveProfile` (profiling finished),
@@ -38,7 +43,7 @@ It implements `coordinator.optimizer.JobOptimizer`: methods return `Action`s for
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from coordinator.optimizer import (
@@ -51,6 +56,7 @@ from coordinator.optimizer import (
     StragglerError,
     saving_and_slowdown,
 )
+from coordinator.power_limit.commands import latest_limit_only
 from coordinator.power_limit.machine import (
     BeginWindow,
     Done,
@@ -155,6 +161,7 @@ class PowerLimitJob:
         self._stale_since: float | None = None  # When the skipping began (coordinator time).
         self._behind: list[StepKey] = []  # Steps of rank 0 behind the last one, in a row.
         self._now_s = 0.0
+        self._resend = False  # This input sends the limit again (a command did not land).
         self.gave_up: str | None = None
         """Why the optimiser gave up (the GPUs are back at the maximum limit), or None."""
 
@@ -204,22 +211,38 @@ class PowerLimitJob:
 
     def on_event(self, rank: int, event: TrainerEvent, now_s: float | None = None) -> list[Action]:
         """Feed a trainer event of `rank` (`_feed_event`); `SaveProgress` after a window."""
-        before = len(self.machine.window_results)
-        return self._with_progress(before, self._feed_event(rank, event, now_s))
+        return self._input(lambda: self._feed_event(rank, event, now_s))
+
+    def on_events(
+        self, rank: int, events: Iterable[TrainerEvent], now_s: float | None = None
+    ) -> list[Action]:
+        """Feed a batch of `rank`'s trainer events, oldest first, as one input.
+
+        As `on_event` for each, but the batch sends at most one power-limit command: the limit
+        its last event leaves the machine at. A batch delivered late (after a broker outage) may
+        close several windows on steps long past; commands for them would come too late for
+        their steps anyway (those steps' marks show the limit they really ran at, and such
+        windows are profiled again).
+        """
+        return self._input(lambda: [a for e in events for a in self._feed_event(rank, e, now_s)])
 
     def tick(self, now_s: float) -> list[Action]:
         """Let time pass: redo closed windows whose marks are overdue."""
-        before = len(self.machine.window_results)
-        return self._with_progress(before, self._tick(now_s))
+        return self._input(lambda: self._tick(now_s))
 
     def on_mark(self, rank: int, mark: Mark) -> list[Action]:
         """Feed a GPU mark of `rank`; may complete windows (then `SaveProgress`)."""
-        before = len(self.machine.window_results)
-        return self._with_progress(before, self._feed_mark(rank, mark))
+        return self._input(lambda: self._feed_mark(rank, mark))
 
-    def _with_progress(self, before: int, actions: list[Action]) -> list[Action]:
-        """Record the progress when a window was measured: it survives a takeover."""
-        if len(self.machine.window_results) > before:
+    def _input(self, feed: Callable[[], list[Action]]) -> list[Action]:
+        """One input: at most one power-limit command (`latest_limit_only`), its progress kept.
+
+        The progress is recorded when a window was measured: it survives a takeover.
+        """
+        windows, limit = len(self.machine.window_results), self.desired_power_limit
+        self._resend = False
+        actions = latest_limit_only(feed(), limit, resend=self._resend)
+        if len(self.machine.window_results) > windows:
             state = self.persisted()
             if state is not None:
                 actions.append(SaveProgress("windows", state))
@@ -284,7 +307,7 @@ class PowerLimitJob:
             if self.done:
                 break
             self.last_step = (event.epoch, step)
-            actions += self._step(self.last_step, redo=step == event.step)
+            actions += self._step(self.last_step, live=step == event.step)
         return actions
 
     def _tick(self, now_s: float) -> list[Action]:
@@ -391,17 +414,17 @@ class PowerLimitJob:
         }
 
     # ------------------------------------------------------------------ internals
-    def _step(self, key: StepKey, redo: bool) -> list[Action]:
+    def _step(self, key: StepKey, live: bool) -> list[Action]:
         """One step of rank 0: windows proved lost are redone at its boundary, else it paces.
 
-        Only at a step whose event came (`redo`): the marks of replayed steps, whose events
+        Only at a step whose event came (`live`): the marks of replayed steps, whose events
         were lost, were most likely lost too, and a redo there would be lost again. A redo
         that starts the machine again (it was waiting for records) takes the step, as a
         closing step takes the next limit's first warm-up step.
         """
-        lost = self._join.lost() if redo else []
+        lost = self._join.lost() if live else []
         if not lost:
-            return self._translate(self.machine.on_step_begin(), step=key)
+            return self._translate(self.machine.on_step_begin(), step=key, live=live)
         waiting = self._waiting()
         actions: list[Action] = []
         for w in lost:
@@ -493,7 +516,14 @@ class PowerLimitJob:
             self.progress(),
         )]
 
-    def _translate(self, effects: list[Any], step: StepKey | None) -> list[Action]:
+    def _translate(self, effects: list[Any], step: StepKey | None,
+                   live: bool = True) -> list[Action]:
+        """The machine's effects at rank 0's step `step` as actions.
+
+        `live`: whether `step` is the one whose event came; a replayed step is past, so a limit
+        set there reaches the GPUs later (`_input` sends only the input's last limit) and a
+        window opened there has its first marks checked.
+        """
         actions: list[Action] = []
         set_now = False  # a limit set on this very step: its begin mark may predate it
         for effect in effects:
@@ -506,7 +536,7 @@ class PowerLimitJob:
                 steps = state.profile_steps if isinstance(state, Profiling) else 0
                 self._join.open(effect.name, begin_step=step, steps=steps,
                                 power_limit=self.machine.current_power_limit,
-                                check_begin=not set_now)
+                                check_begin=not (set_now and live))
                 limit = self.machine.current_power_limit
                 actions.append(StatusUpdate(
                     "profiling",
@@ -561,6 +591,7 @@ class PowerLimitJob:
                     # A command did not land (lost while the broker was away): the machine
                     # sends a limit only when it changes, so send the current one again.
                     actions.append(ApplyPowerLimit(self.desired_power_limit))
+                    self._resend = True
                 continue
             time_s, energy_j = m.time_s, m.energy_j
             if m.normalised:

@@ -32,7 +32,10 @@ Pieces:
 
 * Effects: `SetPowerLimit`, `BeginWindow`, `EndWindow` (frozen dataclasses), `Effect` union.
 * States: `Ready`, `Warmup`, `Profiling`, `Done` (frozen dataclasses, replaced, never mutated).
-* Errors: `PowerLimitError` (base), `InvalidTransitionError`, `ProfileRangeError`.
+* Errors: `PowerLimitError` (base), `InvalidTransitionError`, `ProfileRangeError`,
+  `PowerLimitRangeError` (a GPU's limits that are not `0 < min <= max`, or that give more than
+  `MAX_POWER_LIMITS` candidate limits: refused before any list is built, so a hostile
+  description such as `max_power_limit_w = 2**63 - 1` cannot exhaust the memory).
 * `window_name`: Zeus 0.16's window name for a limit.
 * `PowerLimitStateMachine`: the machine.
 """
@@ -63,7 +66,9 @@ __all__ = [
     "Effect",
     "EndWindow",
     "InvalidTransitionError",
+    "MAX_POWER_LIMITS",
     "PowerLimitError",
+    "PowerLimitRangeError",
     "PowerLimitStateMachine",
     "ProfileRangeError",
     "Profiling",
@@ -77,6 +82,8 @@ __all__ = [
 WINDOW_PREFIX = "__GlobalPowerLimitOptimizer_"
 MAX_REDOS = 3
 """How many times one limit's window is redone before the limit is left out."""
+MAX_POWER_LIMITS = 4096
+"""Most candidate limits one machine profiles (a real GPU has tens: e.g. 100..700 W by 25 W)."""
 
 
 def window_name(power_limit: int) -> str:
@@ -228,7 +235,34 @@ class ProfileRangeError(PowerLimitError, ValueError):
     """A loaded profile does not fit the GPU's power-limit range."""
 
 
+class PowerLimitRangeError(PowerLimitError, ValueError):
+    """A GPU's power-limit range no machine can profile (the message names the bound)."""
+
+
 # Machine ----------------------------------------------------------------------------------------
+
+
+def _check_range(min_power_limit: int, max_power_limit: int, pl_step: int) -> None:
+    """Refuse limits no machine can profile, before any list of them is built.
+
+    The limits come from the GPUs' descriptions, which an agent sends: `range(max, min - 1,
+    -pl_step)` of a hostile `max_power_limit_w = 2**63 - 1` would take all the memory.
+
+    Raises:
+        PowerLimitRangeError: Not `0 < min <= max`, or more than `MAX_POWER_LIMITS` limits.
+    """
+    if not 0 < min_power_limit <= max_power_limit:
+        raise PowerLimitRangeError(
+            "Power limits must satisfy 0 < min_power_limit <= max_power_limit; got "
+            f"min_power_limit={min_power_limit}, max_power_limit={max_power_limit}."
+        )
+    if pl_step > 0 and (max_power_limit - min_power_limit) // pl_step + 1 > MAX_POWER_LIMITS:
+        count = (max_power_limit - min_power_limit) // pl_step + 1
+        raise PowerLimitRangeError(
+            f"Power limits {min_power_limit}..{max_power_limit} W by {pl_step} W give {count} "
+            f"candidate limits, more than MAX_POWER_LIMITS={MAX_POWER_LIMITS}: the GPU's "
+            "description is not physical (or pl_step is far too small)."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,13 +320,11 @@ class PowerLimitStateMachine:
 
         Raises:
             ValueError: An argument is out of range (the message names it and the range).
+            PowerLimitRangeError: The limits are not `0 < min <= max`, or they give more than
+                `MAX_POWER_LIMITS` candidates (a `ValueError` too).
             ProfileRangeError: A loaded measurement's limit is outside [min, max].
         """
-        if min_power_limit <= 0 or max_power_limit < min_power_limit:
-            raise ValueError(
-                "Power limits must satisfy 0 < min_power_limit <= max_power_limit; got "
-                f"min_power_limit={min_power_limit}, max_power_limit={max_power_limit}."
-            )
+        _check_range(min_power_limit, max_power_limit, pl_step)
         if world_size < 1:
             raise ValueError(f"world_size must be greater than or equal to 1; got {world_size}.")
         if wait_steps < 0:
