@@ -1,6 +1,7 @@
 """`zeus-coordinator`: the coordinator's command line.
 
 * `zeus-coordinator watch [JOB] [--once]`: follow job status events (or print a job's state).
+* `zeus-coordinator quarantine list|drop|release`: the jobs set aside after a failure.
 * `zeus-coordinator run [flags]`: run the coordinator (every flag is also an environment
   variable with Zeus's `ZEUS_PFO_` prefix, e.g. `ZEUS_PFO_NATS_URL`, `ZEUS_PFO_LOG_LEVEL`).
 
@@ -59,6 +60,12 @@ def _plan(argv: Sequence[str]) -> int:
     return plan_main(argv)
 
 
+def _quarantine(argv: Sequence[str]) -> int:
+    from coordinator.quarantine_cli import main as quarantine_main
+
+    return quarantine_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `zeus-coordinator`."""
     return dispatch(
@@ -69,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "nats-auth": (_nats_auth, "write NATS users and permissions for a list of GPU nodes"),
             "plan": (_plan, "plan a pipeline's time-energy frontier from an instruction profile"),
             "straggler": (_straggler, "tell the coordinator a pipeline of a job is a straggler"),
+            "quarantine": (_quarantine, "list, drop or release the jobs set aside after a "
+                           "failure"),
         },
     )
 

@@ -13,9 +13,11 @@ registering (every replica knows those); a dashboard takes `max by (job_id)` ove
 | `zeus_coordinator_info{replica,version}` | gauge | 1 |
 | `zeus_coordinator_nats_connected` | gauge | 1 while connected to NATS, else 0 |
 | `zeus_coordinator_jobs` | gauge | jobs known to this replica |
-| `zeus_coordinator_jobs_owned` | gauge | jobs whose ownership lease this replica holds |
+| `zeus_coordinator_jobs_owned` | gauge | jobs this replica drives: its ownership lease is live |
 | `zeus_coordinator_messages_dropped_total{reason}` | counter | stream messages dropped |
 | `zeus_coordinator_commands_fenced_total` | counter | GPU commands not sent (fenced) |
+| `zeus_coordinator_jobs_quarantined` | gauge | jobs set aside: a record unreadable, or failed |
+| `zeus_coordinator_jobs_failed_total` | counter | jobs this replica ended on a failure |
 | `zeus_job_phase{job_id,kind,phase}` | gauge | 1 for the job's current phase |
 | `zeus_job_power_limit_watts{job_id}` | gauge | the limit the job's GPUs are set to now |
 | `zeus_job_optimal_power_limit_watts{job_id}` | gauge | the chosen limit, once known |
@@ -38,6 +40,7 @@ iteration of the chosen frontier point with the frontier's fastest point (all cl
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -63,6 +66,8 @@ class CoordinatorSnapshot:
     owned: int
     dropped: Mapping[str, int] = field(default_factory=dict)
     fenced_commands: int = 0
+    quarantined: int = 0
+    failed: int = 0
     job_list: Sequence[JobSnapshot] = ()
     version: str = __version__
 
@@ -78,11 +83,21 @@ class _Registry(Protocol):
 
 
 class _Book(Protocol):
-    def mine(self) -> list[str]: ...
+    def mine(self, now: float) -> list[str]: ...
+
+
+class _Failures(Protocol):
+    @property
+    def quarantined(self) -> Mapping[str, object]: ...
+    @property
+    def failed(self) -> int: ...
 
 
 class _Service(Protocol):
     """What `snapshot` reads of a `CoordinatorService`."""
+
+    @property
+    def failures(self) -> _Failures: ...
 
     @property
     def settings(self) -> _Settings: ...
@@ -133,9 +148,11 @@ def _snapshot(service: _Service) -> CoordinatorSnapshot:
         replica=service.settings.replica_name,
         nats_state=service.bus_state[0],
         jobs=len(records),
-        owned=len(service.book.mine()),
+        owned=len(service.book.mine(time.time())),  # Live leases only (not past the fence).
         dropped=dict(service.dropped),
         fenced_commands=service.fenced_commands,
+        quarantined=len(service.failures.quarantined),
+        failed=service.failures.failed,
         job_list=jobs,
     )
 
@@ -185,6 +202,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "zeus_coordinator_jobs_owned",
     "zeus_coordinator_messages_dropped_total",
     "zeus_coordinator_commands_fenced_total",
+    "zeus_coordinator_jobs_quarantined",
+    "zeus_coordinator_jobs_failed_total",
     "zeus_job_phase",
     *(name for _, name, _ in _JOB_GAUGES),
     "zeus_job_energy_saving_ratio",
@@ -207,7 +226,7 @@ def families(snap: CoordinatorSnapshot) -> list[Metric]:
     jobs = GaugeMetricFamily("zeus_coordinator_jobs", "Jobs known to this replica", value=snap.jobs)
     owned = GaugeMetricFamily(
         "zeus_coordinator_jobs_owned",
-        "Jobs whose ownership lease this replica holds",
+        "Jobs this replica drives: its ownership lease is live (not fenced) on its clock",
         value=snap.owned,
     )
     dropped = CounterMetricFamily(
@@ -221,6 +240,17 @@ def families(snap: CoordinatorSnapshot) -> list[Metric]:
         "zeus_coordinator_commands_fenced",
         "GPU commands not sent: the job was no longer this replica's",
         value=snap.fenced_commands,
+    )
+    quarantined = GaugeMetricFamily(
+        "zeus_coordinator_jobs_quarantined",
+        "Jobs set aside: a record of theirs cannot be loaded, or their optimiser failed "
+        "(zeus-coordinator quarantine list)",
+        value=snap.quarantined,
+    )
+    failed = CounterMetricFamily(
+        "zeus_coordinator_jobs_failed",
+        "Jobs this replica ended because their optimiser failed",
+        value=snap.failed,
     )
     phase = GaugeMetricFamily(
         "zeus_job_phase", "1 for the job's current phase", labels=["job_id", "kind", "phase"]
@@ -246,7 +276,8 @@ def families(snap: CoordinatorSnapshot) -> list[Metric]:
             saving.add_metric([job.job_id, job.kind], job.energy_saving)
         if job.slowdown is not None and math.isfinite(job.slowdown):
             slowdown.add_metric([job.job_id, job.kind], job.slowdown)
-    return [info, connected, jobs, owned, dropped, fenced, phase, *gauges, saving, slowdown]
+    return [info, connected, jobs, owned, dropped, fenced, quarantined, failed, phase, *gauges,
+            saving, slowdown]
 
 
 class CoordinatorCollector(Collector):

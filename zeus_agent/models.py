@@ -49,6 +49,17 @@ NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 """Pattern of ids and names: no control characters (they would forge log lines, drive terminals)."""
 MAX_SCHEDULE_LENGTH = 1_000_000
 """Most instructions in one rank's frequency schedule."""
+MAX_POWER_W = 10_000
+"""Largest power (W) a GPU's limit, draw or profile row may name: ten times the largest board
+power shipped (GB300, 1,400 W); beyond it a value is a bug or an attack, never a GPU."""
+MAX_CLOCK_MHZ = 10_000
+"""Largest clock (MHz) a GPU may announce or a schedule may name (GPUs run below 4,000)."""
+MAX_CLOCKS = 4096
+"""Most clocks in a GPU's list of supported clocks (an H200 lists about 100)."""
+PowerW = Annotated[int, Field(ge=1, le=MAX_POWER_W)]
+"""A power limit in W, within physical bounds."""
+ClockMhz = Annotated[int, Field(ge=0, le=MAX_CLOCK_MHZ)]
+"""A clock in MHz, within physical bounds."""
 
 CSV_COLUMNS = (
     "rank",
@@ -138,7 +149,7 @@ class RankInfo(BaseModel):
     dp_rank: int = Field(ge=0, le=MAX_RANK)
     pp_rank: int = Field(ge=0, le=MAX_RANK)
     tp_rank: int = Field(ge=0, le=MAX_RANK)
-    available_frequencies: list[int] = Field(max_length=4096)
+    available_frequencies: list[ClockMhz] = Field(max_length=MAX_CLOCKS)
     instructions: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] | None = Field(
         default=None, max_length=MAX_SCHEDULE_LENGTH
     )
@@ -154,7 +165,7 @@ class FrequencySchedule(BaseModel):
     """
 
     rank: int = Field(ge=0, le=MAX_RANK)
-    frequencies: list[tuple[Annotated[str, Field(max_length=MAX_NAME_CHARS)], int]] = Field(
+    frequencies: list[tuple[Annotated[str, Field(max_length=MAX_NAME_CHARS)], ClockMhz]] = Field(
         max_length=MAX_SCHEDULE_LENGTH
     )
 
@@ -302,7 +313,7 @@ class PowerLimitMeasurement(BaseModel):
         time: Duration of the window (s), the maximum over ranks.
     """
 
-    power_limit: PositiveInt
+    power_limit: PositiveInt = Field(le=MAX_POWER_W)
     energy: PositiveFloat = Field(allow_inf_nan=False)
     time: PositiveFloat = Field(allow_inf_nan=False)
 

@@ -45,6 +45,7 @@ from coordinator.service.actions import ActionExecutor
 from coordinator.service.driver import JobDriver
 from coordinator.service.durable import DurableState
 from coordinator.service.endpoints import Endpoints
+from coordinator.service.failures import JobFailures
 from coordinator.service.gpus import GpuDirectory
 from coordinator.service.replicas import Replicas
 from coordinator.service.starter import OptimiserStarter
@@ -113,6 +114,7 @@ class CoordinatorService(ExitSignals):
         self.endpoints = Endpoints(self)
         self.replicas = Replicas(self)
         self.starter = OptimiserStarter(self)
+        self.failures = JobFailures(self)
         self.streams = Streams(self)
         super().__init__()
         self.started = asyncio.Event()
@@ -219,8 +221,14 @@ class CoordinatorService(ExitSignals):
             LOG.warning("job %s: status %s not published: %s", job_id, state, bounded(e, 300))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run `coro` as a task of the service's task group (inline before it exists)."""
-        task = asyncio.ensure_future(coro) if self._tg is None else self._tg.create_task(coro)
+        """Run `coro` as a task of the service's task group (inline before it exists).
+
+        An exception it raises is logged, never raised into the task group, which would stop
+        the whole replica (a job's own failures are handled before: `JobFailures`).
+        """
+        guarded = _guarded(coro)
+        task = (asyncio.ensure_future(guarded) if self._tg is None
+                else self._tg.create_task(guarded))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
@@ -341,7 +349,8 @@ class CoordinatorService(ExitSignals):
         state, since, reason = self.bus_state
         detail = {"nats": {"state": state, "since": since, "reason": reason},
                   "replica": self.settings.replica_name, "jobs": len(self.registry.jobs),
-                  "owned": len(self.book.mine()), "dropped": dict(self.dropped),
+                  "owned": len(self.book.mine(time.time())), "dropped": dict(self.dropped),
+                  "quarantined": len(self.failures.quarantined),
                   "fenced_commands": self.fenced_commands}
         if state != "connected":
             return False, {"status": state, "reason": reason, **detail}
@@ -378,6 +387,17 @@ class CoordinatorService(ExitSignals):
             await asyncio.to_thread(self._status_server.close)
             self._status_server = None
         LOG.info("coordinator stopped")
+
+
+async def _guarded(coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - the last guard of the service's task group
+        LOG.exception("a background task of the coordinator failed; the coordinator keeps "
+                      "serving")
+        return None
 
 
 def _tune_gc() -> None:

@@ -76,15 +76,18 @@ class ActionExecutor:
 
         The caller holds the job's lock.
         """
-        record = self.svc.registry.jobs.get(job_id)
-        if record is None:
+        svc = self.svc
+        record = svc.registry.jobs.get(job_id)
+        driver = svc.drivers.get(job_id)
+        if record is None or (driver is not None and driver.failed):
             return
-        try:
-            actions = step(rank, item)
-        except PowerLimitError as e:
-            await self.svc.status(job_id, "error", f"power-limit optimiser: {e}")
-            return
-        await self.execute(record, actions)
+        async with svc.failures.contained(job_id, "driving the job"):
+            try:
+                actions = step(rank, item)
+            except PowerLimitError as e:
+                await svc.status(job_id, "error", f"power-limit optimiser: {e}")
+                return
+            await self.execute(record, actions)
 
     async def tick_jobs(self) -> None:
         """Let time pass for every optimiser driven here (overdue windows...)."""

@@ -39,6 +39,7 @@ class JobDriver:
             the job had lapsed: set again once the lease is taken back.
         observe_only_said: (node token, GPU) said to be observe-only (once each).
         late_renewal: When an action last renewed this replica's late lease (wall clock).
+        failed: Why the job failed here (`JobFailures.fail`): it is never started again.
     """
 
     job_id: str
@@ -54,3 +55,4 @@ class JobDriver:
     pending_lapses: dict[int, set[str]] = field(default_factory=dict)
     observe_only_said: set[tuple[str, int]] = field(default_factory=set)
     late_renewal: float = 0.0
+    failed: str | None = None

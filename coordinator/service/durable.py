@@ -86,6 +86,10 @@ class DurableState:
             change = records.decode(entry.key, entry.value, deleted, svc.clock())
         except RecordError as e:
             svc.drop("bad_state_entry", entry.key, e)
+            svc.failures.bad_record(entry.key, e)
+            return
+        if change.kind == "quar":
+            self._on_quarantine(change)
             return
         if change.kind == "job":
             if change.deleted:
@@ -116,6 +120,22 @@ class DurableState:
             driver = svc.driver(change.job_id)
             if driver.optimiser is None:  # Our own writes change nothing here.
                 driver.recorded = change.progress
+
+    def _on_quarantine(self, change: records.Change) -> None:
+        """A job set aside (by any replica), or released by an operator (tried again)."""
+        svc = self.svc
+        if not change.deleted:
+            svc.failures.quarantined[change.job_hash] = change.quarantine or {}
+            job_id = svc.job_ids.get(change.job_hash)
+            if job_id is not None:
+                svc.release_locally(job_id, "quarantined")
+            return
+        svc.failures.quarantined.pop(change.job_hash, None)
+        job_id = svc.job_ids.get(change.job_hash)
+        record = svc.registry.jobs.get(job_id) if job_id is not None else None
+        if record is not None:
+            svc.driver(record.job_id).failed = None
+            svc.starter.maybe_start(record)
 
     async def on_owner_entry(self, entry: Any) -> None:
         """Follow the ownership leases; a job another replica took is dropped here."""

@@ -292,13 +292,15 @@ class Endpoints:
             ids = sorted(svc.registry.jobs)
             end = query.offset + query.limit
             return Reply.success(jobs=ids[query.offset:end], total=len(ids),
-                                 next_offset=end if end < len(ids) else None)
+                                 next_offset=end if end < len(ids) else None,
+                                 quarantined=len(svc.failures.quarantined))
         await svc.durable.known_job(query.job_id)
         record = svc.registry.get(query.job_id)
         forwarded = await self._forward(record.job_id, "query", data, subject)
         if forwarded is not None:
             return forwarded
         optimiser = svc.optimiser(record.job_id)
+        quarantine = svc.failures.quarantined.get(records.job_hash(record.job_id))
         progress: dict[str, Any] = {"power_limit": None, "pipeline": None}
         if optimiser is not None:
             progress[optimiser.kind] = optimiser.progress()
@@ -314,6 +316,7 @@ class Endpoints:
                    for r, rr in sorted(record.ranks.items())},
             **progress,
             waiting_for=optimiser.waiting_for() if optimiser is not None else {},
+            quarantine=quarantine,
         )
 
     async def straggler(self, data: bytes, subject: str = "") -> Reply:

@@ -43,6 +43,7 @@ class OptimiserStarter:
         svc = self.svc
         driver = svc.driver(record.job_id)
         if (record.complete and driver.optimiser is None and not driver.starting
+                and driver.failed is None and not svc.failures.is_quarantined(record.job_id)
                 and svc.owns(record.job_id)):
             driver.starting = True
             svc.spawn(self.start(record))
@@ -59,16 +60,21 @@ class OptimiserStarter:
                     return
                 if svc.registry.jobs.get(record.job_id) is not record:
                     return  # Collected meanwhile.
+                if driver.failed is not None or await svc.failures.still_quarantined(
+                        record.job_id):
+                    return  # Set aside: never retried (until an operator releases it).
                 if not await svc.durable.read_progress(record.job_id):
                     return  # Started again on a later ownership round.
                 recorded = driver.recorded or {}
-                job: JobOptimizer | None
-                if record.power_limit is None:
-                    job = await self._pipeline(record, recorded)
-                else:
-                    job = await self._power_limit(record, recorded)
-                if job is not None and svc.drivers.get(record.job_id) is driver:
-                    await self._adopt(record, driver, job)  # (Unless removed meanwhile.)
+                doing = "resuming the job" if recorded else "starting the job"
+                async with svc.failures.contained(record.job_id, doing):
+                    job: JobOptimizer | None
+                    if record.power_limit is None:
+                        job = await self._pipeline(record, recorded)
+                    else:
+                        job = await self._power_limit(record, recorded)
+                    if job is not None and svc.drivers.get(record.job_id) is driver:
+                        await self._adopt(record, driver, job)  # (Unless removed meanwhile.)
         finally:
             driver.starting = False
         driver.recorded = None  # Taken in by the optimiser (if it started).

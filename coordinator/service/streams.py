@@ -174,10 +174,11 @@ class Streams:
                 # A step may close a profiling window, and the scheduler may then plan a
                 # frontier for seconds: off the event loop (leases keep being renewed). The
                 # job's lock keeps its inputs in order meanwhile.
-                actions = await asyncio.to_thread(
-                    lambda: [a for m in batch.measurements
-                             for a in job.on_measurement(batch.rank, m, now)])
-                await svc.actions.execute(record, actions)
+                async with svc.failures.contained(batch.job_id, "planning the job"):
+                    actions = await asyncio.to_thread(
+                        lambda: [a for m in batch.measurements
+                                 for a in job.on_measurement(batch.rank, m, now)])
+                    await svc.actions.execute(record, actions)
                 return
             for m in batch.measurements:
                 await svc.actions.act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),

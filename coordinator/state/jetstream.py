@@ -359,18 +359,77 @@ class JetStreamState:
 
     async def delete_job(self, job_id: str) -> None:
         """Remove a job and everything recorded about it (its owner does this)."""
-        await self._write(f"the removal of job {job_id}",
-                          lambda: self.kv.delete(records.job_key(job_id)))
+        await self.delete_hash(records.job_hash(job_id), f"job {job_id}")
+
+    async def delete_hash(self, job_hash: str, what: str) -> None:
+        """Remove every record of the job whose key token is `job_hash` (its quarantine too)."""
+        await self._write(f"the removal of {what}",
+                          lambda: self.kv.delete(f"v.job.{job_hash}"))
         jsm = self.nc.jsm()
         stream = f"KV_{self.bucket}"
         for kind in ("rank", "gpu"):
+            keys = records.hash_keys_filter(job_hash, kind)
             with contextlib.suppress(Exception):
-                await jsm.purge_stream(
-                    stream, subject=f"$KV.{self.bucket}.{records.job_keys_filter(job_id, kind)}")
-        for kv, key in ((self.kv, records.progress_key(job_id)),
-                        (self.owners, records.job_hash(job_id))):
+                await jsm.purge_stream(stream, subject=f"$KV.{self.bucket}.{keys}")
+        for kv, key in ((self.kv, f"v.prog.{job_hash}"),
+                        (self.kv, records.quarantine_key(job_hash)), (self.owners, job_hash)):
             with contextlib.suppress(Exception):
                 await kv.purge(key)
+
+    # ------------------------------------------------------------------ quarantine
+    async def quarantine(self, job_hash: str, value: bytes) -> bool:
+        """Set a job aside (`records.encode_quarantine`); False if it was already.
+
+        Raises:
+            StateUnavailableError: JetStream could not take it.
+        """
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:
+            await self._write(f"the quarantine of job {job_hash}",
+                              lambda: self.kv.create(records.quarantine_key(job_hash), value))
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def get_quarantine(self, job_hash: str) -> dict[str, Any] | None:
+        """The job's quarantine note as recorded now, or None (raises StateUnavailableError)."""
+        from nats.js.errors import KeyNotFoundError
+
+        async def read() -> Any:
+            try:
+                return await self.kv.get(records.quarantine_key(job_hash))
+            except KeyNotFoundError:
+                return None
+
+        entry = await self._write(f"the quarantine of job {job_hash}", read)
+        if entry is None or not entry.value:
+            return None
+        try:
+            return records.decode(entry.key, entry.value, False, 0.0).quarantine
+        except records.RecordError as e:  # Unreadable, yet written: still set aside.
+            return {"job_id": None, "key": entry.key, "reason": f"unreadable note: {e}"}
+
+    async def list_quarantine(self) -> dict[str, dict[str, Any]]:
+        """Every quarantine note now, by job key token."""
+        from nats.js.errors import NoKeysError
+
+        try:
+            keys = await self.kv.keys(filters=["v.quar.>"])
+        except NoKeysError:
+            return {}
+        notes = {}
+        for key in keys:
+            job_hash = key.rsplit(".", 1)[-1]
+            note = await self.get_quarantine(job_hash)
+            if note is not None:
+                notes[job_hash] = note
+        return notes
+
+    async def release_quarantine(self, job_hash: str) -> None:
+        """Remove a job's quarantine note only (its replicas try to start it again)."""
+        await self._write(f"the release of job {job_hash}",
+                          lambda: self.kv.purge(records.quarantine_key(job_hash)))
 
     # ------------------------------------------------------------------ ownership
     async def read_lease(self, job_hash: str) -> tuple[bytes, int] | None:

@@ -8,6 +8,7 @@ One bucket holds the state of every job, one key per fact, so a change writes on
 | `v.job.<h>` | the job (`JobRecord.plain(with_ranks=False)`) |
 | `v.rank.<h>.<rank>` | one registered rank (`RankRecord.plain()`, its GPU's limit range), once |
 | `v.prog.<h>` | the job's optimiser progress (`JobOptimizer.persisted()`), or its profile |
+| `v.quar.<h>` | the job is set aside: a record of it cannot be loaded, or its optimiser failed |
 | `gpu.<h>.<n>.<i>` | the rank driving GPU `i` of node digest `<n>` in the job (created once) |
 
 Replicas follow the `v.` keys (`FOLLOWED`); the `gpu.` keys only make a GPU's binding unique.
@@ -27,7 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.jobs import JobRecord, RankRecord
+from zeus_agent.models import MAX_POWER_W
 from zeus_agent.wire.subjects import state_buckets as bucket_names
+from zeus_agent.wire.text import bounded
 
 __all__ = ["bucket_names"]  # re-exported: the buckets' names live in the wire contract
 
@@ -41,6 +44,10 @@ may join, as before)."""
 
 class RecordError(ValueError):
     """A value in the bucket is not what this version of the coordinator wrote."""
+
+
+class NewerRecordError(RecordError):
+    """A value of a newer layout (a newer replica's, during an upgrade): not a bad record."""
 
 
 def _digest(text: str, chars: int) -> str:
@@ -79,7 +86,31 @@ def progress_key(job_id: str) -> str:
 
 def job_keys_filter(job_id: str, kind: str) -> str:
     """The subject filter (within the bucket) of all `kind` keys ("rank", "gpu") of a job."""
-    return f"{'v.' if kind == 'rank' else ''}{kind}.{job_hash(job_id)}.>"
+    return hash_keys_filter(job_hash(job_id), kind)
+
+
+def hash_keys_filter(job_hash: str, kind: str) -> str:
+    """`job_keys_filter` of the job whose key token is `job_hash`."""
+    return f"{'v.' if kind == 'rank' else ''}{kind}.{job_hash}.>"
+
+
+def quarantine_key(job_hash: str) -> str:
+    """The key of a job's quarantine note (by its key token: a bad record may name no job)."""
+    return f"v.quar.{job_hash}"
+
+
+def hash_of_key(key: str) -> str | None:
+    """The job key token a key of the bucket names (None: a key of no job)."""
+    parts = key.split(".")
+    if parts[0] == "v":
+        parts = parts[1:]
+    if len(parts) >= 2 and parts[0] in KINDS and len(parts[1]) == 32:
+        return parts[1]
+    return None
+
+
+KINDS = ("job", "rank", "gpu", "prog", "quar")
+"""The kinds of keys (`v.<kind>.<h>...`, `gpu.<h>...`)."""
 
 
 def _dump(data: dict[str, Any]) -> bytes:
@@ -89,12 +120,13 @@ def _dump(data: dict[str, Any]) -> bytes:
 def _load(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RecordError(f"not JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise RecordError(f"not JSON: {bounded(e, 300)}") from None
     if not isinstance(data, dict):
         raise RecordError("not a JSON object")
     if data.get("v") not in READABLE:
-        raise RecordError(
+        newer = isinstance(data.get("v"), int) and data["v"] > READABLE[-1]
+        raise (NewerRecordError if newer else RecordError)(
             f"layout version {data.get('v')!r}, this coordinator reads {READABLE[0]} to "
             f"{READABLE[-1]}"
         )
@@ -120,6 +152,16 @@ def encode_gpu(job_id: str, rank: int) -> bytes:
     return _dump({"job_id": job_id, "rank": rank})
 
 
+def encode_quarantine(job_id: str | None, key: str, reason: str, replica: str,
+                      at_s: float) -> bytes:
+    """A quarantine note: which record (`key`) of the job was set aside, why, by whom, when.
+
+    `at_s` is wall-clock time (UNIX seconds), for people.
+    """
+    return _dump({"job_id": job_id, "key": bounded(key, 300), "reason": bounded(reason, 2000),
+                  "replica": bounded(replica, 300), "at": at_s})
+
+
 def encode_progress(job_id: str, kind: str, state: Any) -> bytes:
     """A job's progress value.
 
@@ -143,6 +185,27 @@ class Change:
     progress: dict[str, Any] | None = None
     limits: tuple[int, int] | None = None
     """A rank's GPU's power limit range (min, max) in W, when recorded."""
+    quarantine: dict[str, Any] | None = None
+    """A quarantine note (`encode_quarantine`'s fields)."""
+
+
+def _limits(raw: Any) -> tuple[int, int] | None:
+    """A recorded power-limit range, refused unless 1 <= min <= max <= `MAX_POWER_W`."""
+    if not raw:
+        return None
+    if not isinstance(raw, list) or len(raw) != 2 or not all(type(w) is int for w in raw):
+        raise RecordError(f"limits must be [min, max] in W, got {bounded(raw, 100)}")
+    lo, hi = raw
+    if not 1 <= lo <= hi <= MAX_POWER_W:
+        raise RecordError(f"limits [{lo}, {hi}] W are outside 1 <= min <= max <= {MAX_POWER_W}")
+    return lo, hi
+
+
+def _job_id(data: dict[str, Any]) -> str:
+    job_id = data["job_id"]
+    if not isinstance(job_id, str):
+        raise RecordError(f"job_id must be a string, got {type(job_id).__name__}")
+    return job_id
 
 
 def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
@@ -155,26 +218,37 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
     if parts[0] == "v":
         parts = parts[1:]
     kind = parts[0]
-    if kind not in ("job", "rank", "gpu", "prog") or len(parts) < 2:
-        raise RecordError(f"unknown key {key!r}")
+    if kind not in KINDS or len(parts) < 2:
+        raise RecordError(f"unknown key {bounded(key, 300)!r}")
     if deleted or not raw:
         return Change(kind, parts[1], True)
     data = _load(raw)
     try:
+        if kind == "quar":
+            note = {k: data.get(k) for k in ("job_id", "key", "reason", "replica", "at")}
+            job_id = note["job_id"] if isinstance(note["job_id"], str) else None
+            return Change(kind, parts[1], False, job_id=job_id, quarantine=note)
+        job_id = _job_id(data)
+        if kind != "gpu" and job_hash(job_id) != parts[1]:
+            raise RecordError(f"the value names job {bounded(job_id, 100)!r}, whose key "
+                              "is another")
         if kind == "job":
             record = JobRecord.from_plain(data, now_s)
-            return Change(kind, parts[1], False, job=record, job_id=record.job_id)
+            if record.job_id != job_id:
+                raise RecordError("the job's id differs from its record's")
+            return Change(kind, parts[1], False, job=record, job_id=job_id)
         if kind == "rank":
-            limits = data.get("limits")
-            return Change(kind, parts[1], False, job_id=str(data["job_id"]),
-                          rank=RankRecord.from_plain(data),
-                          limits=(int(limits[0]), int(limits[1])) if limits else None)
+            return Change(kind, parts[1], False, job_id=job_id,
+                          rank=RankRecord.from_plain(data), limits=_limits(data.get("limits")))
         if kind == "prog":
-            return Change(kind, parts[1], False, job_id=str(data["job_id"]),
+            return Change(kind, parts[1], False, job_id=job_id,
                           progress={"kind": data["kind"], "state": data["state"]})
-        return Change(kind, parts[1], False, job_id=str(data["job_id"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise RecordError(f"{key}: {e}") from None
+        return Change(kind, parts[1], False, job_id=job_id)
+    except RecordError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError,
+            MemoryError) as e:
+        raise RecordError(f"{bounded(key, 300)}: {bounded(e, 500)}") from None
 
 
 def rank_of_gpu_value(raw: bytes) -> int:

@@ -133,7 +133,8 @@ def fake_service(**kw: Any) -> Any:
         settings=SimpleNamespace(replica_name="r1"), registry=SimpleNamespace(jobs=records),
         optimisers={"pl": loaded_job(), "pp": pipeline()}, dropped={"unknown_rank": 2},
         fenced_commands=1, bus_state=("connected", 0.0, ""),
-        book=SimpleNamespace(mine=lambda: ["h1"]),
+        book=SimpleNamespace(mine=lambda now: ["h1"]),
+        failures=SimpleNamespace(quarantined={"h2": {"reason": "x"}}, failed=1),
     )
     return SimpleNamespace(**{**base, **kw})
 
@@ -142,6 +143,7 @@ def test_snapshot_reads_the_service() -> None:
     snap = metrics.snapshot(fake_service())
     assert (snap.replica, snap.nats_state, snap.jobs, snap.owned) == ("r1", "connected", 2, 1)
     assert (dict(snap.dropped), snap.fenced_commands) == ({"unknown_rank": 2}, 1)
+    assert (snap.quarantined, snap.failed) == (1, 1)
     phases = {(j.job_id, j.kind, j.phase) for j in snap.job_list}
     assert phases == {("pl", "power_limit", "done"), ("pp", "pipeline", "discovering"),
                       ("waiting", "pipeline", "registering")}
@@ -151,7 +153,7 @@ def test_snapshot_reads_again_when_a_dict_changed_under_it() -> None:
     calls = []
 
     class Flaky(dict[str, str]):
-        def mine(self) -> list[str]:
+        def mine(self, now: float) -> list[str]:
             calls.append(1)
             if len(calls) == 1:
                 raise RuntimeError("dictionary changed size during iteration")

@@ -43,7 +43,8 @@ def options(**kw) -> PowerLimitOptions:
 
 
 def ev(step: int, kind: str = "step_begin", epoch: int = 0) -> TrainerEvent:
-    return TrainerEvent(kind=kind, t_ns=step * 10**9, epoch=epoch, step=step)
+    # (The job paces windows by step counters, never by stamps: a stamp within int64 will do.)
+    return TrainerEvent(kind=kind, t_ns=min(step, 10**9) * 10**9, epoch=epoch, step=step)
 
 
 def mark(step: int, t_s: float, energy_j: float, kind: str = "step_begin", epoch: int = 0) -> Mark:

@@ -606,11 +606,13 @@ def test_optimisers_start_and_run_safely_on_any_options_and_measurements(
     ]:
         assert time.monotonic() < deadline, f"the optimiser of {options} never reported"
         time.sleep(0.005)
-    t, energy = time.monotonic_ns() - 10**13, 0.0
+    # Stamps and counters within the contract's bounds (monotonic, so >= 0); a counter may
+    # still go back, jump or overflow to 1e308.
+    t, energy = max(0, time.monotonic_ns() - 10**13), 0.0
     events, marks = [], []
     for step, (joules, dt) in enumerate(steps):
         t += dt
-        energy += joules
+        energy = max(0.0, energy + joules)
         events.append({"kind": "step_begin", "t_ns": t, "epoch": 0, "step": step})
         marks.append(
             {

@@ -39,13 +39,17 @@ from pydantic import (
 
 from zeus_agent.gpu.base import GPUInfo
 from zeus_agent.models import (
+    MAX_CLOCKS,
     MAX_ID_CHARS,
     MAX_NAME_CHARS,
+    MAX_POWER_W,
     MAX_RANK,
     NO_CONTROL_CHARS,
+    ClockMhz,
     FrequencySchedule,
     JobInfo,
     PowerLimitMeasurement,
+    PowerW,
     RankInfo,
 )
 from zeus_agent.wire.text import MAX_TEXT_CHARS, bounded
@@ -60,6 +64,14 @@ MAX_COUNTER = 2**53
 """Largest epoch, step or instruction counter in a measurement (beyond: not a real count)."""
 MAX_STRAGGLER_FACTOR = 100.0
 """Largest slowdown a straggler notice may give."""
+MAX_NS = 2**63 - 1
+"""Largest monotonic timestamp (ns): what fits NVML's and the kernel's signed 64 bits."""
+MAX_GPUS_PER_NODE = 1024
+"""Most GPUs one agent may announce (a node holds 8 to 72)."""
+MAX_HEARTBEAT_S = 3600.0
+"""Longest heartbeat an agent may announce (s)."""
+MAX_SCHEDULE_VERSION = 2**31 - 1
+"""Largest schedule number in a job."""
 
 Id = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS, pattern=NO_CONTROL_CHARS)]
 """A job id, lease holder or agent id."""
@@ -68,6 +80,14 @@ Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS, pattern=NO_CO
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
 """Free text for people."""
 Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
+GpuIndex = Annotated[int, Field(ge=0, le=MAX_RANK)]
+Nanos = Annotated[int, Field(ge=0, le=MAX_NS)]
+"""A host-local monotonic timestamp (ns)."""
+Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+"""An epoch, step or instruction counter."""
+ScheduleVersion = Annotated[int, Field(ge=0, le=MAX_SCHEDULE_VERSION)]
+Clocks = Annotated[list[ClockMhz], Field(max_length=MAX_CLOCKS)]
+"""A GPU's supported clocks (MHz)."""
 JoinToken = Annotated[
     str, StringConstraints(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
 ]
@@ -126,22 +146,34 @@ class GpuDescription(_Part, AddedFields):
     uuid: Name
     name: Name
     architecture: Name
-    min_power_limit_w: int
-    max_power_limit_w: int
-    default_power_limit_w: int
-    supported_memory_clocks_mhz: list[int]
-    supported_graphics_clocks_mhz: list[int]
+    min_power_limit_w: PowerW
+    max_power_limit_w: PowerW
+    default_power_limit_w: PowerW
+    supported_memory_clocks_mhz: Clocks
+    supported_graphics_clocks_mhz: Clocks
     has_energy_counter: bool
-    power_limit_w: int
+    power_limit_w: PowerW
     job_id: Id | None = None
     """The job whose rank is bound to the GPU (a trainer said HELLO), or None."""
-    schedule_version: int | None = None
+    schedule_version: ScheduleVersion | None = None
     """Version of the frequency schedule installed or waiting for its step (None: none)."""
     controllable: bool = True
     """Whether the agent may change this GPU's settings: False when it runs `--observe-only` or
     lacks the privilege (NVML: NO_PERMISSION). Added after schema 1 shipped: sent only when
     False, so coordinators that predate it keep accepting controllable GPUs' announcements
     (one that predates it refuses an observe-only GPU's announcement: it could not drive it)."""
+
+    @model_validator(mode="after")
+    def _limits_ordered(self) -> GpuDescription:
+        # Every power limit the coordinator may command lies in [min, max]: a range upside
+        # down, or a default outside it, is no GPU's.
+        if self.min_power_limit_w > self.max_power_limit_w:
+            raise ValueError(f"min_power_limit_w ({self.min_power_limit_w}) exceeds "
+                             f"max_power_limit_w ({self.max_power_limit_w})")
+        if not self.min_power_limit_w <= self.default_power_limit_w <= self.max_power_limit_w:
+            raise ValueError(f"default_power_limit_w ({self.default_power_limit_w}) is outside "
+                             f"[{self.min_power_limit_w}, {self.max_power_limit_w}]")
+        return self
 
     @classmethod
     def from_info(
@@ -170,27 +202,27 @@ class AgentHello(Message):
     node: Name
     agent_id: Id
     backend: Name
-    heartbeat_s: float
+    heartbeat_s: float = Field(gt=0, le=MAX_HEARTBEAT_S)
     socket_path: Text
-    gpus: list[GpuDescription]
+    gpus: list[GpuDescription] = Field(max_length=MAX_GPUS_PER_NODE)
 
 
 class Sample(_Part):
     """One reading of a GPU. `energy_j` is the cumulative counter (or integrated power)."""
 
-    t_ns: int
-    energy_j: float
-    power_w: float
-    power_limit_w: int
-    sm_clock_mhz: int
-    memory_clock_mhz: int
+    t_ns: Nanos
+    energy_j: float = Field(ge=0)
+    power_w: float = Field(ge=0, le=MAX_POWER_W)
+    power_limit_w: PowerW
+    sm_clock_mhz: ClockMhz
+    memory_clock_mhz: ClockMhz
 
 
 class SampleBatch(Message):
     """Samples of one GPU, oldest first."""
 
     node: Name
-    gpu: int
+    gpu: GpuIndex
     uuid: Name
     samples: list[Sample]
 
@@ -203,11 +235,11 @@ class Mark(_Part):
     """
 
     kind: Literal["step_begin", "step_end", "epoch_begin", "epoch_end"]
-    epoch: int
-    step: int
-    t_ns: int
-    energy_j: float
-    power_limit_w: int | None = None
+    epoch: Counter
+    step: Counter
+    t_ns: Nanos
+    energy_j: float = Field(ge=0)
+    power_limit_w: PowerW | None = None
     """The GPU's power limit when the mark was taken (None: not known)."""
 
 
@@ -216,14 +248,14 @@ class Measurement(_Part):
 
     kind: Literal["step", "instruction"]
     name: Name
-    epoch: int = Field(ge=0, le=MAX_COUNTER)
-    step: int = Field(ge=0, le=MAX_COUNTER)
-    index: int = Field(ge=0, le=MAX_COUNTER)
-    t0_ns: int
-    t1_ns: int
+    epoch: Counter
+    step: Counter
+    index: Counter
+    t0_ns: Nanos
+    t1_ns: Nanos
     time_s: float = Field(ge=0)
     energy_j: float = Field(ge=0)
-    schedule: int | None = None
+    schedule: ScheduleVersion | None = None
     """The version of the frequency schedule the step or instruction ran under (None: none)."""
 
     @model_validator(mode="after")
@@ -237,7 +269,7 @@ class MeasurementBatch(Message):
     """Marks and measurements of the rank bound to one GPU."""
 
     node: Name
-    gpu: int
+    gpu: GpuIndex
     job_id: Id
     rank: Rank
     marks: list[Mark] = []
@@ -256,7 +288,7 @@ class ErrorEvent(Message):
     code: Name
     message: Text
     job_id: Id | None = None
-    rank: int | None = None
+    rank: Rank | None = None
     detail: dict[str, Any] = {}
 
 
@@ -282,7 +314,7 @@ class SetPowerLimitCmd(_Leased):
     """Set the power limit (W)."""
 
     op: Literal["set_power_limit"] = "set_power_limit"
-    power_limit_w: int
+    power_limit_w: PowerW
 
 
 class ResetPowerLimitCmd(_Part):
@@ -295,8 +327,8 @@ class LockClocksCmd(_Leased):
     """Lock the SM clock into [min_mhz, max_mhz]."""
 
     op: Literal["lock_clocks"] = "lock_clocks"
-    min_mhz: int
-    max_mhz: int
+    min_mhz: ClockMhz
+    max_mhz: ClockMhz
 
 
 class ResetClocksCmd(_Part):
@@ -311,11 +343,12 @@ class InstallScheduleCmd(_Leased):
     op: Literal["install_schedule"] = "install_schedule"
     job_id: Id
     schedule: FrequencySchedule
-    version: int = Field(default=0, ge=0, le=2**31 - 1, description="The schedule's number "
-                         "in its job (measurements made under it carry it)")
+    version: int = Field(default=0, ge=0, le=MAX_SCHEDULE_VERSION, description="The "
+                         "schedule's number in its job (measurements made under it carry it)")
     from_step: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_COUNTER,
         description="Switch to it at the rank's first step_begin whose step counter is >= this "
         "(so every rank switches at the same iteration boundary); None: at once",
     )
@@ -347,8 +380,8 @@ class EnergyCmd(_Part):
     """Energy and time between two host-local monotonic timestamps of this agent's host."""
 
     op: Literal["energy"] = "energy"
-    t0_ns: int
-    t1_ns: int
+    t0_ns: Nanos
+    t1_ns: Nanos
 
 
 class RenewLeasesCmd(_Part):
@@ -557,12 +590,12 @@ class TrainerEvent(_Part):
         "instruction_begin",
         "instruction_end",
     ]
-    t_ns: int
-    epoch: int = 0
-    step: int = 0
-    index: int = 0
+    t_ns: Nanos
+    epoch: Counter = 0
+    step: Counter = 0
+    index: Counter = 0
     name: Name = ""
-    power_limit_w: int | None = None
+    power_limit_w: PowerW | None = None
     """The GPU's power limit when the event happened, as its agent knows it (None: unknown).
 
     The coordinator paces profiling windows with these events: after a broker outage they come
@@ -576,7 +609,7 @@ class TrainerEventBatch(Message):
     job_id: Id
     rank: Rank
     node: Name
-    gpu: int
+    gpu: GpuIndex
     events: list[TrainerEvent]
     join_digest: JoinDigest | None = Field(
         default=None,

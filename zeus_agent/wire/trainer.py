@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RANK
 from zeus_agent.wire.codec import unpack, validate
-from zeus_agent.wire.messages import AddedFields, JoinToken, Reply
+from zeus_agent.wire.messages import MAX_COUNTER, MAX_NS, AddedFields, JoinToken, Reply
 from zeus_agent.wire.text import shown
 
 PROTOCOL_VERSION = 1
@@ -202,6 +202,14 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
+def _bounded(value: Any, what: str, most: int) -> int:
+    """An event's stamp or counter: an integer in [0, most] (the coordinator refuses others)."""
+    if type(value) is not int or not 0 <= value <= most:
+        raise PayloadError(f"datagram field '{what}' must be an integer in [0, {most}], got "
+                           f"{shown(value)}", what)
+    return value
+
+
 def decode_datagram(
     data: bytes,
 ) -> EventDatagram | RequestDatagram | ReplyDatagram | ScheduleNotice:
@@ -240,8 +248,8 @@ def decode_datagram(
                 f"datagram field 'name' {shown(name)} has control characters", "name"
             )
         return EventDatagram(
-            kind, _int(obj[2], "pid"), _int(obj[3], "t_ns"), _int(obj[4], "a"),
-            _int(obj[5], "b"), name,
+            kind, _int(obj[2], "pid"), _bounded(obj[3], "t_ns", MAX_NS),
+            _bounded(obj[4], "a", MAX_COUNTER), _bounded(obj[5], "b", MAX_COUNTER), name,
         )  # fmt: skip
     if kind is Kind.REPLY:
         return ReplyDatagram(_int(obj[2], "request_id"), validate(Reply, obj[3]))

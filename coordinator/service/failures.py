@@ -1,0 +1,169 @@
+"""`JobFailures`: a failure while starting or driving one job stays in that job.
+
+Whatever an optimiser raises while it starts, takes a job over, replays recorded progress or
+takes an input (any `Exception`: `MemoryError` and `RecursionError` included), the job ends
+here: it is no longer driven, its status says why (`failed`), its GPUs are set back to their
+defaults, and it is quarantined: a note in the state bucket (`v.quar.<h>`, see
+`coordinator.state.records`) that every replica, and every replica started later, reads before
+it starts the job, so a job that cannot be driven is never retried in a loop. A record of the
+bucket that cannot be loaded is quarantined the same way. The rest of the replica keeps serving.
+
+Operators list and drop (or release) quarantined jobs with `zeus-coordinator quarantine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from coordinator.state import records
+from coordinator.state.jetstream import StateUnavailableError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import (
+    ClearScheduleCmd,
+    CommandEnvelope,
+    ResetPowerLimitCmd,
+)
+from zeus_agent.wire.text import bounded
+
+if TYPE_CHECKING:
+    from coordinator.service import CoordinatorService
+
+__all__ = ["JobFailures"]
+
+LOG = logging.getLogger(__name__)
+
+RESET_COMMANDS = (codec.encode(CommandEnvelope(cmd=ResetPowerLimitCmd())),
+                  codec.encode(CommandEnvelope(cmd=ClearScheduleCmd())))
+"""What a failed job's GPUs are sent: their default power limit, their clocks unlocked."""
+
+
+def describe(error: BaseException) -> str:
+    """A failure in one line for a job's status (bounded: it may echo what a peer sent)."""
+    text = bounded(str(error), 500)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class JobFailures:
+    """Ends the jobs that fail, for the service `svc`.
+
+    Attributes:
+        quarantined: Job key token -> its quarantine note (what the state bucket holds).
+        failed: Jobs this replica ended since it started.
+    """
+
+    def __init__(self, svc: CoordinatorService) -> None:
+        self.svc = svc
+        self.quarantined: dict[str, dict[str, Any]] = {}
+        self.failed = 0
+        self._writing: set[str] = set()
+
+    def is_quarantined(self, job_id: str) -> bool:
+        """Whether the job is set aside (as this replica's view of the bucket says)."""
+        return records.job_hash(job_id) in self.quarantined
+
+    async def still_quarantined(self, job_id: str) -> bool:
+        """Whether the bucket holds a quarantine note for the job now (not the watch's view).
+
+        A replica that starts reads its view from the bucket in the order it was written: a
+        job's ranks come before its note, so the note is read itself before a job starts.
+        Unreadable: the job is not started now (a later ownership round tries again).
+        """
+        h = records.job_hash(job_id)
+        if h in self.quarantined or self.svc.state is None:
+            return h in self.quarantined
+        try:
+            note = await self.svc.state.get_quarantine(h)
+        except StateUnavailableError as e:
+            LOG.warning("job %s: not started yet, its quarantine cannot be read (%s)", job_id, e)
+            return True
+        if note is not None:
+            self.quarantined[h] = note
+        return note is not None
+
+    @contextlib.asynccontextmanager
+    async def contained(self, job_id: str, doing: str) -> AsyncIterator[None]:
+        """Run the body; any exception it raises ends the job (`fail`), not the replica."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the point: one job's bug stays in that job
+            LOG.exception("job %s: %s failed", job_id, doing)
+            await self.fail(job_id, f"{doing} failed ({describe(e)})")
+
+    async def fail(self, job_id: str, why: str) -> None:
+        """End a job this replica drives: no longer driven, `failed`, GPUs reset, quarantined."""
+        svc = self.svc
+        self.failed += 1
+        driver = svc.drivers.get(job_id)
+        if driver is not None:
+            driver.optimiser = None
+            driver.failed = why
+        record = svc.registry.jobs.get(job_id)
+        reset = ""
+        if record is not None:
+            with contextlib.suppress(Exception):  # (A reset that fails: the leases lapse.)
+                reset = await self._reset_gpus(record)
+        await svc.status(job_id, "failed",
+                         f"{why}; the job is no longer optimised{reset} and is quarantined "
+                         "(zeus-coordinator quarantine list; drop it, or release it to try "
+                         "again once the cause is fixed)")
+        await self.quarantine(records.job_key(job_id), why, job_id)
+
+    async def _reset_gpus(self, record: Any) -> str:
+        """Set the job's GPUs back to their defaults (if this replica drives it): a phrase."""
+        svc = self.svc
+        prefix = svc.settings.prefix
+        requests = [(subjects.gpu_command(g.node, g.gpu_index, prefix), cmd)
+                    for g in record.gpus() for cmd in RESET_COMMANDS]
+        replies = await svc.actions.command(record, "setting the GPUs back to their defaults",
+                                            requests)
+        if replies is None:
+            return ""
+        failed = sum(1 for r in replies if isinstance(r, str) or not r.ok)
+        if failed:
+            return (f"; {failed} of {len(requests)} reset(s) not taken (their leases lapse "
+                    "within lease_s)")
+        return f"; its {len(record.gpus())} GPU(s) are back at their defaults"
+
+    def bad_record(self, key: str, error: records.RecordError) -> None:
+        """A record of the bucket cannot be loaded: quarantine its job (in the background).
+
+        Not a record of a newer layout (a newer replica's, during an upgrade), nor a job's
+        progress (the job starts afresh without it: `OptimiserStarter`), nor a note itself.
+        """
+        h = records.hash_of_key(key)
+        if (h is None or isinstance(error, records.NewerRecordError)
+                or key.startswith(("v.prog.", "v.quar.")) or h in self.quarantined
+                or h in self._writing):
+            return
+        why = str(error)
+        self.svc.spawn(self.quarantine(key, f"record {key} cannot be loaded: {why}", None))
+
+    async def quarantine(self, key: str, why: str, job_id: str | None) -> None:
+        """Write the quarantine note of the job `key` belongs to (once; any replica may)."""
+        svc = self.svc
+        h = records.hash_of_key(key)
+        if h is None:
+            return
+        note = {"job_id": job_id, "key": key, "reason": why,
+                "replica": svc.settings.replica_name, "at": time.time()}
+        self.quarantined.setdefault(h, note)
+        if svc.state is None or h in self._writing:
+            return
+        self._writing.add(h)
+        try:
+            value = records.encode_quarantine(job_id, key, why, svc.settings.replica_name,
+                                              time.time())
+            if await svc.state.quarantine(h, value):
+                LOG.error("job %s quarantined: %s", job_id or h, bounded(why, 500))
+        except StateUnavailableError as e:
+            LOG.warning("job %s: its quarantine not recorded (%s): this replica keeps it "
+                        "aside until it restarts", job_id or h, e)
+        finally:
+            self._writing.discard(h)
