@@ -220,6 +220,14 @@ class JobOptimizer(Protocol):
         """A trainer event of `rank`."""
         ...
 
+    def on_events(self, rank: int, events: list[TrainerEvent], now_s: float) -> list[Action]:
+        """A batch of `rank`'s trainer events, oldest first, as one input.
+
+        A late batch may pass windows whose commands would come too late: the optimiser sends
+        only what the batch's last event needs.
+        """
+        ...
+
     def on_mark(self, rank: int, mark: Mark) -> list[Action]:
         """A GPU mark (energy counter at a step or epoch event) of `rank`."""
         ...

@@ -259,6 +259,10 @@ class PipelineJob(StragglerHandling):
         """Trainer events pace nothing here: the measurements carry what is needed."""
         return []
 
+    def on_events(self, rank: int, events: list[TrainerEvent], now_s: float) -> list[Action]:
+        """Trainer events pace nothing here (`on_event`)."""
+        return []
+
     def on_mark(self, rank: int, mark: Mark) -> list[Action]:
         """Marks are for power-limit windows."""
         return []

@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, GpuDescription, InfoCmd, Reply
+from zeus_agent.wire.text import bounded
 
 if TYPE_CHECKING:
     from coordinator.service import CoordinatorService
@@ -36,6 +38,8 @@ class GpuDirectory:
     def __init__(self, svc: CoordinatorService) -> None:
         self.svc = svc
         self.limits: dict[tuple[str, int], tuple[int, int]] = {}
+        self.why_not: dict[tuple[str, int], str] = {}
+        """(node, index) -> why the last `describe` of the GPU gave nothing."""
         self._cache: dict[tuple[str, int], tuple[float, GpuDescription]] = {}
 
     def know(self, node: str, info: GpuDescription, now: float | None = None) -> None:
@@ -58,11 +62,18 @@ class GpuDirectory:
                                        timeout=svc.settings.command_timeout_s)
             reply = codec.decode(raw.data, Reply)
             if not reply.ok:
-                LOG.warning("agent on %s refused info: %s", subject, reply.error)
+                LOG.warning("agent on %s refused info: %s", subject, bounded(reply.error, 300))
+                self.why_not[key] = f"its agent refused info ({bounded(reply.error, 200)})"
                 return None
             info = codec.validate(GpuDescription, reply.result.get("gpu"))
-        except Exception as e:  # noqa: BLE001 - timeout, no responders, bad reply
-            LOG.warning("no usable info from %s: %s", subject, e)
+        except PayloadError as e:  # A description out of bounds: not a GPU's.
+            LOG.warning("unusable info from %s: %s", subject, e)
+            self.why_not[key] = f"its agent's description was refused ({bounded(e, 300)})"
             return None
+        except Exception as e:  # noqa: BLE001 - timeout, no responders
+            LOG.warning("no info from %s: %s", subject, bounded(e, 300))
+            self.why_not[key] = f"its agent did not answer ({type(e).__name__})"
+            return None
+        self.why_not.pop(key, None)
         self.know(node, info, now)
         return info

@@ -88,13 +88,15 @@ class OptimiserStarter:
         limits_of = svc.gpus.limits
         missing = [g for g in gpus if (g.node, g.gpu_index) not in limits_of]
         await asyncio.gather(*(svc.gpus.describe(g.node, g.gpu_index) for g in missing))
-        unreachable = [f"{g.node}/gpu{g.gpu_index}" for g in gpus
-                       if (g.node, g.gpu_index) not in limits_of]
+        unreachable = [f"{g.node}/gpu{g.gpu_index}: "
+                       + svc.gpus.why_not.get((g.node, g.gpu_index), "no description")
+                       for g in gpus if (g.node, g.gpu_index) not in limits_of]
         if unreachable:
             await svc.status(record.job_id, "error",
-                             "cannot reach the agent of " + ", ".join(unreachable[:8])
+                             "no usable description of " + "; ".join(unreachable[:8])
                              + (" ..." if len(unreachable) > 8 else "")
-                             + "; not optimising (restart the coordinator once they are up)")
+                             + "; not optimising (restart the coordinator once their agents "
+                             "are up and describe them)")
             return None
         limits = [limits_of[(g.node, g.gpu_index)] for g in gpus]
         lo = max(lim[0] for lim in limits)

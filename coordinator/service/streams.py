@@ -135,10 +135,14 @@ class Streams:
                 # Renewals stopped while the job was quiet, so the agents have restored their
                 # defaults: the job is back, so are its settings.
                 await svc.actions.reapply(record, job, "events again after a quiet spell")
-            for i, event in enumerate(batch.events, 1):
-                await svc.actions.act(batch.job_id, lambda r, e: job.on_event(r, e, now),
-                                      batch.rank, event)
-                if i % EVENTS_PER_YIELD == 0:
+            events = batch.events
+            for first in range(0, len(events), EVENTS_PER_YIELD):
+                # One input per chunk: a late batch sends only the limit its last event needs,
+                # never one for a window already past.
+                chunk = events[first:first + EVENTS_PER_YIELD]
+                await svc.actions.act(batch.job_id, lambda r, c: job.on_events(r, c, now),
+                                      batch.rank, chunk)
+                if first + EVENTS_PER_YIELD < len(events):
                     await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
 
     async def on_measurements(self, msg: Any) -> None:
