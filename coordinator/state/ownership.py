@@ -2,8 +2,8 @@
 
 Every job has one owner: the replica that commands its GPUs, renews their leases, runs its
 optimiser and writes its progress. Ownership is a lease in the ownership bucket (key: the job's
-hash, value: owner name and wall-clock expiry), taken and renewed by compare-and-set on the
-key's revision, so two replicas can never both win it.
+hash, value: owner name and incarnation, wall-clock expiry), taken and renewed by
+compare-and-set on the key's revision, so two replicas can never both win it.
 
 Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
 * The replica that registers a job takes it. A replica takes any job whose lease has expired
@@ -14,6 +14,15 @@ Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
   GPUs, so a takeover never sends double commands (as long as clocks differ by less than
   `fence_s`). An owner whose renewal failed (another replica has the lease) drops the job.
 * A replica that stops gives its jobs up (`until` = 0), so another takes them at once.
+* **Incarnations.** A lease is held by one process: the replica's name and its incarnation (a
+  random id per process start). A process restarted under the same name does not own its
+  predecessor's leases: it takes them at once only from the incarnations proven gone
+  (`proven_gone`: the shell's per-replica lock, `coordinator.service.replicas`), and waits out
+  any other like a lease of another replica. Two processes started under one name (a
+  misconfiguration) thus never both drive a job.
+* **Counting.** `mine(now)` counts only the leases this replica may act on now (live and
+  outside the fence, on this replica's clock): a replica cut off from NATS stops counting a
+  job before another may take it.
 
 The shell (`coordinator.state.jetstream`, `coordinator.service`) feeds the bucket's entries in
 (`observe`, `forget`) and does the compare-and-set writes this book decides on.
@@ -34,19 +43,38 @@ class Lease:
     until: float
     revision: int
     job_id: str
+    incarnation: str = ""
+    """The owning process's incarnation ("": a lease written before incarnations)."""
 
 
 class OwnershipBook:
     """Ownership leases of all jobs as last seen, and the decisions they imply."""
 
-    def __init__(self, me: str, lease_s: float) -> None:
+    def __init__(self, me: str, lease_s: float, incarnation: str = "") -> None:
         if not lease_s > 0:
             raise ValueError(f"the ownership lease must be > 0 s, got {lease_s}")
         self.me = me
+        self.incarnation = incarnation
+        """This process's incarnation, in every lease it writes (set before it writes any)."""
         self.lease_s = lease_s
         self.fence_s = lease_s / 3
         self.leases: dict[str, Lease] = {}
         """Job hash -> its lease (revision: the key's revision in the bucket)."""
+        self.gone: frozenset[str] = frozenset()
+        """Earlier incarnations of this replica proven gone: their leases are taken at once."""
+
+    def proven_gone(self, incarnations: frozenset[str] | set[str] | list[str]) -> None:
+        """These earlier incarnations of this replica are proven gone (never this one)."""
+        self.gone = self.gone | (frozenset(incarnations) - {self.incarnation})
+
+    def is_mine(self, lease: Lease) -> bool:
+        """Whether the lease was written by this process (this name and this incarnation)."""
+        return lease.owner == self.me and lease.incarnation == self.incarnation
+
+    def predecessor(self, lease: Lease) -> bool:
+        """Whether the lease is an earlier incarnation's of this replica, proven gone."""
+        return (lease.owner == self.me and lease.incarnation != self.incarnation
+                and lease.incarnation in self.gone)
 
     # ------------------------------------------------------------------ what the bucket says
     def observe(self, job_hash: str, raw: bytes, revision: int) -> Lease | None:
@@ -66,7 +94,7 @@ class OwnershipBook:
     def owns(self, job_hash: str, now: float) -> bool:
         """Whether this replica may act on the job now (fenced before the lease ends)."""
         lease = self.leases.get(job_hash)
-        return lease is not None and lease.owner == self.me and now < lease.until - self.fence_s
+        return lease is not None and self.is_mine(lease) and now < lease.until - self.fence_s
 
     def owner(self, job_hash: str, now: float) -> str | None:
         """The replica holding a live lease on the job, if any."""
@@ -80,33 +108,40 @@ class OwnershipBook:
             lease = self.leases.get(h)
             if lease is None:
                 out.append((h, 0))
-            elif now >= lease.until:
+            elif now >= lease.until or self.predecessor(lease):
                 out.append((h, lease.revision))
         return out
 
     def renewals(self) -> list[tuple[str, Lease]]:
-        """This replica's leases, to renew (all of them, every `lease_s / 3`)."""
-        return [(h, lease) for h, lease in self.leases.items() if lease.owner == self.me]
+        """This process's leases, to renew (all of them, every `lease_s / 3`)."""
+        return [(h, lease) for h, lease in self.leases.items() if self.is_mine(lease)]
 
-    def mine(self) -> list[str]:
-        """Hashes of the jobs whose lease this replica holds (fenced or not).
+    def mine(self, now: float) -> list[str]:
+        """Hashes of the jobs this replica drives at `now`: its lease is live and unfenced.
+
+        A lease this process still holds in the bucket but past `until - fence_s` on this
+        replica's clock is not counted (another replica may take it once `until` is past: a
+        replica cut off from NATS would otherwise go on counting a job another one drives).
 
         Safe from another thread (`/healthz` and `/metrics` call it on the status server's):
         the leases are copied in one C call, which the event loop cannot interleave, before
         any Python code runs per lease.
         """
-        return [h for h, lease in list(self.leases.items()) if lease.owner == self.me]
+        return [h for h, lease in list(self.leases.items())
+                if self.is_mine(lease) and now < lease.until - self.fence_s]
 
     def value(self, job_id: str, now: float, release: bool = False) -> bytes:
         """The value this replica writes to take or renew a job's lease (or give it up)."""
         until = 0.0 if release else now + self.lease_s
-        return json.dumps({"v": 1, "owner": self.me, "until": until, "job_id": job_id}).encode()
+        return json.dumps({"v": 1, "owner": self.me, "inc": self.incarnation, "until": until,
+                           "job_id": job_id}).encode()
 
 
 def decode_lease(raw: bytes, revision: int) -> Lease | None:
     """A lease from its bucket value, or None if unreadable."""
     try:
         data: Any = json.loads(raw)
-        return Lease(str(data["owner"]), float(data["until"]), int(revision), str(data["job_id"]))
+        return Lease(str(data["owner"]), float(data["until"]), int(revision), str(data["job_id"]),
+                     str(data.get("inc", "")))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None

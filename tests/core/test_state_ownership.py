@@ -182,7 +182,7 @@ def test_mine_reads_a_copy_of_the_leases_the_loop_may_change_meanwhile() -> None
     book = OwnershipBook("a", 9.0)
 
     class Meddling:
-        revision, until, job_id = 1, 1e9, "j"
+        revision, until, job_id, incarnation = 1, 1e9, "j", ""
 
         @property
         def owner(self) -> str:
@@ -191,4 +191,4 @@ def test_mine_reads_a_copy_of_the_leases_the_loop_may_change_meanwhile() -> None
 
     book.leases["h1"] = Meddling()  # type: ignore[assignment]
     book.leases["h2"] = Lease("a", 1e9, 2, "j2")
-    assert book.mine() == ["h1", "h2"]
+    assert book.mine(0.0) == ["h1", "h2"]
