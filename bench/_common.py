@@ -4,7 +4,8 @@
 * `pct(sorted_values, q)`: the nearest-rank quantile; `SHM_ROOT`: where temporary state goes
   (in memory where the machine has /dev/shm: a simulated GPU's state file, as its registers).
 * `Replicas`: coordinator replicas as real `zeus-coordinator run` processes (each its own
-  interpreter, GIL and CPU share, as deployed), with their `/healthz`, CPU time and logs.
+  interpreter, GIL and CPU share, as deployed), with their `/healthz`, CPU time and logs;
+  they die with the benchmark, SIGKILL included (`zeus_agent.children.popen`).
 * `spread()`: median, min and max of repeated runs.
 """
 
@@ -25,6 +26,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from zeus_agent import children
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,8 +109,8 @@ class Replicas:
                 "--dump-dir", str(self.root / name / "dump"), "--status-port", str(port),
                 "--log-level", "WARNING", *self.args]
         log = (self.root / f"{name}.log").open("ab")
-        self.procs[name] = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = children.popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
     def start_all(self) -> None:

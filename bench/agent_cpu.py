@@ -34,6 +34,7 @@ from pathlib import Path
 
 from _common import machine, now
 
+from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats
 
 BUDGET_PCT = 2.0
@@ -155,7 +156,7 @@ def main() -> None:
     bound: dict[str, object] | None = None
     with EmbeddedNats() as server, tempfile.TemporaryDirectory() as tmp:
         sock = f"{tmp}/agent.sock"
-        proc = subprocess.Popen(
+        proc = children.popen(
             [str(agent_bin), "run", "--nats-url", server.url, "--backend", "sim",
              "--sim-count", str(args.gpus), "--sample-hz", str(args.hz),
              "--sim-state-dir", f"{tmp}/sim", "--socket-path", sock,
@@ -172,7 +173,7 @@ def main() -> None:
             idle = measure(proc.pid, port, args.seconds)
             if args.bound:
                 for gpu in range(args.gpus):
-                    trainers.append(subprocess.Popen(
+                    trainers.append(children.popen(
                         [sys.executable, "-c", TRAINER, sock, str(gpu)],
                         stdout=subprocess.PIPE, text=True))  # fmt: skip
                 for t in trainers:
@@ -221,4 +222,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()

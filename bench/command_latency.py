@@ -30,6 +30,7 @@ from pathlib import Path
 
 from _common import SHM_ROOT, machine, now, pct
 
+from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, Reply, SetPowerLimitCmd
@@ -46,7 +47,7 @@ async def run(requests: int, warmup: int, timing: str = "h200",
     async with EmbeddedNats() as server:
         nc = await connect(server.url, "bench-client")
         hello = await nc.subscribe(subjects.agent_hello(NODE))
-        agent = await asyncio.create_subprocess_exec(
+        agent = await children.create_subprocess_exec(
             sys.executable, "-m", "zeus_agent.cli", "run", "--nats-url", server.url,
             "--backend", "sim", "--node", NODE, "--sim-state-dir", str(tmp / "sim"),
             "--socket-path", str(tmp / "agent.sock"), "--log-level", "WARNING",
@@ -114,4 +115,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()

@@ -64,6 +64,7 @@ import msgpack
 from _common import Replicas, cpu_seconds, load, machine, now, spread
 
 from coordinator.state import records
+from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, subjects
@@ -575,4 +576,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from _common import machine, now
 
-from zeus_agent import emit
+from zeus_agent import children, emit
 from zeus_agent.wire.trainer import Kind, encode_event
 
 RECEIVER = """
@@ -114,7 +114,7 @@ def main() -> None:
     path = args.socket
     if path is None:
         path = os.path.join(tmp, "agent.sock")
-        receiver = subprocess.Popen(
+        receiver = children.popen(
             [sys.executable, "-c", RECEIVER, path], stdout=subprocess.PIPE, text=True
         )
         assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
@@ -188,4 +188,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()

@@ -84,6 +84,7 @@ from _common import SHM_ROOT, machine, now, pct
 from wake_floor import WAIT
 from wake_floor import measure as measure_floor
 
+from zeus_agent import children
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.sim import SimGPU
@@ -203,11 +204,11 @@ def permitted(method: str) -> bool:
 def contenders(count: int, nice: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     """`count` CPU-bound Python processes at nice `nice`, killed on exit."""
     procs = [
-        subprocess.Popen(
+        children.popen(
             [sys.executable, "-c", SPINNER],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            preexec_fn=_child_priority(nice),  # noqa: PLW1509 - a nice value, nothing else
+            preexec_fn=_child_priority(nice),
         )
         for _ in range(count)
     ]
@@ -355,7 +356,7 @@ class Bench:
         )
         assert codec.decode(msg.data, Reply).ok
         self.gpu.applied = []
-        proc = await asyncio.create_subprocess_exec(
+        proc = await children.create_subprocess_exec(
             sys.executable, "-c", TRAINER, self.agent.settings.socket_path, mode,
             str(self.steps), str(self.gap_us * 1000), json.dumps([n for n, _ in PLAN]),
             stdout=asyncio.subprocess.PIPE, preexec_fn=_child_priority(nice),
@@ -682,4 +683,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()

@@ -56,6 +56,7 @@ if _root not in sys.path:
 
 from _common import machine, now  # noqa: E402
 
+from zeus_agent import children  # noqa: E402
 from zeus_demo.pipeline import (  # noqa: E402
     JobContext,
     JobRun,
@@ -376,4 +377,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        code = main()
+    raise SystemExit(code)

@@ -407,7 +407,8 @@ def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterato
     `guard_log`: where a pynvml guard in the agent writes the calls it refused (the
     `NVML_GUARD_LOG` the script was given, else a file of its own). The process and its
     nats-server are stopped on the way out, whatever ends the block (an error, SIGTERM)."""
-    from zeus_agent.broker import EmbeddedNats, die_with_parent
+    from zeus_agent import children
+    from zeus_agent.broker import EmbeddedNats
 
     sock = tmp / "agent.sock"
     log = tmp / "agent.log"
@@ -423,9 +424,8 @@ def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterato
                 "--backend", "nvml", "--gpus", str(index), "--nats-url", nats.url,
                 "--socket-path", str(sock), "--node", "real-gpu-check",
                 "--log-level", "WARNING"]
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=die_with_parent)  # noqa: PLW1509
+        proc = children.popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                              stdout=out, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 60
             while not sock.exists():

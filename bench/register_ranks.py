@@ -60,6 +60,7 @@ from typing import Any
 import msgpack
 from _common import Replicas, cpu_seconds, load, machine, now, spread
 
+from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, subjects
@@ -266,9 +267,9 @@ def spy_summary(path: Path, top: int) -> str:
 
 def start_spies(py_spy: str, reps: Replicas, profile_dir: Path) -> list[subprocess.Popen[bytes]]:
     """py-spy sampling every replica (raw collapsed stacks, 250 Hz, not pausing it)."""
-    return [subprocess.Popen([py_spy, "record", "-p", str(reps.pid(n)), "-f", "raw", "-r", "250",
-                              "--nonblocking", "-o", str(profile_dir / f"{n}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return [children.popen([py_spy, "record", "-p", str(reps.pid(n)), "-f", "raw", "-r", "250",
+                            "--nonblocking", "-o", str(profile_dir / f"{n}.txt")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for n in reps.names]
 
 
@@ -465,4 +466,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()

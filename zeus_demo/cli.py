@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.logging import RichHandler
 
+from zeus_agent.children import sigterm_as_sigint
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 from zeus_demo.compare import compare
 from zeus_demo.config import (
@@ -176,7 +177,17 @@ def _configure_logging(level: str, console: Console) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; return the exit code (0 done, 1 failed, 2 bad options, 3 no startup)."""
+    """Run the demo; return the exit code (0 done, 1 failed, 2 bad options, 3 no startup).
+
+    SIGTERM (systemd, `docker stop`) stops it as Ctrl-C does: the services and the embedded
+    NATS are stopped, exit code 130. Whatever it started dies with it even when it cannot stop
+    them (SIGKILL: `zeus_agent.children`).
+    """
+    with sigterm_as_sigint():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     console = Console()
     err = Console(stderr=True)
     try:

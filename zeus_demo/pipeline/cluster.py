@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_agent.aio import wait_started
+from zeus_agent.children import die_with_parent
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobStatus
 from zeus_demo.pipeline.config import PipelineDemoConfig, PipelineDemoError
@@ -326,9 +327,11 @@ class PipelineCluster:
         if command is not None:
             argv = [*command, "straggler", job_id, "--pipeline", str(pipeline), *what,
                     "--nats-url", self.url, "--prefix", self.prefix]
+            # Forked from the worker thread, which waits in `run` as long as the child lives:
+            # the child dies with it, and so with this process.
             proc = await asyncio.to_thread(
                 subprocess.run, argv, capture_output=True, text=True, timeout=60,
-                stdin=subprocess.DEVNULL)
+                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
             text = (proc.stdout + proc.stderr).strip()
             if proc.returncode == 0:
                 return text
