@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from zeus_agent.integrations.monitor import Measurement, ZeusMonitor
 from zeus_agent.integrations.perseus import PerseusOptimizer, PipelineFrequencyOptimizer
 from zeus_agent.integrations.power_limit import GlobalPowerLimitOptimizer, power_limit_options
+from zeus_agent.integrations.profiling import ProfilingResult, ZeusProfilingService
 
 if TYPE_CHECKING:
     from zeus_agent.integrations.huggingface import HFGlobalPowerLimitOptimizer
@@ -29,7 +30,9 @@ __all__ = [
     "Measurement",
     "PerseusOptimizer",
     "PipelineFrequencyOptimizer",
+    "ProfilingResult",
     "ZeusMonitor",
+    "ZeusProfilingService",
     "power_limit_options",
 ]
 
