@@ -87,9 +87,55 @@ CASES: list[tuple[str, list[tuple[Any, ...]], int, list[tuple[Any, ...]]]] = [
     ),
     (
         "begin while one is open, window 0: reported at once; the late end is late",
+        [("sb", 0, 0, 1), ("se", 0, 0, 2), ("sb", 1, 0, 3), ("sb", 2, 0, 6), ("se", 1, 0, 5),
+         ("se", 2, 0, 9)],
+        0,
+        [("I", "step", 0, 0, 1, 2), ("G", "step", NE), ("G", "step", LATE),
+         ("I", "step", 0, 2, 6, 9)],
+    ),
+    (
+        "window 0, no step end seen yet: the next begin closes the step; its late end is late",
         [("sb", 0, 0, 1), ("sb", 1, 0, 6), ("se", 0, 0, 5), ("se", 1, 0, 9)],
         0,
-        [("G", "step", NE), ("G", "step", LATE), ("I", "step", 0, 1, 6, 9)],
+        [("I", "step", 0, 0, 1, 6), ("G", "step", LATE), ("I", "step", 0, 1, 6, 9)],
+    ),
+    (
+        "Zeus's callbacks: steps delimited by their begins, epochs by their ends; no gap",
+        [("sb", 0, 0, 1), ("sb", 1, 0, 5), ("sb", 2, 0, 9), ("ee", 0, 12), ("sb", 3, 1, 14),
+         ("sb", 4, 1, 18), ("ee", 1, 20), ("sb", 5, 2, 22), ("sb", 6, 2, 26), ("ee", 2, 30),
+         ("ee", 3, 40)],
+        1,
+        [("I", "step", 0, 0, 1, 5), ("I", "step", 0, 1, 5, 9), ("I", "step", 0, 2, 9, 12),
+         ("I", "step", 1, 3, 14, 18), ("I", "step", 1, 4, 18, 20), ("I", "step", 2, 5, 22, 26),
+         ("I", "step", 2, 6, 26, 30), ("I", "epoch", 1, 12, 20)],
+    ),
+    (
+        "steps delimited by their begins, step counters restarting per epoch",
+        [("sb", 0, 0, 1), ("sb", 1, 0, 5), ("ee", 0, 8), ("sb", 0, 1, 10), ("sb", 1, 1, 14),
+         ("sb", 2, 1, 18)],
+        1,
+        [("I", "step", 0, 0, 1, 5), ("I", "step", 0, 1, 5, 8), ("I", "step", 1, 0, 10, 14)],
+    ),
+    (
+        "steps delimited by their begins: a lost begin is a jump; the step before it is dropped",
+        [("sb", 0, 0, 1), ("sb", 1, 0, 5), ("sb", 3, 0, 9), ("sb", 4, 0, 13), ("sb", 5, 0, 17)],
+        1,
+        [("G", "step", J), ("I", "step", 0, 0, 1, 5), ("I", "step", 0, 3, 9, 13)],
+    ),
+    (
+        "a rank that ends its steps and skipped one end is reported",
+        [("sb", 0, 0, 1), ("se", 0, 0, 2), ("sb", 1, 0, 3), ("sb", 2, 0, 5), ("se", 2, 0, 6),
+         ("sb", 3, 0, 7)],
+        1,
+        [("I", "step", 0, 0, 1, 2), ("I", "step", 0, 2, 5, 6), ("G", "step", NE)],
+    ),
+    (
+        "a rank that begins its epochs and lost one begin is reported",
+        [("eb", 0, 0), ("ee", 0, 1), ("ee", 1, 2), ("eb", 2, 3), ("ee", 2, 4), ("eb", 3, 5),
+         ("ee", 3, 6)],
+        1,
+        [("I", "epoch", 0, 0, 1), ("I", "epoch", 2, 3, 4), ("G", "epoch", NB),
+         ("I", "epoch", 3, 5, 6)],
     ),
     (
         "lost end, window 1: given up when two newer steps were seen",
@@ -209,7 +255,7 @@ def test_rank_meter(
 
 
 def test_gap_messages_name_counters_and_times() -> None:
-    out = drive([("sb", 0, 0, 1), ("sb", 1, 0, 6), ("sb", 2, 0, 7)], window=1)
+    out = drive([("sb", 0, 0, 1), ("sb", 1, 0, 6), ("se", 1, 0, 6), ("sb", 2, 0, 7)], window=1)
     gaps = [r for r in out if isinstance(r, Gap)]
     assert len(gaps) == 1
     assert gaps[0].message == (
@@ -244,6 +290,20 @@ def test_pending_state_stays_bounded() -> None:
         m.step_begin(s, 0, s)
     assert len(m._steps.open) <= 3
     assert len(m._steps.retired) <= 256
+    assert len(m._step_begins) <= 256
+    for e in range(1000):  # epochs delimited by their ends
+        m.epoch_end(e, 1000 + e)
+    assert len(m._epochs.early) <= 3
+    assert len(m._epoch_ends) <= 256
+
+
+def test_learning_that_a_rank_ends_its_steps() -> None:
+    m = RankMeter()
+    assert m.steps_end_at_next_begin
+    m.step_begin(0, 0, 1)
+    assert m.steps_end_at_next_begin
+    m.step_end(0, 0, 2)
+    assert not m.steps_end_at_next_begin
 
 
 # ---------------------------------------------------------------------------- WindowStack

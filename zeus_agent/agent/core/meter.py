@@ -31,6 +31,16 @@ Invariants of `RankMeter` (everything that pairs events lives in this file):
    last 256 counters per kind are remembered; the partner of a given-up entry is "late"); an
    interval whose end time precedes its begin time, or an instruction whose end name differs from
    its begin name, is reported as a `Gap` and not returned as an `Interval`.
+6. Steps delimited by their begins only, as Zeus's callback API sends them
+   (`GlobalPowerLimitOptimizer.on_step_begin`, `HFGlobalPowerLimitOptimizer`: no step end), are
+   learnt, not reported: while a rank has never sent a step end, a step given up under rule 3 is
+   no `Gap` but closed where the next step (its counter + 1) began, or where its epoch ended
+   (its last step); when neither came, it is dropped silently (a lost begin is a counter jump).
+   Once a step was closed so, an epoch end closes the epoch's open steps at once.
+   Once the rank sends one step end, rule 3 holds again: a step end it skipped is reported.
+   Epochs delimited by their ends only (Zeus's `on_epoch_end`, no `on_epoch_begin`) likewise:
+   while a rank has never sent an epoch begin, an epoch end given up is closed from the previous
+   epoch's end (the first one is dropped), never reported.
 
 Invariants of `WindowStack`: windows close in reverse order of opening (a stack); an invalid pop
 raises before changing anything.
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -154,14 +165,36 @@ def _sentence(message: str) -> str:
 
 
 _Key = tuple[int, ...]
+_Settle = Callable[[_Key, _Mark], list[MeterRecord] | None]
+"""Decides a given-up entry (key, mark): the records instead of its `Gap`, or None to report it."""
+
+
+def _remember(memory: OrderedDict[_Key, int], key: _Key, t_ns: int) -> None:
+    """Keep the first time seen of `key`, and at most `_RETIRED_MEMORY` keys."""
+    if key not in memory:
+        memory[key] = t_ns
+        if len(memory) > _RETIRED_MEMORY:
+            memory.popitem(last=False)
 
 
 class _Pairer:
-    """Pairs begins and ends of one kind by key, with a bounded reordering window."""
+    """Pairs begins and ends of one kind by key, with a bounded reordering window.
 
-    def __init__(self, kind: IntervalKind, window: int) -> None:
+    `settle_open` and `settle_early` may decide a begin (an end) given up without its partner
+    instead of the "never ended" ("without a begin") `Gap` (rule 6).
+    """
+
+    def __init__(
+        self,
+        kind: IntervalKind,
+        window: int,
+        settle_open: _Settle | None = None,
+        settle_early: _Settle | None = None,
+    ) -> None:
         self.kind = kind
         self.window = window
+        self.settle_open = settle_open
+        self.settle_early = settle_early
         self.open: dict[_Key, _Mark] = {}  # begins waiting for their end
         self.early: dict[_Key, _Mark] = {}  # ends waiting for their begin
         self.top: list[_Key] = []  # the `window + 1` largest keys seen, ascending
@@ -214,13 +247,13 @@ class _Pairer:
     def _too_old(self, key: _Key) -> bool:
         return len(self.top) > self.window and key < self.top[0]
 
-    def _retire(self, key: _Key, closed: bool) -> None:
+    def retire(self, key: _Key, closed: bool) -> None:
         self.retired[key] = closed
         if len(self.retired) > _RETIRED_MEMORY:
             self.retired.popitem(last=False)
 
     def _close(self, key: _Key, begin: _Mark, end: _Mark) -> list[MeterRecord]:
-        self._retire(key, closed=True)
+        self.retire(key, closed=True)
         out: list[MeterRecord] = []
         if end.t_ns < begin.t_ns:
             out.append(
@@ -266,7 +299,11 @@ class _Pairer:
         out: list[MeterRecord] = []
         for k in sorted(k for k in self.open if k < floor):
             mark = self.open.pop(k)
-            self._retire(k, closed=False)
+            self.retire(k, closed=False)
+            settled = self.settle_open(k, mark) if self.settle_open is not None else None
+            if settled is not None:
+                out.extend(settled)
+                continue
             out.append(
                 Gap(
                     self.kind,
@@ -280,7 +317,11 @@ class _Pairer:
             )
         for k in sorted(k for k in self.early if k < floor):
             mark = self.early.pop(k)
-            self._retire(k, closed=False)
+            self.retire(k, closed=False)
+            settled = self.settle_early(k, mark) if self.settle_early is not None else None
+            if settled is not None:
+                out.extend(settled)
+                continue
             out.append(
                 Gap(
                     self.kind,
@@ -316,9 +357,14 @@ class RankMeter:
             raise ValueError(f"reorder_window must be an integer >= 0, got {reorder_window!r}.")
         if reorder_window < 0:
             raise ValueError(f"reorder_window must be >= 0, got {reorder_window}.")
-        self._steps = _Pairer("step", reorder_window)
-        self._epochs = _Pairer("epoch", reorder_window)
+        self._steps = _Pairer("step", reorder_window, settle_open=self._settle_step)
+        self._epochs = _Pairer("epoch", reorder_window, settle_early=self._settle_epoch)
         self._instructions = _Pairer("instruction", reorder_window)
+        self._step_ends_seen = False  # rule 6: False while steps are delimited by begins only
+        self._steps_settled = False  # rule 6: a step was closed at the next begin
+        self._epoch_begins_seen = False  # rule 6: False while epochs are delimited by ends only
+        self._step_begins: OrderedDict[_Key, int] = OrderedDict()  # (epoch, step) -> t_ns
+        self._epoch_ends: OrderedDict[_Key, int] = OrderedDict()  # (epoch,) -> t_ns
         self._newest_step: tuple[int, int] | None = None  # newest (epoch, step) seen
         self._context: tuple[int, int] | None = None  # newest (epoch, step) begun
         self._newest_epoch: int | None = None
@@ -329,6 +375,37 @@ class RankMeter:
         """`(epoch, step)` of the newest step begun (instructions belong to it), or None."""
         return self._context
 
+    @property
+    def steps_end_at_next_begin(self) -> bool:
+        """Whether this rank's steps are taken as delimited by their begins (no end seen yet)."""
+        return not self._step_ends_seen
+
+    def _settle_step(self, key: _Key, mark: _Mark) -> list[MeterRecord] | None:
+        """A step given up without its end: closed at the next begin while no end was ever seen.
+
+        The next step is counter + 1 of the same epoch; the last step of an epoch ends with it.
+        """
+        if self._step_ends_seen:
+            return None  # A rank that ends its steps skipped an end: reported.
+        self._steps_settled = True
+        epoch, step = key
+        t1_ns = self._step_begins.get((epoch, step + 1))
+        if t1_ns is None:
+            t1_ns = self._epoch_ends.get((epoch,))
+        if t1_ns is None or t1_ns < mark.t_ns:
+            return []  # Its successor was lost (a counter jump says so) or is out of order.
+        return [Interval("step", None, step, epoch, None, mark.t_ns, t1_ns)]
+
+    def _settle_epoch(self, key: _Key, mark: _Mark) -> list[MeterRecord] | None:
+        """An epoch end given up without its begin: from the previous end, while no begin seen."""
+        if self._epoch_begins_seen:
+            return None
+        (epoch,) = key
+        t0_ns = self._epoch_ends.get((epoch - 1,))
+        if t0_ns is None or t0_ns > mark.t_ns:
+            return []
+        return [Interval("epoch", None, None, epoch, None, t0_ns, mark.t_ns)]
+
     # ----------------------------------------------------------------------------- steps
 
     def step_begin(self, step: int, epoch: int, t_ns: int) -> list[MeterRecord]:
@@ -337,10 +414,12 @@ class RankMeter:
         out = self._step_counter(mark)
         if self._context is None or (epoch, step) > self._context:
             self._context = (epoch, step)
+        _remember(self._step_begins, (epoch, step), t_ns)
         return out + self._steps.begin((epoch, step), mark)
 
     def step_end(self, step: int, epoch: int, t_ns: int) -> list[MeterRecord]:
         """Record the end of `step` of `epoch` at `t_ns`."""
+        self._step_ends_seen = True
         mark = _Mark(None, epoch, step, None, t_ns)
         out = self._step_counter(mark)
         return out + self._steps.end((epoch, step), mark)
@@ -369,13 +448,23 @@ class RankMeter:
 
     def epoch_begin(self, epoch: int, t_ns: int) -> list[MeterRecord]:
         """Record the begin of `epoch` at `t_ns`."""
+        self._epoch_begins_seen = True
         mark = _Mark(None, epoch, None, None, t_ns)
         return self._epoch_counter(mark) + self._epochs.begin((epoch,), mark)
 
     def epoch_end(self, epoch: int, t_ns: int) -> list[MeterRecord]:
         """Record the end of `epoch` at `t_ns`."""
         mark = _Mark(None, epoch, None, None, t_ns)
-        return self._epoch_counter(mark) + self._epochs.end((epoch,), mark)
+        _remember(self._epoch_ends, (epoch,), t_ns)
+        out = self._epoch_counter(mark) + self._epochs.end((epoch,), mark)
+        if self._steps_settled and not self._step_ends_seen:
+            # Steps delimited by their begins (learnt): the epoch's last steps end now, not
+            # when the next epoch's steps begin (the run's last ones would never be measured).
+            for key in sorted(k for k in self._steps.open if k[0] == epoch):
+                begin = self._steps.open.pop(key)
+                self._steps.retire(key, closed=False)
+                out += self._settle_step(key, begin) or []
+        return out
 
     def _epoch_counter(self, mark: _Mark) -> list[MeterRecord]:
         assert mark.epoch is not None
