@@ -33,6 +33,7 @@ PURE_PATHS: tuple[str, ...] = (
     "zeus_agent/gpu/sim/timing.py",
     "zeus_agent/gpu/sim/timing_h200.py",
     "zeus_agent/pipeline_order.py",
+    "zeus_agent/selectors.py",
     "zeus_agent/wire",
     "coordinator/power_limit",
     "coordinator/pipeline",
