@@ -40,6 +40,9 @@ class JobDriver:
         observe_only_said: (node token, GPU) said to be observe-only (once each).
         late_renewal: When an action last renewed this replica's late lease (wall clock).
         failed: Why the job failed here (`JobFailures.fail`): it is never started again.
+        retry_at: Not started again before this time (coordinator clock): its GPUs' agents did
+            not answer (`OptimiserStarter`).
+        waiting_said: Said once that the job waits for its GPUs' agents.
     """
 
     job_id: str
@@ -56,3 +59,5 @@ class JobDriver:
     observe_only_said: set[tuple[str, int]] = field(default_factory=set)
     late_renewal: float = 0.0
     failed: str | None = None
+    retry_at: float = 0.0
+    waiting_said: bool = False

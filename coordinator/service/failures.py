@@ -143,7 +143,8 @@ class JobFailures:
                 or h in self._writing):
             return
         why = str(error)
-        self.svc.spawn(self.quarantine(key, f"record {key} cannot be loaded: {why}", None))
+        self.svc.spawn(self.quarantine(key, f"record {key} cannot be loaded: {why}",
+                                       self.svc.job_ids.get(h)))
 
     async def quarantine(self, key: str, why: str, job_id: str | None) -> None:
         """Write the quarantine note of the job `key` belongs to (once; any replica may)."""

@@ -40,6 +40,9 @@ class GpuDirectory:
         self.limits: dict[tuple[str, int], tuple[int, int]] = {}
         self.why_not: dict[tuple[str, int], str] = {}
         """(node, index) -> why the last `describe` of the GPU gave nothing."""
+        self.refused: set[tuple[str, int]] = set()
+        """GPUs whose agent answered with a refusal or an impossible description (asking
+        again gives the same): their jobs fail instead of waiting for them."""
         self._cache: dict[tuple[str, int], tuple[float, GpuDescription]] = {}
 
     def know(self, node: str, info: GpuDescription, now: float | None = None) -> None:
@@ -64,16 +67,20 @@ class GpuDirectory:
             if not reply.ok:
                 LOG.warning("agent on %s refused info: %s", subject, bounded(reply.error, 300))
                 self.why_not[key] = f"its agent refused info ({bounded(reply.error, 200)})"
+                self.refused.add(key)
                 return None
             info = codec.validate(GpuDescription, reply.result.get("gpu"))
         except PayloadError as e:  # A description out of bounds: not a GPU's.
             LOG.warning("unusable info from %s: %s", subject, e)
             self.why_not[key] = f"its agent's description was refused ({bounded(e, 300)})"
+            self.refused.add(key)
             return None
         except Exception as e:  # noqa: BLE001 - timeout, no responders
             LOG.warning("no info from %s: %s", subject, bounded(e, 300))
             self.why_not[key] = f"its agent did not answer ({type(e).__name__})"
+            self.refused.discard(key)
             return None
         self.why_not.pop(key, None)
+        self.refused.discard(key)
         self.know(node, info, now)
         return info

@@ -31,6 +31,9 @@ __all__ = ["OptimiserStarter"]
 
 LOG = logging.getLogger(__name__)
 
+RETRY_S = 30.0
+"""How long a job whose GPUs' agents did not describe them waits before it is tried again."""
+
 
 class OptimiserStarter:
     """Starts the jobs' optimisers for the service `svc`."""
@@ -44,7 +47,7 @@ class OptimiserStarter:
         driver = svc.driver(record.job_id)
         if (record.complete and driver.optimiser is None and not driver.starting
                 and driver.failed is None and not svc.failures.is_quarantined(record.job_id)
-                and svc.owns(record.job_id)):
+                and svc.clock() >= driver.retry_at and svc.owns(record.job_id)):
             driver.starting = True
             svc.spawn(self.start(record))
 
@@ -88,15 +91,22 @@ class OptimiserStarter:
         limits_of = svc.gpus.limits
         missing = [g for g in gpus if (g.node, g.gpu_index) not in limits_of]
         await asyncio.gather(*(svc.gpus.describe(g.node, g.gpu_index) for g in missing))
-        unreachable = [f"{g.node}/gpu{g.gpu_index}: "
-                       + svc.gpus.why_not.get((g.node, g.gpu_index), "no description")
-                       for g in gpus if (g.node, g.gpu_index) not in limits_of]
-        if unreachable:
-            await svc.status(record.job_id, "error",
-                             "no usable description of " + "; ".join(unreachable[:8])
-                             + (" ..." if len(unreachable) > 8 else "")
-                             + "; not optimising (restart the coordinator once their agents "
-                             "are up and describe them)")
+        unknown = [g for g in gpus if (g.node, g.gpu_index) not in limits_of]
+        if unknown:
+            what = "; ".join(f"{g.node}/gpu{g.gpu_index}: " + svc.gpus.why_not.get(
+                (g.node, g.gpu_index), "no description") for g in unknown[:8])
+            what += " ..." if len(unknown) > 8 else ""
+            if any((g.node, g.gpu_index) in svc.gpus.refused for g in unknown):
+                # Asking again gives the same answer: the job fails (once), never retried.
+                await svc.failures.fail(record.job_id, f"no usable description of {what}")
+                return None
+            driver = svc.driver(record.job_id)
+            driver.retry_at = svc.clock() + RETRY_S
+            if not driver.waiting_said:
+                driver.waiting_said = True
+                await svc.status(record.job_id, "waiting",
+                                 f"no description of {what}; not optimising until their agents "
+                                 f"answer (asked again every {RETRY_S:g} s)")
             return None
         limits = [limits_of[(g.node, g.gpu_index)] for g in gpus]
         lo = max(lim[0] for lim in limits)
@@ -104,14 +114,20 @@ class OptimiserStarter:
         measurements = record.power_limit.profile  # the trainer's own profile file, if any
         resume: list[WindowResult] | dict[str, Any] = []
         timeout = svc.settings.mark_timeout_s
+        chosen: int | None = None
         try:
             if measurements is None and recorded.get("kind") == "profile":
                 measurements = [PowerLimitMeasurement(**m) for m in recorded["state"]]
+            elif recorded.get("kind") == "chosen":  # a user's selector chose before a takeover
+                state = recorded["state"]
+                measurements = [PowerLimitMeasurement(**m) for m in state["measurements"]]
+                chosen = int(state["power_limit"])
             elif recorded.get("kind") == "windows":  # measured before a takeover
                 resume = recorded["state"]
             try:
                 return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                     measurements, resume=resume, mark_timeout_s=timeout)
+                                     measurements, resume=resume, mark_timeout_s=timeout,
+                                     chosen=chosen)
             except (PowerLimitError, ValueError, TypeError, KeyError) as e:
                 if not resume:
                     raise
@@ -120,8 +136,8 @@ class OptimiserStarter:
                 return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
                                      measurements, mark_timeout_s=timeout)
         except (PowerLimitError, ValueError, OSError, TypeError, KeyError) as e:
-            await svc.status(record.job_id, "error",
-                             f"power-limit optimiser refused to start: {e}")
+            await svc.failures.fail(record.job_id, f"the power-limit optimiser refused to "
+                                    f"start: {e}")
             return None
 
     async def _pipeline(self, record: JobRecord, recorded: dict[str, Any]) -> PipelineJob | None:
@@ -156,7 +172,7 @@ class OptimiserStarter:
                                  f"cannot resume the recorded progress ({e}); starting over")
                 return build(None)
         except (SchedulerError, ValueError) as e:
-            await svc.status(record.job_id, "error", f"pipeline optimiser refused to start: {e}")
+            await svc.failures.fail(record.job_id, f"the pipeline optimiser refused to start: {e}")
             return None
 
     async def _adopt(self, record: JobRecord, driver: JobDriver, job: JobOptimizer) -> None:

@@ -414,8 +414,8 @@ class JetStreamState:
         """Every quarantine note now, by job key token."""
         from nats.js.errors import NoKeysError
 
-        try:
-            keys = await self.kv.keys(filters=["v.quar.>"])
+        try:  # (nats-py's `keys(filters=...)` matches substrings, not subjects: filter here.)
+            keys = [k for k in await self.kv.keys() if k.startswith("v.quar.")]
         except NoKeysError:
             return {}
         notes = {}

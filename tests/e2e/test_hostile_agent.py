@@ -25,9 +25,8 @@ their passwords from its `--env-file`, given to the server's environment), two
     quarantine the job; `zeus-coordinator quarantine list` shows its key and reason, `drop`
     removes it, `list` then says no job is quarantined.
 
-What the product still gets wrong is collected and raised last, as `KnownBugError`, after
-every other check has passed; the test is `xfail(raises=KnownBugError, strict=True)` until it
-is fixed (any other failure fails the test; a fix makes it XPASS, which fails: drop the marker).
+What the product still gets wrong (a job retried in a loop) is collected and raised last, as
+`KnownBugError`, after every other check has run.
 
 Every subprocess runs the code of the tree this file lives in (`python -m` with its root on
 PYTHONPATH and as working directory), so the file can be run from a worktree of an older commit.
@@ -326,17 +325,6 @@ async def read_note(kv: Any, job_hash: str, timeout_s: float) -> dict[str, Any] 
         await asyncio.sleep(0.1)
 
 
-@pytest.mark.xfail(
-    raises=KnownBugError, strict=True,
-    reason="product bugs found by this test (only a KnownBugError, raised after every other "
-    "check passed, is expected; any other failure fails; once both are fixed this XPASSes, "
-    "strict: remove the marker): (1) OptimiserStarter._power_limit answers a "
-    "PowerLimitRangeError with status 'error' and returns None without failing or "
-    "quarantining the job, so Replicas.ownership calls maybe_start again every "
-    "OWNERSHIP_POLL_S (0.5 s): an 'error' status every half second, for ever; (2) "
-    "JetStreamState.list_quarantine calls kv.keys(filters=['v.quar.>']), but nats-py 2.16 "
-    "filters keys by substring, so `zeus-coordinator quarantine list` never shows a job",
-)  # fmt: skip
 async def test_one_hostile_agent_cannot_stop_or_crash_loop_the_replicas() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zeus-hostile-agent-", dir="/tmp"))
     cluster = Cluster(tmp)

@@ -388,8 +388,9 @@ async def test_bad_profile_is_an_error_status_not_a_crash(coord, nc):
     job_id = await register_job(nc, dp=1, power_limit=PowerLimitOptions(
         profile=measurements([(400, 1000.0, 10.0), (300, 900.0, 11.0)])))
     assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, 0))).ok
-    await wait_for(lambda: any(s.job_id == job_id and s.state == "error" for s in statuses))
-    error = [s for s in statuses if s.job_id == job_id and s.state == "error"][0]
+    # The job fails once (quarantined: never retried), the replica serves on.
+    await wait_for(lambda: any(s.job_id == job_id and s.state == "failed" for s in statuses))
+    error = [s for s in statuses if s.job_id == job_id and s.state == "failed"][0]
     assert words in error.message
     assert (await gpu_info(nc, 0))["gpu"]["power_limit_w"] == 300  # Nothing was applied.
     assert (await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))).ok
