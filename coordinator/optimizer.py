@@ -35,6 +35,7 @@ from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
 __all__ = [
     "Action",
     "ApplyPowerLimit",
+    "AskSelector",
     "ClearSchedules",
     "InstallSchedules",
     "JobOptimizer",
@@ -97,6 +98,23 @@ class SaveProfile:
 
     measurements: tuple[PowerLimitMeasurement, ...]
     optimal_power_limit: int
+    chosen_by_trainer: bool = False
+    """The limit came from the user's own selector (or its fallback): recorded with the
+    profile, so a replica taking the job over pins it without asking again."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskSelector:
+    """Ask the process of `rank` to run the user's optimum selector on `measurements`.
+
+    Carried by the agent of the rank's GPU; the answer comes back as a `selection` event
+    numbered `request`. The shell reports a rank it cannot reach through
+    `JobOptimizer.selector_unreachable`.
+    """
+
+    rank: int
+    request: int
+    measurements: tuple[PowerLimitMeasurement, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +161,7 @@ class StatusUpdate:
 
 Action = (
     ApplyPowerLimit | InstallSchedules | ClearSchedules | SaveProfile | SaveProgress | KeepFile
-    | WriteFile | StatusUpdate
+    | WriteFile | StatusUpdate | AskSelector
 )
 
 
@@ -226,6 +244,10 @@ class JobOptimizer(Protocol):
         A late batch may pass windows whose commands would come too late: the optimiser sends
         only what the batch's last event needs.
         """
+        ...
+
+    def selector_unreachable(self, request: int, why: str) -> list[Action]:
+        """The process asked by `AskSelector` `request` cannot be reached (its agent said why)."""
         ...
 
     def on_mark(self, rank: int, mark: Mark) -> list[Action]:

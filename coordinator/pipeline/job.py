@@ -263,6 +263,10 @@ class PipelineJob(StragglerHandling):
         """Trainer events pace nothing here (`on_event`)."""
         return []
 
+    def selector_unreachable(self, request: int, why: str) -> list[Action]:
+        """A pipeline job asks no selector."""
+        return []
+
     def on_mark(self, rank: int, mark: Mark) -> list[Action]:
         """Marks are for power-limit windows."""
         return []

@@ -76,6 +76,7 @@ from coordinator.power_limit.selectors import (
     Time,
     ZeusCost,
 )
+from coordinator.power_limit.trainer_choice import DeferredSelector, TrainerChoice
 from coordinator.power_limit.window_join import (
     MAX_LATE_STEPS,
     RESTART_RUN,
@@ -92,7 +93,9 @@ DEFAULT_MARK_TIMEOUT_S = 10.0
 
 
 def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelector:
-    """The optimum selector the options name."""
+    """The optimum selector the options name (a stand-in for a user's own: `TrainerChoice`)."""
+    if options.selector == "Custom":
+        return DeferredSelector()
     if options.selector == "Energy":
         return Energy()
     if options.selector == "Time":
@@ -117,6 +120,7 @@ class PowerLimitJob:
             the job's previous owner.
         mark_timeout_s: How long a closed window waits for marks that nothing proved lost
             before it is redone.
+        chosen: With a user's own selector ("Custom"): the limit it chose before a takeover.
 
     Raises:
         ValueError, TypeError, KeyError: `resume` is not readable.
@@ -135,6 +139,7 @@ class PowerLimitJob:
         measurements: list[PowerLimitMeasurement] | None = None,
         resume: Sequence[WindowResult] | dict[str, Any] = (),
         mark_timeout_s: float = DEFAULT_MARK_TIMEOUT_S,
+        chosen: int | None = None,
     ) -> None:
         self.job_id = job_id
         self.options = options
@@ -164,6 +169,9 @@ class PowerLimitJob:
         self._resend = False  # This input sends the limit again (a command did not land).
         self.gave_up: str | None = None
         """Why the optimiser gave up (the GPUs are back at the maximum limit), or None."""
+        self.choice = (TrainerChoice.of(options, self.ranks[0], world_size, chosen)
+                       if options.selector == "Custom" else None)
+        """Where a user's own selector's choice stands (None: a built-in selector)."""
 
     @property
     def mark_timeout_s(self) -> float:
@@ -173,7 +181,18 @@ class PowerLimitJob:
     @property
     def done(self) -> bool:
         """Whether the optimal limit is known (or the optimiser gave up)."""
+        return self.profiled and (self.choice is None or self.choice.chosen is not None
+                                  or self.gave_up is not None)
+
+    @property
+    def profiled(self) -> bool:
+        """Whether profiling is over (a user's own selector may still be choosing)."""
         return isinstance(self.machine.state, Done) or self.gave_up is not None
+
+    @property
+    def optimal_power_limit(self) -> int | None:
+        """The chosen limit (W), None until known (while rank 0 chooses, too)."""
+        return self.machine.optimal_power_limit if self.done and self.gave_up is None else None
 
     @property
     def desired_power_limit(self) -> int | None:
@@ -185,6 +204,8 @@ class PowerLimitJob:
     def start(self) -> list[Action]:
         """Start the machine (when every rank is registered)."""
         actions = self._translate(self.machine.start(), step=None)
+        if self.choice is not None and self.profiled:
+            return actions + self._choose_again()
         limit = self.machine.optimal_power_limit
         resumed = len(self.machine.window_results)
         if self.done and self._saved:
@@ -263,7 +284,9 @@ class PowerLimitJob:
         """
         if now_s is not None:
             self._now_s = now_s
-        if rank != self.ranks[0] or self.done:
+        if event.kind == "selection":
+            return self._on_selection(rank, event)
+        if rank != self.ranks[0] or self.profiled:
             return []
         if event.kind == "epoch_end":
             if event.epoch <= self._ended_epoch:
@@ -304,7 +327,7 @@ class PowerLimitJob:
         if last is not None and last[0] == event.epoch:
             first = max(last[1] + 1, event.step - MAX_REPLAYED_STEPS)
         for step in range(first, event.step + 1):
-            if self.done:
+            if self.profiled:
                 break
             self.last_step = (event.epoch, step)
             actions += self._step(self.last_step, live=step == event.step)
@@ -312,7 +335,10 @@ class PowerLimitJob:
 
     def _tick(self, now_s: float) -> list[Action]:
         self._now_s = now_s
-        if self.done:
+        if self.choice is not None and self.choice.overdue(now_s):
+            return self._settle(None, f"rank {self.choice.rank}'s process did not answer within "
+                                f"{self.choice.timeout_s:g} s")
+        if self.profiled:
             return []
         actions: list[Action] = []
         for w in self._join.overdue(now_s):
@@ -377,8 +403,8 @@ class PowerLimitJob:
     def snapshot(self) -> JobSnapshot:
         """Its phase, limits and the saving its profile measured (for dashboards)."""
         machine = self.machine
-        phase = "gave_up" if self.gave_up is not None else type(machine.state).__name__.lower()
-        optimal = machine.optimal_power_limit
+        phase = "gave_up" if self.gave_up is not None else self._phase().lower()
+        optimal = self.optimal_power_limit
         measurements = list(machine.measurements)
         saving = slowdown = None
         if optimal is not None and measurements:
@@ -401,17 +427,22 @@ class PowerLimitJob:
 
     def progress(self) -> dict[str, Any]:
         """A snapshot for status events and queries."""
-        state = self.machine.state
         return {
-            "phase": type(state).__name__,
+            "phase": self._phase(),
             "power_limit_w": self.machine.current_power_limit,
             "measured": len(self.machine.measurements),
             "candidates": len(self.machine.power_limits),
-            "optimal_power_limit_w": self.machine.optimal_power_limit,
+            "optimal_power_limit_w": self.optimal_power_limit,
             "measurements": [m.model_dump() for m in self.machine.measurements],
             "redone": {str(k): v for k, v in self.machine.redos().items()},
             "gave_up": self.gave_up,
         }
+
+    def _phase(self) -> str:
+        """The machine's state, or "Selecting" while a user's own selector chooses."""
+        if self.choice is not None and self.choice.waiting:
+            return "Selecting"
+        return type(self.machine.state).__name__
 
     # ------------------------------------------------------------------ internals
     def _step(self, key: StepKey, live: bool) -> list[Action]:
@@ -441,7 +472,7 @@ class PowerLimitJob:
             except PowerLimitError as e:
                 return actions + self._give_up(_why(e))
             actions += self._translate(effects, step=key)
-        if self.done or (waiting and not self._waiting()):
+        if self.profiled or (waiting and not self._waiting()):
             return actions
         return actions + self._translate(self.machine.on_step_begin(), step=key)
 
@@ -555,7 +586,7 @@ class PowerLimitJob:
                     ))
                 else:
                     self._join.close(effect.name, step, self._now_s)
-        if effects or (self.done and not self._saved):
+        if effects or (self.profiled and not self._saved):
             # Also when the machine finished with no effect (a limit left out, the optimum
             # already set): the profile is saved and the job says it is done.
             actions += self._complete_windows()
@@ -621,7 +652,12 @@ class PowerLimitJob:
                 self.progress(),
             ))
             actions += self._translate(effects, step=self.last_step)
-        if self.done and not self._saved and self.gave_up is None:
+        if self.profiled and not self._saved and self.gave_up is None:
+            if self.choice is not None:
+                if self.choice.asked is None:
+                    actions += self.choice.ask(self.machine.measurements, self._now_s,
+                                               self.progress())
+                return actions
             self._saved = True
             optimal = self.machine.optimal_power_limit
             assert optimal is not None
@@ -629,6 +665,52 @@ class PowerLimitJob:
             actions.append(StatusUpdate("done", f"optimal power limit {optimal} W pinned",
                                         self.progress()))
         return actions
+
+    # ------------------------------------------------------------------ a user's own selector
+    def selector_unreachable(self, request: int, why: str) -> list[Action]:
+        """Rank 0's process cannot be asked (`AskSelector` `request`): the fallback chooses."""
+        if self.choice is None or not self.choice.answers(self.choice.rank, request):
+            return []
+        return self._input(lambda: self._settle(None, why))
+
+    def _choose_again(self) -> list[Action]:
+        """At start, profiling over: pin the choice made before a takeover, or ask for it."""
+        assert self.choice is not None
+        if self.choice.chosen is None:
+            return self.choice.ask(self.machine.measurements, self._now_s, self.progress())
+        limit = self.choice.chosen
+        try:
+            effects = self.machine.choose(limit)
+        except PowerLimitError as e:  # (A record that does not match its profile.)
+            self.choice.chosen = None
+            return [StatusUpdate("selecting", f"the recorded choice cannot be pinned ({e})",
+                                 self.progress()), *self._choose_again()]
+        self._saved = True
+        return [*self._translate(effects, step=None), StatusUpdate(
+            "done", f"optimal power limit {limit} W pinned (chosen with "
+            f"{self.choice.description} before a takeover)", self.progress())]
+
+    def _on_selection(self, rank: int, event: TrainerEvent) -> list[Action]:
+        """Rank 0's answer: pin its limit, or fall back (it failed, or chose no measured one)."""
+        choice = self.choice
+        if choice is None or not choice.answers(rank, event.index):
+            return []  # (A stale answer, or one nobody asked for.)
+        if event.power_limit_w is None:
+            return self._settle(None, f"{choice.description} failed in rank {rank}'s process: "
+                                f"{event.name or 'no reason given'}")
+        return self._settle(event.power_limit_w, "")
+
+    def _settle(self, limit: int | None, why: str) -> list[Action]:
+        """Pin `limit` (chosen by rank 0), or the fallback's choice because of `why`."""
+        assert self.choice is not None
+        effects, how = self.choice.settle(self.machine, limit, why)
+        self._saved = True
+        chosen = self.machine.optimal_power_limit
+        assert chosen is not None
+        return [*self._translate(effects, step=None),
+                SaveProfile(tuple(self.machine.measurements), chosen, chosen_by_trainer=True),
+                StatusUpdate("done", f"optimal power limit {chosen} W pinned, {how}",
+                             self.progress())]
 
     def _give_up(self, why: str) -> list[Action]:
         """Stop optimising: every GPU back to the maximum limit, and say so."""

@@ -619,6 +619,24 @@ class PowerLimitStateMachine:
         """Limit (W) -> how many times its window was redone."""
         return dict(self._redos)
 
+    def choose(self, power_limit: int) -> list[Effect]:
+        """Pin a limit chosen outside the machine (a user's selector run in rank 0's process).
+
+        Only once done, and only a measured limit.
+
+        Raises:
+            InvalidTransitionError: Not done yet.
+            ProfileRangeError: `power_limit` was not measured.
+        """
+        if not isinstance(self.state, Done):
+            raise self._invalid(f"choose({power_limit})", "the profile is not complete yet")
+        measured = [m.power_limit for m in self.measurements]
+        if power_limit not in measured:
+            raise ProfileRangeError(f"{power_limit} W was not profiled (profiled: "
+                                    f"{', '.join(map(str, measured))} W)")
+        self.state = Done(optimal_power_limit=power_limit)
+        return self._set(power_limit)
+
     # Internals -----------------------------------------------------------------------------------
 
     def _invalid(self, call: str, detail: str = "") -> InvalidTransitionError:

@@ -21,6 +21,7 @@ from coordinator.jobs import JobRecord
 from coordinator.optimizer import (
     Action,
     ApplyPowerLimit,
+    AskSelector,
     ClearSchedules,
     DesiredSchedule,
     InstallSchedules,
@@ -42,6 +43,7 @@ from zeus_agent.wire.messages import (
     GpuBinding,
     InstallScheduleCmd,
     Reply,
+    SelectCmd,
     SetPowerLimitCmd,
 )
 
@@ -130,6 +132,35 @@ class ActionExecutor:
                 await asyncio.to_thread(write_file, action.path, action.content, action.what)
             elif isinstance(action, StatusUpdate):
                 await svc.status(record.job_id, action.state, action.message, action.progress)
+            elif isinstance(action, AskSelector):
+                await self.ask_selector(record, action)
+
+    async def ask_selector(self, record: JobRecord, action: AskSelector) -> None:
+        """Ask a rank's process, through its GPU's agent, to run the user's selector.
+
+        The answer comes as the rank's `selection` event; a rank that cannot be asked (its
+        trainer left, no agent answers) is told to the optimiser at once, which falls back.
+        """
+        svc = self.svc
+        rr = record.ranks.get(action.rank)
+        reply: Reply | str = f"rank {action.rank} is not registered"
+        if rr is not None:
+            cmd = SelectCmd(job_id=record.job_id, request=action.request,
+                            measurements=list(action.measurements))
+            subject = subjects.gpu_command(rr.gpu.node, rr.gpu.gpu_index, svc.settings.prefix)
+            replies = await self.command(record, f"asking rank {action.rank} to choose",
+                                         [(subject, codec.encode(CommandEnvelope(cmd=cmd)))])
+            if replies is None:
+                return  # Fenced: the job's new owner asks again.
+            reply = replies[0]
+        if isinstance(reply, Reply) and reply.ok:
+            return
+        why = (f"rank {action.rank}'s process cannot be asked ("
+               f"{reply if isinstance(reply, str) else reply.error})")
+        job = svc.optimiser(record.job_id)
+        if job is not None:
+            await self.act(record.job_id, lambda _r, _i: job.selector_unreachable(
+                action.request, why), action.rank, None)
 
     async def save_profile(self, record: JobRecord, action: SaveProfile) -> None:
         """Keep a measured profile: a file of the coordinator's, the state, the job's status."""
@@ -142,7 +173,11 @@ class ActionExecutor:
             where = f"not kept by the coordinator ({e.strerror or e})"
         measurements = [m.model_dump() for m in action.measurements]
         # A replica taking the job over serves it at once.
-        await self.svc.durable.record(record.job_id, "profile", measurements)
+        if action.chosen_by_trainer:  # The user's selector chose: a new owner pins the same.
+            await self.svc.durable.record(record.job_id, "chosen", {
+                "measurements": measurements, "power_limit": action.optimal_power_limit})
+        else:
+            await self.svc.durable.record(record.job_id, "profile", measurements)
         await self.svc.status(
             record.job_id, "profile_saved",
             f"profile measured ({where}); the trainer's drop-in writes its profile_path",

@@ -6,7 +6,7 @@ Announcements and telemetry (agent -> bus):
 Commands to one GPU (request/reply on `gpu_command`), a union discriminated by `op`:
     `InfoCmd`, `SetPowerLimitCmd`, `ResetPowerLimitCmd`, `LockClocksCmd`, `ResetClocksCmd`,
     `InstallScheduleCmd`, `ClearScheduleCmd`, `BindRankCmd`, `UnbindRankCmd`, `EnergyCmd`,
-    `RenewLeasesCmd`; parse with `GPU_COMMAND`. Every reply is a `Reply`.
+    `RenewLeasesCmd`, `SelectCmd`; parse with `GPU_COMMAND`. Every reply is a `Reply`.
 Coordinator requests (request/reply): `RegisterJob`, `RegisterRank`, `JobQuery`,
     `StragglerNotice`;
     `PowerLimitOptions` configures a job's power-limit optimizer.
@@ -384,6 +384,22 @@ class EnergyCmd(_Part):
     t1_ns: Nanos
 
 
+class SelectCmd(_Part):
+    """Ask the trainer bound to this GPU (a job's rank 0) to choose the optimal power limit.
+
+    The agent pushes the measurements to the trainer (`zeus_agent.wire.trainer.SelectRequest`);
+    the trainer's drop-in runs the user's own `OptimumSelector` and answers with a `selection`
+    event of the rank, which reaches the coordinator with the rank's other events. Replies at
+    once: `trainer_left` when no trainer of `job_id` is bound here.
+    """
+
+    op: Literal["select"] = "select"
+    job_id: Id
+    request: int = Field(ge=0, le=MAX_COUNTER, description="Numbers the question: the answer "
+                         "names it")
+    measurements: list[PowerLimitMeasurement] = Field(min_length=1, max_length=MAX_PROFILE_ROWS)
+
+
 class RenewLeasesCmd(_Part):
     """Renew every lease of `holder` on this GPU."""
 
@@ -403,7 +419,8 @@ GpuCommand = Annotated[
     | BindRankCmd
     | UnbindRankCmd
     | EnergyCmd
-    | RenewLeasesCmd,
+    | RenewLeasesCmd
+    | SelectCmd,
     Field(discriminator="op"),
 ]
 
@@ -461,13 +478,24 @@ class Reply(Message):
 
 
 # ---------------------------------------------------------------------------- coordinator
-SelectorName = Literal["Energy", "Time", "ZeusCost", "MaxSlowdownConstraint"]
+SelectorName = Literal["Energy", "Time", "ZeusCost", "MaxSlowdownConstraint", "Custom"]
+"""The built-in selectors, run by the coordinator; "Custom": the user's own `OptimumSelector`,
+run in rank 0's process when profiling ends (`SelectCmd`)."""
 
 
-class PowerLimitOptions(_Part):
+class PowerLimitOptions(_Part, AddedFields):
     """How the coordinator optimises a data-parallel job's power limit (Zeus's arguments)."""
 
+    ADDED: ClassVar[tuple[str, ...]] = ("custom_selector", "selector_timeout_s")
+
     selector: SelectorName = "ZeusCost"
+    custom_selector: Text = Field(
+        default="", description="With selector 'Custom': the selector as its trainer shows it "
+        "(its repr), for statuses")
+    selector_timeout_s: float = Field(
+        default=600.0, gt=0, le=MAX_LEASE_S, description="With selector 'Custom': how long "
+        "rank 0's process has to answer (it answers at its next step or epoch end); then "
+        "the built-in ZeusCost chooses")
     eta_knob: float = Field(default=0.5, ge=0.0, le=1.0)
     world_size: int | None = Field(
         default=None, ge=1, description="ZeusCost's world_size; None: the job's GPU count"
@@ -589,7 +617,10 @@ class TrainerEvent(_Part):
         "step_end",
         "instruction_begin",
         "instruction_end",
+        "selection",
     ]
+    """... or `selection`: rank 0's answer to a `SelectCmd`: `index` the request, the chosen
+    `power_limit_w` (None: the selector failed, `name` says why)."""
     t_ns: Nanos
     epoch: Counter = 0
     step: Counter = 0
