@@ -36,6 +36,16 @@ Two families describe the same samples:
   |  |  | windows spun, changes found spinning |
   | `zeus_agent_doorbell_spin_seconds_total` | counter | per GPU: CPU time its doorbell spun |
   | `zeus_agent_nats_connected` | gauge | 1 while connected to NATS |
+
+* The CPU packages' RAPL counters (`zeus_agent.agent.rapl`), labelled `cpu` (the package's
+  index, Zeus's CPU index), `domain` (`package` or `dram`) and `Hostname`:
+
+  | metric | type | unit |
+  |---|---|---|
+  | `zeus_rapl_energy_joules_total` | counter | J counted since the agent started (wraps undone) |
+  | `zeus_rapl_wraps_total` | counter | times the counter wrapped at `max_energy_range_uj` |
+  | `zeus_rapl_read_errors_total` | counter | readings of the counter that failed |
+  | `zeus_rapl_packages` | gauge | CPU packages whose counters are read (0: none, see the log) |
 """
 
 from __future__ import annotations
@@ -46,8 +56,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.agent.rapl import RaplReader
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
+RAPL_LABELS = ["cpu", "domain", "Hostname"]
 
 
 class AgentCollector(Collector):
@@ -59,11 +71,15 @@ class AgentCollector(Collector):
         gateway_counters: Callable[[], Mapping[str, int]],
         bus_counters: Callable[[], Mapping[str, int]] = dict,
         bus_connected: Callable[[], bool] | None = None,
+        rapl: RaplReader | None = None,
+        node: str = "",
     ):
         self.agents = agents
         self.gateway_counters = gateway_counters
         self.bus_counters = bus_counters
         self.bus_connected = bus_connected
+        self.rapl = rapl
+        self.node = node
 
     def collect(self) -> Iterable[Metric]:  # noqa: D102
         dcgm_power = GaugeMetricFamily(
@@ -164,6 +180,32 @@ class AgentCollector(Collector):
             yield GaugeMetricFamily(
                 "zeus_agent_nats_connected", "1 while the agent is connected to NATS",
                 value=1.0 if self.bus_connected() else 0.0)
+        if self.rapl is not None:
+            yield from self._rapl(self.rapl)
+
+    def _rapl(self, rapl: RaplReader) -> Iterable[Metric]:
+        """The RAPL counters: energy (wraps undone), wraps and failed readings per domain."""
+        energy = CounterMetricFamily(
+            "zeus_rapl_energy_joules",
+            "CPU package or DRAM energy counted from RAPL since the agent started (J)",
+            labels=RAPL_LABELS)
+        wraps = CounterMetricFamily(
+            "zeus_rapl_wraps", "Times a RAPL counter wrapped at max_energy_range_uj",
+            labels=RAPL_LABELS)
+        errors = CounterMetricFamily(
+            "zeus_rapl_read_errors", "Readings of a RAPL counter that failed", labels=RAPL_LABELS)
+        for index, package in sorted(rapl.packages.items()):
+            for domain, meter in (("package", package.cpu), ("dram", package.dram)):
+                if meter is None:
+                    continue
+                labels = [str(index), domain, self.node]
+                energy.add_metric(labels, meter.energy_j)
+                wraps.add_metric(labels, meter.counter.wraps)
+                errors.add_metric(labels, rapl.read_errors.get((index, domain), 0))
+        yield from (energy, wraps, errors)
+        yield GaugeMetricFamily(
+            "zeus_rapl_packages", "CPU packages whose RAPL counters are read (0: none)",
+            value=len(rapl.packages))
 
 
 def make_registry(
@@ -171,8 +213,11 @@ def make_registry(
     gateway_counters: Callable[[], Mapping[str, int]],
     bus_counters: Callable[[], Mapping[str, int]] = dict,
     bus_connected: Callable[[], bool] | None = None,
+    rapl: RaplReader | None = None,
+    node: str = "",
 ) -> CollectorRegistry:
     """A registry holding only the agent's metrics."""
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agents, gateway_counters, bus_counters, bus_connected))
+    registry.register(
+        AgentCollector(agents, gateway_counters, bus_counters, bus_connected, rapl, node))
     return registry

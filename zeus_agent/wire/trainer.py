@@ -16,7 +16,8 @@ reads each sender's pid and uid from the kernel (`SO_PASSCRED`/`SCM_CREDENTIALS`
   * `REGISTER_JOB`: a `RegisterJob` message, relayed to the coordinator
   * `REGISTER_RANK`: a `RegisterRank` message, relayed to the coordinator
   * `WINDOW`: `WindowRequest`, energy of GPUs between two stamps, answered from ring buffers
-    (at once; with `exact`, once a counter read brackets the window's end)
+    (at once; with `exact`, once a counter read brackets the window's end); with `cpus`, also
+    the CPU packages' and their DRAM's energy (RAPL)
   * `BYE`: the trainer is done; its GPUs' rank settings are released
   * `QUERY_JOB`: a `JobQuery` message, relayed to the coordinator (e.g. for the measured
     profile, which the trainer's drop-in writes to its own `profile_path`)
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,6 +85,8 @@ REQUEST_KINDS = frozenset(
 
 MAX_WINDOW_GPUS = 1024
 """Most GPUs one WINDOW request may name."""
+MAX_WINDOW_CPUS = 1024
+"""Most CPU packages one WINDOW request may name."""
 
 
 class TrainerHello(BaseModel):
@@ -111,7 +114,7 @@ class WindowRequest(AddedFields):
     """Energy of each listed GPU between two host-local monotonic stamps."""
 
     model_config = ConfigDict(extra="forbid")
-    ADDED: ClassVar[tuple[str, ...]] = ("exact",)
+    ADDED: ClassVar[tuple[str, ...]] = ("exact", "cpus")
 
     t0_ns: int
     t1_ns: int
@@ -122,6 +125,15 @@ class WindowRequest(AddedFields):
     protocol 1 shipped: sent only when True, so agents that predate it keep answering every
     other window; one that predates it refuses an exact window (bad_request), and
     `zeus_agent.emit` then asks again without it."""
+    cpus: list[Annotated[int, Field(ge=0, le=MAX_RANK)]] | Literal["all"] | None = Field(
+        default=None, max_length=MAX_WINDOW_CPUS)
+    """CPU packages (Zeus's CPU indices: RAPL's `intel-rapl:<index>`) whose energy the reply
+    adds, "all" for every package of the node, None for none. The reply then carries `cpus`
+    (the packages answered), `cpu_energy_j` and `dram_energy_j` (J each, in that order; a DRAM
+    energy is None where the package has no DRAM domain) and, when a package asked for is
+    missing (no RAPL on the node, not readable, not there), `cpu_error` saying why. Added after
+    protocol 1 shipped, like `exact`: sent only when set; an agent that predates it refuses it
+    (bad_request), and `zeus_agent.emit` then asks again without it."""
 
 
 class ScheduleNotice(BaseModel):
