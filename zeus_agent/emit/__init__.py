@@ -12,9 +12,11 @@ Pieces:
 * `Publisher`: the socket, the rank's running counters and the hot-path event methods
   (`epoch_begin`, `epoch_end`, `step_begin`, `step_end`, `instruction_begin`,
   `instruction_end`); requests with a reply (`register_job`, `hello`, `register_rank`,
-  `measure`); profiling windows (`push_window`/`pop_window`/`window`, as in Zeus 0.16); `stats()`;
-  `close()`.
+  `measure`, `measure_window`); profiling windows (`push_window`/`pop_window`/`window`, as
+  in Zeus 0.16); `stats()`; `close()`.
 * `ProfilingResult`: time (s) and per-GPU energy (J) of one window (Zeus 0.16's dataclass).
+* `WindowEnergy`: what `Publisher.measure_window` measured: per-GPU energy, and the CPU
+  packages' and their DRAM's energy (RAPL, read by the agent).
 * `PublisherStats`: counters of emitted, sent, queued and dropped events.
 * `RegistrationError`: the coordinator or agent refused a registration at `init`.
 * `init(...)`: build the default publisher, register the job (rank 0) and the rank.
@@ -55,7 +57,12 @@ from zeus_agent.emit.api import (
 )
 from zeus_agent.emit.environment import ENV_SOCKET, physical_gpu_index
 from zeus_agent.emit.publisher import Publisher
-from zeus_agent.emit.records import ProfilingResult, PublisherStats, RegistrationError
+from zeus_agent.emit.records import (
+    ProfilingResult,
+    PublisherStats,
+    RegistrationError,
+    WindowEnergy,
+)
 from zeus_agent.errors import ZeusAgentError as ZeusAgentError  # `emit.ZeusAgentError`, as before
 
 __all__ = [
@@ -64,6 +71,7 @@ __all__ = [
     "Publisher",
     "PublisherStats",
     "RegistrationError",
+    "WindowEnergy",
     "close",
     "epoch_begin",
     "epoch_end",

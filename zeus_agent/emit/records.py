@@ -78,3 +78,23 @@ class WindowHandle:
 
     name: str | None
     result: ProfilingResult | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class WindowEnergy:
+    """What the agent measured of one window (`Publisher.measure_window`).
+
+    Attributes:
+        gpu_energy: Each GPU's energy (J), in the order asked; NaN when no agent answered.
+        cpu_energy: CPU index (a RAPL package, `intel-rapl:<index>`) -> its energy (J); None
+            when CPU energy was not asked for or none could be measured (Zeus 0.16's
+            `Measurement.cpu_energy`).
+        dram_energy: CPU index -> its DRAM's energy (J), for packages with a DRAM domain;
+            None when there is none (Zeus 0.16's `Measurement.dram_energy`).
+        cpu_note: Why CPU energy asked for is missing, in full or in part ("" when nothing is).
+    """
+
+    gpu_energy: list[float]
+    cpu_energy: dict[int, float] | None = None
+    dram_energy: dict[int, float] | None = None
+    cpu_note: str = ""

@@ -15,10 +15,10 @@ import select
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from zeus_agent.emit.environment import physical_gpu_index
-from zeus_agent.emit.records import RegistrationError
+from zeus_agent.emit.records import RegistrationError, WindowEnergy
 from zeus_agent.emit.transport import NO_AGENT_ERRNOS, Transport
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import JobInfo
@@ -254,6 +254,9 @@ class Requests(Transport):
         return reply
 
     # ------------------------------------------------------------------ energy
+    _cpus_refused: bool = False
+    """The agent refused a window's `cpus` (it predates CPU energy): windows no longer ask."""
+
     def measure(
         self,
         t0_ns: int,
@@ -279,26 +282,66 @@ class Requests(Transport):
             One energy per GPU, in order; NaN for every GPU when the agent did not answer or
             could not measure (counted in `stats().windows_unanswered`). Never raises.
         """
+        return self.measure_window(t0_ns, t1_ns, gpu_indices, exact).gpu_energy
+
+    def measure_window(
+        self,
+        t0_ns: int,
+        t1_ns: int,
+        gpu_indices: Sequence[int] | None = None,
+        exact: bool = False,
+        cpu_indices: Sequence[int] | Literal["all"] | None = None,
+    ) -> WindowEnergy:
+        """`measure`, and the CPU and DRAM energy (RAPL) of the node's CPU packages.
+
+        Args:
+            t0_ns: Start stamp.
+            t1_ns: End stamp.
+            gpu_indices: CUDA device indices; default the publisher's `gpu_indices`.
+            exact: Wait for the GPU counter read that brackets the end (see `measure`).
+            cpu_indices: CPU packages (Zeus's CPU indices, `intel-rapl:<index>`) to measure
+                too; "all": every package of the node; None: none. An agent too old to
+                measure them is asked again without them (and not asked again).
+
+        Returns:
+            The GPUs' energies as `measure` gives them, and each CPU package's and its DRAM's
+            energy where the agent measured them (`cpu_note` says why not). Never raises.
+        """
         logical = self.gpu_indices if gpu_indices is None else list(gpu_indices)
+        cpus = None if cpu_indices is None or cpu_indices == "all" else list(cpu_indices)
+        wanted: list[int] | Literal["all"] | None = "all" if cpu_indices == "all" else cpus
         try:
             gpus = (
                 self.physical_gpu_indices
                 if gpu_indices is None
                 else [physical_gpu_index(i) for i in logical]
             )
-            request = WindowRequest(t0_ns=t0_ns, t1_ns=t1_ns, gpus=gpus, exact=exact)
+            request = WindowRequest(t0_ns=t0_ns, t1_ns=t1_ns, gpus=gpus, exact=exact,
+                                    cpus=None if self._cpus_refused else wanted)
             reply = self.request(Kind.WINDOW, request)
-            old_agent = reply is not None and reply.code == "bad_request" and "exact" in reply.error
-            if exact and old_agent:
-                logger.info("zeus_agent.emit: the agent predates exact windows; measuring at once")
-                reply = self.request(Kind.WINDOW, request.model_copy(update={"exact": False}))
+            for _ in range(2):  # An agent that predates a field refuses it: ask without it.
+                field = _refused_field(reply, request)
+                if field is None:
+                    break
+                if field == "cpus":
+                    self._cpus_refused = True
+                    logger.info("zeus_agent.emit: the agent predates CPU energy; windows "
+                                "measure GPUs only")
+                else:
+                    logger.info("zeus_agent.emit: the agent predates exact windows; measuring "
+                                "at once")
+                request = request.model_copy(update={field: _UNSET[field]})
+                reply = self.request(Kind.WINDOW, request)
         except Exception as e:  # measuring never raises into training.
             logger.warning("zeus_agent.emit: window request failed: %r", e)
             reply = None
         if reply is not None and reply.ok:
             energy = reply.result.get("energy_j")
             if isinstance(energy, list) and len(energy) == len(logical):
-                return [float(e) for e in energy]
+                if request.cpus is None:
+                    note = "" if wanted is None else "the agent predates CPU energy"
+                    return WindowEnergy([float(e) for e in energy], cpu_note=note)
+                return WindowEnergy([float(e) for e in energy], *_cpu_energies(reply.result))
             logger.warning("zeus_agent.emit: malformed window reply: %s", reply.result)
         elif reply is not None:
             logger.warning(
@@ -307,4 +350,38 @@ class Requests(Transport):
                 reply.error,
             )
         self._windows_unanswered += 1
-        return [math.nan] * len(logical)
+        return WindowEnergy([math.nan] * len(logical),
+                            cpu_note="" if wanted is None else "the agent did not answer")
+
+
+_UNSET: dict[str, Any] = {"cpus": None, "exact": False}
+"""Fields of `WindowRequest` added after protocol 1 shipped, and their unset values."""
+
+
+def _refused_field(reply: Reply | None, request: WindowRequest) -> str | None:
+    """The added field an agent that predates it refused, or None."""
+    if reply is None or reply.code != "bad_request":
+        return None
+    for field, unset in _UNSET.items():
+        if field in reply.error and getattr(request, field) != unset:
+            return field
+    return None
+
+
+def _cpu_energies(
+    result: dict[str, Any],
+) -> tuple[dict[int, float] | None, dict[int, float] | None, str]:
+    """`(cpu_energy, dram_energy, note)` of a window reply that was asked for CPU energy."""
+    cpus, cpu_j, dram_j = result.get("cpus"), result.get("cpu_energy_j"), result.get(
+        "dram_energy_j")
+    note = result.get("cpu_error")
+    note = note if isinstance(note, str) else ""
+    if not (isinstance(cpus, list) and isinstance(cpu_j, list) and isinstance(dram_j, list)
+            and len(cpus) == len(cpu_j) == len(dram_j)):
+        return None, None, note or "the agent's reply carries no CPU energy"
+    try:
+        cpu = {int(i): float(e) for i, e in zip(cpus, cpu_j, strict=True)}
+        dram = {int(i): float(e) for i, e in zip(cpus, dram_j, strict=True) if e is not None}
+    except (TypeError, ValueError):
+        return None, None, f"malformed CPU energy in the agent's reply: {result}"[:300]
+    return cpu or None, dram or None, note

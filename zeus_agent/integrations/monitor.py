@@ -1,13 +1,18 @@
 """A drop-in for `zeus.monitor.ZeusMonitor`, measured by the node's agent.
 
-* `Measurement`: time (s) and per-GPU energy (J) of one window (Zeus's names).
+* `Measurement`: time (s), per-GPU energy (J) and per-CPU package and DRAM energy (J) of one
+  window (Zeus's names).
 * `ZeusMonitor`: named windows (`begin_window`/`end_window`) that may overlap; each window
   is two local `time.monotonic_ns()` stamps, and `end_window` asks the agent (a WINDOW
-  request through `zeus_agent.emit`) for the energy in between. No NVML in the trainer.
+  request through `zeus_agent.emit`) for the energy in between. No NVML in the trainer, and
+  no RAPL: the agent, which runs privileged, reads the CPU packages' and their DRAM's RAPL
+  counters (`zeus_agent.agent.rapl`), so a trainer needs no root for CPU energy either.
 
 GPU indices are CUDA device indices of this process (they respect `CUDA_VISIBLE_DEVICES`, as
 in Zeus); `zeus_agent.emit` maps them to the node's indices. Without an agent, energies are
-NaN and times are still right.
+NaN and times are still right. CPU indices are RAPL packages (`intel-rapl:<index>`), as in
+Zeus; on a node without readable RAPL counters, `cpu_energy` and `dram_energy` are None (said
+once per monitor in the log), as in Zeus.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from zeus_agent import emit
 
@@ -30,8 +36,12 @@ class Measurement:
     Attributes:
         time: Duration of the window (s).
         gpu_energy: CUDA device index -> energy of the window (J).
-        cpu_energy: Not measured here (always None); kept for Zeus compatibility.
-        dram_energy: Not measured here (always None); kept for Zeus compatibility.
+        cpu_energy: CPU index (a RAPL package, `intel-rapl:<index>`) -> energy of the window
+            (J); None when CPU energy is not measured (`cpu_indices=[]`, or no readable RAPL
+            counters on the node).
+        dram_energy: CPU index -> energy of its DRAM in the window (J), for packages with a
+            DRAM domain; None when there is none (AMD CPUs have none) or CPU energy is not
+            measured.
     """
 
     time: float
@@ -73,7 +83,7 @@ def _synchronize(gpu_indices: list[int]) -> None:
 
 
 class ZeusMonitor:
-    """Measure the time and GPU energy of named windows (Zeus's `ZeusMonitor`).
+    """Measure the time, GPU energy and CPU energy of named windows (Zeus's `ZeusMonitor`).
 
     Windows may overlap and nest in any order; each has a unique key while open.
 
@@ -101,7 +111,9 @@ class ZeusMonitor:
         Args:
             gpu_indices: CUDA device indices to measure; default every visible GPU (torch's
                 device count, else `CUDA_VISIBLE_DEVICES`, else the publisher's GPU).
-            cpu_indices: Accepted for compatibility; CPU energy is not measured.
+            cpu_indices: CPU packages (RAPL's `intel-rapl:<index>`) whose CPU and DRAM
+                energy to measure; default every package of the node; `[]`: none. Indices
+                the node does not have are left out of `cpu_energy` (with a warning once).
             sync_execution_with: Accepted for compatibility; "torch" is the only framework
                 synchronized (when torch is imported and CUDA is initialized).
             approx_instant_energy: Accepted for compatibility; the agent interpolates its
@@ -112,15 +124,23 @@ class ZeusMonitor:
                 publisher at each call (so a later `emit.init` is picked up).
 
         Raises:
-            ValueError: `gpu_indices` is empty or has negative or duplicate indices.
+            ValueError: `gpu_indices` is empty or has negative or duplicate indices, or
+                `cpu_indices` has negative or duplicate indices.
         """
-        del cpu_indices, sync_execution_with, approx_instant_energy
+        del sync_execution_with, approx_instant_energy
         indices = _visible_gpu_indices() if gpu_indices is None else list(gpu_indices)
         if not indices:
             raise ValueError("gpu_indices must not be empty")
         if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
             raise ValueError(f"gpu_indices must be distinct non-negative integers, got {indices}")
         self.gpu_indices = indices
+        cpus = None if cpu_indices is None else list(cpu_indices)
+        if cpus is not None and (any(i < 0 for i in cpus) or len(set(cpus)) != len(cpus)):
+            raise ValueError(f"cpu_indices must be distinct non-negative integers, got {cpus}")
+        self.cpu_indices: list[int] | None = cpus
+        """CPU packages measured; None: every package of the node (the agent's)."""
+        self._cpus_seen: list[int] = []
+        self._cpu_note_said = False
         self.log_file = None if log_file is None else os.fspath(log_file)
         self._publisher = publisher
         self._windows: dict[str, tuple[int, float]] = {}
@@ -173,15 +193,30 @@ class ZeusMonitor:
             t0_ns, start_wall = self._windows.pop(key)
         except KeyError:
             raise ValueError(f"Measurement window '{key}' does not exist") from None
-        if cancel:
-            return Measurement(time=0.0, gpu_energy=dict.fromkeys(self.gpu_indices, 0.0))
+        if cancel:  # As Zeus: zero for every GPU and CPU measured, no DRAM.
+            cpus = self._cpus_seen if self.cpu_indices is None else self.cpu_indices
+            return Measurement(time=0.0, gpu_energy=dict.fromkeys(self.gpu_indices, 0.0),
+                               cpu_energy=dict.fromkeys(cpus, 0.0))
         if sync_execution:
             _synchronize(self.gpu_indices)
         t1_ns = time.monotonic_ns()
-        energies = self.publisher.measure(t0_ns, t1_ns, self.gpu_indices, exact=exact)
+        wanted: list[int] | Literal["all"] | None = (
+            "all" if self.cpu_indices is None else (self.cpu_indices or None))
+        energy = self.publisher.measure_window(
+            t0_ns, t1_ns, self.gpu_indices, exact=exact, cpu_indices=wanted)
+        if energy.cpu_energy is not None:
+            self._cpus_seen = list(energy.cpu_energy)
+        if energy.cpu_note and not self._cpu_note_said:
+            self._cpu_note_said = True  # Said once: a node without RAPL stays without it.
+            level = logging.INFO if self.cpu_indices is None else logging.WARNING
+            logger.log(level, "ZeusMonitor: CPU energy %s: %s",
+                       "not measured" if energy.cpu_energy is None else "in part",
+                       energy.cpu_note)
         measurement = Measurement(
             time=(t1_ns - t0_ns) / 1e9,
-            gpu_energy=dict(zip(self.gpu_indices, energies, strict=True)),
+            gpu_energy=dict(zip(self.gpu_indices, energy.gpu_energy, strict=True)),
+            cpu_energy=energy.cpu_energy,
+            dram_energy=energy.dram_energy,
         )
         if self.log_file is not None:
             self._log(start_wall, key, measurement)
