@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from zeus_agent.agent.rapl import DEFAULT_RAPL_PERIOD_S, DEFAULT_RAPL_ROOT
 from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire.messages import MAX_LEASE_S
 from zeus_agent.wire.subjects import DEFAULT_PREFIX, check_prefix
@@ -175,6 +176,23 @@ class AgentSettings(BaseSettings):
     metrics_host: str = Field("0.0.0.0", description="Address /metrics and /healthz listen on")
     ring_seconds: float = Field(
         600.0, gt=0, description="How much sample history answers energy windows (s)"
+    )
+    rapl_root: str = Field(
+        DEFAULT_RAPL_ROOT,
+        description="Powercap sysfs tree whose RAPL counters (its intel-rapl zones, AMD's too) "
+        "give windows their CPU package and DRAM energy; in a container, the host's "
+        "/sys/class/powercap mounted somewhere; 'none': do not read RAPL (windows then answer "
+        "CPU and DRAM energy as None, as on a node without RAPL)",
+    )
+    rapl_period_s: float = Field(
+        DEFAULT_RAPL_PERIOD_S,
+        ge=0.01,
+        le=10.0,
+        allow_inf_nan=False,
+        description="How often every RAPL counter is read (s): a counter that wraps twice "
+        "between two readings loses a wrap (at 0.1 s, only above 43 kW on a 4.3 kJ counter); "
+        "a window's start is interpolated between two readings, its end bracketed by a "
+        "reading made when the window is answered",
     )
     request_timeout_s: float = Field(
         5.0, gt=0, description="Timeout of requests relayed to the coordinator (s)"

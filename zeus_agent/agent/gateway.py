@@ -41,6 +41,7 @@ from zeus_agent.agent.credentials import (
     sender,
 )
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.agent.rapl import RaplReader, cpu_reply
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire import codec, subjects
@@ -126,6 +127,7 @@ class Gateway:
         request: `request(subject, payload, timeout_s) -> reply bytes` over NATS.
         publish: `publish(subject, payload)` over NATS.
         request_timeout_s: Timeout of relayed requests.
+        rapl: The node's RAPL counters (CPU and DRAM energy of windows), or None.
 
     `attach(sock)` starts reading a bound socket on the running loop; `close()` stops.
     """
@@ -139,8 +141,11 @@ class Gateway:
         publish: Publish,
         request_timeout_s: float = 5.0,
         on_bind: Callable[[], Awaitable[None]] | None = None,
+        rapl: RaplReader | None = None,
     ) -> None:
         self.agents = agents
+        self.rapl = rapl
+        """The node's RAPL counters: windows that ask for CPU energy are answered from them."""
         self._on_bind = on_bind
         self._announce_pending = False
         """Run when a trainer binds a GPU anew (the server announces the node at once, so the
@@ -418,11 +423,13 @@ class Gateway:
             time_s = (window.t1_ns - window.t0_ns) / 1e9
             if not window.exact:  # At once, from the reads so far: no read per request.
                 energy = [a.energy_between(window.t0_ns, window.t1_ns) for a in agents]
-                return Reply.success(energy_j=energy, time_s=time_s)
+                return Reply.success(energy_j=energy, time_s=time_s,
+                                     **cpu_reply(self.rapl, window))
             answers = await asyncio.gather(
                 *(a.energy_between_exact(window.t0_ns, window.t1_ns) for a in agents))
             return Reply.success(energy_j=[e for e, _ in answers], time_s=time_s,
-                                 exact=all(x for _, x in answers))  # fmt: skip
+                                 exact=all(x for _, x in answers),
+                                 **cpu_reply(self.rapl, window))  # fmt: skip
         if req.kind is Kind.BYE:
             restored = await self.release_pid(pid, reason="trainer said goodbye", crashed=False)
             return Reply.success(restored=restored)

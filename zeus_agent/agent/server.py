@@ -1,10 +1,11 @@
 """`AgentServer`: the node agent process (config in, `run()` -> startup / main loop / shutdown).
 
 Startup: start an embedded nats-server if asked, connect, open the GPUs (nvml or sim), start
-one `GpuAgent` per GPU, serve each GPU's commands as a `nats.micro` endpoint (discoverable
+one `GpuAgent` per GPU, find the CPU packages' RAPL counters (`RaplReader`; a node without
+readable ones says so once), serve each GPU's commands as a `nats.micro` endpoint (discoverable
 through `$SRV.PING/INFO/STATS`), listen for lease renewals, open the trainers' socket, and
 announce the node. One `asyncio.TaskGroup` owns the loops (sampling, publishing, heartbeat,
-lease expiry, trainer reaping, event measurement).
+lease expiry, trainer reaping, event measurement, RAPL reading).
 
 Shutdown order (aiohttp's): stop intake (socket, endpoints), cancel the loops, restore every
 GPU setting the agent changed, publish what is pending, drain NATS, stop the embedded server.
@@ -46,6 +47,7 @@ from zeus_agent.agent.credentials import pass_credentials
 from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.agent.rapl import RaplReader
 from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.cli_kit import BUS_LOST
@@ -102,6 +104,8 @@ class AgentServer(ExitSignals):
         super().__init__()
         self.started = asyncio.Event()
         self.agents: dict[int, GpuAgent] = {}
+        self.rapl = RaplReader(settings.rapl_root, settings.rapl_period_s, settings.ring_seconds)
+        """The node's CPU package and DRAM energy counters (opened at startup)."""
         self._announcing: set[asyncio.Future[None]] = set()
         self.gateway: Gateway | None = None
         self.nc: Any = None
@@ -198,6 +202,7 @@ class AgentServer(ExitSignals):
             self.agents[agent.index] = agent
         if s.observe_only:
             LOG.info("observe-only: no GPU setting is ever changed by this agent")
+        self.rapl.open()
         renewals = subjects.all_lease_renewals(s.prefix)
         self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
         ping = subjects.agent_ping(s.prefix)
@@ -319,6 +324,7 @@ class AgentServer(ExitSignals):
             self.publish,
             self.settings.request_timeout_s,
             on_bind=self.announce,
+            rapl=self.rapl,
         )
         self.gateway = gateway
         s = self.settings
@@ -337,6 +343,8 @@ class AgentServer(ExitSignals):
             lambda: dict(self.gateway.counters) if self.gateway else {},
             lambda: dict(self.counters),
             lambda: self.bus_state[0] == "connected",
+            rapl=self.rapl,
+            node=self.settings.node,
         )
         host = self.settings.metrics_host
         try:
@@ -459,7 +467,12 @@ class AgentServer(ExitSignals):
             every(0.5, self._reap, "trainer reaping"),
         ]
         loops += [a.process_events() for a in self.agents.values()]
+        if self.rapl.available:
+            loops.append(every(s.rapl_period_s, self._read_rapl, "RAPL reading"))
         return loops
+
+    async def _read_rapl(self) -> None:
+        self.rapl.poll()  # A few sysfs reads of microseconds each: on the loop.
 
     async def _sample_all(self) -> None:
         await asyncio.gather(*(a.sample() for a in self.agents.values()))
