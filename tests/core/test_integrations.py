@@ -45,6 +45,10 @@ class MaxSlowdownConstraint:
         self.factor = factor
 
 
+for _zeus_class in (Energy, Time, ZeusCost, MaxSlowdownConstraint):
+    _zeus_class.__module__ = "zeus.optimizer.power_limit"  # where Zeus 0.16 defines them
+
+
 class MySelector:
     pass
 
@@ -73,6 +77,51 @@ def test_selector_mapping(selector: object, expected: dict) -> None:
     assert options.model_dump(include=set(expected)) == expected
 
 
+def test_a_users_own_selector_is_run_by_rank_0() -> None:
+    """Zeus: "Users can inherit from OptimumSelector to implement their custom optimum
+    selector": any other selector (even one named like a built-in) is the user's own."""
+    from zeus_agent.integrations import OptimumSelector
+
+    class Cheapest(OptimumSelector):
+        def select(self, measurements: list[PowerLimitMeasurement]) -> int:
+            return min(measurements, key=lambda m: m.energy * m.time).power_limit
+
+    class Energy(Cheapest):  # a user's class that shares a built-in's name
+        pass
+
+    for selector in (Cheapest(), Energy()):
+        options = power_limit_options(selector)
+        assert options.selector == "Custom"
+        assert options.custom_selector == repr(selector)
+
+
+def test_the_drop_in_runs_the_users_selector_and_says_why_it_failed() -> None:
+    from zeus_agent.integrations import OptimumSelector
+    from zeus_agent.integrations.power_limit import choose
+    from zeus_agent.wire.trainer import SelectRequest
+
+    rows = [PowerLimitMeasurement(power_limit=w, energy=e, time=t)
+            for w, e, t in ((300, 10.0, 1.0), (250, 8.0, 1.1), (200, 9.0, 1.5))]
+    question = SelectRequest(job_id="j", request=3, measurements=rows)
+
+    class Cheapest(OptimumSelector):
+        def select(self, measurements: list[PowerLimitMeasurement]) -> int:
+            return min(measurements, key=lambda m: m.energy * m.time).power_limit
+
+    class Broken(OptimumSelector):
+        def select(self, measurements: list[PowerLimitMeasurement]) -> int:
+            raise ZeroDivisionError("oops")
+
+    class Fractional(OptimumSelector):
+        def select(self, measurements: list[PowerLimitMeasurement]) -> int:
+            return 250.5  # type: ignore[return-value]
+
+    assert choose(Cheapest(), question) == (250, "")
+    assert choose(Broken(), question) == (
+        None, "Broken.select raised ZeroDivisionError: oops")
+    assert choose(Fractional(), question)[0] is None
+
+
 def test_options_carry_the_arguments(tmp_path: Path) -> None:
     profile = [PowerLimitMeasurement(power_limit=200, energy=10.0, time=1.0)]
     options = power_limit_options(
@@ -90,7 +139,7 @@ def test_options_carry_the_arguments(tmp_path: Path) -> None:
         ({"warmup_steps": -1}, "warmup_steps must be non-negative"),
         ({"profile_steps": 0}, "profile_steps must be positive"),
         ({"pl_step": 0}, "pl_step must be positive"),
-        ({"optimum_selector": MySelector()}, "MySelector is not supported"),
+        ({"optimum_selector": MySelector()}, "has no select\\(measurements\\) method"),
         ({"optimum_selector": ZeusCost(1.5)}, "invalid optimum_selector"),
         ({"optimum_selector": MaxSlowdownConstraint(0.5)}, "invalid optimum_selector"),
     ],

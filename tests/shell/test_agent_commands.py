@@ -10,6 +10,7 @@ import pytest
 
 from tests.shell.agent_kit import Inbox, command, running_agent, stop_agent
 from zeus_agent.models import FrequencySchedule
+from zeus_agent.wire import codec
 from zeus_agent.wire.messages import (
     AgentHello,
     BindRankCmd,
@@ -71,12 +72,22 @@ async def test_set_and_reset_power_limit(agent, nc):
     assert (await command(nc, node, 0, InfoCmd())).result["leases"] == []
 
 
-@pytest.mark.parametrize("limit_w", [99, 301, -5, 0])
+@pytest.mark.parametrize("limit_w", [99, 301])
 async def test_power_limit_out_of_range_is_refused(agent, nc, limit_w):
     reply = await command(nc, agent.settings.node, 0, SetPowerLimitCmd(power_limit_w=limit_w))
     assert not reply.ok
     assert reply.code == "out_of_range"
     assert "[100, 300] W" in reply.error
+    assert agent.agents[0].gpu.get_power_limit_w() == 300
+
+
+@pytest.mark.parametrize("limit_w", [-5, 0, 10_001, 2**63 - 1])
+async def test_power_limit_outside_physical_bounds_is_a_bad_request(agent, nc, limit_w):
+    """No GPU has such a limit: the contract refuses it before the GPU is asked."""
+    raw = codec.encode({"v": 1, "cmd": {"op": "set_power_limit", "power_limit_w": limit_w}})
+    reply = await command(nc, agent.settings.node, 0, raw)
+    assert (reply.ok, reply.code) == (False, "bad_request")
+    assert "power_limit_w" in reply.error
     assert agent.agents[0].gpu.get_power_limit_w() == 300
 
 
@@ -165,7 +176,8 @@ async def test_energy_errors(agent, nc):
     reply = await command(nc, node, 0, EnergyCmd(t0_ns=now, t1_ns=now - 1))
     assert (reply.ok, reply.code) == (False, "bad_request")
     assert "t1_ns" in reply.error
-    reply = await command(nc, node, 0, EnergyCmd(t0_ns=now - 3_600 * 10**9, t1_ns=now))
+    # (Before what the ring keeps: an hour ago, or the boot of a machine up for less.)
+    reply = await command(nc, node, 0, EnergyCmd(t0_ns=max(0, now - 3_600 * 10**9), t1_ns=now))
     assert (reply.ok, reply.code) == (False, "out_of_range")
 
 

@@ -37,9 +37,11 @@ from zeus_agent.wire.messages import (
     Reply,
     ResetClocksCmd,
     ResetPowerLimitCmd,
+    SelectCmd,
     SetPowerLimitCmd,
     UnbindRankCmd,
 )
+from zeus_agent.wire.trainer import SelectRequest
 
 LOG = logging.getLogger(__name__)
 
@@ -112,7 +114,20 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
             return Reply.success(energy_j=energy, time_s=(cmd.t1_ns - cmd.t0_ns) / 1e9)
         case RenewLeasesCmd():
             return Reply.success(renewed=agent.renew_leases(cmd.holder, cmd.lease_s))
+        case SelectCmd():
+            return ask_trainer(agent, cmd)
     raise PayloadError(f"unsupported command {cmd!r}")  # pragma: no cover - union is exhaustive
+
+
+def ask_trainer(agent: GpuAgent, cmd: SelectCmd) -> Reply:
+    """Push a question to the job's trainer bound here; its answer comes as its rank's event."""
+    bound = agent.binding
+    if bound is None or bound.job_id != cmd.job_id or agent.notify_trainer is None:
+        return Reply.failure("trainer_left", f"no trainer of job {cmd.job_id!r} is bound to "
+                             f"GPU {agent.index} on node {agent.node!r}")
+    agent.notify_trainer(SelectRequest(job_id=cmd.job_id, request=cmd.request,
+                                       measurements=cmd.measurements))
+    return Reply.success(asked=bound.rank)
 
 
 async def info(agent: GpuAgent) -> dict:

@@ -52,6 +52,7 @@ from zeus_agent.wire.messages import (
     RegisterJob,
     RegisterRank,
     Reply,
+    TrainerEvent,
     join_token_digest,
 )
 from zeus_agent.wire.text import bounded
@@ -61,6 +62,8 @@ from zeus_agent.wire.trainer import (
     Kind,
     RequestDatagram,
     ScheduleNotice,
+    SelectionAnswer,
+    SelectRequest,
     TrainerHello,
     WindowRequest,
     decode_datagram,
@@ -346,8 +349,8 @@ class Gateway:
             self.counters["reply_failed"] += 1
             LOG.warning("reply to trainer %r failed: %s", addr, e)
 
-    def _notify(self, addr: Any, notice: ScheduleNotice) -> None:
-        """Push a schedule notice to a trainer's socket (best effort, never blocks)."""
+    def _notify(self, addr: Any, notice: ScheduleNotice | SelectRequest) -> None:
+        """Push a notice to a trainer's socket (best effort, never blocks)."""
         if isinstance(addr, bytes):
             addr = addr.rstrip(b"\0")
         data = encode_notice(notice)
@@ -433,7 +436,25 @@ class Gateway:
         if req.kind is Kind.BYE:
             restored = await self.release_pid(pid, reason="trainer said goodbye", crashed=False)
             return Reply.success(restored=restored)
+        if req.kind is Kind.SELECTED:
+            return self._selected(codec.validate(SelectionAnswer, req.payload), pid)
         raise PayloadError(f"unsupported request kind {req.kind.name}")
+
+    def _selected(self, answer: SelectionAnswer, pid: int) -> Reply:
+        """Rank 0's choice of power limit: forwarded as its rank's `selection` event.
+
+        Only from the process the kernel names as the trainer bound to a GPU of the job here.
+        """
+        agent = next((a for a in self.by_pid.get(pid, [])
+                      if a.binding is not None and a.binding.job_id == answer.job_id), None)
+        if agent is None or agent.binding is None:
+            return Reply.failure(FORBIDDEN, f"this process drives no GPU of job "
+                                 f"{answer.job_id!r} on node {self.node!r}: say HELLO first")
+        agent.measurer.forward(TrainerEvent(
+            kind="selection", t_ns=time.monotonic_ns(), index=answer.request,
+            power_limit_w=answer.power_limit_w, name=_printable(answer.error)))
+        self._spawn(agent.flush_measurements())
+        return Reply.success(forwarded=True)
 
     async def _hello(self, hello: TrainerHello, pid: int, uid: int, addr: Any = None) -> Reply:
         agent = self._agent(hello.gpu_index)
@@ -601,3 +622,8 @@ def _who(pid: int | None, addr: Any) -> str:
     if pid:
         return f"pid {pid}"
     return str(addr or "an unbound socket")
+
+
+def _printable(text: str) -> str:
+    """A trainer's text for a `Name` field: control characters replaced."""
+    return "".join(c if c.isprintable() else "?" for c in text)[:MAX_NAME_CHARS]

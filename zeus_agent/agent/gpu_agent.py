@@ -59,7 +59,7 @@ from zeus_agent.wire.messages import (
     Sample,
     SampleBatch,
 )
-from zeus_agent.wire.trainer import ScheduleNotice
+from zeus_agent.wire.trainer import ScheduleNotice, SelectRequest
 
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
@@ -139,8 +139,8 @@ class GpuAgent(ScheduleEvents):
         """Version of the installed schedule (None: none installed)."""
         self._pending_schedule: tuple[int, int, int, tuple[tuple[str, int], ...]] | None = None
         """(from_step, version, rank, pairs): a validated schedule waiting for its step."""
-        self.notify_trainer: Callable[[ScheduleNotice], None] | None = None
-        """Set by the gateway: pushes a schedule notice to the bound trainer's socket."""
+        self.notify_trainer: Callable[[ScheduleNotice | SelectRequest], None] | None = None
+        """Set by the gateway: pushes a notice (a schedule, a question) to the bound trainer."""
         self._background: set[asyncio.Future[None]] = set()
         self.last_sample: Sample | None = None
         self.counters = {"mismatches": 0, "gaps": 0, "clock_failures": 0, "restores": 0,

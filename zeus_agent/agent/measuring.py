@@ -307,6 +307,10 @@ class RankMeasurer:
                     {"step": str(rec.step), "index": str(rec.index)})
             return None
 
+    def forward(self, event: TrainerEvent) -> None:
+        """Forward an event that measures nothing (rank 0's `selection`) with the next flush."""
+        self._pending_events.append(event)
+
     # ------------------------------------------------------------------ publishing
     async def flush(self) -> None:
         """Publish pending marks/measurements and forward pending trainer events."""

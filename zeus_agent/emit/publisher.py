@@ -28,6 +28,7 @@ from zeus_agent.wire.trainer import (
     MAX_DATAGRAM_BYTES,
     Kind,
     ScheduleNotice,
+    SelectRequest,
     TrainerHello,
     encode_event,
 )
@@ -125,6 +126,7 @@ class Publisher(Windows):
         self._request_lock = threading.Lock()
         self._windows: list[tuple[str | None, int]] = []
         self._notice: ScheduleNotice | None = None
+        self._selection: SelectRequest | None = None
         self._doorbell: str | None = None
         """The bound GPU's doorbell (the HELLO reply's): events go there (`transport.py`)."""
         self._bell: socket.socket | None = None

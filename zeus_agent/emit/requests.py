@@ -28,6 +28,8 @@ from zeus_agent.wire.trainer import (
     Kind,
     ReplyDatagram,
     ScheduleNotice,
+    SelectionAnswer,
+    SelectRequest,
     TrainerHello,
     WindowRequest,
     decode_datagram,
@@ -54,6 +56,7 @@ class Requests(Transport):
     _rank_registration: RegisterRank | None
     _request_lock: threading.Lock
     _notice: ScheduleNotice | None
+    _selection: SelectRequest | None
 
     def _rebind(self) -> None:
         """Re-introduce the process to an agent found after a failure (no reply awaited)."""
@@ -89,13 +92,17 @@ class Requests(Transport):
             self._keep_notice(raw)
 
     def _keep_notice(self, raw: bytes) -> None:
-        """Keep `raw` if it is a schedule notice for this publisher's rank."""
-        if len(raw) < 3 or raw[2] != int(Kind.SCHEDULE):  # [1, kind, ...]: cheap pre-check
+        """Keep `raw` if it is a schedule notice for this publisher's rank, or a question."""
+        if len(raw) < 3 or raw[2] not in (int(Kind.SCHEDULE), int(Kind.SELECT)):  # cheap check
             return
         try:
             notice = decode_datagram(raw)
         except PayloadError as e:
-            logger.warning("zeus_agent.emit: ignoring a bad schedule notice from the agent: %s", e)
+            logger.warning("zeus_agent.emit: ignoring a bad notice from the agent: %s", e)
+            return
+        if isinstance(notice, SelectRequest):
+            if notice.job_id == self.job_id:
+                self._selection = notice
             return
         if isinstance(notice, ScheduleNotice) and (
             self._notice is None or notice.version >= self._notice.version
@@ -116,6 +123,28 @@ class Requests(Transport):
                     finally:
                         self._request_lock.release()
         return self._notice
+
+    def pending_selection(self) -> SelectRequest | None:
+        """The coordinator's unanswered question to this rank, if one came (non-blocking).
+
+        Asked of rank 0 of a job with a custom optimum selector, once profiling is over.
+        """
+        if self.connected and not self._closed:
+            with contextlib.suppress(Exception):
+                if self._request_lock.acquire(blocking=False):
+                    try:
+                        self._drain_incoming()
+                    finally:
+                        self._request_lock.release()
+        return self._selection
+
+    def answer_selection(self, question: SelectRequest, power_limit_w: int | None,
+                         error: str = "") -> Reply | None:
+        """Answer the coordinator's question with the chosen limit, or why there is none."""
+        self._selection = None
+        answer = SelectionAnswer(job_id=question.job_id, request=question.request,
+                                 power_limit_w=power_limit_w, error=error[:255])
+        return self.request(Kind.SELECTED, answer)
 
     # ------------------------------------------------------------------ request and reply
     def request(self, kind: Kind, payload: Any, timeout_s: float | None = None) -> Reply | None:

@@ -10,6 +10,9 @@
   (`zeus.optimizer.perseus`).
 * `HFGlobalPowerLimitOptimizer` (`huggingface`): the same as a `transformers.TrainerCallback`;
   imported on first access, so this package imports without transformers.
+* `OptimumSelector`, `Energy`, `Time`, `ZeusCost`, `MaxSlowdownConstraint`
+  (`zeus_agent.selectors`): Zeus's optimum selectors; subclass `OptimumSelector` for your own
+  (`zeus.optimizer.power_limit`).
 """
 
 from __future__ import annotations
@@ -20,17 +23,31 @@ from zeus_agent.integrations.monitor import Measurement, ZeusMonitor
 from zeus_agent.integrations.perseus import PerseusOptimizer, PipelineFrequencyOptimizer
 from zeus_agent.integrations.power_limit import GlobalPowerLimitOptimizer, power_limit_options
 from zeus_agent.integrations.profiling import ProfilingResult, ZeusProfilingService
+from zeus_agent.selectors import (
+    Energy,
+    MaxSlowdownConstraint,
+    OptimumSelector,
+    PowerLimitMeasurement,
+    Time,
+    ZeusCost,
+)
 
 if TYPE_CHECKING:
     from zeus_agent.integrations.huggingface import HFGlobalPowerLimitOptimizer
 
 __all__ = [
+    "Energy",
     "GlobalPowerLimitOptimizer",
     "HFGlobalPowerLimitOptimizer",
+    "MaxSlowdownConstraint",
     "Measurement",
+    "OptimumSelector",
     "PerseusOptimizer",
     "PipelineFrequencyOptimizer",
+    "PowerLimitMeasurement",
     "ProfilingResult",
+    "Time",
+    "ZeusCost",
     "ZeusMonitor",
     "ZeusProfilingService",
     "power_limit_options",

@@ -5,8 +5,11 @@ The trainer only registers and reports: the coordinator runs the power-limit sta
 commands every GPU of the job through the agents. The trainer needs no SYS_ADMIN.
 
 * `power_limit_options(...)`: Zeus's constructor arguments -> `PowerLimitOptions`; the optimum
-  selector (ours from `coordinator.power_limit` or Zeus's) is mapped by class name: `Energy`,
-  `Time`, `ZeusCost` (`eta_knob`), `MaxSlowdownConstraint` (`factor`).
+  selector (ours from `zeus_agent.integrations` or Zeus's) is mapped by class name: `Energy`,
+  `Time`, `ZeusCost` (`eta_knob`), `MaxSlowdownConstraint` (`factor`); any other
+  `OptimumSelector` (a user's subclass, ours or Zeus's) is "Custom": when profiling ends the
+  coordinator asks rank 0's process, whose drop-in runs the selector on the measured profile
+  (Zeus's `PowerLimitMeasurement` objects for a Zeus selector) at its next step or epoch end.
 * `GlobalPowerLimitOptimizer`: validates the arguments like Zeus, registers the job (rank 0)
   and this rank's GPU through `zeus_agent.emit`, and forwards `on_step_begin`/`on_epoch_end`.
   With no agent or coordinator, it warns and training runs unoptimised.
@@ -33,7 +36,7 @@ from zeus_agent.models import (
     save_power_limit_profile,
 )
 from zeus_agent.wire.messages import JobQuery, PowerLimitOptions
-from zeus_agent.wire.trainer import Kind
+from zeus_agent.wire.trainer import Kind, SelectRequest
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,9 @@ DEFAULT_SELECTOR = "ZeusCost"
 """Selector used when none is given: Zeus's `ZeusCost(eta_knob=0.5)` (Zeus 0.16)."""
 
 _SELECTOR_NAMES = ("Energy", "Time", "ZeusCost", "MaxSlowdownConstraint")
+_BUILT_IN_MODULES = ("zeus_agent.selectors", "coordinator.power_limit.selectors",
+                     "zeus.optimizer.power_limit")
+"""Where the built-in selectors live: a class of that name elsewhere is a user's own."""
 _UNREACHABLE_CODES = frozenset({"unavailable", "timeout"})
 
 
@@ -58,7 +64,9 @@ def power_limit_options(
 
     Args:
         optimum_selector: An `Energy`, `Time`, `ZeusCost` or `MaxSlowdownConstraint`
-            instance (ours or Zeus's); None = `ZeusCost(eta_knob=0.5)` as in Zeus.
+            instance (ours or Zeus's), or any object with `select(measurements) -> int`
+            (a subclass of `OptimumSelector`: run in rank 0's process); None =
+            `ZeusCost(eta_knob=0.5)` as in Zeus.
         wait_steps: Steps to let pass before profiling (>= 0).
         warmup_steps: Warm-up steps per power limit (>= 0).
         profile_steps: Profiling steps per power limit (>= 1).
@@ -67,8 +75,7 @@ def power_limit_options(
         save_profile: Whether the trainer will fetch the measured profile to write it.
 
     Raises:
-        ValueError: An argument is out of range, or the selector is not one of the four
-            built-in ones (the coordinator runs selectors by name).
+        ValueError: An argument is out of range, or the selector has no `select` method.
     """
     if wait_steps < 0:
         raise ValueError(f"wait_steps must be non-negative, got {wait_steps}.")
@@ -81,14 +88,15 @@ def power_limit_options(
     fields: dict[str, Any] = {}
     if optimum_selector is None:
         fields["selector"] = DEFAULT_SELECTOR
+    elif is_custom(optimum_selector):
+        if not callable(getattr(optimum_selector, "select", None)):
+            raise ValueError(
+                f"optimum_selector {optimum_selector!r} has no select(measurements) method: "
+                "inherit from zeus_agent.integrations.OptimumSelector (or Zeus's)")
+        fields["selector"] = "Custom"
+        fields["custom_selector"] = repr(optimum_selector)[:200]
     else:
         name = type(optimum_selector).__name__
-        if name not in _SELECTOR_NAMES:
-            raise ValueError(
-                f"optimum_selector {name} is not supported: the coordinator runs the built-in "
-                f"selectors by name ({', '.join(_SELECTOR_NAMES)}); custom selectors cannot be "
-                "shipped to it"
-            )
         fields["selector"] = name
         if name == "ZeusCost":
             fields["eta_knob"] = float(optimum_selector.eta_knob)
@@ -107,6 +115,35 @@ def power_limit_options(
         )
     except ValueError as e:  # pydantic's ValidationError: a selector attribute out of range.
         raise ValueError(f"invalid optimum_selector {optimum_selector!r}: {e}") from None
+
+
+def is_custom(selector: Any) -> bool:
+    """Whether `selector` is a user's own (run in rank 0's process), not a built-in one."""
+    cls = type(selector)
+    return cls.__name__ not in _SELECTOR_NAMES or cls.__module__ not in _BUILT_IN_MODULES
+
+
+def choose(selector: Any, question: SelectRequest) -> tuple[int | None, str]:
+    """Run a user's selector on the measured profile: (limit, "") or (None, why not).
+
+    A selector from Zeus gets Zeus's `PowerLimitMeasurement` objects, ours gets ours.
+    """
+    rows: list[Any] = list(question.measurements)
+    if type(selector).__module__.split(".")[0] == "zeus" or any(
+            c.__module__.startswith("zeus.") for c in type(selector).__mro__):
+        try:
+            from zeus.optimizer.power_limit import PowerLimitMeasurement as ZeusMeasurement
+
+            rows = [ZeusMeasurement(**m.model_dump()) for m in question.measurements]
+        except ImportError:
+            pass
+    try:
+        chosen = selector.select(rows)
+    except Exception as e:  # noqa: BLE001 - the user's code: said in the job's status
+        return None, f"{type(selector).__name__}.select raised {type(e).__name__}: {e}"
+    if isinstance(chosen, bool) or not isinstance(chosen, int | float) or chosen != int(chosen):
+        return None, f"{type(selector).__name__}.select returned {chosen!r}, not a limit in W"
+    return int(chosen), ""
 
 
 def _world() -> tuple[int, int]:
@@ -192,11 +229,13 @@ class GlobalPowerLimitOptimizer:
         self._profile_written = not self.options.save_profile
         self.monitor = monitor
         self.optimum_selector = optimum_selector
+        self._custom = self.options.selector == "Custom"
         gpu_indices = list(monitor.gpu_indices)
         if not gpu_indices:
             raise ValueError("monitor.gpu_indices must not be empty")
         rank, world_size = _world()
         self.rank = rank
+        self._custom = self._custom and rank == 0  # (Only rank 0 is asked.)
         job_info = JobInfo(pp_degree=1, dp_degree=world_size, tp_degree=1, world_size=world_size)
         self.publisher: emit.Publisher
         try:
@@ -227,11 +266,29 @@ class GlobalPowerLimitOptimizer:
     def on_step_begin(self) -> None:
         """Mark the beginning of a training step."""
         self.publisher.step_begin()
+        if self._custom:
+            self._answer_selection()
 
     def on_epoch_end(self) -> None:
         """Mark the end of a training epoch (rank 0 also writes a newly measured profile)."""
         self.publisher.epoch_end()
+        if self._custom:
+            self._answer_selection()
         self.save_profile()
+
+    def _answer_selection(self) -> None:
+        """Rank 0 with a custom selector: answer the coordinator's question, if one came."""
+        question = self.publisher.pending_selection()
+        if question is None:
+            return
+        limit, why = choose(self.optimum_selector, question)
+        if limit is None:
+            logger.warning("GlobalPowerLimitOptimizer: %s; the coordinator falls back to the "
+                           "built-in ZeusCost", why)
+        reply = self.publisher.answer_selection(question, limit, why)
+        if reply is None or not reply.ok:
+            logger.warning("GlobalPowerLimitOptimizer: the choice of %s W did not reach the "
+                           "coordinator (%s)", limit, reply.error if reply else "no agent")
 
     def save_profile(self) -> bool:
         """Write the measured profile to `profile_path` if profiling is over (rank 0 only).

@@ -25,6 +25,10 @@ reads each sender's pid and uid from the kernel (`SO_PASSCRED`/`SCM_CREDENTIALS`
 * Schedule notice (agent -> trainer, unsolicited): `[1, SCHEDULE, 0, notice]`, a
   `ScheduleNotice` map: the frequency schedule installed for the trainer's rank and the step
   from which it applies, so the trainer's drop-in can check instruction names locally.
+* Select notice (agent -> rank 0's trainer, unsolicited): `[1, SELECT, 0, request]`, a
+  `SelectRequest` map: the measured profile, for the user's own optimum selector; the trainer
+  answers with a `SELECTED` request (`SelectionAnswer`), which the agent forwards to the
+  coordinator as the rank's `selection` event.
 
 `encode_event` is the hot path; everything else validates with pydantic.
 """
@@ -39,7 +43,13 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field
 
 from zeus_agent.errors import PayloadError
-from zeus_agent.models import MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RANK
+from zeus_agent.models import (
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
+    MAX_POWER_W,
+    MAX_RANK,
+    PowerLimitMeasurement,
+)
 from zeus_agent.wire.codec import unpack, validate
 from zeus_agent.wire.messages import MAX_COUNTER, MAX_NS, AddedFields, JoinToken, Reply
 from zeus_agent.wire.text import shown
@@ -64,8 +74,10 @@ class Kind(enum.IntEnum):
     WINDOW = 23
     BYE = 24
     QUERY_JOB = 25
+    SELECTED = 26
     REPLY = 30
     SCHEDULE = 31
+    SELECT = 32
 
 
 EVENT_KINDS = frozenset(
@@ -79,7 +91,8 @@ EVENT_KINDS = frozenset(
     }
 )
 REQUEST_KINDS = frozenset(
-    {Kind.HELLO, Kind.REGISTER_JOB, Kind.REGISTER_RANK, Kind.WINDOW, Kind.BYE, Kind.QUERY_JOB}
+    {Kind.HELLO, Kind.REGISTER_JOB, Kind.REGISTER_RANK, Kind.WINDOW, Kind.BYE, Kind.QUERY_JOB,
+     Kind.SELECTED}
 )
 
 
@@ -149,6 +162,31 @@ class ScheduleNotice(BaseModel):
     frequencies: list[tuple[str, int]]
 
 
+class SelectRequest(BaseModel):
+    """The coordinator asks rank 0's trainer to choose the optimal power limit (agent -> trainer).
+
+    Pushed unsolicited (`[1, SELECT, 0, request]`); the trainer answers with a `SELECTED`
+    request carrying a `SelectionAnswer`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(max_length=MAX_ID_CHARS)
+    request: int = Field(ge=0)
+    measurements: list[PowerLimitMeasurement] = Field(min_length=1, max_length=256)
+
+
+class SelectionAnswer(BaseModel):
+    """Rank 0's answer to a `SelectRequest`: the chosen limit (W), or why there is none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    request: int = Field(ge=0, le=MAX_COUNTER)
+    power_limit_w: int | None = Field(default=None, ge=1, le=MAX_POWER_W)
+    error: str = Field(default="", max_length=MAX_NAME_CHARS)
+
+
 @dataclass(frozen=True, slots=True)
 class EventDatagram:
     """A decoded trainer event."""
@@ -201,11 +239,10 @@ def encode_reply(request_id: int, reply: Reply) -> bytes:
     )
 
 
-def encode_notice(notice: ScheduleNotice) -> bytes:
-    """Pack a schedule notice datagram (agent -> trainer)."""
-    return _packer.pack(
-        [PROTOCOL_VERSION, int(Kind.SCHEDULE), 0, notice.model_dump(mode="python")]
-    )
+def encode_notice(notice: ScheduleNotice | SelectRequest) -> bytes:
+    """Pack a notice datagram (agent -> trainer): a schedule, or a question to rank 0."""
+    kind = Kind.SELECT if isinstance(notice, SelectRequest) else Kind.SCHEDULE
+    return _packer.pack([PROTOCOL_VERSION, int(kind), 0, notice.model_dump(mode="python")])
 
 
 def _int(value: Any, what: str) -> int:
@@ -224,7 +261,7 @@ def _bounded(value: Any, what: str, most: int) -> int:
 
 def decode_datagram(
     data: bytes,
-) -> EventDatagram | RequestDatagram | ReplyDatagram | ScheduleNotice:
+) -> EventDatagram | RequestDatagram | ReplyDatagram | ScheduleNotice | SelectRequest:
     """Decode and check one datagram.
 
     Raises:
@@ -267,6 +304,8 @@ def decode_datagram(
         return ReplyDatagram(_int(obj[2], "request_id"), validate(Reply, obj[3]))
     if kind is Kind.SCHEDULE:
         return validate(ScheduleNotice, obj[3])
+    if kind is Kind.SELECT:
+        return validate(SelectRequest, obj[3])
     if len(obj) != 5 or not isinstance(obj[4], dict):
         raise PayloadError(f"{kind.name} datagram must be [v, kind, pid, request_id, map]")
     return RequestDatagram(kind, _int(obj[2], "pid"), _int(obj[3], "request_id"), obj[4])
