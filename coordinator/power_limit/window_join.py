@@ -23,7 +23,9 @@ docs/concepts/architecture.md, "Why a step boundary travels twice".
 * `lost` / `overdue`: closed windows whose marks can never come, proved by later marks, or
   not all in `mark_timeout_s` after the window closed (the job redoes them);
 * `measure`: a complete window (every rank's two marks in): its first step settled to one
-  every rank ran at the window's limit, the limits its marks show other than the window's
+  every rank ran at the window's limit, and its last step to one before the next limit's
+  command landed (a rank a little behind rank 0 may begin the window's closing step after it),
+  the limits its marks show other than the window's
   (then the job redoes it), its time (the maximum over ranks) and energy (the sum over the
   job's GPUs), normalised to its intended steps when it covered another number.
 
@@ -269,14 +271,15 @@ class WindowJoin:
     def measure(self, w: Window) -> WindowMeasure:
         """Take complete window `w` out of the join and say what its marks measured.
 
-        Its first step is settled first (`_settled_begin`); the limits checked are those of
-        its marks at both steps (only the end's when the limit was set on its first step, as
-        a mark of that step may predate the command).
+        Its first and last steps are settled first (`_settled_begin`, `_settled_end`); the
+        limits checked are those of its marks at both steps (only the end's when the limit was
+        set on its first step, as a mark of that step may predate the command).
         """
         del self._windows[w.name]
         assert w.end_step is not None
         if w.check_begin:
             w.begin_step = self._settled_begin(w)
+        w.end_step = self._settled_end(w)
         edges = (w.begin_step, w.end_step) if w.check_begin else (w.end_step,)
         limits = (self._marks[r][e][2] for r in self.ranks for e in edges)
         ran_at = {x for x in limits if x is not None and x != w.power_limit}
@@ -304,17 +307,38 @@ class WindowJoin:
         step all marks agree on instead of being redone, if at least half its steps (and 2)
         are left (it is then normalised to its intended steps).
         """
-        def settled(step: StepKey) -> bool:
-            return all(step in self._marks[r] and self._marks[r][step][2] in (None, w.power_limit)
-                       for r in self.ranks)
-
         assert w.end_step is not None
         (epoch, first), (end_epoch, end) = w.begin_step, w.end_step
-        if settled(w.begin_step) or epoch != end_epoch:
+        if self._at_limit(w, w.begin_step) or epoch != end_epoch:
             return w.begin_step
         for later in range(first + 1, end):
             if end - later < max(2, (w.steps + 1) // 2):
                 break
-            if settled((epoch, later)):
+            if self._at_limit(w, (epoch, later)):
                 return (epoch, later)
         return w.begin_step
+
+    def _settled_end(self, w: Window) -> StepKey:
+        """The window's last step at which every rank's GPU still ran at the window's limit.
+
+        The next limit is commanded when rank 0's closing step begins: a rank a little behind
+        (data-parallel ranks on a loaded host) may begin that step after the command landed, and
+        its mark then shows the next limit. The window ends at the last step all marks agree on
+        instead of being redone, if at least half its steps (and 2) are left (it is then
+        normalised to its intended steps).
+        """
+        assert w.end_step is not None
+        (epoch, first), (end_epoch, end) = w.begin_step, w.end_step
+        if self._at_limit(w, w.end_step) or epoch != end_epoch:
+            return w.end_step
+        for earlier in range(end - 1, first, -1):
+            if earlier - first < max(2, (w.steps + 1) // 2):
+                break
+            if self._at_limit(w, (epoch, earlier)):
+                return (epoch, earlier)
+        return w.end_step
+
+    def _at_limit(self, w: Window, step: StepKey) -> bool:
+        """Whether every rank's mark of `step` is in and shows the window's limit (or none)."""
+        return all(step in self._marks[r] and self._marks[r][step][2] in (None, w.power_limit)
+                   for r in self.ranks)

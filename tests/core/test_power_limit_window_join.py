@@ -202,6 +202,37 @@ def test_a_first_step_settled_too_late_leaves_the_window_to_be_redone():
     assert m.ran_at == (275,)
 
 
+def test_a_closing_step_begun_after_the_next_limit_landed_ends_the_window_earlier():
+    """Data-parallel ranks under load: rank 1 begins the closing step (4) a few ms after rank
+    0, whose begin made the coordinator command the next limit; rank 1's mark of step 4 shows
+    it. The window ends at step 3, the last one every mark agrees on, and is normalised."""
+    join = closed_join(ranks=(0, 1), begin=0, end=4, steps=4)
+    for r, s in itertools.product((0, 1), range(5)):
+        join.add_mark(r, mark(r, s, limit=275 if (r, s) == (1, 4) else 300))
+    m = join.measure(join.windows()[0])
+    assert m.ran_at == () and m.covered == 3 and m.normalised
+    assert m.time_s == pytest.approx(3 * 1.5 * 4 / 3)
+    assert m.energy_j == pytest.approx(3 * (300.0 + 310.0) * 4 / 3)
+
+
+def test_a_window_settled_at_both_ends_keeps_at_least_half_its_steps():
+    join = closed_join(ranks=(0, 1), begin=0, end=6, steps=6)
+    for r, s in itertools.product((0, 1), range(7)):
+        join.add_mark(r, mark(r, s, limit=250 if (r, s) == (1, 0) else
+                              275 if (r, s) == (1, 6) else 300))
+    m = join.measure(join.windows()[0])
+    assert m.ran_at == () and m.covered == 4 and m.normalised  # steps 1..5
+    assert m.time_s == pytest.approx(4 * 1.5 * 6 / 4)
+
+
+def test_a_last_step_settled_too_early_leaves_the_window_to_be_redone():
+    join = closed_join(ranks=(0, 1), begin=0, end=4, steps=4)
+    for r, s in itertools.product((0, 1), range(5)):
+        join.add_mark(r, mark(r, s, limit=275 if r == 1 and s >= 2 else 300))
+    m = join.measure(join.windows()[0])  # steps 0..1 settled: fewer than half of 4 (and 2)
+    assert m.ran_at == (275,)
+
+
 def test_a_window_restarted_while_open_begins_later_and_checks_its_begin():
     join = WindowJoin([0], mark_timeout_s=10.0)
     assert join.restart_open((0, 3)) is None
