@@ -327,7 +327,6 @@ async def test_agent_cannot_speak_for_another_node_or_the_coordinator(server):
             (subjects.lease_renewal("job-x"), agent_b, coord),
             (subjects.agent_ping(), agent_b, coord),
             (subjects.job_status("job-x"), obs, coord),
-            (subjects.job_schedule("job-x", 0), coord, coord),
         ]
         subs = [(await hearer.nc.subscribe(s), sender, s) for s, hearer, sender in forbidden]
         for c in (agent_b, coord, obs):

@@ -58,7 +58,7 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
         subjects.gpu_samples(other, 0), subjects.coord_register_rank(other),
         subjects.coord_register_job(other), subjects.job_events("j", 0, other),
         subjects.agent_hello(other), subjects.lease_renewal("h"), subjects.job_status("j"),
-        subjects.job_schedule("j", 0), subjects.agent_ping(),
+        subjects.agent_ping(),
         permissions.inbox("coordinator") + ".x", permissions.inbox("agent", other) + ".x",
         "_INBOX.x", "$SRV.PING",
     ):  # fmt: skip
@@ -105,7 +105,7 @@ def test_coordinator_and_observer():
     coord = permissions.coordinator()
     for s in (
         subjects.gpu_command("n", 0), subjects.lease_renewal("j"), subjects.job_status("j"),
-        subjects.job_schedule("j", 3), subjects.agent_ping(), "$SRV.INFO.zeus-agent",
+        subjects.agent_ping(), "$SRV.INFO.zeus-agent",
         permissions.inbox("coordinator") + ".x.1",
     ):  # fmt: skip
         assert allowed(coord.publish, s), s

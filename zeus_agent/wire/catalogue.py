@@ -89,8 +89,6 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.job.{job}.ev.{rank}.{node}", s.job_events, "node's agent ->",
                 m.TrainerEventBatch, None,
                 "A rank's batched trainer events with the rank's counters."),
-    SubjectSpec("{prefix}.job.{job}.sched.{rank}", s.job_schedule, "coordinator ->",
-                m.ScheduleMessage, None, "A rank's frequency schedule (reserved)."),
     SubjectSpec("{prefix}.job.{job}.status", s.job_status, "coordinator ->", m.JobStatus, None,
                 "A job's state, message and progress."),
 )

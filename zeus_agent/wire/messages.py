@@ -10,8 +10,7 @@ Commands to one GPU (request/reply on `gpu_command`), a union discriminated by `
 Coordinator requests (request/reply): `RegisterJob`, `RegisterRank`, `JobQuery`,
     `StragglerNotice`;
     `PowerLimitOptions` configures a job's power-limit optimizer.
-Job streams: `TrainerEvent`, `TrainerEventBatch`, `ScheduleMessage`, `JobStatus`,
-    `LeaseRenewal`.
+Job streams: `TrainerEvent`, `TrainerEventBatch`, `JobStatus`, `LeaseRenewal`.
 
 Every top-level message derives from `Message` (fields `v`, extra fields forbidden).
 Units are in the field names: `_w`, `_j`, `_s`, `_ns` (monotonic, host-local), `_mhz`.
@@ -647,13 +646,6 @@ class TrainerEventBatch(Message):
         description="Digest of the join token the bound trainer presented in its HELLO (None: "
         "none): the coordinator counts a job's events only from a trainer that had its token",
     )
-
-
-class ScheduleMessage(Message):
-    """A rank's frequency schedule as broadcast by the coordinator."""
-
-    job_id: Id
-    schedule: FrequencySchedule
 
 
 class JobStatus(Message):

@@ -199,7 +199,6 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_gpu_commands(p),
             subjects.all_lease_renewals(p),
             subjects.all_job_status(p),
-            pattern(subjects.job_schedule, ANY, ANY, prefix=p),
             subjects.agent_ping(p),
             subjects.coord_job_straggler(p),  # operators' notices (`zeus-coordinator straggler`)
             subjects.all_coord_replicas(p),  # requests forwarded to a job's owning replica
@@ -215,7 +214,6 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_coord_replicas(p),
             subjects.all_job_events(p),
             subjects.all_job_status(p),
-            pattern(subjects.job_schedule, ANY, ANY, prefix=p),
             subjects.all_gpu_measurements(p),
             pattern(subjects.gpu_errors, ANY, ANY, prefix=p),
             pattern(subjects.gpu_samples, ANY, ANY, prefix=p),

@@ -26,7 +26,6 @@ the coordinator knows which node a request came through (`deploy/nats/`, `permis
 | `coord_job_query` | `<p>.coord.jobs.query` | anyone -> coordinator, req/reply |
 | `coord_job_straggler` | `<p>.coord.jobs.straggler` | operator -> coordinator, req/reply |
 | `job_events` | `<p>.job.<job>.ev.<rank>.<node>` | agent ->: batched trainer events |
-| `job_schedule` | `<p>.job.<job>.sched.<rank>` | coordinator ->: a rank's schedule |
 | `job_status` | `<p>.job.<job>.status` | coordinator ->: state and progress |
 
 The parsers (`parse_job_events`, `parse_gpu_subject`, `parse_agent_hello`) read the tokens
@@ -171,11 +170,6 @@ def all_coord_replicas(prefix: str = DEFAULT_PREFIX) -> str:
 def job_events(job_id: str, rank: int | str, node: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a rank's batched trainer events, as relayed by `node`'s agent."""
     return f"{_p(prefix)}.job.{token(job_id)}.ev.{token(rank)}.{token(node)}"
-
-
-def job_schedule(job_id: str, rank: int | str, prefix: str = DEFAULT_PREFIX) -> str:
-    """Subject of a rank's frequency schedule."""
-    return f"{_p(prefix)}.job.{token(job_id)}.sched.{token(rank)}"
 
 
 def job_status(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
