@@ -4,9 +4,10 @@
 * `machine`: `PowerLimitStateMachine`, its states (`Ready`, `Warmup`, `Profiling`, `Done`),
   effects (`SetPowerLimit`, `BeginWindow`, `EndWindow`) and errors.
 * `search`: search strategies (`Exhaustive`, the default; `Adaptive`, faster).
-* `profile`: `save_profile` / `load_profile` in Zeus's JSON format (the only file I/O here).
 
-`PowerLimitMeasurement` is `zeus_agent.models.PowerLimitMeasurement`, re-exported.
+`PowerLimitMeasurement` is `zeus_agent.models.PowerLimitMeasurement`, re-exported; profile files
+in Zeus's JSON format are read and written by `zeus_agent.models` (`load_power_limit_profile`,
+`save_power_limit_profile`), where the trainer's drop-in uses them too.
 """
 
 from coordinator.power_limit.machine import (
@@ -27,7 +28,6 @@ from coordinator.power_limit.machine import (
     Warmup,
     window_name,
 )
-from coordinator.power_limit.profile import load_profile, save_profile
 from coordinator.power_limit.search import (
     Adaptive,
     Exhaustive,
@@ -76,8 +76,6 @@ __all__ = [
     "WindowResult",
     "ZeusCost",
     "aggregate",
-    "load_profile",
-    "save_profile",
     "window_name",
     "zeus_cost",
 ]

@@ -34,8 +34,8 @@ from coordinator.optimizer import (
 )
 from coordinator.pipeline.dumps import job_dir_name, keep_dump, write_file
 from coordinator.power_limit.machine import PowerLimitError
-from coordinator.power_limit.profile import save_profile
 from zeus_agent.errors import PayloadError
+from zeus_agent.models import save_power_limit_profile
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     ClearScheduleCmd,
@@ -167,7 +167,7 @@ class ActionExecutor:
         path = self.profile_path(record)
         try:
             await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-            await asyncio.to_thread(save_profile, path, list(action.measurements))
+            await asyncio.to_thread(save_power_limit_profile, path, list(action.measurements))
             where = "kept by the coordinator"
         except OSError as e:
             where = f"not kept by the coordinator ({e.strerror or e})"

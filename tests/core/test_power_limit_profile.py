@@ -1,4 +1,4 @@
-"""Profile files: save/load round trip and Zeus-format compatibility."""
+"""Power-limit profile files (`zeus_agent.models`): save/load round trip, Zeus's format."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from coordinator.power_limit import (
-    Done,
-    PowerLimitMeasurement,
-    PowerLimitStateMachine,
-    load_profile,
-    save_profile,
-)
+from coordinator.power_limit import Done, PowerLimitMeasurement, PowerLimitStateMachine
+from zeus_agent.models import load_power_limit_profile, save_power_limit_profile
 
 ZEUS_FILE = """{
     "measurements": [
@@ -53,9 +48,9 @@ def test_round_trip(tmp_path: Path) -> None:
         for pl, e, t in [(300, 1000.5, 10.25), (275, 950.0, 10.5), (250, 0.1 + 0.2, 1e-3)]
     ]
     path = tmp_path / "profile.json"
-    save_profile(path, ms)
-    assert load_profile(path) == ms
-    assert load_profile(str(path)) == ms
+    save_power_limit_profile(path, ms)
+    assert load_power_limit_profile(path) == ms
+    assert load_power_limit_profile(str(path)) == ms
 
 
 def test_saved_highest_first_in_zeus_layout(tmp_path: Path) -> None:
@@ -63,7 +58,7 @@ def test_saved_highest_first_in_zeus_layout(tmp_path: Path) -> None:
         PowerLimitMeasurement(power_limit=pl, energy=float(pl), time=1.0) for pl in (100, 300, 200)
     ]
     path = tmp_path / "p.json"
-    save_profile(path, ms)
+    save_power_limit_profile(path, ms)
     data = json.loads(path.read_text())
     assert list(data) == ["measurements"]
     assert [m["power_limit"] for m in data["measurements"]] == [300, 200, 100]
@@ -76,7 +71,7 @@ def test_saved_highest_first_in_zeus_layout(tmp_path: Path) -> None:
 def test_loads_zeus_file(tmp_path: Path) -> None:
     path = tmp_path / "zeus.json"
     path.write_text(ZEUS_FILE)
-    ms = load_profile(path)
+    ms = load_power_limit_profile(path)
     assert [(m.power_limit, m.energy, m.time) for m in ms] == [
         (300, 6224.9, 24.01),
         (275, 6122.3, 24.06),
@@ -84,7 +79,7 @@ def test_loads_zeus_file(tmp_path: Path) -> None:
     ]
     # And it re-saves to the same JSON Zeus writes (indent 4, same keys, same order).
     again = tmp_path / "again.json"
-    save_profile(again, ms)
+    save_power_limit_profile(again, ms)
     assert json.loads(again.read_text()) == json.loads(ZEUS_FILE)
     assert again.read_text() == ZEUS_FILE
 
@@ -92,7 +87,7 @@ def test_loads_zeus_file(tmp_path: Path) -> None:
 def test_loaded_profile_drives_machine(tmp_path: Path) -> None:
     path = tmp_path / "zeus.json"
     path.write_text(ZEUS_FILE)
-    machine = PowerLimitStateMachine(100, 300, measurements=load_profile(path))
+    machine = PowerLimitStateMachine(100, 300, measurements=load_power_limit_profile(path))
     assert isinstance(machine.state, Done)
 
 
@@ -100,9 +95,9 @@ def test_invalid_files(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text('{"measurements": [{"power_limit": -5, "energy": 1, "time": 1}]}')
     with pytest.raises(ValidationError):
-        load_profile(path)
+        load_power_limit_profile(path)
     path.write_text('{"other": []}')
     with pytest.raises(ValidationError):
-        load_profile(path)
+        load_power_limit_profile(path)
     with pytest.raises(ValueError, match="empty"):
-        save_profile(tmp_path / "x.json", [])
+        save_power_limit_profile(tmp_path / "x.json", [])

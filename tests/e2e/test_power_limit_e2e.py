@@ -5,7 +5,7 @@ import asyncio
 import json
 
 from coordinator.config import CoordinatorSettings
-from coordinator.power_limit import ZeusCost, load_profile
+from coordinator.power_limit import ZeusCost
 from coordinator.service import CoordinatorService
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.broker import confirm_subscriptions, connect
@@ -16,6 +16,7 @@ from zeus_agent.gpu.sim.trainers.data_parallel import (
     TrainerOptions,
     run_data_parallel,
 )
+from zeus_agent.models import load_power_limit_profile
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus, PowerLimitOptions
 
@@ -85,7 +86,7 @@ async def test_data_parallel_job_ends_pinned_at_the_chosen_limit(nats_server, tm
     raw = json.loads(profile_path.read_text())
     limits = [m["power_limit"] for m in raw["measurements"]]
     assert limits == list(range(300, 99, -25))
-    measurements = load_profile(profile_path)
+    measurements = load_power_limit_profile(profile_path)
     optimum = ZeusCost(0.5, world_size=4).select(measurements)
     # Every GPU, on both nodes, ran its last steps at the chosen limit.
     for rank in result.ranks:
