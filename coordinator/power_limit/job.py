@@ -363,8 +363,27 @@ class PowerLimitJob:
         return self._complete_windows() if self._join.add_mark(rank, mark) else []
 
     def on_agent_error(self, rank: int, code: str, message: str, now_s: float) -> list[Action]:
-        """Agents' error events do not change the plan: marks and timeouts do."""
-        return []
+        """A rank's trainer died (`trainer_gone`) before profiling was over: stop and say why.
+
+        Its agent restored its GPU; the others go back to the maximum limit (a data-parallel
+        job cannot go on without a rank: `torchrun` tears the group down). Other error events
+        do not change the plan: marks and timeouts do.
+        """
+        if code != "trainer_gone" or self.profiled or rank not in self.ranks:
+            return []
+        self.gave_up = f"rank {rank}'s trainer is gone"
+        self._join.clear()
+        limit = self.machine.max_power_limit
+        return [
+            ApplyPowerLimit(limit),
+            StatusUpdate(
+                "stopped",
+                f"rank {rank} is gone while profiling ({message[:200]}): profiling stopped, "
+                f"GPUs restored to the maximum limit {limit} W; register the job again to "
+                "profile it",
+                self.progress(),
+            ),
+        ]
 
     def desired_schedule(self, rank: int) -> None:
         """Power-limit jobs install no frequency schedules."""

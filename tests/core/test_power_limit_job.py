@@ -960,3 +960,35 @@ def test_random_traces_raise_nothing_and_end_in_a_known_state(
     else:  # still profiling
         assert saved == [] and "gave_up" not in {a.state for a in statuses}
         assert lo <= (job.desired_power_limit or 0) <= hi
+
+
+def test_a_rank_gone_while_profiling_stops_the_job_at_the_maximum_limit():
+    """A rank SIGKILLed mid-profiling (`torchrun` then tears the group down): its agent restored
+    its GPU and says `trainer_gone`; the job stops, the other GPUs go back to the maximum limit,
+    and its status says which rank went and why."""
+    job = PowerLimitJob("j", options(), ranks=[0, 1, 2], min_power_limit_w=250,
+                        max_power_limit_w=300)
+    job.start()
+    for s in range(3):
+        job.on_event(0, ev(s))
+    assert job.desired_power_limit == 275  # profiling 275 W
+    assert job.on_agent_error(1, "gap_never_ended", "step 4 never ended", 0.0) == []
+    actions = job.on_agent_error(1, "trainer_gone", "trainer pid 7 (job j, rank 1) is gone "
+                                 "(process exited without goodbye)", 0.0)
+    assert [a.watts for a in actions if isinstance(a, ApplyPowerLimit)] == [300]
+    (status,) = [a for a in actions if isinstance(a, StatusUpdate)]
+    assert status.state == "stopped"
+    assert status.message.startswith("rank 1 is gone while profiling (trainer pid 7")
+    assert job.done and job.optimal_power_limit is None and job.progress()["gave_up"]
+    assert job.on_event(0, ev(3)) == [] and job.tick(1e9) == []
+    assert job.on_agent_error(2, "trainer_gone", "rank 2 is gone", 0.0) == []  # said once
+
+
+def test_a_rank_gone_after_the_pin_changes_nothing():
+    job = PowerLimitJob("j", options(), ranks=[0, 1, 2], min_power_limit_w=275,
+                        max_power_limit_w=300)
+    job.start()
+    feed(job, events() + marks())
+    assert job.done and job.optimal_power_limit == 275
+    assert job.on_agent_error(1, "trainer_gone", "rank 1 is gone", 0.0) == []
+    assert job.optimal_power_limit == 275
