@@ -150,18 +150,13 @@ class CoordinatorService(ExitSignals):
 
     @property
     def power_limit_jobs(self) -> dict[str, Any]:
-        """The power-limit optimisers driven here, by job id (for tests and tools)."""
+        """The power-limit optimisers driven here, by job id (the fuzz tests read them)."""
         return {j: o for j, o in self.optimisers.items() if o.kind == "power_limit"}
 
     @property
     def pipeline_jobs(self) -> dict[str, Any]:
-        """The pipeline frequency optimisers driven here, by job id (for tests and tools)."""
+        """The pipeline frequency optimisers driven here, by job id (the demo reads their plans)."""
         return {j: o for j, o in self.optimisers.items() if o.kind == "pipeline"}
-
-    @property
-    def gpu_limits(self) -> dict[tuple[str, int], tuple[int, int]]:
-        """(node, GPU index) -> (min, max) power limit (W) of the GPUs known here."""
-        return self.gpus.limits
 
     @property
     def fenced_commands(self) -> int:

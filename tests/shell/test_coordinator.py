@@ -229,7 +229,7 @@ async def test_a_rank_relayed_with_its_gpu_description_needs_no_info_request(coo
     reply = await ask(nc, subjects.coord_register_rank(NODE), described)
     assert reply.ok and reply.result["registered"] == 1, reply
     assert info_requests == []
-    assert coord.gpu_limits[NODE, 7] == (100, 300)
+    assert coord.gpus.limits[NODE, 7] == (100, 300)
     # Its uuid is checked against the description, as against an agent's answer.
     wrong = rank_request(job_id, 1, gpu=6, uuid="GPU-other").model_copy(
         update={"gpu_info": gpu7.model_copy(update={"index": 6})})
@@ -429,7 +429,7 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
         reply = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
         return reply.result["power_limit"]["measured"] if reply.result["power_limit"] else 0
 
-    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    await wait_for(lambda: job_id in coord.optimisers)
     # Steps 0..6: windows at 300 W (steps 1-3) and 275 W (steps 4-6) are measured.
     await feed_steps(nc, job_id, range(7))
     for _ in range(100):
@@ -444,7 +444,7 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
         await wait_for(lambda: any("resuming after 2 measured window(s)" in s.message
                                    for s in statuses if s.job_id == job_id))
         assert await measured() == 2
-        first = coord.power_limit_jobs[job_id].machine.measurements
+        first = coord.optimisers[job_id].machine.measurements
         assert [m.power_limit for m in first] == [300, 275]
         # 300 W window: 2 s, 2 steps x 100 J x (1 + 2) ranks' energy; time is the max over ranks.
         assert (first[0].time, first[0].energy) == (2.0, 600.0)
@@ -728,7 +728,7 @@ async def test_events_and_marks_from_another_node_are_dropped(coord, nc):
     job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
     for r in (0, 1):
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
-    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    await wait_for(lambda: job_id in coord.optimisers)
     events = TrainerEventBatch(job_id=job_id, rank=0, node="evil", gpu=0, events=[
         TrainerEvent(kind="step_begin", t_ns=1, epoch=0, step=s) for s in range(50)])
     await nc.publish(subjects.job_events(job_id, 0, "evil"), codec.encode(events))
@@ -738,7 +738,7 @@ async def test_events_and_marks_from_another_node_are_dropped(coord, nc):
         Mark(kind="step_begin", epoch=0, step=1, t_ns=1, energy_j=1.0)])
     await nc.publish(subjects.gpu_measurements("evil", 0), codec.encode(marks))
     await wait_for(lambda: coord.dropped["wrong_node"] >= 3)
-    assert coord.power_limit_jobs[job_id].last_step is None  # nothing paced the machine
+    assert coord.optimisers[job_id].last_step is None  # nothing paced the machine
 
 
 async def test_events_and_marks_of_a_trainer_without_the_join_token_are_dropped(coord, nc):
@@ -751,7 +751,7 @@ async def test_events_and_marks_of_a_trainer_without_the_join_token_are_dropped(
     job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
     for r in (0, 1):
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
-    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    await wait_for(lambda: job_id in coord.optimisers)
     before = coord.dropped["no_join_token"]
     for digest in (None, join_token_digest("a-guessed-join-token-0000")):
         events = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, join_digest=digest,
@@ -763,9 +763,9 @@ async def test_events_and_marks_of_a_trainer_without_the_join_token_are_dropped(
                                              energy_j=1.0)])
         await nc.publish(subjects.gpu_measurements(NODE, 0), codec.encode(marks))
     await wait_for(lambda: coord.dropped["no_join_token"] >= before + 4)
-    assert coord.power_limit_jobs[job_id].last_step is None  # nothing paced the machine
+    assert coord.optimisers[job_id].last_step is None  # nothing paced the machine
     await feed_steps(nc, job_id, range(1, 3))  # with the token: counted
-    await wait_for(lambda: coord.power_limit_jobs[job_id].last_step is not None)
+    await wait_for(lambda: coord.optimisers[job_id].last_step is not None)
 
 
 async def test_an_unavailable_state_store_refuses_without_half_registering(coord, nc):
@@ -838,7 +838,7 @@ async def test_when_nothing_can_be_measured_the_gpus_go_back_to_the_maximum(coor
     job_id = await register_job(nc, dp=2, power_limit=options)
     for r in (0, 1):
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
-    await wait_for(lambda: job_id in coord.power_limit_jobs)
+    await wait_for(lambda: job_id in coord.optimisers)
     sim_dir = agent.settings.sim_state_dir
     await feed_steps(nc, job_id, range(7), joules_per_step=0.0)
     await wait_for(lambda: any(s.job_id == job_id and s.state == "gave_up" for s in statuses))
@@ -847,7 +847,7 @@ async def test_when_nothing_can_be_measured_the_gpus_go_back_to_the_maximum(coor
     await wait_for(lambda: limits_are(sim_dir, 300))
     query = await ask(nc, subjects.coord_job_query(), JobQuery(job_id=job_id))
     assert query.result["power_limit"]["gave_up"]
-    assert coord.power_limit_jobs[job_id].desired_power_limit == 300
+    assert coord.optimisers[job_id].desired_power_limit == 300
 
 
 async def test_a_missing_tls_file_is_named_at_start(nats_server, tmp_path):
