@@ -29,8 +29,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from zeus_agent.errors import ReplyError
 from zeus_agent.models import FrequencySchedule, PowerLimitMeasurement
-from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
+from zeus_agent.wire.messages import REPLY_CODES, Mark, Measurement, TrainerEvent
 
 __all__ = [
     "Action",
@@ -50,10 +51,20 @@ __all__ = [
 ]
 
 
-class StragglerError(Exception):
-    """A straggler notice the job cannot take; `code` is the reply's error code."""
+class StragglerError(ReplyError):
+    """A straggler notice the job cannot take; `code` is the reply's error code.
+
+    Raised with the code that says why (no such pipeline, a bad factor, a stopped job).
+
+    Raises:
+        ValueError: `code` is not one of `REPLY_CODES`.
+    """
+
+    code = "bad_request"
 
     def __init__(self, code: str, message: str) -> None:
+        if code not in REPLY_CODES:
+            raise ValueError(f"{code!r} is not a reply code (zeus_agent.wire.messages.REPLY_CODES)")
         super().__init__(message)
         self.code = code
 

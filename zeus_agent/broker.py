@@ -443,7 +443,7 @@ async def connect(
         if not client.is_connected and not client.is_reconnecting:
             # The first connection: kept for the error message; a refusal of the credentials
             # explains more than the connection resets that follow it.
-            if not last_error or not _is_auth_error(last_error[0]):
+            if not last_error or not _refused_credentials(last_error[0]):
                 last_error[:] = [e]
             LOG.debug("NATS error on %s while connecting: %s", name, e)
             return
@@ -507,9 +507,23 @@ async def connect(
         raise
 
 
-def _is_auth_error(e: BaseException) -> bool:
-    text = f"{type(e).__name__} {e}".lower()
-    return "authoriz" in text or "authentic" in text
+def _refused_credentials(e: BaseException) -> bool:
+    """Whether `e` says that the server refused our credentials.
+
+    nats-py raises `AuthorizationError` for a refusal on an open connection. During the
+    handshake it raises its plain `Error` instead, holding the server's `-ERR` line (nats-py's
+    `_process_connect_init` does not classify it): there the protocol's error name is all there
+    is, and the server names a refusal "Authorization Violation" or "... Authentication ..."
+    (a timeout, an expired or revoked user). No other error is read for its text.
+    """
+    from nats.errors import AuthorizationError, Error
+
+    if isinstance(e, AuthorizationError):
+        return True
+    if type(e) is not Error:
+        return False
+    reason = str(e).removeprefix("nats:").strip().strip("'").lower()
+    return reason == "authorization violation" or "authentication" in reason
 
 
 def _connect_failure(url: str, timeout_s: float, e: BaseException) -> str:
@@ -517,7 +531,7 @@ def _connect_failure(url: str, timeout_s: float, e: BaseException) -> str:
     reason = str(e).strip() or type(e).__name__
     if isinstance(e, TimeoutError) and not str(e).strip():
         reason = "no answer"
-    if _is_auth_error(e):
+    if _refused_credentials(e):
         hint = (
             "the server refused the credentials: check the user and password (user:password "
             "in the URL, or --nats-user/--nats-password) and the server's authorization config"

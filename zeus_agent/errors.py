@@ -1,6 +1,12 @@
-"""Errors of the `zeus_agent` package, split by what the caller does next.
+"""Errors of the `zeus_agent` package, split by what the caller does next, and their replies.
 
-* `ZeusAgentError`: base of everything raised on purpose here.
+* `ReplyError`: base of every error a request is answered with; its class attribute `code` is
+  the reply's code (a key of `zeus_agent.wire.messages.REPLY_CODES`). The coordinator's errors
+  derive from it too.
+* `reply_for(error)`: the `Reply` answering a request that raised `error`; the agent's GPU
+  commands, its trainer gateway and the coordinator's endpoints all answer through it.
+* `ZeusAgentError`: base of everything raised on purpose here (code `internal` unless a
+  subclass says otherwise).
 * `PayloadError`: a message or payload failed validation; the text names the field.
 * `BrokerError`: no NATS server could be started or reached.
 * `ReadOnlyError`: a setting refused because the GPU is observed only (`--observe-only`, or no
@@ -14,17 +20,53 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-class ZeusAgentError(Exception):
+if TYPE_CHECKING:
+    from zeus_agent.wire.messages import Reply
+
+UNEXPECTED = "internal error; see the service's log"
+"""`reply_for`'s message for an error without a code (a bug: its text may hold internals)."""
+
+
+class ReplyError(Exception):
+    """An error a request is answered with: `Reply.failure(code, str(error))`.
+
+    Attributes:
+        code: The reply's code, a key of `zeus_agent.wire.messages.REPLY_CODES`: a class
+            attribute, each subclass sets its own (an error relaying another service's reply
+            may carry that reply's code on the instance).
+    """
+
+    code: str = "internal"
+
+
+def reply_for(error: BaseException, unexpected: str = UNEXPECTED) -> Reply:
+    """The reply answering a request whose handling raised `error`.
+
+    A `ReplyError` is answered with its `code` and its message (cut to fit); any other
+    exception is a bug, answered `internal` with `unexpected` and nothing of its text (the
+    caller logs it).
+    """
+    from zeus_agent.wire.messages import Reply
+
+    if isinstance(error, ReplyError):
+        return Reply.failure(error.code, str(error))
+    return Reply.failure("internal", unexpected)
+
+
+class ZeusAgentError(ReplyError):
     """Base class of every error raised on purpose by `zeus_agent`."""
 
 
 class PayloadError(ZeusAgentError, ValueError):
-    """A wire payload or user argument failed validation.
+    """A wire payload or user argument failed validation (code `bad_request`).
 
     Attributes:
         field: Dotted path of the offending field, or "" when the whole payload is bad.
     """
+
+    code = "bad_request"
 
     def __init__(self, message: str, field: str = "") -> None:
         # Cut to fit a reply: a message may echo what a peer sent (a safety net; the code that
@@ -46,21 +88,31 @@ class GPUError(ZeusAgentError):
 class GPUNotSupportedError(GPUError):
     """The GPU or its driver does not support the operation."""
 
+    code = "not_supported"
+
 
 class GPUPermissionError(GPUError):
     """The operation needs privileges (CAP_SYS_ADMIN or root) the process lacks."""
+
+    code = "permission"
 
 
 class GPUValueError(GPUError, ValueError):
     """A requested setting is out of the GPU's range or not supported by it."""
 
+    code = "out_of_range"
+
 
 class GPUUnavailableError(GPUError):
     """The GPU or the driver is unavailable (lost, not initialised, timed out)."""
 
+    code = "unavailable"
+
 
 class SettingRefusedError(ZeusAgentError):
     """A setting refused because of who asks: e.g. a job whose trainer has left this GPU."""
+
+    code = "conflict"
 
 
 class TrainerLeftError(SettingRefusedError):
@@ -70,6 +122,8 @@ class TrainerLeftError(SettingRefusedError):
     which is no failure of the job's other GPUs.
     """
 
+    code = "trainer_left"
+
 
 class ReadOnlyError(SettingRefusedError):
     """A setting refused because the GPU is observed only (code `read_only`).
@@ -77,3 +131,5 @@ class ReadOnlyError(SettingRefusedError):
     The agent runs with `--observe-only`, or found that it lacks the privilege to change the
     GPU's settings (NVML answered `NO_PERMISSION`): it measures, it never sets.
     """
+
+    code = "read_only"

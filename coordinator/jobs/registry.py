@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from zeus_agent.errors import ReplyError
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire.messages import (
     GpuBinding,
@@ -41,7 +42,7 @@ from zeus_agent.wire.messages import (
 )
 
 
-class RegistryError(Exception):
+class RegistryError(ReplyError):
     """A registration was refused. `code` is the wire error code."""
 
     code = "bad_request"

@@ -61,6 +61,7 @@ from coordinator.power_limit.machine import (
     BeginWindow,
     Done,
     EndWindow,
+    NothingMeasuredError,
     PowerLimitError,
     PowerLimitStateMachine,
     Profiling,
@@ -752,7 +753,7 @@ class PowerLimitJob:
 
 def _why(error: PowerLimitError) -> str:
     """Why the optimiser gives up, in words for people (the machine's text for developers)."""
-    if "no window was measured" in str(error):
+    if isinstance(error, NothingMeasuredError):
         return ("no window was measured: every power limit's window was lost, unusable or "
                 "redone too often, so there is nothing to choose from")
     return f"internal error of the power-limit optimiser: {error}"

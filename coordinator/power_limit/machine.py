@@ -231,6 +231,13 @@ class InvalidTransitionError(PowerLimitError, RuntimeError):
     """An input that the current state cannot accept (a bug in the shell driving the machine)."""
 
 
+class NothingMeasuredError(InvalidTransitionError):
+    """The search is over and no window was measured: there is nothing to choose from.
+
+    Every window was discarded (lost, unusable, or redone too often): the shell gives up.
+    """
+
+
 class ProfileRangeError(PowerLimitError, ValueError):
     """A loaded profile does not fit the GPU's power-limit range."""
 
@@ -558,6 +565,7 @@ class PowerLimitStateMachine:
 
         Raises:
             InvalidTransitionError: The window is not closed-and-pending.
+            NothingMeasuredError: It was the last window and no other was measured.
         """
         call = f"discard({window_name!r})"
         if not self._started or window_name not in self._pending:
@@ -569,7 +577,8 @@ class PowerLimitStateMachine:
             return self._advance()
         probe = self._next_probe()  # nothing measured yet: the search must go on
         if probe is None:
-            raise self._invalid(call, "no window was measured: nothing to choose from")
+            raise self._invalid(call, "no window was measured: nothing to choose from",
+                                NothingMeasuredError)
         return self._begin_probe(probe)
 
     def redo(self, window_name: str) -> list[Effect]:
@@ -639,12 +648,12 @@ class PowerLimitStateMachine:
 
     # Internals -----------------------------------------------------------------------------------
 
-    def _invalid(self, call: str, detail: str = "") -> InvalidTransitionError:
+    def _invalid(self, call: str, detail: str = "",
+                 error: type[InvalidTransitionError] = InvalidTransitionError,
+                 ) -> InvalidTransitionError:
         started = "" if self._started else " (start() not called yet)"
         extra = f"; {detail}" if detail else ""
-        return InvalidTransitionError(
-            f"Can't handle {call} in state {self.state!r}{started}{extra}."
-        )
+        return error(f"Can't handle {call} in state {self.state!r}{started}{extra}.")
 
     def _set(self, watts: int) -> list[Effect]:
         if self._current == watts:

@@ -7,10 +7,11 @@
 * `<p>.coord.jobs.query`: `JobQuery` -> `Reply{job or jobs}` (with the measured profile);
 * `<p>.coord.jobs.straggler`: `StragglerNotice` -> `Reply{stragglers}` or a coded error.
 
-Handlers are decode -> core -> encode; domain errors go out as coded `Reply`s. Each request runs
-in its own task (NATS runs a subscription's callbacks one at a time, and a rank registration
-may wait for the GPU's agent), so thousands of ranks register concurrently. A query or notice
-about a job another replica drives is forwarded to that replica's own subject.
+Handlers are decode -> core -> encode; domain errors go out as coded `Reply`s
+(`zeus_agent.errors.reply_for`). Each request runs in its own task (NATS runs a subscription's
+callbacks one at a time, and a rank registration may wait for the GPU's agent), so thousands of
+ranks register concurrently. A query or notice about a job another replica drives is forwarded
+to that replica's own subject.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from coordinator.jobs import RankRecord, RegistryError
+from coordinator.jobs import RankRecord
 from coordinator.optimizer import StatusUpdate, StragglerError
 from coordinator.service.driver import JobDriver
 from coordinator.state import records
 from coordinator.state.jetstream import StateUnavailableError
-from zeus_agent.errors import PayloadError
+from zeus_agent.errors import ReplyError, reply_for
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     GpuDescription,
@@ -90,13 +91,10 @@ class Endpoints:
         async def answer(req: Any) -> None:
             try:
                 reply = await handler(req.data, req.subject)
-            except PayloadError as e:
-                reply = Reply.failure("bad_request", str(e))
-            except RegistryError as e:
-                reply = Reply.failure(e.code, str(e))
-            except Exception:  # noqa: BLE001 - never leak internals
-                LOG.exception("request on %s failed", bounded(req.subject, 300))
-                reply = INTERNAL_REPLY
+            except Exception as e:  # noqa: BLE001 - never leak internals
+                if not isinstance(e, ReplyError):
+                    LOG.exception("request on %s failed", bounded(req.subject, 300))
+                reply = reply_for(e, INTERNAL_REPLY.error)
             try:
                 data = codec.encode(reply)
             except Exception:  # noqa: BLE001 - a reply that cannot be encoded is a bug here
@@ -347,7 +345,7 @@ class Endpoints:
                 actions = job.set_straggler(notice.pipeline, None if notice.clear
                                             else notice.factor)
             except StragglerError as e:
-                return Reply.failure(e.code, str(e))
+                return reply_for(e)
             await svc.actions.execute(record, actions)
             progress = job.progress()
         message = next((a.message for a in reversed(actions) if isinstance(a, StatusUpdate)), "")

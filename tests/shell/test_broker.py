@@ -2,8 +2,9 @@ import asyncio
 import time
 
 import pytest
+from nats import errors as nats_errors
 
-from zeus_agent.broker import EmbeddedNats, connect
+from zeus_agent.broker import EmbeddedNats, _connect_failure, connect
 from zeus_agent.errors import BrokerError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InfoCmd, Reply
@@ -60,3 +61,19 @@ async def test_confirmed_subscriptions_see_the_very_next_publish(nats_server):
     finally:
         await listener.drain()
         await talker.drain()
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        (nats_errors.AuthorizationError(), True),  # a refusal on an open connection: its class
+        (nats_errors.Error("nats: 'Authorization Violation'"), True),  # the handshake's -ERR
+        (nats_errors.Error("nats: 'Authentication Timeout'"), True),
+        (nats_errors.Error("nats: 'User Authentication Expired'"), True),
+        (nats_errors.Error("nats: 'Permissions Violation for Publish to \"x\"'"), False),
+        (OSError("the authorization server is down"), False),  # only nats' -ERR is read
+        (ConnectionRefusedError(111, "Connect call failed"), False),
+    ],
+)
+def test_a_refusal_of_the_credentials_is_told_by_class_or_by_the_servers_error(error, refused):
+    assert ("refused the credentials" in _connect_failure("nats://h:4222", 1, error)) is refused

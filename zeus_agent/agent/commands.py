@@ -1,8 +1,9 @@
 """The GPU command handlers: decode -> validate against the GPU -> apply -> `Reply`.
 
 `handle_command(agent, data)` is what the NATS endpoint of each GPU calls. Every outcome is a
-`Reply`: domain errors map to stable codes (see `ERROR_CODES`), unexpected exceptions to
-"internal" with no internals leaked (they are logged). Nothing raised here reaches NATS.
+`Reply`: domain errors answer with their stable code (`zeus_agent.errors.reply_for`),
+unexpected exceptions with "internal" and no internals leaked (they are logged). Nothing
+raised here reaches NATS.
 """
 
 from __future__ import annotations
@@ -10,19 +11,8 @@ from __future__ import annotations
 import logging
 import time
 
-from zeus_agent.agent.core.energy_ring import WindowOutOfRange
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.errors import (
-    GPUNotSupportedError,
-    GPUPermissionError,
-    GPUUnavailableError,
-    GPUValueError,
-    PayloadError,
-    ReadOnlyError,
-    SettingRefusedError,
-    TrainerLeftError,
-    ZeusAgentError,
-)
+from zeus_agent.errors import PayloadError, ReplyError, reply_for
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import (
     BindRankCmd,
@@ -45,19 +35,6 @@ from zeus_agent.wire.trainer import SelectRequest
 
 LOG = logging.getLogger(__name__)
 
-ERROR_CODES: tuple[tuple[type[Exception], str], ...] = (
-    (PayloadError, "bad_request"),
-    (WindowOutOfRange, "out_of_range"),
-    (GPUValueError, "out_of_range"),
-    (GPUNotSupportedError, "not_supported"),
-    (GPUPermissionError, "permission"),
-    (GPUUnavailableError, "unavailable"),
-    (TrainerLeftError, "trainer_left"),
-    (ReadOnlyError, "read_only"),
-    (SettingRefusedError, "conflict"),
-    (ZeusAgentError, "internal"),
-)
-
 
 async def handle_command(agent: GpuAgent, data: bytes) -> Reply:
     """Decode one command for `agent`, run it, and return the reply (never raises)."""
@@ -65,13 +42,9 @@ async def handle_command(agent: GpuAgent, data: bytes) -> Reply:
         cmd = codec.decode(data, CommandEnvelope).cmd
         return await run_command(agent, cmd)
     except Exception as e:  # noqa: BLE001 - every failure becomes a reply
-        for exc_type, code in ERROR_CODES:
-            if isinstance(e, exc_type):
-                return Reply.failure(code, str(e))  # (`failure` cuts it to fit.)
-        LOG.exception("GPU %d: unexpected error in command", agent.index)
-        return Reply.failure(
-            "internal", f"internal error in the agent of GPU {agent.index}; see its log"
-        )
+        if not isinstance(e, ReplyError):
+            LOG.exception("GPU %d: unexpected error in command", agent.index)
+        return reply_for(e, f"internal error in the agent of GPU {agent.index}; see its log")
 
 
 async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:

@@ -32,7 +32,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from zeus_agent.agent.core.energy_ring import WindowOutOfRange
 from zeus_agent.agent.credentials import (
     ANCILLARY_BYTES,
     RECV_BYTES,
@@ -42,7 +41,7 @@ from zeus_agent.agent.credentials import (
 )
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.rapl import RaplReader, cpu_reply
-from zeus_agent.errors import PayloadError
+from zeus_agent.errors import PayloadError, ReplyError, reply_for
 from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -366,15 +365,12 @@ class Gateway:
     async def _answer(self, req: RequestDatagram, addr: Any, pid: int, uid: int) -> None:
         try:
             reply = await self._handle(req, pid, uid, addr)
-        except PayloadError as e:
-            reply = Reply.failure("bad_request", f"{req.kind.name}: {e}")
-        except WindowOutOfRange as e:
-            reply = Reply.failure("out_of_range", str(e))
-        except Exception:  # noqa: BLE001
-            LOG.exception("gateway request %s failed", req.kind.name)
-            reply = Reply.failure(
-                "internal", f"internal error in the agent on {self.node}; see its log"
-            )
+        except Exception as e:  # noqa: BLE001 - every failure becomes a reply
+            if not isinstance(e, ReplyError):
+                LOG.exception("gateway request %s failed", req.kind.name)
+            reply = reply_for(e, f"internal error in the agent on {self.node}; see its log")
+            if isinstance(e, PayloadError):  # Which request did not validate.
+                reply = Reply.failure(reply.code, f"{req.kind.name}: {reply.error}")
         if req.kind is Kind.BYE and not addr:
             return  # Sent through a doorbell, which has no address: nobody waits for it.
         self._send(addr, req.request_id, reply)

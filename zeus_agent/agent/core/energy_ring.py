@@ -50,12 +50,14 @@ DEFAULT_MAX_EXTRAPOLATION_NS = 1_000_000_000
 
 
 class WindowOutOfRange(ZeusAgentError, ValueError):
-    """A requested time is outside what the ring can answer.
+    """A requested time is outside what the ring can answer (code `out_of_range`).
 
     Attributes:
         t_ns: The requested time (monotonic ns).
         span_ns: `(oldest, newest)` sample times of the ring, or None when it is empty.
     """
+
+    code = "out_of_range"
 
     def __init__(self, message: str, t_ns: int, span_ns: tuple[int, int] | None) -> None:
         super().__init__(message)
