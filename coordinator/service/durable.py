@@ -73,7 +73,7 @@ class DurableState:
         """Keep this replica's view in step with the state bucket (any replica's writes)."""
         svc = self.svc
         deleted = entry.operation in ("DEL", "PURGE")
-        if not deleted and entry.key.startswith("v.rank."):
+        if not deleted and entry.key.count(".") == 3 and entry.key.startswith("v.rank."):
             # Rank keys are only ever created: one this replica knows (it registered the rank
             # itself) is not decoded again, which halves the work of a big registration.
             _, _, job_hash, rank = entry.key.split(".", 3)
@@ -107,6 +107,13 @@ class DurableState:
             if job_id is not None and rank.isdigit():
                 svc.registry.unregister_rank(job_id, int(rank))
         elif change.kind == "rank" and change.rank is not None and change.job_id is not None:
+            job = svc.registry.jobs.get(change.job_id)
+            if job is not None and change.rank.info.rank >= job.job.world_size:
+                error = RecordError(f"{entry.key}: rank {change.rank.info.rank} is beyond the "
+                                    f"job's world of {job.job.world_size}")
+                svc.drop("bad_state_entry", entry.key, error)
+                svc.failures.bad_record(entry.key, error)
+                return
             gpu = change.rank.gpu
             svc.index_gpu(change.job_id, gpu)
             if change.limits is not None:  # The owner need not ask that GPU's agent again.

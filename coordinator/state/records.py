@@ -201,6 +201,21 @@ def _limits(raw: Any) -> tuple[int, int] | None:
     return lo, hi
 
 
+def _note(data: dict[str, Any]) -> dict[str, Any]:
+    """A quarantine note's fields as this version shows them: strings bounded, a finite time.
+
+    Whatever else a note holds is left out (it is shown in queries and `quarantine list`).
+    """
+    note: dict[str, Any] = {}
+    for name in ("job_id", "key", "reason", "replica"):
+        value = data.get(name)
+        note[name] = bounded(value, 2000) if isinstance(value, str) else None
+    at = data.get("at")
+    finite = isinstance(at, int | float) and not isinstance(at, bool) and abs(at) < 1e12
+    note["at"] = float(at) if finite else None
+    return note
+
+
 def _job_id(data: dict[str, Any]) -> str:
     job_id = data["job_id"]
     if not isinstance(job_id, str):
@@ -225,9 +240,10 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
     data = _load(raw)
     try:
         if kind == "quar":
-            note = {k: data.get(k) for k in ("job_id", "key", "reason", "replica", "at")}
-            job_id = note["job_id"] if isinstance(note["job_id"], str) else None
-            return Change(kind, parts[1], False, job_id=job_id, quarantine=note)
+            note = _note(data)
+            return Change(kind, parts[1], False, job_id=note["job_id"], quarantine=note)
+        if kind == "rank" and (len(parts) != 3 or not parts[2].isdigit()):
+            raise RecordError(f"a rank key must end with the rank's number: {bounded(key, 300)}")
         job_id = _job_id(data)
         if kind != "gpu" and job_hash(job_id) != parts[1]:
             raise RecordError(f"the value names job {bounded(job_id, 100)!r}, whose key "
@@ -238,8 +254,11 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
                 raise RecordError("the job's id differs from its record's")
             return Change(kind, parts[1], False, job=record, job_id=job_id)
         if kind == "rank":
-            return Change(kind, parts[1], False, job_id=job_id,
-                          rank=RankRecord.from_plain(data), limits=_limits(data.get("limits")))
+            rank = RankRecord.from_plain(data)
+            if rank.info.rank != int(parts[2]):
+                raise RecordError(f"the value is rank {rank.info.rank}, its key another")
+            return Change(kind, parts[1], False, job_id=job_id, rank=rank,
+                          limits=_limits(data.get("limits")))
         if kind == "prog":
             return Change(kind, parts[1], False, job_id=job_id,
                           progress={"kind": data["kind"], "state": data["state"]})

@@ -717,9 +717,7 @@ def test_known_bug_unresumable_progress_starts_the_job_afresh(world: World, kind
     reproduce(world, plan, "the job was quarantined")
 
 
-@known_bug("a rank record beyond the job's world is loaded into the job "
-           "(coordinator/service/durable.py DurableState.on_entry -> JobRegistry.apply_rank)")
-def test_known_bug_a_rank_beyond_the_world_is_not_loaded(world: World):
+def test_a_rank_beyond_the_world_is_not_loaded(world: World):
     plan = Plan("power_limit", "extra",
                 Change("rank 2's record", "any", lambda plain: _dump(plain)), "v.rank.<h>.2")
     reproduce(world, plan, "inconsistent registry")
@@ -733,18 +731,12 @@ def test_known_bug_a_job_record_whose_node_is_a_list(world: World):
     reproduce(world, plan, "could not apply state entry")
 
 
-@known_bug("a key v.rank.<h> (no rank number) raises ValueError in DurableState.on_entry "
-           "before it is decoded: logged with a traceback at every start "
-           "(coordinator/service/durable.py)")
-def test_known_bug_a_rank_key_without_a_number(world: World):
+def test_a_rank_key_without_a_number_is_a_bad_record(world: World):
     plan = Plan("power_limit", "extra", Change("not JSON", "bad", raw=b"{"), "v.rank.<h>")
     reproduce(world, plan, "could not apply state entry")
 
 
-@known_bug("a quarantine note holding a number msgpack cannot carry (2**64) makes every "
-           "JobQuery about its job answer 'internal' (coordinator/service/endpoints.py "
-           "Endpoints.query returns the note as the bucket holds it)")
-def test_known_bug_a_note_with_a_huge_number(world: World):
+def test_a_note_with_a_huge_number_is_shown_bounded(world: World):
     plan = Plan("power_limit", "quar", Change("at=2**64", "any", _set(("at",), 2**64)))
     reproduce(world, plan, "a query about the job got")
 
