@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tools.fit_sim import fit_instructions
 from zeus_agent.gpu.sim import PRESETS
 from zeus_agent.gpu.sim.device import SimGPU
 from zeus_agent.gpu.sim.instructions import (
     FITTED_INSTRUCTIONS,
     STAGE_PROFILES,
-    fit_instructions,
     instruction_cost,
     instruction_error_report,
     load_stage_profile,

@@ -10,8 +10,9 @@ Pieces:
   `create_sim_gpus`.
 * `timing`: what NVML calls cost (`NvmlTiming`, `timing_preset`: "h200", the recorded H200;
   "none", free), charged by a `SimGPU` handle opened with ``timing=``.
-* `calibration`: fits the model to `data/reference-profiles/` and reports its error
-  (``python -m zeus_agent.gpu.sim.calibration``); imported on demand, as it needs scipy.
+* `calibration`, `instructions`: the model's error against `data/reference-profiles/` and the
+  Perseus stage profiles; `instructions` also serves the fitted pipeline instructions. The fits
+  themselves run offline (`tools/fit_sim.py`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
-"""Calibration of the simulated GPU against the reference power-limit profiles.
+"""The simulated GPU against the reference power-limit profiles: the check of the shipped numbers.
 
 Pieces:
 
 * `ProfileRow`, `Profile`, `load_profile`, `load_profiles`: read the reference CSVs
   (`data/reference-profiles/`, one row per power limit: a 40-step window's time and each GPU's
   energy).
-* `fit`: fit the hardware curve per GPU type (shared by that type's profiles) and one
-  `WorkloadParams` per profile, by robust least squares on log time and log energy.
 * `evaluate`, `calibration_report`: compare the model with the measurements: relative errors
   per point, per profile and overall, and the regret of the model's energy-optimal limit.
-* `render_report`, `render_presets_block`, `main`: ``python -m zeus_agent.gpu.sim.calibration``
-  refits and prints the error table; ``--write`` also rewrites the GENERATED block of
-  `presets.py`. Tests and the simulator only evaluate the shipped numbers.
+* `render_report`: the error table.
+
+The fit that produced the shipped numbers (`presets.py`'s GENERATED block) runs offline:
+``python tools/fit_sim.py power-limit`` refits and prints this table, ``--write`` rewrites the
+block. Tests and the simulator only evaluate the shipped numbers.
 
 Compared quantities: the step time (window time / 40) and the mean energy per GPU of the
 window (the window energy summed over GPUs divided by their number, so relative errors equal
@@ -21,10 +21,7 @@ as the simulator does.
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
-import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -33,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from zeus_agent.gpu.sim import presets
 from zeus_agent.gpu.sim.physics import (
@@ -49,11 +45,8 @@ __all__ = [
     "ProfileRow",
     "calibration_report",
     "evaluate",
-    "fit",
     "load_profile",
     "load_profiles",
-    "main",
-    "render_presets_block",
     "render_report",
 ]
 
@@ -62,14 +55,6 @@ STEPS_PER_WINDOW = 40
 
 DEFAULT_PROFILE_DIR = Path(__file__).resolve().parents[3] / "data" / "reference-profiles"
 """`data/reference-profiles/` of the repository."""
-
-_HW_KEYS = (
-    "static_power_w",
-    "voltage_floor_clock_mhz",
-    "voltage_exponent",
-    "throttle_floor_clock_mhz",
-)
-_WL_KEYS = ("compute_s", "memory_s", "floor_s", "overlap_exponent", "activity", "wait_activity")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,135 +152,6 @@ def load_profiles(directory: str | Path = DEFAULT_PROFILE_DIR) -> list[Profile]:
         The profiles.
     """
     return [load_profile(p) for p in sorted(Path(directory).glob("*.csv"))]
-
-
-def _hardware_from(base: HardwareParams, values: Sequence[float]) -> HardwareParams:
-    """Return `base` with the fitted curve parameters (dynamic power fills the TDP)."""
-    static, x_v, alpha, x_tf = values
-    f_max = base.max_sm_clock_mhz
-    return HardwareParams(
-        name=base.name,
-        architecture=base.architecture,
-        min_power_limit_w=base.min_power_limit_w,
-        max_power_limit_w=base.max_power_limit_w,
-        default_power_limit_w=base.default_power_limit_w,
-        idle_power_w=base.idle_power_w,
-        supported_sm_clocks_mhz=base.supported_sm_clocks_mhz,
-        supported_memory_clocks_mhz=base.supported_memory_clocks_mhz,
-        static_power_w=static,
-        dynamic_power_w=base.max_power_limit_w - static,
-        voltage_floor_clock_mhz=x_v * f_max,
-        voltage_exponent=alpha,
-        throttle_floor_clock_mhz=x_tf * f_max,
-    )
-
-
-def _workload_from(values: Sequence[float], name: str) -> WorkloadParams:
-    """Build a workload from a parameter vector (order of `_WL_KEYS`)."""
-    compute, memory, floor, p, act, wait = values
-    return WorkloadParams(
-        compute_s=compute,
-        memory_s=memory,
-        floor_s=floor,
-        overlap_exponent=p,
-        activity=act,
-        wait_activity=wait,
-        description=f"fitted to data/reference-profiles/{name}.csv",
-    )
-
-
-def _residuals(
-    hw: HardwareParams, wl: WorkloadParams, profile: Profile, *, quantize: bool
-) -> list[float]:
-    """Return log(model / measured) for time and energy of every row."""
-    out: list[float] = []
-    for row in profile.rows:
-        op = operating_point(hw, wl, row.power_limit_w, quantize=quantize)
-        out.append(math.log(op.step_time_s / row.step_time_s))
-        out.append(math.log(op.energy_j * STEPS_PER_WINDOW / row.mean_energy_j))
-    return out
-
-
-def _initial_workload(profile: Profile, static_w: float, dynamic_w: float) -> list[float]:
-    """Return a starting point for one profile's workload parameters."""
-    top = profile.rows[0]
-    power = top.mean_energy_j / (top.step_time_s * STEPS_PER_WINDOW)
-    act = min(max((power - static_w) / dynamic_w, 0.1), 1.5)
-    t0 = top.step_time_s
-    return [0.6 * t0, 0.2 * t0, 0.7 * t0, 4.0, act, 0.3]
-
-
-def fit(
-    profiles: Sequence[Profile],
-    bases: Mapping[str, HardwareParams] | None = None,
-    *,
-    restarts: int = 3,
-) -> tuple[dict[str, HardwareParams], dict[str, WorkloadParams]]:
-    """Fit the hardware curve per GPU type and one workload per profile.
-
-    Robust (soft L1) least squares on the log ratios of model to measured step time and
-    energy, one joint problem per GPU type, with continuous clocks. Several starting points of
-    the hardware curve are tried and the lowest cost kept.
-
-    Args:
-        profiles: The reference profiles.
-        bases: Hardware presets supplying the fixed facts (limits, clocks, idle power); default
-            `presets.PRESETS`.
-        restarts: Starting points tried per GPU type.
-
-    Returns:
-        The fitted hardware by GPU type and the fitted workloads by profile name.
-    """
-    bases = presets.PRESETS if bases is None else bases
-    hardware: dict[str, HardwareParams] = {}
-    workloads: dict[str, WorkloadParams] = {}
-    for gpu_type in sorted({p.gpu_type for p in profiles}):
-        group = [p for p in profiles if p.gpu_type == gpu_type]
-        base = bases[gpu_type]
-        lo_hw = [20.0, 0.2, 2.0, 0.1]
-        hi_hw = [0.8 * base.min_power_limit_w + 40, 0.95, 4.0, 0.6]
-        lo_wl = [1e-4, 0.0, 0.0, 1.0, 0.05, 0.0]
-        hi_wl = [20.0, 20.0, 20.0, 40.0, 2.0, 1.0]
-        best: Any = None
-        starts = [[70.0, 0.6, 2.2, 0.25], [50.0, 0.5, 2.5, 0.2], [80.0, 0.7, 2.0, 0.3]]
-        for hw0 in starts[: max(1, restarts)]:
-            x0 = list(hw0)
-            for prof in group:
-                x0 += _initial_workload(prof, hw0[0], base.max_power_limit_w - hw0[0])
-
-            def residuals(
-                x: np.ndarray, group: list[Profile] = group, base: HardwareParams = base
-            ) -> np.ndarray:
-                values = [float(v) for v in x]
-                hw = _hardware_from(base, values[:4])
-                res: list[float] = []
-                for i, prof in enumerate(group):
-                    vec = values[4 + 6 * i : 10 + 6 * i]
-                    res += _residuals(hw, _workload_from(vec, prof.name), prof, quantize=False)
-                return np.asarray(res)
-
-            lower = lo_hw + lo_wl * len(group)
-            upper = hi_hw + hi_wl * len(group)
-            x0 = [
-                min(max(v, lo + 1e-9), hi - 1e-9)
-                for v, lo, hi in zip(x0, lower, upper, strict=True)
-            ]
-            sol = least_squares(
-                residuals,
-                np.asarray(x0),
-                bounds=(lower, upper),
-                loss="soft_l1",
-                f_scale=0.02,
-                x_scale="jac",
-                max_nfev=4000,
-            )
-            if best is None or sol.cost < best.cost:
-                best = sol
-        x = [float(v) for v in best.x]
-        hardware[gpu_type] = _hardware_from(base, x[:4])
-        for i, prof in enumerate(group):
-            workloads[prof.name] = _workload_from(x[4 + 6 * i : 10 + 6 * i], prof.name)
-    return hardware, workloads
 
 
 def evaluate(hw: HardwareParams, wl: WorkloadParams, profile: Profile) -> dict[str, Any]:
@@ -428,84 +284,3 @@ def render_report(report: Mapping[str, Any]) -> str:
     ]
     return "\n".join(lines)
 
-
-def _fmt(value: float) -> str:
-    """Format a fitted number with 6 significant digits (below 1e-6 as 0)."""
-    return repr(float(f"{value:.6g}") if abs(value) >= 1e-6 else 0.0)
-
-
-def render_presets_block(
-    hardware: Mapping[str, HardwareParams], workloads: Mapping[str, WorkloadParams]
-) -> str:
-    """Render the GENERATED block of `presets.py` for fitted parameters.
-
-    Args:
-        hardware: Fitted hardware by GPU type.
-        workloads: Fitted workloads by profile name.
-
-    Returns:
-        Python source defining ``FITTED_HARDWARE`` and ``FITTED_WORKLOADS``.
-    """
-    lines = ["FITTED_HARDWARE: dict[str, dict[str, float]] = {"]
-    for gpu, hw in sorted(hardware.items()):
-        lines.append(f"    {json.dumps(gpu)}: {{")
-        for key in (*_HW_KEYS, "dynamic_power_w"):
-            lines.append(f"        {json.dumps(key)}: {_fmt(getattr(hw, key))},")
-        lines.append("    },")
-    lines.append("}")
-    lines.append("FITTED_WORKLOADS: dict[str, dict[str, float]] = {")
-    for name, wl in sorted(workloads.items()):
-        lines.append(f"    {json.dumps(name)}: {{")
-        for key in _WL_KEYS:
-            lines.append(f"        {json.dumps(key)}: {_fmt(getattr(wl, key))},")
-        lines.append("    },")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def _write_presets(block: str) -> Path:
-    """Replace the GENERATED block of presets.py with `block` and return the file's path."""
-    path = Path(presets.__file__)
-    text = path.read_text()
-    start = text.index("# BEGIN GENERATED")
-    start = text.index("\n", start) + 1
-    end = text.index("# END GENERATED")
-    path.write_text(text[:start] + block + "\n" + text[end:])
-    return path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Refit the model to the reference profiles and print the error table.
-
-    Args:
-        argv: Command-line arguments (default: `sys.argv[1:]`).
-
-    Returns:
-        The exit code (0).
-    """
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--profiles", type=Path, default=DEFAULT_PROFILE_DIR)
-    parser.add_argument("--write", action="store_true", help="rewrite presets.py's fitted block")
-    parser.add_argument(
-        "--shipped", action="store_true", help="only evaluate the shipped presets, no refit"
-    )
-    args = parser.parse_args(argv)
-    profiles = load_profiles(args.profiles)
-    if args.shipped:
-        print(render_report(calibration_report(profiles)))
-        return 0
-    hardware, workloads = fit(profiles)
-    for gpu, hw in sorted(hardware.items()):
-        print(
-            f"{gpu}: static {hw.static_power_w:.1f} W, dynamic {hw.dynamic_power_w:.1f} W, "
-            f"voltage floor {hw.voltage_floor_clock_mhz:.0f} MHz, exponent "
-            f"{hw.voltage_exponent:.2f}, throttle floor {hw.throttle_floor_clock_mhz:.0f} MHz"
-        )
-    print(render_report(calibration_report(profiles, hardware, workloads)))
-    if args.write:
-        print(f"wrote {_write_presets(render_presets_block(hardware, workloads))}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,10 +16,11 @@ Pieces:
   draws more: the A40 profiles flatten above ~1450 MHz at 300 W).
 * `instruction_error_report`: median and 90th percentile of the relative time and energy
   errors over all rows, per profile and overall.
-* `fit_instructions`, `render_blocks`, `main`: ``python -m zeus_agent.gpu.sim.instructions --fit``
-  refits, prints the GENERATED blocks and the error report; ``--write`` also rewrites the blocks
-  (here and the PIPELINE FIT block of `presets.py`). Without ``--fit`` it reports the shipped
-  numbers.
+* `render_report`: that report as a table.
+
+The fit that produced the shipped numbers (the GENERATED block here, the PIPELINE FIT block of
+`presets.py`) runs offline: ``python tools/fit_sim.py instructions`` refits and prints the blocks
+and the error report, ``--write`` rewrites the blocks; ``--shipped`` reports the shipped numbers.
 
 Model of one instruction (docs/simulator.md, "Pipeline instructions"): time
 ``t(f) = compute_s * f_max / f + memory_s`` and power ``P(f) = P_static + a * P_dyn * d(f / f_max)``
@@ -32,13 +33,9 @@ models on that GPU). The A40's curve stays the one fitted to the power-limit ref
 
 from __future__ import annotations
 
-import argparse
 import csv
 import functools
-import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +50,10 @@ __all__ = [
     "INSTRUCTIONS",
     "NUM_STAGES",
     "STAGE_PROFILES",
-    "fit_instructions",
     "instruction_cost",
     "instruction_error_report",
     "load_stage_profile",
-    "main",
     "preset_for",
-    "render_blocks",
     "render_report",
     "stage_workloads",
 ]
@@ -84,19 +78,7 @@ NUM_STAGES = 8
 """Pipeline stages of the real profiles (0-6 identical, 7 the real last stage)."""
 
 _GPU_PRESETS = {"a40": "A40", "a100_sxm": "A100-SXM"}
-_HW_FIT_KEYS = ("static_power_w", "voltage_floor_clock_mhz", "voltage_exponent")
-_HW_FIT_BOUNDS = {
-    "static_power_w": (10.0, 150.0),
-    "voltage_floor_clock_mhz": (500.0, 1400.0),
-    "voltage_exponent": (2.0, 4.0),
-}
-_HW_FIT_STARTS = (
-    {"static_power_w": 80.0, "voltage_floor_clock_mhz": 1000.0, "voltage_exponent": 2.5},
-    {"static_power_w": 60.0, "voltage_floor_clock_mhz": 1100.0, "voltage_exponent": 2.8},
-)
-_FREE_HARDWARE = ("A100-SXM",)  # the A40 keeps the curve of the power-limit calibration
-
-# BEGIN GENERATED (python -m zeus_agent.gpu.sim.instructions --fit --write)
+# BEGIN GENERATED (python tools/fit_sim.py instructions --write)
 # (profile, stage, instruction): (compute_s, memory_s, activity)
 FITTED_INSTRUCTIONS: dict[tuple[str, int, str], tuple[float, float, float]] = {
     ("gpt3-175b+a40", 0, "forward"): (0.0550519, 0.0484038, 1.38182),
@@ -255,7 +237,7 @@ def _workload(profile: str, stage: int, instruction: str) -> WorkloadParams:
     except KeyError:
         raise ValueError(
             f"no fitted instruction for {profile} stage {stage} {instruction}; run "
-            f"python -m zeus_agent.gpu.sim.instructions --fit --write"
+            f"python tools/fit_sim.py instructions --write"
         ) from None
     return WorkloadParams(
         compute_s=compute_s,
@@ -354,214 +336,6 @@ def instruction_error_report(
     return {"overall": _summary(all_t, all_e), "profiles": per_profile}
 
 
-# Fit.
-def _np_model(
-    hw: Mapping[str, float], f_max: float, limit: float, params: np.ndarray, clock: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised `instruction_cost` with continuous throttled clocks (smooth for the fit).
-
-    `params` holds per row (compute_s, memory_s, activity) as columns.
-    """
-    compute_s, memory_s, activity = params[:, 0], params[:, 1], params[:, 2]
-    static, dyn = hw["static_power_w"], hw["dynamic_power_w"]
-    x_v = hw["voltage_floor_clock_mhz"] / f_max
-    k = hw["voltage_exponent"] - 1.0
-    budget = np.maximum((limit - static) / (activity * dyn), 1e-9)
-    x_cap = np.where(budget <= x_v ** (1.0 + k), budget / x_v**k, budget ** (1.0 / (1.0 + k)))
-    x = np.minimum(clock / f_max, np.maximum(x_cap, hw["throttle_floor_clock_mhz"] / f_max))
-    time_s = compute_s / x + memory_s
-    power = static + activity * dyn * x * np.maximum(x, x_v) ** k
-    return time_s, power * time_s
-
-
-def _hardware_dict(hw: HardwareParams) -> dict[str, float]:
-    return {
-        "static_power_w": hw.static_power_w,
-        "dynamic_power_w": hw.dynamic_power_w,
-        "voltage_floor_clock_mhz": hw.voltage_floor_clock_mhz,
-        "voltage_exponent": hw.voltage_exponent,
-        "throttle_floor_clock_mhz": hw.throttle_floor_clock_mhz,
-    }
-
-
-def _fit_gpu(
-    preset: str, profiles: Sequence[str], directory: str | Path
-) -> tuple[HardwareParams, dict[tuple[str, int, str], tuple[float, float, float]]]:
-    """Fit one GPU's instructions (and its curve when free) by robust least squares."""
-    from scipy.optimize import least_squares
-    from scipy.sparse import lil_matrix
-
-    base = presets.PRESETS[preset]
-    f_max = float(base.max_sm_clock_mhz)
-    limit = float(base.default_power_limit_w)
-    free_hw = _HW_FIT_KEYS if preset in _FREE_HARDWARE else ()
-    # Distinct curves (identical stages fitted once, weighted by their multiplicity).
-    curves: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    weights: list[float] = []
-    members: list[list[tuple[str, int, str]]] = []
-    seen: dict[tuple[Any, ...], int] = {}
-    for profile in profiles:
-        rows = load_stage_profile(profile, directory)
-        for stage in sorted({r[0] for r in rows}):
-            for ins in INSTRUCTIONS:
-                sel = sorted((r for r in rows if r[0] == stage and r[1] == ins), key=lambda r: r[2])
-                key = (profile, ins, tuple((r[2], r[3], r[4]) for r in sel))
-                if key in seen:
-                    weights[seen[key]] += 1.0
-                    members[seen[key]].append((profile, stage, ins))
-                    continue
-                seen[key] = len(curves)
-                curves.append(
-                    (
-                        np.array([r[2] for r in sel], dtype=float),
-                        np.array([r[3] for r in sel]),
-                        np.array([r[4] for r in sel]),
-                    )
-                )
-                weights.append(1.0)
-                members.append([(profile, stage, ins)])
-    clock = np.concatenate([c[0] for c in curves])
-    time_m = np.concatenate([c[1] for c in curves])
-    energy_m = np.concatenate([c[2] for c in curves])
-    w = np.concatenate(
-        [np.full(len(c[0]), math.sqrt(wt)) for c, wt in zip(curves, weights, strict=True)]
-    )
-    owner = np.concatenate([np.full(len(c[0]), i) for i, c in enumerate(curves)])
-    n_hw = len(free_hw)
-
-    def hardware_of(v: np.ndarray) -> dict[str, float]:
-        hw = _hardware_dict(base)
-        for name, value in zip(free_hw, v[:n_hw], strict=True):
-            hw[name] = float(value)
-        if free_hw:
-            hw["dynamic_power_w"] = base.max_power_limit_w - hw["static_power_w"]
-        return hw
-
-    def residuals(v: np.ndarray) -> np.ndarray:
-        params = v[n_hw:].reshape(-1, 3)[owner]
-        t, e = _np_model(hardware_of(v), f_max, limit, params, clock)
-        return np.concatenate([w * np.log(t / time_m), w * np.log(e / energy_m)])
-
-    # Fixed starting points (not the shipped numbers), so a refit reproduces itself.
-    x0: list[float] = [_HW_FIT_STARTS[0][k] for k in free_hw]
-    lower: list[float] = [_HW_FIT_BOUNDS[k][0] for k in free_hw]
-    upper: list[float] = [_HW_FIT_BOUNDS[k][1] for k in free_hw]
-    for c in curves:
-        t_fast = float(c[1][-1])
-        x0 += [0.8 * t_fast, 0.2 * t_fast, 1.0]
-        lower += [1e-6, 0.0, 0.05]
-        upper += [10.0, 10.0, 5.0]
-    sparsity = lil_matrix((2 * len(clock), len(x0)), dtype=int)
-    for row, i in enumerate(owner):
-        for col in list(range(n_hw)) + [n_hw + 3 * int(i) + j for j in range(3)]:
-            sparsity[row, col] = 1
-            sparsity[len(clock) + row, col] = 1
-    starts = [x0]
-    for alt_start in _HW_FIT_STARTS[1:] if free_hw else ():
-        starts.append([alt_start[k] for k in free_hw] + x0[n_hw:])
-    best = None
-    for start in starts:
-        result = least_squares(
-            residuals,
-            np.clip(np.array(start), lower, upper),
-            bounds=(lower, upper),
-            loss="soft_l1",
-            f_scale=0.02,
-            jac_sparsity=sparsity,
-            x_scale="jac",
-            max_nfev=2000,
-        )
-        if best is None or result.cost < best.cost:
-            best = result
-    assert best is not None
-    hw_values = hardware_of(best.x)
-    hw = replace(
-        base,
-        static_power_w=hw_values["static_power_w"],
-        dynamic_power_w=hw_values["dynamic_power_w"],
-        voltage_floor_clock_mhz=hw_values["voltage_floor_clock_mhz"],
-        voltage_exponent=hw_values["voltage_exponent"],
-    )
-    fitted: dict[tuple[str, int, str], tuple[float, float, float]] = {}
-    for i, keys in enumerate(members):
-        compute_s, memory_s, activity = (float(v) for v in best.x[n_hw + 3 * i : n_hw + 3 * i + 3])
-        for name in keys:
-            fitted[name] = (compute_s, memory_s, activity)
-    return hw, fitted
-
-
-def fit_instructions(
-    directory: str | Path = DEFAULT_STAGE_PROFILE_DIR,
-) -> tuple[dict[str, HardwareParams], dict[tuple[str, int, str], tuple[float, float, float]]]:
-    """Fit every instruction of the four profiles (and the A100 SXM's curve).
-
-    Args:
-        directory: Directory of the stage profile CSVs.
-
-    Returns:
-        (hardware by `PRESETS` key, with the fitted GPUs replaced; fitted instructions keyed by
-        (profile, stage, instruction) as (compute_s, memory_s, activity)).
-    """
-    hardware = dict(presets.PRESETS)
-    fitted: dict[tuple[str, int, str], tuple[float, float, float]] = {}
-    for preset in sorted({preset_for(p) for p in STAGE_PROFILES}):
-        profiles = [p for p in STAGE_PROFILES if preset_for(p) == preset]
-        hw, instr = _fit_gpu(preset, profiles, directory)
-        hardware[preset] = hw
-        fitted.update(instr)
-    order = {p: i for i, p in enumerate(STAGE_PROFILES)}
-    ins_order = {ins: i for i, ins in enumerate(INSTRUCTIONS)}
-    ordered = sorted(
-        fitted.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], ins_order[kv[0][2]])
-    )
-    return hardware, dict(ordered)
-
-
-# Output.
-def _fmt(value: float) -> str:
-    return f"{value:.6g}"
-
-
-def render_blocks(
-    hardware: Mapping[str, HardwareParams],
-    instructions: Mapping[tuple[str, int, str], tuple[float, float, float]],
-) -> tuple[str, str]:
-    """Render the GENERATED block of this module and the PIPELINE FIT block of `presets.py`.
-
-    Returns:
-        (instructions block, presets block), each with its marker lines.
-    """
-    lines = [
-        "# BEGIN GENERATED (python -m zeus_agent.gpu.sim.instructions --fit --write)",
-        "# (profile, stage, instruction): (compute_s, memory_s, activity)",
-        "FITTED_INSTRUCTIONS: dict[tuple[str, int, str], tuple[float, float, float]] = {",
-    ]
-    for (profile, stage, ins), values in instructions.items():
-        nums = ", ".join(_fmt(v) for v in values)
-        lines.append(f'    ("{profile}", {stage}, "{ins}"): ({nums}),')
-    lines += ["}", "# END GENERATED"]
-    hw_lines = [
-        "# BEGIN PIPELINE FIT (python -m zeus_agent.gpu.sim.instructions --fit --write)",
-        "FITTED_PIPELINE_HARDWARE: dict[str, dict[str, float]] = {",
-    ]
-    for preset in _FREE_HARDWARE:
-        hw = hardware[preset]
-        hw_lines.append(f'    "{preset}": {{')
-        for key in _HW_FIT_KEYS:
-            hw_lines.append(f'        "{key}": {_fmt(getattr(hw, key))},')
-        hw_lines.append("    },")
-    hw_lines += ["}", "# END PIPELINE FIT"]
-    return "\n".join(lines) + "\n", "\n".join(hw_lines) + "\n"
-
-
-def _replace_block(path: Path, begin: str, end: str, block: str) -> None:
-    text = path.read_text()
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"[^\n]*\n", re.DOTALL)
-    if not pattern.search(text):
-        raise RuntimeError(f"{path}: no block between {begin!r} and {end!r}")
-    path.write_text(pattern.sub(lambda _m: block, text, count=1))
-
-
 def render_report(report: Mapping[str, Any]) -> str:
     """Render `instruction_error_report` as a Markdown table."""
     lines = [
@@ -577,40 +351,3 @@ def render_report(report: Mapping[str, Any]) -> str:
             f"{s['energy_max']:.2%} |"
         )
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: report the shipped numbers, or refit (``--fit``) and optionally write."""
-    parser = argparse.ArgumentParser(prog="python -m zeus_agent.gpu.sim.instructions")
-    parser.add_argument("--fit", action="store_true", help="refit and print the blocks")
-    parser.add_argument(
-        "--write", action="store_true", help="with --fit: rewrite the GENERATED blocks"
-    )
-    args = parser.parse_args(argv)
-    if args.write and not args.fit:
-        parser.error("--write needs --fit")
-    if args.fit:
-        hardware, fitted = fit_instructions()
-        block, hw_block = render_blocks(hardware, fitted)
-        print("presets.py:\n" + hw_block)
-        print("instructions.py:\n" + block)
-        if args.write:
-            _replace_block(Path(__file__), "# BEGIN GENERATED", "# END GENERATED", block)
-            _replace_block(
-                Path(presets.__file__), "# BEGIN PIPELINE FIT", "# END PIPELINE FIT", hw_block
-            )
-        report = instruction_error_report(hardware, fitted)
-    else:
-        report = instruction_error_report()
-    print(render_report(report))
-    o = report["overall"]
-    print(
-        f"\nOverall over {o['rows']} rows: time error median {o['time_median']:.2%}, "
-        f"p90 {o['time_p90']:.2%}; energy error median {o['energy_median']:.2%}, "
-        f"p90 {o['energy_p90']:.2%} (targets: median <= 3%, p90 <= 8%)."
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

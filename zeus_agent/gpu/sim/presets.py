@@ -6,15 +6,15 @@ Pieces:
   V100 curve parameters are fitted to the reference profiles (`data/reference-profiles/`); A100
   (SXM4 40GB) and H100 (SXM) are extrapolated from the fitted Ampere/Volta shapes
   (docs/simulator.md). "A100-SXM" (SXM4 80GB, 855-1410 MHz) is fitted to the Perseus pipeline
-  stage profiles (`data/perseus/stage_profiles/`) by `zeus_agent.gpu.sim.instructions`.
+  stage profiles (`data/perseus/stage_profiles/`) by `tools/fit_sim.py instructions`.
 * `WORKLOADS`: `WorkloadParams` fitted to each of the 12 reference profiles, keyed by the CSV
   stem (e.g. "A40+resnet50+gpu0,1,2,3"), plus generic "compute-bound", "memory-bound" and
   "input-bound" workloads for tests and demos.
 * `sm_clock_table`: builds an NVML-like SM clock table.
 
 The numbers between the GENERATED markers are written by
-``python -m zeus_agent.gpu.sim.calibration --write``, those between the PIPELINE FIT markers by
-``python -m zeus_agent.gpu.sim.instructions --fit --write``; do not edit them by hand.
+``python tools/fit_sim.py power-limit --write``, those between the PIPELINE FIT markers by
+``python tools/fit_sim.py instructions --write``; do not edit them by hand.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def sm_clock_table(min_mhz: int, max_mhz: int, step_mhz: float) -> tuple[int, ..
     return tuple(int(min_mhz + i * step_mhz) for i in range(count, -1, -1))
 
 
-# BEGIN GENERATED (python -m zeus_agent.gpu.sim.calibration --write)
+# BEGIN GENERATED (python tools/fit_sim.py power-limit --write)
 FITTED_HARDWARE: dict[str, dict[str, float]] = {
     "A40": {
         "static_power_w": 75.5475,
@@ -163,7 +163,7 @@ FITTED_WORKLOADS: dict[str, dict[str, float]] = {
 }
 # END GENERATED
 
-# BEGIN PIPELINE FIT (python -m zeus_agent.gpu.sim.instructions --fit --write)
+# BEGIN PIPELINE FIT (python tools/fit_sim.py instructions --write)
 FITTED_PIPELINE_HARDWARE: dict[str, dict[str, float]] = {
     "A100-SXM": {
         "static_power_w": 55.8844,
