@@ -80,11 +80,13 @@ def _codes_sent() -> set[str]:
 
 
 def _codes_raised() -> set[str]:
-    """Codes errors carry: `code = "..."` in a class body, and `StragglerError("...", ...)`."""
+    """Codes errors carry: `code = "..."` in an exception class, `StragglerError("...", ...)`."""
     found: set[str] = set()
     for path in [*ROOT.glob("zeus_agent/**/*.py"), *ROOT.glob("coordinator/**/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef):
+            if isinstance(node, ast.ClassDef) and any(
+                    getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception"))
+                    for b in node.bases):
                 for stmt in node.body:
                     target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(
                         stmt, "target", None)
