@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
             "    time per iteration measured by the agents, the planner's predicted saving;\n"
             "    REPORT_DIR/pipeline_frontier.png, pipeline_timeline.png and summary.json's\n"
             "    'pipeline' section.\n"
-            "The whole demo takes about two minutes on a 2-core machine."
+            "The whole demo takes about 5 minutes on a 2-core machine."
         ),
         epilog=(
             "examples:\n"
