@@ -33,9 +33,7 @@ import time
 import torch
 from torch import nn
 
-from zeus_agent import emit
-from zeus_agent.models import JobInfo
-from zeus_agent.wire.messages import PowerLimitOptions
+from zeus_agent import JobInfo, PowerLimitOptions, emit
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,8 @@ Pieces:
 * Module-level `epoch_begin()` ... `instruction_end(name)`, `push_window`, `pop_window`,
   `window`, `stats`, `close`: delegate to the default publisher (`get_publisher()`).
 * `physical_gpu_index(i)`: a CUDA device index -> the node's index, via `CUDA_VISIBLE_DEVICES`.
+* `JobInfo`, `PowerLimitOptions`, `PowerLimitMeasurement`: what `init` takes (also importable
+  from `zeus_agent`; they live in `zeus_agent.models` and `zeus_agent.wire.messages`).
 
 Delivery: a datagram the agent's queue cannot take right now (`EAGAIN`; Linux queues only
 `net.unix.max_dgram_qlen` datagrams per receiver, 10 by default) waits in a small bounded
@@ -64,9 +66,14 @@ from zeus_agent.emit.records import (
     WindowEnergy,
 )
 from zeus_agent.errors import ZeusAgentError as ZeusAgentError  # `emit.ZeusAgentError`, as before
+from zeus_agent.models import JobInfo, PowerLimitMeasurement
+from zeus_agent.wire.messages import PowerLimitOptions
 
 __all__ = [
     "ENV_SOCKET",
+    "JobInfo",
+    "PowerLimitMeasurement",
+    "PowerLimitOptions",
     "ProfilingResult",
     "Publisher",
     "PublisherStats",
