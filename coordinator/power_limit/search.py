@@ -42,7 +42,7 @@ and does no I/O. The state machine asks it for the next probe and executes it.
   6. optionally (`k_guard` > 0; on in the defaults, 2.5) guard against a large regret: before
      finishing, profile once more each limit that could still be cheaper than the best by more
      than `guard_regret` at `k_guard` sigmas (the optimum read once in a short, unluckily high
-     window: the out-of-fold worst cases), then go on as before. It lowers the tail but costs
+     window: the out-of-fold worst cases), then go on from step 5. It lowers the tail but costs
      ~0.015-0.025 of the exhaustive search's time; the tuning pays for it with `confirm` 0.5;
   7. never spend more than `budget` x the exhaustive search's steps (if set).
   A window the machine leaves out (`PowerLimitStateMachine.discard`: it measured nothing, or its
@@ -289,8 +289,8 @@ class Adaptive(SearchStrategy):
         k_guard: Guard against a large regret: before finishing, every limit that could still
             be truly cheaper than the best by more than `guard_regret` at this many sigmas is
             profiled once more (one `chunk` window per limit, a second independent draw; not
-            counted against `max_refines`); then the search goes on as before (a limit that now
-            looks best is confirmed and settled). It catches the optimum measured by one short,
+            counted against `max_refines`); then the search goes on (a limit that then looks
+            best is confirmed and settled). It catches the optimum measured by one short,
             unluckily high window, which `k_refine` (sized for 1% misjudgements) lets go. 0: off.
         guard_regret: The regret (a fraction of the cost) `k_guard` and `k_guard_extend` guard
             against.

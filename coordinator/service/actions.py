@@ -112,8 +112,8 @@ class ActionExecutor:
                         "is lapsing", record.job_id, len(actions))
             # What is no command still happens: its progress is kept (written once the lease is
             # renewed or before this replica gives its jobs up, dropped once another replica
-            # holds the job), and the files its scheduler produced are written (as the
-            # schedulers did themselves before they were handed over as actions).
+            # holds the job), and the files its scheduler produced are written: they record
+            # what it computed, whoever carries out its commands.
             actions = [a for a in actions if isinstance(a, SaveProgress | WriteFile)]
         for action in actions:
             if isinstance(action, ApplyPowerLimit):

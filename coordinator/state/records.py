@@ -40,7 +40,7 @@ replica of version 1 would ignore it and accept ranks without the job's token, s
 read version 2 values (it refuses any other version, and then does not know the job)."""
 READABLE = (1, 2)
 """Layouts this coordinator reads (a version-1 job has no join token: any rank of its user
-may join, as before)."""
+may join, so jobs written before join tokens keep running)."""
 
 class RecordError(ValueError):
     """A value in the bucket is not what this version of the coordinator wrote."""

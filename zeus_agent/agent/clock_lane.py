@@ -6,9 +6,9 @@
 
 An `instruction_begin` that changes the clock is issued at once from `GpuAgent.on_event`: the
 change is queued on the GPU's setters' lane (`GPUCaller.submit_setter`) with no task, no lock
-and no extra loop iteration in between (each cost a few hundred microseconds on a 2-core VM:
-a spawned task ran only after the measuring of the same event). The guarantees the task path
-kept are kept here:
+and no extra loop iteration in between (each would cost a few hundred microseconds on a
+2-core VM: a spawned task would run only after the measuring of the same event). The lane still
+guarantees:
 
 * a stale clock is never applied: changes wanted while one is being applied are coalesced and
   only the latest is applied (behind a hung GPU: the hung call, then at most two more: a raise

@@ -49,8 +49,8 @@ MAX_UNREAD = 100_000
 MEASURE_AFTER_CLOCK_S = 0.002
 """How long the measuring of a scheduled rank's events waits (a GPU whose calls block). The
 loop goes idle at once and the GPU's setters' thread gets the GIL for a clock change: measuring
-at once (this event or the `instruction_end` just before it) held it ~0.4 ms on a 2-core VM and
-the change waited that long. A measurement goes out ~100 ms later anyway."""
+at once (this event or the `instruction_end` just before it) would hold it ~0.4 ms on a 2-core
+VM, and the change would wait that long. A measurement goes out ~100 ms later anyway."""
 
 _EVENT_NAMES = {
     Kind.EPOCH_BEGIN: "epoch_begin",

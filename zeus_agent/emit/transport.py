@@ -81,7 +81,7 @@ class Transport:
         A second socket connected to it: the events' order is kept (one socket), and the
         doorbell's thread applies a scheduled clock one wake-up sooner than the agent's loop.
         Replies and schedule notices still come to the first socket. If the doorbell cannot
-        be reached, events go to the trainers' socket as before.
+        be reached, events go to the trainers' socket with them.
         """
         self._close_bell()
         if not self.connected:

@@ -5,10 +5,10 @@ lock, read, close, parse the JSON) cost an agent with 8 GPUs sampled at 10 Hz se
 of a core: the simulator's own work, which a real GPU's microsecond getters do not charge.
 
 So each write also bumps a generation number, 8 bytes at the start of the device's lock file
-(``gpu{index}.lock``, which held nothing before), which every handle maps into memory. A read
+(``gpu{index}.lock``, otherwise only locked), which every handle maps into memory. A read
 compares the mapped generation with the one of the state it parsed last: equal, it answers
 from that copy without a system call; different (or nothing parsed yet), it reads the file
-under the shared lock as before, with the generation read under the same lock.
+under the shared lock, with the generation read under the same lock.
 
 Why this stays coherent across processes (the agent's setters, a trainer's `run_work`): a
 writer holds the exclusive lock while it rewrites the file and bumps the generation, so a

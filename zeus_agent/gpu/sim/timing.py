@@ -1,10 +1,10 @@
 """What NVML calls cost on a real GPU, as a pure model the simulated GPU charges.
 
-The simulated GPU used to answer every call in microseconds; a real one does not (recorded on
-an H200, `data/real-gpu/h200/`): an energy-counter read costs ~3 ms (p99 24 ms under load),
-the driver serialises it with power-limit reads and (presumably) setters, and the counter
-changes only every ~100 ms. An agent designed on the free simulator queues clock changes behind
-counter reads on real hardware; charging the same costs here makes that visible.
+A real GPU does not answer NVML calls in microseconds (recorded on an H200,
+`data/real-gpu/h200/`): an energy-counter read costs ~3 ms (p99 24 ms under load), the driver
+serialises it with power-limit reads and (presumably) setters, and the counter changes only
+every ~100 ms. A simulator whose calls were free would hide an agent that queues clock changes
+behind counter reads; charging the same costs here makes that visible.
 
 Pieces (pure and deterministic: no clock, no sleeping, no files; `zeus_agent.gpu.sim.device`
 does the sleeping and holds the real per-GPU lock):
