@@ -212,7 +212,7 @@ def _note(data: dict[str, Any]) -> dict[str, Any]:
         note[name] = bounded(value, 2000) if isinstance(value, str) else None
     at = data.get("at")
     finite = isinstance(at, int | float) and not isinstance(at, bool) and abs(at) < 1e12
-    note["at"] = float(at) if finite else None
+    note["at"] = float(at) if finite and at is not None else None
     return note
 
 
