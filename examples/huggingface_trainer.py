@@ -11,12 +11,16 @@ downloaded) learns a synthetic language (counting modulo the vocabulary) on the 
   simulated workload on a simulated GPU and waits for it, so the power limit the coordinator
   sets changes something the agent can measure.
 
-Run it against an agent and a coordinator (see examples/README.md):
+Run it against an agent and a coordinator (see examples/README.md), alone or one process per
+GPU under `torchrun` (the `Trainer` starts the process group: `gloo` on the CPU):
 
     python examples/huggingface_trainer.py --socket /tmp/zeus-agent.sock \\
         --sim-state-dir /tmp/zeus-sim
+    ZEUS_AGENT_SOCKET=/tmp/zeus-agent.sock torchrun --standalone --nproc_per_node 2 \\
+        examples/huggingface_trainer.py --sim-state-dir /tmp/zeus-sim
 
-The last line printed is a JSON summary (job id, training loss, final power limit).
+The last line printed (by rank 0) is a JSON summary (job id, training loss, each rank's final
+power limit); `--summary PATH` also writes it to a file.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the agent's socket (default $ZEUS_AGENT_SOCKET, else the agent's default)")
     p.add_argument("--sim-state-dir", default="/tmp/zeus-sim",
                    help="the simulated GPUs' state directory; '' for no simulated GPU")
-    p.add_argument("--gpu-index", type=int, default=0, help="GPU this process drives")
+    p.add_argument("--gpu-index", type=int, default=None,
+                   help="GPU this process drives (default $LOCAL_RANK, else 0)")
     p.add_argument("--workload", default="A40+bert-base-uncased+gpu0",
                    help="simulated workload run on the GPU each step")
     p.add_argument("--scale", type=float, default=0.05, help="factor on the simulated step time")
@@ -96,8 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="power-limit optimizer: warm-up steps per limit")
     p.add_argument("--profile-steps", type=int, default=5,
                    help="power-limit optimizer: profiled steps per limit")
+    p.add_argument("--pl-step", type=int, default=25,
+                   help="power-limit optimizer: W between profiled limits")
     p.add_argument("--output-dir", default=None, help="Trainer output (default a temp dir)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--summary", default=None, help="rank 0 also writes its JSON summary here")
     return p
 
 
@@ -108,22 +116,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from zeus_agent.integrations import HFGlobalPowerLimitOptimizer, ZeusMonitor
 
+    gpu_index = int(os.environ.get("LOCAL_RANK", "0")) if args.gpu_index is None else args.gpu_index
     torch.manual_seed(args.seed)
     config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
                         bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
 
-    monitor = ZeusMonitor(gpu_indices=[args.gpu_index])
-    plo = HFGlobalPowerLimitOptimizer(
-        monitor, warmup_steps=args.warmup_steps, profile_steps=args.profile_steps
-    )
-    callbacks: list[TrainerCallback] = [plo]
-    sim = None
-    if args.sim_state_dir:
-        sim = SimulatedGPUWork(args.sim_state_dir, args.gpu_index, args.workload, args.scale)
-        callbacks.append(sim)
-
     with tempfile.TemporaryDirectory(prefix="hf-example-") as tmp:
+        # Under torchrun, the arguments start the process group: the optimizer built next
+        # registers one job of the whole world size (rank 0 shares its id with the others).
         training_args = TrainingArguments(
             output_dir=args.output_dir or tmp,
             per_device_train_batch_size=args.batch_size,
@@ -136,6 +137,16 @@ def main(argv: list[str] | None = None) -> int:
             disable_tqdm=True,
             seed=args.seed,
         )
+        monitor = ZeusMonitor(gpu_indices=[gpu_index])
+        plo = HFGlobalPowerLimitOptimizer(
+            monitor, warmup_steps=args.warmup_steps, profile_steps=args.profile_steps,
+            pl_step=args.pl_step,
+        )
+        callbacks: list[TrainerCallback] = [plo]
+        sim = None
+        if args.sim_state_dir:
+            sim = SimulatedGPUWork(args.sim_state_dir, gpu_index, args.workload, args.scale)
+            callbacks.append(sim)
         trainer = Trainer(
             model=model,
             args=training_args,
@@ -145,17 +156,33 @@ def main(argv: list[str] | None = None) -> int:
         output = trainer.train()
 
     stats = plo.optimizer.publisher.stats()
-    summary = {
+    mine = {
+        "rank": plo.optimizer.rank,
         "job_id": plo.optimizer.job_id,
-        "train_loss": output.training_loss,
-        "steps": output.global_step,
-        "first_loss": trainer.state.log_history[0].get("loss"),
         "power_limits_w": sorted(set(sim.power_limits_w)) if sim else [],
         "final_power_limit_w": sim.gpu.get_power_limit_w() if sim else None,
         "events": stats.events,
         "dropped": stats.dropped,
     }
+    ranks = [mine]
+    if torch.distributed.is_initialized():
+        ranks = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(ranks, mine)
     plo.optimizer.publisher.close()
+    if plo.optimizer.rank != 0:
+        return 0
+    summary = {
+        "job_id": plo.optimizer.job_id,
+        "world_size": len(ranks),
+        "train_loss": output.training_loss,
+        "steps": output.global_step,
+        "first_loss": trainer.state.log_history[0].get("loss"),
+        **{k: mine[k] for k in ("power_limits_w", "final_power_limit_w", "events", "dropped")},
+        "ranks": ranks,
+    }
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f)
     print(json.dumps(summary))
     return 0
 
