@@ -27,12 +27,13 @@ Invariants:
 from __future__ import annotations
 
 import hmac
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from zeus_agent.errors import ReplyError
-from zeus_agent.models import JobInfo, RankInfo
+from zeus_agent.models import MAX_ID_CHARS, JobInfo, RankInfo
 from zeus_agent.wire.messages import (
     GpuBinding,
     PowerLimitOptions,
@@ -169,15 +170,15 @@ class JobRecord:
         job = JobInfo(**job_data)
         job.job_id = job_id
         record = cls(
-            job_id=data["job_id"],
+            job_id=_typed(data["job_id"], str, "job_id"),
             job=job,
-            scheduler=data["scheduler"],
+            scheduler=_typed(data["scheduler"], str, "scheduler"),
             power_limit=_options(data["power_limit"]),
             created_s=now_s,
             last_active_s=now_s,
-            node=data.get("node", ""),
-            uid=data.get("uid"),
-            join_digest=data.get("join_digest"),
+            node=_typed(data.get("node", ""), str, "node"),
+            uid=_uid(data.get("uid")),
+            join_digest=_digest(data.get("join_digest")),
         )
         for rr in data.get("ranks", []):
             record.add_rank(RankRecord.from_plain(rr))
@@ -407,6 +408,30 @@ class JobRegistry:
         for j in data.get("jobs", []):
             registry._add(JobRecord.from_plain(j, now_s))
         return registry
+
+
+def _typed(value: Any, kind: type, name: str, most: int = MAX_ID_CHARS) -> Any:
+    """A recorded field checked for its type (and a string for its length)."""
+    if not isinstance(value, kind) or (isinstance(value, str) and len(value) > most):
+        raise ValueError(f"{name} must be a {kind.__name__}"
+                         + (f" of at most {most} characters" if kind is str else ""))
+    return value
+
+
+def _uid(value: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= 2**32 - 1:
+        raise ValueError("uid must be an integer in [0, 2**32 - 1] or null")
+    return value
+
+
+def _digest(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError("join_digest must be 64 hex digits or null")
+    return value
 
 
 def _options(data: dict[str, Any] | None) -> PowerLimitOptions | None:

@@ -723,10 +723,7 @@ def test_a_rank_beyond_the_world_is_not_loaded(world: World):
     reproduce(world, plan, "inconsistent registry")
 
 
-@known_bug("a job record whose node is a list or a map raises TypeError in JobRegistry._add: "
-           "logged with a traceback, neither loaded cleanly nor quarantined "
-           "(coordinator/jobs/registry.py JobRecord.from_plain)")
-def test_known_bug_a_job_record_whose_node_is_a_list(world: World):
+def test_a_job_record_whose_node_is_a_list_is_a_bad_record(world: World):
     plan = Plan("power_limit", "job", Change("node=[]", "any", _set(("node",), [])))
     reproduce(world, plan, "could not apply state entry")
 
@@ -741,9 +738,6 @@ def test_a_note_with_a_huge_number_is_shown_bounded(world: World):
     reproduce(world, plan, "a query about the job got")
 
 
-@known_bug("a job record's scheduler (and node, uid, join_digest) is loaded whatever its "
-           "type: 2**64 makes every JobQuery about the job answer 'internal' "
-           "(coordinator/jobs/registry.py JobRecord.from_plain)")
-def test_known_bug_a_job_record_whose_scheduler_is_a_huge_number(world: World):
+def test_a_job_record_whose_scheduler_is_a_huge_number_is_a_bad_record(world: World):
     plan = Plan("pipeline", "job", Change("scheduler=2**64", "any", _set(("scheduler",), 2**64)))
     reproduce(world, plan, "a query about the job got")
