@@ -532,7 +532,8 @@ class Gateway:
         limit = agent.power_limit_w or agent.info.default_power_limit_w
         rank = rank.model_copy(update={
             "rank_info": rank.rank_info.model_copy(update={"available_frequencies": clocks}),
-            "gpu_info": GpuDescription.from_info(agent.info, limit, bound.job_id)})
+            "gpu_info": GpuDescription.from_info(agent.info, limit, bound.job_id,
+                                                 agent.counter.update_period_ms)})
         subject = subjects.coord_register_rank(self.node, self.prefix)
         reply = await self._relay(subject, codec.encode(rank))
         if reply.ok and rank.join_token is not None:

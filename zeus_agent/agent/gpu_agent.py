@@ -253,7 +253,8 @@ class GpuAgent(ScheduleEvents):
         job_id = self.binding.job_id if self.binding is not None else None
         pending = self._pending_schedule
         version = pending[1] if pending is not None else self.schedule_version
-        return GpuDescription.from_info(self.info, limit, job_id).model_copy(
+        return GpuDescription.from_info(self.info, limit, job_id,
+                                        self.counter.update_period_ms).model_copy(
             update={"schedule_version": version, "controllable": self.controllable})
 
     @property

@@ -69,6 +69,8 @@ MAX_GPUS_PER_NODE = 1024
 """Most GPUs one agent may announce (a node holds 8 to 72)."""
 MAX_HEARTBEAT_S = 3600.0
 """Longest heartbeat an agent may announce (s)."""
+MAX_ENERGY_PERIOD_MS = 60_000.0
+"""Longest energy-counter update period an agent may announce (ms)."""
 MAX_SCHEDULE_VERSION = 2**31 - 1
 """Largest schedule number in a job."""
 
@@ -139,7 +141,7 @@ class AddedFields(BaseModel):
 class GpuDescription(_Part, AddedFields):
     """What an agent announces about one GPU (see `zeus_agent.gpu.base.GPUInfo`)."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("controllable",)
+    ADDED: ClassVar[tuple[str, ...]] = ("controllable", "energy_period_ms")
 
     index: int = Field(ge=0, le=MAX_RANK)
     uuid: Name
@@ -161,6 +163,12 @@ class GpuDescription(_Part, AddedFields):
     lacks the privilege (NVML: NO_PERMISSION). Added after schema 1 shipped: sent only when
     False, so coordinators that predate it keep accepting controllable GPUs' announcements
     (one that predates it refuses an observe-only GPU's announcement: it could not drive it)."""
+    energy_period_ms: float | None = Field(default=None, ge=0, le=MAX_ENERGY_PERIOD_MS)
+    """How often the GPU's energy counter changes, as the agent's reads learned it (ms): NVML's
+    ~100 ms; 0 when it changed at every read (continuous, or power integrated); None when not
+    known (still learning). Marks interpolate between its updates, so a power-limit window
+    must span several periods (`coordinator.power_limit.window_length`). Added after schema 1
+    shipped: sent only when known; a coordinator that predates it refuses the description."""
 
     @model_validator(mode="after")
     def _limits_ordered(self) -> GpuDescription:
@@ -176,9 +184,10 @@ class GpuDescription(_Part, AddedFields):
 
     @classmethod
     def from_info(
-        cls, info: GPUInfo, power_limit_w: int, job_id: str | None = None
+        cls, info: GPUInfo, power_limit_w: int, job_id: str | None = None,
+        energy_period_ms: float | None = None,
     ) -> GpuDescription:
-        """Build from a backend's `GPUInfo`, the current limit and the bound job."""
+        """Build from a backend's `GPUInfo`, the limit, the bound job, the counter's period."""
         return cls(
             index=info.index,
             uuid=info.uuid,
@@ -192,6 +201,7 @@ class GpuDescription(_Part, AddedFields):
             has_energy_counter=info.has_energy_counter,
             power_limit_w=power_limit_w,
             job_id=job_id,
+            energy_period_ms=energy_period_ms,
         )
 
 

@@ -284,6 +284,14 @@ class ReadPolicy:
         periods = [v[1] for v in self._poly]
         return (min(periods) + max(periods)) / 2
 
+    @property
+    def period_bounds_ns(self) -> tuple[float, float] | None:
+        """The shortest and longest periods the grid still allows (ns), or None without a grid."""
+        if not self._poly:
+            return None
+        periods = [v[1] for v in self._poly]
+        return min(periods), max(periods)
+
     def grid_range(self, n: int | None = None) -> tuple[int, int] | None:
         """Earliest and latest grid point of update `n` (default: the next unseen) (ns)."""
         if not self._poly:

@@ -1,0 +1,69 @@
+"""The energy counter's update period, as the agent learns it and announces it for a GPU.
+
+The coordinator lengthens power-limit windows shorter than a few periods
+(`coordinator.power_limit.window_length`): the agent says the period its reads learned
+(`CounterReader.update_period_ms` -> `GpuDescription.energy_period_ms`), 0 for a counter that
+changed at every read, nothing while it does not know yet.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.core.test_counter_phase import MS, Counter, drive
+from zeus_agent.agent.core.counter_phase import PhaseState, ReadPolicy
+from zeus_agent.agent.core.energy_ring import EnergyRing
+from zeus_agent.agent.counter_reader import CounterReader
+from zeus_agent.errors import PayloadError
+from zeus_agent.gpu.base import GPUInfo
+from zeus_agent.wire import codec
+from zeus_agent.wire.messages import GpuDescription
+
+
+def reader(policy: ReadPolicy) -> CounterReader:
+    caller: Any = SimpleNamespace(gpu=object())
+    return CounterReader(caller, EnergyRing(64), 100 * MS, policy=policy)
+
+
+def test_a_100_ms_counter_is_announced_once_its_grid_is_known() -> None:
+    policy = ReadPolicy()
+    announced = reader(policy)
+    assert policy.period_bounds_ns is None and announced.update_period_ms is None
+    drive(policy, Counter().value_at, 150 * MS)  # A first update seen: no period yet.
+    assert policy.state is PhaseState.LEARNING and announced.update_period_ms is None
+    drive(policy, Counter().value_at, 20_000 * MS)
+    assert policy.locked
+    lo, hi = policy.period_bounds_ns or (0, 0)
+    assert 99 * MS < lo <= hi < 101 * MS
+    assert announced.update_period_ms == pytest.approx(100.0, abs=0.5)
+
+
+def test_a_counter_that_changes_at_every_read_is_announced_as_continuous() -> None:
+    policy = ReadPolicy(fallback_interval_ns=50 * MS)
+    drive(policy, lambda t: 300.0 * t / 1e9, 5_000 * MS, seed=9)
+    assert policy.state is PhaseState.PLAIN
+    assert reader(policy).update_period_ms == 0.0
+    integrated = reader(ReadPolicy())
+    integrated.use_integrator()  # (A GPU without a counter: its power integrated.)
+    assert integrated.update_period_ms == 0.0
+
+
+INFO = GPUInfo(index=0, name="NVIDIA A40", uuid="GPU-0", architecture="Ampere",
+               min_power_limit_w=100, max_power_limit_w=300, default_power_limit_w=300,
+               supported_memory_clocks_mhz=(7251,), supported_graphics_clocks_mhz=(1740, 210),
+               has_energy_counter=True)
+
+
+def test_the_description_carries_the_period_only_when_known() -> None:
+    unknown = GpuDescription.from_info(INFO, 300)
+    assert "energy_period_ms" not in unknown.model_dump()  # (Not sent: older coordinators.)
+    known = GpuDescription.from_info(INFO, 300, energy_period_ms=100.0)
+    assert codec.decode(codec.encode(known), GpuDescription).energy_period_ms == 100.0
+    continuous = GpuDescription.from_info(INFO, 300, energy_period_ms=0.0)
+    assert codec.decode(codec.encode(continuous), GpuDescription).energy_period_ms == 0.0
+    for bad in (-1.0, 1e9):
+        with pytest.raises(PayloadError):
+            codec.validate(GpuDescription, {**known.model_dump(), "energy_period_ms": bad})
