@@ -27,6 +27,8 @@ It wraps a `PowerLimitStateMachine` and turns windows over the job's GPUs into m
 * a window whose closing marks say the GPU ran at another limit is redone: after a broker
   outage, agents deliver their buffered events late and at once, and the machine would
   otherwise close windows for steps that all ran at an earlier limit (marks carry the limit);
+* a window shorter than a few periods of the GPUs' energy counters makes `profile_steps` a
+  minimum: windows are lengthened, short ones redone, said (`power_limit.window_length`);
 * when nothing can be measured (every window unusable), the optimiser gives up: the GPUs go
   back to the maximum limit and the status says why (`gave_up`);
 * one input sends at most one power-limit command, the limit it ends at: a step count that
@@ -53,15 +55,20 @@ from coordinator.optimizer import (
     SaveProfile,
     SaveProgress,
     StatusUpdate,
-    StragglerError,
-    saving_and_slowdown,
 )
 from coordinator.power_limit.commands import latest_limit_only
+from coordinator.power_limit.job_parts import (
+    NotAPipeline,
+    give_up_reason,
+    make_selector,
+    progress_of,
+    resume_arguments,
+    snapshot_of,
+)
 from coordinator.power_limit.machine import (
     BeginWindow,
     Done,
     EndWindow,
-    NothingMeasuredError,
     PowerLimitError,
     PowerLimitStateMachine,
     Profiling,
@@ -69,23 +76,17 @@ from coordinator.power_limit.machine import (
     SetPowerLimit,
     Warmup,
 )
-from coordinator.power_limit.search import Probe, WindowResult
-from coordinator.power_limit.selectors import (
-    Energy,
-    MaxSlowdownConstraint,
-    OptimumSelector,
-    Time,
-    ZeusCost,
-)
-from coordinator.power_limit.trainer_choice import DeferredSelector, TrainerChoice
+from coordinator.power_limit.search import WindowResult
+from coordinator.power_limit.trainer_choice import TrainerChoice
 from coordinator.power_limit.window_join import (
     MAX_LATE_STEPS,
     RESTART_RUN,
     StepKey,
     WindowJoin,
 )
+from coordinator.power_limit.window_length import Verdict, WindowLength
 from zeus_agent.models import PowerLimitMeasurement
-from zeus_agent.wire.messages import Mark, Measurement, PowerLimitOptions, TrainerEvent
+from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
 
 MAX_REPLAYED_STEPS = 1_000
 """Most lost steps replayed into the machine at once: a longer jump ahead re-anchors the count."""
@@ -93,21 +94,7 @@ DEFAULT_MARK_TIMEOUT_S = 10.0
 """Last resort: later marks prove most losses at the next step."""
 
 
-def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelector:
-    """The optimum selector the options name (a stand-in for a user's own: `TrainerChoice`)."""
-    if options.selector == "Custom":
-        return DeferredSelector()
-    if options.selector == "Energy":
-        return Energy()
-    if options.selector == "Time":
-        return Time()
-    if options.selector == "MaxSlowdownConstraint":
-        return MaxSlowdownConstraint(factor=options.max_slowdown)
-    return ZeusCost(eta_knob=options.eta_knob, world_size=options.world_size or world_size)
-
-
-
-class PowerLimitJob:
+class PowerLimitJob(NotAPipeline):
     """The power-limit optimiser of one job over all of its ranks.
 
     Args:
@@ -122,6 +109,8 @@ class PowerLimitJob:
         mark_timeout_s: How long a closed window waits for marks that nothing proved lost
             before it is redone.
         chosen: With a user's own selector ("Custom"): the limit it chose before a takeover.
+        energy_period_s: The longest energy-counter period of the job's GPUs (s), as their
+            agents announced it (None: not known; 0: continuous): windows must span several.
 
     Raises:
         ValueError, TypeError, KeyError: `resume` is not readable.
@@ -141,6 +130,7 @@ class PowerLimitJob:
         resume: Sequence[WindowResult] | dict[str, Any] = (),
         mark_timeout_s: float = DEFAULT_MARK_TIMEOUT_S,
         chosen: int | None = None,
+        energy_period_s: float | None = None,
     ) -> None:
         self.job_id = job_id
         self.options = options
@@ -157,9 +147,10 @@ class PowerLimitJob:
             pl_step=options.pl_step_w,
             measurements=measurements,
             search=options.search,
-            **_resume_arguments(resume),
+            **resume_arguments(resume),
         )
         self._join = WindowJoin(self.ranks, mark_timeout_s)
+        self._length = WindowLength(energy_period_s)
         self._saved = measurements is not None
         self.last_step: StepKey | None = None
         self._ended_epoch = -1  # Highest epoch whose end the machine has seen.
@@ -222,11 +213,12 @@ class PowerLimitJob:
             ))
         else:
             again = f", resuming after {resumed} measured window(s)" if resumed else ""
+            minimum = self._length.describe()
             actions.append(StatusUpdate(
                 "profiling",
                 f"profiling {len(self.machine.power_limits)} power limits "
                 f"({self.machine.power_limits[0]}..{self.machine.power_limits[-1]} W, "
-                f"{self.options.search} search{again})",
+                f"{self.options.search} search{again}{', ' if minimum else ''}{minimum})",
                 self.progress(),
             ))
         return actions
@@ -354,7 +346,7 @@ class PowerLimitJob:
             try:
                 effects = self.machine.redo(w.name)
             except PowerLimitError as e:
-                actions += self._give_up(_why(e))
+                actions += self._give_up(give_up_reason(e))
                 continue
             actions += self._translate(effects, step=self.last_step)
         return actions
@@ -386,29 +378,6 @@ class PowerLimitJob:
             ),
         ]
 
-    def desired_schedule(self, rank: int) -> None:
-        """Power-limit jobs install no frequency schedules."""
-        return None
-
-    def plans_on(self, measurement: Measurement) -> bool:
-        """Nothing it is fed takes long."""
-        return False
-
-    def abort(self, why: str) -> list[Action]:
-        """Nothing of its own to stop (it sends no schedules): say why."""
-        return [StatusUpdate("error", why)]
-
-    def set_straggler(self, pipeline: int, factor: float | None) -> list[Action]:
-        """Straggler notices are for pipeline jobs."""
-        raise StragglerError(
-            "not_supported",
-            f"job {self.job_id} is optimised by the power-limit optimizer: straggler notices "
-            "are for pipeline jobs (pipeline frequency optimizer)")
-
-    def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
-        """Step and instruction measurements are not used: windows come from marks."""
-        return []
-
     def persisted(self) -> dict[str, Any] | None:
         """While profiling, what a replica taking the job over resumes from.
 
@@ -422,24 +391,9 @@ class PowerLimitJob:
 
     def snapshot(self) -> JobSnapshot:
         """Its phase, limits and the saving its profile measured (for dashboards)."""
-        machine = self.machine
         phase = "gave_up" if self.gave_up is not None else self._phase().lower()
-        optimal = self.optimal_power_limit
-        measurements = list(machine.measurements)
-        saving = slowdown = None
-        if optimal is not None and measurements:
-            by_limit = {m.power_limit: m for m in measurements}
-            chosen, reference = by_limit.get(optimal), by_limit[max(by_limit)]
-            if chosen is not None:
-                saving, slowdown = saving_and_slowdown(
-                    (chosen.energy, chosen.time), (reference.energy, reference.time))
-        current = self.desired_power_limit
-        return JobSnapshot(
-            job_id=self.job_id, kind=self.kind, phase=phase,
-            power_limit_w=float(current) if current is not None else None,
-            optimal_power_limit_w=float(optimal) if optimal is not None else None,
-            measured=len(measurements), candidates=len(machine.power_limits),
-            energy_saving=saving, slowdown=slowdown)
+        return snapshot_of(self.machine, self.job_id, self.kind, phase,
+                           self.optimal_power_limit, self.desired_power_limit)
 
     def waiting_for(self) -> dict[str, list[int]]:
         """Closed windows still missing marks: window name -> ranks."""
@@ -447,16 +401,7 @@ class PowerLimitJob:
 
     def progress(self) -> dict[str, Any]:
         """A snapshot for status events and queries."""
-        return {
-            "phase": self._phase(),
-            "power_limit_w": self.machine.current_power_limit,
-            "measured": len(self.machine.measurements),
-            "candidates": len(self.machine.power_limits),
-            "optimal_power_limit_w": self.optimal_power_limit,
-            "measurements": [m.model_dump() for m in self.machine.measurements],
-            "redone": {str(k): v for k, v in self.machine.redos().items()},
-            "gave_up": self.gave_up,
-        }
+        return progress_of(self.machine, self._phase(), self.optimal_power_limit, self.gave_up)
 
     def _phase(self) -> str:
         """The machine's state, or "Selecting" while a user's own selector chooses."""
@@ -490,7 +435,7 @@ class PowerLimitJob:
             try:
                 effects = self.machine.redo(w.name)
             except PowerLimitError as e:
-                return actions + self._give_up(_why(e))
+                return actions + self._give_up(give_up_reason(e))
             actions += self._translate(effects, step=key)
         if self.profiled or (waiting and not self._waiting()):
             return actions
@@ -634,7 +579,7 @@ class PowerLimitJob:
                 try:
                     effects = self.machine.redo(name)
                 except PowerLimitError as e:
-                    actions += self._give_up(_why(e))
+                    actions += self._give_up(give_up_reason(e))
                     continue
                 actions += self._translate(effects, step=self.last_step)
                 if self.desired_power_limit is not None and not any(
@@ -661,10 +606,17 @@ class PowerLimitJob:
                 try:
                     discarded = self.machine.discard(name)
                 except PowerLimitError as e:
-                    actions += self._give_up(_why(e))
+                    actions += self._give_up(give_up_reason(e))
                     continue
                 actions += self._translate(discarded, step=self.last_step)
                 continue
+            span_s = time_s * m.covered / m.steps if m.normalised else time_s
+            verdict = self._length.judge(name, m.steps, m.covered, span_s,
+                                         self.machine.min_window_steps)
+            if verdict is not None:
+                actions += self._too_short(name, verdict)
+                if verdict.redo:
+                    continue
             effects = self.machine.record(name, time_s, energy_j)
             actions.append(StatusUpdate(
                 "profiling",
@@ -684,6 +636,17 @@ class PowerLimitJob:
             actions.append(SaveProfile(tuple(self.machine.measurements), optimal))
             actions.append(StatusUpdate("done", f"optimal power limit {optimal} W pinned",
                                         self.progress()))
+        return actions
+
+    def _too_short(self, name: str, verdict: Verdict) -> list[Action]:
+        """Window `name` lasted less than the minimum: lengthen the windows; redo it if short."""
+        self.machine.lengthen(verdict.min_steps)
+        state, window = self.machine.state, self._join.open_window()
+        if window is not None and isinstance(state, Profiling):
+            window.steps = state.profile_steps  # (Lengthened in place.)
+        actions: list[Action] = [StatusUpdate("profiling", verdict.message, self.progress())]
+        if verdict.redo:
+            actions += self._translate(self.machine.redo(name, counted=False), step=self.last_step)
         return actions
 
     # ------------------------------------------------------------------ a user's own selector
@@ -749,24 +712,3 @@ class PowerLimitJob:
                 self.progress(),
             ),
         ]
-
-
-def _why(error: PowerLimitError) -> str:
-    """Why the optimiser gives up, in words for people (the machine's text for developers)."""
-    if isinstance(error, NothingMeasuredError):
-        return ("no window was measured: every power limit's window was lost, unusable or "
-                "redone too often, so there is nothing to choose from")
-    return f"internal error of the power-limit optimiser: {error}"
-
-
-def _resume_arguments(resume: Sequence[WindowResult] | dict[str, Any]) -> dict[str, Any]:
-    """The machine's `resume*` arguments from a list of windows or a `persisted()` dict."""
-    if not isinstance(resume, dict):
-        return {"resume": [w if isinstance(w, WindowResult) else WindowResult(**w)
-                           for w in resume]}
-    return {
-        "resume": [WindowResult(**w) for w in resume["windows"]],
-        "resume_completed": int(resume["completed"]),
-        "resume_redo": [Probe(int(w), int(warmup), int(steps))
-                        for w, warmup, steps in resume["redo"]],
-    }

@@ -16,6 +16,10 @@ Invariants (h11 style, everything that affects the machine lives here):
   an agent that restarted) is `redo`ne: its limit is profiled again (warm-up included) before the
   search's next probe, up to `MAX_REDOS` times, then left out like a `discard`ed window. A redo
   does not count as a new window for the search.
+* Windows too short for the energy counter (`coordinator.power_limit.window_length`): `lengthen`
+  makes every window from then on cover at least `min_window_steps` steps (the open one is
+  lengthened in place), and a closed window shorter than that is redone without counting toward
+  `MAX_REDOS` (`redo(..., counted=False)`). Measurements are still scaled to `profile_steps`.
 * Deviations from Zeus 0.16: `warmup_steps=0` works (the window opens on the call that sets the
   limit); a loaded profile with a limit outside [min, max] is refused; impossible input raises
   `InvalidTransitionError` naming the state and the input.
@@ -32,10 +36,8 @@ Pieces:
 
 * Effects: `SetPowerLimit`, `BeginWindow`, `EndWindow` (frozen dataclasses), `Effect` union.
 * States: `Ready`, `Warmup`, `Profiling`, `Done` (frozen dataclasses, replaced, never mutated).
-* Errors: `PowerLimitError` (base), `InvalidTransitionError`, `ProfileRangeError`,
-  `PowerLimitRangeError` (a GPU's limits that are not `0 < min <= max`, or that give more than
-  `MAX_POWER_LIMITS` candidate limits: refused before any list is built, so a hostile
-  description such as `max_power_limit_w = 2**63 - 1` cannot exhaust the memory).
+* Errors (`coordinator.power_limit.errors`, re-exported): `PowerLimitError` (base),
+  `InvalidTransitionError`, `NothingMeasuredError`, `ProfileRangeError`, `PowerLimitRangeError`.
 * `window_name`: Zeus 0.16's window name for a limit.
 * `PowerLimitStateMachine`: the machine.
 """
@@ -49,6 +51,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from coordinator.power_limit.errors import (
+    MAX_POWER_LIMITS,
+    InvalidTransitionError,
+    NothingMeasuredError,
+    PowerLimitError,
+    PowerLimitRangeError,
+    ProfileRangeError,
+    check_range,
+)
 from coordinator.power_limit.search import (
     Probe,
     Search,
@@ -82,8 +93,6 @@ __all__ = [
 WINDOW_PREFIX = "__GlobalPowerLimitOptimizer_"
 MAX_REDOS = 3
 """How many times one limit's window is redone before the limit is left out."""
-MAX_POWER_LIMITS = 4096
-"""Most candidate limits one machine profiles (a real GPU has tens: e.g. 100..700 W by 25 W)."""
 
 
 def window_name(power_limit: int) -> str:
@@ -220,56 +229,7 @@ class Done:
 State = Ready | Warmup | Profiling | Done
 
 
-# Errors -----------------------------------------------------------------------------------------
-
-
-class PowerLimitError(Exception):
-    """Base class of the errors raised on purpose by the power-limit core."""
-
-
-class InvalidTransitionError(PowerLimitError, RuntimeError):
-    """An input that the current state cannot accept (a bug in the shell driving the machine)."""
-
-
-class NothingMeasuredError(InvalidTransitionError):
-    """The search is over and no window was measured: there is nothing to choose from.
-
-    Every window was discarded (lost, unusable, or redone too often): the shell gives up.
-    """
-
-
-class ProfileRangeError(PowerLimitError, ValueError):
-    """A loaded profile does not fit the GPU's power-limit range."""
-
-
-class PowerLimitRangeError(PowerLimitError, ValueError):
-    """A GPU's power-limit range no machine can profile (the message names the bound)."""
-
-
 # Machine ----------------------------------------------------------------------------------------
-
-
-def _check_range(min_power_limit: int, max_power_limit: int, pl_step: int) -> None:
-    """Refuse limits no machine can profile, before any list of them is built.
-
-    The limits come from the GPUs' descriptions, which an agent sends: `range(max, min - 1,
-    -pl_step)` of a hostile `max_power_limit_w = 2**63 - 1` would take all the memory.
-
-    Raises:
-        PowerLimitRangeError: Not `0 < min <= max`, or more than `MAX_POWER_LIMITS` limits.
-    """
-    if not 0 < min_power_limit <= max_power_limit:
-        raise PowerLimitRangeError(
-            "Power limits must satisfy 0 < min_power_limit <= max_power_limit; got "
-            f"min_power_limit={min_power_limit}, max_power_limit={max_power_limit}."
-        )
-    if pl_step > 0 and (max_power_limit - min_power_limit) // pl_step + 1 > MAX_POWER_LIMITS:
-        count = (max_power_limit - min_power_limit) // pl_step + 1
-        raise PowerLimitRangeError(
-            f"Power limits {min_power_limit}..{max_power_limit} W by {pl_step} W give {count} "
-            f"candidate limits, more than MAX_POWER_LIMITS={MAX_POWER_LIMITS}: the GPU's "
-            "description is not physical (or pl_step is far too small)."
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +264,7 @@ class PowerLimitStateMachine:
         resume: Sequence[WindowResult] = (),
         resume_completed: int | None = None,
         resume_redo: Sequence[Probe] = (),
+        resume_window_steps: int = 1,
     ) -> None:
         """Initialize the machine.
 
@@ -324,6 +285,8 @@ class PowerLimitStateMachine:
                 as many as recorded), from `resume_state()`.
             resume_redo: With `resume`: windows to profile again first (redos queued, and
                 windows whose marks had not all arrived), from `resume_state()`.
+            resume_window_steps: The fewest steps a window covers (`lengthen`), from
+                `resume_state()`.
 
         Raises:
             ValueError: An argument is out of range (the message names it and the range).
@@ -331,7 +294,7 @@ class PowerLimitStateMachine:
                 `MAX_POWER_LIMITS` candidates (a `ValueError` too).
             ProfileRangeError: A loaded measurement's limit is outside [min, max].
         """
-        _check_range(min_power_limit, max_power_limit, pl_step)
+        check_range(min_power_limit, max_power_limit, pl_step)
         if world_size < 1:
             raise ValueError(f"world_size must be greater than or equal to 1; got {world_size}.")
         if wait_steps < 0:
@@ -366,6 +329,8 @@ class PowerLimitStateMachine:
         self._redo_queue: list[Probe] = []  # Windows to profile again, before the search's next.
         self._redos: dict[int, int] = {}  # Limit -> times redone.
         self._probe_is_redo = False
+        self.min_window_steps = max(1, resume_window_steps)
+        """The fewest steps a window covers (`lengthen`; 1: as each probe says)."""
 
         self.state: State
         if measurements is not None:
@@ -581,11 +546,13 @@ class PowerLimitStateMachine:
                                 NothingMeasuredError)
         return self._begin_probe(probe)
 
-    def redo(self, window_name: str) -> list[Effect]:
+    def redo(self, window_name: str, counted: bool = True) -> list[Effect]:
         """Profile a closed window's limit again: its measurement will never come.
 
         The limit is queued ahead of the search's next probe (with a full warm-up). After
         `MAX_REDOS` redos of one limit, the window is discarded instead (see `discard`).
+        `counted=False`: a window shorter than `min_window_steps` (`lengthen`), redone at that
+        length; it does not count toward `MAX_REDOS`.
 
         Returns:
             The effects to execute (the redo starts at once if the machine was waiting).
@@ -598,14 +565,31 @@ class PowerLimitStateMachine:
         if pending is None:
             raise self._invalid(call, f"pending windows are {sorted(self._pending) or 'none'}")
         done = self._redos.get(pending.power_limit, 0)
-        if done >= MAX_REDOS:
+        if counted and done >= MAX_REDOS:
             return self.discard(window_name)
-        self._redos[pending.power_limit] = done + 1
+        if counted:
+            self._redos[pending.power_limit] = done + 1
         del self._pending[window_name]
         self._redo_queue.append(Probe(pending.power_limit, self.warmup_steps, pending.steps))
         if isinstance(self.state, Ready) and self.state.next_power_limit is None:
             return self._advance()
         return []
+
+    def lengthen(self, steps: int) -> None:
+        """Make every window from now on cover at least `steps` steps (a minimum).
+
+        The open window is lengthened in place, closed ones are not (the shell redoes those
+        too short: `redo(name, counted=False)`).
+        """
+        if steps <= self.min_window_steps:
+            return
+        self.min_window_steps = steps
+        state = self.state
+        if isinstance(state, Profiling) and state.profile_steps < steps:
+            self.state = replace(state, steps=state.steps + steps - state.profile_steps,
+                                 profile_steps=steps)
+        elif isinstance(state, Warmup) and state.profile_steps < steps:
+            self.state = replace(state, profile_steps=steps)
 
     def resume_state(self) -> dict[str, Any]:
         """What a machine resuming this profile needs (see `resume*` in the constructor).
@@ -622,6 +606,7 @@ class PowerLimitStateMachine:
             "windows": [dataclasses.asdict(w) for w in self._results],
             "completed": self._completed,
             "redo": [[p.power_limit, p.warmup_steps, p.profile_steps] for p in redo],
+            "window_steps": self.min_window_steps,
         }
 
     def redos(self) -> dict[int, int]:
@@ -685,6 +670,7 @@ class PowerLimitStateMachine:
         return effects
 
     def _open_window(self, power_limit: int, profile_steps: int) -> list[Effect]:
+        profile_steps = max(profile_steps, self.min_window_steps)
         self.state = Profiling(power_limit, steps=profile_steps, profile_steps=profile_steps)
         return [BeginWindow(window_name(power_limit))]
 

@@ -44,12 +44,21 @@ class GpuDirectory:
         """GPUs whose agent answered with a refusal or an impossible description (asking
         again gives the same): their jobs fail instead of waiting for them."""
         self._cache: dict[tuple[str, int], tuple[float, GpuDescription]] = {}
+        self.periods: dict[tuple[str, int], float | None] = {}
+        """(node, index) -> how often its energy counter changes (ms, 0: continuous), as its
+        description said (None: not said; absent: not described to this replica)."""
+
+    def energy_period_s(self, gpus: list[tuple[str, int]]) -> float | None:
+        """The longest energy-counter period of `gpus` (s), None if none was announced."""
+        known = [p for p in (self.periods.get(g) for g in gpus) if p is not None]
+        return max(known) / 1000 if known else None
 
     def know(self, node: str, info: GpuDescription, now: float | None = None) -> None:
         """Remember a GPU's description (its power-limit range above all)."""
         key = (node, info.index)
         self._cache[key] = (self.svc.clock() if now is None else now, info)
         self.limits[key] = (info.min_power_limit_w, info.max_power_limit_w)
+        self.periods[key] = info.energy_period_ms
 
     async def describe(self, node: str, index: int) -> GpuDescription | None:
         """The agent's description of a GPU (cached for `GPU_INFO_TTL_S`), None if no answer."""

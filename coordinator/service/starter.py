@@ -89,7 +89,9 @@ class OptimiserStarter:
         assert record.power_limit is not None
         gpus = record.gpus()
         limits_of = svc.gpus.limits
-        missing = [g for g in gpus if (g.node, g.gpu_index) not in limits_of]
+        # (Also those whose limits came from the state bucket: their counters' periods.)
+        missing = [g for g in gpus if (g.node, g.gpu_index) not in limits_of
+                   or (g.node, g.gpu_index) not in svc.gpus.periods]
         await asyncio.gather(*(svc.gpus.describe(g.node, g.gpu_index) for g in missing))
         unknown = [g for g in gpus if (g.node, g.gpu_index) not in limits_of]
         if unknown:
@@ -114,6 +116,7 @@ class OptimiserStarter:
         measurements = record.power_limit.profile  # the trainer's own profile file, if any
         resume: list[WindowResult] | dict[str, Any] = []
         timeout = svc.settings.mark_timeout_s
+        period_s = svc.gpus.energy_period_s([(g.node, g.gpu_index) for g in gpus])
         chosen: int | None = None
         try:
             if measurements is None and recorded.get("kind") == "profile":
@@ -127,14 +130,15 @@ class OptimiserStarter:
             try:
                 return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
                                      measurements, resume=resume, mark_timeout_s=timeout,
-                                     chosen=chosen)
+                                     chosen=chosen, energy_period_s=period_s)
             except (PowerLimitError, ValueError, TypeError, KeyError) as e:
                 if not resume:
                     raise
                 await svc.status(record.job_id, "profiling",
                                  f"cannot resume the profile measured before: {e}")
                 return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                     measurements, mark_timeout_s=timeout)
+                                     measurements, mark_timeout_s=timeout,
+                                     energy_period_s=period_s)
         except (PowerLimitError, ValueError, OSError, TypeError, KeyError) as e:
             await svc.failures.fail(record.job_id, f"the power-limit optimiser refused to "
                                     f"start: {e}")

@@ -407,7 +407,7 @@ def test_resume_state_keeps_redos_and_unrecorded_windows_for_the_next_owner():
     import json
 
     from coordinator.power_limit import Energy
-    from coordinator.power_limit.job import _resume_arguments
+    from coordinator.power_limit.job_parts import resume_arguments as _resume_arguments
 
     def measure(limit):
         return 10.0 + (300 - limit) / 100, 1000.0 - limit + (limit % 75)
