@@ -1,0 +1,253 @@
+"""Real process groups: `torchrun` (gloo, CPU) against a real broker, agent and coordinator.
+
+Every test starts, as separate processes, `nats-server`, `zeus-coordinator run` and one
+`zeus-agent run --backend sim --sim-count 4` (A40s, a 10 ms energy counter: the steps here are
+~10x shorter than real ones, so is the counter's period), then launches a training script with
+`torchrun --standalone`; its ranks find the agent through `ZEUS_AGENT_SOCKET`. The scripts use
+the Zeus drop-ins as Zeus 0.16 documents them, so the agent's log must hold no WARNING.
+
+* DDP (`examples/ddp_power_limit.py`, the example users run): one job of world size 4, every
+  GPU pinned at the limit the selector picks from the job's measured profile;
+* FSDP2 (`fully_shard` on gloo, the same script with `--parallel fsdp`);
+* `transformers.Trainer` with `HFGlobalPowerLimitOptimizer` (`examples/huggingface_trainer.py`,
+  2 processes);
+* a rank SIGKILLed mid-profiling: torchrun tears the group down, the agent restores every GPU
+  and the job's status says why.
+
+Marked `torchrun` (`pytest -m torchrun` runs them alone; `-m "not torchrun"` skips them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.power_limit import ZeusCost
+from tests.e2e.procs import REPO_ROOT, FaultCluster, console_script, processes_with_mark
+from zeus_agent.emit import ENV_SOCKET
+from zeus_agent.models import PowerLimitMeasurement
+from zeus_agent.wire import codec
+from zeus_agent.wire.messages import JobStatus
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(180)]
+
+NODE = "node-a"
+A40_DEFAULT_W = 300
+PL_STEP = 50
+LIMITS = list(range(300, 99, -PL_STEP))
+"""The A40's limits profiled: `pl_step` 50 W (5 limits) keeps each run short."""
+EXAMPLES = REPO_ROOT / "examples"
+TORCHRUN = console_script("torchrun", "torch.distributed.run")
+
+
+class TorchrunCluster(FaultCluster):
+    """NATS, a coordinator and one 4-GPU agent as processes; every job status is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(nodes=(NODE,), gpus_per_node=4)
+
+    async def _on_status(self, msg: Any) -> None:
+        self.statuses.append((time.monotonic(), codec.decode(msg.data, JobStatus)))
+        self._changed.set()
+
+    def torchrun(self, nproc: int, script: Path, *args: str) -> None:
+        """Launch `torchrun --standalone --nproc_per_node nproc script args` ("trainer")."""
+        argv = [*TORCHRUN, "--standalone", "--nproc_per_node", str(nproc), str(script), *args]
+        self.procs.spawn("trainer", argv, cwd=REPO_ROOT, env={
+            ENV_SOCKET: str(self.socket_path(NODE)),
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        })
+
+    async def trainer_exit(self, timeout_s: float) -> int:
+        proc = self.procs.procs["trainer"]
+        try:
+            await self.wait(lambda: proc.poll() is not None, timeout_s)
+        except TimeoutError:
+            raise AssertionError(f"torchrun did not end within {timeout_s} s; statuses:\n"
+                                 f"{self.messages()}\n{self.procs.log('trainer')}") from None
+        return int(proc.returncode)
+
+    def rank_pids(self) -> dict[int, int]:
+        """Global rank -> pid of each rank process torchrun started (their RANK variable)."""
+        pids: dict[int, int] = {}
+        for pid in processes_with_mark(self.procs.mark):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"torch.distributed.run" in cmdline or b"torchrun" in cmdline:
+                continue  # The launcher (it has no RANK) .
+            for item in env:
+                if item.startswith(b"RANK="):
+                    pids[int(item[5:])] = pid
+        return pids
+
+    def agent_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.procs.logs[f"agent-{NODE}"])
+
+    def limits(self) -> list[int]:
+        return [self.gpu_limit(NODE, i) for i in range(self.gpus_per_node)]
+
+    def job_statuses(self, job_id: str) -> list[JobStatus]:
+        return [s for _, s in self.statuses if s.job_id == job_id]
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[TorchrunCluster]:
+    c = TorchrunCluster()
+    try:
+        await c.start()
+        yield c
+    finally:
+        await c.close()
+    assert not c.strays, f"processes left behind: {c.strays}"
+
+
+def warnings_in(log: str) -> list[str]:
+    return [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
+
+
+async def restored(c: TorchrunCluster, timeout_s: float = 10) -> list[int]:
+    """Wait until every GPU is back at its default limit; return the limits."""
+    try:
+        await c.wait(lambda: c.limits() == [A40_DEFAULT_W] * 4, timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"GPUs not restored: {c.limits()}\n"
+                             f"{c.procs.log('agent-' + NODE)}") from None
+    return c.limits()
+
+
+async def run_ddp_example(c: TorchrunCluster, tmp_path: Path, *extra: str) -> dict[str, Any]:
+    """Run examples/ddp_power_limit.py on 4 ranks to its end; return rank 0's summary."""
+    summary = tmp_path / "summary.json"
+    c.torchrun(4, EXAMPLES / "ddp_power_limit.py",
+               "--sim-state-dir", str(c.sim_dir(NODE)), "--scale", "0.25",
+               "--epochs", "3", "--steps", "25", "--batch-size", "16", "--hidden", "16",
+               "--warmup-steps", "1", "--profile-steps", "3", "--pl-step", str(PL_STEP),
+               "--summary", str(summary), *extra)
+    rc = await c.trainer_exit(120)
+    assert rc == 0, c.procs.log("trainer", 12000)
+    return json.loads(summary.read_text())
+
+
+async def check_pinned_at_the_selectors_choice(c: TorchrunCluster, result: dict[str, Any],
+                                               world: int) -> int:
+    """One job of `world` ranks, pinned on every GPU at what ZeusCost picks from its profile."""
+    job_id = result["job_id"]
+    assert job_id and f"+dp{world}+pp1+tp1+" in job_id, result
+    assert {r["job_id"] for r in result["ranks"]} == {job_id}  # one job, every rank in it
+    answer = await c.query(job_id)
+    progress = answer["power_limit"]
+    assert progress, f"{answer}\n{c.messages()}\n{c.procs.log('coordinator')}"
+    measurements = [PowerLimitMeasurement(**m) for m in progress["measurements"]]
+    assert sorted(m.power_limit for m in measurements) == sorted(LIMITS), (
+        f"{progress}\n{c.messages()}\n{c.procs.log('coordinator')}\n{c.procs.log('trainer')}")
+    optimum = progress["optimal_power_limit_w"]
+    assert optimum == ZeusCost(eta_knob=0.5, world_size=world).select(measurements)
+    # Every rank's GPU ran its last steps at that limit (read from the simulated GPU).
+    assert [r["final_power_limit_w"] for r in result["ranks"]] == [optimum] * world, result
+    assert all(r["dropped"] == 0 for r in result["ranks"]), result
+    states = [s.state for s in c.job_statuses(job_id)]
+    assert states[0] == "registered" and "profiling" in states and "done" in states, states
+    done = [s for s in c.job_statuses(job_id) if s.state == "done"][-1]
+    assert done.progress["optimal_power_limit_w"] == optimum
+    return optimum
+
+
+async def test_ddp_example_pins_every_gpu_at_the_selectors_choice(
+    cluster: TorchrunCluster, tmp_path: Path
+) -> None:
+    c = cluster
+    result = await run_ddp_example(c, tmp_path)
+    assert result["world_size"] == 4 and result["parallel"] == "ddp"
+    assert result["losses"][-1] < result["losses"][0]
+    optimum = await check_pinned_at_the_selectors_choice(c, result, 4)
+    # What anyone would look at: `zeus-coordinator watch JOB --once` shows the same profile.
+    proc = await asyncio.create_subprocess_exec(
+        *console_script("zeus-coordinator", "coordinator.cli"), "watch", result["job_id"],
+        "--once", "--nats-url", c.url, stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, out
+    watched = json.loads(out)["power_limit"]
+    assert watched["optimal_power_limit_w"] == optimum
+    assert optimum == ZeusCost(eta_knob=0.5, world_size=4).select(
+        [PowerLimitMeasurement(**m) for m in watched["measurements"]])
+    # The ranks said goodbye: the agent put every GPU back at its default limit.
+    await restored(c)
+    assert warnings_in(c.agent_log()) == []
+
+
+async def test_fsdp_fully_shard_on_gloo_pins_every_gpu(
+    cluster: TorchrunCluster, tmp_path: Path
+) -> None:
+    c = cluster
+    result = await run_ddp_example(c, tmp_path, "--parallel", "fsdp")
+    assert result["world_size"] == 4 and result["parallel"] == "fsdp"
+    assert result["losses"][-1] < result["losses"][0]
+    await check_pinned_at_the_selectors_choice(c, result, 4)
+    await restored(c)
+    assert warnings_in(c.agent_log()) == []
+
+
+async def test_hugging_face_trainer_under_torchrun(
+    cluster: TorchrunCluster, tmp_path: Path
+) -> None:
+    c = cluster
+    summary = tmp_path / "summary.json"
+    c.torchrun(2, EXAMPLES / "huggingface_trainer.py",
+               "--sim-state-dir", str(c.sim_dir(NODE)), "--workload", "A40+resnet50+gpu0,1,2,3",
+               "--scale", "0.25", "--epochs", "2", "--samples", "256", "--batch-size", "4",
+               "--warmup-steps", "1", "--profile-steps", "3", "--pl-step", str(PL_STEP),
+               "--summary", str(summary))
+    rc = await c.trainer_exit(150)
+    assert rc == 0, c.procs.log("trainer", 12000)
+    result = json.loads(summary.read_text())
+    assert result["world_size"] == 2
+    assert result["steps"] == 2 * 256 // (4 * 2)
+    optimum = await check_pinned_at_the_selectors_choice(c, result, 2)
+    assert c.limits()[2:] == [A40_DEFAULT_W] * 2  # GPUs 2 and 3 were not in the job
+    assert optimum in result["ranks"][0]["power_limits_w"]
+    await restored(c)
+    assert warnings_in(c.agent_log()) == []
+
+
+async def test_a_rank_killed_mid_profiling_restores_the_gpus_and_the_job_says_why(
+    cluster: TorchrunCluster, tmp_path: Path
+) -> None:
+    c = cluster
+    c.torchrun(4, EXAMPLES / "ddp_power_limit.py",
+               "--sim-state-dir", str(c.sim_dir(NODE)), "--scale", "0.25",
+               "--epochs", "20", "--steps", "25", "--batch-size", "16", "--hidden", "16",
+               "--warmup-steps", "2", "--profile-steps", "6")
+    _, status = await c.wait_status(
+        lambda s: s.state == "profiling" and (s.progress or {}).get("measured", 0) >= 1, 90,
+        "profiling, one limit measured")
+    job_id = status.job_id
+    # The coordinator has set a limit below the maximum on every GPU of the job.
+    await c.wait(lambda: max(c.limits()) < A40_DEFAULT_W, 10)
+    pids = c.rank_pids()
+    assert sorted(pids) == [0, 1, 2, 3], pids
+    seen = len(c.statuses)
+    os.kill(pids[2], signal.SIGKILL)
+    rc = await c.trainer_exit(60)
+    assert rc != 0  # torchrun saw rank 2 fail and tore the group down
+    assert await restored(c) == [A40_DEFAULT_W] * 4
+    _, why = await c.wait_status(
+        lambda s: s.job_id == job_id and s.state in ("error", "stopped", "failed", "gave_up"),
+        20, "a status saying why the job ended", after=seen)
+    assert "rank" in why.message and "gone" in why.message, why
+    # The job's status stays put: no new limit is commanded to GPUs without a trainer.
+    await asyncio.sleep(1.0)
+    assert c.limits() == [A40_DEFAULT_W] * 4
