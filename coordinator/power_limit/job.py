@@ -546,7 +546,8 @@ class PowerLimitJob(NotAPipeline):
                     self._join.drop(effect.name)
                     actions.append(StatusUpdate(
                         "profiling",
-                        f"window {effect.name} cancelled (epoch ended); it will be redone",
+                        f"window {effect.name} cancelled (epoch ended); it will be redone"
+                        f"{self._length.epoch_note(self.options, self.machine.min_window_steps)}",
                         self.progress(),
                     ))
                 else:

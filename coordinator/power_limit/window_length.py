@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zeus_agent.wire.messages import PowerLimitOptions
+
 __all__ = ["MARGIN", "MAX_WINDOW_STEPS", "MIN_WINDOW_PERIODS", "Verdict", "WindowLength"]
 
 MIN_WINDOW_PERIODS = 5
@@ -74,6 +76,13 @@ class WindowLength:
             return ""
         return (f"windows of at least {self.min_window_s:.2g} s ({self.periods} periods of the "
                 f"GPUs' {_ms(self.period_s)} energy counters)")
+
+    def epoch_note(self, options: PowerLimitOptions, min_steps: int) -> str:
+        """What a window cut by an epoch end needs, when windows were lengthened ("" if not)."""
+        if min_steps <= options.profile_steps:
+            return ""
+        return (f": windows are {min_steps} steps now (profile_steps is a minimum), so an "
+                f"epoch must hold {options.warmup_steps + min_steps} steps for one to finish")
 
     def judge(self, name: str, steps: int, covered: int, span_s: float,
               min_steps: int) -> Verdict | None:

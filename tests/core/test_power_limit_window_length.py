@@ -106,15 +106,17 @@ class CoarseGpu:
         return e0 + (e1 - e0) * (t_ns - after + PERIOD_NS) / PERIOD_NS
 
 
-def run(job: PowerLimitJob, seed: int, steps: int = 3000) -> list[StatusUpdate]:
-    """Drive `job` with both ranks' steps until it is done; each mark arrives once the counter
-    update after it happened (as the agent sends it). Returns every status."""
+def run(job: PowerLimitJob, seed: int, steps: int = 3000, epoch_steps: int | None = None,
+        finish: bool = True) -> list[StatusUpdate]:
+    """Drive `job` with both ranks' steps until it is done (`finish`: by `steps`); each mark
+    arrives once the counter update after it happened (as the agent sends it); epochs of
+    `epoch_steps` steps (default: one). Returns every status."""
     rng = random.Random(seed)
     gpus = [CoarseGpu(phase_ns=(37 + 13 * seed) % 100 * MS),
             CoarseGpu(phase_ns=(81 + 29 * seed) % 100 * MS)]
     statuses: list[StatusUpdate] = []
     limit = 300
-    unsent: list[tuple[int, int, int, int]] = []  # (t_ns, rank, step, limit)
+    unsent: list[tuple[int, int, int, int, int]] = []  # (t_ns, rank, epoch, step, limit)
     t = 1_000 * MS  # (the GPUs idle before)
 
     def take(actions: list[Action]) -> None:
@@ -129,11 +131,16 @@ def run(job: PowerLimitJob, seed: int, steps: int = 3000) -> list[StatusUpdate]:
     for step in range(steps):
         if job.done:
             return statuses
+        epoch = step // epoch_steps if epoch_steps else 0
+        if epoch_steps and step and step % epoch_steps == 0:
+            for rank in (0, 1):
+                take(job.on_event(rank, TrainerEvent(kind="epoch_end", t_ns=t, epoch=epoch - 1),
+                                  now_s=t / 1e9))
         at = limit  # Both ranks begin the step before a command sent at its begin lands.
         for rank in (0, 1):
-            unsent.append((t, rank, step, at))
-            take(job.on_event(rank, TrainerEvent(kind="step_begin", t_ns=t, epoch=0, step=step,
-                                                 power_limit_w=at), now_s=t / 1e9))
+            unsent.append((t, rank, epoch, step, at))
+            take(job.on_event(rank, TrainerEvent(kind="step_begin", t_ns=t, epoch=epoch,
+                                                 step=step, power_limit_w=at), now_s=t / 1e9))
         duration, power = physics(limit)
         for gpu in gpus:
             gpu.draw(t, power)
@@ -142,11 +149,12 @@ def run(job: PowerLimitJob, seed: int, steps: int = 3000) -> list[StatusUpdate]:
             gpu.draw(t, IDLE_W)
         t += GAP_NS
         while unsent and gpus[unsent[0][1]].next_update(unsent[0][0]) <= t:
-            t_ns, rank, at, pl = unsent.pop(0)
-            take(job.on_mark(rank, Mark(kind="step_begin", epoch=0, step=at, t_ns=t_ns,
+            t_ns, rank, ep, at, pl = unsent.pop(0)
+            take(job.on_mark(rank, Mark(kind="step_begin", epoch=ep, step=at, t_ns=t_ns,
                                         energy_j=gpus[rank].mark(t_ns), power_limit_w=pl)))
         take(job.tick(t / 1e9))
-    raise AssertionError(f"not done after {steps} steps: {[s.message for s in statuses][-5:]}")
+    assert not finish, f"not done after {steps} steps: {[s.message for s in statuses][-5:]}"
+    return statuses
 
 
 def make_job(period_s: float | None, **kw: int) -> PowerLimitJob:
@@ -215,10 +223,21 @@ def test_a_continuous_counter_needs_no_minimum() -> None:
     assert "energy counter" not in statuses[0].message
 
 
+def test_an_epoch_too_short_for_the_lengthened_windows_is_said() -> None:
+    job = make_job(0.1)
+    statuses = run(job, 0, steps=400, epoch_steps=40, finish=False)
+    assert not job.done
+    steps = job.machine.min_window_steps
+    assert steps > 40
+    cut = [s.message for s in statuses if "cancelled (epoch ended)" in s.message]
+    assert cut and cut[-1].endswith(
+        f"it will be redone: windows are {steps} steps now (profile_steps is a minimum), so an "
+        f"epoch must hold {2 + steps} steps for one to finish")
+
+
 def test_a_minimum_survives_a_takeover() -> None:
     job = make_job(0.1)
-    with pytest.raises(AssertionError, match="not done"):
-        run(job, 0, steps=300)  # The minimum raised, a few limits measured.
+    run(job, 0, steps=300, finish=False)  # The minimum raised, a few limits measured.
     persisted = job.persisted()
     assert persisted is not None and persisted["windows"]
     assert persisted["window_steps"] == job.machine.min_window_steps > 3
