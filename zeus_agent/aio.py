@@ -8,12 +8,15 @@
   end before a deadline unless the exit is forced.
 * `wait_started(event, task, what, error)`: wait until a service in a task says it started,
   or fail with its own error if it died first.
+* `Releases`: what a service acquires at start-up, released in the reverse order at shutdown
+  (aiohttp's cleanup order), each release guarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 import time
@@ -134,3 +137,47 @@ async def wait_started(
         exc = task.exception()
         raise error(f"{what} did not start: {exc or 'it exited'}") from exc
     raise error(f"{what} did not start within {timeout_s:g} s{hint}")
+
+
+class Releases:
+    """What a service acquired, released in the reverse order (aiohttp's cleanup order).
+
+    A service calls `push(what, release)` right where it acquires something (a server, a
+    connection, a socket, its GPUs), so its shutdown, `aclose()`, mirrors its start-up,
+    whichever step the start-up reached. `release` may return an awaitable (awaited).
+
+    `aclose` runs each release once, the last pushed first: one that raises an `Exception` is
+    logged and the others still run; a `BaseException` (a cancellation, an interrupt) is raised
+    once all have run (`contextlib.AsyncExitStack`). A second `aclose` does nothing; what is
+    pushed after one is released by the next.
+    """
+
+    def __init__(self, log: logging.Logger = LOG) -> None:
+        self._log = log
+        self._stack = contextlib.AsyncExitStack()
+        self._pending: list[str] = []
+
+    @property
+    def pending(self) -> list[str]:
+        """What is still to release, in the order it would be released."""
+        return self._pending[::-1]
+
+    def push(self, what: str, release: Callable[[], object]) -> None:
+        """Release `what` by calling `release()` at `aclose`, before everything pushed earlier."""
+        self._pending.append(what)
+
+        async def guarded() -> None:
+            self._pending.remove(what)
+            try:
+                result = release()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - one release failing skips no other
+                self._log.exception("releasing %s failed; releasing the rest", what)
+
+        self._stack.push_async_callback(guarded)
+
+    async def aclose(self) -> None:
+        """Release everything pushed, the last pushed first (see the class docstring)."""
+        stack, self._stack = self._stack, contextlib.AsyncExitStack()
+        await stack.aclose()
