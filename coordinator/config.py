@@ -3,6 +3,9 @@
 Environment variables use Zeus's `ZEUS_PFO_` prefix (`ZEUS_PFO_LOG_LEVEL`, `ZEUS_PFO_SCHEDULER`,
 `ZEUS_PFO_MAX_JOB_IDLE_TIME`, ...), so a Zeus pipeline-frequency-optimizer deployment keeps its
 settings; flags (`--log-level`, ...) override them. Construction does no I/O.
+
+The NATS connection's fields (URL, credentials, TLS files, connect timeout, embedded server,
+prefix) come from `zeus_agent.bus.NatsSettings`, shared with the agent's settings.
 """
 
 from __future__ import annotations
@@ -13,15 +16,15 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from zeus_agent.wire.subjects import DEFAULT_PREFIX
+from zeus_agent.bus import NatsSettings
 
 if TYPE_CHECKING:
     from coordinator.pipeline.schedulers.settings import PFOServerSettings
 
 
-class CoordinatorSettings(BaseSettings):
+class CoordinatorSettings(NatsSettings):
     """Configuration of the coordinator (Zeus's `PFOServerSettings` fields plus the bus).
 
     Every flag is also an environment variable with Zeus's prefix: ZEUS_PFO_ and the flag's name
@@ -98,26 +101,7 @@ class CoordinatorSettings(BaseSettings):
         description="Pipeline jobs: most MB of measurements the jobs' ranks on one node may "
         "keep in the coordinator together; beyond, the job adding to it stops (too_large)",
     )
-    # The bus and the service.
-    nats_url: str | None = Field(
-        default=None, description="NATS server URL(s); omit with --embedded-nats"
-    )
-    embedded_nats: bool = Field(
-        default=False, description="Start a private nats-server (development)"
-    )
-    nats_tls_ca: str | None = Field(
-        default=None,
-        description="CA certificate(s) (PEM) verifying the NATS server (default: the system's)",
-    )
-    nats_tls_cert: str | None = Field(
-        default=None, description="Client certificate (PEM) for a server that verifies clients"
-    )
-    nats_tls_key: str | None = Field(
-        default=None, description="Private key (PEM) of --nats-tls-cert, if not in that file"
-    )
-    prefix: str = Field(
-        default=DEFAULT_PREFIX, description="Subject prefix shared with the agents"
-    )
+    # The service (the bus: `NatsSettings`).
     state_dir: str = Field(
         default="./zeus-coordinator-state",
         description="Files the coordinator keeps for people (measured profiles; with "
@@ -186,18 +170,9 @@ class CoordinatorSettings(BaseSettings):
     command_timeout_s: float = Field(
         default=2.0, gt=0, description="Timeout of a command to an agent (s)"
     )
-    connect_timeout_s: float = Field(
-        default=5.0, gt=0, description="Give up connecting to NATS at start after this (s)"
-    )
     shutdown_timeout_s: float = Field(
         default=5.0, gt=0, description="On exit, how long in-flight requests may take (s)"
     )
-
-    def tls_options(self) -> dict[str, str]:
-        """`zeus_agent.broker.connect`'s TLS arguments, those set."""
-        files = {"tls_ca_file": self.nats_tls_ca, "tls_cert_file": self.nats_tls_cert,
-                 "tls_key_file": self.nats_tls_key}
-        return {k: v for k, v in files.items() if v is not None}
 
     _scheduler_note: str | None = PrivateAttr(default=None)
 

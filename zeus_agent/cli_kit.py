@@ -60,18 +60,11 @@ def run_service(
     from pydantic_settings import CliApp, CliSettingsSource, SettingsError
 
     from zeus_agent.errors import ZeusAgentError
-    from zeus_agent.wire.subjects import check_prefix
 
     name = prog.split()[0]
     try:
         source: CliSettingsSource[Any] = CliSettingsSource(settings_cls, cli_prog_name=prog)
         settings = CliApp.run(settings_cls, cli_args=list(argv), cli_settings_source=source)
-        prefix = getattr(settings, "prefix", None)
-        if isinstance(prefix, str):
-            try:
-                check_prefix(prefix)
-            except ValueError as e:
-                raise ValueError(f"--prefix: {e}") from None
     except ValidationError as e:
         print(f"{prog}: invalid configuration: {describe_validation_error(e)}", file=sys.stderr)
         return CONFIG_ERROR

@@ -1,5 +1,8 @@
 """`AgentSettings`: every knob of `zeus-agent run`, defined once (flags and ZEUS_AGENT_* env).
 
+The NATS connection's fields (URL, credentials, TLS files, connect timeout, embedded server,
+prefix) come from `zeus_agent.bus.NatsSettings`, shared with the coordinator's settings.
+
 pydantic-settings builds both the command-line flags (`--nats-url`, `--backend`, ...) and the
 environment variables (`ZEUS_AGENT_NATS_URL`, ...) from the fields below; flags win over the
 environment. Construction does no I/O.
@@ -11,20 +14,20 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from zeus_agent.agent.rapl import DEFAULT_RAPL_PERIOD_S, DEFAULT_RAPL_ROOT
+from zeus_agent.bus import NatsSettings
 from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire.messages import MAX_LEASE_S
-from zeus_agent.wire.subjects import DEFAULT_PREFIX, check_prefix
 from zeus_agent.wire.trainer import DEFAULT_SOCKET_PATH
 
 MAX_SOCKET_PATH_BYTES = 107
 """Longest Unix socket path Linux binds (`sun_path` is 108 bytes with the final NUL)."""
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(NatsSettings):
     """Configuration of one node agent.
 
     Every flag is also an environment variable: ZEUS_AGENT_ and the flag's name in capitals with
@@ -41,38 +44,6 @@ class AgentSettings(BaseSettings):
         env_prefix="ZEUS_AGENT_", cli_kebab_case=True, cli_implicit_flags=True, extra="ignore"
     )
 
-    nats_url: str | None = Field(
-        None,
-        description="NATS server URL(s), comma separated; omit with --embedded-nats. "
-        "Credentials may be given in the URL (nats://user:password@host:4222)",
-    )
-    nats_user: str | None = Field(
-        None, description="NATS user name (with --nats-password; or user:password in the URL)"
-    )
-    nats_password: SecretStr | None = Field(
-        None,
-        description="NATS password; prefer the environment variable ZEUS_AGENT_NATS_PASSWORD "
-        "(a flag shows in the process list)",
-    )
-    nats_tls_ca: str | None = Field(
-        None,
-        description="CA certificate(s) (PEM file) that verify the NATS server's certificate; "
-        "default: the system's CAs (used when the server asks for TLS, as one with a tls {} "
-        "block does)",
-    )
-    nats_tls_cert: str | None = Field(
-        None,
-        description="Client certificate (PEM file) for a NATS server that verifies clients "
-        "(mutual TLS, tls { verify: true })",
-    )
-    nats_tls_key: str | None = Field(
-        None,
-        description="Private key (PEM file) of --nats-tls-cert; omit when that file holds it",
-    )
-    embedded_nats: bool = Field(
-        False, description="Start a private nats-server on a free loopback port (development)"
-    )
-    prefix: str = Field(DEFAULT_PREFIX, description="Subject prefix shared with the coordinator")
     node: str = Field(
         default_factory=socket.gethostname,
         min_length=1,
@@ -210,11 +181,6 @@ class AgentSettings(BaseSettings):
             ) from None
         return value
 
-    @field_validator("prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        return check_prefix(value)
-
     @field_validator("socket_path")
     @classmethod
     def _socket_path(cls, value: str) -> str:
@@ -225,37 +191,6 @@ class AgentSettings(BaseSettings):
                 f"{MAX_SOCKET_PATH_BYTES} bytes: choose a shorter --socket-path"
             )
         return value
-
-    @model_validator(mode="after")
-    def _credentials(self) -> AgentSettings:
-        if (self.nats_user is None) != (self.nats_password is None):
-            raise ValueError(
-                "give both --nats-user and --nats-password (ZEUS_AGENT_NATS_USER and "
-                "ZEUS_AGENT_NATS_PASSWORD), or put user:password in --nats-url"
-            )
-        if self.nats_tls_key is not None and self.nats_tls_cert is None:
-            raise ValueError(
-                "--nats-tls-key (ZEUS_AGENT_NATS_TLS_KEY) needs --nats-tls-cert "
-                "(ZEUS_AGENT_NATS_TLS_CERT), the certificate of that key"
-            )
-        return self
-
-    def nats_options(self) -> dict[str, str]:
-        """Options for `zeus_agent.broker.connect`: credentials and TLS files, when set.
-
-        Credentials are absent when the URL carries them (or there are none); the TLS files
-        (`tls_ca_file`, `tls_cert_file`, `tls_key_file`) are read when connecting.
-        """
-        options: dict[str, str] = {}
-        if self.nats_user is not None and self.nats_password is not None:
-            options |= {"user": self.nats_user, "password": self.nats_password.get_secret_value()}
-        tls = {
-            "tls_ca_file": self.nats_tls_ca,
-            "tls_cert_file": self.nats_tls_cert,
-            "tls_key_file": self.nats_tls_key,
-        }
-        options |= {k: v for k, v in tls.items() if v is not None}
-        return options
 
     @field_validator("log_level")
     @classmethod

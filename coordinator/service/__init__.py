@@ -56,7 +56,6 @@ from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
 from zeus_agent.cli_kit import BUS_LOST
-from zeus_agent.errors import BrokerError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import GpuBinding, JobStatus
 from zeus_agent.wire.text import bounded
@@ -276,19 +275,16 @@ class CoordinatorService(ExitSignals):
         if s.embedded_nats:  # Its JetStream store is kept with the state: a restart resumes.
             store = str(self.state_dir / "jetstream")
             self._embedded = await asyncio.to_thread(EmbeddedNats(store_dir=store).start)
-        if not self.url:
-            raise BrokerError(
-                "no NATS: pass --nats-url URL (or ZEUS_PFO_NATS_URL), or --embedded-nats"
-            )
+        url = s.bus_url(self.url)
         if s.status_port is not None:
             self._status_server = status_http.start(
                 s.status_host, s.status_port, self.health,
                 registry=metrics.make_registry(lambda: metrics.snapshot(self)))
-        self.nc = await connect(self.url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
+        self.nc = await connect(url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
                                 on_disconnect=self._on_disconnect,
                                 on_reconnect=self._on_reconnect, on_closed=self._on_closed,
                                 inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix),
-                                **s.tls_options())
+                                **s.nats_options())
         self.bus_state = ("connected", time.time(), "connected to NATS")
         self.state = JetStreamState(self.nc, s.prefix, s.state_replicas,
                                     timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket)

@@ -52,7 +52,7 @@ from zeus_agent.aio import ExitSignals, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.config import AgentSettings
-from zeus_agent.errors import BrokerError, GPUUnavailableError, PayloadError, ZeusAgentError
+from zeus_agent.errors import GPUUnavailableError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.observe_only import OBSERVE_ONLY_HELP
 from zeus_agent.wire import codec, subjects
@@ -168,15 +168,12 @@ class AgentServer(ExitSignals):
         if s.metrics_port is not None:
             self._start_status_server(s.metrics_port)
         self._socket = sock = self._bind_socket()
-        url = s.nats_url
+        embedded_url = None
         if s.embedded_nats:
             self._embedded = await asyncio.to_thread(EmbeddedNats().start)
-            url = self._embedded.url
-            LOG.info("embedded nats-server at %s", url)
-        if not url:
-            raise BrokerError(
-                "no NATS: pass --nats-url URL (or ZEUS_AGENT_NATS_URL), or --embedded-nats"
-            )
+            embedded_url = self._embedded.url
+            LOG.info("embedded nats-server at %s", embedded_url)
+        url = s.bus_url(embedded_url)
         options: dict[str, Any] = {
             "inbox_prefix": subjects.inbox_prefix("node", s.node, s.prefix),
             **s.nats_options(),
@@ -184,6 +181,7 @@ class AgentServer(ExitSignals):
         self.nc = await connect(
             url,
             f"zeus-agent:{s.node}",
+            timeout_s=s.connect_timeout_s,
             on_disconnect=self._on_disconnect,
             on_reconnect=self._on_reconnect,
             on_closed=self._on_closed,
