@@ -113,32 +113,26 @@ class OptimiserStarter:
         limits = [limits_of[(g.node, g.gpu_index)] for g in gpus]
         lo = max(lim[0] for lim in limits)
         hi = min(lim[1] for lim in limits)
-        measurements = record.power_limit.profile  # the trainer's own profile file, if any
-        resume: list[WindowResult] | dict[str, Any] = []
+        own = record.power_limit.profile  # the trainer's own profile file, if any
         timeout = svc.settings.mark_timeout_s
         period_s = svc.gpus.energy_period_s([(g.node, g.gpu_index) for g in gpus])
-        chosen: int | None = None
+
+        def build(measurements: list[PowerLimitMeasurement] | None,
+                  resume: list[WindowResult] | dict[str, Any],
+                  chosen: int | None) -> PowerLimitJob:
+            assert record.power_limit is not None
+            return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
+                                 measurements, resume=resume, mark_timeout_s=timeout,
+                                 chosen=chosen, energy_period_s=period_s)
+
+        if recorded:
+            try:  # What the previous owner recorded, if it can be resumed.
+                return build(*_recorded(recorded, own))
+            except (PowerLimitError, ValueError, TypeError, KeyError, AttributeError) as e:
+                await svc.status(record.job_id, "profiling", f"cannot resume the progress "
+                                 f"recorded before ({e}); starting afresh")
         try:
-            if measurements is None and recorded.get("kind") == "profile":
-                measurements = [PowerLimitMeasurement(**m) for m in recorded["state"]]
-            elif recorded.get("kind") == "chosen":  # a user's selector chose before a takeover
-                state = recorded["state"]
-                measurements = [PowerLimitMeasurement(**m) for m in state["measurements"]]
-                chosen = int(state["power_limit"])
-            elif recorded.get("kind") == "windows":  # measured before a takeover
-                resume = recorded["state"]
-            try:
-                return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                     measurements, resume=resume, mark_timeout_s=timeout,
-                                     chosen=chosen, energy_period_s=period_s)
-            except (PowerLimitError, ValueError, TypeError, KeyError) as e:
-                if not resume:
-                    raise
-                await svc.status(record.job_id, "profiling",
-                                 f"cannot resume the profile measured before: {e}")
-                return PowerLimitJob(record.job_id, record.power_limit, record.ranks, lo, hi,
-                                     measurements, mark_timeout_s=timeout,
-                                     energy_period_s=period_s)
+            return build(own, [], None)
         except (PowerLimitError, ValueError, OSError, TypeError, KeyError) as e:
             await svc.failures.fail(record.job_id, f"the power-limit optimiser refused to "
                                     f"start: {e}")
@@ -193,3 +187,29 @@ class OptimiserStarter:
         numbers = [int(p.name.split(".", 1)[0]) for p in folder.glob("*.sched.json")
                    if p.name.split(".", 1)[0].isdigit()]
         return max(numbers, default=-1) + 1
+
+
+def _recorded(recorded: dict[str, Any], own: list[PowerLimitMeasurement] | None) -> tuple[
+        list[PowerLimitMeasurement] | None, list[WindowResult] | dict[str, Any], int | None]:
+    """(measurements, resume, chosen) from a power-limit job's recorded progress.
+
+    Raises:
+        ValueError, TypeError, KeyError, AttributeError: The progress is not readable.
+    """
+    kind, state = recorded.get("kind"), recorded.get("state")
+    if kind == "profile" and own is None:
+        if not isinstance(state, list) or not state:
+            raise ValueError("a recorded profile must be a non-empty list of measurements")
+        return [PowerLimitMeasurement(**m) for m in state], [], None
+    if kind == "chosen":  # A user's own selector chose before a takeover.
+        if not isinstance(state, dict):
+            raise ValueError("a recorded choice must be a map")
+        rows = [PowerLimitMeasurement(**m) for m in state["measurements"]]
+        if not rows:
+            raise ValueError("a recorded choice must come with its profile")
+        return rows, [], int(state["power_limit"])
+    if kind == "windows":  # Measured before a takeover.
+        if not isinstance(state, list | dict) or not state:
+            raise ValueError("recorded windows must be a non-empty list or map")
+        return own, state, None
+    return own, [], None

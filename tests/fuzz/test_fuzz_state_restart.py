@@ -600,22 +600,17 @@ def _check_victim(w: World, coord: CoordinatorService, bucket: str, victim: Vict
     return quarantined
 
 
-KNOWN_BUGS = {
-    "unresumable progress fails the job": "the power-limit optimiser refused to start",
-}
+KNOWN_BUGS: dict[str, str] = {}
 """Known product bugs the fuzz lets through (each reproduced by an xfail test below), by the
-words of the outcome they leave: a power-limit job whose recorded progress cannot be resumed
-(a "profile" or "chosen" progress of the wrong shape, a "windows" progress that is null or
-empty) fails and is quarantined, where it should start afresh."""
+words of the outcome they leave. None now: the ones found are fixed, their reproductions kept
+as plain tests."""
 TOLERATED: list[str] = []
 """Examples the fuzz let through for a known bug."""
 
 
 def check_plan(w: World, plan: Plan, tolerate_known_bugs: bool = True) -> None:
     """Write the plan's bucket, run a coordinator on it twice, check every property."""
-    tolerated = ""
-    if tolerate_known_bugs and plan.kind == "power_limit" and plan.target == "prog":
-        tolerated = KNOWN_BUGS["unresumable progress fails the job"]
+    tolerated = ""  # (A known bug's outcome, from `KNOWN_BUGS`, if one is let through.)
     n = next(EXAMPLES)
     victim = make_victim(plan.kind, n)
     items, expect = write_plan(victim, plan)
@@ -705,12 +700,9 @@ def known_bug(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, raises=KnownBugError, reason=f"bug: {reason}")
 
 
-@known_bug("a power-limit job whose recorded progress cannot be resumed fails and is "
-           "quarantined instead of starting afresh (coordinator/service/starter.py "
-           "OptimiserStarter._power_limit)")
 @pytest.mark.parametrize("kind, state", [("profile", [1, 2]), ("profile", []),
                                          ("chosen", {}), ("windows", None)])
-def test_known_bug_unresumable_progress_starts_the_job_afresh(world: World, kind: str,
+def test_unresumable_progress_starts_the_job_afresh(world: World, kind: str,
                                                               state: Any):
     plan = Plan("power_limit", "prog",
                 Change(f"{kind} progress {state!r}", "afresh", _progress(kind, state)))
