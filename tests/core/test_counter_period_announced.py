@@ -3,7 +3,7 @@
 The coordinator lengthens power-limit windows shorter than a few periods
 (`coordinator.power_limit.window_length`): the agent says the period its reads learned
 (`CounterReader.update_period_ms` -> `GpuDescription.energy_period_ms`), 0 for a counter that
-changed at every read, nothing while it does not know yet.
+changed at every read, nothing while it is still learning.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def test_a_100_ms_counter_is_announced_once_its_grid_is_known() -> None:
     policy = ReadPolicy()
     announced = reader(policy)
     assert policy.period_bounds_ns is None and announced.update_period_ms is None
-    drive(policy, Counter().value_at, 150 * MS)  # A first update seen: no period yet.
-    assert policy.state is PhaseState.LEARNING and announced.update_period_ms is None
+    drive(policy, Counter().value_at, 600 * MS)  # Learning: nothing said yet.
+    assert policy.state is PhaseState.LEARNING and policy.period_bounds_ns is not None
+    assert announced.update_period_ms is None
     drive(policy, Counter().value_at, 20_000 * MS)
     assert policy.locked
     lo, hi = policy.period_bounds_ns or (0, 0)
@@ -43,12 +44,45 @@ def test_a_100_ms_counter_is_announced_once_its_grid_is_known() -> None:
 
 def test_a_counter_that_changes_at_every_read_is_announced_as_continuous() -> None:
     policy = ReadPolicy(fallback_interval_ns=50 * MS)
+    announced = reader(policy)
+    # While learning, its grid narrows against the shortest period the reads can see (40 ms):
+    # no period of the counter's, and nothing is said (a job's windows would be lengthened).
+    drive(policy, lambda t: 300.0 * t / 1e9, 250 * MS, seed=9)
+    assert policy.state is PhaseState.LEARNING
+    lo, hi = policy.period_bounds_ns or (0, 0)
+    assert hi - lo < 0.1 * hi and announced.update_period_ms is None
     drive(policy, lambda t: 300.0 * t / 1e9, 5_000 * MS, seed=9)
     assert policy.state is PhaseState.PLAIN
-    assert reader(policy).update_period_ms == 0.0
+    assert announced.update_period_ms == 0.0
     integrated = reader(ReadPolicy())
     integrated.use_integrator()  # (A GPU without a counter: its power integrated.)
     assert integrated.update_period_ms == 0.0
+
+
+# A simulated continuous counter (`--sim-energy-update-ms 0`) read by a loaded agent: 20 ms
+# apart, each read taking 2-18 ms, every value changed (recorded in tests/e2e's power-limit run).
+SLOW_READS_OF_A_CONTINUOUS_COUNTER = [
+    (3129325827768, 3129332708870, 0.94029363), (3129408979035, 3129413332172, 3.46968564),
+    (3129444331300, 3129462543230, 4.72769223), (3129465618966, 3129471432439, 5.26550091),
+    (3129495653753, 3129498150802, 6.03124908), (3129540050897, 3129543430958, 7.42518339),
+    (3129563771123, 3129571359898, 8.12463462), (3129616054750, 3129620041837, 9.64471329),
+    (3129654095053, 3129658624541, 10.82639037), (3129690809085, 3129698000326, 11.95682793),
+]
+
+
+def test_a_continuous_counter_read_slowly_is_not_locked_onto_the_shortest_visible_period() -> None:
+    """Reads that all changed narrowed the grid against 40 ms (twice the learning interval, the
+    shortest period they can see) and the policy locked there: the counter was announced as a
+    40 ms one and a job's windows lengthened for nothing. Only a counter seen holding its value
+    is locked onto; this one goes PLAIN after 8 changed reads."""
+    policy = ReadPolicy(fallback_interval_ns=50 * MS)
+    announced = reader(policy)
+    states = []
+    for read in SLOW_READS_OF_A_CONTINUOUS_COUNTER:
+        policy.on_read(*read)
+        states.append(policy.state)
+    assert PhaseState.LOCKED not in states
+    assert policy.state is PhaseState.PLAIN and announced.update_period_ms == 0.0
 
 
 INFO = GPUInfo(index=0, name="NVIDIA A40", uuid="GPU-0", architecture="Ampere",

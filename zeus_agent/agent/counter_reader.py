@@ -63,9 +63,6 @@ DEFAULT_EXACT_TIMEOUT_S = 1.0
 """Longest an exact window waits for its bracketing read before it is answered the default way."""
 LIMIT_MAX_AGE_NS = 1_000_000_000
 """Oldest power limit a status read reuses instead of reading it (ns)."""
-PERIOD_KNOWN_WITHIN = 0.1
-"""While learning, the counter's period is announced once the grid allows no wider a range of
-periods than this fraction of their middle."""
 WINDOW_HOLD_S = 60.0
 """How long a window request keeps a GPU's reads at every update: a monitor that measured one
 window (a bare `ZeusMonitor`, no trainer bound) likely measures another soon."""
@@ -155,20 +152,17 @@ class CounterReader:
         """How often the counter's value changes, as its reads showed (ms; the description's).
 
         The update period the policy locked onto; 0 when the value changed at every read (a
-        continuous counter, or integrated power); while learning, the grid's period once known
-        within `PERIOD_KNOWN_WITHIN`, else None.
+        continuous counter, or integrated power); None while learning (~2 s after the start: a
+        continuous counter's grid narrows against the shortest period the reads can see, which
+        is no period of the counter's).
         """
         with self._policy_lock:  # (The reader thread feeds it.)
             state, bounds = self.policy.state, self.policy.period_bounds_ns
         if self._integrator is not None or state is PhaseState.PLAIN:
             return 0.0
-        if bounds is None:
+        if state is not PhaseState.LOCKED or bounds is None:
             return None
-        lo, hi = bounds
-        middle = (lo + hi) / 2
-        if state is not PhaseState.LOCKED and hi - lo > PERIOD_KNOWN_WITHIN * middle:
-            return None
-        return round(middle / 1e6, 3)
+        return round((bounds[0] + bounds[1]) / 2e6, 3)
 
     def use_integrator(self) -> None:
         """Integrate power polls instead of reading a counter (a GPU without one)."""

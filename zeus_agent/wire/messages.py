@@ -166,9 +166,10 @@ class GpuDescription(_Part, AddedFields):
     energy_period_ms: float | None = Field(default=None, ge=0, le=MAX_ENERGY_PERIOD_MS)
     """How often the GPU's energy counter changes, as the agent's reads learned it (ms): NVML's
     ~100 ms; 0 when it changed at every read (continuous, or power integrated); None when not
-    known (still learning). Marks interpolate between its updates, so a power-limit window
-    must span several periods (`coordinator.power_limit.window_length`). Added after schema 1
-    shipped: sent only when known; a coordinator that predates it refuses the description."""
+    known (the agent's first ~2 s of learning). Marks interpolate between its updates, so a
+    power-limit window must span several periods (`coordinator.power_limit.window_length`).
+    Added after schema 1 shipped: sent only when known; a coordinator that predates it refuses
+    the description."""
 
     @model_validator(mode="after")
     def _limits_ordered(self) -> GpuDescription:

@@ -265,6 +265,7 @@ class ReadPolicy:
         self._plan: tuple[str, int] | None = None  # (role, update) of the read planned last
         self._learn_reads = 0
         self._changed_run = 0
+        self._held = False  # a learning read found the value unchanged (see `_check_state`)
         self._plain_since = 0
         self._missed_run = 0
         self._locked_reads = 0  # reads since the policy last locked
@@ -490,6 +491,7 @@ class ReadPolicy:
         if self.state is PhaseState.LEARNING:
             self._learn_reads += 1
             self._changed_run = self._changed_run + 1 if changed else 0
+            self._held = self._held or not changed
             if self._changed_run >= _PLAIN_AFTER_CHANGES or self._learn_reads >= _MAX_LEARN_READS:
                 self._plain(read.mid)
                 return Knot(read.mid, energy_j) if changed else None
@@ -589,7 +591,11 @@ class ReadPolicy:
         ):
             # Updates too fast to read each at this sampling rate: read plainly.
             self._plain(self._prev.mid if self._prev else 0)
-        elif self.state is PhaseState.LEARNING and hi - lo <= self.lock_width_ns:
+        elif (self.state is PhaseState.LEARNING and hi - lo <= self.lock_width_ns
+              and self._held):
+            # Only a counter seen holding its value has updates to lock onto: reads that all
+            # changed narrow the grid against the shortest period they can see (a continuous
+            # counter read slowly locked onto 40 ms), and end in PLAIN instead.
             self.state = PhaseState.LOCKED
             self.locks += 1
         elif self.locked and hi - lo > 3 * self.lock_width_ns:
@@ -601,6 +607,7 @@ class ReadPolicy:
         self._poly = []
         self._learn_reads = 0
         self._changed_run = 0
+        self._held = False
         self._missed_run = 0
         self._seen = -1
         self._tested = -1
