@@ -9,6 +9,7 @@
 * `connect(url, name)`: a nats-py connection with every callback set and the first connect
   bounded in time (nats-py alone may hang for minutes on a dead server); `on_closed` reports a
   connection the server closed for good. `redact_url(url)` hides passwords in messages.
+  `drain(nc, forced)`: a service's last word on its connection (drained, or closed at once).
 * `tls_context(ca_file, cert_file, key_file)`: the `ssl.SSLContext` `connect` uses when given
   TLS files (`tls_ca_file=`, `tls_cert_file=`, `tls_key_file=`): verify the server with a CA
   (or the system's CAs), present a client certificate for mutual TLS; a missing, unreadable or
@@ -505,6 +506,18 @@ async def connect(
         with contextlib.suppress(Exception):
             await client.close()
         raise
+
+
+async def drain(nc: Any, forced: bool = False, timeout_s: float = 5.0) -> None:
+    """Drain `nc` (what is pending goes out; bounded by `timeout_s`); never raises.
+
+    `forced` (a second signal), or a connection the server already closed: close at once.
+    """
+    with contextlib.suppress(Exception):
+        if forced or nc.is_closed:
+            await nc.close()
+        else:
+            await asyncio.wait_for(nc.drain(), timeout_s)
 
 
 def _refused_credentials(e: BaseException) -> bool:

@@ -15,6 +15,13 @@ The shell is lifecycle plus thin adapters, each in its own module:
 The optimisers (`coordinator.optimizer`) say everything through actions: the shell never
 checks which optimiser drives a job nor reads its internals.
 
+Shutdown (aiohttp's order): intake stops first (endpoints and subscriptions), in-flight
+requests get `shutdown_timeout_s` to finish, the loops are cancelled; then everything start-up
+acquired is released in the reverse order (`zeus_agent.aio.Releases`, each pushed where it is
+acquired): the jobs' unsaved progress is recorded and their leases given up (another replica
+takes them at once), the state buckets are no longer followed, NATS is drained, the status
+server closed, the embedded nats-server stopped last. One release failing skips no other.
+
 Never deaf: if the NATS server closes the connection for good, the coordinator exits with
 `BUS_LOST` (4) so its supervisor starts a fresh one; `/healthz` (`status_port`, beside the
 Prometheus `/metrics` of `coordinator.metrics`) answers 503 while it is disconnected or closed.
@@ -53,9 +60,9 @@ from coordinator.service.streams import Streams
 from coordinator.state import OwnershipBook
 from coordinator.state.jetstream import JetStreamState, StateUnavailableError
 from zeus_agent import __version__, status_http
-from zeus_agent.aio import ExitSignals, every
-from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
-from zeus_agent.cli_kit import BUS_LOST
+from zeus_agent.aio import ExitSignals, Releases, every
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain, redact_url
+from zeus_agent.bus import BusHealth
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import GpuBinding, JobStatus
 from zeus_agent.wire.text import bounded
@@ -123,9 +130,10 @@ class CoordinatorService(ExitSignals):
         self._subs: list[Any] = []
         self._tg: asyncio.TaskGroup | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
-        self.exit_code = 0
-        """What the process should exit with: 0, or `BUS_LOST` (the server closed NATS)."""
-        self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
+        self.bus = BusHealth("coordinator", self, on_reconnect=self._ping_agents)
+        """The NATS connection's state (`/healthz`); the exit when the server closed it."""
+        self._releases = Releases(LOG)
+        """What start-up acquired, released in the reverse order at shutdown."""
         self._status_server: status_http.StatusServer | None = None
 
     # ------------------------------------------------------------------ jobs
@@ -254,6 +262,7 @@ class CoordinatorService(ExitSignals):
                 )]
                 self.started.set()
                 await self.should_exit.wait()
+                # The last release, run now: no new request while those in flight finish.
                 await self._stop_intake()
                 cancelled = await self.finish(self._inflight, s.shutdown_timeout_s,
                                               "coordinator shutting down")
@@ -265,9 +274,23 @@ class CoordinatorService(ExitSignals):
             self._tg = None
             await self.shutdown()
 
+    @property
+    def exit_code(self) -> int:
+        """What the process should exit with: 0, or `BUS_LOST` (the server closed NATS)."""
+        return self.bus.exit_code
+
+    @property
+    def bus_state(self) -> tuple[str, float, str]:
+        """(state, since (Unix time), reason) of the NATS connection (`BusHealth.state`)."""
+        return self.bus.state
+
     async def startup(self) -> None:
-        """Restore state, connect, serve endpoints and follow job streams."""
-        s = self.settings
+        """Restore state, connect, serve endpoints and follow job streams.
+
+        Each resource is pushed on `_releases` as it is acquired: `shutdown` releases what a
+        start-up that failed half-way acquired, in the reverse order.
+        """
+        s, release = self.settings, self._releases.push
         self.state_dir.mkdir(parents=True, exist_ok=True)
         probe = self.state_dir / f".write-probe-{os.getpid()}"
         probe.write_text("")  # An unwritable state directory fails here, before serving.
@@ -275,24 +298,44 @@ class CoordinatorService(ExitSignals):
         if s.embedded_nats:  # Its JetStream store is kept with the state: a restart resumes.
             store = str(self.state_dir / "jetstream")
             self._embedded = await asyncio.to_thread(EmbeddedNats(store_dir=store).start)
+            release("the embedded nats-server", self._stop_embedded)
         url = s.bus_url(self.url)
         if s.status_port is not None:
             self._status_server = status_http.start(
                 s.status_host, s.status_port, self.health,
                 registry=metrics.make_registry(lambda: metrics.snapshot(self)))
+            release("the status server", self._close_status_server)
         self.nc = await connect(url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
-                                on_disconnect=self._on_disconnect,
-                                on_reconnect=self._on_reconnect, on_closed=self._on_closed,
+                                on_disconnect=self.bus.on_disconnect,
+                                on_reconnect=self.bus.on_reconnect, on_closed=self.bus.on_closed,
                                 inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix),
                                 **s.nats_options())
-        self.bus_state = ("connected", time.time(), "connected to NATS")
-        self.state = JetStreamState(self.nc, s.prefix, s.state_replicas,
-                                    timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket)
-        await self.state.open()
+        release("the NATS connection", self._drain)
+        self.bus.connected(self.nc)
+        self.state = state = JetStreamState(self.nc, s.prefix, s.state_replicas,
+                                            timeout_s=max(2.0, s.command_timeout_s),
+                                            bucket=s.state_bucket)
+        release("the state buckets", state.close)
+        # The jobs this replica comes to drive: their progress recorded, their leases given up.
+        release("the jobs' leases", lambda: self.replicas.give_up_jobs())
+        await state.open()
         await self.durable.import_jobs_json()
-        await self.state.follow(self.durable.on_entry, self.durable.on_owner_entry)
+        await state.follow(self.durable.on_entry, self.durable.on_owner_entry)
+        release("the endpoints and subscriptions", self._stop_intake)
+        await self._serve()
+        # Subscriptions are live before anyone hears we started.
+        await confirm_subscriptions(self.nc)
+        _tune_gc()
+        LOG.info("coordinator ready on %s: replica %s, state in JetStream bucket %s, %d job(s)",
+                 redact_url(url), s.replica_name, state.bucket, len(self.registry.jobs))
+        if s.scheduler_note:  # A Zeus configuration naming only a plan runs PointSolution.
+            LOG.info("pipeline jobs: %s", s.scheduler_note)
+
+    async def _serve(self) -> None:
+        """Serve the endpoints, this replica's own subjects, and follow the streams."""
         from nats import micro
 
+        s = self.settings
         self._service = await micro.add_service(
             self.nc, name="zeus-coordinator", version=__version__,
             description="Jobs, ranks and power-limit optimisation", queue_group="coord",
@@ -307,44 +350,25 @@ class CoordinatorService(ExitSignals):
         for name, subject, handler in self.endpoints.table():
             await self._service.add_endpoint(
                 name=name, subject=subject, handler=self.endpoints.wrap(handler))
-        # Subscriptions are live before anyone hears we started.
-        await confirm_subscriptions(self.nc)
-        _tune_gc()
-        LOG.info("coordinator ready on %s: replica %s, state in JetStream bucket %s, %d job(s)",
-                 redact_url(self.url or ""), s.replica_name, self.state.bucket,
-                 len(self.registry.jobs))
-        if s.scheduler_note:  # A Zeus configuration naming only a plan runs PointSolution.
-            LOG.info("pipeline jobs: %s", s.scheduler_note)
 
-    async def _on_disconnect(self) -> None:
-        self.bus_state = ("disconnected", time.time(), "the connection to NATS was lost")
+    async def _ping_agents(self) -> None:
+        """Ask the agents to announce themselves (their announcements reconcile the GPUs).
 
-    async def _on_reconnect(self) -> None:
-        self.bus_state = ("connected", time.time(), "reconnected to NATS")
-        # Agents may have restarted meanwhile: their announcements reconcile the GPUs.
+        After a reconnection: an agent may have restarted meanwhile.
+        """
         with contextlib.suppress(Exception):
             await self.nc.publish(subjects.agent_ping(self.settings.prefix), b"")
 
-    async def _on_closed(self) -> None:
-        """The server closed the connection and nats-py will not reconnect: exit non-zero."""
-        last = getattr(self.nc, "last_error", None) if self.nc is not None else None
-        reason = f"the NATS server closed the connection ({last or 'no reason given'})"
-        self.bus_state = ("closed", time.time(), reason)
-        LOG.error("%s; exiting with code %d so the supervisor starts a fresh coordinator",
-                  reason, BUS_LOST)
-        self.exit_code = BUS_LOST
-        self.should_exit.set()
-
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, detail) for `/healthz` (called on the status server's thread)."""
-        state, since, reason = self.bus_state
-        detail = {"nats": {"state": state, "since": since, "reason": reason},
+        detail = {"nats": self.bus.report(),
                   "replica": self.settings.replica_name, "jobs": len(self.registry.jobs),
                   "owned": len(self.book.mine(time.time())), "dropped": dict(self.dropped),
                   "quarantined": len(self.failures.quarantined),
                   "fenced_commands": self.fenced_commands}
-        if state != "connected":
-            return False, {"status": state, "reason": reason, **detail}
+        problem = self.bus.problem()
+        if problem is not None:
+            return False, {"status": problem[0], "reason": problem[1], **detail}
         if not self.started.is_set() or self.should_exit.is_set():
             return False, {"status": "stopping" if self.should_exit.is_set() else "starting",
                            **detail}
@@ -362,22 +386,27 @@ class CoordinatorService(ExitSignals):
         self._subs.clear()
 
     async def shutdown(self) -> None:
-        """Stop intake, persist, drain NATS, stop the embedded server (idempotent)."""
-        await self._stop_intake()
-        await self.replicas.give_up_jobs()
-        if self.state is not None:
-            await self.state.close()
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.drain(), 5)
-            self.nc = None
-        if self._embedded is not None:
-            await asyncio.to_thread(self._embedded.stop)
-            self._embedded = None
-        if self._status_server is not None:
-            await asyncio.to_thread(self._status_server.close)
-            self._status_server = None
+        """Release what start-up acquired, in the reverse order (see the module docstring).
+
+        Idempotent: a second call releases nothing more.
+        """
+        await self._releases.aclose()
         LOG.info("coordinator stopped")
+
+    async def _drain(self) -> None:
+        if self.nc is not None:
+            await drain(self.nc)
+            self.nc = None
+
+    async def _close_status_server(self) -> None:
+        if self._status_server is not None:
+            server, self._status_server = self._status_server, None
+            await asyncio.to_thread(server.close)
+
+    async def _stop_embedded(self) -> None:
+        if self._embedded is not None:
+            embedded, self._embedded = self._embedded, None
+            await asyncio.to_thread(embedded.stop)
 
 
 async def _guarded(coro: Coroutine[Any, Any, Any]) -> Any:

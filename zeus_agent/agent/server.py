@@ -7,10 +7,13 @@ through `$SRV.PING/INFO/STATS`), listen for lease renewals, open the trainers' s
 announce the node. One `asyncio.TaskGroup` owns the loops (sampling, publishing, heartbeat,
 lease expiry, trainer reaping, event measurement, RAPL reading).
 
-Shutdown order (aiohttp's): stop intake (socket, endpoints), cancel the loops, restore every
-GPU setting the agent changed, publish what is pending, drain NATS, stop the embedded server.
-The first SIGINT/SIGTERM starts it; a second one skips the graceful waits (GPUs are still
-restored).
+Shutdown (aiohttp's order): the loops are cancelled, then everything start-up acquired is
+released in the reverse order (`zeus_agent.aio.Releases`, each pushed where it is acquired):
+stop intake (the trainers' socket, the doorbells, the command endpoints), restore every GPU
+setting the agent changed and publish what is pending, drain NATS, stop the embedded server,
+remove the socket's file, close the status server (opened first: `/healthz` says "stopping"
+throughout). One release failing skips no other. The first SIGINT/SIGTERM starts it; a second
+one skips the graceful waits (GPUs are still restored).
 
 Never deaf: nats-py reconnects a lost connection forever, but a connection the *server* closed
 with an error (an authorization violation, a protocol error) stays closed. The agent then
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import os
 import socket
@@ -48,8 +50,9 @@ from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.rapl import RaplReader
-from zeus_agent.aio import ExitSignals, every
-from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+from zeus_agent.aio import ExitSignals, Releases, every
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain
+from zeus_agent.bus import BusHealth
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import GPUUnavailableError, PayloadError, ZeusAgentError
@@ -109,20 +112,18 @@ class AgentServer(ExitSignals):
         self._announcing: set[asyncio.Future[None]] = set()
         self.gateway: Gateway | None = None
         self.nc: Any = None
-        self._embedded: EmbeddedNats | None = None
         self._service: Any = None
         self._subs: list[Any] = []
-        self._socket: socket.socket | None = None
         self._socket_inode = -1  # the inode this agent bound (it removes only that one)
         self._socket_gid: int | None = None
         self._status_server: status_http.StatusServer | None = None
         self.metrics_port: int | None = None
         """Port of /metrics and /healthz once started (with `metrics_port=0`: any free port)."""
-        self.exit_code = 0
-        """What the process should exit with: 0, or `EXIT_BUS_LOST`."""
-        self.bus_state: tuple[str, float, str] = ("starting", time.time(), "not connected yet")
-        """(state, since (Unix time), reason): "starting", "connected", "disconnected",
-        "closed"."""
+        self.bus = BusHealth("agent", self, on_reconnect=self.announce,
+                             before_exit="restoring the GPUs and ")
+        """The NATS connection's state (`/healthz`); the exit when the server closed it."""
+        self._releases = Releases(LOG)
+        """What start-up acquired, released in the reverse order at shutdown."""
         self._stopping = False
         self._tick = time.monotonic()
         self.counters: Counter[str] = Counter()
@@ -162,50 +163,41 @@ class AgentServer(ExitSignals):
         except* _Stop:
             pass
 
+    @property
+    def exit_code(self) -> int:
+        """What the process should exit with: 0, or `EXIT_BUS_LOST` (GPUs restored)."""
+        return self.bus.exit_code
+
+    @property
+    def bus_state(self) -> tuple[str, float, str]:
+        """(state, since (Unix time), reason) of the NATS connection (`BusHealth.state`)."""
+        return self.bus.state
+
     async def startup(self) -> None:
-        """Open the status server and the trainers' socket, connect, open GPUs, start agents."""
-        s = self.settings
+        """Open the status server and the trainers' socket, connect, open GPUs, start agents.
+
+        Each resource is pushed on `_releases` as it is acquired: `shutdown` releases what a
+        start-up that failed half-way acquired, in the reverse order.
+        """
+        s, release = self.settings, self._releases.push
         if s.metrics_port is not None:
             self._start_status_server(s.metrics_port)
-        self._socket = sock = self._bind_socket()
-        embedded_url = None
-        if s.embedded_nats:
-            self._embedded = await asyncio.to_thread(EmbeddedNats().start)
-            embedded_url = self._embedded.url
-            LOG.info("embedded nats-server at %s", embedded_url)
-        url = s.bus_url(embedded_url)
-        options: dict[str, Any] = {
-            "inbox_prefix": subjects.inbox_prefix("node", s.node, s.prefix),
-            **s.nats_options(),
-        }
-        self.nc = await connect(
-            url,
-            f"zeus-agent:{s.node}",
-            timeout_s=s.connect_timeout_s,
-            on_disconnect=self._on_disconnect,
-            on_reconnect=self._on_reconnect,
-            on_closed=self._on_closed,
-            **options,
-        )
-        self._set_bus_state("connected", "connected to NATS")
-        gpus = self._gpus if self._gpus is not None else await asyncio.to_thread(open_gpus, s)
-        for gpu in gpus:
-            agent = GpuAgent(
-                gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds, s.default_lease_s
-            )
-            if s.observe_only:
-                agent.observe_only(OBSERVE_ONLY_HELP)
-            agent.on_control_lost = self._announce_soon
-            await agent.start(reset=s.reset_on_start)
-            self.agents[agent.index] = agent
-        if s.observe_only:
-            LOG.info("observe-only: no GPU setting is ever changed by this agent")
+            release("the status server", self._close_status_server)
+        sock = self._bind_socket()
+        release("the trainers' socket", lambda: self._remove_socket(sock))
+        await self._connect()
+        # Restored, flushed and closed together, whichever started: one hung GPU delays no other.
+        release("the GPUs", self._release_gpus)
+        await self._start_agents()
         self.rapl.open()
         renewals = subjects.all_lease_renewals(s.prefix)
         self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
         ping = subjects.agent_ping(s.prefix)
         self._subs.append(await self.nc.subscribe(ping, cb=self._on_ping))
+        release("the command endpoints", self._stop_commands)
         await self._serve_commands()
+        release("the doorbells", self._close_doorbells)
+        release("the gateway", self._close_gateway)
         self._open_gateway(sock)
         # The server has every subscription before anyone hears of us: a command sent right
         # after the announcement (or after `started`) finds its responder.
@@ -219,6 +211,47 @@ class AgentServer(ExitSignals):
             ", ".join(f"{a.index}:{a.info.name if a.info else '?'}" for a in self.agents.values()),
             s.socket_path,
         )
+
+    async def _connect(self) -> None:
+        """Start the embedded nats-server if asked, and connect (both pushed on `_releases`)."""
+        s = self.settings
+        embedded_url = None
+        if s.embedded_nats:
+            embedded = await asyncio.to_thread(EmbeddedNats().start)
+            self._releases.push("the embedded nats-server",
+                                lambda: asyncio.to_thread(embedded.stop))
+            embedded_url = embedded.url
+            LOG.info("embedded nats-server at %s", embedded_url)
+        self.nc = await connect(
+            s.bus_url(embedded_url),
+            f"zeus-agent:{s.node}",
+            timeout_s=s.connect_timeout_s,
+            inbox_prefix=subjects.inbox_prefix("node", s.node, s.prefix),
+            on_disconnect=self.bus.on_disconnect,
+            on_reconnect=self.bus.on_reconnect,
+            on_closed=self.bus.on_closed,
+            **s.nats_options(),
+        )
+        nc = self.nc
+        self._releases.push("the NATS connection",
+                            lambda: drain(nc, forced=self.force_exit.is_set()))
+        self.bus.connected(nc)
+
+    async def _start_agents(self) -> None:
+        """Open the GPUs and start one `GpuAgent` each (those started are in `agents`)."""
+        s = self.settings
+        gpus = self._gpus if self._gpus is not None else await asyncio.to_thread(open_gpus, s)
+        for gpu in gpus:
+            agent = GpuAgent(
+                gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds, s.default_lease_s
+            )
+            if s.observe_only:
+                agent.observe_only(OBSERVE_ONLY_HELP)
+            agent.on_control_lost = self._announce_soon
+            await agent.start(reset=s.reset_on_start)
+            self.agents[agent.index] = agent
+        if s.observe_only:
+            LOG.info("observe-only: no GPU setting is ever changed by this agent")
 
     async def _serve_commands(self) -> None:
         from nats import micro
@@ -313,7 +346,7 @@ class AgentServer(ExitSignals):
         return sock
 
     def _open_gateway(self, sock: socket.socket) -> None:
-        """Start reading the trainers' socket."""
+        """Open the GPUs' doorbells and start reading the trainers' socket."""
         gateway = Gateway(
             self.agents,
             self.settings.node,
@@ -340,7 +373,7 @@ class AgentServer(ExitSignals):
             self.agents,
             lambda: dict(self.gateway.counters) if self.gateway else {},
             lambda: dict(self.counters),
-            lambda: self.bus_state[0] == "connected",
+            lambda: self.bus.is_connected,
             rapl=self.rapl,
             node=self.settings.node,
         )
@@ -353,48 +386,20 @@ class AgentServer(ExitSignals):
         LOG.info("metrics at http://%s:%d/metrics, health at /healthz", host, self.metrics_port)
 
     # ------------------------------------------------------------------ health
-    def _set_bus_state(self, state: str, reason: str) -> None:
-        self.bus_state = (state, time.time(), reason)
-
-    async def _on_disconnect(self) -> None:
-        self._set_bus_state("disconnected", "the connection to NATS was lost; reconnecting")
-
-    async def _on_reconnect(self) -> None:
-        self._set_bus_state("connected", "reconnected to NATS")
-        await self.announce()
-
-    async def _on_closed(self) -> None:
-        """The server closed the connection and nats-py will not reconnect: exit (restored)."""
-        last = getattr(self.nc, "last_error", None) if self.nc is not None else None
-        reason = f"the NATS server closed the connection ({last or 'no reason given'})"
-        self._set_bus_state("closed", reason)
-        LOG.error(
-            "%s; nats-py does not reconnect after that. Restoring the GPUs and exiting with "
-            "code %d so the supervisor starts a fresh agent",
-            reason,
-            EXIT_BUS_LOST,
-        )
-        self.exit_code = EXIT_BUS_LOST
-        self.should_exit.set()
-
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, detail) for `/healthz`; called on the status server's thread."""
-        state, since, reason = self.bus_state
         detail: dict[str, Any] = {
             "node": self.settings.node,
             "agent_id": self.agent_id,
             "gpus": len(self.agents),
-            "nats": {"state": state, "since": _iso(since), "reason": reason},
+            "nats": self.bus.report(),
         }
         stalled_s = time.monotonic() - self._tick
-        if self._stopping and state != "closed":
+        if self._stopping and self.bus.state[0] != "closed":
             return False, {"status": "stopping", "reason": "the agent is shutting down", **detail}
-        if state != "connected":
-            if state == "disconnected":
-                why = f"disconnected from NATS since {_iso(since)}; reconnecting"
-            else:
-                why = reason
-            return False, {"status": state, "reason": why, **detail}
+        problem = self.bus.problem()
+        if problem is not None:
+            return False, {"status": problem[0], "reason": problem[1], **detail}
         if not self.started.is_set():
             return False, {"status": "starting", "reason": "the agent is starting", **detail}
         if stalled_s > STALL_S:
@@ -493,28 +498,35 @@ class AgentServer(ExitSignals):
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
-        """Stop intake, restore every GPU, flush, drain NATS, stop the embedded server."""
+        """Release what start-up acquired, in the reverse order (see the module docstring)."""
         LOG.info("agent shutting down%s", " (forced)" if self.force_exit.is_set() else "")
         self._stopping = True
+        await self._releases.aclose()
+        LOG.info("agent stopped")
+
+    def _close_gateway(self) -> None:
+        """Stop reading the trainers' socket (closing it) and cancel the requests in flight."""
         if self.gateway is not None:
             self.gateway.close()
             self.gateway.close_tasks()
-        elif self._socket is not None:
-            self._socket.close()
-        for agent in self.agents.values():  # All woken at once; then waited for (1 s in all).
+
+    async def _stop_commands(self) -> None:
+        if self._service is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._service.stop(), 2)
+
+    def _close_doorbells(self) -> None:
+        """Wake every doorbell at once, then wait for each (1 s in all)."""
+        for agent in self.agents.values():
             if agent.doorbell is not None:
                 agent.doorbell.stop()
         deadline = time.monotonic() + 1.0
         for agent in self.agents.values():
             agent.close_doorbell(max(0.0, deadline - time.monotonic()))
-        if self._socket is not None:
-            with contextlib.suppress(FileNotFoundError):
-                path = Path(self.settings.socket_path)
-                if os.stat(path).st_ino == self._socket_inode:  # not a newer agent's socket
-                    path.unlink()
-        if self._service is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._service.stop(), 2)
+
+    async def _release_gpus(self) -> None:
+        """Restore every GPU (side by side), publish what is pending unless forced, close."""
+
         async def restore(agent: GpuAgent) -> None:
             try:
                 await agent.restore(reason="agent shutting down")
@@ -522,27 +534,26 @@ class AgentServer(ExitSignals):
                 LOG.exception("GPU %d: restore at shutdown failed", agent.index)
 
         await asyncio.gather(*(restore(a) for a in self.agents.values()))
-        if self.nc is not None and not self.force_exit.is_set():
+        try:
+            if not self.force_exit.is_set():
+                for agent in self.agents.values():
+                    await agent.flush_measurements()
+                    await agent.flush_samples()
+        finally:
             for agent in self.agents.values():
-                await agent.flush_measurements()
-                await agent.flush_samples()
-        for agent in self.agents.values():
-            agent.caller.close()
+                agent.caller.close()
+
+    def _remove_socket(self, sock: socket.socket) -> None:
+        """Close the trainers' socket and remove its file, unless a newer agent's is there."""
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            path = Path(self.settings.socket_path)
+            if os.stat(path).st_ino == self._socket_inode:
+                path.unlink()
+
+    async def _close_status_server(self) -> None:
         if self._status_server is not None:
             await asyncio.to_thread(self._status_server.close)
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                if self.force_exit.is_set() or self.nc.is_closed:
-                    await self.nc.close()
-                else:
-                    await asyncio.wait_for(self.nc.drain(), 5)
-        if self._embedded is not None:
-            await asyncio.to_thread(self._embedded.stop)
-        LOG.info("agent stopped")
-
-
-def _iso(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="seconds")
 
 
 class _Stop(Exception):
