@@ -1,11 +1,13 @@
 """`AgentServer`: the node agent process (config in, `run()` -> startup / main loop / shutdown).
 
-Startup: start an embedded nats-server if asked, connect, open the GPUs (nvml or sim), start
-one `GpuAgent` per GPU, find the CPU packages' RAPL counters (`RaplReader`; a node without
-readable ones says so once), serve each GPU's commands as a `nats.micro` endpoint (discoverable
-through `$SRV.PING/INFO/STATS`), listen for lease renewals, open the trainers' socket, and
-announce the node. One `asyncio.TaskGroup` owns the loops (sampling, publishing, heartbeat,
-lease expiry, trainer reaping, event measurement, RAPL reading).
+Startup: open the status server (with `--metrics-port`) and bind the trainers' socket (a bad
+path or port fails before anything slow), start an embedded nats-server if asked, connect, open
+the GPUs (nvml or sim), start one `GpuAgent` per GPU, find the CPU packages' RAPL counters
+(`RaplReader`; a node without readable ones says so once), listen for lease renewals, serve
+each GPU's commands as a `nats.micro` endpoint (discoverable through `$SRV.PING/INFO/STATS`),
+open the doorbells, start reading the trainers' socket, and announce the node. One
+`asyncio.TaskGroup` owns the loops (sampling, publishing, heartbeat, lease expiry, trainer
+reaping, event measurement, RAPL reading).
 
 Shutdown (aiohttp's order): the loops are cancelled, then everything start-up acquired is
 released in the reverse order (`zeus_agent.aio.Releases`, each pushed where it is acquired):
@@ -25,7 +27,8 @@ HELLO when the socket comes back).
 Health: with `--metrics-port`, `GET /healthz` answers 200 `{"ok": true, "status": "ok", ...}`
 while the agent is connected and its event loop turns, else 503 with the status
 ("starting", "disconnected" since when, "closed", "stalled", "stopping") and a reason
-(`zeus_agent.status_http`).
+(`zeus_agent.status_http`; the connection's part is `zeus_agent.bus.BusHealth`'s, as the
+coordinator's).
 """
 
 from __future__ import annotations
