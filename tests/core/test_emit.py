@@ -238,7 +238,7 @@ def test_restarted_agent_is_picked_up_and_rebound(sock_path: str) -> None:
     first = FakeAgent(sock_path)
     emit.init(job_id="job-1", join_token=TOKEN, rank=0, socket_path=sock_path)
     pub = emit.get_publisher()
-    pub._retry_interval_ns = 10_000_000
+    pub._transport._retry_interval_ns = 10_000_000
     emit.step_begin()
     assert first.wait_events(1)
     first.stop()

@@ -497,16 +497,15 @@ def test_a_doorbell_that_refuses_is_dropped_and_the_event_goes_to_the_trainers_s
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as bell:
             bell.bind(str(tmp_path / "agent.sock.gpu0"))
-            pub._doorbell = str(tmp_path / "agent.sock.gpu0")
-            pub._open_bell()
-            assert pub._bell is not None
+            pub._transport.use_doorbell(str(tmp_path / "agent.sock.gpu0"))
+            assert pub._transport._bell is not None
 
             def refuse(data: bytes) -> None:
                 raise PermissionError(errno.EPERM, "refused")
 
-            pub._send = refuse  # as a doorbell that refuses this sender would
+            pub._transport.send = refuse  # as a doorbell that refuses this sender would
             pub.step_begin()
-            assert pub._bell is None
+            assert pub._transport._bell is None
             assert dg.decode_datagram(gateway.recv(512)).kind is Kind.STEP_BEGIN
             assert pub.stats().dropped == 0
             pub.step_end()  # and so on, on the trainers' socket

@@ -33,11 +33,13 @@ counted. Without an agent, events are dropped and counted, and the socket reconn
 once per `reconnect_interval_s` so an agent that starts later is picked up.
 
 Modules, one concern each (this package only re-exports them): `publisher` (the constructor and
-the event hot path), `transport` (socket, backlog, drops, close), `requests` (requests with a
-reply: registrations, `measure`, schedule notices), `windows` (profiling windows), `api` (the
-default publisher, `init` and the module-level calls), `environment` (socket path and GPU
-index from the environment), `records` (results, stats, `RegistrationError`). `Publisher`
-inherits `Windows` <- `Requests` <- `Transport`.
+the event hot path; the rest of `Publisher` delegates to its three collaborators), `transport`
+(`Transport`: socket, backlog, drops, reconnecting, close), `requests` (`Requests`: requests
+with a reply: registrations, `measure`, schedule notices), `windows` (`Windows`: the stack of
+profiling windows), `api` (the default publisher, `init` and the module-level calls),
+`environment` (socket path and GPU index from the environment), `records` (results, stats,
+`RegistrationError`). `Publisher` builds its `Transport`, then `Requests` over it, then
+`Windows` over its `measure`, each from explicit constructor arguments.
 """
 
 from __future__ import annotations

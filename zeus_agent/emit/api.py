@@ -216,7 +216,7 @@ def init(
         gpu_index=publisher.physical_gpu_index,
     )
     if publisher.detached:
-        publisher._hello = hello  # Re-sent when an agent shows up.
+        publisher._requests.remember_hello(hello)  # Sent when an agent shows up.
         return publisher
     reply = publisher.hello(hello)
     if reply is None:

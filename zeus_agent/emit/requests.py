@@ -14,7 +14,7 @@ import math
 import select
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from zeus_agent.emit.environment import physical_gpu_index
@@ -41,38 +41,78 @@ logger = logging.getLogger("zeus_agent.emit")
 _monotonic_ns = time.monotonic_ns
 
 
-class Requests(Transport):
-    """Request-and-reply over the publisher's socket (state set by `Publisher.__init__`)."""
+class Requests:
+    """Request-and-reply over the transport's socket, and what the replies taught.
 
-    gpu_indices: list[int]
-    physical_gpu_indices: list[int]
-    timeout_s: float
-    job_id: str | None
-    join_token: str | None
-    rank: int
-    node: str | None
-    _windows_unanswered: int
-    _hello: TrainerHello | None
-    _rank_registration: RegisterRank | None
-    _request_lock: threading.Lock
-    _notice: ScheduleNotice | None
-    _selection: SelectRequest | None
+    Attributes:
+        timeout_s: How long a request waits for its reply, by default.
+        job_id: The job this rank is bound to (the HELLO's), or None.
+        join_token: The job's join token (rank 0: from the registration; other ranks: from
+            rank 0), or None.
+        rank: The rank the HELLO bound (0 until then).
+        node: The agent's node (the HELLO reply's), or None.
+        windows_unanswered: Window requests without an answer.
+    """
 
-    def _rebind(self) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        pid: int,
+        ids: Iterator[int],
+        timeout_s: float,
+        gpu_indices: Sequence[int],
+        physical_gpu_indices: Sequence[int],
+    ) -> None:
+        """Requests over `transport`'s socket.
+
+        Args:
+            transport: The connection to the agent: its socket carries the requests.
+            pid: This process's id, sent with every request.
+            ids: Request ids, shared with the transport.
+            timeout_s: How long a request waits for its reply, by default.
+            gpu_indices: The CUDA device indices windows measure by default.
+            physical_gpu_indices: The node's indices of `gpu_indices`, in order.
+        """
+        self.timeout_s = timeout_s
+        self.job_id: str | None = None
+        self.join_token: str | None = None
+        self.rank = 0
+        self.node: str | None = None
+        self.windows_unanswered = 0
+        self._transport = transport
+        self._pid = pid
+        self._ids = ids
+        self._gpu_indices = gpu_indices
+        self._physical_gpu_indices = physical_gpu_indices
+        self._lock = threading.Lock()
+        """Serialises requests, so a reply is read by the request that waits for it."""
+        self._hello: TrainerHello | None = None
+        self._rank_registration: RegisterRank | None = None
+        self._notice: ScheduleNotice | None = None
+        self._selection: SelectRequest | None = None
+        self._cpus_refused = False
+        """The agent refused a window's `cpus` (it predates CPU energy): windows no longer ask."""
+
+    def remember_hello(self, hello: TrainerHello) -> None:
+        """Introduce the process with `hello` to an agent found later (none answers now)."""
+        self._hello = hello
+
+    def reintroduce(self) -> None:
         """Re-introduce the process to an agent found after a failure (no reply awaited)."""
         try:
-            if self._request_lock.acquire(blocking=False):  # Never steal a waited-for reply.
+            if self._lock.acquire(blocking=False):  # Never steal a waited-for reply.
                 try:
                     self._drain_incoming()
                 finally:
-                    self._request_lock.release()
+                    self._lock.release()
             # From the trainers' socket, never the doorbell: the agent answers and pushes
             # schedule notices to the HELLO's address.
+            sock = self._transport.sock
             if self._hello is not None:
-                self._sock.send(
-                    encode_request(Kind.HELLO, self._pid, next(self._ids), self._hello))
+                sock.send(encode_request(Kind.HELLO, self._pid, next(self._ids), self._hello))
             if self._rank_registration is not None:
-                self._sock.send(
+                sock.send(
                     encode_request(
                         Kind.REGISTER_RANK, self._pid, next(self._ids), self._rank_registration
                     )
@@ -83,7 +123,7 @@ class Requests(Transport):
     # ------------------------------------------------------------------ incoming
     def _drain_incoming(self) -> None:
         """Read datagrams already received: keep schedule notices, drop late replies."""
-        recv = self._sock.recv
+        recv = self._transport.sock.recv
         for _ in range(1024):
             try:
                 raw = recv(MAX_DATAGRAM_BYTES)
@@ -109,38 +149,30 @@ class Requests(Transport):
         ):
             self._notice = notice
 
-    def latest_schedule(self) -> ScheduleNotice | None:
-        """The newest frequency schedule the agent pushed for this rank (non-blocking).
-
-        The agent applies the frequencies itself; a drop-in uses this to check instruction
-        names locally. None until the coordinator has installed a schedule.
-        """
-        if self.connected and not self._closed:
+    def _drain_if_free(self) -> None:
+        """`_drain_incoming` while connected, unless a request is reading its reply."""
+        transport = self._transport
+        if transport.connected and not transport.closed:
             with contextlib.suppress(Exception):
-                if self._request_lock.acquire(blocking=False):
+                if self._lock.acquire(blocking=False):
                     try:
                         self._drain_incoming()
                     finally:
-                        self._request_lock.release()
+                        self._lock.release()
+
+    def latest_schedule(self) -> ScheduleNotice | None:
+        """`Publisher.latest_schedule`: the newest notice kept (after reading what came)."""
+        self._drain_if_free()
         return self._notice
 
     def pending_selection(self) -> SelectRequest | None:
-        """The coordinator's unanswered question to this rank, if one came (non-blocking).
-
-        Asked of rank 0 of a job with a custom optimum selector, once profiling is over.
-        """
-        if self.connected and not self._closed:
-            with contextlib.suppress(Exception):
-                if self._request_lock.acquire(blocking=False):
-                    try:
-                        self._drain_incoming()
-                    finally:
-                        self._request_lock.release()
+        """`Publisher.pending_selection`: the question kept (after reading what came)."""
+        self._drain_if_free()
         return self._selection
 
     def answer_selection(self, question: SelectRequest, power_limit_w: int | None,
                          error: str = "") -> Reply | None:
-        """Answer the coordinator's question with the chosen limit, or why there is none."""
+        """`Publisher.answer_selection`: a `SELECTED` request; the question is forgotten."""
         self._selection = None
         answer = SelectionAnswer(job_id=question.job_id, request=question.request,
                                  power_limit_w=power_limit_w, error=error[:255])
@@ -148,45 +180,40 @@ class Requests(Transport):
 
     # ------------------------------------------------------------------ request and reply
     def request(self, kind: Kind, payload: Any, timeout_s: float | None = None) -> Reply | None:
-        """Send a request datagram and wait for its reply on the caller's thread.
+        """`Publisher.request`: send, then read until its reply comes or `timeout_s` passes.
 
-        Args:
-            kind: A request kind (`HELLO`, `REGISTER_JOB`, `REGISTER_RANK`, `WINDOW`).
-            payload: A pydantic model or a dict.
-            timeout_s: How long to wait; default the publisher's `timeout_s`.
-
-        Returns:
-            The agent's `Reply`, or None when no agent is connected or it did not answer
-            in time.
+        What arrives meanwhile is kept if it is a notice (`_keep_notice`), else dropped.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        with self._request_lock:
-            if not self.connected and not self._connect(_monotonic_ns()):
+        transport = self._transport
+        with self._lock:
+            if not transport.connected and not transport.connect(_monotonic_ns()):
                 return None
             self._drain_incoming()
-            self.flush()
+            transport.flush()
+            sock = transport.sock
             request_id = next(self._ids)
             data = encode_request(kind, self._pid, request_id, payload)
             poller = select.poll()
             while True:  # Send, waiting (bounded) while the agent's queue is full.
                 try:
-                    self._sock.send(data)
+                    sock.send(data)
                     break
                 except BlockingIOError:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return None
-                    poller.register(self._sock, select.POLLOUT)
+                    poller.register(sock, select.POLLOUT)
                     poller.poll(min(remaining, 0.01) * 1000)
-                    poller.unregister(self._sock)
+                    poller.unregister(sock)
                 except OSError as e:
                     if e.errno in NO_AGENT_ERRNOS:
-                        self._disconnect()
+                        transport.disconnect()
                     else:
                         logger.warning("zeus_agent.emit: sending a %s failed: %r", kind.name, e)
                     return None
-            poller.register(self._sock, select.POLLIN)
+            poller.register(sock, select.POLLIN)
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -194,12 +221,12 @@ class Requests(Transport):
                 if not poller.poll(max(1, math.ceil(remaining * 1000))):
                     continue
                 try:
-                    raw = self._sock.recv(MAX_DATAGRAM_BYTES)
+                    raw = sock.recv(MAX_DATAGRAM_BYTES)
                 except BlockingIOError:
                     continue
                 except OSError as e:
                     if e.errno in NO_AGENT_ERRNOS:
-                        self._disconnect()
+                        transport.disconnect()
                     return None
                 try:
                     reply = decode_datagram(raw)
@@ -223,15 +250,7 @@ class Requests(Transport):
         power_limit: PowerLimitOptions | None = None,
         scheduler: str | None = None,
     ) -> str | None:
-        """Register a job through the agent (relayed to the coordinator).
-
-        Returns:
-            The job id the coordinator generated, or None when no agent answered. The job's
-            join token, which every rank must present, is kept in `join_token`.
-
-        Raises:
-            RegistrationError: The coordinator refused the job.
-        """
+        """`Publisher.register_job`: keeps the reply's join token in `join_token`."""
         message = RegisterJob(job=job_info, power_limit=power_limit)
         if scheduler is not None:
             message.scheduler = scheduler
@@ -246,14 +265,10 @@ class Requests(Transport):
         return job_id
 
     def hello(self, hello: TrainerHello) -> Reply | None:
-        """Bind this process to a job rank and GPU on the agent.
+        """`Publisher.hello`: keeps the HELLO (re-sent on reconnecting) and what the reply says.
 
-        Returns:
-            The agent's reply (its `result` names the node and the GPU's clocks), or None
-            when no agent answered.
-
-        Raises:
-            RegistrationError: The agent refused the binding.
+        The rank's job and rank, the agent's node, and its GPU's doorbell (the transport
+        sends events there).
         """
         reply = self._registration("hello", Kind.HELLO, hello)
         self._hello = hello
@@ -263,56 +278,17 @@ class Requests(Transport):
             node = reply.result.get("node")
             self.node = node if isinstance(node, str) else None
             doorbell = reply.result.get("doorbell")
-            if isinstance(doorbell, str) and doorbell and (
-                    doorbell != self._doorbell or self._bell is None):
-                self._doorbell = doorbell
-                self._open_bell()
+            if isinstance(doorbell, str) and doorbell:
+                self._transport.use_doorbell(doorbell)
         return reply
 
     def register_rank(self, registration: RegisterRank) -> Reply | None:
-        """Register this rank and its GPU with the coordinator, through the agent.
-
-        Returns:
-            The reply, or None when no agent answered.
-
-        Raises:
-            RegistrationError: The coordinator refused the rank.
-        """
+        """`Publisher.register_rank`: keeps the registration (re-sent on reconnecting)."""
         reply = self._registration("rank", Kind.REGISTER_RANK, registration)
         self._rank_registration = registration
         return reply
 
     # ------------------------------------------------------------------ energy
-    _cpus_refused: bool = False
-    """The agent refused a window's `cpus` (it predates CPU energy): windows no longer ask."""
-
-    def measure(
-        self,
-        t0_ns: int,
-        t1_ns: int,
-        gpu_indices: Sequence[int] | None = None,
-        exact: bool = False,
-    ) -> list[float]:
-        """Energy (J) of GPUs between two `time.monotonic_ns()` stamps of this host.
-
-        By default the agent answers at once from its counter reads (past the newest read,
-        with the last update period's power: median error ~2% at 54 ms, ~0.4% at 1.3 s on an
-        H200). With `exact`, it answers once a read brackets `t1_ns` (~60 ms later, ~200 ms at
-        most), interpolating between reads. An agent too old to know `exact` is asked again
-        without it.
-
-        Args:
-            t0_ns: Start stamp.
-            t1_ns: End stamp.
-            gpu_indices: CUDA device indices; default the publisher's `gpu_indices`.
-            exact: Wait for the read that brackets the end (see above).
-
-        Returns:
-            One energy per GPU, in order; NaN for every GPU when the agent did not answer or
-            could not measure (counted in `stats().windows_unanswered`). Never raises.
-        """
-        return self.measure_window(t0_ns, t1_ns, gpu_indices, exact).gpu_energy
-
     def measure_window(
         self,
         t0_ns: int,
@@ -321,27 +297,17 @@ class Requests(Transport):
         exact: bool = False,
         cpu_indices: Sequence[int] | Literal["all"] | None = None,
     ) -> WindowEnergy:
-        """`measure`, and the CPU and DRAM energy (RAPL) of the node's CPU packages.
+        """`Publisher.measure_window`: a `WINDOW` request, asked again without what is refused.
 
-        Args:
-            t0_ns: Start stamp.
-            t1_ns: End stamp.
-            gpu_indices: CUDA device indices; default the publisher's `gpu_indices`.
-            exact: Wait for the GPU counter read that brackets the end (see `measure`).
-            cpu_indices: CPU packages (Zeus's CPU indices, `intel-rapl:<index>`) to measure
-                too; "all": every package of the node; None: none. An agent too old to
-                measure them is asked again without them (and not asked again).
-
-        Returns:
-            The GPUs' energies as `measure` gives them, and each CPU package's and its DRAM's
-            energy where the agent measured them (`cpu_note` says why not). Never raises.
+        The fields added after protocol 1 (`_UNSET`) are dropped from the request when the
+        agent's `bad_request` names them; `cpus` then for good (`_cpus_refused`).
         """
-        logical = self.gpu_indices if gpu_indices is None else list(gpu_indices)
+        logical = list(self._gpu_indices) if gpu_indices is None else list(gpu_indices)
         cpus = None if cpu_indices is None or cpu_indices == "all" else list(cpu_indices)
         wanted: list[int] | Literal["all"] | None = "all" if cpu_indices == "all" else cpus
         try:
             gpus = (
-                self.physical_gpu_indices
+                list(self._physical_gpu_indices)
                 if gpu_indices is None
                 else [physical_gpu_index(i) for i in logical]
             )
@@ -378,7 +344,7 @@ class Requests(Transport):
                 reply.code,
                 reply.error,
             )
-        self._windows_unanswered += 1
+        self.windows_unanswered += 1
         return WindowEnergy([math.nan] * len(logical),
                             cpu_note="" if wanted is None else "the agent did not answer")
 

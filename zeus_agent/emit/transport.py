@@ -1,7 +1,7 @@
 """The publisher's socket: connect, send without blocking, queue a little, else drop and count.
 
-The event methods (`publisher.py`) call `_send` directly and come here only when it raises or
-the backlog is not empty, so everything in this module is the slow path: reconnecting (at most
+The event methods (`publisher.py`) call `Transport.send` directly and come back here only
+when it raises, so everything else in this module is the slow path: reconnecting (at most
 once per `reconnect_interval_s`), the bounded backlog that waits out a full agent queue
 (`EAGAIN`: Linux queues only `net.unix.max_dgram_qlen` datagrams per receiver, 10 by
 default), counting drops by reason, and `close`. Nothing here blocks or raises into training.
@@ -12,12 +12,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import itertools
 import logging
 import select
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from zeus_agent.wire.trainer import Kind, encode_request
@@ -37,43 +36,106 @@ _monotonic_ns = time.monotonic_ns
 
 
 class Transport:
-    """The socket and its delivery state, the base of `Publisher`.
+    """The socket to the agent and the delivery of events through it.
 
-    `Publisher.__init__` sets the state below (one constructor for every layer) and opens the
-    socket: non-blocking, autobound to an abstract address so the agent can answer with
-    `sendto`. `_send` is the socket's `send` while connected (or, once the HELLO reply named
-    the GPU's doorbell, the `send` of a second socket connected to it: `_open_bell`) and
-    `_send_detached` otherwise, so the hot path never tests the connection.
+    The socket is non-blocking and autobound to an abstract address so the agent can answer
+    with `sendto`; requests (`requests.py`) use it directly (`sock`). Events go through
+    `send`, which always does what an event's send must do now, so the hot path tests
+    nothing: the socket's own `send` while connected (or, once the HELLO reply named the
+    GPU's doorbell, the `send` of a second socket connected to it: `use_doorbell`), the
+    backlog's `_enqueue` while events wait in it, `_send_detached` while disconnected.
+    Only `_route` rebinds it. When `send` raises, the caller hands the event to `failed`.
+
+    Attributes:
+        socket_path: The agent's socket.
+        sock: The socket (requests send and receive on it; replies come to it).
+        send: Send one event datagram (may raise; then call `failed`).
+        connected: Whether `sock` is connected to the agent.
+        closed: Whether `close` was called.
+        detached: Set by the owner when the process runs without an agent on purpose:
+            dropped events are then expected and not warned about.
     """
 
-    socket_path: str
-    connected: bool
-    detached: bool
-    _sock: socket.socket
-    _send: Callable[[bytes], Any]
-    _pid: int
-    _ids: itertools.count[int]
-    _drops: dict[str, int]
-    _warned_drops: bool
-    _backlog: collections.deque[bytes]
-    _backlog_max: int
-    _retry_interval_ns: int
-    _retry_at_ns: int
-    _closed: bool
-    _doorbell: str | None
-    _bell: socket.socket | None
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        pid: int,
+        ids: Iterator[int],
+        backlog: int,
+        reconnect_interval_s: float,
+        on_reconnect: Callable[[], None],
+    ) -> None:
+        """Open the socket and try to connect.
+
+        Args:
+            socket_path: The agent's socket.
+            pid: This process's id, sent with the goodbye.
+            ids: Request ids, shared with the requests (the goodbye takes one).
+            backlog: Events kept locally while the agent's queue is full.
+            reconnect_interval_s: After a failure, try to reconnect at most this often.
+            on_reconnect: Called when an event's send found the agent again after a
+                failure (to re-introduce the process); not on the first connection, nor on
+                a connection a request makes.
+        """
+        self.socket_path = socket_path
+        self.connected = False
+        self.closed = False
+        self.detached = False
+        self._pid = pid
+        self._ids = ids
+        self._on_reconnect = on_reconnect
+        self._drops: dict[str, int] = {NO_AGENT: 0, BUFFER_FULL: 0, ERROR: 0}
+        self._warned_drops = False
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._backlog_max = backlog
+        self._retry_interval_ns = int(reconnect_interval_s * 1e9)
+        self._retry_at_ns = 0
+        self._doorbell: str | None = None
+        """The bound GPU's doorbell (the HELLO reply's): events go there while connected."""
+        self._bell: socket.socket | None = None
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.sock.bind("")  # Autobind to an abstract address: the agent replies there.
+        self.send: Callable[[bytes], Any] = self._send_detached
+        self.connect(_monotonic_ns())
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def queued(self) -> int:
+        """Events waiting in the backlog."""
+        return len(self._backlog)
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        """A copy of the drop counters, by reason."""
+        return dict(self._drops)
 
     # ------------------------------------------------------------------ connection
-    def _connect(self, now_ns: int) -> bool:
+    def _route(self) -> None:
+        """Point `send` at what an event's send must do in the current state."""
+        if not self.connected:
+            self.send = self._send_detached
+        elif self._backlog:
+            self.send = self._enqueue  # Behind the waiting events, in order.
+        else:
+            self.send = (self._bell or self.sock).send
+
+    def connect(self, now_ns: int) -> bool:
+        """Try to connect `sock` (the next try is due `reconnect_interval_s` after `now_ns`)."""
         self._retry_at_ns = now_ns + self._retry_interval_ns
         try:
-            self._sock.connect(self.socket_path)
+            self.sock.connect(self.socket_path)
         except OSError:
             return False
-        self._send = self._sock.send
         self.connected = True
         self._open_bell()  # A restarted agent opens its doorbells at the same paths.
         return True
+
+    def use_doorbell(self, path: str) -> None:
+        """Send events through the GPU's doorbell at `path` (a HELLO reply named it)."""
+        if path != self._doorbell or self._bell is None:
+            self._doorbell = path
+            self._open_bell()
 
     def _open_bell(self) -> None:
         """While connected: send events through the GPU's doorbell, if the agent named one.
@@ -84,71 +146,55 @@ class Transport:
         be reached, events go to the trainers' socket with them.
         """
         self._close_bell()
-        if not self.connected:
-            return
-        self._send = self._sock.send
-        if self._doorbell is None:
-            return
-        try:
-            bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        except OSError:  # (Out of file descriptors: the trainers' socket will do.)
-            return
-        try:
-            bell.setblocking(False)
-            bell.connect(self._doorbell)
-        except OSError:
-            bell.close()
-            return
-        self._bell = bell
-        self._send = bell.send
+        if self.connected and self._doorbell is not None:
+            self._bell = _connected_socket(self._doorbell)
+        self._route()
 
     def _events_socket(self) -> socket.socket:
         """Where events go while connected: the doorbell's socket, else the trainers'."""
-        return self._bell or self._sock
+        return self._bell or self.sock
 
     def _close_bell(self) -> None:
         bell, self._bell = self._bell, None
         if bell is not None:
             bell.close()
 
-    def _disconnect(self) -> None:
+    def disconnect(self) -> None:
+        """The agent is gone: drop the backlog (counted) and send detached until it is back."""
         self._close_bell()
-        self._send = self._send_detached
         self.connected = False
         self._retry_at_ns = _monotonic_ns() + self._retry_interval_ns
         if self._backlog:
             self._drops[NO_AGENT] += len(self._backlog)
             self._backlog.clear()
+        self._route()
 
     def _send_detached(self, data: bytes) -> None:
-        """`_send` while disconnected: drop, unless it is time to try reconnecting."""
+        """`send` while disconnected: drop, unless it is time to try reconnecting."""
         now = _monotonic_ns()
-        if now >= self._retry_at_ns and not self._closed and self._connect(now):
-            self._rebind()
-            self._send(data)  # Errors go to the caller's handler.
+        if now >= self._retry_at_ns and not self.closed and self.connect(now):
+            self._on_reconnect()
+            self.send(data)  # Errors go to the caller's handler.
             return
         self._drops[NO_AGENT] += 1
         self._first_drop()
 
-    def _rebind(self) -> None:
-        """Re-introduce the process to an agent found after a failure (`Requests` does)."""
-
     # ------------------------------------------------------------------ failures and backlog
-    def _failed(self, data: bytes, exc: Exception) -> None:
+    def failed(self, data: bytes, exc: Exception) -> None:
         """Slow path of an event send: classify, queue or drop, and count. Never raises."""
         try:
             if isinstance(exc, BlockingIOError):
                 self._enqueue(data)
                 return
             if isinstance(exc, OSError) and exc.errno in NO_AGENT_ERRNOS:
-                self._disconnect()
+                self.disconnect()
                 self._drops[NO_AGENT] += 1
             else:
                 if self._bell is not None:  # The doorbell refuses (EPERM...): go without it.
                     self._close_bell()
-                    self._send = self._sock.send
+                    self._route()
                     with contextlib.suppress(OSError):
-                        self._sock.send(data)
+                        self.sock.send(data)
                         return
                 self._drops[ERROR] += 1
                 logger.debug("zeus_agent.emit: event send failed: %r", exc)
@@ -164,33 +210,37 @@ class Transport:
             return
         if not self._backlog:
             try:
-                self._send(data)
+                self._events_socket().send(data)
                 return
             except BlockingIOError:
                 pass
             except OSError as e:
-                self._failed(data, e)
+                self.failed(data, e)
                 return
         if len(self._backlog) < self._backlog_max:
             self._backlog.append(data)
+            self._route()
         else:
             self._drops[BUFFER_FULL] += 1
             self._first_drop()
 
     def _flush_backlog(self) -> None:
         backlog = self._backlog
+        if not backlog:
+            return
         send = self._events_socket().send
         while backlog and self.connected:
             try:
                 send(backlog[0])
             except BlockingIOError:
-                return
+                break
             except OSError as e:
                 if e.errno in NO_AGENT_ERRNOS:
-                    self._disconnect()  # Counts the backlog as dropped.
+                    self.disconnect()  # Counts the backlog as dropped.
                     return
                 self._drops[ERROR] += 1
             backlog.popleft()
+        self._route()
 
     def _first_drop(self) -> None:
         if not self._warned_drops:
@@ -210,9 +260,9 @@ class Transport:
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Flush the backlog (at most 0.1 s), send BYE (best effort), close. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         try:
             deadline = time.monotonic() + 0.1  # Bounded: let the agent take the backlog.
             self._flush_backlog()
@@ -225,6 +275,21 @@ class Transport:
         except Exception:  # Best effort.
             pass
         self._close_bell()
-        self._send = self._send_detached
         self.connected = False
-        self._sock.close()
+        self._route()
+        self.sock.close()
+
+
+def _connected_socket(path: str) -> socket.socket | None:
+    """A non-blocking datagram socket connected to `path`, or None if it cannot be."""
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError:  # (Out of file descriptors: the trainers' socket will do.)
+        return None
+    try:
+        sock.setblocking(False)
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return None
+    return sock

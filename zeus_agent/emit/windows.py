@@ -1,4 +1,4 @@
-"""Profiling windows, as in Zeus 0.16: `push_window`, `pop_window` and the `window` block.
+"""Profiling windows, as in Zeus 0.16: the stack behind `push_window` and `pop_window`.
 
 A window is two local stamps and one `measure` request when it closes; the stack of open
 windows lives here so the event hot path (`publisher.py`) does not carry it.
@@ -6,70 +6,69 @@ windows lives here so the event hot path (`publisher.py`) does not carry it.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from zeus_agent.emit.records import ProfilingResult, WindowHandle
-from zeus_agent.emit.requests import Requests
+from zeus_agent.emit.records import ProfilingResult
 
 _monotonic_ns = time.monotonic_ns
 
 
-class Windows(Requests):
-    """Nested profiling windows over `measure` (state set by `Publisher.__init__`)."""
+class Measure(Protocol):
+    """Each GPU's energy (J) between two stamps: `Publisher.measure`."""
 
-    _windows: list[tuple[str | None, int]]
-    _sync_device: Callable[[int], None] | None
+    def __call__(
+        self, t0_ns: int, t1_ns: int, gpu_indices: Sequence[int] | None = None,
+        exact: bool = False,
+    ) -> list[float]:
+        """Energy (J) of each GPU between `t0_ns` and `t1_ns`."""
+        ...
 
-    def _sync_windows(self) -> None:
+
+class Windows:
+    """Nested profiling windows, each measured when it closes."""
+
+    def __init__(
+        self,
+        measure: Measure,
+        gpu_indices: Sequence[int],
+        sync_device: Callable[[int], None] | None,
+    ) -> None:
+        """Windows measured by `measure`.
+
+        Args:
+            measure: Energy of the publisher's GPUs between two stamps (`Publisher.measure`).
+            gpu_indices: The CUDA devices `sync_device` synchronises before each stamp.
+            sync_device: `torch.cuda.synchronize`, or None not to synchronise.
+        """
+        self._measure = measure
+        self._gpu_indices = gpu_indices
+        self._sync_device = sync_device
+        self._stack: list[tuple[str | None, int]] = []
+        """The open windows, innermost last: (name, start stamp)."""
+
+    def _sync(self) -> None:
         if self._sync_device is not None:
-            for index in self.gpu_indices:
+            for index in self._gpu_indices:
                 self._sync_device(index)
 
     def push_window(self, name: str | None = None) -> None:
-        """Open a profiling window (windows nest, like a stack).
-
-        Args:
-            name: Optional name; `pop_window(name)` checks it.
-        """
-        self._sync_windows()
-        self._windows.append((name, _monotonic_ns()))
+        """Open a window named `name` (see `Publisher.push_window`)."""
+        self._sync()
+        self._stack.append((name, _monotonic_ns()))
 
     def pop_window(self, name: str | None = None, exact: bool = False) -> ProfilingResult:
-        """Close the innermost window and measure it.
-
-        Args:
-            name: When given, it must be the innermost window's name.
-            exact: Wait for the counter read that brackets the window's end (see `measure`).
-
-        Returns:
-            Its time (s) and the energy (J) of each of the publisher's GPUs (NaN without an
-            agent).
-
-        Raises:
-            RuntimeError: No window is open.
-            ValueError: `name` is not the innermost window's name (the stack is unchanged).
-        """
-        self._sync_windows()
+        """Close the innermost window and measure it (see `Publisher.pop_window`)."""
+        self._sync()
         t1 = _monotonic_ns()
-        if not self._windows:
+        if not self._stack:
             raise RuntimeError("No profiling window active. Consider calling `push_window` first.")
-        top, t0 = self._windows[-1]
+        top, t0 = self._stack[-1]
         if name is not None and name != top:
             raise ValueError(
                 f"pop_window({name!r}) does not match the innermost window {top!r}; windows "
                 "nest: pop the innermost first"
             )
-        self._windows.pop()
-        return ProfilingResult(time=(t1 - t0) / 1e9, energy=self.measure(t0, t1, exact=exact))
-
-    @contextlib.contextmanager
-    def window(self, name: str | None = None) -> Iterator[WindowHandle]:
-        """Measure the block: `with pub.window("fwd") as w: ...`, then `w.result`."""
-        handle = WindowHandle(name)
-        self.push_window(name)
-        try:
-            yield handle
-        finally:
-            handle.result = self.pop_window(name)
+        self._stack.pop()
+        return ProfilingResult(time=(t1 - t0) / 1e9, energy=self._measure(t0, t1, exact=exact))
