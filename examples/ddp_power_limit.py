@@ -45,7 +45,28 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from zeus_agent.integrations import GlobalPowerLimitOptimizer, ZeusMonitor
+from zeus_agent.integrations import (
+    GlobalPowerLimitOptimizer,
+    OptimumSelector,
+    PowerLimitMeasurement,
+    ZeusMonitor,
+)
+
+
+class LeastEnergyWithin(OptimumSelector):
+    """A selector of your own (Zeus: "inherit from OptimumSelector"): the least energy among
+    the limits at most `slowdown` times slower than the fastest. It runs in rank 0's process."""
+
+    def __init__(self, slowdown: float = 1.2) -> None:
+        self.slowdown = slowdown
+
+    def select(self, measurements: list[PowerLimitMeasurement]) -> int:
+        fastest = min(m.time for m in measurements)
+        ok = [m for m in measurements if m.time <= self.slowdown * fastest]
+        return min(ok, key=lambda m: m.energy).power_limit
+
+    def __repr__(self) -> str:
+        return f"LeastEnergyWithin(slowdown={self.slowdown})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GlobalPowerLimitOptimizer's profile_steps (per power limit)")
     p.add_argument("--pl-step", type=int, default=25,
                    help="GlobalPowerLimitOptimizer's pl_step (W between profiled limits)")
+    p.add_argument("--selector", choices=("default", "custom"), default="default",
+                   help="the optimum selector: Zeus's default (ZeusCost, eta 0.5), or "
+                        "LeastEnergyWithin(1.2), a selector of this script's own")
     p.add_argument("--summary", default=None, help="rank 0 also writes its JSON summary here")
     return p
 
@@ -130,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     monitor = ZeusMonitor(gpu_indices=[local_rank])
     plo = GlobalPowerLimitOptimizer(
         monitor,
+        optimum_selector=LeastEnergyWithin(1.2) if args.selector == "custom" else None,
         warmup_steps=args.warmup_steps,
         profile_steps=args.profile_steps,
         pl_step=args.pl_step,

@@ -7,7 +7,8 @@ Every test starts, as separate processes, `nats-server`, `zeus-coordinator run` 
 the Zeus drop-ins as Zeus 0.16 documents them, so the agent's log must hold no WARNING.
 
 * DDP (`examples/ddp_power_limit.py`, the example users run): one job of world size 4, every
-  GPU pinned at the limit the selector picks from the job's measured profile;
+  GPU pinned at the limit the selector picks from the job's measured profile; the same with a
+  selector of the script's own (`--selector custom`), run in rank 0's process;
 * FSDP2 (`fully_shard` on gloo, the same script with `--parallel fsdp`);
 * `transformers.Trainer` with `HFGlobalPowerLimitOptimizer` (`examples/huggingface_trainer.py`,
   2 processes);
@@ -185,6 +186,30 @@ async def test_ddp_example_pins_every_gpu_at_the_selectors_choice(
     assert optimum == ZeusCost(eta_knob=0.5, world_size=4).select(
         [PowerLimitMeasurement(**m) for m in watched["measurements"]])
     # The ranks said goodbye: the agent put every GPU back at its default limit.
+    await restored(c)
+    assert warnings_in(c.agent_log()) == []
+
+
+async def test_a_selector_of_the_scripts_own_chooses_in_rank_0s_process(
+    cluster: TorchrunCluster, tmp_path: Path
+) -> None:
+    """The example's `LeastEnergyWithin(1.2)`, a subclass of `OptimumSelector`: rank 0's
+    process runs it on the job's measured profile and every GPU is pinned at its choice."""
+    c = cluster
+    result = await run_ddp_example(c, tmp_path, "--selector", "custom")
+    job_id = result["job_id"]
+    progress = (await c.query(job_id))["power_limit"]
+    measurements = [PowerLimitMeasurement(**m) for m in progress["measurements"]]
+    assert sorted(m.power_limit for m in measurements) == sorted(LIMITS), progress
+    fastest = min(m.time for m in measurements)
+    expected = min((m for m in measurements if m.time <= 1.2 * fastest),
+                   key=lambda m: m.energy).power_limit
+    assert progress["optimal_power_limit_w"] == expected
+    assert [r["final_power_limit_w"] for r in result["ranks"]] == [expected] * 4, result
+    states = [s.state for s in c.job_statuses(job_id)]
+    assert "selecting" in states and states.count("done") == 1, states
+    done = next(s for s in c.job_statuses(job_id) if s.state == "done")
+    assert "LeastEnergyWithin(slowdown=1.2) in rank 0's process" in done.message, done.message
     await restored(c)
     assert warnings_in(c.agent_log()) == []
 
