@@ -176,7 +176,7 @@ class JobRecord:
             power_limit=_options(data["power_limit"]),
             created_s=now_s,
             last_active_s=now_s,
-            node=_typed(data.get("node", ""), str, "node"),
+            node=_typed(data.get("node", ""), str, "node", MAX_SUBJECT_TOKEN_CHARS),
             uid=_uid(data.get("uid")),
             join_digest=_digest(data.get("join_digest")),
         )
@@ -408,6 +408,11 @@ class JobRegistry:
         for j in data.get("jobs", []):
             registry._add(JobRecord.from_plain(j, now_s))
         return registry
+
+
+MAX_SUBJECT_TOKEN_CHARS = 4096
+"""Longest node a job record may name: the subject token it was registered through (NATS's
+control line holds 4 KiB)."""
 
 
 def _typed(value: Any, kind: type, name: str, most: int = MAX_ID_CHARS) -> Any:
