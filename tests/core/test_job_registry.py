@@ -323,3 +323,17 @@ def test_a_jobs_ranks_must_present_its_join_token():
     # A retry of a registered rank presents the token too.
     assert restored.check_rank(rank(record.job_id, 1).model_copy(
         update={"join_token": token})) is True
+
+
+def test_a_recorded_job_is_checked_field_by_field_when_it_is_read_back():
+    """The state bucket is read at every start: a field of the wrong type is a bad record
+    (ValueError, which quarantines the job), never an exception later in the registry."""
+    from coordinator.jobs import JobRecord
+
+    record = JobRegistry().register_job(job(dp=1), 0.0, node="n" * 1000)  # a long token
+    plain = record.plain(with_ranks=False)
+    assert JobRecord.from_plain(plain, 0.0).node == "n" * 1000
+    for field, value in (("node", []), ("scheduler", 2**64), ("uid", -1), ("uid", "0"),
+                         ("join_digest", "xyz"), ("job_id", 5)):
+        with pytest.raises(ValueError, match=field):
+            JobRecord.from_plain({**plain, field: value}, 0.0)
