@@ -1,4 +1,4 @@
-"""The errors the power-limit core raises on purpose, and the check of a GPU's limit range.
+"""The errors the power-limit core raises on purpose, and the checks of a machine's arguments.
 
 * `PowerLimitError` (base), `InvalidTransitionError` (an input the state cannot accept),
   `NothingMeasuredError` (the search is over with nothing measured), `ProfileRangeError` (a
@@ -7,10 +7,15 @@
   limits: refused by `check_range` before any list is built, so a hostile description such as
   `max_power_limit_w = 2**63 - 1` cannot exhaust the memory).
 
-Pure. `coordinator.power_limit.machine` re-exports them.
+`check_arguments`, `check_loaded` and `check_resumed` refuse what a machine is built from.
+
+Pure. `coordinator.power_limit.machine` re-exports the errors.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 __all__ = [
     "MAX_POWER_LIMITS",
@@ -19,6 +24,9 @@ __all__ = [
     "PowerLimitError",
     "PowerLimitRangeError",
     "ProfileRangeError",
+    "check_arguments",
+    "check_loaded",
+    "check_resumed",
     "check_range",
 ]
 
@@ -70,3 +78,62 @@ def check_range(min_power_limit: int, max_power_limit: int, pl_step: int) -> Non
             f"candidate limits, more than MAX_POWER_LIMITS={MAX_POWER_LIMITS}: the GPU's "
             "description is not physical (or pl_step is far too small)."
         )
+
+
+class _AtLimit(Protocol):
+    @property
+    def power_limit(self) -> int: ...
+
+
+def check_arguments(min_power_limit: int, max_power_limit: int, world_size: int,
+                    wait_steps: int, warmup_steps: int, profile_steps: int, pl_step: int) -> None:
+    """Refuse a machine's arguments out of range.
+
+    Raises:
+        ValueError: An argument is out of range (the message names it and the range).
+        PowerLimitRangeError: The limits (see `check_range`).
+    """
+    check_range(min_power_limit, max_power_limit, pl_step)
+    if world_size < 1:
+        raise ValueError(f"world_size must be greater than or equal to 1; got {world_size}.")
+    if wait_steps < 0:
+        raise ValueError(f"wait_steps must be non-negative; got {wait_steps}.")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be non-negative; got {warmup_steps}.")
+    if profile_steps <= 0:
+        raise ValueError(f"profile_steps must be positive; got {profile_steps}.")
+    if pl_step <= 0:
+        raise ValueError(f"pl_step must be positive; got {pl_step}.")
+
+
+def check_loaded(loaded: Sequence[_AtLimit], min_power_limit: int, max_power_limit: int) -> None:
+    """Refuse a loaded profile that is empty or has a limit outside [min, max].
+
+    Raises:
+        ValueError: The profile is empty.
+        ProfileRangeError: A limit is out of range (recorded on another GPU model).
+    """
+    if not loaded:
+        raise ValueError("measurements (a loaded profile) must not be empty.")
+    for m in loaded:
+        if not min_power_limit <= m.power_limit <= max_power_limit:
+            raise ProfileRangeError(
+                f"Loaded profile has power limit {m.power_limit} W, outside this GPU's "
+                f"range [{min_power_limit}, {max_power_limit}] W. The profile was "
+                "recorded on another GPU model: delete it to profile again."
+            )
+
+
+def check_resumed(resume: Iterable[_AtLimit], power_limits: Sequence[int], pl_step: int) -> None:
+    """Refuse resumed windows at a limit that is not one of `power_limits`.
+
+    Raises:
+        ProfileRangeError: The GPUs or the options changed since the windows were recorded.
+    """
+    for result in resume:
+        if result.power_limit not in power_limits:
+            raise ProfileRangeError(
+                f"Resumed window at {result.power_limit} W is not one of this job's "
+                f"power limits {power_limits[0]}..{power_limits[-1]} W "
+                f"(step {pl_step} W): the GPUs or the options changed; profile again."
+            )

@@ -5,6 +5,45 @@ Invariants (h11 style, everything that affects the machine lives here):
 * Pure. No asyncio, nats, pynvml, files or clocks. The shell calls `start()`, `on_step_begin()`,
   `on_epoch_end()` and `record(...)`, executes the returned effects in order, and feeds window
   measurements back through `record`.
+* Transitions are data: `TRANSITIONS` maps (phase, state, input) to the method that handles the
+  input, as h11's tables map (role, state) to events. The phase is `new` before `start()` and
+  `started` after it. An input the table does not list for the machine's phase and state raises
+  `InvalidTransitionError` naming the state and the input. Every public input dispatches
+  through the table, which reads (`tests/core/test_power_limit_transitions.py` holds the two
+  to each other):
+
+      phase    state      input          handler
+      new      Ready      start          _start_profiling
+      new      Ready      lengthen       _lengthen
+      new      Done       start          _start_done
+      new      Done       choose         _choose
+      new      Done       lengthen       _lengthen
+      started  Ready      on_step_begin  _step_ready
+      started  Ready      on_epoch_end   _ignore
+      started  Ready      record         _record_ready
+      started  Ready      discard        _discard_ready
+      started  Ready      redo           _redo_ready
+      started  Ready      lengthen       _lengthen
+      started  Warmup     on_step_begin  _step_warmup
+      started  Warmup     on_epoch_end   _interrupt
+      started  Warmup     record         _record
+      started  Warmup     discard        _discard
+      started  Warmup     redo           _redo
+      started  Warmup     lengthen       _lengthen_warmup
+      started  Profiling  on_step_begin  _step_profiling
+      started  Profiling  on_epoch_end   _interrupt_window
+      started  Profiling  record         _record
+      started  Profiling  discard        _discard
+      started  Profiling  redo           _redo
+      started  Profiling  lengthen       _lengthen_window
+      started  Done       on_step_begin  _ignore
+      started  Done       on_epoch_end   _ignore
+      started  Done       choose         _choose
+      started  Done       lengthen       _lengthen
+
+  No window is pending in `Done`, so `record`, `discard` and `redo` are refused there. `Ready`
+  with `next_power_limit=None` waits for a pending window: its `_*_ready` handlers move on once
+  that window is recorded, discarded or queued to be redone.
 * Seed semantics (Zeus `GlobalPowerLimitOptimizer`): limits `range(max, min - 1, -pl_step)` (W),
   highest first, so an unaligned minimum is never tried; `wait_steps + 1` `on_step_begin` calls in
   `Ready`, then per limit `warmup_steps` calls of warm-up and `profile_steps` calls of profiling;
@@ -34,20 +73,21 @@ Invariants (h11 style, everything that affects the machine lives here):
 
 Pieces:
 
-* Effects: `SetPowerLimit`, `BeginWindow`, `EndWindow` (frozen dataclasses), `Effect` union.
-* States: `Ready`, `Warmup`, `Profiling`, `Done` (frozen dataclasses, replaced, never mutated).
+* Effects and states (`coordinator.power_limit.states`, re-exported): `SetPowerLimit`,
+  `BeginWindow`, `EndWindow` (`Effect`); `Ready`, `Warmup`, `Profiling`, `Done` (`State`);
+  `window_name`, Zeus 0.16's window name for a limit.
 * Errors (`coordinator.power_limit.errors`, re-exported): `PowerLimitError` (base),
   `InvalidTransitionError`, `NothingMeasuredError`, `ProfileRangeError`, `PowerLimitRangeError`.
-* `window_name`: Zeus 0.16's window name for a limit.
+* `TRANSITIONS`: the table above.
 * `PowerLimitStateMachine`: the machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -58,7 +98,9 @@ from coordinator.power_limit.errors import (
     PowerLimitError,
     PowerLimitRangeError,
     ProfileRangeError,
-    check_range,
+    check_arguments,
+    check_loaded,
+    check_resumed,
 )
 from coordinator.power_limit.search import (
     Probe,
@@ -69,6 +111,19 @@ from coordinator.power_limit.search import (
     resolve_search,
 )
 from coordinator.power_limit.selectors import OptimumSelector, ZeusCost
+from coordinator.power_limit.states import (
+    WINDOW_PREFIX,
+    BeginWindow,
+    Done,
+    Effect,
+    EndWindow,
+    Profiling,
+    Ready,
+    SetPowerLimit,
+    State,
+    Warmup,
+    window_name,
+)
 from zeus_agent.models import PowerLimitMeasurement
 
 __all__ = [
@@ -86,147 +141,65 @@ __all__ = [
     "Ready",
     "SetPowerLimit",
     "State",
+    "TRANSITIONS",
+    "WINDOW_PREFIX",
     "Warmup",
     "window_name",
 ]
 
-WINDOW_PREFIX = "__GlobalPowerLimitOptimizer_"
 MAX_REDOS = 3
 """How many times one limit's window is redone before the limit is left out."""
 
+NEW, STARTED = False, True
+"""The phase of the machine: before `start()` (`new`) or after it (`started`)."""
 
-def window_name(power_limit: int) -> str:
-    """Return Zeus 0.16's profiling window name for a power limit (W)."""
-    return f"{WINDOW_PREFIX}{power_limit}"
+TRANSITIONS: Final[Mapping[tuple[bool, type[State], str], str]] = {
+    (NEW, Ready, "start"): "_start_profiling",
+    (NEW, Ready, "lengthen"): "_lengthen",
+    (NEW, Done, "start"): "_start_done",
+    (NEW, Done, "choose"): "_choose",
+    (NEW, Done, "lengthen"): "_lengthen",
+    (STARTED, Ready, "on_step_begin"): "_step_ready",
+    (STARTED, Ready, "on_epoch_end"): "_ignore",
+    (STARTED, Ready, "record"): "_record_ready",
+    (STARTED, Ready, "discard"): "_discard_ready",
+    (STARTED, Ready, "redo"): "_redo_ready",
+    (STARTED, Ready, "lengthen"): "_lengthen",
+    (STARTED, Warmup, "on_step_begin"): "_step_warmup",
+    (STARTED, Warmup, "on_epoch_end"): "_interrupt",
+    (STARTED, Warmup, "record"): "_record",
+    (STARTED, Warmup, "discard"): "_discard",
+    (STARTED, Warmup, "redo"): "_redo",
+    (STARTED, Warmup, "lengthen"): "_lengthen_warmup",
+    (STARTED, Profiling, "on_step_begin"): "_step_profiling",
+    (STARTED, Profiling, "on_epoch_end"): "_interrupt_window",
+    (STARTED, Profiling, "record"): "_record",
+    (STARTED, Profiling, "discard"): "_discard",
+    (STARTED, Profiling, "redo"): "_redo",
+    (STARTED, Profiling, "lengthen"): "_lengthen_window",
+    (STARTED, Done, "on_step_begin"): "_ignore",
+    (STARTED, Done, "on_epoch_end"): "_ignore",
+    (STARTED, Done, "choose"): "_choose",
+    (STARTED, Done, "lengthen"): "_lengthen",
+}
+"""(phase, state class, input) -> the name of the machine's method that handles the input.
 
+The handler is called with the state, then the input's arguments."""
 
-# Effects ----------------------------------------------------------------------------------------
+_CALLS: Final[Mapping[str, str]] = {
+    "start": "start()",
+    "on_step_begin": "on_step_begin()",
+    "on_epoch_end": "on_epoch_end()",
+    "record": "record({0!r}, time={1!r}, energy={2!r})",
+    "discard": "discard({0!r})",
+    "redo": "redo({0!r})",
+    "choose": "choose({0})",
+    "lengthen": "lengthen({0})",
+}
+"""How an error names each input's call (formatted with its arguments)."""
 
-
-@dataclass(frozen=True, slots=True)
-class SetPowerLimit:
-    """Set the power limit of every GPU of the job.
-
-    Attributes:
-        watts: The power limit (W).
-    """
-
-    watts: int
-
-
-@dataclass(frozen=True, slots=True)
-class BeginWindow:
-    """Open a time/energy measurement window over the job's GPUs.
-
-    Attributes:
-        name: Window name (`__GlobalPowerLimitOptimizer_{limit}`).
-    """
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class EndWindow:
-    """Close a measurement window.
-
-    Attributes:
-        name: Window name.
-        cancel: If True, discard the window: no measurement is expected for it. Otherwise the
-            shell must later call `record(name, time, energy)`.
-    """
-
-    name: str
-    cancel: bool = False
-
-
-Effect = SetPowerLimit | BeginWindow | EndWindow
-
-
-# States -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """Ready to start measuring the next power limit.
-
-    Initial state if no profile was loaded (`steps = wait_steps + 1`), and the state after an
-    epoch end interrupted warm-up or profiling (`steps = 1`).
-    `Ready` -> `Warmup` on the `steps`'th `on_step_begin` (-> `Profiling` if no warm-up).
-    With `next_power_limit=None` the machine waits for a pending measurement to choose the next
-    limit: `on_step_begin` sets the maximum limit (nothing is measured meanwhile), and `record`
-    -> `Warmup`, `Profiling` or `Done`.
-
-    Attributes:
-        next_power_limit: The limit (W) to warm up next, or None while waiting for a record.
-        steps: `on_step_begin` calls left before the warm-up starts.
-        profile_steps: Window length (steps) for that limit.
-    """
-
-    next_power_limit: int | None
-    steps: int
-    profile_steps: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Warmup:
-    """Warming up at a power limit before its window opens.
-
-    `Warmup` -> `Profiling` on the `steps`'th `on_step_begin`.
-    `Warmup` -> `Ready` on `on_epoch_end` before the `steps`'th `on_step_begin`.
-
-    Attributes:
-        current_power_limit: The limit (W) being warmed up.
-        steps: `on_step_begin` calls left in the warm-up.
-        profile_steps: Window length (steps) that follows.
-    """
-
-    current_power_limit: int
-    steps: int
-    profile_steps: int
-
-
-@dataclass(frozen=True, slots=True)
-class Profiling:
-    """Profiling a power limit: its window is open.
-
-    `Profiling` -> `Warmup` or `Profiling` (next window) after the `steps`'th `on_step_begin`
-        when the search goes on and does not need this window's result to choose.
-    `Profiling` -> `Ready(next_power_limit=None)` after the `steps`'th `on_step_begin` when the
-        choice needs results not yet recorded.
-    `Profiling` -> `Done` after the `steps`'th `on_step_begin` when nothing is left to profile and
-        every result is recorded.
-    `Profiling` -> `Ready` on `on_epoch_end` before the `steps`'th `on_step_begin`.
-
-    Attributes:
-        current_power_limit: The limit (W) being profiled.
-        steps: `on_step_begin` calls left before the window closes.
-        profile_steps: Length of the window (steps).
-    """
-
-    current_power_limit: int
-    steps: int
-    profile_steps: int
-
-    @property
-    def window_name(self) -> str:
-        """Name of the open window."""
-        return window_name(self.current_power_limit)
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """Done profiling: the optimal power limit is known.
-
-    Initial state if a profile was loaded. Final state in any case; every input is ignored.
-
-    Attributes:
-        optimal_power_limit: The selected limit (W).
-    """
-
-    optimal_power_limit: int
-
-
-State = Ready | Warmup | Profiling | Done
+_WINDOW_INPUTS = frozenset({"record", "discard", "redo"})
+"""Inputs naming a closed window: refused, their error lists the pending windows."""
 
 
 # Machine ----------------------------------------------------------------------------------------
@@ -294,17 +267,8 @@ class PowerLimitStateMachine:
                 `MAX_POWER_LIMITS` candidates (a `ValueError` too).
             ProfileRangeError: A loaded measurement's limit is outside [min, max].
         """
-        check_range(min_power_limit, max_power_limit, pl_step)
-        if world_size < 1:
-            raise ValueError(f"world_size must be greater than or equal to 1; got {world_size}.")
-        if wait_steps < 0:
-            raise ValueError(f"wait_steps must be non-negative; got {wait_steps}.")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be non-negative; got {warmup_steps}.")
-        if profile_steps <= 0:
-            raise ValueError(f"profile_steps must be positive; got {profile_steps}.")
-        if pl_step <= 0:
-            raise ValueError(f"pl_step must be positive; got {pl_step}.")
+        check_arguments(min_power_limit, max_power_limit, world_size, wait_steps,
+                        warmup_steps, profile_steps, pl_step)
 
         self.min_power_limit = min_power_limit
         self.max_power_limit = max_power_limit
@@ -335,28 +299,14 @@ class PowerLimitStateMachine:
         self.state: State
         if measurements is not None:
             loaded = list(measurements)
-            if not loaded:
-                raise ValueError("measurements (a loaded profile) must not be empty.")
-            for m in loaded:
-                if not min_power_limit <= m.power_limit <= max_power_limit:
-                    raise ProfileRangeError(
-                        f"Loaded profile has power limit {m.power_limit} W, outside this GPU's "
-                        f"range [{min_power_limit}, {max_power_limit}] W. The profile was "
-                        "recorded on another GPU model: delete it to profile again."
-                    )
+            check_loaded(loaded, min_power_limit, max_power_limit)
             self._loaded = loaded
             self.state = Done(optimal_power_limit=self.optimum_selector.select(loaded))
         else:
             self._search = self.search.plan(
                 self.power_limits, warmup_steps, profile_steps, self.optimum_selector
             )
-            for result in resume:
-                if result.power_limit not in self.power_limits:
-                    raise ProfileRangeError(
-                        f"Resumed window at {result.power_limit} W is not one of this job's "
-                        f"power limits {self.power_limits[0]}..{self.power_limits[-1]} W "
-                        f"(step {pl_step} W): the GPUs or the options changed; profile again."
-                    )
+            check_resumed(resume, self.power_limits, pl_step)
             self._results = list(resume)
             self._completed = len(self._results) if resume_completed is None else max(
                 len(self._results), resume_completed)
@@ -407,7 +357,7 @@ class PowerLimitStateMachine:
         """Every recorded window, in profiling order, with its own length (not scaled)."""
         return tuple(self._results)
 
-    # Inputs --------------------------------------------------------------------------------------
+    # Inputs: each dispatches through `TRANSITIONS` ----------------------------------------------
 
     def start(self) -> list[Effect]:
         """Start the machine: set the maximum limit, or the loaded profile's optimum.
@@ -418,12 +368,7 @@ class PowerLimitStateMachine:
         Raises:
             InvalidTransitionError: Already started.
         """
-        if self._started:
-            raise self._invalid("start()")
-        self._started = True
-        if isinstance(self.state, Done):
-            return self._set(self.state.optimal_power_limit)
-        return self._set(self.max_power_limit)
+        return self._dispatch("start")
 
     def on_step_begin(self) -> list[Effect]:
         """Mark the beginning of a training step.
@@ -434,30 +379,7 @@ class PowerLimitStateMachine:
         Raises:
             InvalidTransitionError: Called before `start()`.
         """
-        if not self._started:
-            raise self._invalid("on_step_begin()")
-        state = self.state
-        if isinstance(state, Ready):
-            if state.next_power_limit is None:
-                # Waiting for a record: steps count toward nothing, so they run at the maximum
-                # (a lost window can keep the machine waiting for many steps).
-                return self._set(self.max_power_limit)
-            if state.steps > 1:
-                self.state = replace(state, steps=state.steps - 1)
-                return []
-            assert self._probe is not None
-            return self._begin_probe(self._probe)
-        if isinstance(state, Warmup):
-            if state.steps > 1:
-                self.state = replace(state, steps=state.steps - 1)
-                return []
-            return self._open_window(state.current_power_limit, state.profile_steps)
-        if isinstance(state, Profiling):
-            if state.steps > 1:
-                self.state = replace(state, steps=state.steps - 1)
-                return []
-            return self._close_window(state)
-        return []
+        return self._dispatch("on_step_begin")
 
     def on_epoch_end(self) -> list[Effect]:
         """Mark the end of a training epoch.
@@ -472,24 +394,7 @@ class PowerLimitStateMachine:
         Raises:
             InvalidTransitionError: Called before `start()`.
         """
-        if not self._started:
-            raise self._invalid("on_epoch_end()")
-        state = self.state
-        if not isinstance(state, Warmup | Profiling):
-            return []
-        effects: list[Effect] = []
-        if isinstance(state, Profiling):
-            effects.append(EndWindow(state.window_name, cancel=True))
-        assert self._probe is not None
-        # The redo always warms up: the GPU goes back to the maximum meanwhile.
-        self._probe = replace(self._probe, warmup_steps=self.warmup_steps)
-        self.state = Ready(
-            next_power_limit=state.current_power_limit,
-            steps=1,
-            profile_steps=state.profile_steps,
-        )
-        effects += self._set(self.max_power_limit)
-        return effects
+        return self._dispatch("on_epoch_end")
 
     def record(self, window_name: str, time: float, energy: float) -> list[Effect]:
         """Record the measurement of a closed window.
@@ -506,21 +411,7 @@ class PowerLimitStateMachine:
             InvalidTransitionError: The window is not closed-and-pending (unknown, still open,
                 cancelled or already recorded), or time/energy are not positive.
         """
-        call = f"record({window_name!r}, time={time!r}, energy={energy!r})"
-        if not self._started:
-            raise self._invalid(call)
-        pending = self._pending.get(window_name)
-        if pending is None:
-            raise self._invalid(call, f"pending windows are {sorted(self._pending) or 'none'}")
-        try:
-            PowerLimitMeasurement(power_limit=pending.power_limit, energy=energy, time=time)
-        except ValidationError:
-            raise self._invalid(call, "time and energy must be positive") from None
-        del self._pending[window_name]
-        self._results.append(WindowResult(pending.power_limit, pending.steps, time, energy))
-        if isinstance(self.state, Ready) and self.state.next_power_limit is None:
-            return self._advance()
-        return []
+        return self._dispatch("record", window_name, time, energy)
 
     def discard(self, window_name: str) -> list[Effect]:
         """Give up a closed window whose measurement is unusable (e.g. no energy measured).
@@ -532,19 +423,7 @@ class PowerLimitStateMachine:
             InvalidTransitionError: The window is not closed-and-pending.
             NothingMeasuredError: It was the last window and no other was measured.
         """
-        call = f"discard({window_name!r})"
-        if not self._started or window_name not in self._pending:
-            raise self._invalid(call, f"pending windows are {sorted(self._pending) or 'none'}")
-        del self._pending[window_name]
-        if not (isinstance(self.state, Ready) and self.state.next_power_limit is None):
-            return []
-        if self._pending or self._results:
-            return self._advance()
-        probe = self._next_probe()  # nothing measured yet: the search must go on
-        if probe is None:
-            raise self._invalid(call, "no window was measured: nothing to choose from",
-                                NothingMeasuredError)
-        return self._begin_probe(probe)
+        return self._dispatch("discard", window_name)
 
     def redo(self, window_name: str, counted: bool = True) -> list[Effect]:
         """Profile a closed window's limit again: its measurement will never come.
@@ -560,20 +439,7 @@ class PowerLimitStateMachine:
         Raises:
             InvalidTransitionError: The window is not closed-and-pending.
         """
-        call = f"redo({window_name!r})"
-        pending = self._pending.get(window_name) if self._started else None
-        if pending is None:
-            raise self._invalid(call, f"pending windows are {sorted(self._pending) or 'none'}")
-        done = self._redos.get(pending.power_limit, 0)
-        if counted and done >= MAX_REDOS:
-            return self.discard(window_name)
-        if counted:
-            self._redos[pending.power_limit] = done + 1
-        del self._pending[window_name]
-        self._redo_queue.append(Probe(pending.power_limit, self.warmup_steps, pending.steps))
-        if isinstance(self.state, Ready) and self.state.next_power_limit is None:
-            return self._advance()
-        return []
+        return self._dispatch("redo", window_name, counted)
 
     def lengthen(self, steps: int) -> None:
         """Make every window from now on cover at least `steps` steps (a minimum).
@@ -581,15 +447,18 @@ class PowerLimitStateMachine:
         The open window is lengthened in place, closed ones are not (the shell redoes those
         too short: `redo(name, counted=False)`).
         """
-        if steps <= self.min_window_steps:
-            return
-        self.min_window_steps = steps
-        state = self.state
-        if isinstance(state, Profiling) and state.profile_steps < steps:
-            self.state = replace(state, steps=state.steps + steps - state.profile_steps,
-                                 profile_steps=steps)
-        elif isinstance(state, Warmup) and state.profile_steps < steps:
-            self.state = replace(state, profile_steps=steps)
+        self._dispatch("lengthen", steps)
+
+    def choose(self, power_limit: int) -> list[Effect]:
+        """Pin a limit chosen outside the machine (a user's selector run in rank 0's process).
+
+        Only once done, and only a measured limit.
+
+        Raises:
+            InvalidTransitionError: Not done yet.
+            ProfileRangeError: `power_limit` was not measured.
+        """
+        return self._dispatch("choose", power_limit)
 
     def resume_state(self) -> dict[str, Any]:
         """What a machine resuming this profile needs (see `resume*` in the constructor).
@@ -613,17 +482,108 @@ class PowerLimitStateMachine:
         """Limit (W) -> how many times its window was redone."""
         return dict(self._redos)
 
-    def choose(self, power_limit: int) -> list[Effect]:
-        """Pin a limit chosen outside the machine (a user's selector run in rank 0's process).
+    # Handlers (`TRANSITIONS`): called with the state, then the input's arguments ----------------
 
-        Only once done, and only a measured limit.
+    def _dispatch(self, name: str, *args: Any) -> Any:
+        handler = TRANSITIONS.get((self._started, type(self.state), name))
+        if handler is None:
+            detail = ("the profile is not complete yet" if name == "choose"
+                      else self._pending_detail() if name in _WINDOW_INPUTS else "")
+            raise self._invalid(_CALLS[name].format(*args), detail)
+        return getattr(self, handler)(self.state, *args)
 
-        Raises:
-            InvalidTransitionError: Not done yet.
-            ProfileRangeError: `power_limit` was not measured.
-        """
-        if not isinstance(self.state, Done):
-            raise self._invalid(f"choose({power_limit})", "the profile is not complete yet")
+    def _ignore(self, state: State) -> list[Effect]:
+        return []
+
+    def _start_profiling(self, state: Ready) -> list[Effect]:
+        self._started = True
+        return self._set(self.max_power_limit)
+
+    def _start_done(self, state: Done) -> list[Effect]:
+        self._started = True
+        return self._set(state.optimal_power_limit)
+
+    def _step_ready(self, state: Ready) -> list[Effect]:
+        if state.next_power_limit is None:
+            # Waiting for a record: steps count toward nothing, so they run at the maximum
+            # (a lost window can keep the machine waiting for many steps).
+            return self._set(self.max_power_limit)
+        if self._count_down(state):
+            return []
+        assert self._probe is not None
+        return self._begin_probe(self._probe)
+
+    def _step_warmup(self, state: Warmup) -> list[Effect]:
+        if self._count_down(state):
+            return []
+        return self._open_window(state.current_power_limit, state.profile_steps)
+
+    def _step_profiling(self, state: Profiling) -> list[Effect]:
+        if self._count_down(state):
+            return []
+        return self._close_window(state)
+
+    def _interrupt(self, state: Warmup | Profiling) -> list[Effect]:
+        assert self._probe is not None
+        # The redo always warms up: the GPU goes back to the maximum meanwhile.
+        self._probe = replace(self._probe, warmup_steps=self.warmup_steps)
+        self.state = Ready(
+            next_power_limit=state.current_power_limit,
+            steps=1,
+            profile_steps=state.profile_steps,
+        )
+        return self._set(self.max_power_limit)
+
+    def _interrupt_window(self, state: Profiling) -> list[Effect]:
+        return [EndWindow(state.window_name, cancel=True), *self._interrupt(state)]
+
+    def _record(self, state: Warmup | Profiling, name: str, time: float,
+                energy: float) -> list[Effect]:
+        self._keep(name, time, energy)
+        return []
+
+    def _record_ready(self, state: Ready, name: str, time: float, energy: float) -> list[Effect]:
+        self._keep(name, time, energy)
+        return self._advance() if state.next_power_limit is None else []
+
+    def _discard(self, state: Warmup | Profiling, name: str) -> list[Effect]:
+        self._drop(name)
+        return []
+
+    def _discard_ready(self, state: Ready, name: str) -> list[Effect]:
+        self._drop(name)
+        if state.next_power_limit is not None:
+            return []
+        if self._pending or self._results:
+            return self._advance()
+        probe = self._next_probe()  # nothing measured yet: the search must go on
+        if probe is None:
+            raise self._invalid(_CALLS["discard"].format(name),
+                                "no window was measured: nothing to choose from",
+                                NothingMeasuredError)
+        return self._begin_probe(probe)
+
+    def _redo(self, state: Warmup | Profiling, name: str, counted: bool = True) -> list[Effect]:
+        return [] if self._queue_redo(name, counted) else self.discard(name)
+
+    def _redo_ready(self, state: Ready, name: str, counted: bool = True) -> list[Effect]:
+        if not self._queue_redo(name, counted):
+            return self.discard(name)
+        return self._advance() if state.next_power_limit is None else []
+
+    def _lengthen(self, state: Ready | Done, steps: int) -> None:
+        self._raise_minimum(steps)
+
+    def _lengthen_warmup(self, state: Warmup, steps: int) -> None:
+        if self._raise_minimum(steps) and state.profile_steps < steps:
+            self.state = replace(state, profile_steps=steps)
+
+    def _lengthen_window(self, state: Profiling, steps: int) -> None:
+        if self._raise_minimum(steps) and state.profile_steps < steps:
+            self.state = replace(state, steps=state.steps + steps - state.profile_steps,
+                                 profile_steps=steps)
+
+    def _choose(self, state: Done, power_limit: int) -> list[Effect]:
         measured = [m.power_limit for m in self.measurements]
         if power_limit not in measured:
             raise ProfileRangeError(f"{power_limit} W was not profiled (profiled: "
@@ -639,6 +599,58 @@ class PowerLimitStateMachine:
         started = "" if self._started else " (start() not called yet)"
         extra = f"; {detail}" if detail else ""
         return error(f"Can't handle {call} in state {self.state!r}{started}{extra}.")
+
+    def _pending_detail(self) -> str:
+        return f"pending windows are {sorted(self._pending) or 'none'}"
+
+    def _pending_window(self, name: str, window: str, *args: Any) -> _Pending:
+        """The closed window `window` awaiting its measurement, for input `name`; else raise."""
+        pending = self._pending.get(window)
+        if pending is None:
+            raise self._invalid(_CALLS[name].format(window, *args), self._pending_detail())
+        return pending
+
+    def _keep(self, window: str, time: float, energy: float) -> None:
+        """Keep a pending window's measurement (`record`)."""
+        pending = self._pending_window("record", window, time, energy)
+        try:
+            PowerLimitMeasurement(power_limit=pending.power_limit, energy=energy, time=time)
+        except ValidationError:
+            raise self._invalid(_CALLS["record"].format(window, time, energy),
+                                "time and energy must be positive") from None
+        del self._pending[window]
+        self._results.append(WindowResult(pending.power_limit, pending.steps, time, energy))
+
+    def _drop(self, window: str) -> None:
+        """Forget a pending window: its limit is left out (`discard`)."""
+        self._pending_window("discard", window)
+        del self._pending[window]
+
+    def _raise_minimum(self, steps: int) -> bool:
+        """Raise `min_window_steps` to `steps` (True), unless it is at least that already."""
+        if steps <= self.min_window_steps:
+            return False
+        self.min_window_steps = steps
+        return True
+
+    def _queue_redo(self, window: str, counted: bool) -> bool:
+        """Queue a pending window's limit to be profiled again; False: redone too often."""
+        pending = self._pending_window("redo", window)
+        done = self._redos.get(pending.power_limit, 0)
+        if counted and done >= MAX_REDOS:
+            return False
+        if counted:
+            self._redos[pending.power_limit] = done + 1
+        del self._pending[window]
+        self._redo_queue.append(Probe(pending.power_limit, self.warmup_steps, pending.steps))
+        return True
+
+    def _count_down(self, state: Ready | Warmup | Profiling) -> bool:
+        """One `on_step_begin` of several left in `state` (True), or the last one (False)."""
+        if state.steps > 1:
+            self.state = replace(state, steps=state.steps - 1)
+            return True
+        return False
 
     def _set(self, watts: int) -> list[Effect]:
         if self._current == watts:
