@@ -76,7 +76,7 @@ async def test_a_schedule_from_step_2_starts_there_and_the_trainer_is_told(agent
 async def test_an_invalid_schedule_is_refused_and_nothing_is_pending(agent, nc):
     node = agent.settings.node
     cmd = InstallScheduleCmd(job_id="jobQ", schedule=FrequencySchedule(
-        rank=0, frequencies=[("forward", 1234567)]), holder="jobQ", lease_s=30, from_step=1)
+        rank=0, frequencies=[("forward", 1234)]), holder="jobQ", lease_s=30, from_step=1)
     reply = await command(nc, node, 0, cmd)
     assert not reply.ok
     assert "does not support" in reply.error
