@@ -6,13 +6,13 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 
 from tests.fakes import fake_pynvml as fake
 from tests.fakes.fake_pynvml import FakeNVML
 from zeus_agent.errors import GPUPermissionError, GPUUnavailableError
+from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.nvml import NVMLGPU
 from zeus_agent.gpu.threaded import GPUCaller
 
@@ -101,8 +101,13 @@ async def test_close_is_idempotent_and_final(threaded: GPUCaller) -> None:
         await threaded.call(threaded.gpu.get_power_w)
 
 
-async def test_missing_calls_block_means_threaded() -> None:
-    caller = GPUCaller(SimpleNamespace(index=3))  # type: ignore[arg-type]
+async def test_a_gpu_that_does_not_state_calls_block_is_threaded() -> None:
+    class Unstated(GPU):
+        index = 3
+
+    Unstated.__abstractmethods__ = frozenset()  # (no method is called)
+    assert GPU.calls_block is True
+    caller = GPUCaller(Unstated())
     assert caller.blocking
     assert (await caller.call(lambda: threading.current_thread().name)).startswith("gpu3")
     caller.close()

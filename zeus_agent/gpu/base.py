@@ -4,8 +4,9 @@
 * `Telemetry`: one reading of what an agent samples (energy, power, limit, clocks).
 * `GPU`: one method per capability, units in the names (W, J, MHz). Backends:
   `zeus_agent.gpu.nvml` (real GPUs through pynvml) and `zeus_agent.gpu.sim` (the calibrated
-  simulated GPU). Methods are synchronous and may block (NVML takes a driver lock); async
-  callers run them in a thread.
+  simulated GPU). Methods are synchronous and may block (NVML takes a driver lock): a backend
+  says so with `GPU.calls_block`, and async callers then run them in a thread
+  (`zeus_agent.gpu.threaded.GPUCaller`).
 
 Power limits are integer watts; the NVML backend alone converts from milliwatts.
 """
@@ -90,6 +91,15 @@ class GPU(abc.ABC):
     """One GPU. Units: W, J, MHz. Raise `zeus_agent.errors.GPUError` subclasses on failure."""
 
     index: int
+
+    calls_block: bool = True
+    """Whether a call may block its thread (on a driver lock, or hung with a GPU gone).
+
+    True (the default, and NVML's): async callers run the methods in threads of their own
+    (`zeus_agent.gpu.threaded.GPUCaller`), and the agent gives the GPU a doorbell thread.
+    False: every call returns in microseconds, so it runs inline on the event loop (the
+    simulated GPU without call costs). Each backend states its value; it may set it per
+    instance (the simulated GPU does, from its cost model)."""
 
     # Identity and static facts.
     @abc.abstractmethod

@@ -28,13 +28,19 @@ CHANGING_PREFIXES = ("set", "reset", "lock", "unlock", "clear", "enable", "disab
 
 
 class ObserveOnlyGPU(GPU):
-    """Wrap a backend: read everything, change nothing (setters raise `ReadOnlyError`)."""
+    """Wrap a backend: read everything, change nothing (setters raise `ReadOnlyError`).
+
+    Attributes:
+        index: The backend's.
+        calls_block: The backend's: its reads block as they did unwrapped.
+    """
 
     def __init__(self, gpu: GPU, why: str = OBSERVE_ONLY_HELP) -> None:
         """Wrap `gpu`; `why` is the refusal's explanation (names the flag or the privilege)."""
         self._gpu = gpu
         self._why = why
         self.index = gpu.index
+        self.calls_block = gpu.calls_block
 
     @property
     def wrapped(self) -> GPU:
@@ -45,7 +51,7 @@ class ObserveOnlyGPU(GPU):
         return ReadOnlyError(f"GPU {self.index}: {what} refused: {self._why}")
 
     def __getattr__(self, name: str) -> Any:
-        # Backend extras (`calls_block`, a simulator's `run_work`...): getters pass, anything
+        # Backend extras (a simulator's `run_work`...): getters pass, anything
         # whose name says it changes the GPU is refused.
         if name.lower().lstrip("_").startswith(CHANGING_PREFIXES):
             def refused(*_args: Any, **_kwargs: Any) -> None:

@@ -45,17 +45,17 @@ class GPUCaller:
 
     Attributes:
         gpu: The GPU whose methods are called.
-        blocking: Whether calls go through the executor (`gpu.calls_block`, default True).
+        blocking: Whether calls go through the executors (`gpu.calls_block`).
     """
 
     def __init__(self, gpu: GPU) -> None:
         """Create the caller and, for blocking backends, its single-thread executor.
 
         Args:
-            gpu: The GPU to call. Its `calls_block` attribute (True when absent) picks the mode.
+            gpu: The GPU to call. Its `calls_block` picks the mode.
         """
         self.gpu = gpu
-        self.blocking: bool = bool(getattr(gpu, "calls_block", True))
+        self.blocking: bool = gpu.calls_block
         self._executor: ThreadPoolExecutor | None = None
         self._setters: ThreadPoolExecutor | None = None
         if self.blocking:
