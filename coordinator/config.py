@@ -162,6 +162,12 @@ class CoordinatorSettings(NatsSettings):
         ge=1,
         description="Most jobs registered at once through one node's agent (quota error beyond)",
     )
+    max_ranks_per_node: int = Field(
+        default=2048,
+        ge=1,
+        description="Most ranks registered at once on one node's GPUs, over all jobs (quota "
+        "error beyond): what one node's agent can make every replica keep is bounded",
+    )
     lease_idle_s: float = Field(
         default=900.0,
         gt=0,

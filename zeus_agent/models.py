@@ -54,7 +54,7 @@ MAX_POWER_W = 10_000
 power shipped (GB300, 1,400 W); beyond it a value is a bug or an attack, never a GPU."""
 MAX_CLOCK_MHZ = 10_000
 """Largest clock (MHz) a GPU may announce or a schedule may name (GPUs run below 4,000)."""
-MAX_CLOCKS = 4096
+MAX_CLOCKS = 1024
 """Most clocks in a GPU's list of supported clocks (an H200 lists about 100)."""
 PowerW = Annotated[int, Field(ge=1, le=MAX_POWER_W)]
 """A power limit in W, within physical bounds."""

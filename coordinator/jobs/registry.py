@@ -188,11 +188,15 @@ class JobRecord:
 class JobRegistry:
     """Registered jobs by id."""
 
-    def __init__(self, max_jobs: int = 10_000, max_jobs_per_node: int = 256) -> None:
+    def __init__(self, max_jobs: int = 10_000, max_jobs_per_node: int = 256,
+                 max_ranks_per_node: int = 2048) -> None:
         self.jobs: dict[str, JobRecord] = {}
         self.max_jobs = max_jobs
         self.max_jobs_per_node = max_jobs_per_node
+        self.max_ranks_per_node = max_ranks_per_node
         self._per_node: dict[str, int] = {}
+        self._ranks_on: dict[str, int] = {}
+        """Node -> ranks of every job registered on its GPUs."""
 
     def get(self, job_id: str) -> JobRecord:
         """The job with this id.
@@ -257,6 +261,8 @@ class JobRegistry:
     def _add(self, record: JobRecord) -> None:
         self.jobs[record.job_id] = record
         self._per_node[record.node] = self._per_node.get(record.node, 0) + 1
+        for rr in record.ranks.values():
+            self._count_rank(rr.gpu.node, 1)
 
     def _remove(self, job_id: str) -> JobRecord | None:
         record = self.jobs.pop(job_id, None)
@@ -266,7 +272,16 @@ class JobRegistry:
                 self._per_node[record.node] = left
             else:
                 self._per_node.pop(record.node, None)
+            for rr in record.ranks.values():
+                self._count_rank(rr.gpu.node, -1)
         return record
+
+    def _count_rank(self, node: str, delta: int) -> None:
+        left = self._ranks_on.get(node, 0) + delta
+        if left > 0:
+            self._ranks_on[node] = left
+        else:
+            self._ranks_on.pop(node, None)
 
     def unregister_job(self, job_id: str) -> None:
         """Undo `register_job` (its persistence failed)."""
@@ -278,6 +293,7 @@ class JobRegistry:
         if record is None or rank not in record.ranks:
             return
         gone = record.ranks.pop(rank)
+        self._count_rank(gone.gpu.node, -1)
         key = (gone.gpu.node, gone.gpu.gpu_index)
         if record.gpu_ranks.get(key) == rank:
             del record.gpu_ranks[key]
@@ -336,6 +352,12 @@ class JobRegistry:
                 f"GPU {request.gpu.gpu_index} on {request.gpu.node} already drives rank "
                 f"{other_rank} of job {record.job_id}; give each rank its own GPU"
             )
+        held = self._ranks_on.get(request.gpu.node, 0)
+        if held >= self.max_ranks_per_node:
+            raise QuotaError(
+                f"node {request.gpu.node!r} has {held} ranks registered on its GPUs, the limit "
+                "per node (max_ranks_per_node): wait for jobs to finish or be collected when idle"
+            )
         return False
 
     def register_rank(self, request: RegisterRank, now_s: float) -> tuple[JobRecord, bool]:
@@ -351,6 +373,7 @@ class JobRegistry:
         record.last_active_s = now_s
         if not retry:
             record.add_rank(RankRecord(info=request.rank_info, gpu=request.gpu))
+            self._count_rank(request.gpu.node, 1)
         return record, not retry
 
     def touch(self, job_id: str, now_s: float) -> None:
@@ -384,6 +407,7 @@ class JobRegistry:
         if (rank.gpu.node, rank.gpu.gpu_index) in record.gpu_ranks:
             return False  # Its GPU drives another rank: a registration being undone.
         record.add_rank(rank)
+        self._count_rank(rank.gpu.node, 1)
         record.last_active_s = now_s
         return True
 

@@ -159,6 +159,7 @@ class PowerLimitJob(NotAPipeline):
         self._behind: list[StepKey] = []  # Steps of rank 0 behind the last one, in a row.
         self._now_s = 0.0
         self._resend = False  # This input sends the limit again (a command did not land).
+        self._replayed = 0  # Lost steps this input replayed (at most MAX_REPLAYED_STEPS).
         self.gave_up: str | None = None
         """Why the optimiser gave up (the GPUs are back at the maximum limit), or None."""
         self.choice = (TrainerChoice.of(options, self.ranks[0], world_size, chosen)
@@ -255,6 +256,7 @@ class PowerLimitJob(NotAPipeline):
         """
         windows, limit = len(self.machine.window_results), self.desired_power_limit
         self._resend = False
+        self._replayed = 0
         actions = latest_limit_only(feed(), limit, resend=self._resend)
         if len(self.machine.window_results) > windows:
             state = self.persisted()
@@ -298,7 +300,9 @@ class PowerLimitJob(NotAPipeline):
                                        f"step {last[1]} (epoch {last[0]})")
         self._behind = []
         if (last is not None and last[0] == event.epoch
-                and event.step - last[1] > MAX_REPLAYED_STEPS):
+                and event.step - last[1] > MAX_REPLAYED_STEPS - self._replayed):
+            # (At most MAX_REPLAYED_STEPS lost steps per input, however many events it holds:
+            # one batch cannot make the replica replay a million steps.)
             return self._reanchor(key, f"jumped from step {last[1]} to step {key[1]} "
                                        f"(epoch {key[0]})")
         if last is not None and event.epoch > last[0] > self._ended_epoch:
@@ -319,6 +323,7 @@ class PowerLimitJob(NotAPipeline):
         first = event.step
         if last is not None and last[0] == event.epoch:
             first = max(last[1] + 1, event.step - MAX_REPLAYED_STEPS)
+        self._replayed += event.step - first
         for step in range(first, event.step + 1):
             if self.profiled:
                 break

@@ -98,7 +98,8 @@ class CoordinatorService(ExitSignals):
         self.settings = settings
         self.clock = clock
         self.state_dir = Path(settings.state_dir)
-        self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node)
+        self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node,
+                                    settings.max_ranks_per_node)
         self.pfo = settings.pfo_settings()
         self.pipeline_budget = NodeBudget(
             settings.max_pipeline_mb_per_node * MB,

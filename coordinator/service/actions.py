@@ -38,6 +38,7 @@ from zeus_agent.errors import PayloadError
 from zeus_agent.models import save_power_limit_profile
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
+    MAX_PROFILE_ROWS,
     ClearScheduleCmd,
     CommandEnvelope,
     GpuBinding,
@@ -144,7 +145,11 @@ class ActionExecutor:
         svc = self.svc
         rr = record.ranks.get(action.rank)
         reply: Reply | str = f"rank {action.rank} is not registered"
-        if rr is not None:
+        if len(action.measurements) > MAX_PROFILE_ROWS:
+            reply = (f"the profile has {len(action.measurements)} limits, more than the "
+                     f"{MAX_PROFILE_ROWS} a question to a trainer carries: profile fewer "
+                     "(a larger pl_step)")
+        elif rr is not None:
             cmd = SelectCmd(job_id=record.job_id, request=action.request,
                             measurements=list(action.measurements))
             subject = subjects.gpu_command(rr.gpu.node, rr.gpu.gpu_index, svc.settings.prefix)

@@ -132,10 +132,15 @@ class DurableState:
         """A job set aside (by any replica), or released by an operator (tried again)."""
         svc = self.svc
         if not change.deleted:
-            svc.failures.quarantined[change.job_hash] = change.quarantine or {}
+            note = change.quarantine or {}
+            svc.failures.quarantined[change.job_hash] = note
             job_id = svc.job_ids.get(change.job_hash)
-            if job_id is not None:
-                svc.release_locally(job_id, "quarantined")
+            if job_id is not None and svc.optimiser(job_id) is not None:
+                # Driven here (another replica, or a record, set it aside): end it as a failure
+                # does, its GPUs back at their defaults and its status saying why.
+                svc.spawn(svc.failures.fail(
+                    job_id, f"quarantined by replica {note.get('replica') or '?'}: "
+                    f"{note.get('reason') or 'no reason recorded'}"))
             return
         svc.failures.quarantined.pop(change.job_hash, None)
         job_id = svc.job_ids.get(change.job_hash)

@@ -208,6 +208,11 @@ class Endpoints:
         """
         svc = self.svc
         request = codec.decode(data, RegisterRank)
+        if request.rank_info.instructions is not None:
+            # The coordinator learns a rank's instructions by observing it; what a registration
+            # says of them is not kept (up to 1 MB a rank, in every replica and the bucket).
+            request = request.model_copy(update={
+                "rank_info": request.rank_info.model_copy(update={"instructions": None})})
         gpu = request.gpu
         via = subjects.last_token(subject)
         await svc.durable.known_job(request.job_id)

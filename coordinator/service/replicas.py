@@ -348,6 +348,10 @@ class Replicas:
         for record in list(svc.registry.jobs.values()):
             if now - record.last_active_s > s.lease_idle_s or not self.owns(record.job_id):
                 continue
+            driver = svc.drivers.get(record.job_id)
+            if (driver is not None and driver.failed) or svc.failures.is_quarantined(
+                    record.job_id):
+                continue  # Set aside: its GPUs go back to their defaults when the leases lapse.
             renewal = LeaseRenewal(holder=record.job_id, lease_s=s.lease_s)
             await svc.nc.publish(subjects.lease_renewal(record.job_id, s.prefix),
                                  codec.encode(renewal))

@@ -105,12 +105,16 @@ class Streams:
         where = subjects.parse_job_events(msg.subject)
         if where is None or self._other_replicas_job(svc.job_tokens.get(where.job)):
             return  # Another replica's job is not even decoded.
+        if where.job not in svc.job_tokens:  # No job known here: nothing to decode it for.
+            svc.drop("unknown_job", msg.subject, where.job)
+            return
         batch = self._decode(msg, TrainerEventBatch)
         if batch is None:
             return
         record = svc.registry.jobs.get(batch.job_id)
-        if record is None:
-            svc.drop("unknown_job", msg.subject, batch.job_id)
+        if record is None or subjects.token(batch.job_id) != where.job:
+            svc.drop("unknown_job" if record is None else "wrong_job", msg.subject,
+                     batch.job_id)
             return
         # The rank's own GPU, not just its node, and a trainer that presented the job's token:
         # an agent binds a GPU to (job, rank) on a trainer's HELLO, so any process of the node
@@ -172,8 +176,10 @@ class Streams:
             return
         now = svc.clock()
         async with driver.lock:
-            for mark in batch.marks:
+            for i, mark in enumerate(batch.marks, 1):
                 await svc.actions.act(batch.job_id, job.on_mark, batch.rank, mark)
+                if i % EVENTS_PER_YIELD == 0:
+                    await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
             if record is not None and any(job.plans_on(m) for m in batch.measurements):
                 # A step may close a profiling window, and the scheduler may then plan a
                 # frontier for seconds: off the event loop (leases keep being renewed). The

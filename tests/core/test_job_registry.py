@@ -337,3 +337,23 @@ def test_a_recorded_job_is_checked_field_by_field_when_it_is_read_back():
                          ("join_digest", "xyz"), ("job_id", 5)):
         with pytest.raises(ValueError, match=field):
             JobRecord.from_plain({**plain, field: value}, 0.0)
+
+
+def test_one_nodes_gpus_hold_at_most_max_ranks_per_node_over_all_jobs():
+    """What one node's agent can make every replica keep is bounded (issue 33 review): ranks
+    on one node's GPUs count over every job; removing a job or undoing a rank frees room."""
+    from coordinator.jobs import QuotaError
+
+    registry = JobRegistry(max_ranks_per_node=3)
+    first = registry.register_job(job(dp=2), 0.0)
+    second = registry.register_job(job(dp=2), 0.0)
+    for r in (0, 1):
+        registry.register_rank(rank(first.job_id, r), 0.0)
+    registry.register_rank(rank(second.job_id, 0, gpu=5), 0.0)
+    with pytest.raises(QuotaError, match="max_ranks_per_node"):
+        registry.register_rank(rank(second.job_id, 1, gpu=6), 0.0)
+    registry.register_rank(rank(second.job_id, 1, node="n1"), 0.0)  # another node: room
+    registry.unregister_rank(second.job_id, 0)
+    registry.register_rank(rank(second.job_id, 0, gpu=7), 0.0)  # the undone rank's room
+    registry.unregister_job(first.job_id)
+    assert registry.register_rank(rank(second.job_id, 0, gpu=7), 0.0)[1] is False  # a retry
