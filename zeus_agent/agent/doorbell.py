@@ -22,6 +22,10 @@ new schedule drops it), the lease check just before the call, restores never ove
 
 Exactly one of the two applies a change: the arm is taken under a lock, by the thread or by
 the loop (`claim`, when the event reached it first: no arm yet because the loop was behind).
+The handshake (arm, take, accept, claim: which side applies, and the loop's veto of a change
+taken but not yet accepted) is one state machine, `zeus_agent.agent.doorbell_handshake`: its
+phases, transition table and invariants are written there; `ClockDoorbell` runs each of its
+transitions under its lock.
 
 A thread asleep in `recvmsg` still pays one wake-up (100-400 us on a VM, all of the budget).
 So an arm carries the forecast of its instruction's begin (the last iterations' gaps, the
@@ -49,7 +53,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import NamedTuple
 
 import msgpack
 
@@ -61,6 +64,7 @@ from zeus_agent.agent.credentials import (
     pass_credentials,
     sender,
 )
+from zeus_agent.agent.doorbell_handshake import Arm, Handshake, Phase
 from zeus_agent.wire.trainer import PROTOCOL_VERSION, Kind
 
 __all__ = ["ClockDoorbell", "doorbell_path"]
@@ -89,20 +93,6 @@ _SPIN_TOKEN = threading.Lock()
 def doorbell_path(socket_path: str, index: int) -> str:
     """Where GPU `index`'s doorbell is bound, beside the trainers' socket `socket_path`."""
     return f"{socket_path}.gpu{index}"
-
-
-class Arm(NamedTuple):
-    """The change the next ring may apply: `pid`'s instruction `instruction`, named `name`."""
-
-    pid: int
-    instruction: int
-    name: str
-    mhz: int
-    epoch: int
-    asked: int
-    """The lane's `asked` when armed: a change the loop asks for later makes this one stale."""
-    spin: tuple[int, int] | None = None
-    """When the reading thread spins for it (monotonic ns, from, until); None: it sleeps."""
 
 
 class ClockDoorbell:
@@ -138,15 +128,9 @@ class ClockDoorbell:
         self._closed = False
         self._inode = -1
         self._take = threading.Lock()
-        self._arm: Arm | None = None
-        self._rung: tuple[int, int] | None = None
-        """(instruction, MHz) of the last change a thread took and the lane accepted, until
-        the loop's `claim` of it or `disarm`. Taken but not (yet) accepted, the loop's claim
-        finds nothing and the loop applies what its event wants itself."""
-        self._taken: int | None = None
-        """The instruction whose arm a thread took and the lane has not accepted yet."""
-        self._vetoed: int | None = None
-        """An instruction the loop claimed while it was taken, not accepted: never accepted."""
+        """Held around each transition of `_handshake` (the loop's and the threads')."""
+        self._handshake = Handshake()
+        """Which side applies an armed change (`zeus_agent.agent.doorbell_handshake`)."""
         self._handover: list[Received] = []
         """The batch that held a change taken, for the next reader to deliver first."""
         self._wake = -1
@@ -158,6 +142,11 @@ class ClockDoorbell:
         """The arm whose window the last spin was in (`spins` counts windows, not spins)."""
         self._found_spinning = False
         """Whether the last datagram `_first` returned was found by a spin."""
+
+    @property
+    def _arm(self) -> Arm | None:
+        """The armed change, read without the lock (as the reading threads do)."""
+        return self._handshake.arm
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -257,7 +246,8 @@ class ClockDoorbell:
             if SPIN_SHARE_INVERSE * window <= away <= SPIN_AHEAD_NS:
                 spin = (due_ns - self.spin_ns, due_ns + SPIN_LATE * self.spin_ns)
         with self._take:
-            self._arm = Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked, spin)
+            self._handshake.set_arm(
+                Arm(pid, index, name, mhz, self._lane.epoch, self._lane.asked, spin))
         if spin is not None:
             with contextlib.suppress(OSError):  # (closed: nobody to wake)
                 os.eventfd_write(self._wake, 1)
@@ -265,13 +255,12 @@ class ClockDoorbell:
     def disarm(self) -> None:
         """On the loop: the next instruction's ring applies nothing."""
         with self._take:
-            self._arm = None
+            self._handshake.set_arm(None)
 
     def forget(self) -> None:
         """On the loop: another schedule, trainer or none: forget every arm and ring."""
         with self._take:
-            self._arm = None
-            self._rung = self._taken = self._vetoed = None
+            self._handshake.forget()
 
     def claim(self, index: int) -> int | None:
         """On the loop, on instruction `index`'s event: the clock a thread took for it, if any.
@@ -280,17 +269,10 @@ class ClockDoorbell:
         its own clock anyway if it differs from the one taken (the arm is a forecast).
         """
         with self._take:
-            if self._rung is not None and self._rung[0] == index:
-                mhz = self._rung[1]
-                self._rung = None
-                return mhz
-            if self._taken == index:  # Taken, not accepted yet: it never will be.
-                self._vetoed, self._taken = index, None
-                return None
-            if self._arm is not None and self._arm.instruction == index:
-                self._arm = None
+            found, mhz = self._handshake.claim(index)
+            if found is Phase.ARMED:
                 self.counters["claimed"] += 1
-            return None
+            return mhz
 
     def _hand(self, deliver: Callable[[list[Received]], None]) -> Callable[[list[Received]], None]:
         """`deliver`, marking (`_delivering`) that the loop handles this doorbell's events."""
@@ -313,6 +295,7 @@ class ClockDoorbell:
         """
         sock, loop, deliver = self._sock, self._loop, self._deliver
         assert sock is not None and loop is not None and deliver is not None
+        handshake = self._handshake
         while not self._closed:
             with self._reading:
                 change = self._read_until_change(sock, loop, deliver)
@@ -320,12 +303,9 @@ class ClockDoorbell:
                 return
             mhz, _epoch, _t_ns, _asked, instruction = change
 
-            def accept(rung: tuple[int, int] = (instruction, mhz)) -> bool:
+            def accept(instruction: int = instruction, mhz: int = mhz) -> bool:
                 with self._take:
-                    if self._vetoed == rung[0]:
-                        return False  # The loop handled the event first: its clock stands.
-                    self._rung, self._taken = rung, None  # The loop's claim will say so.
-                    return True
+                    return handshake.accept(instruction, mhz)
 
             if not self._lane.ring(*change, accept):
                 with self._take:
@@ -366,7 +346,7 @@ class ClockDoorbell:
                 if not held:
                     deadline = time.monotonic_ns() + HOLD_NS
                 held += batch
-            if (change is None and held and self._arm is not None
+            if (change is None and held and self._handshake.arm is not None
                     and time.monotonic_ns() < deadline):
                 continue
             if change is not None:
@@ -396,7 +376,8 @@ class ClockDoorbell:
                 return batch
             batch.append(first)
             data = first[0]
-            if self._arm is not None and len(data) > 2 and data[2] == _INSTRUCTION_BEGIN:
+            if (self._handshake.arm is not None and len(data) > 2
+                    and data[2] == _INSTRUCTION_BEGIN):
                 return batch  # Maybe the armed one: no more syscalls before it is applied.
             while len(batch) < _MAX_PER_WAKEUP:
                 batch.append(sock.recvmsg(RECV_BYTES, ANCILLARY_BYTES, socket.MSG_DONTWAIT))
@@ -423,7 +404,7 @@ class ClockDoorbell:
             now = time.monotonic_ns()
             if until_ns is not None and now >= until_ns:
                 return None
-            arm = self._arm
+            arm = self._handshake.arm
             spin = arm.spin if arm is not None else None
             wake_ns = until_ns
             if spin is not None and now < spin[1]:
@@ -454,12 +435,13 @@ class ClockDoorbell:
     def _spin(self, sock: socket.socket, arm: Arm | None, end_ns: int) -> Received | None:
         """Poll `sock` without sleeping until a datagram, `end_ns`, another arm or `stop`."""
         recv, flags, clock = sock.recvmsg, socket.MSG_DONTWAIT, time.monotonic_ns
+        handshake = self._handshake
         start = clock()
         if self._spun_for is not arm:
             self._spun_for = arm
             self.counters["spins"] += 1
         try:
-            while self._arm is arm and not self._closed:
+            while handshake.arm is arm and not self._closed:
                 try:
                     got = recv(RECV_BYTES, ANCILLARY_BYTES, flags)
                 except BlockingIOError:
@@ -478,7 +460,8 @@ class ClockDoorbell:
         the kernel): the gateway checks every datagram in full when it gets the batch. On a
         vCPU that just woke, each microsecond of Python here costs several.
         """
-        arm = self._arm
+        handshake = self._handshake
+        arm = handshake.arm
         if arm is None:
             return None
         for data, ancillary, _flags, _addr in batch:
@@ -495,10 +478,8 @@ class ClockDoorbell:
             if sender(ancillary)[0] != arm.pid:
                 continue
             with self._take:
-                if self._arm is not arm:
+                if not handshake.take(arm):
                     return None  # The loop claimed it (its event came first) or re-armed.
-                self._arm = None
-                self._taken = arm.instruction
             self.counters["taken"] += 1
             return arm.mhz, arm.epoch, fields[3], arm.asked, arm.instruction
         return None
