@@ -1,8 +1,9 @@
 """The power-limit core: Zeus's optimum selectors and JIT profiler as a pure state machine.
 
 * `selectors`: `OptimumSelector`, `Energy`, `Time`, `ZeusCost`, `MaxSlowdownConstraint`.
-* `machine`: `PowerLimitStateMachine`, its states (`Ready`, `Warmup`, `Profiling`, `Done`),
-  effects (`SetPowerLimit`, `BeginWindow`, `EndWindow`) and errors.
+* `machine`: `PowerLimitStateMachine` and its transition table (`TRANSITIONS`), re-exporting
+  its states (`Ready`, `Warmup`, `Profiling`, `Done`) and effects (`SetPowerLimit`,
+  `BeginWindow`, `EndWindow`) from `states`, and its errors from `errors`.
 * `search`: search strategies (`Exhaustive`, the default; `Adaptive`, faster).
 
 `PowerLimitMeasurement` is `zeus_agent.models.PowerLimitMeasurement`, re-exported; profile files
