@@ -95,14 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated workload run on the GPU each step")
     p.add_argument("--scale", type=float, default=0.05, help="factor on the simulated step time")
     p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--max-steps", type=int, default=-1,
+                   help="stop after this many training steps (the Trainer's max_steps; it "
+                   "overrides --epochs, repeating the data as needed); -1: train --epochs")
     p.add_argument("--samples", type=int, default=256, help="training sequences per epoch")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--warmup-steps", type=int, default=2,
                    help="power-limit optimizer: warm-up steps per limit")
     p.add_argument("--profile-steps", type=int, default=5,
-                   help="power-limit optimizer: profiled steps per limit")
+                   help="power-limit optimizer: profiled steps per limit, a minimum: the "
+                   "coordinator lengthens windows lasting under 5 periods of the GPUs' energy "
+                   "counters (the job's status says so)")
     p.add_argument("--pl-step", type=int, default=25,
                    help="power-limit optimizer: W between profiled limits")
+    p.add_argument("--selector", choices=("default", "energy"), default="default",
+                   help="power-limit optimizer: the optimum selector, Zeus's default (ZeusCost, "
+                   "eta 0.5: time weighs in, and steps bound by the CPU, as here, vary in time "
+                   "by chance from one window to the next) or Energy (the least energy)")
     p.add_argument("--output-dir", default=None, help="Trainer output (default a temp dir)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--summary", default=None, help="rank 0 also writes its JSON summary here")
@@ -114,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.socket:  # The drop-in, like Zeus's, takes no socket: it reads the environment.
         os.environ[emit.ENV_SOCKET] = args.socket
 
-    from zeus_agent.integrations import HFGlobalPowerLimitOptimizer, ZeusMonitor
+    from zeus_agent.integrations import Energy, HFGlobalPowerLimitOptimizer, ZeusMonitor
 
     gpu_index = int(os.environ.get("LOCAL_RANK", "0")) if args.gpu_index is None else args.gpu_index
     torch.manual_seed(args.seed)
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             output_dir=args.output_dir or tmp,
             per_device_train_batch_size=args.batch_size,
             num_train_epochs=args.epochs,
+            max_steps=args.max_steps,
             learning_rate=5e-3,
             logging_steps=10,
             save_strategy="no",
@@ -141,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         plo = HFGlobalPowerLimitOptimizer(
             monitor, warmup_steps=args.warmup_steps, profile_steps=args.profile_steps,
             pl_step=args.pl_step,
+            optimum_selector=Energy() if args.selector == "energy" else None,
         )
         callbacks: list[TrainerCallback] = [plo]
         sim = None
