@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test demo lint bench docs install clean
+.PHONY: test test-fast demo lint bench docs install clean
 
 install: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# The pure tiers alone (cores and the wire contract: no server, no process), in under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m core
 
 lint: $(STAMP)
 	$(BIN)/ruff check zeus_agent coordinator zeus_demo tests bench tools

@@ -14,6 +14,24 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_PROFILES = REPO_ROOT / "data" / "reference-profiles"
 
 
+TIERS = {"core": "core", "wire": "core", "fuzz": "fuzz", "shell": "shell", "e2e": "e2e",
+         "deploy": "deploy", "docs": "deploy"}
+"""Test folder -> its marker (`make test-fast` runs the `core` tier alone)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, from the folder it lives in."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            folder = Path(str(item.fspath)).resolve().relative_to(tests).parts[0]
+        except (ValueError, IndexError):
+            continue
+        tier = TIERS.get(folder)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
 @pytest.fixture(scope="module")
 def nats_server() -> Iterator[EmbeddedNats]:
     """A real nats-server on a free loopback port, shared by one test module."""
