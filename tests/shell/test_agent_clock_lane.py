@@ -63,7 +63,7 @@ async def test_a_change_wanted_before_a_clear_is_dropped_in_the_gpus_thread(tmp_
     try:
         hold = threading.Event()
         busy = agent.caller.submit_setter(hold.wait, 5)  # the setters' lane is busy
-        agent._apply_frequency(1200)  # queued behind it
+        agent.schedule.apply_frequency(1200)  # queued behind it
         restore = agent.restore({"schedule"}, reason="clear command")
         hold.set()
         assert await restore == ["schedule", "sm_clocks"]

@@ -355,7 +355,7 @@ async def test_a_rung_change_the_loop_overtook_is_dropped(tmp_path):
         await asyncio.sleep(0.2)
         await agent.clocks.drained()
     assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # instruction 2's, the latest
-    assert agent._clock_mhz == LOW
+    assert agent.schedule.clock_mhz == LOW
 
 
 async def test_a_schedule_pending_for_the_next_step_disarms_the_doorbell(tmp_path):
@@ -405,7 +405,7 @@ async def test_the_loop_applies_its_own_clock_when_the_doorbell_rang_another(tmp
     await asyncio.sleep(0.05)
     await agent.clocks.drained()
     assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW)  # the cursor's: forward at LOW
-    assert agent._clock_mhz == LOW
+    assert agent.schedule.clock_mhz == LOW
 
 
 async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_path):
@@ -486,7 +486,7 @@ async def test_an_iteration_that_ends_early_never_keeps_the_rung_forecast(tmp_pa
                     data[2] == Kind.STEP_END), gpu.locks
     await agent.clocks.drained()
     assert gpu.get_locked_sm_clocks_mhz() == (LOW, LOW), gpu.locks
-    assert agent._clock_mhz == LOW
+    assert agent.schedule.clock_mhz == LOW
 
 
 def test_a_doorbell_that_refuses_is_dropped_and_the_event_goes_to_the_trainers_socket(tmp_path):
@@ -532,15 +532,15 @@ async def test_a_ring_dropped_after_a_failed_raise_leaves_the_loop_to_apply_it(t
             lock(low, high)
 
         gpu.lock_sm_clocks_mhz = flaky  # type: ignore[method-assign]
-        agent.raises._fire(HIGH, agent.raises._seen, agent.clocks.epoch, agent._raise_now)
+        agent.raises._fire(HIGH, agent.raises._seen, agent.clocks.epoch, agent.schedule._raise_now)
         await agent.clocks.drained()
-        await wait_for(lambda: agent._clock_mhz is None, 3.0, "the failure reported")
+        await wait_for(lambda: agent.schedule.clock_mhz is None, 3.0, "the failure reported")
         s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 3, 3.0, "the ring read")
         await asyncio.sleep(0.05)
         await agent.clocks.drained()
     assert gpu.get_locked_sm_clocks_mhz() == (HIGH, HIGH), gpu.locks
-    assert agent._clock_mhz == HIGH
+    assert agent.schedule.clock_mhz == HIGH
 
 
 async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_path):
@@ -576,7 +576,7 @@ async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_
             await asyncio.sleep(0.05)
             await agent.clocks.drained()
             assert gpu.get_locked_sm_clocks_mhz() == (mhz, mhz), gpu.locks
-            assert agent._clock_mhz == mhz
+            assert agent.schedule.clock_mhz == mhz
 
 
 async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after_it(tmp_path):
@@ -598,7 +598,8 @@ async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         await _first_forward(agent, gpu, s)  # (armed for backward, at HIGH)
         s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
-        await wait_for(lambda: agent._clock_mhz == HIGH, 3.0, "the ring counted by the loop")
+        await wait_for(lambda: agent.schedule.clock_mhz == HIGH, 3.0,
+                       "the ring counted by the loop")
         await agent.lock_clocks(1200, 1200, "j", 30.0)
         go.set()
         await asyncio.sleep(0.05)

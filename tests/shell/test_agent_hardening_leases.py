@@ -273,7 +273,7 @@ async def test_a_clock_change_queued_behind_a_restore_is_dropped(tmp_path):
         mhz = agent.info.supported_graphics_clocks_mhz[3]
         await agent.install_schedule("job", FrequencySchedule(rank=0, frequencies=[
             ("forward", mhz)]), "job", 30.0)
-        agent._apply_frequency(mhz)  # as on an instruction_begin: queued, maybe not yet run
+        agent.schedule.apply_frequency(mhz)  # as on an instruction_begin: queued, maybe not yet run
         assert await agent.restore({"schedule"}, reason="clear command") == ["schedule",
                                                                              "sm_clocks"]
         await agent.clocks.drained()
@@ -308,10 +308,10 @@ async def test_clock_changes_behind_a_hung_gpu_do_not_pile_up(tmp_path, monkeypa
         await agent.install_schedule("job", FrequencySchedule(rank=0, frequencies=[
             ("forward", clocks[3])]), "job", 30.0)
         gpu.calls.clear()
-        agent._apply_frequency(clocks[0])
+        agent.schedule.apply_frequency(clocks[0])
         await asyncio.sleep(0.05)  # its call hangs
         for i in range(1, 20):  # the trainer's next instruction_begin events meanwhile
-            agent._apply_frequency(clocks[i % 4])
+            agent.schedule.apply_frequency(clocks[i % 4])
         await agent.clocks.drained()
         # The hung call, then only the latest wanted clock (none stale, none queued).
         assert gpu.calls == [(clocks[0],) * 2, (clocks[19 % 4],) * 2]

@@ -80,5 +80,5 @@ async def test_an_invalid_schedule_is_refused_and_nothing_is_pending(agent, nc):
     reply = await command(nc, node, 0, cmd)
     assert not reply.ok
     assert "does not support" in reply.error
-    assert agent.agents[0]._pending_schedule is None
+    assert agent.agents[0].schedule.pending is None
     assert agent.agents[0].leases.get("schedule") is None

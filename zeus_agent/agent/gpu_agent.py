@@ -11,8 +11,8 @@ Pieces:
 * sampling: `sample()` reads the GPU into the ring and the pending sample batch;
 * settings: `set_power_limit`, `lock_clocks`, `install_schedule`... validate, apply, lease;
 * `restore(kinds)`: put settings back to default (lease expiry, trainer death, shutdown);
-* trainer events: `on_event` (applies the schedule at once: `ScheduleEvents`, in
-  `schedule_events.py`) and `process_events` (measures, through `RankMeasurer`);
+* trainer events: `on_event` (the schedule acts at once: its `ScheduleEvents`, in
+  `schedule_events.py`, then `RankMeasurer` measures) and `process_events`;
 * `flush()`: publish pending samples, marks, measurements and trainer events.
 """
 
@@ -39,7 +39,7 @@ from zeus_agent.agent.credentials import Received
 from zeus_agent.agent.doorbell import ClockDoorbell
 from zeus_agent.agent.measuring import Binding, RankMeasurer
 from zeus_agent.agent.reports import GpuReports
-from zeus_agent.agent.schedule_events import SCHEDULE, ScheduleEvents
+from zeus_agent.agent.schedule_events import SCHEDULE, PendingSchedule, ScheduleEvents
 from zeus_agent.errors import (
     GPUError,
     GPUPermissionError,
@@ -59,7 +59,7 @@ from zeus_agent.wire.messages import (
     Sample,
     SampleBatch,
 )
-from zeus_agent.wire.trainer import ScheduleNotice, SelectRequest
+from zeus_agent.wire.trainer import EventDatagram, ScheduleNotice, SelectRequest
 
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
@@ -76,7 +76,7 @@ FORECAST_NS = 250_000_000
 """How far ahead the counter reader looks for clock changes to avoid (beyond one read's span
 and its longest postponement)."""
 
-class GpuAgent(ScheduleEvents):
+class GpuAgent:
     """One GPU's agent. Create, then `await start()` before use."""
 
     def __init__(
@@ -102,7 +102,6 @@ class GpuAgent(ScheduleEvents):
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
         self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
         """Reads the energy counter when its policy says (never per event) into the ring."""
-        self.cursor = ScheduleCursor()
         self.binding: Binding | None = None
         self._departed: dict[str, None] = {}
         """Jobs whose trainer left this GPU, oldest first (bounded: `MAX_DEPARTED`)."""
@@ -118,27 +117,7 @@ class GpuAgent(ScheduleEvents):
         call awaits its thread, and an expiry's restore interleaved with a new set would
         release the lease that set had just granted (the GPU then kept the new limit with no
         lease, and the next tick reset it under the job's renewals)."""
-        self.clocks = ClockLane(self.caller, self._lock_if_leased, self._clock_failed)
-        """Applies the schedule's clock changes in the GPU's setters' thread, at once."""
-        self.raises = EarlyRaises(self.clocks)
-        """Issues the schedule's raises a lead before their instructions begin."""
-        self.doorbell: ClockDoorbell | None = None
-        """The trainer's direct line to the clock (`open_doorbell`; calls that block only)."""
-        self._last_instruction = -1
-        """The bound trainer's index of its latest `instruction_begin` (the next is armed)."""
-        self._clock_mhz: int | None = None
-        """The schedule's clock last asked for (applied or being applied); None: unknown. An
-        instruction at the same clock asks nothing: each lock call costs ~1 ms on a real GPU."""
-        self.boundaries = BoundaryForecast()
-        """When the schedule's next clock changes are due: counter reads avoid them."""
-        self.counter.due_boundaries = lambda now_ns: self.boundaries.due(now_ns, FORECAST_NS)
-        self._expiring = False
-        """An expiry started from the event path is pending (at most one at a time)."""
         self._pending_samples: list[Sample] = []
-        self.schedule_version: int | None = None
-        """Version of the installed schedule (None: none installed)."""
-        self._pending_schedule: tuple[int, int, int, tuple[tuple[str, int], ...]] | None = None
-        """(from_step, version, rank, pairs): a validated schedule waiting for its step."""
         self.notify_trainer: Callable[[ScheduleNotice | SelectRequest], None] | None = None
         """Set by the gateway: pushes a notice (a schedule, a question) to the bound trainer."""
         self._background: set[asyncio.Future[None]] = set()
@@ -150,7 +129,13 @@ class GpuAgent(ScheduleEvents):
                                   lambda: self.binding, self._spawn)
         """Error events; mismatches, measurement gaps, failed clock changes throttled."""
         self.error_event = self.reports.error_event
-        self._report = self.reports.report
+        self.schedule = ScheduleEvents(
+            index=self.index, caller=self.caller, gpu=lambda: self.gpu, leases=self.leases,
+            binding=lambda: self.binding, expire_leases=self.expire_leases, spawn=self._spawn,
+            report=self.reports.report)
+        """The frequency schedule, applied at the bound trainer's events."""
+        boundaries = self.schedule.boundaries  # Counter reads avoid the schedule's changes.
+        self.counter.due_boundaries = lambda now_ns: boundaries.due(now_ns, FORECAST_NS)
         self.measurer = RankMeasurer(
             index=self.index, node=node, prefix=prefix, ring=self.ring, counter=self.counter,
             limits=self.limits, publish=publish, binding=lambda: self.binding,
@@ -186,16 +171,11 @@ class GpuAgent(ScheduleEvents):
         Only for a GPU whose calls block: inline calls are already on the loop. `spin_us`: how
         long its thread spins before and after a forecast clock change (0: never).
         """
-        if self.caller.blocking and self.doorbell is None:
-            self.doorbell = ClockDoorbell.opened(path, self.clocks, self.index, deliver, mode,
-                                                 gid, int(spin_us * 1000))
-        return self.doorbell is not None
+        return self.schedule.open_doorbell(path, deliver, mode, gid, int(spin_us * 1000))
 
     def close_doorbell(self, timeout_s: float = 1.0) -> None:
         """Stop the doorbell's threads and remove its socket (shutdown: before the restore)."""
-        doorbell, self.doorbell = self.doorbell, None
-        if doorbell is not None:
-            doorbell.close(timeout_s)
+        self.schedule.close_doorbell(timeout_s)
 
     async def reset_at_start(self) -> None:
         """Put the power limit and SM clocks back to default, whoever changed them."""
@@ -235,9 +215,7 @@ class GpuAgent(ScheduleEvents):
             "the agent lacks the privilege to change GPU settings (NVML: NO_PERMISSION); "
             "run it as root or grant CAP_SYS_ADMIN, or pass --observe-only to say it is meant")
         LOG.warning("GPU %d: observe-only from now on: %s", self.index, error)
-        self.cursor.clear()  # A schedule's clocks can no longer be applied.
-        self._schedule_changed()
-        self._pending_schedule = None
+        self.schedule.clear(forget_version=False)  # Its clocks can no longer be applied.
         if self.on_control_lost is not None:
             self.on_control_lost()
 
@@ -251,11 +229,10 @@ class GpuAgent(ScheduleEvents):
         limit = await self.caller.call(self.gpu.get_power_limit_w)
         self.power_limit_w = limit
         job_id = self.binding.job_id if self.binding is not None else None
-        pending = self._pending_schedule
-        version = pending[1] if pending is not None else self.schedule_version
         return GpuDescription.from_info(self.info, limit, job_id,
                                         self.counter.update_period_ms).model_copy(
-            update={"schedule_version": version, "controllable": self.controllable})
+            update={"schedule_version": self.schedule.announced_version,
+                    "controllable": self.controllable})
 
     @property
     def power_limit_w(self) -> int | None:
@@ -403,9 +380,9 @@ class GpuAgent(ScheduleEvents):
             self._check_holder(holder)  # The trainer may have left meanwhile.
             previous = self._grant(SM_CLOCKS, holder, lease_s)
             # A schedule's change wanted or rung before it must not land after it.
-            self.clocks.invalidate()
+            self.schedule.clocks.invalidate()
             try:
-                await self.caller.call(self.clocks.exclusive(self.gpu.lock_sm_clocks_mhz),
+                await self.caller.call(self.schedule.clocks.exclusive(self.gpu.lock_sm_clocks_mhz),
                                        min_mhz, max_mhz, setter=True)
             except GPUPermissionError as e:
                 self.leases.reinstate(SM_CLOCKS, previous)
@@ -415,7 +392,7 @@ class GpuAgent(ScheduleEvents):
                 self.leases.reinstate(SM_CLOCKS, previous)
                 raise
             self._changed.add(SM_CLOCKS)
-            self._clock_mhz = None  # Locked by hand: a schedule's next instruction sets its own.
+            self.schedule.forget_clock()  # Locked by hand: a schedule's next instruction asks.
 
     async def install_schedule(
         self,
@@ -446,17 +423,9 @@ class GpuAgent(ScheduleEvents):
             self._check_holder(holder or job_id)  # The trainer may have left meanwhile.
             self._grant(SCHEDULE, holder or job_id, lease_s)
             if from_step is None:
-                self.cursor.install(schedule.rank, pairs)
-                self._schedule_changed()
-                self.schedule_version = version
-                self._pending_schedule = None
+                self.schedule.install(schedule.rank, pairs, version)
             else:
-                self._pending_schedule = (from_step, version, schedule.rank, pairs)
-                # What was armed or planned for the next instruction may be the next
-                # iteration's under the old schedule: its event decides.
-                self.raises.cancel()
-                if self.doorbell is not None:
-                    self.doorbell.disarm()
+                self.schedule.install_at(PendingSchedule(from_step, version, schedule.rank, pairs))
             self._changed.add(SCHEDULE)
         b = self.binding
         if self.notify_trainer is not None and b is not None and b.job_id == job_id:
@@ -483,10 +452,7 @@ class GpuAgent(ScheduleEvents):
         todo = set(self._changed) if kinds is None else set(kinds) & self._changed
         restored: list[str] = []
         if SCHEDULE in todo:
-            self.cursor.clear()
-            self._schedule_changed()
-            self.schedule_version = None
-            self._pending_schedule = None
+            self.schedule.clear()
             self.leases.release(SCHEDULE)
             todo.add(SM_CLOCKS)  # the schedule locked clocks: unlock them too
             restored.append(SCHEDULE)
@@ -503,7 +469,7 @@ class GpuAgent(ScheduleEvents):
             t_ns = time.monotonic_ns()
             try:
                 if kind == SM_CLOCKS:  # Never overtaken by a change rung from the doorbell.
-                    await self.caller.call(self.clocks.exclusive(call), setter=True)
+                    await self.caller.call(self.schedule.clocks.exclusive(call), setter=True)
                 else:
                     await self.caller.call(call)
             except GPUError as e:
@@ -513,7 +479,7 @@ class GpuAgent(ScheduleEvents):
                 self.limits.record(t_ns, self.info.default_power_limit_w)
                 self.counter.refresh_limit()
             if kind == SM_CLOCKS:
-                self._clock_mhz = None
+                self.schedule.forget_clock()
             self.leases.release(kind)
             restored.append(kind)
         self._changed -= set(restored)
@@ -552,6 +518,42 @@ class GpuAgent(ScheduleEvents):
         return restored
 
     # ------------------------------------------------------------------ trainer events
+    def on_event(self, ev: EventDatagram) -> None:
+        """Called on the loop as soon as a datagram arrives: the schedule acts, measuring waits."""
+        hold = self.schedule.on_event(ev)
+        self.measurer.submit(ev, self.schedule.version, hold=hold)
+
+    # The schedule's parts, as other modules and tests name them on the agent.
+    @property
+    def cursor(self) -> ScheduleCursor:
+        """Where the bound rank stands in the installed schedule (`ScheduleEvents.cursor`)."""
+        return self.schedule.cursor
+
+    @property
+    def clocks(self) -> ClockLane:
+        """The schedule's clock lane (`ScheduleEvents.clocks`)."""
+        return self.schedule.clocks
+
+    @property
+    def raises(self) -> EarlyRaises:
+        """The schedule's raises ahead (`ScheduleEvents.raises`)."""
+        return self.schedule.raises
+
+    @property
+    def boundaries(self) -> BoundaryForecast:
+        """When the schedule's next clock changes are due (`ScheduleEvents.boundaries`)."""
+        return self.schedule.boundaries
+
+    @property
+    def doorbell(self) -> ClockDoorbell | None:
+        """The GPU's doorbell, if open (`open_doorbell`)."""
+        return self.schedule.doorbell
+
+    @property
+    def schedule_version(self) -> int | None:
+        """Version of the installed schedule (None: none installed)."""
+        return self.schedule.version
+
     def bind(
         self,
         job_id: str,
@@ -562,10 +564,7 @@ class GpuAgent(ScheduleEvents):
     ) -> None:
         """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
         self.measurer.release_held()  # Those held back are measured as bound when they came.
-        if self.doorbell is not None:
-            self.doorbell.forget()  # (A new trainer counts its instructions from 0 again.)
-            self.clocks.forget_rings()
-        self._last_instruction = -1
+        self.schedule.trainer_bound()
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
             self.measurer.reset()
             self.reports.rebound()
@@ -576,9 +575,7 @@ class GpuAgent(ScheduleEvents):
     def unbind(self) -> None:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""
         self.measurer.release_held()
-        self.raises.clear()  # No instruction will follow: a raise planned ahead is not wanted.
-        if self.doorbell is not None:
-            self.doorbell.forget()
+        self.schedule.trainer_unbound()
         if self.binding is not None and self.binding.pid is not None:
             self._departed[self.binding.job_id] = None
             while len(self._departed) > MAX_DEPARTED:
