@@ -31,10 +31,10 @@ It wraps a `FrequencyScheduler` and turns the agents' measurements into its inpu
 a `frontier`): what is measured of each pipeline's pace, and the frontier points the other
 pipelines run meanwhile, are `coordinator.pipeline.stragglers`' (`Stragglers`); an explicit
 notice (`set_straggler(dp_index, factor)`) overrides what is measured for that pipeline until
-cleared (`factor` None). The job installs those points' schedules as a new version with a
-`straggler` status, and the chosen plan again (`serving` status) when no straggler is left.
-Meanwhile the scheduler gets no results (its drift watch is for the job's own time, not a
-straggler's).
+cleared (`factor` None). The job's `StragglerHandling` (`coordinator.pipeline.straggling`)
+installs those points' schedules as a new version with a `straggler` status, and the chosen
+plan again (`serving` status) when no straggler is left. Meanwhile the scheduler gets no
+results (its drift watch is for the job's own time, not a straggler's).
 
 **Phases** (`coordinator.pipeline.phase`): discovering, profiling, serving, error, stopped;
 every change is checked against `TRANSITIONS` (a change it does not list raises `PhaseError`).
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -108,7 +109,7 @@ DEFAULT_MAX_KEPT_BYTES = 1024 * MB
 """What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
 
 
-class PipelineJob(StragglerHandling):
+class PipelineJob:
     """Discover, schedule, observe, re-schedule (see the module docstring)."""
 
     kind = "pipeline"
@@ -183,8 +184,14 @@ class PipelineJob(StragglerHandling):
         self.stragglers = Stragglers({r: i.dp_rank for r, i in self.rank_infos.items()},
                                      straggler_threshold, straggler_window)
         """What is known of the job's stragglers (`coordinator.pipeline.stragglers`)."""
-        self._base: dict[int, FrequencySchedule] = {}
-        """The scheduler's schedules while serving (the chosen plan), before straggler changes."""
+        job = weakref.proxy(self)  # (Not a cycle: a dropped job is freed at once.)
+        self.straggling = StragglerHandling(
+            self.stragglers, scheduler_name=scheduler_name, phase=lambda: job.phase,
+            error=lambda: job.error, scheduler=lambda: job.scheduler,
+            rank_infos=lambda: job.rank_infos, orders=lambda: job.orders,
+            installed=lambda: job.schedules, progress=lambda: job.progress(),
+            install=lambda schedules, state, message: job._install(schedules, state, message))
+        """Notices, detection and the plan served (`coordinator.pipeline.straggling`)."""
         self._resume_files: list[Action] = []
         """Files the scheduler produced while the recorded rounds were replayed (`start`)."""
         self.kept_rounds = KeptRounds(self.kept)
@@ -192,6 +199,21 @@ class PipelineJob(StragglerHandling):
         self.resumed = False
         if resume is not None:
             self._replay(resume)
+
+    # ------------------------------------------------------------------ stragglers
+    @property
+    def notices(self) -> dict[int, float]:
+        """Pipeline -> straggler factor given by a notice (`set_straggler`)."""
+        return self.stragglers.notices
+
+    @property
+    def detected(self) -> dict[int, float]:
+        """Pipeline -> straggler factor measured."""
+        return self.stragglers.detected
+
+    def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
+        """Take an explicit straggler notice (`StragglerHandling.set_straggler`); saved."""
+        return self._saving(self.straggling.set_straggler(dp_index, factor), always=True)
 
     # ------------------------------------------------------------------ phase
     @property
@@ -353,9 +375,9 @@ class PipelineJob(StragglerHandling):
             # produced (a frontier planned again): written when the job starts.
             self._resume_files += [a for a in self._observe(results) if isinstance(a, WriteFile)]
         self.stragglers.notices = {d: f for d, f in recorded.notices.items()
-                                   if d in self.pipelines}
+                                   if d in self.stragglers.pipelines}
         if self.notices and self.phase is Phase.SERVING:
-            self._apply_stragglers()
+            self.straggling.apply()
         self.resumed = not self.phase.final
         self.from_step = None  # The replay's steps are not the trainers': installed at once.
 
@@ -411,7 +433,7 @@ class PipelineJob(StragglerHandling):
                     "new job")
             return []
         self._mismatches.pop(rank, None)
-        actions = self._track(rank, m.step)
+        actions = self.straggling.track(rank, m.step, step)
         if self.phase is Phase.SERVING and self.scheduler is not None and (
                 self.scheduler.finished or self.stragglers.factors()):
             # Nothing to observe (a final plan, or a straggler's time): forget the step.
@@ -579,7 +601,7 @@ class PipelineJob(StragglerHandling):
         assert self.scheduler is not None
         version = self.version
         serving = self.phase is Phase.SERVING and self.scheduler.serving
-        base = {r: s.frequencies for r, s in self._base.items()}
+        base = {r: s.frequencies for r, s in self.straggling.plan.items()}
         try:
             self.scheduler.observe(results)
             schedules = self.scheduler.next_schedule()
@@ -605,15 +627,14 @@ class PipelineJob(StragglerHandling):
                     return actions + installed
                 actions += [a for a in installed if not isinstance(a, StatusUpdate)]
             self.phase = Phase.SERVING
-            self._base = {s.rank: s for s in schedules}
+            self.straggling.serve({s.rank: s for s in schedules})
             self._clear_steps()
             actions.append(StatusUpdate(Phase.SERVING.value, f"serving plan {self.version} (the "
                                         "scheduler has finished)", self.progress()))
             return actions
         if self.scheduler.serving:  # A plan, watched by the scheduler.
             return actions + self._serve(schedules)
-        self._base, self.stragglers.points = {}, {}
-        self.detected.clear()
+        self.straggling.forget_plan()
         return actions + self._install(schedules)
 
     # ------------------------------------------------------------------ serving, stragglers
@@ -657,13 +678,13 @@ class PipelineJob(StragglerHandling):
         """The scheduler serves `schedules` (its chosen plan): install them when they are new."""
         by_rank = {s.rank: s for s in schedules}
         same = ({r: s.frequencies for r, s in by_rank.items()}
-                == {r: s.frequencies for r, s in self._base.items()})
+                == {r: s.frequencies for r, s in self.straggling.plan.items()})
         if same and self.phase is Phase.SERVING:
             self._drop_complete()  # The next window starts.
             return []
-        self._base = by_rank
+        self.straggling.serve(by_rank)
         self.phase = Phase.SERVING  # (Installed right below.)
-        return self._apply_stragglers(force=True)
+        return self.straggling.apply(force=True)
 
     def _fail(self, why: str, state: str = "error", code: str | None = None) -> list[Action]:
         """Stop: clear the job's schedules everywhere (a predecessor's too) and say why.

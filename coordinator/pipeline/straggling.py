@@ -1,15 +1,16 @@
-"""`StragglerHandling`: what a `PipelineJob` does about its stragglers (a mixin, pure).
+"""`StragglerHandling`: what a `PipelineJob` does about its stragglers (pure).
 
 The measuring and the choice of frontier points are `coordinator.pipeline.stragglers`'
 (`Stragglers`); this part of the job takes explicit notices (`set_straggler`), judges each
-step once every rank has measured it (`_track`), and installs the schedules the stragglers call
-for (`_apply_stragglers`), or the chosen plan again when none is left. It is a mixin so that
-`job.py` stays one screenful per responsibility; it reads the job's state declared below.
+step once every rank has measured it (`track`), and installs the schedules the stragglers call
+for (`apply`), or the plan being served again when none is left. A `PipelineJob` owns one
+(`PipelineJob.straggling`), built with the job's `Stragglers`, the readers of the job's state it
+needs and the job's `install` and `progress`; it owns the plan being served (`plan`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from coordinator.optimizer import Action, StatusUpdate, StragglerError
@@ -19,49 +20,75 @@ from coordinator.pipeline.steps import Step
 from coordinator.pipeline.stragglers import Stragglers
 from zeus_agent.models import FrequencySchedule, RankInfo
 
-__all__ = ["StragglerHandling"]
+__all__ = ["Install", "StragglerHandling"]
+
+Install = Callable[[list[FrequencySchedule], str, str], list[Action]]
+"""Installs schedules as the job's next version: (schedules, state, message) -> actions
+(`PipelineJob._install`)."""
 
 
 class StragglerHandling:
-    """Straggler notices and detection of a `PipelineJob` (see the module docstring)."""
+    """Straggler notices and detection of a `PipelineJob` (see the module docstring).
 
-    # The job's state this part reads (set by `PipelineJob.__init__`).
-    phase: Phase
-    error: str | None
-    scheduler: FrequencyScheduler | None
-    scheduler_name: str
-    stragglers: Stragglers
-    rank_infos: dict[int, RankInfo]
-    orders: dict[int, list[str]]
-    schedules: dict[int, FrequencySchedule]
-    _base: dict[int, FrequencySchedule]
-    _steps: dict[int, dict[int, Step]]
+    Attributes:
+        stragglers: What is known of the job's stragglers (the job's `Stragglers`).
+        plan: The scheduler's schedules while the job serves a plan (the chosen one), by rank,
+            before straggler changes; empty otherwise (`serve`, `forget_plan`).
+    """
+
+    def __init__(
+        self,
+        stragglers: Stragglers,
+        *,
+        scheduler_name: str,
+        phase: Callable[[], Phase],
+        error: Callable[[], str | None],
+        scheduler: Callable[[], FrequencyScheduler | None],
+        rank_infos: Callable[[], Mapping[int, RankInfo]],
+        orders: Callable[[], Mapping[int, list[str]]],
+        installed: Callable[[], Mapping[int, FrequencySchedule]],
+        install: Install,
+        progress: Callable[[], dict[str, Any]],
+    ) -> None:
+        """Create it with no plan served.
+
+        Args:
+            stragglers: The job's `Stragglers` (notices, detection, frontier points).
+            scheduler_name: The scheduler's name, in status messages.
+            phase: The job's phase now.
+            error: Why the job stopped (None while it runs).
+            scheduler: The job's scheduler now (None before the ranks' orders are known).
+            rank_infos: The job's ranks now (with their instruction orders once discovered).
+            orders: Each rank's instruction names, in order, as discovered.
+            installed: The schedules installed last, by rank.
+            install: Installs schedules as the job's next version.
+            progress: The job's progress (`PipelineJob.progress`), for status updates.
+        """
+        self.stragglers = stragglers
+        self.plan: dict[int, FrequencySchedule] = {}
+        self._scheduler_name = scheduler_name
+        self._phase = phase
+        self._error = error
+        self._scheduler = scheduler
+        self._rank_infos = rank_infos
+        self._orders = orders
+        self._installed = installed
+        self._install = install
+        self._progress = progress
 
     @property
     def pipelines(self) -> list[int]:
         """The data-parallel pipelines (dp ranks)."""
         return self.stragglers.pipelines
 
-    @property
-    def notices(self) -> dict[int, float]:
-        """Pipeline -> straggler factor given by a notice (`set_straggler`)."""
-        return self.stragglers.notices
+    def serve(self, plan: Mapping[int, FrequencySchedule]) -> None:
+        """The job serves `plan` (by rank) from now on; straggler changes are made to it."""
+        self.plan = dict(plan)
 
-    @property
-    def detected(self) -> dict[int, float]:
-        """Pipeline -> straggler factor measured."""
-        return self.stragglers.detected
-
-    def progress(self) -> dict[str, Any]:
-        """The job's progress (`PipelineJob.progress`)."""
-        raise NotImplementedError
-
-    def _install(self, schedules: list[FrequencySchedule], state: str = "profiling",
-                 message: str = "") -> list[Action]:  # (The job's.)
-        raise NotImplementedError
-
-    def _saving(self, actions: list[Action], always: bool = False) -> list[Action]:
-        raise NotImplementedError  # (The job's.)
+    def forget_plan(self) -> None:
+        """The job serves no plan any more: nothing of the old one is slowed or detected."""
+        self.plan, self.stragglers.points = {}, {}
+        self.stragglers.detected.clear()
 
     def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
         """Take an explicit straggler notice: pipeline `dp_index` runs `factor` times slower.
@@ -74,69 +101,69 @@ class StragglerHandling:
                 ("conflict").
         """
         self.stragglers.check_notice(dp_index, factor)
-        if self.phase.final:
+        if self._phase().final:
             raise StragglerError(
-                "conflict", f"the job's pipeline optimiser has stopped ({self.error})")
+                "conflict", f"the job's pipeline optimiser has stopped ({self._error()})")
+        notices = self.stragglers.notices
         if factor is None:
-            self.notices.pop(dp_index, None)
+            notices.pop(dp_index, None)
         else:
-            self.notices[dp_index] = float(factor)
-        actions = self._apply_stragglers()
+            notices[dp_index] = float(factor)
+        actions = self.apply()
         if not actions:
             what = (f"pipeline {dp_index} noted as a straggler ({factor:g}x)"
                     if factor is not None else f"straggler notice of pipeline {dp_index} cleared")
             actions = [StatusUpdate("straggler", f"{what}; {self._why_unchanged()}",
-                                    self.progress())]
-        return self._saving(actions, always=True)
+                                    self._progress())]
+        return actions
 
     def _frontier(self) -> tuple[Sequence[PlanPoint], PlanPoint] | None:
         """(frontier, chosen point) while serving a plan of a scheduler that has them."""
-        scheduler = self.scheduler
-        if scheduler is None or self.phase is not Phase.SERVING or not self._base:
+        scheduler = self._scheduler()
+        if scheduler is None or self._phase() is not Phase.SERVING or not self.plan:
             return None
         frontier, chosen = scheduler.frontier, scheduler.chosen
         if not frontier or chosen is None:
             return None
         return frontier, chosen
 
-    def _track(self, rank: int, step_number: int) -> list[Action]:
+    def track(self, rank: int, step_number: int, step: Step) -> list[Action]:
         """Record rank's own iteration time for one step; judge the step once all ranks did."""
         found = self._frontier()
         if len(self.pipelines) < 2 or found is None:
             return []
-        step = self._steps[rank].get(step_number)
-        span = step.own_time() if step is not None else None
+        span = step.own_time()
         if span is None:
             return []
-        if self.stragglers.track(rank, step_number, span, len(self.rank_infos), found[1]):
-            return self._apply_stragglers()
+        if self.stragglers.track(rank, step_number, span, len(self._rank_infos()), found[1]):
+            return self.apply()
         return []
 
-    def _apply_stragglers(self, force: bool = False) -> list[Action]:
+    def apply(self, force: bool = False) -> list[Action]:
         """Install the schedules the stragglers call for, if they differ from the current ones.
 
         `force`: install anyway (a new plan is being served).
         """
         found = self._frontier()
         if found is None:
-            if force and self._base:  # A plan without a frontier: serve it as it is.
-                return self._install(list(self._base.values()), "serving",
-                                     f"serving the plan of {self.scheduler_name}")
+            if force and self.plan:  # A plan without a frontier: serve it as it is.
+                return self._install(list(self.plan.values()), "serving",
+                                     f"serving the plan of {self._scheduler_name}")
             return []
         frontier, chosen = found
         points = self.stragglers.plan_points(frontier, chosen)
         try:
-            schedules = self.stragglers.schedules(points, self.rank_infos, self.orders,
-                                                  self._base)
+            schedules = self.stragglers.schedules(points, self._rank_infos(), self._orders(),
+                                                  self.plan)
         except (SchedulerError, IndexError) as e:
             problem: list[Action] = [StatusUpdate(
-                "straggler", f"cannot slow the other pipelines down: {e}", self.progress())]
+                "straggler", f"cannot slow the other pipelines down: {e}", self._progress())]
             if not force:
                 return problem
             self.stragglers.points = {}
-            return problem + self._install(list(self._base.values()), "serving",
-                                           f"serving the plan of {self.scheduler_name}")
-        current = {r: s.frequencies for r, s in self.schedules.items()}
+            return problem + self._install(list(self.plan.values()), "serving",
+                                           f"serving the plan of {self._scheduler_name}")
+        current = {r: s.frequencies for r, s in self._installed().items()}
         if not force and {r: s.frequencies for r, s in schedules.items()} == current:
             self.stragglers.points = points
             return []
@@ -151,10 +178,11 @@ class StragglerHandling:
                              self.stragglers.describe(points, chosen))
 
     def _why_unchanged(self) -> str:
-        if self.phase is not Phase.SERVING:
-            return f"applied once a plan is served (the job is {self.phase})"
-        if self.scheduler is None or self.scheduler.frontier is None:
-            return (f"the scheduler {self.scheduler_name} has no time-energy frontier to slow "
+        phase, scheduler = self._phase(), self._scheduler()
+        if phase is not Phase.SERVING:
+            return f"applied once a plan is served (the job is {phase})"
+        if scheduler is None or scheduler.frontier is None:
+            return (f"the scheduler {self._scheduler_name} has no time-energy frontier to slow "
                     "the other pipelines down with")
         if len(self.pipelines) < 2:
             return "the job has no other pipeline to slow down"
