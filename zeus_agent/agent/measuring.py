@@ -244,10 +244,15 @@ class RankMeasurer:
             epoch, step, index = (ctx[0] if ctx else 0), ev.b, ev.a
         counted = kind in (Kind.STEP_BEGIN, Kind.STEP_END, Kind.EPOCH_BEGIN, Kind.EPOCH_END)
         limit = self.limits.at(ev.t_ns) if counted else None
-        self._pending_events.append(
-            TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index,
-                         name=ev.name, power_limit_w=limit)
-        )
+        try:
+            self._pending_events.append(
+                TrainerEvent(kind=name, t_ns=ev.t_ns, epoch=epoch, step=step, index=index,
+                             name=ev.name, power_limit_w=limit)
+            )
+        except ValueError as e:  # Counters the contract refuses (e.g. step 2**63).
+            # Neither forwarded nor measured (its marks would carry the same counters).
+            self._refuse(f"a {name} of step {step}", e, {"step": str(step), "index": str(index)})
+            return
         if self._binding() is None:
             return
         if counted:
@@ -298,14 +303,17 @@ class RankMeasurer:
                 schedule=version,
             )
         except ValueError as e:  # Counters no real trainer sends (e.g. step 2**63).
-            self.counters["refused"] += 1
-            if self.counters["refused"] == 1 or self.counters["refused"] % 1000 == 0:
-                what = "; ".join(err["msg"] for err in getattr(e, "errors", list)())
-                self._refused(
-                    f"a {rec.kind} of step {rec.step} cannot be measured: "
-                    f"{what[:300] or e}; fix the trainer's counters",
-                    {"step": str(rec.step), "index": str(rec.index)})
+            self._refuse(f"a {rec.kind} of step {rec.step}", e,
+                         {"step": str(rec.step), "index": str(rec.index)})
             return None
+
+    def _refuse(self, what: str, error: ValueError, detail: dict[str, str]) -> None:
+        """Count an event or measurement the contract refuses; tell the coordinator (throttled)."""
+        self.counters["refused"] += 1
+        if self.counters["refused"] == 1 or self.counters["refused"] % 1000 == 0:
+            why = "; ".join(err["msg"] for err in getattr(error, "errors", list)())
+            self._refused(f"{what} cannot be measured: {why[:300] or error}; fix the trainer's "
+                          "counters", detail)
 
     def forward(self, event: TrainerEvent) -> None:
         """Forward an event that measures nothing (rank 0's `selection`) with the next flush."""
