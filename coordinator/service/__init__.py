@@ -9,8 +9,9 @@ The shell is lifecycle plus thin adapters, each in its own module:
 * `replicas`: which replica drives which job (ownership leases), GPU lease renewals, idle jobs;
 * `durable`: the view of the JetStream state bucket and the jobs' progress writes;
 * `starter`: builds a job's optimiser once every rank is in;
-* `driver`: `JobDriver`, everything this replica holds about one job (forgetting a job is
-  dropping its driver); `gpus`: the GPUs' descriptions.
+* `table`: `JobTable`, the jobs this replica knows, each one `JobDriver` (`driver`: its record
+  and everything this replica holds about it) found by id, state key, subject token or GPU;
+  forgetting a job is one call there; `gpus`: the GPUs' descriptions.
 
 The optimisers (`coordinator.optimizer`) say everything through actions: the shell never
 checks which optimiser drives a job nor reads its internals.
@@ -49,7 +50,6 @@ from coordinator.jobs import JobRegistry
 from coordinator.optimizer import JobOptimizer
 from coordinator.pipeline.memory import MB, NodeBudget
 from coordinator.service.actions import ActionExecutor
-from coordinator.service.driver import JobDriver
 from coordinator.service.durable import DurableState
 from coordinator.service.endpoints import Endpoints
 from coordinator.service.failures import JobFailures
@@ -57,6 +57,7 @@ from coordinator.service.gpus import GpuDirectory
 from coordinator.service.replicas import Replicas
 from coordinator.service.starter import OptimiserStarter
 from coordinator.service.streams import Streams
+from coordinator.service.table import JobTable
 from coordinator.state import OwnershipBook
 from coordinator.state.jetstream import JetStreamState, StateUnavailableError
 from zeus_agent import __version__, status_http
@@ -64,7 +65,7 @@ from zeus_agent.aio import ExitSignals, Releases, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain, redact_url
 from zeus_agent.bus import BusHealth
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import GpuBinding, JobStatus
+from zeus_agent.wire.messages import JobStatus
 from zeus_agent.wire.text import bounded
 
 __all__ = ["CoordinatorService"]
@@ -84,11 +85,8 @@ class CoordinatorService(ExitSignals):
     """The coordinator. `await serve()` runs until `should_exit` is set.
 
     Attributes:
-        drivers: Job id -> its `JobDriver` (every job this replica knows of).
-        job_ids: Job hash (state keys) -> job id.
-        job_tokens: Subject token of a known job's id -> the id (others' events are skipped).
-        bound: (node token, GPU index token) -> the known job whose rank drives that GPU.
-        registering: (job id, rank) being recorded by this replica's handlers right now.
+        jobs: Every job this replica knows (`JobTable`: one `JobDriver` each).
+        registry: The jobs' records, ranks and quotas (the table adds and removes its jobs).
         dropped: Stream messages dropped, by reason (spoofed node, unknown rank...).
     """
 
@@ -103,16 +101,12 @@ class CoordinatorService(ExitSignals):
         self.pfo = settings.pfo_settings()
         self.pipeline_budget = NodeBudget(
             settings.max_pipeline_mb_per_node * MB,
-            alive=lambda job: self.optimiser(getattr(job, "job_id", "")) is job)
+            alive=lambda job: self.jobs.optimiser(getattr(job, "job_id", "")) is job)
         """What the pipeline jobs driven here keep of their measurements, per node."""
         self.book = OwnershipBook(settings.replica_name,
                                   min(settings.ownership_lease_s, settings.lease_s / 2))
         self.state: JetStreamState | None = None
-        self.drivers: dict[str, JobDriver] = {}
-        self.job_ids: dict[str, str] = {}
-        self.job_tokens: dict[str, str] = {}
-        self.bound: dict[tuple[str, str], str] = {}
-        self.registering: set[tuple[str, int]] = set()
+        self.jobs = JobTable(self.registry)
         self.dropped: Counter[str] = Counter()
         self.writes = 0  # Writes to the state bucket (for benchmarks and tests).
         self.gpus = GpuDirectory(self)
@@ -138,23 +132,14 @@ class CoordinatorService(ExitSignals):
         self._status_server: status_http.StatusServer | None = None
 
     # ------------------------------------------------------------------ jobs
-    def driver(self, job_id: str) -> JobDriver:
-        """The job's driver (made on first use)."""
-        driver = self.drivers.get(job_id)
-        if driver is None:
-            driver = self.drivers[job_id] = JobDriver(job_id)
-        return driver
-
     def optimiser(self, job_id: str) -> JobOptimizer | None:
         """The optimiser driving the job here, or None."""
-        driver = self.drivers.get(job_id)
-        return driver.optimiser if driver is not None else None
+        return self.jobs.optimiser(job_id)
 
     @property
     def optimisers(self) -> dict[str, JobOptimizer]:
         """The optimisers driven by this replica, by job id (readable from any thread)."""
-        drivers = dict(self.drivers)  # (One copy under the GIL: `/metrics` reads it too.)
-        return {j: o for j, d in drivers.items() if (o := d.optimiser) is not None}
+        return self.jobs.optimisers()
 
     @property
     def power_limit_jobs(self) -> dict[str, Any]:
@@ -174,26 +159,6 @@ class CoordinatorService(ExitSignals):
     def owns(self, job_id: str) -> bool:
         """Whether this replica drives the job now."""
         return self.replicas.owns(job_id)
-
-    def release_locally(self, job_id: str, why: str) -> None:
-        """Stop driving a job here (another replica owns it now): no commands, no leases."""
-        driver = self.drivers.get(job_id)
-        if driver is not None and driver.optimiser is not None:
-            driver.optimiser = None
-            LOG.info("job %s: no longer driven by this replica (%s)", job_id, why)
-
-    def forget_job(self, job_id: str) -> None:
-        """The job was removed (by its owner): drop its driver and its index entries."""
-        self.release_locally(job_id, "removed")
-        self.drivers.pop(job_id, None)
-        self.job_tokens.pop(subjects.token(job_id), None)
-        for key in [k for k, j in self.bound.items() if j == job_id]:
-            del self.bound[key]
-        self.registry.drop_job(job_id)
-
-    def index_gpu(self, job_id: str, gpu: GpuBinding) -> None:
-        """Note that a rank of `job_id` drives `gpu` (its stream messages name it by tokens)."""
-        self.bound[subjects.token(gpu.node), subjects.token(gpu.gpu_index)] = job_id
 
     def require_state(self) -> JetStreamState:
         """The state bucket (raises `StateUnavailableError` before it is open)."""
@@ -328,7 +293,7 @@ class CoordinatorService(ExitSignals):
         await confirm_subscriptions(self.nc)
         _tune_gc()
         LOG.info("coordinator ready on %s: replica %s, state in JetStream bucket %s, %d job(s)",
-                 redact_url(url), s.replica_name, state.bucket, len(self.registry.jobs))
+                 redact_url(url), s.replica_name, state.bucket, len(self.jobs))
         if s.scheduler_note:  # A Zeus configuration naming only a plan runs PointSolution.
             LOG.info("pipeline jobs: %s", s.scheduler_note)
 

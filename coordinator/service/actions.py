@@ -80,9 +80,9 @@ class ActionExecutor:
         The caller holds the job's lock.
         """
         svc = self.svc
-        record = svc.registry.jobs.get(job_id)
-        driver = svc.drivers.get(job_id)
-        if record is None or (driver is not None and driver.failed):
+        driver = svc.jobs.get(job_id)
+        record = driver.record if driver is not None else None
+        if driver is None or record is None or driver.failed:
             return
         async with svc.failures.contained(job_id, "driving the job"):
             try:
@@ -96,12 +96,12 @@ class ActionExecutor:
         """Let time pass for every optimiser driven here (overdue windows...)."""
         svc = self.svc
         now = svc.clock()
-        for job_id, driver in list(svc.drivers.items()):
+        for driver in svc.jobs.drivers():
             job = driver.optimiser
             if job is None or job.done:
                 continue
             async with driver.lock:
-                await self.act(job_id, _ticker(job), 0, now)
+                await self.act(driver.job_id, _ticker(job), 0, now)
 
     async def execute(self, record: JobRecord, actions: list[Action]) -> None:
         """Carry out `actions` of the job, in order (none if this replica's lease is lapsing)."""
@@ -162,7 +162,7 @@ class ActionExecutor:
             return
         why = (f"rank {action.rank}'s process cannot be asked ("
                f"{reply if isinstance(reply, str) else reply.error})")
-        job = svc.optimiser(record.job_id)
+        job = svc.jobs.optimiser(record.job_id)
         if job is not None:
             await self.act(record.job_id, lambda _r, _i: job.selector_unreachable(
                 action.request, why), action.rank, None)
@@ -235,7 +235,7 @@ class ActionExecutor:
         requests, targets = [], []
         limit = int(getattr(svc.nc, "max_payload", 0) or 1 << 20)
         now = svc.clock()
-        driver = svc.drivers.get(record.job_id)
+        driver = svc.jobs.get(record.job_id)
         for schedule in action.schedules:
             rr = record.ranks.get(schedule.rank)
             if rr is None:
@@ -248,7 +248,7 @@ class ActionExecutor:
                 why = (f"the schedule of rank {schedule.rank} is {len(payload)} bytes, more than "
                        f"one NATS message carries ({limit}): too many instructions per "
                        "iteration, or names too long")
-                job = driver.optimiser if driver is not None else None
+                job = svc.jobs.optimiser(record.job_id)
                 if job is not None:
                     await self.execute(record, job.abort(why))
                 else:

@@ -1,30 +1,42 @@
 """`JobDriver`: everything one replica holds about one job, in one place.
 
-The service keeps one driver per job it knows (`CoordinatorService.drivers`); forgetting a job
-is dropping its driver, so no per-job map can outlive the job. A driver holds the job's
-optimiser while this replica drives it (`optimiser`, None otherwise), the lock that keeps the
-job's inputs in order, the progress its owner recorded and what is not recorded yet, and what
-the shell remembers of its GPUs: when each rank's schedule was sent, the lapse throttle, the
-settings to set again once this replica's own lease is back.
+The service keeps one driver per job it knows, in its `JobTable` (`table`), which finds it by id,
+by state-key hash, by subject token and by the GPUs its ranks drive; forgetting a job is one
+call there, so no per-job entry can outlive the job. A driver holds the job's record (once
+known), the optimiser while this replica drives the job (`optimiser`, None otherwise), the lock
+that keeps the job's inputs in order, the progress its owner recorded and what is not recorded
+yet, and what the shell remembers of its GPUs: when each rank's schedule was sent, the lapse
+throttle, the settings to set again once this replica's own lease is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.jobs import JobRecord
 from coordinator.optimizer import JobOptimizer
+from coordinator.state import records
+from zeus_agent.wire import subjects
 
 __all__ = ["JobDriver"]
 
+LOG = logging.getLogger(__name__)
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, slots=True)
 class JobDriver:
     """One job's state in this replica.
 
     Attributes:
         job_id: The job.
+        hash: Its key token in the state bucket (`records.job_hash`).
+        token: Its id as a subject token (`subjects.token`): its events' subjects name it so.
+        record: The job's record (None: known only by its progress, ranks or lease so far).
+        gpus: (node token, GPU index token) of the GPUs its ranks drive, as the table indexes
+            them (a GPU taken by a later job is that job's).
         optimiser: The optimiser driving it here (None: not driven by this replica).
         lock: Serialises the job's inputs (events, marks, measurements, ticks, notices).
         starting: Its optimiser is being started.
@@ -46,6 +58,10 @@ class JobDriver:
     """
 
     job_id: str
+    hash: str = field(init=False)
+    token: str = field(init=False)
+    record: JobRecord | None = None
+    gpus: set[tuple[str, str]] = field(default_factory=set)
     optimiser: JobOptimizer | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     starting: bool = False
@@ -61,3 +77,50 @@ class JobDriver:
     failed: str | None = None
     retry_at: float = 0.0
     waiting_said: bool = False
+
+    def __post_init__(self) -> None:
+        self.hash = records.job_hash(self.job_id)
+        self.token = subjects.token(self.job_id)
+
+    # ------------------------------------------------------------------ driving
+    def release(self, why: str) -> None:
+        """Stop driving the job here (another replica owns it, or it was removed)."""
+        if self.optimiser is not None:
+            self.optimiser = None
+            LOG.info("job %s: no longer driven by this replica (%s)", self.job_id, why)
+
+    def end(self, why: str) -> None:
+        """The job failed here: no longer driven, never started again (`JobFailures.fail`)."""
+        self.optimiser = None
+        self.failed = why
+
+    def may_start(self, now: float) -> bool:
+        """Whether an optimiser may be started for the job now (owner and quarantine aside)."""
+        return (self.record is not None and self.record.complete and self.optimiser is None
+                and not self.starting and self.failed is None and now >= self.retry_at)
+
+    # ------------------------------------------------------------------ its record
+    def quiet(self, now: float, limit_s: float) -> bool:
+        """Whether the job had no input for more than `limit_s` (True if its record is unknown)."""
+        return self.record is None or now - self.record.last_active_s > limit_s
+
+    def bound_here(self, rank: int, node: str, gpu: int | None) -> bool:
+        """Whether `rank` is bound to a GPU of `node` (a subject token), GPU `gpu` if given."""
+        rr = self.record.ranks.get(rank) if self.record is not None else None
+        if rr is None or subjects.token(rr.gpu.node) != node:
+            return False
+        return gpu is None or rr.gpu.gpu_index == gpu
+
+    # ------------------------------------------------------------------ the lapse throttle
+    def recent_reapplies(self, rank: int, now: float, window_s: float) -> list[float]:
+        """When the rank's lapsed settings were set again within the last `window_s`."""
+        return [t for t in self.lapse_reapplies.get(rank, []) if now - t < window_s]
+
+    def forget_lapses_on(self, node: str) -> None:
+        """End the lapse throttle of the ranks on `node` (a subject token): its agent restarted."""
+        if not self.lapse_reapplies:
+            return
+        ranks = self.record.ranks if self.record is not None else {}
+        for r in list(self.lapse_reapplies):
+            if r in ranks and subjects.token(ranks[r].gpu.node) == node:
+                del self.lapse_reapplies[r]

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from coordinator.jobs import JobRegistry
 from coordinator.state import RecordError, records
 from coordinator.state.jetstream import StateUnavailableError
-from zeus_agent.wire import subjects
 
 if TYPE_CHECKING:
     from coordinator.service import CoordinatorService
@@ -77,10 +76,11 @@ class DurableState:
             # Rank keys are only ever created: one this replica knows (it registered the rank
             # itself) is not decoded again, which halves the work of a big registration.
             _, _, job_hash, rank = entry.key.split(".", 3)
-            known = svc.registry.jobs.get(svc.job_ids.get(job_hash, ""))
-            held = known.ranks.get(int(rank)) if known is not None and rank.isdigit() else None
+            known = svc.jobs.by_hash(job_hash)
+            record = known.record if known is not None else None
+            held = record.ranks.get(int(rank)) if record is not None and rank.isdigit() else None
             if known is not None and held is not None:
-                svc.index_gpu(known.job_id, held.gpu)
+                svc.jobs.bind_gpu(known, held.gpu)
                 return
         try:
             change = records.decode(entry.key, entry.value, deleted, svc.clock())
@@ -93,38 +93,34 @@ class DurableState:
             return
         if change.kind == "job":
             if change.deleted:
-                job_id = svc.job_ids.pop(change.job_hash, None)
-                if job_id is not None:
-                    svc.forget_job(job_id)
+                gone = svc.jobs.by_hash(change.job_hash)
+                if gone is not None:
+                    svc.jobs.forget(gone.job_id)
                 return
             assert change.job is not None
-            svc.job_ids[change.job_hash] = change.job.job_id
-            svc.job_tokens[subjects.token(change.job.job_id)] = change.job.job_id
-            svc.registry.apply_job(change.job)
+            svc.jobs.know(change.job)
         elif change.kind == "rank" and change.deleted:  # A registration undone (a lost race).
-            job_id = svc.job_ids.get(change.job_hash)
+            undone = svc.jobs.by_hash(change.job_hash)
             rank = entry.key.rsplit(".", 1)[-1]
-            if job_id is not None and rank.isdigit():
-                svc.registry.unregister_rank(job_id, int(rank))
+            if undone is not None and rank.isdigit():
+                svc.registry.unregister_rank(undone.job_id, int(rank))
         elif change.kind == "rank" and change.rank is not None and change.job_id is not None:
-            job = svc.registry.jobs.get(change.job_id)
+            job = svc.jobs.record(change.job_id)
             if job is not None and change.rank.info.rank >= job.job.world_size:
                 error = RecordError(f"{entry.key}: rank {change.rank.info.rank} is beyond the "
                                     f"job's world of {job.job.world_size}")
                 svc.drop("bad_state_entry", entry.key, error)
                 svc.failures.bad_record(entry.key, error)
                 return
-            gpu = change.rank.gpu
-            svc.index_gpu(change.job_id, gpu)
+            gpu, driver = change.rank.gpu, svc.jobs.driver(change.job_id)
+            svc.jobs.bind_gpu(driver, gpu)
             if change.limits is not None:  # The owner need not ask that GPU's agent again.
                 svc.gpus.limits.setdefault((gpu.node, gpu.gpu_index), change.limits)
-            if svc.registry.apply_rank(change.job_id, change.rank, svc.clock()):
-                record = svc.registry.jobs[change.job_id]
-                if record.complete and (change.job_id, change.rank.info.rank) not in (
-                        svc.registering):
-                    svc.starter.maybe_start(record)
+            if (svc.registry.apply_rank(change.job_id, change.rank, svc.clock())
+                    and (change.job_id, change.rank.info.rank) not in svc.jobs.registering):
+                svc.starter.maybe_start(driver)  # (Once every rank is in.)
         elif change.kind == "prog" and change.job_id is not None and change.progress:
-            driver = svc.driver(change.job_id)
+            driver = svc.jobs.driver(change.job_id)
             if driver.optimiser is None:  # Our own writes change nothing here.
                 driver.recorded = change.progress
 
@@ -134,20 +130,19 @@ class DurableState:
         if not change.deleted:
             note = change.quarantine or {}
             svc.failures.quarantined[change.job_hash] = note
-            job_id = svc.job_ids.get(change.job_hash)
-            if job_id is not None and svc.optimiser(job_id) is not None:
+            driver = svc.jobs.by_hash(change.job_hash)
+            if driver is not None and driver.optimiser is not None:
                 # Driven here (another replica, or a record, set it aside): end it as a failure
                 # does, its GPUs back at their defaults and its status saying why.
                 svc.spawn(svc.failures.fail(
-                    job_id, f"quarantined by replica {note.get('replica') or '?'}: "
+                    driver.job_id, f"quarantined by replica {note.get('replica') or '?'}: "
                     f"{note.get('reason') or 'no reason recorded'}"))
             return
         svc.failures.quarantined.pop(change.job_hash, None)
-        job_id = svc.job_ids.get(change.job_hash)
-        record = svc.registry.jobs.get(job_id) if job_id is not None else None
-        if record is not None:
-            svc.driver(record.job_id).failed = None
-            svc.starter.maybe_start(record)
+        driver = svc.jobs.by_hash(change.job_hash)
+        if driver is not None and driver.record is not None:
+            driver.failed = None
+            svc.starter.maybe_start(driver)
 
     async def on_owner_entry(self, entry: Any) -> None:
         """Follow the ownership leases; a job another replica took is dropped here."""
@@ -157,18 +152,19 @@ class DurableState:
             return
         lease = book.observe(entry.key, entry.value, entry.revision)
         if lease is not None and lease.owner != book.me:
-            self.svc.release_locally(lease.job_id, f"replica {lease.owner} took it over")
+            driver = self.svc.jobs.get(lease.job_id)
+            if driver is not None:
+                driver.release(f"replica {lease.owner} took it over")
 
     async def known_job(self, job_id: str) -> None:
         """Make sure this replica knows a job registered through another (its view may lag)."""
         svc = self.svc
-        if job_id in svc.registry.jobs or svc.state is None:
+        if job_id in svc.jobs or svc.state is None:
             return
         with contextlib.suppress(StateUnavailableError, RecordError):
             record = await svc.state.get_job(job_id)
             if record is not None:
-                svc.job_ids[records.job_hash(job_id)] = job_id
-                svc.registry.apply_job(record)
+                svc.jobs.know(record)
 
     async def read_progress(self, job_id: str) -> bool:
         """Read the job's recorded progress from JetStream itself before resuming it.
@@ -190,7 +186,7 @@ class DurableState:
             LOG.warning("job %s: its recorded progress is unreadable (%s); starting afresh",
                         job_id, e)
             recorded = None
-        driver = svc.drivers.get(job_id)
+        driver = svc.jobs.get(job_id)
         if driver is not None:  # (None: the job was removed meanwhile.)
             driver.recorded = recorded or None
         return True
@@ -203,7 +199,7 @@ class DurableState:
         write waits out a stream leader election (seconds) during which the job's windows
         must go on. Writes stay in order (`write_progress`) and are flushed at shutdown.
         """
-        driver = self.svc.drivers.get(job_id)
+        driver = self.svc.jobs.get(job_id)
         if self.svc.state is not None and driver is not None:
             driver.unsaved = (kind, state)
             self.svc.spawn(self.write_progress(job_id))
@@ -216,7 +212,7 @@ class DurableState:
         of one job are serialised and each writes the latest progress, so a slow write of older
         progress (retried through a leader election) never lands after a newer one.
         """
-        driver = self.svc.drivers.get(job_id)
+        driver = self.svc.jobs.get(job_id)
         if self.svc.state is None or driver is None:
             return
         driver.unsaved = (kind, state)
@@ -225,7 +221,7 @@ class DurableState:
     async def write_progress(self, job_id: str, stopping: bool = False) -> None:
         """Write the job's latest unsaved progress (in order; fenced unless `stopping`)."""
         svc = self.svc
-        driver = svc.drivers.get(job_id)
+        driver = svc.jobs.get(job_id)
         if driver is None:
             return
         async with driver.progress_lock:
@@ -256,11 +252,9 @@ class DurableState:
         even if it could not renew a lease meanwhile, as long as no other replica holds it.
         """
         svc = self.svc
-        for job_id in [j for j, d in svc.drivers.items() if d.unsaved is not None]:
-            holder = svc.book.owner(records.job_hash(job_id), time.time())
+        for driver in [d for d in svc.jobs.drivers() if d.unsaved is not None]:
+            holder = svc.book.owner(driver.hash, time.time())
             if holder is not None and holder != svc.book.me:
-                driver = svc.drivers.get(job_id)  # (None: removed during an earlier write.)
-                if driver is not None:
-                    driver.unsaved = None  # Not ours to write any more.
-            elif stopping or svc.owns(job_id):
-                await self.write_progress(job_id, stopping)
+                driver.unsaved = None  # Not ours to write any more.
+            elif stopping or svc.owns(driver.job_id):
+                await self.write_progress(driver.job_id, stopping)

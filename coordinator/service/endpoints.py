@@ -178,22 +178,21 @@ class Endpoints:
         token = secrets.token_urlsafe(JOIN_TOKEN_BYTES)
         state = svc.require_state()
         for _ in range(8):
-            record = svc.registry.register_job(request, svc.clock(), node, datetime.now(),
-                                               join_token=token)
+            record = svc.jobs.register(request, svc.clock(), node, datetime.now(),
+                                       join_token=token)
             try:
                 created = await state.create_job(record)
             except StateUnavailableError:
-                svc.registry.unregister_job(record.job_id)
+                svc.jobs.forget(record.job_id)
                 raise
             if created:
                 break
             # Another replica registered a job with this id meanwhile: learn it, take the next.
-            svc.registry.unregister_job(record.job_id)
+            svc.jobs.forget(record.job_id)
             await svc.durable.known_job(record.job_id)
         else:
             raise StateUnavailableError("could not give the job a unique id; retry")
         svc.writes += 1
-        svc.job_ids[records.job_hash(record.job_id)] = record.job_id
         await svc.replicas.take(record.job_id, 0, "registered here")
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await svc.status(record.job_id, "registered",
@@ -237,13 +236,13 @@ class Endpoints:
         # replica: the state bucket decides, once): this checks again.
         svc.registry.check_rank(request)
         mine = (request.job_id, request.rank_info.rank)
-        svc.registering.add(mine)  # This handler, not the state watch, starts the job.
+        svc.jobs.registering.add(mine)  # This handler, not the state watch, starts the job.
         try:
             limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
             new = await svc.require_state().create_rank(
                 request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits)
         finally:
-            svc.registering.discard(mine)
+            svc.jobs.registering.discard(mine)
         record, _ = svc.registry.register_rank(request, svc.clock())
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
@@ -254,7 +253,7 @@ class Endpoints:
                                  f"rank {request.rank_info.rank} on {gpu.node}/gpu"
                                  f"{gpu.gpu_index} ({n}/{world} ranks registered)")
             if record.complete:
-                svc.starter.maybe_start(record)
+                svc.starter.maybe_start(svc.jobs.driver(record.job_id))
         return Reply.success(job_id=record.job_id, rank=request.rank_info.rank,
                              registered=n, world_size=world)
 
@@ -274,7 +273,7 @@ class Endpoints:
                 f"{gpu.gpu_uuid}: check the rank's CUDA_VISIBLE_DEVICES and GPU index",
             )
         if not info.controllable:
-            held = self.svc.registry.jobs.get(request.job_id)
+            held = self.svc.jobs.record(request.job_id)
             what = ("its power limit" if held is not None and held.power_limit is not None
                     else "its SM clocks")
             return Reply.failure(
@@ -292,17 +291,17 @@ class Endpoints:
         svc = self.svc
         query = codec.decode(data, JobQuery)
         if query.job_id is None:
-            ids = sorted(svc.registry.jobs)
+            ids = sorted(svc.jobs.ids())
             end = query.offset + query.limit
             return Reply.success(jobs=ids[query.offset:end], total=len(ids),
                                  next_offset=end if end < len(ids) else None,
                                  quarantined=len(svc.failures.quarantined))
         await svc.durable.known_job(query.job_id)
-        record = svc.registry.get(query.job_id)
+        record = svc.jobs.require(query.job_id)
         forwarded = await self._forward(record.job_id, "query", data, subject)
         if forwarded is not None:
             return forwarded
-        optimiser = svc.optimiser(record.job_id)
+        optimiser = svc.jobs.optimiser(record.job_id)
         quarantine = svc.failures.quarantined.get(records.job_hash(record.job_id))
         progress: dict[str, Any] = {"power_limit": None, "pipeline": None}
         if optimiser is not None:
@@ -327,7 +326,7 @@ class Endpoints:
         svc = self.svc
         notice = codec.decode(data, StragglerNotice)
         await svc.durable.known_job(notice.job_id)
-        record = svc.registry.get(notice.job_id)
+        record = svc.jobs.require(notice.job_id)
         forwarded = await self._forward(record.job_id, "straggler", data, subject)
         if forwarded is not None:
             return forwarded
@@ -337,7 +336,7 @@ class Endpoints:
                 f"job {record.job_id} is optimised by the power-limit optimizer: straggler "
                 "notices are for pipeline jobs (pipeline frequency optimizer)")
         # (Not kept for a job removed meanwhile: its optimiser is simply not running.)
-        driver = svc.drivers.get(record.job_id) or JobDriver(record.job_id)
+        driver = svc.jobs.get(record.job_id) or JobDriver(record.job_id)
         async with driver.lock:
             job = driver.optimiser
             if job is None:

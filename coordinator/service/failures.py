@@ -100,11 +100,10 @@ class JobFailures:
         """End a job this replica drives: no longer driven, `failed`, GPUs reset, quarantined."""
         svc = self.svc
         self.failed += 1
-        driver = svc.drivers.get(job_id)
+        driver = svc.jobs.get(job_id)
         if driver is not None:
-            driver.optimiser = None
-            driver.failed = why
-        record = svc.registry.jobs.get(job_id)
+            driver.end(why)
+        record = svc.jobs.record(job_id)
         reset = ""
         if record is not None:
             with contextlib.suppress(Exception):  # (A reset that fails: the leases lapse.)
@@ -142,9 +141,9 @@ class JobFailures:
                 or key.startswith(("v.prog.", "v.quar.")) or h in self.quarantined
                 or h in self._writing):
             return
-        why = str(error)
-        self.svc.spawn(self.quarantine(key, f"record {key} cannot be loaded: {why}",
-                                       self.svc.job_ids.get(h)))
+        known = self.svc.jobs.by_hash(h)
+        self.svc.spawn(self.quarantine(key, f"record {key} cannot be loaded: {error}",
+                                       known.job_id if known is not None else None))
 
     async def quarantine(self, key: str, why: str, job_id: str | None) -> None:
         """Write the quarantine note of the job `key` belongs to (once; any replica may)."""

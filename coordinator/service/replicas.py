@@ -172,7 +172,7 @@ class Replicas:
         for job_hash, lease in book.renewals() if due else []:
             await self.renew(job_hash, lease, now)
         self.drop_other_incarnations(now)
-        known = {records.job_hash(j): j for j in svc.registry.jobs}
+        known = {records.job_hash(r.job_id): r.job_id for r in svc.jobs.records()}
         for job_hash, revision in book.claimable(list(known), time.time()):
             held = book.leases.get(job_hash)
             why = ("it had no owner" if held is None else
@@ -184,9 +184,9 @@ class Replicas:
                    f"replica {held.owner} stopped renewing its lease (it died or lost NATS)")
             await self.take(known[job_hash], revision, why)
         for job_hash in book.mine(time.time()):
-            record = svc.registry.jobs.get(known.get(job_hash, ""))
-            if record is not None:
-                svc.starter.maybe_start(record)
+            driver = svc.jobs.by_hash(job_hash)
+            if driver is not None and driver.record is not None:
+                svc.starter.maybe_start(driver)
         self.reapply_pending_lapses()
         await svc.durable.record_unsaved()
 
@@ -210,21 +210,23 @@ class Replicas:
                     "or is another host's): waiting its leases out; replica names must be "
                     "unique", book.me, book.incarnation, lease.incarnation or "unknown",
                     self.seat.path.parent)
-            svc.release_locally(lease.job_id, f"another process of replica {lease.owner} "
-                                f"(incarnation {lease.incarnation or 'unknown'}) holds it")
+            driver = svc.jobs.get(lease.job_id)
+            if driver is not None:
+                driver.release(f"another process of replica {lease.owner} (incarnation "
+                               f"{lease.incarnation or 'unknown'}) holds it")
 
     def reapply_pending_lapses(self) -> None:
         """Set again the lapsed settings kept while this replica's own lease had lapsed."""
         svc = self.svc
-        for job_id, driver in list(svc.drivers.items()):
+        for driver in svc.jobs.drivers():
             if not driver.pending_lapses:
                 continue
-            lease = svc.book.leases.get(records.job_hash(job_id))
+            lease = svc.book.leases.get(driver.hash)
             job = driver.optimiser
             if lease is None or not svc.book.is_mine(lease) or job is None:
                 # Another replica drives it now, or it has no optimiser here any more.
                 driver.pending_lapses.clear()
-            elif self.owns(job_id):
+            elif self.owns(driver.job_id):
                 for rank, restored in list(driver.pending_lapses.items()):
                     del driver.pending_lapses[rank]
                     # A task: the job's lock may be held for long (a plan), and this loop
@@ -247,8 +249,9 @@ class Replicas:
             return
         await self.read_lease(job_hash)
         held = svc.book.leases.get(job_hash)
-        if held is not None and not svc.book.is_mine(held):
-            svc.release_locally(lease.job_id, f"replica {held.owner} took it over")
+        driver = svc.jobs.get(lease.job_id)
+        if held is not None and not svc.book.is_mine(held) and driver is not None:
+            driver.release(f"replica {held.owner} took it over")
 
     async def read_lease(self, job_hash: str) -> None:
         """After a compare-and-set failed: learn the lease's current revision from the bucket.
@@ -277,7 +280,7 @@ class Replicas:
         if (lease is None or not svc.book.is_mine(lease) or now >= lease.until
                 or svc.state is None or svc.nc is None or not svc.nc.is_connected):
             return False
-        driver = svc.driver(job_id)  # (Only for a job whose lease is this replica's.)
+        driver = svc.jobs.driver(job_id)  # (Only for a job whose lease is this replica's.)
         if now - driver.late_renewal < svc.book.fence_s / 2:
             return False  # (At most one try per half fence: JetStream may be what is slow.)
         driver.late_renewal = now
@@ -345,23 +348,21 @@ class Replicas:
         svc = self.svc
         s = svc.settings
         now = svc.clock()
-        for record in list(svc.registry.jobs.values()):
-            if now - record.last_active_s > s.lease_idle_s or not self.owns(record.job_id):
+        for driver in svc.jobs.drivers():
+            if driver.quiet(now, s.lease_idle_s) or not self.owns(driver.job_id):
                 continue
-            driver = svc.drivers.get(record.job_id)
-            if (driver is not None and driver.failed) or svc.failures.is_quarantined(
-                    record.job_id):
+            if driver.failed or svc.failures.is_quarantined(driver.job_id):
                 continue  # Set aside: its GPUs go back to their defaults when the leases lapse.
-            renewal = LeaseRenewal(holder=record.job_id, lease_s=s.lease_s)
-            await svc.nc.publish(subjects.lease_renewal(record.job_id, s.prefix),
+            renewal = LeaseRenewal(holder=driver.job_id, lease_s=s.lease_s)
+            await svc.nc.publish(subjects.lease_renewal(driver.job_id, s.prefix),
                                  codec.encode(renewal))
 
     async def collect_idle(self) -> None:
         """Remove the owned jobs idle for longer than `max_job_idle_time`."""
         svc = self.svc
         now, limit = svc.clock(), svc.settings.max_job_idle_time
-        idle = [j for j, r in list(svc.registry.jobs.items())
-                if now - r.last_active_s > limit and self.owns(j)]
+        idle = [d.job_id for d in svc.jobs.drivers()
+                if d.record is not None and d.quiet(now, limit) and self.owns(d.job_id)]
         for job_id in idle:
             if svc.state is not None:
                 try:
@@ -369,7 +370,7 @@ class Replicas:
                 except StateUnavailableError as e:
                     LOG.warning("job %s: not removed (%s); trying again later", job_id, e)
                     continue
-            svc.forget_job(job_id)
+            svc.jobs.forget(job_id)
             await svc.status(job_id, "removed",
                              f"job removed after {limit} s without events or registrations "
                              "(max_job_idle_time)")

@@ -41,27 +41,25 @@ class OptimiserStarter:
     def __init__(self, svc: CoordinatorService) -> None:
         self.svc = svc
 
-    def maybe_start(self, record: JobRecord) -> None:
+    def maybe_start(self, driver: JobDriver) -> None:
         """Start the job's optimiser if every rank is in and this replica owns the job."""
         svc = self.svc
-        driver = svc.driver(record.job_id)
-        if (record.complete and driver.optimiser is None and not driver.starting
-                and driver.failed is None and not svc.failures.is_quarantined(record.job_id)
-                and svc.clock() >= driver.retry_at and svc.owns(record.job_id)):
+        if (driver.record is not None and driver.may_start(svc.clock())
+                and not svc.failures.is_quarantined(driver.job_id) and svc.owns(driver.job_id)):
             driver.starting = True
-            svc.spawn(self.start(record))
+            svc.spawn(self.start(driver.record))
 
     async def start(self, record: JobRecord) -> None:
         """Build and adopt the job's optimiser (unless that happened meanwhile)."""
         svc = self.svc
-        driver = svc.drivers.get(record.job_id)
+        driver = svc.jobs.get(record.job_id)
         if driver is None:
             return  # Forgotten (removed) since `maybe_start`.
         try:
             async with driver.lock:
                 if driver.optimiser is not None or not svc.owns(record.job_id):
                     return
-                if svc.registry.jobs.get(record.job_id) is not record:
+                if driver.record is not record or svc.jobs.get(record.job_id) is not driver:
                     return  # Collected meanwhile.
                 if driver.failed is not None or await svc.failures.still_quarantined(
                         record.job_id):
@@ -76,7 +74,7 @@ class OptimiserStarter:
                         job = await self._pipeline(record, recorded)
                     else:
                         job = await self._power_limit(record, recorded)
-                    if job is not None and svc.drivers.get(record.job_id) is driver:
+                    if job is not None and svc.jobs.get(record.job_id) is driver:
                         await self._adopt(record, driver, job)  # (Unless removed meanwhile.)
         finally:
             driver.starting = False
@@ -102,7 +100,7 @@ class OptimiserStarter:
                 # Asking again gives the same answer: the job fails (once), never retried.
                 await svc.failures.fail(record.job_id, f"no usable description of {what}")
                 return None
-            driver = svc.driver(record.job_id)
+            driver = svc.jobs.driver(record.job_id)
             driver.retry_at = svc.clock() + RETRY_S
             if not driver.waiting_said:
                 driver.waiting_said = True
@@ -178,7 +176,7 @@ class OptimiserStarter:
         svc = self.svc
         driver.optimiser = job
         for g in record.gpus():  # (The state watch may not have indexed them yet.)
-            svc.index_gpu(record.job_id, g)
+            svc.jobs.bind_gpu(driver, g)
         await svc.actions.execute(record, job.start())
 
     def _next_dump_number(self, record: JobRecord) -> int:

@@ -22,7 +22,6 @@ from pydantic import BaseModel
 from coordinator.jobs import JobRecord
 from coordinator.optimizer import JobOptimizer
 from coordinator.service.driver import JobDriver
-from coordinator.state import records
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, ErrorEvent, MeasurementBatch, TrainerEventBatch
@@ -71,16 +70,6 @@ class Streams:
             self.svc.drop("malformed", msg.subject, e)
             return None
 
-    @staticmethod
-    def _bound_here(record: JobRecord | None, rank: int, node: str, gpu: int | None) -> bool:
-        """Whether `rank` of the job is bound to a GPU of `node` (and to GPU `gpu` if given)."""
-        if record is None:
-            return False
-        rr = record.ranks.get(rank)
-        if rr is None or subjects.token(rr.gpu.node) != node:
-            return False
-        return gpu is None or rr.gpu.gpu_index == gpu
-
     def _without_token(self, record: JobRecord | None, batch: Any, subject: str) -> bool:
         """Drop (and count) events or marks whose trainer's HELLO lacked the job's join token.
 
@@ -93,26 +82,28 @@ class Streams:
                       "the job's join token")
         return True
 
-    def _other_replicas_job(self, job_id: str | None) -> bool:
+    def _other_replicas_job(self, driver: JobDriver | None) -> bool:
         """Whether a stream message is about a job this replica knows another one drives."""
-        return job_id is not None and self.svc.optimiser(job_id) is None and not (
-            self.svc.owns(job_id))
+        return driver is not None and driver.optimiser is None and not (
+            self.svc.owns(driver.job_id))
 
     # ------------------------------------------------------------------ streams
     async def on_events(self, msg: Any) -> None:
         """A batch of a rank's trainer events."""
         svc = self.svc
         where = subjects.parse_job_events(msg.subject)
-        if where is None or self._other_replicas_job(svc.job_tokens.get(where.job)):
+        named = svc.jobs.by_token(where.job) if where is not None else None
+        if where is None or self._other_replicas_job(named):
             return  # Another replica's job is not even decoded.
-        if where.job not in svc.job_tokens:  # No job known here: nothing to decode it for.
+        if named is None:  # No job known here: nothing to decode it for.
             svc.drop("unknown_job", msg.subject, where.job)
             return
         batch = self._decode(msg, TrainerEventBatch)
         if batch is None:
             return
-        record = svc.registry.jobs.get(batch.job_id)
-        if record is None or subjects.token(batch.job_id) != where.job:
+        driver = svc.jobs.get(batch.job_id)
+        record = driver.record if driver is not None else None
+        if driver is None or record is None or driver.token != where.job:
             svc.drop("unknown_job" if record is None else "wrong_job", msg.subject,
                      batch.job_id)
             return
@@ -120,7 +111,7 @@ class Streams:
         # an agent binds a GPU to (job, rank) on a trainer's HELLO, so any process of the node
         # that knows the job id could otherwise speak for the rank.
         if (where.node != subjects.token(batch.node)
-                or not self._bound_here(record, batch.rank, where.node, batch.gpu)):
+                or not driver.bound_here(batch.rank, where.node, batch.gpu)):
             svc.drop("wrong_node", msg.subject,
                      f"rank {batch.rank} of {batch.job_id} is not bound to "
                      f"{shown(where.node)}/gpu{batch.gpu}")
@@ -128,11 +119,10 @@ class Streams:
         if self._without_token(record, batch, msg.subject):
             return
         now = svc.clock()
-        lapsed = now - record.last_active_s > svc.settings.lease_idle_s
+        lapsed = driver.quiet(now, svc.settings.lease_idle_s)
         svc.registry.touch(batch.job_id, now)
-        driver = svc.drivers.get(batch.job_id)
-        job = driver.optimiser if driver is not None else None
-        if driver is None or job is None:
+        job = driver.optimiser
+        if job is None:
             return
         async with driver.lock:
             if lapsed:
@@ -153,22 +143,22 @@ class Streams:
         """A batch of a rank's GPU marks and step or instruction measurements."""
         svc = self.svc
         where = subjects.parse_gpu_subject(msg.subject)
-        if where is None or self._other_replicas_job(svc.bound.get((where.node, where.gpu))):
+        if where is None or self._other_replicas_job(svc.jobs.on_gpu(where.node, where.gpu)):
             return
         batch = self._decode(msg, MeasurementBatch)
         if batch is None:
             return
-        driver = svc.drivers.get(batch.job_id)
+        driver = svc.jobs.get(batch.job_id)
         job = driver.optimiser if driver is not None else None
         if driver is None or job is None:
-            if batch.job_id not in svc.registry.jobs:
+            if batch.job_id not in svc.jobs:
                 svc.drop("unknown_job", msg.subject, batch.job_id)
             return
         if not batch.marks and not batch.measurements:
             return
-        record = svc.registry.jobs.get(batch.job_id)
+        record = driver.record
         if (where.node != subjects.token(batch.node) or where.gpu != str(batch.gpu)
-                or not self._bound_here(record, batch.rank, where.node, batch.gpu)):
+                or not driver.bound_here(batch.rank, where.node, batch.gpu)):
             svc.drop("wrong_node", msg.subject, f"rank {batch.rank} of {batch.job_id} is not "
                      f"bound to {where.node}/gpu{where.gpu}")
             return
@@ -200,15 +190,14 @@ class Streams:
         event = self._decode(msg, ErrorEvent)
         if event is None or event.job_id is None or event.rank is None:
             return
-        driver = svc.drivers.get(event.job_id)
+        driver = svc.jobs.get(event.job_id)
         job = driver.optimiser if driver is not None else None
         if driver is None or job is None:
             return
         where = subjects.parse_gpu_subject(msg.subject)
         gpu = where.gpu_index if where is not None else None
-        record = svc.registry.jobs.get(event.job_id)
-        if where is None or not self._bound_here(record, event.rank, where.node,
-                                                 -1 if gpu is None else gpu):
+        if where is None or not driver.bound_here(event.rank, where.node,
+                                                  -1 if gpu is None else gpu):
             node, token = (where.node, where.gpu) if where is not None else ("?", "?")
             svc.drop("wrong_node", msg.subject,
                      f"rank {event.rank} of {event.job_id} is not bound to {node}/gpu{token}")
@@ -226,9 +215,8 @@ class Streams:
     # ------------------------------------------------------------------ lapsed settings
     def _recent_reapplies(self, driver: JobDriver, rank: int) -> list[float]:
         """When the rank's lapsed settings were set again within the last window."""
-        svc = self.svc
-        now, window = svc.clock(), REAPPLY_WINDOW_LEASES * svc.settings.lease_s
-        return [t for t in driver.lapse_reapplies.get(rank, []) if now - t < window]
+        window = REAPPLY_WINDOW_LEASES * self.svc.settings.lease_s
+        return driver.recent_reapplies(rank, self.svc.clock(), window)
 
     async def reapply_locked(self, driver: JobDriver, job: JobOptimizer, rank: int,
                              restored: list[str]) -> None:
@@ -251,13 +239,12 @@ class Streams:
         job's leases lapse on purpose and stay lapsed.
         """
         svc = self.svc
-        job_id = driver.job_id
-        record = svc.registry.jobs.get(job_id)
+        job_id, record = driver.job_id, driver.record
         if (record is None or rank not in record.ranks
-                or svc.clock() - record.last_active_s > svc.settings.lease_idle_s):
+                or driver.quiet(svc.clock(), svc.settings.lease_idle_s)):
             return
         if not await svc.replicas.owns_now(job_id):
-            lease = svc.book.leases.get(records.job_hash(job_id))
+            lease = svc.book.leases.get(driver.hash)
             if lease is not None and lease.owner == svc.book.me:
                 # This replica's own lease lapsed too (the same stall that made the renewals
                 # late): the agent says so only once, so keep it for when the lease is back.
@@ -322,23 +309,17 @@ class Streams:
                      hello.agent_id)
             # Its ranks' lapse throttle ends (as the error status says), whatever this first
             # announcement shows: a restarted agent has no trainers bound yet.
-            for known, throttled in svc.drivers.items():
-                held = svc.registry.jobs.get(known)
-                for r in list(throttled.lapse_reapplies):
-                    if (held is not None and r in held.ranks
-                            and subjects.token(held.ranks[r].gpu.node) == node):
-                        del throttled.lapse_reapplies[r]
+            for throttled in svc.jobs.drivers():
+                throttled.forget_lapses_on(node)
         for gpu in hello.gpus:
-            job_id = svc.bound.get((node, subjects.token(gpu.index)))
-            if job_id is None or gpu.job_id != job_id:
+            driver = svc.jobs.on_gpu(node, subjects.token(gpu.index))
+            if driver is None or gpu.job_id != driver.job_id:
                 continue
-            record = svc.registry.jobs.get(job_id)
+            record, job = driver.record, driver.optimiser
             rank = record.gpu_ranks.get((hello.node, gpu.index)) if record is not None else None
-            driver = svc.drivers.get(job_id)
-            job = driver.optimiser if driver is not None else None
-            if record is None or rank is None or rank not in record.ranks or driver is None:
+            if record is None or rank is None or rank not in record.ranks:
                 continue
-            if job is None or not svc.owns(job_id):
+            if job is None or not svc.owns(driver.job_id):
                 continue  # (Fenced: a replica whose lease lapsed may be being taken over.)
             await self._reconcile(hello, gpu, record, driver, job, rank)
 
@@ -357,7 +338,7 @@ class Streams:
                                  "settings are not applied there; restart that agent "
                                  "without --observe-only, as root or with CAP_SYS_ADMIN")
             return
-        if svc.clock() - record.last_active_s > svc.settings.lease_idle_s:
+        if driver.quiet(svc.clock(), svc.settings.lease_idle_s):
             return  # A quiet job: its leases lapsed on purpose.
         if len(self._recent_reapplies(driver, rank)) >= REAPPLY_LIMIT:
             return  # Renewals do not reach this agent (said): no flapping per heartbeat.

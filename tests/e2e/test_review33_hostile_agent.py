@@ -199,7 +199,8 @@ async def test_custom_selector_with_more_than_256_limits_falls_back_with_a_reaso
     record = SimpleNamespace(
         job_id="job-300-limits",
         ranks={0: SimpleNamespace(gpu=GpuBinding(node="node-a", gpu_index=0))})
-    svc = SimpleNamespace(settings=SimpleNamespace(prefix="zeus"), optimiser=lambda _j: job)
+    svc = SimpleNamespace(settings=SimpleNamespace(prefix="zeus"),
+                          jobs=SimpleNamespace(optimiser=lambda _j: job))
     executor = ActionExecutor(svc)  # type: ignore[arg-type]
 
     async def command(_record: Any, _what: str, requests: list[tuple[str, bytes]]) -> list[Any]:

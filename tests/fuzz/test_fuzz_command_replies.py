@@ -365,7 +365,7 @@ def _decodes(request: dict[str, Any]) -> bool:
 
 
 def _start_settled(bus: Bus, job_id: str) -> bool:
-    driver = bus.coord.drivers.get(job_id)
+    driver = bus.coord.jobs.get(job_id)
     return driver is not None and not driver.starting and not driver.lock.locked()
 
 

@@ -535,7 +535,7 @@ def _wait(what: str, done: Any, timeout_s: float = SETTLE_S) -> None:
 
 def _settled(coord: CoordinatorService, job_id: str) -> bool:
     """No start of the job under way, no quarantine being written, no background task."""
-    driver = coord.drivers.get(job_id)
+    driver = coord.jobs.get(job_id)
     busy = driver is not None and (driver.starting or driver.lock.locked())
     return not busy and not coord.failures._writing and not coord._inflight
 

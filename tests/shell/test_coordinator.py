@@ -480,21 +480,27 @@ async def bound_energy_job(nc) -> str:
 async def test_forgetting_a_job_drops_its_driver_and_every_index_entry(nats_server, agent, nc,
                                                                          tmp_path):
     """Issue 24: per-job state lives in one `JobDriver`; a removed job leaves nothing behind
-    (the service kept ~21 per-job maps that forgetting a job had to clear by hand)."""
+    (the service kept ~21 per-job maps that forgetting a job had to clear by hand). Issue 35:
+    every index of the job table leads to that one driver, and forgetting drops them all."""
     coord, task = await start(nats_server, tmp_path / "c", lease_s=0.3, max_job_idle_time=2)
     try:
         statuses = await collect(nc, "zeus.job.*.status", JobStatus)
         job_id = await bound_energy_job(nc)
         await wait_for(lambda: job_id in coord.optimisers)
-        driver = coord.drivers[job_id]
-        assert driver.optimiser is coord.optimisers[job_id]
-        assert job_id in coord.bound.values() and job_id in coord.job_tokens.values()
+        driver = coord.jobs.get(job_id)
+        assert driver is not None and driver.optimiser is coord.optimisers[job_id]
+        assert driver.record is coord.registry.jobs[job_id]
+        gpus = sorted(driver.gpus)
+        assert len(gpus) == 2 and all(coord.jobs.on_gpu(*g) is driver for g in gpus)
+        assert coord.jobs.by_hash(driver.hash) is driver
+        assert coord.jobs.by_token(driver.token) is driver
         await wait_for(lambda: any(s.state == "removed" and s.job_id == job_id
                                    for s in statuses), 6)
-        await wait_for(lambda: job_id not in coord.job_ids.values())
-        assert job_id not in coord.drivers and job_id not in coord.optimisers
-        assert job_id not in coord.bound.values() and job_id not in coord.job_tokens.values()
-        assert job_id not in coord.registry.jobs
+        assert coord.jobs.get(job_id) is None and job_id not in coord.optimisers
+        assert coord.jobs.by_hash(driver.hash) is None
+        assert coord.jobs.by_token(driver.token) is None
+        assert all(coord.jobs.on_gpu(*g) is None for g in gpus)
+        assert job_id not in coord.registry.jobs and job_id not in coord.jobs
     finally:
         await stop(coord, task)
 

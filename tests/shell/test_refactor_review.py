@@ -7,6 +7,7 @@ Against a real nats-server and a real agent with simulated GPUs (the fixtures of
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 from coordinator.optimizer import SaveProgress
@@ -39,7 +40,8 @@ async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_wri
 
         monkeypatch.setattr(coord.state, "take", jetstream_not_answering)
         progress = {"windows": [{"power_limit": 300, "time_s": 2.0, "energy_j": 600.0}]}
-        driver = coord.drivers[job_id]
+        driver = coord.jobs.get(job_id)
+        assert driver is not None
         async with driver.lock:  # (What a stream handler holds while the optimiser acts.)
             await coord.actions.act(job_id, lambda _r, _i: [SaveProgress("windows", progress)],
                                     0, None)
@@ -101,7 +103,7 @@ async def test_asking_whether_a_job_may_be_acted_on_makes_no_driver(tmp_path) ->
 
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
     assert not await coord.replicas.owns_now("removed-or-never-known")
-    assert coord.drivers == {}
+    assert coord.jobs.drivers() == []
 
 
 async def test_a_start_that_runs_after_its_job_was_forgotten_makes_no_driver(tmp_path) -> None:
@@ -113,11 +115,11 @@ async def test_a_start_that_runs_after_its_job_was_forgotten_makes_no_driver(tmp
     from tests.shell.test_coordinator import job_request
 
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
-    record = coord.registry.register_job(job_request(dp=2), coord.clock(), "n")
-    coord.driver(record.job_id).starting = True  # (What `maybe_start` did.)
-    coord.forget_job(record.job_id)
+    record = coord.jobs.register(job_request(dp=2), coord.clock(), "n", datetime.now(), "t")
+    coord.jobs.driver(record.job_id).starting = True  # (What `maybe_start` did.)
+    coord.jobs.forget(record.job_id)
     await coord.starter.start(record)
-    assert coord.drivers == {}
+    assert coord.jobs.drivers() == []
 
 
 def test_the_optimisers_can_be_read_from_another_thread_while_jobs_come_and_go(tmp_path) -> None:
@@ -130,18 +132,17 @@ def test_the_optimisers_can_be_read_from_another_thread_while_jobs_come_and_go(t
 
     from coordinator.config import CoordinatorSettings
     from coordinator.service import CoordinatorService
-    from coordinator.service.driver import JobDriver
 
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
     for i in range(2000):
-        coord.drivers[f"job-{i}"] = JobDriver(f"job-{i}")
+        coord.jobs.driver(f"job-{i}")
     stop = threading.Event()
 
     def jobs_come_and_go() -> None:
         i = 0
         while not stop.is_set():
-            coord.drivers[f"new-{i % 50}"] = JobDriver("new")
-            coord.drivers.pop(f"new-{(i + 25) % 50}", None)
+            coord.jobs.driver(f"new-{i % 50}")
+            coord.jobs.forget(f"new-{(i + 25) % 50}")
             i += 1
 
     interval = sys.getswitchinterval()
@@ -178,12 +179,12 @@ async def test_a_job_removed_while_unsaved_progress_is_written_stops_nothing(tmp
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
     until = time.time() + 60
     for job_id, owner in (("mine", coord.book.me), ("taken", "another-replica")):
-        coord.driver(job_id).unsaved = ("windows", {"windows": []})
+        coord.jobs.driver(job_id).unsaved = ("windows", {"windows": []})
         coord.book.leases[records.job_hash(job_id)] = Lease(owner, until, 1, job_id)
 
     async def write_progress(job_id: str, stopping: bool = False) -> None:
-        coord.forget_job("taken")  # (Its removal arrives while this write waits on JetStream.)
+        coord.jobs.forget("taken")  # (Its removal arrives while this write waits on JetStream.)
 
     coord.durable.write_progress = write_progress  # type: ignore[method-assign]
     await coord.durable.record_unsaved(stopping=True)
-    assert "taken" not in coord.drivers
+    assert coord.jobs.get("taken") is None

@@ -1,0 +1,142 @@
+"""`JobTable`: every job this replica knows, one `JobDriver` each, found one way.
+
+A job is found by its id (`get`), by its key token in the state bucket (`by_hash`), by the subject
+token its events name it by (`by_token`) and by a GPU one of its ranks drives (`on_gpu`); all
+four lead to the same driver, which holds the job's record. Records come in through the table
+(`register`, `know`) and leave through it (`forget`: the driver, its index entries and the
+registry's record in one call), so no index can keep a job the table dropped. The registry
+(`coordinator.jobs`) stays the core of ranks and quotas; the table is the only one that adds
+or removes its jobs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from coordinator.jobs import JobRecord, JobRegistry
+from coordinator.optimizer import JobOptimizer
+from coordinator.service.driver import JobDriver
+from zeus_agent.wire import subjects
+from zeus_agent.wire.messages import GpuBinding, RegisterJob
+
+__all__ = ["JobTable"]
+
+
+class JobTable:
+    """The jobs of one replica: their drivers, and the indexes that lead to them.
+
+    Attributes:
+        registry: The jobs' records, ranks and quotas (added and removed through the table).
+        registering: (job id, rank) being recorded by this replica's handlers right now (their
+            handler, not the state watch, starts the job).
+    """
+
+    def __init__(self, registry: JobRegistry) -> None:
+        self.registry = registry
+        self.registering: set[tuple[str, int]] = set()
+        self._by_id: dict[str, JobDriver] = {}
+        self._by_hash: dict[str, JobDriver] = {}
+        self._by_token: dict[str, JobDriver] = {}
+        self._by_gpu: dict[tuple[str, str], JobDriver] = {}
+
+    # ------------------------------------------------------------------ finding a job
+    def get(self, job_id: str) -> JobDriver | None:
+        """The job's driver, or None."""
+        return self._by_id.get(job_id)
+
+    def driver(self, job_id: str) -> JobDriver:
+        """The job's driver (made on first use: its progress or lease may come before it)."""
+        driver = self._by_id.get(job_id)
+        if driver is None:
+            driver = self._by_id[job_id] = JobDriver(job_id)
+        return driver
+
+    def by_hash(self, job_hash: str) -> JobDriver | None:
+        """The driver of the job whose record has this key token, or None."""
+        return self._by_hash.get(job_hash)
+
+    def by_token(self, token: str) -> JobDriver | None:
+        """The driver of the job whose record has this subject token, or None."""
+        return self._by_token.get(token)
+
+    def on_gpu(self, node: str, gpu: str) -> JobDriver | None:
+        """The driver of the job whose rank drives (node token, GPU index token), or None."""
+        return self._by_gpu.get((node, gpu))
+
+    def record(self, job_id: str) -> JobRecord | None:
+        """The job's record, or None."""
+        return self.registry.jobs.get(job_id)
+
+    def require(self, job_id: str) -> JobRecord:
+        """The job's record (raises `UnknownJobError`, whose message says what to check)."""
+        return self.registry.get(job_id)
+
+    def optimiser(self, job_id: str) -> JobOptimizer | None:
+        """The optimiser driving the job here, or None."""
+        driver = self._by_id.get(job_id)
+        return driver.optimiser if driver is not None else None
+
+    def drivers(self) -> list[JobDriver]:
+        """Every driver (a copy: jobs may come and go while the caller awaits)."""
+        return list(self._by_id.values())
+
+    def ids(self) -> list[str]:
+        """Every known job's id (a copy)."""
+        return list(self.registry.jobs)
+
+    def records(self) -> list[JobRecord]:
+        """Every known job's record (a copy)."""
+        return list(self.registry.jobs.values())
+
+    def optimisers(self) -> dict[str, JobOptimizer]:
+        """The optimisers driven here, by job id (readable from any thread)."""
+        drivers = dict(self._by_id)  # (One copy under the GIL: `/metrics` reads it too.)
+        return {j: o for j, d in drivers.items() if (o := d.optimiser) is not None}
+
+    def __len__(self) -> int:
+        """Jobs known (their records)."""
+        return len(self.registry.jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        """Whether the job's record is known."""
+        return job_id in self.registry.jobs
+
+    # ------------------------------------------------------------------ learning, forgetting
+    def register(self, request: RegisterJob, now_s: float, node: str, wall: datetime,
+                 join_token: str) -> JobRecord:
+        """Register a new job here (`JobRegistry.register_job`; `forget` undoes it)."""
+        record = self.registry.register_job(request, now_s, node, wall, join_token=join_token)
+        self._attach(record)
+        return record
+
+    def know(self, record: JobRecord) -> JobRecord:
+        """Know a job registered elsewhere (the state bucket); a known record is kept as is."""
+        self.registry.apply_job(record)
+        kept = self.registry.jobs[record.job_id]
+        self._attach(kept)
+        return kept
+
+    def _attach(self, record: JobRecord) -> None:
+        driver = self.driver(record.job_id)
+        driver.record = record
+        self._by_hash[driver.hash] = driver
+        self._by_token[driver.token] = driver
+
+    def bind_gpu(self, driver: JobDriver, gpu: GpuBinding) -> None:
+        """Note that a rank of the job drives `gpu` (its stream messages name it by tokens)."""
+        key = (subjects.token(gpu.node), subjects.token(gpu.gpu_index))
+        self._by_gpu[key] = driver
+        driver.gpus.add(key)
+
+    def forget(self, job_id: str) -> None:
+        """Drop the job: no longer driven, its driver, its index entries, its record."""
+        driver = self._by_id.pop(job_id, None)
+        if driver is not None:
+            driver.release("removed")
+            for index, key in ((self._by_hash, driver.hash), (self._by_token, driver.token)):
+                if index.get(key) is driver:
+                    del index[key]
+            for gpu in driver.gpus:
+                if self._by_gpu.get(gpu) is driver:
+                    del self._by_gpu[gpu]
+        self.registry.drop_job(job_id)
