@@ -142,6 +142,11 @@ class CoordinatorService(ExitSignals):
         return self.jobs.optimisers()
 
     @property
+    def job_tokens(self) -> dict[str, str]:
+        """Subject token -> id of each job whose record is known (a copy; tests read it)."""
+        return self.jobs.tokens()
+
+    @property
     def power_limit_jobs(self) -> dict[str, Any]:
         """The power-limit optimisers driven here, by job id (the fuzz tests read them)."""
         return {j: o for j, o in self.optimisers.items() if o.kind == "power_limit"}
