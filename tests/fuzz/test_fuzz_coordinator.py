@@ -303,8 +303,17 @@ def _has_token(bus: Bus, message: Any) -> bool:
     return expected is None or message.join_digest == expected
 
 
+def _unknown_job_subject(bus: Bus, subject: str) -> bool:
+    """Whether `subject` carries events of no job the coordinator knows: such messages are
+    dropped as "unknown_job" before anything is decoded (the barrier after them too)."""
+    where = subjects.parse_job_events(subject)
+    return where is not None and where.job not in bus.coord.job_tokens
+
+
 def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | None:
     """The reason a stream message must be dropped for ("any": some reason), or None."""
+    if _unknown_job_subject(bus, subject):
+        return "unknown_job"
     try:
         message: Any = codec.decode(data, MODELS[stream])
     except PayloadError:
@@ -316,6 +325,9 @@ def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | Non
     if not known:
         return "any"  # an unknown job
     if stream == "events":
+        where = subjects.parse_job_events(subject)
+        if where is not None and subjects.token(message.job_id) != where.job:
+            return "wrong_job"  # The payload names another job than its subject.
         via = tokens[-1]
         if via != subjects.token(message.node) or not _bound_here(
             bus, message.job_id, message.rank, via, message.gpu
@@ -355,19 +367,25 @@ message has been handled too."""
 
 
 def publish_and_settle(bus: Bus, subject: str, data: bytes, malformed: bool) -> dict[str, int]:
-    """Publish `data` then the barrier; return how the drop counters moved (barrier excluded)."""
+    """Publish `data` then the barrier; return how the drop counters moved (barrier excluded).
+
+    On a subject of no known job, the barrier (and the message) count as "unknown_job".
+    """
+    barrier = "unknown_job" if bus.call(_unknown_job_subject, bus, subject) else "malformed"
+    if barrier == "unknown_job":
+        malformed = True  # (The message is dropped there too, whatever it holds.)
     before = bus.call(_dropped, bus)
     bus.publish(subject, data)
     bus.publish(subject, BARRIER)
-    want = before.get("malformed", 0) + 1 + malformed
+    want = before.get(barrier, 0) + 1 + malformed
     deadline = time.monotonic() + 2
     while True:
         after = bus.call(_dropped, bus)
-        if after.get("malformed", 0) >= want or time.monotonic() > deadline:
+        if after.get(barrier, 0) >= want or time.monotonic() > deadline:
             break
         time.sleep(0.002)
     moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-    moved["malformed"] = moved.get("malformed", 0) - 1
+    moved[barrier] = moved.get(barrier, 0) - 1
     return {k: v for k, v in moved.items() if v}
 
 
@@ -386,6 +404,11 @@ def test_streams_never_answer_never_crash_and_count_malformed(
 ):
     stream, data, subject, case = _publish_stream(bus, stream_case)
     mark = bus.mark()
+    if bus.call(_unknown_job_subject, bus, subject):  # Dropped before it is decoded.
+        moved = publish_and_settle(bus, subject, data, True)
+        assert moved == {"unknown_job": 1}, f"{subject} {case!r}: the drops moved by {moved}"
+        bus.check_healthy(mark, f"{subject} {case!r}")
+        return
     malformed = _malformed(data, stream)
     moved = publish_and_settle(bus, subject, data, malformed)
     assert moved.get("malformed", 0) == malformed, (
