@@ -392,6 +392,69 @@ def _nats_client_class() -> Any:
     return _client_class
 
 
+def _connection_callbacks(
+    client: Any,
+    name: str,
+    last_error: list[BaseException],
+    on_disconnect: Callable[[], Awaitable[None]] | None,
+    on_reconnect: Callable[[], Awaitable[None]] | None,
+    on_closed: Callable[[], Awaitable[None]] | None,
+) -> dict[str, Callable[..., Awaitable[None]]]:
+    """The logging callbacks `connect` gives nats-py (error_cb, disconnected_cb, ...).
+
+    `last_error` keeps the error of the first connection, for `connect`'s message.
+    """
+
+    async def error_cb(e: Exception) -> None:
+        if not client.is_connected and not client.is_reconnecting:
+            # The first connection: kept for the error message; a refusal of the credentials
+            # explains more than the connection resets that follow it.
+            if not last_error or not _refused_credentials(last_error[0]):
+                last_error[:] = [e]
+            LOG.debug("NATS error on %s while connecting: %s", name, e)
+            return
+        LOG.warning("NATS error on %s: %s", name, e)
+
+    async def disconnected_cb() -> None:
+        if client.closed_by_us:  # our own drain()/close(): nothing to worry about
+            LOG.debug("NATS connection of %s closed", name)
+            return
+        LOG.warning("NATS connection of %s lost; work pauses until it reconnects", name)
+        if on_disconnect:
+            await on_disconnect()
+
+    async def reconnected_cb() -> None:
+        LOG.info("NATS connection of %s restored", name)
+        if on_reconnect:
+            await on_reconnect()
+
+    async def closed_cb() -> None:
+        if client.closed_by_us:
+            LOG.debug("NATS connection of %s closed", name)
+            return
+        LOG.error(
+            "NATS connection of %s was closed by the server and will not reconnect (%s)",
+            name,
+            client.last_error or "no reason given",
+        )
+        if on_closed:
+            await on_closed()
+
+    return {
+        "error_cb": error_cb,
+        "disconnected_cb": disconnected_cb,
+        "reconnected_cb": reconnected_cb,
+        "closed_cb": closed_cb,
+    }
+
+
+async def _close_ours(client: Any) -> None:
+    """Close `client` as our own close (no "closed by the server" log); never raises."""
+    client.closed_by_us = True
+    with contextlib.suppress(Exception):
+        await client.close()
+
+
 async def connect(
     url: str,
     name: str,
@@ -440,41 +503,9 @@ async def connect(
     client = _nats_client_class()()
     last_error: list[BaseException] = []
 
-    async def error_cb(e: Exception) -> None:
-        if not client.is_connected and not client.is_reconnecting:
-            # The first connection: kept for the error message; a refusal of the credentials
-            # explains more than the connection resets that follow it.
-            if not last_error or not _refused_credentials(last_error[0]):
-                last_error[:] = [e]
-            LOG.debug("NATS error on %s while connecting: %s", name, e)
-            return
-        LOG.warning("NATS error on %s: %s", name, e)
-
-    async def disconnected_cb() -> None:
-        if client.closed_by_us:  # our own drain()/close(): nothing to worry about
-            LOG.debug("NATS connection of %s closed", name)
-            return
-        LOG.warning("NATS connection of %s lost; work pauses until it reconnects", name)
-        if on_disconnect:
-            await on_disconnect()
-
-    async def reconnected_cb() -> None:
-        LOG.info("NATS connection of %s restored", name)
-        if on_reconnect:
-            await on_reconnect()
-
-    async def closed_cb() -> None:
-        if client.closed_by_us:
-            LOG.debug("NATS connection of %s closed", name)
-            return
-        LOG.error(
-            "NATS connection of %s was closed by the server and will not reconnect (%s)",
-            name,
-            client.last_error or "no reason given",
-        )
-        if on_closed:
-            await on_closed()
-
+    callbacks = _connection_callbacks(
+        client, name, last_error, on_disconnect, on_reconnect, on_closed
+    )
     servers = [s.strip() for s in url.split(",") if s.strip()]
     shown = redact_url(url)
     try:
@@ -482,10 +513,7 @@ async def connect(
             client.connect(
                 servers=servers,
                 name=name,
-                error_cb=error_cb,
-                disconnected_cb=disconnected_cb,
-                reconnected_cb=reconnected_cb,
-                closed_cb=closed_cb,
+                **callbacks,
                 connect_timeout=max(1, int(timeout_s)),
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
@@ -496,15 +524,11 @@ async def connect(
         )
         return client
     except Exception as e:  # noqa: BLE001 - TimeoutError, OSError, nats errors
-        client.closed_by_us = True
-        with contextlib.suppress(Exception):
-            await client.close()
+        await _close_ours(client)
         cause = last_error[0] if last_error else e
         raise BrokerError(_connect_failure(shown, timeout_s, cause)) from None
     except asyncio.CancelledError:
-        client.closed_by_us = True
-        with contextlib.suppress(Exception):
-            await client.close()
+        await _close_ours(client)
         raise
 
 
