@@ -147,8 +147,26 @@ def init(
         ValueError: Bad arguments: a GPU index that is not visible, or no `job_id` (or no
             `join_token`) on a rank other than 0 without `torch.distributed`.
     """
-    global _default
     rank = _default_rank() if rank is None else rank
+    publisher = _new_default(socket_path, gpu_index, gpu_indices, sync_cuda, timeout_s, rank)
+    job_id, join_token = _job_credentials(
+        publisher, rank, job_id, join_token, job_info, power_limit, scheduler, timeout_s
+    )
+    if job_id is not None:
+        _join_job(publisher, job_id, join_token, rank, dp_rank, pp_rank, tp_rank, timeout_s)
+    return publisher
+
+
+def _new_default(
+    socket_path: str | None,
+    gpu_index: int | None,
+    gpu_indices: Sequence[int] | None,
+    sync_cuda: bool,
+    timeout_s: float,
+    rank: int,
+) -> Publisher:
+    """`init`'s new default publisher (the previous one is closed); detached without agent."""
+    global _default
     publisher = Publisher(
         socket_path=socket_path,
         gpu_index=gpu_index,
@@ -164,7 +182,28 @@ def init(
     if not publisher.connected:
         _warn_no_agent(publisher)
         publisher.detached = True
+    return publisher
 
+
+def _job_credentials(
+    publisher: Publisher,
+    rank: int,
+    job_id: str | None,
+    join_token: str | None,
+    job_info: JobInfo | None,
+    power_limit: PowerLimitOptions | None,
+    scheduler: str | None,
+    timeout_s: float,
+) -> tuple[str | None, str | None]:
+    """The job's id and join token for `init` (None: this rank runs unregistered).
+
+    Rank 0 registers the job when it has `job_info` and no id; under `torch.distributed`
+    it broadcasts the id, the token and its registration error to the other ranks.
+
+    Raises:
+        RegistrationError: The job's registration was refused (on every rank).
+        ValueError: A rank other than 0 lacks the job id, or the id lacks its join token.
+    """
     error: tuple[str, str, str] | None = None
     if job_info is not None and rank == 0 and job_id is None and publisher.connected:
         try:
@@ -189,7 +228,7 @@ def init(
             "zeus_agent.emit: rank 0 could not register the job (its agent did not answer); "
             "rank %d runs unregistered: nothing is optimised", rank
         )
-        return publisher
+        return None, None
     if job_info is not None and job_id is None and rank != 0 and not publisher.detached:
         raise ValueError(
             f"rank {rank} needs the job id: pass init(job_id=...) or initialise "
@@ -201,9 +240,27 @@ def init(
             "join_token=...) with rank 0's Publisher.join_token, or initialise "
             "torch.distributed so rank 0 can broadcast both"
         )
-    if job_id is None:
-        return publisher
+    return job_id, join_token
 
+
+def _join_job(
+    publisher: Publisher,
+    job_id: str,
+    join_token: str | None,
+    rank: int,
+    dp_rank: int,
+    pp_rank: int,
+    tp_rank: int,
+    timeout_s: float,
+) -> None:
+    """`init`'s HELLO and REGISTER_RANK for this rank of job `job_id`.
+
+    A detached publisher keeps the HELLO for when an agent shows up; one whose agent stops
+    answering becomes detached.
+
+    Raises:
+        RegistrationError: The agent refused the rank or the binding, or named no node.
+    """
     publisher.job_id = job_id
     publisher.join_token = join_token
     hello = TrainerHello(
@@ -217,12 +274,12 @@ def init(
     )
     if publisher.detached:
         publisher._requests.remember_hello(hello)  # Sent when an agent shows up.
-        return publisher
+        return
     reply = publisher.hello(hello)
     if reply is None:
         _warn_no_agent(publisher, f"no reply to HELLO within {timeout_s} s")
         publisher.detached = True
-        return publisher
+        return
     clocks = reply.result.get("supported_graphics_clocks_mhz", [])
     node = reply.result.get("node")
     if not isinstance(node, str) or not node:
@@ -246,7 +303,6 @@ def init(
     if publisher.register_rank(registration) is None:
         _warn_no_agent(publisher, f"no reply to REGISTER_RANK within {timeout_s} s")
         publisher.detached = True
-    return publisher
 
 
 def _close_default() -> None:
