@@ -57,6 +57,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.rapl import RaplReader
+from zeus_agent.wire.messages import Sample
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 RAPL_LABELS = ["cpu", "domain", "Hostname"]
@@ -82,57 +83,8 @@ class AgentCollector(Collector):
         self.node = node
 
     def collect(self) -> Iterable[Metric]:  # noqa: D102
-        dcgm_power = GaugeMetricFamily(
-            "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=LABELS
-        )
-        dcgm_energy = GaugeMetricFamily(
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-            "Total energy consumption since boot (in mJ).",
-            labels=LABELS,
-        )
-        dcgm_limit = GaugeMetricFamily(
-            "DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", labels=LABELS
-        )
-        dcgm_sm = GaugeMetricFamily(
-            "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", labels=LABELS
-        )
-        dcgm_mem = GaugeMetricFamily(
-            "DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", labels=LABELS
-        )
-        energy = CounterMetricFamily(
-            "zeus_gpu_energy_joules", "GPU energy counter (J)", labels=LABELS
-        )
-        power = GaugeMetricFamily("zeus_gpu_power_watts", "GPU power draw (W)", labels=LABELS)
-        limit = GaugeMetricFamily(
-            "zeus_gpu_power_limit_watts", "GPU power limit (W)", labels=LABELS
-        )
-        sm = GaugeMetricFamily("zeus_gpu_sm_clock_mhz", "SM clock (MHz)", labels=LABELS)
-        mem = GaugeMetricFamily("zeus_gpu_memory_clock_mhz", "Memory clock (MHz)", labels=LABELS)
-        reads = CounterMetricFamily(
-            "zeus_gpu_counter_reads", "Energy-counter reads made", labels=LABELS
-        )
-        limit_reads = CounterMetricFamily(
-            "zeus_gpu_power_limit_reads", "Power-limit reads made with a status", labels=LABELS
-        )
-        idle = GaugeMetricFamily(
-            "zeus_gpu_counter_reads_idle",
-            "1 while the counter is read ~once a second (nothing needs every update)",
-            labels=LABELS,
-        )
-        controllable = GaugeMetricFamily(
-            "zeus_gpu_controllable",
-            "1 if the agent may change the GPU's settings, 0 if observe-only", labels=LABELS)
-        events = CounterMetricFamily(
-            "zeus_agent_gpu_events",
-            "Per GPU: schedule mismatches, measurement gaps, failed clock changes, restores, "
-            "sample errors, refused and unmeasured measurements; the doorbell's datagrams, the "
-            "clock changes its thread took and those the event loop claimed first, the windows "
-            "it spun in and the changes it found spinning",
-            labels=[*LABELS, "event"])
-        spun = CounterMetricFamily(
-            "zeus_agent_doorbell_spin_seconds",
-            "Per GPU: time its doorbell's thread polled without sleeping around forecast clock "
-            "changes (CPU time of one core; --doorbell-spin-us)", labels=LABELS)
+        samples = _sample_families()
+        reads, limit_reads, idle, controllable, events, spun = _agent_families()
         for agent in self.agents.values():
             info = agent.info
             if info is None:
@@ -148,19 +100,8 @@ class AgentCollector(Collector):
             reads.add_metric(labels, agent.counter.reads)
             limit_reads.add_metric(labels, agent.counter.limit_reads)
             idle.add_metric(labels, 1.0 if agent.counter.policy.idle else 0.0)
-            s = agent.last_sample
-            if s is None:
-                continue
-            dcgm_power.add_metric(labels, s.power_w)
-            dcgm_energy.add_metric(labels, s.energy_j * 1000.0)
-            dcgm_limit.add_metric(labels, s.power_limit_w)
-            dcgm_sm.add_metric(labels, s.sm_clock_mhz)
-            dcgm_mem.add_metric(labels, s.memory_clock_mhz)
-            energy.add_metric(labels, s.energy_j)
-            power.add_metric(labels, s.power_w)
-            limit.add_metric(labels, s.power_limit_w)
-            sm.add_metric(labels, s.sm_clock_mhz)
-            mem.add_metric(labels, s.memory_clock_mhz)
+            if agent.last_sample is not None:
+                _add_sample(samples, labels, agent.last_sample)
         datagrams = CounterMetricFamily(
             "zeus_agent_datagrams", "Trainer datagrams by outcome", labels=["outcome"]
         )
@@ -173,8 +114,8 @@ class AgentCollector(Collector):
         )
         for reason, count in self.bus_counters().items():
             dropped.add_metric([reason], count)
-        yield from (dcgm_power, dcgm_energy, dcgm_limit, dcgm_sm, dcgm_mem)
-        yield from (energy, power, limit, sm, mem, reads, limit_reads, idle, datagrams, dropped)
+        yield from samples
+        yield from (reads, limit_reads, idle, datagrams, dropped)
         yield from (controllable, events, spun)
         if self.bus_connected is not None:
             yield GaugeMetricFamily(
@@ -206,6 +147,94 @@ class AgentCollector(Collector):
         yield GaugeMetricFamily(
             "zeus_rapl_packages", "CPU packages whose RAPL counters are read (0: none)",
             value=len(rapl.packages))
+
+
+def _sample_families() -> tuple[GaugeMetricFamily | CounterMetricFamily, ...]:
+    """The families of a GPU's latest sample, dcgm-exporter's five then Zeus's five."""
+    dcgm_power = GaugeMetricFamily(
+        "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=LABELS
+    )
+    dcgm_energy = GaugeMetricFamily(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ).",
+        labels=LABELS,
+    )
+    dcgm_limit = GaugeMetricFamily(
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", labels=LABELS
+    )
+    dcgm_sm = GaugeMetricFamily(
+        "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", labels=LABELS
+    )
+    dcgm_mem = GaugeMetricFamily(
+        "DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", labels=LABELS
+    )
+    energy = CounterMetricFamily(
+        "zeus_gpu_energy_joules", "GPU energy counter (J)", labels=LABELS
+    )
+    power = GaugeMetricFamily("zeus_gpu_power_watts", "GPU power draw (W)", labels=LABELS)
+    limit = GaugeMetricFamily(
+        "zeus_gpu_power_limit_watts", "GPU power limit (W)", labels=LABELS
+    )
+    sm = GaugeMetricFamily("zeus_gpu_sm_clock_mhz", "SM clock (MHz)", labels=LABELS)
+    mem = GaugeMetricFamily("zeus_gpu_memory_clock_mhz", "Memory clock (MHz)", labels=LABELS)
+    return (dcgm_power, dcgm_energy, dcgm_limit, dcgm_sm, dcgm_mem, energy, power, limit, sm, mem)
+
+
+def _add_sample(
+    families: tuple[GaugeMetricFamily | CounterMetricFamily, ...], labels: list[str], s: Sample
+) -> None:
+    """Add GPU `labels`' sample `s` to `_sample_families()`'s families, in their order."""
+    values = (
+        s.power_w,
+        s.energy_j * 1000.0,
+        s.power_limit_w,
+        s.sm_clock_mhz,
+        s.memory_clock_mhz,
+        s.energy_j,
+        s.power_w,
+        s.power_limit_w,
+        s.sm_clock_mhz,
+        s.memory_clock_mhz,
+    )
+    for family, value in zip(families, values, strict=True):
+        family.add_metric(labels, value)
+
+
+def _agent_families() -> tuple[
+    CounterMetricFamily,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    GaugeMetricFamily,
+    CounterMetricFamily,
+    CounterMetricFamily,
+]:
+    """The families of a GPU's agent: reads, limit_reads, idle, controllable, events, spun."""
+    reads = CounterMetricFamily(
+        "zeus_gpu_counter_reads", "Energy-counter reads made", labels=LABELS
+    )
+    limit_reads = CounterMetricFamily(
+        "zeus_gpu_power_limit_reads", "Power-limit reads made with a status", labels=LABELS
+    )
+    idle = GaugeMetricFamily(
+        "zeus_gpu_counter_reads_idle",
+        "1 while the counter is read ~once a second (nothing needs every update)",
+        labels=LABELS,
+    )
+    controllable = GaugeMetricFamily(
+        "zeus_gpu_controllable",
+        "1 if the agent may change the GPU's settings, 0 if observe-only", labels=LABELS)
+    events = CounterMetricFamily(
+        "zeus_agent_gpu_events",
+        "Per GPU: schedule mismatches, measurement gaps, failed clock changes, restores, "
+        "sample errors, refused and unmeasured measurements; the doorbell's datagrams, the "
+        "clock changes its thread took and those the event loop claimed first, the windows "
+        "it spun in and the changes it found spinning",
+        labels=[*LABELS, "event"])
+    spun = CounterMetricFamily(
+        "zeus_agent_doorbell_spin_seconds",
+        "Per GPU: time its doorbell's thread polled without sleeping around forecast clock "
+        "changes (CPU time of one core; --doorbell-spin-us)", labels=LABELS)
+    return reads, limit_reads, idle, controllable, events, spun
 
 
 def make_registry(
