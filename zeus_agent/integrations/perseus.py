@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from zeus_agent import emit
@@ -67,6 +68,55 @@ def _default_sync_cuda() -> bool:
         return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
     except Exception:
         return False
+
+
+def _url_socket(server_url: str, socket_path: str | None) -> str | None:
+    """The agent socket `server_url` names (`socket_path_from_url`); warns once if none.
+
+    Raises:
+        ValueError: `socket_path` and a `unix://` `server_url` name different sockets.
+    """
+    global _warned_http
+    url_path = socket_path_from_url(server_url)
+    if url_path is None:
+        if not _warned_http:
+            _warned_http = True
+            logger.warning(
+                "PerseusOptimizer: server_url %r is not used: the node's Zeus agent relays "
+                "to the coordinator (pass unix:///path/to/agent.sock to name its socket).",
+                server_url,
+            )
+    elif socket_path is not None and socket_path != url_path:
+        raise ValueError(
+            f"socket_path {socket_path!r} and server_url {server_url!r} name different "
+            "agent sockets; pass one of them"
+        )
+    return url_path
+
+
+def _init_publisher(**kwargs: Any) -> emit.Publisher:
+    """`emit.init(**kwargs)`; an unreachable coordinator or an unregistered job only warns.
+
+    Raises:
+        zeus_agent.emit.RegistrationError: The coordinator refused the job or the rank.
+    """
+    try:
+        publisher = emit.init(**kwargs)
+    except emit.RegistrationError as e:
+        if e.code not in _UNREACHABLE_CODES:
+            raise
+        logger.warning(
+            "PerseusOptimizer: the coordinator is unreachable (%s); training continues at "
+            "the GPUs' current clocks.",
+            e,
+        )
+        publisher = emit.get_publisher()
+    if publisher.job_id is None:
+        logger.warning(
+            "PerseusOptimizer: the job is not registered with a coordinator; training "
+            "continues at the GPUs' current clocks."
+        )
+    return publisher
 
 
 class PerseusOptimizer:
@@ -138,67 +188,24 @@ class PerseusOptimizer:
             zeus_agent.emit.RegistrationError: The coordinator refused the job or the rank
                 (other than being unreachable, which only warns: training runs unoptimised).
         """
-        global _warned_http
         self.rank = rank
         self.dp_rank = dp_rank
         self.pp_rank = pp_rank
         self.tp_rank = tp_rank
         self.device_id = device_id
         self.server_url = server_url
-        url_path = socket_path_from_url(server_url)
-        if url_path is None:
-            if not _warned_http:
-                _warned_http = True
-                logger.warning(
-                    "PerseusOptimizer: server_url %r is not used: the node's Zeus agent relays "
-                    "to the coordinator (pass unix:///path/to/agent.sock to name its socket).",
-                    server_url,
-                )
-        elif socket_path is not None and socket_path != url_path:
-            raise ValueError(
-                f"socket_path {socket_path!r} and server_url {server_url!r} name different "
-                "agent sockets; pass one of them"
-            )
-        job_info = JobInfo(
-            pp_degree=pp_degree,
-            dp_degree=dp_degree,
-            tp_degree=tp_degree,
-            world_size=world_size,
-            job_metadata=job_metadata,
-        )
-        self.job_info = job_info
-        self.publisher: emit.Publisher
-        try:
-            self.publisher = emit.init(
-                job_id=job_id,
-                join_token=join_token,
-                job_info=job_info,
-                rank=rank,
-                dp_rank=dp_rank,
-                pp_rank=pp_rank,
-                tp_rank=tp_rank,
-                gpu_index=device_id,
-                socket_path=socket_path or url_path,
-                sync_cuda=_default_sync_cuda() if sync_cuda is None else sync_cuda,
-                timeout_s=timeout_s,
-                scheduler=None,
-            )
-        except emit.RegistrationError as e:
-            if e.code not in _UNREACHABLE_CODES:
-                raise
-            logger.warning(
-                "PerseusOptimizer: the coordinator is unreachable (%s); training continues at "
-                "the GPUs' current clocks.",
-                e,
-            )
-            self.publisher = emit.get_publisher()
+        url_path = _url_socket(server_url, socket_path)
+        self.job_info = JobInfo(
+            pp_degree=pp_degree, dp_degree=dp_degree, tp_degree=tp_degree,
+            world_size=world_size, job_metadata=job_metadata)
+        self.publisher: emit.Publisher = _init_publisher(
+            job_id=job_id, join_token=join_token, job_info=self.job_info, rank=rank,
+            dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank, gpu_index=device_id,
+            socket_path=socket_path or url_path,
+            sync_cuda=_default_sync_cuda() if sync_cuda is None else sync_cuda,
+            timeout_s=timeout_s, scheduler=None)
         self.job_id: str | None = self.publisher.job_id
         self.join_token: str | None = self.publisher.join_token
-        if self.job_id is None:
-            logger.warning(
-                "PerseusOptimizer: the job is not registered with a coordinator; training "
-                "continues at the GPUs' current clocks."
-            )
         self._pending: ScheduleNotice | None = None
         self._version: int | None = None
         self._schedule: list[tuple[str, int]] = []
