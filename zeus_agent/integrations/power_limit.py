@@ -168,6 +168,48 @@ def _own_gpu(gpu_indices: list[int]) -> int:
     return local if local in gpu_indices else gpu_indices[0]
 
 
+def _existing_profile(profile_path: Path | None) -> list[PowerLimitMeasurement] | None:
+    """The power-limit profile at `profile_path` if that file exists, else None.
+
+    Raises:
+        ValueError: The file exists but is not a readable power-limit profile.
+    """
+    if profile_path is None or not profile_path.exists():
+        return None
+    try:
+        return load_power_limit_profile(profile_path)
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"profile_path {profile_path} is not a readable power-limit profile "
+            f"({e}); delete it to profile again"
+        ) from None
+
+
+def _init_publisher(**kwargs: Any) -> emit.Publisher:
+    """`emit.init(**kwargs)`; an unreachable coordinator or an unregistered job only warns.
+
+    Raises:
+        zeus_agent.emit.RegistrationError: The coordinator refused the job or the rank.
+    """
+    try:
+        publisher = emit.init(**kwargs)
+    except emit.RegistrationError as e:
+        if e.code not in _UNREACHABLE_CODES:
+            raise
+        logger.warning(
+            "GlobalPowerLimitOptimizer: the coordinator is unreachable (%s); training "
+            "continues without power-limit optimisation.",
+            e,
+        )
+        publisher = emit.get_publisher()
+    if publisher.job_id is None:
+        logger.warning(
+            "GlobalPowerLimitOptimizer: the job is not registered with a coordinator; "
+            "training continues without power-limit optimisation."
+        )
+    return publisher
+
+
 class GlobalPowerLimitOptimizer:
     """Optimizer for the power limit knob (Zeus's callback API; the coordinator optimizes).
 
@@ -208,15 +250,7 @@ class GlobalPowerLimitOptimizer:
                 (other than being unreachable, which only warns).
         """
         self.profile_path = None if profile_path is None else Path(profile_path)
-        profile = None
-        if self.profile_path is not None and self.profile_path.exists():
-            try:
-                profile = load_power_limit_profile(self.profile_path)
-            except (OSError, ValueError) as e:
-                raise ValueError(
-                    f"profile_path {self.profile_path} is not a readable power-limit profile "
-                    f"({e}); delete it to profile again"
-                ) from None
+        profile = _existing_profile(self.profile_path)
         self.options = power_limit_options(
             optimum_selector,
             wait_steps=wait_steps,
@@ -237,31 +271,15 @@ class GlobalPowerLimitOptimizer:
         self.rank = rank
         self._custom = self._custom and rank == 0  # (Only rank 0 is asked.)
         job_info = JobInfo(pp_degree=1, dp_degree=world_size, tp_degree=1, world_size=world_size)
-        self.publisher: emit.Publisher
-        try:
-            self.publisher = emit.init(
-                job_info=job_info,
-                power_limit=self.options,
-                rank=rank,
-                dp_rank=rank,
-                gpu_index=_own_gpu(gpu_indices),
-                gpu_indices=gpu_indices,
-            )
-        except emit.RegistrationError as e:
-            if e.code not in _UNREACHABLE_CODES:
-                raise
-            logger.warning(
-                "GlobalPowerLimitOptimizer: the coordinator is unreachable (%s); training "
-                "continues without power-limit optimisation.",
-                e,
-            )
-            self.publisher = emit.get_publisher()
+        self.publisher: emit.Publisher = _init_publisher(
+            job_info=job_info,
+            power_limit=self.options,
+            rank=rank,
+            dp_rank=rank,
+            gpu_index=_own_gpu(gpu_indices),
+            gpu_indices=gpu_indices,
+        )
         self.job_id = self.publisher.job_id
-        if self.job_id is None:
-            logger.warning(
-                "GlobalPowerLimitOptimizer: the job is not registered with a coordinator; "
-                "training continues without power-limit optimisation."
-            )
 
     def on_step_begin(self) -> None:
         """Mark the beginning of a training step."""
