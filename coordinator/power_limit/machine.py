@@ -296,33 +296,44 @@ class PowerLimitStateMachine:
         self.min_window_steps = max(1, resume_window_steps)
         """The fewest steps a window covers (`lengthen`; 1: as each probe says)."""
 
-        self.state: State
+        self.state: State = self._initial_state(
+            measurements, resume, resume_completed, resume_redo
+        )
+
+    def _initial_state(
+        self,
+        measurements: Sequence[PowerLimitMeasurement] | None,
+        resume: Sequence[WindowResult],
+        resume_completed: int | None,
+        resume_redo: Sequence[Probe],
+    ) -> State:
+        """`__init__`'s first state: `Done` at a loaded profile's optimum, else the search's.
+
+        Raises:
+            ProfileRangeError: A loaded measurement's limit is outside [min, max].
+        """
         if measurements is not None:
             loaded = list(measurements)
-            check_loaded(loaded, min_power_limit, max_power_limit)
+            check_loaded(loaded, self.min_power_limit, self.max_power_limit)
             self._loaded = loaded
-            self.state = Done(optimal_power_limit=self.optimum_selector.select(loaded))
-        else:
-            self._search = self.search.plan(
-                self.power_limits, warmup_steps, profile_steps, self.optimum_selector
-            )
-            check_resumed(resume, self.power_limits, pl_step)
-            self._results = list(resume)
-            self._completed = len(self._results) if resume_completed is None else max(
-                len(self._results), resume_completed)
-            self._redo_queue = [p for p in resume_redo if p.power_limit in self.power_limits]
-            first = self._next_probe()
-            if first is None:  # everything was measured before the restart
-                self.state = Done(
-                    optimal_power_limit=self.optimum_selector.select(self.measurements)
-                )
-            else:
-                self._probe = first
-                self.state = Ready(
-                    next_power_limit=first.power_limit,
-                    steps=wait_steps + 1,
-                    profile_steps=first.profile_steps,
-                )
+            return Done(optimal_power_limit=self.optimum_selector.select(loaded))
+        self._search = self.search.plan(
+            self.power_limits, self.warmup_steps, self.profile_steps, self.optimum_selector
+        )
+        check_resumed(resume, self.power_limits, self.pl_step)
+        self._results = list(resume)
+        self._completed = len(self._results) if resume_completed is None else max(
+            len(self._results), resume_completed)
+        self._redo_queue = [p for p in resume_redo if p.power_limit in self.power_limits]
+        first = self._next_probe()
+        if first is None:  # everything was measured before the restart
+            return Done(optimal_power_limit=self.optimum_selector.select(self.measurements))
+        self._probe = first
+        return Ready(
+            next_power_limit=first.power_limit,
+            steps=self.wait_steps + 1,
+            profile_steps=first.profile_steps,
+        )
 
     # Public views --------------------------------------------------------------------------------
 
