@@ -81,6 +81,42 @@ class WorkResult:
     sm_clock_mhz: int
 
 
+def _hardware(preset: str | HardwareParams) -> HardwareParams:
+    """`preset`'s hardware: a key of `PRESETS`, or custom hardware as is.
+
+    Raises:
+        GPUValueError: An unknown preset name.
+    """
+    if isinstance(preset, HardwareParams):
+        return preset
+    try:
+        return PRESETS[preset]
+    except KeyError:
+        raise GPUValueError(
+            f"unknown simulated GPU preset {preset!r}; choose one of {sorted(PRESETS)}"
+        ) from None
+
+
+def _energy_update_ns(hw: HardwareParams, energy_update_ms: float | None) -> int:
+    """The energy counter's update period (ns): `energy_update_ms`, else the hardware's.
+
+    Raises:
+        GPUValueError: A negative (or NaN) period.
+    """
+    period_ms = hw.energy_update_ms if energy_update_ms is None else energy_update_ms
+    if not period_ms >= 0:
+        raise GPUValueError(f"energy_update_ms must be >= 0, got {energy_update_ms!r}")
+    return round(period_ms * 1_000_000)
+
+
+def _device_uuid(seed: int | None, index: int) -> str:
+    """A GPU UUID: derived from `seed` and `index`, random without a seed."""
+    if seed is None:
+        return f"GPU-{uuid_mod.uuid4()}"
+    rng = random.Random(f"uuid:{seed}:{index}")
+    return f"GPU-{uuid_mod.UUID(int=rng.getrandbits(128), version=4)}"
+
+
 class SimGPU(GPU):
     """A simulated GPU backed by a shared state file.
 
@@ -176,25 +212,10 @@ class SimGPU(GPU):
                 `set_latency_ms` is negative.
         """
         model = _resolve_timing(timing, set_latency_ms)
-        if isinstance(preset, HardwareParams):
-            hw = preset
-        else:
-            try:
-                hw = PRESETS[preset]
-            except KeyError:
-                raise GPUValueError(
-                    f"unknown simulated GPU preset {preset!r}; choose one of {sorted(PRESETS)}"
-                ) from None
-        period_ms = hw.energy_update_ms if energy_update_ms is None else energy_update_ms
-        if not period_ms >= 0:
-            raise GPUValueError(f"energy_update_ms must be >= 0, got {energy_update_ms!r}")
-        period_ns = round(period_ms * 1_000_000)
+        hw = _hardware(preset)
+        period_ns = _energy_update_ns(hw, energy_update_ms)
         if uuid is None:
-            if seed is None:
-                uuid = f"GPU-{uuid_mod.uuid4()}"
-            else:
-                rng = random.Random(f"uuid:{seed}:{index}")
-                uuid = f"GPU-{uuid_mod.UUID(int=rng.getrandbits(128), version=4)}"
+            uuid = _device_uuid(seed, index)
         factor = 1.0
         if seed is not None:
             factor = NoiseModel().device_energy_factor(random.Random(f"spread:{seed}:{index}"))
@@ -222,13 +243,24 @@ class SimGPU(GPU):
             counter_jitter=model.counter.name if model.counter is not None else "",
         )
         state.counter_ns = state.update_instant(now)
-        state_dir = Path(state_dir)
+        return cls._written(Path(state_dir), state, clock, model, sleep)
+
+    @classmethod
+    def _written(
+        cls,
+        state_dir: Path,
+        state: DeviceState,
+        clock: Callable[[], int],
+        model: NvmlTiming,
+        sleep: Callable[[float], None],
+    ) -> SimGPU:
+        """`create`'s device: `state` written to GPU `state.index`'s file in `state_dir`."""
         state_dir.mkdir(parents=True, exist_ok=True)
         gpu = cls.__new__(cls)
-        gpu.index = index
+        gpu.index = state.index
         gpu._dir = state_dir
         gpu._clock = clock
-        gpu._file = StateFile(state_dir, index)
+        gpu._file = StateFile(state_dir, state.index)
         with gpu._file.locked():
             gpu._file.write(state)
         gpu._static = state
