@@ -109,6 +109,27 @@ DEFAULT_MAX_KEPT_BYTES = 1024 * MB
 """What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
 
 
+def _check_arguments(
+    straggler_threshold: float,
+    straggler_window: int,
+    profiling_iterations: int,
+    switch_lead_steps: int,
+) -> None:
+    """Check `PipelineJob`'s arguments of these names.
+
+    Raises:
+        ValueError: One is out of range (the message names it and its value).
+    """
+    if not (math.isfinite(straggler_threshold) and straggler_threshold > 0):
+        raise ValueError(f"straggler_threshold must be > 0, got {straggler_threshold}")
+    if straggler_window < 1:
+        raise ValueError(f"straggler_window must be >= 1, got {straggler_window}")
+    if profiling_iterations < 1:
+        raise ValueError(f"profiling_iterations must be >= 1, got {profiling_iterations}")
+    if switch_lead_steps < 1:
+        raise ValueError(f"switch_lead_steps must be >= 1, got {switch_lead_steps}")
+
+
 class PipelineJob:
     """Discover, schedule, observe, re-schedule (see the module docstring)."""
 
@@ -139,14 +160,8 @@ class PipelineJob:
         `max_kept_bytes` caps what this job keeps of its measurements, `budget` (shared by a
         coordinator's jobs) what the jobs keep per node, `nodes` naming each rank's node.
         """
-        if not (math.isfinite(straggler_threshold) and straggler_threshold > 0):
-            raise ValueError(f"straggler_threshold must be > 0, got {straggler_threshold}")
-        if straggler_window < 1:
-            raise ValueError(f"straggler_window must be >= 1, got {straggler_window}")
-        if profiling_iterations < 1:
-            raise ValueError(f"profiling_iterations must be >= 1, got {profiling_iterations}")
-        if switch_lead_steps < 1:
-            raise ValueError(f"switch_lead_steps must be >= 1, got {switch_lead_steps}")
+        _check_arguments(
+            straggler_threshold, straggler_window, profiling_iterations, switch_lead_steps)
         self.job_id = job_id
         self.job_info = job_info
         self.rank_infos = {info.rank: info for info in rank_infos}
