@@ -5,13 +5,24 @@ The shell is lifecycle plus thin adapters, each in its own module:
 * `endpoints`: the request handlers (register jobs and ranks, queries, straggler notices);
 * `streams`: the streams it follows (trainer events, GPU marks and measurements, agents' error
   events and announcements, on which GPUs are reconciled);
-* `actions`: carries out what the optimisers return; the one way GPUs are commanded;
-* `replicas`: which replica drives which job (ownership leases), GPU lease renewals, idle jobs;
-* `durable`: the view of the JetStream state bucket and the jobs' progress writes;
-* `starter`: builds a job's optimiser once every rank is in;
+* `actions`: carries out what the optimisers return;
+* `commands`: the one way GPUs are commanded (fenced by the leases);
+* `leases`: this replica's ownership leases (`owns`, and `owns_now`, the fence every action
+  passes); `replicas`: the ownership loop that takes and renews them, GPU lease renewals, idle
+  jobs;
+* `durable`: the view of the JetStream state bucket; `progress`: the jobs' progress writes, and
+  their reading before a takeover;
+* `starter`: builds a job's optimiser once every rank is in; `failures`: a job that fails ends
+  there, quarantined;
 * `table`: `JobTable`, the jobs this replica knows, each one `JobDriver` (`driver`: its record
   and everything this replica holds about it) found by id, state key, subject token or GPU;
-  forgetting a job is one call there; `gpus`: the GPUs' descriptions.
+  forgetting a job is one call there; `gpus`: the GPUs' descriptions;
+* `link`: the NATS connection and state bucket as the helpers reach them, status events and
+  drop counts.
+
+Each helper receives the collaborators it uses (the table, the link, the clock, the settings,
+the helpers it calls), never the service; `CoordinatorService` builds them in dependency order
+and runs their loops.
 
 The optimisers (`coordinator.optimizer`) say everything through actions: the shell never
 checks which optimiser drives a job nor reads its internals.
@@ -48,25 +59,27 @@ from coordinator import metrics
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRegistry
 from coordinator.optimizer import JobOptimizer
-from coordinator.pipeline.memory import MB, NodeBudget
+from coordinator.pipeline.memory import NodeBudget
 from coordinator.service.actions import ActionExecutor
+from coordinator.service.commands import GpuCommands
 from coordinator.service.durable import DurableState
 from coordinator.service.endpoints import Endpoints
 from coordinator.service.failures import JobFailures
 from coordinator.service.gpus import GpuDirectory
+from coordinator.service.leases import Leases
+from coordinator.service.link import Link
+from coordinator.service.progress import ProgressWriter
 from coordinator.service.replicas import Replicas
 from coordinator.service.starter import OptimiserStarter
 from coordinator.service.streams import Streams
 from coordinator.service.table import JobTable
 from coordinator.state import OwnershipBook
-from coordinator.state.jetstream import JetStreamState, StateUnavailableError
+from coordinator.state.jetstream import JetStreamState
 from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, Releases, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain, redact_url
 from zeus_agent.bus import BusHealth
-from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import JobStatus
-from zeus_agent.wire.text import bounded
+from zeus_agent.wire import subjects
 
 __all__ = ["CoordinatorService"]
 
@@ -87,7 +100,8 @@ class CoordinatorService(ExitSignals):
     Attributes:
         jobs: Every job this replica knows (`JobTable`: one `JobDriver` each).
         registry: The jobs' records, ranks and quotas (the table adds and removes its jobs).
-        dropped: Stream messages dropped, by reason (spoofed node, unknown rank...).
+        link: The NATS connection and state bucket as the helpers reach them.
+        book: The ownership leases this replica knows of (`leases` takes and renews them).
     """
 
     def __init__(
@@ -99,27 +113,13 @@ class CoordinatorService(ExitSignals):
         self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node,
                                     settings.max_ranks_per_node)
         self.pfo = settings.pfo_settings()
-        self.pipeline_budget = NodeBudget(
-            settings.max_pipeline_mb_per_node * MB,
-            alive=lambda job: self.jobs.optimiser(getattr(job, "job_id", "")) is job)
-        """What the pipeline jobs driven here keep of their measurements, per node."""
         self.book = OwnershipBook(settings.replica_name,
                                   min(settings.ownership_lease_s, settings.lease_s / 2))
-        self.state: JetStreamState | None = None
         self.jobs = JobTable(self.registry)
-        self.dropped: Counter[str] = Counter()
-        self.writes = 0  # Writes to the state bucket (for benchmarks and tests).
-        self.gpus = GpuDirectory(self)
-        self.actions = ActionExecutor(self)
-        self.durable = DurableState(self)
-        self.endpoints = Endpoints(self)
-        self.replicas = Replicas(self)
-        self.starter = OptimiserStarter(self)
-        self.failures = JobFailures(self)
-        self.streams = Streams(self)
+        self.link = Link(settings.prefix)
+        self._build_helpers()
         super().__init__()
         self.started = asyncio.Event()
-        self.nc: Any = None
         self._embedded: EmbeddedNats | None = None
         self._service: Any = None
         self._subs: list[Any] = []
@@ -130,6 +130,62 @@ class CoordinatorService(ExitSignals):
         self._releases = Releases(LOG)
         """What start-up acquired, released in the reverse order at shutdown."""
         self._status_server: status_http.StatusServer | None = None
+
+    def _build_helpers(self) -> None:
+        """The helpers, each given what it uses, in dependency order."""
+        s, pfo, clock, jobs, link, spawn = (self.settings, self.pfo, self.clock, self.jobs,
+                                            self.link, self.spawn)
+        self.gpus = GpuDirectory(s, clock, link)
+        self.leases = Leases(self.book, jobs, link, clock, self.state_dir)
+        self.commands = GpuCommands(s, link, self.leases)
+        self.progress = ProgressWriter(jobs, link, self.leases, spawn)
+        self.failures = JobFailures(settings=s, jobs=jobs, link=link, commands=self.commands,
+                                    spawn=spawn)
+        self.actions = ActionExecutor(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
+                                      leases=self.leases, commands=self.commands,
+                                      failures=self.failures, progress=self.progress)
+        self.starter = OptimiserStarter(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
+                                        leases=self.leases, gpus=self.gpus,
+                                        progress=self.progress, failures=self.failures,
+                                        actions=self.actions, spawn=spawn)
+        self.durable = DurableState(state_dir=self.state_dir, clock=clock, jobs=jobs, link=link,
+                                    book=self.book, gpus=self.gpus, failures=self.failures,
+                                    starter=self.starter, spawn=spawn)
+        self.streams = Streams(settings=s, clock=clock, jobs=jobs, link=link, leases=self.leases,
+                               actions=self.actions, failures=self.failures)
+        self.replicas = Replicas(settings=s, clock=clock, jobs=jobs, link=link,
+                                 leases=self.leases, starter=self.starter, streams=self.streams,
+                                 progress=self.progress, failures=self.failures, spawn=spawn)
+        self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
+                                   leases=self.leases, gpus=self.gpus, durable=self.durable,
+                                   starter=self.starter, failures=self.failures,
+                                   actions=self.actions, spawn=spawn)
+
+    # ------------------------------------------------------------------ the link's state
+    @property
+    def nc(self) -> Any:
+        """The NATS connection (None before start-up and once drained)."""
+        return self.link.nc
+
+    @property
+    def state(self) -> JetStreamState | None:
+        """The state bucket (None before start-up)."""
+        return self.link.state
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
+        return self.link.dropped
+
+    @property
+    def writes(self) -> int:
+        """Writes to the state bucket (for benchmarks and tests)."""
+        return self.link.writes
+
+    @property
+    def pipeline_budget(self) -> NodeBudget:
+        """What the pipeline jobs driven here keep of their measurements, per node."""
+        return self.starter.budget
 
     # ------------------------------------------------------------------ jobs
     def optimiser(self, job_id: str) -> JobOptimizer | None:
@@ -159,39 +215,11 @@ class CoordinatorService(ExitSignals):
     @property
     def fenced_commands(self) -> int:
         """GPU commands not sent: the job was no longer this replica's."""
-        return self.actions.fenced_commands
+        return self.commands.fenced
 
     def owns(self, job_id: str) -> bool:
         """Whether this replica drives the job now."""
-        return self.replicas.owns(job_id)
-
-    def require_state(self) -> JetStreamState:
-        """The state bucket (raises `StateUnavailableError` before it is open)."""
-        if self.state is None:
-            raise StateUnavailableError("the coordinator is not connected to its state yet")
-        return self.state
-
-    def drop(self, reason: str, subject: str, detail: object) -> None:
-        """Count a dropped stream message; log the first of each reason and then every 1000th."""
-        self.dropped[reason] += 1
-        n = self.dropped[reason]
-        if n == 1 or n % 1000 == 0:
-            LOG.warning("dropped a message on %s (%s, %d so far): %s", bounded(subject, 300),
-                        reason, n, bounded(detail, 500))
-
-    async def status(
-        self, job_id: str, state: str, message: str, progress: dict[str, Any] | None = None
-    ) -> None:
-        """Publish a job status event (and log it)."""
-        message = bounded(message)  # It often names what a peer sent.
-        LOG.info("job %s: %s: %s", job_id, state, message)
-        try:
-            event = JobStatus(job_id=job_id, state=state, message=message,
-                              progress=progress or {})
-            await self.nc.publish(subjects.job_status(job_id, self.settings.prefix),
-                                  codec.encode(event))
-        except Exception as e:  # noqa: BLE001 - a status that cannot go out stops nothing
-            LOG.warning("job %s: status %s not published: %s", job_id, state, bounded(e, 300))
+        return self.leases.owns(job_id)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run `coro` as a task of the service's task group (inline before it exists).
@@ -276,16 +304,17 @@ class CoordinatorService(ExitSignals):
                 s.status_host, s.status_port, self.health,
                 registry=metrics.make_registry(lambda: metrics.snapshot(self)))
             release("the status server", self._close_status_server)
-        self.nc = await connect(url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
-                                on_disconnect=self.bus.on_disconnect,
-                                on_reconnect=self.bus.on_reconnect, on_closed=self.bus.on_closed,
-                                inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix),
-                                **s.nats_options())
+        nc = await connect(url, "zeus-coordinator", timeout_s=s.connect_timeout_s,
+                           on_disconnect=self.bus.on_disconnect,
+                           on_reconnect=self.bus.on_reconnect, on_closed=self.bus.on_closed,
+                           inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix),
+                           **s.nats_options())
+        self.link.nc = nc
         release("the NATS connection", self._drain)
-        self.bus.connected(self.nc)
-        self.state = state = JetStreamState(self.nc, s.prefix, s.state_replicas,
-                                            timeout_s=max(2.0, s.command_timeout_s),
-                                            bucket=s.state_bucket)
+        self.bus.connected(nc)
+        self.link.state = state = JetStreamState(nc, s.prefix, s.state_replicas,
+                                                 timeout_s=max(2.0, s.command_timeout_s),
+                                                 bucket=s.state_bucket)
         release("the state buckets", state.close)
         # The jobs this replica comes to drive: their progress recorded, their leases given up.
         release("the jobs' leases", lambda: self.replicas.give_up_jobs())
@@ -365,9 +394,9 @@ class CoordinatorService(ExitSignals):
         LOG.info("coordinator stopped")
 
     async def _drain(self) -> None:
-        if self.nc is not None:
-            await drain(self.nc)
-            self.nc = None
+        if self.link.nc is not None:
+            await drain(self.link.nc)
+            self.link.nc = None
 
     async def _close_status_server(self) -> None:
         if self._status_server is not None:

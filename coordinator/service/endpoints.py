@@ -19,13 +19,23 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from coordinator.config import CoordinatorSettings
 from coordinator.jobs import RankRecord
 from coordinator.optimizer import StatusUpdate, StragglerError
+from coordinator.pipeline.schedulers.settings import PFOServerSettings
+from coordinator.service.actions import ActionExecutor
 from coordinator.service.driver import JobDriver
+from coordinator.service.durable import DurableState
+from coordinator.service.failures import JobFailures
+from coordinator.service.gpus import GpuDirectory
+from coordinator.service.leases import Leases
+from coordinator.service.link import Link
+from coordinator.service.starter import OptimiserStarter
+from coordinator.service.table import JobTable
 from coordinator.state import records
 from coordinator.state.jetstream import StateUnavailableError
 from zeus_agent.errors import ReplyError, reply_for
@@ -39,9 +49,6 @@ from zeus_agent.wire.messages import (
     StragglerNotice,
 )
 from zeus_agent.wire.text import bounded, shown
-
-if TYPE_CHECKING:
-    from coordinator.service import CoordinatorService
 
 __all__ = ["INTERNAL_REPLY", "Endpoints", "Handler"]
 
@@ -59,14 +66,29 @@ RANK_STATUS_EVERY_UP_TO = 64
 
 
 class Endpoints:
-    """The request handlers of the service `svc`."""
+    """The request handlers (each request in its own task, through `spawn`)."""
 
-    def __init__(self, svc: CoordinatorService) -> None:
-        self.svc = svc
+    def __init__(self, *, settings: CoordinatorSettings, pfo: PFOServerSettings,
+                 clock: Callable[[], float], jobs: JobTable, link: Link, leases: Leases,
+                 gpus: GpuDirectory, durable: DurableState, starter: OptimiserStarter,
+                 failures: JobFailures, actions: ActionExecutor,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self.settings = settings
+        self.pfo = pfo
+        self.clock = clock
+        self.jobs = jobs
+        self.link = link
+        self.leases = leases
+        self.gpus = gpus
+        self.durable = durable
+        self.starter = starter
+        self.failures = failures
+        self.actions = actions
+        self.spawn = spawn
 
     def table(self) -> list[tuple[str, str, Handler]]:
         """(name, subject, handler) of every endpoint."""
-        p = self.svc.settings.prefix
+        p = self.settings.prefix
         return [
             ("register_job", subjects.all_coord_register_job(p), self.register_job),
             ("register_rank", subjects.all_coord_register_rank(p), self.register_rank),
@@ -86,7 +108,6 @@ class Endpoints:
         group: an exception there would stop the whole service): a failure while handling it
         is answered `internal`, one while answering it is logged.
         """
-        svc = self.svc
 
         async def answer(req: Any) -> None:
             try:
@@ -113,7 +134,7 @@ class Endpoints:
                 if not inbox.startswith("_INBOX."):
                     # A reply subject aimed elsewhere would make the coordinator publish where
                     # its asker may not (NATS's allow_responses lets it answer any reply subject).
-                    svc.drop("reply_not_an_inbox", req.subject, shown(inbox, 300))
+                    self.link.drop("reply_not_an_inbox", req.subject, shown(inbox, 300))
                     return
                 await answer(req)
             except Exception:  # noqa: BLE001 - the last guard of the service's task group
@@ -121,7 +142,7 @@ class Endpoints:
                               bounded(getattr(req, "subject", "?"), 300))
 
         async def wrapped(req: Any) -> None:
-            svc.spawn(handle(req))
+            self.spawn(handle(req))
 
         return wrapped
 
@@ -140,14 +161,13 @@ class Endpoints:
 
         A request forwarded to this replica is answered here (never forwarded again).
         """
-        svc = self.svc
-        owner = svc.book.owner(records.job_hash(job_id), time.time())
-        if (owner is None or owner == svc.book.me or svc.nc is None
-                or subject.startswith(subjects.all_coord_replicas(svc.settings.prefix)[:-1])):
+        owner = self.leases.book.owner(records.job_hash(job_id), time.time())
+        if (owner is None or owner == self.leases.book.me or self.link.nc is None
+                or subject.startswith(subjects.all_coord_replicas(self.settings.prefix)[:-1])):
             return None
-        subject = subjects.coord_replica(owner, endpoint, svc.settings.prefix)
+        subject = subjects.coord_replica(owner, endpoint, self.settings.prefix)
         try:
-            msg = await svc.nc.request(subject, data, timeout=svc.settings.command_timeout_s)
+            msg = await self.link.nc.request(subject, data, timeout=self.settings.command_timeout_s)
             return codec.decode(msg.data, Reply)
         except Exception as e:  # noqa: BLE001 - the owner died meanwhile: answer here
             LOG.warning("replica %s did not answer a %s about job %s: %s", owner, endpoint,
@@ -157,7 +177,6 @@ class Endpoints:
     # ------------------------------------------------------------------ handlers
     async def register_job(self, data: bytes, subject: str = "") -> Reply:
         """Register a job (through the node named by the subject) and return its id."""
-        svc = self.svc
         request = codec.decode(data, RegisterJob)
         if request.power_limit is not None and request.scheduler != "PowerLimitOptimizer":
             return Reply.failure(
@@ -166,7 +185,7 @@ class Endpoints:
                 f"{request.scheduler[:64]!r}: drop the scheduler, or the power_limit options",
             )
         if request.power_limit is None:  # A pipeline job: this coordinator's scheduler runs it.
-            name = svc.pfo.scheduler
+            name = self.pfo.scheduler
             if request.scheduler not in ("PowerLimitOptimizer", name):
                 return Reply.failure(
                     "bad_request",
@@ -176,27 +195,27 @@ class Endpoints:
             request = request.model_copy(update={"scheduler": name})
         node = subjects.last_token(subject)
         token = secrets.token_urlsafe(JOIN_TOKEN_BYTES)
-        state = svc.require_state()
+        state = self.link.require_state()
         for _ in range(8):
-            record = svc.jobs.register(request, svc.clock(), node, datetime.now(),
-                                       join_token=token)
+            record = self.jobs.register(request, self.clock(), node, datetime.now(),
+                                        join_token=token)
             try:
                 created = await state.create_job(record)
             except StateUnavailableError:
-                svc.jobs.forget(record.job_id)
+                self.jobs.forget(record.job_id)
                 raise
             if created:
                 break
             # Another replica registered a job with this id meanwhile: learn it, take the next.
-            svc.jobs.forget(record.job_id)
-            await svc.durable.known_job(record.job_id)
+            self.jobs.forget(record.job_id)
+            await self.durable.known_job(record.job_id)
         else:
             raise StateUnavailableError("could not give the job a unique id; retry")
-        svc.writes += 1
-        await svc.replicas.take(record.job_id, 0, "registered here")
+        self.link.writes += 1
+        await self.leases.take(record.job_id, 0, "registered here")
         what = "power-limit optimisation" if request.power_limit else request.scheduler
-        await svc.status(record.job_id, "registered",
-                         f"job registered for {what}; waiting for {record.job.world_size} rank(s)")
+        await self.link.status(record.job_id, "registered", f"job registered for {what}; "
+                               f"waiting for {record.job.world_size} rank(s)")
         return Reply.success(job_id=record.job_id, join_token=token)
 
     async def register_rank(self, data: bytes, subject: str = "") -> Reply:
@@ -205,7 +224,6 @@ class Endpoints:
         Only the agent of the GPU's node may register it: the subject names the node the
         request came through.
         """
-        svc = self.svc
         request = codec.decode(data, RegisterRank)
         if request.rank_info.instructions is not None:
             # The coordinator learns a rank's instructions by observing it; what a registration
@@ -214,46 +232,46 @@ class Endpoints:
                 "rank_info": request.rank_info.model_copy(update={"instructions": None})})
         gpu = request.gpu
         via = subjects.last_token(subject)
-        await svc.durable.known_job(request.job_id)
+        await self.durable.known_job(request.job_id)
         if via != subjects.token(gpu.node):
             return Reply.failure(
                 "forbidden",
                 f"a rank on node {gpu.node!r} must be registered through that node's agent, not "
                 f"through {shown(via)}: run the trainer on the node of its GPU",
             )
-        retry = svc.registry.check_rank(request)  # Refuse bad requests before asking agents.
+        retry = self.jobs.registry.check_rank(request)  # Refuse bad requests before asking agents.
         info: GpuDescription | None = None
         if not retry:
             info = request.gpu_info  # Set by the agent that relayed it (only it may).
             if info is None or info.index != gpu.gpu_index:
-                info = await svc.gpus.describe(gpu.node, gpu.gpu_index)
+                info = await self.gpus.describe(gpu.node, gpu.gpu_index)
             else:
-                svc.gpus.know(gpu.node, info)
+                self.gpus.know(gpu.node, info)
             refused = self._refuse_gpu(request, info)
             if refused is not None:
                 return refused
         # The job may have gone or the rank been taken meanwhile (here, or through another
         # replica: the state bucket decides, once): this checks again.
-        svc.registry.check_rank(request)
+        self.jobs.registry.check_rank(request)
         mine = (request.job_id, request.rank_info.rank)
-        svc.jobs.registering.add(mine)  # This handler, not the state watch, starts the job.
+        self.jobs.registering.add(mine)  # This handler, not the state watch, starts the job.
         try:
             limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
-            new = await svc.require_state().create_rank(
+            new = await self.link.require_state().create_rank(
                 request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits)
         finally:
-            svc.jobs.registering.discard(mine)
-        record, _ = svc.registry.register_rank(request, svc.clock())
+            self.jobs.registering.discard(mine)
+        record, _ = self.jobs.registry.register_rank(request, self.clock())
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
-            svc.writes += 2
+            self.link.writes += 2
             # One event per rank is too many to follow for big jobs: then every 10 %.
             if world <= RANK_STATUS_EVERY_UP_TO or n * 10 // world != (n - 1) * 10 // world:
-                await svc.status(record.job_id, "rank_registered",
-                                 f"rank {request.rank_info.rank} on {gpu.node}/gpu"
-                                 f"{gpu.gpu_index} ({n}/{world} ranks registered)")
+                await self.link.status(record.job_id, "rank_registered",
+                                       f"rank {request.rank_info.rank} on {gpu.node}/gpu"
+                                       f"{gpu.gpu_index} ({n}/{world} ranks registered)")
             if record.complete:
-                svc.starter.maybe_start(svc.jobs.driver(record.job_id))
+                self.starter.maybe_start(self.jobs.driver(record.job_id))
         return Reply.success(job_id=record.job_id, rank=request.rank_info.rank,
                              registered=n, world_size=world)
 
@@ -273,7 +291,7 @@ class Endpoints:
                 f"{gpu.gpu_uuid}: check the rank's CUDA_VISIBLE_DEVICES and GPU index",
             )
         if not info.controllable:
-            held = self.svc.jobs.record(request.job_id)
+            held = self.jobs.record(request.job_id)
             what = ("its power limit" if held is not None and held.power_limit is not None
                     else "its SM clocks")
             return Reply.failure(
@@ -288,21 +306,20 @@ class Endpoints:
 
     async def query(self, data: bytes, subject: str = "") -> Reply:
         """Describe one job, or list all jobs."""
-        svc = self.svc
         query = codec.decode(data, JobQuery)
         if query.job_id is None:
-            ids = sorted(svc.jobs.ids())
+            ids = sorted(self.jobs.ids())
             end = query.offset + query.limit
             return Reply.success(jobs=ids[query.offset:end], total=len(ids),
                                  next_offset=end if end < len(ids) else None,
-                                 quarantined=len(svc.failures.quarantined))
-        await svc.durable.known_job(query.job_id)
-        record = svc.jobs.require(query.job_id)
+                                 quarantined=len(self.failures.quarantined))
+        await self.durable.known_job(query.job_id)
+        record = self.jobs.require(query.job_id)
         forwarded = await self._forward(record.job_id, "query", data, subject)
         if forwarded is not None:
             return forwarded
-        optimiser = svc.jobs.optimiser(record.job_id)
-        quarantine = svc.failures.quarantined.get(records.job_hash(record.job_id))
+        optimiser = self.jobs.optimiser(record.job_id)
+        quarantine = self.failures.quarantined.get(records.job_hash(record.job_id))
         progress: dict[str, Any] = {"power_limit": None, "pipeline": None}
         if optimiser is not None:
             progress[optimiser.kind] = optimiser.progress()
@@ -312,7 +329,7 @@ class Endpoints:
             scheduler=record.scheduler,
             power_limit_options=record.power_limit.model_dump() if record.power_limit else None,
             complete=record.complete,
-            idle_s=max(0.0, svc.clock() - record.last_active_s),
+            idle_s=max(0.0, self.clock() - record.last_active_s),
             ranks={str(r): {"node": rr.gpu.node, "gpu_index": rr.gpu.gpu_index,
                             "gpu_uuid": rr.gpu.gpu_uuid}
                    for r, rr in sorted(record.ranks.items())},
@@ -323,10 +340,9 @@ class Endpoints:
 
     async def straggler(self, data: bytes, subject: str = "") -> Reply:
         """A straggler notice about one pipeline of a pipeline job (or its clearing)."""
-        svc = self.svc
         notice = codec.decode(data, StragglerNotice)
-        await svc.durable.known_job(notice.job_id)
-        record = svc.jobs.require(notice.job_id)
+        await self.durable.known_job(notice.job_id)
+        record = self.jobs.require(notice.job_id)
         forwarded = await self._forward(record.job_id, "straggler", data, subject)
         if forwarded is not None:
             return forwarded
@@ -336,7 +352,7 @@ class Endpoints:
                 f"job {record.job_id} is optimised by the power-limit optimizer: straggler "
                 "notices are for pipeline jobs (pipeline frequency optimizer)")
         # (Not kept for a job removed meanwhile: its optimiser is simply not running.)
-        driver = svc.jobs.get(record.job_id) or JobDriver(record.job_id)
+        driver = self.jobs.get(record.job_id) or JobDriver(record.job_id)
         async with driver.lock:
             job = driver.optimiser
             if job is None:
@@ -350,7 +366,7 @@ class Endpoints:
                                             else notice.factor)
             except StragglerError as e:
                 return reply_for(e)
-            await svc.actions.execute(record, actions)
+            await self.actions.execute(record, actions)
             progress = job.progress()
         message = next((a.message for a in reversed(actions) if isinstance(a, StatusUpdate)), "")
         return Reply.success(job_id=record.job_id, stragglers=progress["stragglers"],

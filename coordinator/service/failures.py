@@ -17,9 +17,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
+from coordinator.config import CoordinatorSettings
+from coordinator.service.commands import GpuCommands
+from coordinator.service.link import Link
+from coordinator.service.table import JobTable
 from coordinator.state import records
 from coordinator.state.jetstream import StateUnavailableError
 from zeus_agent.wire import codec, subjects
@@ -29,9 +33,6 @@ from zeus_agent.wire.messages import (
     ResetPowerLimitCmd,
 )
 from zeus_agent.wire.text import bounded
-
-if TYPE_CHECKING:
-    from coordinator.service import CoordinatorService
 
 __all__ = ["JobFailures"]
 
@@ -49,15 +50,21 @@ def describe(error: BaseException) -> str:
 
 
 class JobFailures:
-    """Ends the jobs that fail, for the service `svc`.
+    """Ends the jobs that fail (their GPUs reset through `commands`), quarantines them.
 
     Attributes:
         quarantined: Job key token -> its quarantine note (what the state bucket holds).
         failed: Jobs this replica ended since it started.
     """
 
-    def __init__(self, svc: CoordinatorService) -> None:
-        self.svc = svc
+    def __init__(self, *, settings: CoordinatorSettings, jobs: JobTable, link: Link,
+                 commands: GpuCommands,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.link = link
+        self.commands = commands
+        self.spawn = spawn
         self.quarantined: dict[str, dict[str, Any]] = {}
         self.failed = 0
         self._writing: set[str] = set()
@@ -74,10 +81,11 @@ class JobFailures:
         Unreadable: the job is not started now (a later ownership round tries again).
         """
         h = records.job_hash(job_id)
-        if h in self.quarantined or self.svc.state is None:
+        state = self.link.state
+        if h in self.quarantined or state is None:
             return h in self.quarantined
         try:
-            note = await self.svc.state.get_quarantine(h)
+            note = await state.get_quarantine(h)
         except StateUnavailableError as e:
             LOG.warning("job %s: not started yet, its quarantine cannot be read (%s)", job_id, e)
             return True
@@ -98,30 +106,28 @@ class JobFailures:
 
     async def fail(self, job_id: str, why: str) -> None:
         """End a job this replica drives: no longer driven, `failed`, GPUs reset, quarantined."""
-        svc = self.svc
         self.failed += 1
-        driver = svc.jobs.get(job_id)
+        driver = self.jobs.get(job_id)
         if driver is not None:
             driver.end(why)
-        record = svc.jobs.record(job_id)
+        record = self.jobs.record(job_id)
         reset = ""
         if record is not None:
             with contextlib.suppress(Exception):  # (A reset that fails: the leases lapse.)
                 reset = await self._reset_gpus(record)
-        await svc.status(job_id, "failed",
-                         f"{why}; the job is no longer optimised{reset} and is quarantined "
-                         "(zeus-coordinator quarantine list; drop it, or release it to try "
-                         "again once the cause is fixed)")
+        await self.link.status(job_id, "failed",
+                               f"{why}; the job is no longer optimised{reset} and is "
+                               "quarantined (zeus-coordinator quarantine list; drop it, or "
+                               "release it to try again once the cause is fixed)")
         await self.quarantine(records.job_key(job_id), why, job_id)
 
     async def _reset_gpus(self, record: Any) -> str:
         """Set the job's GPUs back to their defaults (if this replica drives it): a phrase."""
-        svc = self.svc
-        prefix = svc.settings.prefix
+        prefix = self.settings.prefix
         requests = [(subjects.gpu_command(g.node, g.gpu_index, prefix), cmd)
                     for g in record.gpus() for cmd in RESET_COMMANDS]
-        replies = await svc.actions.command(record, "setting the GPUs back to their defaults",
-                                            requests)
+        replies = await self.commands.command(record, "setting the GPUs back to their defaults",
+                                              requests)
         if replies is None:
             return ""
         failed = sum(1 for r in replies if isinstance(r, str) or not r.ok)
@@ -141,26 +147,25 @@ class JobFailures:
                 or key.startswith(("v.prog.", "v.quar.")) or h in self.quarantined
                 or h in self._writing):
             return
-        known = self.svc.jobs.by_hash(h)
-        self.svc.spawn(self.quarantine(key, f"record {key} cannot be loaded: {error}",
-                                       known.job_id if known is not None else None))
+        known = self.jobs.by_hash(h)
+        self.spawn(self.quarantine(key, f"record {key} cannot be loaded: {error}",
+                                   known.job_id if known is not None else None))
 
     async def quarantine(self, key: str, why: str, job_id: str | None) -> None:
         """Write the quarantine note of the job `key` belongs to (once; any replica may)."""
-        svc = self.svc
-        h = records.hash_of_key(key)
+        h, replica = records.hash_of_key(key), self.settings.replica_name
         if h is None:
             return
         note = {"job_id": job_id, "key": key, "reason": why,
-                "replica": svc.settings.replica_name, "at": time.time()}
+                "replica": replica, "at": time.time()}
         self.quarantined.setdefault(h, note)
-        if svc.state is None or h in self._writing:
+        state = self.link.state
+        if state is None or h in self._writing:
             return
         self._writing.add(h)
         try:
-            value = records.encode_quarantine(job_id, key, why, svc.settings.replica_name,
-                                              time.time())
-            if await svc.state.quarantine(h, value):
+            value = records.encode_quarantine(job_id, key, why, replica, time.time())
+            if await state.quarantine(h, value):
                 LOG.error("job %s quarantined: %s", job_id or h, bounded(why, 500))
         except StateUnavailableError as e:
             LOG.warning("job %s: its quarantine not recorded (%s): this replica keeps it "

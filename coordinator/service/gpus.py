@@ -7,15 +7,14 @@ registration, or when asked (`info`); descriptions are trusted for `GPU_INFO_TTL
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from coordinator.config import CoordinatorSettings
+from coordinator.service.link import Link
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, GpuDescription, InfoCmd, Reply
 from zeus_agent.wire.text import bounded
-
-if TYPE_CHECKING:
-    from coordinator.service import CoordinatorService
 
 __all__ = ["GPU_INFO_TTL_S", "GpuDirectory"]
 
@@ -28,15 +27,18 @@ INFO_COMMAND = codec.encode(CommandEnvelope(cmd=InfoCmd()))
 
 
 class GpuDirectory:
-    """GPU descriptions by (node, index), for the service `svc`.
+    """GPU descriptions by (node, index), asked of their agents over `link`.
 
     Attributes:
         limits: (node, index) -> (min, max) power limit (W): from descriptions, and from the
             state bucket (the replica that registered the rank recorded them).
     """
 
-    def __init__(self, svc: CoordinatorService) -> None:
-        self.svc = svc
+    def __init__(self, settings: CoordinatorSettings, clock: Callable[[], float],
+                 link: Link) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.link = link
         self.limits: dict[tuple[str, int], tuple[int, int]] = {}
         self.why_not: dict[tuple[str, int], str] = {}
         """(node, index) -> why the last `describe` of the GPU gave nothing."""
@@ -56,22 +58,21 @@ class GpuDirectory:
     def know(self, node: str, info: GpuDescription, now: float | None = None) -> None:
         """Remember a GPU's description (its power-limit range above all)."""
         key = (node, info.index)
-        self._cache[key] = (self.svc.clock() if now is None else now, info)
+        self._cache[key] = (self.clock() if now is None else now, info)
         self.limits[key] = (info.min_power_limit_w, info.max_power_limit_w)
         self.periods[key] = info.energy_period_ms
 
     async def describe(self, node: str, index: int) -> GpuDescription | None:
         """The agent's description of a GPU (cached for `GPU_INFO_TTL_S`), None if no answer."""
-        svc = self.svc
+        s = self.settings
         key = (node, index)
         cached = self._cache.get(key)
-        now = svc.clock()
+        now = self.clock()
         if cached is not None and now - cached[0] < GPU_INFO_TTL_S:
             return cached[1]
-        subject = subjects.gpu_command(node, index, svc.settings.prefix)
+        subject = subjects.gpu_command(node, index, s.prefix)
         try:
-            raw = await svc.nc.request(subject, INFO_COMMAND,
-                                       timeout=svc.settings.command_timeout_s)
+            raw = await self.link.nc.request(subject, INFO_COMMAND, timeout=s.command_timeout_s)
             reply = codec.decode(raw.data, Reply)
             if not reply.ok:
                 LOG.warning("agent on %s refused info: %s", subject, bounded(reply.error, 300))

@@ -15,20 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord
 from coordinator.optimizer import JobOptimizer
+from coordinator.service.actions import ActionExecutor
 from coordinator.service.driver import JobDriver
+from coordinator.service.failures import JobFailures
+from coordinator.service.leases import Leases
+from coordinator.service.link import Link
+from coordinator.service.table import JobTable
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, ErrorEvent, MeasurementBatch, TrainerEventBatch
 from zeus_agent.wire.text import shown
-
-if TYPE_CHECKING:
-    from coordinator.service import CoordinatorService
 
 __all__ = ["Streams"]
 
@@ -44,16 +48,24 @@ REAPPLY_WINDOW_LEASES = 10
 
 
 class Streams:
-    """The stream handlers of the service `svc`."""
+    """The stream handlers; what they take in goes to the jobs' optimisers through `actions`."""
 
-    def __init__(self, svc: CoordinatorService) -> None:
-        self.svc = svc
+    def __init__(self, *, settings: CoordinatorSettings, clock: Callable[[], float],
+                 jobs: JobTable, link: Link, leases: Leases, actions: ActionExecutor,
+                 failures: JobFailures) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.jobs = jobs
+        self.link = link
+        self.leases = leases
+        self.actions = actions
+        self.failures = failures
         self.agent_ids: dict[str, str] = {}
         """Node token -> the id of the agent that last announced itself there."""
 
     def subscriptions(self) -> list[tuple[str, Any]]:
         """(subject, callback) of every stream followed."""
-        p = self.svc.settings.prefix
+        p = self.settings.prefix
         return [
             (subjects.all_job_events(p), self.on_events),
             (subjects.all_gpu_measurements(p), self.on_measurements),
@@ -67,7 +79,7 @@ class Streams:
         try:
             return codec.decode(msg.data, model)
         except PayloadError as e:
-            self.svc.drop("malformed", msg.subject, e)
+            self.link.drop("malformed", msg.subject, e)
             return None
 
     def _without_token(self, record: JobRecord | None, batch: Any, subject: str) -> bool:
@@ -77,50 +89,49 @@ class Streams:
         """
         if record is None or record.admits(batch.join_digest):
             return False
-        self.svc.drop("no_join_token", subject,
-                      f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not present "
-                      "the job's join token")
+        self.link.drop("no_join_token", subject,
+                       f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not present "
+                       "the job's join token")
         return True
 
     def _other_replicas_job(self, driver: JobDriver | None) -> bool:
         """Whether a stream message is about a job this replica knows another one drives."""
         return driver is not None and driver.optimiser is None and not (
-            self.svc.owns(driver.job_id))
+            self.leases.owns(driver.job_id))
 
     # ------------------------------------------------------------------ streams
     async def on_events(self, msg: Any) -> None:
         """A batch of a rank's trainer events."""
-        svc = self.svc
         where = subjects.parse_job_events(msg.subject)
-        named = svc.jobs.by_token(where.job) if where is not None else None
+        named = self.jobs.by_token(where.job) if where is not None else None
         if where is None or self._other_replicas_job(named):
             return  # Another replica's job is not even decoded.
         if named is None:  # No job known here: nothing to decode it for.
-            svc.drop("unknown_job", msg.subject, where.job)
+            self.link.drop("unknown_job", msg.subject, where.job)
             return
         batch = self._decode(msg, TrainerEventBatch)
         if batch is None:
             return
-        driver = svc.jobs.get(batch.job_id)
+        driver = self.jobs.get(batch.job_id)
         record = driver.record if driver is not None else None
         if driver is None or record is None or driver.token != where.job:
-            svc.drop("unknown_job" if record is None else "wrong_job", msg.subject,
-                     batch.job_id)
+            self.link.drop("unknown_job" if record is None else "wrong_job", msg.subject,
+                           batch.job_id)
             return
         # The rank's own GPU, not just its node, and a trainer that presented the job's token:
         # an agent binds a GPU to (job, rank) on a trainer's HELLO, so any process of the node
         # that knows the job id could otherwise speak for the rank.
         if (where.node != subjects.token(batch.node)
                 or not driver.bound_here(batch.rank, where.node, batch.gpu)):
-            svc.drop("wrong_node", msg.subject,
-                     f"rank {batch.rank} of {batch.job_id} is not bound to "
-                     f"{shown(where.node)}/gpu{batch.gpu}")
+            self.link.drop("wrong_node", msg.subject,
+                           f"rank {batch.rank} of {batch.job_id} is not bound to "
+                           f"{shown(where.node)}/gpu{batch.gpu}")
             return
         if self._without_token(record, batch, msg.subject):
             return
-        now = svc.clock()
-        lapsed = driver.quiet(now, svc.settings.lease_idle_s)
-        svc.registry.touch(batch.job_id, now)
+        now = self.clock()
+        lapsed = driver.quiet(now, self.settings.lease_idle_s)
+        self.jobs.registry.touch(batch.job_id, now)
         job = driver.optimiser
         if job is None:
             return
@@ -128,69 +139,67 @@ class Streams:
             if lapsed:
                 # Renewals stopped while the job was quiet, so the agents have restored their
                 # defaults: the job is back, so are its settings.
-                await svc.actions.reapply(record, job, "events again after a quiet spell")
+                await self.actions.reapply(record, job, "events again after a quiet spell")
             events = batch.events
             for first in range(0, len(events), EVENTS_PER_YIELD):
                 # One input per chunk: a late batch sends only the limit its last event needs,
                 # never one for a window already past.
                 chunk = events[first:first + EVENTS_PER_YIELD]
-                await svc.actions.act(batch.job_id, lambda r, c: job.on_events(r, c, now),
-                                      batch.rank, chunk)
+                await self.actions.act(batch.job_id, lambda r, c: job.on_events(r, c, now),
+                                       batch.rank, chunk)
                 if first + EVENTS_PER_YIELD < len(events):
                     await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
 
     async def on_measurements(self, msg: Any) -> None:
         """A batch of a rank's GPU marks and step or instruction measurements."""
-        svc = self.svc
         where = subjects.parse_gpu_subject(msg.subject)
-        if where is None or self._other_replicas_job(svc.jobs.on_gpu(where.node, where.gpu)):
+        if where is None or self._other_replicas_job(self.jobs.on_gpu(where.node, where.gpu)):
             return
         batch = self._decode(msg, MeasurementBatch)
         if batch is None:
             return
-        driver = svc.jobs.get(batch.job_id)
+        driver = self.jobs.get(batch.job_id)
         job = driver.optimiser if driver is not None else None
         if driver is None or job is None:
-            if batch.job_id not in svc.jobs:
-                svc.drop("unknown_job", msg.subject, batch.job_id)
+            if batch.job_id not in self.jobs:
+                self.link.drop("unknown_job", msg.subject, batch.job_id)
             return
         if not batch.marks and not batch.measurements:
             return
         record = driver.record
         if (where.node != subjects.token(batch.node) or where.gpu != str(batch.gpu)
                 or not driver.bound_here(batch.rank, where.node, batch.gpu)):
-            svc.drop("wrong_node", msg.subject, f"rank {batch.rank} of {batch.job_id} is not "
-                     f"bound to {where.node}/gpu{where.gpu}")
+            self.link.drop("wrong_node", msg.subject, f"rank {batch.rank} of {batch.job_id} is not "
+                           f"bound to {where.node}/gpu{where.gpu}")
             return
         if self._without_token(record, batch, msg.subject):
             return
-        now = svc.clock()
+        now = self.clock()
         async with driver.lock:
             for i, mark in enumerate(batch.marks, 1):
-                await svc.actions.act(batch.job_id, job.on_mark, batch.rank, mark)
+                await self.actions.act(batch.job_id, job.on_mark, batch.rank, mark)
                 if i % EVENTS_PER_YIELD == 0:
                     await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
             if record is not None and any(job.plans_on(m) for m in batch.measurements):
                 # A step may close a profiling window, and the scheduler may then plan a
                 # frontier for seconds: off the event loop (leases keep being renewed). The
                 # job's lock keeps its inputs in order meanwhile.
-                async with svc.failures.contained(batch.job_id, "planning the job"):
+                async with self.failures.contained(batch.job_id, "planning the job"):
                     actions = await asyncio.to_thread(
                         lambda: [a for m in batch.measurements
                                  for a in job.on_measurement(batch.rank, m, now)])
-                    await svc.actions.execute(record, actions)
+                    await self.actions.execute(record, actions)
                 return
             for m in batch.measurements:
-                await svc.actions.act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),
-                                      batch.rank, m)
+                await self.actions.act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),
+                                       batch.rank, m)
 
     async def on_gpu_error(self, msg: Any) -> None:
         """An agent's error event about the rank bound to one of its GPUs (a trainer gone...)."""
-        svc = self.svc
         event = self._decode(msg, ErrorEvent)
         if event is None or event.job_id is None or event.rank is None:
             return
-        driver = svc.jobs.get(event.job_id)
+        driver = self.jobs.get(event.job_id)
         job = driver.optimiser if driver is not None else None
         if driver is None or job is None:
             return
@@ -199,24 +208,24 @@ class Streams:
         if where is None or not driver.bound_here(event.rank, where.node,
                                                   -1 if gpu is None else gpu):
             node, token = (where.node, where.gpu) if where is not None else ("?", "?")
-            svc.drop("wrong_node", msg.subject,
-                     f"rank {event.rank} of {event.job_id} is not bound to {node}/gpu{token}")
+            self.link.drop("wrong_node", msg.subject,
+                           f"rank {event.rank} of {event.job_id} is not bound to {node}/gpu{token}")
             return
-        now = svc.clock()
+        now = self.clock()
         async with driver.lock:
             if event.code == "lease_expired":
                 restored = event.detail.get("restored")
                 await self.reapply_lapsed(driver, job, event.rank,
                                           restored if isinstance(restored, list) else [])
-            await svc.actions.act(event.job_id,
-                                  lambda r, e: job.on_agent_error(r, e.code, e.message, now),
-                                  event.rank, event)
+            await self.actions.act(event.job_id,
+                                   lambda r, e: job.on_agent_error(r, e.code, e.message, now),
+                                   event.rank, event)
 
     # ------------------------------------------------------------------ lapsed settings
     def _recent_reapplies(self, driver: JobDriver, rank: int) -> list[float]:
         """When the rank's lapsed settings were set again within the last window."""
-        window = REAPPLY_WINDOW_LEASES * self.svc.settings.lease_s
-        return driver.recent_reapplies(rank, self.svc.clock(), window)
+        window = REAPPLY_WINDOW_LEASES * self.settings.lease_s
+        return driver.recent_reapplies(rank, self.clock(), window)
 
     async def reapply_locked(self, driver: JobDriver, job: JobOptimizer, rank: int,
                              restored: list[str]) -> None:
@@ -238,14 +247,13 @@ class Streams:
         without this the GPU would stay at its default until the job next went quiet. A quiet
         job's leases lapse on purpose and stay lapsed.
         """
-        svc = self.svc
         job_id, record = driver.job_id, driver.record
         if (record is None or rank not in record.ranks
-                or driver.quiet(svc.clock(), svc.settings.lease_idle_s)):
+                or driver.quiet(self.clock(), self.settings.lease_idle_s)):
             return
-        if not await svc.replicas.owns_now(job_id):
-            lease = svc.book.leases.get(driver.hash)
-            if lease is not None and lease.owner == svc.book.me:
+        if not await self.leases.owns_now(job_id):
+            lease = self.leases.book.leases.get(driver.hash)
+            if lease is not None and lease.owner == self.leases.book.me:
                 # This replica's own lease lapsed too (the same stall that made the renewals
                 # late): the agent says so only once, so keep it for when the lease is back.
                 driver.pending_lapses.setdefault(rank, set()).update(
@@ -259,33 +267,34 @@ class Streams:
         # Leases that lapse again and again mean renewals never reach the agent (its
         # permissions, a one-way partition): setting them again each time would only flap the
         # GPU and flood commands (the agent's events are its own to send).
-        now, window = svc.clock(), REAPPLY_WINDOW_LEASES * svc.settings.lease_s
+        now, window = self.clock(), REAPPLY_WINDOW_LEASES * self.settings.lease_s
         recent = self._recent_reapplies(driver, rank)
         if len(recent) >= REAPPLY_LIMIT:
             if len(recent) == REAPPLY_LIMIT:
-                await svc.status(job_id, "error",
-                                 f"the leases on {where} lapsed {REAPPLY_LIMIT} times in "
-                                 f"{window:g} s while the job was active: renewals do not reach "
-                                 f"its agent (check that it may subscribe to "
-                                 f"{subjects.all_lease_renewals(svc.settings.prefix)}); its "
-                                 "settings stay at the defaults until its agent restarts or the "
-                                 "job comes back from a quiet spell")
+                renewals = subjects.all_lease_renewals(self.settings.prefix)
+                await self.link.status(job_id, "error",
+                                       f"the leases on {where} lapsed {REAPPLY_LIMIT} times in "
+                                       f"{window:g} s while the job was active: renewals do not "
+                                       f"reach its agent (check that it may subscribe to "
+                                       f"{renewals}); its settings stay at the defaults until "
+                                       "its agent restarts or the job comes back from a quiet "
+                                       "spell")
                 recent.append(now)  # Said once per window.
             driver.lapse_reapplies[rank] = recent
             return
         driver.lapse_reapplies[rank] = [*recent, now]
         desired = job.desired_power_limit
         if "power_limit" in restored and desired is not None:
-            await svc.status(job_id, "reconciled",
-                             f"the lease on {where} lapsed while the job was active (late "
-                             f"renewals): setting {desired} W again")
-            await svc.actions.apply_power_limit(record, desired, [binding])
+            await self.link.status(job_id, "reconciled",
+                                   f"the lease on {where} lapsed while the job was active (late "
+                                   f"renewals): setting {desired} W again")
+            await self.actions.apply_power_limit(record, desired, [binding])
         wanted = job.desired_schedule(rank)
         if "schedule" in restored and wanted is not None:
-            await svc.status(job_id, "reconciled",
-                             f"the lease on {where} lapsed while the job was active (late "
-                             f"renewals): installing schedule {wanted.version} again")
-            await svc.actions.install_again(record, [wanted])
+            await self.link.status(job_id, "reconciled",
+                                   f"the lease on {where} lapsed while the job was active (late "
+                                   f"renewals): installing schedule {wanted.version} again")
+            await self.actions.install_again(record, [wanted])
 
     # ------------------------------------------------------------------ reconciliation
     async def on_agent_hello(self, msg: Any) -> None:
@@ -294,13 +303,12 @@ class Streams:
         Only a GPU whose agent says the job's trainer is bound to it (it said HELLO, again after
         an agent restart): a GPU whose trainer left stays at its default.
         """
-        svc = self.svc
         hello = self._decode(msg, AgentHello)
         if hello is None:
             return
         node = subjects.token(hello.node)
         if node != subjects.parse_agent_hello(msg.subject):
-            svc.drop("wrong_node", msg.subject, f"hello names node {shown(hello.node)}")
+            self.link.drop("wrong_node", msg.subject, f"hello names node {shown(hello.node)}")
             return
         previous = self.agent_ids.get(node)
         self.agent_ids[node] = hello.agent_id
@@ -309,54 +317,54 @@ class Streams:
                      hello.agent_id)
             # Its ranks' lapse throttle ends (as the error status says), whatever this first
             # announcement shows: a restarted agent has no trainers bound yet.
-            for throttled in svc.jobs.drivers():
+            for throttled in self.jobs.drivers():
                 throttled.forget_lapses_on(node)
         for gpu in hello.gpus:
-            driver = svc.jobs.on_gpu(node, subjects.token(gpu.index))
+            driver = self.jobs.on_gpu(node, subjects.token(gpu.index))
             if driver is None or gpu.job_id != driver.job_id:
                 continue
             record, job = driver.record, driver.optimiser
             rank = record.gpu_ranks.get((hello.node, gpu.index)) if record is not None else None
             if record is None or rank is None or rank not in record.ranks:
                 continue
-            if job is None or not svc.owns(driver.job_id):
+            if job is None or not self.leases.owns(driver.job_id):
                 continue  # (Fenced: a replica whose lease lapsed may be being taken over.)
             await self._reconcile(hello, gpu, record, driver, job, rank)
 
     async def _reconcile(self, hello: AgentHello, gpu: Any, record: JobRecord,
                          driver: JobDriver, job: JobOptimizer, rank: int) -> None:
         """Set again what one announced GPU of a driven job lacks (its agent restarted?)."""
-        svc = self.svc
         node = subjects.token(hello.node)
         if not gpu.controllable:
             # Its agent lost the privilege (or restarted observe-only): said once.
             if (node, gpu.index) not in driver.observe_only_said:
                 driver.observe_only_said.add((node, gpu.index))
-                await svc.status(record.job_id, "error",
-                                 f"{hello.node}/gpu{gpu.index} (rank {rank}) is observe-only "
-                                 "now: its agent cannot change its settings, so the job's "
-                                 "settings are not applied there; restart that agent "
-                                 "without --observe-only, as root or with CAP_SYS_ADMIN")
+                await self.link.status(record.job_id, "error",
+                                       f"{hello.node}/gpu{gpu.index} (rank {rank}) is observe-only "
+                                       "now: its agent cannot change its settings, so the job's "
+                                       "settings are not applied there; restart that agent "
+                                       "without --observe-only, as root or with CAP_SYS_ADMIN")
             return
-        if driver.quiet(svc.clock(), svc.settings.lease_idle_s):
+        if driver.quiet(self.clock(), self.settings.lease_idle_s):
             return  # A quiet job: its leases lapsed on purpose.
         if len(self._recent_reapplies(driver, rank)) >= REAPPLY_LIMIT:
             return  # Renewals do not reach this agent (said): no flapping per heartbeat.
         binding = record.ranks[rank].gpu
         desired = job.desired_power_limit
         if desired is not None and gpu.power_limit_w != desired:
-            await svc.status(record.job_id, "reconciled",
-                             f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, not "
-                             f"{desired} W (its agent restarted?): setting {desired} W again")
-            await svc.actions.apply_power_limit(record, desired, [binding])
+            await self.link.status(record.job_id, "reconciled",
+                                   f"{binding.node}/gpu{gpu.index} is at {gpu.power_limit_w} W, "
+                                   f"not {desired} W (its agent restarted?): setting {desired} W "
+                                   "again")
+            await self.actions.apply_power_limit(record, desired, [binding])
         # A heartbeat may predate a recent install: only a schedule installed a while ago
         # and missing now was lost (the agent restarted).
         installed_at = driver.installed_at.get(rank, 0.0)
-        settled = svc.clock() - installed_at > max(2.0, svc.settings.command_timeout_s)
+        settled = self.clock() - installed_at > max(2.0, self.settings.command_timeout_s)
         wanted = job.desired_schedule(rank) if settled else None
         if wanted is not None and gpu.schedule_version != wanted.version:
-            await svc.status(record.job_id, "reconciled",
-                             f"{binding.node}/gpu{gpu.index} has schedule "
-                             f"{gpu.schedule_version}, not {wanted.version} (its agent "
-                             "restarted?): installing it again")
-            await svc.actions.install_again(record, [wanted])
+            await self.link.status(record.job_id, "reconciled",
+                                   f"{binding.node}/gpu{gpu.index} has schedule "
+                                   f"{gpu.schedule_version}, not {wanted.version} (its agent "
+                                   "restarted?): installing it again")
+            await self.actions.install_again(record, [wanted])

@@ -199,9 +199,6 @@ async def test_custom_selector_with_more_than_256_limits_falls_back_with_a_reaso
     record = SimpleNamespace(
         job_id="job-300-limits",
         ranks={0: SimpleNamespace(gpu=GpuBinding(node="node-a", gpu_index=0))})
-    svc = SimpleNamespace(settings=SimpleNamespace(prefix="zeus"),
-                          jobs=SimpleNamespace(optimiser=lambda _j: job))
-    executor = ActionExecutor(svc)  # type: ignore[arg-type]
 
     async def command(_record: Any, _what: str, requests: list[tuple[str, bytes]]) -> list[Any]:
         sent.append(requests)
@@ -210,7 +207,11 @@ async def test_custom_selector_with_more_than_256_limits_falls_back_with_a_reaso
     async def act(_job_id: str, step: Any, rank: int, item: Any) -> None:
         step(rank, item)
 
-    executor.command = command  # type: ignore[method-assign]
+    executor = ActionExecutor(  # Only what ask_selector uses; the rest is never reached.
+        settings=SimpleNamespace(prefix="zeus"), pfo=None, clock=time.monotonic,  # type: ignore[arg-type]
+        jobs=SimpleNamespace(optimiser=lambda _j: job), link=None,  # type: ignore[arg-type]
+        leases=None, commands=SimpleNamespace(command=command),  # type: ignore[arg-type]
+        failures=None, progress=None)  # type: ignore[arg-type]
     executor.act = act  # type: ignore[method-assign]
     rows = tuple(PowerLimitMeasurement(power_limit=w, energy=1000.0 - w, time=1.0 + w / 1000)
                  for w in range(400, 100, -1))  # 300 limits: 101..400 W by 1 W

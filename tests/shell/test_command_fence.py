@@ -93,7 +93,7 @@ async def test_every_command_path_is_fenced(nats_server, agent, nc, tmp_path,
             sent.extend(requests)
             return []
 
-        monkeypatch.setattr(coord.actions, "request_all", request_all)
+        monkeypatch.setattr(coord.commands, "request_all", request_all)
         schedule = FrequencySchedule(rank=0, frequencies=[("forward", 1740)])
         await coord.actions.apply_power_limit(record, 200)
         await coord.actions.reapply(record, job, "events again after a quiet spell")

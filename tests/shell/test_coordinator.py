@@ -914,9 +914,9 @@ async def test_a_gpu_whose_trainer_left_is_not_reported_as_a_failed_command(coor
     record = coord.registry.jobs[job_id]
     gpus = [GpuBinding(node=NODE, gpu_index=i) for i in (0, 1)]
     left = Reply.failure("trainer_left", "the trainer of job x has left GPU 0")
-    await coord.actions.report_failures(record, "setting 250 W", gpus, [left, Reply.success()])
-    await coord.actions.report_failures(record, "setting 200 W", gpus,
-                                 [left, Reply.failure("conflict", "held by another job")])
+    await coord.commands.report_failures(record, "setting 250 W", gpus, [left, Reply.success()])
+    await coord.commands.report_failures(record, "setting 200 W", gpus,
+                                         [left, Reply.failure("conflict", "held by another job")])
     await wait_for(lambda: any("200 W" in s.message for s in statuses))
     errors = [s.message for s in statuses if s.state == "error"]
     assert errors == [f"setting 200 W failed on {NODE}/gpu1: held by another job"], errors

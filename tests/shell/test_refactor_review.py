@@ -102,7 +102,7 @@ async def test_asking_whether_a_job_may_be_acted_on_makes_no_driver(tmp_path) ->
     from coordinator.service import CoordinatorService
 
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
-    assert not await coord.replicas.owns_now("removed-or-never-known")
+    assert not await coord.leases.owns_now("removed-or-never-known")
     assert coord.jobs.drivers() == []
 
 
@@ -185,6 +185,6 @@ async def test_a_job_removed_while_unsaved_progress_is_written_stops_nothing(tmp
     async def write_progress(job_id: str, stopping: bool = False) -> None:
         coord.jobs.forget("taken")  # (Its removal arrives while this write waits on JetStream.)
 
-    coord.durable.write_progress = write_progress  # type: ignore[method-assign]
-    await coord.durable.record_unsaved(stopping=True)
+    coord.progress.write_progress = write_progress  # type: ignore[method-assign]
+    await coord.progress.record_unsaved(stopping=True)
     assert coord.jobs.get("taken") is None

@@ -23,7 +23,7 @@ from typing import Any
 
 from coordinator import metrics
 from coordinator.service import CoordinatorService
-from coordinator.service.replicas import SEAT_HISTORY, ReplicaSeat
+from coordinator.service.leases import SEAT_HISTORY, ReplicaSeat
 from coordinator.state import records
 from tests.shell import test_coordinator as tc
 from tests.shell.test_coordinator import (
@@ -61,7 +61,7 @@ async def crash(coord: CoordinatorService, task: asyncio.Task, frozen: bool = Fa
     """
     async def dies() -> None:
         if not frozen:
-            coord.replicas.seat.release()
+            coord.leases.seat.release()
 
     coord.replicas.give_up_jobs = dies  # type: ignore[method-assign]
     await stop(coord, task)
@@ -138,7 +138,7 @@ async def test_a_replica_restarted_while_its_old_process_is_frozen_waits_out_the
 
     new, task = await start(nats_server, state, **kw)
     try:
-        assert not new.replicas.seat.held
+        assert not new.leases.seat.held
         while time.time() < until - 0.5:
             assert job_id not in new.optimisers and not new.owns(job_id)
             assert owned(new) == (0, 0)
@@ -148,7 +148,7 @@ async def test_a_replica_restarted_while_its_old_process_is_frozen_waits_out_the
         assert "replica coord-a stopped renewing its lease" in takeovers(statuses, job_id)[0]
     finally:
         await stop(new, task)
-        old.replicas.seat.release()
+        old.leases.seat.release()
 
 
 async def test_two_live_processes_under_one_name_never_both_drive_a_job(
@@ -161,7 +161,7 @@ async def test_two_live_processes_under_one_name_never_both_drive_a_job(
     second, second_task = await start(nats_server, tmp_path / "host-2",
                                       state_bucket=first.settings.state_bucket, **kw)
     try:
-        assert second.replicas.seat.held  # (another host's lock: proves nothing about first)
+        assert second.leases.seat.held  # (another host's lock: proves nothing about first)
         loop = asyncio.get_running_loop()
         end = loop.time() + 4 * 1.5  # several renewals of first's lease
         while loop.time() < end:

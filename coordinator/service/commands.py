@@ -1,0 +1,123 @@
+"""`GpuCommands`: the one way a job's GPUs are commanded.
+
+Commands go to the agents of the job's GPUs over one reply inbox (`request_all`), and only while
+this replica drives the job (`command`: ownership is checked just before the send, so a replica
+paused while another took its job over never sets a GPU again). A GPU that did not take a
+command is said in the job's status (`report_failures`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from coordinator.config import CoordinatorSettings
+from coordinator.jobs import JobRecord
+from coordinator.service.leases import Leases
+from coordinator.service.link import Link
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire import codec
+from zeus_agent.wire.messages import GpuBinding, Reply
+
+__all__ = ["GpuCommands"]
+
+LOG = logging.getLogger(__name__)
+
+
+class GpuCommands:
+    """Sends the jobs' commands to their GPUs' agents, fenced by this replica's leases.
+
+    Attributes:
+        fenced: GPU commands not sent: the job was no longer this replica's.
+    """
+
+    def __init__(self, settings: CoordinatorSettings, link: Link, leases: Leases) -> None:
+        self.settings = settings
+        self.link = link
+        self.leases = leases
+        self.fenced = 0
+
+    async def command(self, record: JobRecord, what: str,
+                      requests: list[tuple[str, bytes]]) -> list[Reply | str] | None:
+        """Send a job's commands to its GPUs if this replica drives the job now (else None).
+
+        The one way a job's GPUs are commanded: ownership is checked just before the send, so
+        a replica that was paused (SIGSTOP, a stalled event loop) while another took its job
+        over never sets a GPU again, whatever path led here (events after a quiet spell, a
+        heartbeat, a lapse, a plan that finished meanwhile).
+        """
+        if not requests:
+            return []
+        if not await self.leases.owns_now(record.job_id):
+            self.fenced += len(requests)
+            LOG.warning("job %s: %s not sent to %d GPU(s): this replica no longer drives the job",
+                        record.job_id, what, len(requests))
+            return None
+        return await self.request_all(requests)
+
+    async def report_failures(self, record: JobRecord, what: str, gpus: list[GpuBinding],
+                              replies: list[Reply | str], state: str = "error") -> None:
+        """Say which GPUs did not take a command.
+
+        A GPU whose trainer left (`trainer_left`) is no failure of the job: a command may cross
+        the trainer's goodbye, and a trainer that died is reported by its agent (`trainer_gone`).
+        """
+        errors = [
+            f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"
+            for g, r in zip(gpus, replies, strict=True)
+            if isinstance(r, str) or not (r.ok or r.code == "trainer_left")
+        ]
+        if errors:
+            more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""
+            await self.link.status(record.job_id, state,
+                                   f"{what} failed on " + "; ".join(errors[:8]) + more)
+
+    async def request_all(self, requests: list[tuple[str, bytes]]) -> list[Reply | str]:
+        """Send many requests at once over one reply inbox, within `command_timeout_s`.
+
+        Cheaper than one `nc.request` per GPU (no future, timer and task each), which matters
+        when a job has thousands of GPUs.
+
+        Returns:
+            Per request, in order: the `Reply`, or a text saying why there is none.
+        """
+        if not requests:
+            return []
+        nc, timeout_s = self.link.nc, self.settings.command_timeout_s
+        inbox = nc.new_inbox()
+        results: list[Reply | str | None] = [None] * len(requests)
+        left = len(requests)
+        all_in = asyncio.Event()
+
+        async def on_reply(msg: Any) -> None:
+            nonlocal left
+            try:
+                i = int(msg.subject.rsplit(".", 1)[1])
+                if results[i] is not None:
+                    return
+            except (ValueError, IndexError):
+                return
+            if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                results[i] = "no agent answers (is zeus-agent running there?)"
+            else:
+                try:
+                    results[i] = codec.decode(msg.data, Reply)
+                except PayloadError as e:
+                    results[i] = f"bad reply: {e}"
+            left -= 1
+            if left == 0:
+                all_in.set()
+
+        sub = await nc.subscribe(f"{inbox}.*", cb=on_reply)
+        try:
+            for i, (subject, payload) in enumerate(requests):
+                await nc.publish(subject, payload, reply=f"{inbox}.{i}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_in.wait(), timeout_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        timeout = f"no reply within {timeout_s:g} s"
+        return [timeout if r is None else r for r in results]
