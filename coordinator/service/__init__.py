@@ -362,7 +362,7 @@ class CoordinatorService(ExitSignals):
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, detail) for `/healthz` (called on the status server's thread)."""
         detail = {"nats": self.bus.report(),
-                  "replica": self.settings.replica_name, "jobs": len(self.registry.jobs),
+                  "replica": self.settings.replica_name, "jobs": len(self.jobs),
                   "owned": len(self.book.mine(time.time())), "dropped": dict(self.dropped),
                   "quarantined": len(self.failures.quarantined),
                   "fenced_commands": self.fenced_commands}

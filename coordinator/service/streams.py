@@ -159,8 +159,7 @@ class Streams:
         if batch is None:
             return
         driver = self.jobs.get(batch.job_id)
-        job = driver.optimiser if driver is not None else None
-        if driver is None or job is None:
+        if driver is None or (job := driver.optimiser) is None:
             if batch.job_id not in self.jobs:
                 self.link.drop("unknown_job", msg.subject, batch.job_id)
             return
@@ -200,8 +199,7 @@ class Streams:
         if event is None or event.job_id is None or event.rank is None:
             return
         driver = self.jobs.get(event.job_id)
-        job = driver.optimiser if driver is not None else None
-        if driver is None or job is None:
+        if driver is None or (job := driver.optimiser) is None:
             return
         where = subjects.parse_gpu_subject(msg.subject)
         gpu = where.gpu_index if where is not None else None
