@@ -116,7 +116,7 @@ class JobFailures:
             with contextlib.suppress(Exception):  # (A reset that fails: the leases lapse.)
                 reset = await self._reset_gpus(record)
         await self.link.status(job_id, "failed",
-                               f"{why}; the job is no longer optimised{reset} and is "
+                               f"{why}; the job is no longer optimised{reset}; it is "
                                "quarantined (zeus-coordinator quarantine list; drop it, or "
                                "release it to try again once the cause is fixed)")
         await self.quarantine(records.job_key(job_id), why, job_id)
@@ -166,7 +166,9 @@ class JobFailures:
         try:
             value = records.encode_quarantine(job_id, key, why, replica, time.time())
             if await state.quarantine(h, value):
-                LOG.error("job %s quarantined: %s", job_id or h, bounded(why, 500))
+                # (A warning: what was wrong is the job's or its records'; a bug in this
+                # replica was logged with its traceback where it was caught.)
+                LOG.warning("job %s quarantined: %s", job_id or h, bounded(why, 500))
         except StateUnavailableError as e:
             LOG.warning("job %s: its quarantine not recorded (%s): this replica keeps it "
                         "aside until it restarts", job_id or h, e)
