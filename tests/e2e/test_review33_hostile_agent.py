@@ -41,7 +41,7 @@ import pytest
 
 from coordinator.optimizer import AskSelector
 from coordinator.service.actions import ActionExecutor
-from tests.e2e.test_hostile_agent import (
+from tests.e2e.hostile_kit import (
     GOOD,
     HOSTILE,
     READY_S,
