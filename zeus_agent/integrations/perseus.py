@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from zeus_agent import emit
+from zeus_agent.integrations.registration import join_or_warn
 from zeus_agent.models import JobInfo
 from zeus_agent.wire.trainer import ScheduleNotice
 
@@ -37,7 +38,6 @@ __all__ = ["PerseusOptimizer", "PipelineFrequencyOptimizer", "socket_path_from_u
 
 logger = logging.getLogger(__name__)
 
-_UNREACHABLE_CODES = frozenset({"unavailable", "timeout"})
 _warned_http = False
 
 
@@ -95,28 +95,8 @@ def _url_socket(server_url: str, socket_path: str | None) -> str | None:
 
 
 def _init_publisher(**kwargs: Any) -> emit.Publisher:
-    """`emit.init(**kwargs)`; an unreachable coordinator or an unregistered job only warns.
-
-    Raises:
-        zeus_agent.emit.RegistrationError: The coordinator refused the job or the rank.
-    """
-    try:
-        publisher = emit.init(**kwargs)
-    except emit.RegistrationError as e:
-        if e.code not in _UNREACHABLE_CODES:
-            raise
-        logger.warning(
-            "PerseusOptimizer: the coordinator is unreachable (%s); training continues at "
-            "the GPUs' current clocks.",
-            e,
-        )
-        publisher = emit.get_publisher()
-    if publisher.job_id is None:
-        logger.warning(
-            "PerseusOptimizer: the job is not registered with a coordinator; training "
-            "continues at the GPUs' current clocks."
-        )
-    return publisher
+    """`emit.init(**kwargs)`; an unreachable coordinator or an unregistered job only warns."""
+    return join_or_warn(logger, "PerseusOptimizer", "at the GPUs' current clocks", **kwargs)
 
 
 class PerseusOptimizer:

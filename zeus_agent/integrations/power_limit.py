@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_agent import emit
+from zeus_agent.integrations.registration import join_or_warn
 from zeus_agent.models import (
     JobInfo,
     PowerLimitMeasurement,
@@ -47,7 +48,6 @@ _SELECTOR_NAMES = ("Energy", "Time", "ZeusCost", "MaxSlowdownConstraint")
 _BUILT_IN_MODULES = ("zeus_agent.selectors", "coordinator.power_limit.selectors",
                      "zeus.optimizer.power_limit")
 """Where the built-in selectors live: a class of that name elsewhere is a user's own."""
-_UNREACHABLE_CODES = frozenset({"unavailable", "timeout"})
 
 
 def power_limit_options(
@@ -186,28 +186,9 @@ def _existing_profile(profile_path: Path | None) -> list[PowerLimitMeasurement] 
 
 
 def _init_publisher(**kwargs: Any) -> emit.Publisher:
-    """`emit.init(**kwargs)`; an unreachable coordinator or an unregistered job only warns.
-
-    Raises:
-        zeus_agent.emit.RegistrationError: The coordinator refused the job or the rank.
-    """
-    try:
-        publisher = emit.init(**kwargs)
-    except emit.RegistrationError as e:
-        if e.code not in _UNREACHABLE_CODES:
-            raise
-        logger.warning(
-            "GlobalPowerLimitOptimizer: the coordinator is unreachable (%s); training "
-            "continues without power-limit optimisation.",
-            e,
-        )
-        publisher = emit.get_publisher()
-    if publisher.job_id is None:
-        logger.warning(
-            "GlobalPowerLimitOptimizer: the job is not registered with a coordinator; "
-            "training continues without power-limit optimisation."
-        )
-    return publisher
+    """`emit.init(**kwargs)`; an unreachable coordinator or an unregistered job only warns."""
+    return join_or_warn(logger, "GlobalPowerLimitOptimizer",
+                        "without power-limit optimisation", **kwargs)
 
 
 class GlobalPowerLimitOptimizer:
