@@ -85,9 +85,9 @@ Pieces:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -124,6 +124,11 @@ from coordinator.power_limit.states import (
     Warmup,
     window_name,
 )
+from coordinator.power_limit.transitions import (
+    CALLS,
+    TRANSITIONS,
+    WINDOW_INPUTS,
+)
 from zeus_agent.models import PowerLimitMeasurement
 
 __all__ = [
@@ -149,58 +154,6 @@ __all__ = [
 
 MAX_REDOS = 3
 """How many times one limit's window is redone before the limit is left out."""
-
-NEW, STARTED = False, True
-"""The phase of the machine: before `start()` (`new`) or after it (`started`)."""
-
-TRANSITIONS: Final[Mapping[tuple[bool, type[State], str], str]] = {
-    (NEW, Ready, "start"): "_start_profiling",
-    (NEW, Ready, "lengthen"): "_lengthen",
-    (NEW, Done, "start"): "_start_done",
-    (NEW, Done, "choose"): "_choose",
-    (NEW, Done, "lengthen"): "_lengthen",
-    (STARTED, Ready, "on_step_begin"): "_step_ready",
-    (STARTED, Ready, "on_epoch_end"): "_ignore",
-    (STARTED, Ready, "record"): "_record_ready",
-    (STARTED, Ready, "discard"): "_discard_ready",
-    (STARTED, Ready, "redo"): "_redo_ready",
-    (STARTED, Ready, "lengthen"): "_lengthen",
-    (STARTED, Warmup, "on_step_begin"): "_step_warmup",
-    (STARTED, Warmup, "on_epoch_end"): "_interrupt",
-    (STARTED, Warmup, "record"): "_record",
-    (STARTED, Warmup, "discard"): "_discard",
-    (STARTED, Warmup, "redo"): "_redo",
-    (STARTED, Warmup, "lengthen"): "_lengthen_warmup",
-    (STARTED, Profiling, "on_step_begin"): "_step_profiling",
-    (STARTED, Profiling, "on_epoch_end"): "_interrupt_window",
-    (STARTED, Profiling, "record"): "_record",
-    (STARTED, Profiling, "discard"): "_discard",
-    (STARTED, Profiling, "redo"): "_redo",
-    (STARTED, Profiling, "lengthen"): "_lengthen_window",
-    (STARTED, Done, "on_step_begin"): "_ignore",
-    (STARTED, Done, "on_epoch_end"): "_ignore",
-    (STARTED, Done, "choose"): "_choose",
-    (STARTED, Done, "lengthen"): "_lengthen",
-}
-"""(phase, state class, input) -> the name of the machine's method that handles the input.
-
-The handler is called with the state, then the input's arguments."""
-
-_CALLS: Final[Mapping[str, str]] = {
-    "start": "start()",
-    "on_step_begin": "on_step_begin()",
-    "on_epoch_end": "on_epoch_end()",
-    "record": "record({0!r}, time={1!r}, energy={2!r})",
-    "discard": "discard({0!r})",
-    "redo": "redo({0!r})",
-    "choose": "choose({0})",
-    "lengthen": "lengthen({0})",
-}
-"""How an error names each input's call (formatted with its arguments)."""
-
-_WINDOW_INPUTS = frozenset({"record", "discard", "redo"})
-"""Inputs naming a closed window: refused, their error lists the pending windows."""
-
 
 # Machine ----------------------------------------------------------------------------------------
 
@@ -499,8 +452,8 @@ class PowerLimitStateMachine:
         handler = TRANSITIONS.get((self._started, type(self.state), name))
         if handler is None:
             detail = ("the profile is not complete yet" if name == "choose"
-                      else self._pending_detail() if name in _WINDOW_INPUTS else "")
-            raise self._invalid(_CALLS[name].format(*args), detail)
+                      else self._pending_detail() if name in WINDOW_INPUTS else "")
+            raise self._invalid(CALLS[name].format(*args), detail)
         return getattr(self, handler)(self.state, *args)
 
     def _ignore(self, state: State) -> list[Effect]:
@@ -569,7 +522,7 @@ class PowerLimitStateMachine:
             return self._advance()
         probe = self._next_probe()  # nothing measured yet: the search must go on
         if probe is None:
-            raise self._invalid(_CALLS["discard"].format(name),
+            raise self._invalid(CALLS["discard"].format(name),
                                 "no window was measured: nothing to choose from",
                                 NothingMeasuredError)
         return self._begin_probe(probe)
@@ -618,7 +571,7 @@ class PowerLimitStateMachine:
         """The closed window `window` awaiting its measurement, for input `name`; else raise."""
         pending = self._pending.get(window)
         if pending is None:
-            raise self._invalid(_CALLS[name].format(window, *args), self._pending_detail())
+            raise self._invalid(CALLS[name].format(window, *args), self._pending_detail())
         return pending
 
     def _keep(self, window: str, time: float, energy: float) -> None:
@@ -627,7 +580,7 @@ class PowerLimitStateMachine:
         try:
             PowerLimitMeasurement(power_limit=pending.power_limit, energy=energy, time=time)
         except ValidationError:
-            raise self._invalid(_CALLS["record"].format(window, time, energy),
+            raise self._invalid(CALLS["record"].format(window, time, energy),
                                 "time and energy must be positive") from None
         del self._pending[window]
         self._results.append(WindowResult(pending.power_limit, pending.steps, time, energy))

@@ -17,8 +17,6 @@ import pytest
 
 from coordinator.power_limit import machine as machine_module
 from coordinator.power_limit.machine import (
-    NEW,
-    STARTED,
     TRANSITIONS,
     Done,
     EndWindow,
@@ -28,6 +26,7 @@ from coordinator.power_limit.machine import (
     Ready,
     Warmup,
 )
+from coordinator.power_limit.transitions import NEW, STARTED
 from zeus_agent.models import PowerLimitMeasurement
 
 INPUTS = ("start", "on_step_begin", "on_epoch_end", "record", "discard", "redo", "choose",
