@@ -59,18 +59,18 @@ from coordinator.optimizer import (
 from coordinator.power_limit.commands import latest_limit_only
 from coordinator.power_limit.job_parts import (
     NotAPipeline,
+    gave_up_message,
     give_up_reason,
-    make_selector,
+    machine_for,
     progress_of,
-    resume_arguments,
     snapshot_of,
 )
 from coordinator.power_limit.machine import (
     BeginWindow,
     Done,
+    Effect,
     EndWindow,
     PowerLimitError,
-    PowerLimitStateMachine,
     Profiling,
     Ready,
     SetPowerLimit,
@@ -136,19 +136,8 @@ class PowerLimitJob(NotAPipeline):
         self.options = options
         self.ranks = sorted(ranks)
         world_size = len(self.ranks)
-        self.machine = PowerLimitStateMachine(
-            min_power_limit=min_power_limit_w,
-            max_power_limit=max_power_limit_w,
-            optimum_selector=make_selector(options, world_size),
-            world_size=world_size,
-            wait_steps=options.wait_steps,
-            warmup_steps=options.warmup_steps,
-            profile_steps=options.profile_steps,
-            pl_step=options.pl_step_w,
-            measurements=measurements,
-            search=options.search,
-            **resume_arguments(resume),
-        )
+        self.machine = machine_for(options, world_size, min_power_limit_w, max_power_limit_w,
+                                   measurements, resume)
         self._join = WindowJoin(self.ranks, mark_timeout_s)
         self._length = WindowLength(energy_period_s)
         self._saved = measurements is not None
@@ -348,12 +337,7 @@ class PowerLimitJob(NotAPipeline):
                 f"{self.mark_timeout_s:g} s (an agent restarted?); profiling that limit again",
                 self.progress(),
             ))
-            try:
-                effects = self.machine.redo(w.name)
-            except PowerLimitError as e:
-                actions += self._give_up(give_up_reason(e))
-                continue
-            actions += self._translate(effects, step=self.last_step)
+            actions += self._machine(self.machine.redo, w.name, self.last_step)[0]
         return actions
 
     def _feed_mark(self, rank: int, mark: Mark) -> list[Action]:
@@ -437,11 +421,10 @@ class PowerLimitJob(NotAPipeline):
                 f"from step {key[1]}",
                 self.progress(),
             ))
-            try:
-                effects = self.machine.redo(w.name)
-            except PowerLimitError as e:
-                return actions + self._give_up(give_up_reason(e))
-            actions += self._translate(effects, step=key)
+            done, ok = self._machine(self.machine.redo, w.name, key)
+            actions += done
+            if not ok:
+                return actions
         if self.profiled or (waiting and not self._waiting()):
             return actions
         return actions + self._translate(self.machine.on_step_begin(), step=key)
@@ -582,12 +565,10 @@ class PowerLimitJob(NotAPipeline):
                     "(events delivered late, e.g. after a broker outage); profiling it again",
                     self.progress(),
                 ))
-                try:
-                    effects = self.machine.redo(name)
-                except PowerLimitError as e:
-                    actions += self._give_up(give_up_reason(e))
+                done, ok = self._machine(self.machine.redo, name, self.last_step)
+                actions += done
+                if not ok:
                     continue
-                actions += self._translate(effects, step=self.last_step)
                 if self.desired_power_limit is not None and not any(
                         isinstance(a, ApplyPowerLimit) for a in actions):
                     # A command did not land (lost while the broker was away): the machine
@@ -609,12 +590,7 @@ class PowerLimitJob(NotAPipeline):
                     "limit is left out (windows this short need more profile_steps)",
                     self.progress(),
                 ))
-                try:
-                    discarded = self.machine.discard(name)
-                except PowerLimitError as e:
-                    actions += self._give_up(give_up_reason(e))
-                    continue
-                actions += self._translate(discarded, step=self.last_step)
+                actions += self._machine(self.machine.discard, name, self.last_step)[0]
                 continue
             span_s = time_s * m.covered / m.steps if m.normalised else time_s
             verdict = self._length.judge(name, m.steps, m.covered, span_s,
@@ -665,19 +641,14 @@ class PowerLimitJob(NotAPipeline):
     def _choose_again(self) -> list[Action]:
         """At start, profiling over: pin the choice made before a takeover, or ask for it."""
         assert self.choice is not None
-        if self.choice.chosen is None:
-            return self.choice.ask(self.machine.measurements, self._now_s, self.progress())
-        limit = self.choice.chosen
-        try:
-            effects = self.machine.choose(limit)
-        except PowerLimitError as e:  # (A record that does not match its profile.)
-            self.choice.chosen = None
-            return [StatusUpdate("selecting", f"the recorded choice cannot be pinned ({e})",
-                                 self.progress()), *self._choose_again()]
+        effects, said = self.choice.pin_recorded(self.machine)
+        if effects is None:
+            notes = [StatusUpdate("selecting", said, self.progress())] if said else []
+            return notes + self.choice.ask(self.machine.measurements, self._now_s,
+                                           self.progress())
         self._saved = True
-        return [*self._translate(effects, step=None), StatusUpdate(
-            "done", f"optimal power limit {limit} W pinned (chosen with "
-            f"{self.choice.description} before a takeover)", self.progress())]
+        return [*self._translate(effects, step=None),
+                StatusUpdate("done", said, self.progress())]
 
     def _on_selection(self, rank: int, event: TrainerEvent) -> list[Action]:
         """Rank 0's answer: pin its limit, or fall back (it failed, or chose no measured one)."""
@@ -701,6 +672,18 @@ class PowerLimitJob(NotAPipeline):
                 StatusUpdate("done", f"optimal power limit {chosen} W pinned, {how}",
                              self.progress())]
 
+    def _machine(self, call: Callable[[str], list[Effect]], window: str,
+                 step: StepKey | None) -> tuple[list[Action], bool]:
+        """A machine input about `window` (redo, discard): its effects as actions, and True.
+
+        If the machine refuses the input, the optimiser gives up: (its actions, False).
+        """
+        try:
+            effects = call(window)
+        except PowerLimitError as e:
+            return self._give_up(give_up_reason(e)), False
+        return self._translate(effects, step=step), True
+
     def _give_up(self, why: str) -> list[Action]:
         """Stop optimising: every GPU back to the maximum limit, and say so."""
         if self.gave_up is not None:
@@ -708,13 +691,5 @@ class PowerLimitJob(NotAPipeline):
         self.gave_up = why
         self._join.clear()
         limit = self.machine.max_power_limit
-        return [
-            ApplyPowerLimit(limit),
-            StatusUpdate(
-                "gave_up",
-                f"power-limit optimiser gave up ({why}); GPUs restored to the maximum limit "
-                f"{limit} W. Check that the agents measure energy (zeus-agent logs), then "
-                "register the job again",
-                self.progress(),
-            ),
-        ]
+        return [ApplyPowerLimit(limit), StatusUpdate("gave_up", gave_up_message(why, limit),
+                                                     self.progress())]

@@ -32,11 +32,14 @@ from coordinator.power_limit.selectors import (
     ZeusCost,
 )
 from coordinator.power_limit.trainer_choice import DeferredSelector
+from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.messages import Measurement, PowerLimitOptions
 
 __all__ = [
     "NotAPipeline",
+    "gave_up_message",
     "give_up_reason",
+    "machine_for",
     "make_selector",
     "progress_of",
     "resume_arguments",
@@ -55,6 +58,25 @@ def make_selector(options: PowerLimitOptions, world_size: int) -> OptimumSelecto
     if options.selector == "MaxSlowdownConstraint":
         return MaxSlowdownConstraint(factor=options.max_slowdown)
     return ZeusCost(eta_knob=options.eta_knob, world_size=options.world_size or world_size)
+
+
+def machine_for(options: PowerLimitOptions, world_size: int, min_power_limit_w: int,
+                max_power_limit_w: int, measurements: list[PowerLimitMeasurement] | None,
+                resume: Sequence[WindowResult] | dict[str, Any]) -> PowerLimitStateMachine:
+    """The state machine of a job with `options` over `world_size` GPUs (`PowerLimitJob`)."""
+    return PowerLimitStateMachine(
+        min_power_limit=min_power_limit_w,
+        max_power_limit=max_power_limit_w,
+        optimum_selector=make_selector(options, world_size),
+        world_size=world_size,
+        wait_steps=options.wait_steps,
+        warmup_steps=options.warmup_steps,
+        profile_steps=options.profile_steps,
+        pl_step=options.pl_step_w,
+        measurements=measurements,
+        search=options.search,
+        **resume_arguments(resume),
+    )
 
 
 def resume_arguments(resume: Sequence[WindowResult] | dict[str, Any]) -> dict[str, Any]:
@@ -81,6 +103,13 @@ def give_up_reason(error: PowerLimitError) -> str:
         return ("no window was measured: every power limit's window was lost, unusable or "
                 "redone too often, so there is nothing to choose from")
     return f"internal error of the power-limit optimiser: {error}"
+
+
+def gave_up_message(why: str, limit: int) -> str:
+    """The status of a job whose optimiser gave up at the maximum `limit` (W)."""
+    return (f"power-limit optimiser gave up ({why}); GPUs restored to the maximum limit "
+            f"{limit} W. Check that the agents measure energy (zeus-agent logs), then register "
+            "the job again")
 
 
 def progress_of(machine: PowerLimitStateMachine, phase: str, optimal: int | None,

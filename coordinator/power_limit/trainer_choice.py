@@ -16,7 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.optimizer import Action, AskSelector, StatusUpdate
-from coordinator.power_limit.machine import Effect, PowerLimitStateMachine, ProfileRangeError
+from coordinator.power_limit.machine import (
+    Effect,
+    PowerLimitError,
+    PowerLimitStateMachine,
+    ProfileRangeError,
+)
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.selectors import OptimumSelector, ZeusCost
 from zeus_agent.wire.messages import PowerLimitOptions
@@ -115,6 +120,23 @@ class TrainerChoice:
             how = f"chosen by the built-in {self.fallback!r} instead: {why}"
         self.chosen = limit
         return effects, how
+
+    def pin_recorded(self, machine: PowerLimitStateMachine) -> tuple[list[Effect] | None, str]:
+        """Pin the choice recorded before a takeover on the done `machine`.
+
+        Returns its effects and the status to say, or (None, why not) when there is none to
+        pin (nothing recorded: "", or a record that does not match the profile: said).
+        """
+        if self.chosen is None:
+            return None, ""
+        limit = self.chosen
+        try:
+            effects = machine.choose(limit)
+        except PowerLimitError as e:  # (A record that does not match its profile.)
+            self.chosen = None
+            return None, f"the recorded choice cannot be pinned ({e})"
+        return effects, (f"optimal power limit {limit} W pinned (chosen with "
+                         f"{self.description} before a takeover)")
 
     def overdue(self, now_s: float) -> bool:
         """Whether the question has waited longer than `timeout_s`."""

@@ -422,7 +422,7 @@ def test_a_job_that_finishes_by_leaving_a_limit_out_saves_its_profile():
 
 
 def test_zeus_cost_world_size_from_the_options_wins_over_the_rank_count():
-    from coordinator.power_limit.job import make_selector
+    from coordinator.power_limit.job_parts import make_selector
     from zeus_agent.wire.messages import PowerLimitOptions
 
     explicit = make_selector(PowerLimitOptions(selector="ZeusCost", eta_knob=0.3, world_size=8), 4)
