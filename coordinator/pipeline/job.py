@@ -57,7 +57,6 @@ job still discovering or profiling stops. A stopped job keeps nothing of its mea
 from __future__ import annotations
 
 import json
-import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -73,7 +72,6 @@ from coordinator.optimizer import (
     StatusUpdate,
     StragglerError,
     WriteFile,
-    saving_and_slowdown,
 )
 from coordinator.pipeline.memory import (
     MB,
@@ -94,6 +92,7 @@ from coordinator.pipeline.steps import (
 from coordinator.pipeline.stragglers import MAX_STRAGGLER_FACTOR, Stragglers
 from coordinator.pipeline.straggling import StragglerHandling
 from coordinator.pipeline.takeover import KeptRounds, progress_record, read_progress
+from coordinator.pipeline.views import check_arguments, plan_view
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
 
@@ -107,27 +106,6 @@ MAX_ORDER_MISMATCHES = 3
 DEFAULT_STALL_AFTER_S = 30.0
 DEFAULT_MAX_KEPT_BYTES = 1024 * MB
 """What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
-
-
-def _check_arguments(
-    straggler_threshold: float,
-    straggler_window: int,
-    profiling_iterations: int,
-    switch_lead_steps: int,
-) -> None:
-    """Check `PipelineJob`'s arguments of these names.
-
-    Raises:
-        ValueError: One is out of range (the message names it and its value).
-    """
-    if not (math.isfinite(straggler_threshold) and straggler_threshold > 0):
-        raise ValueError(f"straggler_threshold must be > 0, got {straggler_threshold}")
-    if straggler_window < 1:
-        raise ValueError(f"straggler_window must be >= 1, got {straggler_window}")
-    if profiling_iterations < 1:
-        raise ValueError(f"profiling_iterations must be >= 1, got {profiling_iterations}")
-    if switch_lead_steps < 1:
-        raise ValueError(f"switch_lead_steps must be >= 1, got {switch_lead_steps}")
 
 
 class PipelineJob:
@@ -160,7 +138,7 @@ class PipelineJob:
         `max_kept_bytes` caps what this job keeps of its measurements, `budget` (shared by a
         coordinator's jobs) what the jobs keep per node, `nodes` naming each rank's node.
         """
-        _check_arguments(
+        check_arguments(
             straggler_threshold, straggler_window, profiling_iterations, switch_lead_steps)
         self.job_id = job_id
         self.job_info = job_info
@@ -477,24 +455,8 @@ class PipelineJob:
 
     def snapshot(self) -> JobSnapshot:
         """Its phase, schedule version and the plan it serves, if any (for dashboards)."""
-        scheduler = self.scheduler  # (Every scheduler answers `frontier` and `chosen`: None.)
-        frontier = scheduler.frontier if scheduler is not None else None
-        chosen = scheduler.chosen if scheduler is not None else None
-        index = points = time_s = energy_j = saving = slowdown = None
-        if frontier and chosen is not None:
-            points = len(frontier)
-            index = next((i for i, p in enumerate(frontier) if p is chosen), None)
-            if index is None:
-                index = next((i for i, p in enumerate(frontier) if p == chosen), None)
-            time_s, energy_j = float(chosen.time), float(chosen.energy)
-            fastest = frontier[0]
-            saving, slowdown = saving_and_slowdown(
-                (energy_j, time_s), (float(fastest.energy), float(fastest.time)))
-        return JobSnapshot(
-            job_id=self.job_id, kind=self.kind, phase=self.phase.value,
-            schedule_version=self.version, plan_index=index, plan_points=points,
-            plan_time_s=time_s, plan_energy_j=energy_j, energy_saving=saving,
-            slowdown=slowdown)
+        return JobSnapshot(job_id=self.job_id, kind=self.kind, phase=self.phase.value,
+                           schedule_version=self.version, **plan_view(self.scheduler))
 
     def waiting_for(self) -> dict[str, Any]:
         """Ranks that still owe iterations (discovery or the current profiling window)."""
