@@ -374,7 +374,9 @@ async def test_short_steps_on_a_100_ms_counter_lengthen_the_windows_and_pin_the_
     # The first window lasted about what the did, and the job said it lengthened them.
     raised = [m for m in said if "profile_steps is a minimum" in m]
     assert raised, "\n".join(said)
-    lasted = re.match(r"windows of 3 steps lasted (\d+) ms, under 5 energy-counter periods "
+    # (A window may cover a step less than profile_steps when a rank runs a step behind: the
+    # join ends it at the last step every rank agrees on.)
+    lasted = re.match(r"windows of [23] steps lasted (\d+) ms, under 5 energy-counter periods "
                       r"\(100 ms\): profiling (\d+) steps per limit", raised[0])
     assert lasted, raised
     window_ms, steps = int(lasted[1]), int(lasted[2])
