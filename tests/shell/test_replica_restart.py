@@ -154,8 +154,10 @@ async def test_a_replica_restarted_while_its_old_process_is_frozen_waits_out_the
 async def test_two_live_processes_under_one_name_never_both_drive_a_job(
         nats_server, agent, nc, tmp_path, caplog) -> None:
     """Before: the second process owned every job of the first at once (same name), and both
-    drove them. Each keeps its own state directory (as on two hosts)."""
-    kw: dict[str, Any] = {"replica_name": "coord-a", "ownership_lease_s": 1.5}
+    drove them. Each keeps its own state directory (as on two hosts). The lease is long enough
+    (3 s: renewed every 1 s, acted on for 2 s after each) that a loaded CI host delaying one
+    renewal does not fence the first process's own job (a 1.5 s lease did, once in CI)."""
+    kw: dict[str, Any] = {"replica_name": "coord-a", "ownership_lease_s": 3.0}
     first, first_task = await start(nats_server, tmp_path / "host-1", **kw)
     job_id = await running_job(nc, first)
     second, second_task = await start(nats_server, tmp_path / "host-2",
@@ -163,7 +165,7 @@ async def test_two_live_processes_under_one_name_never_both_drive_a_job(
     try:
         assert second.leases.seat.held  # (another host's lock: proves nothing about first)
         loop = asyncio.get_running_loop()
-        end = loop.time() + 4 * 1.5  # several renewals of first's lease
+        end = loop.time() + 2 * 3.0  # several renewals of first's lease
         while loop.time() < end:
             assert first.owns(job_id) and not second.owns(job_id)
             assert job_id not in second.optimisers
