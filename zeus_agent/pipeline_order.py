@@ -5,14 +5,91 @@ Written once, for both sides of a pipeline job: the simulated pipeline trainer r
 iteration DAG from it and checks that a rank's observed instructions follow it
 (`coordinator.pipeline.planner.dag`, `coordinator.pipeline.schedulers.perseus`). The
 instruction names are those a trainer reports ("forward", "backward").
+
+Schedules other than 1F1B (interleaved, looped BFS, zero bubble: PyTorch's
+`torch.distributed.pipelining`) run several virtual stages per rank and split a backward into
+its input and weight parts. Their instructions carry the action's kind, its (virtual) stage and
+its microbatch in the name, `kind:stage:microbatch` (`format_action`, `parse_action`), so the
+coordinator can learn each rank's order from what it observes and build the iteration's DAG
+from it. The bare names (`forward`, `backward`) keep Zeus 0.16's meaning: the rank's one stage,
+microbatches in the order they run.
 """
 
 from __future__ import annotations
 
-__all__ = ["BACKWARD", "FORWARD", "one_f_one_b"]
+from typing import NamedTuple
+
+__all__ = [
+    "BACKWARD",
+    "BACKWARD_INPUT",
+    "BACKWARD_WEIGHT",
+    "FORWARD",
+    "KINDS",
+    "Action",
+    "format_action",
+    "one_f_one_b",
+    "parse_action",
+]
 
 FORWARD = "forward"
 BACKWARD = "backward"
+BACKWARD_INPUT = "backward_input"
+"""The input-gradient half of a split backward (zero-bubble schedules: torch's `I`)."""
+BACKWARD_WEIGHT = "backward_weight"
+"""The weight-gradient half of a split backward (zero-bubble schedules: torch's `W`)."""
+KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+"""Every action kind an instruction name may carry."""
+
+_MAX_INDEX = 1_000_000
+"""Bound on a stage or microbatch index in a name (a wire value; far above any real job)."""
+
+
+class Action(NamedTuple):
+    """One compute action of a pipeline schedule: its kind, (virtual) stage and microbatch."""
+
+    kind: str
+    stage: int
+    microbatch: int
+
+
+def format_action(kind: str, stage: int, microbatch: int) -> str:
+    """The instruction name of one action: `kind:stage:microbatch` (`forward:3:0`).
+
+    Raises:
+        ValueError: An unknown kind or an index out of range.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown pipeline action kind {kind!r}; known: {', '.join(KINDS)}")
+    for what, value in (("stage", stage), ("microbatch", microbatch)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_INDEX:
+            raise ValueError(f"{what} must be an integer in [0, {_MAX_INDEX}), got {value!r}")
+    return f"{kind}:{stage}:{microbatch}"
+
+
+def parse_action(name: str) -> Action | None:
+    """The action a `kind:stage:microbatch` name carries; None for a bare name (`forward`).
+
+    Raises:
+        ValueError: A name with colons that is not a well-formed action (its text says which
+            part is wrong), so a schedule the planner cannot model is named, never guessed.
+    """
+    if ":" not in name:
+        return None
+    parts = name.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"instruction {name!r}: expected kind:stage:microbatch")
+    kind, stage, microbatch = parts
+    if kind not in KINDS:
+        raise ValueError(f"instruction {name!r}: unknown kind {kind!r} "
+                         f"(known: {', '.join(KINDS)})")
+    numbers = []
+    for what, text in (("stage", stage), ("microbatch", microbatch)):
+        if not text.isascii() or not text.isdigit() or len(text) > 7:
+            raise ValueError(f"instruction {name!r}: {what} {text!r} is not an index")
+        numbers.append(int(text))
+    if max(numbers) >= _MAX_INDEX:
+        raise ValueError(f"instruction {name!r}: index out of range [0, {_MAX_INDEX})")
+    return Action(kind, numbers[0], numbers[1])
 
 
 def one_f_one_b(stage: int, num_stages: int, microbatches: int) -> list[tuple[str, int]]:
