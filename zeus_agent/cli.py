@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from zeus_agent.cli_kit import CONFIG_ERROR, STARTUP_FAILURE, dispatch, run_service
@@ -78,10 +78,20 @@ def _port(text: str) -> int:
     return port
 
 
+def _checked(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type from a checker raising ValueError (its text becomes the error)."""
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
 def _broker(argv: Sequence[str]) -> int:
     import signal
 
-    from zeus_agent.broker import EmbeddedNats, PortInUseError
+    from zeus_agent.broker import EmbeddedNats, PortInUseError, check_jetstream_sync
     from zeus_agent.errors import BrokerError
 
     prog = "zeus-agent broker"
@@ -93,6 +103,13 @@ def _broker(argv: Sequence[str]) -> int:
         "--port", type=_port, default=4222,
         help="client port, 1..65535, or 0 for any free one (the ready line names it) "
         "(default: 4222)",
+    )
+    parser.add_argument(
+        "--jetstream-sync", type=_checked(check_jetstream_sync), default="always",
+        metavar="always|DURATION",
+        help="JetStream's sync_interval: 'always' fsyncs each write before acknowledging it, "
+        "so a power loss loses nothing acknowledged; a duration such as '2m' (nats-server's "
+        "default) flushes periodically, faster but unsafe on power loss (default: always)",
     )
     args = parser.parse_args(argv)
 
@@ -106,7 +123,8 @@ def _broker(argv: Sequence[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         previous[sig] = signal.signal(sig, ask_to_stop)
-    server = EmbeddedNats(port=args.port, die_with_parent=True)
+    server = EmbeddedNats(port=args.port, die_with_parent=True,
+                          jetstream_sync=args.jetstream_sync)
     try:
         try:
             server.start()

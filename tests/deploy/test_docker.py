@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,12 @@ def test_no_service_is_privileged_and_only_the_gpu_agent_gains_sys_admin() -> No
 def test_nats_runs_jetstream_on_a_volume() -> None:
     nats = SERVICES["nats"]
     assert nats["image"].startswith("nats:")
-    command = nats["command"]
-    assert "-js" in command
-    store = command[command.index("-sd") + 1]
-    assert f"nats-data:{store}" in nats["volumes"]
+    assert "command" not in nats  # JetStream is configured in nats.conf
+    conf = (DEPLOY / "docker" / "nats.conf").read_text()
+    block = re.search(r"^jetstream \{\s*store_dir: \"([^\"]+)\"\s*sync_interval: always\s*\}",
+                      conf, re.MULTILINE)
+    assert block, conf  # on the volume, synced before each acknowledgement
+    assert f"nats-data:{block[1]}" in nats["volumes"]
     assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
 
 

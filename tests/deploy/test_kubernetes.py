@@ -263,6 +263,7 @@ def test_nats_helm_values() -> None:
     assert js["enabled"] is True
     assert js["fileStore"]["enabled"] is True and js["fileStore"]["pvc"]["enabled"] is True
     assert js["memoryStore"]["enabled"] is False
+    assert js["merge"] == {"sync_interval": "always"}  # acknowledged = on disk
     includes = {k: v for k, v in config["merge"].items() if k.endswith("$include")}
     assert list(includes.values()) == ["./auth.conf"]
     assert "auth.conf" in values["configMap"]["merge"]["data"]

@@ -20,7 +20,8 @@ def _passwords() -> dict[str, str]:
 
 def test_jetstream_is_on() -> None:
     conf = (NATS / "nats-server.conf").read_text()
-    assert re.search(r"^jetstream \{\s*store_dir: \"[^\"]+\"\s*\}", conf, re.MULTILINE)
+    assert re.search(r"^jetstream \{\s*store_dir: \"[^\"]+\"\s*sync_interval: always\s*\}",
+                     conf, re.MULTILINE)  # acknowledged writes survive a power loss
     assert re.search(r'^server_name: "[^"]+"', conf, re.MULTILINE)
 
 

@@ -1,9 +1,12 @@
 import asyncio
+import json
 import time
+import urllib.request
 
 import pytest
 from nats import errors as nats_errors
 
+from tests.shell.agent_kit import free_port
 from zeus_agent.broker import EmbeddedNats, _connect_failure, connect
 from zeus_agent.errors import BrokerError
 from zeus_agent.wire import codec, subjects
@@ -77,3 +80,26 @@ async def test_confirmed_subscriptions_see_the_very_next_publish(nats_server):
 )
 def test_a_refusal_of_the_credentials_is_told_by_class_or_by_the_servers_error(error, refused):
     assert ("refused the credentials" in _connect_failure("nats://h:4222", 1, error)) is refused
+
+
+@pytest.mark.parametrize("sync, always, interval_ns", [
+    ("always", True, 120_000_000_000),  # the default: fsync before acknowledging
+    ("2m", None, 120_000_000_000),
+    ("500ms", None, 500_000_000),
+])
+def test_jetstream_syncs_as_asked(sync: str, always: bool | None, interval_ns: int) -> None:
+    """What the running server reports (`/varz`), not what was written: `always` by default,
+    and a duration is read as one (unquoted, nats-server reads `2m` as 2 million)."""
+    port = free_port()
+    kwargs = {} if sync == "always" else {"jetstream_sync": sync}
+    with EmbeddedNats(monitor_port=port, **kwargs) as server:
+        assert server.jetstream_sync == sync
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as r:
+            config = json.load(r)["jetstream"]["config"]
+    assert config.get("sync_always") is always and config["sync_interval"] == interval_ns
+
+
+@pytest.mark.parametrize("bad", ["", "never", "2", "-1s", "always ", "1d"])
+def test_a_sync_nats_server_would_refuse_is_refused_first(bad: str) -> None:
+    with pytest.raises(ValueError, match="give 'always'"):
+        EmbeddedNats(jetstream_sync=bad)
