@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_agent import children
+from zeus_agent.broker import check_jetstream_sync
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,3 +193,15 @@ def spread(values: Sequence[float], digits: int = 4) -> dict[str, Any]:
     return {"median": round(median, digits), "min": round(ordered[0], digits) if n else None,
             "max": round(ordered[-1], digits) if n else None,
             "runs": [round(v, digits) for v in values]}
+
+
+def jetstream_syncs(text: str) -> list[str]:
+    """A `--jetstream-sync` argument: sync_interval settings nats-server accepts, in order,
+    each once (`always,2m`: measure the project's default beside nats-server's)."""
+    import argparse
+
+    try:
+        values = [check_jetstream_sync(v.strip()) for v in text.split(",")]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return list(dict.fromkeys(values))

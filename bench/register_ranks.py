@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from _common import Replicas, cpu_seconds, load, machine, now, spread
+from _common import Replicas, cpu_seconds, jetstream_syncs, load, machine, now, spread
 
 from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, connect
@@ -301,7 +301,8 @@ def print_profiles(profile_dir: Path, names: list[str], top: int) -> None:
 
 
 async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: Path | None,
-                   py_spy: str | None = None, ask_info: bool = False) -> dict[str, Any]:
+                   py_spy: str | None = None, ask_info: bool = False,
+                   jetstream_sync: str = "always") -> dict[str, Any]:
     """One run on a fresh nats-server and fresh replicas; its record.
 
     With `profile_dir`: py-spy samples the replicas during the run when `py_spy` is given,
@@ -311,7 +312,7 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
     load_before = load()
     with tempfile.TemporaryDirectory(prefix="zeus-rr-") as tmp:
         root = Path(tmp)
-        server = EmbeddedNats(store_dir=str(root / "js"))
+        server = EmbeddedNats(store_dir=str(root / "js"), jetstream_sync=jetstream_sync)
         await asyncio.to_thread(server.start)
         reps = Replicas(server.url, root, names, ["--command-timeout-s", "10"],
                         profile_dir if py_spy is None else None)
@@ -356,6 +357,7 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
         "set_power_limit_commands": timings["set_power_limit_commands"],
         **seen, "cpu_s": cpu, "cpu_total_s": round(sum(cpu.values()), 3),
         "cpu_bound_s": cpu_bound(cpu), "load_before": load_before, "load_after": load(),
+        "jetstream_sync": jetstream_sync,
     }
 
 
@@ -371,19 +373,25 @@ def cpu_bound(cpu: dict[str, float]) -> float:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark `args.runs` times; the JSON record."""
     ranks = args.nodes * args.gpus_per_node
-    runs = []
+    runs: list[dict[str, Any]] = []
+    by_sync: dict[str, list[dict[str, Any]]] = {}
     for i in range(args.runs):
-        run = await run_once(args.nodes, args.gpus_per_node, args.replicas, args.profile,
-                             args.py_spy, args.ask_info)
-        runs.append(run)
-        print(f"run {i + 1}/{args.runs}: {ranks} ranks registered in {run['register_s']:.3f} s, "
-              f"first power limit on every GPU {run['deliver_s']:.3f} s later: "
-              f"{run['total_s']:.3f} s in all; state writes {run['state_writes']}, CPU s "
-              f"{run['cpu_s']} (idle-machine bound {run['cpu_bound_s']:.2f} s), load "
-              f"{run['load_before']} -> {run['load_after']}")
-        if not run["complete"]:
-            print(f"  INCOMPLETE: {run['failures']} failures, {run['ranks_recorded']} ranks "
-                  f"recorded, {run['delivered']} GPUs got the limit", file=sys.stderr)
+        # Each setting in turn within a run, so both see the same load.
+        for sync in args.jetstream_sync:
+            run = await run_once(args.nodes, args.gpus_per_node, args.replicas, args.profile,
+                                 args.py_spy, args.ask_info, sync)
+            by_sync.setdefault(sync, []).append(run)
+            if sync == args.jetstream_sync[0]:
+                runs.append(run)
+            print(f"run {i + 1}/{args.runs}, JetStream sync {sync}: {ranks} ranks registered in "
+                  f"{run['register_s']:.3f} s, "
+                  f"first power limit on every GPU {run['deliver_s']:.3f} s later: "
+                  f"{run['total_s']:.3f} s in all; state writes {run['state_writes']}, CPU s "
+                  f"{run['cpu_s']} (idle-machine bound {run['cpu_bound_s']:.2f} s), load "
+                  f"{run['load_before']} -> {run['load_after']}")
+            if not run["complete"]:
+                print(f"  INCOMPLETE: {run['failures']} failures, {run['ranks_recorded']} "
+                      f"ranks recorded, {run['delivered']} GPUs got the limit", file=sys.stderr)
     totals = [r["total_s"] for r in runs]
     total = spread(totals)
     ok = all(r["complete"] for r in runs) and total["median"] <= BUDGET_S
@@ -394,6 +402,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "replica_processes": True,
         "durable": True,
         "state": "JetStream KV, file storage, 1 nats-server",
+        "jetstream_sync": args.jetstream_sync[0],
+        "total_s_by_jetstream_sync": {
+            sync: spread([r["total_s"] for r in sync_runs]) for sync, sync_runs in by_sync.items()},
+        "cpu_total_s_by_jetstream_sync": {
+            sync: spread([r["cpu_total_s"] for r in sync_runs], 3)
+            for sync, sync_runs in by_sync.items()},
         "register_s": spread([r["register_s"] for r in runs]),
         "deliver_s": spread([r["deliver_s"] for r in runs]),
         "total_s": total,
@@ -438,6 +452,12 @@ def main() -> None:
     parser.add_argument("--ask-info", action="store_true",
                         help="registrations without the GPU's description (as older agents relay "
                         "them): the coordinator asks each GPU's agent first (`info`)")
+    parser.add_argument("--jetstream-sync", type=jetstream_syncs, default=["always"],
+                        metavar="SYNC[,SYNC]",
+                        help="JetStream sync_interval(s) of the bench's nats-server: 'always' "
+                        "(the project's default) and/or a duration ('2m', nats-server's "
+                        "default); with two, each run measures both in turn and the JSON gives "
+                        "both (the headline figures are the first's)")
     args = parser.parse_args()
     if args.quick:
         args.runs = 1
