@@ -41,6 +41,7 @@ PURE_PATHS: tuple[str, ...] = (
     "coordinator/optimizer.py",
     "coordinator/state/records.py",
     "coordinator/state/ownership.py",
+    "coordinator/budget/allocator.py",
 )
 """Files or directories (searched recursively) whose modules must stay pure."""
 
