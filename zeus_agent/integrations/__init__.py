@@ -8,6 +8,10 @@
 * `PerseusOptimizer` / `PipelineFrequencyOptimizer` (`perseus`): a pipeline-parallel rank of
   the coordinator's frequency optimizer; the node's agent sets each instruction's SM clock
   (`zeus.optimizer.perseus`).
+* `instrument_pipeline` (`pipelining.instrument`), `PipelineInstrumentation`: one line
+  reports every compute action of a `torch.distributed.pipelining` schedule as an instruction;
+  `deepspeed.instrument(engine)` and `megatron.instrument()` do the same for DeepSpeed's
+  `PipelineEngine` and Megatron-core's schedules.
 * `HFGlobalPowerLimitOptimizer` (`huggingface`): the same as a `transformers.TrainerCallback`;
   imported on first access, so this package imports without transformers.
 * `OptimumSelector`, `Energy`, `Time`, `ZeusCost`, `MaxSlowdownConstraint`
@@ -21,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from zeus_agent.integrations.monitor import Measurement, ZeusMonitor
 from zeus_agent.integrations.perseus import PerseusOptimizer, PipelineFrequencyOptimizer
+from zeus_agent.integrations.pipelining import PipelineInstrumentation
+from zeus_agent.integrations.pipelining import instrument as instrument_pipeline
 from zeus_agent.integrations.power_limit import GlobalPowerLimitOptimizer, power_limit_options
 from zeus_agent.integrations.profiling import ProfilingResult, ZeusProfilingService
 from zeus_agent.selectors import (
@@ -44,12 +50,14 @@ __all__ = [
     "OptimumSelector",
     "PerseusOptimizer",
     "PipelineFrequencyOptimizer",
+    "PipelineInstrumentation",
     "PowerLimitMeasurement",
     "ProfilingResult",
     "Time",
     "ZeusCost",
     "ZeusMonitor",
     "ZeusProfilingService",
+    "instrument_pipeline",
     "power_limit_options",
 ]
 
