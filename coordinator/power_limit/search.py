@@ -67,6 +67,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from coordinator.power_limit.readings import Readings, WindowResult, aggregate, cost_spread
 from coordinator.power_limit.selectors import Energy, OptimumSelector, Time, ZeusCost
 from zeus_agent.models import PowerLimitMeasurement
 
@@ -97,53 +98,6 @@ class Probe:
     power_limit: int
     warmup_steps: int
     profile_steps: int
-
-
-@dataclass(frozen=True, slots=True)
-class WindowResult:
-    """One recorded profiling window.
-
-    Attributes:
-        power_limit: Power limit (W) of the window.
-        steps: Number of training steps in the window.
-        time: Duration of the window (s).
-        energy: Energy of the window over all GPUs (J).
-    """
-
-    power_limit: int
-    steps: int
-    time: float
-    energy: float
-
-
-def aggregate(results: Sequence[WindowResult], profile_steps: int) -> list[PowerLimitMeasurement]:
-    """Merge window results into one measurement per limit, highest limit first.
-
-    Windows of one limit are pooled (sum of time and energy over sum of steps) and scaled to a
-    `profile_steps` window, so limits profiled with different window lengths compare directly. A
-    limit profiled by exactly one `profile_steps` window keeps its recorded values bit for bit.
-
-    Args:
-        results: Recorded windows, in any order.
-        profile_steps: The reference window length (steps).
-
-    Returns:
-        The measurements, sorted from the highest power limit down.
-    """
-    pooled: dict[int, list[float]] = {}
-    for r in results:
-        acc = pooled.setdefault(r.power_limit, [0.0, 0.0, 0.0])
-        acc[0] += r.time
-        acc[1] += r.energy
-        acc[2] += r.steps
-    out = []
-    for limit in sorted(pooled, reverse=True):
-        time, energy, steps = pooled[limit]
-        scale = profile_steps / steps
-        out.append(
-            PowerLimitMeasurement(power_limit=limit, energy=energy * scale, time=time * scale)
-        )
-    return out
 
 
 class Search(ABC):
@@ -408,25 +362,6 @@ class _AdaptiveSearch(Search):
             previous = r.power_limit
         return spent
 
-    def _spread(self, measured: Sequence[PowerLimitMeasurement]) -> dict[int, float]:
-        """Relative noise of each limit's cost per unit of relative time and energy noise.
-
-        Time and energy are measured with independent errors. The three costs are linear,
-        `a * energy + b * time` (Energy: a=1, b=0; Time: a=0, b=1; ZeusCost: a=eta,
-        b=(1-eta) * max_power), so a cost mixing both is less noisy than either:
-        sqrt((a E)^2 + (b T)^2) / (a E + b T), between 1/sqrt(2) and 1.
-        """
-        selector = self._selector
-        if isinstance(selector, ZeusCost):
-            a = selector.eta_knob
-            b = (1 - selector.eta_knob) * max(m.power_limit for m in measured) * selector.world_size
-        else:
-            a, b = (1.0, 0.0) if isinstance(selector, Energy) else (0.0, 1.0)
-        return {
-            m.power_limit: math.hypot(a * m.energy, b * m.time) / (a * m.energy + b * m.time)
-            for m in measured
-        }
-
     def next_probe(self, results: Sequence[WindowResult], started: int) -> Probe | None:
         in_place: int | None = results[-1].power_limit if results else None
         if self._asked is not None:
@@ -443,232 +378,287 @@ class _AdaptiveSearch(Search):
     def _choose(self, results: Sequence[WindowResult], in_place: int | None) -> Probe | None:
         """The next probe; `in_place`: the limit still set since its window was recorded."""
         if not results:
-            # Nothing recorded: the descent starts at the first limit not left out.
-            while self._index < len(self._limits) and self._limits[self._index] in self._left_out:
-                self._index += 1
-            if self._index == len(self._limits):
-                return None
-            return Probe(self._limits[self._index], self._warmup, self._chunk)
-        p = self._p
-        left_out = self._left_out
+            return self._first_probe()
+        r = self._read(results)
+        probe = self._extend_in_place(r, in_place)
+        if probe is None and self._descending:
+            probe = self._descend(r, in_place)
+        if probe is not None:
+            return probe
+        top = r.best()
+        assert top is not None
+        for phase in (self._revisit_skipped, self._refine_rivals, self._settle_best, self._guard):
+            if (probe := phase(r, top, in_place)) is not None:
+                return probe
+        return None
+
+    def _first_probe(self) -> Probe | None:
+        """Nothing recorded: the descent starts at the first limit not left out."""
+        while self._index < len(self._limits) and self._limits[self._index] in self._left_out:
+            self._index += 1
+        if self._index == len(self._limits):
+            return None
+        return Probe(self._limits[self._index], self._warmup, self._chunk)
+
+    def _read(self, results: Sequence[WindowResult]) -> Readings:
+        """What the recorded windows say, for this one decision."""
         steps: dict[int, int] = {}
-
-        def open_to(pl: int) -> bool:  # May still be profiled more.
-            return pl not in left_out and steps[pl] < self._max_steps
-
-        for r in results:
-            steps[r.power_limit] = steps.get(r.power_limit, 0) + r.steps
+        for w in results:
+            steps[w.power_limit] = steps.get(w.power_limit, 0) + w.steps
         measured = aggregate(results, self._profile_steps)
-        costs = self._cost(measured)
-        spread = self._spread(measured)
-        last = results[-1].power_limit
-        spent = self._spent(results)
+        spread = cost_spread(self._selector, measured)
+        p, last = self._p, results[-1].power_limit
+        return Readings(
+            steps,
+            self._cost(measured),
+            spread,
+            p.noise,
+            p.tolerance,
+            self._profile_steps,
+            last,
+            self._spent(results),
+        )
 
-        def sigma(limit: int) -> float:
-            return p.noise * spread[limit] * math.sqrt(self._profile_steps / steps[limit])
+    def _open_to(self, r: Readings, limit: int) -> bool:
+        """Whether `limit` may still be profiled more."""
+        return limit not in self._left_out and r.steps[limit] < self._max_steps
 
-        def z(a: int, b: int) -> float:
-            return (costs[a] - costs[b]) / (costs[b] * math.hypot(sigma(a), sigma(b)))
+    def _visit(self, r: Readings, target: int, in_place: int | None, size: int) -> Probe | None:
+        """A `size`-step window at `target` (warmed up unless still set), if the budget allows."""
+        warmup = 0 if target == in_place else self._warmup
+        return Probe(target, warmup, size) if r.spent + warmup + size <= self._budget else None
 
-        def danger(a: int, b: int, margin: float = p.tolerance) -> float:
-            # Sigmas by which a and b must be misjudged for the pick to be `margin` off.
-            return (abs(costs[a] / costs[b] - 1) + margin) / math.hypot(sigma(a), sigma(b))
+    def _extend_in_place(self, r: Readings, in_place: int | None) -> Probe | None:
+        """Extend the last limit in place, at no warm-up, while that still pays.
 
-        def best(exclude: int | None = None) -> int | None:
-            # Highest limit first on ties, like the selectors.
-            others = [pl for pl in sorted(costs, reverse=True) if pl != exclude]
-            return min(others, key=lambda pl: costs[pl]) if others else None
-
-        def remaining() -> int:
-            # Steps the rest of the descent needs at least.
-            left = len(self._limits) - 1 - self._index if self._descending else 0
-            return left * (self._warmup + self._chunk)
-
-        # Extend the last limit in place while it is ambiguous against the best other, or while
-        # it looks costlier but could be the optimum read high (the guard, at no warm-up).
-        other = best(exclude=last)
+        While it is ambiguous against the best other, or while it looks costlier but could be the
+        optimum read high (the guard).
+        """
+        p, last, steps = self._p, r.last, r.steps
+        other = r.best(exclude=last)
         size = min(self._chunk, self._max_steps - steps[last])
         if (
             other is not None
             and in_place == last
             and size > 0
             and (
-                (danger(last, other) <= p.k_ambiguous and steps[last] < p.ext_ratio * steps[other])
+                (
+                    r.danger(last, other) <= p.k_ambiguous
+                    and steps[last] < p.ext_ratio * steps[other]
+                )
                 or (
                     steps[last] < self._guard_extend
-                    and costs[last] >= costs[other]
-                    and danger(last, other, p.guard_regret) <= p.k_guard_extend
+                    and r.costs[last] >= r.costs[other]
+                    and r.danger(last, other, p.guard_regret) <= p.k_guard_extend
                 )
             )
-            and spent + size + remaining() <= self._budget
+            and r.spent + size + self._remaining() <= self._budget
         ):
             return Probe(last, 0, size)
+        return None
 
-        if self._descending:
-            current = self._limits[self._index]
-            if self._pending_skip is not None:
-                # A skip pays off only if the cost kept falling across it; else go back.
-                above, skipped = self._pending_skip
-                self._pending_skip = None
-                if current not in costs or costs[current] * (1 + p.steep) >= costs[above]:
-                    # The fall stopped (a valley's floor, a rough stretch, `current` left out):
-                    # skipping further could step over a dip no neighbour's cost hints at.
-                    self._skips_over = True
-                    return Probe(skipped, self._warmup, self._chunk)
-                self._skipped.add(skipped)
-            top = best()
-            assert top is not None
+    def _remaining(self) -> int:
+        """Steps the rest of the descent needs at least."""
+        left = len(self._limits) - 1 - self._index if self._descending else 0
+        return left * (self._warmup + self._chunk)
 
-            def worse(pl: int, top: int = top) -> bool:
-                return (
-                    pl != top
-                    and z(pl, top) > p.k_stop
-                    and costs[pl] > costs[top] * (1 + p.rel_stop)
-                )
-
-            # Trailing run: the last descent limits, each clearly worse than the best and each
-            # costlier than the one above it. A bump followed by a drop breaks the run.
-            descent = [pl for pl in self._limits[: self._index + 1] if pl in costs]
-            run = 0
-            for k in range(len(descent) - 1, -1, -1):
-                if not worse(descent[k]):
-                    break
-                run += 1
-                if k == 0 or costs[descent[k]] <= costs[descent[k - 1]]:
-                    break
-            # A bump (a limit clearly costlier than its profiled neighbours on both sides): a rough
-            # profile says little about unprofiled limits, so no more skips, no stop at one rise.
-            self._rough = self._rough or any(
-                z(descent[k], descent[k - 1]) > p.k_stop
-                and z(descent[k], descent[k + 1]) > p.k_stop
-                for k in range(1, len(descent) - 1)
-            )
-            big = (
-                not self._rough
-                and current in costs  # A left-out limit says nothing: the descent goes on.
-                and worse(current)
-                and costs[current] > costs[top] * (1 + p.big_rise)
-            )
-            stop = (run >= p.patience or big) and not self._rough
-            if stop and open_to(top) and steps[top] < self._confirm:
-                # The evidence for stopping is only as good as the best's measurement: confirm
-                # it first (a lucky short window must not end the descent), then judge again.
-                warmup = 0 if top == in_place else self._warmup
-                size = min(self._refine, self._max_steps - steps[top])
-                if spent + warmup + size <= self._budget:
-                    return Probe(top, warmup, size)
-            higher = [pl for pl in costs if pl > current]
-            prev_cost = costs[min(higher)] if higher else None
-            falling = (
-                not self._rough
-                and not self._skips_over
-                and prev_cost is not None
-                and current in costs
-                and costs[current] * (1 + p.steep) < prev_cost
-            )
-            if (
-                stop
-                or self._index == len(self._limits) - 1
-                or spent + self._warmup + self._chunk > self._budget
-            ):
-                self._descending = False
-            else:
-                if falling and self._index + 2 < len(self._limits):
-                    self._pending_skip = (current, self._limits[self._index + 1])
-                    self._index += 2
-                else:
-                    self._index += 1
-                return Probe(self._limits[self._index], self._warmup, self._chunk)
-
-        # Profile a skipped limit next to the best or next to a rival that could be misjudged
-        # against it (a lucky reading elsewhere must not hide the skipped optimum).
-        top = best()
+    def _descend(self, r: Readings, in_place: int | None) -> Probe | None:
+        """The descent's next probe; None once the descent is over (it is then marked so)."""
+        current = self._limits[self._index]
+        if (probe := self._take_back_skip(r, current)) is not None:
+            return probe
+        top = r.best()
         assert top is not None
-        rivals = sorted(
-            (pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine),
-            key=lambda pl: danger(pl, top),
+        stop = self._should_stop(r, current, top)
+        if stop and self._open_to(r, top) and r.steps[top] < self._confirm:
+            # The evidence for stopping is only as good as the best's measurement: confirm it
+            # first (a lucky short window must not end the descent), then judge again.
+            size = min(self._refine, self._max_steps - r.steps[top])
+            if (probe := self._visit(r, top, in_place, size)) is not None:
+                return probe
+        if (
+            stop
+            or self._index == len(self._limits) - 1
+            or r.spent + self._warmup + self._chunk > self._budget
+        ):
+            self._descending = False
+            return None
+        return self._step_down(r, current)
+
+    def _take_back_skip(self, r: Readings, current: int) -> Probe | None:
+        """The skipped limit, if the cost did not keep falling across the pending skip."""
+        if self._pending_skip is None:
+            return None
+        above, skipped = self._pending_skip
+        self._pending_skip = None
+        if current not in r.costs or r.costs[current] * (1 + self._p.steep) >= r.costs[above]:
+            # The fall stopped (a valley's floor, a rough stretch, `current` left out): skipping
+            # further could step over a dip no neighbour's cost hints at.
+            self._skips_over = True
+            return Probe(skipped, self._warmup, self._chunk)
+        self._skipped.add(skipped)
+        return None
+
+    def _should_stop(self, r: Readings, current: int, top: int) -> bool:
+        """Whether the descent has gone far enough past the best (never on a rough profile)."""
+        p = self._p
+
+        def worse(pl: int) -> bool:
+            return (
+                pl != top
+                and r.z(pl, top) > p.k_stop
+                and r.costs[pl] > r.costs[top] * (1 + p.rel_stop)
+            )
+
+        # Trailing run: the last descent limits, each clearly worse than the best and each
+        # costlier than the one above it. A bump followed by a drop breaks the run.
+        descent = [pl for pl in self._limits[: self._index + 1] if pl in r.costs]
+        run = 0
+        for k in range(len(descent) - 1, -1, -1):
+            if not worse(descent[k]):
+                break
+            run += 1
+            if k == 0 or r.costs[descent[k]] <= r.costs[descent[k - 1]]:
+                break
+        # A bump (a limit clearly costlier than its profiled neighbours on both sides): a rough
+        # profile says little about unprofiled limits, so no more skips, no stop at one rise.
+        self._rough = self._rough or any(
+            r.z(descent[k], descent[k - 1]) > p.k_stop
+            and r.z(descent[k], descent[k + 1]) > p.k_stop
+            for k in range(1, len(descent) - 1)
         )
+        big = (
+            not self._rough
+            and current in r.costs  # A left-out limit says nothing: the descent goes on.
+            and worse(current)
+            and r.costs[current] > r.costs[top] * (1 + p.big_rise)
+        )
+        return (run >= p.patience or big) and not self._rough
+
+    def _step_down(self, r: Readings, current: int) -> Probe:
+        """The next limit down; one is skipped while the cost falls steeply on a smooth profile."""
+        higher = [pl for pl in r.costs if pl > current]
+        prev_cost = r.costs[min(higher)] if higher else None
+        falling = (
+            not self._rough
+            and not self._skips_over
+            and prev_cost is not None
+            and current in r.costs
+            and r.costs[current] * (1 + self._p.steep) < prev_cost
+        )
+        if falling and self._index + 2 < len(self._limits):
+            self._pending_skip = (current, self._limits[self._index + 1])
+            self._index += 2
+        else:
+            self._index += 1
+        return Probe(self._limits[self._index], self._warmup, self._chunk)
+
+    def _revisit_skipped(self, r: Readings, top: int, in_place: int | None) -> Probe | None:
+        """A skipped limit next to the best or to a rival that could be misjudged against it.
+
+        A lucky reading elsewhere must not hide a skipped optimum.
+        """
+        rivals = sorted(r.rivals(top, self._p.k_refine), key=lambda pl: r.danger(pl, top))
         for near in [top, *rivals]:
             i = self._limits.index(near)
             for j in (i - 1, i + 1):
                 if 0 <= j < len(self._limits) and self._limits[j] in self._skipped:
                     target = self._limits[j]
                     self._skipped.discard(target)
-                    if spent + self._warmup + self._chunk <= self._budget:
+                    if r.spent + self._warmup + self._chunk <= self._budget:
                         return Probe(target, self._warmup, self._chunk)
-
-        confirming = open_to(top) and steps[top] < self._confirm
-        if p.focused_refinement and (confirming or self._refines < p.max_refines):
-            # Confirm the best (these windows do not count as refinements), then refine the
-            # rival most likely to be misjudged against it: the less profiled of the two.
-            pair = [top]
-            if not confirming:
-                rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
-                pair = []
-                if rivals:
-                    rival = min(rivals, key=lambda pl: (danger(pl, top), -pl))
-                    pair = [pl for pl in (rival, top) if open_to(pl)]
-                    if not pair:  # Both at max_steps: the next most ambiguous rivals.
-                        pair = [pl for pl in rivals if open_to(pl)]
-            if pair:
-                target = min(pair, key=lambda pl: (steps[pl], -pl))
-                warmup = 0 if target == in_place else self._warmup
-                size = min(self._refine, self._max_steps - steps[target])
-                if spent + warmup + size <= self._budget:
-                    if not confirming:
-                        self._refines += 1
-                    return Probe(target, warmup, size)
-        elif not p.focused_refinement and self._refines < p.max_refines:
-            rivals = [pl for pl in costs if pl != top and danger(pl, top) <= p.k_refine]
-            contenders = [pl for pl in [*rivals, top] if open_to(pl)]
-            if confirming:
-                rivals, contenders = [top], [top]
-            if rivals and contenders:
-                target = min(contenders, key=lambda pl: (steps[pl], -pl))
-                warmup = 0 if target == in_place else self._warmup
-                size = min(self._refine, self._max_steps - steps[target])
-                if spent + warmup + size <= self._budget:
-                    self._refines += 1
-                    return Probe(target, warmup, size)
-
-        # Settle: the pick must not rest on fewer than `settle` x profile_steps while a rival
-        # could be misjudged against it: of several close limits, the one measured shortest is
-        # the likeliest to look best by luck. One window brings it there (not counted against
-        # max_refines); if another limit then looks best, it settles too.
-        settle = min(self._settle, self._max_steps)
-        if (
-            top not in left_out
-            and steps[top] < settle
-            and any(pl != top and danger(pl, top) <= p.k_refine for pl in costs)
-        ):
-            warmup = 0 if top == in_place else self._warmup
-            size = settle - steps[top]
-            if spent + warmup + size <= self._budget:
-                return Probe(top, warmup, size)
-
-        # Guard: a limit that could still be truly cheaper than the best by more than
-        # `guard_regret` (at `k_guard` sigmas) is profiled once more. The refinement above looks
-        # for 1% misjudgements within `k_refine` sigmas; the optimum read once, in a short window
-        # that came out a few sigmas high, is beyond it and would cost a large regret. Closest
-        # call first; each limit once; afterwards the usual rules (confirm, refine, settle) apply.
-        if p.k_guard > 0:
-            suspects = [
-                pl
-                for pl in costs
-                if pl != top
-                and pl not in self._guarded
-                and pl not in left_out
-                and costs[pl] >= costs[top]
-                and danger(pl, top, p.guard_regret) <= p.k_guard
-            ]
-            if suspects:
-                target = min(suspects, key=lambda pl: (danger(pl, top, p.guard_regret), -pl))
-                self._guarded.add(target)
-                warmup = 0 if target == in_place else self._warmup
-                size = min(self._chunk, self._max_steps - steps[target])
-                if size > 0 and spent + warmup + size <= self._budget:
-                    return Probe(target, warmup, size)
         return None
+
+    def _refine_rivals(self, r: Readings, top: int, in_place: int | None) -> Probe | None:
+        """Confirm the best, then re-profile the limits that could be misjudged against it."""
+        p = self._p
+        confirming = self._open_to(r, top) and r.steps[top] < self._confirm
+        if p.focused_refinement and (confirming or self._refines < p.max_refines):
+            return self._refine_focused(r, top, in_place, confirming)
+        if not p.focused_refinement and self._refines < p.max_refines:
+            return self._refine_least_profiled(r, top, in_place, confirming)
+        return None
+
+    def _refine_focused(
+        self, r: Readings, top: int, in_place: int | None, confirming: bool
+    ) -> Probe | None:
+        """Confirm the best (not counted as a refinement), else refine its likeliest rival.
+
+        Of the best and the rival most likely to be misjudged against it, the less profiled.
+        """
+        pair = [top]
+        if not confirming:
+            rivals = r.rivals(top, self._p.k_refine)
+            pair = []
+            if rivals:
+                rival = min(rivals, key=lambda pl: (r.danger(pl, top), -pl))
+                pair = [pl for pl in (rival, top) if self._open_to(r, pl)]
+                if not pair:  # Both at max_steps: the next most ambiguous rivals.
+                    pair = [pl for pl in rivals if self._open_to(r, pl)]
+        if not pair:
+            return None
+        target = min(pair, key=lambda pl: (r.steps[pl], -pl))
+        size = min(self._refine, self._max_steps - r.steps[target])
+        probe = self._visit(r, target, in_place, size)
+        if probe is not None and not confirming:
+            self._refines += 1
+        return probe
+
+    def _refine_least_profiled(
+        self, r: Readings, top: int, in_place: int | None, confirming: bool
+    ) -> Probe | None:
+        """Refine the least profiled of the best and all its rivals; confirmation counts."""
+        rivals = r.rivals(top, self._p.k_refine)
+        contenders = [pl for pl in [*rivals, top] if self._open_to(r, pl)]
+        if confirming:
+            rivals, contenders = [top], [top]
+        if not (rivals and contenders):
+            return None
+        target = min(contenders, key=lambda pl: (r.steps[pl], -pl))
+        size = min(self._refine, self._max_steps - r.steps[target])
+        probe = self._visit(r, target, in_place, size)
+        if probe is not None:
+            self._refines += 1
+        return probe
+
+    def _settle_best(self, r: Readings, top: int, in_place: int | None) -> Probe | None:
+        """Bring the best to `settle` x profile_steps while a rival could be misjudged against it.
+
+        Of several close limits, the one measured shortest is the likeliest to look best by luck.
+        One window brings it there (not counted against max_refines); if another limit then
+        looks best, it settles too.
+        """
+        settle = min(self._settle, self._max_steps)
+        if top in self._left_out or r.steps[top] >= settle or not r.rivals(top, self._p.k_refine):
+            return None
+        return self._visit(r, top, in_place, settle - r.steps[top])
+
+    def _guard(self, r: Readings, top: int, in_place: int | None) -> Probe | None:
+        """Profile once more a limit that could still be truly cheaper than the best by a lot.
+
+        More than `guard_regret`, at `k_guard` sigmas. The refinement looks for 1% misjudgements
+        within `k_refine` sigmas; the optimum read once, in a short window that came out a few
+        sigmas high, is beyond it and would cost a large regret. Closest call first; each limit
+        once; afterwards the usual rules (confirm, refine, settle) apply.
+        """
+        p = self._p
+        if not p.k_guard > 0:  # Off.
+            return None
+        suspects = [
+            pl
+            for pl in r.costs
+            if pl != top
+            and pl not in self._guarded
+            and pl not in self._left_out
+            and r.costs[pl] >= r.costs[top]
+            and r.danger(pl, top, p.guard_regret) <= p.k_guard
+        ]
+        if not suspects:
+            return None
+        target = min(suspects, key=lambda pl: (r.danger(pl, top, p.guard_regret), -pl))
+        self._guarded.add(target)
+        size = min(self._chunk, self._max_steps - r.steps[target])
+        return self._visit(r, target, in_place, size) if size > 0 else None
 
 
 def resolve_search(search: str | SearchStrategy) -> SearchStrategy:
