@@ -126,6 +126,9 @@ class DurableState:
             jobs.bind_gpu(driver, gpu)
             if change.limits is not None:  # The owner need not ask that GPU's agent again.
                 self.gpus.limits.setdefault((gpu.node, gpu.gpu_index), change.limits)
+                if change.period_recorded:
+                    self.gpus.periods.setdefault((gpu.node, gpu.gpu_index),
+                                                 change.energy_period_ms)
             if (jobs.registry.apply_rank(change.job_id, change.rank, self.clock())
                     and (change.job_id, change.rank.info.rank) not in jobs.registering):
                 self.starter.maybe_start(driver)  # (Once every rank is in.)

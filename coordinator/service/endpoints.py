@@ -258,7 +258,8 @@ class Endpoints:
         try:
             limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
             new = await self.link.require_state().create_rank(
-                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits)
+                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits,
+                info.energy_period_ms if info else None)
         finally:
             self.jobs.registering.discard(mine)
         record, _ = self.jobs.registry.register_rank(request, self.clock())

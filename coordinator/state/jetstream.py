@@ -232,7 +232,8 @@ class JetStreamState:
         return True
 
     async def create_rank(self, job_id: str, rank: RankRecord,
-                          limits: tuple[int, int] | None = None) -> bool:
+                          limits: tuple[int, int] | None = None,
+                          energy_period_ms: float | None = None) -> bool:
         """Record a rank and its GPU binding, each exactly once across replicas.
 
         The GPU's key is taken first: a rank's key (what replicas follow) only ever appears
@@ -255,7 +256,7 @@ class JetStreamState:
         key = records.rank_key(job_id, info.rank)
         try:
             return await self._create_once(
-                key, records.encode_rank(job_id, rank, limits),
+                key, records.encode_rank(job_id, rank, limits, energy_period_ms),
                 lambda raw: records.decode(key, raw, False, 0).rank == rank,
                 f"rank {info.rank} of job {job_id} is already registered with another GPU or "
                 "coordinates; each rank registers once")

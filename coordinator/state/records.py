@@ -29,6 +29,7 @@ from typing import Any
 
 from coordinator.jobs import JobRecord, RankRecord
 from zeus_agent.models import MAX_POWER_W
+from zeus_agent.wire.messages import MAX_ENERGY_PERIOD_MS
 from zeus_agent.wire.subjects import state_buckets as bucket_names
 from zeus_agent.wire.text import bounded
 
@@ -138,13 +139,19 @@ def encode_job(record: JobRecord) -> bytes:
     return _dump(record.plain(with_ranks=False))
 
 
-def encode_rank(job_id: str, rank: RankRecord,
-                limits: tuple[int, int] | None = None) -> bytes:
-    """A rank's value, with its GPU's power limit range when known.
+def encode_rank(job_id: str, rank: RankRecord, limits: tuple[int, int] | None = None,
+                energy_period_ms: float | None = None) -> bytes:
+    """A rank's value, with its GPU's power limit range and energy-counter period when known.
 
-    So the job's owner need not ask the GPU's agent again.
+    Both come from the GPU's description: with `limits` the period is recorded, even if None.
+    So the job's owner need not ask the GPU's agent again (a replica that did not relay the
+    registration would otherwise ask `info` of every such GPU before starting the job).
     """
-    return _dump({"job_id": job_id, **rank.plain(), "limits": list(limits) if limits else None})
+    value: dict[str, Any] = {"job_id": job_id, **rank.plain(),
+                             "limits": list(limits) if limits else None}
+    if limits:
+        value["energy_period_ms"] = energy_period_ms
+    return _dump(value)
 
 
 def encode_gpu(job_id: str, rank: int) -> bytes:
@@ -185,6 +192,10 @@ class Change:
     progress: dict[str, Any] | None = None
     limits: tuple[int, int] | None = None
     """A rank's GPU's power limit range (min, max) in W, when recorded."""
+    period_recorded: bool = False
+    """Whether the rank's record carries its GPU's energy-counter period (`energy_period_ms`,
+    which may be None: not known to the GPU's agent then)."""
+    energy_period_ms: float | None = None
     quarantine: dict[str, Any] | None = None
     """A quarantine note (`encode_quarantine`'s fields)."""
 
@@ -199,6 +210,17 @@ def _limits(raw: Any) -> tuple[int, int] | None:
     if not 1 <= lo <= hi <= MAX_POWER_W:
         raise RecordError(f"limits [{lo}, {hi}] W are outside 1 <= min <= max <= {MAX_POWER_W}")
     return lo, hi
+
+
+def _period(raw: Any) -> float | None:
+    """A recorded energy-counter period (ms), refused unless None or in the wire's bounds."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) \
+            or not 0 <= raw <= MAX_ENERGY_PERIOD_MS:
+        raise RecordError(f"energy_period_ms must be 0..{MAX_ENERGY_PERIOD_MS} ms or null, got "
+                          f"{bounded(raw, 100)}")
+    return float(raw)
 
 
 def _note(data: dict[str, Any]) -> dict[str, Any]:
@@ -257,8 +279,11 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
             rank = RankRecord.from_plain(data)
             if rank.info.rank != int(parts[2]):
                 raise RecordError(f"the value is rank {rank.info.rank}, its key another")
-            return Change(kind, parts[1], False, job_id=job_id, rank=rank,
-                          limits=_limits(data.get("limits")))
+            limits = _limits(data.get("limits"))
+            recorded = limits is not None and "energy_period_ms" in data
+            return Change(kind, parts[1], False, job_id=job_id, rank=rank, limits=limits,
+                          period_recorded=recorded,
+                          energy_period_ms=_period(data["energy_period_ms"]) if recorded else None)
         if kind == "prog":
             return Change(kind, parts[1], False, job_id=job_id,
                           progress={"kind": data["kind"], "state": data["state"]})
