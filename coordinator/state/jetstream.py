@@ -4,7 +4,9 @@ The layout is `coordinator.state.records`'s, the ownership rules `coordinator.st
 this module only moves bytes. Every write is acknowledged by JetStream before the coordinator
 acknowledges what it records (a registration, a measured window), so nothing acknowledged is
 lost when a coordinator dies; with `replicas` > 1 on a NATS cluster, nothing is lost when a
-server dies either. Every replica follows both buckets (KV watches) and keeps its in-memory view
+server dies either. A power loss of a server loses nothing acknowledged only if it synced each
+write before acknowledging it (`sync_interval: always`, as every server this project starts or
+ships a configuration for does; nats-server's default flushes every 2 minutes). Every replica follows both buckets (KV watches) and keeps its in-memory view
 in step: a rank registered through one replica is known to all.
 """
 
