@@ -35,9 +35,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zeus_agent.pipeline_order import BACKWARD, FORWARD, one_f_one_b
+
+if TYPE_CHECKING:
+    from zeus_agent.integrations.perseus import PerseusOptimizer
 
 __all__ = [
     "NodeSpec",
@@ -248,6 +251,34 @@ class _Links:
     grad_out: Any = None
 
 
+@dataclass
+class _Channels:
+    """What every rank process shares with the launcher and its peers (multiprocessing objects).
+
+    Attributes:
+        job_ids: Rank 0 puts the job id and join token here, once per other rank.
+        results: Each rank's outcome: ("job_id" | "result" | "aborted" | "error", value).
+        progress: Rank 0's (iterations done, that iteration's time in s).
+        barrier: The end of each iteration (the gradient all-reduce and optimizer step).
+        stop: Set by rank 0 once the job has run long enough.
+        abort: Set when a rank fails: its peers stop quietly.
+    """
+
+    job_ids: Any
+    results: Any
+    progress: Any
+    barrier: Any
+    stop: Any
+    abort: Any
+
+    @classmethod
+    def of(cls, ctx: Any, world: int) -> _Channels:
+        """Fresh channels for `world` ranks from the multiprocessing context `ctx`."""
+        return cls(
+            ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Barrier(world), ctx.Event(), ctx.Event()
+        )
+
+
 def _recv(conn: Any, expected: tuple[int, int], abort: Any, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not conn.poll(0.1):
@@ -271,101 +302,68 @@ def _wait_for_clock(gpu: Any, mhz: int, timeout_s: float) -> bool:
 
 
 def _rank_main(
-    place: RankPlacement,
-    options: PipelineOptions,
-    links: _Links,
-    job_ids: Any,
-    barrier: Any,
-    stop: Any,
-    abort: Any,
-    results: Any,
-    progress: Any,
+    place: RankPlacement, options: PipelineOptions, links: _Links, ch: _Channels
 ) -> None:
+    """One rank process: register, run the iterations, report the result (or the failure)."""
     result = RankResult(place.rank, place.dp_rank, place.pp_rank, place.node, place.gpu_index)
     try:
-        from zeus_agent.gpu.sim import SimGPU
-        from zeus_agent.integrations.perseus import PerseusOptimizer
+        _Rank(place, options, links, ch, result).run()
+        ch.results.put(("result", result))
+    except _Aborted:
+        ch.results.put(("aborted", place.rank))
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher, which stops the job
+        if ch.abort.is_set() and isinstance(e, threading.BrokenBarrierError):
+            ch.results.put(("aborted", place.rank))
+        else:
+            ch.results.put(("error", (place.rank, f"{type(e).__name__}: {e}")))
+        ch.abort.set()
+        with contextlib.suppress(Exception):
+            ch.barrier.abort()
 
-        stages, dp = options.stages, options.dp
-        workload = _stage_workloads(options.profile, stages)[place.pp_rank]
-        gpu = SimGPU.open(place.sim_dir, place.gpu_index)
-        scale = options.time_scale
+
+class _Rank:
+    """One rank's run: its stage's work on its simulated GPU, between its neighbouring stages."""
+
+    def __init__(
+        self,
+        place: RankPlacement,
+        options: PipelineOptions,
+        links: _Links,
+        ch: _Channels,
+        result: RankResult,
+    ) -> None:
+        from zeus_agent.gpu.sim import SimGPU
+
+        self.place, self.options, self.links = place, options, links
+        self.ch, self.result = ch, result
+        self.workload = _stage_workloads(options.profile, options.stages)[place.pp_rank]
+        self.gpu = SimGPU.open(place.sim_dir, place.gpu_index)
+        self.scale = options.time_scale
         if options.straggler is not None and options.straggler[0] == place.dp_rank:
-            scale *= options.straggler[1]
-        job_id: str | None = None
-        token: str | None = None
-        if place.rank != 0:
-            deadline = time.monotonic() + options.ipc_timeout_s
-            while True:
-                if abort.is_set():
-                    raise _Aborted
-                try:
-                    job_id, token = job_ids.get(timeout=0.1)
-                    break
-                except queue.Empty:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("rank 0 did not hand over the job id") from None
-        opt = PerseusOptimizer(
-            rank=place.rank,
-            dp_rank=place.dp_rank,
-            pp_rank=place.pp_rank,
-            tp_rank=0,
-            device_id=place.gpu_index,
-            dp_degree=dp,
-            pp_degree=stages,
-            tp_degree=1,
-            world_size=stages * dp,
-            server_url=f"unix://{place.socket_path}",
-            job_metadata=options.job_metadata,
-            job_id=job_id,
-            join_token=token,
-            sync_cuda=False,
-            timeout_s=options.registration_timeout_s,
-        )
+            self.scale *= options.straggler[1]
+
+    def run(self) -> None:
+        """Register, run 1F1B iterations until rank 0 says stop, then close the optimizer."""
+        place, options, ch, result = self.place, self.options, self.ch, self.result
+        job_id, token = self._job_id() if place.rank != 0 else (None, None)
+        opt = self._register(job_id, token)
         if place.rank == 0:
-            if opt.job_id is None:
-                raise RuntimeError(
-                    f"the job could not be registered through the agent at {place.socket_path} "
-                    "(is the agent running, and connected to a coordinator?)"
-                )
-            results.put(("job_id", opt.job_id))
-            for _ in range(stages * dp - 1):
-                job_ids.put((opt.job_id, opt.join_token))  # as torch.distributed would
-        order = one_f_one_b(place.pp_rank, stages, options.microbatches)
-        barrier.wait(timeout=options.ipc_timeout_s)
+            self._hand_over(opt)
+        order = one_f_one_b(place.pp_rank, options.stages, options.microbatches)
+        ch.barrier.wait(timeout=options.ipc_timeout_s)
         started = time.monotonic()
         iteration = 0
         while True:
             opt.on_step_begin()
             t0 = time.monotonic()
-            energy = 0.0
-            clocks: list[int] = []
-            for name, mb in order:
-                if name == FORWARD and links.act_in is not None:
-                    _recv(links.act_in, (iteration, mb), abort, options.ipc_timeout_s, "activation")
-                elif name == BACKWARD and links.grad_in is not None:
-                    _recv(links.grad_in, (iteration, mb), abort, options.ipc_timeout_s, "gradient")
-                opt.on_instruction_begin(name)
-                if opt.frequency is not None and not _wait_for_clock(
-                    gpu, opt.frequency, options.clock_wait_s
-                ):
-                    result.late_clocks += 1
-                work = gpu.run_work(workload[name], scale=scale)
-                time.sleep(work.duration_s)
-                opt.on_instruction_end(name)
-                energy += work.energy_j
-                clocks.append(work.sm_clock_mhz)
-                if name == FORWARD and links.act_out is not None:
-                    links.act_out.send((iteration, mb))
-                elif name == BACKWARD and links.grad_out is not None:
-                    links.grad_out.send((iteration, mb))
+            energy, clocks = self._iteration(opt, order, iteration)
             iteration += 1
             if place.rank == 0 and (
                 (options.seconds is None and iteration >= options.iterations)
                 or (options.seconds is not None and time.monotonic() - started >= options.seconds)
             ):
-                stop.set()
-            barrier.wait(timeout=options.ipc_timeout_s)  # the all-reduce and optimizer step
+                ch.stop.set()
+            ch.barrier.wait(timeout=options.ipc_timeout_s)  # the all-reduce and optimizer step
             opt.on_step_end()
             elapsed = time.monotonic() - t0
             result.iteration_time_s.append(elapsed)
@@ -373,22 +371,86 @@ def _rank_main(
             result.clocks_mhz.append(clocks)
             result.schedule_version.append(opt.schedule_version)
             if place.rank == 0:
-                progress.put((iteration, elapsed))
-            if stop.is_set():
+                ch.progress.put((iteration, elapsed))
+            if ch.stop.is_set():
                 break
         result.dropped_events = opt.publisher.stats().dropped
         opt.close()
-        results.put(("result", result))
-    except _Aborted:
-        results.put(("aborted", place.rank))
-    except BaseException as e:  # noqa: BLE001 - reported to the launcher, which stops the job
-        if abort.is_set() and isinstance(e, threading.BrokenBarrierError):
-            results.put(("aborted", place.rank))
-        else:
-            results.put(("error", (place.rank, f"{type(e).__name__}: {e}")))
-        abort.set()
-        with contextlib.suppress(Exception):
-            barrier.abort()
+
+    def _job_id(self) -> tuple[str | None, str | None]:
+        """The job id and join token rank 0 hands over (as torch.distributed would)."""
+        deadline = time.monotonic() + self.options.ipc_timeout_s
+        while True:
+            if self.ch.abort.is_set():
+                raise _Aborted
+            try:
+                job_id, token = self.ch.job_ids.get(timeout=0.1)
+                return job_id, token
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("rank 0 did not hand over the job id") from None
+
+    def _register(self, job_id: str | None, token: str | None) -> PerseusOptimizer:
+        """This rank's `PerseusOptimizer` (rank 0's registers the job)."""
+        from zeus_agent.integrations.perseus import PerseusOptimizer
+
+        place, options = self.place, self.options
+        return PerseusOptimizer(
+            rank=place.rank,
+            dp_rank=place.dp_rank,
+            pp_rank=place.pp_rank,
+            tp_rank=0,
+            device_id=place.gpu_index,
+            dp_degree=options.dp,
+            pp_degree=options.stages,
+            tp_degree=1,
+            world_size=options.stages * options.dp,
+            server_url=f"unix://{place.socket_path}",
+            job_metadata=options.job_metadata,
+            job_id=job_id,
+            join_token=token,
+            sync_cuda=False,
+            timeout_s=options.registration_timeout_s,
+        )
+
+    def _hand_over(self, opt: PerseusOptimizer) -> None:
+        """Rank 0: report the job id, and hand it with the join token to every other rank."""
+        if opt.job_id is None:
+            raise RuntimeError(
+                f"the job could not be registered through the agent at {self.place.socket_path} "
+                "(is the agent running, and connected to a coordinator?)"
+            )
+        self.ch.results.put(("job_id", opt.job_id))
+        for _ in range(self.options.stages * self.options.dp - 1):
+            self.ch.job_ids.put((opt.job_id, opt.join_token))  # as torch.distributed would
+
+    def _iteration(
+        self, opt: PerseusOptimizer, order: Sequence[tuple[str, int]], iteration: int
+    ) -> tuple[float, list[int]]:
+        """Run one iteration's instructions; their work energy and SM clocks."""
+        links, timeout_s = self.links, self.options.ipc_timeout_s
+        energy = 0.0
+        clocks: list[int] = []
+        for name, mb in order:
+            if name == FORWARD and links.act_in is not None:
+                _recv(links.act_in, (iteration, mb), self.ch.abort, timeout_s, "activation")
+            elif name == BACKWARD and links.grad_in is not None:
+                _recv(links.grad_in, (iteration, mb), self.ch.abort, timeout_s, "gradient")
+            opt.on_instruction_begin(name)
+            if opt.frequency is not None and not _wait_for_clock(
+                self.gpu, opt.frequency, self.options.clock_wait_s
+            ):
+                self.result.late_clocks += 1
+            work = self.gpu.run_work(self.workload[name], scale=self.scale)
+            time.sleep(work.duration_s)
+            opt.on_instruction_end(name)
+            energy += work.energy_j
+            clocks.append(work.sm_clock_mhz)
+            if name == FORWARD and links.act_out is not None:
+                links.act_out.send((iteration, mb))
+            elif name == BACKWARD and links.grad_out is not None:
+                links.grad_out.send((iteration, mb))
+        return energy, clocks
 
 
 # ---------------------------------------------------------------------- launcher
@@ -419,6 +481,31 @@ def run_pipeline(
             a result, or the job did not finish within `timeout_s`; every rank is stopped.
         ValueError: Bad options or placements.
     """
+    _check(placements, options)
+    ctx = mp.get_context("spawn")
+    ch = _Channels.of(ctx, options.stages * options.dp)
+    links = _link_stages(ctx, placements, options)
+    procs = {
+        p.rank: ctx.Process(
+            target=_rank_main,
+            name=f"sim-pp-rank{p.rank}",
+            args=(p, options, links[(p.dp_rank, p.pp_rank)], ch),
+            daemon=True,
+        )
+        for p in placements
+    }
+    for proc in procs.values():
+        proc.start()
+    watch = _Watch(placements, procs, ch, on_iteration, timeout_s)
+    try:
+        watch.run()
+    finally:
+        _stop(procs, ch, forced=watch.failure is not None or len(watch.finished) < len(procs))
+    return watch.outcome()
+
+
+def _check(placements: Sequence[RankPlacement], options: PipelineOptions) -> None:
+    """Refuse bad options or placements here, before any rank starts."""
     stages, dp = options.stages, options.dp
     if len(placements) != stages * dp:
         raise ValueError(f"{len(placements)} placements for {stages} x {dp} ranks")
@@ -434,106 +521,116 @@ def run_pipeline(
         raise ValueError(f"--straggler needs 0 <= DP_INDEX < {dp} and FACTOR > 0")
     _stage_workloads(options.profile, stages)  # unknown profile: fail here, not in every rank
 
-    ctx = mp.get_context("spawn")
+
+def _link_stages(
+    ctx: Any, placements: Sequence[RankPlacement], options: PipelineOptions
+) -> dict[tuple[int, int], _Links]:
+    """Per (dp index, stage): pipes to the next stage (activations) and the previous (gradients)."""
     links = {(p.dp_rank, p.pp_rank): _Links() for p in placements}
-    for d in range(dp):
-        for s in range(stages - 1):
+    for d in range(options.dp):
+        for s in range(options.stages - 1):
             act_recv, act_send = ctx.Pipe(duplex=False)
             grad_recv, grad_send = ctx.Pipe(duplex=False)
             links[(d, s)].act_out, links[(d, s + 1)].act_in = act_send, act_recv
             links[(d, s + 1)].grad_out, links[(d, s)].grad_in = grad_send, grad_recv
-    job_ids, results, progress = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    barrier = ctx.Barrier(stages * dp)
-    stop, abort = ctx.Event(), ctx.Event()
-    procs = {
-        p.rank: ctx.Process(
-            target=_rank_main,
-            name=f"sim-pp-rank{p.rank}",
-            args=(
-                p,
-                options,
-                links[(p.dp_rank, p.pp_rank)],
-                job_ids,
-                barrier,
-                stop,
-                abort,
-                results,
-                progress,
-            ),
-            daemon=True,
-        )
-        for p in placements
-    }
-    for proc in procs.values():
-        proc.start()
-    by_rank = {p.rank: p for p in placements}
-    job_id: str | None = None
-    done: dict[int, RankResult] = {}
-    finished: set[int] = set()
-    failure: str | None = None
-    deadline = time.monotonic() + timeout_s
-    times: list[float] = []
+    return links
 
-    def drain_progress() -> None:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                count, elapsed = progress.get_nowait()
-                times.append(elapsed)
-                if on_iteration is not None:
-                    on_iteration(count, elapsed)
 
-    dead_since: dict[int, float] = {}
-    try:
-        while len(finished) < len(procs) and failure is None:
-            drain_progress()
+class _Watch:
+    """The launcher's watch over the ranks: their messages, their exits and the deadline."""
+
+    def __init__(
+        self,
+        placements: Sequence[RankPlacement],
+        procs: dict[int, Any],
+        ch: _Channels,
+        on_iteration: Callable[[int, float], None] | None,
+        timeout_s: float,
+    ) -> None:
+        self.by_rank = {p.rank: p for p in placements}
+        self.procs, self.ch, self.on_iteration, self.timeout_s = procs, ch, on_iteration, timeout_s
+        self.job_id: str | None = None
+        self.done: dict[int, RankResult] = {}
+        self.finished: set[int] = set()
+        self.failure: str | None = None
+        self.deadline = time.monotonic() + timeout_s
+        self.times: list[float] = []
+        self.dead_since: dict[int, float] = {}
+
+    def run(self) -> None:
+        """Until every rank finished or one failed (or the deadline passed)."""
+        while len(self.finished) < len(self.procs) and self.failure is None:
+            self._drain_progress()
             now = time.monotonic()
-            if now > deadline:
-                failure = f"the job did not finish within {timeout_s} s"
+            if now > self.deadline:
+                self.failure = f"the job did not finish within {self.timeout_s} s"
                 break
             try:
-                kind, value = results.get(timeout=0.05)
+                kind, value = self.ch.results.get(timeout=0.05)
             except queue.Empty:
-                for rank, proc in procs.items():
-                    if rank in finished or proc.is_alive():
-                        continue
-                    # Its last message may still be in flight: give it a second.
-                    if now - dead_since.setdefault(rank, now) > 1.0:
-                        failure = (
-                            f"{_describe(by_rank[rank])} exited with code "
-                            f"{proc.exitcode} without a result"
-                        )
-                        break
+                self._check_exits(now)
                 continue
-            if kind == "job_id":
-                job_id = value
-            elif kind == "result":
-                done[value.rank] = value
-                finished.add(value.rank)
-            elif kind == "error":
-                rank, message = value
-                failure = f"{_describe(by_rank[rank])} failed: {message}"
-            elif kind == "aborted":
-                finished.add(value)
-        drain_progress()
-    finally:
-        if failure is not None or len(finished) < len(procs):  # a failure, or interrupted
-            abort.set()
-            with contextlib.suppress(Exception):
-                barrier.abort()
-            for proc in procs.values():
-                if proc.is_alive():
-                    proc.kill()
+            self._take(kind, value)
+        self._drain_progress()
+
+    def _drain_progress(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                count, elapsed = self.ch.progress.get_nowait()
+                self.times.append(elapsed)
+                if self.on_iteration is not None:
+                    self.on_iteration(count, elapsed)
+
+    def _check_exits(self, now: float) -> None:
+        """A rank that exited without a result is a failure."""
+        for rank, proc in self.procs.items():
+            if rank in self.finished or proc.is_alive():
+                continue
+            # Its last message may still be in flight: give it a second.
+            if now - self.dead_since.setdefault(rank, now) > 1.0:
+                self.failure = (
+                    f"{_describe(self.by_rank[rank])} exited with code "
+                    f"{proc.exitcode} without a result"
+                )
+                break
+
+    def _take(self, kind: str, value: Any) -> None:
+        """One message of a rank's (`_Channels.results`)."""
+        if kind == "job_id":
+            self.job_id = value
+        elif kind == "result":
+            self.done[value.rank] = value
+            self.finished.add(value.rank)
+        elif kind == "error":
+            rank, message = value
+            self.failure = f"{_describe(self.by_rank[rank])} failed: {message}"
+        elif kind == "aborted":
+            self.finished.add(value)
+
+    def outcome(self) -> PipelineResult:
+        """The job's result; raises `PipelineError` if it failed or a rank has no result."""
+        if self.failure is not None:
+            raise PipelineError(self.failure)
+        done = self.done
+        missing = sorted(set(self.procs) - set(done))
+        if missing:
+            raise PipelineError(f"ranks {missing} stopped without a result (a peer aborted)")
+        iterations = len(done[0].iteration_time_s) if 0 in done else 0
+        mean = sum(self.times) / len(self.times) if self.times else math.nan
+        return PipelineResult(self.job_id, iterations, mean, [done[r] for r in sorted(done)])
+
+
+def _stop(procs: dict[int, Any], ch: _Channels, forced: bool) -> None:
+    """Join every rank; `forced` (a failure, or interrupted): abort the job and kill them first."""
+    if forced:
+        ch.abort.set()
+        with contextlib.suppress(Exception):
+            ch.barrier.abort()
         for proc in procs.values():
-            proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
-                proc.join(timeout=5)
-    if failure is not None:
-        raise PipelineError(failure)
-    missing = sorted(set(procs) - set(done))
-    if missing:
-        raise PipelineError(f"ranks {missing} stopped without a result (a peer aborted)")
-    iterations = len(done[0].iteration_time_s) if 0 in done else 0
-    mean = sum(times) / len(times) if times else math.nan
-    return PipelineResult(job_id, iterations, mean, [done[r] for r in sorted(done)])
-
+    for proc in procs.values():
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
