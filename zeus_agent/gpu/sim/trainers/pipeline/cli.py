@@ -83,7 +83,7 @@ def _positive_float(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    profiles = stage_profiles()
+    """The command line: the job, where its ranks run, and how long they wait."""
     parser = argparse.ArgumentParser(
         prog=_PROG,
         description=(
@@ -104,6 +104,21 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    _add_job_arguments(parser)
+    _add_placement_arguments(parser)
+    _add_timing_arguments(parser)
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="Write the result (job id, per rank per iteration: time, work "
+        "energy, SM clocks, schedule version) as JSON to this file",
+    )
+    return parser
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the job is: its stage profile, degrees, length, speed and straggler."""
+    profiles = stage_profiles()
     job = parser.add_argument_group("job")
     job.add_argument(
         "--profile",
@@ -140,6 +155,10 @@ def _parser() -> argparse.ArgumentParser:
     job.add_argument(
         "--job-metadata", default="simulated-pipeline", help="Free text appended to the job id"
     )
+
+
+def _add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the ranks run: one node, or `--node` repeated."""
     where = parser.add_argument_group(
         "placement",
         "Either one node (--socket, --sim-dir, --gpus) or --node repeated (e.g. two agents).",
@@ -167,6 +186,10 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--gpus", default=None, help="Single node: GPU indices to use (default 0..world size-1)"
     )
+
+
+def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    """How long the ranks wait for a clock lock, a peer, and the whole job."""
     tuning = parser.add_argument_group("timing")
     tuning.add_argument(
         "--clock-wait-ms",
@@ -187,13 +210,6 @@ def _parser() -> argparse.ArgumentParser:
         default=3600.0,
         help="Stop the job (exit 1) if it runs longer than this (s)",
     )
-    parser.add_argument(
-        "--output",
-        default=None,
-        help="Write the result (job id, per rank per iteration: time, work "
-        "energy, SM clocks, schedule version) as JSON to this file",
-    )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
