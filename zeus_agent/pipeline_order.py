@@ -26,6 +26,7 @@ __all__ = [
     "FORWARD",
     "KINDS",
     "Action",
+    "action_kind",
     "format_action",
     "one_f_one_b",
     "parse_action",
@@ -90,6 +91,28 @@ def parse_action(name: str) -> Action | None:
     if max(numbers) >= _MAX_INDEX:
         raise ValueError(f"instruction {name!r}: index out of range [0, {_MAX_INDEX})")
     return Action(kind, numbers[0], numbers[1])
+
+
+def action_kind(name: str) -> str | None:
+    """The kind of the action an instruction name stands for; None outside the pipeline.
+
+    A bare `forward` or `backward` is its own kind (Zeus 0.16); `kind:stage:microbatch` gives
+    its kind; any other bare name (an optimizer step, a loss) is not a pipeline action: it
+    runs at the highest clock, outside the planned DAG.
+
+    Raises:
+        ValueError: A malformed `kind:stage:microbatch` name, or a bare split-backward kind
+            (`backward_input` needs its stage and microbatch: where would it go?).
+    """
+    action = parse_action(name)
+    if action is not None:
+        return action.kind
+    if name in (FORWARD, BACKWARD):
+        return name
+    if name in KINDS:
+        raise ValueError(f"instruction {name!r}: a split backward needs its stage and "
+                         f"microbatch ({name}:stage:microbatch)")
+    return None
 
 
 def one_f_one_b(stage: int, num_stages: int, microbatches: int) -> list[tuple[str, int]]:

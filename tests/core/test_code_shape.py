@@ -27,17 +27,7 @@ MAX_MODULE_LINES = 700
 DATA_TABLES: dict[str, str] = {}
 """Long literal tables (key -> why it is one table); none today."""
 
-PENDING: dict[str, str] = {
-    "coordinator/pipeline/planner/frontier.py::plan_frontier": (
-        "being split by the Perseus planner rework"
-    ),
-    "coordinator/pipeline/schedulers/instruction_profiler.py::InstructionProfiler.__init__": (
-        "being split by the Perseus schedulers rework"
-    ),
-    "coordinator/pipeline/schedulers/perseus.py::Perseus.__init__": (
-        "being split by the Perseus schedulers rework"
-    ),
-}
+PENDING: dict[str, str] = {}
 """Code another change is reworking now: remove each entry when that change lands."""
 
 

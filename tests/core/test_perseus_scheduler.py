@@ -122,11 +122,12 @@ class StubPlanner:
         self.calls.append(("plan", (num_microbatches, num_stages, p_block_w)))
         return list(self.frontier)
 
-    def max_frequency_plan(self, profile: Any, num_microbatches: int) -> tuple:
+    def max_frequency_plan(self, profile: Any, num_microbatches: int,
+                           schedule: Any = None) -> tuple:
         return uniform_plan(CLOCKS[0])
 
     def evaluate(self, profile: Any, plan: Any, num_microbatches: int,
-                 p_block_w: float) -> tuple[float, float]:
+                 p_block_w: float, schedule: Any = None) -> tuple[float, float]:
         return self.all_max_time, 0.0
 
     def choose(self, frontier: list[Point], **kw: Any) -> Point:
@@ -211,25 +212,30 @@ def test_a_plan_in_another_order_is_refused_clearly(monkeypatch: pytest.MonkeyPa
     gpipe = tuple(tuple([("forward", 1200)] * 4 + [("backward", 1200)] * 4) for _ in range(4))
     monkeypatch.setattr(perseus, "planner", StubPlanner([Point(1.0, 1.0, gpipe)]))
     sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0)
-    with pytest.raises(SchedulerError, match="planner's 1F1B DAG is not the pipeline's"):
+    with pytest.raises(SchedulerError, match="the plan is not the pipeline's schedule"):
         profile_to_end(sched)
 
 
-@pytest.mark.parametrize("case", ["gpipe", "shared_stage", "unequal", "no_instructions"])
+@pytest.mark.parametrize("case", ["cycle", "shared_stage", "unequal", "no_instructions",
+                                  "unknown_kind", "missing_backward"])
 def test_jobs_perseus_cannot_plan_are_refused_when_built(case: str) -> None:
     infos = ranks()
-    if case == "gpipe":
-        infos[0] = infos[0].model_copy(update={"instructions": ["forward"] * 4
-                                               + ["backward"] * 4})
-        infos[3] = infos[3].model_copy(update={"instructions": ["forward"] * 4
-                                               + ["backward"] * 4})
-        words = "not in synchronous 1F1B order"
+    if case == "cycle":  # The last stage turns a microbatch around before its forward.
+        infos[3] = infos[3].model_copy(update={"instructions": ["backward", "forward"] * 4})
+        words = "cycle .*rank 3's forward \\(microbatch 0\\) -> rank 3's backward"
+    elif case == "unknown_kind":
+        infos[1] = infos[1].model_copy(update={"instructions": ["recompute:1:0"]})
+        words = "rank 1: .*unknown kind 'recompute'"
+    elif case == "missing_backward":
+        infos[2] = infos[2].model_copy(update={"instructions": ["forward"] * 4
+                                               + ["backward"] * 3})
+        words = "stage 2 runs no backward of microbatch 3"
     elif case == "shared_stage":
         infos = ranks(dp=2)
         words = "use Perseus3D"
     elif case == "unequal":
         infos[1] = infos[1].model_copy(update={"instructions": ["forward", "backward"]})
-        words = "same number M"
+        words = "microbatch count must be the same everywhere"
     else:
         infos[2] = infos[2].model_copy(update={"instructions": None})
         words = "has no instructions"

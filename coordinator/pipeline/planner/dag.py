@@ -134,6 +134,18 @@ class PipelineDAG:
         return max(finish, default=0.0)
 
 
+def _a_cycle(preds: Sequence[Sequence[int]], indegree: Sequence[int]) -> list[int]:
+    """One cycle among the nodes Kahn's algorithm left (each waits for another of them)."""
+    v = next(i for i, d in enumerate(indegree) if d > 0)
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while v not in seen:
+        seen[v] = len(path)
+        path.append(v)
+        v = next(u for u in preds[v] if indegree[u] > 0)
+    return path[seen[v]:][::-1]
+
+
 def build_dag(schedule: PipelineSchedule) -> PipelineDAG:
     """Build the DAG of one iteration of `schedule`.
 
@@ -180,7 +192,11 @@ def build_dag(schedule: PipelineSchedule) -> PipelineDAG:
             if indegree[w] == 0:
                 ready.append(w)
     if len(order) != len(nodes):
-        raise ValueError("the schedule's dependencies form a cycle (it would deadlock)")
+        cycle = _a_cycle(preds, indegree)
+        where = " -> ".join(f"rank {nodes[v].stage}'s {nodes[v].instruction} (microbatch "
+                            f"{nodes[v].microbatch})" for v in cycle[:4])
+        raise ValueError(f"the schedule's dependencies form a cycle (it would deadlock): "
+                         f"{where}{' -> ...' if len(cycle) > 4 else ''}")
     return PipelineDAG(
         nodes=tuple(nodes),
         stage_nodes=tuple(stage_nodes),

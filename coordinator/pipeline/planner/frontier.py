@@ -49,7 +49,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coordinator.pipeline.planner.cut import CutNetwork
+from coordinator.pipeline.planner.dag import PipelineDAG, PipelineSchedule
 from coordinator.pipeline.planner.graph import Graph
+from coordinator.pipeline.planner.learned import node_kind
 from coordinator.pipeline.planner.points import FrontierPoint, schedule_dag
 from coordinator.pipeline.planner.profile import DEFAULT_P_BLOCK_W, InstructionProfile
 
@@ -148,6 +150,120 @@ def _pareto_indices(times: Sequence[float], energies: Sequence[float]) -> list[i
     return kept
 
 
+@dataclass
+class _Ops:
+    """Each DAG node's options and cost hull (its kind's rows of `_Kinds`)."""
+
+    kind: np.ndarray  # [n] index into `_Kinds`
+    times: np.ndarray  # [n, P]
+    costs: np.ndarray  # [n, P]
+    hull: np.ndarray  # [n, H]
+    hull_n: np.ndarray  # [n]
+    slope: np.ndarray  # [n, H]
+    rows: np.ndarray  # arange(n)
+    eps_t: float = 0.0
+    """Criticality and snapping tolerance (s)."""
+
+    @classmethod
+    def of(cls, kinds: _Kinds, kind: np.ndarray) -> _Ops:
+        """Gather the kinds' arrays by node."""
+        return cls(kind, kinds.times[kind], kinds.costs[kind], kinds.hull_t[kind],
+                   kinds.hull_n[kind], kinds.slope[kind], np.arange(kind.size))
+
+    def snap(self, values: np.ndarray, moved: np.ndarray) -> np.ndarray:
+        """`values` with the moved operations within rounding of a hull vertex put on it."""
+        # Only ever downwards: a snapped operation never lengthens a path.
+        near = self.hull[moved]
+        gap = values[moved][:, None] - near
+        gap[(gap < 0) | (gap > self.eps_t)] = np.inf
+        j = gap.argmin(axis=1)
+        close = np.isfinite(gap[np.arange(moved.size), j])
+        values[moved[close]] = near[np.arange(moved.size), j][close]
+        return values
+
+
+class _Candidates:
+    """Plans met along the sweep, rounded to real options; timed and reclaimed at the end."""
+
+    def __init__(self, ops: _Ops) -> None:
+        self.ops = ops
+        self.time: list[float] = []
+        self.energy: list[float] = []
+        self.plan: list[np.ndarray] = []
+
+    def record(self, dur: np.ndarray, horizon: float) -> None:
+        """Round `dur` to real options (never slower) and keep the plan as a candidate.
+
+        Its iteration time is computed later, for all candidates at once (`horizon` when no
+        operation was rounded).
+        """
+        ops = self.ops
+        choice = (ops.times <= dur[:, None] + ops.eps_t).sum(axis=1) - 1
+        between = ops.times[ops.rows, choice] != dur
+        rounded = bool(between.any())
+        self.time.append(math.nan if rounded else horizon)
+        self.energy.append(float(ops.costs[ops.rows, choice].sum()))
+        self.plan.append(choice.astype(np.int16))
+        if rounded:  # Also the plan rounded the other way (a bit slower, cheaper).
+            slower = choice.copy()
+            slower[between] += 1
+            self.time.append(math.nan)
+            self.energy.append(float(ops.costs[ops.rows, slower].sum()))
+            self.plan.append(slower.astype(np.int16))
+
+    def finish(self, graph: Graph, stages: int, p_block_w: float) -> None:
+        """Time the rounded plans, add the blocking energy, reclaim the Pareto ones' slack."""
+        ops = self.ops
+        pending = [i for i, t in enumerate(self.time) if math.isnan(t)]
+        for lo in range(0, len(pending), 256):
+            chunk = pending[lo : lo + 256]
+            choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
+            times = graph.longest_many(ops.times[ops.rows[:, None], choices])
+            for i, t in zip(chunk, times.tolist(), strict=True):
+                self.time[i] = t
+        self.energy = [e + stages * t * p_block_w
+                       for e, t in zip(self.energy, self.time, strict=True)]
+        # Rounding to real options leaves slack off the critical path: reclaim it on the
+        # Pareto-optimal candidates (a plan's time never grows, its energy never does).
+        pareto = _pareto_indices(self.time, self.energy)
+        for lo in range(0, len(pareto), 128):
+            chunk = pareto[lo : lo + 128]
+            choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
+            new, times = graph.reclaim_many(choices, ops.times, ops.eps_t)
+            costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
+            for j, i in enumerate(chunk):
+                energy = float(costs[j]) + stages * float(times[j]) * p_block_w
+                if energy < self.energy[i]:
+                    self.time[i], self.energy[i] = float(times[j]), energy
+                    self.plan[i] = new[:, j].astype(np.int16)
+
+    def kept(self, resolution: float) -> list[int]:
+        """The Pareto-optimal candidates, at most one per `resolution` of time (0: all)."""
+        kept = _pareto_indices(self.time, self.energy)
+        if not (resolution > 0 and kept):
+            return kept
+        first = self.time[kept[0]]
+        thinned: list[int] = []
+        last_cell = -1
+        for i in kept:
+            cell = math.ceil((self.time[i] - first) / resolution - 1e-9)
+            if thinned and cell == last_cell:
+                thinned[-1] = i
+            else:
+                thinned.append(i)
+            last_cell = cell
+        return thinned
+
+
+def _check(num_microbatches: int, p_block_w: float, unit_time: float | None) -> None:
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    if not (math.isfinite(p_block_w) and p_block_w >= 0):
+        raise ValueError(f"p_block_w must be >= 0, got {p_block_w}")
+    if unit_time is not None and not (math.isfinite(unit_time) and unit_time >= 0):
+        raise ValueError(f"unit_time must be >= 0, got {unit_time}")
+
+
 def plan_frontier(
     profile: InstructionProfile,
     num_microbatches: int,
@@ -156,14 +272,16 @@ def plan_frontier(
     unit_time: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     stats: PlannerStats | None = None,
+    schedule: PipelineSchedule | None = None,
 ) -> list[FrontierPoint]:
-    """The iteration time-energy frontier of synchronous 1F1B over per-instruction clocks.
+    """The iteration time-energy frontier of a pipeline schedule over per-instruction clocks.
 
     Args:
-        profile: The instruction profile (every stage needs "forward" and "backward" rows).
+        profile: The instruction profile: rows for every (stage, action kind) the schedule
+            runs ("forward" and "backward" for 1F1B).
         num_microbatches: Microbatches M per iteration.
-        num_stages: Pipeline stages S (default: the profile's; a one-stage profile is used for
-            every stage).
+        num_stages: Pipeline stages S (default: the schedule's, else the profile's; a
+            one-stage profile is used for every stage).
         p_block_w: Power of a waiting GPU (W).
         unit_time: Time resolution (s): at most one point per `unit_time` of iteration time is
             kept (the least energy one at or below each multiple of it above the fastest).
@@ -171,216 +289,175 @@ def plan_frontier(
         progress: Called with (done, total) as the sweep goes from the slowest to the fastest
             iteration time (total is 1000).
         stats: Filled in with what the run did.
+        schedule: The iteration's schedule (`dag.PipelineSchedule`, e.g. a
+            `learned.LearnedSchedule`); default synchronous 1F1B of S stages and M microbatches.
 
     Returns:
         Frontier points, fastest first, energies strictly decreasing. The first one's time is
-        the critical path with every instruction at its fastest profiled option.
+        the critical path with every instruction at its fastest profiled option. A plan's rows
+        are each stage's instruction names (the schedule's) in execution order with clocks.
 
     Raises:
-        ValueError: Bad arguments or a profile that lacks an instruction of a stage.
+        ValueError: Bad arguments, a schedule that cannot be built, or a profile that lacks an
+            action kind of a stage.
     """
-    if num_microbatches < 1:
-        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
-    if not (math.isfinite(p_block_w) and p_block_w >= 0):
-        raise ValueError(f"p_block_w must be >= 0, got {p_block_w}")
-    if unit_time is not None and not (math.isfinite(unit_time) and unit_time >= 0):
-        raise ValueError(f"unit_time must be >= 0, got {unit_time}")
-    stages = profile.num_stages if num_stages is None else num_stages
+    _check(num_microbatches, p_block_w, unit_time)
+    default = profile.num_stages if schedule is None else schedule.num_stages
+    stages = default if num_stages is None else num_stages
     if stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {stages}")
     profile = profile.for_stages(stages)
     stats = stats if stats is not None else PlannerStats()
-    dag = schedule_dag(stages, num_microbatches)
-    for node in dag.nodes:
-        if (node.stage, node.instruction) not in profile.entries:
-            raise ValueError(f"the profile has no {node.instruction} rows for stage {node.stage}")
+    dag = schedule_dag(stages, num_microbatches, schedule)
+    keys = [(node.stage, node_kind(node)) for node in dag.nodes]
+    for (stage, kind_name), node in zip(keys, dag.nodes, strict=True):
+        if (stage, kind_name) not in profile.entries:
+            raise ValueError(f"the profile has no {kind_name} rows for stage {stage} "
+                             f"({node.instruction})")
     kinds = _build_kinds(profile, p_block_w)
     kind_index = {key: k for k, key in enumerate(kinds.keys)}
-    kind = np.array([kind_index[(nd.stage, nd.instruction)] for nd in dag.nodes], dtype=np.int64)
+    kind = np.array([kind_index[key] for key in keys], dtype=np.int64)
     graph = Graph(dag)
-    n = graph.n
-
-    op_times = kinds.times[kind]  # [n, P]
-    op_costs = kinds.costs[kind]
-    op_hull = kinds.hull_t[kind]  # [n, H]
-    op_hull_n = kinds.hull_n[kind]
-    op_slope = kinds.slope[kind]
-    rows_n = np.arange(n)
-    fastest = op_hull[:, 0].copy()
-    slowest = op_hull[rows_n, op_hull_n - 1].copy()
-
+    ops = _Ops.of(kinds, kind)
+    fastest = ops.hull[:, 0].copy()
     t_min = max(graph.forward(fastest.tolist()))
-    t_max = max(graph.forward(slowest.tolist()))
-    eps_t = 1e-9 * max(t_max, 1e-12)  # Criticality and snapping tolerance.
+    t_max = max(graph.forward(ops.hull[ops.rows, ops.hull_n - 1].tolist()))
+    ops.eps_t = 1e-9 * max(t_max, 1e-12)
+    candidates = _Candidates(ops)
+    _sweep(graph, ops, candidates, (t_min, t_max), progress, stats)
+    if progress is not None:
+        progress(1000, 1000)
+    stats.longest_path_passes = graph.passes
+    stats.candidates = len(candidates.time)
+    candidates.finish(graph, stages, p_block_w)
+    resolution = t_min / 2000 if unit_time is None else unit_time
+    return _points(dag, kinds, kind, candidates, candidates.kept(resolution))
 
-    cand_time: list[float] = []
-    cand_energy: list[float] = []
-    cand_plan: list[np.ndarray] = []
 
-    def record(dur: np.ndarray, horizon: float) -> None:
-        """Round `dur` to real options (never slower) and keep the plan as a candidate.
+def _points(dag: PipelineDAG, kinds: _Kinds, kind: np.ndarray, candidates: _Candidates,
+            kept: list[int]) -> list[FrontierPoint]:
+    """The kept candidates as frontier points, each plan per stage in execution order."""
+    points: list[FrontierPoint] = []
+    names = [[dag.nodes[v].instruction for v in ids] for ids in dag.stage_nodes]
+    stage_ids = [np.array(ids, dtype=np.int64) for ids in dag.stage_nodes]
+    for i in kept:
+        freqs = kinds.freqs[kind, candidates.plan[i]]
+        plan = tuple(
+            tuple(zip(row_names, freqs[ids].tolist(), strict=True))
+            for row_names, ids in zip(names, stage_ids, strict=True)
+        )
+        points.append(FrontierPoint(candidates.time[i], candidates.energy[i], plan))
+    return points
 
-        Its iteration time is computed later, for all candidates at once (`horizon` when no
-        operation was rounded).
-        """
-        choice = (op_times <= dur[:, None] + eps_t).sum(axis=1) - 1
-        between = op_times[rows_n, choice] != dur
-        cand_time.append(math.nan if between.any() else horizon)
-        cand_energy.append(float(op_costs[rows_n, choice].sum()))
-        cand_plan.append(choice.astype(np.int16))
-        if between.any():  # Also the plan rounded the other way (a bit slower, cheaper).
-            slower = choice.copy()
-            slower[between] += 1
-            cand_time.append(math.nan)
-            cand_energy.append(float(op_costs[rows_n, slower].sum()))
-            cand_plan.append(slower.astype(np.int16))
 
-    def snap(values: np.ndarray, moved: np.ndarray) -> np.ndarray:
-        """`values` with the moved operations within rounding of a hull vertex put on it."""
-        # Only ever downwards: a snapped operation never lengthens a path.
-        near = op_hull[moved]
-        gap = values[moved][:, None] - near
-        gap[(gap < 0) | (gap > eps_t)] = np.inf
-        j = gap.argmin(axis=1)
-        close = np.isfinite(gap[np.arange(moved.size), j])
-        values[moved[close]] = near[np.arange(moved.size), j][close]
-        return values
-
-    dur = slowest.copy()
+def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float, float],
+           progress: Callable[[int, int], None] | None, stats: PlannerStats) -> None:
+    """The Phillips-Dessouky sweep from every operation at its slowest to the fastest time."""
+    n = graph.n
+    t_min, t_max = span_t
+    eps_t = ops.eps_t
+    dur = ops.hull[ops.rows, ops.hull_n - 1].copy()
     fin_list = graph.forward(dur.tolist())
-    record(dur, max(fin_list[:n]))
-    max_iterations = 50 * n * int(op_hull_n.max()) + 1000
+    candidates.record(dur, max(fin_list[:n]))
+    max_iterations = 50 * n * int(ops.hull_n.max()) + 1000
     span = max(t_max - t_min, 1e-300)
     last_report = -1
     stats.stopped = "converged"
-    eu, ev = graph.eu, graph.ev
     network = CutNetwork(graph)
     for _ in range(max_iterations):
         fin = np.array(fin_list[:n])
         horizon = float(fin.max())
         if horizon <= t_min + eps_t:
-            break
+            return
         if progress is not None:
             done = min(1000, int(1000 * (t_max - horizon) / span))
             if done != last_report:
                 progress(done, 1000)
                 last_report = done
-        d_list = dur.tolist()
-        latest_start = np.array(graph.backward(d_list, horizon)[:n])
-        start = fin - dur
-        crit = (latest_start - start) <= eps_t
-        crit_ops = np.flatnonzero(crit)
-        prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
-        src_mask = crit & (start <= eps_t)
-        sink_mask = crit & (fin >= horizon - eps_t)
-        # Positions of the critical operations on their cost hulls.
-        cd = dur[crit_ops]
-        ch = op_hull[crit_ops]
-        below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
-        upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
-        nh = op_hull_n[crit_ops]
-        cs = op_slope[crit_ops]
-        idx = np.arange(crit_ops.size)
-        ub = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
-        lb = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
-        side = network.min_cut(crit_ops, ub, lb, prec, src_mask[network.src_ops], sink_mask)
+        move = _cut_step(graph, network, ops, dur, fin, horizon)
         stats.iterations += 1
-        if side is None:
-            stats.stopped = "no finite cut"
-            break
-        speed = side[crit_ops] & ~side[crit_ops + n]
-        slow = ~side[crit_ops] & side[crit_ops + n] & (lb > 0)
-        if not speed.any() or not np.isfinite(ub[speed]).all():
-            stats.stopped = "no speed-up"
-            break
-        sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
-        step = float(np.min(dur[sp_ops] - ch[speed, below[speed] - 1]))
-        if sl_ops.size:
-            step = min(step, float(np.min(ch[slow, upto[slow]] - dur[sl_ops])))
+        if isinstance(move, str):
+            stats.stopped = move
+            return
+        sp_ops, sl_ops, step = move
         rate = np.zeros(n)
         rate[sp_ops] = -1.0
         rate[sl_ops] = 1.0
-        rate_list = rate.tolist()
         moved = np.concatenate([sp_ops, sl_ops])
-        # Shrink the step until no other path outgrows the shortened critical ones.
-        for _ in range(1000):
-            trial = snap(dur + step * rate, moved)
-            fin_list, length, acc = graph.forward_tracked(trial.tolist(), rate_list)
-            if length <= horizon - step + eps_t or acc <= -1.0:
-                break  # (A path that shortens as fast as the iteration: rounding only.)
-            shorter = (horizon - (length - step * acc)) / (acc + 1.0)
-            if not shorter < step:
-                break
-            step = shorter
+        trial, fin_list, step = _shrink(graph, ops, dur, rate, moved, horizon, step)
         if step <= 0:
             stats.stopped = "no progress"
-            break
+            return
         # Plans on the way: wherever a moving operation passes one of its (Pareto) options.
-        lo_t, hi_t = eps_t, step - eps_t
-        passes = np.concatenate(
-            [
-                (dur[sp_ops][:, None] - op_times[sp_ops]).ravel(),
-                (op_times[sl_ops] - dur[sl_ops][:, None]).ravel(),
-            ]
-        )
-        passes = np.unique(passes[(passes > lo_t) & (passes < hi_t)])
+        passes = np.concatenate([
+            (dur[sp_ops][:, None] - ops.times[sp_ops]).ravel(),
+            (ops.times[sl_ops] - dur[sl_ops][:, None]).ravel(),
+        ])
+        passes = np.unique(passes[(passes > eps_t) & (passes < step - eps_t)])
         for k in passes.tolist():
-            record(dur + k * rate, math.nan)
+            candidates.record(dur + k * rate, math.nan)
         dur = trial
-        record(dur, max(fin_list[:n]))
-    else:
-        stats.stopped = "iteration limit"
-    if progress is not None:
-        progress(1000, 1000)
-    stats.longest_path_passes = graph.passes
-    stats.candidates = len(cand_time)
-    pending = [i for i, t in enumerate(cand_time) if math.isnan(t)]
-    for lo in range(0, len(pending), 256):
-        chunk = pending[lo : lo + 256]
-        choices = np.stack([cand_plan[i] for i in chunk], axis=1).astype(np.int64)  # [n, c]
-        times = graph.longest_many(op_times[rows_n[:, None], choices])
-        for i, t in zip(chunk, times.tolist(), strict=True):
-            cand_time[i] = t
-    cand_energy = [
-        e + stages * t * p_block_w for e, t in zip(cand_energy, cand_time, strict=True)
-    ]
-    # Rounding to real options leaves slack off the critical path: reclaim it on the
-    # Pareto-optimal candidates (a plan's time never grows, its energy never does).
-    pareto = _pareto_indices(cand_time, cand_energy)
-    for lo in range(0, len(pareto), 128):
-        chunk = pareto[lo : lo + 128]
-        choices = np.stack([cand_plan[i] for i in chunk], axis=1).astype(np.int64)
-        new, times = graph.reclaim_many(choices, op_times, eps_t)
-        costs = op_costs[rows_n[:, None], new].sum(axis=0)
-        for j, i in enumerate(chunk):
-            energy = float(costs[j]) + stages * float(times[j]) * p_block_w
-            if energy < cand_energy[i]:
-                cand_time[i], cand_energy[i] = float(times[j]), energy
-                cand_plan[i] = new[:, j].astype(np.int16)
+        candidates.record(dur, max(fin_list[:n]))
+    stats.stopped = "iteration limit"
 
-    # Pareto filter, then at most one point per unit_time.
-    kept = _pareto_indices(cand_time, cand_energy)
-    resolution = t_min / 2000 if unit_time is None else unit_time
-    if resolution > 0 and kept:
-        first = cand_time[kept[0]]
-        thinned: list[int] = []
-        last_cell = -1
-        for i in kept:
-            cell = math.ceil((cand_time[i] - first) / resolution - 1e-9)
-            if thinned and cell == last_cell:
-                thinned[-1] = i
-            else:
-                thinned.append(i)
-            last_cell = cell
-        kept = thinned
-    points: list[FrontierPoint] = []
-    names = [[dag.nodes[v].instruction for v in ids] for ids in dag.stage_nodes]
-    stage_ids = [np.array(ids, dtype=np.int64) for ids in dag.stage_nodes]
-    for i in kept:
-        freqs = kinds.freqs[kind, cand_plan[i]]
-        plan = tuple(
-            tuple(zip(row_names, freqs[ids].tolist(), strict=True))
-            for row_names, ids in zip(names, stage_ids, strict=True)
-        )
-        points.append(FrontierPoint(cand_time[i], cand_energy[i], plan))
-    return points
+
+def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, dur: np.ndarray, fin: np.ndarray,
+              horizon: float) -> tuple[np.ndarray, np.ndarray, float] | str:
+    """One sweep step: (operations sped up, slowed down, longest step on the hulls).
+
+    Or why the sweep stops (a string).
+    """
+    n = graph.n
+    eps_t = ops.eps_t
+    latest_start = np.array(graph.backward(dur.tolist(), horizon)[:n])
+    start = fin - dur
+    crit = (latest_start - start) <= eps_t
+    crit_ops = np.flatnonzero(crit)
+    eu, ev = graph.eu, graph.ev
+    prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
+    src_mask = crit & (start <= eps_t)
+    sink_mask = crit & (fin >= horizon - eps_t)
+    # Positions of the critical operations on their cost hulls.
+    cd = dur[crit_ops]
+    ch = ops.hull[crit_ops]
+    below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
+    upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
+    nh = ops.hull_n[crit_ops]
+    cs = ops.slope[crit_ops]
+    idx = np.arange(crit_ops.size)
+    ub = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
+    lb = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
+    side = network.min_cut(crit_ops, ub, lb, prec, src_mask[network.src_ops], sink_mask)
+    if side is None:
+        return "no finite cut"
+    speed = side[crit_ops] & ~side[crit_ops + n]
+    slow = ~side[crit_ops] & side[crit_ops + n] & (lb > 0)
+    if not speed.any() or not np.isfinite(ub[speed]).all():
+        return "no speed-up"
+    sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
+    step = float(np.min(dur[sp_ops] - ch[speed, below[speed] - 1]))
+    if sl_ops.size:
+        step = min(step, float(np.min(ch[slow, upto[slow]] - dur[sl_ops])))
+    return sp_ops, sl_ops, step
+
+
+def _shrink(graph: Graph, ops: _Ops, dur: np.ndarray, rate: np.ndarray, moved: np.ndarray,
+            horizon: float, step: float) -> tuple[np.ndarray, list[float], float]:
+    """Shrink the step until no other path outgrows the shortened critical ones.
+
+    Returns the durations after the step, their finish times and the step.
+    """
+    eps_t = ops.eps_t
+    rate_list = rate.tolist()
+    trial = dur
+    fin_list: list[float] = []
+    for _ in range(1000):
+        trial = ops.snap(dur + step * rate, moved)
+        fin_list, length, acc = graph.forward_tracked(trial.tolist(), rate_list)
+        if length <= horizon - step + eps_t or acc <= -1.0:
+            break  # (A path that shortens as fast as the iteration: rounding only.)
+        shorter = (horizon - (length - step * acc)) / (acc + 1.0)
+        if not shorter < step:
+            break
+        step = shorter
+    return trial, fin_list, step

@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coordinator.pipeline.planner.dag import PipelineDAG, Synchronous1F1B, build_dag
+from coordinator.pipeline.planner.dag import (
+    PipelineDAG,
+    PipelineSchedule,
+    Synchronous1F1B,
+    build_dag,
+)
+from coordinator.pipeline.planner.learned import node_kind
 from coordinator.pipeline.planner.profile import DEFAULT_P_BLOCK_W, InstructionProfile, Plan
 
 __all__ = ["FrontierPoint", "choose", "evaluate", "max_frequency_plan", "schedule_dag"]
@@ -29,9 +35,21 @@ class FrontierPoint:
     plan: Plan
 
 
-def schedule_dag(num_stages: int, num_microbatches: int) -> PipelineDAG:
-    """The DAG of one synchronous 1F1B iteration of S stages and M microbatches."""
-    return build_dag(Synchronous1F1B(num_stages, num_microbatches))
+def schedule_dag(
+    num_stages: int, num_microbatches: int, schedule: PipelineSchedule | None = None
+) -> PipelineDAG:
+    """The DAG of one iteration of `schedule` (default: synchronous 1F1B of S and M).
+
+    Raises:
+        ValueError: `schedule` has another shape than (S, M), or cannot be built.
+    """
+    if schedule is None:
+        return build_dag(Synchronous1F1B(num_stages, num_microbatches))
+    if (schedule.num_stages, schedule.num_microbatches) != (num_stages, num_microbatches):
+        raise ValueError(
+            f"the schedule has {schedule.num_stages} stage(s) and {schedule.num_microbatches} "
+            f"microbatch(es), not {num_stages} and {num_microbatches}")
+    return build_dag(schedule)
 
 
 def evaluate(
@@ -39,19 +57,21 @@ def evaluate(
     plan: Sequence[Sequence[tuple[str, int]]],
     num_microbatches: int,
     p_block_w: float = DEFAULT_P_BLOCK_W,
+    schedule: PipelineSchedule | None = None,
 ) -> tuple[float, float]:
     """(iteration time, energy) of `plan` on the profile's rows.
 
-    The time is the 1F1B critical path with every instruction taking its profiled time at its
-    planned clock; the energy is the sum of instruction energies plus `p_block_w` for every
-    second a stage's GPU waits: sum(e - P_block * t) + S * T * P_block.
+    The time is the critical path of `schedule`'s DAG (default 1F1B) with every instruction
+    taking its profiled time at its planned clock; the energy is the sum of instruction
+    energies plus `p_block_w` for every second a stage's GPU waits:
+    sum(e - P_block * t) + S * T * P_block.
 
     Raises:
-        ValueError: The plan's rows do not follow the 1F1B order of `num_microbatches`.
+        ValueError: The plan's rows do not follow the schedule's order.
         KeyError: A clock the profile has no row for.
     """
     num_stages = len(plan)
-    dag = schedule_dag(num_stages, num_microbatches)
+    dag = schedule_dag(num_stages, num_microbatches, schedule)
     profile = profile.for_stages(num_stages)
     durations = [0.0] * len(dag.nodes)
     busy_energy = busy_time = 0.0
@@ -59,16 +79,16 @@ def evaluate(
         row = plan[stage]
         if len(row) != len(ids):
             raise ValueError(
-                f"plan stage {stage} has {len(row)} instructions, the 1F1B order "
+                f"plan stage {stage} has {len(row)} instructions, the schedule's order "
                 f"{len(ids)}"
             )
         for (name, freq), v in zip(row, ids, strict=True):
             if name != dag.nodes[v].instruction:
                 raise ValueError(
-                    f"plan stage {stage} runs {name!r} where 1F1B runs "
+                    f"plan stage {stage} runs {name!r} where the schedule runs "
                     f"{dag.nodes[v].instruction!r}"
                 )
-            time, energy = profile.lookup(stage, name, int(freq))
+            time, energy = profile.lookup(stage, node_kind(dag.nodes[v]), int(freq))
             durations[v] = time
             busy_energy += energy
             busy_time += time
@@ -77,12 +97,18 @@ def evaluate(
     return iteration_time, energy
 
 
-def max_frequency_plan(profile: InstructionProfile, num_microbatches: int) -> Plan:
-    """Every instruction at the highest profiled clock of its (stage, instruction)."""
-    dag = schedule_dag(profile.num_stages, num_microbatches)
+def max_frequency_plan(
+    profile: InstructionProfile,
+    num_microbatches: int,
+    schedule: PipelineSchedule | None = None,
+) -> Plan:
+    """Every instruction at the highest profiled clock of its (stage, action kind)."""
+    stages = profile.num_stages if schedule is None else schedule.num_stages
+    dag = schedule_dag(stages, num_microbatches, schedule)
+    profile = profile.for_stages(stages)
     return tuple(
         tuple(
-            (dag.nodes[v].instruction, profile.entries[(s, dag.nodes[v].instruction)][0][0])
+            (dag.nodes[v].instruction, profile.entries[(s, node_kind(dag.nodes[v]))][0][0])
             for v in ids
         )
         for s, ids in enumerate(dag.stage_nodes)

@@ -86,7 +86,7 @@ from zeus_agent.models import (
     ProfilingResult,
     RankInfo,
 )
-from zeus_agent.pipeline_order import BACKWARD, FORWARD
+from zeus_agent.pipeline_order import BACKWARD, FORWARD, KINDS, action_kind
 
 __all__ = ["KINDS", "InstructionProfiler", "InstructionProfiler3D", "coarse_grid"]
 
@@ -96,8 +96,10 @@ windows (a GPU at work never draws less than a few percent of its average)."""
 
 logger = logging.getLogger(__name__)
 
-KINDS = (FORWARD, BACKWARD)
-"""The instruction kinds profiled (the CSV's instructions)."""
+GROUP = {kind: FORWARD if kind == FORWARD else BACKWARD for kind in KINDS}
+"""The clock group of each action kind: a split backward's two halves run at the backward
+level and are fitted one power (window energies cannot tell them apart: they always run at
+the same clock); their times, hence energies, are each their own."""
 
 Setting = tuple[int, int]
 """(forward grid level, backward grid level); level 0 is the highest clock."""
@@ -145,6 +147,8 @@ class _RankState:
     """What the profiler knows and plans for one rank."""
 
     info: RankInfo
+    kind_of: dict[str, str]
+    """Each pipeline action name of the rank's order -> its kind."""
     grid: list[int]
     queue: list[Setting]
     """Settings to run, in order (blocking rounds, then the staircase)."""
@@ -242,26 +246,7 @@ class InstructionProfiler(FrequencyScheduler):
             raise SchedulerError(
                 f"result_path must be a path ending with '.csv', got {result_path!r}"
             )
-        if not rank_infos:
-            raise SchedulerError("InstructionProfiler needs at least one RankInfo")
-        for info in rank_infos:
-            if info.instructions is None:
-                raise SchedulerError(
-                    f"rank {info.rank} has no instructions: the coordinator must set "
-                    "RankInfo.instructions (the iteration's instruction names in order) before "
-                    "building InstructionProfiler"
-                )
-            missing = [k for k in KINDS if k not in info.instructions]
-            if missing:
-                raise SchedulerError(
-                    f"rank {info.rank}: instructions have no {' and no '.join(missing)}; "
-                    "InstructionProfiler profiles pipeline forwards and backwards"
-                )
-            if not info.available_frequencies or min(info.available_frequencies) <= 0:
-                raise SchedulerError(
-                    f"rank {info.rank}: available_frequencies must be a non-empty list of "
-                    f"positive clocks (MHz), got {info.available_frequencies!r}"
-                )
+        kind_maps = _action_kinds(rank_infos)
         self.clocks = clocks
         self.min_clock_fraction = float(min_clock_fraction)
         self.warmup_iterations = warmup_iterations
@@ -271,7 +256,9 @@ class InstructionProfiler(FrequencyScheduler):
         self.prior_weight = float(prior_weight)
         self.forward_power_ratio = float(forward_power_ratio)
         self.result: InstructionProfilingResult | None = None
-        """The profile, once profiling has finished."""
+        """The profile, once profiling has finished (Zeus's: forwards and full backwards)."""
+        self.tables: dict[int, dict[str, dict[str, dict[int, float]]]] = {}
+        """Once finished: rank -> action kind -> "time"/"energy" -> MHz -> value."""
         self.rounds_done = 0
         """`observe()` calls consumed while profiling."""
         self._iterations_per_round = int(
@@ -289,21 +276,10 @@ class InstructionProfiler(FrequencyScheduler):
         self._states: list[_RankState] = []
         for info in self.rank_infos:
             grid = coarse_grid(info.available_frequencies, clocks, self.min_clock_fraction)
-            levels = len(grid)
-            queue: list[Setting] = []
-            if blocking and levels >= 2:
-                slow = min(block_level or levels - 1, levels - 1)
-                fast_first = stages.index(info.pp_rank) % 2 == 0
-                queue = [(0, 0), (0, 0), (slow, slow)] if fast_first else [
-                    (0, 0), (slow, slow), (0, 0)]
-            else:
-                queue = [(0, 0)]
-            start = len(queue)
-            for level in range(1, levels):
-                queue += [(level, level - 1), (level, level)]
-            self._states.append(
-                _RankState(info=info, grid=grid, queue=queue, staircase_start=start)
-            )
+            queue, start = _queue(len(grid), blocking, block_level,
+                                  fast_first=stages.index(info.pp_rank) % 2 == 0)
+            self._states.append(_RankState(info=info, kind_of=kind_maps[info.rank], grid=grid,
+                                           queue=queue, staircase_start=start))
         self._max_schedules = [self._schedule(s, (0, 0)) for s in self._states]
 
     # ----------------------------------------------------------------------------- interface
@@ -364,19 +340,20 @@ class InstructionProfiler(FrequencyScheduler):
                     break
         for state in self._states:
             self._fit(state)
+        self._build_tables()
         self.result = self._build_result()
         if self.result_path:  # (The result stays in `self.result` if it cannot be written.)
-            self._give_file(self.result_path, self.result.to_csv_text(), "the instruction profile")
+            self._give_file(self.result_path, self._csv_text(), "the instruction profile")
 
     def _schedule(self, state: _RankState, setting: Setting) -> FrequencySchedule:
-        clock_of = {
-            "forward": state.grid[setting[0]],
-            "backward": state.grid[setting[1]],
-        }
+        level = {FORWARD: setting[0], BACKWARD: setting[1]}
         assert state.info.instructions is not None
         return FrequencySchedule(
             rank=state.info.rank,
-            frequencies=[(n, clock_of.get(n, state.grid[0])) for n in state.info.instructions],
+            frequencies=[
+                (n, state.grid[level[GROUP[state.kind_of[n]]]] if n in state.kind_of
+                 else state.grid[0])
+                for n in state.info.instructions],
         )
 
     def _ingest(self, state: _RankState, result: ProfilingResult) -> None:
@@ -385,12 +362,15 @@ class InstructionProfiler(FrequencyScheduler):
         skip = self.warmup_iterations if switched else 0
         n = len(result.iter_time)
         assert state.info.instructions is not None
-        counts = {k: state.info.instructions.count(k) for k in KINDS}
+        counts: dict[str, int] = {}
+        for name in state.info.instructions:
+            if name in state.kind_of:
+                counts[name] = counts.get(name, 0) + 1
         usable = list(range(skip, n))
         ok = len(result.iter_energy) == n and all(
-            len(result.time_breakdown.get(k, [])) == n
-            and all(len(result.time_breakdown[k][i]) == counts[k] for i in usable)
-            for k in KINDS
+            len(result.time_breakdown.get(name, [])) == n
+            and all(len(result.time_breakdown[name][i]) == c for i in usable)
+            for name, c in counts.items()
         )
         state.previous = state.current
         if not ok:
@@ -400,21 +380,21 @@ class InstructionProfiler(FrequencyScheduler):
             )
             return
         if not usable:
-            state.usable += 0
             return
+        level = {FORWARD: state.current[0], BACKWARD: state.current[1]}
         busy: dict[tuple[str, int], float] = {}
-        total_busy = 0.0
-        for kind, level in zip(KINDS, state.current, strict=True):
-            key = (kind, level)
-            durations = [d for i in usable for d in result.time_breakdown[kind][i]]
-            busy[key] = sum(durations)
-            total_busy += busy[key]
-            acc = state.durations.setdefault(key, [0.0, 0.0])
+        for name in counts:
+            kind = state.kind_of[name]
+            durations = [d for i in usable for d in result.time_breakdown[name][i]]
+            group_key = (GROUP[kind], level[GROUP[kind]])
+            busy[group_key] = busy.get(group_key, 0.0) + sum(durations)
+            acc = state.durations.setdefault((kind, level[GROUP[kind]]), [0.0, 0.0])
             acc[0] += sum(durations)
             acc[1] += len(durations)
         window_s = sum(result.iter_time[i] for i in usable)
         energy = sum(result.iter_energy[i] for i in usable)
-        state.windows.append(_Window(busy, max(window_s - total_busy, 0.0), energy))
+        idle = max(window_s - sum(busy.values()), 0.0)
+        state.windows.append(_Window(busy, idle, energy))
         state.usable += len(usable)
 
     def _advance(self, state: _RankState) -> None:
@@ -447,7 +427,7 @@ class InstructionProfiler(FrequencyScheduler):
         if state.lowest_level < self.stop_after_rising:
             return False
         self._fit(state)
-        for kind in KINDS:
+        for kind in _kinds(state):
             energies = [self._energy(state, kind, lvl) for lvl in range(state.lowest_level + 1)]
             best = int(np.argmin(energies))
             if state.lowest_level - best < self.stop_after_rising:
@@ -512,33 +492,125 @@ class InstructionProfiler(FrequencyScheduler):
         return total / count
 
     def _energy(self, state: _RankState, kind: str, level: int) -> float:
-        return state.powers[(kind, level)] * self._time(state, kind, level)
+        return state.powers[(GROUP[kind], level)] * self._time(state, kind, level)
 
-    def _build_result(self) -> InstructionProfilingResult:
-        entries = []
+    def _build_tables(self) -> None:
+        """Each rank's (kind -> "time"/"energy" -> MHz -> value), grid clocks interpolated."""
         for state in self._states:
             lowest = state.lowest_level
             grid = state.grid[: lowest + 1]
             avail = sorted({f for f in state.info.available_frequencies
                             if grid[-1] <= f <= grid[0]}, reverse=True)
-            values: dict[str, dict[str, dict[int, float]]] = {}
-            for kind in KINDS:
+            table: dict[str, dict[str, dict[int, float]]] = {}
+            for kind in _kinds(state):
                 times = [self._time(state, kind, lvl) for lvl in range(lowest + 1)]
                 energies = [self._energy(state, kind, lvl) for lvl in range(lowest + 1)]
-                values[kind] = {
+                table[kind] = {
                     "time": {f: _interpolate(grid, times, f) for f in avail},
                     "energy": {f: _interpolate(grid, energies, f) for f in avail},
                 }
+            self.tables[state.info.rank] = table
+
+    def _build_result(self) -> InstructionProfilingResult:
+        """Zeus 0.16's result: forward and full backward rows (split backwards: `tables`)."""
+        entries = []
+        for state in self._states:
+            table = self.tables[state.info.rank]
+            empty: dict[str, dict[int, float]] = {"time": {}, "energy": {}}
             info = state.info
             entries.append(OfflineProfilingResult(
                 rank=info.rank, dp_rank=info.dp_rank, pp_rank=info.pp_rank,
                 tp_rank=info.tp_rank,
-                forward_time=values["forward"]["time"],
-                forward_energy=values["forward"]["energy"],
-                backward_time=values["backward"]["time"],
-                backward_energy=values["backward"]["energy"],
+                forward_time=table[FORWARD]["time"],
+                forward_energy=table[FORWARD]["energy"],
+                backward_time=table.get(BACKWARD, empty)["time"],
+                backward_energy=table.get(BACKWARD, empty)["energy"],
             ))
         return InstructionProfilingResult(entries)
+
+    def profile_rows(self, every_clock: bool = False) -> list[tuple[int, str, int, float, float]]:
+        """(stage, kind, MHz, time, energy) rows of the finished profile, every kind.
+
+        `every_clock`: also the interpolated clocks between the grid's (default: grid only).
+        """
+        rows: list[tuple[int, str, int, float, float]] = []
+        for state in self._states:
+            grid = set(state.grid)
+            for kind, values in self.tables.get(state.info.rank, {}).items():
+                times, energies = values["time"], values["energy"]
+                rows += [(state.info.pp_rank, kind, int(f), float(times[f]), float(energies[f]))
+                         for f in sorted(times) if every_clock or f in grid]
+        return rows
+
+    def _csv_text(self) -> str:
+        """The profile as Zeus 0.16's CSV, with rows for split backwards when there are any."""
+        assert self.result is not None
+        text = self.result.to_csv_text()
+        by_rank = {s.info.rank: s.info for s in self._states}
+        for rank, table in self.tables.items():
+            info = by_rank[rank]
+            for kind in (k for k in KINDS if k in table and k not in (FORWARD, BACKWARD)):
+                for f, t in table[kind]["time"].items():
+                    text += (f"{rank},{info.dp_rank},{info.pp_rank},{info.tp_rank},"
+                             f"{info.pp_rank},{kind},{f},{t!r},{table[kind]['energy'][f]!r}\n")
+        return text
+
+
+def _kinds(state: _RankState) -> list[str]:
+    """The action kinds a rank runs, in `KINDS` order."""
+    present = set(state.kind_of.values())
+    return [k for k in KINDS if k in present]
+
+
+def _action_kinds(rank_infos: Sequence[RankInfo]) -> dict[int, dict[str, str]]:
+    """Rank -> {pipeline action name: kind}; refuses ranks the profiler cannot profile."""
+    if not rank_infos:
+        raise SchedulerError("InstructionProfiler needs at least one RankInfo")
+    maps: dict[int, dict[str, str]] = {}
+    for info in rank_infos:
+        if info.instructions is None:
+            raise SchedulerError(
+                f"rank {info.rank} has no instructions: the coordinator must set "
+                "RankInfo.instructions (the iteration's instruction names in order) before "
+                "building InstructionProfiler"
+            )
+        kinds: dict[str, str] = {}
+        for name in info.instructions:
+            try:
+                kind = action_kind(name)
+            except ValueError as e:
+                raise SchedulerError(f"rank {info.rank}: {e}") from None
+            if kind is not None:
+                kinds[name] = kind
+        groups = {GROUP[k] for k in kinds.values()}
+        missing = [k for k in (FORWARD, BACKWARD) if k not in groups]
+        if missing:
+            raise SchedulerError(
+                f"rank {info.rank}: instructions have no {' and no '.join(missing)}; "
+                "InstructionProfiler profiles pipeline forwards and backwards"
+            )
+        if not info.available_frequencies or min(info.available_frequencies) <= 0:
+            raise SchedulerError(
+                f"rank {info.rank}: available_frequencies must be a non-empty list of "
+                f"positive clocks (MHz), got {info.available_frequencies!r}"
+            )
+        maps[info.rank] = kinds
+    return maps
+
+
+def _queue(levels: int, blocking: bool, block_level: int | None,
+           fast_first: bool) -> tuple[list[Setting], int]:
+    """A rank's settings (blocking rounds, then the staircase) and where the staircase starts."""
+    if blocking and levels >= 2:
+        slow = min(block_level or levels - 1, levels - 1)
+        queue = [(0, 0), (0, 0), (slow, slow)] if fast_first else [
+            (0, 0), (slow, slow), (0, 0)]
+    else:
+        queue = [(0, 0)]
+    start = len(queue)
+    for level in range(1, levels):
+        queue += [(level, level - 1), (level, level)]
+    return queue, start
 
 
 def _interpolate(grid: list[int], values: list[float], clock: int) -> float:

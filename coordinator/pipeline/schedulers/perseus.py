@@ -7,10 +7,12 @@ The Perseus (SOSP '24) scheduler, through the ordinary scheduler interface:
    per-stage (instruction, clock) -> (time, energy) table; its fit gives the power drawn while
    a stage waits (P_block: the mean over ranks, or the `p_block_w` argument, which also spares
    the profiler its blocking rounds).
-2. **Plan.** `planner.plan_frontier` on the profiled rows, with M = the number of "forward"
-   entries in a stage's `RankInfo.instructions` and S = the number of stages, gives the
-   iteration time-energy frontier (fastest first, energies decreasing); each point's plan
-   lists, per stage, (instruction, MHz) in execution order. It is handed over as
+2. **Plan.** The ranks' observed orders (`RankInfo.instructions`) are the schedule
+   (`planner.learned.LearnedSchedule`: 1F1B, GPipe, interleaved, zero bubble, with bare
+   `forward`/`backward` names or `kind:stage:microbatch` ones); `planner.plan_frontier` on the
+   profiled rows and that schedule's DAG gives the iteration time-energy frontier (fastest
+   first, energies decreasing); each point's plan lists, per stage, (instruction, MHz) in
+   execution order. It is handed over as
    `<dump_dir>/<job dir>/frontier.csv` (index,time,energy) when the settings have a dump
    directory (and `dump_data` is not off): `take_files()`, which the coordinator writes, with
    the profiler's CSV. The rows planned on are, by default
@@ -25,11 +27,12 @@ The Perseus (SOSP '24) scheduler, through the ordinary scheduler interface:
    a plan using all the slack ran 1.2-1.6% slower than all-max); `target_time` (s),
    `max_slowdown` (a fraction over the all-max time: 0.1 = 10% slower) or `eta_knob` (Zeus's
    cost knob) pick another.
-4. **Serve.** Each rank's schedule follows its `RankInfo.instructions` exactly: its forwards and
-   backwards take the plan's clocks in order, any other instruction the highest clock. Perseus
-   plans synchronous 1F1B: a stage whose observed forward/backward order is not 1F1B's for
-   (S, M) is refused when the scheduler is built, and a plan whose order differs from the
-   observed one is refused when it is made (`SchedulerError`, the job stops with it).
+4. **Serve.** Each rank's schedule follows its `RankInfo.instructions` exactly: its pipeline
+   actions take the plan's clocks in order, any other instruction the highest clock. Orders the
+   planner cannot model (an unknown action kind, a stage two ranks claim, a microbatch count
+   that differs between stages, a dependency nobody runs, a cycle) are refused when the
+   scheduler is built, and a plan whose order differs from the observed one when it is made
+   (`SchedulerError`: the job stops with it and its GPUs go back to their default clocks).
 5. **Keep observing.** The generator never returns (`finished` stays False, `serving` is True):
    the job keeps sending results. The iteration time of a result window is the median over its
    iterations of the slowest rank's step time. A step also holds what the planner does not see
@@ -61,18 +64,17 @@ from typing import Any
 from coordinator.pipeline import planner
 from coordinator.pipeline.paths import job_file
 from coordinator.pipeline.planner import FrontierPoint
+from coordinator.pipeline.planner.dag import build_dag
+from coordinator.pipeline.planner.learned import LearnedSchedule
 from coordinator.pipeline.schedulers.base import (
     FrequencyScheduler,
     ScheduleGenerator,
     SchedulerError,
 )
-from coordinator.pipeline.schedulers.instruction_profiler import (
-    KINDS,
-    InstructionProfiler,
-    coarse_grid,
-)
+from coordinator.pipeline.schedulers.instruction_profiler import InstructionProfiler
 from coordinator.pipeline.schedulers.parallel3d import make_3d_parallel
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from zeus_agent.pipeline_order import action_kind
 from zeus_agent.pipeline_order import one_f_one_b as one_f_one_b_order
 
 __all__ = ["Perseus", "Perseus3D", "one_f_one_b", "plan_schedule"]
@@ -97,24 +99,25 @@ def plan_schedule(
 ) -> FrequencySchedule:
     """A rank's schedule from its stage's plan, in the rank's own instruction order.
 
-    Forwards and backwards take the plan's clocks in order; any other instruction runs at
-    `top_clock`.
+    Its pipeline actions (`zeus_agent.pipeline_order.action_kind`) take the plan's clocks in
+    order; any other instruction runs at `top_clock`.
 
     Raises:
-        SchedulerError: The plan's forward/backward order is not the rank's.
+        SchedulerError: The plan's actions are not the rank's, in its order.
     """
-    kinds = [name for name in instructions if name in KINDS]
+    try:
+        actions = [name for name in instructions if action_kind(name) is not None]
+    except ValueError as e:
+        raise SchedulerError(f"rank {rank}: {e}") from None
     planned = [name for name, _ in stage_plan]
-    if kinds != planned:
+    if actions != planned:
         raise SchedulerError(
-            f"the plan orders rank {rank}'s forwards and backwards as "
-            f"{_short(planned)}, but the rank runs {_short(kinds)}: the planner's 1F1B DAG is "
-            "not the pipeline's schedule"
-        )
+            f"the plan orders rank {rank}'s pipeline actions as {_short(planned)}, but the "
+            f"rank runs {_short(actions)}: the plan is not the pipeline's schedule")
     clocks = iter(int(f) for _, f in stage_plan)
     return FrequencySchedule(
         rank=rank,
-        frequencies=[(name, next(clocks) if name in KINDS else top_clock)
+        frequencies=[(name, next(clocks) if action_kind(name) is not None else top_clock)
                      for name in instructions],
     )
 
@@ -143,7 +146,7 @@ class Perseus(FrequencyScheduler):
 
     Raises:
         SchedulerError: A bad argument; ranks sharing a stage (use `Perseus3D`); a stage
-            without forwards, with unequal forwards and backwards, or not in 1F1B order.
+            whose order is not a schedule the planner can model (`LearnedSchedule`).
     """
 
     @classmethod
@@ -179,35 +182,10 @@ class Perseus(FrequencyScheduler):
     ) -> None:
         if profiler_args is None:
             profiler_args = {}
-        if not isinstance(profiler_args, dict):
-            raise SchedulerError(f"profiler_args must be a JSON object, got {profiler_args!r}")
-        _positive("p_block_w", p_block_w, allow_zero=True)
-        _positive("target_time", target_time)
-        _positive("max_slowdown", max_slowdown, allow_zero=True)
-        _positive("eta_knob", eta_knob, allow_zero=True)
-        _positive("time_margin", time_margin, allow_zero=True)
-        if time_margin >= 0.5:
-            raise SchedulerError(f"time_margin must be < 0.5, got {time_margin!r}")
+        _check_knobs(profiler_args, p_block_w, target_time, max_slowdown, eta_knob,
+                     time_margin, replan_threshold, replan_window, max_reprofiles,
+                     frontier_path, plan_clocks)
         self.time_margin = float(time_margin)
-        if eta_knob is not None and eta_knob > 1.0:
-            raise SchedulerError(f"eta_knob must be in [0, 1], got {eta_knob!r}")
-        given = [n for n, v in (("target_time", target_time), ("max_slowdown", max_slowdown),
-                                ("eta_knob", eta_knob)) if v is not None]
-        if len(given) > 1:
-            raise SchedulerError(f"give at most one of target_time, max_slowdown and eta_knob, "
-                                 f"not {' and '.join(given)}")
-        _positive("replan_threshold", replan_threshold)
-        for name, value, low in (("replan_window", replan_window, 1),
-                                 ("max_reprofiles", max_reprofiles, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise SchedulerError(f"{name} must be an integer >= {low}, got {value!r}")
-        if frontier_path is not None and (
-            not isinstance(frontier_path, str) or not frontier_path.endswith(".csv")
-        ):
-            raise SchedulerError(
-                f"frontier_path must be a path ending with '.csv', got {frontier_path!r}")
-        if plan_clocks not in ("grid", "all"):
-            raise SchedulerError(f'plan_clocks must be "grid" or "all", got {plan_clocks!r}')
         self.plan_clocks = plan_clocks
         self.p_block_w = None if p_block_w is None else float(p_block_w)
         self.target_time = target_time
@@ -236,6 +214,8 @@ class Perseus(FrequencyScheduler):
         """The blocking power the last plan was made with (W)."""
         self.num_microbatches = 0
         self.num_stages = 0
+        self.schedule: LearnedSchedule | None = None
+        """The schedule the ranks run, learned from their observed orders."""
         self._check_ranks(rank_infos)
         super().__init__(job_info, rank_infos, pfo_settings)
         if frontier_path is None:
@@ -248,6 +228,7 @@ class Perseus(FrequencyScheduler):
         self._profiler = self._new_profiler()  # Checks the profiler's knobs now.
 
     def _check_ranks(self, rank_infos: Sequence[RankInfo]) -> None:
+        """One rank per stage, each with its observed order; learn the schedule from them."""
         if not rank_infos:
             raise SchedulerError("Perseus needs at least one RankInfo")
         stages: dict[int, RankInfo] = {}
@@ -264,24 +245,14 @@ class Perseus(FrequencyScheduler):
                     "RankInfo.instructions before building Perseus")
         if sorted(stages) != list(range(len(stages))):
             raise SchedulerError(f"stages must be 0..{len(stages) - 1}, got {sorted(stages)}")
-        counts = {s: (i.instructions or []).count("forward") for s, i in stages.items()}
-        m = counts[0]
-        for stage, info in sorted(stages.items()):
-            names = info.instructions or []
-            if counts[stage] != m or names.count("backward") != m or m == 0:
-                raise SchedulerError(
-                    f"stage {stage} (rank {info.rank}) runs {counts[stage]} forward(s) and "
-                    f"{names.count('backward')} backward(s), stage 0 {m} forward(s): Perseus "
-                    "needs the same number M >= 1 of forwards and backwards in every stage")
-            kinds = [n for n in names if n in KINDS]
-            expected = one_f_one_b(stage, len(stages), m)
-            if kinds != expected:
-                raise SchedulerError(
-                    f"stage {stage} (rank {info.rank}) runs its forwards and backwards as "
-                    f"{_short(kinds)}, not in synchronous 1F1B order for {len(stages)} stage(s) "
-                    f"and {m} microbatch(es) ({_short(expected)}): Perseus plans 1F1B pipelines "
-                    "only")
-        self.num_microbatches = m
+        orders = [stages[s].instructions or [] for s in range(len(stages))]
+        try:
+            schedule = LearnedSchedule.from_orders(orders)
+            build_dag(schedule)  # Refuses a cycle now rather than when planning.
+        except ValueError as e:
+            raise SchedulerError(f"Perseus cannot plan this pipeline schedule: {e}") from None
+        self.schedule = schedule
+        self.num_microbatches = schedule.num_microbatches
         self.num_stages = len(stages)
 
     def _new_profiler(self) -> InstructionProfiler:
@@ -352,19 +323,7 @@ class Perseus(FrequencyScheduler):
 
     def _plan(self, profiler: InstructionProfiler) -> list[FrequencySchedule]:
         """Frontier, choice and schedules from a finished profiler."""
-        result = profiler.result
-        assert result is not None
-        rows: list[tuple[int, str, int, float, float]] = []
-        avail = {info.rank: info.available_frequencies for info in self.rank_infos}
-        for entry in result.root:
-            grid = set(coarse_grid(avail[entry.rank], profiler.clocks,
-                                   profiler.min_clock_fraction))
-            for kind, times, energies in (
-                ("forward", entry.forward_time, entry.forward_energy),
-                ("backward", entry.backward_time, entry.backward_energy),
-            ):
-                rows += [(entry.pp_rank, kind, int(f), float(times[f]), float(energies[f]))
-                         for f in sorted(times) if self.plan_clocks == "all" or f in grid]
+        rows = profiler.profile_rows(every_clock=self.plan_clocks == "all")
         self.profile_rows = rows
         p_block = self.p_block_w
         if p_block is None:
@@ -376,11 +335,13 @@ class Perseus(FrequencyScheduler):
         self.p_block_used = p_block
         profile = planner.InstructionProfile.from_rows(rows)
         m, s = self.num_microbatches, self.num_stages
-        frontier = list(planner.plan_frontier(profile, m, num_stages=s, p_block_w=p_block))
+        frontier = list(planner.plan_frontier(profile, m, num_stages=s, p_block_w=p_block,
+                                              schedule=self.schedule))
         if not frontier:
             raise SchedulerError("the planner found no frontier point")
-        top_plan = planner.max_frequency_plan(profile, m)
-        all_max_time, _ = planner.evaluate(profile, top_plan, m, p_block)
+        top_plan = planner.max_frequency_plan(profile, m, schedule=self.schedule)
+        all_max_time, _ = planner.evaluate(profile, top_plan, m, p_block,
+                                           schedule=self.schedule)
         self.all_max_time = float(all_max_time)
         target = self.target_time
         if (target is None and self.max_slowdown is None and self.eta_knob is None
@@ -409,6 +370,40 @@ class Perseus(FrequencyScheduler):
         self._give_file(self.frontier_path, "".join(lines), "the frontier")
 
 
+def _check_knobs(profiler_args: Any, p_block_w: Any, target_time: Any, max_slowdown: Any,
+                 eta_knob: Any, time_margin: Any, replan_threshold: Any, replan_window: Any,
+                 max_reprofiles: Any, frontier_path: Any, plan_clocks: Any) -> None:
+    """Refuse a bad knob (`SchedulerError` naming it)."""
+    if not isinstance(profiler_args, dict):
+        raise SchedulerError(f"profiler_args must be a JSON object, got {profiler_args!r}")
+    _positive("p_block_w", p_block_w, allow_zero=True)
+    _positive("target_time", target_time)
+    _positive("max_slowdown", max_slowdown, allow_zero=True)
+    _positive("eta_knob", eta_knob, allow_zero=True)
+    _positive("time_margin", time_margin, allow_zero=True)
+    if time_margin >= 0.5:
+        raise SchedulerError(f"time_margin must be < 0.5, got {time_margin!r}")
+    if eta_knob is not None and eta_knob > 1.0:
+        raise SchedulerError(f"eta_knob must be in [0, 1], got {eta_knob!r}")
+    given = [n for n, v in (("target_time", target_time), ("max_slowdown", max_slowdown),
+                            ("eta_knob", eta_knob)) if v is not None]
+    if len(given) > 1:
+        raise SchedulerError(f"give at most one of target_time, max_slowdown and eta_knob, "
+                             f"not {' and '.join(given)}")
+    _positive("replan_threshold", replan_threshold)
+    for name, value, low in (("replan_window", replan_window, 1),
+                             ("max_reprofiles", max_reprofiles, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise SchedulerError(f"{name} must be an integer >= {low}, got {value!r}")
+    if frontier_path is not None and (
+        not isinstance(frontier_path, str) or not frontier_path.endswith(".csv")
+    ):
+        raise SchedulerError(
+            f"frontier_path must be a path ending with '.csv', got {frontier_path!r}")
+    if plan_clocks not in ("grid", "all"):
+        raise SchedulerError(f'plan_clocks must be "grid" or "all", got {plan_clocks!r}')
+
+
 def _window_time(results: list[ProfilingResult]) -> float:
     """Median over the window's iterations of the slowest rank's iteration time."""
     n = min((len(r.iter_time) for r in results), default=0)
@@ -418,8 +413,14 @@ def _window_time(results: list[ProfilingResult]) -> float:
 
 
 def _short(names: Sequence[str]) -> str:
-    letters = "".join("F" if n == "forward" else "B" if n == "backward" else "?" for n in names)
-    return letters if len(letters) <= 40 else letters[:40] + "..."
+    """A short view of an order: FBFB for bare names, F0.1 I0.1 ... for named actions."""
+    letter = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
+    parts = []
+    for name in names:
+        kind, _, rest = name.partition(":")
+        parts.append(letter.get(kind, "?") + rest.replace(":", "."))
+    text = ("" if all(":" not in n for n in names) else " ").join(parts)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _positive(name: str, value: Any, *, allow_zero: bool = False) -> None:
