@@ -2,6 +2,7 @@
 
 * `zeus-coordinator watch [JOB] [--once]`: follow job status events (or print a job's state).
 * `zeus-coordinator quarantine list|drop|release`: the jobs set aside after a failure.
+* `zeus-coordinator budget set|show|lift`: power budgets (`coordinator.budget_cli`).
 * `zeus-coordinator run [flags]`: run the coordinator (every flag is also an environment
   variable with Zeus's `ZEUS_PFO_` prefix, e.g. `ZEUS_PFO_NATS_URL`, `ZEUS_PFO_LOG_LEVEL`).
 
@@ -66,6 +67,12 @@ def _quarantine(argv: Sequence[str]) -> int:
     return quarantine_main(argv)
 
 
+def _budget(argv: Sequence[str]) -> int:
+    from coordinator.budget_cli import main as budget_main
+
+    return budget_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `zeus-coordinator`."""
     return dispatch(
@@ -76,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "nats-auth": (_nats_auth, "write NATS users and permissions for a list of GPU nodes"),
             "plan": (_plan, "plan a pipeline's time-energy frontier from an instruction profile"),
             "straggler": (_straggler, "tell the coordinator a pipeline of a job is a straggler"),
+            "budget": (_budget, "set, show or lift a power budget (operators)"),
             "quarantine": (_quarantine, "list, drop or release the jobs set aside after a "
                            "failure"),
         },

@@ -33,6 +33,8 @@ Users:
                  subjects, serves only its own GPUs' commands, reads only its own replies
   coordinator    zeus-coordinator: commands every GPU, serves registrations and queries
   observer       zeus-coordinator watch, dashboards: read-only
+  operator-<name>  one per --operator: sets, shows and lifts power budgets
+                 (zeus-coordinator budget); nobody else may
 
 Passwords are not in the file: nats-server reads each from an environment variable,
 ZEUS_NATS_AGENT_<NODE>_PASSWORD (NODE: the node name in capitals, every character other than
@@ -65,6 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nodes-file", type=Path, metavar="FILE",
         help="a file with more node names, one a line ('#' starts a comment; '-': stdin)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--operator", action="append", default=[], metavar="NAME",
+        help="an operator allowed to set power budgets (user operator-NAME, password in "
+        "ZEUS_NATS_OPERATOR_<NAME>_PASSWORD); repeat for each",
     )  # fmt: skip
     parser.add_argument(
         "--prefix", default=subjects.DEFAULT_PREFIX,
@@ -135,9 +142,15 @@ def main(args: argparse.Namespace) -> int:
             words += ["--prefix", args.prefix]
         for node in dict.fromkeys(nodes):
             words += ["--node", node]
+        operators = [o.strip() for o in args.operator]
+        if any(not o for o in operators):
+            raise ValueError("an empty operator name was given")
+        for name in dict.fromkeys(operators):
+            words += ["--operator", name]
         command = shlex.join(words)
-        text = permissions.render_authorization(nodes, args.prefix, command=command)
-        users = permissions.users(nodes, args.prefix)
+        text = permissions.render_authorization(nodes, args.prefix, command=command,
+                                                operators=operators)
+        users = permissions.users(nodes, args.prefix, operators)
     except (ValueError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2

@@ -104,6 +104,12 @@ class AgentSettings(NatsSettings):
         description="Lease of a setting whose command names none (s): every non-default "
         "setting is restored unless renewed within its lease",
     )
+    labels: list[str] = Field(
+        default=[],
+        max_length=64,
+        description="The node's labels, key=value (e.g. rack=a7), announced to the coordinator: "
+        "power budgets select nodes by them (zeus-coordinator budget set --label rack=a7)",
+    )
     observe_only: bool = Field(
         default=False,
         description="Never change a GPU's settings: no power limit, clock, reset or persistence "
@@ -191,6 +197,20 @@ class AgentSettings(NatsSettings):
                 f"{MAX_SOCKET_PATH_BYTES} bytes: choose a shorter --socket-path"
             )
         return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: list[str]) -> list[str]:
+        from zeus_agent.wire.budget import LABEL
+
+        labels = [item.strip() for entry in value for item in entry.split(",") if item.strip()]
+        for label in labels:
+            if not LABEL.match(label):
+                raise ValueError(
+                    f"label {label[:80]!r} is not key=value (letters, digits, '_', '-', '.'; "
+                    "key up to 63 characters, '/' allowed in it; value up to 63)"
+                )
+        return labels
 
     @field_validator("log_level")
     @classmethod

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import metrics
+from coordinator.budget.service import BudgetService
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRegistry
 from coordinator.optimizer import JobOptimizer
@@ -79,6 +80,7 @@ from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, Releases, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain, redact_url
 from zeus_agent.bus import BusHealth
+from zeus_agent.history import History
 from zeus_agent.wire import subjects
 
 __all__ = ["CoordinatorService"]
@@ -156,6 +158,7 @@ class CoordinatorService(ExitSignals):
         self.replicas = Replicas(settings=s, clock=clock, jobs=jobs, link=link,
                                  leases=self.leases, starter=self.starter, streams=self.streams,
                                  progress=self.progress, failures=self.failures, spawn=spawn)
+        self.budgets = BudgetService(s.prefix, link)
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,
                                    starter=self.starter, failures=self.failures,
@@ -315,6 +318,8 @@ class CoordinatorService(ExitSignals):
         self.link.state = state = JetStreamState(nc, s.prefix, s.state_replicas,
                                                  timeout_s=max(2.0, s.command_timeout_s),
                                                  bucket=s.state_bucket)
+        if s.history:
+            state.history = History(s.history, f"coordinator:{s.replica_name}")
         release("the state buckets", state.close)
         # The jobs this replica comes to drive: their progress recorded, their leases given up.
         release("the jobs' leases", lambda: self.replicas.give_up_jobs())
@@ -350,6 +355,10 @@ class CoordinatorService(ExitSignals):
         for name, subject, handler in self.endpoints.table():
             await self._service.add_endpoint(
                 name=name, subject=subject, handler=self.endpoints.wrap(handler))
+        for subject, callback in self.budgets.subscriptions():
+            self._subs.append(await self.nc.subscribe(subject, cb=callback))
+        await self._service.add_endpoint(name="budget", subject=subjects.coord_budget(s.prefix),
+                                         handler=self.endpoints.wrap(self.budgets.handle))
 
     async def _ping_agents(self) -> None:
         """Ask the agents to announce themselves (their announcements reconcile the GPUs).

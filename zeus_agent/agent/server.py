@@ -422,6 +422,7 @@ class AgentServer(ExitSignals):
             heartbeat_s=self.settings.heartbeat_s,
             socket_path=self.settings.socket_path,
             gpus=[await a.describe() for a in self.agents.values()],
+            labels=dict(label.split("=", 1) for label in self.settings.labels),
         )
         await self.publish(
             subjects.agent_hello(self.settings.node, self.settings.prefix), codec.encode(hello)

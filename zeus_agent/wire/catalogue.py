@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
+from zeus_agent.wire.budget import BudgetRequest
 
 __all__ = ["SUBJECTS", "SubjectSpec"]
 
@@ -82,6 +83,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.coord.jobs.straggler", s.coord_job_straggler,
                 "operator -> coordinator (request/reply)", m.StragglerNotice, m.Reply,
                 "Says a pipeline of a job is a straggler (or no longer is)."),
+    SubjectSpec("{prefix}.coord.budget", s.coord_budget,
+                "operator -> coordinator (request/reply)", BudgetRequest, m.Reply,
+                "Sets, shows or lifts a power budget (a cap for a group of GPUs)."),
     SubjectSpec("{prefix}.coord.replica.{replica}.{endpoint}", s.coord_replica,
                 "replica -> replica (request/reply)", None, m.Reply,
                 "A replica's own endpoints (`query`, `straggler`: the same payloads): a "

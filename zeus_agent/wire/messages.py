@@ -206,8 +206,10 @@ class GpuDescription(_Part, AddedFields):
         )
 
 
-class AgentHello(Message):
+class AgentHello(Message, AddedFields):
     """An agent's announcement of its node and GPUs; repeated as the heartbeat."""
+
+    ADDED: ClassVar[tuple[str, ...]] = ("labels",)
 
     node: Name
     agent_id: Id
@@ -215,6 +217,8 @@ class AgentHello(Message):
     heartbeat_s: float = Field(gt=0, le=MAX_HEARTBEAT_S)
     socket_path: Text
     gpus: list[GpuDescription] = Field(max_length=MAX_GPUS_PER_NODE)
+    labels: dict[Name, Name] = Field(default={}, max_length=64)
+    """The node's labels (`zeus-agent run --labels rack=a7`): what budgets select nodes by."""
 
 
 class Sample(_Part):

@@ -16,6 +16,9 @@ Three roles share one NATS account, each with its own users:
 * **observer** (`observer`, for `zeus-coordinator watch` and dashboards): read-only: asks
   `<p>.coord.jobs.query`, reads job status, agent announcements and GPU samples and
   measurements; replies under `_INBOX.<p>.observer`.
+* **operator** (`operator-<name>`, only those named: `zeus-coordinator nats-auth --operator`):
+  sets, shows and lifts power budgets (`<p>.coord.budget`), asks job queries and reads job
+  status; replies under `_INBOX.<p>.operator`. No other role may send a budget request.
 
 Replies to requests a client *received* (command replies, registration replies, `$SRV`
 discovery answers) are allowed by NATS's `allow_responses` (one reply per request received),
@@ -46,7 +49,7 @@ from typing import Literal
 
 from zeus_agent.wire import subjects
 
-Role = Literal["agent", "coordinator", "observer"]
+Role = Literal["agent", "coordinator", "observer", "operator"]
 
 AGENT_SERVICE = "zeus-agent"
 """`nats.micro` service name of the node agent (`zeus_agent.agent.server`)."""
@@ -58,10 +61,12 @@ SRV_PREFIX = "$SRV"
 AGENT_INBOX_ROLE = "node"
 COORDINATOR_INBOX_ROLE = "coord"
 OBSERVER_INBOX_ROLE = "observer"
+OPERATOR_INBOX_ROLE = "operator"
 
 COORDINATOR_USER = "coordinator"
 OBSERVER_USER = "observer"
 AGENT_USER_PREFIX = "agent-"
+OPERATOR_USER_PREFIX = "operator-"
 PASSWORD_VARIABLE_PREFIX = "ZEUS_NATS_"
 
 
@@ -126,6 +131,8 @@ def inbox(role: Role, node: str = "", prefix: str = subjects.DEFAULT_PREFIX) -> 
         return subjects.inbox_prefix(AGENT_INBOX_ROLE, node, prefix)
     if role == "coordinator":
         return subjects.inbox_prefix(COORDINATOR_INBOX_ROLE, "", prefix)
+    if role == "operator":
+        return subjects.inbox_prefix(OPERATOR_INBOX_ROLE, "", prefix)
     return subjects.inbox_prefix(OBSERVER_INBOX_ROLE, "", prefix)
 
 
@@ -211,6 +218,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_coord_register_rank(p),
             subjects.coord_job_query(p),
             subjects.coord_job_straggler(p),
+            subjects.coord_budget(p),
             subjects.all_coord_replicas(p),
             subjects.all_job_events(p),
             subjects.all_job_status(p),
@@ -241,6 +249,16 @@ def observer(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
     )
 
 
+def operator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
+    """Permissions of an operator (`zeus-coordinator budget`): power budgets, and job queries."""
+    p = prefix
+    return Permissions(
+        publish=(subjects.coord_budget(p), subjects.coord_job_query(p),
+                 _below(inbox("operator", prefix=p))),
+        subscribe=(subjects.all_job_status(p), _below(inbox("operator", prefix=p))),
+    )
+
+
 # --- users and configuration ----------------------------------------------------------------
 
 _USER_UNSAFE = re.compile(r"[^A-Za-z0-9_~\-]")
@@ -255,15 +273,20 @@ def agent_user(node: str) -> str:
 
 def password_variable(role: Role, node: str = "") -> str:
     """Environment variable holding a user's password, e.g. `ZEUS_NATS_AGENT_GPU_A_PASSWORD`."""
-    if role == "agent":
-        name = "AGENT_" + _VAR_UNSAFE.sub("_", subjects.token(node).upper())
+    if role in ("agent", "operator"):
+        name = f"{role.upper()}_" + _VAR_UNSAFE.sub("_", subjects.token(node).upper())
     else:
         name = role.upper()
     return f"{PASSWORD_VARIABLE_PREFIX}{name}_PASSWORD"
 
 
-def users(nodes: Iterable[str], prefix: str = subjects.DEFAULT_PREFIX) -> list[User]:
-    """Every user of a deployment: one agent per node (in order), the coordinator, an observer.
+def users(
+    nodes: Iterable[str], prefix: str = subjects.DEFAULT_PREFIX, operators: Iterable[str] = ()
+) -> list[User]:
+    """Every user: one agent per node (in order), the coordinator, an observer, the operators.
+
+    Operators (`operator-<name>`, password in `ZEUS_NATS_OPERATOR_<NAME>_PASSWORD`) set power
+    budgets; there are none unless named.
 
     Raises:
         ValueError: No node, an invalid prefix, or two nodes sharing a user or variable name.
@@ -289,6 +312,13 @@ def users(nodes: Iterable[str], prefix: str = subjects.DEFAULT_PREFIX) -> list[U
         User(COORDINATOR_USER, password_variable("coordinator"), "coordinator", coordinator(prefix))
     )
     result.append(User(OBSERVER_USER, password_variable("observer"), "observer", observer(prefix)))
+    for name in dict.fromkeys(operators):
+        user = OPERATOR_USER_PREFIX + _USER_UNSAFE.sub("_", subjects.token(name))
+        var = password_variable("operator", name)
+        if user in seen_user or var in seen_var:
+            raise ValueError(f"operator {name!r} would share the NATS name {user} or {var}")
+        seen_user[user], seen_var[var] = name, name
+        result.append(User(user, var, "operator", operator(prefix), name))
     return result
 
 
@@ -312,11 +342,16 @@ def _comment(user: User) -> str:
         return f"agent of node {_q(user.node or '')}: its own node's subjects only"
     if user.role == "coordinator":
         return "the coordinator: commands every GPU, serves registrations and queries"
+    if user.role == "operator":
+        return f"operator {_q(user.node or '')}: sets, shows and lifts power budgets"
     return "read-only observer: job status and queries, announcements, samples, measurements"
 
 
 def render_authorization(
-    nodes: Iterable[str], prefix: str = subjects.DEFAULT_PREFIX, command: str = ""
+    nodes: Iterable[str],
+    prefix: str = subjects.DEFAULT_PREFIX,
+    command: str = "",
+    operators: Iterable[str] = (),
 ) -> str:
     """The nats-server `authorization { users = [...] }` block for `nodes` (ends with a newline).
 
@@ -324,11 +359,12 @@ def render_authorization(
         nodes: Node names, as the agents' `--node`.
         prefix: Subject prefix of the deployment.
         command: How the block was generated, quoted in its header comment.
+        operators: Operators' names (users `operator-<name>`, who may set power budgets).
 
     Raises:
         ValueError: As `users`.
     """
-    all_users = users(nodes, prefix)
+    all_users = users(nodes, prefix, operators)
     command = _CONTROL.sub("?", command)  # one comment line, whatever the node names hold
     width = max(len(u.password_variable) for u in all_users)
     out = [

@@ -154,6 +154,11 @@ def coord_job_straggler(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.coord.jobs.straggler"
 
 
+def coord_budget(prefix: str = DEFAULT_PREFIX) -> str:
+    """Request/reply subject of power budgets (`BudgetRequest`), for the operator role."""
+    return f"{_p(prefix)}.coord.budget"
+
+
 def coord_replica(replica: str, endpoint: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Request/reply subject of one coordinator replica (`query`, `straggler`).
 

@@ -1,0 +1,147 @@
+"""`BudgetService`: the coordinator's budget endpoint and its view of the cluster.
+
+* `<p>.coord.budget` (`BudgetRequest` -> `Reply`): set, show and lift budgets, for the operator
+  role (`zeus-coordinator nats-auth --operator NAME`; NATS refuses everybody else's requests).
+  A budget is checked against the cluster (`coordinator.budget.budgets.resolve`: its group,
+  its cap or cut, its floor) before it is written; a refused one changes nothing.
+* It follows the agents' announcements (nodes, labels, GPUs' limit ranges) and samples (each
+  GPU's latest power): what groups, floors and cuts are computed from.
+
+Budgets live in the state bucket (`coordinator.budget.store`), so any replica answers and a
+replica that takes over finds them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from coordinator.budget import budgets as core
+from coordinator.budget.store import BudgetStore
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.budget import Budget, BudgetRequest
+from zeus_agent.wire.messages import AgentHello, Reply, SampleBatch
+from zeus_agent.wire.permissions import ANY, pattern
+
+if TYPE_CHECKING:  # (coordinator.service builds this service: no import cycle at run time)
+    from coordinator.service.link import Link
+
+LOG = logging.getLogger(__name__)
+
+Callback = Callable[[Any], Awaitable[None]]
+
+
+class BudgetService:
+    """Answers budget requests; knows the cluster from announcements and samples."""
+
+    def __init__(self, prefix: str, link: Link, wall: Callable[[], float] = time.time) -> None:
+        self.prefix = prefix
+        self.link = link
+        self.wall = wall
+        self.cluster = core.Cluster()
+
+    def subscriptions(self) -> list[tuple[str, Callback]]:
+        """(subject, callback) of what the service follows."""
+        p = self.prefix
+        return [
+            (subjects.all_agent_hellos(p), self.on_hello),
+            (pattern(subjects.gpu_samples, ANY, ANY, prefix=p), self.on_samples),
+        ]
+
+    async def on_hello(self, msg: Any) -> None:
+        """An agent's announcement: its node's labels and GPUs."""
+        try:
+            hello = codec.decode(msg.data, AgentHello)
+        except PayloadError:
+            return  # Counted by the coordinator's own hello handler.
+        if subjects.token(hello.node) != subjects.parse_agent_hello(msg.subject):
+            return
+        gpus = {g.index: core.GpuInfo(g.min_power_limit_w, g.max_power_limit_w)
+                for g in hello.gpus}
+        self.cluster.announce(hello.node, hello.labels, gpus)
+
+    async def on_samples(self, msg: Any) -> None:
+        """A GPU's samples: its latest power."""
+        try:
+            batch = codec.decode(msg.data, SampleBatch)
+        except PayloadError:
+            return
+        parsed = subjects.parse_gpu_subject(msg.subject)
+        if parsed is None or parsed.node != subjects.token(batch.node) or not batch.samples:
+            return
+        self.cluster.sample(batch.node, batch.gpu, batch.samples[-1].power_w)
+
+    def store(self) -> BudgetStore:
+        """The budgets in the state bucket (opened at start-up)."""
+        return BudgetStore(self.link.require_state().kv)
+
+    async def handle(self, data: bytes, subject: str = "") -> Reply:
+        """One operator request (`BudgetRequest`)."""
+        request = codec.decode(data, BudgetRequest)
+        store = self.store()
+        if request.action == "show":
+            found = await store.all()
+            if request.budget_id is not None:
+                found = {k: v for k, v in found.items() if k == request.budget_id}
+                if not found:
+                    return Reply.failure("bad_request", f"no budget {request.budget_id!r}")
+            return Reply.success(budgets=[self.describe(b, at) for b, at in
+                                          (found[k] for k in sorted(found))])
+        if request.action == "lift":
+            assert request.budget_id is not None
+            if not await store.delete(request.budget_id):
+                return Reply.failure("bad_request", f"no budget {request.budget_id!r} to lift "
+                                     "(see `zeus-coordinator budget show`)")
+            LOG.info("budget %s lifted", request.budget_id)
+            return Reply.success(lifted=request.budget_id)
+        assert request.budget is not None
+        try:
+            budget = core.resolve(request.budget, self.cluster)
+        except core.BudgetRefused as e:
+            return Reply.failure("bad_request", str(e))
+        now = self.wall()
+        if budget.end_s is not None and budget.end_s <= now:
+            return Reply.failure("bad_request", f"end_s {budget.end_s} has already passed")
+        await store.put(budget, now)
+        self.link.writes += 1
+        LOG.info("budget %s set: %.0f W over %s", budget.budget_id, budget.cap_w or 0,
+                 budget.group.describe())
+        others = (b for b, _ in (await store.all()).values() if b.budget_id != budget.budget_id)
+        overlaps = self.overlaps(budget, list(others))
+        return Reply.success(budget=self.describe(budget, now), overlaps=overlaps)
+
+    def overlaps(self, budget: Budget, others: list[Budget]) -> list[str]:
+        """Ids of the budgets sharing a GPU with `budget` (the lower cap wins there)."""
+        try:
+            mine = set(core.members(budget.group, self.cluster))
+        except core.BudgetRefused:
+            return []
+        out = []
+        for other in others:
+            try:
+                if mine & set(core.members(other.group, self.cluster)):
+                    out.append(other.budget_id)
+            except core.BudgetRefused:
+                continue
+        return sorted(out)
+
+    def describe(self, budget: Budget, set_at: float) -> dict[str, Any]:
+        """A budget for people and tools: the budget, its state, its GPUs, floor and draw."""
+        now = self.wall()
+        state = ("active" if budget.active(now) else
+                 "ended" if budget.end_s is not None and now >= budget.end_s else "pending")
+        out: dict[str, Any] = {**budget.model_dump(), "set_at": set_at, "state": state,
+                               "group_text": budget.group.describe()}
+        try:
+            gpus = core.members(budget.group, self.cluster)
+        except core.BudgetRefused as e:
+            out.update(gpus=0, problem=str(e))
+            return out
+        out.update(gpus=len(gpus), floor_w=core.floor_w(gpus, self.cluster))
+        sampled = [k for k in gpus if k in self.cluster.power_w]
+        out["draw_w"] = (round(sum(self.cluster.power_w[k] for k in sampled), 1)
+                         if sampled else None)
+        return out

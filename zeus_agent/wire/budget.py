@@ -1,0 +1,116 @@
+"""Power budgets on the wire: what an operator asks the coordinator (`<p>.coord.budget`).
+
+A budget names a group of GPUs (the whole cluster, a list of nodes, or the nodes whose agent
+announced a label `key=value`, `zeus-agent run --labels`), a cap in watts or a cut in percent of
+the group's measured draw when the budget is set, and optionally a start and an end (Unix
+seconds). Everything an operator can get wrong in one request is refused here, before the
+coordinator looks at it: negative, NaN or absurd values, an end before its start, a malformed
+group. What needs the cluster (an unknown group, a cap below the group's floor) is refused by
+the coordinator (`coordinator.budget.budgets`).
+
+Two budgets may cover one GPU: the lower cap wins there (`coordinator.budget.budgets`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from zeus_agent.wire.messages import MAX_NAME_CHARS, Message, Name, Text
+
+MAX_CAP_W = 100_000_000.0
+"""Largest cap (100 MW): a cap above what any facility draws is a typo, not a budget."""
+MAX_NODES = 10_000
+"""Most nodes one budget may list."""
+MAX_TIME_S = 2.0**33
+"""Latest start or end (Unix seconds, year 2242)."""
+LABEL = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}=[A-Za-z0-9_.\-]{0,63}$")
+"""`key=value`, as Kubernetes labels spell them (no '=' or white space inside)."""
+
+BudgetId = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
+]
+"""A budget's name: letters, digits, '-' and '_' (it is a key token in the state bucket)."""
+Label = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS, pattern=LABEL.pattern)]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class BudgetGroup(_Part):
+    """Which GPUs a budget covers: every one, those of some nodes, or those of labelled nodes."""
+
+    kind: Literal["cluster", "nodes", "label"] = "cluster"
+    nodes: list[Name] = Field(default=[], max_length=MAX_NODES)
+    label: Label | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BudgetGroup:
+        if self.kind == "nodes" and (not self.nodes or any(not n for n in self.nodes)):
+            raise ValueError("a group of nodes needs at least one node name")
+        if self.kind != "nodes" and self.nodes:
+            raise ValueError(f"a {self.kind} group names no nodes")
+        if (self.kind == "label") != (self.label is not None):
+            raise ValueError("a label group, and only it, names a label key=value")
+        return self
+
+    def describe(self) -> str:
+        """The group in a few words, for people."""
+        if self.kind == "nodes":
+            return f"nodes {', '.join(self.nodes[:8])}{' ...' if len(self.nodes) > 8 else ''}"
+        return f"nodes labelled {self.label}" if self.kind == "label" else "the whole cluster"
+
+
+class Budget(_Part):
+    """One budget: a group, a cap (or a cut) and its time window."""
+
+    budget_id: BudgetId
+    group: BudgetGroup = BudgetGroup()
+    cap_w: float | None = Field(default=None, gt=0, le=MAX_CAP_W)
+    cut_pct: float | None = Field(default=None, gt=0, lt=100)
+    start_s: float | None = Field(default=None, ge=0, le=MAX_TIME_S)
+    end_s: float | None = Field(default=None, ge=0, le=MAX_TIME_S)
+    note: Text = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Budget:
+        if (self.cap_w is None) == (self.cut_pct is None):
+            raise ValueError("give either cap_w (W) or cut_pct (% of the group's draw), not both")
+        if self.end_s is not None and self.start_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"end_s {self.end_s} is not after start_s {self.start_s}")
+        for value in (self.cap_w, self.cut_pct, self.start_s, self.end_s):
+            if value is not None and not math.isfinite(value):  # pragma: no cover - pydantic
+                raise ValueError("budgets take finite numbers only")
+        return self
+
+    def active(self, now_s: float) -> bool:
+        """Whether the budget holds at `now_s` (Unix seconds)."""
+        started = self.start_s is None or self.start_s <= now_s
+        return started and (self.end_s is None or now_s < self.end_s)
+
+
+class BudgetRequest(Message):
+    """An operator's request on `<p>.coord.budget`: set (or change), show or lift budgets.
+
+    `set` with `cut_pct` is answered with the cap it became (the group's measured draw then,
+    less the cut); the budget is kept with that cap. `show` without `budget_id` lists every
+    budget. `lift` removes one: its GPUs' caps end and their jobs return to their optimum.
+    """
+
+    action: Literal["set", "show", "lift"]
+    budget: Budget | None = None
+    budget_id: BudgetId | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BudgetRequest:
+        if self.action == "set" and self.budget is None:
+            raise ValueError("set needs a budget")
+        if self.action == "lift" and self.budget_id is None:
+            raise ValueError("lift needs the budget_id")
+        if self.action != "set" and self.budget is not None:
+            raise ValueError(f"{self.action} takes a budget_id, not a budget")
+        return self
