@@ -138,6 +138,12 @@ class CoordinatorSettings(NatsSettings):
         le=3600,
         description="Lease of GPU settings; renewed every lease_s/3 while jobs live",
     )
+    history: str | None = Field(
+        default=None,
+        description="Append every write JetStream acknowledged (registrations, progress) and "
+        "every ownership lease taken to this file, one JSON object a line: what the chaos "
+        "checker reads (zeus_demo.chaos)",
+    )
     status_port: int | None = Field(
         default=None,
         ge=0,

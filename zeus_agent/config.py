@@ -110,6 +110,12 @@ class AgentSettings(NatsSettings):
         description="The node's labels, key=value (e.g. rack=a7), announced to the coordinator: "
         "power budgets select nodes by them (zeus-coordinator budget set --label rack=a7)",
     )
+    history: str | None = Field(
+        default=None,
+        description="Append every GPU command answered (with its sender's ownership lease), "
+        "lease renewal and restore of defaults to this file, one JSON object a line: what the "
+        "chaos checker reads (zeus_demo.chaos)",
+    )
     observe_only: bool = Field(
         default=False,
         description="Never change a GPU's settings: no power limit, clock, reset or persistence "

@@ -17,7 +17,9 @@ from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
+from coordinator.state import records
 from zeus_agent.errors import PayloadError
+from zeus_agent.history import LEASE_HEADER, SenderLease
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import GpuBinding, Reply
 
@@ -55,7 +57,15 @@ class GpuCommands:
             LOG.warning("job %s: %s not sent to %d GPU(s): this replica no longer drives the job",
                         record.job_id, what, len(requests))
             return None
-        return await self.request_all(requests)
+        return await self.request_all(requests, self.fencing_headers(record.job_id))
+
+    def fencing_headers(self, job_id: str) -> dict[str, str] | None:
+        """The `LEASE_HEADER` of the job's commands: this replica's lease, their fencing token."""
+        lease = self.leases.book.leases.get(records.job_hash(job_id))
+        if lease is None:
+            return None
+        token = SenderLease(lease.owner, lease.incarnation, lease.revision, lease.until)
+        return {LEASE_HEADER: token.header()}
 
     async def report_failures(self, record: JobRecord, what: str, gpus: list[GpuBinding],
                               replies: list[Reply | str], state: str = "error") -> None:
@@ -74,7 +84,8 @@ class GpuCommands:
             await self.link.status(record.job_id, state,
                                    f"{what} failed on " + "; ".join(errors[:8]) + more)
 
-    async def request_all(self, requests: list[tuple[str, bytes]]) -> list[Reply | str]:
+    async def request_all(self, requests: list[tuple[str, bytes]],
+                          headers: dict[str, str] | None = None) -> list[Reply | str]:
         """Send many requests at once over one reply inbox, within `command_timeout_s`.
 
         Cheaper than one `nc.request` per GPU (no future, timer and task each), which matters
@@ -113,7 +124,7 @@ class GpuCommands:
         sub = await nc.subscribe(f"{inbox}.*", cb=on_reply)
         try:
             for i, (subject, payload) in enumerate(requests):
-                await nc.publish(subject, payload, reply=f"{inbox}.{i}")
+                await nc.publish(subject, payload, reply=f"{inbox}.{i}", headers=headers)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_in.wait(), timeout_s)
         finally:

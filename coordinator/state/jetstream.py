@@ -6,8 +6,9 @@ acknowledges what it records (a registration, a measured window), so nothing ack
 lost when a coordinator dies; with `replicas` > 1 on a NATS cluster, nothing is lost when a
 server dies either. A power loss of a server loses nothing acknowledged only if it synced each
 write before acknowledging it (`sync_interval: always`, as every server this project starts or
-ships a configuration for does; nats-server's default flushes every 2 minutes). Every replica follows both buckets (KV watches) and keeps its in-memory view
-in step: a rank registered through one replica is known to all.
+ships a configuration for does; nats-server's default flushes every 2 minutes). Every replica
+follows both buckets (KV watches) and keeps its in-memory view in step: a rank registered
+through one replica is known to all.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
+from zeus_agent.history import History
 
 LOG = logging.getLogger(__name__)
 
@@ -65,6 +67,12 @@ class JetStreamState:
         self._ack_inbox = ""
         self._ack_sub: Any = None
         self._ack_ids = itertools.count()
+        self.history: History | None = None
+        """Where acknowledged writes and leases taken are recorded (`--history`), if anywhere."""
+
+    def _log(self, kind: str, **fields: Any) -> None:
+        if self.history is not None:
+            self.history.record(kind, bucket=self.bucket, **fields)
 
     async def open(self) -> None:
         """Bind the buckets, creating them on first use.
@@ -231,6 +239,7 @@ class JetStreamState:
                                                      records.encode_job(record)))
         except KeyWrongLastSequenceError:
             return False
+        self._log("ack", key=records.job_key(record.job_id), job_id=record.job_id)
         return True
 
     async def create_rank(self, job_id: str, rank: RankRecord,
@@ -257,11 +266,14 @@ class JetStreamState:
             f"{job_id}; give each rank its own GPU")
         key = records.rank_key(job_id, info.rank)
         try:
-            return await self._create_once(
+            new = await self._create_once(
                 key, records.encode_rank(job_id, rank, limits, energy_period_ms),
                 lambda raw: records.decode(key, raw, False, 0).rank == rank,
                 f"rank {info.rank} of job {job_id} is already registered with another GPU or "
                 "coordinates; each rank registers once")
+            self._log("ack", key=gpu_key, job_id=job_id)
+            self._log("ack", key=key, job_id=job_id)
+            return new
         except RegistryError:
             if new_gpu:  # Undo: the GPU must not stay bound to a rank that is not recorded.
                 with contextlib.suppress(Exception):
@@ -288,8 +300,9 @@ class JetStreamState:
     async def put_progress(self, job_id: str, kind: str, state: Any) -> None:
         """Record a job's optimiser progress (raises StateUnavailableError)."""
         value = records.encode_progress(job_id, kind, state)
-        await self._write(f"the progress of job {job_id}",
-                          lambda: self.kv.put(records.progress_key(job_id), value))
+        revision = await self._write(f"the progress of job {job_id}",
+                                     lambda: self.kv.put(records.progress_key(job_id), value))
+        self._log("ack", key=records.progress_key(job_id), job_id=job_id, revision=revision)
 
     async def get_progress(self, job_id: str) -> dict[str, Any] | None:
         """A job's progress as recorded now, read from the stream's leader.
@@ -366,6 +379,7 @@ class JetStreamState:
 
     async def delete_hash(self, job_hash: str, what: str) -> None:
         """Remove every record of the job whose key token is `job_hash` (its quarantine too)."""
+        self._log("delete", job_hash=job_hash)
         await self._write(f"the removal of {what}",
                           lambda: self.kv.delete(f"v.job.{job_hash}"))
         jsm = self.nc.jsm()
@@ -457,8 +471,11 @@ class JetStreamState:
         """
         try:
             if revision == 0:
-                return int(await self.owners.create(job_hash, value))
-            return int(await self.owners.update(job_hash, value, last=revision))
+                new = int(await self.owners.create(job_hash, value))
+            else:
+                new = int(await self.owners.update(job_hash, value, last=revision))
+            self._log("lease", job_hash=job_hash, value=value.decode(), revision=new)
+            return new
         except Exception as e:  # noqa: BLE001 - a lost race, a timeout
             LOG.debug("lease %s at revision %d not taken: %s", job_hash, revision, e)
             return None

@@ -436,6 +436,11 @@ class GpuAgent:
             except Exception as e:  # noqa: BLE001 - the trainer is told best-effort
                 LOG.warning("GPU %d: could not tell the trainer its schedule: %s", self.index, e)
 
+    @property
+    def changed(self) -> frozenset[str]:
+        """The settings now away from their defaults (what a lapsed lease restores)."""
+        return frozenset(self._changed)
+
     def renew_leases(self, holder: str, lease_s: float) -> list[str]:
         """Renew every lease of `holder` on this GPU (a bad `lease_s` raises PayloadError)."""
         try:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_agent import __version__, status_http
+from zeus_agent.agent import recording
 from zeus_agent.agent.commands import handle_command
 from zeus_agent.agent.credentials import pass_credentials
 from zeus_agent.agent.doorbell import doorbell_path
@@ -61,6 +62,7 @@ from zeus_agent.config import AgentSettings
 from zeus_agent.errors import GPUUnavailableError, PayloadError, ZeusAgentError
 from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.observe_only import OBSERVE_ONLY_HELP
+from zeus_agent.history import History
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal, Reply
 from zeus_agent.wire.text import bounded
@@ -131,6 +133,9 @@ class AgentServer(ExitSignals):
         self._tick = time.monotonic()
         self.counters: Counter[str] = Counter()
         """Bus messages dropped, by reason (`zeus_agent_bus_messages_dropped_total`)."""
+        self.history = (History(settings.history, f"agent:{settings.node}")
+                        if settings.history else None)
+        """Where commands, renewals and restores are recorded (`--history`), if anywhere."""
 
     # ------------------------------------------------------------------ bus helpers
     async def publish(self, subject: str, payload: bytes) -> None:
@@ -270,18 +275,22 @@ class AgentServer(ExitSignals):
             await self._service.add_endpoint(
                 name=f"gpu{agent.index}",
                 subject=subjects.gpu_command(self.settings.node, agent.index, self.settings.prefix),
-                handler=self._command_handler(agent),
+                handler=self._command_handler(agent, self.history),
                 queue_group=f"agent-{self.settings.node}",
             )
 
     @staticmethod
-    def _command_handler(agent: GpuAgent) -> Callable[[Any], Awaitable[None]]:
+    def _command_handler(agent: GpuAgent,
+                         history: History | None = None) -> Callable[[Any], Awaitable[None]]:
         """The endpoint of one GPU: nothing that goes wrong with one command leaves it."""
 
         async def handler(req: Any) -> None:
             try:
                 reply = await handle_command(agent, req.data)
                 data = codec.encode(reply)
+                if history is not None:
+                    recording.record_command(history, agent, recording.decoded(req.data),
+                                             req.headers, reply)
             except Exception:  # noqa: BLE001 - handle_command should not raise; never go silent
                 LOG.exception("GPU %d: command handling failed", agent.index)
                 data = codec.encode(Reply.failure(
@@ -452,7 +461,9 @@ class AgentServer(ExitSignals):
         try:
             renewal = codec.decode(msg.data, LeaseRenewal)
             for agent in self.agents.values():
-                agent.renew_leases(renewal.holder, renewal.lease_s)
+                renewed = agent.renew_leases(renewal.holder, renewal.lease_s)
+                if self.history is not None:
+                    recording.record_renewal(self.history, agent, renewal.holder, renewed)
         except PayloadError as e:
             # Counted always; logged the first time and every 1000th (the subject and the
             # error are a peer's to choose: one WARNING line each would be a log flood).
@@ -491,7 +502,10 @@ class AgentServer(ExitSignals):
     async def _expire_leases(self) -> None:
         self._tick = time.monotonic()
         # Side by side: a hung GPU (each call waits out its timeout) delays no other GPU's.
-        await asyncio.gather(*(a.expire_leases() for a in self.agents.values()))
+        restored = await asyncio.gather(*(a.expire_leases() for a in self.agents.values()))
+        if self.history is not None:
+            for agent, kinds in zip(self.agents.values(), restored, strict=True):
+                recording.record_restore(self.history, agent, kinds)
 
     async def _heartbeat_tick(self) -> None:
         self._tick = time.monotonic()
