@@ -31,6 +31,7 @@ from zeus_agent.wire.messages import (
     SetPowerLimitCmd,
     UnbindRankCmd,
 )
+from zeus_agent.wire.node_cap import NodeCapCmd
 from zeus_agent.wire.trainer import SelectRequest
 
 LOG = logging.getLogger(__name__)
@@ -54,12 +55,11 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
             return Reply.success(**(await info(agent)))
         case SetPowerLimitCmd():
             old = await agent.set_power_limit(cmd.power_limit_w, cmd.holder, cmd.lease_s)
-            return Reply.success(power_limit_w=cmd.power_limit_w, previous_w=old)
+            applied = agent.cap.capped(cmd.power_limit_w)
+            return Reply.success(power_limit_w=cmd.power_limit_w, previous_w=old,
+                                 **({"capped_w": applied} if applied != cmd.power_limit_w else {}))
         case ResetPowerLimitCmd():
-            await agent.restore({"power_limit"}, reason="reset command")
-            await agent.caller.call(agent.gpu.reset_power_limit)
-            agent.power_limit_w = await agent.caller.call(agent.gpu.get_power_limit_w)
-            return Reply.success(power_limit_w=agent.power_limit_w)
+            return Reply.success(power_limit_w=await agent.reset_power_limit())
         case LockClocksCmd():
             await agent.lock_clocks(cmd.min_mhz, cmd.max_mhz, cmd.holder, cmd.lease_s)
             return Reply.success(min_mhz=cmd.min_mhz, max_mhz=cmd.max_mhz)
@@ -89,6 +89,10 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
             return Reply.success(renewed=agent.renew_leases(cmd.holder, cmd.lease_s))
         case SelectCmd():
             return ask_trainer(agent, cmd)
+        case NodeCapCmd():
+            held = await agent.set_node_cap(cmd.cap_w, cmd.holder, cmd.lease_s)
+            return Reply.success(node_cap=agent.cap.describe(), power_limit_w=agent.power_limit_w,
+                                 **({"lifted": held} if cmd.cap_w is None else {}))
     raise PayloadError(f"unsupported command {cmd!r}")  # pragma: no cover - union is exhaustive
 
 
@@ -133,4 +137,5 @@ async def info(agent: GpuAgent) -> dict:
             else None
         ),
         "counters": dict(agent.counters),
+        "node_cap": agent.cap.describe(),
     }

@@ -11,6 +11,9 @@ Pieces:
 * sampling: `sample()` reads the GPU into the ring and the pending sample batch;
 * settings: `set_power_limit`, `lock_clocks`, `install_schedule`... validate, apply, lease;
 * `restore(kinds)`: put settings back to default (lease expiry, trainer death, shutdown);
+* the node cap (`set_node_cap`): a budget's ceiling on the power limit, under a lease of its
+  own; every limit applied (a job's, a reset's, a restore's default) is clamped to it, and it
+  outlives jobs, trainers and the coordinator until its lease ends or its holder lifts it;
 * trainer events: `on_event` (the schedule acts at once: its `ScheduleEvents`, in
   `schedule_events.py`, then `RankMeasurer` measures) and `process_events`;
 * `flush()`: publish pending samples, marks, measurements and trainer events.
@@ -24,6 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
 
+from zeus_agent.agent.cap_lane import CapLane
 from zeus_agent.agent.clock_lane import ClockLane, EarlyRaises
 from zeus_agent.agent.core import (
     EnergyRing,
@@ -70,6 +74,7 @@ the setting is even applied; it is held this long instead, one tick of the expir
 
 POWER_LIMIT = "power_limit"
 SM_CLOCKS = "sm_clocks"
+NODE_CAP = "node_cap"
 MAX_DEPARTED = 64
 """Jobs remembered per GPU as 'its trainer left' (their settings are refused)."""
 FORECAST_NS = 250_000_000
@@ -107,6 +112,8 @@ class GpuAgent:
         """Jobs whose trainer left this GPU, oldest first (bounded: `MAX_DEPARTED`)."""
         self.limits = LimitHistory()
         """When the power limit changed: step marks carry the limit in force at their event."""
+        self.cap = CapLane(self.caller, lambda: self.gpu, self.limits, self.counter)
+        """The budget's cap on the power limit (`set_node_cap`)."""
         self.info: GPUInfo | None = None
         self.index = gpu.index
         self.on_control_lost: Callable[[], None] | None = None
@@ -155,6 +162,7 @@ class GpuAgent:
         cannot restore what it changed, so its successor does.
         """
         self.info = await self.caller.call(self.gpu.info)
+        self.cap.start(self.info)
         if not self.info.has_energy_counter:
             self.counter.use_integrator()
         if reset and self.controllable:
@@ -338,13 +346,14 @@ class GpuAgent:
         self, power_limit_w: int, holder: str, lease_s: float | None, to_default: bool
     ) -> int:
         previous = None if to_default else self._grant(POWER_LIMIT, holder, lease_s)
+        applied = self.cap.capped(power_limit_w)
         try:
             old = await self.caller.call(self.gpu.get_power_limit_w)
             t_ns = time.monotonic_ns()  # Steps that began before the set ran at the old limit.
-            if old != power_limit_w:
-                await self.caller.call(self.gpu.set_power_limit_w, power_limit_w)
+            if old != applied:
+                await self.caller.call(self.gpu.set_power_limit_w, applied)
                 self.counter.refresh_limit()  # Samples show it at once, read back.
-            self.limits.record(t_ns, power_limit_w)
+            self.limits.record(t_ns, applied)
         except GPUPermissionError as e:
             if not to_default:
                 self.leases.reinstate(POWER_LIMIT, previous)
@@ -358,12 +367,45 @@ class GpuAgent:
                 # changed, so the expiry loop restores it unless a lease covers it.
                 self._changed.add(POWER_LIMIT)
             raise
+        self.cap.job_limit_w = None if to_default else power_limit_w
         if to_default:
             self.leases.release(POWER_LIMIT)
             self._changed.discard(POWER_LIMIT)
         else:
             self._changed.add(POWER_LIMIT)
         return old
+
+    async def set_node_cap(self, cap_w: int | None, holder: str, lease_s: float) -> bool:
+        """Hold a budget's cap for `lease_s` (None: lift `holder`'s); the limit follows at once.
+
+        Returns False for a lift by another holder than the cap's (nothing changes).
+        """
+        self._check_controllable()
+        async with self._settings:
+            if cap_w is None:
+                if not self.cap.holder.lift(holder):
+                    return False
+            else:
+                self.cap.holder.set(cap_w, holder, lease_s, time.monotonic_ns())
+            await self.cap.follow(self.leases.get(POWER_LIMIT) is not None)
+        LOG.info("GPU %d: node cap %s (%s)", self.index, cap_w or "lifted", holder)
+        return True
+
+    async def drop_node_cap(self) -> None:
+        """Forget the node cap, whoever holds it (the agent stops: the defaults come back)."""
+        async with self._settings:
+            if self.cap.holder.cap is not None:
+                self.cap.holder.cap = None
+                await self.cap.follow(self.leases.get(POWER_LIMIT) is not None)
+
+    async def reset_power_limit(self) -> int:
+        """Put the limit back to the default, or to the node cap while one holds below it."""
+        await self.restore({POWER_LIMIT}, reason="reset command")
+        async with self._settings:
+            self.cap.job_limit_w = None
+            await self.cap.follow(False)
+            self.power_limit_w = await self.caller.call(self.gpu.get_power_limit_w)
+        return self.power_limit_w or 0
 
     async def lock_clocks(
         self, min_mhz: int, max_mhz: int, holder: str, lease_s: float | None
@@ -444,9 +486,12 @@ class GpuAgent:
     def renew_leases(self, holder: str, lease_s: float) -> list[str]:
         """Renew every lease of `holder` on this GPU (a bad `lease_s` raises PayloadError)."""
         try:
-            return list(self.leases.renew(holder, time.monotonic_ns(), lease_s))
+            renewed: list[str] = list(self.leases.renew(holder, time.monotonic_ns(), lease_s))
         except ValueError as e:
             raise PayloadError(str(e), "lease_s") from None
+        if self.cap.holder.renew(holder, lease_s, time.monotonic_ns()):
+            renewed.append(NODE_CAP)
+        return renewed
 
     async def restore(self, kinds: Collection[str] | None = None, reason: str = "") -> list[str]:
         """Put settings back to default; `kinds` None means everything changed. Idempotent."""
@@ -465,8 +510,9 @@ class GpuAgent:
         # lost control (NVML said NO_PERMISSION to one setter) gets back what another did set:
         # never left throttled.
         gpu = self.gpu.wrapped if isinstance(self.gpu, ObserveOnlyGPU) else self.gpu
+        reset_limit, capped_w = self.cap.restore_call(gpu)  # The default, or a cap below it.
         for kind, call in (
-            (POWER_LIMIT, gpu.reset_power_limit),
+            (POWER_LIMIT, reset_limit),
             (SM_CLOCKS, gpu.reset_sm_clocks),
         ):
             if kind not in todo:
@@ -481,7 +527,8 @@ class GpuAgent:
                 LOG.error("GPU %d: restoring %s failed: %s", self.index, kind, e)
                 continue
             if kind == POWER_LIMIT and self.info is not None:
-                self.limits.record(t_ns, self.info.default_power_limit_w)
+                self.cap.job_limit_w = None
+                self.limits.record(t_ns, capped_w)
                 self.counter.refresh_limit()
             if kind == SM_CLOCKS:
                 self.schedule.forget_clock()
@@ -505,6 +552,12 @@ class GpuAgent:
         out completed in its thread afterwards) is restored again on every call until it is.
         """
         async with self._settings:
+            if self.cap.holder.expire(time.monotonic_ns()) is not None:
+                LOG.info("GPU %d: the node cap's lease ended; the limit may rise", self.index)
+                try:
+                    await self.cap.follow(self.leases.get(POWER_LIMIT) is not None)
+                except GPUError as e:
+                    LOG.error("GPU %d: could not raise the limit past the cap: %s", self.index, e)
             lapsed = self.leases.expire(time.monotonic_ns())
             orphaned = {k for k in self._changed if self.leases.get(k) is None}
             if orphaned and not lapsed:

@@ -547,6 +547,7 @@ class AgentServer(ExitSignals):
 
         async def restore(agent: GpuAgent) -> None:
             try:
+                await agent.drop_node_cap()
                 await agent.restore(reason="agent shutting down")
             except Exception:  # noqa: BLE001 - restore the others anyway
                 LOG.exception("GPU %d: restore at shutdown failed", agent.index)

@@ -62,7 +62,7 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.gpu.{node}.{gpu}.cmd", s.gpu_command, "-> agent (request/reply)",
                 m.CommandEnvelope, m.Reply,
                 "A command to one GPU: info, set/reset power limit, lock/reset clocks, "
-                "install/clear schedule, bind/unbind a rank, energy, renew."),
+                "install/clear schedule, bind/unbind a rank, energy, renew, a budget's node cap."),
     SubjectSpec("{prefix}.gpu.{node}.{gpu}.meas", s.gpu_measurements, "agent ->",
                 m.MeasurementBatch, None,
                 "A GPU's step marks (time, energy, limit at a step's edge) and step and "

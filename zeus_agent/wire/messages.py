@@ -6,7 +6,8 @@ Announcements and telemetry (agent -> bus):
 Commands to one GPU (request/reply on `gpu_command`), a union discriminated by `op`:
     `InfoCmd`, `SetPowerLimitCmd`, `ResetPowerLimitCmd`, `LockClocksCmd`, `ResetClocksCmd`,
     `InstallScheduleCmd`, `ClearScheduleCmd`, `BindRankCmd`, `UnbindRankCmd`, `EnergyCmd`,
-    `RenewLeasesCmd`, `SelectCmd`; parse with `GPU_COMMAND`. Every reply is a `Reply`.
+    `RenewLeasesCmd`, `SelectCmd`, `NodeCapCmd` (`node_cap.py`); parse with `GPU_COMMAND`.
+    Every reply is a `Reply`.
 Coordinator requests (request/reply): `RegisterJob`, `RegisterRank`, `JobQuery`,
     `StragglerNotice`;
     `PowerLimitOptions` configures a job's power-limit optimizer.
@@ -51,6 +52,7 @@ from zeus_agent.models import (
     PowerW,
     RankInfo,
 )
+from zeus_agent.wire.node_cap import NodeCapCmd
 from zeus_agent.wire.text import MAX_TEXT_CHARS, bounded
 
 MAX_LEASE_S = 3600.0
@@ -434,7 +436,8 @@ GpuCommand = Annotated[
     | UnbindRankCmd
     | EnergyCmd
     | RenewLeasesCmd
-    | SelectCmd,
+    | SelectCmd
+    | NodeCapCmd,
     Field(discriminator="op"),
 ]
 
