@@ -1,16 +1,19 @@
 """`zeus-coordinator plan`: the Perseus iteration time-energy frontier of an instruction profile.
 
     zeus-coordinator plan PROFILE.csv --microbatches M [--stages S] [--p2p-power W]
-        [--unit-time S] --out DIR
+        [--unit-time S] [--schedule NAME [--virtual-stages V]] --out DIR
 
 Reads the profile (Zeus 0.16's `InstructionProfilingResult` CSV or lowtime 0.3.0's
-`stage,instruction,frequency,time,energy`), plans the frontier of one synchronous 1F1B
-iteration (`coordinator.pipeline.planner.plan_frontier`) and writes:
+`stage,instruction,frequency,time,energy`), plans the frontier of one iteration of the named
+schedule (default synchronous 1F1B; `coordinator.pipeline.planner.schedules` writes each rank's
+order, `plan_frontier` plans it; a stage of the profile is a rank, whose virtual stages share
+its rows; `zero-bubble` needs `backward_input` and `backward_weight` rows) and writes:
 
 * `DIR/frontier.csv`: `index,time,energy`, fastest first (seconds, joules);
 * `DIR/freqs_pipeline_%05d.py`, one per frontier point (same index): a Python list with one list
   of `("forward", 1410)`-style (instruction, MHz) tuples per stage in execution order, as
-  lowtime's Perseus script writes, which `PointSolution` / `PointSolution3D` load.
+  lowtime's Perseus script writes, which `PointSolution` / `PointSolution3D` load (schedules
+  other than 1F1B and GPipe name each action `kind:stage:microbatch`, as trainers report them).
 
 Progress goes to stderr. Exit codes: 0 ok, 2 usage or a bad profile, 3 the output cannot be
 written.
@@ -25,7 +28,9 @@ from pathlib import Path
 from typing import TextIO
 
 from coordinator.pipeline.planner import DEFAULT_P_BLOCK_W, FrontierPoint, plan_frontier
+from coordinator.pipeline.planner.learned import LearnedSchedule
 from coordinator.pipeline.planner.profile_file import load_profile
+from coordinator.pipeline.planner.schedules import SCHEDULES, rank_orders
 
 __all__ = ["build_parser", "main", "write_frontier"]
 
@@ -58,6 +63,20 @@ def build_parser(prog: str = "zeus-coordinator plan") -> argparse.ArgumentParser
         metavar="S",
         help="time resolution of the frontier in seconds (default: 1/2000 of the fastest "
         "iteration time; 0 keeps every point)",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="1f1b",
+        help="the pipeline schedule to plan (default 1f1b)",
+    )
+    parser.add_argument(
+        "--virtual-stages",
+        type=int,
+        default=None,
+        metavar="V",
+        help="stages per rank for looped-bfs, interleaved-1f1b and zero-bubble (default 2 for "
+        "the first two, 1 for zero-bubble)",
     )
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     return parser
@@ -127,15 +146,23 @@ def main(argv: Sequence[str] | None = None, prog: str = "zeus-coordinator plan")
     except (OSError, ValueError) as e:
         print(f"{prog}: cannot use the profile: {e}", file=sys.stderr)
         return 2
+    try:
+        stages = args.stages or profile.num_stages
+        orders = rank_orders(args.schedule, stages, args.microbatches, args.virtual_stages)
+        schedule = LearnedSchedule.from_orders(orders)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
     update, close = _progress(sys.stderr)
     try:
         frontier = plan_frontier(
             profile,
             args.microbatches,
-            num_stages=args.stages,
+            num_stages=stages,
             p_block_w=args.p2p_power,
             unit_time=args.unit_time,
             progress=update,
+            schedule=schedule,
         )
     except ValueError as e:
         close()

@@ -64,9 +64,11 @@ class CutNetwork:
             raise AssertionError("duplicate arcs in the cut network")
         self.order = order
         self.indices = all_cols[order].astype(np.int32)
-        self.indptr = np.zeros(size + 1, dtype=np.int32)
-        np.cumsum(np.bincount(all_rows, minlength=size), out=self.indptr[1:])
-        self.row_of = np.repeat(np.arange(size), np.diff(self.indptr))
+        self.row_of = all_rows[order]
+        # Each sorted arc's reverse, also sorted: an arc kept for the flow keeps its reverse.
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        self.reverse = inverse[(order + rows.size) % (2 * rows.size)]
         self.caps = np.zeros(2 * rows.size, dtype=np.int64)
 
     def min_cut(
@@ -104,16 +106,24 @@ class CutNetwork:
         lb_cap = np.rint(lb * scale).astype(np.int64)
         caps[self.o_lbs + crit_ops] = lb_cap
         caps[self.o_lbt + crit_ops] = lb_cap
-        data = caps[self.order].astype(np.int32)
+        # Only the arcs with capacity (and their reverses) go to the flow: Dinic's phases walk
+        # every arc given, and off the critical subgraph most have none.
+        full = caps[self.order]
+        kept = full > 0
+        kept |= kept[self.reverse]
+        data = full[kept].astype(np.int32)
+        kept_indices, kept_rows = self.indices[kept], self.row_of[kept]
         size = self.size
-        graph = sp.csr_array((data, self.indices, self.indptr), shape=(size, size))
+        indptr = np.zeros(size + 1, dtype=np.int32)
+        np.cumsum(np.bincount(kept_rows, minlength=size), out=indptr[1:])
+        graph = sp.csr_array((data, kept_indices, indptr), shape=(size, size))
         result = maximum_flow(graph, 2 * n, 2 * n + 1)
         if result.flow_value - int(lb_cap.sum()) >= INF_CAP // 2:
             return None
         flow = result.flow
-        if flow.nnz == data.size and np.array_equal(flow.indices, self.indices):
+        if flow.nnz == data.size and np.array_equal(flow.indices, kept_indices):
             open_arc = (data - flow.data) > 0
-            indices, row_of = self.indices, self.row_of
+            indices, row_of = kept_indices, kept_rows
         else:  # A scipy that lays the flow out differently: sparse arithmetic.
             diff = (graph - flow).tocsr()
             diff.sort_indices()
