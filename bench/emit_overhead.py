@@ -13,6 +13,10 @@ Times `emit.step_begin()` (the module-level call a training loop makes) with
 * agent up, back to back: no pacing (the receiver's 10-deep queue overflows; the backlog path);
 * agent absent: nothing at the socket (events dropped and counted).
 
+Per pipeline action: a stage's compute call wrapped by
+`zeus_agent.integrations.instrument_pipeline` (two events, `instruction_begin` and
+`instruction_end`, and the action's name), against the same call bare, alternately, agent up.
+
 Also reports the bare `socket.send` of the same datagram (kernel cost, no emit code; timed
 alternately with emit's paced calls, so both see the same machine) and the timer's own
 overhead, both included in nothing else. The last line is one JSON object.
@@ -95,6 +99,47 @@ def measure_pair(
     return a, b
 
 
+class _Stage:
+    """A `torch.distributed.pipelining` stage's compute entry point, doing nothing."""
+
+    stage_index = 3
+
+    def forward_one_chunk(self, fwd_chunk_id: int, args: tuple[()] = ()) -> None:
+        return None
+
+    def backward_one_chunk(self, bwd_chunk_id: int) -> None:
+        return None
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int) -> None:
+        return None
+
+
+class _Schedule:
+    def __init__(self) -> None:
+        self._stage = _Stage()
+
+    def step(self) -> None:
+        return None
+
+
+def measure_action(calls: int, warmup: int, gap_ns: int) -> tuple[list[int], list[int]]:
+    """Time a stage's compute call bare and instrumented (`instrument(schedule)`: an
+    `instruction_begin`/`instruction_end` pair named `forward:3:17`), alternately, inside one
+    reported step."""
+    from zeus_agent.integrations import instrument_pipeline
+
+    bare_stage = _Stage()
+    schedule = _Schedule()
+    handle = instrument_pipeline(schedule)
+    wrapped_stage = schedule._stage
+    box: list[tuple[list[int], list[int]]] = []
+    handle.gate.run_step(True, lambda: box.append(measure_pair(
+        lambda: bare_stage.forward_one_chunk(17), lambda: wrapped_stage.forward_one_chunk(17),
+        calls, warmup, gap_ns)))
+    handle.remove()
+    return box[0]
+
+
 def pct(samples: list[int], q: float) -> int:
     return samples[min(len(samples) - 1, int(len(samples) * q))]
 
@@ -149,6 +194,14 @@ def main() -> None:
         s = emit.stats()
         rows.append(("emit, agent up, back to back", b2b, f"dropped {s.dropped}/{s.events}"))
         emit.close()
+
+        emit.init(socket_path=path)
+        bare, wrapped = measure_action(args.calls // 4, args.warmup // 4, gap_ns)
+        s = emit.stats()
+        rows.append(("pipeline action, bare call", bare, "alternating with the next row"))
+        rows.append(("pipeline action, instrumented", wrapped,
+                     f"begin+end emitted; dropped {s.dropped}/{s.events}"))
+        emit.close()
     finally:
         if receiver is not None:
             receiver.kill()
@@ -177,6 +230,10 @@ def main() -> None:
         "p50_ns_raw_send_agent_up": p50_send,
         "p50_ns_agent_up_above_send": p50_up - p50_send,
         "p50_ns_timer": pct(rows[0][1], 0.5),
+        "p50_ns_per_action_bare": pct(bare, 0.5),
+        "p50_ns_per_action_instrumented": pct(wrapped, 0.5),
+        "p99_ns_per_action_instrumented": pct(wrapped, 0.99),
+        "p50_ns_per_action_overhead": pct(wrapped, 0.5) - pct(bare, 0.5),
         "calls": args.calls,
         "budget_p50_ns_agent_absent": BUDGET_P50_NS,
         "budget_p50_ns_above_send": BUDGET_ABOVE_SEND_NS,
