@@ -11,9 +11,16 @@ energy) - 1: positive when ours is worse. Also: whether our T_min equals the 1F1
 at every instruction's fastest option and, for the A100 profiles, the floor-quantized T_min of
 lowtime's stored frontiers in data/perseus/frontiers/a100_sxm/.
 
+`--schedule` plans another schedule (`coordinator.pipeline.planner.schedules`: the stage
+profile's stages are the ranks, each rank's virtual stages share its rows; `zero-bubble` splits
+each backward row into a `backward_input` and a `backward_weight` row of half its time and
+energy, an assumption of this bench); lowtime, which plans 1F1B only, is then skipped. Each case
+reports the planner's wall and CPU seconds and the process's peak RSS so far (MB).
+
 The last line printed is one JSON object.
 
     .venv/bin/python bench/perseus_planner.py [--microbatches 12 24] [--lowtime-budget-s 900]
+        [--schedule interleaved-1f1b --virtual-stages 2]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import gzip
 import json
 import math
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -44,8 +52,10 @@ from coordinator.pipeline.planner import (  # noqa: E402
     max_frequency_plan,
     plan_frontier,
 )
-from coordinator.pipeline.planner.dag import Synchronous1F1B, build_dag  # noqa: E402
+from coordinator.pipeline.planner.dag import PipelineSchedule, build_dag  # noqa: E402
+from coordinator.pipeline.planner.learned import LearnedSchedule, node_kind  # noqa: E402
 from coordinator.pipeline.planner.profile_file import load_profile  # noqa: E402
+from coordinator.pipeline.planner.schedules import SCHEDULES, rank_orders  # noqa: E402
 
 PROFILES = ROOT / "data" / "perseus" / "stage_profiles"
 FRONTIERS = ROOT / "data" / "perseus" / "frontiers" / "a100_sxm"
@@ -171,11 +181,13 @@ def energy_gap(
     return worst, compared
 
 
-def fastest_critical_path(profile: InstructionProfile, num_microbatches: int) -> tuple[float, int]:
+def fastest_critical_path(
+    profile: InstructionProfile, schedule: PipelineSchedule
+) -> tuple[float, int]:
     """(critical path with every instruction at its fastest option, same floor-quantized to ms)."""
-    dag = build_dag(Synchronous1F1B(profile.num_stages, num_microbatches))
+    dag = build_dag(schedule)
     fastest = {key: min(t for _, t, _ in rows) for key, rows in profile.entries.items()}
-    real = [fastest[(n.stage, n.instruction)] for n in dag.nodes]
+    real = [fastest[(n.stage, node_kind(n))] for n in dag.nodes]
     quant = [float(math.floor(t / 1e-3 + 1e-9)) for t in real]
     return dag.longest_path(real), round(dag.longest_path(quant))
 
@@ -190,33 +202,55 @@ def stored_tmin(model: str, num_microbatches: int) -> float | None:
         return min(float(line.split(",")[0]) for line in f if line.strip())
 
 
+def split_backward(profile: InstructionProfile) -> InstructionProfile:
+    """The profile with each backward row also as backward_input and backward_weight halves."""
+    entries = dict(profile.entries)
+    for (stage, name), rows in profile.entries.items():
+        if name == "backward":
+            half = tuple((f, t / 2, e / 2) for f, t, e in rows)
+            entries[(stage, "backward_input")] = entries[(stage, "backward_weight")] = half
+    return InstructionProfile(entries)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[12, 24, 48, 96])
     parser.add_argument("--profiles", nargs="+", default=None, help="names in stage_profiles/")
     parser.add_argument("--lowtime-budget-s", type=float, default=900.0)
     parser.add_argument("--no-lowtime", action="store_true")
+    parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    parser.add_argument("--virtual-stages", type=int, default=None, metavar="V")
     args = parser.parse_args(argv)
     names = args.profiles or sorted(p.stem for p in PROFILES.glob("*.csv"))
-    lowtime_left = 0.0 if args.no_lowtime else args.lowtime_budget_s
+    lowtime_left = 0.0 if args.no_lowtime or args.schedule != "1f1b" else args.lowtime_budget_s
     cases: list[dict[str, Any]] = []
     profiles = {name: load_profile(PROFILES / f"{name}.csv") for name in names}
+    if args.schedule == "zero-bubble":
+        profiles = {name: split_backward(p) for name, p in profiles.items()}
     # Smallest pipelines first, so lowtime's budget covers as many cases as it can.
     for m in args.microbatches:
         for name in names:
             profile = profiles[name]
             model = name.split("+")[0]
+            schedule = LearnedSchedule.from_orders(
+                rank_orders(args.schedule, profile.num_stages, m, args.virtual_stages))
             stats = PlannerStats()
-            start = time.perf_counter()
-            frontier = plan_frontier(profile, m, p_block_w=P_BLOCK_W, stats=stats)
-            seconds = time.perf_counter() - start
-            t_fast, t_fast_quant = fastest_critical_path(profile, m)
-            all_max = evaluate(profile, max_frequency_plan(profile, m), m, P_BLOCK_W)
+            start, cpu = time.perf_counter(), time.process_time()
+            frontier = plan_frontier(profile, m, p_block_w=P_BLOCK_W, stats=stats,
+                                     schedule=schedule)
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+            t_fast, t_fast_quant = fastest_critical_path(profile, schedule)
+            top = max_frequency_plan(profile, m, schedule)
+            all_max = evaluate(profile, top, m, P_BLOCK_W, schedule=schedule)
             case: dict[str, Any] = {
                 "profile": name,
+                "schedule": args.schedule,
                 "stages": profile.num_stages,
+                "virtual_stages": schedule.num_virtual_stages // profile.num_stages,
                 "microbatches": m,
                 "planner_s": round(seconds, 2),
+                "planner_cpu_s": round(cpu, 2),
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                 "iterations": stats.iterations,
                 "points": len(frontier),
                 "t_min": frontier[0].time,
@@ -224,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "saving_at_t_min": 1 - frontier[0].energy / all_max[1],
                 "t_max": frontier[-1].time,
             }
-            if "a100" in name:
+            if "a100" in name and args.schedule == "1f1b":
                 stored = stored_tmin(model, m)
                 if stored is not None:
                     case["stored_lowtime_t_min_ms"] = round(stored * 1000)
@@ -251,7 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
         "date": now(),
         "p_block_w": P_BLOCK_W,
+        "schedule": args.schedule,
         "max_planner_s": max(c["planner_s"] for c in cases),
+        "max_planner_cpu_s": max(c["planner_cpu_s"] for c in cases),
+        "load_average": [round(x, 2) for x in __import__("os").getloadavg()],
         "all_t_min_match": all(c["t_min_is_fastest_critical_path"] for c in cases),
         "all_stored_t_min_match": all(
             c.get("t_min_quantized_matches_stored", True) for c in cases
