@@ -42,6 +42,8 @@ class BudgetService:
         self.link = link
         self.wall = wall
         self.cluster = core.Cluster()
+        self.on_lift: Callable[[Budget], Awaitable[None]] | None = None
+        """Lifts a budget's caps at once (`BudgetLoop.lift`; the owner lifts them too)."""
 
     def subscriptions(self) -> list[tuple[str, Callback]]:
         """(subject, callback) of what the service follows."""
@@ -92,10 +94,13 @@ class BudgetService:
                                           (found[k] for k in sorted(found))])
         if request.action == "lift":
             assert request.budget_id is not None
+            held = await store.get(request.budget_id)
             if not await store.delete(request.budget_id):
                 return Reply.failure("bad_request", f"no budget {request.budget_id!r} to lift "
                                      "(see `zeus-coordinator budget show`)")
             LOG.info("budget %s lifted", request.budget_id)
+            if held is not None and self.on_lift is not None:
+                await self.on_lift(held[0])
             return Reply.success(lifted=request.budget_id)
         assert request.budget is not None
         try:

@@ -56,6 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import metrics
+from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
+from coordinator.budget.loop import BudgetLoop, job_views
 from coordinator.budget.service import BudgetService
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRegistry
@@ -159,6 +161,10 @@ class CoordinatorService(ExitSignals):
                                  leases=self.leases, starter=self.starter, streams=self.streams,
                                  progress=self.progress, failures=self.failures, spawn=spawn)
         self.budgets = BudgetService(s.prefix, link)
+        self.budget_loop = BudgetLoop(link=link, book=self.book, cluster=self.budgets.cluster,
+                                      jobs=lambda: job_views(jobs.drivers()),
+                                      cap_lease_s=max(10.0, 3 * self.book.lease_s))
+        self.budgets.on_lift = self.budget_loop.lift
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,
                                    starter=self.starter, failures=self.failures,
@@ -261,6 +267,7 @@ class CoordinatorService(ExitSignals):
                      "job ownership", True),
                     (min(60.0, s.max_job_idle_time / 10), self.replicas.collect_idle,
                      "idle job collection", False),
+                    (BUDGET_PERIOD_S, self.budget_loop.tick, "power budgets", False),
                 )]
                 self.started.set()
                 await self.should_exit.wait()

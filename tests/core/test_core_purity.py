@@ -42,6 +42,8 @@ PURE_PATHS: tuple[str, ...] = (
     "coordinator/state/records.py",
     "coordinator/state/ownership.py",
     "coordinator/budget/allocator.py",
+    "coordinator/budget/budgets.py",
+    "coordinator/budget/enforce.py",
 )
 """Files or directories (searched recursively) whose modules must stay pure."""
 

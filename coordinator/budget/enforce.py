@@ -1,0 +1,149 @@
+"""From a governing budget to a cap per GPU, tightened by what the group measures (pure).
+
+The budget loop (`coordinator.budget.loop`) hands this core what it knows each round: the
+GPUs a budget governs and its room (`budgets.governing`), the jobs on them (`JobView`: their
+GPUs and, for a power-limit job whose profile is known, its measurements and optimum), and the
+cluster's last samples. It returns the cap of every governed GPU:
+
+* a profiled power-limit job gets the limit the allocator chose for it (`allocator.allocate`,
+  its options from its measurements: time per window and average power per GPU, energy /
+  time / GPUs, as `PowerLimitMeasurement` sums energy over the job's GPUs);
+* a job without a profile (still profiling, a Perseus job, a job another replica drives) is
+  capped proportionally, counted at its measured draw;
+* an idle GPU counts at its measured power and is capped at its minimum limit, so a job that
+  starts there cannot overshoot before the next round.
+
+`Tightener`: expected draws come from profiles; the samples say what the group draws. While
+the measured draw stays over the room for `OVER_ROUNDS` rounds, the room allocated shrinks by
+the excess (integral action, never under the floor); once it is back under, the backoff
+decays, so a group that measured over gives the room back a little at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from coordinator.budget import allocator as alloc
+from coordinator.budget.budgets import Cluster, Governed, GpuKey
+from zeus_agent.models import PowerLimitMeasurement
+
+OVER_ROUNDS = 2
+"""Rounds over the room in a row before the room allocated shrinks (samples are noisy)."""
+RELEASE = 0.2
+"""Share of the backoff given back each round spent under the room."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What the budget loop knows of one job."""
+
+    job_id: str
+    gpus: tuple[GpuKey, ...]
+    measurements: tuple[PowerLimitMeasurement, ...] = ()
+    optimum_w: int | None = None
+    """The job's own optimum (its profile is known); None: no profile."""
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CapPlan:
+    """The caps of one budget's GPUs and how they were chosen."""
+
+    budget_id: str
+    caps: dict[GpuKey, int]
+    allocation: alloc.Allocation
+    room_w: float
+    """The room allocated (the budget's room less the tightener's backoff)."""
+
+
+def _profile(job: JobView, inside: int, min_limit_w: int) -> alloc.ProfiledJob | None:
+    """The allocator's job for a profiled power-limit job (None: no usable profile)."""
+    if job.optimum_w is None or not job.measurements:
+        return None
+    everyone = len(job.gpus)
+    options = tuple(alloc.Option(m.power_limit, m.time, m.energy / m.time / everyone,
+                                 m.power_limit) for m in job.measurements)
+    if job.optimum_w not in {o.key for o in options}:
+        return None
+    return alloc.ProfiledJob(job.job_id, inside, options, job.optimum_w, min_limit_w,
+                             job.weight)
+
+
+def build_group(governed: Governed, jobs: Iterable[JobView], cluster: Cluster,
+                room_w: float) -> tuple[alloc.Group, dict[str, tuple[GpuKey, ...]],
+                                        tuple[GpuKey, ...]]:
+    """The allocator's group for a budget, each job's GPUs inside it, and its idle GPUs."""
+    mine = set(governed.gpus)
+    profiled, unprofiled, members = [], [], {}
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        inside = tuple(k for k in job.gpus if k in mine and k in cluster.gpus)
+        if not inside:
+            continue
+        members[job.job_id] = inside
+        lo = max(cluster.gpus[k].min_limit_w for k in inside)
+        hi = min(cluster.gpus[k].max_limit_w for k in inside)
+        p = _profile(job, len(inside), lo)
+        if p is not None:
+            profiled.append(p)
+            continue
+        sampled = [cluster.power_w[k] for k in inside if k in cluster.power_w]
+        draw = sum(sampled) / len(sampled) if sampled else None
+        unprofiled.append(alloc.UnprofiledJob(job.job_id, len(inside), lo, max(lo, hi), draw))
+    busy = {k for ks in members.values() for k in ks}
+    idle = tuple(sorted(mine - busy))
+    idle_w = sum(cluster.power_w.get(k, float(cluster.gpus[k].min_limit_w))
+                 for k in idle if k in cluster.gpus)
+    group = alloc.Group(room_w, tuple(profiled), tuple(unprofiled), idle_w)
+    return group, members, idle
+
+
+def plan(governed: Governed, jobs: Sequence[JobView], cluster: Cluster,
+         backoff_w: float = 0.0) -> CapPlan:
+    """The caps of the budget's GPUs: the allocator's limits, idle GPUs at their minimum."""
+    group, members, idle = build_group(governed, jobs, cluster, governed.room_w)
+    floor = alloc.floor_w(group)
+    room = max(floor, governed.room_w - backoff_w)
+    group = alloc.Group(room, group.jobs, group.unprofiled, group.idle_w)
+    allocation = alloc.allocate(group)
+    caps: dict[GpuKey, int] = {}
+    for share in allocation.shares:
+        for key in members[share.job_id]:
+            caps[key] = share.limit_w
+    for key in idle:
+        if key in cluster.gpus:
+            caps[key] = cluster.gpus[key].min_limit_w
+    return CapPlan(governed.budget_id, caps, allocation, room)
+
+
+@dataclass
+class Tightener:
+    """Shrinks a budget's room while the group measures over it; gives it back slowly."""
+
+    backoff_w: float = 0.0
+    over_rounds: int = 0
+
+    def update(self, measured_w: float | None, room_w: float) -> float:
+        """One round's measured draw (None: not every GPU sampled); the backoff to apply."""
+        if measured_w is None:
+            return self.backoff_w
+        if measured_w > room_w:
+            self.over_rounds += 1
+            if self.over_rounds >= OVER_ROUNDS:
+                self.backoff_w += measured_w - room_w
+        else:
+            self.over_rounds = 0
+            self.backoff_w *= 1 - RELEASE
+            if self.backoff_w < 1.0:
+                self.backoff_w = 0.0
+        return self.backoff_w
+
+
+def measured_w(gpus: Iterable[GpuKey], cluster: Cluster) -> float | None:
+    """The GPUs' measured draw (their last samples), None if one has no sample yet."""
+    total = 0.0
+    for key in gpus:
+        if key not in cluster.power_w:
+            return None
+        total += cluster.power_w[key]
+    return total

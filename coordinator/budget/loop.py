@@ -1,0 +1,189 @@
+"""`BudgetLoop`: one replica applies the power budgets to the agents (thin shell).
+
+Every `PERIOD_S`, the replica holding the budgets' lease reads the budgets from the state
+bucket, asks `budgets.governing` which budget governs which GPU, and for each budget plans a
+cap per GPU (`enforce.plan`: the allocator over the jobs' profiles, tightened while the group
+measures over its room), then sends every governed GPU its cap (`NodeCapCmd`, holder
+`budget:<id>`, lease `cap_lease_s`): resending it each round renews it, and reaches an agent
+that restarted. A GPU it capped that no budget governs any more (the budget was lifted or
+ended) gets a lift, and its job's own limit (or the default) comes back at once.
+
+Ownership: one lease in the ownership bucket under the key `budgets`, taken and renewed like a
+job's (`OwnershipBook`; the ownership loop renews every lease this replica holds and gives
+them up at shutdown), taken only while a budget exists. Its job id has a control character,
+which no job's id may have, so it never names a job. A replica that takes over knows nothing
+of what its predecessor capped: caps it does not renew lapse with their lease; the caps it
+keeps are sent at once. The lease of a cap is longer than a takeover, so the cap holds
+throughout one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from coordinator.budget import budgets as core
+from coordinator.budget import enforce
+from coordinator.budget.allocator import BudgetError
+from coordinator.budget.store import BudgetStore
+from coordinator.power_limit.job import PowerLimitJob
+from coordinator.state.ownership import OwnershipBook
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.budget import Budget
+from zeus_agent.wire.messages import CommandEnvelope, Reply
+from zeus_agent.wire.node_cap import NodeCapCmd
+
+if TYPE_CHECKING:  # (coordinator.service builds this loop: no import cycle at run time)
+    from coordinator.service.driver import JobDriver
+    from coordinator.service.link import Link
+
+LOG = logging.getLogger(__name__)
+
+PERIOD_S = 1.0
+"""How often the owner plans and sends the caps (s)."""
+LEASE_KEY = "budgets"
+"""The budgets' lease in the ownership bucket (a job's key is 32 hex digits)."""
+LEASE_ID = "\x1fbudgets"
+"""What the lease names as its job: no job id has a control character."""
+COMMAND_TIMEOUT_S = 2.0
+
+
+def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
+    """What the budgets know of the jobs: their GPUs; the profile of those driven here.
+
+    A power-limit job driven by this replica with its optimum known brings its measurements;
+    every other job (profiling, a pipeline job, one another replica drives) is capped
+    proportionally.
+    """
+    views = []
+    for driver in drivers:
+        record = driver.record
+        if record is None or not record.ranks:
+            continue
+        gpus = tuple(sorted((r.gpu.node, r.gpu.gpu_index) for r in record.ranks.values()))
+        job = driver.optimiser
+        if isinstance(job, PowerLimitJob) and job.optimal_power_limit is not None:
+            views.append(enforce.JobView(driver.job_id, gpus,
+                                         tuple(job.machine.measurements),
+                                         job.optimal_power_limit))
+        else:
+            views.append(enforce.JobView(driver.job_id, gpus))
+    return views
+
+
+def holder(budget_id: str) -> str:
+    """Who holds a budget's caps on the agents."""
+    return f"budget:{budget_id}"
+
+
+class BudgetLoop:
+    """Plans and sends the caps while this replica holds the budgets' lease."""
+
+    def __init__(self, *, link: Link, book: OwnershipBook, cluster: core.Cluster,
+                 jobs: Callable[[], list[enforce.JobView]], cap_lease_s: float,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.link = link
+        self.book = book
+        self.cluster = cluster
+        self.jobs = jobs
+        self.cap_lease_s = cap_lease_s
+        self.wall = wall
+        self.capped: dict[core.GpuKey, str] = {}
+        """GPU -> the holder this replica capped it for (lifted when no budget governs it)."""
+        self.tighteners: dict[str, enforce.Tightener] = {}
+        self.plans: dict[str, enforce.CapPlan] = {}
+        """The latest plan of each governing budget (for people, tests and benchmarks)."""
+        self.failures = 0
+
+    async def tick(self) -> None:
+        """One round: own, plan, send caps and lifts."""
+        if self.link.state is None or not self.link.connected:
+            return
+        found = await BudgetStore(self.link.state.kv).all()
+        budgets = [b for b, _ in found.values()]
+        if not budgets and not self.capped:
+            return
+        if not await self.own():
+            self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
+            self.plans.clear()
+            return
+        caps = self.plan(budgets)
+        lifts = {k: h for k, h in self.capped.items() if k not in caps}
+        await asyncio.gather(*(self.send(k, w, h) for k, (w, h) in caps.items()),
+                             *(self.send(k, None, h) for k, h in lifts.items()))
+        self.capped = {k: h for k, (_, h) in caps.items()}
+
+    def plan(self, budgets: list[Budget]) -> dict[core.GpuKey, tuple[int, str]]:
+        """The cap and holder of every governed GPU this round."""
+        governed = core.governing(budgets, self.cluster, self.wall())
+        jobs = self.jobs()
+        caps: dict[core.GpuKey, tuple[int, str]] = {}
+        for g in governed:
+            if not g.gpus:
+                continue
+            tight = self.tighteners.setdefault(g.budget_id, enforce.Tightener())
+            backoff = tight.update(enforce.measured_w(g.gpus, self.cluster), g.room_w)
+            try:
+                p = enforce.plan(g, jobs, self.cluster, backoff)
+            except BudgetError as e:
+                LOG.warning("budget %s: no allocation this round: %s", g.budget_id, e)
+                continue
+            self.plans[g.budget_id] = p
+            for key, cap_w in p.caps.items():
+                caps[key] = (cap_w, holder(g.budget_id))
+        live = {g.budget_id for g in governed}
+        for gone in [b for b in self.tighteners if b not in live]:
+            del self.tighteners[gone]
+            self.plans.pop(gone, None)
+        return caps
+
+    async def own(self) -> bool:
+        """Whether this replica applies the budgets now (taking the lease if it is free)."""
+        book, state = self.book, self.link.require_state()
+        now = time.time()
+        if book.owns(LEASE_KEY, now):
+            return True
+        for key, revision in book.claimable([LEASE_KEY], now):
+            value = book.value(LEASE_ID, now)
+            new = await state.take(key, value, revision)
+            if new is None:
+                current = await state.read_lease(key)
+                if current is not None:
+                    book.observe(key, *current)
+                return False
+            book.observe(key, value, new)
+            LOG.info("replica %s applies the power budgets now", book.me)
+        return book.owns(LEASE_KEY, time.time())
+
+    async def lift(self, budget: Budget) -> None:
+        """Lift a budget's caps at once (its lift request came here; the owner lifts too)."""
+        try:
+            gpus = core.members(budget.group, self.cluster)
+        except core.BudgetRefused:
+            return
+        await asyncio.gather(*(self.send(k, None, holder(budget.budget_id)) for k in gpus))
+
+    async def send(self, key: core.GpuKey, cap_w: int | None, by: str) -> bool:
+        """Send one GPU its cap (None: lift); False if it did not take it."""
+        node, index = key
+        cmd = NodeCapCmd(holder=by, cap_w=cap_w, lease_s=self.cap_lease_s)
+        subject = subjects.gpu_command(node, index, self.link.prefix)
+        try:
+            msg: Any = await self.link.nc.request(
+                subject, codec.encode(CommandEnvelope(cmd=cmd)), timeout=COMMAND_TIMEOUT_S)
+            reply = codec.decode(msg.data, Reply)
+        except Exception as e:  # noqa: BLE001 - a gone agent, a timeout: next round retries
+            self._failed(key, str(e) or type(e).__name__)
+            return False
+        if not reply.ok:
+            self._failed(key, f"{reply.code}: {reply.error}")
+        return reply.ok
+
+    def _failed(self, key: core.GpuKey, why: str) -> None:
+        self.failures += 1
+        if self.failures == 1 or self.failures % 100 == 0:
+            LOG.warning("node cap for GPU %d of node %s not applied (%d so far): %s",
+                        key[1], key[0], self.failures, why)

@@ -1,0 +1,84 @@
+"""From a governing budget to caps per GPU: jobs' profiles, idle GPUs, the tightener."""
+
+from __future__ import annotations
+
+from coordinator.budget import enforce
+from coordinator.budget.budgets import Cluster, Governed, GpuInfo
+from zeus_agent.models import PowerLimitMeasurement
+
+GPUS = [("n", i) for i in range(6)]
+
+
+def cluster() -> Cluster:
+    c = Cluster()
+    c.announce("n", {}, {i: GpuInfo(100, 300) for i in range(6)})
+    for key, w in zip(GPUS, (280, 280, 250, 250, 30, 30), strict=True):
+        c.sample(*key, w)
+    return c
+
+
+def profile() -> tuple[PowerLimitMeasurement, ...]:
+    """Two GPUs, 10-step windows: energy summed over both, time per window."""
+    rows = [(300, 10.0, 2 * 280.0), (250, 10.3, 2 * 245.0), (200, 11.0, 2 * 200.0),
+            (150, 13.0, 2 * 150.0), (100, 18.0, 2 * 100.0)]
+    return tuple(PowerLimitMeasurement(power_limit=lim, time=t, energy=w * t)
+                 for lim, t, w in rows)
+
+
+JOBS = [enforce.JobView("a", (GPUS[0], GPUS[1]), profile(), 300),
+        enforce.JobView("b", (GPUS[2], GPUS[3]))]
+
+
+def governed(room_w: float) -> Governed:
+    return Governed("grid", room_w, room_w, tuple(GPUS))
+
+
+def test_an_ample_budget_keeps_every_job_at_its_own_limit_and_idle_gpus_at_the_minimum():
+    p = enforce.plan(governed(5000), JOBS, cluster())
+    assert [p.caps[k] for k in GPUS] == [300, 300, 300, 300, 100, 100]
+    share = p.allocation.by_job["a"]
+    assert share.slowdown == 0 and share.expected_w == 2 * 280.0  # energy / time / GPUs
+
+
+def test_a_tight_budget_picks_limits_whose_expected_draw_fits():
+    room = 2 * 200 + 2 * 200 + 60  # a at 200 W fits with b proportionally capped
+    p = enforce.plan(governed(room), JOBS, cluster())
+    assert p.allocation.expected_w <= room
+    assert p.caps[GPUS[0]] == p.caps[GPUS[1]] <= 250
+    assert p.caps[GPUS[2]] == p.caps[GPUS[3]] < 300  # unprofiled: proportional
+    assert p.caps[GPUS[4]] == 100
+
+
+def test_the_backoff_shrinks_the_room_but_never_under_the_floor():
+    c = cluster()
+    base = enforce.plan(governed(1200), JOBS, c)
+    tighter = enforce.plan(governed(1200), JOBS, c, backoff_w=200)
+    assert tighter.room_w == 1000 and tighter.allocation.expected_w <= 1000
+    assert sum(tighter.caps.values()) <= sum(base.caps.values())
+    floor = enforce.plan(governed(1200), JOBS, c, backoff_w=10_000)
+    assert floor.room_w == floor.allocation.floor_w
+
+
+def test_a_job_outside_the_group_or_a_profile_without_its_optimum_is_handled():
+    stray = enforce.JobView("z", (("elsewhere", 0),))
+    odd = enforce.JobView("a", (GPUS[0], GPUS[1]), profile(), 275)  # not a measured limit
+    p = enforce.plan(governed(5000), [stray, odd, JOBS[1]], cluster())
+    assert "z" not in p.allocation.by_job
+    assert p.allocation.by_job["a"].key is None  # capped proportionally
+
+
+def test_the_tightener_acts_on_a_lasting_excess_and_gives_the_room_back_slowly():
+    t = enforce.Tightener()
+    assert t.update(1100, 1000) == 0  # one round over: noise
+    assert t.update(1100, 1000) == 100
+    assert t.update(1050, 1000) == 150
+    assert t.update(None, 1000) == 150  # not every GPU sampled: no decision
+    backoffs = [t.update(900, 1000) for _ in range(30)]
+    assert backoffs[0] == 120 and backoffs == sorted(backoffs, reverse=True)
+    assert backoffs[-1] == 0
+
+
+def test_measured_draw_needs_every_gpu_sampled():
+    c = cluster()
+    assert enforce.measured_w(GPUS[:2], c) == 560
+    assert enforce.measured_w([("n", 9)], c) is None
