@@ -160,7 +160,7 @@ async def read_state(urls: str, buckets: set[str]) -> dict[str, int]:
             kv = await js.key_value(bucket)
             for key in await kv.keys():
                 entry = await kv.get(key)
-                out[key] = int(entry.revision)
+                out[key] = int(entry.revision or 0)
         return out
     finally:
         await nc.close()
@@ -168,7 +168,8 @@ async def read_state(urls: str, buckets: set[str]) -> dict[str, int]:
 
 def summarise(soak: Soak, h: Histories, violations: list[Any], end_t: float) -> dict[str, Any]:
     """The report: faults, violations, takeover and heal times."""
-    takeovers, last_by_job = [], {}
+    takeovers: list[float] = []
+    last_by_job: dict[str, dict[str, Any]] = {}
     for lease in h.leases:
         job, prev = lease["job_id"], last_by_job.get(lease["job_id"])
         if prev is not None and prev["owner"] != lease["owner"] and prev["until"] > 0:
@@ -222,7 +223,7 @@ def run(seconds: float, seed: int, classes: list[str],
         end_t = time.time()
         h = parse(c.histories())
         state = asyncio.run(read_state(c.urls, {str(a["bucket"]) for a in h.acks}))
-        jobs = {str(x["job_id"]): [] for x in h.leases}
+        jobs: dict[str, list[float]] = {str(x["job_id"]): [] for x in h.leases}
         for x in (*h.leases, *h.acks):
             jobs.setdefault(str(x.get("job_id")), []).append(float(x["t"]))
         progress = {**jobs, **soak.progress}
