@@ -131,7 +131,8 @@ class Soak:
 
     def run_faults(self, seconds: float, classes: list[str]) -> None:
         """Apply faults from a seeded, shuffled cycle of `classes` for about `seconds`."""
-        end, queue = time.monotonic() + seconds, []
+        end = time.monotonic() + seconds
+        queue: list[str] = []
         while time.monotonic() < end:
             if not queue:
                 queue = list(classes)
