@@ -77,20 +77,25 @@ class BudgetStore:
         return decode(entry.value)
 
     async def all(self) -> dict[str, tuple[Budget, float]]:
-        """Every readable budget, by id (an unreadable one is logged and left out)."""
-        from nats.js.errors import NoKeysError
+        """Every readable budget, by id (an unreadable one is logged and left out).
 
-        try:
-            keys = [k for k in await self.kv.keys() if k.startswith(PREFIX)]
-        except NoKeysError:
-            return {}
+        Read through a watch of `budget.>` only: the budgets loop asks every second, and
+        listing the bucket's keys would walk every job's and rank's record.
+        """
+        watcher = await self.kv.watch(f"{PREFIX}>", ignore_deletes=True)
         out: dict[str, tuple[Budget, float]] = {}
-        for key in keys:
-            try:
-                found = await self.get(key[len(PREFIX) :])
-            except ValueError as e:
-                LOG.warning("budget %s in the state bucket: %s", key, e)
-                continue
-            if found is not None:
-                out[found[0].budget_id] = found
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    break
+                if not entry.value:
+                    continue
+                try:
+                    budget, set_at = decode(entry.value)
+                except ValueError as e:
+                    LOG.warning("budget %s in the state bucket: %s", entry.key, e)
+                    continue
+                out[budget.budget_id] = (budget, set_at)
+        finally:
+            await watcher.stop()
         return out
