@@ -10,10 +10,6 @@ import pytest
 
 from zeus_agent.broker import EmbeddedNats, connect
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-REFERENCE_PROFILES = REPO_ROOT / "data" / "reference-profiles"
-
-
 TIERS = {"core": "core", "wire": "core", "fuzz": "fuzz", "shell": "shell", "e2e": "e2e",
          "deploy": "deploy", "docs": "deploy"}
 """Test folder -> its marker (`make test-fast` runs the `core` tier alone)."""

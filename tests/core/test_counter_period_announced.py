@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.test_counter_phase import MS, Counter, drive
+from tests.core.counter_kit import MS, Counter, drive
 from zeus_agent.agent.core.counter_phase import PhaseState, ReadPolicy
 from zeus_agent.agent.core.energy_ring import EnergyRing
 from zeus_agent.agent.counter_reader import CounterReader

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_emit import FakeAgent, _clean_default  # noqa: F401
+from tests.core.emit_kit import FakeAgent, rapl_agent
 from zeus_agent import emit
 from zeus_agent.errors import PayloadError
 from zeus_agent.integrations import ZeusMonitor
@@ -17,23 +17,7 @@ from zeus_agent.wire.codec import validate
 from zeus_agent.wire.messages import Reply
 from zeus_agent.wire.trainer import Kind, RequestDatagram, WindowRequest
 
-NODE_CPUS = {0: (30.0, 4.0), 1: (20.0, None)}  # package 1 has no DRAM domain (an AMD CPU)
-
-
-def rapl_agent(req: RequestDatagram) -> Reply | None:
-    """An agent on a node with two packages, answering `cpus` as the real one does."""
-    if req.kind is not Kind.WINDOW:
-        return None
-    window = validate(WindowRequest, req.payload)
-    result: dict = {"energy_j": [1.5 for _ in window.gpus]}
-    if window.cpus is not None:
-        wanted = sorted(NODE_CPUS) if window.cpus == "all" else window.cpus
-        cpus = [i for i in wanted if i in NODE_CPUS]
-        result |= {"cpus": cpus, "cpu_energy_j": [NODE_CPUS[i][0] for i in cpus],
-                   "dram_energy_j": [NODE_CPUS[i][1] for i in cpus]}
-        if len(cpus) < len(wanted):
-            result["cpu_error"] = "CPU indices [7] are not on this node"
-    return Reply.success(**result)
+pytestmark = pytest.mark.usefixtures("clean_emit")
 
 
 def no_rapl_agent(req: RequestDatagram) -> Reply | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.core.test_emit import FakeAgent
+from tests.core.emit_kit import FakeAgent
 from zeus_agent import emit
 from zeus_agent.wire.codec import validate
 from zeus_agent.wire.messages import Reply

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.core.test_emit import FakeAgent, _clean_default, default_handler  # noqa: F401
+from tests.core.emit_kit import FakeAgent, default_handler
 from zeus_agent import emit
 from zeus_agent.integrations import (
     GlobalPowerLimitOptimizer,
@@ -23,6 +23,8 @@ from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.codec import validate
 from zeus_agent.wire.messages import PowerLimitOptions, RegisterJob, RegisterRank, Reply
 from zeus_agent.wire.trainer import Kind, RequestDatagram, WindowRequest
+
+pytestmark = pytest.mark.usefixtures("clean_emit")
 
 
 # Zeus's selectors, as far as the mapping looks at them (class name and attributes).

@@ -14,12 +14,13 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from tests.core.test_emit import FakeAgent, _clean_default  # noqa: F401
-from tests.core.test_emit_cpu_energy import rapl_agent
+from tests.core.emit_kit import FakeAgent, rapl_agent
 from zeus_agent import emit
 from zeus_agent.integrations import Measurement, ZeusMonitor
 from zeus_agent.wire.codec import validate
 from zeus_agent.wire.trainer import Kind, WindowRequest
+
+pytestmark = pytest.mark.usefixtures("clean_emit")
 
 LOGGER = "zeus_agent.integrations.monitor"
 

@@ -16,7 +16,7 @@ import json
 
 from coordinator.state import OwnershipBook
 from coordinator.state.ownership import decode_lease
-from tests.core.test_state_ownership import Leases, step
+from tests.core.ownership_kit import Leases, step
 
 
 def test_an_owner_cut_off_stops_counting_its_job_before_another_may_take_it() -> None:

@@ -225,8 +225,8 @@ def test_a_plan_served_for_ever_keeps_bounded_rounds_charged_and_resumes_the_sam
     from coordinator.optimizer import InstallSchedules
     from coordinator.pipeline.memory import result_bytes
     from coordinator.pipeline.takeover import SERVED_ROUNDS_KEPT
-    from tests.core.test_pipeline_stragglers import FRONTIER, Trainer, Watching
-    from tests.core.test_pipeline_stragglers import make_job as make_watched
+    from tests.core.straggler_kit import FRONTIER, Trainer, Watching
+    from tests.core.straggler_kit import make_job as make_watched
 
     job = make_watched(dp=2)
     trainer = Trainer(job)
@@ -271,8 +271,8 @@ def test_a_new_plan_while_serving_keeps_its_round_and_bounds_the_next_one() -> N
     import json
 
     from coordinator.pipeline.takeover import SERVED_ROUNDS_KEPT
-    from tests.core.test_pipeline_stragglers import FRONTIER, Trainer, Watching
-    from tests.core.test_pipeline_stragglers import make_job as make_watched
+    from tests.core.straggler_kit import FRONTIER, Trainer, Watching
+    from tests.core.straggler_kit import make_job as make_watched
 
     job = make_watched(dp=2)
     trainer = Trainer(job)

@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.optimizer import Action, ApplyPowerLimit, AskSelector, SaveProfile, StatusUpdate
 from coordinator.power_limit.job import PowerLimitJob
-from tests.core.test_power_limit_job import ev, mark
+from tests.core.power_limit_kit import ev, mark
 from zeus_agent.selectors import ZeusCost
 from zeus_agent.wire.messages import PowerLimitOptions, TrainerEvent
 

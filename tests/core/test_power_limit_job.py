@@ -22,6 +22,7 @@ from coordinator.power_limit.job import (
     StatusUpdate,
 )
 from coordinator.power_limit.window_join import RESTART_RUN
+from tests.core.power_limit_kit import ev, mark
 from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
 
 W300 = "__GlobalPowerLimitOptimizer_300"
@@ -40,15 +41,6 @@ def options(**kw) -> PowerLimitOptions:
     base = {"selector": "Energy", "wait_steps": 0, "warmup_steps": 0, "profile_steps": 2,
             "pl_step_w": 25}
     return PowerLimitOptions(**{**base, **kw})
-
-
-def ev(step: int, kind: str = "step_begin", epoch: int = 0) -> TrainerEvent:
-    # (The job paces windows by step counters, never by stamps: a stamp within int64 will do.)
-    return TrainerEvent(kind=kind, t_ns=min(step, 10**9) * 10**9, epoch=epoch, step=step)
-
-
-def mark(step: int, t_s: float, energy_j: float, kind: str = "step_begin", epoch: int = 0) -> Mark:
-    return Mark(kind=kind, epoch=epoch, step=step, t_ns=round(t_s * 1e9), energy_j=energy_j)
 
 
 def rank_marks(rank: int, limits_by_step: dict[int, int]) -> list[tuple[int, Mark]]:

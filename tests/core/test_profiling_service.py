@@ -13,11 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.core.test_emit import FakeAgent, _clean_default  # noqa: F401
+from tests.core.emit_kit import FakeAgent
 from zeus_agent import emit
 from zeus_agent.integrations import ProfilingResult, ZeusProfilingService
 from zeus_agent.wire.codec import validate
 from zeus_agent.wire.trainer import Kind, WindowRequest
+
+pytestmark = pytest.mark.usefixtures("clean_emit")
 
 
 @pytest.fixture

@@ -14,14 +14,14 @@ import pytest
 import yaml
 
 from coordinator.config import CoordinatorSettings
-from tests.conftest import REPO_ROOT
-from tests.deploy.conftest import (
+from tests.deploy.deploy_kit import (
     DEPLOY,
     PENDING_COORDINATOR_SETTINGS,
     clean_env,
     load_credentials_module,
     nats_check,
 )
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.config import AgentSettings
 
 DOCKER = DEPLOY / "docker"

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
-from tests.deploy.conftest import DEPLOY, documents, free_port
+from tests.deploy.deploy_kit import DEPLOY, documents, free_port
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from coordinator.config import CoordinatorSettings
-from tests.deploy.conftest import (
+from tests.deploy.deploy_kit import (
     DEPLOY,
     PENDING_COORDINATOR_SETTINGS,
     clean_env,

@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from tests.deploy.conftest import DEPLOY, Pki, clean_env, nats_check
+from tests.deploy.deploy_kit import DEPLOY, Pki, clean_env, nats_check
 from zeus_agent.wire import permissions
 
 NATS = DEPLOY / "nats"

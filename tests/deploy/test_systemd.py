@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.config import CoordinatorSettings
-from tests.deploy.conftest import DEPLOY, PENDING_COORDINATOR_SETTINGS, SCRIPTS, clean_env
+from tests.deploy.deploy_kit import DEPLOY, PENDING_COORDINATOR_SETTINGS, SCRIPTS, clean_env
 from zeus_agent.config import AgentSettings
 
 SYSTEMD = DEPLOY / "systemd"

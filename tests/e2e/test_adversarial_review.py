@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,215 +30,33 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.e2e.adversarial_kit import (
+    AGENT,
+    COORDINATOR,
+    DEFAULT_W,
+    Cluster,
+    Raw,
+    bye_everywhere,
+    kill_group,
+    rank_payload,
+    running_cluster,
+    spawn_rank,
+    wait_for,
+)
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.broker import EmbeddedNats, connect, find_nats_server
+from zeus_agent.broker import connect, find_nats_server
 from zeus_agent.errors import GPUError, GPUUnavailableError, PayloadError
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.gpu.threaded import GPUCaller
 from zeus_agent.models import JobInfo
 from zeus_agent.wire import codec, permissions, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InfoCmd, JobQuery, RegisterJob
-from zeus_agent.wire.trainer import Kind, decode_datagram, encode_event, encode_request
+from zeus_agent.wire.trainer import Kind, encode_request
 
 pytestmark = pytest.mark.timeout(60)
 
-BIN = Path(sys.executable).parent
-DEFAULT_W = 300  # the simulated A40's default (= maximum) power limit
-
-
-def script(name: str, module: str) -> list[str]:
-    path = BIN / name
-    return [str(path)] if path.exists() else [sys.executable, "-m", module]
-
-
-AGENT = script("zeus-agent", "zeus_agent.cli")
-COORDINATOR = script("zeus-coordinator", "coordinator.cli")
-
-
-# ---------------------------------------------------------------------- helpers
-class Raw:
-    """A local process speaking the trainers' datagram protocol, as anyone on the node may."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.s.bind("")
-        self.s.connect(str(path))
-        self.ids = itertools.count(1)
-
-    def req(self, kind: Kind, payload: dict[str, Any], timeout: float = 8.0) -> Any:
-        rid = next(self.ids)
-        self.s.settimeout(timeout)
-        self.s.send(encode_request(kind, 0, rid, payload))
-        deadline = time.monotonic() + timeout
-        while True:
-            self.s.settimeout(max(0.01, deadline - time.monotonic()))
-            dg = decode_datagram(self.s.recv(70_000))
-            if getattr(dg, "request_id", None) == rid:
-                return dg.reply
-
-    def event(self, kind: Kind, a: int, b: int = 0, name: str = "") -> None:
-        self.s.settimeout(5)
-        self.s.send(encode_event(int(kind), 0, time.monotonic_ns(), a, b, name))
-
-    def drain(self) -> None:
-        self.s.setblocking(False)
-        with contextlib.suppress(OSError):
-            while True:
-                self.s.recv(70_000)
-
-    def close(self) -> None:
-        self.s.close()
-
-
-def rank_payload(job_id: str, rank: int, node: str, gpu: int,
-                 token: str | None) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "join_token": token,
-        "rank_info": {"rank": rank, "dp_rank": rank, "pp_rank": 0, "tp_rank": 0,
-                      "available_frequencies": []},
-        "gpu": {"node": node, "gpu_index": gpu},
-    }
-
-
-RANK_CHILD = r"""
-import itertools, json, socket, sys, time
-sys.path.insert(0, sys.argv[2])
-from zeus_agent.wire.trainer import Kind, decode_datagram, encode_event, encode_request
-spec = json.loads(sys.argv[1])
-s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(""); s.connect(spec["sock"])
-s.settimeout(10)
-ids = itertools.count(1)
-def req(kind, payload):
-    rid = next(ids)
-    s.send(encode_request(kind, 0, rid, payload))
-    while True:
-        dg = decode_datagram(s.recv(70000))
-        if getattr(dg, "request_id", None) == rid:
-            return dg.reply
-hello = req(Kind.HELLO, {"job_id": spec["job"], "rank": spec["rank"], "dp_rank": spec["rank"],
-                         "gpu_index": spec["gpu"],
-                         "join_token": spec["registration"]["join_token"]})
-rank = req(Kind.REGISTER_RANK, spec["registration"])
-print(json.dumps({"hello": hello.ok, "rank": rank.ok, "code": rank.code}), flush=True)
-sys.stdin.readline()  # go
-for step in range(spec["steps"]):
-    if step == spec["bye_at"]:
-        break
-    s.send(encode_event(int(Kind.STEP_BEGIN), 0, time.monotonic_ns(), step, 0, ""))
-    time.sleep(spec["period"])
-req(Kind.BYE, {})
-"""
-
-
-def spawn_rank(sock: Path, job: tuple[str, str], rank: int, node: str, gpu: int, steps: int,
-               bye_at: int | None, period: float = 0.15) -> subprocess.Popen[str]:
-    job_id, token = job
-    spec = {"sock": str(sock), "job": job_id, "rank": rank, "gpu": gpu, "steps": steps,
-            "bye_at": -1 if bye_at is None else bye_at, "period": period,
-            "registration": rank_payload(job_id, rank, node, gpu, token)}
-    return subprocess.Popen([sys.executable, "-c", RANK_CHILD, json.dumps(spec), str(REPO_ROOT)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-
-
-def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-# ---------------------------------------------------------------------- the sim cluster
-class Cluster:
-    """Embedded NATS, a coordinator and agents of nodes a and b (3 simulated A40s each)."""
-
-    NODES = ("a", "b")
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="zar-", dir="/tmp"))
-        self.nats = EmbeddedNats().start()
-        self.url = self.nats.url
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with open(self.root / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        self.procs[name] = proc
-        return proc
-
-    def sock(self, node: str) -> Path:
-        return self.root / f"{node}.sock"
-
-    def sim(self, node: str) -> Path:
-        return self.root / f"sim-{node}"
-
-    def limit(self, node: str, gpu: int) -> int:
-        return SimGPU.open(self.sim(node), gpu).get_power_limit_w()
-
-    def log(self, name: str) -> str:
-        with contextlib.suppress(OSError):
-            return (self.root / f"{name}.log").read_text(errors="replace")
-        return ""
-
-    def start(self) -> None:
-        self.spawn("coord", [*COORDINATOR, "run", "--nats-url", self.url,
-                             "--state-dir", str(self.root / "state"),
-                             "--dump-dir", str(self.root / "dump")])
-        for node in self.NODES:
-            self.spawn(f"agent-{node}", [
-                *AGENT, "run", "--nats-url", self.url, "--node", node, "--backend", "sim",
-                "--sim-count", "3", "--sim-state-dir", str(self.sim(node)),
-                "--socket-path", str(self.sock(node)), "--sample-hz", "20"])
-        for node in self.NODES:
-            wait_for(lambda n=node: self.sock(n).exists(), 30, f"agent {node}'s socket")
-        wait_for(lambda: "coordinator ready" in self.log("coord"), 30, "the coordinator")
-        wait_for(lambda: all("GPU(s)" in self.log(f"agent-{n}") for n in self.NODES), 30,
-                 "the agents")
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            kill_group(proc, signal.SIGTERM)
-        for proc in self.procs.values():
-            kill_group(proc)
-        self.nats.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def running_cluster() -> Iterator[Cluster]:
-    """A started `Cluster`, closed afterwards (the module fixture `cluster`, here and in
-    other modules that attack the same set-up)."""
-    c = Cluster()
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-
 
 cluster_fixture = pytest.fixture(scope="module", name="cluster")(running_cluster)
-
-
-def bye_everywhere(c: Cluster) -> None:
-    """Release whatever this (pytest) process bound on either node."""
-    for node in c.NODES:
-        with contextlib.suppress(Exception):
-            r = Raw(c.sock(node))
-            r.req(Kind.BYE, {}, timeout=5)
-            r.close()
 
 
 # ---------------------------------------------------------------------- NATS with users

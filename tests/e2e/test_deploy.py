@@ -3,7 +3,7 @@ import re
 import subprocess
 
 from coordinator import nats_auth
-from tests.conftest import REPO_ROOT
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.broker import find_nats_server
 from zeus_agent.wire import permissions
 

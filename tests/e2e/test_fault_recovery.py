@@ -42,60 +42,21 @@ from typing import Any
 import pytest
 
 from coordinator.power_limit import ZeusCost
+from tests.e2e.job_kit import (
+    LIMITS,
+    MARK_TIMEOUT_S,
+    SCALE,
+    WORKLOAD,
+    WORLD,
+    describe,
+    inconsistent,
+    measured,
+    options,
+)
 from tests.e2e.procs import FaultCluster, processes_with_mark
-from zeus_agent.gpu.sim.physics import operating_point
-from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
-from zeus_agent.models import PowerLimitMeasurement
+from zeus_agent.gpu.sim.presets import PRESETS
 
-WORKLOAD = "A40+resnet50+gpu0"
-"""Step time 30 ms at 300 W to 88 ms at 100 W (scaled): every limit takes its own time."""
-SCALE = 0.05
-WORLD = 4
-LIMITS = [300, 250, 200, 150, 100]
 DEFAULT_LIMIT = PRESETS["A40"].default_power_limit_w
-MARK_TIMEOUT_S = 2.0
-PER_STEP_OVERHEAD_S = 0.010
-"""Allowance per step for what the simulator does not model (barrier, sleep, emit)."""
-STALL_S = 0.15
-"""Allowance per window for one scheduling stall of a loaded 2-core machine (a 3-server cluster
-test once measured a 6-step window 0.107 s over its steps' time, with its energy within 10%). The
-defects these checks catch are windows of the wrong number of steps, several times too long."""
-
-
-def options(profile_steps: int) -> dict[str, Any]:
-    return {"selector": "ZeusCost", "eta_knob": 0.5, "warmup_steps": 1,
-            "profile_steps": profile_steps, "pl_step_w": 50}
-
-
-def expected_window(limit: int, profile_steps: int) -> tuple[float, float]:
-    """(time s, energy J over the job's GPUs) of `profile_steps` steps at `limit`, by physics."""
-    point = operating_point(PRESETS["A40"], WORKLOADS[WORKLOAD], limit)
-    return (point.step_time_s * SCALE * profile_steps,
-            point.energy_j * SCALE * profile_steps * WORLD)
-
-
-def inconsistent(measurements: list[PowerLimitMeasurement], profile_steps: int,
-                 check_energy: bool) -> list[str]:
-    """The measurements that are not what `profile_steps` steps at their limit give."""
-    bad = []
-    for m in measurements:
-        t, e = expected_window(m.power_limit, profile_steps)
-        t_hi = 1.25 * t + profile_steps * PER_STEP_OVERHEAD_S + STALL_S
-        e_hi = 1.25 * e + profile_steps * WORLD * 0.5  # + idle power between steps
-        line = (f"{m.power_limit} W: measured {m.time:.3f} s, {m.energy:.1f} J; "
-                f"{profile_steps} steps take {t:.3f} s, {e:.1f} J "
-                f"(x{m.time / t:.2f} time, x{m.energy / e:.2f} energy)")
-        time_ok = 0.85 * t <= m.time <= t_hi
-        energy_ok = not check_energy or 0.85 * e <= m.energy <= e_hi
-        if not (time_ok and energy_ok):
-            bad.append(line)
-    return bad
-
-
-def describe(c: FaultCluster, *logs: str) -> str:
-    """The job's status events and the logs of the coordinator (and of `logs`)."""
-    text = "\n".join(c.procs.log(name, 3000) for name in ("coordinator", *logs))
-    return f"status events:\n{c.messages()}\n{text}"
 
 
 @pytest.fixture
@@ -137,10 +98,6 @@ async def wait_optimum(c: FaultCluster, job_id: str, timeout_s: float) -> dict[s
                 f"no optimal power limit within {timeout_s} s (the job "
                 f"{'still trains' if c.procs.alive('trainer') else 'ended'})\n{describe(c)}")
         await asyncio.sleep(0.3)
-
-
-def measured(progress: dict[str, Any]) -> list[PowerLimitMeasurement]:
-    return [PowerLimitMeasurement(**m) for m in progress["measurements"]]
 
 
 # ------------------------------------------------------------------------------------ tests

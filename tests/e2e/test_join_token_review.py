@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_adversarial_review import (
+from tests.e2e.adversarial_kit import (
     DEFAULT_W,
     Cluster,
     Raw,

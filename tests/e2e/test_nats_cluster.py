@@ -52,19 +52,20 @@ import pytest
 from coordinator.pipeline.dumps import job_dir_name
 from coordinator.power_limit import ZeusCost
 from coordinator.state import records
-from tests.e2e.nats_cluster import NatsCluster
-from tests.e2e.procs import REPO_ROOT, FaultCluster, processes_with_mark
-from tests.e2e.test_fault_recovery import (
+from tests.e2e.job_kit import (
+    LATE_CLOCKS_PER,
     LIMITS,
     MARK_TIMEOUT_S,
     SCALE,
     WORKLOAD,
     WORLD,
+    clocks_checked,
     inconsistent,
     measured,
     options,
 )
-from tests.e2e.test_pipeline_e2e import LATE_CLOCKS_PER, clocks_checked
+from tests.e2e.nats_cluster import NatsCluster
+from tests.e2e.procs import REPO_ROOT, FaultCluster, processes_with_mark
 from zeus_agent.models import load_prof, load_ranks, load_sched
 from zeus_agent.wire import subjects
 

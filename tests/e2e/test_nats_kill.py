@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.job_kit import SCALE, WORKLOAD, options
 from tests.e2e.procs import REPO_ROOT, FaultCluster, processes_with_mark
-from tests.e2e.test_fault_recovery import SCALE, WORKLOAD, options
-from tests.e2e.test_stopped_owner import free_port
+from tests.shell.agent_kit import free_port
 from zeus_agent.wire import subjects
 
 

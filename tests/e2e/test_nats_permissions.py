@@ -32,7 +32,7 @@ import nats
 import pytest
 from nats import micro
 
-from tests.conftest import REPO_ROOT
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.broker import confirm_subscriptions, find_nats_server
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, permissions, subjects

@@ -36,7 +36,7 @@ import msgpack
 import pytest
 
 from coordinator.pipeline.dumps import job_dir_name
-from tests.conftest import REPO_ROOT
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects

@@ -14,41 +14,15 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from typing import Any
 
 import pytest
 
 from coordinator.pipeline.dumps import job_dir_name
+from tests.e2e.job_kit import LATE_CLOCKS_PER, clocks_checked
 from tests.e2e.procs import REPO_ROOT, FaultCluster
 from zeus_agent.models import load_prof, load_ranks, load_sched
 
 PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
-LATE_CLOCKS_PER = 40
-"""At most one instruction in this many may start before its clock is locked. The pipeline runs
-at time scale 0.1 while the agents' simulated GPUs charge the h200 model's real NVML costs (a
-~3 ms counter read, a 1 ms clock change): a clock change weighs ten times more against an
-instruction than on a real GPU, and on this 2-core machine the agents share the cores with 4-8
-trainer processes. (On the untimed simulator the bound was 1 in 100; at real time scale the
-savings bench and the demo measure it.)"""
-
-
-def clocks_checked(result: dict[str, Any], schedules: dict[int, Any]) -> tuple[int, int, int]:
-    """(instructions checked, started before their clock was locked, run at a wrong clock).
-
-    The lock is the schedule's; the 300 W cap throttles the A40 below it at the top clocks (as
-    on the real GPU), never at the low ones.
-    """
-    checked = late = wrong = 0
-    for rank in result["ranks"]:
-        late += rank["late_clocks"]
-        for version, clocks in zip(rank["schedule_version"], rank["clocks_mhz"], strict=True):
-            if version is None:
-                continue
-            expected = [f for _, f in schedules[version][rank["rank"]].frequencies]
-            for got, want in zip(clocks, expected, strict=True):
-                wrong += got > want or (want <= 1300 and got != want)
-                checked += 1
-    return checked, late, wrong
 
 
 @pytest.mark.parametrize("dp", [1, 2])

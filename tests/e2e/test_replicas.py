@@ -24,38 +24,23 @@ from typing import Any
 import pytest
 from nats.js.errors import KeyNotFoundError
 
-from coordinator.power_limit import Energy
 from coordinator.state import records
-from tests.e2e.procs import FaultCluster, processes_with_mark
-from tests.e2e.test_fault_recovery import (
+from tests.e2e.job_kit import (
     LIMITS,
+    OWNERSHIP_LEASE_S,
+    PROFILE_STEPS,
     SCALE,
     WORKLOAD,
     describe,
-    expected_window,
     inconsistent,
+    job_options,
     measured,
-    options,
+    owner_of,
+    undisturbed_optimum,
 )
-from zeus_agent.models import PowerLimitMeasurement
+from tests.e2e.procs import FaultCluster, processes_with_mark
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import ErrorEvent
-
-OWNERSHIP_LEASE_S = 3.0
-PROFILE_STEPS = 6
-
-
-def job_options() -> dict[str, Any]:
-    """The `Energy` selector: its optimum (200 W) leads the next by ~12 % of energy, so noise
-    and load cannot flip it (ZeusCost(0.5)'s 250 and 200 W are within 0.3 %)."""
-    return {**options(PROFILE_STEPS), "selector": "Energy"}
-
-
-def undisturbed_optimum() -> int:
-    """What `Energy` picks from the windows the physics gives (an undisturbed run)."""
-    profile = [PowerLimitMeasurement(power_limit=w, time=t, energy=e)
-               for w in LIMITS for t, e in [expected_window(w, PROFILE_STEPS)]]
-    return Energy().select(profile)
 
 
 @pytest.fixture
@@ -77,14 +62,6 @@ async def replicated():
     finally:
         await c.close()
     assert processes_with_mark(c.procs.mark) == []
-
-
-async def owner_of(c: FaultCluster, job_id: str) -> str:
-    """The replica whose lease on the job is in the ownership bucket."""
-    _, owners = records.bucket_names(subjects.DEFAULT_PREFIX)
-    kv = await c.nc.jetstream().key_value(owners)
-    entry = await kv.get(records.job_hash(job_id))
-    return str(json.loads(entry.value)["owner"])
 
 
 async def wait_recorded(c: FaultCluster, job_id: str, predicate: Any,

@@ -19,28 +19,28 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import time
 import urllib.request
 from typing import Any
 
 import pytest
 
+from tests.e2e.job_kit import (
+    OWNERSHIP_LEASE_S,
+    SCALE,
+    WORKLOAD,
+    job_options,
+    owner_of,
+    undisturbed_optimum,
+)
 from tests.e2e.procs import FaultCluster, processes_with_mark
-from tests.e2e.test_fault_recovery import SCALE, WORKLOAD
-from tests.e2e.test_replicas import OWNERSHIP_LEASE_S, job_options, owner_of, undisturbed_optimum
+from tests.shell.agent_kit import free_port
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope
 
 MUTATING = {"set_power_limit", "reset_power_limit", "lock_clocks", "reset_clocks",
             "install_schedule", "clear_schedule", "renew", "bind", "unbind"}
 """Commands that change a GPU (or its leases/binding): only the job's owner may send them."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class StatusCluster(FaultCluster):

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from tests.fuzz.conftest import (
+from tests.fuzz.fuzz_kit import (
     CLOCK,
     CLOCKS,
     HOLDERS,

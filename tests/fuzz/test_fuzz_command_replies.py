@@ -40,7 +40,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from coordinator.state import records
-from tests.fuzz.conftest import (
+from tests.fuzz.fuzz_kit import (
     I64,
     INF,
     NAN,

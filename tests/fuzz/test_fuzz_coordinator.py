@@ -32,7 +32,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.fuzz.conftest import (
+from tests.fuzz.fuzz_kit import (
     I64,
     JOB_QUERIES,
     NODES,

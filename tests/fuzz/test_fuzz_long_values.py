@@ -61,7 +61,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.fuzz.conftest import I64, OK, SCALE, STABLE_CODES, U64, Bus, resolve
+from tests.fuzz.fuzz_kit import I64, OK, SCALE, STABLE_CODES, U64, Bus, resolve
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire import trainer as dg

@@ -8,7 +8,7 @@ limits [1, 2**63 - 1], a `job_id` of the wrong type or of another job, 5,000-dig
 strings of 100,000 characters, lists nested 100,000 deep, a field mutated or missing), a
 progress record (`v.prog.<h>`) or a quarantine note (`v.quar.<h>`) of any of those, or a key
 of another shape. Then a fresh `CoordinatorService` starts on that bucket (as
-`tests.shell.test_coordinator.start` starts one on an existing nats-server), and again once
+`tests.shell.coordinator_kit.start` starts one on an existing nats-server), and again once
 it stopped.
 
 Properties, for every example:
@@ -52,9 +52,9 @@ from hypothesis import strategies as st
 from coordinator.jobs import JobRegistry, RankRecord
 from coordinator.service import CoordinatorService
 from coordinator.state import records
-from tests.fuzz.conftest import LogTrap, LoopThread, fuzz, registry_problems
-from tests.shell.test_coordinator import start as start_coordinator
-from tests.shell.test_coordinator import stop as stop_coordinator
+from tests.fuzz.fuzz_kit import LogTrap, LoopThread, fuzz, registry_problems
+from tests.shell.coordinator_kit import start as start_coordinator
+from tests.shell.coordinator_kit import stop as stop_coordinator
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, subjects

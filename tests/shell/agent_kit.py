@@ -11,6 +11,8 @@
   revokes (the server then closes the client's connection for good); `free_port()`.
 * `TrainerProcess`: a real second trainer process (raw datagrams) driven over its stdin, so
   tests can show what one process can and cannot do to another's GPU.
+* `gated_gpu(state_dir)`: a simulated GPU (a `GatedGPU`) whose counter reads are counted and
+  wait while its `gate` is clear, called in the agent's GPU thread as NVML is.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -354,3 +357,28 @@ class AuthNats:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+class GatedGPU(SimGPU):
+    """A simulated GPU whose counter reads are counted and wait while `gate` is clear."""
+
+    gate: threading.Event
+    waiting: threading.Event
+    reads: int
+
+    def get_total_energy_j(self) -> float:  # noqa: D102
+        if not self.gate.is_set():
+            self.waiting.set()
+            self.gate.wait(10)
+        self.reads += 1
+        return super().get_total_energy_j()
+
+
+def gated_gpu(state_dir: Path, energy_update_ms: float = 100) -> GatedGPU:
+    SimGPU.create(state_dir, 0, preset="A40", energy_update_ms=energy_update_ms)
+    gpu = GatedGPU.open(state_dir, 0)
+    assert isinstance(gpu, GatedGPU)
+    gpu.calls_block = True  # called in the agent's GPU thread, as NVML is
+    gpu.gate, gpu.waiting, gpu.reads = threading.Event(), threading.Event(), 0
+    gpu.gate.set()
+    return gpu

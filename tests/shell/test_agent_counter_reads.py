@@ -11,44 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.shell.agent_kit import RawTrainer, running_agent, wait_for
+from tests.shell.agent_kit import GatedGPU, RawTrainer, gated_gpu, running_agent, wait_for
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import Measurement, MeasurementBatch
 from zeus_agent.wire.trainer import EventDatagram, Kind, WindowRequest
-
-
-class GatedGPU(SimGPU):
-    """A simulated GPU whose counter reads are counted and wait while `gate` is clear."""
-
-    gate: threading.Event
-    waiting: threading.Event
-    reads: int
-
-    def get_total_energy_j(self) -> float:  # noqa: D102
-        if not self.gate.is_set():
-            self.waiting.set()
-            self.gate.wait(10)
-        self.reads += 1
-        return super().get_total_energy_j()
-
-
-def gated_gpu(state_dir: Path, energy_update_ms: float = 100) -> GatedGPU:
-    SimGPU.create(state_dir, 0, preset="A40", energy_update_ms=energy_update_ms)
-    gpu = GatedGPU.open(state_dir, 0)
-    assert isinstance(gpu, GatedGPU)
-    gpu.calls_block = True  # called in the agent's GPU thread, as NVML is
-    gpu.gate, gpu.waiting, gpu.reads = threading.Event(), threading.Event(), 0
-    gpu.gate.set()
-    return gpu
 
 
 def knots(agent: GpuAgent) -> int:

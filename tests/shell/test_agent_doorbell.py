@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,47 +29,29 @@ import msgpack
 import pytest
 
 from tests.shell.agent_kit import running_agent, wait_for
+from tests.shell.doorbell_kit import (
+    HIGH,
+    LOW,
+    OPEN_AGENTS,
+    PAIRS,
+    ThreadGPU,
+    doorbell_event,
+    first_forward,
+    no_publish,
+    thread_gpu,
+    wired_agent,
+)
 from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.metrics import AgentCollector
 from zeus_agent.emit import Publisher
-from zeus_agent.errors import GPUError, PayloadError
-from zeus_agent.gpu.sim import SimGPU
+from zeus_agent.errors import GPUError
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import trainer as dg
 from zeus_agent.wire.messages import Reply
 from zeus_agent.wire.trainer import EventDatagram, Kind, TrainerHello
 
-LOW, HIGH = 900, 1740
-PAIRS = [("forward", LOW), ("backward", HIGH)]
-
-
-class ThreadGPU(SimGPU):
-    """A simulated GPU called as NVML is; records each clock lock and the thread that made it."""
-
-    calls_block = True
-    locks: list[tuple[int, str]]
-    gate: threading.Event | None = None
-    entered: threading.Event | None = None
-
-    def lock_sm_clocks_mhz(self, min_clock_mhz: int, max_clock_mhz: int) -> None:  # noqa: D102
-        if self.entered is not None:
-            self.entered.set()
-        if self.gate is not None:
-            self.gate.wait(5)
-        super().lock_sm_clocks_mhz(min_clock_mhz, max_clock_mhz)
-        self.locks.append((min_clock_mhz, threading.current_thread().name))
-
-    def reset_sm_clocks(self) -> None:  # noqa: D102
-        super().reset_sm_clocks()
-        self.locks.append((0, threading.current_thread().name))
-
-
-def _gpu(tmp_path: Path) -> ThreadGPU:
-    SimGPU.create(tmp_path / "sim", 0, preset="A40", energy_update_ms=0)
-    gpu = ThreadGPU.open(tmp_path / "sim", 0)
-    gpu.locks = []
-    return gpu
+pytestmark = pytest.mark.usefixtures("close_doorbell_agents")
 
 
 def _instruction(index: int, name: str) -> bytes:
@@ -79,7 +60,7 @@ def _instruction(index: int, name: str) -> bytes:
 
 
 async def test_a_bound_trainers_clock_changes_are_applied_by_its_doorbell(nats_server, tmp_path):
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     async with running_agent(nats_server.url, gpus=[gpu]) as server:
         agent = server.agents[0]
         path = server.settings.socket_path
@@ -123,7 +104,7 @@ async def test_a_bound_trainers_clock_changes_are_applied_by_its_doorbell(nats_s
 
 
 async def test_another_process_cannot_ring_the_armed_change(nats_server, tmp_path):
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     async with running_agent(nats_server.url, gpus=[gpu]) as server:
         agent = server.agents[0]
         assert agent.doorbell is not None
@@ -147,22 +128,9 @@ async def test_another_process_cannot_ring_the_armed_change(nats_server, tmp_pat
         assert agent.doorbell.counters["taken"] == 0
 
 
-_OPEN: list[GpuAgent] = []
-"""Agents the helpers below made: closed after each test (`_close_agents`)."""
-
-
-@pytest.fixture(autouse=True)
-def _close_agents() -> Iterator[None]:
-    yield
-    while _OPEN:
-        agent = _OPEN.pop()
-        agent.close_doorbell()
-        agent.caller.close()
-
-
 async def _gpu_agent(tmp_path: Path, gpu: ThreadGPU) -> tuple[GpuAgent, list[list]]:
-    agent = GpuAgent(gpu, "n", _no_publish)
-    _OPEN.append(agent)
+    agent = GpuAgent(gpu, "n", no_publish)
+    OPEN_AGENTS.append(agent)
     await agent.start()
     del gpu.locks[:]  # (the reset at start)
     delivered: list[list] = []
@@ -174,10 +142,6 @@ async def _gpu_agent(tmp_path: Path, gpu: ThreadGPU) -> tuple[GpuAgent, list[lis
     return agent, delivered
 
 
-async def _no_publish(subject: str, payload: bytes) -> None:
-    return None
-
-
 def _ring(agent: GpuAgent, data: bytes) -> None:
     assert agent.doorbell is not None
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
@@ -185,7 +149,7 @@ def _ring(agent: GpuAgent, data: bytes) -> None:
 
 
 async def test_the_loop_applies_a_change_whose_event_came_first(tmp_path):
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     agent, _ = await _gpu_agent(tmp_path, gpu)
     agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 1, 0,
                                  "backward"))  # before any ring: the loop claims it
@@ -199,7 +163,7 @@ async def test_the_loop_applies_a_change_whose_event_came_first(tmp_path):
 
 
 async def test_a_restore_racing_a_rung_change_leaves_the_gpu_unlocked(tmp_path):
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     agent, delivered = await _gpu_agent(tmp_path, gpu)
     gpu.gate, gpu.entered = threading.Event(), threading.Event()
     _ring(agent, _instruction(1, "backward"))
@@ -216,7 +180,7 @@ async def test_a_restore_racing_a_rung_change_leaves_the_gpu_unlocked(tmp_path):
 
 
 async def test_a_change_armed_before_a_new_schedule_is_dropped(tmp_path):
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     agent, _ = await _gpu_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     epoch = agent.clocks.epoch
@@ -276,7 +240,7 @@ def test_the_publisher_falls_back_to_the_trainers_socket_without_its_doorbell(tm
 
 
 async def test_shutdown_ends_the_doorbell_and_removes_its_socket(nats_server, tmp_path):
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     async with running_agent(nats_server.url, gpus=[gpu]) as server:
         doorbell = server.agents[0].doorbell
         assert doorbell is not None and os.path.exists(doorbell.path)
@@ -287,52 +251,11 @@ async def test_shutdown_ends_the_doorbell_and_removes_its_socket(nats_server, tm
     assert server.agents[0].doorbell is None
 
 
-async def _wired_agent(tmp_path: Path, gpu: ThreadGPU, on_batch=None,
-                       spin_us: float = 0.0) -> GpuAgent:
-    """A `GpuAgent` whose doorbell hands its batches to `on_event`, as the gateway does."""
-    agent = GpuAgent(gpu, "n", _no_publish)
-    _OPEN.append(agent)
-    await agent.start()
-    del gpu.locks[:]
-
-    def deliver(batch: list) -> None:
-        for data, _ancillary, _flags, _addr in batch:
-            try:
-                event = dg.decode_datagram(data)
-            except PayloadError:
-                continue  # (The gateway reports it.)
-            if isinstance(event, EventDatagram):
-                agent.on_event(event)
-        if on_batch is not None:
-            on_batch(batch)
-
-    assert agent.open_doorbell(str(tmp_path / "bell.gpu0"), deliver, 0o600, spin_us=spin_us)
-    agent.bind("j", 0, pid=os.getpid(), uid=os.getuid())
-    await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=PAIRS), "j", 30.0)
-    agent.raises.enabled = False  # (every change on its event: the doorbell's or the loop's)
-    return agent
-
-
-def _event(kind: Kind, a: int = 0, name: str = "") -> bytes:
-    return dg.encode_event(kind, os.getpid(), time.monotonic_ns(), a, 0, name)
-
-
-async def _first_forward(agent: GpuAgent, gpu: ThreadGPU, s: socket.socket) -> None:
-    """Connect `s` to the doorbell; step 0 begins with forward, locked at LOW by the loop
-    (nothing was armed yet), which then arms backward (HIGH)."""
-    assert agent.doorbell is not None
-    s.connect(agent.doorbell.path)
-    for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
-        s.send(data)
-    await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
-    await asyncio.sleep(0.02)
-
-
 async def test_a_rung_change_the_loop_overtook_is_dropped(tmp_path):
     """The thread took instruction 1's arm, but the loop handled 1 and 2 before it rang."""
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     handled = threading.Event()
-    agent = await _wired_agent(tmp_path, gpu, on_batch=lambda batch: handled.set())
+    agent = await wired_agent(tmp_path, gpu, on_batch=lambda batch: handled.set())
     assert agent.doorbell is not None
     ring = agent.clocks.ring
 
@@ -344,12 +267,12 @@ async def test_a_rung_change_the_loop_overtook_is_dropped(tmp_path):
     agent.clocks.ring = late_ring  # type: ignore[method-assign]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.connect(agent.doorbell.path)
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 0, "forward"))
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 0, "forward"))
         await wait_for(lambda: gpu.locks == [(LOW, "gpu0-set_0")], 3.0, "forward's clock")
         handled.clear()
-        for data in (_event(Kind.INSTRUCTION_BEGIN, 1, "backward"),
-                     _event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
-                     _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
+        for data in (doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"),
+                     doorbell_event(Kind.STEP_END), doorbell_event(Kind.STEP_BEGIN, 1),
+                     doorbell_event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
             s.send(data)  # (one batch, most likely)
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 5, 3.0, "all read")
         await asyncio.sleep(0.2)
@@ -359,8 +282,8 @@ async def test_a_rung_change_the_loop_overtook_is_dropped(tmp_path):
 
 
 async def test_a_schedule_pending_for_the_next_step_disarms_the_doorbell(tmp_path):
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     for index, (name, _) in enumerate(PAIRS):  # one iteration: armed for the next one's
         agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), index,
@@ -373,8 +296,8 @@ async def test_a_schedule_pending_for_the_next_step_disarms_the_doorbell(tmp_pat
     assert agent.doorbell._arm is None  # the next iteration may run the new schedule
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.connect(agent.doorbell.path)
-        for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
-                     _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
+        for data in (doorbell_event(Kind.STEP_END), doorbell_event(Kind.STEP_BEGIN, 1),
+                     doorbell_event(Kind.INSTRUCTION_BEGIN, 2, "forward")):
             s.send(data)
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 3, 3.0, "all read")
     await asyncio.sleep(0.05)
@@ -386,20 +309,21 @@ async def test_the_loop_applies_its_own_clock_when_the_doorbell_rang_another(tmp
     """An iteration that ended early: the cursor went back to the schedule's start, which the
     arm (the next position) did not foresee; the names happen to match."""
     pairs = [("forward", LOW), ("backward", HIGH), ("forward", 1200)]
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=pairs), "j",
                                  30.0, version=1)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.connect(agent.doorbell.path)
-        for data in (_event(Kind.STEP_BEGIN, 0), _event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
+        for data in (doorbell_event(Kind.STEP_BEGIN, 0),
+                     doorbell_event(Kind.INSTRUCTION_BEGIN, 0, "forward")):
             s.send(data)
         await wait_for(lambda: len(gpu.locks) == 1, 3.0, "forward's clock")
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
-        for data in (_event(Kind.STEP_END), _event(Kind.STEP_BEGIN, 1),
-                     _event(Kind.INSTRUCTION_BEGIN, 2, "forward")):  # armed: 1200
+        for data in (doorbell_event(Kind.STEP_END), doorbell_event(Kind.STEP_BEGIN, 1),
+                     doorbell_event(Kind.INSTRUCTION_BEGIN, 2, "forward")):  # armed: 1200
             s.send(data)
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 6, 3.0, "all read")
     await asyncio.sleep(0.05)
@@ -409,9 +333,9 @@ async def test_the_loop_applies_its_own_clock_when_the_doorbell_rang_another(tmp
 
 
 async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_path):
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     delivered: list[int] = []
-    agent = await _wired_agent(tmp_path, gpu, on_batch=lambda batch: delivered.append(len(batch)))
+    agent = await wired_agent(tmp_path, gpu, on_batch=lambda batch: delivered.append(len(batch)))
     assert agent.doorbell is not None
     try:
         agent.on_event(EventDatagram(Kind.INSTRUCTION_BEGIN, 0, time.monotonic_ns(), 0, 0,
@@ -420,11 +344,11 @@ async def test_events_keep_flowing_while_a_rung_change_waits_in_the_driver(tmp_p
         gpu.gate, gpu.entered = threading.Event(), threading.Event()  # the next lock hangs
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.connect(agent.doorbell.path)
-            s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+            s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
             assert await asyncio.to_thread(gpu.entered.wait, 5)  # a doorbell thread is in it
             s.setblocking(False)  # (A full queue raises BlockingIOError: the test fails.)
             for _ in range(100):  # ten times what the socket queues (net.unix.max_dgram_qlen)
-                s.send(_event(Kind.STEP_END))
+                s.send(doorbell_event(Kind.STEP_END))
                 await asyncio.sleep(0.001)
             await wait_for(lambda: sum(delivered) == 101, 3.0, "every event delivered")
         assert not gpu.gate.is_set()  # ... while the lock call still hangs
@@ -465,8 +389,8 @@ async def test_an_iteration_that_ends_early_never_keeps_the_rung_forecast(tmp_pa
     """Three forwards a step for a schedule of four: the arm (the fourth, at HIGH) matches the
     next step's first forward, whose clock the loop already believes in; it must win."""
     pairs = [("forward", LOW), ("forward", LOW), ("forward", LOW), ("forward", HIGH)]
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     await agent.install_schedule("j", FrequencySchedule(rank=0, frequencies=pairs), "j",
                                  30.0, version=1)
@@ -474,11 +398,11 @@ async def test_an_iteration_that_ends_early_never_keeps_the_rung_forecast(tmp_pa
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.connect(agent.doorbell.path)
         for step in range(3):
-            events = [_event(Kind.STEP_BEGIN, step)]
+            events = [doorbell_event(Kind.STEP_BEGIN, step)]
             for _ in range(3):
-                events.append(_event(Kind.INSTRUCTION_BEGIN, index, "forward"))
+                events.append(doorbell_event(Kind.INSTRUCTION_BEGIN, index, "forward"))
                 index += 1
-            for data in [*events, _event(Kind.STEP_END, step)]:
+            for data in [*events, doorbell_event(Kind.STEP_END, step)]:
                 s.send(data)
                 await asyncio.sleep(0.01)
                 await agent.clocks.drained()
@@ -518,11 +442,11 @@ def test_a_doorbell_that_refuses_is_dropped_and_the_event_goes_to_the_trainers_s
 async def test_a_ring_dropped_after_a_failed_raise_leaves_the_loop_to_apply_it(tmp_path):
     """The raise issued ahead of `backward` fails; its want made the ring stale: the loop must
     not take the dropped ring for applied, and asks for the clock on the event."""
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
+        await first_forward(agent, gpu, s)
         fail = [True]
         lock = gpu.lock_sm_clocks_mhz
 
@@ -535,7 +459,7 @@ async def test_a_ring_dropped_after_a_failed_raise_leaves_the_loop_to_apply_it(t
         agent.raises._fire(HIGH, agent.raises._seen, agent.clocks.epoch, agent.schedule._raise_now)
         await agent.clocks.drained()
         await wait_for(lambda: agent.schedule.clock_mhz is None, 3.0, "the failure reported")
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 3, 3.0, "the ring read")
         await asyncio.sleep(0.05)
         await agent.clocks.drained()
@@ -546,8 +470,8 @@ async def test_a_ring_dropped_after_a_failed_raise_leaves_the_loop_to_apply_it(t
 async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_path):
     """A thread took the old trainer's arm and stalls until a new trainer has bound: its ring
     is stale, and the new trainer's own changes are applied."""
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     go, first = threading.Event(), [True]
     ring = agent.clocks.ring
@@ -559,9 +483,9 @@ async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_
 
     agent.clocks.ring = stalled_ring  # type: ignore[method-assign]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))  # taken; its ring stalls
-        s.send(_event(Kind.STEP_END, 0))
+        await first_forward(agent, gpu, s)
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))  # taken; its ring stalls
+        s.send(doorbell_event(Kind.STEP_END, 0))
         await wait_for(lambda: agent.doorbell.counters["datagrams"] == 4, 3.0, "all read")
         await asyncio.sleep(0.02)
         agent.unbind()
@@ -570,9 +494,9 @@ async def test_a_late_ring_of_a_trainer_that_left_never_counts_for_the_next(tmp_
         await asyncio.sleep(0.05)
         await agent.clocks.drained()
         assert agent.doorbell.counters["stale"] == 1
-        s.send(_event(Kind.STEP_BEGIN, 0))
+        s.send(doorbell_event(Kind.STEP_BEGIN, 0))
         for index, (name, mhz) in enumerate(PAIRS):  # its indices start at 0 again
-            s.send(_event(Kind.INSTRUCTION_BEGIN, index, name))
+            s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, index, name))
             await asyncio.sleep(0.05)
             await agent.clocks.drained()
             assert gpu.get_locked_sm_clocks_mhz() == (mhz, mhz), gpu.locks
@@ -583,8 +507,8 @@ async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after
     """Backward's ring is accepted (the loop counts it applied) but its thread stalls before
     the call; a lock by hand comes and goes meanwhile: the late change must not undo it (the
     setters' lane kept the two in order)."""
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu)
     assert agent.doorbell is not None
     go = threading.Event()
     drain = agent.clocks._drain
@@ -596,8 +520,8 @@ async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after
 
     agent.clocks._drain = stalled_drain  # type: ignore[method-assign]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)  # (armed for backward, at HIGH)
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        await first_forward(agent, gpu, s)  # (armed for backward, at HIGH)
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: agent.schedule.clock_mhz == HIGH, 3.0,
                        "the ring counted by the loop")
         await agent.lock_clocks(1200, 1200, "j", 30.0)
@@ -610,13 +534,13 @@ async def test_a_ring_applied_late_does_not_override_a_lock_by_hand_issued_after
 async def test_a_ring_the_gateway_would_refuse_applies_nothing(tmp_path):
     """The armed instruction's fields in a datagram of another protocol version, too long, or
     truncated: nothing applied by the doorbell; the gateway gets them and refuses them."""
-    gpu = _gpu(tmp_path)
+    gpu = thread_gpu(tmp_path)
     delivered: list[int] = []
-    agent = await _wired_agent(tmp_path, gpu, on_batch=lambda batch: delivered.append(len(batch)))
+    agent = await wired_agent(tmp_path, gpu, on_batch=lambda batch: delivered.append(len(batch)))
     assert agent.doorbell is not None
-    good = _event(Kind.INSTRUCTION_BEGIN, 1, "backward")
+    good = doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
+        await first_forward(agent, gpu, s)
         delivered.clear()
         for data in (msgpack.packb([2, int(Kind.INSTRUCTION_BEGIN), os.getpid(),
                                     time.monotonic_ns(), 1, 0, "backward"]),

@@ -23,14 +23,13 @@ from typing import Any
 import pytest
 
 from tests.shell.agent_kit import wait_for
-from tests.shell.test_agent_doorbell import (  # noqa: F401 - `_close_agents`: a fixture
+from tests.shell.doorbell_kit import (
     HIGH,
     LOW,
-    _close_agents,
-    _event,
-    _first_forward,
-    _gpu,
-    _wired_agent,
+    doorbell_event,
+    first_forward,
+    thread_gpu,
+    wired_agent,
 )
 from zeus_agent.agent import doorbell as bell
 from zeus_agent.agent.doorbell import ClockDoorbell
@@ -38,6 +37,8 @@ from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.metrics import AgentCollector
 from zeus_agent.wire import trainer as dg
 from zeus_agent.wire.trainer import EventDatagram, Kind
+
+pytestmark = pytest.mark.usefixtures("close_doorbell_agents")
 
 SPIN_US = 50_000.0
 """Wide windows (from 50 ms before the forecast to 100 ms after): the thread is spinning when
@@ -64,8 +65,8 @@ def _iterations(t0: int, gap: int) -> tuple[list[bytes], int, int]:
 
 
 async def test_the_schedules_forecast_sets_the_spin_window(tmp_path):
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu, spin_us=500)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu, spin_us=500)
     assert agent.doorbell is not None
     datagrams, index, due = _iterations(time.monotonic_ns(), 40_000_000)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
@@ -84,8 +85,8 @@ async def test_the_schedules_forecast_sets_the_spin_window(tmp_path):
 async def test_a_trainer_that_sends_its_events_elsewhere_is_never_spun_for(tmp_path):
     """An old emitter, or one that cannot reach its doorbell: the events reach the loop through
     the trainers' socket and the doorbell reads nothing, so nothing is spun."""
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu, spin_us=500)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu, spin_us=500)
     assert agent.doorbell is not None
     datagrams, index, _ = _iterations(time.monotonic_ns(), 40_000_000)
     for data in datagrams:
@@ -103,12 +104,12 @@ async def test_a_forecast_from_an_absurd_stamp_is_not_spun_for_and_reading_goes_
     gpu, agent, doorbell = await _agent(tmp_path, 500)
     delivered = doorbell.counters
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
+        await first_forward(agent, gpu, s)
         _arm(doorbell, 2**64 - 1)
         assert doorbell._arm is not None and doorbell._arm.spin is None
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
-        s.send(_event(Kind.STEP_END, 0))
+        s.send(doorbell_event(Kind.STEP_END, 0))
         await wait_for(lambda: delivered["datagrams"] == 4, 3.0, "still reading")
     assert all(thread.is_alive() for thread in doorbell._threads)
 
@@ -140,21 +141,21 @@ async def test_a_window_counts_once_and_its_catch_once(tmp_path):
     one change caught."""
     gpu, agent, doorbell = await _agent(tmp_path, SPIN_US)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
+        await first_forward(agent, gpu, s)
         due = time.monotonic_ns() + AWAY_NS
         _arm(doorbell, due)
         await asyncio.sleep((due - SEND_BEFORE_NS - time.monotonic_ns()) / 1e9)
-        s.send(_event(Kind.INSTRUCTION_END, 0, "forward"))
+        s.send(doorbell_event(Kind.INSTRUCTION_END, 0, "forward"))
         time.sleep(0.0003)
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
         await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
     assert doorbell.counters["spins"] == 1 and doorbell.counters["spin_hits"] == 1
 
 
 async def _agent(tmp_path: Path, spin_us: float) -> tuple[Any, GpuAgent, ClockDoorbell]:
     """A GPU, its agent (schedule installed, trainer bound) and the agent's doorbell."""
-    gpu = _gpu(tmp_path)
-    agent = await _wired_agent(tmp_path, gpu, spin_us=spin_us)
+    gpu = thread_gpu(tmp_path)
+    agent = await wired_agent(tmp_path, gpu, spin_us=spin_us)
     assert agent.doorbell is not None
     return gpu, agent, agent.doorbell
 
@@ -176,7 +177,7 @@ async def _ring_near_its_forecast(agent: GpuAgent, gpu: Any, s: socket.socket) -
     due = time.monotonic_ns() + AWAY_NS
     _arm(agent.doorbell, due)
     await asyncio.sleep((due - SEND_BEFORE_NS - time.monotonic_ns()) / 1e9)
-    s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
+    s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))
     await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
     assert gpu.locks[1][0] == HIGH and gpu.locks[1][1].startswith("gpu0-doorbell")
     assert agent.doorbell.counters["taken"] == 1
@@ -185,7 +186,7 @@ async def _ring_near_its_forecast(agent: GpuAgent, gpu: Any, s: socket.socket) -
 async def test_an_instruction_in_the_window_is_caught_spinning(tmp_path):
     gpu, agent, doorbell = await _agent(tmp_path, SPIN_US)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)  # armed for backward (HIGH), no forecast yet
+        await first_forward(agent, gpu, s)  # armed for backward (HIGH), no forecast yet
         assert doorbell._arm is not None and doorbell._arm.spin is None
         await _ring_near_its_forecast(agent, gpu, s)
     assert doorbell.counters["spins"] == 1 and doorbell.counters["spin_hits"] == 1
@@ -201,7 +202,7 @@ async def test_an_instruction_in_the_window_is_caught_spinning(tmp_path):
 async def test_a_window_without_its_instruction_ends_and_the_thread_sleeps(tmp_path):
     gpu, agent, doorbell = await _agent(tmp_path, 20_000)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
+        await first_forward(agent, gpu, s)
         due = time.monotonic_ns() + 700_000_000  # (windows of 60 ms: ten of them away)
         _arm(doorbell, due)
         assert doorbell._arm is not None and doorbell._arm.spin is not None
@@ -212,7 +213,7 @@ async def test_a_window_without_its_instruction_ends_and_the_thread_sleeps(tmp_p
         assert spun > 0
         await asyncio.sleep(0.1)
         assert doorbell.spun_ns == spun  # asleep since
-        s.send(_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))  # late: still rung, asleep
+        s.send(doorbell_event(Kind.INSTRUCTION_BEGIN, 1, "backward"))  # late: still rung, asleep
         await wait_for(lambda: len(gpu.locks) == 2, 3.0, "backward's clock")
     assert gpu.locks[1][0] == HIGH and gpu.locks[1][1].startswith("gpu0-doorbell")
     assert doorbell.counters["spins"] == 1 and doorbell.counters["taken"] == 1
@@ -222,7 +223,7 @@ async def test_a_window_without_its_instruction_ends_and_the_thread_sleeps(tmp_p
 async def test_one_thread_of_the_process_spins_at_a_time(tmp_path):
     gpu, agent, doorbell = await _agent(tmp_path, SPIN_US)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
+        await first_forward(agent, gpu, s)
         assert bell._SPIN_TOKEN.acquire(timeout=5)  # another GPU's doorbell spins
         try:
             await _ring_near_its_forecast(agent, gpu, s)
@@ -234,7 +235,7 @@ async def test_one_thread_of_the_process_spins_at_a_time(tmp_path):
 async def test_no_spin_when_it_is_off(tmp_path):
     gpu, agent, doorbell = await _agent(tmp_path, 0)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        await _first_forward(agent, gpu, s)
+        await first_forward(agent, gpu, s)
         await _ring_near_its_forecast(agent, gpu, s)
     assert doorbell.counters["spins"] == 0 and doorbell.spun_ns == 0
 

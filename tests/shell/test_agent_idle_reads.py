@@ -16,8 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from tests.shell.agent_kit import RawTrainer, running_agent, wait_for
-from tests.shell.test_agent_counter_reads import GatedGPU, gated_gpu
+from tests.shell.agent_kit import GatedGPU, RawTrainer, gated_gpu, running_agent, wait_for
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.gpu.base import Telemetry
 from zeus_agent.gpu.sim import SimGPU

@@ -17,8 +17,7 @@ from typing import Any
 
 from coordinator.state import records
 from coordinator.state.ownership import Lease
-from tests.shell import test_coordinator as tc
-from tests.shell.test_coordinator import (
+from tests.shell.coordinator_kit import (
     bound_energy_job,
     collect,
     feed_steps,
@@ -31,8 +30,6 @@ from tests.shell.test_coordinator import (
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire.messages import JobStatus
-
-agent = tc.agent  # The fixture: one agent with two simulated A40s (100-300 W).
 
 
 def taken_over(coord: Any, job_id: str) -> None:

@@ -17,13 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.shell.test_coordinator import (
-    agent,  # noqa: F401 - the fixture
-    collect,
-    start,
-    stop,
-    wait_for,
-)
+from tests.shell.coordinator_kit import collect, start, stop, wait_for
 from zeus_agent import emit
 from zeus_agent.integrations import GlobalPowerLimitOptimizer, OptimumSelector
 from zeus_agent.models import PowerLimitMeasurement

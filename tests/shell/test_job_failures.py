@@ -13,10 +13,9 @@ import pytest
 
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.state import records
-from tests.shell.test_coordinator import (
+from tests.shell.coordinator_kit import (
     JOIN_TOKENS,
     NODE,
-    agent,  # noqa: F401 - the fixture
     ask,
     collect,
     gpu_info,

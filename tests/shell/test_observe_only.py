@@ -235,7 +235,7 @@ async def test_a_permission_found_out_by_a_command_is_announced_at_once(nats_ser
 # ---------------------------------------------------------------------------- the coordinator
 async def test_a_job_on_an_observe_only_gpu_is_refused_at_rank_registration(
         nats_server, nc, tmp_path) -> None:
-    from tests.shell.test_coordinator import (
+    from tests.shell.coordinator_kit import (
         JOIN_TOKENS,
         NODE,
         ask,

@@ -17,7 +17,7 @@ import pytest
 from coordinator.pipeline.job import PipelineJob
 from coordinator.service import CoordinatorService
 from tests.shell.agent_kit import RawTrainer, wait_for
-from tests.shell.test_coordinator import (
+from tests.shell.coordinator_kit import (
     JOIN_TOKENS,
     NODE,
     ask,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from coordinator.power_limit import Energy
-from tests.shell.test_coordinator import start, stop
+from tests.shell.coordinator_kit import start, stop
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.config import AgentSettings

@@ -1,7 +1,7 @@
 """Review of the coordinator shell split (issue 24): behaviour the split changed by mistake.
 
 Against a real nats-server and a real agent with simulated GPUs (the fixtures of
-`tests/shell/test_coordinator.py`).
+`tests/shell/conftest.py`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from coordinator.optimizer import SaveProgress
-from tests.shell import test_coordinator as tc
-from tests.shell.test_coordinator import bound_energy_job, stall, start, stop, wait_for
-
-agent = tc.agent  # The fixture: one agent with two simulated A40s (100-300 W).
+from tests.shell.coordinator_kit import bound_energy_job, stall, start, stop, wait_for
 
 
 async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_written_later(
@@ -112,7 +109,7 @@ async def test_a_start_that_runs_after_its_job_was_forgotten_makes_no_driver(tmp
     it) got a new `JobDriver` from `start`, kept for ever."""
     from coordinator.config import CoordinatorSettings
     from coordinator.service import CoordinatorService
-    from tests.shell.test_coordinator import job_request
+    from tests.shell.coordinator_kit import job_request
 
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
     record = coord.jobs.register(job_request(dp=2), coord.clock(), "n", datetime.now(), "t")

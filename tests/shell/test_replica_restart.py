@@ -25,8 +25,7 @@ from coordinator import metrics
 from coordinator.service import CoordinatorService
 from coordinator.service.leases import SEAT_HISTORY, ReplicaSeat
 from coordinator.state import records
-from tests.shell import test_coordinator as tc
-from tests.shell.test_coordinator import (
+from tests.shell.coordinator_kit import (
     NODE,
     ask,
     collect,
@@ -39,8 +38,6 @@ from tests.shell.test_coordinator import (
 )
 from zeus_agent.wire import subjects
 from zeus_agent.wire.messages import JobStatus, PowerLimitOptions
-
-agent = tc.agent  # The fixture: one agent with two simulated A40s (100-300 W).
 
 
 async def running_job(nc: Any, coord: CoordinatorService) -> str:

@@ -17,8 +17,7 @@ import msgpack
 import pytest
 
 from coordinator.service import CoordinatorService
-from tests.shell import test_coordinator as tc
-from tests.shell.test_coordinator import NODE, ask, register_job
+from tests.shell.coordinator_kit import NODE, ask, register_job
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
@@ -30,9 +29,6 @@ from zeus_agent.wire.messages import (
     Reply,
 )
 from zeus_agent.wire.text import MAX_TEXT_CHARS, SHOWN_CHARS, bounded, shown
-
-agent = tc.agent  # The fixtures: one agent with two simulated GPUs, and a coordinator.
-coord = tc.coord
 
 HUGE = "x" * 5000
 BAD_PAYLOADS: list[dict[str, Any]] = [

@@ -16,15 +16,7 @@ import pytest
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.schedulers import FrequencyScheduler
 from coordinator.service import CoordinatorService
-from tests.shell.test_coordinator import (
-    JOIN_TOKENS,
-    NODE,
-    ask,
-    gpu_info,
-    register_job,
-    start,
-    stop,
-)
+from tests.shell.coordinator_kit import JOIN_TOKENS, NODE, ask, gpu_info, register_job, start, stop
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
