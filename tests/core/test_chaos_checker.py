@@ -115,3 +115,14 @@ def test_the_lease_header_round_trips() -> None:
     assert parse_lease_header(SenderLease("r", "", 1, 2.0).header()) == SenderLease("r", "", 1, 2.0)
     assert parse_lease_header("garbage") is None
     assert parse_lease_header(None) is None
+
+
+def test_the_agent_recorder_reads_the_op_of_a_wire_envelope() -> None:
+    from zeus_agent.agent.recording import decoded
+    from zeus_agent.wire import codec
+    from zeus_agent.wire.messages import CommandEnvelope, SetPowerLimitCmd
+
+    raw = codec.encode(CommandEnvelope(cmd=SetPowerLimitCmd(power_limit_w=200, holder=JOB)))
+    cmd = decoded(raw)
+    assert cmd is not None and cmd["op"] == "set_power_limit" and cmd["holder"] == JOB
+    assert decoded(b"\xff not msgpack") is None

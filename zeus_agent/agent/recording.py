@@ -9,13 +9,13 @@ that no GPU was commanded by two owners at once and none stayed away past its le
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.history import LEASE_HEADER, History, parse_lease_header
-from zeus_agent.wire.messages import Reply
+from zeus_agent.wire import codec
+from zeus_agent.wire.messages import CommandEnvelope, Reply
 
 __all__ = ["decoded", "gpu_state", "record_command", "record_renewal", "record_restore"]
 
@@ -59,9 +59,8 @@ def record_restore(history: History, agent: GpuAgent, restored: list[str]) -> No
 
 
 def decoded(data: bytes) -> dict[str, Any] | None:
-    """The command object of a raw envelope, or None if it is not one (never raises)."""
+    """The command object of a raw (msgpack) envelope, or None if it is not one (never raises)."""
     try:
-        cmd = json.loads(data).get("cmd")
-    except (ValueError, AttributeError):
+        return codec.decode(data, CommandEnvelope).cmd.model_dump()
+    except Exception:  # noqa: BLE001 - the handler already answered it as a bad request
         return None
-    return cmd if isinstance(cmd, dict) else None
