@@ -26,7 +26,9 @@ its energy. `--sim-state-dir ''` runs the model unpaced (no simulated GPU).
         examples/pipeline_gpt.py --sim-state-dir /tmp/zeus-sim --schedule Interleaved1F1B
 
 The last line printed (by rank 0) is a JSON summary: job id, schedule, steps, first and last
-loss, and per rank the actions run, their simulated energy and the clocks they ran at.
+loss, and per rank the actions run, their simulated energy, the clocks they ran at, the actions
+begun before their planned clock was locked, the first step of each schedule version, and the
+last step's actions (name, the plan's clock, the clock run) with its schedule version.
 """
 
 from __future__ import annotations
@@ -99,11 +101,57 @@ def stage_indices(schedule: str, rank: int, world: int) -> list[int]:
     return [rank, rank + world]
 
 
+class ActionLog:
+    """Passes a rank's events on to Perseus and keeps its last step's actions.
+
+    Each action is kept as [name, the plan's clock (None before a plan), the clock the
+    simulated GPU ran it at (None unpaced)]: what the rank ran, against what it was served.
+    `versions` holds the first step run under each schedule version.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.step: list[list[Any]] = []
+        self.last_step: list[list[Any]] = []
+        self.last_version: int | None = None
+        self.versions: dict[int | None, int] = {}
+        self.steps = 0
+        self.late_clocks = 0
+        """Actions of a plan begun before the agent had locked their clock (waited 50 ms)."""
+
+    @property
+    def frequency(self) -> int | None:
+        return self.optimizer.frequency
+
+    def on_step_begin(self) -> None:
+        self.optimizer.on_step_begin()
+        self.versions.setdefault(self.optimizer.schedule_version, self.steps)
+        self.step = []
+
+    def on_step_end(self) -> None:
+        self.optimizer.on_step_end()
+        self.last_step, self.last_version = self.step, self.optimizer.schedule_version
+        self.steps += 1
+
+    def on_instruction_begin(self, name: str) -> None:
+        self.optimizer.on_instruction_begin(name)
+        self.step.append([name, self.frequency, None])
+
+    def on_instruction_end(self, name: str) -> None:
+        self.optimizer.on_instruction_end(name)
+
+    def ran(self, mhz: int, locked: bool) -> None:
+        """The action begun last ran at `mhz`, its clock `locked` as planned when it began."""
+        if self.step:
+            self.step[-1][2] = mhz
+            self.late_clocks += self.step[-1][1] is not None and not locked
+
+
 class Pacer:
     """Paces a stage's compute calls by the simulated GPU (the work the simulator runs)."""
 
     def __init__(self, sim_state_dir: str, gpu_index: int, profile: str, stages: int,
-                 time_scale: float, optimizer: Any) -> None:
+                 time_scale: float, optimizer: ActionLog) -> None:
         from zeus_agent.gpu.sim import SimGPU
         from zeus_agent.gpu.sim.instructions import stage_workloads
 
@@ -128,7 +176,7 @@ class Pacer:
             if part is None:  # backward_one_chunk: full, or the input half of a split one
                 full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
                 part = 1.0 if full else 0.5
-            self._wait_for_clock()
+            locked = self._wait_for_clock()
             start = time.monotonic()
             done = self.gpu.run_work(workload, scale=self.scale * part)
             result = call(*args, **kwargs)
@@ -136,18 +184,24 @@ class Pacer:
             self.energy_j += done.energy_j
             self.actions += 1
             self.clocks.add(done.sm_clock_mhz)
+            self.optimizer.ran(done.sm_clock_mhz, locked)
             return result
 
         return paced
 
-    def _wait_for_clock(self, timeout_s: float = 0.05) -> None:
-        """Let the agent lock the clock the plan gives the action just begun (a few ms)."""
-        mhz = getattr(self.optimizer, "frequency", None)
+    def _wait_for_clock(self, timeout_s: float = 0.05) -> bool:
+        """Let the agent lock the clock the plan gives the action just begun (a few ms).
+
+        Returns:
+            Whether that clock (if any) is locked.
+        """
+        mhz = self.optimizer.frequency
         deadline = time.monotonic() + timeout_s
         while mhz is not None and self.gpu.get_locked_sm_clocks_mhz() != (mhz, mhz):
             if time.monotonic() >= deadline:
-                return
+                return False
             time.sleep(0.0002)
+        return True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="factor on every action's simulated duration and energy")
     p.add_argument("--socket", default=None,
                    help="the agent's socket (default $ZEUS_AGENT_SOCKET, else the default)")
+    p.add_argument("--job-metadata", default=None,
+                   help="appended to the job id (default pipeline_gpt-SCHEDULE)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--summary", default=None, help="rank 0 also writes its JSON summary here")
     return p
@@ -199,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     perseus = PerseusOptimizer(
         rank, 0, rank, 0, local_rank, 1, world, 1, world,
         f"unix://{socket_path}" if socket_path else "unix:///run/zeus-agent/agent.sock",
-        job_metadata=f"pipeline_gpt-{args.schedule}")
+        job_metadata=args.job_metadata or f"pipeline_gpt-{args.schedule}")
+    log = ActionLog(perseus)
     schedule, modules = _schedule(args, rank, world)
     from zeus_agent.integrations.pipelining import schedule_stages
 
@@ -207,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sim_state_dir:
         stages = world * len(stage_indices(args.schedule, rank, world))
         pacer = Pacer(args.sim_state_dir, local_rank, args.profile, stages, args.time_scale,
-                      perseus)
+                      log)
         for stage in schedule_stages(schedule):
             pacer.wrap(stage)
-    handle = instrument_pipeline(schedule, optimizer=perseus)
+    handle = instrument_pipeline(schedule, optimizer=log)
     optimizer = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=3e-3)
     batch = args.microbatches * args.microbatch_size
     losses: list[float] = []
@@ -228,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     mine = {"rank": rank, "actions": pacer.actions if pacer else None,
             "energy_j": pacer.energy_j if pacer else None,
             "clocks_mhz": sorted(pacer.clocks) if pacer else [],
-            "schedule_version": perseus.schedule_version, "losses": losses}
+            "schedule_version": perseus.schedule_version, "late_clocks": log.late_clocks,
+            "versions": [[v, first] for v, first in log.versions.items()],
+            "last_step": {"version": log.last_version, "actions": log.last_step},
+            "losses": losses}
     ranks: list[Any] = [None] * world
     dist.all_gather_object(ranks, mine)
     perseus.close()
