@@ -1,31 +1,44 @@
-"""Benchmark: the power-budget allocator on clusters built from the real profiles.
+"""Benchmark: power budgets on a simulated cluster (a grid event), and the allocator alone.
 
-Each job is one of the reference profiles (data/reference-profiles/*.csv: time and energy of a
-window at each power limit, A40 and V100), given a GPU count and a priority weight; its options
-are its measured limits (time per window, average power per GPU = energy / time / GPUs), its
-optimum the fastest limit. For several cluster sizes (up to 3,000+ GPUs, hundreds of jobs) and
-cuts of the group's optimum draw (10, 25, 40 %), it times `allocate` (best of a few runs) and
-reports the group's weighted slowdown against the uniform cut (every GPU one limit).
+The event (`--quick`: a small cluster): a NATS server, coordinator replicas (`bench._common.
+Replicas`), one sim agent process per node (`zeus-agent run --backend sim`; 16 nodes x 8 GPUs,
+10 of A40s and 6 of V100s) and 12 jobs, one per reference profile (`zeus_demo.budget.jobs`: the
+sim data-parallel trainer, one process per rank, steps of about `--step-s` whatever the
+workload), 124 of the 128 GPUs busy. Every job profiles every 25 W limit and pins its optimum;
+then a cut of 25 % of the group's measured draw (a cluster budget set over the bus, as
+`zeus-coordinator budget set --cut 25` does), held `--hold-s`, then lifted. Then the same event
+with the replica applying the budgets killed (SIGKILL) once the group is under the cap, the
+other replica taking over. Judged by `zeus_demo.budget.analysis` from the agents' samples
+(energy counters: the group's power in 0.5 s bins): seconds to the cap, energy over it, the
+throughput loss of the limits applied against the uniform cut and the offline optimum on the
+simulator's true curves, seconds until every job is back at its optimum.
 
-Not yet here (issue 37, item 4): the simulated 16 x 8 cluster with agents and coordinators, a
-25 % cut signalled over the bus, time to cap, energy over the cap, restore and takeover.
+The allocator alone: each job one of the reference profiles (data/reference-profiles/*.csv),
+clusters up to 3,000+ GPUs, cuts of 10, 25 and 40 %; `allocate` timed (best of a few runs)
+against the uniform cut (key `allocator` of the JSON line).
 
-Usage: python bench/power_budget.py [--quick]. The last line printed is one JSON object.
+Usage: python bench/power_budget.py [--quick] [--allocator-only]. The last line printed is one
+JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import json
 import random
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._budget_event import EventConfig, run_event  # noqa: E402
+from bench._common import load, machine, now  # noqa: E402
 from coordinator.budget.allocator import (  # noqa: E402
     Group,
     Option,
@@ -111,12 +124,45 @@ def run(sizes: list[int], cuts: list[float], repeats: int) -> dict[str, object]:
     }
 
 
+QUICK_COUNTS = {w: 1 for w in ("A40+bert-base-uncased+gpu0", "A40+resnet18+gpu0",
+                                 "A40+resnet50+gpu0", "A40+shufflenetv2+gpu0",
+                                 "V100+bert-base-uncased+gpu0", "V100+resnet50+gpu0")}
+"""--quick: 6 jobs on 1 GPU each, 3 nodes x 2 GPUs."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one small and one large cluster")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small cluster (3 nodes x 2 GPUs, 6 jobs) and fewer allocator cases")
+    parser.add_argument("--allocator-only", action="store_true", help="no simulated cluster")
+    parser.add_argument("--no-takeover", action="store_true", help="no second event")
+    parser.add_argument("--step-s", type=float, default=1.0,
+                        help="every job's step time at its maximum limit (s)")
+    parser.add_argument("--hold-s", type=float, default=20.0, help="how long the cut holds (s)")
     args = parser.parse_args()
     sizes = [12, 400] if args.quick else [12, 48, 200, 400]
-    result = run(sizes, [0.10, 0.25, 0.40], repeats=1 if args.quick else 3)
+    result: dict[str, Any] = {"bench": "power_budget", "machine": machine(), "when": now(),
+                              "load_before": load()}
+    result["allocator"] = run(sizes, [0.10, 0.25, 0.40], repeats=1 if args.quick else 3)
+    if not args.allocator_only:
+        config = EventConfig(step_s=args.step_s, hold_s=args.hold_s,
+                             takeover=not args.no_takeover)
+        if args.quick:
+            config.gpus_per_node, config.counts = 2, dict(QUICK_COUNTS)
+        t0 = time.monotonic()
+        cluster = asyncio.run(run_event(config))
+        result["config"] = {k: v for k, v in asdict(config).items() if k != "counts"}
+        result["cluster"] = cluster
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        event, takeover = cluster["event"], cluster.get("takeover", {})
+        for key in ("seconds_to_cap", "over_cap_joules", "loss_vs_uniform",
+                    "gap_to_optimal_pct", "seconds_to_restore"):
+            result[key] = event.get(key)
+        result["over_cap_joules_during_takeover"] = takeover.get(
+            "over_cap_joules_during_takeover")
+        result["goals"] = {"seconds_to_cap": 5.0, "loss_vs_uniform": 0.7,
+                           "gap_to_optimal_pct": 2.0}
+    result["load_after"] = load()
     print(json.dumps(result))
 
 

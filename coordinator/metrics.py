@@ -30,6 +30,15 @@ registering (every replica knows those); a dashboard takes `max by (job_id)` ove
 | `zeus_job_plan_iteration_energy_joules{job_id}` | gauge | its planned iteration energy |
 | `zeus_job_energy_saving_ratio{job_id,kind}` | gauge | 1 - energy(chosen) / energy(reference) |
 | `zeus_job_slowdown_ratio{job_id,kind}` | gauge | time(chosen) / time(reference) - 1 |
+| `zeus_budget_cap_watts{budget_id}` | gauge | a governing budget's cap |
+| `zeus_budget_room_watts{budget_id}` | gauge | the room its allocation had (less backoff) |
+| `zeus_budget_measured_watts{budget_id}` | gauge | its GPUs' draw in their last samples |
+| `zeus_budget_expected_watts{budget_id}` | gauge | the allocation's expected draw |
+| `zeus_budget_job_limit_watts{budget_id,job_id}` | gauge | the cap of the job's GPUs |
+| `zeus_budget_job_expected_watts{budget_id,job_id}` | gauge | the job's expected draw |
+| `zeus_budget_job_slowdown_ratio{budget_id,job_id}` | gauge | expected slowdown (0: optimum) |
+
+Only the replica applying the budgets (the holder of the `budgets` lease) exports `zeus_budget_*`.
 
 `kind` is `power_limit` or `pipeline`. The saving and slowdown of a power-limit job compare the
 profiling windows (same number of steps) of the chosen limit and of the highest limit measured
@@ -51,6 +60,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from coordinator.jobs import JobRecord
 from coordinator.optimizer import JobOptimizer, JobSnapshot
 from zeus_agent import __version__
+from zeus_agent.wire.budget import BudgetStatus
 
 SNAPSHOT_ATTEMPTS = 3
 """Reads of the service's dicts retried when the event loop changed one mid-read."""
@@ -69,6 +79,7 @@ class CoordinatorSnapshot:
     quarantined: int = 0
     failed: int = 0
     job_list: Sequence[JobSnapshot] = ()
+    budgets: Sequence[BudgetStatus] = ()
     version: str = __version__
 
 
@@ -113,9 +124,16 @@ class _Service(Protocol):
     def bus_state(self) -> tuple[str, float, str]: ...
     @property
     def book(self) -> _Book: ...
+    @property
+    def budget_loop(self) -> _BudgetLoop: ...
 
 
 # ---------------------------------------------------------------------------------- snapshots
+class _BudgetLoop(Protocol):
+    @property
+    def statuses(self) -> Mapping[str, BudgetStatus]: ...
+
+
 def registering_job(record: JobRecord) -> JobSnapshot:
     """A job whose ranks are not all registered yet."""
     kind = "power_limit" if record.power_limit is not None else "pipeline"
@@ -154,6 +172,7 @@ def _snapshot(service: _Service) -> CoordinatorSnapshot:
         quarantined=len(service.failures.quarantined),
         failed=service.failures.failed,
         job_list=jobs,
+        budgets=[status for _, status in sorted(dict(service.budget_loop.statuses).items())],
     )
 
 
@@ -195,6 +214,22 @@ _JOB_GAUGES: tuple[tuple[str, str, str], ...] = (
     ),
 )
 
+_BUDGET_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("zeus_budget_cap_watts", "A governing power budget's cap (W)", "cap_w"),
+    ("zeus_budget_room_watts", "The room the budget's allocation had (W)", "room_w"),
+    ("zeus_budget_measured_watts", "The budget's GPUs' draw in their last samples (W)",
+     "measured_w"),
+    ("zeus_budget_expected_watts", "The allocation's expected draw (W)", "expected_w"),
+)
+_SHARE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("zeus_budget_job_limit_watts", "The power limit a budget caps the job's GPUs to (W)",
+     "limit_w"),
+    ("zeus_budget_job_expected_watts", "The job's expected draw under the budget (W)",
+     "expected_w"),
+    ("zeus_budget_job_slowdown_ratio",
+     "The job's expected time per step under the budget / at its optimum - 1", "slowdown"),
+)
+
 METRIC_NAMES: tuple[str, ...] = (
     "zeus_coordinator_info",
     "zeus_coordinator_nats_connected",
@@ -208,6 +243,8 @@ METRIC_NAMES: tuple[str, ...] = (
     *(name for _, name, _ in _JOB_GAUGES),
     "zeus_job_energy_saving_ratio",
     "zeus_job_slowdown_ratio",
+    *(name for name, _, _ in _BUDGET_GAUGES),
+    *(name for name, _, _ in _SHARE_GAUGES),
 )
 """Every metric name `families` yields (as exposed: counters with `_total`)."""
 
@@ -277,7 +314,25 @@ def families(snap: CoordinatorSnapshot) -> list[Metric]:
         if job.slowdown is not None and math.isfinite(job.slowdown):
             slowdown.add_metric([job.job_id, job.kind], job.slowdown)
     return [info, connected, jobs, owned, dropped, fenced, quarantined, failed, phase, *gauges,
-            saving, slowdown]
+            saving, slowdown, *budget_families(snap.budgets)]
+
+
+def budget_families(budgets: Sequence[BudgetStatus]) -> list[Metric]:
+    """The governing budgets' gauges and their jobs' shares."""
+    out = [GaugeMetricFamily(n, text, labels=["budget_id"]) for n, text, _ in _BUDGET_GAUGES]
+    shares = [GaugeMetricFamily(n, text, labels=["budget_id", "job_id"])
+              for n, text, _ in _SHARE_GAUGES]
+    for b in budgets:
+        for (_, _, attr), family in zip(_BUDGET_GAUGES, out, strict=True):
+            value = getattr(b, attr)
+            if value is not None:
+                family.add_metric([b.budget_id], float(value))
+        for share in b.shares:
+            for (_, _, attr), family in zip(_SHARE_GAUGES, shares, strict=True):
+                value = getattr(share, attr)
+                if value is not None:
+                    family.add_metric([b.budget_id, share.job_id], float(value))
+    return [*out, *shares]
 
 
 class CoordinatorCollector(Collector):

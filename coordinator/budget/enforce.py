@@ -16,22 +16,28 @@ cluster's last samples. It returns the cap of every governed GPU:
 `Tightener`: expected draws come from profiles; the samples say what the group draws. While
 the measured draw stays over the room for `OVER_ROUNDS` rounds, the room allocated shrinks by
 the excess (integral action, never under the floor); once it is back under, the backoff
-decays, so a group that measured over gives the room back a little at a time.
+decays, so a group that measured over gives the room back a little at a time. After the caps
+change, the samples describe the old caps for a while (a GPU takes a new limit at its next
+step, an agent publishes its samples every second): for `SETTLE_ROUNDS` rounds the tightener
+holds still (`Tightener.hold`), or it would count the old excess again and cut far too deep.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator.budget import allocator as alloc
 from coordinator.budget.budgets import Cluster, Governed, GpuKey
 from zeus_agent.models import PowerLimitMeasurement
+from zeus_agent.wire.budget import BudgetShare, BudgetStatus
 
 OVER_ROUNDS = 2
 """Rounds over the room in a row before the room allocated shrinks (samples are noisy)."""
 RELEASE = 0.2
 """Share of the backoff given back each round spent under the room."""
+SETTLE_ROUNDS = 3
+"""Rounds after the caps changed in which the samples still show the old caps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,9 @@ class CapPlan:
     allocation: alloc.Allocation
     room_w: float
     """The room allocated (the budget's room less the tightener's backoff)."""
+    members: dict[str, tuple[GpuKey, ...]] = field(default_factory=dict)
+    """Each job's GPUs inside the budget."""
+    idle: tuple[GpuKey, ...] = ()
 
 
 def _profile(job: JobView, inside: int, min_limit_w: int) -> alloc.ProfiledJob | None:
@@ -113,7 +122,7 @@ def plan(governed: Governed, jobs: Sequence[JobView], cluster: Cluster,
     for key in idle:
         if key in cluster.gpus:
             caps[key] = cluster.gpus[key].min_limit_w
-    return CapPlan(governed.budget_id, caps, allocation, room)
+    return CapPlan(governed.budget_id, caps, allocation, room, members, idle)
 
 
 @dataclass
@@ -122,9 +131,19 @@ class Tightener:
 
     backoff_w: float = 0.0
     over_rounds: int = 0
+    settling: int = 0
+    """Rounds left in which the samples may still show caps since changed."""
+
+    def hold(self, rounds: int = SETTLE_ROUNDS) -> None:
+        """The caps just changed: the next `rounds` rounds' samples say nothing of them."""
+        self.settling = rounds
+        self.over_rounds = 0
 
     def update(self, measured_w: float | None, room_w: float) -> float:
         """One round's measured draw (None: not every GPU sampled); the backoff to apply."""
+        if self.settling > 0:
+            self.settling -= 1
+            return self.backoff_w
         if measured_w is None:
             return self.backoff_w
         if measured_w > room_w:
@@ -147,3 +166,20 @@ def measured_w(gpus: Iterable[GpuKey], cluster: Cluster) -> float | None:
             return None
         total += cluster.power_w[key]
     return total
+
+
+def status(plan: CapPlan, governed: Governed, measured: float | None,
+           replica: str) -> BudgetStatus:
+    """What a plan says of its budget, for people: the draws and each job's share."""
+    shares = []
+    for share in plan.allocation.shares:
+        n = plan.members.get(share.job_id, ())
+        shares.append(BudgetShare(job_id=share.job_id, gpus=len(n), limit_w=share.limit_w,
+                                  expected_w=round(share.expected_w, 1),
+                                  slowdown=None if share.key is None else share.slowdown))
+    return BudgetStatus(budget_id=plan.budget_id, replica=replica, cap_w=governed.cap_w,
+                        room_w=round(plan.room_w, 1),
+                        measured_w=None if measured is None else round(measured, 1),
+                        expected_w=round(plan.allocation.expected_w, 1),
+                        floor_w=round(plan.allocation.floor_w, 1), gpus=len(governed.gpus),
+                        idle_gpus=len(plan.idle), shares=shares)

@@ -32,7 +32,7 @@ from coordinator.budget.store import BudgetStore
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.state.ownership import OwnershipBook
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.budget import Budget
+from zeus_agent.wire.budget import Budget, BudgetStatus
 from zeus_agent.wire.messages import CommandEnvelope, Reply
 from zeus_agent.wire.node_cap import NodeCapCmd
 
@@ -96,6 +96,8 @@ class BudgetLoop:
         self.tighteners: dict[str, enforce.Tightener] = {}
         self.plans: dict[str, enforce.CapPlan] = {}
         """The latest plan of each governing budget (for people, tests and benchmarks)."""
+        self.statuses: dict[str, BudgetStatus] = {}
+        """What each plan says, as published (`zeus-coordinator watch`, the metrics)."""
         self.failures = 0
 
     async def tick(self) -> None:
@@ -109,12 +111,23 @@ class BudgetLoop:
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.plans.clear()
+            self.statuses.clear()
             return
         caps = self.plan(budgets)
         lifts = {k: h for k, h in self.capped.items() if k not in caps}
         await asyncio.gather(*(self.send(k, w, h) for k, (w, h) in caps.items()),
                              *(self.send(k, None, h) for k, h in lifts.items()))
         self.capped = {k: h for k, (_, h) in caps.items()}
+        await self.publish()
+
+    async def publish(self) -> None:
+        """Each governing budget's status, on `<p>.budget.<id>.status` (best effort)."""
+        for bid, status in list(self.statuses.items()):
+            try:
+                await self.link.nc.publish(subjects.budget_status(bid, self.link.prefix),
+                                           codec.encode(status))
+            except Exception as e:  # noqa: BLE001 - the bus is down: next round publishes
+                LOG.debug("budget %s status not published: %s", bid, e)
 
     def plan(self, budgets: list[Budget]) -> dict[core.GpuKey, tuple[int, str]]:
         """The cap and holder of every governed GPU this round."""
@@ -125,19 +138,25 @@ class BudgetLoop:
             if not g.gpus:
                 continue
             tight = self.tighteners.setdefault(g.budget_id, enforce.Tightener())
-            backoff = tight.update(enforce.measured_w(g.gpus, self.cluster), g.room_w)
+            measured = enforce.measured_w(g.gpus, self.cluster)
+            backoff = tight.update(measured, g.room_w)
             try:
                 p = enforce.plan(g, jobs, self.cluster, backoff)
             except BudgetError as e:
                 LOG.warning("budget %s: no allocation this round: %s", g.budget_id, e)
                 continue
+            before = self.plans.get(g.budget_id)
+            if before is None or before.caps != p.caps:
+                tight.hold()
             self.plans[g.budget_id] = p
+            self.statuses[g.budget_id] = enforce.status(p, g, measured, self.book.me)
             for key, cap_w in p.caps.items():
                 caps[key] = (cap_w, holder(g.budget_id))
         live = {g.budget_id for g in governed}
         for gone in [b for b in self.tighteners if b not in live]:
             del self.tighteners[gone]
             self.plans.pop(gone, None)
+            self.statuses.pop(gone, None)
         return caps
 
     async def own(self) -> bool:

@@ -78,6 +78,14 @@ def test_the_tightener_acts_on_a_lasting_excess_and_gives_the_room_back_slowly()
     assert backoffs[-1] == 0
 
 
+def test_the_tightener_holds_still_while_the_samples_show_caps_since_changed():
+    t = enforce.Tightener()
+    t.hold()
+    assert [t.update(1500, 1000) for _ in range(enforce.SETTLE_ROUNDS)] == [0, 0, 0]
+    assert t.update(1100, 1000) == 0  # the caps' own effect, measured: one round is noise
+    assert t.update(1100, 1000) == 100
+
+
 def test_measured_draw_needs_every_gpu_sampled():
     c = cluster()
     assert enforce.measured_w(GPUS[:2], c) == 560

@@ -17,6 +17,7 @@ from coordinator.pipeline.job import PipelineJob
 from coordinator.power_limit import PowerLimitMeasurement
 from coordinator.power_limit.job import PowerLimitJob
 from zeus_agent.models import JobInfo, RankInfo
+from zeus_agent.wire.budget import BudgetShare, BudgetStatus
 from zeus_agent.wire.messages import PowerLimitOptions
 
 PROFILE = [
@@ -135,8 +136,30 @@ def fake_service(**kw: Any) -> Any:
         fenced_commands=1, bus_state=("connected", 0.0, ""),
         book=SimpleNamespace(mine=lambda now: ["h1"]),
         failures=SimpleNamespace(quarantined={"h2": {"reason": "x"}}, failed=1),
+        budget_loop=SimpleNamespace(statuses={"grid": grid_status()}),
     )
     return SimpleNamespace(**{**base, **kw})
+
+
+def grid_status() -> BudgetStatus:
+    return BudgetStatus(budget_id="grid", replica="r1", cap_w=900, room_w=880, measured_w=870.5,
+                        expected_w=860, floor_w=400, gpus=4, idle_gpus=1, shares=[
+                            BudgetShare(job_id="pl", gpus=2, limit_w=200, expected_w=380,
+                                        slowdown=0.05),
+                            BudgetShare(job_id="new", gpus=1, limit_w=250, expected_w=250)])
+
+
+def test_budgets_show_their_cap_draws_and_each_jobs_share() -> None:
+    snap = metrics.CoordinatorSnapshot(replica="r1", nats_state="connected", jobs=0, owned=0,
+                                       budgets=[grid_status()])
+    got = scrape(snap)
+    samples = [s for family in got.values() for s in family]
+    assert value(samples, "zeus_budget_cap_watts", budget_id="grid") == 900
+    assert value(samples, "zeus_budget_measured_watts", budget_id="grid") == 870.5
+    assert value(samples, "zeus_budget_job_limit_watts", budget_id="grid", job_id="new") == 250
+    assert value(samples, "zeus_budget_job_slowdown_ratio", job_id="pl") == pytest.approx(0.05)
+    # A job without a profile has no expected slowdown: left out, not 0.
+    assert [s.labels["job_id"] for s in got["zeus_budget_job_slowdown_ratio"]] == ["pl"]
 
 
 def test_snapshot_reads_the_service() -> None:
@@ -144,6 +167,7 @@ def test_snapshot_reads_the_service() -> None:
     assert (snap.replica, snap.nats_state, snap.jobs, snap.owned) == ("r1", "connected", 2, 1)
     assert (dict(snap.dropped), snap.fenced_commands) == ({"unknown_rank": 2}, 1)
     assert (snap.quarantined, snap.failed) == (1, 1)
+    assert [b.budget_id for b in snap.budgets] == ["grid"]
     phases = {(j.job_id, j.kind, j.phase) for j in snap.job_list}
     assert phases == {("pl", "power_limit", "done"), ("pp", "pipeline", "discovering"),
                       ("waiting", "pipeline", "registering")}

@@ -19,12 +19,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from zeus_agent.wire.messages import MAX_NAME_CHARS, Message, Name, Text
+from zeus_agent.wire.messages import MAX_NAME_CHARS, Id, Message, Name, Text
 
 MAX_CAP_W = 100_000_000.0
 """Largest cap (100 MW): a cap above what any facility draws is a typo, not a budget."""
 MAX_NODES = 10_000
 """Most nodes one budget may list."""
+MAX_SHARES = 10_000
+"""Most jobs one budget's status lists."""
 MAX_TIME_S = 2.0**33
 """Latest start or end (Unix seconds, year 2242)."""
 LABEL = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}=[A-Za-z0-9_.\-]{0,63}$")
@@ -114,3 +116,37 @@ class BudgetRequest(Message):
         if self.action != "set" and self.budget is not None:
             raise ValueError(f"{self.action} takes a budget_id, not a budget")
         return self
+
+
+class BudgetShare(_Part):
+    """One job's share of a budget: the limit its GPUs are capped to and what it costs it."""
+
+    job_id: Id
+    gpus: int = Field(ge=0, le=1_000_000)
+    limit_w: int = Field(ge=0, le=100_000)
+    expected_w: float = Field(ge=0, le=MAX_CAP_W)
+    """The job's expected draw at that limit, all its GPUs in the group."""
+    slowdown: float | None = Field(default=None, ge=0, le=1e6)
+    """Expected time per step / time at its own optimum - 1 (None: the job has no profile
+    yet and is capped proportionally)."""
+
+
+class BudgetStatus(Message):
+    """A governing budget as the replica applying it plans it, published every round.
+
+    `<p>.budget.<id>.status`, for `zeus-coordinator watch` and people: the cap, the room the
+    allocation had (the cap less what other budgets' GPUs may draw and the tightener's
+    backoff), the group's measured and expected draw, and each job's share.
+    """
+
+    budget_id: BudgetId
+    replica: Name
+    cap_w: float = Field(ge=0, le=MAX_CAP_W)
+    room_w: float = Field(ge=0, le=MAX_CAP_W)
+    measured_w: float | None = Field(default=None, ge=0, le=MAX_CAP_W)
+    """The group's draw in its GPUs' last samples (None: one has not been sampled)."""
+    expected_w: float = Field(ge=0, le=MAX_CAP_W)
+    floor_w: float = Field(ge=0, le=MAX_CAP_W)
+    gpus: int = Field(ge=0, le=1_000_000)
+    idle_gpus: int = Field(default=0, ge=0, le=1_000_000)
+    shares: list[BudgetShare] = Field(default=[], max_length=MAX_SHARES)

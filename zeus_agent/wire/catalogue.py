@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
-from zeus_agent.wire.budget import BudgetRequest
+from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
 
 __all__ = ["SUBJECTS", "SubjectSpec"]
 
@@ -86,6 +86,10 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.coord.budget", s.coord_budget,
                 "operator -> coordinator (request/reply)", BudgetRequest, m.Reply,
                 "Sets, shows or lifts a power budget (a cap for a group of GPUs)."),
+    SubjectSpec("{prefix}.budget.{budget}.status", s.budget_status, "coordinator ->",
+                BudgetStatus, None,
+                "A governing budget's cap, room, measured and expected draw and each job's "
+                "share, every second from the replica applying it."),
     SubjectSpec("{prefix}.coord.replica.{replica}.{endpoint}", s.coord_replica,
                 "replica -> replica (request/reply)", None, m.Reply,
                 "A replica's own endpoints (`query`, `straggler`: the same payloads): a "

@@ -206,6 +206,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_gpu_commands(p),
             subjects.all_lease_renewals(p),
             subjects.all_job_status(p),
+            subjects.all_budget_status(p),
             subjects.agent_ping(p),
             subjects.coord_job_straggler(p),  # operators' notices (`zeus-coordinator straggler`)
             subjects.all_coord_replicas(p),  # requests forwarded to a job's owning replica
@@ -241,6 +242,7 @@ def observer(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
         publish=(subjects.coord_job_query(p), _below(inbox("observer", prefix=p))),
         subscribe=(
             subjects.all_job_status(p),
+            subjects.all_budget_status(p),
             pattern(subjects.agent_hello, ANY, prefix=p),
             pattern(subjects.gpu_samples, ANY, ANY, prefix=p),
             subjects.all_gpu_measurements(p),
@@ -255,7 +257,8 @@ def operator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
     return Permissions(
         publish=(subjects.coord_budget(p), subjects.coord_job_query(p),
                  _below(inbox("operator", prefix=p))),
-        subscribe=(subjects.all_job_status(p), _below(inbox("operator", prefix=p))),
+        subscribe=(subjects.all_job_status(p), subjects.all_budget_status(p),
+                   _below(inbox("operator", prefix=p))),
     )
 
 

@@ -159,6 +159,16 @@ def coord_budget(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.coord.budget"
 
 
+def budget_status(budget_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Subject of a budget's status, published by the replica applying it."""
+    return f"{_p(prefix)}.budget.{token(budget_id)}.status"
+
+
+def all_budget_status(prefix: str = DEFAULT_PREFIX) -> str:
+    """Wildcard over every budget's status."""
+    return f"{_p(prefix)}.budget.*.status"
+
+
 def coord_replica(replica: str, endpoint: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Request/reply subject of one coordinator replica (`query`, `straggler`).
 

@@ -1,0 +1,278 @@
+"""The grid event of `bench/power_budget.py`: processes up, jobs pinned, a cut, a lift, judged.
+
+`run_event(config)` starts a NATS server, coordinator replicas (`Replicas`), one sim agent
+process per node and the jobs (`zeus_demo.budget.jobs`), every one through `zeus_agent.children`
+so that none outlives the benchmark; it follows the agents' samples and the jobs' status events
+on the bus, plays the events and returns the figures (`zeus_demo.budget.analysis` judges them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench._common import SHM_ROOT, Replicas
+from zeus_agent import children
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+from zeus_agent.gpu.sim.presets import PRESETS
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.budget import Budget, BudgetRequest
+from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
+from zeus_demo.budget import analysis as an
+from zeus_demo.budget.jobs import REFERENCE_JOBS, JobSpec, Node, plan, spec_json
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BIN_S = 0.5
+"""Width of the bins the group's power is judged in (s)."""
+BUDGET_ID = "grid"
+
+
+@dataclass
+class EventConfig:
+    """The cluster, the jobs and the event's timing."""
+
+    gpus_per_node: int = 8
+    counts: dict[str, int] = field(default_factory=lambda: dict(REFERENCE_JOBS))
+    step_s: float = 1.0
+    cut_pct: float = 25.0
+    hold_s: float = 20.0
+    ownership_lease_s: float = 5.0
+    sample_hz: float = 5.0
+    pin_timeout_s: float = 300.0
+    takeover: bool = True
+
+
+class Watcher:
+    """What the bus says: every GPU's samples and the jobs' pinned optima."""
+
+    def __init__(self, jobs: list[JobSpec]) -> None:
+        self.series = an.PowerSeries()
+        self.jobs = jobs
+        self.optimum: dict[str, int] = {}
+        self.job_ids: dict[str, str] = {}
+
+    async def sample(self, msg: Any) -> None:
+        batch = codec.decode(msg.data, SampleBatch)
+        for s in batch.samples:
+            self.series.add((batch.node, batch.gpu), s.t_ns / 1e9, s.energy_j, s.power_limit_w)
+
+    async def status(self, msg: Any) -> None:
+        ev = codec.decode(msg.data, JobStatus)
+        for job in self.jobs:
+            if ev.job_id.endswith(job.tag):
+                self.job_ids[job.tag] = ev.job_id
+                limit = (ev.progress or {}).get("optimal_power_limit_w")
+                if ev.state == "done" and limit is not None:
+                    self.optimum[job.tag] = int(limit)
+
+    def gpu_optimum(self) -> dict[an.GpuKey, int]:
+        return {k: self.optimum[j.tag] for j in self.jobs for k in j.gpus}
+
+    def at_optimum(self, t_s: float) -> bool:
+        """Whether every job is pinned and every one of its GPUs sampled at its optimum."""
+        if len(self.optimum) < len(self.jobs):
+            return False
+        return all(self.series.limit_at(k, t_s) == w for k, w in self.gpu_optimum().items())
+
+
+async def _until(pred: Any, timeout_s: float, what: str, period_s: float = 0.5) -> float:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
+        await asyncio.sleep(period_s)
+    return time.monotonic() - t0
+
+
+async def _budget(nc: Any, **kw: Any) -> Reply:
+    msg = await nc.request(subjects.coord_budget(), codec.encode(BudgetRequest(**kw)), timeout=10)
+    reply = codec.decode(msg.data, Reply)
+    if not reply.ok:
+        raise RuntimeError(f"budget {kw.get('action')}: {reply.code}: {reply.error}")
+    return reply
+
+
+def start_agent(root: Path, url: str, node: Node, sample_hz: float) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "zeus_agent.cli", "run", "--nats-url", url, "--backend", "sim",
+            "--sim-count", str(node.gpus), "--sim-preset", node.preset,
+            "--sim-state-dir", str(root / node.name), "--socket-path",
+            str(root / f"{node.name}.sock"), "--node", node.name, "--sample-hz", f"{sample_hz:g}",
+            "--sim-energy-update-ms", "0", "--labels", f"gpu={node.preset}",
+            "--log-level", "WARNING"]
+    log = (root / f"agent-{node.name}.log").open("ab")
+    try:
+        return children.popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+def start_job(root: Path, job: JobSpec, step_s: float, seed: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "zeus_demo.budget.jobs",
+            spec_json(job, str(root), step_s, seed)]
+    log = (root / f"job-{job.tag}.log").open("ab")
+    try:
+        return children.popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+async def budget_owner(nc: Any) -> str | None:
+    """The replica holding the budgets' lease now (the ownership bucket's `budgets` key)."""
+    js = nc.jetstream()
+    owners = await js.key_value(subjects.state_buckets()[1])
+    try:
+        entry = await owners.get("budgets")
+    except Exception:  # noqa: BLE001 - no lease yet
+        return None
+    return str(json.loads(entry.value)["owner"]) if entry.value else None
+
+
+@dataclass
+class Event:
+    """One cut and lift, as it happened."""
+
+    cap_w: float
+    signal_s: float
+    lift_s: float
+    kill_s: float | None = None
+    killed: str | None = None
+    applied: dict[str, int] = field(default_factory=dict)
+
+
+async def grid_event(nc: Any, watch: Watcher, config: EventConfig,
+                     replicas: Replicas | None) -> Event:
+    """Cut, hold (killing the budgets' owner once under the cap), lift, wait for the optima."""
+    keys = sorted(watch.series.samples)
+    signal_s = time.monotonic()
+    reply = await _budget(nc, action="set", budget=Budget(
+        budget_id=BUDGET_ID, cut_pct=config.cut_pct, note="bench: grid event"))
+    event = Event(float(reply.result["budget"]["cap_w"]), signal_s, 0.0)
+    if replicas is not None:
+        def under() -> bool:
+            t = time.monotonic() - 1.5
+            power = watch.series.group_power(keys, t - 2 * BIN_S, t, BIN_S)
+            return bool(power) and all(p <= event.cap_w for _, p in power)
+
+        with contextlib.suppress(TimeoutError):
+            await _until(under, 15, "under the cap")
+        owner = await budget_owner(nc)
+        if owner is not None and replicas.alive(owner):
+            event.kill_s, event.killed = time.monotonic(), owner
+            replicas.kill(owner)
+    await asyncio.sleep(config.hold_s)
+    event.lift_s = time.monotonic()
+    await _budget(nc, action="lift", budget_id=BUDGET_ID)
+    with contextlib.suppress(TimeoutError):
+        await _until(lambda: watch.at_optimum(time.monotonic() - 1.2), 60, "restored")
+    await asyncio.sleep(2.5)  # the last samples arrive (published every second)
+    for job in watch.jobs:
+        event.applied[job.tag] = min(watch.series.limit_at(k, event.lift_s - 0.2) or 0
+                                     for k in job.gpus)
+    return event
+
+
+def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
+    """The event's figures (see `zeus_demo.budget.analysis`)."""
+    keys = sorted(watch.series.samples)
+    power = watch.series.group_power(keys, event.signal_s - 5, event.lift_s + 5, BIN_S)
+    before = [p for t, p in power if t <= event.signal_s]
+    during = [p for t, p in power if event.signal_s < t <= event.lift_s]
+    busy = {k for j in watch.jobs for k in j.gpus}
+    presets = {n.name: n.preset for n in nodes}
+    idle_w = sum(PRESETS[presets[k[0]]].idle_power_w for k in keys if k not in busy)
+    sim_jobs = [an.SimJob(j.tag, j.workload, j.preset, j.gpus, watch.optimum[j.tag])
+                for j in watch.jobs]
+    group = an.true_group(sim_jobs, event.cap_w, idle_w)
+    out: dict[str, Any] = {
+        "cap_w": round(event.cap_w, 1),
+        "draw_before_w": round(_mean(before), 1),
+        "draw_capped_w": round(_mean(during[len(during) // 2:]), 1),
+        "seconds_to_cap": an.seconds_to_cap(
+            [(t, p) for t, p in power if t <= event.lift_s], event.cap_w, event.signal_s),
+        "over_cap_joules": round(an.over_cap_joules(power, event.cap_w, event.signal_s,
+                                                    event.lift_s, BIN_S), 1),
+        "max_over_cap_w": round(max((p - event.cap_w for p in during), default=0.0), 1),
+        "seconds_to_restore": an.seconds_to_restore(watch.series, watch.gpu_optimum(),
+                                                    event.lift_s),
+        "applied_w": event.applied,
+        **an.compare_losses(group, event.applied),
+    }
+    if event.kill_s is not None:
+        out["killed"] = event.killed
+        out["over_cap_joules_during_takeover"] = round(an.over_cap_joules(
+            power, event.cap_w, event.kill_s, event.lift_s, BIN_S), 1)
+        out["max_over_cap_w_after_kill"] = round(max(
+            (p - event.cap_w for t, p in power if event.kill_s < t <= event.lift_s),
+            default=0.0), 1)
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+async def run_event(config: EventConfig) -> dict[str, Any]:
+    """Start everything, pin the jobs, play the event (and the takeover event), judge them."""
+    nodes, jobs = plan(config.gpus_per_node, config.counts)
+    with tempfile.TemporaryDirectory(prefix="budget-bench-", dir=SHM_ROOT) as tmp:
+        root = Path(tmp)
+        server = EmbeddedNats(store_dir=str(root / "js")).start()
+        replicas = Replicas(server.url, root, ["r1", "r2"],
+                            args=["--ownership-lease-s", f"{config.ownership_lease_s:g}"])
+        procs: list[subprocess.Popen[bytes]] = []
+        nc: Any = None
+        try:
+            replicas.start("r1")
+            procs += [start_agent(root, server.url, n, config.sample_hz) for n in nodes]
+            replicas.wait_healthy(60, names=["r1"])
+            watch = Watcher(jobs)
+            nc = await connect(server.url, "budget-bench")
+            samples = subjects.all_gpu_measurements().rsplit(".", 1)[0] + ".sample"
+            await nc.subscribe(samples, cb=watch.sample)
+            await nc.subscribe(subjects.all_job_status(), cb=watch.status)
+            await confirm_subscriptions(nc)
+            gpus = sum(n.gpus for n in nodes)
+            await _until(lambda: len(watch.series.samples) >= gpus, 120, "every GPU sampled")
+            procs += [start_job(root, j, config.step_s, i) for i, j in enumerate(jobs)]
+            pinned_s = await _until(lambda: watch.at_optimum(time.monotonic() - 1.2),
+                                    config.pin_timeout_s, "every job pinned at its optimum")
+            replicas.start("r2")  # after the registrations: r1 drives every job
+            replicas.wait_healthy(60, names=["r2"])
+            await asyncio.sleep(3)
+            first = judge(watch, nodes, await grid_event(nc, watch, config, None))
+            out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
+                                   "busy_gpus": sum(len(j.gpus) for j in jobs),
+                                   "jobs": len(jobs), "seconds_to_pin": round(pinned_s, 1),
+                                   "optimum_w": dict(watch.optimum), "event": first}
+            if config.takeover:
+                await asyncio.sleep(3)
+                out["takeover"] = judge(watch, nodes,
+                                        await grid_event(nc, watch, config, replicas))
+            return out
+        except Exception:
+            replicas.print_logs(1500)
+            for log in sorted(root.glob("*.log"))[:6]:
+                print(f"== {log.name}:\n{log.read_text(errors='replace')[-1500:]}",
+                      file=sys.stderr)
+            raise
+        finally:
+            if nc is not None:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(10)
+            replicas.stop_all()
+            server.stop()

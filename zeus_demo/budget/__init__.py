@@ -1,0 +1,1 @@
+"""A grid event on the simulated cluster: its jobs, and the judging of what happened."""

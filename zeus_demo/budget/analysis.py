@@ -1,0 +1,198 @@
+"""A grid event on a simulated cluster, judged (pure): power against the cap, losses, restore.
+
+The inputs are what the agents published (each GPU's samples: time, energy counter, power
+limit) and the jobs' shapes; nothing here reads a clock or the bus.
+
+* `PowerSeries`: each GPU's energy counter over time; `group_power` gives the group's power in
+  bins (energy counters, not instantaneous readings: a GPU idles between steps and a reading
+  catches either side).
+* `seconds_to_cap`: from the signal until the group's power is under the cap and stays there
+  until the event ends; `over_cap_joules`: the energy drawn above the cap in a window.
+* `seconds_to_restore`: from the lift until every job's GPUs are at its own optimum again.
+* `true_group` / `compare_losses`: the jobs on the simulator's true curves (`physics`), and the
+  group's throughput loss at the limits the coordinator applied, at the uniform cut (every GPU
+  one limit, the highest that fits the cap) and at the offline optimum (the allocator on the
+  true curves).
+
+Throughput loss of a group: the mean over its jobs of ``1 - T_opt / T`` (the share of its own
+throughput each job loses; jobs count alike, as the allocator weighs them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from coordinator.budget import allocator as alloc
+from zeus_agent.gpu.sim.physics import operating_point
+from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
+
+GpuKey = tuple[str, int]
+
+
+@dataclass
+class PowerSeries:
+    """Each GPU's samples: (t_s, energy_j, power_limit_w), in time order."""
+
+    samples: dict[GpuKey, list[tuple[float, float, int]]] = field(default_factory=dict)
+
+    def add(self, key: GpuKey, t_s: float, energy_j: float, limit_w: int) -> None:
+        """One sample (one older than the GPU's last is dropped: batches may overlap)."""
+        rows = self.samples.setdefault(key, [])
+        if rows and t_s <= rows[-1][0]:
+            return
+        rows.append((t_s, energy_j, limit_w))
+
+    def energy_at(self, key: GpuKey, t_s: float) -> float | None:
+        """The GPU's counter at `t_s`, interpolated; None outside its samples."""
+        rows = self.samples.get(key, [])
+        i = bisect.bisect_left(rows, (t_s, -math.inf, 0))
+        if i < len(rows) and rows[i][0] == t_s:
+            return rows[i][1]
+        if i == 0 or i >= len(rows):
+            return None
+        (t0, e0, _), (t1, e1, _) = rows[i - 1], rows[i]
+        return e0 + (e1 - e0) * (t_s - t0) / (t1 - t0)
+
+    def group_power(self, keys: Sequence[GpuKey], t0_s: float, t1_s: float,
+                    bin_s: float) -> list[tuple[float, float]]:
+        """(bin end, group power W) for each bin of [t0, t1) every GPU's samples cover."""
+        out = []
+        n = int((t1_s - t0_s) / bin_s)
+        for b in range(n):
+            a, z = t0_s + b * bin_s, t0_s + (b + 1) * bin_s
+            total = 0.0
+            for key in keys:
+                ea, ez = self.energy_at(key, a), self.energy_at(key, z)
+                if ea is None or ez is None:
+                    break
+                total += (ez - ea) / bin_s
+            else:
+                out.append((z, total))
+        return out
+
+    def limit_since(self, key: GpuKey, t_s: float, limit_w: int) -> float | None:
+        """The first sample time after `t_s` from which the GPU's limit stays `limit_w`."""
+        since = None
+        for t, _, w in self.samples.get(key, []):
+            if t < t_s:
+                continue
+            since = (t if since is None else since) if w == limit_w else None
+        return since
+
+    def limit_at(self, key: GpuKey, t_s: float) -> int | None:
+        """The GPU's limit in its last sample at or before `t_s`."""
+        rows = self.samples.get(key, [])
+        i = bisect.bisect_right(rows, (t_s, math.inf, 0))
+        return rows[i - 1][2] if i else None
+
+
+def seconds_to_cap(power: Sequence[tuple[float, float]], cap_w: float,
+                   signal_s: float) -> float | None:
+    """From the signal to the end of the first bin after which every bin is under the cap."""
+    after = [(t, p) for t, p in power if t > signal_s]
+    last_over = max((i for i, (_, p) in enumerate(after) if p > cap_w), default=-1)
+    if last_over == len(after) - 1:
+        return None
+    return after[last_over + 1][0] - signal_s
+
+
+def over_cap_joules(power: Sequence[tuple[float, float]], cap_w: float, t0_s: float,
+                    t1_s: float, bin_s: float) -> float:
+    """Energy drawn above the cap by bins ending in (t0, t1]."""
+    return sum(max(0.0, p - cap_w) * bin_s for t, p in power if t0_s < t <= t1_s)
+
+
+def seconds_to_restore(series: PowerSeries, optimum: Mapping[GpuKey, int],
+                       lift_s: float) -> float | None:
+    """From the lift until every GPU's limit is its job's optimum (None: one never got back)."""
+    latest = lift_s
+    for key, limit in optimum.items():
+        since = series.limit_since(key, lift_s, limit)
+        if since is None:
+            return None
+        latest = max(latest, since)
+    return latest - lift_s
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """A simulated job: its workload (a reference profile's fit), GPU model and GPUs."""
+
+    name: str
+    workload: str
+    preset: str
+    gpus: tuple[GpuKey, ...]
+    optimum_w: int
+    step_w: int = 25
+
+
+def true_options(job: SimJob) -> tuple[alloc.Option, ...]:
+    """The job's options at each limit on the simulator's curves (no noise)."""
+    hw, wl = PRESETS[job.preset], WORKLOADS[job.workload]
+    out = []
+    for limit in range(hw.min_power_limit_w, hw.max_power_limit_w + 1, job.step_w):
+        p = operating_point(hw, wl, limit)
+        out.append(alloc.Option(limit, p.step_time_s, p.avg_power_w, limit))
+    return tuple(out)
+
+
+def true_group(jobs: Iterable[SimJob], cap_w: float, idle_w: float) -> alloc.Group:
+    """The allocator's group for the jobs on their true curves."""
+    profiled = []
+    for job in jobs:
+        options = true_options(job)
+        low = min(o.limit_w for o in options)
+        profiled.append(alloc.ProfiledJob(job.name, len(job.gpus), options, job.optimum_w, low))
+    return alloc.Group(cap_w, tuple(profiled), (), idle_w)
+
+
+def throughput_loss(group: alloc.Group, limits: Mapping[str, int]) -> float:
+    """The group's throughput loss with each job at `limits[job]` (see the module)."""
+    losses = []
+    for job in group.jobs:
+        by_limit = {o.limit_w: o for o in job.options}
+        best = by_limit[job.optimum]
+        at = by_limit[_on_grid(limits[job.job_id], by_limit)]
+        losses.append(max(0.0, 1.0 - best.time_s / at.time_s))
+    return sum(losses) / len(losses) if losses else 0.0
+
+
+def true_draw(group: alloc.Group, limits: Mapping[str, int]) -> float:
+    """The group's draw on the true curves with each job at `limits[job]`."""
+    total = group.idle_w
+    for job in group.jobs:
+        by_limit = {o.limit_w: o for o in job.options}
+        total += job.gpus * by_limit[_on_grid(limits[job.job_id], by_limit)].power_w
+    return total
+
+
+def _on_grid(limit_w: int, by_limit: Mapping[int, alloc.Option]) -> int:
+    """The highest profiled limit at or under `limit_w` (the lowest if none is)."""
+    under = [w for w in by_limit if w <= limit_w]
+    return max(under) if under else min(by_limit)
+
+
+def compare_losses(group: alloc.Group, applied: Mapping[str, int]) -> dict[str, object]:
+    """Ours (the applied limits) against the uniform cut and the offline optimum."""
+    uniform = alloc.uniform_cut(group)
+    best = alloc.allocate(group)
+    uniform_limits = {s.job_id: s.limit_w for s in uniform.shares}
+    best_limits = {s.job_id: s.limit_w for s in best.shares}
+    ours, theirs = throughput_loss(group, applied), throughput_loss(group, uniform_limits)
+    optimal = throughput_loss(group, best_limits)
+    gap = (optimal - ours) / (1.0 - optimal) * -100.0 if optimal < 1 else 0.0
+    return {
+        "loss": round(ours, 5),
+        "uniform_loss": round(theirs, 5),
+        "optimal_loss": round(optimal, 5),
+        "loss_vs_uniform": round(ours / theirs, 4) if theirs > 0 else None,
+        "gap_to_optimal_pct": round(gap, 3),
+        "uniform_limit_w": max(uniform_limits.values(), default=None),
+        "true_draw_w": round(true_draw(group, applied), 1),
+        "uniform_true_draw_w": round(uniform.expected_w, 1),
+        "optimal_true_draw_w": round(best.expected_w, 1),
+        "cap_w": round(group.cap_w, 1),
+    }
