@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from zeus_agent.agent.core.fencing import DEFAULT_SKEW_S
 from zeus_agent.agent.rapl import DEFAULT_RAPL_PERIOD_S, DEFAULT_RAPL_ROOT
 from zeus_agent.bus import NatsSettings
 from zeus_agent.models import MAX_NAME_CHARS
@@ -103,6 +104,16 @@ class AgentSettings(NatsSettings):
         allow_inf_nan=False,
         description="Lease of a setting whose command names none (s): every non-default "
         "setting is restored unless renewed within its lease",
+    )
+    fence_skew_s: float = Field(
+        DEFAULT_SKEW_S,
+        ge=0,
+        le=60,
+        allow_inf_nan=False,
+        description="How far this node's clock may lag the coordinators' (s): a command whose "
+        "sender's ownership lease (its Zeus-Lease header) ends within this of the agent's clock "
+        "is refused (stale_lease); fencing by time assumes the clocks agree this closely (NTP), "
+        "and it must stay well below a third of the coordinators' --ownership-lease-s",
     )
     labels: list[str] = Field(
         default=[],

@@ -11,6 +11,8 @@
 * `BrokerError`: no NATS server could be started or reached.
 * `ReadOnlyError`: a setting refused because the GPU is observed only (`--observe-only`, or no
   privilege to change it).
+* `StaleLeaseError`: a command refused because its sender's ownership lease is over (the
+  `Zeus-Lease` fencing token, `zeus_agent.agent.core.fencing`).
 * `GPUError` and its subclasses: a GPU operation failed.
   * `GPUNotSupportedError`: the device or driver lacks the feature; do without it.
   * `GPUPermissionError`: a setter needs CAP_SYS_ADMIN or root; fix the deployment.
@@ -123,6 +125,16 @@ class TrainerLeftError(SettingRefusedError):
     """
 
     code = "trainer_left"
+
+
+class StaleLeaseError(SettingRefusedError):
+    """A command refused as sent under an ownership lease that is over (code `stale_lease`).
+
+    Its `Zeus-Lease` header's lease has ended by the agent's clock, or another owner's newer
+    lease already commands the GPU: the sender no longer drives the job.
+    """
+
+    code = "stale_lease"
 
 
 class ReadOnlyError(SettingRefusedError):

@@ -9,9 +9,8 @@ these files; nothing in the services reads them back.
 Each line is flushed as it is written, so a process killed by SIGKILL leaves every record it
 made before the kill (the last line may be cut: readers skip a line that does not parse).
 
-`LEASE_HEADER` is the NATS header a coordinator sets on every GPU command: the owner's name,
-incarnation, lease revision and lease end (wall-clock s), space-separated. Agents that
-predate it ignore it; it changes no payload of the wire contract.
+The fencing token recorded with each command is its `Zeus-Lease` header
+(`zeus_agent.wire.fencing`).
 """
 
 from __future__ import annotations
@@ -19,40 +18,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LEASE_HEADER", "History", "SenderLease", "parse_lease_header"]
-
-LEASE_HEADER = "Zeus-Lease"
-
-
-@dataclass(frozen=True)
-class SenderLease:
-    """Who sent a command and under which ownership lease (the command's fencing token)."""
-
-    owner: str
-    incarnation: str
-    revision: int
-    until: float
-
-    def header(self) -> str:
-        """The value of `LEASE_HEADER` that carries it."""
-        return f"{self.owner} {self.incarnation or '-'} {self.revision} {self.until:.6f}"
-
-
-def parse_lease_header(value: str | None) -> SenderLease | None:
-    """The lease a `LEASE_HEADER` value names (None: absent or malformed)."""
-    if not value:
-        return None
-    parts = value.split()
-    if len(parts) != 4:
-        return None
-    try:
-        return SenderLease(parts[0], "" if parts[1] == "-" else parts[1], int(parts[2]),
-                           float(parts[3]))
-    except ValueError:
-        return None
+__all__ = ["History"]
 
 
 class History:

@@ -1,9 +1,13 @@
 """`GpuCommands`: the one way a job's GPUs are commanded.
 
 Commands go to the agents of the job's GPUs over one reply inbox (`request_all`), and only while
-this replica drives the job (`command`: ownership is checked just before the send, so a replica
-paused while another took its job over never sets a GPU again). A GPU that did not take a
-command is said in the job's status (`report_failures`).
+this replica drives the job (`command`: ownership is checked before the send, and again right
+before each message is handed to NATS, so a replica paused while another took its job over
+never sets a GPU again). Each carries this replica's lease as its fencing token (the
+`Zeus-Lease` header): an agent refuses it once the lease is over (`stale_lease`), which also
+covers a message already handed to NATS when the replica was paused, or held in a TCP
+connection through a partition. A GPU that did not take a command is said in the job's status
+(`report_failures`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from coordinator.config import CoordinatorSettings
@@ -19,8 +24,8 @@ from coordinator.service.leases import Leases
 from coordinator.service.link import Link
 from coordinator.state import records
 from zeus_agent.errors import PayloadError
-from zeus_agent.history import LEASE_HEADER, SenderLease
 from zeus_agent.wire import codec
+from zeus_agent.wire.fencing import LEASE_HEADER, SenderLease
 from zeus_agent.wire.messages import GpuBinding, Reply
 
 __all__ = ["GpuCommands"]
@@ -32,7 +37,8 @@ class GpuCommands:
     """Sends the jobs' commands to their GPUs' agents, fenced by this replica's leases.
 
     Attributes:
-        fenced: GPU commands not sent: the job was no longer this replica's.
+        fenced: GPU commands not sent (the job was no longer this replica's) or refused by
+            their agent as sent under a lease that is over (`stale_lease`).
     """
 
     def __init__(self, settings: CoordinatorSettings, link: Link, leases: Leases) -> None:
@@ -52,19 +58,23 @@ class GpuCommands:
         """
         if not requests:
             return []
-        if not await self.leases.owns_now(record.job_id):
+        replies = None
+        if await self.leases.owns_now(record.job_id):
+            replies = await self.request_all(requests, self.fencing_headers(record.job_id),
+                                             fence=lambda: self.leases.owns(record.job_id))
+        if replies is None:
             self.fenced += len(requests)
             LOG.warning("job %s: %s not sent to %d GPU(s): this replica no longer drives the job",
                         record.job_id, what, len(requests))
-            return None
-        return await self.request_all(requests, self.fencing_headers(record.job_id))
+        return replies
 
     def fencing_headers(self, job_id: str) -> dict[str, str] | None:
         """The `LEASE_HEADER` of the job's commands: this replica's lease, their fencing token."""
-        lease = self.leases.book.leases.get(records.job_hash(job_id))
+        job_hash = records.job_hash(job_id)
+        lease = self.leases.book.leases.get(job_hash)
         if lease is None:
             return None
-        token = SenderLease(lease.owner, lease.incarnation, lease.revision, lease.until)
+        token = SenderLease(lease.owner, lease.incarnation, lease.revision, lease.until, job_hash)
         return {LEASE_HEADER: token.header()}
 
     async def report_failures(self, record: JobRecord, what: str, gpus: list[GpuBinding],
@@ -73,11 +83,18 @@ class GpuCommands:
 
         A GPU whose trainer left (`trainer_left`) is no failure of the job: a command may cross
         the trainer's goodbye, and a trainer that died is reported by its agent (`trainer_gone`).
+        Nor is one that refused this replica's lease as over (`stale_lease`): the job is
+        another replica's now, and its status is that replica's to say.
         """
+        stale = sum(1 for r in replies if isinstance(r, Reply) and r.code == "stale_lease")
+        if stale:
+            self.fenced += stale
+            LOG.warning("job %s: %s refused by %d GPU(s): this replica's lease is over there",
+                        record.job_id, what, stale)
         errors = [
             f"{g.node}/gpu{g.gpu_index}: {r if isinstance(r, str) else r.error}"
             for g, r in zip(gpus, replies, strict=True)
-            if isinstance(r, str) or not (r.ok or r.code == "trainer_left")
+            if isinstance(r, str) or not (r.ok or r.code in ("trainer_left", "stale_lease"))
         ]
         if errors:
             more = f"; ... ({len(errors)} in all)" if len(errors) > 8 else ""
@@ -85,14 +102,20 @@ class GpuCommands:
                                    f"{what} failed on " + "; ".join(errors[:8]) + more)
 
     async def request_all(self, requests: list[tuple[str, bytes]],
-                          headers: dict[str, str] | None = None) -> list[Reply | str]:
+                          headers: dict[str, str] | None = None,
+                          fence: Callable[[], bool] | None = None) -> list[Reply | str] | None:
         """Send many requests at once over one reply inbox, within `command_timeout_s`.
 
         Cheaper than one `nc.request` per GPU (no future, timer and task each), which matters
         when a job has thousands of GPUs.
 
+        `fence` is asked right before each request is handed to NATS (nothing awaited between
+        the two): once it says False, the rest are not sent and None is returned. The awaits
+        before (the inbox's subscription, earlier sends) are where a paused process resumes.
+
         Returns:
-            Per request, in order: the `Reply`, or a text saying why there is none.
+            Per request, in order: the `Reply`, or a text saying why there is none; None when
+            `fence` stopped the sending.
         """
         if not requests:
             return []
@@ -124,6 +147,8 @@ class GpuCommands:
         sub = await nc.subscribe(f"{inbox}.*", cb=on_reply)
         try:
             for i, (subject, payload) in enumerate(requests):
+                if fence is not None and not fence():
+                    return None
                 await nc.publish(subject, payload, reply=f"{inbox}.{i}", headers=headers)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_in.wait(), timeout_s)

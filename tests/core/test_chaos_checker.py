@@ -108,7 +108,7 @@ def test_a_cut_last_line_is_skipped() -> None:
 
 
 def test_the_lease_header_round_trips() -> None:
-    from zeus_agent.history import SenderLease, parse_lease_header
+    from zeus_agent.wire.fencing import SenderLease, parse_lease_header
 
     lease_ = SenderLease("replica-a", "3f2a", 17, 1234.5)
     assert parse_lease_header(lease_.header()) == lease_

@@ -103,3 +103,34 @@ async def test_every_command_path_is_fenced(nats_server, agent, nc, tmp_path,
     finally:
         stalled.clear()
         await stop(coord, task)
+
+
+async def test_a_replica_paused_between_its_check_and_the_send_sends_nothing(
+        nats_server, agent, nc, tmp_path, monkeypatch) -> None:
+    """The soak's `stale_owner` from a paused owner: the ownership check passed, the process
+    was stopped before its messages went out (awaiting the reply inbox's subscription) and
+    another replica took the job meanwhile. Ownership is asked again right before each
+    message is handed to NATS."""
+    stalled = stall(monkeypatch, "ownership")
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=5.0)
+    try:
+        job_id = await bound_energy_job(nc)
+        sim_dir = agent.settings.sim_state_dir
+        await wait_for(lambda: limits_are(sim_dir, 250))
+        stalled.set()
+        bus = coord.commands.link.nc
+        subscribe = bus.subscribe
+
+        async def paused_here(*args: Any, **kw: Any) -> Any:
+            taken_over(coord, job_id)  # (What the replica finds once it runs again.)
+            return await subscribe(*args, **kw)
+
+        monkeypatch.setattr(bus, "subscribe", paused_here)
+        fenced = coord.fenced_commands
+        await coord.actions.apply_power_limit(coord.registry.jobs[job_id], 200)
+        assert coord.fenced_commands == fenced + 2
+        await asyncio.sleep(0.3)
+        assert limits_are(sim_dir, 250)
+    finally:
+        stalled.clear()
+        await stop(coord, task)

@@ -1,19 +1,25 @@
 """The GPU command handlers: decode -> validate against the GPU -> apply -> `Reply`.
 
-`handle_command(agent, data)` is what the NATS endpoint of each GPU calls. Every outcome is a
-`Reply`: domain errors answer with their stable code (`zeus_agent.errors.reply_for`),
+`handle_command(agent, data, headers)` is what the NATS endpoint of each GPU calls. Every
+outcome is a `Reply`: domain errors answer with their stable code (`zeus_agent.errors.reply_for`),
 unexpected exceptions with "internal" and no internals leaked (they are logged). Nothing
 raised here reaches NATS.
+
+A command carrying a `Zeus-Lease` header (a coordinator's, for a job) passes the GPU's
+`CommandFence` first: one whose sender's lease is over is refused `stale_lease` before it is
+run (reads, `info` and `energy`, change nothing and are not fenced).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.errors import PayloadError, ReplyError, reply_for
+from zeus_agent.errors import PayloadError, ReplyError, StaleLeaseError, reply_for
 from zeus_agent.wire import codec
+from zeus_agent.wire.fencing import LEASE_HEADER, parse_lease_header
 from zeus_agent.wire.messages import (
     BindRankCmd,
     ClearScheduleCmd,
@@ -37,15 +43,29 @@ from zeus_agent.wire.trainer import SelectRequest
 LOG = logging.getLogger(__name__)
 
 
-async def handle_command(agent: GpuAgent, data: bytes) -> Reply:
-    """Decode one command for `agent`, run it, and return the reply (never raises)."""
+async def handle_command(agent: GpuAgent, data: bytes,
+                         headers: Mapping[str, str] | None = None) -> Reply:
+    """Decode one command for `agent`, fence it, run it, and return the reply (never raises)."""
     try:
         cmd = codec.decode(data, CommandEnvelope).cmd
+        if not isinstance(cmd, InfoCmd | EnergyCmd):
+            fence(agent, headers)
         return await run_command(agent, cmd)
     except Exception as e:  # noqa: BLE001 - every failure becomes a reply
         if not isinstance(e, ReplyError):
             LOG.exception("GPU %d: unexpected error in command", agent.index)
         return reply_for(e, f"internal error in the agent of GPU {agent.index}; see its log")
+
+
+def fence(agent: GpuAgent, headers: Mapping[str, str] | None) -> None:
+    """Refuse a command whose `Zeus-Lease` is over (`StaleLeaseError`); none: not fenced."""
+    lease = parse_lease_header((headers or {}).get(LEASE_HEADER))
+    if lease is None:
+        return
+    refused = agent.fence.admit(lease, time.time())
+    if refused is not None:
+        agent.counters["fenced"] += 1
+        raise StaleLeaseError(f"GPU {agent.index} on node {agent.node!r}: {refused.reason}")
 
 
 async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:

@@ -37,6 +37,7 @@ from zeus_agent.agent.core import (
     ScheduleCursor,
 )
 from zeus_agent.agent.core.boundaries import BoundaryForecast
+from zeus_agent.agent.core.fencing import DEFAULT_SKEW_S, CommandFence
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.agent.credentials import Received
@@ -93,6 +94,7 @@ class GpuAgent:
         sample_hz: float = 10.0,
         ring_seconds: float = 600.0,
         default_lease_s: float = 60.0,
+        fence_skew_s: float = DEFAULT_SKEW_S,
     ) -> None:
         self.gpu = gpu
         self.node = node
@@ -104,6 +106,10 @@ class GpuAgent:
             self.default_lease_s = check_ttl(default_lease_s, MAX_LEASE_S)
         except ValueError as e:
             raise ValueError(f"default_lease_s: {e}") from None
+        self.fence = CommandFence(fence_skew_s)
+        """Refuses commands whose sender's ownership lease is over (`Zeus-Lease`)."""
+        self.on_restored: Callable[[list[str]], None] | None = None
+        """Told the kinds each restore restored, whatever path restored them (`--history`)."""
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
         self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
         """Reads the energy counter when its policy says (never per event) into the ring."""
@@ -131,7 +137,7 @@ class GpuAgent:
         self.last_sample: Sample | None = None
         self.counters = {"mismatches": 0, "gaps": 0, "clock_failures": 0, "restores": 0,
                          "sample_errors": 0,
-                         "refused": 0}
+                         "refused": 0, "fenced": 0}
         self.reports = GpuReports(self.index, node, prefix, publish, self.counters,
                                   lambda: self.binding, self._spawn)
         """Error events; mismatches, measurement gaps, failed clock changes throttled."""
@@ -543,6 +549,8 @@ class GpuAgent:
                 ", ".join(restored),
                 f" ({reason})" if reason else "",
             )
+            if self.on_restored is not None:
+                self.on_restored(restored)
         return restored
 
     async def expire_leases(self) -> list[str]:

@@ -1,8 +1,8 @@
 """What an agent started with `--history` records (`zeus_agent.history`).
 
 Per GPU: every command it answered (the sender's lease from `LEASE_HEADER`, the op, the
-outcome), every lease renewal, every restore of defaults when leases lapsed; each record with
-the GPU's state right after it: `away` (a setting differs from its default) and `deadline`
+outcome), every lease renewal, every restore of defaults (whatever restored them); each record
+with the GPU's state right after it: `away` (a setting differs from its default) and `deadline`
 (wall-clock s when its last lease lapses; None: none held). The checker proves from these
 that no GPU was commanded by two owners at once and none stayed away past its lease.
 """
@@ -10,14 +10,16 @@ that no GPU was commanded by two owners at once and none stayed away past its le
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.history import LEASE_HEADER, History, parse_lease_header
+from zeus_agent.history import History
 from zeus_agent.wire import codec
+from zeus_agent.wire.fencing import LEASE_HEADER, parse_lease_header
 from zeus_agent.wire.messages import CommandEnvelope, Reply
 
-__all__ = ["decoded", "gpu_state", "record_command", "record_renewal", "record_restore"]
+__all__ = ["decoded", "gpu_state", "record_command", "record_renewal", "restore_recorder"]
 
 
 def gpu_state(agent: GpuAgent) -> dict[str, Any]:
@@ -52,10 +54,18 @@ def record_renewal(history: History, agent: GpuAgent, holder: str, renewed: list
         history.record("renew", holder=holder, renewed=renewed, **gpu_state(agent))
 
 
-def record_restore(history: History, agent: GpuAgent, restored: list[str]) -> None:
-    """Defaults restored because leases lapsed."""
-    if restored:
-        history.record("restore", restored=restored, **gpu_state(agent))
+def restore_recorder(history: History, agent: GpuAgent) -> Callable[[list[str]], None]:
+    """`GpuAgent.on_restored` recording each restore of defaults, whatever restored them.
+
+    Recorded where the restore happens, not by one caller of it: the schedule's own expiry
+    check (a trainer's instruction after a lapse) and a trainer's death restore too.
+    """
+
+    def record(restored: list[str]) -> None:
+        if restored:
+            history.record("restore", restored=restored, **gpu_state(agent))
+
+    return record
 
 
 def decoded(data: bytes) -> dict[str, Any] | None:

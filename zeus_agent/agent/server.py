@@ -250,9 +250,10 @@ class AgentServer(ExitSignals):
         s = self.settings
         gpus = self._gpus if self._gpus is not None else await asyncio.to_thread(open_gpus, s)
         for gpu in gpus:
-            agent = GpuAgent(
-                gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds, s.default_lease_s
-            )
+            agent = GpuAgent(gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds,
+                             s.default_lease_s, s.fence_skew_s)
+            if self.history is not None:
+                agent.on_restored = recording.restore_recorder(self.history, agent)
             if s.observe_only:
                 agent.observe_only(OBSERVE_ONLY_HELP)
             agent.on_control_lost = self._announce_soon
@@ -286,7 +287,7 @@ class AgentServer(ExitSignals):
 
         async def handler(req: Any) -> None:
             try:
-                reply = await handle_command(agent, req.data)
+                reply = await handle_command(agent, req.data, req.headers)
                 data = codec.encode(reply)
                 if history is not None:
                     recording.record_command(history, agent, recording.decoded(req.data),
@@ -502,10 +503,7 @@ class AgentServer(ExitSignals):
     async def _expire_leases(self) -> None:
         self._tick = time.monotonic()
         # Side by side: a hung GPU (each call waits out its timeout) delays no other GPU's.
-        restored = await asyncio.gather(*(a.expire_leases() for a in self.agents.values()))
-        if self.history is not None:
-            for agent, kinds in zip(self.agents.values(), restored, strict=True):
-                recording.record_restore(self.history, agent, kinds)
+        await asyncio.gather(*(a.expire_leases() for a in self.agents.values()))
 
     async def _heartbeat_tick(self) -> None:
         self._tick = time.monotonic()

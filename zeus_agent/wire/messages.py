@@ -463,6 +463,8 @@ REPLY_CODES: dict[str, str] = {
     "duplicate": "already registered",
     "conflict": "another running trainer process drives this GPU",
     "trainer_left": "the job's trainer left this GPU: its settings are not applied again",
+    "stale_lease": "the sender's ownership lease (Zeus-Lease header) has ended, or a newer "
+                   "owner commands the GPU: the command is fenced off",
     "timeout": "the work did not finish in time",
     "internal": "a bug: the service logged it and keeps serving",
 }
