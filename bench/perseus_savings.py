@@ -29,9 +29,14 @@ one. Also shown: the planner on the simulator's exact instruction costs ("truth"
 
 Goal: measured saving within 2 points of the prediction, slowdown <= 1 %, and a further saving
 on the non-straggler pipeline(s) under the straggler. Prints a table, then one JSON object as the
-last line (with the machine and the date).
+last line (with the machine, the date and the load).
 
-    .venv/bin/python bench/perseus_savings.py [--quick]
+`--trainer torch` runs `examples/pipeline_gpt.py` under torchrun instead (4 gloo ranks, one
+pipeline, the A100-SXM GPT-3 stages), for `Schedule1F1B`, `ScheduleInterleaved1F1B` and
+`ScheduleInterleavedZeroBubble` (`--schedules`): Perseus, then all-max clocks on the orders it
+learnt, each schedule's measured saving, predicted saving and slowdown (`_torch_pipeline.py`).
+
+    .venv/bin/python bench/perseus_savings.py [--quick] [--trainer torch]
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ _root = os.path.dirname(_path)
 if _root not in sys.path:
     sys.path.insert(0, _root)
 
-from _common import machine, now  # noqa: E402
+from _common import load, machine, now  # noqa: E402
 
 from zeus_agent import children  # noqa: E402
 from zeus_demo.pipeline import (  # noqa: E402
@@ -359,6 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--straggler-pipeline", type=int, default=1)
     p.add_argument("--straggler-factor", type=float, default=1.2)
     p.add_argument("--log-level", default="ERROR")
+    p.add_argument("--trainer", choices=("sim", "torch"), default="sim",
+                   help="sim: the simulated pipeline trainer; torch: examples/pipeline_gpt.py "
+                   "under torchrun (torch.distributed.pipelining, one pipeline of 4 ranks)")
+    p.add_argument("--schedules", default=None,
+                   help="--trainer torch: comma-separated torch schedules (default "
+                   "1F1B,Interleaved1F1B,InterleavedZeroBubble)")
+    p.add_argument("--profile", default=None,
+                   help="--trainer torch: stage profile (default gpt3-175b+a100_sxm)")
     args = p.parse_args(argv)
     if args.time_scale != 1:
         _say(f"scaled: instruction times and the energy counter x{args.time_scale:g}, but not "
@@ -369,10 +382,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.clocks is None:
         args.clocks = 4 if args.quick else 6
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    if args.trainer == "torch":
+        return _torch_main(args)
     result = asyncio.run(bench(args))
     print_table(result, args)
     print(json.dumps({"bench": "perseus_savings", "machine": machine(), "date": now(),
                       "args": vars(args), "goal": GOAL, **result}, default=str))
+    return 0
+
+
+def _torch_main(args: argparse.Namespace) -> int:
+    import _torch_pipeline as torch_pipeline
+
+    args.schedules = (args.schedules.split(",") if args.schedules
+                      else list(torch_pipeline.TORCH_SCHEDULES))
+    load_before = load()
+    result = asyncio.run(torch_pipeline.bench_torch(args))
+    result["met"] = torch_pipeline.met(result, GOAL)
+    torch_pipeline.print_table(result)
+    print(f"goals met: {result['met']}; {result['elapsed_s']:.0f} s; load {load_before} -> "
+          f"{load()}; machine: {machine()}; date: {now()}")
+    print(json.dumps({"bench": "perseus_savings", "machine": machine(), "date": now(),
+                      "load_before": load_before, "load_after": load(), "args": vars(args),
+                      "goal": GOAL, **result}, default=str))
     return 0
 
 
