@@ -3,7 +3,9 @@
 Subscribes to `<prefix>.job.<job>.status` (all jobs, or one) and prints each state change and
 progress report as it comes, with the power-limit progress when there is one, and which GPUs
 are observe-only (from the agents' announcements, `<prefix>.agent.*.hello`: a line when a GPU is
-first seen observe-only, and when that changes). With `--once`,
+first seen observe-only, and when that changes), and each governing power budget
+(`<prefix>.budget.*.status`, from the replica applying it: its cap, measured draw and each job's
+share and slowdown, when a share changes and every `BUDGET_EVERY_S` otherwise). With `--once`,
 it asks the coordinator for the job's current state instead (`<prefix>.coord.jobs.query`) and
 exits.
 """
@@ -22,7 +24,11 @@ from typing import Any
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.errors import PayloadError, ZeusAgentError
 from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.budget import BudgetStatus
 from zeus_agent.wire.messages import AgentHello, JobQuery, JobStatus, Reply
+
+BUDGET_EVERY_S = 10.0
+"""A budget whose shares did not change is shown this often (its status comes every second)."""
 
 
 def describe(status: JobStatus) -> str:
@@ -47,6 +53,42 @@ def describe(status: JobStatus) -> str:
         else:
             line += f"  ({phase})"
     return line
+
+
+def describe_budget(status: BudgetStatus, max_jobs: int = 12) -> str:
+    """Lines for a budget's status: cap, measured and expected draw, each job's share."""
+    when = dt.datetime.now().strftime("%H:%M:%S")
+    measured = "?" if status.measured_w is None else f"{status.measured_w:.0f}"
+    over = (status.measured_w or 0) > status.cap_w
+    lines = [f"{when} budget {status.budget_id} [{'OVER' if over else 'under'} cap] cap "
+             f"{status.cap_w:.0f} W, measured {measured} W, expected {status.expected_w:.0f} W "
+             f"(room {status.room_w:.0f} W, floor {status.floor_w:.0f} W; {status.gpus} GPUs, "
+             f"{status.idle_gpus} idle; applied by {status.replica})"]
+    for share in sorted(status.shares, key=lambda s: -s.expected_w)[:max_jobs]:
+        slow = ("proportional: no profile yet" if share.slowdown is None
+                else f"slowdown {100 * share.slowdown:.1f}%")
+        lines.append(f"    {share.job_id}: {share.gpus} GPU(s) at {share.limit_w} W, "
+                     f"{share.expected_w:.0f} W, {slow}")
+    if len(status.shares) > max_jobs:
+        lines.append(f"    ... and {len(status.shares) - max_jobs} more job(s)")
+    return "\n".join(lines)
+
+
+class BudgetLines:
+    """Which budget statuses to show: a change of shares at once, the rest now and then."""
+
+    def __init__(self, every_s: float = BUDGET_EVERY_S) -> None:
+        self.every_s = every_s
+        self.last: dict[str, tuple[float, tuple[tuple[str, int], ...]]] = {}
+
+    def show(self, status: BudgetStatus, now_s: float) -> bool:
+        """Whether to print `status` now (and remember that it was)."""
+        shares = tuple(sorted((s.job_id, s.limit_w) for s in status.shares))
+        before = self.last.get(status.budget_id)
+        if before is not None and before[1] == shares and now_s - before[0] < self.every_s:
+            return False
+        self.last[status.budget_id] = (now_s, shares)
+        return True
 
 
 def control_changes(hello: AgentHello, known: dict[tuple[str, int], bool]) -> list[str]:
@@ -108,8 +150,21 @@ async def watch(url: str, prefix: str, job_id: str | None, once: bool) -> int:
                 for line in control_changes(codec.decode(msg.data, AgentHello), known):
                     print(line, flush=True)
 
+        budget_lines = BudgetLines()
+
+        async def on_budget(msg: Any) -> None:
+            try:
+                status = codec.decode(msg.data, BudgetStatus)
+            except PayloadError as e:
+                print(f"(unreadable budget status on {msg.subject}: {e})", flush=True)
+                return
+            if budget_lines.show(status, loop.time()):
+                print(describe_budget(status), flush=True)
+
         await nc.subscribe(subject, cb=on_status)
         await nc.subscribe(subjects.all_agent_hellos(prefix), cb=on_hello)
+        if not job_id:
+            await nc.subscribe(subjects.all_budget_status(prefix), cb=on_budget)
         await confirm_subscriptions(nc)
         print(f"watching {subject} on {url}; Ctrl-C to stop", flush=True)
         await stop.wait()
@@ -123,8 +178,8 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="zeus-coordinator watch",
         description="Follow job status events (state changes, profiling progress, the pinned "
-        "power limit) and which GPUs are observe-only, or print a job's current state with "
-        "--once.",
+        "power limit), which GPUs are observe-only and each power budget (cap, measured draw, "
+        "each job's share and slowdown), or print a job's current state with --once.",
     )
     parser.add_argument("job_id", nargs="?", help="a job id (default: every job)")
     parser.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server URL")
