@@ -243,7 +243,9 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             await confirm_subscriptions(nc)
             gpus = sum(n.gpus for n in nodes)
             await _until(lambda: len(watch.series.samples) >= gpus, 120, "every GPU sampled")
-            procs += [start_job(root, j, config.step_s, i) for i, j in enumerate(jobs)]
+            for i, job in enumerate(jobs):  # one at a time: 100+ rank processes at once
+                procs.append(start_job(root, job, config.step_s, i))  # starve registrations
+                await _until(lambda j=job: j.tag in watch.job_ids, 120, f"job {job.tag} seen")
             pinned_s = await _until(lambda: watch.at_optimum(time.monotonic() - 1.2),
                                     config.pin_timeout_s, "every job pinned at its optimum")
             replicas.start("r2")  # after the registrations: r1 drives every job
