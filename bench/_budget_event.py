@@ -250,7 +250,7 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                                     config.pin_timeout_s, "every job pinned at its optimum")
             replicas.start("r2")  # after the registrations: r1 drives every job
             replicas.wait_healthy(60, names=["r2"])
-            await asyncio.sleep(3)
+            await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
             first = judge(watch, nodes, await grid_event(nc, watch, config, None))
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
                                    "busy_gpus": sum(len(j.gpus) for j in jobs),
