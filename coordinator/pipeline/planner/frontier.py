@@ -182,19 +182,34 @@ class _Ops:
         return values
 
 
-class _Candidates:
-    """Plans met along the sweep, rounded to real options; timed and reclaimed at the end."""
+PRUNE_EVERY = 4096
+"""Candidates recorded between two prunings of the dominated ones (bounds the memory)."""
 
-    def __init__(self, ops: _Ops) -> None:
-        self.ops = ops
+
+class _Candidates:
+    """Plans met along the sweep, rounded to real options; timed and reclaimed at the end.
+
+    Every `PRUNE_EVERY` candidates, those recorded so far are timed and the dominated ones
+    dropped: a dominated candidate never reaches the frontier, so the result is the same and
+    the memory stays bounded (a plan is 2 bytes per instruction).
+    """
+
+    def __init__(self, ops: _Ops, graph: Graph, stages: int, p_block_w: float) -> None:
+        self.ops, self.graph = ops, graph
+        self.stages, self.p_block_w = stages, p_block_w
         self.time: list[float] = []
         self.energy: list[float] = []
+        """The plan's cost until timed (`settled`), then its energy."""
         self.plan: list[np.ndarray] = []
+        self.settled = 0
+        """Candidates before this index are timed, their energies final."""
+        self.count = 0
+        """Candidates recorded in all."""
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
         """Round `dur` to real options (never slower) and keep the plan as a candidate.
 
-        Its iteration time is computed later, for all candidates at once (`horizon` when no
+        Its iteration time is computed later, for many candidates at once (`horizon` when no
         operation was rounded).
         """
         ops = self.ops
@@ -210,26 +225,44 @@ class _Candidates:
             self.time.append(math.nan)
             self.energy.append(float(ops.costs[ops.rows, slower].sum()))
             self.plan.append(slower.astype(np.int16))
+        self.count += 2 if rounded else 1
+        if len(self.time) - self.settled >= PRUNE_EVERY:
+            self._prune()
 
-    def finish(self, graph: Graph, stages: int, p_block_w: float) -> None:
-        """Time the rounded plans, add the blocking energy, reclaim the Pareto ones' slack."""
+    def _settle(self) -> None:
+        """Time the candidates recorded since the last call and add their blocking energy."""
         ops = self.ops
-        pending = [i for i, t in enumerate(self.time) if math.isnan(t)]
+        pending = [i for i in range(self.settled, len(self.time)) if math.isnan(self.time[i])]
         for lo in range(0, len(pending), 256):
             chunk = pending[lo : lo + 256]
             choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            times = graph.longest_many(ops.times[ops.rows[:, None], choices])
+            times = self.graph.longest_many(ops.times[ops.rows[:, None], choices])
             for i, t in zip(chunk, times.tolist(), strict=True):
                 self.time[i] = t
-        self.energy = [e + stages * t * p_block_w
-                       for e, t in zip(self.energy, self.time, strict=True)]
+        for i in range(self.settled, len(self.time)):
+            self.energy[i] = self.energy[i] + self.stages * self.time[i] * self.p_block_w
+        self.settled = len(self.time)
+
+    def _prune(self) -> None:
+        """Keep only the candidates no other one dominates (in their order)."""
+        self._settle()
+        keep = sorted(_pareto_indices(self.time, self.energy))
+        self.time = [self.time[i] for i in keep]
+        self.energy = [self.energy[i] for i in keep]
+        self.plan = [self.plan[i] for i in keep]
+        self.settled = len(self.time)
+
+    def finish(self) -> None:
+        """Time the last candidates, then reclaim the slack of the Pareto-optimal ones."""
+        ops, stages, p_block_w = self.ops, self.stages, self.p_block_w
+        self._settle()
         # Rounding to real options leaves slack off the critical path: reclaim it on the
         # Pareto-optimal candidates (a plan's time never grows, its energy never does).
         pareto = _pareto_indices(self.time, self.energy)
         for lo in range(0, len(pareto), 128):
             chunk = pareto[lo : lo + 128]
             choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            new, times = graph.reclaim_many(choices, ops.times, ops.eps_t)
+            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t)
             costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
             for j, i in enumerate(chunk):
                 energy = float(costs[j]) + stages * float(times[j]) * p_block_w
@@ -323,13 +356,13 @@ def plan_frontier(
     t_min = max(graph.forward(fastest.tolist()))
     t_max = max(graph.forward(ops.hull[ops.rows, ops.hull_n - 1].tolist()))
     ops.eps_t = 1e-9 * max(t_max, 1e-12)
-    candidates = _Candidates(ops)
+    candidates = _Candidates(ops, graph, stages, p_block_w)
     _sweep(graph, ops, candidates, (t_min, t_max), progress, stats)
     if progress is not None:
         progress(1000, 1000)
     stats.longest_path_passes = graph.passes
-    stats.candidates = len(candidates.time)
-    candidates.finish(graph, stages, p_block_w)
+    stats.candidates = candidates.count
+    candidates.finish()
     resolution = t_min / 2000 if unit_time is None else unit_time
     return _points(dag, kinds, kind, candidates, candidates.kept(resolution))
 
