@@ -13,10 +13,13 @@ to two counter steps. So the energy is attributed per window, by the exact instr
     E_window = sum over (kind, clock) of P_kind(clock) * T_kind,clock + P_block * T_idle
 
 where T_kind,clock is the total time of that kind's instructions run at that clock in the window,
-T_idle = window time - busy time (waiting for other stages, and any instruction other than
-"forward" and "backward", which always runs at the highest clock), and P_block the power drawn
+T_idle = window time - busy time (waiting for other stages, and any instruction that is not a
+pipeline action, which always runs at the highest clock), and P_block the power drawn
 meanwhile. The powers are the unknowns of a least-squares fit over all windows of a stage;
-the per-instruction energy is P_kind(clock) * (mean time of that kind at that clock).
+the per-instruction energy is P_kind(clock) * (mean time of that kind at that clock). Actions
+are bare `forward`/`backward` or `kind:stage:microbatch` names (`zeus_agent.pipeline_order`):
+the two halves of a split backward (`backward_input`, `backward_weight`) run at the backward
+clock and share its fitted power (`GROUP`); each kind's time, hence energy, is its own.
 
 The settings (per rank; under `make_3d_parallel`, per stage):
 
