@@ -86,7 +86,7 @@ def when(text: str) -> float:
 
 def duration(text: str) -> float:
     """Seconds from `90`, `90s`, `30m`, `3h` or `1d`."""
-    unit = _UNITS.get(text[-1:], None)
+    unit = _UNITS.get(text[-1:])
     return float(text[:-1]) * unit if unit else float(text)
 
 
