@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _common import machine, now
+from _common import free_port, machine, now
 
 from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats
@@ -132,12 +131,6 @@ def measure(pid: int, port: int, seconds: float) -> dict[str, object]:
         "idle_gpus": int(m1["idle_gpus"]),
         "window_s": round(span, 1),
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

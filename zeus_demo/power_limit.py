@@ -1,7 +1,8 @@
 """The power-limit part's run: services up, the data-parallel job, measurements, services down.
 
 One asyncio loop runs an embedded `nats-server` (or uses `--nats-url`), one `AgentServer` per
-simulated node (simulated GPUs, `backend="sim"`) and a `CoordinatorService`. A simulated
+simulated node (simulated GPUs, `backend="sim"`) and a `CoordinatorService`: the cluster
+harness's `LocalCluster`. A simulated
 data-parallel job (`zeus_agent.gpu.sim.trainers.data_parallel`: one process per rank, real
 `zeus_agent.emit` calls) then runs under the power-limit optimizer, while `_Observer` follows
 the job's status events (live progress) and records the agents' per-step measurements.
@@ -32,11 +33,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from zeus_agent.aio import wait_started
 from zeus_agent.errors import BrokerError
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobStatus, MeasurementBatch
+from zeus_demo.cluster import LocalCluster
 from zeus_demo.config import DemoConfig, DemoError, DemoStartupError
 
 LOG = logging.getLogger(__name__)
@@ -128,12 +129,6 @@ class _Observer:
         self._check_complete()
 
 
-async def _wait_started(event: asyncio.Event, task: asyncio.Task[Any], what: str) -> None:
-    """Wait until a service says it started, or fail with its error if it died first."""
-    await wait_started(event, task, what, DemoStartupError,
-                       hint="; rerun with --log-level INFO")
-
-
 def _phase_text(ev: Any) -> str:
     p = ev.progress or {}
     phase = p.get("phase", ev.state)
@@ -158,11 +153,7 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
         DemoStartupError: NATS, an agent or the coordinator did not start.
         DemoError: The job failed or the optimizer did not pin a limit.
     """
-    from coordinator.config import CoordinatorSettings
-    from coordinator.service import CoordinatorService
-    from zeus_agent.agent.server import AgentServer
-    from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
-    from zeus_agent.config import AgentSettings
+    from zeus_agent.broker import confirm_subscriptions, connect
     from zeus_agent.gpu.sim.trainers.data_parallel import (
         RankPlacement,
         TrainerOptions,
@@ -173,10 +164,9 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
     job_tag = f"zeus-demo-{uuid.uuid4().hex[:8]}"
     tmp = tempfile.TemporaryDirectory(prefix="zeus-demo-")
     root = Path(tmp.name)
-    embedded: EmbeddedNats | None = None
-    agents: list[tuple[AgentServer, asyncio.Task[None]]] = []
-    coord: CoordinatorService | None = None
-    coord_task: asyncio.Task[None] | None = None
+    cluster = LocalCluster(nats_url=config.nats_url, prefix=config.prefix,
+                           log_level=config.log_level, error=DemoStartupError,
+                           hint="; rerun with --log-level INFO")
     nc: Any = None
     job_id: str | None = None
     lost_nats_during_job = False
@@ -198,15 +188,9 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
     observer = _Observer(job_tag, on_status)
     try:
         with progress:
-            if config.nats_url:
-                url = config.nats_url
-            else:
+            if not config.nats_url:
                 progress.update(task_id, description="starting nats-server")
-                try:
-                    embedded = await asyncio.to_thread(EmbeddedNats().start)
-                except BrokerError as e:
-                    raise DemoStartupError(f"the embedded nats-server did not start: {e}") from e
-                url = embedded.url
+            url = await cluster.start_broker()
             progress.update(task_id, description="starting services")
             async def on_disconnect() -> None:
                 observer.disconnects += 1
@@ -221,24 +205,19 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
             await nc.subscribe(subjects.all_gpu_measurements(p), cb=observer.measurement)
             await confirm_subscriptions(nc)
             for node in config.node_names:
-                server = AgentServer(AgentSettings.model_validate({
-                    "nats_url": url, "backend": "sim", "sim_count": config.gpus_per_node,
-                    "sim_preset": config.preset, "sim_state_dir": str(root / node),
-                    "socket_path": str(root / f"{node}.sock"), "node": node, "sample_hz": 20,
-                    "prefix": p, "log_level": config.log_level,
+                cluster.add_agent(node, {
+                    "sim_count": config.gpus_per_node, "sim_preset": config.preset,
+                    "sim_state_dir": str(root / node), "socket_path": str(root / f"{node}.sock"),
+                    "sample_hz": 20,
                     # The job runs `scale` times faster than the real one: so does the GPU's
                     # energy counter (100 ms on real GPUs).
                     "sim_energy_update_ms": 100.0 * config.scale,
-                }))
-                agents.append((server, asyncio.create_task(server.serve())))
-            coord = CoordinatorService(CoordinatorSettings.model_validate({
-                "nats_url": url, "prefix": p, "state_dir": str(root / "coordinator"),
-                "dump_dir": str(root / "dump"), "log_level": config.log_level,
-            }))
-            coord_task = asyncio.create_task(coord.serve())
-            for server, agent_task in agents:
-                await _wait_started(server.started, agent_task, f"agent {server.settings.node}")
-            await _wait_started(coord.started, coord_task, "the coordinator")
+                })
+            coord, coord_task = cluster.add_coordinator({
+                "state_dir": str(root / "coordinator"), "dump_dir": str(root / "dump"),
+            })
+            await cluster.wait_agents()
+            await cluster.wait_coordinator(coord, coord_task)
 
             placements = [
                 RankPlacement(node, str(root / f"{node}.sock"), str(root / node), gpu)
@@ -273,9 +252,13 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
                 await asyncio.wait_for(observer.done.wait(), 2.0)
             progress.update(task_id, description="done", completed=config.total_steps)
     finally:
-        await _stop(agents, coord, coord_task, nc)
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
+        try:
+            await cluster.stop_services()
+            if nc is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(nc.drain(), 5)
+        finally:
+            await cluster.stop_broker()
         profile_json = _read_profile(root, job_id)
         tmp.cleanup()
     done = [s for s in observer.statuses if s.state == "done"]
@@ -296,7 +279,7 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
         config=config,
         job_id=result.job_id,
         nats_url=url,
-        embedded_nats=embedded is not None,
+        embedded_nats=not config.nats_url,
         chosen_power_limit_w=int(final["optimal_power_limit_w"]),
         max_power_limit_w=hw.max_power_limit_w,
         profile=list(final.get("measurements", [])),
@@ -316,25 +299,3 @@ def _read_profile(root: Path, job_id: str | None) -> str | None:
         return path.read_text(encoding="utf-8")
     except OSError:
         return None
-
-
-async def _stop(agents: list[tuple[Any, asyncio.Task[None]]], coord: Any,
-                coord_task: asyncio.Task[None] | None, nc: Any) -> None:
-    """Stop intake (agents, then the coordinator), wait for them, drain our connection."""
-    for server, _ in agents:
-        server.handle_exit()
-    if coord is not None:
-        coord.should_exit.set()
-    tasks = [t for _, t in agents] + ([coord_task] if coord_task is not None else [])
-    if tasks:
-        done, pending = await asyncio.wait(tasks, timeout=15)
-        for t in pending:
-            t.cancel(msg="zeus-demo: service did not stop within 15 s")
-        if pending:
-            await asyncio.wait(pending, timeout=5)
-        for t in done:
-            if not t.cancelled() and t.exception() is not None:
-                LOG.warning("a service ended with an error: %s", t.exception())
-    if nc is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.drain(), 5)

@@ -7,10 +7,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import socket
 import subprocess
 import sysconfig
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ import yaml
 
 from tests.repo_kit import REPO_ROOT
 from zeus_agent.broker import find_nats_server
+from zeus_demo.cluster import NatsServer, Processes
 
 DEPLOY = REPO_ROOT / "deploy"
 PENDING_COORDINATOR_SETTINGS: set[str] = set()
@@ -62,43 +61,19 @@ def nats_check(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess
     )
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback interface now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def nats_server(config: Path, port: int, env: dict[str, str]) -> Iterator[None]:
-    """Run nats-server with `config` (listening on 127.0.0.1:`port`) until the block ends."""
-    proc = subprocess.Popen(
-        [find_nats_server(), "-c", str(config)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=config.parent,
-    )
+    """Run nats-server with `config` (listening on 127.0.0.1:`port`) until the block ends; its
+    environment is `env` (the variables of this process that `env` leaves out are removed)."""
+    procs = Processes(config.parent)
+    removed: dict[str, str | None] = {k: None for k in os.environ if k not in env}
+    server = NatsServer(config, procs, env={**removed, **env}, port=port)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise AssertionError(f"nats-server exited: {err}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                    if s.recv(4) == b"INFO":
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.02)
+        server.start()
         yield
     finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stderr:
-            proc.stderr.close()
+        server.stop()
+        procs.close()
 
 
 @dataclass(frozen=True)

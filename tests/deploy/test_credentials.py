@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.deploy_kit import clean_env, free_port, load_credentials_module, nats_server
+from tests.deploy.deploy_kit import clean_env, load_credentials_module, nats_server
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.errors import BrokerError
 from zeus_agent.wire import permissions
+from zeus_demo.cluster import free_port
 
 credentials = load_credentials_module()
 

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
-from tests.deploy.deploy_kit import DEPLOY, documents, free_port
+from tests.deploy.deploy_kit import DEPLOY, documents
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo
@@ -39,6 +39,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     Reply,
 )
+from zeus_demo.cluster import free_port
 
 GRAFANA = DEPLOY / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))

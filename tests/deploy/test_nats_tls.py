@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.deploy.deploy_kit import DEPLOY, Pki, clean_env, free_port, nats_server
+from tests.deploy.deploy_kit import DEPLOY, Pki, clean_env, nats_server
 from zeus_agent.broker import connect, tls_context
 from zeus_agent.config import AgentSettings
 from zeus_agent.errors import BrokerError
+from zeus_demo.cluster import free_port
 
 # --- tls_context -----------------------------------------------------------------------------
 

@@ -1,15 +1,13 @@
 """The set-up the adversarial reviews attack: an embedded NATS, a coordinator and the agents of
-nodes a and b as processes (`Cluster`, `running_cluster`), a raw local client of an agent's
-trainer socket (`Raw`) and rank processes (`spawn_rank`)."""
+nodes a and b as processes of a harness registry (`Cluster`, `running_cluster`), a raw local
+client of an agent's trainer socket (`Raw`) and rank processes (`spawn_rank`)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,18 +21,11 @@ from tests.repo_kit import REPO_ROOT
 from zeus_agent.broker import EmbeddedNats
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire.trainer import Kind, decode_datagram, encode_event, encode_request
+from zeus_demo.cluster import Processes, console_script, wait_for
 
-BIN = Path(sys.executable).parent
 DEFAULT_W = 300  # the simulated A40's default (= maximum) power limit
-
-
-def script(name: str, module: str) -> list[str]:
-    path = BIN / name
-    return [str(path)] if path.exists() else [sys.executable, "-m", module]
-
-
-AGENT = script("zeus-agent", "zeus_agent.cli")
-COORDINATOR = script("zeus-coordinator", "coordinator.cli")
+AGENT = console_script("zeus-agent", "zeus_agent.cli")
+COORDINATOR = console_script("zeus-coordinator", "coordinator.cli")
 
 
 # ---------------------------------------------------------------------- helpers
@@ -87,6 +78,7 @@ RANK_CHILD = r"""
 import itertools, json, socket, sys, time
 sys.path.insert(0, sys.argv[2])
 from zeus_agent.wire.trainer import Kind, decode_datagram, encode_event, encode_request
+from zeus_demo.cluster import Processes, console_script, wait_for
 spec = json.loads(sys.argv[1])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(""); s.connect(spec["sock"])
 s.settimeout(10)
@@ -124,24 +116,6 @@ def spawn_rank(sock: Path, job: tuple[str, str], rank: int, node: str, gpu: int,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
 
 
-def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 # ---------------------------------------------------------------------- the sim cluster
 class Cluster:
     """Embedded NATS, a coordinator and agents of nodes a and b (3 simulated A40s each)."""
@@ -152,14 +126,11 @@ class Cluster:
         self.root = Path(tempfile.mkdtemp(prefix="zar-", dir="/tmp"))
         self.nats = EmbeddedNats().start()
         self.url = self.nats.url
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.registry = Processes(self.root)
+        self.procs = self.registry.procs
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with open(self.root / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        self.procs[name] = proc
-        return proc
+        return self.registry.spawn(name, argv, cwd=self.root)
 
     def sock(self, node: str) -> Path:
         return self.root / f"{node}.sock"
@@ -171,9 +142,7 @@ class Cluster:
         return SimGPU.open(self.sim(node), gpu).get_power_limit_w()
 
     def log(self, name: str) -> str:
-        with contextlib.suppress(OSError):
-            return (self.root / f"{name}.log").read_text(errors="replace")
-        return ""
+        return self.registry.text(name, every_run=True)
 
     def start(self) -> None:
         self.spawn("coord", [*COORDINATOR, "run", "--nats-url", self.url,
@@ -191,10 +160,7 @@ class Cluster:
                  "the agents")
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            kill_group(proc, signal.SIGTERM)
-        for proc in self.procs.values():
-            kill_group(proc)
+        self.registry.close(grace_s=10)
         self.nats.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 

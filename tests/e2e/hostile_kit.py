@@ -1,17 +1,15 @@
 """The hostile-agent harness: nats-server with the `nats-auth` users, coordinator replicas as
 processes, and a raw attacker client holding one GPU node's agent credential.
 
-Used by `test_hostile_agent.py` and `test_review33_hostile_agent.py` (issue 33). Every
-subprocess runs the code of the tree this file lives in (`python -m` with its root on
-PYTHONPATH and as working directory).
+Used by `test_hostile_agent.py` and `test_review33_hostile_agent.py` (issue 33), built on the
+cluster harness (`zeus_demo.cluster`): every subprocess is in its process registry and runs the
+code of the tree the harness lives in (`python -m` with its root on PYTHONPATH and as working
+directory).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +21,7 @@ from typing import Any
 import nats
 import pytest
 
-from zeus_agent.broker import confirm_subscriptions, find_nats_server
+from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, permissions, subjects
 from zeus_agent.wire.messages import (
@@ -32,11 +30,13 @@ from zeus_agent.wire.messages import (
     RegisterJob,
     Reply,
 )
+from zeus_demo.cluster import CODE_ROOT, NatsServer, Processes, wait_for_async
+from zeus_demo.cluster.processes import child_env
 
 pytestmark = pytest.mark.timeout(150)
 
-ROOT = Path(__file__).resolve().parents[2]
-"""Root of the tree this file belongs to: the code every subprocess runs."""
+ROOT = CODE_ROOT
+"""Root of the tree the harness belongs to: the code every subprocess runs."""
 HOSTILE, GOOD = "gpu-node-1", "gpu-node-2"
 HUGE = 2**63 - 1
 ROUNDS = 3
@@ -79,12 +79,15 @@ class Cluster:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.passwords: dict[str, str] = {}
-        self.port = 0
-        self.server: subprocess.Popen[bytes] | None = None
+        self.procs = Processes(tmp)
+        self.server: NatsServer | None = None
         self.replicas: dict[str, subprocess.Popen[bytes]] = {}
-        self.starts: Counter[str] = Counter()
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.env.pop("ZEUS_PFO_NATS_URL", None)
+        self.env: dict[str, str | None] = {"ZEUS_PFO_NATS_URL": None}
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None and self.server.port is not None
+        return self.server.port
 
     # --- NATS ----------------------------------------------------------------------------
     def start_server(self) -> None:
@@ -92,7 +95,7 @@ class Cluster:
         gen = subprocess.run(
             [sys.executable, "-m", "coordinator.cli", "nats-auth", "--node", HOSTILE,
              "--node", GOOD, "--out", str(auth), "--env-file", str(env_file)],
-            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=60,
+            cwd=ROOT, env=child_env(self.env), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert gen.returncode == 0, gen.stderr
         for line in env_file.read_text().splitlines():
@@ -102,23 +105,8 @@ class Cluster:
         (self.tmp / "server.conf").write_text(
             'listen: "127.0.0.1:-1"\ninclude ./auth.conf\n'
             'jetstream { store_dir: "' + str(self.tmp / "js") + '" }\n')
-        ports = self.tmp / "ports"
-        ports.mkdir()
-        self.server = subprocess.Popen(
-            [find_nats_server(), "-c", str(self.tmp / "server.conf"), "--ports_file_dir",
-             str(ports), "-l", str(self.tmp / "nats.log")],
-            env={**os.environ, **self.passwords}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            assert self.server.poll() is None, (self.tmp / "nats.log").read_text()
-            for f in ports.glob("*.ports"):
-                with contextlib.suppress(ValueError, OSError, IndexError, KeyError):
-                    self.port = int(json.loads(f.read_text())["nats"][0].rsplit(":", 1)[1])
-                    return
-            time.sleep(0.02)
-        raise AssertionError("nats-server did not start within 15 s")
+        self.server = NatsServer(self.tmp / "server.conf", self.procs,
+                                 env=self.passwords).start(timeout_s=15)
 
     def url(self, user: str) -> str:
         var = next(u.password_variable for u in permissions.users([HOSTILE, GOOD])
@@ -131,34 +119,33 @@ class Cluster:
 
     # --- replicas --------------------------------------------------------------------------
     def log(self, name: str) -> Path:
-        return self.tmp / f"{name}.{self.starts[name]}.log"
+        return self.procs.logs[name][-1]
 
     def start_replica(self, name: str) -> None:
-        self.starts[name] += 1
-        with self.log(name).open("wb") as out:
-            self.replicas[name] = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.cli", "run",
-                 "--nats-url", self.url(permissions.COORDINATOR_USER),
-                 "--replica-name", name, "--state-dir", str(self.tmp / f"state-{name}"),
-                 "--dump-dir", str(self.tmp / f"dump-{name}"), "--ownership-lease-s", "3",
-                 "--command-timeout-s", "2", "--shutdown-timeout-s", "2",
-                 "--log-level", "INFO"],
-                cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+        self.replicas[name] = self.procs.spawn(
+            name,
+            [sys.executable, "-m", "coordinator.cli", "run",
+             "--nats-url", self.url(permissions.COORDINATOR_USER),
+             "--replica-name", name, "--state-dir", str(self.tmp / f"state-{name}"),
+             "--dump-dir", str(self.tmp / f"dump-{name}"), "--ownership-lease-s", "3",
+             "--command-timeout-s", "2", "--shutdown-timeout-s", "2",
+             "--log-level", "INFO"],
+            env=self.env, cwd=ROOT,
+        )  # fmt: skip
 
     async def start_replicas(self) -> None:
         for name in ("r1", "r2"):
             self.start_replica(name)
-        deadline = time.monotonic() + READY_S
         waiting = set(self.replicas)
-        while waiting:
+
+        def ready() -> bool:
             for name in list(waiting):
                 assert self.replicas[name].poll() is None, self.report(f"{name} exited at start")
-                if "coordinator ready" in self.log(name).read_text(errors="replace"):
+                if "coordinator ready" in self.procs.text(name):
                     waiting.discard(name)
-            assert time.monotonic() < deadline, self.report(f"{sorted(waiting)} not ready")
-            await asyncio.sleep(0.05)
+            return not waiting
+
+        await wait_for_async(ready, READY_S, lambda: self.report(f"{sorted(waiting)} not ready"))
 
     async def stop_replicas(self) -> dict[str, int | None]:
         for proc in self.replicas.values():
@@ -190,31 +177,22 @@ class Cluster:
     def report(self, what: str) -> str:
         tails = []
         for name in sorted(self.replicas):
-            lines = self.log(name).read_text(errors="replace").splitlines()
+            lines = self.procs.text(name).splitlines()
             notable = [ln for ln in lines[:-15] if " INFO " not in ln][-20:]
             text = "\n".join([*notable, "...", *lines[-15:]])
-            tails.append(f"--- {name} (start {self.starts[name]}) ---\n{text}")
+            tails.append(f"--- {name} (start {len(self.procs.logs[name])}) ---\n{text}")
         return f"{what}\n" + "\n".join(tails)
 
     async def cli(self, *args: str) -> tuple[int, str]:
         """`zeus-coordinator ARGS` (this tree's), as the coordinator user: (code, output)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "coordinator.cli", *args, cwd=ROOT, env=self.env,
+            sys.executable, "-m", "coordinator.cli", *args, cwd=ROOT, env=child_env(self.env),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         return proc.returncode or 0, out.decode(errors="replace")
 
     def close(self) -> None:
-        procs = list(self.replicas.values()) + ([self.server] if self.server else [])
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        self.procs.close(grace_s=10)
 
 
 class FakeAgent:
@@ -263,11 +241,3 @@ class FakeAgent:
                             gpu_info: dict[str, Any] | None = None) -> Reply:
         return await self.request(subjects.coord_register_rank(self.node),
                                   rank_payload(job_id, token, self.node, gpu, gpu_info))
-
-
-async def wait_for(cond: Any, timeout_s: float, what: Any) -> None:
-    """Wait until `cond()`; past `timeout_s`, fail with `what()`."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, what()
-        await asyncio.sleep(0.05)

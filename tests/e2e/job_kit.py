@@ -9,11 +9,11 @@ from typing import Any
 
 from coordinator.power_limit import Energy
 from coordinator.state import records
-from tests.e2e.procs import FaultCluster
 from zeus_agent.gpu.sim.physics import operating_point
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import subjects
+from zeus_demo.cluster import SimCluster
 
 WORKLOAD = "A40+resnet50+gpu0"
 """Step time 30 ms at 300 W to 88 ms at 100 W (scaled): every limit takes its own time."""
@@ -59,7 +59,7 @@ def inconsistent(measurements: list[PowerLimitMeasurement], profile_steps: int,
     return bad
 
 
-def describe(c: FaultCluster, *logs: str) -> str:
+def describe(c: SimCluster, *logs: str) -> str:
     """The job's status events and the logs of the coordinator (and of `logs`)."""
     text = "\n".join(c.procs.log(name, 3000) for name in ("coordinator", *logs))
     return f"status events:\n{c.messages()}\n{text}"
@@ -86,7 +86,7 @@ def undisturbed_optimum() -> int:
     return Energy().select(profile)
 
 
-async def owner_of(c: FaultCluster, job_id: str) -> str:
+async def owner_of(c: SimCluster, job_id: str) -> str:
     """The replica whose lease on the job is in the ownership bucket."""
     _, owners = records.bucket_names(subjects.DEFAULT_PREFIX)
     kv = await c.nc.jetstream().key_value(owners)

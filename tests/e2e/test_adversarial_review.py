@@ -37,14 +37,12 @@ from tests.e2e.adversarial_kit import (
     Cluster,
     Raw,
     bye_everywhere,
-    kill_group,
     rank_payload,
     running_cluster,
     spawn_rank,
-    wait_for,
 )
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.broker import connect, find_nats_server
+from zeus_agent.broker import connect
 from zeus_agent.errors import GPUError, GPUUnavailableError, PayloadError
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.gpu.threaded import GPUCaller
@@ -52,6 +50,7 @@ from zeus_agent.models import JobInfo
 from zeus_agent.wire import codec, permissions, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InfoCmd, JobQuery, RegisterJob
 from zeus_agent.wire.trainer import Kind, encode_request
+from zeus_demo.cluster import NatsServer, Processes, kill_group, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,26 +66,16 @@ class AuthServer:
     def __init__(self) -> None:
         self.nodes = ["a", "b"]
         self.tmp = Path(tempfile.mkdtemp(prefix="zara-", dir="/tmp"))
+        self.procs = Processes(self.tmp)
         (self.tmp / "auth.conf").write_text(permissions.render_authorization(self.nodes))
         (self.tmp / "server.conf").write_text(
             'listen: "127.0.0.1:-1"\ninclude ./auth.conf\n'
             'jetstream { store_dir: "' + str(self.tmp / "js") + '" }\n')
-        (self.tmp / "ports").mkdir()
         self.passwords = {u.password_variable: f"z{os.urandom(12).hex()}"
                           for u in permissions.users(self.nodes)}
-        self.proc = subprocess.Popen(
-            [find_nats_server(), "-c", str(self.tmp / "server.conf"),
-             "--ports_file_dir", str(self.tmp / "ports")],
-            env={**os.environ, **self.passwords}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self.port = wait_for(self._port, 10, "nats-server's port")
-        self.coord: subprocess.Popen[bytes] | None = None
-
-    def _port(self) -> int | None:
-        for f in (self.tmp / "ports").glob("*.ports"):
-            with contextlib.suppress(ValueError, OSError, IndexError, KeyError):
-                return int(json.loads(f.read_text())["nats"][0].rsplit(":", 1)[1])
-        return None
+        self.server = NatsServer(self.tmp / "server.conf", self.procs,
+                                 env=self.passwords).start()
+        self.port = self.server.port
 
     def password(self, user: str) -> str:
         var = next(u.password_variable for u in permissions.users(self.nodes) if u.name == user)
@@ -97,25 +86,17 @@ class AuthServer:
 
     @property
     def coord_log(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.tmp / "coord.log").read_text(errors="replace")
-        return ""
+        return self.procs.text("coord")
 
     def start_coordinator(self) -> None:
-        with open(self.tmp / "coord.log", "wb") as log:
-            self.coord = subprocess.Popen(
-                [*COORDINATOR, "run", "--nats-url", self.url("coordinator"),
-                 "--state-dir", str(self.tmp / "state"), "--dump-dir", str(self.tmp / "dump")],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.tmp,
-                start_new_session=True)
+        self.procs.spawn("coord", [
+            *COORDINATOR, "run", "--nats-url", self.url("coordinator"),
+            "--state-dir", str(self.tmp / "state"), "--dump-dir", str(self.tmp / "dump")],
+            cwd=self.tmp)
         wait_for(lambda: "coordinator ready" in self.coord_log, 30, "the coordinator")
 
     def close(self) -> None:
-        if self.coord is not None:
-            kill_group(self.coord, signal.SIGTERM)
-            kill_group(self.coord)
-        kill_group(self.proc, signal.SIGTERM)
-        kill_group(self.proc)
+        self.procs.close(grace_s=10)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

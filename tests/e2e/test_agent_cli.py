@@ -206,7 +206,8 @@ async def test_a_connection_the_server_closes_ends_the_process_with_4_gpus_resto
     import json
     import urllib.request
 
-    from tests.shell.agent_kit import AuthNats, free_port
+    from tests.shell.agent_kit import AuthNats
+    from zeus_demo.cluster import free_port
 
     server = AuthNats(tmp_path).start()
     tmp = Path(tempfile.mkdtemp(prefix="zae-", dir="/tmp"))

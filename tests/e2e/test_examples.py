@@ -1,7 +1,7 @@
 """The examples run, on tiny sizes, against a real sim agent (and coordinator) so they cannot rot.
 
 Each example runs as users run it: a subprocess of `python examples/<name>.py`, talking to an
-agent (simulated GPU) started here on the test's event loop.
+agent (simulated GPU) started here on the test's event loop (the harness's `LocalCluster`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ from typing import Any
 
 import pytest
 
-from coordinator.config import CoordinatorSettings
-from coordinator.service import CoordinatorService
-from zeus_agent.agent.server import AgentServer
 from zeus_agent.broker import confirm_subscriptions, connect
-from zeus_agent.config import AgentSettings
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus, MeasurementBatch
+from zeus_demo.cluster import LocalCluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -54,33 +51,19 @@ async def _cluster(
     nats_server: Any, tmp_path: Path, with_coordinator: bool
 ) -> AsyncIterator[Cluster]:
     cluster = Cluster(str(tmp_path / "agent.sock"), str(tmp_path / "sim"))
-    agent = AgentServer(
-        AgentSettings.model_validate(
-            {
-                "nats_url": nats_server.url,
-                "backend": "sim",
-                "sim_count": 1,
-                "sim_energy_update_ms": 0,  # steps of a few ms: an exact counter
-                "sim_preset": "A40",
-                "sim_state_dir": cluster.sim_state_dir,
-                "socket_path": cluster.socket_path,
-                "node": f"ex-{tmp_path.name[-12:]}",
-                "sample_hz": 20,
-            }
-        )
-    )
-    tasks = [asyncio.create_task(agent.serve())]
+    services = LocalCluster(nats_url=nats_server.url, log_level=None)
+    await services.start_broker()
+    services.add_agent(f"ex-{tmp_path.name[-12:]}", {
+        "sim_count": 1,
+        "sim_energy_update_ms": 0,  # steps of a few ms: an exact counter
+        "sim_preset": "A40",
+        "sim_state_dir": cluster.sim_state_dir,
+        "socket_path": cluster.socket_path,
+        "sample_hz": 20,
+    })
     coord = None
     if with_coordinator:
-        coord = CoordinatorService(
-            CoordinatorSettings.model_validate(
-                {
-                    "nats_url": nats_server.url,
-                    "state_dir": str(tmp_path / "coord"),
-                }
-            )
-        )
-        tasks.append(asyncio.create_task(coord.serve()))
+        coord = services.add_coordinator({"state_dir": str(tmp_path / "coord")})
     nc = await connect(nats_server.url, "examples-observer")
 
     async def on_status(msg: Any) -> None:
@@ -92,17 +75,14 @@ async def _cluster(
     await nc.subscribe("zeus.job.*.status", cb=on_status)
     await nc.subscribe("zeus.gpu.*.*.meas", cb=on_meas)
     try:
-        await asyncio.wait_for(agent.started.wait(), 10)
+        await services.wait_agents()
         if coord is not None:
-            await asyncio.wait_for(coord.started.wait(), 10)
+            await services.wait_coordinator(*coord)
         yield cluster
         await confirm_subscriptions(nc)
         await asyncio.sleep(0.2)
     finally:
-        agent.handle_exit()
-        if coord is not None:
-            coord.should_exit.set()
-        await asyncio.gather(*tasks)
+        await services.stop_services()
         await nc.drain()
 
 

@@ -1,7 +1,7 @@
 """Fault recovery with real processes: an agent SIGKILLed mid-profiling or after the pin, and
 a nats-server restart mid-profiling.
 
-Every piece is a process of its own (`tests.e2e.procs.FaultCluster`): `nats-server`,
+Every piece is a process of its own (`zeus_demo.cluster.SimCluster`): `nats-server`,
 `zeus-coordinator run`, `zeus-agent run --backend sim` on two simulated nodes (2 A40s each)
 and a 4-rank simulated data-parallel job (`zeus_agent.gpu.sim.trainers.data_parallel`, one
 process per rank, real `emit` calls). The job is followed as a user would: `JobStatus` events,
@@ -22,8 +22,8 @@ behaviour:
    window spanned 46 steps and was accepted. Now: every window of the profile measures what
    the simulator says `profile_steps` steps take at its limit (time and energy), so no window
    covers more steps, or other steps, than its own. Which side reconnects first is a race in
-   real life; the coordinator and the agents reach NATS through relays (`procs.Relay`) so both
-   orders are run, each every time.
+   real life; the coordinator and the agents reach NATS through relays
+   (`zeus_demo.cluster.Relay`) so both orders are run, each every time.
 
 And a guard on the reconciliation itself (4): once a job has ended and its agents restored
 the default limit (trainers said goodbye), their heartbeats must not bring the job's limit
@@ -53,19 +53,19 @@ from tests.e2e.job_kit import (
     measured,
     options,
 )
-from tests.e2e.procs import FaultCluster, processes_with_mark
 from zeus_agent.gpu.sim.presets import PRESETS
+from zeus_demo.cluster import SimCluster, processes_with_mark
 
 DEFAULT_LIMIT = PRESETS["A40"].default_power_limit_w
 
 
 @pytest.fixture
 async def clusters():
-    """Make `FaultCluster`s; all their processes are killed and directories removed after."""
-    made: list[FaultCluster] = []
+    """Make `SimCluster`s; all their processes are killed and directories removed after."""
+    made: list[SimCluster] = []
 
-    async def make(**kwargs: Any) -> FaultCluster:
-        cluster = FaultCluster(**kwargs)
+    async def make(**kwargs: Any) -> SimCluster:
+        cluster = SimCluster(**kwargs)
         made.append(cluster)
         await cluster.start()
         return cluster
@@ -80,7 +80,7 @@ async def clusters():
         assert not cluster.root.exists()
 
 
-async def wait_optimum(c: FaultCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
+async def wait_optimum(c: SimCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
     """The job's progress once an optimum is known: from its `done` event or its query."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -59,7 +59,6 @@ from tests.e2e.hostile_kit import (
     Cluster,
     FakeAgent,
     description,
-    wait_for,
 )
 from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.models import JobInfo, RankInfo
@@ -72,6 +71,7 @@ from zeus_agent.wire.messages import (
     Reply,
     join_token_digest,
 )
+from zeus_demo.cluster import wait_for_async
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -159,8 +159,9 @@ async def test_one_hostile_agent_cannot_stop_or_crash_loop_the_replicas() -> Non
         job_b2, token_b2 = await attacker.register_job(PowerLimitOptions(pl_step_w=1))
         reply = await attacker.register_rank(job_b2, token_b2, 2)
         assert reply.ok, reply  # a bounded GPU: the rank is in, the job complete
-        await wait_for(lambda: failures(job_b2) > 0, 15,
-                       lambda: cluster.report(f"no error/failed status for {job_b2}: {statuses}"))
+        await wait_for_async(
+            lambda: failures(job_b2) > 0, 15,
+            lambda: cluster.report(f"no error/failed status for {job_b2}: {statuses}"))
         said = [s.message for s in statuses if s.job_id == job_b2 and s.state in FAILED][0]
         assert "4096" in said, said  # the bound the job broke
         await cluster.assert_alive("(b) after a job of 10,000 candidate limits")
@@ -175,10 +176,10 @@ async def test_one_hostile_agent_cannot_stop_or_crash_loop_the_replicas() -> Non
         assert reply.ok, reply
         reply = await query(job_ok)
         assert reply.ok, reply
-        await wait_for(lambda: "profiling" in states(job_ok), 15,
-                       lambda: cluster.report(f"{job_ok} is not driven: {states(job_ok)}"))
-        await wait_for(lambda: good.ops.get(0, Counter())["set_power_limit"] > 0, 15,
-                       lambda: f"{job_ok}'s GPU was never given a limit: {good.ops}")
+        await wait_for_async(lambda: "profiling" in states(job_ok), 15,
+                             lambda: cluster.report(f"{job_ok} is not driven: {states(job_ok)}"))
+        await wait_for_async(lambda: good.ops.get(0, Counter())["set_power_limit"] > 0, 15,
+                             lambda: f"{job_ok}'s GPU was never given a limit: {good.ops}")
         assert failures(job_ok) == 0, statuses
 
         # (c) Restarts: the replicas stay up, nothing hostile is started again in a loop.

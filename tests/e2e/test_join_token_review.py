@@ -22,7 +22,6 @@ from tests.e2e.adversarial_kit import (
     Cluster,
     Raw,
     bye_everywhere,
-    kill_group,
     running_cluster,
     spawn_rank,
 )
@@ -30,6 +29,7 @@ from zeus_agent.broker import connect
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobQuery, Reply
 from zeus_agent.wire.trainer import Kind
+from zeus_demo.cluster import kill_group
 
 pytestmark = pytest.mark.timeout(90)
 

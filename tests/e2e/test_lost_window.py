@@ -1,4 +1,4 @@
-"""A window lost to an agent restart, with real processes (`tests.e2e.procs.FaultCluster`:
+"""A window lost to an agent restart, with real processes (`zeus_demo.cluster.SimCluster`:
 nats-server, `zeus-coordinator run`, two agents on simulated nodes, a 4-rank simulated job).
 
 The defect: the agent of node-b restarted during the last window (100 W); its marks of that
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from coordinator.power_limit import ZeusCost
-from tests.e2e.procs import FaultCluster, processes_with_mark
 from zeus_agent.models import PowerLimitMeasurement
+from zeus_demo.cluster import SimCluster, processes_with_mark
 
 WORKLOAD = "A40+resnet50+gpu0"
 """Step time 30 ms at 300 W to 88 ms at 100 W (scaled); ZeusCost(0.5) picks 200 W."""
@@ -33,9 +33,9 @@ OPTIONS = {"selector": "ZeusCost", "eta_knob": 0.5, "warmup_steps": 1, "profile_
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[FaultCluster]:
-    """A `FaultCluster` whose mark timeout outlasts the job; killed and removed after."""
-    c = FaultCluster(coordinator_args=["--mark-timeout-s", "60"])
+async def cluster() -> AsyncIterator[SimCluster]:
+    """A `SimCluster` whose mark timeout outlasts the job; killed and removed after."""
+    c = SimCluster(coordinator_args=["--mark-timeout-s", "60"])
     try:
         await c.start()
         yield c
@@ -44,12 +44,12 @@ async def cluster() -> AsyncIterator[FaultCluster]:
     assert processes_with_mark(c.procs.mark) == []
 
 
-def describe(c: FaultCluster) -> str:
+def describe(c: SimCluster) -> str:
     logs = "\n".join(c.procs.log(name, 3000) for name in ("coordinator", "agent-node-b"))
     return f"status events:\n{c.messages()}\n{logs}"
 
 
-async def within(c: FaultCluster, what: str, timeout_s: float,
+async def within(c: SimCluster, what: str, timeout_s: float,
                  wait: Callable[[], Awaitable[Any]]) -> Any:
     try:
         return await asyncio.wait_for(wait(), timeout_s)

@@ -1,7 +1,7 @@
 """The system on a 3-server NATS cluster (routes, JetStream R3), every piece a real process.
 
-`tests.e2e.nats_cluster.NatsCluster` runs three routed `nats-server`s on loopback, each with its
-own JetStream store; `FaultCluster` runs two coordinator replicas (`--state-replicas 3`: their
+`zeus_demo.cluster.NatsCluster` runs three routed `nats-server`s on loopback, each with its
+own JetStream store; `SimCluster` runs two coordinator replicas (`--state-replicas 3`: their
 KV buckets have a copy on every server), one agent per simulated node (two nodes, 2 A40s each)
 and the simulated jobs. Each client is given ONE server's URL and finds the others from the
 server's INFO (nats-py adds them to its pool), so it can fail over:
@@ -64,10 +64,10 @@ from tests.e2e.job_kit import (
     measured,
     options,
 )
-from tests.e2e.nats_cluster import NatsCluster
-from tests.e2e.procs import REPO_ROOT, FaultCluster, processes_with_mark
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.models import load_prof, load_ranks, load_sched
 from zeus_agent.wire import subjects
+from zeus_demo.cluster import NatsCluster, SimCluster, processes_with_mark
 
 PLACES = {"coordinator": 0, "agent-node-a": 0, "coordinator-2": 1, "agent-node-b": 1,
           "observer": 2}
@@ -93,11 +93,11 @@ async def nats():
 
 @pytest.fixture
 async def clusters(nats):
-    """Make `FaultCluster`s on `nats`, two replicas, clients placed by `PLACES`; cleaned up."""
-    made: list[FaultCluster] = []
+    """Make `SimCluster`s on `nats`, two replicas, clients placed by `PLACES`; cleaned up."""
+    made: list[SimCluster] = []
 
-    async def make(**kwargs: Any) -> FaultCluster:
-        c = FaultCluster(nats_urls=lambda name: nats.url(PLACES[name]), replicas=2, **kwargs)
+    async def make(**kwargs: Any) -> SimCluster:
+        c = SimCluster(nats_urls=lambda name: nats.url(PLACES[name]), replicas=2, **kwargs)
         made.append(c)
         await c.start()
         return c
@@ -112,13 +112,13 @@ async def clusters(nats):
         assert not c.root.exists()
 
 
-def describe(c: FaultCluster, *names: str) -> str:
+def describe(c: SimCluster, *names: str) -> str:
     """The job's status events and the logs of both replicas (and of `names`)."""
     logs = "\n".join(c.procs.log(n, 3000) for n in (*c.replicas, *names))
     return f"status events:\n{c.messages()}\n{logs}"
 
 
-async def wait_optimum(c: FaultCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
+async def wait_optimum(c: SimCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
     """The job's power-limit progress once an optimum is known (`done` event or query)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -138,7 +138,7 @@ async def wait_optimum(c: FaultCluster, job_id: str, timeout_s: float) -> dict[s
         await asyncio.sleep(0.3)
 
 
-async def kv_get(c: FaultCluster, bucket: str, key: str, timeout_s: float = 10) -> Any:
+async def kv_get(c: SimCluster, bucket: str, key: str, timeout_s: float = 10) -> Any:
     """An entry of a KV bucket, read by the observer (retried while JetStream recovers)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -151,7 +151,7 @@ async def kv_get(c: FaultCluster, bucket: str, key: str, timeout_s: float = 10) 
             await asyncio.sleep(0.2)
 
 
-async def owner_of(c: FaultCluster, job_id: str) -> str:
+async def owner_of(c: SimCluster, job_id: str) -> str:
     """The replica holding the job's ownership lease (read from its KV bucket)."""
     entry = await kv_get(c, subjects.state_buckets(subjects.DEFAULT_PREFIX)[1],
                          records.job_hash(job_id))
@@ -164,7 +164,7 @@ def longest_stall(seen: list[float], start: float, end: float) -> float:
     return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
 
 
-async def check_power_limit_job(c: FaultCluster, job_id: str, profile_steps: int,
+async def check_power_limit_job(c: SimCluster, job_id: str, profile_steps: int,
                                 timeout_s: float) -> tuple[int, dict[str, Any]]:
     """The checks of `test_fault_recovery`: the profile, its physics, the pin on every GPU.
 

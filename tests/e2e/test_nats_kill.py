@@ -1,6 +1,6 @@
 """nats-server SIGKILLed (not stopped: no goodbye to its clients) and started again.
 
-Real processes (`tests.e2e.procs.FaultCluster`): nats-server, `zeus-coordinator run`, two
+Real processes (`zeus_demo.cluster.SimCluster`): nats-server, `zeus-coordinator run`, two
 agents with one simulated A40 each (`--metrics-port`), a simulated one-GPU job bound to
 node-a's GPU only; node-b's agent has no trainer, so it reads its energy counter in idle mode
 (~once a second, `zeus_gpu_counter_reads_idle` 1). The server is SIGKILLed, left down until
@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 
 from tests.e2e.job_kit import SCALE, WORKLOAD, options
-from tests.e2e.procs import REPO_ROOT, FaultCluster, processes_with_mark
-from tests.shell.agent_kit import free_port
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.wire import subjects
+from zeus_demo.cluster import SimCluster, free_port, processes_with_mark
 
 
-class MetricsCluster(FaultCluster):
-    """A `FaultCluster` whose agents each serve Prometheus `/metrics` on a port of their own."""
+class MetricsCluster(SimCluster):
+    """A `SimCluster` whose agents each serve Prometheus `/metrics` on a port of their own."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -93,7 +93,7 @@ async def test_a_killed_nats_server_restarted_agents_reconnect_and_read_rates_re
                         "power_limit": options(6), "job_metadata": c.tag, "seed": 0,
                         "noise": True},
             "timeout_s": 100, "out": str(c.trainer_out)}
-        c.procs.spawn("trainer", [sys.executable, "-m", "tests.e2e.procs", "trainer",
+        c.procs.spawn("trainer", [sys.executable, "-m", "zeus_demo.cluster.trainer",
                                   json.dumps(spec)], cwd=REPO_ROOT)
         await c.wait_status(lambda s: s.state == "profiling", 30, "profiling")
         active = "zeus_gpu_counter_reads_idle"

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ import pytest
 from nats import micro
 
 from tests.repo_kit import REPO_ROOT
-from zeus_agent.broker import confirm_subscriptions, find_nats_server
+from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, permissions, subjects
 from zeus_agent.wire.messages import (
@@ -46,6 +45,7 @@ from zeus_agent.wire.messages import (
     Reply,
 )
 from zeus_agent.wire.trainer import TrainerHello
+from zeus_demo.cluster import NatsServer, Processes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -74,48 +74,21 @@ class Server:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     tmp = Path(tempfile.mkdtemp(prefix="zeus-nats-auth-"))
+    procs = Processes(tmp)
     try:
         shutil.copyfile(AUTH_CONF, tmp / "auth.conf")
         (tmp / "server.conf").write_text(
             'listen: "127.0.0.1:-1"\ninclude ./auth.conf\n'
             'jetstream { store_dir: "' + str(tmp / "js") + '" }\n')
-        (tmp / "ports").mkdir()
         passwords = {
             u.password_variable: f"z{os.urandom(12).hex()}" for u in permissions.users([A, B])
         }
-        proc = subprocess.Popen(
-            [find_nats_server(), "-c", str(tmp / "server.conf"),
-             "--ports_file_dir", str(tmp / "ports"), "-l", str(tmp / "nats.log")],
-            env={**os.environ, **passwords},
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            port = _wait_for_port(proc, tmp / "ports")
-            yield Server(port, passwords)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stderr:
-                proc.stderr.close()
+        nats_server = NatsServer(tmp / "server.conf", procs, env=passwords).start()
+        assert nats_server.port is not None
+        yield Server(nats_server.port, passwords)
     finally:
+        procs.close(grace_s=5)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _wait_for_port(proc: subprocess.Popen[bytes], ports: Path) -> int:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise AssertionError(f"nats-server refused the shipped auth.conf: {err}")
-        for f in ports.glob("*.ports"):
-            with contextlib.suppress(ValueError, OSError, IndexError):
-                return int(json.loads(f.read_text())["nats"][0].rsplit(":", 1)[1])
-        time.sleep(0.01)
-    raise AssertionError("nats-server did not start within 10 s")
 
 
 class Client:

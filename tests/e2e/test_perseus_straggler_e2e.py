@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import sys
 
-from tests.e2e.procs import REPO_ROOT, FaultCluster
+from tests.repo_kit import REPO_ROOT
+from zeus_demo.cluster import SimCluster
 
 ARGS = {"profiler_args": {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}}
 
 
 async def test_perseus_serves_a_plan_and_slows_the_other_pipeline_for_a_straggler() -> None:
-    c = FaultCluster(nodes=("node-a", "node-b"), gpus_per_node=4, coordinator_args=[
+    c = SimCluster(nodes=("node-a", "node-b"), gpus_per_node=4, coordinator_args=[
         "--scheduler", "Perseus3D", "--scheduler-args", json.dumps(ARGS),
         "--profiling-iterations", "3", "--straggler-window", "3"])
     try:

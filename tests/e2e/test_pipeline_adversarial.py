@@ -56,44 +56,15 @@ from zeus_agent.wire.trainer import (
     encode_notice,
     encode_request,
 )
+from zeus_demo.cluster import Processes, console_script, free_port, kill_group, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
-BIN = Path(sys.executable).parent
 TOP_MHZ = 1740  # the simulated A40's highest SM clock
-
-
-def script(name: str, module: str) -> list[str]:
-    path = BIN / name
-    return [str(path)] if path.exists() else [sys.executable, "-m", module]
-
-
-AGENT = script("zeus-agent", "zeus_agent.cli")
-COORDINATOR = script("zeus-coordinator", "coordinator.cli")
+AGENT = console_script("zeus-agent", "zeus_agent.cli")
+COORDINATOR = console_script("zeus-coordinator", "coordinator.cli")
 PROFILER_ARGS = {"clocks": 2, "warmup_iterations": 0, "min_profile_iterations": 1}
 LEASE_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def kill_group(proc: Any, sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -108,16 +79,11 @@ class Cluster:
         self.nats = EmbeddedNats().start()
         self.url = self.nats.url
         self.status_port = free_port()
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.runs: dict[str, int] = {}
+        self.registry = Processes(self.root)
+        self.procs = self.registry.procs
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        self.runs[name] = self.runs.get(name, 0) + 1
-        with open(self.root / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        self.procs[name] = proc
-        return proc
+        return self.registry.spawn(name, argv, cwd=self.root)
 
     def sock(self, node: str) -> Path:
         return self.root / f"{node}.sock"
@@ -133,9 +99,7 @@ class Cluster:
         return SimGPU.open(self.sim(node), index)
 
     def log(self, name: str) -> str:
-        with contextlib.suppress(OSError):
-            return (self.root / f"{name}.log").read_text(errors="replace")
-        return ""
+        return self.registry.text(name, every_run=True)
 
     def start_coordinator(self) -> None:
         before = self.log("coord").count("coordinator ready")
@@ -145,7 +109,7 @@ class Cluster:
             "--scheduler", "InstructionProfiler3D", "--scheduler-args", json.dumps(PROFILER_ARGS),
             "--profiling-iterations", "1", "--switch-lead-steps", "1",
             "--lease-s", str(LEASE_S), "--status-port", str(self.status_port)])
-        wait_until(lambda: self.log("coord").count("coordinator ready") > before, 30,
+        wait_for(lambda: self.log("coord").count("coordinator ready") > before, 30,
                    "the coordinator")
 
     def start_agent(self, node: str, attach: bool = False) -> None:
@@ -155,7 +119,7 @@ class Cluster:
             "--sim-count", str(self.GPUS), "--sim-state-dir", str(self.sim(node)),
             "--socket-path", str(self.sock(node)), "--sample-hz", "20",
             *(["--sim-attach"] if attach else [])])
-        wait_until(lambda: self.log(f"agent-{node}").count("GPU(s)") > before, 30,
+        wait_for(lambda: self.log(f"agent-{node}").count("GPU(s)") > before, 30,
                    f"agent {node}")
 
     def start(self) -> None:
@@ -172,14 +136,7 @@ class Cluster:
             return json.loads(e.read())
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            kill_group(proc, signal.SIGTERM)
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-            kill_group(proc)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
+        self.registry.close(grace_s=5)
         self.nats.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -1,6 +1,6 @@
 """An agent SIGKILLed while it serves a pipeline job's schedules, then started again.
 
-Real processes (`tests.e2e.procs.FaultCluster`): nats-server, `zeus-coordinator run`
+Real processes (`zeus_demo.cluster.SimCluster`): nats-server, `zeus-coordinator run`
 (`InstructionProfiler`), agents on two simulated nodes charging the h200 model's NVML costs
 (the default `--sim-nvml-timing`) and the simulated 4-stage pipeline trainer. Once schedules
 lock the clocks, node-a's agent is SIGKILLed: it restores nothing, so its GPUs stay locked. The
@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.procs import FaultCluster, processes_with_mark
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import MeasurementBatch
+from zeus_demo.cluster import SimCluster, processes_with_mark
 
 PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
 
 
-def locked(c: FaultCluster, node: str) -> dict[int, tuple[int, int] | None]:
+def locked(c: SimCluster, node: str) -> dict[int, tuple[int, int] | None]:
     """The locked SM clocks of each GPU of `node` (None: unlocked), from the simulated GPUs."""
     return {i: SimGPU.open(c.sim_dir(node), i).get_locked_sm_clocks_mhz()
             for i in range(c.gpus_per_node)}
@@ -37,7 +37,7 @@ def locked(c: FaultCluster, node: str) -> dict[int, tuple[int, int] | None]:
 
 @pytest.mark.timeout(150)
 async def test_an_agent_killed_while_serving_schedules_resets_clocks_and_the_job_goes_on() -> None:
-    c = FaultCluster(coordinator_args=[
+    c = SimCluster(coordinator_args=[
         "--scheduler", "InstructionProfiler", "--scheduler-args", json.dumps(PROFILER_ARGS),
         "--profiling-iterations", "3", "--switch-lead-steps", "2",
         # The coordinator is frozen a few seconds: its own lease must outlast that.

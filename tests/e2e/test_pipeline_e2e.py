@@ -19,8 +19,9 @@ import pytest
 
 from coordinator.pipeline.dumps import job_dir_name
 from tests.e2e.job_kit import LATE_CLOCKS_PER, clocks_checked
-from tests.e2e.procs import REPO_ROOT, FaultCluster
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.models import load_prof, load_ranks, load_sched
+from zeus_demo.cluster import SimCluster
 
 PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
 
@@ -28,7 +29,7 @@ PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 
 @pytest.mark.parametrize("dp", [1, 2])
 async def test_a_pipeline_job_is_profiled_online_and_its_plan_served(dp: int) -> None:
     scheduler = "InstructionProfiler" if dp == 1 else "InstructionProfiler3D"
-    c = FaultCluster(nodes=("node-a", "node-b"), gpus_per_node=2 * dp, coordinator_args=[
+    c = SimCluster(nodes=("node-a", "node-b"), gpus_per_node=2 * dp, coordinator_args=[
         "--scheduler", scheduler, "--scheduler-args", json.dumps(PROFILER_ARGS),
         "--profiling-iterations", "3", "--switch-lead-steps", "2"])
     try:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from zeus_demo.cluster import free_port
 
 torch = pytest.importorskip("torch")
 
@@ -128,18 +129,12 @@ def _worker(rank: int, port: int, out_dir: str, names: tuple[str, ...] = SCHEDUL
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     import torch.multiprocessing as tmp
 
     out = tmp_path_factory.mktemp("pipelining")
-    tmp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    tmp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

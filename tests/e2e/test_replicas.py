@@ -1,6 +1,6 @@
 """Coordinator replicas with their state in JetStream, under faults, with real processes.
 
-`FaultCluster(replicas=2)`: nats-server (JetStream), two `zeus-coordinator run` replicas,
+`SimCluster(replicas=2)`: nats-server (JetStream), two `zeus-coordinator run` replicas,
 agents on two simulated nodes (2 A40s each) and a 4-rank simulated data-parallel job. The job's
 owner is read from the ownership bucket (`<bucket>-owners`), as an operator would with
 `nats kv get`.
@@ -38,15 +38,15 @@ from tests.e2e.job_kit import (
     owner_of,
     undisturbed_optimum,
 )
-from tests.e2e.procs import FaultCluster, processes_with_mark
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import ErrorEvent
+from zeus_demo.cluster import SimCluster, processes_with_mark
 
 
 @pytest.fixture
 async def replicated():
-    """A `FaultCluster` with two replicas; its lease-expiry error events; cleaned up after."""
-    c = FaultCluster(replicas=2, coordinator_args=[
+    """A `SimCluster` with two replicas; its lease-expiry error events; cleaned up after."""
+    c = SimCluster(replicas=2, coordinator_args=[
         "--ownership-lease-s", str(OWNERSHIP_LEASE_S), "--mark-timeout-s", "2"])
     expired: list[ErrorEvent] = []
     try:
@@ -64,7 +64,7 @@ async def replicated():
     assert processes_with_mark(c.procs.mark) == []
 
 
-async def wait_recorded(c: FaultCluster, job_id: str, predicate: Any,
+async def wait_recorded(c: SimCluster, job_id: str, predicate: Any,
                         timeout_s: float = 10) -> dict[str, Any]:
     """The job's progress in JetStream once `predicate` holds (written beside the job)."""
     bucket = subjects.state_buckets(subjects.DEFAULT_PREFIX)[0]
@@ -82,7 +82,7 @@ async def wait_recorded(c: FaultCluster, job_id: str, predicate: Any,
         await asyncio.sleep(0.1)
 
 
-async def wait_done(c: FaultCluster, timeout_s: float, after: int = 0) -> Any:
+async def wait_done(c: SimCluster, timeout_s: float, after: int = 0) -> Any:
     _, done = await c.wait_status(lambda s: s.state == "done", timeout_s, "done", after)
     return done
 
@@ -167,7 +167,7 @@ async def test_a_pipeline_job_survives_its_owner_and_is_served_by_the_other_repl
     """A 4-stage pipeline job (InstructionProfiler): its owner is SIGKILLed after a round of
     profiling; the other replica replays the recorded rounds, reinstalls the schedule reached
     (same version: not profiled again from schedule 0) and takes the job on to its plan."""
-    c = FaultCluster(replicas=2, coordinator_args=[
+    c = SimCluster(replicas=2, coordinator_args=[
         "--scheduler", "InstructionProfiler", "--scheduler-args", json.dumps(PROFILER_ARGS),
         "--profiling-iterations", "3", "--switch-lead-steps", "2",
         "--ownership-lease-s", str(OWNERSHIP_LEASE_S)])

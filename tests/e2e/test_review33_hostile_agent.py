@@ -48,7 +48,6 @@ from tests.e2e.hostile_kit import (
     Cluster,
     FakeAgent,
     description,
-    wait_for,
 )
 from zeus_agent.models import JobInfo, PowerLimitMeasurement, RankInfo
 from zeus_agent.wire import codec, permissions, subjects
@@ -64,6 +63,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
     join_token_digest,
 )
+from zeus_demo.cluster import wait_for_async
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -129,7 +129,7 @@ async def test_one_marks_batch_does_not_stop_the_replica() -> None:
     try:
         cluster.start_server()
         cluster.start_replica("r1")
-        await wait_for(lambda: "coordinator ready" in cluster.log("r1").read_text(
+        await wait_for_async(lambda: "coordinator ready" in cluster.log("r1").read_text(
             errors="replace"), READY_S, lambda: cluster.report("r1 not ready"))
 
         async def connect(user: str, inbox: str) -> Any:

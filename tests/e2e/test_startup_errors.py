@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shell.agent_kit import free_port
+from zeus_demo.cluster import free_port
 
 AGENT = [sys.executable, "-m", "zeus_agent.cli", "run"]
 COORDINATOR = [sys.executable, "-m", "coordinator.cli", "run"]

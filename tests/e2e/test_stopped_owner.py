@@ -3,7 +3,7 @@
 `tests/shell/test_command_fence.py` simulates a stale replica by stalling its ownership loop;
 here the owner is a real `zeus-coordinator run` process stopped by the kernel
 (`os.kill(pid, SIGSTOP)`) while it profiles a power-limit job, with a second replica, agents
-and a simulated data-parallel job all real processes (`tests.e2e.procs.FaultCluster`).
+and a simulated data-parallel job all real processes (`zeus_demo.cluster.SimCluster`).
 
 The other replica must take the job over (`taken_over`) and finish it at the optimum the
 simulated GPUs' physics gives; once continued (SIGCONT), the stale replica must know it lost
@@ -33,18 +33,17 @@ from tests.e2e.job_kit import (
     owner_of,
     undisturbed_optimum,
 )
-from tests.e2e.procs import FaultCluster, processes_with_mark
-from tests.shell.agent_kit import free_port
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope
+from zeus_demo.cluster import SimCluster, free_port, processes_with_mark
 
 MUTATING = {"set_power_limit", "reset_power_limit", "lock_clocks", "reset_clocks",
             "install_schedule", "clear_schedule", "renew", "bind", "unbind"}
 """Commands that change a GPU (or its leases/binding): only the job's owner may send them."""
 
 
-class StatusCluster(FaultCluster):
-    """A `FaultCluster` whose replicas each serve `/healthz` on a port of their own."""
+class StatusCluster(SimCluster):
+    """A `SimCluster` whose replicas each serve `/healthz` on a port of their own."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -38,13 +38,14 @@ from typing import Any
 import pytest
 
 from coordinator.power_limit import Energy, ZeusCost
-from tests.e2e.procs import REPO_ROOT, FaultCluster, console_script, processes_with_mark
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.emit import ENV_SOCKET
 from zeus_agent.gpu.sim.physics import operating_point
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus
+from zeus_demo.cluster import SimCluster, console_script, processes_with_mark
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(180)]
 
@@ -57,7 +58,7 @@ EXAMPLES = REPO_ROOT / "examples"
 TORCHRUN = console_script("torchrun", "torch.distributed.run")
 
 
-class TorchrunCluster(FaultCluster):
+class TorchrunCluster(SimCluster):
     """NATS, a coordinator and one 4-GPU agent as processes; every job status is recorded."""
 
     def __init__(self, agent_args: Sequence[str] = ()) -> None:

@@ -8,7 +8,7 @@
 * `Inbox`: a subscription whose messages are awaited one at a time, decoded into a model.
 * `command(nc, node, gpu, cmd)`: one GPU command round trip, decoded into a `Reply`.
 * `AuthNats`: a nats-server with one password-protected user, whose password a config reload
-  revokes (the server then closes the client's connection for good); `free_port()`.
+  revokes (the server then closes the client's connection for good).
 * `TrainerProcess`: a real second trainer process (raw datagrams) driven over its stdin, so
   tests can show what one process can and cannot do to another's GPU.
 * `gated_gpu(state_dir)`: a simulated GPU (a `GatedGPU`) whose counter reads are counted and
@@ -23,9 +23,7 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -38,13 +36,14 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel
 
 from zeus_agent.agent.server import AgentServer
-from zeus_agent.broker import confirm_subscriptions, find_nats_server
+from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire import trainer as dg
 from zeus_agent.wire.messages import CommandEnvelope, GpuCommand, Reply
+from zeus_demo.cluster import NatsServer, Processes, free_port, wait_for_async
 
 M = TypeVar("M", bound=BaseModel)
 _nodes = itertools.count()
@@ -220,12 +219,8 @@ class RawTrainer:
 
 
 async def wait_for(pred: Any, timeout_s: float = 3.0, what: str = "condition") -> None:
-    """Poll `pred()` every 10 ms until it holds."""
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s} s")
-        await asyncio.sleep(0.01)
+    """Poll `pred()` every 10 ms until it holds (the harness's `wait_for_async`)."""
+    await wait_for_async(pred, timeout_s, what, interval_s=0.01)
 
 
 TRAINER_PROCESS = textwrap.dedent(
@@ -305,13 +300,6 @@ class TrainerProcess:
         await self.proc.wait()
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class AuthNats:
     """A nats-server with one user whose password a config reload can change (as an operator
     revoking credentials does): the server then closes the client's connection for good."""
@@ -320,7 +308,8 @@ class AuthNats:
         self.tmp = tmp
         self.port = free_port()
         self.conf = tmp / "nats.conf"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.procs = Processes(tmp)
+        self.server = NatsServer(self.conf, self.procs, port=self.port)
 
     def write(self, password: str) -> None:
         self.conf.write_text(
@@ -329,34 +318,21 @@ class AuthNats:
         )
 
     def url(self, password: str) -> str:
-        return f"nats://agent:{password}@127.0.0.1:{self.port}"
+        return self.server.user_url("agent", password)
 
     def start(self) -> AuthNats:
         self.write("first")
-        self.proc = subprocess.Popen(
-            [find_nats_server(), "-c", str(self.conf)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=0.5
-            ) as s:
-                if s.recv(4) == b"INFO":
-                    return self
-            assert time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.01)
+        self.server.start()
+        return self
 
     def revoke(self) -> None:
         """Change the password and reload: connected clients are thrown out for good."""
-        assert self.proc is not None
         self.write("second")
-        self.proc.send_signal(signal.SIGHUP)
+        self.server.reload()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        self.server.stop()
+        self.procs.close()
 
 
 class GatedGPU(SimGPU):

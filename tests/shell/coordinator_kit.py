@@ -28,6 +28,7 @@ from zeus_agent.wire.messages import (
     Reply,
     join_token_digest,
 )
+from zeus_demo.cluster import wait_for_async
 
 NODE = "shell-node"
 
@@ -117,11 +118,8 @@ async def collect(nc, subject: str, model: Any) -> list[Any]:
 
 
 async def wait_for(predicate, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+    """Poll `predicate()` every 20 ms until it holds (the harness's `wait_for_async`)."""
+    await wait_for_async(predicate, timeout_s, interval_s=0.02)
 
 
 async def state_keys(coord: CoordinatorService) -> set[str]:

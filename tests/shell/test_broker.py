@@ -6,11 +6,11 @@ import urllib.request
 import pytest
 from nats import errors as nats_errors
 
-from tests.shell.agent_kit import free_port
 from zeus_agent.broker import EmbeddedNats, _connect_failure, connect
 from zeus_agent.errors import BrokerError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InfoCmd, Reply
+from zeus_demo.cluster import free_port
 
 
 async def test_publish_and_request_through_a_real_server():

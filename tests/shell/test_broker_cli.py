@@ -27,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.procs import MARK_ENV, REPO_ROOT, processes_with_mark
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.broker import EmbeddedNats
+from zeus_demo.cluster import MARK_ENV, processes_with_mark
 
 BROKER = [sys.executable, "-m", "zeus_agent.cli", "broker"]
 CONFIG_ERROR, STARTUP_FAILURE = 2, 3

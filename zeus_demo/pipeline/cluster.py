@@ -1,11 +1,12 @@
 """`PipelineCluster`: NATS, the agents and a coordinator per job, the engine of the pipeline part.
 
-Also the engine of `bench/perseus_savings.py`. `PipelineCluster.start()` starts an embedded
-NATS (or uses an external one) and one `AgentServer` per simulated node; `run_job(...)` starts
-a coordinator with a scheduler, runs the simulated pipeline trainer
-(`zeus_agent.gpu.sim.trainers.pipeline`, in a thread), follows the job's status events and
-measurements, snapshots the scheduler (`SchedulerSnapshot`), stops the coordinator and returns
-a `JobRun`. A director (`Director`, given a `JobContext`) may run alongside the trainer.
+Also the engine of `bench/perseus_savings.py`. `PipelineCluster.start()` starts an embedded NATS
+(or uses an external one) and one `AgentServer` per simulated node (the cluster harness's
+`LocalCluster`, `services`); `run_job(...)` starts a coordinator with a scheduler, runs the
+simulated pipeline trainer (`zeus_agent.gpu.sim.trainers.pipeline`, in a thread), follows the
+job's status events and measurements, snapshots the scheduler (`SchedulerSnapshot`), stops the
+coordinator and returns a `JobRun`. A director (`Director`, given a `JobContext`) may run
+alongside the trainer.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zeus_agent.aio import wait_started
 from zeus_agent.children import die_with_parent
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobStatus
+from zeus_demo.cluster import LocalCluster
 from zeus_demo.pipeline.config import PipelineDemoConfig, PipelineDemoError
 from zeus_demo.pipeline.measure import JobObserver, pct_less, pct_more
 
@@ -133,10 +134,10 @@ class PipelineCluster:
         self.log_level = log_level
         self._tmp = tempfile.TemporaryDirectory(prefix="zeus-pipeline-demo-")
         self.root = Path(self._tmp.name)
-        self.embedded: Any = None
+        self.services = LocalCluster(nats_url=nats_url, prefix=prefix, log_level=log_level,
+                                     error=PipelineDemoError)
         self.url = ""
         self.nc: Any = None
-        self.agents: list[tuple[Any, asyncio.Task[None]]] = []
         self._observers: list[JobObserver] = []
         self.top_clock_mhz = 0
         self.available_clocks: list[int] = []
@@ -147,21 +148,12 @@ class PipelineCluster:
         Raises:
             PipelineDemoError: Something did not start.
         """
-        from zeus_agent.agent.server import AgentServer
-        from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
-        from zeus_agent.config import AgentSettings
+        from zeus_agent.broker import confirm_subscriptions, connect
         from zeus_agent.errors import BrokerError
         from zeus_agent.gpu.sim.presets import PRESETS
 
         cfg = self.config
-        if self.nats_url:
-            self.url = self.nats_url
-        else:
-            try:
-                self.embedded = await asyncio.to_thread(EmbeddedNats().start)
-            except BrokerError as e:
-                raise PipelineDemoError(f"the embedded nats-server did not start: {e}") from e
-            self.url = self.embedded.url
+        self.url = await self.services.start_broker()
         try:
             self.nc = await connect(self.url, "zeus-demo-pipeline")
         except BrokerError as e:
@@ -170,16 +162,13 @@ class PipelineCluster:
         await self.nc.subscribe(subjects.all_gpu_measurements(self.prefix), cb=self._measurement)
         await confirm_subscriptions(self.nc)
         for node in cfg.node_names:
-            server = AgentServer(AgentSettings.model_validate({
-                "nats_url": self.url, "backend": "sim", "sim_count": cfg.gpus_per_node,
-                "sim_preset": cfg.preset, "sim_state_dir": str(self.root / node),
-                "socket_path": str(self.root / f"{node}.sock"), "node": node,
-                "sample_hz": 2, "prefix": self.prefix, "log_level": self.log_level,
+            self.services.add_agent(node, {
+                "sim_count": cfg.gpus_per_node, "sim_preset": cfg.preset,
+                "sim_state_dir": str(self.root / node),
+                "socket_path": str(self.root / f"{node}.sock"), "sample_hz": 2,
                 "sim_energy_update_ms": cfg.energy_update_ms,
-            }))
-            self.agents.append((server, asyncio.create_task(server.serve())))
-        for server, task in self.agents:
-            await _wait_started(server.started, task, f"agent {server.settings.node}")
+            })
+        await self.services.wait_agents()
         hw = PRESETS[cfg.preset]
         self.available_clocks = sorted(hw.supported_sm_clocks_mhz, reverse=True)
         self.top_clock_mhz = self.available_clocks[0]
@@ -222,9 +211,7 @@ class PipelineCluster:
             PipelineDemoError: The coordinator did not start, the job failed, or the
                 coordinator stopped the optimisation with an error.
         """
-        from coordinator.config import CoordinatorSettings
         from coordinator.pipeline.dumps import job_dir_name
-        from coordinator.service import CoordinatorService
         from zeus_agent.gpu.sim.trainers.pipeline import (
             PipelineError,
             PipelineOptions,
@@ -238,25 +225,19 @@ class PipelineCluster:
         self._observers.append(observer)
         home = self.root / f"coordinator-{tag}"
         values: dict[str, Any] = {
-            "nats_url": self.url, "prefix": self.prefix, "state_dir": str(home / "state"),
-            "dump_dir": str(home / "dump"), "log_level": self.log_level,
+            "state_dir": str(home / "state"), "dump_dir": str(home / "dump"),
             "scheduler": scheduler, "scheduler_args": dict(scheduler_args),
             "profiling_iterations": cfg.profiling_iterations, "switch_lead_steps": 2,
         }
         if not detect_stragglers:
             values["straggler_threshold"] = 10.0  # The largest allowed: nothing is detected.
-        try:
-            settings = CoordinatorSettings.model_validate(values)
-        except Exception as e:  # noqa: BLE001 - pydantic's message names the field
-            raise PipelineDemoError(f"coordinator settings: {e}") from e
-        coord = CoordinatorService(settings)
-        coord_task = asyncio.create_task(coord.serve())
+        coord, coord_task = self.services.add_coordinator(values)
         director_task: asyncio.Task[None] | None = None
         marks: dict[str, int] = {}
         done_iterations: list[int] = []
         loop = asyncio.get_running_loop()
         try:
-            await _wait_started(coord.started, coord_task, "the coordinator")
+            await self.services.wait_coordinator(coord, coord_task)
             options = PipelineOptions(
                 profile=cfg.profile, stages=cfg.stages, microbatches=cfg.microbatches,
                 dp=cfg.dp, iterations=iterations, time_scale=cfg.time_scale,
@@ -299,13 +280,7 @@ class PipelineCluster:
         finally:
             if director_task is not None and not director_task.done():
                 director_task.cancel()
-            coord.should_exit.set()
-            done, pending = await asyncio.wait({coord_task}, timeout=15)
-            for t in pending:
-                t.cancel()
-            for t in done:
-                if not t.cancelled() and t.exception() is not None:
-                    LOG.warning("the coordinator ended with an error: %s", t.exception())
+            await self.services.stop_coordinator(coord, coord_task)
             self._observers.remove(observer)
         errors = [ev.message for ev in observer.statuses if ev.state == "error"]
         if errors:
@@ -352,24 +327,15 @@ class PipelineCluster:
 
     async def stop(self) -> None:
         """Stop the agents and NATS; remove the temporary state."""
-        for server, _ in self.agents:
-            server.handle_exit()
-        tasks = [t for _, t in self.agents]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=15)
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=5)
-        self.agents = []
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.drain(), 5)
-            self.nc = None
-        if self.embedded is not None:
-            await asyncio.to_thread(self.embedded.stop)
-            self.embedded = None
-        self._tmp.cleanup()
+        try:
+            await self.services.stop_services()
+            if self.nc is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.nc.drain(), 5)
+                self.nc = None
+        finally:
+            await self.services.stop_broker()
+            self._tmp.cleanup()
 
 
 def _coordinator_command() -> list[str] | None:
@@ -394,7 +360,3 @@ def _read_schedules(directory: Path) -> dict[int, dict[int, list[tuple[str, int]
         out[int(head)] = {int(s["rank"]): [(str(n), int(f)) for n, f in s["frequencies"]]
                           for s in data}
     return out
-
-
-async def _wait_started(event: asyncio.Event, task: asyncio.Task[Any], what: str) -> None:
-    await wait_started(event, task, what, PipelineDemoError)

@@ -1,15 +1,25 @@
-"""A 3-server NATS cluster with JetStream on loopback, each server a real `nats-server` process.
+"""NATS for a harness: `nats-server` processes, alone or routed, and relays to them.
 
+(The project's own embedded server is `zeus_agent.broker.EmbeddedNats`.)
+
+`NatsServer`: one server run from a configuration file (users, TLS, whatever the test writes),
+its client port learnt from a ports file or given, its environment (the passwords its
+configuration reads) chosen by the harness.
+
+`NatsCluster`: 3 (or `size`) servers with JetStream on loopback.
 `NatsCluster` writes one configuration file per server (`server_name`, client `listen`, `http`
 monitoring, `jetstream { store_dir }` of its own, `cluster { name, listen, routes }` to the
 others), starts them, and waits until they route to each other and JetStream has a meta leader
 that knows every peer, so KV buckets with 3 replicas can be created. One server can be stopped
 and started again on the same ports with the same store directory (`restart`). `close()`
-always kills every server (each one a session leader carrying the marker of
-`tests.e2e.procs.Processes`, so nothing is left behind) and removes the temporary directory.
+always kills every server (each one a session leader carrying the marker of its
+`Processes`, so nothing is left behind) and removes the temporary directory.
 
 Readiness comes from each server's monitoring endpoint: `/jsz` (the meta group's leader and
 its peers), `/routez` (routes to the other servers) and `/healthz` (JetStream current).
+
+`Relay`: a TCP relay between some clients and a nats-server, which the harness holds or
+releases, so the order in which services reconnect after a restart is chosen, not raced.
 """
 
 from __future__ import annotations
@@ -25,29 +35,19 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.e2e.procs import Processes
 from zeus_agent.broker import find_nats_server
+from zeus_demo.cluster.ports import free_ports
+from zeus_demo.cluster.processes import Processes
+
+__all__ = ["NatsCluster", "NatsServer", "Relay", "ServerSpec"]
 
 CLUSTER_NAME = "zeus-test"
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports free right now (all bound at once, then released)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class ServerSpec:
 
     @property
     def url(self) -> str:
+        """Its client URL."""
         return f"nats://127.0.0.1:{self.client_port}"
 
     @property
@@ -293,6 +294,7 @@ class NatsCluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def log(self, index: int, tail: int = 4000) -> str:
+        """The tail of server `index`'s log."""
         return self.procs.log(self.servers[index].process, tail)
 
     def __enter__(self) -> NatsCluster:
@@ -308,3 +310,152 @@ class NatsCluster:
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
         await asyncio.to_thread(self.close)
+
+
+class NatsServer:
+    """One `nats-server -c <config>` process in a `Processes` registry.
+
+    Args:
+        config: The configuration file; the server runs in its directory (so relative
+            `include`s resolve there).
+        procs: The registry that starts it (its log is the process's, named `name`).
+        env: Extra environment variables (passwords the configuration reads; None removes
+            one).
+        port: The client port the configuration listens on; None when it says
+            `listen: "127.0.0.1:-1"` (the port is then read from a ports file).
+        name: Its process name in `procs`.
+    """
+
+    def __init__(self, config: Path, procs: Processes,
+                 env: Mapping[str, str | None] | None = None, port: int | None = None,
+                 name: str = "nats") -> None:
+        self.config = config
+        self.procs = procs
+        self.env = dict(env or {})
+        self.port = port
+        self.name = name
+        self._ports_dir = config.parent / f"{name}-ports"
+
+    @property
+    def url(self) -> str:
+        """The client URL, without credentials."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    def user_url(self, user: str, password: str) -> str:
+        """The client URL of `user`."""
+        return f"nats://{user}:{password}@127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> NatsServer:
+        """Start the server; return once it accepts clients.
+
+        Raises:
+            AssertionError: It exited (the message has its log) or did not accept clients
+                within `timeout_s`.
+        """
+        argv = [find_nats_server(), "-c", str(self.config)]
+        if self.port is None:
+            shutil.rmtree(self._ports_dir, ignore_errors=True)
+            self._ports_dir.mkdir(parents=True)
+            argv += ["--ports_file_dir", str(self._ports_dir)]
+        proc = self.procs.spawn(self.name, argv, env=self.env, cwd=self.config.parent)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"nats-server exited:\n{self.procs.text(self.name)}")
+            if self.port is None:
+                self.port = self._port_from_file()
+            elif self._accepts():
+                return self
+            time.sleep(0.02)
+        raise AssertionError(f"nats-server did not start within {timeout_s} s:\n"
+                             f"{self.procs.text(self.name)}")
+
+    def _port_from_file(self) -> int | None:
+        for f in self._ports_dir.glob("*.ports"):
+            with contextlib.suppress(ValueError, OSError, IndexError, KeyError):
+                return int(json.loads(f.read_text())["nats"][0].rsplit(":", 1)[1])
+        return None
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", int(self.port or 0)), timeout=0.5) as s:
+                return s.recv(4) == b"INFO"
+        except OSError:
+            return False
+
+    def reload(self) -> None:
+        """Make it read its configuration again (SIGHUP), as an operator's reload does."""
+        self.procs.procs[self.name].send_signal(signal.SIGHUP)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (a clean shutdown), SIGKILL past `timeout_s`."""
+        if self.name in self.procs.procs:
+            self.procs.stop(self.name, timeout_s)
+
+
+class Relay:
+    """A TCP relay (on the test's event loop) between some clients and the nats-server.
+
+    Services connected through a relay reconnect, after a NATS restart, only once the test
+    `release()`s it: the order in which services come back, a race in real life, is then the
+    test's choice. While held, a client's connection is accepted and closed at once (nats-py
+    counts a failed attempt and retries).
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port: int | None = None
+        self.open = True
+        self._server: Any = None
+        self._writers: set[Any] = set()
+
+    @property
+    def url(self) -> str:
+        """The URL its clients connect to."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Listen on a free loopback port (on the running loop)."""
+        self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def hold(self) -> None:
+        """Refuse new connections (existing ones live until the server goes)."""
+        self.open = False
+
+    def release(self) -> None:
+        """Let clients connect again."""
+        self.open = True
+
+    async def _client(self, reader: Any, writer: Any) -> None:
+        if not self.open:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pipe(src: Any, dst: Any) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                for w in (writer, up_writer):
+                    w.close()
+                    self._writers.discard(w)
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def close(self) -> None:
+        """Stop listening and close every relayed connection."""
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers):
+            w.close()
+        self._writers.clear()
