@@ -27,13 +27,14 @@ import pytest
 
 from coordinator.pipeline.dumps import job_dir_name
 from coordinator.pipeline.planner.schedules import rank_orders
-from tests.e2e.procs import REPO_ROOT, FaultCluster, console_script
+from tests.repo_kit import REPO_ROOT
 from zeus_agent.emit import ENV_SOCKET
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.gpu.sim.instructions import preset_for
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.models import load_ranks, load_sched
 from zeus_agent.pipeline_order import format_action
+from zeus_demo.cluster import SimCluster, console_script
 
 pytest.importorskip("torch")
 
@@ -52,8 +53,8 @@ TORCHRUN = console_script("torchrun", "torch.distributed.run")
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[FaultCluster]:
-    c = FaultCluster(nodes=(NODE,), gpus_per_node=WORLD,
+async def cluster() -> AsyncIterator[SimCluster]:
+    c = SimCluster(nodes=(NODE,), gpus_per_node=WORLD,
                      agent_args=("--sim-preset", PRESET), coordinator_args=[
                          "--scheduler", "Perseus", "--scheduler-args", json.dumps(PERSEUS_ARGS),
                          "--profiling-iterations", "3", "--switch-lead-steps", "2"])
@@ -75,7 +76,7 @@ def one_f_one_b_names(rank: int) -> list[str]:
     return names
 
 
-def launch(c: FaultCluster, summary: Path, schedule: str) -> None:
+def launch(c: SimCluster, summary: Path, schedule: str) -> None:
     argv = [*TORCHRUN, "--standalone", "--nproc_per_node", str(WORLD),
             str(REPO_ROOT / "examples" / "pipeline_gpt.py"), "--schedule", schedule,
             "--sim-state-dir", str(c.sim_dir(NODE)), "--profile", PROFILE,
@@ -90,7 +91,7 @@ def warnings_in(log: str) -> list[str]:
 
 
 async def test_perseus_plans_and_serves_a_torchrun_1f1b_pipeline(
-    cluster: FaultCluster, tmp_path: Path
+    cluster: SimCluster, tmp_path: Path
 ) -> None:
     c = cluster
     summary_path = tmp_path / "summary.json"
