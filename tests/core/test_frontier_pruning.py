@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from coordinator.pipeline.planner import PlannerStats, frontier, plan_frontier
@@ -26,3 +27,16 @@ def test_pruning_dominated_candidates_changes_nothing(monkeypatch: pytest.Monkey
     assert pruned.candidates == whole.candidates
     assert [(p.time, p.energy, p.plan) for p in got] == [
         (p.time, p.energy, p.plan) for p in expected]
+
+
+def test_a_duration_an_ulp_past_the_slowest_option_is_recorded() -> None:
+    """Seen on 8 x 2 x 96 interleaved: an operation reached its slowest option with a rounding
+    error, and the 'slower' rounding indexed past the last option."""
+    times = np.array([[1.0, 2.0], [1.0, np.inf]])
+    costs = np.array([[5.0, 3.0], [4.0, np.inf]])
+    ops = frontier._Ops(np.array([0, 1]), times, costs, times, np.array([2, 1]),
+                        np.zeros((2, 2)), np.arange(2), eps_t=1e-9)
+    candidates = frontier._Candidates(ops, None, 2, 0.0)  # type: ignore[arg-type]
+    candidates.record(np.array([np.nextafter(2.0, 3.0), 1.0]), 2.0)
+    assert [p.tolist() for p in candidates.plan] == [[1, 0], [1, 0]]
+    assert candidates.energy == [7.0, 7.0]

@@ -220,8 +220,8 @@ class _Candidates:
         self.energy.append(float(ops.costs[ops.rows, choice].sum()))
         self.plan.append(choice.astype(np.int16))
         if rounded:  # Also the plan rounded the other way (a bit slower, cheaper).
-            slower = choice.copy()
-            slower[between] += 1
+            # (An operation an ulp past its slowest option has no slower one: it stays.)
+            slower = np.minimum(choice + between, ops.times.shape[1] - 1)
             self.time.append(math.nan)
             self.energy.append(float(ops.costs[ops.rows, slower].sum()))
             self.plan.append(slower.astype(np.int16))
