@@ -1,6 +1,7 @@
 """The soak's cluster: 3 NATS servers, 2 coordinator replicas, 2 sim agents, each in a namespace.
 
-Every process is a session leader carrying `MARK_ENV` (the run's tag) in its environment, so
+Every process is in the cluster harness's process registry (`zeus_demo.cluster.Processes`): a
+session leader carrying the registry's marker in its environment and dying with the soak, so
 `close` kills it and whatever it left, wherever reparented. Servers sync every write before
 acknowledging it (`jetstream_block`, `sync_interval: always`); `power_loss` kills one with
 SIGKILL and then tears the tail of every message block it wrote in its last second (see
@@ -9,35 +10,24 @@ SIGKILL and then tears the tail of every message block it wrote in its last seco
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import sysconfig
 import time
 import urllib.request
 from pathlib import Path
-from typing import IO, Any
 
 from zeus_agent.broker import find_nats_server, jetstream_block
 from zeus_demo.chaos.netns import Net
+from zeus_demo.cluster import Processes, console_script, kill_group
 
-__all__ = ["MARK_ENV", "ChaosCluster", "tear_tails"]
+__all__ = ["ChaosCluster", "tear_tails"]
 
-MARK_ENV = "ZEUS_CHAOS_MARK"
 SERVERS = ("n1", "n2", "n3")
 REPLICAS = ("r1", "r2")
 AGENTS = ("a1", "a2")
 GPUS_PER_AGENT = 4
-
-
-def script(name: str, module: str) -> list[str]:
-    """The installed console script `name`, else `python -m module`."""
-    path = Path(sysconfig.get_path("scripts")) / name
-    return [str(path)] if path.exists() else [sys.executable, "-m", module]
 
 
 def tear_tails(store: Path, since: float, rng: random.Random, page: int = 4096) -> list[str]:
@@ -68,46 +58,31 @@ class ChaosCluster:
     def __init__(self, net: Net, root: Path, tag: str, lease_s: float, ownership_s: float) -> None:
         self.net, self.root, self.tag = net, root, tag
         self.lease_s, self.ownership_s = lease_s, ownership_s
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.logs: dict[str, IO[bytes]] = {}
+        self.registry = Processes(root)
+        self.procs = self.registry.procs
         self.ended: dict[str, float] = {}
         for node in (*SERVERS, *REPLICAS, *AGENTS, "obs"):
             net.add(node)
         self.urls = ",".join(f"nats://{net.addr(s)}:4222" for s in SERVERS)
 
     # ------------------------------------------------------------------ processes
-    def spawn(self, name: str, node: str, argv: list[str], **kw: Any) -> None:
-        """Start `argv` in `node`'s namespace as process `name` (log: root/name.log)."""
-        log = self.logs.get(name) or open(self.root / f"{name}.log", "ab")  # noqa: SIM115
-        self.logs[name] = log
-        env = {**os.environ, MARK_ENV: self.tag, "PYTHONUNBUFFERED": "1"}
-        self.procs[name] = subprocess.Popen([*self.net.exec(node), *argv], stdout=kw.get(
-            "stdout", log), stderr=log, env=env, start_new_session=True, cwd=self.root)
+    def spawn(self, name: str, node: str, argv: list[str], stdout: int | None = None) -> None:
+        """Start `argv` in `node`'s namespace as process `name` (its log: the registry's)."""
+        self.registry.spawn(name, [*self.net.exec(node), *argv], cwd=self.root, stdout=stdout)
 
     def signal(self, name: str, sig: int) -> None:
         """Send `sig` to the process group of `name`."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.procs[name].pid, sig)
+        kill_group(self.procs[name], sig, wait_s=0)
 
     def log(self, name: str, tail: int = 3000) -> str:
-        """The end of the log of `name`."""
-        with contextlib.suppress(OSError):
-            return (self.root / f"{name}.log").read_bytes()[-tail:].decode(errors="replace")
-        return ""
+        """The end of the log of `name` (every run of it)."""
+        return self.registry.text(name, every_run=True)[-tail:]
 
     def close(self) -> None:
-        """Kill every process of the run (paused ones too) and whatever they left."""
+        """Kill every process of the run (paused ones woken first) and whatever they left."""
         for name in self.procs:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                self.signal(name, sig)
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-        for pid in marked(self.tag):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for log in self.logs.values():
-            log.close()
+            self.signal(name, signal.SIGCONT)
+        self.registry.close()
 
     # ------------------------------------------------------------------ NATS
     def store(self, server: str) -> Path:
@@ -150,7 +125,7 @@ class ChaosCluster:
     def start_replica(self, name: str) -> None:
         """Start coordinator replica `name`, recording its history."""
         self.spawn(name, name, [
-            *script("zeus-coordinator", "coordinator.cli"), "run", "--nats-url", self.urls,
+            *console_script("zeus-coordinator", "coordinator.cli"), "run", "--nats-url", self.urls,
             "--replica-name", name, "--state-replicas", "3", "--state-dir",
             str(self.root / name), "--dump-dir", str(self.root / "dump"),
             "--ownership-lease-s", f"{self.ownership_s:g}", "--lease-s", f"{self.lease_s:g}",
@@ -159,7 +134,7 @@ class ChaosCluster:
     def start_agent(self, name: str) -> None:
         """Start the sim agent of node `name` (`GPUS_PER_AGENT` A40s), recording its history."""
         self.spawn(name, name, [
-            *script("zeus-agent", "zeus_agent.cli"), "run", "--nats-url", self.urls,
+            *console_script("zeus-agent", "zeus_agent.cli"), "run", "--nats-url", self.urls,
             "--backend", "sim", "--sim-count", str(GPUS_PER_AGENT), "--sim-preset", "A40",
             "--sim-state-dir", str(self.sim_dir(name)), "--socket-path",
             str(self.socket(name)), "--node", name, "--sample-hz", "20",
@@ -190,16 +165,3 @@ class ChaosCluster:
         for path in sorted(self.root.glob("*.history")):
             lines.extend(path.read_text(errors="replace").splitlines())
         return lines
-
-
-def marked(tag: str) -> list[int]:
-    """Processes whose environment carries this run's mark."""
-    needle = f"{MARK_ENV}={tag}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-    return pids
