@@ -206,6 +206,10 @@ async def test_a_power_limit_job_and_a_pipeline_job_complete_on_a_3_server_clust
         "--profiling-iterations", "3", "--switch-lead-steps", "2"])
     # Each client is on the server it was sent to (the replicas' connections are named alike;
     # /connz can lag a just-made connection by a moment on a loaded machine).
+    # Every server syncs JetStream writes before acknowledging them (as the running servers say).
+    for spec in nats.servers:
+        varz = nats._http(spec, "/varz")  # noqa: SLF001
+        assert varz and varz["jetstream"]["config"].get("sync_always") is True, varz
     placed = [["zeus-agent:node-a", "zeus-coordinator"],
               ["zeus-agent:node-b", "zeus-coordinator"], ["fault-test-observer"]]
     deadline = time.monotonic() + 5

@@ -41,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from zeus_agent.broker import find_nats_server
+from zeus_agent.broker import JETSTREAM_SYNC_ALWAYS, find_nats_server
 from zeus_demo.cluster.ports import free_ports
 from zeus_demo.cluster.processes import Processes
 
@@ -118,6 +118,7 @@ class NatsCluster:
             f'http: "127.0.0.1:{spec.http_port}"\n'
             "jetstream {\n"
             f'  store_dir: "{spec.store_dir}"\n'
+            f"  sync_interval: {JETSTREAM_SYNC_ALWAYS}\n"  # as every server the project ships
             "  max_memory_store: 64MB\n"
             "  max_file_store: 1GB\n"
             "}\n"
