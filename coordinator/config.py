@@ -23,6 +23,10 @@ from zeus_agent.bus import NatsSettings
 if TYPE_CHECKING:
     from coordinator.pipeline.schedulers.settings import PFOServerSettings
 
+MIN_OWNERSHIP_LEASE_S = 0.9
+"""The shortest ownership lease (s): its fence (a third) stays above the agents' default
+clock-skew allowance (0.1 s) plus a command's transit on a loaded host."""
+
 
 class CoordinatorSettings(NatsSettings):
     """Configuration of the coordinator (Zeus's `PFOServerSettings` fields plus the bus).
@@ -127,10 +131,13 @@ class CoordinatorSettings(NatsSettings):
     )
     ownership_lease_s: float = Field(
         default=10.0,
-        ge=0.3,
+        ge=MIN_OWNERSHIP_LEASE_S,
         le=600,
         description="A replica's lease on the jobs it drives; another replica takes a job over "
-        "this long after its owner stopped renewing (capped at lease_s / 2)",
+        "this long after its owner stopped renewing (capped at lease_s / 2, but never under "
+        "0.9 s: a replica stops acting a third of it before the end, and "
+        "that must exceed the agents' clock-skew allowance (zeus-agent --fence-skew-s, 0.1 s) "
+        "plus a command's transit, or agents refuse its commands as stale_lease)",
     )
     lease_s: float = Field(
         default=30.0,
@@ -218,6 +225,15 @@ class CoordinatorSettings(NatsSettings):
     def scheduler_note(self) -> str | None:
         """Why the scheduler is not the one named or the default (None: it is)."""
         return self._scheduler_note
+
+    @property
+    def effective_ownership_lease_s(self) -> float:
+        """The ownership lease in force, `ownership_lease_s` within bounds.
+
+        Capped at `lease_s / 2` (a new owner renews the GPUs' leases before they lapse), never
+        under `MIN_OWNERSHIP_LEASE_S` (GPU leases that short lapse during a takeover).
+        """
+        return max(MIN_OWNERSHIP_LEASE_S, min(self.ownership_lease_s, self.lease_s / 2))
 
     def pfo_settings(self) -> PFOServerSettings:
         """The pipeline frequency optimizer's settings (Zeus 0.16's `PFOServerSettings`).

@@ -117,8 +117,7 @@ class CoordinatorService(ExitSignals):
         self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node,
                                     settings.max_ranks_per_node)
         self.pfo = settings.pfo_settings()
-        self.book = OwnershipBook(settings.replica_name,
-                                  min(settings.ownership_lease_s, settings.lease_s / 2))
+        self.book = OwnershipBook(settings.replica_name, settings.effective_ownership_lease_s)
         self.jobs = JobTable(self.registry)
         self.link = Link(settings.prefix)
         self._build_helpers()
