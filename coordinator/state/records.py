@@ -114,8 +114,13 @@ KINDS = ("job", "rank", "gpu", "prog", "quar")
 """The kinds of keys (`v.<kind>.<h>...`, `gpu.<h>...`)."""
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+"""`json.dumps(..., separators=...)`, without building an encoder per value (thousands a
+registration)."""
+
+
 def _dump(data: dict[str, Any]) -> bytes:
-    return json.dumps({"v": VERSION, **data}, separators=(",", ":")).encode()
+    return _ENCODE({"v": VERSION, **data}).encode()
 
 
 def _load(raw: bytes) -> dict[str, Any]:
