@@ -245,14 +245,14 @@ class Endpoints:
             info = request.gpu_info  # Set by the agent that relayed it (only it may).
             if info is None or info.index != gpu.gpu_index:
                 info = await self.gpus.describe(gpu.node, gpu.gpu_index)
+                # The job may have gone or the rank been taken meanwhile (here, or through
+                # another replica: the state bucket decides, once): this checks again.
+                self.jobs.registry.check_rank(request)
             else:
                 self.gpus.know(gpu.node, info)
             refused = self._refuse_gpu(request, info)
             if refused is not None:
                 return refused
-        # The job may have gone or the rank been taken meanwhile (here, or through another
-        # replica: the state bucket decides, once): this checks again.
-        self.jobs.registry.check_rank(request)
         mine = (request.job_id, request.rank_info.rank)
         self.jobs.registering.add(mine)  # This handler, not the state watch, starts the job.
         try:
