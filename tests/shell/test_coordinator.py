@@ -791,7 +791,7 @@ async def test_a_failed_lease_write_reads_the_lease_when_the_watch_lags(nats_ser
                                                                          tmp_path, monkeypatch):
     """CI under load: a replica whose ownership watch stalled (its server restarting) kept a
     stale revision, so every compare-and-set failed and it never learnt who held the job (a
-    job given up to it was never taken). A failed lease write now reads the key."""
+    job given up to it was never taken). A failed lease write reads the key."""
     import json
     import time
 

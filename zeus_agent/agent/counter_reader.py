@@ -13,7 +13,7 @@ and appends each `Knot` it returns to the `EnergyRing`. Then:
 * `covers(t)` / `on_knot`: what the agent uses to publish a step's or instruction's energy only
   once reads bracket both of its edges.
 
-GPUs without an energy counter are read as before: their power is integrated (`PowerIntegrator`)
+GPUs without an energy counter are read plainly: their power is integrated (`PowerIntegrator`)
 and each read is a fresh value (the policy reads such a series plainly at the sampling interval).
 
 Idle: while nothing needs the fine series (`is_active`, set by the agent: a trainer bound, marks
@@ -268,10 +268,10 @@ class CounterReader:
 
         A GPU whose calls block (NVML, the timed simulator) is read by a thread of its own
         (`_read_forever`): it sleeps until each planned read, reads and feeds the policy, and
-        hands the loop only the knots. Each read through the GPU's executor woke the loop
-        twice (the planned start, the call's return) and cost it ~0.4 ms of a 2-core VM's CPU,
-        80 times a second with 8 GPUs. Clock changes do not wait for this thread (they have
-        their own lane); only the driver serialises them with a read in flight, as before.
+        hands the loop only the knots: a read through the GPU's executor would wake the loop
+        twice (the planned start, the call's return), ~0.4 ms of a 2-core VM's CPU, 80 times a
+        second with 8 GPUs. Clock changes do not wait for this thread (they have their own
+        lane); only the driver serialises them with a read in flight.
         """
         if not self.caller.blocking:
             self._wakeup_async = asyncio.Event()

@@ -67,7 +67,7 @@ from zeus_agent.emit.records import (
     RegistrationError,
     WindowEnergy,
 )
-from zeus_agent.errors import ZeusAgentError as ZeusAgentError  # `emit.ZeusAgentError`, as before
+from zeus_agent.errors import ZeusAgentError as ZeusAgentError  # also `emit.ZeusAgentError`
 from zeus_agent.models import JobInfo, PowerLimitMeasurement
 from zeus_agent.wire.messages import PowerLimitOptions
 

@@ -5,7 +5,7 @@ incarnation, lease revision, lease end (`until`, wall-clock s) and the lease's k
 hash in the ownership bucket), space-separated. An agent refuses a command whose lease has
 ended by its clock, or whose revision is older than one it has already taken from another
 owner for the same key (`zeus_agent.agent.core.fencing`). A command without the header
-(an older coordinator, a tool, a test) is taken as before; the header changes no payload.
+(an older coordinator, a tool, a test) is taken unfenced; the header changes no payload.
 """
 
 from __future__ import annotations
