@@ -21,14 +21,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from zeus_agent.errors import ReplyError
 from zeus_agent.wire.budget import Budget, BudgetGroup
 
 GpuKey = tuple[str, int]
 """(node, GPU index)."""
 
 
-class BudgetRefused(ValueError):
+class BudgetRefused(ReplyError, ValueError):
     """A budget the cluster cannot take; the message says why and what to do."""
+
+    code = "bad_request"
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,12 @@ class BudgetService:
         return BudgetStore(self.link.require_state().kv)
 
     async def handle(self, data: bytes, subject: str = "") -> Reply:
-        """One operator request (`BudgetRequest`)."""
+        """One operator request (`BudgetRequest`).
+
+        Raises:
+            BudgetRefused: A budget the cluster cannot take (the endpoint answers `bad_request`
+                through `reply_for`).
+        """
         request = codec.decode(data, BudgetRequest)
         store = self.store()
         if request.action == "show":
@@ -103,10 +108,7 @@ class BudgetService:
                 await self.on_lift(held[0])
             return Reply.success(lifted=request.budget_id)
         assert request.budget is not None
-        try:
-            budget = core.resolve(request.budget, self.cluster)
-        except core.BudgetRefused as e:
-            return Reply.failure("bad_request", str(e))
+        budget = core.resolve(request.budget, self.cluster)  # BudgetRefused: bad_request
         now = self.wall()
         if budget.end_s is not None and budget.end_s <= now:
             return Reply.failure("bad_request", f"end_s {budget.end_s} has already passed")

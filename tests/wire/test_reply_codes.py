@@ -16,6 +16,7 @@ import pytest
 
 import coordinator
 import zeus_agent
+from coordinator.budget.budgets import BudgetRefused
 from coordinator.jobs import DuplicateError, UnknownJobError
 from coordinator.optimizer import StragglerError
 from coordinator.state.jetstream import StateUnavailableError
@@ -108,6 +109,7 @@ def test_every_coded_error_has_a_known_code_and_reply_for_answers_it(cls: Any) -
         (DuplicateError("why"), "duplicate"),
         (StateUnavailableError("why"), "unavailable"),
         (StragglerError("conflict", "why"), "conflict"),
+        (BudgetRefused("why"), "bad_request"),
     ],
 )
 def test_reply_codes_are_the_ones_replies_carry(error: BaseException, code: str) -> None:
