@@ -167,4 +167,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from zeus_agent import children
+
+    with children.sigterm_as_sigint():  # SIGTERM cleans up (temp dirs, children) as Ctrl-C does
+        main()

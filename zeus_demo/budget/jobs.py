@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from zeus_agent import PowerLimitOptions
 from zeus_agent.gpu.sim.physics import operating_point
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
-from zeus_agent.wire.messages import PowerLimitOptions
 
 REFERENCE_JOBS: dict[str, int] = {
     "A40+bert-base-uncased+gpu0": 16,

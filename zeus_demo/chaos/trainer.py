@@ -23,12 +23,12 @@ def _progress(*_: Any) -> None:
 
 
 def _dp(spec: dict[str, Any]) -> dict[str, Any]:
+    from zeus_agent import PowerLimitOptions
     from zeus_agent.gpu.sim.trainers.data_parallel import (
         RankPlacement,
         TrainerOptions,
         run_data_parallel,
     )
-    from zeus_agent.wire.messages import PowerLimitOptions
 
     opts = dict(spec["options"])
     opts["power_limit"] = PowerLimitOptions(**opts["power_limit"])

@@ -22,12 +22,12 @@ def main(spec_json: str) -> int:
     The result's "step_seen_at" has, for each step of rank 0, the `time.monotonic()` (the
     system's clock, the test's too) at which this process learnt it ended (polled every 50 ms).
     """
+    from zeus_agent import PowerLimitOptions
     from zeus_agent.gpu.sim.trainers.data_parallel import (
         RankPlacement,
         TrainerOptions,
         run_data_parallel,
     )
-    from zeus_agent.wire.messages import PowerLimitOptions
 
     spec = json.loads(spec_json)
     out = Path(spec["out"])
