@@ -8,11 +8,7 @@ NATS's permissions, which `zeus-coordinator budget` reports as `forbidden`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +17,9 @@ import pytest
 from coordinator.budget_cli import send
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
-from zeus_agent.broker import find_nats_server
 from zeus_agent.wire import permissions, subjects
 from zeus_agent.wire.budget import BudgetRequest
+from zeus_demo.cluster import NatsServer, Processes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,34 +29,19 @@ OPERATOR = "grid-desk"
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """A nats-server with the project's users, operators included (the harness's: it dies
+    with the test)."""
     users = permissions.users([NODE], operators=[OPERATOR])
     text = permissions.render_authorization([NODE], operators=[OPERATOR])
     (tmp_path / "auth.conf").write_text(text)
     (tmp_path / "server.conf").write_text(
         'listen: "127.0.0.1:-1"\ninclude ./auth.conf\n'
         f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n')
-    (tmp_path / "ports").mkdir()
     passwords = {u.password_variable: f"z{os.urandom(12).hex()}" for u in users}
-    proc = subprocess.Popen(
-        [find_nats_server(), "-c", str(tmp_path / "server.conf"),
-         "--ports_file_dir", str(tmp_path / "ports")],
-        env={**os.environ, **passwords}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        port = None
-        while port is None:
-            assert proc.poll() is None and time.monotonic() < deadline, "nats-server failed"
-            for f in (tmp_path / "ports").glob("*.ports"):
-                with contextlib.suppress(ValueError, OSError, IndexError):
-                    port = int(json.loads(f.read_text())["nats"][0].rsplit(":", 1)[1])
-            time.sleep(0.01)
-        names = {u.name: passwords[u.password_variable] for u in users}
-        yield port, names
-    finally:
-        proc.terminate()
-        proc.wait(5)
+    with Processes(tmp_path / "procs") as procs:
+        nats = NatsServer(tmp_path / "server.conf", procs, env=passwords).start()
+        assert nats.port is not None
+        yield nats.port, {u.name: passwords[u.password_variable] for u in users}
 
 
 def url(port: int, names: dict[str, str], user: str) -> str:
