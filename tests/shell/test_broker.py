@@ -6,8 +6,14 @@ import urllib.request
 import pytest
 from nats import errors as nats_errors
 
-from zeus_agent.broker import EmbeddedNats, _connect_failure, connect
-from zeus_agent.errors import BrokerError
+from zeus_agent.broker import (
+    EmbeddedNats,
+    PermissionRefusedError,
+    _connect_failure,
+    connect,
+    refuse_if_not_permitted,
+)
+from zeus_agent.errors import BrokerError, reply_for
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InfoCmd, Reply
 from zeus_demo.cluster import free_port
@@ -80,6 +86,31 @@ async def test_confirmed_subscriptions_see_the_very_next_publish(nats_server):
 )
 def test_a_refusal_of_the_credentials_is_told_by_class_or_by_the_servers_error(error, refused):
     assert ("refused the credentials" in _connect_failure("nats://h:4222", 1, error)) is refused
+
+
+class _Connection:
+    def __init__(self, last_error: BaseException | None) -> None:
+        self.last_error = last_error
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        (nats_errors.Error("nats: permissions violation for publish to \"x.y\""), True),
+        (nats_errors.Error("nats: 'Permissions Violation for Subscription to \"x\"'"), True),
+        (nats_errors.Error("nats: 'Authorization Violation'"), False),
+        (nats_errors.AuthorizationError(), False),
+        (OSError("permissions violation"), False),  # only nats' -ERR is read
+        (None, False),
+    ],
+)
+def test_a_permissions_violation_is_a_forbidden_error(error, refused):
+    if not refused:
+        refuse_if_not_permitted(_Connection(error), "why")
+        return
+    with pytest.raises(PermissionRefusedError) as raised:
+        refuse_if_not_permitted(_Connection(error), "may not")
+    assert reply_for(raised.value) == Reply.failure("forbidden", "may not")
 
 
 @pytest.mark.parametrize("sync, always, interval_ns", [

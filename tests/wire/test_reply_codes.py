@@ -21,7 +21,7 @@ from coordinator.jobs import DuplicateError, UnknownJobError
 from coordinator.optimizer import StragglerError
 from coordinator.state.jetstream import StateUnavailableError
 from zeus_agent.agent.core.energy_ring import WindowOutOfRange
-from zeus_agent.broker import PortInUseError
+from zeus_agent.broker import PermissionRefusedError, PortInUseError
 from zeus_agent.emit.records import RegistrationError
 from zeus_agent.errors import (
     UNEXPECTED,
@@ -110,6 +110,7 @@ def test_every_coded_error_has_a_known_code_and_reply_for_answers_it(cls: Any) -
         (StateUnavailableError("why"), "unavailable"),
         (StragglerError("conflict", "why"), "conflict"),
         (BudgetRefused("why"), "bad_request"),
+        (PermissionRefusedError("why"), "forbidden"),
     ],
 )
 def test_reply_codes_are_the_ones_replies_carry(error: BaseException, code: str) -> None:
