@@ -45,7 +45,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from zeus_agent.children import die_with_parent as die_with_parent  # the name it had here
 from zeus_agent.children import popen
 from zeus_agent.errors import BrokerError
 

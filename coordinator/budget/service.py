@@ -113,7 +113,6 @@ class BudgetService:
         if budget.end_s is not None and budget.end_s <= now:
             return Reply.failure("bad_request", f"end_s {budget.end_s} has already passed")
         await store.put(budget, now)
-        self.link.writes += 1
         LOG.info("budget %s set: %.0f W over %s", budget.budget_id, budget.cap_w or 0,
                  budget.group.describe())
         others = (b for b, _ in (await store.all()).values() if b.budget_id != budget.budget_id)

@@ -186,11 +186,6 @@ class CoordinatorService(ExitSignals):
         return self.link.dropped
 
     @property
-    def writes(self) -> int:
-        """Writes to the state bucket (for benchmarks and tests)."""
-        return self.link.writes
-
-    @property
     def pipeline_budget(self) -> NodeBudget:
         """What the pipeline jobs driven here keep of their measurements, per node."""
         return self.starter.budget
@@ -204,11 +199,6 @@ class CoordinatorService(ExitSignals):
     def optimisers(self) -> dict[str, JobOptimizer]:
         """The optimisers driven by this replica, by job id (readable from any thread)."""
         return self.jobs.optimisers()
-
-    @property
-    def job_tokens(self) -> dict[str, str]:
-        """Subject token -> id of each job whose record is known (a copy; tests read it)."""
-        return self.jobs.tokens()
 
     @property
     def power_limit_jobs(self) -> dict[str, Any]:

@@ -211,7 +211,6 @@ class Endpoints:
             await self.durable.known_job(record.job_id)
         else:
             raise StateUnavailableError("could not give the job a unique id; retry")
-        self.link.writes += 1
         await self.leases.take(record.job_id, 0, "registered here")
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await self.link.status(record.job_id, "registered", f"job registered for {what}; "
@@ -265,7 +264,6 @@ class Endpoints:
         record, _ = self.jobs.registry.register_rank(request, self.clock())
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
-            self.link.writes += 2
             # One event per rank is too many to follow for big jobs: then every 10 %.
             if world <= RANK_STATUS_EVERY_UP_TO or n * 10 // world != (n - 1) * 10 // world:
                 await self.link.status(record.job_id, "rank_registered",

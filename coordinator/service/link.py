@@ -29,7 +29,6 @@ class Link:
         nc: The NATS connection (None before start-up and once drained).
         state: The state bucket (None before start-up).
         dropped: Stream messages dropped, by reason (spoofed node, unknown rank...).
-        writes: Writes to the state bucket (for benchmarks and tests).
     """
 
     def __init__(self, prefix: str) -> None:
@@ -37,7 +36,6 @@ class Link:
         self.nc: Any = None
         self.state: JetStreamState | None = None
         self.dropped: Counter[str] = Counter()
-        self.writes = 0
 
     @property
     def connected(self) -> bool:

@@ -107,7 +107,6 @@ class ProgressWriter:
                     LOG.warning("job %s: progress not recorded yet (%s); writing it again until "
                                 "JetStream takes it", job_id, e)
                 return
-            self.link.writes += 1
             driver.unsaved_warned = False
             if driver.unsaved is latest:
                 driver.unsaved = None

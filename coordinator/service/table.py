@@ -84,10 +84,6 @@ class JobTable:
         """Every known job's id (a copy)."""
         return list(self.registry.jobs)
 
-    def tokens(self) -> dict[str, str]:
-        """Subject token -> id of each job whose record is known (a copy)."""
-        return {token: d.job_id for token, d in list(self._by_token.items())}
-
     def records(self) -> list[JobRecord]:
         """Every known job's record (a copy)."""
         return list(self.registry.jobs.values())
