@@ -8,6 +8,7 @@
 * `ZeusAgentError`: base of everything raised on purpose here (code `internal` unless a
   subclass says otherwise).
 * `PayloadError`: a message or payload failed validation; the text names the field.
+* `UnansweredError`: a service this one relays a request to did not answer.
 * `BrokerError`: no NATS server could be started or reached.
 * `ReadOnlyError`: a setting refused because the GPU is observed only (`--observe-only`, or no
   privilege to change it).
@@ -77,6 +78,16 @@ class PayloadError(ZeusAgentError, ValueError):
 
         super().__init__(bounded(message))
         self.field = bounded(field, 200)
+
+    def within(self, what: str) -> PayloadError:
+        """The same error, its message saying which request or message (`what`) held it."""
+        return PayloadError(f"{what}: {self}", self.field)
+
+
+class UnansweredError(ZeusAgentError):
+    """A service this one relays a request to did not answer (code `unavailable`); retry."""
+
+    code = "unavailable"
 
 
 class BrokerError(ZeusAgentError):

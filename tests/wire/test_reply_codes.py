@@ -7,9 +7,11 @@ classes with a `code` and check that the code is a known one and that `reply_for
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +37,7 @@ from zeus_agent.errors import (
     ReplyError,
     SettingRefusedError,
     TrainerLeftError,
+    UnansweredError,
     ZeusAgentError,
     reply_for,
 )
@@ -111,6 +114,7 @@ def test_every_coded_error_has_a_known_code_and_reply_for_answers_it(cls: Any) -
         (StragglerError("conflict", "why"), "conflict"),
         (BudgetRefused("why"), "bad_request"),
         (PermissionRefusedError("why"), "forbidden"),
+        (UnansweredError("why"), "unavailable"),
     ],
 )
 def test_reply_codes_are_the_ones_replies_carry(error: BaseException, code: str) -> None:
@@ -137,3 +141,34 @@ def test_a_reply_is_cut_to_fit() -> None:
 def test_a_straggler_error_takes_only_a_known_code() -> None:
     with pytest.raises(ValueError, match="not a reply code"):
         StragglerError("no_such_code", "why")
+
+
+def test_a_payload_error_within_a_request_names_it_and_keeps_its_field() -> None:
+    error = PayloadError("t1_ns must not precede t0_ns", "t1_ns").within("WINDOW")
+    assert error.field == "t1_ns"
+    assert reply_for(error) == Reply.failure("bad_request",
+                                             "WINDOW: t1_ns must not precede t0_ns")
+
+
+def _replies_built_in_except_handlers() -> list[str]:
+    """`file:line` of every `Reply.failure(...)` / `Reply(ok=...)` inside an `except` block."""
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for package in ("zeus_agent", "coordinator"):
+        for path in sorted((root / package).rglob("*.py")):
+            for handler in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(handler, ast.ExceptHandler):
+                    continue
+                for node in ast.walk(handler):
+                    if not isinstance(node, ast.Call):
+                        continue
+                    name = ast.unparse(node.func)
+                    if name.endswith("Reply.failure") or (
+                            name.endswith("Reply") and any(k.arg == "ok" for k in node.keywords)):
+                        found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_exception_is_mapped_to_a_reply_by_hand() -> None:
+    """An exception's reply comes from `reply_for` (raise a coded error), never a literal code."""
+    assert _replies_built_in_except_handlers() == []

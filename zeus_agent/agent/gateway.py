@@ -41,7 +41,13 @@ from zeus_agent.agent.credentials import (
 )
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.rapl import RaplReader, cpu_reply
-from zeus_agent.errors import PayloadError, ReplyError, reply_for
+from zeus_agent.errors import (
+    PayloadError,
+    ReplyError,
+    UnansweredError,
+    ZeusAgentError,
+    reply_for,
+)
 from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -365,12 +371,12 @@ class Gateway:
     async def _answer(self, req: RequestDatagram, addr: Any, pid: int, uid: int) -> None:
         try:
             reply = await self._handle(req, pid, uid, addr)
+        except PayloadError as e:  # Say which request did not validate.
+            reply = reply_for(e.within(req.kind.name))
         except Exception as e:  # noqa: BLE001 - every failure becomes a reply
             if not isinstance(e, ReplyError):
                 LOG.exception("gateway request %s failed", req.kind.name)
             reply = reply_for(e, f"internal error in the agent on {self.node}; see its log")
-            if isinstance(e, PayloadError):  # Which request did not validate.
-                reply = Reply.failure(reply.code, f"{req.kind.name}: {reply.error}")
         if req.kind is Kind.BYE and not addr:
             return  # Sent through a doorbell, which has no address: nobody waits for it.
         self._send(addr, req.request_id, reply)
@@ -545,19 +551,24 @@ class Gateway:
         return reply
 
     async def _relay(self, subject: str, payload: bytes) -> Reply:
+        """The coordinator's reply to `payload` sent on `subject`.
+
+        Raises:
+            UnansweredError: No coordinator answered in time.
+            ZeusAgentError: Its reply could not be read (code `internal`).
+        """
         try:
             raw = await self._request(subject, payload, self.request_timeout_s)
         except Exception as e:  # noqa: BLE001 - nats raises TimeoutError / NoRespondersError
             self.counters["relay_failed"] += 1
-            return Reply.failure(
-                "unavailable",
+            raise UnansweredError(
                 f"no coordinator answered on {subject} within {self.request_timeout_s:g} s "
-                f"({type(e).__name__}); is `zeus-coordinator run` connected to this NATS?",
-            )
+                f"({type(e).__name__}); is `zeus-coordinator run` connected to this NATS?"
+            ) from None
         try:
             return codec.decode(raw, Reply)
         except PayloadError as e:
-            return Reply.failure("internal", f"the coordinator sent an unreadable reply: {e}")
+            raise ZeusAgentError(f"the coordinator sent an unreadable reply: {e}") from None
 
     # ------------------------------------------------------------------ trainer lifetimes
     async def release_pid(self, pid: int, reason: str, crashed: bool = True) -> list[str]:

@@ -59,12 +59,12 @@ from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drai
 from zeus_agent.bus import BusHealth
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.config import AgentSettings
-from zeus_agent.errors import GPUUnavailableError, PayloadError, ZeusAgentError
+from zeus_agent.errors import GPUUnavailableError, PayloadError, ZeusAgentError, reply_for
 from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.observe_only import OBSERVE_ONLY_HELP
 from zeus_agent.history import History
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, LeaseRenewal, Reply
+from zeus_agent.wire.messages import AgentHello, LeaseRenewal
 from zeus_agent.wire.text import bounded
 
 LOG = logging.getLogger(__name__)
@@ -292,11 +292,10 @@ class AgentServer(ExitSignals):
                 if history is not None:
                     recording.record_command(history, agent, recording.decoded(req.data),
                                              req.headers, reply)
-            except Exception:  # noqa: BLE001 - handle_command should not raise; never go silent
+            except Exception as e:  # noqa: BLE001 - handle_command should not raise; never go silent
                 LOG.exception("GPU %d: command handling failed", agent.index)
-                data = codec.encode(Reply.failure(
-                    "internal", f"internal error in the agent of GPU {agent.index}; see its log"
-                ))
+                data = codec.encode(reply_for(
+                    e, f"internal error in the agent of GPU {agent.index}; see its log"))
             try:
                 await req.respond(data)
             except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
