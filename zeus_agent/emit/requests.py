@@ -354,7 +354,13 @@ _UNSET: dict[str, Any] = {"cpus": None, "exact": False}
 
 
 def _refused_field(reply: Reply | None, request: WindowRequest) -> str | None:
-    """The added field an agent that predates it refused, or None."""
+    """The added field an agent that predates it refused, or None.
+
+    Read from the reply's text: the agents refusing a field are those older than it, whose
+    `bad_request` names it only there ("WINDOW: field 'cpus': Extra inputs are not
+    permitted"). A structured field name in `Reply` could not help, as those agents would never
+    send it, and peers that predate it would refuse a reply carrying it (`extra="forbid"`).
+    """
     if reply is None or reply.code != "bad_request":
         return None
     for field, unset in _UNSET.items():
