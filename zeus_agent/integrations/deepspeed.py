@@ -32,10 +32,10 @@ from typing import Any
 
 from zeus_agent.integrations.pipeline_events import (
     EmitEvents,
+    Instrumentation,
     Patch,
     PipelineEvents,
     StepGate,
-    restore_all,
 )
 from zeus_agent.pipeline_order import BACKWARD, FORWARD
 
@@ -45,7 +45,7 @@ _KINDS = {"ForwardPass": FORWARD, "BackwardPass": BACKWARD}
 """DeepSpeed's compute instruction classes (`deepspeed/runtime/pipe/schedule.py`)."""
 
 
-class DeepSpeedInstrumentation:
+class DeepSpeedInstrumentation(Instrumentation):
     """The wrappers `instrument` installed on one engine; `remove()` undoes them.
 
     Attributes:
@@ -54,24 +54,9 @@ class DeepSpeedInstrumentation:
     """
 
     def __init__(self, engine: Any, gate: StepGate) -> None:
+        super().__init__(gate)
         self.engine = engine
-        self.gate = gate
-        self._patches: list[Patch] = []
 
-    @property
-    def installed(self) -> bool:
-        """Whether the wrappers are in place."""
-        return bool(self._patches)
-
-    def remove(self) -> None:
-        """Put the engine's class map and `train_batch` back (idempotent)."""
-        restore_all(self._patches)
-
-    def __enter__(self) -> DeepSpeedInstrumentation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
 
 def _wrap_pass(gate: StepGate, engine: Any, kind: str,
@@ -133,6 +118,6 @@ def instrument(
     def train_wrapper(*args: Any, **kwargs: Any) -> Any:
         return gate.run_step(True, lambda: train_batch(*args, **kwargs))
 
-    handle._patches.append(Patch.install(engine, "_INSTRUCTION_MAP", own))
-    handle._patches.append(Patch.install(engine, "train_batch", train_wrapper))
+    handle.add(Patch.install(engine, "_INSTRUCTION_MAP", own))
+    handle.add(Patch.install(engine, "train_batch", train_wrapper))
     return handle

@@ -37,10 +37,10 @@ from typing import Any
 
 from zeus_agent.integrations.pipeline_events import (
     EmitEvents,
+    Instrumentation,
     Patch,
     PipelineEvents,
     StepGate,
-    restore_all,
 )
 from zeus_agent.pipeline_order import BACKWARD, FORWARD
 
@@ -55,7 +55,7 @@ STEP_FUNCTIONS = (
 """The schedule functions one training iteration calls (those present are wrapped)."""
 
 
-class MegatronInstrumentation:
+class MegatronInstrumentation(Instrumentation):
     """The wrappers `instrument` installed on the schedules module; `remove()` undoes them.
 
     Attributes:
@@ -64,24 +64,9 @@ class MegatronInstrumentation:
     """
 
     def __init__(self, schedules: Any, gate: StepGate) -> None:
+        super().__init__(gate)
         self.schedules = schedules
-        self.gate = gate
-        self._patches: list[Patch] = []
 
-    @property
-    def installed(self) -> bool:
-        """Whether the wrappers are in place."""
-        return bool(self._patches)
-
-    def remove(self) -> None:
-        """Put the module's own functions back (idempotent)."""
-        restore_all(self._patches)
-
-    def __enter__(self) -> MegatronInstrumentation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
 
 def _stage(parallel_state: Any, vp_stage: Any) -> int:
@@ -160,5 +145,5 @@ def instrument(
                      for n in STEP_FUNCTIONS if callable(getattr(module, n, None))})
     for n, wrapper in wrappers.items():
         wrapper.__zeus_megatron__ = True  # type: ignore[attr-defined]
-        handle._patches.append(Patch.install(module, n, wrapper))
+        handle.add(Patch.install(module, n, wrapper))
     return handle

@@ -13,17 +13,18 @@ parts that do not depend on the framework:
   per-step microbatch counters for frameworks whose calls carry no microbatch, and the name an
   action gets (`kind:stage:microbatch`, or Zeus 0.16's bare `forward`/`backward`).
 * `Patch`: one attribute replaced on an object, restored by `restore()`.
+* `Instrumentation`: an adapter's handle, the patches it installed, undone by `remove()`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from zeus_agent.pipeline_order import BACKWARD, FORWARD, format_action
 
-__all__ = ["EmitEvents", "Patch", "PipelineEvents", "StepGate"]
+__all__ = ["EmitEvents", "Instrumentation", "Patch", "PipelineEvents", "StepGate"]
 
 _MISSING = object()
 
@@ -178,7 +179,33 @@ class Patch:
             setattr(self.target, self.attribute, self.previous)
 
 
-def restore_all(patches: list[Patch]) -> None:
-    """Restore patches in reverse order of installation and forget them."""
-    while patches:
-        patches.pop().restore()
+class Instrumentation:
+    """The wrappers an adapter installed; `remove()` (or leaving a `with`) undoes them.
+
+    Attributes:
+        gate: Step state and naming (`gate.steps`: training steps reported so far).
+    """
+
+    def __init__(self, gate: StepGate) -> None:
+        self.gate = gate
+        self._patches: list[Patch] = []
+
+    @property
+    def installed(self) -> bool:
+        """Whether the wrappers are in place."""
+        return bool(self._patches)
+
+    def add(self, patch: Patch) -> None:
+        """Keep an installed patch, to be undone by `remove()`."""
+        self._patches.append(patch)
+
+    def remove(self) -> None:
+        """Put every patched attribute back, in reverse order (idempotent)."""
+        while self._patches:
+            self._patches.pop().restore()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()

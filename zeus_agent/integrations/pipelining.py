@@ -39,10 +39,10 @@ from typing import Any
 
 from zeus_agent.integrations.pipeline_events import (
     EmitEvents,
+    Instrumentation,
     Patch,
     PipelineEvents,
     StepGate,
-    restore_all,
 )
 from zeus_agent.pipeline_order import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
 
@@ -81,7 +81,7 @@ def _chunk_id(args: tuple[Any, ...], kwargs: dict[str, Any], keyword: str) -> in
     return int(args[0] if args else kwargs[keyword])
 
 
-class PipelineInstrumentation:
+class PipelineInstrumentation(Instrumentation):
     """The wrappers `instrument` installed; `remove()` (or leaving a `with`) undoes them.
 
     Attributes:
@@ -91,25 +91,9 @@ class PipelineInstrumentation:
     """
 
     def __init__(self, schedule: Any, stages: Sequence[Any], gate: StepGate) -> None:
+        super().__init__(gate)
         self.schedule = schedule
         self.stages = list(stages)
-        self.gate = gate
-        self._patches: list[Patch] = []
-
-    @property
-    def installed(self) -> bool:
-        """Whether the wrappers are in place."""
-        return bool(self._patches)
-
-    def remove(self) -> None:
-        """Put the schedule's and the stages' own methods back (idempotent)."""
-        restore_all(self._patches)
-
-    def __enter__(self) -> PipelineInstrumentation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
     def _install(self) -> None:
         schedule, gate = self.schedule, self.gate
@@ -135,7 +119,7 @@ class PipelineInstrumentation:
 
     def _patch(self, obj: Any, attribute: str, wrapper: Callable[..., Any]) -> None:
         setattr(wrapper, _MARK, True)
-        self._patches.append(Patch.install(obj, attribute, wrapper))
+        self.add(Patch.install(obj, attribute, wrapper))
 
     def _wrap_stage(self, stage: Any) -> None:
         gate = self.gate
