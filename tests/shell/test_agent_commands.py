@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from tests.shell.agent_kit import Inbox, command, running_agent, stop_agent
-from zeus_agent.models import FrequencySchedule
+from zeus_agent.models import FrequencySchedule, PowerLimitMeasurement
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import (
     AgentHello,
@@ -22,6 +22,7 @@ from zeus_agent.wire.messages import (
     RenewLeasesCmd,
     ResetClocksCmd,
     ResetPowerLimitCmd,
+    SelectCmd,
     SetPowerLimitCmd,
     UnbindRankCmd,
 )
@@ -259,3 +260,11 @@ async def test_each_gpu_has_its_own_endpoint(nats_server, nc):
         assert b"zeus-agent" in msg.data
         await stop_agent(server)
         assert server.agents[1].gpu.get_power_limit_w() == 300  # restored on the way out
+
+
+async def test_a_question_for_a_trainer_no_longer_here_is_answered_trainer_left(agent, nc):
+    measured = [PowerLimitMeasurement(power_limit=200, energy=10.0, time=1.0)]
+    reply = await command(nc, agent.settings.node, 0,
+                          SelectCmd(job_id="gone", request=1, measurements=measured))
+    assert (reply.ok, reply.code) == (False, "trainer_left")
+    assert reply.error.startswith("no trainer of job 'gone' is bound to GPU 0")

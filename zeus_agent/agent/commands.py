@@ -17,7 +17,13 @@ import time
 from collections.abc import Mapping
 
 from zeus_agent.agent.gpu_agent import GpuAgent
-from zeus_agent.errors import PayloadError, ReplyError, StaleLeaseError, reply_for
+from zeus_agent.errors import (
+    PayloadError,
+    ReplyError,
+    StaleLeaseError,
+    TrainerLeftError,
+    reply_for,
+)
 from zeus_agent.wire import codec
 from zeus_agent.wire.fencing import LEASE_HEADER, parse_lease_header
 from zeus_agent.wire.messages import (
@@ -117,11 +123,15 @@ async def run_command(agent: GpuAgent, cmd: GpuCommand) -> Reply:
 
 
 def ask_trainer(agent: GpuAgent, cmd: SelectCmd) -> Reply:
-    """Push a question to the job's trainer bound here; its answer comes as its rank's event."""
+    """Push a question to the job's trainer bound here; its answer comes as its rank's event.
+
+    Raises:
+        TrainerLeftError: No trainer of the job is bound to this GPU.
+    """
     bound = agent.binding
     if bound is None or bound.job_id != cmd.job_id or agent.notify_trainer is None:
-        return Reply.failure("trainer_left", f"no trainer of job {cmd.job_id!r} is bound to "
-                             f"GPU {agent.index} on node {agent.node!r}")
+        raise TrainerLeftError(f"no trainer of job {cmd.job_id!r} is bound to GPU "
+                               f"{agent.index} on node {agent.node!r}")
     agent.notify_trainer(SelectRequest(job_id=cmd.job_id, request=cmd.request,
                                        measurements=cmd.measurements))
     return Reply.success(asked=bound.rank)
