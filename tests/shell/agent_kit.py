@@ -199,6 +199,24 @@ class RawTrainer:
         self.sock.send(dg.encode_event(kind, self.pid, t, a, b, name))
         return t
 
+    async def event_when_room(self, kind: dg.Kind, a: int = 0, b: int = 0,
+                              name: str = "") -> None:
+        """One event, waiting while the agent's socket queue is full (Linux queues 10)."""
+        while True:
+            try:
+                self.event(kind, a, b, name)
+                return
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+
+    async def iteration(self, step: int, names: list[str], first: int) -> None:
+        """One step of instructions `names`, numbered from `first`."""
+        await self.event_when_room(dg.Kind.STEP_BEGIN, step)
+        for i, name in enumerate(names):
+            await self.event_when_room(dg.Kind.INSTRUCTION_BEGIN, first + i, step, name)
+            await self.event_when_room(dg.Kind.INSTRUCTION_END, first + i, step, name)
+        await self.event_when_room(dg.Kind.STEP_END, step)
+
     async def request(self, kind: dg.Kind, payload: BaseModel | dict) -> Reply:
         """Send a request and await its reply."""
         request_id = next(self._ids)

@@ -8,11 +8,7 @@ iteration it had seen (RSS 103 -> 197 MB over three jobs whose ranks sent new na
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from coordinator.pipeline.job import PipelineJob
 from coordinator.service import CoordinatorService
@@ -25,7 +21,6 @@ from tests.shell.coordinator_kit import (
     rank_request,
     register_job,
     start,
-    start_agent,
     stop,
 )
 from zeus_agent.agent.server import AgentServer
@@ -36,34 +31,11 @@ from zeus_agent.wire.messages import JobStatus
 K = dg.Kind
 
 
-@pytest.fixture
-async def agent(nats_server, tmp_path_factory) -> AsyncIterator[AgentServer]:
-    server, task = await start_agent(nats_server, tmp_path_factory.mktemp("agent"))
-    yield server
-    server.handle_exit()
-    await task
-
 
 async def _coordinator(nats_server: Any, tmp_path: Any, **kw: Any) -> Any:
     return await start(nats_server, tmp_path / "coord", dump_data=False, **kw)
 
 
-async def _send(trainer: RawTrainer, kind: dg.Kind, a: int, b: int = 0, name: str = "") -> None:
-    """One event, waiting while the agent's socket queue is full."""
-    while True:
-        try:
-            trainer.event(kind, a, b, name)
-            return
-        except BlockingIOError:
-            await asyncio.sleep(0.001)
-
-
-async def _iteration(trainer: RawTrainer, step: int, names: list[str], first: int) -> None:
-    await _send(trainer, K.STEP_BEGIN, step)
-    for i, name in enumerate(names):
-        await _send(trainer, K.INSTRUCTION_BEGIN, first + i, step, name)
-        await _send(trainer, K.INSTRUCTION_END, first + i, step, name)
-    await _send(trainer, K.STEP_END, step)
 
 
 async def _one_rank_job(nc: Any, coord: CoordinatorService, agent: AgentServer
@@ -93,7 +65,7 @@ async def test_a_trainers_goodbye_lets_the_coordinator_go_of_what_it_kept(
         job_id, job, trainer, statuses = await _one_rank_job(nc, coord, agent)
         try:
             for step in range(8):
-                await _iteration(trainer, step, [f"op{step}_{k}" for k in range(200)], step * 200)
+                await trainer.iteration(step, [f"op{step}_{k}" for k in range(200)], step * 200)
             await wait_for(lambda: job.kept.total > 0 and job._latest.get(0) == 7, 10,
                            "the iterations measured")
             assert job.phase == "discovering"
@@ -118,7 +90,7 @@ async def test_a_job_past_its_cap_stops_with_too_large(nats_server, agent, nc, t
     try:
         job_id, job, trainer, statuses = await _one_rank_job(nc, coord, agent)
         try:
-            await _iteration(trainer, 0, [f"op_{k:05d}" for k in range(5000)], 0)
+            await trainer.iteration(0, [f"op_{k:05d}" for k in range(5000)], 0)
             await wait_for(lambda: any(s.state == "error" for s in statuses), 10,
                            "the job stopped")
         finally:

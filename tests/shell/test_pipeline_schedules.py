@@ -4,11 +4,7 @@ with an error status naming the action, and takes nothing more."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from coordinator.pipeline.job import PipelineJob
 from tests.shell.agent_kit import RawTrainer, wait_for
@@ -20,7 +16,6 @@ from tests.shell.coordinator_kit import (
     rank_request,
     register_job,
     start,
-    start_agent,
     stop,
 )
 from zeus_agent.agent.server import AgentServer
@@ -31,21 +26,6 @@ from zeus_agent.wire.messages import JobStatus
 K = dg.Kind
 
 
-@pytest.fixture
-async def agent(nats_server: Any, tmp_path_factory: Any) -> AsyncIterator[AgentServer]:
-    server, task = await start_agent(nats_server, tmp_path_factory.mktemp("agent"))
-    yield server
-    server.handle_exit()
-    await task
-
-
-async def _send(trainer: RawTrainer, kind: dg.Kind, a: int, b: int = 0, name: str = "") -> None:
-    while True:
-        try:
-            trainer.event(kind, a, b, name)
-            return
-        except BlockingIOError:
-            await asyncio.sleep(0.001)
 
 
 async def test_an_unknown_action_stops_the_job_with_a_status_naming_it(
@@ -68,11 +48,7 @@ async def test_an_unknown_action_stops_the_job_with_a_status_naming_it(
             assert hello.ok, hello
             names = ["forward:0:0", "recompute:0:0", "backward:0:0"]
             for step in range(3):
-                await _send(trainer, K.STEP_BEGIN, step)
-                for i, name in enumerate(names):
-                    await _send(trainer, K.INSTRUCTION_BEGIN, step * 3 + i, step, name)
-                    await _send(trainer, K.INSTRUCTION_END, step * 3 + i, step, name)
-                await _send(trainer, K.STEP_END, step)
+                await trainer.iteration(step, names, step * 3)
             await wait_for(lambda: any(s.state == "error" for s in statuses), 10,
                            "the job stopped")
         finally:
