@@ -9,6 +9,8 @@
   subclass says otherwise).
 * `PayloadError`: a message or payload failed validation; the text names the field.
 * `UnansweredError`: a service this one relays a request to did not answer.
+* `ForbiddenError`: a request its sender may not make (another node's GPU, another process's
+  binding, a sender without usable credentials).
 * `BrokerError`: no NATS server could be started or reached.
 * `ReadOnlyError`: a setting refused because the GPU is observed only (`--observe-only`, or no
   privilege to change it).
@@ -88,6 +90,15 @@ class UnansweredError(ZeusAgentError):
     """A service this one relays a request to did not answer (code `unavailable`); retry."""
 
     code = "unavailable"
+
+
+class ForbiddenError(ZeusAgentError):
+    """A request its sender may not make (code `forbidden`).
+
+    Another node's GPU, another process's binding, a sender without usable credentials.
+    """
+
+    code = "forbidden"
 
 
 class BrokerError(ZeusAgentError):

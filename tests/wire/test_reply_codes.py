@@ -28,6 +28,7 @@ from zeus_agent.emit.records import RegistrationError
 from zeus_agent.errors import (
     UNEXPECTED,
     BrokerError,
+    ForbiddenError,
     GPUNotSupportedError,
     GPUPermissionError,
     GPUUnavailableError,
@@ -115,6 +116,7 @@ def test_every_coded_error_has_a_known_code_and_reply_for_answers_it(cls: Any) -
         (BudgetRefused("why"), "bad_request"),
         (PermissionRefusedError("why"), "forbidden"),
         (UnansweredError("why"), "unavailable"),
+        (ForbiddenError("why"), "forbidden"),
     ],
 )
 def test_reply_codes_are_the_ones_replies_carry(error: BaseException, code: str) -> None:

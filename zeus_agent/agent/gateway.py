@@ -42,8 +42,10 @@ from zeus_agent.agent.credentials import (
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.rapl import RaplReader, cpu_reply
 from zeus_agent.errors import (
+    ForbiddenError,
     PayloadError,
     ReplyError,
+    SettingRefusedError,
     UnansweredError,
     ZeusAgentError,
     reply_for,
@@ -89,13 +91,6 @@ ANNOUNCE_AFTER_BIND_S = 0.2
 announcements)."""
 MAX_JOIN_DIGESTS = 4096
 """Jobs whose join token's digest the gateway remembers (the most recently registered)."""
-
-FORBIDDEN = "forbidden"
-"""Reply code of a request the sender may not make.
-
-Another node's GPU, another process's binding, a sender without usable credentials.
-"""
-
 
 def process_alive(pid: int) -> bool:
     """Whether a process `pid` exists (any owner) and has not exited.
@@ -291,7 +286,7 @@ class Gateway:
         self.counters[reason] += 1
         self._report(reason, message)
         if isinstance(dg, RequestDatagram):
-            self._send(addr, dg.request_id, Reply.failure(FORBIDDEN, message))
+            self._send(addr, dg.request_id, reply_for(ForbiddenError(message)))
 
     # ------------------------------------------------------------------ helpers
     async def _bound(self) -> None:
@@ -450,7 +445,7 @@ class Gateway:
         agent = next((a for a in self.by_pid.get(pid, [])
                       if a.binding is not None and a.binding.job_id == answer.job_id), None)
         if agent is None or agent.binding is None:
-            return Reply.failure(FORBIDDEN, f"this process drives no GPU of job "
+            raise ForbiddenError(f"this process drives no GPU of job "
                                  f"{answer.job_id!r} on node {self.node!r}: say HELLO first")
         agent.measurer.forward(TrainerEvent(
             kind="selection", t_ns=time.monotonic_ns(), index=answer.request,
@@ -465,8 +460,7 @@ class Gateway:
         if digest is not None and not (
             presented is not None and hmac.compare_digest(presented, digest)
         ):
-            return Reply.failure(
-                FORBIDDEN,
+            raise ForbiddenError(
                 f"job {hello.job_id!r} has ranks on this node that joined with its join token: "
                 "a HELLO for it must present the token too (zeus_agent.emit.init sends it; pass "
                 "init(job_id=..., join_token=...) without torch.distributed)",
@@ -474,8 +468,7 @@ class Gateway:
         bound = agent.binding
         if bound is not None and bound.pid is not None and bound.pid != pid:
             if process_alive(bound.pid):
-                return Reply.failure(
-                    "conflict",
+                raise SettingRefusedError(
                     f"GPU {agent.index} on node {self.node!r} is driven by trainer pid "
                     f"{bound.pid} (job {bound.job_id!r}, rank {bound.rank}), which is still "
                     "running: one trainer process per GPU",
@@ -506,29 +499,25 @@ class Gateway:
         index = rank.gpu.gpu_index
         agent = self.agents.get(index)
         if rank.gpu.node != self.node or agent is None:
-            return Reply.failure(
-                FORBIDDEN,
+            raise ForbiddenError(
                 f"this agent relays only bindings to its own GPUs (node {self.node!r}, GPUs "
                 f"{sorted(self.agents)}); got node {rank.gpu.node[:80]!r}, GPU {index}",
             )
         assert agent.info is not None
         if rank.gpu.gpu_uuid and rank.gpu.gpu_uuid != agent.info.uuid:
-            return Reply.failure(
-                FORBIDDEN,
+            raise ForbiddenError(
                 f"GPU {index} on node {self.node!r} is {agent.info.uuid}, not "
                 f"{rank.gpu.gpu_uuid[:80]!r}",
             )
         bound = agent.binding
         if bound is None or bound.pid != pid:
             holder = f"pid {bound.pid}" if bound is not None and bound.pid else "no process"
-            return Reply.failure(
-                FORBIDDEN,
+            raise ForbiddenError(
                 f"REGISTER_RANK for GPU {index} must come from the process that said HELLO for "
                 f"it ({holder} did); this process (pid {pid}) must say HELLO first",
             )
         if (bound.job_id, bound.rank) != (rank.job_id, rank.rank_info.rank):
-            return Reply.failure(
-                "conflict",
+            raise SettingRefusedError(
                 f"this process said HELLO as job {bound.job_id!r} rank {bound.rank} on GPU "
                 f"{index}, not as job {rank.job_id!r} rank {rank.rank_info.rank}",
             )
