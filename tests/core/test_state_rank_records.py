@@ -50,3 +50,11 @@ def test_an_impossible_period_is_a_bad_record(bad: object) -> None:
              "energy_period_ms": bad}
     with pytest.raises(records.RecordError, match="energy_period_ms"):
         decoded(records._dump(plain))  # noqa: SLF001
+
+
+@pytest.mark.parametrize("job_id",
+                         ["job+1:abc", 'q"uo\\te', "n\u00e9\u4e2d\U0001f600", "\ud800x", ""])
+def test_a_gpu_binding_is_encoded_as_the_general_encoder_would(job_id: str) -> None:
+    rank = 4095
+    assert records.encode_gpu(job_id, rank) == records._dump({"job_id": job_id, "rank": rank})
+    assert records.rank_of_gpu_value(records.encode_gpu(job_id, rank)) == rank
