@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator.budget import budgets as core
 from coordinator.budget import enforce
 from coordinator.budget.allocator import BudgetError
-from coordinator.budget.store import BudgetStore
+from coordinator.budget.store import BudgetView
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.state.ownership import OwnershipBook
 from zeus_agent.wire import codec, subjects
@@ -84,8 +84,10 @@ class BudgetLoop:
 
     def __init__(self, *, link: Link, book: OwnershipBook, cluster: core.Cluster,
                  jobs: Callable[[], list[enforce.JobView]], cap_lease_s: float,
-                 wall: Callable[[], float] = time.time) -> None:
+                 view: BudgetView, wall: Callable[[], float] = time.time) -> None:
         self.link = link
+        self.view = view
+        """The budgets, as the state bucket's watch keeps them (`BudgetView`)."""
         self.book = book
         self.cluster = cluster
         self.jobs = jobs
@@ -104,8 +106,7 @@ class BudgetLoop:
         """One round: own, plan, send caps and lifts."""
         if self.link.state is None or not self.link.connected:
             return
-        found = await BudgetStore(self.link.state.kv).all()
-        budgets = [b for b, _ in found.values()]
+        budgets = [b for b, _ in self.view.budgets.values()]
         if not budgets and not self.capped:
             return
         if not await self.own():

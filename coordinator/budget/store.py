@@ -99,3 +99,28 @@ class BudgetStore:
         finally:
             await watcher.stop()
         return out
+
+
+class BudgetView:
+    """Every readable budget, by id, kept current by one watch of `budget.>` (`on_entry`).
+
+    The budgets loop reads it every second without asking JetStream anything.
+    """
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, tuple[Budget, float]] = {}
+
+    async def on_entry(self, entry: Any) -> None:
+        """Apply one entry of the watch (a put, a delete or a purge)."""
+        budget_id = str(entry.key)[len(PREFIX):]
+        if getattr(entry, "operation", None) in ("DEL", "PURGE") or not entry.value:
+            self.budgets.pop(budget_id, None)
+            return
+        try:
+            budget, set_at = decode(entry.value)
+        except ValueError as e:
+            LOG.warning("budget %s in the state bucket: %s", entry.key, e)
+            self.budgets.pop(budget_id, None)
+            return
+        self.budgets[budget.budget_id] = (budget, set_at)
+

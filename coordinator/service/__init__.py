@@ -59,6 +59,8 @@ from coordinator import metrics
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
 from coordinator.budget.loop import BudgetLoop, job_views
 from coordinator.budget.service import BudgetService
+from coordinator.budget.store import PREFIX as BUDGET_PREFIX
+from coordinator.budget.store import BudgetView
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRegistry
 from coordinator.optimizer import JobOptimizer
@@ -160,9 +162,11 @@ class CoordinatorService(ExitSignals):
                                  leases=self.leases, starter=self.starter, streams=self.streams,
                                  progress=self.progress, failures=self.failures, spawn=spawn)
         self.budgets = BudgetService(s.prefix, link)
+        self.budget_view = BudgetView()
         self.budget_loop = BudgetLoop(link=link, book=self.book, cluster=self.budgets.cluster,
                                       jobs=lambda: job_views(jobs.drivers()),
-                                      cap_lease_s=max(10.0, 3 * self.book.lease_s))
+                                      cap_lease_s=max(10.0, 3 * self.book.lease_s),
+                                      view=self.budget_view)
         self.budgets.on_lift = self.budget_loop.lift
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,
@@ -322,6 +326,7 @@ class CoordinatorService(ExitSignals):
         await state.open()
         await self.durable.import_jobs_json()
         await state.follow(self.durable.on_entry, self.durable.on_owner_entry)
+        await state.watch(f"{BUDGET_PREFIX}>", self.budget_view.on_entry)
         release("the endpoints and subscriptions", self._stop_intake)
         await self._serve()
         # Subscriptions are live before anyone hears we started.

@@ -152,6 +152,19 @@ class JetStreamState:
             self._watchers.append((watcher, task))
             await loaded.wait()
 
+    async def watch(self, keys: str, callback: OnEntry) -> None:
+        """Feed the state bucket's entries under `keys` to `callback`, for as long as it is open.
+
+        Current entries first, then changes; returns once the current ones were fed. One
+        long-lived watch: asking again every round would create a JetStream consumer each
+        time, which on a cluster whose leader is being elected only adds to the queue.
+        """
+        watcher = await self.kv.watch(keys)
+        loaded = asyncio.Event()
+        task = asyncio.create_task(self._pump(watcher, callback, loaded))
+        self._watchers.append((watcher, task))
+        await loaded.wait()
+
     @staticmethod
     async def _pump(watcher: Any, callback: OnEntry, loaded: asyncio.Event) -> None:
         async for entry in watcher:
