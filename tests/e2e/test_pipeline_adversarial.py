@@ -56,7 +56,14 @@ from zeus_agent.wire.trainer import (
     encode_notice,
     encode_request,
 )
-from zeus_demo.cluster import Processes, console_script, free_port, kill_group, wait_for
+from zeus_demo.cluster import (
+    Processes,
+    console_script,
+    free_port,
+    kill_group,
+    wait_for,
+    wait_for_async,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -478,17 +485,6 @@ def locked(c: Cluster, node: str, gpu: int) -> tuple[int, int] | None:
     return c.gpu(node, gpu).get_locked_sm_clocks_mhz()
 
 
-async def wait_async(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def load_ranks_of(c: Any, job_id: str) -> list[list[str]]:
     """Each rank's instruction order as the coordinator dumped it (`ranks.json`)."""
     data = json.loads((c.dump / job_dir_name(job_id) / "ranks.json").read_text())
@@ -536,7 +532,7 @@ async def test_measurements_with_impossible_values_are_refused_at_decode(env: An
     await obs.nc.publish(subject, batch(time_s=float("nan")))
     await obs.nc.publish(subject, batch(energy_j=float("inf")))
     await obs.nc.flush()
-    await wait_async(lambda: c.health()["dropped"].get("malformed", 0) >= before + 2, 5,
+    await wait_for_async(lambda: c.health()["dropped"].get("malformed", 0) >= before + 2, 5,
                      "the NaN/inf batches to be dropped as malformed")
     before = c.health()["dropped"].get("malformed", 0)
     bad = {"negative time_s": {"time_s": -5.0}, "negative energy_j": {"energy_j": -1e6},
@@ -576,13 +572,13 @@ async def test_instruction_order_changing_between_iterations_is_reported(env: An
         # stops with a status naming the rank (its GPU back at default clocks).
         await job.ranks[0].stop()
         job.ranks[0].run(6, FB)
-        await wait_async(lambda: any(e.get("code") == "schedule_mismatch"
+        await wait_for_async(lambda: any(e.get("code") == "schedule_mismatch"
                                      and e.get("job_id") == job.job_id for e in obs.errors),
                          6, "the agent's schedule_mismatch error event")
         await obs.wait_status(job.job_id, lambda s: s.state == "error"
                               and "rank 0 no longer runs" in s.message, 6,
                               "a status saying the rank's instructions changed")
-        await wait_async(lambda: locked(c, "a", 2) is None, 5, "the GPU unlocked")
+        await wait_for_async(lambda: locked(c, "a", 2) is None, 5, "the GPU unlocked")
     finally:
         await job.ranks[0].stop()
 
@@ -656,17 +652,17 @@ async def test_a_killed_rank_gets_its_gpu_restored_and_the_job_says_so(env: Any)
     c, obs, _ = env
     job = await _profiling_job(env, [("a", 0), ("b", 0)], pp=2)
     try:
-        await wait_async(lambda: locked(c, "b", 0) is not None, 5, "a clock locked on b/gpu0")
+        await wait_for_async(lambda: locked(c, "b", 0) is not None, 5, "a clock locked on b/gpu0")
         q = await obs.query(job.job_id)
         seen = len(obs.of(job.job_id))
         await job.ranks[1].kill()
-        await wait_async(lambda: locked(c, "b", 0) is None, 5,
+        await wait_for_async(lambda: locked(c, "b", 0) is None, 5,
                          "the killed rank's GPU to be unlocked")
         await obs.wait_status(
             job.job_id, lambda s: s.state in ("error", "stopped") and "rank 1" in s.message, 4,
             "a status about the departed rank 1", after=seen)
         # The job stopped: the surviving rank's GPU is back at its default clocks too.
-        await wait_async(lambda: locked(c, "a", 0) is None, 5, "the other GPU unlocked")
+        await wait_for_async(lambda: locked(c, "a", 0) is None, 5, "the other GPU unlocked")
     finally:
         await job.ranks[0].stop()
     assert q["pipeline"]["phase"] == "profiling"
@@ -717,11 +713,11 @@ async def test_coordinator_sigkill_mid_profiling_loses_nothing(env: Any) -> None
     job = await _profiling_job(env, [("a", 2), ("b", 2)], pp=2, seconds=40, gap=0.15)
     dump = c.dump / job_dir_name(job.job_id)
     try:
-        await wait_async(lambda: (dump / "1.prof.json").exists(), 10, "a second profile dump")
+        await wait_for_async(lambda: (dump / "1.prof.json").exists(), 10, "a second profile dump")
         kill_group(c.procs["coord"])
         c.procs["coord"].wait(5)
         before = {p.name: p.read_bytes() for p in dump.iterdir()}
-        await wait_async(lambda: locked(c, "a", 2) is None and locked(c, "b", 2) is None,
+        await wait_for_async(lambda: locked(c, "a", 2) is None and locked(c, "b", 2) is None,
                          LEASE_S + 4, "the lapsed leases to unlock the clocks")
         c.start_coordinator()
         await obs.wait_status(job.job_id, lambda s: s.state == "serving", 20, "serving")
@@ -751,8 +747,9 @@ async def test_an_iteration_too_big_for_one_message_fails_clearly(env: Any) -> N
     job.ranks[0].run(7, [FB + LONG], dt=0)
     try:
         await obs.wait_status(job.job_id, lambda s: s.state == "discovering", 5, "discovering")
-        await wait_async(lambda: (c.dump / job_dir_name(job.job_id) / "ranks.json").exists(), 15,
-                         "the instruction order to be learnt")  # ~1.3 MB iterations: slow if loaded
+        ranks_json = c.dump / job_dir_name(job.job_id) / "ranks.json"
+        # (~1.3 MB iterations: slow if loaded)
+        await wait_for_async(ranks_json.exists, 15, "the instruction order to be learnt")
         try:
             await obs.wait_status(job.job_id, lambda s: s.state in ("profiling", "error"), 4,
                                   "profiling or error")
@@ -791,7 +788,7 @@ async def test_schedule_notices_sent_to_the_agent_are_dropped(env: Any) -> None:
         s.send(encode_request(Kind.WINDOW, 0, 7, {"t0_ns": 0, "t1_ns": 1, "gpus": [0]}))
         reply = decode_datagram(s.recv(70_000))
         assert getattr(reply, "request_id", None) == 7, reply  # still answering
-        await wait_async(lambda: any(r.code == "malformed_datagram" for r in reports), 5,
+        await wait_for_async(lambda: any(r.code == "malformed_datagram" for r in reports), 5,
                          "a malformed_datagram report")
     finally:
         s.close()
