@@ -79,26 +79,20 @@ class BudgetStore:
     async def all(self) -> dict[str, tuple[Budget, float]]:
         """Every readable budget, by id (an unreadable one is logged and left out).
 
-        Read through a watch of `budget.>` only: the budgets loop asks every second, and
-        listing the bucket's keys would walk every job's and rank's record.
+        Read now (an operator's request sees its own writes; the budgets loop reads a
+        `BudgetView` instead) through a watch of `budget.>` only: listing the bucket's keys
+        would walk every job's and rank's record.
         """
         watcher = await self.kv.watch(f"{PREFIX}>", ignore_deletes=True)
-        out: dict[str, tuple[Budget, float]] = {}
+        view = BudgetView()
         try:
             async for entry in watcher:
-                if entry is None:
+                if entry is None:  # The current entries have been delivered.
                     break
-                if not entry.value:
-                    continue
-                try:
-                    budget, set_at = decode(entry.value)
-                except ValueError as e:
-                    LOG.warning("budget %s in the state bucket: %s", entry.key, e)
-                    continue
-                out[budget.budget_id] = (budget, set_at)
+                await view.on_entry(entry)
         finally:
             await watcher.stop()
-        return out
+        return view.budgets
 
 
 class BudgetView:
