@@ -162,7 +162,9 @@ def allocate(group: Group, *, max_cells: int = MAX_CELLS) -> Allocation:
     floor = floor_w(group)
     if group.cap_w < floor:
         raise BelowFloorError(group.cap_w, floor)
-    tables = [_JobTable.build(job) for job in group.jobs]
+    # Jobs in the order of their ids: of equally good allocations, the same one whatever
+    # order the group lists its jobs in (ties go to the job whose id sorts first).
+    tables = [_JobTable.build(job) for job in sorted(group.jobs, key=lambda j: j.job_id)]
     fixed = group.idle_w
     unprof = _proportional(group, tables)
     room = group.cap_w - fixed - sum(s.expected_w for s in unprof)

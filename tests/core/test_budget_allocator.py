@@ -123,6 +123,18 @@ def test_coarse_cells_never_exceed_the_cap(group: Group, cells: int) -> None:
         assert alloc.cost <= brute(lower)[0] + 1e-9
 
 
+def test_a_tie_between_jobs_goes_the_same_way_whatever_their_order() -> None:
+    """Two identical jobs, room for one at its optimum: the one whose id sorts first gets it,
+    listed first or last (found by hypothesis: the pick followed the group's order)."""
+    slow = Option(key=100, time_s=1.1, power_w=60.0, limit_w=100)
+    fast = Option(key=101, time_s=1.0, power_w=101.0, limit_w=101)
+    jobs = tuple(ProfiledJob(name, 2, (slow, fast), optimum=101, min_limit_w=100)
+                 for name in ("j0", "j1"))
+    for order in (jobs, jobs[::-1]):
+        alloc = allocate(Group(cap_w=400.0, jobs=order))
+        assert [(s.job_id, s.key) for s in alloc.shares] == [("j0", 101), ("j1", 100)]
+
+
 def test_the_budget_never_raises_a_job_above_its_optimum() -> None:
     fast = Option(key=300, time_s=1.0, power_w=280.0, limit_w=300)
     chosen = Option(key=200, time_s=1.2, power_w=190.0, limit_w=200)
