@@ -125,7 +125,6 @@ async def test_agent_killed_mid_profiling_the_profile_still_finishes(clusters):
 
     progress = await wait_optimum(c, c.statuses[0][1].job_id, 45)
     optimum = progress["optimal_power_limit_w"]
-    limits_at_done = c.job_limits()
     trainer_running = c.procs.alive("trainer")
     # The kill did cost windows (else this test proves nothing): they were redone.
     assert progress["redone"], "no window was redone\n" + describe(c, "agent-node-b")
@@ -139,7 +138,12 @@ async def test_agent_killed_mid_profiling_the_profile_still_finishes(clusters):
     assert not bad, "windows that are not 6 steps at their limit:\n" + "\n".join(bad)
     # Every GPU of the job, on both nodes, runs at the optimum while the job trains.
     assert trainer_running, "the job ended before profiling did: raise its steps"
-    assert limits_at_done == dict.fromkeys(limits_at_done, optimum), describe(c)
+    # The pins go out once the optimum is known; on a loaded host an agent may apply its
+    # own a moment after the query or `done` says so.
+    try:
+        await c.wait(lambda: set(c.job_limits().values()) == {optimum}, 5)
+    except TimeoutError:
+        raise AssertionError(f"limits {c.job_limits()}, pinned {optimum}\n{describe(c)}") from None
     query = await c.query(c.statuses[0][1].job_id)
     assert query["power_limit"]["optimal_power_limit_w"] == optimum
 
