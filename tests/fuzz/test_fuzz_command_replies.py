@@ -56,6 +56,7 @@ from tests.fuzz.fuzz_kit import (
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import REPLY_CODES, JobStatus, RegisterRank, join_token_digest
+from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -387,13 +388,6 @@ def _publish_iterations(bus: Bus, node: str, job_id: str, token: str, world: int
         t += 1_000
 
 
-def _wait(what: str, done: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
-        time.sleep(0.01)
-
-
 def _serving(bus: Bus, what: str) -> None:
     """The coordinator replica still serves: task group, connection, queries, registry."""
     coord = bus.coord
@@ -465,18 +459,18 @@ def test_fuzzed_command_replies_end_at_most_one_job(
 
     if registered == scenario.world:
         # Every rank is in: the job starts (or says why not); its first commands are answered.
-        _wait(f"the start of {job_id} did not settle ({scenario!r})",
-              lambda: bus.call(_start_settled, bus, job_id))
+        wait_for(lambda: bus.call(_start_settled, bus, job_id), 10,
+                 f"the start of {job_id} to settle ({scenario!r})", interval_s=0.01)
         if scenario.kind == "pipeline" and bus.call(lambda: bus.coord.optimiser(job_id)):
             _publish_iterations(bus, node, job_id, token, scenario.world)
-            _wait(f"{job_id} never installed a schedule ({scenario!r})",
-                  lambda: any(op == "install_schedule" for _, op in list(behaviour.asked))
-                  or bus.call(lambda: bus.coord.optimiser(job_id)) is None, 5)
-            _wait(f"the schedule of {job_id} was never answered ({scenario!r})",
-                  lambda: bus.call(_start_settled, bus, job_id))
-        _wait(f"{job_id} is neither driven nor said why ({scenario!r})",
-              lambda: bus.call(lambda: bus.coord.optimiser(job_id)) is not None
-              or any(s.state in SAID_WHY for s in _job_statuses(statuses, job_id)), 5)
+            wait_for(lambda: any(op == "install_schedule" for _, op in list(behaviour.asked))
+                     or bus.call(lambda: bus.coord.optimiser(job_id)) is None, 5,
+                     f"{job_id} to install a schedule ({scenario!r})", interval_s=0.01)
+            wait_for(lambda: bus.call(_start_settled, bus, job_id), 10,
+                     f"the schedule of {job_id} to be answered ({scenario!r})", interval_s=0.01)
+        wait_for(lambda: bus.call(lambda: bus.coord.optimiser(job_id)) is not None
+                 or any(s.state in SAID_WHY for s in _job_statuses(statuses, job_id)), 5,
+                 f"{job_id} to be driven or to say why not ({scenario!r})", interval_s=0.01)
 
     _serving(bus, repr(scenario))
     assert not fake.errors, fake.errors
@@ -494,9 +488,10 @@ def test_fuzzed_command_replies_end_at_most_one_job(
         assert bus.call(lambda: bus.coord.optimiser(job_id)) is None, (
             f"{job_id} failed but is still driven ({scenario!r})"
         )
-        _wait(f"the GPUs of the failed {job_id} were not set back to their defaults",
-              lambda: {"reset_power_limit", "clear_schedule"}
-              <= {op for _, op in list(behaviour.asked)}, 5)
+        wait_for(lambda: {"reset_power_limit", "clear_schedule"}
+                 <= {op for _, op in list(behaviour.asked)}, 5,
+                 f"the GPUs of the failed {job_id} to be set back to their defaults",
+                 interval_s=0.01)
     if not failed:
         bus.check_healthy(mark, repr(scenario))  # the fuzz suite's checks, logs included
     errors = [r for r in bus.trap.records[mark[0]:] if not r.startswith(ALLOWED_LOGGERS)]

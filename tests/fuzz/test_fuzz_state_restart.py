@@ -37,7 +37,6 @@ import contextlib
 import itertools
 import json
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -66,6 +65,7 @@ from zeus_agent.wire.messages import (
     RegisterJob,
     Reply,
 )
+from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -526,13 +526,6 @@ async def _note_in_bucket(nc: Any, bucket: str, h: str) -> bool:
     return bool(entry.value)
 
 
-def _wait(what: str, done: Any, timeout_s: float = SETTLE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
-        time.sleep(0.01)
-
-
 def _settled(coord: CoordinatorService, job_id: str) -> bool:
     """No start of the job under way, no quarantine being written, no background task."""
     driver = coord.jobs.get(job_id)
@@ -577,20 +570,23 @@ def _check_victim(w: World, coord: CoordinatorService, bucket: str, victim: Vict
     driven = lambda: w.call(lambda: coord.optimiser(victim.job_id)) is not None  # noqa: E731
     aside = lambda: w.call(lambda: h in coord.failures.quarantined)  # noqa: E731
     if expect == "quarantined":
-        _wait(f"the job with a bad record was not quarantined ({what})", aside)
-        _wait(f"the quarantine note was not written ({what})",
-              lambda: w.run(_note_in_bucket(w.nc, bucket, h)))
+        wait_for(aside, SETTLE_S, f"the job with a bad record to be quarantined ({what})",
+                 interval_s=0.01)
+        wait_for(lambda: w.run(_note_in_bucket(w.nc, bucket, h)), SETTLE_S,
+                 f"the quarantine note to be written ({what})", interval_s=0.01)
     elif expect == "driven":
-        _wait(f"the job was not started (afresh) ({what}); its statuses: "
-              f"{[s.message[:200] for s in w.statuses if s.job_id == victim.job_id]}",
-              lambda: driven() or aside())  # fmt: skip
+        wait_for(lambda: driven() or aside(), SETTLE_S,
+                 lambda: f"the job was not started (afresh) within {SETTLE_S:g} s ({what}); "
+                 f"its statuses: "
+                 f"{[s.message[:200] for s in w.statuses if s.job_id == victim.job_id]}",
+                 interval_s=0.01)  # fmt: skip
         note = w.call(lambda: coord.failures.quarantined.get(h))
         if note is not None and tolerated and tolerated in str(note.get("reason")):
             TOLERATED.append(f"{what}: {str(note.get('reason'))[:200]}")
         else:
             assert note is None, f"the job was quarantined ({what}): {note}"
-    _wait(f"the coordinator did not settle ({what})",
-          lambda: w.call(_settled, coord, victim.job_id))
+    wait_for(lambda: w.call(_settled, coord, victim.job_id), SETTLE_S,
+             f"the coordinator to settle ({what})", interval_s=0.01)
     quarantined = aside()
     if quarantined:
         assert not driven(), f"a quarantined job is driven ({what})"
@@ -625,8 +621,8 @@ def check_plan(w: World, plan: Plan, tolerate_known_bugs: bool = True) -> None:
                                               dump_data=False))  # fmt: skip
         try:
             new_job = _register_new_job(w, n)
-            _wait(f"the new job's optimiser did not start ({what})",
-                  lambda: w.call(lambda: coord.optimiser(new_job)) is not None)
+            wait_for(lambda: w.call(lambda: coord.optimiser(new_job)) is not None, SETTLE_S,
+                     f"the new job's optimiser to start ({what})", interval_s=0.01)
             quarantined = _check_victim(w, coord, bucket, victim, expect, what, tolerated)
             _serving(w, coord, victim, what)
         finally:
@@ -639,8 +635,8 @@ def check_plan(w: World, plan: Plan, tolerate_known_bugs: bool = True) -> None:
         coord, task = w.run(start_coordinator(w.server, state_dir, state_bucket=bucket,
                                               dump_data=False))  # fmt: skip
         try:
-            _wait(f"the new job was not resumed after a restart ({what})",
-                  lambda: w.call(lambda: coord.optimiser(new_job)) is not None)
+            wait_for(lambda: w.call(lambda: coord.optimiser(new_job)) is not None, SETTLE_S,
+                     f"the new job to be resumed after a restart ({what})", interval_s=0.01)
             again = _check_victim(w, coord, bucket, victim,
                                   "quarantined" if quarantined else "any", what)
             assert again or not quarantined, what
