@@ -39,7 +39,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     Reply,
 )
-from zeus_demo.cluster import free_port
+from zeus_demo.cluster import free_port, wait_for
 
 GRAFANA = DEPLOY / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
@@ -289,17 +289,6 @@ async def ask(nc: Any, subject: str, payload: Any) -> Reply:
     return codec.decode(msg.data, Reply)
 
 
-async def until(check: Any, timeout_s: float = 10.0) -> Any:
-    """Poll `check()` (in a thread: it scrapes) until it returns something truthy."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        got = await asyncio.to_thread(check)
-        if got:
-            return got
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.1)
-
-
 def has(page: dict[str, list[Any]], name: str, **labels: str) -> bool:
     return any(s.labels.items() >= labels.items() for s in page.get(name, []))
 
@@ -355,8 +344,11 @@ async def test_every_metric_the_dashboard_queries_is_exported(nats_server, nc, t
             dropped = has(page, "zeus_agent_bus_messages_dropped_total")
             return page if limits == [250.0, 250.0] and dropped else None
 
-        coordinator_page = await until(coordinator_ready)
-        agent_page = await until(agent_ready)
+        # Polled in a thread: a scrape blocks, and the services run on this loop.
+        coordinator_page = await asyncio.to_thread(
+            wait_for, coordinator_ready, 10, "the coordinator's metrics", interval_s=0.1)
+        agent_page = await asyncio.to_thread(
+            wait_for, agent_ready, 10, "the agent's metrics", interval_s=0.1)
     finally:
         coord.should_exit.set()
         await asyncio.wait_for(coord_task, 10)

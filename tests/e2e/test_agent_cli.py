@@ -36,6 +36,7 @@ from zeus_agent.wire.messages import (
     SetPowerLimitCmd,
     TrainerEventBatch,
 )
+from zeus_demo.cluster import wait_for_async
 
 AGENT = [sys.executable, "-m", "zeus_agent.cli"]
 _nodes = itertools.count()
@@ -124,13 +125,6 @@ async def command(nc: Any, node: str, gpu: int, cmd: Any) -> Reply:
     return codec.decode(msg.data, Reply)
 
 
-async def poll(pred: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
-        await asyncio.sleep(0.05)
-
-
 @contextlib.asynccontextmanager
 async def trainer(agent: Agent, job: str, linger_s: float) -> AsyncIterator[Any]:
     proc = await asyncio.create_subprocess_exec(
@@ -187,7 +181,8 @@ async def test_a_sigkilled_trainer_gets_its_gpu_restored(agent, nc):
         proc.kill()  # SIGKILL: no goodbye, no atexit
         await proc.wait()
         killed = time.monotonic()
-        await poll(lambda: agent.gpu(0).get_power_limit_w() == 300, 3, "restore after SIGKILL")
+        await wait_for_async(lambda: agent.gpu(0).get_power_limit_w() == 300, 3,
+                             "the restore after SIGKILL")
     assert time.monotonic() - killed < 1.5  # the agent checks trainer pids every 0.5 s
 
 
@@ -195,7 +190,8 @@ async def test_lease_expiry_restores_defaults(agent, nc):
     cmd = SetPowerLimitCmd(power_limit_w=200, holder="gone-coordinator", lease_s=0.5)
     assert (await command(nc, agent.node, 0, cmd)).ok
     assert agent.gpu(0).get_power_limit_w() == 200
-    await poll(lambda: agent.gpu(0).get_power_limit_w() == 300, 3, "restore on lease expiry")
+    await wait_for_async(lambda: agent.gpu(0).get_power_limit_w() == 300, 3,
+                         "the restore on lease expiry")
     assert agent.proc.returncode is None  # and the agent keeps running
     assert (await command(nc, agent.node, 0, InfoCmd())).result["leases"] == []
 
