@@ -1,0 +1,523 @@
+"""A simulated cluster of 10,000 to 100,000 GPUs: the coordinator's and NATS's cost as it grows.
+
+For each size of `--sizes` (GPUs, 8 per node), on fresh processes: a NATS cluster of 3
+nats-servers with JetStream (`zeus_demo.cluster.NatsCluster`), 2 coordinator replicas
+(`zeus-coordinator run`, state buckets with 3 JetStream replicas, `--max-job-idle-time
+--idle-s`), and `--fleet-procs` fake fleet processes (`bench/_fleet.py`), each the agents and
+trainers of a block of nodes: message load only, no GPU physics (each answers the commands of
+its GPUs, publishes an `AgentHello` per node every `--hello-s` and a `SampleBatch` per GPU
+every `--sample-s`, and for every rank of a job on its nodes one event batch and one
+measurement batch per step of `--step-s`).
+
+Then, in turn:
+
+1. idle: the fleet alone for `--warm-s` (agents' heartbeats and samples, no job); the
+   replicas' RSS "before jobs";
+2. register: jobs of mixed sizes filling `--fill` of the nodes: one big job (16,384 GPUs at
+   100,000, proportionally fewer for smaller sizes) and small ones of 8-64 GPUs (whole nodes),
+   each registered (`RegisterJob`), then every rank through its own node's subject (each
+   fleet process at most `--window` outstanding); `register_s`, and `first_limit_s` until
+   every GPU of a job has had its first power limit;
+3. run: `--minutes` of training steps; the power-limit optimiser profiles (warm-up 1 step,
+   2 profiled steps per limit, 25 W apart); every `--every-s` the servers' `/varz` and
+   `/connz`, and each process's CPU time and RSS are read: messages/s per server and per
+   component (the NATS connections, by name), CPU cores per component, RSS peaks;
+4. end: every trainer stops; the coordinator removes each job `--idle-s` after its last
+   event (status `removed`), then the replicas' RSS "after every job ended" (item 5: memory
+   per job bounded, and given back when jobs end).
+
+Per size, per 1,000 GPUs: the replicas' CPU-s per minute of running and for the registration,
+their RSS (total at the peak, and the growth over the idle fleet), and NATS's RSS. The fleet's
+one connection per process stands in for thousands of agents' connections: what NATS would
+send real agents is given as a derived figure (every agent subscribes to every lease renewal).
+
+This machine may have 2 cores, shared: `cores` and the load average are in the record, and a
+size whose fleet could not keep its pace says so (`fleet_behind`). Prints a human line per
+phase, then LAST one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from _common import Replicas, cpu_seconds, load, machine, now
+from _fleet import control_subject, node_name, rss_mb
+
+from zeus_agent import children
+from zeus_agent.broker import connect
+from zeus_agent.models import JobInfo
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import JobQuery, JobStatus, PowerLimitOptions, RegisterJob, Reply
+from zeus_demo.cluster import NatsCluster, Processes
+
+BIG_JOB_AT_100K = 16_384
+OPTIONS = PowerLimitOptions(warmup_steps=1, profile_steps=2, pl_step_w=25)
+"""9 limits 100-300 W x (1 + 2) steps: the big job profiles for minutes at 10 s a step."""
+FLEET = Path(__file__).resolve().parent / "_fleet.py"
+
+
+def plan_jobs(gpus: int, gpn: int, fill: float, small: tuple[int, int],
+              rng: random.Random) -> list[tuple[int, int]]:
+    """Jobs as (first node, nodes): one big job first, then small ones up to `fill` of nodes."""
+    nodes = gpus // gpn
+    big = max(1, round(BIG_JOB_AT_100K * gpus / 100_000 / gpn))
+    jobs = [(0, big)]
+    used, limit = big, int(nodes * fill)
+    lo, hi = max(1, small[0] // gpn), max(1, small[1] // gpn)
+    while used < limit:
+        n = min(rng.randint(lo, hi), limit - used)
+        jobs.append((used, n))
+        used += n
+    return jobs
+
+
+def http_json(port: int, path: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def snapshot(cluster: NatsCluster, pids: dict[str, int]) -> dict[str, Any]:
+    """NATS counters (per server, per connection name), each process's CPU-s and RSS."""
+    servers: dict[str, dict[str, Any]] = {}
+    conns: dict[str, dict[str, int]] = {}
+    for spec in cluster.servers:
+        v = http_json(spec.http_port, "/varz")
+        servers[spec.name] = {k: v.get(k, 0) for k in ("in_msgs", "out_msgs", "in_bytes",
+                                                        "out_bytes", "mem", "connections")}
+        for c in http_json(spec.http_port, "/connz?limit=4096").get("connections", []):
+            name = str(c.get("name") or "?").split("@")[0]
+            agg = conns.setdefault(name, {"in_msgs": 0, "out_msgs": 0})
+            agg["in_msgs"] += int(c.get("in_msgs", 0))
+            agg["out_msgs"] += int(c.get("out_msgs", 0))
+    return {"t": time.monotonic(), "servers": servers, "conns": conns,
+            "cpu": {k: cpu_seconds(p) for k, p in pids.items()},
+            "rss": {k: rss_mb(p) for k, p in pids.items()}, "load": load()}
+
+
+def rates(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Messages/s per server and per connection name, CPU cores per process, a -> b."""
+    dt = max(1e-9, b["t"] - a["t"])
+
+    def per_s(x: float, y: float) -> int:
+        return round((y - x) / dt)
+
+    servers = {n: {"in_msgs_per_s": per_s(a["servers"][n]["in_msgs"], s["in_msgs"]),
+                   "out_msgs_per_s": per_s(a["servers"][n]["out_msgs"], s["out_msgs"])}
+               for n, s in b["servers"].items()}
+    conns = {n: {"in_msgs_per_s": per_s(a["conns"].get(n, {}).get("in_msgs", 0), c["in_msgs"]),
+                 "out_msgs_per_s": per_s(a["conns"].get(n, {}).get("out_msgs", 0),
+                                         c["out_msgs"])}
+             for n, c in sorted(b["conns"].items())}
+    cores = {k: round((b["cpu"][k] - a["cpu"][k]) / dt, 3) for k in b["cpu"]}
+    return {"seconds": round(dt, 1), "servers": servers, "components": conns, "cores": cores}
+
+
+class Size:
+    """One size's processes and measurements."""
+
+    def __init__(self, args: argparse.Namespace, gpus: int, root: Path) -> None:
+        self.args = args
+        self.gpus = gpus
+        self.nodes = gpus // args.gpus_per_node
+        self.root = root
+        self.cluster = NatsCluster(3, ready_timeout_s=60)
+        self.reps: Replicas | None = None
+        self.fleet = Processes(root / "fleet")
+        self.nc: Any = None
+        self.pids: dict[str, int] = {}
+        self.statuses: dict[str, str] = {}
+        self.snaps: list[dict[str, Any]] = []
+        self.jobs: list[tuple[str, str, int, int]] = []  # id, token, first node, nodes
+
+    async def start(self) -> None:
+        a = self.args
+        await asyncio.to_thread(self.cluster.start)
+        urls = ",".join(self.cluster.urls)
+        self.reps = Replicas(urls, self.root, ["r1", "r2"], [
+            "--state-replicas", "3", "--max-job-idle-time", str(a.idle_s),
+            "--command-timeout-s", "10", "--max-jobs", "100000"])
+        self.reps.start_all()
+        await asyncio.to_thread(self.reps.wait_healthy, 120)
+        per = -(-self.nodes // a.fleet_procs)
+        for i in range(a.fleet_procs):
+            first = i * per
+            count = min(per, self.nodes - first)
+            if count <= 0:
+                break
+            self.fleet.spawn(f"fleet{i}", [
+                sys.executable, str(FLEET), "--url", self.cluster.url(i % 3), "--index", str(i),
+                "--first-node", str(first), "--nodes", str(count),
+                "--gpus-per-node", str(a.gpus_per_node), "--hello-s", str(a.hello_s),
+                "--sample-s", str(a.sample_s), "--step-s", str(a.step_s)])
+        self.nc = await connect(self.cluster.url(0), "bench-harness")
+        await self.nc.subscribe(subjects.all_job_status(), cb=self.on_status)
+        for name in self.fleet.procs:
+            await self.ctl(name, {"op": "ping"}, 120)
+        self.pids = {**{n: self.reps.pid(n) for n in self.reps.names},
+                     **{s.process: self.cluster.procs.procs[s.process].pid
+                        for s in self.cluster.servers},
+                     **{n: p.pid for n, p in self.fleet.procs.items()}}
+
+    async def on_status(self, msg: Any) -> None:
+        with contextlib.suppress(Exception):
+            s = codec.decode(msg.data, JobStatus)
+            if s.state == "removed" or s.job_id not in self.statuses:
+                self.statuses[s.job_id] = s.state
+
+    async def ctl(self, worker: str, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """A request to fleet process `worker` (`fleetN`), retried until it answers."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                msg = await self.nc.request(control_subject(int(worker[5:])),
+                                            json.dumps(req).encode(), timeout=timeout_s)
+                return dict(json.loads(msg.data))
+            except Exception:
+                if time.monotonic() > deadline or not self.fleet.alive(worker):
+                    raise RuntimeError(f"{worker} did not answer {req['op']}:\n"
+                                       + self.fleet.log(worker, 3000)) from None
+                await asyncio.sleep(0.5)
+
+    async def all_ctl(self, req: dict[str, Any], timeout_s: float = 30) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self.ctl(n, req, timeout_s) for n in self.fleet.procs)))
+
+    async def snap(self, label: str) -> dict[str, Any]:
+        s = await asyncio.to_thread(snapshot, self.cluster, self.pids)
+        s["label"] = label
+        self.snaps.append(s)
+        return s
+
+    def replica_rss(self, s: dict[str, Any]) -> float:
+        assert self.reps is not None
+        return round(sum(s["rss"][n] for n in self.reps.names), 1)
+
+    def nats_rss(self, s: dict[str, Any]) -> float:
+        return round(sum(s["rss"][sp.process] for sp in self.cluster.servers), 1)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.all_ctl({"op": "quit"}, 5)
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        await asyncio.to_thread(self.fleet.close, 2.0)
+        if self.reps is not None:
+            await asyncio.to_thread(self.reps.close)
+        await asyncio.to_thread(self.cluster.close)
+
+
+async def register(size: Size, rng: random.Random) -> dict[str, Any]:
+    """Register every job, then every rank; until every GPU of a job has its first limit."""
+    a = size.args
+    plan = plan_jobs(size.gpus, a.gpus_per_node, a.fill, (a.small_min, a.small_max), rng)
+    sem = asyncio.Semaphore(64)
+
+    async def job(first: int, nodes: int) -> tuple[str, str, int, int]:
+        ranks = nodes * a.gpus_per_node
+        info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
+        async with sem:
+            raw = await size.nc.request(subjects.coord_register_job(node_name(first)),
+                                        codec.encode(RegisterJob(job=info, power_limit=OPTIONS)),
+                                        timeout=120)
+        reply = codec.decode(raw.data, Reply)
+        if not reply.ok:
+            raise RuntimeError(f"job not registered: {reply.code}: {reply.error}")
+        return str(reply.result["job_id"]), str(reply.result["join_token"]), first, nodes
+
+    t0 = time.monotonic()
+    size.jobs = list(await asyncio.gather(*(job(f, n) for f, n in plan)))
+    t_jobs = time.monotonic()
+    cpu0 = await size.snap("register start")
+    results = await size.all_ctl({"op": "register", "jobs": size.jobs, "window": a.window},
+                                 a.register_timeout_s)
+    t_ranks = time.monotonic()
+    job_gpus = sum(n for *_, n in size.jobs) * a.gpus_per_node
+    limited = 0
+    deadline = time.monotonic() + a.register_timeout_s
+    while time.monotonic() < deadline:
+        limited = sum(s["gpus_limited"] for s in await size.all_ctl({"op": "stats"}))
+        if limited >= job_gpus:
+            break
+        await asyncio.sleep(1.0)
+    t_limits = time.monotonic()
+    cpu1 = await size.snap("registered")
+    failed = sum(r["failed"] for r in results)
+    return {
+        "jobs": len(size.jobs), "big_job_gpus": plan[0][1] * a.gpus_per_node,
+        "small_jobs": len(plan) - 1, "job_gpus": job_gpus,
+        "register_jobs_s": round(t_jobs - t0, 2), "register_s": round(t_ranks - t0, 2),
+        "first_limit_s": round(t_limits - t0, 2), "gpus_with_first_limit": limited,
+        "rank_failures": failed, "first_failure": next((r["error"] for r in results
+                                                        if r["error"]), None),
+        "register_rates": rates(cpu0, cpu1),
+    }
+
+
+async def run(size: Size) -> dict[str, Any]:
+    """`--minutes` of training; rates over the whole span, RSS peaks, the big job's progress."""
+    a = size.args
+    stats0 = await size.all_ctl({"op": "stats"})
+    first = await size.snap("run start")
+    end = time.monotonic() + a.minutes * 60
+    while time.monotonic() < end:
+        await asyncio.sleep(min(a.every_s, max(0.0, end - time.monotonic())))
+        s = await size.snap("running")
+        print(f"  {size.gpus} GPUs, running: replicas RSS {size.replica_rss(s)} MB, NATS RSS "
+              f"{size.nats_rss(s)} MB, load {s['load']}", file=sys.stderr, flush=True)
+    last = size.snaps[-1]
+    stats1 = await size.all_ctl({"op": "stats"})
+    published = {k: sum(s1["published"][k] - s0["published"][k]
+                        for s0, s1 in zip(stats0, stats1, strict=True))
+                 for k in stats1[0]["published"]}
+    dt = last["t"] - first["t"]
+    expected = {"hello": size.nodes / a.hello_s,
+                "sample": size.gpus / a.sample_s if a.sample_s > 0 else 0,
+                "events": sum(n for *_, n in size.jobs) * a.gpus_per_node / a.step_s}
+    expected["meas"] = expected["events"]
+    pub_rates = {k: round(v / dt) for k, v in published.items()}
+    renewals = sum(s1["renewals"] - s0["renewals"] for s0, s1 in zip(stats0, stats1, strict=True))
+    renewals_per_s = renewals / len(stats1) / dt
+    progress = await job_progress(size, size.jobs[0][0])
+    return {
+        "rates": rates(first, last),
+        "fleet_published_per_s": pub_rates,
+        "fleet_expected_per_s": {k: round(v) for k, v in expected.items()},
+        "fleet_behind": any(pub_rates[k] < 0.9 * expected[k] for k in expected),
+        "lease_renewals_per_s": round(renewals_per_s, 1),
+        "renewal_msgs_to_real_agents_per_s": round(renewals_per_s * size.nodes),
+        "big_job_power_limit": progress,
+        "commands": {k: sum(s["commands"].get(k, 0) for s in stats1)
+                     for k in {k for s in stats1 for k in s["commands"]}},
+    }
+
+
+async def job_progress(size: Size, job_id: str) -> dict[str, Any]:
+    with contextlib.suppress(Exception):
+        msg = await size.nc.request(subjects.coord_job_query(),
+                                    codec.encode(JobQuery(job_id=job_id)), timeout=30)
+        reply = codec.decode(msg.data, Reply)
+        pl = (reply.result or {}).get("power_limit") or {}
+        return {k: pl.get(k) for k in ("phase", "measured", "optimal_power_limit_w",
+                                       "power_limit_w") if k in pl}
+    return {}
+
+
+async def end(size: Size) -> dict[str, Any]:
+    """Every trainer stops; until the coordinator has removed every job, then the RSS."""
+    a = size.args
+    await size.all_ctl({"op": "end", "job_ids": [j[0] for j in size.jobs]})
+    t0 = time.monotonic()
+    ids = {j[0] for j in size.jobs}
+    deadline = t0 + a.idle_s + a.end_timeout_s
+    removed = 0
+    while time.monotonic() < deadline:
+        removed = sum(1 for j in ids if size.statuses.get(j) == "removed")
+        if removed == len(ids):
+            break
+        await asyncio.sleep(1.0)
+    t_removed = time.monotonic()
+    await asyncio.sleep(a.settle_s)  # the replicas' garbage collection, JetStream's deletes
+    after = await size.snap("after every job ended")
+    assert size.reps is not None
+    health = {n: (size.reps.health(n) or {}).get("jobs") for n in size.reps.names}
+    return {"removed": removed, "removed_s": round(t_removed - t0, 1),
+            "jobs_left_per_replica": health, "rss_after_mb": {
+                n: round(after["rss"][n], 1) for n in size.reps.names}}
+
+
+def summary(size: Size, reg: dict[str, Any], ran: dict[str, Any],
+            ended: dict[str, Any]) -> dict[str, Any]:
+    """The size's record: per 1,000 GPUs, per job, and the raw rates."""
+    assert size.reps is not None
+    names = size.reps.names
+    k = size.gpus / 1000
+    before = next(s for s in size.snaps if s["label"] == "before jobs")
+    during = [s for s in size.snaps if s["label"] in ("registered", "running")]
+    peak = max(size.replica_rss(s) for s in during)
+    rss_before, rss_after = size.replica_rss(before), size.replica_rss(size.snaps[-1])
+    cores = ran["rates"]["cores"]
+    reg_r = reg["register_rates"]
+    reg_cpu = sum(reg_r["cores"][n] for n in names) * reg_r["seconds"]
+    run_cores = sum(cores[n] for n in names)
+    nats_peak = max(size.nats_rss(s) for s in during)
+    jobs = reg["jobs"]
+    return {
+        "gpus": size.gpus, "nodes": size.nodes, **{x: reg[x] for x in (
+            "jobs", "big_job_gpus", "small_jobs", "job_gpus", "register_s", "first_limit_s",
+            "gpus_with_first_limit", "rank_failures", "first_failure")},
+        "coordinator_cpu_s_per_1k_gpus": round(run_cores * 60 / k, 3),
+        "coordinator_cpu_s_per_1k_gpus_is": "CPU-s per minute of running, both replicas",
+        "coordinator_cores": round(run_cores, 3),
+        "coordinator_register_cpu_s_per_1k_gpus": round(reg_cpu / k, 3),
+        "coordinator_rss_mb_per_1k_gpus": round(peak / k, 2),
+        "coordinator_rss_growth_mb_per_1k_gpus": round((peak - rss_before) / k, 2),
+        "coordinator_rss_mb": {"before_jobs": rss_before, "peak": peak, "after_jobs_ended":
+                               rss_after, "per_replica_after": ended["rss_after_mb"]},
+        "memory_per_job_mb": round((peak - rss_before) / jobs / len(names), 3),
+        "memory_released_mb": round(peak - rss_after, 1),
+        "memory_released_fraction": round((peak - rss_after) / max(1e-9, peak - rss_before), 3),
+        "jobs_removed": ended["removed"], "jobs_removed_s": ended["removed_s"],
+        "jobs_left_per_replica": ended["jobs_left_per_replica"],
+        "nats_rss_mb": {"before_jobs": size.nats_rss(before), "peak": nats_peak,
+                        "after_jobs_ended": size.nats_rss(size.snaps[-1])},
+        "nats_rss_mb_per_1k_gpus": round(nats_peak / k, 2),
+        "nats_msgs_per_s": {n: v for n, v in ran["rates"]["servers"].items()},
+        "nats_msgs_per_s_total": {
+            d: sum(v[f"{d}_msgs_per_s"] for v in ran["rates"]["servers"].values())
+            for d in ("in", "out")},
+        "components_msgs_per_s": ran["rates"]["components"],
+        "cores_by_process": cores,
+        "running_s": ran["rates"]["seconds"],
+        **{x: ran[x] for x in ("fleet_published_per_s", "fleet_expected_per_s", "fleet_behind",
+                               "lease_renewals_per_s", "renewal_msgs_to_real_agents_per_s",
+                               "big_job_power_limit", "commands")},
+        "register_msgs_per_s": reg_r["servers"], "register_cores": reg_r["cores"],
+        "load": size.snaps[-1]["load"],
+    }
+
+
+async def one_size(args: argparse.Namespace, gpus: int) -> dict[str, Any]:
+    """Start, idle, register, run, end, stop: one size's record."""
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="zeus-scale-") as tmp:
+        size = Size(args, gpus, Path(tmp))
+        try:
+            await size.start()
+            await asyncio.sleep(args.warm_s)
+            s = await size.snap("before jobs")
+            print(f"{gpus} GPUs: fleet up; before jobs: replicas RSS {size.replica_rss(s)} MB, "
+                  f"NATS RSS {size.nats_rss(s)} MB; load {s['load']}", file=sys.stderr,
+                  flush=True)
+            reg = await register(size, rng)
+            print(f"{gpus} GPUs: {reg['jobs']} jobs ({reg['big_job_gpus']} + "
+                  f"{reg['small_jobs']} small), {reg['job_gpus']} ranks registered in "
+                  f"{reg['register_s']} s ({reg['rank_failures']} failed), first limit on "
+                  f"{reg['gpus_with_first_limit']} GPUs by {reg['first_limit_s']} s",
+                  file=sys.stderr, flush=True)
+            ran = await run(size)
+            ended = await end(size)
+            print(f"{gpus} GPUs: {ended['removed']}/{reg['jobs']} jobs removed "
+                  f"{ended['removed_s']} s after their trainers stopped; replicas RSS after "
+                  f"{ended['rss_after_mb']}", file=sys.stderr, flush=True)
+            return summary(size, reg, ran, ended)
+        except BaseException:
+            if size.reps is not None:
+                size.reps.print_logs()
+            print(size.fleet.all_logs(2000), file=sys.stderr)
+            raise
+        finally:
+            await size.close()
+
+
+def growth(by_size: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How each per-1,000-GPU figure changes from the smallest size to the largest."""
+    if len(by_size) < 2:
+        return {}
+    lo, hi = by_size[min(by_size, key=int)], by_size[max(by_size, key=int)]
+    keys = ("coordinator_cpu_s_per_1k_gpus", "coordinator_rss_mb_per_1k_gpus",
+            "coordinator_rss_growth_mb_per_1k_gpus", "nats_rss_mb_per_1k_gpus",
+            "memory_per_job_mb")
+    out: dict[str, Any] = {"from_gpus": lo["gpus"], "to_gpus": hi["gpus"]}
+    for key in keys:
+        out[key] = round(hi[key] / lo[key], 3) if lo[key] else None
+    out["register_s"] = round(hi["register_s"] / lo["register_s"], 3) if lo["register_s"] else None
+    out["nats_out_msgs_per_s"] = (round(hi["nats_msgs_per_s_total"]["out"]
+                                        / lo["nats_msgs_per_s_total"]["out"], 3)
+                                  if lo["nats_msgs_per_s_total"]["out"] else None)
+    return out
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = load()
+    by_size: dict[str, dict[str, Any]] = {}
+    for gpus in args.sizes:
+        by_size[str(gpus)] = r = await one_size(args, gpus)
+        print(f"{gpus} GPUs: coordinator {r['coordinator_cpu_s_per_1k_gpus']} CPU-s per minute "
+              f"and {r['coordinator_rss_mb_per_1k_gpus']} MB per 1,000 GPUs; NATS "
+              f"{r['nats_msgs_per_s_total']} msgs/s, RSS {r['nats_rss_mb']['peak']} MB; memory "
+              f"released after the jobs ended: {r['memory_released_fraction']:.0%}; load "
+              f"{r['load']}", flush=True)
+    return {
+        "bench": "cluster_scale", "gpus": args.sizes, "by_size": by_size,
+        "growth": growth(by_size), "quick": args.quick, "minutes": args.minutes,
+        "settings": {k: getattr(args, k) for k in (
+            "gpus_per_node", "fleet_procs", "step_s", "sample_s", "hello_s", "fill",
+            "small_min", "small_max", "idle_s", "window", "seed")},
+        "power_limit_options": OPTIONS.model_dump(include={"warmup_steps", "profile_steps",
+                                                           "pl_step_w"}),
+        "replicas": 2, "nats_servers": 3, "state_replicas": 3,
+        "cores": os.cpu_count(), "machine": machine(), "load_before": load_before,
+        "load": load(), "date": now(),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[10_000, 25_000, 50_000, 100_000],
+                   help="cluster sizes in GPUs, comma separated (default 10000,25000,50000,"
+                   "100000)")
+    p.add_argument("--minutes", type=float, default=3.0,
+                   help="minutes of running after registration, per size (default 3)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 2,000 GPUs, 20 s of running (well under a minute)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--fleet-procs", type=int, default=2,
+                   help="fake fleet processes, each a block of nodes (default 2)")
+    p.add_argument("--step-s", type=float, default=10.0,
+                   help="the fake trainers' training step (s; default 10)")
+    p.add_argument("--sample-s", type=float, default=10.0,
+                   help="each GPU's samples period (s; a real agent publishes every 1 s; "
+                   "default 10; 0: none)")
+    p.add_argument("--hello-s", type=float, default=5.0,
+                   help="each node's heartbeat period (s; the agent's default, 5)")
+    p.add_argument("--fill", type=float, default=1.0,
+                   help="fraction of the nodes that jobs occupy (default 1: every GPU)")
+    p.add_argument("--small-min", type=int, default=8, help="smallest small job, GPUs")
+    p.add_argument("--small-max", type=int, default=64, help="largest small job, GPUs")
+    p.add_argument("--idle-s", type=int, default=20,
+                   help="the replicas' --max-job-idle-time: a job is removed this long after "
+                   "its trainers stopped (default 20)")
+    p.add_argument("--window", type=int, default=2000,
+                   help="rank registrations outstanding per fleet process (default 2000)")
+    p.add_argument("--warm-s", type=float, default=10.0,
+                   help="the fleet alone before jobs register (s; default 10)")
+    p.add_argument("--every-s", type=float, default=10.0, help="reading period (s)")
+    p.add_argument("--settle-s", type=float, default=5.0,
+                   help="after the last job's removal, before the RSS is read (s; default 5)")
+    p.add_argument("--register-timeout-s", type=float, default=600.0)
+    p.add_argument("--end-timeout-s", type=float, default=120.0,
+                   help="beyond --idle-s, how long jobs may take to be removed (s)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the small jobs' sizes")
+    args = p.parse_args()
+    if args.quick:
+        args.sizes, args.minutes, args.warm_s, args.every_s = [2_000], 20 / 60, 3.0, 5.0
+        args.idle_s, args.settle_s, args.step_s = 5, 2.0, 2.0
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        import uvloop
+
+        result = uvloop.run(bench(args))
+    except ImportError:  # pragma: no cover
+        result = asyncio.run(bench(args))
+    print(f"load {result['load_before']} -> {result['load']} on {os.cpu_count()} cpu",
+          file=sys.stderr)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    with children.sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+        main()
