@@ -16,7 +16,7 @@ and appends each `Knot` it returns to the `EnergyRing`. Then:
 GPUs without an energy counter are read plainly: their power is integrated (`PowerIntegrator`)
 and each read is a fresh value (the policy reads such a series plainly at the sampling interval).
 
-Idle: while nothing needs the fine series (`is_active`, set by the agent: a trainer bound, marks
+Idle: while nothing needs the fine series (`is_active`, the agent's: a trainer bound, marks
 or measurements waiting; or an exact window waiting, or a window asked within
 `WINDOW_HOLD_S`), the policy reads only one update in ten (`ReadPolicy.set_active`): ~1 read/s
 instead of 10 (each is milliseconds of the driver on a real GPU, and a few thread wake-ups of
@@ -85,9 +85,6 @@ class CounterReader:
         ring: The `EnergyRing` the knots go to (shared with the agent).
         reads: Counter reads made.
         read_errors: Reads that failed (the GPU's error is logged at debug level).
-        due_boundaries: Set by the agent (optional): `now_ns -> times (ns) at which a clock or
-            power-limit change is due`, which reads then avoid (`ReadPolicy.plan_read`).
-        on_knot: Set by the agent (optional): called after each new knot.
     """
 
     def __init__(
@@ -96,8 +93,15 @@ class CounterReader:
         ring: EnergyRing,
         fallback_interval_ns: int,
         policy: ReadPolicy | None = None,
+        *,
+        due_boundaries: Callable[[int], Iterable[int]] | None = None,
+        on_knot: Callable[[], None] | None = None,
+        wants_knots: Callable[[], bool] | None = None,
+        is_active: Callable[[], bool] | None = None,
     ) -> None:
         """Create a reader of `caller.gpu`'s counter into `ring`.
+
+        The callbacks are the agent's (each optional): the reader runs alone in tests.
 
         Args:
             caller: How to call the GPU (its thread when calls block).
@@ -105,6 +109,11 @@ class CounterReader:
             fallback_interval_ns: Read interval while the counter's updates are not locked
                 (the agent's sampling interval).
             policy: The read policy (default: `ReadPolicy(fallback_interval_ns)`).
+            due_boundaries: `now_ns -> times (ns) at which a clock or power-limit change is
+                due`, which reads then avoid (`ReadPolicy.plan_read`).
+            on_knot: Called on the loop after each new knot.
+            wants_knots: Whether the agent waits for a knot now (None: always).
+            is_active: Whether the agent needs every update read (None: always).
         """
         self.caller = caller
         self.gpu = caller.gpu
@@ -118,14 +127,14 @@ class CounterReader:
         newest knot may be a second old when a window is asked."""
         self.reads = 0
         self.read_errors = 0
-        self.due_boundaries: Callable[[int], Iterable[int]] | None = None
-        self.on_knot: Callable[[], None] | None = None
+        self._due_boundaries = due_boundaries
+        self._on_knot = on_knot
+        self._wants_knots = wants_knots
+        self._is_active = is_active
         self._integrator: PowerIntegrator | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._inbox: deque[Knot] = deque(maxlen=INBOX_KNOTS)
         """Knots from the reader thread not yet in the ring (`_take`)."""
-        self.wants_knots: Callable[[], bool] | None = None
-        """Set by the agent (optional): whether it waits for a knot now (None: always)."""
         self._policy_lock = threading.Lock()
         """The policy is fed by the reader thread, and by `read_once` on the loop."""
         self.status: tuple[int, Telemetry] | None = None
@@ -138,8 +147,6 @@ class CounterReader:
         """(t_ns, W): the power limit last read with a status."""
         self._limit_generation = 0
         """Bumped by `refresh_limit`: a status read that reused an older limit is dropped."""
-        self.is_active: Callable[[], bool] | None = None
-        """Set by the agent (optional): whether it needs every update read (None: always)."""
         self._active_until_ns = 0
         self._wakeup = threading.Event()
         """Set by `wake`: the reader thread's sleep ends to plan again."""
@@ -177,7 +184,7 @@ class CounterReader:
             return True
         if time.monotonic_ns() < self._active_until_ns:
             return True
-        return self.is_active is None or self.is_active()
+        return self._is_active is None or self._is_active()
 
     def hold_active(self, seconds: float = WINDOW_HOLD_S) -> None:
         """Read every update for the next `seconds` at least (a window was asked); wake it."""
@@ -192,7 +199,7 @@ class CounterReader:
 
     def _plan(self, now: int) -> int:
         """Tell the policy active or idle, and when to start the next read (ns)."""
-        due = self.due_boundaries(now) if self.due_boundaries is not None else ()
+        due = self._due_boundaries(now) if self._due_boundaries is not None else ()
         active = self.active
         with self._policy_lock:
             self.policy.set_active(active)
@@ -347,7 +354,7 @@ class CounterReader:
                     knot = self.policy.on_read(t0, t1, energy)
                 if knot is not None:
                     self._inbox.append(knot)  # taken on the loop by the next query
-                    if (self._waiters or self.wants_knots is None or self.wants_knots()
+                    if (self._waiters or self._wants_knots is None or self._wants_knots()
                             or len(self._inbox) >= INBOX_TAKE_AT):  # never let it overflow
                         loop.call_soon_threadsafe(self._take)  # someone waits: now
             except RuntimeError:
@@ -363,8 +370,8 @@ class CounterReader:
         """On the loop: keep a knot, wake the exact windows and the agent's waiting marks."""
         if self.ring.append(knot.t_ns, knot.energy_j):
             self._wake()
-            if self.on_knot is not None:
-                self.on_knot()
+            if self._on_knot is not None:
+                self._on_knot()
 
     def _take(self) -> None:
         """On the loop: move the reader thread's knots into the ring (every query does first).

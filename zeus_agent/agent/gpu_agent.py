@@ -111,7 +111,15 @@ class GpuAgent:
         self.on_restored: Callable[[list[str]], None] | None = None
         """Told the kinds each restore restored, whatever path restored them (`--history`)."""
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
-        self.counter = CounterReader(self.caller, self.ring, int(1e9 / sample_hz))
+        self.counter = CounterReader(
+            self.caller, self.ring, int(1e9 / sample_hz),
+            # (Called once started: the schedule and measurer are made below.) Reads avoid the
+            # schedule's changes; the measurer takes each knot, and waits for one while marks do.
+            due_boundaries=lambda now_ns: self.schedule.boundaries.due(now_ns, FORECAST_NS),
+            on_knot=lambda: self.measurer.release_measured(),
+            wants_knots=lambda: bool(self.measurer.unread),  # (else knots wait)
+            # Every update is read while a trainer is bound or marks wait; else ~1 per second.
+            is_active=lambda: self.binding is not None or bool(self.measurer.unread))
         """Reads the energy counter when its policy says (never per event) into the ring."""
         self.binding: Binding | None = None
         self._departed: dict[str, None] = {}
@@ -147,18 +155,12 @@ class GpuAgent:
             binding=lambda: self.binding, expire_leases=self.expire_leases, spawn=self._spawn,
             report=self.reports.report)
         """The frequency schedule, applied at the bound trainer's events."""
-        boundaries = self.schedule.boundaries  # Counter reads avoid the schedule's changes.
-        self.counter.due_boundaries = lambda now_ns: boundaries.due(now_ns, FORECAST_NS)
         self.measurer = RankMeasurer(
             index=self.index, node=node, prefix=prefix, ring=self.ring, counter=self.counter,
             limits=self.limits, publish=publish, binding=lambda: self.binding,
             report=self.reports.report, refused=self.reports.refused, spawn=self._spawn,
             counters=self.counters)
         """Measures the bound rank's events once reads bracket them, and publishes them."""
-        self.counter.on_knot = self.measurer.release_measured
-        self.counter.wants_knots = lambda: bool(self.measurer.unread)  # (else knots wait)
-        # Every update is read while a trainer is bound or marks wait; else ~1 per second.
-        self.counter.is_active = lambda: self.binding is not None or bool(self.measurer.unread)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, reset: bool = True) -> GPUInfo:

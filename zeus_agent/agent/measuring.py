@@ -9,7 +9,7 @@ Here they are measured later, off the clock path:
   rank's event stream) and fed to the rank's `RankMeter`; a step edge's mark and each closed
   step or instruction wait (`unread`) until counter reads bracket them, since on a real GPU a
   read costs milliseconds and is never made for an event;
-* `release_measured()`: called when a read comes in (`CounterReader.on_knot`): emit what reads
+* `release_measured()`: called when a read comes in (the reader's `on_knot`): emit what reads
   now bracket, in order, under the rank it was measured for;
 * `flush()`: publish the pending events, marks and measurements.
 
