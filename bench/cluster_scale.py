@@ -88,16 +88,32 @@ def http_json(port: int, path: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def snapshot(cluster: NatsCluster, pids: dict[str, int]) -> dict[str, Any]:
-    """NATS counters (per server, per connection name), each process's CPU-s and RSS."""
+def local_ports(pid: int) -> set[int]:
+    """The local TCP ports of process `pid` (its NATS connections among them)."""
+    try:
+        import psutil
+
+        return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp")}
+    except Exception:  # noqa: BLE001 - gone, or no psutil: connections keep their names
+        return set()
+
+
+def snapshot(cluster: NatsCluster, pids: dict[str, int],
+             replicas: list[str]) -> dict[str, Any]:
+    """NATS counters (per server, per connection name), each process's CPU-s and RSS.
+
+    The replicas' connections (all named `zeus-coordinator`) are told apart by their ports.
+    """
     servers: dict[str, dict[str, Any]] = {}
     conns: dict[str, dict[str, int]] = {}
+    ports = {n: local_ports(pids[n]) for n in replicas}
     for spec in cluster.servers:
         v = http_json(spec.http_port, "/varz")
         servers[spec.name] = {k: v.get(k, 0) for k in ("in_msgs", "out_msgs", "in_bytes",
                                                         "out_bytes", "mem", "connections")}
         for c in http_json(spec.http_port, "/connz?limit=4096").get("connections", []):
-            name = str(c.get("name") or "?").split("@")[0]
+            name = str(c.get("name") or "?")
+            name = next((f"{name}:{n}" for n, p in ports.items() if c.get("port") in p), name)
             agg = conns.setdefault(name, {"in_msgs": 0, "out_msgs": 0})
             agg["in_msgs"] += int(c.get("in_msgs", 0))
             agg["out_msgs"] += int(c.get("out_msgs", 0))
@@ -116,8 +132,10 @@ def rates(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     servers = {n: {"in_msgs_per_s": per_s(a["servers"][n]["in_msgs"], s["in_msgs"]),
                    "out_msgs_per_s": per_s(a["servers"][n]["out_msgs"], s["out_msgs"])}
                for n, s in b["servers"].items()}
-    conns = {n: {"in_msgs_per_s": per_s(a["conns"].get(n, {}).get("in_msgs", 0), c["in_msgs"]),
-                 "out_msgs_per_s": per_s(a["conns"].get(n, {}).get("out_msgs", 0),
+    # A connection's in_msgs are what it published, its out_msgs what the server sent it.
+    conns = {n: {"published_per_s": per_s(a["conns"].get(n, {}).get("in_msgs", 0),
+                                          c["in_msgs"]),
+                 "received_per_s": per_s(a["conns"].get(n, {}).get("out_msgs", 0),
                                          c["out_msgs"])}
              for n, c in sorted(b["conns"].items())}
     cores = {k: round((b["cpu"][k] - a["cpu"][k]) / dt, 3) for k in b["cpu"]}
@@ -194,7 +212,8 @@ class Size:
         return list(await asyncio.gather(*(self.ctl(n, req, timeout_s) for n in self.fleet.procs)))
 
     async def snap(self, label: str) -> dict[str, Any]:
-        s = await asyncio.to_thread(snapshot, self.cluster, self.pids)
+        assert self.reps is not None
+        s = await asyncio.to_thread(snapshot, self.cluster, self.pids, self.reps.names)
         s["label"] = label
         self.snaps.append(s)
         return s
@@ -218,7 +237,7 @@ class Size:
         await asyncio.to_thread(self.cluster.close)
 
 
-async def register(size: Size, rng: random.Random) -> dict[str, Any]:
+async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
     """Register every job, then every rank; until every GPU of a job has its first limit."""
     a = size.args
     plan = plan_jobs(size.gpus, a.gpus_per_node, a.fill, (a.small_min, a.small_max), rng)
@@ -239,7 +258,7 @@ async def register(size: Size, rng: random.Random) -> dict[str, Any]:
     t0 = time.monotonic()
     size.jobs = list(await asyncio.gather(*(job(f, n) for f, n in plan)))
     t_jobs = time.monotonic()
-    cpu0 = await size.snap("register start")
+    cpu0 = await size.snap(f"w{wave} register start")
     results = await size.all_ctl({"op": "register", "jobs": size.jobs, "window": a.window},
                                  a.register_timeout_s)
     t_ranks = time.monotonic()
@@ -252,7 +271,7 @@ async def register(size: Size, rng: random.Random) -> dict[str, Any]:
             break
         await asyncio.sleep(1.0)
     t_limits = time.monotonic()
-    cpu1 = await size.snap("registered")
+    cpu1 = await size.snap(f"w{wave} registered")
     failed = sum(r["failed"] for r in results)
     return {
         "jobs": len(size.jobs), "big_job_gpus": plan[0][1] * a.gpus_per_node,
@@ -265,17 +284,18 @@ async def register(size: Size, rng: random.Random) -> dict[str, Any]:
     }
 
 
-async def run(size: Size) -> dict[str, Any]:
+async def run(size: Size, wave: int) -> dict[str, Any]:
     """`--minutes` of training; rates over the whole span, RSS peaks, the big job's progress."""
     a = size.args
     stats0 = await size.all_ctl({"op": "stats"})
-    first = await size.snap("run start")
+    first = await size.snap(f"w{wave} run start")
     end = time.monotonic() + a.minutes * 60
     while time.monotonic() < end:
         await asyncio.sleep(min(a.every_s, max(0.0, end - time.monotonic())))
-        s = await size.snap("running")
-        print(f"  {size.gpus} GPUs, running: replicas RSS {size.replica_rss(s)} MB, NATS RSS "
-              f"{size.nats_rss(s)} MB, load {s['load']}", file=sys.stderr, flush=True)
+        s = await size.snap(f"w{wave} running")
+        print(f"  {size.gpus} GPUs, wave {wave}, running: replicas RSS "
+              f"{size.replica_rss(s)} MB, NATS RSS {size.nats_rss(s)} MB, load {s['load']}",
+              file=sys.stderr, flush=True)
     last = size.snaps[-1]
     stats1 = await size.all_ctl({"op": "stats"})
     published = {k: sum(s1["published"][k] - s0["published"][k]
@@ -314,7 +334,7 @@ async def job_progress(size: Size, job_id: str) -> dict[str, Any]:
     return {}
 
 
-async def end(size: Size) -> dict[str, Any]:
+async def end(size: Size, wave: int) -> dict[str, Any]:
     """Every trainer stops; until the coordinator has removed every job, then the RSS."""
     a = size.args
     await size.all_ctl({"op": "end", "job_ids": [j[0] for j in size.jobs]})
@@ -329,7 +349,7 @@ async def end(size: Size) -> dict[str, Any]:
         await asyncio.sleep(1.0)
     t_removed = time.monotonic()
     await asyncio.sleep(a.settle_s)  # the replicas' garbage collection, JetStream's deletes
-    after = await size.snap("after every job ended")
+    after = await size.snap(f"w{wave} ended")
     assert size.reps is not None
     health = {n: (size.reps.health(n) or {}).get("jobs") for n in size.reps.names}
     return {"removed": removed, "removed_s": round(t_removed - t0, 1),
@@ -337,22 +357,36 @@ async def end(size: Size) -> dict[str, Any]:
                 n: round(after["rss"][n], 1) for n in size.reps.names}}
 
 
-def summary(size: Size, reg: dict[str, Any], ran: dict[str, Any],
-            ended: dict[str, Any]) -> dict[str, Any]:
-    """The size's record: per 1,000 GPUs, per job, and the raw rates."""
+def memory(size: Size, waves: int) -> list[dict[str, Any]]:
+    """The replicas' and NATS's RSS per wave: at its start, its peak, after its jobs ended."""
+    out = []
+    start = next(s for s in size.snaps if s["label"] == "before jobs")
+    for w in range(1, waves + 1):
+        during = [s for s in size.snaps if s["label"] in (f"w{w} registered", f"w{w} running")]
+        ended = next(s for s in size.snaps if s["label"] == f"w{w} ended")
+        out.append({"wave": w, "replicas_start_mb": size.replica_rss(start),
+                    "replicas_peak_mb": max(size.replica_rss(s) for s in during),
+                    "replicas_after_mb": size.replica_rss(ended),
+                    "nats_start_mb": size.nats_rss(start),
+                    "nats_peak_mb": max(size.nats_rss(s) for s in during),
+                    "nats_after_mb": size.nats_rss(ended)})
+        start = ended
+    return out
+
+
+def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
+    """The size's record: per 1,000 GPUs and per job (the first wave's), and the raw rates."""
     assert size.reps is not None
     names = size.reps.names
     k = size.gpus / 1000
-    before = next(s for s in size.snaps if s["label"] == "before jobs")
-    during = [s for s in size.snaps if s["label"] in ("registered", "running")]
-    peak = max(size.replica_rss(s) for s in during)
-    rss_before, rss_after = size.replica_rss(before), size.replica_rss(size.snaps[-1])
+    reg, ran = waves[0]["reg"], waves[0]["ran"]
+    mem = memory(size, len(waves))
+    first, last = mem[0], mem[-1]
+    peak, before = first["replicas_peak_mb"], first["replicas_start_mb"]
     cores = ran["rates"]["cores"]
     reg_r = reg["register_rates"]
     reg_cpu = sum(reg_r["cores"][n] for n in names) * reg_r["seconds"]
     run_cores = sum(cores[n] for n in names)
-    nats_peak = max(size.nats_rss(s) for s in during)
-    jobs = reg["jobs"]
     return {
         "gpus": size.gpus, "nodes": size.nodes, **{x: reg[x] for x in (
             "jobs", "big_job_gpus", "small_jobs", "job_gpus", "register_s", "first_limit_s",
@@ -362,18 +396,18 @@ def summary(size: Size, reg: dict[str, Any], ran: dict[str, Any],
         "coordinator_cores": round(run_cores, 3),
         "coordinator_register_cpu_s_per_1k_gpus": round(reg_cpu / k, 3),
         "coordinator_rss_mb_per_1k_gpus": round(peak / k, 2),
-        "coordinator_rss_growth_mb_per_1k_gpus": round((peak - rss_before) / k, 2),
-        "coordinator_rss_mb": {"before_jobs": rss_before, "peak": peak, "after_jobs_ended":
-                               rss_after, "per_replica_after": ended["rss_after_mb"]},
-        "memory_per_job_mb": round((peak - rss_before) / jobs / len(names), 3),
-        "memory_released_mb": round(peak - rss_after, 1),
-        "memory_released_fraction": round((peak - rss_after) / max(1e-9, peak - rss_before), 3),
-        "jobs_removed": ended["removed"], "jobs_removed_s": ended["removed_s"],
-        "jobs_left_per_replica": ended["jobs_left_per_replica"],
-        "nats_rss_mb": {"before_jobs": size.nats_rss(before), "peak": nats_peak,
-                        "after_jobs_ended": size.nats_rss(size.snaps[-1])},
-        "nats_rss_mb_per_1k_gpus": round(nats_peak / k, 2),
-        "nats_msgs_per_s": {n: v for n, v in ran["rates"]["servers"].items()},
+        "coordinator_rss_growth_mb_per_1k_gpus": round((peak - before) / k, 2),
+        "memory_per_job_mb": round((peak - before) / reg["jobs"] / len(names), 3),
+        "memory_by_wave": mem,
+        "memory_after_last_wave_over_first_peak_mb": round(
+            last["replicas_after_mb"] - peak, 1),
+        "memory_peak_growth_over_waves_mb": round(last["replicas_peak_mb"] - peak, 1),
+        "jobs_removed": [w["ended"]["removed"] for w in waves],
+        "jobs_removed_s": [w["ended"]["removed_s"] for w in waves],
+        "jobs_left_per_replica": waves[-1]["ended"]["jobs_left_per_replica"],
+        "nats_rss_mb_peak": first["nats_peak_mb"],
+        "nats_rss_mb_per_1k_gpus": round(first["nats_peak_mb"] / k, 2),
+        "nats_msgs_per_s": ran["rates"]["servers"],
         "nats_msgs_per_s_total": {
             d: sum(v[f"{d}_msgs_per_s"] for v in ran["rates"]["servers"].values())
             for d in ("in", "out")},
@@ -389,7 +423,7 @@ def summary(size: Size, reg: dict[str, Any], ran: dict[str, Any],
 
 
 async def one_size(args: argparse.Namespace, gpus: int) -> dict[str, Any]:
-    """Start, idle, register, run, end, stop: one size's record."""
+    """Start, idle, then per wave register, run and end; stop: one size's record."""
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="zeus-scale-") as tmp:
         size = Size(args, gpus, Path(tmp))
@@ -400,18 +434,21 @@ async def one_size(args: argparse.Namespace, gpus: int) -> dict[str, Any]:
             print(f"{gpus} GPUs: fleet up; before jobs: replicas RSS {size.replica_rss(s)} MB, "
                   f"NATS RSS {size.nats_rss(s)} MB; load {s['load']}", file=sys.stderr,
                   flush=True)
-            reg = await register(size, rng)
-            print(f"{gpus} GPUs: {reg['jobs']} jobs ({reg['big_job_gpus']} + "
-                  f"{reg['small_jobs']} small), {reg['job_gpus']} ranks registered in "
-                  f"{reg['register_s']} s ({reg['rank_failures']} failed), first limit on "
-                  f"{reg['gpus_with_first_limit']} GPUs by {reg['first_limit_s']} s",
-                  file=sys.stderr, flush=True)
-            ran = await run(size)
-            ended = await end(size)
-            print(f"{gpus} GPUs: {ended['removed']}/{reg['jobs']} jobs removed "
-                  f"{ended['removed_s']} s after their trainers stopped; replicas RSS after "
-                  f"{ended['rss_after_mb']}", file=sys.stderr, flush=True)
-            return summary(size, reg, ran, ended)
+            waves = []
+            for wave in range(1, args.waves + 1):
+                reg = await register(size, rng, wave)
+                print(f"{gpus} GPUs, wave {wave}: {reg['jobs']} jobs ({reg['big_job_gpus']} + "
+                      f"{reg['small_jobs']} small), {reg['job_gpus']} ranks registered in "
+                      f"{reg['register_s']} s ({reg['rank_failures']} failed), first limit on "
+                      f"{reg['gpus_with_first_limit']} GPUs by {reg['first_limit_s']} s",
+                      file=sys.stderr, flush=True)
+                ran = await run(size, wave)
+                ended = await end(size, wave)
+                print(f"{gpus} GPUs, wave {wave}: {ended['removed']}/{reg['jobs']} jobs removed "
+                      f"{ended['removed_s']} s after their trainers stopped; replicas RSS "
+                      f"after {ended['rss_after_mb']}", file=sys.stderr, flush=True)
+                waves.append({"reg": reg, "ran": ran, "ended": ended})
+            return summary(size, waves)
         except BaseException:
             if size.reps is not None:
                 size.reps.print_logs()
@@ -428,7 +465,7 @@ def growth(by_size: dict[str, dict[str, Any]]) -> dict[str, Any]:
     lo, hi = by_size[min(by_size, key=int)], by_size[max(by_size, key=int)]
     keys = ("coordinator_cpu_s_per_1k_gpus", "coordinator_rss_mb_per_1k_gpus",
             "coordinator_rss_growth_mb_per_1k_gpus", "nats_rss_mb_per_1k_gpus",
-            "memory_per_job_mb")
+            "memory_per_job_mb", "coordinator_register_cpu_s_per_1k_gpus")
     out: dict[str, Any] = {"from_gpus": lo["gpus"], "to_gpus": hi["gpus"]}
     for key in keys:
         out[key] = round(hi[key] / lo[key], 3) if lo[key] else None
@@ -444,17 +481,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     by_size: dict[str, dict[str, Any]] = {}
     for gpus in args.sizes:
         by_size[str(gpus)] = r = await one_size(args, gpus)
+        mem = r["memory_by_wave"]
         print(f"{gpus} GPUs: coordinator {r['coordinator_cpu_s_per_1k_gpus']} CPU-s per minute "
               f"and {r['coordinator_rss_mb_per_1k_gpus']} MB per 1,000 GPUs; NATS "
-              f"{r['nats_msgs_per_s_total']} msgs/s, RSS {r['nats_rss_mb']['peak']} MB; memory "
-              f"released after the jobs ended: {r['memory_released_fraction']:.0%}; load "
-              f"{r['load']}", flush=True)
+              f"{r['nats_msgs_per_s_total']} msgs/s, RSS {r['nats_rss_mb_peak']} MB; replicas' "
+              f"RSS by wave {[(m['replicas_peak_mb'], m['replicas_after_mb']) for m in mem]} "
+              f"(peak, after the jobs ended); load {r['load']}", flush=True)
     return {
         "bench": "cluster_scale", "gpus": args.sizes, "by_size": by_size,
         "growth": growth(by_size), "quick": args.quick, "minutes": args.minutes,
         "settings": {k: getattr(args, k) for k in (
             "gpus_per_node", "fleet_procs", "step_s", "sample_s", "hello_s", "fill",
-            "small_min", "small_max", "idle_s", "window", "seed")},
+            "small_min", "small_max", "idle_s", "window", "waves", "seed")},
         "power_limit_options": OPTIONS.model_dump(include={"warmup_steps", "profile_steps",
                                                            "pl_step_w"}),
         "replicas": 2, "nats_servers": 3, "state_replicas": 3,
@@ -501,11 +539,14 @@ def main() -> None:
     p.add_argument("--register-timeout-s", type=float, default=600.0)
     p.add_argument("--end-timeout-s", type=float, default=120.0,
                    help="beyond --idle-s, how long jobs may take to be removed (s)")
+    p.add_argument("--waves", type=int, default=2,
+                   help="waves of jobs per size, each registered, run and ended: memory must "
+                   "not grow from one to the next (default 2)")
     p.add_argument("--seed", type=int, default=1, help="seed of the small jobs' sizes")
     args = p.parse_args()
     if args.quick:
-        args.sizes, args.minutes, args.warm_s, args.every_s = [2_000], 20 / 60, 3.0, 5.0
-        args.idle_s, args.settle_s, args.step_s = 5, 2.0, 2.0
+        args.sizes, args.minutes, args.warm_s, args.every_s = [2_000], 8 / 60, 2.0, 4.0
+        args.idle_s, args.settle_s, args.step_s = 3, 1.0, 2.0
     logging.basicConfig(level=logging.WARNING)
     try:
         import uvloop

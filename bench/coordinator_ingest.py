@@ -62,6 +62,7 @@ from typing import Any
 
 import msgpack
 from _common import Replicas, cpu_seconds, jetstream_syncs, load, machine, now, spread
+from _fleet import step_batches
 
 from coordinator.state import records
 from zeus_agent import children
@@ -221,28 +222,8 @@ class Ranks:
     def payloads(self, r: int, first: int, last: int, step_s: float) -> tuple[bytes, bytes]:
         """Rank r's event and measurement batches for steps first..last (inclusive)."""
         node, gpu = self.subjects[r][0], self.subjects[r][1]
-        step_ns = int(step_s * 1e9)
-        watts = 250.0 + (r % 7)
-        events, marks, meas = [], [], []
-        for s in range(first, last + 1):
-            t = self.t0_ns + s * step_ns
-            if s > 0:
-                events.append({"kind": "step_end", "t_ns": t - 1000, "epoch": 0, "step": s - 1,
-                               "index": 0, "name": ""})
-                meas.append({"kind": "step", "name": "step", "epoch": 0, "step": s - 1,
-                             "index": 0, "t0_ns": t - step_ns, "t1_ns": t - 1000,
-                             "time_s": step_s, "energy_j": watts * step_s, "schedule": None})
-            events.append({"kind": "step_begin", "t_ns": t, "epoch": 0, "step": s, "index": 0,
-                           "name": ""})
-            marks.append({"kind": "step_begin", "epoch": 0, "step": s, "t_ns": t,
-                          "energy_j": watts * step_s * s, "power_limit_w": None})
-        ev = msgpack.packb({"v": 1, "job_id": self.job_id, "rank": r, "node": node, "gpu": gpu,
-                            "events": events, "join_digest": self.join_digest},
-                           use_bin_type=True)
-        mb = msgpack.packb({"v": 1, "node": node, "gpu": gpu, "job_id": self.job_id, "rank": r,
-                            "marks": marks, "measurements": meas,
-                            "join_digest": self.join_digest}, use_bin_type=True)
-        return ev, mb
+        return step_batches(self.job_id, r, node, gpu, self.join_digest, first, last, step_s,
+                            self.t0_ns, 250.0 + (r % 7))
 
 
 def sentinels(health: dict[str, Any] | None) -> tuple[int, int]:
