@@ -4,7 +4,9 @@ replicas' ownership, and the pipeline job's clock checks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 from coordinator.power_limit import Energy
@@ -60,9 +62,30 @@ def inconsistent(measurements: list[PowerLimitMeasurement], profile_steps: int,
 
 
 def describe(c: SimCluster, *logs: str) -> str:
-    """The job's status events and the logs of the coordinator (and of `logs`)."""
-    text = "\n".join(c.procs.log(name, 3000) for name in ("coordinator", *logs))
+    """The job's status events and the logs of every coordinator replica (and of `logs`)."""
+    text = "\n".join(c.procs.log(name, 3000) for name in (*c.replicas, *logs))
     return f"status events:\n{c.messages()}\n{text}"
+
+
+async def wait_optimum(c: SimCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
+    """The job's power-limit progress once an optimum is known: from its `done` event or its
+    query (retried: NATS may be reconnecting, a client failing over)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = [s for _, s in c.statuses if s.state == "done"]
+        if done:
+            return done[-1].progress
+        try:
+            progress = (await c.query(job_id, timeout_s=1.0)).get("power_limit") or {}
+        except Exception:  # noqa: BLE001 - NATS may be reconnecting
+            progress = {}
+        if progress.get("optimal_power_limit_w") is not None:
+            return progress
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no optimal power limit within {timeout_s} s (the job "
+                                 f"{'still trains' if c.procs.alive('trainer') else 'ended'})"
+                                 f"\n{describe(c)}")
+        await asyncio.sleep(0.3)
 
 
 def measured(progress: dict[str, Any]) -> list[PowerLimitMeasurement]:

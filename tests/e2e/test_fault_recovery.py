@@ -52,6 +52,7 @@ from tests.e2e.job_kit import (
     inconsistent,
     measured,
     options,
+    wait_optimum,
 )
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_demo.cluster import SimCluster, processes_with_mark
@@ -78,26 +79,6 @@ async def clusters():
     for cluster in made:
         assert processes_with_mark(cluster.procs.mark) == []
         assert not cluster.root.exists()
-
-
-async def wait_optimum(c: SimCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
-    """The job's progress once an optimum is known: from its `done` event or its query."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done = [s for _, s in c.statuses if s.state == "done"]
-        if done:
-            return done[-1].progress
-        try:
-            progress = (await c.query(job_id, timeout_s=1.0)).get("power_limit") or {}
-        except Exception:  # noqa: BLE001 - NATS may be reconnecting
-            progress = {}
-        if progress.get("optimal_power_limit_w") is not None:
-            return progress
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"no optimal power limit within {timeout_s} s (the job "
-                f"{'still trains' if c.procs.alive('trainer') else 'ended'})\n{describe(c)}")
-        await asyncio.sleep(0.3)
 
 
 # ------------------------------------------------------------------------------------ tests

@@ -60,9 +60,11 @@ from tests.e2e.job_kit import (
     WORKLOAD,
     WORLD,
     clocks_checked,
+    describe,
     inconsistent,
     measured,
     options,
+    wait_optimum,
 )
 from tests.repo_kit import REPO_ROOT
 from zeus_agent.models import load_prof, load_ranks, load_sched
@@ -110,32 +112,6 @@ async def clusters(nats):
     for c in made:
         assert processes_with_mark(c.procs.mark) == []
         assert not c.root.exists()
-
-
-def describe(c: SimCluster, *names: str) -> str:
-    """The job's status events and the logs of both replicas (and of `names`)."""
-    logs = "\n".join(c.procs.log(n, 3000) for n in (*c.replicas, *names))
-    return f"status events:\n{c.messages()}\n{logs}"
-
-
-async def wait_optimum(c: SimCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
-    """The job's power-limit progress once an optimum is known (`done` event or query)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done = [s for _, s in c.statuses if s.state == "done"]
-        if done:
-            return done[-1].progress
-        try:
-            progress = (await c.query(job_id, timeout_s=1.0)).get("power_limit") or {}
-        except Exception:  # noqa: BLE001 - a client may be failing over
-            progress = {}
-        if progress.get("optimal_power_limit_w") is not None:
-            return progress
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no optimal power limit within {timeout_s} s (the job "
-                                 f"{'still trains' if c.procs.alive('trainer') else 'ended'})"
-                                 f"\n{describe(c)}")
-        await asyncio.sleep(0.3)
 
 
 async def kv_get(c: SimCluster, bucket: str, key: str, timeout_s: float = 10) -> Any:
