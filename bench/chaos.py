@@ -24,7 +24,11 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
-    report = run(args.minutes * 60, args.seed, list(CLASSES), lambda s: print(s, flush=True))
+    try:
+        report = run(args.minutes * 60, args.seed, list(CLASSES), lambda s: print(s, flush=True))
+    except KeyboardInterrupt:  # (SIGTERM too: `run` removed its namespaces and processes.)
+        print("stopped before the end: namespaces and processes removed", file=sys.stderr)
+        return 130
     print(f"faults {report['faults']} ({', '.join(report['fault_classes'])}); violations "
           f"{report['violations']}; lost acknowledged {report['lost_acknowledged']}; takeover "
           f"p50 {report['takeover_s_p50']} s p99 {report['takeover_s_p99']} s; heal "

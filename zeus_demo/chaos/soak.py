@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zeus_agent.children import sigterm_as_sigint
 from zeus_demo.chaos.checker import Histories, check, parse
 from zeus_demo.chaos.cluster import AGENTS, REPLICAS, SERVERS, ChaosCluster, tear_tails
 from zeus_demo.chaos.netns import Net, enter
@@ -199,44 +200,48 @@ def summarise(soak: Soak, h: Histories, violations: list[Any], end_t: float) -> 
 
 def run(seconds: float, seed: int, classes: list[str],
         say: Callable[[str], None]) -> dict[str, Any]:
-    """One soak; returns the report (see `summarise`)."""
+    """One soak; returns the report (see `summarise`).
+
+    Stopped by SIGTERM or Ctrl-C, it still removes its namespaces, links and processes.
+    """
     tag = uuid.uuid4().hex[:5]
     root = Path(tempfile.mkdtemp(prefix=f"zc{tag}-", dir="/tmp"))
     net = Net(tag)
     c = None
     try:
-        c = ChaosCluster(net, root, tag, LEASE_S, OWNERSHIP_S)
-        enter(net.ns("obs"))
-        soak = Soak(c, random.Random(seed))
-        for s in SERVERS:
-            c.start_server(s)
-        c.wait_healthy(60)
-        for r in REPLICAS:
-            c.start_replica(r)
-        for a in AGENTS:
-            c.start_agent(a)
-        c.wait_agents(60)
-        soak.start_jobs(seconds + 120)
-        time.sleep(6.0)
-        say(f"root {root}; jobs started; faults for {seconds:g} s")
-        soak.run_faults(seconds, classes)
-        time.sleep(OWNERSHIP_S * 3)  # Every job driven again, every lapsed GPU restored.
-        end_t = time.time()
-        h = parse(c.histories())
-        state = asyncio.run(read_state(c.urls, {str(a["bucket"]) for a in h.acks}))
-        jobs: dict[str, list[float]] = {str(x["job_id"]): [] for x in h.leases}
-        for x in (*h.leases, *h.acks):
-            jobs.setdefault(str(x.get("job_id")), []).append(float(x["t"]))
-        progress = {**jobs, **soak.progress}
-        violations = check(h, state, progress, [f["healed"] for f in soak.faults], end_t,
-                           resume_s=30.0)
-        for f in soak.faults:
-            say(f"fault {f['kind']:15} {f['what']:32} held {f['healed'] - f['start']:.1f} s")
-        for v in violations:
-            say(f"VIOLATION {v.kind} at {v.t:.3f}: {v.detail}")
-        report = summarise(soak, h, violations, end_t)
-        report["root"] = str(root)
-        return report
+        with sigterm_as_sigint():  # SIGTERM cleans up as Ctrl-C does
+            c = ChaosCluster(net, root, tag, LEASE_S, OWNERSHIP_S)
+            enter(net.ns("obs"))
+            soak = Soak(c, random.Random(seed))
+            for s in SERVERS:
+                c.start_server(s)
+            c.wait_healthy(60)
+            for r in REPLICAS:
+                c.start_replica(r)
+            for a in AGENTS:
+                c.start_agent(a)
+            c.wait_agents(60)
+            soak.start_jobs(seconds + 120)
+            time.sleep(6.0)
+            say(f"root {root}; jobs started; faults for {seconds:g} s")
+            soak.run_faults(seconds, classes)
+            time.sleep(OWNERSHIP_S * 3)  # Every job driven again, every lapsed GPU restored.
+            end_t = time.time()
+            h = parse(c.histories())
+            state = asyncio.run(read_state(c.urls, {str(a["bucket"]) for a in h.acks}))
+            jobs: dict[str, list[float]] = {str(x["job_id"]): [] for x in h.leases}
+            for x in (*h.leases, *h.acks):
+                jobs.setdefault(str(x.get("job_id")), []).append(float(x["t"]))
+            progress = {**jobs, **soak.progress}
+            violations = check(h, state, progress, [f["healed"] for f in soak.faults], end_t,
+                               resume_s=30.0)
+            for f in soak.faults:
+                say(f"fault {f['kind']:15} {f['what']:32} held {f['healed'] - f['start']:.1f} s")
+            for v in violations:
+                say(f"VIOLATION {v.kind} at {v.t:.3f}: {v.detail}")
+            report = summarise(soak, h, violations, end_t)
+            report["root"] = str(root)
+            return report
     finally:
         if c is not None:
             c.close()
@@ -254,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(classes) - set(CLASSES)
     if unknown:
         p.error(f"unknown fault classes {sorted(unknown)}; known: {', '.join(CLASSES)}")
-    report = run(args.seconds, args.seed, classes, lambda s: print(s, flush=True))
+    try:
+        report = run(args.seconds, args.seed, classes, lambda s: print(s, flush=True))
+    except KeyboardInterrupt:
+        print("stopped before the end: namespaces and processes removed", file=sys.stderr)
+        return 130
     print(json.dumps(report), flush=True)
     return 0 if report["violations"] == 0 else 1
 
