@@ -17,10 +17,8 @@ The GPUs end at the new owner's limit.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
-import urllib.request
 from typing import Any
 
 import pytest
@@ -35,38 +33,11 @@ from tests.e2e.job_kit import (
 )
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope
-from zeus_demo.cluster import SimCluster, free_port, processes_with_mark
+from zeus_demo.cluster import SimCluster, processes_with_mark
 
 MUTATING = {"set_power_limit", "reset_power_limit", "lock_clocks", "reset_clocks",
             "install_schedule", "clear_schedule", "renew", "bind", "unbind"}
 """Commands that change a GPU (or its leases/binding): only the job's owner may send them."""
-
-
-class StatusCluster(SimCluster):
-    """A `SimCluster` whose replicas each serve `/healthz` on a port of their own."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.status_ports: dict[str, int] = {}
-
-    def start_coordinator(self, name: str = "coordinator") -> None:
-        port = self.status_ports.setdefault(name, free_port())
-        common = self.coordinator_args
-        self.coordinator_args = [*common, "--status-port", str(port)]
-        try:
-            super().start_coordinator(name)
-        finally:
-            self.coordinator_args = common
-
-    async def health(self, name: str) -> dict[str, Any]:
-        def get() -> dict[str, Any]:
-            url = f"http://127.0.0.1:{self.status_ports[name]}/healthz"
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    return dict(json.loads(r.read()))
-            except urllib.error.HTTPError as e:  # 503: not healthy, still a detail.
-                return dict(json.loads(e.read()))
-        return await asyncio.to_thread(get)
 
 
 def sender(reply: str | None) -> str:
@@ -82,7 +53,7 @@ async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont(resume:
     """`resume`: SIGCONT once the new owner chose the limit, or as soon as it took the job
     over (it is still profiling, and the stale replica still holds the optimiser it had, with
     the events and measurements of the stop queued on its connection)."""
-    c = StatusCluster(replicas=2, coordinator_args=[
+    c = SimCluster(replicas=2, status_ports=True, coordinator_args=[
         "--ownership-lease-s", str(OWNERSHIP_LEASE_S), "--mark-timeout-s", "2"])
     commands: list[tuple[float, str, str, str]] = []  # (time, subject, sender, op)
     stopped: str | None = None
@@ -130,7 +101,7 @@ async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont(resume:
         # It learns from the ownership watch that it lost the job ...
         await c.wait(lambda: "no longer driven by this replica" in c.procs.log(owner, 20000),
                      20)
-        health = await c.health(owner)
+        health = await asyncio.to_thread(c.health, owner)
         assert health["owned"] == 0, health
         assert c.procs.alive(owner), c.procs.log(owner)
         limits = c.job_limits()
@@ -142,7 +113,7 @@ async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont(resume:
                  if t >= resumed_at and s == owner_sender and op in MUTATING]
         assert stale == [], f"the stale replica commanded GPUs after SIGCONT: {stale}\n" + \
             c.procs.log(owner)
-        health = await c.health(owner)
+        health = await asyncio.to_thread(c.health, owner)
         assert health["owned"] == 0, health
         # The trainer ran on after the stale replica was continued, at the new owner's limit.
         after = sum(1 for t in result["step_seen_at"] if t > resumed_at)

@@ -22,6 +22,8 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -32,6 +34,7 @@ from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, JobQuery, JobStatus, MeasurementBatch, Reply
 from zeus_demo.cluster.nats import Relay
+from zeus_demo.cluster.ports import free_port
 from zeus_demo.cluster.processes import CODE_ROOT, Processes, console_script
 
 __all__ = ["SimCluster"]
@@ -54,12 +57,18 @@ class SimCluster:
             "coordinator", "coordinator-2", ..., "agent-<node>"); no nats-server is started.
         root_prefix: The temporary directory's name starts with it (short: the agents' Unix
             socket paths must fit in 108 bytes).
+        energy_update_ms: How often the simulated GPUs' energy counters advance
+            (`--sim-energy-update-ms`): 10 ms by default, as the jobs here run ~10x faster than
+            real ones; None: the preset's (as NVML's, ~100 ms).
+        status_ports: Each replica serves `/healthz` on a port of its own
+            (`status_ports[name]`; read with `health(name)`).
     """
 
     def __init__(self, nodes: Sequence[str] = ("node-a", "node-b"), gpus_per_node: int = 2,
                  coordinator_args: Sequence[str] = (), agent_args: Sequence[str] = (),
                  relays: bool = False, replicas: int = 1,
-                 nats_urls: Callable[[str], str] | None = None, root_prefix: str = "zft") -> None:
+                 nats_urls: Callable[[str], str] | None = None, root_prefix: str = "zft",
+                 energy_update_ms: float | None = 10.0, status_ports: bool = False) -> None:
         # Short: the agents' Unix socket paths must fit in 108 bytes.
         self.root = Path(tempfile.mkdtemp(prefix=f"{root_prefix}-", dir="/tmp"))
         self.procs = Processes(self.root)
@@ -84,6 +93,9 @@ class SimCluster:
         self.replicas = [("coordinator" if i == 0 else f"coordinator-{i + 1}")
                          for i in range(replicas)]
         self.nats_urls = nats_urls
+        self.energy_update_ms = energy_update_ms
+        self.serve_status = status_ports
+        self.status_ports: dict[str, int] = {}
 
     # ------------------------------------------------------------------ paths
     def sim_dir(self, node: str) -> Path:
@@ -197,8 +209,23 @@ class SimCluster:
                 "--nats-url", self.process_url(name, "coordinator"),
                 "--state-dir", str(self.root / name),
                 "--dump-dir", str(self.root / "dump"), "--log-level", "INFO",
-                "--replica-name", name, *self.coordinator_args]
+                "--replica-name", name, *self.status_args(name), *self.coordinator_args]
         self.procs.spawn(name, argv, cwd=self.root)
+
+    def status_args(self, name: str) -> list[str]:
+        """`--status-port` of replica `name` (the same port at every start), with status ports."""
+        if not self.serve_status:
+            return []
+        return ["--status-port", str(self.status_ports.setdefault(name, free_port()))]
+
+    def health(self, name: str = "coordinator") -> dict[str, Any]:
+        """Replica `name`'s `/healthz` JSON (also when unhealthy: 503 has its detail too)."""
+        url = f"http://127.0.0.1:{self.status_ports[name]}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return dict(json.loads(r.read()))
+        except urllib.error.HTTPError as e:
+            return dict(json.loads(e.read()))
 
     def start_agent(self, node: str, attach: bool = False) -> None:
         """Start the agent of `node` (`attach`: open its existing GPUs, as after a restart)."""
@@ -208,8 +235,8 @@ class SimCluster:
                 "--sim-state-dir", str(self.sim_dir(node)),
                 "--socket-path", str(self.socket_path(node)), "--node", node,
                 "--sample-hz", "20", "--log-level", "INFO",
-                # Jobs here run ~10x faster than real ones: so does the energy counter.
-                "--sim-energy-update-ms", "10",
+                *([] if self.energy_update_ms is None
+                  else ["--sim-energy-update-ms", f"{self.energy_update_ms:g}"]),
                 *(["--sim-attach"] if attach else []), *self.agent_args]
         self.procs.spawn(f"agent-{node}", argv, cwd=self.root)
 
