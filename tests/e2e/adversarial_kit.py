@@ -1,27 +1,26 @@
-"""The set-up the adversarial reviews attack: an embedded NATS, a coordinator and the agents of
-nodes a and b as processes of a harness registry (`Cluster`, `running_cluster`), a raw local
-client of an agent's trainer socket (`Raw`) and rank processes (`spawn_rank`)."""
+"""The set-up the adversarial reviews attack: the harness's `SimCluster` (an embedded NATS, a
+coordinator and the agents of nodes a and b, all processes) run for synchronous tests
+(`sim_cluster`, `running_cluster`), a raw local client of an agent's trainer socket (`Raw`) and
+rank processes (`spawn_rank`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 from tests.repo_kit import REPO_ROOT
-from zeus_agent.broker import EmbeddedNats
-from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire.trainer import Kind, decode_datagram, encode_event, encode_request
-from zeus_demo.cluster import Processes, console_script, wait_for
+from zeus_demo.cluster import SimCluster, console_script, wait_for
 
 DEFAULT_W = 300  # the simulated A40's default (= maximum) power limit
 AGENT = console_script("zeus-agent", "zeus_agent.cli")
@@ -117,69 +116,59 @@ def spawn_rank(sock: Path, job: tuple[str, str], rank: int, node: str, gpu: int,
 
 
 # ---------------------------------------------------------------------- the sim cluster
-class Cluster:
-    """Embedded NATS, a coordinator and agents of nodes a and b (3 simulated A40s each)."""
-
-    NODES = ("a", "b")
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="zar-", dir="/tmp"))
-        self.nats = EmbeddedNats().start()
-        self.url = self.nats.url
-        self.registry = Processes(self.root)
-        self.procs = self.registry.procs
-
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        return self.registry.spawn(name, argv, cwd=self.root)
-
-    def sock(self, node: str) -> Path:
-        return self.root / f"{node}.sock"
-
-    def sim(self, node: str) -> Path:
-        return self.root / f"sim-{node}"
-
-    def limit(self, node: str, gpu: int) -> int:
-        return SimGPU.open(self.sim(node), gpu).get_power_limit_w()
-
-    def log(self, name: str) -> str:
-        return self.registry.text(name, every_run=True)
-
-    def start(self) -> None:
-        self.spawn("coord", [*COORDINATOR, "run", "--nats-url", self.url,
-                             "--state-dir", str(self.root / "state"),
-                             "--dump-dir", str(self.root / "dump")])
-        for node in self.NODES:
-            self.spawn(f"agent-{node}", [
-                *AGENT, "run", "--nats-url", self.url, "--node", node, "--backend", "sim",
-                "--sim-count", "3", "--sim-state-dir", str(self.sim(node)),
-                "--socket-path", str(self.sock(node)), "--sample-hz", "20"])
-        for node in self.NODES:
-            wait_for(lambda n=node: self.sock(n).exists(), 30, f"agent {node}'s socket")
-        wait_for(lambda: "coordinator ready" in self.log("coord"), 30, "the coordinator")
-        wait_for(lambda: all("GPU(s)" in self.log(f"agent-{n}") for n in self.NODES), 30,
-                 "the agents")
-
-    def close(self) -> None:
-        self.registry.close(grace_s=10)
-        self.nats.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+NODES = ("a", "b")
 
 
-def running_cluster() -> Iterator[Cluster]:
-    """A started `Cluster`, closed afterwards (the module fixture `cluster`, here and in
-    other modules that attack the same set-up)."""
-    c = Cluster()
+@contextlib.contextmanager
+def sim_cluster(**kwargs: Any) -> Iterator[SimCluster]:
+    """A started `SimCluster` of nodes a and b (`kwargs`: its options) for synchronous tests
+    and module fixtures, closed afterwards.
+
+    Its loop (its observer's connection) runs in a thread of its own, so it keeps reading while
+    the tests block. Started: every agent announced itself, its socket exists and its log says
+    it manages its GPUs; the coordinator answers queries and its log says it is ready.
+    """
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="sim-cluster", daemon=True)
+    thread.start()
+
+    def run(coro: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout_s)
+
+    c = SimCluster(nodes=NODES, **kwargs)
     try:
-        c.start()
+        run(c.start(), 90)
+        for node in NODES:
+            wait_for(lambda n=node: c.socket_path(n).exists(), 30, f"agent {node}'s socket")
+        wait_for(lambda: "coordinator ready" in log(c, "coordinator"), 30, "the coordinator")
+        wait_for(lambda: all("GPU(s)" in log(c, f"agent-{n}") for n in NODES), 30, "the agents")
         yield c
     finally:
-        c.close()
+        try:
+            run(c.close(), 60)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()
 
 
-def bye_everywhere(c: Cluster) -> None:
+def log(c: SimCluster, name: str) -> str:
+    """Every run's log of process `name` of the cluster, oldest first."""
+    return c.procs.text(name, every_run=True)
+
+
+def running_cluster() -> Iterator[SimCluster]:
+    """The cluster the adversarial reviews attack (the module fixture `cluster`, here and in
+    other modules that attack the same set-up): a coordinator and the agents of nodes a and b,
+    3 simulated A40s each."""
+    with sim_cluster(gpus_per_node=3, root_prefix="zar", energy_update_ms=None) as c:
+        yield c
+
+
+def bye_everywhere(c: SimCluster) -> None:
     """Release whatever this (pytest) process bound on either node."""
-    for node in c.NODES:
+    for node in c.nodes:
         with contextlib.suppress(Exception):
-            r = Raw(c.sock(node))
+            r = Raw(c.socket_path(node))
             r.req(Kind.BYE, {}, timeout=5)
             r.close()

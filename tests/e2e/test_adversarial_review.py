@@ -34,7 +34,6 @@ from tests.e2e.adversarial_kit import (
     AGENT,
     COORDINATOR,
     DEFAULT_W,
-    Cluster,
     Raw,
     bye_everywhere,
     rank_payload,
@@ -50,7 +49,7 @@ from zeus_agent.models import JobInfo
 from zeus_agent.wire import codec, permissions, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InfoCmd, JobQuery, RegisterJob
 from zeus_agent.wire.trainer import Kind, encode_request
-from zeus_demo.cluster import NatsServer, Processes, kill_group, wait_for
+from zeus_demo.cluster import NatsServer, Processes, SimCluster, kill_group, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -188,13 +187,13 @@ async def test_agent_cannot_subscribe_to_other_services_discovery(
 
 
 # ======================================================================= trainers vs nodes
-def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: Cluster) -> None:
+def test_trainer_on_another_node_cannot_take_a_rank_of_a_job(cluster: SimCluster) -> None:
     """Any process on node a could list the jobs (QUERY_JOB) and register itself as a missing
     rank of a job running on node b: the legitimate rank was then refused (`duplicate`) and
     the coordinator commanded node b's GPUs on the intruder's measurements. Trainers cannot
     list jobs, and a rank joins only with the join token rank 0 got with the job id."""
-    victim = Raw(cluster.sock("b"))
-    intruder = Raw(cluster.sock("a"))
+    victim = Raw(cluster.socket_path("b"))
+    intruder = Raw(cluster.socket_path("a"))
     try:
         listing = intruder.req(Kind.QUERY_JOB, {})
         assert (listing.ok, listing.code) == (False, "bad_request")  # trainers cannot list jobs
@@ -251,10 +250,10 @@ def _intrude_as_nobody(path: Path, job_id: str, rank: dict[str, Any]) -> list[An
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the intruder as another user")
-def test_another_users_trainer_cannot_take_a_rank_of_a_job(cluster: Cluster) -> None:
+def test_another_users_trainer_cannot_take_a_rank_of_a_job(cluster: SimCluster) -> None:
     """The agents stamp the kernel's uid on registrations; a job's ranks must share the uid
     of the trainer that registered it. The intruder runs as `nobody` on another node."""
-    victim = Raw(cluster.sock("b"))
+    victim = Raw(cluster.socket_path("b"))
     try:
         job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2,
                        "job_metadata": "victim"}}
@@ -262,7 +261,7 @@ def test_another_users_trainer_cannot_take_a_rank_of_a_job(cluster: Cluster) -> 
         job_id, token = registered["job_id"], registered["join_token"]
         os.chmod(cluster.root, 0o755)  # let `nobody` reach node a's socket (mode 0666)
         # Even with the token (leaked, say), another user is refused.
-        hello, registered = _intrude_as_nobody(cluster.sock("a"), job_id,
+        hello, registered = _intrude_as_nobody(cluster.socket_path("a"), job_id,
                                                rank_payload(job_id, 1, "a", 0, token))
         assert hello["ok"], hello
         assert (registered["ok"], registered["code"]) == (False, "forbidden"), registered
@@ -275,19 +274,20 @@ def test_another_users_trainer_cannot_take_a_rank_of_a_job(cluster: Cluster) -> 
         bye_everywhere(cluster)
 
 
-def test_gpu_of_a_departed_rank_is_not_throttled_again(cluster: Cluster) -> None:
+def test_gpu_of_a_departed_rank_is_not_throttled_again(cluster: SimCluster) -> None:
     """Rank 1 leaves (BYE; SIGKILL is the same) while rank 0 keeps profiling: the coordinator
     keeps commanding rank 1's GPU to each profiled limit under the job's lease, renewed for
     `--lease-idle-s` (15 min) after the job's last event. Both trainers are gone, yet the GPU
     stays throttled, and the next job on it inherits the limit."""
-    r = Raw(cluster.sock("a"))
+    r = Raw(cluster.socket_path("a"))
     job = {"job": {"dp_degree": 2, "pp_degree": 1, "tp_degree": 1, "world_size": 2},
            "power_limit": {"warmup_steps": 1, "profile_steps": 3, "pl_step_w": 100}}
     registered = r.req(Kind.REGISTER_JOB, job).result
     job_id, token = registered["job_id"], registered["join_token"]
     r.close()
-    ranks = [spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 1, steps=14, bye_at=None),
-             spawn_rank(cluster.sock("a"), (job_id, token), 1, "a", 2, steps=14, bye_at=3)]
+    sock = cluster.socket_path("a")
+    ranks = [spawn_rank(sock, (job_id, token), 0, "a", 1, steps=14, bye_at=None),
+             spawn_rank(sock, (job_id, token), 1, "a", 2, steps=14, bye_at=3)]
     try:
         for p in ranks:
             line = json.loads(p.stdout.readline())  # type: ignore[union-attr]
@@ -298,7 +298,7 @@ def test_gpu_of_a_departed_rank_is_not_throttled_again(cluster: Cluster) -> None
         for p in ranks:
             p.wait(20)
         time.sleep(1.0)
-        limits = {gpu: cluster.limit("a", gpu) for gpu in (1, 2)}
+        limits = {gpu: cluster.gpu_limit("a", gpu) for gpu in (1, 2)}
         assert limits == {1: DEFAULT_W, 2: DEFAULT_W}, (
             f"both trainers of the job are gone, yet its GPUs are at {limits} W "
             f"(default {DEFAULT_W} W)")
@@ -307,7 +307,7 @@ def test_gpu_of_a_departed_rank_is_not_throttled_again(cluster: Cluster) -> None
             kill_group(p)
 
 
-async def test_hello_flips_do_not_flood_the_bus(cluster: Cluster) -> None:
+async def test_hello_flips_do_not_flood_the_bus(cluster: SimCluster) -> None:
     """Every HELLO that changes a GPU's binding makes the agent announce the whole node
     (NVML reads of every GPU, a publish, a reconcile on the coordinator): unthrottled."""
     nc = await connect(cluster.url, "adversarial-spy")
@@ -317,7 +317,7 @@ async def test_hello_flips_do_not_flood_the_bus(cluster: Cluster) -> None:
         nonlocal hellos
         hellos += 1
 
-    r = Raw(cluster.sock("b"))
+    r = Raw(cluster.socket_path("b"))
     try:
         await nc.subscribe(subjects.agent_hello("b"), cb=count)
         await nc.flush()
@@ -342,7 +342,7 @@ async def test_hello_flips_do_not_flood_the_bus(cluster: Cluster) -> None:
         bye_everywhere(cluster)
 
 
-async def test_window_requests_cannot_stall_the_agent(cluster: Cluster) -> None:
+async def test_window_requests_cannot_stall_the_agent(cluster: SimCluster) -> None:
     """A WINDOW request may name GPU 0 1024 times: 1024 energy reads each. Sixty such
     datagrams from any local process (no HELLO needed) stall the agent's commands, lease
     expiry and measurements for seconds."""
@@ -354,7 +354,7 @@ async def test_window_requests_cannot_stall_the_agent(cluster: Cluster) -> None:
         await nc.request(subjects.gpu_command("b", 0), info, timeout=30)
         return time.monotonic() - t
 
-    r = Raw(cluster.sock("b"))
+    r = Raw(cluster.socket_path("b"))
     try:
         assert await latency() < 0.5
         now = time.monotonic_ns()
@@ -373,7 +373,7 @@ async def test_window_requests_cannot_stall_the_agent(cluster: Cluster) -> None:
         await nc.close()
 
 
-async def test_step_counter_jumps_cannot_stall_the_coordinator(cluster: Cluster) -> None:
+async def test_step_counter_jumps_cannot_stall_the_coordinator(cluster: SimCluster) -> None:
     """Rank 0 of one's own job, with `warmup_steps` unbounded, sends step_begin with the step
     counter jumping by 100 000: each event replays 100 000 steps on the coordinator's event
     loop. Fifteen 20-byte datagrams freeze every job's handling (and lease renewals)."""
@@ -385,7 +385,7 @@ async def test_step_counter_jumps_cannot_stall_the_coordinator(cluster: Cluster)
         await nc.request(subjects.coord_job_query(), query, timeout=60)
         return time.monotonic() - t
 
-    r = Raw(cluster.sock("a"))
+    r = Raw(cluster.socket_path("a"))
     try:
         refused = {"job": {"dp_degree": 1, "pp_degree": 1, "tp_degree": 1, "world_size": 1},
                    "power_limit": {"warmup_steps": 10**15, "profile_steps": 10**15}}
@@ -490,7 +490,7 @@ async def test_timed_out_power_limit_is_still_leased(tmp_path: Path,
 
 
 # ======================================================================= unlucky operators
-def test_socket_path_never_deletes_a_regular_file(cluster: Cluster) -> None:
+def test_socket_path_never_deletes_a_regular_file(cluster: SimCluster) -> None:
     """`--socket-path` naming an existing regular file: the agent (root) deletes it."""
     tmp = Path(tempfile.mkdtemp(prefix="zarf-", dir="/tmp"))
     precious = tmp / "precious.db"
@@ -516,7 +516,7 @@ def test_socket_path_never_deletes_a_regular_file(cluster: Cluster) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_stopping_agent_does_not_remove_a_newer_agents_socket(cluster: Cluster) -> None:
+def test_stopping_agent_does_not_remove_a_newer_agents_socket(cluster: SimCluster) -> None:
     """A second agent on the same socket path silently takes it over; when the first one then
     stops, it unlinks the path: the running agent can no longer be reached by any trainer."""
     tmp = Path(tempfile.mkdtemp(prefix="zars-", dir="/tmp"))
@@ -576,7 +576,7 @@ def test_wrong_shaped_state_file_is_not_a_traceback(content: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_tiny_lease_is_refused_or_the_coordinator_still_stops(cluster: Cluster) -> None:
+def test_tiny_lease_is_refused_or_the_coordinator_still_stops(cluster: SimCluster) -> None:
     """`--lease-s 1e-9` is accepted (gt=0): the renewal loop never yields, the coordinator
     spins a core and ignores SIGTERM (the same holds for the agent's --heartbeat-s and
     --publish-interval-s)."""

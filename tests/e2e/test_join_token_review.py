@@ -3,9 +3,9 @@ secret rank 0 got with the job id): each test asserts the safe behaviour and fai
 defect it names is present.
 
 Real processes: an embedded `nats-server`, `zeus-coordinator run`, `zeus-agent run --backend
-sim` on two simulated nodes (the `Cluster` of `test_adversarial_review`), and trainers speaking
-the datagram protocol on the agents' sockets; trainers that the agent must tell apart (by the
-kernel's pid) run as child processes.
+sim` on two simulated nodes (`adversarial_kit.running_cluster`, a `SimCluster`), and trainers
+speaking the datagram protocol on the agents' sockets; trainers that the agent must tell apart
+(by the kernel's pid) run as child processes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 
 from tests.e2e.adversarial_kit import (
     DEFAULT_W,
-    Cluster,
     Raw,
     bye_everywhere,
     running_cluster,
@@ -29,7 +28,7 @@ from zeus_agent.broker import connect
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobQuery, Reply
 from zeus_agent.wire.trainer import Kind
-from zeus_demo.cluster import kill_group
+from zeus_demo.cluster import SimCluster, kill_group
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -37,9 +36,9 @@ pytestmark = pytest.mark.timeout(90)
 cluster_fixture = pytest.fixture(scope="module", name="cluster")(running_cluster)
 
 
-def register_job(cluster: Cluster, dp: int, metadata: str) -> tuple[str, str]:
+def register_job(cluster: SimCluster, dp: int, metadata: str) -> tuple[str, str]:
     """Register a power-limit job through node a; returns its id and join token."""
-    r = Raw(cluster.sock("a"))
+    r = Raw(cluster.socket_path("a"))
     job = {"job": {"dp_degree": dp, "pp_degree": 1, "tp_degree": 1, "world_size": dp,
                    "job_metadata": metadata},
            "power_limit": {"wait_steps": 1, "warmup_steps": 1, "profile_steps": 3,
@@ -83,7 +82,7 @@ async def _steps_pace_nothing(intruder: Raw, nc: Any, job_id: str, what: str) ->
 
 
 async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
-    cluster: Cluster,
+    cluster: SimCluster,
 ) -> None:
     """The agent binds a GPU to (job, rank) on HELLO, which carries no token; the coordinator
     took a rank's events from any GPU of the node the rank is bound to (its marks and errors
@@ -95,9 +94,9 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
     # The intruder: the job's user on the node of rank 0, on a GPU of its own (no token). It
     # says HELLO before rank 0 registers (later, the agent, which then relayed rank 0 with the
     # job's token, refuses a HELLO without it: checked below), so its binding stands.
-    intruder = Raw(cluster.sock("a"))
+    intruder = Raw(cluster.socket_path("a"))
     assert intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 1}).ok
-    victim = spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 0, steps=6, bye_at=None,
+    victim = spawn_rank(cluster.socket_path("a"), (job_id, token), 0, "a", 0, steps=6, bye_at=None,
                         period=0.1)
     nc = await connect(cluster.url, "join-token-review")
     try:
@@ -105,7 +104,7 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
         assert line["hello"] and line["rank"], line
         await _wait_progress(nc, job_id, lambda p: p["phase"] == "Ready", 15,
                              "the job's optimiser to start")
-        late = Raw(cluster.sock("a"))
+        late = Raw(cluster.socket_path("a"))
         try:
             refused = late.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 2})
             assert (refused.ok, refused.code) == (False, "forbidden"), refused
@@ -114,7 +113,7 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
         await _steps_pace_nothing(intruder, nc, job_id, "paced its power-limit search as rank 0 "
                                   "(from GPU 1 of rank 0's node; rank 0 drives GPU 0 and sent "
                                   "nothing)")
-        assert cluster.limit("a", 0) == DEFAULT_W  # rank 0's GPU was not commanded either
+        assert cluster.gpu_limit("a", 0) == DEFAULT_W  # rank 0's GPU was not commanded either
         # The real rank 0 (its own GPU) still paces it.
         victim.stdin.write("go\n")  # type: ignore[union-attr]
         victim.stdin.flush()  # type: ignore[union-attr]
@@ -128,7 +127,7 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
 
 
 async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
-    cluster: Cluster,
+    cluster: SimCluster,
 ) -> None:
     """Rank 0 (node a, GPU 0) dies; rank 1 (node b) is still running. A process of the job's
     user on node a that knows only the job id said HELLO as rank 0 on GPU 0 (its trainer was
@@ -137,9 +136,9 @@ async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
     relayed a rank of the job with its join token refuses a HELLO for the job without it;
     a restarted rank 0 (with the token) binds the GPU again."""
     job_id, token = register_job(cluster, 2, "departed-rank-0")
-    ranks = [spawn_rank(cluster.sock("a"), (job_id, token), 0, "a", 0, steps=0, bye_at=None),
-             spawn_rank(cluster.sock("b"), (job_id, token), 1, "b", 0, steps=0, bye_at=None)]
-    intruder = Raw(cluster.sock("a"))
+    ranks = [spawn_rank(cluster.socket_path("a"), (job_id, token), 0, "a", 0, steps=0, bye_at=None),
+             spawn_rank(cluster.socket_path("b"), (job_id, token), 1, "b", 0, steps=0, bye_at=None)]
+    intruder = Raw(cluster.socket_path("a"))
     nc = await connect(cluster.url, "join-token-review")
     try:
         for p in ranks:
@@ -161,9 +160,9 @@ async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
         assert (refused.ok, refused.code) == (False, "forbidden")  # no token: no rank
         await _steps_pace_nothing(intruder, nc, job_id,
                                   "spoke as its departed rank 0 and paced the power-limit search")
-        assert cluster.limit("b", 0) == DEFAULT_W  # rank 1's GPU not commanded on its steps
+        assert cluster.gpu_limit("b", 0) == DEFAULT_W  # rank 1's GPU not commanded on its steps
         # Rank 0 restarted by its launcher (it has the token) takes its GPU back.
-        back = Raw(cluster.sock("a"))
+        back = Raw(cluster.socket_path("a"))
         try:
             rejoined = back.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 0,
                                              "join_token": token})

@@ -20,14 +20,11 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,8 +33,9 @@ import msgpack
 import pytest
 
 from coordinator.pipeline.dumps import job_dir_name
+from tests.e2e.adversarial_kit import log, sim_cluster
 from tests.repo_kit import REPO_ROOT
-from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
+from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
@@ -56,106 +54,51 @@ from zeus_agent.wire.trainer import (
     encode_notice,
     encode_request,
 )
-from zeus_demo.cluster import (
-    Processes,
-    console_script,
-    free_port,
-    kill_group,
-    wait_for,
-    wait_for_async,
-)
+from zeus_demo.cluster import SimCluster, console_script, free_port, wait_for, wait_for_async
 
 pytestmark = pytest.mark.timeout(60)
 
 TOP_MHZ = 1740  # the simulated A40's highest SM clock
-AGENT = console_script("zeus-agent", "zeus_agent.cli")
 COORDINATOR = console_script("zeus-coordinator", "coordinator.cli")
 PROFILER_ARGS = {"clocks": 2, "warmup_iterations": 0, "min_profile_iterations": 1}
 LEASE_S = 2.0
 
 
 # ---------------------------------------------------------------------- the cluster
-class Cluster:
-    """NATS, a coordinator and the agents of nodes a and b, as separate processes."""
-
-    NODES = ("a", "b")
-    GPUS = 4
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="zpa-", dir="/tmp"))
-        self.nats = EmbeddedNats().start()
-        self.url = self.nats.url
-        self.status_port = free_port()
-        self.registry = Processes(self.root)
-        self.procs = self.registry.procs
-
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        return self.registry.spawn(name, argv, cwd=self.root)
-
-    def sock(self, node: str) -> Path:
-        return self.root / f"{node}.sock"
-
-    def sim(self, node: str) -> Path:
-        return self.root / f"sim-{node}"
-
-    @property
-    def dump(self) -> Path:
-        return self.root / "dump"
-
-    def gpu(self, node: str, index: int) -> SimGPU:
-        return SimGPU.open(self.sim(node), index)
-
-    def log(self, name: str) -> str:
-        return self.registry.text(name, every_run=True)
-
-    def start_coordinator(self) -> None:
-        before = self.log("coord").count("coordinator ready")
-        self.spawn("coord", [
-            *COORDINATOR, "run", "--nats-url", self.url,
-            "--state-dir", str(self.root / "state"), "--dump-dir", str(self.dump),
-            "--scheduler", "InstructionProfiler3D", "--scheduler-args", json.dumps(PROFILER_ARGS),
-            "--profiling-iterations", "1", "--switch-lead-steps", "1",
-            "--lease-s", str(LEASE_S), "--status-port", str(self.status_port)])
-        wait_for(lambda: self.log("coord").count("coordinator ready") > before, 30,
-                   "the coordinator")
-
-    def start_agent(self, node: str, attach: bool = False) -> None:
-        before = self.log(f"agent-{node}").count("GPU(s)")
-        self.spawn(f"agent-{node}", [
-            *AGENT, "run", "--nats-url", self.url, "--node", node, "--backend", "sim",
-            "--sim-count", str(self.GPUS), "--sim-state-dir", str(self.sim(node)),
-            "--socket-path", str(self.sock(node)), "--sample-hz", "20",
-            *(["--sim-attach"] if attach else [])])
-        wait_for(lambda: self.log(f"agent-{node}").count("GPU(s)") > before, 30,
-                   f"agent {node}")
-
-    def start(self) -> None:
-        self.start_coordinator()
-        for node in self.NODES:
-            self.start_agent(node)
-
-    def health(self) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.status_port}/healthz",
-                                        timeout=2) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return json.loads(e.read())
-
-    def close(self) -> None:
-        self.registry.close(grace_s=5)
-        self.nats.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+GPUS = 4
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster()
-    try:
-        c.start()
+def cluster() -> Iterator[SimCluster]:
+    """NATS, a coordinator (with a `/healthz` port) and the agents of nodes a and b (4 simulated
+    A40s each), as separate processes (the harness's `SimCluster`)."""
+    with sim_cluster(gpus_per_node=GPUS, root_prefix="zpa", energy_update_ms=None,
+                     status_ports=True, coordinator_args=[
+                         "--scheduler", "InstructionProfiler3D",
+                         "--scheduler-args", json.dumps(PROFILER_ARGS),
+                         "--profiling-iterations", "1", "--switch-lead-steps", "1",
+                         "--lease-s", str(LEASE_S)]) as c:
         yield c
-    finally:
-        c.close()
+
+
+def dump_dir(c: SimCluster) -> Path:
+    """The coordinator's `--dump-dir`."""
+    return c.root / "dump"
+
+
+def restart_coordinator(c: SimCluster) -> None:
+    """Start the (killed) coordinator again; until its log says it is ready."""
+    before = log(c, "coordinator").count("coordinator ready")
+    c.start_coordinator()
+    wait_for(lambda: log(c, "coordinator").count("coordinator ready") > before, 30,
+             "the coordinator")
+
+
+def restart_agent(c: SimCluster, node: str) -> None:
+    """Start the (killed) agent of `node` again on its GPUs; until its log says it has them."""
+    before = log(c, f"agent-{node}").count("GPU(s)")
+    c.start_agent(node, attach=True)
+    wait_for(lambda: log(c, f"agent-{node}").count("GPU(s)") > before, 30, f"agent {node}")
 
 
 # ---------------------------------------------------------------------- trainers
@@ -253,9 +196,9 @@ class Rank:
         self._running: asyncio.Task[Any] | None = None
 
     @classmethod
-    async def start(cls, c: Cluster, node: str, gpu: int) -> Rank:
+    async def start(cls, c: SimCluster, node: str, gpu: int) -> Rank:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", RANK_CHILD, str(c.sock(node)), cwd=REPO_ROOT,
+            sys.executable, "-c", RANK_CHILD, str(c.socket_path(node)), cwd=REPO_ROOT,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             start_new_session=True)
         assert proc.stdout is not None
@@ -340,14 +283,14 @@ class Rank:
 class Observer:
     """A NATS client following job statuses and agent errors."""
 
-    def __init__(self, c: Cluster, nc: Any) -> None:
+    def __init__(self, c: SimCluster, nc: Any) -> None:
         self.c = c
         self.nc = nc
         self.statuses: list[JobStatus] = []
         self.errors: list[dict[str, Any]] = []
 
     @classmethod
-    async def open(cls, c: Cluster) -> Observer:
+    async def open(cls, c: SimCluster) -> Observer:
         nc = await connect(c.url, "pipeline-adversary")
         obs = cls(c, nc)
 
@@ -403,7 +346,7 @@ _tags = itertools.count()
 class Job:
     """One pipeline job of the test: its ranks (child processes) and its id."""
 
-    def __init__(self, c: Cluster, obs: Observer) -> None:
+    def __init__(self, c: SimCluster, obs: Observer) -> None:
         self.c = c
         self.obs = obs
         self.ranks: list[Rank] = []
@@ -438,7 +381,7 @@ class Job:
 
 
 @pytest.fixture
-async def env(cluster: Cluster) -> AsyncIterator[tuple[Cluster, Observer, list[Job]]]:
+async def env(cluster: SimCluster) -> AsyncIterator[tuple[SimCluster, Observer, list[Job]]]:
     obs = await Observer.open(cluster)
     jobs: list[Job] = []
     try:
@@ -481,13 +424,13 @@ async def test_world_size_one_pipeline_job_is_profiled_and_served(env: Any) -> N
     assert locked(c, "a", 0) is None  # restored when the trainer leaves
 
 
-def locked(c: Cluster, node: str, gpu: int) -> tuple[int, int] | None:
-    return c.gpu(node, gpu).get_locked_sm_clocks_mhz()
+def locked(c: SimCluster, node: str, gpu: int) -> tuple[int, int] | None:
+    return SimGPU.open(c.sim_dir(node), gpu).get_locked_sm_clocks_mhz()
 
 
 def load_ranks_of(c: Any, job_id: str) -> list[list[str]]:
     """Each rank's instruction order as the coordinator dumped it (`ranks.json`)."""
-    data = json.loads((c.dump / job_dir_name(job_id) / "ranks.json").read_text())
+    data = json.loads((dump_dir(c) / job_dir_name(job_id) / "ranks.json").read_text())
     return [r["instructions"] for r in data]
 
 
@@ -626,7 +569,7 @@ async def test_a_rank_training_before_the_job_starts_is_discovered_correctly(env
     finally:
         await asyncio.gather(*(r.stop() for r in job.ranks))
     assert "error" not in [s.state for s in obs.of(job.job_id)], obs.messages(job.job_id)
-    ranks = json.loads((c.dump / job_dir_name(job.job_id) / "ranks.json").read_text())
+    ranks = json.loads((dump_dir(c) / job_dir_name(job.job_id) / "ranks.json").read_text())
     assert [r["instructions"] for r in ranks] == [FB, FB]
 
 
@@ -682,9 +625,8 @@ async def test_agent_sigkill_and_restart_mid_profiling(env: Any) -> None:
     job = await _profiling_job(env, [("a", 1), ("b", 1)], pp=2, seconds=30)
     rank = job.ranks[1]
     try:
-        kill_group(c.procs["agent-b"])
-        c.procs["agent-b"].wait(5)
-        c.start_agent("b", attach=True)
+        c.kill_agent("b")
+        restart_agent(c, "b")
         assert locked(c, "b", 1) is None, "the restarted agent should reset the clocks"
         await rank.stop()
         await rank.call({"op": "reconnect"})
@@ -713,15 +655,14 @@ async def test_coordinator_sigkill_mid_profiling_loses_nothing(env: Any) -> None
     # Idle time between iterations: the restarted coordinator almost never starts mid-iteration
     # (see test_a_rank_training_before_the_job_starts_is_discovered_correctly for that race).
     job = await _profiling_job(env, [("a", 2), ("b", 2)], pp=2, seconds=40, gap=0.15)
-    dump = c.dump / job_dir_name(job.job_id)
+    dump = dump_dir(c) / job_dir_name(job.job_id)
     try:
         await wait_for_async(lambda: (dump / "1.prof.json").exists(), 10, "a second profile dump")
-        kill_group(c.procs["coord"])
-        c.procs["coord"].wait(5)
+        c.procs.kill("coordinator")
         before = {p.name: p.read_bytes() for p in dump.iterdir()}
         await wait_for_async(lambda: locked(c, "a", 2) is None and locked(c, "b", 2) is None,
                          LEASE_S + 4, "the lapsed leases to unlock the clocks")
-        c.start_coordinator()
+        restart_coordinator(c)
         await obs.wait_status(job.job_id, lambda s: s.state == "serving", 20, "serving")
     finally:
         await asyncio.gather(*(r.stop() for r in job.ranks))
@@ -749,7 +690,7 @@ async def test_an_iteration_too_big_for_one_message_fails_clearly(env: Any) -> N
     job.ranks[0].run(7, [FB + LONG], dt=0)
     try:
         await obs.wait_status(job.job_id, lambda s: s.state == "discovering", 5, "discovering")
-        ranks_json = c.dump / job_dir_name(job.job_id) / "ranks.json"
+        ranks_json = dump_dir(c) / job_dir_name(job.job_id) / "ranks.json"
         # (~1.3 MB iterations: slow if loaded)
         await wait_for_async(ranks_json.exists, 15, "the instruction order to be learnt")
         try:
@@ -759,7 +700,7 @@ async def test_an_iteration_too_big_for_one_message_fails_clearly(env: Any) -> N
             q = await obs.query(job.job_id)
             raise AssertionError(
                 f"no status since discovery; the coordinator thinks {q['pipeline']}; its log: "
-                + " | ".join(line for line in c.log("coord").splitlines()[-5:]
+                + " | ".join(line for line in log(c, "coordinator").splitlines()[-5:]
                              if "payload" in line)) from None
     finally:
         await job.ranks[0].stop()
@@ -781,7 +722,7 @@ async def test_schedule_notices_sent_to_the_agent_are_dropped(env: Any) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         s.bind("")
-        s.connect(str(c.sock("a")))
+        s.connect(str(c.socket_path("a")))
         s.settimeout(5)
         notice = ScheduleNotice(job_id="x", rank=0, version=9, from_step=0,
                                 frequencies=[("forward", 210)])
@@ -824,7 +765,7 @@ async def test_a_trainer_on_node_a_cannot_feed_measurements_of_node_bs_rank(env:
         await obs.wait_status(job.job_id, lambda s: s.state == "profiling", 8, "profiling")
     finally:
         await asyncio.gather(*(r.stop() for r in job.ranks))
-    dumped = c.dump / job_dir_name(job.job_id) / "ranks.json"
+    dumped = dump_dir(c) / job_dir_name(job.job_id) / "ranks.json"
     deadline = time.monotonic() + 5  # written right after `profiling` is announced
     while not dumped.exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -844,11 +785,11 @@ async def test_job_metadata_with_dot_dot_stays_inside_the_dump_dir(env: Any) -> 
     finally:
         await job.ranks[0].stop()
     assert "/../" in job.job_id
-    where = c.dump / job_dir_name(job.job_id)
+    where = dump_dir(c) / job_dir_name(job.job_id)
     assert (where / "ranks.json").exists() and (where / "0.sched.json").exists()
-    assert where.parent == c.dump and "/" not in where.name and where.name != ".."
-    naive = Path(os.path.normpath(c.dump / job.job_id))  # where a naive join would land
-    assert not naive.exists() and not naive.is_relative_to(c.dump), naive
+    assert where.parent == dump_dir(c) and "/" not in where.name and where.name != ".."
+    naive = Path(os.path.normpath(dump_dir(c) / job.job_id))  # where a naive join would land
+    assert not naive.exists() and not naive.is_relative_to(dump_dir(c)), naive
 
 
 async def test_a_job_asking_for_a_pipeline_scheduler_and_power_limits_is_refused(
