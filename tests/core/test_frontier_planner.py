@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from coordinator.pipeline.planner import (
@@ -284,6 +284,7 @@ def random_profile(seed: int, num_stages: int) -> InstructionProfile:
     num_stages=st.integers(2, 4),
     microbatches=st.integers(1, 5),
 )
+@example(seed=65, num_stages=2, microbatches=5)  # 1.04% above lowtime before mixed roundings
 def test_not_worse_than_lowtime(seed: int, num_stages: int, microbatches: int) -> None:
     pytest.importorskip("lowtime")
     bench = _bench()

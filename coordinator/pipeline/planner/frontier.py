@@ -24,8 +24,9 @@ costs this traces the optimum of the continuous relaxation; unlike lowtime 0.3.0
 time quantum (lowtime shortens by one quantum per step) and no fitted cost model (lowtime fits
 an exponential). Real plans are taken from the sweep: after every step and wherever a moving
 instruction passes one of its options, the durations are rounded to real options (each
-instruction takes its slowest option at least as fast as planned, and also, as a second
-candidate, the next slower one), evaluated on the profile (critical path and the formula
+instruction takes its slowest option at least as fast as planned; as further candidates, the
+next slower one, and mixes where an instruction takes the slower one when it is at least 3/4,
+1/2 or 1/4 of the way there), evaluated on the profile (critical path and the formula
 above), and the Pareto-optimal candidates get their off-critical slack reclaimed (in
 topological order every instruction takes its slowest option that keeps the iteration time).
 The frontier keeps the Pareto-optimal plans, at most one per `unit_time` of iteration time.
@@ -182,6 +183,10 @@ class _Ops:
         return values
 
 
+THRESHOLDS = (0.75, 0.5, 0.25)
+"""A rounded operation's fraction of the way to its slower option from which it is rounded up,
+in the mixed plans recorded beside the all-faster and all-slower ones."""
+
 PRUNE_EVERY = 4096
 """Candidates recorded between two prunings of the dominated ones (bounds the memory)."""
 
@@ -213,19 +218,32 @@ class _Candidates:
         operation was rounded).
         """
         ops = self.ops
+        before = len(self.time)
         choice = (ops.times <= dur[:, None] + ops.eps_t).sum(axis=1) - 1
         between = ops.times[ops.rows, choice] != dur
         rounded = bool(between.any())
         self.time.append(math.nan if rounded else horizon)
         self.energy.append(float(ops.costs[ops.rows, choice].sum()))
         self.plan.append(choice.astype(np.int16))
-        if rounded:  # Also the plan rounded the other way (a bit slower, cheaper).
+        if rounded:
+            # Also the plan rounded the other way (a bit slower, cheaper), and the plans
+            # between: an operation is rounded up when it is at least `THRESHOLDS` of the
+            # way to its slower option (the discrete optimum is often such a mix).
             # (An operation an ulp past its slowest option has no slower one: it stays.)
             slower = np.minimum(choice + between, ops.times.shape[1] - 1)
-            self.time.append(math.nan)
-            self.energy.append(float(ops.costs[ops.rows, slower].sum()))
-            self.plan.append(slower.astype(np.int16))
-        self.count += 2 if rounded else 1
+            low, high = ops.times[ops.rows, choice], ops.times[ops.rows, slower]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                frac = np.where(between & np.isfinite(high), (dur - low) / (high - low), 0.0)
+            seen = {choice.tobytes()}
+            for plan in [np.where(frac >= tau, slower, choice) for tau in THRESHOLDS] + [slower]:
+                key = plan.tobytes()
+                if key in seen:
+                    continue
+                seen.add(key)
+                self.time.append(math.nan)
+                self.energy.append(float(ops.costs[ops.rows, plan].sum()))
+                self.plan.append(plan.astype(np.int16))
+        self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
 
