@@ -495,11 +495,10 @@ def test_socket_path_never_deletes_a_regular_file(cluster: SimCluster) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zarf-", dir="/tmp"))
     precious = tmp / "precious.db"
     precious.write_text("operator data\n")
-    proc = subprocess.Popen(
-        [*AGENT, "run", "--nats-url", cluster.url, "--node", "zf", "--backend", "sim",
-         "--sim-state-dir", str(tmp / "sim"), "--socket-path", str(precious)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        start_new_session=True)
+    procs = Processes(tmp)
+    proc = procs.spawn("agent", [
+        *AGENT, "run", "--nats-url", cluster.url, "--node", "zf", "--backend", "sim",
+        "--sim-state-dir", str(tmp / "sim"), "--socket-path", str(precious)])
     try:
         def settled() -> bool:
             if proc.poll() is not None:
@@ -511,8 +510,7 @@ def test_socket_path_never_deletes_a_regular_file(cluster: SimCluster) -> None:
             "the agent replaced a regular file at its --socket-path")
         assert precious.read_text() == "operator data\n"
     finally:
-        kill_group(proc, signal.SIGTERM)
-        kill_group(proc)
+        procs.close(grace_s=10)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -521,24 +519,16 @@ def test_stopping_agent_does_not_remove_a_newer_agents_socket(cluster: SimCluste
     stops, it unlinks the path: the running agent can no longer be reached by any trainer."""
     tmp = Path(tempfile.mkdtemp(prefix="zars-", dir="/tmp"))
     sock = tmp / "agent.sock"
-    procs: list[subprocess.Popen[bytes]] = []
+    procs = Processes(tmp)
 
     def agent(node: str) -> subprocess.Popen[bytes]:
-        log = open(tmp / f"{node}.log", "wb")  # noqa: SIM115 - closed with the directory
-        proc = subprocess.Popen(
-            [*AGENT, "run", "--nats-url", cluster.url, "--node", node, "--backend", "sim",
-             "--sim-state-dir", str(tmp / f"sim-{node}"), "--socket-path", str(sock),
-             "--sample-hz", "5"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-        log.close()
-        procs.append(proc)
-        return proc
+        return procs.spawn(node, [
+            *AGENT, "run", "--nats-url", cluster.url, "--node", node, "--backend", "sim",
+            "--sim-state-dir", str(tmp / f"sim-{node}"), "--socket-path", str(sock),
+            "--sample-hz", "5"])
 
     def started(node: str) -> bool:
-        with contextlib.suppress(OSError):
-            return "GPU(s)" in (tmp / f"{node}.log").read_text()
-        return False
+        return "GPU(s)" in procs.text(node)
 
     try:
         first = agent("z1")
@@ -551,9 +541,7 @@ def test_stopping_agent_does_not_remove_a_newer_agents_socket(cluster: SimCluste
             assert sock.exists(), (
                 "the first agent's shutdown removed the socket of the agent still running")
     finally:
-        for p in procs:
-            kill_group(p, signal.SIGTERM)
-            kill_group(p)
+        procs.close(grace_s=10)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -581,16 +569,13 @@ def test_tiny_lease_is_refused_or_the_coordinator_still_stops(cluster: SimCluste
     spins a core and ignores SIGTERM (the same holds for the agent's --heartbeat-s and
     --publish-interval-s)."""
     tmp = Path(tempfile.mkdtemp(prefix="zarl-", dir="/tmp"))
-    with open(tmp / "log", "wb") as log:
-        proc = subprocess.Popen(
-            [*COORDINATOR, "run", "--nats-url", cluster.url, "--lease-s", "1e-9",
-             "--state-dir", str(tmp / "state"), "--dump-dir", str(tmp / "dump"),
-             "--prefix", "zeustiny"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp,
-            start_new_session=True)
+    procs = Processes(tmp)
+    proc = procs.spawn("coord", [
+        *COORDINATOR, "run", "--nats-url", cluster.url, "--lease-s", "1e-9",
+        "--state-dir", str(tmp / "state"), "--dump-dir", str(tmp / "dump"),
+        "--prefix", "zeustiny"], cwd=tmp)
     try:
-        wait_for(lambda: proc.poll() is not None
-                 or "coordinator ready" in (tmp / "log").read_text(errors="replace"),
+        wait_for(lambda: proc.poll() is not None or "coordinator ready" in procs.text("coord"),
                  20, "the coordinator to start or refuse")
         if proc.poll() is None:
             time.sleep(0.5)
@@ -599,7 +584,7 @@ def test_tiny_lease_is_refused_or_the_coordinator_still_stops(cluster: SimCluste
                 proc.wait(4)
         assert proc.poll() is not None, "the coordinator ignored SIGTERM for 4 s"
     finally:
-        kill_group(proc)
+        procs.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
