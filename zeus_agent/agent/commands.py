@@ -129,11 +129,11 @@ def ask_trainer(agent: GpuAgent, cmd: SelectCmd) -> Reply:
         TrainerLeftError: No trainer of the job is bound to this GPU.
     """
     bound = agent.binding
-    if bound is None or bound.job_id != cmd.job_id or agent.notify_trainer is None:
+    if bound is None or bound.job_id != cmd.job_id or not agent.reaches_trainer:
         raise TrainerLeftError(f"no trainer of job {cmd.job_id!r} is bound to GPU "
                                f"{agent.index} on node {agent.node!r}")
-    agent.notify_trainer(SelectRequest(job_id=cmd.job_id, request=cmd.request,
-                                       measurements=cmd.measurements))
+    agent.tell_trainer(SelectRequest(job_id=cmd.job_id, request=cmd.request,
+                                     measurements=cmd.measurements))
     return Reply.success(asked=bound.rank)
 
 

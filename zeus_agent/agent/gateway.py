@@ -475,8 +475,8 @@ class Gateway:
                 )
             await self.release_pid(bound.pid, reason="process exited without goodbye")
         before = agent.binding
-        agent.bind(hello.job_id, hello.rank, pid, uid, presented)
-        agent.notify_trainer = functools.partial(self._notify, addr) if addr else None
+        agent.bind(hello.job_id, hello.rank, pid, uid, presented,
+                   notify=functools.partial(self._notify, addr) if addr else None)
         if before != agent.binding:
             self._spawn(self._bound())
         mine = self.by_pid.setdefault(pid, [])

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
+from types import EllipsisType
 
 from zeus_agent.agent.cap_lane import CapLane
 from zeus_agent.agent.clock_lane import ClockLane, EarlyRaises
@@ -36,7 +37,6 @@ from zeus_agent.agent.core import (
     LimitHistory,
     ScheduleCursor,
 )
-from zeus_agent.agent.core.boundaries import BoundaryForecast
 from zeus_agent.agent.core.fencing import DEFAULT_SKEW_S, CommandFence
 from zeus_agent.agent.core.leases import check_ttl
 from zeus_agent.agent.counter_reader import CounterReader
@@ -68,6 +68,7 @@ from zeus_agent.wire.trainer import EventDatagram, ScheduleNotice, SelectRequest
 
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
+NotifyTrainer = Callable[[ScheduleNotice | SelectRequest], None]
 
 MIN_LEASE_S = 0.1
 """Shortest lease held for a setting (s): a shorter one (down to 5e-324 s) would lapse before
@@ -83,7 +84,11 @@ FORECAST_NS = 250_000_000
 and its longest postponement)."""
 
 class GpuAgent:
-    """One GPU's agent. Create, then `await start()` before use."""
+    """One GPU's agent. Create, then `await start()` before use.
+
+    The server's callbacks: `on_restored(agent, kinds)` after each restore, whatever restored
+    (`--history`); `on_control_lost()` when NVML refuses a setter (announced at once).
+    """
 
     def __init__(
         self,
@@ -95,6 +100,9 @@ class GpuAgent:
         ring_seconds: float = 600.0,
         default_lease_s: float = 60.0,
         fence_skew_s: float = DEFAULT_SKEW_S,
+        *,
+        on_restored: Callable[[GpuAgent, list[str]], None] | None = None,
+        on_control_lost: Callable[[], None] | None = None,
     ) -> None:
         self.gpu = gpu
         self.node = node
@@ -108,8 +116,7 @@ class GpuAgent:
             raise ValueError(f"default_lease_s: {e}") from None
         self.fence = CommandFence(fence_skew_s)
         """Refuses commands whose sender's ownership lease is over (`Zeus-Lease`)."""
-        self.on_restored: Callable[[list[str]], None] | None = None
-        """Told the kinds each restore restored, whatever path restored them (`--history`)."""
+        self._on_restored, self._on_control_lost = on_restored, on_control_lost
         self.ring = EnergyRing(max(16, int(sample_hz * ring_seconds) + 1024))
         self.counter = CounterReader(
             self.caller, self.ring, int(1e9 / sample_hz),
@@ -130,8 +137,6 @@ class GpuAgent:
         """The budget's cap on the power limit (`set_node_cap`)."""
         self.info: GPUInfo | None = None
         self.index = gpu.index
-        self.on_control_lost: Callable[[], None] | None = None
-        """Set by the server: announce at once that this GPU can no longer be controlled."""
         self._changed: set[str] = set()
         self._settings = asyncio.Lock()
         """Held while a setting is changed or restored: with a blocking backend (NVML) each
@@ -139,13 +144,12 @@ class GpuAgent:
         release the lease that set had just granted (the GPU then kept the new limit with no
         lease, and the next tick reset it under the job's renewals)."""
         self._pending_samples: list[Sample] = []
-        self.notify_trainer: Callable[[ScheduleNotice | SelectRequest], None] | None = None
-        """Set by the gateway: pushes a notice (a schedule, a question) to the bound trainer."""
+        self._notify_trainer: NotifyTrainer | None = None
+        """Pushes a notice (a schedule, a question) to the trainer that said HELLO (`bind`)."""
         self._background: set[asyncio.Future[None]] = set()
         self.last_sample: Sample | None = None
         self.counters = {"mismatches": 0, "gaps": 0, "clock_failures": 0, "restores": 0,
-                         "sample_errors": 0,
-                         "refused": 0, "fenced": 0}
+                         "sample_errors": 0, "refused": 0, "fenced": 0}
         self.reports = GpuReports(self.index, node, prefix, publish, self.counters,
                                   lambda: self.binding, self._spawn)
         """Error events; mismatches, measurement gaps, failed clock changes throttled."""
@@ -232,8 +236,8 @@ class GpuAgent:
             "run it as root or grant CAP_SYS_ADMIN, or pass --observe-only to say it is meant")
         LOG.warning("GPU %d: observe-only from now on: %s", self.index, error)
         self.schedule.clear(forget_version=False)  # Its clocks can no longer be applied.
-        if self.on_control_lost is not None:
-            self.on_control_lost()
+        if self._on_control_lost is not None:
+            self._on_control_lost()
 
     def _check_controllable(self) -> None:
         if isinstance(self.gpu, ObserveOnlyGPU):
@@ -415,9 +419,8 @@ class GpuAgent:
             self.power_limit_w = await self.caller.call(self.gpu.get_power_limit_w)
         return self.power_limit_w or 0
 
-    async def lock_clocks(
-        self, min_mhz: int, max_mhz: int, holder: str, lease_s: float | None
-    ) -> None:
+    async def lock_clocks(self, min_mhz: int, max_mhz: int, holder: str,
+                          lease_s: float | None) -> None:
         """Validate, lease, then lock an SM clock range (the lease is undone if locking fails)."""
         if min_mhz > max_mhz:
             raise GPUValueError(f"min_mhz ({min_mhz}) must not exceed max_mhz ({max_mhz})")
@@ -444,15 +447,9 @@ class GpuAgent:
             self._changed.add(SM_CLOCKS)
             self.schedule.forget_clock()  # Locked by hand: a schedule's next instruction asks.
 
-    async def install_schedule(
-        self,
-        job_id: str,
-        schedule: FrequencySchedule,
-        holder: str,
-        lease_s: float | None,
-        version: int = 0,
-        from_step: int | None = None,
-    ) -> None:
+    async def install_schedule(self, job_id: str, schedule: FrequencySchedule, holder: str,
+                               lease_s: float | None, version: int = 0,
+                               from_step: int | None = None) -> None:
         """Validate, lease, then install a frequency schedule for the bound rank.
 
         With `from_step`, the schedule waits for the rank's first `step_begin` whose step
@@ -478,11 +475,11 @@ class GpuAgent:
                 self.schedule.install_at(PendingSchedule(from_step, version, schedule.rank, pairs))
             self._changed.add(SCHEDULE)
         b = self.binding
-        if self.notify_trainer is not None and b is not None and b.job_id == job_id:
+        if self.reaches_trainer and b is not None and b.job_id == job_id:
             notice = ScheduleNotice(job_id=job_id, rank=schedule.rank, version=version,
                                     from_step=from_step or 0, frequencies=list(pairs))
             try:
-                self.notify_trainer(notice)
+                self.tell_trainer(notice)
             except Exception as e:  # noqa: BLE001 - the trainer is told best-effort
                 LOG.warning("GPU %d: could not tell the trainer its schedule: %s", self.index, e)
 
@@ -545,14 +542,10 @@ class GpuAgent:
         self._changed -= set(restored)
         if restored:
             self.counters["restores"] += 1
-            LOG.info(
-                "GPU %d: restored %s to default%s",
-                self.index,
-                ", ".join(restored),
-                f" ({reason})" if reason else "",
-            )
-            if self.on_restored is not None:
-                self.on_restored(restored)
+            LOG.info("GPU %d: restored %s to default%s", self.index, ", ".join(restored),
+                     f" ({reason})" if reason else "")
+            if self._on_restored is not None:
+                self._on_restored(self, restored)
         return restored
 
     async def expire_leases(self) -> list[str]:
@@ -608,29 +601,20 @@ class GpuAgent:
         return self.schedule.raises
 
     @property
-    def boundaries(self) -> BoundaryForecast:
-        """When the schedule's next clock changes are due (`ScheduleEvents.boundaries`)."""
-        return self.schedule.boundaries
-
-    @property
     def doorbell(self) -> ClockDoorbell | None:
         """The GPU's doorbell, if open (`open_doorbell`)."""
         return self.schedule.doorbell
 
-    @property
-    def schedule_version(self) -> int | None:
-        """Version of the installed schedule (None: none installed)."""
-        return self.schedule.version
+    def bind(self, job_id: str, rank: int, pid: int | None = None, uid: int | None = None,
+             join_digest: str | None = None,
+             notify: NotifyTrainer | None | EllipsisType = ...) -> None:
+        """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU.
 
-    def bind(
-        self,
-        job_id: str,
-        rank: int,
-        pid: int | None = None,
-        uid: int | None = None,
-        join_digest: str | None = None,
-    ) -> None:
-        """Measure the events of `job_id`'s `rank` (driven by process `pid`) on this GPU."""
+        `notify`: pushes notices to the trainer (the gateway's, from its HELLO); None: it cannot
+        be told; left out (the coordinator's bind): the trainer told so far still is.
+        """
+        if not isinstance(notify, EllipsisType):
+            self._notify_trainer = notify
         self.measurer.release_held()  # Those held back are measured as bound when they came.
         self.schedule.trainer_bound()
         if self.binding is None or (self.binding.job_id, self.binding.rank) != (job_id, rank):
@@ -639,6 +623,16 @@ class GpuAgent:
         self._departed.pop(job_id, None)
         self.binding = Binding(job_id, rank, pid, uid, join_digest)
         self.counter.wake()  # Bound: its reader reads every update from the next one on.
+
+    @property
+    def reaches_trainer(self) -> bool:
+        """Whether notices can be pushed to a trainer here (`tell_trainer`)."""
+        return self._notify_trainer is not None
+
+    def tell_trainer(self, notice: ScheduleNotice | SelectRequest) -> None:
+        """Push `notice` to the trainer (nothing when it cannot be told: `reaches_trainer`)."""
+        if self._notify_trainer is not None:
+            self._notify_trainer(notice)
 
     def unbind(self) -> None:
         """Forget the bound rank (a trainer that left: its job may not set this GPU again)."""

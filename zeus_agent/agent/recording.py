@@ -10,7 +10,6 @@ that no GPU was commanded by two owners at once and none stayed away past its le
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from zeus_agent.agent.gpu_agent import GpuAgent
@@ -19,7 +18,7 @@ from zeus_agent.wire import codec
 from zeus_agent.wire.fencing import LEASE_HEADER, parse_lease_header
 from zeus_agent.wire.messages import CommandEnvelope, Reply
 
-__all__ = ["decoded", "gpu_state", "record_command", "record_renewal", "restore_recorder"]
+__all__ = ["decoded", "gpu_state", "record_command", "record_renewal", "record_restore"]
 
 
 def gpu_state(agent: GpuAgent) -> dict[str, Any]:
@@ -54,18 +53,14 @@ def record_renewal(history: History, agent: GpuAgent, holder: str, renewed: list
         history.record("renew", holder=holder, renewed=renewed, **gpu_state(agent))
 
 
-def restore_recorder(history: History, agent: GpuAgent) -> Callable[[list[str]], None]:
-    """`GpuAgent.on_restored` recording each restore of defaults, whatever restored them.
+def record_restore(history: History, agent: GpuAgent, restored: list[str]) -> None:
+    """A restore of defaults, whatever restored them (the agent's `on_restored`).
 
     Recorded where the restore happens, not by one caller of it: the schedule's own expiry
     check (a trainer's instruction after a lapse) and a trainer's death restore too.
     """
-
-    def record(restored: list[str]) -> None:
-        if restored:
-            history.record("restore", restored=restored, **gpu_state(agent))
-
-    return record
+    if restored:
+        history.record("restore", restored=restored, **gpu_state(agent))
 
 
 def decoded(data: bytes) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -249,14 +250,14 @@ class AgentServer(ExitSignals):
         """Open the GPUs and start one `GpuAgent` each (those started are in `agents`)."""
         s = self.settings
         gpus = self._gpus if self._gpus is not None else await asyncio.to_thread(open_gpus, s)
+        on_restored = (None if self.history is None
+                       else functools.partial(recording.record_restore, self.history))
         for gpu in gpus:
             agent = GpuAgent(gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds,
-                             s.default_lease_s, s.fence_skew_s)
-            if self.history is not None:
-                agent.on_restored = recording.restore_recorder(self.history, agent)
+                             s.default_lease_s, s.fence_skew_s, on_restored=on_restored,
+                             on_control_lost=self._announce_soon)
             if s.observe_only:
                 agent.observe_only(OBSERVE_ONLY_HELP)
-            agent.on_control_lost = self._announce_soon
             await agent.start(reset=s.reset_on_start)
             self.agents[agent.index] = agent
         if s.observe_only:
