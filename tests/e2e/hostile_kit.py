@@ -10,7 +10,6 @@ directory).
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from zeus_agent.wire.messages import (
     RegisterJob,
     Reply,
 )
-from zeus_demo.cluster import CODE_ROOT, NatsServer, Processes, wait_for_async
+from zeus_demo.cluster import CODE_ROOT, NatsServer, Processes, Replicas, wait_for_async
 from zeus_demo.cluster.processes import child_env
 
 pytestmark = pytest.mark.timeout(150)
@@ -73,15 +72,20 @@ def rank_payload(job_id: str, token: str, node: str, gpu: int,
 ONE_RANK = JobInfo(dp_degree=1, pp_degree=1, tp_degree=1, world_size=1)
 
 
+REPLICA_ARGS = ("--ownership-lease-s", "3", "--command-timeout-s", "2",
+                "--shutdown-timeout-s", "2")
+
+
 class Cluster:
-    """nats-server with the `nats-auth` users, two coordinator replicas; logs under `tmp`."""
+    """nats-server with the `nats-auth` users, two coordinator replicas (the harness's
+    `Replicas` "r1" and "r2", each with its state under `tmp/<name>`); logs under `tmp`."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.passwords: dict[str, str] = {}
         self.procs = Processes(tmp)
         self.server: NatsServer | None = None
-        self.replicas: dict[str, subprocess.Popen[bytes]] = {}
+        self.coordinators: Replicas | None = None
         self.env: dict[str, str | None] = {"ZEUS_PFO_NATS_URL": None}
 
     @property
@@ -107,6 +111,9 @@ class Cluster:
             'jetstream { store_dir: "' + str(self.tmp / "js") + '" }\n')
         self.server = NatsServer(self.tmp / "server.conf", self.procs,
                                  env=self.passwords).start(timeout_s=15)
+        self.coordinators = Replicas(self.url(permissions.COORDINATOR_USER), self.tmp,
+                                     ("r1", "r2"), REPLICA_ARGS, procs=self.procs,
+                                     log_level="INFO", env=self.env)
 
     def url(self, user: str) -> str:
         var = next(u.password_variable for u in permissions.users([HOSTILE, GOOD])
@@ -121,17 +128,15 @@ class Cluster:
     def log(self, name: str) -> Path:
         return self.procs.logs[name][-1]
 
+    @property
+    def replicas(self) -> dict[str, subprocess.Popen[bytes]]:
+        """The latest process of every replica started so far, by name."""
+        return {name: self.procs.procs[name] for name in ("r1", "r2")
+                if name in self.procs.procs}
+
     def start_replica(self, name: str) -> None:
-        self.replicas[name] = self.procs.spawn(
-            name,
-            [sys.executable, "-m", "coordinator.cli", "run",
-             "--nats-url", self.url(permissions.COORDINATOR_USER),
-             "--replica-name", name, "--state-dir", str(self.tmp / f"state-{name}"),
-             "--dump-dir", str(self.tmp / f"dump-{name}"), "--ownership-lease-s", "3",
-             "--command-timeout-s", "2", "--shutdown-timeout-s", "2",
-             "--log-level", "INFO"],
-            env=self.env, cwd=ROOT,
-        )  # fmt: skip
+        assert self.coordinators is not None, "start the server first"
+        self.coordinators.start(name)
 
     async def start_replicas(self) -> None:
         for name in ("r1", "r2"):
@@ -148,21 +153,10 @@ class Cluster:
         await wait_for_async(ready, READY_S, lambda: self.report(f"{sorted(waiting)} not ready"))
 
     async def stop_replicas(self) -> dict[str, int | None]:
-        for proc in self.replicas.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        codes: dict[str, int | None] = {}
-        deadline = time.monotonic() + 15
-        for name, proc in self.replicas.items():
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-                codes[name] = None  # did not stop on SIGTERM
-            else:
-                codes[name] = proc.returncode
-        return codes
+        """SIGTERM every replica (SIGKILL past 15 s: exit code -9); their exit codes."""
+        assert self.coordinators is not None
+        await asyncio.to_thread(self.coordinators.stop_all, 15.0)
+        return {name: proc.returncode for name, proc in self.replicas.items()}
 
     async def assert_alive(self, what: str, for_s: float = ALIVE_S) -> None:
         """Both replicas run now and for `for_s` seconds (an exit within it fails at once)."""

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +55,12 @@ class Replicas:
             stops cleanly).
         procs: The registry to start them in (default: one of their own, under `root`).
         log_level: Their `--log-level`.
+        env: Their environment's changes (`Processes.spawn`'s: None removes a variable).
     """
 
     def __init__(self, url: str, root: Path, names: Sequence[str], args: Sequence[str] = (),
                  profile_dir: Path | None = None, procs: Processes | None = None,
-                 log_level: str = "WARNING") -> None:
+                 log_level: str = "WARNING", env: Mapping[str, str | None] | None = None) -> None:
         self.url = url
         self.root = root
         self.names = list(names)
@@ -67,6 +68,7 @@ class Replicas:
         self.profile_dir = profile_dir
         self.procs = procs if procs is not None else Processes(root)
         self.log_level = log_level
+        self.env = dict(env or {})
         self.ports: dict[str, int] = {}
 
     def start(self, name: str) -> None:
@@ -79,7 +81,7 @@ class Replicas:
                 "--replica-name", name, "--state-dir", str(self.root / name),
                 "--dump-dir", str(self.root / name / "dump"), "--status-port", str(port),
                 "--log-level", self.log_level, *self.args]
-        self.procs.spawn(name, argv, cwd=CODE_ROOT)
+        self.procs.spawn(name, argv, env=self.env, cwd=CODE_ROOT)
 
     def start_all(self) -> None:
         """Start every replica."""
