@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from zeus_agent.emit.environment import default_gpu_index, physical_gpu_index, resolve_socket_path
 from zeus_agent.emit.records import ProfilingResult, PublisherStats, WindowEnergy, WindowHandle
-from zeus_agent.emit.requests import Requests
+from zeus_agent.emit.requests import Requests, Session
 from zeus_agent.emit.transport import ERROR, Transport
 from zeus_agent.emit.windows import Windows
 from zeus_agent.models import JobInfo
@@ -116,6 +116,10 @@ class Publisher:
             sync_device = torch.cuda.synchronize
 
         ids = itertools.count(1)  # Request ids: the requests' and the goodbye's.
+        self._detached = False
+        """`detached`: the transport asks it before it warns about dropped events."""
+        self._session = Session(timeout_s)
+        """The job, rank and node: `init` sets them here, the requests' replies too."""
         self._transport = Transport(
             path,
             pid=self._pid,
@@ -123,12 +127,13 @@ class Publisher:
             backlog=backlog,
             reconnect_interval_s=reconnect_interval_s,
             on_reconnect=self._reintroduce,
+            detached=lambda: self._detached,
         )
         self._requests = Requests(
             self._transport,
             pid=self._pid,
             ids=ids,
-            timeout_s=timeout_s,
+            session=self._session,
             gpu_indices=self.gpu_indices,
             physical_gpu_indices=self.physical_gpu_indices,
         )
@@ -268,7 +273,7 @@ class Publisher:
             windows_unanswered=self._requests.windows_unanswered,
             sync_failures=self._sync_failures,
             connected=transport.connected,
-            detached=transport.detached,
+            detached=self._detached,
         )
 
     # ------------------------------------------------------------------ delivery (transport.py)
@@ -288,11 +293,11 @@ class Publisher:
 
         Dropped events are then expected: they are counted but not warned about.
         """
-        return self._transport.detached
+        return self._detached
 
     @detached.setter
     def detached(self, value: bool) -> None:
-        self._transport.detached = value
+        self._detached = value
 
     def flush(self) -> None:
         """Try to send events waiting in the backlog (never blocks, never raises)."""
@@ -312,47 +317,47 @@ class Publisher:
     @property
     def timeout_s(self) -> float:
         """How long requests wait for a reply, by default."""
-        return self._requests.timeout_s
+        return self._session.timeout_s
 
     @timeout_s.setter
     def timeout_s(self, value: float) -> None:
-        self._requests.timeout_s = value
+        self._session.timeout_s = value
 
     @property
     def job_id(self) -> str | None:
         """The job this rank is bound to (`init` or the HELLO sets it), or None."""
-        return self._requests.job_id
+        return self._session.job_id
 
     @job_id.setter
     def job_id(self, value: str | None) -> None:
-        self._requests.job_id = value
+        self._session.job_id = value
 
     @property
     def join_token(self) -> str | None:
         """The job's join token (rank 0: from the registration; other ranks: from rank 0)."""
-        return self._requests.join_token
+        return self._session.join_token
 
     @join_token.setter
     def join_token(self, value: str | None) -> None:
-        self._requests.join_token = value
+        self._session.join_token = value
 
     @property
     def rank(self) -> int:
         """This process's rank in the job (0 until `init` or the HELLO sets it)."""
-        return self._requests.rank
+        return self._session.rank
 
     @rank.setter
     def rank(self, value: int) -> None:
-        self._requests.rank = value
+        self._session.rank = value
 
     @property
     def node(self) -> str | None:
         """The agent's node, as the HELLO reply named it, or None."""
-        return self._requests.node
+        return self._session.node
 
     @node.setter
     def node(self, value: str | None) -> None:
-        self._requests.node = value
+        self._session.node = value
 
     def request(self, kind: Kind, payload: Any, timeout_s: float | None = None) -> Reply | None:
         """Send a request datagram and wait for its reply on the caller's thread.

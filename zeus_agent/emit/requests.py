@@ -15,6 +15,7 @@ import select
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from zeus_agent.emit.environment import physical_gpu_index
@@ -41,16 +42,31 @@ logger = logging.getLogger("zeus_agent.emit")
 _monotonic_ns = time.monotonic_ns
 
 
+@dataclass
+class Session:
+    """What this process's requests carry, and what their replies taught.
+
+    One record, made by the `Publisher` and given to its `Requests`: `init` sets it through
+    the publisher's properties; the replies (the job's registration, the HELLO's) complete it.
+    """
+
+    timeout_s: float
+    """How long a request waits for its reply, by default."""
+    job_id: str | None = None
+    """The job this rank is bound to (the HELLO's), or None."""
+    join_token: str | None = None
+    """The job's join token (rank 0: from the registration; other ranks: from rank 0)."""
+    rank: int = 0
+    """The rank the HELLO bound (0 until then)."""
+    node: str | None = None
+    """The agent's node (the HELLO reply's), or None."""
+
+
 class Requests:
-    """Request-and-reply over the transport's socket, and what the replies taught.
+    """Request-and-reply over the transport's socket; what the replies taught goes to `session`.
 
     Attributes:
-        timeout_s: How long a request waits for its reply, by default.
-        job_id: The job this rank is bound to (the HELLO's), or None.
-        join_token: The job's join token (rank 0: from the registration; other ranks: from
-            rank 0), or None.
-        rank: The rank the HELLO bound (0 until then).
-        node: The agent's node (the HELLO reply's), or None.
+        session: The `Session` these requests carry and complete.
         windows_unanswered: Window requests without an answer.
     """
 
@@ -60,7 +76,7 @@ class Requests:
         *,
         pid: int,
         ids: Iterator[int],
-        timeout_s: float,
+        session: Session,
         gpu_indices: Sequence[int],
         physical_gpu_indices: Sequence[int],
     ) -> None:
@@ -70,15 +86,12 @@ class Requests:
             transport: The connection to the agent: its socket carries the requests.
             pid: This process's id, sent with every request.
             ids: Request ids, shared with the transport.
-            timeout_s: How long a request waits for its reply, by default.
+            session: What the requests carry (their default timeout, the job and rank), and
+                where what the replies teach goes; the owner's too.
             gpu_indices: The CUDA device indices windows measure by default.
             physical_gpu_indices: The node's indices of `gpu_indices`, in order.
         """
-        self.timeout_s = timeout_s
-        self.job_id: str | None = None
-        self.join_token: str | None = None
-        self.rank = 0
-        self.node: str | None = None
+        self.session = session
         self.windows_unanswered = 0
         self._transport = transport
         self._pid = pid
@@ -141,7 +154,7 @@ class Requests:
             logger.warning("zeus_agent.emit: ignoring a bad notice from the agent: %s", e)
             return
         if isinstance(notice, SelectRequest):
-            if notice.job_id == self.job_id:
+            if notice.job_id == self.session.job_id:
                 self._selection = notice
             return
         if isinstance(notice, ScheduleNotice) and (
@@ -184,7 +197,7 @@ class Requests:
 
         What arrives meanwhile is kept if it is a notice (`_keep_notice`), else dropped.
         """
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        timeout = self.session.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         transport = self._transport
         with self._lock:
@@ -250,7 +263,7 @@ class Requests:
         power_limit: PowerLimitOptions | None = None,
         scheduler: str | None = None,
     ) -> str | None:
-        """`Publisher.register_job`: keeps the reply's join token in `join_token`."""
+        """`Publisher.register_job`: keeps the reply's join token in the session."""
         message = RegisterJob(job=job_info, power_limit=power_limit)
         if scheduler is not None:
             message.scheduler = scheduler
@@ -261,7 +274,7 @@ class Requests:
         if not isinstance(job_id, str) or not job_id:
             raise RegistrationError("job", "internal", f"reply carries no job id: {reply.result}")
         token = reply.result.get("join_token")
-        self.join_token = token if isinstance(token, str) and token else None
+        self.session.join_token = token if isinstance(token, str) and token else None
         return job_id
 
     def hello(self, hello: TrainerHello) -> Reply | None:
@@ -272,11 +285,11 @@ class Requests:
         """
         reply = self._registration("hello", Kind.HELLO, hello)
         self._hello = hello
-        self.job_id = hello.job_id
-        self.rank = hello.rank
+        self.session.job_id = hello.job_id
+        self.session.rank = hello.rank
         if reply is not None:
             node = reply.result.get("node")
-            self.node = node if isinstance(node, str) else None
+            self.session.node = node if isinstance(node, str) else None
             doorbell = reply.result.get("doorbell")
             if isinstance(doorbell, str) and doorbell:
                 self._transport.use_doorbell(doorbell)

@@ -52,8 +52,6 @@ class Transport:
         send: Send one event datagram (may raise; then call `failed`).
         connected: Whether `sock` is connected to the agent.
         closed: Whether `close` was called.
-        detached: Set by the owner when the process runs without an agent on purpose:
-            dropped events are then expected and not warned about.
     """
 
     def __init__(
@@ -65,6 +63,7 @@ class Transport:
         backlog: int,
         reconnect_interval_s: float,
         on_reconnect: Callable[[], None],
+        detached: Callable[[], bool],
     ) -> None:
         """Open the socket and try to connect.
 
@@ -77,11 +76,13 @@ class Transport:
             on_reconnect: Called when an event's send found the agent again after a
                 failure (to re-introduce the process); not on the first connection, nor on
                 a connection a request makes.
+            detached: Whether the process runs without an agent on purpose (the owner's
+                `detached`): dropped events are then expected and not warned about.
         """
         self.socket_path = socket_path
         self.connected = False
         self.closed = False
-        self.detached = False
+        self._detached = detached
         self._pid = pid
         self._ids = ids
         self._on_reconnect = on_reconnect
@@ -245,7 +246,7 @@ class Transport:
     def _first_drop(self) -> None:
         if not self._warned_drops:
             self._warned_drops = True
-            if not self.detached:
+            if not self._detached():
                 logger.warning(
                     "zeus_agent.emit: events to the agent at %s are being dropped (is it "
                     "running and keeping up?); training continues. See emit.stats().",
