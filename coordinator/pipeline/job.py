@@ -87,6 +87,7 @@ from coordinator.pipeline.steps import (
     MAX_OPEN_STEPS,
     Step,
     complete,
+    first_difference,
     profiling_result,
 )
 from coordinator.pipeline.stragglers import MAX_STRAGGLER_FACTOR, Stragglers
@@ -103,6 +104,11 @@ SchedulerFactory = Callable[[JobInfo, list[RankInfo]], FrequencyScheduler]
 
 MAX_ORDER_MISMATCHES = 3
 """Consecutive iterations of a rank with other instructions than discovered before it stops."""
+MAX_DISCOVERY_CHANGES = 5
+"""Consecutive iterations of a rank each unlike the one before, while discovering, before the
+job stops (its order never repeats: nothing to plan)."""
+NEVER_REPEATS = ("its order cannot be learnt, and Perseus plans one order that every iteration "
+                 "repeats: run the same schedule and number of microbatches every iteration")
 DEFAULT_STALL_AFTER_S = 30.0
 DEFAULT_MAX_KEPT_BYTES = 1024 * MB
 """What one job may keep of its measurements (`Kept`; settings: max_pipeline_mb_per_job)."""
@@ -165,6 +171,8 @@ class PipelineJob:
         """Rank -> the latest step it completed."""
         self._candidates: dict[int, list[str]] = {}
         """Rank -> instruction names of its last complete iteration while discovering."""
+        self._changes: dict[int, int] = {}
+        """Rank -> consecutive iterations unlike the one before, while discovering."""
         self._mismatches: dict[int, int] = {}
         self._last_seen: dict[int, float] = {}
         self._stalled: set[int] = set()
@@ -481,9 +489,16 @@ class PipelineJob:
             if why is not None:
                 return self._fail(f"rank {rank}: {why}", code="too_large")
             self._candidates[rank] = names
+            if old is not None:
+                self._changes[rank] = self._changes.get(rank, 0) + 1
+                if self._changes[rank] >= MAX_DISCOVERY_CHANGES:
+                    return self._fail(f"rank {rank} ran other instructions in each of its last "
+                                      f"{MAX_DISCOVERY_CHANGES + 1} iterations "
+                                      f"({first_difference(old, names)}): {NEVER_REPEATS}")
             return []
         self.orders[rank] = names  # (Charged as the candidate; it stays kept as the order.)
         del self._candidates[rank]
+        self._changes.pop(rank, None)
         if len(self.orders) < len(self.rank_infos):
             return []
         return self._schedule_first()
@@ -675,6 +690,7 @@ class PipelineJob:
         for steps in self._steps.values():
             steps.clear()
         self._candidates.clear()
+        self._changes.clear()
         self.stragglers.forget_slow()
         self.kept_rounds.clear()  # (Only a running job is persisted for a takeover.)
         self.kept.release()

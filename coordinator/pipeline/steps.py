@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from zeus_agent.models import ProfilingResult
 
-__all__ = ["MAX_INSTRUCTIONS_PER_STEP", "MAX_OPEN_STEPS", "Step", "complete", "profiling_result"]
+__all__ = ["MAX_INSTRUCTIONS_PER_STEP", "MAX_OPEN_STEPS", "Step", "complete", "first_difference",
+           "profiling_result"]
 
 MAX_OPEN_STEPS = 64
 """Most incomplete iterations kept per rank (older ones are dropped)."""
@@ -82,3 +83,13 @@ def profiling_result(rank: int, steps: Sequence[Step]) -> ProfilingResult:
         time_breakdown=times,
         energy_breakdown=energies,
     )
+
+
+def first_difference(before: Sequence[str], now: Sequence[str]) -> str:
+    """Where two iterations' instruction names part, in words (for an error status)."""
+    i = next((i for i, (a, b) in enumerate(zip(before, now, strict=False)) if a != b),
+             min(len(before), len(now)))
+    was = before[i] if i < len(before) else "nothing"
+    got = now[i] if i < len(now) else "nothing"
+    return (f"the last two differ at instruction {i}: {was} before, {got} now; "
+            f"{len(before)} and {len(now)} in all")

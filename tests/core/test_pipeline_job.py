@@ -197,6 +197,30 @@ def test_a_partial_first_iteration_is_not_taken_for_the_order() -> None:
     assert job.orders[0] == ORDERS[0] and job.phase == "profiling"
 
 
+def test_a_rank_whose_order_never_repeats_while_discovering_stops_the_job_saying_why() -> None:
+    """Each iteration of rank 0 runs one more microbatch: no two alike, nothing to learn. The job
+    used to wait at default clocks with no word; it stops after 6 such iterations."""
+    job = make_job()
+    job.start()
+    actions: list = []
+    for step in range(6):
+        names = ["forward"] * (step + 1) + ["backward"] * (step + 1)
+        for i, name in enumerate(names):
+            job.on_measurement(0, Measurement(
+                kind="instruction", name=name, epoch=0, step=step, index=i, t0_ns=0, t1_ns=1,
+                time_s=0.1, energy_j=1.0), 0.0)
+        assert job.phase == "discovering" or step == 5
+        actions += job.on_measurement(0, Measurement(
+            kind="step", name="", epoch=0, step=step, index=0, t0_ns=0, t1_ns=1, time_s=1.0,
+            energy_j=10.0), 0.0)
+    assert job.phase == "error", job.phase
+    assert job.error is not None and job.error.startswith(
+        "rank 0 ran other instructions in each of its last 6 iterations (the last two differ "
+        "at instruction 5: backward before, forward now; 10 and 12 in all)")
+    assert "same schedule and number of microbatches" in job.error
+    assert [a.state for a in actions if isinstance(a, StatusUpdate)] == ["error"]
+
+
 def test_a_rank_whose_instructions_change_stops_the_job_and_clears_its_clocks() -> None:
     job = make_job()
     discover(job)

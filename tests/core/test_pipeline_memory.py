@@ -10,7 +10,7 @@ from collections.abc import Generator
 import pytest
 
 from coordinator.optimizer import ClearSchedules, StatusUpdate
-from coordinator.pipeline.job import PipelineJob
+from coordinator.pipeline.job import MAX_DISCOVERY_CHANGES, PipelineJob
 from coordinator.pipeline.memory import CHUNK, Kept, NodeBudget, name_bytes, record_bytes
 from coordinator.pipeline.schedulers import FrequencyScheduler
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
@@ -68,13 +68,14 @@ def stopped(actions: list) -> StatusUpdate | None:
 
 def test_discovery_of_a_rank_with_new_names_every_iteration_keeps_about_one_iteration() -> None:
     """Regression: every complete iteration stayed (64 per rank, 275 bytes per instruction)
-    while the job waited for two alike ones, for as long as the job lived."""
+    while the job waited for two alike ones. Now at most about one is kept, and the job stops
+    (keeping nothing) once `MAX_DISCOVERY_CHANGES` iterations in a row were each new."""
     job = make_job()
     job.start()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for step in range(40):  # 40 x 500 instructions, never the same names twice.
+        for step in range(MAX_DISCOVERY_CHANGES):  # 500 instructions each, never the same.
             assert iteration(job, 0, step, [f"op{step}_{k}" for k in range(500)]) == []
         gc.collect()
         kept = tracemalloc.get_traced_memory()[0] - before
@@ -82,9 +83,11 @@ def test_discovery_of_a_rank_with_new_names_every_iteration_keeps_about_one_iter
         tracemalloc.stop()
     assert job.phase == "discovering"
     one = 500 * record_bytes("op10_100")
-    assert kept < 4 * one, f"{kept / 1e6:.1f} MB kept for 40 iterations"  # 5.5 MB before.
+    assert kept < 4 * one, f"{kept / 1e6:.1f} MB kept for {MAX_DISCOVERY_CHANGES} iterations"
     assert 0 < job.kept.total <= one
     assert job.progress()["kept_bytes"] == job.kept.total
+    iteration(job, 0, MAX_DISCOVERY_CHANGES, [f"opx_{k}" for k in range(500)])
+    assert job.phase == "error" and job.kept.total == 0
 
 
 def test_profiling_keeps_only_the_iterations_it_observes() -> None:
