@@ -272,7 +272,12 @@ class Fleet:
     # ------------------------------------------------------------------ control
     def stats(self) -> dict[str, Any]:
         ru = resource.getrusage(resource.RUSAGE_SELF)
+        base = subjects.gpu_command("x", 0).split(".gpu.")[0]
+        missing = {j.job_id: n for j in self.jobs.values()
+                   if (n := sum(f"{base}.gpu.{node}.{g}.cmd" not in self.limited
+                                for _r, node, g in j.ranks))}
         return {"published": dict(self.published), "commands": dict(self.commands),
+                "without_limit": dict(list(missing.items())[:10]),
                 "renewals": self.renewals, "gpus_limited": len(self.limited),
                 "jobs": len(self.jobs), "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
                 "rss_mb": round(rss_mb(os.getpid()), 1)}

@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,9 @@ from zeus_demo.cluster import NatsCluster, Processes
 BIG_JOB_AT_100K = 16_384
 OPTIONS = PowerLimitOptions(warmup_steps=1, profile_steps=2, pl_step_w=25)
 """9 limits 100-300 W x (1 + 2) steps: the big job profiles for minutes at 10 s a step."""
+EXPECTED_STATES = ("registered", "rank_registered", "discovering", "waiting", "profiling",
+                   "done", "selecting", "removed", "taken_over", "resumed",
+                   "reconciled")
 FLEET = Path(__file__).resolve().parent / "_fleet.py"
 
 
@@ -156,6 +160,9 @@ class Size:
         self.nc: Any = None
         self.pids: dict[str, int] = {}
         self.statuses: dict[str, str] = {}
+        self.states: Counter[str] = Counter()
+        """Every job status seen, by state; a few messages of the unexpected ones."""
+        self.notes: list[str] = []
         self.snaps: list[dict[str, Any]] = []
         self.jobs: list[tuple[str, str, int, int]] = []  # id, token, first node, nodes
 
@@ -193,6 +200,9 @@ class Size:
             s = codec.decode(msg.data, JobStatus)
             if s.state == "removed" or s.job_id not in self.statuses:
                 self.statuses[s.job_id] = s.state
+            self.states[s.state] += 1
+            if s.state not in EXPECTED_STATES and len(self.notes) < 5:
+                self.notes.append(f"{s.job_id}: {s.state}: {s.message}"[:300])
 
     async def ctl(self, worker: str, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """A request to fleet process `worker` (`fleetN`), retried until it answers."""
@@ -263,14 +273,25 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
                                  a.register_timeout_s)
     t_ranks = time.monotonic()
     job_gpus = sum(n for *_, n in size.jobs) * a.gpus_per_node
-    limited = 0
-    deadline = time.monotonic() + a.register_timeout_s
+    print(f"  {size.gpus} GPUs, wave {wave}: ranks registered in {t_ranks - t0:.1f} s "
+          f"({sum(r['failed'] for r in results)} failed)", file=sys.stderr, flush=True)
+    limited, shown = 0, time.monotonic()
+    deadline = time.monotonic() + a.limit_timeout_s
     while time.monotonic() < deadline:
         limited = sum(s["gpus_limited"] for s in await size.all_ctl({"op": "stats"}))
         if limited >= job_gpus:
             break
+        if time.monotonic() - shown > 15:
+            shown = time.monotonic()
+            print(f"  {size.gpus} GPUs, wave {wave}: first limit on {limited} GPUs so far",
+                  file=sys.stderr, flush=True)
         await asyncio.sleep(1.0)
     t_limits = time.monotonic()
+    without = {j: n for st in await size.all_ctl({"op": "stats"})
+               for j, n in st["without_limit"].items()}
+    for job_id, n in list(without.items())[:3]:
+        print(f"  {size.gpus} GPUs, wave {wave}: job {job_id}: {n} GPU(s) without a limit; "
+              f"the coordinator says {await job_progress(size, job_id, True)}", file=sys.stderr)
     cpu1 = await size.snap(f"w{wave} registered")
     failed = sum(r["failed"] for r in results)
     return {
@@ -278,6 +299,7 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
         "small_jobs": len(plan) - 1, "job_gpus": job_gpus,
         "register_jobs_s": round(t_jobs - t0, 2), "register_s": round(t_ranks - t0, 2),
         "first_limit_s": round(t_limits - t0, 2), "gpus_with_first_limit": limited,
+        "jobs_without_first_limit": without,
         "rank_failures": failed, "first_failure": next((r["error"] for r in results
                                                         if r["error"]), None),
         "register_rates": rates(cpu0, cpu1),
@@ -323,14 +345,27 @@ async def run(size: Size, wave: int) -> dict[str, Any]:
     }
 
 
-async def job_progress(size: Size, job_id: str) -> dict[str, Any]:
+async def job_progress(size: Size, job_id: str, detail: bool = False) -> dict[str, Any]:
+    """The power-limit optimiser's progress on a job, as the coordinator answers a query.
+
+    With `detail`: also whether the job is complete, its ranks, what it waits for, its
+    quarantine (or the query's error).
+    """
     with contextlib.suppress(Exception):
         msg = await size.nc.request(subjects.coord_job_query(),
                                     codec.encode(JobQuery(job_id=job_id)), timeout=30)
         reply = codec.decode(msg.data, Reply)
-        pl = (reply.result or {}).get("power_limit") or {}
-        return {k: pl.get(k) for k in ("phase", "measured", "optimal_power_limit_w",
-                                       "power_limit_w") if k in pl}
+        if not reply.ok:
+            return {"error": f"{reply.code}: {reply.error}"}
+        result = reply.result or {}
+        pl = result.get("power_limit") or {}
+        out = {k: pl.get(k) for k in ("phase", "measured", "optimal_power_limit_w",
+                                      "power_limit_w") if k in pl}
+        if detail:
+            out.update(complete=result.get("complete"), ranks=len(result.get("ranks") or {}),
+                       waiting_for=str(result.get("waiting_for"))[:300],
+                       quarantine=result.get("quarantine"), power_limit=str(pl)[:300])
+        return out
     return {}
 
 
@@ -390,7 +425,8 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "gpus": size.gpus, "nodes": size.nodes, **{x: reg[x] for x in (
             "jobs", "big_job_gpus", "small_jobs", "job_gpus", "register_s", "first_limit_s",
-            "gpus_with_first_limit", "rank_failures", "first_failure")},
+            "gpus_with_first_limit", "jobs_without_first_limit", "rank_failures",
+            "first_failure")},
         "coordinator_cpu_s_per_1k_gpus": round(run_cores * 60 / k, 3),
         "coordinator_cpu_s_per_1k_gpus_is": "CPU-s per minute of running, both replicas",
         "coordinator_cores": round(run_cores, 3),
@@ -418,6 +454,7 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
                                "lease_renewals_per_s", "renewal_msgs_to_real_agents_per_s",
                                "big_job_power_limit", "commands")},
         "register_msgs_per_s": reg_r["servers"], "register_cores": reg_r["cores"],
+        "job_states_seen": dict(size.states), "unexpected_states": size.notes,
         "load": size.snaps[-1]["load"],
     }
 
@@ -526,9 +563,10 @@ def main() -> None:
                    help="fraction of the nodes that jobs occupy (default 1: every GPU)")
     p.add_argument("--small-min", type=int, default=8, help="smallest small job, GPUs")
     p.add_argument("--small-max", type=int, default=64, help="largest small job, GPUs")
-    p.add_argument("--idle-s", type=int, default=20,
+    p.add_argument("--idle-s", type=int, default=None,
                    help="the replicas' --max-job-idle-time: a job is removed this long after "
-                   "its trainers stopped (default 20)")
+                   "its trainers stopped (default 2 steps + 10 s: a running job is never idle "
+                   "that long)")
     p.add_argument("--window", type=int, default=2000,
                    help="rank registrations outstanding per fleet process (default 2000)")
     p.add_argument("--warm-s", type=float, default=10.0,
@@ -536,7 +574,11 @@ def main() -> None:
     p.add_argument("--every-s", type=float, default=10.0, help="reading period (s)")
     p.add_argument("--settle-s", type=float, default=5.0,
                    help="after the last job's removal, before the RSS is read (s; default 5)")
-    p.add_argument("--register-timeout-s", type=float, default=600.0)
+    p.add_argument("--register-timeout-s", type=float, default=600.0,
+                   help="the most the ranks' registrations may take (s)")
+    p.add_argument("--limit-timeout-s", type=float, default=180.0,
+                   help="after the registrations, the most the first limits may take to reach "
+                   "every GPU (s; the run goes on without)")
     p.add_argument("--end-timeout-s", type=float, default=120.0,
                    help="beyond --idle-s, how long jobs may take to be removed (s)")
     p.add_argument("--waves", type=int, default=2,
@@ -546,7 +588,11 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.sizes, args.minutes, args.warm_s, args.every_s = [2_000], 8 / 60, 2.0, 4.0
-        args.idle_s, args.settle_s, args.step_s = 3, 1.0, 2.0
+        args.idle_s, args.settle_s, args.step_s = 5, 1.0, 2.0
+    if args.idle_s is None:
+        args.idle_s = int(2 * args.step_s + 10)
+    if args.idle_s <= args.step_s:
+        p.error(f"--idle-s {args.idle_s} would remove running jobs (steps every {args.step_s} s)")
     logging.basicConfig(level=logging.WARNING)
     try:
         import uvloop
