@@ -1,9 +1,10 @@
 """The grid event of `bench/power_budget.py`: processes up, jobs pinned, a cut, a lift, judged.
 
 `run_event(config)` starts a NATS server, coordinator replicas (`Replicas`), one sim agent
-process per node and the jobs (`zeus_demo.budget.jobs`), every one through `zeus_agent.children`
-so that none outlives the benchmark; it follows the agents' samples and the jobs' status events
-on the bus, plays the events and returns the figures (`zeus_demo.budget.analysis` judges them).
+process per node and the jobs (`zeus_demo.budget.jobs`), every one in the cluster harness's
+process registry (`Processes`: each a session leader with its log, none outliving the
+benchmark); it follows the agents' samples and the jobs' status events on the bus, plays the
+events and returns the figures (`zeus_demo.budget.analysis` judges them).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import SHM_ROOT, Replicas
-from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
@@ -28,8 +29,8 @@ from zeus_agent.wire.budget import Budget, BudgetRequest
 from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
 from zeus_demo.budget import analysis as an
 from zeus_demo.budget.jobs import REFERENCE_JOBS, JobSpec, Node, plan, spec_json
+from zeus_demo.cluster import CODE_ROOT, Processes, kill_group, wait_for_async
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN_S = 0.5
 """Width of the bins the group's power is judged in (s)."""
 BUDGET_ID = "grid"
@@ -83,15 +84,6 @@ class Watcher:
         return all(self.series.limit_at(k, t_s) == w for k, w in self.gpu_optimum().items())
 
 
-async def _until(pred: Any, timeout_s: float, what: str, period_s: float = 0.5) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
-        await asyncio.sleep(period_s)
-    return time.monotonic() - t0
-
-
 async def _budget(nc: Any, **kw: Any) -> Reply:
     msg = await nc.request(subjects.coord_budget(), codec.encode(BudgetRequest(**kw)), timeout=10)
     reply = codec.decode(msg.data, Reply)
@@ -100,30 +92,33 @@ async def _budget(nc: Any, **kw: Any) -> Reply:
     return reply
 
 
-def start_agent(root: Path, url: str, node: Node, sample_hz: float) -> subprocess.Popen[bytes]:
+def start_agent(procs: Processes, root: Path, url: str, node: Node, sample_hz: float) -> None:
+    """Start the sim agent of `node` (process `agent-<node>`)."""
     argv = [sys.executable, "-m", "zeus_agent.cli", "run", "--nats-url", url, "--backend", "sim",
             "--sim-count", str(node.gpus), "--sim-preset", node.preset,
             "--sim-state-dir", str(root / node.name), "--socket-path",
             str(root / f"{node.name}.sock"), "--node", node.name, "--sample-hz", f"{sample_hz:g}",
             "--sim-energy-update-ms", "0", "--labels", f"gpu={node.preset}",
             "--log-level", "WARNING"]
-    log = (root / f"agent-{node.name}.log").open("ab")
-    try:
-        return children.popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                              stderr=subprocess.STDOUT)
-    finally:
-        log.close()
+    procs.spawn(f"agent-{node.name}", argv, cwd=CODE_ROOT)
 
 
-def start_job(root: Path, job: JobSpec, step_s: float, seed: int) -> subprocess.Popen[bytes]:
+def start_job(procs: Processes, root: Path, job: JobSpec, step_s: float, seed: int) -> None:
+    """Start the simulated job `job` (process `job-<tag>`, its ranks its children)."""
     argv = [sys.executable, "-m", "zeus_demo.budget.jobs",
             spec_json(job, str(root), step_s, seed)]
-    log = (root / f"job-{job.tag}.log").open("ab")
-    try:
-        return children.popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                              stderr=subprocess.STDOUT)
-    finally:
-        log.close()
+    procs.spawn(f"job-{job.tag}", argv, cwd=CODE_ROOT)
+
+
+def stop(procs: Processes, replicas: Replicas) -> None:
+    """SIGTERM the agents and the jobs (10 s to end), stop the replicas, kill what is left."""
+    others = [proc for name, proc in procs.procs.items() if name not in replicas.names]
+    for proc in others:
+        kill_group(proc, signal.SIGTERM, wait_s=0)
+    for proc in others:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+    replicas.close()
 
 
 async def budget_owner(nc: Any) -> str | None:
@@ -163,8 +158,8 @@ async def grid_event(nc: Any, watch: Watcher, config: EventConfig,
             power = watch.series.group_power(keys, t - 2 * BIN_S, t, BIN_S)
             return bool(power) and all(p <= event.cap_w for _, p in power)
 
-        with contextlib.suppress(TimeoutError):
-            await _until(under, 15, "under the cap")
+        with contextlib.suppress(AssertionError):
+            await wait_for_async(under, 15, "under the cap", interval_s=0.5)
         owner = await budget_owner(nc)
         if owner is not None and replicas.alive(owner):
             event.kill_s, event.killed = time.monotonic(), owner
@@ -172,8 +167,9 @@ async def grid_event(nc: Any, watch: Watcher, config: EventConfig,
     await asyncio.sleep(config.hold_s)
     event.lift_s = time.monotonic()
     await _budget(nc, action="lift", budget_id=BUDGET_ID)
-    with contextlib.suppress(TimeoutError):
-        await _until(lambda: watch.at_optimum(time.monotonic() - 1.2), 60, "restored")
+    with contextlib.suppress(AssertionError):
+        await wait_for_async(lambda: watch.at_optimum(time.monotonic() - 1.2), 60,
+                             "the optima restored", interval_s=0.5)
     await asyncio.sleep(2.5)  # the last samples arrive (published every second)
     for job in watch.jobs:
         event.applied[job.tag] = min(watch.series.limit_at(k, event.lift_s - 0.2) or 0
@@ -227,13 +223,15 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="budget-bench-", dir=SHM_ROOT) as tmp:
         root = Path(tmp)
         server = EmbeddedNats(store_dir=str(root / "js")).start()
+        procs = Processes(root)
         replicas = Replicas(server.url, root, ["r1", "r2"],
-                            args=["--ownership-lease-s", f"{config.ownership_lease_s:g}"])
-        procs: list[subprocess.Popen[bytes]] = []
+                            args=["--ownership-lease-s", f"{config.ownership_lease_s:g}"],
+                            procs=procs)
         nc: Any = None
         try:
             replicas.start("r1")
-            procs += [start_agent(root, server.url, n, config.sample_hz) for n in nodes]
+            for n in nodes:
+                start_agent(procs, root, server.url, n, config.sample_hz)
             replicas.wait_healthy(60, names=["r1"])
             watch = Watcher(jobs)
             nc = await connect(server.url, "budget-bench")
@@ -242,12 +240,17 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             await nc.subscribe(subjects.all_job_status(), cb=watch.status)
             await confirm_subscriptions(nc)
             gpus = sum(n.gpus for n in nodes)
-            await _until(lambda: len(watch.series.samples) >= gpus, 120, "every GPU sampled")
+            await wait_for_async(lambda: len(watch.series.samples) >= gpus, 120,
+                                 "every GPU sampled", interval_s=0.5)
             for i, job in enumerate(jobs):  # one at a time: 100+ rank processes at once
-                procs.append(start_job(root, job, config.step_s, i))  # starve registrations
-                await _until(lambda j=job: j.tag in watch.job_ids, 120, f"job {job.tag} seen")
-            pinned_s = await _until(lambda: watch.at_optimum(time.monotonic() - 1.2),
-                                    config.pin_timeout_s, "every job pinned at its optimum")
+                start_job(procs, root, job, config.step_s, i)  # starve registrations
+                await wait_for_async(lambda j=job: j.tag in watch.job_ids, 120,
+                                     f"job {job.tag} to be seen", interval_s=0.5)
+            t0 = time.monotonic()
+            await wait_for_async(lambda: watch.at_optimum(time.monotonic() - 1.2),
+                                 config.pin_timeout_s, "every job pinned at its optimum",
+                                 interval_s=0.5)
+            pinned_s = time.monotonic() - t0
             replicas.start("r2")  # after the registrations: r1 drives every job
             replicas.wait_healthy(60, names=["r2"])
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
@@ -263,18 +266,12 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             return out
         except Exception:
             replicas.print_logs(1500)
-            for log in sorted(root.glob("*.log"))[:6]:
-                print(f"== {log.name}:\n{log.read_text(errors='replace')[-1500:]}",
-                      file=sys.stderr)
+            for name in sorted(set(procs.logs) - set(replicas.names))[:6]:
+                print(f"== {name}:\n{procs.text(name)[-1500:]}", file=sys.stderr)
             raise
         finally:
             if nc is not None:
                 with contextlib.suppress(Exception):
                     await nc.close()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(10)
-            replicas.stop_all()
+            stop(procs, replicas)
             server.stop()
