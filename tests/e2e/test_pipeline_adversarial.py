@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -313,15 +312,10 @@ class Observer:
 
     async def wait_status(self, job_id: str, pred: Any, timeout_s: float, what: str,
                           after: int = 0) -> JobStatus:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for s in self.of(job_id)[after:]:
-                if pred(s):
-                    return s
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no status '{what}' within {timeout_s} s for {job_id}:\n"
-                                     f"{self.messages(job_id)}")
-            await asyncio.sleep(0.05)
+        return await wait_for_async(
+            lambda: next((s for s in self.of(job_id)[after:] if pred(s)), None), timeout_s,
+            lambda: f"no status '{what}' within {timeout_s} s for {job_id}:\n"
+                    f"{self.messages(job_id)}")
 
     async def query(self, job_id: str | None) -> dict[str, Any]:
         msg = await self.nc.request(subjects.coord_job_query(),
@@ -766,9 +760,8 @@ async def test_a_trainer_on_node_a_cannot_feed_measurements_of_node_bs_rank(env:
     finally:
         await asyncio.gather(*(r.stop() for r in job.ranks))
     dumped = dump_dir(c) / job_dir_name(job.job_id) / "ranks.json"
-    deadline = time.monotonic() + 5  # written right after `profiling` is announced
-    while not dumped.exists() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    # Written right after `profiling` is announced.
+    await wait_for_async(dumped.exists, 5, f"{dumped}")
     ranks = json.loads(dumped.read_text())
     assert ranks[1]["instructions"] == FB
     assert c.health()["dropped"].get("wrong_node", 0) > before
