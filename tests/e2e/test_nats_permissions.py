@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from zeus_agent.wire.messages import (
     Reply,
 )
 from zeus_agent.wire.trainer import TrainerHello
-from zeus_demo.cluster import NatsServer, Processes
+from zeus_demo.cluster import NatsServer, Processes, wait_for_async
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -101,10 +100,8 @@ class Client:
     async def refused(self, kind: str, subject: str, timeout_s: float = 3.0) -> None:
         """Wait for the server's refusal to publish to / subscribe to `subject`."""
         want = f'permissions violation for {kind} to "{subject.lower()}"'
-        deadline = time.monotonic() + timeout_s
-        while not any(want in e for e in self.errors):
-            assert time.monotonic() < deadline, f"no {want!r}; errors: {self.errors}"
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: any(want in e for e in self.errors), timeout_s,
+                             lambda: f"no {want!r}; errors: {self.errors}", interval_s=0.01)
 
     def violations(self) -> list[str]:
         return [e for e in self.errors if "permissions violation" in e]
@@ -425,50 +422,44 @@ async def test_observer_reads_status_and_asks_queries_only(server):
 # --- the real services with these credentials -------------------------------------------------
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+async def _stop(procs: Processes, name: str) -> None:
+    """SIGTERM process `name` and wait for it (10 s, then SIGKILL)."""
+    await asyncio.to_thread(procs.stop, name, 10.0)
 
 
-async def _start_agent(server: Server, node: str, tmp: Path, log: Path) -> Any:
+def _start_agent(procs: Processes, server: Server, node: str, tmp: Path) -> Any:
+    """`zeus-agent run` of `node` with its credentials, as process "agent" of `procs`."""
     args = [
         "run", "--nats-url", server.url(permissions.agent_user(node)), "--backend", "sim",
         "--node", node, "--sim-state-dir", str(tmp / "sim"), "--socket-path",
         str(tmp / "agent.sock"), "--heartbeat-s", "1", "--log-level", "INFO",
     ]  # fmt: skip
-    with log.open("wb") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "zeus_agent.cli", *args, stdout=out, stderr=out
-        )
+    return procs.spawn("agent", [sys.executable, "-m", "zeus_agent.cli", *args])
 
 
 async def test_real_agent_serves_info_to_the_coordinator_with_node_credentials(server):
     tmp = Path(tempfile.mkdtemp(prefix="zeus-perm-agent-", dir="/tmp"))
-    log = tmp / "agent.log"
+    procs = Processes(tmp)
     try:
         async with coordinator_client(server) as coord:
             hello = await coord.nc.subscribe(subjects.agent_hello(A))
             await confirm_subscriptions(coord.nc)
-            proc = await _start_agent(server, A, tmp, log)
+            proc = _start_agent(procs, server, A, tmp)
             try:
                 try:
                     msg = await hello.next_msg(timeout=20)
                 except nats.errors.TimeoutError:
-                    pytest.fail(f"no hello from the agent:\n{log.read_text()}")
+                    pytest.fail(f"no hello from the agent:\n{procs.text('agent')}")
                 assert codec.decode(msg.data, AgentHello).node == A
                 reply = await info(coord, A, timeout_s=5)
                 assert reply.ok and reply.result["gpu"]["name"] == "NVIDIA A40", reply
             finally:
-                await _stop(proc)
-        text = log.read_text()
+                await _stop(procs, "agent")
+        text = procs.text("agent")
         assert "permissions violation" not in text.lower(), text
         assert proc.returncode == 0, text
     finally:
+        procs.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -477,23 +468,22 @@ async def test_real_agent_and_coordinator_register_a_rank_with_their_credentials
     from zeus_agent.emit import Publisher
 
     tmp = Path(tempfile.mkdtemp(prefix="zeus-perm-both-", dir="/tmp"))
-    agent_log, coord_log = tmp / "agent.log", tmp / "coordinator.log"
+    procs = Processes(tmp)
     try:
         async with coordinator_client(server) as probe:
             hello = await probe.nc.subscribe(subjects.agent_hello(A))
             await confirm_subscriptions(probe.nc)
-            with coord_log.open("wb") as out:
-                coordinator = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "coordinator.cli", "run",
-                    "--nats-url", server.url(permissions.COORDINATOR_USER),
-                    "--state-dir", str(tmp / "state"), stdout=out, stderr=out,
-                )  # fmt: skip
-            agent = await _start_agent(server, A, tmp, agent_log)
+            procs.spawn("coordinator", [
+                sys.executable, "-m", "coordinator.cli", "run",
+                "--nats-url", server.url(permissions.COORDINATOR_USER),
+                "--state-dir", str(tmp / "state"),
+            ])  # fmt: skip
+            _start_agent(procs, server, A, tmp)
             try:
                 try:
                     await hello.next_msg(timeout=20)
                 except nats.errors.TimeoutError:
-                    pytest.fail(f"no hello from the agent:\n{agent_log.read_text()}")
+                    pytest.fail(f"no hello from the agent:\n{procs.text('agent')}")
 
                 def trainer() -> tuple[str | None, Reply | None]:
                     pub = Publisher(socket_path=str(tmp / "agent.sock"), gpu_index=0, timeout_s=10)
@@ -523,7 +513,7 @@ async def test_real_agent_and_coordinator_register_a_rank_with_their_credentials
                         pub.close()
 
                 job_id, reply = await asyncio.to_thread(trainer)
-                assert job_id, f"{agent_log.read_text()}\n{coord_log.read_text()}"
+                assert job_id, f"{procs.text('agent')}\n{procs.text('coordinator')}"
                 assert reply is not None and reply.ok, reply
                 async with observer_client(server) as obs:
                     msg = await obs.nc.request(
@@ -531,9 +521,10 @@ async def test_real_agent_and_coordinator_register_a_rank_with_their_credentials
                     )
                     assert codec.decode(msg.data, Reply).ok
             finally:
-                await _stop(agent)
-                await _stop(coordinator)
-        logs = agent_log.read_text() + coord_log.read_text()
+                await _stop(procs, "agent")
+                await _stop(procs, "coordinator")
+        logs = procs.text("agent") + procs.text("coordinator")
         assert "permissions violation" not in logs.lower(), logs
     finally:
+        procs.close()
         shutil.rmtree(tmp, ignore_errors=True)
