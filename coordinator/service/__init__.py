@@ -82,7 +82,7 @@ from coordinator.state import OwnershipBook
 from coordinator.state.jetstream import JetStreamState
 from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, Releases, every
-from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain, redact_url
+from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, redact_url
 from zeus_agent.bus import BusHealth
 from zeus_agent.history import History
 from zeus_agent.wire import subjects
@@ -312,12 +312,12 @@ class CoordinatorService(ExitSignals):
                            on_reconnect=self.bus.on_reconnect, on_closed=self.bus.on_closed,
                            inbox_prefix=subjects.inbox_prefix("coord", "", s.prefix),
                            **s.nats_options())
-        self.link.nc = nc
-        release("the NATS connection", self._drain)
+        self.link.attach(nc)
+        release("the NATS connection", self.link.drain)
         self.bus.connected(nc)
-        self.link.state = state = JetStreamState(nc, s.prefix, s.state_replicas,
-                                                 timeout_s=max(2.0, s.command_timeout_s),
-                                                 bucket=s.state_bucket)
+        state = JetStreamState(nc, s.prefix, s.state_replicas,
+                               timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket)
+        self.link.use_state(state)
         if s.history:
             state.history = History(s.history, f"coordinator:{s.replica_name}")
         release("the state buckets", state.close)
@@ -402,11 +402,6 @@ class CoordinatorService(ExitSignals):
         """
         await self._releases.aclose()
         LOG.info("coordinator stopped")
-
-    async def _drain(self) -> None:
-        if self.link.nc is not None:
-            await drain(self.link.nc)
-            self.link.nc = None
 
     async def _close_status_server(self) -> None:
         if self._status_server is not None:

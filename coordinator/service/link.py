@@ -1,8 +1,9 @@
 """`Link`: the replica's NATS connection and state bucket as its helpers reach them.
 
-The service sets `nc` and `state` at start-up and clears `nc` once NATS is drained; the helpers
-read them here, publish the jobs' status events (`status`) and count the stream messages they
-drop (`drop`), without holding the service.
+The helpers are made before NATS is connected: the service's start-up hands the connection and
+the state bucket over (`attach`, `use_state`) and its shutdown drains NATS here (`drain`). The
+helpers read them here, publish the jobs' status events (`status`) and count the stream
+messages they drop (`drop`), without holding the service.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 from coordinator.state.jetstream import JetStreamState, StateUnavailableError
+from zeus_agent import broker
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobStatus
 from zeus_agent.wire.text import bounded
@@ -26,16 +28,38 @@ class Link:
 
     Attributes:
         prefix: The subject prefix.
-        nc: The NATS connection (None before start-up and once drained).
-        state: The state bucket (None before start-up).
         dropped: Stream messages dropped, by reason (spoofed node, unknown rank...).
     """
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.nc: Any = None
-        self.state: JetStreamState | None = None
+        self._nc: Any = None
+        self._state: JetStreamState | None = None
         self.dropped: Counter[str] = Counter()
+
+    @property
+    def nc(self) -> Any:
+        """The NATS connection (None before `attach` and once drained)."""
+        return self._nc
+
+    @property
+    def state(self) -> JetStreamState | None:
+        """The state bucket (None before `use_state`)."""
+        return self._state
+
+    def attach(self, nc: Any) -> None:
+        """Start-up connected NATS: the helpers reach it here until `drain`."""
+        self._nc = nc
+
+    def use_state(self, state: JetStreamState) -> None:
+        """Start-up made the state bucket (it opens it next): the helpers reach it here."""
+        self._state = state
+
+    async def drain(self) -> None:
+        """Drain NATS and forget the connection (a shutdown step; nothing when not attached)."""
+        if self._nc is not None:
+            await broker.drain(self._nc)
+            self._nc = None
 
     @property
     def connected(self) -> bool:
