@@ -37,12 +37,15 @@ Callback = Callable[[Any], Awaitable[None]]
 class BudgetService:
     """Answers budget requests; knows the cluster from announcements and samples."""
 
-    def __init__(self, prefix: str, link: Link, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, prefix: str, link: Link, cluster: core.Cluster | None = None, *,
+                 on_lift: Callable[[Budget], Awaitable[None]] | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
         self.prefix = prefix
         self.link = link
         self.wall = wall
-        self.cluster = core.Cluster()
-        self.on_lift: Callable[[Budget], Awaitable[None]] | None = None
+        self.cluster = cluster if cluster is not None else core.Cluster()
+        """The GPUs, labels and samples learnt here (shared with the loop that plans on them)."""
+        self.on_lift = on_lift
         """Lifts a budget's caps at once (`BudgetLoop.lift`; the owner lifts them too)."""
 
     def subscriptions(self) -> list[tuple[str, Callback]]:

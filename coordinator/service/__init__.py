@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import metrics
+from coordinator.budget.budgets import Cluster as BudgetCluster
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
 from coordinator.budget.loop import BudgetLoop, job_views
 from coordinator.budget.service import BudgetService
@@ -161,13 +162,13 @@ class CoordinatorService(ExitSignals):
         self.replicas = Replicas(settings=s, clock=clock, jobs=jobs, link=link,
                                  leases=self.leases, starter=self.starter, streams=self.streams,
                                  progress=self.progress, failures=self.failures, spawn=spawn)
-        self.budgets = BudgetService(s.prefix, link)
+        cluster = BudgetCluster()  # What the budget service learns, what the loop plans on.
         self.budget_view = BudgetView()
-        self.budget_loop = BudgetLoop(link=link, book=self.book, cluster=self.budgets.cluster,
+        self.budget_loop = BudgetLoop(link=link, book=self.book, cluster=cluster,
                                       jobs=lambda: job_views(jobs.drivers()),
                                       cap_lease_s=max(10.0, 3 * self.book.lease_s),
                                       view=self.budget_view)
-        self.budgets.on_lift = self.budget_loop.lift
+        self.budgets = BudgetService(s.prefix, link, cluster, on_lift=self.budget_loop.lift)
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,
                                    starter=self.starter, failures=self.failures,
@@ -315,11 +316,11 @@ class CoordinatorService(ExitSignals):
         self.link.attach(nc)
         release("the NATS connection", self.link.drain)
         self.bus.connected(nc)
+        history = History(s.history, f"coordinator:{s.replica_name}") if s.history else None
         state = JetStreamState(nc, s.prefix, s.state_replicas,
-                               timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket)
+                               timeout_s=max(2.0, s.command_timeout_s), bucket=s.state_bucket,
+                               history=history)
         self.link.use_state(state)
-        if s.history:
-            state.history = History(s.history, f"coordinator:{s.replica_name}")
         release("the state buckets", state.close)
         # The jobs this replica comes to drive: their progress recorded, their leases given up.
         release("the jobs' leases", lambda: self.replicas.give_up_jobs())

@@ -78,7 +78,8 @@ class JetStreamState:
     """The state and ownership buckets of one subject prefix."""
 
     def __init__(self, nc: Any, prefix: str, replicas: int = 1, timeout_s: float = 5.0,
-                 bucket: str | None = None, retry_s: float = 10.0) -> None:
+                 bucket: str | None = None, retry_s: float = 10.0,
+                 history: History | None = None) -> None:
         self.nc = nc
         self.retry_s = retry_s
         """How long a write is retried while JetStream cannot answer (a leader election)."""
@@ -95,7 +96,7 @@ class JetStreamState:
         self._ack_inbox = ""
         self._ack_sub: Any = None
         self._ack_ids = itertools.count()
-        self.history: History | None = None
+        self.history = history
         """Where acknowledged writes and leases taken are recorded (`--history`), if anywhere."""
 
     def _log(self, kind: str, **fields: Any) -> None:
