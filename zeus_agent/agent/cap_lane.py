@@ -33,6 +33,10 @@ class CapLane:
         self.job_limit_w: int | None = None
         """The limit the power-limit lease's holder asked for (None: the default)."""
 
+    def job_asks(self, limit_w: int | None) -> None:
+        """The power-limit lease's holder asked for `limit_w` (None: the default, or lapsed)."""
+        self.job_limit_w = limit_w
+
     def start(self, info: GPUInfo) -> None:
         """The GPU's range and default are known."""
         self.holder = CapHolder(info.min_power_limit_w, info.max_power_limit_w)

@@ -379,7 +379,7 @@ class GpuAgent:
                 # changed, so the expiry loop restores it unless a lease covers it.
                 self._changed.add(POWER_LIMIT)
             raise
-        self.cap.job_limit_w = None if to_default else power_limit_w
+        self.cap.job_asks(None if to_default else power_limit_w)
         if to_default:
             self.leases.release(POWER_LIMIT)
             self._changed.discard(POWER_LIMIT)
@@ -406,15 +406,14 @@ class GpuAgent:
     async def drop_node_cap(self) -> None:
         """Forget the node cap, whoever holds it (the agent stops: the defaults come back)."""
         async with self._settings:
-            if self.cap.holder.cap is not None:
-                self.cap.holder.cap = None
+            if self.cap.holder.drop():
                 await self.cap.follow(self.leases.get(POWER_LIMIT) is not None)
 
     async def reset_power_limit(self) -> int:
         """Put the limit back to the default, or to the node cap while one holds below it."""
         await self.restore({POWER_LIMIT}, reason="reset command")
         async with self._settings:
-            self.cap.job_limit_w = None
+            self.cap.job_asks(None)
             await self.cap.follow(False)
             self.power_limit_w = await self.caller.call(self.gpu.get_power_limit_w)
         return self.power_limit_w or 0
@@ -532,7 +531,7 @@ class GpuAgent:
                 LOG.error("GPU %d: restoring %s failed: %s", self.index, kind, e)
                 continue
             if kind == POWER_LIMIT and self.info is not None:
-                self.cap.job_limit_w = None
+                self.cap.job_asks(None)
                 self.limits.record(t_ns, capped_w)
                 self.counter.refresh_limit()
             if kind == SM_CLOCKS:

@@ -63,6 +63,11 @@ class CapHolder:
         self.cap = None
         return True
 
+    def drop(self) -> bool:
+        """Drop the cap, whoever holds it (the agent stops); whether one was held."""
+        dropped, self.cap = self.cap is not None, None
+        return dropped
+
     def clamp(self, limit_w: int, now_ns: int) -> int:
         """The limit to apply for a wanted `limit_w`: at most the cap while it holds."""
         if self.cap is None or self.expired(now_ns):
