@@ -65,7 +65,6 @@ from coordinator.budget.store import BudgetView
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRegistry
 from coordinator.optimizer import JobOptimizer
-from coordinator.pipeline.memory import NodeBudget
 from coordinator.service.actions import ActionExecutor
 from coordinator.service.commands import GpuCommands
 from coordinator.service.durable import DurableState
@@ -190,11 +189,6 @@ class CoordinatorService(ExitSignals):
         """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
         return self.link.dropped
 
-    @property
-    def pipeline_budget(self) -> NodeBudget:
-        """What the pipeline jobs driven here keep of their measurements, per node."""
-        return self.starter.budget
-
     # ------------------------------------------------------------------ jobs
     def optimiser(self, job_id: str) -> JobOptimizer | None:
         """The optimiser driving the job here, or None."""
@@ -204,11 +198,6 @@ class CoordinatorService(ExitSignals):
     def optimisers(self) -> dict[str, JobOptimizer]:
         """The optimisers driven by this replica, by job id (readable from any thread)."""
         return self.jobs.optimisers()
-
-    @property
-    def power_limit_jobs(self) -> dict[str, Any]:
-        """The power-limit optimisers driven here, by job id (the fuzz tests read them)."""
-        return {j: o for j, o in self.optimisers.items() if o.kind == "power_limit"}
 
     @property
     def pipeline_jobs(self) -> dict[str, Any]:

@@ -282,7 +282,7 @@ def registry_problems(coord: CoordinatorService) -> list[str]:
             problems.append(
                 f"job {job_id!r}: GPU index {record.gpu_ranks} does not match its ranks {index}"
             )
-    orphans = set(coord.power_limit_jobs) - set(coord.registry.jobs)
+    orphans = set(coord.optimisers) - set(coord.registry.jobs)
     if orphans:
         problems.append(f"optimised jobs that are not registered: {sorted(orphans)}")
     return problems

@@ -93,7 +93,7 @@ def jobs(bus: Bus) -> dict[str, str]:
     reply = bus.ask(subjects.coord_register_job(node), codec.encode(job2))
     assert reply.ok, reply
     deadline = time.monotonic() + 10
-    while job_id not in bus.call(lambda: set(bus.coord.power_limit_jobs)):
+    while job_id not in bus.call(lambda: set(bus.coord.optimisers)):
         assert time.monotonic() < deadline, "the optimiser of the module's job did not start"
         time.sleep(0.02)
     bus.env_extra.update({"$JOB": job_id, "$JOB2": reply.result["job_id"],
@@ -336,7 +336,7 @@ def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | Non
         return None
     node, gpu = tokens[-3], tokens[-2]
     if (
-        message.job_id in bus.coord.power_limit_jobs
+        message.job_id in bus.coord.optimisers
         and message.marks
         and (
             node != subjects.token(message.node)

@@ -352,7 +352,7 @@ def env(bus: Bus) -> dict[str, Any]:
     reply2 = bus.ask(subjects.coord_register_job(node), codec.encode(job2))
     assert reply2.ok, reply2
     deadline = time.monotonic() + 10
-    while job_id not in bus.call(lambda: set(bus.coord.power_limit_jobs)):
+    while job_id not in bus.call(lambda: set(bus.coord.optimisers)):
         assert time.monotonic() < deadline, "the optimiser of the module's job did not start"
         time.sleep(0.02)
     gpu0 = bus.run(bus.agent.agents[0].describe()).model_dump()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.pipeline.job import PipelineJob
+from coordinator.pipeline.job import MAX_DISCOVERY_CHANGES, PipelineJob
 from coordinator.service import CoordinatorService
 from tests.shell.agent_kit import RawTrainer, wait_for
 from tests.shell.coordinator_kit import (
@@ -64,13 +64,15 @@ async def test_a_trainers_goodbye_lets_the_coordinator_go_of_what_it_kept(
     try:
         job_id, job, trainer, statuses = await _one_rank_job(nc, coord, agent)
         try:
-            for step in range(8):
+            # (One more iteration unlike the one before would stop the job by itself.)
+            for step in range(MAX_DISCOVERY_CHANGES):
                 await trainer.iteration(step, [f"op{step}_{k}" for k in range(200)], step * 200)
-            await wait_for(lambda: job.kept.total > 0 and job._latest.get(0) == 7, 10,
+            last = MAX_DISCOVERY_CHANGES - 1
+            await wait_for(lambda: job.kept.total > 0 and job._latest.get(0) == last, 10,
                            "the iterations measured")
             assert job.phase == "discovering"
-            assert job.kept.total <= 2 * 200 * 300  # About one iteration, not eight.
-            assert coord.pipeline_budget.used(NODE) == job.kept.total
+            assert job.kept.total <= 2 * 200 * 300  # About one iteration, not five.
+            assert coord.starter.budget.used(NODE) == job.kept.total
             assert (await trainer.request(K.BYE, {})).ok
             await wait_for(lambda: any(s.state == "stopped" for s in statuses), 5,
                            "the job stopped on the goodbye")
@@ -78,7 +80,7 @@ async def test_a_trainers_goodbye_lets_the_coordinator_go_of_what_it_kept(
             trainer.close()
         stopped = next(s for s in statuses if s.state == "stopped")
         assert "said goodbye" in stopped.message
-        assert job.kept.total == 0 and coord.pipeline_budget.used(NODE) == 0
+        assert job.kept.total == 0 and coord.starter.budget.used(NODE) == 0
         assert not any(job._steps.values())
     finally:
         await stop(coord, task)
@@ -98,6 +100,6 @@ async def test_a_job_past_its_cap_stops_with_too_large(nats_server, agent, nc, t
         error = next(s for s in statuses if s.state == "error")
         assert error.progress.get("code") == "too_large"
         assert "max_pipeline_mb_per_job" in error.message and "raise the cap" in error.message
-        assert job.kept.total == 0 and coord.pipeline_budget.used(NODE) == 0
+        assert job.kept.total == 0 and coord.starter.budget.used(NODE) == 0
     finally:
         await stop(coord, task)
