@@ -252,15 +252,23 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
     a = size.args
     plan = plan_jobs(size.gpus, a.gpus_per_node, a.fill, (a.small_min, a.small_max), rng)
     sem = asyncio.Semaphore(64)
+    retries: dict[str, int] = {}
 
     async def job(first: int, nodes: int) -> tuple[str, str, int, int]:
         ranks = nodes * a.gpus_per_node
         info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
-        async with sem:
-            raw = await size.nc.request(subjects.coord_register_job(node_name(first)),
-                                        codec.encode(RegisterJob(job=info, power_limit=OPTIONS)),
-                                        timeout=120)
-        reply = codec.decode(raw.data, Reply)
+        request = codec.encode(RegisterJob(job=info, power_limit=OPTIONS))
+        for _ in range(30):
+            async with sem:
+                raw = await size.nc.request(subjects.coord_register_job(node_name(first)),
+                                            request, timeout=120)
+            reply = codec.decode(raw.data, Reply)
+            if reply.ok or reply.code != "unavailable":
+                break
+            # "could not give the job a unique id; retry": same-shaped jobs registered in the
+            # same second on both replicas collide on their ids; the reply says retry.
+            retries[reply.error or ""] = retries.get(reply.error or "", 0) + 1
+            await asyncio.sleep(rng.uniform(0.05, 0.5))
         if not reply.ok:
             raise RuntimeError(f"job not registered: {reply.code}: {reply.error}")
         return str(reply.result["job_id"]), str(reply.result["join_token"]), first, nodes
@@ -299,7 +307,7 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
         "small_jobs": len(plan) - 1, "job_gpus": job_gpus,
         "register_jobs_s": round(t_jobs - t0, 2), "register_s": round(t_ranks - t0, 2),
         "first_limit_s": round(t_limits - t0, 2), "gpus_with_first_limit": limited,
-        "jobs_without_first_limit": without,
+        "jobs_without_first_limit": without, "register_job_retries": retries,
         "rank_failures": failed, "first_failure": next((r["error"] for r in results
                                                         if r["error"]), None),
         "register_rates": rates(cpu0, cpu1),
@@ -425,7 +433,8 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "gpus": size.gpus, "nodes": size.nodes, **{x: reg[x] for x in (
             "jobs", "big_job_gpus", "small_jobs", "job_gpus", "register_s", "first_limit_s",
-            "gpus_with_first_limit", "jobs_without_first_limit", "rank_failures",
+            "gpus_with_first_limit", "jobs_without_first_limit", "register_job_retries",
+            "rank_failures",
             "first_failure")},
         "coordinator_cpu_s_per_1k_gpus": round(run_cores * 60 / k, 3),
         "coordinator_cpu_s_per_1k_gpus_is": "CPU-s per minute of running, both replicas",
