@@ -417,6 +417,15 @@ def memory(size: Size, waves: int) -> list[dict[str, Any]]:
     return out
 
 
+def per_msg_us(r: dict[str, Any], names: list[str]) -> dict[str, float | None]:
+    """Each replica's CPU per message NATS sent it, while running (us)."""
+    out: dict[str, float | None] = {}
+    for n in names:
+        got = r["components"].get(f"zeus-coordinator:{n}", {}).get("received_per_s", 0)
+        out[n] = round(r["cores"][n] / got * 1e6, 1) if got else None
+    return out
+
+
 def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
     """The size's record: per 1,000 GPUs and per job (the first wave's), and the raw rates."""
     assert size.reps is not None
@@ -457,6 +466,7 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
             d: sum(v[f"{d}_msgs_per_s"] for v in ran["rates"]["servers"].values())
             for d in ("in", "out")},
         "components_msgs_per_s": ran["rates"]["components"],
+        "replica_cpu_us_per_msg_received": per_msg_us(ran["rates"], names),
         "cores_by_process": cores,
         "running_s": ran["rates"]["seconds"],
         **{x: ran[x] for x in ("fleet_published_per_s", "fleet_expected_per_s", "fleet_behind",
