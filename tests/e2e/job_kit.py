@@ -4,9 +4,7 @@ replicas' ownership, and the pipeline job's clock checks."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 from coordinator.power_limit import Energy
@@ -15,7 +13,7 @@ from zeus_agent.gpu.sim.physics import operating_point
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import subjects
-from zeus_demo.cluster import SimCluster
+from zeus_demo.cluster import SimCluster, wait_for_async
 
 WORKLOAD = "A40+resnet50+gpu0"
 """Step time 30 ms at 300 W to 88 ms at 100 W (scaled): every limit takes its own time."""
@@ -70,8 +68,7 @@ def describe(c: SimCluster, *logs: str) -> str:
 async def wait_optimum(c: SimCluster, job_id: str, timeout_s: float) -> dict[str, Any]:
     """The job's power-limit progress once an optimum is known: from its `done` event or its
     query (retried: NATS may be reconnecting, a client failing over)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    async def optimum() -> dict[str, Any] | None:
         done = [s for _, s in c.statuses if s.state == "done"]
         if done:
             return done[-1].progress
@@ -79,13 +76,13 @@ async def wait_optimum(c: SimCluster, job_id: str, timeout_s: float) -> dict[str
             progress = (await c.query(job_id, timeout_s=1.0)).get("power_limit") or {}
         except Exception:  # noqa: BLE001 - NATS may be reconnecting
             progress = {}
-        if progress.get("optimal_power_limit_w") is not None:
-            return progress
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no optimal power limit within {timeout_s} s (the job "
-                                 f"{'still trains' if c.procs.alive('trainer') else 'ended'})"
-                                 f"\n{describe(c)}")
-        await asyncio.sleep(0.3)
+        return progress if progress.get("optimal_power_limit_w") is not None else None
+
+    return await wait_for_async(
+        optimum, timeout_s,
+        lambda: f"no optimal power limit within {timeout_s} s (the job "
+                f"{'still trains' if c.procs.alive('trainer') else 'ended'})\n{describe(c)}",
+        interval_s=0.3)
 
 
 def measured(progress: dict[str, Any]) -> list[PowerLimitMeasurement]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from zeus_agent.broker import connect
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobQuery, Reply
 from zeus_agent.wire.trainer import Kind
-from zeus_demo.cluster import SimCluster, kill_group
+from zeus_demo.cluster import SimCluster, kill_group, wait_for_async
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -61,14 +60,15 @@ async def _power_limit_progress(nc: Any, job_id: str) -> dict[str, Any] | None:
 
 
 async def _wait_progress(nc: Any, job_id: str, done: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        progress = await _power_limit_progress(nc, job_id)
-        if progress is not None and done(progress):
-            return progress
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; progress: {progress}")
-        await asyncio.sleep(0.1)
+    last: list[dict[str, Any] | None] = [None]
+
+    async def reached() -> dict[str, Any] | None:
+        last[0] = progress = await _power_limit_progress(nc, job_id)
+        return progress if progress is not None and done(progress) else None
+
+    return await wait_for_async(
+        reached, timeout_s, lambda: f"timed out waiting for {what}; progress: {last[0]}",
+        interval_s=0.1)
 
 
 async def _steps_pace_nothing(intruder: Raw, nc: Any, job_id: str, what: str) -> None:

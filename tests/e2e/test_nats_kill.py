@@ -27,7 +27,7 @@ import pytest
 from tests.e2e.job_kit import SCALE, WORKLOAD, options
 from tests.repo_kit import REPO_ROOT
 from zeus_agent.wire import subjects
-from zeus_demo.cluster import SimCluster, free_port, processes_with_mark
+from zeus_demo.cluster import SimCluster, free_port, processes_with_mark, wait_for_async
 
 
 class MetricsCluster(SimCluster):
@@ -61,18 +61,20 @@ class MetricsCluster(SimCluster):
 
     async def wait_metrics(self, node: str, predicate: Any, timeout_s: float,
                            what: str) -> dict[str, float]:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        last: dict[str, float] = {}
+
+        async def reached() -> dict[str, float] | None:
             try:
                 values = await self.metrics(node)
             except OSError:
                 values = {}
-            if values and predicate(values):
-                return values
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{node}: {what} not within {timeout_s} s: {values}\n"
-                                     + self.procs.log(f"agent-{node}"))
-            await asyncio.sleep(0.1)
+            last.clear()
+            last.update(values)
+            return values if values and predicate(values) else None
+
+        return await wait_for_async(
+            reached, timeout_s, lambda: f"{node}: {what} not within {timeout_s} s: {last}\n"
+            + self.procs.log(f"agent-{node}"), interval_s=0.1)
 
 
 @pytest.mark.timeout(120)

@@ -40,7 +40,7 @@ from tests.e2e.job_kit import (
 )
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import ErrorEvent
-from zeus_demo.cluster import SimCluster, processes_with_mark
+from zeus_demo.cluster import SimCluster, processes_with_mark, wait_for_async
 
 
 @pytest.fixture
@@ -69,17 +69,20 @@ async def wait_recorded(c: SimCluster, job_id: str, predicate: Any,
     """The job's progress in JetStream once `predicate` holds (written beside the job)."""
     bucket = subjects.state_buckets(subjects.DEFAULT_PREFIX)[0]
     kv = await c.nc.jetstream(timeout=2).key_value(bucket)
-    deadline = time.monotonic() + timeout_s
-    while True:
+    last: dict[str, Any] = {}
+
+    async def reached() -> dict[str, Any] | None:
         try:
             entry = await kv.get(records.progress_key(job_id))
             recorded = records.decode(entry.key, entry.value, False, 0).progress or {}
         except KeyNotFoundError:
             recorded = {}
-        if predicate(recorded):
-            return recorded
-        assert time.monotonic() < deadline, f"JetStream holds {recorded}"
-        await asyncio.sleep(0.1)
+        last.clear()
+        last.update(recorded)
+        return recorded if predicate(recorded) else None
+
+    return await wait_for_async(reached, timeout_s, lambda: f"JetStream holds {last}",
+                                interval_s=0.1)
 
 
 async def wait_done(c: SimCluster, timeout_s: float, after: int = 0) -> Any:
