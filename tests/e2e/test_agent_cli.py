@@ -36,7 +36,7 @@ from zeus_agent.wire.messages import (
     SetPowerLimitCmd,
     TrainerEventBatch,
 )
-from zeus_demo.cluster import wait_for_async
+from zeus_demo.cluster import Processes, wait_for_async
 
 AGENT = [sys.executable, "-m", "zeus_agent.cli"]
 _nodes = itertools.count()
@@ -101,20 +101,15 @@ async def agent(nats, nc) -> AsyncIterator[Agent]:
         "--sample-hz", "20", "--publish-interval-s", "0.2", "--heartbeat-s", "1",
         "--log-level", "WARNING",
     ]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(*AGENT, *args)
+    procs = Processes(tmp)
+    proc = procs.spawn("agent", [*AGENT, *args])
     try:
         msg = await hello.next_msg(timeout=15)
         assert [g.index for g in codec.decode(msg.data, AgentHello).gpus] == [0, 1]
         await hello.unsubscribe()
         yield Agent(proc, node, tmp / "sim", tmp / "agent.sock")
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await asyncio.to_thread(procs.close, 10.0)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -168,7 +163,7 @@ async def test_commands_events_samples_and_sigterm_restore(agent, nc):
         assert batch.samples and batch.node == node
 
     agent.proc.send_signal(signal.SIGTERM)
-    assert await asyncio.wait_for(agent.proc.wait(), 10) == 0
+    assert await asyncio.to_thread(agent.proc.wait, 10) == 0
     assert agent.gpu(1).get_power_limit_w() == 300
     assert not agent.socket_path.exists()
 
@@ -192,7 +187,7 @@ async def test_lease_expiry_restores_defaults(agent, nc):
     assert agent.gpu(0).get_power_limit_w() == 200
     await wait_for_async(lambda: agent.gpu(0).get_power_limit_w() == 300, 3,
                          "the restore on lease expiry")
-    assert agent.proc.returncode is None  # and the agent keeps running
+    assert agent.proc.poll() is None  # and the agent keeps running
     assert (await command(nc, agent.node, 0, InfoCmd())).result["leases"] == []
 
 
@@ -210,7 +205,7 @@ async def test_a_connection_the_server_closes_ends_the_process_with_4_gpus_resto
     node = f"e2e{os.getpid()}closed"
     http = free_port()
     nc = await connect(server.url("first"), "e2e-test")
-    proc = None
+    procs = Processes(tmp)
     try:
         hello = await nc.subscribe(subjects.agent_hello(node))
         args = [
@@ -218,9 +213,7 @@ async def test_a_connection_the_server_closes_ends_the_process_with_4_gpus_resto
             "--sim-state-dir", str(tmp / "sim"), "--socket-path", str(tmp / "agent.sock"),
             "--metrics-port", str(http), "--metrics-host", "127.0.0.1", "--log-level", "ERROR",
         ]  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(
-            *AGENT, *args, stderr=asyncio.subprocess.PIPE
-        )
+        proc = procs.spawn("agent", [*AGENT, *args])
         await hello.next_msg(timeout=15)
         url = f"http://127.0.0.1:{http}/healthz"
         body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url).read()))
@@ -230,16 +223,14 @@ async def test_a_connection_the_server_closes_ends_the_process_with_4_gpus_resto
         assert SimGPU.open(tmp / "sim", 0).get_power_limit_w() == 150
 
         server.revoke()
-        assert await asyncio.wait_for(proc.wait(), 20) == 4
-        stderr = (await proc.stderr.read()).decode()
+        assert await asyncio.to_thread(proc.wait, 20) == 4
+        stderr = procs.text("agent")
         assert "closed the connection" in stderr and "exiting with code 4" in stderr
         assert "Traceback" not in stderr
         assert SimGPU.open(tmp / "sim", 0).get_power_limit_w() == 300
         assert not (tmp / "agent.sock").exists()
     finally:
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await asyncio.to_thread(procs.close)
         with contextlib.suppress(Exception):
             await nc.close()
         server.stop()
