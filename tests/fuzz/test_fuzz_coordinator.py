@@ -63,6 +63,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
     join_token_digest,
 )
+from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -92,10 +93,8 @@ def jobs(bus: Bus) -> dict[str, str]:
                             "job_metadata": "fuzz-ranks"}}  # fmt: skip
     reply = bus.ask(subjects.coord_register_job(node), codec.encode(job2))
     assert reply.ok, reply
-    deadline = time.monotonic() + 10
-    while job_id not in bus.call(lambda: set(bus.coord.optimisers)):
-        assert time.monotonic() < deadline, "the optimiser of the module's job did not start"
-        time.sleep(0.02)
+    wait_for(lambda: job_id in bus.call(lambda: set(bus.coord.optimisers)), 10,
+             "the optimiser of the module's job to start", interval_s=0.02)
     bus.env_extra.update({"$JOB": job_id, "$JOB2": reply.result["job_id"],
                           "$TOKEN": token, "$TOKEN2": reply.result["join_token"],
                           "$DIGEST": join_token_digest(token)})
@@ -621,14 +620,9 @@ def test_optimisers_start_and_run_safely_on_any_options_and_measurements(
     rank = _rank_request(job_id, 0, bus.node, gpu, "", token)
     reply = bus.ask(subjects.coord_register_rank(bus.node), codec.encode(rank))
     assert reply.ok, reply
-    deadline = time.monotonic() + 3
-    while not [
-        s
-        for s in list(statuses)
-        if s.job_id == job_id and s.state not in ("registered", "rank_registered")
-    ]:
-        assert time.monotonic() < deadline, f"the optimiser of {options} never reported"
-        time.sleep(0.005)
+    wait_for(lambda: any(s.job_id == job_id and s.state not in ("registered", "rank_registered")
+                         for s in list(statuses)), 3,
+             lambda: f"the optimiser of {options} never reported", interval_s=0.005)
     # Stamps and counters within the contract's bounds (monotonic, so >= 0); a counter may
     # still go back, jump or overflow to 1e308.
     t, energy = max(0, time.monotonic_ns() - 10**13), 0.0

@@ -79,6 +79,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
     join_token_digest,
 )
+from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -351,10 +352,8 @@ def env(bus: Bus) -> dict[str, Any]:
                             "job_metadata": "long-values-2"}}  # fmt: skip
     reply2 = bus.ask(subjects.coord_register_job(node), codec.encode(job2))
     assert reply2.ok, reply2
-    deadline = time.monotonic() + 10
-    while job_id not in bus.call(lambda: set(bus.coord.optimisers)):
-        assert time.monotonic() < deadline, "the optimiser of the module's job did not start"
-        time.sleep(0.02)
+    wait_for(lambda: job_id in bus.call(lambda: set(bus.coord.optimisers)), 10,
+             "the optimiser of the module's job to start", interval_s=0.02)
     gpu0 = bus.run(bus.agent.agents[0].describe()).model_dump()
     values = {"$JOB": job_id, "$TOKEN": token, "$DIGEST": join_token_digest(token),
               "$JOB2": reply2.result["job_id"], "$TOKEN2": reply2.result["join_token"],

@@ -56,6 +56,7 @@ from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire import trainer as dg
 from zeus_agent.wire.messages import JobQuery, RegisterJob, RegisterRank, Reply
+from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 K = dg.Kind
@@ -305,10 +306,9 @@ def test_datagrams_are_answered_or_dropped_and_counted(bus: Bus, trainer: Traine
     if isinstance(decoded, dg.RequestDatagram) and not oversized:
         expected = expected_reply(decoded, case)
         reply = trainer.reply(decoded.request_id)
-    deadline = time.monotonic() + 3
-    while bus.call(gateway_counters, bus).get("datagrams", 0) <= before.get("datagrams", 0):
-        assert time.monotonic() < deadline, f"the gateway never counted {case!r}"
-        time.sleep(0.002)
+    wait_for(lambda: bus.call(gateway_counters, bus).get("datagrams", 0)
+             > before.get("datagrams", 0), 3, lambda: f"the gateway never counted {case!r}",
+             interval_s=0.002)
     delta = counter_delta(bus.call(gateway_counters, bus), before)
     drops = {k: v for k, v in delta.items() if k != "datagrams"}
 
