@@ -231,6 +231,7 @@ class Fleet:
         mine = set(self.nodes)
         sem = asyncio.Semaphore(window)
         failures: list[str] = []
+        failed: set[tuple[str, int]] = set()  # (job, rank): its trainer does not step
         todo: list[tuple[str, str, int, str, int]] = []
         for job_id, token, first_node, nodes in jobs:
             for n in range(first_node, first_node + nodes):
@@ -253,14 +254,17 @@ class Fleet:
                     reply = codec.decode(msg.data, Reply)
                     if not reply.ok:
                         failures.append(f"{reply.code}: {reply.error}")
+                        failed.add((job_id, rank))
                 except Exception as e:  # noqa: BLE001 - counted and reported
                     failures.append(repr(e))
+                    failed.add((job_id, rank))
 
         await asyncio.gather(*(one(*t) for t in todo))
         now = time.monotonic()
         phase = 0.0
         for job_id, token, _first, _nodes in jobs:
-            ranks = [(r, node, g) for j, _t, r, node, g in todo if j == job_id]
+            ranks = [(r, node, g) for j, _t, r, node, g in todo
+                     if j == job_id and (j, r) not in failed]
             if ranks:  # each job its own phase within the step
                 phase = (phase + 0.37) % 1.0
                 self.jobs[job_id] = LocalJob(job_id, join_token_digest(token), ranks,
