@@ -37,7 +37,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._budget_event import EventConfig, run_event  # noqa: E402
 from bench._common import load, machine, now  # noqa: E402
 from coordinator.budget.allocator import (  # noqa: E402
     Group,
@@ -46,6 +45,7 @@ from coordinator.budget.allocator import (  # noqa: E402
     allocate,
     uniform_cut,
 )
+from zeus_demo.budget.event import EventConfig, run_event  # noqa: E402
 
 PROFILES = ROOT / "data" / "reference-profiles"
 

@@ -1,5 +1,6 @@
-"""The grid event of `bench/power_budget.py`: processes up, jobs pinned, a cut, a lift, judged.
+"""A grid event on a simulated cluster: processes up, jobs pinned, a cut, a lift, judged.
 
+Played by `bench/power_budget.py` (the figures) and `zeus-demo --budget` (the picture).
 `run_event(config)` starts a NATS server, coordinator replicas (`Replicas`), one sim agent
 process per node and the jobs (`zeus_demo.budget.jobs`), every one in the cluster harness's
 process registry (`Processes`: each a session leader with its log, none outliving the
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._common import SHM_ROOT, Replicas
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
@@ -29,7 +31,7 @@ from zeus_agent.wire.budget import Budget, BudgetRequest
 from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
 from zeus_demo.budget import analysis as an
 from zeus_demo.budget.jobs import REFERENCE_JOBS, JobSpec, Node, plan, spec_json
-from zeus_demo.cluster import CODE_ROOT, Processes, kill_group, wait_for_async
+from zeus_demo.cluster import CODE_ROOT, Processes, Replicas, kill_group, wait_for_async
 
 BIN_S = 0.5
 """Width of the bins the group's power is judged in (s)."""
@@ -49,6 +51,8 @@ class EventConfig:
     sample_hz: float = 5.0
     pin_timeout_s: float = 300.0
     takeover: bool = True
+    temp_root: str | None = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    """Where the run's state goes (in memory where there is /dev/shm)."""
 
 
 class Watcher:
@@ -61,11 +65,13 @@ class Watcher:
         self.job_ids: dict[str, str] = {}
 
     async def sample(self, msg: Any) -> None:
+        """An agent's samples: each GPU's energy and limit over time."""
         batch = codec.decode(msg.data, SampleBatch)
         for s in batch.samples:
             self.series.add((batch.node, batch.gpu), s.t_ns / 1e9, s.energy_j, s.power_limit_w)
 
     async def status(self, msg: Any) -> None:
+        """A job's status: its id, and its optimum once pinned."""
         ev = codec.decode(msg.data, JobStatus)
         for job in self.jobs:
             if ev.job_id.endswith(job.tag):
@@ -75,6 +81,7 @@ class Watcher:
                     self.optimum[job.tag] = int(limit)
 
     def gpu_optimum(self) -> dict[an.GpuKey, int]:
+        """Each busy GPU's job's optimum (W)."""
         return {k: self.optimum[j.tag] for j in self.jobs for k in j.gpus}
 
     def at_optimum(self, t_s: float) -> bool:
@@ -220,7 +227,7 @@ def _mean(values: list[float]) -> float:
 async def run_event(config: EventConfig) -> dict[str, Any]:
     """Start everything, pin the jobs, play the event (and the takeover event), judge them."""
     nodes, jobs = plan(config.gpus_per_node, config.counts)
-    with tempfile.TemporaryDirectory(prefix="budget-bench-", dir=SHM_ROOT) as tmp:
+    with tempfile.TemporaryDirectory(prefix="budget-event-", dir=config.temp_root) as tmp:
         root = Path(tmp)
         server = EmbeddedNats(store_dir=str(root / "js")).start()
         procs = Processes(root)
@@ -234,7 +241,7 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                 start_agent(procs, root, server.url, n, config.sample_hz)
             replicas.wait_healthy(60, names=["r1"])
             watch = Watcher(jobs)
-            nc = await connect(server.url, "budget-bench")
+            nc = await connect(server.url, "budget-event")
             samples = subjects.all_gpu_measurements().rsplit(".", 1)[0] + ".sample"
             await nc.subscribe(samples, cb=watch.sample)
             await nc.subscribe(subjects.all_job_status(), cb=watch.status)
@@ -244,8 +251,8 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                                  "every GPU sampled", interval_s=0.5)
             for i, job in enumerate(jobs):  # one at a time: 100+ rank processes at once
                 start_job(procs, root, job, config.step_s, i)  # starve registrations
-                await wait_for_async(lambda j=job: j.tag in watch.job_ids, 120,
-                                     f"job {job.tag} to be seen", interval_s=0.5)
+                await wait_for_async(functools.partial(watch.job_ids.__contains__, job.tag),
+                                     120, f"job {job.tag} to be seen", interval_s=0.5)
             t0 = time.monotonic()
             await wait_for_async(lambda: watch.at_optimum(time.monotonic() - 1.2),
                                  config.pin_timeout_s, "every job pinned at its optimum",
