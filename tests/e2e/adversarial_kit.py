@@ -104,15 +104,21 @@ req(Kind.BYE, {})
 """
 
 
-def spawn_rank(sock: Path, job: tuple[str, str], rank: int, node: str, gpu: int, steps: int,
-               bye_at: int | None, period: float = 0.15) -> subprocess.Popen[str]:
+_RANKS = itertools.count()
+
+
+def spawn_rank(c: SimCluster, job: tuple[str, str], rank: int, node: str, gpu: int, steps: int,
+               bye_at: int | None, period: float = 0.15) -> subprocess.Popen[bytes]:
+    """A rank of `job` (its id and join token) on `node`'s agent, a process of the cluster's
+    registry: it registers and prints how (a JSON line), then waits for a line on its stdin
+    to start its `steps` (leaving at step `bye_at`)."""
     job_id, token = job
-    spec = {"sock": str(sock), "job": job_id, "rank": rank, "gpu": gpu, "steps": steps,
-            "bye_at": -1 if bye_at is None else bye_at, "period": period,
+    spec = {"sock": str(c.socket_path(node)), "job": job_id, "rank": rank, "gpu": gpu,
+            "steps": steps, "bye_at": -1 if bye_at is None else bye_at, "period": period,
             "registration": rank_payload(job_id, rank, node, gpu, token)}
-    return subprocess.Popen([sys.executable, "-c", RANK_CHILD, json.dumps(spec), str(REPO_ROOT)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    return c.procs.spawn(f"rank-{next(_RANKS)}", [
+        sys.executable, "-c", RANK_CHILD, json.dumps(spec), str(REPO_ROOT)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
 # ---------------------------------------------------------------------- the sim cluster

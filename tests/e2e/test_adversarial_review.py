@@ -285,15 +285,14 @@ def test_gpu_of_a_departed_rank_is_not_throttled_again(cluster: SimCluster) -> N
     registered = r.req(Kind.REGISTER_JOB, job).result
     job_id, token = registered["job_id"], registered["join_token"]
     r.close()
-    sock = cluster.socket_path("a")
-    ranks = [spawn_rank(sock, (job_id, token), 0, "a", 1, steps=14, bye_at=None),
-             spawn_rank(sock, (job_id, token), 1, "a", 2, steps=14, bye_at=3)]
+    ranks = [spawn_rank(cluster, (job_id, token), 0, "a", 1, steps=14, bye_at=None),
+             spawn_rank(cluster, (job_id, token), 1, "a", 2, steps=14, bye_at=3)]
     try:
         for p in ranks:
             line = json.loads(p.stdout.readline())  # type: ignore[union-attr]
             assert line["hello"] and line["rank"], line
         for p in ranks:
-            p.stdin.write("go\n")  # type: ignore[union-attr]
+            p.stdin.write(b"go\n")  # type: ignore[union-attr]
             p.stdin.flush()  # type: ignore[union-attr]
         for p in ranks:
             p.wait(20)

@@ -96,7 +96,7 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
     # job's token, refuses a HELLO without it: checked below), so its binding stands.
     intruder = Raw(cluster.socket_path("a"))
     assert intruder.req(Kind.HELLO, {"job_id": job_id, "rank": 0, "gpu_index": 1}).ok
-    victim = spawn_rank(cluster.socket_path("a"), (job_id, token), 0, "a", 0, steps=6, bye_at=None,
+    victim = spawn_rank(cluster, (job_id, token), 0, "a", 0, steps=6, bye_at=None,
                         period=0.1)
     nc = await connect(cluster.url, "join-token-review")
     try:
@@ -115,7 +115,7 @@ async def test_a_process_knowing_only_the_job_id_cannot_speak_as_its_rank(
                                   "nothing)")
         assert cluster.gpu_limit("a", 0) == DEFAULT_W  # rank 0's GPU was not commanded either
         # The real rank 0 (its own GPU) still paces it.
-        victim.stdin.write("go\n")  # type: ignore[union-attr]
+        victim.stdin.write(b"go\n")  # type: ignore[union-attr]
         victim.stdin.flush()  # type: ignore[union-attr]
         await _wait_progress(nc, job_id, lambda p: p["phase"] != "Ready", 15,
                              "rank 0's own steps to pace the search")
@@ -136,8 +136,8 @@ async def test_a_departed_ranks_gpu_cannot_be_taken_over_with_the_job_id_alone(
     relayed a rank of the job with its join token refuses a HELLO for the job without it;
     a restarted rank 0 (with the token) binds the GPU again."""
     job_id, token = register_job(cluster, 2, "departed-rank-0")
-    ranks = [spawn_rank(cluster.socket_path("a"), (job_id, token), 0, "a", 0, steps=0, bye_at=None),
-             spawn_rank(cluster.socket_path("b"), (job_id, token), 1, "b", 0, steps=0, bye_at=None)]
+    ranks = [spawn_rank(cluster, (job_id, token), 0, "a", 0, steps=0, bye_at=None),
+             spawn_rank(cluster, (job_id, token), 1, "b", 0, steps=0, bye_at=None)]
     intruder = Raw(cluster.socket_path("a"))
     nc = await connect(cluster.url, "join-token-review")
     try:

@@ -123,12 +123,14 @@ class Processes:
 
     def spawn(self, name: str, argv: Sequence[str],
               env: Mapping[str, str | None] | None = None,
-              cwd: Path | None = None, stdout: int | None = None) -> subprocess.Popen[bytes]:
+              cwd: Path | None = None, stdout: int | None = None,
+              stdin: int | None = None) -> subprocess.Popen[bytes]:
         """Start `argv` as process `name` (a name is reused after the previous one ended).
 
         Its environment is this process's (`CODE_ROOT` leading PYTHONPATH), `env` (None
         removes a variable), and the marker. Its output goes to its log; with `stdout`
-        (`subprocess.PIPE`), its standard output goes there instead.
+        (`subprocess.PIPE`), its standard output goes there instead. Its standard input is
+        empty (`/dev/null`), or `stdin` (`subprocess.PIPE`: the harness writes it).
         """
         old = self.procs.get(name)
         if old is not None and old.poll() is None:
@@ -137,7 +139,8 @@ class Processes:
         self.logs.setdefault(name, []).append(path)
         with open(path, "wb") as log:
             proc = children.popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log if stdout is None else stdout,
+                list(argv), stdin=subprocess.DEVNULL if stdin is None else stdin,
+                stdout=log if stdout is None else stdout,
                 stderr=log, cwd=cwd, start_new_session=True,
                 env=child_env({**(env or {}), MARK_ENV: self.mark}),
             )
