@@ -34,7 +34,6 @@ PYTHONPATH and as working directory), so the file can be run from a worktree of 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import shutil
@@ -83,16 +82,17 @@ class KnownBugError(AssertionError):
 
 async def read_note(kv: Any, job_hash: str, timeout_s: float) -> dict[str, Any] | None:
     """The quarantine note of a job in the state bucket (waiting up to `timeout_s`), or None."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    async def written() -> dict[str, Any] | None:
         with contextlib.suppress(KeyNotFoundError):
             entry = await kv.get(records.quarantine_key(job_hash))
             if entry.value:
                 note: dict[str, Any] = json.loads(entry.value)
                 return note
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(0.1)
+        return None
+
+    with contextlib.suppress(AssertionError):  # not written within `timeout_s`
+        return await wait_for_async(written, timeout_s, interval_s=0.1)
+    return None
 
 
 async def test_one_hostile_agent_cannot_stop_or_crash_loop_the_replicas() -> None:

@@ -49,6 +49,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
 )
 from zeus_agent.wire.trainer import Kind
+from zeus_demo.cluster import wait_for_async
 
 K = Kind
 
@@ -64,13 +65,13 @@ def healthz(port: int) -> tuple[int, dict[str, Any]]:
 
 async def poll_health(port: int, status: int, timeout_s: float = 10.0) -> dict[str, Any]:
     """Poll /healthz (off the loop) until it answers `status`; return its body."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        code, body = await asyncio.to_thread(healthz, port)
-        if code == status:
-            return body
-        assert time.monotonic() < deadline, f"/healthz stayed {code} {body}"
-        await asyncio.sleep(0.05)
+    last: list[Any] = [None, None]
+
+    async def answered() -> dict[str, Any] | None:
+        last[:] = code, body = await asyncio.to_thread(healthz, port)
+        return body if code == status else None
+
+    return await wait_for_async(answered, timeout_s, lambda: f"/healthz stayed {last[0]} {last[1]}")
 
 
 def rank_registration(node: str, gpu: int, job_id: str = "job-r", rank: int = 0) -> RegisterRank:
