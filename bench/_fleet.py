@@ -61,6 +61,9 @@ GPU_DESCRIPTION = GpuDescription(
 )
 FREQUENCIES = [1740, 1500, 1200, 900, 600, 210]
 TICK_S = 0.1
+RANK_TRIES = 4
+"""A rank registration answered `unavailable` (retry), or not answered, is sent again."""
+RANK_TIMEOUT_S = 120.0
 CONTROL = "bench.fleet"
 
 
@@ -232,6 +235,7 @@ class Fleet:
         sem = asyncio.Semaphore(window)
         failures: list[str] = []
         failed: set[tuple[str, int]] = set()  # (job, rank): its trainer does not step
+        retries: dict[str, int] = {}
         todo: list[tuple[str, str, int, str, int]] = []
         for job_id, token, first_node, nodes in jobs:
             for n in range(first_node, first_node + nodes):
@@ -247,17 +251,25 @@ class Fleet:
                                    available_frequencies=FREQUENCIES),
                 gpu=GpuBinding(node=node, gpu_index=gpu, gpu_uuid=f"GPU-{node}-{gpu}"),
                 gpu_info=self._desc(node, gpu))
-            async with sem:
-                try:
-                    msg = await self.nc.request(subjects.coord_register_rank(node),
-                                                codec.encode(request), timeout=300)
-                    reply = codec.decode(msg.data, Reply)
-                    if not reply.ok:
-                        failures.append(f"{reply.code}: {reply.error}")
-                        failed.add((job_id, rank))
-                except Exception as e:  # noqa: BLE001 - counted and reported
-                    failures.append(repr(e))
+            payload = codec.encode(request)
+            for attempt in range(RANK_TRIES):
+                async with sem:
+                    try:
+                        msg = await self.nc.request(subjects.coord_register_rank(node),
+                                                    payload, timeout=RANK_TIMEOUT_S)
+                        reply = codec.decode(msg.data, Reply)
+                        why = None if reply.ok else f"{reply.code}: {reply.error}"
+                        again = reply.code == "unavailable"  # the reply says: retry
+                    except Exception as e:  # noqa: BLE001 - counted and reported
+                        why, again = repr(e), True
+                if why is None:
+                    return
+                if not again or attempt == RANK_TRIES - 1:
+                    failures.append(why)
                     failed.add((job_id, rank))
+                    return
+                retries[why[:120]] = retries.get(why[:120], 0) + 1
+                await asyncio.sleep(0.5 * 2 ** attempt)
 
         await asyncio.gather(*(one(*t) for t in todo))
         now = time.monotonic()
@@ -270,7 +282,7 @@ class Fleet:
                 self.jobs[job_id] = LocalJob(job_id, join_token_digest(token), ranks,
                                              self.args.step_s, now + phase * self.args.step_s)
         return {"registered": len(todo) - len(failures), "failed": len(failures),
-                "error": failures[0] if failures else None,
+                "error": failures[0] if failures else None, "retries": retries,
                 "seconds": round(time.monotonic() - t0, 3)}
 
     # ------------------------------------------------------------------ control

@@ -308,6 +308,8 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
         "register_jobs_s": round(t_jobs - t0, 2), "register_s": round(t_ranks - t0, 2),
         "first_limit_s": round(t_limits - t0, 2), "gpus_with_first_limit": limited,
         "jobs_without_first_limit": without, "register_job_retries": retries,
+        "register_rank_retries": {k: sum(r.get("retries", {}).get(k, 0) for r in results)
+                                  for k in {k for r in results for k in r.get("retries", {})}},
         "rank_failures": failed, "first_failure": next((r["error"] for r in results
                                                         if r["error"]), None),
         "register_rates": rates(cpu0, cpu1),
@@ -443,6 +445,7 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
         "gpus": size.gpus, "nodes": size.nodes, **{x: reg[x] for x in (
             "jobs", "big_job_gpus", "small_jobs", "job_gpus", "register_s", "first_limit_s",
             "gpus_with_first_limit", "jobs_without_first_limit", "register_job_retries",
+            "register_rank_retries",
             "rank_failures",
             "first_failure")},
         "coordinator_cpu_s_per_1k_gpus": round(run_cores * 60 / k, 3),
