@@ -45,6 +45,7 @@ from coordinator.budget.allocator import (  # noqa: E402
     allocate,
     uniform_cut,
 )
+from zeus_demo.budget.demo import SMALL_COUNTS  # noqa: E402
 from zeus_demo.budget.event import EventConfig, run_event  # noqa: E402
 
 PROFILES = ROOT / "data" / "reference-profiles"
@@ -124,10 +125,8 @@ def run(sizes: list[int], cuts: list[float], repeats: int) -> dict[str, object]:
     }
 
 
-QUICK_COUNTS = {w: 1 for w in ("A40+bert-base-uncased+gpu0", "A40+resnet18+gpu0",
-                                 "A40+resnet50+gpu0", "A40+shufflenetv2+gpu0",
-                                 "V100+bert-base-uncased+gpu0", "V100+resnet50+gpu0")}
-"""--quick: 6 jobs on 1 GPU each, 3 nodes x 2 GPUs."""
+QUICK_COUNTS = SMALL_COUNTS
+"""--quick: the demo's 6 jobs on 1 GPU each, 3 nodes x 2 GPUs."""
 
 
 def main() -> None:

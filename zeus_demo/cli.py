@@ -23,6 +23,7 @@ from rich.logging import RichHandler
 
 from zeus_agent.children import sigterm_as_sigint
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
+from zeus_demo.budget.demo import render_budget_table, run_budget_demo
 from zeus_demo.compare import compare
 from zeus_demo.config import (
     SELECTORS,
@@ -122,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave the pipeline part out (power-limit part only)")
     which.add_argument("--pipeline-only", action="store_true",
                        help="run only the pipeline part")
+    which.add_argument("--budget", action="store_true",
+                       help="instead of the two parts, play a grid event: 6 jobs on 3 nodes pin "
+                       "their optima, then a power budget cuts their draw by 25%%, holds and "
+                       "lifts; REPORT_DIR/budget_event.png draws their power against the cap "
+                       "and each job's throughput (about 2 minutes)")
     g.add_argument("--pipeline-stages", type=int, default=d.pipeline_stages,
                    help="pipeline stages of the pipeline job (2-8; the last one is GPT-3's "
                    "heavier last stage)")
@@ -205,6 +211,9 @@ def _main(argv: Sequence[str] | None) -> int:
     report_dir = Path(config.report_dir)
     summary: dict[str, Any] | None = None
     try:
+        if config.budget:
+            _budget_part(console, report_dir)
+            return EXIT_OK
         if not config.pipeline_only:
             summary = _power_limit_part(config, console, report_dir)
         if not config.skip_pipeline:
@@ -236,6 +245,16 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_FAILED
     console.print(f"report: {os.fspath(report_dir / 'summary.json')}")
     return EXIT_OK
+
+
+def _budget_part(console: Console, report_dir: Path) -> None:
+    """Play the grid event, print its table; its report goes to report_dir."""
+    console.print("[bold]zeus-demo[/] power budget: embedded NATS, 2 coordinator replicas, "
+                  "3 nodes x 2 simulated GPUs (A40, V100), 6 jobs; a 25% cut, held, lifted")
+    out = run_budget_demo(report_dir)
+    console.print(render_budget_table(out))
+    console.print(f"report: {os.fspath(report_dir / 'budget.json')}, "
+                  f"{os.fspath(report_dir / 'budget_event.png')}")
 
 
 def _power_limit_part(config: DemoConfig, console: Console, report_dir: Path) -> dict[str, Any]:

@@ -70,6 +70,7 @@ class DemoConfig:
         progress: Show the live progress bar.
         skip_pipeline: Leave the pipeline part out.
         pipeline_only: Run only the pipeline part.
+        budget: Play a grid event (a power budget set, held and lifted) instead of the parts.
         pipeline_stages: Pipeline stages (PP degree) of the pipeline job.
         pipeline_dp: Data-parallel pipelines of the pipeline job.
         microbatches: Microbatches per pipeline iteration.
@@ -104,6 +105,7 @@ class DemoConfig:
     progress: bool = True
     skip_pipeline: bool = False
     pipeline_only: bool = False
+    budget: bool = False
     pipeline_stages: int = 4
     pipeline_dp: int = 1
     microbatches: int = 4
@@ -115,8 +117,9 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         """Validate every option; the message names the option, its value and the fix."""
-        if self.skip_pipeline and self.pipeline_only:
-            raise DemoConfigError("--skip-pipeline and --pipeline-only exclude each other")
+        if self.skip_pipeline + self.pipeline_only + self.budget > 1:
+            raise DemoConfigError("--skip-pipeline, --pipeline-only and --budget exclude each "
+                                  "other")
         if not self.skip_pipeline:
             try:
                 self.pipeline_config()

@@ -19,9 +19,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from coordinator.power_limit import ZeusCost
 from zeus_agent.models import PowerLimitMeasurement
+from zeus_demo.budget.demo import plot_timeline, render_budget_table
 
 MARK = "ZEUS_DEMO_TEST_MARK"
 
@@ -170,6 +172,7 @@ def test_demo_help_documents_the_options() -> None:
         "--seed",
         "--skip-pipeline",
         "--pipeline-only",
+        "--budget",
         "--pipeline-stages",
         "--pipeline-dp",
         "--microbatches",
@@ -193,6 +196,8 @@ def test_demo_rejects_inconsistent_options_with_a_clear_message(tmp_path: Path) 
     assert proc.returncode == 2 and "--pipeline-stages" in proc.stderr
     proc, _ = _run_demo("--skip-pipeline", "--pipeline-only", timeout_s=60)
     assert proc.returncode == 2
+    proc, _ = _run_demo("--budget", "--pipeline-only", timeout_s=60)
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
     assert _processes_with_mark(mark) == []
 
 
@@ -355,3 +360,24 @@ def test_pipeline_all_max_plan_follows_1f1b() -> None:
     assert [n[0] for n, _ in plan[3]] == list("fbfbfb")
     assert [n[0] for n, _ in plan[0]] == list("fffbbb")
     assert {f for row in plan for _, f in row} == {1740}
+
+
+def test_the_budget_demo_draws_its_timeline_and_tables_its_figures(tmp_path: Path) -> None:
+    """`zeus-demo --budget`'s picture and table from an event's output (the event itself is
+    `tests/e2e/test_budget_event.py`'s and the bench's)."""
+    timeline = {"cap_w": 900.0, "lift_s": 20.0,
+                "power": [(t / 2, 1200.0 if t < 4 else 880.0) for t in range(-20, 60)],
+                "throughput": {"a40-bert": [(t / 2, 1.0 if t < 4 or t > 40 else 0.9)
+                                            for t in range(-20, 60)]}}
+    plot_timeline(timeline, tmp_path / "budget_event.png")
+    assert (tmp_path / "budget_event.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = {"jobs": 6, "gpus": 6, "event": {
+        "cap_w": 900.0, "draw_before_w": 1200.0, "seconds_to_cap": 1.5,
+        "over_cap_joules": 245.0, "draw_capped_w": 880.0, "loss_vs_uniform": 0.55,
+        "gap_to_optimal_pct": 0.44, "seconds_to_restore": None}}
+    console = Console(record=True, width=120)
+    console.print(render_budget_table(out))
+    text = console.export_text()
+    assert "cap 900 W" in text and "1200 W" in text
+    assert "seconds from the signal to under the cap" in text and "1.5 s" in text
+    assert "0.55" in text and "<= 0.7" in text

@@ -155,7 +155,7 @@ def throughput_loss(group: alloc.Group, limits: Mapping[str, int]) -> float:
     for job in group.jobs:
         by_limit = {o.limit_w: o for o in job.options}
         best = by_limit[job.optimum]
-        at = by_limit[_on_grid(limits[job.job_id], by_limit)]
+        at = by_limit[on_grid(limits[job.job_id], by_limit)]
         losses.append(max(0.0, 1.0 - best.time_s / at.time_s))
     return sum(losses) / len(losses) if losses else 0.0
 
@@ -165,11 +165,11 @@ def true_draw(group: alloc.Group, limits: Mapping[str, int]) -> float:
     total = group.idle_w
     for job in group.jobs:
         by_limit = {o.limit_w: o for o in job.options}
-        total += job.gpus * by_limit[_on_grid(limits[job.job_id], by_limit)].power_w
+        total += job.gpus * by_limit[on_grid(limits[job.job_id], by_limit)].power_w
     return total
 
 
-def _on_grid(limit_w: int, by_limit: Mapping[int, alloc.Option]) -> int:
+def on_grid(limit_w: int, by_limit: Mapping[int, object]) -> int:
     """The highest profiled limit at or under `limit_w` (the lowest if none is)."""
     under = [w for w in by_limit if w <= limit_w]
     return max(under) if under else min(by_limit)

@@ -51,6 +51,8 @@ class EventConfig:
     sample_hz: float = 5.0
     pin_timeout_s: float = 300.0
     takeover: bool = True
+    timeline: bool = False
+    """Also return the first event's timeline (`timeline`: group power, each job's throughput)."""
     temp_root: str | None = "/dev/shm" if os.path.isdir("/dev/shm") else None
     """Where the run's state goes (in memory where there is /dev/shm)."""
 
@@ -220,6 +222,34 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     return out
 
 
+def timeline(watch: Watcher, event: Event, before_s: float = 10.0) -> dict[str, Any]:
+    """The event over time, in seconds from the signal.
+
+    The group's measured power (W, in `BIN_S` bins), and each job's throughput relative to
+    its optimum's: from the limit its GPUs ran at and the simulator's step time there
+    (`analysis.true_options`).
+    """
+    keys = sorted(watch.series.samples)
+    last = max(rows[-1][0] for rows in watch.series.samples.values())
+    power = watch.series.group_power(keys, event.signal_s - before_s, last, BIN_S)
+    jobs: dict[str, list[tuple[float, float]]] = {}
+    for job in watch.jobs:
+        steps = {o.limit_w: o.time_s for o in an.true_options(
+            an.SimJob(job.tag, job.workload, job.preset, job.gpus, watch.optimum[job.tag]))}
+        best = steps[an.on_grid(watch.optimum[job.tag], steps)]
+        series = []
+        for t, _ in power:
+            limits = [watch.series.limit_at(k, t) for k in job.gpus]
+            if all(w is not None for w in limits):
+                limit = min(w for w in limits if w is not None)
+                series.append((round(t - event.signal_s, 2),
+                               round(best / steps[an.on_grid(limit, steps)], 4)))
+        jobs[f"{job.tag} {job.workload.removesuffix('+gpu0')}"] = series
+    return {"cap_w": round(event.cap_w, 1), "lift_s": round(event.lift_s - event.signal_s, 2),
+            "power": [(round(t - event.signal_s, 2), round(p, 1)) for t, p in power],
+            "throughput": jobs}
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -261,11 +291,14 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             replicas.start("r2")  # after the registrations: r1 drives every job
             replicas.wait_healthy(60, names=["r2"])
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
-            first = judge(watch, nodes, await grid_event(nc, watch, config, None))
+            played = await grid_event(nc, watch, config, None)
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
                                    "busy_gpus": sum(len(j.gpus) for j in jobs),
                                    "jobs": len(jobs), "seconds_to_pin": round(pinned_s, 1),
-                                   "optimum_w": dict(watch.optimum), "event": first}
+                                   "optimum_w": dict(watch.optimum),
+                                   "event": judge(watch, nodes, played)}
+            if config.timeline:
+                out["timeline"] = timeline(watch, played)
             if config.takeover:
                 await asyncio.sleep(3)
                 out["takeover"] = judge(watch, nodes,
