@@ -260,7 +260,7 @@ class ActionExecutor:
                     await self.link.status(record.job_id, "error", why)
                 return
             if driver is not None:
-                driver.installed_at[schedule.rank] = now
+                driver.schedule_sent(schedule.rank, now)
             requests.append((subjects.gpu_command(rr.gpu.node, rr.gpu.gpu_index, s.prefix),
                              payload))
             targets.append(rr.gpu)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ LOG = logging.getLogger(__name__)
 @dataclass(eq=False, slots=True)
 class JobDriver:
     """One job's state in this replica.
+
+    The service reads its fields, and changes them only through its methods, whose names say
+    what happened to the job.
 
     Attributes:
         job_id: The job.
@@ -83,6 +87,18 @@ class JobDriver:
         self.token = subjects.token(self.job_id)
 
     # ------------------------------------------------------------------ driving
+    def begin_start(self) -> None:
+        """Its optimiser is being started (`may_start` says no until `start_ended`)."""
+        self.starting = True
+
+    def start_ended(self) -> None:
+        """The start is over, however it went (it may be started again)."""
+        self.starting = False
+
+    def drive(self, job: JobOptimizer) -> None:
+        """Drive the job with `job` from now on (this replica owns it)."""
+        self.optimiser = job
+
     def release(self, why: str) -> None:
         """Stop driving the job here (another replica owns it, or it was removed)."""
         if self.optimiser is not None:
@@ -94,12 +110,35 @@ class JobDriver:
         self.optimiser = None
         self.failed = why
 
+    def clear_failure(self) -> None:
+        """An operator released the job from quarantine: it may be started again."""
+        self.failed = None
+
+    def wait_for_agents(self, retry_at: float) -> bool:
+        """Not started again before `retry_at`: its GPUs' agents did not answer.
+
+        True the first time only, so the job says once that it waits.
+        """
+        self.retry_at = retry_at
+        if self.waiting_said:
+            return False
+        self.waiting_said = True
+        return True
+
     def may_start(self, now: float) -> bool:
         """Whether an optimiser may be started for the job now (owner and quarantine aside)."""
         return (self.record is not None and self.record.complete and self.optimiser is None
                 and not self.starting and self.failed is None and now >= self.retry_at)
 
     # ------------------------------------------------------------------ its record
+    def know(self, record: JobRecord) -> None:
+        """The job's record (the table's: it indexes the driver by it)."""
+        self.record = record
+
+    def bind_gpu(self, gpu: tuple[str, str]) -> None:
+        """A rank of the job drives `gpu` (node token, GPU index token), as the table indexes it."""
+        self.gpus.add(gpu)
+
     def quiet(self, now: float, limit_s: float) -> bool:
         """Whether the job had no input for more than `limit_s` (True if its record is unknown)."""
         return self.record is None or now - self.record.last_active_s > limit_s
@@ -111,10 +150,81 @@ class JobDriver:
             return False
         return gpu is None or rr.gpu.gpu_index == gpu
 
+    # ------------------------------------------------------------------ its progress
+    def remember_progress(self, progress: dict[str, Any] | None) -> None:
+        """The progress its owner recorded: what this replica resumes from if it takes over."""
+        self.recorded = progress or None
+
+    def forget_progress(self) -> None:
+        """Taken in by the optimiser (or read again before the next start)."""
+        self.recorded = None
+
+    def keep_unsaved(self, kind: str, state: Any) -> None:
+        """The latest progress, kept until JetStream has it (only the latest matters)."""
+        self.unsaved = (kind, state)
+
+    def not_saved(self) -> bool:
+        """JetStream could not take the progress (kept); True the first time, to say so once."""
+        if self.unsaved_warned:
+            return False
+        self.unsaved_warned = True
+        return True
+
+    def saved(self, latest: tuple[str, Any]) -> None:
+        """JetStream has `latest`: dropped unless newer progress came meanwhile."""
+        self.unsaved_warned = False
+        if self.unsaved is latest:
+            self.unsaved = None
+
+    def drop_unsaved(self) -> None:
+        """Not ours to write any more (another replica holds the job)."""
+        self.unsaved = None
+
+    # ------------------------------------------------------------------ its GPUs
+    def schedule_sent(self, rank: int, now: float) -> None:
+        """The rank's schedule was sent now (a heartbeat older than that may lack it)."""
+        self.installed_at[rank] = now
+
+    def first_observe_only(self, node: str, gpu: int) -> bool:
+        """Whether (node token, GPU) is newly observe-only: True once each, to say it once."""
+        if (node, gpu) in self.observe_only_said:
+            return False
+        self.observe_only_said.add((node, gpu))
+        return True
+
+    def try_late_renewal(self, now: float, min_gap_s: float) -> bool:
+        """Whether to renew its late lease now: at most once per `min_gap_s` (noted as tried)."""
+        if now - self.late_renewal < min_gap_s:
+            return False
+        self.late_renewal = now
+        return True
+
     # ------------------------------------------------------------------ the lapse throttle
     def recent_reapplies(self, rank: int, now: float, window_s: float) -> list[float]:
         """When the rank's lapsed settings were set again within the last `window_s`."""
         return [t for t in self.lapse_reapplies.get(rank, []) if now - t < window_s]
+
+    def reapplied(self, rank: int, recent: list[float], now: float) -> None:
+        """The rank's lapsed settings are set again now (`recent`: the earlier ones counted)."""
+        self.lapse_reapplies[rank] = [*recent, now]
+
+    def throttled(self, rank: int, recent: list[float]) -> None:
+        """The rank's lapsed settings stay lapsed: only `recent` (in the window) is counted."""
+        self.lapse_reapplies[rank] = recent
+
+    def keep_lapsed(self, rank: int, settings: Iterable[str]) -> None:
+        """Settings of the rank to set again once this replica's own lease is back."""
+        self.pending_lapses.setdefault(rank, set()).update(settings)
+
+    def take_pending_lapses(self) -> list[tuple[int, set[str]]]:
+        """The kept lapsed settings, by rank, now no longer kept (they are set again)."""
+        taken = list(self.pending_lapses.items())
+        self.pending_lapses.clear()
+        return taken
+
+    def drop_pending_lapses(self) -> None:
+        """Another replica drives the job now, or no optimiser here does: nothing to set again."""
+        self.pending_lapses.clear()
 
     def forget_lapses_on(self, node: str) -> None:
         """End the lapse throttle of the ranks on `node` (a subject token): its agent restarted."""

@@ -135,7 +135,7 @@ class DurableState:
         elif change.kind == "prog" and change.job_id is not None and change.progress:
             driver = jobs.driver(change.job_id)
             if driver.optimiser is None:  # Our own writes change nothing here.
-                driver.recorded = change.progress
+                driver.remember_progress(change.progress)
 
     def _on_quarantine(self, change: records.Change) -> None:
         """A job set aside (by any replica), or released by an operator (tried again)."""
@@ -154,7 +154,7 @@ class DurableState:
         failures.quarantined.pop(change.job_hash, None)
         driver = self.jobs.by_hash(change.job_hash)
         if driver is not None and driver.record is not None:
-            driver.failed = None
+            driver.clear_failure()
             self.starter.maybe_start(driver)
 
     async def on_owner_entry(self, entry: Any) -> None:

@@ -201,9 +201,8 @@ class Leases:
                 or self.link.state is None or not self.link.connected):
             return False
         driver = self.jobs.driver(job_id)  # (Only for a job whose lease is this replica's.)
-        if now - driver.late_renewal < book.fence_s / 2:
+        if not driver.try_late_renewal(now, book.fence_s / 2):
             return False  # (At most one try per half fence: JetStream may be what is slow.)
-        driver.late_renewal = now
         try:  # Bounded: the job's lock is held, and JetStream may be slow (an election).
             await asyncio.wait_for(self.renew(job_hash, lease, now), book.fence_s / 2)
         except TimeoutError:

@@ -57,7 +57,7 @@ class ProgressWriter:
             recorded = None
         driver = self.jobs.get(job_id)
         if driver is not None:  # (None: the job was removed meanwhile.)
-            driver.recorded = recorded or None
+            driver.remember_progress(recorded)
         return True
 
     def save_progress(self, job_id: str, kind: str, state: Any) -> None:
@@ -69,7 +69,7 @@ class ProgressWriter:
         """
         driver = self.jobs.get(job_id)
         if self.link.state is not None and driver is not None:
-            driver.unsaved = (kind, state)
+            driver.keep_unsaved(kind, state)
             self.spawn(self.write_progress(job_id))
 
     async def record(self, job_id: str, kind: str, state: Any) -> None:
@@ -83,7 +83,7 @@ class ProgressWriter:
         driver = self.jobs.get(job_id)
         if self.link.state is None or driver is None:
             return
-        driver.unsaved = (kind, state)
+        driver.keep_unsaved(kind, state)
         await self.write_progress(job_id)
 
     async def write_progress(self, job_id: str, stopping: bool = False) -> None:
@@ -102,14 +102,11 @@ class ProgressWriter:
             try:
                 await state.put_progress(job_id, *latest)
             except StateUnavailableError as e:
-                if not driver.unsaved_warned:
-                    driver.unsaved_warned = True
+                if driver.not_saved():
                     LOG.warning("job %s: progress not recorded yet (%s); writing it again until "
                                 "JetStream takes it", job_id, e)
                 return
-            driver.unsaved_warned = False
-            if driver.unsaved is latest:
-                driver.unsaved = None
+            driver.saved(latest)
 
     async def record_unsaved(self, stopping: bool = False) -> None:
         """Write again the progress JetStream could not take (a stream leader election).
@@ -121,6 +118,6 @@ class ProgressWriter:
         for driver in [d for d in self.jobs.drivers() if d.unsaved is not None]:
             holder = book.owner(driver.hash, time.time())
             if holder is not None and holder != book.me:
-                driver.unsaved = None  # Not ours to write any more.
+                driver.drop_unsaved()  # Not ours to write any more.
             elif stopping or self.leases.owns(driver.job_id):
                 await self.write_progress(driver.job_id, stopping)

@@ -124,10 +124,9 @@ class Replicas:
             job = driver.optimiser
             if lease is None or not book.is_mine(lease) or job is None:
                 # Another replica drives it now, or it has no optimiser here any more.
-                driver.pending_lapses.clear()
+                driver.drop_pending_lapses()
             elif self.leases.owns(driver.job_id):
-                for rank, restored in list(driver.pending_lapses.items()):
-                    del driver.pending_lapses[rank]
+                for rank, restored in driver.take_pending_lapses():
                     # A task: the job's lock may be held for long (a plan), and this loop
                     # renews every job's lease.
                     self.spawn(self.streams.reapply_locked(driver, job, rank, sorted(restored)))

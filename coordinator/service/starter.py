@@ -76,7 +76,7 @@ class OptimiserStarter:
         if (driver.record is not None and driver.may_start(self.clock())
                 and not self.failures.is_quarantined(driver.job_id)
                 and self.leases.owns(driver.job_id)):
-            driver.starting = True
+            driver.begin_start()
             self.spawn(self.start(driver.record))
 
     async def start(self, record: JobRecord) -> None:
@@ -106,8 +106,8 @@ class OptimiserStarter:
                     if job is not None and self.jobs.get(record.job_id) is driver:
                         await self._adopt(record, driver, job)  # (Unless removed meanwhile.)
         finally:
-            driver.starting = False
-        driver.recorded = None  # Taken in by the optimiser (if it started).
+            driver.start_ended()
+        driver.forget_progress()  # Taken in by the optimiser (if it started).
 
     async def _power_limit(self, record: JobRecord,
                            recorded: dict[str, Any]) -> PowerLimitJob | None:
@@ -129,9 +129,7 @@ class OptimiserStarter:
                 await self.failures.fail(record.job_id, f"no usable description of {what}")
                 return None
             driver = self.jobs.driver(record.job_id)
-            driver.retry_at = self.clock() + RETRY_S
-            if not driver.waiting_said:
-                driver.waiting_said = True
+            if driver.wait_for_agents(self.clock() + RETRY_S):
                 await self.link.status(record.job_id, "waiting",
                                        f"no description of {what}; not optimising until their "
                                        f"agents answer (asked again every {RETRY_S:g} s)")
@@ -201,7 +199,7 @@ class OptimiserStarter:
 
     async def _adopt(self, record: JobRecord, driver: JobDriver, job: JobOptimizer) -> None:
         """Drive the job with `job` from now on (the lock is held): index its GPUs, start."""
-        driver.optimiser = job
+        driver.drive(job)
         for g in record.gpus():  # (The state watch may not have indexed them yet.)
             self.jobs.bind_gpu(driver, g)
         await self.actions.execute(record, job.start())

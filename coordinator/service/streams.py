@@ -254,8 +254,7 @@ class Streams:
             if lease is not None and lease.owner == self.leases.book.me:
                 # This replica's own lease lapsed too (the same stall that made the renewals
                 # late): the agent says so only once, so keep it for when the lease is back.
-                driver.pending_lapses.setdefault(rank, set()).update(
-                    r for r in restored if r in ("power_limit", "schedule"))
+                driver.keep_lapsed(rank, (r for r in restored if r in ("power_limit", "schedule")))
                 LOG.info("job %s: rank %d's settings lapsed while this replica's lease on the "
                          "job had lapsed too; setting them again once it is taken back",
                          job_id, rank)
@@ -278,9 +277,9 @@ class Streams:
                                        "its agent restarts or the job comes back from a quiet "
                                        "spell")
                 recent.append(now)  # Said once per window.
-            driver.lapse_reapplies[rank] = recent
+            driver.throttled(rank, recent)
             return
-        driver.lapse_reapplies[rank] = [*recent, now]
+        driver.reapplied(rank, recent, now)
         desired = job.desired_power_limit
         if "power_limit" in restored and desired is not None:
             await self.link.status(job_id, "reconciled",
@@ -335,8 +334,7 @@ class Streams:
         node = subjects.token(hello.node)
         if not gpu.controllable:
             # Its agent lost the privilege (or restarted observe-only): said once.
-            if (node, gpu.index) not in driver.observe_only_said:
-                driver.observe_only_said.add((node, gpu.index))
+            if driver.first_observe_only(node, gpu.index):
                 await self.link.status(record.job_id, "error",
                                        f"{hello.node}/gpu{gpu.index} (rank {rank}) is observe-only "
                                        "now: its agent cannot change its settings, so the job's "

@@ -118,7 +118,7 @@ class JobTable:
 
     def _attach(self, record: JobRecord) -> None:
         driver = self.driver(record.job_id)
-        driver.record = record
+        driver.know(record)
         self._by_hash[driver.hash] = driver
         self._by_token[driver.token] = driver
 
@@ -126,7 +126,7 @@ class JobTable:
         """Note that a rank of the job drives `gpu` (its stream messages name it by tokens)."""
         key = (subjects.token(gpu.node), subjects.token(gpu.gpu_index))
         self._by_gpu[key] = driver
-        driver.gpus.add(key)
+        driver.bind_gpu(key)
 
     def forget(self, job_id: str) -> None:
         """Drop the job: no longer driven, its driver, its index entries, its record."""

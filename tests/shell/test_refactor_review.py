@@ -113,7 +113,7 @@ async def test_a_start_that_runs_after_its_job_was_forgotten_makes_no_driver(tmp
 
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
     record = coord.jobs.register(job_request(dp=2), coord.clock(), "n", datetime.now(), "t")
-    coord.jobs.driver(record.job_id).starting = True  # (What `maybe_start` did.)
+    coord.jobs.driver(record.job_id).begin_start()  # (What `maybe_start` did.)
     coord.jobs.forget(record.job_id)
     await coord.starter.start(record)
     assert coord.jobs.drivers() == []
@@ -176,7 +176,7 @@ async def test_a_job_removed_while_unsaved_progress_is_written_stops_nothing(tmp
     coord = CoordinatorService(CoordinatorSettings(state_dir=str(tmp_path / "state")))
     until = time.time() + 60
     for job_id, owner in (("mine", coord.book.me), ("taken", "another-replica")):
-        coord.jobs.driver(job_id).unsaved = ("windows", {"windows": []})
+        coord.jobs.driver(job_id).keep_unsaved("windows", {"windows": []})
         coord.book.leases[records.job_hash(job_id)] = Lease(owner, until, 1, job_id)
 
     async def write_progress(job_id: str, stopping: bool = False) -> None:

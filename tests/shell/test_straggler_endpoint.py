@@ -117,7 +117,7 @@ def serve_plan(coord: CoordinatorService, job_id: str) -> PipelineJob:
                 time_s=1.0, energy_j=10.0, schedule=version), 0.0)
         version = job.version
     assert job.phase == "serving" and not job.done
-    coord.jobs.driver(job_id).optimiser = job
+    coord.jobs.driver(job_id).drive(job)
     return job
 
 
