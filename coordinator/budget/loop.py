@@ -4,9 +4,11 @@ Every `PERIOD_S`, the replica holding the budgets' lease reads the budgets from 
 bucket, asks `budgets.governing` which budget governs which GPU, and for each budget plans a
 cap per GPU (`enforce.plan`: the allocator over the jobs' profiles, tightened while the group
 measures over its room), then sends every governed GPU its cap (`NodeCapCmd`, holder
-`budget:<id>`, lease `cap_lease_s`): resending it each round renews it, and reaches an agent
-that restarted. A GPU it capped that no budget governs any more (the budget was lifted or
-ended) gets a lift, and its job's own limit (or the default) comes back at once.
+`budget:<id>`): resending it each round renews it, and reaches an agent that restarted. Its
+lease is `cap_lease_s` for a budget without an end; a budget with an end is held by the agents
+until it ends (at most an hour ahead), so the cap holds even if every coordinator is gone.
+A GPU it capped that no budget governs any more (the budget was lifted or ended) gets a lift,
+and its job's own limit (or the default) comes back at once.
 
 Ownership: one lease in the ownership bucket under the key `budgets`, taken and renewed like a
 job's (`OwnershipBook`; the ownership loop renews every lease this replica holds and gives
@@ -34,7 +36,7 @@ from coordinator.state.ownership import OwnershipBook
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetStatus
 from zeus_agent.wire.messages import CommandEnvelope, Reply
-from zeus_agent.wire.node_cap import NodeCapCmd
+from zeus_agent.wire.node_cap import MAX_CAP_LEASE_S, NodeCapCmd
 
 if TYPE_CHECKING:  # (coordinator.service builds this loop: no import cycle at run time)
     from coordinator.service.driver import JobDriver
@@ -115,8 +117,9 @@ class BudgetLoop:
             self.statuses.clear()
             return
         caps = self.plan(budgets)
+        leases = self.cap_leases(budgets)
         lifts = {k: h for k, h in self.capped.items() if k not in caps}
-        await asyncio.gather(*(self.send(k, w, h) for k, (w, h) in caps.items()),
+        await asyncio.gather(*(self.send(k, w, h, leases.get(h)) for k, (w, h) in caps.items()),
                              *(self.send(k, None, h) for k, h in lifts.items()))
         self.capped = {k: h for k, (_, h) in caps.items()}
         await self.publish()
@@ -129,6 +132,16 @@ class BudgetLoop:
                                            codec.encode(status))
             except Exception as e:  # noqa: BLE001 - the bus is down: next round publishes
                 LOG.debug("budget %s status not published: %s", bid, e)
+
+    def cap_leases(self, budgets: list[Budget]) -> dict[str, float]:
+        """Each budget's cap lease (s), by holder (those with an end only).
+
+        A budget with an end is held by the agents until it ends (at most `MAX_CAP_LEASE_S`),
+        even if no coordinator renews it; one without an end, `cap_lease_s` at a time.
+        """
+        now = self.wall()
+        return {holder(b.budget_id): min(MAX_CAP_LEASE_S, max(b.end_s - now, 1.0))
+                for b in budgets if b.end_s is not None}
 
     def plan(self, budgets: list[Budget]) -> dict[core.GpuKey, tuple[int, str]]:
         """The cap and holder of every governed GPU this round."""
@@ -186,10 +199,14 @@ class BudgetLoop:
             return
         await asyncio.gather(*(self.send(k, None, holder(budget.budget_id)) for k in gpus))
 
-    async def send(self, key: core.GpuKey, cap_w: int | None, by: str) -> bool:
-        """Send one GPU its cap (None: lift); False if it did not take it."""
+    async def send(self, key: core.GpuKey, cap_w: int | None, by: str,
+                   lease_s: float | None = None) -> bool:
+        """Send one GPU its cap (None: lift) for `lease_s` (default `cap_lease_s`).
+
+        Returns False if it did not take it.
+        """
         node, index = key
-        cmd = NodeCapCmd(holder=by, cap_w=cap_w, lease_s=self.cap_lease_s)
+        cmd = NodeCapCmd(holder=by, cap_w=cap_w, lease_s=lease_s or self.cap_lease_s)
         subject = subjects.gpu_command(node, index, self.link.prefix)
         try:
             msg: Any = await self.link.nc.request(
