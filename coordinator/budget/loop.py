@@ -58,7 +58,7 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
 
     A power-limit job driven by this replica with its optimum known brings its measurements;
     every other job (profiling, a pipeline job, one another replica drives) is capped
-    proportionally.
+    proportionally. Each job's slowdown counts as its registered `priority`.
     """
     views = []
     for driver in drivers:
@@ -67,12 +67,13 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
             continue
         gpus = tuple(sorted((r.gpu.node, r.gpu.gpu_index) for r in record.ranks.values()))
         job = driver.optimiser
+        weight = record.power_limit.priority if record.power_limit is not None else 1.0
         if isinstance(job, PowerLimitJob) and job.optimal_power_limit is not None:
             views.append(enforce.JobView(driver.job_id, gpus,
                                          tuple(job.machine.measurements),
-                                         job.optimal_power_limit))
+                                         job.optimal_power_limit, weight))
         else:
-            views.append(enforce.JobView(driver.job_id, gpus))
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
     return views
 
 

@@ -90,3 +90,15 @@ def test_measured_draw_needs_every_gpu_sampled():
     c = cluster()
     assert enforce.measured_w(GPUS[:2], c) == 560
     assert enforce.measured_w([("n", 9)], c) is None
+
+
+def test_a_job_of_higher_priority_is_slowed_less_than_an_identical_one():
+    """Two identical profiled jobs, room for one at its optimum and one cut: the one whose
+    registration gave priority 2 keeps the higher limit, whichever id sorts first."""
+    for first, second in ((2.0, 1.0), (1.0, 2.0)):
+        jobs = [enforce.JobView("a", (GPUS[0], GPUS[1]), profile(), 300, first),
+                enforce.JobView("b", (GPUS[2], GPUS[3]), profile(), 300, second)]
+        room = 2 * 280 + 2 * 200 + 60  # idle GPUs at their 30 W
+        p = enforce.plan(governed(room), jobs, cluster())
+        favoured, other = ("a", "b") if first > second else ("b", "a")
+        assert p.allocation.by_job[favoured].limit_w > p.allocation.by_job[other].limit_w

@@ -505,7 +505,7 @@ run in rank 0's process when profiling ends (`SelectCmd`)."""
 class PowerLimitOptions(_Part, AddedFields):
     """How the coordinator optimises a data-parallel job's power limit (Zeus's arguments)."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("custom_selector", "selector_timeout_s")
+    ADDED: ClassVar[tuple[str, ...]] = ("custom_selector", "selector_timeout_s", "priority")
 
     selector: SelectorName = "ZeusCost"
     custom_selector: Text = Field(
@@ -530,6 +530,11 @@ class PowerLimitOptions(_Part, AddedFields):
         max_length=MAX_PROFILE_ROWS,
         description="A profile the trainer read from its own `profile_path` (Zeus JSON "
         "measurements): profiling is skipped and the optimum is chosen from it",
+    )
+    priority: float = Field(
+        default=1.0, gt=0, le=1000, description="How much this job's slowdown counts when a "
+        "power budget is shared among jobs (2: twice as much as a job of priority 1, so it is "
+        "slowed less)",
     )
     save_profile: bool = Field(
         default=False,
