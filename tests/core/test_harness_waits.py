@@ -1,5 +1,6 @@
 """The harness's waits (`zeus_demo.cluster.wait_for`, `wait_for_async`): the first truthy value,
-an awaitable predicate awaited at each poll, and the message past the timeout."""
+an awaitable predicate awaited at each poll, the message past the timeout, and the last value
+instead with `fail=False`."""
 
 from __future__ import annotations
 
@@ -45,3 +46,17 @@ async def test_wait_for_async_says_what_it_waited_for() -> None:
         await wait_for_async(never, 0.05, "the moon", interval_s=0.01)
     with pytest.raises(AssertionError, match="^built late$"):
         await wait_for_async(lambda: 0, 0.05, lambda: "built late", interval_s=0.01)
+
+
+def test_wait_for_without_failing_returns_the_last_value() -> None:
+    values = itertools.chain([None, 0], itertools.repeat([]))
+    assert wait_for(lambda: next(values), 0.02, "never", interval_s=0.005, fail=False) == []
+    assert wait_for(lambda: 3, 0.02, fail=False) == 3
+
+
+async def test_wait_for_async_without_failing_returns_the_last_value() -> None:
+    async def empty() -> dict[str, int]:
+        return {}
+
+    assert await wait_for_async(empty, 0.02, interval_s=0.005, fail=False) == {}
+    assert await wait_for_async(lambda: 0, 0.02, interval_s=0.005, fail=False) == 0

@@ -2,7 +2,8 @@
 
 * `free_port()`, `free_ports(n)`: loopback ports free now.
 * `wait_for(predicate, timeout_s, what)` and `wait_for_async(...)`: poll until a condition
-  holds; past the timeout, an `AssertionError` that says what was awaited.
+  holds; past the timeout, an `AssertionError` that says what was awaited (`fail=False`: the
+  predicate's last value, for a caller that reports the timeout itself).
 * `Processes`: the process registry. Every child is a session leader with its own log and a
   marker in its environment; `close()` kills every group and whatever still carries the marker;
   each child also dies with the harness process (`zeus_agent.children`), and a script run under
