@@ -8,7 +8,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 
 from zeus_agent import emit
@@ -23,6 +22,7 @@ from zeus_agent.wire.trainer import (
     decode_datagram,
     encode_reply,
 )
+from zeus_demo.cluster import wait_for
 
 Handler = Callable[[RequestDatagram], "Reply | None"]
 
@@ -85,21 +85,20 @@ class FakeAgent:
         self, n: int, pub: emit.Publisher | None = None, timeout_s: float = 2.0
     ) -> list[EventDatagram]:
         """Wait for `n` events, flushing `pub`'s backlog (a burst outruns the 10-deep queue)."""
-        deadline = time.monotonic() + timeout_s
-        while len(self.events) < n and time.monotonic() < deadline:
+        def arrived() -> bool:
+            if len(self.events) >= n:
+                return True
             if pub is not None:
                 pub.flush()
-            time.sleep(0.002)
+            return False
+
+        wait_for(arrived, timeout_s, interval_s=0.002, fail=False)
         return self.events
 
     def wait_requests(self, kind: Kind, timeout_s: float = 2.0) -> list[RequestDatagram]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = [r for r in self.requests if r.kind is kind]
-            if found:
-                return found
-            time.sleep(0.002)
-        return []
+        """The requests of `kind` once there is one (up to `timeout_s`; else none)."""
+        return wait_for(lambda: [r for r in self.requests if r.kind is kind], timeout_s,
+                        interval_s=0.002, fail=False)
 
     def stop(self) -> None:
         self._stop.set()
