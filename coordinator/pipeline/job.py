@@ -375,8 +375,7 @@ class PipelineJob:
             # What the replay's actions did is done already, but for the files its scheduler
             # produced (a frontier planned again): written when the job starts.
             self._resume_files += [a for a in self._observe(results) if isinstance(a, WriteFile)]
-        self.stragglers.notices = {d: f for d, f in recorded.notices.items()
-                                   if d in self.stragglers.pipelines}
+        self.stragglers.restore_notices(recorded.notices)
         if self.notices and self.phase is Phase.SERVING:
             self.straggling.apply()
         self.resumed = not self.phase.final

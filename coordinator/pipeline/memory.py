@@ -92,14 +92,13 @@ class NodeBudget:
         key = id(kept)
         if key not in holders:
             holders[key] = weakref.ref(kept, lambda _: holders.pop(key, None))
-        kept.reserved[node] = nbytes
+        kept.reserved_on(node, nbytes)
         return True
 
     def forget(self, kept: Kept) -> None:
         """`kept` holds nothing any more."""
-        for node in list(kept.reserved):
+        for node in kept.release_reservations():
             self._holders.get(node, {}).pop(id(kept), None)
-        kept.reserved.clear()
 
 
 class Kept:
@@ -118,6 +117,16 @@ class Kept:
         self.by_node: dict[str, int] = {}
         self.reserved: dict[str, int] = {}
         """Node -> the room reserved there in `budget` (>= `by_node`, in `CHUNK`s)."""
+
+    def reserved_on(self, node: str, nbytes: int) -> None:
+        """The budget reserved `nbytes` for it on `node` (`NodeBudget.reserve`)."""
+        self.reserved[node] = nbytes
+
+    def release_reservations(self) -> list[str]:
+        """Drop every reservation (`NodeBudget.forget`); the nodes they were on."""
+        nodes = list(self.reserved)
+        self.reserved.clear()
+        return nodes
 
     @property
     def holder(self) -> object | None:

@@ -84,6 +84,26 @@ class Stragglers:
                 "bad_request", f"a straggler factor is the pipeline's slowdown, from 1 to "
                 f"{MAX_STRAGGLER_FACTOR:g} (1.3: 30% slower), got {factor!r}")
 
+    def notice(self, pipeline: int, factor: float | None) -> None:
+        """An explicit notice: `pipeline` runs `factor` times slower (None: the notice ends)."""
+        if factor is None:
+            self.notices.pop(pipeline, None)
+        else:
+            self.notices[pipeline] = float(factor)
+
+    def restore_notices(self, notices: Mapping[int, float]) -> None:
+        """The notices a previous owner recorded (those of pipelines the job has)."""
+        self.notices = {d: f for d, f in notices.items() if d in self.pipelines}
+
+    def slow(self, points: Mapping[int, PlanPoint]) -> None:
+        """The pipelines that run a slower frontier point than the chosen one, now."""
+        self.points = dict(points)
+
+    def forget_plan(self) -> None:
+        """No plan is served: nothing is slowed, nothing detected stands."""
+        self.points = {}
+        self.detected.clear()
+
     def factors(self) -> dict[int, float]:
         """Pipeline -> straggler factor (> 1): notices, else what was measured."""
         factors = {**self.detected, **self.notices}

@@ -87,8 +87,8 @@ class StragglerHandling:
 
     def forget_plan(self) -> None:
         """The job serves no plan any more: nothing of the old one is slowed or detected."""
-        self.plan, self.stragglers.points = {}, {}
-        self.stragglers.detected.clear()
+        self.plan = {}
+        self.stragglers.forget_plan()
 
     def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
         """Take an explicit straggler notice: pipeline `dp_index` runs `factor` times slower.
@@ -104,11 +104,7 @@ class StragglerHandling:
         if self._phase().final:
             raise StragglerError(
                 "conflict", f"the job's pipeline optimiser has stopped ({self._error()})")
-        notices = self.stragglers.notices
-        if factor is None:
-            notices.pop(dp_index, None)
-        else:
-            notices[dp_index] = float(factor)
+        self.stragglers.notice(dp_index, factor)
         actions = self.apply()
         if not actions:
             what = (f"pipeline {dp_index} noted as a straggler ({factor:g}x)"
@@ -160,14 +156,14 @@ class StragglerHandling:
                 "straggler", f"cannot slow the other pipelines down: {e}", self._progress())]
             if not force:
                 return problem
-            self.stragglers.points = {}
+            self.stragglers.slow({})
             return problem + self._install(list(self.plan.values()), "serving",
                                            f"serving the plan of {self._scheduler_name}")
         current = {r: s.frequencies for r, s in self._installed().items()}
         if not force and {r: s.frequencies for r, s in schedules.items()} == current:
-            self.stragglers.points = points
+            self.stragglers.slow(points)
             return []
-        self.stragglers.points = points
+        self.stragglers.slow(points)
         plan = (f"the plan of {float(chosen.time):.4g} s, {float(chosen.energy):.4g} J per "
                 "iteration")
         if not points:

@@ -623,9 +623,9 @@ class PowerLimitJob(NotAPipeline):
     def _too_short(self, name: str, verdict: Verdict) -> list[Action]:
         """Window `name` lasted less than the minimum: lengthen the windows; redo it if short."""
         self.machine.lengthen(verdict.min_steps)
-        state, window = self.machine.state, self._join.open_window()
-        if window is not None and isinstance(state, Profiling):
-            window.steps = state.profile_steps  # (Lengthened in place.)
+        state = self.machine.state
+        if isinstance(state, Profiling):
+            self._join.lengthen_open(state.profile_steps)
         actions: list[Action] = [StatusUpdate("profiling", verdict.message, self.progress())]
         if verdict.redo:
             actions += self._translate(self.machine.redo(name, counted=False), step=self.last_step)

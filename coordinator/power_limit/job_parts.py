@@ -150,9 +150,10 @@ def snapshot_of(machine: PowerLimitStateMachine, job_id: str, kind: str, phase: 
 
 
 class NotAPipeline:
-    """The `JobOptimizer` inputs a power-limit job has no use for (a pipeline job's)."""
+    """The `JobOptimizer` inputs a power-limit job has no use for (a pipeline job's).
 
-    job_id: str
+    Stateless: it reads nothing of the job it is part of.
+    """
 
     def desired_schedule(self, rank: int) -> None:
         """Power-limit jobs install no frequency schedules."""
@@ -170,8 +171,8 @@ class NotAPipeline:
         """Straggler notices are for pipeline jobs."""
         raise StragglerError(
             "not_supported",
-            f"job {self.job_id} is optimised by the power-limit optimizer: straggler notices "
-            "are for pipeline jobs (pipeline frequency optimizer)")
+            "this job is optimised by the power-limit optimizer: straggler notices are for "
+            "pipeline jobs (pipeline frequency optimizer)")
 
     def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         """Step and instruction measurements are not used: windows come from marks."""

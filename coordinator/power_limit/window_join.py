@@ -146,6 +146,12 @@ class WindowJoin:
         """The window not yet closed, if any."""
         return next((w for w in self._windows.values() if w.end_step is None), None)
 
+    def lengthen_open(self, steps: int) -> None:
+        """The open window (if any) is meant to cover `steps` steps now (it was lengthened)."""
+        window = self.open_window()
+        if window is not None:
+            window.steps = steps
+
     def restart_open(self, key: StepKey) -> Window | None:
         """The open window (if any) begins at step `key` instead, its begin marks checked."""
         window = self.open_window()

@@ -73,7 +73,7 @@ def test_a_read_is_moved_off_a_forecast_change() -> None:
 
 def test_a_raise_issued_ahead_is_guarded_from_its_lead_on() -> None:
     f = BoundaryForecast(guard_ns=5 * MS)
-    f.lead_ns = 3 * MS
+    f.raise_lead(3 * MS)
     iteration(f, 0, [50])
     f.on_step_begin(100 * MS)
     assert f.due(100 * MS, 100 * MS) == [147 * MS, 150 * MS, 155 * MS]

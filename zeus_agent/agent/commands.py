@@ -70,7 +70,7 @@ def fence(agent: GpuAgent, headers: Mapping[str, str] | None) -> None:
         return
     refused = agent.fence.admit(lease, time.time())
     if refused is not None:
-        agent.counters["fenced"] += 1
+        agent.count("fenced")
         raise StaleLeaseError(f"GPU {agent.index} on node {agent.node!r}: {refused.reason}")
 
 

@@ -239,6 +239,10 @@ class GpuAgent:
         if self._on_control_lost is not None:
             self._on_control_lost()
 
+    def count(self, counter: str) -> None:
+        """One more of `counter` (`counters`: reported with the GPU's status and metrics)."""
+        self.counters[counter] += 1
+
     def _check_controllable(self) -> None:
         if isinstance(self.gpu, ObserveOnlyGPU):
             raise self.gpu._refuse("changing a setting")

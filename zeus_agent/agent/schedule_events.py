@@ -278,7 +278,7 @@ class ScheduleEvents:
             return  # A lowering (or no change) waits for its event.
         if self.pending is not None and self.cursor.position >= len(self.cursor.frequencies):
             return  # The next iteration may run another schedule.
-        self.boundaries.lead_ns = self.raises.ahead.lead_ns
+        self.boundaries.raise_lead(self.raises.ahead.lead_ns)
         self.raises.plan(position, t_ns, pair[1], self._raise_now)
 
     def _raise_now(self, mhz: int) -> bool:

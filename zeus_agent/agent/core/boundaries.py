@@ -37,6 +37,10 @@ class BoundaryForecast:
         self._current: list[int] = []
         self._offsets: list[int] = []
 
+    def raise_lead(self, lead_ns: int) -> None:
+        """Clock raises may be issued `lead_ns` before their instant (`RaiseAhead`)."""
+        self.lead_ns = lead_ns
+
     def clear(self) -> None:
         """Forget everything (a schedule installed, cleared or restored)."""
         self._step_t = self._period = None
