@@ -21,6 +21,7 @@ from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.gpu.base import Telemetry
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire.trainer import Kind, WindowRequest
+from zeus_demo.cluster import wait_for_async
 
 
 async def _published(subject: str, payload: bytes) -> None:
@@ -125,10 +126,7 @@ async def test_the_power_limit_is_read_about_once_a_second_and_after_the_agent_s
             sample = await agent.sample()
             return sample is not None and sample.power_limit_w == limit + 5
 
-        deadline = time.monotonic() + 3.0
-        while not await seen():
-            assert time.monotonic() < deadline, "another tool's limit not seen within 3 s"
-            await asyncio.sleep(0.05)
+        await wait_for_async(seen, 3.0, lambda: "another tool's limit not seen within 3 s")
         agent.unbind()
 
 

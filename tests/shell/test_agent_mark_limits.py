@@ -25,6 +25,7 @@ from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import Mark, MeasurementBatch
 from zeus_agent.wire.trainer import EventDatagram, Kind
+from zeus_demo.cluster import wait_for_async
 
 DEFAULT_W = 300  # A40
 
@@ -70,10 +71,8 @@ async def measuring(agent: GpuAgent) -> AsyncIterator[None]:
 
 
 async def marks_of(captured: Captured, n: int) -> list[Mark]:
-    deadline = time.monotonic() + 5
-    while len(captured.marks) < n:
-        assert time.monotonic() < deadline, f"{len(captured.marks)} of {n} marks published"
-        await asyncio.sleep(0.01)
+    await wait_for_async(lambda: len(captured.marks) >= n, 5,
+                         lambda: f"{len(captured.marks)} of {n} marks published", interval_s=0.01)
     return captured.marks
 
 

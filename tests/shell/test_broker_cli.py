@@ -29,7 +29,7 @@ import pytest
 
 from tests.repo_kit import REPO_ROOT
 from zeus_agent.broker import EmbeddedNats
-from zeus_demo.cluster import MARK_ENV, processes_with_mark
+from zeus_demo.cluster import MARK_ENV, processes_with_mark, wait_for
 
 BROKER = [sys.executable, "-m", "zeus_agent.cli", "broker"]
 CONFIG_ERROR, STARTUP_FAILURE = 2, 3
@@ -74,10 +74,8 @@ def others(mark: str, *pids: int) -> list[int]:
 
 def wait_until_gone(mark: str, *pids: int, within_s: float = 5.0) -> list[int]:
     """Wait (up to `within_s`) for the processes carrying `mark` to end; those left."""
-    deadline = time.monotonic() + within_s
-    while (left := others(mark, *pids)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return left
+    wait_for(lambda: not others(mark, *pids), within_s, interval_s=0.02, fail=False)
+    return others(mark, *pids)
 
 
 def read_line(proc: subprocess.Popen[str], timeout_s: float = 20.0) -> str:
@@ -180,17 +178,19 @@ def test_a_signal_while_nats_server_starts_leaves_nothing_behind(sig, mark, tmpd
     """The signal comes while the broker waits for its server: the child is held (SIGSTOP)
     the moment it exists, the broker signalled, the child released."""
     broker = start_broker(mark, tmpdir_env, "--port", "0")
-    child = None
+
+    def hold_child() -> int | None:
+        """The broker's child, stopped (SIGSTOP) the moment it is seen."""
+        kids = children_of(broker.pid)
+        if kids:
+            os.kill(kids[0], signal.SIGSTOP)
+            return kids[0]
+        assert broker.poll() is None, "the broker started no child"
+        return None
+
     try:
-        deadline = time.monotonic() + 20
-        while child is None and time.monotonic() < deadline and broker.poll() is None:
-            kids = children_of(broker.pid)
-            if kids:
-                child = kids[0]
-                os.kill(child, signal.SIGSTOP)
-            else:
-                time.sleep(0.0005)
-        assert child is not None, "the broker started no child"
+        child = wait_for(hold_child, 20, lambda: "the broker started no child",
+                         interval_s=0.0005)
         broker.send_signal(sig)
         time.sleep(0.2)  # let the broker take the signal while its server cannot answer
         os.kill(child, signal.SIGCONT)

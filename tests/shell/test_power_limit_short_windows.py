@@ -12,7 +12,6 @@ limit it pins is the workload's optimum, run after run.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from coordinator.power_limit import Energy
@@ -30,6 +29,7 @@ from zeus_agent.gpu.sim.trainers.data_parallel import (
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus, PowerLimitOptions
+from zeus_demo.cluster import wait_for_async
 
 NODE = "short-steps"
 WORKLOAD = "input-bound"
@@ -65,10 +65,8 @@ async def test_short_windows_are_lengthened_and_the_optimum_is_pinned_every_time
 
     await nc.subscribe("zeus.job.*.status", cb=on_status)
     await confirm_subscriptions(nc)
-    deadline = time.monotonic() + 10
-    while not all(a.counter.policy.locked for a in agent.agents.values()):
-        assert time.monotonic() < deadline, "the agent never locked onto the 100 ms counter"
-        await asyncio.sleep(0.1)
+    await wait_for_async(lambda: all(a.counter.policy.locked for a in agent.agents.values()), 10,
+                         lambda: "the agent never locked onto the 100 ms counter", interval_s=0.1)
     placements = [RankPlacement(NODE, str(tmp_path / "agent.sock"), str(tmp_path / "gpus"), i)
                   for i in range(2)]
     runs = []
