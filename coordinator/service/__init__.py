@@ -49,6 +49,7 @@ import contextlib
 import gc
 import logging
 import os
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -119,7 +120,9 @@ class CoordinatorService(ExitSignals):
         self.registry = JobRegistry(settings.max_jobs, settings.max_jobs_per_node,
                                     settings.max_ranks_per_node)
         self.pfo = settings.pfo_settings()
-        self.book = OwnershipBook(settings.replica_name, settings.effective_ownership_lease_s)
+        # This process's incarnation: in every lease it writes (`OwnershipBook`).
+        self.book = OwnershipBook(settings.replica_name, settings.effective_ownership_lease_s,
+                                  secrets.token_hex(8))
         self.jobs = JobTable(self.registry)
         self.link = Link(settings.prefix)
         self._build_helpers()
@@ -180,20 +183,11 @@ class CoordinatorService(ExitSignals):
         return self.link.nc
 
     @property
-    def state(self) -> JetStreamState | None:
-        """The state bucket (None before start-up)."""
-        return self.link.state
-
-    @property
     def dropped(self) -> Counter[str]:
         """Stream messages dropped, by reason (spoofed node, unknown rank...)."""
         return self.link.dropped
 
     # ------------------------------------------------------------------ jobs
-    def optimiser(self, job_id: str) -> JobOptimizer | None:
-        """The optimiser driving the job here, or None."""
-        return self.jobs.optimiser(job_id)
-
     @property
     def optimisers(self) -> dict[str, JobOptimizer]:
         """The optimisers driven by this replica, by job id (readable from any thread)."""

@@ -125,12 +125,10 @@ class DurableState:
             gpu, driver = change.rank.gpu, jobs.driver(change.job_id)
             jobs.bind_gpu(driver, gpu)
             if change.limits is not None:  # The owner need not ask that GPU's agent again.
-                self.gpus.limits.setdefault((gpu.node, gpu.gpu_index), change.limits)
-                if change.period_recorded:
-                    self.gpus.periods.setdefault((gpu.node, gpu.gpu_index),
-                                                 change.energy_period_ms)
+                self.gpus.remember((gpu.node, gpu.gpu_index), change.limits,
+                                   change.energy_period_ms, change.period_recorded)
             if (jobs.registry.apply_rank(change.job_id, change.rank, self.clock())
-                    and (change.job_id, change.rank.info.rank) not in jobs.registering):
+                    and not jobs.is_registering(change.job_id, change.rank.info.rank)):
                 self.starter.maybe_start(driver)  # (Once every rank is in.)
         elif change.kind == "prog" and change.job_id is not None and change.progress:
             driver = jobs.driver(change.job_id)
@@ -142,7 +140,7 @@ class DurableState:
         failures = self.failures
         if not change.deleted:
             note = change.quarantine or {}
-            failures.quarantined[change.job_hash] = note
+            failures.note_quarantine(change.job_hash, note)
             driver = self.jobs.by_hash(change.job_hash)
             if driver is not None and driver.optimiser is not None:
                 # Driven here (another replica, or a record, set it aside): end it as a failure
@@ -151,7 +149,7 @@ class DurableState:
                     driver.job_id, f"quarantined by replica {note.get('replica') or '?'}: "
                     f"{note.get('reason') or 'no reason recorded'}"))
             return
-        failures.quarantined.pop(change.job_hash, None)
+        failures.release_quarantine(change.job_hash)
         driver = self.jobs.by_hash(change.job_hash)
         if driver is not None and driver.record is not None:
             driver.clear_failure()

@@ -252,15 +252,11 @@ class Endpoints:
             refused = self._refuse_gpu(request, info)
             if refused is not None:
                 return refused
-        mine = (request.job_id, request.rank_info.rank)
-        self.jobs.registering.add(mine)  # This handler, not the state watch, starts the job.
-        try:
+        with self.jobs.registering_rank(request.job_id, request.rank_info.rank):
             limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
             new = await self.link.require_state().create_rank(
                 request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits,
                 info.energy_period_ms if info else None)
-        finally:
-            self.jobs.registering.discard(mine)
         record, _ = self.jobs.registry.register_rank(request, self.clock())
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:

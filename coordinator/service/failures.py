@@ -69,6 +69,14 @@ class JobFailures:
         self.failed = 0
         self._writing: set[str] = set()
 
+    def note_quarantine(self, job_hash: str, note: dict[str, Any]) -> None:
+        """The bucket holds a quarantine note for the job (any replica's)."""
+        self.quarantined[job_hash] = note
+
+    def release_quarantine(self, job_hash: str) -> None:
+        """The job's note is gone (an operator released or dropped it)."""
+        self.quarantined.pop(job_hash, None)
+
     def is_quarantined(self, job_id: str) -> bool:
         """Whether the job is set aside (as this replica's view of the bucket says)."""
         return records.job_hash(job_id) in self.quarantined

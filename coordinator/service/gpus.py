@@ -50,6 +50,17 @@ class GpuDirectory:
         """(node, index) -> how often its energy counter changes (ms, 0: continuous), as its
         description said (None: not said; absent: not described to this replica)."""
 
+    def remember(self, key: tuple[str, int], limits: tuple[int, int],
+                 period_ms: float | None, period_known: bool) -> None:
+        """What a rank's record says of its GPU, kept unless known already.
+
+        Its limits and, when recorded, its energy counter's period: the owner need not ask
+        its agent.
+        """
+        self.limits.setdefault(key, limits)
+        if period_known:
+            self.periods.setdefault(key, period_ms)
+
     def energy_period_s(self, gpus: list[tuple[str, int]]) -> float | None:
         """The longest energy-counter period of `gpus` (s), None if none was announced."""
         known = [p for p in (self.periods.get(g) for g in gpus) if p is not None]

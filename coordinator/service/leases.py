@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -137,7 +136,6 @@ class Leases:
         self.jobs = jobs
         self.link = link
         self.clock = clock
-        book.incarnation = secrets.token_hex(8)  # Before this process writes any lease.
         self.seat = ReplicaSeat(state_dir, book.me, book.incarnation)
 
     def hold_seat(self) -> None:

@@ -11,6 +11,8 @@ or removes its jobs.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import datetime
 
 from coordinator.jobs import JobRecord, JobRegistry
@@ -27,13 +29,11 @@ class JobTable:
 
     Attributes:
         registry: The jobs' records, ranks and quotas (added and removed through the table).
-        registering: (job id, rank) being recorded by this replica's handlers right now (their
-            handler, not the state watch, starts the job).
     """
 
     def __init__(self, registry: JobRegistry) -> None:
         self.registry = registry
-        self.registering: set[tuple[str, int]] = set()
+        self._registering: set[tuple[str, int]] = set()
         self._by_id: dict[str, JobDriver] = {}
         self._by_hash: dict[str, JobDriver] = {}
         self._by_token: dict[str, JobDriver] = {}
@@ -100,6 +100,21 @@ class JobTable:
     def __contains__(self, job_id: object) -> bool:
         """Whether the job's record is known."""
         return job_id in self.registry.jobs
+
+    # ------------------------------------------------------------------ ranks being recorded
+    @contextlib.contextmanager
+    def registering_rank(self, job_id: str, rank: int) -> Iterator[None]:
+        """While this replica's handler records `rank`: it, not the state watch, starts the job."""
+        key = (job_id, rank)
+        self._registering.add(key)
+        try:
+            yield
+        finally:
+            self._registering.discard(key)
+
+    def is_registering(self, job_id: str, rank: int) -> bool:
+        """Whether a handler of this replica is recording the rank right now."""
+        return (job_id, rank) in self._registering
 
     # ------------------------------------------------------------------ learning, forgetting
     def register(self, request: RegisterJob, now_s: float, node: str, wall: datetime,

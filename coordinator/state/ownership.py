@@ -55,7 +55,7 @@ class OwnershipBook:
             raise ValueError(f"the ownership lease must be > 0 s, got {lease_s}")
         self.me = me
         self.incarnation = incarnation
-        """This process's incarnation, in every lease it writes (set before it writes any)."""
+        """This process's incarnation, in every lease it writes."""
         self.lease_s = lease_s
         self.fence_s = lease_s / 3
         self.leases: dict[str, Lease] = {}

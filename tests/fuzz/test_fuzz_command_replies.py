@@ -461,14 +461,14 @@ def test_fuzzed_command_replies_end_at_most_one_job(
         # Every rank is in: the job starts (or says why not); its first commands are answered.
         wait_for(lambda: bus.call(_start_settled, bus, job_id), 10,
                  f"the start of {job_id} to settle ({scenario!r})", interval_s=0.01)
-        if scenario.kind == "pipeline" and bus.call(lambda: bus.coord.optimiser(job_id)):
+        if scenario.kind == "pipeline" and bus.call(lambda: bus.coord.jobs.optimiser(job_id)):
             _publish_iterations(bus, node, job_id, token, scenario.world)
             wait_for(lambda: any(op == "install_schedule" for _, op in list(behaviour.asked))
-                     or bus.call(lambda: bus.coord.optimiser(job_id)) is None, 5,
+                     or bus.call(lambda: bus.coord.jobs.optimiser(job_id)) is None, 5,
                      f"{job_id} to install a schedule ({scenario!r})", interval_s=0.01)
             wait_for(lambda: bus.call(_start_settled, bus, job_id), 10,
                      f"the schedule of {job_id} to be answered ({scenario!r})", interval_s=0.01)
-        wait_for(lambda: bus.call(lambda: bus.coord.optimiser(job_id)) is not None
+        wait_for(lambda: bus.call(lambda: bus.coord.jobs.optimiser(job_id)) is not None
                  or any(s.state in SAID_WHY for s in _job_statuses(statuses, job_id)), 5,
                  f"{job_id} to be driven or to say why not ({scenario!r})", interval_s=0.01)
 
@@ -476,7 +476,7 @@ def test_fuzzed_command_replies_end_at_most_one_job(
     assert not fake.errors, fake.errors
     said = _job_statuses(statuses, job_id)
     OUTCOMES[(scenario.kind, f"{registered}/{scenario.world} ranks",
-              "driven" if bus.call(lambda: bus.coord.optimiser(job_id)) else "not driven",
+              "driven" if bus.call(lambda: bus.coord.jobs.optimiser(job_id)) else "not driven",
               tuple(sorted({op for _, op in behaviour.asked})),
               tuple(sorted({s.state for s in said} - {"registered", "rank_registered"})))] += 1
     failed = [s for s in said if s.state == "failed"]
@@ -485,7 +485,7 @@ def test_fuzzed_command_replies_end_at_most_one_job(
         assert bus.call(lambda: h in bus.coord.failures.quarantined), (
             f"{job_id} failed but is not quarantined ({scenario!r})"
         )
-        assert bus.call(lambda: bus.coord.optimiser(job_id)) is None, (
+        assert bus.call(lambda: bus.coord.jobs.optimiser(job_id)) is None, (
             f"{job_id} failed but is still driven ({scenario!r})"
         )
         wait_for(lambda: {"reset_power_limit", "clear_schedule"}
@@ -510,7 +510,7 @@ def test_failed_jobs_are_never_started_again(
     waits = {j: n for (j, state), n in said.items() if state == "waiting" and n > 1}
     assert not waits, f"jobs that said more than once that they wait: {waits}"
     by_job = {j for (j, state) in said if state == "failed"}
-    driven = [j for j in by_job if bus.call(lambda j=j: bus.coord.optimiser(j)) is not None]
+    driven = [j for j in by_job if bus.call(lambda j=j: bus.coord.jobs.optimiser(j)) is not None]
     assert not driven, f"failed jobs driven again: {driven}"
     _serving(bus, "the fuzz")
     asked = {op for outcome in OUTCOMES for op in outcome[3]}

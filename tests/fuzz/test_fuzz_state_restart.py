@@ -567,7 +567,7 @@ def _check_victim(w: World, coord: CoordinatorService, bucket: str, victim: Vict
     `tolerated`: a known bug (see `KNOWN_BUGS`) whose outcome is let through.
     """
     h = victim.hash
-    driven = lambda: w.call(lambda: coord.optimiser(victim.job_id)) is not None  # noqa: E731
+    driven = lambda: w.call(lambda: coord.jobs.optimiser(victim.job_id)) is not None  # noqa: E731
     aside = lambda: w.call(lambda: h in coord.failures.quarantined)  # noqa: E731
     if expect == "quarantined":
         wait_for(aside, SETTLE_S, f"the job with a bad record to be quarantined ({what})",
@@ -621,7 +621,7 @@ def check_plan(w: World, plan: Plan, tolerate_known_bugs: bool = True) -> None:
                                               dump_data=False))  # fmt: skip
         try:
             new_job = _register_new_job(w, n)
-            wait_for(lambda: w.call(lambda: coord.optimiser(new_job)) is not None, SETTLE_S,
+            wait_for(lambda: w.call(lambda: coord.jobs.optimiser(new_job)) is not None, SETTLE_S,
                      f"the new job's optimiser to start ({what})", interval_s=0.01)
             quarantined = _check_victim(w, coord, bucket, victim, expect, what, tolerated)
             _serving(w, coord, victim, what)
@@ -635,7 +635,7 @@ def check_plan(w: World, plan: Plan, tolerate_known_bugs: bool = True) -> None:
         coord, task = w.run(start_coordinator(w.server, state_dir, state_bucket=bucket,
                                               dump_data=False))  # fmt: skip
         try:
-            wait_for(lambda: w.call(lambda: coord.optimiser(new_job)) is not None, SETTLE_S,
+            wait_for(lambda: w.call(lambda: coord.jobs.optimiser(new_job)) is not None, SETTLE_S,
                      f"the new job to be resumed after a restart ({what})", interval_s=0.01)
             again = _check_victim(w, coord, bucket, victim,
                                   "quarantined" if quarantined else "any", what)

@@ -127,14 +127,14 @@ async def state_keys(coord: CoordinatorService) -> set[str]:
     from nats.js.errors import NoKeysError
 
     try:
-        return set(await coord.state.kv.keys())
+        return set(await coord.link.state.kv.keys())
     except NoKeysError:
         return set()
 
 
 async def state_values(coord: CoordinatorService) -> list[bytes]:
     """Every value in the coordinator's state bucket now."""
-    return [(await coord.state.kv.get(key)).value or b"" for key in await state_keys(coord)]
+    return [(await coord.link.state.kv.get(key)).value or b"" for key in await state_keys(coord)]
 
 
 def measurements(limits_energy_time: list[tuple[int, float, float]]) -> list:

@@ -601,13 +601,13 @@ async def test_an_unavailable_state_store_refuses_without_half_registering(coord
     second job. Now JetStream refusing the write leaves nothing behind."""
     before = set(coord.registry.jobs)
     keys = await state_keys(coord)
-    original = coord.state.kv.create
+    original = coord.link.state.kv.create
 
     async def broken(*args: Any, **kw: Any) -> int:
         raise TimeoutError("JetStream did not answer")
 
-    coord.state.kv.create = broken
-    coord.state.retry_s = 0.3  # (It retries a JetStream that does not answer, for a while.)
+    coord.link.state.kv.create = broken
+    coord.link.state.retry_s = 0.3  # (It retries a JetStream that does not answer, for a while.)
     try:
         for _ in range(2):
             reply = await ask(nc, subjects.coord_register_job(NODE), job_request(dp=1))
@@ -616,8 +616,8 @@ async def test_an_unavailable_state_store_refuses_without_half_registering(coord
         assert set(coord.registry.jobs) == before
         assert await state_keys(coord) == keys
     finally:
-        coord.state.kv.create = original
-        coord.state.retry_s = 10.0
+        coord.link.state.kv.create = original
+        coord.link.state.retry_s = 10.0
     job_id = await register_job(nc, dp=1)
     assert set(coord.registry.jobs) == before | {job_id}
 
@@ -761,14 +761,14 @@ async def test_a_slow_late_renewal_fences_the_actions_and_keeps_the_job(nats_ser
         await wait_for(lambda: job_id in coord.optimisers and coord.owns(job_id), 10)
         stalled.set()
         await wait_for(lambda: not coord.owns(job_id), 10)
-        assert coord.state is not None
-        take = coord.state.take
+        assert coord.link.state is not None
+        take = coord.link.state.take
 
         async def jetstream_not_answering(*args: Any) -> int | None:
             await asyncio.sleep(coord.book.fence_s + 0.3)
             return None
 
-        monkeypatch.setattr(coord.state, "take", jetstream_not_answering)
+        monkeypatch.setattr(coord.link.state, "take", jetstream_not_answering)
         record = coord.registry.jobs[job_id]
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -778,7 +778,7 @@ async def test_a_slow_late_renewal_fences_the_actions_and_keeps_the_job(nats_ser
         assert job_id in coord.optimisers  # still driven here
         await asyncio.sleep(0.3)
         assert not any(s.message == "acted while JetStream slept" for s in statuses)
-        monkeypatch.setattr(coord.state, "take", take)
+        monkeypatch.setattr(coord.link.state, "take", take)
         stalled.clear()  # the loop takes the lease again, the job goes on where it was
         await wait_for(lambda: coord.owns(job_id), 10)
         assert job_id in coord.optimisers
@@ -804,9 +804,9 @@ async def test_a_failed_lease_write_reads_the_lease_when_the_watch_lags(nats_ser
         job_hash = records.job_hash(job_id)
         await wait_for(lambda: coord.owns(job_id))
         stalled.set()
-        assert coord.state is not None
+        assert coord.link.state is not None
         other = {"v": 1, "owner": "another-replica", "until": time.time() + 60, "job_id": job_id}
-        await coord.state.owners.put(job_hash, json.dumps(other).encode())
+        await coord.link.state.owners.put(job_hash, json.dumps(other).encode())
         await wait_for(lambda: coord.book.leases[job_hash].owner == "another-replica", 10)
         assert not coord.owns(job_id)
     finally:

@@ -93,9 +93,9 @@ async def test_a_job_whose_optimiser_cannot_start_fails_alone_and_stays_quaranti
         # (it may own it, and say so: the owner collects it once idle),
         assert set(states(statuses, bad)[seen:]) <= {"taken_over"}
         assert records.job_hash(bad) in coord.failures.quarantined
-        assert coord.optimiser(bad) is None
-        assert coord.state is not None
-        await coord.state.release_quarantine(records.job_hash(bad))  # ...until released.
+        assert coord.jobs.optimiser(bad) is None
+        assert coord.link.state is not None
+        await coord.link.state.release_quarantine(records.job_hash(bad))  # ...until released.
         await wait_for(lambda: "profiling" in states(statuses, bad)[seen:])
         assert records.job_hash(bad) not in coord.failures.quarantined
     finally:
@@ -128,7 +128,7 @@ async def test_a_job_that_fails_while_driven_resets_its_gpus_and_the_replica_ser
         assert "RecursionError" in failed.message
         assert "back at their defaults" in failed.message
         assert (await gpu_info(nc, 0))["gpu"]["power_limit_w"] == 300  # the A40's default
-        assert coord.optimiser(job_id) is None and not task.done()
+        assert coord.jobs.optimiser(job_id) is None and not task.done()
         monkeypatch.undo()
         other = await register_one_rank_job(nc, 1, selector="Energy", profile=PROFILE)
         await wait_for(lambda: "done" in states(statuses, other))

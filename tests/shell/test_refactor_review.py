@@ -29,13 +29,13 @@ async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_wri
         await wait_for(lambda: job_id in coord.optimisers and coord.owns(job_id), 10)
         stalled.set()
         await wait_for(lambda: not coord.owns(job_id), 10)  # inside its fence, not renewed
-        assert coord.state is not None
-        take = coord.state.take
+        assert coord.link.state is not None
+        take = coord.link.state.take
 
         async def jetstream_not_answering(*args: Any) -> int | None:
             return None
 
-        monkeypatch.setattr(coord.state, "take", jetstream_not_answering)
+        monkeypatch.setattr(coord.link.state, "take", jetstream_not_answering)
         progress = {"windows": [{"power_limit": 300, "time_s": 2.0, "energy_j": 600.0}]}
         driver = coord.jobs.get(job_id)
         assert driver is not None
@@ -43,11 +43,11 @@ async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_wri
             await coord.actions.act(job_id, lambda _r, _i: [SaveProgress("windows", progress)],
                                     0, None)
         assert job_id in coord.optimisers  # still driven here, its actions fenced
-        monkeypatch.setattr(coord.state, "take", take)
+        monkeypatch.setattr(coord.link.state, "take", take)
         stalled.clear()  # The ownership loop takes the lease again and writes what is unsaved.
         await wait_for(lambda: coord.owns(job_id), 10)
         for _ in range(100):
-            recorded = await coord.state.get_progress(job_id)
+            recorded = await coord.link.state.get_progress(job_id)
             if recorded and recorded["kind"] == "windows":  # (Its profile was recorded first.)
                 break
             await asyncio.sleep(0.05)
@@ -73,12 +73,12 @@ async def test_a_file_a_scheduler_produced_is_written_while_the_actions_are_fenc
         await wait_for(lambda: job_id in coord.optimisers and coord.owns(job_id), 10)
         stalled.set()
         await wait_for(lambda: not coord.owns(job_id), 10)  # inside its fence, not renewed
-        assert coord.state is not None
+        assert coord.link.state is not None
 
         async def jetstream_not_answering(*args: Any) -> int | None:
             return None
 
-        monkeypatch.setattr(coord.state, "take", jetstream_not_answering)
+        monkeypatch.setattr(coord.link.state, "take", jetstream_not_answering)
         path = tmp_path / "profiles" / "instruction_profile.csv"
         record = coord.registry.jobs[job_id]
         await coord.actions.execute(record, [WriteFile(str(path), "rank,time\n",
