@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from _common import free_port, machine, now
 
 from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats
+from zeus_demo.cluster import Processes, wait_for
 
 BUDGET_PCT = 2.0
 SETTLE_S = 6.0
@@ -145,42 +145,44 @@ def main() -> None:
     agent_bin = Path(sys.executable).with_name("zeus-agent")
     port = free_port()
     load_before = os.getloadavg()
-    trainers: list[subprocess.Popen[str]] = []
+    trainers: list[str] = []
     bound: dict[str, object] | None = None
     with EmbeddedNats() as server, tempfile.TemporaryDirectory() as tmp:
         sock = f"{tmp}/agent.sock"
-        proc = children.popen(
-            [str(agent_bin), "run", "--nats-url", server.url, "--backend", "sim",
-             "--sim-count", str(args.gpus), "--sample-hz", str(args.hz),
-             "--sim-state-dir", f"{tmp}/sim", "--socket-path", sock,
-             "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
-             "--node", "bench-cpu", "--log-level", "WARNING"],
-        )  # fmt: skip
+        procs = Processes(Path(tmp))  # the agent's and trainers' logs: tmp/logs
+        proc = procs.spawn("agent", [
+            str(agent_bin), "run", "--nats-url", server.url, "--backend", "sim",
+            "--sim-count", str(args.gpus), "--sample-hz", str(args.hz),
+            "--sim-state-dir", f"{tmp}/sim", "--socket-path", sock,
+            "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+            "--node", "bench-cpu", "--log-level", "WARNING"])  # fmt: skip
+
+        def started() -> bool:
+            if not procs.alive("agent"):
+                raise SystemExit("the agent did not start:\n" + procs.log("agent", 2000))
+            return Path(sock).exists()
+
         try:
-            deadline = time.monotonic() + 30
-            while not Path(sock).exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the agent did not start")
-                time.sleep(0.05)
+            wait_for(started, 30, lambda: "the agent did not start:\n" + procs.log("agent", 2000))
             time.sleep(SETTLE_S)  # start-up and learning are not the steady state
             idle = measure(proc.pid, port, args.seconds)
             if args.bound:
                 for gpu in range(args.gpus):
-                    trainers.append(children.popen(
-                        [sys.executable, "-c", TRAINER, sock, str(gpu)],
-                        stdout=subprocess.PIPE, text=True))  # fmt: skip
+                    trainers.append(f"trainer-{gpu}")
+                    procs.spawn(trainers[-1], [sys.executable, "-c", TRAINER, sock, str(gpu)],
+                                stdout=subprocess.PIPE)
                 for t in trainers:
-                    assert t.stdout is not None
-                    if t.stdout.readline().strip() != "bound":
-                        raise SystemExit("a trainer could not bind its GPU")
+                    out = procs.procs[t].stdout
+                    assert out is not None
+                    if out.readline().strip() != b"bound":
+                        raise SystemExit("a trainer could not bind its GPU:\n" + procs.log(t))
                 time.sleep(3.0)  # every GPU back to reading every update
                 bound = measure(proc.pid, port, args.seconds)
         finally:
             for t in trainers:
-                t.kill()
-                t.wait()
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=15)
+                procs.kill(t)
+            procs.stop("agent", 15)  # SIGTERM: it restores its GPUs and stops
+            procs.close()
     load_after = os.getloadavg()
     pct = float(idle["cpu_pct"])  # type: ignore[arg-type]
     print(f"agent CPU with {args.gpus} simulated GPUs at {args.hz:g} Hz, no trainer: {pct:.2f}% "

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, Reply, SetPowerLimitCmd
+from zeus_demo.cluster import Processes
 
 BUDGET_P99_US = 2000.0
 NODE = "bench"
@@ -44,15 +44,16 @@ async def run(requests: int, warmup: int, timing: str = "h200",
     """Start the broker and the agent, time the commands, stop everything."""
     # The simulated GPU's state file lives in memory, as a real GPU's registers do.
     tmp = Path(tempfile.mkdtemp(prefix="zab-", dir=SHM_ROOT))
+    procs = Processes(tmp)  # the agent's log: tmp/logs (printed if the run fails)
     async with EmbeddedNats() as server:
         nc = await connect(server.url, "bench-client")
         hello = await nc.subscribe(subjects.agent_hello(NODE))
-        agent = await children.create_subprocess_exec(
+        procs.spawn("agent", [
             sys.executable, "-m", "zeus_agent.cli", "run", "--nats-url", server.url,
             "--backend", "sim", "--node", NODE, "--sim-state-dir", str(tmp / "sim"),
             "--socket-path", str(tmp / "agent.sock"), "--log-level", "WARNING",
             "--sim-nvml-timing", timing, "--sim-set-latency-ms", str(set_latency_ms),
-        )  # fmt: skip
+        ])  # fmt: skip
         try:
             await hello.next_msg(timeout=20)
             subject = subjects.gpu_command(NODE, 0)
@@ -70,9 +71,12 @@ async def run(requests: int, warmup: int, timing: str = "h200",
                     raise RuntimeError(f"command failed: {reply.code}: {reply.error}")
                 if i >= warmup:
                     samples.append((t1 - t0) / 1000)
+        except BaseException:
+            print(procs.log("agent"), file=sys.stderr)
+            raise
         finally:
-            agent.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(agent.wait(), 10)
+            await asyncio.to_thread(procs.stop, "agent", 10)  # SIGTERM, SIGKILL past 10 s
+            await asyncio.to_thread(procs.close)
             await nc.close()
             shutil.rmtree(tmp, ignore_errors=True)
     samples.sort()
