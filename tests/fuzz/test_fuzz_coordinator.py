@@ -195,7 +195,7 @@ def test_acknowledged_registrations_are_on_disk(bus: Bus, jobs: dict[str, str]):
     for job_id, ranks in ACKNOWLEDGED.items():
         assert job_id in registry, f"acknowledged job {job_id!r} is not registered"
         assert ranks <= registry[job_id], f"acknowledged ranks of {job_id!r} are missing"
-    durable = bus.run(bus.coord.state.read_jobs())
+    durable = bus.run(bus.coord.link.state.read_jobs())
     on_disk = {j: set(r.ranks) for j, r in durable.items()}
     assert on_disk == registry, "the state bucket does not hold the registry"
 
@@ -377,12 +377,14 @@ def publish_and_settle(bus: Bus, subject: str, data: bytes, malformed: bool) -> 
     bus.publish(subject, data)
     bus.publish(subject, BARRIER)
     want = before.get(barrier, 0) + 1 + malformed
-    deadline = time.monotonic() + 2
-    while True:
-        after = bus.call(_dropped, bus)
-        if after.get(barrier, 0) >= want or time.monotonic() > deadline:
-            break
-        time.sleep(0.002)
+    reads: list[dict[str, int]] = []
+
+    def settled() -> bool:
+        reads[:] = [bus.call(_dropped, bus)]
+        return reads[0].get(barrier, 0) >= want
+
+    wait_for(settled, 2, interval_s=0.002, fail=False)  # what moved tells the rest
+    after = reads[0]
     moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     moved[barrier] = moved.get(barrier, 0) - 1
     return {k: v for k, v in moved.items() if v}

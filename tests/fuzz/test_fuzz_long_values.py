@@ -526,11 +526,14 @@ def coord_stream_problems(bus: Bus, subject: str, data: bytes, model: Any,
     bus.publish(subject, data)
     bus.publish(subject, BARRIER)
     want = before.get(reason, 0) + 1 + malformed
-    deadline = time.monotonic() + 3
-    while (after := bus.call(_dropped, bus)).get(reason, 0) < want:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.001)
+    reads: list[dict[str, int]] = []
+
+    def counted() -> bool:
+        reads[:] = [bus.call(_dropped, bus)]
+        return reads[0].get(reason, 0) >= want
+
+    wait_for(counted, 3, interval_s=0.001, fail=False)  # what moved tells the rest
+    after = reads[0]
     moved = after.get(reason, 0) - before.get(reason, 0) - 1
     if moved != malformed:
         return [f"{what}: {reason!r} moved by {moved} (malformed: {malformed}; all drops "
@@ -551,11 +554,14 @@ def renewal_problems(bus: Bus, subject: str, data: bytes, what: str) -> list[str
         bus.info(0)  # Handled by then (the agent answers a later request).
         moved = bus.call(_agent_drops, bus) - before
     else:
-        deadline = time.monotonic() + 3
-        while (moved := bus.call(_agent_drops, bus) - before) < 1:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.001)
+        moves: list[int] = []
+
+        def counted() -> bool:
+            moves[:] = [bus.call(_agent_drops, bus) - before]
+            return moves[0] >= 1
+
+        wait_for(counted, 3, interval_s=0.001, fail=False)  # what moved tells the rest
+        moved = moves[0]
     if moved != malformed:
         return [f"{what}: bad_lease_renewal moved by {moved} (malformed: {malformed})"]
     return []
@@ -728,14 +734,14 @@ class Trainer:
         self.sock.close()
 
     def send(self, data: bytes) -> None:
-        deadline = time.monotonic() + 3
-        while True:
+        def sent() -> bool:
             try:
                 self.sock.send(data, socket.MSG_DONTWAIT)
-                return
+                return True
             except (BlockingIOError, TimeoutError):
-                assert time.monotonic() < deadline, "the agent stopped reading its socket"
-                time.sleep(0.001)
+                return False
+
+        wait_for(sent, 3, lambda: "the agent stopped reading its socket", interval_s=0.001)
 
     def drain(self) -> None:
         while True:
@@ -816,12 +822,15 @@ def datagram_problems(bus: Bus, trainer: Trainer, data: bytes, what: str) -> lis
         elif (OK if reply.ok else reply.code) not in expected:
             problems.append(f"{what}: answered {reply.code or OK!r} ({reply.error[:200]!r}), "
                             f"expected one of {sorted(expected)}")  # fmt: skip
-    deadline = time.monotonic() + 3
-    while (after := bus.call(_gateway, bus)).get("datagrams", 0) <= before.get("datagrams", 0):
-        if time.monotonic() > deadline:
-            problems.append(f"{what}: the gateway never counted it")
-            break
-        time.sleep(0.001)
+    reads: list[dict[str, int]] = []
+
+    def counted() -> bool:
+        reads[:] = [bus.call(_gateway, bus)]
+        return reads[0].get("datagrams", 0) > before.get("datagrams", 0)
+
+    if not wait_for(counted, 3, interval_s=0.001, fail=False):
+        problems.append(f"{what}: the gateway never counted it")
+    after = reads[0]
     if after.get("internal_error", 0) != before.get("internal_error", 0):
         problems.append(f"{what}: the gateway's internal_error moved")
     if isinstance(decoded, Exception) and after.get("malformed", 0) == before.get("malformed", 0):

@@ -78,14 +78,14 @@ class Trainer:
         self.sock.close()
 
     def send(self, data: bytes) -> None:
-        deadline = time.monotonic() + 3
-        while True:
+        def sent() -> bool:
             try:
                 self.sock.send(data, socket.MSG_DONTWAIT)
-                return
+                return True
             except (BlockingIOError, TimeoutError):  # The agent's queue is full: retry.
-                assert time.monotonic() < deadline, "the agent stopped reading its socket"
-                time.sleep(0.001)
+                return False
+
+        wait_for(sent, 3, lambda: "the agent stopped reading its socket", interval_s=0.001)
 
     def drain(self) -> None:
         while True:
@@ -371,12 +371,14 @@ def test_garbage_keeps_counting_under_a_burst(bus: Bus, trainer: Trainer):
             msgpack.packb([2, 20, 1, 1, {}])] * 200  # fmt: skip
     for data in junk:
         trainer.send(data)
-    deadline = time.monotonic() + 10
-    while True:
-        delta = counter_delta(bus.call(gateway_counters, bus), before)
-        if delta["datagrams"] >= len(junk) or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
+    deltas: list[dict[str, int]] = []
+
+    def all_counted() -> bool:
+        deltas[:] = [counter_delta(bus.call(gateway_counters, bus), before)]
+        return deltas[0]["datagrams"] >= len(junk)
+
+    wait_for(all_counted, 10, interval_s=0.01, fail=False)  # the assertions say what is missing
+    delta = deltas[0]
     assert delta["datagrams"] == len(junk), delta
     assert delta["malformed"] == len(junk), delta
     fresh = Trainer(bus.agent.settings.socket_path)
@@ -446,10 +448,14 @@ def test_schedules_lock_clocks_only_under_their_lease(
     what = f"schedule {pairs} lease {lease} events {events} then a loop for {stream_s} s"
     bus.check_healthy(mark, what)
     if lease < 1:  # Once lapsed (and one expiry period later), the clocks are unlocked.
-        deadline = time.monotonic() + max(lease, 0.1) + 0.5
-        while state := bus.call(lambda: bus.agent.agents[0].gpu.get_locked_sm_clocks_mhz()):
-            assert time.monotonic() < deadline, f"clocks still locked to {state} after the lease"
-            time.sleep(0.01)
+        locked: list[Any] = []
+
+        def unlocked() -> bool:
+            locked[:] = [bus.call(lambda: bus.agent.agents[0].gpu.get_locked_sm_clocks_mhz())]
+            return not locked[0]
+
+        wait_for(unlocked, max(lease, 0.1) + 0.5,
+                 lambda: f"clocks still locked to {locked[0]} after the lease", interval_s=0.01)
     bye = trainer.request(K.BYE, {}, 901)
     assert bye.ok, bye
 
