@@ -20,7 +20,7 @@ import pytest
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus, MeasurementBatch
-from zeus_demo.cluster import LocalCluster
+from zeus_demo.cluster import LocalCluster, wait_for_async
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -148,10 +148,8 @@ async def test_pytorch_example_is_measured_and_optimised(cluster: Cluster) -> No
     # The agent measured every step of the job, each with the simulated GPU's energy. A step's
     # measurement goes out once a counter read brackets its end (the reads are phase-locked to
     # the 100 ms counter) and the next batch is published: the last ones come after the trainer.
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while len(cluster.step_measurements(job_id)) < epochs * steps and loop.time() < deadline:
-        await asyncio.sleep(0.05)
+    await wait_for_async(lambda: len(cluster.step_measurements(job_id)) >= epochs * steps, 10,
+                         fail=False)
     measured = cluster.step_measurements(job_id)
     assert sorted(measured) == list(range(epochs * steps))
     assert all(m.energy_j > 0 and m.time_s > 0 for m in measured.values())

@@ -69,7 +69,7 @@ from tests.e2e.job_kit import (
 from tests.repo_kit import REPO_ROOT
 from zeus_agent.models import load_prof, load_ranks, load_sched
 from zeus_agent.wire import subjects
-from zeus_demo.cluster import NatsCluster, SimCluster, processes_with_mark
+from zeus_demo.cluster import NatsCluster, SimCluster, processes_with_mark, wait_for_async
 
 PLACES = {"coordinator": 0, "agent-node-a": 0, "coordinator-2": 1, "agent-node-b": 1,
           "observer": 2}
@@ -115,16 +115,21 @@ async def clusters(nats):
 
 
 async def kv_get(c: SimCluster, bucket: str, key: str, timeout_s: float = 10) -> Any:
-    """An entry of a KV bucket, read by the observer (retried while JetStream recovers)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """An entry of a KV bucket, read by the observer (retried while JetStream recovers; past
+    `timeout_s`, the failure names the last read's error)."""
+    errors: list[Exception] = []
+
+    async def read() -> Any:
         try:
             kv = await c.nc.jetstream(timeout=2).key_value(bucket)
             return await kv.get(key)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+        except Exception as e:  # noqa: BLE001 - retried; the last one is reported
+            errors[:] = [e]
+            return None
+
+    return await wait_for_async(
+        read, timeout_s, lambda: f"{bucket}/{key} not read within {timeout_s:g} s; the last "
+        f"read's error: {type(errors[-1]).__name__}: {errors[-1]}", interval_s=0.2)
 
 
 async def owner_of(c: SimCluster, job_id: str) -> str:
@@ -188,10 +193,13 @@ async def test_a_power_limit_job_and_a_pipeline_job_complete_on_a_3_server_clust
         assert varz and varz["jetstream"]["config"].get("sync_always") is True, varz
     placed = [["zeus-agent:node-a", "zeus-coordinator"],
               ["zeus-agent:node-b", "zeus-coordinator"], ["fault-test-observer"]]
-    deadline = time.monotonic() + 5
-    while (seen := [sorted(nats.connections(i)) for i in range(3)]) != placed:
-        assert time.monotonic() < deadline, seen
-        await asyncio.sleep(0.2)
+    seen: list[list[str]] = []
+
+    def placed_as_sent() -> bool:
+        seen[:] = [sorted(nats.connections(i)) for i in range(3)]
+        return seen == placed
+
+    await wait_for_async(placed_as_sent, 5, lambda: repr(seen), interval_s=0.2)
 
     # ---- the power-limit job
     c.start_trainer(workload=WORKLOAD, steps=120, scale=SCALE, power_limit=options(6),
