@@ -79,6 +79,7 @@ from zeus_agent.wire.messages import (
     Reply,
     join_token_digest,
 )
+from zeus_demo.cluster import wait_for_async
 
 GPUS_PER_NODE = 8
 SENTINEL_JOB = "bench-sentinel-no-such-job"
@@ -114,7 +115,6 @@ class FakeAgents:
         self.limits: list[tuple[float, str, int]] = []
         """(monotonic time, holder, watts) of every set_power_limit received."""
         self.counts: dict[str, int] = {}
-        self.changed = asyncio.Event()
 
     def info_reply(self, subject: str) -> bytes:
         reply = self._info.get(subject)
@@ -134,7 +134,6 @@ class FakeAgents:
             return
         if op == "set_power_limit":
             self.limits.append((time.monotonic(), cmd.get("holder", ""), cmd["power_limit_w"]))
-            self.changed.set()
         await msg.respond(self._ok)
 
     async def start(self, url: str) -> Any:
@@ -279,15 +278,17 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
     t_published = time.monotonic()
     # Until every replica has processed everything (the owner's time is the figure).
     done_at: dict[str, float] = {}
-    deadline = time.monotonic() + max(60.0, 4 * duration_s)
-    while len(done_at) < len(names) and time.monotonic() < deadline:
+
+    async def all_done() -> bool:
         for name in names:
-            if name in done_at:
-                continue
-            seen = sentinels(await asyncio.to_thread(reps.health, name))
-            if seen[0] >= published[0] and seen[1] >= published[1]:
-                done_at[name] = time.monotonic()
-        await asyncio.sleep(0.05)
+            if name not in done_at:
+                seen = sentinels(await asyncio.to_thread(reps.health, name))
+                if seen[0] >= published[0] and seen[1] >= published[1]:
+                    done_at[name] = time.monotonic()
+        return len(done_at) == len(names)
+
+    # Past the timeout, what is missing shows in the figures (a replica not done: now).
+    await wait_for_async(all_done, max(60.0, 4 * duration_s), fail=False)
     t_end = done_at.get(owner, time.monotonic())
     cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
     self1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -342,11 +343,9 @@ async def ingest(args: argparse.Namespace, jetstream_sync: str = "always") -> di
             registered_s = time.monotonic() - t
             owner = (await owner_of(nc, job_id))["owner"]
             # The optimiser starts once every rank is in: its first limit reaches every GPU.
-            deadline = time.monotonic() + 30
-            while agents.counts.get("set_power_limit", 0) < args.ranks:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the job's first power limit did not reach every GPU")
-                await asyncio.sleep(0.05)
+            await wait_for_async(
+                lambda: agents.counts.get("set_power_limit", 0) >= args.ranks, 30,
+                lambda: "the job's first power limit did not reach every GPU")
             sim = Ranks(job_id, args.ranks, join_token_digest(token))
             nats_pid = server._proc.pid if server._proc is not None else 0  # noqa: SLF001
             published = [0, 0]
@@ -413,32 +412,26 @@ async def takeover_trial(lease_s: float, trial: int, ranks: int) -> dict[str, An
             agents_nc = await agents.start(server.url)
             nc = await connect(server.url, "takeover-observer")
             statuses: list[tuple[float, str, str, str]] = []
-            status_seen = asyncio.Event()
 
             async def on_status(msg: Any) -> None:
                 with contextlib.suppress(Exception):
                     s = codec.decode(msg.data, JobStatus)
                     statuses.append((time.monotonic(), s.job_id, s.state, s.message))
-                    status_seen.set()
 
             await nc.subscribe(subjects.all_job_status(), cb=on_status)
             await confirm_subscriptions(nc)
             job_id, _token = await register(nc, ranks)
 
-            async def wait_for(what: str, found: Callable[[], float | None],
-                               timeout_s: float, event: asyncio.Event) -> float:
-                deadline = time.monotonic() + timeout_s
-                while (t := found()) is None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise RuntimeError(f"{what} not seen within {timeout_s:g} s")
-                    event.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(event.wait(), min(left, 0.05))
+            async def seen(what: str, found: Callable[[], float | None],
+                           timeout_s: float) -> float:
+                """When `found` was received (its own time: the poll's period adds nothing)."""
+                t: float = await wait_for_async(
+                    found, timeout_s, lambda: f"{what} not seen within {timeout_s:g} s",
+                    interval_s=0.01)
                 return t
 
-            await wait_for("the job's first power limit", lambda: next(
-                (t for t, h, _ in agents.limits if h == job_id), None), 30, agents.changed)
+            await seen("the job's first power limit", lambda: next(
+                (t for t, h, _ in agents.limits if h == job_id), None), 30)
             lease = await owner_of(nc, job_id)
             owner = str(lease["owner"])
             survivor = next(n for n in names if n != owner)
@@ -449,12 +442,11 @@ async def takeover_trial(lease_s: float, trial: int, ranks: int) -> dict[str, An
             t_kill = time.monotonic()
             reps.kill(owner, signal.SIGKILL)
             timeout = 3 * lease_s + 15
-            t_taken = await wait_for("taken_over", lambda: next(
+            t_taken = await seen("taken_over", lambda: next(
                 (t for t, j, s, _ in statuses if j == job_id and s == "taken_over"
-                 and t > t_kill), None), timeout, status_seen)
-            t_cmd = await wait_for("a power-limit command after the takeover", lambda: next(
-                (t for t, h, _ in agents.limits if h == job_id and t > t_kill), None), timeout,
-                agents.changed)
+                 and t > t_kill), None), timeout)
+            t_cmd = await seen("a power-limit command after the takeover", lambda: next(
+                (t for t, h, _ in agents.limits if h == job_id and t > t_kill), None), timeout)
             new_owner = str((await owner_of(nc, job_id))["owner"])
         except BaseException:
             reps.print_logs()
