@@ -96,6 +96,8 @@ if str(REPO_ROOT) not in sys.path:
 
 from _common import cpu_seconds, machine, now  # noqa: E402
 
+from zeus_demo.cluster import wait_for  # noqa: E402
+
 WINDOW_STEPS = (1, 5, 25, 100)
 OVERHEAD_BLOCK = 10
 """Steps per block of the emit-overhead phase."""
@@ -376,11 +378,14 @@ def unchanged(gpu: Nvml, before: dict[str, Any], clocks_before: dict[str, Any],
     `settle_s` to settle), and the current clocks read last."""
     after = gpu.settings()
     changed = [f"{k}: {before[k]} -> {after[k]}" for k in before if before[k] != after[k]]
-    deadline = time.monotonic() + settle_s
-    clocks = gpu.clocks()
-    while clocks != clocks_before and time.monotonic() < deadline:
-        time.sleep(0.25)
-        clocks = gpu.clocks()
+    reads: list[dict[str, Any]] = []
+
+    def back() -> bool:
+        reads[:] = [gpu.clocks()]
+        return reads[0] == clocks_before
+
+    wait_for(back, settle_s, interval_s=0.25, fail=False)  # `changed` names what is not back
+    clocks = reads[0]
     changed += [f"{k} (current): {clocks_before[k]} -> {clocks[k]}"
                 for k in clocks_before if clocks_before[k] != clocks[k]]
     return changed, clocks
@@ -388,15 +393,14 @@ def unchanged(gpu: Nvml, before: dict[str, Any], clocks_before: dict[str, Any],
 
 def settled_clocks(gpu: Nvml, limit_s: float = 5.0) -> dict[str, Any]:
     """The current clocks once two reads 0.5 s apart agree (at most `limit_s`)."""
-    clocks = gpu.clocks()
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        again = gpu.clocks()
-        if again == clocks:
-            break
-        clocks = again
-    return clocks
+    reads: list[dict[str, Any]] = []
+
+    def two_agree() -> bool:
+        reads.append(gpu.clocks())
+        return len(reads) > 1 and reads[-1] == reads[-2]
+
+    wait_for(two_agree, limit_s, interval_s=0.5, fail=False)  # else the last read
+    return reads[-1]
 
 
 # --------------------------------------------------------------------------- the agent
@@ -426,13 +430,17 @@ def observe_only_agent(index: int, tmp: Path, guard_log: Path | None) -> Iterato
                 "--log-level", "WARNING"]
         proc = children.popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
                               stdout=out, stderr=subprocess.STDOUT)
+        def failed() -> str:
+            return "the observe-only agent did not start:\n" + log.read_text(
+                errors="replace")[-2000:]
+
+        def started() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(failed())
+            return sock.exists()
+
         try:
-            deadline = time.monotonic() + 60
-            while not sock.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = log.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"the observe-only agent did not start:\n{tail}")
-                time.sleep(0.05)
+            wait_for(started, 60, failed)
             yield proc, sock, log
         finally:
             if proc.poll() is None:
