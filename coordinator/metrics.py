@@ -88,9 +88,9 @@ class _Settings(Protocol):
     def replica_name(self) -> str: ...
 
 
-class _Registry(Protocol):
-    @property
-    def jobs(self) -> Mapping[str, JobRecord]: ...
+class _Jobs(Protocol):
+    def records(self) -> list[JobRecord]: ...
+    def optimisers(self) -> dict[str, JobOptimizer]: ...
 
 
 class _Book(Protocol):
@@ -113,9 +113,7 @@ class _Service(Protocol):
     @property
     def settings(self) -> _Settings: ...
     @property
-    def registry(self) -> _Registry: ...
-    @property
-    def optimisers(self) -> Mapping[str, JobOptimizer]: ...
+    def jobs(self) -> _Jobs: ...
     @property
     def dropped(self) -> Mapping[str, int]: ...
     @property
@@ -152,8 +150,8 @@ def snapshot(service: _Service) -> CoordinatorSnapshot:
 
 
 def _snapshot(service: _Service) -> CoordinatorSnapshot:
-    records = dict(service.registry.jobs)
-    optimisers = dict(service.optimisers)
+    records = {r.job_id: r for r in service.jobs.records()}
+    optimisers = service.jobs.optimisers()
     jobs: list[JobSnapshot] = []
     for _, optimiser in sorted(optimisers.items()):
         jobs.append(optimiser.snapshot())  # What each optimiser shows of itself.

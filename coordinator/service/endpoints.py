@@ -16,6 +16,7 @@ to that replica's own subject.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -28,7 +29,6 @@ from coordinator.jobs import RankRecord
 from coordinator.optimizer import StatusUpdate, StragglerError
 from coordinator.pipeline.schedulers.settings import PFOServerSettings
 from coordinator.service.actions import ActionExecutor
-from coordinator.service.driver import JobDriver
 from coordinator.service.durable import DurableState
 from coordinator.service.failures import JobFailures
 from coordinator.service.gpus import GpuDirectory
@@ -346,10 +346,10 @@ class Endpoints:
                 "not_supported",
                 f"job {record.job_id} is optimised by the power-limit optimizer: straggler "
                 "notices are for pipeline jobs (pipeline frequency optimizer)")
-        # (Not kept for a job removed meanwhile: its optimiser is simply not running.)
-        driver = self.jobs.get(record.job_id) or JobDriver(record.job_id)
-        async with driver.lock:
-            job = driver.optimiser
+        driver = self.jobs.get(record.job_id)  # (None: removed meanwhile.)
+        lock = driver.lock if driver is not None else asyncio.Lock()
+        async with lock:
+            job = driver.optimiser if driver is not None else None
             if job is None:
                 why = ("it refused to start: see the job's status" if record.complete else
                        f"{len(record.ranks)}/{record.job.world_size} ranks registered: send the "

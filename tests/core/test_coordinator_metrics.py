@@ -130,9 +130,11 @@ def fake_service(**kw: Any) -> Any:
         "pl": JobRecord("pl", info, "", PowerLimitOptions(), 0.0, 0.0),
         "waiting": JobRecord("waiting", info, "", None, 0.0, 0.0),
     }
+    optimisers = {"pl": loaded_job(), "pp": pipeline()}
+    jobs = SimpleNamespace(records=lambda: list(records.values()),
+                           optimisers=lambda: dict(optimisers))
     base = dict(
-        settings=SimpleNamespace(replica_name="r1"), registry=SimpleNamespace(jobs=records),
-        optimisers={"pl": loaded_job(), "pp": pipeline()}, dropped={"unknown_rank": 2},
+        settings=SimpleNamespace(replica_name="r1"), jobs=jobs, dropped={"unknown_rank": 2},
         fenced_commands=1, bus_state=("connected", 0.0, ""),
         book=SimpleNamespace(mine=lambda now: ["h1"]),
         failures=SimpleNamespace(quarantined={"h2": {"reason": "x"}}, failed=1),
