@@ -20,6 +20,7 @@ from rich.table import Table
 from zeus_demo.compare import Comparison, StepStats
 from zeus_demo.config import DemoError
 from zeus_demo.pipeline.measure import finite
+from zeus_demo.plots import pyplot
 from zeus_demo.power_limit import DemoRun
 
 SUMMARY_VERSION = 2
@@ -75,13 +76,7 @@ def plot_power_limits(summary: Mapping[str, Any], path: Path) -> None:
     Raises:
         DemoError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise DemoError("the plot needs matplotlib: pip install 'zeus-bus[plot]'") from e
+    plt = pyplot(DemoError)
     n = summary["profile"]["profile_steps"]
     prof = sorted(summary["profile"]["measurements"], key=lambda m: m["power_limit"])
     agents = sorted(summary["per_power_limit"], key=lambda s: s["power_limit_w"])

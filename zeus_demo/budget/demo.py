@@ -19,6 +19,7 @@ from rich.table import Table
 
 from zeus_demo.budget.event import EventConfig, run_event
 from zeus_demo.config import DemoError
+from zeus_demo.plots import pyplot
 
 __all__ = ["SMALL_COUNTS", "plot_timeline", "render_budget_table", "run_budget_demo"]
 
@@ -70,13 +71,7 @@ def plot_timeline(timeline: Mapping[str, Any], path: Path) -> None:
     Raises:
         DemoError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise DemoError("the plot needs matplotlib: pip install 'zeus-bus[plot]'") from e
+    plt = pyplot(DemoError)
     fig, (ax_p, ax_t) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
     power = timeline["power"]
     ax_p.plot([t for t, _ in power], [w for _, w in power], color="tab:blue",

@@ -20,6 +20,7 @@ from zeus_demo.pipeline.cluster import JobRun
 from zeus_demo.pipeline.config import PipelineDemoError
 from zeus_demo.pipeline.measure import Side, finite, pct_less, pct_more
 from zeus_demo.pipeline.run import PipelineDemoRun
+from zeus_demo.plots import pyplot
 
 PIPELINE_SUMMARY_VERSION = 1
 
@@ -160,14 +161,7 @@ def render_pipeline_table(summary: Mapping[str, Any]) -> Table:
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise PipelineDemoError("the plots need matplotlib: pip install 'zeus-bus[plot]'") from e
-    return plt
+    return pyplot(PipelineDemoError)
 
 
 def plot_frontier(summary: Mapping[str, Any], path: Path) -> bool:
