@@ -61,7 +61,7 @@ from zeus_agent.broker import connect
 from zeus_agent.models import JobInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobQuery, JobStatus, PowerLimitOptions, RegisterJob, Reply
-from zeus_demo.cluster import NatsCluster, Processes
+from zeus_demo.cluster import NatsCluster, Processes, wait_for_async
 
 BIG_JOB_AT_100K = 16_384
 OPTIONS = PowerLimitOptions(warmup_steps=1, profile_steps=2, pl_step_w=25)
@@ -284,16 +284,20 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
     print(f"  {size.gpus} GPUs, wave {wave}: ranks registered in {t_ranks - t0:.1f} s "
           f"({sum(r['failed'] for r in results)} failed)", file=sys.stderr, flush=True)
     limited, shown = 0, time.monotonic()
-    deadline = time.monotonic() + a.limit_timeout_s
-    while time.monotonic() < deadline:
+
+    async def every_gpu_limited() -> bool:
+        nonlocal limited, shown
         limited = sum(s["gpus_limited"] for s in await size.all_ctl({"op": "stats"}))
         if limited >= job_gpus:
-            break
+            return True
         if time.monotonic() - shown > 15:
             shown = time.monotonic()
             print(f"  {size.gpus} GPUs, wave {wave}: first limit on {limited} GPUs so far",
                   file=sys.stderr, flush=True)
-        await asyncio.sleep(1.0)
+        return False
+
+    # Past the timeout the figures say how many GPUs had their limit (and which jobs not).
+    await wait_for_async(every_gpu_limited, a.limit_timeout_s, interval_s=1.0, fail=False)
     t_limits = time.monotonic()
     without = {j: n for st in await size.all_ctl({"op": "stats"})
                for j, n in st["without_limit"].items()}
@@ -385,13 +389,16 @@ async def end(size: Size, wave: int) -> dict[str, Any]:
     await size.all_ctl({"op": "end", "job_ids": [j[0] for j in size.jobs]})
     t0 = time.monotonic()
     ids = {j[0] for j in size.jobs}
-    deadline = t0 + a.idle_s + a.end_timeout_s
     removed = 0
-    while time.monotonic() < deadline:
+
+    def every_job_removed() -> bool:
+        nonlocal removed
         removed = sum(1 for j in ids if size.statuses.get(j) == "removed")
-        if removed == len(ids):
-            break
-        await asyncio.sleep(1.0)
+        return removed == len(ids)
+
+    # Past the timeout the figures say how many were removed.
+    await wait_for_async(every_job_removed, a.idle_s + a.end_timeout_s, interval_s=1.0,
+                         fail=False)
     t_removed = time.monotonic()
     await asyncio.sleep(a.settle_s)  # the replicas' garbage collection, JetStream's deletes
     after = await size.snap(f"w{wave} ended")
