@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -270,29 +271,41 @@ TRAINER_PROCESS = textwrap.dedent(
 class TrainerProcess:
     """A real trainer process speaking raw datagrams, driven line by line over its stdin.
 
+    It runs in a harness `Processes` registry of its own (its log in a temporary directory), so
+    it dies with the test whatever happens; `kill()` ends it and removes the directory.
     `pid=` on a call forges the pid field of the datagram (the kernel still names the sender).
     """
 
-    def __init__(self, proc: Any, pid: int) -> None:
-        self.proc = proc
+    def __init__(self, procs: Processes, pid: int) -> None:
+        self.procs = procs
+        self.proc = procs.procs["trainer"]
         self.pid = pid
 
     @classmethod
     async def start(cls, socket_path: str) -> TrainerProcess:
         """Start one and wait until its socket is connected to the agent's."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", TRAINER_PROCESS, socket_path,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 15)
-        return cls(proc, json.loads(line)["pid"])
+        procs = Processes(Path(tempfile.mkdtemp(prefix="ztp-", dir="/tmp")))
+        procs.spawn("trainer", [sys.executable, "-c", TRAINER_PROCESS, socket_path],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        trainer = cls(procs, 0)
+        try:
+            trainer.pid = json.loads(await trainer._line(15))["pid"]
+        except BaseException:
+            log = procs.log("trainer")
+            await trainer.kill()
+            raise AssertionError(f"the trainer process did not start:\n{log}") from None
+        return trainer
+
+    async def _line(self, timeout_s: float) -> bytes:
+        """Its next line of output (read in a thread: the agent may share this loop)."""
+        assert self.proc.stdout is not None
+        return await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout_s)
 
     async def _call(self, req: dict[str, Any]) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
-        await self.proc.stdin.drain()
-        return json.loads(await asyncio.wait_for(self.proc.stdout.readline(), 10))
+        self.proc.stdin.flush()
+        return json.loads(await self._line(10))
 
     async def request(self, kind: dg.Kind, payload: BaseModel | dict, pid: int = 0) -> Reply:
         """Send a request (its pid field forged when `pid` is given) and return the reply."""
@@ -312,10 +325,13 @@ class TrainerProcess:
         await self._call({"op": "event", "kind": int(kind), "a": a, "b": b, "pid": pid})
 
     async def kill(self) -> None:
-        """SIGKILL (no goodbye) and reap."""
-        if self.proc.returncode is None:
-            self.proc.kill()
-        await self.proc.wait()
+        """SIGKILL (no goodbye) and reap; its directory goes too (again: nothing more)."""
+        await asyncio.to_thread(self.procs.close)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+        shutil.rmtree(self.procs.root, ignore_errors=True)
 
 
 class AuthNats:

@@ -49,7 +49,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
 )
 from zeus_agent.wire.trainer import Kind
-from zeus_demo.cluster import wait_for_async
+from zeus_demo.cluster import Processes, wait_for_async
 
 K = Kind
 
@@ -404,9 +404,14 @@ async def test_a_trainer_outside_the_agents_pid_namespace_is_refused(nats_server
         "--sim-state-dir", str(tmp / "sim"), "--socket-path", str(tmp / "agent.sock"),
         "--log-level", "WARNING",
     ]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(*args)
+    procs = Processes(tmp)
+    proc = procs.spawn("agent", args)
     try:
-        codec.decode((await hello.next_msg(timeout=20)).data, AgentHello)
+        try:
+            codec.decode((await hello.next_msg(timeout=20)).data, AgentHello)
+        except TimeoutError:
+            raise AssertionError("the agent did not announce itself:\n"
+                                 + procs.log("agent")) from None
         trainer = RawTrainer(str(tmp / "agent.sock"))
         try:
             reply = await trainer.hello("job-ns", gpu_index=0)
@@ -424,11 +429,10 @@ async def test_a_trainer_outside_the_agents_pid_namespace_is_refused(nats_server
         with contextlib.suppress(OSError, ValueError):
             for child in children.read_text().split():
                 os.kill(int(child), signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()  # --kill-child: the agent gets SIGKILL with it
-            await proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, 10)
+        # What is left is SIGKILLed (unshare's --kill-child: the agent with it) and reaped.
+        await asyncio.to_thread(procs.close)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -458,15 +462,14 @@ print("bound", flush=True)
 
 
 async def test_a_trainer_that_exited_but_is_not_reaped_yet_gets_its_gpu_restored(
-    nats_server, nc
+    nats_server, nc, tmp_path
 ):
     """A zombie (its parent has not waited for it) is gone as far as its GPU is concerned."""
     async with running_agent(nats_server.url) as agent:
         node = agent.settings.node
-        proc = subprocess.Popen(
-            [sys.executable, "-c", ONE_SHOT_TRAINER, agent.settings.socket_path],
-            stdout=subprocess.PIPE,
-        )
+        procs = Processes(tmp_path)  # nothing here waits for it until the end (close)
+        proc = procs.spawn("trainer", [sys.executable, "-c", ONE_SHOT_TRAINER,
+                                       agent.settings.socket_path], stdout=subprocess.PIPE)
         try:
             assert await asyncio.to_thread(proc.stdout.readline) == b"bound\n"
             cmd = SetPowerLimitCmd(power_limit_w=140, holder="job-z", lease_s=600)
@@ -478,6 +481,5 @@ async def test_a_trainer_that_exited_but_is_not_reaped_yet_gets_its_gpu_restored
                            "the zombie's GPU restored")  # fmt: skip
             assert agent.agents[0].binding is None
         finally:
-            proc.kill()
-            proc.wait()
+            await asyncio.to_thread(procs.close)
             proc.stdout.close()
