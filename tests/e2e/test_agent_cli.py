@@ -14,6 +14,7 @@ import itertools
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -63,9 +64,12 @@ TRAINER = textwrap.dedent(
 
 
 class Agent:
-    """One `zeus-agent run` process and what the test needs to talk to it."""
+    """One `zeus-agent run` process (in `procs`, with its trainers) and what the test needs to
+    talk to it."""
 
-    def __init__(self, proc: Any, node: str, state_dir: Path, socket_path: Path) -> None:
+    def __init__(self, procs: Processes, proc: Any, node: str, state_dir: Path,
+                 socket_path: Path) -> None:
+        self.procs = procs
         self.proc = proc
         self.node = node
         self.state_dir = state_dir
@@ -107,7 +111,7 @@ async def agent(nats, nc) -> AsyncIterator[Agent]:
         msg = await hello.next_msg(timeout=15)
         assert [g.index for g in codec.decode(msg.data, AgentHello).gpus] == [0, 1]
         await hello.unsubscribe()
-        yield Agent(proc, node, tmp / "sim", tmp / "agent.sock")
+        yield Agent(procs, proc, node, tmp / "sim", tmp / "agent.sock")
     finally:
         await asyncio.to_thread(procs.close, 10.0)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -122,17 +126,17 @@ async def command(nc: Any, node: str, gpu: int, cmd: Any) -> Reply:
 
 @contextlib.asynccontextmanager
 async def trainer(agent: Agent, job: str, linger_s: float) -> AsyncIterator[Any]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", TRAINER, str(agent.socket_path), job, str(linger_s),
-        stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    """A trainer process of `job` (in the agent's registry), bound to GPU 0."""
+    name = f"trainer-{job}"
+    proc = agent.procs.spawn(name, [sys.executable, "-c", TRAINER, str(agent.socket_path), job,
+                                    str(linger_s)], stdout=subprocess.PIPE)
     try:
-        assert await asyncio.wait_for(proc.stdout.readline(), 15) == b"bound\n"
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 15)
+        assert line == b"bound\n", agent.procs.log(name)
         yield proc
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
+        agent.procs.kill(name)  # SIGKILL (if still running) and reap
+        proc.stdout.close()
 
 
 async def test_commands_events_samples_and_sigterm_restore(agent, nc):
@@ -174,7 +178,7 @@ async def test_a_sigkilled_trainer_gets_its_gpu_restored(agent, nc):
         assert (await command(nc, agent.node, 0, cmd)).ok
         assert agent.gpu(0).get_power_limit_w() == 130
         proc.kill()  # SIGKILL: no goodbye, no atexit
-        await proc.wait()
+        await asyncio.to_thread(proc.wait)
         killed = time.monotonic()
         await wait_for_async(lambda: agent.gpu(0).get_power_limit_w() == 300, 3,
                              "the restore after SIGKILL")

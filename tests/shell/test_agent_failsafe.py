@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 
@@ -28,6 +29,7 @@ from zeus_agent.wire.messages import (
     SetPowerLimitCmd,
 )
 from zeus_agent.wire.trainer import Kind
+from zeus_demo.cluster import Processes
 
 
 async def test_lease_expiry_restores_the_power_limit_and_reports_it(nats_server, nc):
@@ -115,23 +117,23 @@ TRAINER = textwrap.dedent(
 )
 
 
-async def test_a_trainer_killed_with_sigkill_gets_its_gpu_restored(nats_server, nc):
+async def test_a_trainer_killed_with_sigkill_gets_its_gpu_restored(nats_server, nc, tmp_path):
     async with running_agent(nats_server.url) as agent:
         node, gpu = agent.settings.node, agent.agents[0].gpu
         errors = await Inbox.open(nc, f"zeus.gpu.{node}.0.error")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", TRAINER, agent.settings.socket_path,
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        procs = Processes(tmp_path)
+        proc = procs.spawn("trainer", [sys.executable, "-c", TRAINER, agent.settings.socket_path],
+                           stdout=subprocess.PIPE)
         try:
-            assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"bound\n"
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 10)
+            assert line == b"bound\n", procs.log("trainer")
             set_pl = SetPowerLimitCmd(power_limit_w=140, holder="doomed", lease_s=60)
             assert (await command(nc, node, 0, set_pl)).ok
             binding = (await command(nc, node, 0, InfoCmd())).result["binding"]
             assert binding["pid"] == proc.pid
         finally:
-            proc.kill()  # SIGKILL: no goodbye
-            await proc.wait()
+            await asyncio.to_thread(procs.close)  # SIGKILL: no goodbye; reaped
+            proc.stdout.close()
         event = await errors.until(ErrorEvent, lambda e: e.code == "trainer_gone", timeout_s=2)
         assert str(proc.pid) in event.message
         assert gpu.get_power_limit_w() == 300
