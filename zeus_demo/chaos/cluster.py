@@ -20,7 +20,7 @@ from pathlib import Path
 
 from zeus_agent.broker import find_nats_server, jetstream_block
 from zeus_demo.chaos.netns import Net
-from zeus_demo.cluster import Processes, console_script, kill_group
+from zeus_demo.cluster import Processes, console_script, kill_group, wait_for
 
 __all__ = ["ChaosCluster", "tear_tails"]
 
@@ -112,13 +112,16 @@ class ChaosCluster:
             return False
 
     def wait_healthy(self, timeout_s: float) -> float:
-        """Until every server is healthy; returns the seconds it took (raises on timeout)."""
+        """Until every server is healthy; returns the seconds it took.
+
+        Raises:
+            AssertionError: Not within `timeout_s` (the unhealthy servers' logs).
+        """
         t0 = time.monotonic()
-        while not all(self.healthy(s) for s in SERVERS):
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError("the NATS cluster did not heal: " + "; ".join(
-                    f"{s}: {self.log(s, 600)}" for s in SERVERS if not self.healthy(s)))
-            time.sleep(0.2)
+        wait_for(lambda: all(self.healthy(s) for s in SERVERS), timeout_s,
+                 lambda: "the NATS cluster did not heal: " + "; ".join(
+                     f"{s}: {self.log(s, 600)}" for s in SERVERS if not self.healthy(s)),
+                 interval_s=0.2)
         return time.monotonic() - t0
 
     # ------------------------------------------------------------------ Zeus
@@ -142,13 +145,14 @@ class ChaosCluster:
             "--log-level", "INFO"])
 
     def wait_agents(self, timeout_s: float) -> None:
-        """Until every agent has bound its trainers' socket (and announced itself since)."""
-        t0 = time.monotonic()
-        while not all(self.socket(a).exists() for a in AGENTS):
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError("the agents did not start: " + " ".join(
-                    self.log(a, 1500) for a in AGENTS))
-            time.sleep(0.2)
+        """Until every agent has bound its trainers' socket (and announced itself since).
+
+        Raises:
+            AssertionError: Not within `timeout_s` (the agents' logs).
+        """
+        wait_for(lambda: all(self.socket(a).exists() for a in AGENTS), timeout_s,
+                 lambda: "the agents did not start: " + " ".join(
+                     self.log(a, 1500) for a in AGENTS), interval_s=0.2)
         time.sleep(2.0)
 
     def sim_dir(self, agent: str) -> Path:
