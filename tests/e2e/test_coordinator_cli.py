@@ -8,10 +8,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import sysconfig
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,11 +18,11 @@ from zeus_agent.broker import connect
 from zeus_agent.models import JobInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobQuery, RegisterJob, Reply
+from zeus_demo.cluster import Processes, console_script, wait_for_async
 
 
 def exe() -> list[str]:
-    script = Path(sysconfig.get_path("scripts")) / "zeus-coordinator"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "coordinator.cli"]
+    return console_script("zeus-coordinator", "coordinator.cli")
 
 
 def run(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
@@ -68,35 +66,41 @@ def test_bad_configuration_is_exit_2(tmp_path):
     assert "log_level must be one of" in result.stderr
 
 
+async def until_up(procs: Processes, nc: Any, subject: str, payload: Any) -> Reply:
+    """The coordinator's reply to a request sent until it is up (30 s: 100 tries of up to 0.3 s
+    each, as before); its log in the failure if it exits first."""
+    async def answered() -> Reply | None:
+        assert procs.alive("coordinator"), procs.text("coordinator")
+        try:
+            msg = await nc.request(subject, codec.encode(payload), timeout=0.2)
+        except Exception:  # noqa: BLE001 - not up yet
+            return None
+        return codec.decode(msg.data, Reply)
+
+    return await wait_for_async(answered, 30, lambda: "the coordinator did not answer:\n"
+                                + procs.text("coordinator"), interval_s=0.1)
+
+
 async def test_runs_answers_and_exits_0_on_sigterm(nats_server, tmp_path):
     bucket = f"cli-{os.getpid()}"
-    env = {**os.environ, "ZEUS_PFO_LOG_LEVEL": "debug", "ZEUS_PFO_STATE_BUCKET": bucket}
-    proc = subprocess.Popen(
-        [*exe(), "run", "--nats-url", nats_server.url, "--state-dir", str(tmp_path / "st")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
+    env = {"ZEUS_PFO_LOG_LEVEL": "debug", "ZEUS_PFO_STATE_BUCKET": bucket}
+    procs = Processes(tmp_path)  # its stderr: procs.text("coordinator")
+    procs.spawn("coordinator", [*exe(), "run", "--nats-url", nats_server.url, "--state-dir",
+                                str(tmp_path / "st")], env=env)
     nc = await connect(nats_server.url, "cli-test")
     try:
-        reply = None
         job = RegisterJob(job=JobInfo(dp_degree=1, pp_degree=1, tp_degree=1, world_size=1))
-        for _ in range(100):  # Until the service is up.
-            try:
-                msg = await nc.request(subjects.coord_register_job("n0"), codec.encode(job),
-                                       timeout=0.2)
-                reply = codec.decode(msg.data, Reply)
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                assert proc.poll() is None, proc.communicate()
-                await asyncio.sleep(0.1)
+        reply = await until_up(procs, nc, subjects.coord_register_job("n0"), job)
         assert reply is not None and reply.ok, reply
         job_id = reply.result["job_id"]
         msg = await nc.request(subjects.coord_job_query(), codec.encode(JobQuery()), timeout=2)
         assert job_id in codec.decode(msg.data, Reply).result["jobs"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=15)
+        code = await asyncio.to_thread(procs.stop, "coordinator", 15)  # SIGTERM
+        procs.close()
+    err = procs.text("coordinator")
     try:
-        assert proc.returncode == 0, err
+        assert code == 0, err
         assert " DEBUG " in err  # ZEUS_PFO_LOG_LEVEL=debug, upper-cased.
         assert "coordinator stopped" in err
         # The job outlives the process, in JetStream.
@@ -148,29 +152,21 @@ async def test_a_zeus_configuration_naming_only_a_plan_starts(nats_server, tmp_p
     # notset (and warn, fatal), in any case.
     plan = tmp_path / "freqs_pipeline_00000.py"
     plan.write_text(repr([[("forward", 1410), ("backward", 1410)]]))
-    env = {**os.environ, "ZEUS_PFO_LOG_LEVEL": "notset",
+    env = {"ZEUS_PFO_LOG_LEVEL": "notset",
            "ZEUS_PFO_SCHEDULER_ARGS": json.dumps({"solution_path": str(plan)}),
-           "ZEUS_PFO_STATE_BUCKET": f"cli-plan-{os.getpid()}"}
-    env.pop("ZEUS_PFO_SCHEDULER", None)
-    proc = subprocess.Popen(
-        [*exe(), "run", "--nats-url", nats_server.url, "--state-dir", str(tmp_path / "st")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
+           "ZEUS_PFO_STATE_BUCKET": f"cli-plan-{os.getpid()}", "ZEUS_PFO_SCHEDULER": None}
+    procs = Processes(tmp_path)  # its stderr: procs.text("coordinator")
+    procs.spawn("coordinator", [*exe(), "run", "--nats-url", nats_server.url, "--state-dir",
+                                str(tmp_path / "st")], env=env)
     nc = await connect(nats_server.url, "cli-plan-test")
     try:
-        for _ in range(100):  # Until the service answers.
-            try:
-                await nc.request(subjects.coord_job_query(), codec.encode(JobQuery()),
-                                 timeout=0.2)
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                assert proc.poll() is None, proc.communicate()
-                await asyncio.sleep(0.1)
+        await until_up(procs, nc, subjects.coord_job_query(), JobQuery())
     finally:
         await nc.drain()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=15)
-    assert proc.returncode == 0, err
+        code = await asyncio.to_thread(procs.stop, "coordinator", 15)  # SIGTERM
+        procs.close()
+    err = procs.text("coordinator")
+    assert code == 0, err
     assert ("pipeline jobs: no scheduler named and scheduler_args hold a solution_path: "
             "running PointSolution (Zeus 0.16's default) on that plan") in err
     assert " DEBUG " in err  # notset: everything is logged.
