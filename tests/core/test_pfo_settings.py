@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,6 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from coordinator.pipeline.schedulers import (
-    FrequencyScheduler,
-    ScheduleGenerator,
     SchedulerError,
     make_3d_parallel,
 )
@@ -29,7 +27,8 @@ from coordinator.pipeline.schedulers.perseus import Perseus, Perseus3D
 from coordinator.pipeline.schedulers.point_solution import PointSolution, PointSolution3D
 from coordinator.pipeline.schedulers.registry import register_scheduler, resolve_scheduler
 from coordinator.pipeline.schedulers.settings import PFOServerSettings
-from zeus_agent.models import FrequencySchedule, JobInfo, RankInfo
+from tests.core.scheduler_kit import Constant
+from zeus_agent.models import JobInfo, RankInfo
 
 ZEUS_PATH = "zeus.optimizer.pipeline_frequency.server.scheduler"
 
@@ -199,25 +198,6 @@ def test_create_scheduler(plan: str) -> None:
 # --- The registry ---------------------------------------------------------------------------
 
 
-class Constant(FrequencyScheduler):
-    def __init__(
-        self,
-        job_info: JobInfo,
-        rank_infos: Sequence[RankInfo],
-        pfo_settings: Any,
-        frequency: int,
-        warmup_iters: int = 2,
-    ) -> None:
-        self.frequency = frequency
-        super().__init__(job_info, rank_infos, pfo_settings)
-
-    def _run(self) -> ScheduleGenerator:
-        yield [
-            FrequencySchedule(rank=i.rank, frequencies=[("forward", self.frequency)])
-            for i in self.rank_infos
-        ]
-
-
 def test_register_and_resolve() -> None:
     register_scheduler("Constant", Constant)
     register_scheduler("Constant", Constant)  # Idempotent.
@@ -258,7 +238,7 @@ def test_importing_a_module_registers_nothing(tmp_path: Path,
     module = "defines_a_sched_for_test"
     (tmp_path / f"{module}.py").write_text(
         "from coordinator.pipeline.schedulers import make_3d_parallel\n"
-        "from tests.core.test_pfo_settings import Constant\n"
+        "from tests.core.scheduler_kit import Constant\n"
         "Lazy3D = make_3d_parallel(Constant, 'Lazy3D')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
