@@ -17,11 +17,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from zeus_demo.cluster import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "real_gpu.py"
@@ -282,9 +283,7 @@ def test_sigkill_of_the_script_stops_its_agent() -> None:
         assert agent_pid in children and len(children) == 2, children  # agent, nats-server
         proc.kill()
         proc.communicate(timeout=30)
-        deadline = time.monotonic() + 20
-        while any(map(_alive, children)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: not any(map(_alive, children)), 20, interval_s=0.1, fail=False)
         assert not _alive(agent_pid), "the agent outlived the script's SIGKILL"
         assert not any(map(_alive, children)), "the nats-server outlived the script's SIGKILL"
     finally:
