@@ -13,6 +13,7 @@ from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
 from zeus_agent.gpu.nvml import NVMLGPU
 from zeus_agent.wire.messages import InfoCmd, LockClocksCmd, SetPowerLimitCmd
+from zeus_demo.cluster import wait_for_async
 
 
 async def start(
@@ -49,10 +50,8 @@ async def test_commands_on_nvml_gpus(nats_server, nc):
         blind = (await command(nc, "nvml-node", 1, InfoCmd())).result
         assert blind["gpu"]["has_energy_counter"] is False
         # The 0.3 s lease lapses: the default limit comes back through NVML.
-        for _ in range(50):
-            if fake.devices[0].limit_mw == 300_000:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: fake.devices[0].limit_mw == 300_000, 2.5,
+                             fail=False)  # (50 x 0.05 s before)
         assert fake.devices[0].limit_mw == 300_000
     finally:
         server.handle_exit()

@@ -50,6 +50,7 @@ from zeus_agent.wire.messages import (
     Reply,
     join_token_digest,
 )
+from zeus_demo.cluster import wait_for_async
 
 
 async def test_register_job_and_ranks_query_and_status(coord, nc):
@@ -292,10 +293,10 @@ async def test_measured_windows_survive_a_restart(nats_server, agent, nc, tmp_pa
     await wait_for(lambda: job_id in coord.optimisers)
     # Steps 0..6: windows at 300 W (steps 1-3) and 275 W (steps 4-6) are measured.
     await feed_steps(nc, job_id, range(7))
-    for _ in range(100):
-        if await measured() == 2:
-            break
-        await asyncio.sleep(0.05)
+    async def both_measured() -> bool:
+        return await measured() == 2
+
+    await wait_for_async(both_measured, 5, interval_s=0.05, fail=False)  # (100 x 0.05 s before)
     assert await measured() == 2
     await stop(coord, task)
 

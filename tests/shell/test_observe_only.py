@@ -33,6 +33,7 @@ from zeus_agent.wire.messages import (
     ResetPowerLimitCmd,
     SetPowerLimitCmd,
 )
+from zeus_demo.cluster import wait_for_async
 
 SETTERS = ("nvmlDeviceSetPowerManagementLimit", "nvmlDeviceSetGpuLockedClocks",
            "nvmlDeviceResetGpuLockedClocks", "nvmlDeviceSetPersistenceMode")
@@ -149,10 +150,7 @@ async def test_an_observe_only_agent_never_calls_a_setter(nats_server, nc) -> No
         sampled = server.agents[0].counters.get("sample_errors", 0)
         await asyncio.sleep(0.3)
         assert server.agents[0].counters.get("sample_errors", 0) == sampled
-        for _ in range(100):
-            if heard:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: heard, 5, fail=False)  # (100 x 0.05 s before)
         assert heard and heard[-1].gpus[0].controllable is False
         assert server.agents[0].last_sample is not None  # Sampling works.
     finally:
@@ -184,10 +182,7 @@ async def test_no_permission_makes_the_agent_observe_only_and_says_so(nats_serve
             assert (reply.ok, reply.code) == (False, "read_only"), reply
             assert "CAP_SYS_ADMIN" in reply.error
         assert len(setter_calls(fake)) == tried  # Refused at once, not command by command.
-        for _ in range(100):
-            if heard:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: heard, 5, fail=False)  # (100 x 0.05 s before)
         assert heard and not heard[-1].gpus[0].controllable
         said = [r for r in caplog.records if "observe-only from now on" in r.getMessage()]
         assert len(said) == 1 and "CAP_SYS_ADMIN" in said[0].getMessage()
@@ -213,18 +208,13 @@ async def test_a_permission_found_out_by_a_command_is_announced_at_once(nats_ser
         fake.inject_error("nvmlDeviceSetGpuLockedClocks", NVML_ERROR_NO_PERMISSION)
         denied = await command(nc, node, 0, LockClocksCmd(min_mhz=1740, max_mhz=1740))
         assert (denied.ok, denied.code) == (False, "permission"), denied
-        for _ in range(100):
-            if heard and not heard[-1].gpus[0].controllable:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: heard and not heard[-1].gpus[0].controllable, 5,
+                             fail=False)
         assert heard and not heard[-1].gpus[0].controllable
         again = await command(nc, node, 0, SetPowerLimitCmd(power_limit_w=150))
         assert again.code == "read_only"
         # The 0.5 s lease of the limit set before lapses: it is put back, never left throttled.
-        for _ in range(100):
-            if fake.devices[0].limit_mw == 300_000:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: fake.devices[0].limit_mw == 300_000, 5, fail=False)
         assert fake.devices[0].limit_mw == 300_000
     finally:
         server.handle_exit()

@@ -28,6 +28,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     StragglerNotice,
 )
+from zeus_demo.cluster import wait_for_async
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = ["forward", "backward"]
@@ -91,10 +92,8 @@ async def pipeline_job(nc: Any, coord: CoordinatorService, ranks: int = 2) -> st
     for rank in range(ranks):
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, rank))).ok
     if ranks == 2:
-        for _ in range(100):
-            if isinstance(coord.optimisers.get(job_id), PipelineJob):
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: isinstance(coord.optimisers.get(job_id), PipelineJob), 5,
+                             fail=False)  # (100 x 0.05 s before)
         assert isinstance(coord.optimisers.get(job_id), PipelineJob)
     return job_id
 
