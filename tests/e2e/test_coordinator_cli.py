@@ -120,28 +120,32 @@ async def test_watch_prints_status_events_and_once_prints_the_job(nats_server, t
     )
     task = asyncio.create_task(coord.serve())
     await asyncio.wait_for(coord.started.wait(), 10)
-    watcher = await asyncio.create_subprocess_exec(
-        *exe(), "watch", "--nats-url", nats_server.url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    procs = Processes(tmp_path)  # the watchers' stdout comes here, read in a thread
+    watcher = procs.spawn("watch", [*exe(), "watch", "--nats-url", nats_server.url],
+                          stdout=subprocess.PIPE)
+    assert watcher.stdout is not None
+
+    async def line(timeout_s: float) -> bytes:
+        return await asyncio.wait_for(asyncio.to_thread(watcher.stdout.readline), timeout_s)
+
     nc = await connect(nats_server.url, "watch-test")
     try:
-        first = await asyncio.wait_for(watcher.stdout.readline(), 20)
+        first = await line(20)
         assert b"watching zeus.job.*.status" in first
         job = RegisterJob(job=JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2))
         msg = await nc.request(subjects.coord_register_job("n0"), codec.encode(job), timeout=5)
         job_id = codec.decode(msg.data, Reply).result["job_id"]
-        line = await asyncio.wait_for(watcher.stdout.readline(), 10)
-        assert job_id.encode() in line and b"[registered]" in line
-        once = await asyncio.create_subprocess_exec(
-            *exe(), "watch", job_id, "--once", "--nats-url", nats_server.url,
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(once.communicate(), 30)
+        got = await line(10)
+        assert job_id.encode() in got and b"[registered]" in got
+        once = procs.spawn("watch-once", [*exe(), "watch", job_id, "--once", "--nats-url",
+                                          nats_server.url], stdout=subprocess.PIPE)
+        out, _ = await asyncio.to_thread(once.communicate, timeout=30)
         assert once.returncode == 0 and job_id.encode() in out and b'"world_size": 2' in out
     finally:
         watcher.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(watcher.wait(), 10) == 0
+        assert await asyncio.to_thread(watcher.wait, 10) == 0, procs.log("watch")
+        procs.close()
+        watcher.stdout.close()
         await nc.drain()
         coord.should_exit.set()
         await task
