@@ -497,7 +497,6 @@ def _connection_callbacks(
 
 async def _close_ours(client: Any) -> None:
     """Close `client` as our own close (no "closed by the server" log); never raises."""
-    client.closed_by_us = True
     with contextlib.suppress(Exception):
         await client.close()
 

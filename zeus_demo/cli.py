@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead of the two parts, play a grid event: 6 jobs on 3 nodes pin "
                        "their optima, then a power budget cuts their draw by 25%%, holds and "
                        "lifts; REPORT_DIR/budget_event.png draws their power against the cap "
-                       "and each job's throughput (about 2 minutes)")
+                       "and each job's throughput (about 1.5 minutes)")
     g.add_argument("--pipeline-stages", type=int, default=d.pipeline_stages,
                    help="pipeline stages of the pipeline job (2-8; the last one is GPT-3's "
                    "heavier last stage)")

@@ -200,6 +200,14 @@ class _Pairer:
         self.top: list[_Key] = []  # the `window + 1` largest keys seen, ascending
         self.retired: OrderedDict[_Key, bool] = OrderedDict()  # key -> was closed (not given up)
 
+    def take_open(self, epoch: int) -> list[tuple[_Key, _Mark]]:
+        """The begins of `epoch` still waiting for their end, in order: taken, never closed."""
+        taken = []
+        for key in sorted(k for k in self.open if k[0] == epoch):
+            taken.append((key, self.open.pop(key)))
+            self.retire(key, closed=False)
+        return taken
+
     def begin(self, key: _Key, mark: _Mark) -> list[MeterRecord]:
         if key in self.open or self.retired.get(key):
             return [self._gap(GapReason.DUPLICATE, f"duplicate begin of {self._l(mark)}", mark)]
@@ -460,9 +468,7 @@ class RankMeter:
         if self._steps_settled and not self._step_ends_seen:
             # Steps delimited by their begins (learnt): the epoch's last steps end now, not
             # when the next epoch's steps begin (the run's last ones would never be measured).
-            for key in sorted(k for k in self._steps.open if k[0] == epoch):
-                begin = self._steps.open.pop(key)
-                self._steps.retire(key, closed=False)
+            for key, begin in self._steps.take_open(epoch):
                 out += self._settle_step(key, begin) or []
         return out
 
