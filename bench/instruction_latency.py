@@ -91,6 +91,7 @@ from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope, InstallScheduleCmd, Reply
+from zeus_demo.cluster import wait_for_async
 
 DEFAULT_SPIN_US: float = AgentSettings.model_fields["doorbell_spin_us"].default
 BUDGET_P50_US = 200.0
@@ -365,10 +366,8 @@ class Bench:
         stamps: list[int] = json.loads(out)["stamps"]
         # The trainer has exited: wait until the agent has noticed and restored the GPU,
         # so that the next run's schedule is not cleared by that restore.
-        for _ in range(100):
-            if self.agent.agents[0].binding is None:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: self.agent.agents[0].binding is None, 5, interval_s=0.05,
+                             fail=False)
         if len(stamps) != len(PLAN) * self.steps:
             raise RuntimeError(f"{mode}: the trainer ran {len(stamps)} instructions "
                                f"({json.loads(out)['stats']})")

@@ -6,12 +6,12 @@ Against a real nats-server and a real agent with simulated GPUs (the fixtures of
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from typing import Any
 
 from coordinator.optimizer import SaveProgress
 from tests.shell.coordinator_kit import bound_energy_job, stall, start, stop, wait_for
+from zeus_demo.cluster import wait_for_async
 
 
 async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_written_later(
@@ -46,11 +46,11 @@ async def test_progress_an_optimiser_records_while_its_actions_are_fenced_is_wri
         monkeypatch.setattr(coord.link.state, "take", take)
         stalled.clear()  # The ownership loop takes the lease again and writes what is unsaved.
         await wait_for(lambda: coord.owns(job_id), 10)
-        for _ in range(100):
+        async def windows_recorded() -> dict | None:  # (Its profile was recorded first.)
             recorded = await coord.link.state.get_progress(job_id)
-            if recorded and recorded["kind"] == "windows":  # (Its profile was recorded first.)
-                break
-            await asyncio.sleep(0.05)
+            return recorded if recorded and recorded["kind"] == "windows" else None
+
+        recorded = await wait_for_async(windows_recorded, 5, interval_s=0.05, fail=False)
         assert recorded == {"kind": "windows", "state": progress}
     finally:
         stalled.clear()
