@@ -273,7 +273,7 @@ def _join_job(
         gpu_index=publisher.physical_gpu_index,
     )
     if publisher.detached:
-        publisher._requests.remember_hello(hello)  # Sent when an agent shows up.
+        publisher.remember_hello(hello)  # Sent when an agent shows up.
         return
     reply = publisher.hello(hello)
     if reply is None:

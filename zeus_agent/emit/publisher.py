@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from zeus_agent.emit.environment import default_gpu_index, physical_gpu_index, resolve_socket_path
 from zeus_agent.emit.records import ProfilingResult, PublisherStats, WindowEnergy, WindowHandle
-from zeus_agent.emit.requests import Requests, Session
+from zeus_agent.emit.requests import Requests
 from zeus_agent.emit.transport import ERROR, Transport
 from zeus_agent.emit.windows import Windows
 from zeus_agent.models import JobInfo
@@ -118,8 +118,6 @@ class Publisher:
         ids = itertools.count(1)  # Request ids: the requests' and the goodbye's.
         self._detached = False
         """`detached`: the transport asks it before it warns about dropped events."""
-        self._session = Session(timeout_s)
-        """The job, rank and node: `init` sets them here, the requests' replies too."""
         self._transport = Transport(
             path,
             pid=self._pid,
@@ -133,7 +131,7 @@ class Publisher:
             self._transport,
             pid=self._pid,
             ids=ids,
-            session=self._session,
+            timeout_s=timeout_s,
             gpu_indices=self.gpu_indices,
             physical_gpu_indices=self.physical_gpu_indices,
         )
@@ -317,47 +315,47 @@ class Publisher:
     @property
     def timeout_s(self) -> float:
         """How long requests wait for a reply, by default."""
-        return self._session.timeout_s
+        return self._requests.session.timeout_s
 
     @timeout_s.setter
     def timeout_s(self, value: float) -> None:
-        self._session.timeout_s = value
+        self._requests.carry(timeout_s=value)
 
     @property
     def job_id(self) -> str | None:
         """The job this rank is bound to (`init` or the HELLO sets it), or None."""
-        return self._session.job_id
+        return self._requests.session.job_id
 
     @job_id.setter
     def job_id(self, value: str | None) -> None:
-        self._session.job_id = value
+        self._requests.carry(job_id=value)
 
     @property
     def join_token(self) -> str | None:
         """The job's join token (rank 0: from the registration; other ranks: from rank 0)."""
-        return self._session.join_token
+        return self._requests.session.join_token
 
     @join_token.setter
     def join_token(self, value: str | None) -> None:
-        self._session.join_token = value
+        self._requests.carry(join_token=value)
 
     @property
     def rank(self) -> int:
         """This process's rank in the job (0 until `init` or the HELLO sets it)."""
-        return self._session.rank
+        return self._requests.session.rank
 
     @rank.setter
     def rank(self, value: int) -> None:
-        self._session.rank = value
+        self._requests.carry(rank=value)
 
     @property
     def node(self) -> str | None:
         """The agent's node, as the HELLO reply named it, or None."""
-        return self._session.node
+        return self._requests.session.node
 
-    @node.setter
-    def node(self, value: str | None) -> None:
-        self._session.node = value
+    def remember_hello(self, hello: TrainerHello) -> None:
+        """Keep `hello` to send when an agent shows up (`init` with no agent yet)."""
+        self._requests.remember_hello(hello)
 
     def request(self, kind: Kind, payload: Any, timeout_s: float | None = None) -> Reply | None:
         """Send a request datagram and wait for its reply on the caller's thread.

@@ -9,6 +9,7 @@ replies, the schedule notices the agent pushes) is drained and the newest notice
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import select
@@ -42,12 +43,13 @@ logger = logging.getLogger("zeus_agent.emit")
 _monotonic_ns = time.monotonic_ns
 
 
-@dataclass
+@dataclass(frozen=True)
 class Session:
     """What this process's requests carry, and what their replies taught.
 
-    One record, made by the `Publisher` and given to its `Requests`: `init` sets it through
-    the publisher's properties; the replies (the job's registration, the HELLO's) complete it.
+    Held by the `Requests`, which alone replace it: with what `init` decides (`carry`, through
+    the publisher's properties) and what the replies teach (the job's registration, the
+    HELLO's).
     """
 
     timeout_s: float
@@ -76,7 +78,7 @@ class Requests:
         *,
         pid: int,
         ids: Iterator[int],
-        session: Session,
+        timeout_s: float,
         gpu_indices: Sequence[int],
         physical_gpu_indices: Sequence[int],
     ) -> None:
@@ -86,12 +88,11 @@ class Requests:
             transport: The connection to the agent: its socket carries the requests.
             pid: This process's id, sent with every request.
             ids: Request ids, shared with the transport.
-            session: What the requests carry (their default timeout, the job and rank), and
-                where what the replies teach goes; the owner's too.
+            timeout_s: How long a request waits for its reply, by default.
             gpu_indices: The CUDA device indices windows measure by default.
             physical_gpu_indices: The node's indices of `gpu_indices`, in order.
         """
-        self.session = session
+        self.session = Session(timeout_s)
         self.windows_unanswered = 0
         self._transport = transport
         self._pid = pid
@@ -106,6 +107,14 @@ class Requests:
         self._selection: SelectRequest | None = None
         self._cpus_refused = False
         """The agent refused a window's `cpus` (it predates CPU energy): windows no longer ask."""
+
+    def carry(self, **changes: Any) -> None:
+        """From now on the requests carry these `Session` fields.
+
+        The job, its join token, the rank or the default timeout, as `init` or the owner
+        decided.
+        """
+        self.session = dataclasses.replace(self.session, **changes)
 
     def remember_hello(self, hello: TrainerHello) -> None:
         """Introduce the process with `hello` to an agent found later (none answers now)."""
@@ -274,7 +283,7 @@ class Requests:
         if not isinstance(job_id, str) or not job_id:
             raise RegistrationError("job", "internal", f"reply carries no job id: {reply.result}")
         token = reply.result.get("join_token")
-        self.session.join_token = token if isinstance(token, str) and token else None
+        self.carry(join_token=token if isinstance(token, str) and token else None)
         return job_id
 
     def hello(self, hello: TrainerHello) -> Reply | None:
@@ -285,11 +294,10 @@ class Requests:
         """
         reply = self._registration("hello", Kind.HELLO, hello)
         self._hello = hello
-        self.session.job_id = hello.job_id
-        self.session.rank = hello.rank
+        self.carry(job_id=hello.job_id, rank=hello.rank)
         if reply is not None:
             node = reply.result.get("node")
-            self.session.node = node if isinstance(node, str) else None
+            self.carry(node=node if isinstance(node, str) else None)
             doorbell = reply.result.get("doorbell")
             if isinstance(doorbell, str) and doorbell:
                 self._transport.use_doorbell(doorbell)
