@@ -196,19 +196,19 @@ class Rank:
 
     @classmethod
     async def start(cls, c: SimCluster, node: str, gpu: int) -> Rank:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", RANK_CHILD, str(c.socket_path(node)), cwd=REPO_ROOT,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            start_new_session=True)
+        """A rank process in the cluster's registry (its stderr in its log), driven by lines."""
+        proc = c.procs.spawn(f"prank-{next(_ranks)}", [
+            sys.executable, "-c", RANK_CHILD, str(c.socket_path(node))], cwd=REPO_ROOT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert proc.stdout is not None
-        await asyncio.wait_for(proc.stdout.readline(), 20)
+        await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
         return cls(proc, node, gpu)
 
     async def call(self, cmd: dict[str, Any], timeout_s: float = 15) -> Any:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
-        await self.proc.stdin.drain()
-        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        self.proc.stdin.flush()
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout_s)
         if not line:
             raise AssertionError(f"rank on {self.node}/gpu{self.gpu} died")
         return json.loads(line)
@@ -266,17 +266,21 @@ class Rank:
     async def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-        await self.proc.wait()
+        await asyncio.to_thread(self.proc.wait)
         if self._running is not None:
             self._running.cancel()
             with contextlib.suppress(BaseException):
                 await self._running
 
     async def close(self) -> None:
-        if self.proc.returncode is None:
+        if self.proc.poll() is None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.req(Kind.BYE, {}), 5)
         await self.kill()
+
+
+_ranks = itertools.count()
+"""Numbers the rank processes' names in the cluster's registry."""
 
 
 class Observer:
