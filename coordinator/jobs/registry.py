@@ -134,6 +134,15 @@ class JobRecord:
         self.ranks[rank.info.rank] = rank
         self.gpu_ranks[(rank.gpu.node, rank.gpu.gpu_index)] = rank.info.rank
 
+    def remove_rank(self, rank: int) -> RankRecord | None:
+        """Forget a rank and its GPU's index entry; the rank's record (None: unknown)."""
+        gone = self.ranks.pop(rank, None)
+        if gone is not None:
+            key = (gone.gpu.node, gone.gpu.gpu_index)
+            if self.gpu_ranks.get(key) == rank:
+                del self.gpu_ranks[key]
+        return gone
+
     @property
     def complete(self) -> bool:
         """Whether every rank of the job has registered."""
@@ -290,13 +299,9 @@ class JobRegistry:
     def unregister_rank(self, job_id: str, rank: int) -> None:
         """Undo a new rank's registration (not recorded, or undone by another replica)."""
         record = self.jobs.get(job_id)
-        if record is None or rank not in record.ranks:
-            return
-        gone = record.ranks.pop(rank)
-        self._count_rank(gone.gpu.node, -1)
-        key = (gone.gpu.node, gone.gpu.gpu_index)
-        if record.gpu_ranks.get(key) == rank:
-            del record.gpu_ranks[key]
+        gone = record.remove_rank(rank) if record is not None else None
+        if gone is not None:
+            self._count_rank(gone.gpu.node, -1)
 
     def check_rank(self, request: RegisterRank) -> bool:
         """Validate a rank registration without recording it.
