@@ -524,6 +524,9 @@ async def one_size(args: argparse.Namespace, gpus: int) -> dict[str, Any]:
                 waves.append({"reg": reg, "ran": ran, "ended": ended})
             return summary(size, waves)
         except BaseException:
+            with contextlib.suppress(Exception):  # what NATS says of the failure
+                s = await size.snap("failed")
+                print(f"{gpus} GPUs failed; NATS servers: {s['servers']}", file=sys.stderr)
             if size.reps is not None:
                 size.reps.print_logs()
             print(size.fleet.all_logs(2000), file=sys.stderr)
