@@ -222,8 +222,10 @@ class _Candidates:
         choice = (ops.times <= dur[:, None] + ops.eps_t).sum(axis=1) - 1
         between = ops.times[ops.rows, choice] != dur
         rounded = bool(between.any())
+        cost = ops.costs[ops.rows, choice]
+        energy = float(cost.sum())
         self.time.append(math.nan if rounded else horizon)
-        self.energy.append(float(ops.costs[ops.rows, choice].sum()))
+        self.energy.append(energy)
         self.plan.append(choice.astype(np.int16))
         if rounded:
             # Also the plan rounded the other way (a bit slower, cheaper), and the plans
@@ -231,18 +233,24 @@ class _Candidates:
             # way to its slower option (the discrete optimum is often such a mix).
             # (An operation an ulp past its slowest option has no slower one: it stays.)
             slower = np.minimum(choice + between, ops.times.shape[1] - 1)
-            low, high = ops.times[ops.rows, choice], ops.times[ops.rows, slower]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                frac = np.where(between & np.isfinite(high), (dur - low) / (high - low), 0.0)
-            seen = {choice.tobytes()}
-            for plan in [np.where(frac >= tau, slower, choice) for tau in THRESHOLDS] + [slower]:
-                key = plan.tobytes()
-                if key in seen:
+            extra = ops.costs[ops.rows, slower] - cost
+            moves = slower != choice
+            masks = [moves]
+            if np.count_nonzero(moves) > 1:  # (One rounded operation: no mix between.)
+                low, high = ops.times[ops.rows, choice], ops.times[ops.rows, slower]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    frac = np.where(between & np.isfinite(high), (dur - low) / (high - low),
+                                    0.0)
+                masks = [moves & (frac >= tau) for tau in THRESHOLDS] + masks
+            seen: set[bytes] = set()
+            for mask in masks:
+                key = mask.tobytes()
+                if key in seen or not mask.any():
                     continue
                 seen.add(key)
                 self.time.append(math.nan)
-                self.energy.append(float(ops.costs[ops.rows, plan].sum()))
-                self.plan.append(plan.astype(np.int16))
+                self.energy.append(energy + float(extra[mask].sum()))
+                self.plan.append(np.where(mask, slower, choice).astype(np.int16))
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
