@@ -15,15 +15,9 @@ TIERS = {"core": "core", "wire": "core", "fuzz": "fuzz", "shell": "shell", "e2e"
 """Test folder -> its marker (`make test-fast` runs the `core` tier alone)."""
 
 
-FIRST = ("e2e", "fuzz", "shell", "deploy", "core")
-"""The order the tiers run in: the slowest files first, so that `-n 2` ends on short core tests
-rather than on one worker finishing a minute-long e2e file while the other idles."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, from the folder it lives in; run the slow tiers first."""
+    """Mark each test with its tier, from the folder it lives in."""
     tests = Path(__file__).resolve().parent
-    rank: dict[int, int] = {}
     for item in items:
         try:
             folder = Path(str(item.fspath)).resolve().relative_to(tests).parts[0]
@@ -32,8 +26,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = TIERS.get(folder)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
-            rank[id(item)] = FIRST.index(tier)
-    items.sort(key=lambda item: rank.get(id(item), len(FIRST)))  # Stable: files stay whole.
 
 
 @pytest.fixture(scope="module")
