@@ -56,6 +56,7 @@ from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import MAX_LEASE_S, CommandEnvelope, InfoCmd, JobQuery, Reply
+from zeus_demo.cluster import wait_for
 
 # ---------------------------------------------------------------------------- settings
 SCALE = float(os.environ.get("ZEUS_FUZZ_SCALE", "1"))
@@ -725,3 +726,33 @@ JOB_QUERIES = st.builds(
     st.sampled_from(["<absent>", None, "$JOB", "$JOB2", "no-such-job", "", "j" * 256, "j" * 257]),
 )
 """`JobQuery` payloads."""
+
+
+BARRIER = b"\xc1"
+"""Never msgpack: published after a fuzzed message on the same subject. One subscription's
+messages are handled in order, so once the coordinator has counted the barrier, it has handled
+the message before it too."""
+
+
+def drops(bus: Bus) -> dict[str, int]:
+    """The coordinator's stream drops by reason, now (read on its loop)."""
+    return bus.call(lambda: dict(bus.coord.dropped))
+
+
+def publish_with_barrier(bus: Bus, subject: str, data: bytes, reason: str, expected: int,
+                         timeout_s: float, interval_s: float) -> tuple[dict[str, int],
+                                                                      dict[str, int]]:
+    """Publish `data`, then `BARRIER`; the drops before, and after `reason` grew by `expected`
+    plus the barrier's one (or, past `timeout_s`, as they were then: the caller reports)."""
+    before = drops(bus)
+    bus.publish(subject, data)
+    bus.publish(subject, BARRIER)
+    want = before.get(reason, 0) + 1 + expected
+    last: list[dict[str, int]] = [before]
+
+    def counted() -> bool:
+        last[0] = drops(bus)
+        return last[0].get(reason, 0) >= want
+
+    wait_for(counted, timeout_s, interval_s=interval_s, fail=False)
+    return before, last[0]

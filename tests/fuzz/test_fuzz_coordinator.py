@@ -48,6 +48,7 @@ from tests.fuzz.fuzz_kit import (
     Case,
     fuzz,
     mutated,
+    publish_with_barrier,
     resolve,
 )
 from zeus_agent.errors import PayloadError
@@ -355,16 +356,6 @@ def _publish_stream(bus: Bus, stream_case: tuple[Any, ...]) -> tuple[str, bytes,
     return stream, case.encode(env), subject, case
 
 
-def _dropped(bus: Bus) -> dict[str, int]:
-    return dict(bus.coord.dropped)
-
-
-BARRIER = b"\xc1"
-"""Never msgpack: published after the fuzzed message on the same subject. One subscription's
-messages are handled in order, so once the barrier is counted ("malformed"), the fuzzed
-message has been handled too."""
-
-
 def publish_and_settle(bus: Bus, subject: str, data: bytes, malformed: bool) -> dict[str, int]:
     """Publish `data` then the barrier; return how the drop counters moved (barrier excluded).
 
@@ -373,18 +364,8 @@ def publish_and_settle(bus: Bus, subject: str, data: bytes, malformed: bool) -> 
     barrier = "unknown_job" if bus.call(_unknown_job_subject, bus, subject) else "malformed"
     if barrier == "unknown_job":
         malformed = True  # (The message is dropped there too, whatever it holds.)
-    before = bus.call(_dropped, bus)
-    bus.publish(subject, data)
-    bus.publish(subject, BARRIER)
-    want = before.get(barrier, 0) + 1 + malformed
-    reads: list[dict[str, int]] = []
-
-    def settled() -> bool:
-        reads[:] = [bus.call(_dropped, bus)]
-        return reads[0].get(barrier, 0) >= want
-
-    wait_for(settled, 2, interval_s=0.002, fail=False)  # what moved tells the rest
-    after = reads[0]
+    before, after = publish_with_barrier(bus, subject, data, barrier, int(malformed), 2,
+                                         0.002)  # what moved tells the rest
     moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     moved[barrier] = moved.get(barrier, 0) - 1
     return {k: v for k, v in moved.items() if v}

@@ -61,7 +61,17 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.fuzz.fuzz_kit import I64, OK, SCALE, STABLE_CODES, U64, Bus, resolve
+from tests.fuzz.fuzz_kit import (
+    I64,
+    OK,
+    SCALE,
+    STABLE_CODES,
+    U64,
+    Bus,
+    drops,
+    publish_with_barrier,
+    resolve,
+)
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire import trainer as dg
@@ -505,15 +515,6 @@ ECHO_CHARS = 1_500
 """Longest error text a reply may carry here: a message names a few of the peer's values, each
 cut by `shown()` (`SHOWN_CHARS`), never a whole one."""
 
-BARRIER = b"\xc1"
-"""Never msgpack: published after a message on the same subject; once the coordinator has
-counted it malformed, it has handled the message before it too (one subscription, in order)."""
-
-
-def _dropped(bus: Bus) -> dict[str, int]:
-    return dict(bus.coord.dropped)
-
-
 def coord_stream_problems(bus: Bus, subject: str, data: bytes, model: Any,
                           what: str, reason: str = "malformed") -> list[str]:
     """Publish one stream message to the coordinator; a malformed one must be counted.
@@ -522,18 +523,8 @@ def coord_stream_problems(bus: Bus, subject: str, data: bytes, model: Any,
     before anything is decoded (the message and the barrier after it both count there).
     """
     malformed = True if reason == "unknown_job" else not _decodes(data, model)
-    before = bus.call(_dropped, bus)
-    bus.publish(subject, data)
-    bus.publish(subject, BARRIER)
-    want = before.get(reason, 0) + 1 + malformed
-    reads: list[dict[str, int]] = []
-
-    def counted() -> bool:
-        reads[:] = [bus.call(_dropped, bus)]
-        return reads[0].get(reason, 0) >= want
-
-    wait_for(counted, 3, interval_s=0.001, fail=False)  # what moved tells the rest
-    after = reads[0]
+    before, after = publish_with_barrier(bus, subject, data, reason, int(malformed), 3,
+                                         0.001)  # what moved tells the rest
     moved = after.get(reason, 0) - before.get(reason, 0) - 1
     if moved != malformed:
         return [f"{what}: {reason!r} moved by {moved} (malformed: {malformed}; all drops "
@@ -941,9 +932,9 @@ def test_a_gpu_error_on_a_gpu_token_of_non_ascii_digits_is_dropped(
     for gpu in ("²", "¹²³", "٣"):
         mark = bus.mark()
         subject = f"zeus.gpu.{values['$NODE']}.{gpu}.error"
-        before = bus.call(_dropped, bus)
+        before = drops(bus)
         assert coord_stream_problems(bus, subject, data, ErrorEvent, gpu) == []
-        after = bus.call(_dropped, bus)
+        after = drops(bus)
         assert after.get("wrong_node", 0) == before.get("wrong_node", 0) + 1, (gpu, after)
         bus.check_healthy(mark, f"a GPU error on {subject}")
 
