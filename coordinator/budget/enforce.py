@@ -8,8 +8,10 @@ cluster's last samples. It returns the cap of every governed GPU:
 * a profiled power-limit job gets the limit the allocator chose for it (`allocator.allocate`,
   its options from its measurements: time per window and average power per GPU, energy /
   time / GPUs, as `PowerLimitMeasurement` sums energy over the job's GPUs);
-* a job without a profile (still profiling, a Perseus job, a job another replica drives) is
-  capped proportionally, counted at its measured draw;
+* a pipeline job serving a plan of its frontier (Perseus) gets a frontier point, its GPUs
+  capped at that point's limit (`frontier_options`);
+* a job without a profile (still profiling, a job another replica drives) is capped
+  proportionally, counted at its measured draw;
 * an idle GPU counts at its measured power and is capped at its minimum limit, so a job that
   starts there cannot overshoot before the next round.
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 
 from coordinator.budget import allocator as alloc
 from coordinator.budget.budgets import Cluster, Governed, GpuKey
+from coordinator.budget.frontier_options import FrontierView, profiled_job
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.budget import BudgetShare, BudgetStatus
 
@@ -50,6 +53,8 @@ class JobView:
     optimum_w: int | None = None
     """The job's own optimum (its profile is known); None: no profile."""
     weight: float = 1.0
+    frontier: FrontierView | None = None
+    """A pipeline job's frontier, while it serves a plan of it (`frontier_options`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +71,12 @@ class CapPlan:
     idle: tuple[GpuKey, ...] = ()
 
 
-def _profile(job: JobView, inside: int, min_limit_w: int) -> alloc.ProfiledJob | None:
-    """The allocator's job for a profiled power-limit job (None: no usable profile)."""
+def _profile(job: JobView, inside: int, min_limit_w: int,
+             max_limit_w: int) -> alloc.ProfiledJob | None:
+    """The allocator's job for a profiled job (None: no usable profile)."""
+    if job.frontier is not None:  # A pipeline job: its frontier points are its options.
+        return profiled_job(job.job_id, job.frontier, inside, min_limit_w, max_limit_w,
+                            job.weight)
     if job.optimum_w is None or not job.measurements:
         return None
     everyone = len(job.gpus)
@@ -92,7 +101,7 @@ def build_group(governed: Governed, jobs: Iterable[JobView], cluster: Cluster,
         members[job.job_id] = inside
         lo = max(cluster.gpus[k].min_limit_w for k in inside)
         hi = min(cluster.gpus[k].max_limit_w for k in inside)
-        p = _profile(job, len(inside), lo)
+        p = _profile(job, len(inside), lo, max(lo, hi))
         if p is not None:
             profiled.append(p)
             continue

@@ -24,13 +24,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from coordinator.budget import budgets as core
 from coordinator.budget import enforce
 from coordinator.budget.allocator import BudgetError
 from coordinator.budget.store import BudgetView
+from coordinator.optimizer import Action
+from coordinator.pipeline import budget_point
+from coordinator.pipeline.job import PipelineJob
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.state.ownership import OwnershipBook
 from zeus_agent.wire import codec, subjects
@@ -39,10 +42,16 @@ from zeus_agent.wire.messages import CommandEnvelope, Reply
 from zeus_agent.wire.node_cap import MAX_CAP_LEASE_S, NodeCapCmd
 
 if TYPE_CHECKING:  # (coordinator.service builds this loop: no import cycle at run time)
+    from coordinator.jobs.registry import JobRecord
     from coordinator.service.driver import JobDriver
     from coordinator.service.link import Link
 
 LOG = logging.getLogger(__name__)
+
+Execute = Callable[["JobRecord", list[Action]], Awaitable[None]]
+"""Runs a job's actions (`ActionExecutor.execute`)."""
+Serve = Callable[[dict[str, tuple[int, float]]], Awaitable[None]]
+"""Tells the pipeline jobs their points (`serve_points` over this replica's drivers)."""
 
 PERIOD_S = 1.0
 """How often the owner plans and sends the caps (s)."""
@@ -56,9 +65,10 @@ COMMAND_TIMEOUT_S = 2.0
 def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
     """What the budgets know of the jobs: their GPUs; the profile of those driven here.
 
-    A power-limit job driven by this replica with its optimum known brings its measurements;
-    every other job (profiling, a pipeline job, one another replica drives) is capped
-    proportionally. Each job's slowdown counts as its registered `priority`.
+    A power-limit job driven by this replica with its optimum known brings its measurements,
+    a pipeline job serving a plan of its frontier (Perseus) its frontier; every other job
+    (profiling, one another replica drives) is capped proportionally. Each job's slowdown
+    counts as its registered `priority`.
     """
     views = []
     for driver in drivers:
@@ -68,13 +78,56 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
         gpus = tuple(sorted((r.gpu.node, r.gpu.gpu_index) for r in record.ranks.values()))
         job = driver.optimiser
         weight = record.power_limit.priority if record.power_limit is not None else 1.0
+        frontier = budget_point.frontier_of(job) if isinstance(job, PipelineJob) else None
         if isinstance(job, PowerLimitJob) and job.optimal_power_limit is not None:
             views.append(enforce.JobView(driver.job_id, gpus,
                                          tuple(job.machine.measurements),
                                          job.optimal_power_limit, weight))
+        elif frontier is not None:
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier))
         else:
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
     return views
+
+
+async def serve_points(drivers: Iterable[JobDriver], execute: Execute,
+                       points: Mapping[str, tuple[int, float]]) -> None:
+    """Tell each pipeline job driven here the frontier point a budget gives it, or none.
+
+    `points`: job -> (frontier index, power per GPU); a job absent from it goes back to its
+    own chosen point (`budget_point.serve`). The actions run under the job's lock.
+    """
+    for driver in drivers:
+        job, record = driver.optimiser, driver.record
+        if not isinstance(job, PipelineJob) or record is None:
+            continue
+        want = points.get(driver.job_id)
+        if want is None and job.straggling.budget is None:
+            continue
+        async with driver.lock:
+            actions = budget_point.serve(job, want)
+            if actions:
+                await execute(record, actions)
+
+
+def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.JobView]
+                    ) -> dict[str, tuple[int, float]]:
+    """Job -> (frontier index, power per GPU) the plans give its pipeline jobs.
+
+    A job governed by several budgets serves the point of least power among theirs (along a
+    frontier, the slowest); a job given its own chosen point is absent (it serves its own).
+    """
+    chosen = {j.job_id: j.frontier.chosen for j in jobs if j.frontier is not None}
+    points: dict[str, tuple[int, float]] = {}
+    for p in plans:
+        for share in p.allocation.shares:
+            if share.job_id not in chosen or share.key is None:
+                continue
+            power = share.expected_w / max(1, len(p.members.get(share.job_id, ())))
+            if share.key != chosen[share.job_id] and (
+                    share.job_id not in points or power < points[share.job_id][1]):
+                points[share.job_id] = (share.key, power)
+    return points
 
 
 def holder(budget_id: str) -> str:
@@ -87,7 +140,8 @@ class BudgetLoop:
 
     def __init__(self, *, link: Link, book: OwnershipBook, cluster: core.Cluster,
                  jobs: Callable[[], list[enforce.JobView]], cap_lease_s: float,
-                 view: BudgetView, wall: Callable[[], float] = time.time) -> None:
+                 view: BudgetView, wall: Callable[[], float] = time.time,
+                 serve: Serve | None = None) -> None:
         self.link = link
         self.view = view
         """The budgets, as the state bucket's watch keeps them (`BudgetView`)."""
@@ -104,18 +158,25 @@ class BudgetLoop:
         self.statuses: dict[str, BudgetStatus] = {}
         """What each plan says, as published (`zeus-coordinator watch`, the metrics)."""
         self.failures = 0
+        self.serve = serve
+        """Tells the pipeline jobs their budget's frontier point (`serve_points`)."""
+        self.views: list[enforce.JobView] = []
+        """The jobs as the latest round saw them."""
+        self.points: dict[str, tuple[int, float]] = {}
+        """Job -> the frontier point (index, power per GPU) a budget gives it, as told."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
         if self.link.state is None or not self.link.connected:
             return
         budgets = [b for b, _ in self.view.budgets.values()]
-        if not budgets and not self.capped:
+        if not budgets and not self.capped and not self.points:
             return
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.plans.clear()
             self.statuses.clear()
+            await self.tell({})  # (The owner plans on the jobs it drives; its caps hold.)
             return
         caps = self.plan(budgets)
         leases = self.cap_leases(budgets)
@@ -123,7 +184,19 @@ class BudgetLoop:
         await asyncio.gather(*(self.send(k, w, h, leases.get(h)) for k, (w, h) in caps.items()),
                              *(self.send(k, None, h) for k, h in lifts.items()))
         self.capped = {k: h for k, (_, h) in caps.items()}
+        await self.tell(frontier_points(self.plans.values(), self.views))
         await self.publish()
+
+    async def tell(self, points: dict[str, tuple[int, float]]) -> None:
+        """Tell the pipeline jobs their points (those told before and now absent: none)."""
+        if self.serve is None or (points == self.points and not points):
+            return
+        try:
+            await self.serve(points)
+        except Exception:  # noqa: BLE001 - a job's schedules not sent: the next round retries
+            LOG.exception("frontier points not served")
+            return
+        self.points = points
 
     async def publish(self) -> None:
         """Each governing budget's status, on `<p>.budget.<id>.status` (best effort)."""
@@ -147,7 +220,7 @@ class BudgetLoop:
     def plan(self, budgets: list[Budget]) -> dict[core.GpuKey, tuple[int, str]]:
         """The cap and holder of every governed GPU this round."""
         governed = core.governing(budgets, self.cluster, self.wall())
-        jobs = self.jobs()
+        jobs = self.views = self.jobs()
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
             if not g.gpus:

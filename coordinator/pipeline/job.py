@@ -435,8 +435,8 @@ class PipelineJob:
         self._mismatches.pop(rank, None)
         actions = self.straggling.track(rank, m.step, step)
         if self.phase is Phase.SERVING and self.scheduler is not None and (
-                self.scheduler.finished or self.stragglers.factors()):
-            # Nothing to observe (a final plan, or a straggler's time): forget the step.
+                self.scheduler.finished or self.straggling.holding()):
+            # Nothing to observe (a final plan, a straggler or a budget): forget the step.
             self._drop(rank, m.step)
             return actions
         for n, _ in complete(steps, self.version)[self.profiling_iterations:]:

@@ -66,6 +66,9 @@ class StragglerHandling:
         """
         self.stragglers = stragglers
         self.plan: dict[int, FrequencySchedule] = {}
+        self.budget: PlanPoint | None = None
+        """The frontier point a power budget has the job serve instead of the chosen one
+        (`coordinator.pipeline.budget_point`); None: the job's own choice."""
         self._scheduler_name = scheduler_name
         self._phase = phase
         self._error = error
@@ -88,7 +91,22 @@ class StragglerHandling:
     def forget_plan(self) -> None:
         """The job serves no plan any more: nothing of the old one is slowed or detected."""
         self.plan = {}
+        self.budget = None
         self.stragglers.forget_plan()
+
+    def holding(self) -> bool:
+        """Whether the job serves another point than its chosen one (a straggler, a budget).
+
+        Its times then say nothing of the chosen plan: the scheduler gets no results.
+        """
+        return self.budget is not None or bool(self.stragglers.factors())
+
+    def set_budget(self, point: PlanPoint | None) -> list[Action]:
+        """Serve `point` of the frontier for a power budget (None: the chosen one again)."""
+        if point is self.budget:
+            return []
+        self.budget = point
+        return self.apply()
 
     def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
         """Take an explicit straggler notice: pipeline `dp_index` runs `factor` times slower.
@@ -147,7 +165,10 @@ class StragglerHandling:
                                      f"serving the plan of {self._scheduler_name}")
             return []
         frontier, chosen = found
-        points = self.stragglers.plan_points(frontier, chosen)
+        served = chosen if self.budget is None else self.budget
+        points = self.stragglers.plan_points(frontier, served)
+        if self.budget is not None:  # Every pipeline at the budget's point or slower.
+            points = {d: points.get(d, self.budget) for d in self.pipelines}
         try:
             schedules = self.stragglers.schedules(points, self._rank_infos(), self._orders(),
                                                   self.plan)
@@ -166,12 +187,17 @@ class StragglerHandling:
         self.stragglers.slow(points)
         plan = (f"the plan of {float(chosen.time):.4g} s, {float(chosen.energy):.4g} J per "
                 "iteration")
+        if self.budget is not None and not self.stragglers.factors():
+            return self._install(list(schedules.values()), "serving", (
+                f"serving the frontier point of {float(served.time):.4g} s, "
+                f"{float(served.energy):.4g} J per iteration under a power budget ({plan} "
+                "when it lifts)"))
         if not points:
             return self._install(list(schedules.values()), "serving",
                                  f"serving {plan}" if force or not self.stragglers.factors()
                                  else f"serving {plan} (no other pipeline to slow down)")
         return self._install(list(schedules.values()), "straggler",
-                             self.stragglers.describe(points, chosen))
+                             self.stragglers.describe(points, served))
 
     def _why_unchanged(self) -> str:
         phase, scheduler = self._phase(), self._scheduler()

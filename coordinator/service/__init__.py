@@ -59,7 +59,7 @@ from typing import Any
 from coordinator import metrics
 from coordinator.budget.budgets import Cluster as BudgetCluster
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
-from coordinator.budget.loop import BudgetLoop, job_views
+from coordinator.budget.loop import BudgetLoop, job_views, serve_points
 from coordinator.budget.service import BudgetService
 from coordinator.budget.store import PREFIX as BUDGET_PREFIX
 from coordinator.budget.store import BudgetView
@@ -169,7 +169,8 @@ class CoordinatorService(ExitSignals):
         self.budget_loop = BudgetLoop(link=link, book=self.book, cluster=cluster,
                                       jobs=lambda: job_views(jobs.drivers()),
                                       cap_lease_s=max(10.0, 3 * self.book.lease_s),
-                                      view=self.budget_view)
+                                      view=self.budget_view, serve=lambda points: serve_points(
+                                          jobs.drivers(), self.actions.execute, points))
         self.budgets = BudgetService(s.prefix, link, cluster, on_lift=self.budget_loop.lift)
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,

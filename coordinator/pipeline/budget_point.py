@@ -1,0 +1,47 @@
+"""A pipeline job under a power budget: its frontier for the allocator, the point it serves.
+
+The budget loop (`coordinator.budget.loop`) reads a serving job's frontier (`frontier_of`:
+the points' times and powers per GPU, `coordinator.budget.frontier_options`) and, once the
+allocator has chosen a point, tells the job to serve it (`serve`). The job serves it through
+the machinery that slows pipelines down for a straggler (`StragglerHandling.set_budget`): every
+pipeline runs the budget's point (or a slower one, should a straggler call for it), installed
+as a new schedule version; `serve(job, None)` puts the job's own chosen plan back. While a
+budget's point is served the scheduler gets no results (its drift watch compares times with
+the chosen plan's). Pure: the loop executes the actions returned.
+"""
+
+from __future__ import annotations
+
+from coordinator.budget import frontier_options
+from coordinator.budget.frontier_options import FrontierView
+from coordinator.optimizer import Action
+from coordinator.pipeline.job import PipelineJob
+from coordinator.pipeline.phase import Phase
+
+__all__ = ["frontier_of", "serve"]
+
+
+def frontier_of(job: PipelineJob) -> FrontierView | None:
+    """The frontier of a job serving a plan of it (None: it serves none, or has no frontier)."""
+    scheduler = job.scheduler
+    if (job.phase is not Phase.SERVING or scheduler is None or not job.straggling.plan
+            or not scheduler.frontier or scheduler.chosen is None):
+        return None
+    rows = getattr(scheduler, "profile_rows", None) or ()
+    return frontier_options.view(scheduler.frontier, scheduler.chosen, len(job.rank_infos),
+                                 rows)
+
+
+def serve(job: PipelineJob, point: tuple[int, float] | None) -> list[Action]:
+    """Serve a budget's point, (its index, its power per GPU), or the job's own (None).
+
+    The point served is `frontier_options.pick`'s: that index if the frontier still has it at
+    or under that power, else the nearest point at or under it.
+    """
+    found = frontier_of(job)
+    scheduler = job.scheduler
+    if point is None or found is None or scheduler is None or not scheduler.frontier:
+        return job.straggling.set_budget(None) if job.straggling.budget is not None else []
+    index = frontier_options.pick(scheduler.frontier, len(job.rank_infos), *point)
+    return job.straggling.set_budget(None if index == found.chosen
+                                     else scheduler.frontier[index])
