@@ -44,6 +44,7 @@ PURE_PATHS: tuple[str, ...] = (
     "coordinator/budget/allocator.py",
     "coordinator/budget/budgets.py",
     "coordinator/budget/enforce.py",
+    "coordinator/budget/frontier_options.py",
 )
 """Files or directories (searched recursively) whose modules must stay pure."""
 

@@ -1,0 +1,223 @@
+"""A Perseus job in a power budget: its frontier as the allocator's options (power per GPU as
+the planner counts energy, a node cap at the point's highest instruction power), a tighter cap
+giving it a slower point, a lift its own point back, and the job serving the point through its
+straggler machinery (every pipeline at that point; the scheduler gets no results meanwhile)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from coordinator.budget import allocator as alloc
+from coordinator.budget import enforce
+from coordinator.budget import frontier_options as fo
+from coordinator.budget.budgets import Cluster, Governed, GpuInfo
+from coordinator.budget.loop import frontier_points
+from coordinator.optimizer import InstallSchedules, StatusUpdate
+from coordinator.pipeline import budget_point
+from coordinator.pipeline.job import PipelineJob
+from tests.core.straggler_kit import FRONTIER, Trainer, Watching, make_job
+from zeus_agent.models import PowerLimitMeasurement
+
+
+@dataclass(frozen=True)
+class Point:
+    time: float
+    energy: float
+    plan: tuple[tuple[tuple[str, int], ...], ...]
+
+
+def two_stage(clock: int) -> tuple[tuple[tuple[str, int], ...], ...]:
+    return ((("forward", clock), ("backward", clock)), (("forward", clock), ("backward", clock)))
+
+
+# Two stages on 2 GPUs; energies per iteration of both GPUs (blocking power included).
+PIPE = [Point(1.0, 560.0, two_stage(1500)), Point(1.1, 484.0, two_stage(1200)),
+        Point(1.3, 390.0, two_stage(1000)), Point(1.7, 340.0, two_stage(800))]
+WATTS = {1500: 300.0, 1200: 250.0, 1000: 180.0, 800: 120.0}
+"""A forward's power at each clock; a backward draws 10 W more on stage 1."""
+ROWS = [(s, kind, mhz, 0.1, 0.1 * (w + (10 * s if kind == "backward" else 0)))
+        for s in (0, 1) for mhz, w in WATTS.items() for kind in ("forward", "backward")]
+
+
+def test_a_frontier_becomes_one_option_per_point_keyed_by_its_index() -> None:
+    view = fo.view(PIPE, PIPE[0], gpus=2, rows=ROWS)
+    assert view is not None and view.chosen == 0
+    assert view.times == (1.0, 1.1, 1.3, 1.7)
+    assert view.powers == pytest.approx([280.0, 220.0, 150.0, 100.0])  # E / T / GPUs
+    assert view.peaks == pytest.approx([310.0, 260.0, 190.0, 130.0])  # stage 1's backward
+    options = fo.options(view, 100, 300)
+    assert [o.key for o in options] == [0, 1, 2, 3]
+    # ceil(peak * 5 %) within the GPUs' limits: 310 W * 1.05 is over 300 W.
+    assert [o.limit_w for o in options] == [300, 273, 200, 137]
+    unknown = fo.view(PIPE, PIPE[1], gpus=2)  # No profile rows: the maximum limit.
+    assert unknown is not None and unknown.chosen == 1 and unknown.peaks == (None,) * 4
+    assert {o.limit_w for o in fo.options(unknown, 100, 300)} == {300}
+    assert fo.view([], PIPE[0], 2) is None and fo.view(PIPE, PIPE[0], 0) is None
+    assert fo.view([Point(0.0, 1.0, two_stage(800))], PIPE[0], 2) is None
+
+
+def test_a_one_stage_profile_serves_every_stage_and_a_missing_row_gives_no_peak() -> None:
+    rows = [(0, k, mhz, 0.1, 20.0) for k in ("forward", "backward") for mhz in (1500, 1200)]
+    view = fo.view(PIPE[:2], PIPE[0], gpus=4, rows=rows)
+    assert view is not None and view.peaks == pytest.approx([100.0, 100.0])  # 200 W / 2 GPUs
+    partial = fo.view(PIPE[:3], PIPE[0], gpus=4, rows=rows)  # 1000 MHz not profiled
+    assert partial is not None and partial.peaks[2] is None
+
+
+def pipeline_job(weight: float = 1.0) -> alloc.ProfiledJob:
+    view = fo.view(PIPE, PIPE[0], gpus=2, rows=ROWS)
+    assert view is not None
+    return fo.profiled_job("perseus", view, 2, 100, 300, weight)
+
+
+def power_job() -> alloc.ProfiledJob:
+    options = (alloc.Option(300, 1.0, 280.0, 300), alloc.Option(250, 1.05, 240.0, 250),
+               alloc.Option(200, 1.2, 195.0, 200), alloc.Option(150, 1.5, 150.0, 150))
+    return alloc.ProfiledJob("dp", 2, options, 300, 150)
+
+
+def test_fewer_watts_give_the_perseus_job_a_slower_point_and_ample_ones_its_own() -> None:
+    jobs = (pipeline_job(), power_job())
+    ample = alloc.allocate(alloc.Group(10_000, jobs))
+    assert ample.by_job["perseus"].key == 0 and ample.by_job["perseus"].slowdown == 0
+    keys = []
+    for cap in (1100, 1000, 900, 800, 700):
+        a = alloc.allocate(alloc.Group(cap, jobs))
+        assert a.expected_w <= cap
+        keys.append(a.by_job["perseus"].key)
+        share = a.by_job["perseus"]
+        assert share.expected_w == pytest.approx(2 * fo.view(PIPE, PIPE[0], 2).powers[share.key])
+        assert share.slowdown == pytest.approx(PIPE[share.key].time / PIPE[0].time - 1)
+    assert keys == sorted(keys) and keys[0] < keys[-1]  # Fewer watts, a slower point.
+    # At 700 W the knapsack's choice beats every allocation a uniform cut could make.
+    tight = alloc.allocate(alloc.Group(700, jobs))
+    assert tight.cost <= alloc.uniform_cut(alloc.Group(700, jobs)).cost
+
+
+def test_a_point_faster_than_the_jobs_own_is_never_offered() -> None:
+    view = fo.view(PIPE, PIPE[1], gpus=2, rows=ROWS)
+    assert view is not None
+    job = fo.profiled_job("perseus", view, 2, 100, 300)
+    assert alloc.allocate(alloc.Group(10_000, (job,))).by_job["perseus"].key == 1
+
+
+def test_pick_serves_the_index_or_the_nearest_point_at_or_under_its_power() -> None:
+    assert fo.pick(PIPE, 2, 2, 150.0) == 2
+    assert fo.pick(PIPE, 2, 2, 160.0) == 2
+    assert fo.pick(PIPE, 2, 7, 160.0) == 2  # Index gone (a re-plan): fastest under 160 W.
+    assert fo.pick(PIPE, 2, 1, 160.0) == 2  # Point 1 draws 220 W now: the nearest under.
+    assert fo.pick(PIPE, 2, 1, 50.0) == 3  # Nothing under: the least power there is.
+    with pytest.raises(ValueError):
+        fo.pick([], 2, 0, 100.0)
+
+
+# ------------------------------------------------------------------ a budget's plan
+
+
+GPUS = [("n", i) for i in range(4)]
+
+
+def cluster() -> Cluster:
+    c = Cluster()
+    c.announce("n", {}, {i: GpuInfo(100, 300) for i in range(4)})
+    for key in GPUS:
+        c.sample(*key, 280.0)
+    return c
+
+
+def views() -> list[enforce.JobView]:
+    frontier = fo.view(PIPE, PIPE[0], gpus=2, rows=ROWS)
+    measured = tuple(PowerLimitMeasurement(power_limit=o.limit_w, time=o.time_s,
+                                           energy=2 * o.power_w * o.time_s)
+                     for o in power_job().options)
+    return [enforce.JobView("perseus", (GPUS[0], GPUS[1]), frontier=frontier),
+            enforce.JobView("dp", (GPUS[2], GPUS[3]), measured, 300)]
+
+
+def test_a_budget_caps_the_pipeline_gpus_at_their_points_limit_and_names_the_point() -> None:
+    jobs = views()
+    ample = enforce.plan(Governed("grid", 5000, 5000, tuple(GPUS)), jobs, cluster())
+    assert frontier_points([ample], jobs) == {}  # Its own point: nothing to tell.
+    assert ample.caps[GPUS[0]] == ample.caps[GPUS[1]] == 300
+    tight = enforce.plan(Governed("grid", 760, 760, tuple(GPUS)), jobs, cluster())
+    share = tight.allocation.by_job["perseus"]
+    assert share.key is not None and share.key > 0
+    assert jobs[0].frontier is not None
+    limit = fo.options(jobs[0].frontier, 100, 300)[share.key].limit_w
+    assert tight.caps[GPUS[0]] == tight.caps[GPUS[1]] == limit
+    points = frontier_points([tight], jobs)
+    assert points == {"perseus": (share.key, pytest.approx(share.expected_w / 2))}
+    tighter = enforce.plan(Governed("other", 600, 600, tuple(GPUS)), jobs, cluster())
+    both = frontier_points([tight, tighter], jobs)  # Two budgets: the point of least power.
+    assert both["perseus"][0] == max(share.key, tighter.allocation.by_job["perseus"].key or 0)
+
+
+# ------------------------------------------------------------------ the job serves the point
+
+
+def serving_job() -> tuple[PipelineJob, Trainer]:
+    job = make_job(2)
+    trainer = Trainer(job)
+    trainer.iterate(n=3)  # Discovery, one profiling window, then FRONTIER[0] is served.
+    assert job.phase == "serving"
+    return job, trainer
+
+
+def clocks(job: PipelineJob) -> set[int]:
+    return {f for s in job.schedules.values() for _, f in s.frequencies}
+
+
+def clocks_by_pipeline(job: PipelineJob) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = {}
+    for rank, schedule in job.schedules.items():
+        out.setdefault(job.rank_infos[rank].dp_rank, set()).update(
+            f for _, f in schedule.frequencies)
+    return out
+
+
+def seen(job: PipelineJob) -> int:
+    """Result windows the scheduler was given while serving."""
+    assert isinstance(job.scheduler, Watching)
+    return job.scheduler.seen
+
+
+def test_the_job_serves_the_budgets_point_on_every_pipeline_and_its_own_after_the_lift() -> None:
+    job, trainer = serving_job()
+    view = budget_point.frontier_of(job)
+    assert view is not None and view.chosen == 0 and len(view.times) == len(FRONTIER)
+    assert view.powers[2] == pytest.approx(80.0 / 1.5 / 4)  # 2 stages x 2 pipelines
+    before, version = seen(job), job.version
+    actions = budget_point.serve(job, (2, view.powers[2]))
+    (install,) = [a for a in actions if isinstance(a, InstallSchedules)]
+    assert install.version == version + 1 and clocks(job) == {1000}
+    status = [a for a in actions if isinstance(a, StatusUpdate)][-1]
+    assert status.state == "serving" and "power budget" in status.message
+    assert budget_point.serve(job, (2, view.powers[2])) == []  # Told again: nothing new.
+    trainer.iterate({0: 1.5, 1: 1.5}, n=4)  # Slower, as planned: no straggler, no results.
+    assert seen(job) == before and job.detected == {}
+    still = budget_point.frontier_of(job)
+    assert still is not None and still.chosen == 0  # Its own choice, the budget's aside.
+    actions = budget_point.serve(job, None)
+    assert [a for a in actions if isinstance(a, InstallSchedules)] and clocks(job) == {1500}
+    assert job.straggling.budget is None
+    trainer.iterate(n=2)
+    assert seen(job) > before
+    assert budget_point.serve(job, None) == []
+
+
+def test_a_straggler_under_a_budget_slows_the_others_past_the_budgets_point() -> None:
+    job, _ = serving_job()
+    budget_point.serve(job, (1, 90.0 / 1.2 / 4))
+    assert clocks(job) == {1200}
+    job.set_straggler(1, 1.5)  # 1.2 s x 1.5 x 0.98 = 1.76 s: the 1.5 s point, 1000 MHz.
+    assert clocks_by_pipeline(job) == {0: {1000}, 1: {1200}}  # The straggler: the budget's.
+    budget_point.serve(job, None)  # 1.0 s x 1.5 x 0.98 = 1.47 s: the 1.2 s point.
+    assert clocks_by_pipeline(job) == {0: {1200}, 1: {1500}}  # The straggler: the chosen one.
+
+
+def test_a_job_not_serving_a_frontier_has_none_and_a_point_changes_nothing() -> None:
+    job = make_job(2)
+    assert budget_point.frontier_of(job) is None
+    assert budget_point.serve(job, (1, 10.0)) == []
