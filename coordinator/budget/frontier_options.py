@@ -19,6 +19,15 @@ decreasing, so the average power E / T decreases along it too).
   profiled, and holds a job that ignores its schedules near the point. Without a profile it is
   the GPUs' maximum limit (the clocks hold the point; the budget's measured draw corrects).
 
+* **Under the slowest point**: a frontier ends at its least energy, often not far under the
+  chosen point's power (GPT-3 on A40s, 8 stages: 11 % less). A cap that needs less gets
+  *throttled* options, keyed by minus their limit: the slowest point's plan under a node cap
+  L every `THROTTLE_STEP_W` below the cap C that would not throttle it (its limit, or its
+  average power when its peak is not known) down to the GPUs' minimum, modelled at the same
+  energy per iteration (power x L / C, time x C / L). It is a model, which the budget's
+  measured draw corrects (`enforce.Tightener`); a job told such an option serves its slowest
+  point (`pick`), its GPUs capped at L.
+
 The optimum is the point the job chose itself (`chosen`); the allocator never offers a point
 that draws more (a faster one). The job is told the point's index and its power per GPU, and
 serves `pick`'s point: that index if its frontier still has it at or under that power, else
@@ -35,6 +44,8 @@ from typing import Any, Protocol
 from coordinator.budget.allocator import Option, ProfiledJob
 from zeus_agent.pipeline_order import action_kind
 
+THROTTLE_STEP_W = 25
+"""Spacing of the throttled options' limits (W), as the power-limit optimizer's profile."""
 HEADROOM = 1.05
 """The cap over the point's highest instruction power: profiles are means, draws vary."""
 POWER_TOLERANCE = 1e-6
@@ -112,12 +123,17 @@ def _peak(plan: Any, power: dict[tuple[int, str, int], float], stages: int,
 
 
 def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple[Option, ...]:
-    """The allocator's options: one per point, keyed by its index."""
+    """The allocator's options: one per point, keyed by its index, then throttled ones."""
     out = []
     for i, (t, p, peak) in enumerate(zip(frontier.times, frontier.powers, frontier.peaks,
                                          strict=True)):
         limit = max_limit_w if peak is None else math.ceil(peak * HEADROOM)
         out.append(Option(i, t, p, min(max(limit, min_limit_w), max_limit_w)))
+    last, peak = out[-1], frontier.peaks[-1]
+    ref = min(max_limit_w, math.ceil(last.power_w if peak is None else peak * HEADROOM))
+    limits = list(range(ref - THROTTLE_STEP_W, min_limit_w, -THROTTLE_STEP_W))
+    for cap in [*limits, min_limit_w] if ref > min_limit_w else []:
+        out.append(Option(-cap, last.time_s * ref / cap, last.power_w * cap / ref, cap))
     return tuple(out)
 
 

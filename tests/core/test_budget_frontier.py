@@ -48,12 +48,22 @@ def test_a_frontier_becomes_one_option_per_point_keyed_by_its_index() -> None:
     assert view.powers == pytest.approx([280.0, 220.0, 150.0, 100.0])  # E / T / GPUs
     assert view.peaks == pytest.approx([310.0, 260.0, 190.0, 130.0])  # stage 1's backward
     options = fo.options(view, 100, 300)
-    assert [o.key for o in options] == [0, 1, 2, 3]
+    assert [o.key for o in options[:4]] == [0, 1, 2, 3]
     # ceil(peak * 5 %) within the GPUs' limits: 310 W * 1.05 is over 300 W.
-    assert [o.limit_w for o in options] == [300, 273, 200, 137]
+    assert [o.limit_w for o in options[:4]] == [300, 273, 200, 137]
+    # Under the slowest point: its plan throttled by a cap every 25 W under 137 W, down to
+    # the minimum, at the same energy per iteration.
+    throttled = options[4:]
+    assert [(o.key, o.limit_w) for o in throttled] == [(-112, 112), (-100, 100)]
+    for o in throttled:
+        assert o.power_w == pytest.approx(100.0 * o.limit_w / 137)
+        assert o.power_w * o.time_s == pytest.approx(100.0 * 1.7)
     unknown = fo.view(PIPE, PIPE[1], gpus=2)  # No profile rows: the maximum limit.
     assert unknown is not None and unknown.chosen == 1 and unknown.peaks == (None,) * 4
-    assert {o.limit_w for o in fo.options(unknown, 100, 300)} == {300}
+    # No peak: the points' caps at the maximum; throttled from the slowest one's power.
+    assert [(o.key, o.limit_w) for o in fo.options(unknown, 100, 300)] == [
+        (0, 300), (1, 300), (2, 300), (3, 300)]  # (Its 100 W is the minimum already.)
+    assert [o.key for o in fo.options(unknown, 50, 300)][4:] == [-75, -50]
     assert fo.view([], PIPE[0], 2) is None and fo.view(PIPE, PIPE[0], 0) is None
     assert fo.view([Point(0.0, 1.0, two_stage(800))], PIPE[0], 2) is None
 
@@ -72,10 +82,10 @@ def pipeline_job(weight: float = 1.0) -> alloc.ProfiledJob:
     return fo.profiled_job("perseus", view, 2, 100, 300, weight)
 
 
-def power_job() -> alloc.ProfiledJob:
+def power_job(weight: float = 1.0) -> alloc.ProfiledJob:
     options = (alloc.Option(300, 1.0, 280.0, 300), alloc.Option(250, 1.05, 240.0, 250),
                alloc.Option(200, 1.2, 195.0, 200), alloc.Option(150, 1.5, 150.0, 150))
-    return alloc.ProfiledJob("dp", 2, options, 300, 150)
+    return alloc.ProfiledJob("dp", 2, options, 300, 150, weight)
 
 
 def test_fewer_watts_give_the_perseus_job_a_slower_point_and_ample_ones_its_own() -> None:
@@ -88,12 +98,26 @@ def test_fewer_watts_give_the_perseus_job_a_slower_point_and_ample_ones_its_own(
         assert a.expected_w <= cap
         keys.append(a.by_job["perseus"].key)
         share = a.by_job["perseus"]
-        assert share.expected_w == pytest.approx(2 * fo.view(PIPE, PIPE[0], 2).powers[share.key])
-        assert share.slowdown == pytest.approx(PIPE[share.key].time / PIPE[0].time - 1)
-    assert keys == sorted(keys) and keys[0] < keys[-1]  # Fewer watts, a slower point.
+        option = next(o for o in jobs[0].options if o.key == share.key)
+        assert share.expected_w == pytest.approx(2 * option.power_w)
+        assert share.slowdown == pytest.approx(option.time_s / PIPE[0].time - 1)
+        assert share.limit_w == option.limit_w
+    times = [PIPE[0].time * (1 + alloc.allocate(alloc.Group(c, jobs)).by_job["perseus"].slowdown)
+             for c in (1100, 1000, 900, 800, 700)]
+    assert times == sorted(times) and times[0] < times[-1]  # Fewer watts, a slower point.
     # At 700 W the knapsack's choice beats every allocation a uniform cut could make.
     tight = alloc.allocate(alloc.Group(700, jobs))
     assert tight.cost <= alloc.uniform_cut(alloc.Group(700, jobs)).cost
+
+
+def test_a_cap_under_the_slowest_points_draw_throttles_it_and_the_job_serves_that_point() -> None:
+    jobs = (pipeline_job(), power_job(weight=5.0))  # The dp job's slowdown weighs 5 times.
+    a = alloc.allocate(alloc.Group(540, jobs))  # dp at 195 W leaves 75 W per pipeline GPU.
+    share = a.by_job["perseus"]
+    assert a.by_job["dp"].key == 200
+    assert a.expected_w <= 540 and share.key is not None and share.key < 0
+    assert share.limit_w == -share.key < 137
+    assert fo.pick(PIPE, 2, share.key, share.expected_w / 2) == 3  # The slowest point.
 
 
 def test_a_point_faster_than_the_jobs_own_is_never_offered() -> None:
