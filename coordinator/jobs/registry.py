@@ -3,7 +3,9 @@
 Invariants:
 1. A job id is made by Zeus 0.16's `JobInfo.set_job_id` (`%F-%H-%M-%S+dp+pp+tp+Scheduler[+meta]`);
    if that id is taken (two jobs of the same shape in the same second), `+2`, `+3`, ... is
-   appended so ids stay unique.
+   appended so ids stay unique. Taken: known here, or refused by the shared state (another
+   replica holds it, or is recording it: `refuse_id`), so a replica never offers an id twice
+   however far its view lags; the refused ids of the current second only are kept.
 2. A rank is registered once per job. Registering the same rank again with the same
    `RankInfo` and GPU is idempotent (a retry); with anything different it is a `DuplicateError`.
    Two ranks of one job may not drive the same GPU (checked through a per-job index, so
@@ -206,6 +208,8 @@ class JobRegistry:
         self._per_node: dict[str, int] = {}
         self._ranks_on: dict[str, int] = {}
         """Node -> ranks of every job registered on its GPUs."""
+        self._refused: tuple[str, set[str]] = ("", set())
+        """(stamp, ids): the ids of that second the shared state said were taken elsewhere."""
 
     def get(self, job_id: str) -> JobRecord:
         """The job with this id.
@@ -250,7 +254,10 @@ class JobRegistry:
         job = request.job.model_copy()
         job.set_job_id(request.scheduler, wall)
         base, n = job.job_id, 1
-        while job.job_id in self.jobs:
+        stamp, refused = self._refused
+        if stamp != _stamp(base):
+            refused = set()
+        while job.job_id in self.jobs or job.job_id in refused:
             n += 1
             job.job_id = f"{base}+{n}"
         record = JobRecord(
@@ -266,6 +273,17 @@ class JobRegistry:
         )
         self._add(record)
         return record
+
+    def refuse_id(self, job_id: str) -> None:
+        """Never offer `job_id` again: the shared state holds it for another job.
+
+        Called after `unregister_job` of a registration whose id another replica took first.
+        Only the current second's refusals are kept (an id's stamp is its second: an older
+        one is never offered again anyway), so this holds at most a second's worth of ids.
+        """
+        if self._refused[0] != _stamp(job_id):
+            self._refused = (_stamp(job_id), set())
+        self._refused[1].add(job_id)
 
     def _add(self, record: JobRecord) -> None:
         self.jobs[record.job_id] = record
@@ -442,6 +460,11 @@ class JobRegistry:
 MAX_SUBJECT_TOKEN_CHARS = 4096
 """Longest node a job record may name: the subject token it was registered through (NATS's
 control line holds 4 KiB)."""
+
+
+def _stamp(job_id: str) -> str:
+    """The second a job id was made in (its `%F-%H-%M-%S` part)."""
+    return job_id.split("+", 1)[0]
 
 
 def _typed(value: Any, kind: type, name: str, most: int = MAX_ID_CHARS) -> Any:

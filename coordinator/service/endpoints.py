@@ -61,6 +61,10 @@ INTERNAL_REPLY = Reply.failure("internal", "internal error in the coordinator; s
 """The answer to a request whose handling failed in a way the coordinator did not expect."""
 JOIN_TOKEN_BYTES = 18
 """Randomness in a job's join token (144 bits; 24 URL-safe characters)."""
+JOB_ID_TRIES = 64
+"""Ids tried for one job before answering `unavailable`. Each try that fails is an id another
+replica took in the same second for a job of the same shape (never offered again here), so
+only a burst of that many same-shaped jobs on other replicas, in one second, exhausts it."""
 RANK_STATUS_EVERY_UP_TO = 64
 """Jobs up to this world size get a status event per rank; bigger ones every 10 %."""
 
@@ -196,7 +200,7 @@ class Endpoints:
         node = subjects.last_token(subject)
         token = secrets.token_urlsafe(JOIN_TOKEN_BYTES)
         state = self.link.require_state()
-        for _ in range(8):
+        for _ in range(JOB_ID_TRIES):
             record = self.jobs.register(request, self.clock(), node, datetime.now(),
                                         join_token=token)
             try:
@@ -206,9 +210,8 @@ class Endpoints:
                 raise
             if created:
                 break
-            # Another replica registered a job with this id meanwhile: learn it, take the next.
-            self.jobs.forget(record.job_id)
-            await self.durable.known_job(record.job_id)
+            # Another replica holds (or is recording) a job with this id: take the next one.
+            self.jobs.refuse(record.job_id)
         else:
             raise StateUnavailableError("could not give the job a unique id; retry")
         await self.leases.take(record.job_id, 0, "registered here")

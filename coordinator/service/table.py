@@ -124,6 +124,14 @@ class JobTable:
         self._attach(record)
         return record
 
+    def refuse(self, job_id: str) -> None:
+        """Undo `register` of a job whose id the state bucket holds for another job.
+
+        Its id is never offered again here (`JobRegistry.refuse_id`), however far this view lags.
+        """
+        self.forget(job_id)
+        self.registry.refuse_id(job_id)
+
     def know(self, record: JobRecord) -> JobRecord:
         """Know a job registered elsewhere (the state bucket); a known record is kept as is."""
         self.registry.apply_job(record)

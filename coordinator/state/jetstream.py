@@ -41,6 +41,7 @@ OnEntry = Callable[[Entry], Awaitable[None]]
 
 _CREATE_HEADERS = {"Nats-Expected-Last-Subject-Sequence": "0"}
 """A KV create: the key's subject has no message yet (nats-py's `KeyValue.create`)."""
+_BEING_WRITTEN = "wrong last sequence (another write of the key is being replicated)"
 
 
 def _expire(future: asyncio.Future[bytes]) -> None:
@@ -48,20 +49,39 @@ def _expire(future: asyncio.Future[bytes]) -> None:
         future.set_exception(TimeoutError())
 
 
-def _stored(ack: bytes) -> bool:
-    """Whether a publish acknowledgement says the message was stored (`{"stream":..,"seq":n}`).
+CREATED, IN_FLIGHT, EXISTS, OTHER = "created", "in_flight", "exists", "other"
+"""What a create's acknowledgement says (`create_outcome`)."""
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code: the subject's last message is another one (its sequence given)."""
+IN_PROCESS = 10164
+"""JetStream's error code "wrong last sequence" without a sequence: on a clustered stream, the
+leader refuses a write that expects a subject's last sequence while another such write of that
+subject is still being replicated (proposed, not yet stored)."""
 
-    The bytes are looked at first (a JSON parse per create was a tenth of the create's cost),
-    then parsed when they are not the usual ones.
+
+def create_outcome(ack: bytes) -> str:
+    """What a publish acknowledgement says of a create ("expected last subject sequence 0").
+
+    `CREATED`: stored. `IN_FLIGHT`: another writer's write of the key is being replicated and is
+    not readable yet (code 10164): nats-py's `create` then looks the key up, finds nothing and
+    raises `KeyNotFoundError`, which is how concurrent creates of one key failed on a NATS
+    cluster. `EXISTS`: the key has a message (a value, or a delete or purge marker: code 10071).
+    `OTHER`: anything else (no responders, another error). The bytes are looked at first (a
+    JSON parse per create was a tenth of the create's cost), then parsed when unusual. An
+    error's acknowledgement also carries `"seq":0`, so the error is looked for first.
     """
-    if b'"error"' in ack:
-        return False
-    if ack.startswith(b'{"stream":') and b'"seq":' in ack:
-        return True
+    if b'"error"' not in ack:
+        if ack.startswith(b'{"stream":') and b'"seq":' in ack:
+            return CREATED
+        try:
+            return CREATED if "seq" in json.loads(ack) else OTHER
+        except (ValueError, TypeError):
+            return OTHER
     try:
-        return "seq" in json.loads(ack)
-    except (ValueError, TypeError):
-        return False
+        code = json.loads(ack)["error"].get("err_code")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return OTHER
+    return {IN_PROCESS: IN_FLIGHT, WRONG_LAST_SEQUENCE: EXISTS}.get(code, OTHER)
 
 
 class StateUnavailableError(RegistryError):
@@ -197,9 +217,13 @@ class JetStreamState:
         (key check, request with its own inbox token, `PubAck` object) cost a third of the
         replica's CPU. Here the create is one publish with the "expected last subject sequence
         0" header, its acknowledgement routed from one wildcard inbox to a future (a timer,
-        not `asyncio.wait_for`, bounds the wait: no task per create). Anything else than a
-        plain acknowledgement (the key exists or was deleted, no stream, an error) is left to
-        nats-py's `kv.create`, which raises what it always raises.
+        not `asyncio.wait_for`, bounds the wait: no task per create).
+
+        Raises:
+            KeyWrongLastSequenceError: The key is taken: it holds a value, or another writer's
+                create of it is still being replicated (`IN_FLIGHT`; nats-py's `create` raised
+                `KeyNotFoundError` there). A key whose last message is a delete or purge
+                marker is created over it (an update expecting the marker's revision).
         """
         if self._ack_sub is None:
             self._ack_inbox = self.nc.new_inbox()
@@ -216,8 +240,31 @@ class JetStreamState:
         finally:
             timer.cancel()
             self._acks.pop(n, None)
-        if not _stored(ack):
-            await self.kv.create(key, value)
+        outcome = create_outcome(ack)
+        if outcome == CREATED:
+            return
+        if outcome == IN_FLIGHT:
+            raise KeyWrongLastSequenceError(description=_BEING_WRITTEN)
+        if outcome == OTHER:  # No responders, another error: nats-py raises what it raises.
+            try:
+                await self.kv.update(key, value, last=0)
+                return
+            except KeyWrongLastSequenceError:
+                pass
+        await self._create_over_marker(key, value)
+
+    async def _create_over_marker(self, key: str, value: bytes) -> None:
+        """Create a key that has a message: only over a delete or purge marker."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            await self.kv.get(key)
+        except KeyNotFoundError as e:
+            if e.entry is None:  # Nothing stored: another writer's create is still in flight.
+                raise KeyWrongLastSequenceError(description=_BEING_WRITTEN) from None
+            await self.kv.update(key, value, last=e.entry.revision)  # Over the marker.
+            return
+        raise KeyWrongLastSequenceError(description="wrong last sequence (the key has a value)")
 
     async def _on_ack(self, msg: Any) -> None:
         try:
@@ -261,17 +308,19 @@ class JetStreamState:
             ) from None
 
     async def create_job(self, record: JobRecord) -> bool:
-        """Record a new job; False if its id is already taken (the caller picks another).
+        """Record a new job; False if its id is taken (the caller picks another).
+
+        Taken: recorded, or being recorded by another replica right now (its write not yet
+        readable), which the caller cannot tell apart and need not: either way the id is not
+        this job's.
 
         Raises:
             StateUnavailableError: JetStream did not take it.
         """
-        from nats.js.errors import KeyWrongLastSequenceError
-
         try:
             await self._write(f"job {record.job_id}",
-                              lambda: self.kv.create(records.job_key(record.job_id),
-                                                     records.encode_job(record)))
+                              lambda: self._create(records.job_key(record.job_id),
+                                                   records.encode_job(record)))
         except KeyWrongLastSequenceError:
             return False
         self._log("ack", key=records.job_key(record.job_id), job_id=record.job_id)
@@ -317,18 +366,47 @@ class JetStreamState:
 
     async def _create_once(self, key: str, value: bytes, same: Callable[[bytes], bool],
                            conflict: str) -> bool:
-        try:
-            await self._write(key, lambda: self._create(key, value))
-            return True
-        except KeyWrongLastSequenceError:
-            pass
-        entry = await self._write(key, lambda: self.kv.get(key))
+        """Create `key`; False if it already holds a value `same` accepts (a retry).
+
+        A key another writer is creating right now (its write not yet readable) is read again
+        once that write has landed, or created if it failed: waited for up to `retry_s`.
+
+        Raises:
+            DuplicateError: The key holds another value (`conflict` says why).
+            StateUnavailableError: JetStream did not answer, or the other write never landed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + self.retry_s, 0.01
+        while True:
+            try:
+                await self._write(key, lambda: self._create(key, value))
+                return True
+            except KeyWrongLastSequenceError:
+                pass
+            entry = await self._write(key, lambda: self._read(key))
+            if entry is not None:
+                break
+            if loop.time() + pause > deadline:
+                raise StateUnavailableError(
+                    f"another write of {key} did not land in {self.retry_s:g} s; nothing was "
+                    "registered: retry in a moment")
+            await asyncio.sleep(pause)
+            pause = min(0.5, pause * 2)
         try:
             if same(entry.value):
                 return False
         except (records.RecordError, AttributeError):
             pass
         raise DuplicateError(conflict)
+
+    async def _read(self, key: str) -> Entry | None:
+        """The key's entry now; None if it has no value (none yet, or deleted)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            return await self.kv.get(key)
+        except KeyNotFoundError:
+            return None
 
     async def put_progress(self, job_id: str, kind: str, state: Any) -> None:
         """Record a job's optimiser progress (raises StateUnavailableError)."""
@@ -433,11 +511,9 @@ class JetStreamState:
         Raises:
             StateUnavailableError: JetStream could not take it.
         """
-        from nats.js.errors import KeyWrongLastSequenceError
-
         try:
             await self._write(f"the quarantine of job {job_hash}",
-                              lambda: self.kv.create(records.quarantine_key(job_hash), value))
+                              lambda: self._create(records.quarantine_key(job_hash), value))
         except KeyWrongLastSequenceError:
             return False
         return True

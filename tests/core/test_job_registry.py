@@ -74,6 +74,39 @@ def test_identical_jobs_in_the_same_second_get_distinct_ids(frozen_clock):
     assert sorted(registry.jobs) == sorted(ids)
 
 
+def test_an_id_the_shared_state_refused_is_never_offered_again(frozen_clock):
+    """Another replica took `base` and `+3` (its job not yet in this view): never offered."""
+    registry = JobRegistry()
+    base = "2024-05-17-09-30-12+dp2+pp1+tp1+PowerLimitOptimizer"
+    first = registry.register_job(job(dp=2), now_s=0.0).job_id
+    assert first == base
+    registry.unregister_job(first)
+    registry.refuse_id(first)
+    registry.refuse_id(f"{base}+3")
+    ids = [registry.register_job(job(dp=2), now_s=0.0).job_id for _ in range(3)]
+    assert ids == [f"{base}+2", f"{base}+4", f"{base}+5"]
+    # Other shapes, or the same shape with metadata, are other ids: unaffected.
+    assert registry.register_job(job(dp=4), now_s=0.0).job_id.endswith("+dp4+pp1+tp1+"
+                                                                       "PowerLimitOptimizer")
+
+
+def test_refusals_are_kept_for_their_second_only():
+    """Bounded: a refusal in a new second drops the older second's (never offered again but
+    by a clock set back; the shared state would then refuse them once more)."""
+    registry = JobRegistry()
+    early, late = datetime(2024, 5, 17, 9, 30, 12), datetime(2024, 5, 17, 9, 30, 13)
+    taken = registry.register_job(job(dp=2), 0.0, wall=early).job_id
+    registry.unregister_job(taken)
+    registry.refuse_id(taken)
+    assert registry.register_job(job(dp=2), 0.0, wall=early).job_id == f"{taken}+2"
+    moved_on = registry.register_job(job(dp=2), 0.0, wall=late).job_id
+    registry.unregister_job(moved_on)
+    registry.refuse_id(moved_on)
+    assert registry.register_job(job(dp=2), 0.0, wall=late).job_id == f"{moved_on}+2"
+    registry.unregister_job(f"{taken}+2")
+    assert registry.register_job(job(dp=2), 0.0, wall=early).job_id == taken
+
+
 def test_job_id_uses_the_real_clock():
     record = JobRegistry().register_job(job(dp=2), now_s=0.0)
     assert ID_FORMAT.match(record.job_id)

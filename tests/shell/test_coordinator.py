@@ -602,12 +602,12 @@ async def test_an_unavailable_state_store_refuses_without_half_registering(coord
     second job. Now JetStream refusing the write leaves nothing behind."""
     before = set(coord.registry.jobs)
     keys = await state_keys(coord)
-    original = coord.link.state.kv.create
+    original = coord.link.state._create  # (Every create of the state bucket goes through it.)
 
     async def broken(*args: Any, **kw: Any) -> int:
         raise TimeoutError("JetStream did not answer")
 
-    coord.link.state.kv.create = broken
+    coord.link.state._create = broken  # type: ignore[method-assign]
     coord.link.state.retry_s = 0.3  # (It retries a JetStream that does not answer, for a while.)
     try:
         for _ in range(2):
@@ -617,7 +617,7 @@ async def test_an_unavailable_state_store_refuses_without_half_registering(coord
         assert set(coord.registry.jobs) == before
         assert await state_keys(coord) == keys
     finally:
-        coord.link.state.kv.create = original
+        coord.link.state._create = original  # type: ignore[method-assign]
         coord.link.state.retry_s = 10.0
     job_id = await register_job(nc, dp=1)
     assert set(coord.registry.jobs) == before | {job_id}
