@@ -182,8 +182,9 @@ def allocate(group: Group, *, max_cells: int = MAX_CELLS) -> Allocation:
 def uniform_cut(group: Group) -> Allocation:
     """The baseline: every GPU the same limit, the highest whose expected draw fits the cap.
 
-    A job's option at a limit is its option with the highest limit at or under it (its lowest
-    if none is); a job without a profile is counted at the limit itself.
+    A job's option at a limit is its option with the highest limit at or under it (of several
+    with that limit, the fastest; its lowest if none is); a job without a profile is counted
+    at the limit itself.
     """
     _validate(group)
     floor = floor_w(group)
@@ -213,7 +214,8 @@ def _at_uniform_limit(
     cost = 0.0
     for t in tables:
         under = [i for i, o in enumerate(t.options) if o.limit_w <= limit]
-        k = max(under, key=lambda i: (t.options[i].limit_w, -i)) if under else 0
+        # Equal limits (frontier points whose plans one cap does not throttle): the fastest.
+        k = max(under, key=lambda i: (t.options[i].limit_w, i)) if under else 0
         shares.append(t.share(k))
         cost += t.costs[k]
     for u in group.unprofiled:

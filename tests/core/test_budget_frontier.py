@@ -245,3 +245,14 @@ def test_a_job_not_serving_a_frontier_has_none_and_a_point_changes_nothing() -> 
     job = make_job(2)
     assert budget_point.frontier_of(job) is None
     assert budget_point.serve(job, (1, 10.0)) == []
+
+
+def test_a_uniform_cut_keeps_the_fastest_point_its_limit_does_not_throttle() -> None:
+    unknown = fo.view(PIPE, PIPE[0], gpus=2)  # No peaks: every point capped at 300 W.
+    assert unknown is not None
+    job = fo.profiled_job("perseus", unknown, 2, 50, 300)
+    ample = alloc.uniform_cut(alloc.Group(10_000, (job,)))
+    assert ample.by_job["perseus"].key == 0  # Not the slowest of the points at 300 W.
+    tight = alloc.uniform_cut(alloc.Group(150, (job,)))  # Throttled under its slowest point.
+    share = tight.by_job["perseus"]
+    assert share.key is not None and share.key < 0 and tight.expected_w <= 150
