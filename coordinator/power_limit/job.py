@@ -56,6 +56,7 @@ from coordinator.optimizer import (
     SaveProgress,
     StatusUpdate,
 )
+from coordinator.power_limit.capped import cap_message
 from coordinator.power_limit.commands import latest_limit_only
 from coordinator.power_limit.job_parts import (
     NotAPipeline,
@@ -78,12 +79,7 @@ from coordinator.power_limit.machine import (
 )
 from coordinator.power_limit.search import WindowResult
 from coordinator.power_limit.trainer_choice import TrainerChoice
-from coordinator.power_limit.window_join import (
-    MAX_LATE_STEPS,
-    RESTART_RUN,
-    StepKey,
-    WindowJoin,
-)
+from coordinator.power_limit.window_join import MAX_LATE_STEPS, RESTART_RUN, StepKey, WindowJoin
 from coordinator.power_limit.window_length import Verdict, WindowLength
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
@@ -120,16 +116,11 @@ class PowerLimitJob(NotAPipeline):
     """Its progress goes under `power_limit` in a query's reply."""
 
     def __init__(
-        self,
-        job_id: str,
-        options: PowerLimitOptions,
-        ranks: Iterable[int],
-        min_power_limit_w: int,
-        max_power_limit_w: int,
+        self, job_id: str, options: PowerLimitOptions, ranks: Iterable[int],
+        min_power_limit_w: int, max_power_limit_w: int,
         measurements: list[PowerLimitMeasurement] | None = None,
         resume: Sequence[WindowResult] | dict[str, Any] = (),
-        mark_timeout_s: float = DEFAULT_MARK_TIMEOUT_S,
-        chosen: int | None = None,
+        mark_timeout_s: float = DEFAULT_MARK_TIMEOUT_S, chosen: int | None = None,
         energy_period_s: float | None = None,
     ) -> None:
         self.job_id = job_id
@@ -233,6 +224,19 @@ class PowerLimitJob(NotAPipeline):
     def tick(self, now_s: float) -> list[Action]:
         """Let time pass: redo closed windows whose marks are overdue."""
         return self._input(lambda: self._tick(now_s))
+
+    def set_cap(self, cap_w: int | None) -> list[Action]:
+        """A budget's cap on the job's GPUs (None: lifted): until profiled, profile under it."""
+        if cap_w == self.machine.cap_w or self.profiled:
+            return []
+        return self._input(lambda: self._capped(cap_w))
+
+    def _capped(self, cap_w: int | None) -> list[Action]:
+        effects = self.machine.cap(cap_w)
+        for name in [e.name for e in effects if isinstance(e, EndWindow)]:  # (Said below.)
+            self._join.drop(name)
+        return [*self._translate(effects, step=self.last_step),
+                StatusUpdate("profiling", cap_message(self.machine), self.progress())]
 
     def on_mark(self, rank: int, mark: Mark) -> list[Action]:
         """Feed a GPU mark of `rank`; may complete windows (then `SaveProgress`)."""

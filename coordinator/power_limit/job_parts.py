@@ -94,6 +94,7 @@ def resume_arguments(resume: Sequence[WindowResult] | dict[str, Any]) -> dict[st
         "resume_redo": [Probe(int(w), int(warmup), int(steps))
                         for w, warmup, steps in resume["redo"]],
         "resume_window_steps": int(resume.get("window_steps", 1)),  # (Older records: none.)
+        "resume_cap_offset": int(resume.get("cap_offset", 0)),  # (Older records: none.)
     }
 
 
@@ -124,6 +125,8 @@ def progress_of(machine: PowerLimitStateMachine, phase: str, optimal: int | None
         "measurements": [m.model_dump() for m in machine.measurements],
         "redone": {str(k): v for k, v in machine.redos().items()},
         "gave_up": gave_up,
+        "cap_w": machine.cap_w,
+        "parked": machine.parked,
     }
 
 

@@ -15,31 +15,37 @@ Invariants (h11 style, everything that affects the machine lives here):
       phase    state      input          handler
       new      Ready      start          _start_profiling
       new      Ready      lengthen       _lengthen
+      new      Ready      cap            _capped
       new      Done       start          _start_done
       new      Done       choose         _choose
       new      Done       lengthen       _lengthen
+      new      Done       cap            _capped
       started  Ready      on_step_begin  _step_ready
       started  Ready      on_epoch_end   _ignore
       started  Ready      record         _record_ready
       started  Ready      discard        _discard_ready
       started  Ready      redo           _redo_ready
       started  Ready      lengthen       _lengthen
+      started  Ready      cap            _capped
       started  Warmup     on_step_begin  _step_warmup
       started  Warmup     on_epoch_end   _interrupt
       started  Warmup     record         _record
       started  Warmup     discard        _discard
       started  Warmup     redo           _redo
       started  Warmup     lengthen       _lengthen_warmup
+      started  Warmup     cap            _capped
       started  Profiling  on_step_begin  _step_profiling
       started  Profiling  on_epoch_end   _interrupt_window
       started  Profiling  record         _record
       started  Profiling  discard        _discard
       started  Profiling  redo           _redo
       started  Profiling  lengthen       _lengthen_window
+      started  Profiling  cap            _capped
       started  Done       on_step_begin  _ignore
       started  Done       on_epoch_end   _ignore
       started  Done       choose         _choose
       started  Done       lengthen       _lengthen
+      started  Done       cap            _capped
 
   No window is pending in `Done`, so `record`, `discard` and `redo` are refused there. `Ready`
   with `next_power_limit=None` waits for a pending window: its `_*_ready` handlers move on once
@@ -70,16 +76,10 @@ Invariants (h11 style, everything that affects the machine lives here):
   nothing is measured, so the GPUs do not stay at the last, often lowest, limit tried; Zeus's
   GPUs are never held at a profiled limit between windows either); the record then sets the next
   limit and starts its warm-up (or the window, if no warm-up is needed), or finishes.
+* Under a power budget's cap (`cap`), only the limits at or under it are profiled; the rest
+  wait for the lift (`coordinator.power_limit.capped`).
 
-Pieces:
-
-* Effects and states (`coordinator.power_limit.states`, re-exported): `SetPowerLimit`,
-  `BeginWindow`, `EndWindow` (`Effect`); `Ready`, `Warmup`, `Profiling`, `Done` (`State`);
-  `window_name`, Zeus 0.16's window name for a limit.
-* Errors (`coordinator.power_limit.errors`, re-exported): `PowerLimitError` (base),
-  `InvalidTransitionError`, `NothingMeasuredError`, `ProfileRangeError`, `PowerLimitRangeError`.
-* `TRANSITIONS`: the table above.
-* `PowerLimitStateMachine`: the machine.
+Effects, states and errors: `states`, `errors` (re-exported); `TRANSITIONS`: the table above.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from coordinator.power_limit.capped import CapDetour
 from coordinator.power_limit.errors import (
     MAX_POWER_LIMITS,
     InvalidTransitionError,
@@ -124,38 +125,19 @@ from coordinator.power_limit.states import (
     Warmup,
     window_name,
 )
-from coordinator.power_limit.transitions import (
-    CALLS,
-    TRANSITIONS,
-    WINDOW_INPUTS,
-)
+from coordinator.power_limit.transitions import CALLS, TRANSITIONS, WINDOW_INPUTS
 from zeus_agent.models import PowerLimitMeasurement
 
 __all__ = [
-    "BeginWindow",
-    "Done",
-    "Effect",
-    "EndWindow",
-    "InvalidTransitionError",
-    "MAX_POWER_LIMITS",
-    "PowerLimitError",
-    "PowerLimitRangeError",
-    "PowerLimitStateMachine",
-    "ProfileRangeError",
-    "Profiling",
-    "Ready",
-    "SetPowerLimit",
-    "State",
-    "TRANSITIONS",
-    "WINDOW_PREFIX",
-    "Warmup",
+    "BeginWindow", "Done", "Effect", "EndWindow", "InvalidTransitionError", "MAX_POWER_LIMITS",
+    "PowerLimitError", "PowerLimitRangeError", "PowerLimitStateMachine", "ProfileRangeError",
+    "Profiling", "Ready", "SetPowerLimit", "State", "TRANSITIONS", "WINDOW_PREFIX", "Warmup",
     "window_name",
 ]
 
 MAX_REDOS = 3
 """How many times one limit's window is redone before the limit is left out."""
 
-# Machine ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,22 +157,13 @@ class PowerLimitStateMachine:
     """
 
     def __init__(
-        self,
-        min_power_limit: int,
-        max_power_limit: int,
-        optimum_selector: OptimumSelector | None = None,
-        world_size: int = 1,
-        wait_steps: int = 1,
-        warmup_steps: int = 10,
-        profile_steps: int = 40,
-        pl_step: int = 25,
-        measurements: Sequence[PowerLimitMeasurement] | None = None,
-        *,
-        search: str | SearchStrategy = "exhaustive",
-        resume: Sequence[WindowResult] = (),
-        resume_completed: int | None = None,
-        resume_redo: Sequence[Probe] = (),
-        resume_window_steps: int = 1,
+        self, min_power_limit: int, max_power_limit: int,
+        optimum_selector: OptimumSelector | None = None, world_size: int = 1,
+        wait_steps: int = 1, warmup_steps: int = 10, profile_steps: int = 40, pl_step: int = 25,
+        measurements: Sequence[PowerLimitMeasurement] | None = None, *,
+        search: str | SearchStrategy = "exhaustive", resume: Sequence[WindowResult] = (),
+        resume_completed: int | None = None, resume_redo: Sequence[Probe] = (),
+        resume_window_steps: int = 1, resume_cap_offset: int = 0,
     ) -> None:
         """Initialize the machine.
 
@@ -212,6 +185,8 @@ class PowerLimitStateMachine:
             resume_redo: With `resume`: windows to profile again first (redos queued, and
                 windows whose marks had not all arrived), from `resume_state()`.
             resume_window_steps: The fewest steps a window covers (`lengthen`), from
+                `resume_state()`.
+            resume_cap_offset: Windows profiled under a cap outside the search, from
                 `resume_state()`.
 
         Raises:
@@ -248,18 +223,14 @@ class PowerLimitStateMachine:
         self._probe_is_redo = False
         self.min_window_steps = max(1, resume_window_steps)
         """The fewest steps a window covers (`lengthen`; 1: as each probe says)."""
+        self._cap = CapDetour(resume_cap_offset)
 
-        self.state: State = self._initial_state(
-            measurements, resume, resume_completed, resume_redo
-        )
+        self.state: State = self._initial_state(measurements, resume, resume_completed,
+                                                resume_redo)
 
-    def _initial_state(
-        self,
-        measurements: Sequence[PowerLimitMeasurement] | None,
-        resume: Sequence[WindowResult],
-        resume_completed: int | None,
-        resume_redo: Sequence[Probe],
-    ) -> State:
+    def _initial_state(self, measurements: Sequence[PowerLimitMeasurement] | None,
+                       resume: Sequence[WindowResult], resume_completed: int | None,
+                       resume_redo: Sequence[Probe]) -> State:
         """`__init__`'s first state: `Done` at a loaded profile's optimum, else the search's.
 
         Raises:
@@ -310,6 +281,16 @@ class PowerLimitStateMachine:
     def current_power_limit(self) -> int | None:
         """The last limit (W) the machine asked the shell to set, or None before `start()`."""
         return self._current
+
+    @property
+    def cap_w(self) -> int | None:
+        """The cap the job's GPUs are held to (W, `cap`), None if none."""
+        return self._cap.cap_w
+
+    @property
+    def parked(self) -> bool:
+        """Whether every limit under the cap is profiled and the rest waits for the lift."""
+        return self._cap.parked and isinstance(self.state, Ready)
 
     @property
     def pending_windows(self) -> tuple[str, ...]:
@@ -413,6 +394,14 @@ class PowerLimitStateMachine:
         """
         self._dispatch("lengthen", steps)
 
+    def cap(self, cap_w: int | None) -> list[Effect]:
+        """A budget holds the GPUs at or under `cap_w` (None: lifted): profile only under it.
+
+        A probe above it is abandoned (its window cancelled) and waits for the lift with every
+        limit above it, the GPUs meanwhile at the best limit measured under it.
+        """
+        return self._dispatch("cap", cap_w)
+
     def choose(self, power_limit: int) -> list[Effect]:
         """Pin a limit chosen outside the machine (a user's selector run in rank 0's process).
 
@@ -440,6 +429,7 @@ class PowerLimitStateMachine:
             "completed": self._completed,
             "redo": [[p.power_limit, p.warmup_steps, p.profile_steps] for p in redo],
             "window_steps": self.min_window_steps,
+            "cap_offset": self._cap.offset,
         }
 
     def redos(self) -> dict[int, int]:
@@ -469,9 +459,9 @@ class PowerLimitStateMachine:
 
     def _step_ready(self, state: Ready) -> list[Effect]:
         if state.next_power_limit is None:
-            # Waiting for a record: steps count toward nothing, so they run at the maximum
-            # (a lost window can keep the machine waiting for many steps).
-            return self._set(self.max_power_limit)
+            # Waiting for a record (or parked under a cap): steps count toward nothing, so they
+            # run at the maximum, or the best under a cap (a lost window can take many steps).
+            return self._set(self._waiting_limit())
         if self._count_down(state):
             return []
         assert self._probe is not None
@@ -496,7 +486,7 @@ class PowerLimitStateMachine:
             steps=1,
             profile_steps=state.profile_steps,
         )
-        return self._set(self.max_power_limit)
+        return self._set(self._waiting_limit())
 
     def _interrupt_window(self, state: Profiling) -> list[Effect]:
         return [EndWindow(state.window_name, cancel=True), *self._interrupt(state)]
@@ -546,6 +536,32 @@ class PowerLimitStateMachine:
         if self._raise_minimum(steps) and state.profile_steps < steps:
             self.state = replace(state, steps=state.steps + steps - state.profile_steps,
                                  profile_steps=steps)
+
+    def _capped(self, state: State, cap_w: int | None) -> list[Effect]:
+        self._cap.cap_w = cap_w
+        if not self._started or isinstance(state, Done):
+            return []
+        if isinstance(state, Ready) and state.next_power_limit is None:
+            return self._advance() if self._cap.parked else self._set(self._waiting_limit())
+        probe = self._probe
+        if probe is None or not self._cap.above(probe.power_limit):
+            return []
+        self._cap.put_back(probe, self._redo_queue if self._probe_is_redo else None)
+        effects: list[Effect] = []
+        if isinstance(state, Profiling):
+            effects.append(EndWindow(state.window_name, cancel=True))
+        nxt = None if self.search.waits_for_results and self._pending else self._next_probe()
+        if nxt is None:
+            return effects + self._advance()
+        self._probe = nxt
+        self.state = Ready(next_power_limit=nxt.power_limit, steps=1,
+                           profile_steps=nxt.profile_steps)
+        return effects + self._set(self._waiting_limit())
+
+    def _waiting_limit(self) -> int:
+        """The limit while nothing is measured: the maximum, or the best under a cap."""
+        return self._cap.waiting_limit(self.power_limits, self.measurements,
+                                       self.optimum_selector)
 
     def _choose(self, state: Done, power_limit: int) -> list[Effect]:
         measured = [m.power_limit for m in self.measurements]
@@ -624,14 +640,19 @@ class PowerLimitStateMachine:
 
     def _next_probe(self) -> Probe | None:
         assert self._search is not None
-        self._probe_is_redo = bool(self._redo_queue)
-        if self._redo_queue:
-            return self._redo_queue.pop(0)
+        redo = self._cap.first_redo(self._redo_queue)
+        self._probe_is_redo = redo is not None
+        if redo is not None:
+            return self._redo_queue.pop(redo)
         if self._no_more_probes:
+            self._cap.parked = bool(self._redo_queue)  # redos above the cap wait for the lift
             return None
-        probe = self._search.next_probe(tuple(self._results), self._completed)
-        if probe is None:
+        probe = self._cap.next_probe(self._search, tuple(self._results), self._completed,
+                                     self.power_limits, (self.warmup_steps, self.profile_steps),
+                                     self._search.sweeps)
+        if probe is None and not self._cap.parked:
             self._no_more_probes = True
+            self._cap.parked = bool(self._redo_queue)
         return probe
 
     def _begin_probe(self, probe: Probe) -> list[Effect]:
@@ -671,9 +692,9 @@ class PowerLimitStateMachine:
         probe = self._next_probe()
         if probe is not None:
             return self._begin_probe(probe)
-        if self._pending:
+        if self._pending or self._cap.parked:
             self.state = Ready(next_power_limit=None, steps=0)
-            return []
+            return self._set(self._waiting_limit()) if self._cap.parked else []
         optimum = self.optimum_selector.select(self.measurements)
         self.state = Done(optimal_power_limit=optimum)
         return self._set(optimum)

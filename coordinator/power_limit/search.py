@@ -103,6 +103,9 @@ class Probe:
 class Search(ABC):
     """One profiling run's search: proposes probes one at a time."""
 
+    sweeps: bool = False
+    """Whether it proposes each limit once, in a fixed order, whatever the results (Zeus's)."""
+
     @abstractmethod
     def next_probe(self, results: Sequence[WindowResult], started: int) -> Probe | None:
         """Return the next window to profile, or None when the search is over.
@@ -149,6 +152,8 @@ class SearchStrategy(ABC):
 
 
 class _ExhaustiveSearch(Search):
+    sweeps = True
+
     def __init__(self, power_limits: Sequence[int], warmup_steps: int, profile_steps: int):
         self._limits = list(power_limits)
         self._warmup = warmup_steps

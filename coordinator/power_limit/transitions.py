@@ -20,31 +20,37 @@ NEW, STARTED = False, True
 TRANSITIONS: Final[Mapping[tuple[bool, type[State], str], str]] = {
     (NEW, Ready, "start"): "_start_profiling",
     (NEW, Ready, "lengthen"): "_lengthen",
+    (NEW, Ready, "cap"): "_capped",
     (NEW, Done, "start"): "_start_done",
     (NEW, Done, "choose"): "_choose",
     (NEW, Done, "lengthen"): "_lengthen",
+    (NEW, Done, "cap"): "_capped",
     (STARTED, Ready, "on_step_begin"): "_step_ready",
     (STARTED, Ready, "on_epoch_end"): "_ignore",
     (STARTED, Ready, "record"): "_record_ready",
     (STARTED, Ready, "discard"): "_discard_ready",
     (STARTED, Ready, "redo"): "_redo_ready",
     (STARTED, Ready, "lengthen"): "_lengthen",
+    (STARTED, Ready, "cap"): "_capped",
     (STARTED, Warmup, "on_step_begin"): "_step_warmup",
     (STARTED, Warmup, "on_epoch_end"): "_interrupt",
     (STARTED, Warmup, "record"): "_record",
     (STARTED, Warmup, "discard"): "_discard",
     (STARTED, Warmup, "redo"): "_redo",
     (STARTED, Warmup, "lengthen"): "_lengthen_warmup",
+    (STARTED, Warmup, "cap"): "_capped",
     (STARTED, Profiling, "on_step_begin"): "_step_profiling",
     (STARTED, Profiling, "on_epoch_end"): "_interrupt_window",
     (STARTED, Profiling, "record"): "_record",
     (STARTED, Profiling, "discard"): "_discard",
     (STARTED, Profiling, "redo"): "_redo",
     (STARTED, Profiling, "lengthen"): "_lengthen_window",
+    (STARTED, Profiling, "cap"): "_capped",
     (STARTED, Done, "on_step_begin"): "_ignore",
     (STARTED, Done, "on_epoch_end"): "_ignore",
     (STARTED, Done, "choose"): "_choose",
     (STARTED, Done, "lengthen"): "_lengthen",
+    (STARTED, Done, "cap"): "_capped",
 }
 """(phase, state class, input) -> the name of the machine's method that handles the input.
 
@@ -59,6 +65,7 @@ CALLS: Final[Mapping[str, str]] = {
     "redo": "redo({0!r})",
     "choose": "choose({0})",
     "lengthen": "lengthen({0})",
+    "cap": "cap({0})",
 }
 """How an error names each input's call (formatted with its arguments)."""
 

@@ -30,7 +30,7 @@ from coordinator.power_limit.transitions import NEW, STARTED
 from zeus_agent.models import PowerLimitMeasurement
 
 INPUTS = ("start", "on_step_begin", "on_epoch_end", "record", "discard", "redo", "choose",
-          "lengthen")
+          "lengthen", "cap")
 VIEWS = {"resume_state", "redos"}
 """Public methods that read the machine without changing it."""
 PHASES = {"new": NEW, "started": STARTED}
@@ -95,6 +95,8 @@ def _arguments(name: str, m: PowerLimitStateMachine, window: str | None) -> tupl
         return (m.optimal_power_limit or 150,)
     if name == "lengthen":
         return (5,)
+    if name == "cap":
+        return (120,)
     return ()
 
 
@@ -167,7 +169,7 @@ def _accepted(phase: bool, state: type, name: str) -> bool:
     """The machine's rules, in words: what it accepts in each phase and state."""
     if name == "start":
         return phase == NEW  # once
-    if name == "lengthen":
+    if name in ("lengthen", "cap"):
         return True  # any time
     if name == "choose":
         return state is Done  # only once the profile is complete
