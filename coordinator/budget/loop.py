@@ -52,6 +52,8 @@ Execute = Callable[["JobRecord", list[Action]], Awaitable[None]]
 """Runs a job's actions (`ActionExecutor.execute`)."""
 Serve = Callable[[dict[str, tuple[int, float]]], Awaitable[None]]
 """Tells the pipeline jobs their points (`serve_points` over this replica's drivers)."""
+CapJobs = Callable[[dict[core.GpuKey, int], set[core.GpuKey]], Awaitable[None]]
+"""Tells the power-limit jobs still profiling their cap (`job_caps.cap_profiling_jobs`)."""
 
 PERIOD_S = 1.0
 """How often the owner plans and sends the caps (s)."""
@@ -141,7 +143,7 @@ class BudgetLoop:
     def __init__(self, *, link: Link, book: OwnershipBook, cluster: core.Cluster,
                  jobs: Callable[[], list[enforce.JobView]], cap_lease_s: float,
                  view: BudgetView, wall: Callable[[], float] = time.time,
-                 serve: Serve | None = None) -> None:
+                 serve: Serve | None = None, cap_jobs: CapJobs | None = None) -> None:
         self.link = link
         self.view = view
         """The budgets, as the state bucket's watch keeps them (`BudgetView`)."""
@@ -164,6 +166,8 @@ class BudgetLoop:
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
         """Job -> the frontier point (index, power per GPU) a budget gives it, as told."""
+        self.cap_jobs = cap_jobs
+        """Tells the power-limit jobs still profiling here their cap (every replica)."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
@@ -171,12 +175,14 @@ class BudgetLoop:
             return
         budgets = [b for b, _ in self.view.budgets.values()]
         if not budgets and not self.capped and not self.points:
+            await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
             return
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.plans.clear()
             self.statuses.clear()
             await self.tell({})  # (The owner plans on the jobs it drives; its caps hold.)
+            await self.cap_profiling({}, budgets)
             return
         caps = self.plan(budgets)
         leases = self.cap_leases(budgets)
@@ -185,7 +191,19 @@ class BudgetLoop:
                              *(self.send(k, None, h) for k, h in lifts.items()))
         self.capped = {k: h for k, (_, h) in caps.items()}
         await self.tell(frontier_points(self.plans.values(), self.views))
+        await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.publish()
+
+    async def cap_profiling(self, planned: dict[core.GpuKey, int],
+                            budgets: list[Budget]) -> None:
+        """Tell the jobs still profiling here their cap: `planned` (the owner's), or lifted."""
+        if self.cap_jobs is None:
+            return
+        governed = {k for g in core.governing(budgets, self.cluster, self.wall()) for k in g.gpus}
+        try:
+            await self.cap_jobs(planned, governed)
+        except Exception:  # noqa: BLE001 - a job not told: the next round tells it
+            LOG.exception("caps not told to the jobs profiling")
 
     async def tell(self, points: dict[str, tuple[int, float]]) -> None:
         """Tell the pipeline jobs their points (those told before and now absent: none)."""

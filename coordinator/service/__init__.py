@@ -58,6 +58,7 @@ from typing import Any
 
 from coordinator import metrics
 from coordinator.budget.budgets import Cluster as BudgetCluster
+from coordinator.budget.job_caps import cap_profiling_jobs
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
 from coordinator.budget.loop import BudgetLoop, job_views, serve_points
 from coordinator.budget.service import BudgetService
@@ -170,7 +171,9 @@ class CoordinatorService(ExitSignals):
                                       jobs=lambda: job_views(jobs.drivers()),
                                       cap_lease_s=max(10.0, 3 * self.book.lease_s),
                                       view=self.budget_view, serve=lambda points: serve_points(
-                                          jobs.drivers(), self.actions.execute, points))
+                                          jobs.drivers(), self.actions.execute, points),
+                                      cap_jobs=lambda caps, governed: cap_profiling_jobs(
+                                          jobs.drivers(), self.actions.execute, caps, governed))
         self.budgets = BudgetService(s.prefix, link, cluster, on_lift=self.budget_loop.lift)
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,

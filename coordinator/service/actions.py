@@ -33,6 +33,7 @@ from coordinator.optimizer import (
 )
 from coordinator.pipeline.dumps import job_dir_name, keep_dump, write_file
 from coordinator.pipeline.schedulers.settings import PFOServerSettings
+from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.service.commands import GpuCommands
 from coordinator.service.failures import JobFailures
@@ -210,6 +211,20 @@ class ActionExecutor:
             (subjects.gpu_command(g.node, g.gpu_index, s.prefix), cmd) for g in gpus])
         if replies is not None:
             await self.commands.report_failures(record, f"setting {watts} W", gpus, replies)
+            await self.learn_cap(record, replies)
+
+    async def learn_cap(self, record: JobRecord, replies: list[Reply | str]) -> None:
+        """An agent clamped the limit to a budget's cap (`capped_w`): profile only under it.
+
+        A power-limit job still profiling is told (`PowerLimitJob.set_cap`); only a lower cap.
+        """
+        capped = [int(r.result["capped_w"]) for r in replies
+                  if isinstance(r, Reply) and r.ok and "capped_w" in (r.result or {})]
+        job = self.jobs.optimiser(record.job_id)
+        if not capped or not isinstance(job, PowerLimitJob) or job.profiled:
+            return
+        if job.machine.cap_w is None or min(capped) < job.machine.cap_w:
+            await self.execute(record, job.set_cap(min(capped)))
 
     async def reapply(self, record: JobRecord, job: JobOptimizer, why: str) -> None:
         """Apply the job's desired settings again on all its GPUs."""
