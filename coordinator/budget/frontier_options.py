@@ -20,13 +20,17 @@ decreasing, so the average power E / T decreases along it too).
   the GPUs' maximum limit (the clocks hold the point; the budget's measured draw corrects).
 
 * **Under the slowest point**: a frontier ends at its least energy, often not far under the
-  chosen point's power (GPT-3 on A40s, 8 stages: 11 % less). A cap that needs less gets
-  *throttled* options, keyed by minus their limit: the slowest point's plan under a node cap
-  L every `THROTTLE_STEP_W` below the cap C that would not throttle it (its limit, or its
-  average power when its peak is not known) down to the GPUs' minimum, modelled at the same
-  energy per iteration (power x L / C, time x C / L). It is a model, which the budget's
-  measured draw corrects (`enforce.Tightener`); a job told such an option serves its slowest
-  point (`pick`), its GPUs capped at L.
+  chosen point's power (GPT-3 on A40s, 8 stages: 11 % less), and its plans keep the
+  critical path's instructions at the top clock, so a point's peak (and its node cap) is
+  about the GPU's maximum. A cap that needs less gets *throttled* options, keyed by minus
+  their limit L: the slowest point's plan under a node cap L. With the job's profile and
+  schedule (`evaluate`), `throttle` models it every `THROTTLE_STEP_W` under its peak: each
+  instruction at its highest profiled clock whose power fits L, the plan's time and energy
+  as the planner counts them, while lower caps still change it. Under the last one (or
+  without a profile), down to the GPUs' minimum, at the same energy per iteration as the
+  last option (power x L / C, time x C / L, C the cap that would not throttle it). Models,
+  which the budget's measured draw corrects (`enforce.Tightener`); a job told such an option
+  serves its slowest point (`pick`), its GPUs capped at L.
 
 The optimum is the point the job chose itself (`chosen`); the allocator never offers a point
 that draws more (a faster one). The job is told the point's index and its power per GPU, and
@@ -37,7 +41,7 @@ the fastest point at or under it (the frontier changed: a re-plan), else its slo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,6 +70,23 @@ class Point(Protocol):
     def plan(self) -> Any: ...  # noqa: D102 - per stage, (instruction, MHz) in order
 
 
+Evaluate = Callable[[Any], tuple[float, float]]
+"""(iteration time, energy) of a plan as the planner counts them (`planner.evaluate` on the
+job's profile and schedule)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Throttled:
+    """The slowest point's plan under a node cap: what each instruction runs at then."""
+
+    cap_w: int
+    time_s: float
+    power_w: float
+    """Average power per GPU (W)."""
+    peak_w: float
+    """Highest instruction power per GPU of the throttled plan (W)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FrontierView:
     """What a budget needs of one job's frontier: per point, time, power and peak per GPU."""
@@ -77,11 +98,17 @@ class FrontierView:
     """Highest instruction power per GPU at each point (W); None: not known."""
     chosen: int
     """Index of the point the job chose itself."""
+    throttled: tuple[Throttled, ...] = ()
+    """The slowest point under lower caps, by descending cap (modelled with its profile)."""
 
 
-def view(frontier: Sequence[Point], chosen: Point, gpus: int,
-         rows: Iterable[ProfileRow] = ()) -> FrontierView | None:
-    """The frontier of a job on `gpus` GPUs (None: nothing usable, e.g. a zero time)."""
+def view(frontier: Sequence[Point], chosen: Point, gpus: int, rows: Iterable[ProfileRow] = (),
+         evaluate: Evaluate | None = None) -> FrontierView | None:
+    """The frontier of a job on `gpus` GPUs (None: nothing usable, e.g. a zero time).
+
+    `rows` (the job's profile) give the points' peaks; with `evaluate` too, the slowest
+    point under lower caps (`throttle`).
+    """
     if not frontier or gpus < 1:
         return None
     index = next((i for i, p in enumerate(frontier) if p is chosen), None)
@@ -94,32 +121,95 @@ def view(frontier: Sequence[Point], chosen: Point, gpus: int,
     if index is None or not all(math.isfinite(t) and t > 0 for t in times) or not all(
             math.isfinite(e) and e >= 0 for e in energies):
         return None
-    power = {(s, k, f): e / t for s, k, f, t, e in rows if t > 0}
-    stages = len(frontier[index].plan) or 1
-    peaks = tuple(_peak(p.plan, power, stages, gpus) for p in frontier)
+    table = _Table.of(rows, len(frontier[index].plan) or 1, gpus)
+    peaks = tuple(table.peak(p.plan) for p in frontier)
+    throttled = throttle(frontier[-1].plan, table, evaluate, gpus) if evaluate else ()
     return FrontierView(times, tuple(e / t / gpus for e, t in zip(energies, times, strict=True)),
-                        peaks, index)
+                        peaks, index, throttled)
 
 
-def _peak(plan: Any, power: dict[tuple[int, str, int], float], stages: int,
-          gpus: int) -> float | None:
-    """The highest instruction power per GPU of a plan (None: a row is missing)."""
-    if not power:
-        return None
-    per_stage = max(1.0, gpus / stages)
-    single = all(s == 0 for s, _, _ in power)  # (A one-stage profile serves every stage.)
-    top = 0.0
-    for stage, row in enumerate(plan):
-        for name, mhz in row:
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """Power per GPU of each (stage, kind) at each profiled clock, fastest clock first."""
+
+    clocks: dict[tuple[int, str], tuple[tuple[int, float], ...]]
+    single: bool
+    """A one-stage profile (it serves every stage)."""
+
+    @classmethod
+    def of(cls, rows: Iterable[ProfileRow], stages: int, gpus: int) -> _Table:
+        per_stage = max(1.0, gpus / stages)  # (A stage's rows sum its GPUs' energies.)
+        clocks: dict[tuple[int, str], list[tuple[int, float]]] = {}
+        for s, kind, mhz, t, e in rows:
+            if t > 0:
+                clocks.setdefault((s, kind), []).append((int(mhz), e / t / per_stage))
+        single = all(s == 0 for s, _ in clocks)
+        return cls({k: tuple(sorted(v, reverse=True)) for k, v in clocks.items()}, single)
+
+    def row(self, stage: int, name: str) -> tuple[tuple[int, float], ...] | None:
+        try:
+            kind = action_kind(name) or name
+        except ValueError:
+            return None
+        return self.clocks.get((0 if self.single else stage, kind))
+
+    def peak(self, plan: Any) -> float | None:
+        """The highest instruction power per GPU of a plan (None: a row is missing)."""
+        top = 0.0
+        for stage, row in enumerate(plan):
+            for name, mhz in row:
+                w = dict(self.row(stage, name) or ()).get(int(mhz))
+                if w is None:
+                    return None
+                top = max(top, w)
+        return top if self.clocks else None
+
+    def capped(self, plan: Any, cap_w: float) -> tuple[tuple[tuple[str, int], ...], ...] | None:
+        """`plan` under a power limit of `cap_w`: what a cap does to it (None: a row is missing).
+
+        Every instruction at its highest clock, at most its own, whose power is under the
+        cap (its lowest when none is).
+        """
+        out = []
+        for stage, row in enumerate(plan):
+            new = []
+            for name, mhz in row:
+                clocks = self.row(stage, name)
+                if not clocks:
+                    return None
+                fits = [f for f, w in clocks if f <= int(mhz) and w <= cap_w]
+                new.append((name, fits[0] if fits else clocks[-1][0]))
+            out.append(tuple(new))
+        return tuple(out)
+
+
+def throttle(plan: Any, table: _Table, evaluate: Evaluate, gpus: int) -> tuple[Throttled, ...]:
+    """The plan under caps every `THROTTLE_STEP_W` under its peak, while they change it."""
+    peak = table.peak(plan)
+    if peak is None:
+        return ()
+    out: list[Throttled] = []
+    previous = plan
+    cap = math.ceil(peak / THROTTLE_STEP_W) * THROTTLE_STEP_W - THROTTLE_STEP_W
+    while cap > 0:
+        capped = table.capped(previous, cap)
+        if capped is None:
+            break
+        if capped != tuple(tuple(r) for r in previous):
             try:
-                kind = action_kind(name) or name
-            except ValueError:
-                return None
-            w = power.get((0 if single else stage, kind, int(mhz)))
-            if w is None:
-                return None
-            top = max(top, w / per_stage)
-    return top
+                t, e = evaluate(capped)
+            except (ValueError, KeyError):  # A plan the profile or the schedule cannot take.
+                break
+            top = table.peak(capped)
+            if not (t > 0 and math.isfinite(e)) or top is None:
+                break
+            out.append(Throttled(cap, float(t), float(e) / float(t) / gpus, top))
+            previous = capped
+        if all(f == (table.row(s, n) or ((0, 0.0),))[-1][0]
+               for s, row in enumerate(previous) for n, f in row):
+            break  # Every instruction at its lowest clock: lower caps are not modelled.
+        cap -= THROTTLE_STEP_W
+    return tuple(out)
 
 
 def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple[Option, ...]:
@@ -129,11 +219,18 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
                                          strict=True)):
         limit = max_limit_w if peak is None else math.ceil(peak * HEADROOM)
         out.append(Option(i, t, p, min(max(limit, min_limit_w), max_limit_w)))
+    # The slowest point under the caps its profile models, then under lower ones at the same
+    # energy per iteration (the cap that would not throttle the last one as reference).
     last, peak = out[-1], frontier.peaks[-1]
     ref = min(max_limit_w, math.ceil(last.power_w if peak is None else peak * HEADROOM))
+    modelled = [th for th in frontier.throttled if min_limit_w <= th.cap_w < ref]
+    out += [Option(-th.cap_w, th.time_s, th.power_w, th.cap_w) for th in modelled]
+    if modelled:
+        last, ref = out[-1], min(out[-1].limit_w, math.ceil(modelled[-1].peak_w))
     limits = list(range(ref - THROTTLE_STEP_W, min_limit_w, -THROTTLE_STEP_W))
     for cap in [*limits, min_limit_w] if ref > min_limit_w else []:
-        out.append(Option(-cap, last.time_s * ref / cap, last.power_w * cap / ref, cap))
+        if cap < last.limit_w:
+            out.append(Option(-cap, last.time_s * ref / cap, last.power_w * cap / ref, cap))
     return tuple(out)
 
 

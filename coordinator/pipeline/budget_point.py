@@ -12,13 +12,23 @@ the chosen plan's). Pure: the loop executes the actions returned.
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from coordinator.budget import frontier_options
 from coordinator.budget.frontier_options import FrontierView
 from coordinator.optimizer import Action
+from coordinator.pipeline import planner
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.phase import Phase
 
 __all__ = ["frontier_of", "serve"]
+
+
+_VIEWS: weakref.WeakKeyDictionary[Any, tuple[int, int, int, FrontierView | None]] = (
+    weakref.WeakKeyDictionary())
+"""Scheduler -> (its frontier's id, its chosen point's id, GPUs, the view): a frontier is
+read every budget round and changes only when the scheduler plans again."""
 
 
 def frontier_of(job: PipelineJob) -> FrontierView | None:
@@ -27,9 +37,33 @@ def frontier_of(job: PipelineJob) -> FrontierView | None:
     if (job.phase is not Phase.SERVING or scheduler is None or not job.straggling.plan
             or not scheduler.frontier or scheduler.chosen is None):
         return None
+    key = (id(scheduler.frontier), id(scheduler.chosen), len(job.rank_infos))
+    known = _VIEWS.get(scheduler)
+    if known is not None and known[:3] == key:
+        return known[3]
     rows = getattr(scheduler, "profile_rows", None) or ()
-    return frontier_options.view(scheduler.frontier, scheduler.chosen, len(job.rank_infos),
-                                 rows)
+    found = frontier_options.view(scheduler.frontier, scheduler.chosen, len(job.rank_infos),
+                                  rows, _evaluate(scheduler, rows))
+    _VIEWS[scheduler] = (*key, found)
+    return found
+
+
+def _evaluate(scheduler: Any, rows: Any) -> frontier_options.Evaluate | None:
+    """A plan's (time, energy) on the scheduler's profile and schedule (Perseus's), or None."""
+    m = getattr(scheduler, "num_microbatches", 0)
+    p_block = getattr(scheduler, "p_block_used", None)
+    if not rows or not m or p_block is None:
+        return None
+    try:
+        profile = planner.InstructionProfile.from_rows(rows)
+    except ValueError:
+        return None
+    schedule = getattr(scheduler, "schedule", None)
+
+    def evaluate(plan: Any) -> tuple[float, float]:
+        return planner.evaluate(profile, plan, m, p_block, schedule=schedule)
+
+    return evaluate
 
 
 def serve(job: PipelineJob, point: tuple[int, float] | None) -> list[Action]:

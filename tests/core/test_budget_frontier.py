@@ -15,7 +15,7 @@ from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, Governed, GpuInfo
 from coordinator.budget.loop import frontier_points
 from coordinator.optimizer import InstallSchedules, StatusUpdate
-from coordinator.pipeline import budget_point
+from coordinator.pipeline import budget_point, planner
 from coordinator.pipeline.job import PipelineJob
 from tests.core.straggler_kit import FRONTIER, Trainer, Watching, make_job
 from zeus_agent.models import PowerLimitMeasurement
@@ -256,3 +256,56 @@ def test_a_uniform_cut_keeps_the_fastest_point_its_limit_does_not_throttle() -> 
     tight = alloc.uniform_cut(alloc.Group(150, (job,)))  # Throttled under its slowest point.
     share = tight.by_job["perseus"]
     assert share.key is not None and share.key < 0 and tight.expected_w <= 150
+
+
+def test_under_its_slowest_point_a_planned_frontier_is_throttled_as_the_planner_counts_it(
+        ) -> None:
+    clocks = {1500: (0.10, 300.0), 1200: (0.12, 220.0), 1000: (0.15, 160.0), 800: (0.2, 120.0)}
+    rows = [(s, kind, mhz, t * (2 if kind == "backward" else 1),
+             t * (2 if kind == "backward" else 1) * w)
+            for s in (0, 1) for kind in ("forward", "backward") for mhz, (t, w) in clocks.items()]
+    profile = planner.InstructionProfile.from_rows(rows)
+    frontier = planner.plan_frontier(profile, 4, num_stages=2, p_block_w=60.0)
+
+    def evaluate(plan: object) -> tuple[float, float]:
+        return planner.evaluate(profile, plan, 4, 60.0)  # type: ignore[arg-type]
+
+    view = fo.view(frontier, frontier[0], 2, rows, evaluate)
+    assert view is not None and view.peaks[0] == 300.0 and view.peaks[-1] == 160.0
+    # 150 W: every 1000 MHz instruction of the slowest plan drops to 800 MHz (120 W).
+    (th,) = view.throttled
+    slowest = [tuple((n, 800) for n, _ in row) for row in frontier[-1].plan]
+    time, energy = planner.evaluate(profile, slowest, 4, 60.0)
+    assert (th.cap_w, th.time_s, th.power_w, th.peak_w) == (
+        150, pytest.approx(time), pytest.approx(energy / time / 2), 120.0)
+    options = fo.options(view, 100, 300)
+    assert [(o.key, o.limit_w) for o in options[len(frontier):]] == [(-150, 150), (-100, 100)]
+    below = options[-1]  # Under the lowest clocks: the same energy per iteration.
+    assert below.power_w * below.time_s == pytest.approx(th.power_w * th.time_s)
+    assert below.power_w == pytest.approx(th.power_w * 100 / 120)
+
+
+class Profiled(Watching):
+    """`Watching` with what Perseus keeps of its plan: its profile, microbatches, P_block."""
+
+    profile_rows = [(s, kind, mhz, 0.1, 0.1 * w) for s in (0, 1)
+                    for kind in ("forward", "backward")
+                    for mhz, w in ((1500, 290.0), (1200, 220.0), (1000, 170.0), (900, 140.0),
+                                   (800, 100.0))]
+    num_microbatches = 2
+    p_block_used = 50.0
+
+
+def test_a_served_perseus_frontier_brings_its_throttled_plans() -> None:
+    job = make_job(2, scheduler=Profiled)
+    Trainer(job).iterate(n=3)
+    view = budget_point.frontier_of(job)
+    assert view is not None and view.peaks == (145.0, 110.0, 85.0, 70.0)  # 2 pipelines
+    # The slowest plan (900 MHz, 70 W per GPU) under a 50 W cap: at 800 MHz, as planned.
+    (th,) = view.throttled
+    at_800 = planner.evaluate(planner.InstructionProfile.from_rows(Profiled.profile_rows),
+                              [tuple((n, 800) for n, _ in row) for row in FRONTIER[-1].plan],
+                              2, 50.0)
+    assert (th.cap_w, th.peak_w) == (50, 50.0)
+    assert (th.time_s, th.power_w) == pytest.approx((at_800[0], at_800[1] / at_800[0] / 4))
+    assert budget_point.frontier_of(job) is view  # Read again: the same (kept) view.
