@@ -22,6 +22,8 @@ decays, so a group that measured over gives the room back a little at a time. Af
 change, the samples describe the old caps for a while (a GPU takes a new limit at its next
 step, an agent publishes its samples every second): for `SETTLE_ROUNDS` rounds the tightener
 holds still (`Tightener.hold`), or it would count the old excess again and cut far too deep.
+The backoff is kept in the state bucket (`Tightener.worth_keeping`, `store.Backoffs`): a
+replica taking the budgets over starts from it, so the cap holds through a takeover.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ RELEASE = 0.2
 """Share of the backoff given back each round spent under the room."""
 SETTLE_ROUNDS = 3
 """Rounds after the caps changed in which the samples still show the old caps."""
+KEEP_STEP = 0.1
+"""Relative change of the backoff that is written again to the state bucket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,16 @@ class Tightener:
     over_rounds: int = 0
     settling: int = 0
     """Rounds left in which the samples may still show caps since changed."""
+
+    def worth_keeping(self, kept_w: float | None) -> bool:
+        """Whether the backoff moved enough from the one kept (`kept_w`) to write it again.
+
+        A replica taking over starts from the kept one (`store.Backoffs`): a write when it
+        moves by `KEEP_STEP` (relative, at least 1 W), not every round of its decay.
+        """
+        if kept_w is None:
+            return self.backoff_w > 0.0
+        return abs(self.backoff_w - kept_w) > max(1.0, KEEP_STEP * kept_w)
 
     def hold(self, rounds: int = SETTLE_ROUNDS) -> None:
         """The caps just changed: the next `rounds` rounds' samples say nothing of them."""

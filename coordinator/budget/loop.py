@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator.budget import budgets as core
 from coordinator.budget import enforce
 from coordinator.budget.allocator import BudgetError
-from coordinator.budget.store import BudgetView
+from coordinator.budget.store import Backoffs, BudgetView
 from coordinator.optimizer import Action
 from coordinator.pipeline import budget_point
 from coordinator.pipeline.job import PipelineJob
@@ -167,6 +167,8 @@ class BudgetLoop:
         self.points: dict[str, tuple[int, float]] = {}
         """Job -> the frontier point (index, power per GPU) a budget gives it, as told."""
         self.cap_jobs = cap_jobs
+        self.kept: dict[str, float] = {}
+        """Budget -> the backoff last written to the state bucket (`keep_backoffs`)."""
         """Tells the power-limit jobs still profiling here their cap (every replica)."""
 
     async def tick(self) -> None:
@@ -179,11 +181,14 @@ class BudgetLoop:
             return
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
+            self.tighteners.clear()  # (Its backoffs too: back here, start from the kept ones.)
+            self.kept.clear()
             self.plans.clear()
             self.statuses.clear()
             await self.tell({})  # (The owner plans on the jobs it drives; its caps hold.)
             await self.cap_profiling({}, budgets)
             return
+        await self.resume_backoffs()
         caps = self.plan(budgets)
         leases = self.cap_leases(budgets)
         lifts = {k: h for k, h in self.capped.items() if k not in caps}
@@ -192,7 +197,38 @@ class BudgetLoop:
         self.capped = {k: h for k, (_, h) in caps.items()}
         await self.tell(frontier_points(self.plans.values(), self.views))
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
+        await self.keep_backoffs()
         await self.publish()
+
+    async def resume_backoffs(self) -> None:
+        """A budget new to this owner starts from the backoff its last owner kept."""
+        for bid, (_, set_at) in list(self.view.budgets.items()):
+            if bid in self.tighteners:
+                continue
+            try:
+                kept = await Backoffs(self.link.require_state().kv).get(bid, set_at)
+            except Exception as e:  # noqa: BLE001 - the bucket is away: start afresh
+                LOG.warning("budget %s: its backoff not read (%s)", bid, e)
+                kept = None
+            tight = self.tighteners[bid] = enforce.Tightener(backoff_w=kept or 0.0)
+            if kept is not None:
+                tight.hold()  # (The samples show the old owner's caps, this backoff's.)
+                self.kept[bid] = kept
+                LOG.info("budget %s: resumed with a backoff of %.0f W", bid, kept)
+
+    async def keep_backoffs(self) -> None:
+        """Write each budget's backoff when it moved enough; forget those of budgets gone."""
+        try:
+            backoffs = Backoffs(self.link.require_state().kv)
+            for bid, tight in self.tighteners.items():
+                if bid in self.view.budgets and tight.worth_keeping(self.kept.get(bid)):
+                    await backoffs.put(bid, self.view.budgets[bid][1], tight.backoff_w)
+                    self.kept[bid] = tight.backoff_w
+            for gone in [b for b in self.kept if b not in self.tighteners]:
+                await backoffs.delete(gone)
+                del self.kept[gone]
+        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
+            LOG.debug("budget backoffs not kept: %s", e)
 
     async def cap_profiling(self, planned: dict[core.GpuKey, int],
                             budgets: list[Budget]) -> None:

@@ -4,6 +4,10 @@ Outside the `v.` keys the replicas follow for jobs (`coordinator.state.records`)
 that predates budgets never reads them; every replica, restarted or taking over, reads them
 here. Values are versioned JSON (`{"v": 1, "budget": {...}, "set_at": ...}`), readable with
 `nats kv get`.
+
+Beside each budget, its owner keeps how far it tightened the room (`Backoffs`, key
+`budget_backoff.<id>`): a replica taking the budgets over starts from it instead of from the
+profiles' expected draws, which the group measured over (the cap holds through a takeover).
 """
 
 from __future__ import annotations
@@ -118,3 +122,47 @@ class BudgetView:
             return
         self.budgets[budget.budget_id] = (budget, set_at)
 
+
+
+BACKOFF_PREFIX = "budget_backoff."
+"""Keys of the tighteners' backoffs (outside `budget.>`: the budgets' watch never sees them)."""
+
+
+class Backoffs:
+    """Each budget's tightening backoff in the state bucket, as its owner last wrote it.
+
+    A value names the budget's `set_at`: a budget set again starts afresh.
+    """
+
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+
+    async def put(self, budget_id: str, set_at: float, backoff_w: float) -> None:
+        """Keep a budget's backoff (W)."""
+        await self.kv.put(f"{BACKOFF_PREFIX}{budget_id}", json.dumps(
+            {"v": VERSION, "set_at": set_at, "backoff_w": round(backoff_w, 1)}).encode())
+
+    async def get(self, budget_id: str, set_at: float) -> float | None:
+        """The backoff kept for this setting of the budget, None if none (or unreadable)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await self.kv.get(f"{BACKOFF_PREFIX}{budget_id}")
+        except KeyNotFoundError:
+            return None
+        try:
+            data = json.loads(entry.value or b"{}")
+            if data.get("v") != VERSION or data.get("set_at") != set_at:
+                return None
+            return max(0.0, float(data["backoff_w"]))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+    async def delete(self, budget_id: str) -> None:
+        """Forget a budget's backoff (it was lifted or ended)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            await self.kv.purge(f"{BACKOFF_PREFIX}{budget_id}")
+        except KeyNotFoundError:
+            return
