@@ -17,6 +17,17 @@ The allocator alone: each job one of the reference profiles (data/reference-prof
 clusters up to 3,000+ GPUs, cuts of 10, 25 and 40 %; `allocate` timed (best of a few runs)
 against the uniform cut (key `allocator` of the JSON line).
 
+Perseus jobs in the allocator (key `perseus`): the same clusters with a Perseus job every
+`PERSEUS_EVERY` jobs (GPT-3 175B or Bloom, 8 stages, 8 microbatches, on A40s, 1-4 pipelines):
+its frontier planned by the coordinator's planner from the real stage profiles
+(data/perseus/stage_profiles, the profiler's 6-clock grid) and chosen as Perseus chooses
+(least energy within 1 % under the all-max-clock time). Each cut is shared three ways: the
+new path (its frontier points are its options, `coordinator.budget.frontier_options`), the
+old one (a Perseus job capped proportionally, its slowdown then what that cap costs on its
+options), and the uniform cut (every GPU one limit); each figure is the total weighted
+slowdown, `loss_vs_uniform_*` ours over the uniform cut's. The simulated event has no
+Perseus job: its figures do not depend on this path.
+
 Usage: python bench/power_budget.py [--quick] [--allocator-only]. The last line printed is one
 JSON object.
 """
@@ -38,17 +49,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._common import load, machine, now  # noqa: E402
+from coordinator.budget import frontier_options  # noqa: E402
 from coordinator.budget.allocator import (  # noqa: E402
     Group,
     Option,
     ProfiledJob,
+    UnprofiledJob,
     allocate,
     uniform_cut,
 )
+from coordinator.pipeline import planner  # noqa: E402
 from zeus_demo.budget.demo import SMALL_COUNTS  # noqa: E402
 from zeus_demo.budget.event import EventConfig, run_event  # noqa: E402
 
 PROFILES = ROOT / "data" / "reference-profiles"
+STAGE_PROFILES = ROOT / "data" / "perseus" / "stage_profiles"
+PERSEUS_MODELS = ("gpt3-175b+a40_bf16", "bloom+a40_bf16")
+PERSEUS_CLOCKS = (1740, 1590, 1440, 1290, 1140, 990)
+"""A profiler's grid of A40 clocks (MHz)."""
+PERSEUS_STAGES, PERSEUS_MICROBATCHES = 8, 8
+PERSEUS_EVERY = 6
+"""One job in this many is a Perseus job in the `perseus` cases."""
+A40_LIMITS = (100, 300)
 
 
 def load_profiles() -> list[tuple[str, list[Option]]]:
@@ -78,6 +100,118 @@ def cluster(profiles: list[tuple[str, list[Option]]], jobs: int, seed: int) -> l
         low = min(o.limit_w for o in options)
         out.append(ProfiledJob(f"{name}#{i}", gpus, tuple(options), fastest.key, low, weight))
     return out
+
+
+def perseus_frontier(model: str) -> tuple[frontier_options.FrontierView, tuple[Option, ...]]:
+    """A Perseus job's frontier on one pipeline's GPUs, planned and chosen as Perseus does,
+    and its chosen plan under caps (what a proportional or uniform cut does to it)."""
+    rows = []
+    with (STAGE_PROFILES / f"{model}.csv").open() as f:
+        for row in csv.DictReader(f):
+            if int(row["frequency"]) in PERSEUS_CLOCKS:
+                rows.append((int(row["stage"]), row["instruction"], int(row["frequency"]),
+                             float(row["time"]), float(row["energy"])))
+    profile = planner.InstructionProfile.from_rows(rows)
+    m = PERSEUS_MICROBATCHES
+    frontier = planner.plan_frontier(profile, m, num_stages=PERSEUS_STAGES)
+    all_max, _ = planner.evaluate(profile, planner.max_frequency_plan(profile, m), m)
+    chosen = planner.choose(frontier, target_time=all_max * 0.99)
+
+    def evaluate(plan: Any) -> tuple[float, float]:
+        return planner.evaluate(profile, plan, m)
+
+    view = frontier_options.view(frontier, chosen, PERSEUS_STAGES, rows, evaluate)
+    capped = frontier_options.under_caps(chosen.plan, rows, PERSEUS_STAGES, evaluate,
+                                         *A40_LIMITS)
+    assert view is not None and capped
+    return view, capped
+
+
+Perseus = tuple[frontier_options.FrontierView, tuple[Option, ...]]
+
+
+def with_perseus(jobs: list[ProfiledJob], frontiers: list[Perseus], seed: int
+                 ) -> tuple[list[ProfiledJob], dict[str, ProfiledJob]]:
+    """`jobs` with every `PERSEUS_EVERY`-th one a Perseus job (1-4 pipelines of 8 GPUs), and
+    each Perseus job as it stays on its chosen plan under a cap (the old path's)."""
+    rng = random.Random(seed)
+    out, capped = [], {}
+    for i, job in enumerate(jobs):
+        if i % PERSEUS_EVERY == PERSEUS_EVERY - 1:
+            k = rng.randrange(len(frontiers))
+            name = f"perseus-{PERSEUS_MODELS[k].split('+')[0]}#{i}"
+            gpus = PERSEUS_STAGES * rng.choice([1, 2, 4])
+            view, options = frontiers[k]
+            out.append(frontier_options.profiled_job(name, view, gpus, *A40_LIMITS,
+                                                     job.weight))
+            capped[name] = ProfiledJob(name, gpus, options, options[0].key, A40_LIMITS[0],
+                                       job.weight)
+        else:
+            out.append(job)
+    return out, capped
+
+
+def at_limit(job: ProfiledJob, limit: int) -> float:
+    """A job's weighted slowdown on its chosen plan under a cap of `limit` W."""
+    under = [o for o in job.options if o.limit_w <= limit]
+    pick = max(under, key=lambda o: o.limit_w) if under else min(job.options,
+                                                                 key=lambda o: o.limit_w)
+    top = next(o for o in job.options if o.key == job.optimum)
+    return job.weight * max(0.0, pick.time_s / top.time_s - 1.0)
+
+
+def proportional(group: Group, capped: dict[str, ProfiledJob]) -> float:
+    """The old path's total weighted slowdown: Perseus jobs capped proportionally."""
+    kept = tuple(j for j in group.jobs if j.job_id not in capped)
+    unprofiled = tuple(UnprofiledJob(j.job_id, j.gpus, *A40_LIMITS,
+                                     next(o.power_w for o in j.options if o.key == j.optimum))
+                       for j in capped.values())
+    alloc = allocate(Group(group.cap_w, kept, unprofiled, group.idle_w))
+    return alloc.cost + sum(at_limit(j, alloc.by_job[j.job_id].limit_w)
+                            for j in capped.values())
+
+
+def run_perseus(sizes: list[int], cuts: list[float]) -> dict[str, object]:
+    """The `perseus` cases: new path, old path and uniform cut (see the module)."""
+    frontiers = [perseus_frontier(m) for m in PERSEUS_MODELS]
+    profiles = load_profiles()
+    cases = []
+    for n_jobs in sizes:
+        jobs, capped = with_perseus(cluster(profiles, n_jobs, seed=n_jobs), frontiers, n_jobs)
+        top = optimum_draw(jobs)
+        for cut in cuts:
+            group = Group(cap_w=top * (1 - cut), jobs=tuple(jobs))
+            t0 = time.perf_counter()
+            new = allocate(group)
+            seconds = time.perf_counter() - t0
+            stay = tuple(capped.get(j.job_id, j) for j in jobs)
+            uniform = uniform_cut(Group(group.cap_w, stay)).cost
+            old = proportional(group, capped)
+            shares = [new.by_job[j] for j in sorted(capped)]
+            cases.append({
+                "jobs": n_jobs, "perseus_jobs": len(capped),
+                "gpus": sum(j.gpus for j in jobs),
+                "perseus_gpus": sum(j.gpus for j in capped.values()),
+                "cut": cut, "cap_w": round(group.cap_w, 1), "seconds": round(seconds, 4),
+                "expected_w": round(new.expected_w, 1),
+                "weighted_slowdown": round(new.cost, 4),
+                "old_path_weighted_slowdown": round(old, 4),
+                "uniform_weighted_slowdown": round(uniform, 4),
+                "loss_vs_uniform_new": round(new.cost / uniform, 4) if uniform else None,
+                "loss_vs_uniform_old": round(old / uniform, 4) if uniform else None,
+                "perseus_points": sorted({s.key for s in shares if s.key is not None}),
+                "perseus_mean_slowdown": round(sum(s.slowdown for s in shares)
+                                               / max(1, len(shares)), 4),
+            })
+            print(json.dumps(cases[-1]))
+    return {"frontiers": {m: {"points": len(f.times), "chosen": f.chosen,
+                              "w_per_gpu": [round(f.powers[0], 1), round(f.powers[-1], 1)],
+                              "chosen_w_per_gpu": round(f.powers[f.chosen], 1),
+                              "time_s": [round(f.times[0], 4), round(f.times[-1], 4)],
+                              "throttled": [(t.cap_w, round(t.power_w, 1), round(t.time_s, 3))
+                                            for t in f.throttled]}
+                          for m, (f, _) in zip(PERSEUS_MODELS, frontiers, strict=True)},
+            "cases": cases}
 
 
 def optimum_draw(jobs: list[ProfiledJob]) -> float:
@@ -143,6 +277,7 @@ def main() -> None:
     result: dict[str, Any] = {"bench": "power_budget", "machine": machine(), "when": now(),
                               "load_before": load()}
     result["allocator"] = run(sizes, [0.10, 0.25, 0.40], repeats=1 if args.quick else 3)
+    result["perseus"] = run_perseus(sizes, [0.10, 0.25, 0.40])
     if not args.allocator_only:
         config = EventConfig(step_s=args.step_s, hold_s=args.hold_s,
                              takeover=not args.no_takeover)

@@ -234,6 +234,29 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
     return tuple(out)
 
 
+def under_caps(plan: Any, rows: Iterable[ProfileRow], gpus: int, evaluate: Evaluate,
+               min_limit_w: int, max_limit_w: int) -> tuple[Option, ...]:
+    """One plan kept under node caps, every `THROTTLE_STEP_W` from the maximum to the minimum.
+
+    What a cap does to a job that stays on its plan (a proportional or uniform cut): each
+    instruction at its highest clock under the cap (`_Table.capped`), timed by `evaluate`;
+    under its lowest clocks, the same energy per iteration. Keyed by minus the cap; empty if
+    the profile lacks a row of the plan.
+    """
+    table = _Table.of(rows, len(plan) or 1, gpus)
+    limits = list(range(max_limit_w, min_limit_w, -THROTTLE_STEP_W)) + [min_limit_w]
+    out = []
+    for cap in limits:
+        capped = table.capped(plan, cap)
+        peak = None if capped is None else table.peak(capped)
+        if capped is None or peak is None:
+            return ()
+        t, e = evaluate(capped)
+        scale = min(1.0, cap / peak) if peak > 0 else 1.0
+        out.append(Option(-cap, float(t) / scale, float(e) / float(t) / gpus * scale, cap))
+    return tuple(out)
+
+
 def profiled_job(job_id: str, frontier: FrontierView, gpus: int, min_limit_w: int,
                  max_limit_w: int, weight: float = 1.0) -> ProfiledJob:
     """The allocator's job for a pipeline job with `gpus` of its GPUs inside the budget."""

@@ -309,3 +309,27 @@ def test_a_served_perseus_frontier_brings_its_throttled_plans() -> None:
     assert (th.cap_w, th.peak_w) == (50, 50.0)
     assert (th.time_s, th.power_w) == pytest.approx((at_800[0], at_800[1] / at_800[0] / 4))
     assert budget_point.frontier_of(job) is view  # Read again: the same (kept) view.
+
+
+def test_a_plan_kept_under_caps_slows_as_its_instructions_are_throttled() -> None:
+    clocks = {1500: (0.10, 300.0), 1200: (0.12, 220.0), 1000: (0.15, 160.0)}
+    rows = [(s, kind, mhz, t, t * w) for s in (0, 1) for kind in ("forward", "backward")
+            for mhz, (t, w) in clocks.items()]
+    profile = planner.InstructionProfile.from_rows(rows)
+    plan = planner.max_frequency_plan(profile, 2)
+
+    def evaluate(p: object) -> tuple[float, float]:
+        return planner.evaluate(profile, p, 2, 50.0)  # type: ignore[arg-type]
+
+    options = fo.under_caps(plan, rows, 2, evaluate, 100, 300)
+    assert [o.limit_w for o in options] == list(range(300, 99, -25))
+    top = evaluate(plan)
+    at_1200, at_1000 = (evaluate([[(n, f) for n, _ in row] for row in plan]) for f in (1200, 1000))
+    assert (options[0].time_s, options[0].power_w) == pytest.approx((top[0], top[1] / top[0] / 2))
+    assert options[3].limit_w == 225 and options[3].time_s == pytest.approx(at_1200[0])
+    assert options[4].limit_w == 200 and options[4].time_s == pytest.approx(at_1000[0])
+    # Under 160 W, its lowest clocks' power: the same energy per iteration, scaled.
+    lowest = options[6]
+    assert lowest.limit_w == 150 and lowest.power_w * lowest.time_s == pytest.approx(
+        options[5].power_w * options[5].time_s)
+    assert [o.time_s for o in options] == sorted(o.time_s for o in options)
