@@ -266,9 +266,8 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
             reply = codec.decode(raw.data, Reply)
             if reply.ok or reply.code not in ("unavailable", "internal"):
                 break
-            # "could not give the job a unique id; retry": same-shaped jobs registered in the
-            # same second on both replicas collide on their ids; the reply says retry. An
-            # internal error: a JetStream request timed out in the replica (see its log).
+            # The reply says retry (JetStream could not take the job now); an internal
+            # error: a JetStream request timed out in the replica (see its log).
             why = f"{reply.code}: {reply.error}"
             retries[why] = retries.get(why, 0) + 1
             await asyncio.sleep(rng.uniform(0.05, 0.5))
@@ -461,6 +460,8 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
             "register_rank_retries",
             "rank_failures",
             "first_failure")},
+        **{f"{x}_by_wave": [w["reg"][x] for w in waves] for x in (
+            "register_job_retries", "register_rank_retries", "rank_failures")},
         "coordinator_cpu_s_per_1k_gpus": round(run_cores * 60 / k, 3),
         "coordinator_cpu_s_per_1k_gpus_is": "CPU-s per minute of running, both replicas",
         "coordinator_cores": round(run_cores, 3),
