@@ -29,7 +29,7 @@ replica taking the budgets over starts from it, so the cap holds through a takeo
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.budget import allocator as alloc
 from coordinator.budget.budgets import Cluster, Governed, GpuKey
@@ -45,6 +45,8 @@ SETTLE_ROUNDS = 3
 """Rounds after the caps changed in which the samples still show the old caps."""
 KEEP_STEP = 0.1
 """Relative change of the backoff that is written again to the state bucket."""
+GUARD_ROUNDS = SETTLE_ROUNDS + OVER_ROUNDS + 3
+"""Rounds in which an owner that took a budget over sends no cap above its predecessor's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,21 @@ class Tightener:
     over_rounds: int = 0
     settling: int = 0
     """Rounds left in which the samples may still show caps since changed."""
+    held: dict[GpuKey, int] = field(default_factory=dict)
+    """The caps the previous owner sent last (a takeover), bounding this owner's (`guarded`)."""
+    guard: int = 0
+    """Rounds left in which `held` bounds the caps."""
+
+    def resume(self, held: dict[GpuKey, int]) -> None:
+        """Taken over from an owner that sent `held` last: bound the caps by them a while.
+
+        Until this owner has measured the group under its own caps (settled, then over for
+        `OVER_ROUNDS`), and the jobs its predecessor drove are driven again (their profiles
+        known here), a plan may well raise caps the group needs: a job another replica drives
+        is capped proportionally, counted at its draw, which the cap holds down.
+        """
+        self.held, self.guard = dict(held), GUARD_ROUNDS
+        self.hold()
 
     def worth_keeping(self, kept_w: float | None) -> bool:
         """Whether the backoff moved enough from the one kept (`kept_w`) to write it again.
@@ -179,6 +196,18 @@ class Tightener:
             if self.backoff_w < 1.0:
                 self.backoff_w = 0.0
         return self.backoff_w
+
+
+def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:
+    """`plan` with no cap above the one the previous owner sent, while `tight` guards.
+
+    One round of the guard is spent.
+    """
+    if tight.guard <= 0:
+        return plan
+    tight.guard -= 1
+    caps = {k: min(w, tight.held.get(k, w)) for k, w in plan.caps.items()}
+    return replace(plan, caps=caps)
 
 
 def measured_w(gpus: Iterable[GpuKey], cluster: Cluster) -> float | None:

@@ -169,6 +169,8 @@ class BudgetLoop:
         self.cap_jobs = cap_jobs
         self.kept: dict[str, float] = {}
         """Budget -> the backoff last written to the state bucket (`keep_backoffs`)."""
+        self.kept_caps: dict[str, dict[core.GpuKey, int]] = {}
+        """Budget -> the caps last written with it."""
         """Tells the power-limit jobs still profiling here their cap (every replica)."""
 
     async def tick(self) -> None:
@@ -183,6 +185,7 @@ class BudgetLoop:
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.tighteners.clear()  # (Its backoffs too: back here, start from the kept ones.)
             self.kept.clear()
+            self.kept_caps.clear()
             self.plans.clear()
             self.statuses.clear()
             await self.tell({})  # (The owner plans on the jobs it drives; its caps hold.)
@@ -202,31 +205,36 @@ class BudgetLoop:
 
     async def resume_backoffs(self) -> None:
         """A budget new to this owner starts from the backoff its last owner kept."""
-        for bid, (_, set_at) in list(self.view.budgets.items()):
-            if bid in self.tighteners:
+        now = self.wall()
+        for bid, (budget, set_at) in list(self.view.budgets.items()):
+            if bid in self.tighteners or not budget.active(now):
                 continue
             try:
                 kept = await Backoffs(self.link.require_state().kv).get(bid, set_at)
             except Exception as e:  # noqa: BLE001 - the bucket is away: start afresh
                 LOG.warning("budget %s: its backoff not read (%s)", bid, e)
                 kept = None
-            tight = self.tighteners[bid] = enforce.Tightener(backoff_w=kept or 0.0)
+            tight = self.tighteners[bid] = enforce.Tightener()
             if kept is not None:
-                tight.hold()  # (The samples show the old owner's caps, this backoff's.)
-                self.kept[bid] = kept
-                LOG.info("budget %s: resumed with a backoff of %.0f W", bid, kept)
+                tight.backoff_w, self.kept[bid], self.kept_caps[bid] = kept[0], kept[0], kept[1]
+                tight.resume(kept[1])
+                LOG.info("budget %s: resumed with a backoff of %.0f W", bid, kept[0])
 
     async def keep_backoffs(self) -> None:
-        """Write each budget's backoff when it moved enough; forget those of budgets gone."""
+        """Write each budget's backoff and caps when they moved; forget those of budgets gone."""
         try:
             backoffs = Backoffs(self.link.require_state().kv)
             for bid, tight in self.tighteners.items():
-                if bid in self.view.budgets and tight.worth_keeping(self.kept.get(bid)):
-                    await backoffs.put(bid, self.view.budgets[bid][1], tight.backoff_w)
-                    self.kept[bid] = tight.backoff_w
-            for gone in [b for b in self.kept if b not in self.tighteners]:
+                p = self.plans.get(bid)
+                if bid not in self.view.budgets or p is None:
+                    continue
+                if tight.worth_keeping(self.kept.get(bid)) or p.caps != self.kept_caps.get(bid):
+                    await backoffs.put(bid, self.view.budgets[bid][1], tight.backoff_w, p.caps)
+                    self.kept[bid], self.kept_caps[bid] = tight.backoff_w, p.caps
+            for gone in [b for b in self.kept_caps if b not in self.tighteners]:
                 await backoffs.delete(gone)
-                del self.kept[gone]
+                self.kept.pop(gone, None)
+                del self.kept_caps[gone]
         except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
             LOG.debug("budget backoffs not kept: %s", e)
 
@@ -283,7 +291,7 @@ class BudgetLoop:
             measured = enforce.measured_w(g.gpus, self.cluster)
             backoff = tight.update(measured, g.room_w)
             try:
-                p = enforce.plan(g, jobs, self.cluster, backoff)
+                p = enforce.guarded(enforce.plan(g, jobs, self.cluster, backoff), tight)
             except BudgetError as e:
                 LOG.warning("budget %s: no allocation this round: %s", g.budget_id, e)
                 continue

@@ -5,15 +5,17 @@ that predates budgets never reads them; every replica, restarted or taking over,
 here. Values are versioned JSON (`{"v": 1, "budget": {...}, "set_at": ...}`), readable with
 `nats kv get`.
 
-Beside each budget, its owner keeps how far it tightened the room (`Backoffs`, key
-`budget_backoff.<id>`): a replica taking the budgets over starts from it instead of from the
-profiles' expected draws, which the group measured over (the cap holds through a takeover).
+Beside each budget, its owner keeps how far it tightened the room and the caps it sent last
+(`Backoffs`, key `budget_backoff.<id>`): a replica taking the budgets over starts from them
+instead of from the profiles' expected draws, which the group measured over, and sends no cap
+above its predecessor's for a few rounds (the cap holds through a takeover).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -129,21 +131,25 @@ BACKOFF_PREFIX = "budget_backoff."
 
 
 class Backoffs:
-    """Each budget's tightening backoff in the state bucket, as its owner last wrote it.
+    """Each budget's tightening in the state bucket, as its owner last wrote it.
 
-    A value names the budget's `set_at`: a budget set again starts afresh.
+    Its backoff (W) and the caps it sent last; a value names the budget's `set_at`, so a
+    budget set again starts afresh.
     """
 
     def __init__(self, kv: Any) -> None:
         self.kv = kv
 
-    async def put(self, budget_id: str, set_at: float, backoff_w: float) -> None:
-        """Keep a budget's backoff (W)."""
+    async def put(self, budget_id: str, set_at: float, backoff_w: float,
+                  caps: Mapping[tuple[str, int], int]) -> None:
+        """Keep a budget's backoff and the caps sent."""
         await self.kv.put(f"{BACKOFF_PREFIX}{budget_id}", json.dumps(
-            {"v": VERSION, "set_at": set_at, "backoff_w": round(backoff_w, 1)}).encode())
+            {"v": VERSION, "set_at": set_at, "backoff_w": round(backoff_w, 1),
+             "caps": [[n, i, w] for (n, i), w in sorted(caps.items())]}).encode())
 
-    async def get(self, budget_id: str, set_at: float) -> float | None:
-        """The backoff kept for this setting of the budget, None if none (or unreadable)."""
+    async def get(self, budget_id: str,
+                  set_at: float) -> tuple[float, dict[tuple[str, int], int]] | None:
+        """(backoff, caps) kept for this setting of the budget; None if none (or unreadable)."""
         from nats.js.errors import KeyNotFoundError
 
         try:
@@ -154,12 +160,13 @@ class Backoffs:
             data = json.loads(entry.value or b"{}")
             if data.get("v") != VERSION or data.get("set_at") != set_at:
                 return None
-            return max(0.0, float(data["backoff_w"]))
+            caps = {(str(n), int(i)): int(w) for n, i, w in data.get("caps", [])}
+            return max(0.0, float(data["backoff_w"])), caps
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
     async def delete(self, budget_id: str) -> None:
-        """Forget a budget's backoff (it was lifted or ended)."""
+        """Forget a budget's tightening (it was lifted or ended)."""
         from nats.js.errors import KeyNotFoundError
 
         try:

@@ -69,8 +69,8 @@ class CapDetour:
         self.parked = False
         self.last_was_detour = False
         if self.held is not None and not self.above(self.held.power_limit):
-            probe, self.held = self.held, None
-            return probe
+            held, self.held = self.held, None
+            return held
         measured = {r.power_limit for r in results}
         if self.cap_w is not None:
             detour = next((w for w in limits if w <= self.cap_w and w not in measured

@@ -1,10 +1,12 @@
 """The budgets' tightening survives a takeover (issue 37 item 4), over a real nats-server.
 
-The owner keeps each budget's backoff in the state bucket (`store.Backoffs`) when it moves
-enough (`Tightener.worth_keeping`); a replica taking the budgets over starts its tightener from
-it (held while the samples still show the old owner's caps) instead of from nothing, which let
-the group draw over the cap for the rounds the tightener needs to learn it again. A budget set
-again starts afresh; one lifted has its backoff forgotten.
+The owner keeps each budget's backoff and the caps it sent in the state bucket
+(`store.Backoffs`) when they move (`Tightener.worth_keeping`); a replica taking the budgets
+over starts its tightener from that backoff (held while the samples still show the old
+owner's caps) and for a few rounds sends no cap above its predecessor's (`enforce.guarded`),
+instead of planning from nothing, which let the group draw over the cap for the rounds the
+tightener needs to learn it again. A budget set again starts afresh; one lifted has its
+tightening forgotten.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from typing import Any
 import pytest
 from nats.js.api import KeyValueConfig
 
+from coordinator.budget import allocator as alloc
 from coordinator.budget import enforce
 from coordinator.budget.loop import BudgetLoop
 from coordinator.budget.store import Backoffs, BudgetView
 from zeus_agent.wire.budget import Budget
 
 SET_AT = 1_800_000_000.0
+CAPS = {("n1", 0): 225, ("n1", 1): 150}
 
 
 async def bucket(nc: Any) -> Any:
@@ -35,15 +39,19 @@ def loop(kv: Any, budgets: dict[str, tuple[Budget, float]]) -> BudgetLoop:
     link: Any = SimpleNamespace(require_state=lambda: SimpleNamespace(kv=kv))
     dummy: Any = None
     return BudgetLoop(link=link, book=dummy, cluster=dummy, jobs=list, cap_lease_s=30.0,
-                      view=view)
+                      view=view, wall=lambda: SET_AT + 10)
 
 
-async def test_a_backoff_is_kept_per_setting_of_its_budget(nc) -> None:
+def plan(caps: dict[tuple[str, int], int]) -> enforce.CapPlan:
+    return enforce.CapPlan("grid", dict(caps), alloc.Allocation((), 0.0, 0.0, 0.0, 1.0), 0.0)
+
+
+async def test_a_tightening_is_kept_per_setting_of_its_budget(nc) -> None:
     kv = await bucket(nc)
     store = Backoffs(kv)
     assert await store.get("grid", SET_AT) is None
-    await store.put("grid", SET_AT, 412.34)
-    assert await store.get("grid", SET_AT) == pytest.approx(412.3)
+    await store.put("grid", SET_AT, 412.34, CAPS)
+    assert await store.get("grid", SET_AT) == (pytest.approx(412.3), CAPS)
     assert await store.get("grid", SET_AT + 60) is None  # set again: afresh
     await kv.put("budget_backoff.grid", b"not json")
     assert await store.get("grid", SET_AT) is None  # unreadable: afresh, no error
@@ -52,17 +60,18 @@ async def test_a_backoff_is_kept_per_setting_of_its_budget(nc) -> None:
     assert await store.get("grid", SET_AT) is None
 
 
-async def test_a_new_owner_starts_from_the_backoff_its_predecessor_kept(nc) -> None:
+async def test_a_new_owner_starts_from_its_predecessors_backoff_and_caps(nc) -> None:
     kv = await bucket(nc)
     budgets = {"grid": (Budget(budget_id="grid", cap_w=9000.0), SET_AT)}
     old = loop(kv, budgets)
     await old.resume_backoffs()  # nothing kept yet: afresh
-    assert old.tighteners["grid"].backoff_w == 0.0
+    assert old.tighteners["grid"].backoff_w == 0.0 and old.tighteners["grid"].guard == 0
     old.tighteners["grid"].backoff_w = 350.0  # the group measured over: the room shrank
+    old.plans["grid"] = plan(CAPS)
     await old.keep_backoffs()
-    old.tighteners["grid"].backoff_w = 340.0  # (a small move: not written again)
+    old.tighteners["grid"].backoff_w = 340.0  # (a small move, the same caps: not written)
     await old.keep_backoffs()
-    assert await Backoffs(kv).get("grid", SET_AT) == 350.0
+    assert await Backoffs(kv).get("grid", SET_AT) == (350.0, CAPS)
 
     new = loop(kv, budgets)
     await new.resume_backoffs()
@@ -71,6 +80,12 @@ async def test_a_new_owner_starts_from_the_backoff_its_predecessor_kept(nc) -> N
     # Samples still showing the old caps change nothing while it settles.
     for _ in range(enforce.SETTLE_ROUNDS):
         assert tight.update(9600.0, 9000.0) == 350.0
+    # Its plans send no cap above the old owner's while the guard lasts, then their own.
+    higher = {("n1", 0): 300, ("n1", 1): 100, ("n2", 0): 250}
+    for _ in range(enforce.GUARD_ROUNDS):
+        assert enforce.guarded(plan(higher), tight).caps == {
+            ("n1", 0): 225, ("n1", 1): 100, ("n2", 0): 250}
+    assert enforce.guarded(plan(higher), tight).caps == higher
 
     del new.tighteners["grid"]  # the budget was lifted (the plan forgets its tightener)
     await new.keep_backoffs()
