@@ -22,8 +22,9 @@ decays, so a group that measured over gives the room back a little at a time. Af
 change, the samples describe the old caps for a while (a GPU takes a new limit at its next
 step, an agent publishes its samples every second): for `SETTLE_ROUNDS` rounds the tightener
 holds still (`Tightener.hold`), or it would count the old excess again and cut far too deep.
-The backoff is kept in the state bucket (`Tightener.worth_keeping`, `store.Backoffs`): a
-replica taking the budgets over starts from it, so the cap holds through a takeover.
+The backoff is kept in the state bucket with the caps sent (`Tightener.worth_keeping`,
+`store.Backoffs`): a replica taking the budgets over starts from it and sends no cap above its
+predecessor's for a while (`Tightener.resume`, `guarded`), so the cap holds through a takeover.
 """
 
 from __future__ import annotations
