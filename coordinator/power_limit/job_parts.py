@@ -125,7 +125,7 @@ def progress_of(machine: PowerLimitStateMachine, phase: str, optimal: int | None
         "measurements": [m.model_dump() for m in machine.measurements],
         "redone": {str(k): v for k, v in machine.redos().items()},
         "gave_up": gave_up,
-        "cap_w": machine.cap_w,
+        "cap_w": None if machine.optimal_power_limit is not None else machine.cap_w,
         "parked": machine.parked,
     }
 

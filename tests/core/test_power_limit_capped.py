@@ -162,6 +162,10 @@ def test_a_cap_once_done_changes_nothing() -> None:
     drive(m, gpu, 40, {}, seen)
     assert isinstance(m.state, Done)
     assert m.cap(150) == [] and m.optimal_power_limit == 200
+    from coordinator.power_limit.job_parts import progress_of
+
+    progress = progress_of(m, "Done", m.optimal_power_limit, None)
+    assert progress["cap_w"] is None and not progress["parked"]  # (the budget's to share now)
 
 
 # The job: a simulated GPU clamped to its cap, marks carrying the limit it ran at ----------------
