@@ -26,9 +26,9 @@ decreasing, so the average power E / T decreases along it too).
   their limit L: the slowest point's plan under a node cap L. With the job's profile and
   schedule (`evaluate`), `throttle` models it every `THROTTLE_STEP_W` under its peak: each
   instruction at its highest profiled clock whose power fits L, the plan's time and energy
-  as the planner counts them, while lower caps still change it. Under the last one (or
-  without a profile), down to the GPUs' minimum, at the same energy per iteration as the
-  last option (power x L / C, time x C / L, C the cap that would not throttle it). Models,
+  as the planner counts them, while lower caps still change it. Under the last one's average
+  power (or without a profile, the slowest point's), down to the GPUs' minimum: counted at L
+  itself, a throttled GPU's most, at the same energy per iteration (time x P / L). Models,
   which the budget's measured draw corrects (`enforce.Tightener`); a job told such an option
   serves its slowest point (`pick`), its GPUs capped at L.
 
@@ -219,19 +219,28 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
                                          strict=True)):
         limit = max_limit_w if peak is None else math.ceil(peak * HEADROOM)
         out.append(Option(i, t, p, min(max(limit, min_limit_w), max_limit_w)))
-    # The slowest point under the caps its profile models, then under lower ones at the same
-    # energy per iteration (the cap that would not throttle the last one as reference).
+    # The slowest point under the caps its profile models, then under caps below the last
+    # one's average power: counted at the cap (a throttled GPU draws at most that), at the
+    # same energy per iteration.
     last, peak = out[-1], frontier.peaks[-1]
     ref = min(max_limit_w, math.ceil(last.power_w if peak is None else peak * HEADROOM))
     modelled = [th for th in frontier.throttled if min_limit_w <= th.cap_w < ref]
     out += [Option(-th.cap_w, th.time_s, th.power_w, th.cap_w) for th in modelled]
-    if modelled:
-        last, ref = out[-1], min(out[-1].limit_w, math.ceil(modelled[-1].peak_w))
-    limits = list(range(ref - THROTTLE_STEP_W, min_limit_w, -THROTTLE_STEP_W))
-    for cap in [*limits, min_limit_w] if ref > min_limit_w else []:
-        if cap < last.limit_w:
-            out.append(Option(-cap, last.time_s * ref / cap, last.power_w * cap / ref, cap))
+    last = out[-1]
+    top = min(last.limit_w, math.ceil(last.power_w))
+    limits = list(range(top - top % THROTTLE_STEP_W, min_limit_w, -THROTTLE_STEP_W))
+    for cap in [*limits, min_limit_w] if top > min_limit_w else []:
+        if cap < min(last.limit_w, last.power_w):
+            out.append(_held(last, cap))
     return tuple(out)
+
+
+def _held(option: Option, cap: int) -> Option:
+    """`option` under a cap below its average power: counted at the cap.
+
+    A throttled GPU draws at most its cap; the iteration takes the same energy.
+    """
+    return Option(-cap, option.time_s * option.power_w / cap, float(cap), cap)
 
 
 def under_caps(plan: Any, rows: Iterable[ProfileRow], gpus: int, evaluate: Evaluate,
@@ -252,8 +261,8 @@ def under_caps(plan: Any, rows: Iterable[ProfileRow], gpus: int, evaluate: Evalu
         if capped is None or peak is None:
             return ()
         t, e = evaluate(capped)
-        scale = min(1.0, cap / peak) if peak > 0 else 1.0
-        out.append(Option(-cap, float(t) / scale, float(e) / float(t) / gpus * scale, cap))
+        option = Option(-cap, float(t), float(e) / float(t) / gpus, cap)
+        out.append(_held(option, cap) if option.power_w > cap else option)
     return tuple(out)
 
 

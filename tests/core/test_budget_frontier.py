@@ -51,19 +51,19 @@ def test_a_frontier_becomes_one_option_per_point_keyed_by_its_index() -> None:
     assert [o.key for o in options[:4]] == [0, 1, 2, 3]
     # ceil(peak * 5 %) within the GPUs' limits: 310 W * 1.05 is over 300 W.
     assert [o.limit_w for o in options[:4]] == [300, 273, 200, 137]
-    # Under the slowest point: its plan throttled by a cap every 25 W under 137 W, down to
-    # the minimum, at the same energy per iteration.
-    throttled = options[4:]
-    assert [(o.key, o.limit_w) for o in throttled] == [(-112, 112), (-100, 100)]
+    assert len(options) == 4  # The slowest point draws the GPUs' minimum already.
+    # GPUs that go lower: under the slowest point's 100 W, caps every 25 W down to their
+    # minimum, each counted at the cap, at the same energy per iteration.
+    throttled = fo.options(view, 50, 300)[4:]
+    assert [(o.key, o.limit_w, o.power_w) for o in throttled] == [(-75, 75, 75.0), (-50, 50, 50.0)]
     for o in throttled:
-        assert o.power_w == pytest.approx(100.0 * o.limit_w / 137)
         assert o.power_w * o.time_s == pytest.approx(100.0 * 1.7)
     unknown = fo.view(PIPE, PIPE[1], gpus=2)  # No profile rows: the maximum limit.
     assert unknown is not None and unknown.chosen == 1 and unknown.peaks == (None,) * 4
     # No peak: the points' caps at the maximum; throttled from the slowest one's power.
     assert [(o.key, o.limit_w) for o in fo.options(unknown, 100, 300)] == [
         (0, 300), (1, 300), (2, 300), (3, 300)]  # (Its 100 W is the minimum already.)
-    assert [o.key for o in fo.options(unknown, 50, 300)][4:] == [-75, -50]
+    assert [o.key for o in fo.options(unknown, 60, 300)][4:] == [-75, -60]
     assert fo.view([], PIPE[0], 2) is None and fo.view(PIPE, PIPE[0], 0) is None
     assert fo.view([Point(0.0, 1.0, two_stage(800))], PIPE[0], 2) is None
 
@@ -76,10 +76,10 @@ def test_a_one_stage_profile_serves_every_stage_and_a_missing_row_gives_no_peak(
     assert partial is not None and partial.peaks[2] is None
 
 
-def pipeline_job(weight: float = 1.0) -> alloc.ProfiledJob:
+def pipeline_job(weight: float = 1.0, min_limit_w: int = 100) -> alloc.ProfiledJob:
     view = fo.view(PIPE, PIPE[0], gpus=2, rows=ROWS)
     assert view is not None
-    return fo.profiled_job("perseus", view, 2, 100, 300, weight)
+    return fo.profiled_job("perseus", view, 2, min_limit_w, 300, weight)
 
 
 def power_job(weight: float = 1.0) -> alloc.ProfiledJob:
@@ -111,12 +111,12 @@ def test_fewer_watts_give_the_perseus_job_a_slower_point_and_ample_ones_its_own(
 
 
 def test_a_cap_under_the_slowest_points_draw_throttles_it_and_the_job_serves_that_point() -> None:
-    jobs = (pipeline_job(), power_job(weight=5.0))  # The dp job's slowdown weighs 5 times.
+    jobs = (pipeline_job(min_limit_w=50), power_job(weight=5.0))  # dp's slowdown weighs 5x.
     a = alloc.allocate(alloc.Group(540, jobs))  # dp at 195 W leaves 75 W per pipeline GPU.
     share = a.by_job["perseus"]
     assert a.by_job["dp"].key == 200
     assert a.expected_w <= 540 and share.key is not None and share.key < 0
-    assert share.limit_w == -share.key < 137
+    assert share.limit_w == -share.key == 75
     assert fo.pick(PIPE, 2, share.key, share.expected_w / 2) == 3  # The slowest point.
 
 
@@ -280,9 +280,9 @@ def test_under_its_slowest_point_a_planned_frontier_is_throttled_as_the_planner_
         150, pytest.approx(time), pytest.approx(energy / time / 2), 120.0)
     options = fo.options(view, 100, 300)
     assert [(o.key, o.limit_w) for o in options[len(frontier):]] == [(-150, 150), (-100, 100)]
-    below = options[-1]  # Under the lowest clocks: the same energy per iteration.
-    assert below.power_w * below.time_s == pytest.approx(th.power_w * th.time_s)
-    assert below.power_w == pytest.approx(th.power_w * 100 / 120)
+    below = options[-1]  # Under its 108 W: at the cap, the same energy per iteration.
+    assert below.power_w == 100 and below.power_w * below.time_s == pytest.approx(
+        th.power_w * th.time_s)
 
 
 class Profiled(Watching):
