@@ -205,10 +205,11 @@ class Endpoints:
                                         join_token=token)
             try:
                 created = await state.create_job(record)
-            except StateUnavailableError:
-                self.jobs.forget(record.job_id)
+            except BaseException:  # Unavailable, or cancelled: nothing of it stays here.
+                self.jobs.abandon(record.job_id)
                 raise
             if created:
+                self.jobs.confirm(record.job_id)
                 break
             # Another replica holds (or is recording) a job with this id: take the next one.
             self.jobs.refuse(record.job_id)

@@ -72,7 +72,7 @@ class Replicas:
         for job_hash, lease in book.renewals() if due else []:
             await leases.renew(job_hash, lease, now)
         self.drop_other_incarnations(now)
-        known = {records.job_hash(r.job_id): r.job_id for r in self.jobs.records()}
+        known = {records.job_hash(r.job_id): r.job_id for r in self.jobs.recorded()}
         for job_hash, revision in book.claimable(list(known), time.time()):
             held = book.leases.get(job_hash)
             why = ("it had no owner" if held is None else

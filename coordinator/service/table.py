@@ -34,6 +34,9 @@ class JobTable:
     def __init__(self, registry: JobRegistry) -> None:
         self.registry = registry
         self._registering: set[tuple[str, int]] = set()
+        self._pending: dict[str, JobRecord | None] = {}
+        """Jobs registered here whose record JetStream has not taken yet -> the record the state
+        bucket delivered for that id meanwhile (None: none yet)."""
         self._by_id: dict[str, JobDriver] = {}
         self._by_hash: dict[str, JobDriver] = {}
         self._by_token: dict[str, JobDriver] = {}
@@ -88,6 +91,14 @@ class JobTable:
         """Every known job's record (a copy)."""
         return list(self.registry.jobs.values())
 
+    def recorded(self) -> list[JobRecord]:
+        """Every known job's record but those registered here and not yet in the state bucket.
+
+        What the ownership loop may take a lease on: a registration still being written may
+        yet lose its id to another replica's job (then dropped here, see `abandon`).
+        """
+        return [r for j, r in self.registry.jobs.items() if j not in self._pending]
+
     def optimisers(self) -> dict[str, JobOptimizer]:
         """The optimisers driven here, by job id (readable from any thread)."""
         drivers = dict(self._by_id)  # (One copy under the GIL: `/metrics` reads it too.)
@@ -119,21 +130,40 @@ class JobTable:
     # ------------------------------------------------------------------ learning, forgetting
     def register(self, request: RegisterJob, now_s: float, node: str, wall: datetime,
                  join_token: str) -> JobRecord:
-        """Register a new job here (`JobRegistry.register_job`; `forget` undoes it)."""
+        """Register a new job here, pending until `confirm` (`abandon` or `refuse` undo it)."""
         record = self.registry.register_job(request, now_s, node, wall, join_token=join_token)
+        self._pending[record.job_id] = None
         self._attach(record)
         return record
 
+    def confirm(self, job_id: str) -> None:
+        """The state bucket took the job registered here: it is a job like any other."""
+        self._pending.pop(job_id, None)
+
+    def abandon(self, job_id: str) -> None:
+        """Undo `register` (its record was not written), keeping what the bucket holds.
+
+        If the bucket delivered a record for that id meanwhile (another replica's job, which
+        `know` could not add while this registration held the id), it is known now: dropping
+        it with this registration left a job no replica but its owner knew.
+        """
+        landed = self._pending.pop(job_id, None)
+        self.forget(job_id)
+        if landed is not None:
+            self.know(landed)
+
     def refuse(self, job_id: str) -> None:
-        """Undo `register` of a job whose id the state bucket holds for another job.
+        """`abandon` a registration whose id the state bucket holds for another job.
 
         Its id is never offered again here (`JobRegistry.refuse_id`), however far this view lags.
         """
-        self.forget(job_id)
+        self.abandon(job_id)
         self.registry.refuse_id(job_id)
 
     def know(self, record: JobRecord) -> JobRecord:
         """Know a job registered elsewhere (the state bucket); a known record is kept as is."""
+        if record.job_id in self._pending:  # Kept for `abandon`, the registration still runs.
+            self._pending[record.job_id] = record
         self.registry.apply_job(record)
         kept = self.registry.jobs[record.job_id]
         self._attach(kept)
@@ -153,6 +183,7 @@ class JobTable:
 
     def forget(self, job_id: str) -> None:
         """Drop the job: no longer driven, its driver, its index entries, its record."""
+        self._pending.pop(job_id, None)
         driver = self._by_id.pop(job_id, None)
         if driver is not None:
             driver.release("removed")
