@@ -25,8 +25,15 @@ its frontier planned by the coordinator's planner from the real stage profiles
 new path (its frontier points are its options, `coordinator.budget.frontier_options`), the
 old one (a Perseus job capped proportionally, its slowdown then what that cap costs on its
 options), and the uniform cut (every GPU one limit); each figure is the total weighted
-slowdown, `loss_vs_uniform_*` ours over the uniform cut's. The simulated event has no
-Perseus job: its figures do not depend on this path.
+slowdown, `loss_vs_uniform_*` ours over the uniform cut's.
+
+The event also runs a Perseus pipeline job (unless `--no-perseus`) on an A40 node of its own
+(`zeus_demo.budget.jobs.perseus_job`: GPT-3 175B stages, the simulated pipeline trainer,
+the coordinator's Perseus3D scheduler): the budget moves it along its frontier. Its figures
+are under `perseus_event` (its draw, its share's planned slowdown, the seconds until it served
+its own point after the lift); the group's power figures count its GPUs, and the loss figures
+judge the power-limit jobs on the simulator's curves with its measured draw under the cut
+counted as fixed.
 
 Usage: python bench/power_budget.py [--quick] [--allocator-only]. The last line printed is one
 JSON object.
@@ -269,6 +276,8 @@ def main() -> None:
                         help="a small cluster (3 nodes x 2 GPUs, 6 jobs) and fewer allocator cases")
     parser.add_argument("--allocator-only", action="store_true", help="no simulated cluster")
     parser.add_argument("--no-takeover", action="store_true", help="no second event")
+    parser.add_argument("--no-perseus", action="store_true",
+                        help="no Perseus pipeline job in the simulated event")
     parser.add_argument("--step-s", type=float, default=1.0,
                         help="every job's step time at its maximum limit (s)")
     parser.add_argument("--hold-s", type=float, default=20.0, help="how long the cut holds (s)")
@@ -280,7 +289,7 @@ def main() -> None:
     result["perseus"] = run_perseus(sizes, [0.10, 0.25, 0.40])
     if not args.allocator_only:
         config = EventConfig(step_s=args.step_s, hold_s=args.hold_s,
-                             takeover=not args.no_takeover)
+                             takeover=not args.no_takeover, perseus=not args.no_perseus)
         if args.quick:
             config.gpus_per_node, config.counts = 2, dict(QUICK_COUNTS)
         t0 = time.monotonic()
@@ -294,6 +303,7 @@ def main() -> None:
             result[key] = event.get(key)
         result["over_cap_joules_during_takeover"] = takeover.get(
             "over_cap_joules_during_takeover")
+        result["perseus_event"] = event.get("perseus")
         result["goals"] = {"seconds_to_cap": 5.0, "loss_vs_uniform": 0.7,
                            "gap_to_optimal_pct": 2.0}
     result["load_after"] = load()

@@ -27,10 +27,20 @@ from typing import Any
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.budget import Budget, BudgetRequest
+from zeus_agent.wire.budget import Budget, BudgetRequest, BudgetStatus
 from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
 from zeus_demo.budget import analysis as an
-from zeus_demo.budget.jobs import REFERENCE_JOBS, JobSpec, Node, plan, spec_json
+from zeus_demo.budget.jobs import (
+    PERSEUS_ARGS,
+    REFERENCE_JOBS,
+    JobSpec,
+    Node,
+    PerseusSpec,
+    perseus_argv,
+    perseus_job,
+    plan,
+    spec_json,
+)
 from zeus_demo.cluster import CODE_ROOT, Processes, Replicas, kill_group, wait_for_async
 
 BIN_S = 0.5
@@ -55,16 +65,40 @@ class EventConfig:
     """Also return the first event's timeline (`timeline`: group power, each job's throughput)."""
     temp_root: str | None = "/dev/shm" if os.path.isdir("/dev/shm") else None
     """Where the run's state goes (in memory where there is /dev/shm)."""
+    perseus: bool = False
+    """Also a Perseus pipeline job on an A40 node of its own (`jobs.perseus_job`)."""
 
 
 class Watcher:
-    """What the bus says: every GPU's samples and the jobs' pinned optima."""
+    """What the bus says: GPUs' samples, jobs' optima, the Perseus job's statuses and shares."""
 
-    def __init__(self, jobs: list[JobSpec]) -> None:
+    def __init__(self, jobs: list[JobSpec], perseus: PerseusSpec | None = None) -> None:
         self.series = an.PowerSeries()
         self.jobs = jobs
         self.optimum: dict[str, int] = {}
         self.job_ids: dict[str, str] = {}
+        self.perseus = perseus
+        self.perseus_states: list[tuple[float, str, str]] = []
+        """(monotonic s, state, message) of the Perseus job's statuses."""
+        self.perseus_shares: list[tuple[float, int, float | None, float]] = []
+        """(monotonic s, limit W, planned slowdown, expected W) of its budget shares."""
+
+    def perseus_own(self) -> bool:
+        """Whether the Perseus job serves its own chosen point (no Perseus job: True)."""
+        if self.perseus is None:
+            return True
+        states = [(s, m) for _, s, m in self.perseus_states if s in ("serving", "straggler")]
+        return bool(states) and states[-1][0] == "serving" and "power budget" not in states[-1][1]
+
+    async def budget_status(self, msg: Any) -> None:
+        """A budget's status: the Perseus job's share."""
+        if self.perseus is None or self.perseus.tag not in self.job_ids:
+            return
+        status = codec.decode(msg.data, BudgetStatus)
+        for share in status.shares:
+            if share.job_id == self.job_ids[self.perseus.tag]:
+                self.perseus_shares.append((time.monotonic(), share.limit_w, share.slowdown,
+                                            share.expected_w))
 
     async def sample(self, msg: Any) -> None:
         """An agent's samples: each GPU's energy and limit over time."""
@@ -75,6 +109,9 @@ class Watcher:
     async def status(self, msg: Any) -> None:
         """A job's status: its id, and its optimum once pinned."""
         ev = codec.decode(msg.data, JobStatus)
+        if self.perseus is not None and ev.job_id.endswith(self.perseus.tag):
+            self.job_ids[self.perseus.tag] = ev.job_id
+            self.perseus_states.append((time.monotonic(), ev.state, ev.message or ""))
         for job in self.jobs:
             if ev.job_id.endswith(job.tag):
                 self.job_ids[job.tag] = ev.job_id
@@ -83,12 +120,15 @@ class Watcher:
                     self.optimum[job.tag] = int(limit)
 
     def gpu_optimum(self) -> dict[an.GpuKey, int]:
-        """Each busy GPU's job's optimum (W)."""
-        return {k: self.optimum[j.tag] for j in self.jobs for k in j.gpus}
+        """Each busy GPU's job's optimum (W); the Perseus job's GPUs, their default limit."""
+        out = {k: self.optimum[j.tag] for j in self.jobs for k in j.gpus}
+        if self.perseus is not None:
+            out.update(dict.fromkeys(self.perseus.gpus, PRESETS["A40"].max_power_limit_w))
+        return out
 
     def at_optimum(self, t_s: float) -> bool:
-        """Whether every job is pinned and every one of its GPUs sampled at its optimum."""
-        if len(self.optimum) < len(self.jobs):
+        """Whether every job is pinned and its GPUs sampled at its optimum (Perseus: its own)."""
+        if len(self.optimum) < len(self.jobs) or not self.perseus_own():
             return False
         return all(self.series.limit_at(k, t_s) == w for k, w in self.gpu_optimum().items())
 
@@ -194,7 +234,11 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     during = [p for t, p in power if event.signal_s < t <= event.lift_s]
     busy = {k for j in watch.jobs for k in j.gpus}
     presets = {n.name: n.preset for n in nodes}
-    idle_w = sum(PRESETS[presets[k[0]]].idle_power_w for k in keys if k not in busy)
+    perseus = perseus_figures(watch, event) if watch.perseus is not None else None
+    idle_w = sum(PRESETS[presets[k[0]]].idle_power_w for k in keys
+                 if k not in busy and (watch.perseus is None or k not in watch.perseus.gpus))
+    if perseus is not None:  # Its measured draw under the cut, fixed as idle power is.
+        idle_w += perseus["draw_capped_w"] or 0.0
     sim_jobs = [an.SimJob(j.tag, j.workload, j.preset, j.gpus, watch.optimum[j.tag])
                 for j in watch.jobs]
     group = an.true_group(sim_jobs, event.cap_w, idle_w)
@@ -212,6 +256,8 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
         "applied_w": event.applied,
         **an.compare_losses(group, event.applied),
     }
+    if perseus is not None:
+        out["perseus"] = perseus
     if event.kill_s is not None:
         out["killed"] = event.killed
         out["over_cap_joules_during_takeover"] = round(an.over_cap_joules(
@@ -220,6 +266,38 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
             (p - event.cap_w for t, p in power if event.kill_s < t <= event.lift_s),
             default=0.0), 1)
     return out
+
+
+def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
+    """The Perseus job in the event: its GPUs' draw, its budget shares, its points served.
+
+    Its throughput loss is its share's planned slowdown (the frontier point served against
+    its own); the power-limit jobs' losses are judged on the simulator's curves with its
+    measured draw under the cut counted as fixed.
+    """
+    assert watch.perseus is not None
+    keys = list(watch.perseus.gpus)
+    power = watch.series.group_power(keys, event.signal_s - 5, event.lift_s, BIN_S)
+    before = [p for t, p in power if t <= event.signal_s]
+    during = [p for t, p in power if event.signal_s < t <= event.lift_s]
+    shares = [(t, w, s, e) for t, w, s, e in watch.perseus_shares
+              if event.signal_s < t <= event.lift_s]
+    own_s = next((t - event.lift_s for t, state, m in watch.perseus_states
+                  if t > event.lift_s and state == "serving" and "power budget" not in m), None)
+    budget = [m for t, state, m in watch.perseus_states
+              if event.signal_s < t <= event.lift_s and "power budget" in m]
+    last = shares[-1] if shares else None
+    return {
+        "gpus": len(keys), "stages": watch.perseus.stages, "pipelines": watch.perseus.dp,
+        "draw_before_w": round(_mean(before), 1),
+        "draw_capped_w": round(_mean(during[len(during) // 2:]), 1) if during else None,
+        "share_limit_w": None if last is None else last[1],
+        "planned_slowdown": None if last is None or last[2] is None else round(last[2], 4),
+        "expected_w": None if last is None else last[3],
+        "budget_points_served": len(budget),
+        "last_budget_status": budget[-1] if budget else None,
+        "seconds_to_own_point": None if own_s is None else round(own_s, 2),
+    }
 
 
 def timeline(watch: Watcher, event: Event, before_s: float = 10.0) -> dict[str, Any]:
@@ -257,12 +335,17 @@ def _mean(values: list[float]) -> float:
 async def run_event(config: EventConfig) -> dict[str, Any]:
     """Start everything, pin the jobs, play the event (and the takeover event), judge them."""
     nodes, jobs = plan(config.gpus_per_node, config.counts)
+    perseus: PerseusSpec | None = None
+    if config.perseus:
+        node, perseus = perseus_job(nodes, config.gpus_per_node)
+        nodes.append(node)
     with tempfile.TemporaryDirectory(prefix="budget-event-", dir=config.temp_root) as tmp:
         root = Path(tmp)
         server = EmbeddedNats(store_dir=str(root / "js")).start()
         procs = Processes(root)
         replicas = Replicas(server.url, root, ["r1", "r2"],
-                            args=["--ownership-lease-s", f"{config.ownership_lease_s:g}"],
+                            args=["--ownership-lease-s", f"{config.ownership_lease_s:g}",
+                                  *(PERSEUS_ARGS if perseus is not None else [])],
                             procs=procs)
         nc: Any = None
         try:
@@ -270,15 +353,21 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             for n in nodes:
                 start_agent(procs, root, server.url, n, config.sample_hz)
             replicas.wait_healthy(60, names=["r1"])
-            watch = Watcher(jobs)
+            watch = Watcher(jobs, perseus)
             nc = await connect(server.url, "budget-event")
             samples = subjects.all_gpu_measurements().rsplit(".", 1)[0] + ".sample"
             await nc.subscribe(samples, cb=watch.sample)
             await nc.subscribe(subjects.all_job_status(), cb=watch.status)
+            await nc.subscribe(subjects.all_budget_status(), cb=watch.budget_status)
             await confirm_subscriptions(nc)
             gpus = sum(n.gpus for n in nodes)
             await wait_for_async(lambda: len(watch.series.samples) >= gpus, 120,
                                  "every GPU sampled", interval_s=0.5)
+            if perseus is not None:  # First: it profiles while the others register.
+                procs.spawn(f"job-{perseus.tag}", perseus_argv(perseus, str(root), 24 * 3600),
+                            cwd=CODE_ROOT)
+                await wait_for_async(functools.partial(watch.job_ids.__contains__, perseus.tag),
+                                     120, "the Perseus job to be seen", interval_s=0.5)
             for i, job in enumerate(jobs):  # one at a time: 100+ rank processes at once
                 start_job(procs, root, job, config.step_s, i)  # starve registrations
                 await wait_for_async(functools.partial(watch.job_ids.__contains__, job.tag),
@@ -293,8 +382,11 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
             played = await grid_event(nc, watch, config, None)
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
-                                   "busy_gpus": sum(len(j.gpus) for j in jobs),
-                                   "jobs": len(jobs), "seconds_to_pin": round(pinned_s, 1),
+                                   "busy_gpus": sum(len(j.gpus) for j in jobs)
+                                   + (len(perseus.gpus) if perseus is not None else 0),
+                                   "jobs": len(jobs) + (perseus is not None),
+                                   "perseus_jobs": int(perseus is not None),
+                                   "seconds_to_pin": round(pinned_s, 1),
                                    "optimum_w": dict(watch.optimum),
                                    "event": judge(watch, nodes, played)}
             if config.timeline:

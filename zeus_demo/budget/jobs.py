@@ -8,6 +8,9 @@
   workload (`scale`), profiled briefly at every 25 W limit.
 * `python -m zeus_demo.budget.jobs SPEC_JSON`: runs one job (the simulated data-parallel
   trainer, one process per rank) until it is stopped; SIGTERM kills its ranks at once.
+* `perseus_job(...)` / `perseus_argv(...)`: a Perseus pipeline job on a node of its own
+  (GPT-3 175B stages on A40s, the simulated pipeline trainer), planned and served by the
+  coordinator's Perseus3D scheduler (`PERSEUS_ARGS`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,45 @@ class JobSpec:
     workload: str
     preset: str
     gpus: tuple[tuple[str, int], ...]
+
+
+PERSEUS_PROFILE = "gpt3-175b+a40"
+PERSEUS_TAG = "bjps"
+PERSEUS_ARGS = ["--scheduler", "Perseus3D", "--scheduler-args",
+                json.dumps({"profiler_args": {"clocks": 3, "warmup_iterations": 1,
+                                              "min_profile_iterations": 2}}),
+                "--profiling-iterations", "3"]
+"""The coordinator's flags for the Perseus job: a short profile (3 clocks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PerseusSpec:
+    """The Perseus job: its stages, pipelines and GPUs (one node)."""
+
+    tag: str
+    stages: int
+    dp: int
+    microbatches: int
+    gpus: tuple[tuple[str, int], ...]
+
+
+def perseus_job(nodes: list[Node], gpus_per_node: int) -> tuple[Node, PerseusSpec]:
+    """An A40 node of its own after `nodes`, and a pipeline job on every GPU of it."""
+    node = Node(f"n{len(nodes):02d}", "A40", gpus_per_node)
+    stages = min(4, gpus_per_node)
+    dp = gpus_per_node // stages
+    gpus = tuple((node.name, g) for g in range(stages * dp))
+    return node, PerseusSpec(PERSEUS_TAG, stages, dp, 2 * stages, gpus)
+
+
+def perseus_argv(job: PerseusSpec, root: str, seconds: float) -> list[str]:
+    """The simulated pipeline trainer's command line for `job` (its node's agent in `root`)."""
+    node = job.gpus[0][0]
+    return [sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline", "--profile",
+            PERSEUS_PROFILE, "--stages", str(job.stages), "--microbatches",
+            str(job.microbatches), "--dp", str(job.dp), "--seconds", f"{seconds:g}",
+            "--time-scale", "0.1", "--job-metadata", job.tag, "--timeout", f"{seconds + 60:g}",
+            "--node", f"{node}:{root}/{node}.sock:{root}/{node}:0-{len(job.gpus) - 1}"]
 
 
 def plan(gpus_per_node: int, counts: Mapping[str, int]) -> tuple[list[Node], list[JobSpec]]:
