@@ -1,0 +1,76 @@
+"""The grid event's Perseus job, judged: its statuses and budget shares as the watcher keeps
+them, whether it serves its own point, and its figures (draw, planned slowdown, seconds until
+its own point is back after the lift)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from zeus_agent.wire import codec
+from zeus_agent.wire.budget import BudgetShare, BudgetStatus
+from zeus_agent.wire.messages import JobStatus
+from zeus_demo.budget.event import Event, Watcher, perseus_figures
+from zeus_demo.budget.jobs import Node, perseus_argv, perseus_job
+
+JOB_ID = "abc+dp1+pp2+tp1+Perseus3D+bjps"
+
+
+def watcher() -> Watcher:
+    _, spec = perseus_job([Node("n00", "A40", 2)], 2)
+    return Watcher([], spec)
+
+
+def test_the_perseus_job_gets_a_node_of_its_own_and_the_trainer_its_gpus() -> None:
+    node, spec = perseus_job([Node("n00", "A40", 8), Node("n01", "V100", 8)], 8)
+    assert node == Node("n02", "A40", 8)
+    assert (spec.stages, spec.dp, spec.microbatches) == (4, 2, 8)
+    assert spec.gpus == tuple(("n02", g) for g in range(8))
+    argv = perseus_argv(spec, "/r", 100)
+    assert argv[argv.index("--node") + 1] == "n02:/r/n02.sock:/r/n02:0-7"
+    assert argv[argv.index("--job-metadata") + 1] == "bjps"
+
+
+def test_its_statuses_and_shares_are_kept_and_its_own_point_recognised() -> None:
+    watch = watcher()
+    assert not watch.perseus_own()  # Nothing served yet.
+
+    def status(state: str, message: str) -> None:
+        msg = SimpleNamespace(data=codec.encode(JobStatus(job_id=JOB_ID, state=state,
+                                                          message=message)))
+        asyncio.run(watch.status(msg))
+
+    status("profiling", "profiling 1/3")
+    assert not watch.perseus_own() and watch.job_ids["bjps"] == JOB_ID
+    status("serving", "serving the plan of 0.2 s, 95 J per iteration: schedule 3 from step 9")
+    assert watch.perseus_own()
+    status("serving", "serving the frontier point of 0.26 s, 74 J per iteration under a power "
+           "budget (the plan of 0.2 s, 95 J per iteration when it lifts): schedule 4")
+    assert not watch.perseus_own()
+    share = BudgetShare(job_id=JOB_ID, gpus=2, limit_w=100, expected_w=200.0, slowdown=0.76)
+    other = BudgetShare(job_id="someone-else", gpus=2, limit_w=150, expected_w=300.0)
+    budget = BudgetStatus(budget_id="grid", replica="r1", cap_w=900, room_w=900,
+                          expected_w=880, floor_w=800, gpus=8, idle_gpus=0,
+                          shares=[share, other])
+    asyncio.run(watch.budget_status(SimpleNamespace(data=codec.encode(budget))))
+    assert [(w, s, e) for _, w, s, e in watch.perseus_shares] == [(100, 0.76, 200.0)]
+
+
+def test_its_figures_from_the_samples_the_shares_and_the_statuses() -> None:
+    watch = watcher()
+    assert watch.perseus is not None
+    for t in range(21):  # 400 W until t = 10 s, then 200 W (two GPUs, each half).
+        for key in watch.perseus.gpus:
+            energy = 200.0 * min(t, 10) + 100.0 * max(0, t - 10)
+            watch.series.add(key, float(t), energy, 300)
+    watch.perseus_states = [
+        (9.0, "serving", "serving the plan of 0.2 s"),
+        (11.0, "serving", "serving the frontier point ... under a power budget (...)"),
+        (20.5, "serving", "serving the plan of 0.2 s")]
+    watch.perseus_shares = [(10.5, 150, 0.2, 300.0), (12.0, 100, 0.76, 200.0)]
+    figures = perseus_figures(watch, Event(cap_w=900, signal_s=10.0, lift_s=20.0))
+    assert figures["draw_before_w"] == 400.0 and figures["draw_capped_w"] == 200.0
+    assert (figures["share_limit_w"], figures["planned_slowdown"]) == (100, 0.76)
+    assert figures["budget_points_served"] == 1 and "power budget" in figures[
+        "last_budget_status"]
+    assert figures["seconds_to_own_point"] == 0.5
