@@ -16,9 +16,11 @@ cluster's last samples. It returns the cap of every governed GPU:
   starts there cannot overshoot before the next round.
 
 `Tightener`: expected draws come from profiles; the samples say what the group draws. While
-the measured draw stays over the room for `OVER_ROUNDS` rounds, the room allocated shrinks by
-the excess (integral action, never under the floor); once it is back under, the backoff
-decays, so a group that measured over gives the room back a little at a time. After the caps
+the measured draw stays over its target for `OVER_ROUNDS` rounds, the room allocated shrinks
+by the excess (integral action, never under the floor); once it is back under, the backoff
+decays, so a group that measured over gives the room back a little at a time. The target is a
+band under the room, as wide as the draw's jitter from round to round (`BAND_JITTERS`): a
+draw held with its mean at the cap is over it half the time. After the caps
 change, the samples describe the old caps for a while (a GPU takes a new limit at its next
 step, an agent publishes its samples every second): for `SETTLE_ROUNDS` rounds the tightener
 holds still (`Tightener.hold`), or it would count the old excess again and cut far too deep.
@@ -46,6 +48,12 @@ SETTLE_ROUNDS = 3
 """Rounds after the caps changed in which the samples still show the old caps."""
 KEEP_STEP = 0.1
 """Relative change of the backoff that is written again to the state bucket."""
+BAND_JITTERS = 1.0
+"""The measured draw is held this many jitters under the room (`Tightener.band_w`)."""
+MAX_BAND = 0.05
+"""The band never exceeds this share of the room (a jitter inflated by a job starting)."""
+JITTER_WEIGHT = 0.2
+"""Weight of each round in the jitter's moving mean."""
 GUARD_ROUNDS = SETTLE_ROUNDS + OVER_ROUNDS + 3
 """Rounds in which an owner that took a budget over sends no cap above its predecessor's."""
 
@@ -153,16 +161,22 @@ class Tightener:
     """The caps the previous owner sent last (a takeover), bounding this owner's (`guarded`)."""
     guard: int = 0
     """Rounds left in which `held` bounds the caps."""
+    jitter_w: float = 0.0
+    """How much the measured draw moves from one round to the next (a moving mean), W."""
+    last_w: float | None = None
+    """The last round's measured draw (None after the caps changed)."""
 
-    def resume(self, held: dict[GpuKey, int]) -> None:
+    def resume(self, held: dict[GpuKey, int], jitter_w: float = 0.0) -> None:
         """Taken over from an owner that sent `held` last: bound the caps by them a while.
+
+        `jitter_w`: the draw's jitter it measured (the band under the room holds at once).
 
         Until this owner has measured the group under its own caps (settled, then over for
         `OVER_ROUNDS`), and the jobs its predecessor drove are driven again (their profiles
         known here), a plan may well raise caps the group needs: a job another replica drives
         is capped proportionally, counted at its draw, which the cap holds down.
         """
-        self.held, self.guard = dict(held), GUARD_ROUNDS
+        self.held, self.guard, self.jitter_w = dict(held), GUARD_ROUNDS, jitter_w
         self.hold()
 
     def worth_keeping(self, kept_w: float | None) -> bool:
@@ -179,18 +193,31 @@ class Tightener:
         """The caps just changed: the next `rounds` rounds' samples say nothing of them."""
         self.settling = rounds
         self.over_rounds = 0
+        self.last_w = None  # (The next change of the draw is the caps', not noise.)
+
+    def band_w(self, room_w: float) -> float:
+        """How far under the room the measured draw is held: its jitter (`BAND_JITTERS`)."""
+        return min(BAND_JITTERS * self.jitter_w, MAX_BAND * room_w)
 
     def update(self, measured_w: float | None, room_w: float) -> float:
-        """One round's measured draw (None: not every GPU sampled); the backoff to apply."""
+        """One round's measured draw (None: not every GPU sampled); the backoff to apply.
+
+        The draw is held a band under the room (`band_w`): a draw whose mean sits at the cap
+        is over it half the time.
+        """
         if self.settling > 0:
             self.settling -= 1
             return self.backoff_w
         if measured_w is None:
             return self.backoff_w
-        if measured_w > room_w:
+        if self.last_w is not None:
+            self.jitter_w += JITTER_WEIGHT * (abs(measured_w - self.last_w) - self.jitter_w)
+        self.last_w = measured_w
+        target = room_w - self.band_w(room_w)
+        if measured_w > target:
             self.over_rounds += 1
             if self.over_rounds >= OVER_ROUNDS:
-                self.backoff_w += measured_w - room_w
+                self.backoff_w += measured_w - target
         else:
             self.over_rounds = 0
             self.backoff_w *= 1 - RELEASE

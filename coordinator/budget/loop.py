@@ -217,7 +217,7 @@ class BudgetLoop:
             tight = self.tighteners[bid] = enforce.Tightener()
             if kept is not None:
                 tight.backoff_w, self.kept[bid], self.kept_caps[bid] = kept[0], kept[0], kept[1]
-                tight.resume(kept[1])
+                tight.resume(kept[1], kept[2])
                 LOG.info("budget %s: resumed with a backoff of %.0f W", bid, kept[0])
 
     async def keep_backoffs(self) -> None:
@@ -229,7 +229,8 @@ class BudgetLoop:
                 if bid not in self.view.budgets or p is None:
                     continue
                 if tight.worth_keeping(self.kept.get(bid)) or p.caps != self.kept_caps.get(bid):
-                    await backoffs.put(bid, self.view.budgets[bid][1], tight.backoff_w, p.caps)
+                    await backoffs.put(bid, self.view.budgets[bid][1], tight.backoff_w, p.caps,
+                                       tight.jitter_w)
                     self.kept[bid], self.kept_caps[bid] = tight.backoff_w, p.caps
             for gone in [b for b in self.kept_caps if b not in self.tighteners]:
                 await backoffs.delete(gone)

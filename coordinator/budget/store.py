@@ -141,15 +141,16 @@ class Backoffs:
         self.kv = kv
 
     async def put(self, budget_id: str, set_at: float, backoff_w: float,
-                  caps: Mapping[tuple[str, int], int]) -> None:
-        """Keep a budget's backoff and the caps sent."""
+                  caps: Mapping[tuple[str, int], int], jitter_w: float = 0.0) -> None:
+        """Keep a budget's backoff, the caps sent and the draw's jitter."""
         await self.kv.put(f"{BACKOFF_PREFIX}{budget_id}", json.dumps(
             {"v": VERSION, "set_at": set_at, "backoff_w": round(backoff_w, 1),
+             "jitter_w": round(jitter_w, 1),
              "caps": [[n, i, w] for (n, i), w in sorted(caps.items())]}).encode())
 
     async def get(self, budget_id: str,
-                  set_at: float) -> tuple[float, dict[tuple[str, int], int]] | None:
-        """(backoff, caps) kept for this setting of the budget; None if none (or unreadable)."""
+                  set_at: float) -> tuple[float, dict[tuple[str, int], int], float] | None:
+        """(backoff, caps, jitter) kept for this setting of the budget; None if none."""
         from nats.js.errors import KeyNotFoundError
 
         try:
@@ -161,7 +162,8 @@ class Backoffs:
             if data.get("v") != VERSION or data.get("set_at") != set_at:
                 return None
             caps = {(str(n), int(i)): int(w) for n, i, w in data.get("caps", [])}
-            return max(0.0, float(data["backoff_w"])), caps
+            jitter = max(0.0, float(data.get("jitter_w", 0.0)))
+            return max(0.0, float(data["backoff_w"])), caps, jitter
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 

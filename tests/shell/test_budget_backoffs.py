@@ -50,8 +50,8 @@ async def test_a_tightening_is_kept_per_setting_of_its_budget(nc) -> None:
     kv = await bucket(nc)
     store = Backoffs(kv)
     assert await store.get("grid", SET_AT) is None
-    await store.put("grid", SET_AT, 412.34, CAPS)
-    assert await store.get("grid", SET_AT) == (pytest.approx(412.3), CAPS)
+    await store.put("grid", SET_AT, 412.34, CAPS, 55.55)
+    assert await store.get("grid", SET_AT) == (pytest.approx(412.3), CAPS, pytest.approx(55.5))
     assert await store.get("grid", SET_AT + 60) is None  # set again: afresh
     await kv.put("budget_backoff.grid", b"not json")
     assert await store.get("grid", SET_AT) is None  # unreadable: afresh, no error
@@ -67,16 +67,18 @@ async def test_a_new_owner_starts_from_its_predecessors_backoff_and_caps(nc) -> 
     await old.resume_backoffs()  # nothing kept yet: afresh
     assert old.tighteners["grid"].backoff_w == 0.0 and old.tighteners["grid"].guard == 0
     old.tighteners["grid"].backoff_w = 350.0  # the group measured over: the room shrank
+    old.tighteners["grid"].jitter_w = 40.0
     old.plans["grid"] = plan(CAPS)
     await old.keep_backoffs()
     old.tighteners["grid"].backoff_w = 340.0  # (a small move, the same caps: not written)
     await old.keep_backoffs()
-    assert await Backoffs(kv).get("grid", SET_AT) == (350.0, CAPS)
+    assert await Backoffs(kv).get("grid", SET_AT) == (350.0, CAPS, 40.0)
 
     new = loop(kv, budgets)
     await new.resume_backoffs()
     tight = new.tighteners["grid"]
     assert tight.backoff_w == 350.0 and tight.settling == enforce.SETTLE_ROUNDS
+    assert tight.band_w(9000.0) == 40.0  # the band under the room holds at once
     # Samples still showing the old caps change nothing while it settles.
     for _ in range(enforce.SETTLE_ROUNDS):
         assert tight.update(9600.0, 9000.0) == 350.0
