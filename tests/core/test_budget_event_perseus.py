@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from coordinator.budget import allocator as alloc
 from zeus_agent.wire import codec
 from zeus_agent.wire.budget import BudgetShare, BudgetStatus
 from zeus_agent.wire.messages import JobStatus
+from zeus_demo.budget import analysis as an
 from zeus_demo.budget.event import Event, Watcher, perseus_figures
 from zeus_demo.budget.jobs import Node, perseus_argv, perseus_job
 
@@ -74,3 +76,26 @@ def test_its_figures_from_the_samples_the_shares_and_the_statuses() -> None:
     assert figures["budget_points_served"] == 1 and "power budget" in figures[
         "last_budget_status"]
     assert figures["seconds_to_own_point"] == 0.5
+
+
+def test_the_pipeline_on_the_simulators_instructions_and_the_losses_with_it() -> None:
+    moved, stays = an.pipeline_truth(an.SimPipeline("bjps", "gpt3-175b+a40", 2, 1, 4, 0.1))
+    assert moved.optimum >= 0 and moved.gpus == stays.gpus == 2
+    assert [o.limit_w for o in stays.options] == list(range(300, 99, -25))
+    times = [o.time_s for o in stays.options]
+    assert times == sorted(times) and times[0] < times[-1]  # Lower caps, slower.
+    points = [o for o in moved.options if o.key >= 0]
+    assert [o.power_w for o in points] == sorted((o.power_w for o in points), reverse=True)
+    assert all(o.key < 0 and o.power_w < points[-1].power_w
+               for o in moved.options[len(points):])
+
+    dp = an.SimJob("bj00", "A40+resnet50+gpu0", "A40", (("n00", 0), ("n00", 1)), 300)
+    group = an.true_group([dp], 600.0, 0.0)
+    best = alloc.allocate(alloc.Group(600.0, (*group.jobs, moved)))
+    applied = {"bj00": best.by_job["bj00"].limit_w}
+    ideal = an.compare_with_pipeline(group, applied, (moved, stays),
+                                     best.by_job["bjps"].slowdown)
+    assert ideal["loss"] == ideal["optimal_loss"] and ideal["gap_to_optimal_pct"] == 0
+    assert ideal["uniform_loss"] >= ideal["optimal_loss"]
+    worse = an.compare_with_pipeline(group, applied, (moved, stays), 1.0)  # Twice as slow.
+    assert worse["loss"] > ideal["loss"] and worse["gap_to_optimal_pct"] > 0

@@ -14,6 +14,10 @@ limit) and the jobs' shapes; nothing here reads a clock or the bus.
   one limit, the highest that fits the cap) and at the offline optimum (the allocator on the
   true curves).
 
+* `pipeline_truth` / `compare_with_pipeline`: the same with a Perseus job in the group, on the
+  simulator's noiseless instructions (its frontier for the optimum, its chosen plan under the
+  uniform limit for the uniform cut; ours at its share's planned slowdown).
+
 Throughput loss of a group: the mean over its jobs of ``1 - T_opt / T`` (the share of its own
 throughput each job loses; jobs count alike, as the allocator weighs them).
 """
@@ -26,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.budget import allocator as alloc
+from coordinator.pipeline import planner
+from zeus_agent.gpu.sim import instructions
 from zeus_agent.gpu.sim.physics import operating_point
 from zeus_agent.gpu.sim.presets import PRESETS, WORKLOADS
 
@@ -194,5 +200,105 @@ def compare_losses(group: alloc.Group, applied: Mapping[str, int]) -> dict[str, 
         "true_draw_w": round(true_draw(group, applied), 1),
         "uniform_true_draw_w": round(uniform.expected_w, 1),
         "optimal_true_draw_w": round(best.expected_w, 1),
+        "cap_w": round(group.cap_w, 1),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class SimPipeline:
+    """A simulated Perseus job: its stage profile, shape and speed (`jobs.PerseusSpec`)."""
+
+    name: str
+    profile: str
+    stages: int
+    dp: int
+    microbatches: int
+    time_scale: float
+    clocks: tuple[int, ...] = (1740, 1590, 1440, 1290, 1140, 990)
+    step_w: int = 25
+
+
+def pipeline_truth(p: SimPipeline) -> tuple[alloc.ProfiledJob, alloc.ProfiledJob]:
+    """The pipeline job on the simulator's noiseless instructions (`instruction_cost`).
+
+    Returns (its frontier, the way a budget moves it: the frontier planned on the true rows,
+    chosen as Perseus chooses, then its slowest plan under each cap every `step_w` W; its
+    chosen plan under each cap: what a uniform cut does to it). Under a cap every instruction
+    runs as the simulator throttles it; a waiting GPU draws its idle power.
+    """
+    hw = PRESETS[instructions.preset_for(p.profile)]
+    stages = instructions.stage_workloads(p.profile, p.stages)
+    gpus, m, p_block = p.stages * p.dp, p.microbatches, hw.idle_power_w
+
+    def profile_at(limit: float) -> planner.InstructionProfile:
+        rows = []
+        for s, kinds in enumerate(stages):
+            for kind, wl in kinds.items():
+                for clock in p.clocks:
+                    t, e = instructions.instruction_cost(hw, wl, clock, power_limit_w=limit)
+                    rows.append((s, kind, clock, t * p.time_scale, e * p.time_scale * p.dp))
+        return planner.InstructionProfile.from_rows(rows)
+
+    top = profile_at(hw.max_power_limit_w)
+    frontier = planner.plan_frontier(top, m, num_stages=p.stages, p_block_w=p_block)
+    all_max, _ = planner.evaluate(top, planner.max_frequency_plan(top, m), m, p_block)
+    chosen = planner.choose(frontier, target_time=all_max * 0.99)
+    limits = range(hw.max_power_limit_w, hw.min_power_limit_w - 1, -p.step_w)
+
+    def under(plan: planner.Plan) -> list[alloc.Option]:
+        out = []
+        for limit in limits:
+            t, e = planner.evaluate(profile_at(limit), plan, m, p_block)
+            out.append(alloc.Option(-limit, t, e / t / gpus, limit))
+        return out
+
+    points = [alloc.Option(i, pt.time, pt.energy / pt.time / gpus, hw.max_power_limit_w)
+              for i, pt in enumerate(frontier)]
+    slowest = [o for o in under(frontier[-1].plan) if o.power_w < points[-1].power_w]
+    best = frontier.index(chosen)
+    low = hw.min_power_limit_w
+    return (alloc.ProfiledJob(p.name, gpus, (*points, *slowest), best, low),
+            alloc.ProfiledJob(p.name, gpus, tuple(under(chosen.plan)), -hw.max_power_limit_w,
+                              low))
+
+
+def compare_with_pipeline(group: alloc.Group, applied: Mapping[str, int],
+                          pipeline: tuple[alloc.ProfiledJob, alloc.ProfiledJob],
+                          slowdown: float) -> dict[str, object]:
+    """`compare_losses` with a pipeline job in the group (its draw not in `group.idle_w`).
+
+    Ours: the power-limit jobs at the limits applied, the pipeline job at its share's
+    planned `slowdown`; the uniform cut: its chosen plan under the uniform limit; the offline
+    optimum: its true frontier and slowest plan under caps (`pipeline_truth`).
+    """
+    moved, stays = pipeline
+    uniform = alloc.uniform_cut(alloc.Group(group.cap_w, (*group.jobs, stays), (), group.idle_w))
+    best = alloc.allocate(alloc.Group(group.cap_w, (*group.jobs, moved), (), group.idle_w))
+
+    def mean_loss(dp: float, pipe: float) -> float:
+        n = len(group.jobs)
+        return (dp * n + pipe) / (n + 1)
+
+    def pipe_loss(job: alloc.ProfiledJob, allocation: alloc.Allocation) -> float:
+        share = allocation.by_job[job.job_id]
+        return 1.0 - 1.0 / (1.0 + share.slowdown)
+
+    dp_limits = {s.job_id: s.limit_w for s in uniform.shares if s.job_id != stays.job_id}
+    best_limits = {s.job_id: s.limit_w for s in best.shares if s.job_id != moved.job_id}
+    ours = mean_loss(throughput_loss(group, applied), 1.0 - 1.0 / (1.0 + slowdown))
+    theirs = mean_loss(throughput_loss(group, dp_limits), pipe_loss(stays, uniform))
+    optimal = mean_loss(throughput_loss(group, best_limits), pipe_loss(moved, best))
+    gap = (optimal - ours) / (1.0 - optimal) * -100.0 if optimal < 1 else 0.0
+    return {
+        "loss": round(ours, 5),
+        "uniform_loss": round(theirs, 5),
+        "optimal_loss": round(optimal, 5),
+        "loss_vs_uniform": round(ours / theirs, 4) if theirs > 0 else None,
+        "gap_to_optimal_pct": round(gap, 3),
+        "uniform_limit_w": max(s.limit_w for s in uniform.shares),
+        "uniform_true_draw_w": round(uniform.expected_w, 1),
+        "optimal_true_draw_w": round(best.expected_w, 1),
+        "pipeline_uniform_slowdown": round(uniform.by_job[stays.job_id].slowdown, 4),
+        "pipeline_optimal_slowdown": round(best.by_job[moved.job_id].slowdown, 4),
         "cap_w": round(group.cap_w, 1),
     }

@@ -32,6 +32,8 @@ from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
 from zeus_demo.budget import analysis as an
 from zeus_demo.budget.jobs import (
     PERSEUS_ARGS,
+    PERSEUS_PROFILE,
+    PERSEUS_TIME_SCALE,
     REFERENCE_JOBS,
     JobSpec,
     Node,
@@ -237,11 +239,13 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     perseus = perseus_figures(watch, event) if watch.perseus is not None else None
     idle_w = sum(PRESETS[presets[k[0]]].idle_power_w for k in keys
                  if k not in busy and (watch.perseus is None or k not in watch.perseus.gpus))
-    if perseus is not None:  # Its measured draw under the cut, fixed as idle power is.
-        idle_w += perseus["draw_capped_w"] or 0.0
     sim_jobs = [an.SimJob(j.tag, j.workload, j.preset, j.gpus, watch.optimum[j.tag])
                 for j in watch.jobs]
     group = an.true_group(sim_jobs, event.cap_w, idle_w)
+    if watch.perseus is None or perseus is None:
+        losses = an.compare_losses(group, event.applied)
+    else:
+        losses = pipeline_losses(watch.perseus, group, event, perseus)
     out: dict[str, Any] = {
         "cap_w": round(event.cap_w, 1),
         "draw_before_w": round(_mean(before), 1),
@@ -254,7 +258,7 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
         "seconds_to_restore": an.seconds_to_restore(watch.series, watch.gpu_optimum(),
                                                     event.lift_s),
         "applied_w": event.applied,
-        **an.compare_losses(group, event.applied),
+        **losses,
     }
     if perseus is not None:
         out["perseus"] = perseus
@@ -268,12 +272,31 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     return out
 
 
+def pipeline_losses(spec: PerseusSpec, group: Any, event: Event,
+                    figures: dict[str, Any]) -> dict[str, Any]:
+    """The losses with the Perseus job in the group (`analysis.compare_with_pipeline`).
+
+    Its own: its share's planned slowdown, or (a job the budget capped proportionally, no
+    slowdown planned) its chosen plan under that cap on the simulator's instructions.
+    """
+    truth = an.pipeline_truth(an.SimPipeline(spec.tag, PERSEUS_PROFILE, spec.stages, spec.dp,
+                                             spec.microbatches, PERSEUS_TIME_SCALE))
+    slowdown = figures["planned_slowdown"]
+    if slowdown is None:
+        stays = truth[1]
+        limit = figures["share_limit_w"] or max(o.limit_w for o in stays.options)
+        under = [o for o in stays.options if o.limit_w <= limit] or [stays.options[-1]]
+        top = stays.options[0]
+        slowdown = max(under, key=lambda o: o.limit_w).time_s / top.time_s - 1.0
+    return {**an.compare_with_pipeline(group, event.applied, truth, slowdown),
+            "perseus_slowdown_judged": round(slowdown, 4)}
+
+
 def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
     """The Perseus job in the event: its GPUs' draw, its budget shares, its points served.
 
     Its throughput loss is its share's planned slowdown (the frontier point served against
-    its own); the power-limit jobs' losses are judged on the simulator's curves with its
-    measured draw under the cut counted as fixed.
+    its own), judged with the others' by `pipeline_losses`.
     """
     assert watch.perseus is not None
     keys = list(watch.perseus.gpus)

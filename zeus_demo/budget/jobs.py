@@ -67,6 +67,8 @@ class JobSpec:
 
 PERSEUS_PROFILE = "gpt3-175b+a40"
 PERSEUS_TAG = "bjps"
+PERSEUS_TIME_SCALE = 0.1
+"""The pipeline trainer's factor on every instruction's duration and energy."""
 PERSEUS_ARGS = ["--scheduler", "Perseus3D", "--scheduler-args",
                 json.dumps({"profiler_args": {"clocks": 3, "warmup_iterations": 1,
                                               "min_profile_iterations": 2}}),
@@ -100,7 +102,8 @@ def perseus_argv(job: PerseusSpec, root: str, seconds: float) -> list[str]:
     return [sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline", "--profile",
             PERSEUS_PROFILE, "--stages", str(job.stages), "--microbatches",
             str(job.microbatches), "--dp", str(job.dp), "--seconds", f"{seconds:g}",
-            "--time-scale", "0.1", "--job-metadata", job.tag, "--timeout", f"{seconds + 60:g}",
+            "--time-scale", f"{PERSEUS_TIME_SCALE:g}", "--job-metadata", job.tag,
+            "--timeout", f"{seconds + 60:g}",
             "--node", f"{node}:{root}/{node}.sock:{root}/{node}:0-{len(job.gpus) - 1}"]
 
 
