@@ -207,8 +207,12 @@ class Leases:
             return False
         return self.owns(job_id)
 
-    async def take(self, job_id: str, revision: int, why: str) -> bool:
-        """Take a job's lease (compare-and-set on `revision`); True if this replica has it."""
+    async def take(self, job_id: str, revision: int, why: str, restart_idle: bool = True) -> bool:
+        """Take a job's lease (compare-and-set on `revision`); True if this replica has it.
+
+        `restart_idle`: the job's idle clock starts again (this replica skipped its events
+        while another drove it); not for a lease of this replica's own taken back.
+        """
         state, book = self.link.require_state(), self.book
         self.hold_seat()  # (A registration may come before the first ownership round.)
         job_hash = records.job_hash(job_id)
@@ -218,7 +222,8 @@ class Leases:
             await self.read_lease(job_hash)
             return False
         book.observe(job_hash, value, new)
-        self.jobs.registry.touch(job_id, self.clock())  # Its idle clock starts with its new owner.
+        if restart_idle:  # Its idle clock starts with its new owner.
+            self.jobs.registry.touch(job_id, self.clock())
         if revision:
             LOG.info("job %s: taken over by replica %s (%s)", job_id, book.me, why)
             await self.link.status(job_id, "taken_over",
