@@ -32,8 +32,9 @@ The event also runs a Perseus pipeline job (unless `--no-perseus`) on an A40 nod
 the coordinator's Perseus3D scheduler): the budget moves it along its frontier. Its figures
 are under `perseus_event` (its draw, its share's planned slowdown, the seconds until it served
 its own point after the lift); the group's power figures count its GPUs, and the loss figures
-judge the power-limit jobs on the simulator's curves with its measured draw under the cut
-counted as fixed.
+count it as one job of the group (`zeus_demo.budget.analysis.compare_with_pipeline`: its
+share's planned slowdown; for the uniform cut its chosen plan under the uniform limit, for
+the optimum its frontier, both on the simulator's noiseless instructions).
 
 Usage: python bench/power_budget.py [--quick] [--allocator-only]. The last line printed is one
 JSON object.
