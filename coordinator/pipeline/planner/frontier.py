@@ -43,6 +43,7 @@ module runs the sweep (`plan_frontier`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -210,6 +211,28 @@ class _Candidates:
         """Candidates before this index are timed, their energies final."""
         self.count = 0
         """Candidates recorded in all."""
+        self.seen: set[bytes] = set()
+        """Digests of the plans recorded: a plan met again is not recorded twice."""
+        # Rounding by table: `ladder` holds every kind's option times, ascending, and
+        # below[k, r] counts kind k's options among the first r of them, so an operation's
+        # slowest option at least as fast as x is below[kind, searchsorted(ladder, x)] - 1.
+        kinds, first = np.unique(ops.kind, return_index=True)
+        kind_times = ops.times[first]
+        self.ladder = np.unique(kind_times[np.isfinite(kind_times)])
+        self.below = np.zeros((int(kinds.max()) + 1, self.ladder.size + 1), dtype=np.int64)
+        for k, row in zip(kinds.tolist(), kind_times, strict=True):
+            self.below[k, 1:] = np.searchsorted(row, self.ladder, side="right")
+
+    def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
+        """Keep `plan` (option indices) as a candidate unless it was recorded before."""
+        plan = plan.astype(np.int16)
+        key = hashlib.blake2b(plan.tobytes(), digest_size=16).digest()
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.time.append(time)
+        self.energy.append(energy)
+        self.plan.append(plan)
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
         """Round `dur` to real options (never slower) and keep the plan as a candidate.
@@ -219,14 +242,13 @@ class _Candidates:
         """
         ops = self.ops
         before = len(self.time)
-        choice = (ops.times <= dur[:, None] + ops.eps_t).sum(axis=1) - 1
+        rank = np.searchsorted(self.ladder, dur + ops.eps_t, side="right")
+        choice = self.below[ops.kind, rank] - 1
         between = ops.times[ops.rows, choice] != dur
         rounded = bool(between.any())
         cost = ops.costs[ops.rows, choice]
         energy = float(cost.sum())
-        self.time.append(math.nan if rounded else horizon)
-        self.energy.append(energy)
-        self.plan.append(choice.astype(np.int16))
+        self._add(choice, math.nan if rounded else horizon, energy)
         if rounded:
             # Also the plan rounded the other way (a bit slower, cheaper), and the plans
             # between: an operation is rounded up when it is at least `THRESHOLDS` of the
@@ -242,15 +264,10 @@ class _Candidates:
                     frac = np.where(between & np.isfinite(high), (dur - low) / (high - low),
                                     0.0)
                 masks = [moves & (frac >= tau) for tau in THRESHOLDS] + masks
-            seen: set[bytes] = set()
             for mask in masks:
-                key = mask.tobytes()
-                if key in seen or not mask.any():
-                    continue
-                seen.add(key)
-                self.time.append(math.nan)
-                self.energy.append(energy + float(extra[mask].sum()))
-                self.plan.append(np.where(mask, slower, choice).astype(np.int16))
+                if mask.any():
+                    self._add(np.where(mask, slower, choice), math.nan,
+                              energy + float(extra[mask].sum()))
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
