@@ -48,9 +48,9 @@ SETTLE_ROUNDS = 3
 """Rounds after the caps changed in which the samples still show the old caps."""
 KEEP_STEP = 0.1
 """Relative change of the backoff that is written again to the state bucket."""
-BAND_JITTERS = 1.0
+BAND_JITTERS = 0.5
 """The measured draw is held this many jitters under the room (`Tightener.band_w`)."""
-MAX_BAND = 0.05
+MAX_BAND = 0.03
 """The band never exceeds this share of the room (a jitter inflated by a job starting)."""
 JITTER_WEIGHT = 0.2
 """Weight of each round in the jitter's moving mean."""
@@ -171,13 +171,13 @@ class Tightener:
 
         `jitter_w`: the draw's jitter it measured (the band under the room holds at once).
 
-        Until this owner has measured the group under its own caps (settled, then over for
-        `OVER_ROUNDS`), and the jobs its predecessor drove are driven again (their profiles
-        known here), a plan may well raise caps the group needs: a job another replica drives
-        is capped proportionally, counted at its draw, which the cap holds down.
+        Until this owner has measured the group under its own caps, and the jobs its
+        predecessor drove are driven again (their profiles known here), a plan may well raise
+        caps the group needs: a job another replica drives is capped proportionally, counted at
+        its draw, which the cap holds down. No hold: the samples show the caps in force, which
+        are `held` (the loop holds when it sends others).
         """
         self.held, self.guard, self.jitter_w = dict(held), GUARD_ROUNDS, jitter_w
-        self.hold()
 
     def worth_keeping(self, kept_w: float | None) -> bool:
         """Whether the backoff moved enough from the one kept (`kept_w`) to write it again.

@@ -297,7 +297,8 @@ class BudgetLoop:
                 LOG.warning("budget %s: no allocation this round: %s", g.budget_id, e)
                 continue
             before = self.plans.get(g.budget_id)
-            if before is None or before.caps != p.caps:
+            sent = before.caps if before is not None else tight.held or None
+            if sent != p.caps:  # (Taken over: the caps in force are the predecessor's.)
                 tight.hold()
             self.plans[g.budget_id] = p
             self.statuses[g.budget_id] = enforce.status(p, g, measured, self.book.me)

@@ -2,8 +2,9 @@
 
 The owner keeps each budget's backoff and the caps it sent in the state bucket
 (`store.Backoffs`) when they move (`Tightener.worth_keeping`); a replica taking the budgets
-over starts its tightener from that backoff (held while the samples still show the old
-owner's caps) and for a few rounds sends no cap above its predecessor's (`enforce.guarded`),
+over starts its tightener from that backoff (the samples show the caps in force, its
+predecessor's: it acts on them at once) and for a few rounds sends no cap above its
+predecessor's (`enforce.guarded`),
 instead of planning from nothing, which let the group draw over the cap for the rounds the
 tightener needs to learn it again. A budget set again starts afresh; one lifted has its
 tightening forgotten.
@@ -77,11 +78,13 @@ async def test_a_new_owner_starts_from_its_predecessors_backoff_and_caps(nc) -> 
     new = loop(kv, budgets)
     await new.resume_backoffs()
     tight = new.tighteners["grid"]
-    assert tight.backoff_w == 350.0 and tight.settling == enforce.SETTLE_ROUNDS
-    assert tight.band_w(9000.0) == 40.0  # the band under the room holds at once
-    # Samples still showing the old caps change nothing while it settles.
-    for _ in range(enforce.SETTLE_ROUNDS):
-        assert tight.update(9600.0, 9000.0) == 350.0
+    assert tight.backoff_w == 350.0 and tight.settling == 0
+    assert tight.band_w(9000.0) == enforce.BAND_JITTERS * 40.0  # the band holds at once
+    # The samples show the caps in force (the old owner's): a lasting excess is acted on at
+    # once, from the kept backoff.
+    assert tight.update(9100.0, 9000.0) == 350.0
+    jitter = 40.0 * (1 - enforce.JITTER_WEIGHT)  # (a steady round: the jitter's mean falls)
+    assert tight.update(9100.0, 9000.0) == 350.0 + 100.0 + enforce.BAND_JITTERS * jitter
     # Its plans send no cap above the old owner's while the guard lasts, then their own.
     higher = {("n1", 0): 300, ("n1", 1): 100, ("n2", 0): 250}
     for _ in range(enforce.GUARD_ROUNDS):
