@@ -62,8 +62,8 @@ def test_a_frontier_becomes_one_option_per_point_keyed_by_its_index() -> None:
     assert unknown is not None and unknown.chosen == 1 and unknown.peaks == (None,) * 4
     # No peak: the points' caps at the maximum; throttled from the slowest one's power.
     assert [(o.key, o.limit_w) for o in fo.options(unknown, 100, 300)] == [
-        (0, 300), (1, 300), (2, 300), (3, 300)]  # (Its 100 W is the minimum already.)
-    assert [o.key for o in fo.options(unknown, 60, 300)][4:] == [-75, -60]
+        (1, 300), (2, 300), (3, 300)]  # From its own point on; its 100 W is the minimum.
+    assert [o.key for o in fo.options(unknown, 60, 300)][3:] == [-75, -60]
     assert fo.view([], PIPE[0], 2) is None and fo.view(PIPE, PIPE[0], 0) is None
     assert fo.view([Point(0.0, 1.0, two_stage(800))], PIPE[0], 2) is None
 
@@ -333,3 +333,17 @@ def test_a_plan_kept_under_caps_slows_as_its_instructions_are_throttled() -> Non
     assert lowest.limit_w == 150 and lowest.power_w * lowest.time_s == pytest.approx(
         options[5].power_w * options[5].time_s)
     assert [o.time_s for o in options] == sorted(o.time_s for o in options)
+
+
+def test_a_long_frontier_offers_a_few_dozen_points_spread_in_power() -> None:
+    frontier = [Point(1.0 + i / 100, 300.0 - i, two_stage(1500)) for i in range(200)]
+    view = fo.view(frontier, frontier[10], gpus=1)
+    assert view is not None
+    kept = fo.offered(view)
+    assert len(kept) <= fo.MAX_POINTS and kept == sorted(set(kept))
+    assert kept[0] == 10 and kept[-1] == 199  # Its own point and the slowest.
+    steps = [view.powers[a] - view.powers[b] for a, b in zip(kept, kept[1:], strict=False)]
+    assert max(steps) < 2 * (view.powers[10] - view.powers[199]) / (fo.MAX_POINTS - 1)
+    assert [o.key for o in fo.options(view, 1, 1000)][:len(kept)] == kept
+    short = fo.view(PIPE, PIPE[0], 2)
+    assert short is not None and fo.offered(short) == [0, 1, 2, 3]  # Short: every point.
