@@ -132,9 +132,9 @@ class CutNetwork:
             row_of = np.repeat(np.arange(size), np.diff(diff.indptr))
         open_indptr = np.zeros(size + 1, dtype=np.int32)
         np.cumsum(np.bincount(row_of[open_arc], minlength=size), out=open_indptr[1:])
+        # (float64 data: the traversal's validation would otherwise copy it into that type.)
         residual = sp.csr_array(
-            (np.ones(int(open_arc.sum()), dtype=np.int8), indices[open_arc], open_indptr),
-            shape=(size, size),
+            (np.ones(int(open_arc.sum())), indices[open_arc], open_indptr), shape=(size, size)
         )
         reached = breadth_first_order(residual, 2 * n, directed=True, return_predecessors=False)
         side = np.zeros(size, dtype=bool)

@@ -219,6 +219,10 @@ class _Candidates:
         kinds, first = np.unique(ops.kind, return_index=True)
         kind_times = ops.times[first]
         self.ladder = np.unique(kind_times[np.isfinite(kind_times)])
+        width = ops.times.shape[1]
+        self.row_start = ops.rows * width
+        """Each operation's first option in the flattened option arrays."""
+        self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
         self.below = np.zeros((int(kinds.max()) + 1, self.ladder.size + 1), dtype=np.int64)
         for k, row in zip(kinds.tolist(), kind_times, strict=True):
             self.below[k, 1:] = np.searchsorted(row, self.ladder, side="right")
@@ -244,33 +248,42 @@ class _Candidates:
         before = len(self.time)
         rank = np.searchsorted(self.ladder, dur + ops.eps_t, side="right")
         choice = self.below[ops.kind, rank] - 1
-        between = ops.times[ops.rows, choice] != dur
-        rounded = bool(between.any())
-        cost = ops.costs[ops.rows, choice]
-        energy = float(cost.sum())
-        self._add(choice, math.nan if rounded else horizon, energy)
-        if rounded:
-            # Also the plan rounded the other way (a bit slower, cheaper), and the plans
-            # between: an operation is rounded up when it is at least `THRESHOLDS` of the
-            # way to its slower option (the discrete optimum is often such a mix).
-            # (An operation an ulp past its slowest option has no slower one: it stays.)
-            slower = np.minimum(choice + between, ops.times.shape[1] - 1)
-            extra = ops.costs[ops.rows, slower] - cost
-            moves = slower != choice
-            masks = [moves]
-            if np.count_nonzero(moves) > 1:  # (One rounded operation: no mix between.)
-                low, high = ops.times[ops.rows, choice], ops.times[ops.rows, slower]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    frac = np.where(between & np.isfinite(high), (dur - low) / (high - low),
-                                    0.0)
-                masks = [moves & (frac >= tau) for tau in THRESHOLDS] + masks
-            for mask in masks:
-                if mask.any():
-                    self._add(np.where(mask, slower, choice), math.nan,
-                              energy + float(extra[mask].sum()))
+        at = self.row_start + choice
+        between = np.flatnonzero(self.flat_times[at] != dur)
+        energy = float(self.flat_costs[at].sum())
+        self._add(choice, math.nan if between.size else horizon, energy)
+        if between.size:
+            self._record_slower(dur, choice, between, energy)
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
+
+    def _record_slower(self, dur: np.ndarray, choice: np.ndarray, between: np.ndarray,
+                       energy: float) -> None:
+        """Also the plan rounded the other way (a bit slower, cheaper), and the plans between.
+
+        An operation is rounded up when it is at least `THRESHOLDS` of the way to its slower
+        option (the discrete optimum is often such a mix). Only the operations `between` two
+        options can move; an operation an ulp past its slowest option has no slower one.
+        """
+        last = self.ops.times.shape[1] - 1
+        slower = np.minimum(choice[between] + 1, last)
+        moving = slower != choice[between]
+        ops_moved, slower = between[moving], slower[moving]
+        low_at = self.row_start[ops_moved] + choice[ops_moved]
+        high_at = self.row_start[ops_moved] + slower
+        extra = self.flat_costs[high_at] - self.flat_costs[low_at]
+        masks = [np.ones(ops_moved.size, dtype=bool)]
+        if ops_moved.size > 1:  # (One rounded operation: no mix between.)
+            low, high = self.flat_times[low_at], self.flat_times[high_at]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                frac = np.where(np.isfinite(high), (dur[ops_moved] - low) / (high - low), 0.0)
+            masks = [frac >= tau for tau in THRESHOLDS] + masks
+        for mask in masks:
+            if mask.any():
+                plan = choice.copy()
+                plan[ops_moved[mask]] = slower[mask]
+                self._add(plan, math.nan, energy + float(extra[mask].sum()))
 
     def _settle(self) -> None:
         """Time the candidates recorded since the last call and add their blocking energy."""
