@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -268,7 +269,7 @@ async def register(size: Size, rng: random.Random, wave: int) -> dict[str, Any]:
                 break
             # The reply says retry (JetStream could not take the job now); an internal
             # error: a JetStream request timed out in the replica (see its log).
-            why = f"{reply.code}: {reply.error}"
+            why = re.sub(r"job \d{4}-\S+ ", "job <id> ", f"{reply.code}: {reply.error}")
             retries[why] = retries.get(why, 0) + 1
             await asyncio.sleep(rng.uniform(0.05, 0.5))
         if not reply.ok:
