@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from coordinator.config import CoordinatorSettings
@@ -79,11 +80,11 @@ class Replicas:
             self._renewed_at = now
         gate = asyncio.Semaphore(LEASE_WRITES_IN_FLIGHT)
 
-        async def gated(write: Coroutine[Any, Any, Any]) -> None:
-            async with gate:
-                await write
+        async def gated(write: Callable[[], Awaitable[Any]]) -> None:
+            async with gate:  # (The write made here: one cancelled while waiting is never made.)
+                await write()
 
-        await asyncio.gather(*(gated(leases.renew(job_hash, lease, now))
+        await asyncio.gather(*(gated(functools.partial(leases.renew, job_hash, lease, now))
                                for job_hash, lease in (book.renewals() if due else [])))
         self.drop_other_incarnations(now)
         known = {records.job_hash(r.job_id): r.job_id for r in self.jobs.recorded()}
@@ -99,8 +100,9 @@ class Replicas:
                    f"replica {held.owner} stopped renewing its lease (it died or lost NATS)")
             # A lease of this replica's own, taken back, keeps the job's idle clock: its
             # events were followed here all along.
-            takes.append(gated(leases.take(known[job_hash], revision, why,
-                                           restart_idle=held is None or not book.is_mine(held))))
+            takes.append(gated(functools.partial(
+                leases.take, known[job_hash], revision, why,
+                restart_idle=held is None or not book.is_mine(held))))
         await asyncio.gather(*takes)
         for job_hash in book.mine(time.time()):
             driver = self.jobs.by_hash(job_hash)
