@@ -32,6 +32,13 @@ decreasing, so the average power E / T decreases along it too).
   which the budget's measured draw corrects (`enforce.Tightener`); a job told such an option
   serves its slowest point (`pick`), its GPUs capped at L.
 
+**Calibrated by measurement**: a plan's power is the planner's (its profile's energies, its
+blocking power), and the draw also holds what the plan does not see (the all-reduce, the
+optimizer step, clock changes). As Perseus calibrates its times by the first window served,
+the budget loop scales every power of a frontier by the job's measured draw per GPU over the
+planned one while it serves its own point (`own_ratio`, `calibrated`), and keeps that ratio
+while a budget moves it.
+
 The optimum is the point the job chose itself (`chosen`); the allocator never offers a point
 that draws more (a faster one). Of the points from it on, at most `MAX_POINTS` are offered,
 spread evenly in power (`offered`). The job is told the point's index and its power per GPU, and
@@ -49,6 +56,8 @@ from typing import Any, Protocol
 from coordinator.budget.allocator import Option, ProfiledJob
 from zeus_agent.pipeline_order import action_kind
 
+RATIO_RANGE = (0.5, 2.0)
+"""Measured over planned power at a job's own point taken as its calibration (`own_ratio`)."""
 MAX_POINTS = 32
 """Frontier points offered to the allocator per job, at most (`offered`)."""
 THROTTLE_STEP_W = 25
@@ -285,6 +294,28 @@ def under_caps(plan: Any, rows: Iterable[ProfileRow], gpus: int, evaluate: Evalu
         option = Option(-cap, float(t), float(e) / float(t) / gpus, cap)
         out.append(_held(option, cap) if option.power_w > cap else option)
     return tuple(out)
+
+
+def own_ratio(frontier: FrontierView, measured_w: float) -> float | None:
+    """Measured over planned power per GPU at the job's own point.
+
+    None: out of `RATIO_RANGE` (GPUs idle while the job waits, say: nothing to learn from).
+    """
+    planned = frontier.powers[frontier.chosen]
+    ratio = measured_w / planned if planned > 0 else None
+    lo, hi = RATIO_RANGE
+    return ratio if ratio is not None and lo <= ratio <= hi else None
+
+
+def calibrated(frontier: FrontierView, ratio: float) -> FrontierView:
+    """`frontier` with every power (points, peaks, throttled plans) times `ratio`."""
+    if ratio == 1.0:
+        return frontier
+    return FrontierView(
+        frontier.times, tuple(p * ratio for p in frontier.powers),
+        tuple(None if p is None else p * ratio for p in frontier.peaks), frontier.chosen,
+        tuple(Throttled(t.cap_w, t.time_s, t.power_w * ratio, t.peak_w * ratio)
+              for t in frontier.throttled))
 
 
 def profiled_job(job_id: str, frontier: FrontierView, gpus: int, min_limit_w: int,

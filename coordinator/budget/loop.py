@@ -22,13 +22,14 @@ throughout one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from coordinator.budget import budgets as core
-from coordinator.budget import enforce
+from coordinator.budget import enforce, frontier_options
 from coordinator.budget.allocator import BudgetError
 from coordinator.budget.store import Backoffs, BudgetView
 from coordinator.optimizer import Action
@@ -162,6 +163,9 @@ class BudgetLoop:
         self.failures = 0
         self.serve = serve
         """Tells the pipeline jobs their budget's frontier point (`serve_points`)."""
+        self.ratios: dict[str, float] = {}
+        """Pipeline job -> its measured over planned power at its own point (learnt while it
+        serves that point, kept while a budget moves it: `frontier_options.own_ratio`)."""
         self.views: list[enforce.JobView] = []
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
@@ -283,7 +287,7 @@ class BudgetLoop:
     def plan(self, budgets: list[Budget]) -> dict[core.GpuKey, tuple[int, str]]:
         """The cap and holder of every governed GPU this round."""
         governed = core.governing(budgets, self.cluster, self.wall())
-        jobs = self.views = self.jobs()
+        jobs = self.views = self.calibrate(self.jobs())
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
             if not g.gpus:
@@ -310,6 +314,26 @@ class BudgetLoop:
             self.plans.pop(gone, None)
             self.statuses.pop(gone, None)
         return caps
+
+    def calibrate(self, jobs: list[enforce.JobView]) -> list[enforce.JobView]:
+        """The pipeline jobs' frontiers scaled by their measured draw (`frontier_options`)."""
+        out = []
+        for job in jobs:
+            f = job.frontier
+            if f is None:
+                out.append(job)
+                continue
+            sampled = [self.cluster.power_w[k] for k in job.gpus if k in self.cluster.power_w]
+            if job.job_id not in self.points and job.gpus and len(sampled) == len(job.gpus):
+                ratio = frontier_options.own_ratio(f, sum(sampled) / len(sampled))
+                if ratio is not None:
+                    old = self.ratios.get(job.job_id)
+                    self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
+            ratio = self.ratios.get(job.job_id, 1.0)
+            out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(f, ratio)))
+        live = {j.job_id for j in jobs}
+        self.ratios = {k: v for k, v in self.ratios.items() if k in live}
+        return out
 
     async def own(self) -> bool:
         """Whether this replica applies the budgets now (taking the lease if it is free)."""

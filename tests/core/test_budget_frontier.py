@@ -13,7 +13,8 @@ from coordinator.budget import allocator as alloc
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, Governed, GpuInfo
-from coordinator.budget.loop import frontier_points
+from coordinator.budget.loop import BudgetLoop, frontier_points
+from coordinator.budget.store import BudgetView
 from coordinator.optimizer import InstallSchedules, StatusUpdate
 from coordinator.pipeline import budget_point, planner
 from coordinator.pipeline.job import PipelineJob
@@ -347,3 +348,36 @@ def test_a_long_frontier_offers_a_few_dozen_points_spread_in_power() -> None:
     assert [o.key for o in fo.options(view, 1, 1000)][:len(kept)] == kept
     short = fo.view(PIPE, PIPE[0], 2)
     assert short is not None and fo.offered(short) == [0, 1, 2, 3]  # Short: every point.
+
+
+def test_a_frontier_is_calibrated_by_the_draw_measured_at_its_own_point() -> None:
+    view = fo.view(PIPE, PIPE[0], gpus=2, rows=ROWS)
+    assert view is not None
+    assert fo.own_ratio(view, 336.0) == pytest.approx(1.2)  # 280 W planned
+    assert fo.own_ratio(view, 30.0) is None  # Idle GPUs: nothing learnt.
+    scaled = fo.calibrated(view, 1.2)
+    assert scaled.powers == pytest.approx([p * 1.2 for p in view.powers])
+    assert scaled.peaks == pytest.approx([p * 1.2 for p in view.peaks if p is not None])
+    assert (scaled.times, scaled.chosen) == (view.times, view.chosen)
+    assert fo.calibrated(view, 1.0) is view
+
+
+def test_the_loop_learns_the_ratio_at_the_jobs_own_point_and_keeps_it_under_a_budget() -> None:
+    loop = BudgetLoop(link=None, book=None, cluster=cluster(), jobs=list,  # type: ignore[arg-type]
+                      cap_lease_s=10.0, view=BudgetView())
+    job = views()[0]  # Its own point: 280 W per GPU planned; the cluster samples 280 W.
+    for key in job.gpus:
+        loop.cluster.sample(*key, 336.0)
+    (seen,) = [j for j in loop.calibrate([job]) if j.job_id == "perseus"]
+    assert loop.ratios == {"perseus": pytest.approx(1.2)}
+    assert seen.frontier is not None and seen.frontier.powers[0] == pytest.approx(336.0)
+    loop.points = {"perseus": (2, 150.0)}  # Told a budget's point: its draw says nothing new.
+    for key in job.gpus:
+        loop.cluster.sample(*key, 200.0)
+    loop.calibrate([job])
+    assert loop.ratios == {"perseus": pytest.approx(1.2)}
+    loop.points = {}
+    loop.calibrate([job])  # Its own point again, drawing 200 W: the ratio moves a fifth.
+    assert loop.ratios["perseus"] == pytest.approx(0.8 * 1.2 + 0.2 * 200 / 280)
+    loop.calibrate([])  # The job gone: its ratio too.
+    assert loop.ratios == {}
