@@ -15,7 +15,8 @@ lowtime's stored frontiers in data/perseus/frontiers/a100_sxm/.
 profile's stages are the ranks, each rank's virtual stages share its rows; `zero-bubble` splits
 each backward row into a `backward_input` and a `backward_weight` row of half its time and
 energy, an assumption of this bench); lowtime, which plans 1F1B only, is then skipped. Each case
-reports the planner's wall and CPU seconds and the process's peak RSS so far (MB).
+reports the planner's wall and CPU seconds, the process's peak RSS so far (MB), the sweep's
+steps (`iterations`, one max flow each) and the distinct rounded plans it recorded (`candidates`).
 
 The last line printed is one JSON object.
 
@@ -252,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "planner_cpu_s": round(cpu, 2),
                 "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                 "iterations": stats.iterations,
+                "candidates": stats.candidates,
                 "points": len(frontier),
                 "t_min": frontier[0].time,
                 "t_min_is_fastest_critical_path": abs(frontier[0].time - t_fast) <= 1e-9 * t_fast,
