@@ -328,11 +328,14 @@ def profiled_job(job_id: str, frontier: FrontierView, gpus: int, min_limit_w: in
 def pick(frontier: Sequence[Point], gpus: int, index: int, power_w: float) -> int:
     """The index of the point a job serves for a budget's point `index` of `power_w` per GPU.
 
-    That index if the frontier has it at or under `power_w`; else the fastest point at or
-    under it; else the slowest point (the least power there is).
+    A throttled option (`index` < 0): the slowest point, under its cap. Else that index if
+    the frontier has it at or under `power_w` (the job's planned power, uncalibrated); else
+    the fastest point at or under it; else the slowest point (the least power there is).
     """
     if not frontier:
         raise ValueError("empty frontier")
+    if index < 0:
+        return len(frontier) - 1
     share = max(1, gpus)
 
     def power(i: int) -> float:

@@ -113,12 +113,13 @@ async def serve_points(drivers: Iterable[JobDriver], execute: Execute,
                 await execute(record, actions)
 
 
-def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.JobView]
-                    ) -> dict[str, tuple[int, float]]:
+def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.JobView],
+                    ratios: Mapping[str, float] | None = None) -> dict[str, tuple[int, float]]:
     """Job -> (frontier index, power per GPU) the plans give its pipeline jobs.
 
     A job governed by several budgets serves the point of least power among theirs (along a
     frontier, the slowest); a job given its own chosen point is absent (it serves its own).
+    The power is the job's planned one: the allocator's over the job's calibration `ratios`.
     """
     chosen = {j.job_id: j.frontier.chosen for j in jobs if j.frontier is not None}
     points: dict[str, tuple[int, float]] = {}
@@ -127,6 +128,7 @@ def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.Job
             if share.job_id not in chosen or share.key is None:
                 continue
             power = share.expected_w / max(1, len(p.members.get(share.job_id, ())))
+            power /= (ratios or {}).get(share.job_id, 1.0)
             if share.key != chosen[share.job_id] and (
                     share.job_id not in points or power < points[share.job_id][1]):
                 points[share.job_id] = (share.key, power)
@@ -202,7 +204,7 @@ class BudgetLoop:
         await asyncio.gather(*(self.send(k, w, h, leases.get(h)) for k, (w, h) in caps.items()),
                              *(self.send(k, None, h) for k, h in lifts.items()))
         self.capped = {k: h for k, (_, h) in caps.items()}
-        await self.tell(frontier_points(self.plans.values(), self.views))
+        await self.tell(frontier_points(self.plans.values(), self.views, self.ratios))
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.keep_backoffs()
         await self.publish()

@@ -134,6 +134,7 @@ def test_pick_serves_the_index_or_the_nearest_point_at_or_under_its_power() -> N
     assert fo.pick(PIPE, 2, 7, 160.0) == 2  # Index gone (a re-plan): fastest under 160 W.
     assert fo.pick(PIPE, 2, 1, 160.0) == 2  # Point 1 draws 220 W now: the nearest under.
     assert fo.pick(PIPE, 2, 1, 50.0) == 3  # Nothing under: the least power there is.
+    assert fo.pick(PIPE, 2, -150, 900.0) == 3  # A throttled option: the slowest, capped.
     with pytest.raises(ValueError):
         fo.pick([], 2, 0, 100.0)
 
@@ -174,6 +175,9 @@ def test_a_budget_caps_the_pipeline_gpus_at_their_points_limit_and_names_the_poi
     assert tight.caps[GPUS[0]] == tight.caps[GPUS[1]] == limit
     points = frontier_points([tight], jobs)
     assert points == {"perseus": (share.key, pytest.approx(share.expected_w / 2))}
+    # A calibrated job is told its planned power: the allocator's over its ratio.
+    told = frontier_points([tight], jobs, {"perseus": 1.25})
+    assert told == {"perseus": (share.key, pytest.approx(share.expected_w / 2 / 1.25))}
     tighter = enforce.plan(Governed("other", 600, 600, tuple(GPUS)), jobs, cluster())
     both = frontier_points([tight, tighter], jobs)  # Two budgets: the point of least power.
     assert both["perseus"][0] == max(share.key, tighter.allocation.by_job["perseus"].key or 0)
