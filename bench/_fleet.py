@@ -229,7 +229,9 @@ class Fleet:
             await asyncio.sleep(TICK_S)
 
     async def register(self, jobs: list[list[Any]], window: int) -> dict[str, Any]:
-        """Register this worker's ranks of `jobs` (at most `window` outstanding), then step them."""
+        """Register this worker's ranks of `jobs` (at most `window` outstanding); each job steps
+        once its ranks here are in (a trainer steps once registered: waiting for the whole
+        fleet, a job registered early was silent for the burst and collected as idle)."""
         t0 = time.monotonic()
         mine = set(self.nodes)
         sem = asyncio.Semaphore(window)
@@ -271,16 +273,22 @@ class Fleet:
                 retries[why[:120]] = retries.get(why[:120], 0) + 1
                 await asyncio.sleep(0.5 * 2 ** attempt)
 
-        await asyncio.gather(*(one(*t) for t in todo))
-        now = time.monotonic()
-        phase = 0.0
-        for job_id, token, _first, _nodes in jobs:
-            ranks = [(r, node, g) for j, _t, r, node, g in todo
-                     if j == job_id and (j, r) not in failed]
+        async def job(index: int, job_id: str, token: str) -> None:
+            """Its ranks here registered, the job steps (as trainers do once registered)."""
+            mine = by_job.get(job_id, [])
+            await asyncio.gather(*(one(*t) for t in mine))
+            ranks = [(r, node, g) for _j, _t, r, node, g in mine if (job_id, r) not in failed]
             if ranks:  # each job its own phase within the step
-                phase = (phase + 0.37) % 1.0
+                phase = (index * 0.37) % 1.0
                 self.jobs[job_id] = LocalJob(job_id, join_token_digest(token), ranks,
-                                             self.args.step_s, now + phase * self.args.step_s)
+                                             self.args.step_s,
+                                             time.monotonic() + phase * self.args.step_s)
+
+        by_job: dict[str, list[tuple[str, str, int, str, int]]] = {}
+        for t in todo:
+            by_job.setdefault(t[0], []).append(t)
+        await asyncio.gather(*(job(i, job_id, token)
+                               for i, (job_id, token, _first, _nodes) in enumerate(jobs)))
         return {"registered": len(todo) - len(failures), "failed": len(failures),
                 "error": failures[0] if failures else None, "retries": retries,
                 "seconds": round(time.monotonic() - t0, 3)}
