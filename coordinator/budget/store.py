@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from zeus_agent.models import MAX_POWER_W
 from zeus_agent.wire.budget import Budget
 
 LOG = logging.getLogger(__name__)
@@ -163,8 +165,15 @@ class Backoffs:
                 return None
             caps = {(str(n), int(i)): int(w) for n, i, w in data.get("caps", [])}
             jitter = max(0.0, float(data.get("jitter_w", 0.0)))
-            return max(0.0, float(data["backoff_w"])), caps, jitter
-        except (ValueError, TypeError, KeyError, AttributeError):
+            backoff = max(0.0, float(data["backoff_w"]))
+            # (Infinity would pin the room at the floor, or make the band NaN, for good.)
+            if not (math.isfinite(backoff) and math.isfinite(jitter)) or any(
+                    i < 0 or not 1 <= w <= MAX_POWER_W for (_, i), w in caps.items()):
+                raise ValueError("a backoff, jitter or cap out of range")
+            return backoff, caps, jitter
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+            LOG.warning("budget %s: its kept backoff is unreadable, starting afresh: %s",
+                        budget_id, e)
             return None
 
     async def delete(self, budget_id: str) -> None:
