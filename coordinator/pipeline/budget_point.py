@@ -77,5 +77,6 @@ def serve(job: PipelineJob, point: tuple[int, float] | None) -> list[Action]:
     if point is None or found is None or scheduler is None or not scheduler.frontier:
         return job.straggling.set_budget(None) if job.straggling.budget is not None else []
     index = frontier_options.pick(scheduler.frontier, len(job.rank_infos), *point)
-    return job.straggling.set_budget(None if index == found.chosen
+    # (A throttled option on its own slowest point still holds: the cap slows its plan.)
+    return job.straggling.set_budget(None if index == found.chosen and point[0] >= 0
                                      else scheduler.frontier[index])
