@@ -168,6 +168,8 @@ class BudgetLoop:
         self.ratios: dict[str, float] = {}
         """Pipeline job -> its measured over planned power at its own point (learnt while it
         serves that point, kept while a budget moves it: `frontier_options.own_ratio`)."""
+        self.settling: dict[str, int] = {}
+        """Pipeline job -> rounds left before its draw is its own point's again."""
         self.views: list[enforce.JobView] = []
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
@@ -326,7 +328,12 @@ class BudgetLoop:
                 out.append(job)
                 continue
             sampled = [self.cluster.power_w[k] for k in job.gpus if k in self.cluster.power_w]
-            if job.job_id not in self.points and job.gpus and len(sampled) == len(job.gpus):
+            # (Back at its own point: the next samples still show the point it left.)
+            settling = self.settling.get(job.job_id, 0)
+            if job.job_id in self.points or settling > 0:
+                self.settling[job.job_id] = (enforce.SETTLE_ROUNDS if job.job_id in self.points
+                                             else settling - 1)
+            elif job.gpus and len(sampled) == len(job.gpus):
                 ratio = frontier_options.own_ratio(f, sum(sampled) / len(sampled))
                 if ratio is not None:
                     old = self.ratios.get(job.job_id)
@@ -335,6 +342,7 @@ class BudgetLoop:
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(f, ratio)))
         live = {j.job_id for j in jobs}
         self.ratios = {k: v for k, v in self.ratios.items() if k in live}
+        self.settling = {k: v for k, v in self.settling.items() if k in live}
         return out
 
     async def own(self) -> bool:
