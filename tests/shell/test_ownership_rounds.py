@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator.service.durable import DurableState
 from coordinator.service.replicas import LEASE_WRITES_IN_FLIGHT
 from coordinator.state import records
 from tests.shell.coordinator_kit import register_job, stall, start, stop, wait_for
@@ -59,11 +60,24 @@ async def test_a_round_renews_its_leases_side_by_side(nats_server: Any, nc: Any,
 async def test_a_lease_of_its_own_taken_back_keeps_the_jobs_idle_clock(
         nats_server: Any, nc: Any, tmp_path: Path, monkeypatch: Any) -> None:
     stalled = stall(monkeypatch, "ownership")
+    watched: set[tuple[str, int]] = set()
+    follow = DurableState.on_owner_entry
+
+    async def following(self: DurableState, entry: Any) -> None:
+        await follow(self, entry)
+        watched.add((entry.key, entry.revision))
+
+    monkeypatch.setattr(DurableState, "on_owner_entry", following)
     coord, task = await start(nats_server, tmp_path / "state")
     try:
         job_id = await register_job(nc, dp=1)
         job_hash = records.job_hash(job_id)
         await wait_for(lambda: coord.book.owns(job_hash, time.time()))
+        # The bucket's watch delivers the lease this replica wrote too, and an entry of the
+        # same revision replaces the book's: wait for it, or (seen at load 9) it lands after
+        # the lapse forged below and undoes it.
+        revision = coord.book.leases[job_hash].revision
+        await wait_for(lambda: (job_hash, revision) in watched)
         stalled.set()
         record = coord.jobs.require(job_id)
         record.last_active_s -= 100.0  # Idle for 100 s.
