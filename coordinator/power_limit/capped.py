@@ -22,7 +22,7 @@ measures a limit twice).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from coordinator.power_limit.errors import PowerLimitError
@@ -59,11 +59,12 @@ class CapDetour:
 
     def next_probe(self, search: Search, results: Sequence[WindowResult], started: int,
                    limits: Sequence[int], window: tuple[int, int], exhaustive: bool,
-                   ) -> Probe | None:
+                   pending: Collection[int] = ()) -> Probe | None:
         """The next probe: the held one, a detour's, or the search's at or under the cap.
 
         `limits`: the candidates, highest first; `window`: a detour's (warm-up, profile) steps;
-        `exhaustive`: the search is Zeus's sweep. None with `parked` set: nothing more under
+        `exhaustive`: the search is Zeus's sweep; `pending`: the limits of windows closed but
+        not recorded yet (measured, for the detour). None with `parked` set: nothing more under
         the cap, the rest waits for the lift; None without: the search is over.
         """
         self.parked = False
@@ -71,7 +72,8 @@ class CapDetour:
         if self.held is not None and not self.above(self.held.power_limit):
             held, self.held = self.held, None
             return held
-        measured = {r.power_limit for r in results}
+        # (Zeus's sweep asks before a window is recorded: a pending one is measured.)
+        measured = {r.power_limit for r in results} | set(pending)
         if self.cap_w is not None:
             detour = next((w for w in limits if w <= self.cap_w and w not in measured
                            and w not in self._tried), None)
