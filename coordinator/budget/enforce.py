@@ -19,11 +19,12 @@ cluster's last samples. It returns the cap of every governed GPU:
 the measured draw stays over its target for `OVER_ROUNDS` rounds, the room allocated shrinks
 by the excess (integral action, never under the floor); once it is back under, the backoff
 decays, so a group that measured over gives the room back a little at a time. The target is a
-band under the room, as wide as the draw's jitter from round to round (`BAND_JITTERS`): a
-draw held with its mean at the cap is over it half the time. After the caps
-change, the samples describe the old caps for a while (a GPU takes a new limit at its next
-step, an agent publishes its samples every second): for `SETTLE_ROUNDS` rounds the tightener
-holds still (`Tightener.hold`), or it would count the old excess again and cut far too deep.
+band under the room, `BAND_JITTERS` of the draw's jitter from round to round (at most
+`MAX_BAND` of the room): a draw held with its mean at the cap is over it half the time.
+After the caps change, the samples describe the old caps for a while (a GPU takes a new
+limit at its next step, an agent publishes its samples every second): for `SETTLE_ROUNDS`
+rounds the tightener holds still (`Tightener.hold`), or it would count the old excess again
+and cut far too deep.
 The backoff is kept in the state bucket with the caps sent (`Tightener.worth_keeping`,
 `store.Backoffs`): a replica taking the budgets over starts from it and sends no cap above its
 predecessor's for a while (`Tightener.resume`, `guarded`), so the cap holds through a takeover.
