@@ -22,8 +22,8 @@ measures a limit twice).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from coordinator.power_limit.errors import PowerLimitError
 from coordinator.power_limit.search import Probe, Search, WindowResult
@@ -32,6 +32,13 @@ from zeus_agent.models import PowerLimitMeasurement
 
 if TYPE_CHECKING:  # (The machine imports this module.)
     from coordinator.power_limit.machine import PowerLimitStateMachine
+
+
+class Limited(Protocol):
+    """A window closed but not recorded yet (the machine's pending windows)."""
+
+    @property
+    def power_limit(self) -> int: ...  # noqa: D102
 
 
 class CapDetour:
@@ -59,12 +66,12 @@ class CapDetour:
 
     def next_probe(self, search: Search, results: Sequence[WindowResult], started: int,
                    limits: Sequence[int], window: tuple[int, int], exhaustive: bool,
-                   pending: Collection[int] = ()) -> Probe | None:
+                   pending: Iterable[Limited] = ()) -> Probe | None:
         """The next probe: the held one, a detour's, or the search's at or under the cap.
 
         `limits`: the candidates, highest first; `window`: a detour's (warm-up, profile) steps;
-        `exhaustive`: the search is Zeus's sweep; `pending`: the limits of windows closed but
-        not recorded yet (measured, for the detour). None with `parked` set: nothing more under
+        `exhaustive`: the search is Zeus's sweep; `pending`: the windows closed but not
+        recorded yet (their limits count as measured). None with `parked` set: nothing more under
         the cap, the rest waits for the lift; None without: the search is over.
         """
         self.parked = False
@@ -73,7 +80,7 @@ class CapDetour:
             held, self.held = self.held, None
             return held
         # (Zeus's sweep asks before a window is recorded: a pending one is measured.)
-        measured = {r.power_limit for r in results} | set(pending)
+        measured = {r.power_limit for r in results} | {p.power_limit for p in pending}
         if self.cap_w is not None:
             detour = next((w for w in limits if w <= self.cap_w and w not in measured
                            and w not in self._tried), None)

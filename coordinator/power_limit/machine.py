@@ -649,8 +649,7 @@ class PowerLimitStateMachine:
             return None
         probe = self._cap.next_probe(self._search, tuple(self._results), self._completed,
                                      self.power_limits, (self.warmup_steps, self.profile_steps),
-                                     self._search.sweeps,
-                                     {p.power_limit for p in self._pending.values()})
+                                     self._search.sweeps, self._pending.values())
         if probe is None and not self._cap.parked:
             self._no_more_probes = True
             self._cap.parked = bool(self._redo_queue)
