@@ -41,7 +41,7 @@ from coordinator.service.leases import Leases
 from coordinator.service.link import Link
 from coordinator.service.progress import ProgressWriter
 from coordinator.service.table import JobTable
-from zeus_agent.models import save_power_limit_profile
+from zeus_agent.models import MAX_POWER_W, save_power_limit_profile
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     MAX_PROFILE_ROWS,
@@ -218,8 +218,14 @@ class ActionExecutor:
 
         A power-limit job still profiling is told (`PowerLimitJob.set_cap`); only a lower cap.
         """
-        capped = [int(r.result["capped_w"]) for r in replies
-                  if isinstance(r, Reply) and r.ok and "capped_w" in (r.result or {})]
+        said = [r.result["capped_w"] for r in replies
+                if isinstance(r, Reply) and r.ok and "capped_w" in (r.result or {})]
+        # (Not a limit, from an agent of another version say: left out, the job not ended.)
+        capped = [int(w) for w in said if isinstance(w, int | float) and not isinstance(w, bool)
+                  and 1 <= w <= MAX_POWER_W and w == int(w)]
+        if len(capped) < len(said):
+            LOG.warning("job %s: a reply's capped_w is not a power limit: %s", record.job_id,
+                        said)
         job = self.jobs.optimiser(record.job_id)
         if not capped or not isinstance(job, PowerLimitJob) or job.profiled:
             return
