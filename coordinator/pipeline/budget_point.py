@@ -25,10 +25,11 @@ from coordinator.pipeline.phase import Phase
 __all__ = ["frontier_of", "serve"]
 
 
-_VIEWS: weakref.WeakKeyDictionary[Any, tuple[int, int, int, FrontierView | None]] = (
+_VIEWS: weakref.WeakKeyDictionary[Any, tuple[Any, Any, int, FrontierView | None]] = (
     weakref.WeakKeyDictionary())
-"""Scheduler -> (its frontier's id, its chosen point's id, GPUs, the view): a frontier is
-read every budget round and changes only when the scheduler plans again."""
+"""Scheduler -> (its frontier, its chosen point, GPUs, the view): a frontier is read every
+budget round and changes only when the scheduler plans again. The objects themselves, compared
+by identity: an `id` of a freed frontier may be a new one's."""
 
 
 def frontier_of(job: PipelineJob) -> FrontierView | None:
@@ -37,14 +38,14 @@ def frontier_of(job: PipelineJob) -> FrontierView | None:
     if (job.phase is not Phase.SERVING or scheduler is None or not job.straggling.plan
             or not scheduler.frontier or scheduler.chosen is None):
         return None
-    key = (id(scheduler.frontier), id(scheduler.chosen), len(job.rank_infos))
     known = _VIEWS.get(scheduler)
-    if known is not None and known[:3] == key:
+    if (known is not None and known[0] is scheduler.frontier and known[1] is scheduler.chosen
+            and known[2] == len(job.rank_infos)):
         return known[3]
     rows = getattr(scheduler, "profile_rows", None) or ()
     found = frontier_options.view(scheduler.frontier, scheduler.chosen, len(job.rank_infos),
                                   rows, _evaluate(scheduler, rows))
-    _VIEWS[scheduler] = (*key, found)
+    _VIEWS[scheduler] = (scheduler.frontier, scheduler.chosen, len(job.rank_infos), found)
     return found
 
 
