@@ -157,6 +157,8 @@ class BudgetLoop:
         self.wall = wall
         self.capped: dict[core.GpuKey, str] = {}
         """GPU -> the holder this replica capped it for (lifted when no budget governs it)."""
+        self.unlifted: dict[core.GpuKey, tuple[str, float]] = {}
+        """GPU -> (holder, until when) of a lift it did not take: sent again every round."""
         self.tighteners: dict[str, enforce.Tightener] = {}
         self.plans: dict[str, enforce.CapPlan] = {}
         """The latest plan of each governing budget (for people, tests and benchmarks)."""
@@ -186,7 +188,7 @@ class BudgetLoop:
         if self.link.state is None or not self.link.connected:
             return
         budgets = [b for b, _ in self.view.budgets.values()]
-        if not budgets and not self.capped and not self.points:
+        if not budgets and not self.capped and not self.points and not self.unlifted:
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
             return
         if not await self.own():
@@ -202,9 +204,16 @@ class BudgetLoop:
         await self.resume_backoffs()
         caps = self.plan(budgets)
         leases = self.cap_leases(budgets)
-        lifts = {k: h for k, h in self.capped.items() if k not in caps}
-        await asyncio.gather(*(self.send(k, w, h, leases.get(h)) for k, (w, h) in caps.items()),
-                             *(self.send(k, None, h) for k, h in lifts.items()))
+        now = self.wall()
+        lifts = {k: h for k, (h, until) in self.unlifted.items() if until > now}
+        lifts = {k: h for k, h in (lifts | self.capped).items() if k not in caps}
+        done = await asyncio.gather(
+            *(self.send(k, w, h, leases.get(h)) for k, (w, h) in caps.items()),
+            *(self.send(k, None, h) for k, h in lifts.items()))
+        # (A lift not taken is sent again while the cap it lifts may still hold.)
+        self.unlifted = {k: (h, self.unlifted.get(k, (h, now + MAX_CAP_LEASE_S))[1])
+                         for (k, h), ok in zip(lifts.items(), done[len(caps):], strict=True)
+                         if not ok}
         self.capped = {k: h for k, (_, h) in caps.items()}
         await self.tell(frontier_points(self.plans.values(), self.views, self.ratios))
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
