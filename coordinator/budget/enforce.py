@@ -71,6 +71,8 @@ class JobView:
     weight: float = 1.0
     frontier: FrontierView | None = None
     """A pipeline job's frontier, while it serves a plan of it (`frontier_options`)."""
+    own_point: bool = True
+    """No straggler slows it: its draw is its own point's (when no budget moves it)."""
 
 
 @dataclass(frozen=True, slots=True)

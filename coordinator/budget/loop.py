@@ -86,8 +86,9 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
             views.append(enforce.JobView(driver.job_id, gpus,
                                          tuple(job.machine.measurements),
                                          job.optimal_power_limit, weight))
-        elif frontier is not None:
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier))
+        elif frontier is not None and isinstance(job, PipelineJob):
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
+                                         own_point=not job.straggling.stragglers.factors()))
         else:
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
     return views
@@ -339,9 +340,9 @@ class BudgetLoop:
             sampled = [self.cluster.power_w[k] for k in job.gpus if k in self.cluster.power_w]
             # (Back at its own point: the next samples still show the point it left.)
             settling = self.settling.get(job.job_id, 0)
-            if job.job_id in self.points or settling > 0:
-                self.settling[job.job_id] = (enforce.SETTLE_ROUNDS if job.job_id in self.points
-                                             else settling - 1)
+            moved = job.job_id in self.points or not job.own_point  # (A straggler's too.)
+            if moved or settling > 0:
+                self.settling[job.job_id] = enforce.SETTLE_ROUNDS if moved else settling - 1
             elif job.gpus and len(sampled) == len(job.gpus):
                 ratio = frontier_options.own_ratio(f, sum(sampled) / len(sampled))
                 if ratio is not None:
