@@ -81,7 +81,8 @@ class BudgetService:
 
     def store(self) -> BudgetStore:
         """The budgets in the state bucket (opened at start-up)."""
-        return BudgetStore(self.link.require_state().kv)
+        state = self.link.require_state()
+        return BudgetStore(state.kv, state.js, state.bucket)
 
     async def handle(self, data: bytes, subject: str = "") -> Reply:
         """One operator request (`BudgetRequest`).

@@ -58,8 +58,10 @@ def decode(raw: bytes) -> tuple[Budget, float]:
 class BudgetStore:
     """Read and write budgets through a JetStream KV bucket (nats-py's `KeyValue`)."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: Any, js: Any, bucket: str) -> None:
         self.kv = kv
+        self.js = js
+        self.bucket = bucket
 
     async def put(self, budget: Budget, set_at: float) -> None:
         """Write (or replace) a budget."""
@@ -87,19 +89,25 @@ class BudgetStore:
     async def all(self) -> dict[str, tuple[Budget, float]]:
         """Every readable budget, by id (an unreadable one is logged and left out).
 
-        Read now (an operator's request sees its own writes; the budgets loop reads a
-        `BudgetView` instead) through a watch of `budget.>` only: listing the bucket's keys
-        would walk every job's and rank's record.
+        Read now, so an operator's request sees its own writes (the budgets loop reads a
+        `BudgetView` instead): the budgets' keys from the stream's per-subject counts
+        (`stream_info` filtered to `budget.>`: listing the bucket's keys would walk every
+        job's and rank's record), then each key's value. Not a KV watch: nats-py ends a
+        watch's current values when the consumer has nothing pending and the client has
+        processed nothing yet, even if the server has already pushed them; under load a
+        `show` right after two `set`s listed none.
         """
-        watcher = await self.kv.watch(f"{PREFIX}>", ignore_deletes=True)
+        from nats.js.errors import KeyNotFoundError
+
+        pre = f"$KV.{self.bucket}."
+        info = await self.js.stream_info(f"KV_{self.bucket}", subjects_filter=f"{pre}{PREFIX}>")
         view = BudgetView()
-        try:
-            async for entry in watcher:
-                if entry is None:  # The current entries have been delivered.
-                    break
-                await view.on_entry(entry)
-        finally:
-            await watcher.stop()
+        for subject in sorted(info.state.subjects or {}):
+            try:
+                entry = await self.kv.get(subject[len(pre):])
+            except KeyNotFoundError:  # Lifted (a purge marker) since.
+                continue
+            await view.on_entry(entry)
         return view.budgets
 
 
