@@ -12,6 +12,7 @@ limit it pins is the workload's optimum, run after run.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 from coordinator.power_limit import Energy
@@ -89,8 +90,9 @@ async def test_short_windows_are_lengthened_and_the_optimum_is_pinned_every_time
     for mine in runs:
         said = [s.message for s in mine]
         first = next(m for m in said if m.startswith("profiling 9 power limits"))
-        assert "windows of at least 0.5 s (5 periods of the GPUs' 100 ms energy counters)" in \
-            first, said
+        # (The period as learned: 100 ms, or 99-101 ms on a loaded host, as asserted above.)
+        assert re.search(r"windows of at least 0\.5\d? s \(5 periods of the GPUs' (99|100|101) "
+                         r"ms energy counters\)", first), said
         raised = [m for m in said if "profile_steps is a minimum" in m]
         assert len(raised) == 1 and raised[0].startswith("windows of 3 steps lasted "), said
         assert "under 5 energy-counter periods (100 ms): profiling " in raised[0]
