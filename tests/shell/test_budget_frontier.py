@@ -15,13 +15,12 @@ from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.schedulers import FrequencyScheduler
 from coordinator.service import CoordinatorService
 from tests.shell.coordinator_kit import NODE, ask, gpu_info, rank_request, register_job
-from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult
+from tests.shell.pipeline_kit import ORDER, serve_two_pipelines
+from zeus_agent.models import FrequencySchedule, ProfilingResult
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetRequest
-from zeus_agent.wire.messages import Measurement, Reply
+from zeus_agent.wire.messages import Reply
 from zeus_demo.cluster import wait_for_async
-
-ORDER = ["forward", "backward"]
 
 
 @dataclass(frozen=True)
@@ -67,24 +66,7 @@ async def serving_job(nc: Any, coord: CoordinatorService) -> PipelineJob:
     for rank in (0, 1):
         assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, rank))).ok
     await wait_for_async(lambda: isinstance(coord.optimisers.get(job_id), PipelineJob), 5)
-    record = coord.registry.jobs[job_id]
-    job = PipelineJob(job_id, JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2),
-                      [rr.info for rr in record.ranks.values()],
-                      lambda ji, ri: Planned(ji, ri, None), profiling_iterations=1)
-    version: int | None = None
-    for step in range(3):
-        for rank in (0, 1):
-            for i, name in enumerate(ORDER):
-                job.on_measurement(rank, Measurement(
-                    kind="instruction", name=name, epoch=0, step=step, index=i, t0_ns=10 * i,
-                    t1_ns=10 * i + 5, time_s=0.1, energy_j=1.0, schedule=version), 0.0)
-            job.on_measurement(rank, Measurement(
-                kind="step", name="", epoch=0, step=step, index=0, t0_ns=0, t1_ns=30,
-                time_s=1.0, energy_j=10.0, schedule=version), 0.0)
-        version = job.version
-    assert job.phase == "serving"
-    coord.jobs.driver(job_id).drive(job)
-    return job
+    return serve_two_pipelines(coord, job_id, lambda ji, ri: Planned(ji, ri, None))
 
 
 async def budget(nc: Any, **kw: Any) -> Reply:

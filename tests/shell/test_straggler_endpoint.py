@@ -17,13 +17,13 @@ from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.schedulers import FrequencyScheduler
 from coordinator.service import CoordinatorService
 from tests.shell.coordinator_kit import JOIN_TOKENS, NODE, ask, gpu_info, register_job, start, stop
+from tests.shell.pipeline_kit import serve_two_pipelines
 from zeus_agent.agent.server import AgentServer
 from zeus_agent.config import AgentSettings
-from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from zeus_agent.models import FrequencySchedule, ProfilingResult, RankInfo
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
     GpuBinding,
-    Measurement,
     PowerLimitOptions,
     RegisterRank,
     StragglerNotice,
@@ -31,7 +31,6 @@ from zeus_agent.wire.messages import (
 from zeus_demo.cluster import wait_for_async
 
 ROOT = Path(__file__).resolve().parents[2]
-ORDER = ["forward", "backward"]
 
 
 @pytest.fixture
@@ -100,24 +99,7 @@ async def pipeline_job(nc: Any, coord: CoordinatorService, ranks: int = 2) -> st
 
 def serve_plan(coord: CoordinatorService, job_id: str) -> PipelineJob:
     """Put the job in front of a served plan with a frontier (as Perseus gets there)."""
-    record = coord.registry.jobs[job_id]
-    job = PipelineJob(job_id, JobInfo(pp_degree=1, dp_degree=2, tp_degree=1, world_size=2),
-                      [rr.info for rr in record.ranks.values()],
-                      lambda ji, ri: Served(ji, ri, None), profiling_iterations=1)
-    version: int | None = None
-    for step in range(3):
-        for rank in (0, 1):
-            for i, name in enumerate(ORDER):
-                job.on_measurement(rank, Measurement(
-                    kind="instruction", name=name, epoch=0, step=step, index=i, t0_ns=10 * i,
-                    t1_ns=10 * i + 5, time_s=0.1, energy_j=1.0, schedule=version), 0.0)
-            job.on_measurement(rank, Measurement(
-                kind="step", name="", epoch=0, step=step, index=0, t0_ns=0, t1_ns=30,
-                time_s=1.0, energy_j=10.0, schedule=version), 0.0)
-        version = job.version
-    assert job.phase == "serving" and not job.done
-    coord.jobs.driver(job_id).drive(job)
-    return job
+    return serve_two_pipelines(coord, job_id, lambda ji, ri: Served(ji, ri, None))
 
 
 def notice(job_id: str, pipeline: int = 1, factor: float | None = 2.5) -> StragglerNotice:
