@@ -181,6 +181,21 @@ def on_grid(limit_w: int, by_limit: Mapping[int, object]) -> int:
     return max(under) if under else min(by_limit)
 
 
+def loss_figures(ours: float, theirs: float, optimal: float) -> dict[str, object]:
+    """Our throughput loss against the uniform cut's and the offline optimum's, as figures.
+
+    `gap_to_optimal_pct`: how much more of the throughput the optimum keeps, in percent.
+    """
+    gap = (optimal - ours) / (1.0 - optimal) * -100.0 if optimal < 1 else 0.0
+    return {
+        "loss": round(ours, 5),
+        "uniform_loss": round(theirs, 5),
+        "optimal_loss": round(optimal, 5),
+        "loss_vs_uniform": round(ours / theirs, 4) if theirs > 0 else None,
+        "gap_to_optimal_pct": round(gap, 3),
+    }
+
+
 def compare_losses(group: alloc.Group, applied: Mapping[str, int]) -> dict[str, object]:
     """Ours (the applied limits) against the uniform cut and the offline optimum."""
     uniform = alloc.uniform_cut(group)
@@ -189,13 +204,8 @@ def compare_losses(group: alloc.Group, applied: Mapping[str, int]) -> dict[str, 
     best_limits = {s.job_id: s.limit_w for s in best.shares}
     ours, theirs = throughput_loss(group, applied), throughput_loss(group, uniform_limits)
     optimal = throughput_loss(group, best_limits)
-    gap = (optimal - ours) / (1.0 - optimal) * -100.0 if optimal < 1 else 0.0
     return {
-        "loss": round(ours, 5),
-        "uniform_loss": round(theirs, 5),
-        "optimal_loss": round(optimal, 5),
-        "loss_vs_uniform": round(ours / theirs, 4) if theirs > 0 else None,
-        "gap_to_optimal_pct": round(gap, 3),
+        **loss_figures(ours, theirs, optimal),
         "uniform_limit_w": max(uniform_limits.values(), default=None),
         "true_draw_w": round(true_draw(group, applied), 1),
         "uniform_true_draw_w": round(uniform.expected_w, 1),
@@ -288,13 +298,8 @@ def compare_with_pipeline(group: alloc.Group, applied: Mapping[str, int],
     ours = mean_loss(throughput_loss(group, applied), 1.0 - 1.0 / (1.0 + slowdown))
     theirs = mean_loss(throughput_loss(group, dp_limits), pipe_loss(stays, uniform))
     optimal = mean_loss(throughput_loss(group, best_limits), pipe_loss(moved, best))
-    gap = (optimal - ours) / (1.0 - optimal) * -100.0 if optimal < 1 else 0.0
     return {
-        "loss": round(ours, 5),
-        "uniform_loss": round(theirs, 5),
-        "optimal_loss": round(optimal, 5),
-        "loss_vs_uniform": round(ours / theirs, 4) if theirs > 0 else None,
-        "gap_to_optimal_pct": round(gap, 3),
+        **loss_figures(ours, theirs, optimal),
         "uniform_limit_w": max(s.limit_w for s in uniform.shares),
         "uniform_true_draw_w": round(uniform.expected_w, 1),
         "optimal_true_draw_w": round(best.expected_w, 1),
