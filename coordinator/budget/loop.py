@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator.budget import budgets as core
 from coordinator.budget import enforce, frontier_options
 from coordinator.budget.allocator import BudgetError
-from coordinator.budget.store import Backoffs, BudgetView
+from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps
 from coordinator.optimizer import Action
 from coordinator.pipeline import budget_point
 from coordinator.pipeline.job import PipelineJob
@@ -189,7 +189,8 @@ class BudgetLoop:
         if self.link.state is None or not self.link.connected:
             return
         budgets = [b for b, _ in self.view.budgets.values()]
-        if not budgets and not self.capped and not self.points and not self.unlifted:
+        if (not budgets and not self.capped and not self.points and not self.unlifted
+                and not self.view.lifted):
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
             return
         if not await self.own():
@@ -216,10 +217,31 @@ class BudgetLoop:
                          for (k, h), ok in zip(lifts.items(), done[len(caps):], strict=True)
                          if not ok}
         self.capped = {k: h for k, (_, h) in caps.items()}
+        await self.lift_lifted(now)
         await self.tell(frontier_points(self.plans.values(), self.views, self.ratios))
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.keep_backoffs()
         await self.publish()
+
+    async def lift_lifted(self, now: float) -> None:
+        """Lift the caps of the budgets lifted lately (`LiftedCaps`) until every GPU took it.
+
+        Whoever owns the budgets does, every round: the lift request's replica lifted them
+        once, but an agent that missed it, or an owner that died as the budget was lifted,
+        would leave a GPU capped until its cap lapses (up to an hour for a budget with an end).
+        """
+        for bid, (gpus, until) in list(self.view.lifted.items()):
+            by = holder(bid)
+            if until > now and not all(
+                    await asyncio.gather(*(self.send(k, None, by) for k in gpus))):
+                continue  # (Again next round.)
+            try:
+                await LiftedCaps(self.link.require_state().kv).forget(bid)
+            except Exception as e:  # noqa: BLE001 - the bucket is away: next round
+                LOG.warning("lifted budget %s: not forgotten yet (%s)", bid, e)
+                continue
+            self.view.lifted.pop(bid, None)
+            LOG.info("budget %s: lifted on all its %d GPUs", bid, len(gpus))
 
     async def resume_backoffs(self) -> None:
         """A budget new to this owner starts from the backoff its last owner kept."""

@@ -14,16 +14,18 @@ replica that takes over finds them.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from coordinator.budget import budgets as core
-from coordinator.budget.store import BudgetStore
+from coordinator.budget.store import BudgetStore, LiftedCaps
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetRequest
 from zeus_agent.wire.messages import AgentHello, Reply, SampleBatch
+from zeus_agent.wire.node_cap import MAX_CAP_LEASE_S
 from zeus_agent.wire.permissions import ANY, pattern
 
 if TYPE_CHECKING:  # (coordinator.service builds this service: no import cycle at run time)
@@ -104,6 +106,8 @@ class BudgetService:
         if request.action == "lift":
             assert request.budget_id is not None
             held = await store.get(request.budget_id)
+            if held is not None:  # Its caps are lifted until every GPU took the lift.
+                await self.keep_lifted(held[0])
             if not await store.delete(request.budget_id):
                 return Reply.failure("bad_request", f"no budget {request.budget_id!r} to lift "
                                      "(see `zeus-coordinator budget show`)")
@@ -122,6 +126,17 @@ class BudgetService:
         others = (b for b, _ in (await store.all()).values() if b.budget_id != budget.budget_id)
         overlaps = self.overlaps(budget, list(others))
         return Reply.success(budget=self.describe(budget, now), overlaps=overlaps)
+
+    async def keep_lifted(self, budget: Budget) -> None:
+        """Record a budget being lifted (`LiftedCaps`): its GPUs, until its caps lapse."""
+        try:
+            gpus = core.members(budget.group, self.cluster)
+        except core.BudgetRefused:
+            gpus = []
+        now = self.wall()
+        end = budget.end_s if budget.end_s is not None else math.inf
+        until = min(end, now + MAX_CAP_LEASE_S)
+        await LiftedCaps(self.link.require_state().kv).put(budget.budget_id, list(gpus), until)
 
     def overlaps(self, budget: Budget, others: list[Budget]) -> list[str]:
         """Ids of the budgets sharing a GPU with `budget` (the lower cap wins there)."""

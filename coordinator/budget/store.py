@@ -119,6 +119,20 @@ class BudgetView:
 
     def __init__(self) -> None:
         self.budgets: dict[str, tuple[Budget, float]] = {}
+        self.lifted: dict[str, tuple[list[tuple[str, int]], float]] = {}
+        """Lifted budget -> (its GPUs, until when their caps may hold): `LiftedCaps`."""
+
+    async def on_lifted(self, entry: Any) -> None:
+        """Apply one entry of the watch of `budget_lifted.>` (`LiftedCaps`)."""
+        budget_id = str(entry.key)[len(LIFTED_PREFIX):]
+        if getattr(entry, "operation", None) in ("DEL", "PURGE") or not entry.value:
+            self.lifted.pop(budget_id, None)
+            return
+        try:
+            self.lifted[budget_id] = decode_lifted(entry.value)
+        except ValueError as e:
+            LOG.warning("lifted budget %s in the state bucket: %s", entry.key, e)
+            self.lifted.pop(budget_id, None)
 
     async def on_entry(self, entry: Any) -> None:
         """Apply one entry of the watch (a put, a delete or a purge)."""
@@ -192,3 +206,50 @@ class Backoffs:
             await self.kv.purge(f"{BACKOFF_PREFIX}{budget_id}")
         except KeyNotFoundError:
             return
+
+
+LIFTED_PREFIX = "budget_lifted."
+"""Keys of lifted budgets whose caps may still hold on an agent (outside `budget.>`)."""
+
+
+class LiftedCaps:
+    """A lifted budget's GPUs, kept until every one took the lift (or its caps lapsed).
+
+    The lift request's replica lifts at once, but a lift an agent misses, or one the budgets'
+    owner never saw (it died, or lost its lease, as the budget was lifted), would leave a
+    GPU capped until the cap's lease ends (a budget with an end: up to an hour). Whoever owns
+    the budgets sends these lifts every round and forgets a budget once all its GPUs took
+    them (`BudgetLoop.tick`).
+    """
+
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+
+    async def put(self, budget_id: str, gpus: list[tuple[str, int]], until: float) -> None:
+        """Keep a lifted budget's GPUs until `until` (when their caps lapse anyway)."""
+        await self.kv.put(f"{LIFTED_PREFIX}{budget_id}", json.dumps(
+            {"v": VERSION, "gpus": [[n, i] for n, i in sorted(gpus)],
+             "until": until}).encode())
+
+    async def forget(self, budget_id: str) -> None:
+        """Every GPU took the lift (or its cap lapsed)."""
+        await self.kv.purge(f"{LIFTED_PREFIX}{budget_id}")
+
+
+def decode_lifted(raw: bytes) -> tuple[list[tuple[str, int]], float]:
+    """(GPUs, until) of a `LiftedCaps` value.
+
+    Raises:
+        ValueError: Not one this version wrote.
+    """
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("v") != VERSION:
+            raise ValueError("not a version-1 lifted budget")
+        gpus = [(str(n), int(i)) for n, i in data["gpus"]]
+        until = float(data["until"])
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"unreadable lifted budget: {e}") from e
+    if not math.isfinite(until) or any(i < 0 for _, i in gpus):
+        raise ValueError("a lifted budget's until or GPU out of range")
+    return gpus, until

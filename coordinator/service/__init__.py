@@ -62,8 +62,8 @@ from coordinator.budget.job_caps import cap_profiling_jobs
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
 from coordinator.budget.loop import BudgetLoop, job_views, serve_points
 from coordinator.budget.service import BudgetService
+from coordinator.budget.store import LIFTED_PREFIX, BudgetView
 from coordinator.budget.store import PREFIX as BUDGET_PREFIX
-from coordinator.budget.store import BudgetView
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRegistry
 from coordinator.optimizer import JobOptimizer
@@ -315,6 +315,7 @@ class CoordinatorService(ExitSignals):
         await self.durable.import_jobs_json()
         await state.follow(self.durable.on_entry, self.durable.on_owner_entry)
         await state.watch(f"{BUDGET_PREFIX}>", self.budget_view.on_entry)
+        await state.watch(f"{LIFTED_PREFIX}>", self.budget_view.on_lifted)
         release("the endpoints and subscriptions", self._stop_intake)
         await self._serve()
         # Subscriptions are live before anyone hears we started.

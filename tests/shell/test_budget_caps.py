@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from coordinator.budget.loop import LEASE_KEY
+from coordinator.budget.loop import LEASE_KEY, PERIOD_S, BudgetLoop
 from coordinator.config import CoordinatorSettings
 from coordinator.service import CoordinatorService
 from tests.shell.agent_kit import command, running_agent, wait_for
+from tests.shell.coordinator_kit import stall
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetRequest
 from zeus_agent.wire.messages import Reply, SetPowerLimitCmd
@@ -98,3 +99,42 @@ async def test_caps_hold_through_a_takeover_and_lift_back_to_each_gpus_own(
                 await stop(second, second_task)
             if not first_task.done():
                 await stop(first, first_task)
+
+
+@pytest.mark.timeout(60)
+async def test_a_lift_nobody_sent_is_sent_from_the_record_of_the_lift(
+        nats_server, nc, tmp_path, monkeypatch) -> None:
+    """A budget with an end holds its caps on the agents until that end (up to an hour). If it
+    is lifted while its lifts get lost (the request's replica's own: dropped here) and the
+    budgets' owner never capped those GPUs itself (an owner that took over as the budget was
+    lifted: its `capped` is empty), the record of the lift (`LiftedCaps`, in the state
+    bucket) has the owner send them: every GPU back at its default, then the record dropped.
+    Before it, the GPUs stayed capped until the budget's end."""
+    ticks = stall(monkeypatch, "tick", BudgetLoop)
+    lifts = stall(monkeypatch, "lift", BudgetLoop)
+    async with running_agent(nats_server.url, sim_count=2, sim_preset="A40") as a:
+        coord, task = await start(nats_server, tmp_path / "one", "one")
+        try:
+            keys, cluster = set(limits([a])), coord.budgets.cluster
+            await wait_for(lambda: keys <= set(cluster.power_w) & set(cluster.gpus), 10,
+                           "announcements and samples")
+            grid = Budget(budget_id="grid", cap_w=CAP_W / 2, end_s=time.time() + 600)
+            assert (await budget(nc, action="set", budget=grid)).ok
+            await wait_for(lambda: all(w == 100 for w in limits([a]).values()), 10,
+                           "every idle GPU capped at its minimum")
+            ticks.set()
+            lifts.set()
+            await asyncio.sleep(PERIOD_S * 1.5)  # (A round under way ends.)
+            coord.budget_loop.capped.clear()
+            assert (await budget(nc, action="lift", budget_id="grid")).ok
+            await wait_for(lambda: "grid" in coord.budget_view.lifted, 5, "the lift recorded")
+            assert sorted(coord.budget_view.lifted["grid"][0]) == sorted(keys)
+            assert all(w == 100 for w in limits([a]).values())  # Nobody lifted them.
+            ticks.clear()
+            await wait_for(lambda: all(w == 300 for w in limits([a]).values()), 10,
+                           "the defaults back")
+            assert all(g.cap.holder.cap is None for g in a.agents.values())
+            await wait_for(lambda: "grid" not in coord.budget_view.lifted, 5, "record dropped")
+        finally:
+            ticks.clear()
+            await stop(coord, task)
