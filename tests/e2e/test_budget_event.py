@@ -11,17 +11,13 @@ while it still trains.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import time
-from typing import Any
 
 import pytest
 
+from tests.e2e.budget_kit import budget_cli, draw_w, in_thread
 from tests.e2e.job_kit import SCALE, WORKLOAD, describe, options
-from zeus_agent.gpu.sim.device import SimGPU
-from zeus_demo.cluster import SimCluster, console_script
+from zeus_demo.cluster import SimCluster
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -29,26 +25,6 @@ CUT = 0.25
 OVER_CAP_TOLERANCE = 1.02
 """The measured draw may exceed the cap by this factor while the tightener settles: the
 profile's powers are means over windows, the draw a one-second mean."""
-
-
-def measured_draw_w(c: SimCluster, seconds: float = 1.0) -> float:
-    """The job's GPUs' mean power over `seconds`, from their energy counters."""
-    gpus = [SimGPU.open(c.sim_dir(n), i) for n, i in c.placements()]
-    before, t0 = [g.get_total_energy_j() for g in gpus], time.monotonic()
-    time.sleep(seconds)
-    after, t1 = [g.get_total_energy_j() for g in gpus], time.monotonic()
-    return (sum(after) - sum(before)) / (t1 - t0)
-
-
-def budget_cli(c: SimCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """`zeus-coordinator budget ...` against the cluster's broker, as an operator types it."""
-    return subprocess.run(
-        [*console_script("zeus-coordinator", "coordinator.cli"), "budget", *args,
-         "--nats-url", c.url], capture_output=True, text=True, timeout=30, check=False)
-
-
-async def in_thread(fn: Any, *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 async def test_a_cut_set_with_the_cli_holds_the_draw_under_the_cap_and_a_lift_restores():
@@ -60,7 +36,7 @@ async def test_a_cut_set_with_the_cli_holds_the_draw_under_the_cap_and_a_lift_re
         _, done = await c.wait_status(lambda s: s.state == "done", 40, "the optimum pinned")
         optimum = done.progress["optimal_power_limit_w"]
         await c.wait(lambda: set(c.job_limits().values()) == {optimum}, 5)
-        before = await in_thread(measured_draw_w, c)
+        before = await in_thread(draw_w, c, c.placements())
         cap = round(before * (1 - CUT))
         assert cap > 2 * 100, f"the cut {cap} W is under the floor: the test needs a heavier job"
 
@@ -76,7 +52,7 @@ async def test_a_cut_set_with_the_cli_holds_the_draw_under_the_cap_and_a_lift_re
                                  f"{optimum} W, drawing {before:.0f} W)\n{describe(c)}") from None
         draws = []
         for _ in range(15):
-            draws.append(await in_thread(measured_draw_w, c))
+            draws.append(await in_thread(draw_w, c, c.placements()))
             if draws[-1] <= cap:
                 break
         assert min(draws) <= cap * OVER_CAP_TOLERANCE, (

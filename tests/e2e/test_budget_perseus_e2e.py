@@ -10,18 +10,14 @@ own plan back while it still trains.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
 import sys
-import time
-from typing import Any
 
 import pytest
 
+from tests.e2e.budget_kit import budget_cli, draw_w, in_thread
 from tests.repo_kit import REPO_ROOT
-from zeus_agent.gpu.sim.device import SimGPU
-from zeus_demo.cluster import SimCluster, console_script
+from zeus_demo.cluster import SimCluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -29,25 +25,8 @@ ARGS = {"profiler_args": {"clocks": 3, "warmup_iterations": 1, "min_profile_iter
 OVER_CAP_TOLERANCE = 1.05
 """The draw may exceed the cap this much: the plan's powers are means over an iteration."""
 UNDER_A_BUDGET = "under a power budget"
-
-
-def draw_w(c: SimCluster, seconds: float = 1.0) -> float:
-    """The two GPUs' mean power over `seconds`, from their energy counters."""
-    gpus = [SimGPU.open(c.sim_dir("node-a"), i) for i in (0, 1)]
-    before, t0 = [g.get_total_energy_j() for g in gpus], time.monotonic()
-    time.sleep(seconds)
-    after, t1 = [g.get_total_energy_j() for g in gpus], time.monotonic()
-    return (sum(after) - sum(before)) / (t1 - t0)
-
-
-def budget_cli(c: SimCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*console_script("zeus-coordinator", "coordinator.cli"), "budget", *args,
-         "--nats-url", c.url], capture_output=True, text=True, timeout=30, check=False)
-
-
-async def in_thread(fn: Any, *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+GPUS = [("node-a", 0), ("node-a", 1)]
+"""The node's two GPUs, the pipeline job's."""
 
 
 async def test_a_cap_moves_a_perseus_job_to_a_slower_point_and_the_lift_back() -> None:
@@ -63,7 +42,7 @@ async def test_a_cap_moves_a_perseus_job_to_a_slower_point_and_the_lift_back() -
             "--seconds", "150", "--time-scale", "0.1", "--job-metadata", c.tag,
             "--timeout", "200", "--node", node], cwd=REPO_ROOT)
         served, _ = await c.wait_status(lambda s: s.state == "serving", 120, "serving")
-        before = await in_thread(draw_w, c, 2.0)
+        before = await in_thread(draw_w, c, GPUS, 2.0)
         cap = round(before * 0.8)
         assert cap > 2 * 100, f"the cut {cap} W is under the floor (drawing {before:.0f} W)"
 
@@ -74,7 +53,7 @@ async def test_a_cap_moves_a_perseus_job_to_a_slower_point_and_the_lift_back() -
         assert status.state == "serving", c.messages()
         draws = []
         for _ in range(10):
-            draws.append(await in_thread(draw_w, c))
+            draws.append(await in_thread(draw_w, c, GPUS))
             if draws[-1] <= cap:
                 break
         assert min(draws) <= cap * OVER_CAP_TOLERANCE, (
