@@ -178,11 +178,11 @@ class BudgetLoop:
         self.points: dict[str, tuple[int, float]] = {}
         """Job -> the frontier point (index, power per GPU) a budget gives it, as told."""
         self.cap_jobs = cap_jobs
+        """Tells the power-limit jobs still profiling here their cap (every replica)."""
         self.kept: dict[str, float] = {}
         """Budget -> the backoff last written to the state bucket (`keep_backoffs`)."""
         self.kept_caps: dict[str, dict[core.GpuKey, int]] = {}
         """Budget -> the caps last written with it."""
-        """Tells the power-limit jobs still profiling here their cap (every replica)."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
