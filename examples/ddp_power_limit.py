@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.summary, "w") as f:
                 json.dump(summary, f)
         print(json.dumps(summary), flush=True)
+    dist.barrier()  # Every rank done with the group before any tears its side down.
     dist.destroy_process_group()
     return 0
 

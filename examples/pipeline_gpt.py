@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ranks: list[Any] = [None] * world
     dist.all_gather_object(ranks, mine)
     perseus.close()
+    dist.barrier()  # Every rank done with the group before any tears its side down.
     dist.destroy_process_group()
     if rank != 0:
         return 0

@@ -106,7 +106,7 @@ async def serve_points(drivers: Iterable[JobDriver], execute: Execute,
         if not isinstance(job, PipelineJob) or record is None:
             continue
         want = points.get(driver.job_id)
-        if want is None and job.straggling.budget is None:
+        if want is None and job.straggling.budget is None and not job.straggling.governed:
             continue
         async with driver.lock:
             actions = budget_point.serve(job, want)
@@ -119,8 +119,9 @@ def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.Job
     """Job -> (frontier index, power per GPU) the plans give its pipeline jobs.
 
     A job governed by several budgets serves the point of least power among theirs (along a
-    frontier, the slowest); a job given its own chosen point is absent (it serves its own).
-    The power is the job's planned one: the allocator's over the job's calibration `ratios`.
+    frontier, the slowest); a job given its own chosen point is told that one (it keeps its
+    plan, capped). A job no plan governs is absent. The power is the job's planned one: the
+    allocator's over the job's calibration `ratios`.
     """
     chosen = {j.job_id: j.frontier.chosen for j in jobs if j.frontier is not None}
     points: dict[str, tuple[int, float]] = {}
@@ -130,8 +131,7 @@ def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.Job
                 continue
             power = share.expected_w / max(1, len(p.members.get(share.job_id, ())))
             power /= (ratios or {}).get(share.job_id, 1.0)
-            if share.key != chosen[share.job_id] and (
-                    share.job_id not in points or power < points[share.job_id][1]):
+            if share.job_id not in points or power < points[share.job_id][1]:
                 points[share.job_id] = (share.key, power)
     return points
 
@@ -362,7 +362,8 @@ class BudgetLoop:
             sampled = [self.cluster.power_w[k] for k in job.gpus if k in self.cluster.power_w]
             # (Back at its own point: the next samples still show the point it left.)
             settling = self.settling.get(job.job_id, 0)
-            moved = job.job_id in self.points or not job.own_point  # (A straggler's too.)
+            told = self.points.get(job.job_id)  # (A straggler's point moves it too.)
+            moved = (told is not None and told[0] != f.chosen) or not job.own_point
             if moved or settling > 0:
                 self.settling[job.job_id] = enforce.SETTLE_ROUNDS if moved else settling - 1
             elif job.gpus and len(sampled) == len(job.gpus):

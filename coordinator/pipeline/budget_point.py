@@ -6,8 +6,9 @@ allocator has chosen a point, tells the job to serve it (`serve`). The job serve
 the machinery that slows pipelines down for a straggler (`StragglerHandling.set_budget`): every
 pipeline runs the budget's point (or a slower one, should a straggler call for it), installed
 as a new schedule version; `serve(job, None)` puts the job's own chosen plan back. While a
-budget's point is served the scheduler gets no results (its drift watch compares times with
-the chosen plan's). Pure: the loop executes the actions returned.
+budget governs the job (at its own point too: the caps may throttle it) the scheduler gets no
+results (its drift watch compares times with the chosen plan's). Pure: the loop executes the
+actions returned.
 """
 
 from __future__ import annotations
@@ -70,14 +71,17 @@ def _evaluate(scheduler: Any, rows: Any) -> frontier_options.Evaluate | None:
 def serve(job: PipelineJob, point: tuple[int, float] | None) -> list[Action]:
     """Serve a budget's point, (its index, its power per GPU), or the job's own (None).
 
+    A point that is the job's own chosen one keeps its plan, capped: the job counts as governed
+    (`StragglerHandling.governed`), its times not the plan's, until told None.
+
     The point served is `frontier_options.pick`'s: that index if the frontier still has it at
     or under that power, else the nearest point at or under it.
     """
     found = frontier_of(job)
     scheduler = job.scheduler
     if point is None or found is None or scheduler is None or not scheduler.frontier:
-        return job.straggling.set_budget(None) if job.straggling.budget is not None else []
+        return job.straggling.set_budget(None)
     index = frontier_options.pick(scheduler.frontier, len(job.rank_infos), *point)
     # (A throttled option on its own slowest point still holds: the cap slows its plan.)
     return job.straggling.set_budget(None if index == found.chosen and point[0] >= 0
-                                     else scheduler.frontier[index])
+                                     else scheduler.frontier[index], governed=True)

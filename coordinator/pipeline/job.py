@@ -609,7 +609,8 @@ class PipelineJob:
             return files + self._fail(f"the results of schedule {version}: {why}",
                                       code="too_large")
         dump = json.dumps([r.model_dump(mode="json") for r in results])
-        actions: list[Action] = [KeepFile(f"{version}.prof.json", dump), *files]
+        name = f"{version}.serve-{self._observed}" if serving else str(version)  # (Drift watch.)
+        actions: list[Action] = [KeepFile(f"{name}.prof.json", dump), *files]
         if self.scheduler.finished:  # It serves these from now on: install them if new.
             current = {r: s.frequencies for r, s in self.schedules.items()}
             if {s.rank: s.frequencies for s in schedules} != current:

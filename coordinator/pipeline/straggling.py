@@ -69,6 +69,9 @@ class StragglerHandling:
         self.budget: PlanPoint | None = None
         """The frontier point a power budget has the job serve instead of the chosen one
         (`coordinator.pipeline.budget_point`); None: the job's own choice."""
+        self.governed = False
+        """A power budget caps the job's GPUs, even at its own point: its times are the cap's
+        too (the tightener lowers caps under a plan's peak), so the scheduler gets none."""
         self._scheduler_name = scheduler_name
         self._phase = phase
         self._error = error
@@ -92,17 +95,23 @@ class StragglerHandling:
         """The job serves no plan any more: nothing of the old one is slowed or detected."""
         self.plan = {}
         self.budget = None
+        self.governed = False
         self.stragglers.forget_plan()
 
     def holding(self) -> bool:
-        """Whether the job serves another point than its chosen one (a straggler, a budget).
+        """Whether the job serves another point than its chosen one, or a budget caps it.
 
-        Its times then say nothing of the chosen plan: the scheduler gets no results.
+        A straggler's point, a budget's, or its own under a budget's caps: its times then say
+        nothing of the chosen plan, so the scheduler gets no results.
         """
-        return self.budget is not None or bool(self.stragglers.factors())
+        return self.budget is not None or self.governed or bool(self.stragglers.factors())
 
-    def set_budget(self, point: PlanPoint | None) -> list[Action]:
-        """Serve `point` of the frontier for a power budget (None: the chosen one again)."""
+    def set_budget(self, point: PlanPoint | None, governed: bool = False) -> list[Action]:
+        """Serve `point` of the frontier for a power budget (None: the chosen one again).
+
+        `governed`: a budget caps the job's GPUs (always so with a `point`).
+        """
+        self.governed = governed or point is not None
         if point is self.budget:
             return []
         self.budget = point

@@ -165,7 +165,11 @@ def views() -> list[enforce.JobView]:
 def test_a_budget_caps_the_pipeline_gpus_at_their_points_limit_and_names_the_point() -> None:
     jobs = views()
     ample = enforce.plan(Governed("grid", 5000, 5000, tuple(GPUS)), jobs, cluster())
-    assert frontier_points([ample], jobs) == {}  # Its own point: nothing to tell.
+    assert jobs[0].frontier is not None
+    own = jobs[0].frontier.chosen
+    # Its own point: told so (its plan stays, capped), no other job is a pipeline's.
+    assert frontier_points([ample], jobs) == {"perseus": (own, pytest.approx(
+        ample.allocation.by_job["perseus"].expected_w / 2))}
     assert ample.caps[GPUS[0]] == ample.caps[GPUS[1]] == 300
     tight = enforce.plan(Governed("grid", 760, 760, tuple(GPUS)), jobs, cluster())
     share = tight.allocation.by_job["perseus"]
@@ -234,6 +238,23 @@ def test_the_job_serves_the_budgets_point_on_every_pipeline_and_its_own_after_th
     trainer.iterate(n=2)
     assert seen(job) > before
     assert budget_point.serve(job, None) == []
+
+
+def test_a_budget_that_leaves_the_job_its_own_point_holds_the_drift_watch_until_it_lifts(
+) -> None:
+    job, trainer = serving_job()
+    view = budget_point.frontier_of(job)
+    assert view is not None
+    before, version = seen(job), job.version
+    assert budget_point.serve(job, (view.chosen, view.powers[view.chosen])) == []
+    assert job.version == version and job.straggling.budget is None  # Its plan, unchanged,
+    assert job.straggling.holding()  # but capped: the tightener may throttle it.
+    trainer.iterate({0: 1.3, 1: 1.3}, n=4)  # Throttled by the cap: no drift, no results.
+    assert seen(job) == before and job.phase == "serving"
+    assert budget_point.serve(job, None) == []  # Lifted: nothing to install,
+    assert not job.straggling.holding()
+    trainer.iterate(n=2)
+    assert seen(job) > before  # and its times are the plan's again.
 
 
 def test_a_straggler_under_a_budget_slows_the_others_past_the_budgets_point() -> None:
@@ -380,7 +401,7 @@ def test_the_loop_learns_the_ratio_at_the_jobs_own_point_and_keeps_it_under_a_bu
         loop.cluster.sample(*key, 200.0)
     loop.calibrate([job])
     assert loop.ratios == {"perseus": pytest.approx(1.2)}
-    loop.points = {}
+    loop.points = {"perseus": (0, 280.0)}  # Its own point under a budget: it draws that.
     for _ in range(enforce.SETTLE_ROUNDS):  # (The samples still show the point it left.)
         loop.calibrate([job])
     assert loop.ratios == {"perseus": pytest.approx(1.2)}

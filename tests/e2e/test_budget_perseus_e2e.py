@@ -21,10 +21,16 @@ from zeus_demo.cluster import SimCluster
 
 pytestmark = pytest.mark.timeout(240)
 
-ARGS = {"profiler_args": {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}}
+ARGS = {"profiler_args": {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2},
+        "replan_threshold": 0.5}
+"""(A loaded host moves iteration times by more than the default 5 %: no drift re-profile
+before the cap. Under the cap the job is held: tests/core/test_budget_frontier.py.)"""
 OVER_CAP_TOLERANCE = 1.05
 """The draw may exceed the cap this much: the plan's powers are means over an iteration."""
 UNDER_A_BUDGET = "under a power budget"
+MAX_DRAWS = 25
+"""Seconds of draws to see it under the cap: the tightener corrects a model's error in about
+5 rounds of 1 s each (`coordinator.budget.enforce`), a point or two at a time."""
 GPUS = [("node-a", 0), ("node-a", 1)]
 """The node's two GPUs, the pipeline job's."""
 
@@ -52,7 +58,7 @@ async def test_a_cap_moves_a_perseus_job_to_a_slower_point_and_the_lift_back() -
                                             "a frontier point under the budget", after=served)
         assert status.state == "serving", c.messages()
         draws = []
-        for _ in range(10):
+        for _ in range(MAX_DRAWS):
             draws.append(await in_thread(draw_w, c, GPUS))
             if draws[-1] <= cap:
                 break
