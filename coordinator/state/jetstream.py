@@ -49,6 +49,16 @@ def _expire(future: asyncio.Future[bytes]) -> None:
         future.set_exception(TimeoutError())
 
 
+async def _delivered_by_server(watcher: Any) -> int:
+    """Messages the server pushed to a KV watch's consumer so far (0 if it cannot say)."""
+    try:
+        info = await watcher._sub.consumer_info()  # (nats-py's watcher keeps its subscription.)
+        return int(info.delivered.consumer_seq or 0)
+    except Exception as e:  # noqa: BLE001 - unknown: take the marker as nats-py means it
+        LOG.debug("a watch's consumer not read (%s): its marker taken as is", e)
+        return 0
+
+
 CREATED, IN_FLIGHT, EXISTS, OTHER = "created", "in_flight", "exists", "other"
 """What a create's acknowledgement says (`create_outcome`)."""
 WRONG_LAST_SEQUENCE = 10071
@@ -188,14 +198,25 @@ class JetStreamState:
 
     @staticmethod
     async def _pump(watcher: Any, callback: OnEntry, loaded: asyncio.Event) -> None:
+        """Feed the watch's entries to `callback`; set `loaded` once the current ones were fed.
+
+        nats-py's marker (None) says the current entries were delivered, but it may come
+        before them: it is queued when the consumer reports none pending and the client has
+        handled none yet, while the server has already pushed them all. So a marker counts
+        only if the server delivered nothing (`_delivered_by_server`); else the entry with
+        no message pending after it (`delta` 0) is the last current one.
+        """
         async for entry in watcher:
-            if entry is None:  # The current entries have been delivered.
-                loaded.set()
+            if entry is None:
+                if not loaded.is_set() and await _delivered_by_server(watcher) == 0:
+                    loaded.set()  # Nothing stored: the view is complete, empty.
                 continue
             try:
                 await callback(entry)
             except Exception:  # noqa: BLE001 - one bad entry must not stop the view
                 LOG.exception("could not apply state entry %s", getattr(entry, "key", "?"))
+            if getattr(entry, "delta", None) == 0:
+                loaded.set()
         loaded.set()
 
     async def close(self) -> None:
