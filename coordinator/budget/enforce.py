@@ -206,8 +206,10 @@ class Tightener:
         """One round's measured draw (None: not every GPU sampled); the backoff to apply.
 
         The draw is held a band under the room (`band_w`): a draw whose mean sits at the cap
-        is over it half the time.
+        is over it half the time. The backoff never exceeds the room (one kept by a
+        predecessor may: a huge one would hold the group at its floor while it decays).
         """
+        self.backoff_w = min(self.backoff_w, max(0.0, room_w))
         if self.settling > 0:
             self.settling -= 1
             return self.backoff_w

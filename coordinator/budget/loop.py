@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -200,7 +201,7 @@ class BudgetLoop:
             self.kept_caps.clear()
             self.plans.clear()
             self.statuses.clear()
-            await self.tell({})  # (The owner plans on the jobs it drives; its caps hold.)
+            await self.tell(self.held_here(budgets))  # (The owner caps them.)
             await self.cap_profiling({}, budgets)
             return
         await self.resume_backoffs()
@@ -289,6 +290,17 @@ class BudgetLoop:
             await self.cap_jobs(planned, governed)
         except Exception:  # noqa: BLE001 - a job not told: the next round tells it
             LOG.exception("caps not told to the jobs profiling")
+
+    def held_here(self, budgets: list[Budget]) -> dict[str, tuple[int, float]]:
+        """Pipeline jobs driven here on GPUs a budget governs, at their own point.
+
+        For a replica that does not own the budgets: the owner plans on the jobs it drives and
+        caps the others proportionally, so those driven here keep their plan, held (their
+        times are the caps', not the plan's: no drift re-profile under them).
+        """
+        governed = {k for g in core.governing(budgets, self.cluster, self.wall()) for k in g.gpus}
+        return {j.job_id: (j.frontier.chosen, math.inf) for j in self.jobs()
+                if j.frontier is not None and governed.intersection(j.gpus)}
 
     async def tell(self, points: dict[str, tuple[int, float]]) -> None:
         """Tell the pipeline jobs their points (those told before and now absent: none)."""

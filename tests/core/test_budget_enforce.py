@@ -95,6 +95,15 @@ def test_the_tightener_holds_still_while_the_samples_show_caps_since_changed():
     assert t.update(1100, 1000) == 100
 
 
+def test_a_backoff_kept_beyond_the_room_is_cut_to_it_and_decays_in_a_minute_at_most():
+    t = enforce.Tightener(backoff_w=1e12)  # A predecessor's, finite but absurd.
+    t.resume({}, 0.0)
+    first = t.update(900, 1000)
+    assert first <= 1000  # The whole room at most: the group's floor, not 2 minutes of it.
+    rounds = 1 + next(i for i in range(120) if t.update(900, 1000) == 0)
+    assert rounds <= 35  # 1000 W x 0.8^31 < 1 W
+
+
 def test_measured_draw_needs_every_gpu_sampled():
     c = cluster()
     assert enforce.measured_w(GPUS[:2], c) == 560

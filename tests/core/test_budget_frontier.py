@@ -20,6 +20,7 @@ from coordinator.pipeline import budget_point, planner
 from coordinator.pipeline.job import PipelineJob
 from tests.core.straggler_kit import FRONTIER, Trainer, Watching, make_job
 from zeus_agent.models import PowerLimitMeasurement
+from zeus_agent.wire.budget import Budget
 
 
 @dataclass(frozen=True)
@@ -409,3 +410,20 @@ def test_the_loop_learns_the_ratio_at_the_jobs_own_point_and_keeps_it_under_a_bu
     assert loop.ratios["perseus"] == pytest.approx(0.8 * 1.2 + 0.2 * 200 / 280)
     loop.calibrate([])  # The job gone: its ratio too.
     assert loop.ratios == {}
+
+
+def test_a_replica_not_owning_the_budgets_holds_its_governed_pipeline_jobs_at_their_own_point(
+) -> None:
+    jobs = views()
+    loop = BudgetLoop(link=None, book=None, cluster=cluster(), jobs=lambda: jobs,  # type: ignore[arg-type]
+                      cap_lease_s=10.0, view=BudgetView())
+    grid = Budget(budget_id="grid", cap_w=900.0)
+    assert jobs[0].frontier is not None
+    held = loop.held_here([grid])  # The owner caps them: kept on their plan, held.
+    assert held == {"perseus": (jobs[0].frontier.chosen, float("inf"))}
+    assert loop.held_here([]) == {}  # No budget: nothing held.
+    job, _ = serving_job()
+    view = budget_point.frontier_of(job)
+    assert view is not None
+    budget_point.serve(job, held["perseus"])
+    assert job.straggling.holding() and job.straggling.budget is None
