@@ -15,17 +15,26 @@ TIERS = {"core": "core", "wire": "core", "fuzz": "fuzz", "shell": "shell", "e2e"
 """Test folder -> its marker (`make test-fast` runs the `core` tier alone)."""
 
 
+FIRST = ("e2e", "shell", "deploy", "fuzz", "docs", "core", "wire")
+"""Folders in the order their files start: the long process-level tests first, so the many
+short pure ones fill both `make test` workers' ends (with xdist's `--no-loadscope-reorder`;
+its default starts the files with the most tests first, the long e2e files with a few last)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, from the folder it lives in."""
+    """Mark each test with its tier, from the folder it lives in; long tiers first."""
     tests = Path(__file__).resolve().parent
+    rank: dict[int, int] = {}
     for item in items:
         try:
             folder = Path(str(item.fspath)).resolve().relative_to(tests).parts[0]
         except (ValueError, IndexError):
             continue
+        rank[id(item)] = FIRST.index(folder) if folder in FIRST else len(FIRST)
         tier = TIERS.get(folder)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=lambda item: rank.get(id(item), len(FIRST)))  # (Stable: files stay whole.)
 
 
 @pytest.fixture(scope="module")
