@@ -30,6 +30,7 @@ from nats.js.errors import (
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
+from coordinator.state.watch import follow as follow_bucket
 from zeus_agent.history import History
 
 LOG = logging.getLogger(__name__)
@@ -47,16 +48,6 @@ _BEING_WRITTEN = "wrong last sequence (another write of the key is being replica
 def _expire(future: asyncio.Future[bytes]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
-
-
-async def _delivered_by_server(watcher: Any) -> int:
-    """Messages the server pushed to a KV watch's consumer so far (0 if it cannot say)."""
-    try:
-        info = await watcher._sub.consumer_info()  # (nats-py's watcher keeps its subscription.)
-        return int(info.delivered.consumer_seq or 0)
-    except Exception as e:  # noqa: BLE001 - unknown: take the marker as nats-py means it
-        LOG.debug("a watch's consumer not read (%s): its marker taken as is", e)
-        return 0
 
 
 CREATED, IN_FLIGHT, EXISTS, OTHER = "created", "in_flight", "exists", "other"
@@ -120,7 +111,8 @@ class JetStreamState:
         self.timeout_s = timeout_s
         self.kv: Any = None
         self.owners: Any = None
-        self._watchers: list[tuple[Any, asyncio.Task[None]]] = []
+        self._watchers: list[Any] = []
+        """The watches' consumer subscriptions (`watch.follow`)."""
         # Creates acknowledged on one wildcard inbox (see `_create`).
         self._acks: dict[int, asyncio.Future[bytes]] = {}
         self._ack_inbox = ""
@@ -175,13 +167,9 @@ class JetStreamState:
 
         Returns once the current entries have all been fed (the view is complete).
         """
-        for kv, keys, callback in ((self.kv, records.FOLLOWED, on_state),
-                                   (self.owners, ">", on_owner)):
-            watcher = await kv.watch(keys)
-            loaded = asyncio.Event()
-            task = asyncio.create_task(self._pump(watcher, callback, loaded))
-            self._watchers.append((watcher, task))
-            await loaded.wait()
+        for bucket, keys, callback in ((self.bucket, records.FOLLOWED, on_state),
+                                       (self.owners_bucket, ">", on_owner)):
+            self._watchers.append(await follow_bucket(self.js, bucket, keys, callback))
 
     async def watch(self, keys: str, callback: OnEntry) -> None:
         """Feed the state bucket's entries under `keys` to `callback`, for as long as it is open.
@@ -190,41 +178,13 @@ class JetStreamState:
         long-lived watch: asking again every round would create a JetStream consumer each
         time, which on a cluster whose leader is being elected only adds to the queue.
         """
-        watcher = await self.kv.watch(keys)
-        loaded = asyncio.Event()
-        task = asyncio.create_task(self._pump(watcher, callback, loaded))
-        self._watchers.append((watcher, task))
-        await loaded.wait()
-
-    @staticmethod
-    async def _pump(watcher: Any, callback: OnEntry, loaded: asyncio.Event) -> None:
-        """Feed the watch's entries to `callback`; set `loaded` once the current ones were fed.
-
-        nats-py's marker (None) says the current entries were delivered, but it may come
-        before them: it is queued when the consumer reports none pending and the client has
-        handled none yet, while the server has already pushed them all. So a marker counts
-        only if the server delivered nothing (`_delivered_by_server`); else the entry with
-        no message pending after it (`delta` 0) is the last current one.
-        """
-        async for entry in watcher:
-            if entry is None:
-                if not loaded.is_set() and await _delivered_by_server(watcher) == 0:
-                    loaded.set()  # Nothing stored: the view is complete, empty.
-                continue
-            try:
-                await callback(entry)
-            except Exception:  # noqa: BLE001 - one bad entry must not stop the view
-                LOG.exception("could not apply state entry %s", getattr(entry, "key", "?"))
-            if getattr(entry, "delta", None) == 0:
-                loaded.set()
-        loaded.set()
+        self._watchers.append(await follow_bucket(self.js, self.bucket, keys, callback))
 
     async def close(self) -> None:
         """Stop following the buckets."""
-        for watcher, task in self._watchers:
+        for sub in self._watchers:
             with contextlib.suppress(Exception):
-                await watcher.stop()
-            task.cancel()
+                await sub.unsubscribe()
         self._watchers.clear()
         if self._ack_sub is not None:
             with contextlib.suppress(Exception):

@@ -1,79 +1,90 @@
 """`JetStreamState.watch` returns only once the bucket's current entries were fed.
 
-nats-py queues its "current entries delivered" marker (None) when the consumer reports none
-pending and the client has handled none yet, which also happens when the server has already
-pushed every entry and the client has not read them: the marker then comes first, and a view
-that believed it was complete was empty. The pump now trusts the marker only when the server
-delivered nothing, else waits for the entry with nothing pending after it.
+nats-py's KV watch queued its "current entries delivered" marker when the consumer reported
+none pending and the client had handled none yet, which also happens when the server has
+already pushed every entry and the client has not read them: the marker then came first, and a
+view that believed it was complete was empty. The watch (`coordinator.state.watch.follow`) now
+takes the view as complete at once only when the consumer delivered nothing and has nothing
+pending, else once the entry with nothing pending after it was fed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from coordinator.state import watch
 from coordinator.state.jetstream import JetStreamState
 
 
-@dataclass
-class FakeEntry:
-    key: str
-    delta: int
+def reply(stream_seq: int, pending: int) -> str:
+    """A push consumer's reply subject (`$JS.ACK.<stream>.<consumer>.1.<sseq>.<cseq>.<ts>.<n>`)."""
+    return f"$JS.ACK.KV_b.c.1.{stream_seq}.{stream_seq}.1700000000000000000.{pending}"
 
 
-class EarlyMarkerWatch:
-    """A watch whose marker comes before its entries, as nats-py's does under the race."""
+class PushedBeforeRead:
+    """A JetStream context whose consumer pushed `entries` before the client read any."""
 
-    def __init__(self, entries: list[FakeEntry], delivered: int) -> None:
-        self.items: list[Any] = [None, *entries]
-        self._sub = SimpleNamespace(consumer_info=self._info)
+    def __init__(self, entries: list[tuple[str, int]], delivered: int) -> None:
+        self.entries = entries
         self.delivered = delivered
-        self.gate = asyncio.Event()
+        self.unsubscribed = False
+
+    async def subscribe(self, subject: str, **kwargs: Any) -> Any:
+        assert subject == "$KV.b.v.>" and kwargs["ordered_consumer"]
+        cb = kwargs["cb"]
+
+        async def deliver() -> None:
+            await asyncio.sleep(0.05)  # (After consumer_info: the race.)
+            for seq, (key, pending) in enumerate(self.entries, 1):
+                await cb(SimpleNamespace(subject=f"$KV.b.{key}", reply=reply(seq, pending),
+                                         data=b"x", headers=None))
+
+        self.task = asyncio.create_task(deliver())
+        return SimpleNamespace(consumer_info=self._info, unsubscribe=self._unsubscribe)
 
     async def _info(self) -> Any:
-        return SimpleNamespace(delivered=SimpleNamespace(consumer_seq=self.delivered))
+        return SimpleNamespace(num_pending=0,
+                               delivered=SimpleNamespace(consumer_seq=self.delivered))
 
-    def __aiter__(self) -> EarlyMarkerWatch:
-        return self
-
-    async def __anext__(self) -> Any:
-        if not self.items:
-            await self.gate.wait()  # (Open: no more changes for now.)
-            raise StopAsyncIteration
-        item = self.items.pop(0)
-        await asyncio.sleep(0.01)
-        return item
+    async def _unsubscribe(self) -> None:
+        self.unsubscribed = True
 
 
-async def test_a_marker_before_the_entries_waits_for_the_last_current_one() -> None:
-    watch = EarlyMarkerWatch([FakeEntry("a", 1), FakeEntry("b", 0)], delivered=2)
-    seen: list[str] = []
+async def test_entries_pushed_before_the_first_read_are_fed_before_the_watch_returns() -> None:
+    js = PushedBeforeRead([("v.a", 1), ("v.b", 0)], delivered=2)
+    seen: list[tuple[str, int]] = []
 
     async def fed(entry: Any) -> None:
-        seen.append(entry.key)
+        seen.append((entry.key, entry.revision))
 
-    loaded = asyncio.Event()
-    task = asyncio.create_task(JetStreamState._pump(watch, fed, loaded))
-    await asyncio.wait_for(loaded.wait(), 5)
-    assert seen == ["a", "b"]  # Not empty, as the marker alone said.
-    watch.gate.set()
-    await task
+    await asyncio.wait_for(watch.follow(js, "b", "v.>", fed), 5)
+    assert seen == [("v.a", 1), ("v.b", 2)]  # Not empty, as the consumer's counts alone said.
 
 
-async def test_a_marker_of_an_empty_bucket_completes_the_view_at_once() -> None:
-    watch = EarlyMarkerWatch([], delivered=0)
-    loaded = asyncio.Event()
+async def test_an_empty_bucket_completes_the_view_at_once() -> None:
+    js = PushedBeforeRead([], delivered=0)
 
     async def fed(entry: Any) -> None:
         raise AssertionError(f"no entry expected: {entry}")
 
-    task = asyncio.create_task(JetStreamState._pump(watch, fed, loaded))
-    await asyncio.wait_for(loaded.wait(), 5)
-    assert not task.done()  # Still following the bucket's changes.
-    watch.gate.set()
-    await task
+    sub = await asyncio.wait_for(watch.follow(js, "b", "v.>", fed), 5)
+    await sub.unsubscribe()
+    assert js.unsubscribed
+
+
+async def test_a_bad_entry_is_logged_and_the_view_goes_on() -> None:
+    js = PushedBeforeRead([("v.bad", 1), ("v.good", 0)], delivered=2)
+    seen: list[str] = []
+
+    async def fed(entry: Any) -> None:
+        if entry.key == "v.bad":
+            raise ValueError("unreadable")
+        seen.append(entry.key)
+
+    await asyncio.wait_for(watch.follow(js, "b", "v.>", fed), 5)
+    assert seen == ["v.good"]
 
 
 async def test_watch_on_a_real_bucket_feeds_every_current_entry_before_returning(
