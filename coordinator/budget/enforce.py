@@ -55,6 +55,8 @@ MAX_BAND = 0.03
 """The band never exceeds this share of the room (a jitter inflated by a job starting)."""
 JITTER_WEIGHT = 0.2
 """Weight of each round in the jitter's moving mean."""
+START_MARGIN = 0.03
+"""Share of the room a new budget's first allocation keeps back (`Tightener.fresh`)."""
 GUARD_ROUNDS = SETTLE_ROUNDS + OVER_ROUNDS + 3
 """Rounds in which an owner that took a budget over sends no cap above its predecessor's."""
 
@@ -168,6 +170,12 @@ class Tightener:
     """How much the measured draw moves from one round to the next (a moving mean), W."""
     last_w: float | None = None
     """The last round's measured draw (None after the caps changed)."""
+    fresh: bool = False
+    """A new budget's, nothing kept from a predecessor: its first round keeps `START_MARGIN`
+    of the room back. The first allocation rests on models (profiles, a Perseus job's
+    calibration, proportional shares of unprofiled jobs) whose error would otherwise hold the
+    group over the cap for `SETTLE_ROUNDS` + `OVER_ROUNDS` rounds; the margin is given back at
+    `RELEASE` a round once the group measures under."""
 
     def resume(self, held: dict[GpuKey, int], jitter_w: float = 0.0) -> None:
         """Taken over from an owner that sent `held` last: bound the caps by them a while.
@@ -181,6 +189,7 @@ class Tightener:
         are `held` (the loop holds when it sends others).
         """
         self.held, self.guard, self.jitter_w = dict(held), GUARD_ROUNDS, jitter_w
+        self.fresh = False
 
     def worth_keeping(self, kept_w: float | None) -> bool:
         """Whether the backoff moved enough from the one kept (`kept_w`) to write it again.
@@ -209,6 +218,9 @@ class Tightener:
         is over it half the time. The backoff never exceeds the room (one kept by a
         predecessor may: a huge one would hold the group at its floor while it decays).
         """
+        if self.fresh:
+            self.fresh = False
+            self.backoff_w = max(self.backoff_w, START_MARGIN * room_w)
         self.backoff_w = min(self.backoff_w, max(0.0, room_w))
         if self.settling > 0:
             self.settling -= 1

@@ -255,7 +255,7 @@ class BudgetLoop:
             except Exception as e:  # noqa: BLE001 - the bucket is away: start afresh
                 LOG.warning("budget %s: its backoff not read (%s)", bid, e)
                 kept = None
-            tight = self.tighteners[bid] = enforce.Tightener()
+            tight = self.tighteners[bid] = enforce.Tightener(fresh=kept is None)
             if kept is not None:
                 tight.backoff_w, self.kept[bid], self.kept_caps[bid] = kept[0], kept[0], kept[1]
                 tight.resume(kept[1], kept[2])
@@ -340,7 +340,7 @@ class BudgetLoop:
         for g in governed:
             if not g.gpus:
                 continue
-            tight = self.tighteners.setdefault(g.budget_id, enforce.Tightener())
+            tight = self.tighteners.setdefault(g.budget_id, enforce.Tightener(fresh=True))
             measured = enforce.measured_w(g.gpus, self.cluster)
             backoff = tight.update(measured, g.room_w)
             try:

@@ -104,6 +104,17 @@ def test_a_backoff_kept_beyond_the_room_is_cut_to_it_and_decays_in_a_minute_at_m
     assert rounds <= 35  # 1000 W x 0.8^31 < 1 W
 
 
+def test_a_new_budget_keeps_a_margin_back_at_first_and_gives_it_back_once_under():
+    fresh = enforce.Tightener(fresh=True)
+    assert fresh.update(1500, 1000) == enforce.START_MARGIN * 1000  # The draw before caps.
+    fresh.hold()  # The first caps sent.
+    assert [fresh.update(1500, 1000) for _ in range(enforce.SETTLE_ROUNDS)] == [30.0] * 3
+    assert fresh.update(950, 1000) == 0.8 * 30.0  # Under: given back a fifth a round.
+    resumed = enforce.Tightener(fresh=True)
+    resumed.resume({}, 0.0)  # A predecessor's backoff (none): no margin on top.
+    assert resumed.update(950, 1000) == 0
+
+
 def test_measured_draw_needs_every_gpu_sampled():
     c = cluster()
     assert enforce.measured_w(GPUS[:2], c) == 560
