@@ -292,15 +292,17 @@ class BudgetLoop:
             LOG.exception("caps not told to the jobs profiling")
 
     def held_here(self, budgets: list[Budget]) -> dict[str, tuple[int, float]]:
-        """Pipeline jobs driven here on GPUs a budget governs, at their own point.
+        """Pipeline jobs driven here on GPUs a budget governs: the point told last, or their own.
 
         For a replica that does not own the budgets: the owner plans on the jobs it drives and
-        caps the others proportionally, so those driven here keep their plan, held (their
-        times are the caps', not the plan's: no drift re-profile under them).
+        caps the others proportionally (counted at their draw), so those driven here stay on
+        the point this replica gave them while it owned the budgets (going back to a faster
+        one would raise the group's draw), else their own plan, held either way (their times
+        are the caps', not the plan's: no drift re-profile under them).
         """
         governed = {k for g in core.governing(budgets, self.cluster, self.wall()) for k in g.gpus}
-        return {j.job_id: (j.frontier.chosen, math.inf) for j in self.jobs()
-                if j.frontier is not None and governed.intersection(j.gpus)}
+        return {j.job_id: self.points.get(j.job_id, (j.frontier.chosen, math.inf))
+                for j in self.jobs() if j.frontier is not None and governed.intersection(j.gpus)}
 
     async def tell(self, points: dict[str, tuple[int, float]]) -> None:
         """Tell the pipeline jobs their points (those told before and now absent: none)."""

@@ -422,6 +422,8 @@ def test_a_replica_not_owning_the_budgets_holds_its_governed_pipeline_jobs_at_th
     held = loop.held_here([grid])  # The owner caps them: kept on their plan, held.
     assert held == {"perseus": (jobs[0].frontier.chosen, float("inf"))}
     assert loop.held_here([]) == {}  # No budget: nothing held.
+    loop.points = {"perseus": (2, 150.0)}  # Told while this replica owned the budgets:
+    assert loop.held_here([grid]) == {"perseus": (2, 150.0)}  # kept, not back to its own.
     job, _ = serving_job()
     view = budget_point.frontier_of(job)
     assert view is not None
