@@ -80,6 +80,10 @@ class DurableState:
 
     async def on_entry(self, entry: Any) -> None:
         """Keep this replica's view in step with the state bucket (any replica's writes)."""
+        self.apply(entry)
+
+    def apply(self, entry: Any) -> None:
+        """`on_entry`'s work (nothing awaited: also called when a deferred entry is due)."""
         jobs = self.jobs
         deleted = entry.operation in ("DEL", "PURGE")
         if not deleted and entry.key.count(".") == 3 and entry.key.startswith("v.rank."):
@@ -92,6 +96,8 @@ class DurableState:
             if known is not None and held is not None:
                 jobs.bind_gpu(known, held.gpu)
                 return
+            if known is not None and rank.isdigit() and jobs.defer(known.job_id, int(rank), entry):
+                return  # Its handler here is recording it: applied once it is done.
         try:
             change = records.decode(entry.key, entry.value, deleted, self.clock())
         except RecordError as e:

@@ -12,8 +12,10 @@ or removes its jobs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import Any
 
 from coordinator.jobs import JobRecord, JobRegistry
 from coordinator.optimizer import JobOptimizer
@@ -22,6 +24,8 @@ from zeus_agent.wire import subjects
 from zeus_agent.wire.messages import GpuBinding, RegisterJob
 
 __all__ = ["JobTable"]
+
+LOG = logging.getLogger(__name__)
 
 
 class JobTable:
@@ -34,6 +38,8 @@ class JobTable:
     def __init__(self, registry: JobRegistry) -> None:
         self.registry = registry
         self._registering: set[tuple[str, int]] = set()
+        self._deferred: dict[tuple[str, int], list[Any]] = {}
+        """State entries of ranks being recorded here, applied once their handler is done."""
         self._pending: dict[str, JobRecord | None] = {}
         """Jobs registered here whose record JetStream has not taken yet -> the record the state
         bucket delivered for that id meanwhile (None: none yet)."""
@@ -114,14 +120,36 @@ class JobTable:
 
     # ------------------------------------------------------------------ ranks being recorded
     @contextlib.contextmanager
-    def registering_rank(self, job_id: str, rank: int) -> Iterator[None]:
-        """While this replica's handler records `rank`: it, not the state watch, starts the job."""
+    def registering_rank(self, job_id: str, rank: int,
+                         apply: Callable[[Any], None]) -> Iterator[None]:
+        """While this replica's handler records `rank`: it, not the state watch, starts the job.
+
+        The rank's own entry may come through the watch before the handler has taken the
+        write's acknowledgement (both arrive together): `defer` keeps it, and it is applied
+        (`apply`) once the handler is done, by then mostly a rank known here (not decoded
+        again); not if the job was forgotten meanwhile (its removal came after the entry).
+        """
         key = (job_id, rank)
         self._registering.add(key)
         try:
             yield
         finally:
             self._registering.discard(key)
+            for entry in self._deferred.pop(key, ()):
+                if job_id not in self._by_id:
+                    continue
+                try:
+                    apply(entry)
+                except Exception:  # noqa: BLE001 - one bad entry must not fail the request
+                    LOG.exception("could not apply state entry %s", getattr(entry, "key", "?"))
+
+    def defer(self, job_id: str, rank: int, entry: Any) -> bool:
+        """Keep a state entry of `rank` until its handler here is done; False: none is."""
+        key = (job_id, rank)
+        if key not in self._registering:
+            return False
+        self._deferred.setdefault(key, []).append(entry)
+        return True
 
     def is_registering(self, job_id: str, rank: int) -> bool:
         """Whether a handler of this replica is recording the rank right now."""
