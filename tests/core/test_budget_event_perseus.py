@@ -1,11 +1,13 @@
 """The grid event's Perseus job, judged: its statuses and budget shares as the watcher keeps
-them, whether it serves its own point, and its figures (draw, planned slowdown, seconds until
-its own point is back after the lift)."""
+them, whether it serves its own point, and its figures (draw, planned and measured slowdown,
+seconds until its own point is back after the lift)."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+
+import pytest
 
 from coordinator.budget import allocator as alloc
 from zeus_agent.wire import codec
@@ -76,6 +78,14 @@ def test_its_figures_from_the_samples_the_shares_and_the_statuses() -> None:
     assert figures["budget_points_served"] == 1 and "power budget" in figures[
         "last_budget_status"]
     assert figures["seconds_to_own_point"] == 0.5
+    assert figures["measured_slowdown"] is None  # No iterations measured: the plan's judged.
+    # Its first GPU's iterations: 0.2 s before the signal, 0.3 s in the hold's second half.
+    ran = [(1.0 + 0.5 * i, 0.2) for i in range(18)]
+    held = [(15.2 + 0.5 * i, 0.3) for i in range(8)]
+    watch.perseus_steps = [*ran, (12.0, 9.9), *held]  # (The switch, in the first half.)
+    figures = perseus_figures(watch, Event(cap_w=900, signal_s=10.0, lift_s=20.0))
+    assert figures["measured_slowdown"] == pytest.approx(0.5)
+    assert figures["steps_measured"] == [18, 8]
 
 
 def test_the_pipeline_on_the_simulators_instructions_and_the_losses_with_it() -> None:

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetRequest, BudgetStatus
-from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
+from zeus_agent.wire.messages import JobStatus, MeasurementBatch, Reply, SampleBatch
 from zeus_demo.budget import analysis as an
 from zeus_demo.budget.jobs import (
     PERSEUS_ARGS,
@@ -71,6 +72,12 @@ class EventConfig:
     """Also a Perseus pipeline job on an A40 node of its own (`jobs.perseus_job`)."""
 
 
+STEPS_BEFORE_S = 10.0
+"""The Perseus job's iterations before the signal that make its own point's time."""
+MIN_STEPS = 5
+"""Iterations on each side below which its slowdown is the planned one."""
+
+
 class Watcher:
     """What the bus says: GPUs' samples, jobs' optima, the Perseus job's statuses and shares."""
 
@@ -84,6 +91,8 @@ class Watcher:
         """(monotonic s, state, message) of the Perseus job's statuses."""
         self.perseus_shares: list[tuple[float, int, float | None, float]] = []
         """(monotonic s, limit W, planned slowdown, expected W) of its budget shares."""
+        self.perseus_steps: list[tuple[float, float]] = []
+        """(monotonic s, iteration time s) of the Perseus job's steps, its first GPU's."""
 
     def perseus_own(self) -> bool:
         """Whether the Perseus job serves its own chosen point (no Perseus job: True)."""
@@ -101,6 +110,13 @@ class Watcher:
             if share.job_id == self.job_ids[self.perseus.tag]:
                 self.perseus_shares.append((time.monotonic(), share.limit_w, share.slowdown,
                                             share.expected_w))
+
+    async def measurement(self, msg: Any) -> None:
+        """The Perseus job's first GPU's measurements: its iteration times."""
+        batch = codec.decode(msg.data, MeasurementBatch)
+        now = time.monotonic()
+        self.perseus_steps += [(now, m.time_s) for m in batch.measurements
+                               if m.kind == "step" and m.time_s is not None and m.time_s > 0]
 
     async def sample(self, msg: Any) -> None:
         """An agent's samples: each GPU's energy and limit over time."""
@@ -276,12 +292,15 @@ def pipeline_losses(spec: PerseusSpec, group: Any, event: Event,
                     figures: dict[str, Any]) -> dict[str, Any]:
     """The losses with the Perseus job in the group (`analysis.compare_with_pipeline`).
 
-    Its own: its share's planned slowdown, or (a job the budget capped proportionally, no
-    slowdown planned) its chosen plan under that cap on the simulator's instructions.
+    Its own: its measured slowdown (`perseus_figures`), else its share's planned one, or (a
+    job the budget capped proportionally, no slowdown planned) its chosen plan under that cap
+    on the simulator's instructions.
     """
     truth = an.pipeline_truth(an.SimPipeline(spec.tag, PERSEUS_PROFILE, spec.stages, spec.dp,
                                              spec.microbatches, PERSEUS_TIME_SCALE))
-    slowdown = figures["planned_slowdown"]
+    slowdown = figures["measured_slowdown"]  # (Its iterations, as the agent timed them.)
+    if slowdown is None:
+        slowdown = figures["planned_slowdown"]
     if slowdown is None:
         stays = truth[1]
         limit = figures["share_limit_w"] or max(o.limit_w for o in stays.options)
@@ -295,8 +314,10 @@ def pipeline_losses(spec: PerseusSpec, group: Any, event: Event,
 def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
     """The Perseus job in the event: its GPUs' draw, its budget shares, its points served.
 
-    Its throughput loss is its share's planned slowdown (the frontier point served against
-    its own), judged with the others' by `pipeline_losses`.
+    Its throughput loss is its measured slowdown: the median iteration time over the
+    hold's second half against the median of the `STEPS_BEFORE_S` before the signal (the
+    share's planned slowdown where too few were measured), judged with the others' by
+    `pipeline_losses`.
     """
     assert watch.perseus is not None
     keys = list(watch.perseus.gpus)
@@ -310,12 +331,20 @@ def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
     budget = [m for t, state, m in watch.perseus_states
               if event.signal_s < t <= event.lift_s and "power budget" in m]
     last = shares[-1] if shares else None
+    half = (event.signal_s + event.lift_s) / 2
+    ran = [t for at, t in watch.perseus_steps if event.signal_s - STEPS_BEFORE_S < at
+           <= event.signal_s]
+    held = [t for at, t in watch.perseus_steps if half < at <= event.lift_s]
+    measured = (statistics.median(held) / statistics.median(ran) - 1.0
+                if len(ran) >= MIN_STEPS and len(held) >= MIN_STEPS else None)
     return {
         "gpus": len(keys), "stages": watch.perseus.stages, "pipelines": watch.perseus.dp,
         "draw_before_w": round(_mean(before), 1),
         "draw_capped_w": round(_mean(during[len(during) // 2:]), 1) if during else None,
         "share_limit_w": None if last is None else last[1],
         "planned_slowdown": None if last is None or last[2] is None else round(last[2], 4),
+        "measured_slowdown": None if measured is None else round(measured, 4),
+        "steps_measured": [len(ran), len(held)],
         "expected_w": None if last is None else last[3],
         "budget_points_served": len(budget),
         "last_budget_status": budget[-1] if budget else None,
@@ -382,6 +411,9 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             await nc.subscribe(samples, cb=watch.sample)
             await nc.subscribe(subjects.all_job_status(), cb=watch.status)
             await nc.subscribe(subjects.all_budget_status(), cb=watch.budget_status)
+            if perseus is not None:
+                await nc.subscribe(subjects.gpu_measurements(*perseus.gpus[0]),
+                                   cb=watch.measurement)
             await confirm_subscriptions(nc)
             gpus = sum(n.gpus for n in nodes)
             await wait_for_async(lambda: len(watch.series.samples) >= gpus, 120,
