@@ -232,7 +232,7 @@ ACTIVITIES = [  # The first that matches a stack names it (nested ones first).
     ("rank handler: the rest (decode, checks, registry, status)", ("Endpoints.register_rank",)),
     ("reply: encode + respond (Endpoints.wrap.handle)", ("wrap.<locals>.handle",)),
     ("request dispatch (nats.micro, task spawn)", ("micro/service.py", "CoordinatorService.spawn")),
-    ("KV watch: entries -> this replica's view (_pump)", ("JetStreamState._pump", "watch_updates")),
+    ("KV watch: entries -> this replica's view (watch.follow)", ("follow.<locals>.on_msg",)),
     ("nats-py read loop: parse, headers, Msg objects", ("_read_loop",)),
     ("nats-py reply routing (request futures)", ("_request_sub_callback",)),
     ("nats-py flusher: socket writes", ("_flusher",)),
