@@ -111,7 +111,8 @@ async def follow(js: Any, bucket: str, keys: str, callback: OnEntry) -> Any:
     except BaseException:
         await sub.unsubscribe()
         raise
-    if not info.num_pending and not (info.delivered.consumer_seq or 0):
+    delivered = getattr(info.delivered, "consumer_seq", None)  # (None: the server omitted it.)
+    if not info.num_pending and not delivered:
         loaded.set()  # Nothing stored: the view is complete, empty.
     await loaded.wait()
     return sub
