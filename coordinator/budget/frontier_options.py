@@ -255,7 +255,9 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
     last, peak = out[-1], frontier.peaks[-1]
     ref = min(max_limit_w, math.ceil(last.power_w if peak is None else peak * HEADROOM))
     modelled = [th for th in frontier.throttled if min_limit_w <= th.cap_w < ref]
-    out += [Option(-th.cap_w, th.time_s, th.power_w, th.cap_w) for th in modelled]
+    for th in modelled:  # (Calibrated over its cap: the GPUs draw the cap, taking longer.)
+        option = Option(-th.cap_w, th.time_s, th.power_w, th.cap_w)
+        out.append(_held(option, th.cap_w) if th.power_w > th.cap_w else option)
     last = out[-1]
     top = min(last.limit_w, math.ceil(last.power_w))
     limits = list(range(top - top % THROTTLE_STEP_W, min_limit_w, -THROTTLE_STEP_W))

@@ -310,6 +310,13 @@ def test_under_its_slowest_point_a_planned_frontier_is_throttled_as_the_planner_
     below = options[-1]  # Under its 108 W: at the cap, the same energy per iteration.
     assert below.power_w == 100 and below.power_w * below.time_s == pytest.approx(
         th.power_w * th.time_s)
+    # Calibrated by a job drawing 1.5x its plan: the 150 W plan would draw 162 W, over its
+    # cap; the GPUs draw 150 W at most and take longer for the same energy.
+    hot = fo.options(fo.calibrated(view, 1.5), 100, 300)
+    capped = next(o for o in hot if o.key == -150)
+    assert capped.power_w == 150.0 and capped.power_w * capped.time_s == pytest.approx(
+        1.5 * th.power_w * th.time_s)
+    assert all(o.power_w <= o.limit_w for o in hot if o.key < 0)
 
 
 class Profiled(Watching):
