@@ -299,7 +299,8 @@ def main() -> None:
         result["cluster"] = cluster
         result["seconds"] = round(time.monotonic() - t0, 1)
         event, takeover = cluster["event"], cluster.get("takeover", {})
-        for key in ("seconds_to_cap", "over_cap_joules", "loss_vs_uniform",
+        for key in ("seconds_to_cap", "seconds_to_first_under", "bins_over_after",
+                    "max_over_after_w", "over_cap_joules", "loss_vs_uniform",
                     "gap_to_optimal_pct", "seconds_to_restore"):
             result[key] = event.get(key)
         result["over_cap_joules_during_takeover"] = takeover.get(

@@ -7,7 +7,8 @@ limit) and the jobs' shapes; nothing here reads a clock or the bus.
   bins (energy counters, not instantaneous readings: a GPU idles between steps and a reading
   catches either side).
 * `seconds_to_cap`: from the signal until the group's power is under the cap and stays there
-  until the event ends; `over_cap_joules`: the energy drawn above the cap in a window.
+  until the event ends (`first_under`: when it first got under, and the bins over it after);
+  `over_cap_joules`: the energy drawn above the cap in a window.
 * `seconds_to_restore`: from the lift until every job's GPUs are at its own optimum again.
 * `true_group` / `compare_losses`: the jobs on the simulator's true curves (`physics`), and the
   group's throughput loss at the limits the coordinator applied, at the uniform cut (every GPU
@@ -103,6 +104,24 @@ def seconds_to_cap(power: Sequence[tuple[float, float]], cap_w: float,
     if last_over == len(after) - 1:
         return None
     return after[last_over + 1][0] - signal_s
+
+
+def first_under(power: Sequence[tuple[float, float]], cap_w: float,
+                signal_s: float) -> dict[str, float | int | None]:
+    """When the group's power first got under the cap, and how it held from then on.
+
+    `seconds_to_cap` is strict: one bin a few watts over, late in the event, moves it there.
+    This says what it hides: the end of the first bin under the cap (s from the signal), the
+    bins over it after that and their largest excess (W).
+    """
+    after = [(t, p) for t, p in power if t > signal_s]
+    first = next((i for i, (_, p) in enumerate(after) if p <= cap_w), None)
+    if first is None:
+        return {"seconds_to_first_under": None, "bins_over_after": None,
+                "max_over_after_w": None}
+    over = [p - cap_w for _, p in after[first:] if p > cap_w]
+    return {"seconds_to_first_under": after[first][0] - signal_s, "bins_over_after": len(over),
+            "max_over_after_w": max(over, default=0.0)}
 
 
 def over_cap_joules(power: Sequence[tuple[float, float]], cap_w: float, t0_s: float,

@@ -55,6 +55,7 @@ def render_budget_table(out: Mapping[str, Any]) -> Table:
 
     for name, key, unit, goal in (
         ("seconds from the signal to under the cap", "seconds_to_cap", " s", "<= 5 s"),
+        ("... to its first bin under the cap", "seconds_to_first_under", " s", ""),
         ("energy above the cap during the event", "over_cap_joules", " J", ""),
         ("group draw while capped", "draw_capped_w", " W", ""),
         ("throughput loss / a uniform cut's", "loss_vs_uniform", "", "<= 0.7"),

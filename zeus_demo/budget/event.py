@@ -268,6 +268,9 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
         "draw_capped_w": round(_mean(during[len(during) // 2:]), 1),
         "seconds_to_cap": an.seconds_to_cap(
             [(t, p) for t, p in power if t <= event.lift_s], event.cap_w, event.signal_s),
+        **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in an.first_under(
+            [(t, p) for t, p in power if t <= event.lift_s], event.cap_w,
+            event.signal_s).items()},
         "over_cap_joules": round(an.over_cap_joules(power, event.cap_w, event.signal_s,
                                                     event.lift_s, BIN_S), 1),
         "max_over_cap_w": round(max((p - event.cap_w for p in during), default=0.0), 1),
