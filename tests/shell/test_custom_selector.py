@@ -50,6 +50,7 @@ def train(agent_socket: str, selector: OptimumSelector, stop_event: threading.Ev
     """A one-GPU training loop written as Zeus documents it (steps of 30 ms)."""
     import os
 
+    before = os.environ.get(emit.ENV_SOCKET)
     os.environ[emit.ENV_SOCKET] = agent_socket
     try:
         plo = GlobalPowerLimitOptimizer(SimpleNamespace(gpu_indices=[0]),
@@ -64,6 +65,10 @@ def train(agent_socket: str, selector: OptimumSelector, stop_event: threading.Ev
         out["error"] = e
     finally:
         emit.close()
+        if before is None:  # (The worker's later tests, and their children, must not see it.)
+            os.environ.pop(emit.ENV_SOCKET, None)
+        else:
+            os.environ[emit.ENV_SOCKET] = before
 
 
 @pytest.mark.parametrize("kind", ["custom", "broken"])
