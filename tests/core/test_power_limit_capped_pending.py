@@ -18,8 +18,7 @@ from coordinator.power_limit.machine import (
     SetPowerLimit,
 )
 from coordinator.power_limit.selectors import Energy
-
-RATE = {300: (1.0, 300.0), 250: (1.05, 260.0), 200: (1.2, 240.0), 150: (1.7, 250.0)}
+from tests.core.capped_kit import Gpu
 
 
 def machine(**kw: object) -> PowerLimitStateMachine:
@@ -29,18 +28,11 @@ def machine(**kw: object) -> PowerLimitStateMachine:
     return m
 
 
-class Gpu:
-    """The limit set, the counters, and the windows open."""
-
-    def __init__(self) -> None:
-        self.limit, self.t, self.e = 300, 0.0, 0.0
-        self.opened: dict[str, tuple[float, float]] = {}
-
-
 def drive(m: PowerLimitStateMachine, gpu: Gpu, steps: int, cap: int | None,
           measured: list[int]) -> None:
     """`steps` steps under `cap` (set first); each window recorded as it closes."""
     opened = gpu.opened
+    gpu.cap = cap
     effects: list[Effect] = m.cap(cap)
     for _ in range(steps):
         if isinstance(m.state, Done):
@@ -48,17 +40,16 @@ def drive(m: PowerLimitStateMachine, gpu: Gpu, steps: int, cap: int | None,
         effects += m.on_step_begin()
         for effect in effects:
             if isinstance(effect, SetPowerLimit):
-                gpu.limit = effect.watts
+                gpu.asked = effect.watts
             elif isinstance(effect, BeginWindow):
-                opened[effect.name] = (gpu.t, gpu.e)
+                opened[effect.name] = (gpu.t, gpu.e, gpu.limit)
             elif isinstance(effect, EndWindow):
-                t0, e0 = opened.pop(effect.name)
+                t0, e0, _ = opened.pop(effect.name)
                 if not effect.cancel:
                     measured.append(int(effect.name.rsplit("_", 1)[1]))
                     m.record(effect.name, gpu.t - t0, gpu.e - e0)
         effects = []
-        ran = gpu.limit if cap is None else min(gpu.limit, cap)
-        gpu.t, gpu.e = gpu.t + RATE[ran][0], gpu.e + RATE[ran][1]
+        gpu.run_step()
 
 
 def test_a_cap_during_a_window_under_it_profiles_each_limit_once() -> None:
