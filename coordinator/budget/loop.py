@@ -124,11 +124,11 @@ def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.Job
     plan, capped). A job no plan governs is absent. The power is the job's planned one: the
     allocator's over the job's calibration `ratios`.
     """
-    chosen = {j.job_id: j.frontier.chosen for j in jobs if j.frontier is not None}
+    pipelines = {j.job_id for j in jobs if j.frontier is not None}
     points: dict[str, tuple[int, float]] = {}
     for p in plans:
         for share in p.allocation.shares:
-            if share.job_id not in chosen or share.key is None:
+            if share.job_id not in pipelines or share.key is None:
                 continue
             power = share.expected_w / max(1, len(p.members.get(share.job_id, ())))
             power /= (ratios or {}).get(share.job_id, 1.0)
