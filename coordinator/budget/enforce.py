@@ -75,6 +75,10 @@ class JobView:
     """A pipeline job's frontier, while it serves a plan of it (`frontier_options`)."""
     own_point: bool = True
     """No straggler slows it: its draw is its own point's (when no budget moves it)."""
+    step_times: tuple[tuple[int, float], ...] = ()
+    """A pipeline job's last step times, (sequence, s) (`StragglerHandling.step_times`)."""
+    own_step_s: float | None = None
+    """A pipeline job's step time at its own point (`StragglerHandling.own_step_s`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,10 @@ decreasing, so the average power E / T decreases along it too).
   which the budget's measured draw corrects (`enforce.Tightener`); a job told such an option
   serves its slowest point (`pick`), its GPUs capped at L.
 
+**Timed by measurement**: a throttled option the job served counts at its measured step
+time, relative to its own point's, and deeper caps are scaled alike (`coordinator.budget.
+timing`: the model underestimates deep caps).
+
 **Calibrated by measurement**: a plan's power is the planner's (its profile's energies, its
 blocking power), and the draw also holds what the plan does not see (the all-reduce, the
 optimizer step, clock changes). As Perseus calibrates its times by the first window served,
@@ -112,6 +116,9 @@ class FrontierView:
     """Index of the point the job chose itself."""
     throttled: tuple[Throttled, ...] = ()
     """The slowest point under lower caps, by descending cap (modelled with its profile)."""
+    slowed: tuple[tuple[int, float], ...] = ()
+    """(cap W, measured time over the chosen point's) of throttled options the job served
+    (`coordinator.budget.timing`); they replace the model's times (`options`)."""
 
 
 def view(frontier: Sequence[Point], chosen: Point, gpus: int, rows: Iterable[ProfileRow] = (),
@@ -264,7 +271,30 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
     for cap in [*limits, min_limit_w] if top > min_limit_w else []:
         if cap < min(last.limit_w, last.power_w):
             out.append(_held(last, cap))
-    return tuple(out)
+    return _measured(out, frontier) if frontier.slowed else tuple(out)
+
+
+def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
+    """The throttled options with what was measured: a cap served at its measured time.
+
+    A cap not measured is scaled as the nearest measured one above it was (measured over
+    modelled time); above every measured cap the model stands. Deeper caps never run faster.
+    """
+    chosen_s = frontier.times[frontier.chosen]
+    modelled = {-o.key: o.time_s for o in out if o.key < 0}
+    scale = {cap: chosen_s * rel / modelled[cap] for cap, rel in frontier.slowed
+             if cap in modelled and modelled[cap] > 0}
+    done: list[Option] = []
+    slowest = 0.0
+    for o in out:
+        if o.key >= 0:
+            done.append(o)
+            continue
+        above = [cap for cap in scale if cap >= -o.key]
+        factor = scale[min(above)] if above else 1.0
+        slowest = max(slowest, o.time_s * factor)
+        done.append(Option(o.key, slowest, o.power_w, o.limit_w))
+    return tuple(done)
 
 
 def _held(option: Option, cap: int) -> Option:
@@ -309,15 +339,19 @@ def own_ratio(frontier: FrontierView, measured_w: float) -> float | None:
     return ratio if ratio is not None and lo <= ratio <= hi else None
 
 
-def calibrated(frontier: FrontierView, ratio: float) -> FrontierView:
-    """`frontier` with every power (points, peaks, throttled plans) times `ratio`."""
-    if ratio == 1.0:
+def calibrated(frontier: FrontierView, ratio: float,
+               slowed: tuple[tuple[int, float], ...] = ()) -> FrontierView:
+    """`frontier` with every power (points, peaks, throttled plans) times `ratio`.
+
+    `slowed`: the throttled options' measured times (`coordinator.budget.timing`).
+    """
+    if ratio == 1.0 and slowed == frontier.slowed:
         return frontier
     return FrontierView(
         frontier.times, tuple(p * ratio for p in frontier.powers),
         tuple(None if p is None else p * ratio for p in frontier.peaks), frontier.chosen,
         tuple(Throttled(t.cap_w, t.time_s, t.power_w * ratio, t.peak_w * ratio)
-              for t in frontier.throttled))
+              for t in frontier.throttled), slowed)
 
 
 def profiled_job(job_id: str, frontier: FrontierView, gpus: int, min_limit_w: int,

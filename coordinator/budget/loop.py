@@ -33,6 +33,7 @@ from coordinator.budget import budgets as core
 from coordinator.budget import enforce, frontier_options
 from coordinator.budget.allocator import BudgetError
 from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps
+from coordinator.budget.timing import Timing
 from coordinator.optimizer import Action
 from coordinator.pipeline import budget_point
 from coordinator.pipeline.job import PipelineJob
@@ -89,7 +90,9 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
                                          job.optimal_power_limit, weight))
         elif frontier is not None and isinstance(job, PipelineJob):
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
-                                         own_point=not job.straggling.stragglers.factors()))
+                                         own_point=not job.straggling.stragglers.factors(),
+                                         step_times=tuple(job.straggling.step_times),
+                                         own_step_s=job.straggling.own_step_s()))
         else:
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
     return views
@@ -174,6 +177,8 @@ class BudgetLoop:
         serves that point, kept while a budget moves it: `frontier_options.own_ratio`)."""
         self.settling: dict[str, int] = {}
         """Pipeline job -> rounds left before its draw is its own point's again."""
+        self.timing = Timing(enforce.SETTLE_ROUNDS)
+        """The pipeline jobs' measured step times under the caps (`budget.timing`)."""
         self.views: list[enforce.JobView] = []
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
@@ -385,9 +390,13 @@ class BudgetLoop:
                 if ratio is not None:
                     old = self.ratios.get(job.job_id)
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
+            self.timing.observe(job.job_id, None if told is None else told[0],
+                                job.own_step_s if job.own_point else None, job.step_times)
             ratio = self.ratios.get(job.job_id, 1.0)
-            out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(f, ratio)))
+            out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
+                f, ratio, self.timing.slowed(job.job_id))))
         live = {j.job_id for j in jobs}
+        self.timing.forget(live)
         self.ratios = {k: v for k, v in self.ratios.items() if k in live}
         self.settling = {k: v for k, v in self.settling.items() if k in live}
         return out

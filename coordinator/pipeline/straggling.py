@@ -10,6 +10,8 @@ needs and the job's `install` and `progress`; it owns the plan being served (`pl
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +22,10 @@ from coordinator.pipeline.steps import Step
 from coordinator.pipeline.stragglers import Stragglers
 from zeus_agent.models import FrequencySchedule, RankInfo
 
-__all__ = ["Install", "StragglerHandling"]
+__all__ = ["STEP_TIMES_KEPT", "Install", "StragglerHandling"]
+
+STEP_TIMES_KEPT = 64
+"""Step times kept for a power budget's measure of the job's speed (`step_times`)."""
 
 Install = Callable[[list[FrequencySchedule], str, str], list[Action]]
 """Installs schedules as the job's next version: (schedules, state, message) -> actions
@@ -72,6 +77,14 @@ class StragglerHandling:
         self.governed = False
         """A power budget caps the job's GPUs, even at its own point: its times are the cap's
         too (the tightener lowers caps under a plan's peak), so the scheduler gets none."""
+        self.step_times: deque[tuple[int, float]] = deque(maxlen=STEP_TIMES_KEPT)
+        """(sequence number, seconds) of the last steps the ranks measured while serving a plan
+        of a frontier, whatever the point: how fast the job runs under a budget's caps (the
+        budget loop compares them with the plan's model, `coordinator.budget.timing`)."""
+        self.steps_timed = 0
+        """Steps recorded in `step_times` so far (the last one's sequence number)."""
+        self.own_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
+        """The last step times (s) at the job's own point, no budget or straggler holding it."""
         self._scheduler_name = scheduler_name
         self._phase = phase
         self._error = error
@@ -97,6 +110,10 @@ class StragglerHandling:
         self.budget = None
         self.governed = False
         self.stragglers.forget_plan()
+
+    def own_step_s(self) -> float | None:
+        """The median step time at the job's own point (None: fewer than 3 steps there)."""
+        return statistics.median(self.own_times) if len(self.own_times) >= 3 else None
 
     def holding(self) -> bool:
         """Whether the job serves another point than its chosen one, or a budget caps it.
@@ -153,7 +170,14 @@ class StragglerHandling:
     def track(self, rank: int, step_number: int, step: Step) -> list[Action]:
         """Record rank's own iteration time for one step; judge the step once all ranks did."""
         found = self._frontier()
-        if len(self.pipelines) < 2 or found is None:
+        if found is None:
+            return []
+        if step.time_s is not None and step.time_s > 0:
+            self.steps_timed += 1
+            self.step_times.append((self.steps_timed, step.time_s))
+            if not self.holding():
+                self.own_times.append(step.time_s)
+        if len(self.pipelines) < 2:
             return []
         span = step.own_time()
         if span is None:

@@ -1,0 +1,93 @@
+"""How much slower a Perseus job runs under a budget's caps, measured (pure).
+
+A throttled option of a pipeline job (`frontier_options`: its slowest point under a node cap)
+is a model: the profile's clocks that fit the cap, and under its lowest clocks the same energy
+per iteration at the cap. At deep caps it runs slower than that: a GPU throttled under its
+lowest profiled clock still draws its static power, so less of the cap does the work, and the
+iteration also holds what the planner does not see. Measured on the budget bench (A40, GPT-3,
+a 125 W share): 0.96-1.01 slowdown where 0.62-0.66 was planned; at 150 W and above the model
+held (0.55-0.60 measured for 0.60-0.63 planned). The allocator, trusting the model, cut such
+a job deeper than its cost warranted.
+
+`Timing` measures instead. Per job, from the step times its ranks report (`StragglerHandling.
+step_times`), once the option told has been in force `settle_rounds` rounds: for each throttled
+option it was told, the median step time there over the median at its own point
+(`StragglerHandling.own_step_s`, while nothing held it), in `relative`. The job's frontier
+carries them (`FrontierView.slowed`), and `frontier_options.options` counts a measured cap at
+its measured time and deeper ones scaled alike: the next allocation weighs what the caps
+really cost. Kept per replica, in memory: a replica that takes the budgets over measures again.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+__all__ = ["MIN_STEPS", "RELATIVE_RANGE", "SMOOTHING", "Timing"]
+
+MIN_STEPS = 3
+"""Step times after the settling rounds needed for a measure."""
+RELATIVE_RANGE = (1.0, 10.0)
+"""A throttled option's measured time over the own point's, kept within (a measure outside
+says more about the host than the caps)."""
+SMOOTHING = 0.5
+"""Weight of the previous measure of a cap in the next one."""
+
+
+@dataclass(slots=True)
+class _Watch:
+    """The option a job was told, since how many rounds, and its last step before measuring."""
+
+    key: int | None
+    rounds: int = 0
+    mark: int = 0
+
+
+class Timing:
+    """Measured step times of the pipeline jobs a budget governs (see the module docstring).
+
+    Args:
+        settle_rounds: Rounds after the option changed whose steps still ran the old one.
+    """
+
+    def __init__(self, settle_rounds: int) -> None:
+        self.settle_rounds = settle_rounds
+        self.relative: dict[str, dict[int, float]] = {}
+        """Job -> cap (W) -> its throttled option's measured step time over its own point's."""
+        self._watch: dict[str, _Watch] = {}
+
+    def observe(self, job_id: str, key: int | None, own_s: float | None,
+                step_times: Sequence[tuple[int, float]]) -> None:
+        """One round of a job: `key` is the option it was told (None: no budget governs it).
+
+        `own_s`: its step time at its own point (None: not known); `step_times`: its
+        (sequence, seconds), oldest first.
+        """
+        watch = self._watch.get(job_id)
+        if watch is None or watch.key != key:
+            watch = self._watch[job_id] = _Watch(key)
+        watch.rounds += 1
+        if watch.rounds <= self.settle_rounds:
+            watch.mark = step_times[-1][0] if step_times else 0
+            return
+        if key is None or key >= 0 or own_s is None or own_s <= 0:
+            return
+        times = [t for n, t in step_times if n > watch.mark]
+        if len(times) < MIN_STEPS:
+            return
+        lo, hi = RELATIVE_RANGE
+        measured = min(hi, max(lo, statistics.median(times) / own_s))
+        caps = self.relative.setdefault(job_id, {})
+        old = caps.get(-key)
+        caps[-key] = measured if old is None else SMOOTHING * old + (1 - SMOOTHING) * measured
+
+    def slowed(self, job_id: str) -> tuple[tuple[int, float], ...]:
+        """(cap, measured time over the own point's) of the job's throttled options, by cap."""
+        return tuple(sorted(self.relative.get(job_id, {}).items(), reverse=True))
+
+    def forget(self, live: Collection[str]) -> None:
+        """Drop what is known of jobs not in `live`."""
+        for table in (self.relative, self._watch):
+            for job_id in [j for j in table if j not in live]:
+                del table[job_id]
