@@ -33,8 +33,8 @@ decreasing, so the average power E / T decreases along it too).
   serves its slowest point (`pick`), its GPUs capped at L.
 
 **Timed by measurement**: a throttled option the job served counts at its measured step
-time, relative to its own point's, and deeper caps are scaled alike (`coordinator.budget.
-timing`: the model underestimates deep caps).
+time, relative to its own point's, and its measured draw, and deeper caps are scaled alike
+(`coordinator.budget.timing`: the model underestimates deep caps' time, overestimates draws).
 
 **Calibrated by measurement**: a plan's power is the planner's (its profile's energies, its
 blocking power), and the draw also holds what the plan does not see (the all-reduce, the
@@ -104,6 +104,17 @@ class Throttled:
 
 
 @dataclass(frozen=True, slots=True)
+class Served:
+    """A throttled option as the job ran it (`coordinator.budget.timing`)."""
+
+    cap_w: int
+    relative_time: float
+    """Its step time over the job's at its own point."""
+    power_w: float | None
+    """Its draw per GPU (W); None: not sampled."""
+
+
+@dataclass(frozen=True, slots=True)
 class FrontierView:
     """What a budget needs of one job's frontier: per point, time, power and peak per GPU."""
 
@@ -116,9 +127,9 @@ class FrontierView:
     """Index of the point the job chose itself."""
     throttled: tuple[Throttled, ...] = ()
     """The slowest point under lower caps, by descending cap (modelled with its profile)."""
-    slowed: tuple[tuple[int, float], ...] = ()
-    """(cap W, measured time over the chosen point's) of throttled options the job served
-    (`coordinator.budget.timing`); they replace the model's times (`options`)."""
+    measured: tuple[Served, ...] = ()
+    """Throttled options the job served, as measured (`coordinator.budget.timing`); they
+    replace the model's times and draws (`options`)."""
 
 
 def view(frontier: Sequence[Point], chosen: Point, gpus: int, rows: Iterable[ProfileRow] = (),
@@ -271,19 +282,24 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
     for cap in [*limits, min_limit_w] if top > min_limit_w else []:
         if cap < min(last.limit_w, last.power_w):
             out.append(_held(last, cap))
-    return _measured(out, frontier) if frontier.slowed else tuple(out)
+    return _measured(out, frontier) if frontier.measured else tuple(out)
 
 
 def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
-    """The throttled options with what was measured: a cap served at its measured time.
+    """The throttled options with what was measured: a cap served, at its time and draw.
 
-    A cap not measured is scaled as the nearest measured one above it was (measured over
-    modelled time); above every measured cap the model stands. Deeper caps never run faster.
+    (The draw at most the cap.) A cap not measured is scaled as the nearest measured one
+    above it was (measured over modelled); above every measured cap the model stands. Deeper
+    caps never run faster.
     """
     chosen_s = frontier.times[frontier.chosen]
-    modelled = {-o.key: o.time_s for o in out if o.key < 0}
-    scale = {cap: chosen_s * rel / modelled[cap] for cap, rel in frontier.slowed
-             if cap in modelled and modelled[cap] > 0}
+    modelled = {-o.key: o for o in out if o.key < 0}
+    scale: dict[int, tuple[float, float]] = {}
+    for m in frontier.measured:
+        model = modelled.get(m.cap_w)
+        if model is not None and model.time_s > 0 and model.power_w > 0:
+            power = 1.0 if m.power_w is None else m.power_w / model.power_w
+            scale[m.cap_w] = (chosen_s * m.relative_time / model.time_s, power)
     done: list[Option] = []
     slowest = 0.0
     for o in out:
@@ -291,9 +307,9 @@ def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
             done.append(o)
             continue
         above = [cap for cap in scale if cap >= -o.key]
-        factor = scale[min(above)] if above else 1.0
-        slowest = max(slowest, o.time_s * factor)
-        done.append(Option(o.key, slowest, o.power_w, o.limit_w))
+        time, power = scale[min(above)] if above else (1.0, 1.0)
+        slowest = max(slowest, o.time_s * time)
+        done.append(Option(o.key, slowest, min(o.power_w * power, float(o.limit_w)), o.limit_w))
     return tuple(done)
 
 
@@ -340,18 +356,18 @@ def own_ratio(frontier: FrontierView, measured_w: float) -> float | None:
 
 
 def calibrated(frontier: FrontierView, ratio: float,
-               slowed: tuple[tuple[int, float], ...] = ()) -> FrontierView:
+               measured: tuple[Served, ...] = ()) -> FrontierView:
     """`frontier` with every power (points, peaks, throttled plans) times `ratio`.
 
-    `slowed`: the throttled options' measured times (`coordinator.budget.timing`).
+    `measured`: the throttled options as served (`coordinator.budget.timing`).
     """
-    if ratio == 1.0 and slowed == frontier.slowed:
+    if ratio == 1.0 and measured == frontier.measured:
         return frontier
     return FrontierView(
         frontier.times, tuple(p * ratio for p in frontier.powers),
         tuple(None if p is None else p * ratio for p in frontier.peaks), frontier.chosen,
         tuple(Throttled(t.cap_w, t.time_s, t.power_w * ratio, t.peak_w * ratio)
-              for t in frontier.throttled), slowed)
+              for t in frontier.throttled), measured)
 
 
 def profiled_job(job_id: str, frontier: FrontierView, gpus: int, min_limit_w: int,

@@ -391,10 +391,12 @@ class BudgetLoop:
                     old = self.ratios.get(job.job_id)
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
             self.timing.observe(job.job_id, None if told is None else told[0],
-                                job.own_step_s if job.own_point else None, job.step_times)
+                                job.own_step_s if job.own_point else None, job.step_times,
+                                sum(sampled) / len(sampled)
+                                if job.gpus and len(sampled) == len(job.gpus) else None)
             ratio = self.ratios.get(job.job_id, 1.0)
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
-                f, ratio, self.timing.slowed(job.job_id))))
+                f, ratio, self.timing.measured(job.job_id))))
         live = {j.job_id for j in jobs}
         self.timing.forget(live)
         self.ratios = {k: v for k, v in self.ratios.items() if k in live}

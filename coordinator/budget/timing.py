@@ -1,4 +1,4 @@
-"""How much slower a Perseus job runs under a budget's caps, measured (pure).
+"""How much slower a Perseus job runs under a budget's caps, and what it draws, measured (pure).
 
 A throttled option of a pipeline job (`frontier_options`: its slowest point under a node cap)
 is a model: the profile's clocks that fit the cap, and under its lowest clocks the same energy
@@ -9,22 +9,29 @@ a 125 W share): 0.96-1.01 slowdown where 0.62-0.66 was planned; at 150 W and abo
 held (0.55-0.60 measured for 0.60-0.63 planned). The allocator, trusting the model, cut such
 a job deeper than its cost warranted.
 
+The draw errs the other way: a throttled option counts at its cap, while the slowest point's
+clocks may keep the GPUs under it (the same bench: 238 W drawn for a 300 W share), and the room
+left goes to no job.
+
 `Timing` measures instead. Per job, from the step times its ranks report (`StragglerHandling.
-step_times`), once the option told has been in force `settle_rounds` rounds: for each throttled
-option it was told, the median step time there over the median at its own point
-(`StragglerHandling.own_step_s`, while nothing held it), in `relative`. The job's frontier
-carries them (`FrontierView.slowed`), and `frontier_options.options` counts a measured cap at
-its measured time and deeper ones scaled alike: the next allocation weighs what the caps
-really cost. Kept per replica, in memory: a replica that takes the budgets over measures again.
+step_times`) and its GPUs' samples, once the option told has been in force `settle_rounds`
+rounds: for each throttled option it was told, the median step time there over the median at
+its own point (`StragglerHandling.own_step_s`, while nothing held it) and the median draw per
+GPU (`Served`). The job's frontier carries them (`FrontierView.measured`), and
+`frontier_options.options` counts a measured cap at its measured time and draw, and deeper
+ones scaled alike: the next allocation weighs what the caps really cost and draw. Kept per
+replica, in memory: a replica that takes the budgets over measures again.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["MIN_STEPS", "RELATIVE_RANGE", "SMOOTHING", "Timing"]
+from coordinator.budget.frontier_options import Served
+
+__all__ = ["DRAWS_KEPT", "MIN_STEPS", "RELATIVE_RANGE", "SMOOTHING", "Timing"]
 
 MIN_STEPS = 3
 """Step times after the settling rounds needed for a measure."""
@@ -33,19 +40,22 @@ RELATIVE_RANGE = (1.0, 10.0)
 says more about the host than the caps)."""
 SMOOTHING = 0.5
 """Weight of the previous measure of a cap in the next one."""
+DRAWS_KEPT = 16
+"""Rounds of draws whose median is a throttled option's draw."""
 
 
 @dataclass(slots=True)
 class _Watch:
-    """The option a job was told, since how many rounds, and its last step before measuring."""
+    """The option a job was told: since how many rounds, from which step, the draws since."""
 
     key: int | None
     rounds: int = 0
     mark: int = 0
+    draws: list[float] = field(default_factory=list)
 
 
 class Timing:
-    """Measured step times of the pipeline jobs a budget governs (see the module docstring).
+    """Measured step times and draws of the pipeline jobs a budget governs (see the module).
 
     Args:
         settle_rounds: Rounds after the option changed whose steps still ran the old one.
@@ -53,16 +63,17 @@ class Timing:
 
     def __init__(self, settle_rounds: int) -> None:
         self.settle_rounds = settle_rounds
-        self.relative: dict[str, dict[int, float]] = {}
-        """Job -> cap (W) -> its throttled option's measured step time over its own point's."""
+        self.served: dict[str, dict[int, Served]] = {}
+        """Job -> cap (W) -> its throttled option as measured."""
         self._watch: dict[str, _Watch] = {}
 
     def observe(self, job_id: str, key: int | None, own_s: float | None,
-                step_times: Sequence[tuple[int, float]]) -> None:
+                step_times: Sequence[tuple[int, float]], draw_w: float | None) -> None:
         """One round of a job: `key` is the option it was told (None: no budget governs it).
 
         `own_s`: its step time at its own point (None: not known); `step_times`: its
-        (sequence, seconds), oldest first.
+        (sequence, seconds), oldest first; `draw_w`: its GPUs' mean draw now (None: not
+        every GPU sampled).
         """
         watch = self._watch.get(job_id)
         if watch is None or watch.key != key:
@@ -73,21 +84,30 @@ class Timing:
             return
         if key is None or key >= 0 or own_s is None or own_s <= 0:
             return
+        if draw_w is not None and draw_w > 0:
+            watch.draws = [*watch.draws[-(DRAWS_KEPT - 1):], draw_w]
         times = [t for n, t in step_times if n > watch.mark]
         if len(times) < MIN_STEPS:
             return
         lo, hi = RELATIVE_RANGE
-        measured = min(hi, max(lo, statistics.median(times) / own_s))
-        caps = self.relative.setdefault(job_id, {})
+        relative = min(hi, max(lo, statistics.median(times) / own_s))
+        drawn = statistics.median(watch.draws) if watch.draws else None
+        caps = self.served.setdefault(job_id, {})
         old = caps.get(-key)
-        caps[-key] = measured if old is None else SMOOTHING * old + (1 - SMOOTHING) * measured
+        if old is not None:
+            relative = SMOOTHING * old.relative_time + (1 - SMOOTHING) * relative
+            if drawn is None or old.power_w is None:
+                drawn = drawn or old.power_w
+            else:
+                drawn = SMOOTHING * old.power_w + (1 - SMOOTHING) * drawn
+        caps[-key] = Served(-key, relative, drawn)
 
-    def slowed(self, job_id: str) -> tuple[tuple[int, float], ...]:
-        """(cap, measured time over the own point's) of the job's throttled options, by cap."""
-        return tuple(sorted(self.relative.get(job_id, {}).items(), reverse=True))
+    def measured(self, job_id: str) -> tuple[Served, ...]:
+        """The job's throttled options as measured, deepest cap last."""
+        return tuple(sorted(self.served.get(job_id, {}).values(), key=lambda m: -m.cap_w))
 
     def forget(self, live: Collection[str]) -> None:
         """Drop what is known of jobs not in `live`."""
-        for table in (self.relative, self._watch):
+        for table in (self.served, self._watch):
             for job_id in [j for j in table if j not in live]:
                 del table[job_id]

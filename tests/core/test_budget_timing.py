@@ -1,6 +1,7 @@
-"""A Perseus job's throttled options timed by measurement: the step times its ranks report
-under a budget's caps, over those at its own point, replace the model's times for the cap it
-served, and scale the deeper caps' alike (`coordinator.budget.timing`, `frontier_options`)."""
+"""A Perseus job's throttled options measured: the step times its ranks report under a
+budget's caps, over those at its own point, and its GPUs' draw replace the model's time and
+power for the cap it served, and scale the deeper caps' alike (`coordinator.budget.timing`,
+`frontier_options`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, GpuInfo
+from coordinator.budget.frontier_options import Served
 from coordinator.budget.loop import BudgetLoop
 from coordinator.budget.store import BudgetView
 from coordinator.budget.timing import MIN_STEPS, RELATIVE_RANGE, Timing
@@ -28,17 +30,17 @@ def test_a_throttled_cap_is_measured_once_settled_from_the_steps_run_after() -> 
     timing = Timing(SETTLE)
     history = steps(1, [1.0] * 10)
     for _ in range(SETTLE):  # The steps reported while settling still ran the old option.
-        timing.observe("job", -125, 1.0, history)
-    assert timing.slowed("job") == ()
+        timing.observe("job", -125, 1.0, history, 110.0)
+    assert timing.measured("job") == ()
     history += steps(11, [1.9, 2.1])
-    timing.observe("job", -125, 1.0, history)
-    assert timing.slowed("job") == ()  # Fewer than MIN_STEPS after the mark.
+    timing.observe("job", -125, 1.0, history, 110.0)
+    assert timing.measured("job") == ()  # Fewer than MIN_STEPS after the mark.
     history += steps(13, [2.0] * (MIN_STEPS - 2))
-    timing.observe("job", -125, 1.0, history)
-    assert timing.slowed("job") == ((125, pytest.approx(2.0)),)
+    timing.observe("job", -125, 1.0, history, 110.0)
+    assert timing.measured("job") == (Served(125, pytest.approx(2.0), 110.0),)
     # Measured again: smoothed with what was known.
-    timing.observe("job", -125, 1.0, history + steps(100, [3.0] * 50))
-    assert timing.slowed("job") == ((125, pytest.approx(2.5)),)
+    timing.observe("job", -125, 1.0, history + steps(100, [3.0] * 50), 110.0)
+    assert timing.measured("job") == (Served(125, pytest.approx(2.5), 110.0),)
 
 
 def test_only_throttled_options_with_a_known_own_time_are_measured() -> None:
@@ -46,15 +48,16 @@ def test_only_throttled_options_with_a_known_own_time_are_measured() -> None:
     slow = steps(1, [5.0] * 20)
     for key, own in ((None, 1.0), (2, 1.0), (-150, None), (-150, 0.0)):
         for _ in range(SETTLE + 2):
-            timing.observe("job", key, own, slow)
-    assert timing.slowed("job") == ()
+            timing.observe("job", key, own, slow, 100.0)
+    assert timing.measured("job") == ()
     # A change of option starts the settling again; the measure is clamped to its range.
     for _ in range(SETTLE):
-        timing.observe("job", -100, 0.1, slow)
-    timing.observe("job", -100, 0.1, slow + steps(21, [5.0] * MIN_STEPS))
-    assert timing.slowed("job") == ((100, RELATIVE_RANGE[1]),)
+        timing.observe("job", -100, 0.1, slow, None)
+    timing.observe("job", -100, 0.1, slow + steps(21, [5.0] * MIN_STEPS), None)
+    # (No draw sampled: the model's stands.)
+    assert timing.measured("job") == (Served(100, RELATIVE_RANGE[1], None),)
     timing.forget({"other"})
-    assert timing.slowed("job") == ()
+    assert timing.measured("job") == ()
 
 
 # One job on 2 GPUs, its chosen point 1.0 s; the slowest point 1.6 s at 160 W per GPU.
@@ -66,27 +69,37 @@ def throttled(view: fo.FrontierView) -> dict[int, float]:
     return {-o.key: o.time_s for o in fo.options(view, 100, 300) if o.key < 0}
 
 
+def drawn(view: fo.FrontierView) -> dict[int, float]:
+    return {-o.key: o.power_w for o in fo.options(view, 100, 300) if o.key < 0}
+
+
 def test_a_measured_cap_counts_at_its_time_and_deeper_caps_scale_alike() -> None:
     model = throttled(VIEW)
     assert sorted(model) == [100, 125, 150]
     assert model[125] == pytest.approx(1.6 * 160 / 125)  # Same energy, at the cap.
-    timed = throttled(fo.calibrated(VIEW, 1.0, ((125, 2.4),)))
+    assert drawn(VIEW) == {150: 150.0, 125: 125.0, 100: 100.0}  # Counted at the cap.
+    measured = fo.calibrated(VIEW, 1.0, (Served(125, 2.4, 100.0),))
+    timed = throttled(measured)
     assert timed[150] == model[150]  # Above every measured cap: the model.
     assert timed[125] == pytest.approx(2.4)  # 2.4 x the chosen point's 1.0 s.
     assert timed[100] == pytest.approx(model[100] * 2.4 / model[125])
-    # The frontier's own points keep their times and powers.
+    # It drew 100 W under its 125 W cap: counted at that, and 100 W's at 80 W.
+    assert drawn(measured) == {150: 150.0, 125: pytest.approx(100.0), 100: pytest.approx(80.0)}
+    # A draw over the cap counts at the cap; the frontier's own points keep their options.
+    assert drawn(fo.calibrated(VIEW, 1.0, (Served(125, 2.4, 140.0),)))[125] == 125.0
     assert [o for o in fo.options(VIEW, 100, 300) if o.key >= 0] == [
-        o for o in fo.options(fo.calibrated(VIEW, 1.0, ((125, 2.4),)), 100, 300) if o.key >= 0]
+        o for o in fo.options(measured, 100, 300) if o.key >= 0]
 
 
 def test_a_deeper_cap_never_counts_faster_than_a_shallower_one() -> None:
     # 150 W measured slow, 100 W measured as the model: 100 W still counts at least 150 W's.
-    timed = throttled(fo.calibrated(VIEW, 1.0, ((150, 3.0), (100, 1.0))))
+    timed = throttled(fo.calibrated(VIEW, 1.0, (Served(150, 3.0, None),
+                                                 Served(100, 1.0, None))))
     assert timed[150] == pytest.approx(3.0)
     assert timed[125] == pytest.approx(throttled(VIEW)[125] * 3.0 / throttled(VIEW)[150])
     assert timed[100] >= timed[125] >= timed[150]
     # A measured cap the options do not have (another GPU range) is left out.
-    assert throttled(fo.calibrated(VIEW, 1.0, ((90, 9.0),))) == throttled(VIEW)
+    assert throttled(fo.calibrated(VIEW, 1.0, (Served(90, 9.0, 10.0),))) == throttled(VIEW)
 
 
 def test_a_serving_job_keeps_its_step_times_and_those_of_its_own_point() -> None:
@@ -114,16 +127,19 @@ def test_the_loop_times_the_throttled_option_it_told_and_the_next_allocation_see
                       cap_lease_s=10.0, view=BudgetView())
     job = enforce.JobView("perseus", (("n", 0), ("n", 1)), frontier=VIEW, own_step_s=1.0)
     loop.points = {"perseus": (-125, 125.0)}
+    for gpu in job.gpus:
+        cluster.sample(*gpu, 105.0)
     history: list[tuple[int, float]] = []
     for n in range(enforce.SETTLE_ROUNDS + MIN_STEPS):  # One step a round.
         history.append((n + 1, 2.4))
         (seen,) = loop.calibrate([dataclasses.replace(job, step_times=tuple(history))])
-    assert loop.timing.slowed("perseus") == ((125, pytest.approx(2.4)),)
+    assert loop.timing.measured("perseus") == (Served(125, pytest.approx(2.4), 105.0),)
     assert seen.frontier is not None and throttled(seen.frontier)[125] == pytest.approx(2.4)
+    assert drawn(seen.frontier)[125] == pytest.approx(105.0)
     # A straggler moving the job: its times are not the cap's alone; nothing more is learnt.
     for _ in range(enforce.SETTLE_ROUNDS + MIN_STEPS):
         history.append((len(history) + 1, 9.0))
         loop.calibrate([dataclasses.replace(job, step_times=tuple(history), own_point=False)])
-    assert loop.timing.slowed("perseus") == ((125, pytest.approx(2.4)),)
+    assert loop.timing.measured("perseus") == (Served(125, pytest.approx(2.4), 105.0),)
     loop.calibrate([])  # The job gone: what was measured of it too.
-    assert loop.timing.slowed("perseus") == ()
+    assert loop.timing.measured("perseus") == ()
