@@ -32,9 +32,10 @@ decreasing, so the average power E / T decreases along it too).
   which the budget's measured draw corrects (`enforce.Tightener`); a job told such an option
   serves its slowest point (`pick`), its GPUs capped at L.
 
-**Timed by measurement**: a throttled option the job served counts at its measured step
-time, relative to its own point's, and its measured draw, and deeper caps are scaled alike
-(`coordinator.budget.timing`: the model underestimates deep caps' time, overestimates draws).
+**Measured once served**: an option the job served (a frontier point or a throttled one)
+counts at its measured step time, relative to its own point's, and its measured draw, and
+deeper caps are scaled alike (`coordinator.budget.timing`: the models underestimate the time
+of a point served under a cap and of deep caps, and overestimate the draw).
 
 **Calibrated by measurement**: a plan's power is the planner's (its profile's energies, its
 blocking power), and the draw also holds what the plan does not see (the all-reduce, the
@@ -105,9 +106,10 @@ class Throttled:
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """A throttled option as the job ran it (`coordinator.budget.timing`)."""
+    """An option as the job ran it (`coordinator.budget.timing`)."""
 
-    cap_w: int
+    key: int
+    """The option's key: a frontier point's index, or minus a throttled option's cap (W)."""
     relative_time: float
     """Its step time over the job's at its own point."""
     power_w: float | None
@@ -128,8 +130,8 @@ class FrontierView:
     throttled: tuple[Throttled, ...] = ()
     """The slowest point under lower caps, by descending cap (modelled with its profile)."""
     measured: tuple[Served, ...] = ()
-    """Throttled options the job served, as measured (`coordinator.budget.timing`); they
-    replace the model's times and draws (`options`)."""
+    """Options the job served, as measured (`coordinator.budget.timing`); they replace the
+    model's times and draws (`options`)."""
 
 
 def view(frontier: Sequence[Point], chosen: Point, gpus: int, rows: Iterable[ProfileRow] = (),
@@ -286,30 +288,32 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
 
 
 def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
-    """The throttled options with what was measured: a cap served, at its time and draw.
+    """The options with what was measured: an option served, at its time and draw.
 
-    (The draw at most the cap.) A cap not measured is scaled as the nearest measured one
-    above it was (measured over modelled); above every measured cap the model stands. Deeper
-    caps never run faster.
+    (The draw at most the option's limit.) A throttled option not measured is scaled as the
+    nearest measured one above it was (measured over modelled); above every measured cap,
+    and at a frontier point not measured, the model stands. Deeper caps never run faster.
     """
     chosen_s = frontier.times[frontier.chosen]
-    modelled = {-o.key: o for o in out if o.key < 0}
+    modelled = {o.key: o for o in out}
     scale: dict[int, tuple[float, float]] = {}
     for m in frontier.measured:
-        model = modelled.get(m.cap_w)
+        model = modelled.get(m.key)
         if model is not None and model.time_s > 0 and model.power_w > 0:
             power = 1.0 if m.power_w is None else m.power_w / model.power_w
-            scale[m.cap_w] = (chosen_s * m.relative_time / model.time_s, power)
+            scale[m.key] = (chosen_s * m.relative_time / model.time_s, power)
     done: list[Option] = []
     slowest = 0.0
     for o in out:
         if o.key >= 0:
-            done.append(o)
-            continue
-        above = [cap for cap in scale if cap >= -o.key]
-        time, power = scale[min(above)] if above else (1.0, 1.0)
-        slowest = max(slowest, o.time_s * time)
-        done.append(Option(o.key, slowest, min(o.power_w * power, float(o.limit_w)), o.limit_w))
+            time, power = scale.get(o.key, (1.0, 1.0))
+        else:
+            above = [key for key in scale if key <= o.key]  # (caps at or over its own)
+            time, power = scale[max(above)] if above else (1.0, 1.0)
+        t = o.time_s * time
+        if o.key < 0:
+            t = slowest = max(slowest, t)
+        done.append(Option(o.key, t, min(o.power_w * power, float(o.limit_w)), o.limit_w))
     return tuple(done)
 
 

@@ -390,7 +390,8 @@ class BudgetLoop:
                 if ratio is not None:
                     old = self.ratios.get(job.job_id)
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
-            self.timing.observe(job.job_id, None if told is None else told[0],
+            self.timing.observe(job.job_id, None if told is None or told[0] == f.chosen
+                                else told[0],
                                 job.own_step_s if job.own_point else None, job.step_times,
                                 sum(sampled) / len(sampled)
                                 if job.gpus and len(sampled) == len(job.gpus) else None)

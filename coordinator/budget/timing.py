@@ -64,12 +64,12 @@ class Timing:
     def __init__(self, settle_rounds: int) -> None:
         self.settle_rounds = settle_rounds
         self.served: dict[str, dict[int, Served]] = {}
-        """Job -> cap (W) -> its throttled option as measured."""
+        """Job -> option key -> that option as measured."""
         self._watch: dict[str, _Watch] = {}
 
     def observe(self, job_id: str, key: int | None, own_s: float | None,
                 step_times: Sequence[tuple[int, float]], draw_w: float | None) -> None:
-        """One round of a job: `key` is the option it was told (None: no budget governs it).
+        """One round of a job: `key` is the option it was told (None: none, or its own point).
 
         `own_s`: its step time at its own point (None: not known); `step_times`: its
         (sequence, seconds), oldest first; `draw_w`: its GPUs' mean draw now (None: not
@@ -82,7 +82,7 @@ class Timing:
         if watch.rounds <= self.settle_rounds:
             watch.mark = step_times[-1][0] if step_times else 0
             return
-        if key is None or key >= 0 or own_s is None or own_s <= 0:
+        if key is None or own_s is None or own_s <= 0:
             return
         if draw_w is not None and draw_w > 0:
             watch.draws = [*watch.draws[-(DRAWS_KEPT - 1):], draw_w]
@@ -92,19 +92,19 @@ class Timing:
         lo, hi = RELATIVE_RANGE
         relative = min(hi, max(lo, statistics.median(times) / own_s))
         drawn = statistics.median(watch.draws) if watch.draws else None
-        caps = self.served.setdefault(job_id, {})
-        old = caps.get(-key)
+        options = self.served.setdefault(job_id, {})
+        old = options.get(key)
         if old is not None:
             relative = SMOOTHING * old.relative_time + (1 - SMOOTHING) * relative
             if drawn is None or old.power_w is None:
                 drawn = drawn or old.power_w
             else:
                 drawn = SMOOTHING * old.power_w + (1 - SMOOTHING) * drawn
-        caps[-key] = Served(-key, relative, drawn)
+        options[key] = Served(key, relative, drawn)
 
     def measured(self, job_id: str) -> tuple[Served, ...]:
-        """The job's throttled options as measured, deepest cap last."""
-        return tuple(sorted(self.served.get(job_id, {}).values(), key=lambda m: -m.cap_w))
+        """The job's options as measured, by key (frontier points, then throttled ones)."""
+        return tuple(sorted(self.served.get(job_id, {}).values(), key=lambda m: -m.key))
 
     def forget(self, live: Collection[str]) -> None:
         """Drop what is known of jobs not in `live`."""

@@ -22,14 +22,14 @@ from tests.core.straggler_kit import Trainer, make_job
 SETTLE = 3
 
 
-def served(cap: int, relative: float, power: float | None) -> Served:
+def served(key: int, relative: float, power: float | None) -> Served:
     """A measure as `rounded` gives it."""
-    return Served(cap, relative, power)
+    return Served(key, relative, power)
 
 
 def rounded(measures: tuple[Served, ...]) -> tuple[Served, ...]:
     """Measures with their time and draw rounded (float sums in another order differ)."""
-    return tuple(Served(m.cap_w, round(m.relative_time, 9),
+    return tuple(Served(m.key, round(m.relative_time, 9),
                         None if m.power_w is None else round(m.power_w, 9)) for m in measures)
 
 
@@ -48,16 +48,16 @@ def test_a_throttled_cap_is_measured_once_settled_from_the_steps_run_after() -> 
     assert timing.measured("job") == ()  # Fewer than MIN_STEPS after the mark.
     history += steps(13, [2.0] * (MIN_STEPS - 2))
     timing.observe("job", -125, 1.0, history, 110.0)
-    assert rounded(timing.measured("job")) == (served(125, 2.0, 110.0),)
+    assert rounded(timing.measured("job")) == (served(-125, 2.0, 110.0),)
     # Measured again: smoothed with what was known.
     timing.observe("job", -125, 1.0, history + steps(100, [3.0] * 50), 110.0)
-    assert rounded(timing.measured("job")) == (served(125, 2.5, 110.0),)
+    assert rounded(timing.measured("job")) == (served(-125, 2.5, 110.0),)
 
 
-def test_only_throttled_options_with_a_known_own_time_are_measured() -> None:
+def test_only_options_other_than_its_own_with_a_known_own_time_are_measured() -> None:
     timing = Timing(SETTLE)
     slow = steps(1, [5.0] * 20)
-    for key, own in ((None, 1.0), (2, 1.0), (-150, None), (-150, 0.0)):
+    for key, own in ((None, 1.0), (-150, None), (-150, 0.0)):
         for _ in range(SETTLE + 2):
             timing.observe("job", key, own, slow, 100.0)
     assert timing.measured("job") == ()
@@ -66,7 +66,7 @@ def test_only_throttled_options_with_a_known_own_time_are_measured() -> None:
         timing.observe("job", -100, 0.1, slow, None)
     timing.observe("job", -100, 0.1, slow + steps(21, [5.0] * MIN_STEPS), None)
     # (No draw sampled: the model's stands.)
-    assert timing.measured("job") == (Served(100, RELATIVE_RANGE[1], None),)
+    assert timing.measured("job") == (Served(-100, RELATIVE_RANGE[1], None),)
     timing.forget({"other"})
     assert timing.measured("job") == ()
 
@@ -89,7 +89,7 @@ def test_a_measured_cap_counts_at_its_time_and_deeper_caps_scale_alike() -> None
     assert sorted(model) == [100, 125, 150]
     assert model[125] == pytest.approx(1.6 * 160 / 125)  # Same energy, at the cap.
     assert drawn(VIEW) == {150: 150.0, 125: 125.0, 100: 100.0}  # Counted at the cap.
-    measured = fo.calibrated(VIEW, 1.0, (Served(125, 2.4, 100.0),))
+    measured = fo.calibrated(VIEW, 1.0, (Served(-125, 2.4, 100.0),))
     timed = throttled(measured)
     assert timed[150] == model[150]  # Above every measured cap: the model.
     assert timed[125] == pytest.approx(2.4)  # 2.4 x the chosen point's 1.0 s.
@@ -97,20 +97,20 @@ def test_a_measured_cap_counts_at_its_time_and_deeper_caps_scale_alike() -> None
     # It drew 100 W under its 125 W cap: counted at that, and 100 W's at 80 W.
     assert drawn(measured) == {150: 150.0, 125: pytest.approx(100.0), 100: pytest.approx(80.0)}
     # A draw over the cap counts at the cap; the frontier's own points keep their options.
-    assert drawn(fo.calibrated(VIEW, 1.0, (Served(125, 2.4, 140.0),)))[125] == 125.0
+    assert drawn(fo.calibrated(VIEW, 1.0, (Served(-125, 2.4, 140.0),)))[125] == 125.0
     assert [o for o in fo.options(VIEW, 100, 300) if o.key >= 0] == [
         o for o in fo.options(measured, 100, 300) if o.key >= 0]
 
 
 def test_a_deeper_cap_never_counts_faster_than_a_shallower_one() -> None:
     # 150 W measured slow, 100 W measured as the model: 100 W still counts at least 150 W's.
-    timed = throttled(fo.calibrated(VIEW, 1.0, (Served(150, 3.0, None),
-                                                 Served(100, 1.0, None))))
+    timed = throttled(fo.calibrated(VIEW, 1.0, (Served(-150, 3.0, None),
+                                                 Served(-100, 1.0, None))))
     assert timed[150] == pytest.approx(3.0)
     assert timed[125] == pytest.approx(throttled(VIEW)[125] * 3.0 / throttled(VIEW)[150])
     assert timed[100] >= timed[125] >= timed[150]
     # A measured cap the options do not have (another GPU range) is left out.
-    assert throttled(fo.calibrated(VIEW, 1.0, (Served(90, 9.0, 10.0),))) == throttled(VIEW)
+    assert throttled(fo.calibrated(VIEW, 1.0, (Served(-90, 9.0, 10.0),))) == throttled(VIEW)
 
 
 def test_a_serving_job_keeps_its_step_times_and_those_of_its_own_point() -> None:
@@ -144,13 +144,24 @@ def test_the_loop_times_the_throttled_option_it_told_and_the_next_allocation_see
     for n in range(enforce.SETTLE_ROUNDS + MIN_STEPS):  # One step a round.
         history.append((n + 1, 2.4))
         (seen,) = loop.calibrate([dataclasses.replace(job, step_times=tuple(history))])
-    assert rounded(loop.timing.measured("perseus")) == (served(125, 2.4, 105.0),)
+    assert rounded(loop.timing.measured("perseus")) == (served(-125, 2.4, 105.0),)
     assert seen.frontier is not None and throttled(seen.frontier)[125] == pytest.approx(2.4)
     assert drawn(seen.frontier)[125] == pytest.approx(105.0)
     # A straggler moving the job: its times are not the cap's alone; nothing more is learnt.
     for _ in range(enforce.SETTLE_ROUNDS + MIN_STEPS):
         history.append((len(history) + 1, 9.0))
         loop.calibrate([dataclasses.replace(job, step_times=tuple(history), own_point=False)])
-    assert rounded(loop.timing.measured("perseus")) == (served(125, 2.4, 105.0),)
+    assert rounded(loop.timing.measured("perseus")) == (served(-125, 2.4, 105.0),)
     loop.calibrate([])  # The job gone: what was measured of it too.
     assert loop.timing.measured("perseus") == ()
+
+
+def test_a_frontier_point_served_counts_at_its_measured_time_and_draw_alone() -> None:
+    # Point 1 (the slowest, 1.6 s planned) ran 2.0 s, drawing 130 W per GPU.
+    measured = fo.calibrated(VIEW, 1.0, (Served(1, 2.0, 130.0),))
+    model = {o.key: o for o in fo.options(VIEW, 100, 300)}
+    timed = {o.key: o for o in fo.options(measured, 100, 300)}
+    assert (timed[1].time_s, timed[1].power_w) == pytest.approx((2.0, 130.0))
+    assert timed[0] == model[0]  # Its own point: the plan's.
+    # The throttled options are the model's (their own measures scale them, not a point's).
+    assert {k: o for k, o in timed.items() if k < 0} == {k: o for k, o in model.items() if k < 0}
