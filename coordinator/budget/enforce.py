@@ -75,8 +75,8 @@ class JobView:
     """A pipeline job's frontier, while it serves a plan of it (`frontier_options`)."""
     own_point: bool = True
     """No straggler slows it: its draw is its own point's (when no budget moves it)."""
-    step_times: tuple[tuple[int, float], ...] = ()
-    """A pipeline job's last step times, (sequence, s) (`StragglerHandling.step_times`)."""
+    step_times: tuple[tuple[int, float, float | None], ...] = ()
+    """A pipeline job's last steps, (sequence, s, J) (`StragglerHandling.step_times`)."""
     own_step_s: float | None = None
     """A pipeline job's step time at its own point (`StragglerHandling.own_step_s`)."""
 

@@ -6,52 +6,58 @@ per iteration at the cap. At deep caps it runs slower than that: a GPU throttled
 lowest profiled clock still draws its static power, so less of the cap does the work, and the
 iteration also holds what the planner does not see. Measured on the budget bench (A40, GPT-3,
 a 125 W share): 0.96-1.01 slowdown where 0.62-0.66 was planned; at 150 W and above the model
-held (0.55-0.60 measured for 0.60-0.63 planned). The allocator, trusting the model, cut such
-a job deeper than its cost warranted.
+held (0.55-0.60 measured for 0.60-0.63 planned). A frontier point served under its limit errs
+too (the quick bench: planned 15 % slower than the own point, ran 42 % slower: short
+instructions pay clock changes the plan does not see). The allocator, trusting the models, cut
+such a job deeper than its cost warranted.
 
 The draw errs the other way: a throttled option counts at its cap, while the slowest point's
 clocks may keep the GPUs under it (the same bench: 238 W drawn for a 300 W share), and the room
 left goes to no job.
 
 `Timing` measures instead. Per job, from the step times its ranks report (`StragglerHandling.
-step_times`) and its GPUs' samples, once the option told has been in force `settle_rounds`
-rounds: for each throttled option it was told, the median step time there over the median at
-its own point (`StragglerHandling.own_step_s`, while nothing held it) and the median draw per
-GPU (`Served`). The job's frontier carries them (`FrontierView.measured`), and
-`frontier_options.options` counts a measured cap at its measured time and draw, and deeper
-ones scaled alike: the next allocation weighs what the caps really cost and draw. Kept per
-replica, in memory: a replica that takes the budgets over measures again.
+step_times`: each rank's time and GPU energy), once the option told has been in force
+`settle_rounds` rounds: for each option it was told (a frontier point or a throttled one),
+the median step time there over the median at its own point (`StragglerHandling.own_step_s`,
+while nothing held it), and the energy over the time, the draw per GPU (`Served`; from the
+energy counters: the power samples are instantaneous and follow the phase they were taken
+at, 148 W read for GPUs averaging 121 W). The job's frontier carries them
+(`FrontierView.measured`), and `frontier_options.options` counts an option served at its
+measured time and draw, and deeper caps scaled alike: the next allocation weighs what the
+caps really cost and draw. Kept per replica, in memory: a replica that takes the budgets over
+measures again.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from coordinator.budget.frontier_options import Served
 
-__all__ = ["DRAWS_KEPT", "MIN_STEPS", "RELATIVE_RANGE", "SMOOTHING", "Timing"]
+__all__ = ["MIN_STEPS", "RELATIVE_RANGE", "SMOOTHING", "StepTime", "Timing"]
 
 MIN_STEPS = 3
 """Step times after the settling rounds needed for a measure."""
 RELATIVE_RANGE = (1.0, 10.0)
-"""A throttled option's measured time over the own point's, kept within (a measure outside
+"""An option's measured time over the own point's, kept within (a measure outside
 says more about the host than the caps)."""
 SMOOTHING = 0.5
-"""Weight of the previous measure of a cap in the next one."""
-DRAWS_KEPT = 16
-"""Rounds of draws whose median is a throttled option's draw."""
+"""Weight of the previous measure of an option in the next one."""
+
+
+StepTime = tuple[int, float, float | None]
+"""(sequence number, seconds, joules or None) of one rank's step (`StragglerHandling`)."""
 
 
 @dataclass(slots=True)
 class _Watch:
-    """The option a job was told: since how many rounds, from which step, the draws since."""
+    """The option a job was told: since how many rounds, and its last step before measuring."""
 
     key: int | None
     rounds: int = 0
     mark: int = 0
-    draws: list[float] = field(default_factory=list)
 
 
 class Timing:
@@ -68,12 +74,11 @@ class Timing:
         self._watch: dict[str, _Watch] = {}
 
     def observe(self, job_id: str, key: int | None, own_s: float | None,
-                step_times: Sequence[tuple[int, float]], draw_w: float | None) -> None:
+                step_times: Sequence[StepTime]) -> None:
         """One round of a job: `key` is the option it was told (None: none, or its own point).
 
-        `own_s`: its step time at its own point (None: not known); `step_times`: its
-        (sequence, seconds), oldest first; `draw_w`: its GPUs' mean draw now (None: not
-        every GPU sampled).
+        `own_s`: its step time at its own point (None: not known); `step_times`: its ranks'
+        steps, oldest first.
         """
         watch = self._watch.get(job_id)
         if watch is None or watch.key != key:
@@ -84,14 +89,14 @@ class Timing:
             return
         if key is None or own_s is None or own_s <= 0:
             return
-        if draw_w is not None and draw_w > 0:
-            watch.draws = [*watch.draws[-(DRAWS_KEPT - 1):], draw_w]
-        times = [t for n, t in step_times if n > watch.mark]
-        if len(times) < MIN_STEPS:
+        ran = [(t, e) for n, t, e in step_times if n > watch.mark]
+        if len(ran) < MIN_STEPS:
             return
         lo, hi = RELATIVE_RANGE
-        relative = min(hi, max(lo, statistics.median(times) / own_s))
-        drawn = statistics.median(watch.draws) if watch.draws else None
+        relative = min(hi, max(lo, statistics.median(t for t, _ in ran) / own_s))
+        metered = [(t, e) for t, e in ran if e is not None and e >= 0]
+        seconds = sum(t for t, _ in metered)
+        drawn = sum(e for _, e in metered if e is not None) / seconds if seconds > 0 else None
         options = self.served.setdefault(job_id, {})
         old = options.get(key)
         if old is not None:

@@ -77,10 +77,11 @@ class StragglerHandling:
         self.governed = False
         """A power budget caps the job's GPUs, even at its own point: its times are the cap's
         too (the tightener lowers caps under a plan's peak), so the scheduler gets none."""
-        self.step_times: deque[tuple[int, float]] = deque(maxlen=STEP_TIMES_KEPT)
-        """(sequence number, seconds) of the last steps the ranks measured while serving a plan
-        of a frontier, whatever the point: how fast the job runs under a budget's caps (the
-        budget loop compares them with the plan's model, `coordinator.budget.timing`)."""
+        self.step_times: deque[tuple[int, float, float | None]] = deque(maxlen=STEP_TIMES_KEPT)
+        """(sequence number, seconds, joules) of the last steps the ranks measured while serving
+        a plan of a frontier, whatever the point: how fast the job runs under a budget's caps
+        and what it draws (the budget loop compares them with the plan's model,
+        `coordinator.budget.timing`)."""
         self.steps_timed = 0
         """Steps recorded in `step_times` so far (the last one's sequence number)."""
         self.own_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
@@ -174,7 +175,7 @@ class StragglerHandling:
             return []
         if step.time_s is not None and step.time_s > 0:
             self.steps_timed += 1
-            self.step_times.append((self.steps_timed, step.time_s))
+            self.step_times.append((self.steps_timed, step.time_s, step.energy_j))
             if not self.holding():
                 self.own_times.append(step.time_s)
         if len(self.pipelines) < 2:

@@ -33,39 +33,43 @@ def rounded(measures: tuple[Served, ...]) -> tuple[Served, ...]:
                         None if m.power_w is None else round(m.power_w, 9)) for m in measures)
 
 
-def steps(first: int, times: list[float]) -> list[tuple[int, float]]:
-    return [(first + i, t) for i, t in enumerate(times)]
+def steps(first: int, times: list[float], watts: float | None = 110.0
+          ) -> list[tuple[int, float, float | None]]:
+    """Steps numbered from `first`, each drawing `watts` (None: no energy measured)."""
+    return [(first + i, t, None if watts is None else t * watts) for i, t in enumerate(times)]
 
 
 def test_a_throttled_cap_is_measured_once_settled_from_the_steps_run_after() -> None:
     timing = Timing(SETTLE)
     history = steps(1, [1.0] * 10)
     for _ in range(SETTLE):  # The steps reported while settling still ran the old option.
-        timing.observe("job", -125, 1.0, history, 110.0)
+        timing.observe("job", -125, 1.0, history)
     assert timing.measured("job") == ()
     history += steps(11, [1.9, 2.1])
-    timing.observe("job", -125, 1.0, history, 110.0)
+    timing.observe("job", -125, 1.0, history)
     assert timing.measured("job") == ()  # Fewer than MIN_STEPS after the mark.
     history += steps(13, [2.0] * (MIN_STEPS - 2))
-    timing.observe("job", -125, 1.0, history, 110.0)
+    timing.observe("job", -125, 1.0, history)
     assert rounded(timing.measured("job")) == (served(-125, 2.0, 110.0),)
     # Measured again: smoothed with what was known.
-    timing.observe("job", -125, 1.0, history + steps(100, [3.0] * 50), 110.0)
-    assert rounded(timing.measured("job")) == (served(-125, 2.5, 110.0),)
+    timing.observe("job", -125, 1.0, history + steps(100, [3.0] * 50, 130.0))
+    drawn_since = (6 * 110.0 + 150 * 130.0) / 156  # Every step since the settling, by energy.
+    both = round((110.0 + drawn_since) / 2, 9)
+    assert rounded(timing.measured("job")) == (served(-125, 2.5, both),)
 
 
 def test_only_options_other_than_its_own_with_a_known_own_time_are_measured() -> None:
     timing = Timing(SETTLE)
-    slow = steps(1, [5.0] * 20)
+    slow = steps(1, [5.0] * 20, None)
     for key, own in ((None, 1.0), (-150, None), (-150, 0.0)):
         for _ in range(SETTLE + 2):
-            timing.observe("job", key, own, slow, 100.0)
+            timing.observe("job", key, own, slow)
     assert timing.measured("job") == ()
     # A change of option starts the settling again; the measure is clamped to its range.
     for _ in range(SETTLE):
-        timing.observe("job", -100, 0.1, slow, None)
-    timing.observe("job", -100, 0.1, slow + steps(21, [5.0] * MIN_STEPS), None)
-    # (No draw sampled: the model's stands.)
+        timing.observe("job", -100, 0.1, slow)
+    timing.observe("job", -100, 0.1, slow + steps(21, [5.0] * MIN_STEPS, None))
+    # (No energy measured: the model's draw stands.)
     assert timing.measured("job") == (Served(-100, RELATIVE_RANGE[1], None),)
     timing.forget({"other"})
     assert timing.measured("job") == ()
@@ -127,7 +131,7 @@ def test_a_serving_job_keeps_its_step_times_and_those_of_its_own_point() -> None
     budget_point.serve(job, (-100, 100.0))  # A throttled option: the slowest point, capped.
     trainer.iterate({0: 2.0, 1: 2.0}, n=3)
     assert handling.steps_timed == timed + 3 * len(job.rank_infos)
-    assert [t for _, t in handling.step_times][-3:] == [pytest.approx(2.05)] * 3
+    assert [(t, e) for _, t, e in handling.step_times][-3:] == [(pytest.approx(2.05), 10.0)] * 3
     assert handling.own_step_s() == pytest.approx(1.05)  # Held: not its own point's.
 
 
@@ -138,18 +142,18 @@ def test_the_loop_times_the_throttled_option_it_told_and_the_next_allocation_see
                       cap_lease_s=10.0, view=BudgetView())
     job = enforce.JobView("perseus", (("n", 0), ("n", 1)), frontier=VIEW, own_step_s=1.0)
     loop.points = {"perseus": (-125, 125.0)}
-    for gpu in job.gpus:
-        cluster.sample(*gpu, 105.0)
-    history: list[tuple[int, float]] = []
+    for gpu in job.gpus:  # (Its power samples say more; the draw is the energy's.)
+        cluster.sample(*gpu, 150.0)
+    history: list[tuple[int, float, float | None]] = []
     for n in range(enforce.SETTLE_ROUNDS + MIN_STEPS):  # One step a round.
-        history.append((n + 1, 2.4))
+        history.append((n + 1, 2.4, 2.4 * 105.0))
         (seen,) = loop.calibrate([dataclasses.replace(job, step_times=tuple(history))])
     assert rounded(loop.timing.measured("perseus")) == (served(-125, 2.4, 105.0),)
     assert seen.frontier is not None and throttled(seen.frontier)[125] == pytest.approx(2.4)
     assert drawn(seen.frontier)[125] == pytest.approx(105.0)
     # A straggler moving the job: its times are not the cap's alone; nothing more is learnt.
     for _ in range(enforce.SETTLE_ROUNDS + MIN_STEPS):
-        history.append((len(history) + 1, 9.0))
+        history.append((len(history) + 1, 9.0, 9.0 * 105.0))
         loop.calibrate([dataclasses.replace(job, step_times=tuple(history), own_point=False)])
     assert rounded(loop.timing.measured("perseus")) == (served(-125, 2.4, 105.0),)
     loop.calibrate([])  # The job gone: what was measured of it too.
