@@ -99,11 +99,17 @@ class CutNetwork:
         scale = cap_max / biggest if biggest > 0 else 1.0
         caps = self.caps
         caps[:] = 0
-        caps[crit_ops] = np.where(finite_ub, np.rint((ub - lb) * scale), INF_CAP)
+        # A slowdown saves one unit less than it is worth: among cuts of (nearly) equal cost
+        # the one that slows fewer operations wins. Without it, two operations of one kind
+        # a few ulps apart on the same hull segment can be traded (one sped up, one slowed
+        # down, at no net cost) step after step, each step only as long as their distance:
+        # the sweep stalled for minutes on interleaved 1F1B (bloom A40, 8 x 2 x 16).
+        lb_cap = np.maximum(np.rint(lb * scale).astype(np.int64) - 1, 0)
+        ub_cap = np.rint(np.where(finite_ub, ub, 0.0) * scale).astype(np.int64)
+        caps[crit_ops] = np.where(finite_ub, ub_cap - lb_cap, INF_CAP)
         caps[self.o_prec : self.o_src][prec] = INF_CAP
         caps[self.o_src : self.o_sink][src] = INF_CAP
         caps[self.o_sink : self.o_lbs][sink] = INF_CAP
-        lb_cap = np.rint(lb * scale).astype(np.int64)
         caps[self.o_lbs + crit_ops] = lb_cap
         caps[self.o_lbt + crit_ops] = lb_cap
         # Only the arcs with capacity (and their reverses) go to the flow: Dinic's phases walk
