@@ -1,0 +1,66 @@
+"""Each step's max flow starts from the last step's: the same cuts, so the same frontier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator.pipeline.planner import PlannerStats, plan_frontier
+from coordinator.pipeline.planner.cut import CutNetwork
+from coordinator.pipeline.planner.learned import LearnedSchedule
+from coordinator.pipeline.planner.profile_file import load_profile
+from coordinator.pipeline.planner.schedules import rank_orders
+
+pytestmark = pytest.mark.core
+
+PROFILES = Path(__file__).resolve().parents[2] / "data" / "perseus" / "stage_profiles"
+
+
+@pytest.mark.parametrize(("name", "schedule", "microbatches"), [
+    ("gpt3-175b+a40_bf16", "1f1b", 8),
+    ("bloom+a100_sxm_bf16", "interleaved-1f1b", 4),
+])
+def test_warm_started_flows_give_the_same_frontier(
+    monkeypatch: pytest.MonkeyPatch, name: str, schedule: str, microbatches: int
+) -> None:
+    profile = load_profile(PROFILES / f"{name}.csv")
+    virtual = None if schedule == "1f1b" else 2
+    orders = LearnedSchedule.from_orders(rank_orders(schedule, 8, microbatches, virtual))
+    carried: list[bool] = []
+    original = CutNetwork._carried
+
+    def counted(self: CutNetwork, full: np.ndarray, scale: float) -> np.ndarray:
+        start = original(self, full, scale)
+        carried.append(bool(start.any()))
+        return start
+
+    monkeypatch.setattr(CutNetwork, "_carried", counted)
+    warm_stats = PlannerStats()
+    warm = plan_frontier(profile, microbatches, stats=warm_stats, schedule=orders)
+    assert sum(carried) > len(carried) // 2  # Most steps start from the last flow.
+    monkeypatch.setattr(CutNetwork, "warm", False)
+    cold_stats = PlannerStats()
+    cold = plan_frontier(profile, microbatches, stats=cold_stats, schedule=orders)
+    assert warm_stats.iterations == cold_stats.iterations
+    assert [(p.time, p.energy, p.plan) for p in warm] == [
+        (p.time, p.energy, p.plan) for p in cold]
+
+
+def test_a_carried_flow_moves_between_an_operations_arcs_or_starts_from_zero() -> None:
+    """An operation whose own arc lost capacity passes that flow to its lower-bound arcs (the
+    capacities it gained there); where they cannot take it, or the scale changed, the flow
+    starts from zero."""
+    network = CutNetwork.__new__(CutNetwork)
+    # One operation: its own arc at 0, its lower bound's source arc at 2, sink arc at 4; each
+    # reverse right after it.
+    network.op_arcs = np.array([[0], [2], [4]])
+    network.reverse = np.array([1, 0, 3, 2, 5, 4])
+    network.flow = np.array([3, -3, 1, -1, 1, -1])
+    network.scale = 1.0
+    moved = network._carried(np.array([1, 0, 3, 0, 3, 0]), 1.0)
+    assert moved.tolist() == [1, -1, 3, -3, 3, -3]
+    assert not network._carried(np.array([1, 0, 2, 0, 3, 0]), 1.0).any()
+    assert network._carried(np.array([3, 0, 1, 0, 1, 0]), 1.0).tolist() == [3, -3, 1, -1, 1, -1]
+    assert not network._carried(np.array([3, 0, 1, 0, 1, 0]), 2.0).any()  # Another scale.
