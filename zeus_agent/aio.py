@@ -1,7 +1,8 @@
 """Small asyncio helpers shared by the agent and the coordinator shells.
 
 * `every(period_s, fn, what)`: run a coroutine function on a fixed grid forever; one failing
-  tick is logged and the loop goes on (a loop never dies of one bad tick).
+  tick is logged and the loop goes on (a loop never dies of one bad tick); an event may call
+  it at once between ticks (`wake`).
 * `run_event_loop(main)`: run a coroutine on uvloop when available.
 * `ExitSignals`: the `should_exit`/`force_exit` events of a server that SIGINT/SIGTERM set
   (the first asks for a graceful exit, the second forces it); `finish` lets in-flight tasks
@@ -27,7 +28,8 @@ LOG = logging.getLogger(__name__)
 
 
 async def every(
-    period_s: float, fn: Callable[[], Awaitable[Any]], what: str, *, first_now: bool = True
+    period_s: float, fn: Callable[[], Awaitable[Any]], what: str, *, first_now: bool = True,
+    wake: asyncio.Event | None = None,
 ) -> None:
     """Run `fn` every `period_s` seconds on a fixed grid (skipping missed ticks).
 
@@ -36,13 +38,19 @@ async def every(
         fn: The coroutine function to call.
         what: What the loop does, for the log.
         first_now: Call `fn` at once (else after one period).
+        wake: An event that calls `fn` at once when set (then cleared), between ticks of the
+            grid, which stays as it was: what the loop serves changed, and waiting for the
+            next tick would cost (a power budget set: up to a period more over its cap).
     """
     next_t = time.monotonic() + (0 if first_now else period_s)
     task = asyncio.current_task()
     while True:
         delay = next_t - time.monotonic()
+        woken = False
         if delay > 0:
-            await asyncio.sleep(delay)
+            woken = await _sleep(delay, wake)
+        if wake is not None:
+            wake.clear()
         try:
             await fn()
         except Exception:  # noqa: BLE001 - a loop never dies of one bad tick
@@ -51,9 +59,22 @@ async def every(
             # A cancellation `fn` swallowed (Python 3.11's `wait_for` loses one that lands as
             # its inner call finishes): the loop must still stop, or a shutdown waits on it.
             raise asyncio.CancelledError
+        if woken:
+            continue
         next_t += period_s
         if next_t < time.monotonic():
             next_t = time.monotonic()
+
+
+async def _sleep(delay_s: float, wake: asyncio.Event | None) -> bool:
+    """Sleep `delay_s`, or less if `wake` is set meanwhile; whether it was."""
+    if wake is None:
+        await asyncio.sleep(delay_s)
+        return False
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), delay_s)
+        return True
+    return False
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:

@@ -13,6 +13,7 @@ above its predecessor's for a few rounds (the cap holds through a takeover).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -121,9 +122,14 @@ class BudgetView:
         self.budgets: dict[str, tuple[Budget, float]] = {}
         self.lifted: dict[str, tuple[list[tuple[str, int]], float]] = {}
         """Lifted budget -> (its GPUs, until when their caps may hold): `LiftedCaps`."""
+        self.changed = asyncio.Event()
+        """Set by every entry applied: the budgets loop runs at once, not at its next tick
+        (`zeus_agent.aio.every`'s `wake`): a cap set is a grid's signal, every second over it
+        counts."""
 
     async def on_lifted(self, entry: Any) -> None:
         """Apply one entry of the watch of `budget_lifted.>` (`LiftedCaps`)."""
+        self.changed.set()
         budget_id = str(entry.key)[len(LIFTED_PREFIX):]
         if getattr(entry, "operation", None) in ("DEL", "PURGE") or not entry.value:
             self.lifted.pop(budget_id, None)
@@ -136,6 +142,7 @@ class BudgetView:
 
     async def on_entry(self, entry: Any) -> None:
         """Apply one entry of the watch (a put, a delete or a purge)."""
+        self.changed.set()
         budget_id = str(entry.key)[len(PREFIX):]
         if getattr(entry, "operation", None) in ("DEL", "PURGE") or not entry.value:
             self.budgets.pop(budget_id, None)

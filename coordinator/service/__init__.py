@@ -249,15 +249,18 @@ class CoordinatorService(ExitSignals):
             s = self.settings
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                loops = [tg.create_task(every(period, loop, name, first_now=first_now))
-                         for period, loop, name, first_now in (
-                    (s.lease_s / 3, self.replicas.renew_gpu_leases, "lease renewal", False),
-                    (TICK_S, self.actions.tick_jobs, "job timers", False),
+                loops = [tg.create_task(every(period, loop, name, first_now=first_now,
+                                              wake=wake))
+                         for period, loop, name, first_now, wake in (
+                    (s.lease_s / 3, self.replicas.renew_gpu_leases, "lease renewal", False,
+                     None),
+                    (TICK_S, self.actions.tick_jobs, "job timers", False, None),
                     (min(OWNERSHIP_POLL_S, self.book.lease_s / 3), self.replicas.ownership,
-                     "job ownership", True),
+                     "job ownership", True, None),
                     (min(60.0, s.max_job_idle_time / 10), self.replicas.collect_idle,
-                     "idle job collection", False),
-                    (BUDGET_PERIOD_S, self.budget_loop.tick, "power budgets", False),
+                     "idle job collection", False, None),
+                    (BUDGET_PERIOD_S, self.budget_loop.tick, "power budgets", False,
+                     self.budget_view.changed),
                 )]
                 self.started.set()
                 await self.should_exit.wait()

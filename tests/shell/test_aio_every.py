@@ -44,3 +44,30 @@ async def test_a_cancellation_the_tick_swallowed_still_stops_the_loop() -> None:
     task.cancel()
     await asyncio.wait({task}, timeout=2)
     assert swallowed and task.done() and task.cancelled()
+
+
+async def test_a_wake_runs_the_tick_at_once_each_time_it_is_set() -> None:
+    """A power budget set between ticks is planned at once, not up to a period later."""
+    wake, runs = asyncio.Event(), []
+    loop = asyncio.get_running_loop()
+
+    async def tick() -> None:
+        runs.append(loop.time())
+
+    start = loop.time()
+    task = asyncio.create_task(every(10.0, tick, "woken ticks", first_now=False, wake=wake))
+    try:
+        await asyncio.sleep(0.05)
+        assert runs == []  # The first tick is 10 s away.
+        wake.set()
+        while not runs:
+            await asyncio.sleep(0.01)
+        assert runs[0] - start < 5.0 and not wake.is_set()  # Run at once, the event cleared.
+        wake.set()  # Again: one more run each time it is set.
+        while len(runs) < 2:
+            await asyncio.sleep(0.01)
+        assert runs[1] - start < 5.0
+    finally:
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+    assert task.cancelled()
