@@ -103,7 +103,6 @@ class CutNetwork:
             src: Mask over `src_ops`: critical and starting at 0.
             sink: Mask over operations: critical and ending the iteration.
         """
-        n = self.n
         finite_ub = np.isfinite(ub)
         finite_vals = np.concatenate([(ub - lb)[finite_ub], lb])
         biggest = float(finite_vals.max()) if finite_vals.size else 0.0
@@ -128,34 +127,40 @@ class CutNetwork:
         # Only the arcs with capacity (and their reverses) go to the flow: Dinic's phases walk
         # every arc given, and off the critical subgraph most have none.
         full = caps[self.order]
-        start = self._carried(full, scale)
+        flow = self._carried(full, scale)
         kept = full > 0
         kept |= kept[self.reverse]
-        residual = (full - start)[kept]
-        data = residual.astype(np.int32)
-        kept_indices, kept_rows = self.indices[kept], self.row_of[kept]
-        size = self.size
-        indptr = np.zeros(size + 1, dtype=np.int32)
-        np.cumsum(np.bincount(kept_rows, minlength=size), out=indptr[1:])
-        graph = sp.csr_array((data, kept_indices, indptr), shape=(size, size))
-        result = maximum_flow(graph, 2 * n, 2 * n + 1)
-        flow = result.flow
-        if flow.nnz == data.size and np.array_equal(flow.indices, kept_indices):
-            added = flow.data
-        else:  # A scipy that lays the flow out differently: look each arc up.
-            coo = flow.tocoo()
-            where = np.searchsorted(kept_rows * size + kept_indices,
-                                    coo.row.astype(np.int64) * size + coo.col)
-            added = np.zeros(data.size, dtype=np.int64)
-            added[where] = coo.data
-        total = start
-        total[kept] += added
-        self.flow, self.scale = total, scale
-        value = int(total[self.from_source].sum())
-        if value - int(lb_cap.sum()) >= INF_CAP // 2:
+        residual = (full - flow)[kept]
+        indices, rows = self.indices[kept], self.row_of[kept]
+        # A carried flow is often already maximum (the sink out of reach): no max flow to run.
+        side = self._source_side(residual > 0, indices, rows) if flow.any() else None
+        if side is None:
+            added = self._augment(residual, indices, rows)
+            flow[kept] += added
+            residual -= added
+            side = self._source_side(residual > 0, indices, rows)
+        self.flow, self.scale = flow, scale
+        if int(flow[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
             self.scale = 0.0
             return None
-        return self._source_side((residual - added) > 0, kept_indices, kept_rows)
+        return side
+
+    def _augment(self, residual: np.ndarray, indices: np.ndarray,
+                 rows: np.ndarray) -> np.ndarray:
+        """A maximum flow over the residual capacities of the kept arcs (`indices`, `rows`)."""
+        size = self.size
+        indptr = np.zeros(size + 1, dtype=np.int32)
+        np.cumsum(np.bincount(rows, minlength=size), out=indptr[1:])
+        graph = sp.csr_array((residual.astype(np.int32), indices, indptr), shape=(size, size))
+        flow = maximum_flow(graph, size - 2, size - 1).flow
+        if flow.nnz == residual.size and np.array_equal(flow.indices, indices):
+            return flow.data.astype(np.int64)
+        # A scipy that lays the flow out differently: look each arc up.
+        coo = flow.tocoo()
+        where = np.searchsorted(rows * size + indices, coo.row.astype(np.int64) * size + coo.col)
+        added = np.zeros(residual.size, dtype=np.int64)
+        added[where] = coo.data
+        return added
 
     def _source_side(self, open_arc: np.ndarray, indices: np.ndarray,
                      row_of: np.ndarray) -> np.ndarray | None:
