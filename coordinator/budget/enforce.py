@@ -79,6 +79,8 @@ class JobView:
     """A pipeline job's last steps, (sequence, s, J) (`StragglerHandling.step_times`)."""
     own_step_s: float | None = None
     """A pipeline job's step time at its own point (`StragglerHandling.own_step_s`)."""
+    own_draw_w: float | None = None
+    """A pipeline job's draw per GPU there, from its energies (`StragglerHandling.own_draw_w`)."""
 
 
 @dataclass(frozen=True, slots=True)

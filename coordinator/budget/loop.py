@@ -92,7 +92,8 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
                                          own_point=not job.straggling.stragglers.factors(),
                                          step_times=tuple(job.straggling.step_times),
-                                         own_step_s=job.straggling.own_step_s()))
+                                         own_step_s=job.straggling.own_step_s(),
+                                         own_draw_w=job.straggling.own_draw_w()))
         else:
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
     return views
@@ -371,7 +372,12 @@ class BudgetLoop:
         return caps
 
     def calibrate(self, jobs: list[enforce.JobView]) -> list[enforce.JobView]:
-        """The pipeline jobs' frontiers scaled by their measured draw (`frontier_options`)."""
+        """The pipeline jobs' frontiers scaled by their measured draw (`frontier_options`).
+
+        The draw at its own point is its ranks' energies over their time while nothing held
+        it (`JobView.own_draw_w`); without those (a job started under a budget), its GPUs'
+        samples while it serves its own point (under a budget's caps, which may throttle it).
+        """
         out = []
         for job in jobs:
             f = job.frontier
@@ -383,7 +389,10 @@ class BudgetLoop:
             settling = self.settling.get(job.job_id, 0)
             told = self.points.get(job.job_id)  # (A straggler's point moves it too.)
             moved = (told is not None and told[0] != f.chosen) or not job.own_point
-            if moved or settling > 0:
+            metered = frontier_options.own_ratio(f, job.own_draw_w) if job.own_draw_w else None
+            if metered is not None:  # (Its energies at its own point, no budget capping it.)
+                self.ratios[job.job_id] = metered
+            elif moved or settling > 0:
                 self.settling[job.job_id] = enforce.SETTLE_ROUNDS if moved else settling - 1
             elif job.gpus and len(sampled) == len(job.gpus):
                 ratio = frontier_options.own_ratio(f, sum(sampled) / len(sampled))

@@ -22,10 +22,12 @@ from coordinator.pipeline.steps import Step
 from coordinator.pipeline.stragglers import Stragglers
 from zeus_agent.models import FrequencySchedule, RankInfo
 
-__all__ = ["STEP_TIMES_KEPT", "Install", "StragglerHandling"]
+__all__ = ["OWN_STEPS", "STEP_TIMES_KEPT", "Install", "StragglerHandling"]
 
 STEP_TIMES_KEPT = 64
 """Step times kept for a power budget's measure of the job's speed (`step_times`)."""
+OWN_STEPS = 3
+"""Steps at its own point needed for its time and draw there (`own_step_s`, `own_draw_w`)."""
 
 Install = Callable[[list[FrequencySchedule], str, str], list[Action]]
 """Installs schedules as the job's next version: (schedules, state, message) -> actions
@@ -84,8 +86,8 @@ class StragglerHandling:
         `coordinator.budget.timing`)."""
         self.steps_timed = 0
         """Steps recorded in `step_times` so far (the last one's sequence number)."""
-        self.own_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
-        """The last step times (s) at the job's own point, no budget or straggler holding it."""
+        self.own_times: deque[tuple[float, float | None]] = deque(maxlen=STEP_TIMES_KEPT)
+        """(seconds, joules) of the last steps at the job's own point, nothing holding it."""
         self._scheduler_name = scheduler_name
         self._phase = phase
         self._error = error
@@ -104,6 +106,7 @@ class StragglerHandling:
     def serve(self, plan: Mapping[int, FrequencySchedule]) -> None:
         """The job serves `plan` (by rank) from now on; straggler changes are made to it."""
         self.plan = dict(plan)
+        self.own_times.clear()  # (Its own point's steps: the new plan's from now on.)
 
     def forget_plan(self) -> None:
         """The job serves no plan any more: nothing of the old one is slowed or detected."""
@@ -113,8 +116,21 @@ class StragglerHandling:
         self.stragglers.forget_plan()
 
     def own_step_s(self) -> float | None:
-        """The median step time at the job's own point (None: fewer than 3 steps there)."""
-        return statistics.median(self.own_times) if len(self.own_times) >= 3 else None
+        """The median step time at the job's own point (None: fewer than `OWN_STEPS`)."""
+        if len(self.own_times) < OWN_STEPS:
+            return None
+        return statistics.median(t for t, _ in self.own_times)
+
+    def own_draw_w(self) -> float | None:
+        """The draw per GPU at the job's own point, from its ranks' step energies.
+
+        None: fewer than `OWN_STEPS` steps there measured an energy.
+        """
+        metered = [(t, e) for t, e in self.own_times if e is not None and e >= 0]
+        seconds = sum(t for t, _ in metered)
+        if len(metered) < OWN_STEPS or seconds <= 0:
+            return None
+        return sum(e for _, e in metered) / seconds
 
     def holding(self) -> bool:
         """Whether the job serves another point than its chosen one, or a budget caps it.
@@ -177,7 +193,7 @@ class StragglerHandling:
             self.steps_timed += 1
             self.step_times.append((self.steps_timed, step.time_s, step.energy_j))
             if not self.holding():
-                self.own_times.append(step.time_s)
+                self.own_times.append((step.time_s, step.energy_j))
         if len(self.pipelines) < 2:
             return []
         span = step.own_time()

@@ -125,6 +125,7 @@ def test_a_serving_job_keeps_its_step_times_and_those_of_its_own_point() -> None
     trainer.iterate(n=3)
     handling = job.straggling
     assert handling.own_step_s() == pytest.approx(1.05)  # Each step: 1 s + the all-reduce.
+    assert handling.own_draw_w() == pytest.approx(10.0 / 1.05)  # 10 J a step, every rank.
     timed = handling.steps_timed
     view = budget_point.frontier_of(job)
     assert view is not None
@@ -169,3 +170,25 @@ def test_a_frontier_point_served_counts_at_its_measured_time_and_draw_alone() ->
     assert timed[0] == model[0]  # Its own point: the plan's.
     # The throttled options are the model's (their own measures scale them, not a point's).
     assert {k: o for k, o in timed.items() if k < 0} == {k: o for k, o in model.items() if k < 0}
+
+
+def test_the_draw_at_its_own_point_from_its_energies_calibrates_its_frontier() -> None:
+    """Learnt from the ranks' energies while nothing held the job: not from samples taken
+    while a budget's caps may throttle it at its own point."""
+    cluster = Cluster()
+    cluster.announce("n", {}, {i: GpuInfo(100, 300) for i in range(2)})
+    for gpu in range(2):
+        cluster.sample("n", gpu, 150.0)  # Throttled by a budget at its own point.
+    loop = BudgetLoop(link=None, book=None, cluster=cluster, jobs=list,  # type: ignore[arg-type]
+                      cap_lease_s=10.0, view=BudgetView())
+    loop.points = {"perseus": (0, 250.0)}
+    job = enforce.JobView("perseus", (("n", 0), ("n", 1)), frontier=VIEW, own_draw_w=275.0)
+    for _ in range(enforce.SETTLE_ROUNDS + 2):
+        (seen,) = loop.calibrate([job])
+    assert loop.ratios == {"perseus": pytest.approx(1.1)}  # 275 W over the planned 250 W.
+    assert seen.frontier is not None and seen.frontier.powers[0] == pytest.approx(275.0)
+    # Without its energies, the samples at its own point (as before): 150 W over 250 W.
+    loop.ratios = {}
+    for _ in range(enforce.SETTLE_ROUNDS + 2):
+        loop.calibrate([dataclasses.replace(job, own_draw_w=None)])
+    assert loop.ratios == {"perseus": pytest.approx(0.6)}
