@@ -113,7 +113,7 @@ class Served:
     relative_time: float
     """Its step time over the job's at its own point."""
     power_w: float | None
-    """Its draw per GPU (W); None: not sampled."""
+    """Its draw per GPU (W); None: no energy measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +363,7 @@ def calibrated(frontier: FrontierView, ratio: float,
                measured: tuple[Served, ...] = ()) -> FrontierView:
     """`frontier` with every power (points, peaks, throttled plans) times `ratio`.
 
-    `measured`: the throttled options as served (`coordinator.budget.timing`).
+    `measured`: the options as served (`coordinator.budget.timing`).
     """
     if ratio == 1.0 and measured == frontier.measured:
         return frontier

@@ -401,7 +401,8 @@ class BudgetLoop:
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
             self.timing.observe(job.job_id, None if told is None or told[0] == f.chosen
                                 else told[0],
-                                job.own_step_s if job.own_point else None, job.step_times)
+                                job.own_step_s if job.own_point else None, job.step_times,
+                                (f.chosen, f.times))
             ratio = self.ratios.get(job.job_id, 1.0)
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
                 f, ratio, self.timing.measured(job.job_id))))

@@ -31,7 +31,7 @@ measures again.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 
 from coordinator.budget.frontier_options import Served
@@ -72,14 +72,20 @@ class Timing:
         self.served: dict[str, dict[int, Served]] = {}
         """Job -> option key -> that option as measured."""
         self._watch: dict[str, _Watch] = {}
+        self._frontiers: dict[str, Hashable] = {}
 
     def observe(self, job_id: str, key: int | None, own_s: float | None,
-                step_times: Sequence[StepTime]) -> None:
+                step_times: Sequence[StepTime], frontier: Hashable = None) -> None:
         """One round of a job: `key` is the option it was told (None: none, or its own point).
 
         `own_s`: its step time at its own point (None: not known); `step_times`: its ranks'
-        steps, oldest first.
+        steps, oldest first; `frontier`: what tells its frontier from another (a job that
+        planned again: what was measured of the old one's options is dropped).
         """
+        if self._frontiers.get(job_id, frontier) != frontier:
+            self.served.pop(job_id, None)
+            self._watch.pop(job_id, None)
+        self._frontiers[job_id] = frontier
         watch = self._watch.get(job_id)
         if watch is None or watch.key != key:
             watch = self._watch[job_id] = _Watch(key)
@@ -113,6 +119,6 @@ class Timing:
 
     def forget(self, live: Collection[str]) -> None:
         """Drop what is known of jobs not in `live`."""
-        for table in (self.served, self._watch):
+        for table in (self.served, self._watch, self._frontiers):
             for job_id in [j for j in table if j not in live]:
                 del table[job_id]

@@ -192,3 +192,17 @@ def test_the_draw_at_its_own_point_from_its_energies_calibrates_its_frontier() -
     for _ in range(enforce.SETTLE_ROUNDS + 2):
         loop.calibrate([dataclasses.replace(job, own_draw_w=None)])
     assert loop.ratios == {"perseus": pytest.approx(0.6)}
+
+
+def test_what_was_measured_of_a_frontier_goes_when_the_job_plans_another() -> None:
+    timing = Timing(SETTLE)
+    history = steps(1, [2.0] * 20)
+    for _ in range(SETTLE):
+        timing.observe("job", 3, 1.0, history, frontier="first")
+    history += steps(21, [2.0] * MIN_STEPS)
+    timing.observe("job", 3, 1.0, history, frontier="first")
+    assert [m.key for m in timing.measured("job")] == [3]
+    timing.observe("job", 3, 1.0, history, frontier="first")  # The same frontier: kept.
+    assert [m.key for m in timing.measured("job")] == [3]
+    timing.observe("job", 3, 1.0, history, frontier="second")  # Point 3 is another point now.
+    assert timing.measured("job") == ()
