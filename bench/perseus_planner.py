@@ -16,7 +16,9 @@ profile's stages are the ranks, each rank's virtual stages share its rows; `zero
 each backward row into a `backward_input` and a `backward_weight` row of half its time and
 energy, an assumption of this bench); lowtime, which plans 1F1B only, is then skipped. Each case
 reports the planner's wall and CPU seconds, the process's peak RSS so far (MB), the sweep's
-steps (`iterations`, one max flow each) and the distinct rounded plans it recorded (`candidates`).
+steps (`iterations`: one least-cost cut each, a max flow started from the last step's flow
+or none when that flow is still maximum) and the distinct rounded plans it recorded
+(`candidates`).
 
 The last line printed is one JSON object.
 

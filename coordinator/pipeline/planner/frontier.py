@@ -17,9 +17,10 @@ instruction's cost is replaced by the lower convex hull of its Pareto options (a
 piecewise-linear function of its duration); starting from every instruction at its cheapest
 (slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum
 s-t cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are
-slowed down at their right slope), solved as one maximum flow (`scipy.sparse.csgraph`), and
-applies it for as long as it stays valid: until an instruction reaches a hull vertex or another
-path becomes critical (found exactly by a few longest-path passes). For convex piecewise-linear
+slowed down at their right slope; a slowdown that buys nothing loses ties), solved as one
+maximum flow (`scipy.sparse.csgraph`, started from the last step's: `cut`), and applies it
+for as long as it stays valid: until an instruction reaches a hull vertex or another path
+becomes critical (found exactly by a few longest-path passes). For convex piecewise-linear
 costs this traces the optimum of the continuous relaxation; unlike lowtime 0.3.0 there is no
 time quantum (lowtime shortens by one quantum per step) and no fitted cost model (lowtime fits
 an exponential). Real plans are taken from the sweep: after every step and wherever a moving
