@@ -130,15 +130,17 @@ class CutNetwork:
         flow = self._carried(full, scale)
         kept = full > 0
         kept |= kept[self.reverse]
-        residual = (full - flow)[kept]
-        indices, rows = self.indices[kept], self.row_of[kept]
+        # (Gathers by index: a boolean mask this irregular indexes several times slower.)
+        at = np.flatnonzero(kept)
+        residual = full.take(at) - flow.take(at)
+        indices, rows = self.indices.take(at), self.row_of.take(at)
         # A carried flow is often already maximum (the sink out of reach): no max flow to run.
-        side = self._source_side(residual > 0, indices, rows) if flow.any() else None
+        side = self._source_side(residual, indices, rows) if flow.any() else None
         if side is None:
             added = self._augment(residual, indices, rows)
-            flow[kept] += added
+            flow[at] += added
             residual -= added
-            side = self._source_side(residual > 0, indices, rows)
+            side = self._source_side(residual, indices, rows)
         self.flow, self.scale = flow, scale
         if int(flow[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
             self.scale = 0.0
@@ -162,17 +164,18 @@ class CutNetwork:
         added[where] = coo.data
         return added
 
-    def _source_side(self, open_arc: np.ndarray, indices: np.ndarray,
+    def _source_side(self, residual: np.ndarray, indices: np.ndarray,
                      row_of: np.ndarray) -> np.ndarray | None:
         """The nodes the source reaches over the arcs with residual capacity (None: the sink)."""
         size = self.size
+        open_arc = np.flatnonzero(residual > 0)
         open_indptr = np.zeros(size + 1, dtype=np.int32)
-        np.cumsum(np.bincount(row_of[open_arc], minlength=size), out=open_indptr[1:])
+        np.cumsum(np.bincount(row_of.take(open_arc), minlength=size), out=open_indptr[1:])
         # (float64 data: the traversal's validation would otherwise copy it into that type.)
-        residual = sp.csr_array(
-            (np.ones(int(open_arc.sum())), indices[open_arc], open_indptr), shape=(size, size)
+        graph = sp.csr_array(
+            (np.ones(open_arc.size), indices.take(open_arc), open_indptr), shape=(size, size)
         )
-        reached = breadth_first_order(residual, size - 2, directed=True,
+        reached = breadth_first_order(graph, size - 2, directed=True,
                                       return_predecessors=False)
         side = np.zeros(size, dtype=bool)
         side[reached] = True
@@ -199,7 +202,7 @@ class CutNetwork:
         f, c = flow[pos], full[pos]
         low = np.maximum(f[0] - c[0], np.maximum(-f[1], -f[2]))
         high = np.minimum(f[0], np.minimum(c[1] - f[1], c[2] - f[2]))
-        shift = np.clip(0, low, high)
+        shift = np.minimum(np.maximum(low, 0), high)
         moves = np.flatnonzero(shift)
         if moves.size:
             d = shift[moves]
