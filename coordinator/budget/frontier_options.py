@@ -290,9 +290,13 @@ def options(frontier: FrontierView, min_limit_w: int, max_limit_w: int) -> tuple
 def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
     """The options with what was measured: an option served, at its time and draw.
 
-    (The draw at most the option's limit.) A throttled option not measured is scaled as the
-    nearest measured one above it was (measured over modelled); above every measured cap,
-    and at a frontier point not measured, the model stands. Deeper caps never run faster.
+    (The draw at most the option's limit.) An option not measured is scaled as the nearest
+    measured one of its kind was (measured over modelled): a frontier point as the nearest
+    measured point (the model's error there, clock changes it does not see, is its
+    neighbours' too: without it the allocator would try one optimistic point after
+    another), a throttled option as the nearest measured cap above it; above every measured
+    cap the model stands, and the job's own point is the plan's. Deeper caps never run
+    faster.
     """
     chosen_s = frontier.times[frontier.chosen]
     modelled = {o.key: o for o in out}
@@ -302,11 +306,15 @@ def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
         if model is not None and model.time_s > 0 and model.power_w > 0:
             power = 1.0 if m.power_w is None else m.power_w / model.power_w
             scale[m.key] = (chosen_s * m.relative_time / model.time_s, power)
+    points = [key for key in scale if key >= 0]
     done: list[Option] = []
     slowest = 0.0
     for o in out:
-        if o.key >= 0:
-            time, power = scale.get(o.key, (1.0, 1.0))
+        if o.key == frontier.chosen:
+            time, power = 1.0, 1.0
+        elif o.key >= 0:  # (The nearest measured point's error, the slower one of a tie.)
+            near = min(points, key=lambda k: (abs(k - o.key), -k), default=None)
+            time, power = (1.0, 1.0) if near is None else scale[near]
         else:
             above = [key for key in scale if key <= o.key]  # (caps at or over its own)
             time, power = scale[max(above)] if above else (1.0, 1.0)

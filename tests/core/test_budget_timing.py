@@ -161,7 +161,7 @@ def test_the_loop_times_the_throttled_option_it_told_and_the_next_allocation_see
     assert loop.timing.measured("perseus") == ()
 
 
-def test_a_frontier_point_served_counts_at_its_measured_time_and_draw_alone() -> None:
+def test_a_frontier_point_served_counts_at_its_measured_time_and_draw() -> None:
     # Point 1 (the slowest, 1.6 s planned) ran 2.0 s, drawing 130 W per GPU.
     measured = fo.calibrated(VIEW, 1.0, (Served(1, 2.0, 130.0),))
     model = {o.key: o for o in fo.options(VIEW, 100, 300)}
@@ -206,3 +206,20 @@ def test_what_was_measured_of_a_frontier_goes_when_the_job_plans_another() -> No
     assert [m.key for m in timing.measured("job")] == [3]
     timing.observe("job", 3, 1.0, history, frontier="second")  # Point 3 is another point now.
     assert timing.measured("job") == ()
+
+
+def test_points_not_measured_take_the_nearest_measured_points_error() -> None:
+    """The model's error at a point (clock changes it does not see) is its neighbours' too:
+    without it the allocator would move the job from one optimistic point to the next."""
+    view = fo.FrontierView(times=(1.0, 1.1, 1.2, 1.3, 1.4),
+                           powers=(250.0, 230.0, 210.0, 190.0, 170.0),
+                           peaks=(280.0, 260.0, 240.0, 220.0, 200.0), chosen=1)
+    measured = fo.calibrated(view, 1.0, (Served(3, 1.3 * 1.5 / 1.1, 152.0),))
+    model = {o.key: o for o in fo.options(view, 100, 300)}
+    timed = {o.key: o for o in fo.options(measured, 100, 300)}
+    assert timed[3].time_s == pytest.approx(1.3 * 1.5) and timed[3].power_w == 152.0
+    for key in (2, 4):  # 1.5x the model's time, 0.8x its draw, as point 3 measured.
+        assert timed[key].time_s == pytest.approx(model[key].time_s * 1.5)
+        assert timed[key].power_w == pytest.approx(model[key].power_w * 0.8)
+    assert timed[1] == model[1]  # Its own point: the plan's.
+    assert 0 not in timed  # (Faster than its own: never offered.)
