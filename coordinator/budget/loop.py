@@ -38,7 +38,9 @@ from coordinator.optimizer import Action
 from coordinator.pipeline import budget_point
 from coordinator.pipeline.job import PipelineJob
 from coordinator.power_limit.job import PowerLimitJob
+from coordinator.power_limit.job_parts import make_selector
 from coordinator.state.ownership import OwnershipBook
+from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetStatus
 from zeus_agent.wire.messages import CommandEnvelope, Reply
@@ -68,12 +70,13 @@ COMMAND_TIMEOUT_S = 2.0
 
 
 def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
-    """What the budgets know of the jobs: their GPUs; the profile of those driven here.
+    """What the budgets know of the jobs: their GPUs; their profiles where known.
 
-    A power-limit job driven by this replica with its optimum known brings its measurements,
-    a pipeline job serving a plan of its frontier (Perseus) its frontier; every other job
-    (profiling, one another replica drives) is capped proportionally. Each job's slowdown
-    counts as its registered `priority`.
+    A power-limit job with its optimum known brings its measurements: driven by this replica,
+    its own; driven by another, the profile its owner recorded in the state bucket
+    (`recorded_profile`); a pipeline job driven here serving a plan of its frontier (Perseus)
+    its frontier; every other job (profiling, a pipeline job another replica drives) is capped
+    proportionally. Each job's slowdown counts as its registered `priority`.
     """
     views = []
     for driver in drivers:
@@ -88,6 +91,8 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
             views.append(enforce.JobView(driver.job_id, gpus,
                                          tuple(job.machine.measurements),
                                          job.optimal_power_limit, weight))
+        elif job is None and (known := recorded_profile(driver)) is not None:
+            views.append(enforce.JobView(driver.job_id, gpus, *known, weight))
         elif frontier is not None and isinstance(job, PipelineJob):
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
                                          own_point=not job.straggling.stragglers.factors(),
@@ -97,6 +102,32 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
         else:
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
     return views
+
+
+def recorded_profile(driver: JobDriver) -> tuple[tuple[PowerLimitMeasurement, ...], int] | None:
+    """(measurements, optimum) of a power-limit job another replica drives, as recorded.
+
+    From the profile its owner recorded (`v.prog.<h>`: "profile", or "chosen" by the user's
+    own selector). The optimum of a plain profile is the job's selector's choice, as its
+    owner made it (a user's own selector records its choice). None: no profile recorded, or
+    not readable.
+    """
+    record, recorded = driver.record, driver.recorded
+    if record is None or record.power_limit is None or not recorded:
+        return None
+    kind, state = recorded.get("kind"), recorded.get("state")
+    try:
+        if kind == "chosen" and isinstance(state, dict):
+            rows = tuple(PowerLimitMeasurement(**m) for m in state["measurements"])
+            return (rows, int(state["power_limit"])) if rows else None
+        if kind != "profile" or not isinstance(state, list) or not state:
+            return None
+        rows = tuple(PowerLimitMeasurement(**m) for m in state)
+        selector = make_selector(record.power_limit, record.job.world_size)
+        return rows, int(selector.select(list(rows)))
+    except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError) as e:
+        LOG.debug("job %s: its recorded profile is not usable for budgets: %s", driver.job_id, e)
+        return None
 
 
 async def serve_points(drivers: Iterable[JobDriver], execute: Execute,
