@@ -296,14 +296,16 @@ def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
     neighbours' too: without it the allocator would try one optimistic point after
     another), a throttled option as the nearest measured cap above it; above every measured
     cap the model stands, and the job's own point is the plan's. Deeper caps never run
-    faster.
+    faster, nor faster than the slowest point as counted (they run its plan).
     """
     chosen_s = frontier.times[frontier.chosen]
     modelled = {o.key: o for o in out}
     scale: dict[int, tuple[float, float]] = {}
     for m in frontier.measured:
         model = modelled.get(m.key)
-        if model is not None and model.time_s > 0 and model.power_w > 0:
+        if (model is not None and model.time_s > 0 and model.power_w > 0
+                and math.isfinite(m.relative_time) and m.relative_time > 0
+                and (m.power_w is None or 0 < m.power_w < math.inf)):
             power = 1.0 if m.power_w is None else m.power_w / model.power_w
             scale[m.key] = (chosen_s * m.relative_time / model.time_s, power)
     points = [key for key in scale if key >= 0]
@@ -319,7 +321,9 @@ def _measured(out: list[Option], frontier: FrontierView) -> tuple[Option, ...]:
             above = [key for key in scale if key <= o.key]  # (caps at or over its own)
             time, power = scale[max(above)] if above else (1.0, 1.0)
         t = o.time_s * time
-        if o.key < 0:
+        if o.key >= 0:  # (In order: the last is the slowest point, whose plan caps throttle.)
+            slowest = t
+        else:
             t = slowest = max(slowest, t)
         done.append(Option(o.key, t, min(o.power_w * power, float(o.limit_w)), o.limit_w))
     return tuple(done)

@@ -61,7 +61,10 @@ CapJobs = Callable[[dict[core.GpuKey, int], set[core.GpuKey]], Awaitable[None]]
 """Tells the power-limit jobs still profiling their cap (`job_caps.cap_profiling_jobs`)."""
 
 PERIOD_S = 1.0
-"""How often the owner plans and sends the caps (s)."""
+"""How often the owner plans and sends the caps (s); and at once when a budget changes."""
+COUNTED_GAP = 0.9
+"""A round this part of a period after the last counted one counts (samples come each
+period)."""
 LEASE_KEY = "budgets"
 """The budgets' lease in the ownership bucket (a job's key is 32 hex digits)."""
 LEASE_ID = "\x1fbudgets"
@@ -156,16 +159,22 @@ def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.Job
 
     A job governed by several budgets serves the point of least power among theirs (along a
     frontier, the slowest); a job given its own chosen point is told that one (it keeps its
-    plan, capped). A job no plan governs is absent. The power is the job's planned one: the
-    allocator's over the job's calibration `ratios`.
+    plan, capped). A job no plan governs is absent. The power is the job's planned one: for
+    a frontier point, its plan's (the allocator counts a point served at its measured draw,
+    which `budget_point.pick` would take for a changed frontier); for a throttled option, the
+    allocator's; over the job's calibration `ratios`.
     """
-    pipelines = {j.job_id for j in jobs if j.frontier is not None}
+    frontiers = {j.job_id: j.frontier for j in jobs if j.frontier is not None}
     points: dict[str, tuple[int, float]] = {}
     for p in plans:
         for share in p.allocation.shares:
-            if share.job_id not in pipelines or share.key is None:
+            f = frontiers.get(share.job_id)
+            if f is None or share.key is None:
                 continue
-            power = share.expected_w / max(1, len(p.members.get(share.job_id, ())))
+            if 0 <= share.key < len(f.powers):
+                power = f.powers[share.key]
+            else:
+                power = share.expected_w / max(1, len(p.members.get(share.job_id, ())))
             power /= (ratios or {}).get(share.job_id, 1.0)
             if share.job_id not in points or power < points[share.job_id][1]:
                 points[share.job_id] = (share.key, power)
@@ -202,6 +211,9 @@ class BudgetLoop:
         self.statuses: dict[str, BudgetStatus] = {}
         """What each plan says, as published (`zeus-coordinator watch`, the metrics)."""
         self.failures = 0
+        self.counted_at = -math.inf
+        """When the last round that counted began (monotonic s): a round woken sooner
+        (`zeus_agent.aio.every`'s wake) plans on the same samples and counts nothing."""
         self.serve = serve
         """Tells the pipeline jobs their budget's frontier point (`serve_points`)."""
         self.ratios: dict[str, float] = {}
@@ -242,7 +254,11 @@ class BudgetLoop:
             await self.cap_profiling({}, budgets)
             return
         await self.resume_backoffs()
-        caps = self.plan(budgets)
+        now_s = time.monotonic()
+        counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
+        if counting:
+            self.counted_at = now_s
+        caps = self.plan(budgets, counting)
         leases = self.cap_leases(budgets)
         now = self.wall()
         lifts = {k: h for k, (h, until) in self.unlifted.items() if until > now}
@@ -371,17 +387,27 @@ class BudgetLoop:
         return {holder(b.budget_id): min(MAX_CAP_LEASE_S, max(b.end_s - now, 1.0))
                 for b in budgets if b.end_s is not None}
 
-    def plan(self, budgets: list[Budget]) -> dict[core.GpuKey, tuple[int, str]]:
-        """The cap and holder of every governed GPU this round."""
+    def plan(self, budgets: list[Budget],
+             counting: bool = True) -> dict[core.GpuKey, tuple[int, str]]:
+        """The cap and holder of every governed GPU this round.
+
+        `counting`: a round of its own. A round woken between the loop's ticks (a budget set)
+        plans and sends at once, but the samples are the last round's: it advances no
+        tightener, settling or measure (each would count them twice).
+        """
         governed = core.governing(budgets, self.cluster, self.wall())
-        jobs = self.views = self.calibrate(self.jobs())
+        jobs = self.views = self.calibrate(self.jobs(), counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
             if not g.gpus:
                 continue
-            tight = self.tighteners.setdefault(g.budget_id, enforce.Tightener(fresh=True))
+            tight = self.tighteners.get(g.budget_id)
             measured = enforce.measured_w(g.gpus, self.cluster)
-            backoff = tight.update(measured, g.room_w)
+            if tight is None or counting:
+                tight = self.tighteners.setdefault(g.budget_id, enforce.Tightener(fresh=True))
+                backoff = tight.update(measured, g.room_w)
+            else:
+                backoff = min(tight.backoff_w, max(0.0, g.room_w))
             try:
                 p = enforce.guarded(enforce.plan(g, jobs, self.cluster, backoff), tight)
             except BudgetError as e:
@@ -402,12 +428,14 @@ class BudgetLoop:
             self.statuses.pop(gone, None)
         return caps
 
-    def calibrate(self, jobs: list[enforce.JobView]) -> list[enforce.JobView]:
+    def calibrate(self, jobs: list[enforce.JobView],
+                  counting: bool = True) -> list[enforce.JobView]:
         """The pipeline jobs' frontiers scaled by their measured draw (`frontier_options`).
 
         The draw at its own point is its ranks' energies over their time while nothing held
         it (`JobView.own_draw_w`); without those (a job started under a budget), its GPUs'
         samples while it serves its own point (under a budget's caps, which may throttle it).
+        `counting`: a round of its own (not a woken one: `plan`).
         """
         out = []
         for job in jobs:
@@ -423,6 +451,8 @@ class BudgetLoop:
             metered = frontier_options.own_ratio(f, job.own_draw_w) if job.own_draw_w else None
             if metered is not None:  # (Its energies at its own point, no budget capping it.)
                 self.ratios[job.job_id] = metered
+            elif not counting:
+                pass
             elif moved or settling > 0:
                 self.settling[job.job_id] = enforce.SETTLE_ROUNDS if moved else settling - 1
             elif job.gpus and len(sampled) == len(job.gpus):
@@ -430,10 +460,11 @@ class BudgetLoop:
                 if ratio is not None:
                     old = self.ratios.get(job.job_id)
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
-            self.timing.observe(job.job_id, None if told is None or told[0] == f.chosen
-                                else told[0],
-                                job.own_step_s if job.own_point else None, job.step_times,
-                                (f.chosen, f.times))
+            if counting:  # (A straggler moving it: its steps are not the option's alone.)
+                self.timing.observe(
+                    job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
+                    else told[0], job.own_step_s, job.step_times, (f.chosen, f.times),
+                    len(job.gpus))
             ratio = self.ratios.get(job.job_id, 1.0)
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
                 f, ratio, self.timing.measured(job.job_id))))

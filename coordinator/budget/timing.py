@@ -30,16 +30,20 @@ measures again.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 
 from coordinator.budget.frontier_options import Served
+from zeus_agent.models import MAX_POWER_W
 
-__all__ = ["MIN_STEPS", "RELATIVE_RANGE", "SMOOTHING", "StepTime", "Timing"]
+__all__ = ["MIN_STEPS", "OUTLIER", "RELATIVE_RANGE", "SMOOTHING", "StepTime", "Timing"]
 
 MIN_STEPS = 3
-"""Step times after the settling rounds needed for a measure."""
+"""Iterations (each rank's step) after the settling rounds needed for a measure."""
+OUTLIER = 4.0
+"""A step this many times longer or shorter than the median is left out of the draw."""
 RELATIVE_RANGE = (1.0, 10.0)
 """An option's measured time over the own point's, kept within (a measure outside
 says more about the host than the caps)."""
@@ -75,41 +79,45 @@ class Timing:
         self._frontiers: dict[str, Hashable] = {}
 
     def observe(self, job_id: str, key: int | None, own_s: float | None,
-                step_times: Sequence[StepTime], frontier: Hashable = None) -> None:
-        """One round of a job: `key` is the option it was told (None: none, or its own point).
+                step_times: Sequence[StepTime], frontier: Hashable = None,
+                ranks: int = 1) -> None:
+        """One round of a job: `key` is the option it was told.
 
-        `own_s`: its step time at its own point (None: not known); `step_times`: its ranks'
-        steps, oldest first; `frontier`: what tells its frontier from another (a job that
-        planned again: what was measured of the old one's options is dropped).
+        `key` None: none, its own point, or a straggler moves it (its steps then are not the
+        option's alone). `own_s`: its step time at its own point (None: not known);
+        `step_times`: its ranks' steps, oldest first; `frontier`: what tells its frontier
+        from another (a job that planned again: what was measured of the old one's options
+        is dropped); `ranks`: how many ranks report each step (`MIN_STEPS` counts
+        iterations).
         """
         if self._frontiers.get(job_id, frontier) != frontier:
             self.served.pop(job_id, None)
             self._watch.pop(job_id, None)
         self._frontiers[job_id] = frontier
         watch = self._watch.get(job_id)
-        if watch is None or watch.key != key:
+        last = step_times[-1][0] if step_times else 0
+        if watch is None or watch.key != key or last < watch.mark:  # (A job made again.)
             watch = self._watch[job_id] = _Watch(key)
         watch.rounds += 1
         if watch.rounds <= self.settle_rounds:
-            watch.mark = step_times[-1][0] if step_times else 0
+            watch.mark = last
             return
-        if key is None or own_s is None or own_s <= 0:
+        if key is None or own_s is None or not 0 < own_s < math.inf:
             return
         ran = [(t, e) for n, t, e in step_times if n > watch.mark]
-        if len(ran) < MIN_STEPS:
+        if len(ran) < MIN_STEPS * max(1, ranks):
             return
-        lo, hi = RELATIVE_RANGE
-        relative = min(hi, max(lo, statistics.median(t for t, _ in ran) / own_s))
-        metered = [(t, e) for t, e in ran if e is not None and e >= 0]
-        seconds = sum(t for t, _ in metered)
-        drawn = sum(e for _, e in metered if e is not None) / seconds if seconds > 0 else None
+        measure = _measure(ran, own_s)
+        if measure is None:
+            return
+        relative, drawn = measure
         options = self.served.setdefault(job_id, {})
         old = options.get(key)
         if old is not None:
             relative = SMOOTHING * old.relative_time + (1 - SMOOTHING) * relative
-            if drawn is None or old.power_w is None:
-                drawn = drawn or old.power_w
-            else:
+            if drawn is None:
+                drawn = old.power_w
+            elif old.power_w is not None:
                 drawn = SMOOTHING * old.power_w + (1 - SMOOTHING) * drawn
         options[key] = Served(key, relative, drawn)
 
@@ -122,3 +130,27 @@ class Timing:
         for table in (self.served, self._watch, self._frontiers):
             for job_id in [j for j in table if j not in live]:
                 del table[job_id]
+
+
+def _measure(ran: Sequence[tuple[float, float | None]], own_s: float
+             ) -> tuple[float, float | None] | None:
+    """(time over `own_s`, draw per GPU) of the steps `ran`; None: nothing usable.
+
+    The time is the median's; the draw the energy over the time of the steps within
+    `OUTLIER` of the median time (one step of a stalled rank, or a report a hostile trainer
+    made huge, would otherwise count the option at nearly 0 W), None unless it is a power a
+    GPU can draw (0, `MAX_POWER_W`].
+    """
+    median = statistics.median(t for t, _ in ran)
+    if not 0 < median < math.inf:
+        return None
+    lo, hi = RELATIVE_RANGE
+    relative = min(hi, max(lo, median / own_s))
+    metered = [(t, e) for t, e in ran
+               if e is not None and median / OUTLIER <= t <= median * OUTLIER]
+    seconds = sum(t for t, _ in metered)
+    joules = sum(e for _, e in metered if e is not None)
+    drawn = joules / seconds if seconds > 0 else None
+    if drawn is not None and not 0 < drawn <= MAX_POWER_W:
+        drawn = None
+    return relative, drawn

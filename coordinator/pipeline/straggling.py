@@ -22,10 +22,11 @@ from coordinator.pipeline.steps import Step
 from coordinator.pipeline.stragglers import Stragglers
 from zeus_agent.models import FrequencySchedule, RankInfo
 
-__all__ = ["OWN_STEPS", "STEP_TIMES_KEPT", "Install", "StragglerHandling"]
+__all__ = ["ITERATIONS_KEPT", "OWN_STEPS", "Install", "StragglerHandling"]
 
-STEP_TIMES_KEPT = 64
-"""Step times kept for a power budget's measure of the job's speed (`step_times`)."""
+ITERATIONS_KEPT = 16
+"""Iterations whose steps (one per rank) are kept for a power budget's measure of the job's
+speed and draw (`step_times`, `own_times`)."""
 OWN_STEPS = 3
 """Steps at its own point needed for its time and draw there (`own_step_s`, `own_draw_w`)."""
 
@@ -79,14 +80,14 @@ class StragglerHandling:
         self.governed = False
         """A power budget caps the job's GPUs, even at its own point: its times are the cap's
         too (the tightener lowers caps under a plan's peak), so the scheduler gets none."""
-        self.step_times: deque[tuple[int, float, float | None]] = deque(maxlen=STEP_TIMES_KEPT)
+        self.step_times: deque[tuple[int, float, float | None]] = deque()
         """(sequence number, seconds, joules) of the last steps the ranks measured while serving
         a plan of a frontier, whatever the point: how fast the job runs under a budget's caps
         and what it draws (the budget loop compares them with the plan's model,
         `coordinator.budget.timing`)."""
         self.steps_timed = 0
         """Steps recorded in `step_times` so far (the last one's sequence number)."""
-        self.own_times: deque[tuple[float, float | None]] = deque(maxlen=STEP_TIMES_KEPT)
+        self.own_times: deque[tuple[float, float | None]] = deque()
         """(seconds, joules) of the last steps at the job's own point, nothing holding it."""
         self._scheduler_name = scheduler_name
         self._phase = phase
@@ -116,21 +117,28 @@ class StragglerHandling:
         self.stragglers.forget_plan()
 
     def own_step_s(self) -> float | None:
-        """The median step time at the job's own point (None: fewer than `OWN_STEPS`)."""
-        if len(self.own_times) < OWN_STEPS:
+        """The median step time at the job's own point (None: too few steps there).
+
+        Too few: under `OWN_STEPS` iterations' steps.
+        """
+        if len(self.own_times) < OWN_STEPS * self._ranks():
             return None
         return statistics.median(t for t, _ in self.own_times)
 
     def own_draw_w(self) -> float | None:
         """The draw per GPU at the job's own point, from its ranks' step energies.
 
-        None: fewer than `OWN_STEPS` steps there measured an energy.
+        None: fewer than `OWN_STEPS` iterations' steps there measured an energy.
         """
         metered = [(t, e) for t, e in self.own_times if e is not None and e >= 0]
         seconds = sum(t for t, _ in metered)
-        if len(metered) < OWN_STEPS or seconds <= 0:
+        if len(metered) < OWN_STEPS * self._ranks() or seconds <= 0:
             return None
         return sum(e for _, e in metered) / seconds
+
+    def _ranks(self) -> int:
+        """Ranks reporting each step (at least 1)."""
+        return max(1, len(self._rank_infos()))
 
     def holding(self) -> bool:
         """Whether the job serves another point than its chosen one, or a budget caps it.
@@ -191,9 +199,14 @@ class StragglerHandling:
             return []
         if step.time_s is not None and step.time_s > 0:
             self.steps_timed += 1
+            kept = ITERATIONS_KEPT * self._ranks()
             self.step_times.append((self.steps_timed, step.time_s, step.energy_j))
+            while len(self.step_times) > kept:
+                self.step_times.popleft()
             if not self.holding():
                 self.own_times.append((step.time_s, step.energy_j))
+                while len(self.own_times) > kept:
+                    self.own_times.popleft()
         if len(self.pipelines) < 2:
             return []
         span = step.own_time()
