@@ -5,7 +5,6 @@ reproduces a defect it found (each failed on the code before the fix)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
