@@ -433,8 +433,10 @@ class BudgetLoop:
         """The pipeline jobs' frontiers scaled by their measured draw (`frontier_options`).
 
         The draw at its own point is its ranks' energies over their time while nothing held
-        it (`JobView.own_draw_w`); without those (a job started under a budget), its GPUs'
-        samples while it serves its own point (under a budget's caps, which may throttle it).
+        it (`JobView.own_draw_w`); without those, its GPUs' samples while it serves its own
+        point and no budget governs it (a budget's caps may throttle it at its own point: a
+        replica that took the job over, its energies there not known yet, learnt a ratio under
+        the caps and set the points' limits too low); else 1 (the plan's own powers).
         `counting`: a round of its own (not a woken one: `plan`).
         """
         out = []
@@ -447,7 +449,7 @@ class BudgetLoop:
             # (Back at its own point: the next samples still show the point it left.)
             settling = self.settling.get(job.job_id, 0)
             told = self.points.get(job.job_id)  # (A straggler's point moves it too.)
-            moved = (told is not None and told[0] != f.chosen) or not job.own_point
+            moved = told is not None or not job.own_point
             metered = frontier_options.own_ratio(f, job.own_draw_w) if job.own_draw_w else None
             if metered is not None:  # (Its energies at its own point, no budget capping it.)
                 self.ratios[job.job_id] = metered

@@ -409,11 +409,15 @@ def test_the_loop_learns_the_ratio_at_the_jobs_own_point_and_keeps_it_under_a_bu
         loop.cluster.sample(*key, 200.0)
     loop.calibrate([job])
     assert loop.ratios == {"perseus": pytest.approx(1.2)}
-    loop.points = {"perseus": (0, 280.0)}  # Its own point under a budget: it draws that.
-    for _ in range(enforce.SETTLE_ROUNDS):  # (The samples still show the point it left.)
+    loop.points = {"perseus": (0, 280.0)}  # Its own point under a budget: capped, perhaps
+    for _ in range(enforce.SETTLE_ROUNDS + 2):  # throttled: its samples say nothing new.
         loop.calibrate([job])
     assert loop.ratios == {"perseus": pytest.approx(1.2)}
-    loop.calibrate([job])  # Its own point again, drawing 200 W: the ratio moves a fifth.
+    loop.points = {}  # No budget: its own point, uncapped.
+    for _ in range(enforce.SETTLE_ROUNDS):  # (The samples still show the caps it left.)
+        loop.calibrate([job])
+    assert loop.ratios == {"perseus": pytest.approx(1.2)}
+    loop.calibrate([job])  # Drawing 200 W: the ratio moves a fifth.
     assert loop.ratios["perseus"] == pytest.approx(0.8 * 1.2 + 0.2 * 200 / 280)
     loop.calibrate([])  # The job gone: its ratio too.
     assert loop.ratios == {}

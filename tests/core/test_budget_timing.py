@@ -188,9 +188,14 @@ def test_the_draw_at_its_own_point_from_its_energies_calibrates_its_frontier() -
         (seen,) = loop.calibrate([job])
     assert loop.ratios == {"perseus": pytest.approx(1.1)}  # 275 W over the planned 250 W.
     assert seen.frontier is not None and seen.frontier.powers[0] == pytest.approx(275.0)
-    # Without its energies, the samples at its own point (as before): 150 W over 250 W.
+    # Without its energies (a replica that took it over under the budget): no ratio from
+    # samples under the caps (0.6 here, its points' limits set too low), the plan's own.
     loop.ratios = {}
     for _ in range(enforce.SETTLE_ROUNDS + 2):
+        (seen,) = loop.calibrate([dataclasses.replace(job, own_draw_w=None)])
+    assert loop.ratios == {} and seen.frontier == VIEW
+    loop.points = {}  # No budget any more: its samples at its own point are its draw.
+    for _ in range(enforce.SETTLE_ROUNDS + 1):
         loop.calibrate([dataclasses.replace(job, own_draw_w=None)])
     assert loop.ratios == {"perseus": pytest.approx(0.6)}
 
