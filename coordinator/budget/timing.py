@@ -36,6 +36,7 @@ from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 
 from coordinator.budget.frontier_options import Served
+from coordinator.pipeline.steps import mean_power_w
 from zeus_agent.models import MAX_POWER_W
 
 __all__ = ["MIN_STEPS", "OUTLIER", "RELATIVE_RANGE", "SMOOTHING", "StepTime", "Timing"]
@@ -146,11 +147,7 @@ def _measure(ran: Sequence[tuple[float, float | None]], own_s: float
         return None
     lo, hi = RELATIVE_RANGE
     relative = min(hi, max(lo, median / own_s))
-    metered = [(t, e) for t, e in ran
-               if e is not None and median / OUTLIER <= t <= median * OUTLIER]
-    seconds = sum(t for t, _ in metered)
-    joules = sum(e for _, e in metered if e is not None)
-    drawn = joules / seconds if seconds > 0 else None
+    drawn, _ = mean_power_w((t, e) for t, e in ran if median / OUTLIER <= t <= median * OUTLIER)
     if drawn is not None and not 0 < drawn <= MAX_POWER_W:
         drawn = None
     return relative, drawn

@@ -3,18 +3,18 @@
 `PipelineJob` keeps, per rank, the iterations (steps) being measured: each step's instruction
 measurements come first (index, name, time, energy), its step measurement last (the iteration's
 time and energy). `profiling_result` turns a rank's complete steps into the `ProfilingResult`
-a scheduler observes.
+a scheduler observes; `mean_power_w` the draw per GPU of ranks' steps (energy over time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from zeus_agent.models import ProfilingResult
 
 __all__ = ["MAX_INSTRUCTIONS_PER_STEP", "MAX_OPEN_STEPS", "Step", "complete", "first_difference",
-           "profiling_result"]
+           "mean_power_w", "profiling_result"]
 
 MAX_OPEN_STEPS = 64
 """Most incomplete iterations kept per rank (older ones are dropped)."""
@@ -93,3 +93,17 @@ def first_difference(before: Sequence[str], now: Sequence[str]) -> str:
     got = now[i] if i < len(now) else "nothing"
     return (f"the last two differ at instruction {i}: {was} before, {got} now; "
             f"{len(before)} and {len(now)} in all")
+
+
+def mean_power_w(steps: Iterable[tuple[float, float | None]]) -> tuple[float | None, int]:
+    """(the draw per GPU, steps counted) of ranks' steps given as (seconds, joules).
+
+    Each rank is one GPU, so their energy over their time is the mean draw per GPU; steps
+    without an energy are left out. The draw is None when they last no time.
+    """
+    seconds = joules = 0.0
+    counted = 0
+    for t, e in steps:
+        if e is not None and e >= 0:
+            seconds, joules, counted = seconds + t, joules + e, counted + 1
+    return (joules / seconds if seconds > 0 else None), counted

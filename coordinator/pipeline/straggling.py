@@ -18,7 +18,7 @@ from typing import Any
 from coordinator.optimizer import Action, StatusUpdate, StragglerError
 from coordinator.pipeline.phase import Phase
 from coordinator.pipeline.schedulers.base import FrequencyScheduler, PlanPoint, SchedulerError
-from coordinator.pipeline.steps import Step
+from coordinator.pipeline.steps import Step, mean_power_w
 from coordinator.pipeline.stragglers import Stragglers
 from zeus_agent.models import FrequencySchedule, RankInfo
 
@@ -130,11 +130,8 @@ class StragglerHandling:
 
         None: fewer than `OWN_STEPS` iterations' steps there measured an energy.
         """
-        metered = [(t, e) for t, e in self.own_times if e is not None and e >= 0]
-        seconds = sum(t for t, _ in metered)
-        if len(metered) < OWN_STEPS * self._ranks() or seconds <= 0:
-            return None
-        return sum(e for _, e in metered) / seconds
+        drawn, counted = mean_power_w(self.own_times)
+        return drawn if counted >= OWN_STEPS * self._ranks() else None
 
     def _ranks(self) -> int:
         """Ranks reporting each step (at least 1)."""
