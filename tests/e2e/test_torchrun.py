@@ -371,15 +371,16 @@ async def test_short_steps_on_a_100_ms_counter_lengthen_the_windows_and_pin_the_
     said = [s.message for s in c.job_statuses(job_id)]
     # The agent announced its GPUs' 100 ms counters; the job set its minimum window from them.
     first = next(m for m in said if m.startswith(f"profiling {len(LIMITS)} power limits"))
-    assert "windows of at least 0.5 s (5 periods of the GPUs' 100 ms energy counters)" in \
-        first, said
+    # (Learnt from the agent's reads: 99-101 ms on a loaded host.)
+    assert re.search(r"windows of at least 0\.(49|5\d?) s \(5 periods of the GPUs' (99|100|101) "
+                     r"ms energy counters\)", first), said
     # The first window lasted about what the issue's did, and the job said it lengthened them.
     raised = [m for m in said if "profile_steps is a minimum" in m]
     assert raised, "\n".join(said)
     # (A window may cover a step less than profile_steps when a rank runs a step behind: the
     # join ends it at the last step every rank agrees on.)
     lasted = re.match(r"windows of [23] steps lasted (\d+) ms, under 5 energy-counter periods "
-                      r"\(100 ms\): profiling (\d+) steps per limit", raised[0])
+                      r"\((?:99|100|101) ms\): profiling (\d+) steps per limit", raised[0])
     assert lasted, raised
     window_ms, steps = int(lasted[1]), int(lasted[2])
     # (35-45 ms on a quiet host; 108 ms was seen with the host's load at 5: still short.)

@@ -91,11 +91,12 @@ async def test_short_windows_are_lengthened_and_the_optimum_is_pinned_every_time
         said = [s.message for s in mine]
         first = next(m for m in said if m.startswith("profiling 9 power limits"))
         # (The period as learned: 100 ms, or 99-101 ms on a loaded host, as asserted above.)
-        assert re.search(r"windows of at least 0\.5\d? s \(5 periods of the GPUs' (99|100|101) "
-                         r"ms energy counters\)", first), said
+        assert re.search(r"windows of at least 0\.(49|5\d?) s \(5 periods of the GPUs' "
+                         r"(99|100|101) ms energy counters\)", first), said
         raised = [m for m in said if "profile_steps is a minimum" in m]
         assert len(raised) == 1 and raised[0].startswith("windows of 3 steps lasted "), said
-        assert "under 5 energy-counter periods (100 ms): profiling " in raised[0]
+        assert re.search(r"under 5 energy-counter periods \((99|100|101) ms\): profiling ",
+                         raised[0]), raised[0]
         done = [s for s in mine if s.state == "done"]
         assert done, said[-5:]
         assert done[-1].progress["optimal_power_limit_w"] == optimum, done[-1].progress
