@@ -94,6 +94,12 @@ class AgentSettings(NatsSettings):
     publish_interval_s: float = Field(
         1.0, ge=0.01, le=3600, description="How often samples are published (s)"
     )
+    measurement_flush_s: float = Field(
+        0.05, ge=0, le=1.0, allow_inf_nan=False,
+        description="How long after a GPU's marks or measurements are ready the node's batch "
+        "goes out (s): the node's GPUs' are sent together, one message per job on "
+        "<p>.job.<job>.meas.<node>; 0: at once (still together when ready at once)",
+    )
     heartbeat_s: float = Field(
         5.0, ge=0.1, le=3600, description="Announcement/heartbeat interval (s)"
     )

@@ -1,14 +1,17 @@
 """`Streams`: the bus streams the coordinator follows, fed to the jobs' optimisers.
 
 * trainer events `<p>.job.*.ev.*.<node>` (rank 0 paces the power-limit machine);
-* GPU marks and measurements `<p>.gpu.*.*.meas` (window energies, step and instruction times);
+* the nodes' marks and measurements `<p>.job.*.meas.<node>` (window energies, step and
+  instruction times), one batch per job per node and flush, a part per GPU;
 * the agents' error events `<p>.gpu.*.*.error` (a trainer gone, a lease that lapsed);
 * agent announcements `<p>.agent.*.hello`, on which GPUs are reconciled: one whose limit or
   schedule is not its job's (its agent restarted) gets it again.
 
-Every message is accepted only from the GPU its rank is bound to (as its node's agent names it)
-and from a trainer that presented the job's join token; anything else is dropped and counted
-(`CoordinatorService.dropped`). Messages about a job another replica drives are not decoded.
+Every message (each GPU's part of a node's batch) is accepted only from the GPU its rank is
+bound to (as its node's agent names it) and from a trainer that presented the job's join token;
+anything else is dropped and counted (`CoordinatorService.dropped`), the other parts of a batch
+still count. Messages about a job another replica drives are not decoded (the job is in their
+subject).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from coordinator.service.link import Link
 from coordinator.service.table import JobTable
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, ErrorEvent, MeasurementBatch, TrainerEventBatch
+from zeus_agent.wire.messages import AgentHello, ErrorEvent, TrainerEventBatch
+from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
 from zeus_agent.wire.text import shown
 
 __all__ = ["Streams"]
@@ -68,7 +72,7 @@ class Streams:
         p = self.settings.prefix
         return [
             (subjects.all_job_events(p), self.on_events),
-            (subjects.all_gpu_measurements(p), self.on_measurements),
+            (subjects.all_job_measurements(p), self.on_measurements),
             (subjects.all_gpu_errors(p), self.on_gpu_error),
             (subjects.all_agent_hellos(p), self.on_agent_hello),
         ]
@@ -82,16 +86,17 @@ class Streams:
             self.link.drop("malformed", msg.subject, e)
             return None
 
-    def _without_token(self, record: JobRecord | None, batch: Any, subject: str) -> bool:
+    def _without_token(self, record: JobRecord | None, job_id: str, rank: int,
+                       digest: str | None, subject: str) -> bool:
         """Drop (and count) events or marks whose trainer's HELLO lacked the job's join token.
 
         The agent sends the digest of what the HELLO presented. Returns True if dropped.
         """
-        if record is None or record.admits(batch.join_digest):
+        if record is None or record.admits(digest):
             return False
         self.link.drop("no_join_token", subject,
-                       f"rank {batch.rank} of {batch.job_id}: its trainer's HELLO did not present "
-                       "the job's join token")
+                       f"rank {rank} of {job_id}: its trainer's HELLO did not present the job's "
+                       "join token")
         return True
 
     def _other_replicas_job(self, driver: JobDriver | None) -> bool:
@@ -127,7 +132,7 @@ class Streams:
                            f"rank {batch.rank} of {batch.job_id} is not bound to "
                            f"{shown(where.node)}/gpu{batch.gpu}")
             return
-        if self._without_token(record, batch, msg.subject):
+        if self._without_token(record, batch.job_id, batch.rank, batch.join_digest, msg.subject):
             return
         now = self.clock()
         lapsed = driver.quiet(now, self.settings.lease_idle_s)
@@ -151,47 +156,76 @@ class Streams:
                     await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
 
     async def on_measurements(self, msg: Any) -> None:
-        """A batch of a rank's GPU marks and step or instruction measurements."""
-        where = subjects.parse_gpu_subject(msg.subject)
-        if where is None or self._other_replicas_job(self.jobs.on_gpu(where.node, where.gpu)):
+        """A node's batch of one job's GPU marks and step or instruction measurements.
+
+        Each GPU's part is checked on its own (its rank bound to that GPU of the subject's node,
+        the job's join token): a part that fails is dropped and counted, the others count.
+        """
+        where = subjects.parse_job_measurements(msg.subject)
+        named = self.jobs.by_token(where.job) if where is not None else None
+        if where is None or self._other_replicas_job(named):
+            return  # Another replica's job is not even decoded.
+        if named is None:  # No job known here: nothing to decode it for.
+            self.link.drop("unknown_job", msg.subject, where.job)
             return
-        batch = self._decode(msg, MeasurementBatch)
+        batch = self._decode(msg, NodeMeasurementBatch)
         if batch is None:
             return
         driver = self.jobs.get(batch.job_id)
-        if driver is None or (job := driver.optimiser) is None:
-            if batch.job_id not in self.jobs:
-                self.link.drop("unknown_job", msg.subject, batch.job_id)
+        record = driver.record if driver is not None else None
+        if driver is None or record is None or driver.token != where.job:
+            self.link.drop("unknown_job" if record is None else "wrong_job", msg.subject,
+                           batch.job_id)
             return
-        if not batch.marks and not batch.measurements:
+        if where.node != subjects.token(batch.node):
+            self.link.drop("wrong_node", msg.subject, f"the batch names node {shown(batch.node)}")
             return
-        record = driver.record
-        if (where.node != subjects.token(batch.node) or where.gpu != str(batch.gpu)
-                or not driver.bound_here(batch.rank, where.node, batch.gpu)):
-            self.link.drop("wrong_node", msg.subject, f"rank {batch.rank} of {batch.job_id} is not "
-                           f"bound to {where.node}/gpu{where.gpu}")
+        if (job := driver.optimiser) is None:
             return
-        if self._without_token(record, batch, msg.subject):
+        parts = [part for part in batch.gpus
+                 if self._admitted(driver, record, where.node, part, msg.subject)]
+        if not parts:
             return
         now = self.clock()
         async with driver.lock:
-            for i, mark in enumerate(batch.marks, 1):
-                await self.actions.act(batch.job_id, job.on_mark, batch.rank, mark)
-                if i % EVENTS_PER_YIELD == 0:
-                    await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
-            if record is not None and any(job.plans_on(m) for m in batch.measurements):
-                # A step may close a profiling window, and the scheduler may then plan a
-                # frontier for seconds: off the event loop (leases keep being renewed). The
-                # job's lock keeps its inputs in order meanwhile.
-                async with self.failures.contained(batch.job_id, "planning the job"):
-                    actions = await asyncio.to_thread(
-                        lambda: [a for m in batch.measurements
-                                 for a in job.on_measurement(batch.rank, m, now)])
-                    await self.actions.execute(record, actions)
-                return
-            for m in batch.measurements:
-                await self.actions.act(batch.job_id, lambda r, x: job.on_measurement(r, x, now),
-                                       batch.rank, m)
+            for part in parts:
+                await self._take_part(driver, record, job, part, now)
+
+    def _admitted(self, driver: JobDriver, record: JobRecord, node: str, part: GpuMeasurements,
+                  subject: str) -> bool:
+        """Whether a GPU's part counts: from the GPU its rank is bound to, with the job's token.
+
+        An empty part is skipped; a part that fails a check is dropped and counted.
+        """
+        if not part.marks and not part.measurements:
+            return False
+        if not driver.bound_here(part.rank, node, part.gpu):
+            self.link.drop("wrong_node", subject, f"rank {part.rank} of {driver.job_id} is not "
+                           f"bound to {node}/gpu{part.gpu}")
+            return False
+        return not self._without_token(record, driver.job_id, part.rank, part.join_digest,
+                                       subject)
+
+    async def _take_part(self, driver: JobDriver, record: JobRecord, job: JobOptimizer,
+                         part: GpuMeasurements, now: float) -> None:
+        """Feed one GPU's marks, then its measurements, to the job (under the job's lock)."""
+        for i, mark in enumerate(part.marks, 1):
+            await self.actions.act(driver.job_id, job.on_mark, part.rank, mark)
+            if i % EVENTS_PER_YIELD == 0:
+                await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
+        if any(job.plans_on(m) for m in part.measurements):
+            # A step may close a profiling window, and the scheduler may then plan a frontier
+            # for seconds: off the event loop (leases keep being renewed). The job's lock keeps
+            # its inputs in order meanwhile.
+            async with self.failures.contained(driver.job_id, "planning the job"):
+                actions = await asyncio.to_thread(
+                    lambda: [a for m in part.measurements
+                             for a in job.on_measurement(part.rank, m, now)])
+                await self.actions.execute(record, actions)
+            return
+        for m in part.measurements:
+            await self.actions.act(driver.job_id, lambda r, x: job.on_measurement(r, x, now),
+                                   part.rank, m)
 
     async def on_gpu_error(self, msg: Any) -> None:
         """An agent's error event about the rank bound to one of its GPUs (a trainer gone...)."""

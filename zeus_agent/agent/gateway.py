@@ -450,7 +450,7 @@ class Gateway:
         agent.measurer.forward(TrainerEvent(
             kind="selection", t_ns=time.monotonic_ns(), index=answer.request,
             power_limit_w=answer.power_limit_w, name=_printable(answer.error)))
-        self._spawn(agent.flush_measurements())
+        self._spawn(agent.measurer.flush())
         return Reply.success(forwarded=True)
 
     async def _hello(self, hello: TrainerHello, pid: int, uid: int, addr: Any = None) -> Reply:

@@ -16,7 +16,7 @@ Pieces:
   outlives jobs, trainers and the coordinator until its lease ends or its holder lifts it;
 * trainer events: `on_event` (the schedule acts at once: its `ScheduleEvents`, in
   `schedule_events.py`, then `RankMeasurer` measures) and `process_events`;
-* `flush()`: publish pending samples, marks, measurements and trainer events.
+* `flush_*()`: publish pending samples, trainer events, marks/measurements (`NodeMeasurements`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.agent.credentials import Received
 from zeus_agent.agent.doorbell import ClockDoorbell
 from zeus_agent.agent.measuring import Binding, RankMeasurer
+from zeus_agent.agent.node_batch import NodeMeasurements
 from zeus_agent.agent.reports import GpuReports
 from zeus_agent.agent.schedule_events import SCHEDULE, PendingSchedule, ScheduleEvents
 from zeus_agent.errors import (
@@ -88,6 +89,7 @@ class GpuAgent:
 
     The server's callbacks: `on_restored(agent, kinds)` after each restore, whatever restored
     (`--history`); `on_control_lost()` when NVML refuses a setter (announced at once).
+    `measurements`: the node's publisher of marks and measurements (None: one of its own).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class GpuAgent:
         *,
         on_restored: Callable[[GpuAgent, list[str]], None] | None = None,
         on_control_lost: Callable[[], None] | None = None,
+        measurements: NodeMeasurements | None = None,
     ) -> None:
         self.gpu = gpu
         self.node = node
@@ -159,11 +162,12 @@ class GpuAgent:
             binding=lambda: self.binding, expire_leases=self.expire_leases, spawn=self._spawn,
             report=self.reports.report)
         """The frequency schedule, applied at the bound trainer's events."""
+        self.measurements = measurements or NodeMeasurements(node, prefix, publish)
         self.measurer = RankMeasurer(
             index=self.index, node=node, prefix=prefix, ring=self.ring, counter=self.counter,
-            limits=self.limits, publish=publish, binding=lambda: self.binding,
-            report=self.reports.report, refused=self.reports.refused, spawn=self._spawn,
-            counters=self.counters)
+            limits=self.limits, publish=publish, measured=self.measurements.add,
+            binding=lambda: self.binding, report=self.reports.report,
+            refused=self.reports.refused, spawn=self._spawn, counters=self.counters)
         """Measures the bound rank's events once reads bracket them, and publishes them."""
 
     # ------------------------------------------------------------------ lifecycle
@@ -691,5 +695,6 @@ class GpuAgent:
         )
 
     async def flush_measurements(self) -> None:
-        """Publish pending marks/measurements and forward pending trainer events."""
+        """Forward pending trainer events; publish the node's pending marks/measurements now."""
         await self.measurer.flush()
+        await self.measurements.flush()

@@ -11,7 +11,9 @@ Here they are measured later, off the clock path:
   read costs milliseconds and is never made for an event;
 * `release_measured()`: called when a read comes in (the reader's `on_knot`): emit what reads
   now bracket, in order, under the rank it was measured for;
-* `flush()`: publish the pending events, marks and measurements.
+* `flush()`: publish the pending events (at once, on the rank's subject) and hand the pending
+  marks and measurements to the node's publisher (`measured`, `NodeMeasurements.add`), which
+  sends the node's GPUs' together.
 
 It publishes through the agent's `publish(subject, bytes)` and never touches NATS itself.
 """
@@ -29,13 +31,7 @@ from zeus_agent.agent.core import EnergyRing, LimitHistory, RankMeter
 from zeus_agent.agent.core.meter import Gap, Interval
 from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import (
-    Mark,
-    Measurement,
-    MeasurementBatch,
-    TrainerEvent,
-    TrainerEventBatch,
-)
+from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent, TrainerEventBatch
 from zeus_agent.wire.trainer import EventDatagram, Kind
 
 __all__ = ["MAX_UNREAD", "MEASURE_AFTER_CLOCK_S", "Binding", "RankMeasurer"]
@@ -43,6 +39,8 @@ __all__ = ["MAX_UNREAD", "MEASURE_AFTER_CLOCK_S", "Binding", "RankMeasurer"]
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
 Emit = Callable[[], Mark | Measurement | None]
+Measured = Callable[[int, str, int, str | None, list[Mark], list[Measurement]], None]
+"""`measured(gpu, job_id, rank, join_digest, marks, measurements)`: `NodeMeasurements.add`."""
 
 MAX_UNREAD = 100_000
 """Marks and measurements held per GPU while no read brackets them (the oldest go first)."""
@@ -98,6 +96,7 @@ class RankMeasurer:
         counter: CounterReader,
         limits: LimitHistory,
         publish: Publish,
+        measured: Measured,
         binding: Callable[[], Binding | None],
         report: Callable[[str, str, str, dict[str, object]], None],
         refused: Callable[[str, dict[str, str]], None],
@@ -113,7 +112,8 @@ class RankMeasurer:
             ring: The GPU's energy series.
             counter: Its counter reader (`covers`, `newest_ns`).
             limits: When the power limit changed (a mark carries the limit at its event).
-            publish: `publish(subject, payload)`.
+            publish: `publish(subject, payload)` (trainer events).
+            measured: Takes the marks and measurements to publish (the node's publisher).
             binding: The rank bound now (None: none).
             report: The agent's throttled report of a flood-prone kind (gaps).
             refused: Say a closed step or instruction cannot be measured (its counters).
@@ -127,6 +127,7 @@ class RankMeasurer:
         self.counter = counter
         self.limits = limits
         self._publish = publish
+        self._measured = measured
         self._binding = binding
         self._report = report
         self._refused = refused
@@ -227,7 +228,7 @@ class RankMeasurer:
             else:
                 measurements.append(item)
         for binding, marks, measurements in gone.values():
-            self._spawn(self._publish_measured(binding, marks, measurements))
+            self._hand_over(binding, marks, measurements)
         if released and flush:
             self._spawn(self.flush())
 
@@ -321,13 +322,14 @@ class RankMeasurer:
 
     # ------------------------------------------------------------------ publishing
     async def flush(self) -> None:
-        """Publish pending marks/measurements and forward pending trainer events."""
+        """Forward pending trainer events; hand pending marks/measurements to the node's."""
         b = self._binding()
         events, self._pending_events = self._pending_events, []
         marks, self._pending_marks = self._pending_marks, []
         meas, self._pending_measurements = self._pending_measurements, []
         if b is None:
             return
+        self._hand_over(b, marks, meas)  # (Before any await: a flush meanwhile hands later ones.)
         if events:
             batch = TrainerEventBatch(
                 job_id=b.job_id,
@@ -340,22 +342,8 @@ class RankMeasurer:
             await self._publish(
                 subjects.job_events(b.job_id, b.rank, self.node, self.prefix), codec.encode(batch)
             )
-        await self._publish_measured(b, marks, meas)
 
-    async def _publish_measured(
-        self, b: Binding, marks: list[Mark], meas: list[Measurement]
-    ) -> None:
-        """Publish marks and measurements of the rank bound as `b`."""
+    def _hand_over(self, b: Binding, marks: list[Mark], meas: list[Measurement]) -> None:
+        """Hand marks and measurements of the rank bound as `b` to the node's publisher."""
         if marks or meas:
-            mb = MeasurementBatch(
-                node=self.node,
-                gpu=self.index,
-                job_id=b.job_id,
-                rank=b.rank,
-                marks=marks,
-                measurements=meas,
-                join_digest=b.join_digest,
-            )
-            await self._publish(
-                subjects.gpu_measurements(self.node, self.index, self.prefix), codec.encode(mb)
-            )
+            self._measured(self.index, b.job_id, b.rank, b.join_digest, marks, meas)

@@ -54,6 +54,7 @@ from zeus_agent.agent.credentials import pass_credentials
 from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.agent.node_batch import NodeMeasurements
 from zeus_agent.agent.rapl import RaplReader
 from zeus_agent.aio import ExitSignals, Releases, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain
@@ -113,6 +114,9 @@ class AgentServer(ExitSignals):
         super().__init__()
         self.started = asyncio.Event()
         self.agents: dict[int, GpuAgent] = {}
+        self.measurements = NodeMeasurements(settings.node, settings.prefix, self.publish,
+                                             settings.measurement_flush_s)
+        """The node's marks and measurements, all its GPUs' in one batch per job per flush."""
         self.rapl = RaplReader(settings.rapl_root, settings.rapl_period_s, settings.ring_seconds)
         """The node's CPU package and DRAM energy counters (opened at startup)."""
         self._announcing: set[asyncio.Future[None]] = set()
@@ -255,7 +259,7 @@ class AgentServer(ExitSignals):
         for gpu in gpus:
             agent = GpuAgent(gpu, s.node, self.publish, s.prefix, s.sample_hz, s.ring_seconds,
                              s.default_lease_s, s.fence_skew_s, on_restored=on_restored,
-                             on_control_lost=self._announce_soon)
+                             on_control_lost=self._announce_soon, measurements=self.measurements)
             if s.observe_only:
                 agent.observe_only(OBSERVE_ONLY_HELP)
             await agent.start(reset=s.reset_on_start)
@@ -554,7 +558,9 @@ class AgentServer(ExitSignals):
         try:
             if not self.force_exit.is_set():
                 for agent in self.agents.values():
-                    await agent.flush_measurements()
+                    await agent.measurer.flush()  # (Its marks and measurements: to the node's.)
+                await self.measurements.flush()
+                for agent in self.agents.values():
                     await agent.flush_samples()
         finally:
             for agent in self.agents.values():

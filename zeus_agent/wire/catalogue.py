@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
 from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 
 __all__ = ["SUBJECTS", "SubjectSpec"]
 
@@ -63,10 +64,6 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 m.CommandEnvelope, m.Reply,
                 "A command to one GPU: info, set/reset power limit, lock/reset clocks, "
                 "install/clear schedule, bind/unbind a rank, energy, renew, a budget's node cap."),
-    SubjectSpec("{prefix}.gpu.{node}.{gpu}.meas", s.gpu_measurements, "agent ->",
-                m.MeasurementBatch, None,
-                "A GPU's step marks (time, energy, limit at a step's edge) and step and "
-                "instruction measurements, once counter reads bracket them."),
     SubjectSpec("{prefix}.gpu.{node}.{gpu}.error", s.gpu_errors, "agent ->", m.ErrorEvent, None,
                 "A GPU's rank errors: schedule mismatches, lapsed leases, measurement gaps."),
     SubjectSpec("{prefix}.lease.{holder}", s.lease_renewal, "coordinator -> agents",
@@ -97,6 +94,11 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.job.{job}.ev.{rank}.{node}", s.job_events, "node's agent ->",
                 m.TrainerEventBatch, None,
                 "A rank's batched trainer events with the rank's counters."),
+    SubjectSpec("{prefix}.job.{job}.meas.{node}", s.job_measurements, "node's agent ->",
+                NodeMeasurementBatch, None,
+                "The step marks (time, energy, limit at a step's edge) and step and instruction "
+                "measurements of the job's ranks on the node's GPUs, once counter reads bracket "
+                "them: one batch per job per flush, a part per GPU."),
     SubjectSpec("{prefix}.job.{job}.status", s.job_status, "coordinator ->", m.JobStatus, None,
                 "A job's state, message and progress."),
 )

@@ -3,19 +3,20 @@
 Three roles share one NATS account, each with its own users:
 
 * **agent** (one user per node, `agent-<node>`): publishes only its own node's subjects
-  (`<p>.gpu.<node>.*.{sample,meas,error}`, `<p>.agent.<node>.{hello,error}`,
-  `<p>.coord.{jobs,ranks}.register.<node>`, `<p>.job.*.ev.*.<node>`), serves only its own
-  GPUs' commands (`<p>.gpu.<node>.*.cmd`), hears lease renewals and pings, and reads replies
-  only under its own inbox prefix `_INBOX.<p>.node.<node>`. So a compromised node can neither
-  command another node's GPUs, nor speak for another node, nor read anybody else's replies.
+  (`<p>.gpu.<node>.*.{sample,error}`, `<p>.agent.<node>.{hello,error}`,
+  `<p>.coord.{jobs,ranks}.register.<node>`, `<p>.job.*.ev.*.<node>`, `<p>.job.*.meas.<node>`),
+  serves only its own GPUs' commands (`<p>.gpu.<node>.*.cmd`), hears lease renewals and pings,
+  and reads replies only under its own inbox prefix `_INBOX.<p>.node.<node>`. So a compromised
+  node can neither command another node's GPUs, nor speak for another node, nor read anybody
+  else's replies.
 * **coordinator** (`coordinator`): commands every GPU (`<p>.gpu.*.*.cmd`), renews leases,
   publishes job status and schedules, pings agents, serves `<p>.coord.*` requests and reads
   every node's measurements and events; its replies arrive under `_INBOX.<p>.coord`. Straggler
   notices (`<p>.coord.jobs.straggler`, `zeus-coordinator straggler`) change clocks, so they are
   sent with these credentials (an operator's), not the observer's.
 * **observer** (`observer`, for `zeus-coordinator watch` and dashboards): read-only: asks
-  `<p>.coord.jobs.query`, reads job status, agent announcements and GPU samples and
-  measurements; replies under `_INBOX.<p>.observer`.
+  `<p>.coord.jobs.query`, reads job status, agent announcements, GPU samples and the nodes'
+  measurements (`<p>.job.*.meas.*`); replies under `_INBOX.<p>.observer`.
 * **operator** (`operator-<name>`, only those named: `zeus-coordinator nats-auth --operator`):
   sets, shows and lifts power budgets (`<p>.coord.budget`), asks job queries and reads job
   status; replies under `_INBOX.<p>.operator`. No other role may send a budget request.
@@ -169,12 +170,12 @@ def agent(node: str, prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.agent_hello(node, p),
             subjects.agent_errors(node, p),
             pattern(subjects.gpu_samples, node, ANY, prefix=p),
-            pattern(subjects.gpu_measurements, node, ANY, prefix=p),
             pattern(subjects.gpu_errors, node, ANY, prefix=p),
             subjects.coord_register_job(node, p),
             subjects.coord_register_rank(node, p),
             subjects.coord_job_query(p),  # relays its trainers' job queries (their profiles)
             pattern(subjects.job_events, ANY, ANY, node, prefix=p),
+            pattern(subjects.job_measurements, ANY, node, prefix=p),
             _below(inbox("agent", node, p)),  # requests to itself (confirm_subscriptions)
         ),
         subscribe=(
@@ -223,7 +224,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_coord_replicas(p),
             subjects.all_job_events(p),
             subjects.all_job_status(p),
-            subjects.all_gpu_measurements(p),
+            subjects.all_job_measurements(p),
             pattern(subjects.gpu_errors, ANY, ANY, prefix=p),
             pattern(subjects.gpu_samples, ANY, ANY, prefix=p),
             pattern(subjects.agent_hello, ANY, prefix=p),
@@ -245,7 +246,7 @@ def observer(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_budget_status(p),
             pattern(subjects.agent_hello, ANY, prefix=p),
             pattern(subjects.gpu_samples, ANY, ANY, prefix=p),
-            subjects.all_gpu_measurements(p),
+            subjects.all_job_measurements(p),
             _below(inbox("observer", prefix=p)),
         ),
     )

@@ -8,9 +8,10 @@ never widen a subscription, split a subject, or make a subject long enough for n
 close the connection (its control line is limited to 4 KiB), and two different values never
 share a token.
 
-Subjects a node's agent publishes or requests on carry the node's token (`jobs.register.<node>`,
-`ev.<rank>.<node>`), so NATS permissions can confine an agent's credentials to its own node and
-the coordinator knows which node a request came through (`deploy/nats/`, `permissions.py`).
+Subjects a node's agent publishes or requests on carry the node's token
+(`jobs.register.<node>`, `ev.<rank>.<node>`, `meas.<node>`), so NATS permissions can confine an
+agent's credentials to its own node and the coordinator knows which node a request came through
+(`deploy/nats/`, `permissions.py`).
 
 | function | subject | from -> to |
 |---|---|---|
@@ -18,7 +19,6 @@ the coordinator knows which node a request came through (`deploy/nats/`, `permis
 | `agent_errors` | `<p>.agent.<node>.error` | agent ->: bad datagrams, gone trainers |
 | `gpu_samples` | `<p>.gpu.<node>.<gpu>.sample` | agent ->: batched samples |
 | `gpu_command` | `<p>.gpu.<node>.<gpu>.cmd` | -> agent, request/reply |
-| `gpu_measurements` | `<p>.gpu.<node>.<gpu>.meas` | agent ->: marks, step/instr. time+energy |
 | `gpu_errors` | `<p>.gpu.<node>.<gpu>.error` | agent ->: schedule mismatches |
 | `lease_renewal` | `<p>.lease.<holder>` | coordinator -> agents: renew leases |
 | `coord_register_job` | `<p>.coord.jobs.register.<node>` | agent -> coordinator, req/reply |
@@ -26,9 +26,11 @@ the coordinator knows which node a request came through (`deploy/nats/`, `permis
 | `coord_job_query` | `<p>.coord.jobs.query` | anyone -> coordinator, req/reply |
 | `coord_job_straggler` | `<p>.coord.jobs.straggler` | operator -> coordinator, req/reply |
 | `job_events` | `<p>.job.<job>.ev.<rank>.<node>` | agent ->: batched trainer events |
+| `job_measurements` | `<p>.job.<job>.meas.<node>` | agent ->: a node's marks and measurements |
 | `job_status` | `<p>.job.<job>.status` | coordinator ->: state and progress |
 
-The parsers (`parse_job_events`, `parse_gpu_subject`, `parse_agent_hello`) read the tokens
+The parsers (`parse_job_events`, `parse_job_measurements`, `parse_gpu_subject`,
+`parse_agent_hello`) read the tokens
 back from a subject a wildcard subscription delivered, counting from its end (the prefix may
 hold dots); they return None for a subject of another shape.
 """
@@ -109,11 +111,6 @@ def gpu_command(node: str, gpu: int | str, prefix: str = DEFAULT_PREFIX) -> str:
     return _gpu(node, gpu, "cmd", prefix)
 
 
-def gpu_measurements(node: str, gpu: int | str, prefix: str = DEFAULT_PREFIX) -> str:
-    """Subject of a GPU's step marks and step/instruction measurements."""
-    return _gpu(node, gpu, "meas", prefix)
-
-
 def gpu_errors(node: str, gpu: int | str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a GPU's rank errors (schedule mismatch, measurement gaps)."""
     return _gpu(node, gpu, "error", prefix)
@@ -187,6 +184,15 @@ def job_events(job_id: str, rank: int | str, node: str, prefix: str = DEFAULT_PR
     return f"{_p(prefix)}.job.{token(job_id)}.ev.{token(rank)}.{token(node)}"
 
 
+def job_measurements(job_id: str, node: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Subject of the marks and measurements of `job_id`'s ranks on `node`'s GPUs.
+
+    One `NodeMeasurementBatch` per job per flush; the node is the last token, so an agent's
+    credentials can be confined to its own node's.
+    """
+    return f"{_p(prefix)}.job.{token(job_id)}.meas.{token(node)}"
+
+
 def job_status(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a job's status events."""
     return f"{_p(prefix)}.job.{token(job_id)}.status"
@@ -198,9 +204,9 @@ def all_gpu_errors(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.gpu.*.*.error"
 
 
-def all_gpu_measurements(prefix: str = DEFAULT_PREFIX) -> str:
-    """Every GPU's measurements: `<p>.gpu.*.*.meas`."""
-    return f"{_p(prefix)}.gpu.*.*.meas"
+def all_job_measurements(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every job's measurements from every node: `<p>.job.*.meas.*`."""
+    return f"{_p(prefix)}.job.*.meas.*"
 
 
 def all_agent_hellos(prefix: str = DEFAULT_PREFIX) -> str:
@@ -265,8 +271,15 @@ class JobEventsSubject(NamedTuple):
     node: str
 
 
+class JobMeasurementsSubject(NamedTuple):
+    """Tokens of `<p>.job.<job>.meas.<node>`."""
+
+    job: str
+    node: str
+
+
 class GpuSubject(NamedTuple):
-    """Tokens of `<p>.gpu.<node>.<gpu>.<leaf>` (`leaf`: sample, cmd, meas, error)."""
+    """Tokens of `<p>.gpu.<node>.<gpu>.<leaf>` (`leaf`: sample, cmd, error)."""
 
     node: str
     gpu: str
@@ -286,8 +299,16 @@ def parse_job_events(subject: str) -> JobEventsSubject | None:
     return JobEventsSubject(parts[2], parts[4], parts[5])
 
 
+def parse_job_measurements(subject: str) -> JobMeasurementsSubject | None:
+    """The tokens of a `job_measurements` subject, or None."""
+    parts = subject.rsplit(".", 4)
+    if len(parts) != 5 or parts[1] != "job" or parts[3] != "meas":
+        return None
+    return JobMeasurementsSubject(parts[2], parts[4])
+
+
 def parse_gpu_subject(subject: str) -> GpuSubject | None:
-    """The tokens of a `gpu_*` subject (samples, commands, measurements, errors), or None."""
+    """The tokens of a `gpu_*` subject (samples, commands, errors), or None."""
     parts = subject.rsplit(".", 4)
     if len(parts) != 5 or parts[1] != "gpu":
         return None
