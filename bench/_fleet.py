@@ -3,7 +3,8 @@
 Shared pieces:
 
 * `step_batches(...)`: what a rank's agent publishes for some training steps (a
-  `TrainerEventBatch` and a `MeasurementBatch`, msgpack), as `coordinator_ingest.py` drives the
+  `TrainerEventBatch`, msgpack, and the rank's GPU's part of its node's `NodeMeasurementBatch`),
+  and `node_batch(...)`, that batch of the node's parts, as `coordinator_ingest.py` drives the
   power-limit optimiser with;
 * `GPU_DESCRIPTION`: the fake GPU (an A40, 100-300 W) every fake agent describes;
 * `Fleet`: one asyncio process standing in for the agents of a block of nodes (`worker`).
@@ -15,8 +16,8 @@ its nodes: every GPU's command responder (`<p>.gpu.<node>.*.cmd`, one subscripti
 heartbeats (an `AgentHello` per node every `--hello-s`) and samples (a `SampleBatch` of 10
 samples per GPU every `--sample-s`; 0: none), and the trainers of the jobs placed on them:
 their rank registrations (through each node's subject, with the GPU's description as agents
-relay it) and a step every `--step-s` (one event batch and one measurement batch per rank and
-step, as an agent flushing once per step). Publishing is spread over 0.1 s ticks.
+relay it) and a step every `--step-s` (one event batch per rank and one measurement batch per
+node and job per step, as an agent flushing once per step). Publishing is spread over 0.1 s ticks.
 
 It is driven by JSON requests on `bench.fleet.<index>.ctl`: `ping`, `register` (jobs as
 `[job_id, join_token, first_node, nodes]`: whole nodes; it registers the ranks on its own
@@ -77,8 +78,10 @@ def node_name(n: int) -> str:
 
 
 def step_batches(job_id: str, rank: int, node: str, gpu: int, digest: str, first: int,
-                 last: int, step_s: float, t0_ns: int, watts: float) -> tuple[bytes, bytes]:
-    """A rank's event batch and measurement batch for steps first..last (inclusive).
+                 last: int, step_s: float, t0_ns: int, watts: float
+                 ) -> tuple[bytes, dict[str, Any]]:
+    """A rank's event batch and its GPU's part of the node's measurement batch, for steps
+    first..last (inclusive).
 
     Per step: step_end of the previous one and step_begin (events), the step_begin mark (time
     and energy counter) and the previous step's measurement (time, energy), at `t0_ns` +
@@ -100,10 +103,15 @@ def step_batches(job_id: str, rank: int, node: str, gpu: int, digest: str, first
                       "energy_j": watts * step_s * s, "power_limit_w": None})
     ev = msgpack.packb({"v": 1, "job_id": job_id, "rank": rank, "node": node, "gpu": gpu,
                         "events": events, "join_digest": digest}, use_bin_type=True)
-    mb = msgpack.packb({"v": 1, "node": node, "gpu": gpu, "job_id": job_id, "rank": rank,
-                        "marks": marks, "measurements": meas, "join_digest": digest},
-                       use_bin_type=True)
-    return ev, mb
+    part = {"gpu": gpu, "rank": rank, "marks": marks, "measurements": meas,
+            "join_digest": digest}
+    return ev, part
+
+
+def node_batch(job_id: str, node: str, parts: list[dict[str, Any]]) -> bytes:
+    """A node's `NodeMeasurementBatch` of one job (msgpack), from its GPUs' parts."""
+    return msgpack.packb({"v": 1, "node": node, "job_id": job_id, "gpus": parts},
+                         use_bin_type=True)
 
 
 def rss_mb(pid: int) -> float:
@@ -215,15 +223,19 @@ class Fleet:
             now = time.monotonic()
             for job in [j for j in self.jobs.values() if j.next_due <= now]:
                 s = job.step
+                parts: dict[str, list[dict[str, Any]]] = {}
                 for i, (rank, node, gpu) in enumerate(job.ranks):
-                    ev, mb = step_batches(job.job_id, rank, node, gpu, job.digest, s, s,
-                                          job.step_s, job.t0_ns, 250.0 + rank % 7)
+                    ev, part = step_batches(job.job_id, rank, node, gpu, job.digest, s, s,
+                                            job.step_s, job.t0_ns, 250.0 + rank % 7)
                     await self.nc.publish(subjects.job_events(job.job_id, rank, node), ev)
-                    await self.nc.publish(subjects.gpu_measurements(node, gpu), mb)
+                    parts.setdefault(node, []).append(part)
                     if i % 512 == 511:
                         await asyncio.sleep(0)
+                for node, node_parts in parts.items():  # One batch per node, as agents send.
+                    await self.nc.publish(subjects.job_measurements(job.job_id, node),
+                                          node_batch(job.job_id, node, node_parts))
                 self.published["events"] += len(job.ranks)
-                self.published["meas"] += len(job.ranks)
+                self.published["meas"] += len(parts)
                 job.step += 1
                 job.next_due += job.step_s
             await asyncio.sleep(TICK_S)

@@ -6,8 +6,8 @@ nats-servers with JetStream (`zeus_demo.cluster.NatsCluster`), 2 coordinator rep
 --idle-s`), and `--fleet-procs` fake fleet processes (`bench/_fleet.py`), each the agents and
 trainers of a block of nodes: message load only, no GPU physics (each answers the commands of
 its GPUs, publishes an `AgentHello` per node every `--hello-s` and a `SampleBatch` per GPU
-every `--sample-s`, and for every rank of a job on its nodes one event batch and one
-measurement batch per step of `--step-s`).
+every `--sample-s`, and for every rank of a job on its nodes one event batch per step of
+`--step-s`, and one measurement batch per node of the job).
 
 Then, in turn:
 
@@ -344,7 +344,7 @@ async def run(size: Size, wave: int) -> dict[str, Any]:
     expected = {"hello": size.nodes / a.hello_s,
                 "sample": size.gpus / a.sample_s if a.sample_s > 0 else 0,
                 "events": sum(n for *_, n in size.jobs) * a.gpus_per_node / a.step_s}
-    expected["meas"] = expected["events"]
+    expected["meas"] = expected["events"] / a.gpus_per_node  # (Jobs are whole nodes.)
     pub_rates = {k: round(v / dt) for k, v in published.items()}
     renewals = sum(s1["renewals"] - s0["renewals"] for s0, s1 in zip(stats0, stats1, strict=True))
     renewals_per_s = renewals / len(stats1) / dt

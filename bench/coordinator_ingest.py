@@ -10,19 +10,22 @@ publishes what a real agent does for a training step, flushed `--flush-hz` times
 most (a flush carries every step since the last one):
 
 * a `TrainerEventBatch` on `<p>.job.<job>.ev.<rank>.<node>`: step_end and step_begin per step;
-* a `MeasurementBatch` on `<p>.gpu.<node>.<gpu>.meas`: per step, the step_begin mark (GPU
-  time and energy counter) and the step's measurement (time, energy).
+* its GPU's part of its node's `NodeMeasurementBatch` on `<p>.job.<job>.meas.<node>` (one
+  message per node of 8 GPUs): per step, the step_begin mark (GPU time and energy counter) and
+  the step's measurement (time, energy).
 
 "Events" below are the items: trainer events + marks + measurements (4 per rank-step);
-"messages" are the batches. Rank 0 paces the power-limit optimiser (warmup 5 + profile 10
-steps per limit, 41 limits 100-300 W: it profiles for the whole run, so windows keep closing,
-every GPU keeps getting new limits, and the owner keeps writing its progress to JetStream).
+"messages" are the batches (9 per node and flush: 8 ranks' events, the node's measurements).
+Rank 0 paces the power-limit optimiser (warmup 5 + profile 10 steps per limit, 41 limits
+100-300 W: it profiles for the whole run, so windows keep closing, every GPU keeps getting new
+limits, and the owner keeps writing its progress to JetStream).
 
 End to end, counted from outside (the coordinator has no counter of processed events): after
-each flush, one sentinel goes on each stream (a batch of an unknown job on the events subject,
-an undecodable one on the measurements subject); the coordinator processes each stream in
-order and counts the sentinels as `dropped` in its `/healthz`, so when a replica has counted n
-sentinels it has processed everything published before them. For each rate:
+each flush, one sentinel goes on each stream (a batch of an unknown job on the events subject
+and on the measurements subject); the coordinator processes each stream in order and counts
+the sentinels as `dropped` (`unknown_job`) in its `/healthz`, so when a replica has counted the
+2n sentinels of n flushes (neither stream can count more than its n) it has processed
+everything published before them. For each rate:
 
 * events_per_s: the events published / (first publish -> the owner has processed the last);
   `keeps_up` when the owner finished within 1 s of the last publish;
@@ -62,7 +65,7 @@ from typing import Any
 
 import msgpack
 from _common import Replicas, cpu_seconds, jetstream_syncs, load, machine, now, spread
-from _fleet import step_batches
+from _fleet import node_batch, step_batches
 
 from coordinator.state import records
 from zeus_agent import children
@@ -206,29 +209,32 @@ class Ranks:
         self.subjects = []
         for r in range(ranks):
             node, gpu = placement(r)
-            self.subjects.append((node, gpu, subjects.job_events(job_id, r, node),
-                                  subjects.gpu_measurements(node, gpu)))
-        # On subjects of no rank's node or GPU: a replica filtering what it does not own by
-        # subject still processes (and counts) them.
+            self.subjects.append((node, gpu, subjects.job_events(job_id, r, node)))
+        self.nodes: dict[str, list[int]] = {}
+        """Each node's ranks, in order."""
+        for r in range(ranks):
+            self.nodes.setdefault(placement(r)[0], []).append(r)
+        self.meas_subjects = {node: subjects.job_measurements(job_id, node) for node in self.nodes}
+        # On subjects of no job: every replica processes (and counts) them.
         self.sentinel_events = codec.encode({
             "v": 1, "job_id": SENTINEL_JOB, "rank": 0, "node": SENTINEL_NODE, "gpu": 0,
             "events": []})
         self.sentinel_events_subject = subjects.job_events(SENTINEL_JOB, 0, SENTINEL_NODE)
-        self.sentinel_meas_subject = subjects.gpu_measurements(SENTINEL_NODE, 0)
+        self.sentinel_meas_subject = subjects.job_measurements(SENTINEL_JOB, SENTINEL_NODE)
         self.step_ns = 0
         self.t0_ns = time.monotonic_ns()
 
-    def payloads(self, r: int, first: int, last: int, step_s: float) -> tuple[bytes, bytes]:
-        """Rank r's event and measurement batches for steps first..last (inclusive)."""
+    def payloads(self, r: int, first: int, last: int, step_s: float
+                 ) -> tuple[bytes, dict[str, Any]]:
+        """Rank r's event batch and its GPU's part of the node's batch, steps first..last."""
         node, gpu = self.subjects[r][0], self.subjects[r][1]
         return step_batches(self.job_id, r, node, gpu, self.join_digest, first, last, step_s,
                             self.t0_ns, 250.0 + (r % 7))
 
 
-def sentinels(health: dict[str, Any] | None) -> tuple[int, int]:
-    """(events, measurements) sentinels a replica has processed, from its `/healthz`."""
-    dropped = (health or {}).get("dropped", {})
-    return int(dropped.get("unknown_job", 0)), int(dropped.get("malformed", 0))
+def sentinels(health: dict[str, Any] | None) -> int:
+    """Sentinels (both streams') a replica has processed, from its `/healthz`."""
+    return int((health or {}).get("dropped", {}).get("unknown_job", 0))
 
 
 async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: float,
@@ -262,11 +268,14 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
         if target > step:
             first = step + 1
             n_steps = target - step
-            for r in range(sim.ranks):
-                ev, mb = sim.payloads(r, first, target, step_s)
-                await nc.publish(sim.subjects[r][2], ev)
-                await nc.publish(sim.subjects[r][3], mb)
-            messages += 2 * sim.ranks
+            for node, node_ranks in sim.nodes.items():
+                parts = []
+                for r in node_ranks:
+                    ev, part = sim.payloads(r, first, target, step_s)
+                    await nc.publish(sim.subjects[r][2], ev)
+                    parts.append(part)
+                await nc.publish(sim.meas_subjects[node], node_batch(sim.job_id, node, parts))
+            messages += sim.ranks + len(sim.nodes)
             items += 4 * n_steps * sim.ranks - (sim.ranks * 2 if first == 0 else 0)
             step = target
             await nc.publish(sim.sentinel_events_subject, sim.sentinel_events)
@@ -283,7 +292,7 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
         for name in names:
             if name not in done_at:
                 seen = sentinels(await asyncio.to_thread(reps.health, name))
-                if seen[0] >= published[0] and seen[1] >= published[1]:
+                if seen >= published[0] + published[1]:
                     done_at[name] = time.monotonic()
         return len(done_at) == len(names)
 
@@ -303,7 +312,7 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
         "events": items,
         "messages": messages,
         "offered_events_per_s": round(4 * rate * sim.ranks),
-        "offered_messages_per_s": round(2 * tick_hz * sim.ranks),
+        "offered_messages_per_s": round(tick_hz * (sim.ranks + len(sim.nodes))),
         "published_events_per_s": round(items / (t_published - t_start)),
         "published_messages_per_s": round(messages / (t_published - t_start)),
         "late_flushes": late_ticks,

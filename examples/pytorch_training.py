@@ -11,7 +11,7 @@ Instrumentation (four calls, the same on a real GPU):
   agent (with a coordinator the job's power limit is optimised; without one, the example warns
   and keeps measuring windows only);
 * `epoch_begin`/`epoch_end` and `step_begin`/`step_end` around epochs and steps (the agent
-  measures every step and publishes it on `zeus.gpu.<node>.<gpu>.meas`);
+  measures every step and publishes it on `zeus.job.<job>.meas.<node>`);
 * `emit.window("epoch-N")`: a profiling window (time and per-GPU energy of the block).
 
 Run it against an agent (see examples/README.md):

@@ -36,7 +36,8 @@ from rich.progress import (
 from zeus_agent.errors import BrokerError
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import JobStatus, MeasurementBatch
+from zeus_agent.wire.messages import JobStatus
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_demo.cluster import LocalCluster
 from zeus_demo.config import DemoConfig, DemoError, DemoStartupError
 
@@ -117,15 +118,16 @@ class _Observer:
 
     async def measurement(self, msg: Any) -> None:
         try:
-            batch = codec.decode(msg.data, MeasurementBatch)
+            batch = codec.decode(msg.data, NodeMeasurementBatch)
         except Exception as e:  # noqa: BLE001
             LOG.debug("ignoring an undecodable measurement batch: %s", e)
             return
         if not self._ours(batch.job_id):
             return
-        for m in batch.measurements:
-            if m.kind == "step":
-                self.measured[(batch.rank, m.step)] = (m.time_s, m.energy_j)
+        for part in batch.gpus:
+            for m in part.measurements:
+                if m.kind == "step":
+                    self.measured[(part.rank, m.step)] = (m.time_s, m.energy_j)
         self._check_complete()
 
 
@@ -202,7 +204,7 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
                 raise DemoStartupError(f"{e}{hint}") from e
             p = config.prefix
             await nc.subscribe(subjects.all_job_status(p), cb=observer.status)
-            await nc.subscribe(subjects.all_gpu_measurements(p), cb=observer.measurement)
+            await nc.subscribe(subjects.all_job_measurements(p), cb=observer.measurement)
             await confirm_subscriptions(nc)
             for node in config.node_names:
                 cluster.add_agent(node, {

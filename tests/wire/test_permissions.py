@@ -36,7 +36,8 @@ def test_pattern_wildcards_only_the_any_arguments():
     # A node called like the placeholders stays a literal token.
     assert pattern(subjects.gpu_samples, "a", ANY) == "zeus.gpu.a.*.sample"
     assert pattern(subjects.gpu_samples, "b", ANY) == "zeus.gpu.b.*.sample"
-    assert pattern(subjects.gpu_measurements, ANY, ANY) == subjects.all_gpu_measurements()
+    assert pattern(subjects.job_measurements, ANY, ANY) == subjects.all_job_measurements()
+    assert pattern(subjects.job_measurements, ANY, "n") == subjects.all_node_measurements("n")
 
 
 @pytest.mark.parametrize("node", ["gpu-a", "n1.cluster.local", "*", ">", "a b", "x" * 100])
@@ -44,7 +45,7 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
     perms = permissions.agent(node)
     other = "gpu-b"
     own_pub = [
-        subjects.gpu_samples(node, 3), subjects.gpu_measurements(node, 0),
+        subjects.gpu_samples(node, 3), subjects.job_measurements("any job / with spaces", node),
         subjects.gpu_errors(node, 1), subjects.agent_hello(node), subjects.agent_errors(node),
         subjects.coord_register_job(node), subjects.coord_register_rank(node),
         subjects.job_events("any job / with spaces", 7, node),
@@ -57,6 +58,7 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
         subjects.gpu_command(other, 0), subjects.gpu_command(node, 0),
         subjects.gpu_samples(other, 0), subjects.coord_register_rank(other),
         subjects.coord_register_job(other), subjects.job_events("j", 0, other),
+        subjects.job_measurements("j", other),
         subjects.agent_hello(other), subjects.lease_renewal("h"), subjects.job_status("j"),
         subjects.agent_ping(),
         permissions.inbox("coordinator") + ".x", permissions.inbox("agent", other) + ".x",
@@ -114,7 +116,7 @@ def test_coordinator_and_observer():
     for s in (
         subjects.coord_register_job("n"), subjects.coord_register_rank("n"),
         subjects.coord_job_query(), subjects.job_events("j", 0, "n"),
-        subjects.gpu_measurements("n", 0), subjects.gpu_errors("n", 0),
+        subjects.job_measurements("j", "n"), subjects.gpu_errors("n", 0),
         subjects.agent_hello("n"), permissions.inbox("coordinator") + ".x.*",
     ):  # fmt: skip
         assert allowed(coord.subscribe, s), s
@@ -125,6 +127,8 @@ def test_coordinator_and_observer():
     assert obs.publish == ("t.coord.jobs.query", "_INBOX.t.observer.>")
     assert not obs.allow_responses
     assert allowed(obs.subscribe, subjects.job_status("j", "t"))
+    assert allowed(obs.subscribe, subjects.job_measurements("j", "n", "t"))
+    assert allowed(obs.subscribe, subjects.all_node_measurements("n", "t"))
     for s in (subjects.gpu_command("n", 0, "t"), subjects.job_events("j", 0, "n", "t")):
         assert not allowed(obs.subscribe, s)
 

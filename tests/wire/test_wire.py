@@ -37,7 +37,9 @@ def test_subjects_sanitise_user_tokens():
 def test_subject_parsers_read_back_what_the_builders_wrote(job, rank, node, gpu, prefix):
     ev = subjects.parse_job_events(subjects.job_events(job, rank, node, prefix))
     assert ev == (subjects.token(job), subjects.token(rank), subjects.token(node))
-    for build, leaf in ((subjects.gpu_measurements, "meas"), (subjects.gpu_errors, "error"),
+    meas = subjects.parse_job_measurements(subjects.job_measurements(job, node, prefix))
+    assert meas == (subjects.token(job), subjects.token(node))
+    for build, leaf in ((subjects.gpu_samples, "sample"), (subjects.gpu_errors, "error"),
                         (subjects.gpu_command, "cmd")):
         parsed = subjects.parse_gpu_subject(build(node, gpu, prefix))
         assert parsed == (subjects.token(node), str(gpu), leaf) and parsed.gpu_index == gpu
@@ -48,7 +50,11 @@ def test_subject_parsers_refuse_other_shapes():
     assert subjects.parse_job_events("zeus.job.j.status") is None
     assert subjects.parse_job_events("job.j.ev.0.n") is None  # no prefix
     assert subjects.parse_gpu_subject("zeus.agent.n.hello") is None
-    assert subjects.parse_gpu_subject("zeus.gpu.n.².meas").gpu_index is None  # not ASCII
+    assert subjects.parse_gpu_subject("zeus.gpu.n.².error").gpu_index is None  # not ASCII
+    assert subjects.parse_job_measurements("zeus.job.j.ev.0.n") is None
+    assert subjects.parse_job_measurements("zeus.job.j.status") is None
+    assert subjects.parse_job_measurements("job.j.meas.n") is None  # no prefix
+    assert subjects.parse_job_measurements("zeus.gpu.n.0.meas") is None  # the old per-GPU one
     assert subjects.parse_agent_hello("zeus.agent.n.error") is None
 
 

@@ -46,6 +46,8 @@ class NodeMeasurements:
         self._publish = publish
         self.pending = PendingMeasurements(node)
         self._timer: asyncio.TimerHandle | None = None
+        self._order = asyncio.Lock()
+        """One flush at a time: a GPU's items go out in the order they were handed over."""
         self._tasks: set[asyncio.Future[None]] = set()
         self.published = 0
         """Batches published so far."""
@@ -68,7 +70,8 @@ class NodeMeasurements:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for batch in self.pending.take():
-            await self._publish(subjects.job_measurements(batch.job_id, self.node, self.prefix),
-                                codec.encode(batch))
-            self.published += 1
+        async with self._order:
+            for batch in self.pending.take():
+                subject = subjects.job_measurements(batch.job_id, self.node, self.prefix)
+                await self._publish(subject, codec.encode(batch))
+                self.published += 1

@@ -209,6 +209,11 @@ def all_job_measurements(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.job.*.meas.*"
 
 
+def all_node_measurements(node: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Every job's measurements from one node: `<p>.job.*.meas.<node>` (its GPUs' observers)."""
+    return f"{_p(prefix)}.job.*.meas.{token(node)}"
+
+
 def all_agent_hellos(prefix: str = DEFAULT_PREFIX) -> str:
     """Every agent's announcements: `<p>.agent.*.hello`."""
     return f"{_p(prefix)}.agent.*.hello"

@@ -29,7 +29,8 @@ from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetRequest, BudgetStatus
-from zeus_agent.wire.messages import JobStatus, MeasurementBatch, Reply, SampleBatch
+from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_demo.budget import analysis as an
 from zeus_demo.budget.jobs import (
     PERSEUS_ARGS,
@@ -113,9 +114,11 @@ class Watcher:
 
     async def measurement(self, msg: Any) -> None:
         """The Perseus job's first GPU's measurements: its iteration times."""
-        batch = codec.decode(msg.data, MeasurementBatch)
+        batch = codec.decode(msg.data, NodeMeasurementBatch)
         now = time.monotonic()
-        self.perseus_steps += [(now, m.time_s) for m in batch.measurements
+        first = self.perseus.gpus[0][1] if self.perseus is not None else None
+        self.perseus_steps += [(now, m.time_s) for part in batch.gpus if part.gpu == first
+                               for m in part.measurements
                                if m.kind == "step" and m.time_s is not None and m.time_s > 0]
 
     async def sample(self, msg: Any) -> None:
@@ -410,12 +413,12 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             replicas.wait_healthy(60, names=["r1"])
             watch = Watcher(jobs, perseus)
             nc = await connect(server.url, "budget-event")
-            samples = subjects.all_gpu_measurements().rsplit(".", 1)[0] + ".sample"
+            samples = subjects.all_gpu_errors().rsplit(".", 1)[0] + ".sample"
             await nc.subscribe(samples, cb=watch.sample)
             await nc.subscribe(subjects.all_job_status(), cb=watch.status)
             await nc.subscribe(subjects.all_budget_status(), cb=watch.budget_status)
             if perseus is not None:
-                await nc.subscribe(subjects.gpu_measurements(*perseus.gpus[0]),
+                await nc.subscribe(subjects.all_node_measurements(perseus.gpus[0][0]),
                                    cb=watch.measurement)
             await confirm_subscriptions(nc)
             gpus = sum(n.gpus for n in nodes)

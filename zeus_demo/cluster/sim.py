@@ -32,7 +32,8 @@ from typing import Any
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, JobQuery, JobStatus, MeasurementBatch, Reply
+from zeus_agent.wire.messages import AgentHello, JobQuery, JobStatus, Reply
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_demo.cluster.nats import Relay
 from zeus_demo.cluster.ports import free_port
 from zeus_demo.cluster.processes import CODE_ROOT, Processes, console_script
@@ -149,7 +150,7 @@ class SimCluster:
                                 on_reconnect=wake)
         await self.nc.subscribe(subjects.all_job_status(), cb=self._on_status)
         await self.nc.subscribe(subjects.all_agent_hellos(), cb=self._on_hello)
-        await self.nc.subscribe(subjects.all_gpu_measurements(), cb=self._on_measurements)
+        await self.nc.subscribe(subjects.all_job_measurements(), cb=self._on_measurements)
         await confirm_subscriptions(self.nc)
         for name in self.replicas:
             self.start_coordinator(name)
@@ -317,10 +318,12 @@ class SimCluster:
             self._changed.set()
 
     async def _on_measurements(self, msg: Any) -> None:
-        batch = codec.decode(msg.data, MeasurementBatch)
-        if batch.job_id.endswith(self.tag) and batch.marks:
-            self.marks.append((time.monotonic(), batch.node, batch.rank))
-            self._changed.set()
+        batch = codec.decode(msg.data, NodeMeasurementBatch)
+        if batch.job_id.endswith(self.tag):
+            for part in batch.gpus:
+                if part.marks:
+                    self.marks.append((time.monotonic(), batch.node, part.rank))
+                    self._changed.set()
 
     def ranks_with_marks_since(self, t: float) -> set[int]:
         """Ranks whose GPU marks arrived after monotonic time `t`."""

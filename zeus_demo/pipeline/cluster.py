@@ -159,7 +159,7 @@ class PipelineCluster:
         except BrokerError as e:
             raise PipelineDemoError(str(e)) from e
         await self.nc.subscribe(subjects.all_job_status(self.prefix), cb=self._status)
-        await self.nc.subscribe(subjects.all_gpu_measurements(self.prefix), cb=self._measurement)
+        await self.nc.subscribe(subjects.all_job_measurements(self.prefix), cb=self._measurement)
         await confirm_subscriptions(self.nc)
         for node in cfg.node_names:
             self.services.add_agent(node, {

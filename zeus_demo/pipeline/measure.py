@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zeus_agent.wire import codec
-from zeus_agent.wire.messages import JobStatus, MeasurementBatch
+from zeus_agent.wire.messages import JobStatus
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 
 LOG = logging.getLogger(__name__)
 
@@ -77,16 +78,16 @@ class JobObserver:
     async def measurement(self, msg: Any) -> None:
         """A measurement batch (NATS callback)."""
         try:
-            batch = codec.decode(msg.data, MeasurementBatch)
+            batch = codec.decode(msg.data, NodeMeasurementBatch)
         except Exception as e:  # noqa: BLE001
             LOG.debug("ignoring an undecodable measurement batch: %s", e)
             return
         if not self._ours(batch.job_id):
             return
-        for m in batch.measurements:
+        for part, m in ((p, m) for p in batch.gpus for m in p.measurements):
             if m.epoch != 0:
                 continue
-            key = (batch.rank, m.step)
+            key = (part.rank, m.step)
             if m.kind == "step":
                 self.steps[key] = StepRecord(m.t0_ns, m.t1_ns, m.time_s, m.energy_j, m.schedule)
             else:
