@@ -146,8 +146,10 @@ def measurements(limits_energy_time: list[tuple[int, float, float]]) -> list:
 
 async def feed_steps(nc, job_id: str, steps: range, joules_per_step: float = 100.0) -> None:
     """Rank 0's step_begin events and both ranks' marks, as the agents publish them (with the
-    digest of the join token their trainers' HELLO presented)."""
-    from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
+    digest of the join token their trainers' HELLO presented): both GPUs' marks in one node
+    batch."""
+    from zeus_agent.wire.messages import Mark, TrainerEvent, TrainerEventBatch
+    from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
 
     digest = join_token_digest(JOIN_TOKENS[job_id])
     for s in steps:
@@ -155,12 +157,11 @@ async def feed_steps(nc, job_id: str, steps: range, joules_per_step: float = 100
                                    events=[TrainerEvent(kind="step_begin", t_ns=s * 10**9,
                                                         epoch=0, step=s)])
         await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(events))
-        for rank in (0, 1):
-            mark = Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9,
-                        energy_j=s * joules_per_step * (rank + 1))
-            batch = MeasurementBatch(node=NODE, gpu=rank, job_id=job_id, rank=rank, marks=[mark],
-                                     join_digest=digest)
-            await nc.publish(subjects.gpu_measurements(NODE, rank), codec.encode(batch))
+        parts = [GpuMeasurements(gpu=rank, rank=rank, join_digest=digest, marks=[
+            Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9,
+                 energy_j=s * joules_per_step * (rank + 1))]) for rank in (0, 1)]
+        batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=parts)
+        await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
     await nc.flush()
 
 

@@ -552,7 +552,8 @@ async def test_a_gpu_reset_behind_the_coordinators_back_is_reconciled(coord, nc,
 
 async def test_events_and_marks_from_another_node_are_dropped(coord, nc):
     """A node's agent can only speak for ranks bound to its own GPUs."""
-    from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
+    from zeus_agent.wire.messages import Mark, TrainerEvent, TrainerEventBatch
+    from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
 
     job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
     for r in (0, 1):
@@ -563,9 +564,9 @@ async def test_events_and_marks_from_another_node_are_dropped(coord, nc):
     await nc.publish(subjects.job_events(job_id, 0, "evil"), codec.encode(events))
     spoofed = events.model_copy(update={"node": NODE})  # claims the right node, wrong subject
     await nc.publish(subjects.job_events(job_id, 0, "evil"), codec.encode(spoofed))
-    marks = MeasurementBatch(node="evil", gpu=0, job_id=job_id, rank=0, marks=[
-        Mark(kind="step_begin", epoch=0, step=1, t_ns=1, energy_j=1.0)])
-    await nc.publish(subjects.gpu_measurements("evil", 0), codec.encode(marks))
+    marks = NodeMeasurementBatch(node="evil", job_id=job_id, gpus=[GpuMeasurements(
+        gpu=0, rank=0, marks=[Mark(kind="step_begin", epoch=0, step=1, t_ns=1, energy_j=1.0)])])
+    await nc.publish(subjects.job_measurements(job_id, "evil"), codec.encode(marks))
     await wait_for(lambda: coord.dropped["wrong_node"] >= 3)
     assert coord.optimisers[job_id].last_step is None  # nothing paced the machine
 
@@ -575,7 +576,8 @@ async def test_events_and_marks_of_a_trainer_without_the_join_token_are_dropped(
     the bound trainer's HELLO presented, and a job counts only its own (a process that knows
     the job id took a departed rank's GPU after that node's agent restarted and forgot the
     job's token)."""
-    from zeus_agent.wire.messages import Mark, MeasurementBatch, TrainerEvent, TrainerEventBatch
+    from zeus_agent.wire.messages import Mark, TrainerEvent, TrainerEventBatch
+    from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
 
     job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
     for r in (0, 1):
@@ -587,10 +589,10 @@ async def test_events_and_marks_of_a_trainer_without_the_join_token_are_dropped(
                                    events=[TrainerEvent(kind="step_begin", t_ns=1, epoch=0,
                                                         step=s) for s in range(50)])
         await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(events))
-        marks = MeasurementBatch(node=NODE, gpu=0, job_id=job_id, rank=0, join_digest=digest,
-                                 marks=[Mark(kind="step_begin", epoch=0, step=1, t_ns=1,
-                                             energy_j=1.0)])
-        await nc.publish(subjects.gpu_measurements(NODE, 0), codec.encode(marks))
+        marks = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=[GpuMeasurements(
+            gpu=0, rank=0, join_digest=digest,
+            marks=[Mark(kind="step_begin", epoch=0, step=1, t_ns=1, energy_j=1.0)])])
+        await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(marks))
     await wait_for(lambda: coord.dropped["no_join_token"] >= before + 4)
     assert coord.optimisers[job_id].last_step is None  # nothing paced the machine
     await feed_steps(nc, job_id, range(1, 3))  # with the token: counted

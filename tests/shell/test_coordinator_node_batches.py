@@ -1,0 +1,91 @@
+"""The coordinator's checks on a node's measurement batch (`<p>.job.<job>.meas.<node>`), against
+a real nats-server: each GPU's part is checked as a per-GPU batch was (its rank bound to that GPU
+of the subject's node, the job's join token), a part that fails is dropped and counted, and the
+good parts of the same batch still count; a batch whose node is not its subject's, or on
+another job's subject, counts for nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.shell.coordinator_kit import (
+    JOIN_TOKENS,
+    NODE,
+    ask,
+    rank_request,
+    register_job,
+    wait_for,
+)
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.messages import Mark, PowerLimitOptions, join_token_digest
+from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
+
+
+def part(gpu: int, rank: int, digest: str | None, steps: range) -> GpuMeasurements:
+    return GpuMeasurements(gpu=gpu, rank=rank, join_digest=digest, marks=[
+        Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9, energy_j=float(s))
+        for s in steps])
+
+
+async def started_job(coord: Any, nc: Any) -> tuple[str, str]:
+    """A job of 2 ranks on `NODE`'s GPUs 0 and 1, its optimiser started; (job id, digest)."""
+    job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+    await wait_for(lambda: job_id in coord.optimisers)
+    return job_id, join_token_digest(JOIN_TOKENS[job_id])
+
+
+def kept(coord: Any, job_id: str, rank: int) -> int:
+    """Marks of `rank` the job's window join holds."""
+    return int(coord.optimisers[job_id]._join.kept(rank))
+
+
+async def test_bad_parts_are_dropped_and_counted_and_the_good_ones_count(coord, nc) -> None:
+    job_id, digest = await started_job(coord, nc)
+    wrong_node, no_token = coord.dropped["wrong_node"], coord.dropped["no_join_token"]
+    batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=[
+        part(1, 0, digest, range(1, 4)),  # rank 0 is bound to GPU 0, not GPU 1
+        part(0, 0, join_token_digest("a-guessed-join-token-0000"), range(1, 4)),
+        part(1, 1, None, range(1, 4)),  # a trainer that presented no token
+        part(0, 0, digest, range(1, 3)),  # good
+        part(1, 1, digest, range(1, 6)),  # good
+        part(0, 0, digest, range(3, 3)),  # empty: skipped, not counted
+    ])
+    await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
+    await wait_for(lambda: kept(coord, job_id, 1) == 5)
+    assert kept(coord, job_id, 0) == 2
+    assert coord.dropped["wrong_node"] == wrong_node + 1
+    assert coord.dropped["no_join_token"] == no_token + 2
+
+
+async def test_a_batch_whose_node_or_job_is_not_its_subjects_counts_for_nothing(coord,
+                                                                                  nc) -> None:
+    job_id, digest = await started_job(coord, nc)
+    other_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())  # (no rank yet)
+    wrong_node, wrong_job = coord.dropped["wrong_node"], coord.dropped["wrong_job"]
+    good = [part(0, 0, digest, range(1, 4)), part(1, 1, digest, range(1, 4))]
+    # Names the ranks' node but comes on another node's subject (another node's agent).
+    spoofed = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)
+    await nc.publish(subjects.job_measurements(job_id, "evil"), codec.encode(spoofed))
+    # Says it is the other node's, on that node's subject: no rank of the job is bound there.
+    evil = NodeMeasurementBatch(node="evil", job_id=job_id, gpus=good)
+    await nc.publish(subjects.job_measurements(job_id, "evil"), codec.encode(evil))
+    # The job's batch on the other job's subject.
+    await nc.publish(subjects.job_measurements(other_id, NODE),
+                     codec.encode(NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)))
+    await wait_for(lambda: coord.dropped["wrong_node"] >= wrong_node + 3
+                   and coord.dropped["wrong_job"] >= wrong_job + 1)
+    assert coord.dropped["wrong_node"] == wrong_node + 3  # the spoofed one, evil's two parts
+    assert [kept(coord, job_id, r) for r in (0, 1)] == [0, 0]
+    # The same parts on the right subject count.
+    await nc.publish(subjects.job_measurements(job_id, NODE),
+                     codec.encode(NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)))
+    await wait_for(lambda: kept(coord, job_id, 0) == 3 and kept(coord, job_id, 1) == 3)
+
+
+async def test_a_batch_of_an_unknown_job_is_dropped_undecoded(coord, nc) -> None:
+    unknown, malformed = coord.dropped["unknown_job"], coord.dropped["malformed"]
+    await nc.publish(subjects.job_measurements("no-such-job", NODE), b"\xc1 not msgpack")
+    await wait_for(lambda: coord.dropped["unknown_job"] == unknown + 1)
+    assert coord.dropped["malformed"] == malformed
