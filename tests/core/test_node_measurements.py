@@ -68,9 +68,9 @@ def test_one_batch_per_job_with_a_part_per_gpu() -> None:
     pending.add(1, "job-a", 1, DIGEST, [mark(1)], [measurement(0)])
     pending.add(2, "job-b", 0, None, [], [measurement(5)])
     pending.add(3, "job-a", 3, DIGEST, [], [])  # nothing: no part
-    assert pending
+    assert pending and pending.items == 4
     batches = pending.take()
-    assert not pending and pending.take() == []
+    assert not pending and pending.items == 0 and pending.take() == []
     assert [(b.node, b.job_id, [(p.gpu, p.rank) for p in b.gpus]) for b in batches] == [
         ("n1", "job-a", [(0, 0), (1, 1)]), ("n1", "job-b", [(2, 0)])]
     assert batches[0].gpus[1].join_digest == DIGEST and batches[1].gpus[0].join_digest is None

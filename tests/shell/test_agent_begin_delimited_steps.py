@@ -18,7 +18,8 @@ import pytest
 from tests.shell.agent_kit import Inbox, RawTrainer, running_agent, wait_for
 from zeus_agent.wire import subjects
 from zeus_agent.wire import trainer as dg
-from zeus_agent.wire.messages import ErrorEvent, Measurement, MeasurementBatch
+from zeus_agent.wire.messages import ErrorEvent, Measurement
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 
 STEP_S = 0.02
 
@@ -31,8 +32,8 @@ async def _steps(inbox: Inbox, n: int, timeout_s: float = 5.0) -> dict[int, Meas
         left = deadline - time.monotonic()
         if left <= 0:
             raise AssertionError(f"{len(steps)} of {n} steps measured: {sorted(steps)}")
-        batch = await inbox.next(MeasurementBatch, left)
-        steps.update({m.step: m for m in batch.measurements if m.kind == "step"})
+        batch = await inbox.next(NodeMeasurementBatch, left)
+        steps.update({m.step: m for p in batch.gpus for m in p.measurements if m.kind == "step"})
     return steps
 
 
@@ -42,7 +43,7 @@ async def test_steps_without_ends_are_measured_begin_to_begin_and_report_no_gap(
     caplog.set_level(logging.WARNING, logger="zeus_agent")
     async with running_agent(nats_server.url) as agent:
         node = agent.settings.node
-        meas = await Inbox.open(nc, subjects.gpu_measurements(node, 0))
+        meas = await Inbox.open(nc, subjects.job_measurements("jobZ", node))
         errors = await Inbox.open(nc, subjects.gpu_errors(node, 0))
         trainer = RawTrainer(agent.settings.socket_path)
         try:

@@ -21,6 +21,7 @@ from tests.shell.agent_kit import GatedGPU, RawTrainer, gated_gpu, running_agent
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import Measurement, MeasurementBatch
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.trainer import EventDatagram, Kind, WindowRequest
 
 
@@ -42,8 +43,9 @@ class Published:
         self.measurements: list[Measurement] = []
 
     async def publish(self, subject: str, payload: bytes) -> None:
-        if subject == subjects.gpu_measurements("n", 0):
-            self.measurements += codec.decode(payload, MeasurementBatch).measurements
+        if subject == subjects.job_measurements("job", "n"):
+            self.measurements += [m for p in codec.decode(payload, NodeMeasurementBatch).gpus
+                                  if p.gpu == 0 for m in p.measurements]
 
 
 @contextlib.asynccontextmanager
@@ -170,8 +172,8 @@ async def test_a_step_that_ends_just_before_goodbye_is_still_measured(tmp_path: 
     batches: list[MeasurementBatch] = []
 
     async def publish(subject: str, payload: bytes) -> None:
-        if subject == subjects.gpu_measurements("n", 0):
-            batches.append(codec.decode(payload, MeasurementBatch))
+        if subject == subjects.job_measurements("job", "n"):  # (the GPU's part, as a batch)
+            batches.extend(codec.decode(payload, NodeMeasurementBatch).per_gpu())
 
     agent = GpuAgent(gpu, "n", publish)
     await agent.start()

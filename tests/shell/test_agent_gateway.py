@@ -19,12 +19,12 @@ from zeus_agent.wire.messages import (
     GpuDescription,
     InfoCmd,
     InstallScheduleCmd,
-    MeasurementBatch,
     RegisterJob,
     RegisterRank,
     Reply,
     TrainerEventBatch,
 )
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.trainer import Kind, WindowRequest
 
 K = Kind
@@ -92,7 +92,7 @@ async def test_events_are_forwarded_to_the_job_subject_in_batches(agent, trainer
 
 
 async def test_step_and_instruction_measurements_are_published(agent, trainer, nc):
-    inbox = await Inbox.open(nc, f"zeus.gpu.{agent.settings.node}.0.meas")
+    inbox = await Inbox.open(nc, f"zeus.job.jobM.meas.{agent.settings.node}")
     assert (await trainer.hello("jobM", rank=0, gpu_index=0)).ok
     trainer.event(K.STEP_BEGIN, 0, 0)
     trainer.event(K.INSTRUCTION_BEGIN, 0, 0, "forward")
@@ -102,7 +102,8 @@ async def test_step_and_instruction_measurements_are_published(agent, trainer, n
     trainer.event(K.STEP_END, 0, 0)
     measurements, marks = [], []
     while not any(m.kind == "step" for m in measurements):
-        batch = await inbox.next(MeasurementBatch)
+        node_batch = await inbox.next(NodeMeasurementBatch)
+        (batch,) = node_batch.per_gpu()
         assert (batch.job_id, batch.rank, batch.gpu) == ("jobM", 0, 0)
         measurements += batch.measurements
         marks += batch.marks

@@ -23,7 +23,8 @@ import pytest
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import Mark, MeasurementBatch
+from zeus_agent.wire.messages import Mark
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.trainer import EventDatagram, Kind
 from zeus_demo.cluster import wait_for_async
 
@@ -37,8 +38,9 @@ class Captured:
         self.marks: list[Mark] = []
 
     async def publish(self, subject: str, payload: bytes) -> None:
-        if subject == subjects.gpu_measurements("n", 0):
-            self.marks += codec.decode(payload, MeasurementBatch).marks
+        if subject == subjects.job_measurements("job", "n"):
+            self.marks += [m for p in codec.decode(payload, NodeMeasurementBatch).gpus
+                           if p.gpu == 0 for m in p.marks]
 
 
 @pytest.fixture

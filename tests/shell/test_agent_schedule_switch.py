@@ -11,7 +11,8 @@ from tests.shell.agent_kit import Inbox, command, running_agent, wait_for
 from zeus_agent.emit import Publisher
 from zeus_agent.models import FrequencySchedule
 from zeus_agent.wire import subjects
-from zeus_agent.wire.messages import InstallScheduleCmd, MeasurementBatch
+from zeus_agent.wire.messages import InstallScheduleCmd
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.trainer import TrainerHello
 
 PLAN = [("forward", 1500), ("backward", 1200)]
@@ -35,7 +36,7 @@ async def _iteration(pub: Publisher, names: list[str]) -> None:
 
 async def test_a_schedule_from_step_2_starts_there_and_the_trainer_is_told(agent, nc):
     node = agent.settings.node
-    meas = await Inbox.open(nc, subjects.gpu_measurements(node, 0))
+    meas = await Inbox.open(nc, subjects.job_measurements("jobP", node))
     pub = Publisher(socket_path=agent.settings.socket_path, gpu_index=0)
     try:
         hello = TrainerHello(job_id="jobP", rank=0, gpu_index=0)
@@ -61,8 +62,8 @@ async def test_a_schedule_from_step_2_starts_there_and_the_trainer_is_told(agent
         assert [lo for lo, _, _ in gpu.locks] == [1500, 1200]
         tagged: dict[tuple[str, int], int | None] = {}
         while len(tagged) < 9:  # 3 steps + 6 instructions
-            batch = await meas.next(MeasurementBatch)
-            for m in batch.measurements:
+            batch = await meas.next(NodeMeasurementBatch)
+            for m in (m for p in batch.gpus for m in p.measurements):
                 key = (m.name or m.kind, m.step) if m.kind == "instruction" else ("step", m.step)
                 tagged[key] = m.schedule
         assert {k: v for k, v in tagged.items() if k[1] < 2} == {

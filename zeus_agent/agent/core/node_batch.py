@@ -34,6 +34,12 @@ class PendingMeasurements:
         """Whether anything waits to be published."""
         return bool(self._jobs)
 
+    @property
+    def items(self) -> int:
+        """Marks and measurements waiting to be published."""
+        return sum(len(marks) + len(meas) for parts in self._jobs.values()
+                   for marks, meas in parts.values())
+
     def add(self, gpu: int, job_id: str, rank: int, join_digest: str | None,
             marks: Iterable[Mark], measurements: Iterable[Measurement]) -> None:
         """Keep what GPU `gpu` measured for `job_id`'s `rank` (bound with `join_digest`)."""
