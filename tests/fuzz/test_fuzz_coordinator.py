@@ -1,6 +1,6 @@
 """Fuzzing the coordinator: its endpoints `<p>.coord.jobs.register.<node>`,
 `<p>.coord.ranks.register.<node>`, `<p>.coord.jobs.query` and its streams `<p>.job.*.ev.*.*`,
-`<p>.gpu.*.*.meas`, `<p>.agent.*.hello`, with random bytes, wrong shapes, near-valid payloads
+`<p>.job.*.meas.*`, `<p>.agent.*.hello`, with random bytes, wrong shapes, near-valid payloads
 with one field mutated, unknown jobs and ranks, spoofed nodes, huge counters and energies.
 
 The module's jobs: $JOB (data parallel on the agent's two GPUs, power-limit optimised with
@@ -13,7 +13,8 @@ no internal error, still serving):
   registered through another node than its GPU's, "unknown_job", "out_of_range" for a rank
   that does not fit its job, never "internal"; every acknowledged registration is on disk;
 * a stream message never gets an answer; a malformed one is counted ("malformed"), and so is
-  one about an unknown job, or a rank not bound to the node it came through;
+  one about an unknown job, or a rank not bound to the node it came through (in a node's
+  measurement batch, each GPU's part that fails is counted once, the others count);
 * racing registrations of a job's ranks leave one rank per GPU and register exactly what was
   acknowledged;
 * an optimiser started with any options (loaded profiles in or out of range, empty, long) and
@@ -57,13 +58,13 @@ from zeus_agent.wire.messages import (
     AgentHello,
     JobQuery,
     JobStatus,
-    MeasurementBatch,
     RegisterJob,
     RegisterRank,
     Reply,
     TrainerEventBatch,
     join_token_digest,
 )
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -243,13 +244,18 @@ MARKS = st.lists(
     }),
     max_size=4,
 )  # fmt: skip
-MEASUREMENT_BATCHES = st.builds(
-    lambda job, rank, node, gpu, marks, digest: Case(
-        "measurement batch", _with_digest({"v": 1, "node": node, "gpu": gpu, "job_id": job,
-                                           "rank": rank, "marks": marks, "measurements": []},
-                                          digest)),
-    STREAM_JOBS, STREAM_RANKS, NODES, STREAM_GPUS, MARKS, STREAM_DIGESTS,
+GPU_PARTS = st.lists(
+    st.builds(lambda rank, gpu, marks, digest: _with_digest(
+        {"gpu": gpu, "rank": rank, "marks": marks, "measurements": []}, digest),
+        STREAM_RANKS, STREAM_GPUS, MARKS, STREAM_DIGESTS),
+    max_size=3,
 )  # fmt: skip
+MEASUREMENT_BATCHES = st.builds(
+    lambda job, node, parts: Case(
+        "measurement batch", {"v": 1, "node": node, "job_id": job, "gpus": parts}),
+    STREAM_JOBS, NODES, GPU_PARTS,
+)  # fmt: skip
+"""A node's batch of a job's GPUs' parts (each part its rank, GPU, marks and digest)."""
 GPU_DESCRIPTIONS = st.builds(
     lambda index, uuid, limit: {
         "index": index, "uuid": uuid, "name": "NVIDIA A40", "architecture": "Ampere",
@@ -278,14 +284,14 @@ STREAM_CASES = st.one_of(
 )  # fmt: skip
 """(stream, payload, subject job, subject rank or GPU, subject node)."""
 
-MODELS = {"events": TrainerEventBatch, "meas": MeasurementBatch, "hello": AgentHello}
+MODELS = {"events": TrainerEventBatch, "meas": NodeMeasurementBatch, "hello": AgentHello}
 
 
 def _stream_subject(stream: str, job: str, rank_or_gpu: Any, node: str) -> str:
     if stream == "events":
         return subjects.job_events(job, rank_or_gpu, node)
     if stream == "meas":
-        return subjects.gpu_measurements(node, rank_or_gpu)
+        return subjects.job_measurements(job, node)
     return subjects.agent_hello(node)
 
 
@@ -297,56 +303,56 @@ def _bound_here(bus: Bus, job_id: str, rank: int, node: str, gpu: int | None) ->
     return gpu is None or rr.gpu.gpu_index == gpu
 
 
-def _has_token(bus: Bus, message: Any) -> bool:
-    """Whether the message carries its job's join token digest (or the job has none)."""
-    expected = bus.coord.registry.jobs[message.job_id].join_digest
-    return expected is None or message.join_digest == expected
+def _has_token(bus: Bus, job_id: str, digest: str | None) -> bool:
+    """Whether `digest` is the job's join token's digest (or the job has none)."""
+    expected = bus.coord.registry.jobs[job_id].join_digest
+    return expected is None or digest == expected
 
 
 def _unknown_job_subject(bus: Bus, subject: str) -> bool:
-    """Whether `subject` carries events of no job the coordinator knows: such messages are
-    dropped as "unknown_job" before anything is decoded (the barrier after them too)."""
-    where = subjects.parse_job_events(subject)
+    """Whether `subject` carries events or measurements of no job the coordinator knows: such
+    messages are dropped as "unknown_job" before anything is decoded (the barrier after them
+    too)."""
+    where = subjects.parse_job_events(subject) or subjects.parse_job_measurements(subject)
     return where is not None and bus.coord.jobs.by_token(where.job) is None
 
 
-def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> str | None:
-    """The reason a stream message must be dropped for ("any": some reason), or None."""
+def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> tuple[str | None, int]:
+    """The reason a stream message must be dropped for ("any": some reason), or None, and how
+    many drops it counts (a node's measurement batch: one per GPU's part that fails)."""
     if _unknown_job_subject(bus, subject):
-        return "unknown_job"
+        return "unknown_job", 1
     try:
         message: Any = codec.decode(data, MODELS[stream])
     except PayloadError:
-        return "malformed"
+        return "malformed", 1
     tokens = subject.split(".")
     if stream == "hello":
-        return None if subjects.token(message.node) == tokens[-2] else "any"
+        return (None, 0) if subjects.token(message.node) == tokens[-2] else ("any", 1)
     known = message.job_id in bus.coord.registry.jobs
     if not known:
-        return "any"  # an unknown job
+        return "any", 1  # an unknown job
+    where = subjects.parse_job_events(subject) or subjects.parse_job_measurements(subject)
+    assert where is not None, subject
+    if subjects.token(message.job_id) != where.job:
+        return "wrong_job", 1  # The payload names another job than its subject.
     if stream == "events":
-        where = subjects.parse_job_events(subject)
-        if where is not None and subjects.token(message.job_id) != where.job:
-            return "wrong_job"  # The payload names another job than its subject.
-        via = tokens[-1]
-        if via != subjects.token(message.node) or not _bound_here(
-            bus, message.job_id, message.rank, via, message.gpu
-        ) or not _has_token(bus, message):
-            return "any"
-        return None
-    node, gpu = tokens[-3], tokens[-2]
-    if (
-        message.job_id in bus.coord.optimisers
-        and message.marks
-        and (
-            node != subjects.token(message.node)
-            or gpu != str(message.gpu)
-            or not _bound_here(bus, message.job_id, message.rank, node, message.gpu)
-            or not _has_token(bus, message)
-        )
-    ):
-        return "any"
-    return None
+        if where.node != subjects.token(message.node) or not _bound_here(
+            bus, message.job_id, message.rank, where.node, message.gpu
+        ) or not _has_token(bus, message.job_id, message.join_digest):
+            return "any", 1
+        return None, 0
+    if where.node != subjects.token(message.node):
+        return "wrong_node", 1  # The whole batch: another node's agent.
+    if message.job_id not in bus.coord.optimisers:
+        return None, 0
+    bad = sum(
+        1 for part in message.gpus
+        if (part.marks or part.measurements) and (
+            not _bound_here(bus, message.job_id, part.rank, where.node, part.gpu)
+            or not _has_token(bus, message.job_id, part.join_digest))
+    )  # fmt: skip
+    return ("any", bad) if bad else (None, 0)
 
 
 def _publish_stream(bus: Bus, stream_case: tuple[Any, ...]) -> tuple[str, bytes, str, Case]:
@@ -416,12 +422,12 @@ def _events(job: str, rank: int, node: str) -> Case:
                                 "events": [event], "join_digest": "$DIGEST"})  # fmt: skip
 
 
-def _marks(job: str, rank: int, node: str, gpu: int, marks: bool = True) -> Case:
+def _marks(job: str, node: str, *parts: tuple[int, int, bool]) -> Case:
+    """A node's batch of `job` with a part per (rank, GPU, with a mark or empty)."""
     mark = {"kind": "step_begin", "epoch": 0, "step": 1, "t_ns": "$NOW", "energy_j": 5.0}
-    return Case("measurement batch", {"v": 1, "node": node, "gpu": gpu, "job_id": job,
-                                      "rank": rank, "marks": [mark] if marks else [],
-                                      "measurements": [],
-                                      "join_digest": "$DIGEST"})  # fmt: skip
+    return Case("measurement batch", {"v": 1, "node": node, "job_id": job, "gpus": [
+        {"gpu": gpu, "rank": rank, "marks": [mark] if marks else [], "measurements": [],
+         "join_digest": "$DIGEST"} for rank, gpu, marks in parts]})  # fmt: skip
 
 
 @fuzz(100)
@@ -429,11 +435,16 @@ def _marks(job: str, rank: int, node: str, gpu: int, marks: bool = True) -> Case
 @example(stream_case=("events", _events("$JOB", 3, "$NODE"), "$JOB", 3, "$NODE"))
 @example(stream_case=("events", _events("$JOB", 0, "ghost-node"), "$JOB", 0, "ghost-node"))
 @example(stream_case=("events", _events("$JOB", 0, "$NODE"), "$JOB", 0, "ghost-node"))
-@example(stream_case=("meas", _marks("no-such-job", 0, "$NODE", 0), "", 0, "$NODE"))
-@example(stream_case=("meas", _marks("no-such-job", 0, "$NODE", 0, marks=False), "", 0, "$NODE"))
-@example(stream_case=("meas", _marks("$JOB", 3, "$NODE", 0), "", 0, "$NODE"))
-@example(stream_case=("meas", _marks("$JOB", 0, "$NODE", 1), "", 1, "$NODE"))
-@example(stream_case=("meas", _marks("$JOB", 0, "$NODE", 0), "", 0, "ghost-node"))
+@example(stream_case=("meas", _marks("no-such-job", "$NODE", (0, 0, True)), "$JOB", 0, "$NODE"))
+@example(stream_case=("meas", _marks("no-such-job", "$NODE", (0, 0, True)), "no-such-job", 0,
+                      "$NODE"))
+@example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 0, False)), "$JOB", 0, "$NODE"))
+@example(stream_case=("meas", _marks("$JOB", "$NODE", (3, 0, True)), "$JOB", 0, "$NODE"))
+@example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 1, True)), "$JOB", 0, "$NODE"))
+@example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 1, True), (1, 1, True), (1, 0, True)),
+                      "$JOB", 0, "$NODE"))  # the good part counts, the two others are dropped
+@example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 0, True)), "$JOB", 0, "ghost-node"))
+@example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 0, True)), "$JOB2", 0, "$NODE"))
 @example(
     stream_case=(
         "hello",
@@ -459,17 +470,17 @@ def test_streams_count_unknown_jobs_ranks_and_spoofed_nodes(
     bus: Bus, jobs: dict[str, str], stream_case: tuple[Any, ...]
 ):
     stream, data, subject, case = _publish_stream(bus, stream_case)
-    reason = bus.call(expected_drop, bus, stream, data, subject)
+    reason, count = bus.call(expected_drop, bus, stream, data, subject)
     moved = publish_and_settle(bus, subject, data, reason == "malformed")
     if reason is None:
         assert not moved, f"{subject} {case!r} is a valid message but was dropped: {moved}"
     else:
-        assert sum(moved.values()) == 1, (
-            f"{subject} {case!r} must be dropped and counted once (expected reason: {reason}); "
-            f"the drop counters moved by {moved}"
+        assert sum(moved.values()) == count, (
+            f"{subject} {case!r} must be dropped and counted {count} time(s) (expected reason: "
+            f"{reason}); the drop counters moved by {moved}"
         )
         if reason != "any":
-            assert moved.get(reason) == 1, f"{case!r} counted as {moved}, not {reason!r}"
+            assert moved.get(reason) == count, f"{case!r} counted as {moved}, not {reason!r}"
 
 
 CONCURRENT_RANKS = st.lists(
@@ -626,13 +637,13 @@ def test_optimisers_start_and_run_safely_on_any_options_and_measurements(
     digest = join_token_digest(token)  # as the agent of the rank's HELLO (with it) sends it
     batch = {"v": 1, "job_id": job_id, "rank": 0, "node": bus.node, "gpu": gpu,
              "events": events, "join_digest": digest}  # fmt: skip
-    meas = {"v": 1, "node": bus.node, "gpu": gpu, "job_id": job_id, "rank": 0, "marks": marks,
-            "join_digest": digest}
+    meas = {"v": 1, "node": bus.node, "job_id": job_id, "gpus": [
+        {"gpu": gpu, "rank": 0, "marks": marks, "join_digest": digest}]}
     moved = publish_and_settle(bus, subjects.job_events(job_id, 0, bus.node), codec.encode(batch),
                                False)  # fmt: skip
     assert not moved, f"valid events were dropped: {moved}"
-    moved = publish_and_settle(bus, subjects.gpu_measurements(bus.node, gpu), codec.encode(meas),
-                               False)  # fmt: skip
+    moved = publish_and_settle(bus, subjects.job_measurements(job_id, bus.node),
+                               codec.encode(meas), False)
     assert not moved, f"valid marks were dropped: {moved}"
     bus.check_healthy(mark, f"options {options}, steps {steps}")
 
