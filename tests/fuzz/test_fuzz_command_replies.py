@@ -375,6 +375,7 @@ def _publish_iterations(bus: Bus, node: str, job_id: str, token: str, world: int
     digest = join_token_digest(token)
     t = time.monotonic_ns()
     for step in range(3):
+        parts = []
         for rank in range(world):
             measurements = [
                 {"kind": "instruction", "name": name, "epoch": 0, "step": step, "index": i,
@@ -382,9 +383,10 @@ def _publish_iterations(bus: Bus, node: str, job_id: str, token: str, world: int
                 for i, name in enumerate(ORDER)
             ] + [{"kind": "step", "name": "", "epoch": 0, "step": step, "index": 0, "t0_ns": t,
                   "t1_ns": t + 30, "time_s": 1.0, "energy_j": 10.0}]
-            batch = {"v": 1, "node": node, "gpu": rank, "job_id": job_id, "rank": rank,
-                     "marks": [], "measurements": measurements, "join_digest": digest}
-            bus.publish(subjects.gpu_measurements(node, rank), codec.encode(batch))
+            parts.append({"gpu": rank, "rank": rank, "marks": [],
+                          "measurements": measurements, "join_digest": digest})
+        batch = {"v": 1, "node": node, "job_id": job_id, "gpus": parts}  # the node's GPUs'
+        bus.publish(subjects.job_measurements(job_id, node), codec.encode(batch))
         t += 1_000
 
 

@@ -81,7 +81,6 @@ from zeus_agent.wire.messages import (
     ErrorEvent,
     JobQuery,
     LeaseRenewal,
-    MeasurementBatch,
     RegisterJob,
     RegisterRank,
     Reply,
@@ -89,6 +88,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
     join_token_digest,
 )
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -423,13 +423,14 @@ EVENTS = {
     "join_digest": "$DIGEST",
 }  # fmt: skip
 MEASUREMENTS = {
-    "v": 1, "node": "$NODE", "gpu": 0, "job_id": "$JOB", "rank": 0,
-    "marks": [{"kind": "step_begin", "epoch": 0, "step": 1, "t_ns": "$NOW", "energy_j": 5.0,
-               "power_limit_w": 300}],
-    "measurements": [{"kind": "step", "name": "step", "epoch": 0, "step": 1, "index": 0,
-                      "t0_ns": "$NOW-1s", "t1_ns": "$NOW", "time_s": 1.0, "energy_j": 5.0,
-                      "schedule": 1}],
-    "join_digest": "$DIGEST",
+    "v": 1, "node": "$NODE", "job_id": "$JOB", "gpus": [{
+        "gpu": 0, "rank": 0,
+        "marks": [{"kind": "step_begin", "epoch": 0, "step": 1, "t_ns": "$NOW", "energy_j": 5.0,
+                   "power_limit_w": 300}],
+        "measurements": [{"kind": "step", "name": "step", "epoch": 0, "step": 1, "index": 0,
+                          "t0_ns": "$NOW-1s", "t1_ns": "$NOW", "time_s": 1.0, "energy_j": 5.0,
+                          "schedule": 1}],
+        "join_digest": "$DIGEST"}],
 }  # fmt: skip
 GPU_ERROR = {
     "v": 1, "source": "agent:lv", "code": "lease_expired", "message": "lease lapsed",
@@ -474,8 +475,8 @@ REQUESTS: tuple[Target, ...] = (
 COORD_STREAMS: tuple[Target, ...] = (
     Target("job events", lambda e: subjects.job_events(e["$JOB"], 0, e["$NODE"]), EVENTS,
            TrainerEventBatch),
-    Target("gpu measurements", lambda e: subjects.gpu_measurements(e["$NODE"], 0), MEASUREMENTS,
-           MeasurementBatch),
+    Target("node measurements", lambda e: subjects.job_measurements(e["$JOB"], e["$NODE"]),
+           MEASUREMENTS, NodeMeasurementBatch),
     Target("gpu errors", lambda e: subjects.gpu_errors(e["$NODE"], 0), GPU_ERROR, ErrorEvent),
     Target("agent hello", lambda e: subjects.agent_hello(e["$NODE"]), HELLO, AgentHello),
 )  # fmt: skip
@@ -682,9 +683,10 @@ def test_odd_subject_tokens_are_answered_or_dropped(
             ("job events (rank)", f"zeus.job.{job_token}.ev.{tok}.{node}", EVENTS,
              TrainerEventBatch),
             ("job events (node)", f"zeus.job.{job_token}.ev.0.{tok}", EVENTS, TrainerEventBatch),
-            ("measurements (node)", f"zeus.gpu.{tok}.0.meas", MEASUREMENTS, MeasurementBatch),
-            ("measurements (gpu)", f"zeus.gpu.{node}.{tok}.meas", MEASUREMENTS,
-             MeasurementBatch),
+            ("measurements (job)", f"zeus.job.{tok}.meas.{node}", MEASUREMENTS,
+             NodeMeasurementBatch),
+            ("measurements (node)", f"zeus.job.{job_token}.meas.{tok}", MEASUREMENTS,
+             NodeMeasurementBatch),
             ("gpu errors (node)", f"zeus.gpu.{tok}.0.error", GPU_ERROR, ErrorEvent),
             ("gpu errors (gpu)", f"zeus.gpu.{node}.{tok}.error", GPU_ERROR, ErrorEvent),
             ("agent hello", f"zeus.agent.{tok}.hello", HELLO, AgentHello),
@@ -693,7 +695,8 @@ def test_odd_subject_tokens_are_answered_or_dropped(
             what = f"{name} on token {tok[:12]!r}*{len(tok)}"
             log_mark = meter.mark()
             data = codec.encode(resolve(base, values))
-            reason = "unknown_job" if name == "job events (job)" else "malformed"
+            reason = ("unknown_job" if name in ("job events (job)", "measurements (job)")
+                      else "malformed")
             outcome.problems += coord_stream_problems(bus, subject, data, model, what, reason)
             outcome.problems += meter.problems(log_mark, what)
             outcome.cases += 1
