@@ -329,7 +329,7 @@ async def test_every_metric_the_dashboard_queries_is_exported(nats_server, nc, t
             assert reply.ok, reply
         # A pipeline job still registering, and a dropped message on each side.
         assert (await ask(nc, subjects.coord_register_job(NODE), RegisterJob(job=info))).ok
-        await nc.publish(subjects.gpu_measurements(NODE, 0), b"\xc1 not msgpack")
+        await nc.publish(subjects.job_measurements(job_id, NODE), b"\xc1 not msgpack")
         await nc.publish(subjects.lease_renewal("nobody"), b"\xc1 not msgpack")
         await nc.flush()
 

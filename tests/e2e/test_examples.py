@@ -20,6 +20,7 @@ import pytest
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus, MeasurementBatch
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_demo.cluster import LocalCluster, wait_for_async
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -70,10 +71,10 @@ async def _cluster(
         cluster.statuses.append(codec.decode(msg.data, JobStatus))
 
     async def on_meas(msg: Any) -> None:
-        cluster.measurements.append(codec.decode(msg.data, MeasurementBatch))
+        cluster.measurements += codec.decode(msg.data, NodeMeasurementBatch).per_gpu()
 
     await nc.subscribe("zeus.job.*.status", cb=on_status)
-    await nc.subscribe("zeus.gpu.*.*.meas", cb=on_meas)
+    await nc.subscribe("zeus.job.*.meas.*", cb=on_meas)
     try:
         await services.wait_agents()
         if coord is not None:

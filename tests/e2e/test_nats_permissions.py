@@ -181,8 +181,9 @@ async def test_anonymous_and_wrong_password_are_refused(server):
 async def test_agent_publishes_its_own_nodes_samples_measurements_and_events(server):
     async with agent_client(server, A) as agent, coordinator_client(server) as coord:
         streams = [
-            subjects.gpu_samples(A, 0), subjects.gpu_measurements(A, 0), subjects.gpu_errors(A, 1),
-            subjects.agent_hello(A), subjects.agent_errors(A), subjects.job_events("job-x", 0, A),
+            subjects.gpu_samples(A, 0), subjects.job_measurements("job-x", A),
+            subjects.gpu_errors(A, 1), subjects.agent_hello(A), subjects.agent_errors(A),
+            subjects.job_events("job-x", 0, A),
         ]  # fmt: skip
         subs = {s: await coord.nc.subscribe(s) for s in streams}
         await confirm_subscriptions(coord.nc)
@@ -292,7 +293,7 @@ async def test_agent_cannot_speak_for_another_node_or_the_coordinator(server):
             (subjects.coord_register_job(B), coord, agent_b),
             (subjects.job_events("job-x", 0, B), coord, agent_b),
             (subjects.gpu_samples(B, 0), coord, agent_b),
-            (subjects.gpu_measurements(B, 0), coord, agent_b),
+            (subjects.job_measurements("job-x", B), coord, agent_b),
             (subjects.agent_hello(B), coord, agent_b),
             (subjects.lease_renewal("job-x"), agent_b, coord),
             (subjects.agent_ping(), agent_b, coord),

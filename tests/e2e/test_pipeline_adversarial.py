@@ -460,15 +460,18 @@ async def test_measurements_with_impossible_values_are_refused_at_decode(env: An
     such a batch (from a buggy or compromised agent) reaches `PipelineJob` and becomes a
     `ProfilingResult` with negative `iter_time` fed to the scheduler. Expected: refused at
     decode, counted as `malformed` like the NaN batch."""
-    c, obs, _ = env
+    c, obs, jobs = env
+    job = Job(c, obs)  # (Known to the coordinator: another job's batches are not decoded.)
+    jobs.append(job)
+    assert (await job.register([("a", 3)], pp=1, dp=1)).ok
 
     def batch(**measurement: Any) -> bytes:
         m = {"kind": "step", "name": "", "epoch": 0, "step": 3, "index": 0, "t0_ns": 10,
              "t1_ns": 20, "time_s": 1.0, "energy_j": 1.0, **measurement}
-        return msgpack.packb({"v": 1, "node": "a", "gpu": 0, "job_id": "no-such-job",
-                              "rank": 0, "measurements": [m]})
+        return msgpack.packb({"v": 1, "node": "a", "job_id": job.job_id,
+                              "gpus": [{"gpu": 3, "rank": 0, "measurements": [m]}]})
 
-    subject = subjects.gpu_measurements("a", 0)
+    subject = subjects.job_measurements(job.job_id, "a")
     before = c.health()["dropped"].get("malformed", 0)
     await obs.nc.publish(subject, batch(time_s=float("nan")))
     await obs.nc.publish(subject, batch(energy_j=float("inf")))

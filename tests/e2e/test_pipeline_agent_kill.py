@@ -23,7 +23,7 @@ import pytest
 
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import MeasurementBatch
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_demo.cluster import SimCluster, processes_with_mark
 
 PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
@@ -48,11 +48,12 @@ async def test_an_agent_killed_while_serving_schedules_resets_clocks_and_the_job
         await c.start()
 
         async def on_batch(msg: Any) -> None:
-            batch = codec.decode(msg.data, MeasurementBatch)
-            if batch.job_id.endswith(c.tag) and batch.measurements:
-                batches.append((time.monotonic(), batch.node, len(batch.measurements)))
+            batch = codec.decode(msg.data, NodeMeasurementBatch)
+            for part in batch.gpus if batch.job_id.endswith(c.tag) else []:
+                if part.measurements:
+                    batches.append((time.monotonic(), batch.node, len(part.measurements)))
 
-        await c.nc.subscribe(subjects.all_gpu_measurements(), cb=on_batch)
+        await c.nc.subscribe(subjects.all_job_measurements(), cb=on_batch)
         c.start_pipeline_trainer(timeout_s=130)
         _, first = await c.wait_status(
             lambda s: s.state == "profiling" and (s.progress.get("schedule") or 0) >= 1, 60,

@@ -14,12 +14,12 @@ at most 1,000 lost steps; a profile too long for a question to rank 0 falls back
    and a restarted replica reads it all again: ~1.1 MB of RSS per rank on every replica, at
    ~50 ranks/s, without any quota (the per-node quota counts jobs, not ranks or bytes). Left
    running, every replica runs out of memory, and again after each restart.
-2. One marks batch: a `MeasurementBatch` of ~13,000 marks (just under NATS's 1 MB) of the
-   attacker's own job, whose GPU it describes as 1..4,096 W with `pl_step_w=1` (4,096 windows,
-   all waiting for marks after 16 events), is fed mark by mark without a yield: each mark scans
-   every window, and the replica's event loop stops for ~11 s. Its ownership leases lapse (other
-   replicas take every job it drives; it fences their commands meanwhile) and every request
-   waits.
+2. One marks batch: a node batch (`NodeMeasurementBatch`) of ~13,000 marks (just under NATS's
+   1 MB) of the attacker's own job, whose GPU it describes as 1..4,096 W with `pl_step_w=1`
+   (4,096 windows, all waiting for marks after 16 events), is fed mark by mark without a yield:
+   each mark scans every window, and the replica's event loop stops for ~11 s. Its ownership
+   leases lapse (other replicas take every job it drives; it fences their commands meanwhile)
+   and every request waits.
 3. A user's own selector ("Custom") with more than 256 profiled limits (e.g. an H100's
    200..700 W with `pl_step_w=1`): `SelectCmd.measurements` is bounded to 256 rows, so building
    the command raises `ValidationError` in `ActionExecutor.ask_selector`, and the job fails and
@@ -55,7 +55,6 @@ from zeus_agent.wire.messages import (
     GpuBinding,
     JobQuery,
     Mark,
-    MeasurementBatch,
     PowerLimitOptions,
     RegisterJob,
     Reply,
@@ -63,6 +62,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
     join_token_digest,
 )
+from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
 from zeus_demo.cluster import wait_for_async
 
 pytestmark = pytest.mark.timeout(150)
@@ -171,10 +171,10 @@ async def test_one_marks_batch_does_not_stop_the_replica() -> None:
         await query_s()
         marks = [Mark(kind="step_begin", epoch=1, step=i, t_ns=i + 1, energy_j=float(i))
                  for i in range(13_000)]
-        data = codec.encode(MeasurementBatch(node=HOSTILE, gpu=0, job_id=job, rank=0,
-                                             marks=marks, join_digest=digest))
+        data = codec.encode(NodeMeasurementBatch(node=HOSTILE, job_id=job, gpus=[
+            GpuMeasurements(gpu=0, rank=0, marks=marks, join_digest=digest)]))
         assert len(data) < 1 << 20
-        await attacker.nc.publish(subjects.gpu_measurements(HOSTILE, 0), data)
+        await attacker.nc.publish(subjects.job_measurements(job, HOSTILE), data)
         await attacker.nc.flush()
         await asyncio.sleep(0.3)
         waited = await query_s()
