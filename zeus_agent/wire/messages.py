@@ -2,7 +2,7 @@
 
 Announcements and telemetry (agent -> bus):
     `GpuDescription`, `AgentHello`, `Sample`, `SampleBatch`, `Mark`, `Measurement`,
-    `MeasurementBatch`, `ErrorEvent`.
+    `ErrorEvent`; `MeasurementBatch`: one GPU's part of a `node_batch.NodeMeasurementBatch`.
 Commands to one GPU (request/reply on `gpu_command`), a union discriminated by `op`:
     `InfoCmd`, `SetPowerLimitCmd`, `ResetPowerLimitCmd`, `LockClocksCmd`, `ResetClocksCmd`,
     `InstallScheduleCmd`, `ClearScheduleCmd`, `BindRankCmd`, `UnbindRankCmd`, `EnergyCmd`,
@@ -282,7 +282,7 @@ class Measurement(_Part):
 
 
 class MeasurementBatch(Message):
-    """Marks and measurements of the rank bound to one GPU."""
+    """One GPU's marks and measurements, as `NodeMeasurementBatch.per_gpu` shows them."""
 
     node: Name
     gpu: GpuIndex
