@@ -4,9 +4,10 @@ Each GPU's `RankMeasurer` hands over what reads now bracket (`add`) where it use
 `MeasurementBatch` per GPU; this publishes them `delay_s` later as one `NodeMeasurementBatch`
 per job on `<p>.job.<job>.meas.<node>` (`PendingMeasurements` groups them). A GPU's reads come
 every counter update (~100 ms) at its own phase, so without the delay each GPU's hand-over would
-still be a message of its own: with 8 GPUs and the default 50 ms, a node sends at most ~20
-batches a second per job instead of ~80, each item ~25 ms later on average (the reads that
-bracket it already take 60-200 ms). `flush()` publishes at once (shutdown, tests).
+still be a message of its own: with 8 GPUs and the default 50 ms, a node sends ~16 batches a
+second per job instead of ~73, each mark ~30 ms later (p50 90 ms instead of 61, p99 229 instead
+of 197: the reads that bracket it already take 60-200 ms; `bench/node_batches.py`). `flush()`
+publishes at once (shutdown, tests).
 
 Trainer events are not batched here: they go out at once on their rank's subject (rank 0 paces
 the power-limit machine).
