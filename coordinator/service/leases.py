@@ -196,11 +196,12 @@ class Leases:
     def should_take(self, job_id: str) -> bool:
         """Whether this replica takes a job registered through it (else its preferred one will).
 
-        It does when the preferred replica is this one, is not settled yet, or is not known
-        (the roster is not warm): a job is never left without an owner for long.
+        It does when the preferred replica is this one, or is not known (the roster is not
+        warm). Else the preferred one takes it as soon as its record reaches it, or any replica
+        once it has gone unowned for a lease (`OwnershipBook.claimable`).
         """
         to = self.prefer(records.job_hash(job_id))
-        return to is None or to == self.book.me or not self.settled(to)
+        return to is None or to == self.book.me
 
     async def announce(self, leaving: bool = False) -> None:
         """Tell the other replicas this one is live (or stopping: `leaving`)."""

@@ -55,7 +55,7 @@ async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont(resume:
     the events and measurements of the stop queued on its connection)."""
     # (`--handover-after-s 0`: the continued replica is never handed the job back, which
     # rendezvous hashing may prefer it for: what is asserted is that its stale state commands
-    # nothing. Handovers: tests/shell/test_job_assignment.py.)
+    # nothing. Handovers: tests/shell/test_job_spread.py.)
     c = SimCluster(replicas=2, status_ports=True, coordinator_args=[
         "--ownership-lease-s", str(OWNERSHIP_LEASE_S), "--mark-timeout-s", "2",
         "--handover-after-s", "0"])
