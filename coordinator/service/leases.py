@@ -43,6 +43,8 @@ LOG = logging.getLogger(__name__)
 
 SEAT_HISTORY = 16
 """Incarnations a replica's lock file remembers (older ones' leases are waited out)."""
+PREFERRED_KEPT = 100_000
+"""Jobs' preferred replicas remembered at most (forgotten all at once past it: jobs end)."""
 WARM_PERIODS = 1.2
 """Announcement periods a replica listens before it trusts its roster (every live replica has
 announced itself once by then)."""
@@ -156,6 +158,9 @@ class Leases:
         self.roster = Roster(book.me, ttl_s=book.lease_s, settle_s=(
             max(handover_after_s, book.lease_s) if handover_after_s > 0 else math.inf))
         self._listening_since: float | None = None
+        self._preferred_among: tuple[str, ...] = ()
+        self._preferred: dict[str, str] = {}
+        """Job hash -> its preferred replica among `_preferred_among` (`prefer`)."""
         """When this replica first announced itself (wall clock); None: not yet."""
         self.on_taken: Callable[[str], Awaitable[None]] | None = None
         """Called with a job's id once this replica has taken its lease (it follows its
@@ -183,11 +188,20 @@ class Leases:
         return since is not None and now - since >= WARM_PERIODS * self.period_s
 
     def prefer(self, job_hash: str) -> str | None:
-        """The live replica that should drive the job (rendezvous hashing; None: not warm)."""
+        """The live replica that should drive the job (rendezvous hashing; None: not warm).
+
+        Remembered while the live replicas stay the same (every job is asked twice a second).
+        """
         now = time.time()
         if not self.warm(now):
             return None
-        return preferred(job_hash, self.roster.live(now))
+        live = tuple(self.roster.live(now))
+        if live != self._preferred_among or len(self._preferred) > PREFERRED_KEPT:
+            self._preferred_among, self._preferred = live, {}
+        best = self._preferred.get(job_hash)
+        if best is None:
+            best = self._preferred[job_hash] = preferred(job_hash, live) or self.book.me
+        return best
 
     def settled(self, name: str) -> bool:
         """Whether a replica has been live long enough to be handed jobs."""
