@@ -389,6 +389,8 @@ class CoordinatorService(ExitSignals):
         detail = {"nats": self.bus.report(),
                   "replica": self.settings.replica_name, "jobs": len(self.jobs),
                   "owned": len(self.book.mine(time.time())), "dropped": dict(self.dropped),
+                  "replicas_live": self.leases.roster.live(time.time()),
+                  "roster_warm": self.leases.warm(time.time()),
                   "quarantined": len(self.failures.quarantined),
                   "fenced_commands": self.fenced_commands}
         problem = self.bus.problem()

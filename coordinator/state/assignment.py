@@ -75,8 +75,11 @@ class Roster:
             del self._seen[name]
 
     def live(self, now: float) -> list[str]:
-        """The replicas to share jobs among now: this one, and those heard within `ttl_s`."""
-        names = {n for n, s in self._seen.items() if now - s.last < self.ttl_s}
+        """The replicas to share jobs among now: this one, and those heard within `ttl_s`.
+
+        Safe from another thread (`/healthz`): the roster is copied in one C call first.
+        """
+        names = {n for n, s in list(self._seen.items()) if now - s.last < self.ttl_s}
         return sorted(names | {self.me})
 
     def settled(self, name: str, now: float) -> bool:
