@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +80,13 @@ def rank_key(job_id: str, rank: int) -> str:
 
 def gpu_key(job_id: str, node: str, gpu_index: int) -> str:
     """The key of one GPU binding of a job."""
-    return f"gpu.{job_hash(job_id)}.{_digest(node, 16)}.{gpu_index}"
+    return f"gpu.{job_hash(job_id)}.{_node_digest(node)}.{gpu_index}"
+
+
+@functools.lru_cache(maxsize=16384)
+def _node_digest(node: str) -> str:
+    """A node's key token: 16 hex digits of its name's SHA-256 (one per rank registered)."""
+    return _digest(node, 16)
 
 
 def progress_key(job_id: str) -> str:
@@ -171,10 +178,18 @@ def encode_rank(job_id: str, rank: RankRecord, limits: tuple[int, int] | None = 
         if limits:
             value["energy_period_ms"] = energy_period_ms
         return _dump(value)
-    period = b',"energy_period_ms":%s' % _ENCODE(energy_period_ms).encode() if limits else b""
-    return b'{"v":%d,"job_id":%s,"info":%s,"gpu":%s,"limits":%s%s}' % (
+    period = b',"energy_period_ms":%s' % _number(energy_period_ms) if limits else b""
+    return b'{"v":%d,"job_id":%s,"info":%s,"gpu":%s,"limits":%s}' % (
         VERSION, _ascii_json(job_id).encode(), info, gpu,
-        _ENCODE(list(limits) if limits else None).encode(), period)
+        b"[%s,%s]%s" % (_number(limits[0]), _number(limits[1]), period) if limits else b"null")
+
+
+def _number(value: Any) -> bytes:
+    """A number (or None) as `_ENCODE` writes it; an int or a finite float written directly."""
+    kind = type(value)
+    if kind is int or (kind is float and math.isfinite(value)):
+        return repr(value).encode()  # (What `json` writes for these.)
+    return _ENCODE(value).encode()
 
 
 def encode_gpu(job_id: str, rank: int) -> bytes:
