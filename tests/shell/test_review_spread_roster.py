@@ -15,6 +15,8 @@ Defects these tests prove (they fail on the code they were written against):
   rounded up to the next round, up to a period and a round (1.5 s for a 3 s lease, 2 periods
   at the shortest leases). A replica starting up can thus be warm before it heard a live one,
   prefer itself for that one's jobs and take them (given back only after handover_after_s).
+* Warm once, warm for ever: a replica that heard nobody for longer than the roster's ttl (after
+  a NATS outage; a slow consumer) still trusts its roster of one and takes every job.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import pytest
 
 from coordinator.service import CoordinatorService
 from coordinator.service.leases import WARM_PERIODS
-from tests.shell.coordinator_kit import bucket_of, start, stop, wait_for
+from coordinator.state import records
+from coordinator.state.assignment import preferred
+from tests.shell.coordinator_kit import bucket_of, register_job, start, stop, wait_for
 from zeus_agent.wire import subjects
 
 
@@ -85,3 +89,40 @@ async def test_announcements_come_further_apart_than_the_warm_up_assumes(
             f"announcements came up to {max(gaps):.2f} s apart: {[round(g, 2) for g in gaps]}")
     finally:
         await stop(coord, task)
+
+
+@pytest.mark.timeout(90)
+async def test_a_replica_that_heard_nobody_for_a_lease_still_trusts_its_roster(
+        nats_server: Any, nc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm once, warm for ever: a replica that heard no announcement for longer than the
+    roster's ttl (a NATS outage, then the first seconds after its reconnection; a slow consumer
+    whose messages the server dropped) has only itself in its roster and still calls it warm.
+    It then prefers itself for every job: it takes every registration it answers and every job
+    nobody holds, and gives the others' back only after handover_after_s (each restarting from
+    its progress). Not warm until it has listened again, it would leave them to their
+    preferred replicas."""
+    kw = {"state_bucket": bucket_of(tmp_path), "ownership_lease_s": 3.0,
+          "handover_after_s": 3.0}
+    coords: dict[str, CoordinatorService] = {}
+    tasks: dict[str, Any] = {}
+    try:
+        for name in ("r1", "r2"):
+            coords[name], tasks[name] = await start(nats_server, tmp_path / name,
+                                                    replica_name=name, **kw)
+        r1, r2 = coords["r1"], coords["r2"]
+        await wait_for(lambda: r1.leases.settled("r2") and r2.leases.settled("r1"), 15)
+        # r2 hears nothing for longer than its roster's ttl (its announcements still go out).
+        monkeypatch.setattr(r2.leases.roster, "heard", lambda *_: None)
+        await wait_for(lambda: r2.leases.roster.live(time.time()) == ["r2"], 10)
+        ids = [await register_job(nc, dp=1, job_metadata=f"deaf{i}") for i in range(16)]
+        hashes = {records.job_hash(j): j for j in ids}
+        await asyncio.sleep(1.0)
+        now = time.time()
+        wrong = {hashes[h]: name for h in hashes for name, c in coords.items()
+                 if c.book.owns(h, now) and name != preferred(h, ["r1", "r2"])}
+        assert not wrong, (
+            f"r2 (warm: {r2.leases.warm(now)}, roster {r2.leases.roster.live(now)}) took "
+            f"{len(wrong)} of {len(ids)} jobs r1 is preferred for")
+    finally:
+        for name, task in tasks.items():
+            await stop(coords[name], task)
