@@ -53,14 +53,14 @@ async def test_budgets_lease_is_handed_over_like_a_job_and_flips_between_replica
             await wait_for(lambda: one.book.owns(LEASE_KEY, time.time()), 10)
 
             released: list[str] = []
-            real_take = one.link.state.take
+            real_take = one.link.require_state().take
 
             async def take(key: str, value: bytes, revision: int) -> int | None:
                 if key == LEASE_KEY and json.loads(value)["until"] == 0:
                     released.append(key)
                 return await real_take(key, value, revision)
 
-            monkeypatch.setattr(one.link.state, "take", take)
+            monkeypatch.setattr(one.link.require_state(), "take", take)
             two, two_task = await start(nats_server, tmp_path / second, replica_name=second,
                                         **kw)
             await wait_for(lambda: one.leases.settled(second), 15)
@@ -82,6 +82,6 @@ async def test_budgets_lease_is_handed_over_like_a_job_and_flips_between_replica
                 problems.append(f"{pseudo_followed} follow the events of the budgets' pseudo-job")
             assert not problems, problems
         finally:
-            if two is not None:
+            if two is not None and two_task is not None:
                 await stop(two, two_task)
             await stop(one, one_task)

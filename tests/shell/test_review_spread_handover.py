@@ -65,7 +65,7 @@ async def test_job_handed_back_forever_to_a_live_replica_that_cannot_take_it(
         async def no_take(job_hash: str, value: bytes, revision: int) -> int | None:
             return None  # JetStream does not answer r2's lease writes (it still announces).
 
-        monkeypatch.setattr(r2.link.state, "take", no_take)
+        monkeypatch.setattr(r2.link.require_state(), "take", no_take)
         statuses = await collect(nc, subjects.all_job_status(), JobStatus)
         ids = await jobs_preferring(nc, "r2", ["r1", "r2"], 2)
         hashes = [records.job_hash(j) for j in ids]
@@ -105,7 +105,7 @@ async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         await wait_for(lambda: r1.leases.owns(job_id), 5)
 
         # The job's latest progress, which JetStream cannot take for now (a leader election).
-        state = r1.link.state
+        state = r1.link.require_state()
         real_put = state.put_progress
         failing = True
 
@@ -118,7 +118,7 @@ async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         latest = {"measured": [[300, 1000.0, 10.0], [250, 700.0, 10.5]], "next": 200}
         r1.progress.save_progress(job_id, "windows", latest)
         await asyncio.sleep(0.2)
-        assert r1.jobs.get(job_id).unsaved is not None
+        assert r1.jobs.driver(job_id).unsaved is not None
 
         coords["r2"], tasks["r2"] = await start(nats_server, tmp_path / "r2", replica_name="r2",
                                                 **kw)
@@ -128,7 +128,7 @@ async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         await asyncio.sleep(LEASE_S)
         failing = False  # JetStream takes writes again.
         await wait_for(lambda: r2.leases.owns(job_id), 15)
-        recorded = await r2.link.state.get_progress(job_id)
+        recorded = await r2.link.require_state().get_progress(job_id)
         assert recorded == {"kind": "windows", "state": latest} or (
             recorded is not None and recorded.get("state") == latest), (
             f"r2 took the job over from progress {recorded!r}, not the latest ({latest!r})")

@@ -27,7 +27,7 @@ async def test_a_removed_job_whose_lease_purge_failed_keeps_its_subscription_for
     coord, task = await start(nats_server, tmp_path / "r1", replica_name="r1",
                               ownership_lease_s=3.0, max_job_idle_time=2)
     try:
-        owners = coord.link.state.owners
+        owners = coord.link.require_state().owners
         real_purge = owners.purge
 
         async def purge(key: str) -> Any:
