@@ -21,11 +21,12 @@ Rank 0 paces the power-limit optimiser (warmup 5 + profile 10 steps per limit, 4
 limits, and the owner keeps writing its progress to JetStream).
 
 End to end, counted from outside (the coordinator has no counter of processed events): after
-each flush, one sentinel goes on each stream (a batch of an unknown job on the events subject
-and on the measurements subject); the coordinator processes each stream in order and counts
-the sentinels as `dropped` (`unknown_job`) in its `/healthz`, so when a replica has counted the
-2n sentinels of n flushes (neither stream can count more than its n) it has processed
-everything published before them. For each rate:
+each flush, one sentinel goes on each stream: on the job's events subject, an event batch of a
+node no rank is on (only the job's owner follows its events, and drops it as `wrong_node`), and
+on the measurements subject, which every replica follows, a batch of an unknown job (dropped as
+`unknown_job`); the coordinator processes each stream in order and counts the sentinels as
+`dropped` in its `/healthz`, so when a replica has counted n of each (the owner) or n of the
+second (the others) it has processed everything published before them. For each rate:
 
 * events_per_s: the events published / (first publish -> the owner has processed the last);
   `keeps_up` when the owner finished within 1 s of the last publish;
@@ -215,11 +216,13 @@ class Ranks:
         for r in range(ranks):
             self.nodes.setdefault(placement(r)[0], []).append(r)
         self.meas_subjects = {node: subjects.job_measurements(job_id, node) for node in self.nodes}
-        # On subjects of no job: every replica processes (and counts) them.
+        # The job's events from a node none of its ranks is on: its owner (the only replica
+        # following them) counts it as wrong_node. Measurements of no job: every replica
+        # follows those, and counts it as unknown_job.
         self.sentinel_events = codec.encode({
-            "v": 1, "job_id": SENTINEL_JOB, "rank": 0, "node": SENTINEL_NODE, "gpu": 0,
-            "events": []})
-        self.sentinel_events_subject = subjects.job_events(SENTINEL_JOB, 0, SENTINEL_NODE)
+            "v": 1, "job_id": job_id, "rank": 0, "node": SENTINEL_NODE, "gpu": 0,
+            "events": [], "join_digest": join_digest})
+        self.sentinel_events_subject = subjects.job_events(job_id, 0, SENTINEL_NODE)
         self.sentinel_meas_subject = subjects.job_measurements(SENTINEL_JOB, SENTINEL_NODE)
         self.step_ns = 0
         self.t0_ns = time.monotonic_ns()
@@ -232,9 +235,10 @@ class Ranks:
                             self.t0_ns, 250.0 + (r % 7))
 
 
-def sentinels(health: dict[str, Any] | None) -> int:
-    """Sentinels (both streams') a replica has processed, from its `/healthz`."""
-    return int((health or {}).get("dropped", {}).get("unknown_job", 0))
+def sentinels(health: dict[str, Any] | None) -> tuple[int, int]:
+    """(events, measurements) sentinels a replica has processed, from its `/healthz`."""
+    dropped = (health or {}).get("dropped", {})
+    return int(dropped.get("wrong_node", 0)), int(dropped.get("unknown_job", 0))
 
 
 async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: float,
@@ -292,7 +296,8 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
         for name in names:
             if name not in done_at:
                 seen = sentinels(await asyncio.to_thread(reps.health, name))
-                if seen >= published[0] + published[1]:
+                events = published[0] if name == owner else 0  # (Only its owner follows them.)
+                if seen[0] >= events and seen[1] >= published[1]:
                     done_at[name] = time.monotonic()
         return len(done_at) == len(names)
 

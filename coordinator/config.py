@@ -139,6 +139,15 @@ class CoordinatorSettings(NatsSettings):
         "that must exceed the agents' clock-skew allowance (zeus-agent --fence-skew-s, 0.1 s) "
         "plus a command's transit, or agents refuse its commands as stale_lease)",
     )
+    handover_after_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=86_400,
+        description="The replicas share the jobs out by rendezvous hashing over those live: a "
+        "replica that joins (or comes back) is handed the running jobs it is preferred for once "
+        "it has been live this long without a gap (at least ownership_lease_s; 0: never, so "
+        "running jobs move only when their owner stops, and only new jobs spread)",
+    )
     lease_s: float = Field(
         default=30.0,
         ge=0.3,

@@ -75,12 +75,13 @@ from coordinator.service.failures import JobFailures
 from coordinator.service.gpus import GpuDirectory
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
+from coordinator.service.owned import OwnedStreams
 from coordinator.service.progress import ProgressWriter
 from coordinator.service.replicas import Replicas
 from coordinator.service.starter import OptimiserStarter
 from coordinator.service.streams import Streams
 from coordinator.service.table import JobTable
-from coordinator.state import OwnershipBook
+from coordinator.state import OwnershipBook, records
 from coordinator.state.jetstream import JetStreamState
 from zeus_agent import __version__, status_http
 from zeus_agent.aio import ExitSignals, Releases, every
@@ -154,7 +155,7 @@ class CoordinatorService(ExitSignals):
         s, pfo, clock, jobs, link, spawn = (self.settings, self.pfo, self.clock, self.jobs,
                                             self.link, self.spawn)
         self.gpus = GpuDirectory(s, clock, link)
-        self.leases = Leases(self.book, jobs, link, clock, self.state_dir)
+        self.leases = Leases(self.book, jobs, link, clock, self.state_dir, s.handover_after_s)
         self.commands = GpuCommands(s, link, self.leases)
         self.progress = ProgressWriter(jobs, link, self.leases, spawn)
         self.failures = JobFailures(settings=s, jobs=jobs, link=link, commands=self.commands,
@@ -171,9 +172,13 @@ class CoordinatorService(ExitSignals):
                                     starter=self.starter, spawn=spawn)
         self.streams = Streams(settings=s, clock=clock, jobs=jobs, link=link, leases=self.leases,
                                actions=self.actions, failures=self.failures)
+        self.owned = OwnedStreams(link, self.streams.job_subscriptions)
+        self.leases.on_taken = self.owned.follow
+        self.durable.on_new_job = self._claim_new_job
         self.replicas = Replicas(settings=s, clock=clock, jobs=jobs, link=link,
                                  leases=self.leases, starter=self.starter, streams=self.streams,
-                                 progress=self.progress, failures=self.failures, spawn=spawn)
+                                 owned=self.owned, progress=self.progress,
+                                 failures=self.failures, spawn=spawn)
         cluster = BudgetCluster()  # What the budget service learns, what the loop plans on.
         self.budget_view = BudgetView()
         self.budget_loop = BudgetLoop(link=link, book=self.book, cluster=cluster,
@@ -219,6 +224,13 @@ class CoordinatorService(ExitSignals):
     def owns(self, job_id: str) -> bool:
         """Whether this replica drives the job now."""
         return self.leases.owns(job_id)
+
+    def _claim_new_job(self, job_id: str) -> None:
+        """A job another replica registered: take it at once if this replica should drive it."""
+        job_hash = records.job_hash(job_id)
+        if (self.book.leases.get(job_hash) is None
+                and self.leases.prefer(job_hash) == self.book.me and self.link.state is not None):
+            self.spawn(self.leases.take(job_id, 0, "this replica is preferred for it"))
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run `coro` as a task of the service's task group (inline before it exists).
@@ -349,6 +361,8 @@ class CoordinatorService(ExitSignals):
         )
         for subject, callback in self.streams.subscriptions():
             self._subs.append(await self.nc.subscribe(subject, cb=callback))
+        self._subs.append(await self.nc.subscribe(subjects.all_replica_alive(s.prefix),
+                                                  cb=self.leases.on_alive))
         for name, handler in self.endpoints.forwardable():
             # This replica's own subjects, where the others forward requests about its jobs.
             self._subs.append(await self.nc.subscribe(
@@ -375,6 +389,8 @@ class CoordinatorService(ExitSignals):
         detail = {"nats": self.bus.report(),
                   "replica": self.settings.replica_name, "jobs": len(self.jobs),
                   "owned": len(self.book.mine(time.time())), "dropped": dict(self.dropped),
+                  "replicas_live": self.leases.roster.live(time.time()),
+                  "roster_warm": self.leases.warm(time.time()),
                   "quarantined": len(self.failures.quarantined),
                   "fenced_commands": self.fenced_commands}
         problem = self.bus.problem()
@@ -395,6 +411,7 @@ class CoordinatorService(ExitSignals):
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
+        await self.owned.close()
 
     async def shutdown(self) -> None:
         """Release what start-up acquired, in the reverse order (see the module docstring).

@@ -100,6 +100,36 @@ class ActionExecutor:
                 return
             await self.execute(record, actions)
 
+    async def act_all(
+        self, job_id: str, step: Callable[[int, Any], list[Action]], rank: int,
+        items: list[Any], yield_every: int = 256,
+    ) -> None:
+        """`act` for each of `items` in order, in one containment.
+
+        What a batch of marks or measurements costs is then the optimiser's work, not a context
+        manager and a coroutine per item. Each item's actions are carried out before the next
+        is fed (as `act` does); one the power-limit machine refuses is reported and the next
+        goes on; any other error fails the job (`JobFailures.contained`) and the rest are not
+        fed. The caller holds the job's lock.
+        """
+        driver = self.jobs.get(job_id)
+        record = driver.record if driver is not None else None
+        if driver is None or record is None or driver.failed:
+            return
+        async with self.failures.contained(job_id, "driving the job"):
+            for i, item in enumerate(items, 1):
+                try:
+                    actions = step(rank, item)
+                except PowerLimitError as e:
+                    await self.link.status(job_id, "error", f"power-limit optimiser: {e}")
+                    continue
+                if actions:
+                    await self.execute(record, actions)
+                    if driver.failed:
+                        return
+                if i % yield_every == 0:
+                    await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
+
     async def tick_jobs(self) -> None:
         """Let time pass for every optimiser driven here (overdue windows...)."""
         now = self.clock()

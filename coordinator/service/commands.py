@@ -32,6 +32,9 @@ __all__ = ["GpuCommands"]
 
 LOG = logging.getLogger(__name__)
 
+SEEN_REPLIES = 16
+"""Distinct replies one `request_all` keeps decoded, by their bytes (the first 16 seen)."""
+
 
 class GpuCommands:
     """Sends the jobs' commands to their GPUs' agents, fenced by this replica's leases.
@@ -107,7 +110,8 @@ class GpuCommands:
         """Send many requests at once over one reply inbox, within `command_timeout_s`.
 
         Cheaper than one `nc.request` per GPU (no future, timer and task each), which matters
-        when a job has thousands of GPUs.
+        when a job has thousands of GPUs; most GPUs answer alike (`{ok: true}`), and a reply's
+        bytes seen before are not decoded again (the same `Reply` object, read-only).
 
         `fence` is asked right before each request is handed to NATS (nothing awaited between
         the two): once it says False, the rest are not sent and None is returned. The awaits
@@ -122,6 +126,7 @@ class GpuCommands:
         nc, timeout_s = self.link.nc, self.settings.command_timeout_s
         inbox = nc.new_inbox()
         results: list[Reply | str | None] = [None] * len(requests)
+        seen: dict[bytes, Reply | str] = {}  # Decoded replies by their bytes (`SEEN_REPLIES`).
         left = len(requests)
         all_in = asyncio.Event()
 
@@ -135,11 +140,17 @@ class GpuCommands:
                 return
             if not msg.data and msg.headers and msg.headers.get("Status") == "503":
                 results[i] = "no agent answers (is zeus-agent running there?)"
+            elif (same := seen.get(msg.data)) is not None:
+                results[i] = same
             else:
+                reply: Reply | str
                 try:
-                    results[i] = codec.decode(msg.data, Reply)
+                    reply = codec.decode(msg.data, Reply)
                 except PayloadError as e:
-                    results[i] = f"bad reply: {e}"
+                    reply = f"bad reply: {e}"
+                results[i] = reply
+                if len(seen) < SEEN_REPLIES:
+                    seen[msg.data] = reply
             left -= 1
             if left == 0:
                 all_in.set()

@@ -52,6 +52,9 @@ class DurableState:
         self.failures = failures
         self.starter = starter
         self.spawn = spawn
+        self.on_new_job: Callable[[str], None] | None = None
+        """Called with the id of a job this replica learns of from the bucket (registered
+        through another replica, or before this one started): it may be this one's to drive."""
 
     async def import_jobs_json(self) -> None:
         """Import `state_dir/jobs.json` (the file store of earlier versions) once."""
@@ -114,7 +117,10 @@ class DurableState:
                     jobs.forget(gone.job_id)
                 return
             assert change.job is not None
+            new = change.job.job_id not in jobs
             jobs.know(change.job)
+            if new and self.on_new_job is not None:
+                self.on_new_job(change.job.job_id)
         elif change.kind == "rank" and change.deleted:  # A registration undone (a lost race).
             undone = jobs.by_hash(change.job_hash)
             rank = entry.key.rsplit(".", 1)[-1]

@@ -215,7 +215,8 @@ class Endpoints:
             self.jobs.refuse(record.job_id)
         else:
             raise StateUnavailableError("could not give the job a unique id; retry")
-        await self.leases.take(record.job_id, 0, "registered here")
+        if self.leases.should_take(record.job_id):  # (Else its preferred replica takes it.)
+            await self.leases.take(record.job_id, 0, "registered here")
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await self.link.status(record.job_id, "registered", f"job registered for {what}; "
                                f"waiting for {record.job.world_size} rank(s)")

@@ -7,6 +7,11 @@ the leases. The ownership loop that calls them is `Replicas`.
 
 A process restarted under the same replica name takes its predecessor's leases at once when
 it can prove that process is gone (`ReplicaSeat`), and waits them out otherwise.
+
+The replicas share the jobs out by rendezvous hashing over those live (`Roster`): each
+announces itself (`announce`, `ReplicaAlive`), and `prefer` says which replica should drive a
+job. The roster is *warm* once this replica has listened for a whole announcement period (before
+that it does not know the others, and takes only the jobs registered through it).
 """
 
 from __future__ import annotations
@@ -16,16 +21,21 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from coordinator.service.link import Link
 from coordinator.service.table import JobTable
 from coordinator.state import OwnershipBook, records
+from coordinator.state.assignment import Roster, preferred
 from coordinator.state.ownership import Lease
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.replicas import ReplicaAlive
 
 __all__ = ["SEAT_HISTORY", "Leases", "ReplicaSeat"]
 
@@ -33,6 +43,11 @@ LOG = logging.getLogger(__name__)
 
 SEAT_HISTORY = 16
 """Incarnations a replica's lock file remembers (older ones' leases are waited out)."""
+PREFERRED_KEPT = 100_000
+"""Jobs' preferred replicas remembered at most (forgotten all at once past it: jobs end)."""
+WARM_PERIODS = 1.2
+"""Announcement periods a replica listens before it trusts its roster (every live replica has
+announced itself once by then)."""
 
 
 class ReplicaSeat:
@@ -131,12 +146,25 @@ class Leases:
     """
 
     def __init__(self, book: OwnershipBook, jobs: JobTable, link: Link,
-                 clock: Callable[[], float], state_dir: Path) -> None:
+                 clock: Callable[[], float], state_dir: Path,
+                 handover_after_s: float = 30.0) -> None:
         self.book = book
         self.jobs = jobs
         self.link = link
         self.clock = clock
         self.seat = ReplicaSeat(state_dir, book.me, book.incarnation)
+        self.period_s = book.lease_s / 3
+        """How often this replica announces itself (and renews its leases)."""
+        self.roster = Roster(book.me, ttl_s=book.lease_s, settle_s=(
+            max(handover_after_s, book.lease_s) if handover_after_s > 0 else math.inf))
+        self._listening_since: float | None = None
+        self._preferred_among: tuple[str, ...] = ()
+        self._preferred: dict[str, str] = {}
+        """Job hash -> its preferred replica among `_preferred_among` (`prefer`)."""
+        """When this replica first announced itself (wall clock); None: not yet."""
+        self.on_taken: Callable[[str], Awaitable[None]] | None = None
+        """Called with a job's id once this replica has taken its lease (it follows its
+        streams from then: `coordinator.service.owned`)."""
 
     def hold_seat(self) -> None:
         """Take this replica's lock if it is free; learn which earlier processes are gone."""
@@ -152,6 +180,71 @@ class Leases:
     def owns(self, job_id: str) -> bool:
         """Whether this replica drives the job now."""
         return self.book.owns(records.job_hash(job_id), time.time())
+
+    # ------------------------------------------------------------------ the roster
+    def warm(self, now: float) -> bool:
+        """Whether this replica has listened long enough to know the live replicas."""
+        since = self._listening_since
+        return since is not None and now - since >= WARM_PERIODS * self.period_s
+
+    def prefer(self, job_hash: str) -> str | None:
+        """The live replica that should drive the job (rendezvous hashing; None: not warm).
+
+        Remembered while the live replicas stay the same (every job is asked twice a second).
+        """
+        now = time.time()
+        if not self.warm(now):
+            return None
+        live = tuple(self.roster.live(now))
+        if live != self._preferred_among or len(self._preferred) > PREFERRED_KEPT:
+            self._preferred_among, self._preferred = live, {}
+        best = self._preferred.get(job_hash)
+        if best is None:
+            best = self._preferred[job_hash] = preferred(job_hash, live) or self.book.me
+        return best
+
+    def settled(self, name: str) -> bool:
+        """Whether a replica has been live long enough to be handed jobs."""
+        return self.roster.settled(name, time.time())
+
+    def should_take(self, job_id: str) -> bool:
+        """Whether this replica takes a job registered through it (else its preferred one will).
+
+        It does when the preferred replica is this one, or is not known (the roster is not
+        warm). Else the preferred one takes it as soon as its record reaches it, or any replica
+        once it has gone unowned for a lease (`OwnershipBook.claimable`).
+        """
+        to = self.prefer(records.job_hash(job_id))
+        return to is None or to == self.book.me
+
+    async def announce(self, leaving: bool = False) -> None:
+        """Tell the other replicas this one is live (or stopping: `leaving`)."""
+        nc = self.link.nc
+        if nc is None:
+            return
+        if self._listening_since is None and not leaving:
+            self._listening_since = time.time()
+        alive = ReplicaAlive(replica=self.book.me, incarnation=self.book.incarnation,
+                             period_s=self.period_s, leaving=leaving)
+        await nc.publish(subjects.replica_alive(self.book.me, self.link.prefix),
+                         codec.encode(alive))
+
+    async def on_alive(self, msg: Any) -> None:
+        """Another replica announced itself (or that it is leaving)."""
+        try:
+            alive = codec.decode(msg.data, ReplicaAlive)
+        except PayloadError as e:
+            self.link.drop("malformed", msg.subject, e)
+            return
+        if subjects.token(alive.replica) != msg.subject.split(".")[-2]:
+            self.link.drop("wrong_replica", msg.subject, alive.replica)
+            return
+        if alive.replica == self.book.me:
+            return
+        if alive.leaving:
+            self.roster.left(alive.replica, alive.incarnation)
+        else:
+            self.roster.heard(alive.replica, alive.incarnation, time.time())
 
     async def renew(self, job_hash: str, lease: Lease, now: float) -> None:
         """Renew one of this replica's ownership leases (compare-and-set on its revision).
@@ -222,6 +315,8 @@ class Leases:
             await self.read_lease(job_hash)
             return False
         book.observe(job_hash, value, new)
+        if self.on_taken is not None:
+            await self.on_taken(job_id)
         if restart_idle:  # Its idle clock starts with its new owner.
             self.jobs.registry.touch(job_id, self.clock())
         if revision:

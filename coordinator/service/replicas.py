@@ -20,6 +20,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.service.failures import JobFailures
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
+from coordinator.service.owned import OwnedStreams
 from coordinator.service.progress import ProgressWriter
 from coordinator.service.starter import OptimiserStarter
 from coordinator.service.streams import Streams
@@ -44,6 +45,8 @@ changed owner 37,476 times in 6 minutes (each takeover restarting a job's idle c
 them were never removed). 64 in flight: 0.2 ms a lease."""
 DELETES_IN_FLIGHT = 16
 """Idle jobs removed at once (each is several JetStream requests)."""
+HANDOVERS_PER_ROUND = 64
+"""Jobs handed over to their preferred replica per ownership round (twice a second)."""
 
 
 class Replicas:
@@ -51,7 +54,8 @@ class Replicas:
 
     def __init__(self, *, settings: CoordinatorSettings, clock: Callable[[], float],
                  jobs: JobTable, link: Link, leases: Leases, starter: OptimiserStarter,
-                 streams: Streams, progress: ProgressWriter, failures: JobFailures,
+                 streams: Streams, owned: OwnedStreams, progress: ProgressWriter,
+                 failures: JobFailures,
                  spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
         self.settings = settings
         self.clock = clock
@@ -60,6 +64,7 @@ class Replicas:
         self.leases = leases
         self.starter = starter
         self.streams = streams
+        self.owned = owned
         self.progress = progress
         self.failures = failures
         self.spawn = spawn
@@ -78,6 +83,8 @@ class Replicas:
         due = now - self._renewed_at >= book.lease_s / 3
         if due:
             self._renewed_at = now
+            await leases.announce()
+            leases.roster.forget_stale(now)
         gate = asyncio.Semaphore(LEASE_WRITES_IN_FLIGHT)
 
         async def gated(write: Callable[[], Awaitable[Any]]) -> None:
@@ -89,9 +96,11 @@ class Replicas:
         self.drop_other_incarnations(now)
         known = {records.job_hash(r.job_id): r.job_id for r in self.jobs.recorded()}
         takes = []
-        for job_hash, revision in book.claimable(list(known), time.time()):
+        for job_hash, revision in book.claimable(list(known), time.time(), leases.prefer):
             held = book.leases.get(job_hash)
             why = ("it had no owner" if held is None else
+                   f"replica {held.owner} handed it over (the replicas share the jobs out)"
+                   if held.until == 0 and held.owner in leases.roster.live(time.time()) else
                    f"replica {held.owner} stopped and gave it up" if held.until == 0 else
                    "its lease ran out here before JetStream took the renewal"
                    if book.is_mine(held) else
@@ -104,12 +113,46 @@ class Replicas:
                 leases.take, known[job_hash], revision, why,
                 restart_idle=held is None or not book.is_mine(held))))
         await asyncio.gather(*takes)
+        await self.hand_over(time.time())
+        await self.owned.reconcile(lease.job_id for _, lease in book.renewals()
+                                   if lease.until > time.time())
         for job_hash in book.mine(time.time()):
             driver = self.jobs.by_hash(job_hash)
             if driver is not None and driver.record is not None:
                 self.starter.maybe_start(driver)
         self.reapply_pending_lapses()
         await self.progress.record_unsaved()
+
+    async def hand_over(self, now: float) -> None:
+        """Give up the jobs another settled replica is preferred for (it takes them at once).
+
+        At most `HANDOVERS_PER_ROUND` a round: a replica joining a busy cluster gets its share
+        over a few rounds, each job restarting there from its recorded progress.
+        """
+        leases, book, state = self.leases, self.leases.book, self.link.state
+        if state is None or not leases.warm(now):
+            return
+        moving = book.handovers(now, leases.prefer, leases.settled)[:HANDOVERS_PER_ROUND]
+        if not moving:
+            return
+        await self.progress.record_unsaved()  # (The next owner starts from it.)
+
+        async def give(job_hash: str, lease: Lease, to: str) -> None:
+            value = book.value(lease.job_id, time.time(), release=True)
+            try:
+                revision = await state.take(job_hash, value, lease.revision)
+            except StateUnavailableError:
+                return  # Kept: tried again next round.
+            if revision is None:
+                return
+            book.observe(job_hash, value, revision)
+            await self.owned.drop(lease.job_id)
+            driver = self.jobs.get(lease.job_id)
+            if driver is not None:
+                driver.release(f"handed over to replica {to}, which the replicas' rendezvous "
+                               "hashing prefers for it")
+
+        await asyncio.gather(*(give(*m) for m in moving))
 
     def drop_other_incarnations(self, now: float) -> None:
         """Jobs another process under this replica's name holds are not driven here.
@@ -161,6 +204,8 @@ class Replicas:
         state, book = self.link.state, self.leases.book
         if state is None or not self.link.connected:
             return
+        with contextlib.suppress(Exception):  # The others share its jobs out among themselves.
+            await self.leases.announce(leaving=True)
         timeout_s = self.settings.shutdown_timeout_s
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.progress.record_unsaved(stopping=True), timeout_s)

@@ -1,6 +1,7 @@
 """`Streams`: the bus streams the coordinator follows, fed to the jobs' optimisers.
 
-* trainer events `<p>.job.*.ev.*.<node>` (rank 0 paces the power-limit machine);
+* trainer events `<p>.job.<job>.ev.*.<node>` (rank 0 paces the power-limit machine), of the
+  jobs this replica drives only (`job_subscriptions`, `coordinator.service.owned`);
 * the nodes' marks and measurements `<p>.job.*.meas.<node>` (window energies, step and
   instruction times), one batch per job per node and flush, a part per GPU;
 * the agents' error events `<p>.gpu.*.*.error` (a trainer gone, a lease that lapsed);
@@ -68,14 +69,17 @@ class Streams:
         """Node token -> the id of the agent that last announced itself there."""
 
     def subscriptions(self) -> list[tuple[str, Any]]:
-        """(subject, callback) of every stream followed."""
+        """(subject, callback) of every stream followed whichever jobs this replica drives."""
         p = self.settings.prefix
         return [
-            (subjects.all_job_events(p), self.on_events),
             (subjects.all_job_measurements(p), self.on_measurements),
             (subjects.all_gpu_errors(p), self.on_gpu_error),
             (subjects.all_agent_hellos(p), self.on_agent_hello),
         ]
+
+    def job_subscriptions(self, job_id: str) -> list[tuple[str, Any]]:
+        """(subject, callback) of the streams of one job, followed by its owner only."""
+        return [(subjects.all_events_of_job(job_id, self.settings.prefix), self.on_events)]
 
     # ------------------------------------------------------------------ checks
     def _decode(self, msg: Any, model: type[M]) -> M | None:

@@ -11,9 +11,8 @@ or removes its jobs.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -119,29 +118,28 @@ class JobTable:
         return job_id in self.registry.jobs
 
     # ------------------------------------------------------------------ ranks being recorded
-    @contextlib.contextmanager
     def registering_rank(self, job_id: str, rank: int,
-                         apply: Callable[[Any], None]) -> Iterator[None]:
+                         apply: Callable[[Any], None]) -> _Registering:
         """While this replica's handler records `rank`: it, not the state watch, starts the job.
 
         The rank's own entry may come through the watch before the handler has taken the
         write's acknowledgement (both arrive together): `defer` keeps it, and it is applied
         (`apply`) once the handler is done, by then mostly a rank known here (not decoded
         again); not if the job was forgotten meanwhile (its removal came after the entry).
+        A context manager (a class: one per registered rank, and a generator's cost as much).
         """
-        key = (job_id, rank)
-        self._registering.add(key)
-        try:
-            yield
-        finally:
-            self._registering.discard(key)
-            for entry in self._deferred.pop(key, ()):
-                if job_id not in self._by_id:
-                    continue
-                try:
-                    apply(entry)
-                except Exception:  # noqa: BLE001 - one bad entry must not fail the request
-                    LOG.exception("could not apply state entry %s", getattr(entry, "key", "?"))
+        return _Registering(self, (job_id, rank), apply)
+
+    def _registered(self, key: tuple[str, int], apply: Callable[[Any], None]) -> None:
+        """The handler recording `key` is done: its deferred entries are applied."""
+        self._registering.discard(key)
+        for entry in self._deferred.pop(key, ()):
+            if key[0] not in self._by_id:
+                continue
+            try:
+                apply(entry)
+            except Exception:  # noqa: BLE001 - one bad entry must not fail the request
+                LOG.exception("could not apply state entry %s", getattr(entry, "key", "?"))
 
     def defer(self, job_id: str, rank: int, entry: Any) -> bool:
         """Keep a state entry of `rank` until its handler here is done; False: none is."""
@@ -222,3 +220,19 @@ class JobTable:
                 if self._by_gpu.get(gpu) is driver:
                     del self._by_gpu[gpu]
         self.registry.drop_job(job_id)
+
+
+class _Registering:
+    """`JobTable.registering_rank`'s context manager."""
+
+    __slots__ = ("apply", "key", "table")
+
+    def __init__(self, table: JobTable, key: tuple[str, int],
+                 apply: Callable[[Any], None]) -> None:
+        self.table, self.key, self.apply = table, key, apply
+
+    def __enter__(self) -> None:
+        self.table._registering.add(self.key)  # noqa: SLF001 - the table's own helper
+
+    def __exit__(self, *_: object) -> None:
+        self.table._registered(self.key, self.apply)  # noqa: SLF001

@@ -256,17 +256,19 @@ class JetStreamState:
             future.set_result(msg.data)  # No responders: empty data, left to nats-py.
 
     # ------------------------------------------------------------------ writes
-    async def _write(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def _write(self, what: str, call: Callable[[], Awaitable[Any]],
+                     since: float | None = None) -> Any:
         """Run a bucket operation, retrying while JetStream cannot answer for a moment.
 
         A stream whose leader died answers nothing until the cluster elects another (about
-        4 s measured on a 3-server cluster): `call` is retried with backoff for `retry_s`.
+        4 s measured on a 3-server cluster): `call` is retried with backoff for `retry_s`
+        (from `since`, the loop's time of a first try made elsewhere, if given).
 
         Raises:
             StateUnavailableError: It failed, other than by a lost compare-and-set.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_s
+        deadline = (loop.time() if since is None else since) + self.retry_s
         pause = 0.05
         while True:
             try:
@@ -324,18 +326,22 @@ class JetStreamState:
         """
         info, gpu = rank.info, rank.gpu
         gpu_key = records.gpu_key(job_id, gpu.node, gpu.gpu_index)
-        new_gpu = await self._create_once(
-            gpu_key, records.encode_gpu(job_id, info.rank),
-            lambda raw: records.rank_of_gpu_value(raw) == info.rank,
-            f"GPU {gpu.gpu_index} on {gpu.node} already drives another rank of job "
-            f"{job_id}; give each rank its own GPU")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        new_gpu = await self._create_new(gpu_key, records.encode_gpu(job_id, info.rank)) or \
+            await self._create_once(
+                gpu_key, records.encode_gpu(job_id, info.rank),
+                lambda raw: records.rank_of_gpu_value(raw) == info.rank,
+                f"GPU {gpu.gpu_index} on {gpu.node} already drives another rank of job "
+                f"{job_id}; give each rank its own GPU", started)
         key = records.rank_key(job_id, info.rank)
+        value = records.encode_rank(job_id, rank, limits, energy_period_ms)
         try:
-            new = await self._create_once(
-                key, records.encode_rank(job_id, rank, limits, energy_period_ms),
-                lambda raw: records.decode(key, raw, False, 0).rank == rank,
+            started = loop.time()
+            new = await self._create_new(key, value) or await self._create_once(
+                key, value, lambda raw: records.decode(key, raw, False, 0).rank == rank,
                 f"rank {info.rank} of job {job_id} is already registered with another GPU or "
-                "coordinates; each rank registers once")
+                "coordinates; each rank registers once", started)
             self._log("ack", key=gpu_key, job_id=job_id)
             self._log("ack", key=key, job_id=job_id)
             return new
@@ -345,12 +351,27 @@ class JetStreamState:
                     await self.kv.delete(gpu_key)
             raise
 
+    async def _create_new(self, key: str, value: bytes) -> bool:
+        """`_create_once`'s common case, a key created at once, without its loops; False: not.
+
+        A registration makes two creates per rank, and the loops cost a tenth of them. Anything
+        else (the key taken, JetStream busy or failing) is `_create_once`'s to decide, given
+        when this try began: it creates the key again (a create that failed after it landed is
+        then found and read, as `_write`'s retries find it), within the same `retry_s`.
+        """
+        try:
+            await self._create(key, value)
+        except Exception:  # noqa: BLE001 - taken, busy: the general way decides
+            return False
+        return True
+
     async def _create_once(self, key: str, value: bytes, same: Callable[[bytes], bool],
-                           conflict: str) -> bool:
+                           conflict: str, since: float | None = None) -> bool:
         """Create `key`; False if it already holds a value `same` accepts (a retry).
 
         A key another writer is creating right now (its write not yet readable) is read again
         once that write has landed, or created if it failed: waited for up to `retry_s`.
+        `since`: when a first try of the create began (`_create_new`), for `_write`'s retries.
 
         Raises:
             DuplicateError: The key holds another value (`conflict` says why).
@@ -360,10 +381,10 @@ class JetStreamState:
         deadline, pause = loop.time() + self.retry_s, 0.01
         while True:
             try:
-                await self._write(key, lambda: self._create(key, value))
+                await self._write(key, lambda: self._create(key, value), since)
                 return True
             except KeyWrongLastSequenceError:
-                pass
+                since = None  # (Later tries: `retry_s` each, as always.)
             entry = await self._write(key, lambda: self._read(key))
             if entry is not None:
                 break

@@ -6,8 +6,13 @@ hash, value: owner name and incarnation, wall-clock expiry), taken and renewed b
 compare-and-set on the key's revision, so two replicas can never both win it.
 
 Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
-* The replica that registers a job takes it. A replica takes any job whose lease has expired
-  (its owner died or stopped) or that has none.
+* **Who takes a job** nobody holds (no lease, or one that expired or was given up): its
+  preferred replica, by rendezvous hashing over the live replicas
+  (`coordinator.state.assignment`); any replica once the job has gone unowned for `lease_s`
+  (its preferred replica cannot take it). Without a roster (`prefer` None), any replica.
+* **Handing over.** An owner gives up (`until` = 0) a job whose preferred replica is another
+  one, settled in the roster, which then takes it at once: when a replica joins, about 1/N of
+  the jobs move to it; when it leaves, only its jobs move.
 * An owner renews its leases every `lease_s / 3`, each to now + `lease_s`.
 * **Fencing.** An owner acts on a job only until `until - fence_s` (`fence_s` = `lease_s / 3`),
   and another replica only takes it after `until`: between the two, nobody commands its
@@ -31,6 +36,7 @@ The shell (`coordinator.state.jetstream`, `coordinator.service`) feeds the bucke
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +68,8 @@ class OwnershipBook:
         """Job hash -> its lease (revision: the key's revision in the bucket)."""
         self.gone: frozenset[str] = frozenset()
         """Earlier incarnations of this replica proven gone: their leases are taken at once."""
+        self._unowned: dict[str, float] = {}
+        """Job hash -> since when (wall clock) nobody held it, as far as `claimable` saw."""
 
     def proven_gone(self, incarnations: frozenset[str] | set[str] | list[str]) -> None:
         """These earlier incarnations of this replica are proven gone (never this one)."""
@@ -84,11 +92,14 @@ class OwnershipBook:
         if lease is None or (current is not None and current.revision > revision):
             return None  # A stale update (a watch behind our own write).
         self.leases[job_hash] = lease
+        if lease.until > 0:  # Held again: unowned (if it lapses) from its new end.
+            self._unowned.pop(job_hash, None)
         return lease
 
     def forget(self, job_hash: str) -> None:
         """The job's lease was deleted (the job is gone)."""
         self.leases.pop(job_hash, None)
+        self._unowned.pop(job_hash, None)
 
     # ------------------------------------------------------------------ decisions
     def owns(self, job_hash: str, now: float) -> bool:
@@ -101,15 +112,37 @@ class OwnershipBook:
         lease = self.leases.get(job_hash)
         return lease.owner if lease is not None and now < lease.until else None
 
-    def claimable(self, job_hashes: list[str], now: float) -> list[tuple[str, int]]:
-        """Jobs to take now: (hash, revision to compare with; 0: no lease yet)."""
+    def claimable(self, job_hashes: list[str], now: float,
+                  prefer: Callable[[str], str | None] | None = None) -> list[tuple[str, int]]:
+        """Jobs to take now: (hash, revision to compare with; 0: no lease yet).
+
+        `prefer`: a job's preferred replica (rendezvous over the live ones); a job another
+        replica is preferred for is taken here only once it has gone unowned for `lease_s`.
+        """
         out = []
         for h in job_hashes:
             lease = self.leases.get(h)
-            if lease is None:
-                out.append((h, 0))
-            elif now >= lease.until or self.predecessor(lease):
-                out.append((h, lease.revision))
+            revision = lease.revision if lease is not None else 0
+            if lease is not None and self.predecessor(lease):
+                out.append((h, revision))
+                continue
+            if lease is not None and now < lease.until:
+                self._unowned.pop(h, None)
+                continue
+            since = self._unowned.setdefault(
+                h, now if lease is None or lease.until <= 0 else min(now, lease.until))
+            if prefer is None or prefer(h) in (None, self.me) or now - since >= self.lease_s:
+                out.append((h, revision))
+        return out
+
+    def handovers(self, now: float, prefer: Callable[[str], str | None],
+                  settled: Callable[[str], bool]) -> list[tuple[str, Lease, str]]:
+        """This replica's jobs another, settled, replica is preferred for: (hash, lease, to)."""
+        out = []
+        for h in self.mine(now):
+            to = prefer(h)
+            if to is not None and to != self.me and settled(to):
+                out.append((h, self.leases[h], to))
         return out
 
     def renewals(self) -> list[tuple[str, Lease]]:

@@ -3,6 +3,7 @@ may not be the replica that relayed the registration) never asks the GPU's agent
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -58,3 +59,75 @@ def test_a_gpu_binding_is_encoded_as_the_general_encoder_would(job_id: str) -> N
     rank = 4095
     assert records.encode_gpu(job_id, rank) == records._dump({"job_id": job_id, "rank": rank})
     assert records.rank_of_gpu_value(records.encode_gpu(job_id, rank)) == rank
+
+
+def test_a_rank_is_encoded_as_the_general_encoder_would_read_it() -> None:
+    """`encode_rank` formats its JSON itself: it reads back as `_dump`'s value."""
+    rank = RankRecord(RankInfo(rank=3, dp_rank=3, pp_rank=0, tp_rank=0,
+                               available_frequencies=[1740, 210], instructions=["f\u00e9", "b"]),
+                      GpuBinding(node="n\u00f6de\u4e2d", gpu_index=3, gpu_uuid="GPU-1"))
+    for limits, period in (((100, 300), 12.5), ((100, 300), None), (None, None)):
+        plain = {"job_id": JOB, **rank.plain(), "limits": list(limits) if limits else None}
+        if limits:
+            plain["energy_period_ms"] = period
+        expected = json.loads(records._dump(plain))  # noqa: SLF001
+        assert json.loads(records.encode_rank(JOB, rank, limits, period)) == expected
+
+
+RANK_VALUES = [
+    {"limits": [100, 300], "energy_period_ms": 5},
+    {"limits": [100, 300]},
+    {"limits": None, "energy_period_ms": 5},
+    {"limits": [], "energy_period_ms": "x"},
+    {"limits": [100, True]},
+    {"limits": [300, 100]},
+    {"limits": [100.0, 300]},
+    {"energy_period_ms": True, "limits": [1, 2]},
+    {"v": 1},
+    {"v": True},
+    {"v": 3},
+    {"v": "2"},
+    {"job_id": 7},
+    {"job_id": "another job"},
+    {"info": {"rank": 4, "dp_rank": 3, "pp_rank": 0, "tp_rank": 0,
+              "available_frequencies": []}},
+    {"info": {"rank": "3", "dp_rank": 3.0, "pp_rank": 0, "tp_rank": 0,
+              "available_frequencies": [], "extra": 1}},
+    {"info": {"rank": 3, "dp_rank": 3, "pp_rank": 0, "tp_rank": 0}},
+    {"info": [3]},
+    {"gpu": {"node": "n1", "gpu_index": 3, "bad": 1}},
+    {"gpu": {"node": "n1", "gpu_index": -1}},
+    {"gpu": {"node": "n1", "gpu_index": "3"}},
+    {"extra": {"x": [1, 2]}},
+]
+
+
+@pytest.mark.parametrize("change", RANK_VALUES)
+def test_the_fast_rank_decoding_reads_what_the_general_one_reads(
+        change: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's value decoded in one pass (`_rank_change`) is what `decode` makes of it, or
+    left to it: the same change, or the same error."""
+    value = {"v": 2, "job_id": JOB, **rank_record().plain(), **change}
+    raw = json.dumps(value).encode()
+    fast = records._rank_change(records.job_hash(JOB), "3", raw)  # noqa: SLF001
+    monkeypatch.setattr(records, "_rank_change", lambda *_: None)
+    try:
+        general: records.Change | str = decoded(raw)
+    except records.RecordError as e:
+        general = f"{type(e).__name__}: {e}"
+    assert fast is None or fast == general
+    monkeypatch.undo()
+    try:
+        both: records.Change | str = decoded(raw)
+    except records.RecordError as e:
+        both = f"{type(e).__name__}: {e}"
+    assert both == general
+
+
+@pytest.mark.parametrize("limits, period", [((100, 300), 12.5), ((100, 300), None), (None, None)])
+def test_what_encode_rank_writes_is_read_in_one_pass(limits: tuple[int, int] | None,
+                                                     period: float | None) -> None:
+    raw = records.encode_rank(JOB, rank_record(), limits, period)
+    fast = records._rank_change(records.job_hash(JOB), "3", raw)  # noqa: SLF001
+    assert fast is not None and fast == decoded(raw)
+    assert fast.rank == rank_record() and fast.limits == limits

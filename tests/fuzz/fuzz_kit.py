@@ -740,13 +740,17 @@ def drops(bus: Bus) -> dict[str, int]:
 
 
 def publish_with_barrier(bus: Bus, subject: str, data: bytes, reason: str, expected: int,
-                         timeout_s: float, interval_s: float) -> tuple[dict[str, int],
+                         timeout_s: float, interval_s: float,
+                         barrier_subject: str | None = None) -> tuple[dict[str, int],
                                                                       dict[str, int]]:
     """Publish `data`, then `BARRIER`; the drops before, and after `reason` grew by `expected`
-    plus the barrier's one (or, past `timeout_s`, as they were then: the caller reports)."""
+    plus the barrier's one (or, past `timeout_s`, as they were then: the caller reports).
+
+    `barrier_subject`: where the barrier goes (default `subject`), for a subject the coordinator
+    does not follow (NATS delivers one client's messages to another in the order sent)."""
     before = drops(bus)
     bus.publish(subject, data)
-    bus.publish(subject, BARRIER)
+    bus.publish(barrier_subject or subject, BARRIER)
     want = before.get(reason, 0) + 1 + expected
     last: list[dict[str, int]] = [before]
 

@@ -516,16 +516,18 @@ ECHO_CHARS = 1_500
 """Longest error text a reply may carry here: a message names a few of the peer's values, each
 cut by `shown()` (`SHOWN_CHARS`), never a whole one."""
 
-def coord_stream_problems(bus: Bus, subject: str, data: bytes, model: Any,
-                          what: str, reason: str = "malformed") -> list[str]:
+def coord_stream_problems(bus: Bus, subject: str, data: bytes, model: Any, what: str,
+                          unfollowed: str | None = None, reason: str = "malformed") -> list[str]:
     """Publish one stream message to the coordinator; a malformed one must be counted.
 
-    `reason` "unknown_job": a subject naming no job the coordinator knows is dropped as such
-    before anything is decoded (the message and the barrier after it both count there).
+    `unfollowed`: the subject names no job the coordinator drives, so it does not follow it:
+    the message reaches nobody (nothing counted), and the barrier goes to `unfollowed`.
+    `reason` "unknown_job": a followed subject naming no job the coordinator knows (a node's
+    measurements) is dropped as such before anything is decoded (the barrier after it too).
     """
-    malformed = True if reason == "unknown_job" else not _decodes(data, model)
+    malformed = not unfollowed and (reason == "unknown_job" or not _decodes(data, model))
     before, after = publish_with_barrier(bus, subject, data, reason, int(malformed), 3,
-                                         0.001)  # what moved tells the rest
+                                         0.001, unfollowed)  # what moved tells the rest
     moved = after.get(reason, 0) - before.get(reason, 0) - 1
     if moved != malformed:
         return [f"{what}: {reason!r} moved by {moved} (malformed: {malformed}; all drops "
@@ -695,9 +697,10 @@ def test_odd_subject_tokens_are_answered_or_dropped(
             what = f"{name} on token {tok[:12]!r}*{len(tok)}"
             log_mark = meter.mark()
             data = codec.encode(resolve(base, values))
-            reason = ("unknown_job" if name in ("job events (job)", "measurements (job)")
-                      else "malformed")
-            outcome.problems += coord_stream_problems(bus, subject, data, model, what, reason)
+            unfollowed = f"zeus.gpu.{node}.0.error" if name == "job events (job)" else None
+            reason = "unknown_job" if name == "measurements (job)" else "malformed"
+            outcome.problems += coord_stream_problems(bus, subject, data, model, what,
+                                                      unfollowed, reason)
             outcome.problems += meter.problems(log_mark, what)
             outcome.cases += 1
         for data, what in ((codec.encode(RENEWAL), "valid"), (b"\xc1", "malformed")):

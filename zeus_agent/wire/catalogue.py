@@ -19,6 +19,7 @@ from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
 from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
 from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.replicas import ReplicaAlive
 
 __all__ = ["SUBJECTS", "SubjectSpec"]
 
@@ -91,6 +92,10 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 "replica -> replica (request/reply)", None, m.Reply,
                 "A replica's own endpoints (`query`, `straggler`: the same payloads): a "
                 "replica that does not own a job forwards requests about it to its owner."),
+    SubjectSpec("{prefix}.coord.replica.{replica}.alive", s.replica_alive,
+                "replica -> replicas", ReplicaAlive, None,
+                "A replica is live (every lease_s / 3) or leaving: the replicas share the jobs "
+                "out among those live, by rendezvous hashing."),
     SubjectSpec("{prefix}.job.{job}.ev.{rank}.{node}", s.job_events, "node's agent ->",
                 m.TrainerEventBatch, None,
                 "A rank's batched trainer events with the rank's counters."),

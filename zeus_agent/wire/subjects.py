@@ -25,6 +25,7 @@ agent's credentials to its own node and the coordinator knows which node a reque
 | `coord_register_rank` | `<p>.coord.ranks.register.<node>` | agent -> coordinator, req/reply |
 | `coord_job_query` | `<p>.coord.jobs.query` | anyone -> coordinator, req/reply |
 | `coord_job_straggler` | `<p>.coord.jobs.straggler` | operator -> coordinator, req/reply |
+| `replica_alive` | `<p>.coord.replica.<replica>.alive` | replica -> replicas: roster |
 | `job_events` | `<p>.job.<job>.ev.<rank>.<node>` | agent ->: batched trainer events |
 | `job_measurements` | `<p>.job.<job>.meas.<node>` | agent ->: a node's marks and measurements |
 | `job_status` | `<p>.job.<job>.status` | coordinator ->: state and progress |
@@ -179,6 +180,19 @@ def all_coord_replicas(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.coord.replica.>"
 
 
+def replica_alive(replica: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Where a coordinator replica announces itself (`ReplicaAlive`, every `lease_s / 3`).
+
+    The replicas share the jobs out among those they hear (`coordinator.state.assignment`).
+    """
+    return f"{_p(prefix)}.coord.replica.{token(replica)}.alive"
+
+
+def all_replica_alive(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every replica's announcements: `<p>.coord.replica.*.alive`."""
+    return f"{_p(prefix)}.coord.replica.*.alive"
+
+
 def job_events(job_id: str, rank: int | str, node: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a rank's batched trainer events, as relayed by `node`'s agent."""
     return f"{_p(prefix)}.job.{token(job_id)}.ev.{token(rank)}.{token(node)}"
@@ -222,6 +236,11 @@ def all_agent_hellos(prefix: str = DEFAULT_PREFIX) -> str:
 def all_gpu_commands(prefix: str = DEFAULT_PREFIX) -> str:
     """Every GPU's command subject: `<p>.gpu.*.*.cmd`."""
     return f"{_p(prefix)}.gpu.*.*.cmd"
+
+
+def all_events_of_job(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Every rank's trainer events of one job: what its owning replica follows."""
+    return f"{_p(prefix)}.job.{token(job_id)}.ev.*.*"
 
 
 def all_job_events(prefix: str = DEFAULT_PREFIX) -> str:
