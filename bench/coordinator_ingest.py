@@ -25,8 +25,9 @@ each flush, one sentinel goes on each stream: on the job's events subject, an ev
 node no rank is on (only the job's owner follows its events, and drops it as `wrong_node`), and
 on the measurements subject, which every replica follows, a batch of an unknown job (dropped as
 `unknown_job`); the coordinator processes each stream in order and counts the sentinels as
-`dropped` in its `/healthz`, so when a replica has counted n of each (the owner) or n of the
-second (the others) it has processed everything published before them. For each rate:
+`dropped` in its `/healthz`, so when the replicas have counted n of the first (summed: the job
+may be handed over to its preferred replica meanwhile) and a replica n of the second, it has
+processed everything published before them. For each rate (the owner: the job's at its end):
 
 * events_per_s: the events published / (first publish -> the owner has processed the last);
   `keeps_up` when the owner finished within 1 s of the last publish;
@@ -293,16 +294,18 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
     done_at: dict[str, float] = {}
 
     async def all_done() -> bool:
+        seen = {n: sentinels(await asyncio.to_thread(reps.health, n)) for n in names}
+        # Each events sentinel reaches the job's owner at the time only (the job may be handed
+        # over to its preferred replica meanwhile): all of them counted, summed.
+        events_done = sum(s[0] for s in seen.values()) >= published[0]
         for name in names:
-            if name not in done_at:
-                seen = sentinels(await asyncio.to_thread(reps.health, name))
-                events = published[0] if name == owner else 0  # (Only its owner follows them.)
-                if seen[0] >= events and seen[1] >= published[1]:
-                    done_at[name] = time.monotonic()
+            if name not in done_at and events_done and seen[name][1] >= published[1]:
+                done_at[name] = time.monotonic()
         return len(done_at) == len(names)
 
     # Past the timeout, what is missing shows in the figures (a replica not done: now).
     await wait_for_async(all_done, max(60.0, 4 * duration_s), fail=False)
+    owner = str((await owner_of(nc, sim.job_id))["owner"])  # (Handed over meanwhile?)
     t_end = done_at.get(owner, time.monotonic())
     cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
     self1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -312,6 +315,7 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
     per_k = 1000.0 / items if items else 0.0
     return {
         "rate_steps_per_s_per_rank": rate,
+        "owner": owner,
         "flushes_per_s": tick_hz,
         "steps": step - first_step + 1,
         "events": items,
