@@ -144,7 +144,7 @@ class CoordinatorService(ExitSignals):
         self._subs: list[Any] = []
         self._tg: asyncio.TaskGroup | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
-        self.bus = BusHealth("coordinator", self, on_reconnect=self._ping_agents)
+        self.bus = BusHealth("coordinator", self, on_reconnect=self._reconnected)
         """The NATS connection's state (`/healthz`); the exit when the server closed it."""
         self._releases = Releases(LOG)
         """What start-up acquired, released in the reverse order at shutdown."""
@@ -267,6 +267,8 @@ class CoordinatorService(ExitSignals):
                     (s.lease_s / 3, self.replicas.renew_gpu_leases, "lease renewal", False,
                      None),
                     (TICK_S, self.actions.tick_jobs, "job timers", False, None),
+                    (self.leases.period_s, self.leases.announce, "replica announcements",
+                     True, None),
                     (min(OWNERSHIP_POLL_S, self.book.lease_s / 3), self.replicas.ownership,
                      "job ownership", True, None),
                     (min(60.0, s.max_job_idle_time / 10), self.replicas.collect_idle,
@@ -376,6 +378,13 @@ class CoordinatorService(ExitSignals):
         await self._service.add_endpoint(name="budget", subject=subjects.coord_budget(s.prefix),
                                          handler=self.endpoints.wrap(self.budgets.handle))
 
+    async def _reconnected(self) -> None:
+        """After a reconnection: listen afresh to the other replicas, ask the agents again."""
+        self.leases.rewarm()
+        with contextlib.suppress(Exception):
+            await self.leases.announce()
+        await self._ping_agents()
+
     async def _ping_agents(self) -> None:
         """Ask the agents to announce themselves (their announcements reconcile the GPUs).
 
@@ -389,8 +398,7 @@ class CoordinatorService(ExitSignals):
         detail = {"nats": self.bus.report(),
                   "replica": self.settings.replica_name, "jobs": len(self.jobs),
                   "owned": len(self.book.mine(time.time())), "dropped": dict(self.dropped),
-                  "replicas_live": self.leases.roster.live(time.time()),
-                  "roster_warm": self.leases.warm(time.time()),
+                  "replicas_live": self.leases.live(), "roster_warm": self.leases.warm(),
                   "quarantined": len(self.failures.quarantined),
                   "fenced_commands": self.fenced_commands}
         problem = self.bus.problem()

@@ -102,7 +102,7 @@ class Endpoints:
 
     def forwardable(self) -> list[tuple[str, Handler]]:
         """Endpoints the other replicas forward requests about this replica's jobs to."""
-        return [("query", self.query), ("straggler", self.straggler)]
+        return [("query", self.query), ("straggler", self.straggler), ("take", self.take_job)]
 
     # ------------------------------------------------------------------ wrapping
     def wrap(self, handler: Handler) -> Callable[[Any], Awaitable[None]]:
@@ -215,12 +215,52 @@ class Endpoints:
             self.jobs.refuse(record.job_id)
         else:
             raise StateUnavailableError("could not give the job a unique id; retry")
-        if self.leases.should_take(record.job_id):  # (Else its preferred replica takes it.)
+        if self.leases.should_take(record.job_id) or not await self._handed(record.job_id):
             await self.leases.take(record.job_id, 0, "registered here")
         what = "power-limit optimisation" if request.power_limit else request.scheduler
         await self.link.status(record.job_id, "registered", f"job registered for {what}; "
                                f"waiting for {record.job.world_size} rank(s)")
         return Reply.success(job_id=record.job_id, join_token=token)
+
+    async def _handed(self, job_id: str) -> bool:
+        """Ask the replica preferred for a job registered here to take it; False: it did not.
+
+        Before the reply goes out: the job's events are then followed from the first.
+        """
+        to = self.leases.prefer(records.job_hash(job_id))
+        nc = self.link.nc
+        if to is None or to == self.leases.book.me or nc is None:
+            return False
+        try:
+            msg = await nc.request(subjects.coord_replica(to, "take", self.settings.prefix),
+                                   codec.encode(JobQuery(job_id=job_id)),
+                                   timeout=min(1.0, self.settings.command_timeout_s))
+            reply = codec.decode(msg.data, Reply)
+        except Exception as e:  # noqa: BLE001 - it is gone or slow: this replica takes it
+            LOG.info("job %s: replica %s did not take it (%s); this replica does", job_id, to, e)
+            return False
+        return reply.ok and bool(reply.result.get("taken"))
+
+    async def take_job(self, data: bytes, subject: str = "") -> Reply:
+        """Take a job another replica registered, which rendezvous hashing prefers this one for.
+
+        On `<p>.coord.replica.<me>.take`, which only replicas may publish to.
+        """
+        request = codec.decode(data, JobQuery)
+        if request.job_id is None:
+            return Reply.failure("bad_request", "which job to take? (job_id)")
+        await self.durable.known_job(request.job_id)
+        if request.job_id not in self.jobs:
+            return Reply.failure("unknown_job", f"no job {shown(request.job_id)} here (yet)")
+        job_hash = records.job_hash(request.job_id)
+        book = self.leases.book
+        lease = book.leases.get(job_hash)
+        if lease is not None and time.time() < lease.until:
+            return Reply.success(taken=book.is_mine(lease), owner=lease.owner)
+        taken = await self.leases.take(request.job_id, lease.revision if lease else 0,
+                                       "registered through another replica; rendezvous "
+                                       "hashing prefers this one for it")
+        return Reply.success(taken=taken, owner=book.me if taken else None)
 
     async def register_rank(self, data: bytes, subject: str = "") -> Reply:
         """Register a rank after checking its GPU with the agent that drives it.

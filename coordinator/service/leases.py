@@ -10,8 +10,10 @@ it can prove that process is gone (`ReplicaSeat`), and waits them out otherwise.
 
 The replicas share the jobs out by rendezvous hashing over those live (`Roster`): each
 announces itself (`announce`, `ReplicaAlive`), and `prefer` says which replica should drive a
-job. The roster is *warm* once this replica has listened for a whole announcement period (before
-that it does not know the others, and takes only the jobs registered through it).
+job. The roster is *warm* once this replica has listened for 1.5 announcement periods (again
+after a reconnection); before, it does not know the others: it takes at once the jobs
+registered through it and its own predecessor's, others only once they have gone unowned for a
+lease.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ SEAT_HISTORY = 16
 """Incarnations a replica's lock file remembers (older ones' leases are waited out)."""
 PREFERRED_KEPT = 100_000
 """Jobs' preferred replicas remembered at most (forgotten all at once past it: jobs end)."""
-WARM_PERIODS = 1.2
-"""Announcement periods a replica listens before it trusts its roster (every live replica has
-announced itself once by then)."""
+WARM_PERIODS = 1.5
+"""Announcement periods a replica listens before it trusts its roster. The others answer a new
+replica at once, and announce every period anyway (their own loop, `announce`)."""
+BACKOFF_LEASES = 10
+"""Leases a replica is handed no job after one it was preferred for went unowned."""
 
 
 class ReplicaSeat:
@@ -157,11 +161,16 @@ class Leases:
         """How often this replica announces itself (and renews its leases)."""
         self.roster = Roster(book.me, ttl_s=book.lease_s, settle_s=(
             max(handover_after_s, book.lease_s) if handover_after_s > 0 else math.inf))
+        """The replicas heard from (times: `time.monotonic()`, never stepped)."""
         self._listening_since: float | None = None
+        """When this replica last began listening (first announcement, or a reconnection:
+        monotonic); None: not yet."""
         self._preferred_among: tuple[str, ...] = ()
         self._preferred: dict[str, str] = {}
         """Job hash -> its preferred replica among `_preferred_among` (`prefer`)."""
-        """When this replica first announced itself (wall clock); None: not yet."""
+        self._unresponsive: dict[str, float] = {}
+        """Replica -> when a job it was preferred for had to be taken by another (monotonic):
+        it is handed no job for `BACKOFF_LEASES` leases."""
         self.on_taken: Callable[[str], Awaitable[None]] | None = None
         """Called with a job's id once this replica has taken its lease (it follows its
         streams from then: `coordinator.service.owned`)."""
@@ -182,20 +191,31 @@ class Leases:
         return self.book.owns(records.job_hash(job_id), time.time())
 
     # ------------------------------------------------------------------ the roster
-    def warm(self, now: float) -> bool:
+    def warm(self) -> bool:
         """Whether this replica has listened long enough to know the live replicas."""
         since = self._listening_since
-        return since is not None and now - since >= WARM_PERIODS * self.period_s
+        return since is not None and time.monotonic() - since >= WARM_PERIODS * self.period_s
+
+    def rewarm(self) -> None:
+        """Listen afresh before trusting the roster (after a reconnection).
+
+        Announcements were missed meanwhile.
+        """
+        if self._listening_since is not None:
+            self._listening_since = time.monotonic()
+
+    def live(self) -> list[str]:
+        """The live replicas (this one included)."""
+        return self.roster.live(time.monotonic())
 
     def prefer(self, job_hash: str) -> str | None:
         """The live replica that should drive the job (rendezvous hashing; None: not warm).
 
         Remembered while the live replicas stay the same (every job is asked twice a second).
         """
-        now = time.time()
-        if not self.warm(now):
+        if not self.warm():
             return None
-        live = tuple(self.roster.live(now))
+        live = tuple(self.live())
         if live != self._preferred_among or len(self._preferred) > PREFERRED_KEPT:
             self._preferred_among, self._preferred = live, {}
         best = self._preferred.get(job_hash)
@@ -204,15 +224,29 @@ class Leases:
         return best
 
     def settled(self, name: str) -> bool:
-        """Whether a replica has been live long enough to be handed jobs."""
-        return self.roster.settled(name, time.time())
+        """Whether a replica has been live, without a gap, for `handover_after_s`."""
+        return self.roster.settled(name, time.monotonic())
+
+    def may_hand_to(self, name: str) -> bool:
+        """Whether a replica may be handed jobs: settled, and it took the last ones it should."""
+        now = time.monotonic()
+        since = self._unresponsive.get(name)
+        if since is not None and now - since < BACKOFF_LEASES * self.book.lease_s:
+            return False
+        return self.roster.settled(name, now)
+
+    def unresponsive(self, name: str) -> None:
+        """A job `name` was preferred for went unowned for a lease: hand it nothing for a while.
+
+        It may be live but unable to write its leases.
+        """
+        self._unresponsive[name] = time.monotonic()
 
     def should_take(self, job_id: str) -> bool:
-        """Whether this replica takes a job registered through it (else its preferred one will).
+        """Whether this replica takes a job registered through it at once.
 
         It does when the preferred replica is this one, or is not known (the roster is not
-        warm). Else the preferred one takes it as soon as its record reaches it, or any replica
-        once it has gone unowned for a lease (`OwnershipBook.claimable`).
+        warm); else it asks the preferred one to take it (`Endpoints.register_job`).
         """
         to = self.prefer(records.job_hash(job_id))
         return to is None or to == self.book.me
@@ -223,14 +257,17 @@ class Leases:
         if nc is None:
             return
         if self._listening_since is None and not leaving:
-            self._listening_since = time.time()
+            self._listening_since = time.monotonic()
         alive = ReplicaAlive(replica=self.book.me, incarnation=self.book.incarnation,
                              period_s=self.period_s, leaving=leaving)
         await nc.publish(subjects.replica_alive(self.book.me, self.link.prefix),
                          codec.encode(alive))
 
     async def on_alive(self, msg: Any) -> None:
-        """Another replica announced itself (or that it is leaving)."""
+        """Another replica announced itself (or that it is leaving).
+
+        A new one is answered at once, so it knows this one without waiting a period.
+        """
         try:
             alive = codec.decode(msg.data, ReplicaAlive)
         except PayloadError as e:
@@ -243,8 +280,9 @@ class Leases:
             return
         if alive.leaving:
             self.roster.left(alive.replica, alive.incarnation)
-        else:
-            self.roster.heard(alive.replica, alive.incarnation, time.time())
+        elif self.roster.heard(alive.replica, alive.incarnation, time.monotonic(),
+                               alive.period_s) and self._listening_since is not None:
+            await self.announce()
 
     async def renew(self, job_hash: str, lease: Lease, now: float) -> None:
         """Renew one of this replica's ownership leases (compare-and-set on its revision).

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from coordinator.config import CoordinatorSettings
+from coordinator.service.driver import JobDriver
 from coordinator.service.failures import JobFailures
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
@@ -83,8 +84,7 @@ class Replicas:
         due = now - self._renewed_at >= book.lease_s / 3
         if due:
             self._renewed_at = now
-            await leases.announce()
-            leases.roster.forget_stale(now)
+            leases.roster.forget_stale(time.monotonic())
         gate = asyncio.Semaphore(LEASE_WRITES_IN_FLIGHT)
 
         async def gated(write: Callable[[], Awaitable[Any]]) -> None:
@@ -95,12 +95,35 @@ class Replicas:
                                for job_hash, lease in (book.renewals() if due else [])))
         self.drop_other_incarnations(now)
         known = {records.job_hash(r.job_id): r.job_id for r in self.jobs.recorded()}
-        takes = []
+        await asyncio.gather(*(gated(take) for take in self.takes(known)))
+        await self.hand_over(time.time())
+        await self.owned.reconcile(known[h] for h, lease in book.renewals()
+                                   if lease.until > time.time() and h in known)
+        for job_hash in book.mine(time.time()):
+            driver = self.jobs.by_hash(job_hash)
+            if driver is not None and driver.record is not None:
+                self.starter.maybe_start(driver)
+        self.reapply_pending_lapses()
+        await self.progress.record_unsaved()
+
+    def takes(self, known: dict[str, str]) -> list[Callable[[], Awaitable[Any]]]:
+        """The lease writes that take the jobs this replica should take now (`claimable`).
+
+        A job taken here though another replica is preferred for it (it went unowned for a
+        lease) marks that replica unresponsive: it is handed nothing for a while.
+        """
+        book, leases = self.leases.book, self.leases
+        out: list[Callable[[], Awaitable[Any]]] = []
         for job_hash, revision in book.claimable(list(known), time.time(), leases.prefer):
             held = book.leases.get(job_hash)
+            to = leases.prefer(job_hash)
+            if to is not None and to != book.me and not (held and book.predecessor(held)):
+                leases.unresponsive(to)
             why = ("it had no owner" if held is None else
+                   f"replica {to} did not take it (it went unowned for a lease)"
+                   if held.until == 0 and to not in (None, book.me) else
                    f"replica {held.owner} handed it over (the replicas share the jobs out)"
-                   if held.until == 0 and held.owner in leases.roster.live(time.time()) else
+                   if held.until == 0 and held.owner in leases.live() else
                    f"replica {held.owner} stopped and gave it up" if held.until == 0 else
                    "its lease ran out here before JetStream took the renewal"
                    if book.is_mine(held) else
@@ -109,50 +132,46 @@ class Replicas:
                    f"replica {held.owner} stopped renewing its lease (it died or lost NATS)")
             # A lease of this replica's own, taken back, keeps the job's idle clock: its
             # events were followed here all along.
-            takes.append(gated(functools.partial(
+            out.append(functools.partial(
                 leases.take, known[job_hash], revision, why,
-                restart_idle=held is None or not book.is_mine(held))))
-        await asyncio.gather(*takes)
-        await self.hand_over(time.time())
-        await self.owned.reconcile(lease.job_id for _, lease in book.renewals()
-                                   if lease.until > time.time())
-        for job_hash in book.mine(time.time()):
-            driver = self.jobs.by_hash(job_hash)
-            if driver is not None and driver.record is not None:
-                self.starter.maybe_start(driver)
-        self.reapply_pending_lapses()
-        await self.progress.record_unsaved()
+                restart_idle=held is None or not book.is_mine(held)))
+        return out
 
     async def hand_over(self, now: float) -> None:
         """Give up the jobs another settled replica is preferred for (it takes them at once).
 
         At most `HANDOVERS_PER_ROUND` a round: a replica joining a busy cluster gets its share
-        over a few rounds, each job restarting there from its recorded progress.
+        over a few rounds, each job restarting there from its recorded progress. A job whose
+        latest progress is not recorded, or busy (its lock held: a plan), waits for a later
+        round; once given up it is no longer driven here, so no progress is lost between.
         """
         leases, book, state = self.leases, self.leases.book, self.link.state
-        if state is None or not leases.warm(now):
+        if state is None or not leases.warm():
             return
-        moving = book.handovers(now, leases.prefer, leases.settled)[:HANDOVERS_PER_ROUND]
+        moving = [(self.jobs.by_hash(h), lease, to)
+                  for h, lease, to in book.handovers(now, leases.prefer, leases.may_hand_to)]
+        moving = [m for m in moving if m[0] is not None][:HANDOVERS_PER_ROUND]
         if not moving:
             return
         await self.progress.record_unsaved()  # (The next owner starts from it.)
 
-        async def give(job_hash: str, lease: Lease, to: str) -> None:
-            value = book.value(lease.job_id, time.time(), release=True)
-            try:
-                revision = await state.take(job_hash, value, lease.revision)
-            except StateUnavailableError:
-                return  # Kept: tried again next round.
-            if revision is None:
-                return
-            book.observe(job_hash, value, revision)
-            await self.owned.drop(lease.job_id)
-            driver = self.jobs.get(lease.job_id)
-            if driver is not None:
+        async def give(driver: JobDriver, lease: Lease, to: str) -> None:
+            if driver.unsaved is not None or driver.lock.locked():
+                return  # Tried again next round.
+            async with driver.lock:  # (Free: taken at once. No input is fed meanwhile.)
+                value = book.value(lease.job_id, time.time(), release=True)
+                try:
+                    revision = await state.take(driver.hash, value, lease.revision)
+                except StateUnavailableError:
+                    return
+                if revision is None:
+                    return
+                book.observe(driver.hash, value, revision)
                 driver.release(f"handed over to replica {to}, which the replicas' rendezvous "
                                "hashing prefers for it")
+            await self.owned.drop(lease.job_id)
 
-        await asyncio.gather(*(give(*m) for m in moving))
+        await asyncio.gather(*(give(*m) for m in moving))  # type: ignore[arg-type]
 
     def drop_other_incarnations(self, now: float) -> None:
         """Jobs another process under this replica's name holds are not driven here.
@@ -261,6 +280,10 @@ class Replicas:
                     LOG.warning("job %s: not removed (%s); trying again later", job_id, e)
                     return
             self.jobs.forget(job_id)
+            # Its lease is neither renewed nor followed any more, whether or not the purge of
+            # the ownership bucket went through (the bucket's entry runs out).
+            self.leases.book.forget(records.job_hash(job_id))
+            await self.owned.drop(job_id)
             await self.link.status(job_id, "removed",
                                    f"job removed after {limit} s without events or "
                                    "registrations (max_job_idle_time)")

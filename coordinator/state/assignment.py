@@ -8,10 +8,11 @@ a replica joins or leaves, only the jobs it wins or held change preference (abou
 never a job between two replicas that both stay.
 
 The roster is who announced itself lately (`ReplicaAlive`, every `lease_s / 3`): a replica is
-live while its last announcement is younger than `ttl_s`, and *settled* once it has been live
-without a gap for `settle_s`, so a replica that flickers (a loaded host, a lost packet) is never
-handed jobs until it is steady. Leases still decide who drives a job (`OwnershipBook`): this only
-says who should take a job nobody holds, and which held jobs their owner hands over.
+live while its last announcement is younger than three of its announcement periods, and
+*settled* once it has been live without a gap for `settle_s`, so a replica that flickers (a
+loaded host, a lost packet) is never handed jobs until it is steady. Leases still decide who
+drives a job (`OwnershipBook`): this only says who should take a job nobody holds, and which
+held jobs their owner hands over.
 """
 
 from __future__ import annotations
@@ -45,10 +46,20 @@ class _Seen:
     since: float
     """When its current unbroken run of announcements began."""
     last: float
+    ttl_s: float
+    """How long it stays live after an announcement (`TTL_PERIODS` of its own period)."""
+
+
+TTL_PERIODS = 3.0
+"""A replica is live until this many of its own announcement periods pass without one."""
 
 
 class Roster:
-    """The replicas heard from lately (times: wall-clock seconds, as the leases use)."""
+    """The replicas heard from lately (times: this host's monotonic clock, seconds).
+
+    A replica is live for `TTL_PERIODS` of the period *it* announces (replicas may run with
+    different leases), or `ttl_s` when it announced none.
+    """
 
     def __init__(self, me: str, ttl_s: float, settle_s: float) -> None:
         if not ttl_s > 0 or settle_s < 0:
@@ -59,14 +70,20 @@ class Roster:
         self.settle_s = settle_s
         self._seen: dict[str, _Seen] = {}
 
-    def heard(self, name: str, incarnation: str, now: float) -> None:
-        """A replica announced itself (a new incarnation, or one after a gap, starts afresh)."""
+    def heard(self, name: str, incarnation: str, now: float,
+              period_s: float | None = None) -> bool:
+        """A replica announced itself; True if it starts a new run.
+
+        New, restarted, or back after a gap: the others answer it at once, so it learns them
+        without waiting a period.
+        """
+        ttl = TTL_PERIODS * period_s if period_s else self.ttl_s
         seen = self._seen.get(name)
-        if (seen is None or seen.incarnation != incarnation
-                or now - seen.last >= self.ttl_s):
-            self._seen[name] = _Seen(incarnation, now, now)
-        elif now > seen.last:
-            seen.last = now
+        if seen is None or seen.incarnation != incarnation or now - seen.last >= seen.ttl_s:
+            self._seen[name] = _Seen(incarnation, now, now, ttl)
+            return True
+        seen.last, seen.ttl_s = now, ttl
+        return False
 
     def left(self, name: str, incarnation: str) -> None:
         """A replica said it is stopping: not live from now (unless a newer process speaks)."""
@@ -79,7 +96,7 @@ class Roster:
 
         Safe from another thread (`/healthz`): the roster is copied in one C call first.
         """
-        names = {n for n, s in list(self._seen.items()) if now - s.last < self.ttl_s}
+        names = {n for n, s in list(self._seen.items()) if now - s.last < s.ttl_s}
         return sorted(names | {self.me})
 
     def settled(self, name: str, now: float) -> bool:
@@ -87,10 +104,10 @@ class Roster:
         if name == self.me:
             return True
         seen = self._seen.get(name)
-        return (seen is not None and now - seen.last < self.ttl_s
+        return (seen is not None and now - seen.last < seen.ttl_s
                 and now - seen.since >= self.settle_s)
 
     def forget_stale(self, now: float) -> None:
         """Drop replicas silent for long (a bounded roster on a cluster that churns)."""
-        for name in [n for n, s in self._seen.items() if now - s.last >= 10 * self.ttl_s]:
+        for name in [n for n, s in self._seen.items() if now - s.last >= 10 * s.ttl_s]:
             del self._seen[name]

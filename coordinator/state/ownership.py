@@ -9,7 +9,8 @@ Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
 * **Who takes a job** nobody holds (no lease, or one that expired or was given up): its
   preferred replica, by rendezvous hashing over the live replicas
   (`coordinator.state.assignment`); any replica once the job has gone unowned for `lease_s`
-  (its preferred replica cannot take it). Without a roster (`prefer` None), any replica.
+  (its preferred replica cannot take it, or none is known yet). Without a roster (`prefer`
+  None: the budgets' lease), any replica.
 * **Handing over.** An owner gives up (`until` = 0) a job whose preferred replica is another
   one, settled in the roster, which then takes it at once: when a replica joins, about 1/N of
   the jobs move to it; when it leaves, only its jobs move.
@@ -116,8 +117,9 @@ class OwnershipBook:
                   prefer: Callable[[str], str | None] | None = None) -> list[tuple[str, int]]:
         """Jobs to take now: (hash, revision to compare with; 0: no lease yet).
 
-        `prefer`: a job's preferred replica (rendezvous over the live ones); a job another
-        replica is preferred for is taken here only once it has gone unowned for `lease_s`.
+        `prefer`: a job's preferred replica (rendezvous over the live ones; None: not known
+        yet); a job another replica is (or may be) preferred for is taken here only once it has
+        gone unowned for `lease_s`.
         """
         out = []
         for h in job_hashes:
@@ -131,7 +133,7 @@ class OwnershipBook:
                 continue
             since = self._unowned.setdefault(
                 h, now if lease is None or lease.until <= 0 else min(now, lease.until))
-            if prefer is None or prefer(h) in (None, self.me) or now - since >= self.lease_s:
+            if prefer is None or prefer(h) == self.me or now - since >= self.lease_s:
                 out.append((h, revision))
         return out
 
@@ -146,8 +148,12 @@ class OwnershipBook:
         return out
 
     def renewals(self) -> list[tuple[str, Lease]]:
-        """This process's leases, to renew (all of them, every `lease_s / 3`)."""
-        return [(h, lease) for h, lease in self.leases.items() if self.is_mine(lease)]
+        """This process's leases, to renew (all of them, every `lease_s / 3`).
+
+        Not those it gave up (`until` 0): a renewal would silently take the job back.
+        """
+        return [(h, lease) for h, lease in self.leases.items()
+                if self.is_mine(lease) and lease.until > 0]
 
     def mine(self, now: float) -> list[str]:
         """Hashes of the jobs this replica drives at `now`: its lease is live and unfenced.

@@ -87,8 +87,10 @@ def test_a_job_nobody_holds_is_taken_by_its_preferred_replica_else_after_a_lease
     assert book.claimable(["mine", "theirs"], 103.0, prefer) == [("mine", 0), ("theirs", 0)]
     # Without a roster (prefer None) every job nobody holds is taken, as before.
     assert OwnershipBook("me", 3.0, "i").claimable(["a", "b"], 0.0) == [("a", 0), ("b", 0)]
-    # Not warm (prefer answers None): taken too (nobody is known to be preferred).
-    assert OwnershipBook("me", 3.0, "i").claimable(["a"], 0.0, lambda h: None) == [("a", 0)]
+    # Not warm (prefer answers None): another replica may be preferred, so only the fallback.
+    cold = OwnershipBook("me", 3.0, "i")
+    assert cold.claimable(["a"], 0.0, lambda h: None) == []
+    assert cold.claimable(["a"], 3.0, lambda h: None) == [("a", 0)]
 
 
 def test_an_expired_lease_counts_as_unowned_from_its_end_and_a_live_one_resets_it() -> None:
@@ -121,3 +123,7 @@ def test_an_owner_hands_over_only_jobs_a_settled_other_replica_is_preferred_for(
     assert [(h, lease.job_id, to) for h, lease, to in moves] == [("move", "job-move", "b")]
     # Fenced leases are not this replica's to hand over.
     assert book.handovers(12.5, prefer, lambda name: True) == []
+    # A lease given up is neither handed over again nor renewed (that would take it back).
+    book.observe("move", book.value("job-move", 10.6, release=True), 2)
+    assert [h for h, _ in book.renewals()] == ["keep", "unsettled"]
+    assert [h for h, _, _ in book.handovers(10.7, prefer, lambda name: True)] == ["unsettled"]

@@ -58,8 +58,8 @@ async def test_jobs_spread_by_rendezvous_hashing_and_follow_joins_and_leaves(
         for name in ("r1", "r2"):
             coords[name], tasks[name] = await start(nats_server, tmp_path / name,
                                                     replica_name=name, **kw)
-        await wait_for(lambda: all(c.leases.warm(time.time()) and len(c.leases.roster.live(
-            time.time())) == 2 for c in coords.values()), 10)
+        await wait_for(lambda: all(c.leases.warm() and len(c.leases.live()) == 2
+                                   for c in coords.values()), 10)
         statuses = await collect(nc, subjects.all_job_status(), JobStatus)
         ids = [await register_job(nc, dp=1, job_metadata=f"spread{i}") for i in range(JOBS)]
         hashes = [records.job_hash(j) for j in ids]

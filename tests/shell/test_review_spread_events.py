@@ -40,8 +40,8 @@ async def test_events_sent_right_after_a_registration_reach_no_replica(
         for name in ("r1", "r2"):
             coords[name], tasks[name] = await start(nats_server, tmp_path / name,
                                                     replica_name=name, **kw)
-        await wait_for(lambda: all(c.leases.warm(time.time()) and len(c.leases.roster.live(
-            time.time())) == 2 for c in coords.values()), 10)
+        await wait_for(lambda: all(c.leases.warm() and len(c.leases.live()) == 2
+                                   for c in coords.values()), 10)
         heard: Counter[str] = Counter()
         for coord in coords.values():
             real = coord.streams.on_events

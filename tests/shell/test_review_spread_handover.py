@@ -59,7 +59,7 @@ async def test_job_handed_back_forever_to_a_live_replica_that_cannot_take_it(
             coords[name], tasks[name] = await start(nats_server, tmp_path / name,
                                                     replica_name=name, **kw)
         r1, r2 = coords["r1"], coords["r2"]
-        await wait_for(lambda: r1.leases.warm(time.time()) and r2.leases.warm(time.time())
+        await wait_for(lambda: r1.leases.warm() and r2.leases.warm()
                        and r1.leases.settled("r2") and r2.leases.settled("r1"), 15)
 
         async def no_take(job_hash: str, value: bytes, revision: int) -> int | None:
@@ -100,7 +100,7 @@ async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         coords["r1"], tasks["r1"] = await start(nats_server, tmp_path / "r1", replica_name="r1",
                                                 **kw)
         r1 = coords["r1"]
-        await wait_for(lambda: r1.leases.warm(time.time()), 10)
+        await wait_for(lambda: r1.leases.warm(), 10)
         [job_id] = await jobs_preferring(nc, "r2", ["r1", "r2"], 1)
         await wait_for(lambda: r1.leases.owns(job_id), 5)
 

@@ -41,7 +41,8 @@ async def test_a_removed_job_whose_lease_purge_failed_keeps_its_subscription_for
         hashes.add(records.job_hash(job_id))
         await wait_for(lambda: job_id in coord.owned, 5)
         await wait_for(lambda: job_id not in coord.jobs, 15)  # Removed as idle.
-        revision = coord.book.leases[records.job_hash(job_id)].revision
+        held = coord.book.leases.get(records.job_hash(job_id))
+        revision = held.revision if held is not None else None
         await asyncio.sleep(2.0)  # (The ownership loop runs a few rounds.)
         lease = coord.book.leases.get(records.job_hash(job_id))
         assert job_id not in coord.owned and (lease is None or lease.revision == revision), (

@@ -91,7 +91,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.coord.replica.{replica}.{endpoint}", s.coord_replica,
                 "replica -> replica (request/reply)", None, m.Reply,
                 "A replica's own endpoints (`query`, `straggler`: the same payloads): a "
-                "replica that does not own a job forwards requests about it to its owner."),
+                "replica that does not own a job forwards requests about it to its owner; "
+                "`take` (a `JobQuery`): a replica that registered a job asks the replica "
+                "rendezvous hashing prefers to take it."),
     SubjectSpec("{prefix}.coord.replica.{replica}.alive", s.replica_alive,
                 "replica -> replicas", ReplicaAlive, None,
                 "A replica is live (every lease_s / 3) or leaving: the replicas share the jobs "
