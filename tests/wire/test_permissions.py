@@ -38,6 +38,7 @@ def test_pattern_wildcards_only_the_any_arguments():
     assert pattern(subjects.gpu_samples, "b", ANY) == "zeus.gpu.b.*.sample"
     assert pattern(subjects.job_measurements, ANY, ANY) == subjects.all_job_measurements()
     assert pattern(subjects.job_measurements, ANY, "n") == subjects.all_node_measurements("n")
+    assert pattern(subjects.job_measurements, "j/x", ANY) == subjects.all_measurements_of_job("j/x")
 
 
 @pytest.mark.parametrize("node", ["gpu-a", "n1.cluster.local", "*", ">", "a b", "x" * 100])

@@ -243,6 +243,11 @@ def all_events_of_job(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.job.{token(job_id)}.ev.*.*"
 
 
+def all_measurements_of_job(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Every node's measurements of one job: `<p>.job.<job>.meas.*` (a per-job subscription)."""
+    return f"{_p(prefix)}.job.{token(job_id)}.meas.*"
+
+
 def all_job_events(prefix: str = DEFAULT_PREFIX) -> str:
     """Every rank's trainer events: `<p>.job.*.ev.*.*`."""
     return f"{_p(prefix)}.job.*.ev.*.*"
