@@ -21,18 +21,18 @@ Rank 0 paces the power-limit optimiser (warmup 5 + profile 10 steps per limit, 4
 limits, and the owner keeps writing its progress to JetStream).
 
 End to end, counted from outside (the coordinator has no counter of processed events): after
-each flush, one sentinel goes on each stream: on the job's events subject, an event batch of a
-node no rank is on (only the job's owner follows its events, and drops it as `wrong_node`), and
-on the measurements subject, which every replica follows, a batch of an unknown job (dropped as
-`unknown_job`); the coordinator processes each stream in order and counts the sentinels as
-`dropped` in its `/healthz`, so when the replicas have counted n of the first (summed: the job
-may be handed over to its preferred replica meanwhile) and a replica n of the second, it has
-processed everything published before them. For each rate (the owner: the job's at its end):
+each flush, one sentinel goes on each of the job's streams, from a node no rank is on (only
+the job's owner follows them): on its events subject an event batch (dropped as `wrong_node`),
+on its measurements subject bytes that are not msgpack (dropped as `malformed`); the owner
+processes each stream in order and counts the sentinels as `dropped` in its `/healthz`, so
+when the replicas have counted n of each (summed: the job may be handed over to its preferred
+replica meanwhile), everything published before them is processed. For each rate (the owner:
+the job's at its end):
 
 * events_per_s: the events published / (first publish -> the owner has processed the last);
   `keeps_up` when the owner finished within 1 s of the last publish;
-* cpu_ms_per_1000_events: CPU of the owning replica (and of the other replica, which receives
-  every message too and drops what it does not own) per 1,000 events, over the same span;
+* cpu_ms_per_1000_events: CPU of the owning replica (and of the other replica, which follows
+  none of the job's streams) per 1,000 events, over the same span;
 * the publisher's own rate, so a harness that could not keep the pace is visible.
 
 Part 2, takeover. For each lease of `--leases` (`--ownership-lease-s`), `--trials` times: a
@@ -68,6 +68,7 @@ from typing import Any
 import msgpack
 from _common import Replicas, cpu_seconds, jetstream_syncs, load, machine, now, spread
 from _fleet import node_batch, step_batches
+from _ingest_replicas import scan as ingest_scan
 
 from coordinator.state import records
 from zeus_agent import children
@@ -87,7 +88,6 @@ from zeus_agent.wire.messages import (
 from zeus_demo.cluster import wait_for_async
 
 GPUS_PER_NODE = 8
-SENTINEL_JOB = "bench-sentinel-no-such-job"
 SENTINEL_NODE = "bench-sentinel-node"
 KEEPS_UP_S = 1.0
 """A rate is sustained when the owner has processed everything within this of the last publish."""
@@ -160,12 +160,12 @@ async def _teardown(reps: Any, server: Any, *clients: Any) -> None:
     await asyncio.to_thread(server.stop)
 
 async def register(
-    nc: Any, ranks: int, options: PowerLimitOptions = OPTIONS
+    nc: Any, ranks: int, options: PowerLimitOptions = OPTIONS, first_node: int = 0
 ) -> tuple[str, str]:
-    """Register a job of `ranks` ranks, each through its own node; returns the job id and its
-    join token."""
+    """Register a job of `ranks` ranks, each through its own node (from `first_node` on);
+    returns the job id and its join token."""
     info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
-    raw = await nc.request(subjects.coord_register_job(node_name(0)),
+    raw = await nc.request(subjects.coord_register_job(node_name(first_node)),
                            codec.encode(RegisterJob(job=info, power_limit=options)), timeout=10)
     reply = codec.decode(raw.data, Reply)
     if not reply.ok:
@@ -173,7 +173,7 @@ async def register(
     job_id, token = str(reply.result["job_id"]), str(reply.result["join_token"])
 
     async def one(r: int) -> Reply:
-        node, gpu = placement(r)
+        node, gpu = placement(r + first_node * GPUS_PER_NODE)
         request = RegisterRank(
             job_id=job_id,
             join_token=token,
@@ -218,13 +218,13 @@ class Ranks:
             self.nodes.setdefault(placement(r)[0], []).append(r)
         self.meas_subjects = {node: subjects.job_measurements(job_id, node) for node in self.nodes}
         # The job's events from a node none of its ranks is on: its owner (the only replica
-        # following them) counts it as wrong_node. Measurements of no job: every replica
-        # follows those, and counts it as unknown_job.
+        # following them) counts it as wrong_node; its measurements subject, bytes that are not
+        # msgpack: malformed.
         self.sentinel_events = codec.encode({
             "v": 1, "job_id": job_id, "rank": 0, "node": SENTINEL_NODE, "gpu": 0,
             "events": [], "join_digest": join_digest})
         self.sentinel_events_subject = subjects.job_events(job_id, 0, SENTINEL_NODE)
-        self.sentinel_meas_subject = subjects.job_measurements(SENTINEL_JOB, SENTINEL_NODE)
+        self.sentinel_meas_subject = subjects.job_measurements(job_id, SENTINEL_NODE)
         self.step_ns = 0
         self.t0_ns = time.monotonic_ns()
 
@@ -239,7 +239,7 @@ class Ranks:
 def sentinels(health: dict[str, Any] | None) -> tuple[int, int]:
     """(events, measurements) sentinels a replica has processed, from its `/healthz`."""
     dropped = (health or {}).get("dropped", {})
-    return int(dropped.get("wrong_node", 0)), int(dropped.get("unknown_job", 0))
+    return int(dropped.get("wrong_node", 0)), int(dropped.get("malformed", 0))
 
 
 async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: float,
@@ -295,11 +295,12 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
 
     async def all_done() -> bool:
         seen = {n: sentinels(await asyncio.to_thread(reps.health, n)) for n in names}
-        # Each events sentinel reaches the job's owner at the time only (the job may be handed
-        # over to its preferred replica meanwhile): all of them counted, summed.
-        events_done = sum(s[0] for s in seen.values()) >= published[0]
+        # Each sentinel reaches the job's owner at the time only (the job may be handed over to
+        # its preferred replica meanwhile): all of them counted, summed.
+        done = (sum(s[0] for s in seen.values()) >= published[0]
+                and sum(s[1] for s in seen.values()) >= published[1])
         for name in names:
-            if name not in done_at and events_done and seen[name][1] >= published[1]:
+            if name not in done_at and done:
                 done_at[name] = time.monotonic()
         return len(done_at) == len(names)
 
@@ -511,10 +512,54 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         result["jetstream_sync"] = args.jetstream_sync[0]
         result["sustained_events_per_s_by_jetstream_sync"] = {
             sync: r["sustained_events_per_s"] for sync, r in by_sync.items()}
+    if len(args.replica_counts) > 1:
+        result["scan"] = await scan_replicas(args)
+        result["events_per_s_by_replicas"] = result["scan"]["events_per_s_by_replicas"]
     if args.trials > 0 and args.leases:
         result["takeover"] = await takeovers(args)
     result.update(machine=machine(), load_before=load_before, load=load(), date=now())
     return result
+
+
+async def scan_replicas(args: argparse.Namespace) -> dict[str, Any]:
+    """Many jobs on each replica count of `--replicas` (`_ingest_replicas.scan`)."""
+    per_job = args.ranks // args.jobs
+
+    async def publish(nc: Any, jobs: list[tuple[str, str, int, int]], first: int, last: int,
+                      step_s: float) -> int:
+        t0_ns, sent = 0, 0
+        for job_id, digest, ranks, first_node in jobs:
+            for n in range(first_node, first_node + (ranks + GPUS_PER_NODE - 1) // GPUS_PER_NODE):
+                node, parts = node_name(n), []
+                for gpu in range(min(GPUS_PER_NODE, ranks - (n - first_node) * GPUS_PER_NODE)):
+                    r = (n - first_node) * GPUS_PER_NODE + gpu
+                    ev, part = step_batches(job_id, r, node, gpu, digest, first, last, step_s,
+                                            t0_ns, 250.0 + (r % 7))
+                    await nc.publish(subjects.job_events(job_id, r, node), ev)
+                    parts.append(part)
+                await nc.publish(subjects.job_measurements(job_id, node),
+                                 node_batch(job_id, node, parts))
+                sent += len(parts) + 1
+        return sent
+
+    async def owners_of(nc: Any, job_ids: list[str]) -> dict[str, str]:
+        return {j: str((await owner_of(nc, j))["owner"]) for j in job_ids}
+
+    def sentinel(job_id: str) -> tuple[str, bytes]:
+        return subjects.job_events(job_id, 0, SENTINEL_NODE), codec.encode({
+            "v": 1, "job_id": job_id, "rank": 0, "node": SENTINEL_NODE, "gpu": 0, "events": []})
+
+    async def fake_agents(url: str) -> Any:
+        return await FakeAgents().start(url)
+
+    async def register_at(nc: Any, ranks: int, first_node: int) -> tuple[str, str]:
+        return await register(nc, ranks, OPTIONS, first_node)
+
+    return await ingest_scan(
+        args.replica_counts, jobs=args.jobs, ranks=per_job * args.jobs, rate=args.scan_rate,
+        duration_s=args.duration, flush_hz=args.flush_hz, register=register_at,
+        publish=publish, owners_of=owners_of, sentinel=sentinel, fake_agents=fake_agents,
+        settle_s=60.0, replica_args=["--ownership-lease-s", "3"])
 
 
 def main() -> None:
@@ -522,8 +567,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024,
                         help="simulated ranks, 8 per node (default 1024)")
-    parser.add_argument("--replicas", type=int, default=2,
-                        help="coordinator replicas for the ingest, one process each (default 2)")
+    parser.add_argument("--replicas", type=lambda v: [int(x) for x in v.split(",")],
+                        default=[2], dest="replica_counts", metavar="N[,N...]",
+                        help="coordinator replicas for the ingest of one job, one process each "
+                        "(default 2; with a list, e.g. 1,2,4: the one-job ingest runs with 2 if "
+                        "listed, and --jobs jobs are ingested on each count in turn, printing "
+                        "events_per_s_by_replicas)")
+    parser.add_argument("--jobs", type=int, default=64,
+                        help="jobs of the replica scan, --ranks shared among them (default 64)")
+    parser.add_argument("--scan-rate", type=float, default=20.0,
+                        help="steps per second per rank in the replica scan (default 20)")
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
                         default=[1.0, 2.0, 5.0, 10.0, 20.0],
                         help="offered rates, steps per second per rank, comma-separated "
@@ -551,6 +604,7 @@ def main() -> None:
                         "(the project's default) and/or a duration ('2m', nats-server's "
                         "default); with two, the ingest runs once with each")
     args = parser.parse_args()
+    args.replicas = 2 if 2 in args.replica_counts else args.replica_counts[0]
     if args.quick:
         args.rates, args.duration, args.leases, args.trials = [5.0], 8.0, [3.0], 1
     random.seed(args.seed)

@@ -1,6 +1,7 @@
 """`OwnedStreams`: this replica subscribes only to the streams of the jobs it drives.
 
-A job's trainer events (`<p>.job.<job>.ev.*.*`) are its heaviest stream. Subscribed by every
+A job's trainer events (`<p>.job.<job>.ev.*.*`) and its nodes' measurement batches
+(`<p>.job.<job>.meas.*`) are its heavy streams. Subscribed by every
 replica, each paid for every message of every job (NATS delivery, a callback, a lookup) and
 dropped those of other replicas' jobs, so a second replica added failover but no capacity.
 Subscribed per job by its owner only (a subject per job, from its lease: NATS routes each

@@ -1,9 +1,9 @@
 """`Streams`: the bus streams the coordinator follows, fed to the jobs' optimisers.
 
-* trainer events `<p>.job.<job>.ev.*.<node>` (rank 0 paces the power-limit machine), of the
-  jobs this replica drives only (`job_subscriptions`, `coordinator.service.owned`);
-* the nodes' marks and measurements `<p>.job.*.meas.<node>` (window energies, step and
-  instruction times), one batch per job per node and flush, a part per GPU;
+* trainer events `<p>.job.<job>.ev.*.<node>` (rank 0 paces the power-limit machine), and
+* the nodes' marks and measurements `<p>.job.<job>.meas.<node>` (window energies, step and
+  instruction times), one batch per job per node and flush, a part per GPU: both of the jobs
+  this replica drives only (`job_subscriptions`, `coordinator.service.owned`);
 * the agents' error events `<p>.gpu.*.*.error` (a trainer gone, a lease that lapsed);
 * agent announcements `<p>.agent.*.hello`, on which GPUs are reconciled: one whose limit or
   schedule is not its job's (its agent restarted) gets it again.
@@ -72,14 +72,15 @@ class Streams:
         """(subject, callback) of every stream followed whichever jobs this replica drives."""
         p = self.settings.prefix
         return [
-            (subjects.all_job_measurements(p), self.on_measurements),
             (subjects.all_gpu_errors(p), self.on_gpu_error),
             (subjects.all_agent_hellos(p), self.on_agent_hello),
         ]
 
     def job_subscriptions(self, job_id: str) -> list[tuple[str, Any]]:
         """(subject, callback) of the streams of one job, followed by its owner only."""
-        return [(subjects.all_events_of_job(job_id, self.settings.prefix), self.on_events)]
+        p = self.settings.prefix
+        return [(subjects.all_events_of_job(job_id, p), self.on_events),
+                (subjects.all_measurements_of_job(job_id, p), self.on_measurements)]
 
     # ------------------------------------------------------------------ checks
     def _decode(self, msg: Any, model: type[M]) -> M | None:
@@ -213,10 +214,8 @@ class Streams:
     async def _take_part(self, driver: JobDriver, record: JobRecord, job: JobOptimizer,
                          part: GpuMeasurements, now: float) -> None:
         """Feed one GPU's marks, then its measurements, to the job (under the job's lock)."""
-        for i, mark in enumerate(part.marks, 1):
-            await self.actions.act(driver.job_id, job.on_mark, part.rank, mark)
-            if i % EVENTS_PER_YIELD == 0:
-                await asyncio.sleep(0)  # A huge batch lets the lease loops run meanwhile.
+        await self.actions.act_all(driver.job_id, job.on_mark, part.rank, part.marks,
+                                   EVENTS_PER_YIELD)
         if any(job.plans_on(m) for m in part.measurements):
             # A step may close a profiling window, and the scheduler may then plan a frontier
             # for seconds: off the event loop (leases keep being renewed). The job's lock keeps
@@ -227,9 +226,8 @@ class Streams:
                              for a in job.on_measurement(part.rank, m, now)])
                 await self.actions.execute(record, actions)
             return
-        for m in part.measurements:
-            await self.actions.act(driver.job_id, lambda r, x: job.on_measurement(r, x, now),
-                                   part.rank, m)
+        await self.actions.act_all(driver.job_id, lambda r, x: job.on_measurement(r, x, now),
+                                   part.rank, part.measurements, EVENTS_PER_YIELD)
 
     async def on_gpu_error(self, msg: Any) -> None:
         """An agent's error event about the rank bound to one of its GPUs (a trainer gone...)."""

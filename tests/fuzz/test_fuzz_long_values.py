@@ -517,15 +517,14 @@ ECHO_CHARS = 1_500
 cut by `shown()` (`SHOWN_CHARS`), never a whole one."""
 
 def coord_stream_problems(bus: Bus, subject: str, data: bytes, model: Any, what: str,
-                          unfollowed: str | None = None, reason: str = "malformed") -> list[str]:
+                          unfollowed: str | None = None) -> list[str]:
     """Publish one stream message to the coordinator; a malformed one must be counted.
 
     `unfollowed`: the subject names no job the coordinator drives, so it does not follow it:
     the message reaches nobody (nothing counted), and the barrier goes to `unfollowed`.
-    `reason` "unknown_job": a followed subject naming no job the coordinator knows (a node's
-    measurements) is dropped as such before anything is decoded (the barrier after it too).
     """
-    malformed = not unfollowed and (reason == "unknown_job" or not _decodes(data, model))
+    reason = "malformed"
+    malformed = not unfollowed and not _decodes(data, model)
     before, after = publish_with_barrier(bus, subject, data, reason, int(malformed), 3,
                                          0.001, unfollowed)  # what moved tells the rest
     moved = after.get(reason, 0) - before.get(reason, 0) - 1
@@ -697,10 +696,10 @@ def test_odd_subject_tokens_are_answered_or_dropped(
             what = f"{name} on token {tok[:12]!r}*{len(tok)}"
             log_mark = meter.mark()
             data = codec.encode(resolve(base, values))
-            unfollowed = f"zeus.gpu.{node}.0.error" if name == "job events (job)" else None
-            reason = "unknown_job" if name == "measurements (job)" else "malformed"
+            unfollowed = (f"zeus.gpu.{node}.0.error"
+                          if name in ("job events (job)", "measurements (job)") else None)
             outcome.problems += coord_stream_problems(bus, subject, data, model, what,
-                                                      unfollowed, reason)
+                                                      unfollowed)
             outcome.problems += meter.problems(log_mark, what)
             outcome.cases += 1
         for data, what in ((codec.encode(RENEWAL), "valid"), (b"\xc1", "malformed")):
