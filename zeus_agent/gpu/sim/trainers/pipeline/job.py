@@ -571,12 +571,16 @@ class _Watch:
                 self._check_exits(now)
                 continue
             self._take(kind, value)
-        self._drain_progress()
+        # Rank 0 put its last progress before its result, but on another queue, whose feeder
+        # thread may not have flushed it yet (seen on a loaded host: "iteration 6/6" missing).
+        self._drain_progress(wait_s=0.2 if self.failure is None else 0.0)
 
-    def _drain_progress(self) -> None:
+    def _drain_progress(self, wait_s: float = 0.0) -> None:
+        """Report the progress rank 0 sent (waiting up to `wait_s` for each next item)."""
         with contextlib.suppress(queue.Empty):
             while True:
-                count, elapsed = self.ch.progress.get_nowait()
+                count, elapsed = (self.ch.progress.get(timeout=wait_s) if wait_s
+                                  else self.ch.progress.get_nowait())
                 self.times.append(elapsed)
                 if self.on_iteration is not None:
                     self.on_iteration(count, elapsed)
