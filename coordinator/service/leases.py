@@ -10,10 +10,10 @@ it can prove that process is gone (`ReplicaSeat`), and waits them out otherwise.
 
 The replicas share the jobs out by rendezvous hashing over those live (`Roster`): each
 announces itself (`announce`, `ReplicaAlive`), and `prefer` says which replica should drive a
-job. The roster is *warm* once this replica has listened for 1.5 announcement periods (again
-after a reconnection); before, it does not know the others: it takes at once the jobs
-registered through it and its own predecessor's, others only once they have gone unowned for a
-lease.
+job. The roster is *warm* once this replica has listened for a second (the others answer a
+new replica at once; again after a reconnection); before, it does not know the others: it
+takes at once the jobs registered through it and its own predecessor's, others only once they
+have gone unowned for a lease.
 """
 
 from __future__ import annotations
@@ -47,9 +47,11 @@ SEAT_HISTORY = 16
 """Incarnations a replica's lock file remembers (older ones' leases are waited out)."""
 PREFERRED_KEPT = 100_000
 """Jobs' preferred replicas remembered at most (forgotten all at once past it: jobs end)."""
+WARM_S = 1.0
+"""Seconds a replica listens after its first announcement before it trusts its roster: the
+others answer a new replica at once (`on_alive`), so a round trip is what it needs; at most
+`WARM_PERIODS` announcement periods (their own loop, `announce`, hears the rest)."""
 WARM_PERIODS = 1.5
-"""Announcement periods a replica listens before it trusts its roster. The others answer a new
-replica at once, and announce every period anyway (their own loop, `announce`)."""
 BACKOFF_LEASES = 10
 """Leases a replica is handed no job after one it was preferred for went unowned."""
 
@@ -194,7 +196,8 @@ class Leases:
     def warm(self) -> bool:
         """Whether this replica has listened long enough to know the live replicas."""
         since = self._listening_since
-        return since is not None and time.monotonic() - since >= WARM_PERIODS * self.period_s
+        return since is not None and time.monotonic() - since >= min(
+            WARM_S, WARM_PERIODS * self.period_s)
 
     def rewarm(self) -> None:
         """Listen afresh before trusting the roster (after a reconnection).

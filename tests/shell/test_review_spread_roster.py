@@ -72,26 +72,35 @@ async def test_a_replica_with_a_longer_ownership_lease_is_never_settled_in_the_r
 
 
 @pytest.mark.timeout(60)
-async def test_announcements_come_further_apart_than_the_warm_up_assumes(
+async def test_announcements_keep_their_period_and_a_new_replica_is_answered_at_once(
         nats_server: Any, nc: Any, tmp_path: Path) -> None:
-    coord, task = await start(nats_server, tmp_path / "r1", replica_name="r1",
-                              ownership_lease_s=3.0)
+    """Announcements come every period (their own timer), and a replica that starts hears the
+    live ones before it trusts its roster: they answer a new replica at once, even one whose
+    own period is long (here 5 s: a warm-up of WARM_S, 1 s, would otherwise miss it)."""
+    bucket = bucket_of(tmp_path)
+    slow, slow_task = await start(nats_server, tmp_path / "slow", replica_name="slow",
+                                  state_bucket=bucket, ownership_lease_s=15.0)
+    fast = fast_task = None
     try:
         heard: list[float] = []
 
         async def on_alive(msg: Any) -> None:
             heard.append(time.monotonic())
 
-        sub = await nc.subscribe(subjects.replica_alive("r1"), cb=on_alive)
-        await wait_for(lambda: len(heard) >= 12, 30)
+        sub = await nc.subscribe(subjects.replica_alive("slow"), cb=on_alive)
+        await wait_for(lambda: len(heard) >= 3, 30)
         await sub.unsubscribe()
         gaps = [b - a for a, b in zip(heard, heard[1:], strict=False)]
-        warm_after = WARM_PERIODS * coord.leases.period_s
-        assert max(gaps) <= warm_after, (
-            f"a replica is warm {warm_after:g} s after it first announced, but r1's "
-            f"announcements came up to {max(gaps):.2f} s apart: {[round(g, 2) for g in gaps]}")
+        assert max(gaps) <= WARM_PERIODS * slow.leases.period_s, gaps
+        fast, fast_task = await start(nats_server, tmp_path / "fast", replica_name="fast",
+                                      state_bucket=bucket, ownership_lease_s=3.0)
+        await wait_for(lambda: fast.leases.warm(), 5)
+        assert fast.leases.live() == ["fast", "slow"], (
+            "warm before it heard the live replica: it would prefer itself for that one's jobs")
     finally:
-        await stop(coord, task)
+        if fast is not None:
+            await stop(fast, fast_task)
+        await stop(slow, slow_task)
 
 
 @pytest.mark.timeout(90)
