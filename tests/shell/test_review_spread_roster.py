@@ -57,7 +57,7 @@ async def test_a_replica_with_a_longer_ownership_lease_is_never_settled_in_the_r
         await wait_for(lambda: "long" in short.leases.live(), 10)
         live = samples = 0
         settled = False
-        end = time.monotonic() + 12.0  # Over three of its announcement periods.
+        end = time.monotonic() + 8.0  # Over two of its announcement periods (3.3 s).
         while time.monotonic() < end:
             live += "long" in short.leases.live()
             samples += 1
@@ -76,10 +76,10 @@ async def test_announcements_keep_their_period_and_a_new_replica_is_answered_at_
         nats_server: Any, nc: Any, tmp_path: Path) -> None:
     """Announcements come every period (their own timer), and a replica that starts hears the
     live ones before it trusts its roster: they answer a new replica at once, even one whose
-    own period is long (here 5 s: a warm-up of WARM_S, 1 s, would otherwise miss it)."""
+    own period is long (here 3 s: a warm-up of WARM_S, 1 s, would otherwise miss it)."""
     bucket = bucket_of(tmp_path)
     slow, slow_task = await start(nats_server, tmp_path / "slow", replica_name="slow",
-                                  state_bucket=bucket, ownership_lease_s=15.0)
+                                  state_bucket=bucket, ownership_lease_s=9.0)
     fast = fast_task = None
     try:
         heard: list[float] = []
