@@ -148,9 +148,9 @@ class Replicas:
         leases, book, state = self.leases, self.leases.book, self.link.state
         if state is None or not leases.warm():
             return
-        moving = [(self.jobs.by_hash(h), lease, to)
-                  for h, lease, to in book.handovers(now, leases.prefer, leases.may_hand_to)]
-        moving = [m for m in moving if m[0] is not None][:HANDOVERS_PER_ROUND]
+        moving = [(driver, lease, to)
+                  for h, lease, to in book.handovers(now, leases.prefer, leases.may_hand_to)
+                  if (driver := self.jobs.by_hash(h)) is not None][:HANDOVERS_PER_ROUND]
         if not moving:
             return
         await self.progress.record_unsaved()  # (The next owner starts from it.)
@@ -171,7 +171,7 @@ class Replicas:
                                "hashing prefers for it")
             await self.owned.drop(lease.job_id)
 
-        await asyncio.gather(*(give(*m) for m in moving))  # type: ignore[arg-type]
+        await asyncio.gather(*(give(*m) for m in moving))
 
     def drop_other_incarnations(self, now: float) -> None:
         """Jobs another process under this replica's name holds are not driven here.

@@ -109,15 +109,24 @@ class Streams:
         return driver is not None and driver.optimiser is None and not (
             self.leases.owns(driver.job_id))
 
+    def _to_decode(self, job_token: str, subject: str) -> bool:
+        """Whether a message on a job's subject is decoded here.
+
+        Not for a job another replica drives, nor (dropped and counted) for one unknown here.
+        """
+        named = self.jobs.by_token(job_token)
+        if self._other_replicas_job(named):
+            return False
+        if named is None:  # No job known here: nothing to decode it for.
+            self.link.drop("unknown_job", subject, job_token)
+            return False
+        return True
+
     # ------------------------------------------------------------------ streams
     async def on_events(self, msg: Any) -> None:
         """A batch of a rank's trainer events."""
         where = subjects.parse_job_events(msg.subject)
-        named = self.jobs.by_token(where.job) if where is not None else None
-        if where is None or self._other_replicas_job(named):
-            return  # Another replica's job is not even decoded.
-        if named is None:  # No job known here: nothing to decode it for.
-            self.link.drop("unknown_job", msg.subject, where.job)
+        if where is None or not self._to_decode(where.job, msg.subject):
             return
         batch = self._decode(msg, TrainerEventBatch)
         if batch is None:
@@ -167,11 +176,7 @@ class Streams:
         the job's join token): a part that fails is dropped and counted, the others count.
         """
         where = subjects.parse_job_measurements(msg.subject)
-        named = self.jobs.by_token(where.job) if where is not None else None
-        if where is None or self._other_replicas_job(named):
-            return  # Another replica's job is not even decoded.
-        if named is None:  # No job known here: nothing to decode it for.
-            self.link.drop("unknown_job", msg.subject, where.job)
+        if where is None or not self._to_decode(where.job, msg.subject):
             return
         batch = self._decode(msg, NodeMeasurementBatch)
         if batch is None:
