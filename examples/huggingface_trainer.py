@@ -179,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     if torch.distributed.is_initialized():
         ranks = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(ranks, mine)
+        # The Trainer started the process group but leaves it up: without this, gloo's
+        # threads outlive the interpreter and the process can abort at exit (SIGABRT,
+        # "terminate called without an active exception").
+        torch.distributed.destroy_process_group()
     plo.optimizer.publisher.close()
     if plo.optimizer.rank != 0:
         return 0
