@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.distributed.all_gather_object(ranks, mine)
         # The Trainer started the process group but leaves it up: without this, gloo's
         # threads outlive the interpreter and the process can abort at exit (SIGABRT,
-        # "terminate called without an active exception").
+        # "terminate called without an active exception"). Every rank is done with the
+        # group (the barrier) before any tears its side down.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     plo.optimizer.publisher.close()
     if plo.optimizer.rank != 0:
