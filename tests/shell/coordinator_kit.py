@@ -5,7 +5,9 @@ their steps, collect what it publishes. The fixtures built on them are in confte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,49 @@ async def start(nats_server, state_dir: Path, **kw: Any) -> tuple[CoordinatorSer
 async def stop(coord: CoordinatorService, task: asyncio.Task) -> None:
     coord.should_exit.set()
     await asyncio.wait_for(task, 10)
+
+
+class ReplicaSet:
+    """Coordinator replicas sharing one state bucket, by name (`replicas` starts and stops them)."""
+
+    def __init__(self, nats_server: Any, tmp: Path, kw: dict[str, Any]) -> None:
+        self.nats_server, self.tmp, self.kw = nats_server, tmp, kw
+        self.coords: dict[str, CoordinatorService] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    def __getitem__(self, name: str) -> CoordinatorService:
+        return self.coords[name]
+
+    async def add(self, name: str) -> CoordinatorService:
+        """Start replica `name` (its own state dir; the set's bucket and settings)."""
+        self.coords[name], self.tasks[name] = await start(
+            self.nats_server, self.tmp / name, replica_name=name, **self.kw)
+        return self.coords[name]
+
+    async def remove(self, name: str) -> None:
+        """Stop replica `name` as an operator would (it says it is leaving)."""
+        await stop(self.coords.pop(name), self.tasks.pop(name))
+
+    async def all_live(self, timeout_s: float = 10.0) -> None:
+        """Until every replica is warm and counts every other live."""
+        await wait_for(lambda: all(c.leases.warm() and len(c.leases.live()) == len(self.coords)
+                                   for c in self.coords.values()), timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def replicas(nats_server: Any, tmp: Path, names: Iterable[str] = ("r1", "r2"),
+                   lease_s: float = 3.0, **kw: Any) -> AsyncIterator[ReplicaSet]:
+    """Replicas `names` on one bucket, with leases and handovers of `lease_s`; all stopped after."""
+    kw = {"state_bucket": bucket_of(tmp), "ownership_lease_s": lease_s,
+          "handover_after_s": lease_s, **kw}
+    group = ReplicaSet(nats_server, tmp, kw)
+    try:
+        for name in names:
+            await group.add(name)
+        yield group
+    finally:
+        for name in list(group.coords):
+            await group.remove(name)
 
 
 async def ask(nc, subject: str, payload: Any) -> Reply:

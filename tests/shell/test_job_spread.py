@@ -16,14 +16,7 @@ from typing import Any
 from coordinator.service import CoordinatorService
 from coordinator.state import records
 from coordinator.state.assignment import preferred
-from tests.shell.coordinator_kit import (
-    bucket_of,
-    collect,
-    register_job,
-    start,
-    stop,
-    wait_for,
-)
+from tests.shell.coordinator_kit import collect, register_job, replicas, wait_for
 from zeus_agent.wire import subjects
 from zeus_agent.wire.messages import JobStatus
 
@@ -50,16 +43,9 @@ def following(coord: CoordinatorService) -> set[str]:
 
 async def test_jobs_spread_by_rendezvous_hashing_and_follow_joins_and_leaves(
         nats_server: Any, nc: Any, tmp_path: Path) -> None:
-    kw = {"state_bucket": bucket_of(tmp_path), "ownership_lease_s": LEASE_S,
-          "handover_after_s": LEASE_S}
-    coords: dict[str, CoordinatorService] = {}
-    tasks = {}
-    try:
-        for name in ("r1", "r2"):
-            coords[name], tasks[name] = await start(nats_server, tmp_path / name,
-                                                    replica_name=name, **kw)
-        await wait_for(lambda: all(c.leases.warm() and len(c.leases.live()) == 2
-                                   for c in coords.values()), 10)
+    async with replicas(nats_server, tmp_path, lease_s=LEASE_S) as group:
+        coords = group.coords
+        await group.all_live()
         statuses = await collect(nc, subjects.all_job_status(), JobStatus)
         ids = [await register_job(nc, dp=1, job_metadata=f"spread{i}") for i in range(JOBS)]
         hashes = [records.job_hash(j) for j in ids]
@@ -74,8 +60,7 @@ async def test_jobs_spread_by_rendezvous_hashing_and_follow_joins_and_leaves(
         assert [s for s in statuses if s.state == "taken_over"] == []
 
         # A third replica joins: once settled it is handed its share; nothing else moves.
-        coords["r3"], tasks["r3"] = await start(nats_server, tmp_path / "r3", replica_name="r3",
-                                                **kw)
+        await group.add("r3")
         three = {h: preferred(h, ["r1", "r2", "r3"]) for h in hashes}
         moved = {h for h in hashes if three[h] != two[h]}
         assert moved and all(three[h] == "r3" for h in moved)
@@ -90,12 +75,8 @@ async def test_jobs_spread_by_rendezvous_hashing_and_follow_joins_and_leaves(
 
         # It leaves: its jobs go back at once (it says so), not a lease later.
         left_at = time.monotonic()
-        await stop(coords["r3"], tasks.pop("r3"))
-        del coords["r3"]
+        await group.remove("r3")
         await wait_for(lambda: owners(coords, hashes) == two, 10)
         assert time.monotonic() - left_at < LEASE_S, "its jobs waited for its leases to end"
         await wait_for(lambda: all(following(c) == {h for h, o in two.items() if o == name}
                                    for name, c in coords.items()), 5)
-    finally:
-        for name, task in tasks.items():
-            await stop(coords[name], task)

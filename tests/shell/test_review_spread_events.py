@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.service import CoordinatorService
 from coordinator.state import records
 from coordinator.state.assignment import preferred
-from tests.shell.coordinator_kit import NODE, bucket_of, register_job, start, stop, wait_for
+from tests.shell.coordinator_kit import NODE, register_job, replicas
 from zeus_agent.wire import subjects
 
 LEASE_S = 3.0
@@ -32,16 +31,9 @@ JOBS = 24
 @pytest.mark.timeout(90)
 async def test_events_sent_right_after_a_registration_reach_no_replica(
         nats_server: Any, nc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kw = {"state_bucket": bucket_of(tmp_path), "ownership_lease_s": LEASE_S,
-          "handover_after_s": LEASE_S}
-    coords: dict[str, CoordinatorService] = {}
-    tasks: dict[str, Any] = {}
-    try:
-        for name in ("r1", "r2"):
-            coords[name], tasks[name] = await start(nats_server, tmp_path / name,
-                                                    replica_name=name, **kw)
-        await wait_for(lambda: all(c.leases.warm() and len(c.leases.live()) == 2
-                                   for c in coords.values()), 10)
+    async with replicas(nats_server, tmp_path, lease_s=LEASE_S) as group:
+        await group.all_live()
+        coords = group.coords
         heard: Counter[str] = Counter()
         for coord in coords.values():
             real = coord.streams.on_events
@@ -67,6 +59,3 @@ async def test_events_sent_right_after_a_registration_reach_no_replica(
             f"{len(lost)} of {JOBS} jobs' first events reached no replica; of them "
             f"{sum(1 for j in lost if preferred(records.job_hash(j), ['r1', 'r2']) == 'r2')} "
             "prefer r2")
-    finally:
-        for name, task in tasks.items():
-            await stop(coords[name], task)

@@ -24,11 +24,10 @@ from typing import Any
 
 import pytest
 
-from coordinator.service import CoordinatorService
 from coordinator.state import records
 from coordinator.state.assignment import preferred
 from coordinator.state.jetstream import StateUnavailableError
-from tests.shell.coordinator_kit import bucket_of, collect, register_job, start, stop, wait_for
+from tests.shell.coordinator_kit import collect, register_job, replicas, wait_for
 from zeus_agent.wire import subjects
 from zeus_agent.wire.messages import JobStatus
 
@@ -50,15 +49,8 @@ async def jobs_preferring(nc: Any, name: str, among: list[str], count: int) -> l
 @pytest.mark.timeout(90)
 async def test_job_handed_back_forever_to_a_live_replica_that_cannot_take_it(
         nats_server: Any, nc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kw = {"state_bucket": bucket_of(tmp_path), "ownership_lease_s": LEASE_S,
-          "handover_after_s": LEASE_S}
-    coords: dict[str, CoordinatorService] = {}
-    tasks: dict[str, Any] = {}
-    try:
-        for name in ("r1", "r2"):
-            coords[name], tasks[name] = await start(nats_server, tmp_path / name,
-                                                    replica_name=name, **kw)
-        r1, r2 = coords["r1"], coords["r2"]
+    async with replicas(nats_server, tmp_path, lease_s=LEASE_S) as group:
+        r1, r2 = group["r1"], group["r2"]
         await wait_for(lambda: r1.leases.warm() and r2.leases.warm()
                        and r1.leases.settled("r2") and r2.leases.settled("r1"), 15)
 
@@ -84,22 +76,13 @@ async def test_job_handed_back_forever_to_a_live_replica_that_cannot_take_it(
         assert held / total >= 0.8, (
             f"the jobs were driven {held}/{total} of the samples; taken over {len(taken)} "
             f"times in {2 * LEASE_S:g} s: {[s.message for s in taken][:4]}")
-    finally:
-        for name, task in tasks.items():
-            await stop(coords[name], task)
 
 
 @pytest.mark.timeout(90)
 async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         nats_server: Any, nc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kw = {"state_bucket": bucket_of(tmp_path), "ownership_lease_s": LEASE_S,
-          "handover_after_s": LEASE_S}
-    coords: dict[str, CoordinatorService] = {}
-    tasks: dict[str, Any] = {}
-    try:
-        coords["r1"], tasks["r1"] = await start(nats_server, tmp_path / "r1", replica_name="r1",
-                                                **kw)
-        r1 = coords["r1"]
+    async with replicas(nats_server, tmp_path, ["r1"], lease_s=LEASE_S) as group:
+        r1 = group["r1"]
         await wait_for(lambda: r1.leases.warm(), 10)
         [job_id] = await jobs_preferring(nc, "r2", ["r1", "r2"], 1)
         await wait_for(lambda: r1.leases.owns(job_id), 5)
@@ -120,9 +103,7 @@ async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         await asyncio.sleep(0.2)
         assert r1.jobs.driver(job_id).unsaved is not None
 
-        coords["r2"], tasks["r2"] = await start(nats_server, tmp_path / "r2", replica_name="r2",
-                                                **kw)
-        r2 = coords["r2"]
+        r2 = await group.add("r2")
         # r2 settles in r1's roster: the job is r2's to drive, once its progress is recorded.
         await wait_for(lambda: r1.leases.settled("r2"), 15)
         await asyncio.sleep(LEASE_S)
@@ -132,6 +113,3 @@ async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         assert recorded == {"kind": "windows", "state": latest} or (
             recorded is not None and recorded.get("state") == latest), (
             f"r2 took the job over from progress {recorded!r}, not the latest ({latest!r})")
-    finally:
-        for name, task in tasks.items():
-            await stop(coords[name], task)

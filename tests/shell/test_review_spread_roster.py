@@ -36,7 +36,7 @@ from coordinator.service import CoordinatorService
 from coordinator.service.leases import WARM_PERIODS
 from coordinator.state import records
 from coordinator.state.assignment import preferred
-from tests.shell.coordinator_kit import bucket_of, register_job, start, stop, wait_for
+from tests.shell.coordinator_kit import bucket_of, register_job, replicas, start, stop, wait_for
 from zeus_agent.wire import subjects
 
 
@@ -114,14 +114,8 @@ async def test_a_replica_reconnected_listens_afresh_before_it_trusts_its_roster(
 
     (Not covered: a replica whose connection stays up but whose announcement subscription
     alone loses messages; docs/guides/replicas.md says so.)"""
-    kw = {"state_bucket": bucket_of(tmp_path), "ownership_lease_s": 3.0,
-          "handover_after_s": 3.0}
-    coords: dict[str, CoordinatorService] = {}
-    tasks: dict[str, Any] = {}
-    try:
-        for name in ("r1", "r2"):
-            coords[name], tasks[name] = await start(nats_server, tmp_path / name,
-                                                    replica_name=name, **kw)
+    async with replicas(nats_server, tmp_path) as group:
+        coords = group.coords
         r1, r2 = coords["r1"], coords["r2"]
         await wait_for(lambda: r1.leases.settled("r2") and r2.leases.settled("r1"), 15)
         await r2._reconnected()  # What BusHealth calls once NATS is back.
@@ -135,6 +129,3 @@ async def test_a_replica_reconnected_listens_afresh_before_it_trusts_its_roster(
         wrong = {hashes[h]: name for h in hashes for name, c in coords.items()
                  if c.book.owns(h, now) and name != preferred(h, ["r1", "r2"])}
         assert not wrong, f"{len(wrong)} of {len(ids)} jobs on a replica not preferred: {wrong}"
-    finally:
-        for name, task in tasks.items():
-            await stop(coords[name], task)
