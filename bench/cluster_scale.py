@@ -502,6 +502,9 @@ async def one_size(args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     """Start, idle, then per wave register, run and end; stop: one size's record."""
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="zeus-scale-") as tmp:
+        if args.keep_logs:  # The processes' logs (replicas, servers, fleet) outlive the run.
+            tmp = tempfile.mkdtemp(prefix=f"zeus-scale-{gpus}-", dir=args.keep_logs)
+            print(f"{gpus} GPUs: logs kept in {tmp}", file=sys.stderr, flush=True)
         size = Size(args, gpus, Path(tmp))
         try:
             await size.start()
@@ -634,6 +637,9 @@ def main() -> None:
                    help="waves of jobs per size, each registered, run and ended: memory must "
                    "not grow from one to the next (default 2)")
     p.add_argument("--seed", type=int, default=1, help="seed of the small jobs' sizes")
+    p.add_argument("--keep-logs", default=None, metavar="DIR",
+                   help="keep each size's processes' logs and state in a new folder under DIR "
+                   "(default: a temporary folder, removed)")
     args = p.parse_args()
     if args.quick:
         args.sizes, args.minutes, args.warm_s, args.every_s = [2_000], 8 / 60, 2.0, 4.0

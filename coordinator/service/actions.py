@@ -36,6 +36,7 @@ from coordinator.pipeline.schedulers.settings import PFOServerSettings
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.machine import PowerLimitError
 from coordinator.service.commands import GpuCommands
+from coordinator.service.driver import JobDriver
 from coordinator.service.failures import JobFailures
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
@@ -151,7 +152,11 @@ class ActionExecutor:
             # renewed or before this replica gives its jobs up, dropped once another replica
             # holds the job), and the files its scheduler produced are written: they record
             # what it computed, whoever carries out its commands.
-            actions = [a for a in actions if isinstance(a, SaveProgress | WriteFile)]
+            kept: list[Action] = [a for a in actions if isinstance(a, SaveProgress | WriteFile)]
+            driver = self.jobs.get(record.job_id)
+            if driver is not None:  # The rest once the lease is this replica's again.
+                driver.fence(a for a in actions if not isinstance(a, SaveProgress | WriteFile))
+            actions = kept
         for action in actions:
             if isinstance(action, ApplyPowerLimit):
                 await self.apply_power_limit(record, action.watts)
@@ -172,6 +177,31 @@ class ActionExecutor:
                                        action.progress)
             elif isinstance(action, AskSelector):
                 await self.ask_selector(record, action)
+
+    async def catch_up(self, driver: JobDriver) -> None:
+        """Carry out what was fenced while this replica's lease was lapsing, as the job stands.
+
+        The lease is this replica's again (no other replica took the job over meanwhile), so
+        nothing else will: the job's GPUs get its current limit and schedules (not the ones the
+        fenced commands carried: a later command may have gone out since), then its fenced
+        statuses, files and questions go out in order. Fenced again if the lease lapses again.
+        """
+        fenced, job, record = driver.take_fenced(), driver.optimiser, driver.record
+        if not fenced or job is None or record is None:
+            return
+        LOG.info("job %s: carrying out %d action(s) not carried out while this replica's lease "
+                 "was lapsing", driver.job_id, len(fenced))
+        todo: list[Action] = []
+        watts = job.desired_power_limit
+        if watts is not None and any(isinstance(a, ApplyPowerLimit) for a in fenced):
+            todo.append(ApplyPowerLimit(watts))
+        if any(isinstance(a, InstallSchedules | ClearSchedules) for a in fenced):
+            wanted = [w for r in sorted(record.ranks) if (w := job.desired_schedule(r))]
+            todo.append(InstallSchedules(tuple(w.schedule for w in wanted), wanted[0].version,
+                                         wanted[0].from_step) if wanted else ClearSchedules())
+        todo += [a for a in fenced
+                 if not isinstance(a, ApplyPowerLimit | InstallSchedules | ClearSchedules)]
+        await self.execute(record, todo)
 
     async def ask_selector(self, record: JobRecord, action: AskSelector) -> None:
         """Ask a rank's process, through its GPU's agent, to run the user's selector.

@@ -18,13 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.jobs import JobRecord
-from coordinator.optimizer import JobOptimizer
+from coordinator.optimizer import Action, JobOptimizer
 from coordinator.state import records
 from zeus_agent.wire import subjects
 
 __all__ = ["JobDriver"]
 
 LOG = logging.getLogger(__name__)
+
+MAX_FENCED = 64
+"""Fenced actions a driver keeps (the latest): commands are caught up as the job stands, so
+only statuses and files are lost beyond it."""
 
 
 @dataclass(eq=False, slots=True)
@@ -53,6 +57,10 @@ class JobDriver:
         lapse_reapplies: Rank -> when its lapsed settings were set again (the lapse throttle).
         pending_lapses: Rank -> settings its agent restored while this replica's own lease on
             the job had lapsed: set again once the lease is taken back.
+        fenced: Actions not carried out while this replica's lease on the job was lapsing
+            (commands, statuses, files; at most `MAX_FENCED`, the latest): carried out as the
+            job stands once the lease is this replica's again (`ActionExecutor.catch_up`),
+            dropped if another replica takes the job over (it sets everything again).
         observe_only_said: (node token, GPU) said to be observe-only (once each).
         late_renewal: When an action last renewed this replica's late lease (wall clock).
         failed: Why the job failed here (`JobFailures.fail`): it is never started again.
@@ -76,6 +84,7 @@ class JobDriver:
     installed_at: dict[int, float] = field(default_factory=dict)
     lapse_reapplies: dict[int, list[float]] = field(default_factory=dict)
     pending_lapses: dict[int, set[str]] = field(default_factory=dict)
+    fenced: list[Action] = field(default_factory=list)
     observe_only_said: set[tuple[str, int]] = field(default_factory=set)
     late_renewal: float = 0.0
     failed: str | None = None
@@ -225,6 +234,16 @@ class JobDriver:
     def drop_pending_lapses(self) -> None:
         """Another replica drives the job now, or no optimiser here does: nothing to set again."""
         self.pending_lapses.clear()
+
+    def fence(self, actions: Iterable[Action]) -> None:
+        """Keep actions this replica did not carry out (its lease was lapsing), the latest."""
+        self.fenced.extend(actions)
+        del self.fenced[:-MAX_FENCED]
+
+    def take_fenced(self) -> list[Action]:
+        """The fenced actions, now no longer kept (they are caught up, or dropped)."""
+        taken, self.fenced = self.fenced, []
+        return taken
 
     def forget_lapses_on(self, node: str) -> None:
         """End the lapse throttle of the ranks on `node` (a subject token): its agent restarted."""

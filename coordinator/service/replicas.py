@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from coordinator.config import CoordinatorSettings
+from coordinator.optimizer import JobOptimizer
 from coordinator.service.driver import JobDriver
 from coordinator.service.failures import JobFailures
 from coordinator.service.leases import Leases
@@ -104,6 +105,7 @@ class Replicas:
             if driver is not None and driver.record is not None:
                 self.starter.maybe_start(driver)
         self.reapply_pending_lapses()
+        self.catch_up_fenced()
         await self.progress.record_unsaved()
 
     def takes(self, known: dict[str, str]) -> list[Callable[[], Awaitable[Any]]]:
@@ -213,6 +215,27 @@ class Replicas:
                     # A task: the job's lock may be held for long (a plan), and this loop
                     # renews every job's lease.
                     self.spawn(self.streams.reapply_locked(driver, job, rank, sorted(restored)))
+
+    def catch_up_fenced(self) -> None:
+        """Carry out the actions fenced while this replica's own lease was lapsing (tasks)."""
+        book = self.leases.book
+        for driver in self.jobs.drivers():
+            if not driver.fenced:
+                continue
+            lease = book.leases.get(driver.hash)
+            if lease is None or not book.is_mine(lease) or driver.optimiser is None:
+                driver.take_fenced()  # Another replica drives it now: it sets everything again.
+            elif self.leases.owns(driver.job_id):
+                self.spawn(self._catch_up(driver, driver.optimiser))
+
+    async def _catch_up(self, driver: JobDriver, job: JobOptimizer) -> None:
+        """`ActionExecutor.catch_up` under the job's lock (a task: a plan may hold it long)."""
+        try:
+            async with driver.lock:
+                if driver.optimiser is job:  # (Not one released meanwhile.)
+                    await self.streams.actions.catch_up(driver)
+        except Exception:  # A task of the service: one job's failure must not stop it.
+            LOG.exception("job %s: carrying out its fenced actions failed", driver.job_id)
 
     async def give_up_jobs(self) -> None:
         """At shutdown: record what is unsaved, then give the leases up.

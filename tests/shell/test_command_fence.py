@@ -13,6 +13,7 @@ under the stale replica (what its ownership watch shows once it runs again).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from coordinator.state import records
@@ -133,4 +134,58 @@ async def test_a_replica_paused_between_its_check_and_the_send_sends_nothing(
         assert limits_are(sim_dir, 250)
     finally:
         stalled.clear()
+        await stop(coord, task)
+
+
+async def test_actions_fenced_while_the_lease_lapsed_are_caught_up_once_it_is_back(
+        nats_server, agent, nc, tmp_path, monkeypatch, caplog) -> None:
+    """Regression (`bench/cluster_scale.py`, 25,000 GPUs): during the registration burst a
+    replica's late renewal of its own lease failed just as a job's ranks were all in, so the
+    job's first limit was fenced; the replica kept the lease, and nothing sent the limit again
+    until the job's next transition (312 GPUs waited 160 s). Once the lease is this replica's
+    again, the job's current limit goes out, then the fenced statuses."""
+    statuses = await collect(nc, "zeus.job.*.status", JobStatus)
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=3.0)
+    real = coord.leases.owns_now
+    lapsing = True
+
+    async def owns_now(job_id: str) -> bool:
+        return False if lapsing else await real(job_id)
+
+    monkeypatch.setattr(coord.leases, "owns_now", owns_now)
+    try:
+        with caplog.at_level(logging.INFO, "coordinator.service"):
+            job_id = await bound_energy_job(nc)
+            sim_dir = agent.settings.sim_state_dir
+            await wait_for(lambda: coord.jobs.driver(job_id).fenced != [])
+            done = [s for s in statuses if s.job_id == job_id and s.state == "done"]
+            assert done == [] and limits_are(sim_dir, 300)  # Fenced: nothing went out.
+            lapsing = False  # The renewal lands: the lease is this replica's again.
+            await wait_for(lambda: limits_are(sim_dir, 250), timeout_s=5)
+            await wait_for(lambda: any(s.job_id == job_id and s.state == "done"
+                                       for s in statuses))
+        assert coord.jobs.driver(job_id).fenced == []
+        assert any("not carried out while this replica's lease was lapsing" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        await stop(coord, task)
+
+
+async def test_fenced_actions_are_dropped_once_another_replica_holds_the_job(
+        nats_server, agent, nc, tmp_path, monkeypatch) -> None:
+    """The new owner sets everything again: the stale replica sends none of what it fenced."""
+    coord, task = await start(nats_server, tmp_path / "state", lease_s=3.0)
+
+    async def never(job_id: str) -> bool:
+        return False
+
+    monkeypatch.setattr(coord.leases, "owns_now", never)
+    try:
+        job_id = await bound_energy_job(nc)
+        await wait_for(lambda: coord.jobs.driver(job_id).fenced != [])
+        taken_over(coord, job_id)
+        await wait_for(lambda: coord.jobs.driver(job_id).fenced == [], timeout_s=5)
+        await asyncio.sleep(0.5)
+        assert limits_are(agent.settings.sim_state_dir, 300)
+    finally:
         await stop(coord, task)
