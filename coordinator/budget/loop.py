@@ -16,7 +16,9 @@ them up at shutdown), taken only while a budget exists. Its job id has a control
 which no job's id may have, so it never names a job. A replica that takes over knows nothing
 of what its predecessor capped: caps it does not renew lapse with their lease; the caps it
 keeps are sent at once. The lease of a cap is longer than a takeover, so the cap holds
-throughout one.
+throughout one. It starts from what its predecessor kept in the state bucket: each budget's
+backoff and caps (`store.Backoffs`) and what was measured of each Perseus job's options under
+the caps (`store.TimingStore`, `budget.timing`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from coordinator.budget import budgets as core
 from coordinator.budget import enforce, frontier_options
 from coordinator.budget.allocator import BudgetError
-from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps
-from coordinator.budget.timing import Timing
+from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps, TimingStore
+from coordinator.budget.timing import Timing, frontier_digest, worth_keeping
 from coordinator.optimizer import Action
 from coordinator.pipeline import budget_point
 from coordinator.pipeline.job import PipelineJob
@@ -42,7 +44,7 @@ from coordinator.power_limit.job_parts import make_selector
 from coordinator.state.ownership import OwnershipBook
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.budget import Budget, BudgetStatus
+from zeus_agent.wire.budget import Budget, BudgetStatus, BudgetTiming
 from zeus_agent.wire.messages import CommandEnvelope, Reply
 from zeus_agent.wire.node_cap import MAX_CAP_LEASE_S, NodeCapCmd
 
@@ -223,6 +225,10 @@ class BudgetLoop:
         """Pipeline job -> rounds left before its draw is its own point's again."""
         self.timing = Timing(enforce.SETTLE_ROUNDS)
         """The pipeline jobs' measured step times under the caps (`budget.timing`)."""
+        self.timing_read: set[str] = set()
+        """Pipeline jobs whose kept measures were read since this replica owns the budgets."""
+        self.timing_kept: dict[str, BudgetTiming] = {}
+        """Job -> its measures as last written to (or read from) the state bucket."""
         self.views: list[enforce.JobView] = []
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
@@ -250,15 +256,20 @@ class BudgetLoop:
             self.kept_caps.clear()
             self.plans.clear()
             self.statuses.clear()
+            self.timing = Timing(enforce.SETTLE_ROUNDS)  # (Back here: from the kept ones.)
+            self.timing_read.clear()
+            self.timing_kept.clear()
             await self.tell(self.held_here(budgets))  # (The owner caps them.)
             await self.cap_profiling({}, budgets)
             return
         await self.resume_backoffs()
+        jobs = self.jobs()
+        await self.resume_timing(jobs)
         now_s = time.monotonic()
         counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
         if counting:
             self.counted_at = now_s
-        caps = self.plan(budgets, counting)
+        caps = self.plan(budgets, counting, jobs)
         leases = self.cap_leases(budgets)
         now = self.wall()
         lifts = {k: h for k, (h, until) in self.unlifted.items() if until > now}
@@ -275,6 +286,7 @@ class BudgetLoop:
         await self.tell(frontier_points(self.plans.values(), self.views, self.ratios))
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.keep_backoffs()
+        await self.keep_timing()
         await self.publish()
 
     async def lift_lifted(self, now: float) -> None:
@@ -333,6 +345,49 @@ class BudgetLoop:
         except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
             LOG.debug("budget backoffs not kept: %s", e)
 
+    async def resume_timing(self, jobs: list[enforce.JobView]) -> None:
+        """A Perseus job new to this owner starts from the measures its last owner kept.
+
+        Read once per job while this replica owns the budgets (again when its read failed),
+        taken only for the frontier they were measured on (`Timing.restore`).
+        """
+        new = [j for j in jobs if j.frontier is not None and j.job_id not in self.timing_read]
+        if not new:
+            return
+        store = TimingStore(self.link.require_state().kv)
+        for job in new:
+            assert job.frontier is not None
+            try:
+                kept = await store.get(job.job_id)
+            except Exception as e:  # noqa: BLE001 - the bucket is away: the next round reads
+                LOG.warning("job %s: its kept measures not read (%s)", job.job_id, e)
+                return
+            self.timing_read.add(job.job_id)
+            digest = frontier_digest(job.frontier.chosen, job.frontier.times)
+            if kept is not None and self.timing.restore(job.job_id, digest, kept):
+                self.timing_kept[job.job_id] = kept
+                LOG.info("job %s: resumed with %d options measured under the budgets",
+                         job.job_id, len(kept.options))
+
+    async def keep_timing(self) -> None:
+        """Write each Perseus job's measures when they moved (`timing.worth_keeping`).
+
+        Those of a job gone, or that planned another frontier, are purged.
+        """
+        self.timing_read &= {j.job_id for j in self.views}
+        try:
+            store = TimingStore(self.link.require_state().kv)
+            for job_id in list(self.timing.served):
+                now = self.timing.record(job_id)
+                if now is not None and worth_keeping(self.timing_kept.get(job_id), now):
+                    await store.put(now)
+                    self.timing_kept[job_id] = now
+            for gone in [j for j in self.timing_kept if self.timing.record(j) is None]:
+                await store.delete(gone)
+                del self.timing_kept[gone]
+        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
+            LOG.debug("measures under the budgets not kept: %s", e)
+
     async def cap_profiling(self, planned: dict[core.GpuKey, int],
                             budgets: list[Budget]) -> None:
         """Tell the jobs still profiling here their cap: `planned` (the owner's), or lifted."""
@@ -387,16 +442,17 @@ class BudgetLoop:
         return {holder(b.budget_id): min(MAX_CAP_LEASE_S, max(b.end_s - now, 1.0))
                 for b in budgets if b.end_s is not None}
 
-    def plan(self, budgets: list[Budget],
-             counting: bool = True) -> dict[core.GpuKey, tuple[int, str]]:
+    def plan(self, budgets: list[Budget], counting: bool = True,
+             jobs: list[enforce.JobView] | None = None) -> dict[core.GpuKey, tuple[int, str]]:
         """The cap and holder of every governed GPU this round.
 
         `counting`: a round of its own. A round woken between the loop's ticks (a budget set)
         plans and sends at once, but the samples are the last round's: it advances no
-        tightener, settling or measure (each would count them twice).
+        tightener, settling or measure (each would count them twice). `jobs`: the jobs as
+        seen this round (default: `self.jobs()`).
         """
         governed = core.governing(budgets, self.cluster, self.wall())
-        jobs = self.views = self.calibrate(self.jobs(), counting)
+        jobs = self.views = self.calibrate(self.jobs() if jobs is None else jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
             if not g.gpus:
@@ -465,8 +521,8 @@ class BudgetLoop:
             if counting:  # (A straggler moving it: its steps are not the option's alone.)
                 self.timing.observe(
                     job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
-                    else told[0], job.own_step_s, job.step_times, (f.chosen, f.times),
-                    len(job.gpus))
+                    else told[0], job.own_step_s, job.step_times,
+                    frontier_digest(f.chosen, f.times), len(job.gpus))
             ratio = self.ratios.get(job.job_id, 1.0)
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
                 f, ratio, self.timing.measured(job.job_id))))

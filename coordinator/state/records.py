@@ -10,6 +10,7 @@ One bucket holds the state of every job, one key per fact, so a change writes on
 | `v.prog.<h>` | the job's optimiser progress (`JobOptimizer.persisted()`), or its profile |
 | `v.quar.<h>` | the job is set aside: a record of it cannot be loaded, or its optimiser failed |
 | `gpu.<h>.<n>.<i>` | the rank driving GPU `i` of node digest `<n>` in the job (created once) |
+| `budget_timing.<h>` | the job's options as measured under a budget (`budget.store.TimingStore`) |
 
 Replicas follow the `v.` keys (`FOLLOWED`); the `gpu.` keys only make a GPU's binding unique.
 
@@ -92,6 +93,14 @@ def _node_digest(node: str) -> str:
 def progress_key(job_id: str) -> str:
     """The key of a job's optimiser progress."""
     return f"v.prog.{job_hash(job_id)}"
+
+
+def timing_key(job_hash_: str) -> str:
+    """The key of a job's options as measured under a power budget.
+
+    Outside the `v.` keys: only the budgets' owner reads it (`coordinator.budget.store`).
+    """
+    return f"budget_timing.{job_hash_}"
 
 
 def job_keys_filter(job_id: str, kind: str) -> str:

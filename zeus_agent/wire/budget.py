@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from zeus_agent.models import MAX_POWER_W
 from zeus_agent.wire.messages import MAX_NAME_CHARS, Id, Message, Name, Text
 
 MAX_CAP_W = 100_000_000.0
@@ -29,6 +30,14 @@ MAX_SHARES = 10_000
 """Most jobs one budget's status lists."""
 MAX_TIME_S = 2.0**33
 """Latest start or end (Unix seconds, year 2242)."""
+MEASURED_RANGE = (1.0, 10.0)
+"""A measured option's step time over the job's at its own point, kept within (a measure
+outside says more about the host than the caps: `coordinator.budget.timing`)."""
+MAX_MEASURED = 256
+"""Most options one job's `BudgetTiming` keeps: a frontier offers at most a few dozen points
+and a throttled option every 25 W."""
+MAX_FRONTIER_INDEX = 1_000_000
+"""Largest frontier index a measure may name."""
 LABEL = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}=[A-Za-z0-9_.\-]{0,63}$")
 """`key=value`, as Kubernetes labels spell them (no '=' or white space inside)."""
 
@@ -150,3 +159,36 @@ class BudgetStatus(Message):
     gpus: int = Field(ge=0, le=1_000_000)
     idle_gpus: int = Field(default=0, ge=0, le=1_000_000)
     shares: list[BudgetShare] = Field(default=[], max_length=MAX_SHARES)
+
+
+class MeasuredOption(_Part):
+    """One option of a Perseus job as it ran under a budget (`coordinator.budget.timing`)."""
+
+    key: int = Field(ge=-MAX_POWER_W, le=MAX_FRONTIER_INDEX)
+    """A frontier point's index, or minus a throttled option's cap (W)."""
+    relative_time: float = Field(ge=MEASURED_RANGE[0], le=MEASURED_RANGE[1])
+    """Its step time over the job's at its own point."""
+    power_w: float | None = Field(default=None, gt=0, le=MAX_POWER_W)
+    """Its draw per GPU (W); None: no energy measured."""
+
+
+class BudgetTiming(Message):
+    """What the budgets' owner measured of one Perseus job's options, kept for its successor.
+
+    Not a subject's payload: the value of `budget_timing.<h>` in the coordinator's state
+    bucket (`coordinator.budget.store.TimingStore`), written by the replica applying the
+    budgets and read by the one that takes them over, which counts the job's options at
+    these measures instead of measuring them again. `frontier` names the frontier they were
+    measured on (`coordinator.budget.timing.frontier_digest`): a job that planned another
+    frontier has other points under the same keys, and its measures are not used.
+    """
+
+    job_id: Id = Field(min_length=1)
+    frontier: str = Field(pattern=r"^[0-9a-f]{32}$")
+    options: list[MeasuredOption] = Field(default=[], max_length=MAX_MEASURED)
+
+    @model_validator(mode="after")
+    def _one_per_key(self) -> BudgetTiming:
+        if len({o.key for o in self.options}) != len(self.options):
+            raise ValueError("an option is measured twice")
+        return self
