@@ -9,9 +9,10 @@ cluster's last samples. It returns the cap of every governed GPU:
   its options from its measurements: time per window and average power per GPU, energy /
   time / GPUs, as `PowerLimitMeasurement` sums energy over the job's GPUs);
 * a pipeline job serving a plan of its frontier (Perseus) gets a frontier point, its GPUs
-  capped at that point's limit (`frontier_options`);
-* a job without a profile (still profiling, a job another replica drives) is capped
-  proportionally, counted at its measured draw;
+  capped at that point's limit (`frontier_options`; driven by another replica: the frontier
+  that replica recorded, `remote`);
+* a job without a profile (still profiling, a job another replica drives whose profile or
+  frontier is not recorded) is capped proportionally, counted at its measured draw;
 * an idle GPU counts at its measured power and is capped at its minimum limit, so a job that
   starts there cannot overshoot before the next round.
 
@@ -81,6 +82,8 @@ class JobView:
     """A pipeline job's step time at its own point (`StragglerHandling.own_step_s`)."""
     own_draw_w: float | None = None
     """A pipeline job's draw per GPU there, from its energies (`StragglerHandling.own_draw_w`)."""
+    remote: bool = False
+    """Another replica drives it (a frontier is the one that replica recorded: `remote`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +193,10 @@ class Tightener:
 
         Until this owner has measured the group under its own caps, and the jobs its
         predecessor drove are driven again (their profiles known here), a plan may well raise
-        caps the group needs: a job another replica drives is capped proportionally, counted at
-        its draw, which the cap holds down. No hold: the samples show the caps in force, which
-        are `held` (the loop holds when it sends others).
+        caps the group needs: a job another replica drives whose profile or frontier is not
+        recorded yet is capped proportionally, counted at its draw, which the cap holds down.
+        No hold: the samples show the caps in force, which are `held` (the loop holds when it
+        sends others).
         """
         self.held, self.guard, self.jitter_w = dict(held), GUARD_ROUNDS, jitter_w
         self.fresh = False

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from coordinator.budget import budgets as core
-from coordinator.budget import enforce, frontier_options
+from coordinator.budget import enforce, frontier_options, remote
 from coordinator.budget.allocator import BudgetError
 from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps, TimingStore
 from coordinator.budget.timing import Timing, frontier_digest, worth_keeping
@@ -74,14 +74,17 @@ LEASE_ID = "\x1fbudgets"
 COMMAND_TIMEOUT_S = 2.0
 
 
-def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
+def job_views(drivers: Iterable[JobDriver],
+              follows: remote.Recorded | None = None) -> list[enforce.JobView]:
     """What the budgets know of the jobs: their GPUs; their profiles where known.
 
     A power-limit job with its optimum known brings its measurements: driven by this replica,
     its own; driven by another, the profile its owner recorded in the state bucket
-    (`recorded_profile`); a pipeline job driven here serving a plan of its frontier (Perseus)
-    its frontier; every other job (profiling, a pipeline job another replica drives) is capped
-    proportionally. Each job's slowdown counts as its registered `priority`.
+    (`recorded_profile`); a pipeline job serving a plan of its frontier (Perseus) its
+    frontier: driven here, its own; driven by another, the one that replica recorded
+    (`follows`, `budget.remote`); every other job (profiling, a job another replica drives
+    with nothing recorded) is capped proportionally. Each job's slowdown counts as its
+    registered `priority`.
     """
     views = []
     for driver in drivers:
@@ -97,7 +100,11 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
                                          tuple(job.machine.measurements),
                                          job.optimal_power_limit, weight))
         elif job is None and (known := recorded_profile(driver)) is not None:
-            views.append(enforce.JobView(driver.job_id, gpus, *known, weight))
+            views.append(enforce.JobView(driver.job_id, gpus, *known, weight, remote=True))
+        elif job is None and follows is not None and (
+                theirs := follows.frontier(driver.job_id)) is not None:
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=theirs,
+                                         remote=True))
         elif frontier is not None and isinstance(job, PipelineJob):
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
                                          own_point=not job.straggling.stragglers.factors(),
@@ -105,7 +112,8 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
                                          own_step_s=job.straggling.own_step_s(),
                                          own_draw_w=job.straggling.own_draw_w()))
         else:
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight,
+                                         remote=job is None))
     return views
 
 
@@ -229,6 +237,10 @@ class BudgetLoop:
         """Pipeline jobs whose kept measures were read since this replica owns the budgets."""
         self.timing_kept: dict[str, BudgetTiming] = {}
         """Job -> its measures as last written to (or read from) the state bucket."""
+        self.frontiers_sent: dict[str, frontier_options.FrontierView] = {}
+        """Perseus job driven here -> its frontier as recorded (`budget.remote`)."""
+        self.points_sent: dict[str, tuple[int, float]] = {}
+        """Perseus job another replica drives -> the point recorded for it (as the owner)."""
         self.views: list[enforce.JobView] = []
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
@@ -246,9 +258,11 @@ class BudgetLoop:
             return
         budgets = [b for b, _ in self.view.budgets.values()]
         if (not budgets and not self.capped and not self.points and not self.unlifted
-                and not self.view.lifted):
+                and not self.view.lifted and not self.view.remote.points):
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
             return
+        jobs = self.jobs()
+        await self.record_frontiers(jobs)
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.tighteners.clear()  # (Its backoffs too: back here, start from the kept ones.)
@@ -259,11 +273,11 @@ class BudgetLoop:
             self.timing = Timing(enforce.SETTLE_ROUNDS)  # (Back here: from the kept ones.)
             self.timing_read.clear()
             self.timing_kept.clear()
-            await self.tell(self.held_here(budgets))  # (The owner caps them.)
+            self.points_sent.clear()
+            await self.tell(self.held_here(budgets, jobs))  # (The owner caps them.)
             await self.cap_profiling({}, budgets)
             return
         await self.resume_backoffs()
-        jobs = self.jobs()
         await self.resume_timing(jobs)
         now_s = time.monotonic()
         counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
@@ -283,7 +297,9 @@ class BudgetLoop:
                          if not ok}
         self.capped = {k: h for k, (_, h) in caps.items()}
         await self.lift_lifted(now)
-        await self.tell(frontier_points(self.plans.values(), self.views, self.ratios))
+        points = frontier_points(self.plans.values(), self.views, self.ratios)
+        await self.tell(points)
+        await self.record_points(points)
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.keep_backoffs()
         await self.keep_timing()
@@ -399,18 +415,38 @@ class BudgetLoop:
         except Exception:  # noqa: BLE001 - a job not told: the next round tells it
             LOG.exception("caps not told to the jobs profiling")
 
-    def held_here(self, budgets: list[Budget]) -> dict[str, tuple[int, float]]:
-        """Pipeline jobs driven here on GPUs a budget governs: the point told last, or their own.
+    def held_here(self, budgets: list[Budget],
+                  jobs: list[enforce.JobView]) -> dict[str, tuple[int, float]]:
+        """Pipeline jobs driven here on GPUs a budget governs: the owner's point, or held.
 
-        For a replica that does not own the budgets: the owner plans on the jobs it drives and
-        caps the others proportionally (counted at their draw), so those driven here stay on
-        the point this replica gave them while it owned the budgets (going back to a faster
-        one would raise the group's draw), else their own plan, held either way (their times
-        are the caps', not the plan's: no drift re-profile under them).
+        For a replica that does not own the budgets: the owner plans on the frontiers this
+        replica recorded and records the point it gives each job (`budget.remote`), served
+        here. Until it has (a takeover, a frontier not recorded yet), a job stays on the point
+        this replica gave it while it owned the budgets (going back to a faster one would raise
+        the group's draw), else on its own plan, held either way (their times are the caps',
+        not the plan's: no drift re-profile under them).
         """
         governed = {k for g in core.governing(budgets, self.cluster, self.wall()) for k in g.gpus}
-        return {j.job_id: self.points.get(j.job_id, (j.frontier.chosen, math.inf))
-                for j in self.jobs() if j.frontier is not None and governed.intersection(j.gpus)}
+        return {j.job_id: (self.view.remote.point(j.job_id) or
+                           self.points.get(j.job_id, (j.frontier.chosen, math.inf)))
+                for j in jobs if j.frontier is not None and not j.remote
+                and governed.intersection(j.gpus)}
+
+    async def record_frontiers(self, jobs: list[enforce.JobView]) -> None:
+        """Record the frontiers of the Perseus jobs driven here (`remote.record_frontiers`)."""
+        try:
+            await remote.record_frontiers(self.link.require_state().kv, jobs,
+                                          self.frontiers_sent)
+        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
+            LOG.debug("frontiers not recorded for the budgets: %s", e)
+
+    async def record_points(self, points: dict[str, tuple[int, float]]) -> None:
+        """Record the points given jobs another replica drives (`remote.record_points`)."""
+        try:
+            await remote.record_points(self.link.require_state().kv, points, self.views,
+                                       self.view.remote, self.points_sent)
+        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
+            LOG.debug("frontier points not recorded: %s", e)
 
     async def tell(self, points: dict[str, tuple[int, float]]) -> None:
         """Tell the pipeline jobs their points (those told before and now absent: none)."""

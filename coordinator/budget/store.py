@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from coordinator.budget.remote import Recorded
 from coordinator.state.records import job_hash, timing_key
 from zeus_agent.models import MAX_POWER_W
 from zeus_agent.wire.budget import Budget, BudgetTiming
@@ -126,6 +127,8 @@ class BudgetView:
 
     def __init__(self) -> None:
         self.budgets: dict[str, tuple[Budget, float]] = {}
+        self.remote = Recorded()
+        """The Perseus jobs' frontiers and points recorded for the budgets (`budget.remote`)."""
         self.lifted: dict[str, tuple[list[tuple[str, int]], float]] = {}
         """Lifted budget -> (its GPUs, until when their caps may hold): `LiftedCaps`."""
         self.changed = asyncio.Event()

@@ -192,3 +192,65 @@ class BudgetTiming(Message):
         if len({o.key for o in self.options}) != len(self.options):
             raise ValueError("an option is measured twice")
         return self
+
+
+MAX_FRONTIER_POINTS = 2048
+"""Most points of a frontier recorded for the budgets' owner (a planner's has hundreds; a
+longer one is not recorded and its job is capped proportionally)."""
+MAX_STEP_S = 1e6
+"""Longest iteration time (s) a recorded frontier may name."""
+
+
+class ThrottledPoint(_Part):
+    """A frontier's slowest point under a lower node cap, as modelled with its profile."""
+
+    cap_w: int = Field(ge=1, le=MAX_POWER_W)
+    time_s: float = Field(gt=0, le=MAX_STEP_S)
+    power_w: float = Field(ge=0, le=MAX_POWER_W)
+    peak_w: float = Field(ge=0, le=MAX_POWER_W)
+
+
+class BudgetFrontier(Message):
+    """A Perseus job's frontier as the replica driving it records it for the budgets' owner.
+
+    Not a subject's payload: the value of `budget_frontier.<h>` in the coordinator's state
+    bucket, which every replica follows. The replica applying the budgets counts the job's
+    frontier points as its options although another replica drives it
+    (`coordinator.budget.frontier_options.FrontierView`: per point its planned time, its
+    average and its highest instruction power per GPU, uncalibrated; the point it chose).
+    """
+
+    job_id: Id = Field(min_length=1)
+    times: list[float] = Field(min_length=1, max_length=MAX_FRONTIER_POINTS)
+    powers: list[float] = Field(max_length=MAX_FRONTIER_POINTS)
+    peaks: list[float | None] = Field(max_length=MAX_FRONTIER_POINTS)
+    chosen: int = Field(ge=0)
+    throttled: list[ThrottledPoint] = Field(default=[], max_length=MAX_MEASURED)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BudgetFrontier:
+        n = len(self.times)
+        if len(self.powers) != n or len(self.peaks) != n:
+            raise ValueError("times, powers and peaks must have one value per point")
+        if self.chosen >= n:
+            raise ValueError(f"chosen point {self.chosen} is not one of the {n} points")
+        if not all(0 < t <= MAX_STEP_S for t in self.times) or not all(
+                0 <= w <= MAX_POWER_W for w in self.powers) or not all(
+                w is None or 0 <= w <= MAX_POWER_W for w in self.peaks):
+            raise ValueError(f"a time out of (0, {MAX_STEP_S:g}] s or a power out of "
+                             f"[0, {MAX_POWER_W}] W")
+        return self
+
+
+class BudgetPoint(Message):
+    """The frontier point the budgets' owner gives a Perseus job another replica drives.
+
+    The value of `budget_point.<h>` in the state bucket: the replica driving the job serves it
+    (`coordinator.budget.frontier_options.pick`) while a budget governs the job's GPUs; none:
+    the job's own plan. `index`: a frontier point's, or minus a throttled option's cap (W).
+    """
+
+    job_id: Id = Field(min_length=1)
+    index: int = Field(ge=-MAX_POWER_W, le=MAX_FRONTIER_INDEX)
+    power_w: float = Field(gt=0, le=MAX_POWER_W)
+    """The point's planned power per GPU (W)."""
