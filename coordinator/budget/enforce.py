@@ -253,6 +253,19 @@ class Tightener:
         return self.backoff_w
 
 
+def with_margin(governed: Governed, margin_pct: float) -> Governed:
+    """`governed` with `margin_pct` percent of its room kept unused.
+
+    The allocation plans under the smaller room and the tightener holds the measured draw a
+    band under it (`Tightener.update`): a fixed margin besides the band, for the draw's noise
+    over a shorter time than a round (the group's power in half-second bins crossed a cap
+    its one-second samples stayed under). Never under the floor (`plan`).
+    """
+    if margin_pct <= 0:
+        return governed
+    return replace(governed, room_w=governed.room_w * (1 - margin_pct / 100))
+
+
 def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:
     """`plan` with no cap above the one the previous owner sent, while `tight` guards.
 

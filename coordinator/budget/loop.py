@@ -202,7 +202,8 @@ class BudgetLoop:
     def __init__(self, *, link: Link, book: OwnershipBook, cluster: core.Cluster,
                  jobs: Callable[[], list[enforce.JobView]], cap_lease_s: float,
                  view: BudgetView, wall: Callable[[], float] = time.time,
-                 serve: Serve | None = None, cap_jobs: CapJobs | None = None) -> None:
+                 serve: Serve | None = None, cap_jobs: CapJobs | None = None,
+                 margin_pct: float = 0.0) -> None:
         self.link = link
         self.view = view
         """The budgets, as the state bucket's watch keeps them (`BudgetView`)."""
@@ -210,6 +211,8 @@ class BudgetLoop:
         self.cluster = cluster
         self.jobs = jobs
         self.cap_lease_s = cap_lease_s
+        self.margin_pct = margin_pct
+        """Percent of each budget's room kept unused (`enforce.with_margin`)."""
         self.wall = wall
         self.capped: dict[core.GpuKey, str] = {}
         """GPU -> the holder this replica capped it for (lifted when no budget governs it)."""
@@ -487,7 +490,8 @@ class BudgetLoop:
         tightener, settling or measure (each would count them twice). `jobs`: the jobs as
         seen this round (default: `self.jobs()`).
         """
-        governed = core.governing(budgets, self.cluster, self.wall())
+        governed = [enforce.with_margin(g, self.margin_pct)
+                    for g in core.governing(budgets, self.cluster, self.wall())]
         jobs = self.views = self.calibrate(self.jobs() if jobs is None else jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:

@@ -189,7 +189,8 @@ class CoordinatorService(ExitSignals):
                                       view=self.budget_view, serve=lambda points: serve_points(
                                           jobs.drivers(), self.actions.execute, points),
                                       cap_jobs=lambda caps, governed: cap_profiling_jobs(
-                                          jobs.drivers(), self.actions.execute, caps, governed))
+                                          jobs.drivers(), self.actions.execute, caps, governed),
+                                      margin_pct=s.budget_margin_pct)
         self.budgets = BudgetService(s.prefix, link, cluster, on_lift=self.budget_loop.lift)
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,
