@@ -153,12 +153,12 @@ class Timing:
     def restore(self, job_id: str, frontier: str, kept: BudgetTiming) -> bool:
         """Start from a predecessor's measures of a job on the frontier `frontier` digests.
 
-        Only for a job nothing is known of here yet, whose frontier is the one `kept` was
-        measured on (another frontier's points differ under the same keys). Returns whether
-        they were taken.
+        Only for a job with no measure here yet (seen already, or not), whose frontier is the
+        one `kept` was measured on (another frontier's points differ under the same keys).
+        Returns whether they were taken.
         """
-        if (job_id in self._frontiers or job_id in self.served or kept.job_id != job_id
-                or kept.frontier != frontier):
+        if (self.served.get(job_id) or kept.job_id != job_id or kept.frontier != frontier
+                or self._frontiers.get(job_id, frontier) != frontier):
             return False
         self._frontiers[job_id] = frontier
         self.served[job_id] = {o.key: Served(o.key, o.relative_time, o.power_w)

@@ -83,6 +83,20 @@ def test_a_successor_starts_from_the_measures_on_the_same_frontier_only() -> Non
     assert other.measured("job") == () and other.record("job") is None
 
 
+def test_a_job_seen_but_not_measured_yet_still_takes_the_kept_measures() -> None:
+    """(Its kept measures not read in its first round: the bucket was away.)"""
+    kept = measured_timing().record("job")
+    assert kept is not None
+    timing = Timing(SETTLE)
+    timing.observe("job", -125, 1.0, [(1, 1.0, 110.0)], DIGEST)
+    assert not timing.restore("job", frontier_digest(0, (2.0,)), kept)  # (not its frontier)
+    assert timing.restore("job", DIGEST, kept)
+    assert timing.measured("job") == measured_timing().measured("job")
+    other = Timing(SETTLE)  # Seen on another frontier: the kept measures are not its.
+    other.observe("job", -125, 1.0, [(1, 1.0, 110.0)], frontier_digest(0, (2.0,)))
+    assert not other.restore("job", DIGEST, kept) and other.measured("job") == ()
+
+
 def test_a_job_without_a_digest_or_measures_keeps_nothing() -> None:
     timing = Timing(SETTLE)
     assert timing.record("job") is None
