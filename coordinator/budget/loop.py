@@ -266,6 +266,11 @@ class BudgetLoop:
             return
         jobs = self.jobs()
         await self.record_frontiers(jobs)
+        await self.resume_timing(jobs)
+        now_s = time.monotonic()
+        counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
+        if counting:
+            self.counted_at = now_s
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.tighteners.clear()  # (Its backoffs too: back here, start from the kept ones.)
@@ -273,19 +278,15 @@ class BudgetLoop:
             self.kept_caps.clear()
             self.plans.clear()
             self.statuses.clear()
-            self.timing = Timing(enforce.SETTLE_ROUNDS)  # (Back here: from the kept ones.)
-            self.timing_read.clear()
-            self.timing_kept.clear()
             self.points_sent.clear()
-            await self.tell(self.held_here(budgets, jobs))  # (The owner caps them.)
+            held = self.held_here(budgets, jobs)  # (The owner caps them.)
+            if counting:
+                self.measure_here(jobs, held)
+            await self.tell(held)
+            await self.keep_timing(jobs)
             await self.cap_profiling({}, budgets)
             return
         await self.resume_backoffs()
-        await self.resume_timing(jobs)
-        now_s = time.monotonic()
-        counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
-        if counting:
-            self.counted_at = now_s
         caps = self.plan(budgets, counting, jobs)
         leases = self.cap_leases(budgets)
         now = self.wall()
@@ -305,7 +306,7 @@ class BudgetLoop:
         await self.record_points(points)
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.keep_backoffs()
-        await self.keep_timing()
+        await self.keep_timing(self.views)
         await self.publish()
 
     async def lift_lifted(self, now: float) -> None:
@@ -388,21 +389,44 @@ class BudgetLoop:
                 LOG.info("job %s: resumed with %d options measured under the budgets",
                          job.job_id, len(kept.options))
 
-    async def keep_timing(self) -> None:
-        """Write each Perseus job's measures when they moved (`timing.worth_keeping`).
+    def measure_here(self, jobs: list[enforce.JobView],
+                     held: Mapping[str, tuple[int, float]]) -> None:
+        """Measure the Perseus jobs driven here at the points they hold (not owning budgets).
 
-        Those of a job gone, or that planned another frontier, are purged.
+        Their measures reach the owner through the state bucket (`keep_timing`; it plans a job
+        another replica drives with them, `Recorded.measured`).
         """
-        self.timing_read &= {j.job_id for j in self.views}
+        for job in jobs:
+            f = job.frontier
+            if f is None or job.remote:
+                continue
+            told = held.get(job.job_id)
+            self.timing.observe(
+                job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
+                else told[0], job.own_step_s, job.step_times,
+                frontier_digest(f.chosen, f.times), len(job.gpus))
+        self.timing.forget({j.job_id for j in jobs})
+
+    async def keep_timing(self, jobs: list[enforce.JobView]) -> None:
+        """Write the measures of the Perseus jobs when they moved (`timing.worth_keeping`).
+
+        Those of a job gone, or that planned another frontier, are purged. A job's measures
+        are written by the replica that measures them, the one driving it: none of a job
+        another replica drives (those known here were read, `resume_timing`).
+        """
+        self.timing_read &= {j.job_id for j in jobs}
+        theirs = {j.job_id for j in jobs if j.remote}
         try:
             store = TimingStore(self.link.require_state().kv)
-            for job_id in list(self.timing.served):
+            for job_id in [j for j in self.timing.served if j not in theirs]:
                 now = self.timing.record(job_id)
                 if now is not None and worth_keeping(self.timing_kept.get(job_id), now):
                     await store.put(now)
                     self.timing_kept[job_id] = now
-            for gone in [j for j in self.timing_kept if self.timing.record(j) is None]:
-                await store.delete(gone)
+            for gone in [j for j in self.timing_kept if self.timing.record(j) is None
+                         or j in theirs]:
+                if gone not in theirs:
+                    await store.delete(gone)
                 del self.timing_kept[gone]
         except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
             LOG.debug("measures under the budgets not kept: %s", e)
@@ -558,14 +582,17 @@ class BudgetLoop:
                 if ratio is not None:
                     old = self.ratios.get(job.job_id)
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
+            digest = frontier_digest(f.chosen, f.times)
             if counting:  # (A straggler moving it: its steps are not the option's alone.)
                 self.timing.observe(
                     job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
-                    else told[0], job.own_step_s, job.step_times,
-                    frontier_digest(f.chosen, f.times), len(job.gpus))
+                    else told[0], job.own_step_s, job.step_times, digest, len(job.gpus))
+            measured = self.timing.measured(job.job_id)
+            if job.remote:  # (Measured by the replica driving it.)
+                measured = self.view.remote.measured(job.job_id, digest) or measured
             ratio = self.ratios.get(job.job_id, 1.0)
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
-                f, ratio, self.timing.measured(job.job_id))))
+                f, ratio, measured)))
         live = {j.job_id for j in jobs}
         self.timing.forget(live)
         self.ratios = {k: v for k, v in self.ratios.items() if k in live}

@@ -6,12 +6,14 @@
 * The replica applying the budgets plans on a recorded frontier as on one of its own jobs'
   (`loop.job_views`) and records the point it gives such a job (`budget_point.<h>`, a
   `BudgetPoint`, written when it moves; purged when no budget gives the job one).
-* Every replica follows both (`Recorded`); the one driving the job serves the recorded point
-  while a budget governs the job's GPUs (`BudgetLoop.held_here`).
+* The replica driving the job measures it at the points it serves (`budget.timing`) and
+  records the measures (`budget_timing.<h>`, `store.TimingStore`); the owner counts the job's
+  options at them.
+* Every replica follows all three (`Recorded`); the one driving the job serves the recorded
+  point while a budget governs the job's GPUs (`BudgetLoop.held_here`).
 
-Not recorded yet: the job's step times and energies. The owner does not measure such a job's
-options (it uses those kept while a replica applying the budgets drove it, `TimingStore`) and
-calibrates its frontier by its GPUs' samples while it serves its own point.
+Not recorded: the job's draw at its own point from its energies; the owner calibrates such a
+job's frontier by its GPUs' samples while it serves its own point.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ from typing import Any
 
 from coordinator.budget import recorded
 from coordinator.budget.enforce import JobView
-from coordinator.budget.frontier_options import FrontierView
-from coordinator.state.records import FRONTIER_PREFIX, POINT_PREFIX, job_hash
-from zeus_agent.wire.budget import BudgetFrontier, BudgetPoint
+from coordinator.budget.frontier_options import FrontierView, Served
+from coordinator.state.records import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX, job_hash
+from zeus_agent.wire.budget import BudgetFrontier, BudgetPoint, BudgetTiming
 from zeus_agent.wire.text import bounded
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["FRONTIER_PREFIX", "POINT_PREFIX", "Recorded", "record_frontiers", "record_points"]
+__all__ = ["FRONTIER_PREFIX", "POINT_PREFIX", "TIMING_PREFIX", "Recorded", "record_frontiers",
+           "record_points"]
 
 MAX_VALUE_BYTES = 1_000_000
 """Largest value read (a frontier at its `MAX_FRONTIER_POINTS`: about 150 KB)."""
@@ -43,6 +46,8 @@ class Recorded:
         """Job digest -> (job id, its recorded frontier)."""
         self.points: dict[str, tuple[str, tuple[int, float]]] = {}
         """Job digest -> (job id, the point the budgets' owner gave it)."""
+        self.timings: dict[str, BudgetTiming] = {}
+        """Job digest -> its options as measured by the replica driving it."""
 
     def frontier(self, job_id: str) -> FrontierView | None:
         """A job's recorded frontier, if any."""
@@ -53,6 +58,23 @@ class Recorded:
         """The point recorded for a job, if any."""
         found = self.points.get(job_hash(job_id))
         return found[1] if found is not None and found[0] == job_id else None
+
+    def measured(self, job_id: str, frontier: str) -> tuple[Served, ...] | None:
+        """A job's options as recorded measured on the frontier `frontier` digests, if any."""
+        found = self.timings.get(job_hash(job_id))
+        if found is None or found.job_id != job_id or found.frontier != frontier:
+            return None
+        return tuple(sorted((Served(o.key, o.relative_time, o.power_w) for o in found.options),
+                            key=lambda m: -m.key))
+
+    async def on_timing(self, entry: Any) -> None:
+        """Apply one entry of the watch of `budget_timing.>` (`store.TimingStore`)."""
+        value = _read(entry, TIMING_PREFIX, BudgetTiming)
+        h = str(entry.key)[len(TIMING_PREFIX):]
+        if value is None:
+            self.timings.pop(h, None)
+        else:
+            self.timings[h] = value
 
     async def on_frontier(self, entry: Any) -> None:
         """Apply one entry of the watch of `budget_frontier.>`."""

@@ -61,7 +61,7 @@ from coordinator.budget.budgets import Cluster as BudgetCluster
 from coordinator.budget.job_caps import cap_profiling_jobs
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
 from coordinator.budget.loop import BudgetLoop, job_views, serve_points
-from coordinator.budget.remote import FRONTIER_PREFIX, POINT_PREFIX
+from coordinator.budget.remote import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX
 from coordinator.budget.service import BudgetService
 from coordinator.budget.store import LIFTED_PREFIX, BudgetView
 from coordinator.budget.store import PREFIX as BUDGET_PREFIX
@@ -347,6 +347,7 @@ class CoordinatorService(ExitSignals):
         await state.watch(f"{LIFTED_PREFIX}>", self.budget_view.on_lifted)
         await state.watch(f"{FRONTIER_PREFIX}>", self.budget_view.remote.on_frontier)
         await state.watch(f"{POINT_PREFIX}>", self.budget_view.remote.on_point)
+        await state.watch(f"{TIMING_PREFIX}>", self.budget_view.remote.on_timing)
         release("the endpoints and subscriptions", self._stop_intake)
         await self._serve()
         # Subscriptions are live before anyone hears we started.

@@ -96,12 +96,16 @@ def progress_key(job_id: str) -> str:
     return f"v.prog.{job_hash(job_id)}"
 
 
+TIMING_PREFIX = "budget_timing."
+"""A Perseus job's options as measured under a budget (`budget.store.TimingStore`)."""
+
+
 def timing_key(job_hash_: str) -> str:
     """The key of a job's options as measured under a power budget.
 
     Outside the `v.` keys: only the budgets' owner reads it (`coordinator.budget.store`).
     """
-    return f"budget_timing.{job_hash_}"
+    return TIMING_PREFIX + job_hash_
 
 
 FRONTIER_PREFIX = "budget_frontier."

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, GpuInfo
+from coordinator.budget.frontier_options import Served
 from coordinator.budget.loop import BudgetLoop, frontier_points, job_views
 from coordinator.budget.recorded import (
     POINT_TOLERANCE,
@@ -30,8 +31,15 @@ from coordinator.budget.recorded import (
 )
 from coordinator.budget.remote import Recorded
 from coordinator.budget.store import BudgetView
-from coordinator.state.records import FRONTIER_PREFIX, POINT_PREFIX, job_hash
-from zeus_agent.wire.budget import MAX_FRONTIER_POINTS, Budget, BudgetFrontier
+from coordinator.budget.timing import frontier_digest
+from coordinator.state.records import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX, job_hash
+from zeus_agent.wire.budget import (
+    MAX_FRONTIER_POINTS,
+    Budget,
+    BudgetFrontier,
+    BudgetTiming,
+    MeasuredOption,
+)
 
 VIEW = fo.FrontierView(times=(1.0, 1.3, 1.6), powers=(250.0, 200.0, 160.0),
                        peaks=(280.0, None, 170.0), chosen=0,
@@ -158,3 +166,18 @@ def test_the_replica_driving_it_serves_the_owners_point_else_holds_its_own() -> 
     loop.view.remote.points[job_hash("other")] = ("other", (1, 200.0))
     assert loop.held_here(grid, [mine, theirs]) == {"perseus": (2, 160.0)}
     assert loop.held_here([], [mine, theirs]) == {}  # No budget governs it: its own plan.
+
+
+async def test_the_measures_its_driver_recorded_count_for_their_frontier_only() -> None:
+    follows = Recorded()
+    digest = frontier_digest(VIEW.chosen, VIEW.times)
+    kept = BudgetTiming(job_id="perseus", frontier=digest, options=[
+        MeasuredOption(key=-150, relative_time=2.5, power_w=140.0),
+        MeasuredOption(key=2, relative_time=2.0, power_w=None)])
+    await follows.on_timing(entry(TIMING_PREFIX, "perseus", kept.model_dump_json().encode()))
+    assert follows.measured("perseus", digest) == (Served(2, 2.0, None),
+                                                   Served(-150, 2.5, 140.0))
+    assert follows.measured("perseus", frontier_digest(0, (1.0,))) is None  # planned again
+    assert follows.measured("other", digest) is None
+    await follows.on_timing(entry(TIMING_PREFIX, "perseus", None, "DEL"))
+    assert follows.measured("perseus", digest) is None

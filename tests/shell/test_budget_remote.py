@@ -11,6 +11,7 @@ job no longer serves is purged by its driver, and the owner caps the job proport
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -22,9 +23,10 @@ from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, GpuInfo
 from coordinator.budget.loop import BudgetLoop, frontier_points, job_views
-from coordinator.budget.store import BudgetView
+from coordinator.budget.store import BudgetView, TimingStore
+from coordinator.budget.timing import MIN_STEPS, frontier_digest
 from coordinator.state.jetstream import JetStreamState
-from coordinator.state.records import FRONTIER_PREFIX, POINT_PREFIX, job_hash
+from coordinator.state.records import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX, job_hash
 from zeus_agent.wire.budget import Budget
 
 VIEW = fo.FrontierView(times=(1.0, 1.3, 1.6), powers=(250.0, 200.0, 160.0),
@@ -70,6 +72,7 @@ async def test_the_owner_moves_another_replicas_perseus_job_along_its_frontier(n
     for loop in (driving, owner):
         await state.watch(f"{FRONTIER_PREFIX}>", loop.view.remote.on_frontier)
         await state.watch(f"{POINT_PREFIX}>", loop.view.remote.on_point)
+        await state.watch(f"{TIMING_PREFIX}>", loop.view.remote.on_timing)
 
     def owners_plan(budgets: list[Budget]) -> dict[str, tuple[int, float]]:
         owner.plan(budgets, True)
@@ -96,6 +99,24 @@ async def test_the_owner_moves_another_replicas_perseus_job_along_its_frontier(n
     await owner.record_points(owners_plan([GRID]))
     await driving.record_frontiers(mine)
     assert [(await state.kv.get(k)).revision for k in keys] == before
+
+    # The driver measures the job at that point (2.0 s, where the plan said 1.6 s) and
+    # records it; the owner counts the job's options at it.
+    digest = frontier_digest(VIEW.chosen, VIEW.times)
+    history: list[tuple[int, float, float | None]] = []
+    for n in range(enforce.SETTLE_ROUNDS + 2 * MIN_STEPS):
+        history.append((n + 1, 2.0, 2.0 * 150.0))
+        served = [dataclasses.replace(mine[0], step_times=tuple(history), own_step_s=1.0)]
+        driving.measure_here(served, driving.held_here([GRID], served))
+        await driving.keep_timing(served)
+    assert [(m.key, m.relative_time) for m in driving.timing.measured("perseus")] == [(2, 2.0)]
+    await until(lambda: owner.view.remote.measured("perseus", digest) is not None, "measures")
+    assert owner.view.remote.measured("perseus", "0" * 32) is None  # (another frontier's)
+    owners_plan([GRID])
+    assert owner.statuses["grid"].shares[0].slowdown == pytest.approx(1.0)  # 2.0 s, not 1.6
+    assert owner.timing.record("perseus") is None  # (Not the owner's to write...)
+    await owner.keep_timing(owner.views)
+    assert await TimingStore(state.kv).get("perseus") is not None  # (...nor to purge.)
 
     await owner.record_points(owners_plan([]))  # The budget lifted: no point any more.
     await until(lambda: driving.view.remote.point("perseus") is None, "the point purged")

@@ -69,7 +69,7 @@ async def measure(old: BudgetLoop) -> None:
     for n in range(enforce.SETTLE_ROUNDS + 2 * MIN_STEPS):
         history.append((n + 1, 2.4, 2.4 * 105.0))
         old.plan([BUDGET], True, [dataclasses.replace(JOB, step_times=tuple(history))])
-        await old.keep_timing()
+        await old.keep_timing(old.views)
 
 
 @pytest.mark.timeout(30)
@@ -87,7 +87,7 @@ async def test_a_replica_taking_the_budgets_over_plans_on_the_measures_kept(nc) 
     assert kept.frontier == frontier_digest(VIEW.chosen, VIEW.times)
     revision = (await kv.get(timing_key(job_hash("perseus")))).revision
     old.plan([BUDGET], True, [JOB])  # (A round with nothing new measured: nothing written.)
-    await old.keep_timing()
+    await old.keep_timing(old.views)
     assert (await kv.get(timing_key(job_hash("perseus")))).revision == revision
     planned = slowdown(old)
     assert planned == pytest.approx(1.4)  # 2.4 s where the own point takes 1.0 s
@@ -106,7 +106,7 @@ async def test_a_replica_taking_the_budgets_over_plans_on_the_measures_kept(nc) 
     assert slowdown(fresh) == pytest.approx(1.6 * 160 / 100 - 1)  # at its energy, at 100 W
 
     new.plan([BUDGET], True, [])  # The job ended: its measures are purged.
-    await new.keep_timing()
+    await new.keep_timing(new.views)
     assert await TimingStore(kv).get("perseus") is None and not new.timing_read
 
 
