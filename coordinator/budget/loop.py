@@ -17,8 +17,10 @@ which no job's id may have, so it never names a job. A replica that takes over k
 of what its predecessor capped: caps it does not renew lapse with their lease; the caps it
 keeps are sent at once. The lease of a cap is longer than a takeover, so the cap holds
 throughout one. It starts from what its predecessor kept in the state bucket: each budget's
-backoff and caps (`store.Backoffs`) and what was measured of each Perseus job's options under
-the caps (`store.TimingStore`, `budget.timing`).
+backoff and caps (`store.Backoffs`). What was measured of each Perseus job's options under
+the caps is kept there by the replica driving the job, owner or not (`store.TimingStore`,
+`budget.timing`), as are the frontiers of those jobs and the points the owner gives them
+(`budget.remote`).
 """
 
 from __future__ import annotations
@@ -237,7 +239,7 @@ class BudgetLoop:
         self.timing = Timing(enforce.SETTLE_ROUNDS)
         """The pipeline jobs' measured step times under the caps (`budget.timing`)."""
         self.timing_read: set[str] = set()
-        """Pipeline jobs whose kept measures were read since this replica owns the budgets."""
+        """Pipeline jobs driven here whose kept measures were read (`resume_timing`)."""
         self.timing_kept: dict[str, BudgetTiming] = {}
         """Job -> its measures as last written to (or read from) the state bucket."""
         self.frontiers_sent: dict[str, frontier_options.FrontierView] = {}
@@ -366,12 +368,14 @@ class BudgetLoop:
             LOG.debug("budget backoffs not kept: %s", e)
 
     async def resume_timing(self, jobs: list[enforce.JobView]) -> None:
-        """A Perseus job new to this owner starts from the measures its last owner kept.
+        """A Perseus job new here starts from the measures its last driver kept.
 
-        Read once per job while this replica owns the budgets (again when its read failed),
-        taken only for the frontier they were measured on (`Timing.restore`).
+        Read once per job driven here (again when its read failed, or when it comes back
+        here), taken only for the frontier they were measured on (`Timing.restore`). Those of
+        a job another replica drives are followed instead (`Recorded.measured`).
         """
-        new = [j for j in jobs if j.frontier is not None and j.job_id not in self.timing_read]
+        new = [j for j in jobs if j.frontier is not None and not j.remote
+               and j.job_id not in self.timing_read]
         if not new:
             return
         store = TimingStore(self.link.require_state().kv)
@@ -414,8 +418,8 @@ class BudgetLoop:
         are written by the replica that measures them, the one driving it: none of a job
         another replica drives (those known here were read, `resume_timing`).
         """
-        self.timing_read &= {j.job_id for j in jobs}
         theirs = {j.job_id for j in jobs if j.remote}
+        self.timing_read = {j.job_id for j in jobs if j.job_id in self.timing_read} - theirs
         try:
             store = TimingStore(self.link.require_state().kv)
             for job_id in [j for j in self.timing.served if j not in theirs]:

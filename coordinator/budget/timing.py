@@ -26,12 +26,14 @@ at, 148 W read for GPUs averaging 121 W). The job's frontier carries them
 measured time and draw, and deeper caps scaled alike: the next allocation weighs what the
 caps really cost and draw.
 
-**Kept for a successor**: the owner writes each job's measures to the state bucket when they
-move (`record`, `worth_keeping`; `store.TimingStore`, a `BudgetTiming` naming the frontier
-they were measured on, `frontier_digest`), and a replica that takes the budgets over starts
-from them (`restore`) instead of measuring every option again, during which the allocator
-trusted the models again. A replica replaying a job it took over plans the same frontier
-(its scheduler is deterministic), so the digest matches; another frontier drops them.
+**Kept for a successor**: the replica driving the job (it measures it, owning the budgets or
+not) writes its measures to the state bucket when they move (`record`, `worth_keeping`;
+`store.TimingStore`, a `BudgetTiming` naming the frontier they were measured on,
+`frontier_digest`); the budgets' owner counts a job another replica drives at them, and a
+replica that takes the job over starts from them (`restore`) instead of measuring every
+option again, during which the allocator trusted the models again. A replica replaying a
+job it took over plans the same frontier (its scheduler is deterministic), so the digest
+matches; another frontier drops them.
 """
 
 from __future__ import annotations

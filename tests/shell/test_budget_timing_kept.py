@@ -1,14 +1,15 @@
-"""What the budgets' owner measured of a Perseus job survives a takeover, over a real
-nats-server.
+"""What the budgets' owner measured of a Perseus job it drove survives a takeover, over a
+real nats-server.
 
-The owner writes each job's measured options to the state bucket when they move
-(`store.TimingStore`, `BudgetLoop.keep_timing`); a replica taking the budgets over reads them
-once per job (`BudgetLoop.resume_timing`) and plans on them at once, as its predecessor did,
-where a replica starting afresh planned on the models again (here they count the job's
-125 W option at its cap, where it drew 105 W a GPU, and cut it deeper) until it had measured
-every option anew. Measures of another frontier,
-an unreadable value or another job's are not taken; a job gone has its measures purged (by the
-owner, and with the job's other records when it is removed).
+The replica driving a job (here the budgets' owner) writes its measured options to the state
+bucket when they move (`store.TimingStore`, `BudgetLoop.keep_timing`); a replica taking the
+job and the budgets over reads them once per job (`BudgetLoop.resume_timing`) and plans on
+them at once, as its predecessor did, where a replica starting afresh planned on the models
+again (here they count the job's 125 W option at its cap, where it drew 105 W a GPU, and cut
+it deeper) until it had measured every option anew. Measures of another frontier, an
+unreadable value or another job's are not taken; a job gone has its measures purged (by its
+driver, and with the job's other records when it is removed). A job another replica drives:
+tests/shell/test_budget_remote.py.
 """
 
 from __future__ import annotations
