@@ -106,6 +106,7 @@ def job_views(drivers: Iterable[JobDriver],
         elif job is None and follows is not None and (
                 theirs := follows.frontier(driver.job_id)) is not None:
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=theirs,
+                                         own_draw_w=follows.own_draw_w(driver.job_id),
                                          remote=True))
         elif frontier is not None and isinstance(job, PipelineJob):
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
@@ -242,8 +243,8 @@ class BudgetLoop:
         """Pipeline jobs driven here whose kept measures were read (`resume_timing`)."""
         self.timing_kept: dict[str, BudgetTiming] = {}
         """Job -> its measures as last written to (or read from) the state bucket."""
-        self.frontiers_sent: dict[str, frontier_options.FrontierView] = {}
-        """Perseus job driven here -> its frontier as recorded (`budget.remote`)."""
+        self.frontiers_sent: dict[str, tuple[frontier_options.FrontierView, float | None]] = {}
+        """Perseus job driven here -> its frontier and own draw as recorded (`budget.remote`)."""
         self.points_sent: dict[str, tuple[int, float]] = {}
         """Perseus job another replica drives -> the point recorded for it (as the owner)."""
         self.views: list[enforce.JobView] = []

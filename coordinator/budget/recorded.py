@@ -12,26 +12,45 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from coordinator.budget.frontier_options import FrontierView, Throttled
+from zeus_agent.models import MAX_POWER_W
 from zeus_agent.wire.budget import BudgetFrontier, BudgetPoint, ThrottledPoint
 
-__all__ = ["POINT_TOLERANCE", "frontier_record", "frontier_view", "point_moved",
-           "point_record"]
+__all__ = ["DRAW_TOLERANCE", "POINT_TOLERANCE", "draw_moved", "frontier_record",
+           "frontier_view", "point_moved", "point_record"]
 
 POINT_TOLERANCE = 0.01
 """Relative move of a point's power worth recording again (it moves a little every round
 with the job's calibration)."""
 
 
-def frontier_record(job_id: str, view: FrontierView) -> BudgetFrontier | None:
-    """The record of a job's frontier (uncalibrated, unmeasured); None: out of bounds."""
+DRAW_TOLERANCE = 0.02
+"""Relative move of a job's own draw worth recording its frontier again."""
+
+
+def frontier_record(job_id: str, view: FrontierView,
+                    own_draw_w: float | None = None) -> BudgetFrontier | None:
+    """The record of a job's frontier (uncalibrated, unmeasured); None: out of bounds.
+
+    With its draw per GPU at its own point (`JobView.own_draw_w`; left out if out of bounds).
+    """
+    if own_draw_w is not None and not 0 < own_draw_w <= MAX_POWER_W:
+        own_draw_w = None
     try:
         return BudgetFrontier(
             job_id=job_id, times=list(view.times), powers=list(view.powers),
             peaks=list(view.peaks), chosen=view.chosen,
             throttled=[ThrottledPoint(cap_w=t.cap_w, time_s=t.time_s, power_w=t.power_w,
-                                      peak_w=t.peak_w) for t in view.throttled])
+                                      peak_w=t.peak_w) for t in view.throttled],
+            own_draw_w=own_draw_w)
     except ValidationError:
         return None
+
+
+def draw_moved(sent: float | None, now: float | None) -> bool:
+    """Whether a job's own draw moved enough from the one recorded to record it again."""
+    if now is None or sent is None:
+        return now is not sent
+    return abs(now - sent) > DRAW_TOLERANCE * sent
 
 
 def frontier_view(record: BudgetFrontier) -> FrontierView:

@@ -12,8 +12,9 @@
 * Every replica follows all three (`Recorded`); the one driving the job serves the recorded
   point while a budget governs the job's GPUs (`BudgetLoop.held_here`).
 
-Not recorded: the job's draw at its own point from its energies; the owner calibrates such a
-job's frontier by its GPUs' samples while it serves its own point.
+With the frontier, its driver records the job's draw at its own point from its ranks'
+energies (`BudgetFrontier.own_draw_w`), by which the owner calibrates the frontier's powers
+(without it, by the job's GPUs' samples while it serves its own point).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class Recorded:
     """The frontiers and points recorded, kept current by two watches (`on_frontier`...)."""
 
     def __init__(self) -> None:
-        self.frontiers: dict[str, tuple[str, FrontierView]] = {}
-        """Job digest -> (job id, its recorded frontier)."""
+        self.frontiers: dict[str, tuple[str, FrontierView, float | None]] = {}
+        """Job digest -> (job id, its recorded frontier, its draw per GPU at its own point)."""
         self.points: dict[str, tuple[str, tuple[int, float]]] = {}
         """Job digest -> (job id, the point the budgets' owner gave it)."""
         self.timings: dict[str, BudgetTiming] = {}
@@ -53,6 +54,11 @@ class Recorded:
         """A job's recorded frontier, if any."""
         found = self.frontiers.get(job_hash(job_id))
         return found[1] if found is not None and found[0] == job_id else None
+
+    def own_draw_w(self, job_id: str) -> float | None:
+        """A job's recorded draw per GPU at its own point, if any."""
+        found = self.frontiers.get(job_hash(job_id))
+        return found[2] if found is not None and found[0] == job_id else None
 
     def point(self, job_id: str) -> tuple[int, float] | None:
         """The point recorded for a job, if any."""
@@ -83,7 +89,7 @@ class Recorded:
         if value is None:
             self.frontiers.pop(h, None)
         else:
-            self.frontiers[h] = (value.job_id, recorded.frontier_view(value))
+            self.frontiers[h] = (value.job_id, recorded.frontier_view(value), value.own_draw_w)
 
     async def on_point(self, entry: Any) -> None:
         """Apply one entry of the watch of `budget_point.>`."""
@@ -112,23 +118,28 @@ def _read(entry: Any, prefix: str, model: Any) -> Any:
 
 
 async def record_frontiers(kv: Any, jobs: Iterable[JobView],
-                           kept: dict[str, FrontierView]) -> None:
+                           kept: dict[str, tuple[FrontierView, float | None]]) -> None:
     """Record the frontiers of the Perseus jobs driven here (`kept`: as last written).
 
-    A job driven here without a frontier now, or gone, has its record purged; one another
-    replica drives now is left to it.
+    Written again when the frontier changes, or the job's own draw moves
+    (`recorded.draw_moved`). A job driven here without a frontier now, or gone, has its
+    record purged; one another replica drives now is left to it.
     """
     seen = {j.job_id: j for j in jobs}
     for job in seen.values():
-        if job.remote or job.frontier is None or kept.get(job.job_id) == job.frontier:
+        if job.remote or job.frontier is None:
             continue
-        record = recorded.frontier_record(job.job_id, job.frontier)
+        sent = kept.get(job.job_id)
+        if sent is not None and sent[0] == job.frontier and not recorded.draw_moved(
+                sent[1], job.own_draw_w):
+            continue
+        record = recorded.frontier_record(job.job_id, job.frontier, job.own_draw_w)
         if record is None:
             LOG.warning("job %s: its frontier is too large to record for the budgets",
                         job.job_id)
             continue
         await kv.put(FRONTIER_PREFIX + job_hash(job.job_id), record.model_dump_json().encode())
-        kept[job.job_id] = job.frontier
+        kept[job.job_id] = (job.frontier, record.own_draw_w)
     for job_id in list(kept):
         now = seen.get(job_id)
         if now is not None and now.remote:

@@ -23,7 +23,9 @@ from coordinator.budget.budgets import Cluster, GpuInfo
 from coordinator.budget.frontier_options import Served
 from coordinator.budget.loop import BudgetLoop, frontier_points, job_views
 from coordinator.budget.recorded import (
+    DRAW_TOLERANCE,
     POINT_TOLERANCE,
+    draw_moved,
     frontier_record,
     frontier_view,
     point_moved,
@@ -60,9 +62,13 @@ def driver(job_id: str = "perseus") -> Any:
 
 
 def test_a_frontier_record_gives_back_the_same_frontier() -> None:
-    record = frontier_record("perseus", VIEW)
+    record = frontier_record("perseus", VIEW, 261.5)
     assert record is not None
-    assert frontier_view(BudgetFrontier.model_validate_json(record.model_dump_json())) == VIEW
+    back = BudgetFrontier.model_validate_json(record.model_dump_json())
+    assert frontier_view(back) == VIEW and back.own_draw_w == 261.5
+    for absurd_draw in (0.0, -1.0, 1e9):  # (Left out: the frontier still recorded.)
+        kept = frontier_record("perseus", VIEW, absurd_draw)
+        assert kept is not None and kept.own_draw_w is None
     too_long = fo.FrontierView(times=(1.0,) * (MAX_FRONTIER_POINTS + 1),
                                powers=(100.0,) * (MAX_FRONTIER_POINTS + 1),
                                peaks=(None,) * (MAX_FRONTIER_POINTS + 1), chosen=0)
@@ -112,6 +118,12 @@ async def test_every_replica_follows_the_records_and_drops_the_bad_ones() -> Non
     assert follows.point("perseus") is None and follows.points == {}
 
 
+def test_a_frontier_is_recorded_again_when_its_own_draw_moved() -> None:
+    assert not draw_moved(None, None) and not draw_moved(250.0, 250.0 * (1 + DRAW_TOLERANCE / 2))
+    assert draw_moved(None, 250.0) and draw_moved(250.0, None)
+    assert draw_moved(250.0, 250.0 * (1 + 2 * DRAW_TOLERANCE))
+
+
 def test_a_point_is_recorded_again_only_when_it_moved() -> None:
     assert point_moved(None, (2, 160.0))
     assert not point_moved((2, 160.0), (2, 160.0 * (1 + POINT_TOLERANCE / 2)))
@@ -123,9 +135,20 @@ def test_a_job_another_replica_drives_brings_the_frontier_it_recorded() -> None:
     follows = Recorded()
     (seen,) = job_views([driver()], follows)  # Nothing recorded: capped proportionally.
     assert seen.remote and seen.frontier is None
-    follows.frontiers[job_hash("perseus")] = ("perseus", VIEW)
+    follows.frontiers[job_hash("perseus")] = ("perseus", VIEW, 275.0)
     (seen,) = job_views([driver()], follows)
     assert seen.remote and seen.frontier == VIEW and seen.gpus == GPUS
+    assert seen.own_draw_w == 275.0
+
+
+def test_the_owner_calibrates_such_a_job_by_the_draw_its_driver_measured() -> None:
+    """From the ranks' energies at its own point (275 W a GPU where 250 W were planned), not
+    the GPUs' samples (250 W here: calibration 1)."""
+    loop, _ = plan_with([enforce.JobView("perseus", GPUS, frontier=VIEW, own_draw_w=275.0,
+                                         remote=True)])
+    assert loop.ratios == {"perseus": pytest.approx(1.1)}
+    (view,) = loop.views
+    assert view.frontier is not None and view.frontier.powers[2] == pytest.approx(176.0)
 
 
 def plan_with(jobs: list[enforce.JobView]) -> tuple[BudgetLoop, dict[str, tuple[int, float]]]:

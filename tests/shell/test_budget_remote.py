@@ -84,6 +84,7 @@ async def test_the_owner_moves_another_replicas_perseus_job_along_its_frontier(n
 
     await driving.record_frontiers(mine)
     await until(lambda: owner.view.remote.frontier("perseus") == VIEW, "the frontier recorded")
+    assert owner.view.remote.own_draw_w("perseus") is None  # (Not measured yet.)
     points = owners_plan([GRID])
     (share,) = owner.plans["grid"].allocation.shares
     assert share.key == 2 and points == {"perseus": (2, 160.0)}  # its slowest point
@@ -99,6 +100,12 @@ async def test_the_owner_moves_another_replicas_perseus_job_along_its_frontier(n
     await owner.record_points(owners_plan([GRID]))
     await driving.record_frontiers(mine)
     assert [(await state.kv.get(k)).revision for k in keys] == before
+
+    # Its own draw measured (the same 250 W a GPU the samples said): the frontier is recorded
+    # again with it, and the owner follows it.
+    mine = [dataclasses.replace(mine[0], own_draw_w=250.0)]
+    await driving.record_frontiers(mine)
+    await until(lambda: owner.view.remote.own_draw_w("perseus") == 250.0, "the own draw")
 
     # The driver measures the job at that point (2.0 s, where the plan said 1.6 s) and
     # records it; the owner counts the job's options at it.

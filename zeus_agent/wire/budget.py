@@ -226,6 +226,9 @@ class BudgetFrontier(Message):
     peaks: list[float | None] = Field(max_length=MAX_FRONTIER_POINTS)
     chosen: int = Field(ge=0)
     throttled: list[ThrottledPoint] = Field(default=[], max_length=MAX_MEASURED)
+    own_draw_w: float | None = Field(default=None, gt=0, le=MAX_POWER_W)
+    """The job's draw per GPU at its own point, from its ranks' step energies while nothing
+    held it (None: not measured yet): what the owner calibrates the frontier's powers by."""
 
     @model_validator(mode="after")
     def _consistent(self) -> BudgetFrontier:
