@@ -148,6 +148,14 @@ class CoordinatorSettings(NatsSettings):
         "it has been live this long without a gap (at least ownership_lease_s; 0: never, so "
         "running jobs move only when their owner stops, and only new jobs spread)",
     )
+    budget_margin_pct: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="Percent of a power budget's room kept unused under its cap: the "
+        "allocation and the measured draw's target sit this far under it, for draws noisier "
+        "over half a second than from one budget round to the next",
+    )
     lease_s: float = Field(
         default=30.0,
         ge=0.3,

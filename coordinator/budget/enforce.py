@@ -9,9 +9,10 @@ cluster's last samples. It returns the cap of every governed GPU:
   its options from its measurements: time per window and average power per GPU, energy /
   time / GPUs, as `PowerLimitMeasurement` sums energy over the job's GPUs);
 * a pipeline job serving a plan of its frontier (Perseus) gets a frontier point, its GPUs
-  capped at that point's limit (`frontier_options`);
-* a job without a profile (still profiling, a job another replica drives) is capped
-  proportionally, counted at its measured draw;
+  capped at that point's limit (`frontier_options`; driven by another replica: the frontier
+  that replica recorded, `remote`);
+* a job without a profile (still profiling, a job another replica drives whose profile or
+  frontier is not recorded) is capped proportionally, counted at its measured draw;
 * an idle GPU counts at its measured power and is capped at its minimum limit, so a job that
   starts there cannot overshoot before the next round.
 
@@ -81,6 +82,8 @@ class JobView:
     """A pipeline job's step time at its own point (`StragglerHandling.own_step_s`)."""
     own_draw_w: float | None = None
     """A pipeline job's draw per GPU there, from its energies (`StragglerHandling.own_draw_w`)."""
+    remote: bool = False
+    """Another replica drives it (a frontier is the one that replica recorded: `remote`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +193,10 @@ class Tightener:
 
         Until this owner has measured the group under its own caps, and the jobs its
         predecessor drove are driven again (their profiles known here), a plan may well raise
-        caps the group needs: a job another replica drives is capped proportionally, counted at
-        its draw, which the cap holds down. No hold: the samples show the caps in force, which
-        are `held` (the loop holds when it sends others).
+        caps the group needs: a job another replica drives whose profile or frontier is not
+        recorded yet is capped proportionally, counted at its draw, which the cap holds down.
+        No hold: the samples show the caps in force, which are `held` (the loop holds when it
+        sends others).
         """
         self.held, self.guard, self.jitter_w = dict(held), GUARD_ROUNDS, jitter_w
         self.fresh = False
@@ -247,6 +251,19 @@ class Tightener:
             if self.backoff_w < 1.0:
                 self.backoff_w = 0.0
         return self.backoff_w
+
+
+def with_margin(governed: Governed, margin_pct: float) -> Governed:
+    """`governed` with `margin_pct` percent of its room kept unused.
+
+    The allocation plans under the smaller room and the tightener holds the measured draw a
+    band under it (`Tightener.update`): a fixed margin besides the band, for the draw's noise
+    over a shorter time than a round (the group's power in half-second bins crossed a cap
+    its one-second samples stayed under). Never under the floor (`plan`).
+    """
+    if margin_pct <= 0:
+        return governed
+    return replace(governed, room_w=governed.room_w * (1 - margin_pct / 100))
 
 
 def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:

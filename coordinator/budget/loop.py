@@ -16,7 +16,11 @@ them up at shutdown), taken only while a budget exists. Its job id has a control
 which no job's id may have, so it never names a job. A replica that takes over knows nothing
 of what its predecessor capped: caps it does not renew lapse with their lease; the caps it
 keeps are sent at once. The lease of a cap is longer than a takeover, so the cap holds
-throughout one.
+throughout one. It starts from what its predecessor kept in the state bucket: each budget's
+backoff and caps (`store.Backoffs`). What was measured of each Perseus job's options under
+the caps is kept there by the replica driving the job, owner or not (`store.TimingStore`,
+`budget.timing`), as are the frontiers of those jobs and the points the owner gives them
+(`budget.remote`).
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from coordinator.budget import budgets as core
-from coordinator.budget import enforce, frontier_options
+from coordinator.budget import enforce, frontier_options, remote
 from coordinator.budget.allocator import BudgetError
-from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps
-from coordinator.budget.timing import Timing
+from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps, TimingStore
+from coordinator.budget.timing import Timing, frontier_digest, worth_keeping
 from coordinator.optimizer import Action
 from coordinator.pipeline import budget_point
 from coordinator.pipeline.job import PipelineJob
@@ -42,7 +46,7 @@ from coordinator.power_limit.job_parts import make_selector
 from coordinator.state.ownership import OwnershipBook
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.budget import Budget, BudgetStatus
+from zeus_agent.wire.budget import Budget, BudgetStatus, BudgetTiming
 from zeus_agent.wire.messages import CommandEnvelope, Reply
 from zeus_agent.wire.node_cap import MAX_CAP_LEASE_S, NodeCapCmd
 
@@ -72,14 +76,17 @@ LEASE_ID = "\x1fbudgets"
 COMMAND_TIMEOUT_S = 2.0
 
 
-def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
+def job_views(drivers: Iterable[JobDriver],
+              follows: remote.Recorded | None = None) -> list[enforce.JobView]:
     """What the budgets know of the jobs: their GPUs; their profiles where known.
 
     A power-limit job with its optimum known brings its measurements: driven by this replica,
     its own; driven by another, the profile its owner recorded in the state bucket
-    (`recorded_profile`); a pipeline job driven here serving a plan of its frontier (Perseus)
-    its frontier; every other job (profiling, a pipeline job another replica drives) is capped
-    proportionally. Each job's slowdown counts as its registered `priority`.
+    (`recorded_profile`); a pipeline job serving a plan of its frontier (Perseus) its
+    frontier: driven here, its own; driven by another, the one that replica recorded
+    (`follows`, `budget.remote`); every other job (profiling, a job another replica drives
+    with nothing recorded) is capped proportionally. Each job's slowdown counts as its
+    registered `priority`.
     """
     views = []
     for driver in drivers:
@@ -95,7 +102,12 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
                                          tuple(job.machine.measurements),
                                          job.optimal_power_limit, weight))
         elif job is None and (known := recorded_profile(driver)) is not None:
-            views.append(enforce.JobView(driver.job_id, gpus, *known, weight))
+            views.append(enforce.JobView(driver.job_id, gpus, *known, weight, remote=True))
+        elif job is None and follows is not None and (
+                theirs := follows.frontier(driver.job_id)) is not None:
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=theirs,
+                                         own_draw_w=follows.own_draw_w(driver.job_id),
+                                         remote=True))
         elif frontier is not None and isinstance(job, PipelineJob):
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
                                          own_point=not job.straggling.stragglers.factors(),
@@ -103,7 +115,8 @@ def job_views(drivers: Iterable[JobDriver]) -> list[enforce.JobView]:
                                          own_step_s=job.straggling.own_step_s(),
                                          own_draw_w=job.straggling.own_draw_w()))
         else:
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight,
+                                         remote=job is None))
     return views
 
 
@@ -192,7 +205,8 @@ class BudgetLoop:
     def __init__(self, *, link: Link, book: OwnershipBook, cluster: core.Cluster,
                  jobs: Callable[[], list[enforce.JobView]], cap_lease_s: float,
                  view: BudgetView, wall: Callable[[], float] = time.time,
-                 serve: Serve | None = None, cap_jobs: CapJobs | None = None) -> None:
+                 serve: Serve | None = None, cap_jobs: CapJobs | None = None,
+                 margin_pct: float = 0.0) -> None:
         self.link = link
         self.view = view
         """The budgets, as the state bucket's watch keeps them (`BudgetView`)."""
@@ -200,6 +214,8 @@ class BudgetLoop:
         self.cluster = cluster
         self.jobs = jobs
         self.cap_lease_s = cap_lease_s
+        self.margin_pct = margin_pct
+        """Percent of each budget's room kept unused (`enforce.with_margin`)."""
         self.wall = wall
         self.capped: dict[core.GpuKey, str] = {}
         """GPU -> the holder this replica capped it for (lifted when no budget governs it)."""
@@ -223,6 +239,14 @@ class BudgetLoop:
         """Pipeline job -> rounds left before its draw is its own point's again."""
         self.timing = Timing(enforce.SETTLE_ROUNDS)
         """The pipeline jobs' measured step times under the caps (`budget.timing`)."""
+        self.timing_read: set[str] = set()
+        """Pipeline jobs driven here whose kept measures were read (`resume_timing`)."""
+        self.timing_kept: dict[str, BudgetTiming] = {}
+        """Job -> its measures as last written to (or read from) the state bucket."""
+        self.frontiers_sent: dict[str, tuple[frontier_options.FrontierView, float | None]] = {}
+        """Perseus job driven here -> its frontier and own draw as recorded (`budget.remote`)."""
+        self.points_sent: dict[str, tuple[int, float]] = {}
+        """Perseus job another replica drives -> the point recorded for it (as the owner)."""
         self.views: list[enforce.JobView] = []
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
@@ -240,9 +264,16 @@ class BudgetLoop:
             return
         budgets = [b for b, _ in self.view.budgets.values()]
         if (not budgets and not self.capped and not self.points and not self.unlifted
-                and not self.view.lifted):
+                and not self.view.lifted and not self.view.remote.points):
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
             return
+        jobs = self.jobs()
+        await self.record_frontiers(jobs)
+        await self.resume_timing(jobs)
+        now_s = time.monotonic()
+        counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
+        if counting:
+            self.counted_at = now_s
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.tighteners.clear()  # (Its backoffs too: back here, start from the kept ones.)
@@ -250,15 +281,16 @@ class BudgetLoop:
             self.kept_caps.clear()
             self.plans.clear()
             self.statuses.clear()
-            await self.tell(self.held_here(budgets))  # (The owner caps them.)
+            self.points_sent.clear()
+            held = self.held_here(budgets, jobs)  # (The owner caps them.)
+            if counting:
+                self.measure_here(jobs, held)
+            await self.tell(held)
+            await self.keep_timing(jobs)
             await self.cap_profiling({}, budgets)
             return
         await self.resume_backoffs()
-        now_s = time.monotonic()
-        counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
-        if counting:
-            self.counted_at = now_s
-        caps = self.plan(budgets, counting)
+        caps = self.plan(budgets, counting, jobs)
         leases = self.cap_leases(budgets)
         now = self.wall()
         lifts = {k: h for k, (h, until) in self.unlifted.items() if until > now}
@@ -272,9 +304,12 @@ class BudgetLoop:
                          if not ok}
         self.capped = {k: h for k, (_, h) in caps.items()}
         await self.lift_lifted(now)
-        await self.tell(frontier_points(self.plans.values(), self.views, self.ratios))
+        points = frontier_points(self.plans.values(), self.views, self.ratios)
+        await self.tell(points)
+        await self.record_points(points)
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.keep_backoffs()
+        await self.keep_timing(self.views)
         await self.publish()
 
     async def lift_lifted(self, now: float) -> None:
@@ -333,6 +368,74 @@ class BudgetLoop:
         except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
             LOG.debug("budget backoffs not kept: %s", e)
 
+    async def resume_timing(self, jobs: list[enforce.JobView]) -> None:
+        """A Perseus job new here starts from the measures its last driver kept.
+
+        Read once per job driven here (again when its read failed, or when it comes back
+        here), taken only for the frontier they were measured on (`Timing.restore`). Those of
+        a job another replica drives are followed instead (`Recorded.measured`).
+        """
+        new = [j for j in jobs if j.frontier is not None and not j.remote
+               and j.job_id not in self.timing_read]
+        if not new:
+            return
+        store = TimingStore(self.link.require_state().kv)
+        for job in new:
+            assert job.frontier is not None
+            try:
+                kept = await store.get(job.job_id)
+            except Exception as e:  # noqa: BLE001 - the bucket is away: the next round reads
+                LOG.warning("job %s: its kept measures not read (%s)", job.job_id, e)
+                return
+            self.timing_read.add(job.job_id)
+            digest = frontier_digest(job.frontier.chosen, job.frontier.times)
+            if kept is not None and self.timing.restore(job.job_id, digest, kept):
+                self.timing_kept[job.job_id] = kept
+                LOG.info("job %s: resumed with %d options measured under the budgets",
+                         job.job_id, len(kept.options))
+
+    def measure_here(self, jobs: list[enforce.JobView],
+                     held: Mapping[str, tuple[int, float]]) -> None:
+        """Measure the Perseus jobs driven here at the points they hold (not owning budgets).
+
+        Their measures reach the owner through the state bucket (`keep_timing`; it plans a job
+        another replica drives with them, `Recorded.measured`).
+        """
+        for job in jobs:
+            f = job.frontier
+            if f is None or job.remote:
+                continue
+            told = held.get(job.job_id)
+            self.timing.observe(
+                job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
+                else told[0], job.own_step_s, job.step_times,
+                frontier_digest(f.chosen, f.times), len(job.gpus))
+        self.timing.forget({j.job_id for j in jobs})
+
+    async def keep_timing(self, jobs: list[enforce.JobView]) -> None:
+        """Write the measures of the Perseus jobs when they moved (`timing.worth_keeping`).
+
+        Those of a job gone, or that planned another frontier, are purged. A job's measures
+        are written by the replica that measures them, the one driving it: none of a job
+        another replica drives (those known here were read, `resume_timing`).
+        """
+        theirs = {j.job_id for j in jobs if j.remote}
+        self.timing_read = {j.job_id for j in jobs if j.job_id in self.timing_read} - theirs
+        try:
+            store = TimingStore(self.link.require_state().kv)
+            for job_id in [j for j in self.timing.served if j not in theirs]:
+                now = self.timing.record(job_id)
+                if now is not None and worth_keeping(self.timing_kept.get(job_id), now):
+                    await store.put(now)
+                    self.timing_kept[job_id] = now
+            for gone in [j for j in self.timing_kept if self.timing.record(j) is None
+                         or j in theirs]:
+                if gone not in theirs:
+                    await store.delete(gone)
+                del self.timing_kept[gone]
+        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
+            LOG.debug("measures under the budgets not kept: %s", e)
+
     async def cap_profiling(self, planned: dict[core.GpuKey, int],
                             budgets: list[Budget]) -> None:
         """Tell the jobs still profiling here their cap: `planned` (the owner's), or lifted."""
@@ -344,18 +447,38 @@ class BudgetLoop:
         except Exception:  # noqa: BLE001 - a job not told: the next round tells it
             LOG.exception("caps not told to the jobs profiling")
 
-    def held_here(self, budgets: list[Budget]) -> dict[str, tuple[int, float]]:
-        """Pipeline jobs driven here on GPUs a budget governs: the point told last, or their own.
+    def held_here(self, budgets: list[Budget],
+                  jobs: list[enforce.JobView]) -> dict[str, tuple[int, float]]:
+        """Pipeline jobs driven here on GPUs a budget governs: the owner's point, or held.
 
-        For a replica that does not own the budgets: the owner plans on the jobs it drives and
-        caps the others proportionally (counted at their draw), so those driven here stay on
-        the point this replica gave them while it owned the budgets (going back to a faster
-        one would raise the group's draw), else their own plan, held either way (their times
-        are the caps', not the plan's: no drift re-profile under them).
+        For a replica that does not own the budgets: the owner plans on the frontiers this
+        replica recorded and records the point it gives each job (`budget.remote`), served
+        here. Until it has (a takeover, a frontier not recorded yet), a job stays on the point
+        this replica gave it while it owned the budgets (going back to a faster one would raise
+        the group's draw), else on its own plan, held either way (their times are the caps',
+        not the plan's: no drift re-profile under them).
         """
         governed = {k for g in core.governing(budgets, self.cluster, self.wall()) for k in g.gpus}
-        return {j.job_id: self.points.get(j.job_id, (j.frontier.chosen, math.inf))
-                for j in self.jobs() if j.frontier is not None and governed.intersection(j.gpus)}
+        return {j.job_id: (self.view.remote.point(j.job_id) or
+                           self.points.get(j.job_id, (j.frontier.chosen, math.inf)))
+                for j in jobs if j.frontier is not None and not j.remote
+                and governed.intersection(j.gpus)}
+
+    async def record_frontiers(self, jobs: list[enforce.JobView]) -> None:
+        """Record the frontiers of the Perseus jobs driven here (`remote.record_frontiers`)."""
+        try:
+            await remote.record_frontiers(self.link.require_state().kv, jobs,
+                                          self.frontiers_sent)
+        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
+            LOG.debug("frontiers not recorded for the budgets: %s", e)
+
+    async def record_points(self, points: dict[str, tuple[int, float]]) -> None:
+        """Record the points given jobs another replica drives (`remote.record_points`)."""
+        try:
+            await remote.record_points(self.link.require_state().kv, points, self.views,
+                                       self.view.remote, self.points_sent)
+        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
+            LOG.debug("frontier points not recorded: %s", e)
 
     async def tell(self, points: dict[str, tuple[int, float]]) -> None:
         """Tell the pipeline jobs their points (those told before and now absent: none)."""
@@ -387,16 +510,18 @@ class BudgetLoop:
         return {holder(b.budget_id): min(MAX_CAP_LEASE_S, max(b.end_s - now, 1.0))
                 for b in budgets if b.end_s is not None}
 
-    def plan(self, budgets: list[Budget],
-             counting: bool = True) -> dict[core.GpuKey, tuple[int, str]]:
+    def plan(self, budgets: list[Budget], counting: bool = True,
+             jobs: list[enforce.JobView] | None = None) -> dict[core.GpuKey, tuple[int, str]]:
         """The cap and holder of every governed GPU this round.
 
         `counting`: a round of its own. A round woken between the loop's ticks (a budget set)
         plans and sends at once, but the samples are the last round's: it advances no
-        tightener, settling or measure (each would count them twice).
+        tightener, settling or measure (each would count them twice). `jobs`: the jobs as
+        seen this round (default: `self.jobs()`).
         """
-        governed = core.governing(budgets, self.cluster, self.wall())
-        jobs = self.views = self.calibrate(self.jobs(), counting)
+        governed = [enforce.with_margin(g, self.margin_pct)
+                    for g in core.governing(budgets, self.cluster, self.wall())]
+        jobs = self.views = self.calibrate(self.jobs() if jobs is None else jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
             if not g.gpus:
@@ -462,14 +587,17 @@ class BudgetLoop:
                 if ratio is not None:
                     old = self.ratios.get(job.job_id)
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
+            digest = frontier_digest(f.chosen, f.times)
             if counting:  # (A straggler moving it: its steps are not the option's alone.)
                 self.timing.observe(
                     job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
-                    else told[0], job.own_step_s, job.step_times, (f.chosen, f.times),
-                    len(job.gpus))
+                    else told[0], job.own_step_s, job.step_times, digest, len(job.gpus))
+            measured = self.timing.measured(job.job_id)
+            if job.remote:  # (Measured by the replica driving it.)
+                measured = self.view.remote.measured(job.job_id, digest) or measured
             ratio = self.ratios.get(job.job_id, 1.0)
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
-                f, ratio, self.timing.measured(job.job_id))))
+                f, ratio, measured)))
         live = {j.job_id for j in jobs}
         self.timing.forget(live)
         self.ratios = {k: v for k, v in self.ratios.items() if k in live}

@@ -9,6 +9,10 @@ Beside each budget, its owner keeps how far it tightened the room and the caps i
 (`Backoffs`, key `budget_backoff.<id>`): a replica taking the budgets over starts from them
 instead of from the profiles' expected draws, which the group measured over, and sends no cap
 above its predecessor's for a few rounds (the cap holds through a takeover).
+
+The owner also keeps what it measured of each Perseus job's options under the caps
+(`TimingStore`, key `budget_timing.<h>` by the job's digest, a `BudgetTiming`): its successor
+counts them at once (`coordinator.budget.timing`). The job's removal purges it.
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from coordinator.budget.remote import Recorded
+from coordinator.state.records import job_hash, timing_key
 from zeus_agent.models import MAX_POWER_W
-from zeus_agent.wire.budget import Budget
+from zeus_agent.wire.budget import Budget, BudgetTiming
+from zeus_agent.wire.text import bounded
 
 LOG = logging.getLogger(__name__)
 
@@ -120,6 +127,8 @@ class BudgetView:
 
     def __init__(self) -> None:
         self.budgets: dict[str, tuple[Budget, float]] = {}
+        self.remote = Recorded()
+        """The Perseus jobs' frontiers and points recorded for the budgets (`budget.remote`)."""
         self.lifted: dict[str, tuple[list[tuple[str, int]], float]] = {}
         """Lifted budget -> (its GPUs, until when their caps may hold): `LiftedCaps`."""
         self.changed = asyncio.Event()
@@ -260,3 +269,53 @@ def decode_lifted(raw: bytes) -> tuple[list[tuple[str, int]], float]:
     if not math.isfinite(until) or any(i < 0 for _, i in gpus):
         raise ValueError("a lifted budget's until or GPU out of range")
     return gpus, until
+
+
+MAX_TIMING_BYTES = 65_536
+"""Largest `BudgetTiming` value read (one at its `MAX_MEASURED` options is about 20 KB)."""
+
+
+class TimingStore:
+    """Each Perseus job's options as the budgets' owner measured them (`BudgetTiming`).
+
+    JSON, as the bucket's other values (`nats kv get` shows them), validated on read.
+    """
+
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+
+    async def put(self, timing: BudgetTiming) -> None:
+        """Keep a job's measures (replacing those kept)."""
+        await self.kv.put(timing_key(job_hash(timing.job_id)), timing.model_dump_json().encode())
+
+    async def get(self, job_id: str) -> BudgetTiming | None:
+        """The measures kept of a job; None if none, or unreadable (logged: measured again)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await self.kv.get(timing_key(job_hash(job_id)))
+        except KeyNotFoundError:
+            return None
+        if not entry.value:
+            return None
+        try:
+            if len(entry.value) > MAX_TIMING_BYTES:
+                raise ValueError(f"{len(entry.value)} bytes, at most {MAX_TIMING_BYTES} read")
+            kept = BudgetTiming.model_validate_json(entry.value)
+        except ValueError as e:  # (pydantic's ValidationError is one.)
+            LOG.warning("job %s: its measures under the budgets are unreadable, measuring "
+                        "again: %s", job_id, bounded(e, 300))
+            return None
+        if kept.job_id != job_id:  # (Another job's, under this one's key.)
+            LOG.warning("job %s: the measures under its key are job %r's", job_id, kept.job_id)
+            return None
+        return kept
+
+    async def delete(self, job_id: str) -> None:
+        """Forget a job's measures (it ended, or planned another frontier)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            await self.kv.purge(timing_key(job_hash(job_id)))
+        except KeyNotFoundError:
+            return

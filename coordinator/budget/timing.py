@@ -24,12 +24,21 @@ energy counters: the power samples are instantaneous and follow the phase they w
 at, 148 W read for GPUs averaging 121 W). The job's frontier carries them
 (`FrontierView.measured`), and `frontier_options.options` counts an option served at its
 measured time and draw, and deeper caps scaled alike: the next allocation weighs what the
-caps really cost and draw. Kept per replica, in memory: a replica that takes the budgets over
-measures again.
+caps really cost and draw.
+
+**Kept for a successor**: the replica driving the job (it measures it, owning the budgets or
+not) writes its measures to the state bucket when they move (`record`, `worth_keeping`;
+`store.TimingStore`, a `BudgetTiming` naming the frontier they were measured on,
+`frontier_digest`); the budgets' owner counts a job another replica drives at them, and a
+replica that takes the job over starts from them (`restore`) instead of measuring every
+option again, during which the allocator trusted the models again. A replica replaying a
+job it took over plans the same frontier (its scheduler is deterministic), so the digest
+matches; another frontier drops them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from collections.abc import Collection, Hashable, Sequence
@@ -38,18 +47,22 @@ from dataclasses import dataclass
 from coordinator.budget.frontier_options import Served
 from coordinator.pipeline.steps import mean_power_w
 from zeus_agent.models import MAX_POWER_W
+from zeus_agent.wire.budget import MAX_MEASURED, MEASURED_RANGE, BudgetTiming, MeasuredOption
 
-__all__ = ["MIN_STEPS", "OUTLIER", "RELATIVE_RANGE", "SMOOTHING", "StepTime", "Timing"]
+__all__ = ["KEEP_TOLERANCE", "MIN_STEPS", "OUTLIER", "RELATIVE_RANGE", "SMOOTHING", "StepTime",
+           "Timing", "frontier_digest", "worth_keeping"]
 
 MIN_STEPS = 3
 """Iterations (each rank's step) after the settling rounds needed for a measure."""
 OUTLIER = 4.0
 """A step this many times longer or shorter than the median is left out of the draw."""
-RELATIVE_RANGE = (1.0, 10.0)
+RELATIVE_RANGE = MEASURED_RANGE
 """An option's measured time over the own point's, kept within (a measure outside
 says more about the host than the caps)."""
 SMOOTHING = 0.5
 """Weight of the previous measure of an option in the next one."""
+KEEP_TOLERANCE = 0.01
+"""Relative move of a measure (time or draw) worth writing to the state bucket again."""
 
 
 StepTime = tuple[int, float, float | None]
@@ -126,6 +139,34 @@ class Timing:
         """The job's options as measured, by key (frontier points, then throttled ones)."""
         return tuple(sorted(self.served.get(job_id, {}).values(), key=lambda m: -m.key))
 
+    def record(self, job_id: str) -> BudgetTiming | None:
+        """The job's measures as kept for a successor (None: none, or no frontier digest).
+
+        At most `MAX_MEASURED` options (the frontier points first, then the shallowest caps).
+        """
+        frontier = self._frontiers.get(job_id)
+        measured = self.measured(job_id)
+        if not measured or not isinstance(frontier, str):
+            return None
+        return BudgetTiming(job_id=job_id, frontier=frontier, options=[
+            MeasuredOption(key=m.key, relative_time=m.relative_time, power_w=m.power_w)
+            for m in measured[:MAX_MEASURED]])
+
+    def restore(self, job_id: str, frontier: str, kept: BudgetTiming) -> bool:
+        """Start from a predecessor's measures of a job on the frontier `frontier` digests.
+
+        Only for a job with no measure here yet (seen already, or not), whose frontier is the
+        one `kept` was measured on (another frontier's points differ under the same keys).
+        Returns whether they were taken.
+        """
+        if (self.served.get(job_id) or kept.job_id != job_id or kept.frontier != frontier
+                or self._frontiers.get(job_id, frontier) != frontier):
+            return False
+        self._frontiers[job_id] = frontier
+        self.served[job_id] = {o.key: Served(o.key, o.relative_time, o.power_w)
+                               for o in kept.options}
+        return bool(kept.options)
+
     def forget(self, live: Collection[str]) -> None:
         """Drop what is known of jobs not in `live`."""
         for table in (self.served, self._watch, self._frontiers):
@@ -151,3 +192,35 @@ def _measure(ran: Sequence[tuple[float, float | None]], own_s: float
     if drawn is not None and not 0 < drawn <= MAX_POWER_W:
         drawn = None
     return relative, drawn
+
+
+def frontier_digest(chosen: int, times: Sequence[float]) -> str:
+    """What tells a frontier from another, across replicas: 32 hex digits of a SHA-256.
+
+    Of its chosen point and its points' planned times (`repr` writes a float exactly): a
+    replica that replays a job's rounds plans the same frontier, to the bit.
+    """
+    text = repr((int(chosen), tuple(float(t) for t in times)))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def worth_keeping(kept: BudgetTiming | None, now: BudgetTiming) -> bool:
+    """Whether `now` says enough more than `kept` (what was written) to write it again.
+
+    Another frontier or other options measured, or a time or draw moved by more than
+    `KEEP_TOLERANCE` (a measure smoothed every round would write every round).
+    """
+    if kept is None or kept.frontier != now.frontier:
+        return True
+    before = {o.key: o for o in kept.options}
+    if set(before) != {o.key for o in now.options}:
+        return True
+    for o in now.options:
+        old = before[o.key]
+        if abs(o.relative_time - old.relative_time) > KEEP_TOLERANCE * old.relative_time:
+            return True
+        if (o.power_w is None) != (old.power_w is None) or (
+                o.power_w is not None and old.power_w is not None
+                and abs(o.power_w - old.power_w) > KEEP_TOLERANCE * old.power_w):
+            return True
+    return False

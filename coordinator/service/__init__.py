@@ -61,6 +61,7 @@ from coordinator.budget.budgets import Cluster as BudgetCluster
 from coordinator.budget.job_caps import cap_profiling_jobs
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
 from coordinator.budget.loop import BudgetLoop, job_views, serve_points
+from coordinator.budget.remote import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX
 from coordinator.budget.service import BudgetService
 from coordinator.budget.store import LIFTED_PREFIX, BudgetView
 from coordinator.budget.store import PREFIX as BUDGET_PREFIX
@@ -182,12 +183,14 @@ class CoordinatorService(ExitSignals):
         cluster = BudgetCluster()  # What the budget service learns, what the loop plans on.
         self.budget_view = BudgetView()
         self.budget_loop = BudgetLoop(link=link, book=self.book, cluster=cluster,
-                                      jobs=lambda: job_views(jobs.drivers()),
+                                      jobs=lambda: job_views(jobs.drivers(),
+                                                             self.budget_view.remote),
                                       cap_lease_s=max(10.0, 3 * self.book.lease_s),
                                       view=self.budget_view, serve=lambda points: serve_points(
                                           jobs.drivers(), self.actions.execute, points),
                                       cap_jobs=lambda caps, governed: cap_profiling_jobs(
-                                          jobs.drivers(), self.actions.execute, caps, governed))
+                                          jobs.drivers(), self.actions.execute, caps, governed),
+                                      margin_pct=s.budget_margin_pct)
         self.budgets = BudgetService(s.prefix, link, cluster, on_lift=self.budget_loop.lift)
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,
@@ -342,6 +345,9 @@ class CoordinatorService(ExitSignals):
         await state.follow(self.durable.on_entry, self.durable.on_owner_entry)
         await state.watch(f"{BUDGET_PREFIX}>", self.budget_view.on_entry)
         await state.watch(f"{LIFTED_PREFIX}>", self.budget_view.on_lifted)
+        await state.watch(f"{FRONTIER_PREFIX}>", self.budget_view.remote.on_frontier)
+        await state.watch(f"{POINT_PREFIX}>", self.budget_view.remote.on_point)
+        await state.watch(f"{TIMING_PREFIX}>", self.budget_view.remote.on_timing)
         release("the endpoints and subscriptions", self._stop_intake)
         await self._serve()
         # Subscriptions are live before anyone hears we started.

@@ -502,6 +502,7 @@ class JetStreamState:
             with contextlib.suppress(Exception):
                 await jsm.purge_stream(stream, subject=f"$KV.{self.bucket}.{keys}")
         for kv, key in ((self.kv, f"v.prog.{job_hash}"),
+                        *((self.kv, k) for k in records.budget_keys(job_hash)),
                         (self.kv, records.quarantine_key(job_hash)), (self.owners, job_hash)):
             with contextlib.suppress(Exception):
                 await kv.purge(key)

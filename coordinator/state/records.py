@@ -10,6 +10,8 @@ One bucket holds the state of every job, one key per fact, so a change writes on
 | `v.prog.<h>` | the job's optimiser progress (`JobOptimizer.persisted()`), or its profile |
 | `v.quar.<h>` | the job is set aside: a record of it cannot be loaded, or its optimiser failed |
 | `gpu.<h>.<n>.<i>` | the rank driving GPU `i` of node digest `<n>` in the job (created once) |
+| `budget_timing.<h>` | the job's options as measured under a budget (`budget.store.TimingStore`) |
+| `budget_frontier.<h>`, `budget_point.<h>` | a Perseus job's frontier, the point given it |
 
 Replicas follow the `v.` keys (`FOLLOWED`); the `gpu.` keys only make a GPU's binding unique.
 
@@ -92,6 +94,29 @@ def _node_digest(node: str) -> str:
 def progress_key(job_id: str) -> str:
     """The key of a job's optimiser progress."""
     return f"v.prog.{job_hash(job_id)}"
+
+
+TIMING_PREFIX = "budget_timing."
+"""A Perseus job's options as measured under a budget (`budget.store.TimingStore`)."""
+
+
+def timing_key(job_hash_: str) -> str:
+    """The key of a job's options as measured under a power budget.
+
+    Outside the `v.` keys: only the budgets' owner reads it (`coordinator.budget.store`).
+    """
+    return TIMING_PREFIX + job_hash_
+
+
+FRONTIER_PREFIX = "budget_frontier."
+"""A Perseus job's frontier, recorded by its driver for the budgets (`budget.remote`)."""
+POINT_PREFIX = "budget_point."
+"""The frontier point the budgets' owner gives a job another replica drives."""
+
+
+def budget_keys(job_hash_: str) -> tuple[str, ...]:
+    """The keys the budgets keep of a job (purged with the job)."""
+    return timing_key(job_hash_), FRONTIER_PREFIX + job_hash_, POINT_PREFIX + job_hash_
 
 
 def job_keys_filter(job_id: str, kind: str) -> str:

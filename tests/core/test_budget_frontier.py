@@ -430,11 +430,11 @@ def test_a_replica_not_owning_the_budgets_holds_its_governed_pipeline_jobs_at_th
                       cap_lease_s=10.0, view=BudgetView())
     grid = Budget(budget_id="grid", cap_w=900.0)
     assert jobs[0].frontier is not None
-    held = loop.held_here([grid])  # The owner caps them: kept on their plan, held.
+    held = loop.held_here([grid], jobs)  # The owner caps them: kept on their plan, held.
     assert held == {"perseus": (jobs[0].frontier.chosen, float("inf"))}
-    assert loop.held_here([]) == {}  # No budget: nothing held.
+    assert loop.held_here([], jobs) == {}  # No budget: nothing held.
     loop.points = {"perseus": (2, 150.0)}  # Told while this replica owned the budgets:
-    assert loop.held_here([grid]) == {"perseus": (2, 150.0)}  # kept, not back to its own.
+    assert loop.held_here([grid], jobs) == {"perseus": (2, 150.0)}  # kept, not back to its own.
     job, _ = serving_job()
     view = budget_point.frontier_of(job)
     assert view is not None

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from zeus_agent.models import MAX_POWER_W
 from zeus_agent.wire.messages import MAX_NAME_CHARS, Id, Message, Name, Text
 
 MAX_CAP_W = 100_000_000.0
@@ -29,6 +30,14 @@ MAX_SHARES = 10_000
 """Most jobs one budget's status lists."""
 MAX_TIME_S = 2.0**33
 """Latest start or end (Unix seconds, year 2242)."""
+MEASURED_RANGE = (1.0, 10.0)
+"""A measured option's step time over the job's at its own point, kept within (a measure
+outside says more about the host than the caps: `coordinator.budget.timing`)."""
+MAX_MEASURED = 256
+"""Most options one job's `BudgetTiming` keeps: a frontier offers at most a few dozen points
+and a throttled option every 25 W."""
+MAX_FRONTIER_INDEX = 1_000_000
+"""Largest frontier index a measure may name."""
 LABEL = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}=[A-Za-z0-9_.\-]{0,63}$")
 """`key=value`, as Kubernetes labels spell them (no '=' or white space inside)."""
 
@@ -150,3 +159,101 @@ class BudgetStatus(Message):
     gpus: int = Field(ge=0, le=1_000_000)
     idle_gpus: int = Field(default=0, ge=0, le=1_000_000)
     shares: list[BudgetShare] = Field(default=[], max_length=MAX_SHARES)
+
+
+class MeasuredOption(_Part):
+    """One option of a Perseus job as it ran under a budget (`coordinator.budget.timing`)."""
+
+    key: int = Field(ge=-MAX_POWER_W, le=MAX_FRONTIER_INDEX)
+    """A frontier point's index, or minus a throttled option's cap (W)."""
+    relative_time: float = Field(ge=MEASURED_RANGE[0], le=MEASURED_RANGE[1])
+    """Its step time over the job's at its own point."""
+    power_w: float | None = Field(default=None, gt=0, le=MAX_POWER_W)
+    """Its draw per GPU (W); None: no energy measured."""
+
+
+class BudgetTiming(Message):
+    """What the budgets' owner measured of one Perseus job's options, kept for its successor.
+
+    Not a subject's payload: the value of `budget_timing.<h>` in the coordinator's state
+    bucket (`coordinator.budget.store.TimingStore`), written by the replica applying the
+    budgets and read by the one that takes them over, which counts the job's options at
+    these measures instead of measuring them again. `frontier` names the frontier they were
+    measured on (`coordinator.budget.timing.frontier_digest`): a job that planned another
+    frontier has other points under the same keys, and its measures are not used.
+    """
+
+    job_id: Id = Field(min_length=1)
+    frontier: str = Field(pattern=r"^[0-9a-f]{32}$")
+    options: list[MeasuredOption] = Field(default=[], max_length=MAX_MEASURED)
+
+    @model_validator(mode="after")
+    def _one_per_key(self) -> BudgetTiming:
+        if len({o.key for o in self.options}) != len(self.options):
+            raise ValueError("an option is measured twice")
+        return self
+
+
+MAX_FRONTIER_POINTS = 2048
+"""Most points of a frontier recorded for the budgets' owner (a planner's has hundreds; a
+longer one is not recorded and its job is capped proportionally)."""
+MAX_STEP_S = 1e6
+"""Longest iteration time (s) a recorded frontier may name."""
+
+
+class ThrottledPoint(_Part):
+    """A frontier's slowest point under a lower node cap, as modelled with its profile."""
+
+    cap_w: int = Field(ge=1, le=MAX_POWER_W)
+    time_s: float = Field(gt=0, le=MAX_STEP_S)
+    power_w: float = Field(ge=0, le=MAX_POWER_W)
+    peak_w: float = Field(ge=0, le=MAX_POWER_W)
+
+
+class BudgetFrontier(Message):
+    """A Perseus job's frontier as the replica driving it records it for the budgets' owner.
+
+    Not a subject's payload: the value of `budget_frontier.<h>` in the coordinator's state
+    bucket, which every replica follows. The replica applying the budgets counts the job's
+    frontier points as its options although another replica drives it
+    (`coordinator.budget.frontier_options.FrontierView`: per point its planned time, its
+    average and its highest instruction power per GPU, uncalibrated; the point it chose).
+    """
+
+    job_id: Id = Field(min_length=1)
+    times: list[float] = Field(min_length=1, max_length=MAX_FRONTIER_POINTS)
+    powers: list[float] = Field(max_length=MAX_FRONTIER_POINTS)
+    peaks: list[float | None] = Field(max_length=MAX_FRONTIER_POINTS)
+    chosen: int = Field(ge=0)
+    throttled: list[ThrottledPoint] = Field(default=[], max_length=MAX_MEASURED)
+    own_draw_w: float | None = Field(default=None, gt=0, le=MAX_POWER_W)
+    """The job's draw per GPU at its own point, from its ranks' step energies while nothing
+    held it (None: not measured yet): what the owner calibrates the frontier's powers by."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BudgetFrontier:
+        n = len(self.times)
+        if len(self.powers) != n or len(self.peaks) != n:
+            raise ValueError("times, powers and peaks must have one value per point")
+        if self.chosen >= n:
+            raise ValueError(f"chosen point {self.chosen} is not one of the {n} points")
+        if not all(0 < t <= MAX_STEP_S for t in self.times) or not all(
+                0 <= w <= MAX_POWER_W for w in self.powers) or not all(
+                w is None or 0 <= w <= MAX_POWER_W for w in self.peaks):
+            raise ValueError(f"a time out of (0, {MAX_STEP_S:g}] s or a power out of "
+                             f"[0, {MAX_POWER_W}] W")
+        return self
+
+
+class BudgetPoint(Message):
+    """The frontier point the budgets' owner gives a Perseus job another replica drives.
+
+    The value of `budget_point.<h>` in the state bucket: the replica driving the job serves it
+    (`coordinator.budget.frontier_options.pick`) while a budget governs the job's GPUs; none:
+    the job's own plan. `index`: a frontier point's, or minus a throttled option's cap (W).
+    """
+
+    job_id: Id = Field(min_length=1)
+    index: int = Field(ge=-MAX_POWER_W, le=MAX_FRONTIER_INDEX)
+    power_w: float = Field(gt=0, le=MAX_POWER_W)
+    """The point's planned power per GPU (W)."""
