@@ -53,7 +53,7 @@ import numpy as np
 
 from coordinator.pipeline.planner.cut import CutNetwork
 from coordinator.pipeline.planner.dag import PipelineDAG, PipelineSchedule
-from coordinator.pipeline.planner.graph import Graph
+from coordinator.pipeline.planner.graph import Graph, OptionTable
 from coordinator.pipeline.planner.learned import node_kind
 from coordinator.pipeline.planner.points import FrontierPoint, schedule_dag
 from coordinator.pipeline.planner.profile import DEFAULT_P_BLOCK_W, InstructionProfile
@@ -193,6 +193,56 @@ PRUNE_EVERY = 4096
 """Candidates recorded between two prunings of the dominated ones (bounds the memory)."""
 
 
+class _Slower:
+    """The plans rounded the other way (a bit slower, cheaper) and those between, by row.
+
+    An operation is rounded up when it is at least `THRESHOLDS` of the way to its slower
+    option (the discrete optimum is often such a mix). Only the operations between two options
+    can move; an operation an ulp past its slowest option has no slower one. Every row's
+    movable operations are found at once; each row's plans and their energies (sums in the
+    same order as one row at a time) are then recorded in order.
+    """
+
+    def __init__(self, owner: _Candidates, durs: np.ndarray, choice: np.ndarray,
+                 between: np.ndarray) -> None:
+        self.owner, self.choice = owner, choice
+        last = owner.ops.times.shape[1] - 1
+        rows, ops_moved = np.nonzero(between)
+        low = choice[rows, ops_moved]
+        slower = np.minimum(low + 1, last)
+        moving = slower != low
+        rows, ops_moved, low, slower = rows[moving], ops_moved[moving], low[moving], slower[moving]
+        low_at = owner.row_start[ops_moved] + low
+        high_at = owner.row_start[ops_moved] + slower
+        self.extra = owner.flat_costs[high_at] - owner.flat_costs[low_at]
+        low_t, high_t = owner.flat_times[low_at], owner.flat_times[high_at]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.frac = np.where(np.isfinite(high_t),
+                                 (durs[rows, ops_moved] - low_t) / (high_t - low_t), 0.0)
+        self.ops_moved, self.slower = ops_moved, slower
+        self.bounds = np.searchsorted(rows, np.arange(durs.shape[0] + 1)).tolist()
+
+    def record(self, r: int, energy: float) -> None:
+        """Record row `r`'s slower plans (`energy`: its rounded-down plan's cost)."""
+        lo, hi = self.bounds[r], self.bounds[r + 1]
+        if hi == lo:
+            return
+        ops_moved, slower, extra = self.ops_moved[lo:hi], self.slower[lo:hi], self.extra[lo:hi]
+        masks: list[np.ndarray | None] = [None]
+        if hi - lo > 1:  # (One rounded operation: no mix between.)
+            frac = self.frac[lo:hi]
+            masks = [frac >= tau for tau in THRESHOLDS] + masks
+        for mask in masks:
+            if mask is None:
+                plan = self.choice[r].copy()
+                plan[ops_moved] = slower
+                self.owner._add(plan, math.nan, energy + float(extra.sum()))
+            elif mask.any():
+                plan = self.choice[r].copy()
+                plan[ops_moved[mask]] = slower[mask]
+                self.owner._add(plan, math.nan, energy + float(extra[mask].sum()))
+
+
 class _Candidates:
     """Plans met along the sweep, rounded to real options; timed and reclaimed at the end.
 
@@ -214,19 +264,12 @@ class _Candidates:
         """Candidates recorded in all."""
         self.seen: set[bytes] = set()
         """Digests of the plans recorded: a plan met again is not recorded twice."""
-        # Rounding by table: `ladder` holds every kind's option times, ascending, and
-        # below[k, r] counts kind k's options among the first r of them, so an operation's
-        # slowest option at least as fast as x is below[kind, searchsorted(ladder, x)] - 1.
-        kinds, first = np.unique(ops.kind, return_index=True)
-        kind_times = ops.times[first]
-        self.ladder = np.unique(kind_times[np.isfinite(kind_times)])
+        self.table = OptionTable(ops.kind, ops.times)
+        """Rounding by table: an operation's slowest option at least as fast as x."""
         width = ops.times.shape[1]
         self.row_start = ops.rows * width
         """Each operation's first option in the flattened option arrays."""
         self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
-        self.below = np.zeros((int(kinds.max()) + 1, self.ladder.size + 1), dtype=np.int64)
-        for k, row in zip(kinds.tolist(), kind_times, strict=True):
-            self.below[k, 1:] = np.searchsorted(row, self.ladder, side="right")
 
     def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
         """Keep `plan` (option indices) as a candidate unless it was recorded before."""
@@ -240,51 +283,30 @@ class _Candidates:
         self.plan.append(plan)
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
-        """Round `dur` to real options (never slower) and keep the plan as a candidate.
+        """Round `dur` to real options (never slower) and keep the plan as a candidate."""
+        self.record_many(dur[None, :], [horizon])
 
-        Its iteration time is computed later, for many candidates at once (`horizon` when no
-        operation was rounded).
+    def record_many(self, durs: np.ndarray, horizons: Sequence[float]) -> None:
+        """`record` each row of `durs` ([count, n]), in order, rounded all at once.
+
+        Each plan's iteration time is computed later, for many candidates at once (its
+        `horizons` entry when no operation was rounded).
         """
         ops = self.ops
-        before = len(self.time)
-        rank = np.searchsorted(self.ladder, dur + ops.eps_t, side="right")
-        choice = self.below[ops.kind, rank] - 1
+        choice = self.table.fitting(ops.rows, (durs + ops.eps_t).T).T - 1
         at = self.row_start + choice
-        between = np.flatnonzero(self.flat_times[at] != dur)
-        energy = float(self.flat_costs[at].sum())
-        self._add(choice, math.nan if between.size else horizon, energy)
-        if between.size:
-            self._record_slower(dur, choice, between, energy)
+        between = self.flat_times[at] != durs
+        rounded = between.any(axis=1).tolist()
+        slower = _Slower(self, durs, choice, between)
+        before = len(self.time)
+        for r, horizon in enumerate(horizons):
+            energy = float(self.flat_costs[at[r]].sum())
+            self._add(choice[r], math.nan if rounded[r] else horizon, energy)
+            if rounded[r]:
+                slower.record(r, energy)
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
-
-    def _record_slower(self, dur: np.ndarray, choice: np.ndarray, between: np.ndarray,
-                       energy: float) -> None:
-        """Also the plan rounded the other way (a bit slower, cheaper), and the plans between.
-
-        An operation is rounded up when it is at least `THRESHOLDS` of the way to its slower
-        option (the discrete optimum is often such a mix). Only the operations `between` two
-        options can move; an operation an ulp past its slowest option has no slower one.
-        """
-        last = self.ops.times.shape[1] - 1
-        slower = np.minimum(choice[between] + 1, last)
-        moving = slower != choice[between]
-        ops_moved, slower = between[moving], slower[moving]
-        low_at = self.row_start[ops_moved] + choice[ops_moved]
-        high_at = self.row_start[ops_moved] + slower
-        extra = self.flat_costs[high_at] - self.flat_costs[low_at]
-        masks = [np.ones(ops_moved.size, dtype=bool)]
-        if ops_moved.size > 1:  # (One rounded operation: no mix between.)
-            low, high = self.flat_times[low_at], self.flat_times[high_at]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                frac = np.where(np.isfinite(high), (dur[ops_moved] - low) / (high - low), 0.0)
-            masks = [frac >= tau for tau in THRESHOLDS] + masks
-        for mask in masks:
-            if mask.any():
-                plan = choice.copy()
-                plan[ops_moved[mask]] = slower[mask]
-                self._add(plan, math.nan, energy + float(extra[mask].sum()))
 
     def _settle(self) -> None:
         """Time the candidates recorded since the last call and add their blocking energy."""
@@ -319,7 +341,7 @@ class _Candidates:
         for lo in range(0, len(pareto), 128):
             chunk = pareto[lo : lo + 128]
             choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t)
+            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t, self.table)
             costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
             for j, i in enumerate(chunk):
                 energy = float(costs[j]) + stages * float(times[j]) * p_block_w
@@ -484,10 +506,10 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
             (ops.times[sl_ops] - dur[sl_ops][:, None]).ravel(),
         ])
         passes = np.unique(passes[(passes > eps_t) & (passes < step - eps_t)])
-        for k in passes.tolist():
-            candidates.record(dur + k * rate, math.nan)
+        on_the_way = dur + passes[:, None] * rate
         dur = trial
-        candidates.record(dur, max(fin_list[:n]))
+        candidates.record_many(np.vstack([on_the_way, dur]),
+                               [math.nan] * passes.size + [max(fin_list[:n])])
     stats.stopped = "iteration limit"
 
 
@@ -543,8 +565,12 @@ def _shrink(graph: Graph, ops: _Ops, dur: np.ndarray, rate: np.ndarray, moved: n
     fin_list: list[float] = []
     for _ in range(1000):
         trial = ops.snap(dur + step * rate, moved)
-        fin_list, length, acc = graph.forward_tracked(trial.tolist(), rate_list)
-        if length <= horizon - step + eps_t or acc <= -1.0:
+        fin_list = graph.forward(trial.tolist())
+        length = max(fin_list)  # (The sentinel's 0 is no finish time's better.)
+        if length <= horizon - step + eps_t:
+            break
+        acc = graph.path_rate(fin_list, rate_list, fin_list.index(length))
+        if acc <= -1.0:
             break  # (A path that shortens as fast as the iteration: rounding only.)
         shorter = (horizon - (length - step * acc)) / (acc + 1.0)
         if not shorter < step:
