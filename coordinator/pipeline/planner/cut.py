@@ -198,7 +198,7 @@ class CutNetwork:
             residual[self.reverse[arcs]] += bottleneck
         reached, _ = self._search(residual, predecessors=False)
         if reached[sink]:
-            residual -= _augment(residual, self.indices, self.row_of, size)
+            residual -= _augment(residual, self.key, size)
             reached, _ = self._search(residual, predecessors=False)
         return reached
 
@@ -224,19 +224,21 @@ class CutNetwork:
         return side, pred
 
 
-def _augment(residual: np.ndarray, indices: np.ndarray, rows: np.ndarray,
-             size: int) -> np.ndarray:
-    """A maximum flow over the residual capacities of the arcs (`indices`, `rows`), by arc."""
+def _augment(residual: np.ndarray, key: np.ndarray, size: int) -> np.ndarray:
+    """A maximum flow over the residual capacities of the layout's arcs, by arc.
+
+    `key` is each arc's tail * size + head, ascending. scipy is given the arcs with residual
+    capacity only.
+    """
+    open_arc = np.flatnonzero(residual > 0)
+    tails, heads = np.divmod(key[open_arc], size)
     indptr = np.zeros(size + 1, dtype=np.int32)
-    np.cumsum(np.bincount(rows, minlength=size), out=indptr[1:])
-    graph = sp.csr_array((residual.astype(np.int32), indices, indptr), shape=(size, size))
-    flow = maximum_flow(graph, size - 2, size - 1).flow
-    if flow.nnz == residual.size and np.array_equal(flow.indices, indices):
-        return flow.data.astype(np.int64)
-    # A scipy that lays the flow out differently: look each arc up.
-    coo = flow.tocoo()
-    keys = rows.astype(np.int64) * size + indices
-    where = np.searchsorted(keys, coo.row.astype(np.int64) * size + coo.col)
+    np.cumsum(np.bincount(tails, minlength=size), out=indptr[1:])
+    graph = sp.csr_array((residual[open_arc].astype(np.int32), heads.astype(np.int32), indptr),
+                         shape=(size, size))
+    flow = maximum_flow(graph, size - 2, size - 1).flow.tocoo()
+    # (scipy adds the reverse arcs it lacks: every one is in the layout.)
+    where = np.searchsorted(key, flow.row.astype(np.int64) * size + flow.col)
     added = np.zeros(residual.size, dtype=np.int64)
-    added[where] = coo.data
+    added[where] = flow.data
     return added

@@ -185,6 +185,40 @@ class _Ops:
         return values
 
 
+class _OnHull:
+    """Every operation's place on its cost hull: kept, and redone only for those that move.
+
+    An operation's place (the hull vertices strictly faster than it and those at least as
+    fast, within the tolerance) and its slopes there (`ub`: the cost of speeding it up, inf
+    at its fastest; `lb`: the saving of slowing it down, 0 at its slowest) depend on its own
+    duration only, which a step changes for the operations it moves.
+    """
+
+    def __init__(self, ops: _Ops, dur: np.ndarray) -> None:
+        self.ops = ops
+        n = dur.size
+        self.below = np.zeros(n, dtype=np.int64)
+        self.upto = np.zeros(n, dtype=np.int64)
+        self.ub = np.zeros(n)
+        self.lb = np.zeros(n)
+        self.update(dur, ops.rows)
+
+    def update(self, dur: np.ndarray, moved: np.ndarray) -> None:
+        """Place the operations `moved` anew (at durations `dur`)."""
+        ops, eps_t = self.ops, self.ops.eps_t
+        cd = dur[moved]
+        ch = ops.hull[moved]
+        below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
+        upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
+        nh = ops.hull_n[moved]
+        cs = ops.slope[moved]
+        idx = np.arange(moved.size)
+        self.ub[moved] = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
+        self.lb[moved] = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
+        self.below[moved] = below
+        self.upto[moved] = upto
+
+
 THRESHOLDS = (0.75, 0.5, 0.25)
 """A rounded operation's fraction of the way to its slower option from which it is rounded up,
 in the mixed plans recorded beside the all-faster and all-slower ones."""
@@ -310,12 +344,11 @@ class _Candidates:
 
     def _settle(self) -> None:
         """Time the candidates recorded since the last call and add their blocking energy."""
-        ops = self.ops
         pending = [i for i in range(self.settled, len(self.time)) if math.isnan(self.time[i])]
-        for lo in range(0, len(pending), 256):
-            chunk = pending[lo : lo + 256]
-            choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            times = self.graph.longest_many(ops.times[ops.rows[:, None], choices])
+        for lo in range(0, len(pending), 512):
+            chunk = pending[lo : lo + 512]
+            plans = np.stack([self.plan[i] for i in chunk])
+            times = self.graph.longest_many(self.flat_times.take(plans + self.row_start).T)
             for i, t in zip(chunk, times.tolist(), strict=True):
                 self.time[i] = t
         for i in range(self.settled, len(self.time)):
@@ -338,8 +371,8 @@ class _Candidates:
         # Rounding to real options leaves slack off the critical path: reclaim it on the
         # Pareto-optimal candidates (a plan's time never grows, its energy never does).
         pareto = _pareto_indices(self.time, self.energy)
-        for lo in range(0, len(pareto), 128):
-            chunk = pareto[lo : lo + 128]
+        for lo in range(0, len(pareto), 512):
+            chunk = pareto[lo : lo + 512]
             choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
             new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t, self.table)
             costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
@@ -476,6 +509,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
     last_report = -1
     stats.stopped = "converged"
     network = CutNetwork(graph)
+    on_hull = _OnHull(ops, dur)
     for _ in range(max_iterations):
         fin = np.array(fin_list[:n])
         horizon = float(fin.max())
@@ -486,7 +520,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
             if done != last_report:
                 progress(done, 1000)
                 last_report = done
-        move = _cut_step(graph, network, ops, dur, fin, horizon)
+        move = _cut_step(graph, network, ops, on_hull, dur, fin, horizon)
         stats.iterations += 1
         if isinstance(move, str):
             stats.stopped = move
@@ -508,13 +542,14 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
         passes = np.unique(passes[(passes > eps_t) & (passes < step - eps_t)])
         on_the_way = dur + passes[:, None] * rate
         dur = trial
+        on_hull.update(dur, moved)
         candidates.record_many(np.vstack([on_the_way, dur]),
                                [math.nan] * passes.size + [max(fin_list[:n])])
     stats.stopped = "iteration limit"
 
 
-def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, dur: np.ndarray, fin: np.ndarray,
-              horizon: float) -> tuple[np.ndarray, np.ndarray, float] | str:
+def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, on_hull: _OnHull, dur: np.ndarray,
+              fin: np.ndarray, horizon: float) -> tuple[np.ndarray, np.ndarray, float] | str:
     """One sweep step: (operations sped up, slowed down, longest step on the hulls).
 
     Or why the sweep stops (a string).
@@ -529,16 +564,7 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, dur: np.ndarray, fin
     prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
     src_mask = crit & (start <= eps_t)
     sink_mask = crit & (fin >= horizon - eps_t)
-    # Positions of the critical operations on their cost hulls.
-    cd = dur[crit_ops]
-    ch = ops.hull[crit_ops]
-    below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
-    upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
-    nh = ops.hull_n[crit_ops]
-    cs = ops.slope[crit_ops]
-    idx = np.arange(crit_ops.size)
-    ub = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
-    lb = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
+    ub, lb = on_hull.ub[crit_ops], on_hull.lb[crit_ops]
     side = network.min_cut(crit_ops, ub, lb, prec, src_mask[network.src_ops], sink_mask)
     if side is None:
         return "no finite cut"
@@ -547,9 +573,10 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, dur: np.ndarray, fin
     if not speed.any() or not np.isfinite(ub[speed]).all():
         return "no speed-up"
     sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
-    step = float(np.min(dur[sp_ops] - ch[speed, below[speed] - 1]))
+    hull = ops.hull
+    step = float(np.min(dur[sp_ops] - hull[sp_ops, on_hull.below[sp_ops] - 1]))
     if sl_ops.size:
-        step = min(step, float(np.min(ch[slow, upto[slow]] - dur[sl_ops])))
+        step = min(step, float(np.min(hull[sl_ops, on_hull.upto[sl_ops]] - dur[sl_ops])))
     return sp_ops, sl_ops, step
 
 

@@ -81,8 +81,12 @@ class Graph:
     def longest_many(self, durations: np.ndarray) -> np.ndarray:
         """Iteration times of many duration vectors at once (`durations` is [n, count])."""
         fin = np.zeros((self.n + 1, durations.shape[1]))
-        for nodes, preds, _ in self.levels:
-            fin[nodes] = fin[preds].max(axis=1) + durations[nodes]
+        if self.width == 2:
+            for nodes, preds, _ in self.levels:
+                fin[nodes] = np.maximum(fin[preds[:, 0]], fin[preds[:, 1]]) + durations[nodes]
+        else:
+            for nodes, preds, _ in self.levels:
+                fin[nodes] = fin[preds].max(axis=1) + durations[nodes]
         return fin[: self.n].max(axis=0)
 
     def reclaim_many(
