@@ -87,11 +87,14 @@ class CutNetwork:
         self.from_source = np.flatnonzero(self.row_of == s)
         self.scale = 0.0
         """The capacity scale the last flow is in."""
-        # One sparse matrix whose arrays each search replaces (no validation on every step).
-        self._open = sp.csr_array((np.ones(0), np.zeros(0, dtype=np.int32),
-                                   np.zeros(size + 1, dtype=np.int32)), shape=(size, size))
-        self._ones = np.ones(2 * rows.size)
+        # The layout as one sparse matrix whose column indices each search replaces (no
+        # validation or conversion on every step).
         self.row_of = self.row_of.astype(np.int32)
+        self._to_head = self.indices - self.row_of
+        indptr = np.zeros(size + 1, dtype=np.int32)
+        np.cumsum(np.bincount(self.row_of, minlength=size), out=indptr[1:])
+        self._open = sp.csr_array((np.ones(self.indices.size), self.indices.copy(), indptr),
+                                  shape=(size, size))
 
     def min_cut(
         self,
@@ -205,13 +208,10 @@ class CutNetwork:
     def _search(self, residual: np.ndarray, predecessors: bool) -> tuple[np.ndarray, np.ndarray]:
         """(nodes the source reaches over arcs with residual capacity, BFS predecessors)."""
         size = self.size
-        open_arc = np.flatnonzero(residual > 0)
-        indptr = np.zeros(size + 1, dtype=np.int32)
-        np.cumsum(np.bincount(self.row_of.take(open_arc), minlength=size), out=indptr[1:])
         graph = self._open
-        # (float64 data: the traversal's validation would otherwise copy it into that type.)
-        graph.data, graph.indices, graph.indptr = (
-            self._ones[: open_arc.size], self.indices.take(open_arc), indptr)
+        # An arc without residual capacity becomes a loop on its tail: the layout stays, no
+        # arcs to filter out or count, and a loop leads nowhere new.
+        graph.indices = self.row_of + (residual > 0) * self._to_head
         if predecessors:
             reached, pred = breadth_first_order(graph, size - 2, directed=True,
                                                 return_predecessors=True)

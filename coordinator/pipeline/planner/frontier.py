@@ -262,19 +262,20 @@ class _Slower:
         if hi == lo:
             return
         ops_moved, slower, extra = self.ops_moved[lo:hi], self.slower[lo:hi], self.extra[lo:hi]
-        masks: list[np.ndarray | None] = [None]
         if hi - lo > 1:  # (One rounded operation: no mix between.)
-            frac = self.frac[lo:hi]
-            masks = [frac >= tau for tau in THRESHOLDS] + masks
-        for mask in masks:
-            if mask is None:
-                plan = self.choice[r].copy()
-                plan[ops_moved] = slower
-                self.owner._add(plan, math.nan, energy + float(extra.sum()))
-            elif mask.any():
-                plan = self.choice[r].copy()
-                plan[ops_moved[mask]] = slower[mask]
+            masks = np.ones((len(THRESHOLDS) + 1, hi - lo), dtype=bool)
+            np.greater_equal(self.frac[lo:hi], _TAUS, out=masks[:-1])
+        else:
+            masks = np.ones((1, 1), dtype=bool)
+        plans = np.repeat(self.choice[r][None, :], masks.shape[0], axis=0)
+        which, where = np.nonzero(masks)
+        plans[which, ops_moved[where]] = slower[where]
+        for mask, plan in zip(masks, plans, strict=True):
+            if mask.any():
                 self.owner._add(plan, math.nan, energy + float(extra[mask].sum()))
+
+
+_TAUS = np.array(THRESHOLDS)[:, None]
 
 
 class _Candidates:
@@ -306,15 +307,14 @@ class _Candidates:
         self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
 
     def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
-        """Keep `plan` (option indices) as a candidate unless it was recorded before."""
-        plan = plan.astype(np.int16)
+        """Keep `plan` (option indices, int16) as a candidate unless it was recorded before."""
         key = hashlib.blake2b(plan.tobytes(), digest_size=16).digest()
         if key in self.seen:
             return
         self.seen.add(key)
         self.time.append(time)
         self.energy.append(energy)
-        self.plan.append(plan)
+        self.plan.append(plan.copy())
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
         """Round `dur` to real options (never slower) and keep the plan as a candidate."""
@@ -327,15 +327,16 @@ class _Candidates:
         `horizons` entry when no operation was rounded).
         """
         ops = self.ops
-        choice = self.table.fitting(ops.rows, (durs + ops.eps_t).T).T - 1
+        choice = np.ascontiguousarray(self.table.fitting(ops.rows, (durs + ops.eps_t).T).T - 1)
         at = self.row_start + choice
         between = self.flat_times[at] != durs
         rounded = between.any(axis=1).tolist()
-        slower = _Slower(self, durs, choice, between)
+        plans = choice.astype(np.int16)
+        slower = _Slower(self, durs, plans, between)
         before = len(self.time)
         for r, horizon in enumerate(horizons):
             energy = float(self.flat_costs[at[r]].sum())
-            self._add(choice[r], math.nan if rounded[r] else horizon, energy)
+            self._add(plans[r], math.nan if rounded[r] else horizon, energy)
             if rounded[r]:
                 slower.record(r, energy)
         self.count += len(self.time) - before
