@@ -26,7 +26,7 @@ class OptionTable:
     def __init__(self, kind: np.ndarray, times: np.ndarray) -> None:
         kinds, first = np.unique(kind, return_index=True)
         kind_times = times[first]
-        self.kind = kind
+        self.kind, self.times = kind, times
         self.ladder = np.unique(kind_times[np.isfinite(kind_times)])
         self.below = np.zeros((int(kinds.max()) + 1, self.ladder.size + 1), dtype=np.int64)
         for k, row in zip(kinds.tolist(), kind_times, strict=True):
