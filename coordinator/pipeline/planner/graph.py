@@ -3,7 +3,9 @@
 The frontier planner (`coordinator.pipeline.planner.frontier`) runs thousands of forward
 (earliest finish) and backward (latest start) passes over one DAG; `Graph` lays the DAG out
 once so that each pass is a tight loop, or one numpy operation per topological level over
-many duration vectors at once.
+many duration vectors at once. (For one vector the loop is as fast as numpy by level: 8 x 96
+1F1B has 206 levels of 7 nodes, and each numpy call costs about what 7 loop turns do; no
+compiled routine here computes a longest path exactly: scipy's Bellman-Ford takes 30 ms.)
 """
 
 from __future__ import annotations
