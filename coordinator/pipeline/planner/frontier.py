@@ -309,7 +309,7 @@ class _Candidates:
 
     def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
         """Keep `plan` (option indices, int16) as a candidate unless it was recorded before."""
-        key = hashlib.blake2b(plan.tobytes(), digest_size=16).digest()
+        key = hashlib.blake2b(plan.data, digest_size=16).digest()  # (a contiguous row)
         if key in self.seen:
             return
         self.seen.add(key)
@@ -328,7 +328,9 @@ class _Candidates:
         `horizons` entry when no operation was rounded).
         """
         ops = self.ops
-        choice = np.ascontiguousarray(self.table.fitting(ops.rows, (durs + ops.eps_t).T).T - 1)
+        table = self.table
+        rank = np.searchsorted(table.ladder, durs + ops.eps_t, side="right")
+        choice = table.below[ops.kind, rank] - 1  # (`table.fitting` - 1, row by row)
         at = self.row_start + choice
         between = self.flat_times[at] != durs
         rounded = between.any(axis=1).tolist()
