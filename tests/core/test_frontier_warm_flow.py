@@ -31,8 +31,9 @@ def test_warm_started_flows_give_the_same_frontier(
     carried: list[bool] = []
     original = CutNetwork._carried
 
-    def counted(self: CutNetwork, full: np.ndarray, scale: float) -> np.ndarray:
-        start = original(self, full, scale)
+    def counted(self: CutNetwork, caps: np.ndarray, own: np.ndarray,
+                scale: float) -> np.ndarray:
+        start = original(self, caps, own, scale)
         carried.append(bool(start.any()))
         return start
 
@@ -55,12 +56,28 @@ def test_a_carried_flow_moves_between_an_operations_arcs_or_starts_from_zero() -
     network = CutNetwork.__new__(CutNetwork)
     # One operation: its own arc at 0, its lower bound's source arc at 2, sink arc at 4; each
     # reverse right after it.
-    network.op_arcs = np.array([[0], [2], [4]])
+    own = np.array([[0], [2], [4]])
     network.reverse = np.array([1, 0, 3, 2, 5, 4])
     network.flow = np.array([3, -3, 1, -1, 1, -1])
     network.scale = 1.0
-    moved = network._carried(np.array([1, 0, 3, 0, 3, 0]), 1.0)
+    moved = network._carried(np.array([1, 0, 3, 0, 3, 0]), own, 1.0)
     assert moved.tolist() == [1, -1, 3, -3, 3, -3]
-    assert not network._carried(np.array([1, 0, 2, 0, 3, 0]), 1.0).any()
-    assert network._carried(np.array([3, 0, 1, 0, 1, 0]), 1.0).tolist() == [3, -3, 1, -1, 1, -1]
-    assert not network._carried(np.array([3, 0, 1, 0, 1, 0]), 2.0).any()  # Another scale.
+    assert not network._carried(np.array([1, 0, 2, 0, 3, 0]), own, 1.0).any()
+    assert network._carried(np.array([3, 0, 1, 0, 1, 0]), own, 1.0).tolist() == [
+        3, -3, 1, -1, 1, -1]
+    assert not network._carried(np.array([3, 0, 1, 0, 1, 0]), own, 2.0).any()  # Another scale.
+
+
+def test_augmenting_by_search_or_by_scipy_finds_the_same_cuts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's flow is augmented by breadth-first search from the carried flow, at most
+    `max_paths` paths, then by scipy's max flow: either way the frontier is the same."""
+    profile = load_profile(PROFILES / "bloom+a40_bf16.csv")
+    searched = PlannerStats()
+    by_search = plan_frontier(profile, 6, stats=searched)
+    monkeypatch.setattr(CutNetwork, "max_paths", 0)
+    scipy_stats = PlannerStats()
+    by_scipy = plan_frontier(profile, 6, stats=scipy_stats)
+    assert searched.iterations == scipy_stats.iterations
+    assert [(p.time, p.energy, p.plan) for p in by_search] == [
+        (p.time, p.energy, p.plan) for p in by_scipy]

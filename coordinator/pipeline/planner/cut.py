@@ -2,10 +2,16 @@
 
 One step of the frontier planner's Phillips-Dessouky sweep (`coordinator.pipeline.planner.
 frontier`) needs the cheapest way to shorten every critical path: a minimum s-t cut with lower
-bounds over the critical subgraph, found with `scipy.sparse.csgraph.maximum_flow` on a network
-whose layout is built once per DAG (`CutNetwork`). Consecutive steps change few capacities, so
-each max flow starts from the last one (made feasible for the new capacities): the cut is the
-one a flow from zero finds, and on 8 x 96 1F1B the max flows take about a third of the time.
+bounds over the critical subgraph, found with a maximum flow on a network whose layout is built
+once per DAG (`CutNetwork`); a step only gives the arcs of its critical subgraph their
+capacities (late in a sweep that is nearly every arc). Consecutive steps change few
+capacities, so each max flow starts from the last one (made feasible for the new capacities),
+and what is left to augment is usually nothing or one path (8 x 96 1F1B: 30% and 32% of the
+steps): augmenting paths are found by breadth-first search (`scipy.sparse.csgraph.
+breadth_first_order`, about 60 us on that network), and only a flow from zero (the capacity
+scale changed, 14% of the steps) or one that needs more than `max_paths` goes to `scipy.sparse.
+csgraph.maximum_flow` (2-3 ms, most of it fixed cost). Whichever flow is found, the cut is the
+same: the least source side of every maximum flow.
 """
 
 from __future__ import annotations
@@ -26,12 +32,12 @@ INF_CAP = 1 << 28
 class CutNetwork:
     """The flow network of the least-cost cut, with a fixed arc layout.
 
-    Node i is operation i's start, n + i its end, 2n the source, 2n + 1 the sink. Arcs (and, with
-    capacity 0, their reverses): each operation's arc i -> n + i; each dependency u -> v as
+    Node i is operation i's start, n + i its end, 2n the source, 2n + 1 the sink. Arcs (each
+    with its reverse, of capacity 0): each operation's arc i -> n + i; each dependency u -> v as
     n + u -> v; source -> i for operations without predecessors; n + i -> sink for every
     operation; and per operation the two arcs source -> n + i and i -> sink that carry its lower
-    bound. One iteration only fills in capacities (0 for arcs off the critical subgraph), so the
-    CSR layout is computed once.
+    bound. The layout (sorted by tail, then head) is computed once; a step gives capacities to
+    the arcs of its critical subgraph (the others have none).
 
     The cut with lower bounds (forward operation arcs count ub, backward ones -lb) is found with
     one max flow: operation arcs get capacity ub - lb and each operation's lb is moved onto its
@@ -41,48 +47,57 @@ class CutNetwork:
     warm = True
     """Start each max flow from the last one (`False`: from zero; the same cuts, slower)."""
 
+    max_paths = 8
+    """Augmenting paths found by breadth-first search before the rest goes to scipy."""
+
     def __init__(self, graph: Graph) -> None:
         n = self.n = graph.n
         s, t = 2 * n, 2 * n + 1
         ops = np.arange(n)
-        self.src_ops = np.flatnonzero(~graph.has_pred)
+        src_ops = np.flatnonzero(~graph.has_pred)
+        self.src_ops = src_ops
         e = graph.eu.size
         rows = np.concatenate(
-            [ops, graph.eu + n, np.full(self.src_ops.size, s), ops + n, np.full(n, s), ops]
+            [ops, graph.eu + n, np.full(src_ops.size, s), ops + n, np.full(n, s), ops]
         )
         cols = np.concatenate(
-            [ops + n, graph.ev, self.src_ops, np.full(n, t), ops + n, np.full(n, t)]
+            [ops + n, graph.ev, src_ops, np.full(n, t), ops + n, np.full(n, t)]
         )
-        # Offsets of each arc group in the capacity vector.
-        self.o_prec = n
-        self.o_src = n + e
-        self.o_sink = self.o_src + self.src_ops.size
-        self.o_lbs = self.o_sink + n
-        self.o_lbt = self.o_lbs + n
-        self.arcs = rows.size
         size = self.size = 2 * n + 2
         all_rows = np.concatenate([rows, cols])
         all_cols = np.concatenate([cols, rows])
-        order = np.argsort(all_rows * size + all_cols, kind="stable")
-        key = (all_rows * size + all_cols)[order]
-        if np.any(key[1:] == key[:-1]):
+        key = all_rows * size + all_cols
+        order = np.argsort(key, kind="stable")
+        self.key = key[order]
+        if np.any(self.key[1:] == self.key[:-1]):
             raise AssertionError("duplicate arcs in the cut network")
-        self.order = order
         self.indices = all_cols[order].astype(np.int32)
         self.row_of = all_rows[order]
-        # Each sorted arc's reverse, also sorted: an arc kept for the flow keeps its reverse.
+        # Each arc group's positions in the sorted layout, and every position's reverse.
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         self.reverse = inverse[(order + rows.size) % (2 * rows.size)]
-        self.caps = np.zeros(2 * rows.size, dtype=np.int64)
-        # Each operation's three arcs (itself, its lower bound's source and sink arcs), as
-        # positions in the sorted layout, for carrying a flow over to the next step.
-        self.op_arcs = inverse[np.stack([ops, self.o_lbs + ops, self.o_lbt + ops])]
-        self.from_source = np.flatnonzero(self.row_of == s)
+        o_src = n + e
+        o_sink = o_src + src_ops.size
+        self.op_arcs = inverse[np.stack([ops, o_sink + n + ops, o_sink + 2 * n + ops])]
+        """Each operation's three arcs: itself, its lower bound's source and sink arcs."""
+        self.edge_arcs = inverse[n + np.arange(e)]
+        self.src_arcs = inverse[o_src + np.arange(src_ops.size)]
+        self.sink_arcs = inverse[o_sink + ops]
         self.flow = np.zeros(2 * rows.size, dtype=np.int64)
         """The last maximum flow, antisymmetric, over the sorted layout (0: none)."""
+        self.caps = np.zeros(2 * rows.size, dtype=np.int64)
+        self.from_source = np.flatnonzero(self.row_of == s)
         self.scale = 0.0
         """The capacity scale the last flow is in."""
+        # The layout as one sparse matrix whose column indices each search replaces (no
+        # validation or conversion on every step).
+        self.row_of = self.row_of.astype(np.int32)
+        self._to_head = self.indices - self.row_of
+        indptr = np.zeros(size + 1, dtype=np.int32)
+        np.cumsum(np.bincount(self.row_of, minlength=size), out=indptr[1:])
+        self._open = sp.csr_array((np.ones(self.indices.size), self.indices.copy(), indptr),
+                                  shape=(size, size))
 
     def min_cut(
         self,
@@ -109,8 +124,6 @@ class CutNetwork:
         n_finite = max(1, finite_vals.size)
         cap_max = max(1, min(1 << 20, (INF_CAP // 4) // n_finite))
         scale = cap_max / biggest if biggest > 0 else 1.0
-        caps = self.caps
-        caps[:] = 0
         # A slowdown saves one unit less than it is worth: among cuts of (nearly) equal cost
         # the one that slows fewer operations wins. Without it, two operations of one kind
         # a few ulps apart on the same hull segment can be traded (one sped up, one slowed
@@ -118,88 +131,40 @@ class CutNetwork:
         # the sweep stalled for minutes on interleaved 1F1B (bloom A40, 8 x 2 x 16).
         lb_cap = np.maximum(np.rint(lb * scale).astype(np.int64) - 1, 0)
         ub_cap = np.rint(np.where(finite_ub, ub, 0.0) * scale).astype(np.int64)
-        caps[crit_ops] = np.where(finite_ub, ub_cap - lb_cap, INF_CAP)
-        caps[self.o_prec : self.o_src][prec] = INF_CAP
-        caps[self.o_src : self.o_sink][src] = INF_CAP
-        caps[self.o_sink : self.o_lbs][sink] = INF_CAP
-        caps[self.o_lbs + crit_ops] = lb_cap
-        caps[self.o_lbt + crit_ops] = lb_cap
-        # Only the arcs with capacity (and their reverses) go to the flow: Dinic's phases walk
-        # every arc given, and off the critical subgraph most have none.
-        full = caps[self.order]
-        flow = self._carried(full, scale)
-        kept = full > 0
-        kept |= kept[self.reverse]
-        # (Gathers by index: a boolean mask this irregular indexes several times slower.)
-        at = np.flatnonzero(kept)
-        residual = full.take(at) - flow.take(at)
-        indices, rows = self.indices.take(at), self.row_of.take(at)
-        # A carried flow is often already maximum (the sink out of reach): no max flow to run.
-        side = self._source_side(residual, indices, rows) if flow.any() else None
-        if side is None:
-            added = self._augment(residual, indices, rows)
-            flow[at] += added
-            residual -= added
-            side = self._source_side(residual, indices, rows)
-        self.flow, self.scale = flow, scale
-        if int(flow[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
+        caps = self.caps
+        caps[:] = 0
+        own = self.op_arcs[:, crit_ops]
+        caps[own[0]] = np.where(finite_ub, ub_cap - lb_cap, INF_CAP)
+        caps[own[1]] = lb_cap
+        caps[own[2]] = lb_cap
+        caps[self.edge_arcs[prec]] = INF_CAP
+        caps[self.src_arcs[src]] = INF_CAP
+        caps[self.sink_arcs[sink]] = INF_CAP
+        flow = self._carried(caps, own, scale)
+        residual = caps - flow
+        side = self._max_flow(residual, cold=not flow.any())
+        self.flow = caps - residual
+        self.scale = scale
+        if int(self.flow[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
             self.scale = 0.0
             return None
         return side
 
-    def _augment(self, residual: np.ndarray, indices: np.ndarray,
-                 rows: np.ndarray) -> np.ndarray:
-        """A maximum flow over the residual capacities of the kept arcs (`indices`, `rows`)."""
-        size = self.size
-        indptr = np.zeros(size + 1, dtype=np.int32)
-        np.cumsum(np.bincount(rows, minlength=size), out=indptr[1:])
-        graph = sp.csr_array((residual.astype(np.int32), indices, indptr), shape=(size, size))
-        flow = maximum_flow(graph, size - 2, size - 1).flow
-        if flow.nnz == residual.size and np.array_equal(flow.indices, indices):
-            return flow.data.astype(np.int64)
-        # A scipy that lays the flow out differently: look each arc up.
-        coo = flow.tocoo()
-        where = np.searchsorted(rows * size + indices, coo.row.astype(np.int64) * size + coo.col)
-        added = np.zeros(residual.size, dtype=np.int64)
-        added[where] = coo.data
-        return added
-
-    def _source_side(self, residual: np.ndarray, indices: np.ndarray,
-                     row_of: np.ndarray) -> np.ndarray | None:
-        """The nodes the source reaches over the arcs with residual capacity (None: the sink)."""
-        size = self.size
-        open_arc = np.flatnonzero(residual > 0)
-        open_indptr = np.zeros(size + 1, dtype=np.int32)
-        np.cumsum(np.bincount(row_of.take(open_arc), minlength=size), out=open_indptr[1:])
-        # (float64 data: the traversal's validation would otherwise copy it into that type.)
-        graph = sp.csr_array(
-            (np.ones(open_arc.size), indices.take(open_arc), open_indptr), shape=(size, size)
-        )
-        reached = breadth_first_order(graph, size - 2, directed=True,
-                                      return_predecessors=False)
-        side = np.zeros(size, dtype=bool)
-        side[reached] = True
-        if side[size - 1]:
-            return None
-        return side
-
-    def _carried(self, full: np.ndarray, scale: float) -> np.ndarray:
-        """The last step's max flow made feasible for capacities `full`, or zero.
+    def _carried(self, caps: np.ndarray, own: np.ndarray, scale: float) -> np.ndarray:
+        """The last step's max flow made feasible for capacities `caps`, or zero.
 
         A max flow's residual has one least source side (every max flow's), so starting the
         flow from any feasible flow finds the same cut; from the last step's, little is left
         to augment. The capacities change on the operations that moved: each operation's flow
-        can be shifted between its own arc and its two lower-bound arcs (one unit less on the
-        first, one more on both others keeps every node balanced). Where that cannot fit the
-        new capacities (a dependency that is no longer critical but carries flow, a new scale),
-        the flow starts from zero.
+        can be shifted between its own arc (`own[0]`) and its two lower-bound arcs (`own[1]`,
+        `own[2]`; one unit less on the first, one more on both others keeps every node
+        balanced). Where that cannot fit the new capacities (a dependency that is no longer
+        critical but carries flow, a new scale), the flow starts from zero.
         """
-        flow = self.flow
         if not self.warm or scale != self.scale:
-            return np.zeros_like(flow)
-        flow = flow.copy()
-        pos = self.op_arcs
-        f, c = flow[pos], full[pos]
+            return np.zeros_like(self.flow)
+        flow = self.flow.copy()
+        f, c = flow[own], caps[own]
         low = np.maximum(f[0] - c[0], np.maximum(-f[1], -f[2]))
         high = np.minimum(f[0], np.minimum(c[1] - f[1], c[2] - f[2]))
         shift = np.minimum(np.maximum(low, 0), high)
@@ -207,9 +172,76 @@ class CutNetwork:
         if moves.size:
             d = shift[moves]
             for row, sign in ((0, -1), (1, 1), (2, 1)):
-                flow[pos[row, moves]] += sign * d
-                flow[self.reverse[pos[row, moves]]] -= sign * d
-        if np.any(flow > full):
+                flow[own[row, moves]] += sign * d
+                flow[self.reverse[own[row, moves]]] -= sign * d
+        if np.any(flow > caps):
             return np.zeros_like(flow)
         return flow
 
+    def _max_flow(self, residual: np.ndarray, cold: bool) -> np.ndarray:
+        """Augment `residual` (in place) to a maximum flow's; the source side of its cut.
+
+        From a carried flow, shortest augmenting paths by breadth-first search (`max_paths` at
+        most, usually one or two are left), then scipy's maximum flow for the rest; from zero,
+        scipy's maximum flow at once.
+        """
+        size, n = self.size, self.n
+        source, sink = 2 * n, 2 * n + 1
+        for _ in range(0 if cold else self.max_paths):
+            reached, pred = self._search(residual, predecessors=True)
+            if pred[sink] < 0:
+                return reached
+            path: list[int] = []
+            v = sink
+            pred_list = pred.tolist()
+            while v != source:
+                u = pred_list[v]
+                path.append(u * size + v)
+                v = u
+            arcs = np.searchsorted(self.key, path)
+            bottleneck = residual[arcs].min()
+            residual[arcs] -= bottleneck
+            residual[self.reverse[arcs]] += bottleneck
+        reached, _ = self._search(residual, predecessors=False)
+        if reached[sink]:
+            residual -= _augment(residual, self.key, size)
+            reached, _ = self._search(residual, predecessors=False)
+        return reached
+
+    def _search(self, residual: np.ndarray, predecessors: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(nodes the source reaches over arcs with residual capacity, BFS predecessors)."""
+        size = self.size
+        graph = self._open
+        # An arc without residual capacity becomes a loop on its tail: the layout stays, no
+        # arcs to filter out or count, and a loop leads nowhere new.
+        graph.indices = self.row_of + (residual > 0) * self._to_head
+        if predecessors:
+            reached, pred = breadth_first_order(graph, size - 2, directed=True,
+                                                return_predecessors=True)
+        else:
+            reached = breadth_first_order(graph, size - 2, directed=True,
+                                          return_predecessors=False)
+            pred = np.zeros(0, dtype=np.int32)
+        side = np.zeros(size, dtype=bool)
+        side[reached] = True
+        return side, pred
+
+
+def _augment(residual: np.ndarray, key: np.ndarray, size: int) -> np.ndarray:
+    """A maximum flow over the residual capacities of the layout's arcs, by arc.
+
+    `key` is each arc's tail * size + head, ascending. scipy is given the arcs with residual
+    capacity only.
+    """
+    open_arc = np.flatnonzero(residual > 0)
+    tails, heads = np.divmod(key[open_arc], size)
+    indptr = np.zeros(size + 1, dtype=np.int32)
+    np.cumsum(np.bincount(tails, minlength=size), out=indptr[1:])
+    graph = sp.csr_array((residual[open_arc].astype(np.int32), heads.astype(np.int32), indptr),
+                         shape=(size, size))
+    flow = maximum_flow(graph, size - 2, size - 1).flow.tocoo()
+    # (scipy adds the reverse arcs it lacks: every one is in the layout.)
+    where = np.searchsorted(key, flow.row.astype(np.int64) * size + flow.col)
+    added = np.zeros(residual.size, dtype=np.int64)
+    added[where] = flow.data
+    return added

@@ -18,19 +18,20 @@ piecewise-linear function of its duration); starting from every instruction at i
 (slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum
 s-t cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are
 slowed down at their right slope; a slowdown that buys nothing loses ties), solved as one
-maximum flow (`scipy.sparse.csgraph`, started from the last step's: `cut`), and applies it
-for as long as it stays valid: until an instruction reaches a hull vertex or another path
-becomes critical (found exactly by a few longest-path passes). For convex piecewise-linear
-costs this traces the optimum of the continuous relaxation; unlike lowtime 0.3.0 there is no
-time quantum (lowtime shortens by one quantum per step) and no fitted cost model (lowtime fits
-an exponential). Real plans are taken from the sweep: after every step and wherever a moving
-instruction passes one of its options, the durations are rounded to real options (each
-instruction takes its slowest option at least as fast as planned; as further candidates, the
-next slower one, and mixes where an instruction takes the slower one when it is at least 3/4,
-1/2 or 1/4 of the way there), evaluated on the profile (critical path and the formula
-above), and the Pareto-optimal candidates get their off-critical slack reclaimed (in
-topological order every instruction takes its slowest option that keeps the iteration time).
-The frontier keeps the Pareto-optimal plans, at most one per `unit_time` of iteration time.
+maximum flow started from the last step's (`cut`: augmenting paths by breadth-first search,
+scipy's max flow where many are left), and applies it for as long as it stays valid: until an
+instruction reaches a hull vertex or another path becomes critical (found exactly by a few
+longest-path passes; each instruction's place on its hull is redone only when it moved). For
+convex piecewise-linear costs this traces the optimum of the continuous relaxation; unlike
+lowtime 0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted
+cost model (lowtime fits an exponential). Real plans are taken from the sweep: after every step
+and wherever a moving instruction passes one of its options, the durations are rounded to real
+options (each instruction takes its slowest option at least as fast as planned; as further
+candidates, the next slower one, and mixes where an instruction takes the slower one when it is
+at least 3/4, 1/2 or 1/4 of the way there), evaluated on the profile (critical path and the
+formula above), and the Pareto-optimal candidates get their off-critical slack reclaimed (in
+topological order every instruction takes its slowest option that keeps the iteration time). The
+frontier keeps the Pareto-optimal plans, at most one per `unit_time` of iteration time.
 
 The discrete problem is NP-hard; this is a heuristic on top of an exact relaxation. On the
 Perseus artifact's profiles its energies are at or below lowtime 0.3.0's plans evaluated the
@@ -53,7 +54,7 @@ import numpy as np
 
 from coordinator.pipeline.planner.cut import CutNetwork
 from coordinator.pipeline.planner.dag import PipelineDAG, PipelineSchedule
-from coordinator.pipeline.planner.graph import Graph
+from coordinator.pipeline.planner.graph import Graph, OptionTable
 from coordinator.pipeline.planner.learned import node_kind
 from coordinator.pipeline.planner.points import FrontierPoint, schedule_dag
 from coordinator.pipeline.planner.profile import DEFAULT_P_BLOCK_W, InstructionProfile
@@ -185,12 +186,97 @@ class _Ops:
         return values
 
 
+class _OnHull:
+    """Every operation's place on its cost hull: kept, and redone only for those that move.
+
+    An operation's place (the hull vertices strictly faster than it and those at least as
+    fast, within the tolerance) and its slopes there (`ub`: the cost of speeding it up, inf
+    at its fastest; `lb`: the saving of slowing it down, 0 at its slowest) depend on its own
+    duration only, which a step changes for the operations it moves.
+    """
+
+    def __init__(self, ops: _Ops, dur: np.ndarray) -> None:
+        self.ops = ops
+        n = dur.size
+        self.below = np.zeros(n, dtype=np.int64)
+        self.upto = np.zeros(n, dtype=np.int64)
+        self.ub = np.zeros(n)
+        self.lb = np.zeros(n)
+        self.update(dur, ops.rows)
+
+    def update(self, dur: np.ndarray, moved: np.ndarray) -> None:
+        """Place the operations `moved` anew (at durations `dur`)."""
+        ops, eps_t = self.ops, self.ops.eps_t
+        cd = dur[moved]
+        ch = ops.hull[moved]
+        below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
+        upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
+        nh = ops.hull_n[moved]
+        cs = ops.slope[moved]
+        idx = np.arange(moved.size)
+        self.ub[moved] = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
+        self.lb[moved] = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
+        self.below[moved] = below
+        self.upto[moved] = upto
+
+
 THRESHOLDS = (0.75, 0.5, 0.25)
 """A rounded operation's fraction of the way to its slower option from which it is rounded up,
 in the mixed plans recorded beside the all-faster and all-slower ones."""
 
 PRUNE_EVERY = 4096
 """Candidates recorded between two prunings of the dominated ones (bounds the memory)."""
+
+
+class _Slower:
+    """The plans rounded the other way (a bit slower, cheaper) and those between, by row.
+
+    An operation is rounded up when it is at least `THRESHOLDS` of the way to its slower
+    option (the discrete optimum is often such a mix). Only the operations between two options
+    can move; an operation an ulp past its slowest option has no slower one. Every row's
+    movable operations are found at once; each row's plans and their energies (sums in the
+    same order as one row at a time) are then recorded in order.
+    """
+
+    def __init__(self, owner: _Candidates, durs: np.ndarray, choice: np.ndarray,
+                 between: np.ndarray) -> None:
+        self.owner, self.choice = owner, choice
+        last = owner.ops.times.shape[1] - 1
+        rows, ops_moved = np.nonzero(between)
+        low = choice[rows, ops_moved]
+        slower = np.minimum(low + 1, last)
+        moving = slower != low
+        rows, ops_moved, low, slower = rows[moving], ops_moved[moving], low[moving], slower[moving]
+        low_at = owner.row_start[ops_moved] + low
+        high_at = owner.row_start[ops_moved] + slower
+        self.extra = owner.flat_costs[high_at] - owner.flat_costs[low_at]
+        low_t, high_t = owner.flat_times[low_at], owner.flat_times[high_at]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.frac = np.where(np.isfinite(high_t),
+                                 (durs[rows, ops_moved] - low_t) / (high_t - low_t), 0.0)
+        self.ops_moved, self.slower = ops_moved, slower
+        self.bounds = np.searchsorted(rows, np.arange(durs.shape[0] + 1)).tolist()
+
+    def record(self, r: int, energy: float) -> None:
+        """Record row `r`'s slower plans (`energy`: its rounded-down plan's cost)."""
+        lo, hi = self.bounds[r], self.bounds[r + 1]
+        if hi == lo:
+            return
+        ops_moved, slower, extra = self.ops_moved[lo:hi], self.slower[lo:hi], self.extra[lo:hi]
+        if hi - lo > 1:  # (One rounded operation: no mix between.)
+            masks = np.ones((len(THRESHOLDS) + 1, hi - lo), dtype=bool)
+            np.greater_equal(self.frac[lo:hi], _TAUS, out=masks[:-1])
+        else:
+            masks = np.ones((1, 1), dtype=bool)
+        plans = np.repeat(self.choice[r][None, :], masks.shape[0], axis=0)
+        which, where = np.nonzero(masks)
+        plans[which, ops_moved[where]] = slower[where]
+        for mask, plan in zip(masks, plans, strict=True):
+            if mask.any():
+                self.owner._add(plan, math.nan, energy + float(extra[mask].sum()))
+
+
+_TAUS = np.array(THRESHOLDS)[:, None]
 
 
 class _Candidates:
@@ -214,86 +300,59 @@ class _Candidates:
         """Candidates recorded in all."""
         self.seen: set[bytes] = set()
         """Digests of the plans recorded: a plan met again is not recorded twice."""
-        # Rounding by table: `ladder` holds every kind's option times, ascending, and
-        # below[k, r] counts kind k's options among the first r of them, so an operation's
-        # slowest option at least as fast as x is below[kind, searchsorted(ladder, x)] - 1.
-        kinds, first = np.unique(ops.kind, return_index=True)
-        kind_times = ops.times[first]
-        self.ladder = np.unique(kind_times[np.isfinite(kind_times)])
+        self.table = OptionTable(ops.kind, ops.times)
+        """Rounding by table: an operation's slowest option at least as fast as x."""
         width = ops.times.shape[1]
         self.row_start = ops.rows * width
         """Each operation's first option in the flattened option arrays."""
         self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
-        self.below = np.zeros((int(kinds.max()) + 1, self.ladder.size + 1), dtype=np.int64)
-        for k, row in zip(kinds.tolist(), kind_times, strict=True):
-            self.below[k, 1:] = np.searchsorted(row, self.ladder, side="right")
 
     def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
-        """Keep `plan` (option indices) as a candidate unless it was recorded before."""
-        plan = plan.astype(np.int16)
-        key = hashlib.blake2b(plan.tobytes(), digest_size=16).digest()
+        """Keep `plan` (option indices, int16) as a candidate unless it was recorded before."""
+        key = hashlib.blake2b(plan.data, digest_size=16).digest()  # (a contiguous row)
         if key in self.seen:
             return
         self.seen.add(key)
         self.time.append(time)
         self.energy.append(energy)
-        self.plan.append(plan)
+        self.plan.append(plan.copy())
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
-        """Round `dur` to real options (never slower) and keep the plan as a candidate.
+        """Round `dur` to real options (never slower) and keep the plan as a candidate."""
+        self.record_many(dur[None, :], [horizon])
 
-        Its iteration time is computed later, for many candidates at once (`horizon` when no
-        operation was rounded).
+    def record_many(self, durs: np.ndarray, horizons: Sequence[float]) -> None:
+        """`record` each row of `durs` ([count, n]), in order, rounded all at once.
+
+        Each plan's iteration time is computed later, for many candidates at once (its
+        `horizons` entry when no operation was rounded).
         """
         ops = self.ops
-        before = len(self.time)
-        rank = np.searchsorted(self.ladder, dur + ops.eps_t, side="right")
-        choice = self.below[ops.kind, rank] - 1
+        table = self.table
+        rank = np.searchsorted(table.ladder, durs + ops.eps_t, side="right")
+        choice = table.below[ops.kind, rank] - 1  # (`table.fitting` - 1, row by row)
         at = self.row_start + choice
-        between = np.flatnonzero(self.flat_times[at] != dur)
-        energy = float(self.flat_costs[at].sum())
-        self._add(choice, math.nan if between.size else horizon, energy)
-        if between.size:
-            self._record_slower(dur, choice, between, energy)
+        between = self.flat_times[at] != durs
+        rounded = between.any(axis=1).tolist()
+        plans = choice.astype(np.int16)
+        slower = _Slower(self, durs, plans, between)
+        before = len(self.time)
+        for r, horizon in enumerate(horizons):
+            energy = float(self.flat_costs[at[r]].sum())
+            self._add(plans[r], math.nan if rounded[r] else horizon, energy)
+            if rounded[r]:
+                slower.record(r, energy)
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
 
-    def _record_slower(self, dur: np.ndarray, choice: np.ndarray, between: np.ndarray,
-                       energy: float) -> None:
-        """Also the plan rounded the other way (a bit slower, cheaper), and the plans between.
-
-        An operation is rounded up when it is at least `THRESHOLDS` of the way to its slower
-        option (the discrete optimum is often such a mix). Only the operations `between` two
-        options can move; an operation an ulp past its slowest option has no slower one.
-        """
-        last = self.ops.times.shape[1] - 1
-        slower = np.minimum(choice[between] + 1, last)
-        moving = slower != choice[between]
-        ops_moved, slower = between[moving], slower[moving]
-        low_at = self.row_start[ops_moved] + choice[ops_moved]
-        high_at = self.row_start[ops_moved] + slower
-        extra = self.flat_costs[high_at] - self.flat_costs[low_at]
-        masks = [np.ones(ops_moved.size, dtype=bool)]
-        if ops_moved.size > 1:  # (One rounded operation: no mix between.)
-            low, high = self.flat_times[low_at], self.flat_times[high_at]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                frac = np.where(np.isfinite(high), (dur[ops_moved] - low) / (high - low), 0.0)
-            masks = [frac >= tau for tau in THRESHOLDS] + masks
-        for mask in masks:
-            if mask.any():
-                plan = choice.copy()
-                plan[ops_moved[mask]] = slower[mask]
-                self._add(plan, math.nan, energy + float(extra[mask].sum()))
-
     def _settle(self) -> None:
         """Time the candidates recorded since the last call and add their blocking energy."""
-        ops = self.ops
         pending = [i for i in range(self.settled, len(self.time)) if math.isnan(self.time[i])]
-        for lo in range(0, len(pending), 256):
-            chunk = pending[lo : lo + 256]
-            choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            times = self.graph.longest_many(ops.times[ops.rows[:, None], choices])
+        for lo in range(0, len(pending), 512):
+            chunk = pending[lo : lo + 512]
+            plans = np.stack([self.plan[i] for i in chunk])
+            times = self.graph.longest_many(self.flat_times.take(plans + self.row_start).T)
             for i, t in zip(chunk, times.tolist(), strict=True):
                 self.time[i] = t
         for i in range(self.settled, len(self.time)):
@@ -316,10 +375,10 @@ class _Candidates:
         # Rounding to real options leaves slack off the critical path: reclaim it on the
         # Pareto-optimal candidates (a plan's time never grows, its energy never does).
         pareto = _pareto_indices(self.time, self.energy)
-        for lo in range(0, len(pareto), 128):
-            chunk = pareto[lo : lo + 128]
+        for lo in range(0, len(pareto), 512):
+            chunk = pareto[lo : lo + 512]
             choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t)
+            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t, self.table)
             costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
             for j, i in enumerate(chunk):
                 energy = float(costs[j]) + stages * float(times[j]) * p_block_w
@@ -454,6 +513,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
     last_report = -1
     stats.stopped = "converged"
     network = CutNetwork(graph)
+    on_hull = _OnHull(ops, dur)
     for _ in range(max_iterations):
         fin = np.array(fin_list[:n])
         horizon = float(fin.max())
@@ -464,7 +524,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
             if done != last_report:
                 progress(done, 1000)
                 last_report = done
-        move = _cut_step(graph, network, ops, dur, fin, horizon)
+        move = _cut_step(graph, network, ops, on_hull, dur, fin, horizon)
         stats.iterations += 1
         if isinstance(move, str):
             stats.stopped = move
@@ -484,15 +544,16 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
             (ops.times[sl_ops] - dur[sl_ops][:, None]).ravel(),
         ])
         passes = np.unique(passes[(passes > eps_t) & (passes < step - eps_t)])
-        for k in passes.tolist():
-            candidates.record(dur + k * rate, math.nan)
+        on_the_way = dur + passes[:, None] * rate
         dur = trial
-        candidates.record(dur, max(fin_list[:n]))
+        on_hull.update(dur, moved)
+        candidates.record_many(np.vstack([on_the_way, dur]),
+                               [math.nan] * passes.size + [max(fin_list[:n])])
     stats.stopped = "iteration limit"
 
 
-def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, dur: np.ndarray, fin: np.ndarray,
-              horizon: float) -> tuple[np.ndarray, np.ndarray, float] | str:
+def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, on_hull: _OnHull, dur: np.ndarray,
+              fin: np.ndarray, horizon: float) -> tuple[np.ndarray, np.ndarray, float] | str:
     """One sweep step: (operations sped up, slowed down, longest step on the hulls).
 
     Or why the sweep stops (a string).
@@ -507,16 +568,7 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, dur: np.ndarray, fin
     prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
     src_mask = crit & (start <= eps_t)
     sink_mask = crit & (fin >= horizon - eps_t)
-    # Positions of the critical operations on their cost hulls.
-    cd = dur[crit_ops]
-    ch = ops.hull[crit_ops]
-    below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
-    upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
-    nh = ops.hull_n[crit_ops]
-    cs = ops.slope[crit_ops]
-    idx = np.arange(crit_ops.size)
-    ub = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
-    lb = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
+    ub, lb = on_hull.ub[crit_ops], on_hull.lb[crit_ops]
     side = network.min_cut(crit_ops, ub, lb, prec, src_mask[network.src_ops], sink_mask)
     if side is None:
         return "no finite cut"
@@ -525,9 +577,10 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, dur: np.ndarray, fin
     if not speed.any() or not np.isfinite(ub[speed]).all():
         return "no speed-up"
     sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
-    step = float(np.min(dur[sp_ops] - ch[speed, below[speed] - 1]))
+    hull = ops.hull
+    step = float(np.min(dur[sp_ops] - hull[sp_ops, on_hull.below[sp_ops] - 1]))
     if sl_ops.size:
-        step = min(step, float(np.min(ch[slow, upto[slow]] - dur[sl_ops])))
+        step = min(step, float(np.min(hull[sl_ops, on_hull.upto[sl_ops]] - dur[sl_ops])))
     return sp_ops, sl_ops, step
 
 
@@ -543,8 +596,12 @@ def _shrink(graph: Graph, ops: _Ops, dur: np.ndarray, rate: np.ndarray, moved: n
     fin_list: list[float] = []
     for _ in range(1000):
         trial = ops.snap(dur + step * rate, moved)
-        fin_list, length, acc = graph.forward_tracked(trial.tolist(), rate_list)
-        if length <= horizon - step + eps_t or acc <= -1.0:
+        fin_list = graph.forward(trial.tolist())
+        length = max(fin_list)  # (The sentinel's 0 is no finish time's better.)
+        if length <= horizon - step + eps_t:
+            break
+        acc = graph.path_rate(fin_list, rate_list, fin_list.index(length))
+        if acc <= -1.0:
             break  # (A path that shortens as fast as the iteration: rounding only.)
         shorter = (horizon - (length - step * acc)) / (acc + 1.0)
         if not shorter < step:

@@ -1,0 +1,71 @@
+"""The planner's fast paths give exactly the frontier its plain pieces give.
+
+The sweep finds augmenting paths by breadth-first search from the last step's flow, rounds a
+step's plans in one batch, keeps every operation's place on its hull and redoes it only for the
+operations that moved, counts fitting options by table and walks a longest path back only when
+its rate is needed. Each has a plain stand-in (`planner_reference_kit`, scipy's max flow from
+zero): with all of them patched in, the frontier (times, energies, plans) and the sweep's
+counts are the same, bit for bit, on 1F1B, interleaved, zero-bubble and GPipe schedules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.pipeline.planner import InstructionProfile, PlannerStats, frontier, plan_frontier
+from coordinator.pipeline.planner.cut import CutNetwork
+from coordinator.pipeline.planner.graph import Graph, OptionTable
+from coordinator.pipeline.planner.learned import LearnedSchedule
+from coordinator.pipeline.planner.profile_file import load_profile
+from coordinator.pipeline.planner.schedules import rank_orders
+from tests.core import planner_reference_kit as kit
+
+pytestmark = pytest.mark.core
+
+PROFILES = Path(__file__).resolve().parents[2] / "data" / "perseus" / "stage_profiles"
+
+
+def split_backward(profile: InstructionProfile) -> InstructionProfile:
+    """Each backward row also as backward_input and backward_weight rows of half of it."""
+    entries = dict(profile.entries)
+    for (stage, name), rows in profile.entries.items():
+        if name == "backward":
+            half = tuple((f, t / 2, e / 2) for f, t, e in rows)
+            entries[(stage, "backward_input")] = entries[(stage, "backward_weight")] = half
+    return InstructionProfile(entries)
+
+
+def run(name: str, schedule: str, microbatches: int,
+        virtual: int | None) -> tuple[list[tuple[float, float, object]], PlannerStats]:
+    profile = load_profile(PROFILES / f"{name}.csv")
+    if schedule == "zero-bubble":
+        profile = split_backward(profile)
+    orders = LearnedSchedule.from_orders(rank_orders(schedule, 8, microbatches, virtual))
+    stats = PlannerStats()
+    points = plan_frontier(profile, microbatches, stats=stats, schedule=orders)
+    return [(p.time, p.energy, p.plan) for p in points], stats
+
+
+@pytest.mark.parametrize(("name", "schedule", "microbatches", "virtual"), [
+    ("gpt3-175b+a40_bf16", "1f1b", 12, None),
+    ("bloom+a100_sxm_bf16", "interleaved-1f1b", 6, 2),
+    ("bloom+a40_bf16", "zero-bubble", 6, None),
+    ("gpt3-175b+a100_sxm_bf16", "gpipe", 6, None),
+])
+def test_the_fast_paths_change_no_plan(monkeypatch: pytest.MonkeyPatch, name: str,
+                                       schedule: str, microbatches: int,
+                                       virtual: int | None) -> None:
+    fast, fast_stats = run(name, schedule, microbatches, virtual)
+    monkeypatch.setattr(CutNetwork, "warm", False)
+    monkeypatch.setattr(CutNetwork, "max_paths", 0)
+    monkeypatch.setattr(frontier._Candidates, "record_many", kit.record_one_by_one)
+    monkeypatch.setattr(frontier._OnHull, "update", kit.place_everyone)
+    monkeypatch.setattr(OptionTable, "fitting", kit.fitting_by_comparison)
+    monkeypatch.setattr(Graph, "path_rate", kit.tracked_rate)
+    plain, plain_stats = run(name, schedule, microbatches, virtual)
+    assert len(fast) > 20
+    assert fast == plain
+    assert (fast_stats.iterations, fast_stats.candidates, fast_stats.stopped) == (
+        plain_stats.iterations, plain_stats.candidates, plain_stats.stopped)
