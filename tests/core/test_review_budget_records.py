@@ -1,0 +1,118 @@
+"""An adversarial review of the budgets' shared records (`budget_frontier.<h>`,
+`budget_point.<h>`, `budget_timing.<h>`: `coordinator.budget.remote`, `recorded`, the loop).
+
+A record another replica wrote is validated on read (`BudgetFrontier`), but a frontier that
+passes that validation may still be one the allocator refuses (two throttled options under one
+cap, a point's time under the allocator's least). The allocator refuses the whole group
+(`BudgetError`), and the owner's `plan` then gives that budget no caps at all: every GPU it
+capped is lifted. One replica's bad write thus lifted a budget's cap on every job of its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from coordinator.budget import enforce
+from coordinator.budget.budgets import Cluster, GpuInfo
+from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.store import BudgetView
+from coordinator.state.records import FRONTIER_PREFIX, job_hash
+from zeus_agent.wire.budget import Budget, BudgetFrontier
+
+NOW = 1_800_000_000.0
+PERSEUS = (("n", 0), ("n", 1))
+PLAIN = (("n", 2), ("n", 3))
+GOOD: dict[str, Any] = {
+    "job_id": "perseus", "times": [1.0, 1.3, 1.6], "powers": [250.0, 200.0, 160.0],
+    "peaks": [280.0, None, 170.0], "chosen": 0,
+    "throttled": [{"cap_w": 150, "time_s": 1.9, "power_w": 140.0, "peak_w": 150.0}]}
+"""A 2-GPU Perseus job's frontier as its driver records it (valid and usable)."""
+
+
+class Kv:
+    """A state bucket with nothing in it (writes accepted, reads find nothing)."""
+
+    async def get(self, key: str) -> Any:
+        from nats.js.errors import KeyNotFoundError
+
+        raise KeyNotFoundError
+
+    async def put(self, key: str, value: bytes) -> None:
+        return None
+
+    async def purge(self, key: str) -> None:
+        return None
+
+
+async def _publish(subject: str, data: bytes) -> None:
+    return None
+
+
+def owner(sent: list[tuple[tuple[str, int], int | None]]) -> BudgetLoop:
+    """The budgets' owner: the Perseus job is driven by another replica, so is the plain one."""
+    cluster = Cluster()
+    cluster.announce("n", {}, {i: GpuInfo(100, 300) for i in range(4)})
+    for i in range(4):
+        cluster.sample("n", i, 250.0)
+    state = SimpleNamespace(kv=Kv())
+    link: Any = SimpleNamespace(state=state, connected=True, require_state=lambda: state,
+                                prefix="zeus", nc=SimpleNamespace(publish=_publish))
+    book: Any = SimpleNamespace(owns=lambda key, now: True, me="owner")
+    view = BudgetView()
+
+    def jobs() -> list[enforce.JobView]:
+        follows = view.remote
+        return [enforce.JobView("perseus", PERSEUS, frontier=follows.frontier("perseus"),
+                                remote=True),
+                enforce.JobView("plain", PLAIN, remote=True)]
+
+    loop = BudgetLoop(link=link, book=book, cluster=cluster, jobs=jobs, cap_lease_s=30.0,
+                      view=view, wall=lambda: NOW)
+
+    async def send(key: tuple[str, int], cap_w: int | None, by: str,
+                   lease_s: float | None = None) -> bool:
+        sent.append((key, cap_w))
+        return True
+
+    loop.send = send  # type: ignore[method-assign]
+    return loop
+
+
+def recorded(loop: BudgetLoop, value: dict[str, Any]) -> None:
+    """The driver's record, as the owner's watch of `budget_frontier.>` applies it."""
+    raw = BudgetFrontier.model_validate(value).model_dump_json().encode()  # (Valid on the wire.)
+    entry = SimpleNamespace(key=FRONTIER_PREFIX + job_hash("perseus"), value=raw,
+                            operation="PUT")
+    asyncio.run(loop.view.remote.on_frontier(entry))
+
+
+@pytest.mark.parametrize("bad", [
+    # Two throttled options under one cap (a driver of another version, a hostile write).
+    {"throttled": [{"cap_w": 150, "time_s": 1.9, "power_w": 140.0, "peak_w": 150.0},
+                   {"cap_w": 150, "time_s": 2.0, "power_w": 130.0, "peak_w": 150.0}]},
+    # Throttled caps out of order: the caps under the last one's power collide with them.
+    {"throttled": [{"cap_w": 125, "time_s": 2.2, "power_w": 120.0, "peak_w": 125.0},
+                   {"cap_w": 150, "time_s": 1.9, "power_w": 140.0, "peak_w": 150.0}]},
+    # A step time the wire takes (> 0) and the allocator does not (>= 1e-12 s).
+    {"times": [1e-300, 1.3, 1.6]},
+], ids=["same-cap-twice", "caps-out-of-order", "tiny-time"])
+def test_a_bad_frontier_record_does_not_lift_the_budgets_caps(bad: dict[str, Any]) -> None:
+    """The budget keeps capping every GPU: the job whose record is unusable is capped
+    proportionally (as a job with nothing recorded), the others as before."""
+    sent: list[tuple[tuple[str, int], int | None]] = []
+    loop = owner(sent)
+    loop.view.budgets = {"grid": (Budget(budget_id="grid", cap_w=700.0), NOW - 10)}
+    recorded(loop, GOOD)
+    asyncio.run(loop.tick())
+    assert {k for k, w in sent if w is not None} == set(PERSEUS + PLAIN)
+    sent.clear()
+    recorded(loop, GOOD | bad)  # The driver's next write.
+    asyncio.run(loop.tick())
+    lifted = sorted(k for k, w in sent if w is None)
+    assert lifted == []
+    caps = {k: w for k, w in sent if w is not None}
+    assert set(caps) == set(PERSEUS + PLAIN) and sum(caps.values()) <= 700
