@@ -102,10 +102,20 @@ class CapPlan:
 
 def _profile(job: JobView, inside: int, min_limit_w: int,
              max_limit_w: int) -> alloc.ProfiledJob | None:
-    """The allocator's job for a profiled job (None: no usable profile)."""
+    """The allocator's job for a profiled job (None: no usable profile).
+
+    A frontier whose options the allocator refuses (one another replica recorded, which
+    passed the wire's checks: `alloc.check_job`) is no usable profile: the job is capped
+    proportionally, rather than the whole budget getting no allocation (its caps lifted).
+    """
     if job.frontier is not None:  # A pipeline job: its frontier points are its options.
-        return profiled_job(job.job_id, job.frontier, inside, min_limit_w, max_limit_w,
-                            job.weight)
+        found = profiled_job(job.job_id, job.frontier, inside, min_limit_w, max_limit_w,
+                             job.weight)
+        try:
+            alloc.check_job(found)
+        except alloc.BudgetError:  # (Its status share says so: no slowdown, a plain cap.)
+            return None
+        return found
     if job.optimum_w is None or not job.measurements:
         return None
     everyone = len(job.gpus)
