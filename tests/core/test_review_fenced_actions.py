@@ -128,9 +128,14 @@ def test_a_limit_fenced_at_the_send_is_caught_up_too() -> None:
         sends.append(what)
         return None if len(sends) == 1 else []  # Fenced at the first send only.
 
+    async def nothing(*args: Any) -> None:
+        return None
+
     del ex.apply_power_limit  # (The real one, over `command`.)
+    ex.learn_cap = nothing  # type: ignore[method-assign]
     ex.settings = SimpleNamespace(lease_s=30.0, prefix="zeus")  # type: ignore[assignment]
-    ex.commands = SimpleNamespace(command=command)  # type: ignore[assignment]
+    ex.commands = SimpleNamespace(command=command,  # type: ignore[assignment]
+                                  report_failures=nothing)
     driver.record = SimpleNamespace(job_id=JOB, ranks={}, gpus=list)  # type: ignore[assignment]
     asyncio.run(ex.execute(driver.record, [ApplyPowerLimit(250)]))  # type: ignore[arg-type]
     assert sends == ["setting 250 W"]  # ...not sent: the lease lapsed just before the send.
