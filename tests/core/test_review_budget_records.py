@@ -1,5 +1,6 @@
 """An adversarial review of the budgets' shared records (`budget_frontier.<h>`,
-`budget_point.<h>`, `budget_timing.<h>`: `coordinator.budget.remote`, `recorded`, the loop).
+`budget_point.<h>`, `budget_timing.<h>`: `coordinator.budget.remote`, `recorded`, the loop):
+each test reproduces a defect (each failed on the code before its fix).
 
 A record another replica wrote is validated on read (`BudgetFrontier`), but a frontier that
 passes that validation may still be one the allocator refuses (two throttled options under one
@@ -18,10 +19,13 @@ import pytest
 
 from coordinator.budget import enforce
 from coordinator.budget.budgets import Cluster, GpuInfo
+from coordinator.budget.frontier_options import Served
 from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.recorded import frontier_view
 from coordinator.budget.store import BudgetView
+from coordinator.budget.timing import frontier_digest
 from coordinator.state.records import FRONTIER_PREFIX, job_hash
-from zeus_agent.wire.budget import Budget, BudgetFrontier
+from zeus_agent.wire.budget import Budget, BudgetFrontier, BudgetTiming, MeasuredOption
 
 NOW = 1_800_000_000.0
 PERSEUS = (("n", 0), ("n", 1))
@@ -116,3 +120,53 @@ def test_a_bad_frontier_record_does_not_lift_the_budgets_caps(bad: dict[str, Any
     assert lifted == []
     caps = {k: w for k, w in sent if w is not None}
     assert set(caps) == set(PERSEUS + PLAIN) and sum(caps.values()) <= 700
+
+
+class Bucket(Kv):
+    """A state bucket that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    async def get(self, key: str) -> Any:
+        from nats.js.errors import KeyNotFoundError
+
+        if key not in self.values:
+            raise KeyNotFoundError
+        return SimpleNamespace(key=key, value=self.values[key])
+
+    async def put(self, key: str, value: bytes) -> None:
+        self.values[key] = value
+
+    async def purge(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+def test_a_job_back_from_another_driver_takes_its_newer_measures_not_its_own_old_ones() -> None:
+    """Replica A drove a Perseus job and measured point 1; the job moved to B, which measured
+    points 1 and 2 further and recorded them; the job came back to A. A kept its own old
+    measures all along (a job another replica drives stays in its `Timing`), so `restore`
+    refused B's (`served` not empty), and A's next `keep_timing` wrote its old measures over
+    B's newer ones in the bucket (the module says a job read again when it comes back)."""
+    bucket = Bucket()
+    state = SimpleNamespace(kv=bucket)
+    link: Any = SimpleNamespace(state=state, connected=True, require_state=lambda: state)
+    view = frontier_view(BudgetFrontier.model_validate(GOOD))
+    digest = frontier_digest(view.chosen, view.times)
+    mine = enforce.JobView("perseus", PERSEUS, frontier=view)
+    theirs = enforce.JobView("perseus", PERSEUS, remote=True)
+    a = BudgetLoop(link=link, book=SimpleNamespace(me="a"),  # type: ignore[arg-type]
+                   cluster=Cluster(), jobs=list, cap_lease_s=30.0, view=BudgetView())
+    a.timing._frontiers["perseus"] = digest  # A measured point 1 while it drove the job.
+    a.timing.served["perseus"] = {1: Served(1, 1.2, 200.0)}
+    asyncio.run(a.keep_timing([mine]))
+    asyncio.run(a.keep_timing([theirs]))  # B drives it now...
+    newer = BudgetTiming(job_id="perseus", frontier=digest, options=[
+        MeasuredOption(key=2, relative_time=1.9, power_w=150.0),
+        MeasuredOption(key=1, relative_time=1.5, power_w=190.0)])
+    key = "budget_timing." + job_hash("perseus")
+    bucket.values[key] = newer.model_dump_json().encode()  # ...and records what it measured.
+    asyncio.run(a.resume_timing([mine]))  # Back to A.
+    asyncio.run(a.keep_timing([mine]))
+    assert BudgetTiming.model_validate_json(bucket.values[key]) == newer
+    assert a.timing.measured("perseus") == (Served(2, 1.9, 150.0), Served(1, 1.5, 190.0))
