@@ -417,10 +417,14 @@ class BudgetLoop:
 
         Those of a job gone, or that planned another frontier, are purged. A job's measures
         are written by the replica that measures them, the one driving it: none of a job
-        another replica drives (those known here were read, `resume_timing`).
+        another replica drives (those measured here are forgotten: back here, it starts from
+        its other driver's, `resume_timing`).
         """
         theirs = {j.job_id for j in jobs if j.remote}
         self.timing_read = {j.job_id for j in jobs if j.job_id in self.timing_read} - theirs
+        # (Its driver's measures are the news: back here, it starts from them, not from
+        # what was measured here before, which it would write over them.)
+        self.timing.forget({j.job_id for j in jobs} - theirs)
         try:
             store = TimingStore(self.link.require_state().kv)
             for job_id in [j for j in self.timing.served if j not in theirs]:
