@@ -170,3 +170,20 @@ def test_a_job_back_from_another_driver_takes_its_newer_measures_not_its_own_old
     asyncio.run(a.keep_timing([mine]))
     assert BudgetTiming.model_validate_json(bucket.values[key]) == newer
     assert a.timing.measured("perseus") == (Served(2, 1.9, 150.0), Served(1, 1.5, 190.0))
+
+
+def test_a_frontier_of_a_huge_slowdown_does_not_stop_the_owners_rounds() -> None:
+    """Times the wire takes (1 ms at the chosen point, 20,000 s at the slowest), under a cap
+    that leaves the job only its deepest option: its slowdown (2.6e7) is over what a
+    `BudgetShare` may say (1e6), so `enforce.status` raised, every round of the owner
+    stopped before it sent a cap (the loop logs and goes on: no cap renewed, every GPU's cap
+    lapses with its lease)."""
+    sent: list[tuple[tuple[str, int], int | None]] = []
+    loop = owner(sent)
+    loop.view.budgets = {"grid": (Budget(budget_id="grid", cap_w=500.0), NOW - 10)}
+    recorded(loop, GOOD | {"times": [1e-3, 1e4, 2e4], "throttled": []})
+    asyncio.run(loop.tick())
+    caps = {k: w for k, w in sent if w is not None}
+    assert set(caps) == set(PERSEUS + PLAIN) and sum(caps.values()) <= 500
+    (share,) = [s for s in loop.statuses["grid"].shares if s.job_id == "perseus"]
+    assert share.slowdown is not None and share.slowdown > 1e5  # (Said, at the wire's most.)
