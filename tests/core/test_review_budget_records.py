@@ -187,3 +187,28 @@ def test_a_frontier_of_a_huge_slowdown_does_not_stop_the_owners_rounds() -> None
     assert set(caps) == set(PERSEUS + PLAIN) and sum(caps.values()) <= 500
     (share,) = [s for s in loop.statuses["grid"].shares if s.job_id == "perseus"]
     assert share.slowdown is not None and share.slowdown > 1e5  # (Said, at the wire's most.)
+
+
+def test_the_driver_measures_the_point_it_serves_not_the_one_it_was_told() -> None:
+    """The owner's recorded point names index 1 at 150 W, a point of the job's previous
+    frontier (it planned again; the owner has not planned on the new one yet, or is being
+    taken over). On this frontier point 1 draws 200 W, so the job serves `pick`'s point, its
+    slowest (2, 160 W: none is at or under 150 W); the driver measured those steps as point
+    1's and recorded them so: the owner then counts point 1 at point 2's time."""
+    cluster = Cluster()
+    cluster.announce("n", {}, {i: GpuInfo(100, 300) for i in range(2)})
+    view = frontier_view(BudgetFrontier.model_validate(GOOD))
+    driver = BudgetLoop(link=None, book=SimpleNamespace(me="b"),  # type: ignore[arg-type]
+                        cluster=cluster, jobs=list, cap_lease_s=30.0, view=BudgetView())
+    driver.view.remote.points[job_hash("perseus")] = ("perseus", (1, 150.0))
+    grid = [Budget(budget_id="grid", cap_w=400.0)]
+    steps: list[tuple[int, float, float | None]] = []
+    for n in range(1, 9):  # Rounds: the job runs point 2 (1.6 s a step), both ranks report.
+        steps += [(n, 1.6, 1.6 * 160.0), (n, 1.6, 1.6 * 160.0)]
+        job = enforce.JobView("perseus", PERSEUS, frontier=view, own_step_s=1.0,
+                              step_times=tuple(steps))
+        held = driver.held_here(grid, [job])
+        assert held == {"perseus": (1, 150.0)}
+        driver.measure_here([job], held)
+    measured = {m.key: m.relative_time for m in driver.timing.measured("perseus")}
+    assert measured == {2: pytest.approx(1.6)}
