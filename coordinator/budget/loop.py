@@ -194,6 +194,19 @@ def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.Job
     return points
 
 
+def told_key(job: enforce.JobView, told: tuple[int, float] | None) -> int | None:
+    """The option a pipeline job runs, told `told` (None: its own point, or a straggler's).
+
+    The point it serves (`frontier_options.served`), not the index told: a point recorded
+    for a frontier it planned before is served as another of this one.
+    """
+    f = job.frontier
+    if told is None or f is None or not job.own_point:
+        return None
+    key = frontier_options.served(f, *told)
+    return None if key == f.chosen else key
+
+
 def holder(budget_id: str) -> str:
     """Who holds a budget's caps on the agents."""
     return f"budget:{budget_id}"
@@ -405,11 +418,9 @@ class BudgetLoop:
             f = job.frontier
             if f is None or job.remote:
                 continue
-            told = held.get(job.job_id)
-            self.timing.observe(
-                job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
-                else told[0], job.own_step_s, job.step_times,
-                frontier_digest(f.chosen, f.times), len(job.gpus))
+            self.timing.observe(job.job_id, told_key(job, held.get(job.job_id)),
+                                job.own_step_s, job.step_times,
+                                frontier_digest(f.chosen, f.times), len(job.gpus))
         self.timing.forget({j.job_id for j in jobs})
 
     async def keep_timing(self, jobs: list[enforce.JobView]) -> None:
@@ -593,9 +604,8 @@ class BudgetLoop:
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
             digest = frontier_digest(f.chosen, f.times)
             if counting:  # (A straggler moving it: its steps are not the option's alone.)
-                self.timing.observe(
-                    job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
-                    else told[0], job.own_step_s, job.step_times, digest, len(job.gpus))
+                self.timing.observe(job.job_id, told_key(job, told), job.own_step_s,
+                                    job.step_times, digest, len(job.gpus))
             measured = self.timing.measured(job.job_id)
             if job.remote:  # (Measured by the replica driving it.)
                 measured = self.view.remote.measured(job.job_id, digest) or measured
