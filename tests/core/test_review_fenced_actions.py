@@ -13,8 +13,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from coordinator.optimizer import Action, ApplyPowerLimit, AskSelector, StatusUpdate
+from coordinator.power_limit.job import PowerLimitJob
 from coordinator.service.actions import ActionExecutor
 from coordinator.service.driver import MAX_FENCED, JobDriver
+from tests.core.power_limit_kit import ev, mark
+from zeus_agent.wire.messages import PowerLimitOptions
 
 JOB = "job-1"
 
@@ -39,8 +42,14 @@ def executor(driver: JobDriver, owns: list[bool]) -> tuple[ActionExecutor, list[
     ex.leases = SimpleNamespace(owns_now=owns_now)  # type: ignore[assignment]
     ex.jobs = SimpleNamespace(get=lambda job_id: driver)  # type: ignore[assignment]
     ex.link = SimpleNamespace(status=status)  # type: ignore[assignment]
+    async def profile(record: Any, action: Any) -> None:
+        done.append(("profile", action.optimal_power_limit))
+
     ex.apply_power_limit = limit  # type: ignore[method-assign]
     ex.ask_selector = ask  # type: ignore[method-assign]
+    ex.save_profile = profile  # type: ignore[method-assign]
+    ex.progress = SimpleNamespace(  # type: ignore[assignment]
+        save_progress=lambda job_id, kind, state: done.append(("progress", kind)))
     return ex, done
 
 
@@ -141,3 +150,37 @@ def test_a_limit_fenced_at_the_send_is_caught_up_too() -> None:
     assert sends == ["setting 250 W"]  # ...not sent: the lease lapsed just before the send.
     asyncio.run(ex.catch_up(driver))  # The lease is this replica's again (its next round).
     assert sends == ["setting 250 W", "setting 250 W"]
+
+
+def test_a_question_the_job_no_longer_awaits_is_not_asked_on_catching_up() -> None:
+    """A user's selector asked (fenced), then the lease stayed late past the selector's
+    timeout: the job fell back to its built-in selector and pinned a limit. Caught up, the
+    stale question still went to rank 0's process, which ran the user's selector for an
+    answer the job ignores (`TrainerChoice.answers`: no question awaits)."""
+    options = PowerLimitOptions(selector="Custom", custom_selector="Cheapest()", wait_steps=0,
+                                warmup_steps=0, profile_steps=2, pl_step_w=50,
+                                selector_timeout_s=30.0)
+    job = PowerLimitJob(JOB, options, ranks=[0, 1], min_power_limit_w=100,
+                        max_power_limit_w=300, mark_timeout_s=1e9)
+    driver = JobDriver(JOB, record=SimpleNamespace(job_id=JOB, ranks={}))  # type: ignore[arg-type]
+    driver.drive(job)
+    owns = [False]
+    ex, done = executor(driver, owns)
+    actions = job.start()
+    clocks = {r: (0.0, 0.0) for r in job.ranks}
+    for step in range(11):  # Both ranks through every window (2 steps each), 1 s a step.
+        actions += job.on_event(0, ev(step), now_s=float(step))
+        limit = job.desired_power_limit
+        assert limit is not None
+        for r in job.ranks:
+            t, e = clocks[r]
+            actions += job.on_mark(r, mark(step, t, e))
+            clocks[r] = (t + 1.0, e + 0.8 * limit)
+    assert any(isinstance(a, AskSelector) for a in actions)
+    asyncio.run(ex.execute(driver.record, actions))  # type: ignore[arg-type]
+    asyncio.run(ex.execute(driver.record, job.tick(100.0)))  # type: ignore[arg-type]
+    assert job.optimal_power_limit is not None  # Fallen back (fenced too).
+    owns[0] = True
+    asyncio.run(ex.catch_up(driver))
+    assert ("limit", job.optimal_power_limit) in done
+    assert [d for d in done if d[0] == "ask"] == []
