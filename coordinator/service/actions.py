@@ -65,6 +65,12 @@ def _ticker(job: JobOptimizer) -> Callable[[int, Any], list[Action]]:
     return lambda _rank, now_s: job.tick(now_s)
 
 
+def _not_awaited(job: JobOptimizer, ask: AskSelector) -> bool:
+    """Whether the job no longer awaits the answer to `ask` (it fell back, or asked again)."""
+    choice = job.choice if isinstance(job, PowerLimitJob) else None
+    return choice is not None and not choice.answers(ask.rank, ask.request)
+
+
 class ActionExecutor:
     """Executes the jobs' actions (commands through `commands`, progress through `progress`)."""
 
@@ -210,7 +216,8 @@ class ActionExecutor:
             todo.append(InstallSchedules(tuple(w.schedule for w in wanted), wanted[0].version,
                                          wanted[0].from_step) if wanted else ClearSchedules())
         todo += [a for a in fenced
-                 if not isinstance(a, ApplyPowerLimit | InstallSchedules | ClearSchedules)]
+                 if not isinstance(a, ApplyPowerLimit | InstallSchedules | ClearSchedules)
+                 and not (isinstance(a, AskSelector) and _not_awaited(job, a))]
         return todo
 
     def fenced_at_send(self, record: JobRecord, action: Action) -> None:
