@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from coordinator.budget import enforce
+from coordinator.budget import enforce, remote
 from coordinator.budget.budgets import Cluster, GpuInfo
 from coordinator.budget.frontier_options import Served
-from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.loop import BudgetLoop, job_views
 from coordinator.budget.recorded import frontier_view
 from coordinator.budget.store import BudgetView
 from coordinator.budget.timing import frontier_digest
@@ -212,3 +212,26 @@ def test_the_driver_measures_the_point_it_serves_not_the_one_it_was_told() -> No
         driver.measure_here([job], held)
     measured = {m.key: m.relative_time for m in driver.timing.measured("perseus")}
     assert measured == {2: pytest.approx(1.6)}
+
+
+def test_a_perseus_job_that_failed_here_is_not_taken_for_one_another_replica_drives() -> None:
+    """Its driver failed it (`JobDriver.end`: no optimiser, never started again): `job_views`
+    took the job for one another replica drives (`optimiser is None`) and brought the frontier
+    this replica itself had recorded; `record_frontiers` then left that record (its "new
+    driver" records it), so every owner kept moving the job along a frontier nobody serves
+    (points recorded for nobody) instead of capping it proportionally, until it is removed."""
+    view = frontier_view(BudgetFrontier.model_validate(GOOD))
+    ranks = {r: SimpleNamespace(gpu=SimpleNamespace(node="n", gpu_index=r)) for r in (0, 1)}
+    failed: Any = SimpleNamespace(record=SimpleNamespace(ranks=ranks, power_limit=None),
+                                  optimiser=None, job_id="perseus", recorded=None,
+                                  failed="the optimiser raised")
+    bucket = Bucket()
+    key = FRONTIER_PREFIX + job_hash("perseus")
+    record = BudgetFrontier.model_validate(GOOD)
+    bucket.values[key] = record.model_dump_json().encode()  # Recorded while it drove it.
+    follows = remote.Recorded()
+    follows.frontiers[job_hash("perseus")] = ("perseus", view, None)
+    kept: dict[str, Any] = {"perseus": (view, None)}
+    (seen,) = job_views([failed], follows)
+    asyncio.run(remote.record_frontiers(bucket, [seen], kept))
+    assert seen.frontier is None and key not in bucket.values
