@@ -85,7 +85,8 @@ def job_views(drivers: Iterable[JobDriver],
     (`recorded_profile`); a pipeline job serving a plan of its frontier (Perseus) its
     frontier: driven here, its own; driven by another, the one that replica recorded
     (`follows`, `budget.remote`); every other job (profiling, a job another replica drives
-    with nothing recorded) is capped proportionally. Each job's slowdown counts as its
+    with nothing recorded, one that failed here: its frontier record is then purged) is
+    capped proportionally. Each job's slowdown counts as its
     registered `priority`.
     """
     views = []
@@ -96,6 +97,9 @@ def job_views(drivers: Iterable[JobDriver],
         gpus = tuple(sorted((r.gpu.node, r.gpu.gpu_index) for r in record.ranks.values()))
         job = driver.optimiser
         weight = record.power_limit.priority if record.power_limit is not None else 1.0
+        if driver.failed is not None:  # (Driven by no replica: not one another drives.)
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
+            continue
         frontier = budget_point.frontier_of(job) if isinstance(job, PipelineJob) else None
         if isinstance(job, PowerLimitJob) and job.optimal_power_limit is not None:
             views.append(enforce.JobView(driver.job_id, gpus,
