@@ -361,14 +361,23 @@ def _validate(group: Group) -> None:
         if u.draw_w is not None:
             _finite(f"{u.job_id} draw_w", u.draw_w, 0.0)
     for j in group.jobs:
-        _finite(f"{j.job_id} weight", j.weight, 1e-6)
-        if not j.options or j.optimum not in {o.key for o in j.options}:
-            raise BudgetError(f"job {j.job_id!r}: its optimum {j.optimum} is not an option")
-        if len({o.key for o in j.options}) != len(j.options):
-            raise BudgetError(f"job {j.job_id!r}: two options share a key")
-        for o in j.options:
-            _finite(f"{j.job_id} option {o.key} time_s", o.time_s, 1e-12)
-            _finite(f"{j.job_id} option {o.key} power_w", o.power_w, 0.0)
+        check_job(j)
+
+
+def check_job(j: ProfiledJob) -> None:
+    """Refuse a profiled job's options the allocator cannot work with (`BudgetError`).
+
+    What `allocate` checks of each profiled job, so that a caller can leave one job's bad
+    profile out (cap it proportionally) instead of losing the whole group's allocation.
+    """
+    _finite(f"{j.job_id} weight", j.weight, 1e-6)
+    if not j.options or j.optimum not in {o.key for o in j.options}:
+        raise BudgetError(f"job {j.job_id!r}: its optimum {j.optimum} is not an option")
+    if len({o.key for o in j.options}) != len(j.options):
+        raise BudgetError(f"job {j.job_id!r}: two options share a key")
+    for o in j.options:
+        _finite(f"{j.job_id} option {o.key} time_s", o.time_s, 1e-12)
+        _finite(f"{j.job_id} option {o.key} power_w", o.power_w, 0.0)
 
 
 def _finite(name: str, value: float, least: float) -> None:

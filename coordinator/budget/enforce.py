@@ -40,7 +40,7 @@ from coordinator.budget import allocator as alloc
 from coordinator.budget.budgets import Cluster, Governed, GpuKey
 from coordinator.budget.frontier_options import FrontierView, profiled_job
 from zeus_agent.models import PowerLimitMeasurement
-from zeus_agent.wire.budget import BudgetShare, BudgetStatus
+from zeus_agent.wire.budget import MAX_SLOWDOWN, BudgetShare, BudgetStatus
 
 OVER_ROUNDS = 2
 """Rounds over the room in a row before the room allocated shrinks (samples are noisy)."""
@@ -102,10 +102,20 @@ class CapPlan:
 
 def _profile(job: JobView, inside: int, min_limit_w: int,
              max_limit_w: int) -> alloc.ProfiledJob | None:
-    """The allocator's job for a profiled job (None: no usable profile)."""
+    """The allocator's job for a profiled job (None: no usable profile).
+
+    A frontier whose options the allocator refuses (one another replica recorded, which
+    passed the wire's checks: `alloc.check_job`) is no usable profile: the job is capped
+    proportionally, rather than the whole budget getting no allocation (its caps lifted).
+    """
     if job.frontier is not None:  # A pipeline job: its frontier points are its options.
-        return profiled_job(job.job_id, job.frontier, inside, min_limit_w, max_limit_w,
-                            job.weight)
+        found = profiled_job(job.job_id, job.frontier, inside, min_limit_w, max_limit_w,
+                             job.weight)
+        try:
+            alloc.check_job(found)
+        except alloc.BudgetError:  # (Its status share says so: no slowdown, a plain cap.)
+            return None
+        return found
     if job.optimum_w is None or not job.measurements:
         return None
     everyone = len(job.gpus)
@@ -290,13 +300,18 @@ def measured_w(gpus: Iterable[GpuKey], cluster: Cluster) -> float | None:
 
 def status(plan: CapPlan, governed: Governed, measured: float | None,
            replica: str) -> BudgetStatus:
-    """What a plan says of its budget, for people: the draws and each job's share."""
+    """What a plan says of its budget, for people: the draws and each job's share.
+
+    A slowdown over `MAX_SLOWDOWN` (a frontier another replica recorded may name one) is
+    said as that: a status the wire refuses would stop the owner's round before its caps.
+    """
     shares = []
     for share in plan.allocation.shares:
         n = plan.members.get(share.job_id, ())
         shares.append(BudgetShare(job_id=share.job_id, gpus=len(n), limit_w=share.limit_w,
                                   expected_w=round(share.expected_w, 1),
-                                  slowdown=None if share.key is None else share.slowdown))
+                                  slowdown=None if share.key is None
+                                  else min(share.slowdown, MAX_SLOWDOWN)))
     return BudgetStatus(budget_id=plan.budget_id, replica=replica, cap_w=governed.cap_w,
                         room_w=round(plan.room_w, 1),
                         measured_w=None if measured is None else round(measured, 1),

@@ -393,6 +393,25 @@ def profiled_job(job_id: str, frontier: FrontierView, gpus: int, min_limit_w: in
                        frontier.chosen, min_limit_w, weight)
 
 
+def served(frontier: FrontierView, index: int, power_w: float) -> int:
+    """The key of the option a job serves when told (`index`, `power_w`): `pick`'s, on its view.
+
+    The view's powers are `pick`'s (energy over time over the job's GPUs, uncalibrated), so
+    a job's steps are measured under the point it runs (a stale point, of a frontier it
+    planned before, is served as another index).
+    """
+    n = len(frontier.powers)
+    if index < 0 or n == 0:
+        return index
+    limit = power_w * (1 + POWER_TOLERANCE)
+    if index < n and frontier.powers[index] <= limit:
+        return index
+    under = [i for i in range(n) if frontier.powers[i] <= limit]
+    if under:
+        return min(under, key=lambda i: (frontier.times[i], i))
+    return min(range(n), key=lambda i: (frontier.powers[i], -i))
+
+
 def pick(frontier: Sequence[Point], gpus: int, index: int, power_w: float) -> int:
     """The index of the point a job serves for a budget's point `index` of `power_w` per GPU.
 

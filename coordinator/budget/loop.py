@@ -85,7 +85,8 @@ def job_views(drivers: Iterable[JobDriver],
     (`recorded_profile`); a pipeline job serving a plan of its frontier (Perseus) its
     frontier: driven here, its own; driven by another, the one that replica recorded
     (`follows`, `budget.remote`); every other job (profiling, a job another replica drives
-    with nothing recorded) is capped proportionally. Each job's slowdown counts as its
+    with nothing recorded, one that failed here: its frontier record is then purged) is
+    capped proportionally. Each job's slowdown counts as its
     registered `priority`.
     """
     views = []
@@ -96,6 +97,9 @@ def job_views(drivers: Iterable[JobDriver],
         gpus = tuple(sorted((r.gpu.node, r.gpu.gpu_index) for r in record.ranks.values()))
         job = driver.optimiser
         weight = record.power_limit.priority if record.power_limit is not None else 1.0
+        if driver.failed is not None:  # (Driven by no replica: not one another drives.)
+            views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
+            continue
         frontier = budget_point.frontier_of(job) if isinstance(job, PipelineJob) else None
         if isinstance(job, PowerLimitJob) and job.optimal_power_limit is not None:
             views.append(enforce.JobView(driver.job_id, gpus,
@@ -192,6 +196,19 @@ def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.Job
             if share.job_id not in points or power < points[share.job_id][1]:
                 points[share.job_id] = (share.key, power)
     return points
+
+
+def told_key(job: enforce.JobView, told: tuple[int, float] | None) -> int | None:
+    """The option a pipeline job runs, told `told` (None: its own point, or a straggler's).
+
+    The point it serves (`frontier_options.served`), not the index told: a point recorded
+    for a frontier it planned before is served as another of this one.
+    """
+    f = job.frontier
+    if told is None or f is None or not job.own_point:
+        return None
+    key = frontier_options.served(f, *told)
+    return None if key == f.chosen else key
 
 
 def holder(budget_id: str) -> str:
@@ -405,11 +422,9 @@ class BudgetLoop:
             f = job.frontier
             if f is None or job.remote:
                 continue
-            told = held.get(job.job_id)
-            self.timing.observe(
-                job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
-                else told[0], job.own_step_s, job.step_times,
-                frontier_digest(f.chosen, f.times), len(job.gpus))
+            self.timing.observe(job.job_id, told_key(job, held.get(job.job_id)),
+                                job.own_step_s, job.step_times,
+                                frontier_digest(f.chosen, f.times), len(job.gpus))
         self.timing.forget({j.job_id for j in jobs})
 
     async def keep_timing(self, jobs: list[enforce.JobView]) -> None:
@@ -417,10 +432,14 @@ class BudgetLoop:
 
         Those of a job gone, or that planned another frontier, are purged. A job's measures
         are written by the replica that measures them, the one driving it: none of a job
-        another replica drives (those known here were read, `resume_timing`).
+        another replica drives (those measured here are forgotten: back here, it starts from
+        its other driver's, `resume_timing`).
         """
         theirs = {j.job_id for j in jobs if j.remote}
         self.timing_read = {j.job_id for j in jobs if j.job_id in self.timing_read} - theirs
+        # (Its driver's measures are the news: back here, it starts from them, not from
+        # what was measured here before, which it would write over them.)
+        self.timing.forget({j.job_id for j in jobs} - theirs)
         try:
             store = TimingStore(self.link.require_state().kv)
             for job_id in [j for j in self.timing.served if j not in theirs]:
@@ -589,9 +608,8 @@ class BudgetLoop:
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
             digest = frontier_digest(f.chosen, f.times)
             if counting:  # (A straggler moving it: its steps are not the option's alone.)
-                self.timing.observe(
-                    job.job_id, None if told is None or told[0] == f.chosen or not job.own_point
-                    else told[0], job.own_step_s, job.step_times, digest, len(job.gpus))
+                self.timing.observe(job.job_id, told_key(job, told), job.own_step_s,
+                                    job.step_times, digest, len(job.gpus))
             measured = self.timing.measured(job.job_id)
             if job.remote:  # (Measured by the replica driving it.)
                 measured = self.view.remote.measured(job.job_id, digest) or measured

@@ -65,6 +65,12 @@ def _ticker(job: JobOptimizer) -> Callable[[int, Any], list[Action]]:
     return lambda _rank, now_s: job.tick(now_s)
 
 
+def _not_awaited(job: JobOptimizer, ask: AskSelector) -> bool:
+    """Whether the job no longer awaits the answer to `ask` (it fell back, or asked again)."""
+    choice = job.choice if isinstance(job, PowerLimitJob) else None
+    return choice is not None and not choice.answers(ask.rank, ask.request)
+
+
 class ActionExecutor:
     """Executes the jobs' actions (commands through `commands`, progress through `progress`)."""
 
@@ -143,6 +149,7 @@ class ActionExecutor:
 
     async def execute(self, record: JobRecord, actions: list[Action]) -> None:
         """Carry out `actions` of the job, in order (none if this replica's lease is lapsing)."""
+        driver = self.jobs.get(record.job_id)
         if actions and not await self.leases.owns_now(record.job_id):
             # Fenced: this replica's lease on the job is about to lapse (it could not renew
             # it), so another replica may take over: it sends no more commands.
@@ -153,10 +160,13 @@ class ActionExecutor:
             # holds the job), and the files its scheduler produced are written: they record
             # what it computed, whoever carries out its commands.
             kept: list[Action] = [a for a in actions if isinstance(a, SaveProgress | WriteFile)]
-            driver = self.jobs.get(record.job_id)
             if driver is not None:  # The rest once the lease is this replica's again.
                 driver.fence(a for a in actions if not isinstance(a, SaveProgress | WriteFile))
             actions = kept
+        elif actions and driver is not None and driver.fenced:
+            # The lease is back and these come before the catch-up's task had the job's lock:
+            # what was fenced goes first (a stale status after a newer one misleads).
+            actions = self.caught_up(driver) + actions
         for action in actions:
             if isinstance(action, ApplyPowerLimit):
                 await self.apply_power_limit(record, action.watts)
@@ -186,9 +196,15 @@ class ActionExecutor:
         fenced commands carried: a later command may have gone out since), then its fenced
         statuses, files and questions go out in order. Fenced again if the lease lapses again.
         """
+        todo = self.caught_up(driver)
+        if todo and driver.record is not None:
+            await self.execute(driver.record, todo)
+
+    def caught_up(self, driver: JobDriver) -> list[Action]:
+        """`catch_up`'s actions, the fenced ones now taken: none without an optimiser."""
         fenced, job, record = driver.take_fenced(), driver.optimiser, driver.record
         if not fenced or job is None or record is None:
-            return
+            return []
         LOG.info("job %s: carrying out %d action(s) not carried out while this replica's lease "
                  "was lapsing", driver.job_id, len(fenced))
         todo: list[Action] = []
@@ -200,8 +216,18 @@ class ActionExecutor:
             todo.append(InstallSchedules(tuple(w.schedule for w in wanted), wanted[0].version,
                                          wanted[0].from_step) if wanted else ClearSchedules())
         todo += [a for a in fenced
-                 if not isinstance(a, ApplyPowerLimit | InstallSchedules | ClearSchedules)]
-        await self.execute(record, todo)
+                 if not isinstance(a, ApplyPowerLimit | InstallSchedules | ClearSchedules)
+                 and not (isinstance(a, AskSelector) and _not_awaited(job, a))]
+        return todo
+
+    def fenced_at_send(self, record: JobRecord, action: Action) -> None:
+        """Keep a command `GpuCommands.command` did not send (fenced at its send).
+
+        The lease lapsed since `execute`'s check: caught up with the others once it is back.
+        """
+        driver = self.jobs.get(record.job_id)
+        if driver is not None:
+            driver.fence([action])
 
     async def ask_selector(self, record: JobRecord, action: AskSelector) -> None:
         """Ask a rank's process, through its GPU's agent, to run the user's selector.
@@ -222,8 +248,9 @@ class ActionExecutor:
             envelope = codec.encode(CommandEnvelope(cmd=cmd))
             replies = await self.commands.command(
                 record, f"asking rank {action.rank} to choose", [(subject, envelope)])
-            if replies is None:
-                return  # Fenced: the job's new owner asks again.
+            if replies is None:  # Fenced: asked again once the lease is back, else by
+                self.fenced_at_send(record, action)  # the job's new owner.
+                return
             reply = replies[0]
         if isinstance(reply, Reply) and reply.ok:
             return
@@ -269,7 +296,9 @@ class ActionExecutor:
         gpus = record.gpus() if gpus is None else gpus
         replies = await self.commands.command(record, f"setting {watts} W", [
             (subjects.gpu_command(g.node, g.gpu_index, s.prefix), cmd) for g in gpus])
-        if replies is not None:
+        if replies is None:
+            self.fenced_at_send(record, ApplyPowerLimit(watts))
+        else:
             await self.commands.report_failures(record, f"setting {watts} W", gpus, replies)
             await self.learn_cap(record, replies)
 
@@ -349,7 +378,9 @@ class ActionExecutor:
         # itself again (reconciliation).
         what = f"installing schedule {action.version}"
         replies = await self.commands.command(record, what, requests)
-        if replies is not None:
+        if replies is None:
+            self.fenced_at_send(record, action)
+        else:
             await self.commands.report_failures(record, what, targets, replies,
                                                 state="install_failed")
 
@@ -360,7 +391,9 @@ class ActionExecutor:
         prefix = self.settings.prefix
         replies = await self.commands.command(record, "clearing the schedules", [
             (subjects.gpu_command(g.node, g.gpu_index, prefix), cmd) for g in gpus])
-        if replies is not None:
+        if replies is None:
+            self.fenced_at_send(record, ClearSchedules())
+        else:
             await self.commands.report_failures(record, "clearing the schedules", gpus, replies)
 
     def dump_dir(self, record: JobRecord) -> Path:

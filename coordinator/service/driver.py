@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.jobs import JobRecord
-from coordinator.optimizer import Action, JobOptimizer
+from coordinator.optimizer import (
+    Action,
+    ApplyPowerLimit,
+    AskSelector,
+    ClearSchedules,
+    InstallSchedules,
+    JobOptimizer,
+    KeepFile,
+    StatusUpdate,
+)
 from coordinator.state import records
 from zeus_agent.wire import subjects
 
@@ -27,8 +36,12 @@ __all__ = ["JobDriver"]
 LOG = logging.getLogger(__name__)
 
 MAX_FENCED = 64
-"""Fenced actions a driver keeps (the latest): commands are caught up as the job stands, so
-only statuses and files are lost beyond it."""
+"""Fenced actions a driver keeps: beyond it the oldest statuses and dump files are dropped.
+Commands are caught up as the job stands, and a selector's question awaits only the latest,
+so one of each kind is kept (the latest), never dropped for statuses."""
+SUPERSEDED: tuple[tuple[type, ...], ...] = (
+    (ApplyPowerLimit,), (InstallSchedules, ClearSchedules), (AskSelector,))
+"""Kinds of fenced actions of which only the latest counts (`JobDriver.fence`)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -58,9 +71,10 @@ class JobDriver:
         pending_lapses: Rank -> settings its agent restored while this replica's own lease on
             the job had lapsed: set again once the lease is taken back.
         fenced: Actions not carried out while this replica's lease on the job was lapsing
-            (commands, statuses, files; at most `MAX_FENCED`, the latest): carried out as the
-            job stands once the lease is this replica's again (`ActionExecutor.catch_up`),
-            dropped if another replica takes the job over (it sets everything again).
+            (commands, questions, statuses, files: `fence`): carried out as the job stands
+            once the lease is this replica's again (`ActionExecutor.catch_up`), dropped if
+            another replica takes the job over or the optimiser is released (it sets
+            everything again).
         observe_only_said: (node token, GPU) said to be observe-only (once each).
         late_renewal: When an action last renewed this replica's late lease (wall clock).
         failed: Why the job failed here (`JobFailures.fail`): it is never started again.
@@ -110,6 +124,7 @@ class JobDriver:
 
     def release(self, why: str) -> None:
         """Stop driving the job here (another replica owns it, or it was removed)."""
+        self.fenced.clear()  # (Not the next optimiser's: it sets everything again.)
         if self.optimiser is not None:
             self.optimiser = None
             LOG.info("job %s: no longer driven by this replica (%s)", self.job_id, why)
@@ -117,6 +132,7 @@ class JobDriver:
     def end(self, why: str) -> None:
         """The job failed here: no longer driven, never started again (`JobFailures.fail`)."""
         self.optimiser = None
+        self.fenced.clear()
         self.failed = why
 
     def clear_failure(self) -> None:
@@ -236,9 +252,26 @@ class JobDriver:
         self.pending_lapses.clear()
 
     def fence(self, actions: Iterable[Action]) -> None:
-        """Keep actions this replica did not carry out (its lease was lapsing), the latest."""
-        self.fenced.extend(actions)
-        del self.fenced[:-MAX_FENCED]
+        """Keep actions this replica did not carry out (its lease was lapsing).
+
+        Of a limit, the schedules and a question, the latest (`SUPERSEDED`); past
+        `MAX_FENCED`, the oldest statuses and files are dropped, never a command or question
+        (a dropped limit was never caught up: the GPUs waited for the job's next one).
+        """
+        for action in actions:
+            kind = next((k for k in SUPERSEDED if isinstance(action, k)), None)
+            if kind is not None:
+                self.fenced = [a for a in self.fenced if not isinstance(a, kind)]
+            self.fenced.append(action)
+        excess = len(self.fenced) - MAX_FENCED
+        if excess > 0:
+            kept = []
+            for a in self.fenced:
+                if excess > 0 and isinstance(a, StatusUpdate | KeepFile):
+                    excess -= 1
+                    continue
+                kept.append(a)
+            self.fenced = kept
 
     def take_fenced(self) -> list[Action]:
         """The fenced actions, now no longer kept (they are caught up, or dropped)."""

@@ -56,7 +56,7 @@ def test_a_straggling_job_is_seen_off_its_own_point() -> None:
     ranks = {r: SimpleNamespace(gpu=SimpleNamespace(node="n", gpu_index=r))
              for r in job.rank_infos}
     driver: Any = SimpleNamespace(record=SimpleNamespace(ranks=ranks, power_limit=None),
-                                  optimiser=job, job_id="perseus")
+                                  optimiser=job, job_id="perseus", failed=None)
     (seen,) = job_views([driver])
     assert seen.frontier is not None and seen.own_point
     job.set_straggler(1, 1.5)

@@ -21,7 +21,8 @@ def driver(recorded: Any, options: PowerLimitOptions | None = None) -> Any:
     ranks = {r: SimpleNamespace(gpu=SimpleNamespace(node="n", gpu_index=r)) for r in (0, 1)}
     record = SimpleNamespace(ranks=ranks, power_limit=options or PowerLimitOptions(),
                              job=SimpleNamespace(world_size=2))
-    return SimpleNamespace(record=record, optimiser=None, job_id="dp", recorded=recorded)
+    return SimpleNamespace(record=record, optimiser=None, job_id="dp", recorded=recorded,
+                           failed=None)
 
 
 def profile() -> dict[str, Any]:

@@ -58,7 +58,8 @@ def driver(job_id: str = "perseus") -> Any:
     """A pipeline job another replica drives, as this replica's table has it."""
     ranks = {r: SimpleNamespace(gpu=SimpleNamespace(node="n", gpu_index=r)) for r in (0, 1)}
     record = SimpleNamespace(ranks=ranks, power_limit=None)
-    return SimpleNamespace(record=record, optimiser=None, job_id=job_id, recorded=None)
+    return SimpleNamespace(record=record, optimiser=None, job_id=job_id, recorded=None,
+                           failed=None)
 
 
 def test_a_frontier_record_gives_back_the_same_frontier() -> None:

@@ -51,7 +51,7 @@ def theirs() -> Any:
     """The job as the owner's table has it: driven by another replica."""
     ranks = {r: SimpleNamespace(gpu=SimpleNamespace(node="n", gpu_index=r)) for r in (0, 1)}
     return SimpleNamespace(record=SimpleNamespace(ranks=ranks, power_limit=None),
-                           optimiser=None, job_id="perseus", recorded=None)
+                           optimiser=None, job_id="perseus", recorded=None, failed=None)
 
 
 async def until(check: Callable[[], bool], what: str) -> None:

@@ -38,6 +38,8 @@ MAX_MEASURED = 256
 and a throttled option every 25 W."""
 MAX_FRONTIER_INDEX = 1_000_000
 """Largest frontier index a measure may name."""
+MAX_SLOWDOWN = 1e6
+"""Largest slowdown a budget's status says (a larger one is said as this)."""
 LABEL = re.compile(r"^[A-Za-z0-9_.\-/]{1,63}=[A-Za-z0-9_.\-]{0,63}$")
 """`key=value`, as Kubernetes labels spell them (no '=' or white space inside)."""
 
@@ -135,7 +137,7 @@ class BudgetShare(_Part):
     limit_w: int = Field(ge=0, le=100_000)
     expected_w: float = Field(ge=0, le=MAX_CAP_W)
     """The job's expected draw at that limit, all its GPUs in the group."""
-    slowdown: float | None = Field(default=None, ge=0, le=1e6)
+    slowdown: float | None = Field(default=None, ge=0, le=MAX_SLOWDOWN)
     """Expected time per step / time at its own optimum - 1 (None: the job has no profile
     yet and is capped proportionally)."""
 
