@@ -223,8 +223,9 @@ class Replicas:
             if not driver.fenced:
                 continue
             lease = book.leases.get(driver.hash)
-            if lease is None or not book.is_mine(lease) or driver.optimiser is None:
+            if (lease is not None and not book.is_mine(lease)) or driver.optimiser is None:
                 driver.take_fenced()  # Another replica drives it now: it sets everything again.
+                # (No lease seen, a gap in the watch: kept until the lease is known again.)
             elif self.leases.owns(driver.job_id):
                 self.spawn(self._catch_up(driver, driver.optimiser))
 
