@@ -14,25 +14,13 @@ from typing import Any
 from coordinator.budget.budgets import Cluster, GpuInfo
 from coordinator.budget.loop import BudgetLoop
 from coordinator.budget.store import BudgetView
+from tests.core.budget_kit import EmptyKv
 from zeus_agent.wire.budget import Budget
 
 NOW = 1_800_000_000.0
 GPUS = [("n", 0), ("n", 1)]
 
 
-class Kv:
-    """A state bucket with nothing in it."""
-
-    async def get(self, key: str) -> Any:
-        from nats.js.errors import KeyNotFoundError
-
-        raise KeyNotFoundError
-
-    async def put(self, key: str, value: bytes) -> None:
-        return None
-
-    async def purge(self, key: str) -> None:
-        return None
 
 
 def owner(sent: list[tuple[tuple[str, int], int | None]], lost: set[tuple[str, int]]
@@ -41,7 +29,7 @@ def owner(sent: list[tuple[tuple[str, int], int | None]], lost: set[tuple[str, i
     cluster.announce("n", {}, {0: GpuInfo(100, 300), 1: GpuInfo(100, 300)})
     for key in GPUS:
         cluster.sample(*key, 250.0)
-    state = SimpleNamespace(kv=Kv())
+    state = SimpleNamespace(kv=EmptyKv())
     link: Any = SimpleNamespace(state=state, connected=True, require_state=lambda: state,
                                 prefix="zeus", nc=SimpleNamespace(publish=_publish))
     book: Any = SimpleNamespace(owns=lambda key, now: True, me="r1")

@@ -25,6 +25,7 @@ from coordinator.budget.recorded import frontier_view
 from coordinator.budget.store import BudgetView
 from coordinator.budget.timing import frontier_digest
 from coordinator.state.records import FRONTIER_PREFIX, job_hash
+from tests.core.budget_kit import EmptyKv
 from zeus_agent.wire.budget import Budget, BudgetFrontier, BudgetTiming, MeasuredOption
 
 NOW = 1_800_000_000.0
@@ -37,19 +38,6 @@ GOOD: dict[str, Any] = {
 """A 2-GPU Perseus job's frontier as its driver records it (valid and usable)."""
 
 
-class Kv:
-    """A state bucket with nothing in it (writes accepted, reads find nothing)."""
-
-    async def get(self, key: str) -> Any:
-        from nats.js.errors import KeyNotFoundError
-
-        raise KeyNotFoundError
-
-    async def put(self, key: str, value: bytes) -> None:
-        return None
-
-    async def purge(self, key: str) -> None:
-        return None
 
 
 async def _publish(subject: str, data: bytes) -> None:
@@ -62,7 +50,7 @@ def owner(sent: list[tuple[tuple[str, int], int | None]]) -> BudgetLoop:
     cluster.announce("n", {}, {i: GpuInfo(100, 300) for i in range(4)})
     for i in range(4):
         cluster.sample("n", i, 250.0)
-    state = SimpleNamespace(kv=Kv())
+    state = SimpleNamespace(kv=EmptyKv())
     link: Any = SimpleNamespace(state=state, connected=True, require_state=lambda: state,
                                 prefix="zeus", nc=SimpleNamespace(publish=_publish))
     book: Any = SimpleNamespace(owns=lambda key, now: True, me="owner")
@@ -122,7 +110,7 @@ def test_a_bad_frontier_record_does_not_lift_the_budgets_caps(bad: dict[str, Any
     assert set(caps) == set(PERSEUS + PLAIN) and sum(caps.values()) <= 700
 
 
-class Bucket(Kv):
+class Bucket(EmptyKv):
     """A state bucket that keeps what is written."""
 
     def __init__(self) -> None:
