@@ -100,5 +100,6 @@ async def test_an_agent_restart_in_the_last_window_is_redone_and_the_job_chooses
         assert limits[-30:] == [optimum] * 30, rank["rank"]
         if rank["rank"] < 2:  # node-a's (node-b's GPUs kept 100 W while their agent was down)
             # 100 W only for its window and its redo (each: warm-up, 6 steps, the closing
-            # step), with slack for commands landing late; not for the restart's duration.
-            assert limits.count(100) <= 2 * 8 + 4, (rank["rank"], limits.count(100))
+            # step), with slack for commands landing late (88 ms steps: 10 are under a second,
+            # 22 were seen at load 11); not for the restart's duration (the defect: ~190).
+            assert limits.count(100) <= 2 * 8 + 10, (rank["rank"], limits.count(100))
