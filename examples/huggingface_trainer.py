@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import sys
 import tempfile
 import time
 from typing import Any
@@ -176,18 +178,22 @@ def main(argv: list[str] | None = None) -> int:
         "dropped": stats.dropped,
     }
     ranks = [mine]
-    if torch.distributed.is_initialized():
+    distributed = torch.distributed.is_initialized()
+    if distributed:
         ranks = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(ranks, mine)
-        # The Trainer started the process group but leaves it up: without this, gloo's
-        # threads outlive the interpreter and the process can abort at exit (SIGABRT,
-        # "terminate called without an active exception"). Every rank is done with the
-        # group (the barrier) before any tears its side down.
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        torch.distributed.barrier()  # Every rank done with the group before any leaves.
     plo.optimizer.publisher.close()
-    if plo.optimizer.rank != 0:
-        return 0
+    if plo.optimizer.rank == 0:
+        print_summary(args, plo, trainer, output, mine, ranks)
+    if distributed:
+        leave(0)  # Before `trainer` (its DDP wrapper holds the process group) is freed.
+    return 0
+
+
+def print_summary(args: argparse.Namespace, plo: Any, trainer: Trainer, output: Any,
+                  mine: dict[str, Any], ranks: list[Any]) -> None:
+    """Rank 0's JSON summary: printed as the last line, and written to `--summary`."""
     summary = {
         "job_id": plo.optimizer.job_id,
         "world_size": len(ranks),
@@ -201,7 +207,23 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.summary, "w") as f:
             json.dump(summary, f)
     print(json.dumps(summary))
-    return 0
+
+
+def leave(code: int) -> None:
+    """Exit at once, everything flushed first, without freeing the Trainer.
+
+    Under `torchrun` the Trainer's DDP wrapper holds the gloo process group (the Trainer
+    started it). Freeing the wrapper destroys the group with the GIL held, and joins a gloo
+    worker that may still need the GIL to free the tensors of the last collectives (py-spy:
+    `AsyncBarrierWork` -> `AsyncAllgatherWork` -> `decref_pyobject`): the exit deadlocked,
+    or aborted in the interpreter's teardown ("terminate called without an active
+    exception"), a few times in a hundred runs, after training had finished and reported.
+    `destroy_process_group()` cannot help while the wrapper keeps its reference.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
