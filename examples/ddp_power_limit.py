@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -202,9 +204,25 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.summary, "w") as f:
                 json.dump(summary, f)
         print(json.dumps(summary), flush=True)
-    dist.barrier()  # Every rank done with the group before any tears its side down.
-    dist.destroy_process_group()
+    dist.barrier()  # Every rank done with the group before any leaves.
+    plo.publisher.close()  # Its goodbye to the agent (`leave` skips the exit handlers).
+    leave(0)  # Before `model` (its DDP wrapper holds the process group) is freed.
     return 0
+
+
+def leave(code: int) -> None:
+    """Exit at once, everything flushed first, without freeing the model.
+
+    The DDP (or FSDP) wrapper holds the gloo process group: freeing it destroys the group
+    with the GIL held and joins a gloo worker that may still need the GIL to free the tensors
+    of the last collectives, so the exit can deadlock (seen with py-spy in the Hugging Face
+    example: `AsyncBarrierWork` -> `AsyncAllgatherWork` -> `decref_pyobject`), and
+    `destroy_process_group()` cannot help while the wrapper keeps its reference.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
