@@ -498,13 +498,19 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def work_dir(keep_in: str | None, gpus: int) -> contextlib.AbstractContextManager[str]:
+    """A size's folder: temporary, or kept under `keep_in` (its processes' logs outlive it)."""
+    if keep_in is None:
+        return tempfile.TemporaryDirectory(prefix="zeus-scale-")
+    kept = tempfile.mkdtemp(prefix=f"zeus-scale-{gpus}-", dir=keep_in)
+    print(f"{gpus} GPUs: logs kept in {kept}", file=sys.stderr, flush=True)
+    return contextlib.nullcontext(kept)
+
+
 async def one_size(args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     """Start, idle, then per wave register, run and end; stop: one size's record."""
     rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory(prefix="zeus-scale-") as tmp:
-        if args.keep_logs:  # The processes' logs (replicas, servers, fleet) outlive the run.
-            tmp = tempfile.mkdtemp(prefix=f"zeus-scale-{gpus}-", dir=args.keep_logs)
-            print(f"{gpus} GPUs: logs kept in {tmp}", file=sys.stderr, flush=True)
+    with work_dir(args.keep_logs, gpus) as tmp:
         size = Size(args, gpus, Path(tmp))
         try:
             await size.start()
