@@ -39,7 +39,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     Reply,
 )
-from zeus_demo.cluster import free_port, wait_for
+from zeus_demo.cluster import free_port, wait_for, wait_for_async
 
 GRAFANA = DEPLOY / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
@@ -330,7 +330,9 @@ async def test_every_metric_the_dashboard_queries_is_exported(nats_server, nc, t
         # A pipeline job still registering, and a dropped message on each side.
         assert (await ask(nc, subjects.coord_register_job(NODE), RegisterJob(job=info))).ok
         await nc.publish(subjects.job_measurements(job_id, NODE), b"\xc1 not msgpack")
-        await nc.publish(subjects.lease_renewal("nobody"), b"\xc1 not msgpack")
+        # (The agent follows the renewals of its leases' holders: the job's, once pinned.)
+        await wait_for_async(lambda: agent.agents[0].leases.get("power_limit") is not None, 10)
+        await nc.publish(subjects.lease_renewal(job_id), b"\xc1 not msgpack")
         await nc.flush()
 
         def coordinator_ready() -> dict[str, list[Any]] | None:

@@ -206,6 +206,9 @@ async def test_a_tiny_lease_is_still_live_when_its_setting_is_applied(agent, nc,
 
 async def test_malformed_lease_renewals_are_counted_in_metrics(nats_server, nc):
     async with running_agent(nats_server.url, metrics_port=0, metrics_host="127.0.0.1") as agent:
+        # (The agent hears the renewals of the holders of its leases only.)
+        hold = SetPowerLimitCmd(power_limit_w=250, holder="h", lease_s=30)
+        assert (await command(nc, agent.settings.node, 0, hold)).ok
         await nc.publish(subjects.lease_renewal("h"), b"\xc1 not msgpack")
         await nc.publish(subjects.lease_renewal("h"), msgpack.packb({"v": 1, "holder": "h"}))
         await wait_for(lambda: agent.counters["bad_lease_renewal"] == 2, 3, "counted")

@@ -3,11 +3,12 @@
 Startup: open the status server (with `--metrics-port`) and bind the trainers' socket (a bad
 path or port fails before anything slow), start an embedded nats-server if asked, connect, open
 the GPUs (nvml or sim), start one `GpuAgent` per GPU, find the CPU packages' RAPL counters
-(`RaplReader`; a node without readable ones says so once), listen for lease renewals, serve
-each GPU's commands as a `nats.micro` endpoint (discoverable through `$SRV.PING/INFO/STATS`),
-open the doorbells, start reading the trainers' socket, and announce the node. One
-`asyncio.TaskGroup` owns the loops (sampling, publishing, heartbeat, lease expiry, trainer
-reaping, event measurement, RAPL reading).
+(`RaplReader`; a node without readable ones says so once), listen for the lease renewals of
+the holders of its GPUs' leases (`RenewalSubscriptions`: a renewal reaches its job's nodes
+only), serve each GPU's commands as a `nats.micro` endpoint (discoverable through
+`$SRV.PING/INFO/STATS`), open the doorbells, start reading the trainers' socket, and announce
+the node. One `asyncio.TaskGroup` owns the loops (sampling, publishing, heartbeat, lease
+expiry, trainer reaping, event measurement, RAPL reading).
 
 Shutdown (aiohttp's order): the loops are cancelled, then everything start-up acquired is
 released in the reverse order (`zeus_agent.aio.Releases`, each pushed where it is acquired):
@@ -56,6 +57,7 @@ from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.node_batch import NodeMeasurements
 from zeus_agent.agent.rapl import RaplReader
+from zeus_agent.agent.renewals import RenewalSubscriptions
 from zeus_agent.aio import ExitSignals, Releases, every
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain
 from zeus_agent.bus import BusHealth
@@ -124,6 +126,8 @@ class AgentServer(ExitSignals):
         self.nc: Any = None
         self._service: Any = None
         self._subs: list[Any] = []
+        self.renewals = RenewalSubscriptions(settings.prefix, self.agents, self._on_lease_renewal)
+        """The lease renewal subjects followed: one per holder of a lease here."""
         self._socket_inode = -1  # the inode this agent bound (it removes only that one)
         self._socket_gid: int | None = None
         self._status_server: status_http.StatusServer | None = None
@@ -203,8 +207,8 @@ class AgentServer(ExitSignals):
         release("the GPUs", self._release_gpus)
         await self._start_agents()
         self.rapl.open()
-        renewals = subjects.all_lease_renewals(s.prefix)
-        self._subs.append(await self.nc.subscribe(renewals, cb=self._on_lease_renewal))
+        self.renewals.nc = self.nc
+        await self.renewals.sync()  # (Leases an agent restarted with.)
         ping = subjects.agent_ping(s.prefix)
         self._subs.append(await self.nc.subscribe(ping, cb=self._on_ping))
         release("the command endpoints", self._stop_commands)
@@ -281,14 +285,20 @@ class AgentServer(ExitSignals):
             await self._service.add_endpoint(
                 name=f"gpu{agent.index}",
                 subject=subjects.gpu_command(self.settings.node, agent.index, self.settings.prefix),
-                handler=self._command_handler(agent, self.history),
+                handler=self._command_handler(agent, self.history, self.renewals.sync),
                 queue_group=f"agent-{self.settings.node}",
             )
 
     @staticmethod
-    def _command_handler(agent: GpuAgent,
-                         history: History | None = None) -> Callable[[Any], Awaitable[None]]:
-        """The endpoint of one GPU: nothing that goes wrong with one command leaves it."""
+    def _command_handler(
+        agent: GpuAgent, history: History | None = None,
+        before_reply: Callable[[], Awaitable[None]] | None = None,
+    ) -> Callable[[Any], Awaitable[None]]:
+        """The endpoint of one GPU: nothing that goes wrong with one command leaves it.
+
+        `before_reply` runs after the command, before its answer (the lease renewals' subjects
+        follow the leases the command granted or released).
+        """
 
         async def handler(req: Any) -> None:
             try:
@@ -301,6 +311,8 @@ class AgentServer(ExitSignals):
                 LOG.exception("GPU %d: command handling failed", agent.index)
                 data = codec.encode(reply_for(
                     e, f"internal error in the agent of GPU {agent.index}; see its log"))
+            if before_reply is not None:
+                await before_reply()
             try:
                 await req.respond(data)
             except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
@@ -508,6 +520,7 @@ class AgentServer(ExitSignals):
         self._tick = time.monotonic()
         # Side by side: a hung GPU (each call waits out its timeout) delays no other GPU's.
         await asyncio.gather(*(a.expire_leases() for a in self.agents.values()))
+        await self.renewals.sync()
 
     async def _heartbeat_tick(self) -> None:
         self._tick = time.monotonic()

@@ -118,7 +118,8 @@ def gpu_errors(node: str, gpu: int | str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def lease_renewal(holder: str, prefix: str = DEFAULT_PREFIX) -> str:
-    """Subject on which a lease holder renews all of its leases on every agent."""
+    """Subject on which a lease holder renews all of its leases (followed by the agents holding
+    one of them only, so a renewal reaches its job's nodes, not the whole cluster)."""
     return f"{_p(prefix)}.lease.{token(holder)}"
 
 
@@ -274,7 +275,7 @@ def all_job_status(prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def all_lease_renewals(prefix: str = DEFAULT_PREFIX) -> str:
-    """Every holder's lease renewals: `<p>.lease.*`."""
+    """Every holder's lease renewals: `<p>.lease.*` (what an agent may subscribe to)."""
     return f"{_p(prefix)}.lease.*"
 
 
