@@ -12,7 +12,8 @@ Shared pieces:
 A fleet worker (`python bench/_fleet.py --url ... --index i --first-node a --nodes n`) is, for
 its nodes: every GPU's command responder (`<p>.gpu.<node>.*.cmd`, one subscription per node:
 `info` answered, everything else acknowledged and counted), a listener of lease renewals
-(`<p>.lease.*`, once for the whole process where every real agent has its own), the agents'
+(`<p>.lease.<job>` once per node of each job, as each real agent follows the holders of its
+leases: the count is the deliveries real agents would get), the agents'
 heartbeats (an `AgentHello` per node every `--hello-s`) and samples (a `SampleBatch` of 10
 samples per GPU every `--sample-s`; 0: none), and the trainers of the jobs placed on them:
 their rank registrations (through each node's subject, with the GPU's description as agents
@@ -149,6 +150,8 @@ class Fleet:
         self.published: dict[str, int] = {"hello": 0, "sample": 0, "events": 0, "meas": 0}
         self.commands: dict[str, int] = {}
         self.renewals = 0
+        self.renewal_subs: dict[str, list[Any]] = {}
+        """Job -> one subscription to its lease renewals per node of it here."""
         self.limited: set[str] = set()
         self.quit = asyncio.Event()
         self._tasks: set[asyncio.Future[None]] = set()
@@ -288,6 +291,9 @@ class Fleet:
         async def job(index: int, job_id: str, token: str) -> None:
             """Its ranks here registered, the job steps (as trainers do once registered)."""
             mine = by_job.get(job_id, [])
+            renewals = subjects.lease_renewal(job_id, self.prefix)
+            self.renewal_subs[job_id] = [await self.nc.subscribe(renewals, cb=self.on_renewal)
+                                         for _node in sorted({t[3] for t in mine})]
             await asyncio.gather(*(one(*t) for t in mine))
             ranks = [(r, node, g) for _j, _t, r, node, g in mine if (job_id, r) not in failed]
             if ranks:  # each job its own phase within the step
@@ -334,6 +340,9 @@ class Fleet:
         elif op == "end":
             for job_id in req["job_ids"]:
                 self.jobs.pop(job_id, None)
+                for sub in self.renewal_subs.pop(job_id, []):
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
         elif op == "stats":
             out.update(self.stats())
         elif op == "quit":
@@ -348,7 +357,6 @@ class Fleet:
         base = subjects.gpu_command("x", 0).split(".gpu.")[0]
         for node in self.nodes:
             await self.nc.subscribe(f"{base}.gpu.{node}.*.cmd", cb=self.on_cmd)
-        await self.nc.subscribe(subjects.all_lease_renewals(self.prefix), cb=self.on_renewal)
         # Control requests run as tasks: `register` takes long and `stats` must still answer.
         await self.nc.subscribe(control_subject(self.args.index), cb=self.on_ctl_soon)
         await confirm_subscriptions(self.nc, 60)

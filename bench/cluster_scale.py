@@ -346,16 +346,15 @@ async def run(size: Size, wave: int) -> dict[str, Any]:
                 "events": sum(n for *_, n in size.jobs) * a.gpus_per_node / a.step_s}
     expected["meas"] = expected["events"] / a.gpus_per_node  # (Jobs are whole nodes.)
     pub_rates = {k: round(v / dt) for k, v in published.items()}
+    # (The fleet follows each job's renewals once per node of it, as real agents do.)
     renewals = sum(s1["renewals"] - s0["renewals"] for s0, s1 in zip(stats0, stats1, strict=True))
-    renewals_per_s = renewals / len(stats1) / dt
     progress = await job_progress(size, size.jobs[0][0])
     return {
         "rates": rates(first, last),
         "fleet_published_per_s": pub_rates,
         "fleet_expected_per_s": {k: round(v) for k, v in expected.items()},
         "fleet_behind": any(pub_rates[k] < 0.9 * expected[k] for k in expected),
-        "lease_renewals_per_s": round(renewals_per_s, 1),
-        "renewal_msgs_to_real_agents_per_s": round(renewals_per_s * size.nodes),
+        "renewal_msgs_to_agents_per_s": round(renewals / dt),
         "big_job_power_limit": progress,
         "commands": {k: sum(s["commands"].get(k, 0) for s in stats1)
                      for k in {k for s in stats1 for k in s["commands"]}},
@@ -490,7 +489,7 @@ def summary(size: Size, waves: list[dict[str, Any]]) -> dict[str, Any]:
         "cores_by_process": cores,
         "running_s": ran["rates"]["seconds"],
         **{x: ran[x] for x in ("fleet_published_per_s", "fleet_expected_per_s", "fleet_behind",
-                               "lease_renewals_per_s", "renewal_msgs_to_real_agents_per_s",
+                               "renewal_msgs_to_agents_per_s",
                                "big_job_power_limit", "commands")},
         "register_msgs_per_s": reg_r["servers"], "register_cores": reg_r["cores"],
         "job_states_seen": dict(size.states), "unexpected_states": size.notes,
