@@ -14,6 +14,7 @@ lease outlives two missed renewals.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -48,9 +49,14 @@ class RenewalSubscriptions:
         """The NATS connection, once the agent has one."""
         self.subs: dict[str, Any] = {}
         """Holder -> its subscription."""
+        self._lock = asyncio.Lock()  # A command's sync and the tick's never interleave.
 
     async def sync(self) -> None:
         """Follow the holders that came, leave those that went (a failure: the next call)."""
+        async with self._lock:
+            await self._sync()
+
+    async def _sync(self) -> None:
         held = holders_of(self.agents.values())
         try:
             for holder in sorted(held - self.subs.keys()):
