@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import logging
 import secrets
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,27 +51,30 @@ def disabled(ack: bytes) -> bool:
     return b'"err_code":%d' % ATOMIC_DISABLED in ack
 
 
-def take_batch(pending: list[tuple[Unit, Any]], max_messages: int) -> list[tuple[Unit, Any]]:
-    """The units of the next batch, taken out of `pending` in order (pure).
+def take_batch(pending: deque[tuple[Unit, Any]], max_messages: int) -> list[tuple[Unit, Any]]:
+    """The units of the next batch, taken from the front of `pending` in order (pure).
 
     Up to `max_messages` messages (a bigger unit alone), no key twice: a unit with a key already
-    in the batch waits for the next one (the server would refuse the whole batch), as does one
-    that does not fit.
+    in the batch stays first in line for the next one (the server would refuse the whole batch).
+    Only the units taken (and those put back) are looked at: thousands may be waiting.
     """
     batch: list[tuple[Unit, Any]] = []
     keys: set[str] = set()
-    left: list[tuple[Unit, Any]] = []
+    later: list[tuple[Unit, Any]] = []
     size = 0
-    for unit in pending:
+    while pending:
+        unit = pending[0]
         items = unit[0]
-        fits = size + len(items) <= max_messages or not batch
-        if not fits or any(key in keys for key, _ in items):
-            left.append(unit)
+        if batch and size + len(items) > max_messages:
+            break
+        pending.popleft()
+        if any(key in keys for key, _ in items):
+            later.append(unit)
             continue
         batch.append(unit)
         keys.update(key for key, _ in items)
         size += len(items)
-    pending[:] = left
+    pending.extendleft(reversed(later))
     return batch
 
 
@@ -86,7 +90,7 @@ class GroupCommit:
         self.max_in_flight = max_in_flight
         self.enabled = False
         """Set once the stream allows atomic batches (`enable`); False: `create` says False."""
-        self._pending: list[tuple[Unit, asyncio.Future[bool]]] = []
+        self._pending: deque[tuple[Unit, asyncio.Future[bool]]] = deque()
         self._in_flight = 0
         self._scheduled = False
         self._ids = itertools.count()
