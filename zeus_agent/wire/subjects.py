@@ -63,13 +63,15 @@ def token(value: str | int) -> str:
     stays short and two different values do not share one ("~" never appears in a verbatim
     token). An empty value becomes "_".
     """
-    if type(value) is str and len(value) <= _CACHED_CHARS:
+    if isinstance(value, str) and type(value) is str and len(value) <= _CACHED_CHARS \
+            or type(value) is int:
         return _token(value)  # (Subjects are built per message: the same nodes, again.)
     return _make_token(value)
 
 
 _CACHED_CHARS = 256
-"""Values up to this long have their tokens cached (the cache's memory stays bounded)."""
+"""Strings up to this long (and ints: GPU indices) have their tokens cached (the cache's
+memory stays bounded)."""
 
 
 def _make_token(value: str | int) -> str:
