@@ -23,6 +23,7 @@ from zeus_agent.wire.text import bounded, shown
 
 SCHEMA_VERSION = 1
 M = TypeVar("M", bound=BaseModel)
+N = TypeVar("N", bound=BaseModel)
 T = TypeVar("T")
 
 MAX_FIELDS = 64
@@ -138,7 +139,7 @@ def _validate(model: Any, obj: Any, shallow: bool) -> Any:
         raise PayloadError(message, field=field) from None
 
 
-def decode_either(data: bytes, model: type[M], other: type[M], key: str) -> M:
+def decode_either(data: bytes, model: type[M], other: type[N], key: str) -> M | N:
     """Decode msgpack bytes as `other` if they are a map with `key`, else as `model`.
 
     One unpack for payloads of two shapes on one subject (a `RegisterRank`, or a node's
@@ -146,7 +147,7 @@ def decode_either(data: bytes, model: type[M], other: type[M], key: str) -> M:
     """
     obj = unpack(data)
     chosen = other if isinstance(obj, dict) and key in obj else model
-    return cast(M, _validate(chosen, obj, shallow=_shallow(data)))
+    return cast("M | N", _validate(chosen, obj, shallow=_shallow(data)))
 
 
 @overload
