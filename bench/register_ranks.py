@@ -22,7 +22,9 @@ Per run:
 * total_s: first rank request -> last delivery. Budget 1 s; Zeus's HTTP server needs 10.2 s
   at best for the same registration (in memory, no replicas);
 * state_writes: messages in the state bucket's stream (its last sequence: every create, put
-  and delete any replica made), owner_writes: in the ownership bucket's;
+  and delete any replica made), owner_writes: in the ownership bucket's; state_batches: the
+  atomic batches they came in, state_unbatched_writes: those written alone (each batch and
+  each lone write one write nats-server syncs);
 * cpu_s: CPU seconds each process used during the run (replicas, nats-server, this harness);
   cpu_total_s their sum, cpu_bound_s the least total_s that CPU allows on this machine were
   nothing else running (max of sum / cores and the largest process): what the budget needs
@@ -67,7 +69,6 @@ from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, connect
 from zeus_agent.models import JobInfo, RankInfo
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.rank_batch import RegisterRanks
 from zeus_agent.wire.messages import (
     GpuBinding,
     GpuDescription,
@@ -77,6 +78,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     Reply,
 )
+from zeus_agent.wire.rank_batch import RegisterRanks
 
 BUDGET_S = 1.0
 ZEUS_HTTP_S = 10.2
@@ -214,6 +216,37 @@ async def micro_stats(nc: Any, service: str = "zeus-coordinator") -> list[dict[s
     return out
 
 
+async def synced_writes(nc: Any, bucket: str) -> dict[str, int]:
+    """How the state bucket's messages were written: atomic batches, and messages alone.
+
+    Each is one write nats-server syncs (`sync_interval: always`). Read from the stored
+    messages' headers (a batch's last carries `Nats-Batch-Commit`), after the run.
+    """
+    from nats.js import api
+
+    counts: Counter[str] = Counter()
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        headers = msg.headers or {}
+        if "Nats-Batch-Commit" in headers:
+            counts["state_batches"] += 1
+        elif "Nats-Batch-Id" not in headers:
+            counts["state_unbatched_writes"] += 1
+        if msg.metadata.num_pending == 0:
+            done.set()
+
+    sub = await nc.jetstream().subscribe(f"$KV.{bucket}.>", ordered_consumer=True, cb=on_msg,
+                                         headers_only=True,
+                                         deliver_policy=api.DeliverPolicy.ALL)
+    try:
+        await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await sub.unsubscribe()
+    return {"state_batches": counts["state_batches"],
+            "state_unbatched_writes": counts["state_unbatched_writes"]}
+
+
 async def inspect(url: str, job_id: str) -> dict[str, Any]:
     """What JetStream and the replicas say after the run: writes, owner, ranks, requests."""
     nc = await connect(url, "bench-inspector")
@@ -235,7 +268,9 @@ async def inspect(url: str, job_id: str) -> dict[str, Any]:
             for ep in st.get("endpoints", []):
                 if ep.get("name") == "register_rank":
                     per_replica.append(int(ep.get("num_requests", 0)))
+        synced = await synced_writes(nc, bucket)
         return {"state_writes": int(state.last_seq), "state_keys": int(state.messages),
+                **synced,
                 "owner_writes": int(owners_state.last_seq), "owner": owner,
                 "ranks_recorded": ranks, "register_rank_requests": sorted(per_replica)}
     finally:
@@ -403,7 +438,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             print(f"run {i + 1}/{args.runs}, JetStream sync {sync}: {ranks} ranks registered in "
                   f"{run['register_s']:.3f} s, "
                   f"first power limit on every GPU {run['deliver_s']:.3f} s later: "
-                  f"{run['total_s']:.3f} s in all; state writes {run['state_writes']}, CPU s "
+                  f"{run['total_s']:.3f} s in all; state writes {run['state_writes']} in "
+                  f"{run['state_batches']} batches + {run['state_unbatched_writes']} alone, CPU s "
                   f"{run['cpu_s']} (idle-machine bound {run['cpu_bound_s']:.2f} s), load "
                   f"{run['load_before']} -> {run['load_after']}")
             if not run["complete"]:
@@ -433,6 +469,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "zeus_http_s": ZEUS_HTTP_S,
         "ok": ok,
         "state_writes": runs[-1]["state_writes"],
+        "state_batches": runs[-1]["state_batches"],
+        "state_unbatched_writes": runs[-1]["state_unbatched_writes"],
         "owner_writes": runs[-1]["owner_writes"],
         "info_requests": runs[-1]["info_requests"],
         "register_rank_requests": runs[-1]["register_rank_requests"],
