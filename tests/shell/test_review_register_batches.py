@@ -19,11 +19,15 @@ from tests.shell.coordinator_kit import (
     collect,
     rank_request,
     register_job,
+    start,
+    state_keys,
+    stop,
     wait_for,
 )
 from zeus_agent.models import RankInfo
 from zeus_agent.wire import subjects
-from zeus_agent.wire.messages import GpuBinding, JobStatus
+from zeus_agent.wire.messages import GpuBinding, JobStatus, Reply
+from zeus_agent.wire.rank_batch import RegisterRanks
 
 JOB = "1765000000+dp64+pp1+tp1+PowerLimitOptimizer"
 
@@ -90,3 +94,36 @@ async def test_a_rank_acknowledged_late_still_gets_its_rank_registered_status(
     await wait_for(lambda: len([s for s in statuses if s.job_id == job_id]) >= 2)
     assert [s.state for s in statuses if s.job_id == job_id][:2] == [
         "registered", "rank_registered"]
+
+
+async def test_a_nodes_batch_keeps_to_max_ranks_per_node(nats_server: Any, agent: Any, nc: Any,
+                                                         tmp_path: Any) -> None:
+    """`max_ranks_per_node` bounds what one node's agent makes every replica keep (issue 33).
+    The ranks of a `RegisterRanks` are checked side by side, each before any is recorded, and
+    checked again (`registry.register_rank`) only after their keys are in the state bucket:
+    the rank over the quota is answered `quota`, but stays recorded in the bucket and in every
+    replica. One at a time, the second is refused and leaves nothing. (The same happens on
+    main with concurrent single requests; a node's batch makes it happen every time.)"""
+    coord, task = await start(nats_server, tmp_path / "coord", max_ranks_per_node=1)
+    try:
+        alone = await register_job(nc, dp=2, job_metadata="quota-alone")
+        first = await ask(nc, subjects.coord_register_rank(NODE), rank_request(alone, 0))
+        second = await ask(nc, subjects.coord_register_rank(NODE), rank_request(alone, 1))
+        assert first.ok and (second.ok, second.code) == (False, "quota")
+
+        await stop(coord, task)
+        coord, task = await start(nats_server, tmp_path / "coord2", max_ranks_per_node=1)
+        job_id = await register_job(nc, dp=2, job_metadata="quota-batch")
+        reply = await ask(nc, subjects.coord_register_rank(NODE), RegisterRanks(
+            ranks=[rank_request(job_id, 0), rank_request(job_id, 1)]))
+        assert reply.ok, reply
+        oks = [Reply.model_validate(r).ok for r in reply.result["replies"]]
+        # The second is answered `quota`, yet its keys were written before the check that
+        # refused it: the bucket (and so every replica, through its watch) holds both ranks.
+        assert oks.count(True) == 1, reply.result["replies"]
+        keys = await state_keys(coord)
+        assert sum(k.startswith("v.rank.") for k in keys) == 1, keys
+        await asyncio.sleep(0.5)  # (the watch applies what the bucket holds)
+        assert len(coord.jobs.record(job_id).ranks) == 1
+    finally:
+        await stop(coord, task)
