@@ -51,22 +51,24 @@ async def _state(nc: Any) -> JetStreamState:
 
 
 async def test_closing_while_a_batch_starts_answers_its_registration(nc: Any) -> None:
-    """`GroupCommit.close` cancels a batch's task that has not run yet: its units' futures
-    are then never set, and the registration waiting on it waits forever (closing must
-    answer every waiter, as it does for units still queued)."""
+    """`GroupCommit.close` ("batches in flight are abandoned (their units False)") cancels a
+    batch's task that has not run yet: its units' futures are then never set, and the
+    registration waiting on it waits forever (closing must answer every waiter, as it does
+    for units still queued)."""
     state = await _state(nc)
     assert state.batches is not None and state.batches.enabled
     batches = state.batches
     waiter = asyncio.ensure_future(batches.create(
         ((records.gpu_key(JOB, "n0", 0), b"x"), (records.rank_key(JOB, 0), b"y"))))
-    await asyncio.sleep(0)  # the unit is queued, its batch scheduled (call_soon)
-    await asyncio.sleep(0)  # the batch taken from the queue: its task created, not yet run
-    assert not batches._pending and batches._tasks  # (where close finds it)
-    await state.close()
     try:
+        await asyncio.sleep(0)  # the unit is queued, its batch scheduled (call_soon)
+        await asyncio.sleep(0)  # the batch taken from the queue: its task created, not yet run
+        assert not batches._pending and batches._tasks  # (where close finds it)
+        await batches.close()
         assert await asyncio.wait_for(waiter, 5) is False
     finally:
         waiter.cancel()
+        await state.close()
 
 
 async def test_a_batch_acknowledged_after_its_timeout_still_reports_a_new_rank(nc: Any) -> None:
