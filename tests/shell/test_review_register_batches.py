@@ -132,7 +132,8 @@ async def test_a_nodes_batch_keeps_to_max_ranks_per_node(nats_server: Any, agent
         keys = await state_keys(coord)
         assert sum(k.startswith("v.rank.") for k in keys) == 1, keys
         await asyncio.sleep(0.5)  # (the watch applies what the bucket holds)
-        assert len(coord.jobs.record(job_id).ranks) == 1
+        record = coord.jobs.record(job_id)
+        assert record is not None and len(record.ranks) == 1
     finally:
         await stop(coord, task)
 
