@@ -4,8 +4,8 @@ With `sync_interval: always` (every server this project starts or ships a config
 nats-server syncs each write to disk before acknowledging it, one write after another: a
 registration of 16,384 ranks made 32,769 synced writes (two creates per rank) and 32,768
 acknowledgements into the replicas. An atomic batch (nats-server 2.12+, ADR-50; the bucket's
-stream must allow it, `allow_atomic`) is stored, synced and acknowledged as one: a burst of
-registrations becomes a few hundred synced writes and as many acknowledgements.
+stream must allow it, `allow_atomic`) is stored, synced and acknowledged as one: 16,384 ranks
+became about 130 synced writes and as many acknowledgements (`bench/register_ranks.py`).
 
 A unit (one rank's GPU key and rank key) goes whole into one batch, in order. At most
 `max_in_flight` batches await their acknowledgement; whatever arrives meanwhile waits and goes

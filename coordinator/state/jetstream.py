@@ -201,9 +201,10 @@ class JetStreamState:
     async def _create(self, key: str, value: bytes) -> None:
         """`kv.create(key, value)`, with the common case (a new key, taken) made cheap.
 
-        A registration of thousands of ranks makes two creates per rank; nats-py's create
-        (key check, request with its own inbox token, `PubAck` object) cost a third of the
-        replica's CPU. Here the create is one publish with the "expected last subject sequence
+        Registrations make their creates in atomic batches (`group_commit`); this is each
+        create on its own (a job's, a refused batch's keys). When every rank made two, nats-py's
+        create (key check, request with its own inbox token, `PubAck` object) cost a third of
+        a replica's CPU. Here the create is one publish with the "expected last subject sequence
         0" header, its acknowledgement routed from one wildcard inbox to a future (a timer,
         not `asyncio.wait_for`, bounds the wait: no task per create).
 
