@@ -321,14 +321,22 @@ class Endpoints:
             refused = self._refuse_gpu(request, info)
             if refused is not None:
                 return refused
-        with self.jobs.registering_rank(request.job_id, request.rank_info.rank,
-                                        self.durable.apply):
-            limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
-            new = await self.link.require_state().create_rank(
-                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits,
-                info.energy_period_ms if info else None)
-            # (Known here before the rank's own state entry, if it came meanwhile, is applied.)
-            record, _ = self.jobs.registry.register_rank(request, self.clock())
+        registry = self.jobs.registry
+        if not retry:  # Ranks checked side by side (a node's batch) share one quota.
+            registry.reserve_rank(gpu.node)
+        try:
+            with self.jobs.registering_rank(request.job_id, request.rank_info.rank,
+                                            self.durable.apply):
+                limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
+                new = await self.link.require_state().create_rank(
+                    request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits,
+                    info.energy_period_ms if info else None, batch=not retry)
+                # (Known here before the rank's own state entry, if it came meanwhile, is
+                # applied.)
+                record, _ = registry.register_rank(request, self.clock(), reserved=not retry)
+        finally:
+            if not retry:
+                registry.unreserve_rank(gpu.node)
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
             # One event per rank is too many to follow for big jobs: then every 10 %.

@@ -14,7 +14,9 @@ Every create still carries "expected last subject sequence 0", and the server re
 whole batch if any of its keys is taken (or written twice in it): its callers are then told
 False and create their keys one by one, which tells retries from conflicts as before. Nothing
 is reported created before its batch's acknowledgement, so a registration is acknowledged only
-once it is durable, as before.
+once it is durable, as before. A batch not answered in time may still have landed: its callers
+get its id (`Outcome.batch_id`), which the stored messages carry (`Nats-Batch-Id`), so keys
+found taken afterwards are told apart: this batch's, or someone else's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 LOG = logging.getLogger(__name__)
@@ -39,6 +42,21 @@ MAX_IN_FLIGHT = 4
 """Batches of one replica awaiting their acknowledgement (a stream takes 50 in flight)."""
 ATOMIC_DISABLED = 10174
 """JetStream's error code: the stream does not allow atomic batches."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of a unit's batch."""
+
+    committed: bool
+    """Stored whole (durable)."""
+    batch_id: str | None = None
+    """Set when the outcome is unknown (not answered in time, NATS gone): it may have landed,
+    and then its messages carry this `Nats-Batch-Id`."""
+
+
+REFUSED = Outcome(False)
+COMMITTED = Outcome(True)
 
 
 def committed(ack: bytes) -> bool:
@@ -90,7 +108,7 @@ class GroupCommit:
         self.max_in_flight = max_in_flight
         self.enabled = False
         """Set once the stream allows atomic batches (`enable`); False: `create` says False."""
-        self._pending: deque[tuple[Unit, asyncio.Future[bool]]] = deque()
+        self._pending: deque[tuple[Unit, asyncio.Future[Outcome]]] = deque()
         self._in_flight = 0
         self._scheduled = False
         self._ids = itertools.count()
@@ -136,26 +154,27 @@ class GroupCommit:
         """Stop: nothing more is batched; batches in flight are abandoned (their units False)."""
         self.enabled = False
         for task in list(self._tasks):
-            task.cancel()
+            task.cancel()  # (One not started yet: `_answer_all` answers its units.)
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
         for _, future in self._pending:
             if not future.done():
-                future.set_result(False)
+                future.set_result(REFUSED)
         self._pending.clear()
 
-    async def create(self, unit: Unit) -> bool:
-        """Create `unit`'s keys in a batch; True once it was committed, False if it was not.
+    async def create(self, unit: Unit) -> Outcome:
+        """Create `unit`'s keys in a batch: committed, or not.
 
-        False: the stream takes no batches, the batch was refused (a key taken or written twice,
-        here or in another unit of it) or not answered in time (it may have landed). The caller
-        then creates the keys one by one, which finds out.
+        Not committed: the stream takes no batches, the batch was refused (a key taken or
+        written twice, here or in another unit of it), or it was not answered in time (it may
+        have landed: `batch_id` says which). The caller then creates the keys one by one, which
+        finds out.
         """
         if not self.enabled or not unit:
-            return False
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            return REFUSED
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._pending.append((unit, future))
         self._kick()
         return await future
@@ -175,28 +194,32 @@ class GroupCommit:
         task = asyncio.get_running_loop().create_task(self._commit(units))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # A task cancelled before it ran (`close`) never reaches its `finally`: answered here.
+        task.add_done_callback(lambda _: _answer_all(units, REFUSED))
         self._kick()
 
-    async def _commit(self, units: list[tuple[Unit, asyncio.Future[bool]]]) -> None:
+    async def _commit(self, units: list[tuple[Unit, asyncio.Future[Outcome]]]) -> None:
         """Send one batch and hand its outcome to its units."""
-        ok = False
+        n = next(self._ids)
+        outcome = REFUSED
         try:
             units = [(unit, f) for unit, f in units if not f.done()]  # (Callers gone: left out.)
             if units:
-                ok = await self._send([item for unit, _ in units for item in unit])
+                outcome = Outcome(False, self._batch_id(n))  # Unknown until answered.
+                outcome = await self._send(n, [item for unit, _ in units for item in unit])
         except Exception as e:  # noqa: BLE001 - NATS gone, a timeout: the callers decide
             LOG.debug("a batch of %d creates failed: %s", len(units), e)
         finally:
             self._in_flight -= 1
-            for _, future in units:
-                if not future.done():
-                    future.set_result(ok)
+            _answer_all(units, outcome)
             self._kick()
 
-    async def _send(self, items: list[tuple[str, bytes]]) -> bool:
-        """Publish one atomic batch; whether its acknowledgement says it was stored."""
-        n = next(self._ids)
-        batch_id = f"{self._tag}.{n}"
+    def _batch_id(self, n: int) -> str:
+        return f"{self._tag}.{n}"
+
+    async def _send(self, n: int, items: list[tuple[str, bytes]]) -> Outcome:
+        """Publish batch `n`; committed, or refused (a timeout raises: the outcome is unknown)."""
+        batch_id = self._batch_id(n)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
         self._acks[n] = future
@@ -217,12 +240,12 @@ class GroupCommit:
             self._acks.pop(n, None)
         if committed(ack):
             self.batches += 1
-            return True
+            return COMMITTED
         if disabled(ack):
             LOG.warning("stream %s no longer takes atomic batches: registrations are written "
                         "one key at a time", self.prefix)
             self.enabled = False
-        return False
+        return REFUSED
 
     async def _on_ack(self, msg: Any) -> None:
         try:
@@ -231,6 +254,13 @@ class GroupCommit:
             return
         if future is not None and not future.done():
             future.set_result(msg.data)
+
+
+def _answer_all(units: list[tuple[Unit, asyncio.Future[Outcome]]], outcome: Outcome) -> None:
+    """Hand `outcome` to every unit not answered yet."""
+    for _, future in units:
+        if not future.done():
+            future.set_result(outcome)
 
 
 def _expire(future: asyncio.Future[bytes]) -> None:

@@ -30,7 +30,7 @@ from nats.js.errors import (
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
-from coordinator.state.group_commit import GroupCommit
+from coordinator.state.group_commit import REFUSED, GroupCommit
 from coordinator.state.watch import follow as follow_bucket
 from zeus_agent.history import History
 
@@ -319,14 +319,17 @@ class JetStreamState:
 
     async def create_rank(self, job_id: str, rank: RankRecord,
                           limits: tuple[int, int] | None = None,
-                          energy_period_ms: float | None = None) -> bool:
+                          energy_period_ms: float | None = None, batch: bool = True) -> bool:
         """Record a rank and its GPU binding, each exactly once across replicas.
 
         Both keys go together in one atomic batch with other ranks' (`group_commit`: one
         synced write and one acknowledgement for many ranks). Where that does not work (no
         batches, or the batch refused), the GPU's key is taken first: a rank's key (what
         replicas follow) only ever appears for a GPU it holds alone, so no replica's view sees
-        two ranks on one GPU.
+        two ranks on one GPU. A batch not answered in time that landed after all is this
+        rank's: found holding the batch's id, it is reported new, not a retry. `batch` False:
+        one by one at once (a retry the caller knows: its taken keys would refuse the batch of
+        every other rank in it).
 
         Returns:
             True if new, False if the same rank was already recorded identically (a retry).
@@ -340,8 +343,10 @@ class JetStreamState:
         gpu_value = records.encode_gpu(job_id, info.rank)
         key = records.rank_key(job_id, info.rank)
         value = records.encode_rank(job_id, rank, limits, energy_period_ms)
-        if self.batches is not None and await self.batches.create(
-                ((gpu_key, gpu_value), (key, value))):
+        outcome = REFUSED
+        if self.batches is not None and batch:
+            outcome = await self.batches.create(((gpu_key, gpu_value), (key, value)))
+        if outcome.committed:
             # Both at once, in one atomic batch with other ranks' (`group_commit`): durable.
             self._log("ack", key=gpu_key, job_id=job_id)
             self._log("ack", key=key, job_id=job_id)
@@ -362,12 +367,23 @@ class JetStreamState:
                 "coordinates; each rank registers once", started)
             self._log("ack", key=gpu_key, job_id=job_id)
             self._log("ack", key=key, job_id=job_id)
+            if not new and outcome.batch_id is not None:
+                return await self._written_by(key, outcome.batch_id)
             return new
         except RegistryError:
             if new_gpu:  # Undo: the GPU must not stay bound to a rank that is not recorded.
                 with contextlib.suppress(Exception):
                     await self.kv.delete(gpu_key)
             raise
+
+    async def _written_by(self, key: str, batch_id: str) -> bool:
+        """Whether `key`'s value was stored by batch `batch_id` (its message's header)."""
+        try:
+            msg = await self._write(key, lambda: self.js.get_last_msg(
+                f"KV_{self.bucket}", f"$KV.{self.bucket}.{key}"))
+        except StateUnavailableError:
+            return False  # (Taken for a retry, as before batches.)
+        return bool(msg.headers) and msg.headers.get("Nats-Batch-Id") == batch_id
 
     async def _create_new(self, key: str, value: bytes) -> bool:
         """`_create_once`'s common case, a key created at once, without its loops; False: not.

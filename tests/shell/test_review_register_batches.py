@@ -65,7 +65,7 @@ async def test_closing_while_a_batch_starts_answers_its_registration(nc: Any) ->
         await asyncio.sleep(0)  # the batch taken from the queue: its task created, not yet run
         assert not batches._pending and batches._tasks  # (where close finds it)
         await batches.close()
-        assert await asyncio.wait_for(waiter, 5) is False
+        assert (await asyncio.wait_for(waiter, 5)).committed is False
     finally:
         waiter.cancel()
         await state.close()
