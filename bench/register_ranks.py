@@ -6,12 +6,14 @@ The setup: an embedded nats-server with JetStream (file storage, in a temporary 
 KV bucket, ownership leases), and, in this process, the rest of the cluster: one fake agent
 subscribed to `<p>.gpu.*.*.cmd` for 512 nodes x 8 GPUs (it answers `info` with a description
 of the GPU and counts `set_power_limit` commands) and the trainers: a client registers the job
-(dp=4096), then all 4,096 ranks at once, each through its own node's subject, every request
-outstanding at once (4,096 trainers starting together). Whichever replica registers the job
-owns it; the queue group spreads the ranks over the replicas, each recording its ranks in
-JetStream (compare-and-set creates: one key per GPU binding, one per rank) before answering;
-the owner learns the others' ranks from the bucket and starts the power-limit optimiser when
-the last one is in.
+(dp=4096), then all 4,096 ranks at once, each node's 8 ranks in one request on its node's
+subject as its agent relays ranks that register together (`RegisterRanks`; `--per-rank`: one
+request per rank, as agents did before), every request outstanding at once (4,096 trainers
+starting together). The job's owner is chosen among the replicas; the queue group spreads the
+requests over them, each recording its ranks in JetStream (compare-and-set creates: one key per
+GPU binding, one per rank, many ranks' keys to an atomic batch) before answering; the owner
+learns the others' ranks from the bucket and starts the power-limit optimiser when the last
+one is in.
 
 Per run:
 * register_s: first rank request sent -> last rank reply received (every rank durable);
@@ -20,12 +22,15 @@ Per run:
 * total_s: first rank request -> last delivery. Budget 1 s; Zeus's HTTP server needs 10.2 s
   at best for the same registration (in memory, no replicas);
 * state_writes: messages in the state bucket's stream (its last sequence: every create, put
-  and delete any replica made), owner_writes: in the ownership bucket's;
+  and delete any replica made), owner_writes: in the ownership bucket's; state_batches: the
+  atomic batches they came in, state_unbatched_writes: those written alone (each batch and
+  each lone write one write nats-server syncs);
 * cpu_s: CPU seconds each process used during the run (replicas, nats-server, this harness);
   cpu_total_s their sum, cpu_bound_s the least total_s that CPU allows on this machine were
   nothing else running (max of sum / cores and the largest process): what the budget needs
   on a shared machine, independent of its load;
-* register_rank_requests: rank registrations each replica answered (`nats.micro` stats).
+* register_rank_requests: rank registration requests each replica answered (`nats.micro`
+  stats; a node's batch is one).
 
 Each run starts a fresh nats-server and fresh replicas. `--profile DIR` (one run) samples the
 replicas with py-spy while the ranks register (`--py-spy PATH`, else `py-spy` on PATH; stacks
@@ -73,13 +78,14 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     Reply,
 )
+from zeus_agent.wire.rank_batch import RegisterRanks
 
 BUDGET_S = 1.0
 ZEUS_HTTP_S = 10.2
 
 
 async def harness(url: str, nodes: int, gpus_per_node: int,
-                  ask_info: bool = False) -> dict[str, Any]:
+                  ask_info: bool = False, per_rank: bool = False) -> dict[str, Any]:
     """The outside world: fake agents for every GPU, and the trainers registering.
 
     Returns the timings (`time.perf_counter`, the system-wide monotonic clock) and counts.
@@ -130,8 +136,8 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
         codec.encode(RegisterJob(job=info, power_limit=PowerLimitOptions())), timeout=10)
     registered = codec.decode(raw.data, Reply).result
     job_id, token = registered["job_id"], registered["join_token"]
-    requests = [
-        codec.encode(RegisterRank(
+    ranks_requests = [
+        RegisterRank(
             job_id=job_id,
             join_token=token,
             rank_info=RankInfo(rank=r, dp_rank=r, pp_rank=0, tp_rank=0,
@@ -140,32 +146,45 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
                            gpu_uuid=f"GPU-{r // gpus_per_node:04d}-{r % gpus_per_node}"),
             # As the node's agent relays it: with the GPU's description (unless --ask-info).
             gpu_info=None if ask_info else descriptions[divmod(r, gpus_per_node)],
-        ))
+        )
         for r in range(ranks)
     ]
+    # As the nodes' agents relay them: a node's ranks, registering together, in one request
+    # (`RankRelay`); --per-rank: one request per rank (agents before that).
+    requests = ([(f"node{r // gpus_per_node:04d}", codec.encode(x))
+                 for r, x in enumerate(ranks_requests)] if per_rank else
+                [(f"node{n:04d}", codec.encode(RegisterRanks(
+                    ranks=ranks_requests[n * gpus_per_node:(n + 1) * gpus_per_node])))
+                 for n in range(nodes)])
 
-    # The trainers: every request outstanding at once, replies on one wildcard inbox (4,096
-    # real trainers each pay their own request overhead, in their own process).
+    # The trainers (through their agents): every request outstanding at once, replies on one
+    # wildcard inbox (4,096 real trainers each pay their own request overhead, in their own
+    # process, and their agents theirs).
     inbox = client.new_inbox()
-    replies: dict[int, bytes] = {}
+    replies: dict[int, Reply] = {}
     all_replied = asyncio.Event()
 
     async def on_reply(msg: Any) -> None:
-        replies[int(msg.subject.rsplit(".", 1)[1])] = msg.data
+        n = int(msg.subject.rsplit(".", 1)[1])
+        reply = codec.decode(msg.data, Reply)
+        if per_rank or not reply.ok:
+            replies[n] = reply
+        else:
+            for i, each in enumerate(reply.result["replies"]):
+                replies[n * gpus_per_node + i] = Reply.model_validate(each)
         if len(replies) == ranks:
             all_replied.set()
 
     await client.subscribe(f"{inbox}.*", cb=on_reply)
     await client.flush()
     t0 = time.perf_counter()
-    for r, payload in enumerate(requests):
-        node = f"node{r // gpus_per_node:04d}"  # each rank through its own node's subject
-        await client.publish(subjects.coord_register_rank(node), payload, reply=f"{inbox}.{r}")
+    for i, (node, payload) in enumerate(requests):  # each through its own node's subject
+        await client.publish(subjects.coord_register_rank(node), payload, reply=f"{inbox}.{i}")
     await client.flush()
     t_sent = time.perf_counter()
     await asyncio.wait_for(all_replied.wait(), 60)
     t_registered = time.perf_counter()
-    failures = [r for r in (codec.decode(x, Reply) for x in replies.values()) if not r.ok]
+    failures = [r for r in replies.values() if not r.ok]
     if failures:
         print(f"{len(failures)} registrations failed, e.g. {failures[0].code}: "
               f"{failures[0].error}", file=sys.stderr)
@@ -197,6 +216,37 @@ async def micro_stats(nc: Any, service: str = "zeus-coordinator") -> list[dict[s
     return out
 
 
+async def synced_writes(nc: Any, bucket: str) -> dict[str, int]:
+    """How the state bucket's messages were written: atomic batches, and messages alone.
+
+    Each is one write nats-server syncs (`sync_interval: always`). Read from the stored
+    messages' headers (a batch's last carries `Nats-Batch-Commit`), after the run.
+    """
+    from nats.js import api
+
+    counts: Counter[str] = Counter()
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        headers = msg.headers or {}
+        if "Nats-Batch-Commit" in headers:
+            counts["state_batches"] += 1
+        elif "Nats-Batch-Id" not in headers:
+            counts["state_unbatched_writes"] += 1
+        if msg.metadata.num_pending == 0:
+            done.set()
+
+    sub = await nc.jetstream().subscribe(f"$KV.{bucket}.>", ordered_consumer=True, cb=on_msg,
+                                         headers_only=True,
+                                         deliver_policy=api.DeliverPolicy.ALL)
+    try:
+        await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await sub.unsubscribe()
+    return {"state_batches": counts["state_batches"],
+            "state_unbatched_writes": counts["state_unbatched_writes"]}
+
+
 async def inspect(url: str, job_id: str) -> dict[str, Any]:
     """What JetStream and the replicas say after the run: writes, owner, ranks, requests."""
     nc = await connect(url, "bench-inspector")
@@ -218,7 +268,9 @@ async def inspect(url: str, job_id: str) -> dict[str, Any]:
             for ep in st.get("endpoints", []):
                 if ep.get("name") == "register_rank":
                     per_replica.append(int(ep.get("num_requests", 0)))
+        synced = await synced_writes(nc, bucket)
         return {"state_writes": int(state.last_seq), "state_keys": int(state.messages),
+                **synced,
                 "owner_writes": int(owners_state.last_seq), "owner": owner,
                 "ranks_recorded": ranks, "register_rank_requests": sorted(per_replica)}
     finally:
@@ -302,7 +354,7 @@ def print_profiles(profile_dir: Path, names: list[str], top: int) -> None:
 
 async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: Path | None,
                    py_spy: str | None = None, ask_info: bool = False,
-                   jetstream_sync: str = "always") -> dict[str, Any]:
+                   jetstream_sync: str = "always", per_rank: bool = False) -> dict[str, Any]:
     """One run on a fresh nats-server and fresh replicas; its record.
 
     With `profile_dir`: py-spy samples the replicas during the run when `py_spy` is given,
@@ -327,7 +379,7 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
                 spies = start_spies(py_spy, reps, profile_dir)
                 await asyncio.sleep(1.0)  # py-spy attached
             self0 = resource.getrusage(resource.RUSAGE_SELF)
-            timings = await harness(server.url, nodes, gpus_per_node, ask_info)
+            timings = await harness(server.url, nodes, gpus_per_node, ask_info, per_rank)
             await asyncio.to_thread(stop_spies, spies)
             spies = []
             cpu = {k: round(cpu_seconds(p) - cpu0[k], 3) for k, p in pids.items()}
@@ -379,14 +431,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         # Each setting in turn within a run, so both see the same load.
         for sync in args.jetstream_sync:
             run = await run_once(args.nodes, args.gpus_per_node, args.replicas, args.profile,
-                                 args.py_spy, args.ask_info, sync)
+                                 args.py_spy, args.ask_info, sync, args.per_rank)
             by_sync.setdefault(sync, []).append(run)
             if sync == args.jetstream_sync[0]:
                 runs.append(run)
             print(f"run {i + 1}/{args.runs}, JetStream sync {sync}: {ranks} ranks registered in "
                   f"{run['register_s']:.3f} s, "
                   f"first power limit on every GPU {run['deliver_s']:.3f} s later: "
-                  f"{run['total_s']:.3f} s in all; state writes {run['state_writes']}, CPU s "
+                  f"{run['total_s']:.3f} s in all; state writes {run['state_writes']} in "
+                  f"{run['state_batches']} batches + {run['state_unbatched_writes']} alone, CPU s "
                   f"{run['cpu_s']} (idle-machine bound {run['cpu_bound_s']:.2f} s), load "
                   f"{run['load_before']} -> {run['load_after']}")
             if not run["complete"]:
@@ -403,6 +456,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "durable": True,
         "state": "JetStream KV, file storage, 1 nats-server",
         "jetstream_sync": args.jetstream_sync[0],
+        "requests": "per rank" if args.per_rank else "per node",
         "total_s_by_jetstream_sync": {
             sync: spread([r["total_s"] for r in sync_runs]) for sync, sync_runs in by_sync.items()},
         "cpu_total_s_by_jetstream_sync": {
@@ -415,6 +469,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "zeus_http_s": ZEUS_HTTP_S,
         "ok": ok,
         "state_writes": runs[-1]["state_writes"],
+        "state_batches": runs[-1]["state_batches"],
+        "state_unbatched_writes": runs[-1]["state_unbatched_writes"],
         "owner_writes": runs[-1]["owner_writes"],
         "info_requests": runs[-1]["info_requests"],
         "register_rank_requests": runs[-1]["register_rank_requests"],
@@ -452,6 +508,9 @@ def main() -> None:
     parser.add_argument("--ask-info", action="store_true",
                         help="registrations without the GPU's description (as older agents relay "
                         "them): the coordinator asks each GPU's agent first (`info`)")
+    parser.add_argument("--per-rank", action="store_true",
+                        help="one request per rank (agents before node batches), not one per "
+                        "node (a node's ranks registering together, as its agent relays them)")
     parser.add_argument("--jetstream-sync", type=jetstream_syncs, default=["always"],
                         metavar="SYNC[,SYNC]",
                         help="JetStream sync_interval(s) of the bench's nats-server: 'always' "

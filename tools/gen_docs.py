@@ -158,12 +158,11 @@ def render_subjects() -> str:
     models: dict[str, Any] = {}
     for spec in SUBJECTS:
         cells = []
-        for model in (spec.payload, spec.reply):
-            if model is None:
-                cells.append("-")
-            else:
-                models[model.__name__] = model
-                cells.append(f"[`{model.__name__}`](#{model.__name__.lower()})")
+        for kinds in ((spec.payload, *spec.also), (spec.reply,)):
+            shown = [model for model in kinds if model is not None]
+            models.update((model.__name__, model) for model in shown)
+            cells.append(" or ".join(f"[`{model.__name__}`](#{model.__name__.lower()})"
+                                     for model in shown) or "-")
         parts.append(f"| `{spec.pattern}` | {spec.direction} | {cells[0]} | {cells[1]} | "
                      f"{_cell(spec.summary)} |\n")
     parts.append("\n## Reply codes\n\nA failed `Reply` (`ok` false) carries one of these "

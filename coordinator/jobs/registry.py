@@ -208,6 +208,8 @@ class JobRegistry:
         self._per_node: dict[str, int] = {}
         self._ranks_on: dict[str, int] = {}
         """Node -> ranks of every job registered on its GPUs."""
+        self._reserved: dict[str, int] = {}
+        """Node -> ranks on its GPUs being recorded right now (`reserve_rank`)."""
         self._refused: tuple[str, set[str]] = ("", set())
         """(stamp, ids): the ids of that second the shared state said were taken elsewhere."""
 
@@ -321,8 +323,10 @@ class JobRegistry:
         if gone is not None:
             self._count_rank(gone.gpu.node, -1)
 
-    def check_rank(self, request: RegisterRank) -> bool:
+    def check_rank(self, request: RegisterRank, reserved: bool = False) -> bool:
         """Validate a rank registration without recording it.
+
+        `reserved`: it holds a place in its node's quota (`reserve_rank`).
 
         Returns:
             True if the same rank is already registered identically (a retry), else False.
@@ -375,23 +379,50 @@ class JobRegistry:
                 f"GPU {request.gpu.gpu_index} on {request.gpu.node} already drives rank "
                 f"{other_rank} of job {record.job_id}; give each rank its own GPU"
             )
-        held = self._ranks_on.get(request.gpu.node, 0)
-        if held >= self.max_ranks_per_node:
-            raise QuotaError(
-                f"node {request.gpu.node!r} has {held} ranks registered on its GPUs, the limit "
-                "per node (max_ranks_per_node): wait for jobs to finish or be collected when idle"
-            )
+        self._check_quota(request.gpu.node, 1 if reserved else 0)
         return False
 
-    def register_rank(self, request: RegisterRank, now_s: float) -> tuple[JobRecord, bool]:
+    def reserve_rank(self, node: str) -> None:
+        """Hold a place in `node`'s rank quota while a rank is recorded.
+
+        Ranks checked side by side, before any is recorded, then cannot all pass the quota;
+        `unreserve_rank` gives the place back.
+
+        Raises:
+            QuotaError: The node's ranks, recorded or being recorded, are at the limit.
+        """
+        self._check_quota(node, 0)
+        self._reserved[node] = self._reserved.get(node, 0) + 1
+
+    def unreserve_rank(self, node: str) -> None:
+        """Give back a place `reserve_rank` held (the rank is recorded, or refused)."""
+        left = self._reserved.get(node, 0) - 1
+        if left > 0:
+            self._reserved[node] = left
+        else:
+            self._reserved.pop(node, None)
+
+    def _check_quota(self, node: str, own: int) -> None:
+        held = self._ranks_on.get(node, 0) + self._reserved.get(node, 0) - own
+        if held >= self.max_ranks_per_node:
+            raise QuotaError(
+                f"node {node!r} has {held} ranks registered (or being registered) on its GPUs, "
+                "the limit per node (max_ranks_per_node): wait for jobs to finish or be "
+                "collected when idle"
+            )
+
+    def register_rank(self, request: RegisterRank, now_s: float,
+                      reserved: bool = False) -> tuple[JobRecord, bool]:
         """Register a rank; returns the job and whether the rank is new (False: a retry).
+
+        `reserved`: it holds a place in its node's quota (`reserve_rank`), still to give back.
 
         Raises:
             UnknownJobError: The job is not registered.
             RankRangeError: The rank does not fit the job's degrees.
             DuplicateError: The rank or its GPU is registered differently.
         """
-        retry = self.check_rank(request)
+        retry = self.check_rank(request, reserved)
         record = self.jobs[request.job_id]
         record.last_active_s = now_s
         if not retry:

@@ -48,6 +48,7 @@ from zeus_agent.wire.messages import (
     Reply,
     StragglerNotice,
 )
+from zeus_agent.wire.rank_batch import RegisterRanks
 from zeus_agent.wire.text import bounded, shown
 
 __all__ = ["INTERNAL_REPLY", "Endpoints", "Handler"]
@@ -263,12 +264,35 @@ class Endpoints:
         return Reply.success(taken=taken, owner=book.me if taken else None)
 
     async def register_rank(self, data: bytes, subject: str = "") -> Reply:
+        """Register a rank (`RegisterRank`), or a node's ranks together (`RegisterRanks`).
+
+        A node's batch is answered with one reply per rank, in order (`result["replies"]`):
+        each rank is checked and recorded as if it came alone, side by side (their creates go
+        in the same atomic batches of the state bucket).
+        """
+        request = codec.decode_either(data, RegisterRank, RegisterRanks, "ranks")
+        if isinstance(request, RegisterRanks):
+            replies = await asyncio.gather(*(self._answer_rank(r, subject)
+                                             for r in request.ranks))
+            return Reply.success(replies=[r.model_dump() for r in replies])
+        return await self._register_rank(request, subject)
+
+    async def _answer_rank(self, request: RegisterRank, subject: str) -> Reply:
+        """One rank of a node's batch: its reply, a failure included (as `wrap` answers)."""
+        try:
+            return await self._register_rank(request, subject)
+        except Exception as e:  # noqa: BLE001 - never leak internals
+            if not isinstance(e, ReplyError):
+                LOG.exception("rank %d of a batch on %s failed", request.rank_info.rank,
+                              bounded(subject, 300))
+            return reply_for(e, INTERNAL_REPLY.error)
+
+    async def _register_rank(self, request: RegisterRank, subject: str) -> Reply:
         """Register a rank after checking its GPU with the agent that drives it.
 
         Only the agent of the GPU's node may register it: the subject names the node the
         request came through.
         """
-        request = codec.decode(data, RegisterRank)
         if request.rank_info.instructions is not None:
             # The coordinator learns a rank's instructions by observing it; what a registration
             # says of them is not kept (up to 1 MB a rank, in every replica and the bucket).
@@ -297,14 +321,22 @@ class Endpoints:
             refused = self._refuse_gpu(request, info)
             if refused is not None:
                 return refused
-        with self.jobs.registering_rank(request.job_id, request.rank_info.rank,
-                                        self.durable.apply):
-            limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
-            new = await self.link.require_state().create_rank(
-                request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits,
-                info.energy_period_ms if info else None)
-            # (Known here before the rank's own state entry, if it came meanwhile, is applied.)
-            record, _ = self.jobs.registry.register_rank(request, self.clock())
+        registry = self.jobs.registry
+        if not retry:  # Ranks checked side by side (a node's batch) share one quota.
+            registry.reserve_rank(gpu.node)
+        try:
+            with self.jobs.registering_rank(request.job_id, request.rank_info.rank,
+                                            self.durable.apply):
+                limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
+                new = await self.link.require_state().create_rank(
+                    request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits,
+                    info.energy_period_ms if info else None, batch=not retry)
+                # (Known here before the rank's own state entry, if it came meanwhile, is
+                # applied.)
+                record, _ = registry.register_rank(request, self.clock(), reserved=not retry)
+        finally:
+            if not retry:
+                registry.unreserve_rank(gpu.node)
         n, world = len(record.ranks), record.job.world_size  # Before awaiting anything.
         if new:
             # One event per rank is too many to follow for big jobs: then every 10 %.

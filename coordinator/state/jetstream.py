@@ -30,6 +30,7 @@ from nats.js.errors import (
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
+from coordinator.state.group_commit import REFUSED, GroupCommit
 from coordinator.state.watch import follow as follow_bucket
 from zeus_agent.history import History
 
@@ -118,6 +119,8 @@ class JetStreamState:
         self._ack_inbox = ""
         self._ack_sub: Any = None
         self._ack_ids = itertools.count()
+        self.batches: GroupCommit | None = None
+        """Registrations' creates in atomic batches (`group_commit`), once the buckets are open."""
         self.history = history
         """Where acknowledged writes and leases taken are recorded (`--history`), if anywhere."""
 
@@ -161,6 +164,8 @@ class JetStreamState:
             raise NoJetStreamError(
                 f"JetStream refused the state buckets {self.bucket}, {self.owners_bucket}: {e}"
             ) from None
+        self.batches = GroupCommit(self.nc, self.bucket, self.timeout_s)
+        await self.batches.enable(self.timeout_s)
 
     async def follow(self, on_state: OnEntry, on_owner: OnEntry) -> None:
         """Feed every entry of both buckets, current ones first, then changes as they come.
@@ -186,6 +191,8 @@ class JetStreamState:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._watchers.clear()
+        if self.batches is not None:
+            await self.batches.close()
         if self._ack_sub is not None:
             with contextlib.suppress(Exception):
                 await self._ack_sub.unsubscribe()
@@ -194,9 +201,10 @@ class JetStreamState:
     async def _create(self, key: str, value: bytes) -> None:
         """`kv.create(key, value)`, with the common case (a new key, taken) made cheap.
 
-        A registration of thousands of ranks makes two creates per rank; nats-py's create
-        (key check, request with its own inbox token, `PubAck` object) cost a third of the
-        replica's CPU. Here the create is one publish with the "expected last subject sequence
+        Registrations make their creates in atomic batches (`group_commit`); this is each
+        create on its own (a job's, a refused batch's keys). When every rank made two, nats-py's
+        create (key check, request with its own inbox token, `PubAck` object) cost a third of
+        a replica's CPU. Here the create is one publish with the "expected last subject sequence
         0" header, its acknowledgement routed from one wildcard inbox to a future (a timer,
         not `asyncio.wait_for`, bounds the wait: no task per create).
 
@@ -311,11 +319,17 @@ class JetStreamState:
 
     async def create_rank(self, job_id: str, rank: RankRecord,
                           limits: tuple[int, int] | None = None,
-                          energy_period_ms: float | None = None) -> bool:
+                          energy_period_ms: float | None = None, batch: bool = True) -> bool:
         """Record a rank and its GPU binding, each exactly once across replicas.
 
-        The GPU's key is taken first: a rank's key (what replicas follow) only ever appears
-        for a GPU it holds alone, so no replica's view sees two ranks on one GPU.
+        Both keys go together in one atomic batch with other ranks' (`group_commit`: one
+        synced write and one acknowledgement for many ranks). Where that does not work (no
+        batches, or the batch refused), the GPU's key is taken first: a rank's key (what
+        replicas follow) only ever appears for a GPU it holds alone, so no replica's view sees
+        two ranks on one GPU. A batch not answered in time that landed after all is this
+        rank's: found holding the batch's id, it is reported new, not a retry. `batch` False:
+        one by one at once (a retry the caller knows: its taken keys would refuse the batch of
+        every other rank in it).
 
         Returns:
             True if new, False if the same rank was already recorded identically (a retry).
@@ -326,16 +340,25 @@ class JetStreamState:
         """
         info, gpu = rank.info, rank.gpu
         gpu_key = records.gpu_key(job_id, gpu.node, gpu.gpu_index)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        new_gpu = await self._create_new(gpu_key, records.encode_gpu(job_id, info.rank)) or \
-            await self._create_once(
-                gpu_key, records.encode_gpu(job_id, info.rank),
-                lambda raw: records.rank_of_gpu_value(raw) == info.rank,
-                f"GPU {gpu.gpu_index} on {gpu.node} already drives another rank of job "
-                f"{job_id}; give each rank its own GPU", started)
+        gpu_value = records.encode_gpu(job_id, info.rank)
         key = records.rank_key(job_id, info.rank)
         value = records.encode_rank(job_id, rank, limits, energy_period_ms)
+        outcome = REFUSED
+        if self.batches is not None and batch:
+            outcome = await self.batches.create(((gpu_key, gpu_value), (key, value)))
+        if outcome.committed:
+            # Both at once, in one atomic batch with other ranks' (`group_commit`): durable.
+            self._log("ack", key=gpu_key, job_id=job_id)
+            self._log("ack", key=key, job_id=job_id)
+            return True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # Not batched, or its batch refused (a key taken, here or by another rank of it): each
+        # key on its own, which tells a retry from a conflict.
+        new_gpu = await self._create_new(gpu_key, gpu_value) or await self._create_once(
+            gpu_key, gpu_value, lambda raw: records.rank_of_gpu_value(raw) == info.rank,
+            f"GPU {gpu.gpu_index} on {gpu.node} already drives another rank of job "
+            f"{job_id}; give each rank its own GPU", started)
         try:
             started = loop.time()
             new = await self._create_new(key, value) or await self._create_once(
@@ -344,12 +367,23 @@ class JetStreamState:
                 "coordinates; each rank registers once", started)
             self._log("ack", key=gpu_key, job_id=job_id)
             self._log("ack", key=key, job_id=job_id)
+            if not new and outcome.batch_id is not None:
+                return await self._written_by(key, outcome.batch_id)
             return new
         except RegistryError:
             if new_gpu:  # Undo: the GPU must not stay bound to a rank that is not recorded.
                 with contextlib.suppress(Exception):
                     await self.kv.delete(gpu_key)
             raise
+
+    async def _written_by(self, key: str, batch_id: str) -> bool:
+        """Whether `key`'s value was stored by batch `batch_id` (its message's header)."""
+        try:
+            msg = await self._write(key, lambda: self.js.get_last_msg(
+                f"KV_{self.bucket}", f"$KV.{self.bucket}.{key}"))
+        except StateUnavailableError:
+            return False  # (Taken for a retry, as before batches.)
+        return bool(msg.headers) and msg.headers.get("Nats-Batch-Id") == batch_id
 
     async def _create_new(self, key: str, value: bytes) -> bool:
         """`_create_once`'s common case, a key created at once, without its loops; False: not.

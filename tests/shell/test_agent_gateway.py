@@ -302,3 +302,40 @@ async def test_bye_releases_the_gpu(agent, trainer, nc):
     assert set(reply.result["restored"]) == {"gpu0:schedule", "gpu0:sm_clocks"}
     assert gpu.get_locked_sm_clocks_mhz() is None
     assert (await command(nc, agent.settings.node, 0, InfoCmd())).result["binding"] is None
+
+
+async def test_a_nodes_ranks_registering_together_go_in_one_request(agent, nc):
+    """Both GPUs' registrations waiting: the agent sends them at once, in one `RegisterRanks`
+    request, and each trainer gets its own rank's reply."""
+    requests: list[dict] = []
+
+    async def coordinator(msg):
+        raw = codec.unpack(msg.data)
+        requests.append(raw)
+        ranks = [codec.validate(RegisterRank, r) for r in raw.get("ranks", [raw])]
+        replies = [Reply.success(rank=r.rank_info.rank, gpu=r.gpu.gpu_index) for r in ranks]
+        reply = (Reply.success(replies=[r.model_dump() for r in replies]) if "ranks" in raw
+                 else replies[0])
+        await msg.respond(codec.encode(reply))
+
+    sub = await nc.subscribe(subjects.coord_register_rank(agent.settings.node), cb=coordinator)
+    await confirm_subscriptions(nc)
+    trainers = [RawTrainer(agent.settings.socket_path) for _ in range(2)]
+    try:
+        for i, t in enumerate(trainers):
+            assert (await t.hello("together", rank=i, gpu_index=i)).ok
+        ranks = [RegisterRank(job_id="together",
+                              rank_info=RankInfo(rank=i, dp_rank=i, pp_rank=0, tp_rank=0,
+                                                 available_frequencies=[1740]),
+                              gpu=GpuBinding(node=agent.settings.node, gpu_index=i))
+                 for i in range(2)]
+        replies = await asyncio.gather(*(t.request(K.REGISTER_RANK, rank)
+                                         for t, rank in zip(trainers, ranks, strict=True)))
+    finally:
+        for t in trainers:
+            t.close()
+        await sub.unsubscribe()
+    assert [(r.ok, r.result) for r in replies] == [(True, {"rank": 0, "gpu": 0}),
+                                                   (True, {"rank": 1, "gpu": 1})]
+    assert len(requests) == 1 and len(requests[0]["ranks"]) == 2
+    assert all(r["gpu_info"] is not None for r in requests[0]["ranks"])  # described, as alone

@@ -40,6 +40,7 @@ from zeus_agent.agent.credentials import (
     sender,
 )
 from zeus_agent.agent.gpu_agent import GpuAgent
+from zeus_agent.agent.rank_relay import RankRelay
 from zeus_agent.agent.rapl import RaplReader, cpu_reply
 from zeus_agent.errors import (
     ForbiddenError,
@@ -168,6 +169,9 @@ class Gateway:
         self._join_digests: OrderedDict[str, str] = OrderedDict()
         """Job id -> SHA-256 of the join token of a rank the coordinator accepted through this
         agent: a HELLO for the job must present the same token."""
+        self.ranks = RankRelay(self._relay, subjects.coord_register_rank(node, prefix),
+                               lambda: len(self.agents))
+        """The node's rank registrations, relayed together when they arrive together."""
 
     # ------------------------------------------------------------------ socket
     def attach(self, sock: socket.socket) -> None:
@@ -529,8 +533,7 @@ class Gateway:
             "rank_info": rank.rank_info.model_copy(update={"available_frequencies": clocks}),
             "gpu_info": GpuDescription.from_info(agent.info, limit, bound.job_id,
                                                  agent.counter.update_period_ms)})
-        subject = subjects.coord_register_rank(self.node, self.prefix)
-        reply = await self._relay(subject, codec.encode(rank))
+        reply = await self.ranks.relay(rank)  # (With the node's other ranks registering now.)
         if reply.ok and rank.join_token is not None:
             # The coordinator checked the token: later HELLOs for the job must present it.
             self._join_digests[rank.job_id] = join_token_digest(rank.join_token)
@@ -613,6 +616,7 @@ class Gateway:
         """Cancel requests still being answered (shutdown)."""
         for task in list(self._tasks):
             task.cancel()
+        self.ranks.close()
 
 
 def _who(pid: int | None, addr: Any) -> str:

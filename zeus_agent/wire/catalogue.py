@@ -19,6 +19,7 @@ from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
 from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
 from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.rank_batch import RegisterRanks
 from zeus_agent.wire.replicas import ReplicaAlive
 
 __all__ = ["SUBJECTS", "SubjectSpec"]
@@ -35,6 +36,7 @@ class SubjectSpec:
         payload: The model of what is published (None: an empty payload).
         reply: The model of the reply for request/reply subjects (None: no reply).
         summary: One sentence: what goes there and when.
+        also: Other payloads the subject takes (a node's batch of what `payload` is).
     """
 
     pattern: str
@@ -43,6 +45,7 @@ class SubjectSpec:
     payload: type[BaseModel] | None
     reply: type[BaseModel] | None
     summary: str
+    also: tuple[type[BaseModel], ...] = ()
 
     @property
     def placeholders(self) -> tuple[str, ...]:
@@ -74,7 +77,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 "Registers a trainer's job; the reply carries the job id and join token."),
     SubjectSpec("{prefix}.coord.ranks.register.{node}", s.coord_register_rank,
                 "node's agent -> coordinator (request/reply)", m.RegisterRank, m.Reply,
-                "Registers a rank, only through the node its GPU is on."),
+                "Registers a rank, only through the node its GPU is on; the node's ranks that "
+                "register together in one `RegisterRanks`, answered with one reply per rank "
+                "(`result.replies`, in order).", also=(RegisterRanks,)),
     SubjectSpec("{prefix}.coord.jobs.query", s.coord_job_query,
                 "anyone -> coordinator (request/reply)", m.JobQuery, m.Reply,
                 "One job's state, progress and measured profile, or a page of job ids."),

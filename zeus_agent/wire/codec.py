@@ -13,7 +13,7 @@ that repeats a 5 KB value would not fit the wire's bounded text.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import msgpack
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -23,6 +23,7 @@ from zeus_agent.wire.text import bounded, shown
 
 SCHEMA_VERSION = 1
 M = TypeVar("M", bound=BaseModel)
+N = TypeVar("N", bound=BaseModel)
 T = TypeVar("T")
 
 MAX_FIELDS = 64
@@ -136,6 +137,17 @@ def _validate(model: Any, obj: Any, shallow: bool) -> Any:
     except ValidationError as e:
         field, message = _describe(e)
         raise PayloadError(message, field=field) from None
+
+
+def decode_either(data: bytes, model: type[M], other: type[N], key: str) -> M | N:
+    """Decode msgpack bytes as `other` if they are a map with `key`, else as `model`.
+
+    One unpack for payloads of two shapes on one subject (a `RegisterRank`, or a node's
+    `RegisterRanks`); raises `PayloadError` as `decode` does.
+    """
+    obj = unpack(data)
+    chosen = other if isinstance(obj, dict) and key in obj else model
+    return cast("M | N", _validate(chosen, obj, shallow=_shallow(data)))
 
 
 @overload

@@ -38,6 +38,7 @@ hold dots); they return None for a subject of another shape.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import NamedTuple
@@ -62,6 +63,19 @@ def token(value: str | int) -> str:
     stays short and two different values do not share one ("~" never appears in a verbatim
     token). An empty value becomes "_".
     """
+    if isinstance(value, str) and type(value) is str and len(value) <= _CACHED_CHARS \
+            or type(value) is int:
+        return _token(value)  # (Subjects are built per message: the same nodes, again.)
+    return _make_token(value)
+
+
+_CACHED_CHARS = 256
+"""Strings up to this long (and ints: GPU indices) have their tokens cached (the cache's
+memory stays bounded)."""
+
+
+def _make_token(value: str | int) -> str:
+    """`token`'s work."""
     text = str(value)
     if not text:
         return "_"
@@ -71,6 +85,10 @@ def token(value: str | int) -> str:
     return f"{_UNSAFE.sub('_', text[:_HEAD_CHARS])}~{digest}"
 
 
+_token = functools.lru_cache(maxsize=16384)(_make_token)
+
+
+@functools.lru_cache(maxsize=64)
 def check_prefix(prefix: str) -> str:
     """Return `prefix` if it is a valid subject prefix.
 

@@ -1,0 +1,140 @@
+"""`RankRelay`: a node's rank registrations relayed to the coordinator together.
+
+The ranks on one node's GPUs register at about the same time (a job's local ranks leave its
+rendezvous together). Each used to be one request to the coordinator; now those that arrive
+within `WINDOW_S` of the first go in one `RegisterRanks` request on the node's subject, and
+each trainer gets its own rank's reply. The window ends early once every GPU of the node has a
+registration waiting (nothing more can come), so a node whose GPUs all register waits no
+longer than its last rank. A lone registration goes as a plain `RegisterRank`; a batch the
+coordinator does not take (`bad_request`: a coordinator that predates batches) or that would
+be too big for one message goes rank by rank, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from pydantic import ValidationError
+
+from zeus_agent.errors import ZeusAgentError
+from zeus_agent.wire import codec
+from zeus_agent.wire.messages import RegisterRank, Reply
+from zeus_agent.wire.rank_batch import RegisterRanks
+
+__all__ = ["MAX_BATCH_BYTES", "WINDOW_S", "RankRelay"]
+
+LOG = logging.getLogger(__name__)
+
+WINDOW_S = 0.01
+"""How long a registration waits for the node's other ranks (unless all its GPUs register)."""
+MAX_BATCH_BYTES = 512 * 1024
+"""A bigger batch goes rank by rank (nats-server's default payload limit is 1 MiB)."""
+
+Send = Callable[[str, bytes], Awaitable[Reply]]
+"""Relay a payload on a subject; the coordinator's reply (raises if none came)."""
+
+
+class RankRelay:
+    """Registrations of one node's ranks, sent together when they arrive together."""
+
+    def __init__(self, send: Send, subject: str, gpus: Callable[[], int],
+                 window_s: float = WINDOW_S) -> None:
+        self.send = send
+        self.subject = subject
+        self.gpus = gpus
+        """How many GPUs the node has (a registration each at most, at a time)."""
+        self.window_s = window_s
+        self._pending: list[tuple[RegisterRank, asyncio.Future[Reply]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.requests = 0
+        """Requests sent to the coordinator (batches and lone ranks), for tests."""
+
+    async def relay(self, rank: RegisterRank) -> Reply:
+        """The coordinator's reply to `rank`'s registration, sent with the node's others.
+
+        Raises what `send` raises (no coordinator answered, an unreadable reply).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._pending.append((rank, future))
+        if len(self._pending) >= self.gpus():
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.window_s, self._flush)
+        return await future
+
+    def close(self) -> None:
+        """Cancel what is being sent (the agent stops)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in list(self._tasks):
+            task.cancel()
+        for _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        units, self._pending = self._pending, []
+        if units:
+            task = asyncio.get_running_loop().create_task(self._deliver(units))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, units: list[tuple[RegisterRank, asyncio.Future[Reply]]]) -> None:
+        """Send the waiting registrations; hand each trainer its reply (or the error)."""
+        units = [(rank, future) for rank, future in units if not future.done()]
+        ranks = [rank for rank, _ in units]
+        if not ranks:
+            return
+        try:
+            replies = await (self._one(ranks[0]) if len(ranks) == 1 else self._batch(ranks))
+        except Exception as e:  # noqa: BLE001 - each waiting trainer gets the error
+            for _, future in units:
+                if not future.done():
+                    future.set_exception(e)
+            return
+        for (_, future), reply in zip(units, replies, strict=True):
+            if future.done():
+                continue
+            if isinstance(reply, BaseException):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _one(self, rank: RegisterRank) -> list[Reply | BaseException]:
+        self.requests += 1
+        return [await self.send(self.subject, codec.encode(rank))]
+
+    async def _batch(self, ranks: list[RegisterRank]) -> list[Reply | BaseException]:
+        """One request for `ranks`; their replies in order."""
+        payload = codec.encode(RegisterRanks(ranks=ranks))
+        if len(payload) > MAX_BATCH_BYTES:
+            return await self._each(ranks)
+        self.requests += 1
+        reply = await self.send(self.subject, payload)
+        replies = reply.result.get("replies") if reply.ok else None
+        if isinstance(replies, list) and len(replies) == len(ranks):
+            try:
+                return [Reply.model_validate(r) for r in replies]
+            except ValidationError:
+                pass
+        elif not reply.ok and reply.code != "bad_request":
+            return [reply] * len(ranks)  # (Unavailable, internal: every rank's answer.)
+        elif not reply.ok:
+            LOG.info("the coordinator did not take a batch of %d ranks (%s): relaying them "
+                     "one by one", len(ranks), reply.error)
+            return await self._each(ranks)
+        raise ZeusAgentError("the coordinator's reply to a node's ranks has no reply per rank")
+
+    async def _each(self, ranks: list[RegisterRank]) -> list[Reply | BaseException]:
+        """Each rank on its own, side by side (one's failure is its own)."""
+        answers = await asyncio.gather(*(self._one(rank) for rank in ranks),
+                                       return_exceptions=True)
+        return [a[0] if isinstance(a, list) else a for a in answers]
