@@ -71,7 +71,8 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.gpu.{node}.{gpu}.error", s.gpu_errors, "agent ->", m.ErrorEvent, None,
                 "A GPU's rank errors: schedule mismatches, lapsed leases, measurement gaps."),
     SubjectSpec("{prefix}.lease.{holder}", s.lease_renewal, "coordinator -> agents",
-                m.LeaseRenewal, None, "Renews every lease `holder` has on any agent (each agent follows it while it holds one)."),
+                m.LeaseRenewal, None, "Renews every lease `holder` has on any agent (each agent "
+                "follows it while it holds one)."),
     SubjectSpec("{prefix}.coord.jobs.register.{node}", s.coord_register_job,
                 "node's agent -> coordinator (request/reply)", m.RegisterJob, m.Reply,
                 "Registers a trainer's job; the reply carries the job id and join token."),

@@ -136,8 +136,11 @@ def gpu_errors(node: str, gpu: int | str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def lease_renewal(holder: str, prefix: str = DEFAULT_PREFIX) -> str:
-    """Subject on which a lease holder renews all of its leases (followed by the agents holding
-    one of them only, so a renewal reaches its job's nodes, not the whole cluster)."""
+    """Subject on which a lease holder renews all of its leases.
+
+    Only the agents holding one of them follow it: a renewal reaches its job's nodes, not the
+    whole cluster.
+    """
     return f"{_p(prefix)}.lease.{token(holder)}"
 
 
