@@ -298,11 +298,15 @@ def with_margin(governed: Governed, margin_pct: float) -> Governed:
 def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:
     """`plan` with no cap above the one the previous owner sent, while `tight` guards.
 
-    One round of the guard is spent.
+    One round of the guard is spent. After its last, the tightener holds (`Tightener.hold`):
+    the next rounds' samples still show the guarded caps, under both plans, and would give
+    the backoff back.
     """
     if tight.guard <= 0:
         return plan
     tight.guard -= 1
+    if tight.guard == 0:
+        tight.hold()
     caps = {k: min(w, tight.held.get(k, w)) for k, w in plan.caps.items()}
     return replace(plan, caps=caps)
 

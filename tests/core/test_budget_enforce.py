@@ -122,7 +122,9 @@ def test_a_new_owner_keeps_its_predecessors_backoff_while_the_guard_bounds_its_c
     for _ in range(enforce.GUARD_ROUNDS):
         assert t.update(9000.0, 10_000.0) == 500.0  # 1,000 W under: kept
         assert enforce.guarded(plan, t).caps == {("n", 0): 200}
-    assert t.update(9000.0, 10_000.0) == 500.0 - enforce.RELEASE * 1000.0  # its own caps now
+    # Its own caps now, whose samples take the settling rounds to come.
+    assert [t.update(9000.0, 10_000.0) for _ in range(enforce.SETTLE_ROUNDS)] == [500.0] * 3
+    assert t.update(9000.0, 10_000.0) == 500.0 - enforce.RELEASE * 1000.0
 
 
 def test_a_jittery_draw_is_held_a_band_under_the_room_a_steady_one_at_it():
@@ -166,8 +168,10 @@ def test_a_backoff_kept_beyond_the_room_is_cut_to_it_and_decays_in_a_minute_at_m
 
     assert round_w() <= 1000  # The whole room at most: the group's floor, not 2 minutes of it.
     rounds = 1 + next(i for i in range(120) if round_w() == 0)
-    # The guard's rounds, then 100 W under: half of it given back a round, 1000 W in 20.
-    assert rounds <= enforce.GUARD_ROUNDS + 1000 / (enforce.RELEASE * 100) + 1
+    # The guard's rounds and the settling after it, then 100 W under: half of it given back
+    # a round, 1000 W in 20.
+    assert rounds <= enforce.GUARD_ROUNDS + enforce.SETTLE_ROUNDS + 1000 / (
+        enforce.RELEASE * 100) + 1
 
 
 def test_a_new_budget_keeps_a_margin_back_at_first_and_gives_it_back_once_under():
