@@ -18,14 +18,10 @@ cluster's last samples. It returns the cap of every governed GPU:
 
 `Tightener`: expected draws come from profiles; the samples say what the group draws. While
 the measured draw stays over its target for `OVER_ROUNDS` rounds, the room allocated shrinks
-by the excess (integral action, never under the floor); a round under it gives back a share
-(`RELEASE`) of the shortfall, so the mean draw settles at the target, not back at the room
-(a backoff that decayed by itself, whatever the draw, let the plans climb back to the room and
-the draw's noise over the cap). The target is a band under the room, `BAND_JITTERS` of the
-draw's jitter from round to round (at most `MAX_BAND` of the room): the cap is judged on
-half-second bins, which vary about as much as the one-second samples (a 16 x 8 grid event:
-409 W against a 357 W jitter, 2.6 % of the cap), so a mean held half a jitter under the cap
-crossed it in a quarter of the bins.
+by the excess (integral action, never under the floor); once it is back under, the backoff
+decays, so a group that measured over gives the room back a little at a time. The target is a
+band under the room, `BAND_JITTERS` of the draw's jitter from round to round (at most
+`MAX_BAND` of the room): a draw held with its mean at the cap is over it half the time.
 After the caps change, the samples describe the old caps for a while (a GPU takes a new
 limit at its next step, an agent publishes its samples every second): for `SETTLE_ROUNDS`
 rounds the tightener holds still (`Tightener.hold`), or it would count the old excess again
@@ -48,18 +44,15 @@ from zeus_agent.wire.budget import MAX_SLOWDOWN, BudgetShare, BudgetStatus
 
 OVER_ROUNDS = 2
 """Rounds over the room in a row before the room allocated shrinks (samples are noisy)."""
-RELEASE = 0.5
-"""Share of the shortfall under the target given back each round spent under it: with the
-backoff raised by the whole excess after `OVER_ROUNDS` rounds over, a draw whose noise is
-symmetric settles with its mean near the target."""
+RELEASE = 0.2
+"""Share of the backoff given back each round spent under the room."""
 SETTLE_ROUNDS = 3
 """Rounds after the caps changed in which the samples still show the old caps."""
 KEEP_STEP = 0.1
 """Relative change of the backoff that is written again to the state bucket."""
-BAND_JITTERS = 2.0
-"""The measured draw is held this many jitters under the room (`Tightener.band_w`): the
-half-second bins' spread is about one jitter, so some 2 % of them cross the cap."""
-MAX_BAND = 0.06
+BAND_JITTERS = 0.5
+"""The measured draw is held this many jitters under the room (`Tightener.band_w`)."""
+MAX_BAND = 0.03
 """The band never exceeds this share of the room (a jitter inflated by a job starting)."""
 JITTER_WEIGHT = 0.2
 """Weight of each round in the jitter's moving mean."""
@@ -200,8 +193,8 @@ class Tightener:
     """A new budget's, nothing kept from a predecessor: its first round keeps `START_MARGIN`
     of the room back. The first allocation rests on models (profiles, a Perseus job's
     calibration, proportional shares of unprofiled jobs) whose error would otherwise hold the
-    group over the cap for `SETTLE_ROUNDS` + `OVER_ROUNDS` rounds; the margin is given back
-    (`RELEASE` of the shortfall a round) once the group measures under its target."""
+    group over the cap for `SETTLE_ROUNDS` + `OVER_ROUNDS` rounds; the margin is given back at
+    `RELEASE` a round once the group measures under."""
 
     def resume(self, held: dict[GpuKey, int], jitter_w: float = 0.0) -> None:
         """Taken over from an owner that sent `held` last: bound the caps by them a while.
@@ -214,9 +207,9 @@ class Tightener:
         recorded yet is capped proportionally, counted at its draw, which the cap holds down.
         No hold: the samples show the caps in force, which are `held` (the loop holds when it
         sends others). While the guard lasts the backoff is not given back: the caps, the
-        least of this owner's plan and its predecessor's per GPU, draw under either plan, and
-        a 16 x 8 takeover that gave the kept backoff back then went over the cap once the
-        guard ended.
+        least of this owner's plan and its predecessor's per GPU, draw under either plan (a
+        16 x 8 takeover that gave the kept backoff back meanwhile went over the cap, up to
+        641 W, once the guard ended).
         """
         self.held, self.guard, self.jitter_w = dict(held), GUARD_ROUNDS, jitter_w
         self.fresh = False
@@ -232,12 +225,7 @@ class Tightener:
         return abs(self.backoff_w - kept_w) > max(1.0, KEEP_STEP * kept_w)
 
     def hold(self, rounds: int = SETTLE_ROUNDS) -> None:
-        """The caps just changed: the next `rounds` rounds' samples say nothing of them.
-
-        Their changes still count in the jitter, but for the first (mostly the caps' own
-        step): the group's draw moves from round to round while it settles as it does
-        otherwise, and the loop holds after most rounds' changes of the caps.
-        """
+        """The caps just changed: the next `rounds` rounds' samples say nothing of them."""
         self.settling = rounds
         self.over_rounds = 0
         self.last_w = None  # (The next change of the draw is the caps', not noise.)
@@ -253,20 +241,18 @@ class Tightener:
         is over it half the time. The backoff never exceeds the room (one kept by a
         predecessor may: a huge one would hold the group at its floor while it decays).
         """
-        if self.fresh:  # (Its samples are the group's before any cap of this budget.)
+        if self.fresh:
             self.fresh = False
-            self.backoff_w = min(max(self.backoff_w, START_MARGIN * room_w), max(0.0, room_w))
-            return self.backoff_w
+            self.backoff_w = max(self.backoff_w, START_MARGIN * room_w)
         self.backoff_w = min(self.backoff_w, max(0.0, room_w))
-        if measured_w is not None:  # (Settling too: rounds without a jitter left the band
-            if self.last_w is not None:  # thin for most of a 20 s event.)
-                self.jitter_w += JITTER_WEIGHT * (abs(measured_w - self.last_w) - self.jitter_w)
-            self.last_w = measured_w
         if self.settling > 0:
             self.settling -= 1
             return self.backoff_w
         if measured_w is None:
             return self.backoff_w
+        if self.last_w is not None:
+            self.jitter_w += JITTER_WEIGHT * (abs(measured_w - self.last_w) - self.jitter_w)
+        self.last_w = measured_w
         target = room_w - self.band_w(room_w)
         if measured_w > target:
             self.over_rounds += 1
@@ -274,11 +260,11 @@ class Tightener:
                 self.backoff_w += measured_w - target
         elif self.guard <= 0:  # (Guarded, the caps are the least of two plans': under both.)
             self.over_rounds = 0
-            self.backoff_w -= min(self.backoff_w, RELEASE * (target - measured_w))
-        else:
-            self.over_rounds = 0
+            self.backoff_w *= 1 - RELEASE
             if self.backoff_w < 1.0:
                 self.backoff_w = 0.0
+        else:
+            self.over_rounds = 0
         return self.backoff_w
 
 
