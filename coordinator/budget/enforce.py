@@ -225,7 +225,13 @@ class Tightener:
         return abs(self.backoff_w - kept_w) > max(1.0, KEEP_STEP * kept_w)
 
     def hold(self, rounds: int = SETTLE_ROUNDS) -> None:
-        """The caps just changed: the next `rounds` rounds' samples say nothing of them."""
+        """The caps just changed: the next `rounds` rounds' samples say nothing of them.
+
+        Their changes from round to round still count in the jitter, but for the first (the
+        caps' own step): each release of the backoff changes the caps, so at 16 x 8 a round
+        and the next were both free of a hold only every fourth round or so, and the jitter
+        (the band under the room) stayed 0 for the first 10 s of the cut.
+        """
         self.settling = rounds
         self.over_rounds = 0
         self.last_w = None  # (The next change of the draw is the caps', not noise.)
@@ -245,14 +251,15 @@ class Tightener:
             self.fresh = False
             self.backoff_w = max(self.backoff_w, START_MARGIN * room_w)
         self.backoff_w = min(self.backoff_w, max(0.0, room_w))
+        if measured_w is not None:  # (Settling too: see `hold`.)
+            if self.last_w is not None:
+                self.jitter_w += JITTER_WEIGHT * (abs(measured_w - self.last_w) - self.jitter_w)
+            self.last_w = measured_w
         if self.settling > 0:
             self.settling -= 1
             return self.backoff_w
         if measured_w is None:
             return self.backoff_w
-        if self.last_w is not None:
-            self.jitter_w += JITTER_WEIGHT * (abs(measured_w - self.last_w) - self.jitter_w)
-        self.last_w = measured_w
         target = room_w - self.band_w(room_w)
         if measured_w > target:
             self.over_rounds += 1

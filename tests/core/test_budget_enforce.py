@@ -95,7 +95,17 @@ def test_the_tightener_holds_still_while_the_samples_show_caps_since_changed():
     t.hold()
     assert [t.update(1500, 1000) for _ in range(enforce.SETTLE_ROUNDS)] == [0, 0, 0]
     assert t.update(1100, 1000) == 0  # the caps' own effect, measured: one round is noise
-    assert t.update(1100, 1000) == 100
+    # (The 400 W step from the settling rounds' draw counts in the jitter: the band at most.)
+    assert t.update(1100, 1000) == 100 + enforce.MAX_BAND * 1000
+
+
+def test_the_jitter_is_learnt_while_the_samples_settle_but_for_the_caps_own_step():
+    t = enforce.Tightener()
+    t.update(1000, 2000)
+    t.hold()
+    draws = [1500, 1540, 1500]  # the first: the caps' step from 1,000 W (not counted)
+    assert [t.update(w, 2000) for w in draws] == [0, 0, 0]
+    assert t.jitter_w == enforce.JITTER_WEIGHT * 40 * (2 - enforce.JITTER_WEIGHT)
 
 
 def test_a_backoff_kept_beyond_the_room_is_cut_to_it_and_decays_in_a_minute_at_most():
