@@ -206,7 +206,10 @@ class Tightener:
         caps the group needs: a job another replica drives whose profile or frontier is not
         recorded yet is capped proportionally, counted at its draw, which the cap holds down.
         No hold: the samples show the caps in force, which are `held` (the loop holds when it
-        sends others).
+        sends others). While the guard lasts the backoff is not given back: the caps, the
+        least of this owner's plan and its predecessor's per GPU, draw under either plan (a
+        16 x 8 takeover that gave the kept backoff back meanwhile went over the cap, up to
+        641 W, once the guard ended).
         """
         self.held, self.guard, self.jitter_w = dict(held), GUARD_ROUNDS, jitter_w
         self.fresh = False
@@ -222,7 +225,13 @@ class Tightener:
         return abs(self.backoff_w - kept_w) > max(1.0, KEEP_STEP * kept_w)
 
     def hold(self, rounds: int = SETTLE_ROUNDS) -> None:
-        """The caps just changed: the next `rounds` rounds' samples say nothing of them."""
+        """The caps just changed: the next `rounds` rounds' samples say nothing of them.
+
+        Their changes from round to round still count in the jitter, but for the first (the
+        caps' own step): each release of the backoff changes the caps, so at 16 x 8 a round
+        and the next were both free of a hold only every fourth round or so, and the jitter
+        (the band under the room) stayed 0 for the first 10 s of the cut.
+        """
         self.settling = rounds
         self.over_rounds = 0
         self.last_w = None  # (The next change of the draw is the caps', not noise.)
@@ -242,24 +251,27 @@ class Tightener:
             self.fresh = False
             self.backoff_w = max(self.backoff_w, START_MARGIN * room_w)
         self.backoff_w = min(self.backoff_w, max(0.0, room_w))
+        if measured_w is not None:  # (Settling too: see `hold`.)
+            if self.last_w is not None:
+                self.jitter_w += JITTER_WEIGHT * (abs(measured_w - self.last_w) - self.jitter_w)
+            self.last_w = measured_w
         if self.settling > 0:
             self.settling -= 1
             return self.backoff_w
         if measured_w is None:
             return self.backoff_w
-        if self.last_w is not None:
-            self.jitter_w += JITTER_WEIGHT * (abs(measured_w - self.last_w) - self.jitter_w)
-        self.last_w = measured_w
         target = room_w - self.band_w(room_w)
         if measured_w > target:
             self.over_rounds += 1
             if self.over_rounds >= OVER_ROUNDS:
                 self.backoff_w += measured_w - target
-        else:
+        elif self.guard <= 0:  # (Guarded, the caps are the least of two plans': under both.)
             self.over_rounds = 0
             self.backoff_w *= 1 - RELEASE
             if self.backoff_w < 1.0:
                 self.backoff_w = 0.0
+        else:
+            self.over_rounds = 0
         return self.backoff_w
 
 
@@ -279,11 +291,15 @@ def with_margin(governed: Governed, margin_pct: float) -> Governed:
 def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:
     """`plan` with no cap above the one the previous owner sent, while `tight` guards.
 
-    One round of the guard is spent.
+    One round of the guard is spent. After its last, the tightener holds (`Tightener.hold`):
+    the next rounds' samples still show the guarded caps, under both plans, and would give
+    the backoff back.
     """
     if tight.guard <= 0:
         return plan
     tight.guard -= 1
+    if tight.guard == 0:
+        tight.hold()
     caps = {k: min(w, tight.held.get(k, w)) for k, w in plan.caps.items()}
     return replace(plan, caps=caps)
 

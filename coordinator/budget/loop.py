@@ -16,11 +16,13 @@ them up at shutdown), taken only while a budget exists. Its job id has a control
 which no job's id may have, so it never names a job. A replica that takes over knows nothing
 of what its predecessor capped: caps it does not renew lapse with their lease; the caps it
 keeps are sent at once. The lease of a cap is longer than a takeover, so the cap holds
-throughout one. It starts from what its predecessor kept in the state bucket: each budget's
-backoff and caps (`store.Backoffs`). What was measured of each Perseus job's options under
-the caps is kept there by the replica driving the job, owner or not (`store.TimingStore`,
-`budget.timing`), as are the frontiers of those jobs and the points the owner gives them
-(`budget.remote`).
+throughout one. It starts from what its predecessor kept in the state bucket (`LoopBucket`,
+`budget.bucket`: each budget's backoff and caps, the Perseus jobs' measures, frontiers and
+points).
+
+The parts: what the budgets know of the jobs (`budget.job_views`), the plan of each budget
+(`budget.enforce` over `budget.allocator`), the frontier points given the Perseus jobs
+(`budget.points`), what is kept for a successor and for the other replicas (`budget.bucket`).
 """
 
 from __future__ import annotations
@@ -30,37 +32,29 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from coordinator.budget import budgets as core
-from coordinator.budget import enforce, frontier_options, remote
+from coordinator.budget import enforce, frontier_options
 from coordinator.budget.allocator import BudgetError
-from coordinator.budget.store import Backoffs, BudgetView, LiftedCaps, TimingStore
-from coordinator.budget.timing import Timing, frontier_digest, worth_keeping
-from coordinator.optimizer import Action
-from coordinator.pipeline import budget_point
-from coordinator.pipeline.job import PipelineJob
-from coordinator.power_limit.job import PowerLimitJob
-from coordinator.power_limit.job_parts import make_selector
+from coordinator.budget.bucket import LoopBucket
+from coordinator.budget.points import frontier_points, told_key
+from coordinator.budget.store import BudgetView, LiftedCaps
+from coordinator.budget.timing import Timing, frontier_digest
 from coordinator.state.ownership import OwnershipBook
-from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.budget import Budget, BudgetStatus, BudgetTiming
+from zeus_agent.wire.budget import Budget, BudgetStatus
 from zeus_agent.wire.messages import CommandEnvelope, Reply
 from zeus_agent.wire.node_cap import MAX_CAP_LEASE_S, NodeCapCmd
 
 if TYPE_CHECKING:  # (coordinator.service builds this loop: no import cycle at run time)
-    from coordinator.jobs.registry import JobRecord
-    from coordinator.service.driver import JobDriver
     from coordinator.service.link import Link
 
 LOG = logging.getLogger(__name__)
 
-Execute = Callable[["JobRecord", list[Action]], Awaitable[None]]
-"""Runs a job's actions (`ActionExecutor.execute`)."""
 Serve = Callable[[dict[str, tuple[int, float]]], Awaitable[None]]
-"""Tells the pipeline jobs their points (`serve_points` over this replica's drivers)."""
+"""Tells the pipeline jobs their points (`points.serve_points` over this replica's drivers)."""
 CapJobs = Callable[[dict[core.GpuKey, int], set[core.GpuKey]], Awaitable[None]]
 """Tells the power-limit jobs still profiling their cap (`job_caps.cap_profiling_jobs`)."""
 
@@ -74,141 +68,6 @@ LEASE_KEY = "budgets"
 LEASE_ID = "\x1fbudgets"
 """What the lease names as its job: no job id has a control character."""
 COMMAND_TIMEOUT_S = 2.0
-
-
-def job_views(drivers: Iterable[JobDriver],
-              follows: remote.Recorded | None = None) -> list[enforce.JobView]:
-    """What the budgets know of the jobs: their GPUs; their profiles where known.
-
-    A power-limit job with its optimum known brings its measurements: driven by this replica,
-    its own; driven by another, the profile its owner recorded in the state bucket
-    (`recorded_profile`); a pipeline job serving a plan of its frontier (Perseus) its
-    frontier: driven here, its own; driven by another, the one that replica recorded
-    (`follows`, `budget.remote`); every other job (profiling, a job another replica drives
-    with nothing recorded, one that failed here: its frontier record is then purged) is
-    capped proportionally. Each job's slowdown counts as its
-    registered `priority`.
-    """
-    views = []
-    for driver in drivers:
-        record = driver.record
-        if record is None or not record.ranks:
-            continue
-        gpus = tuple(sorted((r.gpu.node, r.gpu.gpu_index) for r in record.ranks.values()))
-        job = driver.optimiser
-        weight = record.power_limit.priority if record.power_limit is not None else 1.0
-        if driver.failed is not None:  # (Driven by no replica: not one another drives.)
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight))
-            continue
-        frontier = budget_point.frontier_of(job) if isinstance(job, PipelineJob) else None
-        if isinstance(job, PowerLimitJob) and job.optimal_power_limit is not None:
-            views.append(enforce.JobView(driver.job_id, gpus,
-                                         tuple(job.machine.measurements),
-                                         job.optimal_power_limit, weight))
-        elif job is None and (known := recorded_profile(driver)) is not None:
-            views.append(enforce.JobView(driver.job_id, gpus, *known, weight, remote=True))
-        elif job is None and follows is not None and (
-                theirs := follows.frontier(driver.job_id)) is not None:
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=theirs,
-                                         own_draw_w=follows.own_draw_w(driver.job_id),
-                                         remote=True))
-        elif frontier is not None and isinstance(job, PipelineJob):
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
-                                         own_point=not job.straggling.stragglers.factors(),
-                                         step_times=tuple(job.straggling.step_times),
-                                         own_step_s=job.straggling.own_step_s(),
-                                         own_draw_w=job.straggling.own_draw_w()))
-        else:
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight,
-                                         remote=job is None))
-    return views
-
-
-def recorded_profile(driver: JobDriver) -> tuple[tuple[PowerLimitMeasurement, ...], int] | None:
-    """(measurements, optimum) of a power-limit job another replica drives, as recorded.
-
-    From the profile its owner recorded (`v.prog.<h>`: "profile", or "chosen" by the user's
-    own selector). The optimum of a plain profile is the job's selector's choice, as its
-    owner made it (a user's own selector records its choice). None: no profile recorded, or
-    not readable.
-    """
-    record, recorded = driver.record, driver.recorded
-    if record is None or record.power_limit is None or not recorded:
-        return None
-    kind, state = recorded.get("kind"), recorded.get("state")
-    try:
-        if kind == "chosen" and isinstance(state, dict):
-            rows = tuple(PowerLimitMeasurement(**m) for m in state["measurements"])
-            return (rows, int(state["power_limit"])) if rows else None
-        if kind != "profile" or not isinstance(state, list) or not state:
-            return None
-        rows = tuple(PowerLimitMeasurement(**m) for m in state)
-        selector = make_selector(record.power_limit, record.job.world_size)
-        return rows, int(selector.select(list(rows)))
-    except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError) as e:
-        LOG.debug("job %s: its recorded profile is not usable for budgets: %s", driver.job_id, e)
-        return None
-
-
-async def serve_points(drivers: Iterable[JobDriver], execute: Execute,
-                       points: Mapping[str, tuple[int, float]]) -> None:
-    """Tell each pipeline job driven here the frontier point a budget gives it, or none.
-
-    `points`: job -> (frontier index, power per GPU); a job absent from it goes back to its
-    own chosen point (`budget_point.serve`). The actions run under the job's lock.
-    """
-    for driver in drivers:
-        job, record = driver.optimiser, driver.record
-        if not isinstance(job, PipelineJob) or record is None:
-            continue
-        want = points.get(driver.job_id)
-        if want is None and job.straggling.budget is None and not job.straggling.governed:
-            continue
-        async with driver.lock:
-            actions = budget_point.serve(job, want)
-            if actions:
-                await execute(record, actions)
-
-
-def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.JobView],
-                    ratios: Mapping[str, float] | None = None) -> dict[str, tuple[int, float]]:
-    """Job -> (frontier index, power per GPU) the plans give its pipeline jobs.
-
-    A job governed by several budgets serves the point of least power among theirs (along a
-    frontier, the slowest); a job given its own chosen point is told that one (it keeps its
-    plan, capped). A job no plan governs is absent. The power is the job's planned one: for
-    a frontier point, its plan's (the allocator counts a point served at its measured draw,
-    which `budget_point.pick` would take for a changed frontier); for a throttled option, the
-    allocator's; over the job's calibration `ratios`.
-    """
-    frontiers = {j.job_id: j.frontier for j in jobs if j.frontier is not None}
-    points: dict[str, tuple[int, float]] = {}
-    for p in plans:
-        for share in p.allocation.shares:
-            f = frontiers.get(share.job_id)
-            if f is None or share.key is None:
-                continue
-            if 0 <= share.key < len(f.powers):
-                power = f.powers[share.key]
-            else:
-                power = share.expected_w / max(1, len(p.members.get(share.job_id, ())))
-            power /= (ratios or {}).get(share.job_id, 1.0)
-            if share.job_id not in points or power < points[share.job_id][1]:
-                points[share.job_id] = (share.key, power)
-    return points
-
-
-def told_key(job: enforce.JobView, told: tuple[int, float] | None) -> int | None:
-    """The option a pipeline job runs, told `told` (None: its own point, or a straggler's).
-
-    The point it serves (`frontier_options.served`), not the index told: a point recorded
-    for a frontier it planned before is served as another of this one.
-    """
-    f = job.frontier
-    if told is None or f is None or not job.own_point:
-        return None
-    key = frontier_options.served(f, *told)
-    return None if key == f.chosen else key
 
 
 def holder(budget_id: str) -> str:
@@ -256,24 +115,14 @@ class BudgetLoop:
         """Pipeline job -> rounds left before its draw is its own point's again."""
         self.timing = Timing(enforce.SETTLE_ROUNDS)
         """The pipeline jobs' measured step times under the caps (`budget.timing`)."""
-        self.timing_read: set[str] = set()
-        """Pipeline jobs driven here whose kept measures were read (`resume_timing`)."""
-        self.timing_kept: dict[str, BudgetTiming] = {}
-        """Job -> its measures as last written to (or read from) the state bucket."""
-        self.frontiers_sent: dict[str, tuple[frontier_options.FrontierView, float | None]] = {}
-        """Perseus job driven here -> its frontier and own draw as recorded (`budget.remote`)."""
-        self.points_sent: dict[str, tuple[int, float]] = {}
-        """Perseus job another replica drives -> the point recorded for it (as the owner)."""
+        self.bucket = LoopBucket(link, view, wall)
+        """What this replica keeps in the state bucket, and resumes from."""
         self.views: list[enforce.JobView] = []
         """The jobs as the latest round saw them."""
         self.points: dict[str, tuple[int, float]] = {}
         """Job -> the frontier point (index, power per GPU) a budget gives it, as told."""
         self.cap_jobs = cap_jobs
         """Tells the power-limit jobs still profiling here their cap (every replica)."""
-        self.kept: dict[str, float] = {}
-        """Budget -> the backoff last written to the state bucket (`keep_backoffs`)."""
-        self.kept_caps: dict[str, dict[core.GpuKey, int]] = {}
-        """Budget -> the caps last written with it."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
@@ -285,8 +134,8 @@ class BudgetLoop:
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
             return
         jobs = self.jobs()
-        await self.record_frontiers(jobs)
-        await self.resume_timing(jobs)
+        await self.bucket.record_frontiers(jobs)
+        await self.bucket.resume_timing(jobs, self.timing)
         now_s = time.monotonic()
         counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
         if counting:
@@ -294,19 +143,17 @@ class BudgetLoop:
         if not await self.own():
             self.capped.clear()  # Another replica acts; what was sent here lapses or is kept.
             self.tighteners.clear()  # (Its backoffs too: back here, start from the kept ones.)
-            self.kept.clear()
-            self.kept_caps.clear()
+            self.bucket.disown()
             self.plans.clear()
             self.statuses.clear()
-            self.points_sent.clear()
             held = self.held_here(budgets, jobs)  # (The owner caps them.)
             if counting:
                 self.measure_here(jobs, held)
             await self.tell(held)
-            await self.keep_timing(jobs)
+            await self.bucket.keep_timing(jobs, self.timing)
             await self.cap_profiling({}, budgets)
             return
-        await self.resume_backoffs()
+        await self.bucket.resume_backoffs(self.tighteners)
         caps = self.plan(budgets, counting, jobs)
         leases = self.cap_leases(budgets)
         now = self.wall()
@@ -323,10 +170,10 @@ class BudgetLoop:
         await self.lift_lifted(now)
         points = frontier_points(self.plans.values(), self.views, self.ratios)
         await self.tell(points)
-        await self.record_points(points)
+        await self.bucket.record_points(points, self.views)
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
-        await self.keep_backoffs()
-        await self.keep_timing(self.views)
+        await self.bucket.keep_backoffs(self.tighteners, self.plans)
+        await self.bucket.keep_timing(self.views, self.timing)
         await self.publish()
 
     async def lift_lifted(self, now: float) -> None:
@@ -349,68 +196,6 @@ class BudgetLoop:
             self.view.lifted.pop(bid, None)
             LOG.info("budget %s: lifted on all its %d GPUs", bid, len(gpus))
 
-    async def resume_backoffs(self) -> None:
-        """A budget new to this owner starts from the backoff its last owner kept."""
-        now = self.wall()
-        for bid, (budget, set_at) in list(self.view.budgets.items()):
-            if bid in self.tighteners or not budget.active(now):
-                continue
-            try:
-                kept = await Backoffs(self.link.require_state().kv).get(bid, set_at)
-            except Exception as e:  # noqa: BLE001 - the bucket is away: start afresh
-                LOG.warning("budget %s: its backoff not read (%s)", bid, e)
-                kept = None
-            tight = self.tighteners[bid] = enforce.Tightener(fresh=kept is None)
-            if kept is not None:
-                tight.backoff_w, self.kept[bid], self.kept_caps[bid] = kept[0], kept[0], kept[1]
-                tight.resume(kept[1], kept[2])
-                LOG.info("budget %s: resumed with a backoff of %.0f W", bid, kept[0])
-
-    async def keep_backoffs(self) -> None:
-        """Write each budget's backoff and caps when they moved; forget those of budgets gone."""
-        try:
-            backoffs = Backoffs(self.link.require_state().kv)
-            for bid, tight in self.tighteners.items():
-                p = self.plans.get(bid)
-                if bid not in self.view.budgets or p is None:
-                    continue
-                if tight.worth_keeping(self.kept.get(bid)) or p.caps != self.kept_caps.get(bid):
-                    await backoffs.put(bid, self.view.budgets[bid][1], tight.backoff_w, p.caps,
-                                       tight.jitter_w)
-                    self.kept[bid], self.kept_caps[bid] = tight.backoff_w, p.caps
-            for gone in [b for b in self.kept_caps if b not in self.tighteners]:
-                await backoffs.delete(gone)
-                self.kept.pop(gone, None)
-                del self.kept_caps[gone]
-        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
-            LOG.debug("budget backoffs not kept: %s", e)
-
-    async def resume_timing(self, jobs: list[enforce.JobView]) -> None:
-        """A Perseus job new here starts from the measures its last driver kept.
-
-        Read once per job driven here (again when its read failed, or when it comes back
-        here), taken only for the frontier they were measured on (`Timing.restore`). Those of
-        a job another replica drives are followed instead (`Recorded.measured`).
-        """
-        new = [j for j in jobs if j.frontier is not None and not j.remote
-               and j.job_id not in self.timing_read]
-        if not new:
-            return
-        store = TimingStore(self.link.require_state().kv)
-        for job in new:
-            assert job.frontier is not None
-            try:
-                kept = await store.get(job.job_id)
-            except Exception as e:  # noqa: BLE001 - the bucket is away: the next round reads
-                LOG.warning("job %s: its kept measures not read (%s)", job.job_id, e)
-                return
-            self.timing_read.add(job.job_id)
-            digest = frontier_digest(job.frontier.chosen, job.frontier.times)
-            if kept is not None and self.timing.restore(job.job_id, digest, kept):
-                self.timing_kept[job.job_id] = kept
-                LOG.info("job %s: resumed with %d options measured under the budgets",
-                         job.job_id, len(kept.options))
-
     def measure_here(self, jobs: list[enforce.JobView],
                      held: Mapping[str, tuple[int, float]]) -> None:
         """Measure the Perseus jobs driven here at the points they hold (not owning budgets).
@@ -426,34 +211,6 @@ class BudgetLoop:
                                 job.own_step_s, job.step_times,
                                 frontier_digest(f.chosen, f.times), len(job.gpus))
         self.timing.forget({j.job_id for j in jobs})
-
-    async def keep_timing(self, jobs: list[enforce.JobView]) -> None:
-        """Write the measures of the Perseus jobs when they moved (`timing.worth_keeping`).
-
-        Those of a job gone, or that planned another frontier, are purged. A job's measures
-        are written by the replica that measures them, the one driving it: none of a job
-        another replica drives (those measured here are forgotten: back here, it starts from
-        its other driver's, `resume_timing`).
-        """
-        theirs = {j.job_id for j in jobs if j.remote}
-        self.timing_read = {j.job_id for j in jobs if j.job_id in self.timing_read} - theirs
-        # (Its driver's measures are the news: back here, it starts from them, not from
-        # what was measured here before, which it would write over them.)
-        self.timing.forget({j.job_id for j in jobs} - theirs)
-        try:
-            store = TimingStore(self.link.require_state().kv)
-            for job_id in [j for j in self.timing.served if j not in theirs]:
-                now = self.timing.record(job_id)
-                if now is not None and worth_keeping(self.timing_kept.get(job_id), now):
-                    await store.put(now)
-                    self.timing_kept[job_id] = now
-            for gone in [j for j in self.timing_kept if self.timing.record(j) is None
-                         or j in theirs]:
-                if gone not in theirs:
-                    await store.delete(gone)
-                del self.timing_kept[gone]
-        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
-            LOG.debug("measures under the budgets not kept: %s", e)
 
     async def cap_profiling(self, planned: dict[core.GpuKey, int],
                             budgets: list[Budget]) -> None:
@@ -482,22 +239,6 @@ class BudgetLoop:
                            self.points.get(j.job_id, (j.frontier.chosen, math.inf)))
                 for j in jobs if j.frontier is not None and not j.remote
                 and governed.intersection(j.gpus)}
-
-    async def record_frontiers(self, jobs: list[enforce.JobView]) -> None:
-        """Record the frontiers of the Perseus jobs driven here (`remote.record_frontiers`)."""
-        try:
-            await remote.record_frontiers(self.link.require_state().kv, jobs,
-                                          self.frontiers_sent)
-        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
-            LOG.debug("frontiers not recorded for the budgets: %s", e)
-
-    async def record_points(self, points: dict[str, tuple[int, float]]) -> None:
-        """Record the points given jobs another replica drives (`remote.record_points`)."""
-        try:
-            await remote.record_points(self.link.require_state().kv, points, self.views,
-                                       self.view.remote, self.points_sent)
-        except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
-            LOG.debug("frontier points not recorded: %s", e)
 
     async def tell(self, points: dict[str, tuple[int, float]]) -> None:
         """Tell the pipeline jobs their points (those told before and now absent: none)."""

@@ -4,7 +4,7 @@
   (`budget_frontier.<h>`, a `BudgetFrontier`, written when it changes; purged when the job
   stops serving a plan of it, ends, or is removed).
 * The replica applying the budgets plans on a recorded frontier as on one of its own jobs'
-  (`loop.job_views`) and records the point it gives such a job (`budget_point.<h>`, a
+  (`job_views.job_views`) and records the point it gives such a job (`budget_point.<h>`, a
   `BudgetPoint`, written when it moves; purged when no budget gives the job one).
 * The replica driving the job measures it at the points it serves (`budget.timing`) and
   records the measures (`budget_timing.<h>`, `store.TimingStore`); the owner counts the job's

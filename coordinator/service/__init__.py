@@ -59,8 +59,10 @@ from typing import Any
 from coordinator import metrics
 from coordinator.budget.budgets import Cluster as BudgetCluster
 from coordinator.budget.job_caps import cap_profiling_jobs
+from coordinator.budget.job_views import job_views
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
-from coordinator.budget.loop import BudgetLoop, job_views, serve_points
+from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.points import serve_points
 from coordinator.budget.remote import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX
 from coordinator.budget.service import BudgetService
 from coordinator.budget.store import LIFTED_PREFIX, BudgetView

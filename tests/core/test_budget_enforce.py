@@ -25,6 +25,9 @@ def profile() -> tuple[PowerLimitMeasurement, ...]:
                  for lim, t, w in rows)
 
 
+NOTHING = enforce.alloc.Allocation((), 0.0, 0.0, 0.0, 1.0)
+"""An empty allocation, for plans whose caps alone matter."""
+
 JOBS = [enforce.JobView("a", (GPUS[0], GPUS[1]), profile(), 300),
         enforce.JobView("b", (GPUS[2], GPUS[3]))]
 
@@ -92,16 +95,49 @@ def test_the_tightener_holds_still_while_the_samples_show_caps_since_changed():
     t.hold()
     assert [t.update(1500, 1000) for _ in range(enforce.SETTLE_ROUNDS)] == [0, 0, 0]
     assert t.update(1100, 1000) == 0  # the caps' own effect, measured: one round is noise
-    assert t.update(1100, 1000) == 100
+    # (The 400 W step from the settling rounds' draw counts in the jitter: the band at most.)
+    assert t.update(1100, 1000) == 100 + enforce.MAX_BAND * 1000
+
+
+def test_the_jitter_is_learnt_while_the_samples_settle_but_for_the_caps_own_step():
+    t = enforce.Tightener()
+    t.update(1000, 2000)
+    t.hold()
+    draws = [1500, 1540, 1500]  # the first: the caps' step from 1,000 W (not counted)
+    assert [t.update(w, 2000) for w in draws] == [0, 0, 0]
+    assert t.jitter_w == enforce.JITTER_WEIGHT * 40 * (2 - enforce.JITTER_WEIGHT)
 
 
 def test_a_backoff_kept_beyond_the_room_is_cut_to_it_and_decays_in_a_minute_at_most():
     t = enforce.Tightener(backoff_w=1e12)  # A predecessor's, finite but absurd.
     t.resume({}, 0.0)
-    first = t.update(900, 1000)
-    assert first <= 1000  # The whole room at most: the group's floor, not 2 minutes of it.
-    rounds = 1 + next(i for i in range(120) if t.update(900, 1000) == 0)
-    assert rounds <= 35  # 1000 W x 0.8^31 < 1 W
+    plan = enforce.CapPlan("grid", {}, NOTHING, 1000.0)
+
+    def round_w() -> float:  # (As the loop plans: the guard spent a round at a time.)
+        backoff = t.update(900, 1000)
+        enforce.guarded(plan, t)
+        return backoff
+
+    assert round_w() <= 1000  # The whole room at most: the group's floor, not 2 minutes of it.
+    rounds = 1 + next(i for i in range(120) if round_w() == 0)
+    # Kept through the guard and the settling after it, then 1000 W x 0.8^31 < 1 W.
+    assert rounds <= enforce.GUARD_ROUNDS + enforce.SETTLE_ROUNDS + 35
+
+
+def test_a_new_owner_keeps_its_predecessors_backoff_while_the_guard_bounds_its_caps():
+    """The caps of a takeover's first rounds are the least of two plans' (`guarded`): the
+    group draws under either, which says nothing of the room. Given back then, the backoff
+    let the plans up to the room as the guard ended (a 16 x 8 takeover: 641 W over)."""
+    t = enforce.Tightener(backoff_w=500.0)
+    t.resume({("n", 0): 200}, 0.0)
+    plan = enforce.CapPlan("grid", {("n", 0): 300}, NOTHING, 10_000.0)
+    for _ in range(enforce.GUARD_ROUNDS):
+        assert t.update(9000.0, 10_000.0) == 500.0  # 1,000 W under: kept
+        assert enforce.guarded(plan, t).caps == {("n", 0): 200}
+    assert enforce.guarded(plan, t).caps == {("n", 0): 300}  # Its own caps now...
+    # ...whose samples take the settling rounds to come: the guarded caps' are not counted.
+    assert [t.update(9000.0, 10_000.0) for _ in range(enforce.SETTLE_ROUNDS)] == [500.0] * 3
+    assert t.update(9000.0, 10_000.0) == 500.0 * (1 - enforce.RELEASE)
 
 
 def test_a_new_budget_keeps_a_margin_back_at_first_and_gives_it_back_once_under():

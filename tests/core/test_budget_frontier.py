@@ -13,7 +13,8 @@ from coordinator.budget import allocator as alloc
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, Governed, GpuInfo
-from coordinator.budget.loop import BudgetLoop, frontier_points
+from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.points import frontier_points
 from coordinator.budget.store import BudgetView
 from coordinator.optimizer import InstallSchedules, StatusUpdate
 from coordinator.pipeline import budget_point, planner

@@ -16,7 +16,8 @@ import pytest
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, GpuInfo
-from coordinator.budget.loop import BudgetLoop, job_views
+from coordinator.budget.job_views import job_views
+from coordinator.budget.loop import BudgetLoop
 from coordinator.budget.store import BudgetView
 from tests.core.straggler_kit import Trainer, make_job
 

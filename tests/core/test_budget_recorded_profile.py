@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from coordinator.budget.loop import job_views, recorded_profile
+from coordinator.budget.job_views import job_views, recorded_profile
 from zeus_agent.models import PowerLimitMeasurement
 from zeus_agent.wire.messages import PowerLimitOptions
 

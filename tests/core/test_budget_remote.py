@@ -1,5 +1,5 @@
 """A Perseus job another replica drives is moved along the frontier its driver recorded, not
-capped proportionally (`coordinator.budget.recorded`, `remote.Recorded`, `loop.job_views`,
+capped proportionally (`coordinator.budget.recorded`, `remote.Recorded`, `job_views.job_views`,
 `BudgetLoop.held_here`; the bucket's side: tests/shell/test_budget_remote.py).
 
 The replica applying the budgets drives only some jobs (rendezvous hashing): a Perseus job it
@@ -21,7 +21,9 @@ from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, GpuInfo
 from coordinator.budget.frontier_options import Served
-from coordinator.budget.loop import BudgetLoop, frontier_points, job_views
+from coordinator.budget.job_views import job_views
+from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.points import frontier_points
 from coordinator.budget.recorded import (
     DRAW_TOLERANCE,
     POINT_TOLERANCE,

@@ -18,7 +18,8 @@ import pytest
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, GpuInfo
-from coordinator.budget.loop import BudgetLoop, job_views
+from coordinator.budget.job_views import job_views
+from coordinator.budget.loop import BudgetLoop
 from coordinator.budget.store import BudgetView
 from coordinator.budget.timing import MIN_STEPS
 from coordinator.state.records import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX

@@ -14,7 +14,8 @@ from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, Governed, GpuInfo
 from coordinator.budget.frontier_options import Served
-from coordinator.budget.loop import BudgetLoop, frontier_points
+from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.points import frontier_points
 from coordinator.budget.store import BudgetView
 from coordinator.budget.timing import MIN_STEPS, Timing
 from zeus_agent.wire.budget import Budget

@@ -20,7 +20,8 @@ import pytest
 from coordinator.budget import enforce, remote
 from coordinator.budget.budgets import Cluster, GpuInfo
 from coordinator.budget.frontier_options import Served
-from coordinator.budget.loop import BudgetLoop, job_views
+from coordinator.budget.job_views import job_views
+from coordinator.budget.loop import BudgetLoop
 from coordinator.budget.recorded import frontier_view
 from coordinator.budget.store import BudgetView
 from coordinator.budget.timing import frontier_digest
@@ -147,15 +148,15 @@ def test_a_job_back_from_another_driver_takes_its_newer_measures_not_its_own_old
                    cluster=Cluster(), jobs=list, cap_lease_s=30.0, view=BudgetView())
     a.timing._frontiers["perseus"] = digest  # A measured point 1 while it drove the job.
     a.timing.served["perseus"] = {1: Served(1, 1.2, 200.0)}
-    asyncio.run(a.keep_timing([mine]))
-    asyncio.run(a.keep_timing([theirs]))  # B drives it now...
+    asyncio.run(a.bucket.keep_timing([mine], a.timing))
+    asyncio.run(a.bucket.keep_timing([theirs], a.timing))  # B drives it now...
     newer = BudgetTiming(job_id="perseus", frontier=digest, options=[
         MeasuredOption(key=2, relative_time=1.9, power_w=150.0),
         MeasuredOption(key=1, relative_time=1.5, power_w=190.0)])
     key = "budget_timing." + job_hash("perseus")
     bucket.values[key] = newer.model_dump_json().encode()  # ...and records what it measured.
-    asyncio.run(a.resume_timing([mine]))  # Back to A.
-    asyncio.run(a.keep_timing([mine]))
+    asyncio.run(a.bucket.resume_timing([mine], a.timing))  # Back to A.
+    asyncio.run(a.bucket.keep_timing([mine], a.timing))
     assert BudgetTiming.model_validate_json(bucket.values[key]) == newer
     assert a.timing.measured("perseus") == (Served(2, 1.9, 150.0), Served(1, 1.5, 190.0))
 

@@ -65,18 +65,18 @@ async def test_a_new_owner_starts_from_its_predecessors_backoff_and_caps(nc) -> 
     kv = await bucket(nc)
     budgets = {"grid": (Budget(budget_id="grid", cap_w=9000.0), SET_AT)}
     old = loop(kv, budgets)
-    await old.resume_backoffs()  # nothing kept yet: afresh
+    await old.bucket.resume_backoffs(old.tighteners)  # nothing kept yet: afresh
     assert old.tighteners["grid"].backoff_w == 0.0 and old.tighteners["grid"].guard == 0
     old.tighteners["grid"].backoff_w = 350.0  # the group measured over: the room shrank
     old.tighteners["grid"].jitter_w = 40.0
     old.plans["grid"] = plan(CAPS)
-    await old.keep_backoffs()
+    await old.bucket.keep_backoffs(old.tighteners, old.plans)
     old.tighteners["grid"].backoff_w = 340.0  # (a small move, the same caps: not written)
-    await old.keep_backoffs()
+    await old.bucket.keep_backoffs(old.tighteners, old.plans)
     assert await Backoffs(kv).get("grid", SET_AT) == (350.0, CAPS, 40.0)
 
     new = loop(kv, budgets)
-    await new.resume_backoffs()
+    await new.bucket.resume_backoffs(new.tighteners)
     tight = new.tighteners["grid"]
     assert tight.backoff_w == 350.0 and tight.settling == 0
     assert tight.band_w(9000.0) == enforce.BAND_JITTERS * 40.0  # the band holds at once
@@ -93,7 +93,7 @@ async def test_a_new_owner_starts_from_its_predecessors_backoff_and_caps(nc) -> 
     assert enforce.guarded(plan(higher), tight).caps == higher
 
     del new.tighteners["grid"]  # the budget was lifted (the plan forgets its tightener)
-    await new.keep_backoffs()
+    await new.bucket.keep_backoffs(new.tighteners, new.plans)
     assert await Backoffs(kv).get("grid", SET_AT) is None
 
 

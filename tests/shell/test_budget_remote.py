@@ -22,7 +22,9 @@ import pytest
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
 from coordinator.budget.budgets import Cluster, GpuInfo
-from coordinator.budget.loop import BudgetLoop, frontier_points, job_views
+from coordinator.budget.job_views import job_views
+from coordinator.budget.loop import BudgetLoop
+from coordinator.budget.points import frontier_points
 from coordinator.budget.store import BudgetView, TimingStore
 from coordinator.budget.timing import MIN_STEPS, frontier_digest
 from coordinator.state.jetstream import JetStreamState
@@ -82,7 +84,7 @@ async def test_the_owner_moves_another_replicas_perseus_job_along_its_frontier(n
     (share,) = owner.plans["grid"].allocation.shares
     assert share.key is None
 
-    await driving.record_frontiers(mine)
+    await driving.bucket.record_frontiers(mine)
     await until(lambda: owner.view.remote.frontier("perseus") == VIEW, "the frontier recorded")
     assert owner.view.remote.own_draw_w("perseus") is None  # (Not measured yet.)
     points = owners_plan([GRID])
@@ -90,21 +92,21 @@ async def test_the_owner_moves_another_replicas_perseus_job_along_its_frontier(n
     assert share.key == 2 and points == {"perseus": (2, 160.0)}  # its slowest point
     assert owner.statuses["grid"].shares[0].slowdown == pytest.approx(0.6)
     await owner.tell(points)  # (No job of its own to serve: `serve` is unset here.)
-    await owner.record_points(points)
+    await owner.bucket.record_points(points, owner.views)
     await until(lambda: driving.view.remote.point("perseus") == (2, 160.0), "the point")
     assert driving.held_here([GRID], mine) == {"perseus": (2, 160.0)}  # served there
 
     # Recorded once: a round with the same point and frontier writes nothing.
     keys = (POINT_PREFIX + job_hash("perseus"), FRONTIER_PREFIX + job_hash("perseus"))
     before = [(await state.kv.get(k)).revision for k in keys]
-    await owner.record_points(owners_plan([GRID]))
-    await driving.record_frontiers(mine)
+    await owner.bucket.record_points(owners_plan([GRID]), owner.views)
+    await driving.bucket.record_frontiers(mine)
     assert [(await state.kv.get(k)).revision for k in keys] == before
 
     # Its own draw measured (the same 250 W a GPU the samples said): the frontier is recorded
     # again with it, and the owner follows it.
     mine = [dataclasses.replace(mine[0], own_draw_w=250.0)]
-    await driving.record_frontiers(mine)
+    await driving.bucket.record_frontiers(mine)
     await until(lambda: owner.view.remote.own_draw_w("perseus") == 250.0, "the own draw")
 
     # The driver measures the job at that point (2.0 s, where the plan said 1.6 s) and
@@ -115,22 +117,23 @@ async def test_the_owner_moves_another_replicas_perseus_job_along_its_frontier(n
         history.append((n + 1, 2.0, 2.0 * 150.0))
         served = [dataclasses.replace(mine[0], step_times=tuple(history), own_step_s=1.0)]
         driving.measure_here(served, driving.held_here([GRID], served))
-        await driving.keep_timing(served)
+        await driving.bucket.keep_timing(served, driving.timing)
     assert [(m.key, m.relative_time) for m in driving.timing.measured("perseus")] == [(2, 2.0)]
     await until(lambda: owner.view.remote.measured("perseus", digest) is not None, "measures")
     assert owner.view.remote.measured("perseus", "0" * 32) is None  # (another frontier's)
     owners_plan([GRID])
     assert owner.statuses["grid"].shares[0].slowdown == pytest.approx(1.0)  # 2.0 s, not 1.6
     assert owner.timing.record("perseus") is None  # (Not the owner's to write...)
-    await owner.keep_timing(owner.views)
+    await owner.bucket.keep_timing(owner.views, owner.timing)
     assert await TimingStore(state.kv).get("perseus") is not None  # (...nor to purge.)
 
-    await owner.record_points(owners_plan([]))  # The budget lifted: no point any more.
+    # The budget lifted: no point any more.
+    await owner.bucket.record_points(owners_plan([]), owner.views)
     await until(lambda: driving.view.remote.point("perseus") is None, "the point purged")
     assert driving.held_here([], mine) == {}  # its own plan
 
     mine = [enforce.JobView("perseus", GPUS)]  # It stopped serving a plan of its frontier.
-    await driving.record_frontiers(mine)
+    await driving.bucket.record_frontiers(mine)
     await until(lambda: owner.view.remote.frontier("perseus") is None, "the frontier purged")
     owners_plan([GRID])
     (share,) = owner.plans["grid"].allocation.shares

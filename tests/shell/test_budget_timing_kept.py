@@ -2,8 +2,8 @@
 real nats-server.
 
 The replica driving a job (here the budgets' owner) writes its measured options to the state
-bucket when they move (`store.TimingStore`, `BudgetLoop.keep_timing`); a replica taking the
-job and the budgets over reads them once per job (`BudgetLoop.resume_timing`) and plans on
+bucket when they move (`store.TimingStore`, `LoopBucket.keep_timing`); a replica taking the
+job and the budgets over reads them once per job (`LoopBucket.resume_timing`) and plans on
 them at once, as its predecessor did, where a replica starting afresh planned on the models
 again (here they count the job's 125 W option at its cap, where it drew 105 W a GPU, and cut
 it deeper) until it had measured every option anew. Measures of another frontier, an
@@ -70,14 +70,14 @@ async def measure(old: BudgetLoop) -> None:
     for n in range(enforce.SETTLE_ROUNDS + 2 * MIN_STEPS):
         history.append((n + 1, 2.4, 2.4 * 105.0))
         old.plan([BUDGET], True, [dataclasses.replace(JOB, step_times=tuple(history))])
-        await old.keep_timing(old.views)
+        await old.bucket.keep_timing(old.views, old.timing)
 
 
 @pytest.mark.timeout(30)
 async def test_a_replica_taking_the_budgets_over_plans_on_the_measures_kept(nc) -> None:
     kv = await bucket(nc)
     old = replica(kv, "one")
-    await old.resume_timing([JOB])  # nothing kept yet
+    await old.bucket.resume_timing([JOB], old.timing)  # nothing kept yet
     assert old.timing.measured("perseus") == ()
     await measure(old)
     measured = old.timing.measured("perseus")
@@ -88,13 +88,14 @@ async def test_a_replica_taking_the_budgets_over_plans_on_the_measures_kept(nc) 
     assert kept.frontier == frontier_digest(VIEW.chosen, VIEW.times)
     revision = (await kv.get(timing_key(job_hash("perseus")))).revision
     old.plan([BUDGET], True, [JOB])  # (A round with nothing new measured: nothing written.)
-    await old.keep_timing(old.views)
+    await old.bucket.keep_timing(old.views, old.timing)
     assert (await kv.get(timing_key(job_hash("perseus")))).revision == revision
     planned = slowdown(old)
     assert planned == pytest.approx(1.4)  # 2.4 s where the own point takes 1.0 s
 
     new, fresh = replica(kv, "two"), replica(kv, "three")
-    await new.resume_timing([JOB])  # (It took the budgets over: it reads what was kept.)
+    # (It took the budgets over: it reads what was kept.)
+    await new.bucket.resume_timing([JOB], new.timing)
     new.plan([BUDGET], True, [JOB])
     fresh.plan([BUDGET], True, [JOB])  # (A replica that did not read them: the models.)
     assert new.timing.measured("perseus") == measured
@@ -107,8 +108,8 @@ async def test_a_replica_taking_the_budgets_over_plans_on_the_measures_kept(nc) 
     assert slowdown(fresh) == pytest.approx(1.6 * 160 / 100 - 1)  # at its energy, at 100 W
 
     new.plan([BUDGET], True, [])  # The job ended: its measures are purged.
-    await new.keep_timing(new.views)
-    assert await TimingStore(kv).get("perseus") is None and not new.timing_read
+    await new.bucket.keep_timing(new.views, new.timing)
+    assert await TimingStore(kv).get("perseus") is None and not new.bucket.timing_read
 
 
 @pytest.mark.timeout(30)
@@ -118,9 +119,10 @@ async def test_measures_of_another_frontier_or_unreadable_ones_are_not_taken(nc)
     await measure(old)
     replanned = dataclasses.replace(JOB, frontier=dataclasses.replace(VIEW, times=(1.0, 1.7)))
     new = replica(kv, "two")
-    await new.resume_timing([replanned])
-    assert new.timing.measured("perseus") == () and "perseus" in new.timing_read
-    await new.resume_timing([JOB])  # (Read once per job while it owns the budgets.)
+    await new.bucket.resume_timing([replanned], new.timing)
+    assert new.timing.measured("perseus") == () and "perseus" in new.bucket.timing_read
+    # (Read once per job while it owns the budgets.)
+    await new.bucket.resume_timing([JOB], new.timing)
     assert new.timing.measured("perseus") == ()
 
     key = timing_key(job_hash("perseus"))
@@ -132,7 +134,7 @@ async def test_measures_of_another_frontier_or_unreadable_ones_are_not_taken(nc)
         await kv.put(key, garbage)
         assert await TimingStore(kv).get("perseus") is None
         later = replica(kv, "three")
-        await later.resume_timing([JOB])  # (No error: measured again.)
+        await later.bucket.resume_timing([JOB], later.timing)  # (No error: measured again.)
         assert later.timing.measured("perseus") == ()
     await TimingStore(kv).delete("perseus")
     await TimingStore(kv).delete("perseus")  # (twice: nothing to forget)
