@@ -248,12 +248,17 @@ class GroupCommit:
         return REFUSED
 
     async def _on_ack(self, msg: Any) -> None:
-        try:
-            future = self._acks.get(int(msg.subject.rsplit(".", 1)[1]))
-        except ValueError:
-            return
-        if future is not None and not future.done():
-            future.set_result(msg.data)
+        answer_ack(self._acks, msg)
+
+
+def answer_ack(acks: dict[int, asyncio.Future[bytes]], msg: Any) -> None:
+    """Hand an acknowledgement on `<inbox>.<n>` to the writer waiting for `n`, if any."""
+    try:
+        future = acks.get(int(msg.subject.rsplit(".", 1)[1]))
+    except ValueError:
+        return
+    if future is not None and not future.done():
+        future.set_result(msg.data)  # No responders: empty data, left to nats-py.
 
 
 def _answer_all(units: list[tuple[Unit, asyncio.Future[Outcome]]], outcome: Outcome) -> None:

@@ -30,7 +30,7 @@ from nats.js.errors import (
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
-from coordinator.state.group_commit import REFUSED, GroupCommit
+from coordinator.state.group_commit import REFUSED, GroupCommit, answer_ack
 from coordinator.state.watch import follow as follow_bucket
 from zeus_agent.history import History
 
@@ -256,12 +256,7 @@ class JetStreamState:
         raise KeyWrongLastSequenceError(description="wrong last sequence (the key has a value)")
 
     async def _on_ack(self, msg: Any) -> None:
-        try:
-            future = self._acks.get(int(msg.subject.rsplit(".", 1)[1]))
-        except ValueError:
-            return
-        if future is not None and not future.done():
-            future.set_result(msg.data)  # No responders: empty data, left to nats-py.
+        answer_ack(self._acks, msg)
 
     # ------------------------------------------------------------------ writes
     async def _write(self, what: str, call: Callable[[], Awaitable[Any]],
