@@ -205,16 +205,6 @@ def stored_tmin(model: str, num_microbatches: int) -> float | None:
         return min(float(line.split(",")[0]) for line in f if line.strip())
 
 
-def split_backward(profile: InstructionProfile) -> InstructionProfile:
-    """The profile with each backward row also as backward_input and backward_weight halves."""
-    entries = dict(profile.entries)
-    for (stage, name), rows in profile.entries.items():
-        if name == "backward":
-            half = tuple((f, t / 2, e / 2) for f, t, e in rows)
-            entries[(stage, "backward_input")] = entries[(stage, "backward_weight")] = half
-    return InstructionProfile(entries)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[12, 24, 48, 96])
@@ -229,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cases: list[dict[str, Any]] = []
     profiles = {name: load_profile(PROFILES / f"{name}.csv") for name in names}
     if args.schedule == "zero-bubble":
-        profiles = {name: split_backward(p) for name, p in profiles.items()}
+        profiles = {name: p.with_split_backward() for name, p in profiles.items()}
     # Smallest pipelines first, so lowtime's budget covers as many cases as it can.
     for m in args.microbatches:
         for name in names:

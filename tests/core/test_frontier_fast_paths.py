@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.pipeline.planner import InstructionProfile, PlannerStats, frontier, plan_frontier
+from coordinator.pipeline.planner import PlannerStats, frontier, plan_frontier
 from coordinator.pipeline.planner.cut import CutNetwork
 from coordinator.pipeline.planner.graph import Graph, OptionTable
 from coordinator.pipeline.planner.learned import LearnedSchedule
@@ -27,21 +27,11 @@ pytestmark = pytest.mark.core
 PROFILES = Path(__file__).resolve().parents[2] / "data" / "perseus" / "stage_profiles"
 
 
-def split_backward(profile: InstructionProfile) -> InstructionProfile:
-    """Each backward row also as backward_input and backward_weight rows of half of it."""
-    entries = dict(profile.entries)
-    for (stage, name), rows in profile.entries.items():
-        if name == "backward":
-            half = tuple((f, t / 2, e / 2) for f, t, e in rows)
-            entries[(stage, "backward_input")] = entries[(stage, "backward_weight")] = half
-    return InstructionProfile(entries)
-
-
 def run(name: str, schedule: str, microbatches: int,
         virtual: int | None) -> tuple[list[tuple[float, float, object]], PlannerStats]:
     profile = load_profile(PROFILES / f"{name}.csv")
     if schedule == "zero-bubble":
-        profile = split_backward(profile)
+        profile = profile.with_split_backward()
     orders = LearnedSchedule.from_orders(rank_orders(schedule, 8, microbatches, virtual))
     stats = PlannerStats()
     points = plan_frontier(profile, microbatches, stats=stats, schedule=orders)

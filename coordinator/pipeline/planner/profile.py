@@ -127,3 +127,16 @@ class InstructionProfile:
             {(s, name): rows for s in range(num_stages) for (_, name), rows in self.entries.items()}
         )
 
+    def with_split_backward(self) -> InstructionProfile:
+        """This profile with each backward row also split in two halves of its time and energy.
+
+        The halves are `backward_input` and `backward_weight` rows: a stand-in, for zero-bubble
+        schedules, built from a profile measured with whole backwards (as the Perseus artifact's
+        are).
+        """
+        entries = dict(self.entries)
+        for (stage, name), rows in self.entries.items():
+            if name == "backward":
+                half = tuple((f, t / 2, e / 2) for f, t, e in rows)
+                entries[(stage, "backward_input")] = entries[(stage, "backward_weight")] = half
+        return InstructionProfile(entries)
