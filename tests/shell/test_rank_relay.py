@@ -3,7 +3,8 @@
 Registrations arriving together go in one `RegisterRanks` request, each trainer getting its own
 rank's reply; the batch leaves as soon as every GPU of the node has one waiting, else after the
 window; a lone one goes as a plain `RegisterRank`; a coordinator that refuses batches gets each
-rank on its own; a failure of the whole request reaches every waiting trainer.
+rank on its own (remembered for a while); a failure of the whole request reaches every
+waiting trainer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from zeus_agent.agent import rank_relay
 from zeus_agent.agent.rank_relay import RankRelay
 from zeus_agent.errors import UnansweredError
 from zeus_agent.models import RankInfo
@@ -84,6 +86,22 @@ async def test_a_coordinator_without_batches_gets_each_rank_on_its_own() -> None
                                      5)
     assert [(r.ok, r.result["rank"]) for r in replies] == [(True, 0), (True, 1)]
     assert ["ranks" in r for r in coordinator.requests] == [True, False, False]
+    # The refusal is remembered: the node's next ranks go one each at once, not refused again.
+    replies = await asyncio.wait_for(asyncio.gather(relay.relay(_rank(2)), relay.relay(_rank(3))),
+                                     5)
+    assert [r.result["rank"] for r in replies] == [2, 3]
+    assert ["ranks" in r for r in coordinator.requests[3:]] == [False, False]
+
+
+async def test_batches_are_tried_again_once_the_refusal_is_old(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    coordinator = Coordinator(batches=False)
+    relay = RankRelay(coordinator.send, SUBJECT, lambda: 2)
+    await asyncio.wait_for(asyncio.gather(relay.relay(_rank(0)), relay.relay(_rank(1))), 5)
+    coordinator.batches = True  # (The coordinators were upgraded meanwhile.)
+    monkeypatch.setattr(rank_relay, "REFUSAL_MEMORY_S", 0.0)
+    await asyncio.wait_for(asyncio.gather(relay.relay(_rank(2)), relay.relay(_rank(3))), 5)
+    assert ["ranks" in r for r in coordinator.requests[3:]] == [True]
 
 
 async def test_a_failed_request_reaches_every_waiting_trainer() -> None:

@@ -7,7 +7,9 @@ each trainer gets its own rank's reply. The window ends early once every GPU of 
 registration waiting (nothing more can come), so a node whose GPUs all register waits no
 longer than its last rank. A lone registration goes as a plain `RegisterRank`; a batch the
 coordinator does not take (`bad_request`: a coordinator that predates batches) or that would
-be too big for one message goes rank by rank, as before.
+be too big for one message goes rank by rank, as before; after such a refusal the node's
+batches go rank by rank for `REFUSAL_MEMORY_S` (not refused again each time), then batches are
+tried again (the coordinators may have been upgraded meanwhile).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from zeus_agent.wire import codec
 from zeus_agent.wire.messages import RegisterRank, Reply
 from zeus_agent.wire.rank_batch import RegisterRanks
 
-__all__ = ["MAX_BATCH_BYTES", "WINDOW_S", "RankRelay"]
+__all__ = ["MAX_BATCH_BYTES", "REFUSAL_MEMORY_S", "WINDOW_S", "RankRelay"]
 
 LOG = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ WINDOW_S = 0.01
 """How long a registration waits for the node's other ranks (unless all its GPUs register)."""
 MAX_BATCH_BYTES = 512 * 1024
 """A bigger batch goes rank by rank (nats-server's default payload limit is 1 MiB)."""
+REFUSAL_MEMORY_S = 300.0
+"""How long a coordinator's refusal of a batch (`bad_request`) sends the node's ranks one each."""
 
 Send = Callable[[str, bytes], Awaitable[Reply]]
 """Relay a payload on a subject; the coordinator's reply (raises if none came)."""
@@ -51,6 +55,8 @@ class RankRelay:
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0
         """Requests sent to the coordinator (batches and lone ranks), for tests."""
+        self._refused_at: float | None = None
+        """When (event-loop time) a coordinator last refused a batch; None: never."""
 
     async def relay(self, rank: RegisterRank) -> Reply:
         """The coordinator's reply to `rank`'s registration, sent with the node's others.
@@ -114,6 +120,9 @@ class RankRelay:
 
     async def _batch(self, ranks: list[RegisterRank]) -> list[Reply | BaseException]:
         """One request for `ranks`; their replies in order."""
+        now = asyncio.get_running_loop().time()
+        if self._refused_at is not None and now - self._refused_at < REFUSAL_MEMORY_S:
+            return await self._each(ranks)
         payload = codec.encode(RegisterRanks(ranks=ranks))
         if len(payload) > MAX_BATCH_BYTES:
             return await self._each(ranks)
@@ -128,8 +137,9 @@ class RankRelay:
         elif not reply.ok and reply.code != "bad_request":
             return [reply] * len(ranks)  # (Unavailable, internal: every rank's answer.)
         elif not reply.ok:
-            LOG.info("the coordinator did not take a batch of %d ranks (%s): relaying them "
-                     "one by one", len(ranks), reply.error)
+            LOG.info("the coordinator did not take a batch of %d ranks (%s): relaying ranks "
+                     "one by one for %.0f s", len(ranks), reply.error, REFUSAL_MEMORY_S)
+            self._refused_at = now
             return await self._each(ranks)
         raise ZeusAgentError("the coordinator's reply to a node's ranks has no reply per rank")
 
