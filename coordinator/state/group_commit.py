@@ -16,7 +16,9 @@ False and create their keys one by one, which tells retries from conflicts as be
 is reported created before its batch's acknowledgement, so a registration is acknowledged only
 once it is durable, as before. A batch not answered in time may still have landed: its callers
 get its id (`Outcome.batch_id`), which the stored messages carry (`Nats-Batch-Id`), so keys
-found taken afterwards are told apart: this batch's, or someone else's.
+found taken afterwards are told apart: this batch's, or someone else's. When a batch gets no
+answer (NATS or JetStream gone), the units still waiting are refused at once rather than each
+waiting out a timeout in turn.
 """
 
 from __future__ import annotations
@@ -209,6 +211,12 @@ class GroupCommit:
                 outcome = await self._send(n, [item for unit, _ in units for item in unit])
         except Exception as e:  # noqa: BLE001 - NATS gone, a timeout: the callers decide
             LOG.debug("a batch of %d creates failed: %s", len(units), e)
+            # JetStream is not answering: the units waiting behind this batch would each wait
+            # out a timeout of their own in turn (minutes for thousands of ranks). Never sent,
+            # they are refused now: their callers create their keys one by one, side by side,
+            # within their own retry time.
+            _answer_all(list(self._pending), REFUSED)
+            self._pending.clear()
         finally:
             self._in_flight -= 1
             _answer_all(units, outcome)

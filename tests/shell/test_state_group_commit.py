@@ -3,7 +3,8 @@
 A burst of ranks is written in far fewer batches than ranks, each rank's two keys stored; a
 batch the server refuses (a rank's GPU taken, a retry) is sorted out one key at a time: the
 conflicting rank is refused, the retry reported as such, and every other rank of that batch
-still registered; a stream that takes no batches gets the creates one by one.
+still registered; a stream that takes no batches gets the creates one by one; without an
+answer, the units waiting behind a batch are refused at once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from coordinator.jobs import DuplicateError, RankRecord
 from coordinator.state import records
+from coordinator.state.group_commit import REFUSED, GroupCommit
 from coordinator.state.jetstream import JetStreamState
 from zeus_agent.models import RankInfo
 from zeus_agent.wire.messages import GpuBinding
@@ -88,3 +90,28 @@ async def test_without_batches_the_keys_are_created_one_by_one(nc: Any) -> None:
             await state.create_rank(JOB, _rank(3, node="n0", gpu=4))
     finally:
         await state.close()
+
+
+class _Silent:
+    """A NATS connection that takes publishes and never acknowledges (JetStream gone)."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    async def publish(self, subject: str, payload: bytes, reply: str = "",
+                      headers: dict[str, str] | None = None) -> None:
+        self.published.append(subject)
+
+
+async def test_units_behind_an_unanswered_batch_are_refused_at_once() -> None:
+    """Without an answer, the units waiting behind the batch in flight do not each wait out a
+    timeout in turn: they are refused (never sent) and their callers go one key at a time."""
+    silent = _Silent()
+    commit = GroupCommit(silent, "b", timeout_s=0.05, max_messages=2, max_in_flight=1)
+    commit.enabled, commit._inbox = True, "_INBOX.x"
+    outcomes = await asyncio.wait_for(asyncio.gather(
+        *(commit.create([(f"k{i}", b"v")]) for i in range(6))), 10)
+    assert not outcomes[0].committed and outcomes[0].batch_id is not None  # sent: unknown
+    assert outcomes[1].batch_id == outcomes[0].batch_id  # (two units to a batch)
+    assert outcomes[2:] == [REFUSED] * 4  # never sent
+    assert silent.published == ["$KV.b.k0", "$KV.b.k1"]
