@@ -261,10 +261,17 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     sim_jobs = [an.SimJob(j.tag, j.workload, j.preset, j.gpus, watch.optimum[j.tag])
                 for j in watch.jobs]
     group = an.true_group(sim_jobs, event.cap_w, idle_w)
+    ratios, idle_measured = measured_ratios(watch, group, keys, busy, event.signal_s)
+    measured = an.scaled_group(group, ratios, idle_measured)
     if watch.perseus is None or perseus is None:
-        losses = an.compare_losses(group, event.applied)
+        noiseless = an.compare_losses(group, event.applied)
+        losses = an.compare_losses(measured, event.applied)
     else:
-        losses = pipeline_losses(watch.perseus, group, event, perseus)
+        noiseless = pipeline_losses(watch.perseus, group, event, perseus)
+        losses = pipeline_losses(watch.perseus, measured, event, perseus,
+                                 perseus["draw_before_w"])
+    losses["draw_ratios"] = {k: round(v, 4) for k, v in sorted(ratios.items())}
+    losses["noiseless_judge"] = {k: v for k, v in noiseless.items() if k in NOISELESS_KEYS}
     out: dict[str, Any] = {
         "cap_w": round(event.cap_w, 1),
         "draw_before_w": round(_mean(before), 1),
@@ -274,6 +281,9 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
         **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in an.first_under(
             [(t, p) for t, p in power if t <= event.lift_s], event.cap_w,
             event.signal_s).items()},
+        **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in an.sustained(
+            power, event.cap_w, event.signal_s, event.lift_s, bin_s=BIN_S).items()},
+        "sustained_window_s": an.SUSTAINED_S,
         "over_cap_joules": round(an.over_cap_joules(power, event.cap_w, event.signal_s,
                                                     event.lift_s, BIN_S), 1),
         "max_over_cap_w": round(max((p - event.cap_w for p in during), default=0.0), 1),
@@ -294,16 +304,47 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     return out
 
 
+NOISELESS_KEYS = ("loss", "uniform_loss", "optimal_loss", "loss_vs_uniform",
+                  "gap_to_optimal_pct", "uniform_limit_w", "uniform_true_draw_w",
+                  "optimal_true_draw_w", "true_draw_w", "pipeline_optimal_slowdown")
+"""The old judge's figures (the simulator's noiseless curves), kept next to the new one's."""
+RATIO_WINDOW_S = 5.0
+"""The window before the signal in which each job's draw at its optimum is measured (s)."""
+
+
+def measured_ratios(watch: Watcher, group: Any, keys: list[an.GpuKey], busy: set[an.GpuKey],
+                    signal_s: float) -> tuple[dict[str, float], float | None]:
+    """Each job's measured over curve draw at its optimum before the signal; idle GPUs' draw.
+
+    The judge on the curves measured in the run (`analysis.draw_ratio`): the `RATIO_WINDOW_S`
+    before the signal, every job pinned at its optimum.
+    """
+    def drawn(gpus: Any) -> float | None:
+        bins = watch.series.group_power(list(gpus), signal_s - RATIO_WINDOW_S, signal_s,
+                                        RATIO_WINDOW_S)
+        return bins[0][1] if bins else None
+
+    by_tag = {j.tag: j for j in watch.jobs}
+    ratios = {job.job_id: an.draw_ratio(drawn(by_tag[job.job_id].gpus), an.curve_draw(job))
+              for job in group.jobs}
+    pipeline = set(watch.perseus.gpus) if watch.perseus is not None else set()
+    idle = [k for k in keys if k not in busy and k not in pipeline]
+    return ratios, (drawn(idle) if idle else None)
+
+
 def pipeline_losses(spec: PerseusSpec, group: Any, event: Event,
-                    figures: dict[str, Any]) -> dict[str, Any]:
+                    figures: dict[str, Any], draw_w: float | None = None) -> dict[str, Any]:
     """The losses with the Perseus job in the group (`analysis.compare_with_pipeline`).
 
     Its own: its measured slowdown (`perseus_figures`), else its share's planned one, or (a
     job the budget capped proportionally, no slowdown planned) its chosen plan under that cap
-    on the simulator's instructions.
+    on the simulator's instructions. `draw_w`: its GPUs' measured draw at its own point
+    before the signal (its powers scaled to it: `analysis.scaled`); None: the noiseless ones.
     """
     truth = an.pipeline_truth(an.SimPipeline(spec.tag, PERSEUS_PROFILE, spec.stages, spec.dp,
                                              spec.microbatches, PERSEUS_TIME_SCALE))
+    ratio = an.draw_ratio(draw_w, an.curve_draw(truth[0]))
+    truth = (an.scaled(truth[0], ratio), an.scaled(truth[1], ratio))
     slowdown = figures["measured_slowdown"]  # (Its iterations, as the agent timed them.)
     if slowdown is None:
         slowdown = figures["planned_slowdown"]
@@ -314,7 +355,7 @@ def pipeline_losses(spec: PerseusSpec, group: Any, event: Event,
         top = stays.options[0]
         slowdown = max(under, key=lambda o: o.limit_w).time_s / top.time_s - 1.0
     return {**an.compare_with_pipeline(group, event.applied, truth, slowdown),
-            "perseus_slowdown_judged": round(slowdown, 4)}
+            "perseus_slowdown_judged": round(slowdown, 4), "perseus_draw_ratio": round(ratio, 4)}
 
 
 def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
