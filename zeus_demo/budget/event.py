@@ -276,6 +276,8 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
         "cap_w": round(event.cap_w, 1),
         "draw_before_w": round(_mean(before), 1),
         "draw_capped_w": round(_mean(during[len(during) // 2:]), 1),
+        "capped_bins_sd_w": round(statistics.pstdev(during[len(during) // 2:]), 1)
+        if len(during) > 3 else None,
         "seconds_to_cap": an.seconds_to_cap(
             [(t, p) for t, p in power if t <= event.lift_s], event.cap_w, event.signal_s),
         **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in an.first_under(
@@ -396,7 +398,21 @@ def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
         "budget_points_served": len(budget),
         "last_budget_status": budget[-1] if budget else None,
         "seconds_to_own_point": None if own_s is None else round(own_s, 2),
+        "shares": [(round(t - event.signal_s, 1), w, s) for t, w, s, _ in shares],
+        "caps_held": caps_held(watch, keys, event),
     }
+
+
+def caps_held(watch: Watcher, keys: list[an.GpuKey], event: Event) -> list[tuple[float, int]]:
+    """The least limit on the Perseus job's GPUs each second of the hold, when it changed."""
+    out: list[tuple[float, int]] = []
+    t = event.signal_s
+    while t <= event.lift_s:
+        limits = [w for w in (watch.series.limit_at(k, t) for k in keys) if w is not None]
+        if limits and (not out or out[-1][1] != min(limits)):
+            out.append((round(t - event.signal_s, 1), min(limits)))
+        t += 1.0
+    return out
 
 
 def timeline(watch: Watcher, event: Event, before_s: float = 10.0) -> dict[str, Any]:
