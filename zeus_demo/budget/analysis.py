@@ -272,6 +272,8 @@ def loss_figures(ours: float, theirs: float, optimal: float) -> dict[str, object
     """Our throughput loss against the uniform cut's and the offline optimum's, as figures.
 
     `gap_to_optimal_pct`: how much more of the throughput the optimum keeps, in percent.
+    `optimal_vs_uniform`: the offline optimum's loss over the uniform cut's, the least
+    `loss_vs_uniform` any allocation reaches at this cap (reported next to ours).
     """
     gap = (optimal - ours) / (1.0 - optimal) * -100.0 if optimal < 1 else 0.0
     return {
@@ -279,6 +281,7 @@ def loss_figures(ours: float, theirs: float, optimal: float) -> dict[str, object
         "uniform_loss": round(theirs, 5),
         "optimal_loss": round(optimal, 5),
         "loss_vs_uniform": round(ours / theirs, 4) if theirs > 0 else None,
+        "optimal_vs_uniform": round(optimal / theirs, 4) if theirs > 0 else None,
         "gap_to_optimal_pct": round(gap, 3),
     }
 

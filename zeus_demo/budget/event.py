@@ -307,8 +307,9 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
 
 
 NOISELESS_KEYS = ("loss", "uniform_loss", "optimal_loss", "loss_vs_uniform",
-                  "gap_to_optimal_pct", "uniform_limit_w", "uniform_true_draw_w",
-                  "optimal_true_draw_w", "true_draw_w", "pipeline_optimal_slowdown")
+                  "optimal_vs_uniform", "gap_to_optimal_pct", "uniform_limit_w",
+                  "uniform_true_draw_w", "optimal_true_draw_w", "true_draw_w",
+                  "pipeline_optimal_slowdown")
 """The old judge's figures (the simulator's noiseless curves), kept next to the new one's."""
 RATIO_WINDOW_S = 5.0
 """The window before the signal in which each job's draw at its optimum is measured (s)."""
