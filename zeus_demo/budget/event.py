@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -92,6 +93,10 @@ class Watcher:
         """(monotonic s, state, message) of the Perseus job's statuses."""
         self.perseus_shares: list[tuple[float, int, float | None, float]] = []
         """(monotonic s, limit W, planned slowdown, expected W) of its budget shares."""
+        self.owners: list[tuple[float, str]] = []
+        """(monotonic s, replica) of each budget status: who applied the budgets when."""
+        self.driver: str | None = None
+        """The replica driving the Perseus job as the event was judged (`job_driver`)."""
         self.perseus_steps: list[tuple[float, float]] = []
         """(monotonic s, iteration time s) of the Perseus job's steps, its first GPU's."""
 
@@ -103,10 +108,11 @@ class Watcher:
         return bool(states) and states[-1][0] == "serving" and "power budget" not in states[-1][1]
 
     async def budget_status(self, msg: Any) -> None:
-        """A budget's status: the Perseus job's share."""
+        """A budget's status: who applied it, the Perseus job's share."""
+        status = codec.decode(msg.data, BudgetStatus)
+        self.owners.append((time.monotonic(), status.replica))
         if self.perseus is None or self.perseus.tag not in self.job_ids:
             return
-        status = codec.decode(msg.data, BudgetStatus)
         for share in status.shares:
             if share.job_id == self.job_ids[self.perseus.tag]:
                 self.perseus_shares.append((time.monotonic(), share.limit_w, share.slowdown,
@@ -198,6 +204,20 @@ async def budget_owner(nc: Any) -> str | None:
     try:
         entry = await owners.get("budgets")
     except Exception:  # noqa: BLE001 - no lease yet
+        return None
+    return str(json.loads(entry.value)["owner"]) if entry.value else None
+
+
+async def job_driver(nc: Any, job_id: str | None) -> str | None:
+    """The replica driving a job now (its lease in the ownership bucket), if known."""
+    if job_id is None:
+        return None
+    from coordinator.state.records import job_hash
+
+    owners = await nc.jetstream().key_value(subjects.state_buckets()[1])
+    try:
+        entry = await owners.get(job_hash(job_id))
+    except Exception:  # noqa: BLE001 - no lease
         return None
     return str(json.loads(entry.value)["owner"]) if entry.value else None
 
@@ -401,7 +421,34 @@ def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
         "seconds_to_own_point": None if own_s is None else round(own_s, 2),
         "shares": [(round(t - event.signal_s, 1), w, s) for t, w, s, _ in shares],
         "caps_held": caps_held(watch, keys, event),
+        "owners": owners(watch, event),
+        "schedule_versions": schedule_versions(watch, event),
+        "driver": watch.driver,
     }
+
+
+def schedule_versions(watch: Watcher, event: Event) -> list[tuple[float, int]]:
+    """The Perseus job's schedule versions its statuses named, from 30 s before the signal.
+
+    Its drop-in takes only a version above the one it runs: a version going down (a new
+    driver numbering from its own) is one the trainer ignores while its agent applies it.
+    """
+    out: list[tuple[float, int]] = []
+    for t, _, message in watch.perseus_states:
+        found = re.search(r"schedule (\d+)", message)
+        if (found and event.signal_s - 30 < t <= event.lift_s + 5
+                and (not out or out[-1][1] != int(found.group(1)))):
+            out.append((round(t - event.signal_s, 1), int(found.group(1))))
+    return out
+
+
+def owners(watch: Watcher, event: Event) -> list[tuple[float, str]]:
+    """Who applied the budgets during the event (s from the signal), when it changed."""
+    out: list[tuple[float, str]] = []
+    for t, replica in watch.owners:
+        if event.signal_s < t <= event.lift_s and (not out or out[-1][1] != replica):
+            out.append((round(t - event.signal_s, 1), replica))
+    return out
 
 
 def caps_held(watch: Watcher, keys: list[an.GpuKey], event: Event) -> list[tuple[float, int]]:
@@ -500,6 +547,8 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             replicas.wait_healthy(60, names=["r2"])
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
             played = await grid_event(nc, watch, config, None)
+            if perseus is not None:
+                watch.driver = await job_driver(nc, watch.job_ids.get(perseus.tag))
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
                                    "busy_gpus": sum(len(j.gpus) for j in jobs)
                                    + (len(perseus.gpus) if perseus is not None else 0),
@@ -512,8 +561,10 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                 out["timeline"] = timeline(watch, played)
             if config.takeover:
                 await asyncio.sleep(3)
-                out["takeover"] = judge(watch, nodes,
-                                        await grid_event(nc, watch, config, replicas))
+                second = await grid_event(nc, watch, config, replicas)
+                if perseus is not None:
+                    watch.driver = await job_driver(nc, watch.job_ids.get(perseus.tag))
+                out["takeover"] = judge(watch, nodes, second)
             return out
         except Exception:
             replicas.print_logs(1500)
