@@ -100,6 +100,11 @@ class Watcher:
         self.perseus_steps: list[tuple[float, float]] = []
         """(monotonic s, iteration time s) of the Perseus job's steps, its first GPU's."""
 
+    async def note_driver(self, nc: Any) -> None:
+        """Which replica drives the Perseus job now (`job_driver`; no Perseus job: none)."""
+        if self.perseus is not None:
+            self.driver = await job_driver(nc, self.job_ids.get(self.perseus.tag))
+
     def perseus_own(self) -> bool:
         """Whether the Perseus job serves its own chosen point (no Perseus job: True)."""
         if self.perseus is None:
@@ -547,8 +552,7 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             replicas.wait_healthy(60, names=["r2"])
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
             played = await grid_event(nc, watch, config, None)
-            if perseus is not None:
-                watch.driver = await job_driver(nc, watch.job_ids.get(perseus.tag))
+            await watch.note_driver(nc)
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
                                    "busy_gpus": sum(len(j.gpus) for j in jobs)
                                    + (len(perseus.gpus) if perseus is not None else 0),
@@ -562,8 +566,7 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             if config.takeover:
                 await asyncio.sleep(3)
                 second = await grid_event(nc, watch, config, replicas)
-                if perseus is not None:
-                    watch.driver = await job_driver(nc, watch.job_ids.get(perseus.tag))
+                await watch.note_driver(nc)
                 out["takeover"] = judge(watch, nodes, second)
             return out
         except Exception:

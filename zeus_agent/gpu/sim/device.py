@@ -74,9 +74,8 @@ class WorkResult:
         duration_s: How long the device is busy; the caller sleeps this long (s).
         energy_j: Energy the device accrues over that time (J).
         sm_clock_mhz: SM clock the work runs at (MHz).
-        busy_until_ns: When the device is done with this work and any it queued behind, on
-            the device's clock (`time.monotonic_ns` unless injected); 0 if unknown. Not
-            compared: two results of the same work are equal whatever was queued before.
+        busy_until_ns: When the device is done with this work and what it queued behind (its
+            clock's ns; 0: unknown). Not compared: the same work is equal whatever came before.
     """
 
     duration_s: float
