@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from coordinator.budget import allocator as alloc
 from zeus_demo.budget import analysis as an
 
 SIGNAL_S = 10.0
@@ -31,3 +32,41 @@ def test_a_group_that_stays_under_has_no_bin_over_after() -> None:
     assert an.seconds_to_cap(power, CAP_W, SIGNAL_S) == 1.0
     assert an.first_under(power, CAP_W, SIGNAL_S) == {
         "seconds_to_first_under": 1.0, "bins_over_after": 0, "max_over_after_w": 0.0}
+
+
+def test_sustained_holds_the_cap_over_windows_and_the_strict_figure_does_not() -> None:
+    # Under at 1.5 s, then a bin 1 % over every 2.5 s: each 5 s mean stays under.
+    tail = [1010.0 if i % 5 == 4 else 990.0 for i in range(31)]
+    power = bins(1300, 1200, 990, *tail)
+    assert an.seconds_to_cap(power, CAP_W, SIGNAL_S) == 17.0  # (strict: after the last)
+    held = an.sustained(power, CAP_W, SIGNAL_S, SIGNAL_S + 16.5, window_s=5.0)
+    assert held["seconds_to_cap_sustained"] == 1.5
+    assert held["max_over_sustained_w"] == 0.0
+
+
+def test_a_window_over_the_cap_moves_the_sustained_figure_past_it() -> None:
+    power = bins(1300, 990, *([990.0] * 10), *([1020.0] * 10), *([990.0] * 12))
+    held = an.sustained(power, CAP_W, SIGNAL_S, SIGNAL_S + 20.0, window_s=5.0)
+    # The 10 bins at 1020 W (7-11.5 s) are a 5 s window over; under again after them.
+    assert held["seconds_to_cap_sustained"] == 11.5
+    assert held["max_over_sustained_w"] == 0.0
+    never = an.sustained(bins(1300, *([1010.0] * 20)), CAP_W, SIGNAL_S, SIGNAL_S + 10.5)
+    assert never == {"seconds_to_cap_sustained": None, "max_over_sustained_w": None}
+
+
+def test_the_judge_on_measured_draws_scales_each_jobs_powers_not_its_times() -> None:
+    job = alloc.ProfiledJob("a", 2, (alloc.Option(100, 2.0, 90.0, 100),
+                                     alloc.Option(200, 1.0, 180.0, 200)), 200, 100)
+    assert an.curve_draw(job) == 360.0
+    ratio = an.draw_ratio(324.0, an.curve_draw(job))
+    assert ratio == 0.9
+    assert an.draw_ratio(None, 360.0) == an.draw_ratio(float("nan"), 360.0) == 1.0
+    group = an.scaled_group(alloc.Group(400.0, (job,), (), 50.0), {"a": ratio}, idle_w=40.0)
+    (scaled,) = group.jobs
+    assert [o.power_w for o in scaled.options] == [81.0, 162.0]
+    assert [o.time_s for o in scaled.options] == [2.0, 1.0]
+    assert group.idle_w == 40.0 and group.cap_w == 400.0
+    # The measured draw fits the cap at the job's optimum (324 + 40 W); on the curves it
+    # did not (360 + 50 W), so the optimum judged there lost throughput nobody lost.
+    assert alloc.allocate(group).by_job["a"].limit_w == 200
+    assert alloc.allocate(alloc.Group(400.0, (job,), (), 50.0)).by_job["a"].limit_w == 100

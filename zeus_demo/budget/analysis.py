@@ -9,6 +9,9 @@ limit) and the jobs' shapes; nothing here reads a clock or the bus.
 * `seconds_to_cap`: from the signal until the group's power is under the cap and stays there
   until the event ends (`first_under`: when it first got under, and the bins over it after);
   `over_cap_joules`: the energy drawn above the cap in a window.
+* `sustained`: the same held as a cluster operator's meter holds it: under the cap once the
+  group's power averaged over any `SUSTAINED_S` window after it got there is (the strict
+  figure next to it, always).
 * `seconds_to_restore`: from the lift until every job's GPUs are at its own optimum again.
 * `true_group` / `compare_losses`: the jobs on the simulator's true curves (`physics`), and the
   group's throughput loss at the limits the coordinator applied, at the uniform cut (every GPU
@@ -18,6 +21,12 @@ limit) and the jobs' shapes; nothing here reads a clock or the bus.
 * `pipeline_truth` / `compare_with_pipeline`: the same with a Perseus job in the group, on the
   simulator's noiseless instructions (its frontier for the optimum, its chosen plan under the
   uniform limit for the uniform cut; ours at its share's planned slowdown).
+* `draw_ratio` / `scaled`: the judge on the curves measured in the run. Each job's curve
+  powers scaled by what its GPUs measured at its own optimum before the signal over what the
+  curve says there (the times stay the simulator's): a job whose GPUs draw less than their
+  curve (a pipeline's bubbles waiting on a loaded host, a straggler) leaves the others more of
+  the cap, at its optimum as under the cut, and the uniform cut and the optimum are judged on
+  what the cluster draws, not on what the noiseless model says it would.
 
 Throughput loss of a group: the mean over its jobs of ``1 - T_opt / T`` (the share of its own
 throughput each job loses; jobs count alike, as the allocator weighs them).
@@ -28,7 +37,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.budget import allocator as alloc
 from coordinator.pipeline import planner
@@ -124,6 +133,39 @@ def first_under(power: Sequence[tuple[float, float]], cap_w: float,
             "max_over_after_w": max(over, default=0.0)}
 
 
+SUSTAINED_S = 5.0
+"""The window a cap is held over in the operator's policy (`sustained`; see
+docs/guides/power-budgets.md)."""
+
+
+def sustained(power: Sequence[tuple[float, float]], cap_w: float, signal_s: float,
+              end_s: float, window_s: float = SUSTAINED_S,
+              bin_s: float = 0.5) -> dict[str, float | None]:
+    """Seconds to the cap held as sustained power: each `window_s` window's mean under it.
+
+    From the signal to the end of the first bin under the cap after which the group's power,
+    averaged over any `window_s` of bins that starts there or later and ends by `end_s` (the
+    lift), stays under the cap; and the largest such mean's excess once under (W, 0 if
+    none). A window with a bin missing (a GPU not sampled) is not judged. The strict figure
+    (`seconds_to_cap`, every bin) is reported next to it.
+    """
+    after = [(t, p) for t, p in power if signal_s < t <= end_s]
+    n = max(1, round(window_s / bin_s))
+    means: list[tuple[int, float]] = []  # (index of the window's first bin, mean)
+    for i in range(len(after) - n + 1):
+        chunk = after[i:i + n]
+        if chunk[-1][0] - chunk[0][0] <= (n - 1) * bin_s + bin_s / 2:
+            means.append((i, sum(p for _, p in chunk) / n))
+    for i, (t, p) in enumerate(after):
+        if p > cap_w:
+            continue
+        later = [m for j, m in means if j >= i]
+        if all(m <= cap_w for m in later):
+            return {"seconds_to_cap_sustained": t - signal_s,
+                    "max_over_sustained_w": max(0.0, *(m - cap_w for m in later))}
+    return {"seconds_to_cap_sustained": None, "max_over_sustained_w": None}
+
+
 def over_cap_joules(power: Sequence[tuple[float, float]], cap_w: float, t0_s: float,
                     t1_s: float, bin_s: float) -> float:
     """Energy drawn above the cap by bins ending in (t0, t1]."""
@@ -174,6 +216,32 @@ def true_group(jobs: Iterable[SimJob], cap_w: float, idle_w: float) -> alloc.Gro
     return alloc.Group(cap_w, tuple(profiled), (), idle_w)
 
 
+def draw_ratio(measured_w: float | None, curve_w: float) -> float:
+    """A job's measured draw over its curve's at the same limit (1 without a measure)."""
+    if measured_w is None or not math.isfinite(measured_w) or measured_w <= 0 or curve_w <= 0:
+        return 1.0
+    return measured_w / curve_w
+
+
+def curve_draw(job: alloc.ProfiledJob) -> float:
+    """A job's draw at its optimum on its options (all its GPUs)."""
+    return job.gpus * next(o.power_w for o in job.options if o.key == job.optimum)
+
+
+def scaled(job: alloc.ProfiledJob, ratio: float) -> alloc.ProfiledJob:
+    """`job` with every option's power times `ratio` (its times as they are)."""
+    return replace(job, options=tuple(replace(o, power_w=o.power_w * ratio)
+                                      for o in job.options))
+
+
+def scaled_group(group: alloc.Group, ratios: Mapping[str, float],
+                 idle_w: float | None = None) -> alloc.Group:
+    """`group` with each job's powers scaled by `ratios[job]` (1 if absent; `scaled`)."""
+    jobs = tuple(scaled(j, ratios.get(j.job_id, 1.0)) for j in group.jobs)
+    return alloc.Group(group.cap_w, jobs, group.unprofiled,
+                       group.idle_w if idle_w is None else idle_w)
+
+
 def throughput_loss(group: alloc.Group, limits: Mapping[str, int]) -> float:
     """The group's throughput loss with each job at `limits[job]` (see the module)."""
     losses = []
@@ -204,6 +272,8 @@ def loss_figures(ours: float, theirs: float, optimal: float) -> dict[str, object
     """Our throughput loss against the uniform cut's and the offline optimum's, as figures.
 
     `gap_to_optimal_pct`: how much more of the throughput the optimum keeps, in percent.
+    `optimal_vs_uniform`: the offline optimum's loss over the uniform cut's, the least
+    `loss_vs_uniform` any allocation reaches at this cap (reported next to ours).
     """
     gap = (optimal - ours) / (1.0 - optimal) * -100.0 if optimal < 1 else 0.0
     return {
@@ -211,6 +281,7 @@ def loss_figures(ours: float, theirs: float, optimal: float) -> dict[str, object
         "uniform_loss": round(theirs, 5),
         "optimal_loss": round(optimal, 5),
         "loss_vs_uniform": round(ours / theirs, 4) if theirs > 0 else None,
+        "optimal_vs_uniform": round(optimal / theirs, 4) if theirs > 0 else None,
         "gap_to_optimal_pct": round(gap, 3),
     }
 

@@ -54,11 +54,14 @@ def render_budget_table(out: Mapping[str, Any]) -> Table:
         return "-" if v is None else f"{v:.3g}{unit}"
 
     for name, key, unit, goal in (
-        ("seconds from the signal to under the cap", "seconds_to_cap", " s", "<= 5 s"),
+        ("seconds from the signal to under the cap, held over 5 s",
+         "seconds_to_cap_sustained", " s", "<= 5 s"),
+        ("... strict: every half-second under from then on", "seconds_to_cap", " s", ""),
         ("... to its first bin under the cap", "seconds_to_first_under", " s", ""),
         ("energy above the cap during the event", "over_cap_joules", " J", ""),
         ("group draw while capped", "draw_capped_w", " W", ""),
         ("throughput loss / a uniform cut's", "loss_vs_uniform", "", "<= 0.7"),
+        ("... the offline optimum's / a uniform cut's", "optimal_vs_uniform", "", ""),
         ("gap to the offline optimum", "gap_to_optimal_pct", " %", "<= 2 %"),
         ("seconds from the lift to every optimum", "seconds_to_restore", " s", ""),
     ):

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -92,8 +93,17 @@ class Watcher:
         """(monotonic s, state, message) of the Perseus job's statuses."""
         self.perseus_shares: list[tuple[float, int, float | None, float]] = []
         """(monotonic s, limit W, planned slowdown, expected W) of its budget shares."""
+        self.owners: list[tuple[float, str]] = []
+        """(monotonic s, replica) of each budget status: who applied the budgets when."""
+        self.driver: str | None = None
+        """The replica driving the Perseus job as the event was judged (`job_driver`)."""
         self.perseus_steps: list[tuple[float, float]] = []
         """(monotonic s, iteration time s) of the Perseus job's steps, its first GPU's."""
+
+    async def note_driver(self, nc: Any) -> None:
+        """Which replica drives the Perseus job now (`job_driver`; no Perseus job: none)."""
+        if self.perseus is not None:
+            self.driver = await job_driver(nc, self.job_ids.get(self.perseus.tag))
 
     def perseus_own(self) -> bool:
         """Whether the Perseus job serves its own chosen point (no Perseus job: True)."""
@@ -103,10 +113,11 @@ class Watcher:
         return bool(states) and states[-1][0] == "serving" and "power budget" not in states[-1][1]
 
     async def budget_status(self, msg: Any) -> None:
-        """A budget's status: the Perseus job's share."""
+        """A budget's status: who applied it, the Perseus job's share."""
+        status = codec.decode(msg.data, BudgetStatus)
+        self.owners.append((time.monotonic(), status.replica))
         if self.perseus is None or self.perseus.tag not in self.job_ids:
             return
-        status = codec.decode(msg.data, BudgetStatus)
         for share in status.shares:
             if share.job_id == self.job_ids[self.perseus.tag]:
                 self.perseus_shares.append((time.monotonic(), share.limit_w, share.slowdown,
@@ -202,6 +213,20 @@ async def budget_owner(nc: Any) -> str | None:
     return str(json.loads(entry.value)["owner"]) if entry.value else None
 
 
+async def job_driver(nc: Any, job_id: str | None) -> str | None:
+    """The replica driving a job now (its lease in the ownership bucket), if known."""
+    if job_id is None:
+        return None
+    from coordinator.state.records import job_hash
+
+    owners = await nc.jetstream().key_value(subjects.state_buckets()[1])
+    try:
+        entry = await owners.get(job_hash(job_id))
+    except Exception:  # noqa: BLE001 - no lease
+        return None
+    return str(json.loads(entry.value)["owner"]) if entry.value else None
+
+
 @dataclass
 class Event:
     """One cut and lift, as it happened."""
@@ -261,19 +286,31 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     sim_jobs = [an.SimJob(j.tag, j.workload, j.preset, j.gpus, watch.optimum[j.tag])
                 for j in watch.jobs]
     group = an.true_group(sim_jobs, event.cap_w, idle_w)
+    ratios, idle_measured = measured_ratios(watch, group, keys, busy, event.signal_s)
+    measured = an.scaled_group(group, ratios, idle_measured)
     if watch.perseus is None or perseus is None:
-        losses = an.compare_losses(group, event.applied)
+        noiseless = an.compare_losses(group, event.applied)
+        losses = an.compare_losses(measured, event.applied)
     else:
-        losses = pipeline_losses(watch.perseus, group, event, perseus)
+        noiseless = pipeline_losses(watch.perseus, group, event, perseus)
+        losses = pipeline_losses(watch.perseus, measured, event, perseus,
+                                 perseus["draw_before_w"])
+    losses["draw_ratios"] = {k: round(v, 4) for k, v in sorted(ratios.items())}
+    losses["noiseless_judge"] = {k: v for k, v in noiseless.items() if k in NOISELESS_KEYS}
     out: dict[str, Any] = {
         "cap_w": round(event.cap_w, 1),
         "draw_before_w": round(_mean(before), 1),
         "draw_capped_w": round(_mean(during[len(during) // 2:]), 1),
+        "capped_bins_sd_w": round(statistics.pstdev(during[len(during) // 2:]), 1)
+        if len(during) > 3 else None,
         "seconds_to_cap": an.seconds_to_cap(
             [(t, p) for t, p in power if t <= event.lift_s], event.cap_w, event.signal_s),
         **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in an.first_under(
             [(t, p) for t, p in power if t <= event.lift_s], event.cap_w,
             event.signal_s).items()},
+        **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in an.sustained(
+            power, event.cap_w, event.signal_s, event.lift_s, bin_s=BIN_S).items()},
+        "sustained_window_s": an.SUSTAINED_S,
         "over_cap_joules": round(an.over_cap_joules(power, event.cap_w, event.signal_s,
                                                     event.lift_s, BIN_S), 1),
         "max_over_cap_w": round(max((p - event.cap_w for p in during), default=0.0), 1),
@@ -294,16 +331,48 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     return out
 
 
+NOISELESS_KEYS = ("loss", "uniform_loss", "optimal_loss", "loss_vs_uniform",
+                  "optimal_vs_uniform", "gap_to_optimal_pct", "uniform_limit_w",
+                  "uniform_true_draw_w", "optimal_true_draw_w", "true_draw_w",
+                  "pipeline_optimal_slowdown")
+"""The old judge's figures (the simulator's noiseless curves), kept next to the new one's."""
+RATIO_WINDOW_S = 5.0
+"""The window before the signal in which each job's draw at its optimum is measured (s)."""
+
+
+def measured_ratios(watch: Watcher, group: Any, keys: list[an.GpuKey], busy: set[an.GpuKey],
+                    signal_s: float) -> tuple[dict[str, float], float | None]:
+    """Each job's measured over curve draw at its optimum before the signal; idle GPUs' draw.
+
+    The judge on the curves measured in the run (`analysis.draw_ratio`): the `RATIO_WINDOW_S`
+    before the signal, every job pinned at its optimum.
+    """
+    def drawn(gpus: Any) -> float | None:
+        bins = watch.series.group_power(list(gpus), signal_s - RATIO_WINDOW_S, signal_s,
+                                        RATIO_WINDOW_S)
+        return bins[0][1] if bins else None
+
+    by_tag = {j.tag: j for j in watch.jobs}
+    ratios = {job.job_id: an.draw_ratio(drawn(by_tag[job.job_id].gpus), an.curve_draw(job))
+              for job in group.jobs}
+    pipeline = set(watch.perseus.gpus) if watch.perseus is not None else set()
+    idle = [k for k in keys if k not in busy and k not in pipeline]
+    return ratios, (drawn(idle) if idle else None)
+
+
 def pipeline_losses(spec: PerseusSpec, group: Any, event: Event,
-                    figures: dict[str, Any]) -> dict[str, Any]:
+                    figures: dict[str, Any], draw_w: float | None = None) -> dict[str, Any]:
     """The losses with the Perseus job in the group (`analysis.compare_with_pipeline`).
 
     Its own: its measured slowdown (`perseus_figures`), else its share's planned one, or (a
     job the budget capped proportionally, no slowdown planned) its chosen plan under that cap
-    on the simulator's instructions.
+    on the simulator's instructions. `draw_w`: its GPUs' measured draw at its own point
+    before the signal (its powers scaled to it: `analysis.scaled`); None: the noiseless ones.
     """
     truth = an.pipeline_truth(an.SimPipeline(spec.tag, PERSEUS_PROFILE, spec.stages, spec.dp,
                                              spec.microbatches, PERSEUS_TIME_SCALE))
+    ratio = an.draw_ratio(draw_w, an.curve_draw(truth[0]))
+    truth = (an.scaled(truth[0], ratio), an.scaled(truth[1], ratio))
     slowdown = figures["measured_slowdown"]  # (Its iterations, as the agent timed them.)
     if slowdown is None:
         slowdown = figures["planned_slowdown"]
@@ -314,7 +383,7 @@ def pipeline_losses(spec: PerseusSpec, group: Any, event: Event,
         top = stays.options[0]
         slowdown = max(under, key=lambda o: o.limit_w).time_s / top.time_s - 1.0
     return {**an.compare_with_pipeline(group, event.applied, truth, slowdown),
-            "perseus_slowdown_judged": round(slowdown, 4)}
+            "perseus_slowdown_judged": round(slowdown, 4), "perseus_draw_ratio": round(ratio, 4)}
 
 
 def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
@@ -355,7 +424,48 @@ def perseus_figures(watch: Watcher, event: Event) -> dict[str, Any]:
         "budget_points_served": len(budget),
         "last_budget_status": budget[-1] if budget else None,
         "seconds_to_own_point": None if own_s is None else round(own_s, 2),
+        "shares": [(round(t - event.signal_s, 1), w, s) for t, w, s, _ in shares],
+        "caps_held": caps_held(watch, keys, event),
+        "owners": owners(watch, event),
+        "schedule_versions": schedule_versions(watch, event),
+        "driver": watch.driver,
     }
+
+
+def schedule_versions(watch: Watcher, event: Event) -> list[tuple[float, int]]:
+    """The Perseus job's schedule versions its statuses named, from 30 s before the signal.
+
+    Its drop-in takes only a version above the one it runs: a version going down (a new
+    driver numbering from its own) is one the trainer ignores while its agent applies it.
+    """
+    out: list[tuple[float, int]] = []
+    for t, _, message in watch.perseus_states:
+        found = re.search(r"schedule (\d+)", message)
+        if (found and event.signal_s - 30 < t <= event.lift_s + 5
+                and (not out or out[-1][1] != int(found.group(1)))):
+            out.append((round(t - event.signal_s, 1), int(found.group(1))))
+    return out
+
+
+def owners(watch: Watcher, event: Event) -> list[tuple[float, str]]:
+    """Who applied the budgets during the event (s from the signal), when it changed."""
+    out: list[tuple[float, str]] = []
+    for t, replica in watch.owners:
+        if event.signal_s < t <= event.lift_s and (not out or out[-1][1] != replica):
+            out.append((round(t - event.signal_s, 1), replica))
+    return out
+
+
+def caps_held(watch: Watcher, keys: list[an.GpuKey], event: Event) -> list[tuple[float, int]]:
+    """The least limit on the Perseus job's GPUs each second of the hold, when it changed."""
+    out: list[tuple[float, int]] = []
+    t = event.signal_s
+    while t <= event.lift_s:
+        limits = [w for w in (watch.series.limit_at(k, t) for k in keys) if w is not None]
+        if limits and (not out or out[-1][1] != min(limits)):
+            out.append((round(t - event.signal_s, 1), min(limits)))
+        t += 1.0
+    return out
 
 
 def timeline(watch: Watcher, event: Event, before_s: float = 10.0) -> dict[str, Any]:
@@ -442,6 +552,7 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             replicas.wait_healthy(60, names=["r2"])
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
             played = await grid_event(nc, watch, config, None)
+            await watch.note_driver(nc)
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
                                    "busy_gpus": sum(len(j.gpus) for j in jobs)
                                    + (len(perseus.gpus) if perseus is not None else 0),
@@ -454,8 +565,9 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                 out["timeline"] = timeline(watch, played)
             if config.takeover:
                 await asyncio.sleep(3)
-                out["takeover"] = judge(watch, nodes,
-                                        await grid_event(nc, watch, config, replicas))
+                second = await grid_event(nc, watch, config, replicas)
+                await watch.note_driver(nc)
+                out["takeover"] = judge(watch, nodes, second)
             return out
         except Exception:
             replicas.print_logs(1500)

@@ -49,7 +49,7 @@ import random
 import time
 import uuid as uuid_mod
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeus_agent.errors import GPUNotSupportedError, GPUValueError
@@ -74,11 +74,14 @@ class WorkResult:
         duration_s: How long the device is busy; the caller sleeps this long (s).
         energy_j: Energy the device accrues over that time (J).
         sm_clock_mhz: SM clock the work runs at (MHz).
+        busy_until_ns: When the device is done with this work and what it queued behind (its
+            clock's ns; 0: unknown). Not compared: the same work is equal whatever came before.
     """
 
     duration_s: float
     energy_j: float
     sm_clock_mhz: int
+    busy_until_ns: int = field(default=0, compare=False)
 
 
 def _hardware(preset: str | HardwareParams) -> HardwareParams:
@@ -631,8 +634,10 @@ class SimGPU(GPU):
             state.busy_power_w = (left_j + energy_j) * _NS / (left_ns + duration_ns)
             state.busy_clock_mhz = round(point.sm_clock_mhz)
             state.work_count += 1
+            until_ns = state.busy_until_ns
         return WorkResult(
-            duration_s=duration_s, energy_j=energy_j, sm_clock_mhz=round(point.sm_clock_mhz)
+            duration_s=duration_s, energy_j=energy_j, sm_clock_mhz=round(point.sm_clock_mhz),
+            busy_until_ns=until_ns,
         )
 
 
