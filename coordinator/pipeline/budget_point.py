@@ -80,8 +80,9 @@ def serve(job: PipelineJob, point: tuple[int, float] | None) -> list[Action]:
     found = frontier_of(job)
     scheduler = job.scheduler
     if point is None or found is None or scheduler is None or not scheduler.frontier:
-        return job.straggling.set_budget(None)
+        return job.saving(job.straggling.set_budget(None))
     index = frontier_options.pick(scheduler.frontier, len(job.rank_infos), *point)
-    # (A throttled option on its own slowest point still holds: the cap slows its plan.)
-    return job.straggling.set_budget(None if index == found.chosen and point[0] >= 0
-                                     else scheduler.frontier[index], governed=True)
+    # (A throttled option on its own slowest point still holds: the cap slows its plan.) What
+    # is installed is recorded (`saving`): a replica taking the job over numbers above it.
+    return job.saving(job.straggling.set_budget(None if index == found.chosen and point[0] >= 0
+                                                else scheduler.frontier[index], governed=True))

@@ -13,7 +13,8 @@ It wraps a `FrequencyScheduler` and turns the agents' measurements into its inpu
    rank at the same iteration boundary: `from_step` = the median over ranks of the latest step
    each has completed + `switch_lead_steps` (one rank with a wild counter cannot push it away).
    Dumps: `ranks.json` (once) and `<n>.sched.json`. Versions start at `first_version` (a
-   restarted coordinator continues the numbering of its predecessor's dumps).
+   restarted coordinator continues its predecessor's dumps); a job taken over numbers above the
+   last version installed (`resumed_version`: budget points were versions too).
 3. **Observing.** Measurements carry the schedule version they ran under. Once every rank has
    `profiling_iterations` complete iterations under version n, each rank's first ones become one
    `ProfilingResult` (`iter_time`, `iter_energy`, `time_breakdown`, `energy_breakdown` by
@@ -22,36 +23,35 @@ It wraps a `FrequencyScheduler` and turns the agents' measurements into its inpu
    from the current ones): the job is **serving** them and stops collecting. Otherwise the
    scheduler's schedules become version n + 1 (step 2), even when they equal the current ones
    (a scheduler holding a setting).
-
 5. A scheduler that has not finished but says it is `serving` (Perseus: it serves a chosen
    plan and keeps watching the iteration time) keeps getting results; its schedules are
    installed only when they change (a new plan), as "serving", not "profiling".
 
-**Stragglers** (jobs with several data-parallel pipelines, while serving a scheduler that has
-a `frontier`): what is measured of each pipeline's pace, and the frontier points the other
-pipelines run meanwhile, are `coordinator.pipeline.stragglers`' (`Stragglers`); an explicit
-notice (`set_straggler(dp_index, factor)`) overrides what is measured for that pipeline until
-cleared (`factor` None). The job's `StragglerHandling` (`coordinator.pipeline.straggling`)
-installs those points' schedules as a new version with a `straggler` status, and the chosen
-plan again (`serving` status) when no straggler is left. Meanwhile the scheduler gets no
-results (its drift watch is for the job's own time, not a straggler's).
+**Stragglers** (jobs with several data-parallel pipelines, while serving a scheduler that has a
+`frontier`): what is measured of each pipeline's pace, and the frontier points the other pipelines
+run meanwhile, are `coordinator.pipeline.stragglers`' (`Stragglers`); an explicit notice
+(`set_straggler(dp_index, factor)`) overrides what is measured for that pipeline until cleared
+(`factor` None). The job's `StragglerHandling` (`coordinator.pipeline.straggling`) installs those
+points' schedules as a new version with a `straggler` status, and the chosen plan again (`serving`
+status) when no straggler is left. Meanwhile the scheduler gets no results (its drift watch is for
+the job's own time, not a straggler's).
 
 **Phases** (`coordinator.pipeline.phase`): discovering, profiling, serving, error, stopped;
 every change is checked against `TRANSITIONS` (a change it does not list raises `PhaseError`).
 
 Guards: a rank whose iterations no longer run the instructions it was discovered with
 (`MAX_ORDER_MISMATCHES` in a row), a rank that left (its agent reports the trainer gone) or a
-schedule that cannot be delivered (`abort`) stops the optimisation: the job's schedules are
-cleared (default clocks) and the status says why. A rank silent for `stall_after_s` while
-profiling gets a `stalled` status naming it. Memory is bounded: per rank, only iterations of
-the current version (at most `profiling_iterations` of them) and those still being completed
-are kept; of the observed rounds a takeover replays (`persisted`), every round up to the plan
-being served, and of the windows served under it only the first and the latest few. What a job
-keeps (the rounds too) is charged to `Kept` (`coordinator.pipeline.memory`): past the
-cap per job or per node the job stops with code `too_large`; discovery keeps only the names of
-each rank's last iteration and the iterations still being completed; a rank whose trainer
-left (said goodbye: `trainer_left`) has its iterations dropped, and once every rank has left a
-job still discovering or profiling stops. A stopped job keeps nothing of its measurements.
+schedule that cannot be delivered (`abort`) stops the optimisation: the job's schedules are cleared
+(default clocks) and the status says why. A rank silent for `stall_after_s` while profiling gets a
+`stalled` status naming it. Memory is bounded: per rank, only iterations of the current version (at
+most `profiling_iterations` of them) and those still being completed are kept; of the observed
+rounds a takeover replays (`persisted`), every round up to the plan being served, and of the
+windows served under it only the first and the latest few. What a job keeps (the rounds too) is
+charged to `Kept` (`coordinator.pipeline.memory`): past the cap per job or per node the job stops
+with code `too_large`; discovery keeps only the names of each rank's last iteration and the
+iterations still being completed; a rank whose trainer left (said goodbye: `trainer_left`) has its
+iterations dropped, and once every rank has left a job still discovering or profiling stops. A
+stopped job keeps nothing of its measurements.
 """
 
 from __future__ import annotations
@@ -73,13 +73,7 @@ from coordinator.optimizer import (
     StragglerError,
     WriteFile,
 )
-from coordinator.pipeline.memory import (
-    MB,
-    Kept,
-    NodeBudget,
-    name_bytes,
-    record_bytes,
-)
+from coordinator.pipeline.memory import MB, Kept, NodeBudget, name_bytes, record_bytes
 from coordinator.pipeline.phase import Phase, check_transition
 from coordinator.pipeline.schedulers.base import FrequencyScheduler, SchedulerError
 from coordinator.pipeline.steps import (
@@ -92,7 +86,12 @@ from coordinator.pipeline.steps import (
 )
 from coordinator.pipeline.stragglers import MAX_STRAGGLER_FACTOR, Stragglers
 from coordinator.pipeline.straggling import StragglerHandling
-from coordinator.pipeline.takeover import KeptRounds, progress_record, read_progress
+from coordinator.pipeline.takeover import (
+    KeptRounds,
+    progress_record,
+    read_progress,
+    resumed_version,
+)
 from coordinator.pipeline.views import check_arguments, plan_view
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
@@ -214,7 +213,7 @@ class PipelineJob:
 
     def set_straggler(self, dp_index: int, factor: float | None) -> list[Action]:
         """Take an explicit straggler notice (`StragglerHandling.set_straggler`); saved."""
-        return self._saving(self.straggling.set_straggler(dp_index, factor), always=True)
+        return self.saving(self.straggling.set_straggler(dp_index, factor), always=True)
 
     # ------------------------------------------------------------------ phase
     @property
@@ -251,7 +250,7 @@ class PipelineJob:
         """A step may close a profiling round, and the scheduler may then plan for seconds."""
         return measurement.kind == "step"
 
-    def _saving(self, actions: list[Action], always: bool = False) -> list[Action]:
+    def saving(self, actions: list[Action], always: bool = False) -> list[Action]:
         """Record the progress (`SaveProgress`) after a round observed or a schedule made."""
         if always or any(isinstance(a, KeepFile | InstallSchedules) for a in actions):
             state = self.persisted()
@@ -296,7 +295,7 @@ class PipelineJob:
 
     def tick(self, now_s: float) -> list[Action]:
         """Name ranks that have sent nothing for `stall_after_s` (once per silence)."""
-        return self._saving(self._tick(now_s))
+        return self.saving(self._tick(now_s))
 
     def _tick(self, now_s: float) -> list[Action]:
         if self.done or self.phase is Phase.SERVING:
@@ -318,7 +317,7 @@ class PipelineJob:
 
         An unmeasurable trainer sends counters out of range (e.g. a step count near 2**63).
         """
-        return self._saving(self._on_agent_error(rank, code, message))
+        return self.saving(self._on_agent_error(rank, code, message))
 
     def _on_agent_error(self, rank: int, code: str, message: str) -> list[Action]:
         if self.done or rank not in self.rank_infos:
@@ -347,7 +346,7 @@ class PipelineJob:
         if self.scheduler is None or self.phase.final:
             return None
         return progress_record(self.first_version, self.orders, self.kept_rounds.rounds,
-                               self.notices)
+                               self.notices, self.version)
 
     def _replay(self, state: dict[str, Any]) -> None:
         """Rebuild the state `persisted()` described (the actions it implied are not redone).
@@ -378,12 +377,13 @@ class PipelineJob:
         self.stragglers.restore_notices(recorded.notices)
         if self.notices and self.phase is Phase.SERVING:
             self.straggling.apply()
+        self.version = resumed_version(self.version, recorded.version)
         self.resumed = not self.phase.final
         self.from_step = None  # The replay's steps are not the trainers': installed at once.
 
     def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         """Take one step or instruction measurement of `rank`."""
-        return self._saving(self._on_measurement(rank, measurement, now_s))
+        return self.saving(self._on_measurement(rank, measurement, now_s))
 
     def _on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
         if self.done or rank not in self._steps:

@@ -28,6 +28,7 @@ __all__ = [
     "Progress",
     "progress_record",
     "read_progress",
+    "resumed_version",
 ]
 
 SERVED_ROUNDS_KEPT = 8
@@ -88,14 +89,17 @@ class Progress:
     rounds: list[list[ProfilingResult]]
     notices: dict[int, float]
     """Pipeline -> straggler factor noticed."""
+    version: int | None = None
+    """The last schedule version installed (None: none, or recorded before it was kept)."""
 
 
 def progress_record(first_version: int, orders: Mapping[int, list[str]],
                     rounds: Sequence[list[ProfilingResult]],
-                    notices: Mapping[int, float]) -> dict[str, Any]:
+                    notices: Mapping[int, float], version: int | None = None) -> dict[str, Any]:
     """The JSON-ready record of a job's progress."""
     return {
         "first_version": first_version,
+        "version": version,
         "orders": {str(r): names for r, names in sorted(orders.items())},
         "rounds": [[r.model_dump(mode="json") for r in results] for results in rounds],
         "notices": {str(d): f for d, f in sorted(notices.items())},
@@ -115,6 +119,21 @@ def read_progress(state: Mapping[str, Any]) -> Progress:
             orders={int(r): [str(n) for n in names] for r, names in state["orders"].items()},
             rounds=[[ProfilingResult(**r) for r in results] for results in state["rounds"]],
             notices={int(d): float(f) for d, f in state.get("notices", {}).items()},
+            version=None if state.get("version") is None else int(state["version"]),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"recorded progress unreadable: {e}") from None
+
+
+def resumed_version(replayed: int | None, recorded: int | None) -> int | None:
+    """The schedule version a job taken over installs: above the last one installed before.
+
+    The replay of the recorded rounds reaches the plans' versions, but not the versions of
+    schedules installed for no round (a budget's frontier point, a straggler's): those put the
+    agents ahead of the replay, and a trainer takes only a version above the one it runs. So
+    the job's schedules go out as the next version after the recorded one (and the replay's
+    own number where it is not behind).
+    """
+    if replayed is None or recorded is None or recorded <= replayed:
+        return replayed
+    return recorded + 1

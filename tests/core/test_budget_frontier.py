@@ -5,6 +5,7 @@ straggler machinery (every pipeline at that point; the scheduler gets no results
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -441,3 +442,22 @@ def test_a_replica_not_owning_the_budgets_holds_its_governed_pipeline_jobs_at_th
     assert view is not None
     budget_point.serve(job, held["perseus"])
     assert job.straggling.holding() and job.straggling.budget is None
+
+
+def test_a_takeover_numbers_its_schedules_above_the_budget_points_installed_before() -> None:
+    """Budget points are installed as schedule versions the replayed rounds do not make: a new
+    owner numbers above the last version installed (trainers take only a higher one), not
+    from what its replay reached."""
+    job, _ = serving_job()
+    view = budget_point.frontier_of(job)
+    assert view is not None and job.version is not None
+    budget_point.serve(job, (2, view.powers[2]))
+    budget_point.serve(job, (3, view.powers[3]))  # The cap tightened: another point.
+    installed = job.version
+    state = json.loads(json.dumps(job.persisted()))  # (What the state bucket holds.)
+    new = make_job(2, resume=state)
+    (install,) = [a for a in new.start() if isinstance(a, InstallSchedules)]
+    assert install.version > installed
+    actions = budget_point.serve(new, (3, view.powers[3]))  # The budget loop tells it again.
+    (again,) = [a for a in actions if isinstance(a, InstallSchedules)]
+    assert again.version == install.version + 1 and clocks(new) == clocks(job)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator
 
 import pytest
@@ -16,6 +17,7 @@ from coordinator.optimizer import (
 )
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.schedulers import FrequencyScheduler, SchedulerError
+from coordinator.pipeline.takeover import resumed_version
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Measurement
 
@@ -274,11 +276,10 @@ def test_from_step_ignores_one_rank_with_a_wild_counter() -> None:
     assert install.from_step == 1 + 2
 
 
-def resumed(job: PipelineJob, n: int = 1) -> PipelineJob:
+def resumed(job: PipelineJob, state: dict | None = None, n: int = 1) -> PipelineJob:
     """A new owner's job, rebuilt from what the old owner recorded (through JSON)."""
-    import json
-
-    state = json.loads(json.dumps(job.persisted()))
+    if state is None:
+        state = json.loads(json.dumps(job.persisted()))
     info = JobInfo(pp_degree=2, dp_degree=1, tp_degree=1, world_size=2)
     ranks = [RankInfo(rank=r, dp_rank=0, pp_rank=r, tp_rank=0, available_frequencies=CLOCKS)
              for r in range(2)]
@@ -374,3 +375,16 @@ def test_a_takeover_writes_the_files_its_replay_produced_when_it_starts() -> Non
     assert write == WriteFile("/out/1.csv", "round 1\n", "a round")
     assert isinstance(install, InstallSchedules) and isinstance(status, StatusUpdate)
     assert not any(isinstance(a, WriteFile) for a in new.start())  # Written once.
+
+
+def test_a_job_taken_over_numbers_above_the_last_version_recorded() -> None:
+    assert resumed_version(3, None) == 3  # (Recorded before versions were kept.)
+    assert resumed_version(3, 3) == 3  # The agents run what the replay reached: as it is.
+    assert resumed_version(1, 3) == 4  # Versions for no round (budget points) came after.
+    assert resumed_version(None, 3) is None  # Nothing reached: the job discovers again.
+    job = make_job(n=1)
+    discover(job)
+    state = json.loads(json.dumps(job.persisted()))
+    assert state["version"] == job.version
+    del state["version"]  # A record written before the version was kept still resumes.
+    assert resumed(job, state).version == job.version
