@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
+from coordinator.pipeline.planner import kernels
 from coordinator.pipeline.planner.graph import Graph
 
 __all__ = ["INF_CAP", "CutNetwork"]
@@ -47,8 +48,8 @@ class CutNetwork:
     warm = True
     """Start each max flow from the last one (`False`: from zero; the same cuts, slower)."""
 
-    max_paths = 8
-    """Augmenting paths found by breadth-first search before the rest goes to scipy."""
+    compiled = True
+    """Find each max flow with the compiled Dinic's algorithm (`False`: scipy's, slower)."""
 
     def __init__(self, graph: Graph) -> None:
         n = self.n = graph.n
@@ -96,6 +97,8 @@ class CutNetwork:
         self._to_head = self.indices - self.row_of
         indptr = np.zeros(size + 1, dtype=np.int32)
         np.cumsum(np.bincount(self.row_of, minlength=size), out=indptr[1:])
+        self._indptr = indptr.astype(np.int64)
+        self._heads = self.indices.astype(np.int64)
         self._open = sp.csr_array((np.ones(self.indices.size), self.indices.copy(), indptr),
                                   shape=(size, size))
 
@@ -142,7 +145,7 @@ class CutNetwork:
         caps[self.sink_arcs[sink]] = INF_CAP
         flow = self._carried(caps, own, scale)
         residual = caps - flow
-        side = self._max_flow(residual, cold=not flow.any())
+        side = self._max_flow(residual)
         self.flow = caps - residual
         self.scale = scale
         if int(self.flow[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
@@ -178,53 +181,31 @@ class CutNetwork:
             return np.zeros_like(flow)
         return flow
 
-    def _max_flow(self, residual: np.ndarray, cold: bool) -> np.ndarray:
+    def _max_flow(self, residual: np.ndarray) -> np.ndarray:
         """Augment `residual` (in place) to a maximum flow's; the source side of its cut.
 
-        From a carried flow, shortest augmenting paths by breadth-first search (`max_paths` at
-        most, usually one or two are left), then scipy's maximum flow for the rest; from zero,
-        scipy's maximum flow at once.
+        The compiled Dinic's algorithm (`kernels.max_flow`) from whatever flow `residual`
+        carries; with `compiled` off, scipy's maximum flow and breadth-first search (the plain
+        stand-in: the same side, as every maximum flow has).
         """
-        size, n = self.size, self.n
-        source, sink = 2 * n, 2 * n + 1
-        for _ in range(0 if cold else self.max_paths):
-            reached, pred = self._search(residual, predecessors=True)
-            if pred[sink] < 0:
-                return reached
-            path: list[int] = []
-            v = sink
-            pred_list = pred.tolist()
-            while v != source:
-                u = pred_list[v]
-                path.append(u * size + v)
-                v = u
-            arcs = np.searchsorted(self.key, path)
-            bottleneck = residual[arcs].min()
-            residual[arcs] -= bottleneck
-            residual[self.reverse[arcs]] += bottleneck
-        reached, _ = self._search(residual, predecessors=False)
-        if reached[sink]:
-            residual -= _augment(residual, self.key, size)
-            reached, _ = self._search(residual, predecessors=False)
-        return reached
+        n = self.n
+        if self.compiled:
+            return kernels.max_flow(self._indptr, self._heads, self.reverse, residual,
+                                    2 * n, 2 * n + 1)
+        residual -= _augment(residual, self.key, self.size)
+        return self._search(residual)
 
-    def _search(self, residual: np.ndarray, predecessors: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(nodes the source reaches over arcs with residual capacity, BFS predecessors)."""
-        size = self.size
+    def _search(self, residual: np.ndarray) -> np.ndarray:
+        """The nodes the source reaches over arcs with residual capacity (scipy's search)."""
         graph = self._open
         # An arc without residual capacity becomes a loop on its tail: the layout stays, no
         # arcs to filter out or count, and a loop leads nowhere new.
         graph.indices = self.row_of + (residual > 0) * self._to_head
-        if predecessors:
-            reached, pred = breadth_first_order(graph, size - 2, directed=True,
-                                                return_predecessors=True)
-        else:
-            reached = breadth_first_order(graph, size - 2, directed=True,
-                                          return_predecessors=False)
-            pred = np.zeros(0, dtype=np.int32)
-        side = np.zeros(size, dtype=bool)
+        reached = breadth_first_order(graph, self.size - 2, directed=True,
+                                      return_predecessors=False)
+        side = np.zeros(self.size, dtype=bool)
         side[reached] = True
-        return side, pred
+        return side
 
 
 def _augment(residual: np.ndarray, key: np.ndarray, size: int) -> np.ndarray:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from coordinator.pipeline.planner import kernels
 from coordinator.pipeline.planner.cut import CutNetwork
 from coordinator.pipeline.planner.dag import PipelineDAG, PipelineSchedule
 from coordinator.pipeline.planner.graph import Graph, OptionTable
@@ -228,55 +229,7 @@ PRUNE_EVERY = 4096
 """Candidates recorded between two prunings of the dominated ones (bounds the memory)."""
 
 
-class _Slower:
-    """The plans rounded the other way (a bit slower, cheaper) and those between, by row.
-
-    An operation is rounded up when it is at least `THRESHOLDS` of the way to its slower
-    option (the discrete optimum is often such a mix). Only the operations between two options
-    can move; an operation an ulp past its slowest option has no slower one. Every row's
-    movable operations are found at once; each row's plans and their energies (sums in the
-    same order as one row at a time) are then recorded in order.
-    """
-
-    def __init__(self, owner: _Candidates, durs: np.ndarray, choice: np.ndarray,
-                 between: np.ndarray) -> None:
-        self.owner, self.choice = owner, choice
-        last = owner.ops.times.shape[1] - 1
-        rows, ops_moved = np.nonzero(between)
-        low = choice[rows, ops_moved]
-        slower = np.minimum(low + 1, last)
-        moving = slower != low
-        rows, ops_moved, low, slower = rows[moving], ops_moved[moving], low[moving], slower[moving]
-        low_at = owner.row_start[ops_moved] + low
-        high_at = owner.row_start[ops_moved] + slower
-        self.extra = owner.flat_costs[high_at] - owner.flat_costs[low_at]
-        low_t, high_t = owner.flat_times[low_at], owner.flat_times[high_at]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            self.frac = np.where(np.isfinite(high_t),
-                                 (durs[rows, ops_moved] - low_t) / (high_t - low_t), 0.0)
-        self.ops_moved, self.slower = ops_moved, slower
-        self.bounds = np.searchsorted(rows, np.arange(durs.shape[0] + 1)).tolist()
-
-    def record(self, r: int, energy: float) -> None:
-        """Record row `r`'s slower plans (`energy`: its rounded-down plan's cost)."""
-        lo, hi = self.bounds[r], self.bounds[r + 1]
-        if hi == lo:
-            return
-        ops_moved, slower, extra = self.ops_moved[lo:hi], self.slower[lo:hi], self.extra[lo:hi]
-        if hi - lo > 1:  # (One rounded operation: no mix between.)
-            masks = np.ones((len(THRESHOLDS) + 1, hi - lo), dtype=bool)
-            np.greater_equal(self.frac[lo:hi], _TAUS, out=masks[:-1])
-        else:
-            masks = np.ones((1, 1), dtype=bool)
-        plans = np.repeat(self.choice[r][None, :], masks.shape[0], axis=0)
-        which, where = np.nonzero(masks)
-        plans[which, ops_moved[where]] = slower[where]
-        for mask, plan in zip(masks, plans, strict=True):
-            if mask.any():
-                self.owner._add(plan, math.nan, energy + float(extra[mask].sum()))
-
-
-_TAUS = np.array(THRESHOLDS)[:, None]
+_TAUS = np.array(THRESHOLDS)
 
 
 class _Candidates:
@@ -327,21 +280,13 @@ class _Candidates:
         Each plan's iteration time is computed later, for many candidates at once (its
         `horizons` entry when no operation was rounded).
         """
-        ops = self.ops
-        table = self.table
-        rank = np.searchsorted(table.ladder, durs + ops.eps_t, side="right")
-        choice = table.below[ops.kind, rank] - 1  # (`table.fitting` - 1, row by row)
-        at = self.row_start + choice
-        between = self.flat_times[at] != durs
-        rounded = between.any(axis=1).tolist()
-        plans = choice.astype(np.int16)
-        slower = _Slower(self, durs, plans, between)
+        ops, table = self.ops, self.table
+        plans, times, costs = kernels.round_plans(
+            durs, np.asarray(horizons, dtype=float), ops.eps_t, table.ladder, table.below,
+            ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS)
         before = len(self.time)
-        for r, horizon in enumerate(horizons):
-            energy = float(self.flat_costs[at[r]].sum())
-            self._add(plans[r], math.nan if rounded[r] else horizon, energy)
-            if rounded[r]:
-                slower.record(r, energy)
+        for plan, time, cost in zip(plans, times.tolist(), costs.tolist(), strict=True):
+            self._add(plan, time, cost)
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
@@ -352,7 +297,8 @@ class _Candidates:
         for lo in range(0, len(pending), 512):
             chunk = pending[lo : lo + 512]
             plans = np.stack([self.plan[i] for i in chunk])
-            times = self.graph.longest_many(self.flat_times.take(plans + self.row_start).T)
+            times = kernels.plan_times(self.graph.preds, self.graph.topo, plans, self.flat_times,
+                                       self.ops.times.shape[1])
             for i, t in zip(chunk, times.tolist(), strict=True):
                 self.time[i] = t
         for i in range(self.settled, len(self.time)):
@@ -469,8 +415,8 @@ def plan_frontier(
     graph = Graph(dag)
     ops = _Ops.of(kinds, kind)
     fastest = ops.hull[:, 0].copy()
-    t_min = max(graph.forward(fastest.tolist()))
-    t_max = max(graph.forward(ops.hull[ops.rows, ops.hull_n - 1].tolist()))
+    t_min = float(graph.forward(fastest).max())
+    t_max = float(graph.forward(ops.hull[ops.rows, ops.hull_n - 1]).max())
     ops.eps_t = 1e-9 * max(t_max, 1e-12)
     candidates = _Candidates(ops, graph, stages, p_block_w)
     _sweep(graph, ops, candidates, (t_min, t_max), progress, stats)
@@ -506,8 +452,8 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
     t_min, t_max = span_t
     eps_t = ops.eps_t
     dur = ops.hull[ops.rows, ops.hull_n - 1].copy()
-    fin_list = graph.forward(dur.tolist())
-    candidates.record(dur, max(fin_list[:n]))
+    fin_all = graph.forward(dur)
+    candidates.record(dur, float(fin_all[:n].max()))
     max_iterations = 50 * n * int(ops.hull_n.max()) + 1000
     span = max(t_max - t_min, 1e-300)
     last_report = -1
@@ -515,7 +461,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
     network = CutNetwork(graph)
     on_hull = _OnHull(ops, dur)
     for _ in range(max_iterations):
-        fin = np.array(fin_list[:n])
+        fin = fin_all[:n]
         horizon = float(fin.max())
         if horizon <= t_min + eps_t:
             return
@@ -534,7 +480,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
         rate[sp_ops] = -1.0
         rate[sl_ops] = 1.0
         moved = np.concatenate([sp_ops, sl_ops])
-        trial, fin_list, step = _shrink(graph, ops, dur, rate, moved, horizon, step)
+        trial, fin_all, step = _shrink(graph, ops, dur, rate, moved, horizon, step)
         if step <= 0:
             stats.stopped = "no progress"
             return
@@ -548,7 +494,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
         dur = trial
         on_hull.update(dur, moved)
         candidates.record_many(np.vstack([on_the_way, dur]),
-                               [math.nan] * passes.size + [max(fin_list[:n])])
+                               [math.nan] * passes.size + [float(fin_all[:n].max())])
     stats.stopped = "iteration limit"
 
 
@@ -560,7 +506,7 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, on_hull: _OnHull, du
     """
     n = graph.n
     eps_t = ops.eps_t
-    latest_start = np.array(graph.backward(dur.tolist(), horizon)[:n])
+    latest_start = graph.backward(dur, horizon)[:n]
     start = fin - dur
     crit = (latest_start - start) <= eps_t
     crit_ops = np.flatnonzero(crit)
@@ -585,26 +531,26 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, on_hull: _OnHull, du
 
 
 def _shrink(graph: Graph, ops: _Ops, dur: np.ndarray, rate: np.ndarray, moved: np.ndarray,
-            horizon: float, step: float) -> tuple[np.ndarray, list[float], float]:
+            horizon: float, step: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Shrink the step until no other path outgrows the shortened critical ones.
 
     Returns the durations after the step, their finish times and the step.
     """
     eps_t = ops.eps_t
-    rate_list = rate.tolist()
     trial = dur
-    fin_list: list[float] = []
+    fin = np.zeros(0)
     for _ in range(1000):
         trial = ops.snap(dur + step * rate, moved)
-        fin_list = graph.forward(trial.tolist())
-        length = max(fin_list)  # (The sentinel's 0 is no finish time's better.)
+        fin = graph.forward(trial)
+        end = int(fin.argmax())  # (The sentinel's 0 is no finish time's better.)
+        length = float(fin[end])
         if length <= horizon - step + eps_t:
             break
-        acc = graph.path_rate(fin_list, rate_list, fin_list.index(length))
+        acc = graph.path_rate(fin, rate, end)
         if acc <= -1.0:
             break  # (A path that shortens as fast as the iteration: rounding only.)
         shorter = (horizon - (length - step * acc)) / (acc + 1.0)
         if not shorter < step:
             break
         step = shorter
-    return trial, fin_list, step
+    return trial, fin, step

@@ -1,0 +1,358 @@
+"""The frontier planner's per-step loops, compiled with numba. Pure (numba's cache aside).
+
+A sweep runs thousands of steps, each a few passes over the DAG (about 1,500 operations on 8 x
+96 1F1B, 3,000 interleaved) and one max flow over its ~20,000 arcs: as Python loops or many small
+numpy calls they took ~4 ms a step. Here each is one compiled loop. Every float operation is
+the one the plain version does, in the same order (numba without fastmath contracts nothing),
+so the plans are the plain version's bit for bit (`tests/core/test_frontier_fast_paths.py`
+compares them with the plain stand-ins in `tests/core/planner_reference_kit.py`).
+
+Only the planner imports this module (numba takes ~0.5 s to import; the coordinator and agent
+CLIs never load the planner). `cache=True` keeps the machine code beside this file (or in
+numba's user cache when that is read-only): a fresh process with the cache compiles nothing.
+
+Layout: `preds` / `succs` are [n, width] node indices padded with the sentinel n (finish time 0,
+latest start the horizon); `topo` a topological order.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = [
+    "backward",
+    "forward",
+    "longest_rows",
+    "max_flow",
+    "path_rate",
+    "plan_times",
+    "reclaim",
+    "round_plans",
+]
+
+_jit = numba.njit(cache=True, error_model="numpy")
+"""Compiled, cached; a float division by zero gives inf or nan as in numpy, not an error."""
+
+
+@_jit
+def forward(preds: np.ndarray, topo: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Earliest finish times (index n: the sentinel's 0)."""
+    fin = np.zeros(topo.size + 1)
+    width = preds.shape[1]
+    for v in topo:
+        best = fin[preds[v, 0]]
+        for j in range(1, width):
+            x = fin[preds[v, j]]
+            if x > best:
+                best = x
+        fin[v] = best + d[v]
+    return fin
+
+
+@_jit
+def backward(succs: np.ndarray, topo: np.ndarray, d: np.ndarray, horizon: float) -> np.ndarray:
+    """Latest start times for the iteration to end by `horizon` (index n: the horizon)."""
+    ls = np.full(topo.size + 1, horizon)
+    width = succs.shape[1]
+    for i in range(topo.size - 1, -1, -1):
+        v = topo[i]
+        best = ls[succs[v, 0]]
+        for j in range(1, width):
+            x = ls[succs[v, j]]
+            if x < best:
+                best = x
+        ls[v] = best - d[v]
+    return ls
+
+
+@_jit
+def path_rate(preds: np.ndarray, fin: np.ndarray, rate: np.ndarray, end: int) -> float:
+    """The summed `rate` along the longest path to `end` (`Graph.path_rate`)."""
+    n = preds.shape[0]
+    total = 0.0
+    v = end
+    while v != n:
+        total += rate[v]
+        best = preds[v, 0]
+        for j in range(1, preds.shape[1]):
+            u = preds[v, j]
+            if fin[u] > fin[best]:
+                best = u
+        v = best
+    return total
+
+
+@_jit
+def longest_rows(preds: np.ndarray, topo: np.ndarray, durs: np.ndarray) -> np.ndarray:
+    """The iteration time of every row of `durs` ([count, n] durations)."""
+    count, n = durs.shape
+    out = np.empty(count)
+    for c in range(count):
+        fin = forward(preds, topo, durs[c])
+        best = fin[0]
+        for v in range(1, n):
+            if fin[v] > best:
+                best = fin[v]
+        out[c] = best
+    return out
+
+
+@_jit
+def _flat(i: int, size: int) -> int:
+    """A flat option index as numpy takes it (-1: the last)."""
+    return i + size if i < 0 else i
+
+
+@_jit
+def plan_times(preds: np.ndarray, topo: np.ndarray, plans: np.ndarray,
+               flat_times: np.ndarray, width: int) -> np.ndarray:
+    """The iteration time of every plan (rows of `plans`: node v's option p is at v * width +
+    p in `flat_times`)."""
+    count, n = plans.shape
+    out = np.empty(count)
+    d = np.empty(n)
+    for c in range(count):
+        for v in range(n):
+            d[v] = flat_times[_flat(v * width + plans[c, v], flat_times.size)]
+        fin = forward(preds, topo, d)
+        best = fin[0]
+        for v in range(1, n):
+            if fin[v] > best:
+                best = fin[v]
+        out[c] = best
+    return out
+
+
+@_jit
+def _count_upto(ladder: np.ndarray, x: float) -> int:
+    """How many of `ladder` (ascending) are <= x (numpy's searchsorted, side "right")."""
+    lo, hi = 0, ladder.size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ladder[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@_jit
+def reclaim(preds: np.ndarray, succs: np.ndarray, topo: np.ndarray, choice: np.ndarray,
+            op_times: np.ndarray, tol: float, ladder: np.ndarray, below: np.ndarray,
+            kind: np.ndarray) -> tuple[np.ndarray, float]:
+    """One plan's slack reclaimed (`Graph.reclaim_many` for one column): (choices, time)."""
+    n = topo.size
+    dur = np.empty(n)
+    for v in range(n):
+        dur[v] = op_times[v, choice[v]]
+    fin = forward(preds, topo, dur)
+    horizon = fin[0]
+    for v in range(1, n):
+        if fin[v] > horizon:
+            horizon = fin[v]
+    ls = np.full(n + 1, horizon)
+    latest = np.empty(n)  # each operation's latest finish
+    for i in range(n - 1, -1, -1):
+        v = topo[i]
+        best = ls[succs[v, 0]]
+        for j in range(1, succs.shape[1]):
+            if ls[succs[v, j]] < best:
+                best = ls[succs[v, j]]
+        latest[v] = best
+        ls[v] = best - dur[v]
+    new = choice.copy()
+    fin[:] = 0.0
+    for v in topo:
+        start = fin[preds[v, 0]]
+        for j in range(1, preds.shape[1]):
+            x = fin[preds[v, j]]
+            if x > start:
+                start = x
+        room = latest[v] - start + tol
+        pick = below[kind[v], _count_upto(ladder, room)] - 1
+        if pick < choice[v]:
+            pick = choice[v]
+        new[v] = pick
+        fin[v] = start + op_times[v, pick]
+    time = fin[0]
+    for v in range(1, n):
+        if fin[v] > time:
+            time = fin[v]
+    return new, time
+
+
+@_jit
+def max_flow(indptr: np.ndarray, heads: np.ndarray, reverse: np.ndarray,
+             residual: np.ndarray, source: int, sink: int) -> np.ndarray:
+    """Augment `residual` (in place) to a maximum flow's; the nodes the source still reaches.
+
+    Dinic's algorithm over the fixed arc layout (arcs sorted by tail: `indptr`, `heads`; each
+    arc's reverse): breadth-first levels, then shortest augmenting paths by depth-first search
+    with a current arc per node, until the sink is out of reach. Integer capacities: exact.
+    """
+    size = indptr.size - 1
+    level = np.empty(size, dtype=np.int64)
+    queue = np.empty(size, dtype=np.int64)
+    current = np.empty(size, dtype=np.int64)
+    path = np.empty(size, dtype=np.int64)
+    while True:
+        level[:] = -1
+        level[source] = 0
+        queue[0] = source
+        head, tail = 0, 1
+        while head < tail:
+            u = queue[head]
+            head += 1
+            for a in range(indptr[u], indptr[u + 1]):
+                if residual[a] > 0 and level[heads[a]] < 0:
+                    level[heads[a]] = level[u] + 1
+                    queue[tail] = heads[a]
+                    tail += 1
+        if level[sink] < 0:
+            return level >= 0
+        current[:] = indptr[:-1]
+        _blocking_flow(indptr, heads, reverse, residual, level, current, path, source, sink)
+
+
+@_jit
+def _blocking_flow(indptr: np.ndarray, heads: np.ndarray, reverse: np.ndarray,
+                   residual: np.ndarray, level: np.ndarray, current: np.ndarray,
+                   path: np.ndarray, source: int, sink: int) -> None:
+    """Push shortest augmenting paths along the levels until none is left.
+
+    Depth-first from the source over each node's current arc; a dead end is dropped for the
+    rest of the phase, and after each push the search resumes at the first saturated arc.
+    """
+    depth = 0
+    u = source
+    while True:
+        if u == sink:
+            bottleneck = residual[path[0]]
+            for i in range(1, depth):
+                bottleneck = min(bottleneck, residual[path[i]])
+            first = depth
+            for i in range(depth):
+                residual[path[i]] -= bottleneck
+                residual[reverse[path[i]]] += bottleneck
+                if residual[path[i]] == 0 and i < first:
+                    first = i
+            depth = first
+            u = heads[reverse[path[first]]]
+            continue
+        end = indptr[u + 1]
+        a = current[u]
+        while a < end and not (residual[a] > 0 and level[heads[a]] == level[u] + 1):
+            a += 1
+        current[u] = a
+        if a < end:
+            path[depth] = a
+            depth += 1
+            u = heads[a]
+        elif u == source:
+            return
+        else:  # A dead end: never again this phase; back up, the tail tries its next arc.
+            level[u] = -1
+            depth -= 1
+            u = heads[reverse[path[depth]]]
+            current[u] += 1
+
+
+@_jit
+def _pairwise(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of a[lo:lo + n] (its `sum` of a contiguous array, to the bit)."""
+    if n < 8:
+        res = -0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r = a[lo:lo + 8].copy()
+        i = 8
+        while i < n - (n % 8):
+            for j in range(8):
+                r[j] += a[lo + i + j]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise(a, lo, half) + _pairwise(a, lo + half, n - half)
+
+
+@_jit
+def _np_sum(a: np.ndarray) -> float:
+    """`float(a.sum())` for a contiguous 1-d array (numpy adds its pairwise sum to 0.0)."""
+    return 0.0 + _pairwise(a, 0, a.size)
+
+
+@_jit
+def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np.ndarray,
+                below: np.ndarray, kind: np.ndarray, flat_times: np.ndarray,
+                flat_costs: np.ndarray, width: int,
+                taus: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every row of `durs` rounded to real options, and the plans rounded the other way.
+
+    (`frontier._Candidates.record_many`.) Per row: the plan of each operation's slowest option
+    at least as fast as planned (time: the row's horizon when nothing was rounded, else nan:
+    timed later), then, if any was rounded, the plans where each rounded operation that has a
+    slower option takes it when at least `taus` of the way there, and all of them. Returns
+    (plans [k, n] int16, times, costs), in the plain version's order with its sums.
+    """
+    count, n = durs.shape
+    size = flat_times.size
+    nt = taus.size
+    plans = np.empty((count * (nt + 2), n), dtype=np.int16)
+    times = np.empty(count * (nt + 2))
+    costs = np.empty(count * (nt + 2))
+    choice = np.empty(n, dtype=np.int64)
+    cost_row = np.empty(n)
+    moved = np.empty(n, dtype=np.int64)
+    slower = np.empty(n, dtype=np.int64)
+    extra = np.empty(n)
+    frac = np.empty(n)
+    picked = np.empty(n)
+    k = 0
+    for r in range(count):
+        rounded = False
+        m = 0
+        for v in range(n):
+            c = below[kind[v], _count_upto(ladder, durs[r, v] + eps_t)] - 1
+            choice[v] = c
+            low_at = _flat(v * width + c, size)
+            cost_row[v] = flat_costs[low_at]
+            if flat_times[low_at] != durs[r, v]:
+                rounded = True
+                up = min(c + 1, width - 1)
+                if up != c:
+                    high_at = _flat(v * width + up, size)
+                    moved[m], slower[m] = v, up
+                    extra[m] = flat_costs[high_at] - flat_costs[low_at]
+                    low_t, high_t = flat_times[low_at], flat_times[high_at]
+                    frac[m] = (durs[r, v] - low_t) / (high_t - low_t)
+                    if not np.isfinite(high_t):
+                        frac[m] = 0.0
+                    m += 1
+        energy = _np_sum(cost_row)
+        plans[k] = choice
+        times[k] = np.nan if rounded else horizons[r]
+        costs[k] = energy
+        k += 1
+        # The mixes (a threshold each, when more than one operation can move), then all.
+        first = 0 if m > 1 else nt
+        for t in range(first, nt + 1 if m else first):
+            hits = 0
+            plans[k] = choice
+            for i in range(m):
+                if t == nt or frac[i] >= taus[t]:
+                    plans[k, moved[i]] = slower[i]
+                    picked[hits] = extra[i]
+                    hits += 1
+            if hits:
+                times[k] = np.nan
+                costs[k] = energy + _np_sum(picked[:hits])
+                k += 1
+    return plans[:k], times[:k], costs[:k]
