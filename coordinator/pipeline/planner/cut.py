@@ -121,34 +121,21 @@ class CutNetwork:
             src: Mask over `src_ops`: critical and starting at 0.
             sink: Mask over operations: critical and ending the iteration.
         """
-        finite_ub = np.isfinite(ub)
-        finite_vals = np.concatenate([(ub - lb)[finite_ub], lb])
-        biggest = float(finite_vals.max()) if finite_vals.size else 0.0
-        n_finite = max(1, finite_vals.size)
-        cap_max = max(1, min(1 << 20, (INF_CAP // 4) // n_finite))
-        scale = cap_max / biggest if biggest > 0 else 1.0
         # A slowdown saves one unit less than it is worth: among cuts of (nearly) equal cost
         # the one that slows fewer operations wins. Without it, two operations of one kind
         # a few ulps apart on the same hull segment can be traded (one sped up, one slowed
         # down, at no net cost) step after step, each step only as long as their distance:
         # the sweep stalled for minutes on interleaved 1F1B (bloom A40, 8 x 2 x 16).
-        lb_cap = np.maximum(np.rint(lb * scale).astype(np.int64) - 1, 0)
-        ub_cap = np.rint(np.where(finite_ub, ub, 0.0) * scale).astype(np.int64)
         caps = self.caps
-        caps[:] = 0
         own = self.op_arcs[:, crit_ops]
-        caps[own[0]] = np.where(finite_ub, ub_cap - lb_cap, INF_CAP)
-        caps[own[1]] = lb_cap
-        caps[own[2]] = lb_cap
-        caps[self.edge_arcs[prec]] = INF_CAP
-        caps[self.src_arcs[src]] = INF_CAP
-        caps[self.sink_arcs[sink]] = INF_CAP
+        scale, lb_sum = kernels.cut_caps(caps, own, ub, lb, self.edge_arcs, prec, self.src_arcs,
+                                         src, self.sink_arcs, sink, INF_CAP)
         flow = self._carried(caps, own, scale)
         residual = caps - flow
         side = self._max_flow(residual)
         self.flow = caps - residual
         self.scale = scale
-        if int(self.flow[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
+        if int(self.flow[self.from_source].sum()) - lb_sum >= INF_CAP // 2:
             self.scale = 0.0
             return None
         return side
@@ -166,20 +153,8 @@ class CutNetwork:
         """
         if not self.warm or scale != self.scale:
             return np.zeros_like(self.flow)
-        flow = self.flow.copy()
-        f, c = flow[own], caps[own]
-        low = np.maximum(f[0] - c[0], np.maximum(-f[1], -f[2]))
-        high = np.minimum(f[0], np.minimum(c[1] - f[1], c[2] - f[2]))
-        shift = np.minimum(np.maximum(low, 0), high)
-        moves = np.flatnonzero(shift)
-        if moves.size:
-            d = shift[moves]
-            for row, sign in ((0, -1), (1, 1), (2, 1)):
-                flow[own[row, moves]] += sign * d
-                flow[self.reverse[own[row, moves]]] -= sign * d
-        if np.any(flow > caps):
-            return np.zeros_like(flow)
-        return flow
+        return kernels.carry(self.flow, caps, own, self.reverse)
+
 
     def _max_flow(self, residual: np.ndarray) -> np.ndarray:
         """Augment `residual` (in place) to a maximum flow's; the source side of its cut.

@@ -259,34 +259,66 @@ def _blocking_flow(indptr: np.ndarray, heads: np.ndarray, reverse: np.ndarray,
 
 
 @_jit
-def _pairwise(a: np.ndarray, lo: int, n: int) -> float:
-    """numpy's pairwise sum of a[lo:lo + n] (its `sum` of a contiguous array, to the bit)."""
+def _block(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of a block of at most 128 (8 accumulators from 8 on)."""
     if n < 8:
         res = -0.0
         for i in range(lo, lo + n):
             res += a[i]
         return res
-    if n <= 128:
-        r = a[lo:lo + 8].copy()
-        i = 8
-        while i < n - (n % 8):
-            for j in range(8):
-                r[j] += a[lo + i + j]
-            i += 8
-        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-        while i < n:
-            res += a[lo + i]
-            i += 1
-        return res
-    half = n // 2
-    half -= half % 8
-    return _pairwise(a, lo, half) + _pairwise(a, lo + half, n - half)
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - (n % 8):
+        j = lo + i
+        r0, r1, r2, r3 = r0 + a[j], r1 + a[j + 1], r2 + a[j + 2], r3 + a[j + 3]
+        r4, r5, r6, r7 = r4 + a[j + 4], r5 + a[j + 5], r6 + a[j + 6], r7 + a[j + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@_jit
+def _pairwise(a: np.ndarray) -> float:
+    """numpy's pairwise sum of `a` (its `sum` of a contiguous array, to the bit).
+
+    Above 128 numpy halves the range (the first half a multiple of 8) and adds the two sums:
+    the same tree here with an explicit stack (a cached numba function must not recurse).
+    """
+    if a.size <= 128:
+        return _block(a, 0, a.size)
+    los = np.empty(64, dtype=np.int64)
+    ns = np.empty(64, dtype=np.int64)
+    state = np.zeros(64, dtype=np.int64)  # 0: new, 1: left half pending, 2: right half
+    left = np.empty(64)
+    top, los[0], ns[0] = 0, 0, a.size
+    while True:
+        if state[top] == 0 and ns[top] > 128:
+            state[top] = 1
+            half = ns[top] // 2 - (ns[top] // 2) % 8
+            top += 1
+            los[top], ns[top], state[top] = los[top - 1], half, 0
+            continue
+        val = _block(a, los[top], ns[top])
+        top -= 1
+        while top >= 0 and state[top] == 2:
+            val = left[top] + val
+            top -= 1
+        if top < 0:
+            return val
+        left[top], state[top] = val, 2
+        half = ns[top] // 2 - (ns[top] // 2) % 8
+        top += 1
+        los[top], ns[top], state[top] = los[top - 1] + half, ns[top - 1] - half, 0
 
 
 @_jit
 def _np_sum(a: np.ndarray) -> float:
     """`float(a.sum())` for a contiguous 1-d array (numpy adds its pairwise sum to 0.0)."""
-    return 0.0 + _pairwise(a, 0, a.size)
+    return 0.0 + _pairwise(a)
 
 
 @_jit
@@ -356,3 +388,72 @@ def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np
                 costs[k] = energy + _np_sum(picked[:hits])
                 k += 1
     return plans[:k], times[:k], costs[:k]
+
+
+@_jit
+def cut_caps(caps: np.ndarray, own: np.ndarray, ub: np.ndarray, lb: np.ndarray,
+             edge_arcs: np.ndarray, prec: np.ndarray, src_arcs: np.ndarray, src: np.ndarray,
+             sink_arcs: np.ndarray, sink: np.ndarray, inf_cap: int) -> tuple[float, int]:
+    """Fill `caps` for one step's cut (`cut.CutNetwork.min_cut`): (scale, sum of lb caps).
+
+    The largest finite capacity is scaled to `(inf_cap // 4) // count` (at most 2^20), each
+    capacity rounded to the nearest integer (half to even, as `np.rint`); a slowdown's one
+    unit less (see `min_cut`).
+    """
+    biggest = -np.inf
+    count = 0
+    for i in range(ub.size):
+        if np.isfinite(ub[i]):
+            biggest = max(biggest, ub[i] - lb[i])
+            count += 1
+    for i in range(lb.size):
+        biggest = max(biggest, lb[i])
+        count += 1
+    if count == 0:
+        biggest = 0.0
+    cap_max = max(1, min(1 << 20, (inf_cap // 4) // max(1, count)))
+    scale = cap_max / biggest if biggest > 0 else 1.0
+    caps[:] = 0
+    lb_sum = 0
+    for i in range(ub.size):
+        lb_cap = max(int(np.rint(lb[i] * scale)) - 1, 0)
+        lb_sum += lb_cap
+        if np.isfinite(ub[i]):
+            caps[own[0, i]] = int(np.rint(ub[i] * scale)) - lb_cap
+        else:
+            caps[own[0, i]] = inf_cap
+        caps[own[1, i]] = lb_cap
+        caps[own[2, i]] = lb_cap
+    for i in range(prec.size):
+        if prec[i]:
+            caps[edge_arcs[i]] = inf_cap
+    for i in range(src.size):
+        if src[i]:
+            caps[src_arcs[i]] = inf_cap
+    for i in range(sink.size):
+        if sink[i]:
+            caps[sink_arcs[i]] = inf_cap
+    return scale, lb_sum
+
+
+@_jit
+def carry(flow: np.ndarray, caps: np.ndarray, own: np.ndarray,
+          reverse: np.ndarray) -> np.ndarray:
+    """`flow` with each operation's flow shifted to fit `caps` (`CutNetwork._carried`), or 0."""
+    out = flow.copy()
+    for i in range(own.shape[1]):
+        a, b, c = own[0, i], own[1, i], own[2, i]
+        low = max(out[a] - caps[a], max(-out[b], -out[c]))
+        high = min(out[a], min(caps[b] - out[b], caps[c] - out[c]))
+        shift = min(max(low, 0), high)
+        if shift != 0:
+            out[a] -= shift
+            out[reverse[a]] += shift
+            out[b] += shift
+            out[reverse[b]] -= shift
+            out[c] += shift
+            out[reverse[c]] -= shift
+    for i in range(out.size):
+        if out[i] > caps[i]:
+            return np.zeros_like(out)
+    return out
