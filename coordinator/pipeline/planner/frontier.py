@@ -504,30 +504,18 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, on_hull: _OnHull, du
 
     Or why the sweep stops (a string).
     """
-    n = graph.n
-    eps_t = ops.eps_t
-    latest_start = graph.backward(dur, horizon)[:n]
-    start = fin - dur
-    crit = (latest_start - start) <= eps_t
-    crit_ops = np.flatnonzero(crit)
-    eu, ev = graph.eu, graph.ev
-    prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
-    src_mask = crit & (start <= eps_t)
-    sink_mask = crit & (fin >= horizon - eps_t)
+    latest_start = graph.backward(dur, horizon)
+    crit_ops, prec, src, sink = kernels.critical(latest_start, dur, fin, horizon, ops.eps_t,
+                                                 graph.eu, graph.ev, network.src_ops)
     ub, lb = on_hull.ub[crit_ops], on_hull.lb[crit_ops]
-    side = network.min_cut(crit_ops, ub, lb, prec, src_mask[network.src_ops], sink_mask)
+    side = network.min_cut(crit_ops, ub, lb, prec, src, sink)
     if side is None:
         return "no finite cut"
-    speed = side[crit_ops] & ~side[crit_ops + n]
-    slow = ~side[crit_ops] & side[crit_ops + n] & (lb > 0)
-    if not speed.any() or not np.isfinite(ub[speed]).all():
+    sp_ops, sl_ops, step = kernels.cut_moves(side, crit_ops, ub, lb, dur, ops.hull,
+                                             on_hull.below, on_hull.upto)
+    if math.isnan(step):
         return "no speed-up"
-    sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
-    hull = ops.hull
-    step = float(np.min(dur[sp_ops] - hull[sp_ops, on_hull.below[sp_ops] - 1]))
-    if sl_ops.size:
-        step = min(step, float(np.min(hull[sl_ops, on_hull.upto[sl_ops]] - dur[sl_ops])))
-    return sp_ops, sl_ops, step
+    return sp_ops, sl_ops, float(step)
 
 
 def _shrink(graph: Graph, ops: _Ops, dur: np.ndarray, rate: np.ndarray, moved: np.ndarray,

@@ -457,3 +457,74 @@ def carry(flow: np.ndarray, caps: np.ndarray, own: np.ndarray,
         if out[i] > caps[i]:
             return np.zeros_like(out)
     return out
+
+
+@_jit
+def critical(ls: np.ndarray, dur: np.ndarray, fin: np.ndarray, horizon: float, eps_t: float,
+             eu: np.ndarray, ev: np.ndarray,
+             src_ops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The critical subgraph (`frontier._cut_step`): (operations, dependencies mask over
+    (eu, ev), starting operations mask over `src_ops`, ending operations mask over all).
+
+    `ls` is the latest starts; an operation is critical when it cannot start later, a
+    dependency when both ends are and the second starts as the first ends (within eps_t).
+    """
+    n = dur.size
+    start = np.empty(n)
+    crit = np.empty(n, dtype=np.bool_)
+    count = 0
+    for v in range(n):
+        start[v] = fin[v] - dur[v]
+        crit[v] = (ls[v] - start[v]) <= eps_t
+        count += crit[v]
+    crit_ops = np.empty(count, dtype=np.int64)
+    k = 0
+    sink = np.empty(n, dtype=np.bool_)
+    for v in range(n):
+        if crit[v]:
+            crit_ops[k] = v
+            k += 1
+        sink[v] = crit[v] and fin[v] >= horizon - eps_t
+    prec = np.empty(eu.size, dtype=np.bool_)
+    for i in range(eu.size):
+        u, w = eu[i], ev[i]
+        prec[i] = crit[u] and crit[w] and start[w] - fin[u] <= eps_t
+    src = np.empty(src_ops.size, dtype=np.bool_)
+    for i in range(src_ops.size):
+        src[i] = crit[src_ops[i]] and start[src_ops[i]] <= eps_t
+    return crit_ops, prec, src, sink
+
+
+@_jit
+def cut_moves(side: np.ndarray, crit_ops: np.ndarray, ub: np.ndarray, lb: np.ndarray,
+              dur: np.ndarray, hull: np.ndarray, below: np.ndarray,
+              upto: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The cut's moves: (sped up, slowed down, the longest step on their hulls).
+
+    An operation whose start is on the source side and end is not is sped up; the other way
+    round (with a saving) slowed down. No operation sped up, or one that cannot be: step nan.
+    """
+    n = dur.size
+    speed = np.empty(crit_ops.size, dtype=np.int64)
+    slow = np.empty(crit_ops.size, dtype=np.int64)
+    ns = nl = 0
+    for i in range(crit_ops.size):
+        v = crit_ops[i]
+        if side[v] and not side[v + n]:
+            speed[ns] = v
+            ns += 1
+            if not np.isfinite(ub[i]):
+                return speed[:0], slow[:0], np.nan
+        elif not side[v] and side[v + n] and lb[i] > 0:
+            slow[nl] = v
+            nl += 1
+    if ns == 0:
+        return speed[:0], slow[:0], np.nan
+    step = np.inf
+    for i in range(ns):
+        v = speed[i]
+        step = min(step, dur[v] - hull[v, below[v] - 1])
+    for i in range(nl):
+        v = slow[i]
+        step = min(step, hull[v, upto[v]] - dur[v])
+    return speed[:ns], slow[:nl], step
