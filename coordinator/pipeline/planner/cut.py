@@ -85,6 +85,11 @@ class CutNetwork:
         self.edge_arcs = inverse[n + np.arange(e)]
         self.src_arcs = inverse[o_src + np.arange(src_ops.size)]
         self.sink_arcs = inverse[o_sink + ops]
+        self._forward_arc = np.zeros(2 * rows.size, dtype=bool)
+        self._forward_arc[inverse[: rows.size]] = True
+        self._order = np.concatenate([[s], np.stack([graph.topo, graph.topo + n], axis=1).ravel(),
+                                      [t]]).astype(np.int64)
+        """The network's nodes in an order its arcs all follow (the DAG's, start before end)."""
         self.flow = np.zeros(2 * rows.size, dtype=np.int64)
         """The last maximum flow, antisymmetric, over the sorted layout (0: none)."""
         self.caps = np.zeros(2 * rows.size, dtype=np.int64)
@@ -131,6 +136,9 @@ class CutNetwork:
         scale, lb_sum = kernels.cut_caps(caps, own, ub, lb, self.edge_arcs, prec, self.src_arcs,
                                          src, self.sink_arcs, sink, INF_CAP)
         flow = self._carried(caps, own, scale)
+        if self.warm and self.scale > 0 and not flow.any():
+            flow = kernels.rebalance(self.flow, caps, scale / self.scale, self._forward_arc,
+                                     self._order, self._indptr, self._heads, self.reverse)
         residual = caps - flow
         side = self._max_flow(residual)
         self.flow = caps - residual
