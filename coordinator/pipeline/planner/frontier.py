@@ -259,6 +259,9 @@ class _Candidates:
         self.row_start = ops.rows * width
         """Each operation's first option in the flattened option arrays."""
         self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
+        self.memo_d = np.full(ops.rows.size, np.nan)
+        self.memo_c = np.zeros(ops.rows.size, dtype=np.int64)
+        """Each operation's last rounded duration and its option (rounding skips the rest)."""
 
     def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
         """Keep `plan` (option indices, int16) as a candidate unless it was recorded before."""
@@ -283,7 +286,8 @@ class _Candidates:
         ops, table = self.ops, self.table
         plans, times, costs = kernels.round_plans(
             durs, np.asarray(horizons, dtype=float), ops.eps_t, table.ladder, table.below,
-            ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS)
+            ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS,
+            self.memo_d, self.memo_c)
         before = len(self.time)
         for plan, time, cost in zip(plans, times.tolist(), costs.tolist(), strict=True):
             self._add(plan, time, cost)
@@ -324,7 +328,7 @@ class _Candidates:
         for lo in range(0, len(pareto), 512):
             chunk = pareto[lo : lo + 512]
             choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t, self.table)
+            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t)
             costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
             for j, i in enumerate(chunk):
                 energy = float(costs[j]) + stages * float(times[j]) * p_block_w

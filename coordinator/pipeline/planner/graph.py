@@ -91,20 +91,14 @@ class Graph:
         return kernels.longest_rows(self.preds, self.topo, np.ascontiguousarray(durations.T))
 
     def reclaim_many(
-        self, choices: np.ndarray, op_times: np.ndarray, tol: float, options: OptionTable
+        self, choices: np.ndarray, op_times: np.ndarray, tol: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """Slow operations down into their slack, for many plans at once.
 
-        `choices` is [n, count] option indices into `op_times` ([n, P], ascending; `options`
-        counts them by time). Each plan keeps its iteration time: a backward pass gives every
+        `choices` is [n, count] option indices into `op_times` ([n, P], ascending in time,
+        +inf padding). Each plan keeps its iteration time: a backward pass gives every
         operation's latest finish, then in topological order every operation takes its slowest
         option that still finishes by then (starting after its predecessors' new finish
         times). Returns the new choices and iteration times.
         """
-        new = np.empty_like(choices)
-        times = np.empty(choices.shape[1])
-        for c in range(choices.shape[1]):
-            new[:, c], times[c] = kernels.reclaim(
-                self.preds, self.succs, self.topo, np.ascontiguousarray(choices[:, c]),
-                op_times, tol, options.ladder, options.below, options.kind)
-        return new, times
+        return kernels.reclaim(self.preds, self.succs, self.topo, choices, op_times, tol)

@@ -138,48 +138,42 @@ def _count_upto(ladder: np.ndarray, x: float) -> int:
 
 
 @_jit
-def reclaim(preds: np.ndarray, succs: np.ndarray, topo: np.ndarray, choice: np.ndarray,
-            op_times: np.ndarray, tol: float, ladder: np.ndarray, below: np.ndarray,
-            kind: np.ndarray) -> tuple[np.ndarray, float]:
-    """One plan's slack reclaimed (`Graph.reclaim_many` for one column): (choices, time)."""
-    n = topo.size
+def reclaim(preds: np.ndarray, succs: np.ndarray, topo: np.ndarray, choices: np.ndarray,
+            op_times: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Every plan's slack reclaimed (`Graph.reclaim_many`; `choices` is [n, count])."""
+    n, count = choices.shape
+    new = choices.copy()
+    times = np.empty(count)
     dur = np.empty(n)
-    for v in range(n):
-        dur[v] = op_times[v, choice[v]]
-    fin = forward(preds, topo, dur)
-    horizon = fin[0]
-    for v in range(1, n):
-        if fin[v] > horizon:
-            horizon = fin[v]
-    ls = np.full(n + 1, horizon)
     latest = np.empty(n)  # each operation's latest finish
-    for i in range(n - 1, -1, -1):
-        v = topo[i]
-        best = ls[succs[v, 0]]
-        for j in range(1, succs.shape[1]):
-            if ls[succs[v, j]] < best:
-                best = ls[succs[v, j]]
-        latest[v] = best
-        ls[v] = best - dur[v]
-    new = choice.copy()
-    fin[:] = 0.0
-    for v in topo:
-        start = fin[preds[v, 0]]
-        for j in range(1, preds.shape[1]):
-            x = fin[preds[v, j]]
-            if x > start:
-                start = x
-        room = latest[v] - start + tol
-        pick = below[kind[v], _count_upto(ladder, room)] - 1
-        if pick < choice[v]:
-            pick = choice[v]
-        new[v] = pick
-        fin[v] = start + op_times[v, pick]
-    time = fin[0]
-    for v in range(1, n):
-        if fin[v] > time:
-            time = fin[v]
-    return new, time
+    for c in range(count):
+        for v in range(n):
+            dur[v] = op_times[v, choices[v, c]]
+        fin = forward(preds, topo, dur)
+        ls = np.full(n + 1, fin[:n].max())
+        for i in range(n - 1, -1, -1):
+            v = topo[i]
+            best = ls[succs[v, 0]]
+            for j in range(1, succs.shape[1]):
+                if ls[succs[v, j]] < best:
+                    best = ls[succs[v, j]]
+            latest[v] = best
+            ls[v] = best - dur[v]
+        fin[:] = 0.0
+        for v in topo:
+            start = fin[preds[v, 0]]
+            for j in range(1, preds.shape[1]):
+                if fin[preds[v, j]] > start:
+                    start = fin[preds[v, j]]
+            room = latest[v] - start + tol
+            # Its slowest option at most `room` long, or its own if faster (options ascend).
+            pick = choices[v, c]
+            while pick + 1 < op_times.shape[1] and op_times[v, pick + 1] <= room:
+                pick += 1
+            new[v, c] = pick
+            fin[v] = start + op_times[v, pick]
+        times[c] = fin[:n].max()
+    return new, times
 
 
 @_jit
@@ -324,8 +318,9 @@ def _np_sum(a: np.ndarray) -> float:
 @_jit
 def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np.ndarray,
                 below: np.ndarray, kind: np.ndarray, flat_times: np.ndarray,
-                flat_costs: np.ndarray, width: int,
-                taus: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                flat_costs: np.ndarray, width: int, taus: np.ndarray,
+                memo_d: np.ndarray,
+                memo_c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every row of `durs` rounded to real options, and the plans rounded the other way.
 
     (`frontier._Candidates.record_many`.) Per row: the plan of each operation's slowest option
@@ -333,6 +328,8 @@ def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np
     timed later), then, if any was rounded, the plans where each rounded operation that has a
     slower option takes it when at least `taus` of the way there, and all of them. Returns
     (plans [k, n] int16, times, costs), in the plain version's order with its sums.
+    `memo_d` / `memo_c` hold each operation's last rounded duration and its option (nan: none
+    yet), kept between calls.
     """
     count, n = durs.shape
     size = flat_times.size
@@ -352,7 +349,10 @@ def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np
         rounded = False
         m = 0
         for v in range(n):
-            c = below[kind[v], _count_upto(ladder, durs[r, v] + eps_t)] - 1
+            if durs[r, v] != memo_d[v]:  # (Most operations keep their duration.)
+                memo_d[v] = durs[r, v]
+                memo_c[v] = below[kind[v], _count_upto(ladder, durs[r, v] + eps_t)] - 1
+            c = memo_c[v]
             choice[v] = c
             low_at = _flat(v * width + c, size)
             cost_row[v] = flat_costs[low_at]
