@@ -137,7 +137,7 @@ class CutNetwork:
                                          src, self.sink_arcs, sink, INF_CAP)
         flow = self._carried(caps, own, scale)
         if self.warm and self.scale > 0 and not flow.any():
-            flow = kernels.rebalance(self.flow, caps, scale / self.scale, self._forward_arc,
+            flow = kernels.rebalance(self.flow, caps, self._forward_arc,
                                      self._order, self._indptr, self._heads, self.reverse)
         residual = caps - flow
         side = self._max_flow(residual)

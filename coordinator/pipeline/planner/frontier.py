@@ -263,15 +263,16 @@ class _Candidates:
         self.memo_c = np.zeros(ops.rows.size, dtype=np.int64)
         """Each operation's last rounded duration and its option (rounding skips the rest)."""
 
-    def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
+    def _add(self, plan: np.ndarray, time: float, energy: float) -> bool:
         """Keep `plan` (option indices, int16) as a candidate unless it was recorded before."""
         key = hashlib.blake2b(plan.data, digest_size=16).digest()  # (a contiguous row)
         if key in self.seen:
-            return
+            return False
         self.seen.add(key)
         self.time.append(time)
         self.energy.append(energy)
         self.plan.append(plan.copy())
+        return True
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
         """Round `dur` to real options (never slower) and keep the plan as a candidate."""
@@ -280,8 +281,9 @@ class _Candidates:
     def record_many(self, durs: np.ndarray, horizons: Sequence[float]) -> None:
         """`record` each row of `durs` ([count, n]), in order, rounded all at once.
 
-        Each plan's iteration time is computed later, for many candidates at once (its
-        `horizons` entry when no operation was rounded).
+        A plan's iteration time is its `horizons` entry when no operation was rounded, else
+        its longest path, computed here for the new plans in one batch (from the block the
+        rounding wrote: no copies).
         """
         ops, table = self.ops, self.table
         plans, times, costs = kernels.round_plans(
@@ -289,8 +291,17 @@ class _Candidates:
             ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS,
             self.memo_d, self.memo_c)
         before = len(self.time)
-        for plan, time, cost in zip(plans, times.tolist(), costs.tolist(), strict=True):
-            self._add(plan, time, cost)
+        rows: list[int] = []  # (of `plans`: new and to be timed)
+        slots: list[int] = []  # (their candidate indices)
+        for i, (time, cost) in enumerate(zip(times.tolist(), costs.tolist(), strict=True)):
+            if self._add(plans[i], time, cost) and math.isnan(time):
+                rows.append(i)
+                slots.append(len(self.time) - 1)
+        if rows:
+            timed = kernels.plan_times(self.graph.preds, self.graph.topo, plans[rows],
+                                       self.flat_times, ops.times.shape[1])
+            for slot, t in zip(slots, timed.tolist(), strict=True):
+                self.time[slot] = t
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()

@@ -531,12 +531,12 @@ def cut_moves(side: np.ndarray, crit_ops: np.ndarray, ub: np.ndarray, lb: np.nda
 
 
 @_jit
-def rebalance(flow: np.ndarray, caps: np.ndarray, ratio: float, forward_arc: np.ndarray,
+def rebalance(flow: np.ndarray, caps: np.ndarray, forward_arc: np.ndarray,
               order: np.ndarray, indptr: np.ndarray, heads: np.ndarray,
               reverse: np.ndarray) -> np.ndarray:
-    """A feasible flow near `flow` scaled by `ratio`, within `caps` (`CutNetwork._rescaled`).
+    """A feasible flow near `flow` within capacities `caps` (after a change of scale).
 
-    Every forward arc's flow is scaled (rounded down) and cut to its capacity; then, in the
+    Every forward arc's flow is cut to its capacity; then, in the
     network's topological `order` (its arcs all go forward in it), a node that sends more than
     it receives sends less, and in reverse order one that receives more than it sends
     receives less: flow is only ever taken away, so every arc stays within its capacity.
@@ -548,7 +548,7 @@ def rebalance(flow: np.ndarray, caps: np.ndarray, ratio: float, forward_arc: np.
     for u in range(size):
         for a in range(indptr[u], indptr[u + 1]):
             if forward_arc[a] and flow[a] > 0:
-                x = min(int(np.floor(flow[a] * ratio)), caps[a])
+                x = min(flow[a], caps[a])
                 if x > 0:
                     f[a] = x
                     outflow[u] += x
