@@ -298,8 +298,7 @@ class _Candidates:
                 rows.append(i)
                 slots.append(len(self.time) - 1)
         if rows:
-            timed = kernels.plan_times(self.graph.preds, self.graph.topo, plans[rows],
-                                       self.flat_times, ops.times.shape[1])
+            timed = self.graph.plan_times(plans[rows], self.flat_times, ops.times.shape[1])
             for slot, t in zip(slots, timed.tolist(), strict=True):
                 self.time[slot] = t
         self.count += len(self.time) - before
@@ -312,8 +311,7 @@ class _Candidates:
         for lo in range(0, len(pending), 512):
             chunk = pending[lo : lo + 512]
             plans = np.stack([self.plan[i] for i in chunk])
-            times = kernels.plan_times(self.graph.preds, self.graph.topo, plans, self.flat_times,
-                                       self.ops.times.shape[1])
+            times = self.graph.plan_times(plans, self.flat_times, self.ops.times.shape[1])
             for i, t in zip(chunk, times.tolist(), strict=True):
                 self.time[i] = t
         for i in range(self.settled, len(self.time)):

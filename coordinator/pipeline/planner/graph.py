@@ -86,9 +86,10 @@ class Graph:
         """
         return float(kernels.path_rate(self.preds, fin, rate, end))
 
-    def longest_many(self, durations: np.ndarray) -> np.ndarray:
-        """Iteration times of many duration vectors at once (`durations` is [n, count])."""
-        return kernels.longest_rows(self.preds, self.topo, np.ascontiguousarray(durations.T))
+    def plan_times(self, plans: np.ndarray, flat_times: np.ndarray, width: int) -> np.ndarray:
+        """Iteration times of plans (rows: node v's option p takes `flat_times[v * width +
+        p]`)."""
+        return kernels.plan_times(self.preds, self.topo, plans, flat_times, width)
 
     def reclaim_many(
         self, choices: np.ndarray, op_times: np.ndarray, tol: float

@@ -23,7 +23,6 @@ import numpy as np
 __all__ = [
     "backward",
     "forward",
-    "longest_rows",
     "max_flow",
     "path_rate",
     "plan_times",
@@ -81,21 +80,6 @@ def path_rate(preds: np.ndarray, fin: np.ndarray, rate: np.ndarray, end: int) ->
                 best = u
         v = best
     return total
-
-
-@_jit
-def longest_rows(preds: np.ndarray, topo: np.ndarray, durs: np.ndarray) -> np.ndarray:
-    """The iteration time of every row of `durs` ([count, n] durations)."""
-    count, n = durs.shape
-    out = np.empty(count)
-    for c in range(count):
-        fin = forward(preds, topo, durs[c])
-        best = fin[0]
-        for v in range(1, n):
-            if fin[v] > best:
-                best = fin[v]
-        out[c] = best
-    return out
 
 
 @_jit
