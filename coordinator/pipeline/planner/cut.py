@@ -5,13 +5,13 @@ frontier`) needs the cheapest way to shorten every critical path: a minimum s-t 
 bounds over the critical subgraph, found with a maximum flow on a network whose layout is built
 once per DAG (`CutNetwork`); a step only gives the arcs of its critical subgraph their
 capacities (late in a sweep that is nearly every arc). Consecutive steps change few
-capacities, so each max flow starts from the last one (made feasible for the new capacities),
-and what is left to augment is usually nothing or one path (8 x 96 1F1B: 30% and 32% of the
-steps): augmenting paths are found by breadth-first search (`scipy.sparse.csgraph.
-breadth_first_order`, about 60 us on that network), and only a flow from zero (the capacity
-scale changed, 14% of the steps) or one that needs more than `max_paths` goes to `scipy.sparse.
-csgraph.maximum_flow` (2-3 ms, most of it fixed cost). Whichever flow is found, the cut is the
-same: the least source side of every maximum flow.
+capacities, so each max flow starts from the last one: made feasible for the new capacities by
+moving flow between an operation's arcs, or, where that cannot fit them (a new capacity scale:
+14% of 8 x 96 1F1B's steps), cut to them and rebalanced (`kernels.rebalance`). The rest is
+augmented by Dinic's algorithm compiled (`kernels.max_flow`: usually nothing or one path, tens
+of microseconds; a rebalanced flow 1-3 ms, where from zero it took 3 ms and scipy's
+`maximum_flow` 2.4-6 ms). Whichever flow is found, the cut is the same: the least source side of
+every maximum flow (scipy's max flow, with `CutNetwork.compiled` off, is the plain stand-in).
 """
 
 from __future__ import annotations

@@ -87,8 +87,10 @@ class Graph:
         return float(kernels.path_rate(self.preds, fin, rate, end))
 
     def plan_times(self, plans: np.ndarray, flat_times: np.ndarray, width: int) -> np.ndarray:
-        """Iteration times of plans (rows: node v's option p takes `flat_times[v * width +
-        p]`)."""
+        """Iteration times of plans (rows of option indices).
+
+        Node v's option p takes `flat_times[v * width + p]`.
+        """
         return kernels.plan_times(self.preds, self.topo, plans, flat_times, width)
 
     def reclaim_many(

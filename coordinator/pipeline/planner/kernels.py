@@ -91,8 +91,10 @@ def _flat(i: int, size: int) -> int:
 @_jit
 def plan_times(preds: np.ndarray, topo: np.ndarray, plans: np.ndarray,
                flat_times: np.ndarray, width: int) -> np.ndarray:
-    """The iteration time of every plan (rows of `plans`: node v's option p is at v * width +
-    p in `flat_times`)."""
+    """The iteration time of every plan (rows of `plans`: option indices).
+
+    Node v's option p takes `flat_times[v * width + p]`.
+    """
     count, n = plans.shape
     out = np.empty(count)
     d = np.empty(n)
@@ -238,7 +240,7 @@ def _blocking_flow(indptr: np.ndarray, heads: np.ndarray, reverse: np.ndarray,
 
 @_jit
 def _block(a: np.ndarray, lo: int, n: int) -> float:
-    """numpy's pairwise sum of a block of at most 128 (8 accumulators from 8 on)."""
+    """The pairwise sum numpy takes of a block of at most 128 (8 accumulators from 8 on)."""
     if n < 8:
         res = -0.0
         for i in range(lo, lo + n):
@@ -261,7 +263,7 @@ def _block(a: np.ndarray, lo: int, n: int) -> float:
 
 @_jit
 def _pairwise(a: np.ndarray) -> float:
-    """numpy's pairwise sum of `a` (its `sum` of a contiguous array, to the bit).
+    """The pairwise sum numpy takes of `a` (its `sum` of a contiguous array, to the bit).
 
     Above 128 numpy halves the range (the first half a multiple of 8) and adds the two sums:
     the same tree here with an explicit stack (a cached numba function must not recurse).
@@ -447,10 +449,11 @@ def carry(flow: np.ndarray, caps: np.ndarray, own: np.ndarray,
 def critical(ls: np.ndarray, dur: np.ndarray, fin: np.ndarray, horizon: float, eps_t: float,
              eu: np.ndarray, ev: np.ndarray,
              src_ops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The critical subgraph (`frontier._cut_step`): (operations, dependencies mask over
-    (eu, ev), starting operations mask over `src_ops`, ending operations mask over all).
+    """The critical subgraph of a step (`frontier._cut_step`).
 
-    `ls` is the latest starts; an operation is critical when it cannot start later, a
+    Returns (operations, mask over the dependencies (eu, ev), mask over the starting
+    operations `src_ops`, mask over all operations: ending the iteration). `ls` is the latest
+    starts; an operation is critical when it cannot start later, a
     dependency when both ends are and the second starts as the first ends (within eps_t).
     """
     n = dur.size
