@@ -312,8 +312,9 @@ def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np
     (`frontier._Candidates.record_many`.) Per row: the plan of each operation's slowest option
     at least as fast as planned (time: the row's horizon when nothing was rounded, else nan:
     timed later), then, if any was rounded, the plans where each rounded operation that has a
-    slower option takes it when at least `taus` of the way there, and all of them. Returns
-    (plans [k, n] int16, times, costs), in the plain version's order with its sums.
+    slower option takes it when at least `taus` (descending) of the way there, and all of
+    them, each unless the last one was the same plan. Returns (plans [k, n] int16, times,
+    costs), in the plain version's order with its sums.
     `memo_d` / `memo_c` hold each operation's last rounded duration and its option (nan: none
     yet), kept between calls.
     """
@@ -360,7 +361,9 @@ def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np
         costs[k] = energy
         k += 1
         # The mixes (a threshold each, when more than one operation can move), then all.
+        # (The masks grow with t: one as large as the last is the same plan, a duplicate.)
         first = 0 if m > 1 else nt
+        last_hits = 0
         for t in range(first, nt + 1 if m else first):
             hits = 0
             plans[k] = choice
@@ -369,7 +372,8 @@ def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np
                     plans[k, moved[i]] = slower[i]
                     picked[hits] = extra[i]
                     hits += 1
-            if hits:
+            if hits > last_hits:
+                last_hits = hits
                 times[k] = np.nan
                 costs[k] = energy + _np_sum(picked[:hits])
                 k += 1
