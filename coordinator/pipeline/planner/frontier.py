@@ -18,9 +18,9 @@ piecewise-linear function of its duration); starting from every instruction at i
 (slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum
 s-t cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are
 slowed down at their right slope; a slowdown that buys nothing loses ties), solved as one
-maximum flow started from the last step's (`cut`: Dinic's algorithm, compiled), and applies it for as long as it stays valid: until an
-instruction reaches a hull vertex or another path becomes critical (found exactly by a few
-longest-path passes; each instruction's place on its hull is redone only when it moved). For
+maximum flow started from the last step's (`cut`: Dinic's algorithm, compiled), and applies it
+for as long as it stays valid: until an instruction reaches a hull vertex or another path
+becomes critical (found exactly by a few longest-path passes; each instruction's place on its hull is redone only when it moved). For
 convex piecewise-linear costs this traces the optimum of the continuous relaxation; unlike
 lowtime 0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted
 cost model (lowtime fits an exponential). Real plans are taken from the sweep: after every step
