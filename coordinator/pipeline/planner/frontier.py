@@ -21,8 +21,8 @@ slowed down at their right slope; a slowdown that buys nothing loses ties), solv
 maximum flow started from the last step's (`cut`: Dinic's algorithm, compiled), and applies it
 for as long as it stays valid: until an instruction reaches a hull vertex or another path
 becomes critical (found exactly by a few longest-path passes; each instruction's place on its
-hull is redone only when it moved). For convex piecewise-linear costs this traces the optimum of the continuous relaxation; unlike
-lowtime 0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted
+hull is redone only when it moved). For convex piecewise-linear costs this traces the optimum
+of the continuous relaxation; unlike lowtime 0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted
 cost model (lowtime fits an exponential). Real plans are taken from the sweep: after every step
 and wherever a moving instruction passes one of its options, the durations are rounded to real
 options (each instruction takes its slowest option at least as fast as planned; as further
