@@ -15,22 +15,22 @@ is not always monotone in the clock).
 Algorithm: an event-driven Phillips-Dessouky (PD) sweep over continuous durations. Each
 instruction's cost is replaced by the lower convex hull of its Pareto options (a convex
 piecewise-linear function of its duration); starting from every instruction at its cheapest
-(slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum
-s-t cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are
-slowed down at their right slope; a slowdown that buys nothing loses ties), solved as one
-maximum flow started from the last step's (`cut`: Dinic's algorithm, compiled), and applies it
-for as long as it stays valid: until an instruction reaches a hull vertex or another path
-becomes critical (found exactly by a few longest-path passes; each instruction's place on its
-hull is redone only when it moved). For convex piecewise-linear costs this traces the optimum
-of the continuous relaxation; unlike lowtime 0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted
-cost model (lowtime fits an exponential). Real plans are taken from the sweep: after every step
-and wherever a moving instruction passes one of its options, the durations are rounded to real
-options (each instruction takes its slowest option at least as fast as planned; as further
-candidates, the next slower one, and mixes where an instruction takes the slower one when it is
-at least 3/4, 1/2 or 1/4 of the way there), evaluated on the profile (critical path and the
-formula above), and the Pareto-optimal candidates get their off-critical slack reclaimed (in
-topological order every instruction takes its slowest option that keeps the iteration time). The
-frontier keeps the Pareto-optimal plans, at most one per `unit_time` of iteration time.
+(slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum s-t
+cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are slowed down
+at their right slope; a slowdown that buys nothing loses ties), solved as one maximum flow started
+from the last step's (`cut`: Dinic's algorithm, compiled), and applies it for as long as it stays
+valid: until an instruction reaches a hull vertex or another path becomes critical (found exactly by
+a few longest-path passes; each instruction's place on its hull is redone only when it moved). For
+convex piecewise-linear costs this traces the optimum of the continuous relaxation; unlike lowtime
+0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted cost model
+(lowtime fits an exponential). Real plans are taken from the sweep: after every step and wherever a
+moving instruction passes one of its options, the durations are rounded to real options (each
+instruction takes its slowest option at least as fast as planned; as further candidates, the next
+slower one, and mixes where an instruction takes the slower one when it is at least 3/4, 1/2 or 1/4
+of the way there), evaluated on the profile (critical path and the formula above), and the
+Pareto-optimal candidates get their off-critical slack reclaimed (in topological order every
+instruction takes its slowest option that keeps the iteration time). The frontier keeps the
+Pareto-optimal plans, at most one per `unit_time` of iteration time.
 
 The discrete problem is NP-hard; this is a heuristic on top of an exact relaxation. On the
 Perseus artifact's profiles its energies are at or below lowtime 0.3.0's plans evaluated the
