@@ -7,9 +7,12 @@ the one the plain version does, in the same order (numba without fastmath contra
 so the plans are the plain version's bit for bit (`tests/core/test_frontier_fast_paths.py`
 compares them with the plain stand-ins in `tests/core/planner_reference_kit.py`).
 
-Only the planner imports this module (numba takes ~0.5 s to import; the coordinator and agent
-CLIs never load the planner). `cache=True` keeps the machine code beside this file (or in
-numba's user cache when that is read-only): a fresh process with the cache compiles nothing.
+Only the planner imports this module (numba takes ~0.3 s to import; the coordinator and agent
+CLIs never load the planner). Compiling every kernel takes ~13 CPU-s on the CI VM, once:
+`cache=True` keeps the machine code beside this file (or in numba's user cache when that is
+read-only), so a fresh process with the cache compiles nothing. A cached function must not
+call itself (numba's cache segfaulted on reloading the recursive pairwise sum), hence the
+explicit stack in `_pairwise`.
 
 Layout: `preds` / `succs` are [n, width] node indices padded with the sentinel n (finish time 0,
 latest start the horizon); `topo` a topological order.
