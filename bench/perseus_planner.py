@@ -15,7 +15,8 @@ lowtime's stored frontiers in data/perseus/frontiers/a100_sxm/.
 profile's stages are the ranks, each rank's virtual stages share its rows; `zero-bubble` splits
 each backward row into a `backward_input` and a `backward_weight` row of half its time and
 energy, an assumption of this bench); lowtime, which plans 1F1B only, is then skipped. Each case
-reports the planner's wall and CPU seconds, the process's peak RSS so far (MB), the sweep's
+reports the planner's wall and CPU seconds, the process's peak RSS so far (MB), a digest of the
+frontier (exact times, energies and plans: `frontier_sha256`), the sweep's
 steps (`iterations`: one least-cost cut each, a max flow started from the last step's flow
 or none when that flow is still maximum) and the distinct rounded plans it recorded
 (`candidates`).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import math
 import resource
@@ -195,6 +197,12 @@ def fastest_critical_path(
     return dag.longest_path(real), round(dag.longest_path(quant))
 
 
+def frontier_digest(frontier: Sequence[FrontierPoint]) -> str:
+    """SHA-256 of every point's exact time, energy and plan: equal digests, equal frontiers."""
+    text = json.dumps([(p.time.hex(), p.energy.hex(), p.plan) for p in frontier])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def stored_tmin(model: str, num_microbatches: int) -> float | None:
     """T_min of lowtime's stored frontier (fastest row), if there is one."""
     path = FRONTIERS / f"{model}_bf16_mb{num_microbatches}.csv.gz"
@@ -251,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "t_min_is_fastest_critical_path": abs(frontier[0].time - t_fast) <= 1e-9 * t_fast,
                 "saving_at_t_min": 1 - frontier[0].energy / all_max[1],
                 "t_max": frontier[-1].time,
+                "frontier_sha256": frontier_digest(frontier),
             }
             if "a100" in name and args.schedule == "1f1b":
                 stored = stored_tmin(model, m)

@@ -3,7 +3,10 @@
 Each stands in for a faster one with the same answers (`tests/core/test_frontier_fast_paths.py`
 patches them in and compares the frontiers bit for bit): rounding one plan at a time,
 placing every operation on its hull at every step, counting fitting options by comparing
-every option, summing a longest path's rate in a tracked forward pass.
+every option, summing a longest path's rate in a tracked forward pass, longest paths as
+Python loops or numpy by topological level, reclaiming slack by level, and a sweep step's
+critical subgraph and cut in numpy (with `CutNetwork.compiled` off, scipy's max flow) instead
+of the compiled kernels (`coordinator.pipeline.planner.kernels`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from coordinator.pipeline.planner import frontier
+from coordinator.pipeline.planner.cut import INF_CAP, CutNetwork
 from coordinator.pipeline.planner.graph import Graph, OptionTable
 
 
@@ -73,14 +77,138 @@ def fitting_by_comparison(self: OptionTable, nodes: np.ndarray,
     return (times <= limit[..., None]).sum(axis=-1)
 
 
-def tracked_rate(self: Graph, fin: list[float], rate: list[float], end: int) -> float:
+def tracked_rate(self: Graph, fin: np.ndarray, rate: np.ndarray, end: int) -> float:
     """`Graph.path_rate` from a pass that carries every longest path's summed rate forward.
 
     As the sweep's forward pass did before: each operation extends the path of its first
     predecessor (in index order) that finishes last.
     """
     acc = [0.0] * (self.n + 1)
-    for row in self.fwd_rows:
-        v = row[0]
-        acc[v] = acc[max(row[1:], key=fin.__getitem__)] + rate[v]
+    for v in self.topo.tolist():
+        row = self.preds[v].tolist()
+        acc[v] = acc[max(row, key=fin.__getitem__)] + rate[v]
     return acc[end]
+
+
+def forward_in_python(self: Graph, d: np.ndarray) -> np.ndarray:
+    """`Graph.forward` as a Python loop."""
+    self.passes += 1
+    fin = [0.0] * (self.n + 1)
+    durations = d.tolist()
+    for v in self.topo.tolist():
+        fin[v] = max(fin[u] for u in self.preds[v].tolist()) + durations[v]
+    return np.array(fin)
+
+
+def backward_in_python(self: Graph, d: np.ndarray, horizon: float) -> np.ndarray:
+    """`Graph.backward` as a Python loop."""
+    self.passes += 1
+    ls = [horizon] * (self.n + 1)
+    durations = d.tolist()
+    for v in reversed(self.topo.tolist()):
+        ls[v] = min(ls[w] for w in self.succs[v].tolist()) - durations[v]
+    return np.array(ls)
+
+
+def _levels(self: Graph) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each topological level's (nodes, padded predecessors, padded successors)."""
+    level = [0] * self.n
+    for v in self.topo.tolist():
+        level[v] = 1 + max((level[u] for u in self.dag.preds[v]), default=-1)
+    by_level: dict[int, list[int]] = {}
+    for v in range(self.n):
+        by_level.setdefault(level[v], []).append(v)
+    return [(np.array(vs), self.preds[vs], self.succs[vs]) for _, vs in sorted(by_level.items())]
+
+
+def plan_times_by_level(self: Graph, plans: np.ndarray, flat_times: np.ndarray,
+                        width: int) -> np.ndarray:
+    """`Graph.plan_times` with numpy, one topological level at a time over every plan."""
+    durations = flat_times.take(plans + np.arange(self.n) * width).T
+    fin = np.zeros((self.n + 1, durations.shape[1]))
+    for nodes, preds, _ in _levels(self):
+        fin[nodes] = fin[preds].max(axis=1) + durations[nodes]
+    return fin[: self.n].max(axis=0)
+
+
+def reclaim_by_level(self: Graph, choices: np.ndarray, op_times: np.ndarray,
+                     tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """`Graph.reclaim_many` with numpy by level, fitting options counted by comparison."""
+    n, count = choices.shape
+    levels = _levels(self)
+    dur = op_times[np.arange(n)[:, None], choices]
+    fin = np.zeros((n + 1, count))
+    for nodes, preds, _ in levels:
+        fin[nodes] = fin[preds].max(axis=1) + dur[nodes]
+    latest_start = np.empty((n + 1, count))
+    latest_start[n] = fin[:n].max(axis=0)
+    latest_finish = np.empty((n, count))
+    for nodes, _, succs in reversed(levels):
+        latest_finish[nodes] = latest_start[succs].min(axis=1)
+        latest_start[nodes] = latest_finish[nodes] - dur[nodes]
+    new = choices.copy()
+    fin[:] = 0.0
+    for nodes, preds, _ in levels:
+        start = fin[preds].max(axis=1)
+        room = latest_finish[nodes] - start + tol
+        fitting = (op_times[nodes][:, None, :] <= room[..., None]).sum(axis=-1)
+        pick = np.maximum(fitting - 1, choices[nodes])
+        new[nodes] = pick
+        fin[nodes] = start + op_times[nodes[:, None], pick]
+    return new, fin[:n].max(axis=0)
+
+
+def cut_step_in_numpy(graph: Graph, network: CutNetwork, ops: frontier._Ops,
+                      on_hull: frontier._OnHull, dur: np.ndarray, fin: np.ndarray,
+                      horizon: float) -> tuple[np.ndarray, np.ndarray, float] | str:
+    """`frontier._cut_step` with numpy: the critical subgraph, the cut and its moves."""
+    n, eps_t = graph.n, ops.eps_t
+    latest_start = graph.backward(dur, horizon)[:n]
+    start = fin - dur
+    crit = (latest_start - start) <= eps_t
+    crit_ops = np.flatnonzero(crit)
+    eu, ev = graph.eu, graph.ev
+    prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
+    src_mask = crit & (start <= eps_t)
+    sink_mask = crit & (fin >= horizon - eps_t)
+    ub, lb = on_hull.ub[crit_ops], on_hull.lb[crit_ops]
+    side = min_cut_in_numpy(network, crit_ops, ub, lb, prec, src_mask[network.src_ops],
+                            sink_mask)
+    if side is None:
+        return "no finite cut"
+    speed = side[crit_ops] & ~side[crit_ops + n]
+    slow = ~side[crit_ops] & side[crit_ops + n] & (lb > 0)
+    if not speed.any() or not np.isfinite(ub[speed]).all():
+        return "no speed-up"
+    sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
+    hull = ops.hull
+    step = float(np.min(dur[sp_ops] - hull[sp_ops, on_hull.below[sp_ops] - 1]))
+    if sl_ops.size:
+        step = min(step, float(np.min(hull[sl_ops, on_hull.upto[sl_ops]] - dur[sl_ops])))
+    return sp_ops, sl_ops, step
+
+
+def min_cut_in_numpy(self: CutNetwork, crit_ops: np.ndarray, ub: np.ndarray, lb: np.ndarray,
+                     prec: np.ndarray, src: np.ndarray, sink: np.ndarray) -> np.ndarray | None:
+    """`CutNetwork.min_cut`'s capacities in numpy, its flow from zero (with `compiled` off,
+    scipy's)."""
+    finite_ub = np.isfinite(ub)
+    finite_vals = np.concatenate([(ub - lb)[finite_ub], lb])
+    biggest = float(finite_vals.max()) if finite_vals.size else 0.0
+    cap_max = max(1, min(1 << 20, (INF_CAP // 4) // max(1, finite_vals.size)))
+    scale = cap_max / biggest if biggest > 0 else 1.0
+    lb_cap = np.maximum(np.rint(lb * scale).astype(np.int64) - 1, 0)
+    ub_cap = np.rint(np.where(finite_ub, ub, 0.0) * scale).astype(np.int64)
+    caps = np.zeros_like(self.caps)
+    own = self.op_arcs[:, crit_ops]
+    caps[own[0]] = np.where(finite_ub, ub_cap - lb_cap, INF_CAP)
+    caps[own[1]] = lb_cap
+    caps[own[2]] = lb_cap
+    caps[self.edge_arcs[prec]] = INF_CAP
+    caps[self.src_arcs[src]] = INF_CAP
+    caps[self.sink_arcs[sink]] = INF_CAP
+    residual = caps.copy()
+    side = self._max_flow(residual)
+    if int((caps - residual)[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
+        return None
+    return side

@@ -1,11 +1,13 @@
 """The planner's fast paths give exactly the frontier its plain pieces give.
 
-The sweep finds augmenting paths by breadth-first search from the last step's flow, rounds a
-step's plans in one batch, keeps every operation's place on its hull and redoes it only for the
-operations that moved, counts fitting options by table and walks a longest path back only when
-its rate is needed. Each has a plain stand-in (`planner_reference_kit`, scipy's max flow from
-zero): with all of them patched in, the frontier (times, energies, plans) and the sweep's
-counts are the same, bit for bit, on 1F1B, interleaved, zero-bubble and GPipe schedules.
+The sweep runs its loops compiled (`coordinator.pipeline.planner.kernels`: longest paths, the
+critical subgraph, capacities, a max flow by Dinic's algorithm started from the last step's
+flow, rounding and timing plans, reclaiming slack), rounds a step's plans in one batch, keeps
+every operation's place on its hull and redoes it only for the operations that moved, counts
+fitting options by table and walks a longest path back only when its rate is needed. Each has
+a plain stand-in (`planner_reference_kit`: Python loops, numpy, scipy's max flow from zero):
+with all of them patched in, the frontier (times, energies, plans) and the sweep's counts are
+the same, bit for bit, on 1F1B, interleaved, zero-bubble and GPipe schedules.
 """
 
 from __future__ import annotations
@@ -49,11 +51,16 @@ def test_the_fast_paths_change_no_plan(monkeypatch: pytest.MonkeyPatch, name: st
                                        virtual: int | None) -> None:
     fast, fast_stats = run(name, schedule, microbatches, virtual)
     monkeypatch.setattr(CutNetwork, "warm", False)
-    monkeypatch.setattr(CutNetwork, "max_paths", 0)
+    monkeypatch.setattr(CutNetwork, "compiled", False)
+    monkeypatch.setattr(frontier, "_cut_step", kit.cut_step_in_numpy)
     monkeypatch.setattr(frontier._Candidates, "record_many", kit.record_one_by_one)
     monkeypatch.setattr(frontier._OnHull, "update", kit.place_everyone)
     monkeypatch.setattr(OptionTable, "fitting", kit.fitting_by_comparison)
     monkeypatch.setattr(Graph, "path_rate", kit.tracked_rate)
+    monkeypatch.setattr(Graph, "forward", kit.forward_in_python)
+    monkeypatch.setattr(Graph, "backward", kit.backward_in_python)
+    monkeypatch.setattr(Graph, "plan_times", kit.plan_times_by_level)
+    monkeypatch.setattr(Graph, "reclaim_many", kit.reclaim_by_level)
     plain, plain_stats = run(name, schedule, microbatches, virtual)
     assert len(fast) > 20
     assert fast == plain

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from coordinator.pipeline.planner import PlannerStats, frontier, plan_frontier
+from coordinator.pipeline.planner.dag import Synchronous1F1B, build_dag
+from coordinator.pipeline.planner.graph import Graph
 from coordinator.pipeline.planner.profile_file import load_profile
 
 pytestmark = pytest.mark.core
@@ -36,7 +38,8 @@ def test_a_duration_an_ulp_past_the_slowest_option_is_recorded() -> None:
     costs = np.array([[5.0, 3.0], [4.0, np.inf]])
     ops = frontier._Ops(np.array([0, 1]), times, costs, times, np.array([2, 1]),
                         np.zeros((2, 2)), np.arange(2), eps_t=1e-9)
-    candidates = frontier._Candidates(ops, None, 2, 0.0)  # type: ignore[arg-type]
+    graph = Graph(build_dag(Synchronous1F1B(1, 1)))  # (Two operations; a new plan is timed.)
+    candidates = frontier._Candidates(ops, graph, 2, 0.0)
     candidates.record(np.array([np.nextafter(2.0, 3.0), 1.0]), 2.0)
     # Rounded "the other way" it is the same plan: recorded once.
     assert [p.tolist() for p in candidates.plan] == [[1, 0]]

@@ -68,16 +68,16 @@ def test_a_carried_flow_moves_between_an_operations_arcs_or_starts_from_zero() -
     assert not network._carried(np.array([3, 0, 1, 0, 1, 0]), own, 2.0).any()  # Another scale.
 
 
-def test_augmenting_by_search_or_by_scipy_finds_the_same_cuts(
+def test_the_compiled_max_flow_or_scipys_finds_the_same_cuts(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step's flow is augmented by breadth-first search from the carried flow, at most
-    `max_paths` paths, then by scipy's max flow: either way the frontier is the same."""
+    """A step's flow is augmented by the compiled Dinic's algorithm from the carried (or
+    rebalanced) flow, or by scipy's max flow: either way the frontier is the same."""
     profile = load_profile(PROFILES / "bloom+a40_bf16.csv")
-    searched = PlannerStats()
-    by_search = plan_frontier(profile, 6, stats=searched)
-    monkeypatch.setattr(CutNetwork, "max_paths", 0)
+    compiled = PlannerStats()
+    by_kernel = plan_frontier(profile, 6, stats=compiled)
+    monkeypatch.setattr(CutNetwork, "compiled", False)
     scipy_stats = PlannerStats()
     by_scipy = plan_frontier(profile, 6, stats=scipy_stats)
-    assert searched.iterations == scipy_stats.iterations
-    assert [(p.time, p.energy, p.plan) for p in by_search] == [
+    assert compiled.iterations == scipy_stats.iterations
+    assert [(p.time, p.energy, p.plan) for p in by_kernel] == [
         (p.time, p.energy, p.plan) for p in by_scipy]

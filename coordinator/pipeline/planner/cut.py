@@ -5,13 +5,13 @@ frontier`) needs the cheapest way to shorten every critical path: a minimum s-t 
 bounds over the critical subgraph, found with a maximum flow on a network whose layout is built
 once per DAG (`CutNetwork`); a step only gives the arcs of its critical subgraph their
 capacities (late in a sweep that is nearly every arc). Consecutive steps change few
-capacities, so each max flow starts from the last one (made feasible for the new capacities),
-and what is left to augment is usually nothing or one path (8 x 96 1F1B: 30% and 32% of the
-steps): augmenting paths are found by breadth-first search (`scipy.sparse.csgraph.
-breadth_first_order`, about 60 us on that network), and only a flow from zero (the capacity
-scale changed, 14% of the steps) or one that needs more than `max_paths` goes to `scipy.sparse.
-csgraph.maximum_flow` (2-3 ms, most of it fixed cost). Whichever flow is found, the cut is the
-same: the least source side of every maximum flow.
+capacities, so each max flow starts from the last one: made feasible for the new capacities by
+moving flow between an operation's arcs, or, where that cannot fit them (a new capacity scale:
+14% of 8 x 96 1F1B's steps), cut to them and rebalanced (`kernels.rebalance`). The rest is
+augmented by Dinic's algorithm compiled (`kernels.max_flow`: usually nothing or one path, tens
+of microseconds; a rebalanced flow 1-3 ms, where from zero it took 3 ms and scipy's
+`maximum_flow` 2.4-6 ms). Whichever flow is found, the cut is the same: the least source side of
+every maximum flow (scipy's max flow, with `CutNetwork.compiled` off, is the plain stand-in).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
+from coordinator.pipeline.planner import kernels
 from coordinator.pipeline.planner.graph import Graph
 
 __all__ = ["INF_CAP", "CutNetwork"]
@@ -47,8 +48,8 @@ class CutNetwork:
     warm = True
     """Start each max flow from the last one (`False`: from zero; the same cuts, slower)."""
 
-    max_paths = 8
-    """Augmenting paths found by breadth-first search before the rest goes to scipy."""
+    compiled = True
+    """Find each max flow with the compiled Dinic's algorithm (`False`: scipy's, slower)."""
 
     def __init__(self, graph: Graph) -> None:
         n = self.n = graph.n
@@ -84,6 +85,11 @@ class CutNetwork:
         self.edge_arcs = inverse[n + np.arange(e)]
         self.src_arcs = inverse[o_src + np.arange(src_ops.size)]
         self.sink_arcs = inverse[o_sink + ops]
+        self._forward_arc = np.zeros(2 * rows.size, dtype=bool)
+        self._forward_arc[inverse[: rows.size]] = True
+        self._order = np.concatenate([[s], np.stack([graph.topo, graph.topo + n], axis=1).ravel(),
+                                      [t]]).astype(np.int64)
+        """The network's nodes in an order its arcs all follow (the DAG's, start before end)."""
         self.flow = np.zeros(2 * rows.size, dtype=np.int64)
         """The last maximum flow, antisymmetric, over the sorted layout (0: none)."""
         self.caps = np.zeros(2 * rows.size, dtype=np.int64)
@@ -96,6 +102,8 @@ class CutNetwork:
         self._to_head = self.indices - self.row_of
         indptr = np.zeros(size + 1, dtype=np.int32)
         np.cumsum(np.bincount(self.row_of, minlength=size), out=indptr[1:])
+        self._indptr = indptr.astype(np.int64)
+        self._heads = self.indices.astype(np.int64)
         self._open = sp.csr_array((np.ones(self.indices.size), self.indices.copy(), indptr),
                                   shape=(size, size))
 
@@ -118,34 +126,24 @@ class CutNetwork:
             src: Mask over `src_ops`: critical and starting at 0.
             sink: Mask over operations: critical and ending the iteration.
         """
-        finite_ub = np.isfinite(ub)
-        finite_vals = np.concatenate([(ub - lb)[finite_ub], lb])
-        biggest = float(finite_vals.max()) if finite_vals.size else 0.0
-        n_finite = max(1, finite_vals.size)
-        cap_max = max(1, min(1 << 20, (INF_CAP // 4) // n_finite))
-        scale = cap_max / biggest if biggest > 0 else 1.0
         # A slowdown saves one unit less than it is worth: among cuts of (nearly) equal cost
         # the one that slows fewer operations wins. Without it, two operations of one kind
         # a few ulps apart on the same hull segment can be traded (one sped up, one slowed
         # down, at no net cost) step after step, each step only as long as their distance:
         # the sweep stalled for minutes on interleaved 1F1B (bloom A40, 8 x 2 x 16).
-        lb_cap = np.maximum(np.rint(lb * scale).astype(np.int64) - 1, 0)
-        ub_cap = np.rint(np.where(finite_ub, ub, 0.0) * scale).astype(np.int64)
         caps = self.caps
-        caps[:] = 0
         own = self.op_arcs[:, crit_ops]
-        caps[own[0]] = np.where(finite_ub, ub_cap - lb_cap, INF_CAP)
-        caps[own[1]] = lb_cap
-        caps[own[2]] = lb_cap
-        caps[self.edge_arcs[prec]] = INF_CAP
-        caps[self.src_arcs[src]] = INF_CAP
-        caps[self.sink_arcs[sink]] = INF_CAP
+        scale, lb_sum = kernels.cut_caps(caps, own, ub, lb, self.edge_arcs, prec, self.src_arcs,
+                                         src, self.sink_arcs, sink, INF_CAP)
         flow = self._carried(caps, own, scale)
+        if self.warm and self.scale > 0 and not flow.any():
+            flow = kernels.rebalance(self.flow, caps, self._forward_arc,
+                                     self._order, self._indptr, self._heads, self.reverse)
         residual = caps - flow
-        side = self._max_flow(residual, cold=not flow.any())
+        side = self._max_flow(residual)
         self.flow = caps - residual
         self.scale = scale
-        if int(self.flow[self.from_source].sum()) - int(lb_cap.sum()) >= INF_CAP // 2:
+        if int(self.flow[self.from_source].sum()) - lb_sum >= INF_CAP // 2:
             self.scale = 0.0
             return None
         return side
@@ -163,68 +161,34 @@ class CutNetwork:
         """
         if not self.warm or scale != self.scale:
             return np.zeros_like(self.flow)
-        flow = self.flow.copy()
-        f, c = flow[own], caps[own]
-        low = np.maximum(f[0] - c[0], np.maximum(-f[1], -f[2]))
-        high = np.minimum(f[0], np.minimum(c[1] - f[1], c[2] - f[2]))
-        shift = np.minimum(np.maximum(low, 0), high)
-        moves = np.flatnonzero(shift)
-        if moves.size:
-            d = shift[moves]
-            for row, sign in ((0, -1), (1, 1), (2, 1)):
-                flow[own[row, moves]] += sign * d
-                flow[self.reverse[own[row, moves]]] -= sign * d
-        if np.any(flow > caps):
-            return np.zeros_like(flow)
-        return flow
+        return kernels.carry(self.flow, caps, own, self.reverse)
 
-    def _max_flow(self, residual: np.ndarray, cold: bool) -> np.ndarray:
+
+    def _max_flow(self, residual: np.ndarray) -> np.ndarray:
         """Augment `residual` (in place) to a maximum flow's; the source side of its cut.
 
-        From a carried flow, shortest augmenting paths by breadth-first search (`max_paths` at
-        most, usually one or two are left), then scipy's maximum flow for the rest; from zero,
-        scipy's maximum flow at once.
+        The compiled Dinic's algorithm (`kernels.max_flow`) from whatever flow `residual`
+        carries; with `compiled` off, scipy's maximum flow and breadth-first search (the plain
+        stand-in: the same side, as every maximum flow has).
         """
-        size, n = self.size, self.n
-        source, sink = 2 * n, 2 * n + 1
-        for _ in range(0 if cold else self.max_paths):
-            reached, pred = self._search(residual, predecessors=True)
-            if pred[sink] < 0:
-                return reached
-            path: list[int] = []
-            v = sink
-            pred_list = pred.tolist()
-            while v != source:
-                u = pred_list[v]
-                path.append(u * size + v)
-                v = u
-            arcs = np.searchsorted(self.key, path)
-            bottleneck = residual[arcs].min()
-            residual[arcs] -= bottleneck
-            residual[self.reverse[arcs]] += bottleneck
-        reached, _ = self._search(residual, predecessors=False)
-        if reached[sink]:
-            residual -= _augment(residual, self.key, size)
-            reached, _ = self._search(residual, predecessors=False)
-        return reached
+        n = self.n
+        if self.compiled:
+            return kernels.max_flow(self._indptr, self._heads, self.reverse, residual,
+                                    2 * n, 2 * n + 1)
+        residual -= _augment(residual, self.key, self.size)
+        return self._search(residual)
 
-    def _search(self, residual: np.ndarray, predecessors: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(nodes the source reaches over arcs with residual capacity, BFS predecessors)."""
-        size = self.size
+    def _search(self, residual: np.ndarray) -> np.ndarray:
+        """The nodes the source reaches over arcs with residual capacity (scipy's search)."""
         graph = self._open
         # An arc without residual capacity becomes a loop on its tail: the layout stays, no
         # arcs to filter out or count, and a loop leads nowhere new.
         graph.indices = self.row_of + (residual > 0) * self._to_head
-        if predecessors:
-            reached, pred = breadth_first_order(graph, size - 2, directed=True,
-                                                return_predecessors=True)
-        else:
-            reached = breadth_first_order(graph, size - 2, directed=True,
-                                          return_predecessors=False)
-            pred = np.zeros(0, dtype=np.int32)
-        side = np.zeros(size, dtype=bool)
+        reached = breadth_first_order(graph, self.size - 2, directed=True,
+                                      return_predecessors=False)
+        side = np.zeros(self.size, dtype=bool)
         side[reached] = True
-        return side, pred
+        return side
 
 
 def _augment(residual: np.ndarray, key: np.ndarray, size: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Perseus (SOSP '24) iteration time-energy frontier planner. Pure (numpy and scipy only).
+"""Perseus (SOSP '24) iteration time-energy frontier planner. Pure (numpy, scipy, numba).
 
 Input: an instruction profile, the mean time and energy of one forward or backward instruction
 of each pipeline stage at each locked SM clock (`InstructionProfile`). Output: the iteration
@@ -15,23 +15,22 @@ is not always monotone in the clock).
 Algorithm: an event-driven Phillips-Dessouky (PD) sweep over continuous durations. Each
 instruction's cost is replaced by the lower convex hull of its Pareto options (a convex
 piecewise-linear function of its duration); starting from every instruction at its cheapest
-(slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum
-s-t cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are
-slowed down at their right slope; a slowdown that buys nothing loses ties), solved as one
-maximum flow started from the last step's (`cut`: augmenting paths by breadth-first search,
-scipy's max flow where many are left), and applies it for as long as it stays valid: until an
-instruction reaches a hull vertex or another path becomes critical (found exactly by a few
-longest-path passes; each instruction's place on its hull is redone only when it moved). For
-convex piecewise-linear costs this traces the optimum of the continuous relaxation; unlike
-lowtime 0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted
-cost model (lowtime fits an exponential). Real plans are taken from the sweep: after every step
-and wherever a moving instruction passes one of its options, the durations are rounded to real
-options (each instruction takes its slowest option at least as fast as planned; as further
-candidates, the next slower one, and mixes where an instruction takes the slower one when it is
-at least 3/4, 1/2 or 1/4 of the way there), evaluated on the profile (critical path and the
-formula above), and the Pareto-optimal candidates get their off-critical slack reclaimed (in
-topological order every instruction takes its slowest option that keeps the iteration time). The
-frontier keeps the Pareto-optimal plans, at most one per `unit_time` of iteration time.
+(slowest) option, each step finds the least-cost way to shorten the critical subgraph, a minimum s-t
+cut with lower bounds (cut arcs are sped up at their left slope, arcs crossing back are slowed down
+at their right slope; a slowdown that buys nothing loses ties), solved as one maximum flow started
+from the last step's (`cut`: Dinic's algorithm, compiled), and applies it for as long as it stays
+valid: until an instruction reaches a hull vertex or another path becomes critical (found exactly by
+a few longest-path passes; each instruction's place on its hull is redone only when it moved). For
+convex piecewise-linear costs this traces the optimum of the continuous relaxation; unlike lowtime
+0.3.0 there is no time quantum (lowtime shortens by one quantum per step) and no fitted cost model
+(lowtime fits an exponential). Real plans are taken from the sweep: after every step and wherever a
+moving instruction passes one of its options, the durations are rounded to real options (each
+instruction takes its slowest option at least as fast as planned; as further candidates, the next
+slower one, and mixes where an instruction takes the slower one when it is at least 3/4, 1/2 or 1/4
+of the way there), evaluated on the profile (critical path and the formula above), and the
+Pareto-optimal candidates get their off-critical slack reclaimed (in topological order every
+instruction takes its slowest option that keeps the iteration time). The frontier keeps the
+Pareto-optimal plans, at most one per `unit_time` of iteration time.
 
 The discrete problem is NP-hard; this is a heuristic on top of an exact relaxation. On the
 Perseus artifact's profiles its energies are at or below lowtime 0.3.0's plans evaluated the
@@ -39,8 +38,10 @@ same way (bench/perseus_planner.py); on tiny adversarial chains it can be a few 
 the exact discrete frontier (tests/core/test_frontier_planner.py).
 
 The pieces: `profile` (the input), `dag` (the iteration's DAG), `graph` (longest-path passes),
-`cut` (one step's least-cost cut), `points` (a plan's cost, the all-max plan, the choice); this
-module runs the sweep (`plan_frontier`).
+`cut` (one step's least-cost cut), `points` (a plan's cost, the all-max plan, the choice),
+`kernels` (the per-step loops compiled with numba: ~4 ms a step as Python loops and small numpy
+calls, ~1.5 ms now, the plans the same bit for bit); this module runs the sweep
+(`plan_frontier`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from coordinator.pipeline.planner import kernels
 from coordinator.pipeline.planner.cut import CutNetwork
 from coordinator.pipeline.planner.dag import PipelineDAG, PipelineSchedule
 from coordinator.pipeline.planner.graph import Graph, OptionTable
@@ -228,55 +230,7 @@ PRUNE_EVERY = 4096
 """Candidates recorded between two prunings of the dominated ones (bounds the memory)."""
 
 
-class _Slower:
-    """The plans rounded the other way (a bit slower, cheaper) and those between, by row.
-
-    An operation is rounded up when it is at least `THRESHOLDS` of the way to its slower
-    option (the discrete optimum is often such a mix). Only the operations between two options
-    can move; an operation an ulp past its slowest option has no slower one. Every row's
-    movable operations are found at once; each row's plans and their energies (sums in the
-    same order as one row at a time) are then recorded in order.
-    """
-
-    def __init__(self, owner: _Candidates, durs: np.ndarray, choice: np.ndarray,
-                 between: np.ndarray) -> None:
-        self.owner, self.choice = owner, choice
-        last = owner.ops.times.shape[1] - 1
-        rows, ops_moved = np.nonzero(between)
-        low = choice[rows, ops_moved]
-        slower = np.minimum(low + 1, last)
-        moving = slower != low
-        rows, ops_moved, low, slower = rows[moving], ops_moved[moving], low[moving], slower[moving]
-        low_at = owner.row_start[ops_moved] + low
-        high_at = owner.row_start[ops_moved] + slower
-        self.extra = owner.flat_costs[high_at] - owner.flat_costs[low_at]
-        low_t, high_t = owner.flat_times[low_at], owner.flat_times[high_at]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            self.frac = np.where(np.isfinite(high_t),
-                                 (durs[rows, ops_moved] - low_t) / (high_t - low_t), 0.0)
-        self.ops_moved, self.slower = ops_moved, slower
-        self.bounds = np.searchsorted(rows, np.arange(durs.shape[0] + 1)).tolist()
-
-    def record(self, r: int, energy: float) -> None:
-        """Record row `r`'s slower plans (`energy`: its rounded-down plan's cost)."""
-        lo, hi = self.bounds[r], self.bounds[r + 1]
-        if hi == lo:
-            return
-        ops_moved, slower, extra = self.ops_moved[lo:hi], self.slower[lo:hi], self.extra[lo:hi]
-        if hi - lo > 1:  # (One rounded operation: no mix between.)
-            masks = np.ones((len(THRESHOLDS) + 1, hi - lo), dtype=bool)
-            np.greater_equal(self.frac[lo:hi], _TAUS, out=masks[:-1])
-        else:
-            masks = np.ones((1, 1), dtype=bool)
-        plans = np.repeat(self.choice[r][None, :], masks.shape[0], axis=0)
-        which, where = np.nonzero(masks)
-        plans[which, ops_moved[where]] = slower[where]
-        for mask, plan in zip(masks, plans, strict=True):
-            if mask.any():
-                self.owner._add(plan, math.nan, energy + float(extra[mask].sum()))
-
-
-_TAUS = np.array(THRESHOLDS)[:, None]
+_TAUS = np.array(THRESHOLDS)
 
 
 class _Candidates:
@@ -306,16 +260,20 @@ class _Candidates:
         self.row_start = ops.rows * width
         """Each operation's first option in the flattened option arrays."""
         self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
+        self.memo_d = np.full(ops.rows.size, np.nan)
+        self.memo_c = np.zeros(ops.rows.size, dtype=np.int64)
+        """Each operation's last rounded duration and its option (rounding skips the rest)."""
 
-    def _add(self, plan: np.ndarray, time: float, energy: float) -> None:
+    def _add(self, plan: np.ndarray, time: float, energy: float) -> bool:
         """Keep `plan` (option indices, int16) as a candidate unless it was recorded before."""
         key = hashlib.blake2b(plan.data, digest_size=16).digest()  # (a contiguous row)
         if key in self.seen:
-            return
+            return False
         self.seen.add(key)
         self.time.append(time)
         self.energy.append(energy)
         self.plan.append(plan.copy())
+        return True
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
         """Round `dur` to real options (never slower) and keep the plan as a candidate."""
@@ -324,24 +282,26 @@ class _Candidates:
     def record_many(self, durs: np.ndarray, horizons: Sequence[float]) -> None:
         """`record` each row of `durs` ([count, n]), in order, rounded all at once.
 
-        Each plan's iteration time is computed later, for many candidates at once (its
-        `horizons` entry when no operation was rounded).
+        A plan's iteration time is its `horizons` entry when no operation was rounded, else
+        its longest path, computed here for the new plans in one batch (from the block the
+        rounding wrote: no copies).
         """
-        ops = self.ops
-        table = self.table
-        rank = np.searchsorted(table.ladder, durs + ops.eps_t, side="right")
-        choice = table.below[ops.kind, rank] - 1  # (`table.fitting` - 1, row by row)
-        at = self.row_start + choice
-        between = self.flat_times[at] != durs
-        rounded = between.any(axis=1).tolist()
-        plans = choice.astype(np.int16)
-        slower = _Slower(self, durs, plans, between)
+        ops, table = self.ops, self.table
+        plans, times, costs = kernels.round_plans(
+            durs, np.asarray(horizons, dtype=float), ops.eps_t, table.ladder, table.below,
+            ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS,
+            self.memo_d, self.memo_c)
         before = len(self.time)
-        for r, horizon in enumerate(horizons):
-            energy = float(self.flat_costs[at[r]].sum())
-            self._add(plans[r], math.nan if rounded[r] else horizon, energy)
-            if rounded[r]:
-                slower.record(r, energy)
+        rows: list[int] = []  # (of `plans`: new and to be timed)
+        slots: list[int] = []  # (their candidate indices)
+        for i, (time, cost) in enumerate(zip(times.tolist(), costs.tolist(), strict=True)):
+            if self._add(plans[i], time, cost) and math.isnan(time):
+                rows.append(i)
+                slots.append(len(self.time) - 1)
+        if rows:
+            timed = self.graph.plan_times(plans[rows], self.flat_times, ops.times.shape[1])
+            for slot, t in zip(slots, timed.tolist(), strict=True):
+                self.time[slot] = t
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
@@ -352,7 +312,7 @@ class _Candidates:
         for lo in range(0, len(pending), 512):
             chunk = pending[lo : lo + 512]
             plans = np.stack([self.plan[i] for i in chunk])
-            times = self.graph.longest_many(self.flat_times.take(plans + self.row_start).T)
+            times = self.graph.plan_times(plans, self.flat_times, self.ops.times.shape[1])
             for i, t in zip(chunk, times.tolist(), strict=True):
                 self.time[i] = t
         for i in range(self.settled, len(self.time)):
@@ -378,7 +338,7 @@ class _Candidates:
         for lo in range(0, len(pareto), 512):
             chunk = pareto[lo : lo + 512]
             choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
-            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t, self.table)
+            new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t)
             costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
             for j, i in enumerate(chunk):
                 energy = float(costs[j]) + stages * float(times[j]) * p_block_w
@@ -469,8 +429,8 @@ def plan_frontier(
     graph = Graph(dag)
     ops = _Ops.of(kinds, kind)
     fastest = ops.hull[:, 0].copy()
-    t_min = max(graph.forward(fastest.tolist()))
-    t_max = max(graph.forward(ops.hull[ops.rows, ops.hull_n - 1].tolist()))
+    t_min = float(graph.forward(fastest).max())
+    t_max = float(graph.forward(ops.hull[ops.rows, ops.hull_n - 1]).max())
     ops.eps_t = 1e-9 * max(t_max, 1e-12)
     candidates = _Candidates(ops, graph, stages, p_block_w)
     _sweep(graph, ops, candidates, (t_min, t_max), progress, stats)
@@ -506,8 +466,8 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
     t_min, t_max = span_t
     eps_t = ops.eps_t
     dur = ops.hull[ops.rows, ops.hull_n - 1].copy()
-    fin_list = graph.forward(dur.tolist())
-    candidates.record(dur, max(fin_list[:n]))
+    fin_all = graph.forward(dur)
+    candidates.record(dur, float(fin_all[:n].max()))
     max_iterations = 50 * n * int(ops.hull_n.max()) + 1000
     span = max(t_max - t_min, 1e-300)
     last_report = -1
@@ -515,7 +475,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
     network = CutNetwork(graph)
     on_hull = _OnHull(ops, dur)
     for _ in range(max_iterations):
-        fin = np.array(fin_list[:n])
+        fin = fin_all[:n]
         horizon = float(fin.max())
         if horizon <= t_min + eps_t:
             return
@@ -534,7 +494,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
         rate[sp_ops] = -1.0
         rate[sl_ops] = 1.0
         moved = np.concatenate([sp_ops, sl_ops])
-        trial, fin_list, step = _shrink(graph, ops, dur, rate, moved, horizon, step)
+        trial, fin_all, step = _shrink(graph, ops, dur, rate, moved, horizon, step)
         if step <= 0:
             stats.stopped = "no progress"
             return
@@ -548,7 +508,7 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
         dur = trial
         on_hull.update(dur, moved)
         candidates.record_many(np.vstack([on_the_way, dur]),
-                               [math.nan] * passes.size + [max(fin_list[:n])])
+                               [math.nan] * passes.size + [float(fin_all[:n].max())])
     stats.stopped = "iteration limit"
 
 
@@ -558,53 +518,41 @@ def _cut_step(graph: Graph, network: CutNetwork, ops: _Ops, on_hull: _OnHull, du
 
     Or why the sweep stops (a string).
     """
-    n = graph.n
-    eps_t = ops.eps_t
-    latest_start = np.array(graph.backward(dur.tolist(), horizon)[:n])
-    start = fin - dur
-    crit = (latest_start - start) <= eps_t
-    crit_ops = np.flatnonzero(crit)
-    eu, ev = graph.eu, graph.ev
-    prec = crit[eu] & crit[ev] & (start[ev] - fin[eu] <= eps_t)
-    src_mask = crit & (start <= eps_t)
-    sink_mask = crit & (fin >= horizon - eps_t)
+    latest_start = graph.backward(dur, horizon)
+    crit_ops, prec, src, sink = kernels.critical(latest_start, dur, fin, horizon, ops.eps_t,
+                                                 graph.eu, graph.ev, network.src_ops)
     ub, lb = on_hull.ub[crit_ops], on_hull.lb[crit_ops]
-    side = network.min_cut(crit_ops, ub, lb, prec, src_mask[network.src_ops], sink_mask)
+    side = network.min_cut(crit_ops, ub, lb, prec, src, sink)
     if side is None:
         return "no finite cut"
-    speed = side[crit_ops] & ~side[crit_ops + n]
-    slow = ~side[crit_ops] & side[crit_ops + n] & (lb > 0)
-    if not speed.any() or not np.isfinite(ub[speed]).all():
+    sp_ops, sl_ops, step = kernels.cut_moves(side, crit_ops, ub, lb, dur, ops.hull,
+                                             on_hull.below, on_hull.upto)
+    if math.isnan(step):
         return "no speed-up"
-    sp_ops, sl_ops = crit_ops[speed], crit_ops[slow]
-    hull = ops.hull
-    step = float(np.min(dur[sp_ops] - hull[sp_ops, on_hull.below[sp_ops] - 1]))
-    if sl_ops.size:
-        step = min(step, float(np.min(hull[sl_ops, on_hull.upto[sl_ops]] - dur[sl_ops])))
-    return sp_ops, sl_ops, step
+    return sp_ops, sl_ops, float(step)
 
 
 def _shrink(graph: Graph, ops: _Ops, dur: np.ndarray, rate: np.ndarray, moved: np.ndarray,
-            horizon: float, step: float) -> tuple[np.ndarray, list[float], float]:
+            horizon: float, step: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Shrink the step until no other path outgrows the shortened critical ones.
 
     Returns the durations after the step, their finish times and the step.
     """
     eps_t = ops.eps_t
-    rate_list = rate.tolist()
     trial = dur
-    fin_list: list[float] = []
+    fin = np.zeros(0)
     for _ in range(1000):
         trial = ops.snap(dur + step * rate, moved)
-        fin_list = graph.forward(trial.tolist())
-        length = max(fin_list)  # (The sentinel's 0 is no finish time's better.)
+        fin = graph.forward(trial)
+        end = int(fin.argmax())  # (The sentinel's 0 is no finish time's better.)
+        length = float(fin[end])
         if length <= horizon - step + eps_t:
             break
-        acc = graph.path_rate(fin_list, rate_list, fin_list.index(length))
+        acc = graph.path_rate(fin, rate, end)
         if acc <= -1.0:
             break  # (A path that shortens as fast as the iteration: rounding only.)
         shorter = (horizon - (length - step * acc)) / (acc + 1.0)
         if not shorter < step:
             break
         step = shorter
-    return trial, fin_list, step
+    return trial, fin, step
