@@ -10,9 +10,9 @@ compares them with the plain stand-ins in `tests/core/planner_reference_kit.py`)
 Only the planner imports this module (numba takes ~0.3 s to import). The coordinator and agent
 CLIs do not load it when imported, but the coordinator's service does when it starts (`job` ->
 `stragglers` -> `schedulers.perseus`). Compiling every kernel takes ~13 CPU-s on the CI VM,
-once: `cache=True` keeps the machine code beside this file (or in `NUMBA_CACHE_DIR`, else
-numba's user cache, when that is read-only; with none writable, compiled in every process), so
-a fresh process with the cache compiles nothing. A cached function must not call itself
+once: `cache=True` keeps the machine code in `NUMBA_CACHE_DIR` if set, else beside this file,
+else (read-only) in numba's user cache; with none writable, the kernels are compiled in every
+process. A fresh process with the cache compiles nothing. A cached function must not call itself
 (numba's cache segfaulted on reloading the recursive pairwise sum), hence the explicit stack in
 `_pairwise`.
 
