@@ -388,3 +388,23 @@ def test_a_job_taken_over_numbers_above_the_last_version_recorded() -> None:
     assert state["version"] == job.version
     del state["version"]  # A record written before the version was kept still resumes.
     assert resumed(job, state).version == job.version
+
+
+def test_a_takeover_whose_record_missed_the_last_install_still_reaches_the_trainers() -> None:
+    """Review: progress is saved beside the job, after its install went out (`saving`), so a
+    replica that dies in between leaves a record one version behind what the trainers run.
+    They take only a version above theirs: the new owner must not stay below it (here it
+    reinstalled version 0 and dropped every measurement of version 1: stuck for ever)."""
+    job = make_job(n=1)
+    discover(job)
+    before = json.loads(json.dumps(job.persisted()))  # Recorded: version 0.
+    for rank in (0, 1):
+        iteration(job, rank, 10, 0)  # Round 0 closes: version 1 goes out...
+    assert job.version == 1  # ...and its SaveProgress is lost with the replica.
+    new = resumed(job, before)
+    new.start()
+    for step in (11, 12):
+        for rank in (0, 1):
+            iteration(new, rank, step, 1)  # The trainers run version 1 and say so.
+    desired = new.desired_schedule(0)
+    assert desired is not None and desired[1] > 1

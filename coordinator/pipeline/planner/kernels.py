@@ -7,18 +7,22 @@ the one the plain version does, in the same order (numba without fastmath contra
 so the plans are the plain version's bit for bit (`tests/core/test_frontier_fast_paths.py`
 compares them with the plain stand-ins in `tests/core/planner_reference_kit.py`).
 
-Only the planner imports this module (numba takes ~0.3 s to import; the coordinator and agent
-CLIs never load the planner). Compiling every kernel takes ~13 CPU-s on the CI VM, once:
-`cache=True` keeps the machine code beside this file (or in numba's user cache when that is
-read-only), so a fresh process with the cache compiles nothing. A cached function must not
-call itself (numba's cache segfaulted on reloading the recursive pairwise sum), hence the
-explicit stack in `_pairwise`.
+Only the planner imports this module (numba takes ~0.3 s to import). The coordinator and agent
+CLIs do not load it when imported, but the coordinator's service does when it starts (`job` ->
+`stragglers` -> `schedulers.perseus`). Compiling every kernel takes ~13 CPU-s on the CI VM,
+once: `cache=True` keeps the machine code in `NUMBA_CACHE_DIR` if set, else beside this file,
+else (read-only) in numba's user cache; with none writable, the kernels are compiled in every
+process. A fresh process with the cache compiles nothing. A cached function must not call itself
+(numba's cache segfaulted on reloading the recursive pairwise sum), hence the explicit stack in
+`_pairwise`.
 
 Layout: `preds` / `succs` are [n, width] node indices padded with the sentinel n (finish time 0,
 latest start the horizon); `topo` a topological order.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numba
 import numpy as np
@@ -33,8 +37,17 @@ __all__ = [
     "round_plans",
 ]
 
-_jit = numba.njit(cache=True, error_model="numpy")
-"""Compiled, cached; a float division by zero gives inf or nan as in numpy, not an error."""
+
+def _jit(func: Any) -> Any:
+    """Compiled, cached; a float division by zero gives inf or nan as in numpy, not an error.
+
+    Where numba finds no folder to write its cache to (a read-only install, no writable home,
+    no `NUMBA_CACHE_DIR`) it raises at decoration: then compiled in each process, uncached.
+    """
+    try:
+        return numba.njit(cache=True, error_model="numpy")(func)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return numba.njit(error_model="numpy")(func)
 
 
 @_jit
