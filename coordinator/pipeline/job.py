@@ -88,6 +88,7 @@ from coordinator.pipeline.stragglers import MAX_STRAGGLER_FACTOR, Stragglers
 from coordinator.pipeline.straggling import StragglerHandling
 from coordinator.pipeline.takeover import (
     KeptRounds,
+    catch_up,
     progress_record,
     read_progress,
     resumed_version,
@@ -261,8 +262,7 @@ class PipelineJob:
     def start(self) -> list[Action]:
         """Every rank is registered: learn the instruction orders from one iteration.
 
-        A job resumed from recorded progress installs the schedules it had reached instead
-        (at once: its agents most likely run them already).
+        A job resumed from recorded progress installs the schedules it reached instead, at once.
         """
         if self.error is not None:  # The recorded progress led to a stop (replayed).
             return self._fail(self.error)
@@ -394,7 +394,7 @@ class PipelineJob:
         steps = self._steps[rank]
         m = measurement
         if self.version is not None and m.schedule != self.version:
-            return []  # Before the switch (or a stale version): not what is being profiled.
+            return catch_up(self, m.schedule)  # (Not what is profiled: stale, or ahead.)
         step = steps.get(m.step)
         if step is None:
             if len(steps) >= MAX_OPEN_STEPS:

@@ -16,15 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordinator.pipeline.memory import Kept, result_bytes
+from coordinator.pipeline.phase import Phase
 from zeus_agent.models import ProfilingResult
+
+if TYPE_CHECKING:
+    from coordinator.optimizer import Action
+    from coordinator.pipeline.job import PipelineJob
 
 __all__ = [
     "MAX_SERVED_ROUNDS_KEPT",
+    "MAX_VERSION_LEAD",
     "SERVED_ROUNDS_KEPT",
     "KeptRounds",
+    "catch_up",
     "Progress",
     "progress_record",
     "read_progress",
@@ -137,3 +144,28 @@ def resumed_version(replayed: int | None, recorded: int | None) -> int | None:
     if replayed is None or recorded is None or recorded <= replayed:
         return replayed
     return recorded + 1
+
+
+MAX_VERSION_LEAD = 64
+"""How far above a resumed job's version a rank's measurements may say their trainer runs for
+the job to catch up (`catch_up`); a wilder version is dropped like a stale one."""
+
+
+def catch_up(job: PipelineJob, version: int | None) -> list[Action]:
+    """A resumed job's answer to a measurement of another schedule version than its own.
+
+    A job's progress is recorded after its install goes out, so a replica that died in between
+    left a record behind what the trainers run; they take only a version above theirs, and
+    the new owner would drop every measurement of theirs for ever. A version ahead (within
+    `MAX_VERSION_LEAD`) renumbers the job: its schedules go out again above it. Any other
+    version (before the switch, stale) is not what is profiled: nothing.
+    """
+    current = job.version
+    if (not job.resumed or current is None or version is None or not job.schedules
+            or not current < version <= current + MAX_VERSION_LEAD):
+        return []
+    job.version = version
+    state = "serving" if job.phase is Phase.SERVING else "profiling"
+    return job._install([job.schedules[r] for r in sorted(job.schedules)], state,
+                        f"the trainers run schedule {version}, recorded before the takeover "
+                        "as an older one: its schedules again")

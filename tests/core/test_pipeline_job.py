@@ -17,7 +17,7 @@ from coordinator.optimizer import (
 )
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.schedulers import FrequencyScheduler, SchedulerError
-from coordinator.pipeline.takeover import resumed_version
+from coordinator.pipeline.takeover import MAX_VERSION_LEAD, resumed_version
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from zeus_agent.wire.messages import Measurement
 
@@ -408,3 +408,23 @@ def test_a_takeover_whose_record_missed_the_last_install_still_reaches_the_train
             iteration(new, rank, step, 1)  # The trainers run version 1 and say so.
     desired = new.desired_schedule(0)
     assert desired is not None and desired[1] > 1
+    # The trainers take it, and the lost round is profiled again: the job goes on from there.
+    for rank in (0, 1):
+        iteration(new, rank, 20, desired[1])
+    assert new.version == desired[1] + 1
+    assert new.desired_schedule(0)[0].frequencies[0][1] == CLOCKS[1]
+
+
+def test_a_wild_version_does_not_renumber_a_resumed_job() -> None:
+    job = make_job(n=1)
+    discover(job)
+    new = resumed(job)
+    new.start()
+    version = new.version
+    assert version is not None
+    for rank in (0, 1):
+        assert iteration(new, rank, 11, version + MAX_VERSION_LEAD + 1) == []
+    assert new.version == version  # Dropped as a stale one is.
+    for rank in (0, 1):
+        iteration(new, rank, 12, version - 1 if version else version + 1000)
+    assert new.version == version
