@@ -65,6 +65,7 @@ IO_EDGES: dict[str, str] = {
     "coordinator/pipeline/schedulers/settings.py": "reads ZEUS_PFO_* (pydantic-settings)",
     "coordinator/pipeline/schedulers/plan_file.py": "reads PointSolution's plan files",
     "coordinator/pipeline/planner/profile_file.py": "reads instruction profile CSV files",
+    "coordinator/pipeline/planner/lazy.py": "loads the compiled kernels (numba's cache files)",
 }
 """Modules inside `PURE_PATHS` that do I/O on purpose, and what they do."""
 
@@ -72,6 +73,9 @@ EDGE_IMPORTS: dict[str, frozenset[str]] = {
     # Zeus 0.16's PointSolution takes its plan's path and reads it when built.
     "coordinator/pipeline/schedulers/point_solution.py": frozenset(
         {"coordinator.pipeline.schedulers.plan_file"}),
+    # The sweep's compiled loops, loaded when a plan first needs them (numba's cache: files).
+    **{f"coordinator/pipeline/planner/{name}.py": frozenset(
+        {"coordinator.pipeline.planner.lazy"}) for name in ("cut", "frontier", "graph")},
 }
 """Pure modules that may import an I/O edge, and which."""
 

@@ -16,12 +16,19 @@ every maximum flow (scipy's max flow, with `CutNetwork.compiled` off, is the pla
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
-from coordinator.pipeline.planner import kernels
 from coordinator.pipeline.planner.graph import Graph
+from coordinator.pipeline.planner.lazy import lazy_module
+
+if TYPE_CHECKING:
+    from coordinator.pipeline.planner import kernels
+else:  # (numba loaded at the first plan: `lazy`)
+    kernels = lazy_module("coordinator.pipeline.planner.kernels")
 
 __all__ = ["INF_CAP", "CutNetwork"]
 

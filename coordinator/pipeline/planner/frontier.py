@@ -50,16 +50,22 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coordinator.pipeline.planner import kernels
 from coordinator.pipeline.planner.cut import CutNetwork
 from coordinator.pipeline.planner.dag import PipelineDAG, PipelineSchedule
 from coordinator.pipeline.planner.graph import Graph, OptionTable
+from coordinator.pipeline.planner.lazy import lazy_module
 from coordinator.pipeline.planner.learned import node_kind
 from coordinator.pipeline.planner.points import FrontierPoint, schedule_dag
 from coordinator.pipeline.planner.profile import DEFAULT_P_BLOCK_W, InstructionProfile
+
+if TYPE_CHECKING:
+    from coordinator.pipeline.planner import kernels
+else:  # (numba loaded at the first plan: `lazy`)
+    kernels = lazy_module("coordinator.pipeline.planner.kernels")
 
 __all__ = ["PlannerStats", "plan_frontier"]
 

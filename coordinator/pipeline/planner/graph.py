@@ -12,10 +12,17 @@ planner's plans are theirs bit for bit.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from coordinator.pipeline.planner import kernels
 from coordinator.pipeline.planner.dag import PipelineDAG
+from coordinator.pipeline.planner.lazy import lazy_module
+
+if TYPE_CHECKING:
+    from coordinator.pipeline.planner import kernels
+else:  # (numba loaded at the first plan: `lazy`)
+    kernels = lazy_module("coordinator.pipeline.planner.kernels")
 
 __all__ = ["Graph", "OptionTable"]
 

@@ -7,14 +7,13 @@ the one the plain version does, in the same order (numba without fastmath contra
 so the plans are the plain version's bit for bit (`tests/core/test_frontier_fast_paths.py`
 compares them with the plain stand-ins in `tests/core/planner_reference_kit.py`).
 
-Only the planner imports this module (numba takes ~0.3 s to import). The coordinator and agent
-CLIs do not load it when imported, but the coordinator's service does when it starts (`job` ->
-`stragglers` -> `schedulers.perseus`). Compiling every kernel takes ~13 CPU-s on the CI VM,
-once: `cache=True` keeps the machine code in `NUMBA_CACHE_DIR` if set, else beside this file,
-else (read-only) in numba's user cache; with none writable, the kernels are compiled in every
-process. A fresh process with the cache compiles nothing. A cached function must not call itself
-(numba's cache segfaulted on reloading the recursive pairwise sum), hence the explicit stack in
-`_pairwise`.
+Only the planner imports this module (numba takes ~0.3 s to import), and only when a plan first
+needs it (`lazy`): the coordinator's service imports the planner at start, not numba. Compiling
+every kernel takes ~13 CPU-s on the CI VM, once: `cache=True` keeps the machine code in
+`NUMBA_CACHE_DIR` if set, else beside this file, else (read-only) in numba's user cache; with none
+writable, the kernels are compiled in every process. A fresh process with the cache compiles
+nothing. A cached function must not call itself (numba's cache segfaulted on reloading the
+recursive pairwise sum), hence the explicit stack in `_pairwise`.
 
 Layout: `preds` / `succs` are [n, width] node indices padded with the sentinel n (finish time 0,
 latest start the horizon); `topo` a topological order.
