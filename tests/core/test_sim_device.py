@@ -7,20 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.clock import FakeClock
 from zeus_agent.errors import GPUNotSupportedError, GPUValueError
 from zeus_agent.gpu.base import GPU, GPUInfo
 from zeus_agent.gpu.sim import PRESETS, WORKLOADS, SimGPU, create_sim_gpus
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.ns = 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += round(seconds * 1e9)
 
 
 @pytest.fixture

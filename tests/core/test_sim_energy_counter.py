@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.clock import FakeClock
 from zeus_agent.errors import GPUValueError
 from zeus_agent.gpu.sim import PRESETS, WORKLOADS, SimGPU, create_sim_gpus
 from zeus_agent.gpu.sim.device import STATE_VERSION
@@ -14,20 +15,9 @@ from zeus_agent.gpu.sim.device import STATE_VERSION
 MS = 1_000_000
 
 
-class FakeClock:
-    def __init__(self, ns: int = 1_000_000_000 + 37 * MS) -> None:
-        self.ns = ns
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += round(seconds * 1e9)
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000_000 + 37 * MS)
 
 
 def _exact(gpu: SimGPU) -> float:

@@ -12,20 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.clock import FakeClock
 from zeus_agent.gpu.sim import PRESETS, WORKLOADS, SimGPU
 from zeus_agent.gpu.sim.device import WorkResult
 from zeus_agent.gpu.sim.trainers.data_parallel import TrainerOptions, _until_next
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.ns = 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += round(seconds * 1e9)
 
 
 def test_work_says_when_the_device_is_done_with_it_and_what_it_queued_behind(
