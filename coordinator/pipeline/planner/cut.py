@@ -144,8 +144,10 @@ class CutNetwork:
                                          src, self.sink_arcs, sink, INF_CAP)
         flow = self._carried(caps, own, scale)
         if self.warm and self.scale > 0 and not flow.any():
-            flow = kernels.rebalance(self.flow, caps, self._forward_arc,
-                                     self._order, self._indptr, self._heads, self.reverse)
+            # (A new scale: the last flow scaled to it, rounded down, loses little.)
+            flow = kernels.rebalance(self.flow, caps, self._forward_arc, self._order,
+                                     self._indptr, self._heads, self.reverse,
+                                     scale / self.scale)
         residual = caps - flow
         side = self._max_flow(residual)
         self.flow = caps - residual
