@@ -4,9 +4,10 @@ Each stands in for a faster one with the same answers (`tests/core/test_frontier
 patches them in and compares the frontiers bit for bit): rounding one plan at a time,
 placing every operation on its hull at every step, counting fitting options by comparing
 every option, summing a longest path's rate in a tracked forward pass, longest paths as
-Python loops or numpy by topological level, reclaiming slack by level, and a sweep step's
-critical subgraph and cut in numpy (with `CutNetwork.compiled` off, scipy's max flow) instead
-of the compiled kernels (`coordinator.pipeline.planner.kernels`).
+Python loops or numpy by topological level, reclaiming slack by level, a step's shrinking,
+snapping and plans on the way in numpy, and a sweep step's critical subgraph and cut in numpy
+(with `CutNetwork.compiled` off, scipy's max flow) instead of the compiled kernels
+(`coordinator.pipeline.planner.kernels`).
 """
 
 from __future__ import annotations
@@ -63,11 +64,66 @@ def _record_slower(self: frontier._Candidates, dur: np.ndarray, choice: np.ndarr
 
 
 def place_everyone(self: frontier._OnHull, dur: np.ndarray, moved: np.ndarray) -> None:
-    """`_OnHull.update` placing every operation anew, whichever moved."""
-    ORIGINAL_PLACE(self, dur, self.ops.rows)
+    """`_OnHull.update` in numpy, placing every operation anew, whichever moved."""
+    ops, eps_t, moved = self.ops, self.ops.eps_t, self.ops.rows
+    cd = dur[moved]
+    ch = ops.hull[moved]
+    below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
+    upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
+    nh = ops.hull_n[moved]
+    cs = ops.slope[moved]
+    idx = np.arange(moved.size)
+    self.ub[moved] = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
+    self.lb[moved] = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
+    self.below[moved] = below
+    self.upto[moved] = upto
 
 
-ORIGINAL_PLACE = frontier._OnHull.update
+def snap(ops: frontier._Ops, values: np.ndarray, moved: np.ndarray) -> np.ndarray:
+    """`values` with the moved operations within rounding above a hull vertex put on it."""
+    near = ops.hull[moved]
+    gap = values[moved][:, None] - near
+    gap[(gap < 0) | (gap > ops.eps_t)] = np.inf
+    j = gap.argmin(axis=1)
+    close = np.isfinite(gap[np.arange(moved.size), j])
+    values[moved[close]] = near[np.arange(moved.size), j][close]
+    return values
+
+
+def shrink_in_numpy(graph: Graph, ops: frontier._Ops, dur: np.ndarray, rate: np.ndarray,
+                    moved: np.ndarray, horizon: float,
+                    step: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """`frontier._shrink` with numpy and the graph's passes (`kernels.shrink` compiled)."""
+    eps_t = ops.eps_t
+    trial = dur
+    fin = np.zeros(0)
+    for _ in range(1000):
+        trial = snap(ops, dur + step * rate, moved)
+        fin = graph.forward(trial)
+        end = int(fin.argmax())
+        length = float(fin[end])
+        if length <= horizon - step + eps_t:
+            break
+        acc = graph.path_rate(fin, rate, end)
+        if acc <= -1.0:
+            break
+        shorter = (horizon - (length - step * acc)) / (acc + 1.0)
+        if not shorter < step:
+            break
+        step = shorter
+    return trial, fin, step
+
+
+def on_the_way_in_numpy(dur: np.ndarray, trial: np.ndarray, rate: np.ndarray,
+                        times: np.ndarray, sp_ops: np.ndarray, sl_ops: np.ndarray, step: float,
+                        eps_t: float) -> np.ndarray:
+    """`kernels.on_the_way` in numpy."""
+    passes = np.concatenate([
+        (dur[sp_ops][:, None] - times[sp_ops]).ravel(),
+        (times[sl_ops] - dur[sl_ops][:, None]).ravel(),
+    ])
+    passes = np.unique(passes[(passes > eps_t) & (passes < step - eps_t)])
+    return np.vstack([dur + passes[:, None] * rate, trial])
 
 
 def fitting_by_comparison(self: OptionTable, nodes: np.ndarray,

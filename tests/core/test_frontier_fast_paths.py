@@ -2,7 +2,8 @@
 
 The sweep runs its loops compiled (`coordinator.pipeline.planner.kernels`: longest paths, the
 critical subgraph, capacities, a max flow by Dinic's algorithm started from the last step's
-flow, rounding and timing plans, reclaiming slack), rounds a step's plans in one batch, keeps
+flow, rounding and timing plans, reclaiming slack, shrinking a step and snapping it to the
+hulls, the plans on its way), rounds a step's plans in one batch, keeps
 every operation's place on its hull and redoes it only for the operations that moved, counts
 fitting options by table and walks a longest path back only when its rate is needed. Each has
 a plain stand-in (`planner_reference_kit`: Python loops, numpy, scipy's max flow from zero):
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.pipeline.planner import PlannerStats, frontier, plan_frontier
+from coordinator.pipeline.planner import PlannerStats, frontier, kernels, plan_frontier
 from coordinator.pipeline.planner.cut import CutNetwork
 from coordinator.pipeline.planner.graph import Graph, OptionTable
 from coordinator.pipeline.planner.learned import LearnedSchedule
@@ -55,6 +56,8 @@ def test_the_fast_paths_change_no_plan(monkeypatch: pytest.MonkeyPatch, name: st
     monkeypatch.setattr(frontier, "_cut_step", kit.cut_step_in_numpy)
     monkeypatch.setattr(frontier._Candidates, "record_many", kit.record_one_by_one)
     monkeypatch.setattr(frontier._OnHull, "update", kit.place_everyone)
+    monkeypatch.setattr(frontier, "_shrink", kit.shrink_in_numpy)
+    monkeypatch.setattr(kernels, "on_the_way", kit.on_the_way_in_numpy)
     monkeypatch.setattr(OptionTable, "fitting", kit.fitting_by_comparison)
     monkeypatch.setattr(Graph, "path_rate", kit.tracked_rate)
     monkeypatch.setattr(Graph, "forward", kit.forward_in_python)

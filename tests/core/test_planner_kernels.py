@@ -32,7 +32,9 @@ def _balanced(network: CutNetwork, flow: np.ndarray) -> bool:
     return bool((net[: 2 * network.n] == 0).all())
 
 
-def test_a_rebalanced_flow_is_feasible_and_augments_to_scipys_cut() -> None:
+@pytest.mark.parametrize("ratio", [1.0, 0.8, 1.25])
+def test_a_rebalanced_flow_is_feasible_and_augments_to_scipys_cut(ratio: float) -> None:
+    """Cut to smaller capacities, or scaled by `ratio` to new ones (a new capacity scale)."""
     network = CutNetwork(Graph(build_dag(Synchronous1F1B(4, 6))))
     rng = np.random.default_rng(3)
     forward = network._forward_arc
@@ -43,9 +45,10 @@ def test_a_rebalanced_flow_is_feasible_and_augments_to_scipys_cut() -> None:
                          2 * network.n, 2 * network.n + 1)
         flow = caps - residual
         assert _balanced(network, flow)
-        smaller = np.where(forward, caps - rng.integers(0, 10, forward.size), 0).clip(0)
+        scaled = np.rint(caps * ratio).astype(np.int64)
+        smaller = np.where(forward, scaled - rng.integers(0, 10, forward.size), 0).clip(0)
         start = kernels.rebalance(flow, smaller, forward, network._order, network._indptr,
-                                  network._heads, network.reverse)
+                                  network._heads, network.reverse, ratio)
         assert _balanced(network, start)
         assert (start <= smaller).all() and (start[forward] >= 0).all()
         residual = smaller - start

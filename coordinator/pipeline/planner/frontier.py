@@ -182,16 +182,6 @@ class _Ops:
         return cls(kind, kinds.times[kind], kinds.costs[kind], kinds.hull_t[kind],
                    kinds.hull_n[kind], kinds.slope[kind], np.arange(kind.size))
 
-    def snap(self, values: np.ndarray, moved: np.ndarray) -> np.ndarray:
-        """`values` with the moved operations within rounding of a hull vertex put on it."""
-        # Only ever downwards: a snapped operation never lengthens a path.
-        near = self.hull[moved]
-        gap = values[moved][:, None] - near
-        gap[(gap < 0) | (gap > self.eps_t)] = np.inf
-        j = gap.argmin(axis=1)
-        close = np.isfinite(gap[np.arange(moved.size), j])
-        values[moved[close]] = near[np.arange(moved.size), j][close]
-        return values
 
 
 class _OnHull:
@@ -214,18 +204,9 @@ class _OnHull:
 
     def update(self, dur: np.ndarray, moved: np.ndarray) -> None:
         """Place the operations `moved` anew (at durations `dur`)."""
-        ops, eps_t = self.ops, self.ops.eps_t
-        cd = dur[moved]
-        ch = ops.hull[moved]
-        below = (ch < (cd - eps_t)[:, None]).sum(axis=1)  # vertices strictly faster
-        upto = (ch <= (cd + eps_t)[:, None]).sum(axis=1)  # vertices at least as fast
-        nh = ops.hull_n[moved]
-        cs = ops.slope[moved]
-        idx = np.arange(moved.size)
-        self.ub[moved] = np.where(below >= 1, cs[idx, np.maximum(below - 1, 0)], np.inf)
-        self.lb[moved] = np.where(upto <= nh - 1, cs[idx, np.minimum(upto - 1, nh - 1)], 0.0)
-        self.below[moved] = below
-        self.upto[moved] = upto
+        ops = self.ops
+        kernels.place(ops.hull, ops.hull_n, ops.slope, dur, moved, ops.eps_t, self.below,
+                      self.upto, self.ub, self.lb)
 
 
 THRESHOLDS = (0.75, 0.5, 0.25)
@@ -285,7 +266,7 @@ class _Candidates:
         """Round `dur` to real options (never slower) and keep the plan as a candidate."""
         self.record_many(dur[None, :], [horizon])
 
-    def record_many(self, durs: np.ndarray, horizons: Sequence[float]) -> None:
+    def record_many(self, durs: np.ndarray, horizons: Sequence[float] | np.ndarray) -> None:
         """`record` each row of `durs` ([count, n]), in order, rounded all at once.
 
         A plan's iteration time is its `horizons` entry when no operation was rounded, else
@@ -298,12 +279,7 @@ class _Candidates:
             ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS,
             self.memo_d, self.memo_c)
         before = len(self.time)
-        rows: list[int] = []  # (of `plans`: new and to be timed)
-        slots: list[int] = []  # (their candidate indices)
-        for i, (time, cost) in enumerate(zip(times.tolist(), costs.tolist(), strict=True)):
-            if self._add(plans[i], time, cost) and math.isnan(time):
-                rows.append(i)
-                slots.append(len(self.time) - 1)
+        rows, slots = self._add_rows(plans, times.tolist(), costs.tolist())
         if rows:
             timed = self.graph.plan_times(plans[rows], self.flat_times, ops.times.shape[1])
             for slot, t in zip(slots, timed.tolist(), strict=True):
@@ -311,6 +287,30 @@ class _Candidates:
         self.count += len(self.time) - before
         if len(self.time) - self.settled >= PRUNE_EVERY:
             self._prune()
+
+    def _add_rows(self, plans: np.ndarray, times: list[float],
+                  costs: list[float]) -> tuple[list[int], list[int]]:
+        """`_add` each row of `plans` (C-contiguous) in order, inline (tens of thousands a run).
+
+        Returns the new rows without a time and their candidate indices.
+        """
+        row_bytes = plans.shape[1] * plans.itemsize
+        raw = plans.data.cast("B")
+        seen, blake2b = self.seen, hashlib.blake2b
+        rows: list[int] = []
+        slots: list[int] = []
+        for i, (time, cost) in enumerate(zip(times, costs, strict=True)):
+            key = blake2b(raw[i * row_bytes : (i + 1) * row_bytes], digest_size=16).digest()
+            if key in seen:
+                continue
+            seen.add(key)
+            if math.isnan(time):
+                rows.append(i)
+                slots.append(len(self.time))
+            self.time.append(time)
+            self.energy.append(cost)
+            self.plan.append(plans[i].copy())
+        return rows, slots
 
     def _settle(self) -> None:
         """Time the candidates recorded since the last call and add their blocking energy."""
@@ -505,16 +505,12 @@ def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float
             stats.stopped = "no progress"
             return
         # Plans on the way: wherever a moving operation passes one of its (Pareto) options.
-        passes = np.concatenate([
-            (dur[sp_ops][:, None] - ops.times[sp_ops]).ravel(),
-            (ops.times[sl_ops] - dur[sl_ops][:, None]).ravel(),
-        ])
-        passes = np.unique(passes[(passes > eps_t) & (passes < step - eps_t)])
-        on_the_way = dur + passes[:, None] * rate
+        durs = kernels.on_the_way(dur, trial, rate, ops.times, sp_ops, sl_ops, step, eps_t)
         dur = trial
         on_hull.update(dur, moved)
-        candidates.record_many(np.vstack([on_the_way, dur]),
-                               [math.nan] * passes.size + [float(fin_all[:n].max())])
+        horizons = np.full(durs.shape[0], math.nan)
+        horizons[-1] = fin_all[:n].max()
+        candidates.record_many(durs, horizons)
     stats.stopped = "iteration limit"
 
 
@@ -542,23 +538,11 @@ def _shrink(graph: Graph, ops: _Ops, dur: np.ndarray, rate: np.ndarray, moved: n
             horizon: float, step: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Shrink the step until no other path outgrows the shortened critical ones.
 
-    Returns the durations after the step, their finish times and the step.
+    Returns the durations after the step, their finish times and the step (`kernels.shrink`:
+    each try snaps the moved operations within rounding above a hull vertex onto it, only ever
+    downwards, so a snapped operation never lengthens a path).
     """
-    eps_t = ops.eps_t
-    trial = dur
-    fin = np.zeros(0)
-    for _ in range(1000):
-        trial = ops.snap(dur + step * rate, moved)
-        fin = graph.forward(trial)
-        end = int(fin.argmax())  # (The sentinel's 0 is no finish time's better.)
-        length = float(fin[end])
-        if length <= horizon - step + eps_t:
-            break
-        acc = graph.path_rate(fin, rate, end)
-        if acc <= -1.0:
-            break  # (A path that shortens as fast as the iteration: rounding only.)
-        shorter = (horizon - (length - step * acc)) / (acc + 1.0)
-        if not shorter < step:
-            break
-        step = shorter
-    return trial, fin, step
+    trial, fin, step, passes = kernels.shrink(graph.preds, graph.topo, ops.hull, dur, rate,
+                                              moved, horizon, step, ops.eps_t)
+    graph.passes += passes
+    return trial, fin, float(step)

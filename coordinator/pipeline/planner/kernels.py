@@ -199,6 +199,8 @@ def max_flow(indptr: np.ndarray, heads: np.ndarray, reverse: np.ndarray,
         while head < tail:
             u = queue[head]
             head += 1
+            if level[sink] >= 0 and level[u] >= level[sink]:
+                break  # (No shortest augmenting path goes further.)
             for a in range(indptr[u], indptr[u + 1]):
                 if residual[a] > 0 and level[heads[a]] < 0:
                     level[heads[a]] = level[u] + 1
@@ -539,10 +541,11 @@ def cut_moves(side: np.ndarray, crit_ops: np.ndarray, ub: np.ndarray, lb: np.nda
 @_jit
 def rebalance(flow: np.ndarray, caps: np.ndarray, forward_arc: np.ndarray,
               order: np.ndarray, indptr: np.ndarray, heads: np.ndarray,
-              reverse: np.ndarray) -> np.ndarray:
-    """A feasible flow near `flow` within capacities `caps` (after a change of scale).
+              reverse: np.ndarray, ratio: float) -> np.ndarray:
+    """A feasible flow near `flow` times `ratio` within capacities `caps` (a change of scale).
 
-    Every forward arc's flow is cut to its capacity; then, in the
+    Every forward arc's flow is scaled by `ratio` (rounded down) and cut to its capacity; then,
+    in the
     network's topological `order` (its arcs all go forward in it), a node that sends more than
     it receives sends less, and in reverse order one that receives more than it sends
     receives less: flow is only ever taken away, so every arc stays within its capacity.
@@ -554,7 +557,7 @@ def rebalance(flow: np.ndarray, caps: np.ndarray, forward_arc: np.ndarray,
     for u in range(size):
         for a in range(indptr[u], indptr[u + 1]):
             if forward_arc[a] and flow[a] > 0:
-                x = min(flow[a], caps[a])
+                x = min(int(flow[a] * ratio) if ratio != 1.0 else flow[a], caps[a])
                 if x > 0:
                     f[a] = x
                     outflow[u] += x
@@ -587,3 +590,93 @@ def rebalance(flow: np.ndarray, caps: np.ndarray, forward_arc: np.ndarray,
         if forward_arc[a]:
             f[reverse[a]] = -f[a]
     return f
+
+
+@_jit
+def place(hull: np.ndarray, hull_n: np.ndarray, slope: np.ndarray, dur: np.ndarray,
+          moved: np.ndarray, eps_t: float, below: np.ndarray, upto: np.ndarray,
+          ub: np.ndarray, lb: np.ndarray) -> None:
+    """Place the operations `moved` on their hulls anew (`frontier._OnHull.update`)."""
+    width = hull.shape[1]
+    for i in range(moved.size):
+        v = moved[i]
+        lo, hi = dur[v] - eps_t, dur[v] + eps_t
+        b = u = 0
+        for j in range(width):
+            b += hull[v, j] < lo  # vertices strictly faster
+            u += hull[v, j] <= hi  # vertices at least as fast
+        ub[v] = slope[v, max(b - 1, 0)] if b >= 1 else np.inf
+        at = min(u - 1, hull_n[v] - 1)
+        lb[v] = slope[v, at + width if at < 0 else at] if u <= hull_n[v] - 1 else 0.0
+        below[v], upto[v] = b, u
+
+
+@_jit
+def shrink(preds: np.ndarray, topo: np.ndarray, hull: np.ndarray, dur: np.ndarray,
+           rate: np.ndarray, moved: np.ndarray, horizon: float, step: float,
+           eps_t: float) -> tuple[np.ndarray, np.ndarray, float, int]:
+    """`frontier._shrink`: (durations after the step, their finish times, step, passes).
+
+    Each try snaps the moved operations within `eps_t` above a hull vertex onto it (the
+    nearest such vertex, the first of equals) and times the durations with a forward pass.
+    """
+    trial = np.empty(dur.size)
+    fin = np.zeros(0)
+    passes = 0
+    for _ in range(1000):
+        for v in range(dur.size):
+            trial[v] = dur[v] + step * rate[v]
+        for i in range(moved.size):
+            v = moved[i]
+            best, at = np.inf, -1
+            for j in range(hull.shape[1]):
+                gap = trial[v] - hull[v, j]
+                if not (gap < 0 or gap > eps_t) and gap < best:
+                    best, at = gap, j
+            if at >= 0:
+                trial[v] = hull[v, at]
+        fin = forward(preds, topo, trial)
+        passes += 1
+        end = int(fin.argmax())  # (The sentinel's 0 is no finish time's better.)
+        length = fin[end]
+        if length <= horizon - step + eps_t:
+            break
+        acc = path_rate(preds, fin, rate, end)
+        if acc <= -1.0:
+            break  # (A path that shortens as fast as the iteration: rounding only.)
+        shorter = (horizon - (length - step * acc)) / (acc + 1.0)
+        if not shorter < step:
+            break
+        step = shorter
+    return trial, fin, step, passes
+
+
+@_jit
+def on_the_way(dur: np.ndarray, trial: np.ndarray, rate: np.ndarray, times: np.ndarray,
+               sp_ops: np.ndarray, sl_ops: np.ndarray, step: float,
+               eps_t: float) -> np.ndarray:
+    """A step's plans as rows of durations (`frontier._sweep`).
+
+    Wherever a moving operation passes one of its options (ascending, once each), then the
+    step's end (`trial`).
+    """
+    width = times.shape[1]
+    found = np.empty((sp_ops.size + sl_ops.size) * width)
+    k = 0
+    for i in range(sp_ops.size + sl_ops.size):
+        v = sp_ops[i] if i < sp_ops.size else sl_ops[i - sp_ops.size]
+        for j in range(width):
+            x = dur[v] - times[v, j] if i < sp_ops.size else times[v, j] - dur[v]
+            if x > eps_t and x < step - eps_t:
+                found[k] = x
+                k += 1
+    found = np.sort(found[:k])
+    rows = np.empty((k + 1, dur.size))
+    m = 0
+    for i in range(k):
+        if i == 0 or found[i] != found[i - 1]:
+            for v in range(dur.size):
+                rows[m, v] = dur[v] + found[i] * rate[v]
+            m += 1
+    rows[m] = trial
+    return rows[: m + 1]
