@@ -173,7 +173,6 @@ class CutNetwork:
             return np.zeros_like(self.flow)
         return kernels.carry(self.flow, caps, own, self.reverse)
 
-
     def _max_flow(self, residual: np.ndarray) -> np.ndarray:
         """Augment `residual` (in place) to a maximum flow's; the source side of its cut.
 

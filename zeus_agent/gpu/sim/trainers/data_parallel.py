@@ -22,9 +22,12 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zeus_agent.wire.messages import PowerLimitOptions
+
+if TYPE_CHECKING:
+    from zeus_agent.gpu.sim.device import WorkResult
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,8 @@ class TrainerOptions:
     queue_ahead_s: float = 0.2
 
 
-def _until_next(work: Any, ahead_s: float, now_s: float) -> float:
-    """Seconds a rank sleeps after starting `work` (a `WorkResult`) before its next step.
+def _until_next(work: WorkResult, ahead_s: float, now_s: float) -> float:
+    """Seconds a rank sleeps after starting `work` before its next step.
 
     With `ahead_s` > 0: until `ahead_s` (at most half the step) before its GPU is done, so
     the next step is queued behind this one (`SimGPU.run_work` queues) and the GPU runs back
