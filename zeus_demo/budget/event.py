@@ -202,15 +202,19 @@ def stop(procs: Processes, replicas: Replicas) -> None:
     replicas.close()
 
 
-async def budget_owner(nc: Any) -> str | None:
-    """The replica holding the budgets' lease now (the ownership bucket's `budgets` key)."""
-    js = nc.jetstream()
-    owners = await js.key_value(subjects.state_buckets()[1])
+async def lease_owner(nc: Any, key: str) -> str | None:
+    """The replica holding the ownership bucket's lease `key` now, if any."""
+    owners = await nc.jetstream().key_value(subjects.state_buckets()[1])
     try:
-        entry = await owners.get("budgets")
-    except Exception:  # noqa: BLE001 - no lease yet
+        entry = await owners.get(key)
+    except Exception:  # noqa: BLE001 - no lease (yet)
         return None
     return str(json.loads(entry.value)["owner"]) if entry.value else None
+
+
+async def budget_owner(nc: Any) -> str | None:
+    """The replica holding the budgets' lease now (the ownership bucket's `budgets` key)."""
+    return await lease_owner(nc, "budgets")
 
 
 async def job_driver(nc: Any, job_id: str | None) -> str | None:
@@ -219,12 +223,7 @@ async def job_driver(nc: Any, job_id: str | None) -> str | None:
         return None
     from coordinator.state.records import job_hash
 
-    owners = await nc.jetstream().key_value(subjects.state_buckets()[1])
-    try:
-        entry = await owners.get(job_hash(job_id))
-    except Exception:  # noqa: BLE001 - no lease
-        return None
-    return str(json.loads(entry.value)["owner"]) if entry.value else None
+    return await lease_owner(nc, job_hash(job_id))
 
 
 @dataclass
