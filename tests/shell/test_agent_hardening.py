@@ -360,7 +360,9 @@ async def test_reaping_goes_on_past_pids_that_name_no_process(nats_server):
         for bogus in (2**31, 2**70, -1, 0):  # what a payload pid could have put there
             gateway.by_pid[bogus] = [agent.agents[0]]
         gateway.by_pid[doomed.pid] = gateway.by_pid.pop(doomed.pid)  # last in line
-        await gateway.reap_dead_trainers()
+        await gateway.reap_dead_trainers()  # seen gone once: a goodbye may still be queued
+        assert doomed.pid in gateway.by_pid
+        await gateway.reap_dead_trainers()  # gone twice in a row: released
         assert gateway.by_pid == {}
         assert agent.agents[1].binding is None
 

@@ -162,6 +162,7 @@ class Gateway:
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.by_pid: dict[int, list[GpuAgent]] = {}
+        self._dead_once: set[int] = set()  # pids `reap_dead_trainers` saw gone on its last pass
         """GPUs bound to each trainer process (kernel pid)."""
         self.counters: Counter[str] = Counter()
         self._last_report_ns: dict[str, int] = {}
@@ -600,11 +601,15 @@ class Gateway:
     async def reap_dead_trainers(self) -> None:
         """Release the GPUs of trainer processes that no longer exist.
 
-        Never stops at one entry: a pid that cannot name a process counts as gone, and a
-        failing release is logged and the next pid checked.
+        A pid is released when seen gone on two passes in a row: a trainer's goodbye can still
+        be in the socket's queue when its process has exited (seen with torchrun's ranks), and
+        it must be read as a goodbye, not a crash. Never stops at one entry: a pid that cannot
+        name a process counts as gone, and a failing release is logged and the next pid checked.
         """
-        for pid in list(self.by_pid):
-            if process_alive(pid):
+        gone = {pid for pid in self.by_pid if not process_alive(pid)}
+        confirmed, self._dead_once = gone & self._dead_once, gone - self._dead_once
+        for pid in confirmed:
+            if pid not in self.by_pid:  # (Released meanwhile, by a goodbye read in between.)
                 continue
             try:
                 await self.release_pid(pid, reason="process exited without goodbye")
