@@ -73,7 +73,7 @@ class DurableState:
         for record in imported.jobs.values():
             if await state.create_job(record):
                 for rank in record.ranks.values():
-                    await state.create_rank(record.job_id, rank)
+                    await state.create_rank(record.job_id, rank, node_ranks=True)
                 if record.job_id in windows:
                     await state.put_progress(record.job_id, "windows", windows[record.job_id])
         done = path.with_suffix(f".imported-{int(time.time())}")

@@ -340,7 +340,9 @@ class JetStreamState:
         new, not a retry. `batch` False: one by one at once (a retry the caller knows: its
         taken keys would refuse the batch of every other rank in it). `node_ranks`: the job's
         ranks are in node entries (`JobRecord.node_ranks`): the rank's `rank.` key, then a
-        node entry of it alone (`v.ranks.<h>.<rank>`, unless one holds it already).
+        node entry of it alone (`v.ranks.<h>.<rank>`, unless that key holds it already: a
+        retry of a rank whose node entry began at another rank writes it again, the same
+        rank read the same, which also mends a `rank.` key left without its entry).
 
         Returns:
             True if new, False if the same rank was already recorded identically (a retry).

@@ -4,7 +4,7 @@ A job recorded by a coordinator of layout 2 (one `v.rank.` entry per rank, value
 is known, its remaining ranks are recorded in the same form (their keys are what makes them
 unique to a replica of layout 2 still running), it starts, and a fresh replica loads it whole.
 A job registered now has its node's ranks in one `v.ranks.` entry, with a `rank.` key each,
-and a fresh replica loads it whole too.
+and a fresh replica loads it whole too; so does a job imported from a `jobs.json`.
 """
 
 from __future__ import annotations
@@ -103,3 +103,26 @@ async def test_a_new_jobs_node_batch_is_one_entry_and_loads(
     finally:
         await stop(coord, task)
     assert await _loaded(nats_server, tmp_path / "c", job_id) == ([0, 1], True)
+
+
+async def test_an_imported_jobs_ranks_are_node_entries(
+        nats_server: Any, agent: Any, tmp_path: Path) -> None:
+    """A `jobs.json` of the file store before JetStream: its job is recorded at layout 3."""
+    registry = JobRegistry()
+    record = registry.register_job(job_request(dp=2, power_limit=OPTIONS), 0.0, NODE,
+                                   datetime(2026, 1, 1), join_token="token-imported-0123456")
+    for r in (0, 1):
+        record.add_rank(RankRecord(rank_request(record.job_id, r).rank_info,
+                                   rank_request(record.job_id, r).gpu))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "jobs.json").write_text(json.dumps(registry.snapshot()))
+    coord, task = await start(nats_server, tmp_path / "c")
+    try:
+        await wait_for(lambda: (r := coord.jobs.record(record.job_id)) is not None
+                       and len(r.ranks) == 2)
+        job_id = record.job_id
+        assert _their(await state_keys(coord), job_id) == {
+            records.node_key(job_id, 0), records.node_key(job_id, 1),
+            records.rank_claim_key(job_id, 0), records.rank_claim_key(job_id, 1)}
+    finally:
+        await stop(coord, task)
