@@ -277,18 +277,29 @@ async def inspect(url: str, job_id: str) -> dict[str, Any]:
         await nc.close()
 
 
-ACTIVITIES = [  # The first that matches a stack names it (nested ones first).
-    ("owner: start the optimiser, info, first limit", ("OptimiserStarter.start", "request_all")),
-    ("rank handler: JetStream creates (JetStreamState.create_rank)", ("create_rank",)),
-    ("rank handler: GPU info request (GpuDirectory.describe)", ("GpuDirectory.describe",)),
-    ("rank handler: the rest (decode, checks, registry, status)", ("Endpoints.register_rank",)),
-    ("reply: encode + respond (Endpoints.wrap.handle)", ("wrap.<locals>.handle",)),
-    ("request dispatch (nats.micro, task spawn)", ("micro/service.py", "CoordinatorService.spawn")),
-    ("KV watch: entries -> this replica's view (watch.follow)", ("follow.<locals>.on_msg",)),
+ACTIVITIES = [  # The first that matches a stack names it (nested ones first). Frames as py-spy
+    # names them: before 0.4 with their class (`Endpoints.register_rank`), from 0.4 without
+    # (`register_rank (coordinator/service/endpoints.py:NN)`): both are matched.
+    ("owner: start the optimiser, info, first limit",
+     ("OptimiserStarter.start", ";start (coordinator/service/starter.py", "request_all")),
+    ("rank handler: JetStream creates (JetStreamState.create_rank, create_node_ranks)",
+     ("create_rank", "create_node_ranks", "_commit (coordinator/state/group_commit.py",
+      "GroupCommit._commit")),
+    ("rank handler: GPU info request (GpuDirectory.describe)",
+     ("GpuDirectory.describe", "describe (coordinator/service/gpus.py")),
+    ("rank handler: the rest (decode, checks, registry, status)",
+     ("Endpoints.register_rank", "register_rank (coordinator/service/endpoints.py")),
+    ("reply: encode + respond (Endpoints.wrap.handle)",
+     ("wrap.<locals>.handle", "handle (coordinator/service/endpoints.py")),
+    ("request dispatch (nats.micro, task spawn)",
+     ("micro/service.py", "CoordinatorService.spawn", "spawn (coordinator/service/")),
+    ("KV watch: entries -> this replica's view (watch.follow)",
+     ("follow.<locals>.on_msg", "on_msg (coordinator/state/watch.py")),
     ("nats-py read loop: parse, headers, Msg objects", ("_read_loop",)),
     ("nats-py reply routing (request futures)", ("_request_sub_callback",)),
     ("nats-py flusher: socket writes", ("_flusher",)),
-    ("event loop itself (uvloop, callbacks)", ("Runner.run (asyncio/runners.py:118)",)),
+    ("event loop itself (uvloop, callbacks)",
+     ("Runner.run (asyncio/runners.py:118)", "run (asyncio/runners.py:118)")),
 ]
 
 
@@ -299,14 +310,14 @@ def spy_summary(path: Path, top: int) -> str:
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit() or "Runner.run" not in stack:
+        if not stack or not count.isdigit() or "asyncio/runners.py" not in stack:
             continue  # not the event loop's thread (the /healthz server's)
         n = int(count)
         total += n
         frames = stack.split(";")
         name = next((a for a, keys in ACTIVITIES if any(k in stack for k in keys)), "other")
         if name.startswith("event loop") and len(frames) > frames.index(
-                next(f for f in frames if f.startswith("Runner.run"))) + 1:
+                next(f for f in frames if "asyncio/runners.py" in f)) + 1:
             name = "other: " + frames[-1].split(" (")[0]
         by_activity[name] += n
         leaves[frames[-1]] += n

@@ -124,6 +124,10 @@ class JobRecord:
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     gpu_ranks: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     """Index (node, GPU index) -> rank, kept in step with `ranks`."""
+    node_ranks: bool = field(default=True, compare=False, repr=False)
+    """Whether the durable state records this job's ranks in node entries (a job recorded
+    by a coordinator of state layout 3 or later); False: one entry per rank, as a job recorded
+    by an older coordinator keeps (`coordinator.state.records`)."""
 
     def admits(self, digest: str | None) -> bool:
         """Whether a join token with this digest (None: no token) is the job's own."""

@@ -73,7 +73,7 @@ class DurableState:
         for record in imported.jobs.values():
             if await state.create_job(record):
                 for rank in record.ranks.values():
-                    await state.create_rank(record.job_id, rank)
+                    await state.create_rank(record.job_id, rank, node_ranks=True)
                 if record.job_id in windows:
                     await state.put_progress(record.job_id, "windows", windows[record.job_id])
         done = path.with_suffix(f".imported-{int(time.time())}")
@@ -101,6 +101,8 @@ class DurableState:
                 return
             if known is not None and rank.isdigit() and jobs.defer(known.job_id, int(rank), entry):
                 return  # Its handler here is recording it: applied once it is done.
+        if not deleted and entry.key.startswith("v.ranks.") and self._own_node(entry):
+            return
         try:
             change = records.decode(entry.key, entry.value, deleted, self.clock())
         except RecordError as e:
@@ -127,25 +129,71 @@ class DurableState:
             if undone is not None and rank.isdigit():
                 jobs.registry.unregister_rank(undone.job_id, int(rank))
         elif change.kind == "rank" and change.rank is not None and change.job_id is not None:
-            job = jobs.record(change.job_id)
-            if job is not None and change.rank.info.rank >= job.job.world_size:
-                error = RecordError(f"{entry.key}: rank {change.rank.info.rank} is beyond the "
-                                    f"job's world of {job.job.world_size}")
-                self.link.drop("bad_state_entry", entry.key, error)
-                self.failures.bad_record(entry.key, error)
+            self._apply_rank(entry.key, change)
+        elif change.kind == "ranks" and change.job_id is not None:  # (Deleted: the job is.)
+            if self._defer_node(change, entry):
                 return
-            gpu, driver = change.rank.gpu, jobs.driver(change.job_id)
-            jobs.bind_gpu(driver, gpu)
-            if change.limits is not None:  # The owner need not ask that GPU's agent again.
-                self.gpus.remember((gpu.node, gpu.gpu_index), change.limits,
-                                   change.energy_period_ms, change.period_recorded)
-            if (jobs.registry.apply_rank(change.job_id, change.rank, self.clock())
-                    and not jobs.is_registering(change.job_id, change.rank.info.rank)):
-                self.starter.maybe_start(driver)  # (Once every rank is in.)
+            for one in change.ranks:
+                self._apply_rank(entry.key, one)
         elif change.kind == "prog" and change.job_id is not None and change.progress:
             driver = jobs.driver(change.job_id)
             if driver.optimiser is None:  # Our own writes change nothing here.
                 driver.remember_progress(change.progress)
+
+    def _own_node(self, entry: Any) -> bool:
+        """Whether `entry` is a node entry this replica wrote, its ranks known here: done.
+
+        As a rank entry this replica wrote is not decoded again (`apply`), nor is a node
+        entry: its ranks' GPUs are bound. One whose ranks a handler here is still recording is
+        kept until it is done (`JobTable.defer`), then applied again.
+        """
+        state = self.link.state
+        known = state.own_entries.get(entry.key) if state is not None else None
+        if state is None or known is None:
+            return False
+        job_id, ranks = known
+        jobs = self.jobs
+        for rank in ranks:
+            if jobs.defer(job_id, rank.info.rank, entry):
+                return True
+        del state.own_entries[entry.key]
+        record = jobs.record(job_id)
+        if record is None or any(record.ranks.get(r.info.rank) != r for r in ranks):
+            return False  # (Decoded and applied as another replica's.)
+        driver = jobs.driver(job_id)
+        for rank in ranks:
+            jobs.bind_gpu(driver, rank.gpu)
+        return True
+
+    def _defer_node(self, change: records.Change, entry: Any) -> bool:
+        """Keep a node entry some of whose ranks a handler here is recording (`defer`)."""
+        jobs = self.jobs
+        assert change.job_id is not None
+        for one in change.ranks:
+            assert one.rank is not None
+            if jobs.defer(change.job_id, one.rank.info.rank, entry):
+                return True
+        return False
+
+    def _apply_rank(self, key: str, change: records.Change) -> None:
+        """One rank's entry (alone, or one of a node entry's)."""
+        jobs = self.jobs
+        assert change.rank is not None and change.job_id is not None
+        job = jobs.record(change.job_id)
+        if job is not None and change.rank.info.rank >= job.job.world_size:
+            error = RecordError(f"{key}: rank {change.rank.info.rank} is beyond the "
+                                f"job's world of {job.job.world_size}")
+            self.link.drop("bad_state_entry", key, error)
+            self.failures.bad_record(key, error)
+            return
+        gpu, driver = change.rank.gpu, jobs.driver(change.job_id)
+        jobs.bind_gpu(driver, gpu)
+        if change.limits is not None:  # The owner need not ask that GPU's agent again.
+            self.gpus.remember((gpu.node, gpu.gpu_index), change.limits,
+                               change.energy_period_ms, change.period_recorded)
+        if (jobs.registry.apply_rank(change.job_id, change.rank, self.clock())
+                and not jobs.is_registering(change.job_id, change.rank.info.rank)):
+            self.starter.maybe_start(driver)  # (Once every rank is in.)
 
     def _on_quarantine(self, change: records.Change) -> None:
         """A job set aside (by any replica), or released by an operator (tried again)."""

@@ -34,6 +34,7 @@ from coordinator.service.failures import JobFailures
 from coordinator.service.gpus import GpuDirectory
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
+from coordinator.service.node_writes import NodeWrite
 from coordinator.service.starter import OptimiserStarter
 from coordinator.service.table import JobTable
 from coordinator.state import records
@@ -267,27 +268,33 @@ class Endpoints:
         """Register a rank (`RegisterRank`), or a node's ranks together (`RegisterRanks`).
 
         A node's batch is answered with one reply per rank, in order (`result["replies"]`):
-        each rank is checked and recorded as if it came alone, side by side (their creates go
-        in the same atomic batches of the state bucket).
+        each rank is checked as if it came alone, side by side, and those that pass are
+        recorded together, in one node entry (`NodeWrite`).
         """
         request = codec.decode_either(data, RegisterRank, RegisterRanks, "ranks")
         if isinstance(request, RegisterRanks):
-            replies = await asyncio.gather(*(self._answer_rank(r, subject)
+            node = NodeWrite(self.link.require_state, len(request.ranks))
+            replies = await asyncio.gather(*(self._answer_rank(r, subject, node)
                                              for r in request.ranks))
             return Reply.success(replies=[r.model_dump() for r in replies])
         return await self._register_rank(request, subject)
 
-    async def _answer_rank(self, request: RegisterRank, subject: str) -> Reply:
+    async def _answer_rank(self, request: RegisterRank, subject: str,
+                           node: NodeWrite | None = None) -> Reply:
         """One rank of a node's batch: its reply, a failure included (as `wrap` answers)."""
         try:
-            return await self._register_rank(request, subject)
+            return await self._register_rank(request, subject, node)
         except Exception as e:  # noqa: BLE001 - never leak internals
             if not isinstance(e, ReplyError):
                 LOG.exception("rank %d of a batch on %s failed", request.rank_info.rank,
                               bounded(subject, 300))
             return reply_for(e, INTERNAL_REPLY.error)
+        finally:
+            if node is not None:
+                node.finish()
 
-    async def _register_rank(self, request: RegisterRank, subject: str) -> Reply:
+    async def _register_rank(self, request: RegisterRank, subject: str,
+                             node: NodeWrite | None = None) -> Reply:
         """Register a rank after checking its GPU with the agent that drives it.
 
         Only the agent of the GPU's node may register it: the subject names the node the
@@ -327,10 +334,7 @@ class Endpoints:
         try:
             with self.jobs.registering_rank(request.job_id, request.rank_info.rank,
                                             self.durable.apply):
-                limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
-                new = await self.link.require_state().create_rank(
-                    request.job_id, RankRecord(info=request.rank_info, gpu=request.gpu), limits,
-                    info.energy_period_ms if info else None, batch=not retry)
+                new = await self._create_rank(request, info, node, retry)
                 # (Known here before the rank's own state entry, if it came meanwhile, is
                 # applied.)
                 record, _ = registry.register_rank(request, self.clock(), reserved=not retry)
@@ -348,6 +352,30 @@ class Endpoints:
                 self.starter.maybe_start(self.jobs.driver(record.job_id))
         return Reply.success(job_id=record.job_id, rank=request.rank_info.rank,
                              registered=n, world_size=world)
+
+    async def _create_rank(self, request: RegisterRank, info: GpuDescription | None,
+                           node: NodeWrite | None, retry: bool) -> bool:
+        """Record the rank in the state bucket: with its node's batch, or alone.
+
+        True: new; False: recorded identically before (a retry). A job recorded before node
+        entries (`JobRecord.node_ranks` False) keeps one entry per rank.
+        """
+        state = self.link.require_state()
+        record = self.jobs.record(request.job_id)
+        node_ranks = record is not None and record.node_ranks
+        rank = RankRecord(info=request.rank_info, gpu=request.gpu)
+        limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
+        period = info.energy_period_ms if info else None
+        landed = None
+        if node is not None and node_ranks and not retry:
+            outcome = await node.create(request.job_id, (rank, limits, period))
+            if outcome.committed:
+                return True
+            landed = outcome.batch_id
+        elif node is not None:
+            node.skip()
+        return await state.create_rank(request.job_id, rank, limits, period, batch=not retry,
+                                       node_ranks=node_ranks, landed=landed)
 
     def _refuse_gpu(self, request: RegisterRank, info: GpuDescription | None) -> Reply | None:
         """Why the rank's GPU cannot serve the job (no agent, another GPU, observe-only)."""
@@ -458,3 +486,4 @@ class _Forwarded:
 
     async def respond(self, data: bytes) -> None:
         await self._msg.respond(data)
+

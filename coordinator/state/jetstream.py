@@ -30,7 +30,7 @@ from nats.js.errors import (
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
-from coordinator.state.group_commit import REFUSED, GroupCommit, answer_ack
+from coordinator.state.group_commit import REFUSED, GroupCommit, Outcome, answer_ack
 from coordinator.state.watch import follow as follow_bucket
 from zeus_agent.history import History
 
@@ -53,6 +53,16 @@ def _expire(future: asyncio.Future[bytes]) -> None:
 
 CREATED, IN_FLIGHT, EXISTS, OTHER = "created", "in_flight", "exists", "other"
 """What a create's acknowledgement says (`create_outcome`)."""
+MAX_OWN_ENTRIES = 65_536
+"""Node entries a replica remembers writing until their echo (`JetStreamState.own_entries`)."""
+
+
+def _holds(key: str, raw: bytes, rank: RankRecord) -> bool:
+    """Whether the node entry `key` (its value `raw`) records `rank` as it is."""
+    change = records.decode(key, raw, False, 0)
+    return any(one.rank == rank for one in change.ranks)
+
+
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code: the subject's last message is another one (its sequence given)."""
 IN_PROCESS = 10164
@@ -121,6 +131,9 @@ class JetStreamState:
         self._ack_ids = itertools.count()
         self.batches: GroupCommit | None = None
         """Registrations' creates in atomic batches (`group_commit`), once the buckets are open."""
+        self.own_entries: dict[str, tuple[str, list[RankRecord]]] = {}
+        """Node entries this replica is writing or wrote, by key: (job id, its ranks). Their
+        ranks are known here: the watch's echo need not be decoded (`DurableState.apply`)."""
         self.history = history
         """Where acknowledged writes and leases taken are recorded (`--history`), if anywhere."""
 
@@ -314,7 +327,8 @@ class JetStreamState:
 
     async def create_rank(self, job_id: str, rank: RankRecord,
                           limits: tuple[int, int] | None = None,
-                          energy_period_ms: float | None = None, batch: bool = True) -> bool:
+                          energy_period_ms: float | None = None, batch: bool = True,
+                          node_ranks: bool = False, landed: str | None = None) -> bool:
         """Record a rank and its GPU binding, each exactly once across replicas.
 
         Both keys go together in one atomic batch with other ranks' (`group_commit`: one
@@ -322,9 +336,13 @@ class JetStreamState:
         batches, or the batch refused), the GPU's key is taken first: a rank's key (what
         replicas follow) only ever appears for a GPU it holds alone, so no replica's view sees
         two ranks on one GPU. A batch not answered in time that landed after all is this
-        rank's: found holding the batch's id, it is reported new, not a retry. `batch` False:
-        one by one at once (a retry the caller knows: its taken keys would refuse the batch of
-        every other rank in it).
+        rank's: found holding the batch's id (or `landed`'s, a node batch's), it is reported
+        new, not a retry. `batch` False: one by one at once (a retry the caller knows: its
+        taken keys would refuse the batch of every other rank in it). `node_ranks`: the job's
+        ranks are in node entries (`JobRecord.node_ranks`): the rank's `rank.` key, then a
+        node entry of it alone (`v.ranks.<h>.<rank>`, unless that key holds it already: a
+        retry of a rank whose node entry began at another rank writes it again, the same
+        rank read the same, which also mends a `rank.` key left without its entry).
 
         Returns:
             True if new, False if the same rank was already recorded identically (a retry).
@@ -336,15 +354,19 @@ class JetStreamState:
         info, gpu = rank.info, rank.gpu
         gpu_key = records.gpu_key(job_id, gpu.node, gpu.gpu_index)
         gpu_value = records.encode_gpu(job_id, info.rank)
-        key = records.rank_key(job_id, info.rank)
+        key = (records.rank_claim_key if node_ranks else records.rank_key)(job_id, info.rank)
         value = records.encode_rank(job_id, rank, limits, energy_period_ms)
+        unit = [(gpu_key, gpu_value), (key, value)]
+        if node_ranks:
+            unit.append((records.node_key(job_id, info.rank),
+                         records.encode_node(job_id, [value])))
         outcome = REFUSED
         if self.batches is not None and batch:
-            outcome = await self.batches.create(((gpu_key, gpu_value), (key, value)))
+            outcome = await self.batches.create(unit)
         if outcome.committed:
-            # Both at once, in one atomic batch with other ranks' (`group_commit`): durable.
-            self._log("ack", key=gpu_key, job_id=job_id)
-            self._log("ack", key=key, job_id=job_id)
+            # All at once, in one atomic batch with other ranks' (`group_commit`): durable.
+            for written, _ in unit:
+                self._log("ack", key=written, job_id=job_id)
             return True
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -354,22 +376,64 @@ class JetStreamState:
             gpu_key, gpu_value, lambda raw: records.rank_of_gpu_value(raw) == info.rank,
             f"GPU {gpu.gpu_index} on {gpu.node} already drives another rank of job "
             f"{job_id}; give each rank its own GPU", started)
+        new = False
         try:
             started = loop.time()
             new = await self._create_new(key, value) or await self._create_once(
                 key, value, lambda raw: records.decode(key, raw, False, 0).rank == rank,
                 f"rank {info.rank} of job {job_id} is already registered with another GPU or "
                 "coordinates; each rank registers once", started)
-            self._log("ack", key=gpu_key, job_id=job_id)
-            self._log("ack", key=key, job_id=job_id)
-            if not new and outcome.batch_id is not None:
-                return await self._written_by(key, outcome.batch_id)
+            if node_ranks:
+                await self._create_once(*unit[2], lambda raw: _holds(unit[2][0], raw, rank),
+                                        f"the node entry of rank {info.rank} of job {job_id} "
+                                        "holds another rank")
+            for written, _ in unit:
+                self._log("ack", key=written, job_id=job_id)
+            batch_id = outcome.batch_id or landed
+            if not new and batch_id is not None:
+                return await self._written_by(key, batch_id)
             return new
         except RegistryError:
-            if new_gpu:  # Undo: the GPU must not stay bound to a rank that is not recorded.
-                with contextlib.suppress(Exception):
-                    await self.kv.delete(gpu_key)
+            # Undo: the GPU must not stay bound to a rank that is not recorded.
+            for created, undo in ((new_gpu, gpu_key), (new and node_ranks, key)):
+                if created:
+                    with contextlib.suppress(Exception):
+                        await self.kv.delete(undo)
             raise
+
+    async def create_node_ranks(self, job_id: str, ranks: list[tuple[
+            RankRecord, tuple[int, int] | None, float | None]]) -> Outcome:
+        """Record ranks of a job together: one node entry, a `rank.` and a `gpu.` key each.
+
+        `ranks`: (rank, its GPU's limit range, its energy-counter period) in rank order. All
+        in one atomic batch (`group_commit`), or nothing: not committed, each rank is then
+        recorded on its own (`create_rank` with `node_ranks`, `landed` the outcome's
+        `batch_id`), which tells retries from conflicts.
+        """
+        if self.batches is None or not ranks:
+            return REFUSED
+        unit: list[tuple[str, bytes]] = []
+        values = []
+        for rank, limits, period in ranks:
+            info, gpu = rank.info, rank.gpu
+            value = records.encode_rank(job_id, rank, limits, period)
+            values.append(value)
+            unit += [(records.gpu_key(job_id, gpu.node, gpu.gpu_index),
+                      records.encode_gpu(job_id, info.rank)),
+                     (records.rank_claim_key(job_id, info.rank), value)]
+        entry = records.node_key(job_id, ranks[0][0].info.rank)
+        unit.append((entry, records.encode_node(job_id, values)))
+        own = self.own_entries
+        if len(own) >= MAX_OWN_ENTRIES:
+            own.clear()  # (Entries whose echo never came: their jobs went first.)
+        own[entry] = (job_id, [rank for rank, _, _ in ranks])
+        outcome = await self.batches.create(unit)
+        if outcome.committed:
+            for written, _ in unit:
+                self._log("ack", key=written, job_id=job_id)
+        else:
+            own.pop(entry, None)
+        return outcome
 
     async def _written_by(self, key: str, batch_id: str) -> bool:
         """Whether `key`'s value was stored by batch `batch_id` (its message's header)."""
@@ -501,6 +565,8 @@ class JetStreamState:
         jobs: dict[str, JobRecord] = {}
         ranks: list[tuple[str, RankRecord]] = []
         for key in keys:
+            if not key.startswith("v."):
+                continue  # (Uniqueness keys: the ranks are in the `v.` entries.)
             try:
                 entry = await self.kv.get(key)
                 change = records.decode(key, entry.value, False, now_s)
@@ -508,8 +574,9 @@ class JetStreamState:
                 continue
             if change.job is not None:
                 jobs[change.job.job_id] = change.job
-            elif change.rank is not None and change.job_id is not None:
-                ranks.append((change.job_id, change.rank))
+            elif change.job_id is not None:  # One rank, or a node entry's.
+                ranks += [(change.job_id, one.rank) for one in (change, *change.ranks)
+                          if one.rank is not None]
         for job_id, rank in ranks:
             if job_id in jobs:
                 jobs[job_id].add_rank(rank)
@@ -526,7 +593,7 @@ class JetStreamState:
                           lambda: self.kv.delete(f"v.job.{job_hash}"))
         jsm = self.nc.jsm()
         stream = f"KV_{self.bucket}"
-        for kind in ("rank", "gpu"):
+        for kind in records.MANY_KINDS:
             keys = records.hash_keys_filter(job_hash, kind)
             with contextlib.suppress(Exception):
                 await jsm.purge_stream(stream, subject=f"$KV.{self.bucket}.{keys}")

@@ -6,14 +6,22 @@ One bucket holds the state of every job, one key per fact, so a change writes on
 | key | value |
 |---|---|
 | `v.job.<h>` | the job (`JobRecord.plain(with_ranks=False)`) |
+| `v.ranks.<h>.<rank>` | ranks recorded together (a node's batch, or one), `<rank>` the first |
 | `v.rank.<h>.<rank>` | one registered rank (`RankRecord.plain()`, its GPU's limit range), once |
 | `v.prog.<h>` | the job's optimiser progress (`JobOptimizer.persisted()`), or its profile |
 | `v.quar.<h>` | the job is set aside: a record of it cannot be loaded, or its optimiser failed |
 | `gpu.<h>.<n>.<i>` | the rank driving GPU `i` of node digest `<n>` in the job (created once) |
+| `rank.<h>.<rank>` | a rank of a node entry, as `v.rank.` holds one (created once) |
 | `budget_timing.<h>` | the job's options as measured under a budget (`budget.store.TimingStore`) |
 | `budget_frontier.<h>`, `budget_point.<h>` | a Perseus job's frontier, the point given it |
 
-Replicas follow the `v.` keys (`FOLLOWED`); the `gpu.` keys only make a GPU's binding unique.
+Replicas follow the `v.` keys (`FOLLOWED`); the `gpu.` and `rank.` keys only make a GPU's
+binding and a rank unique. A job recorded at layout 3 (`JobRecord.node_ranks`) has its ranks in
+node entries: one `v.ranks.` entry per node's batch, so a replica follows a few thousand entries
+for 16,384 ranks, not one each; every rank in one also has its `rank.` key, created in the same
+atomic batch (`JetStreamState.create_node_ranks`). A job recorded earlier keeps one `v.rank.`
+entry per rank (the key is the rank's uniqueness): a replica of layout 2 that knows the job may
+still register its ranks, and would not see a `rank.` key. Readers take both forms.
 
 `<h>` is a digest of the job id (KV keys allow few characters; job ids carry `+`, `:`...), so
 every value names its job id. A second bucket, `<bucket>-owners`, holds one ownership lease per
@@ -40,11 +48,14 @@ from zeus_agent.wire.text import bounded
 
 __all__ = ["bucket_names"]  # re-exported: the buckets' names live in the wire contract
 
-VERSION = 2
+VERSION = 3
 """Version of the values' layout (`"v"` in every value). 2: a job's value has `join_digest`; a
 replica of version 1 would ignore it and accept ranks without the job's token, so it must not
-read version 2 values (it refuses any other version, and then does not know the job)."""
-READABLE = (1, 2)
+read version 2 values (it refuses any other version, and then does not know the job). 3: a job's
+ranks are in node entries (`v.ranks.`, with a `rank.` key each); a replica of version 2 would
+not see them (it drops the unknown key) and could register a rank again, so it must not read
+version 3 values (then it does not know the job and registers none of its ranks)."""
+READABLE = (1, 2, 3)
 """Layouts this coordinator reads (a version-1 job has no join token: any rank of its user
 may join, so jobs written before join tokens keep running)."""
 
@@ -78,6 +89,16 @@ def job_key(job_id: str) -> str:
 def rank_key(job_id: str, rank: int) -> str:
     """The key of one rank of a job."""
     return f"v.rank.{job_hash(job_id)}.{rank}"
+
+
+def node_key(job_id: str, first_rank: int) -> str:
+    """The key of ranks recorded together (a node entry), by the first of them."""
+    return f"v.ranks.{job_hash(job_id)}.{first_rank}"
+
+
+def rank_claim_key(job_id: str, rank: int) -> str:
+    """The key that makes a rank of a node entry unique (not followed)."""
+    return f"rank.{job_hash(job_id)}.{rank}"
 
 
 def gpu_key(job_id: str, node: str, gpu_index: int) -> str:
@@ -120,13 +141,21 @@ def budget_keys(job_hash_: str) -> tuple[str, ...]:
 
 
 def job_keys_filter(job_id: str, kind: str) -> str:
-    """The subject filter (within the bucket) of all `kind` keys ("rank", "gpu") of a job."""
+    """The subject filter (within the bucket) of all `kind` keys of a job.
+
+    `kind`: "rank" (`v.rank.`), "ranks" (`v.ranks.`), "claim" (`rank.`) or "gpu".
+    """
     return hash_keys_filter(job_hash(job_id), kind)
 
 
 def hash_keys_filter(job_hash: str, kind: str) -> str:
     """`job_keys_filter` of the job whose key token is `job_hash`."""
-    return f"{'v.' if kind == 'rank' else ''}{kind}.{job_hash}.>"
+    prefix = {"rank": "v.rank", "ranks": "v.ranks", "claim": "rank"}.get(kind, kind)
+    return f"{prefix}.{job_hash}.>"
+
+
+MANY_KINDS = ("rank", "ranks", "claim", "gpu")
+"""The kinds of which a job has many keys (`hash_keys_filter`: purged by subject)."""
 
 
 def quarantine_key(job_hash: str) -> str:
@@ -144,8 +173,8 @@ def hash_of_key(key: str) -> str | None:
     return None
 
 
-KINDS = ("job", "rank", "gpu", "prog", "quar")
-"""The kinds of keys (`v.<kind>.<h>...`, `gpu.<h>...`)."""
+KINDS = ("job", "rank", "ranks", "gpu", "prog", "quar")
+"""The kinds of keys (`v.<kind>.<h>...`, `gpu.<h>...`, `rank.<h>...`)."""
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
@@ -209,6 +238,16 @@ def encode_rank(job_id: str, rank: RankRecord, limits: tuple[int, int] | None = 
         b"[%s,%s]%s" % (_number(limits[0]), _number(limits[1]), period) if limits else b"null")
 
 
+def encode_node(job_id: str, rank_values: list[bytes]) -> bytes:
+    """A node entry's value: ranks' values (`encode_rank`'s, in rank order) in one list.
+
+    `{"v", "job_id", "ranks": [...]}`: each rank's value is the one its `rank.` key holds, so
+    a rank reads the same in either form.
+    """
+    return b'{"v":%d,"job_id":%s,"ranks":[%s]}' % (
+        VERSION, _ascii_json(job_id).encode(), b",".join(rank_values))
+
+
 def _number(value: Any) -> bytes:
     """A number (or None) as `_ENCODE` writes it; an int or a finite float written directly."""
     kind = type(value)
@@ -250,7 +289,7 @@ class Change:
     """One entry of the state bucket, decoded."""
 
     kind: str
-    """"job", "rank", "gpu" or "prog"."""
+    """"job", "rank", "ranks" (a node entry: `ranks`), "gpu", "prog" or "quar"."""
     job_hash: str
     deleted: bool
     job: JobRecord | None = None
@@ -265,6 +304,8 @@ class Change:
     energy_period_ms: float | None = None
     quarantine: dict[str, Any] | None = None
     """A quarantine note (`encode_quarantine`'s fields)."""
+    ranks: tuple[Change, ...] = ()
+    """A node entry's ranks, each as its own "rank" change, in rank order."""
 
 
 def _limits(raw: Any) -> tuple[int, int] | None:
@@ -356,6 +397,51 @@ def _rank_change(job_hash_: str, rank: str, raw: bytes) -> Change | None:
                   period_recorded=recorded, energy_period_ms=period)
 
 
+class _NodeValue(BaseModel):
+    """A node entry's value read in one pass (`_node_change`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    v: Any = None
+    job_id: Any = None
+    ranks: list[_RankValue]
+
+
+def _node_change(job_hash_: str, first: str, raw: bytes) -> Change:
+    """A node entry decoded: each rank checked as its own `v.rank.` entry would be.
+
+    Raises:
+        RecordError: Not a node entry of this job (or not readable by this version).
+    """
+    try:
+        value = _NodeValue.model_validate_json(raw)
+    except (ValidationError, ValueError, RecursionError) as e:
+        _load(raw)  # (A newer layout's value says so: `NewerRecordError`.)
+        raise RecordError(f"not a node entry: {bounded(e, 300)}") from None
+    job_id = value.job_id
+    if value.v not in READABLE:
+        _load(raw)
+    if not isinstance(job_id, str) or job_hash(job_id) != job_hash_:
+        raise RecordError("the value names another job than its key")
+    changes: list[Change] = []
+    for part in value.ranks:
+        rank = part.info.rank
+        if part.v not in READABLE or part.job_id != job_id:
+            raise RecordError(f"rank {rank} of the entry is of another job or layout")
+        if changes and rank <= changes[-1].rank.info.rank:  # type: ignore[union-attr]
+            raise RecordError("a node entry's ranks must be distinct, in rank order")
+        limits = _limits(part.limits)
+        recorded = limits is not None and "energy_period_ms" in part.model_fields_set
+        changes.append(Change("rank", job_hash_, False, job_id=job_id,
+                              rank=RankRecord(part.info, part.gpu), limits=limits,
+                              period_recorded=recorded,
+                              energy_period_ms=_period(part.energy_period_ms) if recorded
+                              else None))
+    if not changes or str(changes[0].rank.info.rank) != first:  # type: ignore[union-attr]
+        raise RecordError("a node entry's key must name its first rank")
+    return Change("ranks", job_hash_, False, job_id=job_id, ranks=tuple(changes))
+
+
 def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
     """Decode one bucket entry (a deletion carries no value).
 
@@ -374,6 +460,10 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
         raise RecordError(f"unknown key {bounded(key, 300)!r}")
     if deleted or not raw:
         return Change(kind, parts[1], True)
+    if kind == "ranks":
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise RecordError(f"a node entry's key must end with a rank: {bounded(key, 300)}")
+        return _node_change(parts[1], parts[2], raw)
     data = _load(raw)
     try:
         if kind == "quar":
@@ -389,6 +479,7 @@ def decode(key: str, raw: bytes | None, deleted: bool, now_s: float) -> Change:
             record = JobRecord.from_plain(data, now_s)
             if record.job_id != job_id:
                 raise RecordError("the job's id differs from its record's")
+            record.node_ranks = data["v"] >= 3
             return Change(kind, parts[1], False, job=record, job_id=job_id)
         if kind == "rank":
             rank = RankRecord.from_plain(data)

@@ -120,7 +120,7 @@ def test_a_jobs_join_digest_is_stored_and_version_1_jobs_still_read() -> None:
     record = make_record()
     record.join_digest = "ab" * 32
     raw = records.encode_job(record)
-    assert json.loads(raw)["v"] == records.VERSION == 2
+    assert json.loads(raw)["v"] == records.VERSION == 3
     job = records.decode(records.job_key(record.job_id), raw, False, 0)
     assert job.job is not None and job.job.join_digest == "ab" * 32
     old = {**json.loads(raw), "v": 1}
@@ -132,7 +132,7 @@ def test_a_jobs_join_digest_is_stored_and_version_1_jobs_still_read() -> None:
 @pytest.mark.parametrize("key,raw,words", [
     ("nope.x", b"{}", "unknown key"),
     ("job.x", b"[1]", "not a JSON object"),
-    ("job.x", b'{"v": 3}', "layout version 3"),
+    ("job.x", b'{"v": 4}', "layout version 4"),
     ("job.x", b'{"v": 1, "job": {}}', "job.x"),
     ("rank.x.1", b"\xff", "not JSON"),
 ])

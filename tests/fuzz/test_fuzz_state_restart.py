@@ -1,15 +1,16 @@
 """Fuzzing the coordinator's state bucket at restart (issue 33).
 
 Each example writes a job's records straight into a fresh state bucket (`v.job.<h>`,
-`v.rank.<h>.<n>`, `gpu.<h>.<n>.<i>`, as a replica that registered it writes them), with one of
-them replaced or added by a fuzzed value: bytes that are not JSON, JSON that is not an object,
-other layout versions (`"v": 0`, `"v": 3`...), valid-shaped records with hostile values (power
-limits [1, 2**63 - 1], a `job_id` of the wrong type or of another job, 5,000-digit numbers,
-strings of 100,000 characters, lists nested 100,000 deep, a field mutated or missing), a
-progress record (`v.prog.<h>`) or a quarantine note (`v.quar.<h>`) of any of those, or a key
-of another shape. Then a fresh `CoordinatorService` starts on that bucket (as
-`tests.shell.coordinator_kit.start` starts one on an existing nats-server), and again once
-it stopped.
+`v.rank.<h>.<n>`, `gpu.<h>.<n>.<i>`, as a replica that registered it writes them; or its ranks in
+one node entry, `v.ranks.<h>.0`, with their `rank.<h>.<n>` keys, as layout 3 writes them), with one
+of them replaced or added by a fuzzed value (in a node entry: rank 1's part of it): bytes that are
+not JSON, JSON that is not an object, other layout versions (`"v": 0`, `"v": 4`...), valid-shaped
+records with hostile values (power limits [1, 2**63 - 1], a `job_id` of the wrong type or of
+another job, 5,000-digit numbers, strings of 100,000 characters, lists nested 100,000 deep, a field
+mutated or missing), a progress record (`v.prog.<h>`) or a quarantine note (`v.quar.<h>`) of any of
+those, or a key of another shape. Then a fresh `CoordinatorService` starts on that bucket (as
+`tests.shell.coordinator_kit.start` starts one on an existing nats-server), and again once it
+stopped.
 
 Properties, for every example:
 * the coordinator starts, serves (a `JobQuery` is answered; a new job registers, its rank too,
@@ -20,7 +21,7 @@ Properties, for every example:
   so is a job with a quarantine note, whatever the note holds;
 * a job whose progress record cannot be resumed starts afresh (by design), and so does a job
   whose `gpu.` binding holds anything (replicas do not follow those keys);
-* a record of a newer layout (`"v": 3`) quarantines nothing (a newer replica wrote it);
+* a record of a newer layout (`"v": 4`) quarantines nothing (a newer replica wrote it);
 * the registry stays consistent (ranks fit their job);
 * restarted a second time, the coordinator does not start a quarantined job again: no second
   "failed" status for any job, and the new job is driven again;
@@ -286,7 +287,7 @@ VERSIONS = st.one_of(
     st.sampled_from([0, -1, "2", None, 1.5, [2], {"v": 2}]).map(
         lambda v: Change(f"v={v!r}", "bad", _set(("v",), v))),
     st.just(Change("no v", "bad", _drop("v"))),
-    st.sampled_from([3, 2**63 - 1, 10**30]).map(
+    st.sampled_from([records.READABLE[-1] + 1, 2**63 - 1, 10**30]).map(
         lambda v: Change(f"v={v!r}", "newer", _set(("v",), v))),
 )  # fmt: skip
 """Other layout versions: older or wrong ("bad"), newer ("newer")."""
@@ -409,7 +410,8 @@ class Plan:
 
     kind: str
     target: str
-    """"job", "rank" (rank 1), "prog", "quar", "gpu" (GPU 1's binding) or "extra"."""
+    """"job", "rank" (rank 1), "node" (rank 1's part of a node entry), "prog", "quar", "gpu"
+    (GPU 1's binding) or "extra"."""
     change: Change
     extra_key: str = ""
     """For "extra": the key added (`<h>` stands for the job's key token)."""
@@ -425,6 +427,7 @@ EXTRA_KEYS = st.sampled_from([
 PLANS = st.one_of(
     st.builds(Plan, st.sampled_from(["power_limit", "pipeline"]), st.just("job"), JOB_CHANGES),
     st.builds(Plan, st.sampled_from(["power_limit", "pipeline"]), st.just("rank"), RANK_CHANGES),
+    st.builds(Plan, st.sampled_from(["power_limit", "pipeline"]), st.just("node"), RANK_CHANGES),
     st.builds(Plan, st.sampled_from(["power_limit", "pipeline"]), st.just("prog"),
               PROGRESS_CHANGES),
     st.builds(Plan, st.sampled_from(["power_limit", "pipeline"]), st.just("quar"),
@@ -455,6 +458,8 @@ def write_plan(victim: Victim, plan: Plan) -> tuple[list[tuple[str, bytes]], str
         value = plan.change.value(json.loads(items[i][1]))
         items[i] = (key, value)
         return items, _expect_record(key, value, plan.change.expect)
+    if plan.target == "node":
+        return _node_plan(victim, plan.change)
     if plan.target == "gpu":
         key = records.gpu_key(victim.job_id, NODE, 1)
         i = next(i for i, (k, _) in enumerate(items) if k == key)
@@ -477,6 +482,24 @@ def write_plan(victim: Victim, plan: Plan) -> tuple[list[tuple[str, bytes]], str
         base["gpu"]["gpu_index"] = 7
     items.append((key, plan.change.value(base)))
     return items, "any"
+
+
+def _node_plan(victim: Victim, change: Change) -> tuple[list[tuple[str, bytes]], str]:
+    """The victim's ranks as a job of layout 3 records them: a `rank.` key each and one node
+    entry, rank 1's part of it fuzzed (whatever it is, the entry as a whole then decides)."""
+    items: list[tuple[str, bytes]] = []
+    parts = []
+    for key, value in victim.items:
+        if not key.startswith("v.rank."):
+            items.append((key, value))
+            continue
+        rank = int(key.rsplit(".", 1)[-1])
+        items.append((records.rank_claim_key(victim.job_id, rank), value))
+        parts.append(value if rank == 0 else change.value(json.loads(value)))
+    key = records.node_key(victim.job_id, 0)
+    value = records.encode_node(victim.job_id, parts)
+    items.append((key, value))
+    return items, _expect_record(key, value, "bad" if change.expect == "bad" else "any")
 
 
 def _expect_record(key: str, value: bytes, expect: str) -> str:
@@ -672,7 +695,11 @@ def check_plan(w: World, plan: Plan, tolerate_known_bugs: bool = True) -> None:
 @example(plan=Plan("power_limit", "rank", Change("limits [1, 2**63-1]", "bad",
                                                  _set(("limits",), [1, 2**63 - 1]))))
 @example(plan=Plan("power_limit", "job", Change("job_id=5", "bad", _set(("job_id",), 5))))
-@example(plan=Plan("pipeline", "job", Change("v=3", "newer", _set(("v",), 3))))
+@example(plan=Plan("power_limit", "node", Change("limits [1, 2**63-1]", "bad",
+                                                 _set(("limits",), [1, 2**63 - 1]))))
+@example(plan=Plan("pipeline", "node", Change("gpu.gpu_index=0", "any",
+                                              _set(("gpu", "gpu_index"), 0))))
+@example(plan=Plan("pipeline", "job", Change("v=4", "newer", _set(("v",), 4))))
 @example(plan=Plan("power_limit", "prog", Change("windows progress [1, 2]", "afresh",
                                                  _progress("windows", [1, 2]))))
 @example(plan=Plan("pipeline", "prog", Change("pipeline progress [[]]", "afresh",

@@ -35,7 +35,8 @@ async def test_a_nodes_ranks_in_one_request_each_answered_in_order(coord: Any, n
         (True, ""), (True, ""), (False, "forbidden"), (False, "duplicate")]
     assert replies[0].result["rank"] == 1 and replies[1].result["rank"] == 0
     keys = await state_keys(coord)
-    assert sum(k.startswith("v.rank.") for k in keys) == 2  # ranks 0 and 1
+    assert sum(k.startswith("rank.") for k in keys) == 2  # ranks 0 and 1 (created once)
+    assert sum(k.startswith("v.ranks.") for k in keys) == 2  # (rank 1's batch: itself only)
     assert sum(k.startswith("gpu.") for k in keys) == 2
     assert sorted(coord.jobs.record(job_id).ranks) == [0, 1]
 

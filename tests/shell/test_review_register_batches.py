@@ -130,7 +130,8 @@ async def test_a_nodes_batch_keeps_to_max_ranks_per_node(nats_server: Any, agent
         # refused it: the bucket (and so every replica, through its watch) holds both ranks.
         assert oks.count(True) == 1, reply.result["replies"]
         keys = await state_keys(coord)
-        assert sum(k.startswith("v.rank.") for k in keys) == 1, keys
+        assert sum(k.startswith("rank.") for k in keys) == 1, keys
+        assert sum(k.startswith("v.ranks.") for k in keys) == 1, keys
         await asyncio.sleep(0.5)  # (the watch applies what the bucket holds)
         record = coord.jobs.record(job_id)
         assert record is not None and len(record.ranks) == 1
