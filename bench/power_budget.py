@@ -14,7 +14,11 @@ under from then on; sustained: every 5 s window's mean, the operator's policy of
 docs/guides/power-budgets.md), energy over it, the throughput loss of the limits applied
 against the uniform cut and the offline optimum on the simulator's curves scaled to what each
 job's GPUs measured before the signal (`noiseless_judge`: on the noiseless curves themselves),
-seconds until every job is back at its optimum.
+seconds until every job is back at its optimum. Also what the tightener held back when the
+limits were judged, 0.2 s before the lift (`unused_room_pct`: the cap less the room the owner
+planned under; `gap_at_room_pct`: the gap against the optimum at that room), and per job the
+limits and losses (`per_job`); the takeover event's figures also under `takeover_*` keys
+(it is judged about 14 s after the new owner took over: docs/guides/power-budgets.md).
 
 The allocator alone: each job one of the reference profiles (data/reference-profiles/*.csv),
 clusters up to 3,000+ GPUs, cuts of 10, 25 and 40 %; `allocate` timed (best of a few runs)
@@ -305,8 +309,14 @@ def main() -> None:
         for key in ("seconds_to_cap", "seconds_to_first_under", "bins_over_after",
                     "max_over_after_w", "seconds_to_cap_sustained", "max_over_sustained_w",
                     "sustained_window_s", "over_cap_joules", "loss_vs_uniform",
-                    "optimal_vs_uniform", "gap_to_optimal_pct", "seconds_to_restore"):
+                    "optimal_vs_uniform", "gap_to_optimal_pct", "seconds_to_restore",
+                    "unused_room_pct", "gap_at_room_pct"):
             result[key] = event.get(key)
+        for key in ("seconds_to_cap", "seconds_to_cap_sustained", "over_cap_joules",
+                    "loss_vs_uniform", "optimal_vs_uniform", "gap_to_optimal_pct",
+                    "unused_room_pct", "gap_at_room_pct", "owner_s_at_lift",
+                    "seconds_to_restore"):
+            result[f"takeover_{key}"] = takeover.get(key)
         result["noiseless_judge"] = event.get("noiseless_judge")
         result["over_cap_joules_during_takeover"] = takeover.get(
             "over_cap_joules_during_takeover")

@@ -304,6 +304,18 @@ def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:
     return replace(plan, caps=caps)
 
 
+def held_under(plans: Iterable[CapPlan]) -> set[str]:
+    """The jobs whose GPUs the caps sent hold under their share's limit (`guarded`).
+
+    A new owner's guard sends the least of its plan's caps and its predecessor's: such a
+    job runs under a lower cap than the option it was told, so its steps are not that
+    option's (a Perseus job's measured under a point's caps: `budget.timing`).
+    """
+    return {share.job_id for p in plans for share in p.allocation.shares
+            if any(p.caps.get(k, share.limit_w) < share.limit_w
+                   for k in p.members.get(share.job_id, ()))}
+
+
 def measured_w(gpus: Iterable[GpuKey], cluster: Cluster) -> float | None:
     """The GPUs' measured draw (their last samples), None if one has no sample yet."""
     total = 0.0

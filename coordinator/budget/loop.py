@@ -325,6 +325,7 @@ class BudgetLoop:
         `counting`: a round of its own (not a woken one: `plan`).
         """
         out = []
+        held = enforce.held_under(self.plans.values())  # (The caps sent: not its option's.)
         for job in jobs:
             f = job.frontier
             if f is None:
@@ -348,8 +349,9 @@ class BudgetLoop:
                     old = self.ratios.get(job.job_id)
                     self.ratios[job.job_id] = ratio if old is None else 0.8 * old + 0.2 * ratio
             digest = frontier_digest(f.chosen, f.times)
-            if counting:  # (A straggler moving it: its steps are not the option's alone.)
-                self.timing.observe(job.job_id, told_key(job, told), job.own_step_s,
+            if counting:  # (A straggler moving it, or the guard's caps: not the option's alone.)
+                key = None if job.job_id in held else told_key(job, told)
+                self.timing.observe(job.job_id, key, job.own_step_s,
                                     job.step_times, digest, len(job.gpus))
             measured = self.timing.measured(job.job_id)
             if job.remote:  # (Measured by the replica driving it.)

@@ -91,6 +91,9 @@ class Timing:
         """Job -> option key -> that option as measured."""
         self._watch: dict[str, _Watch] = {}
         self._frontiers: dict[str, Hashable] = {}
+        self.own: dict[str, float] = {}
+        """Job -> its step time at its own point, as last known (here or kept): a job taken
+        over under a budget never runs its own point here, yet its options are measured."""
 
     def observe(self, job_id: str, key: int | None, own_s: float | None,
                 step_times: Sequence[StepTime], frontier: Hashable = None,
@@ -98,7 +101,8 @@ class Timing:
         """One round of a job: `key` is the option it was told.
 
         `key` None: none, its own point, or a straggler moves it (its steps then are not the
-        option's alone). `own_s`: its step time at its own point (None: not known);
+        option's alone). `own_s`: its step time at its own point (None: not known here; the
+        last one known is used, here or its predecessor's kept: `own`);
         `step_times`: its ranks' steps, oldest first; `frontier`: what tells its frontier
         from another (a job that planned again: what was measured of the old one's options
         is dropped); `ranks`: how many ranks report each step (`MIN_STEPS` counts
@@ -107,7 +111,11 @@ class Timing:
         if self._frontiers.get(job_id, frontier) != frontier:
             self.served.pop(job_id, None)
             self._watch.pop(job_id, None)
+            self.own.pop(job_id, None)
         self._frontiers[job_id] = frontier
+        if own_s is not None and 0 < own_s < math.inf:
+            self.own[job_id] = own_s
+        own_s = self.own.get(job_id)
         watch = self._watch.get(job_id)
         last = step_times[-1][0] if step_times else 0
         if watch is None or watch.key != key or last < watch.mark:  # (A job made again.)
@@ -148,19 +156,26 @@ class Timing:
         measured = self.measured(job_id)
         if not measured or not isinstance(frontier, str):
             return None
+        own = self.own.get(job_id)
         return BudgetTiming(job_id=job_id, frontier=frontier, options=[
             MeasuredOption(key=m.key, relative_time=m.relative_time, power_w=m.power_w)
-            for m in measured[:MAX_MEASURED]])
+            for m in measured[:MAX_MEASURED]], own_step_s=own if own and own <= 1e6 else None)
 
     def restore(self, job_id: str, frontier: str, kept: BudgetTiming) -> bool:
         """Start from a predecessor's measures of a job on the frontier `frontier` digests.
 
         Only for a job with no measure here yet (seen already, or not), whose frontier is the
         one `kept` was measured on (another frontier's points differ under the same keys).
-        Returns whether they were taken.
+        Its own step time kept with them is taken if none is known here (a job taken over
+        under a budget runs no step at its own point here: without it, none of its options
+        would be measured until the budget lifts). Returns whether the measures were taken.
         """
-        if (self.served.get(job_id) or kept.job_id != job_id or kept.frontier != frontier
+        if (kept.job_id != job_id or kept.frontier != frontier
                 or self._frontiers.get(job_id, frontier) != frontier):
+            return False
+        if kept.own_step_s is not None:  # (Its options are measured by it from now on.)
+            self.own.setdefault(job_id, kept.own_step_s)
+        if self.served.get(job_id):
             return False
         self._frontiers[job_id] = frontier
         self.served[job_id] = {o.key: Served(o.key, o.relative_time, o.power_w)
@@ -169,7 +184,7 @@ class Timing:
 
     def forget(self, live: Collection[str]) -> None:
         """Drop what is known of jobs not in `live`."""
-        for table in (self.served, self._watch, self._frontiers):
+        for table in (self.served, self._watch, self._frontiers, self.own):
             for job_id in [j for j in table if j not in live]:
                 del table[job_id]
 
@@ -210,7 +225,8 @@ def worth_keeping(kept: BudgetTiming | None, now: BudgetTiming) -> bool:
     Another frontier or other options measured, or a time or draw moved by more than
     `KEEP_TOLERANCE` (a measure smoothed every round would write every round).
     """
-    if kept is None or kept.frontier != now.frontier:
+    if kept is None or kept.frontier != now.frontier or (
+            (kept.own_step_s is None) != (now.own_step_s is None)):
         return True
     before = {o.key: o for o in kept.options}
     if set(before) != {o.key for o in now.options}:

@@ -70,3 +70,19 @@ def test_the_judge_on_measured_draws_scales_each_jobs_powers_not_its_times() -> 
     # did not (360 + 50 W), so the optimum judged there lost throughput nobody lost.
     assert alloc.allocate(group).by_job["a"].limit_w == 200
     assert alloc.allocate(alloc.Group(400.0, (job,), (), 50.0)).by_job["a"].limit_w == 100
+
+
+def test_each_jobs_share_of_the_loss_and_the_room_its_owner_planned_under() -> None:
+    a = alloc.ProfiledJob("a", 2, (alloc.Option(100, 2.0, 90.0, 100),
+                                   alloc.Option(200, 1.0, 180.0, 200)), 200, 100)
+    b = alloc.ProfiledJob("b", 1, (alloc.Option(100, 1.25, 90.0, 100),
+                                   alloc.Option(200, 1.0, 180.0, 200)), 200, 100)
+    group = alloc.Group(500.0, (a, b))
+    rows = an.per_job(group, {"a": 100, "b": 200}, {"a": 200, "b": 100}, {"a": 100, "b": 100})
+    assert rows == {"a": [100, 200, 100, 0.5, 0.0], "b": [200, 100, 100, 0.0, 0.2]}
+    # Its statuses: r1 planned, then r2 took over at 12 s and gave some room back at 14 s.
+    statuses = [(10.0, "r1", 900.0), (11.0, "r1", 900.0), (12.0, "r2", 900.0),
+                (13.0, "r2", 900.0), (14.0, "r2", 950.0), (15.0, "r2", 960.0)]
+    assert an.room_at(statuses, 14.5) == (950.0, "r2", 12.0)
+    assert an.room_at(statuses, 11.0) == (900.0, "r1", 10.0)
+    assert an.room_at(statuses, 9.0) is None

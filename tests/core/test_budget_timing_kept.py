@@ -182,3 +182,27 @@ def test_a_loop_that_restored_the_measures_counts_the_options_as_its_predecessor
     assert timed[-125] == pytest.approx(2.4) and modelled[-125] == pytest.approx(1.6 * 160 / 125)
     assert new.timing.measured("perseus") == tuple(
         Served(o.key, o.relative_time, o.power_w) for o in kept.options)
+
+
+def test_a_successor_that_never_ran_the_jobs_own_point_measures_by_the_kept_one() -> None:
+    # 16 x 8, 2026-12-07: the job's driver killed under a budget, its successor has no step
+    # at the job's own point (`own_step_s` None): the 125 W option planned at 1.33 ran at
+    # 1.95 of the job's own time for the rest of the event, never measured.
+    kept = measured_timing().record("job")
+    assert kept is not None and kept.own_step_s == 1.0
+    kept = BudgetTiming.model_validate_json(kept.model_dump_json())
+    successor = Timing(SETTLE)
+    assert successor.restore("job", DIGEST, kept)
+    history = [(n, 1.95, 1.95 * 100.0) for n in range(1, 2)]
+    for _ in range(SETTLE):
+        successor.observe("job", -100, None, history, DIGEST)
+    history += [(n, 1.95, 1.95 * 100.0) for n in range(2, 2 + MIN_STEPS)]
+    successor.observe("job", -100, None, history, DIGEST)
+    by_key = {m.key: m for m in successor.measured("job")}
+    assert by_key[-100].relative_time == pytest.approx(1.95)
+    # Without a kept own time (an older record), nothing is measured, as before.
+    old = Timing(SETTLE)
+    assert old.restore("job", DIGEST, kept.model_copy(update={"own_step_s": None}))
+    for _ in range(SETTLE + 1):
+        old.observe("job", -100, None, history, DIGEST)
+    assert -100 not in {m.key for m in old.measured("job")}

@@ -188,6 +188,9 @@ class BudgetTiming(Message):
     job_id: Id = Field(min_length=1)
     frontier: str = Field(pattern=r"^[0-9a-f]{32}$")
     options: list[MeasuredOption] = Field(default=[], max_length=MAX_MEASURED)
+    own_step_s: float | None = Field(default=None, gt=0, le=1e6)
+    """The job's step time at its own point the measures are relative to (None: not said):
+    a successor that drives the job under a budget has none of its own to measure by."""
 
     @model_validator(mode="after")
     def _one_per_key(self) -> BudgetTiming:

@@ -268,6 +268,44 @@ def on_grid(limit_w: int, by_limit: Mapping[int, object]) -> int:
     return max(under) if under else min(by_limit)
 
 
+def room_at(rounds: Sequence[tuple[float, str, float]],
+            t_s: float) -> tuple[float, str, float] | None:
+    """The owner's room at `t_s` from its statuses (time, replica, room W), and who it was.
+
+    Returns (room W, replica, since when that replica published without another between),
+    from the last status at or before `t_s`; None if none. The room is the cap less the
+    tightener's backoff: what the allocation planned under when the limits were judged.
+    """
+    before = [r for r in rounds if r[0] <= t_s]
+    if not before:
+        return None
+    t, replica, room = before[-1]
+    since = t
+    for at, who, _ in reversed(before):
+        if who != replica:
+            break
+        since = at
+    return room, replica, since
+
+
+def job_loss(job: alloc.ProfiledJob, limit_w: int) -> float:
+    """One job's throughput loss at `limit_w` (``1 - T_opt / T``, on its options' grid)."""
+    by_limit = {o.limit_w: o for o in job.options}
+    at = by_limit[on_grid(limit_w, by_limit)]
+    return max(0.0, 1.0 - by_limit[job.optimum].time_s / at.time_s)
+
+
+def per_job(group: alloc.Group, applied: Mapping[str, int], optimal: Mapping[str, int],
+            uniform: Mapping[str, int]) -> dict[str, list[float]]:
+    """Job by job: [limit applied, the optimum's, the uniform cut's (W), loss ours, optimum's].
+
+    Where the group's loss against the optimum comes from (the bench's `per_job` key).
+    """
+    return {j.job_id: [applied[j.job_id], optimal[j.job_id], uniform[j.job_id],
+                       round(job_loss(j, applied[j.job_id]), 4),
+                       round(job_loss(j, optimal[j.job_id]), 4)] for j in group.jobs}
+
+
 def loss_figures(ours: float, theirs: float, optimal: float) -> dict[str, object]:
     """Our throughput loss against the uniform cut's and the offline optimum's, as figures.
 
@@ -301,6 +339,7 @@ def compare_losses(group: alloc.Group, applied: Mapping[str, int]) -> dict[str, 
         "uniform_true_draw_w": round(uniform.expected_w, 1),
         "optimal_true_draw_w": round(best.expected_w, 1),
         "cap_w": round(group.cap_w, 1),
+        "per_job": per_job(group, applied, best_limits, uniform_limits),
     }
 
 
@@ -395,5 +434,8 @@ def compare_with_pipeline(group: alloc.Group, applied: Mapping[str, int],
         "optimal_true_draw_w": round(best.expected_w, 1),
         "pipeline_uniform_slowdown": round(uniform.by_job[stays.job_id].slowdown, 4),
         "pipeline_optimal_slowdown": round(best.by_job[moved.job_id].slowdown, 4),
+        "pipeline_optimal_point": best.by_job[moved.job_id].key,
+        "dp_true_draw_w": round(true_draw(group, applied), 1),
         "cap_w": round(group.cap_w, 1),
+        "per_job": per_job(group, applied, best_limits, dp_limits),
     }

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,9 @@ class Watcher:
         """(monotonic s, limit W, planned slowdown, expected W) of its budget shares."""
         self.owners: list[tuple[float, str]] = []
         """(monotonic s, replica) of each budget status: who applied the budgets when."""
+        self.rounds: list[tuple[float, str, float, float | None, float, int]] = []
+        """(monotonic s, replica, room W, measured W, expected W, jobs capped without a
+        profile) of each budget status: how the owner planned, round by round."""
         self.driver: str | None = None
         """The replica driving the Perseus job as the event was judged (`job_driver`)."""
         self.perseus_steps: list[tuple[float, float]] = []
@@ -116,6 +119,8 @@ class Watcher:
         """A budget's status: who applied it, the Perseus job's share."""
         status = codec.decode(msg.data, BudgetStatus)
         self.owners.append((time.monotonic(), status.replica))
+        self.rounds.append((time.monotonic(), status.replica, status.room_w, status.measured_w,
+                            status.expected_w, sum(s.slowdown is None for s in status.shares)))
         if self.perseus is None or self.perseus.tag not in self.job_ids:
             return
         for share in status.shares:
@@ -320,7 +325,11 @@ def judge(watch: Watcher, nodes: list[Node], event: Event) -> dict[str, Any]:
     }
     if perseus is not None:
         out["perseus"] = perseus
+    out.update(held_back(watch, event, measured, perseus, losses["gap_to_optimal_pct"]))
+    out["rounds"] = rounds(watch, event)
+    out["limits"] = limit_changes(watch, event)
     if event.kill_s is not None:
+        out["kill_s"] = round(event.kill_s - event.signal_s, 2)
         out["killed"] = event.killed
         out["over_cap_joules_during_takeover"] = round(an.over_cap_joules(
             power, event.cap_w, event.kill_s, event.lift_s, BIN_S), 1)
@@ -443,6 +452,57 @@ def schedule_versions(watch: Watcher, event: Event) -> list[tuple[float, int]]:
         if (found and event.signal_s - 30 < t <= event.lift_s + 5
                 and (not out or out[-1][1] != int(found.group(1)))):
             out.append((round(t - event.signal_s, 1), int(found.group(1))))
+    return out
+
+
+def held_back(watch: Watcher, event: Event, measured: Any, perseus: dict[str, Any] | None,
+              gap_pct: Any) -> dict[str, Any]:
+    """What the tightener held back when the limits were judged (just before the lift).
+
+    `unused_room_pct`: the cap less the room the owner planned under (its backoff), in
+    percent of the cap; `owner_s_at_lift`: how long that owner had been planning;
+    `gap_at_room_pct`: the gap against the optimum at that room instead of the cap (the
+    allocation's own gap, the backoff's share of `gap_to_optimal_pct` taken out).
+    """
+    found = an.room_at([(t, r, room) for t, r, room, *_ in watch.rounds], event.lift_s)
+    if found is None:
+        return {}
+    room, owner, since = found
+    at_room = replace(measured, cap_w=room)
+    gap: Any
+    if watch.perseus is None or perseus is None:
+        gap = an.compare_losses(at_room, event.applied)["gap_to_optimal_pct"]
+    else:
+        gap = pipeline_losses(watch.perseus, at_room, event, perseus,
+                              perseus["draw_before_w"])["gap_to_optimal_pct"]
+    return {"room_at_lift_w": round(room, 1),
+            "unused_room_pct": round((event.cap_w - room) / event.cap_w * 100, 2),
+            "owner_at_lift": owner, "owner_s_at_lift": round(event.lift_s - since, 1),
+            "gap_at_room_pct": gap, "backoff_gap_pct": round(float(gap_pct) - float(gap), 3)}
+
+
+def rounds(watch: Watcher, event: Event) -> list[list[Any]]:
+    """The owner's rounds during the event, how it planned (the takeover's, next to the first's).
+
+    Each: [s from the signal, replica, room W, measured W, expected W, jobs capped without a
+    profile].
+    """
+    return [[round(t - event.signal_s, 1), r, room, measured, expected, unprofiled]
+            for t, r, room, measured, expected, unprofiled in watch.rounds
+            if event.signal_s < t <= event.lift_s]
+
+
+def limit_changes(watch: Watcher, event: Event) -> dict[str, list[tuple[float, int]]]:
+    """Each job's least limit on its GPUs when it changed, every half second of the event."""
+    out: dict[str, list[tuple[float, int]]] = {}
+    for job in watch.jobs:
+        series = out[job.tag] = []
+        t = event.signal_s - 1.0
+        while t <= event.lift_s:
+            limits = [w for w in (watch.series.limit_at(k, t) for k in job.gpus) if w is not None]
+            if limits and (not series or series[-1][1] != min(limits)):
+                series.append((round(t - event.signal_s, 1), min(limits)))
+            t += BIN_S
     return out
 
 
