@@ -206,3 +206,13 @@ def test_a_successor_that_never_ran_the_jobs_own_point_measures_by_the_kept_one(
     for _ in range(SETTLE + 1):
         old.observe("job", -100, None, history, DIGEST)
     assert -100 not in {m.key for m in old.measured("job")}
+
+
+def test_kept_measures_without_an_own_step_time_read_as_an_older_replica_wrote_them() -> None:
+    """`own_step_s` came later (`AddedFields`): left out when unknown, so a replica that
+    predates it (its models forbid unknown fields) still reads those measures."""
+    older = {"v": 1, "job_id": "j", "frontier": "0" * 32, "options": []}
+    assert BudgetTiming(job_id="j", frontier="0" * 32).model_dump() == older
+    assert BudgetTiming.model_validate(older).own_step_s is None
+    assert BudgetTiming(job_id="j", frontier="0" * 32, own_step_s=0.5).model_dump()[
+        "own_step_s"] == 0.5

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from zeus_agent.models import MAX_POWER_W
-from zeus_agent.wire.messages import MAX_NAME_CHARS, Id, Message, Name, Text
+from zeus_agent.wire.messages import MAX_NAME_CHARS, AddedFields, Id, Message, Name, Text
 
 MAX_CAP_W = 100_000_000.0
 """Largest cap (100 MW): a cap above what any facility draws is a typo, not a budget."""
@@ -174,7 +174,7 @@ class MeasuredOption(_Part):
     """Its draw per GPU (W); None: no energy measured."""
 
 
-class BudgetTiming(Message):
+class BudgetTiming(Message, AddedFields):
     """What the budgets' owner measured of one Perseus job's options, kept for its successor.
 
     Not a subject's payload: the value of `budget_timing.<h>` in the coordinator's state
@@ -188,6 +188,7 @@ class BudgetTiming(Message):
     job_id: Id = Field(min_length=1)
     frontier: str = Field(pattern=r"^[0-9a-f]{32}$")
     options: list[MeasuredOption] = Field(default=[], max_length=MAX_MEASURED)
+    ADDED: ClassVar[tuple[str, ...]] = ("own_step_s",)
     own_step_s: float | None = Field(default=None, gt=0, le=1e6)
     """The job's step time at its own point the measures are relative to (None: not said):
     a successor that drives the job under a budget has none of its own to measure by."""
