@@ -252,12 +252,9 @@ class _Candidates:
         self.row_start = ops.rows * width
         """Each operation's first option in the flattened option arrays."""
         self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
-        self.memo_d = np.full(n, np.nan)
-        self.memo_c = np.zeros(n, dtype=np.int64)
-        """Each operation's last rounded duration and its option (rounding skips the rest)."""
         self.zobrist = kernels_plans.zobrist_tables(n, width)
-        self.memo_key = kernels_plans.plan_key(self.zobrist, self.memo_c)
-        """The key of the plan `memo_c`."""
+        self.memo = kernels_plans.memo(self.zobrist)
+        """Each operation's last rounding (`kernels_plans.Memo`: only changes are redone)."""
         self._keys = np.zeros((1024, 2), dtype=np.uint64)
         self._used = np.zeros(1024, dtype=bool)
         self._keys_held = 0
@@ -278,10 +275,14 @@ class _Candidates:
         """Each candidate's plan: option indices [size, n] (int16)."""
         return self._plan[: self.size]
 
+    def _room(self, keys: int) -> None:
+        """Room in the hash set of keys for `keys` more (it stays at most half full)."""
+        while 2 * (self._keys_held + keys) > self._used.size:
+            self._keys, self._used = kernels_plans.grow(self._keys, self._used)
+
     def _fresh(self, keys: np.ndarray) -> np.ndarray:
         """Which plans (by key, [k, 2]) were never recorded; they are from now on."""
-        while 2 * (self._keys_held + keys.shape[0]) > self._used.size:
-            self._keys, self._used = kernels_plans.grow(self._keys, self._used)
+        self._room(keys.shape[0])
         fresh = kernels_plans.remember(self._keys, self._used, keys)
         self._keys_held += int(np.count_nonzero(fresh))
         return fresh
@@ -318,13 +319,12 @@ class _Candidates:
         its longest path, computed for thousands of plans at once when they are settled.
         """
         ops, table = self.ops, self.table
-        plans, times, costs, keys = kernels_plans.round_plans(
+        self._room(durs.shape[0] * (_TAUS.size + 2))
+        plans, times, costs = kernels_plans.round_plans(
             durs, np.asarray(horizons, dtype=float), ops.eps_t, table.ladder, table.below,
             ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS,
-            self.memo_d, self.memo_c, self.zobrist, self.memo_key)
-        fresh = self._fresh(keys)
-        if not fresh.all():
-            plans, times, costs = plans[fresh], times[fresh], costs[fresh]
+            self.zobrist, self.memo, self._keys, self._used)
+        self._keys_held += plans.shape[0]
         self._append(plans, times, costs)
         self.count += plans.shape[0]
         if self.size - self.settled >= PRUNE_EVERY:

@@ -9,11 +9,22 @@ change to a function's own file only, so nothing here calls another module's com
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from coordinator.pipeline.planner.kernels import _jit
 
-__all__ = ["grow", "plan_key", "plan_times", "remember", "round_plans", "zobrist_tables"]
+__all__ = [
+    "Memo",
+    "grow",
+    "memo",
+    "plan_key",
+    "plan_times",
+    "remember",
+    "round_plans",
+    "zobrist_tables",
+]
 
 
 @_jit
@@ -130,98 +141,6 @@ def _np_sum(a: np.ndarray) -> float:
 
 
 @_jit
-def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np.ndarray,
-                below: np.ndarray, kind: np.ndarray, flat_times: np.ndarray,
-                flat_costs: np.ndarray, width: int, taus: np.ndarray,
-                memo_d: np.ndarray, memo_c: np.ndarray, zobrist: np.ndarray,
-                memo_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every row of `durs` rounded to real options, and the plans rounded the other way.
-
-    (`frontier._Candidates.record_many`.) Per row: the plan of each operation's slowest option
-    at least as fast as planned (time: the row's horizon when nothing was rounded, else nan:
-    timed later), then, if any was rounded, the plans where each rounded operation that has a
-    slower option takes it when at least `taus` (descending) of the way there, and all of
-    them, each unless the last one was the same plan. Returns (plans [k, n] int16, times,
-    costs, keys [k, 2]: `plan_key`), in the plain version's order with its sums.
-    `memo_d` / `memo_c` hold each operation's last rounded duration and its option (nan: none
-    yet), `memo_key` the key of the plan `memo_c`, kept between calls: a key is updated only
-    where an option changes.
-    """
-    count, n = durs.shape
-    size = flat_times.size
-    nt = taus.size
-    plans = np.empty((count * (nt + 2), n), dtype=np.int16)
-    times = np.empty(count * (nt + 2))
-    costs = np.empty(count * (nt + 2))
-    keys = np.empty((count * (nt + 2), 2), dtype=np.uint64)
-    flip = np.empty((n, 2), dtype=np.uint64)
-    choice = np.empty(n, dtype=np.int64)
-    cost_row = np.empty(n)
-    moved = np.empty(n, dtype=np.int64)
-    slower = np.empty(n, dtype=np.int64)
-    extra = np.empty(n)
-    frac = np.empty(n)
-    picked = np.empty(n)
-    k = 0
-    for r in range(count):
-        rounded = False
-        m = 0
-        for v in range(n):
-            if durs[r, v] != memo_d[v]:  # (Most operations keep their duration.)
-                memo_d[v] = durs[r, v]
-                c = below[kind[v], _count_upto(ladder, durs[r, v] + eps_t)] - 1
-                if c != memo_c[v]:
-                    for h in range(2):
-                        memo_key[h] ^= zobrist[h, v, memo_c[v] + 1] ^ zobrist[h, v, c + 1]
-                    memo_c[v] = c
-            c = memo_c[v]
-            choice[v] = c
-            low_at = _flat(v * width + c, size)
-            cost_row[v] = flat_costs[low_at]
-            if flat_times[low_at] != durs[r, v]:
-                rounded = True
-                up = min(c + 1, width - 1)
-                if up != c:
-                    high_at = _flat(v * width + up, size)
-                    moved[m], slower[m] = v, up
-                    for h in range(2):
-                        flip[m, h] = zobrist[h, v, c + 1] ^ zobrist[h, v, up + 1]
-                    extra[m] = flat_costs[high_at] - flat_costs[low_at]
-                    low_t, high_t = flat_times[low_at], flat_times[high_at]
-                    frac[m] = (durs[r, v] - low_t) / (high_t - low_t)
-                    if not np.isfinite(high_t):
-                        frac[m] = 0.0
-                    m += 1
-        energy = _np_sum(cost_row)
-        plans[k] = choice
-        times[k] = np.nan if rounded else horizons[r]
-        costs[k] = energy
-        keys[k] = memo_key
-        k += 1
-        # The mixes (a threshold each, when more than one operation can move), then all.
-        # (The masks grow with t: one as large as the last is the same plan, a duplicate.)
-        first = 0 if m > 1 else nt
-        last_hits = 0
-        for t in range(first, nt + 1 if m else first):
-            hits = 0
-            plans[k] = choice
-            keys[k] = memo_key
-            for i in range(m):
-                if t == nt or frac[i] >= taus[t]:
-                    plans[k, moved[i]] = slower[i]
-                    keys[k, 0] ^= flip[i, 0]
-                    keys[k, 1] ^= flip[i, 1]
-                    picked[hits] = extra[i]
-                    hits += 1
-            if hits > last_hits:
-                last_hits = hits
-                times[k] = np.nan
-                costs[k] = energy + _np_sum(picked[:hits])
-                k += 1
-    return plans[:k], times[:k], costs[:k], keys[:k]
-
-
-@_jit
 def _count_upto(ladder: np.ndarray, x: float) -> int:
     """How many of `ladder` (ascending) are <= x (numpy's searchsorted, side "right")."""
     lo, hi = 0, ladder.size
@@ -233,6 +152,139 @@ def _count_upto(ladder: np.ndarray, x: float) -> int:
             hi = mid
     return lo
 
+
+class Memo(NamedTuple):
+    """What `round_plans` keeps of each operation between rows and calls (`memo`).
+
+    An operation's rounding depends on its duration alone, which most rows keep: each field is
+    redone only where the duration changed.
+    """
+
+    dur: np.ndarray  # [n] the last duration rounded (nan: none yet)
+    choice: np.ndarray  # [n] int64, its option (the slowest at least as fast)
+    cost: np.ndarray  # [n] that option's cost
+    state: np.ndarray  # [n] int8: 0 on the option, 1 rounded (no slower one), 2 rounded
+    up: np.ndarray  # [n] the slower option (state 2)
+    extra: np.ndarray  # [n] its extra cost
+    frac: np.ndarray  # [n] the duration's fraction of the way to it
+    flip: np.ndarray  # [n, 2] uint64: the key's change from the option to the slower one
+    key: np.ndarray  # [2] uint64: the key of the plan `choice`
+    rounded: np.ndarray  # [1] int64: operations in state 1 or 2
+
+
+def memo(zobrist: np.ndarray) -> Memo:
+    """A fresh `Memo` for the operations of `zobrist` (every choice 0 until rounded)."""
+    n = zobrist.shape[1]
+    choice = np.zeros(n, dtype=np.int64)
+    return Memo(np.full(n, np.nan), choice, np.zeros(n), np.zeros(n, dtype=np.int8),
+                np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n),
+                np.zeros((n, 2), dtype=np.uint64), plan_key(zobrist, choice),
+                np.zeros(1, dtype=np.int64))
+
+
+@_jit
+def _round_op(v: int, x: float, eps_t: float, ladder: np.ndarray, below: np.ndarray,
+              kind: np.ndarray, flat_times: np.ndarray, flat_costs: np.ndarray, width: int,
+              zobrist: np.ndarray, mo: Memo) -> None:
+    """Operation v rounded anew, at duration x (`Memo`)."""
+    size = flat_times.size
+    mo.dur[v] = x
+    c = below[kind[v], _count_upto(ladder, x + eps_t)] - 1
+    if c != mo.choice[v]:
+        for h in range(2):
+            mo.key[h] ^= zobrist[h, v, mo.choice[v] + 1] ^ zobrist[h, v, c + 1]
+        mo.choice[v] = c
+    low_at = _flat(v * width + c, size)
+    mo.cost[v] = flat_costs[low_at]
+    state = 0
+    if flat_times[low_at] != x:
+        state = 1
+        up = min(c + 1, width - 1)
+        if up != c:
+            state = 2
+            high_at = _flat(v * width + up, size)
+            mo.up[v] = up
+            for h in range(2):
+                mo.flip[v, h] = zobrist[h, v, c + 1] ^ zobrist[h, v, up + 1]
+            mo.extra[v] = flat_costs[high_at] - flat_costs[low_at]
+            low_t, high_t = flat_times[low_at], flat_times[high_at]
+            mo.frac[v] = (x - low_t) / (high_t - low_t)
+            if not np.isfinite(high_t):
+                mo.frac[v] = 0.0
+    mo.rounded[0] += (state > 0) - (mo.state[v] > 0)
+    mo.state[v] = state
+
+
+@_jit
+def round_plans(durs: np.ndarray, horizons: np.ndarray, eps_t: float, ladder: np.ndarray,
+                below: np.ndarray, kind: np.ndarray, flat_times: np.ndarray,
+                flat_costs: np.ndarray, width: int, taus: np.ndarray, zobrist: np.ndarray,
+                mo: Memo, table: np.ndarray,
+                used: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every row of `durs` rounded to real options, and the plans rounded the other way.
+
+    (`frontier._Candidates.record_many`.) Per row: the plan of each operation's slowest option
+    at least as fast as planned (time: the row's horizon when nothing was rounded, else nan:
+    timed later), then, if any was rounded, the plans where each rounded operation that has a
+    slower option takes it when at least `taus` (descending) of the way there, and all of
+    them, each unless the last one was the same plan. Of those, the plans never met before
+    (their keys not in the hash set `table`, `used`: `remember`; the caller leaves room for
+    them all), as (plans [k, n] int16, times, costs), in the plain version's order with its
+    sums. `mo` (`Memo`) is kept between calls.
+    """
+    count, n = durs.shape
+    nt = taus.size
+    plans = np.empty((count * (nt + 2), n), dtype=np.int16)
+    times = np.empty(count * (nt + 2))
+    costs = np.empty(count * (nt + 2))
+    key = np.empty((1, 2), dtype=np.uint64)  # (the plan's key)
+    moved = np.empty(n, dtype=np.int64)
+    picked = np.empty(n)
+    k = 0
+    for r in range(count):
+        for v in range(n):
+            if durs[r, v] != mo.dur[v]:  # (Most operations keep their duration.)
+                _round_op(v, durs[r, v], eps_t, ladder, below, kind, flat_times, flat_costs,
+                          width, zobrist, mo)
+        energy = _np_sum(mo.cost)
+        m = 0
+        if mo.rounded[0]:
+            for v in range(n):
+                if mo.state[v] == 2:
+                    moved[m] = v
+                    m += 1
+        key[0] = mo.key
+        if _insert(table, used, key[0, 0], key[0, 1]):
+            plans[k] = mo.choice
+            times[k] = np.nan if mo.rounded[0] else horizons[r]
+            costs[k] = energy
+            k += 1
+        # The mixes (a threshold each, when more than one operation can move), then all.
+        # (The masks grow with t: one as large as the last is the same plan, a duplicate.)
+        first = 0 if m > 1 else nt
+        last_hits = 0
+        for t in range(first, nt + 1 if m else first):
+            hits = 0
+            key[0] = mo.key
+            for i in range(m):
+                v = moved[i]
+                if t == nt or mo.frac[v] >= taus[t]:
+                    key[0, 0] ^= mo.flip[v, 0]
+                    key[0, 1] ^= mo.flip[v, 1]
+                    picked[hits] = mo.extra[v]
+                    hits += 1
+            if hits > last_hits:
+                last_hits = hits
+                if _insert(table, used, key[0, 0], key[0, 1]):
+                    plans[k] = mo.choice
+                    for i in range(m):
+                        v = moved[i]
+                        if t == nt or mo.frac[v] >= taus[t]:
+                            plans[k, v] = mo.up[v]
+                    times[k] = np.nan
+                    costs[k] = energy + _np_sum(picked[:hits])
+                    k += 1
+    return plans[:k], times[:k], costs[:k]
 
 
 def zobrist_tables(n: int, width: int) -> np.ndarray:
@@ -255,23 +307,29 @@ def plan_key(zobrist: np.ndarray, plan: np.ndarray) -> np.ndarray:
 
 
 @_jit
+def _insert(table: np.ndarray, used: np.ndarray, k0: np.uint64, k1: np.uint64) -> bool:
+    """Add key (k0, k1) to the hash set (`remember`): whether it was not there."""
+    mask = used.size - 1
+    i = np.int64(k0 & np.uint64(mask))
+    while used[i] and not (table[i, 0] == k0 and table[i, 1] == k1):
+        i = (i + 1) & mask
+    if used[i]:
+        return False
+    used[i] = True
+    table[i, 0], table[i, 1] = k0, k1
+    return True
+
+
+@_jit
 def remember(table: np.ndarray, used: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Which rows of `keys` are new, each then added to the hash set (`table`, `used`).
 
     Open addressing on the first half, probing linearly; the caller keeps the set at most
     half full (`grow`). A key repeated within `keys` is new once.
     """
-    mask = used.size - 1
     fresh = np.zeros(keys.shape[0], dtype=np.bool_)
     for r in range(keys.shape[0]):
-        k0, k1 = keys[r, 0], keys[r, 1]
-        i = np.int64(k0 & np.uint64(mask))
-        while used[i] and not (table[i, 0] == k0 and table[i, 1] == k1):
-            i = (i + 1) & mask
-        if not used[i]:
-            used[i] = True
-            table[i, 0], table[i, 1] = k0, k1
-            fresh[r] = True
+        fresh[r] = _insert(table, used, keys[r, 0], keys[r, 1])
     return fresh
 
 
