@@ -345,9 +345,13 @@ class _Candidates:
         self._settle()
         keep = np.sort(_pareto_indices(self.time, self.energy))
         count = keep.size
-        self._time[:count] = self._time[keep]
-        self._energy[:count] = self._energy[keep]
-        self._plan[:count] = self._plan[keep]
+        # (Those kept last time mostly stay where they are: rows move from the first change.)
+        first = int(np.argmin(keep == np.arange(count))) if count else 0
+        if count and keep[first] != first:
+            moving = keep[first:]
+            self._time[first:count] = self._time[moving]
+            self._energy[first:count] = self._energy[moving]
+            self._plan[first:count] = self._plan[moving]
         self.size = self.settled = count
 
     def finish(self) -> None:

@@ -102,43 +102,89 @@ def path_rate(preds: np.ndarray, fin: np.ndarray, rate: np.ndarray, end: int) ->
     return total
 
 
+LANES = 8
+"""Plans reclaimed together by `reclaim` (a row of times per operation, vectorized)."""
+
+
 @_jit
 def reclaim(preds: np.ndarray, succs: np.ndarray, topo: np.ndarray, choices: np.ndarray,
             op_times: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """Every plan's slack reclaimed (`Graph.reclaim_many`; `choices` is [n, count])."""
+    """Every plan's slack reclaimed (`Graph.reclaim_many`; `choices` is [n, count]).
+
+    `LANES` plans at a time: the passes' inner loops run over the plans (each plan's numbers
+    those of passes of its own: the same max, min and sums).
+    """
     n, count = choices.shape
     new = choices.copy()
     times = np.empty(count)
-    dur = np.empty(n)
-    latest = np.empty(n)  # each operation's latest finish
-    for c in range(count):
+    d = np.empty((n, LANES))
+    fin = np.zeros((n + 1, LANES))  # (row n: the sentinel's 0)
+    ls = np.empty((n + 1, LANES))  # latest starts (row n: the iteration's time)
+    latest = np.empty((n, LANES))  # each operation's latest finish
+    start = np.empty(LANES)
+    for c0 in range(0, count, LANES):
         for v in range(n):
-            dur[v] = op_times[v, choices[v, c]]
-        fin = forward(preds, topo, dur)
-        ls = np.full(n + 1, fin[:n].max())
+            for k in range(LANES):
+                d[v, k] = op_times[v, choices[v, min(c0 + k, count - 1)]]
+        _lanes_forward(preds, topo, d, fin)
+        for k in range(LANES):
+            ls[n, k] = _lane_max(fin, k, n)
         for i in range(n - 1, -1, -1):
             v = topo[i]
-            best = ls[succs[v, 0]]
+            for k in range(LANES):
+                latest[v, k] = ls[succs[v, 0], k]
             for j in range(1, succs.shape[1]):
-                if ls[succs[v, j]] < best:
-                    best = ls[succs[v, j]]
-            latest[v] = best
-            ls[v] = best - dur[v]
-        fin[:] = 0.0
+                for k in range(LANES):
+                    x, y = ls[succs[v, j], k], latest[v, k]
+                    latest[v, k] = x if x < y else y
+            for k in range(LANES):
+                ls[v, k] = latest[v, k] - d[v, k]
         for v in topo:
-            start = fin[preds[v, 0]]
+            for k in range(LANES):
+                start[k] = fin[preds[v, 0], k]
             for j in range(1, preds.shape[1]):
-                if fin[preds[v, j]] > start:
-                    start = fin[preds[v, j]]
-            room = latest[v] - start + tol
-            # Its slowest option at most `room` long, or its own if faster (options ascend).
-            pick = choices[v, c]
-            while pick + 1 < op_times.shape[1] and op_times[v, pick + 1] <= room:
-                pick += 1
-            new[v, c] = pick
-            fin[v] = start + op_times[v, pick]
-        times[c] = fin[:n].max()
+                for k in range(LANES):
+                    x = fin[preds[v, j], k]
+                    start[k] = x if x > start[k] else start[k]
+            for k in range(LANES):
+                c = min(c0 + k, count - 1)
+                room = latest[v, k] - start[k] + tol
+                # Its slowest option at most `room` long, or its own if faster (ascending).
+                pick = choices[v, c]
+                while pick + 1 < op_times.shape[1] and op_times[v, pick + 1] <= room:
+                    pick += 1
+                new[v, c] = pick
+                fin[v, k] = start[k] + op_times[v, pick]
+        for k in range(min(LANES, count - c0)):
+            times[c0 + k] = _lane_max(fin, k, n)
     return new, times
+
+
+@_jit
+def _lanes_forward(preds: np.ndarray, topo: np.ndarray, d: np.ndarray, fin: np.ndarray) -> None:
+    """Each lane's earliest finish times (`forward`, lanes as columns of `d`, `fin`)."""
+    lanes = d.shape[1]
+    for v in topo:
+        p = preds[v, 0]
+        for k in range(lanes):
+            fin[v, k] = fin[p, k]
+        for j in range(1, preds.shape[1]):
+            p = preds[v, j]
+            for k in range(lanes):
+                x, y = fin[p, k], fin[v, k]
+                fin[v, k] = x if x > y else y
+        for k in range(lanes):
+            fin[v, k] += d[v, k]
+
+
+@_jit
+def _lane_max(fin: np.ndarray, k: int, n: int) -> float:
+    """The latest of lane k's first n finish times."""
+    best = fin[0, k]
+    for v in range(1, n):
+        if fin[v, k] > best:
+            best = fin[v, k]
+    return best
 
 
 @_jit
