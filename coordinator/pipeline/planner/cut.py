@@ -7,12 +7,14 @@ once per DAG (`CutNetwork`); a step only gives the arcs of its critical subgraph
 capacities (late in a sweep that is nearly every arc). Consecutive steps change few
 capacities, so each max flow starts from the last one: made feasible for the new capacities by
 moving flow between an operation's arcs, or, where that cannot fit them (a new capacity scale:
-14% of 8 x 96 1F1B's steps), scaled to the new scale, cut to them and rebalanced
-(`kernels_flow.rebalance`: ~99.8% of the flow kept). The rest is
-augmented by Dinic's algorithm compiled (`kernels_flow.max_flow`: usually nothing or one path, tens
-of microseconds; a rebalanced flow 1-3 ms, where from zero it took 3 ms and scipy's
-`maximum_flow` 2.4-6 ms). Whichever flow is found, the cut is the same: the least source side of
-every maximum flow (scipy's max flow, with `CutNetwork.compiled` off, is the plain stand-in).
+14% of 8 x 96 1F1B's steps), scaled to the new scale, cut to them and rebalanced, the flow the
+new capacities cut sent on from the source or to the sink where an arc has room
+(`kernels_flow.rebalance`). The rest is augmented by Dinic's algorithm compiled
+(`kernels_flow.max_flow`: usually nothing or one path, tens of microseconds; a rebalanced flow
+~1.4 ms on 8 x 2 x 96 interleaved, where from zero it took 3 ms and scipy's `maximum_flow`
+2.4-6 ms); the whole warm start and max flow is one compiled call (`kernels_flow.solve`).
+Whichever flow is found, the cut is the same: the least source side of every maximum flow
+(scipy's max flow, with `CutNetwork.compiled` off, is the plain stand-in).
 """
 
 from __future__ import annotations

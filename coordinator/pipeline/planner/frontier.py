@@ -40,7 +40,8 @@ the exact discrete frontier (tests/core/test_frontier_planner.py).
 The pieces: `profile` (the input), `dag` (the iteration's DAG), `graph` (longest-path passes),
 `cut` (one step's least-cost cut), `points` (a plan's cost, the all-max plan, the choice),
 `kernels` (the per-step loops compiled with numba: ~4 ms a step as Python loops and small numpy
-calls, ~1.5 ms now, the plans the same bit for bit); this module runs the sweep
+calls, ~1 ms now, the plans the same bit for bit), `kernels_flow` (the max flow's), and
+`kernels_plans` (rounding, deduplicating and timing plans); this module runs the sweep
 (`plan_frontier`).
 """
 
