@@ -7,12 +7,14 @@ once per DAG (`CutNetwork`); a step only gives the arcs of its critical subgraph
 capacities (late in a sweep that is nearly every arc). Consecutive steps change few
 capacities, so each max flow starts from the last one: made feasible for the new capacities by
 moving flow between an operation's arcs, or, where that cannot fit them (a new capacity scale:
-14% of 8 x 96 1F1B's steps), scaled to the new scale, cut to them and rebalanced
-(`kernels.rebalance`: ~99.8% of the flow kept). The rest is
-augmented by Dinic's algorithm compiled (`kernels.max_flow`: usually nothing or one path, tens
-of microseconds; a rebalanced flow 1-3 ms, where from zero it took 3 ms and scipy's
-`maximum_flow` 2.4-6 ms). Whichever flow is found, the cut is the same: the least source side of
-every maximum flow (scipy's max flow, with `CutNetwork.compiled` off, is the plain stand-in).
+14% of 8 x 96 1F1B's steps), scaled to the new scale, cut to them and rebalanced, the flow the
+new capacities cut sent on from the source or to the sink where an arc has room
+(`kernels_flow.rebalance`). The rest is augmented by Dinic's algorithm compiled
+(`kernels_flow.max_flow`: usually nothing or one path, tens of microseconds; a rebalanced flow
+~1.4 ms on 8 x 2 x 96 interleaved, where from zero it took 3 ms and scipy's `maximum_flow`
+2.4-6 ms); the whole warm start and max flow is one compiled call (`kernels_flow.solve`).
+Whichever flow is found, the cut is the same: the least source side of every maximum flow
+(scipy's max flow, with `CutNetwork.compiled` off, is the plain stand-in).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from coordinator.pipeline.planner.graph import Graph
 from coordinator.pipeline.planner.lazy import lazy_module
 
 if TYPE_CHECKING:
-    from coordinator.pipeline.planner import kernels
+    from coordinator.pipeline.planner import kernels_flow
 else:  # (numba loaded at the first plan: `lazy`)
-    kernels = lazy_module("coordinator.pipeline.planner.kernels")
+    kernels_flow = lazy_module("coordinator.pipeline.planner.kernels_flow")
 
 __all__ = ["INF_CAP", "CutNetwork"]
 
@@ -101,6 +103,9 @@ class CutNetwork:
         self.flow = np.zeros(2 * rows.size, dtype=np.int64)
         """The last maximum flow, antisymmetric, over the sorted layout (0: none)."""
         self.caps = np.zeros(2 * rows.size, dtype=np.int64)
+        self._residual = np.zeros(2 * rows.size, dtype=np.int64)
+        self.starts = [0, 0, 0]
+        """Max flows started from zero, from the last one carried, rebalanced (warm, compiled)."""
         self.from_source = np.flatnonzero(self.row_of == s)
         self.scale = 0.0
         """The capacity scale the last flow is in."""
@@ -141,19 +146,28 @@ class CutNetwork:
         # the sweep stalled for minutes on interleaved 1F1B (bloom A40, 8 x 2 x 16).
         caps = self.caps
         own = self.op_arcs[:, crit_ops]
-        scale, lb_sum = kernels.cut_caps(caps, own, ub, lb, self.edge_arcs, prec, self.src_arcs,
-                                         src, self.sink_arcs, sink, INF_CAP)
-        flow = self._carried(caps, own, scale)
-        if self.warm and self.scale > 0 and not flow.any():
-            # (A new scale: the last flow scaled to it, rounded down, loses little.)
-            flow = kernels.rebalance(self.flow, caps, self._forward_arc, self._order,
-                                     self._indptr, self._heads, self.reverse,
-                                     scale / self.scale)
-        residual = caps - flow
-        side = self._max_flow(residual)
-        self.flow = caps - residual
+        scale, lb_sum = kernels_flow.cut_caps(caps, own, ub, lb, self.edge_arcs, prec,
+                                              self.src_arcs, src, self.sink_arcs, sink, INF_CAP)
+        if self.warm and self.compiled:  # (The same as below, in one compiled call.)
+            ratio = scale / self.scale if self.scale > 0 else 0.0
+            side, total, how = kernels_flow.solve(
+                self.flow, caps, own, self._residual, self._forward_arc, self._order,
+                self._indptr, self._heads, self.reverse, scale == self.scale, ratio,
+                self.from_source, 2 * self.n, 2 * self.n + 1)
+            self.starts[how] += 1
+        else:
+            flow = self._carried(caps, own, scale)
+            if self.warm and self.scale > 0 and not flow.any():
+                # (A new scale: the last flow scaled to it, rounded down, loses little.)
+                flow = kernels_flow.rebalance(self.flow, caps, self._forward_arc, self._order,
+                                              self._indptr, self._heads, self.reverse,
+                                              scale / self.scale)
+            residual = caps - flow
+            side = self._max_flow(residual)
+            self.flow = caps - residual
+            total = int(self.flow[self.from_source].sum())
         self.scale = scale
-        if int(self.flow[self.from_source].sum()) - lb_sum >= INF_CAP // 2:
+        if total - lb_sum >= INF_CAP // 2:
             self.scale = 0.0
             return None
         return side
@@ -171,18 +185,18 @@ class CutNetwork:
         """
         if not self.warm or scale != self.scale:
             return np.zeros_like(self.flow)
-        return kernels.carry(self.flow, caps, own, self.reverse)
+        return kernels_flow.carry(self.flow, caps, own, self.reverse)
 
     def _max_flow(self, residual: np.ndarray) -> np.ndarray:
         """Augment `residual` (in place) to a maximum flow's; the source side of its cut.
 
-        The compiled Dinic's algorithm (`kernels.max_flow`) from whatever flow `residual`
+        The compiled Dinic's algorithm (`kernels_flow.max_flow`) from whatever flow `residual`
         carries; with `compiled` off, scipy's maximum flow and breadth-first search (the plain
         stand-in: the same side, as every maximum flow has).
         """
         n = self.n
         if self.compiled:
-            return kernels.max_flow(self._indptr, self._heads, self.reverse, residual,
+            return kernels_flow.max_flow(self._indptr, self._heads, self.reverse, residual,
                                     2 * n, 2 * n + 1)
         residual -= _augment(residual, self.key, self.size)
         return self._search(residual)

@@ -40,13 +40,13 @@ the exact discrete frontier (tests/core/test_frontier_planner.py).
 The pieces: `profile` (the input), `dag` (the iteration's DAG), `graph` (longest-path passes),
 `cut` (one step's least-cost cut), `points` (a plan's cost, the all-max plan, the choice),
 `kernels` (the per-step loops compiled with numba: ~4 ms a step as Python loops and small numpy
-calls, ~1.5 ms now, the plans the same bit for bit); this module runs the sweep
+calls, ~1 ms now, the plans the same bit for bit), `kernels_flow` (the max flow's), and
+`kernels_plans` (rounding, deduplicating and timing plans); this module runs the sweep
 (`plan_frontier`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,9 +63,10 @@ from coordinator.pipeline.planner.points import FrontierPoint, schedule_dag
 from coordinator.pipeline.planner.profile import DEFAULT_P_BLOCK_W, InstructionProfile
 
 if TYPE_CHECKING:
-    from coordinator.pipeline.planner import kernels
+    from coordinator.pipeline.planner import kernels, kernels_plans
 else:  # (numba loaded at the first plan: `lazy`)
     kernels = lazy_module("coordinator.pipeline.planner.kernels")
+    kernels_plans = lazy_module("coordinator.pipeline.planner.kernels_plans")
 
 __all__ = ["PlannerStats", "plan_frontier"]
 
@@ -150,16 +151,18 @@ def _build_kinds(profile: InstructionProfile, p_block: float) -> _Kinds:
 
 
 
-def _pareto_indices(times: Sequence[float], energies: Sequence[float]) -> list[int]:
-    """Indices of the points no faster-or-as-fast point beats on energy, fastest first."""
-    order = np.lexsort((np.asarray(energies), np.asarray(times)))
-    kept: list[int] = []
-    best = math.inf
-    for i in order.tolist():
-        if energies[i] < best:
-            kept.append(i)
-            best = energies[i]
-    return kept
+def _pareto_indices(times: np.ndarray, energies: np.ndarray) -> np.ndarray:
+    """Indices of the points no faster-or-as-fast point beats on energy, fastest first.
+
+    (Ties in time: the least energy first, then the first recorded.)
+    """
+    order = np.lexsort((energies, times))
+    ordered = energies[order]
+    before = np.empty_like(ordered)  # the least energy of every point ahead in the order
+    if ordered.size:
+        before[0] = np.inf
+        np.minimum.accumulate(ordered[:-1], out=before[1:])
+    return order[ordered < before]
 
 
 @dataclass
@@ -225,41 +228,85 @@ class _Candidates:
 
     Every `PRUNE_EVERY` candidates, those recorded so far are timed and the dominated ones
     dropped: a dominated candidate never reaches the frontier, so the result is the same and
-    the memory stays bounded (a plan is 2 bytes per instruction).
+    the memory stays bounded (a plan is 2 bytes per instruction). Candidates are kept in
+    arrays (the first `size` rows of `time`, `energy`, `plan`); a plan met again is not
+    recorded twice: every plan recorded has its 128-bit key (`kernels_plans.plan_key`) in a
+    compiled hash set.
     """
 
     def __init__(self, ops: _Ops, graph: Graph, stages: int, p_block_w: float) -> None:
         self.ops, self.graph = ops, graph
         self.stages, self.p_block_w = stages, p_block_w
-        self.time: list[float] = []
-        self.energy: list[float] = []
+        n, width = ops.rows.size, ops.times.shape[1]
+        self._time = np.empty(256)
+        self._energy = np.empty(256)
         """The plan's cost until timed (`settled`), then its energy."""
-        self.plan: list[np.ndarray] = []
+        self._plan = np.empty((256, n), dtype=np.int16)
+        self.size = 0
+        """Candidates kept."""
         self.settled = 0
         """Candidates before this index are timed, their energies final."""
         self.count = 0
         """Candidates recorded in all."""
-        self.seen: set[bytes] = set()
-        """Digests of the plans recorded: a plan met again is not recorded twice."""
         self.table = OptionTable(ops.kind, ops.times)
         """Rounding by table: an operation's slowest option at least as fast as x."""
-        width = ops.times.shape[1]
         self.row_start = ops.rows * width
         """Each operation's first option in the flattened option arrays."""
         self.flat_times, self.flat_costs = ops.times.ravel(), ops.costs.ravel()
-        self.memo_d = np.full(ops.rows.size, np.nan)
-        self.memo_c = np.zeros(ops.rows.size, dtype=np.int64)
-        """Each operation's last rounded duration and its option (rounding skips the rest)."""
+        self.zobrist = kernels_plans.zobrist_tables(n, width)
+        self.memo = kernels_plans.memo(self.zobrist)
+        """Each operation's last rounding (`kernels_plans.Memo`: only changes are redone)."""
+        self._keys = np.zeros((1024, 2), dtype=np.uint64)
+        self._used = np.zeros(1024, dtype=bool)
+        self._keys_held = 0
+        """The keys of every plan recorded (a hash set, at most half full)."""
+
+    @property
+    def time(self) -> np.ndarray:
+        """Each candidate's iteration time (nan: not timed yet)."""
+        return self._time[: self.size]
+
+    @property
+    def energy(self) -> np.ndarray:
+        """Each candidate's energy (its cost alone until settled)."""
+        return self._energy[: self.size]
+
+    @property
+    def plan(self) -> np.ndarray:
+        """Each candidate's plan: option indices [size, n] (int16)."""
+        return self._plan[: self.size]
+
+    def _room(self, keys: int) -> None:
+        """Room in the hash set of keys for `keys` more (it stays at most half full)."""
+        while 2 * (self._keys_held + keys) > self._used.size:
+            self._keys, self._used = kernels_plans.grow(self._keys, self._used)
+
+    def _fresh(self, keys: np.ndarray) -> np.ndarray:
+        """Which plans (by key, [k, 2]) were never recorded; they are from now on."""
+        self._room(keys.shape[0])
+        fresh = kernels_plans.remember(self._keys, self._used, keys)
+        self._keys_held += int(np.count_nonzero(fresh))
+        return fresh
+
+    def _append(self, plans: np.ndarray, times: np.ndarray, energies: np.ndarray) -> None:
+        """Keep rows `plans` as candidates (times nan: to be timed), after the others."""
+        end = self.size + plans.shape[0]
+        if end > self._time.size:
+            room = max(end, 2 * self._time.size)
+            self._time = np.resize(self._time, room)
+            self._energy = np.resize(self._energy, room)
+            self._plan = np.resize(self._plan, (room, plans.shape[1]))
+        self._time[self.size : end] = times
+        self._energy[self.size : end] = energies
+        self._plan[self.size : end] = plans
+        self.size = end
 
     def _add(self, plan: np.ndarray, time: float, energy: float) -> bool:
         """Keep `plan` (option indices, int16) as a candidate unless it was recorded before."""
-        key = hashlib.blake2b(plan.data, digest_size=16).digest()  # (a contiguous row)
-        if key in self.seen:
+        key = kernels_plans.plan_key(self.zobrist, plan)
+        if not self._fresh(key[None, :])[0]:
             return False
-        self.seen.add(key)
-        self.time.append(time)
-        self.energy.append(energy)
-        self.plan.append(plan.copy())
+        self._append(plan[None, :], np.array([time]), np.array([energy]))
         return True
 
     def record(self, dur: np.ndarray, horizon: float) -> None:
@@ -270,69 +317,43 @@ class _Candidates:
         """`record` each row of `durs` ([count, n]), in order, rounded all at once.
 
         A plan's iteration time is its `horizons` entry when no operation was rounded, else
-        its longest path, computed here for the new plans in one batch (from the block the
-        rounding wrote: no copies).
+        its longest path, computed for thousands of plans at once when they are settled.
         """
         ops, table = self.ops, self.table
-        plans, times, costs = kernels.round_plans(
+        self._room(durs.shape[0] * (_TAUS.size + 2))
+        plans, times, costs = kernels_plans.round_plans(
             durs, np.asarray(horizons, dtype=float), ops.eps_t, table.ladder, table.below,
             ops.kind, self.flat_times, self.flat_costs, ops.times.shape[1], _TAUS,
-            self.memo_d, self.memo_c)
-        before = len(self.time)
-        rows, slots = self._add_rows(plans, times.tolist(), costs.tolist())
-        if rows:
-            timed = self.graph.plan_times(plans[rows], self.flat_times, ops.times.shape[1])
-            for slot, t in zip(slots, timed.tolist(), strict=True):
-                self.time[slot] = t
-        self.count += len(self.time) - before
-        if len(self.time) - self.settled >= PRUNE_EVERY:
+            self.zobrist, self.memo, self._keys, self._used)
+        self._keys_held += plans.shape[0]
+        self._append(plans, times, costs)
+        self.count += plans.shape[0]
+        if self.size - self.settled >= PRUNE_EVERY:
             self._prune()
-
-    def _add_rows(self, plans: np.ndarray, times: list[float],
-                  costs: list[float]) -> tuple[list[int], list[int]]:
-        """`_add` each row of `plans` (C-contiguous) in order, inline (tens of thousands a run).
-
-        Returns the new rows without a time and their candidate indices.
-        """
-        row_bytes = plans.shape[1] * plans.itemsize
-        raw = plans.data.cast("B")
-        seen, blake2b = self.seen, hashlib.blake2b
-        rows: list[int] = []
-        slots: list[int] = []
-        for i, (time, cost) in enumerate(zip(times, costs, strict=True)):
-            key = blake2b(raw[i * row_bytes : (i + 1) * row_bytes], digest_size=16).digest()
-            if key in seen:
-                continue
-            seen.add(key)
-            if math.isnan(time):
-                rows.append(i)
-                slots.append(len(self.time))
-            self.time.append(time)
-            self.energy.append(cost)
-            self.plan.append(plans[i].copy())
-        return rows, slots
 
     def _settle(self) -> None:
         """Time the candidates recorded since the last call and add their blocking energy."""
-        pending = [i for i in range(self.settled, len(self.time)) if math.isnan(self.time[i])]
-        for lo in range(0, len(pending), 512):
-            chunk = pending[lo : lo + 512]
-            plans = np.stack([self.plan[i] for i in chunk])
-            times = self.graph.plan_times(plans, self.flat_times, self.ops.times.shape[1])
-            for i, t in zip(chunk, times.tolist(), strict=True):
-                self.time[i] = t
-        for i in range(self.settled, len(self.time)):
-            self.energy[i] = self.energy[i] + self.stages * self.time[i] * self.p_block_w
-        self.settled = len(self.time)
+        lo, hi = self.settled, self.size
+        pending = lo + np.flatnonzero(np.isnan(self._time[lo:hi]))
+        if pending.size:
+            self._time[pending] = self.graph.plan_times(self._plan[pending], self.flat_times,
+                                                        self.ops.times.shape[1])
+        self._energy[lo:hi] += self.stages * self._time[lo:hi] * self.p_block_w
+        self.settled = hi
 
     def _prune(self) -> None:
         """Keep only the candidates no other one dominates (in their order)."""
         self._settle()
-        keep = sorted(_pareto_indices(self.time, self.energy))
-        self.time = [self.time[i] for i in keep]
-        self.energy = [self.energy[i] for i in keep]
-        self.plan = [self.plan[i] for i in keep]
-        self.settled = len(self.time)
+        keep = np.sort(_pareto_indices(self.time, self.energy))
+        count = keep.size
+        # (Those kept last time mostly stay where they are: rows move from the first change.)
+        first = int(np.argmin(keep == np.arange(count))) if count else 0
+        if count and keep[first] != first:
+            moving = keep[first:]
+            self._time[first:count] = self._time[moving]
+            self._energy[first:count] = self._energy[moving]
+            self._plan[first:count] = self._plan[moving]
+        self.size = self.settled = count
 
     def finish(self) -> None:
         """Time the last candidates, then reclaim the slack of the Pareto-optimal ones."""
@@ -341,27 +362,29 @@ class _Candidates:
         # Rounding to real options leaves slack off the critical path: reclaim it on the
         # Pareto-optimal candidates (a plan's time never grows, its energy never does).
         pareto = _pareto_indices(self.time, self.energy)
-        for lo in range(0, len(pareto), 512):
+        for lo in range(0, pareto.size, 512):
             chunk = pareto[lo : lo + 512]
-            choices = np.stack([self.plan[i] for i in chunk], axis=1).astype(np.int64)
+            choices = self._plan[chunk].T.astype(np.int64)
             new, times = self.graph.reclaim_many(choices, ops.times, ops.eps_t)
             costs = ops.costs[ops.rows[:, None], new].sum(axis=0)
-            for j, i in enumerate(chunk):
-                energy = float(costs[j]) + stages * float(times[j]) * p_block_w
-                if energy < self.energy[i]:
-                    self.time[i], self.energy[i] = float(times[j]), energy
-                    self.plan[i] = new[:, j].astype(np.int16)
+            energy = costs + stages * times * p_block_w
+            better = energy < self._energy[chunk]
+            where = chunk[better]
+            self._time[where] = times[better]
+            self._energy[where] = energy[better]
+            self._plan[where] = new[:, better].T.astype(np.int16)
 
     def kept(self, resolution: float) -> list[int]:
         """The Pareto-optimal candidates, at most one per `resolution` of time (0: all)."""
-        kept = _pareto_indices(self.time, self.energy)
+        kept = _pareto_indices(self.time, self.energy).tolist()
         if not (resolution > 0 and kept):
             return kept
-        first = self.time[kept[0]]
+        times = self.time.tolist()
+        first = times[kept[0]]
         thinned: list[int] = []
         last_cell = -1
         for i in kept:
-            cell = math.ceil((self.time[i] - first) / resolution - 1e-9)
+            cell = math.ceil((times[i] - first) / resolution - 1e-9)
             if thinned and cell == last_cell:
                 thinned[-1] = i
             else:
@@ -461,25 +484,43 @@ def _points(dag: PipelineDAG, kinds: _Kinds, kind: np.ndarray, candidates: _Cand
             tuple(zip(row_names, freqs[ids].tolist(), strict=True))
             for row_names, ids in zip(names, stage_ids, strict=True)
         )
-        points.append(FrontierPoint(candidates.time[i], candidates.energy[i], plan))
+        points.append(FrontierPoint(float(candidates.time[i]), float(candidates.energy[i]), plan))
     return points
 
 
 def _sweep(graph: Graph, ops: _Ops, candidates: _Candidates, span_t: tuple[float, float],
            progress: Callable[[int, int], None] | None, stats: PlannerStats) -> None:
-    """The Phillips-Dessouky sweep from every operation at its slowest to the fastest time."""
+    """The Phillips-Dessouky sweep from every operation at its slowest to the fastest time.
+
+    (`stats.extra`: how the steps' max flows started, `CutNetwork.starts`.)
+    """
     n = graph.n
-    t_min, t_max = span_t
-    eps_t = ops.eps_t
     dur = ops.hull[ops.rows, ops.hull_n - 1].copy()
     fin_all = graph.forward(dur)
     candidates.record(dur, float(fin_all[:n].max()))
     max_iterations = 50 * n * int(ops.hull_n.max()) + 1000
+    network = CutNetwork(graph)
+    on_hull = _OnHull(ops, dur)
+    try:
+        _steps(graph, network, ops, on_hull, candidates, dur, fin_all, span_t, progress, stats,
+               max_iterations)
+    finally:
+        for key, count in zip(("flows_from_zero", "flows_carried", "flows_rebalanced"),
+                              network.starts, strict=True):
+            stats.extra[key] = count
+
+
+def _steps(graph: Graph, network: CutNetwork, ops: _Ops, on_hull: _OnHull,
+           candidates: _Candidates, dur: np.ndarray, fin_all: np.ndarray,
+           span_t: tuple[float, float], progress: Callable[[int, int], None] | None,
+           stats: PlannerStats, max_iterations: int) -> None:
+    """The sweep's steps (`_sweep`), until the fastest time or a stop."""
+    n = graph.n
+    t_min, t_max = span_t
+    eps_t = ops.eps_t
     span = max(t_max - t_min, 1e-300)
     last_report = -1
     stats.stopped = "converged"
-    network = CutNetwork(graph)
-    on_hull = _OnHull(ops, dur)
     for _ in range(max_iterations):
         fin = fin_all[:n]
         horizon = float(fin.max())

@@ -20,9 +20,10 @@ from coordinator.pipeline.planner.dag import PipelineDAG
 from coordinator.pipeline.planner.lazy import lazy_module
 
 if TYPE_CHECKING:
-    from coordinator.pipeline.planner import kernels
+    from coordinator.pipeline.planner import kernels, kernels_plans
 else:  # (numba loaded at the first plan: `lazy`)
     kernels = lazy_module("coordinator.pipeline.planner.kernels")
+    kernels_plans = lazy_module("coordinator.pipeline.planner.kernels_plans")
 
 __all__ = ["Graph", "OptionTable"]
 
@@ -98,7 +99,7 @@ class Graph:
 
         Node v's option p takes `flat_times[v * width + p]`.
         """
-        return kernels.plan_times(self.preds, self.topo, plans, flat_times, width)
+        return kernels_plans.plan_times(self.preds, self.topo, plans, flat_times, width)
 
     def reclaim_many(
         self, choices: np.ndarray, op_times: np.ndarray, tol: float
