@@ -55,6 +55,11 @@ read version 2 values (it refuses any other version, and then does not know the 
 ranks are in node entries (`v.ranks.`, with a `rank.` key each); a replica of version 2 would
 not see them (it drops the unknown key) and could register a rank again, so it must not read
 version 3 values (then it does not know the job and registers none of its ranks)."""
+RANK_VERSION = 2
+"""Version written in a rank's and a GPU binding's values, whose layout 3 left as it was: a
+replica of layout 2 still serving a job of layout 2 reads the ranks a replica of layout 3 records
+for it (one `v.rank.` entry each); at 3 it would drop them, never see them in, nor start the job.
+It never reads those of a job of layout 3 (their keys are not followed, or not known to it)."""
 READABLE = (1, 2, 3)
 """Layouts this coordinator reads (a version-1 job has no join token: any rank of its user
 may join, so jobs written before join tokens keep running)."""
@@ -186,8 +191,8 @@ _ascii_json = json.encoder.encode_basestring_ascii
 """A string as JSON, as `json.dumps` writes it (ASCII only)."""
 
 
-def _dump(data: dict[str, Any]) -> bytes:
-    return _ENCODE({"v": VERSION, **data}).encode()
+def _dump(data: dict[str, Any], version: int = VERSION) -> bytes:
+    return _ENCODE({"v": version, **data}).encode()
 
 
 def _load(raw: bytes) -> dict[str, Any]:
@@ -231,10 +236,10 @@ def encode_rank(job_id: str, rank: RankRecord, limits: tuple[int, int] | None = 
                                  "limits": list(limits) if limits else None}
         if limits:
             value["energy_period_ms"] = energy_period_ms
-        return _dump(value)
+        return _dump(value, RANK_VERSION)
     period = b',"energy_period_ms":%s' % _number(energy_period_ms) if limits else b""
     return b'{"v":%d,"job_id":%s,"info":%s,"gpu":%s,"limits":%s}' % (
-        VERSION, _ascii_json(job_id).encode(), info, gpu,
+        RANK_VERSION, _ascii_json(job_id).encode(), info, gpu,
         b"[%s,%s]%s" % (_number(limits[0]), _number(limits[1]), period) if limits else b"null")
 
 
@@ -262,7 +267,7 @@ def encode_gpu(job_id: str, rank: int) -> bytes:
     `_dump`'s bytes, formatted directly: one per registered rank, and the general encoder
     took 7 times as long.
     """
-    return b'{"v":%d,"job_id":%s,"rank":%d}' % (VERSION, _ascii_json(job_id).encode(), rank)
+    return b'{"v":%d,"job_id":%s,"rank":%d}' % (RANK_VERSION, _ascii_json(job_id).encode(), rank)
 
 
 def encode_quarantine(job_id: str | None, key: str, reason: str, replica: str,

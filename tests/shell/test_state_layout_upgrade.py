@@ -83,6 +83,10 @@ async def test_a_job_of_the_old_layout_is_served_and_loaded(
         await _register(nc, job_id, [1])
         assert _their(await state_keys(coord), job_id) == {
             records.rank_key(job_id, 0), records.rank_key(job_id, 1)}
+        # A replica of layout 2 still serving the job reads the rank recorded here (it drops
+        # values of a layout it does not know: it would never see the rank, nor start the job).
+        for key in (records.rank_key(job_id, 1), records.gpu_key(job_id, NODE, 1)):
+            assert json.loads((await kv.get(key)).value)["v"] in (1, 2), key
         await wait_for(lambda: job_id in coord.optimisers)
     finally:
         await stop(coord, task)
