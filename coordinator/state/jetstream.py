@@ -503,9 +503,13 @@ class JetStreamState:
         except KeyNotFoundError:
             return None
 
-    async def put_progress(self, job_id: str, kind: str, state: Any) -> None:
-        """Record a job's optimiser progress (raises StateUnavailableError)."""
-        value = records.encode_progress(job_id, kind, state)
+    async def put_progress(self, job_id: str, kind: str, state: Any,
+                           version: int = records.VERSION) -> None:
+        """Record a job's optimiser progress (raises StateUnavailableError).
+
+        `version`: the job's layout (`records.layout_of`).
+        """
+        value = records.encode_progress(job_id, kind, state, version)
         revision = await self._write(f"the progress of job {job_id}",
                                      lambda: self.kv.put(records.progress_key(job_id), value))
         self._log("ack", key=records.progress_key(job_id), job_id=job_id, revision=revision)

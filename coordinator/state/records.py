@@ -60,6 +60,15 @@ RANK_VERSION = 2
 replica of layout 2 still serving a job of layout 2 reads the ranks a replica of layout 3 records
 for it (one `v.rank.` entry each); at 3 it would drop them, never see them in, nor start the job.
 It never reads those of a job of layout 3 (their keys are not followed, or not known to it)."""
+
+
+def layout_of(record: JobRecord | None) -> int:
+    """The version to write a job's progress and quarantine note at: the job's own layout.
+
+    A job of layout 2 may be served by a replica of layout 2 (its owner after a handover),
+    which must read them; one of layout 3 (or unknown) is not a layout-2 replica's to read.
+    """
+    return RANK_VERSION if record is not None and not record.node_ranks else VERSION
 READABLE = (1, 2, 3)
 """Layouts this coordinator reads (a version-1 job has no join token: any rank of its user
 may join, so jobs written before join tokens keep running)."""
@@ -271,22 +280,22 @@ def encode_gpu(job_id: str, rank: int) -> bytes:
 
 
 def encode_quarantine(job_id: str | None, key: str, reason: str, replica: str,
-                      at_s: float) -> bytes:
+                      at_s: float, version: int = VERSION) -> bytes:
     """A quarantine note: which record (`key`) of the job was set aside, why, by whom, when.
 
     `at_s` is wall-clock time (UNIX seconds), for people.
     """
     return _dump({"job_id": job_id, "key": bounded(key, 300), "reason": bounded(reason, 2000),
-                  "replica": bounded(replica, 300), "at": at_s})
+                  "replica": bounded(replica, 300), "at": at_s}, version)
 
 
-def encode_progress(job_id: str, kind: str, state: Any) -> bytes:
+def encode_progress(job_id: str, kind: str, state: Any, version: int = VERSION) -> bytes:
     """A job's progress value.
 
     `kind`: "windows" (power-limit windows measured), "profile" (the measured profile) or
     "pipeline" (a pipeline job's discovered orders and observed rounds).
     """
-    return _dump({"job_id": job_id, "kind": kind, "state": state})
+    return _dump({"job_id": job_id, "kind": kind, "state": state}, version)
 
 
 @dataclass(frozen=True)
