@@ -63,6 +63,22 @@ async def test_a_rank_twice_in_a_batch_and_two_jobs_in_one(
         await stop(coord, task)
 
 
+async def test_a_job_registering_again_adds_no_entry(
+        nats_server: Any, agent: Any, nc: Any, tmp_path: Path) -> None:
+    """A restarted job's ranks register again: retries, one node entry still."""
+    coord, task = await start(nats_server, tmp_path / "c")
+    try:
+        job_id = await register_job(nc, dp=2, power_limit=OPTIONS)
+        h = records.job_hash(job_id)
+        for _ in range(2):
+            replies = await _batch(nc, [rank_request(job_id, 0), rank_request(job_id, 1)])
+            assert all(r.ok for r in replies), replies
+            assert sorted(k for k in await state_keys(coord)
+                          if k.startswith(f"v.ranks.{h}.")) == [records.node_key(job_id, 0)]
+    finally:
+        await stop(coord, task)
+
+
 async def test_a_batch_with_a_refused_rank_records_the_others(
         nats_server: Any, agent: Any, nc: Any, tmp_path: Path) -> None:
     coord, task = await start(nats_server, tmp_path / "c")
