@@ -172,7 +172,9 @@ class JobFailures:
             return
         self._writing.add(h)
         try:
-            value = records.encode_quarantine(job_id, key, why, replica, time.time())
+            value = records.encode_quarantine(
+                job_id, key, why, replica, time.time(),
+                records.layout_of(self.jobs.record(job_id) if job_id is not None else None))
             if await state.quarantine(h, value):
                 # (A warning: what was wrong is the job's or its records'; a bug in this
                 # replica was logged with its traceback where it was caught.)

@@ -17,7 +17,7 @@ from typing import Any
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
 from coordinator.service.table import JobTable
-from coordinator.state import RecordError
+from coordinator.state import RecordError, records
 from coordinator.state.jetstream import StateUnavailableError
 
 __all__ = ["ProgressWriter"]
@@ -100,7 +100,8 @@ class ProgressWriter:
                 # once another replica holds the job (`record_unsaved`).
                 return
             try:
-                await state.put_progress(job_id, *latest)
+                await state.put_progress(job_id, *latest,
+                                         version=records.layout_of(driver.record))
             except StateUnavailableError as e:
                 if driver.not_saved():
                     LOG.warning("job %s: progress not recorded yet (%s); writing it again until "

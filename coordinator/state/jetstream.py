@@ -342,7 +342,8 @@ class JetStreamState:
         ranks are in node entries (`JobRecord.node_ranks`): the rank's `rank.` key, then a
         node entry of it alone (`v.ranks.<h>.<rank>`, unless that key holds it already: a
         retry of a rank whose node entry began at another rank writes it again, the same
-        rank read the same, which also mends a `rank.` key left without its entry).
+        rank read the same, which also mends a `rank.` key left without its entry; not a
+        retry the caller knows, `batch` False: its replica follows the rank's entry already).
 
         Returns:
             True if new, False if the same rank was already recorded identically (a retry).
@@ -383,7 +384,8 @@ class JetStreamState:
                 key, value, lambda raw: records.decode(key, raw, False, 0).rank == rank,
                 f"rank {info.rank} of job {job_id} is already registered with another GPU or "
                 "coordinates; each rank registers once", started)
-            if node_ranks:
+            if node_ranks and (new or batch):  # (A retry the caller knows: its rank is in
+                # an entry it follows, and one of its own would only add to every replica's.)
                 await self._create_once(*unit[2], lambda raw: _holds(unit[2][0], raw, rank),
                                         f"the node entry of rank {info.rank} of job {job_id} "
                                         "holds another rank")
@@ -503,9 +505,13 @@ class JetStreamState:
         except KeyNotFoundError:
             return None
 
-    async def put_progress(self, job_id: str, kind: str, state: Any) -> None:
-        """Record a job's optimiser progress (raises StateUnavailableError)."""
-        value = records.encode_progress(job_id, kind, state)
+    async def put_progress(self, job_id: str, kind: str, state: Any,
+                           version: int = records.VERSION) -> None:
+        """Record a job's optimiser progress (raises StateUnavailableError).
+
+        `version`: the job's layout (`records.layout_of`).
+        """
+        value = records.encode_progress(job_id, kind, state, version)
         revision = await self._write(f"the progress of job {job_id}",
                                      lambda: self.kv.put(records.progress_key(job_id), value))
         self._log("ack", key=records.progress_key(job_id), job_id=job_id, revision=revision)

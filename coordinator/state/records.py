@@ -55,6 +55,20 @@ read version 2 values (it refuses any other version, and then does not know the 
 ranks are in node entries (`v.ranks.`, with a `rank.` key each); a replica of version 2 would
 not see them (it drops the unknown key) and could register a rank again, so it must not read
 version 3 values (then it does not know the job and registers none of its ranks)."""
+RANK_VERSION = 2
+"""Version written in a rank's and a GPU binding's values, whose layout 3 left as it was: a
+replica of layout 2 still serving a job of layout 2 reads the ranks a replica of layout 3 records
+for it (one `v.rank.` entry each); at 3 it would drop them, never see them in, nor start the job.
+It never reads those of a job of layout 3 (their keys are not followed, or not known to it)."""
+
+
+def layout_of(record: JobRecord | None) -> int:
+    """The version to write a job's progress and quarantine note at: the job's own layout.
+
+    A job of layout 2 may be served by a replica of layout 2 (its owner after a handover),
+    which must read them; one of layout 3 (or unknown) is not a layout-2 replica's to read.
+    """
+    return RANK_VERSION if record is not None and not record.node_ranks else VERSION
 READABLE = (1, 2, 3)
 """Layouts this coordinator reads (a version-1 job has no join token: any rank of its user
 may join, so jobs written before join tokens keep running)."""
@@ -186,8 +200,8 @@ _ascii_json = json.encoder.encode_basestring_ascii
 """A string as JSON, as `json.dumps` writes it (ASCII only)."""
 
 
-def _dump(data: dict[str, Any]) -> bytes:
-    return _ENCODE({"v": VERSION, **data}).encode()
+def _dump(data: dict[str, Any], version: int = VERSION) -> bytes:
+    return _ENCODE({"v": version, **data}).encode()
 
 
 def _load(raw: bytes) -> dict[str, Any]:
@@ -231,10 +245,10 @@ def encode_rank(job_id: str, rank: RankRecord, limits: tuple[int, int] | None = 
                                  "limits": list(limits) if limits else None}
         if limits:
             value["energy_period_ms"] = energy_period_ms
-        return _dump(value)
+        return _dump(value, RANK_VERSION)
     period = b',"energy_period_ms":%s' % _number(energy_period_ms) if limits else b""
     return b'{"v":%d,"job_id":%s,"info":%s,"gpu":%s,"limits":%s}' % (
-        VERSION, _ascii_json(job_id).encode(), info, gpu,
+        RANK_VERSION, _ascii_json(job_id).encode(), info, gpu,
         b"[%s,%s]%s" % (_number(limits[0]), _number(limits[1]), period) if limits else b"null")
 
 
@@ -262,26 +276,26 @@ def encode_gpu(job_id: str, rank: int) -> bytes:
     `_dump`'s bytes, formatted directly: one per registered rank, and the general encoder
     took 7 times as long.
     """
-    return b'{"v":%d,"job_id":%s,"rank":%d}' % (VERSION, _ascii_json(job_id).encode(), rank)
+    return b'{"v":%d,"job_id":%s,"rank":%d}' % (RANK_VERSION, _ascii_json(job_id).encode(), rank)
 
 
 def encode_quarantine(job_id: str | None, key: str, reason: str, replica: str,
-                      at_s: float) -> bytes:
+                      at_s: float, version: int = VERSION) -> bytes:
     """A quarantine note: which record (`key`) of the job was set aside, why, by whom, when.
 
     `at_s` is wall-clock time (UNIX seconds), for people.
     """
     return _dump({"job_id": job_id, "key": bounded(key, 300), "reason": bounded(reason, 2000),
-                  "replica": bounded(replica, 300), "at": at_s})
+                  "replica": bounded(replica, 300), "at": at_s}, version)
 
 
-def encode_progress(job_id: str, kind: str, state: Any) -> bytes:
+def encode_progress(job_id: str, kind: str, state: Any, version: int = VERSION) -> bytes:
     """A job's progress value.
 
     `kind`: "windows" (power-limit windows measured), "profile" (the measured profile) or
     "pipeline" (a pipeline job's discovered orders and observed rounds).
     """
-    return _dump({"job_id": job_id, "kind": kind, "state": state})
+    return _dump({"job_id": job_id, "kind": kind, "state": state}, version)
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,29 @@ def test_a_batch_with_a_rank_or_gpu_twice_is_not_written_together() -> None:
     assert not distinct([item, (rank(0, gpu=5), None, None)])
     assert not distinct([item, (rank(1, gpu=0), None, None)])
     assert distinct([item, (rank(1, node="n2", gpu=0), None, None)])
+
+
+def test_rank_and_gpu_values_stay_readable_by_a_replica_of_layout_2() -> None:
+    """A job of layout 2 keeps a `v.rank.` entry per rank so that a replica of layout 2 still
+    serving it sees each rank: the values must be of a layout it reads (it drops the others)."""
+    layout_2 = (1, 2)
+    assert json.loads(records.encode_rank(JOB, rank(1), (100, 300), 2.0))["v"] in layout_2
+    assert json.loads(records.encode_gpu(JOB, 1))["v"] in layout_2
+    # The job's own value and a node entry stay at 3: a replica of layout 2 knows neither.
+    assert json.loads(node_value([0, 1]))["v"] == records.VERSION == 3
+
+
+def test_a_jobs_progress_and_note_are_written_at_its_own_layout() -> None:
+    """A job of layout 2 may be handed over to a replica of layout 2: its progress and its
+    quarantine note must be of a layout that replica reads; a job of layout 3 keeps 3."""
+    info = JobInfo(dp_degree=8, pp_degree=1, tp_degree=1, world_size=8)
+    info.job_id = JOB
+    record = JobRecord(JOB, info, "s", None, 0.0, 0.0)
+    assert records.layout_of(record) == records.layout_of(None) == 3
+    record.node_ranks = False
+    assert records.layout_of(record) == 2
+    progress = records.encode_progress(JOB, "windows", [1], records.layout_of(record))
+    note = records.encode_quarantine(JOB, records.job_key(JOB), "why", "r1", 0.0, 2)
+    assert json.loads(progress)["v"] == json.loads(note)["v"] == 2
+    change = records.decode(records.progress_key(JOB), progress, False, 0.0)
+    assert change.progress == {"kind": "windows", "state": [1]}

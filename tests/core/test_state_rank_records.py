@@ -57,7 +57,8 @@ def test_an_impossible_period_is_a_bad_record(bad: object) -> None:
                          ["job+1:abc", 'q"uo\\te', "n\u00e9\u4e2d\U0001f600", "\ud800x", ""])
 def test_a_gpu_binding_is_encoded_as_the_general_encoder_would(job_id: str) -> None:
     rank = 4095
-    assert records.encode_gpu(job_id, rank) == records._dump({"job_id": job_id, "rank": rank})
+    assert records.encode_gpu(job_id, rank) == records._dump(  # noqa: SLF001
+        {"job_id": job_id, "rank": rank}, records.RANK_VERSION)
     assert records.rank_of_gpu_value(records.encode_gpu(job_id, rank)) == rank
 
 
@@ -70,7 +71,7 @@ def test_a_rank_is_encoded_as_the_general_encoder_would_read_it() -> None:
         plain = {"job_id": JOB, **rank.plain(), "limits": list(limits) if limits else None}
         if limits:
             plain["energy_period_ms"] = period
-        expected = json.loads(records._dump(plain))  # noqa: SLF001
+        expected = json.loads(records._dump(plain, records.RANK_VERSION))  # noqa: SLF001
         assert json.loads(records.encode_rank(JOB, rank, limits, period)) == expected
 
 

@@ -92,10 +92,10 @@ async def test_handover_gives_a_job_up_before_its_latest_progress_is_recorded(
         real_put = state.put_progress
         failing = True
 
-        async def put_progress(job_id_: str, kind: str, value: Any) -> None:
+        async def put_progress(job_id_: str, kind: str, value: Any, **kw: Any) -> None:
             if failing:
                 raise StateUnavailableError("stream leader election")
-            await real_put(job_id_, kind, value)
+            await real_put(job_id_, kind, value, **kw)
 
         monkeypatch.setattr(state, "put_progress", put_progress)
         latest = {"measured": [[300, 1000.0, 10.0], [250, 700.0, 10.5]], "next": 200}

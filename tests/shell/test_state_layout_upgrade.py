@@ -84,6 +84,15 @@ async def test_a_job_of_the_old_layout_is_served_and_loaded(
         assert _their(await state_keys(coord), job_id) == {
             records.rank_key(job_id, 0), records.rank_key(job_id, 1)}
         await wait_for(lambda: job_id in coord.optimisers)
+        await coord.progress.record(job_id, "windows", [])
+        await coord.failures.quarantine(records.job_key(job_id), "a test's", job_id)
+        # A replica of layout 2 still serving the job reads what was recorded here (it drops
+        # values of a layout it does not know: it would never see rank 1 nor start the job,
+        # would start it afresh after a handover, would not see it set aside).
+        h = records.job_hash(job_id)
+        for key in (records.rank_key(job_id, 1), records.gpu_key(job_id, NODE, 1),
+                    records.progress_key(job_id), records.quarantine_key(h)):
+            assert json.loads((await kv.get(key)).value)["v"] in (1, 2), key
     finally:
         await stop(coord, task)
     assert await _loaded(nats_server, tmp_path / "c", job_id) == ([0, 1], False)

@@ -113,6 +113,10 @@ async def test_a_retry_of_a_committed_node_batch_is_reported_as_such(nc: Any) ->
         for rank, limits, period in _items(range(8, 16))[::3]:
             assert await state.create_rank(JOB, rank, limits, period, batch=False,
                                            node_ranks=True) is False
+        # A retry the caller knows (`batch` False: a rank its replica follows already, as
+        # when a restarted job registers again) adds no followed entry of its own.
+        assert [k for k in await _keys(state) if k.startswith("v.")] == [
+            records.node_key(JOB, 8)]
         with pytest.raises(DuplicateError):
             await state.create_rank(JOB, _rank(9, node="n1", gpu=7), node_ranks=True)
     finally:
