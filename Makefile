@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,torch,transformers,plot,docs]"
+	$(BIN)/python -m coordinator.pipeline.planner.warm
 	touch $(STAMP)
 
 test: $(STAMP)
