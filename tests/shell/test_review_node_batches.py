@@ -24,7 +24,10 @@ from tests.shell.coordinator_kit import (
     stop,
     wait_for,
 )
-from tests.shell.test_state_node_entries import JOB, _items, _keys, _states
+from tests.shell.node_entries_kit import JOB
+from tests.shell.node_entries_kit import items as _items
+from tests.shell.node_entries_kit import keys as _keys
+from tests.shell.node_entries_kit import states as _states
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import PowerLimitOptions, Reply
 from zeus_agent.wire.rank_batch import RegisterRanks

@@ -10,52 +10,18 @@ a conflict; two replicas racing for one GPU bind it once; a job's removal purges
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import pytest
 
-from coordinator.jobs import DuplicateError, JobRecord, RankRecord
+from coordinator.jobs import DuplicateError
 from coordinator.state import records
-from coordinator.state.jetstream import JetStreamState
-from zeus_agent.models import RankInfo
-from zeus_agent.wire.messages import GpuBinding, JobInfo
-
-JOB = "1765000000+dp16+pp1+tp1+PowerLimitOptimizer"
-
-
-def _rank(rank: int, node: str | None = None, gpu: int | None = None) -> RankRecord:
-    return RankRecord(RankInfo(rank=rank, dp_rank=rank, pp_rank=0, tp_rank=0,
-                               available_frequencies=[1740, 210]),
-                      GpuBinding(node=node or f"n{rank // 8}",
-                                 gpu_index=rank % 8 if gpu is None else gpu))
-
-
-def _items(ranks: range) -> list[tuple[RankRecord, tuple[int, int] | None, float | None]]:
-    return [(_rank(r), (100, 300), 1.0) for r in ranks]
-
-
-def _job() -> JobRecord:
-    info = JobInfo(dp_degree=16, pp_degree=1, tp_degree=1, world_size=16)
-    info.job_id = JOB
-    return JobRecord(JOB, info, "PowerLimitOptimizer", None, 0.0, 0.0)
-
-
-async def _states(nc: Any, n: int = 1) -> list[JetStreamState]:
-    bucket = f"ne-{uuid.uuid4().hex[:12]}"
-    states = [JetStreamState(nc, "zeus", bucket=bucket) for _ in range(n)]
-    for state in states:
-        await state.open()
-    return states
-
-
-async def _keys(state: JetStreamState) -> list[str]:
-    from nats.js.errors import NoKeysError
-
-    try:
-        return sorted(await state.kv.keys())
-    except NoKeysError:
-        return []
+from tests.shell.node_entries_kit import JOB
+from tests.shell.node_entries_kit import items as _items
+from tests.shell.node_entries_kit import job_record as _job
+from tests.shell.node_entries_kit import keys as _keys
+from tests.shell.node_entries_kit import rank_record as _rank
+from tests.shell.node_entries_kit import states as _states
 
 
 async def test_a_nodes_ranks_go_in_one_entry(nc: Any) -> None:
