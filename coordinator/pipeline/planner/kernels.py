@@ -12,7 +12,8 @@ caller's file only).
 
 Only the planner imports this module (numba takes ~0.3 s to import), and only when a plan first
 needs it (`lazy`): the coordinator's service imports the planner at start, not numba. Compiling
-every kernel takes ~13 CPU-s on the CI VM, once: `cache=True` keeps the machine code in
+every kernel takes ~22 CPU-s on the CI VM, once (`warm`, which `make install` runs, does it
+ahead of a first plan): `cache=True` keeps the machine code in
 `NUMBA_CACHE_DIR` if set, else beside this file, else (read-only) in numba's user cache; with none
 writable, the kernels are compiled in every process. A fresh process with the cache compiles
 nothing. A cached function must not call itself (numba's cache segfaulted on reloading the
