@@ -5,6 +5,7 @@ and coordinators with it; so does `bench/perseus_savings.py` stopped by SIGTERM.
 Each script runs in a session of its own; once it has started its cluster, every process below
 it is recorded (walking /proc by parent pid), the script alone gets the signal, and after it
 ended none of those processes may be left (nor any carrying its registry's marker).
+A group killed by the harness leaves none of its named semaphores in /dev/shm either.
 """
 
 from __future__ import annotations
@@ -166,3 +167,44 @@ def test_the_savings_bench_stopped_by_sigterm_leaves_no_nats_server(tmp_path: Pa
         wait_for(lambda: not alive(below), 30, lambda: f"left running: {alive(below)}")
     finally:
         kill_session(proc, below)
+
+
+SEMAPHORES = textwrap.dedent("""
+    import json, multiprocessing as mp, time
+    ctx = mp.get_context("spawn")
+    q, barrier = ctx.Queue(), ctx.Barrier(2)
+    child = ctx.Process(target=time.sleep, args=(600,))
+    child.start()
+    names = [q._rlock._semlock.name, barrier._cond._lock._semlock.name]
+    print(json.dumps({"names": names, "child": child.pid}), flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("how", ["kill", "close"])
+def test_a_killed_group_leaves_no_named_semaphore_behind(tmp_path: Path, how: str) -> None:
+    """SIGKILL of a group spares its multiprocessing resource tracker, which unlinks the
+    semaphores of the processes killed (`/dev/shm/sem.mp-*`), then ends by itself."""
+    from zeus_demo.cluster import Processes
+
+    procs = Processes(tmp_path)
+    try:
+        proc = procs.spawn("mp", [sys.executable, "-c", SEMAPHORES], stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        started = json.loads(proc.stdout.readline())
+        paths = [Path("/dev/shm") / f"sem.{name.lstrip('/')}" for name in started["names"]]
+        assert all(p.exists() for p in paths), paths
+        if how == "kill":
+            procs.kill("mp")
+        strays = procs.close()
+        assert strays == []
+        wait_for(lambda: not any(p.exists() for p in paths), 5, "the semaphores unlinked")
+        assert not os.path.exists(f"/proc/{started['child']}/stat") or _is_zombie(started["child"])
+    finally:
+        procs.close()
+
+
+def _is_zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return True

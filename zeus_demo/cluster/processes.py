@@ -65,14 +65,74 @@ def processes_with_mark(mark: str) -> list[int]:
     return found
 
 
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of `/proc/<pid>/stat` after the command name (None: gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live pids of process group `pgid`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _proc_stat(int(name))
+            if stat is not None and stat[0] != "Z" and stat[2] == str(pgid):
+                found.append(int(name))
+    return found
+
+
+def _sigkill_group_sparing_trackers(pgid: int) -> None:
+    """SIGKILL every process of group `pgid` but Python's multiprocessing resource trackers.
+
+    A tracker unlinks the named semaphores (`/dev/shm/sem.mp-*`) its processes leave behind,
+    once they are all gone; killed with them, it would leak every one. It ends by itself.
+    The group is stopped first, so that it dies as at once: no member sees another die.
+    """
+    try:
+        os.killpg(pgid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        return
+    trackers: set[int] = set()
+    for _ in range(20):  # a fork under way as the group stopped: look again
+        members = [pid for pid in _group_members(pgid) if pid not in trackers]
+        trackers |= {pid for pid in members if _is_resource_tracker(pid)}
+        members = [pid for pid in members if pid not in trackers]
+        if not members:
+            break
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    else:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    for pid in trackers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)
+
+
 def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL,
                wait_s: float = 10.0) -> None:
     """Send `sig` to the process group `proc` leads (nothing if it is gone).
 
-    Then its leader has `wait_s` to end (and is reaped if it did; 0: no wait).
+    SIGKILL spares the group's multiprocessing resource trackers, so that they clean up the
+    semaphores of what was killed (they end by themselves then). Then its leader has `wait_s`
+    to end (and is reaped if it did; 0: no wait).
     """
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+    if sig == signal.SIGKILL:
+        _sigkill_group_sparing_trackers(proc.pid)
+    else:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
     if wait_s > 0:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(wait_s)
@@ -93,6 +153,14 @@ def child_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
         else:
             env[key] = value
     return env
+
+
+def _wait_for_trackers(mark: str, timeout_s: float = 3.0) -> None:
+    """Give the resource trackers carrying `mark` `timeout_s` to clean up and end."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(
+            _is_resource_tracker(pid) for pid in processes_with_mark(mark)):
+        time.sleep(0.05)
 
 
 _OPEN: weakref.WeakSet[Processes] = weakref.WeakSet()
@@ -199,6 +267,7 @@ class Processes:
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
+        _wait_for_trackers(self.mark)
         strays = processes_with_mark(self.mark)
         for pid in strays:
             with contextlib.suppress(ProcessLookupError, PermissionError):
