@@ -22,8 +22,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from coordinator.pipeline.planner.graph import Graph
 from coordinator.pipeline.planner.lazy import lazy_module
@@ -117,6 +115,8 @@ class CutNetwork:
         np.cumsum(np.bincount(self.row_of, minlength=size), out=indptr[1:])
         self._indptr = indptr.astype(np.int64)
         self._heads = self.indices.astype(np.int64)
+        import scipy.sparse as sp  # here: a replica that never plans never imports scipy
+
         self._open = sp.csr_array((np.ones(self.indices.size), self.indices.copy(), indptr),
                                   shape=(size, size))
 
@@ -203,6 +203,8 @@ class CutNetwork:
 
     def _search(self, residual: np.ndarray) -> np.ndarray:
         """The nodes the source reaches over arcs with residual capacity (scipy's search)."""
+        from scipy.sparse.csgraph import breadth_first_order
+
         graph = self._open
         # An arc without residual capacity becomes a loop on its tail: the layout stays, no
         # arcs to filter out or count, and a loop leads nowhere new.
@@ -220,6 +222,9 @@ def _augment(residual: np.ndarray, key: np.ndarray, size: int) -> np.ndarray:
     `key` is each arc's tail * size + head, ascending. scipy is given the arcs with residual
     capacity only.
     """
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import maximum_flow
+
     open_arc = np.flatnonzero(residual > 0)
     tails, heads = np.divmod(key[open_arc], size)
     indptr = np.zeros(size + 1, dtype=np.int32)
