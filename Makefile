@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # The pure tiers alone (cores and the wire contract: no server, no process), in under a minute.
 test-fast: $(STAMP)
