@@ -362,7 +362,9 @@ class JobRegistry:
                 "torch.distributed; without it, pass init(job_id=..., join_token=...))"
             )
         info, job = request.rank_info, record.job
-        for name, value, limit in (
+        in_range = (info.rank < job.world_size and info.dp_rank < job.dp_degree
+                    and info.pp_rank < job.pp_degree and info.tp_rank < job.tp_degree)
+        for name, value, limit in () if in_range else (  # (Named only when one is out.)
             ("rank", info.rank, job.world_size),
             ("dp_rank", info.dp_rank, job.dp_degree),
             ("pp_rank", info.pp_rank, job.pp_degree),

@@ -238,8 +238,9 @@ def encode_rank(job_id: str, rank: RankRecord, limits: tuple[int, int] | None = 
     pydantic: one per registered rank, and dumping them to dicts for the general encoder took
     3 times as long.
     """
-    try:
-        info, gpu = rank.info.model_dump_json().encode(), rank.gpu.model_dump_json().encode()
+    try:  # (`model_dump_json`'s bytes, without its wrapper: a third of the time.)
+        info = type(rank.info).__pydantic_serializer__.to_json(rank.info)
+        gpu = type(rank.gpu).__pydantic_serializer__.to_json(rank.gpu)
     except ValueError:  # (Text pydantic cannot write: built without validation.)
         value: dict[str, Any] = {"job_id": job_id, **rank.plain(),
                                  "limits": list(limits) if limits else None}
