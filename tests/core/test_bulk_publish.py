@@ -69,3 +69,4 @@ def test_what_goes_through_the_buffer_and_what_does_not() -> None:
     nc.is_connected = False  # (Reconnecting: nats-py's rules.)
     assert not bulk.sendable(nc, ["a.b"], [b""])
     assert not bulk.sendable(object(), ["a.b"], [b""])
+
