@@ -28,7 +28,9 @@ Per run:
 * cpu_s: CPU seconds each process used during the run (replicas, nats-server, this harness);
   cpu_total_s their sum, cpu_bound_s the least total_s that CPU allows on this machine were
   nothing else running (max of sum / cores and the largest process): what the budget needs
-  on a shared machine, independent of its load;
+  on a shared machine, independent of its load; harness_setup_cpu_s: the part of the
+  harness's that came before the first request (building the requests and the fake agents'
+  replies), which neither total_s nor a real registration includes;
 * register_rank_requests: rank registration requests each replica answered (`nats.micro`
   stats; a node's batch is one).
 
@@ -177,6 +179,8 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
 
     await client.subscribe(f"{inbox}.*", cb=on_reply)
     await client.flush()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_at_t0 = usage.ru_utime + usage.ru_stime  # (Its setup before: `harness_setup_cpu_s`.)
     t0 = time.perf_counter()
     for i, (node, payload) in enumerate(requests):  # each through its own node's subject
         await client.publish(subjects.coord_register_rank(node), payload, reply=f"{inbox}.{i}")
@@ -194,7 +198,8 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
     t_delivered = delivered_at[0] or time.perf_counter()
     await client.drain()
     await agent_nc.drain()
-    return {"job_id": job_id, "t0": t0, "t_sent": t_sent, "t_registered": t_registered,
+    return {"job_id": job_id, "cpu_at_t0": cpu_at_t0, "t0": t0, "t_sent": t_sent,
+            "t_registered": t_registered,
             "t_delivered": t_delivered, "failures": len(failures),
             "delivered": len(delivered), "info_requests": counts["info"],
             "set_power_limit_commands": counts["set_power_limit"]}
@@ -397,6 +402,7 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
             self1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu["harness"] = round(self1.ru_utime + self1.ru_stime
                                    - self0.ru_utime - self0.ru_stime, 3)
+            setup_cpu_s = round(timings["cpu_at_t0"] - self0.ru_utime - self0.ru_stime, 3)
             seen = await inspect(server.url, timings["job_id"])
         except BaseException:
             reps.print_logs()
@@ -415,6 +421,7 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
     return {
         "register_s": round(register_s, 4), "deliver_s": round(deliver_s, 4),
         "total_s": round(total_s, 4), "send_s": round(timings["t_sent"] - t0, 4),
+        "harness_setup_cpu_s": setup_cpu_s,
         "complete": complete, "failures": timings["failures"],
         "delivered": timings["delivered"], "info_requests": timings["info_requests"],
         "set_power_limit_commands": timings["set_power_limit_commands"],

@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import hmac
 import re
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ from zeus_agent.wire.messages import (
     RegisterRank,
     join_token_digest,
 )
+
+_presented_digest = functools.lru_cache(maxsize=1024)(join_token_digest)
+"""`join_token_digest` of the tokens ranks present, kept for the most recent jobs' tokens: every
+rank of a job presents the same one (a SHA-256 each for 16,384 ranks registering together)."""
 
 
 class RegistryError(ReplyError):
@@ -348,7 +353,7 @@ class JobRegistry:
                 "who registered it"
             )
         token = request.join_token
-        if not record.admits(None if token is None else join_token_digest(token)):
+        if not record.admits(None if token is None else _presented_digest(token)):
             what = "a wrong" if token else "no"
             raise ForbiddenError(
                 f"rank {request.rank_info.rank} of job {record.job_id} presented {what} join "
@@ -357,7 +362,9 @@ class JobRegistry:
                 "torch.distributed; without it, pass init(job_id=..., join_token=...))"
             )
         info, job = request.rank_info, record.job
-        for name, value, limit in (
+        in_range = (info.rank < job.world_size and info.dp_rank < job.dp_degree
+                    and info.pp_rank < job.pp_degree and info.tp_rank < job.tp_degree)
+        for name, value, limit in () if in_range else (  # (Named only when one is out.)
             ("rank", info.rank, job.world_size),
             ("dp_rank", info.dp_rank, job.dp_degree),
             ("pp_rank", info.pp_rank, job.pp_degree),

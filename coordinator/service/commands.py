@@ -2,10 +2,10 @@
 
 Commands go to the agents of the job's GPUs over one reply inbox (`request_all`), and only while
 this replica drives the job (`command`: ownership is checked before the send, and again right
-before each message is handed to NATS, so a replica paused while another took its job over
-never sets a GPU again). Each carries this replica's lease as its fencing token (the
-`Zeus-Lease` header): an agent refuses it once the lease is over (`stale_lease`), which also
-covers a message already handed to NATS when the replica was paused, or held in a TCP
+before the messages are handed to NATS, all at once or each, so a replica paused while another
+took its job over never sets a GPU again). Each carries this replica's lease as its fencing
+token (the `Zeus-Lease` header): an agent refuses it once the lease is over (`stale_lease`),
+which also covers a message already handed to NATS when the replica was paused, or held in a TCP
 connection through a partition. A GPU that did not take a command is said in the job's status
 (`report_failures`).
 """
@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from coordinator import bulk
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord
 from coordinator.service.leases import Leases
@@ -113,9 +114,10 @@ class GpuCommands:
         when a job has thousands of GPUs; most GPUs answer alike (`{ok: true}`), and a reply's
         bytes seen before are not decoded again (the same `Reply` object, read-only).
 
-        `fence` is asked right before each request is handed to NATS (nothing awaited between
-        the two): once it says False, the rest are not sent and None is returned. The awaits
-        before (the inbox's subscription, earlier sends) are where a paused process resumes.
+        `fence` is asked right before the requests are handed to NATS (nothing awaited between
+        the two; all at once through `coordinator.bulk`, else before each): once it says False,
+        the rest are not sent and None is returned. The awaits before (the inbox's
+        subscription, earlier sends) are where a paused process resumes.
 
         Returns:
             Per request, in order: the `Reply`, or a text saying why there is none; None when
@@ -157,10 +159,8 @@ class GpuCommands:
 
         sub = await nc.subscribe(f"{inbox}.*", cb=on_reply)
         try:
-            for i, (subject, payload) in enumerate(requests):
-                if fence is not None and not fence():
-                    return None
-                await nc.publish(subject, payload, reply=f"{inbox}.{i}", headers=headers)
+            if not await _send_all(nc, requests, inbox, headers, fence):
+                return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_in.wait(), timeout_s)
         finally:
@@ -168,3 +168,30 @@ class GpuCommands:
                 await sub.unsubscribe()
         timeout = f"no reply within {timeout_s:g} s"
         return [timeout if r is None else r for r in results]
+
+
+async def _send_all(nc: Any, requests: list[tuple[str, bytes]], inbox: str,
+                    headers: dict[str, str] | None, fence: Callable[[], bool] | None) -> bool:
+    """Send `request_all`'s requests (replies to `<inbox>.<i>`); False: `fence` stopped them.
+
+    All at once in one buffer where `coordinator.bulk` can (the fence asked once, right before
+    it is handed over: thousands of first limits, each a `publish` before), else one by one.
+    """
+    header = None
+    try:
+        header = bulk.header_block(headers) if headers else None
+        fast = bulk.sendable(nc, (s for s, _ in requests), (p for _, p in requests))
+    except ValueError:
+        fast = False
+    if fast:
+        commands = b"".join(bulk.command(subject, f"{inbox}.{i}", header, payload)
+                            for i, (subject, payload) in enumerate(requests))
+        if fence is not None and not fence():
+            return False
+        await bulk.send(nc, commands, len(requests), sum(len(p) for _, p in requests))
+        return True
+    for i, (subject, payload) in enumerate(requests):
+        if fence is not None and not fence():
+            return False
+        await nc.publish(subject, payload, reply=f"{inbox}.{i}", headers=headers)
+    return True

@@ -153,7 +153,7 @@ class DurableState:
             return False
         job_id, ranks = known
         jobs = self.jobs
-        for rank in ranks:
+        for rank in reversed(ranks):  # (The handlers end in rank order: kept once, mostly.)
             if jobs.defer(job_id, rank.info.rank, entry):
                 return True
         del state.own_entries[entry.key]
@@ -169,7 +169,7 @@ class DurableState:
         """Keep a node entry some of whose ranks a handler here is recording (`defer`)."""
         jobs = self.jobs
         assert change.job_id is not None
-        for one in change.ranks:
+        for one in reversed(change.ranks):  # (As `_own_node`.)
             assert one.rank is not None
             if jobs.defer(change.job_id, one.rank.info.rank, entry):
                 return True

@@ -56,6 +56,15 @@ __all__ = ["INTERNAL_REPLY", "Endpoints", "Handler"]
 
 LOG = logging.getLogger(__name__)
 
+
+def plain_reply(reply: Reply) -> dict[str, Any]:
+    """A reply's fields as a dict, for a node's batch reply (pure).
+
+    Encoded as `reply.model_dump()` would be (the batch's reply dumps its contents when it is
+    encoded), without dumping each of thousands of ranks' replies once more first.
+    """
+    return dict(reply.__dict__)
+
 Handler = Callable[[bytes, str], Awaitable[Reply]]
 """An endpoint handler: (request payload, request subject) -> reply."""
 
@@ -276,7 +285,7 @@ class Endpoints:
             node = NodeWrite(self.link.require_state, len(request.ranks))
             replies = await asyncio.gather(*(self._answer_rank(r, subject, node)
                                              for r in request.ranks))
-            return Reply.success(replies=[r.model_dump() for r in replies])
+            return Reply.success(replies=[plain_reply(r) for r in replies])
         return await self._register_rank(request, subject)
 
     async def _answer_rank(self, request: RegisterRank, subject: str,

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator import bulk
+
 LOG = logging.getLogger(__name__)
 
 Unit = Sequence[tuple[str, bytes]]
@@ -233,15 +235,20 @@ class GroupCommit:
         self._acks[n] = future
         timer = loop.call_later(self.timeout_s, _expire, future)
         try:
-            last = len(items)
-            for seq, (key, value) in enumerate(items, 1):
-                headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq),
-                           "Nats-Expected-Last-Subject-Sequence": "0"}
-                if seq == last:
-                    headers["Nats-Batch-Commit"] = "1"
-                await self.nc.publish(self.prefix + key, value,
-                                      reply=f"{self._inbox}.{n}" if seq == last else "",
-                                      headers=headers)
+            reply, nc = f"{self._inbox}.{n}", self.nc
+            if bulk.sendable(nc, (self.prefix + key for key, _ in items),
+                             (value for _, value in items)):
+                await bulk.send(nc, batch_commands(self.prefix, batch_id, items, reply),
+                                len(items), sum(len(value) for _, value in items))
+            else:
+                last = len(items)
+                for seq, (key, value) in enumerate(items, 1):
+                    headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq),
+                               "Nats-Expected-Last-Subject-Sequence": "0"}
+                    if seq == last:
+                        headers["Nats-Batch-Commit"] = "1"
+                    await self.nc.publish(self.prefix + key, value,
+                                          reply=reply if seq == last else "", headers=headers)
             ack = await future
         finally:
             timer.cancel()
@@ -257,6 +264,28 @@ class GroupCommit:
 
     async def _on_ack(self, msg: Any) -> None:
         answer_ack(self._acks, msg)
+
+
+def batch_commands(prefix: str, batch_id: str, items: Sequence[tuple[str, bytes]],
+                   reply: str) -> bytes:
+    """The protocol commands of one atomic batch, as one buffer (pure; `coordinator.bulk`).
+
+    Each message with the batch's headers (`Nats-Batch-Id`, `Nats-Batch-Sequence`, "expected
+    last subject sequence 0"; the last one `Nats-Batch-Commit` and the reply inbox), byte for
+    byte what nats-py's `publish` writes: it encoded and checked each message's headers on its
+    own, a fifth of a replica's CPU while 16,384 ranks registered (two messages a rank).
+    """
+    parts: list[bytes] = []
+    head = b"NATS/1.0\r\nNats-Batch-Id: %s\r\nNats-Batch-Sequence: " % batch_id.encode()
+    last = len(items)
+    for seq, (key, value) in enumerate(items, 1):
+        header = b"%s%d%s" % (head, seq, _COMMIT_TAIL if seq == last else _TAIL)
+        parts.append(bulk.command(prefix + key, reply if seq == last else "", header, value))
+    return b"".join(parts)
+
+
+_TAIL = b"\r\nNats-Expected-Last-Subject-Sequence: 0\r\n\r\n"
+_COMMIT_TAIL = b"\r\nNats-Expected-Last-Subject-Sequence: 0\r\nNats-Batch-Commit: 1\r\n\r\n"
 
 
 def answer_ack(acks: dict[int, asyncio.Future[bytes]], msg: Any) -> None:

@@ -1,0 +1,72 @@
+"""`coordinator.bulk`: many messages' protocol commands, byte for byte what nats-py writes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from coordinator import bulk
+
+
+def _nats_py_bytes(messages: list[tuple[str, str, bytes, dict[str, str] | None]]) -> bytes:
+    """What nats-py's own `_send_publish` queues for `messages` (subject, reply, payload,
+    headers)."""
+    written: list[bytes] = []
+    client = Client()
+
+    async def capture(cmd: bytes, priority: bool = False) -> None:
+        written.append(cmd)
+
+    client._send_command = capture  # type: ignore[method-assign]  # noqa: SLF001
+    client._flush_queue = None  # noqa: SLF001
+
+    async def publish_all() -> None:
+        for subject, reply, payload, headers in messages:
+            await client._send_publish(subject, reply, payload, len(payload),  # noqa: SLF001
+                                       headers)
+
+    asyncio.run(publish_all())
+    return b"".join(written)
+
+
+def test_commands_are_what_nats_py_writes() -> None:
+    lease = {"Zeus-Lease": "r1 3f2a 17 1765100000.250000 0123abcd"}
+    messages = [("z.gpu.node0001.0.cmd", "_INBOX.a.0", b"\x81\xa2op\xa4info", lease),
+                ("z.gpu.node0001.1.cmd", "", b"", None),
+                ("$KV.b.rank.ab.7", "_INBOX.a.1", b"x" * 5000, {"A": "1", "B-c": "two words"})]
+    built = b"".join(bulk.command(s, r, None if h is None else bulk.header_block(h), p)
+                     for s, r, p, h in messages)
+    assert built == _nats_py_bytes(messages)
+
+
+@pytest.mark.parametrize("headers", [{"Bad Name": "1"}, {"A": " padded "}, {"A": "a\r\nb"},
+                                     {"": "1"}, {"A": "caf\u00e9"}])
+def test_headers_nats_py_would_change_are_not_built(headers: dict[str, str]) -> None:
+    """A header nats-py would refuse or rewrite goes nats-py's way (`header_block` refuses)."""
+    with pytest.raises(ValueError):
+        bulk.header_block(headers)
+
+
+class _Connected:
+    is_connected = True
+    max_payload = 100
+
+    async def _send_command(self, cmd: bytes) -> None: ...
+
+    async def _flush_pending(self) -> None: ...
+
+
+def test_what_goes_through_the_buffer_and_what_does_not() -> None:
+    nc: Any = _Connected()
+    assert bulk.sendable(nc, ["a.b", "$KV.x.y"], [b"1", b"x" * 100])
+    assert not bulk.sendable(nc, ["a.b"], [b"x" * 101])  # over the server's limit
+    assert not bulk.sendable(nc, ["a b"], [b""])  # a subject nats-py refuses
+    assert not bulk.sendable(nc, [""], [b""])
+    assert not bulk.sendable(nc, ["a.\u00e9"], [b""])
+    nc.is_connected = False  # (Reconnecting: nats-py's rules.)
+    assert not bulk.sendable(nc, ["a.b"], [b""])
+    assert not bulk.sendable(object(), ["a.b"], [b""])
+
