@@ -495,4 +495,3 @@ class _Forwarded:
 
     async def respond(self, data: bytes) -> None:
         await self._msg.respond(data)
-
