@@ -316,6 +316,27 @@ def held_under(plans: Iterable[CapPlan]) -> set[str]:
                    for k in p.members.get(share.job_id, ()))}
 
 
+def describe(plan: CapPlan, governed: Governed, measured: float | None, tight: Tightener,
+             counting: bool) -> str:
+    """One round of a budget's plan in a line (a replica's log, to explain a run).
+
+    The room and the tightener's state, the allocation's expected draw, and per job its
+    share's limit, expected draw and option, and the least cap sent to its GPUs (under the
+    limit: the guard's).
+    """
+    jobs = []
+    for s in plan.allocation.shares:
+        sent = min((plan.caps.get(k, s.limit_w) for k in plan.members.get(s.job_id, ())),
+                   default=s.limit_w)
+        jobs.append(f"{s.job_id[-8:]}:{s.limit_w}/{sent}W,{s.expected_w:.0f}W,k={s.key}")
+    m = "-" if measured is None else f"{measured:.0f}"
+    return (f"budget {plan.budget_id} counting={int(counting)} cap={governed.cap_w:.0f} "
+            f"room={plan.room_w:.0f} backoff={tight.backoff_w:.0f} measured={m} "
+            f"expected={plan.allocation.expected_w:.0f} guard={tight.guard} "
+            f"settling={tight.settling} over={tight.over_rounds} jitter={tight.jitter_w:.0f} "
+            f"held={len(tight.held)} jobs=[{' '.join(jobs)}]")
+
+
 def measured_w(gpus: Iterable[GpuKey], cluster: Cluster) -> float | None:
     """The GPUs' measured draw (their last samples), None if one has no sample yet."""
     total = 0.0

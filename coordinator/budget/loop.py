@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # (coordinator.service builds this loop: no import cycle at r
     from coordinator.service.link import Link
 
 LOG = logging.getLogger(__name__)
+ROUNDS = logging.getLogger(__name__ + ".rounds")
+"""Each budget's plan, round by round (INFO: `enforce.describe`), to explain a run."""
 
 Serve = Callable[[dict[str, tuple[int, float]]], Awaitable[None]]
 """Tells the pipeline jobs their points (`points.serve_points` over this replica's drivers)."""
@@ -304,6 +306,8 @@ class BudgetLoop:
                 tight.hold()
             self.plans[g.budget_id] = p
             self.statuses[g.budget_id] = enforce.status(p, g, measured, self.book.me)
+            if ROUNDS.isEnabledFor(logging.INFO):
+                ROUNDS.info("%s", enforce.describe(p, g, measured, tight, counting))
             for key, cap_w in p.caps.items():
                 caps[key] = (cap_w, holder(g.budget_id))
         live = {g.budget_id for g in governed}
@@ -357,6 +361,12 @@ class BudgetLoop:
             if job.remote:  # (Measured by the replica driving it.)
                 measured = self.view.remote.measured(job.job_id, digest) or measured
             ratio = self.ratios.get(job.job_id, 1.0)
+            if counting and ROUNDS.isEnabledFor(logging.INFO):
+                ROUNDS.info("pipeline %s ratio=%.3f own_s=%s held=%d told=%s measured=%s",
+                            job.job_id[-8:], ratio, self.timing.own.get(job.job_id),
+                            job.job_id in held, told, [(m.key, round(m.relative_time, 3),
+                                                        m.power_w and round(m.power_w))
+                                                       for m in measured])
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
                 f, ratio, measured)))
         live = {j.job_id for j in jobs}

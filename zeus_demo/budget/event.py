@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -72,6 +73,11 @@ class EventConfig:
     """Where the run's state goes (in memory where there is /dev/shm)."""
     perseus: bool = False
     """Also a Perseus pipeline job on an A40 node of its own (`jobs.perseus_job`)."""
+    log_dir: str | None = None
+    """Where the replicas' and agents' logs and the run's bins are copied at the end
+    (`keep_logs`; None: not kept)."""
+    replica_log_level: str = "WARNING"
+    """The replicas' `--log-level` (INFO: each budget's plan round by round)."""
 
 
 STEPS_BEFORE_S = 10.0
@@ -555,6 +561,43 @@ def timeline(watch: Watcher, event: Event, before_s: float = 10.0) -> dict[str, 
             "throughput": jobs}
 
 
+def keep_logs(to: Path, procs: Processes, watch: Watcher | None, played: list[Event]) -> None:
+    """Copy the run's logs to `to`, and the events' bins (`bins.json`), to explain a run.
+
+    Per event, every `BIN_S` from 5 s before the signal to 5 s after the lift (s from the
+    signal): the group's power, each job's power and least limit; the owner's rounds; the
+    clocks' offset (wall - monotonic s) to place the replicas' log lines.
+    """
+    to.mkdir(parents=True, exist_ok=True)
+    for path in procs.logs_dir.glob("*.log"):
+        shutil.copy(path, to / path.name)
+    if watch is None:
+        return
+    keys = sorted(watch.series.samples)
+    jobs = {j.tag: list(j.gpus) for j in watch.jobs}
+    if watch.perseus is not None:
+        jobs[watch.perseus.tag] = list(watch.perseus.gpus)
+    events = []
+    for ev in played:
+        def bins(gpus: list[an.GpuKey], e: Event = ev) -> list[list[float]]:
+            return [[round(t - e.signal_s, 2), round(p, 1)] for t, p in
+                    watch.series.group_power(gpus, e.signal_s - 5, e.lift_s + 5, BIN_S)]
+
+        limits = {tag: [[round(t - ev.signal_s, 2), min(
+            (w for w in (watch.series.limit_at(k, t) for k in gpus) if w is not None),
+            default=None)] for t, _ in watch.series.group_power(
+                keys, ev.signal_s - 5, ev.lift_s + 5, BIN_S)] for tag, gpus in jobs.items()}
+        events.append({"cap_w": ev.cap_w, "kill_s": None if ev.kill_s is None
+                       else round(ev.kill_s - ev.signal_s, 2), "killed": ev.killed,
+                       "lift_s": round(ev.lift_s - ev.signal_s, 2),
+                       "signal_wall": ev.signal_s + time.time() - time.monotonic(),
+                       "group": bins(keys), "jobs": {t: bins(g) for t, g in jobs.items()},
+                       "limits": limits,
+                       "rounds": [[round(t - ev.signal_s, 2), *rest] for t, *rest in watch.rounds
+                                  if ev.signal_s - 2 < t <= ev.lift_s + 2]})
+    (to / "bins.json").write_text(json.dumps({"job_ids": watch.job_ids, "events": events}))
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -573,8 +616,10 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
         replicas = Replicas(server.url, root, ["r1", "r2"],
                             args=["--ownership-lease-s", f"{config.ownership_lease_s:g}",
                                   *(PERSEUS_ARGS if perseus is not None else [])],
-                            procs=procs)
+                            procs=procs, log_level=config.replica_log_level)
         nc: Any = None
+        watch = None
+        played: list[Event] = []
         try:
             replicas.start("r1")
             for n in nodes:
@@ -610,7 +655,8 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             replicas.start("r2")  # after the registrations: r1 drives every job
             replicas.wait_healthy(60, names=["r2"])
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
-            played = await grid_event(nc, watch, config, None)
+            first = await grid_event(nc, watch, config, None)
+            played.append(first)
             await watch.note_driver(nc)
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
                                    "busy_gpus": sum(len(j.gpus) for j in jobs)
@@ -619,12 +665,13 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                                    "perseus_jobs": int(perseus is not None),
                                    "seconds_to_pin": round(pinned_s, 1),
                                    "optimum_w": dict(watch.optimum),
-                                   "event": judge(watch, nodes, played)}
+                                   "event": judge(watch, nodes, first)}
             if config.timeline:
-                out["timeline"] = timeline(watch, played)
+                out["timeline"] = timeline(watch, first)
             if config.takeover:
                 await asyncio.sleep(3)
                 second = await grid_event(nc, watch, config, replicas)
+                played.append(second)
                 await watch.note_driver(nc)
                 out["takeover"] = judge(watch, nodes, second)
             return out
@@ -639,3 +686,5 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                     await nc.close()
             stop(procs, replicas)
             server.stop()
+            if config.log_dir is not None:
+                keep_logs(Path(config.log_dir), procs, watch, played)
