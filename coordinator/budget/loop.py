@@ -39,6 +39,7 @@ from coordinator.budget import budgets as core
 from coordinator.budget import enforce, frontier_options
 from coordinator.budget.allocator import BudgetError
 from coordinator.budget.bucket import LoopBucket
+from coordinator.budget.capped_profiles import CappedProfiles
 from coordinator.budget.points import frontier_points, told_key
 from coordinator.budget.store import BudgetView, LiftedCaps
 from coordinator.budget.timing import Timing, frontier_digest
@@ -125,6 +126,9 @@ class BudgetLoop:
         """Job -> the frontier point (index, power per GPU) a budget gives it, as told."""
         self.cap_jobs = cap_jobs
         """Tells the power-limit jobs still profiling here their cap (every replica)."""
+        self.profiles = CappedProfiles()
+        """Which pipeline jobs' frontiers were planned under a budget's caps: not planned on
+        (`budget.capped_profiles`; followed by every replica, owner or not)."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
@@ -134,6 +138,7 @@ class BudgetLoop:
         if (not budgets and not self.capped and not self.points and not self.unlifted
                 and not self.view.lifted and not self.view.remote.points):
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
+            self.profiles.unobserved()
             return
         jobs = self.jobs()
         await self.bucket.record_frontiers(jobs)
@@ -148,6 +153,8 @@ class BudgetLoop:
             self.bucket.disown()
             self.plans.clear()
             self.statuses.clear()
+            self.profiles.observe(jobs, {k for g in core.governing(
+                budgets, self.cluster, self.wall()) for k in g.gpus})
             held = self.held_here(budgets, jobs)  # (The owner caps them.)
             if counting:
                 self.measure_here(jobs, held)
@@ -283,7 +290,9 @@ class BudgetLoop:
         """
         governed = [enforce.with_margin(g, self.margin_pct)
                     for g in core.governing(budgets, self.cluster, self.wall())]
-        jobs = self.views = self.calibrate(self.jobs() if jobs is None else jobs, counting)
+        jobs = self.jobs() if jobs is None else jobs
+        self.profiles.observe(jobs, {k for g in governed for k in g.gpus})
+        jobs = self.views = self.calibrate(jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
             if not g.gpus:
@@ -331,6 +340,7 @@ class BudgetLoop:
         out = []
         held = enforce.held_under(self.plans.values())  # (The caps sent: not its option's.)
         for job in jobs:
+            job = self.profiles.trusted(job)  # (Planned under caps: capped proportionally.)
             f = job.frontier
             if f is None:
                 out.append(job)
