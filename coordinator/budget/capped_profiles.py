@@ -51,9 +51,12 @@ class CappedProfiles:
     seen: set[str] = field(default_factory=set)
     """Jobs observed since the last round not observed (`unobserved`)."""
 
-    def observe(self, jobs: Iterable[JobView], governed: Set[GpuKey]) -> None:
-        """One round: the jobs as seen, and the GPUs an active budget governs now."""
-        live = set()
+    def observe(self, jobs: Iterable[JobView], governed: Set[GpuKey]) -> list[str]:
+        """One round: the jobs as seen, and the GPUs an active budget governs now.
+
+        Returns the jobs whose frontier was found untrusted this round.
+        """
+        live, found = set(), []
         for job in jobs:
             live.add(job.job_id)
             under = not governed.isdisjoint(job.gpus)
@@ -66,6 +69,7 @@ class CappedProfiles:
             if self.frontiers.get(job.job_id) != digest:
                 if job.job_id in self.seen and self.capped.get(job.job_id, False):
                     self.untrusted[job.job_id] = digest
+                    found.append(job.job_id)
                 else:  # (First seen, or planned with no budget on its GPUs.)
                     self.untrusted.pop(job.job_id, None)
                 self.frontiers[job.job_id] = digest
@@ -75,6 +79,7 @@ class CappedProfiles:
             for gone in [j for j in table if j not in live]:
                 del table[gone]
         self.seen &= live
+        return found
 
     def unobserved(self) -> None:
         """A round in which the jobs were not looked at: their next frontier is a first sight."""

@@ -153,7 +153,7 @@ class BudgetLoop:
             self.bucket.disown()
             self.plans.clear()
             self.statuses.clear()
-            self.profiles.observe(jobs, {k for g in core.governing(
+            self.observe_profiles(jobs, {k for g in core.governing(
                 budgets, self.cluster, self.wall()) for k in g.gpus})
             held = self.held_here(budgets, jobs)  # (The owner caps them.)
             if counting:
@@ -291,7 +291,7 @@ class BudgetLoop:
         governed = [enforce.with_margin(g, self.margin_pct)
                     for g in core.governing(budgets, self.cluster, self.wall())]
         jobs = self.jobs() if jobs is None else jobs
-        self.profiles.observe(jobs, {k for g in governed for k in g.gpus})
+        self.observe_profiles(jobs, {k for g in governed for k in g.gpus})
         jobs = self.views = self.calibrate(jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
@@ -325,6 +325,12 @@ class BudgetLoop:
             self.plans.pop(gone, None)
             self.statuses.pop(gone, None)
         return caps
+
+    def observe_profiles(self, jobs: list[enforce.JobView], governed: set[core.GpuKey]) -> None:
+        """Follow the jobs' frontiers: one planned under a budget's caps is not planned on."""
+        for job_id in self.profiles.observe(jobs, governed):
+            LOG.info("job %s: its frontier was planned from a profile a budget's caps throttled: "
+                     "capped proportionally until it plans one no budget capped", job_id)
 
     def calibrate(self, jobs: list[enforce.JobView],
                   counting: bool = True) -> list[enforce.JobView]:
