@@ -12,11 +12,14 @@ profile's 934 W; in the two takeover events that went over the cap after the own
 (162 and 152 J), the job had profiled under the caps, and in every event where the job's share
 was counted over 100 W under its draw it had.
 
-`CappedProfiles` follows each job's frontier round by round (every replica, owner or not:
-one that takes the budgets over knows which frontiers were planned under caps) and says which
-frontier is not to be trusted: one that appeared after rounds in which the job had none while
-a budget governed its GPUs, or that changed between two rounds in which one did (a job whose
-profile ended before the first round of a budget planned with no caps). The budget loop
+`CappedProfiles` follows each job's frontier round by round (every replica, owner or not)
+and says which frontier is not to be trusted: a job's new frontier, after rounds in which the
+replica driving it saw it without one (planning again) while a budget governed its GPUs, or
+one that changed between two rounds in which a budget did (a job whose profile ended before
+the first round of a budget planned with no caps). Not covered: a job's first frontier (a job
+that starts under a budget), and a re-profile under caps of a job another replica drives
+that this one saw no frontier of before it (its driver records it only while budgets exist):
+after a takeover the new owner then trusts it. The budget loop
 caps such a job proportionally, counted at its cap (`allocator`: a job without a profile), as
 it did while the job profiled, until the job plans a frontier from a profile no budget capped.
 A frontier seen again after a round without one (a replica replaying a job it took over) is
@@ -44,46 +47,45 @@ class CappedProfiles:
     frontiers: dict[str, str] = field(default_factory=dict)
     """Job -> the digest of the frontier last seen."""
     capped: dict[str, bool] = field(default_factory=dict)
-    """Job -> a budget governed its GPUs in the last round with its frontier, or in a round
-    since without one."""
+    """Job -> a budget governed its GPUs in the last round with that frontier, or in a round
+    since in which it had none (driven here: it was planning again)."""
     untrusted: dict[str, str] = field(default_factory=dict)
     """Job -> the digest of its frontier planned under caps."""
-    seen: set[str] = field(default_factory=set)
-    """Jobs observed since the last round not observed (`unobserved`)."""
 
     def observe(self, jobs: Iterable[JobView], governed: Set[GpuKey]) -> list[str]:
         """One round: the jobs as seen, and the GPUs an active budget governs now.
 
-        Returns the jobs whose frontier was found untrusted this round.
+        Returns the jobs whose frontier was found untrusted this round. A job without a
+        frontier counts only if it had one here before and is driven here: another replica's
+        job has none here until its driver records it (it records it only while budgets
+        exist), and a job first seen without one may be a replica replaying it.
         """
         live, found = set(), []
         for job in jobs:
             live.add(job.job_id)
             under = not governed.isdisjoint(job.gpus)
             f = job.frontier
-            if f is None:  # (Profiling, or not known yet.)
-                self.capped[job.job_id] = self.capped.get(job.job_id, False) or under
-                self.seen.add(job.job_id)
+            known = self.frontiers.get(job.job_id)
+            if f is None:  # (Profiling again, or not known here yet.)
+                if known is not None and not job.remote:
+                    self.capped[job.job_id] = self.capped.get(job.job_id, False) or under
                 continue
             digest = frontier_digest(f.chosen, f.times)
-            if self.frontiers.get(job.job_id) != digest:
-                if job.job_id in self.seen and self.capped.get(job.job_id, False):
+            if known is not None and known != digest:
+                if self.capped.get(job.job_id, False):
                     self.untrusted[job.job_id] = digest
                     found.append(job.job_id)
-                else:  # (First seen, or planned with no budget on its GPUs.)
+                else:  # (Planned with no budget on its GPUs.)
                     self.untrusted.pop(job.job_id, None)
-                self.frontiers[job.job_id] = digest
+            self.frontiers[job.job_id] = digest
             self.capped[job.job_id] = under
-            self.seen.add(job.job_id)
         for table in (self.frontiers, self.capped, self.untrusted):
             for gone in [j for j in table if j not in live]:
                 del table[gone]
-        self.seen &= live
         return found
 
     def unobserved(self) -> None:
-        """A round in which the jobs were not looked at: their next frontier is a first sight."""
-        self.seen.clear()
+        """A round in which the jobs were not looked at: what they did meanwhile is not known."""
         self.capped.clear()
 
     def trusted(self, job: JobView) -> JobView:

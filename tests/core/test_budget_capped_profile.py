@@ -8,6 +8,7 @@ kill the new owner, planning on it, went over the cap (`budget.capped_profiles`)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from coordinator.budget import enforce
@@ -61,18 +62,39 @@ def test_the_same_frontier_seen_again_after_a_round_without_one_is_trusted() -> 
     assert p.trusted(job(OWN)) == job(OWN)
 
 
-def test_rounds_not_observed_make_the_next_frontier_a_first_sight() -> None:
+def test_rounds_not_observed_leave_nothing_known_of_the_rounds_between() -> None:
     p = CappedProfiles()
-    p.observe([job(None)], set(GPUS))
-    p.unobserved()  # No budget: the loop does not look (the job planned with no caps).
-    p.observe([job(OWN)], set())
-    assert p.trusted(job(OWN)) == job(OWN)
-    p.observe([job(None)], set(GPUS))
+    p.observe([job(OWN)], set(GPUS))
+    p.unobserved()  # No budget: the loop does not look (the job planned again, no caps).
     p.observe([job(CAPPED)], set(GPUS))
+    assert p.trusted(job(CAPPED)) == job(CAPPED)
+    p.observe([job(None)], set(GPUS))
+    p.observe([job(OWN)], set(GPUS))
     p.unobserved()  # What was found stays found.
-    assert p.trusted(job(CAPPED)).frontier is None
+    assert p.trusted(job(OWN)).frontier is None
     p.observe([], set())  # The job is gone.
     assert p.untrusted == {} and p.frontiers == {}
+
+
+def test_a_job_first_seen_without_a_frontier_is_not_profiling_under_the_caps() -> None:
+    """Another replica's job, whose frontier its driver records once a budget exists (the
+    16 x 8 bench's first event: the owner saw it so and capped it proportionally for the whole
+    cut), or a job this replica replays after taking it over."""
+    for first in (replace(job(None), remote=True), job(None)):
+        p = CappedProfiles()
+        p.observe([first], set(GPUS))
+        p.observe([first], set(GPUS))
+        p.observe([job(OWN)], set(GPUS))
+        assert p.trusted(job(OWN)) == job(OWN)
+
+
+def test_another_replicas_job_planning_again_between_two_governed_rounds_is_not_trusted() -> None:
+    theirs = replace(job(None), remote=True)  # (Its record purged while it profiles.)
+    p = CappedProfiles()
+    p.observe([replace(job(OWN), remote=True)], set(GPUS))
+    p.observe([theirs], set(GPUS))
+    p.observe([replace(job(CAPPED), remote=True)], set(GPUS))
+    assert p.trusted(replace(job(CAPPED), remote=True)).frontier is None
 
 
 def loop_for(views: list[enforce.JobView]) -> BudgetLoop:
