@@ -108,6 +108,8 @@ class Watcher:
         """The replica driving the Perseus job as the event was judged (`job_driver`)."""
         self.perseus_steps: list[tuple[float, float]] = []
         """(monotonic s, iteration time s) of the Perseus job's steps, its first GPU's."""
+        self.events: list[Event] = []
+        """The events played (`grid_event`), for `keep_logs`."""
 
     async def note_driver(self, nc: Any) -> None:
         """Which replica drives the Perseus job now (`job_driver`; no Perseus job: none)."""
@@ -202,8 +204,12 @@ def start_job(procs: Processes, root: Path, job: JobSpec, step_s: float, seed: i
     procs.spawn(f"job-{job.tag}", argv, cwd=CODE_ROOT)
 
 
-def stop(procs: Processes, replicas: Replicas) -> None:
-    """SIGTERM the agents and the jobs (10 s to end), stop the replicas, kill what is left."""
+def stop(procs: Processes, replicas: Replicas, log_dir: str | None = None,
+         watch: Watcher | None = None) -> None:
+    """SIGTERM the agents and the jobs (10 s to end), stop the replicas, kill what is left.
+
+    `log_dir`: then keep the logs and the events' bins there (`keep_logs`).
+    """
     others = [proc for name, proc in procs.procs.items() if name not in replicas.names]
     for proc in others:
         kill_group(proc, signal.SIGTERM, wait_s=0)
@@ -211,6 +217,8 @@ def stop(procs: Processes, replicas: Replicas) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
     replicas.close()
+    if log_dir is not None:
+        keep_logs(Path(log_dir), procs, watch)
 
 
 async def lease_owner(nc: Any, key: str) -> str | None:
@@ -279,6 +287,7 @@ async def grid_event(nc: Any, watch: Watcher, config: EventConfig,
     for job in watch.jobs:
         event.applied[job.tag] = min(watch.series.limit_at(k, event.lift_s - 0.2) or 0
                                      for k in job.gpus)
+    watch.events.append(event)
     return event
 
 
@@ -561,7 +570,7 @@ def timeline(watch: Watcher, event: Event, before_s: float = 10.0) -> dict[str, 
             "throughput": jobs}
 
 
-def keep_logs(to: Path, procs: Processes, watch: Watcher | None, played: list[Event]) -> None:
+def keep_logs(to: Path, procs: Processes, watch: Watcher | None) -> None:
     """Copy the run's logs to `to`, and the events' bins (`bins.json`), to explain a run.
 
     Per event, every `BIN_S` from 5 s before the signal to 5 s after the lift (s from the
@@ -578,7 +587,7 @@ def keep_logs(to: Path, procs: Processes, watch: Watcher | None, played: list[Ev
     if watch.perseus is not None:
         jobs[watch.perseus.tag] = list(watch.perseus.gpus)
     events = []
-    for ev in played:
+    for ev in watch.events:
         def bins(gpus: list[an.GpuKey], e: Event = ev) -> list[list[float]]:
             return [[round(t - e.signal_s, 2), round(p, 1)] for t, p in
                     watch.series.group_power(gpus, e.signal_s - 5, e.lift_s + 5, BIN_S)]
@@ -618,14 +627,12 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                                   *(PERSEUS_ARGS if perseus is not None else [])],
                             procs=procs, log_level=config.replica_log_level)
         nc: Any = None
-        watch = None
-        played: list[Event] = []
+        watch = Watcher(jobs, perseus)
         try:
             replicas.start("r1")
             for n in nodes:
                 start_agent(procs, root, server.url, n, config.sample_hz)
             replicas.wait_healthy(60, names=["r1"])
-            watch = Watcher(jobs, perseus)
             nc = await connect(server.url, "budget-event")
             samples = subjects.all_gpu_errors().rsplit(".", 1)[0] + ".sample"
             await nc.subscribe(samples, cb=watch.sample)
@@ -655,8 +662,7 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             replicas.start("r2")  # after the registrations: r1 drives every job
             replicas.wait_healthy(60, names=["r2"])
             await asyncio.sleep(7)  # r2 hears every agent's heartbeat (5 s): it may answer
-            first = await grid_event(nc, watch, config, None)
-            played.append(first)
+            played = await grid_event(nc, watch, config, None)
             await watch.note_driver(nc)
             out: dict[str, Any] = {"nodes": len(nodes), "gpus": gpus,
                                    "busy_gpus": sum(len(j.gpus) for j in jobs)
@@ -665,13 +671,12 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
                                    "perseus_jobs": int(perseus is not None),
                                    "seconds_to_pin": round(pinned_s, 1),
                                    "optimum_w": dict(watch.optimum),
-                                   "event": judge(watch, nodes, first)}
+                                   "event": judge(watch, nodes, played)}
             if config.timeline:
-                out["timeline"] = timeline(watch, first)
+                out["timeline"] = timeline(watch, played)
             if config.takeover:
                 await asyncio.sleep(3)
                 second = await grid_event(nc, watch, config, replicas)
-                played.append(second)
                 await watch.note_driver(nc)
                 out["takeover"] = judge(watch, nodes, second)
             return out
@@ -684,7 +689,5 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             if nc is not None:
                 with contextlib.suppress(Exception):
                     await nc.close()
-            stop(procs, replicas)
+            stop(procs, replicas, config.log_dir, watch)
             server.stop()
-            if config.log_dir is not None:
-                keep_logs(Path(config.log_dir), procs, watch, played)
