@@ -289,6 +289,10 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=1.0,
                         help="every job's step time at its maximum limit (s)")
     parser.add_argument("--hold-s", type=float, default=20.0, help="how long the cut holds (s)")
+    parser.add_argument("--log-dir", default=None,
+                        help="copy the replicas' and agents' logs and the events' bins here")
+    parser.add_argument("--replica-log-level", default="WARNING",
+                        help="the replicas' --log-level (INFO: each budget's plan per round)")
     args = parser.parse_args()
     sizes = [12, 400] if args.quick else [12, 48, 200, 400]
     result: dict[str, Any] = {"bench": "power_budget", "machine": machine(), "when": now(),
@@ -297,7 +301,8 @@ def main() -> None:
     result["perseus"] = run_perseus(sizes, [0.10, 0.25, 0.40])
     if not args.allocator_only:
         config = EventConfig(step_s=args.step_s, hold_s=args.hold_s,
-                             takeover=not args.no_takeover, perseus=not args.no_perseus)
+                             takeover=not args.no_takeover, perseus=not args.no_perseus,
+                             log_dir=args.log_dir, replica_log_level=args.replica_log_level)
         if args.quick:
             config.gpus_per_node, config.counts = 2, dict(QUICK_COUNTS)
         t0 = time.monotonic()

@@ -33,7 +33,7 @@ predecessor's for a while (`Tightener.resume`, `guarded`), so the cap holds thro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from coordinator.budget import allocator as alloc
@@ -181,6 +181,8 @@ class Tightener:
     over_rounds: int = 0
     settling: int = 0
     """Rounds left in which the samples may still show caps since changed."""
+    raised: bool = False
+    """Those caps only went up (`hold`): a draw over the target while they settle counts."""
     held: dict[GpuKey, int] = field(default_factory=dict)
     """The caps the previous owner sent last (a takeover), bounding this owner's (`guarded`)."""
     guard: int = 0
@@ -224,14 +226,25 @@ class Tightener:
             return self.backoff_w > 0.0
         return abs(self.backoff_w - kept_w) > max(1.0, KEEP_STEP * kept_w)
 
-    def hold(self, rounds: int = SETTLE_ROUNDS) -> None:
+    def hold(self, rounds: int = SETTLE_ROUNDS, raised: bool = False) -> None:
         """The caps just changed: the next `rounds` rounds' samples say nothing of them.
 
         Their changes from round to round still count in the jitter, but for the first (the
         caps' own step): each release of the backoff changes the caps, so at 16 x 8 a round
         and the next were both free of a hold only every fourth round or so, and the jitter
         (the band under the room) stayed 0 for the first 10 s of the cut.
+
+        `raised`: no cap went down (`raised_only`). The samples then show at most the draw
+        to come (a GPU takes a higher cap at once, its job's draw follows): a draw over the
+        target while they settle is over it, and counts toward tightening at once (only a
+        draw under it is not counted: the backoff is not given back on samples of the old
+        caps). Without it, a raise whose draw the models undercounted went over the cap for
+        `SETTLE_ROUNDS` + `OVER_ROUNDS` rounds (16 x 8, 2026-12-07: a Perseus job moved to a
+        point at 300 W counted at 837 W drew ~1,400 W, 476 J over the cap after a takeover).
+        A raise while the samples still settle a cut stays a cut's hold (they show its
+        excess).
         """
+        self.raised = raised and (self.settling == 0 or self.raised)
         self.settling = rounds
         self.over_rounds = 0
         self.last_w = None  # (The next change of the draw is the caps', not noise.)
@@ -257,15 +270,15 @@ class Tightener:
             self.last_w = measured_w
         if self.settling > 0:
             self.settling -= 1
+            if self.raised and measured_w is not None:
+                self._over(measured_w, room_w - self.band_w(room_w))
             return self.backoff_w
         if measured_w is None:
             return self.backoff_w
         target = room_w - self.band_w(room_w)
-        if measured_w > target:
-            self.over_rounds += 1
-            if self.over_rounds >= OVER_ROUNDS:
-                self.backoff_w += measured_w - target
-        elif self.guard <= 0:  # (Guarded, the caps are the least of two plans': under both.)
+        if self._over(measured_w, target):
+            return self.backoff_w
+        if self.guard <= 0:  # (Guarded, the caps are the least of two plans': under both.)
             self.over_rounds = 0
             self.backoff_w *= 1 - RELEASE
             if self.backoff_w < 1.0:
@@ -273,6 +286,15 @@ class Tightener:
         else:
             self.over_rounds = 0
         return self.backoff_w
+
+    def _over(self, measured_w: float, target_w: float) -> bool:
+        """Whether the draw is over the target; counted, the room shrinks after `OVER_ROUNDS`."""
+        if measured_w <= target_w:
+            return False
+        self.over_rounds += 1
+        if self.over_rounds >= OVER_ROUNDS:
+            self.backoff_w += measured_w - target_w
+        return True
 
 
 def with_margin(governed: Governed, margin_pct: float) -> Governed:
@@ -299,7 +321,7 @@ def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:
         return plan
     tight.guard -= 1
     if tight.guard == 0:
-        tight.hold()
+        tight.hold(raised=True)  # (Its own caps next: none under the guarded ones.)
     caps = {k: min(w, tight.held.get(k, w)) for k, w in plan.caps.items()}
     return replace(plan, caps=caps)
 
@@ -314,6 +336,32 @@ def held_under(plans: Iterable[CapPlan]) -> set[str]:
     return {share.job_id for p in plans for share in p.allocation.shares
             if any(p.caps.get(k, share.limit_w) < share.limit_w
                    for k in p.members.get(share.job_id, ()))}
+
+
+def describe(plan: CapPlan, governed: Governed, measured: float | None, tight: Tightener,
+             counting: bool) -> str:
+    """One round of a budget's plan in a line (a replica's log, to explain a run).
+
+    The room and the tightener's state, the allocation's expected draw, and per job its
+    share's limit, expected draw and option, and the least cap sent to its GPUs (under the
+    limit: the guard's).
+    """
+    jobs = []
+    for s in plan.allocation.shares:
+        sent = min((plan.caps.get(k, s.limit_w) for k in plan.members.get(s.job_id, ())),
+                   default=s.limit_w)
+        jobs.append(f"{s.job_id[-8:]}:{s.limit_w}/{sent}W,{s.expected_w:.0f}W,k={s.key}")
+    m = "-" if measured is None else f"{measured:.0f}"
+    return (f"budget {plan.budget_id} counting={int(counting)} cap={governed.cap_w:.0f} "
+            f"room={plan.room_w:.0f} backoff={tight.backoff_w:.0f} measured={m} "
+            f"expected={plan.allocation.expected_w:.0f} guard={tight.guard} "
+            f"settling={tight.settling} over={tight.over_rounds} jitter={tight.jitter_w:.0f} "
+            f"held={len(tight.held)} jobs=[{' '.join(jobs)}]")
+
+
+def raised_only(before: Mapping[GpuKey, int] | None, after: Mapping[GpuKey, int]) -> bool:
+    """Whether the caps `after` lower none of `before` (a GPU capped anew is lowered)."""
+    return before is not None and all(k in before and w >= before[k] for k, w in after.items())
 
 
 def measured_w(gpus: Iterable[GpuKey], cluster: Cluster) -> float | None:

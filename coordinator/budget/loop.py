@@ -39,6 +39,7 @@ from coordinator.budget import budgets as core
 from coordinator.budget import enforce, frontier_options
 from coordinator.budget.allocator import BudgetError
 from coordinator.budget.bucket import LoopBucket
+from coordinator.budget.capped_profiles import CappedProfiles
 from coordinator.budget.points import frontier_points, told_key
 from coordinator.budget.store import BudgetView, LiftedCaps
 from coordinator.budget.timing import Timing, frontier_digest
@@ -52,6 +53,8 @@ if TYPE_CHECKING:  # (coordinator.service builds this loop: no import cycle at r
     from coordinator.service.link import Link
 
 LOG = logging.getLogger(__name__)
+ROUNDS = logging.getLogger(__name__ + ".rounds")
+"""Each budget's plan, round by round (INFO: `enforce.describe`), to explain a run."""
 
 Serve = Callable[[dict[str, tuple[int, float]]], Awaitable[None]]
 """Tells the pipeline jobs their points (`points.serve_points` over this replica's drivers)."""
@@ -123,6 +126,9 @@ class BudgetLoop:
         """Job -> the frontier point (index, power per GPU) a budget gives it, as told."""
         self.cap_jobs = cap_jobs
         """Tells the power-limit jobs still profiling here their cap (every replica)."""
+        self.profiles = CappedProfiles()
+        """Which pipeline jobs' frontiers were planned under a budget's caps: not planned on
+        (`budget.capped_profiles`; followed by every replica, owner or not)."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
@@ -132,6 +138,7 @@ class BudgetLoop:
         if (not budgets and not self.capped and not self.points and not self.unlifted
                 and not self.view.lifted and not self.view.remote.points):
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
+            self.profiles.unobserved()
             return
         jobs = self.jobs()
         await self.bucket.record_frontiers(jobs)
@@ -146,6 +153,8 @@ class BudgetLoop:
             self.bucket.disown()
             self.plans.clear()
             self.statuses.clear()
+            self.observe_profiles(jobs, {k for g in core.governing(
+                budgets, self.cluster, self.wall()) for k in g.gpus})
             held = self.held_here(budgets, jobs)  # (The owner caps them.)
             if counting:
                 self.measure_here(jobs, held)
@@ -281,7 +290,9 @@ class BudgetLoop:
         """
         governed = [enforce.with_margin(g, self.margin_pct)
                     for g in core.governing(budgets, self.cluster, self.wall())]
-        jobs = self.views = self.calibrate(self.jobs() if jobs is None else jobs, counting)
+        jobs = self.jobs() if jobs is None else jobs
+        self.observe_profiles(jobs, {k for g in governed for k in g.gpus})
+        jobs = self.views = self.calibrate(jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
             if not g.gpus:
@@ -301,9 +312,11 @@ class BudgetLoop:
             before = self.plans.get(g.budget_id)
             sent = before.caps if before is not None else tight.held or None
             if sent != p.caps:  # (Taken over: the caps in force are the predecessor's.)
-                tight.hold()
+                tight.hold(raised=enforce.raised_only(sent, p.caps))
             self.plans[g.budget_id] = p
             self.statuses[g.budget_id] = enforce.status(p, g, measured, self.book.me)
+            if ROUNDS.isEnabledFor(logging.INFO):
+                ROUNDS.info("%s", enforce.describe(p, g, measured, tight, counting))
             for key, cap_w in p.caps.items():
                 caps[key] = (cap_w, holder(g.budget_id))
         live = {g.budget_id for g in governed}
@@ -312,6 +325,12 @@ class BudgetLoop:
             self.plans.pop(gone, None)
             self.statuses.pop(gone, None)
         return caps
+
+    def observe_profiles(self, jobs: list[enforce.JobView], governed: set[core.GpuKey]) -> None:
+        """Follow the jobs' frontiers: one planned under a budget's caps is not planned on."""
+        for job_id in self.profiles.observe(jobs, governed):
+            LOG.info("job %s: its frontier was planned from a profile a budget's caps throttled: "
+                     "capped proportionally until it plans one no budget capped", job_id)
 
     def calibrate(self, jobs: list[enforce.JobView],
                   counting: bool = True) -> list[enforce.JobView]:
@@ -327,6 +346,7 @@ class BudgetLoop:
         out = []
         held = enforce.held_under(self.plans.values())  # (The caps sent: not its option's.)
         for job in jobs:
+            job = self.profiles.trusted(job)  # (Planned under caps: capped proportionally.)
             f = job.frontier
             if f is None:
                 out.append(job)
@@ -357,6 +377,12 @@ class BudgetLoop:
             if job.remote:  # (Measured by the replica driving it.)
                 measured = self.view.remote.measured(job.job_id, digest) or measured
             ratio = self.ratios.get(job.job_id, 1.0)
+            if counting and ROUNDS.isEnabledFor(logging.INFO):
+                ROUNDS.info("pipeline %s ratio=%.3f own_s=%s held=%d told=%s measured=%s",
+                            job.job_id[-8:], ratio, self.timing.own.get(job.job_id),
+                            job.job_id in held, told, [(m.key, round(m.relative_time, 3),
+                                                        m.power_w and round(m.power_w))
+                                                       for m in measured])
             out.append(dataclasses.replace(job, frontier=frontier_options.calibrated(
                 f, ratio, measured)))
         live = {j.job_id for j in jobs}

@@ -43,6 +43,7 @@ PURE_PATHS: tuple[str, ...] = (
     "coordinator/state/ownership.py",
     "coordinator/budget/allocator.py",
     "coordinator/budget/budgets.py",
+    "coordinator/budget/capped_profiles.py",
     "coordinator/budget/enforce.py",
     "coordinator/budget/frontier_options.py",
 )

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -72,6 +73,11 @@ class EventConfig:
     """Where the run's state goes (in memory where there is /dev/shm)."""
     perseus: bool = False
     """Also a Perseus pipeline job on an A40 node of its own (`jobs.perseus_job`)."""
+    log_dir: str | None = None
+    """Where the replicas' and agents' logs and the run's bins are copied at the end
+    (`keep_logs`; None: not kept)."""
+    replica_log_level: str = "WARNING"
+    """The replicas' `--log-level` (INFO: each budget's plan round by round)."""
 
 
 STEPS_BEFORE_S = 10.0
@@ -102,6 +108,8 @@ class Watcher:
         """The replica driving the Perseus job as the event was judged (`job_driver`)."""
         self.perseus_steps: list[tuple[float, float]] = []
         """(monotonic s, iteration time s) of the Perseus job's steps, its first GPU's."""
+        self.events: list[Event] = []
+        """The events played (`grid_event`), for `keep_logs`."""
 
     async def note_driver(self, nc: Any) -> None:
         """Which replica drives the Perseus job now (`job_driver`; no Perseus job: none)."""
@@ -196,8 +204,12 @@ def start_job(procs: Processes, root: Path, job: JobSpec, step_s: float, seed: i
     procs.spawn(f"job-{job.tag}", argv, cwd=CODE_ROOT)
 
 
-def stop(procs: Processes, replicas: Replicas) -> None:
-    """SIGTERM the agents and the jobs (10 s to end), stop the replicas, kill what is left."""
+def stop(procs: Processes, replicas: Replicas, log_dir: str | None = None,
+         watch: Watcher | None = None) -> None:
+    """SIGTERM the agents and the jobs (10 s to end), stop the replicas, kill what is left.
+
+    `log_dir`: then keep the logs and the events' bins there (`keep_logs`).
+    """
     others = [proc for name, proc in procs.procs.items() if name not in replicas.names]
     for proc in others:
         kill_group(proc, signal.SIGTERM, wait_s=0)
@@ -205,6 +217,8 @@ def stop(procs: Processes, replicas: Replicas) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
     replicas.close()
+    if log_dir is not None:
+        keep_logs(Path(log_dir), procs, watch)
 
 
 async def lease_owner(nc: Any, key: str) -> str | None:
@@ -273,6 +287,7 @@ async def grid_event(nc: Any, watch: Watcher, config: EventConfig,
     for job in watch.jobs:
         event.applied[job.tag] = min(watch.series.limit_at(k, event.lift_s - 0.2) or 0
                                      for k in job.gpus)
+    watch.events.append(event)
     return event
 
 
@@ -555,6 +570,43 @@ def timeline(watch: Watcher, event: Event, before_s: float = 10.0) -> dict[str, 
             "throughput": jobs}
 
 
+def keep_logs(to: Path, procs: Processes, watch: Watcher | None) -> None:
+    """Copy the run's logs to `to`, and the events' bins (`bins.json`), to explain a run.
+
+    Per event, every `BIN_S` from 5 s before the signal to 5 s after the lift (s from the
+    signal): the group's power, each job's power and least limit; the owner's rounds; the
+    clocks' offset (wall - monotonic s) to place the replicas' log lines.
+    """
+    to.mkdir(parents=True, exist_ok=True)
+    for path in procs.logs_dir.glob("*.log"):
+        shutil.copy(path, to / path.name)
+    if watch is None:
+        return
+    keys = sorted(watch.series.samples)
+    jobs = {j.tag: list(j.gpus) for j in watch.jobs}
+    if watch.perseus is not None:
+        jobs[watch.perseus.tag] = list(watch.perseus.gpus)
+    events = []
+    for ev in watch.events:
+        def bins(gpus: list[an.GpuKey], e: Event = ev) -> list[list[float]]:
+            return [[round(t - e.signal_s, 2), round(p, 1)] for t, p in
+                    watch.series.group_power(gpus, e.signal_s - 5, e.lift_s + 5, BIN_S)]
+
+        limits = {tag: [[round(t - ev.signal_s, 2), min(
+            (w for w in (watch.series.limit_at(k, t) for k in gpus) if w is not None),
+            default=None)] for t, _ in watch.series.group_power(
+                keys, ev.signal_s - 5, ev.lift_s + 5, BIN_S)] for tag, gpus in jobs.items()}
+        events.append({"cap_w": ev.cap_w, "kill_s": None if ev.kill_s is None
+                       else round(ev.kill_s - ev.signal_s, 2), "killed": ev.killed,
+                       "lift_s": round(ev.lift_s - ev.signal_s, 2),
+                       "signal_wall": ev.signal_s + time.time() - time.monotonic(),
+                       "group": bins(keys), "jobs": {t: bins(g) for t, g in jobs.items()},
+                       "limits": limits,
+                       "rounds": [[round(t - ev.signal_s, 2), *rest] for t, *rest in watch.rounds
+                                  if ev.signal_s - 2 < t <= ev.lift_s + 2]})
+    (to / "bins.json").write_text(json.dumps({"job_ids": watch.job_ids, "events": events}))
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -573,14 +625,14 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
         replicas = Replicas(server.url, root, ["r1", "r2"],
                             args=["--ownership-lease-s", f"{config.ownership_lease_s:g}",
                                   *(PERSEUS_ARGS if perseus is not None else [])],
-                            procs=procs)
+                            procs=procs, log_level=config.replica_log_level)
         nc: Any = None
+        watch = Watcher(jobs, perseus)
         try:
             replicas.start("r1")
             for n in nodes:
                 start_agent(procs, root, server.url, n, config.sample_hz)
             replicas.wait_healthy(60, names=["r1"])
-            watch = Watcher(jobs, perseus)
             nc = await connect(server.url, "budget-event")
             samples = subjects.all_gpu_errors().rsplit(".", 1)[0] + ".sample"
             await nc.subscribe(samples, cb=watch.sample)
@@ -637,5 +689,5 @@ async def run_event(config: EventConfig) -> dict[str, Any]:
             if nc is not None:
                 with contextlib.suppress(Exception):
                     await nc.close()
-            stop(procs, replicas)
+            stop(procs, replicas, config.log_dir, watch)
             server.stop()

@@ -1,0 +1,96 @@
+"""Pipeline jobs whose frontier was planned from a profile a budget's caps throttled (pure).
+
+A Perseus job (re)profiles its instructions at each clock, then plans its frontier from those
+times and energies. Profiling while a budget governs its GPUs (a drift re-profile that began
+before a grid event, or during one: the job is then capped proportionally, as it has no
+frontier), the fast clocks ran throttled under the caps: the profile has them slower and
+cooler than they are, and the frontier planned from it is wrong in both. The budgets, planning
+on it, counted the job's points far under their draw. Measured on the 16 x 8 bench
+(2026-12-07, main at 50d9958): a point counted at 694 W drew 1,024 W (-19 % slowdown measured
+where +19 % was planned), another frontier's own point at 300 W counted at its capped
+profile's 934 W; in the two takeover events that went over the cap after the owner's kill
+(162 and 152 J), the job had profiled under the caps, and in every event where the job's share
+was counted over 100 W under its draw it had.
+
+`CappedProfiles` follows each job's frontier round by round (every replica, owner or not)
+and says which frontier is not to be trusted: a job's new frontier, after rounds in which the
+replica driving it saw it without one (planning again) while a budget governed its GPUs, or
+one that changed between two rounds in which a budget did (a job whose profile ended before
+the first round of a budget planned with no caps). Not covered: a job's first frontier (a job
+that starts under a budget), and a re-profile under caps of a job another replica drives
+that this one saw no frontier of before it (its driver records it only while budgets exist):
+after a takeover the new owner then trusts it. The budget loop
+caps such a job proportionally, counted at its cap (`allocator`: a job without a profile), as
+it did while the job profiled, until the job plans a frontier from a profile no budget capped.
+A frontier seen again after a round without one (a replica replaying a job it took over) is
+the same plan (`timing.frontier_digest`): trusted as it was. Rounds not observed (no budget
+anywhere: the loop does not look at the jobs) end what is known of the jobs' rounds, not the
+frontiers already found untrusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from dataclasses import dataclass, field, replace
+
+from coordinator.budget.budgets import GpuKey
+from coordinator.budget.enforce import JobView
+from coordinator.budget.timing import frontier_digest
+
+__all__ = ["CappedProfiles"]
+
+
+@dataclass
+class CappedProfiles:
+    """Which pipeline jobs' frontiers were planned under a budget's caps (see the module)."""
+
+    frontiers: dict[str, str] = field(default_factory=dict)
+    """Job -> the digest of the frontier last seen."""
+    capped: dict[str, bool] = field(default_factory=dict)
+    """Job -> a budget governed its GPUs in the last round with that frontier, or in a round
+    since in which it had none (driven here: it was planning again)."""
+    untrusted: dict[str, str] = field(default_factory=dict)
+    """Job -> the digest of its frontier planned under caps."""
+
+    def observe(self, jobs: Iterable[JobView], governed: Set[GpuKey]) -> list[str]:
+        """One round: the jobs as seen, and the GPUs an active budget governs now.
+
+        Returns the jobs whose frontier was found untrusted this round. A job without a
+        frontier counts only if it had one here before and is driven here: another replica's
+        job has none here until its driver records it (it records it only while budgets
+        exist), and a job first seen without one may be a replica replaying it.
+        """
+        live, found = set(), []
+        for job in jobs:
+            live.add(job.job_id)
+            under = not governed.isdisjoint(job.gpus)
+            f = job.frontier
+            known = self.frontiers.get(job.job_id)
+            if f is None:  # (Profiling again, or not known here yet.)
+                if known is not None and not job.remote:
+                    self.capped[job.job_id] = self.capped.get(job.job_id, False) or under
+                continue
+            digest = frontier_digest(f.chosen, f.times)
+            if known is not None and known != digest:
+                if self.capped.get(job.job_id, False):
+                    self.untrusted[job.job_id] = digest
+                    found.append(job.job_id)
+                else:  # (Planned with no budget on its GPUs.)
+                    self.untrusted.pop(job.job_id, None)
+            self.frontiers[job.job_id] = digest
+            self.capped[job.job_id] = under
+        for table in (self.frontiers, self.capped, self.untrusted):
+            for gone in [j for j in table if j not in live]:
+                del table[gone]
+        return found
+
+    def unobserved(self) -> None:
+        """A round in which the jobs were not looked at: what they did meanwhile is not known."""
+        self.capped.clear()
+
+    def trusted(self, job: JobView) -> JobView:
+        """`job`, without its frontier if that was planned under caps (capped proportionally)."""
+        f = job.frontier
+        if f is None or self.untrusted.get(job.job_id) != frontier_digest(f.chosen, f.times):
+            return job
+        return replace(job, frontier=None, step_times=(), own_step_s=None, own_draw_w=None)
