@@ -73,21 +73,22 @@ Usage: python bench/tune_adaptive_search.py [--candidates N] [--tuning-seeds N]
        [--selection-seeds N] [--seeds N] [--tail-seeds N] [--jobs N] [--folds family|gpu]
        [--descent-from JSON] [--quick] [--verify]
        [--write] [--restamp] [--worst N]
+
+The code: this script (the descent, the folds, the record) and its helpers next to it,
+`_tune_adaptive_space.py` (the settings), `_tune_adaptive_eval.py` (the replay and the
+evaluators), `_tune_adaptive_score.py` (the objectives, pair moves and the tail stage) and
+`_tune_adaptive_record.py` (the written record, its spread and worst cases).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
-import random
 import sys
 import time as wallclock
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -96,317 +97,62 @@ for _path in (str(ROOT), str(HERE)):
         sys.path.insert(0, _path)
 
 from _common import machine, now  # noqa: E402
+from _tune_adaptive_eval import SIGMA, Evaluator, fast_replay, pooled  # noqa: E402
+from _tune_adaptive_record import (  # noqa: E402
+    CV_FILE,
+    goals_met,
+    restamp,
+    spread,
+    summary_line,
+    worst_cases,
+)
+from _tune_adaptive_score import (  # noqa: E402
+    MIN_GAIN,
+    PAIR_FLAGS,
+    PAIR_PARTNERS,
+    PENALTY,
+    TAIL4_WEIGHT,
+    TAIL_WEIGHT,
+    TIME_CAP,
+    WORST_CAP,
+    pair_moves,
+    score,
+    tail_stage,
+)
+from _tune_adaptive_score import tail_score as tail_score  # noqa: E402 - tests call it here
+from _tune_adaptive_space import (  # noqa: E402
+    FIXED,
+    POOL_SEED,
+    SPACE,
+    TAIL_SPACE,
+    candidate_pool,
+    decode,
+    encode,
+    full,
+    key_of,
+    params_of,
+)
+from _tune_adaptive_space import PREVIOUS_DEFAULTS as PREVIOUS_DEFAULTS  # noqa: E402
 from power_limit_search import (  # noqa: E402
-    REFERENCE_STEPS,
-    WARMUP_STEPS,
     Profile,
-    Replay,
     Tally,
     load_reference_profiles,
     load_trace_profiles,
     replay,
-    selector_grid,
     tally,
 )
 
-from coordinator.power_limit import Adaptive, OptimumSelector, SearchStrategy  # noqa: E402
-from coordinator.power_limit.search import (  # noqa: E402
-    WindowResult,
-    aggregate,
-    cost_function,
-    resolve_search,
-)
+from coordinator.power_limit import Adaptive  # noqa: E402
 
-CV_FILE = ROOT / "data" / "power-traces" / "adaptive_search_cv.json"
-SIGMA = 0.01
 TUNING_SEED_BASE = 100  # Coordinate descent: seeds 100, 101, ...
 SELECTION_SEED_BASE = 150  # Choosing among the finalists: seeds 150, 151, ...
 OOF_SEED_BASE = 200  # Out-of-fold scoring: seeds 200, 201, ... (the bench scores 0, 1, ...)
 TAIL_SEED_BASE = 600  # The tail stage: seeds 600, 601, ...
-TIME_CAP = 0.46  # The goal is 0.5; the margin is for profiles the tuning never saw.
-WORST_CAP = 0.05  # The goal, 5%; a guard only (the max of a few seeds is too noisy to tune on).
-TAIL_WEIGHT = 3.0  # Within-1% points lost per point of cases with a regret above 3%.
-TAIL4_WEIGHT = 20.0  # The tail stage: within-1% points lost per point of cases above 4%.
-PENALTY = 10.0  # Within-1% points lost per unit over a cap: the caps act as constraints.
-MIN_GAIN = 0.001  # Smallest score gain that moves the coordinate descent.
 PASSES = 2
 STARTS = 1
 FINALISTS = 4
-PAIR_FLAGS = 2  # Flagged single changes (better but over the time cap) paired up.
-PAIR_PARTNERS = 6  # Cheaper changes of other settings each flagged change is paired with.
-POOL_SEED = 2025
-
-FIXED: dict[str, Any] = {
-    "noise": 0.01,
-    "tolerance": 0.01,
-    "k_stop": 4.0,
-    "rel_stop": 0.02,
-    "patience": 3,
-    "big_rise": 0.3,
-    "budget": 0.0,
-    "guard_regret": 0.03,
-    "k_guard_extend": 3.0,
-    "guard_extend": 0.0,
-}
-"""Settings the descent does not tune: `noise` (the assumed 1%), the stop rule (`k_stop`,
-`rel_stop`, `patience`, `big_rise`: the descent almost never stops on the wrong side of the
-optimum, and they barely move the time), `tolerance` (1%, the goal's own; the tail stage may
-loosen it), `budget` (none: a per-case cap starves the cases that need the time) and
-`guard_regret` (3%: the tail the score counts; `k_guard`, whether and how hard the guard looks,
-is tuned)."""
-
-PREVIOUS_DEFAULTS: dict[str, Any] = {
-    "chunk": 0.1,
-    "ext_ratio": 2.0,
-    "max_steps": 2.0,
-    "refine_steps": 0.25,
-    "k_ambiguous": 1.5,
-    "steep": 0.03,
-    "k_refine": 1.5,
-    "max_refines": 6,
-    "confirm": 0.5,
-    "focused_refinement": True,
-    "settle": 0.75,
-    "k_guard": 2.5,
-}
-"""Adaptive's defaults before this tuning (the previous cross-validated pick, 6f6bbd3)."""
-
-TAIL_SPACE: dict[str, tuple[Any, ...]] = {
-    "guard_extend": (0.3, 0.5, 0.6),
-    "k_refine": (1.0, 1.25),
-    "tolerance": (0.01, 0.0125),
-    "k_guard": (0.0, 2.5),
-}
-"""The tail stage's grid: the guard extension, the refinement and tolerance it trades time
-against, and the guard on or off (every combination, 24, on top of the coordinate descent's
-pick). The guard is here because the descent's 5 seeds cannot see what it is for: the bert
-fold's descent turned it off (it costs time on every seed), and out of fold over 100 seeds
-(800-899) that fold then had the worst case, 6.31%; over the tail seeds every fold keeps it
-(2026-11-24). Left out to bound the grid: `k_refine` 1.5 (over the time cap in most folds) and
-no extension (0.0, which an earlier grid picked in two folds, leaving their tail as it was)."""
-
-INF = math.inf
-SPACE: dict[str, tuple[Any, ...]] = {
-    "chunk": (0.1, 0.125, 0.15, 0.2),
-    "ext_ratio": (1.5, 2.0, 3.0),
-    "max_steps": (1.0, 1.5, 2.0),
-    "refine_steps": (0.25, 0.375),
-    "k_ambiguous": (1.5, 2.0, 2.5),
-    "steep": (INF, 0.03, 0.05, 0.08),
-    "k_refine": (1.0, 1.25, 1.5, 1.75, 2.0),
-    "max_refines": (2, 3, 4, 5, 6),
-    "confirm": (0.5, 0.75),
-    "focused_refinement": (False, True),
-    "settle": (0.0, 0.75, 1.0, 1.25),
-    "k_guard": (0.0, 2.5, 3.0),
-}
-"""Values each tuned setting may take (a smaller space than the first tuning's: fewer chances to
-fit the noise of the tuning seeds)."""
-
-
-def candidate_pool(n: int, seed: int = POOL_SEED) -> list[dict[str, Any]]:
-    """The previous defaults and `n` distinct settings drawn from `SPACE` (no data involved)."""
-    rng = random.Random(seed)
-    pool = [dict(PREVIOUS_DEFAULTS)]
-    seen = {json.dumps(encode(pool[0]), sort_keys=True)}
-    while len(pool) < n + 1:
-        params = {name: rng.choice(values) for name, values in SPACE.items()}
-        if params["max_steps"] < params["chunk"]:
-            continue
-        key = json.dumps(encode(params), sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            pool.append(params)
-    return pool
-
-
-def full(params: dict[str, Any]) -> dict[str, Any]:
-    """All of `Adaptive`'s settings: the tuned ones and `FIXED`."""
-    return {**FIXED, **params}
-
-
-def encode(params: dict[str, Any]) -> dict[str, Any]:
-    """JSON-safe settings: infinity as the string "inf"."""
-    return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in params.items()}
-
-
-def decode(params: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of `encode`."""
-    return {k: (math.inf if v == "inf" else v) for k, v in params.items()}
-
-
-def fast_replay(
-    profile: Profile,
-    selector: OptimumSelector,
-    search: str | SearchStrategy,
-    *,
-    rng: random.Random,
-    sigma: float,
-    windows: list[WindowResult] | None = None,
-) -> Replay:
-    """The bench's replay without the state machine (records at once, no epoch ends).
-
-    Same probes, same noise draws (time then energy per window), same pick and same spent time
-    as `power_limit_search.replay`. The recorded windows are appended to `windows` if given.
-    """
-    strategy = resolve_search(search)
-    plan = strategy.plan(list(profile.limits), WARMUP_STEPS, REFERENCE_STEPS, selector)
-    results: list[WindowResult] = []
-    spent = 0.0
-    while (probe := plan.next_probe(tuple(results), len(results))) is not None:
-        limit, steps = probe.power_limit, probe.profile_steps
-        for _ in range(probe.warmup_steps + steps):
-            spent += profile.time[limit] / REFERENCE_STEPS
-        scale = steps / REFERENCE_STEPS
-        noise = sigma * math.sqrt(REFERENCE_STEPS / steps)
-        t = profile.time[limit] * scale * (1 + rng.gauss(0, noise))
-        e = profile.energy[limit] * scale * (1 + rng.gauss(0, noise))
-        results.append(WindowResult(limit, steps, t, e))
-    if windows is not None:
-        windows.extend(results)
-    pick = selector.select(aggregate(results, REFERENCE_STEPS))
-    profiled = tuple(sorted({r.power_limit for r in results}, reverse=True))
-    return Replay(pick, spent, len(results), profiled)
-
-
-# Parallel evaluation ------------------------------------------------------------------------------
-
-_PROFILES: list[Profile] = []
-
-
-def _init(profiles: list[Profile]) -> None:
-    global _PROFILES
-    _PROFILES = profiles
-
-
-def _per_profile(job: tuple[str, tuple[int, ...]]) -> list[Tally]:
-    key, seeds = job
-    search: str | SearchStrategy = key if key == "exhaustive" else Adaptive(**full(params_of(key)))
-    return [tally([p], search, seeds, SIGMA, fast_replay) for p in _PROFILES]
-
-
-def key_of(params: dict[str, Any]) -> str:
-    return json.dumps(encode(params), sort_keys=True)
-
-
-def params_of(key: str) -> dict[str, Any]:
-    return decode(json.loads(key))
-
-
-class Evaluator:
-    """Per-profile tallies of settings on every profile (tuning seeds), memoized."""
-
-    def __init__(self, profiles: list[Profile], seeds: Sequence[int], workers: int) -> None:
-        self.profiles = profiles
-        self.seeds = tuple(seeds)
-        self.memo: dict[str, list[Tally]] = {}
-        self.pool = (
-            ProcessPoolExecutor(workers, initializer=_init, initargs=(profiles,))
-            if workers > 1
-            else None
-        )
-        _init(profiles)
-
-    def __call__(self, settings: Sequence[dict[str, Any] | str]) -> list[list[Tally]]:
-        keys = [s if isinstance(s, str) else key_of(s) for s in settings]
-        todo = [k for k in dict.fromkeys(keys) if k not in self.memo]
-        jobs = [(k, self.seeds) for k in todo]
-        done = self.pool.map(_per_profile, jobs) if self.pool else map(_per_profile, jobs)
-        self.memo.update(zip(todo, done, strict=True))
-        return [self.memo[k] for k in keys]
-
-    def close(self) -> None:
-        if self.pool:
-            self.pool.shutdown()
-
-
-def pooled(tallies: Sequence[Tally], mask: Sequence[bool]) -> Tally:
-    out = Tally()
-    for t, keep in zip(tallies, mask, strict=True):
-        if keep:
-            out.add(t)
-    return out
-
-
-def score(summary: dict[str, float]) -> tuple[float, float]:
-    """Training objective, higher is better: the within-1% share, minus `TAIL_WEIGHT` x the share
-    of cases with a regret above 3%, minus steep penalties beyond `TIME_CAP` and `WORST_CAP` (so
-    the caps act as constraints); ties go to less time."""
-    over = max(0.0, summary["time_ratio"] - TIME_CAP) + max(
-        0.0, summary["worst_regret"] - WORST_CAP
-    )
-    return (
-        summary["within_1pct"] - TAIL_WEIGHT * summary["tail_3pct"] - PENALTY * over,
-        -summary["time_ratio"],
-    )
-
-
-def quality(summary: dict[str, float]) -> float:
-    """`score` without its time penalty: what a setting would score if its time were free."""
-    return (
-        summary["within_1pct"]
-        - TAIL_WEIGHT * summary["tail_3pct"]
-        - PENALTY * max(0.0, summary["worst_regret"] - WORST_CAP)
-    )
-
-
-def pair_moves(
-    current: dict[str, Any],
-    current_summary: dict[str, float],
-    singles: Sequence[tuple[str, dict[str, Any], dict[str, float]]],
-) -> list[dict[str, Any]]:
-    """Pairs of one-setting changes worth trying once the one-at-a-time moves are stuck.
-
-    `singles` are the single changes just tried from `current` (setting name, settings, summary).
-    A change is *flagged* when it would have been kept but for the time cap (its `quality` beats
-    the current one's by more than `MIN_GAIN`, its `score` does not). Each is paired with the
-    `PAIR_PARTNERS` changes of OTHER settings that cut the time (a cheaper setting may pay for
-    the flagged one) whose pair would score best if the two changes' effects added up (quality
-    and time); the `PAIR_FLAGS` flagged changes (at most one per setting) with the best such
-    guess are tried. So a stuck descent tries at most `PAIR_FLAGS` x `PAIR_PARTNERS` pairs, not
-    every pair.
-    """
-    base_quality = quality(current_summary)
-    base_score = score(current_summary)[0]
-
-    def guess(flag: dict[str, float], partner: dict[str, float]) -> float:
-        # The pair's score if the two changes added up (quality and time).
-        keys = ("within_1pct", "tail_3pct", "worst_regret", "time_ratio")
-        return score({k: flag[k] + partner[k] - current_summary[k] for k in keys})[0]
-
-    # Per flagged change: its partners, best guessed pair first.
-    options: list[tuple[float, str, dict[str, Any], list[tuple[str, dict[str, Any]]]]] = []
-    for name, trial, summary in singles:
-        held_back = score(summary)[0] <= base_score + MIN_GAIN
-        if not (held_back and quality(summary) > base_quality + MIN_GAIN):
-            continue
-        partners = sorted(
-            (
-                (guess(summary, other), other_name, other_trial)
-                for other_name, other_trial, other in singles
-                if other_name != name and other["time_ratio"] < current_summary["time_ratio"]
-            ),
-            key=lambda x: x[0],
-            reverse=True,
-        )[:PAIR_PARTNERS]
-        if partners:
-            options.append((partners[0][0], name, trial, [(n, t) for _, n, t in partners]))
-    # The `PAIR_FLAGS` flagged changes (one per setting) with the best guessed pairs.
-    options.sort(key=lambda x: x[0], reverse=True)
-    pairs: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    flagged: set[str] = set()
-    for _, name, trial, partners in options:
-        if name in flagged or len(flagged) >= PAIR_FLAGS:
-            continue
-        flagged.add(name)
-        for partner_name, partner in partners:
-            pair = {**trial, partner_name: partner[partner_name]}
-            key = key_of(pair)
-            if pair["max_steps"] >= pair["chunk"] and key not in seen:
-                seen.add(key)
-                pairs.append(pair)
-    return pairs
+"""The descent's passes, its starts from the pool and the finalists scored on the selection
+seeds (module globals here: `--quick` and the tests change `PASSES` and `FINALISTS`)."""
 
 
 def coordinate_descent(
@@ -501,41 +247,6 @@ def tune(
     }
 
 
-def tail_score(summary: dict[str, float]) -> tuple[float, float]:
-    """The tail stage's objective: `score`, minus `TAIL4_WEIGHT` x the share of cases with a
-    regret above 4% (near misses of the 5% goal, which only many seeds count reliably)."""
-    first, time = score(summary)
-    return first - TAIL4_WEIGHT * summary["tail_4pct"], time
-
-
-def tail_stage(params: dict[str, Any], mask: Sequence[bool], evaluate: Evaluator) -> dict[str, Any]:
-    """Every combination of `TAIL_SPACE` on top of `params`, scored by `tail_score` on the
-    profiles in `mask` with the tail seeds; returns the grid's figures and the best settings.
-
-    The coordinate descent's few seeds hold ~20 cases above 3% and a handful above 4%: too few to
-    see the guard extension's effect (it halves the cases above 4% in-sample, over 100 seeds),
-    while its time is plain on any seed. Hence this stage, with 4x the seeds on a small grid.
-    """
-    grid = [
-        {**params, **dict(zip(TAIL_SPACE, values, strict=True))}
-        for values in itertools.product(*TAIL_SPACE.values())
-    ]
-    summaries = [pooled(t, mask).summary() for t in evaluate(grid)]
-    scores = [tail_score(sm) for sm in summaries]
-    pick = max(range(len(grid)), key=lambda i: scores[i])
-    keys = ("within_1pct", "tail_3pct", "tail_4pct", "worst_regret", "time_ratio")
-    return {
-        "grid": [
-            {
-                "settings": {k: g[k] for k in TAIL_SPACE},
-                "score": round(sc[0], 5),
-                **{k: sm[k] for k in keys},
-            }
-            for g, sc, sm in zip(grid, scores, summaries, strict=True)
-        ],
-        "params": grid[pick],
-    }
-
 
 def _fold_of(record: dict[str, Any], family: str) -> dict[str, Any]:
     """The fold of `family` in a written record."""
@@ -547,131 +258,252 @@ def fold_key(profile: Profile, by: str) -> str:
     return profile.family if by == "family" else profile.gpu
 
 
-def _line(label: str, a: dict[str, float], e: dict[str, float]) -> str:
-    return (
-        f"{label}: within {a['within_1pct']:.2%} (exhaustive {e['within_1pct']:.2%})  "
-        f"worst {a['worst_regret']:.1%}  time {a['time_ratio']:.1%} "
-        f"(per case {a['mean_case_time_ratio']:.1%})"
+
+
+class Seeds(NamedTuple):
+    """The four disjoint sets of noise seeds (the module's docstring says what each is for)."""
+
+    tuning: list[int]
+    selection: list[int]
+    oof: list[int]
+    tail: list[int]
+
+
+def seeds_of(args: argparse.Namespace) -> Seeds:
+    """The seeds of each stage, as many as asked for, from each stage's base."""
+    return Seeds(
+        tuning=[TUNING_SEED_BASE + i for i in range(args.tuning_seeds)],
+        selection=[SELECTION_SEED_BASE + i for i in range(args.selection_seeds)],
+        oof=[OOF_SEED_BASE + i for i in range(args.seeds)],
+        tail=[TAIL_SEED_BASE + i for i in range(args.tail_seeds)],
     )
 
 
-def spread(per_seed: Sequence[tuple[Tally, Tally]]) -> dict[str, object]:
-    """Per-seed figures (adaptive vs exhaustive on the same cases) and their range."""
-    rows = []
-    for a, e in per_seed:
-        sa, se = a.summary(), e.summary()
-        rows.append(
+class Tuning:
+    """The tuning of one set of profiles, shared by the folds and the final run: the evaluators
+    (tuning, selection and tail seeds), the candidate pool, and with `--descent-from` the record
+    whose descent picks stand in for the descent."""
+
+    def __init__(
+        self,
+        profiles: list[Profile],
+        seeds: Seeds,
+        jobs: int,
+        pool: list[dict[str, Any]],
+        descent_from: Path | None,
+    ) -> None:
+        self.pool = pool
+        self.evaluate = Evaluator(profiles, seeds.tuning, jobs)
+        self.select = Evaluator(profiles, seeds.selection, jobs)
+        self.tail_eval = Evaluator(profiles, seeds.tail, jobs)
+        self.descent_from = descent_from
+        self.given = json.loads(descent_from.read_text()) if descent_from else None
+        self.pool_tallies: list[list[Tally]] = []
+
+    def evaluate_pool(self) -> None:
+        """Every candidate on every profile (not needed when the descent picks are given)."""
+        self.pool_tallies = self.evaluate(self.pool) if self.given is None else []
+
+    def descent(self, mask: Sequence[bool], family: str | None) -> dict[str, Any]:
+        """The coordinate descent's pick on the profiles in `mask` (or the given record's)."""
+        given = self.given
+        if given is None:
+            return tune(self.pool, self.pool_tallies, mask, self.evaluate, self.select)
+        assert self.descent_from is not None
+        rec = given["final"] if family is None else _fold_of(given, family)
+        params = decode(rec.get("descent_params", rec["params"]))
+        keep = ("pool_starts", "evaluated", "finalists")
+        return {
+            **{k: rec[k] for k in keep if k in rec},
+            "descent_from": f"{self.descent_from.name} of {given['date']}",
+            "params": {k: params[k] for k in SPACE},
+        }
+
+    def tuned(self, mask: Sequence[bool], family: str | None) -> dict[str, Any]:
+        """The descent's pick, then the tail stage on top of it: its pick is `params`."""
+        result = self.descent(mask, family)
+        result["descent_params"] = encode(result["params"])
+        result["tail_stage"] = tail_stage(result["params"], mask, self.tail_eval)
+        result["params"] = result["tail_stage"]["params"]
+        return result
+
+    def close(self) -> None:
+        """Stop the evaluators' worker processes."""
+        self.evaluate.close()
+        self.select.close()
+        self.tail_eval.close()
+
+
+def held_out(
+    test_profiles: list[Profile],
+    params: dict[str, Any],
+    oof_seeds: Sequence[int],
+    per_seed: dict[int, tuple[Tally, Tally]],
+) -> tuple[Tally, Tally]:
+    """A fold's pick and the exhaustive search on its held-out profiles, seed by seed (each
+    seed's figures are added to `per_seed` too)."""
+    ta, te = Tally(), Tally()
+    for seed in oof_seeds:
+        sa_ = tally(test_profiles, Adaptive(**full(params)), [seed], SIGMA, fast_replay)
+        se_ = tally(test_profiles, "exhaustive", [seed], SIGMA, fast_replay)
+        per_seed[seed][0].add(sa_)
+        per_seed[seed][1].add(se_)
+        ta.add(sa_)
+        te.add(se_)
+    return ta, te
+
+
+def cross_validate(
+    tuning: Tuning,
+    profiles: list[Profile],
+    folds_by: str,
+    oof_seeds: Sequence[int],
+    exhaustive_tuning: list[Tally],
+    started: float,
+) -> tuple[list[dict[str, Any]], Tally, Tally, dict[int, tuple[Tally, Tally]]]:
+    """Each fold tuned on the other folds' profiles only, then scored on its own.
+
+    Returns:
+        The folds' records, the pooled out-of-fold tallies (adaptive, exhaustive), and the
+        same per out-of-fold seed.
+    """
+    folds = []
+    oof_adaptive, oof_exhaustive = Tally(), Tally()
+    per_seed = {s: (Tally(), Tally()) for s in oof_seeds}
+    for family in sorted({fold_key(p, folds_by) for p in profiles}):
+        held = [fold_key(p, folds_by) == family for p in profiles]
+        train = [not h for h in held]
+        result = tuning.tuned(train, family)
+        params = result["params"]
+        test_profiles = [p for p, h in zip(profiles, held, strict=True) if h]
+        ta, te = held_out(test_profiles, params, oof_seeds, per_seed)
+        oof_adaptive.add(ta)
+        oof_exhaustive.add(te)
+        sa, se = ta.summary(), te.summary()
+        folds.append(
             {
-                "within_1pct": sa["within_1pct"],
-                "exhaustive_within_1pct": se["within_1pct"],
-                "difference": round(sa["within_1pct"] - se["within_1pct"], 4),
-                "worst_regret": sa["worst_regret"],
-                "time_ratio": sa["time_ratio"],
+                "family": family,
+                "profiles": len(test_profiles),
+                **{k: v for k, v in result.items() if k != "params"},
+                "params": encode(full(params)),
+                "train_in_sample": pooled(tuning.evaluate([params])[0], train).summary(),
+                "train_exhaustive": pooled(exhaustive_tuning, train).summary(),
+                "adaptive": sa,
+                "exhaustive": se,
             }
         )
+        print(
+            summary_line(f"fold {family:13s} ({len(test_profiles):3d} profiles)", sa, se)
+            + f"  [{wallclock.perf_counter() - started:.0f} s]",
+            flush=True,
+        )
+    return folds, oof_adaptive, oof_exhaustive, per_seed
+
+
+def verify(pool: list[dict[str, Any]], profiles: list[Profile]) -> None:
+    """`--verify`: `fast_replay` gives what the state machine's `replay` gives, on a sample."""
+    check: list[dict[str, Any] | str] = [*pool[:3], "exhaustive"]
+    for job in check:
+        search = job if isinstance(job, str) else Adaptive(**full(job))
+        for p in profiles[::9]:
+            fast = tally([p], search, [0], SIGMA, fast_replay).summary()
+            slow = tally([p], search, [0], SIGMA, replay).summary()
+            assert fast == slow, (p.name, job, fast, slow)
+    print(f"verified fast_replay == replay on {len(profiles[::9])} profiles x {len(check)}")
+
+
+def print_outcome(
+    a: dict[str, float],
+    e: dict[str, float],
+    oof_spread: dict[str, Any],
+    final: dict[str, Any],
+    final_in_sample: dict[str, float],
+    exhaustive_in_sample: dict[str, float],
+) -> bool:
+    """The out-of-fold and final figures on stdout; whether `Adaptive()`'s defaults are the
+    final pick."""
+    print(summary_line("out-of-fold pooled", a, e))
+    print(
+        f"  per seed: difference {oof_spread['difference_range']}, worst "
+        f"{oof_spread['worst_regret_range']}, time {oof_spread['time_ratio_range']}"
+    )
+    print(f"tuned on all profiles: {encode(final['params'])}")
+    print(summary_line("  in-sample (tuning seeds)", final_in_sample, exhaustive_in_sample))
+    matches = Adaptive(**full(final["params"])) == Adaptive()
+    print(
+        f"Adaptive() defaults {'match' if matches else 'DIFFER FROM'} this result"
+        + ("" if matches else " (copy final.params into Adaptive, then re-stamp with --restamp)")
+    )
+    return matches
+
+
+def rule() -> dict[str, object]:
+    """The objective and the search, as the record states them (with this run's `PASSES` and
+    `FINALISTS`)."""
     return {
-        "per_seed": rows,
-        "difference_range": [
-            min(r["difference"] for r in rows),
-            max(r["difference"] for r in rows),
-        ],
-        "worst_regret_range": [
-            min(r["worst_regret"] for r in rows),
-            max(r["worst_regret"] for r in rows),
-        ],
-        "time_ratio_range": [
-            min(r["time_ratio"] for r in rows),
-            max(r["time_ratio"] for r in rows),
-        ],
+        "maximize": "within_1pct - tail_weight * tail_3pct",
+        "tail_weight": TAIL_WEIGHT,
+        "penalty_per_unit_over": PENALTY,
+        "caps": {"time_ratio": TIME_CAP, "worst_regret": WORST_CAP},
+        "ties": "lower time_ratio",
+        "search": (
+            f"coordinate descent over SPACE ({PASSES} passes, tuning seeds) from the "
+            f"{STARTS} best of the pool, with pair moves when stuck (the {PAIR_FLAGS} best "
+            "single changes kept out only by the time cap, each with the "
+            f"{PAIR_PARTNERS} time-cutting changes of other settings whose pair scores best if "
+            "their effects add up); of the "
+            f"{FINALISTS} best settings it evaluated, the best on the selection seeds"
+        ),
+        "tail_stage": (
+            "then every combination of TAIL_SPACE on top of that pick, the best by "
+            "score - tail4_weight * tail_4pct on the tail seeds"
+        ),
+        "tail4_weight": TAIL4_WEIGHT,
     }
 
 
-def goals_met(a: dict[str, float], e: dict[str, float]) -> dict[str, bool]:
+def record(
+    args: argparse.Namespace,
+    seeds: Seeds,
+    pool: list[dict[str, Any]],
+    folds: list[dict[str, Any]],
+    oof: dict[str, object],
+    final: dict[str, Any],
+    final_in_sample: dict[str, float],
+    matches: bool,
+    started: float,
+) -> dict[str, object]:
+    """The run's JSON (the last line; with `--write`, `CV_FILE`)."""
     return {
-        "within_1pct": a["within_1pct"] >= e["within_1pct"] - 0.01 - 1e-9,
-        "worst_regret": a["worst_regret"] <= 0.05,
-        "time_ratio": a["time_ratio"] <= 0.5,
+        "bench": "tune_adaptive_search",
+        "machine": machine(),
+        "date": now(),
+        "rule": rule(),
+        "sigma": SIGMA,
+        "folds_by": "workload family (network)" if args.folds == "family" else "GPU model",
+        "fixed": encode(FIXED),
+        "space": {k: [encode({k: v})[k] for v in vs] for k, vs in SPACE.items()},
+        "tail_space": {k: list(vs) for k, vs in TAIL_SPACE.items()},
+        "candidates": len(pool),
+        "pool_seed": POOL_SEED,
+        "tuning_seeds": seeds.tuning,
+        "selection_seeds": seeds.selection,
+        "scoring_seeds": seeds.oof,
+        "tail_seeds": seeds.tail,
+        "folds": folds,
+        "out_of_fold": oof,
+        "final": {
+            **{k: v for k, v in final.items() if k != "params"},
+            "params": encode(full(final["params"])),
+            "in_sample": final_in_sample,
+        },
+        "shipped_defaults_match": matches,
+        "elapsed_s": round(wallclock.perf_counter() - started, 1),
     }
 
 
-def restamp(path: Path = CV_FILE) -> dict[str, object]:
-    """Set `shipped_defaults_match` in the written record to whether `Adaptive()`'s defaults
-    are its `final.params` now (after they were copied into the code); nothing else changes."""
-    record: dict[str, object] = json.loads(path.read_text())
-    final = record["final"]
-    assert isinstance(final, dict)
-    record["shipped_defaults_match"] = Adaptive(**decode(final["params"])) == Adaptive()
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{path.relative_to(ROOT)}: shipped_defaults_match = {record['shipped_defaults_match']}")
-    return record
-
-
-def worst_cases(n: int, path: Path = CV_FILE) -> list[dict[str, object]]:
-    """The `n` out-of-fold cases of the written record with the largest regret.
-
-    Each fold's settings replayed on its held-out profiles with the record's scoring seeds (as
-    the tuning scored them): profile, selector, seed, regret, the optimum and the pick, the true
-    and the measured cost of every profiled limit (relative to the optimum's, with its steps),
-    and the windows in order (limit/steps). Prints them and returns them.
-    """
-    record = json.loads(path.read_text())
-    profiles = load_reference_profiles() + load_trace_profiles()
-    cases: list[dict[str, object]] = []
-    for fold in record["folds"]:
-        search = Adaptive(**decode(fold["params"]))
-        for profile in (p for p in profiles if p.family == fold["family"]):
-            truth = profile.measurements()
-            for label, selector in selector_grid(profile.n_gpus):
-                cost = cost_function(selector)
-                assert cost is not None
-                true_costs = cost(truth)
-                optimum = selector.select(truth)
-                for seed in record["scoring_seeds"]:
-                    rng = random.Random(f"{profile.name}|{label}|{seed}|{record['sigma']}")
-                    windows: list[WindowResult] = []
-                    result = fast_replay(
-                        profile, selector, search, rng=rng, sigma=record["sigma"], windows=windows
-                    )
-                    regret = true_costs[result.pick] / true_costs[optimum] - 1
-                    cases.append(
-                        {
-                            "regret": regret,
-                            "profile": profile.name,
-                            "selector": label,
-                            "seed": seed,
-                            "optimum": optimum,
-                            "pick": result.pick,
-                            "windows": windows,
-                            "true": true_costs,
-                            "measured": cost(aggregate(windows, REFERENCE_STEPS)),
-                        }
-                    )
-    cases.sort(key=lambda c: -float(c["regret"]))  # type: ignore[arg-type]
-    for c in cases[:n]:
-        windows = c["windows"]
-        true, measured = c["true"], c["measured"]
-        assert isinstance(windows, list) and isinstance(true, dict) and isinstance(measured, dict)
-        base = true[c["optimum"]]
-        steps: dict[int, int] = {}
-        for w in windows:
-            steps[w.power_limit] = steps.get(w.power_limit, 0) + w.steps
-        print(
-            f"{c['regret']:.2%}  {c['profile']}  {c['selector']}  seed {c['seed']}: optimum "
-            f"{c['optimum']} W, pick {c['pick']} W"
-        )
-        print("  true:     " + " ".join(f"{pl}:{true[pl] / base - 1:+.1%}" for pl in true))
-        print(
-            "  measured: "
-            + " ".join(
-                f"{pl}:{measured[pl] / base - 1:+.1%}({steps[pl]})"
-                for pl in sorted(measured, reverse=True)
-            )
-        )
-        print("  windows:  " + " ".join(f"{w.power_limit}/{w.steps}" for w in windows))
-    return cases[:n]
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", type=int, default=24, help="random settings in the pool")
     parser.add_argument("--tuning-seeds", type=int, default=5, help="seeds of the descent")
@@ -708,7 +540,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         metavar="N",
         help=f"only print the N worst out-of-fold cases of {CV_FILE.name} (no tuning)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    """Tune, cross-validated, and print the record; or only `--restamp` or `--worst` it."""
+    args = parse_args(argv)
     if args.restamp:
         return restamp()
     if args.worst:
@@ -722,168 +559,36 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     started = wallclock.perf_counter()
     reference, traces = load_reference_profiles(), load_trace_profiles()
     profiles = reference + traces
-    tuning_seeds = [TUNING_SEED_BASE + i for i in range(args.tuning_seeds)]
-    selection_seeds = [SELECTION_SEED_BASE + i for i in range(args.selection_seeds)]
-    oof_seeds = [OOF_SEED_BASE + i for i in range(args.seeds)]
-    tail_seeds = [TAIL_SEED_BASE + i for i in range(args.tail_seeds)]
+    seeds = seeds_of(args)
     pool = candidate_pool(args.candidates)
     if args.verify:
-        check: list[dict[str, Any] | str] = [*pool[:3], "exhaustive"]
-        for job in check:
-            search = job if isinstance(job, str) else Adaptive(**full(job))
-            for p in profiles[::9]:
-                fast = tally([p], search, [0], SIGMA, fast_replay).summary()
-                slow = tally([p], search, [0], SIGMA, replay).summary()
-                assert fast == slow, (p.name, job, fast, slow)
-        print(f"verified fast_replay == replay on {len(profiles[::9])} profiles x {len(check)}")
+        verify(pool, profiles)
     print(
         f"{len(profiles)} profiles ({len(reference)} reference + {len(traces)} traces), "
-        f"{len(pool)} candidates, tuning seeds {tuning_seeds}, selection seeds "
-        f"{selection_seeds}, out-of-fold seeds {oof_seeds}, tail seeds "
-        f"{tail_seeds[0]}-{tail_seeds[-1]}",
+        f"{len(pool)} candidates, tuning seeds {seeds.tuning}, selection seeds "
+        f"{seeds.selection}, out-of-fold seeds {seeds.oof}, tail seeds "
+        f"{seeds.tail[0]}-{seeds.tail[-1]}",
         flush=True,
     )
-    evaluate = Evaluator(profiles, tuning_seeds, args.jobs)
-    select = Evaluator(profiles, selection_seeds, args.jobs)
-    tail_eval = Evaluator(profiles, tail_seeds, args.jobs)
-    given = json.loads(args.descent_from.read_text()) if args.descent_from else None
-
-    def descent(mask: Sequence[bool], family: str | None) -> dict[str, Any]:
-        """The coordinate descent's pick on the profiles in `mask` (or the given record's)."""
-        if given is None:
-            return tune(pool, pool_tallies, mask, evaluate, select)
-        rec = given["final"] if family is None else _fold_of(given, family)
-        params = decode(rec.get("descent_params", rec["params"]))
-        keep = ("pool_starts", "evaluated", "finalists")
-        return {
-            **{k: rec[k] for k in keep if k in rec},
-            "descent_from": f"{args.descent_from.name} of {given['date']}",
-            "params": {k: params[k] for k in SPACE},
-        }
-
+    tuning = Tuning(profiles, seeds, args.jobs, pool, args.descent_from)
     try:
-        pool_tallies = evaluate(pool) if given is None else []
-        exhaustive_tuning = evaluate(["exhaustive"])[0]
+        tuning.evaluate_pool()
+        exhaustive_tuning = tuning.evaluate(["exhaustive"])[0]
         print(f"pool evaluated in {wallclock.perf_counter() - started:.0f} s", flush=True)
-        folds = []
-        oof_adaptive, oof_exhaustive = Tally(), Tally()
-        per_seed = {s: (Tally(), Tally()) for s in oof_seeds}
-        for family in sorted({fold_key(p, args.folds) for p in profiles}):
-            held = [fold_key(p, args.folds) == family for p in profiles]
-            train = [not h for h in held]
-            result = descent(train, family)
-            result["descent_params"] = encode(result["params"])
-            result["tail_stage"] = tail_stage(result["params"], train, tail_eval)
-            params = result["params"] = result["tail_stage"]["params"]
-            test_profiles = [p for p, h in zip(profiles, held, strict=True) if h]
-            ta, te = Tally(), Tally()
-            for seed in oof_seeds:
-                sa_ = tally(test_profiles, Adaptive(**full(params)), [seed], SIGMA, fast_replay)
-                se_ = tally(test_profiles, "exhaustive", [seed], SIGMA, fast_replay)
-                per_seed[seed][0].add(sa_)
-                per_seed[seed][1].add(se_)
-                ta.add(sa_)
-                te.add(se_)
-            oof_adaptive.add(ta)
-            oof_exhaustive.add(te)
-            sa, se = ta.summary(), te.summary()
-            folds.append(
-                {
-                    "family": family,
-                    "profiles": len(test_profiles),
-                    **{k: v for k, v in result.items() if k != "params"},
-                    "params": encode(full(params)),
-                    "train_in_sample": pooled(evaluate([params])[0], train).summary(),
-                    "train_exhaustive": pooled(exhaustive_tuning, train).summary(),
-                    "adaptive": sa,
-                    "exhaustive": se,
-                }
-            )
-            print(
-                _line(f"fold {family:13s} ({len(test_profiles):3d} profiles)", sa, se)
-                + f"  [{wallclock.perf_counter() - started:.0f} s]",
-                flush=True,
-            )
+        folds, oof_adaptive, oof_exhaustive, per_seed = cross_validate(
+            tuning, profiles, args.folds, seeds.oof, exhaustive_tuning, started
+        )
         everything = [True] * len(profiles)
-        final = descent(everything, None)
-        final["descent_params"] = encode(final["params"])
-        final["tail_stage"] = tail_stage(final["params"], everything, tail_eval)
-        final["params"] = final["tail_stage"]["params"]
-        final_in_sample = pooled(evaluate([final["params"]])[0], everything).summary()
+        final = tuning.tuned(everything, None)
+        final_in_sample = pooled(tuning.evaluate([final["params"]])[0], everything).summary()
     finally:
-        evaluate.close()
-        select.close()
-        tail_eval.close()
+        tuning.close()
     a, e = oof_adaptive.summary(), oof_exhaustive.summary()
     oof_spread = spread(list(per_seed.values()))
-    print(_line("out-of-fold pooled", a, e))
-    print(
-        f"  per seed: difference {oof_spread['difference_range']}, worst "
-        f"{oof_spread['worst_regret_range']}, time {oof_spread['time_ratio_range']}"
-    )
-    print(f"tuned on all profiles: {encode(final['params'])}")
-    print(
-        _line(
-            "  in-sample (tuning seeds)",
-            final_in_sample,
-            pooled(exhaustive_tuning, everything).summary(),
-        )
-    )
-    matches = Adaptive(**full(final["params"])) == Adaptive()
-    print(
-        f"Adaptive() defaults {'match' if matches else 'DIFFER FROM'} this result"
-        + ("" if matches else " (copy final.params into Adaptive, then re-stamp with --restamp)")
-    )
-    out: dict[str, object] = {
-        "bench": "tune_adaptive_search",
-        "machine": machine(),
-        "date": now(),
-        "rule": {
-            "maximize": "within_1pct - tail_weight * tail_3pct",
-            "tail_weight": TAIL_WEIGHT,
-            "penalty_per_unit_over": PENALTY,
-            "caps": {"time_ratio": TIME_CAP, "worst_regret": WORST_CAP},
-            "ties": "lower time_ratio",
-            "search": (
-                f"coordinate descent over SPACE ({PASSES} passes, tuning seeds) from the "
-                f"{STARTS} best of the pool, with pair moves when stuck (the {PAIR_FLAGS} best "
-                "single changes kept out only by the time cap, each with the "
-                f"{PAIR_PARTNERS} time-cutting changes of other settings whose pair scores best if "
-                "their effects add up); of the "
-                f"{FINALISTS} best settings it evaluated, the best on the selection seeds"
-            ),
-            "tail_stage": (
-                "then every combination of TAIL_SPACE on top of that pick, the best by "
-                "score - tail4_weight * tail_4pct on the tail seeds"
-            ),
-            "tail4_weight": TAIL4_WEIGHT,
-        },
-        "sigma": SIGMA,
-        "folds_by": "workload family (network)" if args.folds == "family" else "GPU model",
-        "fixed": encode(FIXED),
-        "space": {k: [encode({k: v})[k] for v in vs] for k, vs in SPACE.items()},
-        "tail_space": {k: list(vs) for k, vs in TAIL_SPACE.items()},
-        "candidates": len(pool),
-        "pool_seed": POOL_SEED,
-        "tuning_seeds": tuning_seeds,
-        "selection_seeds": selection_seeds,
-        "scoring_seeds": oof_seeds,
-        "tail_seeds": tail_seeds,
-        "folds": folds,
-        "out_of_fold": {
-            "adaptive": a,
-            "exhaustive": e,
-            "goals_met": goals_met(a, e),
-            "spread": oof_spread,
-        },
-        "final": {
-            **{k: v for k, v in final.items() if k != "params"},
-            "params": encode(full(final["params"])),
-            "in_sample": final_in_sample,
-        },
-        "shipped_defaults_match": matches,
-        "elapsed_s": round(wallclock.perf_counter() - started, 1),
-    }
+    exhaustive_in_sample = pooled(exhaustive_tuning, everything).summary()
+    matches = print_outcome(a, e, oof_spread, final, final_in_sample, exhaustive_in_sample)
+    oof = {"adaptive": a, "exhaustive": e, "goals_met": goals_met(a, e), "spread": oof_spread}
+    out = record(args, seeds, pool, folds, oof, final, final_in_sample, matches, started)
     if args.write and args.folds == "family":
         CV_FILE.write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {CV_FILE.relative_to(ROOT)}")
