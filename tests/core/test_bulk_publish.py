@@ -2,34 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-from nats.aio.client import Client
 
 from coordinator import bulk
-
-
-def _nats_py_bytes(messages: list[tuple[str, str, bytes, dict[str, str] | None]]) -> bytes:
-    """What nats-py's own `_send_publish` queues for `messages` (subject, reply, payload,
-    headers)."""
-    written: list[bytes] = []
-    client = Client()
-
-    async def capture(cmd: bytes, priority: bool = False) -> None:
-        written.append(cmd)
-
-    client._send_command = capture  # type: ignore[method-assign]  # noqa: SLF001
-    client._flush_queue = None  # noqa: SLF001
-
-    async def publish_all() -> None:
-        for subject, reply, payload, headers in messages:
-            await client._send_publish(subject, reply, payload, len(payload),  # noqa: SLF001
-                                       headers)
-
-    asyncio.run(publish_all())
-    return b"".join(written)
+from tests.core.nats_bytes_kit import nats_py_bytes
 
 
 def test_commands_are_what_nats_py_writes() -> None:
@@ -39,7 +17,7 @@ def test_commands_are_what_nats_py_writes() -> None:
                 ("$KV.b.rank.ab.7", "_INBOX.a.1", b"x" * 5000, {"A": "1", "B-c": "two words"})]
     built = b"".join(bulk.command(s, r, None if h is None else bulk.header_block(h), p)
                      for s, r, p, h in messages)
-    assert built == _nats_py_bytes(messages)
+    assert built == nats_py_bytes(messages)
 
 
 @pytest.mark.parametrize("headers", [{"Bad Name": "1"}, {"A": " padded "}, {"A": "a\r\nb"},

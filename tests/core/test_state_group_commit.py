@@ -6,6 +6,7 @@ from collections import deque
 from typing import Any
 
 from coordinator.state.group_commit import committed, disabled, take_batch
+from tests.core.nats_bytes_kit import nats_py_bytes
 
 
 def _unit(*keys: str) -> tuple[list[tuple[str, bytes]], Any]:
@@ -47,31 +48,15 @@ def test_what_an_acknowledgement_says() -> None:
 
 def test_a_batchs_commands_are_what_nats_py_writes_for_each_message() -> None:
     """`batch_commands` writes each message as nats-py's `publish` would, in one buffer."""
-    import asyncio
-
-    from nats.aio.client import Client
-
     from coordinator.state.group_commit import batch_commands
 
     items = [("gpu.ab.cd.0", b'{"v":2}'), ("rank.ab.0", b""), ("v.ranks.ab.0", b"x" * 300)]
-    written: list[bytes] = []
-    client = Client()
-
-    async def capture(cmd: bytes, priority: bool = False) -> None:
-        written.append(cmd)
-
-    client._send_command = capture  # type: ignore[method-assign]  # noqa: SLF001
-    client._flush_queue = None  # noqa: SLF001
-
-    async def publish_all() -> None:
-        for seq, (key, value) in enumerate(items, 1):
-            headers = {"Nats-Batch-Id": "t.7", "Nats-Batch-Sequence": str(seq),
-                       "Nats-Expected-Last-Subject-Sequence": "0"}
-            if seq == len(items):
-                headers["Nats-Batch-Commit"] = "1"
-            await client._send_publish(  # noqa: SLF001
-                "$KV.b." + key, "_INBOX.x.7" if seq == len(items) else "", value, len(value),
-                headers)
-
-    asyncio.run(publish_all())
-    assert batch_commands("$KV.b.", "t.7", items, "_INBOX.x.7") == b"".join(written)
+    messages = []
+    for seq, (key, value) in enumerate(items, 1):
+        headers = {"Nats-Batch-Id": "t.7", "Nats-Batch-Sequence": str(seq),
+                   "Nats-Expected-Last-Subject-Sequence": "0"}
+        if seq == len(items):
+            headers["Nats-Batch-Commit"] = "1"
+        messages.append(("$KV.b." + key, "_INBOX.x.7" if seq == len(items) else "", value,
+                         headers))
+    assert batch_commands("$KV.b.", "t.7", items, "_INBOX.x.7") == nats_py_bytes(messages)
