@@ -49,14 +49,16 @@ def command(subject: str, reply: str, header: bytes | None, payload: bytes) -> b
 def sendable(nc: Any, subjects: Iterable[str], payloads: Iterable[bytes]) -> bool:
     """Whether these messages may go through `send` (else: nats-py's `publish`, one by one).
 
-    Not while nats-py is not connected (it buffers, or refuses, by rules of its own), nor with
+    Not while nats-py is not connected (it buffers, or refuses, by rules of its own) or drains
+    its publishers (it refuses: `is_connected` still says True then), nor with
     a payload over the server's limit (nats-py raises; the server would close the connection),
     a subject nats-py would refuse (the subjects sent here are printable ASCII without
     spaces; anything else goes nats-py's way), or a nats-py without the buffer `send` uses.
     """
     if not callable(getattr(nc, "_send_command", None)) \
             or not callable(getattr(nc, "_flush_pending", None)) \
-            or getattr(nc, "is_connected", False) is not True:
+            or getattr(nc, "is_connected", False) is not True \
+            or getattr(nc, "is_draining_pubs", True) is not False:
         return False
     limit = getattr(nc, "max_payload", 0)
     if not all(len(p) <= limit for p in payloads):

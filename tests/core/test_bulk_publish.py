@@ -30,6 +30,7 @@ def test_headers_nats_py_would_change_are_not_built(headers: dict[str, str]) -> 
 
 class _Connected:
     is_connected = True
+    is_draining_pubs = False
     max_payload = 100
 
     async def _send_command(self, cmd: bytes) -> None: ...

@@ -96,28 +96,31 @@ def _sigkill_group_sparing_trackers(pgid: int) -> None:
 
     A tracker unlinks the named semaphores (`/dev/shm/sem.mp-*`) its processes leave behind,
     once they are all gone; killed with them, it would leak every one. It ends by itself.
-    The group is stopped first, so that it dies as at once: no member sees another die.
+    The group is stopped first, so that it dies as at once: no member sees another die. A
+    member killed stays listed until the kernel has torn it down (tens of ms for one holding
+    a GiB: a trainer), so each is killed once and the group looked at again only for members
+    not seen yet (a fork under way as it stopped). The group is then continued: the trackers,
+    and anything a SIGKILL could not reach, are not left stopped.
     """
     try:
         os.killpg(pgid, signal.SIGSTOP)
     except (ProcessLookupError, PermissionError):
         return
-    trackers: set[int] = set()
-    for _ in range(20):  # a fork under way as the group stopped: look again
-        members = [pid for pid in _group_members(pgid) if pid not in trackers]
-        trackers |= {pid for pid in members if _is_resource_tracker(pid)}
-        members = [pid for pid in members if pid not in trackers]
+    seen: set[int] = set()
+    for _ in range(20):
+        members = [pid for pid in _group_members(pgid) if pid not in seen]
         if not members:
             break
+        seen.update(members)
         for pid in members:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-    else:
+            if not _is_resource_tracker(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+    else:  # (New members each time: give up sparing anything.)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
-    for pid in trackers:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGCONT)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGCONT)
 
 
 def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL,
