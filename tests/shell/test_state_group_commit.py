@@ -15,21 +15,13 @@ from typing import Any
 
 import pytest
 
-from coordinator.jobs import DuplicateError, RankRecord
+from coordinator.jobs import DuplicateError
 from coordinator.state import records
 from coordinator.state.group_commit import REFUSED, GroupCommit
 from coordinator.state.jetstream import JetStreamState
-from zeus_agent.models import RankInfo
-from zeus_agent.wire.messages import GpuBinding
+from tests.shell.node_entries_kit import rank_record
 
 JOB = "1765000000+dp64+pp1+tp1+PowerLimitOptimizer"
-
-
-def _rank(rank: int, node: str | None = None, gpu: int | None = None) -> RankRecord:
-    return RankRecord(RankInfo(rank=rank, dp_rank=rank, pp_rank=0, tp_rank=0,
-                               available_frequencies=[1740, 210]),
-                      GpuBinding(node=node or f"n{rank // 8}",
-                                 gpu_index=rank % 8 if gpu is None else gpu))
 
 
 async def _state(nc: Any) -> JetStreamState:
@@ -46,13 +38,13 @@ async def test_a_burst_of_ranks_goes_in_few_batches(nc: Any) -> None:
     state = await _state(nc)
     try:
         assert state.batches is not None and state.batches.enabled
-        created = await asyncio.gather(*(state.create_rank(JOB, _rank(r), (100, 300), 1.0)
+        created = await asyncio.gather(*(state.create_rank(JOB, rank_record(r), (100, 300), 1.0)
                                          for r in range(64)))
         assert created == [True] * 64
         assert await _stored(state) == 128  # every rank's GPU key and rank key
         assert 1 <= state.batches.batches < 16
         entry = await state.kv.get(records.rank_key(JOB, 63))
-        assert records.decode(entry.key, entry.value, False, 0).rank == _rank(63)
+        assert records.decode(entry.key, entry.value, False, 0).rank == rank_record(63)
         gpu = await state.kv.get(records.gpu_key(JOB, "n7", 7))
         assert records.rank_of_gpu_value(gpu.value) == 63
     finally:
@@ -62,12 +54,12 @@ async def test_a_burst_of_ranks_goes_in_few_batches(nc: Any) -> None:
 async def test_a_refused_batch_is_sorted_out_one_key_at_a_time(nc: Any) -> None:
     state = await _state(nc)
     try:
-        assert await state.create_rank(JOB, _rank(0))
+        assert await state.create_rank(JOB, rank_record(0))
         before = state.batches.batches if state.batches else 0
         results = await asyncio.gather(
-            state.create_rank(JOB, _rank(0)),  # a retry: recorded identically
-            state.create_rank(JOB, _rank(1, node="n0", gpu=0)),  # GPU 0 of n0 is rank 0's
-            *(state.create_rank(JOB, _rank(r)) for r in range(2, 10)),
+            state.create_rank(JOB, rank_record(0)),  # a retry: recorded identically
+            state.create_rank(JOB, rank_record(1, node="n0", gpu=0)),  # GPU 0 of n0 is rank 0's
+            *(state.create_rank(JOB, rank_record(r)) for r in range(2, 10)),
             return_exceptions=True)
         assert results[0] is False
         assert isinstance(results[1], DuplicateError)
@@ -83,11 +75,11 @@ async def test_without_batches_the_keys_are_created_one_by_one(nc: Any) -> None:
     try:
         assert state.batches is not None
         state.batches.enabled = False
-        created = await asyncio.gather(*(state.create_rank(JOB, _rank(r)) for r in range(8)))
+        created = await asyncio.gather(*(state.create_rank(JOB, rank_record(r)) for r in range(8)))
         assert created == [True] * 8 and state.batches.batches == 0
         assert await _stored(state) == 16
         with pytest.raises(DuplicateError):
-            await state.create_rank(JOB, _rank(3, node="n0", gpu=4))
+            await state.create_rank(JOB, rank_record(3, node="n0", gpu=4))
     finally:
         await state.close()
 
