@@ -65,6 +65,7 @@ def plain_reply(reply: Reply) -> dict[str, Any]:
     """
     return dict(reply.__dict__)
 
+
 Handler = Callable[[bytes, str], Awaitable[Reply]]
 """An endpoint handler: (request payload, request subject) -> reply."""
 

@@ -57,10 +57,10 @@ def processes_with_mark(mark: str) -> list[int]:
             continue
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
-            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        if needle in environ.split(b"\0") and stat.rsplit(")", 1)[-1].split()[0] != "Z":
+        stat = _proc_stat(int(pid))
+        if needle in environ.split(b"\0") and stat is not None and stat[0] != "Z":
             found.append(int(pid))
     return found
 
