@@ -133,6 +133,55 @@ def measure(pid: int, port: int, seconds: float) -> dict[str, object]:
     }
 
 
+def bind_trainers(procs: Processes, sock: str, gpus: int, trainers: list[str]) -> None:
+    """Start a trainer per GPU (named in `trainers` as each starts) and wait until all are bound."""
+    for gpu in range(gpus):
+        trainers.append(f"trainer-{gpu}")
+        procs.spawn(trainers[-1], [sys.executable, "-c", TRAINER, sock, str(gpu)],
+                    stdout=subprocess.PIPE)
+    for t in trainers:
+        out = procs.procs[t].stdout
+        assert out is not None
+        if out.readline().strip() != b"bound":
+            raise SystemExit("a trainer could not bind its GPU:\n" + procs.log(t))
+
+
+def report(args: argparse.Namespace, idle: dict[str, object], bound: dict[str, object] | None,
+           load_before: tuple[float, float, float], load_after: tuple[float, float, float]
+           ) -> dict[str, object]:
+    """Print the idle (and bound) lines; return the JSON line's figures."""
+    pct = float(idle["cpu_pct"])  # type: ignore[arg-type]
+    print(f"agent CPU with {args.gpus} simulated GPUs at {args.hz:g} Hz, no trainer: {pct:.2f}% "
+          f"of one core over {idle['window_s']} s (budget {BUDGET_PCT}%); threads "
+          f"{idle['threads_pct']}, {idle['counter_reads_per_s']} counter reads/s")
+    if bound is not None:
+        print(f"with a trainer bound to each GPU: {bound['cpu_pct']}% of one core; threads "
+              f"{bound['threads_pct']}, {bound['counter_reads_per_s']} counter reads/s")
+    result: dict[str, object] = {
+        "bench": "agent_cpu", "gpus": args.gpus, "sample_hz": args.hz,
+        "cpu_pct_of_one_core": pct, "window_s": idle["window_s"],
+        "budget_pct": BUDGET_PCT, "ok": pct <= BUDGET_PCT,
+        "threads_pct": idle["threads_pct"],
+        "counter_reads_per_s": idle["counter_reads_per_s"],
+        "power_limit_reads_per_s": idle["power_limit_reads_per_s"],
+        "idle_gpus": idle["idle_gpus"],
+    }  # fmt: skip
+    if bound is not None:
+        result.update({
+            "bound_cpu_pct_of_one_core": bound["cpu_pct"],
+            "bound_threads_pct": bound["threads_pct"],
+            "bound_counter_reads_per_s": bound["counter_reads_per_s"],
+            "bound_power_limit_reads_per_s": bound["power_limit_reads_per_s"],
+            "bound_idle_gpus": bound["idle_gpus"],
+        })  # fmt: skip
+    result.update({
+        "load_avg_before": [round(x, 2) for x in load_before],
+        "load_avg_after": [round(x, 2) for x in load_after],
+        "machine": machine(), "date": now(),
+    })  # fmt: skip
+    return result
+
+
 def main() -> None:
     """Run the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -167,15 +216,7 @@ def main() -> None:
             time.sleep(SETTLE_S)  # start-up and learning are not the steady state
             idle = measure(proc.pid, port, args.seconds)
             if args.bound:
-                for gpu in range(args.gpus):
-                    trainers.append(f"trainer-{gpu}")
-                    procs.spawn(trainers[-1], [sys.executable, "-c", TRAINER, sock, str(gpu)],
-                                stdout=subprocess.PIPE)
-                for t in trainers:
-                    out = procs.procs[t].stdout
-                    assert out is not None
-                    if out.readline().strip() != b"bound":
-                        raise SystemExit("a trainer could not bind its GPU:\n" + procs.log(t))
+                bind_trainers(procs, sock, args.gpus, trainers)
                 time.sleep(3.0)  # every GPU back to reading every update
                 bound = measure(proc.pid, port, args.seconds)
         finally:
@@ -184,36 +225,7 @@ def main() -> None:
             procs.stop("agent", 15)  # SIGTERM: it restores its GPUs and stops
             procs.close()
     load_after = os.getloadavg()
-    pct = float(idle["cpu_pct"])  # type: ignore[arg-type]
-    print(f"agent CPU with {args.gpus} simulated GPUs at {args.hz:g} Hz, no trainer: {pct:.2f}% "
-          f"of one core over {idle['window_s']} s (budget {BUDGET_PCT}%); threads "
-          f"{idle['threads_pct']}, {idle['counter_reads_per_s']} counter reads/s")
-    if bound is not None:
-        print(f"with a trainer bound to each GPU: {bound['cpu_pct']}% of one core; threads "
-              f"{bound['threads_pct']}, {bound['counter_reads_per_s']} counter reads/s")
-    result: dict[str, object] = {
-        "bench": "agent_cpu", "gpus": args.gpus, "sample_hz": args.hz,
-        "cpu_pct_of_one_core": pct, "window_s": idle["window_s"],
-        "budget_pct": BUDGET_PCT, "ok": pct <= BUDGET_PCT,
-        "threads_pct": idle["threads_pct"],
-        "counter_reads_per_s": idle["counter_reads_per_s"],
-        "power_limit_reads_per_s": idle["power_limit_reads_per_s"],
-        "idle_gpus": idle["idle_gpus"],
-    }  # fmt: skip
-    if bound is not None:
-        result.update({
-            "bound_cpu_pct_of_one_core": bound["cpu_pct"],
-            "bound_threads_pct": bound["threads_pct"],
-            "bound_counter_reads_per_s": bound["counter_reads_per_s"],
-            "bound_power_limit_reads_per_s": bound["power_limit_reads_per_s"],
-            "bound_idle_gpus": bound["idle_gpus"],
-        })  # fmt: skip
-    result.update({
-        "load_avg_before": [round(x, 2) for x in load_before],
-        "load_avg_after": [round(x, 2) for x in load_after],
-        "machine": machine(), "date": now(),
-    })  # fmt: skip
-    print(json.dumps(result))
+    print(json.dumps(report(args, idle, bound, load_before, load_after)))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -242,19 +243,23 @@ def sentinels(health: dict[str, Any] | None) -> tuple[int, int]:
     return int(dropped.get("wrong_node", 0)), int(dropped.get("malformed", 0))
 
 
-async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: float,
-                       duration_s: float, flush_hz: float, first_step: int,
-                       published: list[int], extra_pids: dict[str, int]) -> dict[str, Any]:
-    """Publish at `rate` steps/s per rank for `duration_s`; measure until the owner has it all.
+@dataclass
+class Published:
+    """What `publish_level` sent: steps up to `step`, when it began and when it was flushed."""
 
-    `published` holds the sentinels published so far on each stream (updated).
-    """
-    tick_hz = min(rate, flush_hz)
+    step: int
+    items: int
+    """Events: trainer events + marks + measurements."""
+    messages: int
+    late_ticks: int
+    t_start: float
+    t_published: float
+
+
+async def publish_level(nc: Any, sim: Ranks, rate: float, tick_hz: float, duration_s: float,
+                        first_step: int, published: list[int]) -> Published:
+    """Publish every rank's steps at `rate`, flushed `tick_hz` times a second, with sentinels."""
     step_s = 1.0 / rate
-    names = reps.names
-    pids = {**{n: reps.pid(n) for n in names}, **extra_pids}
-    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.monotonic()
     step = first_step - 1  # last step published
     items = messages = 0
@@ -289,8 +294,13 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
             published[1] += 1
         tick += 1
     await nc.flush()
-    t_published = time.monotonic()
-    # Until every replica has processed everything (the owner's time is the figure).
+    return Published(step, items, messages, late_ticks, t_start, time.monotonic())
+
+
+async def wait_processed(reps: Replicas, published: list[int], timeout_s: float
+                         ) -> dict[str, float]:
+    """When each replica saw every sentinel counted (absent: not by `timeout_s`)."""
+    names = reps.names
     done_at: dict[str, float] = {}
 
     async def all_done() -> bool:
@@ -304,8 +314,27 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
                 done_at[name] = time.monotonic()
         return len(done_at) == len(names)
 
-    # Past the timeout, what is missing shows in the figures (a replica not done: now).
-    await wait_for_async(all_done, max(60.0, 4 * duration_s), fail=False)
+    await wait_for_async(all_done, timeout_s, fail=False)
+    return done_at
+
+
+async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: float,
+                       duration_s: float, flush_hz: float, first_step: int,
+                       published: list[int], extra_pids: dict[str, int]) -> dict[str, Any]:
+    """Publish at `rate` steps/s per rank for `duration_s`; measure until the owner has it all.
+
+    `published` holds the sentinels published so far on each stream (updated).
+    """
+    tick_hz = min(rate, flush_hz)
+    names = reps.names
+    pids = {**{n: reps.pid(n) for n in names}, **extra_pids}
+    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
+    pub = await publish_level(nc, sim, rate, tick_hz, duration_s, first_step, published)
+    t_start, t_published, items, messages = pub.t_start, pub.t_published, pub.items, pub.messages
+    # Until every replica has processed everything (the owner's time is the figure). Past the
+    # timeout, what is missing shows in the figures (a replica not done: now).
+    done_at = await wait_processed(reps, published, max(60.0, 4 * duration_s))
     owner = str((await owner_of(nc, sim.job_id))["owner"])  # (Handed over meanwhile?)
     t_end = done_at.get(owner, time.monotonic())
     cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
@@ -318,14 +347,14 @@ async def ingest_level(nc: Any, sim: Ranks, reps: Replicas, owner: str, rate: fl
         "rate_steps_per_s_per_rank": rate,
         "owner": owner,
         "flushes_per_s": tick_hz,
-        "steps": step - first_step + 1,
+        "steps": pub.step - first_step + 1,
         "events": items,
         "messages": messages,
         "offered_events_per_s": round(4 * rate * sim.ranks),
         "offered_messages_per_s": round(tick_hz * (sim.ranks + len(sim.nodes))),
         "published_events_per_s": round(items / (t_published - t_start)),
         "published_messages_per_s": round(messages / (t_published - t_start)),
-        "late_flushes": late_ticks,
+        "late_flushes": pub.late_ticks,
         "events_per_s": round(items / span) if owner in done_at else None,
         "messages_per_s": round(messages / span) if owner in done_at else None,
         "drain_s": round(t_end - t_published, 3) if owner in done_at else None,

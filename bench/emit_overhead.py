@@ -144,6 +144,77 @@ def pct(samples: list[int], q: float) -> int:
     return samples[min(len(samples) - 1, int(len(samples) * q))]
 
 
+Rows = list[tuple[str, list[int], str]]
+"""Table rows: (name, sorted samples in ns, note)."""
+
+
+def measure_agent_up(path: str, calls: int, warmup: int, gap_ns: int) -> Rows:
+    """The timer alone, then the rows with something draining the agent's socket `path`."""
+    rows: Rows = [("timer only (no call)", measure(lambda: None, calls, 1000, 0), "")]
+
+    # Bare kernel send of the same datagram, paced.
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    raw.setblocking(False)
+    raw.bind("")
+    raw.connect(path)
+    data = encode_event(int(Kind.STEP_BEGIN), os.getpid(), time.monotonic_ns(), 1, 0, "")
+
+    def raw_send() -> None:
+        with contextlib.suppress(BlockingIOError):
+            raw.send(data)
+
+    # The bare send and emit alternate, paced: the budget is their difference.
+    emit.init(socket_path=path)
+    sent, up = measure_pair(raw_send, emit.step_begin, calls, warmup, gap_ns)
+    s = emit.stats()
+    rows.append(("socket.send only, paced", sent, "alternating with the next row"))
+    rows.append(("emit, agent up, paced", up, f"dropped {s.dropped}/{s.events}"))
+    emit.close()
+    raw.close()
+
+    emit.init(socket_path=path)
+    b2b = measure(emit.step_begin, calls, warmup, 0)
+    s = emit.stats()
+    rows.append(("emit, agent up, back to back", b2b, f"dropped {s.dropped}/{s.events}"))
+    emit.close()
+
+    emit.init(socket_path=path)
+    bare, wrapped = measure_action(calls // 4, warmup // 4, gap_ns)
+    s = emit.stats()
+    rows.append(("pipeline action, bare call", bare, "alternating with the next row"))
+    rows.append(("pipeline action, instrumented", wrapped,
+                 f"begin+end emitted; dropped {s.dropped}/{s.events}"))
+    emit.close()
+    return rows
+
+
+def result_line(rows: Rows, calls: int) -> dict[str, object]:
+    """The JSON line's figures, from the rows in the order `main` makes them."""
+    timer, sent, up, b2b, bare, wrapped, absent = (samples for _, samples, _ in rows)
+    p50_up, p50_absent, p50_send = pct(up, 0.5), pct(absent, 0.5), pct(sent, 0.5)
+    return {
+        "bench": "emit_overhead",
+        "p50_ns_agent_up": p50_up,
+        "p99_ns_agent_up": pct(up, 0.99),
+        "p50_ns_agent_absent": p50_absent,
+        "p99_ns_agent_absent": pct(absent, 0.99),
+        "p50_ns_agent_up_back_to_back": pct(b2b, 0.5),
+        "p50_ns_raw_send_agent_up": p50_send,
+        "p50_ns_agent_up_above_send": p50_up - p50_send,
+        "p50_ns_timer": pct(timer, 0.5),
+        "p50_ns_per_action_bare": pct(bare, 0.5),
+        "p50_ns_per_action_instrumented": pct(wrapped, 0.5),
+        "p99_ns_per_action_instrumented": pct(wrapped, 0.99),
+        "p50_ns_per_action_overhead": pct(wrapped, 0.5) - pct(bare, 0.5),
+        "calls": calls,
+        "budget_p50_ns_agent_absent": BUDGET_P50_NS,
+        "budget_p50_ns_above_send": BUDGET_ABOVE_SEND_NS,
+        "ok": p50_up - p50_send <= BUDGET_ABOVE_SEND_NS and p50_absent <= BUDGET_P50_NS,
+        "machine": machine(),
+        "date": now(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
@@ -163,45 +234,8 @@ def main() -> None:
             [sys.executable, "-c", RECEIVER, path], stdout=subprocess.PIPE, text=True
         )
         assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
-
-    rows: list[tuple[str, list[int], str]] = []
     try:
-        # Timer overhead.
-        rows.append(("timer only (no call)", measure(lambda: None, args.calls, 1000, 0), ""))
-
-        # Bare kernel send of the same datagram, paced.
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        raw.setblocking(False)
-        raw.bind("")
-        raw.connect(path)
-        data = encode_event(int(Kind.STEP_BEGIN), os.getpid(), time.monotonic_ns(), 1, 0, "")
-
-        def raw_send() -> None:
-            with contextlib.suppress(BlockingIOError):
-                raw.send(data)
-
-        # The bare send and emit alternate, paced: the budget is their difference.
-        emit.init(socket_path=path)
-        sent, up = measure_pair(raw_send, emit.step_begin, args.calls, args.warmup, gap_ns)
-        s = emit.stats()
-        rows.append(("socket.send only, paced", sent, "alternating with the next row"))
-        rows.append(("emit, agent up, paced", up, f"dropped {s.dropped}/{s.events}"))
-        emit.close()
-        raw.close()
-
-        emit.init(socket_path=path)
-        b2b = measure(emit.step_begin, args.calls, args.warmup, 0)
-        s = emit.stats()
-        rows.append(("emit, agent up, back to back", b2b, f"dropped {s.dropped}/{s.events}"))
-        emit.close()
-
-        emit.init(socket_path=path)
-        bare, wrapped = measure_action(args.calls // 4, args.warmup // 4, gap_ns)
-        s = emit.stats()
-        rows.append(("pipeline action, bare call", bare, "alternating with the next row"))
-        rows.append(("pipeline action, instrumented", wrapped,
-                     f"begin+end emitted; dropped {s.dropped}/{s.events}"))
-        emit.close()
+        rows = measure_agent_up(path, args.calls, args.warmup, gap_ns)
     finally:
         if receiver is not None:
             receiver.kill()
@@ -217,31 +251,7 @@ def main() -> None:
     for name, samples, note in rows:
         print(f"{name:34s} {pct(samples, 0.5):7d} {pct(samples, 0.99):8d} {samples[-1]:9d}  {note}")
     print(f"(paced: {args.gap_us} us between calls; receiver: {args.socket or 'subprocess'})")
-
-    p50_up, p50_absent = pct(up, 0.5), pct(absent, 0.5)
-    p50_send = pct(rows[1][1], 0.5)
-    result = {
-        "bench": "emit_overhead",
-        "p50_ns_agent_up": p50_up,
-        "p99_ns_agent_up": pct(up, 0.99),
-        "p50_ns_agent_absent": p50_absent,
-        "p99_ns_agent_absent": pct(absent, 0.99),
-        "p50_ns_agent_up_back_to_back": pct(b2b, 0.5),
-        "p50_ns_raw_send_agent_up": p50_send,
-        "p50_ns_agent_up_above_send": p50_up - p50_send,
-        "p50_ns_timer": pct(rows[0][1], 0.5),
-        "p50_ns_per_action_bare": pct(bare, 0.5),
-        "p50_ns_per_action_instrumented": pct(wrapped, 0.5),
-        "p99_ns_per_action_instrumented": pct(wrapped, 0.99),
-        "p50_ns_per_action_overhead": pct(wrapped, 0.5) - pct(bare, 0.5),
-        "calls": args.calls,
-        "budget_p50_ns_agent_absent": BUDGET_P50_NS,
-        "budget_p50_ns_above_send": BUDGET_ABOVE_SEND_NS,
-        "ok": p50_up - p50_send <= BUDGET_ABOVE_SEND_NS and p50_absent <= BUDGET_P50_NS,
-        "machine": machine(),
-        "date": now(),
-    }
-    print(json.dumps(result))
+    print(json.dumps(result_line(rows, args.calls)))
 
 
 if __name__ == "__main__":

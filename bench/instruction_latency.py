@@ -66,21 +66,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from _common import SHM_ROOT, machine, now, pct
+from _instruction_priority import (
+    OTHERS_NICE,
+    RAISE_METHODS,
+    child_priority,
+    contenders,
+    raise_methods,
+    set_agent_priority,
+)
 from wake_floor import WAIT
 from wake_floor import measure as measure_floor
 
@@ -99,11 +103,6 @@ BUDGET_P99_US = 2000.0
 NODE = "bench-instr"
 FREQS = [1740, 1500, 1200, 900, 1605, 1005, 1305, 705]
 PLAN = [("forward" if i % 2 == 0 else "backward", f) for i, f in enumerate(FREQS)]
-RAISED_NICE = -10
-"""The agent's nice value at raised priority (the systemd unit's `Nice=-10`)."""
-OTHERS_NICE = 10
-"""Without privilege: the contenders' and the trainer's nice value (same difference)."""
-SPINNER = "while True:\n    sum(range(100))\n"
 
 TRAINER = textwrap.dedent(
     """
@@ -151,76 +150,6 @@ class StampedSimGPU(SimGPU):
         t_call = time.monotonic_ns()
         super().lock_sm_clocks_mhz(min_clock_mhz, max_clock_mhz)
         self.applied.append((min_clock_mhz, t_call, time.monotonic_ns()))
-
-
-def _child_priority(nice: int) -> Any:
-    """A `preexec_fn` giving the child the normal policy at nice `nice`.
-
-    A child inherits the nice value (and policy) of the thread that forks it: without this,
-    the trainer and the contenders would share the agent's raised priority.
-    """
-
-    def preexec() -> None:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-
-    return preexec
-
-
-def set_agent_priority(method: str) -> None:
-    """Give every thread of this process (the agent's) the priority of `method`.
-
-    Linux scheduling attributes are per thread: each thread listed in /proc/self/task is set.
-    "nice": nice `RAISED_NICE`; "rr": SCHED_RR priority 1; anything else: SCHED_OTHER, nice 0.
-
-    Raises:
-        PermissionError: Raising a priority needs CAP_SYS_NICE (or RLIMIT_NICE/RLIMIT_RTPRIO).
-    """
-    for tid in map(int, os.listdir("/proc/self/task")):
-        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-            if method == "rr":
-                os.sched_setscheduler(tid, os.SCHED_RR, os.sched_param(1))
-            else:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-                os.setpriority(os.PRIO_PROCESS, tid, RAISED_NICE if method == "nice" else 0)
-
-
-def permitted(method: str) -> bool:
-    """Whether this process may raise its priority with `method` ("others" always may)."""
-    if method == "others":
-        return True
-    try:
-        if method == "rr":
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-        else:
-            os.setpriority(os.PRIO_PROCESS, 0, RAISED_NICE)
-    except PermissionError:
-        return False
-    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    os.setpriority(os.PRIO_PROCESS, 0, 0)
-    return True
-
-
-@contextlib.contextmanager
-def contenders(count: int, nice: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """`count` CPU-bound Python processes at nice `nice`, killed on exit."""
-    procs = [
-        children.popen(
-            [sys.executable, "-c", SPINNER],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            preexec_fn=_child_priority(nice),
-        )
-        for _ in range(count)
-    ]
-    try:
-        time.sleep(0.2)  # let them start spinning
-        yield procs
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGKILL)
-        for p in procs:
-            p.wait()
 
 
 def read_per_event(server: AgentServer) -> None:
@@ -360,7 +289,7 @@ class Bench:
         proc = await children.create_subprocess_exec(
             sys.executable, "-c", TRAINER, self.agent.settings.socket_path, mode,
             str(self.steps), str(self.gap_us * 1000), json.dumps([n for n, _ in PLAN]),
-            stdout=asyncio.subprocess.PIPE, preexec_fn=_child_priority(nice),
+            stdout=asyncio.subprocess.PIPE, preexec_fn=child_priority(nice),
         )  # fmt: skip
         out, _ = await proc.communicate()
         stamps: list[int] = json.loads(out)["stamps"]
@@ -502,18 +431,8 @@ def _summary(values: list[float]) -> dict[str, float]:
     }
 
 
-RAISE_METHODS = {
-    "nice": f"every thread of the agent's process at nice {RAISED_NICE} (setpriority; "
-    f"systemd Nice={RAISED_NICE})",
-    "rr": "every thread of the agent's process in SCHED_RR at priority 1 (sched_setscheduler; "
-    "systemd CPUSchedulingPolicy=rr, CPUSchedulingPriority=1)",
-    "others": f"the agent at nice 0, the contenders and the trainer at nice +{OTHERS_NICE}: "
-    "the same difference as 'nice', without privilege",
-}
-
-
-def main() -> None:
-    """Run the benchmark and print the table and the JSON line."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line (what each option measures: the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument(
@@ -554,22 +473,104 @@ def main() -> None:
         help="the agent's --doorbell-spin-us (default: the agent's default, "
         f"{DEFAULT_SPIN_US:g}; 0: its thread never spins)",
     )
+    return parser
+
+
+def _row(label: str, values: list[float]) -> tuple[float, float]:
+    """Print a table row of sorted latencies (us); return their p50 and p99."""
+    p50, p99 = pct(values, 0.5), pct(values, 0.99)
+    print(f"{label:36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
+    return p50, p99
+
+
+def _latency_rows(
+    results: dict[str, dict[str, list[float]]], legacy: dict[str, dict[str, list[float]]],
+    floor: dict[str, list[float]],
+) -> tuple[dict[str, float], bool]:
+    """Print the quiet runs' rows; return their figures and whether "call" is within budget."""
+    out: dict[str, float] = {}
+    ok = True
+    for mode, series in results.items():
+        for what, values in series.items():
+            p50, p99 = _row(mode + " trainer, " + what, values)
+            out[f"{mode}_{what}_p50_us"] = round(p50, 1)
+            out[f"{mode}_{what}_p99_us"] = round(p99, 1)
+            if what == "call":
+                ok = ok and p50 <= BUDGET_P50_US and p99 <= BUDGET_P99_US
+    for mode, series in legacy.items():
+        p50, p99 = _row(mode + ", read per event, call", series["call"])
+        out[f"read_per_event_{mode}_call_p50_us"] = round(p50, 1)
+        out[f"read_per_event_{mode}_call_p99_us"] = round(p99, 1)
+    for mode, values in floor.items():
+        p50, p99 = _row(mode + " sender, floor (no agent)", values)
+        out[f"floor_{mode}_p50_us"] = round(p50, 1)
+        out[f"floor_{mode}_p99_us"] = round(p99, 1)
+        out[f"over_floor_{mode}_p50_us"] = round(out[f"{mode}_call_p50_us"] - p50, 1)
+    return out, ok
+
+
+def _print_notes(early: dict[str, Any], n: int, gap_us: int) -> None:
+    """Print the early raises' line and what the table's columns mean."""
+    print(
+        f"raises ahead (sleeping trainer): {early['raises_late']} of {early['raises']} raises "
+        f"late; lead p1 {early['lead_us']['p1_us']:.0f} us, p50 {early['lead_us']['p50_us']:.0f} "
+        f"us (planned {early['planned_lead_us']:.0f} us); the changes left to their events: "
+        f"call p50 {early['reactive_call_us']['p50_us']:.0f} us, "
+        f"p99 {early['reactive_call_us']['p99_us']:.0f} us"
+    )
+    print(
+        f"(call: agent issues the clock change; done: the simulated GPU's file is rewritten; "
+        f"{n} instructions per mode, {gap_us} us apart; floor: bench/wake_floor.py just "
+        "before each mode, a bare datagram -> a thread sleeping in recv, no agent code: "
+        "what this machine charges for waking a thread after the gap)"
+    )
+
+
+def _doorbell(overtaken: dict[str, int], spin_us: float, total_s: float) -> dict[str, Any]:
+    """Print the doorbell's spinning; return its figures (taken out of `overtaken`)."""
+    spins, spun_us = overtaken.pop("doorbell_spins"), overtaken.pop("doorbell_spun_us")
+    print(f"doorbell spin {spin_us:g} us: {spins} windows, {spun_us / max(1, spins):.0f} us "
+          f"spun per window, {100 * spun_us / (total_s * 1e6):.2f}% of a core over the run")
+    return {
+        "doorbell_datagrams": overtaken.pop("doorbell_datagrams"),
+        "doorbell_taken": overtaken.pop("doorbell_taken"),
+        "doorbell_spin_us": spin_us,
+        "doorbell_spins": spins,
+        "doorbell_spin_hits": overtaken.pop("doorbell_spin_hits"),
+        "spun_us_per_change": round(spun_us / max(1, spins), 1),
+        "spun_cpu_share": round(spun_us / (total_s * 1e6), 4),
+    }
+
+
+def _contention(
+    contended: dict[str, dict[str, list[float]]], args: argparse.Namespace, methods: list[str]
+) -> dict[str, Any]:
+    """Print the contended runs' rows (if any); return their figures per priority level."""
+    contention: dict[str, Any] = {}
+    if not contended:
+        return contention
+    print(f"busy trainer beside {args.contend} CPU-bound processes ({args.rounds} rounds), call:")
+    for level, series in contended.items():
+        values = series["call"]
+        _row("  agent, normal priority" if level == "normal" else f"  agent raised: {level}",
+             values)
+        contention[level] = {
+            **_summary(values),
+            "done": _summary(series["done"]),
+            "instructions": len(values),
+        }
+    for m in methods:
+        print(f"({m}: {RAISE_METHODS[m]})")
+    return contention
+
+
+def main() -> None:
+    """Run the benchmark and print the table and the JSON line."""
+    parser = _parser()
     args = parser.parse_args()
     if args.contend < 0 or args.rounds < 1:
         parser.error("--contend must be >= 0 and --rounds >= 1")
-    methods: list[str] = []
-    for m in args.raise_method or ["auto"]:
-        if m == "auto":
-            privileged = [x for x in ("nice", "rr") if permitted(x)]
-            methods += privileged or ["others"]
-        elif not permitted(m):
-            parser.error(
-                f"--raise-method {m}: this process may not raise its priority that way (needs "
-                "CAP_SYS_NICE or root); use --raise-method others"
-            )
-        else:
-            methods.append(m)
-    methods = list(dict.fromkeys(methods))
+    methods = raise_methods(parser, args)
     import uvloop
 
     load_before = os.getloadavg()
@@ -582,64 +583,12 @@ def main() -> None:
         )
     )  # fmt: skip
     print(f"{'instruction_begin -> applied (us)':36s} {'p50':>7s} {'p99':>7s} {'max':>8s}")
-    out: dict[str, float] = {}
-    ok = True
-    for mode, series in results.items():
-        for what, values in series.items():
-            p50, p99 = pct(values, 0.5), pct(values, 0.99)
-            print(f"{mode + ' trainer, ' + what:36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
-            out[f"{mode}_{what}_p50_us"] = round(p50, 1)
-            out[f"{mode}_{what}_p99_us"] = round(p99, 1)
-            if what == "call":
-                ok = ok and p50 <= BUDGET_P50_US and p99 <= BUDGET_P99_US
-    for mode, series in legacy.items():
-        values = series["call"]
-        p50, p99 = pct(values, 0.5), pct(values, 0.99)
-        print(f"{mode + ', read per event, call':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
-        out[f"read_per_event_{mode}_call_p50_us"] = round(p50, 1)
-        out[f"read_per_event_{mode}_call_p99_us"] = round(p99, 1)
-    for mode, values in floor.items():
-        p50, p99 = pct(values, 0.5), pct(values, 0.99)
-        print(f"{mode + ' sender, floor (no agent)':36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
-        out[f"floor_{mode}_p50_us"] = round(p50, 1)
-        out[f"floor_{mode}_p99_us"] = round(p99, 1)
-        out[f"over_floor_{mode}_p50_us"] = round(out[f"{mode}_call_p50_us"] - p50, 1)
+    out, ok = _latency_rows(results, legacy, floor)
     n = len(results["sleep"]["call"])
-    print(
-        f"raises ahead (sleeping trainer): {early['raises_late']} of {early['raises']} raises "
-        f"late; lead p1 {early['lead_us']['p1_us']:.0f} us, p50 {early['lead_us']['p50_us']:.0f} "
-        f"us (planned {early['planned_lead_us']:.0f} us); the changes left to their events: "
-        f"call p50 {early['reactive_call_us']['p50_us']:.0f} us, "
-        f"p99 {early['reactive_call_us']['p99_us']:.0f} us"
-    )
-    print(
-        f"(call: agent issues the clock change; done: the simulated GPU's file is rewritten; "
-        f"{n} instructions per mode, {args.gap_us} us apart; floor: bench/wake_floor.py just "
-        "before each mode, a bare datagram -> a thread sleeping in recv, no agent code: "
-        "what this machine charges for waking a thread after the gap)"
-    )
-    spins, spun_us = overtaken.pop("doorbell_spins"), overtaken.pop("doorbell_spun_us")
+    _print_notes(early, n, args.gap_us)
     spin_us = DEFAULT_SPIN_US if args.doorbell_spin_us is None else args.doorbell_spin_us
-    total_s = time.monotonic() - started
-    print(f"doorbell spin {spin_us:g} us: {spins} windows, {spun_us / max(1, spins):.0f} us "
-          f"spun per window, {100 * spun_us / (total_s * 1e6):.2f}% of a core over the run")
-    contention: dict[str, Any] = {}
-    if contended:
-        print(
-            f"busy trainer beside {args.contend} CPU-bound processes ({args.rounds} rounds), call:"
-        )
-        for level, series in contended.items():
-            values = series["call"]
-            p50, p99 = pct(values, 0.5), pct(values, 0.99)
-            label = "  agent, normal priority" if level == "normal" else f"  agent raised: {level}"
-            print(f"{label:36s} {p50:7.0f} {p99:7.0f} {values[-1]:8.0f}")
-            contention[level] = {
-                **_summary(values),
-                "done": _summary(series["done"]),
-                "instructions": len(values),
-            }
-        for m in methods:
-            print(f"({m}: {RAISE_METHODS[m]})")
+    doorbell = _doorbell(overtaken, spin_us, time.monotonic() - started)
+    contention = _contention(contended, args, methods)
     result = {
         "bench": "instruction_latency",
         "nvml_timing": args.nvml_timing,
@@ -653,13 +602,7 @@ def main() -> None:
         "overtaken": overtaken,
         "counter_reads": overtaken.pop("counter_reads"),
         "counter_reads_collided": overtaken.pop("counter_reads_collided"),
-        "doorbell_datagrams": overtaken.pop("doorbell_datagrams"),
-        "doorbell_taken": overtaken.pop("doorbell_taken"),
-        "doorbell_spin_us": spin_us,
-        "doorbell_spins": spins,
-        "doorbell_spin_hits": overtaken.pop("doorbell_spin_hits"),
-        "spun_us_per_change": round(spun_us / max(1, spins), 1),
-        "spun_cpu_share": round(spun_us / (total_s * 1e6), 4),
+        **doorbell,
         "budget_p50_us": BUDGET_P50_US,
         "budget_p99_us": BUDGET_P99_US,
         "ok": ok,

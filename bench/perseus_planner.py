@@ -87,15 +87,55 @@ def lowtime_frontier(
     `budget_s` is used up or lowtime's flow solver fails (it panics in Rust on an infeasible
     flow, an exception that derives from BaseException).
     """
+    from lowtime.perseus.instruction import Forward
+    from lowtime.solver import PhillipsDessouky
+
+    deadline = time.monotonic() + budget_s
+    dag, stage_ops = _lowtime_dag(profile, num_microbatches, p_block_w, unit_time)
+
+    def current() -> tuple[float, float, tuple[tuple[tuple[str, int], ...], ...]]:
+        plan = tuple(
+            tuple(
+                ("forward" if isinstance(op, Forward) else "backward", int(op.assigned_knob))
+                for op in ops
+            )
+            for ops in stage_ops
+        )
+        t, e = evaluate(profile, plan, num_microbatches, p_block_w)
+        return t, e, plan
+
+    points = []
+    solver = PhillipsDessouky(dag)
+    finished = False
+    generator = solver.run()
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                break
+            try:
+                next(generator)
+            except StopIteration:
+                finished = True
+                break
+            points.append(current())
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # noqa: BLE001 - lowtime's Rust panics derive from BaseException.
+        finished = True
+    return points, finished
+
+
+def _lowtime_dag(
+    profile: InstructionProfile, num_microbatches: int, p_block_w: float, unit_time: float
+) -> tuple[Any, list[list[Any]]]:
+    """lowtime's DAG of synchronous 1F1B (as its Perseus script builds it) and each stage's ops."""
     import networkx as nx
     from lowtime.cost_model import ExponentialModel
     from lowtime.graph_utils import add_sink_node, add_source_node
     from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
     from lowtime.perseus.instruction import Backward, Forward, Instruction
     from lowtime.perseus.schedule import Synchronous1F1B as LowtimeSchedule
-    from lowtime.solver import PhillipsDessouky
 
-    deadline = time.monotonic() + budget_s
     num_stages = profile.num_stages
     stage_ops: list[list[Instruction]] = []
     dag = nx.DiGraph()
@@ -131,37 +171,7 @@ def lowtime_frontier(
     add_sink_node(dag, sink)
     dag.graph["source_node"] = source
     dag.graph["sink_node"] = sink
-
-    def current() -> tuple[float, float, tuple[tuple[tuple[str, int], ...], ...]]:
-        plan = tuple(
-            tuple(
-                ("forward" if isinstance(op, Forward) else "backward", int(op.assigned_knob))
-                for op in ops
-            )
-            for ops in stage_ops
-        )
-        t, e = evaluate(profile, plan, num_microbatches, p_block_w)
-        return t, e, plan
-
-    points = []
-    solver = PhillipsDessouky(dag)
-    finished = False
-    generator = solver.run()
-    try:
-        while True:
-            if time.monotonic() > deadline:
-                break
-            try:
-                next(generator)
-            except StopIteration:
-                finished = True
-                break
-            points.append(current())
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException:  # noqa: BLE001 - lowtime's Rust panics derive from BaseException.
-        finished = True
-    return points, finished
+    return dag, stage_ops
 
 
 def _key(op: Any) -> tuple[int, str, int]:
@@ -213,6 +223,63 @@ def stored_tmin(model: str, num_microbatches: int) -> float | None:
         return min(float(line.split(",")[0]) for line in f if line.strip())
 
 
+def plan_case(
+    profile: InstructionProfile, name: str, m: int, schedule_name: str, virtual_stages: int | None
+) -> tuple[dict[str, Any], list[FrontierPoint]]:
+    """Our planner on one profile and microbatch count: the case's figures and its frontier."""
+    schedule = LearnedSchedule.from_orders(
+        rank_orders(schedule_name, profile.num_stages, m, virtual_stages))
+    stats = PlannerStats()
+    start, cpu = time.perf_counter(), time.process_time()
+    frontier = plan_frontier(profile, m, p_block_w=P_BLOCK_W, stats=stats, schedule=schedule)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    t_fast, t_fast_quant = fastest_critical_path(profile, schedule)
+    top = max_frequency_plan(profile, m, schedule)
+    all_max = evaluate(profile, top, m, P_BLOCK_W, schedule=schedule)
+    case: dict[str, Any] = {
+        "profile": name,
+        "schedule": schedule_name,
+        "stages": profile.num_stages,
+        "virtual_stages": schedule.num_virtual_stages // profile.num_stages,
+        "microbatches": m,
+        "planner_s": round(seconds, 2),
+        "planner_cpu_s": round(cpu, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "iterations": stats.iterations,
+        "candidates": stats.candidates,
+        "points": len(frontier),
+        "t_min": frontier[0].time,
+        "t_min_is_fastest_critical_path": abs(frontier[0].time - t_fast) <= 1e-9 * t_fast,
+        "saving_at_t_min": 1 - frontier[0].energy / all_max[1],
+        "t_max": frontier[-1].time,
+        "frontier_sha256": frontier_digest(frontier),
+    }
+    if "a100" in name and schedule_name == "1f1b":
+        stored = stored_tmin(name.split("+")[0], m)
+        if stored is not None:
+            case["stored_lowtime_t_min_ms"] = round(stored * 1000)
+            case["t_min_quantized_matches_stored"] = round(stored * 1000) == t_fast_quant
+    return case, frontier
+
+
+def lowtime_case(case: dict[str, Any], profile: InstructionProfile, m: int,
+                 frontier: list[FrontierPoint], budget_s: float) -> float:
+    """lowtime on the same case within `budget_s` (figures added to `case`); its seconds."""
+    start = time.perf_counter()
+    theirs, finished = lowtime_frontier(profile, m, budget_s=budget_s)
+    lt_seconds = time.perf_counter() - start
+    gap, compared = energy_gap(frontier, theirs)
+    case.update(
+        lowtime_s=round(lt_seconds, 1),
+        lowtime_finished=finished,
+        lowtime_points=len(theirs),
+        lowtime_t_min=min((t for t, _, _ in theirs), default=None),
+        max_energy_gap_vs_lowtime=gap if compared else None,
+        points_compared=compared,
+    )
+    return lt_seconds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[12, 24, 48, 96])
@@ -231,55 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Smallest pipelines first, so lowtime's budget covers as many cases as it can.
     for m in args.microbatches:
         for name in names:
-            profile = profiles[name]
-            model = name.split("+")[0]
-            schedule = LearnedSchedule.from_orders(
-                rank_orders(args.schedule, profile.num_stages, m, args.virtual_stages))
-            stats = PlannerStats()
-            start, cpu = time.perf_counter(), time.process_time()
-            frontier = plan_frontier(profile, m, p_block_w=P_BLOCK_W, stats=stats,
-                                     schedule=schedule)
-            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-            t_fast, t_fast_quant = fastest_critical_path(profile, schedule)
-            top = max_frequency_plan(profile, m, schedule)
-            all_max = evaluate(profile, top, m, P_BLOCK_W, schedule=schedule)
-            case: dict[str, Any] = {
-                "profile": name,
-                "schedule": args.schedule,
-                "stages": profile.num_stages,
-                "virtual_stages": schedule.num_virtual_stages // profile.num_stages,
-                "microbatches": m,
-                "planner_s": round(seconds, 2),
-                "planner_cpu_s": round(cpu, 2),
-                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                "iterations": stats.iterations,
-                "candidates": stats.candidates,
-                "points": len(frontier),
-                "t_min": frontier[0].time,
-                "t_min_is_fastest_critical_path": abs(frontier[0].time - t_fast) <= 1e-9 * t_fast,
-                "saving_at_t_min": 1 - frontier[0].energy / all_max[1],
-                "t_max": frontier[-1].time,
-                "frontier_sha256": frontier_digest(frontier),
-            }
-            if "a100" in name and args.schedule == "1f1b":
-                stored = stored_tmin(model, m)
-                if stored is not None:
-                    case["stored_lowtime_t_min_ms"] = round(stored * 1000)
-                    case["t_min_quantized_matches_stored"] = round(stored * 1000) == t_fast_quant
+            case, frontier = plan_case(profiles[name], name, m, args.schedule,
+                                       args.virtual_stages)
             if lowtime_left > 0:
-                start = time.perf_counter()
-                theirs, finished = lowtime_frontier(profile, m, budget_s=lowtime_left)
-                lt_seconds = time.perf_counter() - start
-                lowtime_left -= lt_seconds
-                gap, compared = energy_gap(frontier, theirs)
-                case.update(
-                    lowtime_s=round(lt_seconds, 1),
-                    lowtime_finished=finished,
-                    lowtime_points=len(theirs),
-                    lowtime_t_min=min((t for t, _, _ in theirs), default=None),
-                    max_energy_gap_vs_lowtime=gap if compared else None,
-                    points_compared=compared,
-                )
+                lowtime_left -= lowtime_case(case, profiles[name], m, frontier, lowtime_left)
             print(json.dumps(case), flush=True)
             cases.append(case)
     gaps = [c["max_energy_gap_vs_lowtime"] for c in cases if c.get("max_energy_gap_vs_lowtime")]

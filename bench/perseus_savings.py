@@ -174,73 +174,102 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     scheduler, note = resolve_scheduler("auto", cfg.dp)
     if note:
         raise SystemExit(f"perseus_savings: {note}")
-    baseline_name = "PointSolution3D" if cfg.dp > 1 else "PointSolution"
-    straggler = (args.straggler_pipeline, args.straggler_factor)
     cluster = PipelineCluster(cfg, log_level=args.log_level)
-    n, w = cfg.baseline_iterations, cfg.warmup_iterations
     out: dict[str, Any] = {}
     started = time.monotonic()
     try:
-        await cluster.start()
-        plan = write_plan(cluster.root / "all-max.json",
-                          all_max_plan(cfg.stages, cfg.microbatches, cluster.top_clock_mhz))
-        budget = cfg.profiling_budget(cluster.available_clocks)
-
-        async def all_max(label: str, slow: tuple[int, float] | None) -> JobRun:
-            _say(f"{label}: all-max clocks, {5 + w + n} iterations")
-            return await cluster.run_job(baseline_name, {"solution_path": plan}, 5 + w + n,
-                                         label=label, straggler=slow)
-
-        async def perseus(label: str, iterations: int, **kw: Any) -> JobRun:
-            _say(f"{label}: {scheduler}, {iterations} iterations")
-            return await cluster.run_job(scheduler, scheduler_args(scheduler, cfg), iterations,
-                                         label=label, perseus_snapshot=True, **kw)
-
-        runs: dict[str, JobRun] = {}
-        runs["all_max"] = await all_max("all-max", None)
-        runs["perseus"] = await perseus("perseus", budget + w + n, detect_stragglers=False)
-        if not args.quick:
-            runs["all_max_again"] = await all_max("all-max-again", None)
-            runs["all_max_straggler"] = await all_max("all-max-straggler", straggler)
-        runs["notice"] = await perseus(
-            "perseus-straggler-notice", budget + 2 * (w + n) + 6, straggler=straggler,
-            detect_stragglers=False,
-            director=_notice_director(args.straggler_factor, args.straggler_pipeline, w + n))
-        if not args.quick:
-            runs["auto"] = await perseus(
-                "perseus-straggler-auto", budget + 2 * (w + n) + 6, straggler=straggler,
-                detect_stragglers=True)
+        runs = await _run_jobs(args, cfg, cluster, scheduler)
     finally:
         await cluster.stop()
+    out["no_straggler"] = ns = _no_straggler(runs, cfg)
+    out["straggler"] = strag = _straggler(runs, cfg, args)
+    out["met"] = {
+        "saving_within_2_points": abs(ns["measured_saving_pct"] - ns["predicted_saving_pct"])
+        <= GOAL["saving_vs_prediction_points"],
+        "slowdown_at_most_1pct": ns["slowdown_pct"] <= GOAL["slowdown_pct"],
+        "further_saving_under_straggler": strag["further_saving_others_pct"]
+        > GOAL["straggler_further_saving_pct"],
+    }
+    out["elapsed_s"] = time.monotonic() - started
+    return out
 
-    # ------------------------------------------------------------------ figures
-    def versions(run: JobRun) -> Sequence[int | None]:
-        return sorted(run.schedules) or [0]
 
-    base = _pool(_side(runs["all_max"], versions(runs["all_max"]), cfg, n),
-                 _side(runs["all_max_again"], versions(runs["all_max_again"]), cfg, n)
+async def _run_jobs(args: argparse.Namespace, cfg: PipelineDemoConfig, cluster: PipelineCluster,
+                    scheduler: str) -> dict[str, JobRun]:
+    """Start the cluster and run the jobs of the module docstring in turn (fewer with --quick)."""
+    baseline_name = "PointSolution3D" if cfg.dp > 1 else "PointSolution"
+    straggler = (args.straggler_pipeline, args.straggler_factor)
+    n, w = cfg.baseline_iterations, cfg.warmup_iterations
+    await cluster.start()
+    plan = write_plan(cluster.root / "all-max.json",
+                      all_max_plan(cfg.stages, cfg.microbatches, cluster.top_clock_mhz))
+    budget = cfg.profiling_budget(cluster.available_clocks)
+
+    async def all_max(label: str, slow: tuple[int, float] | None) -> JobRun:
+        _say(f"{label}: all-max clocks, {5 + w + n} iterations")
+        return await cluster.run_job(baseline_name, {"solution_path": plan}, 5 + w + n,
+                                     label=label, straggler=slow)
+
+    async def perseus(label: str, iterations: int, **kw: Any) -> JobRun:
+        _say(f"{label}: {scheduler}, {iterations} iterations")
+        return await cluster.run_job(scheduler, scheduler_args(scheduler, cfg), iterations,
+                                     label=label, perseus_snapshot=True, **kw)
+
+    runs: dict[str, JobRun] = {}
+    runs["all_max"] = await all_max("all-max", None)
+    runs["perseus"] = await perseus("perseus", budget + w + n, detect_stragglers=False)
+    if not args.quick:
+        runs["all_max_again"] = await all_max("all-max-again", None)
+        runs["all_max_straggler"] = await all_max("all-max-straggler", straggler)
+    runs["notice"] = await perseus(
+        "perseus-straggler-notice", budget + 2 * (w + n) + 6, straggler=straggler,
+        detect_stragglers=False,
+        director=_notice_director(args.straggler_factor, args.straggler_pipeline, w + n))
+    if not args.quick:
+        runs["auto"] = await perseus(
+            "perseus-straggler-auto", budget + 2 * (w + n) + 6, straggler=straggler,
+            detect_stragglers=True)
+    return runs
+
+
+def _versions(run: JobRun) -> Sequence[int | None]:
+    return sorted(run.schedules) or [0]
+
+
+def _no_straggler(runs: dict[str, JobRun], cfg: PipelineDemoConfig) -> dict[str, Any]:
+    """All-max (pooled over its runs) against Perseus's served plan, and the predictions."""
+    n = cfg.baseline_iterations
+    base = _pool(_side(runs["all_max"], _versions(runs["all_max"]), cfg, n),
+                 _side(runs["all_max_again"], _versions(runs["all_max_again"]), cfg, n)
                  if "all_max_again" in runs else None)
     p_run = runs["perseus"]
     served = p_run.observer.versions("serving")
     opt = _side(p_run, served[-1:], cfg) if served else _side(p_run, [-1], cfg)
     snap = p_run.snapshot
-    measured_saving = pct_less(base.energy_j, opt.energy_j)
-    slowdown = pct_more(base.time_s, opt.time_s)
-    predicted = snap.predicted_saving_pct if snap is not None else math.nan
-    truth = truth_prediction(cfg)
-    out["no_straggler"] = {
+    return {
         "all_max": base.to_json(), "perseus": opt.to_json(), "job": p_run.job_id,
-        "measured_saving_pct": measured_saving, "slowdown_pct": slowdown,
+        "measured_saving_pct": pct_less(base.energy_j, opt.energy_j),
+        "slowdown_pct": pct_more(base.time_s, opt.time_s),
         "median_slowdown_pct": pct_more(base.median_time_s, opt.median_time_s),
-        "predicted_saving_pct": predicted,
+        "predicted_saving_pct": snap.predicted_saving_pct if snap is not None else math.nan,
         "predicted_time_change_pct": snap.predicted_slowdown_pct if snap else None,
-        "truth": truth,
+        "truth": truth_prediction(cfg),
         "p_block_fitted_w": snap.p_block_w if snap else None,
         "frontier_points": len(snap.frontier) if snap else 0,
         "late_clocks": sum(r.late_clocks for r in p_run.result.ranks),
         "all_max_runs": [runs[k].job_id for k in ("all_max", "all_max_again") if k in runs],
     }
 
+
+def _others_energy(side: Side, others: Sequence[int]) -> float:
+    """The energy of the non-straggler pipelines `others`."""
+    return sum(side.pipeline_energy_j.get(d, math.nan) for d in others)
+
+
+def _straggler(runs: dict[str, JobRun], cfg: PipelineDemoConfig,
+               args: argparse.Namespace) -> dict[str, Any]:
+    """Perseus under the straggler before and after the notice (and all-max, auto-detection)."""
+    n = cfg.baseline_iterations
     s_run = runs["notice"]
     s_served = s_run.observer.versions("serving")
     s_strag = s_run.observer.versions("straggler")
@@ -249,53 +278,46 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     with_notice = (_side(s_run, s_strag[-1:], cfg) if s_strag and notice_step is not None
                    else _side(s_run, [-1], cfg))
     others = [d for d in range(cfg.dp) if d != args.straggler_pipeline]
-
-    def others_energy(side: Side) -> float:
-        return sum(side.pipeline_energy_j.get(d, math.nan) for d in others)
-
     strag: dict[str, Any] = {
         "straggler": f"{args.straggler_pipeline}:{args.straggler_factor:g}",
         "job": s_run.job_id,
         "perseus_without_handling": without.to_json(),
         "perseus_with_notice": with_notice.to_json(),
         "notice_after_step": notice_step,
-        "further_saving_others_pct": pct_less(others_energy(without), others_energy(with_notice)),
+        "further_saving_others_pct": pct_less(_others_energy(without, others),
+                                              _others_energy(with_notice, others)),
         "further_saving_job_pct": pct_less(without.energy_j, with_notice.energy_j),
         "time_change_with_notice_pct": pct_more(without.time_s, with_notice.time_s),
         "predicted_further_saving_others_pct": _slowed_prediction(s_run, args.straggler_factor),
         "statuses": [ev.message for ev in s_run.observer.statuses if ev.state == "straggler"][:3],
     }
     if "all_max_straggler" in runs:
-        am = _side(runs["all_max_straggler"], versions(runs["all_max_straggler"]), cfg, n)
+        am = _side(runs["all_max_straggler"], _versions(runs["all_max_straggler"]), cfg, n)
         strag["all_max"] = am.to_json()
         strag["saving_vs_all_max_without_pct"] = pct_less(am.energy_j, without.energy_j)
         strag["saving_vs_all_max_with_notice_pct"] = pct_less(am.energy_j, with_notice.energy_j)
         strag["slowdown_vs_all_max_with_notice_pct"] = pct_more(am.time_s, with_notice.time_s)
     if "auto" in runs:
-        a_run = runs["auto"]
-        a_strag = a_run.observer.versions("straggler")
-        a_served = a_run.observer.versions("serving")
-        detected = _side(a_run, a_strag[-1:], cfg) if a_strag else _side(a_run, [-1], cfg)
-        strag["auto"] = {
-            "job": a_run.job_id, "detected": bool(a_strag), "detected_side": detected.to_json(),
-            "first_served_iterations": (_side(a_run, a_served[:1], cfg).iterations
-                                        if a_served else 0),
-            "further_saving_others_pct": pct_less(others_energy(without),
-                                                  others_energy(detected)),
-            "time_change_pct": pct_more(without.time_s, detected.time_s),
-            "factor": next((ev.progress.get("stragglers") for ev in a_run.observer.statuses
-                            if ev.state == "straggler"), None),
-        }
-    out["straggler"] = strag
-    out["met"] = {
-        "saving_within_2_points": abs(measured_saving - predicted)
-        <= GOAL["saving_vs_prediction_points"],
-        "slowdown_at_most_1pct": slowdown <= GOAL["slowdown_pct"],
-        "further_saving_under_straggler": strag["further_saving_others_pct"]
-        > GOAL["straggler_further_saving_pct"],
+        strag["auto"] = _auto_detection(runs["auto"], without, others, cfg)
+    return strag
+
+
+def _auto_detection(a_run: JobRun, without: Side, others: Sequence[int],
+                    cfg: PipelineDemoConfig) -> dict[str, Any]:
+    """The run with automatic detection against Perseus without handling the straggler."""
+    a_strag = a_run.observer.versions("straggler")
+    a_served = a_run.observer.versions("serving")
+    detected = _side(a_run, a_strag[-1:], cfg) if a_strag else _side(a_run, [-1], cfg)
+    return {
+        "job": a_run.job_id, "detected": bool(a_strag), "detected_side": detected.to_json(),
+        "first_served_iterations": (_side(a_run, a_served[:1], cfg).iterations
+                                    if a_served else 0),
+        "further_saving_others_pct": pct_less(_others_energy(without, others),
+                                              _others_energy(detected, others)),
+        "time_change_pct": pct_more(without.time_s, detected.time_s),
+        "factor": next((ev.progress.get("stragglers") for ev in a_run.observer.statuses
+                        if ev.state == "straggler"), None),
     }
-    out["elapsed_s"] = time.monotonic() - started
-    return out
 
 
 def _f(x: Any, digits: int = 1, unit: str = "") -> str:

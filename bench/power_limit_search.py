@@ -204,6 +204,22 @@ class Replay:
     profiled: tuple[int, ...]  # Limits with at least one recorded window, highest first.
 
 
+def state_machine(
+    profile: Profile, selector: OptimumSelector, search: str | SearchStrategy
+) -> PowerLimitStateMachine:
+    """The state machine a trainer of `profile` would drive (the bench's window lengths)."""
+    return PowerLimitStateMachine(
+        min_power_limit=min(profile.limits),
+        max_power_limit=max(profile.limits),
+        optimum_selector=selector,
+        world_size=profile.n_gpus,
+        warmup_steps=WARMUP_STEPS,
+        profile_steps=REFERENCE_STEPS,
+        pl_step=profile.pl_step,
+        search=search,
+    )
+
+
 def replay(
     profile: Profile,
     selector: OptimumSelector,
@@ -230,16 +246,7 @@ def replay(
     Returns:
         The pick, the training time spent in warm-up and profiling, and the number of windows.
     """
-    machine = PowerLimitStateMachine(
-        min_power_limit=min(profile.limits),
-        max_power_limit=max(profile.limits),
-        optimum_selector=selector,
-        world_size=profile.n_gpus,
-        warmup_steps=WARMUP_STEPS,
-        profile_steps=REFERENCE_STEPS,
-        pl_step=profile.pl_step,
-        search=search,
-    )
+    machine = state_machine(profile, selector, search)
     current = max(profile.limits)
     open_windows: dict[str, list[int]] = {}  # name -> [limit, steps so far]
     to_record: list[tuple[int, str, float, float]] = []  # (due step, name, time, energy)

@@ -196,6 +196,40 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def length_figures(length_ms: int, power: float, reads: list[Read], starts: list[int],
+                   idle_reads: list[Read], istarts: list[int]) -> dict[str, float]:
+    """Windows of one length starting at `starts` (bound series) and `istarts` (idle series).
+
+    Prints their line; returns their figures (median and p90 errors, exact answers' latency).
+    """
+    length = length_ms * 1_000_000
+    truth = power * length_ms / 1000.0
+    default = answer(reads, [(t0 + length, t0, t0 + length) for t0 in starts])
+    ready = [exact_ready(reads, t0 + length) for t0 in starts]
+    exact = answer(reads, [(at, t0, t0 + length) for at, t0 in zip(ready, starts, strict=True)])
+    idle = answer(idle_reads, [(t0 + length, t0, t0 + length) for t0 in istarts])
+    ierr = [(e - truth) / truth for e in idle]
+    err = [(e - truth) / truth for e in default]
+    xerr = [(e - truth) / truth for e in exact]
+    latency_ms = [(at - t0 - length) / 1e6 for at, t0 in zip(ready, starts, strict=True)]
+    print(
+        f"{length_ms:5d} ms: default median {100 * median_rel(err):.2f}% "
+        f"(goal {100 * GOALS[length_ms]:.1f}%), exact {100 * median_rel(xerr):.2f}%, "
+        f"exact latency p50 {statistics.median(latency_ms):.1f} ms, "
+        f"max {max(latency_ms):.1f} ms; idle series {100 * median_rel(ierr):.2f}%"
+    )
+    return {
+        f"err_{length_ms}ms": round(median_rel(err), 5),
+        f"exact_err_{length_ms}ms": round(median_rel(xerr), 5),
+        f"p90_err_{length_ms}ms": round(pct([abs(e) for e in err], 0.9), 5),
+        f"exact_p90_err_{length_ms}ms": round(pct([abs(e) for e in xerr], 0.9), 5),
+        f"exact_latency_p50_{length_ms}ms_ms": round(statistics.median(latency_ms), 2),
+        f"exact_latency_max_{length_ms}ms_ms": round(max(latency_ms), 2),
+        f"idle_err_{length_ms}ms": round(median_rel(ierr), 5),
+        f"idle_p90_err_{length_ms}ms": round(pct([abs(e) for e in ierr], 0.9), 5),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--windows", type=int, default=2000, help="windows per length")
@@ -227,30 +261,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     for length_ms in LENGTHS_MS:
         length = length_ms * 1_000_000
         starts = [rng.randrange(busy0 + SETTLE_NS, busy1 - length) for _ in range(args.windows)]
-        truth = power * length_ms / 1000.0
-        default = answer(reads, [(t0 + length, t0, t0 + length) for t0 in starts])
-        ready = [exact_ready(reads, t0 + length) for t0 in starts]
-        exact = answer(reads, [(at, t0, t0 + length) for at, t0 in zip(ready, starts, strict=True)])
         istarts = [irng.randrange(idle_from, busy1 - length) for _ in range(args.windows)]
-        idle = answer(idle_reads, [(t0 + length, t0, t0 + length) for t0 in istarts])
-        ierr = [(e - truth) / truth for e in idle]
-        err = [(e - truth) / truth for e in default]
-        xerr = [(e - truth) / truth for e in exact]
-        latency_ms = [(at - t0 - length) / 1e6 for at, t0 in zip(ready, starts, strict=True)]
-        result[f"err_{length_ms}ms"] = round(median_rel(err), 5)
-        result[f"exact_err_{length_ms}ms"] = round(median_rel(xerr), 5)
-        result[f"p90_err_{length_ms}ms"] = round(pct([abs(e) for e in err], 0.9), 5)
-        result[f"exact_p90_err_{length_ms}ms"] = round(pct([abs(e) for e in xerr], 0.9), 5)
-        result[f"exact_latency_p50_{length_ms}ms_ms"] = round(statistics.median(latency_ms), 2)
-        result[f"exact_latency_max_{length_ms}ms_ms"] = round(max(latency_ms), 2)
-        result[f"idle_err_{length_ms}ms"] = round(median_rel(ierr), 5)
-        result[f"idle_p90_err_{length_ms}ms"] = round(pct([abs(e) for e in ierr], 0.9), 5)
-        print(
-            f"{length_ms:5d} ms: default median {100 * median_rel(err):.2f}% "
-            f"(goal {100 * GOALS[length_ms]:.1f}%), exact {100 * median_rel(xerr):.2f}%, "
-            f"exact latency p50 {statistics.median(latency_ms):.1f} ms, "
-            f"max {max(latency_ms):.1f} ms; idle series {100 * median_rel(ierr):.2f}%"
-        )
+        result.update(length_figures(length_ms, power, reads, starts, idle_reads, istarts))
     goals_met = all(float(result[f"err_{n}ms"]) <= GOALS[n] for n in LENGTHS_MS)  # type: ignore[arg-type]
     result = {
         "bench": "window_accuracy",
