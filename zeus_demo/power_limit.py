@@ -19,6 +19,7 @@ import logging
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,33 +146,8 @@ def _phase_text(ev: Any) -> str:
     return text
 
 
-async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
-    """Start the services, run the job, collect what the agents measured, stop everything.
-
-    Every process started here (nats-server, rank processes) is stopped and the temporary
-    state (simulated GPUs, sockets, coordinator state) is removed, whatever happens.
-
-    Raises:
-        DemoStartupError: NATS, an agent or the coordinator did not start.
-        DemoError: The job failed or the optimizer did not pin a limit.
-    """
-    from zeus_agent.broker import confirm_subscriptions, connect
-    from zeus_agent.gpu.sim.trainers.data_parallel import (
-        RankPlacement,
-        TrainerOptions,
-        run_data_parallel,
-    )
-
-    started_at = time.monotonic()
-    job_tag = f"zeus-demo-{uuid.uuid4().hex[:8]}"
-    tmp = tempfile.TemporaryDirectory(prefix="zeus-demo-")
-    root = Path(tmp.name)
-    cluster = LocalCluster(nats_url=config.nats_url, prefix=config.prefix,
-                           log_level=config.log_level, error=DemoStartupError,
-                           hint="; rerun with --log-level INFO")
-    nc: Any = None
-    job_id: str | None = None
-    lost_nats_during_job = False
+def _progress(config: DemoConfig, console: Console) -> tuple[Progress, Any]:
+    """The live progress bar (off with `--no-progress`) and its one task."""
     progress = Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -182,76 +158,123 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
         console=console,
         disable=not config.progress,
     )
-    task_id = progress.add_task("starting", total=config.total_steps, phase="")
+    return progress, progress.add_task("starting", total=config.total_steps, phase="")
 
-    def on_status(ev: Any) -> None:
-        progress.update(task_id, phase=_phase_text(ev))
 
-    observer = _Observer(job_tag, on_status)
+async def _start_services(config: DemoConfig, cluster: LocalCluster, root: Path,
+                          observer: _Observer) -> tuple[str, Any]:
+    """NATS (embedded unless `--nats-url`), the observer's subscriptions, agents, coordinator.
+
+    Returns the NATS URL and the demo's own connection (the caller drains it).
+    """
+    from zeus_agent.broker import confirm_subscriptions, connect
+
+    url = await cluster.start_broker()
+
+    async def on_disconnect() -> None:
+        observer.disconnects += 1
+
+    try:
+        nc = await connect(url, "zeus-demo", on_disconnect=on_disconnect)
+    except BrokerError as e:
+        hint = " (with zeus-demo: omit --nats-url)" if config.nats_url else ""
+        raise DemoStartupError(f"{e}{hint}") from e
+    p = config.prefix
+    await nc.subscribe(subjects.all_job_status(p), cb=observer.status)
+    await nc.subscribe(subjects.all_job_measurements(p), cb=observer.measurement)
+    await confirm_subscriptions(nc)
+    for node in config.node_names:
+        cluster.add_agent(node, {
+            "sim_count": config.gpus_per_node, "sim_preset": config.preset,
+            "sim_state_dir": str(root / node), "socket_path": str(root / f"{node}.sock"),
+            "sample_hz": 20,
+            # The job runs `scale` times faster than the real one: so does the GPU's
+            # energy counter (100 ms on real GPUs).
+            "sim_energy_update_ms": 100.0 * config.scale,
+        })
+    coord, coord_task = cluster.add_coordinator({
+        "state_dir": str(root / "coordinator"), "dump_dir": str(root / "dump"),
+    })
+    await cluster.wait_agents()
+    await cluster.wait_coordinator(coord, coord_task)
+    return url, nc
+
+
+async def _train(config: DemoConfig, root: Path, job_tag: str,
+                 on_step: Callable[[int], None]) -> Any:
+    """Run the simulated data-parallel job (one process per rank) to its end."""
+    from zeus_agent.gpu.sim.trainers.data_parallel import (
+        RankPlacement,
+        TrainerOptions,
+        run_data_parallel,
+    )
+
+    placements = [
+        RankPlacement(node, str(root / f"{node}.sock"), str(root / node), gpu)
+        for node, gpu in config.placements()
+    ]
+    options = TrainerOptions(
+        workload=config.workload_name, epochs=config.epochs,
+        steps_per_epoch=config.steps, scale=config.scale,
+        power_limit=config.power_limit_options, job_metadata=job_tag, seed=config.seed,
+    )
+    try:
+        result = await asyncio.to_thread(
+            run_data_parallel, placements, options, on_step, config.timeout_s
+        )
+    except RuntimeError as e:
+        raise DemoError(f"the simulated job failed: {e}") from e
+    if not result.job_id:
+        raise DemoError("the job was not registered: no job id came back")
+    return result
+
+
+async def _await_measurements(observer: _Observer, result: Any) -> None:
+    """Give the last measurements and the "done" status a moment to arrive.
+
+    Steps still missing after this are left out of the comparison and counted
+    (`unmatched_steps`).
+    """
+    expected = {(r.rank, s) for r in result.ranks for s in range(len(r.step_time_s))}
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(observer.expect(expected).wait(), 5.0)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(observer.done.wait(), 2.0)
+
+
+async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
+    """Start the services, run the job, collect what the agents measured, stop everything.
+
+    Every process started here (nats-server, rank processes) is stopped and the temporary
+    state (simulated GPUs, sockets, coordinator state) is removed, whatever happens.
+
+    Raises:
+        DemoStartupError: NATS, an agent or the coordinator did not start.
+        DemoError: The job failed or the optimizer did not pin a limit.
+    """
+    started_at = time.monotonic()
+    job_tag = f"zeus-demo-{uuid.uuid4().hex[:8]}"
+    tmp = tempfile.TemporaryDirectory(prefix="zeus-demo-")
+    root = Path(tmp.name)
+    cluster = LocalCluster(nats_url=config.nats_url, prefix=config.prefix,
+                           log_level=config.log_level, error=DemoStartupError,
+                           hint="; rerun with --log-level INFO")
+    nc: Any = None
+    job_id: str | None = None
+    url = config.nats_url or "the embedded nats-server"
+    progress, task_id = _progress(config, console)
+    observer = _Observer(job_tag, lambda ev: progress.update(task_id, phase=_phase_text(ev)))
     try:
         with progress:
             if not config.nats_url:
                 progress.update(task_id, description="starting nats-server")
-            url = await cluster.start_broker()
-            progress.update(task_id, description="starting services")
-            async def on_disconnect() -> None:
-                observer.disconnects += 1
-
-            try:
-                nc = await connect(url, "zeus-demo", on_disconnect=on_disconnect)
-            except BrokerError as e:
-                hint = " (with zeus-demo: omit --nats-url)" if config.nats_url else ""
-                raise DemoStartupError(f"{e}{hint}") from e
-            p = config.prefix
-            await nc.subscribe(subjects.all_job_status(p), cb=observer.status)
-            await nc.subscribe(subjects.all_job_measurements(p), cb=observer.measurement)
-            await confirm_subscriptions(nc)
-            for node in config.node_names:
-                cluster.add_agent(node, {
-                    "sim_count": config.gpus_per_node, "sim_preset": config.preset,
-                    "sim_state_dir": str(root / node), "socket_path": str(root / f"{node}.sock"),
-                    "sample_hz": 20,
-                    # The job runs `scale` times faster than the real one: so does the GPU's
-                    # energy counter (100 ms on real GPUs).
-                    "sim_energy_update_ms": 100.0 * config.scale,
-                })
-            coord, coord_task = cluster.add_coordinator({
-                "state_dir": str(root / "coordinator"), "dump_dir": str(root / "dump"),
-            })
-            await cluster.wait_agents()
-            await cluster.wait_coordinator(coord, coord_task)
-
-            placements = [
-                RankPlacement(node, str(root / f"{node}.sock"), str(root / node), gpu)
-                for node, gpu in config.placements()
-            ]
-            options = TrainerOptions(
-                workload=config.workload_name, epochs=config.epochs,
-                steps_per_epoch=config.steps, scale=config.scale,
-                power_limit=config.power_limit_options, job_metadata=job_tag, seed=config.seed,
-            )
+            url, nc = await _start_services(config, cluster, root, observer)
             progress.update(task_id, description="training", phase="registering the job")
-
-            def on_step(step: int) -> None:
-                progress.update(task_id, completed=step)
-
-            try:
-                result = await asyncio.to_thread(
-                    run_data_parallel, placements, options, on_step, config.timeout_s
-                )
-            except RuntimeError as e:
-                raise DemoError(f"the simulated job failed: {e}") from e
-            if not result.job_id:
-                raise DemoError("the job was not registered: no job id came back")
+            result = await _train(config, root, job_tag,
+                                  lambda step: progress.update(task_id, completed=step))
             job_id = result.job_id
             lost_nats_during_job = observer.disconnects > 0
-            expected = {(r.rank, s) for r in result.ranks for s in range(len(r.step_time_s))}
-            # The last measurements may still be on their way; steps still missing after
-            # this are left out of the comparison and counted (`unmatched_steps`).
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(observer.expect(expected).wait(), 5.0)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(observer.done.wait(), 2.0)
+            await _await_measurements(observer, result)
             progress.update(task_id, description="done", completed=config.total_steps)
     finally:
         try:
@@ -263,8 +286,15 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
             await cluster.stop_broker()
         profile_json = _read_profile(root, job_id)
         tmp.cleanup()
+    return _outcome(config, observer, result, url, lost_nats_during_job, profile_json,
+                    time.monotonic() - started_at)
+
+
+def _outcome(config: DemoConfig, observer: _Observer, result: Any, url: str, lost_nats: bool,
+             profile_json: str | None, elapsed_s: float) -> DemoRun:
+    """The run's report inputs, or why the optimizer did not pin a limit."""
     done = [s for s in observer.statuses if s.state == "done"]
-    if not done and lost_nats_during_job:
+    if not done and lost_nats:
         raise DemoError(
             f"the connection to NATS at {url} was lost during the job, so the optimizer could "
             "not finish (was the nats-server stopped?); run the demo again"
@@ -289,7 +319,7 @@ async def run_demo(config: DemoConfig, console: Console) -> DemoRun:
         step_limits_w={r.rank: list(r.step_power_limit_w) for r in result.ranks},
         measured=dict(observer.measured),
         statuses=[(s.state, s.message) for s in observer.statuses],
-        elapsed_s=time.monotonic() - started_at,
+        elapsed_s=elapsed_s,
     )
 
 
