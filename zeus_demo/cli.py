@@ -53,37 +53,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     pass
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `zeus-demo` command line (each flag is a `DemoConfig` field, same default)."""
-    d = DemoConfig()
-    p = argparse.ArgumentParser(
-        prog="zeus-demo",
-        formatter_class=_HelpFormatter,
-        description=(
-            "Run the whole system in one process: a NATS server, the coordinator, one agent per\n"
-            "simulated node, then\n"
-            " 1. a simulated data-parallel job under the power-limit optimizer (Zeus): baseline\n"
-            "    (max limit) versus optimised energy and time per step, measured by the agents;\n"
-            "    REPORT_DIR/summary.json, power_limits.png and profile.json;\n"
-            " 2. a simulated 1F1B pipeline job (GPT-3 stages fitted on real A40 profiles) at\n"
-            "    all-max SM clocks, then under the Perseus pipeline frequency scheduler, which\n"
-            "    profiles it online, plans the time-energy frontier and serves a plan: energy and\n"
-            "    time per iteration measured by the agents, the planner's predicted saving;\n"
-            "    REPORT_DIR/pipeline_frontier.png, pipeline_timeline.png and summary.json's\n"
-            "    'pipeline' section.\n"
-            "The whole demo takes about 5 minutes on a 2-core machine."
-        ),
-        epilog=(
-            "examples:\n"
-            "  zeus-demo                                   # 4 of 8 A40s on 2 nodes, ZeusCost\n"
-            "  zeus-demo --preset V100 --selector MaxSlowdownConstraint --max-slowdown 1.05\n"
-            "  zeus-demo --steps 120 --warmup-steps 1 --profile-steps 8 --report-dir /tmp/r\n"
-            "  zeus-demo --nats-url nats://127.0.0.1:4222 --prefix demo   # an existing NATS\n"
-            "  zeus-demo --skip-pipeline                   # the power-limit part only\n"
-            "  zeus-demo --pipeline-only --pipeline-dp 2 --microbatches 8   # 2 x 4 A40s\n"
-            "\nexit codes: 0 done, 1 the demo failed, 2 bad options, 3 a service did not start"
-        ),
-    )
+def _cluster_options(p: argparse.ArgumentParser, d: DemoConfig) -> None:
+    """The simulated cluster and workload."""
     g = p.add_argument_group("cluster")
     g.add_argument("--nodes", type=int, default=d.nodes, help="simulated nodes, one agent each")
     g.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node,
@@ -96,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated workload, one of: " + ", ".join(WORKLOADS)
                    + ". Default: the preset's fitted resnet50 data-parallel profile "
                    f"({default_workload('A40')} for A40; A40's for presets without one)")
+
+
+def _power_limit_options(p: argparse.ArgumentParser, d: DemoConfig) -> None:
+    """The power-limit optimizer's selector and profiling."""
     g = p.add_argument_group("power-limit optimizer")
     g.add_argument("--selector", default=d.selector, choices=SELECTORS,
                    help="optimum selector (Zeus's)")
@@ -109,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps measured at each power limit")
     g.add_argument("--search", default=d.search, choices=["exhaustive", "adaptive"],
                    help="profile every power limit, or search adaptively")
+
+
+def _job_options(p: argparse.ArgumentParser, d: DemoConfig) -> None:
+    """The data-parallel job's length, speed and seed."""
     g = p.add_argument_group("job")
     g.add_argument("--steps", type=int, default=d.steps, help="steps per epoch")
     g.add_argument("--epochs", type=int, default=d.epochs, help="epochs")
@@ -117,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=d.seed, help="seed of the simulated noise")
     g.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
                    help="give up on the job after this many seconds")
+
+
+def _pipeline_options(p: argparse.ArgumentParser, d: DemoConfig) -> None:
+    """The pipeline part (Perseus) and the choice of parts."""
     g = p.add_argument_group("pipeline frequency optimizer (Perseus)")
     which = g.add_mutually_exclusive_group()
     which.add_argument("--skip-pipeline", action="store_true",
@@ -151,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pipeline-scheduler", default=d.pipeline_scheduler, metavar="NAME",
                    help="coordinator scheduler: auto = Perseus (Perseus3D for DP > 1), or "
                    "InstructionProfiler when Perseus is not installed")
+
+
+def _output_options(p: argparse.ArgumentParser, d: DemoConfig) -> None:
+    """NATS, the report folder and logging."""
     g = p.add_argument_group("bus and output")
     g.add_argument("--nats-url", default=None, metavar="URL",
                    help="use this NATS server instead of starting an embedded one")
@@ -163,6 +150,44 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log level of the agents and the coordinator (stderr)")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="do not show the live progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `zeus-demo` command line (each flag is a `DemoConfig` field, same default)."""
+    d = DemoConfig()
+    p = argparse.ArgumentParser(
+        prog="zeus-demo",
+        formatter_class=_HelpFormatter,
+        description=(
+            "Run the whole system in one process: a NATS server, the coordinator, one agent per\n"
+            "simulated node, then\n"
+            " 1. a simulated data-parallel job under the power-limit optimizer (Zeus): baseline\n"
+            "    (max limit) versus optimised energy and time per step, measured by the agents;\n"
+            "    REPORT_DIR/summary.json, power_limits.png and profile.json;\n"
+            " 2. a simulated 1F1B pipeline job (GPT-3 stages fitted on real A40 profiles) at\n"
+            "    all-max SM clocks, then under the Perseus pipeline frequency scheduler, which\n"
+            "    profiles it online, plans the time-energy frontier and serves a plan: energy and\n"
+            "    time per iteration measured by the agents, the planner's predicted saving;\n"
+            "    REPORT_DIR/pipeline_frontier.png, pipeline_timeline.png and summary.json's\n"
+            "    'pipeline' section.\n"
+            "The whole demo takes about 5 minutes on a 2-core machine."
+        ),
+        epilog=(
+            "examples:\n"
+            "  zeus-demo                                   # 4 of 8 A40s on 2 nodes, ZeusCost\n"
+            "  zeus-demo --preset V100 --selector MaxSlowdownConstraint --max-slowdown 1.05\n"
+            "  zeus-demo --steps 120 --warmup-steps 1 --profile-steps 8 --report-dir /tmp/r\n"
+            "  zeus-demo --nats-url nats://127.0.0.1:4222 --prefix demo   # an existing NATS\n"
+            "  zeus-demo --skip-pipeline                   # the power-limit part only\n"
+            "  zeus-demo --pipeline-only --pipeline-dp 2 --microbatches 8   # 2 x 4 A40s\n"
+            "\nexit codes: 0 done, 1 the demo failed, 2 bad options, 3 a service did not start"
+        ),
+    )
+    _cluster_options(p, d)
+    _power_limit_options(p, d)
+    _job_options(p, d)
+    _pipeline_options(p, d)
+    _output_options(p, d)
     return p
 
 
