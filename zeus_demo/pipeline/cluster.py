@@ -224,14 +224,8 @@ class PipelineCluster:
         observer = JobObserver(tag, on_status)
         self._observers.append(observer)
         home = self.root / f"coordinator-{tag}"
-        values: dict[str, Any] = {
-            "state_dir": str(home / "state"), "dump_dir": str(home / "dump"),
-            "scheduler": scheduler, "scheduler_args": dict(scheduler_args),
-            "profiling_iterations": cfg.profiling_iterations, "switch_lead_steps": 2,
-        }
-        if not detect_stragglers:
-            values["straggler_threshold"] = 10.0  # The largest allowed: nothing is detected.
-        coord, coord_task = self.services.add_coordinator(values)
+        coord, coord_task = self.services.add_coordinator(
+            self._coordinator_values(home, scheduler, scheduler_args, detect_stragglers))
         director_task: asyncio.Task[None] | None = None
         marks: dict[str, int] = {}
         done_iterations: list[int] = []
@@ -261,12 +255,7 @@ class PipelineCluster:
                 raise PipelineDemoError(f"the simulated pipeline job ({label}) failed: {e}") from e
             if not result.job_id:
                 raise PipelineDemoError(f"the {label} job was not registered")
-            expected = {(r.rank, s) for r in result.ranks for s in range(len(r.iteration_time_s))}
-            deadline = time.monotonic() + 10
-            while not expected <= observer.steps.keys() and time.monotonic() < deadline:
-                observer.changed.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(observer.changed.wait(), 0.5)
+            await _await_steps(observer, result)
             if director_task is not None:
                 if not director_task.done():
                     director_task.cancel()
@@ -289,6 +278,19 @@ class PipelineCluster:
             scheduler=scheduler, job_id=result.job_id, result=result, observer=observer,
             rank_pipeline={r.rank: r.dp_rank for r in result.ranks}, snapshot=snapshot,
             schedules=schedules, marks=marks, elapsed_s=time.monotonic() - started)
+
+    def _coordinator_values(self, home: Path, scheduler: str,
+                            scheduler_args: Mapping[str, Any],
+                            detect_stragglers: bool) -> dict[str, Any]:
+        """The settings of a job's own coordinator (its state and dumps under `home`)."""
+        values: dict[str, Any] = {
+            "state_dir": str(home / "state"), "dump_dir": str(home / "dump"),
+            "scheduler": scheduler, "scheduler_args": dict(scheduler_args),
+            "profiling_iterations": self.config.profiling_iterations, "switch_lead_steps": 2,
+        }
+        if not detect_stragglers:
+            values["straggler_threshold"] = 10.0  # The largest allowed: nothing is detected.
+        return values
 
     async def straggler_notice(self, job_id: str, pipeline: int, factor: float | None) -> str:
         """Send a straggler notice as `zeus-coordinator straggler` does; the answer's text.
@@ -345,6 +347,16 @@ def _coordinator_command() -> list[str] | None:
         return [str(script)]
     found = shutil.which("zeus-coordinator")
     return [found] if found else None
+
+
+async def _await_steps(observer: JobObserver, result: Any) -> None:
+    """Wait up to 10 s for the agents' measurements of every step the ranks ran."""
+    expected = {(r.rank, s) for r in result.ranks for s in range(len(r.iteration_time_s))}
+    deadline = time.monotonic() + 10
+    while not expected <= observer.steps.keys() and time.monotonic() < deadline:
+        observer.changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(observer.changed.wait(), 0.5)
 
 
 def _read_schedules(directory: Path) -> dict[int, dict[int, list[tuple[str, int]]]]:
