@@ -278,16 +278,18 @@ def _hardware_dict(hw: HardwareParams) -> dict[str, float]:
     }
 
 
-def _fit_gpu(
-    preset: str, profiles: Sequence[str], directory: str | Path
-) -> tuple[HardwareParams, dict[tuple[str, int, str], tuple[float, float, float]]]:
-    """Fit one GPU's instructions (and its curve when free) by robust least squares."""
-    base = presets.PRESETS[preset]
-    f_max = float(base.max_sm_clock_mhz)
-    limit = float(base.default_power_limit_w)
-    free_hw = _HW_FIT_KEYS if preset in _FREE_HARDWARE else ()
-    # Distinct curves (identical stages fitted once, weighted by their multiplicity).
-    curves: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+_Curve = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""One instruction's measured (SM clock, time, energy) points."""
+
+
+def _distinct_curves(
+    profiles: Sequence[str], directory: str | Path
+) -> tuple[list[_Curve], list[float], list[list[tuple[str, int, str]]]]:
+    """Distinct curves (identical stages fitted once, weighted by their multiplicity).
+
+    Returns the curves, their weights and, for each, the (profile, stage, instruction) it fits.
+    """
+    curves: list[_Curve] = []
     weights: list[float] = []
     members: list[list[tuple[str, int, str]]] = []
     seen: dict[tuple[Any, ...], int] = {}
@@ -311,6 +313,28 @@ def _fit_gpu(
                 )
                 weights.append(1.0)
                 members.append([(profile, stage, ins)])
+    return curves, weights, members
+
+
+def _sparsity(owner: np.ndarray, n_hw: int, n_x: int) -> Any:
+    """The Jacobian's pattern: each point's residuals depend on the hardware and its curve."""
+    sparsity = lil_matrix((2 * len(owner), n_x), dtype=int)
+    for row, i in enumerate(owner):
+        for col in list(range(n_hw)) + [n_hw + 3 * int(i) + j for j in range(3)]:
+            sparsity[row, col] = 1
+            sparsity[len(owner) + row, col] = 1
+    return sparsity
+
+
+def _fit_gpu(
+    preset: str, profiles: Sequence[str], directory: str | Path
+) -> tuple[HardwareParams, dict[tuple[str, int, str], tuple[float, float, float]]]:
+    """Fit one GPU's instructions (and its curve when free) by robust least squares."""
+    base = presets.PRESETS[preset]
+    f_max = float(base.max_sm_clock_mhz)
+    limit = float(base.default_power_limit_w)
+    free_hw = _HW_FIT_KEYS if preset in _FREE_HARDWARE else ()
+    curves, weights, members = _distinct_curves(profiles, directory)
     clock = np.concatenate([c[0] for c in curves])
     time_m = np.concatenate([c[1] for c in curves])
     energy_m = np.concatenate([c[2] for c in curves])
@@ -342,11 +366,7 @@ def _fit_gpu(
         x0 += [0.8 * t_fast, 0.2 * t_fast, 1.0]
         lower += [1e-6, 0.0, 0.05]
         upper += [10.0, 10.0, 5.0]
-    sparsity = lil_matrix((2 * len(clock), len(x0)), dtype=int)
-    for row, i in enumerate(owner):
-        for col in list(range(n_hw)) + [n_hw + 3 * int(i) + j for j in range(3)]:
-            sparsity[row, col] = 1
-            sparsity[len(clock) + row, col] = 1
+    sparsity = _sparsity(owner, n_hw, len(x0))
     starts = [x0]
     for alt_start in _HW_FIT_STARTS[1:] if free_hw else ():
         starts.append([alt_start[k] for k in free_hw] + x0[n_hw:])
