@@ -212,11 +212,7 @@ class PipelineCluster:
                 coordinator stopped the optimisation with an error.
         """
         from coordinator.pipeline.dumps import job_dir_name
-        from zeus_agent.gpu.sim.trainers.pipeline import (
-            PipelineError,
-            PipelineOptions,
-            run_pipeline,
-        )
+        from zeus_agent.gpu.sim.trainers.pipeline import PipelineError, run_pipeline
 
         cfg = self.config
         started = time.monotonic()
@@ -232,10 +228,7 @@ class PipelineCluster:
         loop = asyncio.get_running_loop()
         try:
             await self.services.wait_coordinator(coord, coord_task)
-            options = PipelineOptions(
-                profile=cfg.profile, stages=cfg.stages, microbatches=cfg.microbatches,
-                dp=cfg.dp, iterations=iterations, time_scale=cfg.time_scale,
-                straggler=straggler, job_metadata=tag)
+            options = self._options(iterations, straggler, tag)
 
             def iteration_done(count: int, elapsed: float) -> None:
                 def note() -> None:
@@ -256,15 +249,11 @@ class PipelineCluster:
             if not result.job_id:
                 raise PipelineDemoError(f"the {label} job was not registered")
             await _await_steps(observer, result)
-            if director_task is not None:
-                if not director_task.done():
-                    director_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await director_task
+            await _end(director_task)
             job = coord.pipeline_jobs.get(result.job_id)
-            snapshot = None
-            if perseus_snapshot and job is not None and job.scheduler is not None:
-                snapshot = snapshot_scheduler(scheduler, job.scheduler, cfg.microbatches)
+            snapshot = (snapshot_scheduler(scheduler, job.scheduler, cfg.microbatches)
+                        if perseus_snapshot and job is not None and job.scheduler is not None
+                        else None)
             schedules = _read_schedules(home / "dump" / job_dir_name(result.job_id))
         finally:
             if director_task is not None and not director_task.done():
@@ -278,6 +267,17 @@ class PipelineCluster:
             scheduler=scheduler, job_id=result.job_id, result=result, observer=observer,
             rank_pipeline={r.rank: r.dp_rank for r in result.ranks}, snapshot=snapshot,
             schedules=schedules, marks=marks, elapsed_s=time.monotonic() - started)
+
+    def _options(self, iterations: int, straggler: tuple[int, float] | None,
+                 tag: str) -> Any:
+        """The simulated pipeline job's options (`PipelineOptions`)."""
+        from zeus_agent.gpu.sim.trainers.pipeline import PipelineOptions
+
+        cfg = self.config
+        return PipelineOptions(
+            profile=cfg.profile, stages=cfg.stages, microbatches=cfg.microbatches,
+            dp=cfg.dp, iterations=iterations, time_scale=cfg.time_scale,
+            straggler=straggler, job_metadata=tag)
 
     def _coordinator_values(self, home: Path, scheduler: str,
                             scheduler_args: Mapping[str, Any],
@@ -347,6 +347,16 @@ def _coordinator_command() -> list[str] | None:
         return [str(script)]
     found = shutil.which("zeus-coordinator")
     return [found] if found else None
+
+
+async def _end(task: asyncio.Task[None] | None) -> None:
+    """Cancel a job's director if it is still going and wait for it to end."""
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _await_steps(observer: JobObserver, result: Any) -> None:
