@@ -1,4 +1,7 @@
-"""Code shape: no function over 80 lines and no module over 700 in `zeus_agent/` or `coordinator/`.
+"""Code shape: no function over 80 lines and no module over 700 in the shipped code.
+
+The trees: `zeus_agent/`, `coordinator/`, `zeus_demo/`, `tools/` and `bench/` (the tests are
+not held to it: a parametrised table may be long).
 
 A long function hides its steps; a long module, its parts. Both are measured with `ast` on the
 source (nothing is imported): a function from its `def` line to its last line, docstring and
@@ -20,14 +23,16 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TREES = ("zeus_agent", "coordinator")
+TREES = ("zeus_agent", "coordinator", "zeus_demo", "tools", "bench")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 700
 
 DATA_TABLES: dict[str, str] = {}
 """Long literal tables (key -> why it is one table); none today."""
 
-PENDING: dict[str, str] = {}
+PENDING: dict[str, str] = {
+    "bench/register_ranks.py::harness": "reworked with the registration CPU cuts (issue 39)",
+}
 """Code another change is reworking now: remove each entry when that change lands."""
 
 
