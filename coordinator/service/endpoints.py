@@ -279,7 +279,8 @@ class Endpoints:
 
         A node's batch is answered with one reply per rank, in order (`result["replies"]`):
         each rank is checked as if it came alone, side by side, and those that pass are
-        recorded together, in one node entry (`NodeWrite`).
+        recorded together, in one node entry: in the request's own task for the common batch
+        (`_register_node`), else one task per rank (`NodeWrite`).
         """
         request = codec.decode_either(data, RegisterRank, RegisterRanks, "ranks")
         if isinstance(request, RegisterRanks):
@@ -375,7 +376,7 @@ class Endpoints:
         held = [jobs.registering_rank(job_id, r.rank_info.rank, self.durable.apply)
                 for r in requests]
         outcomes: list[bool | BaseException] = []
-        registered: list[tuple[int, int] | BaseException] = []
+        registered: list[tuple[int, bool] | BaseException] = []
         record: JobRecord | None = None
         try:
             for one in held:
@@ -393,7 +394,7 @@ class Endpoints:
                 except Exception as e:  # noqa: BLE001 - its own reply says why
                     registered.append(e)
                     continue
-                registered.append((len(record.ranks), 1 if new else 0))
+                registered.append((len(record.ranks), new))
         finally:
             for one in held:
                 one.__exit__(None, None, None)
@@ -424,15 +425,15 @@ class Endpoints:
         return alone
 
     async def _node_replies(self, job_id: str, requests: list[RegisterRank],
-                            registered: list[tuple[int, int] | BaseException],
+                            registered: list[tuple[int, bool] | BaseException],
                             record: JobRecord | None, subject: str) -> list[Reply]:
         """The replies to ranks `_record_node` recorded: (ranks registered then, new) or why not."""
         replies: list[Reply] = []
         for request, done in zip(requests, registered, strict=True):
-            if isinstance(done, BaseException) or record is None:
-                replies.append(_failed(request, subject, done if isinstance(
-                    done, BaseException) else RuntimeError("no record")))
+            if isinstance(done, BaseException):
+                replies.append(_failed(request, subject, done))
                 continue
+            assert record is not None  # (Set with every rank registered.)
             n, new = done
             world, gpu = record.job.world_size, request.gpu
             if new and (world <= RANK_STATUS_EVERY_UP_TO

@@ -4,7 +4,9 @@ An agent relays the ranks of its node that register together in one request (`Re
 each is checked as if it came alone, side by side. `NodeWrite` gathers the ranks that pass, and
 once every rank of the batch has either been given to it or finished without (refused, a
 retry), records them in one write (`JetStreamState.create_node_ranks`): one followed entry for
-the node's ranks, so each replica's watch brings one entry per node, not one per rank.
+the node's ranks, so each replica's watch brings one entry per node, not one per rank. The
+common batch (one known job, every rank described by its agent) is written in its request's
+own task (`write_node`, from `Endpoints._register_node`).
 """
 
 from __future__ import annotations
