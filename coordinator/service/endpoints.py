@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from coordinator.config import CoordinatorSettings
-from coordinator.jobs import RankRecord
+from coordinator.jobs import JobRecord, RankRecord
 from coordinator.optimizer import StatusUpdate, StragglerError
 from coordinator.pipeline.schedulers.settings import PFOServerSettings
 from coordinator.service.actions import ActionExecutor
@@ -34,7 +34,7 @@ from coordinator.service.failures import JobFailures
 from coordinator.service.gpus import GpuDirectory
 from coordinator.service.leases import Leases
 from coordinator.service.link import Link
-from coordinator.service.node_writes import NodeWrite
+from coordinator.service.node_writes import Item, NodeWrite, write_node
 from coordinator.service.starter import OptimiserStarter
 from coordinator.service.table import JobTable
 from coordinator.state import records
@@ -64,6 +64,17 @@ def plain_reply(reply: Reply) -> dict[str, Any]:
     encoded), without dumping each of thousands of ranks' replies once more first.
     """
     return dict(reply.__dict__)
+
+
+_SUCCESS = plain_reply(Reply.success())
+
+
+def plain_success(**result: Any) -> dict[str, Any]:
+    """`plain_reply(Reply.success(**result))` without building the `Reply` (pure).
+
+    One per rank of a node's batch: validating each rank's `Reply` was ~3 us a rank.
+    """
+    return {**_SUCCESS, "result": result}
 
 
 Handler = Callable[[bytes, str], Awaitable[Reply]]
@@ -279,14 +290,18 @@ class Endpoints:
 
         A node's batch is answered with one reply per rank, in order (`result["replies"]`):
         each rank is checked as if it came alone, side by side, and those that pass are
-        recorded together, in one node entry (`NodeWrite`).
+        recorded together, in one node entry: in the request's own task for the common batch
+        (`_register_node`), else one task per rank (`NodeWrite`).
         """
         request = codec.decode_either(data, RegisterRank, RegisterRanks, "ranks")
         if isinstance(request, RegisterRanks):
-            node = NodeWrite(self.link.require_state, len(request.ranks))
-            replies = await asyncio.gather(*(self._answer_rank(r, subject, node)
-                                             for r in request.ranks))
-            return Reply.success(replies=[plain_reply(r) for r in replies])
+            plain = await self._register_node(request.ranks, subject)
+            if plain is None:  # (Not the common batch: one task per rank.)
+                node = NodeWrite(self.link.require_state, len(request.ranks))
+                replies = await asyncio.gather(*(self._answer_rank(r, subject, node)
+                                                 for r in request.ranks))
+                plain = [plain_reply(r) for r in replies]
+            return Reply.success(replies=plain)
         return await self._register_rank(request, subject)
 
     async def _answer_rank(self, request: RegisterRank, subject: str,
@@ -295,13 +310,155 @@ class Endpoints:
         try:
             return await self._register_rank(request, subject, node)
         except Exception as e:  # noqa: BLE001 - never leak internals
-            if not isinstance(e, ReplyError):
-                LOG.exception("rank %d of a batch on %s failed", request.rank_info.rank,
-                              bounded(subject, 300))
-            return reply_for(e, INTERNAL_REPLY.error)
+            return _failed(request, subject, e)
         finally:
             if node is not None:
                 node.finish()
+
+    async def _register_node(self, requests: list[RegisterRank],
+                             subject: str) -> list[dict[str, Any]] | None:
+        """A node's batch in this one task, when it is the common one; None: rank by rank.
+
+        The common batch: ranks of one known job whose ranks go in node entries, each with its
+        GPU's description from the agent that relayed it. Each rank is checked in turn as
+        `_register_rank` checks it (nothing awaited between: as the tasks of one per rank
+        checked them), those that pass go in one node write (`_record_node`), and a retry is
+        then answered as it comes alone. One task per rank, and one for the write, were most
+        of the handling's cost per rank.
+        """
+        job_id = requests[0].job_id
+        if any(r.job_id != job_id or r.gpu_info is None or r.gpu_info.index != r.gpu.gpu_index
+               for r in requests):
+            return None  # (A GPU to describe first, or another job.)
+        await self.durable.known_job(job_id)
+        record = self.jobs.record(job_id)
+        if record is None or not record.node_ranks:
+            return None
+        requests = [_without_instructions(r) for r in requests]
+        replies: list[dict[str, Any] | None] = [None] * len(requests)
+        given: list[int] = []
+        retries: list[int] = []
+        via = subjects.last_token(subject)
+        for i, request in enumerate(requests):
+            try:
+                admitted = self._admit(request, via)
+            except Exception as e:  # noqa: BLE001 - never leak internals
+                replies[i] = plain_reply(_failed(request, subject, e))
+                continue
+            if isinstance(admitted, Reply):
+                replies[i] = plain_reply(admitted)
+            else:
+                (retries if admitted else given).append(i)
+        if given:
+            recorded = await self._record_node(job_id, [requests[i] for i in given], subject)
+            for i, reply in zip(given, recorded, strict=True):
+                replies[i] = reply
+        for i in retries:
+            replies[i] = plain_reply(await self._answer_rank(requests[i], subject))
+        return [r if r is not None else plain_reply(INTERNAL_REPLY) for r in replies]
+
+    def _admit(self, request: RegisterRank, via: str) -> Reply | bool:
+        """A rank of a common batch checked: a refusal, or whether it is a retry.
+
+        False: new, its place in its node's quota held (`reserve_rank`), to be recorded.
+        """
+        gpu, info = request.gpu, request.gpu_info
+        assert info is not None
+        if via != subjects.token(gpu.node):
+            return _wrong_node(gpu.node, via)
+        registry = self.jobs.registry
+        if registry.check_rank(request):
+            return True
+        self.gpus.know(gpu.node, info)
+        refused = self._refuse_gpu(request, info)
+        if refused is not None:
+            return refused
+        registry.reserve_rank(gpu.node)
+        return False
+
+    async def _record_node(self, job_id: str, requests: list[RegisterRank],
+                           subject: str) -> list[dict[str, Any]]:
+        """Record checked ranks of one job together (their quota places held): their replies.
+
+        As each rank's `_register_rank` would: recorded in one node entry, or else each alone;
+        then registered here (each handler's entries applied once it is done, `defer`), their
+        places in the quota given back, the status told, the optimiser started once complete.
+        """
+        jobs, registry = self.jobs, self.jobs.registry
+        held = [jobs.registering_rank(job_id, r.rank_info.rank, self.durable.apply)
+                for r in requests]
+        outcomes: list[bool | BaseException] = []
+        registered: list[tuple[int, bool] | BaseException] = []
+        record: JobRecord | None = None
+        try:
+            for one in held:
+                one.__enter__()
+            try:
+                outcomes = await self._create_node(job_id, requests)
+            except Exception as e:  # noqa: BLE001 - each rank answers it
+                outcomes = [e] * len(requests)
+            for request, new in zip(requests, outcomes, strict=True):
+                if isinstance(new, BaseException):
+                    registered.append(new)
+                    continue
+                try:
+                    record, _ = registry.register_rank(request, self.clock(), reserved=True)
+                except Exception as e:  # noqa: BLE001 - its own reply says why
+                    registered.append(e)
+                    continue
+                registered.append((len(record.ranks), new))
+        finally:
+            for one in held:
+                one.__exit__(None, None, None)
+            for request in requests:
+                registry.unreserve_rank(request.gpu.node)
+        return await self._node_replies(job_id, requests, registered, record, subject)
+
+    async def _create_node(self, job_id: str,
+                           requests: list[RegisterRank]) -> list[bool | BaseException]:
+        """Write checked ranks of a job in one node entry, else each alone: new (or why not)."""
+        state = self.link.require_state()
+        items: list[Item] = []
+        for r in requests:
+            info = r.gpu_info
+            assert info is not None
+            items.append((RankRecord(info=r.rank_info, gpu=r.gpu),
+                          (info.min_power_limit_w, info.max_power_limit_w), info.energy_period_ms))
+        outcome = await write_node(self.link.require_state, job_id, items)
+        if outcome.committed:
+            return [True] * len(items)
+        alone = await asyncio.gather(*(
+            state.create_rank(job_id, rank, limits, period, batch=True, node_ranks=True,
+                              landed=outcome.batch_id) for rank, limits, period in items),
+            return_exceptions=True)
+        for one in alone:
+            if isinstance(one, BaseException) and not isinstance(one, Exception):
+                raise one  # (Cancelled: as each rank's own task would be.)
+        return alone
+
+    async def _node_replies(self, job_id: str, requests: list[RegisterRank],
+                            registered: list[tuple[int, bool] | BaseException],
+                            record: JobRecord | None, subject: str) -> list[dict[str, Any]]:
+        """The replies (plain) to ranks `_record_node` recorded: (ranks then, new) or why not."""
+        replies: list[dict[str, Any]] = []
+        for request, done in zip(requests, registered, strict=True):
+            if isinstance(done, BaseException):
+                replies.append(plain_reply(_failed(request, subject, done)))
+                continue
+            assert record is not None  # (Set with every rank registered.)
+            n, new = done
+            world, gpu = record.job.world_size, request.gpu
+            if new and (world <= RANK_STATUS_EVERY_UP_TO
+                        or n * 10 // world != (n - 1) * 10 // world):
+                await self.link.status(job_id, "rank_registered",
+                                       f"rank {request.rank_info.rank} on {gpu.node}/gpu"
+                                       f"{gpu.gpu_index} ({n}/{world} ranks registered)")
+            replies.append(plain_success(job_id=job_id, rank=request.rank_info.rank,
+                                         registered=n, world_size=world))
+        if record is not None and record.complete and any(
+                not isinstance(d, BaseException) and d[1] for d in registered):
+            self.starter.maybe_start(self.jobs.driver(job_id))
+        return replies
 
     async def _register_rank(self, request: RegisterRank, subject: str,
                              node: NodeWrite | None = None) -> Reply:
@@ -310,20 +467,12 @@ class Endpoints:
         Only the agent of the GPU's node may register it: the subject names the node the
         request came through.
         """
-        if request.rank_info.instructions is not None:
-            # The coordinator learns a rank's instructions by observing it; what a registration
-            # says of them is not kept (up to 1 MB a rank, in every replica and the bucket).
-            request = request.model_copy(update={
-                "rank_info": request.rank_info.model_copy(update={"instructions": None})})
+        request = _without_instructions(request)
         gpu = request.gpu
         via = subjects.last_token(subject)
         await self.durable.known_job(request.job_id)
         if via != subjects.token(gpu.node):
-            return Reply.failure(
-                "forbidden",
-                f"a rank on node {gpu.node!r} must be registered through that node's agent, not "
-                f"through {shown(via)}: run the trainer on the node of its GPU",
-            )
+            return _wrong_node(gpu.node, via)
         retry = self.jobs.registry.check_rank(request)  # Refuse bad requests before asking agents.
         info: GpuDescription | None = None
         if not retry:
@@ -484,6 +633,35 @@ class Endpoints:
         return Reply.success(job_id=record.job_id, stragglers=progress["stragglers"],
                              slowed=progress["slowed"], schedule=progress["schedule"],
                              message=message)
+
+
+def _without_instructions(request: RegisterRank) -> RegisterRank:
+    """The request without the rank's instructions (pure).
+
+    The coordinator learns a rank's instructions by observing it; what a registration says of
+    them is not kept (up to 1 MB a rank, in every replica and the bucket).
+    """
+    if request.rank_info.instructions is None:
+        return request
+    return request.model_copy(update={
+        "rank_info": request.rank_info.model_copy(update={"instructions": None})})
+
+
+def _wrong_node(node: str, via: str) -> Reply:
+    """The refusal of a rank registered through another node's agent than its GPU's (pure)."""
+    return Reply.failure(
+        "forbidden",
+        f"a rank on node {node!r} must be registered through that node's agent, not "
+        f"through {shown(via)}: run the trainer on the node of its GPU",
+    )
+
+
+def _failed(request: RegisterRank, subject: str, e: BaseException) -> Reply:
+    """The reply to a rank of a batch whose handling failed (as `wrap` answers a request)."""
+    if not isinstance(e, ReplyError):
+        LOG.error("rank %d of a batch on %s failed", request.rank_info.rank,
+                  bounded(subject, 300), exc_info=e)
+    return reply_for(e, INTERNAL_REPLY.error)
 
 
 class _Forwarded:

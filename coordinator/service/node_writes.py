@@ -4,7 +4,9 @@ An agent relays the ranks of its node that register together in one request (`Re
 each is checked as if it came alone, side by side. `NodeWrite` gathers the ranks that pass, and
 once every rank of the batch has either been given to it or finished without (refused, a
 retry), records them in one write (`JetStreamState.create_node_ranks`): one followed entry for
-the node's ranks, so each replica's watch brings one entry per node, not one per rank.
+the node's ranks, so each replica's watch brings one entry per node, not one per rank. The
+common batch (one known job, every rank described by its agent) is written in its request's
+own task (`write_node`, from `Endpoints._register_node`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,27 @@ def distinct(items: list[Item]) -> bool:
     return len(ranks) == len(gpus) == len(items)
 
 
+async def write_node(state: Callable[[], Any], job_id: str, items: list[Item]) -> Outcome:
+    """A job's ranks of one node in one write (`create_node_ranks`), in rank order.
+
+    REFUSED (not committed) for ranks or GPUs that come twice, and for any failure: each rank
+    is then recorded alone, which says why.
+    """
+    items = sorted(items, key=lambda i: i[0].info.rank)
+    try:
+        if distinct(items):
+            outcome: Outcome = await state().create_node_ranks(job_id, items)
+            return outcome
+    except Exception:  # noqa: BLE001 - recorded alone, each rank learns why
+        pass
+    return REFUSED
+
+
 class NodeWrite:
     """The ranks of one node's batch, written together once each rank is in or out.
+
+    For the batches `Endpoints._register_node` leaves to one task per rank (a GPU to describe
+    first, ranks of several jobs); the common batch is written in its request's own task.
 
     Each rank's handler (one task each) either gives its rank (`create`) or is done without
     (`skip`, or `finish` whatever happened); when none is left, the ranks given go in one write
@@ -70,13 +91,7 @@ class NodeWrite:
 
     async def _write(self) -> None:
         for job_id, given in self._items.items():
-            items = sorted((item for item, _ in given), key=lambda i: i[0].info.rank)
-            outcome = REFUSED
-            try:
-                if distinct(items):
-                    outcome = await self.state().create_node_ranks(job_id, items)
-            except Exception:  # noqa: BLE001 - recorded alone, each rank learns why
-                outcome = REFUSED
+            outcome = await write_node(self.state, job_id, [item for item, _ in given])
             for _, future in given:
                 if not future.done():
                     future.set_result(outcome)

@@ -264,7 +264,12 @@ def encode_node(job_id: str, rank_values: list[bytes]) -> bytes:
 
 
 def _number(value: Any) -> bytes:
-    """A number (or None) as `_ENCODE` writes it; an int or a finite float written directly."""
+    """A number (or None) as `_ENCODE` writes it; None, an int or a finite float directly.
+
+    (None: a GPU whose agent knows no energy-counter period, on every rank it records.)
+    """
+    if value is None:
+        return b"null"
     kind = type(value)
     if kind is int or (kind is float and math.isfinite(value)):
         return repr(value).encode()  # (What `json` writes for these.)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coordinator.jobs import DuplicateError
-from coordinator.service.endpoints import plain_reply
+from coordinator.service.endpoints import plain_reply, plain_success
 from zeus_agent.errors import reply_for
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import Reply
@@ -19,3 +19,10 @@ def test_a_node_batchs_replies_encode_as_their_dumps() -> None:
         assert plain_reply(reply) == reply.model_dump()
     assert codec.encode(Reply.success(replies=[plain_reply(r) for r in replies])) == \
         codec.encode(Reply.success(replies=[r.model_dump() for r in replies]))
+
+
+def test_a_plain_success_is_the_successful_replys_plain_form() -> None:
+    result = {"job_id": "j+1", "rank": 3, "registered": 9, "world_size": 16}
+    assert plain_success(**result) == plain_reply(Reply.success(**result))
+    assert Reply.model_validate(plain_success(**result)) == Reply.success(**result)
+    assert plain_success(rank=1)["result"] is not plain_success(rank=1)["result"]

@@ -75,6 +75,11 @@ def test_a_rank_is_encoded_as_the_general_encoder_would_read_it() -> None:
         assert json.loads(records.encode_rank(JOB, rank, limits, period)) == expected
 
 
+@pytest.mark.parametrize("value", [None, 0, 7, -3, 2**70, 12.5, 1e-7, 1e300])
+def test_a_number_is_written_as_the_general_encoder_writes_it(value: object) -> None:
+    assert records._number(value) == records._ENCODE(value).encode()  # noqa: SLF001
+
+
 RANK_VALUES = [
     {"limits": [100, 300], "energy_period_ms": 5},
     {"limits": [100, 300]},
