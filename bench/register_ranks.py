@@ -86,58 +86,56 @@ BUDGET_S = 1.0
 ZEUS_HTTP_S = 10.2
 
 
-async def harness(url: str, nodes: int, gpus_per_node: int,
-                  ask_info: bool = False, per_rank: bool = False) -> dict[str, Any]:
-    """The outside world: fake agents for every GPU, and the trainers registering.
+class _FakeAgents:
+    """One responder for every GPU of every node: answers `info`, counts first limits."""
 
-    Returns the timings (`time.perf_counter`, the system-wide monotonic clock) and counts.
-    """
-    ranks = nodes * gpus_per_node
-    # The fake agents: one responder for every GPU of every node.
-    agent_nc = await connect(url, "fake-agents")
-    info_replies: dict[str, bytes] = {}
-    descriptions: dict[tuple[int, int], GpuDescription] = {}
-    for n in range(nodes):
-        for g in range(gpus_per_node):
-            descriptions[n, g] = desc = GpuDescription(
-                index=g, uuid=f"GPU-{n:04d}-{g}", name="NVIDIA A40", architecture="Ampere",
-                min_power_limit_w=100, max_power_limit_w=300, default_power_limit_w=300,
-                supported_memory_clocks_mhz=[7251], supported_graphics_clocks_mhz=[1740, 210],
-                has_energy_counter=True, power_limit_w=300,
-            )
-            subject = subjects.gpu_command(f"node{n:04d}", g)
-            info_replies[subject] = codec.encode(
-                Reply.success(node=f"node{n:04d}", gpu=desc.model_dump()))
-    ok_reply = codec.encode(Reply.success())
-    delivered: set[str] = set()
-    all_delivered = asyncio.Event()
-    delivered_at = [0.0]
-    counts = {"info": 0, "set_power_limit": 0}
+    def __init__(self, nodes: int, gpus_per_node: int) -> None:
+        self.ranks = nodes * gpus_per_node
+        self.info_replies: dict[str, bytes] = {}
+        self.descriptions: dict[tuple[int, int], GpuDescription] = {}
+        for n in range(nodes):
+            for g in range(gpus_per_node):
+                self.descriptions[n, g] = desc = GpuDescription(
+                    index=g, uuid=f"GPU-{n:04d}-{g}", name="NVIDIA A40",
+                    architecture="Ampere", min_power_limit_w=100, max_power_limit_w=300,
+                    default_power_limit_w=300, supported_memory_clocks_mhz=[7251],
+                    supported_graphics_clocks_mhz=[1740, 210], has_energy_counter=True,
+                    power_limit_w=300,
+                )
+                subject = subjects.gpu_command(f"node{n:04d}", g)
+                self.info_replies[subject] = codec.encode(
+                    Reply.success(node=f"node{n:04d}", gpu=desc.model_dump()))
+        self.ok_reply = codec.encode(Reply.success())
+        self.delivered: set[str] = set()
+        self.all_delivered = asyncio.Event()
+        self.delivered_at = 0.0
+        self.counts = {"info": 0, "set_power_limit": 0}
 
-    async def on_cmd(msg: Any) -> None:
+    async def start(self, url: str) -> Any:
+        """Connect and answer every GPU's commands; returns the connection (to drain)."""
+        nc = await connect(url, "fake-agents")
+        # A wildcard subscription (subjects.gpu_command would sanitise "*" as a user token).
+        await nc.subscribe(subjects.all_gpu_commands(), cb=self.on_cmd)
+        await nc.flush()
+        return nc
+
+    async def on_cmd(self, msg: Any) -> None:
         op = msgpack.unpackb(msg.data)["cmd"]["op"]
-        counts[op] = counts.get(op, 0) + 1
+        self.counts[op] = self.counts.get(op, 0) + 1
         if op == "info":
-            await msg.respond(info_replies[msg.subject])
+            await msg.respond(self.info_replies[msg.subject])
             return
         if op == "set_power_limit":
-            delivered.add(msg.subject)
-            if len(delivered) == ranks and not all_delivered.is_set():
-                delivered_at[0] = time.perf_counter()
-                all_delivered.set()
-        await msg.respond(ok_reply)
+            self.delivered.add(msg.subject)
+            if len(self.delivered) == self.ranks and not self.all_delivered.is_set():
+                self.delivered_at = time.perf_counter()
+                self.all_delivered.set()
+        await msg.respond(self.ok_reply)
 
-    # A wildcard subscription (subjects.gpu_command would sanitise "*" as a user token).
-    await agent_nc.subscribe(subjects.all_gpu_commands(), cb=on_cmd)
-    await agent_nc.flush()
 
-    client = await connect(url, "trainers")
-    info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
-    raw = await client.request(
-        subjects.coord_register_job("node0000"),
-        codec.encode(RegisterJob(job=info, power_limit=PowerLimitOptions())), timeout=10)
-    registered = codec.decode(raw.data, Reply).result
-    job_id, token = registered["job_id"], registered["join_token"]
+def _requests(job_id: str, token: str, agents: _FakeAgents, nodes: int, gpus_per_node: int,
+              ask_info: bool, per_rank: bool) -> list[tuple[str, bytes]]:
+    """(node, payload) of every registration request, as the nodes' agents relay them."""
     ranks_requests = [
         RegisterRank(
             job_id=job_id,
@@ -147,17 +145,38 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
             gpu=GpuBinding(node=f"node{r // gpus_per_node:04d}", gpu_index=r % gpus_per_node,
                            gpu_uuid=f"GPU-{r // gpus_per_node:04d}-{r % gpus_per_node}"),
             # As the node's agent relays it: with the GPU's description (unless --ask-info).
-            gpu_info=None if ask_info else descriptions[divmod(r, gpus_per_node)],
+            gpu_info=None if ask_info else agents.descriptions[divmod(r, gpus_per_node)],
         )
-        for r in range(ranks)
+        for r in range(nodes * gpus_per_node)
     ]
-    # As the nodes' agents relay them: a node's ranks, registering together, in one request
-    # (`RankRelay`); --per-rank: one request per rank (agents before that).
-    requests = ([(f"node{r // gpus_per_node:04d}", codec.encode(x))
-                 for r, x in enumerate(ranks_requests)] if per_rank else
-                [(f"node{n:04d}", codec.encode(RegisterRanks(
-                    ranks=ranks_requests[n * gpus_per_node:(n + 1) * gpus_per_node])))
-                 for n in range(nodes)])
+    # A node's ranks, registering together, in one request (`RankRelay`); --per-rank: one
+    # request per rank (agents before that).
+    if per_rank:
+        return [(f"node{r // gpus_per_node:04d}", codec.encode(x))
+                for r, x in enumerate(ranks_requests)]
+    return [(f"node{n:04d}", codec.encode(RegisterRanks(
+                ranks=ranks_requests[n * gpus_per_node:(n + 1) * gpus_per_node])))
+            for n in range(nodes)]
+
+
+async def harness(url: str, nodes: int, gpus_per_node: int,
+                  ask_info: bool = False, per_rank: bool = False) -> dict[str, Any]:
+    """The outside world: fake agents for every GPU, and the trainers registering.
+
+    Returns the timings (`time.perf_counter`, the system-wide monotonic clock) and counts.
+    """
+    ranks = nodes * gpus_per_node
+    agents = _FakeAgents(nodes, gpus_per_node)
+    agent_nc = await agents.start(url)
+    client = await connect(url, "trainers")
+    info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
+    raw = await client.request(
+        subjects.coord_register_job("node0000"),
+        codec.encode(RegisterJob(job=info, power_limit=PowerLimitOptions())), timeout=10)
+    registered = codec.decode(raw.data, Reply).result
+    job_id = registered["job_id"]
+    requests = _requests(job_id, registered["join_token"], agents, nodes, gpus_per_node,
+                         ask_info, per_rank)
 
     # The trainers (through their agents): every request outstanding at once, replies on one
     # wildcard inbox (4,096 real trainers each pay their own request overhead, in their own
@@ -194,15 +213,15 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
               f"{failures[0].error}", file=sys.stderr)
     else:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(all_delivered.wait(), 60)
-    t_delivered = delivered_at[0] or time.perf_counter()
+            await asyncio.wait_for(agents.all_delivered.wait(), 60)
+    t_delivered = agents.delivered_at or time.perf_counter()
     await client.drain()
     await agent_nc.drain()
     return {"job_id": job_id, "cpu_at_t0": cpu_at_t0, "t0": t0, "t_sent": t_sent,
             "t_registered": t_registered,
             "t_delivered": t_delivered, "failures": len(failures),
-            "delivered": len(delivered), "info_requests": counts["info"],
-            "set_power_limit_commands": counts["set_power_limit"]}
+            "delivered": len(agents.delivered), "info_requests": agents.counts["info"],
+            "set_power_limit_commands": agents.counts["set_power_limit"]}
 
 
 async def micro_stats(nc: Any, service: str = "zeus-coordinator") -> list[dict[str, Any]]:
