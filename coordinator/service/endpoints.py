@@ -390,6 +390,7 @@ class Endpoints:
         outcomes: list[bool | BaseException] = []
         registered: list[tuple[int, bool] | BaseException] = []
         record: JobRecord | None = None
+        back = 0  # (Places given back: each as its rank registers, else counted twice.)
         try:
             for one in held:
                 one.__enter__()
@@ -398,11 +399,13 @@ class Endpoints:
             except Exception as e:  # noqa: BLE001 - each rank answers it
                 outcomes = [e] * len(requests)
             for request, new in zip(requests, outcomes, strict=True):
+                registry.unreserve_rank(request.gpu.node)
+                back += 1
                 if isinstance(new, BaseException):
                     registered.append(new)
                     continue
                 try:
-                    record, _ = registry.register_rank(request, self.clock(), reserved=True)
+                    record, _ = registry.register_rank(request, self.clock())
                 except Exception as e:  # noqa: BLE001 - its own reply says why
                     registered.append(e)
                     continue
@@ -410,7 +413,7 @@ class Endpoints:
         finally:
             for one in held:
                 one.__exit__(None, None, None)
-            for request in requests:
+            for request in requests[back:]:
                 registry.unreserve_rank(request.gpu.node)
         return await self._node_replies(job_id, requests, registered, record, subject)
 
