@@ -20,7 +20,6 @@ from coordinator.state import records
 from coordinator.state.group_commit import REFUSED
 from tests.shell.coordinator_kit import (
     NODE,
-    ask,
     collect,
     rank_request,
     register_job,
@@ -30,34 +29,13 @@ from tests.shell.coordinator_kit import (
     stop,
     wait_for,
 )
+from tests.shell.node_batch_kit import OPTIONS, ask_batch, described
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import (
-    GpuDescription,
     JobStatus,
-    PowerLimitOptions,
-    RegisterRank,
     Reply,
 )
 from zeus_agent.wire.rank_batch import RegisterRanks
-
-OPTIONS = PowerLimitOptions(selector="Energy", wait_steps=0, warmup_steps=1, profile_steps=2)
-
-
-def _described(request: RegisterRank) -> RegisterRank:
-    """`request` as the node's agent relays it: with its GPU's description (no `info` asked)."""
-    index = request.gpu.gpu_index
-    return request.model_copy(update={"gpu_info": GpuDescription(
-        index=index, uuid=f"GPU-{index}", name="A40", architecture="Ampere",
-        min_power_limit_w=100, max_power_limit_w=300, default_power_limit_w=300,
-        supported_memory_clocks_mhz=[7251], supported_graphics_clocks_mhz=[1740, 210],
-        has_energy_counter=True, power_limit_w=300)})
-
-
-async def _batch(nc: Any, requests: list[RegisterRank]) -> list[Reply]:
-    reply = await asyncio.wait_for(
-        ask(nc, subjects.coord_register_rank(NODE), RegisterRanks(ranks=requests)), 8)
-    assert reply.ok, reply
-    return [Reply.model_validate(r) for r in reply.result["replies"]]
 
 
 class _NoNodeWrite:
@@ -70,7 +48,7 @@ async def test_a_described_batch_needs_no_task_per_rank(
     monkeypatch.setattr(endpoints, "NodeWrite", _NoNodeWrite)
     statuses = await collect(nc, subjects.all_job_status(), JobStatus)
     job_id = await register_job(nc, dp=2, power_limit=OPTIONS)
-    replies = await _batch(nc, [_described(rank_request(job_id, r)) for r in (0, 1)])
+    replies = await ask_batch(nc, [described(rank_request(job_id, r)) for r in (0, 1)])
     assert [(r.ok, r.result.get("rank"), r.result.get("registered")) for r in replies] == [
         (True, 0, 1), (True, 1, 2)]
     h = records.job_hash(job_id)
@@ -95,8 +73,8 @@ async def test_a_described_batch_answers_each_rank_as_the_task_per_rank_path_doe
                  rank_request(job_id, 1, gpu=0), rank_request(job_id, 3, gpu=1),
                  rank_request(job_id, 1, gpu=1, node="elsewhere")]
         if describe:
-            batch = [_described(r) for r in batch]
-        replies = await _batch(nc, batch)
+            batch = [described(r) for r in batch]
+        replies = await ask_batch(nc, batch)
         answers.append([(r.ok, r.code) for r in replies])
         record = coord.jobs.record(job_id)
         recorded.append(sorted(record.ranks) if record is not None else None)
@@ -110,7 +88,7 @@ async def test_a_described_batch_keeps_to_max_ranks_per_node(
     coord, task = await start(nats_server, tmp_path / "coord", max_ranks_per_node=1)
     try:
         job_id = await register_job(nc, dp=2)
-        replies = await _batch(nc, [_described(rank_request(job_id, r)) for r in (0, 1)])
+        replies = await ask_batch(nc, [described(rank_request(job_id, r)) for r in (0, 1)])
         assert [(r.ok, r.code) for r in replies] == [(True, ""), (False, "quota")]
         keys = await state_keys(coord)
         assert sum(k.startswith("rank.") for k in keys) == 1, keys
@@ -130,7 +108,7 @@ async def test_a_node_write_not_committed_records_each_rank_alone(
     monkeypatch.setattr(endpoints, "write_node", refused)
     statuses = await collect(nc, subjects.all_job_status(), JobStatus)
     job_id = await register_job(nc, dp=2, power_limit=OPTIONS)
-    replies = await _batch(nc, [_described(rank_request(job_id, r)) for r in (0, 1)])
+    replies = await ask_batch(nc, [described(rank_request(job_id, r)) for r in (0, 1)])
     assert [(r.ok, r.result.get("registered")) for r in replies] == [(True, 1), (True, 2)]
     h = records.job_hash(job_id)
     keys = await state_keys(coord)
@@ -148,7 +126,7 @@ async def test_the_other_replica_learns_a_described_batch_and_takes_the_job_over
         r1, r2 = group["r1"], group["r2"]
         job_id = await register_job(nc, dp=2, power_limit=OPTIONS)
         await wait_for(lambda: job_id in r1.jobs and job_id in r2.jobs)
-        data = codec.encode(RegisterRanks(ranks=[_described(rank_request(job_id, r))
+        data = codec.encode(RegisterRanks(ranks=[described(rank_request(job_id, r))
                                                  for r in (0, 1)]))
         reply = await r1.endpoints.register_rank(data, subjects.coord_register_rank(NODE))
         assert reply.ok and all(Reply.model_validate(r).ok for r in reply.result["replies"])

@@ -23,7 +23,7 @@ from tests.shell.coordinator_kit import (
     stop,
     wait_for,
 )
-from tests.shell.test_node_batch_one_task import OPTIONS, _batch, _described
+from tests.shell.node_batch_kit import OPTIONS, ask_batch, described
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobStatus, Reply
 from zeus_agent.wire.rank_batch import RegisterRanks
@@ -58,7 +58,7 @@ async def test_a_described_batch_that_fills_the_node_quota_is_recorded_whole(
     coord, task = await start(nats_server, tmp_path / "coord", max_ranks_per_node=2)
     try:
         job_id = await register_job(nc, dp=2)
-        replies = await _batch(nc, [_described(rank_request(job_id, r)) for r in (0, 1)])
+        replies = await ask_batch(nc, [described(rank_request(job_id, r)) for r in (0, 1)])
         assert [(r.ok, r.code, r.result.get("registered")) for r in replies] == [
             (True, "", 1), (True, "", 2)]
         assert sorted(coord.jobs.record(job_id).ranks) == [0, 1]
@@ -71,7 +71,7 @@ async def test_a_request_cancelled_mid_write_gives_its_places_back(
         coord: Any, nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     entered, release = _stalled(monkeypatch)
     job_id = await register_job(nc, dp=2, power_limit=OPTIONS)
-    data = codec.encode(RegisterRanks(ranks=[_described(rank_request(job_id, r))
+    data = codec.encode(RegisterRanks(ranks=[described(rank_request(job_id, r))
                                              for r in (0, 1)]))
     request = asyncio.create_task(
         coord.endpoints.register_rank(data, subjects.coord_register_rank(NODE)))
@@ -82,7 +82,7 @@ async def test_a_request_cancelled_mid_write_gives_its_places_back(
         await request
     assert _held(coord) == ({}, set())
     release.set()  # (The service keeps serving: the same batch again is recorded.)
-    replies = await _batch(nc, [_described(rank_request(job_id, r)) for r in (0, 1)])
+    replies = await ask_batch(nc, [described(rank_request(job_id, r)) for r in (0, 1)])
     assert [(r.ok, r.result.get("registered")) for r in replies] == [(True, 1), (True, 2)]
     assert _held(coord) == ({}, set())
 
@@ -92,7 +92,7 @@ async def test_a_job_forgotten_mid_write_answers_each_rank_unknown(
     entered, release = _stalled(monkeypatch)
     job_id = await register_job(nc, dp=2, power_limit=OPTIONS)
     batch = asyncio.create_task(
-        _batch(nc, [_described(rank_request(job_id, r)) for r in (0, 1)]))
+        ask_batch(nc, [described(rank_request(job_id, r)) for r in (0, 1)]))
     await asyncio.wait_for(entered.wait(), 5)
     coord.jobs.forget(job_id)
     release.set()
@@ -115,10 +115,10 @@ async def test_two_batches_of_the_same_ranks_at_once_are_answered_as_one_task_pe
         release.clear()
         job_id = await register_job(nc, dp=2, power_limit=OPTIONS, job_metadata=f"{describe}")
         ranks = [rank_request(job_id, r) for r in (0, 1)]
-        ranks = [_described(r) for r in ranks] if describe else ranks
-        first = asyncio.create_task(_batch(nc, ranks))
+        ranks = [described(r) for r in ranks] if describe else ranks
+        first = asyncio.create_task(ask_batch(nc, ranks))
         await asyncio.wait_for(entered.wait(), 5)
-        second = asyncio.create_task(_batch(nc, ranks))
+        second = asyncio.create_task(ask_batch(nc, ranks))
         await wait_for(lambda: _held(coord)[0] == {NODE: 4})  # (Both wait at their write.)
         release.set()
         answers.append([[(r.ok, r.result.get("registered")) for r in replies]
@@ -143,9 +143,9 @@ async def test_a_batch_sent_again_is_answered_as_each_rank_alone(
         first = [rank_request(job_id, r) for r in (0, 1)]
         again = [rank_request(job_id, r) for r in (0, 1, 2, 3)]
         if describe:
-            first, again = [_described(r) for r in first], [_described(r) for r in again]
-        await _batch(nc, first)
-        replies = await _batch(nc, again)
+            first, again = [described(r) for r in first], [described(r) for r in again]
+        await ask_batch(nc, first)
+        replies = await ask_batch(nc, again)
         answers.append([(r.ok, r.code, r.result.get("registered")) for r in replies])
         assert sorted(coord.jobs.record(job_id).ranks) == [0, 1, 2, 3]
     assert answers[0] == answers[1], answers
