@@ -24,13 +24,12 @@ from tests.shell.coordinator_kit import (
     stop,
     wait_for,
 )
+from tests.shell.node_batch_kit import described
 from zeus_agent.models import RankInfo
 from zeus_agent.wire import subjects
 from zeus_agent.wire.messages import (
     GpuBinding,
-    GpuDescription,
     JobStatus,
-    RegisterRank,
     Reply,
 )
 from zeus_agent.wire.rank_batch import RegisterRanks
@@ -139,16 +138,6 @@ async def test_a_nodes_batch_keeps_to_max_ranks_per_node(nats_server: Any, agent
         await stop(coord, task)
 
 
-def _described(request: RegisterRank) -> RegisterRank:
-    """`request` as the node's agent relays it: with its GPU's description (no `info` asked)."""
-    index = request.gpu.gpu_index
-    return request.model_copy(update={"gpu_info": GpuDescription(
-        index=index, uuid=f"GPU-{index}", name="A40", architecture="Ampere",
-        min_power_limit_w=100, max_power_limit_w=300, default_power_limit_w=300,
-        supported_memory_clocks_mhz=[7251], supported_graphics_clocks_mhz=[1740, 210],
-        has_energy_counter=True, power_limit_w=300)})
-
-
 async def test_a_known_retry_does_not_spoil_the_batch_of_the_nodes_other_ranks(
         coord: Any, nc: Any) -> None:
     """A rank the coordinator already holds (the handler knows it for a retry before writing)
@@ -158,13 +147,13 @@ async def test_a_known_retry_does_not_spoil_the_batch_of_the_nodes_other_ranks(
     batch of up to 128 ranks, which makes registrations slower still."""
     job_id = await register_job(nc, dp=2, job_metadata="retry-spoils")
     subject = subjects.coord_register_rank(NODE)
-    first = await ask(nc, subject, _described(rank_request(job_id, 0)))
+    first = await ask(nc, subject, described(rank_request(job_id, 0)))
     assert first.ok, first
     batches = coord.link.require_state().batches
     assert batches is not None and batches.enabled
     before = batches.batches
-    reply = await ask(nc, subject, RegisterRanks(ranks=[_described(rank_request(job_id, 0)),
-                                                        _described(rank_request(job_id, 1))]))
+    reply = await ask(nc, subject, RegisterRanks(ranks=[described(rank_request(job_id, 0)),
+                                                        described(rank_request(job_id, 1))]))
     assert reply.ok, reply
     assert [Reply.model_validate(r).ok for r in reply.result["replies"]] == [True, True]
     assert batches.batches == before + 1  # rank 1's keys, committed in a batch
