@@ -6,11 +6,11 @@ payload of a model of bounded depth is walked only once it failed validation: sa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
 import pytest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec
@@ -138,3 +138,25 @@ def test_bounded_models_accept_and_refuse_as_when_walked_first(payload: Any) -> 
         assert (str(got.value), got.value.field) == (str(e), e.field)
     else:
         assert codec.decode(data, NodeMeasurementBatch) == expected
+
+
+class _Loose(BaseModel):
+    """A model whose validator sees the raw payload first (it could take any nesting)."""
+
+    model_config = ConfigDict(extra="forbid")
+    x: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _any(cls, data: Any) -> Any:
+        return data
+
+
+class _LooseField(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: Annotated[int, BeforeValidator(lambda v: 0)] = 0
+
+
+@pytest.mark.parametrize("model", [_Loose, _LooseField])
+def test_models_whose_validators_see_raw_input_are_unbounded(model: type[BaseModel]) -> None:
+    assert codec.schema_depth(model) > codec.MAX_DEPTH

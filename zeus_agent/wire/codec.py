@@ -17,7 +17,14 @@ import types
 from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_origin, overload
 
 import msgpack
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
+)
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire.text import bounded, shown
@@ -102,6 +109,7 @@ def _shallow(data: bytes) -> bool:
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+_REPLACING = (BeforeValidator, PlainValidator, WrapValidator)
 _UNBOUNDED = MAX_DEPTH + 1
 _schema_depths: dict[Any, int] = {}
 
@@ -112,7 +120,10 @@ def _type_depth(hint: Any) -> int:
     if hint in _SCALARS or origin is Literal:
         return 0
     if origin is Annotated:
-        return _type_depth(get_args(hint)[0])
+        inner, *metadata = get_args(hint)
+        if any(isinstance(m, _REPLACING) for m in metadata):
+            return _UNBOUNDED  # (A validator that sees the raw value first may take anything.)
+        return _type_depth(inner)
     if origin is Union or origin is types.UnionType:
         return max(_type_depth(arg) for arg in get_args(hint))
     if origin is list and len(get_args(hint)) == 1:
@@ -134,11 +145,20 @@ def schema_depth(model: Any) -> int:
     if depth is None:
         _schema_depths[model] = _UNBOUNDED  # (A model that nests itself: unbounded.)
         bounded = (isinstance(model, type) and issubclass(model, BaseModel)
-                   and model.model_config.get("extra") == "forbid")
+                   and model.model_config.get("extra") == "forbid"
+                   and not _sees_raw_input(model))
         depth = _UNBOUNDED if not bounded else min(_UNBOUNDED, 1 + max(
-            (_type_depth(f.annotation) for f in model.model_fields.values()), default=0))
+            (_UNBOUNDED if any(isinstance(m, _REPLACING) for m in f.metadata)
+             else _type_depth(f.annotation) for f in model.model_fields.values()), default=0))
         _schema_depths[model] = depth
     return depth
+
+
+def _sees_raw_input(model: type[BaseModel]) -> bool:
+    """Whether a validator of `model` runs before (or instead of) its fields' own validation."""
+    found = model.__pydantic_decorators__
+    validators: list[Any] = [*found.model_validators.values(), *found.field_validators.values()]
+    return any(d.info.mode != "after" for d in validators)
 
 
 @overload
