@@ -35,6 +35,8 @@ def latest_limit_only(
         input had several and ends at `before` (the limits in between were for windows already
         past) unless `resend`. Alone, an `ApplyPowerLimit` is kept as it is.
     """
+    if len(actions) < 2:  # (Most inputs: nothing to keep apart, at no cost.)
+        return actions
     commands = [i for i, a in enumerate(actions) if isinstance(a, ApplyPowerLimit)]
     if len(commands) < 2:
         return actions

@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from types import TracebackType
 from typing import Any
 
 from coordinator.config import CoordinatorSettings
@@ -101,16 +102,9 @@ class JobFailures:
             self.quarantined[h] = note
         return note is not None
 
-    @contextlib.asynccontextmanager
-    async def contained(self, job_id: str, doing: str) -> AsyncIterator[None]:
-        """Run the body; any exception it raises ends the job (`fail`), not the replica."""
-        try:
-            yield
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the point: one job's bug stays in that job
-            LOG.exception("job %s: %s failed", job_id, doing)
-            await self.fail(job_id, f"{doing} failed ({describe(e)})")
+    def contained(self, job_id: str, doing: str) -> _Contained:
+        """`async with`: any exception the body raises ends the job (`fail`), not the replica."""
+        return _Contained(self, job_id, doing)
 
     async def fail(self, job_id: str, why: str) -> None:
         """End a job this replica drives: no longer driven, `failed`, GPUs reset, quarantined."""
@@ -184,3 +178,24 @@ class JobFailures:
                         "aside until it restarts", job_id or h, e)
         finally:
             self._writing.discard(h)
+
+
+class _Contained:
+    """`JobFailures.contained`: a class, not a generator (it wraps every input of a job)."""
+
+    __slots__ = ("doing", "failures", "job_id")
+
+    def __init__(self, failures: JobFailures, job_id: str, doing: str) -> None:
+        self.failures, self.job_id, self.doing = failures, job_id, doing
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        """Swallow an `Exception` (not a cancellation) once the job is failed for it."""
+        if e is None or not isinstance(e, Exception) or isinstance(e, asyncio.CancelledError):
+            return False
+        LOG.error("job %s: %s failed", self.job_id, self.doing, exc_info=(type(e), e, tb))
+        await self.failures.fail(self.job_id, f"{self.doing} failed ({describe(e)})")
+        return True

@@ -1,18 +1,27 @@
 """The codec refuses payloads nested deeper than `MAX_DEPTH`, whether it walks them or not.
 
 `decode` counts the bytes that may start a map or list: a payload with at most `MAX_DEPTH` of
-them is not walked (`_shallow`); any other is, so a deep payload is refused either way."""
+them is not walked (`_shallow`); any other is, so a deep payload is refused either way. A
+payload of a model of bounded depth is walked only once it failed validation: same errors."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
 import pytest
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec
-from zeus_agent.wire.messages import Reply
+from zeus_agent.wire.messages import (
+    ErrorEvent,
+    Mark,
+    Measurement,
+    Reply,
+    TrainerEventBatch,
+)
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 
 pytestmark = pytest.mark.core
 
@@ -52,3 +61,102 @@ def test_bytes_that_look_like_maps_only_make_the_payload_walked() -> None:
     data = msgpack.packb({"ok": True, "error": "\u0080" * 100})
     assert not codec._shallow(data)  # noqa: SLF001
     assert codec.decode(data, Reply).error == "\u0080" * 100
+
+
+# ---------------------------------------------------------------- models of bounded depth
+BOUNDED = [NodeMeasurementBatch, TrainerEventBatch, Mark, Measurement]
+
+
+@pytest.mark.parametrize("model", BOUNDED)
+def test_the_stream_models_nest_a_bounded_depth(model: type[BaseModel]) -> None:
+    """Their payloads are walked only when they fail (see `codec._validate`)."""
+    assert codec.schema_depth(model) <= codec.MAX_DEPTH
+
+
+class MarksOpen(BaseModel):
+    """A model that keeps unknown fields (none on the wire does): deep data would pass."""
+
+    model_config = ConfigDict(extra="allow")
+    marks: list[Mark] = []
+
+
+@pytest.mark.parametrize("model", [Reply, ErrorEvent, MarksOpen])
+def test_models_with_free_form_or_open_fields_are_unbounded(model: type[BaseModel]) -> None:
+    """Free-form data (`Any`, a map) or unknown fields kept: walked before validation."""
+    assert codec.schema_depth(model) > codec.MAX_DEPTH
+
+
+def _walked_first(data: bytes, model: type[BaseModel]) -> Any:
+    """`decode` as it was before bounded models: always walked before validation."""
+    obj = codec.unpack(data)
+    if isinstance(obj, dict) and len(obj) <= codec.MAX_FIELDS and codec._deeper_than(  # noqa: SLF001
+            obj, codec.MAX_DEPTH):
+        raise PayloadError(f"payload nests maps or lists more than {codec.MAX_DEPTH} levels deep")
+    return codec.validate(model, obj)
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def _hostile_batches() -> list[Any]:
+    """Node batches: valid, deep in every place a peer could nest, and otherwise broken."""
+    mark = {"kind": "step_begin", "epoch": 0, "step": 1, "t_ns": 5, "energy_j": 1.0}
+    part = {"gpu": 0, "rank": 0, "marks": [mark]}
+    batch = {"v": 1, "node": "n1", "job_id": "j", "gpus": [part]}
+    deep = _deep(40)
+    return [
+        batch,
+        {**batch, "node": deep},
+        {**batch, "v": deep},
+        {**batch, "v": 2, "x": deep},
+        {**batch, "extra": deep},
+        {**batch, "gpus": [{**part, "marks": [{**mark, "epoch": deep}]}]},
+        {**batch, "gpus": [{**part, "marks": [{**mark, "energy_j": -1.0}]}]},
+        {**batch, "gpus": [{**part, "marks": [deep]}]},
+        {**batch, "gpus": deep},
+        {**batch, "gpus": [part] * 9},
+        {**batch, "v": 2},
+        {"v": 1, "node": "n1"},
+        {**batch, "gpus": [{**part, "marks": [_deep(20)]}]},
+        [batch],
+    ]
+
+
+@pytest.mark.parametrize("payload", _hostile_batches())
+def test_bounded_models_accept_and_refuse_as_when_walked_first(payload: Any) -> None:
+    """Same result, same error (depth first when the payload is deep), walked first or not."""
+    data = msgpack.packb(payload)
+    try:
+        expected: Any = _walked_first(data, NodeMeasurementBatch)
+    except PayloadError as e:
+        with pytest.raises(PayloadError) as got:
+            codec.decode(data, NodeMeasurementBatch)
+        assert (str(got.value), got.value.field) == (str(e), e.field)
+    else:
+        assert codec.decode(data, NodeMeasurementBatch) == expected
+
+
+class _Loose(BaseModel):
+    """A model whose validator sees the raw payload first (it could take any nesting)."""
+
+    model_config = ConfigDict(extra="forbid")
+    x: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _any(cls, data: Any) -> Any:
+        return data
+
+
+class _LooseField(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: Annotated[int, BeforeValidator(lambda v: 0)] = 0
+
+
+@pytest.mark.parametrize("model", [_Loose, _LooseField])
+def test_models_whose_validators_see_raw_input_are_unbounded(model: type[BaseModel]) -> None:
+    assert codec.schema_depth(model) > codec.MAX_DEPTH

@@ -13,10 +13,18 @@ that repeats a 5 KB value would not fit the wire's bounded text.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast, overload
+import types
+from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_origin, overload
 
 import msgpack
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
+)
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire.text import bounded, shown
@@ -100,6 +108,59 @@ def _shallow(data: bytes) -> bool:
     return len(data) - len(data.translate(None, _CONTAINER_HEADERS)) <= MAX_DEPTH
 
 
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+_REPLACING = (BeforeValidator, PlainValidator, WrapValidator)
+_UNBOUNDED = MAX_DEPTH + 1
+_schema_depths: dict[Any, int] = {}
+
+
+def _type_depth(hint: Any) -> int:
+    """How deep maps and lists nest in any value a type hint accepts (`_UNBOUNDED`: no limit)."""
+    origin = get_origin(hint)
+    if hint in _SCALARS or origin is Literal:
+        return 0
+    if origin is Annotated:
+        inner, *metadata = get_args(hint)
+        if any(isinstance(m, _REPLACING) for m in metadata):
+            return _UNBOUNDED  # (A validator that sees the raw value first may take anything.)
+        return _type_depth(inner)
+    if origin is Union or origin is types.UnionType:
+        return max(_type_depth(arg) for arg in get_args(hint))
+    if origin is list and len(get_args(hint)) == 1:
+        return min(_UNBOUNDED, 1 + _type_depth(get_args(hint)[0]))
+    if isinstance(hint, type) and issubclass(hint, BaseModel):
+        return schema_depth(hint)
+    return _UNBOUNDED  # Any, maps, anything else: taken as unbounded.
+
+
+def schema_depth(model: Any) -> int:
+    """How deep maps and lists nest in any payload `model` accepts (the payload's map: 1).
+
+    `_UNBOUNDED` for a model that keeps fields it does not know (only `extra="forbid"` ones
+    count), has a field of free-form data (`Any`, a map) or is a `TypeAdapter`. Such a model
+    needs the depth check before validation; for any other, a payload deeper than
+    `MAX_DEPTH` fails validation anyway, so it is looked for only then (see `_validate`).
+    """
+    depth = _schema_depths.get(model)
+    if depth is None:
+        _schema_depths[model] = _UNBOUNDED  # (A model that nests itself: unbounded.)
+        bounded = (isinstance(model, type) and issubclass(model, BaseModel)
+                   and model.model_config.get("extra") == "forbid"
+                   and not _sees_raw_input(model))
+        depth = _UNBOUNDED if not bounded else min(_UNBOUNDED, 1 + max(
+            (_UNBOUNDED if any(isinstance(m, _REPLACING) for m in f.metadata)
+             else _type_depth(f.annotation) for f in model.model_fields.values()), default=0))
+        _schema_depths[model] = depth
+    return depth
+
+
+def _sees_raw_input(model: type[BaseModel]) -> bool:
+    """Whether a validator of `model` runs before (or instead of) its fields' own validation."""
+    found = model.__pydantic_decorators__
+    validators: list[Any] = [*found.model_validators.values(), *found.field_validators.values()]
+    return any(d.info.mode != "after" for d in validators)
+
+
 @overload
 def validate(model: type[M], obj: Any) -> M: ...
 @overload
@@ -114,17 +175,25 @@ def validate(model: Any, obj: Any) -> Any:
     return _validate(model, obj, shallow=False)
 
 
-def _validate(model: Any, obj: Any, shallow: bool) -> Any:
-    """`validate`; `shallow`: known not to nest too deep (not walked again)."""
+def _validate(model: Any, obj: Any, shallow: bool | None) -> Any:
+    """`validate`; `shallow`: known not to nest too deep (not walked again; None: not known).
+
+    A payload of a model of bounded depth (`schema_depth`) is walked only once it failed (a
+    deeper one fails validation): the same error as when walked first, at no cost for the
+    payloads that pass. `shallow` is then not needed.
+    """
     if not isinstance(obj, dict):
         raise PayloadError(f"payload must be a map, got {type(obj).__name__}")
     if len(obj) > MAX_FIELDS:
         # Refused before validation: pydantic would build one error per unknown field.
         raise PayloadError(f"payload has {len(obj)} fields; no message has more than {MAX_FIELDS}")
-    if not shallow and _deeper_than(obj, MAX_DEPTH):
-        raise PayloadError(f"payload nests maps or lists more than {MAX_DEPTH} levels deep")
+    walk_first = schema_depth(model) > MAX_DEPTH
+    if walk_first:
+        _no_deeper(obj, shallow)
     version = obj.get("v", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
+        if not walk_first:
+            _no_deeper(obj, shallow)
         raise PayloadError(
             f"schema version {shown(version)} is not supported (this build speaks "
             f"{SCHEMA_VERSION}); upgrade the older side",
@@ -135,8 +204,16 @@ def _validate(model: Any, obj: Any, shallow: bool) -> Any:
             return model.validate_python(obj)
         return model.model_validate(obj)
     except ValidationError as e:
+        if not walk_first:
+            _no_deeper(obj, shallow)
         field, message = _describe(e)
         raise PayloadError(message, field=field) from None
+
+
+def _no_deeper(obj: dict[Any, Any], shallow: bool | None) -> None:
+    """Raise `PayloadError` if `obj` nests more than `MAX_DEPTH` levels (unless `shallow`)."""
+    if not shallow and _deeper_than(obj, MAX_DEPTH):
+        raise PayloadError(f"payload nests maps or lists more than {MAX_DEPTH} levels deep")
 
 
 def decode_either(data: bytes, model: type[M], other: type[N], key: str) -> M | N:
@@ -147,7 +224,7 @@ def decode_either(data: bytes, model: type[M], other: type[N], key: str) -> M | 
     """
     obj = unpack(data)
     chosen = other if isinstance(obj, dict) and key in obj else model
-    return cast("M | N", _validate(chosen, obj, shallow=_shallow(data)))
+    return cast("M | N", _validate(chosen, obj, shallow=_shallow_unless_bounded(chosen, data)))
 
 
 @overload
@@ -156,4 +233,9 @@ def decode(data: bytes, model: type[M]) -> M: ...
 def decode(data: bytes, model: TypeAdapter[T]) -> T: ...
 def decode(data: bytes, model: Any) -> Any:
     """Decode msgpack bytes and validate them (see `validate`)."""
-    return _validate(model, unpack(data), shallow=_shallow(data))
+    return _validate(model, unpack(data), shallow=_shallow_unless_bounded(model, data))
+
+
+def _shallow_unless_bounded(model: Any, data: bytes) -> bool | None:
+    """`_shallow(data)`, counted only for a model of unbounded depth (else None: not known)."""
+    return _shallow(data) if schema_depth(model) > MAX_DEPTH else None
