@@ -176,7 +176,7 @@ def _sees_raw_input(model: type[BaseModel]) -> bool:
     found = model.__pydantic_decorators__
     validators: list[Any] = [*found.model_validators.values(), *found.field_validators.values(),
                              *found.validators.values(), *found.root_validators.values()]
-    own_schema = (model.__get_pydantic_core_schema__.__func__  # type: ignore[attr-defined]
+    own_schema = (getattr(model.__get_pydantic_core_schema__, "__func__", None)
                   is not BaseModel.__get_pydantic_core_schema__.__func__)  # type: ignore[attr-defined]
     return own_schema or any(d.info.mode != "after" for d in validators)
 
