@@ -6,11 +6,25 @@ payload of a model of bounded depth is walked only once it failed validation: sa
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import sys
+import warnings
+from typing import Annotated, Any, Literal
 
 import msgpack
 import pytest
-from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetPydanticSchema,
+    SkipValidation,
+    model_validator,
+    root_validator,
+    validator,
+)
+from pydantic_core import core_schema
 
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec
@@ -160,3 +174,112 @@ class _LooseField(BaseModel):
 @pytest.mark.parametrize("model", [_Loose, _LooseField])
 def test_models_whose_validators_see_raw_input_are_unbounded(model: type[BaseModel]) -> None:
     assert codec.schema_depth(model) > codec.MAX_DEPTH
+
+
+_FORBID = ConfigDict(extra="forbid")
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # (pydantic 1's decorators, on purpose)
+
+    class _V1Pre(BaseModel):
+        """Pydantic 1's `validator(pre=True)`: sees (and may drop) the raw value."""
+
+        model_config = _FORBID
+        x: int = 0
+
+        @validator("x", pre=True)
+        @classmethod
+        def _any(cls, v: Any) -> Any:
+            return 0
+
+    class _RootPre(BaseModel):
+        """Pydantic 1's `root_validator(pre=True)`: sees (and may drop) the raw payload."""
+
+        model_config = _FORBID
+        x: int = 0
+
+        @root_validator(pre=True)
+        @classmethod
+        def _any(cls, data: Any) -> Any:
+            return {}
+
+
+class _Skipped(BaseModel):
+    model_config = _FORBID
+    x: SkipValidation[int] = 0
+
+
+class _SkippedItems(BaseModel):
+    model_config = _FORBID
+    x: list[SkipValidation[int]] = []
+
+
+class _OwnSchema(BaseModel):
+    model_config = _FORBID
+    x: Annotated[int, GetPydanticSchema(lambda _t, _h: core_schema.any_schema())] = 0
+
+
+class _OwnModelSchema(BaseModel):
+    """A model that builds its own schema (here: takes anything)."""
+
+    model_config = _FORBID
+    x: int = 0
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        return core_schema.no_info_plain_validator_function(lambda v: cls.model_construct())
+
+
+@pytest.mark.parametrize("model", [_V1Pre, _RootPre, _Skipped, _SkippedItems, _OwnSchema,
+                                   _OwnModelSchema])
+def test_models_that_take_any_nesting_refuse_deep_payloads(model: type[BaseModel]) -> None:
+    """Each takes a deep value validation does not check: walked before validation."""
+    assert codec.schema_depth(model) > codec.MAX_DEPTH
+    payload = {"x": [_deep(40)]} if model is _SkippedItems else {"x": _deep(40)}
+    with pytest.raises(PayloadError, match="levels deep"):
+        codec.decode(msgpack.packb(payload), model)
+
+
+class _TagA(BaseModel):
+    model_config = _FORBID
+    op: Literal["a"]
+
+
+class _TagB(BaseModel):
+    model_config = _FORBID
+    op: Literal["b"]
+
+
+class _Tagged(BaseModel):
+    model_config = _FORBID
+    cmd: Annotated[_TagA | _TagB, Field(discriminator="op")]
+
+
+class _TaggedItems(BaseModel):
+    model_config = _FORBID
+    cmds: list[Annotated[_TagA | _TagB, Field(discriminator="op")]]
+
+
+@pytest.mark.parametrize(("model", "payload"), [
+    (_Tagged, {"cmd": {"op": _deep(3000)}}),
+    (_TaggedItems, {"cmds": [{"op": _deep(3000)}]}),
+])
+def test_deep_discriminators_are_refused_before_pydantic_prints_them(
+        model: type[BaseModel], payload: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pydantic prints a tag it cannot read: near the recursion limit, an unraisable error."""
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    assert codec.schema_depth(model) > codec.MAX_DEPTH
+    with pytest.raises(PayloadError, match="levels deep"):
+        codec.validate(model, payload)
+    assert unraisable == []
+
+
+class _UnhashableMetadata(BaseModel):
+    model_config = _FORBID
+    x: list[Annotated[int, {"note": "metadata pydantic ignores"}]] = []
+
+
+def test_unhashable_metadata_does_not_break_decoding() -> None:
+    assert codec.schema_depth(_UnhashableMetadata) == 2
+    assert codec.decode(msgpack.packb({"x": [1]}), _UnhashableMetadata).x == [1]

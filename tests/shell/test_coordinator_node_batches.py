@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coordinator.power_limit import PowerLimitError
 from tests.shell.coordinator_kit import (
     JOIN_TOKENS,
     NODE,
@@ -94,3 +95,44 @@ async def test_a_batch_of_a_job_nobody_drives_reaches_no_replica(coord, nc) -> N
     await wait_for(lambda: coord.dropped["malformed"] == before.get("malformed", 0) + 1)
     moved = {k: v - before.get(k, 0) for k, v in coord.dropped.items() if v != before.get(k, 0)}
     assert moved == {"malformed": 1}, moved
+
+
+def feeding(coord: Any, job_id: str, raises: Exception) -> list[int]:
+    """Make the job's optimiser raise `raises` on rank 0's marks; the ranks it is fed, in order."""
+    job = coord.optimisers[job_id]
+    fed, ranks = job.on_mark, []
+
+    def on_mark(rank: int, mark: Mark) -> Any:
+        ranks.append(rank)
+        if rank == 0:
+            raise raises
+        return fed(rank, mark)
+
+    job.on_mark = on_mark
+    return ranks
+
+
+async def test_a_part_the_optimiser_fails_on_ends_the_job_and_feeds_no_later_part(
+        coord, nc) -> None:
+    """As when each part was fed on its own: the job fails, the parts after it are not fed."""
+    job_id, digest = await started_job(coord, nc)
+    ranks = feeding(coord, job_id, RuntimeError("a bug in the optimiser"))
+    batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=[
+        part(0, 0, digest, range(1, 3)), part(1, 1, digest, range(1, 3))])
+    await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
+    await wait_for(lambda: job_id not in coord.optimisers)
+    assert ranks == [0]
+
+
+async def test_an_input_the_power_limit_core_refuses_is_skipped_and_the_rest_are_fed(
+        coord, nc) -> None:
+    job_id, digest = await started_job(coord, nc)
+    job = coord.optimisers[job_id]
+    ranks = feeding(coord, job_id, PowerLimitError("refused on purpose"))
+    batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=[
+        part(0, 0, digest, range(1, 3)), part(1, 1, digest, range(1, 4))])
+    await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
+    await wait_for(lambda: len(ranks) == 5)
+    assert ranks == [0, 0, 1, 1, 1]
+    assert coord.optimisers[job_id] is job
+    assert kept(coord, job_id, 1) == 3

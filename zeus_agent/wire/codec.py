@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_
 
 import msgpack
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     PlainValidator,
@@ -110,6 +111,18 @@ def _shallow(data: bytes) -> bool:
 
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 _REPLACING = (BeforeValidator, PlainValidator, WrapValidator)
+
+
+def _replaces(metadata: Any) -> bool:
+    """Whether a type's metadata may take a value the type would not, or read it raw.
+
+    A validator that sees the raw value first; anything that builds its own schema
+    (`SkipValidation`, `GetPydanticSchema`, `Discriminator`, ...) other than `AfterValidator`;
+    a discriminator (pydantic prints a deep tag's `repr`: see `MAX_DEPTH`).
+    """
+    return any(isinstance(m, _REPLACING) or getattr(m, "discriminator", None) is not None
+               or (hasattr(m, "__get_pydantic_core_schema__") and not isinstance(m, AfterValidator))
+               for m in metadata)
 _UNBOUNDED = MAX_DEPTH + 1
 _schema_depths: dict[Any, int] = {}
 
@@ -117,11 +130,11 @@ _schema_depths: dict[Any, int] = {}
 def _type_depth(hint: Any) -> int:
     """How deep maps and lists nest in any value a type hint accepts (`_UNBOUNDED`: no limit)."""
     origin = get_origin(hint)
-    if hint in _SCALARS or origin is Literal:
+    if (isinstance(hint, type) and hint in _SCALARS) or origin is Literal:
         return 0
     if origin is Annotated:
         inner, *metadata = get_args(hint)
-        if any(isinstance(m, _REPLACING) for m in metadata):
+        if _replaces(metadata):
             return _UNBOUNDED  # (A validator that sees the raw value first may take anything.)
         return _type_depth(inner)
     if origin is Union or origin is types.UnionType:
@@ -148,17 +161,24 @@ def schema_depth(model: Any) -> int:
                    and model.model_config.get("extra") == "forbid"
                    and not _sees_raw_input(model))
         depth = _UNBOUNDED if not bounded else min(_UNBOUNDED, 1 + max(
-            (_UNBOUNDED if any(isinstance(m, _REPLACING) for m in f.metadata)
-             else _type_depth(f.annotation) for f in model.model_fields.values()), default=0))
+            (_UNBOUNDED if _replaces([*f.metadata, f]) else _type_depth(f.annotation)
+             for f in model.model_fields.values()), default=0))
         _schema_depths[model] = depth
     return depth
 
 
 def _sees_raw_input(model: type[BaseModel]) -> bool:
-    """Whether a validator of `model` runs before (or instead of) its fields' own validation."""
+    """Whether a validator of `model` runs before (or instead of) its fields' own validation.
+
+    (Pydantic 1's `validator(pre=True)` and `root_validator(pre=True)` too; and a model that
+    builds its own schema.)
+    """
     found = model.__pydantic_decorators__
-    validators: list[Any] = [*found.model_validators.values(), *found.field_validators.values()]
-    return any(d.info.mode != "after" for d in validators)
+    validators: list[Any] = [*found.model_validators.values(), *found.field_validators.values(),
+                             *found.validators.values(), *found.root_validators.values()]
+    own_schema = (getattr(model.__get_pydantic_core_schema__, "__func__", None)
+                  is not BaseModel.__get_pydantic_core_schema__.__func__)  # type: ignore[attr-defined]
+    return own_schema or any(d.info.mode != "after" for d in validators)
 
 
 @overload
