@@ -188,7 +188,7 @@ class JobRecord:
         job_data = dict(data["job"])
         job_id = job_data.pop("job_id")
         job = JobInfo(**job_data)
-        job.job_id = None if job_id is None else _typed(job_id, str, "job.job_id")
+        job.job_id = _typed(job_id, str, "job.job_id")  # (set after: JobInfo wants "" in)
         record = cls(
             job_id=_typed(data["job_id"], str, "job_id"),
             job=job,
