@@ -20,6 +20,7 @@ Keys are `path` (a module) or `path::Qualified.name` (a function; nested ones as
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,7 @@ def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, int]]:
     return found
 
 
+@functools.cache
 def _measure() -> dict[str, tuple[int, int]]:
     """Every module and function of the trees: key -> (lines, limit)."""
     sizes: dict[str, tuple[int, int]] = {}
