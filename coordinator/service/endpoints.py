@@ -421,12 +421,7 @@ class Endpoints:
                            requests: list[RegisterRank]) -> list[bool | BaseException]:
         """Write checked ranks of a job in one node entry, else each alone: new (or why not)."""
         state = self.link.require_state()
-        items: list[Item] = []
-        for r in requests:
-            info = r.gpu_info
-            assert info is not None
-            items.append((RankRecord(info=r.rank_info, gpu=r.gpu),
-                          (info.min_power_limit_w, info.max_power_limit_w), info.energy_period_ms))
+        items = [_item(r, r.gpu_info) for r in requests]
         outcome = await write_node(self.link.require_state, job_id, items)
         if outcome.committed:
             return [True] * len(items)
@@ -525,9 +520,7 @@ class Endpoints:
         state = self.link.require_state()
         record = self.jobs.record(request.job_id)
         node_ranks = record is not None and record.node_ranks
-        rank = RankRecord(info=request.rank_info, gpu=request.gpu)
-        limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
-        period = info.energy_period_ms if info else None
+        rank, limits, period = _item(request, info)
         landed = None
         if node is not None and node_ranks and not retry:
             outcome = await node.create(request.job_id, (rank, limits, period))
@@ -648,6 +641,16 @@ def _without_instructions(request: RegisterRank) -> RegisterRank:
         return request
     return request.model_copy(update={
         "rank_info": request.rank_info.model_copy(update={"instructions": None})})
+
+
+def _item(request: RegisterRank, info: GpuDescription | None) -> Item:
+    """The rank to record, with its GPU's power-limit range and energy-counter period (pure).
+
+    Without the GPU's description (a retry), neither is known.
+    """
+    limits = (info.min_power_limit_w, info.max_power_limit_w) if info else None
+    return (RankRecord(info=request.rank_info, gpu=request.gpu), limits,
+            info.energy_period_ms if info else None)
 
 
 def _wrong_node(node: str, via: str) -> Reply:
