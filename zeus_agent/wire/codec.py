@@ -123,6 +123,8 @@ def _replaces(metadata: Any) -> bool:
     return any(isinstance(m, _REPLACING) or getattr(m, "discriminator", None) is not None
                or (hasattr(m, "__get_pydantic_core_schema__") and not isinstance(m, AfterValidator))
                for m in metadata)
+
+
 _UNBOUNDED = MAX_DEPTH + 1
 _schema_depths: dict[Any, int] = {}
 
@@ -154,11 +156,12 @@ def schema_depth(model: Any) -> int:
     needs the depth check before validation; for any other, a payload deeper than
     `MAX_DEPTH` fails validation anyway, so it is looked for only then (see `_validate`).
     """
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return _UNBOUNDED  # (Not cached: a caller's own adapters would pile up.)
     depth = _schema_depths.get(model)
     if depth is None:
         _schema_depths[model] = _UNBOUNDED  # (A model that nests itself: unbounded.)
-        bounded = (isinstance(model, type) and issubclass(model, BaseModel)
-                   and model.model_config.get("extra") == "forbid"
+        bounded = (model.model_config.get("extra") == "forbid"
                    and not _sees_raw_input(model))
         depth = _UNBOUNDED if not bounded else min(_UNBOUNDED, 1 + max(
             (_UNBOUNDED if _replaces([*f.metadata, f]) else _type_depth(f.annotation)
