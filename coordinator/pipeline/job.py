@@ -386,15 +386,13 @@ class PipelineJob:
         """Take one step or instruction measurement of `rank`."""
         return self.saving(self._on_measurement(rank, measurement, now_s))
 
-    def _on_measurement(self, rank: int, measurement: MeasurementLike,
-                        now_s: float) -> list[Action]:
+    def _on_measurement(self, rank: int, m: MeasurementLike, now_s: float) -> list[Action]:
         if self.done or rank not in self._steps:
             return []
         self._last_seen[rank] = now_s
         self._stalled.discard(rank)
         self._left.discard(rank)
         steps = self._steps[rank]
-        m = measurement
         if self.version is not None and m.schedule != self.version:
             return catch_up(self, m.schedule)  # (Not what is profiled: stale, or ahead.)
         step = steps.get(m.step)
