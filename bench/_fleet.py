@@ -54,6 +54,7 @@ from zeus_agent.wire.messages import (
     SampleBatch,
     join_token_digest,
 )
+from zeus_agent.wire.node_columns import MARK_KINDS, MEASUREMENT_KINDS
 
 GPU_DESCRIPTION = GpuDescription(
     index=0, uuid="GPU-x", name="NVIDIA A40", architecture="Ampere",
@@ -109,10 +110,39 @@ def step_batches(job_id: str, rank: int, node: str, gpu: int, digest: str, first
     return ev, part
 
 
-def node_batch(job_id: str, node: str, parts: list[dict[str, Any]]) -> bytes:
-    """A node's `NodeMeasurementBatch` of one job (msgpack), from its GPUs' parts."""
+def node_batch(job_id: str, node: str, parts: list[dict[str, Any]],
+               columns: bool = False) -> bytes:
+    """A node's `NodeMeasurementBatch` of one job (msgpack), from its GPUs' parts.
+
+    `columns`: the same batch as a `NodeColumnBatch`.
+    """
+    if columns:
+        return msgpack.packb(column_batch(job_id, node, parts), use_bin_type=True)
     return msgpack.packb({"v": 1, "node": node, "job_id": job_id, "gpus": parts},
                          use_bin_type=True)
+
+
+MARK_FIELDS = ("epoch", "step", "t_ns", "energy_j", "power_limit_w")
+MEASUREMENT_FIELDS = ("epoch", "step", "index", "t0_ns", "t1_ns", "time_s", "energy_j",
+                      "schedule")
+
+
+def column_batch(job_id: str, node: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """`step_batches`' parts as a `NodeColumnBatch` (plain data, as an agent would pack it)."""
+    marks = [m for p in parts for m in p["marks"]]
+    meas = [m for p in parts for m in p["measurements"]]
+    names: dict[str, int] = {}
+    mark_cols = {f: [m[f] for m in marks] for f in MARK_FIELDS}
+    mark_cols["kind"] = [MARK_KINDS.index(m["kind"]) for m in marks]
+    meas_cols = {f: [m[f] for m in meas] for f in MEASUREMENT_FIELDS}
+    meas_cols["kind"] = [MEASUREMENT_KINDS.index(m["kind"]) for m in meas]
+    meas_cols["name"] = [names.setdefault(m["name"], len(names)) for m in meas]
+    return {"v": 1, "columns": 1, "node": node, "job_id": job_id,
+            "gpu": [p["gpu"] for p in parts], "rank": [p["rank"] for p in parts],
+            "join_digest": [p["join_digest"] for p in parts],
+            "mark_count": [len(p["marks"]) for p in parts],
+            "measurement_count": [len(p["measurements"]) for p in parts],
+            "names": list(names), "marks": mark_cols, "measurements": meas_cols}
 
 
 def rss_mb(pid: int) -> float:

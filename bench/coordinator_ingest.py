@@ -204,8 +204,10 @@ async def owner_of(nc: Any, job_id: str) -> dict[str, Any]:
 class Ranks:
     """The simulated ranks: what their agents publish at each flush (pre-built subjects)."""
 
-    def __init__(self, job_id: str, ranks: int, join_digest: str) -> None:
+    def __init__(self, job_id: str, ranks: int, join_digest: str, columns: bool = False) -> None:
         self.job_id = job_id
+        self.columns = columns
+        """Node batches in columns (`NodeColumnBatch`), not rows."""
         self.join_digest = join_digest
         """Sent with every batch, as the agent of a trainer whose HELLO had the token does."""
         self.ranks = ranks
@@ -284,7 +286,8 @@ async def publish_level(nc: Any, sim: Ranks, rate: float, tick_hz: float, durati
                     ev, part = sim.payloads(r, first, target, step_s)
                     await nc.publish(sim.subjects[r][2], ev)
                     parts.append(part)
-                await nc.publish(sim.meas_subjects[node], node_batch(sim.job_id, node, parts))
+                await nc.publish(sim.meas_subjects[node], node_batch(sim.job_id, node, parts,
+                                                                        sim.columns))
             messages += sim.ranks + len(sim.nodes)
             items += 4 * n_steps * sim.ranks - (sim.ranks * 2 if first == 0 else 0)
             step = target
@@ -394,7 +397,7 @@ async def ingest(args: argparse.Namespace, jetstream_sync: str = "always") -> di
             await wait_for_async(
                 lambda: agents.counts.get("set_power_limit", 0) >= args.ranks, 30,
                 lambda: "the job's first power limit did not reach every GPU")
-            sim = Ranks(job_id, args.ranks, join_token_digest(token))
+            sim = Ranks(job_id, args.ranks, join_token_digest(token), args.layout == "columns")
             nats_pid = server._proc.pid if server._proc is not None else 0  # noqa: SLF001
             published = [0, 0]
             levels = []
@@ -427,6 +430,7 @@ async def ingest(args: argparse.Namespace, jetstream_sync: str = "always") -> di
                default=None)
     return {
         "ranks": args.ranks,
+        "layout": args.layout,
         "registered_s": round(registered_s, 3),
         "owner": owner,
         "sustained_events_per_s": best["events_per_s"] if best else None,
@@ -567,7 +571,7 @@ async def scan_replicas(args: argparse.Namespace) -> dict[str, Any]:
                     await nc.publish(subjects.job_events(job_id, r, node), ev)
                     parts.append(part)
                 await nc.publish(subjects.job_measurements(job_id, node),
-                                 node_batch(job_id, node, parts))
+                                 node_batch(job_id, node, parts, args.layout == "columns"))
                 sent += len(parts) + 1
         return sent
 
@@ -627,6 +631,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="one rate (5 steps/s/rank) for 8 s, one takeover with a 3 s lease "
                         "(under 60 s)")
+    parser.add_argument("--layout", choices=["rows", "columns"], default="rows",
+                        help="the node batches' layout: rows (`NodeMeasurementBatch`, what "
+                        "agents send by default) or columns (`NodeColumnBatch`)")
     parser.add_argument("--jetstream-sync", type=jetstream_syncs, default=["always"],
                         metavar="SYNC[,SYNC]",
                         help="JetStream sync_interval(s) of the ingest's nats-server: 'always' "

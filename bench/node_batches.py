@@ -36,8 +36,8 @@ from _common import load, machine, now, pct
 
 from zeus_agent import children
 from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
-from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire import subjects
+from zeus_agent.wire.node_columns import as_rows, decode_measurements
 from zeus_demo.cluster import Processes, wait_for
 
 NODE = "bench-node"
@@ -83,7 +83,7 @@ class Counted:
         arrived = time.monotonic_ns()
         if not self.counting:
             return
-        batch = codec.decode(msg.data, NodeMeasurementBatch)
+        batch = as_rows(decode_measurements(msg.data))
         self.messages += 1
         self.parts += len(batch.gpus)
         for part in batch.gpus:

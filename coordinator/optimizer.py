@@ -31,7 +31,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from zeus_agent.errors import ReplyError
 from zeus_agent.models import FrequencySchedule, PowerLimitMeasurement
-from zeus_agent.wire.messages import REPLY_CODES, Mark, Measurement, TrainerEvent
+from zeus_agent.wire.messages import REPLY_CODES, TrainerEvent
+from zeus_agent.wire.node_columns import MarkLike, MeasurementLike
 
 __all__ = [
     "Action",
@@ -229,7 +230,7 @@ class JobOptimizer(Protocol):
         """What rank `rank` should be running now, or None."""
         ...
 
-    def plans_on(self, measurement: Measurement) -> bool:
+    def plans_on(self, measurement: MeasurementLike) -> bool:
         """Whether feeding `measurement` may take long (plan a frontier): fed off the loop."""
         ...
 
@@ -261,11 +262,11 @@ class JobOptimizer(Protocol):
         """The process asked by `AskSelector` `request` cannot be reached (its agent said why)."""
         ...
 
-    def on_mark(self, rank: int, mark: Mark) -> list[Action]:
+    def on_mark(self, rank: int, mark: MarkLike) -> list[Action]:
         """A GPU mark (energy counter at a step or epoch event) of `rank`."""
         ...
 
-    def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
+    def on_measurement(self, rank: int, measurement: MeasurementLike, now_s: float) -> list[Action]:
         """A step or instruction measurement of `rank`."""
         ...
 

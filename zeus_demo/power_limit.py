@@ -38,7 +38,7 @@ from zeus_agent.errors import BrokerError
 from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import JobStatus
-from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.node_columns import as_rows, decode_measurements
 from zeus_demo.cluster import LocalCluster
 from zeus_demo.config import DemoConfig, DemoError, DemoStartupError
 
@@ -119,7 +119,7 @@ class _Observer:
 
     async def measurement(self, msg: Any) -> None:
         try:
-            batch = codec.decode(msg.data, NodeMeasurementBatch)
+            batch = as_rows(decode_measurements(msg.data))
         except Exception as e:  # noqa: BLE001
             LOG.debug("ignoring an undecodable measurement batch: %s", e)
             return

@@ -95,7 +95,8 @@ from coordinator.pipeline.takeover import (
 )
 from coordinator.pipeline.views import check_arguments, plan_view
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
-from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent
+from zeus_agent.wire.messages import TrainerEvent
+from zeus_agent.wire.node_columns import MarkLike, MeasurementLike
 
 __all__ = ["MAX_STRAGGLER_FACTOR", "Phase", "PipelineJob", "SchedulerFactory", "StragglerError"]
 
@@ -247,7 +248,7 @@ class PipelineJob:
             return None
         return DesiredSchedule(schedule, self.version, self.from_step)
 
-    def plans_on(self, measurement: Measurement) -> bool:
+    def plans_on(self, measurement: MeasurementLike) -> bool:
         """A step may close a profiling round, and the scheduler may then plan for seconds."""
         return measurement.kind == "step"
 
@@ -289,7 +290,7 @@ class PipelineJob:
         """A pipeline job asks no selector."""
         return []
 
-    def on_mark(self, rank: int, mark: Mark) -> list[Action]:
+    def on_mark(self, rank: int, mark: MarkLike) -> list[Action]:
         """Marks are for power-limit windows."""
         return []
 
@@ -381,18 +382,17 @@ class PipelineJob:
         self.resumed = not self.phase.final
         self.from_step = None  # The replay's steps are not the trainers': installed at once.
 
-    def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
+    def on_measurement(self, rank: int, measurement: MeasurementLike, now_s: float) -> list[Action]:
         """Take one step or instruction measurement of `rank`."""
         return self.saving(self._on_measurement(rank, measurement, now_s))
 
-    def _on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
+    def _on_measurement(self, rank: int, m: MeasurementLike, now_s: float) -> list[Action]:
         if self.done or rank not in self._steps:
             return []
         self._last_seen[rank] = now_s
         self._stalled.discard(rank)
         self._left.discard(rank)
         steps = self._steps[rank]
-        m = measurement
         if self.version is not None and m.schedule != self.version:
             return catch_up(self, m.schedule)  # (Not what is profiled: stale, or ahead.)
         step = steps.get(m.step)

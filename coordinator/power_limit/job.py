@@ -82,7 +82,8 @@ from coordinator.power_limit.trainer_choice import TrainerChoice
 from coordinator.power_limit.window_join import MAX_LATE_STEPS, RESTART_RUN, StepKey, WindowJoin
 from coordinator.power_limit.window_length import Verdict, WindowLength
 from zeus_agent.models import PowerLimitMeasurement
-from zeus_agent.wire.messages import Mark, PowerLimitOptions, TrainerEvent
+from zeus_agent.wire.messages import PowerLimitOptions, TrainerEvent
+from zeus_agent.wire.node_columns import MarkLike
 
 MAX_REPLAYED_STEPS = 1_000
 """Most lost steps replayed into the machine at once: a longer jump ahead re-anchors the count."""
@@ -238,7 +239,7 @@ class PowerLimitJob(NotAPipeline):
         return [*self._translate(effects, step=self.last_step),
                 StatusUpdate("profiling", cap_message(self.machine), self.progress())]
 
-    def on_mark(self, rank: int, mark: Mark) -> list[Action]:
+    def on_mark(self, rank: int, mark: MarkLike) -> list[Action]:
         """Feed a GPU mark of `rank`; may complete windows (then `SaveProgress`)."""
         return self._input(lambda: self._feed_mark(rank, mark))
 
@@ -344,7 +345,7 @@ class PowerLimitJob(NotAPipeline):
             actions += self._machine(self.machine.redo, w.name, self.last_step)[0]
         return actions
 
-    def _feed_mark(self, rank: int, mark: Mark) -> list[Action]:
+    def _feed_mark(self, rank: int, mark: MarkLike) -> list[Action]:
         """The join takes the mark; windows it completed are measured."""
         return self._complete_windows() if self._join.add_mark(rank, mark) else []
 

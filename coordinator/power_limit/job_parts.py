@@ -33,7 +33,8 @@ from coordinator.power_limit.selectors import (
 )
 from coordinator.power_limit.trainer_choice import DeferredSelector
 from zeus_agent.models import PowerLimitMeasurement
-from zeus_agent.wire.messages import Measurement, PowerLimitOptions
+from zeus_agent.wire.messages import PowerLimitOptions
+from zeus_agent.wire.node_columns import MeasurementLike
 
 __all__ = [
     "NotAPipeline",
@@ -162,7 +163,7 @@ class NotAPipeline:
         """Power-limit jobs install no frequency schedules."""
         return None
 
-    def plans_on(self, measurement: Measurement) -> bool:
+    def plans_on(self, measurement: MeasurementLike) -> bool:
         """Nothing it is fed takes long."""
         return False
 
@@ -177,6 +178,6 @@ class NotAPipeline:
             "this job is optimised by the power-limit optimizer: straggler notices are for "
             "pipeline jobs (pipeline frequency optimizer)")
 
-    def on_measurement(self, rank: int, measurement: Measurement, now_s: float) -> list[Action]:
+    def on_measurement(self, rank: int, measurement: MeasurementLike, now_s: float) -> list[Action]:
         """Step and instruction measurements are not used: windows come from marks."""
         return []

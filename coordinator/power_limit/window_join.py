@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from zeus_agent.wire.messages import Mark
+from zeus_agent.wire.node_columns import MarkLike
 
 __all__ = [
     "MAX_LATE_STEPS",
@@ -198,7 +198,7 @@ class WindowJoin:
         """How many marks of `rank` are kept."""
         return len(self._marks[rank])
 
-    def add_mark(self, rank: int, mark: Mark) -> bool:
+    def add_mark(self, rank: int, mark: MarkLike) -> bool:
         """A GPU's mark of `rank`; whether it completed a window (`step_begin` marks only)."""
         if rank not in self._marks or mark.kind != "step_begin":
             return False

@@ -2,7 +2,8 @@
 
 * trainer events `<p>.job.<job>.ev.*.<node>` (rank 0 paces the power-limit machine), and
 * the nodes' marks and measurements `<p>.job.<job>.meas.<node>` (window energies, step and
-  instruction times), one batch per job per node and flush, a part per GPU: both of the jobs
+  instruction times), one batch per job per node and flush, a part per GPU, as rows
+  (`NodeMeasurementBatch`) or columns (`NodeColumnBatch`, fed as tuples): both of the jobs
   this replica drives only (`job_subscriptions`, `coordinator.service.owned`);
 * the agents' error events `<p>.gpu.*.*.error` (a trainer gone, a lease that lapsed);
 * agent announcements `<p>.agent.*.hello`, on which GPUs are reconciled: one whose limit or
@@ -35,8 +36,14 @@ from coordinator.service.link import Link
 from coordinator.service.table import JobTable
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, ErrorEvent, Measurement, TrainerEventBatch
-from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
+from zeus_agent.wire.messages import AgentHello, ErrorEvent, TrainerEventBatch
+from zeus_agent.wire.node_batch import GpuMeasurements
+from zeus_agent.wire.node_columns import (
+    GpuRows,
+    MeasurementLike,
+    NodeColumnBatch,
+    decode_measurements,
+)
 from zeus_agent.wire.text import shown
 
 __all__ = ["Streams"]
@@ -44,6 +51,8 @@ __all__ = ["Streams"]
 LOG = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+Part = GpuMeasurements | GpuRows
+"""A GPU's part of a node's batch: rows (`NodeMeasurementBatch`) or columns' rows."""
 
 EVENTS_PER_YIELD = 256
 """Trainer events handled between two yields to the event loop (a 1 MB batch holds ~50,000)."""
@@ -184,8 +193,10 @@ class Streams:
         where = subjects.parse_job_measurements(msg.subject)
         if where is None or not self._to_decode(where.job, msg.subject):
             return
-        batch = self._decode(msg, NodeMeasurementBatch)
-        if batch is None:
+        try:
+            batch = decode_measurements(msg.data)
+        except PayloadError as e:
+            self.link.drop("malformed", msg.subject, e)
             return
         driver = self.jobs.get(batch.job_id)
         record = driver.record if driver is not None else None
@@ -198,7 +209,8 @@ class Streams:
             return
         if (job := driver.optimiser) is None:
             return
-        parts = [part for part in batch.gpus
+        gpus = batch.parts() if isinstance(batch, NodeColumnBatch) else batch.gpus
+        parts = [part for part in gpus
                  if self._admitted(driver, record, where.node, part, msg.subject)]
         if not parts:
             return
@@ -211,13 +223,13 @@ class Streams:
             await self._take_parts(driver, job, parts, now)
 
     async def _take_parts(self, driver: JobDriver, job: JobOptimizer,
-                          parts: list[GpuMeasurements], now: float) -> None:
+                          parts: list[Part], now: float) -> None:
         """`_take_part` for each of `parts` none of whose measurements plans: in one go.
 
         In order (each part's marks, then its measurements), in one containment: what a node's
         batch costs is then the optimiser's work, not two containments per GPU.
         """
-        def on_measurement(rank: int, m: Measurement) -> list[Action]:
+        def on_measurement(rank: int, m: MeasurementLike) -> list[Action]:
             return job.on_measurement(rank, m, now)
 
         inputs: list[tuple[Callable[[int, Any], list[Action]], int, Any]] = []
@@ -226,7 +238,7 @@ class Streams:
             inputs += [(on_measurement, part.rank, m) for m in part.measurements]
         await self.actions.act_all(driver.job_id, _fed, 0, inputs, EVENTS_PER_YIELD)
 
-    def _admitted(self, driver: JobDriver, record: JobRecord, node: str, part: GpuMeasurements,
+    def _admitted(self, driver: JobDriver, record: JobRecord, node: str, part: Part,
                   subject: str) -> bool:
         """Whether a GPU's part counts: from the GPU its rank is bound to, with the job's token.
 
@@ -242,7 +254,7 @@ class Streams:
                                        subject)
 
     async def _take_part(self, driver: JobDriver, record: JobRecord, job: JobOptimizer,
-                         part: GpuMeasurements, now: float) -> None:
+                         part: Part, now: float) -> None:
         """Feed one GPU's marks, then its measurements, to the job (under the job's lock)."""
         await self.actions.act_all(driver.job_id, job.on_mark, part.rank, part.marks,
                                    EVENTS_PER_YIELD)

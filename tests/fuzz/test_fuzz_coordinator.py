@@ -64,7 +64,11 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
     join_token_digest,
 )
-from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.node_columns import (
+    MARK_KINDS,
+    NodeColumnBatch,
+    decode_measurements,
+)
 from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -256,6 +260,30 @@ MEASUREMENT_BATCHES = st.builds(
     STREAM_JOBS, NODES, GPU_PARTS,
 )  # fmt: skip
 """A node's batch of a job's GPUs' parts (each part its rank, GPU, marks and digest)."""
+MARK_COLUMNS = ("epoch", "step", "t_ns", "energy_j")
+
+
+def as_columns(case: Case) -> Case:
+    """A measurement batch `Case` in columns (`NodeColumnBatch`): what a newer agent sends.
+
+    Values are carried over as they are (a bad one stays bad); a kind no mark has is 9.
+    """
+    obj = case.obj
+    parts = obj["gpus"]
+    marks = [m for p in parts for m in p["marks"]]
+    columns = {f: [m[f] for m in marks] for f in MARK_COLUMNS}
+    kinds = [MARK_KINDS.index(m["kind"]) if m["kind"] in MARK_KINDS else 9 for m in marks]
+    digests = [p.get("join_digest") for p in parts]
+    return Case(f"{case.what} in columns", {
+        "v": 1, "columns": 1, "node": obj["node"], "job_id": obj["job_id"],
+        "gpu": [p["gpu"] for p in parts], "rank": [p["rank"] for p in parts],
+        "join_digest": digests, "mark_count": [len(p["marks"]) for p in parts],
+        "measurement_count": [0] * len(parts),
+        "marks": {**columns, "kind": kinds, "power_limit_w": [None] * len(marks)}})
+
+
+COLUMN_BATCHES = MEASUREMENT_BATCHES.map(as_columns)
+"""The same batches in columns (a missing digest: None)."""
 GPU_DESCRIPTIONS = st.builds(
     lambda index, uuid, limit: {
         "index": index, "uuid": uuid, "name": "NVIDIA A40", "architecture": "Ampere",
@@ -277,14 +305,27 @@ STREAM_CASES = st.one_of(
                                            mutated(EVENT_BATCHES)), STREAM_JOBS, STREAM_RANKS,
               NODES),
     st.tuples(st.just("meas"), st.one_of(RANDOM, MEASUREMENT_BATCHES, MEASUREMENT_BATCHES,
-                                         mutated(MEASUREMENT_BATCHES)), STREAM_JOBS,
+                                         mutated(MEASUREMENT_BATCHES), COLUMN_BATCHES,
+                                         mutated(COLUMN_BATCHES)), STREAM_JOBS,
               STREAM_GPUS, NODES),
     st.tuples(st.just("hello"), st.one_of(RANDOM, AGENT_HELLOS, mutated(AGENT_HELLOS)),
               st.just(""), st.just(""), NODES),
 )  # fmt: skip
 """(stream, payload, subject job, subject rank or GPU, subject node)."""
 
-MODELS = {"events": TrainerEventBatch, "meas": NodeMeasurementBatch, "hello": AgentHello}
+MODELS = {"events": TrainerEventBatch, "hello": AgentHello}
+
+
+def decoded(stream: str, data: bytes) -> Any:
+    """A stream message as the coordinator decodes it (a node's batch: rows or columns)."""
+    if stream == "meas":
+        return decode_measurements(data)
+    return codec.decode(data, MODELS[stream])
+
+
+def gpu_parts(batch: Any) -> list[Any]:
+    """A node's batch's parts, in either layout."""
+    return batch.parts() if isinstance(batch, NodeColumnBatch) else batch.gpus
 
 
 def _stream_subject(stream: str, job: str, rank_or_gpu: Any, node: str) -> str:
@@ -323,7 +364,7 @@ def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> tuple[str
     if _unknown_job_subject(bus, subject):
         return None, 0  # Never delivered: nothing to count.
     try:
-        message: Any = codec.decode(data, MODELS[stream])
+        message: Any = decoded(stream, data)
     except PayloadError:
         return "malformed", 1
     tokens = subject.split(".")
@@ -347,7 +388,7 @@ def expected_drop(bus: Bus, stream: str, data: bytes, subject: str) -> tuple[str
     if message.job_id not in bus.coord.optimisers:
         return None, 0
     bad = sum(
-        1 for part in message.gpus
+        1 for part in gpu_parts(message)
         if (part.marks or part.measurements) and (
             not _bound_here(bus, message.job_id, part.rank, where.node, part.gpu)
             or not _has_token(bus, message.job_id, part.join_digest))
@@ -381,7 +422,7 @@ def publish_and_settle(bus: Bus, subject: str, data: bytes, malformed: bool) -> 
 
 def _malformed(data: bytes, stream: str) -> bool:
     try:
-        codec.decode(data, MODELS[stream])
+        decoded(stream, data)
     except PayloadError:
         return True
     return False
@@ -411,8 +452,8 @@ def test_streams_never_answer_never_crash_and_count_malformed(
 ACCOUNTING_CASES = st.one_of(
     st.tuples(st.just("events"), EVENT_BATCHES | mutated(EVENT_BATCHES), STREAM_JOBS,
               STREAM_RANKS, NODES),
-    st.tuples(st.just("meas"), MEASUREMENT_BATCHES | mutated(MEASUREMENT_BATCHES), STREAM_JOBS,
-              STREAM_GPUS, NODES),
+    st.tuples(st.just("meas"), MEASUREMENT_BATCHES | mutated(MEASUREMENT_BATCHES)
+              | COLUMN_BATCHES | mutated(COLUMN_BATCHES), STREAM_JOBS, STREAM_GPUS, NODES),
     st.tuples(st.just("hello"), AGENT_HELLOS, st.just(""), st.just(""), NODES),
 )  # fmt: skip
 """Mostly well-formed stream messages, about known and unknown jobs, ranks and nodes."""
@@ -446,6 +487,12 @@ def _marks(job: str, node: str, *parts: tuple[int, int, bool]) -> Case:
 @example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 1, True), (1, 1, True), (1, 0, True)),
                       "$JOB", 0, "$NODE"))  # the good part counts, the two others are dropped
 @example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 0, True)), "$JOB", 0, "ghost-node"))
+@example(stream_case=("meas", as_columns(_marks("$JOB", "$NODE", (0, 1, True), (1, 1, True),
+                                                (1, 0, True))), "$JOB", 0, "$NODE"))
+@example(stream_case=("meas", as_columns(_marks("$JOB", "$NODE", (0, 0, True))), "$JOB", 0,
+                      "ghost-node"))
+@example(stream_case=("meas", as_columns(_marks("$JOB", "$NODE", (3, 0, True), (0, 0, False))),
+                      "$JOB", 0, "$NODE"))
 @example(stream_case=("meas", _marks("$JOB", "$NODE", (0, 0, True)), "$JOB2", 0, "$NODE"))
 @example(
     stream_case=(

@@ -11,6 +11,7 @@ from tests.shell.agent_kit import Inbox, RawTrainer, running_agent, wait_for
 from zeus_agent.wire import subjects
 from zeus_agent.wire import trainer as dg
 from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
+from zeus_agent.wire.node_columns import NodeColumnBatch, decode_measurements
 
 STEPS = 3
 ITEMS_PER_GPU = 3 * STEPS
@@ -85,5 +86,32 @@ async def test_with_the_default_flush_every_gpus_items_come_in_order(nats_server
             assert agent.measurements.published >= received
         finally:
             trainer.close()
+    for gpu in (0, 1):
+        _in_order(parts[gpu])
+
+
+async def test_with_measurement_columns_the_batches_go_out_in_columns(nats_server, nc) -> None:
+    """`--measurement-columns`: the same batches as `NodeColumnBatch`, the same rows in them."""
+    async with running_agent(nats_server.url, sim_count=2, measurement_columns=True) as agent:
+        node = agent.settings.node
+        sub = await nc.subscribe(subjects.all_node_measurements(node))
+        await nc.flush()
+        agent.measurements.delay_s = 3600.0  # Nothing goes out before the agent stops.
+        trainer = RawTrainer(agent.settings.socket_path)
+        try:
+            for rank in (0, 1):
+                assert (await trainer.hello("jobC", rank=rank, gpu_index=rank)).ok
+            await _steps(trainer)
+            await wait_for(lambda: agent.measurements.pending.items >= 2 * ITEMS_PER_GPU, 5.0,
+                           "every GPU's marks and measurements handed over")
+        finally:
+            trainer.close()
+    parts: dict[int, list[GpuMeasurements]] = {0: [], 1: []}
+    while sum(p.items for g in parts.values() for p in g) < 2 * ITEMS_PER_GPU:
+        msg = await sub.next_msg(timeout=5.0)
+        batch = decode_measurements(msg.data)
+        assert isinstance(batch, NodeColumnBatch) and batch.node == node
+        for part in batch.rows().gpus:
+            parts[part.gpu].append(part)
     for gpu in (0, 1):
         _in_order(parts[gpu])

@@ -2,11 +2,15 @@
 a real nats-server: each GPU's part is checked as a per-GPU batch was (its rank bound to that GPU
 of the subject's node, the job's join token), a part that fails is dropped and counted, and the
 good parts of the same batch still count; a batch whose node is not its subject's, or on
-another job's subject, counts for nothing."""
+another job's subject, counts for nothing. Each in both layouts: rows (`NodeMeasurementBatch`,
+older agents) and columns (`NodeColumnBatch`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from coordinator.power_limit import PowerLimitError
 from tests.shell.coordinator_kit import (
@@ -20,6 +24,17 @@ from tests.shell.coordinator_kit import (
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import Mark, PowerLimitOptions, join_token_digest
 from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
+from zeus_agent.wire.node_columns import NodeColumnBatch
+
+Encode = Callable[[NodeMeasurementBatch], bytes]
+
+
+@pytest.fixture(params=["rows", "columns"])
+def encode(request: Any) -> Encode:
+    """A batch as an older agent sends it (rows), or in columns (`NodeColumnBatch`)."""
+    if request.param == "rows":
+        return codec.encode
+    return lambda batch: codec.encode(NodeColumnBatch.from_rows(batch))
 
 
 def part(gpu: int, rank: int, digest: str | None, steps: range) -> GpuMeasurements:
@@ -42,7 +57,8 @@ def kept(coord: Any, job_id: str, rank: int) -> int:
     return int(coord.optimisers[job_id]._join.kept(rank))
 
 
-async def test_bad_parts_are_dropped_and_counted_and_the_good_ones_count(coord, nc) -> None:
+async def test_bad_parts_are_dropped_and_counted_and_the_good_ones_count(
+        coord, nc, encode: Encode) -> None:
     job_id, digest = await started_job(coord, nc)
     wrong_node, no_token = coord.dropped["wrong_node"], coord.dropped["no_join_token"]
     batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=[
@@ -53,35 +69,35 @@ async def test_bad_parts_are_dropped_and_counted_and_the_good_ones_count(coord, 
         part(1, 1, digest, range(1, 6)),  # good
         part(0, 0, digest, range(3, 3)),  # empty: skipped, not counted
     ])
-    await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
+    await nc.publish(subjects.job_measurements(job_id, NODE), encode(batch))
     await wait_for(lambda: kept(coord, job_id, 1) == 5)
     assert kept(coord, job_id, 0) == 2
     assert coord.dropped["wrong_node"] == wrong_node + 1
     assert coord.dropped["no_join_token"] == no_token + 2
 
 
-async def test_a_batch_whose_node_or_job_is_not_its_subjects_counts_for_nothing(coord,
-                                                                                  nc) -> None:
+async def test_a_batch_whose_node_or_job_is_not_its_subjects_counts_for_nothing(
+        coord, nc, encode: Encode) -> None:
     job_id, digest = await started_job(coord, nc)
     other_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())  # (no rank yet)
     wrong_node, wrong_job = coord.dropped["wrong_node"], coord.dropped["wrong_job"]
     good = [part(0, 0, digest, range(1, 4)), part(1, 1, digest, range(1, 4))]
     # Names the ranks' node but comes on another node's subject (another node's agent).
     spoofed = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)
-    await nc.publish(subjects.job_measurements(job_id, "evil"), codec.encode(spoofed))
+    await nc.publish(subjects.job_measurements(job_id, "evil"), encode(spoofed))
     # Says it is the other node's, on that node's subject: no rank of the job is bound there.
     evil = NodeMeasurementBatch(node="evil", job_id=job_id, gpus=good)
-    await nc.publish(subjects.job_measurements(job_id, "evil"), codec.encode(evil))
+    await nc.publish(subjects.job_measurements(job_id, "evil"), encode(evil))
     # The job's batch on the other job's subject.
     await nc.publish(subjects.job_measurements(other_id, NODE),
-                     codec.encode(NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)))
+                     encode(NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)))
     await wait_for(lambda: coord.dropped["wrong_node"] >= wrong_node + 3
                    and coord.dropped["wrong_job"] >= wrong_job + 1)
     assert coord.dropped["wrong_node"] == wrong_node + 3  # the spoofed one, evil's two parts
     assert [kept(coord, job_id, r) for r in (0, 1)] == [0, 0]
     # The same parts on the right subject count.
     await nc.publish(subjects.job_measurements(job_id, NODE),
-                     codec.encode(NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)))
+                     encode(NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)))
     await wait_for(lambda: kept(coord, job_id, 0) == 3 and kept(coord, job_id, 1) == 3)
 
 
@@ -113,25 +129,25 @@ def feeding(coord: Any, job_id: str, raises: Exception) -> list[int]:
 
 
 async def test_a_part_the_optimiser_fails_on_ends_the_job_and_feeds_no_later_part(
-        coord, nc) -> None:
+        coord, nc, encode: Encode) -> None:
     """As when each part was fed on its own: the job fails, the parts after it are not fed."""
     job_id, digest = await started_job(coord, nc)
     ranks = feeding(coord, job_id, RuntimeError("a bug in the optimiser"))
     batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=[
         part(0, 0, digest, range(1, 3)), part(1, 1, digest, range(1, 3))])
-    await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
+    await nc.publish(subjects.job_measurements(job_id, NODE), encode(batch))
     await wait_for(lambda: job_id not in coord.optimisers)
     assert ranks == [0]
 
 
 async def test_an_input_the_power_limit_core_refuses_is_skipped_and_the_rest_are_fed(
-        coord, nc) -> None:
+        coord, nc, encode: Encode) -> None:
     job_id, digest = await started_job(coord, nc)
     job = coord.optimisers[job_id]
     ranks = feeding(coord, job_id, PowerLimitError("refused on purpose"))
     batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=[
         part(0, 0, digest, range(1, 3)), part(1, 1, digest, range(1, 4))])
-    await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
+    await nc.publish(subjects.job_measurements(job_id, NODE), encode(batch))
     await wait_for(lambda: len(ranks) == 5)
     assert ranks == [0, 0, 1, 1, 1]
     assert coord.optimisers[job_id] is job

@@ -2,7 +2,8 @@
 
 Each GPU's `RankMeasurer` hands over what reads now bracket (`add`) where it used to publish a
 `MeasurementBatch` per GPU; this publishes them `delay_s` later as one `NodeMeasurementBatch`
-per job on `<p>.job.<job>.meas.<node>` (`PendingMeasurements` groups them). A GPU's reads come
+per job on `<p>.job.<job>.meas.<node>` (`PendingMeasurements` groups them; in columns, a
+`NodeColumnBatch`, with `--measurement-columns`). A GPU's reads come
 every counter update (~100 ms) at its own phase, so without the delay each GPU's hand-over would
 still be a message of its own: with 8 GPUs and the default 50 ms, a node sends ~16 batches a
 second per job instead of ~73, each mark ~30 ms later (p50 90 ms instead of 61, p99 229 instead
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from zeus_agent.agent.core.node_batch import PendingMeasurements
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import Mark, Measurement
+from zeus_agent.wire.node_columns import NodeColumnBatch
 
 __all__ = ["FLUSH_DELAY_S", "NodeMeasurements"]
 
@@ -34,16 +36,18 @@ class NodeMeasurements:
     """Publishes the node's pending marks and measurements, one batch per job per flush."""
 
     def __init__(self, node: str, prefix: str, publish: Publish,
-                 delay_s: float = FLUSH_DELAY_S) -> None:
+                 delay_s: float = FLUSH_DELAY_S, columns: bool = False) -> None:
         """Publish through `publish(subject, payload)`, `delay_s` after a hand-over.
 
         0: at the next turn of the event loop (what GPUs handed over in one turn goes together).
+        `columns`: each batch as a `NodeColumnBatch` (`--measurement-columns`).
         """
         if not delay_s >= 0:
             raise ValueError(f"delay_s must be >= 0, not {delay_s}")
         self.node = node
         self.prefix = prefix
         self.delay_s = delay_s
+        self.columns = columns
         self._publish = publish
         self.pending = PendingMeasurements(node)
         self._timer: asyncio.TimerHandle | None = None
@@ -74,5 +78,6 @@ class NodeMeasurements:
         async with self._order:
             for batch in self.pending.take():
                 subject = subjects.job_measurements(batch.job_id, self.node, self.prefix)
-                await self._publish(subject, codec.encode(batch))
+                payload = NodeColumnBatch.from_rows(batch) if self.columns else batch
+                await self._publish(subject, codec.encode(payload))
                 self.published += 1

@@ -117,7 +117,8 @@ class AgentServer(ExitSignals):
         self.started = asyncio.Event()
         self.agents: dict[int, GpuAgent] = {}
         self.measurements = NodeMeasurements(settings.node, settings.prefix, self.publish,
-                                             settings.measurement_flush_s)
+                                             settings.measurement_flush_s,
+                                             settings.measurement_columns)
         """The node's marks and measurements, all its GPUs' in one batch per job per flush."""
         self.rapl = RaplReader(settings.rapl_root, settings.rapl_period_s, settings.ring_seconds)
         """The node's CPU package and DRAM energy counters (opened at startup)."""

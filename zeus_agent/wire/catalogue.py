@@ -19,6 +19,7 @@ from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
 from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
 from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.node_columns import NodeColumnBatch
 from zeus_agent.wire.rank_batch import RegisterRanks
 from zeus_agent.wire.replicas import ReplicaAlive
 
@@ -111,7 +112,10 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 NodeMeasurementBatch, None,
                 "The step marks (time, energy, limit at a step's edge) and step and instruction "
                 "measurements of the job's ranks on the node's GPUs, once counter reads bracket "
-                "them: one batch per job per flush, a part per GPU."),
+                "them: one batch per job per flush, a part per GPU; as rows, or in columns "
+                "(`NodeColumnBatch`, `--measurement-columns`: an array per field, decoded "
+                "several times faster; told apart by its `columns` field).",
+                also=(NodeColumnBatch,)),
     SubjectSpec("{prefix}.job.{job}.status", s.job_status, "coordinator ->", m.JobStatus, None,
                 "A job's state, message and progress."),
 )

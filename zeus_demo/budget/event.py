@@ -32,7 +32,7 @@ from zeus_agent.gpu.sim.presets import PRESETS
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetRequest, BudgetStatus
 from zeus_agent.wire.messages import JobStatus, Reply, SampleBatch
-from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.node_columns import as_rows, decode_measurements
 from zeus_demo.budget import analysis as an
 from zeus_demo.budget.jobs import (
     PERSEUS_ARGS,
@@ -138,7 +138,7 @@ class Watcher:
 
     async def measurement(self, msg: Any) -> None:
         """The Perseus job's first GPU's measurements: its iteration times."""
-        batch = codec.decode(msg.data, NodeMeasurementBatch)
+        batch = as_rows(decode_measurements(msg.data))
         now = time.monotonic()
         first = self.perseus.gpus[0][1] if self.perseus is not None else None
         self.perseus_steps += [(now, m.time_s) for part in batch.gpus if part.gpu == first

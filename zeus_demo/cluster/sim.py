@@ -33,7 +33,7 @@ from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect
 from zeus_agent.gpu.sim import SimGPU
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, JobQuery, JobStatus, Reply
-from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.node_columns import as_rows, decode_measurements
 from zeus_demo.cluster.nats import Relay
 from zeus_demo.cluster.ports import free_port
 from zeus_demo.cluster.processes import CODE_ROOT, Processes, console_script
@@ -318,7 +318,7 @@ class SimCluster:
             self._changed.set()
 
     async def _on_measurements(self, msg: Any) -> None:
-        batch = codec.decode(msg.data, NodeMeasurementBatch)
+        batch = as_rows(decode_measurements(msg.data))
         if batch.job_id.endswith(self.tag):
             for part in batch.gpus:
                 if part.marks:

@@ -19,7 +19,7 @@ from typing import Any
 
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import JobStatus
-from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.node_columns import as_rows, decode_measurements
 
 LOG = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class JobObserver:
     async def measurement(self, msg: Any) -> None:
         """A measurement batch (NATS callback)."""
         try:
-            batch = codec.decode(msg.data, NodeMeasurementBatch)
+            batch = as_rows(decode_measurements(msg.data))
         except Exception as e:  # noqa: BLE001
             LOG.debug("ignoring an undecodable measurement batch: %s", e)
             return
