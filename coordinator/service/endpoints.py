@@ -278,7 +278,7 @@ class Endpoints:
         job_hash = records.job_hash(request.job_id)
         book = self.leases.book
         lease = book.leases.get(job_hash)
-        if lease is not None and time.time() < lease.until:
+        if lease is not None and time.time() < book.held_until(lease, self.leases.alive):
             return Reply.success(taken=book.is_mine(lease), owner=lease.owner)
         taken = await self.leases.take(request.job_id, lease.revision if lease else 0,
                                        "registered through another replica; rendezvous "
