@@ -278,7 +278,7 @@ class Endpoints:
         job_hash = records.job_hash(request.job_id)
         book = self.leases.book
         lease = book.leases.get(job_hash)
-        if lease is not None and time.time() < lease.until:
+        if lease is not None and time.time() < book.held_until(lease, self.leases.alive):
             return Reply.success(taken=book.is_mine(lease), owner=lease.owner)
         taken = await self.leases.take(request.job_id, lease.revision if lease else 0,
                                        "registered through another replica; rendezvous "
@@ -349,6 +349,8 @@ class Endpoints:
                 replies[i] = plain_reply(admitted)
             else:
                 (retries if admitted else given).append(i)
+        if given or retries:  # (A registration is activity, as events are.)
+            self.jobs.registry.touch(job_id, self.clock())
         if given:
             recorded = await self._record_node(job_id, [requests[i] for i in given], subject)
             for i, reply in zip(given, recorded, strict=True):
@@ -472,6 +474,7 @@ class Endpoints:
         if via != subjects.token(gpu.node):
             return _wrong_node(gpu.node, via)
         retry = self.jobs.registry.check_rank(request)  # Refuse bad requests before asking agents.
+        self.jobs.registry.touch(request.job_id, self.clock())  # (Activity, as events are.)
         info: GpuDescription | None = None
         if not retry:
             info = request.gpu_info  # Set by the agent that relayed it (only it may).

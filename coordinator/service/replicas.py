@@ -86,6 +86,7 @@ class Replicas:
         if due:
             self._renewed_at = now
             leases.roster.forget_stale(time.monotonic())
+            book.forget_renewals(now)
         gate = asyncio.Semaphore(LEASE_WRITES_IN_FLIGHT)
 
         async def gated(write: Callable[[], Awaitable[Any]]) -> None:
@@ -112,15 +113,18 @@ class Replicas:
         """The lease writes that take the jobs this replica should take now (`claimable`).
 
         A job taken here though another replica is preferred for it (it went unowned for a
-        lease) marks that replica unresponsive: it is handed nothing for a while.
+        lease) marks that replica unresponsive: it is handed nothing for a while, and the job
+        stays here while the live replicas stay the same (`OwnershipBook.keep`).
         """
         book, leases = self.leases.book, self.leases
         out: list[Callable[[], Awaitable[Any]]] = []
-        for job_hash, revision in book.claimable(list(known), time.time(), leases.prefer):
+        for job_hash, revision in book.claimable(list(known), time.time(), leases.prefer,
+                                                 leases.alive):
             held = book.leases.get(job_hash)
             to = leases.prefer(job_hash)
             if to is not None and to != book.me and not (held and book.predecessor(held)):
                 leases.unresponsive(to)
+                book.keep(job_hash, tuple(leases.live()))
             why = ("it had no owner" if held is None else
                    f"replica {to} did not take it (it went unowned for a lease)"
                    if held.until == 0 and to not in (None, book.me) else
@@ -151,7 +155,8 @@ class Replicas:
         if state is None or not leases.warm():
             return
         moving = [(driver, lease, to)
-                  for h, lease, to in book.handovers(now, leases.prefer, leases.may_hand_to)
+                  for h, lease, to in book.handovers(now, leases.prefer, leases.may_hand_to,
+                                                     tuple(leases.live()))
                   if (driver := self.jobs.by_hash(h)) is not None][:HANDOVERS_PER_ROUND]
         if not moving:
             return
@@ -289,10 +294,16 @@ class Replicas:
                                        codec.encode(renewal))
 
     async def collect_idle(self) -> None:
-        """Remove the owned jobs idle for longer than `max_job_idle_time`."""
+        """Remove the owned jobs idle for longer than `max_job_idle_time`.
+
+        A rank registration is activity: its arrival restarts the job's idle clock, and a job
+        whose ranks are being recorded here is not idle (in a burst, a rank may wait longer
+        than the limit for its write).
+        """
         now, limit = self.clock(), self.settings.max_job_idle_time
         idle = [d.job_id for d in self.jobs.drivers()
-                if d.record is not None and d.quiet(now, limit) and self.leases.owns(d.job_id)]
+                if d.record is not None and d.quiet(now, limit)
+                and not self.jobs.registering(d.job_id) and self.leases.owns(d.job_id)]
         gate = asyncio.Semaphore(DELETES_IN_FLIGHT)
 
         async def remove(job_id: str) -> None:

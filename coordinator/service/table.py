@@ -37,6 +37,8 @@ class JobTable:
     def __init__(self, registry: JobRegistry) -> None:
         self.registry = registry
         self._registering: set[tuple[str, int]] = set()
+        self._registering_jobs: dict[str, int] = {}
+        """Job id -> its ranks' handlers recording them here now (`registering`)."""
         self._deferred: dict[tuple[str, int], list[Any]] = {}
         """State entries of ranks being recorded here, applied once their handler is done."""
         self._pending: dict[str, JobRecord | None] = {}
@@ -133,6 +135,11 @@ class JobTable:
     def _registered(self, key: tuple[str, int], apply: Callable[[Any], None]) -> None:
         """The handler recording `key` is done: its deferred entries are applied."""
         self._registering.discard(key)
+        left = self._registering_jobs.get(key[0], 0) - 1
+        if left > 0:
+            self._registering_jobs[key[0]] = left
+        else:
+            self._registering_jobs.pop(key[0], None)
         for entry in self._deferred.pop(key, ()):
             if key[0] not in self._by_id:
                 continue
@@ -148,6 +155,10 @@ class JobTable:
             return False
         self._deferred.setdefault(key, []).append(entry)
         return True
+
+    def registering(self, job_id: str) -> bool:
+        """Whether a handler of this replica is recording a rank of the job (it is not idle)."""
+        return job_id in self._registering_jobs
 
     def is_registering(self, job_id: str, rank: int) -> bool:
         """Whether a handler of this replica is recording the rank right now."""
@@ -232,7 +243,10 @@ class _Registering:
         self.table, self.key, self.apply = table, key, apply
 
     def __enter__(self) -> None:
-        self.table._registering.add(self.key)  # noqa: SLF001 - the table's own helper
+        table = self.table
+        table._registering.add(self.key)  # noqa: SLF001 - the table's own helper
+        jobs = table._registering_jobs  # noqa: SLF001
+        jobs[self.key[0]] = jobs.get(self.key[0], 0) + 1
 
     def __exit__(self, *_: object) -> None:
         self.table._registered(self.key, self.apply)  # noqa: SLF001

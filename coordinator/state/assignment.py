@@ -99,6 +99,12 @@ class Roster:
         names = {n for n, s in list(self._seen.items()) if now - s.last < s.ttl_s}
         return sorted(names | {self.me})
 
+    def alive(self, name: str, incarnation: str, now: float) -> bool:
+        """Whether that process of `name` (its incarnation) was heard from within its TTL."""
+        seen = self._seen.get(name)
+        return (seen is not None and seen.incarnation == incarnation
+                and now - seen.last < seen.ttl_s)
+
     def settled(self, name: str, now: float) -> bool:
         """Whether `name` has been live, without a gap, for `settle_s` (this one always is)."""
         if name == self.me:

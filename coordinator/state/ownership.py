@@ -11,6 +11,18 @@ Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
   (`coordinator.state.assignment`); any replica once the job has gone unowned for `lease_s`
   (its preferred replica cannot take it, or none is known yet). Without a roster (`prefer`
   None: the budgets' lease), any replica.
+* **An owner renewing, however slowly, keeps its jobs.** A lease that expired is still held
+  while its owner (that process) holds another live lease (it renewed something lately: a
+  saturated event loop renews thousands of leases a few at a time), and for one more
+  `lease_s` while the owner is live in the roster (`alive`: it announces itself, and its late
+  renewal is on its way). Taken over, such leases flapped: the late renewal found the job
+  gone, and the rendezvous hashing later handed it back. An owner that died stops announcing
+  and renewing at once, so its jobs are taken as before, when its last lease ends; one that
+  announces but cannot write its leases loses them `lease_s` after they end.
+* **A job taken over stays** (`keep`): one a replica took though another is preferred for it
+  (that one let it go unowned for a lease) is not handed back while the assignment it was
+  taken under (the live replicas) is the same; when a replica joins or leaves, it moves as
+  any job does.
 * **Handing over.** An owner gives up (`until` = 0) a job whose preferred replica is another
   one, settled in the roster, which then takes it at once: when a replica joins, about 1/N of
   the jobs move to it; when it leaves, only its jobs move.
@@ -40,6 +52,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+Alive = Callable[[str, str], bool]
+"""(replica, incarnation) -> whether that process is live in the roster (announcing itself)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,11 @@ class OwnershipBook:
         """Earlier incarnations of this replica proven gone: their leases are taken at once."""
         self._unowned: dict[str, float] = {}
         """Job hash -> since when (wall clock) nobody held it, as far as `claimable` saw."""
+        self._renewed: dict[tuple[str, str], float] = {}
+        """(owner, incarnation) -> the latest `until` of its leases seen: until then it is
+        renewing, and holds its leases that expired too (`held_until`)."""
+        self._kept: dict[str, tuple[str, ...]] = {}
+        """Job hash -> the assignment (live replicas) it was taken over under (`keep`)."""
 
     def proven_gone(self, incarnations: frozenset[str] | set[str] | list[str]) -> None:
         """These earlier incarnations of this replica are proven gone (never this one)."""
@@ -95,12 +115,45 @@ class OwnershipBook:
         self.leases[job_hash] = lease
         if lease.until > 0:  # Held again: unowned (if it lapses) from its new end.
             self._unowned.pop(job_hash, None)
+            who = (lease.owner, lease.incarnation)
+            if lease.until > self._renewed.get(who, 0.0):
+                self._renewed[who] = lease.until
+        if not self.is_mine(lease):
+            self._kept.pop(job_hash, None)
         return lease
 
     def forget(self, job_hash: str) -> None:
         """The job's lease was deleted (the job is gone)."""
         self.leases.pop(job_hash, None)
         self._unowned.pop(job_hash, None)
+        self._kept.pop(job_hash, None)
+
+    def keep(self, job_hash: str, assignment: tuple[str, ...]) -> None:
+        """This replica took the job over though another is preferred: keep it under `assignment`.
+
+        `handovers` leaves it here while the live replicas are `assignment`.
+        """
+        self._kept[job_hash] = assignment
+
+    def held_until(self, lease: Lease, alive: Alive | None = None) -> float:
+        """Until when the lease holds the job: its end, or later while its owner renews.
+
+        An expired lease of another process that renewed some lease since (its latest `until`
+        is later) is held until that one ends, and `lease_s` more while its owner is live in
+        the roster (`alive(owner, incarnation)`). A lease given up (`until` 0) holds nothing;
+        this process's own leases hold to their end.
+        """
+        if lease.until <= 0 or self.is_mine(lease):
+            return lease.until
+        end = max(lease.until, self._renewed.get((lease.owner, lease.incarnation), 0.0))
+        if alive is not None and alive(lease.owner, lease.incarnation):
+            return end + self.lease_s
+        return end
+
+    def forget_renewals(self, now: float) -> None:
+        """Drop the owners whose every lease ended long ago (bounded on a churning cluster)."""
+        for who in [w for w, until in self._renewed.items() if now - until > 10 * self.lease_s]:
+            del self._renewed[who]
 
     # ------------------------------------------------------------------ decisions
     def owns(self, job_hash: str, now: float) -> bool:
@@ -114,12 +167,14 @@ class OwnershipBook:
         return lease.owner if lease is not None and now < lease.until else None
 
     def claimable(self, job_hashes: list[str], now: float,
-                  prefer: Callable[[str], str | None] | None = None) -> list[tuple[str, int]]:
+                  prefer: Callable[[str], str | None] | None = None,
+                  alive: Alive | None = None) -> list[tuple[str, int]]:
         """Jobs to take now: (hash, revision to compare with; 0: no lease yet).
 
         `prefer`: a job's preferred replica (rendezvous over the live ones; None: not known
         yet); a job another replica is (or may be) preferred for is taken here only once it has
-        gone unowned for `lease_s`.
+        gone unowned for `lease_s`. `alive`: whether a replica's process is live in the roster
+        (its expired leases are held a lease longer: `held_until`).
         """
         out = []
         for h in job_hashes:
@@ -128,20 +183,29 @@ class OwnershipBook:
             if lease is not None and self.predecessor(lease):
                 out.append((h, revision))
                 continue
-            if lease is not None and now < lease.until:
+            held = self.held_until(lease, alive) if lease is not None else 0.0
+            if now < held:
                 self._unowned.pop(h, None)
                 continue
-            since = self._unowned.setdefault(
-                h, now if lease is None or lease.until <= 0 else min(now, lease.until))
+            since = self._unowned.setdefault(h, now if held <= 0 else min(now, held))
             if prefer is None or prefer(h) == self.me or now - since >= self.lease_s:
                 out.append((h, revision))
         return out
 
     def handovers(self, now: float, prefer: Callable[[str], str | None],
-                  settled: Callable[[str], bool]) -> list[tuple[str, Lease, str]]:
-        """This replica's jobs another, settled, replica is preferred for: (hash, lease, to)."""
+                  settled: Callable[[str], bool],
+                  assignment: tuple[str, ...] | None = None) -> list[tuple[str, Lease, str]]:
+        """This replica's jobs another, settled, replica is preferred for: (hash, lease, to).
+
+        Not those taken over under `assignment` (the live replicas now: `keep`).
+        """
         out = []
         for h in self.mine(now):
+            kept = self._kept.get(h)
+            if kept is not None:
+                if kept == assignment:
+                    continue
+                del self._kept[h]  # The assignment changed: it moves as any job does.
             to = prefer(h)
             if to is not None and to != self.me and settled(to):
                 out.append((h, self.leases[h], to))
