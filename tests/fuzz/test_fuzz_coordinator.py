@@ -66,6 +66,7 @@ from zeus_agent.wire.messages import (
 )
 from zeus_agent.wire.node_columns import (
     MARK_KINDS,
+    MEASUREMENT_KINDS,
     NodeColumnBatch,
     decode_measurements,
 )
@@ -248,10 +249,26 @@ MARKS = st.lists(
     }),
     max_size=4,
 )  # fmt: skip
+MEASUREMENT_ITEMS = st.lists(
+    st.builds(
+        lambda kind, name, counters, t0, dt, time_s, energy, schedule: {
+            "kind": kind, "name": name, "epoch": counters[0], "step": counters[1],
+            "index": counters[2], "t0_ns": t0, "t1_ns": t0 + dt, "time_s": time_s,
+            "energy_j": energy, "schedule": schedule},
+        st.sampled_from(["step", "instruction", "instruction"]),
+        st.sampled_from(["", "forward", "backward"]),
+        st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 3)),
+        st.integers(0, 10**15), st.integers(0, 10**9), st.floats(0, 1e3), st.floats(0, 1e9),
+        st.sampled_from([None, 0, 3])),
+    max_size=3,
+)  # fmt: skip
+"""Step and instruction measurements, well-formed (`mutated` spoils them): a power-limit job
+ignores them, but they are decoded and checked all the same."""
 GPU_PARTS = st.lists(
-    st.builds(lambda rank, gpu, marks, digest: _with_digest(
-        {"gpu": gpu, "rank": rank, "marks": marks, "measurements": []}, digest),
-        STREAM_RANKS, STREAM_GPUS, MARKS, STREAM_DIGESTS),
+    st.builds(lambda rank, gpu, marks, measurements, digest: _with_digest(
+        {"gpu": gpu, "rank": rank, "marks": marks, "measurements": measurements}, digest),
+        STREAM_RANKS, STREAM_GPUS, MARKS, st.one_of(st.just([]), MEASUREMENT_ITEMS),
+        STREAM_DIGESTS),
     max_size=3,
 )  # fmt: skip
 MEASUREMENT_BATCHES = st.builds(
@@ -261,25 +278,34 @@ MEASUREMENT_BATCHES = st.builds(
 )  # fmt: skip
 """A node's batch of a job's GPUs' parts (each part its rank, GPU, marks and digest)."""
 MARK_COLUMNS = ("epoch", "step", "t_ns", "energy_j")
+MEASUREMENT_COLUMNS = ("epoch", "step", "index", "t0_ns", "t1_ns", "time_s", "energy_j",
+                       "schedule")
 
 
 def as_columns(case: Case) -> Case:
     """A measurement batch `Case` in columns (`NodeColumnBatch`): what a newer agent sends.
 
-    Values are carried over as they are (a bad one stays bad); a kind no mark has is 9.
+    Values are carried over as they are (a bad one stays bad); a kind no item has is 9.
     """
     obj = case.obj
     parts = obj["gpus"]
     marks = [m for p in parts for m in p["marks"]]
+    measured = [m for p in parts for m in p["measurements"]]
     columns = {f: [m[f] for m in marks] for f in MARK_COLUMNS}
     kinds = [MARK_KINDS.index(m["kind"]) if m["kind"] in MARK_KINDS else 9 for m in marks]
+    names: dict[str, int] = {}
     digests = [p.get("join_digest") for p in parts]
     return Case(f"{case.what} in columns", {
         "v": 1, "columns": 1, "node": obj["node"], "job_id": obj["job_id"],
         "gpu": [p["gpu"] for p in parts], "rank": [p["rank"] for p in parts],
         "join_digest": digests, "mark_count": [len(p["marks"]) for p in parts],
-        "measurement_count": [0] * len(parts),
-        "marks": {**columns, "kind": kinds, "power_limit_w": [None] * len(marks)}})
+        "measurement_count": [len(p["measurements"]) for p in parts],
+        "marks": {**columns, "kind": kinds, "power_limit_w": [None] * len(marks)},
+        "measurements": {
+            **{f: [m[f] for m in measured] for f in MEASUREMENT_COLUMNS},
+            "kind": [MEASUREMENT_KINDS.index(m["kind"]) for m in measured],
+            "name": [names.setdefault(m["name"], len(names)) for m in measured]},
+        "names": list(names)})
 
 
 COLUMN_BATCHES = MEASUREMENT_BATCHES.map(as_columns)

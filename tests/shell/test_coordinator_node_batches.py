@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import pytest
 
 from coordinator.power_limit import PowerLimitError
@@ -152,3 +153,30 @@ async def test_an_input_the_power_limit_core_refuses_is_skipped_and_the_rest_are
     assert ranks == [0, 0, 1, 1, 1]
     assert coord.optimisers[job_id] is job
     assert kept(coord, job_id, 1) == 3
+
+
+def flood(layout: str, job_id: str, items: int) -> bytes:
+    """A node's batch of `items` one-byte bad marks (-1), in `layout`: refused as malformed."""
+    if layout == "rows":
+        return msgpack.packb({"v": 1, "node": NODE, "job_id": job_id, "gpus": [
+            {"gpu": 0, "rank": 0, "marks": [-1] * items}]})
+    return msgpack.packb({
+        "v": 1, "columns": 1, "node": NODE, "job_id": job_id, "gpu": [0], "rank": [0],
+        "join_digest": [None], "mark_count": [items], "measurement_count": [0],
+        "marks": {f: [-1] * items for f in ("kind", "epoch", "step", "t_ns", "energy_j",
+                                            "power_limit_w")}})
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+async def test_a_flood_of_bad_items_is_one_malformed_drop_and_the_next_batch_counts(
+        coord, nc, encode: Encode, layout: str) -> None:
+    """Containment: the replica refuses the flood (~0.9 MB) whole and goes on with the job."""
+    job_id, digest = await started_job(coord, nc)
+    before = dict(coord.dropped)
+    subject = subjects.job_measurements(job_id, NODE)
+    await nc.publish(subject, flood(layout, job_id, 900_000 if layout == "rows" else 150_000))
+    good = [part(0, 0, digest, range(1, 4)), part(1, 1, digest, range(1, 4))]
+    await nc.publish(subject, encode(NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=good)))
+    await wait_for(lambda: kept(coord, job_id, 0) == 3 and kept(coord, job_id, 1) == 3)
+    moved = {k: v - before.get(k, 0) for k, v in coord.dropped.items() if v != before.get(k, 0)}
+    assert moved == {"malformed": 1}, moved

@@ -13,6 +13,8 @@ Kept apart from `messages` (at its size limit); it depends on `messages` only.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from zeus_agent.wire.messages import (
@@ -28,12 +30,16 @@ from zeus_agent.wire.messages import (
     Rank,
 )
 
-__all__ = ["MAX_ITEMS_PER_BATCH", "GpuMeasurements", "NodeMeasurementBatch"]
+__all__ = ["FAIL_FAST", "MAX_ITEMS_PER_BATCH", "GpuMeasurements", "NodeMeasurementBatch"]
 
 MAX_ITEMS_PER_BATCH = 1000
 """Most marks and measurements an agent puts in one batch (more go in the next message): a
 measurement with the longest instruction name takes ~400 bytes, so a batch stays well under
 nats-server's default 1 MB payload limit whatever a backlog holds."""
+FAIL_FAST = Field(fail_fast=True)
+"""On a list of a node's batch: validation stops at its first bad item. Pydantic otherwise
+builds an error per bad item, and a coordinator refused a 1 MB batch of a million one-byte bad
+marks in ~8 s of CPU on its event loop (tests/wire/test_node_batch_floods.py)."""
 
 
 class _Part(BaseModel):
@@ -45,8 +51,8 @@ class GpuMeasurements(_Part):
 
     gpu: GpuIndex
     rank: Rank
-    marks: list[Mark] = []
-    measurements: list[Measurement] = []
+    marks: Annotated[list[Mark], FAIL_FAST] = []
+    measurements: Annotated[list[Measurement], FAIL_FAST] = []
     join_digest: JoinDigest | None = Field(
         default=None,
         description="Digest of the join token the bound trainer presented in its HELLO (None: "
@@ -64,7 +70,7 @@ class NodeMeasurementBatch(Message):
 
     node: Name
     job_id: Id
-    gpus: list[GpuMeasurements] = Field(default=[], max_length=MAX_GPUS_PER_NODE)
+    gpus: list[GpuMeasurements] = Field(default=[], max_length=MAX_GPUS_PER_NODE, fail_fast=True)
 
     def per_gpu(self) -> list[MeasurementBatch]:
         """Each part as the per-GPU `MeasurementBatch` observers used to receive, in order."""

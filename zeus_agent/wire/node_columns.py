@@ -61,7 +61,7 @@ MARK_KINDS: tuple[str, ...] = ("step_begin", "step_end", "epoch_begin", "epoch_e
 MEASUREMENT_KINDS: tuple[str, ...] = ("step", "instruction")
 """`Measurement.kind` by its number in `MeasurementColumns.kind`."""
 
-_Items = Field(max_length=MAX_ITEMS_PER_BATCH)
+_Items = Field(max_length=MAX_ITEMS_PER_BATCH, fail_fast=True)  # (`FAIL_FAST`.)
 Energy = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -199,7 +199,7 @@ class GpuRows:
 
 
 Count = Annotated[int, Field(ge=0, le=MAX_ITEMS_PER_BATCH)]
-_Gpus = Field(max_length=MAX_GPUS_PER_NODE)
+_Gpus = Field(max_length=MAX_GPUS_PER_NODE, fail_fast=True)
 
 
 class NodeColumnBatch(Message):
@@ -220,7 +220,7 @@ class NodeColumnBatch(Message):
         description="Per part, the digest of the join token its trainer presented (None: none)")
     mark_count: Annotated[list[Count], _Gpus]
     measurement_count: Annotated[list[Count], _Gpus]
-    names: list[Name] = Field(default=[], max_length=MAX_ITEMS_PER_BATCH,
+    names: list[Name] = Field(default=[], max_length=MAX_ITEMS_PER_BATCH, fail_fast=True,
                               description="The measurements' names, each once")
     marks: MarkColumns = Field(default_factory=_empty_marks)
     measurements: MeasurementColumns = Field(default_factory=_empty_measurements)

@@ -1,0 +1,63 @@
+"""A node's batch full of bad items is refused at its first bad item, in either layout.
+
+A coordinator decodes every node's batch of the jobs it drives on its event loop. Pydantic
+collects an error per bad item of a list unless told to stop at the first: a 1 MB rows batch
+of a million one-byte bad marks (`-1`) cost ~8 s of CPU to refuse (an error dict per item,
+then `codec` describing them), during which the replica renews no lease and feeds no job; the
+columns' bounded arrays, ~21,000 errors per ~40 KB batch. Every list of both layouts stops at
+its first bad item, so the error count (what the refusal costs) no longer grows with the
+payload. (Counts, not timings: tests/README.md.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from zeus_agent.errors import PayloadError
+from zeus_agent.wire.messages import MAX_GPUS_PER_NODE
+from zeus_agent.wire.node_batch import MAX_ITEMS_PER_BATCH, NodeMeasurementBatch
+from zeus_agent.wire.node_columns import NodeColumnBatch, decode_measurements
+
+MANY = 100_000
+BAD = -1  # (One byte in msgpack: no field takes it where these put it.)
+N = MAX_ITEMS_PER_BATCH
+
+
+def rows_flood() -> dict[str, Any]:
+    """Rows: bad marks and measurements in every part, and parts of bad marks."""
+    return {"v": 1, "node": "n1", "job_id": "j", "gpus": [
+        {"gpu": 0, "rank": 0, "marks": [BAD] * MANY, "measurements": [BAD] * MANY},
+        *({"gpu": g, "rank": g, "marks": [BAD] * 50} for g in range(1, MAX_GPUS_PER_NODE))]}
+
+
+def columns_flood() -> dict[str, Any]:
+    """Columns: every array at its length limit, every value bad."""
+    parts = MAX_GPUS_PER_NODE
+    return {"v": 1, "columns": 1, "node": "n1", "job_id": "j", "gpu": [BAD] * parts,
+            "rank": [BAD] * parts, "join_digest": [BAD] * parts, "mark_count": [BAD] * parts,
+            "measurement_count": [BAD] * parts, "names": [BAD] * N,
+            "marks": {f: [BAD] * N for f in ("kind", "epoch", "step", "t_ns", "energy_j",
+                                             "power_limit_w")},
+            "measurements": {f: [BAD] * N for f in (
+                "kind", "name", "epoch", "step", "index", "t0_ns", "t1_ns", "time_s",
+                "energy_j", "schedule")}}
+
+
+@pytest.mark.parametrize(("model", "flood"), [(NodeMeasurementBatch, rows_flood),
+                                              (NodeColumnBatch, columns_flood)])
+def test_a_flood_of_bad_items_is_refused_with_a_few_errors_not_one_per_item(
+        model: type[BaseModel], flood: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(flood())
+    assert caught.value.error_count() <= 30  # (A few per field: ~21,000 or ~200,000 before.)
+
+
+@pytest.mark.parametrize("flood", [rows_flood, columns_flood])
+def test_the_refusal_names_the_first_bad_item(flood: Any) -> None:
+    with pytest.raises(PayloadError) as caught:
+        decode_measurements(msgpack.packb(flood()))
+    assert caught.value.field in ("gpus.0.marks.0", "gpu.0")
