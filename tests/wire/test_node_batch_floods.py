@@ -6,7 +6,8 @@ of a million one-byte bad marks (`-1`) cost ~8 s of CPU to refuse (an error dict
 then `codec` describing them), during which the replica renews no lease and feeds no job; the
 columns' bounded arrays, ~21,000 errors per ~40 KB batch. Every list of both layouts stops at
 its first bad item, so the error count (what the refusal costs) no longer grows with the
-payload. (Counts, not timings: tests/README.md.)
+payload. So do a rank's trainer events, a GPU's samples and the per-GPU view. (Counts, not
+timings: tests/README.md.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from zeus_agent.errors import PayloadError
-from zeus_agent.wire.messages import MAX_GPUS_PER_NODE
+from zeus_agent.wire.messages import (
+    MAX_GPUS_PER_NODE,
+    MeasurementBatch,
+    SampleBatch,
+    TrainerEventBatch,
+)
 from zeus_agent.wire.node_batch import MAX_ITEMS_PER_BATCH, NodeMeasurementBatch
 from zeus_agent.wire.node_columns import NodeColumnBatch, decode_measurements
 
@@ -61,3 +67,29 @@ def test_the_refusal_names_the_first_bad_item(flood: Any) -> None:
     with pytest.raises(PayloadError) as caught:
         decode_measurements(msgpack.packb(flood()))
     assert caught.value.field in ("gpus.0.marks.0", "gpu.0")
+
+
+def events_flood() -> dict[str, Any]:
+    """A rank's trainer events: the coordinator's other per-job stream."""
+    return {"v": 1, "job_id": "j", "rank": 0, "node": "n1", "gpu": 0, "events": [BAD] * MANY}
+
+
+def samples_flood() -> dict[str, Any]:
+    """A GPU's samples: every replica's budget service reads them."""
+    return {"v": 1, "node": "n1", "gpu": 0, "uuid": "GPU-0", "samples": [BAD] * MANY}
+
+
+def per_gpu_flood() -> dict[str, Any]:
+    """The per-GPU view observers decode."""
+    return {"v": 1, "node": "n1", "gpu": 0, "job_id": "j", "rank": 0, "marks": [BAD] * MANY,
+            "measurements": [BAD] * MANY}
+
+
+@pytest.mark.parametrize("flood", [events_flood, samples_flood, per_gpu_flood])
+def test_the_other_streams_stop_at_their_first_bad_item_too(flood: Any) -> None:
+    """Trainer events and samples had no cap either: a million bad items cost ~8 s to refuse."""
+    model = {events_flood: TrainerEventBatch, samples_flood: SampleBatch,
+             per_gpu_flood: MeasurementBatch}[flood]
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(flood())
+    assert caught.value.error_count() <= 2

@@ -240,7 +240,7 @@ class SampleBatch(Message):
     node: Name
     gpu: GpuIndex
     uuid: Name
-    samples: list[Sample]
+    samples: list[Sample] = Field(fail_fast=True)
 
 
 class Mark(_Part):
@@ -288,8 +288,8 @@ class MeasurementBatch(Message):
     gpu: GpuIndex
     job_id: Id
     rank: Rank
-    marks: list[Mark] = []
-    measurements: list[Measurement] = []
+    marks: list[Mark] = Field(default=[], fail_fast=True)
+    measurements: list[Measurement] = Field(default=[], fail_fast=True)
     join_digest: JoinDigest | None = Field(
         default=None,
         description="Digest of the join token the bound trainer presented in its HELLO (None: "
@@ -665,7 +665,7 @@ class TrainerEventBatch(Message):
     rank: Rank
     node: Name
     gpu: GpuIndex
-    events: list[TrainerEvent]
+    events: list[TrainerEvent] = Field(fail_fast=True)
     join_digest: JoinDigest | None = Field(
         default=None,
         description="Digest of the join token the bound trainer presented in its HELLO (None: "
