@@ -170,10 +170,11 @@ class Replicas:
                 try:
                     revision = await state.take(driver.hash, value, lease.revision)
                 except StateUnavailableError:
-                    return
-                if revision is None:
-                    return
-                book.observe(driver.hash, value, revision)
+                    revision = None
+                if revision is None:  # Not answered: it may have landed (its taker drives it).
+                    book.gave_up(driver.hash)
+                else:
+                    book.observe(driver.hash, value, revision)
                 driver.release(f"handed over to replica {to}, which the replicas' rendezvous "
                                "hashing prefers for it")
             await self.owned.drop(lease.job_id)

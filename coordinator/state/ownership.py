@@ -31,7 +31,9 @@ Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
   and another replica only takes it after `until`: between the two, nobody commands its
   GPUs, so a takeover never sends double commands (as long as clocks differ by less than
   `fence_s`). An owner whose renewal failed (another replica has the lease) drops the job.
-* A replica that stops gives its jobs up (`until` = 0), so another takes them at once.
+* A replica that stops gives its jobs up (`until` = 0), so another takes them at once. A
+  give-up not answered (it may have landed) is taken as given (`gave_up`): never driven here
+  while its taker drives it.
 * **Incarnations.** A lease is held by one process: the replica's name and its incarnation (a
   random id per process start). A process restarted under the same name does not own its
   predecessor's leases: it takes them at once only from the incarnations proven gone
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 Alive = Callable[[str, str], bool]
@@ -127,6 +129,17 @@ class OwnershipBook:
         self.leases.pop(job_hash, None)
         self._unowned.pop(job_hash, None)
         self._kept.pop(job_hash, None)
+
+    def gave_up(self, job_hash: str) -> None:
+        """This process wrote its give-up of the job and was told nothing: act as if it landed.
+
+        A write not answered (a timeout) may have landed, and then the job's preferred replica
+        takes it at once: acting on it meanwhile would be a second driver. If it did not land,
+        the lease is not renewed and runs out: the job is taken as a lapsed one (here too).
+        """
+        lease = self.leases.get(job_hash)
+        if lease is not None and self.is_mine(lease) and lease.until > 0:
+            self.leases[job_hash] = replace(lease, until=0.0)
 
     def keep(self, job_hash: str, assignment: tuple[str, ...]) -> None:
         """This replica took the job over though another is preferred: keep it under `assignment`.

@@ -107,7 +107,7 @@ class Cluster:
         if new is not None:
             r.book.observe(h, value, new)
         elif handover:  # `Replicas.hand_over`: the outcome unknown, it gives the job up.
-            pass  # (As `Replicas.hand_over` does: nothing learnt.)
+            r.book.gave_up(h)
         elif not r.blocked:  # A lost compare-and-set: it reads the lease (`read_lease`).
             r.book.observe(h, *self.values[h])
 
