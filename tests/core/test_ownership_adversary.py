@@ -191,3 +191,16 @@ def test_a_handover_whose_reply_is_lost_is_not_driven_by_both() -> None:
     c.round("c", True, 1.0)
     for h in to_hand:
         assert len(c.owners(h)) == 1, (h, c.owners(h))
+
+
+def test_gave_up_stops_acting_and_a_give_up_that_did_not_land_is_taken_back() -> None:
+    a, b = OwnershipBook("a", L, "ia"), OwnershipBook("b", L, "ib")
+    a.observe("j", a.value("job", 10.0), 4)  # until 13
+    a.gave_up("j")  # Its give-up was not answered.
+    assert not a.owns("j", 10.1) and a.renewals() == [] and a.mine(10.1) == []
+    # It had not landed: b (preferred) waits a's lease out; a takes it back a lease later.
+    assert a.claimable(["j"], 10.2, lambda h: "b") == []
+    assert a.claimable(["j"], 13.2, lambda h: "b") == [("j", 4)]
+    b.observe("j", a.value("job", 10.0), 4)
+    b.gave_up("j")  # (Another's lease: nothing to give up.)
+    assert b.leases["j"].until == 13.0
