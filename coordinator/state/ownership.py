@@ -88,9 +88,11 @@ class OwnershipBook:
         """Earlier incarnations of this replica proven gone: their leases are taken at once."""
         self._unowned: dict[str, float] = {}
         """Job hash -> since when (wall clock) nobody held it, as far as `claimable` saw."""
-        self._renewed: dict[tuple[str, str], float] = {}
-        """(owner, incarnation) -> the latest `until` of its leases seen: until then it is
-        renewing, and holds its leases that expired too (`held_until`)."""
+        self._renewed: dict[tuple[str, str], tuple[int, float]] = {}
+        """(owner, incarnation) -> its latest lease write seen (revision, `until`): until then it
+        is renewing, and holds its leases that expired too (`held_until`). The latest write,
+        not the latest end: an end written while its clock ran ahead is not held once it has
+        renewed on the right clock."""
         self._kept: dict[str, tuple[str, ...]] = {}
         """Job hash -> the assignment (live replicas) it was taken over under (`keep`)."""
 
@@ -118,8 +120,8 @@ class OwnershipBook:
         if lease.until > 0:  # Held again: unowned (if it lapses) from its new end.
             self._unowned.pop(job_hash, None)
             who = (lease.owner, lease.incarnation)
-            if lease.until > self._renewed.get(who, 0.0):
-                self._renewed[who] = lease.until
+            if revision > self._renewed.get(who, (0, 0.0))[0]:
+                self._renewed[who] = (revision, lease.until)
         if not self.is_mine(lease):
             self._kept.pop(job_hash, None)
         return lease
@@ -151,21 +153,22 @@ class OwnershipBook:
     def held_until(self, lease: Lease, alive: Alive | None = None) -> float:
         """Until when the lease holds the job: its end, or later while its owner renews.
 
-        An expired lease of another process that renewed some lease since (its latest `until`
-        is later) is held until that one ends, and `lease_s` more while its owner is live in
+        An expired lease of another process that renewed some lease since (its latest write
+        ends later) is held until that one ends, and `lease_s` more while its owner is live in
         the roster (`alive(owner, incarnation)`). A lease given up (`until` 0) holds nothing;
         this process's own leases hold to their end.
         """
         if lease.until <= 0 or self.is_mine(lease):
             return lease.until
-        end = max(lease.until, self._renewed.get((lease.owner, lease.incarnation), 0.0))
+        end = max(lease.until, self._renewed.get((lease.owner, lease.incarnation), (0, 0.0))[1])
         if alive is not None and alive(lease.owner, lease.incarnation):
             return end + self.lease_s
         return end
 
     def forget_renewals(self, now: float) -> None:
         """Drop the owners whose every lease ended long ago (bounded on a churning cluster)."""
-        for who in [w for w, until in self._renewed.items() if now - until > 10 * self.lease_s]:
+        for who in [w for w, (_, until) in self._renewed.items()
+                    if now - until > 10 * self.lease_s]:
             del self._renewed[who]
 
     # ------------------------------------------------------------------ decisions
