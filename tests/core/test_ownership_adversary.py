@@ -92,7 +92,8 @@ class Cluster:
         for h, revision in book.claimable(list(JOBS), now, prefer, alive):
             held = book.leases.get(h)
             to = prefer(h)
-            if to is not None and to != name and not (held and book.predecessor(held)):
+            if to is not None and to != name and not (held and (
+                    book.predecessor(held) or book.is_mine(held) and held.until > 0)):
                 book.keep(h, live)
             self._write(r, h, book.value(JOBS[h], now), revision)
         for h, lease, _ in book.handovers(now, prefer, lambda n: n in live, live):

@@ -75,3 +75,17 @@ def test_a_lease_of_another_taken_over_blames_the_preferred_and_is_kept(
     assert leases.blamed == ["c"]
     a.observe(h, a.value("job", 13.1), 5)
     assert a.handovers(13.2, leases.prefer, lambda n: True, ("a", "c")) == []
+
+
+def test_its_own_give_up_not_taken_blames_the_preferred_and_is_kept(monkeypatch: Any) -> None:
+    a = OwnershipBook("a", L, "ia")
+    h = records.job_hash("job")
+    a.observe(h, a.value("job", 10.0, release=True), 4)  # Handed to c, which never took it.
+    leases = FakeLeases(a, "c")
+    monkeypatch.setattr("coordinator.service.replicas.time.time", lambda: 10.0)
+    assert replicas(leases).takes({h: "job"}) == []
+    monkeypatch.setattr("coordinator.service.replicas.time.time", lambda: 13.1)
+    assert len(replicas(leases).takes({h: "job"})) == 1
+    assert leases.blamed == ["c"]  # (Else handed to it again and again, undriven meanwhile.)
+    a.observe(h, a.value("job", 13.1), 5)
+    assert a.handovers(13.2, leases.prefer, lambda n: True, ("a", "c")) == []
