@@ -474,7 +474,6 @@ class Endpoints:
         if via != subjects.token(gpu.node):
             return _wrong_node(gpu.node, via)
         retry = self.jobs.registry.check_rank(request)  # Refuse bad requests before asking agents.
-        self.jobs.registry.touch(request.job_id, self.clock())  # (Activity, as events are.)
         info: GpuDescription | None = None
         if not retry:
             info = request.gpu_info  # Set by the agent that relayed it (only it may).
@@ -489,6 +488,9 @@ class Endpoints:
             if refused is not None:
                 return refused
         registry = self.jobs.registry
+        # Activity, as events are, once admitted (as `_register_node` counts it): a rank
+        # refused every time and retried by its agent would keep its job forever.
+        registry.touch(request.job_id, self.clock())
         if not retry:  # Ranks checked side by side (a node's batch) share one quota.
             registry.reserve_rank(gpu.node)
         try:

@@ -114,7 +114,9 @@ class Replicas:
 
         A job taken here though another replica is preferred for it (it went unowned for a
         lease) marks that replica unresponsive: it is handed nothing for a while, and the job
-        stays here while the live replicas stay the same (`OwnershipBook.keep`).
+        stays here while the live replicas stay the same (`OwnershipBook.keep`). Not a lease of
+        this process's own taken back (its renewals ran late): the preferred replica rightly
+        left it alone (`OwnershipBook.held_until`). One it gave up to that replica is.
         """
         book, leases = self.leases.book, self.leases
         out: list[Callable[[], Awaitable[Any]]] = []
@@ -122,7 +124,9 @@ class Replicas:
                                                  leases.alive):
             held = book.leases.get(job_hash)
             to = leases.prefer(job_hash)
-            if to is not None and to != book.me and not (held and book.predecessor(held)):
+            if (to is not None and to != book.me
+                    and not (held and (book.predecessor(held)
+                                       or book.is_mine(held) and held.until > 0))):
                 leases.unresponsive(to)
                 book.keep(job_hash, tuple(leases.live()))
             why = ("it had no owner" if held is None else
@@ -170,10 +174,11 @@ class Replicas:
                 try:
                     revision = await state.take(driver.hash, value, lease.revision)
                 except StateUnavailableError:
-                    return
-                if revision is None:
-                    return
-                book.observe(driver.hash, value, revision)
+                    revision = None
+                if revision is None:  # Not answered: it may have landed (its taker drives it).
+                    book.gave_up(driver.hash)
+                else:
+                    book.observe(driver.hash, value, revision)
                 driver.release(f"handed over to replica {to}, which the replicas' rendezvous "
                                "hashing prefers for it")
             await self.owned.drop(lease.job_id)

@@ -31,7 +31,9 @@ Rules (times are wall-clock seconds, shared by hosts kept in step by NTP):
   and another replica only takes it after `until`: between the two, nobody commands its
   GPUs, so a takeover never sends double commands (as long as clocks differ by less than
   `fence_s`). An owner whose renewal failed (another replica has the lease) drops the job.
-* A replica that stops gives its jobs up (`until` = 0), so another takes them at once.
+* A replica that stops gives its jobs up (`until` = 0), so another takes them at once. A
+  give-up not answered (it may have landed) is taken as given (`gave_up`): never driven here
+  while its taker drives it.
 * **Incarnations.** A lease is held by one process: the replica's name and its incarnation (a
   random id per process start). A process restarted under the same name does not own its
   predecessor's leases: it takes them at once only from the incarnations proven gone
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 Alive = Callable[[str, str], bool]
@@ -86,9 +88,11 @@ class OwnershipBook:
         """Earlier incarnations of this replica proven gone: their leases are taken at once."""
         self._unowned: dict[str, float] = {}
         """Job hash -> since when (wall clock) nobody held it, as far as `claimable` saw."""
-        self._renewed: dict[tuple[str, str], float] = {}
-        """(owner, incarnation) -> the latest `until` of its leases seen: until then it is
-        renewing, and holds its leases that expired too (`held_until`)."""
+        self._renewed: dict[tuple[str, str], tuple[int, float]] = {}
+        """(owner, incarnation) -> its latest lease write seen (revision, `until`): until then it
+        is renewing, and holds its leases that expired too (`held_until`). The latest write,
+        not the latest end: an end written while its clock ran ahead is not held once it has
+        renewed on the right clock."""
         self._kept: dict[str, tuple[str, ...]] = {}
         """Job hash -> the assignment (live replicas) it was taken over under (`keep`)."""
 
@@ -116,8 +120,8 @@ class OwnershipBook:
         if lease.until > 0:  # Held again: unowned (if it lapses) from its new end.
             self._unowned.pop(job_hash, None)
             who = (lease.owner, lease.incarnation)
-            if lease.until > self._renewed.get(who, 0.0):
-                self._renewed[who] = lease.until
+            if revision > self._renewed.get(who, (0, 0.0))[0]:
+                self._renewed[who] = (revision, lease.until)
         if not self.is_mine(lease):
             self._kept.pop(job_hash, None)
         return lease
@@ -127,6 +131,17 @@ class OwnershipBook:
         self.leases.pop(job_hash, None)
         self._unowned.pop(job_hash, None)
         self._kept.pop(job_hash, None)
+
+    def gave_up(self, job_hash: str) -> None:
+        """This process wrote its give-up of the job and was told nothing: act as if it landed.
+
+        A write not answered (a timeout) may have landed, and then the job's preferred replica
+        takes it at once: acting on it meanwhile would be a second driver. If it did not land,
+        the lease is not renewed and runs out: the job is taken as a lapsed one (here too).
+        """
+        lease = self.leases.get(job_hash)
+        if lease is not None and self.is_mine(lease) and lease.until > 0:
+            self.leases[job_hash] = replace(lease, until=0.0)
 
     def keep(self, job_hash: str, assignment: tuple[str, ...]) -> None:
         """This replica took the job over though another is preferred: keep it under `assignment`.
@@ -138,21 +153,22 @@ class OwnershipBook:
     def held_until(self, lease: Lease, alive: Alive | None = None) -> float:
         """Until when the lease holds the job: its end, or later while its owner renews.
 
-        An expired lease of another process that renewed some lease since (its latest `until`
-        is later) is held until that one ends, and `lease_s` more while its owner is live in
+        An expired lease of another process that renewed some lease since (its latest write
+        ends later) is held until that one ends, and `lease_s` more while its owner is live in
         the roster (`alive(owner, incarnation)`). A lease given up (`until` 0) holds nothing;
         this process's own leases hold to their end.
         """
         if lease.until <= 0 or self.is_mine(lease):
             return lease.until
-        end = max(lease.until, self._renewed.get((lease.owner, lease.incarnation), 0.0))
+        end = max(lease.until, self._renewed.get((lease.owner, lease.incarnation), (0, 0.0))[1])
         if alive is not None and alive(lease.owner, lease.incarnation):
             return end + self.lease_s
         return end
 
     def forget_renewals(self, now: float) -> None:
         """Drop the owners whose every lease ended long ago (bounded on a churning cluster)."""
-        for who in [w for w, until in self._renewed.items() if now - until > 10 * self.lease_s]:
+        for who in [w for w, (_, until) in self._renewed.items()
+                    if now - until > 10 * self.lease_s]:
             del self._renewed[who]
 
     # ------------------------------------------------------------------ decisions

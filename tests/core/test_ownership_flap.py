@@ -124,3 +124,20 @@ def test_the_roster_says_which_process_of_a_replica_is_alive() -> None:
     assert not roster.alive("a", "ia", 103.0)
     assert not roster.alive("a", "other", 101.0)
     assert not roster.alive("c", "ic", 101.0)
+
+
+def test_an_owner_whose_clock_stepped_back_is_held_by_its_latest_renewal() -> None:
+    """Defect (review31): a dead owner's jobs were held until the latest end it ever wrote.
+
+    An owner whose clock ran a minute ahead for one round (then stepped back by NTP) wrote one
+    lease ending a minute late; renewed afterwards on the right clock, that lease ended on time,
+    but the other replicas counted the owner as renewing until the far end it wrote once: had
+    it died, every job of it would have waited a minute, not its last lease.
+    """
+    a, b = books()
+    b.observe("j1", a.value("job1", 10.0), 1)  # until 13
+    b.observe("j2", a.value("job2", 70.0), 2)  # Its clock a minute ahead: until 73.
+    b.observe("j2", a.value("job2", 11.0), 3)  # Stepped back, renewed: until 14.
+    b.observe("j1", a.value("job1", 11.0), 4)  # until 14; then a dies.
+    assert b.held_until(b.leases["j1"]) == 14.0
+    assert b.claimable(["j1", "j2"], 14.0) == [("j1", 4), ("j2", 3)]

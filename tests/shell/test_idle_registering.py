@@ -52,3 +52,31 @@ async def test_a_rank_in_flight_keeps_its_job_past_the_idle_limit(
         assert coord.jobs.record(job_id).complete  # type: ignore[union-attr]
     finally:
         await stop(coord, task)
+
+
+async def test_a_refused_rank_retried_does_not_keep_its_job(
+        nats_server: Any, agent: Any, nc: Any, tmp_path: Path) -> None:
+    """A rank refused every time (its GPU's uuid is another) is no activity of its job.
+
+    Defect (review31): the single-rank path touched the job's idle clock before checking the
+    rank's GPU, so an agent retrying a refused rank kept its job from ever being collected
+    (the node-batch path touches only for ranks it admits).
+    """
+    coord, task = await start(nats_server, tmp_path / "c", lease_s=0.3, max_job_idle_time=1)
+    try:
+        statuses = await collect(nc, subjects.all_job_status(), JobStatus)
+        job_id = await register_job(nc, dp=1)
+        gone = False
+        for _ in range(12):  # 3 s of retries, every 0.25 s: past the idle limit (1 s).
+            reply = await ask(nc, subjects.coord_register_rank(NODE),
+                              rank_request(job_id, 0, uuid="GPU-not-this-one"))
+            if not reply.ok and reply.code == "unknown_job":
+                gone = True  # Collected while its refused rank was retried.
+                break
+            assert not reply.ok and reply.code == "conflict", reply
+            await asyncio.sleep(0.25)
+        assert gone
+        assert job_id not in coord.jobs
+        assert [s for s in statuses if s.state == "removed" and s.job_id == job_id]
+    finally:
+        await stop(coord, task)
