@@ -26,6 +26,8 @@ After the caps change, the samples describe the old caps for a while (a GPU take
 limit at its next step, an agent publishes its samples every second): for `SETTLE_ROUNDS`
 rounds the tightener holds still (`Tightener.hold`), or it would count the old excess again
 and cut far too deep.
+A plan that raises some caps and lowers others sends its raises a round after its cuts
+(`staged`): a GPU takes a higher cap at once, a lower one only at its job's next step.
 The backoff is kept in the state bucket with the caps sent (`Tightener.worth_keeping`,
 `store.Backoffs`): a replica taking the budgets over starts from it and sends no cap above its
 predecessor's for a while (`Tightener.resume`, `guarded`), so the cap holds through a takeover.
@@ -191,6 +193,8 @@ class Tightener:
     """How much the measured draw moves from one round to the next (a moving mean), W."""
     last_w: float | None = None
     """The last round's measured draw (None after the caps changed)."""
+    deferred: frozenset[GpuKey] = frozenset()
+    """GPUs whose raise `staged` held back last round: the next counting round sends it."""
     fresh: bool = False
     """A new budget's, nothing kept from a predecessor: its first round keeps `START_MARGIN`
     of the room back. The first allocation rests on models (profiles, a Perseus job's
@@ -324,6 +328,36 @@ def guarded(plan: CapPlan, tight: Tightener) -> CapPlan:
         tight.hold(raised=True)  # (Its own caps next: none under the guarded ones.)
     caps = {k: min(w, tight.held.get(k, w)) for k, w in plan.caps.items()}
     return replace(plan, caps=caps)
+
+
+def staged(plan: CapPlan, sent: Mapping[GpuKey, int] | None, tight: Tightener,
+           counting: bool = True) -> CapPlan:
+    """`plan` with its raises a round behind its cuts, when it has both (issue 37).
+
+    A GPU takes a higher cap at once and a lower one only at its job's next step, so a plan
+    that raises some GPUs and lowers others drew over the cap while it landed (h-bins,
+    2026-12-07: both of main's bins over in a 60 s takeover event). The cuts (a GPU capped
+    anew is one) and the caps unchanged go now; a raised GPU keeps the cap `sent` before,
+    and the next counting round sends it its plan's cap whatever that plan cuts
+    (`Tightener.deferred`). A raise is held back once only: held every round, a job capped
+    at its draw would be cut round after round. `counting`: a round woken between ticks
+    (`loop.plan`) sends no raise it held back (its samples are the last round's). A plan
+    that only raises, or only cuts, goes as it is.
+    """
+    if sent is None:
+        tight.deferred = frozenset()
+        return plan
+    cuts = any(k not in sent or w < sent[k] for k, w in plan.caps.items())
+    if not cuts:
+        tight.deferred = frozenset()
+        return plan
+    due = tight.deferred if counting else frozenset()
+    held = frozenset(k for k, w in plan.caps.items()
+                     if k in sent and w > sent[k] and k not in due)
+    tight.deferred = held
+    if not held:
+        return plan
+    return replace(plan, caps={k: sent[k] if k in held else w for k, w in plan.caps.items()})
 
 
 def held_under(plans: Iterable[CapPlan]) -> set[str]:

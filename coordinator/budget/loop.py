@@ -311,6 +311,7 @@ class BudgetLoop:
                 continue
             before = self.plans.get(g.budget_id)
             sent = before.caps if before is not None else tight.held or None
+            p = enforce.staged(p, sent, tight, counting)  # (Its raises a round after its cuts.)
             if sent != p.caps:  # (Taken over: the caps in force are the predecessor's.)
                 tight.hold(raised=enforce.raised_only(sent, p.caps))
             self.plans[g.budget_id] = p
