@@ -94,3 +94,23 @@ def test_the_lower_cap_governs_shared_gpus_and_the_other_keeps_room_for_them() -
     ended = Budget(budget_id="rack", cap_w=400.0, start_s=0.0, end_s=5.0,
                    group=BudgetGroup(kind="label", label="rack=a"))
     assert [g.budget_id for g in governing([whole, ended], c, now_s=10.0)] == ["whole"]
+
+
+def test_a_hello_replaces_its_own_nodes_gpus_only() -> None:
+    """A node announcing fewer GPUs loses the others (and their power); other nodes keep theirs.
+
+    (The node's indices are kept beside the GPUs, so a hello costs its own GPUs, not a scan
+    of the cluster's: at 100,000 GPUs a scan per hello saturated both replicas.)
+    """
+    c = cluster()
+    c.announce("n1", {"rack": "c"}, {1: GpuInfo(150, 250), 2: GpuInfo(100, 300)})
+    assert sorted(k for k in c.gpus if k[0] == "n1") == [("n1", 1), ("n1", 2)]
+    assert c.gpus[("n1", 1)] == GpuInfo(150, 250)
+    assert ("n1", 0) not in c.power_w and c.power_w[("n1", 1)] == 250.0
+    assert c.labels["n1"] == {"rack": "c"}
+    assert sorted(k for k in c.gpus if k[0] != "n1") == [
+        ("n2", 0), ("n2", 1), ("n3", 0), ("n3", 1)]
+    c.announce("n1", {}, {})
+    assert not any(k[0] == "n1" for k in c.gpus) and "n1" in c.nodes()
+    c.announce("n1", {}, {0: GpuInfo(100, 300)})
+    assert [k for k in c.gpus if k[0] == "n1"] == [("n1", 0)]
