@@ -62,7 +62,8 @@ MEASUREMENT_KINDS: tuple[str, ...] = ("step", "instruction")
 """`Measurement.kind` by its number in `MeasurementColumns.kind`."""
 
 _Items = Field(max_length=MAX_ITEMS_PER_BATCH, fail_fast=True)  # (`FAIL_FAST`.)
-Energy = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A finite, non-negative float: an energy (J) or a duration (s), bounded as in `Measurement`."""
 
 
 class MarkRow(NamedTuple):
@@ -118,7 +119,7 @@ class MarkColumns(_Part):
     epoch: Annotated[list[Counter], _Items]
     step: Annotated[list[Counter], _Items]
     t_ns: Annotated[list[Nanos], _Items]
-    energy_j: Annotated[list[Energy], _Items]
+    energy_j: Annotated[list[Amount], _Items]
     power_limit_w: Annotated[list[PowerW | None], _Items]
 
     @model_validator(mode="after")
@@ -149,8 +150,8 @@ class MeasurementColumns(_Part):
     index: Annotated[list[Counter], _Items]
     t0_ns: Annotated[list[Nanos], _Items]
     t1_ns: Annotated[list[Nanos], _Items]
-    time_s: Annotated[list[Energy], _Items]
-    energy_j: Annotated[list[Energy], _Items]
+    time_s: Annotated[list[Amount], _Items]
+    energy_j: Annotated[list[Amount], _Items]
     schedule: Annotated[list[ScheduleVersion | None], _Items]
 
     @model_validator(mode="after")
