@@ -23,11 +23,16 @@ from typing import Any
 
 import pytest
 
+from coordinator.power_limit import Energy
 from tests.e2e.job_kit import (
+    LIMITS,
     OWNERSHIP_LEASE_S,
+    PROFILE_STEPS,
     SCALE,
     WORKLOAD,
+    inconsistent,
     job_options,
+    measured,
     owner_of,
     undisturbed_optimum,
 )
@@ -94,7 +99,15 @@ async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont(resume:
             stopped = None
         _, done = await c.wait_status(lambda s: s.state == "done", 60, "done", seen)
         optimum = done.progress["optimal_power_limit_w"]
-        assert optimum == undisturbed_optimum(), c.messages()
+        profile = measured(done.progress)
+        assert sorted(m.power_limit for m in profile) == sorted(LIMITS), c.messages()
+        # What the job measured picks its limit, no window lost or counted twice over the
+        # takeover; where every window is what the physics gives, that is the undisturbed
+        # optimum. (A loaded 2-core host once stalled the trainers 0.4 s in a 0.19 s window:
+        # idle energy then outweighs the 12 % by which 200 W leads, and 150 W is chosen.)
+        assert optimum == Energy().select(profile), c.messages()
+        if not inconsistent(profile, PROFILE_STEPS, check_energy=True):
+            assert optimum == undisturbed_optimum(), c.messages()
         new_senders = {s for _, _, s, op in commands if op in MUTATING} - {owner_sender}
         assert new_senders, "the new owner never commanded the GPUs"
         if resume == "after_done":
