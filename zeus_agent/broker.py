@@ -628,6 +628,21 @@ def refuse_if_not_permitted(nc: Any, why: str) -> None:
         raise PermissionRefusedError(why)
 
 
+def refused_publish(nc: Any, subject: str) -> bool:
+    """Whether `nc`'s last error is the server refusing a publish to `subject`.
+
+    A permissions file written before a subject existed refuses it: the publisher can then
+    stop sending it rather than be refused every time (nats-py keeps the server's
+    `-ERR 'Permissions Violation for Publish to "<subject>"'` as its plain `Error`).
+    """
+    from nats.errors import Error
+    from nats.protocol.parser import PERMISSIONS_ERR
+
+    e = nc.last_error
+    text = str(e).lower()
+    return type(e) is Error and PERMISSIONS_ERR in text and f'"{subject.lower()}"' in text
+
+
 def _connect_failure(url: str, timeout_s: float, e: BaseException) -> str:
     """One line: which URL failed, why, and what to check."""
     reason = str(e).strip() or type(e).__name__

@@ -4,8 +4,10 @@
   role (`zeus-coordinator nats-auth --operator NAME`; NATS refuses everybody else's requests).
   A budget is checked against the cluster (`coordinator.budget.budgets.resolve`: its group,
   its cap or cut, its floor) before it is written; a refused one changes nothing.
-* It follows the agents' announcements (nodes, labels, GPUs' limit ranges) and samples (each
-  GPU's latest power): what groups, floors and cuts are computed from.
+* It follows the agents' announcements (nodes, labels, GPUs' limit ranges) and each GPU's
+  latest power: what groups, floors and cuts are computed from. The power comes from one
+  `NodePower` per node and publish interval; a node whose agent sends none (older than it) by
+  its second announcement has its per-GPU samples followed instead, until it does.
 
 Budgets live in the state bucket (`coordinator.budget.store`), so any replica answers and a
 replica that takes over finds them.
@@ -26,6 +28,7 @@ from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.budget import Budget, BudgetRequest
 from zeus_agent.wire.messages import AgentHello, Reply, SampleBatch
 from zeus_agent.wire.node_cap import MAX_CAP_LEASE_S
+from zeus_agent.wire.node_power import NodePower
 from zeus_agent.wire.permissions import ANY, pattern
 
 if TYPE_CHECKING:  # (coordinator.service builds this service: no import cycle at run time)
@@ -48,6 +51,12 @@ class BudgetService:
         self.cluster = cluster if cluster is not None else core.Cluster()
         """The GPUs, labels and samples learnt here (shared with the loop that plans on them)."""
         self.on_lift = on_lift
+        self.power_seen: dict[str, float] = {}
+        """Node token -> when its last `NodePower` came (wall clock)."""
+        self.hellos: dict[str, int] = {}
+        """Node token -> announcements heard from it while it sent no `NodePower`."""
+        self.sample_subs: dict[str, Any] = {}
+        """Node token -> the subscription to its per-GPU samples (an agent without NodePower)."""
         """Lifts a budget's caps at once (`BudgetLoop.lift`; the owner lifts them too)."""
 
     def subscriptions(self) -> list[tuple[str, Callback]]:
@@ -55,7 +64,7 @@ class BudgetService:
         p = self.prefix
         return [
             (subjects.all_agent_hellos(p), self.on_hello),
-            (pattern(subjects.gpu_samples, ANY, ANY, prefix=p), self.on_samples),
+            (subjects.all_agent_power(p), self.on_power),
         ]
 
     async def on_hello(self, msg: Any) -> None:
@@ -69,6 +78,44 @@ class BudgetService:
         gpus = {g.index: core.GpuInfo(g.min_power_limit_w, g.max_power_limit_w)
                 for g in hello.gpus}
         self.cluster.announce(hello.node, hello.labels, gpus)
+        await self._follow_samples_if_needed(subjects.token(hello.node), hello)
+
+    async def _follow_samples_if_needed(self, node: str, hello: AgentHello) -> None:
+        """Follow a node's per-GPU samples when its agent sends no `NodePower` (older).
+
+        Decided at its second announcement: the first may come before its first publish.
+        A node whose `NodePower` stopped for three heartbeats is followed again too.
+        """
+        seen = self.power_seen.get(node)
+        if seen is not None and self.wall() - seen <= max(3 * hello.heartbeat_s, 10.0):
+            return
+        self.hellos[node] = heard = self.hellos.get(node, 0) + 1
+        if heard < 2 or node in self.sample_subs or self.link.nc is None:
+            return
+        subject = pattern(subjects.gpu_samples, node, ANY, prefix=self.prefix)
+        self.sample_subs[node] = await self.link.nc.subscribe(subject, cb=self.on_samples)
+        LOG.info("node %s sends no power readings (an older agent?): following its GPUs' "
+                 "samples", hello.node)
+
+    async def on_power(self, msg: Any) -> None:
+        """A node's GPUs' latest power draws."""
+        try:
+            power = codec.decode(msg.data, NodePower)
+        except PayloadError as e:
+            self.link.drop("malformed", msg.subject, e)
+            return
+        node = subjects.token(power.node)
+        if node != subjects.parse_agent_power(msg.subject):
+            self.link.drop("wrong_node", msg.subject,
+                           f"power readings of node {power.node!r} on another node's subject")
+            return
+        for index, watts in power.readings():
+            self.cluster.sample(power.node, index, watts)
+        self.power_seen[node] = self.wall()
+        self.hellos.pop(node, None)
+        sub = self.sample_subs.pop(node, None)
+        if sub is not None:
+            await sub.unsubscribe()
 
     async def on_samples(self, msg: Any) -> None:
         """A GPU's samples: its latest power."""

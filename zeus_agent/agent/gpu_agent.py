@@ -684,15 +684,15 @@ class GpuAgent:
                 await reads
 
     # ------------------------------------------------------------------ publishing
-    async def flush_samples(self) -> None:
-        """Publish the pending samples as one batch."""
+    async def flush_samples(self) -> Sample | None:
+        """Publish the pending samples as one batch; the newest of them (None: none)."""
         if not self._pending_samples or self.info is None:
-            return
+            return None
         batch, self._pending_samples = self._pending_samples, []
         msg = SampleBatch(node=self.node, gpu=self.index, uuid=self.info.uuid, samples=batch)
-        await self._publish(
-            subjects.gpu_samples(self.node, self.index, self.prefix), codec.encode(msg)
-        )
+        await self._publish(subjects.gpu_samples(self.node, self.index, self.prefix),
+                            codec.encode(msg))
+        return batch[-1]
 
     async def flush_measurements(self) -> None:
         """Forward pending trainer events; publish the node's pending marks/measurements now."""

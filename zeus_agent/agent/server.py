@@ -59,7 +59,13 @@ from zeus_agent.agent.node_batch import NodeMeasurements
 from zeus_agent.agent.rapl import RaplReader
 from zeus_agent.agent.renewals import RenewalSubscriptions
 from zeus_agent.aio import ExitSignals, Releases, every
-from zeus_agent.broker import EmbeddedNats, confirm_subscriptions, connect, drain
+from zeus_agent.broker import (
+    EmbeddedNats,
+    confirm_subscriptions,
+    connect,
+    drain,
+    refused_publish,
+)
 from zeus_agent.bus import BusHealth
 from zeus_agent.cli_kit import BUS_LOST
 from zeus_agent.config import AgentSettings
@@ -69,6 +75,7 @@ from zeus_agent.gpu.observe_only import OBSERVE_ONLY_HELP
 from zeus_agent.history import History
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal
+from zeus_agent.wire.node_power import NodePower
 from zeus_agent.wire.text import bounded
 
 LOG = logging.getLogger(__name__)
@@ -140,6 +147,7 @@ class AgentServer(ExitSignals):
         self._releases = Releases(LOG)
         """What start-up acquired, released in the reverse order at shutdown."""
         self._stopping = False
+        self._send_node_power = True  # (False once NATS refused them: `_publish_samples`)
         self._tick = time.monotonic()
         self.counters: Counter[str] = Counter()
         """Bus messages dropped, by reason (`zeus_agent_bus_messages_dropped_total`)."""
@@ -514,8 +522,19 @@ class AgentServer(ExitSignals):
         await asyncio.gather(*(a.sample() for a in self.agents.values()))
 
     async def _publish_samples(self) -> None:
-        for a in self.agents.values():
-            await a.flush_samples()
+        """Each GPU's samples, then the node's latest power draws in one `NodePower`."""
+        latest = [(a.index, await a.flush_samples()) for a in self.agents.values()]
+        readings = [(index, s.power_w) for index, s in latest if s is not None]
+        subject = subjects.agent_power(self.settings.node, self.settings.prefix)
+        if self._send_node_power and self.nc is not None and refused_publish(self.nc, subject):
+            self._send_node_power = False  # (Coordinators then follow the per-GPU samples.)
+            LOG.warning("the NATS server refuses this agent's power readings on %s: its "
+                        "permissions predate them (rerun `zeus-coordinator nats-auth` and "
+                        "reload nats-server); sending per-GPU samples only", subject)
+        if readings and self._send_node_power:
+            power = NodePower(node=self.settings.node, gpus=[i for i, _ in readings],
+                              power_w=[w for _, w in readings])
+            await self.publish(subject, codec.encode(power))
 
     async def _expire_leases(self) -> None:
         self._tick = time.monotonic()

@@ -20,6 +20,7 @@ from zeus_agent.wire import subjects as s
 from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
 from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.node_columns import NodeColumnBatch
+from zeus_agent.wire.node_power import NodePower
 from zeus_agent.wire.rank_batch import RegisterRanks
 from zeus_agent.wire.replicas import ReplicaAlive
 
@@ -59,6 +60,10 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.agent.{node}.hello", s.agent_hello, "agent -> all", m.AgentHello, None,
                 "An agent announces its GPUs (uuid, name, limits, clocks, whether it may "
                 "control them); repeated as its heartbeat."),
+    SubjectSpec("{prefix}.agent.{node}.power", s.agent_power, "agent ->", NodePower, None,
+                "Each of a node's GPUs' latest power draw, one message per publish interval: "
+                "what power budgets read (older agents send none: their per-GPU samples "
+                "are followed instead)."),
     SubjectSpec("{prefix}.agent.ping", s.agent_ping, "anyone -> agents", None, None,
                 "Asks every agent to announce itself now (a coordinator that starts)."),
     SubjectSpec("{prefix}.agent.{node}.error", s.agent_errors, "agent ->", m.ErrorEvent, None,

@@ -3,7 +3,7 @@
 Three roles share one NATS account, each with its own users:
 
 * **agent** (one user per node, `agent-<node>`): publishes only its own node's subjects
-  (`<p>.gpu.<node>.*.{sample,error}`, `<p>.agent.<node>.{hello,error}`,
+  (`<p>.gpu.<node>.*.{sample,error}`, `<p>.agent.<node>.{hello,power,error}`,
   `<p>.coord.{jobs,ranks}.register.<node>`, `<p>.job.*.ev.*.<node>`, `<p>.job.*.meas.<node>`),
   serves only its own GPUs' commands (`<p>.gpu.<node>.*.cmd`), hears lease renewals and pings,
   and reads replies only under its own inbox prefix `_INBOX.<p>.node.<node>`. So a compromised
@@ -168,6 +168,7 @@ def agent(node: str, prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
     return Permissions(
         publish=(
             subjects.agent_hello(node, p),
+            subjects.agent_power(node, p),
             subjects.agent_errors(node, p),
             pattern(subjects.gpu_samples, node, ANY, prefix=p),
             pattern(subjects.gpu_errors, node, ANY, prefix=p),
@@ -228,6 +229,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             pattern(subjects.gpu_errors, ANY, ANY, prefix=p),
             pattern(subjects.gpu_samples, ANY, ANY, prefix=p),
             pattern(subjects.agent_hello, ANY, prefix=p),
+            pattern(subjects.agent_power, ANY, prefix=p),
             pattern(subjects.agent_errors, ANY, prefix=p),
             _below(inbox("coordinator", prefix=p)),
             *srv_subjects(COORDINATOR_SERVICE),
@@ -245,6 +247,7 @@ def observer(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
             subjects.all_job_status(p),
             subjects.all_budget_status(p),
             pattern(subjects.agent_hello, ANY, prefix=p),
+            pattern(subjects.agent_power, ANY, prefix=p),
             pattern(subjects.gpu_samples, ANY, ANY, prefix=p),
             subjects.all_job_measurements(p),
             _below(inbox("observer", prefix=p)),

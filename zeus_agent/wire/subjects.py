@@ -111,6 +111,11 @@ def agent_hello(node: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.agent.{token(node)}.hello"
 
 
+def agent_power(node: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Subject of a node's GPUs' latest power draw (`NodePower`)."""
+    return f"{_p(prefix)}.agent.{token(node)}.power"
+
+
 def agent_errors(node: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a node agent's error events (bad datagrams, dead trainers)."""
     return f"{_p(prefix)}.agent.{token(node)}.error"
@@ -255,6 +260,11 @@ def all_agent_hellos(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.agent.*.hello"
 
 
+def all_agent_power(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every node's power readings: `<p>.agent.*.power`."""
+    return f"{_p(prefix)}.agent.*.power"
+
+
 def all_gpu_commands(prefix: str = DEFAULT_PREFIX) -> str:
     """Every GPU's command subject: `<p>.gpu.*.*.cmd`."""
     return f"{_p(prefix)}.gpu.*.*.cmd"
@@ -368,7 +378,16 @@ def parse_gpu_subject(subject: str) -> GpuSubject | None:
 
 def parse_agent_hello(subject: str) -> str | None:
     """The node token of an `agent_hello` subject, or None."""
+    return _agent_node(subject, "hello")
+
+
+def parse_agent_power(subject: str) -> str | None:
+    """The node token of an `agent_power` subject, or None."""
+    return _agent_node(subject, "power")
+
+
+def _agent_node(subject: str, leaf: str) -> str | None:
     parts = subject.rsplit(".", 3)
-    if len(parts) != 4 or parts[1] != "agent" or parts[3] != "hello":
+    if len(parts) != 4 or parts[1] != "agent" or parts[3] != leaf:
         return None
     return parts[2]
