@@ -13,12 +13,13 @@ A fleet worker (`python bench/_fleet.py --url ... --index i --first-node a --nod
 its nodes: every GPU's command responder (`<p>.gpu.<node>.*.cmd`, one subscription per node:
 `info` answered, everything else acknowledged and counted), a listener of lease renewals
 (`<p>.lease.<job>` once per node of each job, as each real agent follows the holders of its
-leases: the count is the deliveries real agents would get), the agents'
-heartbeats (an `AgentHello` per node every `--hello-s`) and samples (a `SampleBatch` of 10
-samples per GPU every `--sample-s`; 0: none), and the trainers of the jobs placed on them:
-their rank registrations (through each node's subject, with the GPU's description as agents
-relay it) and a step every `--step-s` (one event batch per rank and one measurement batch per
-node and job per step, as an agent flushing once per step). Publishing is spread over 0.1 s ticks.
+leases: the count is the deliveries real agents would get), the agents' heartbeats (an
+`AgentHello` per node every `--hello-s`) and samples (a `SampleBatch` of 10 samples per GPU
+and a `NodePower` per node every `--sample-s`; 0: none), and the trainers of the jobs placed
+on them: their rank registrations (through each node's subject, with the GPU's description as
+agents relay it) and a step every `--step-s` (one event batch per rank and one measurement
+batch per node and job per step, as an agent flushing once per step). Publishing is spread
+over 0.1 s ticks.
 
 It is driven by JSON requests on `bench.fleet.<index>.ctl`: `ping`, `register` (jobs as
 `[job_id, join_token, first_node, nodes]`: whole nodes; it registers the ranks on its own
@@ -55,6 +56,7 @@ from zeus_agent.wire.messages import (
     join_token_digest,
 )
 from zeus_agent.wire.node_columns import MARK_KINDS, MEASUREMENT_KINDS
+from zeus_agent.wire.node_power import NodePower
 
 GPU_DESCRIPTION = GpuDescription(
     index=0, uuid="GPU-x", name="NVIDIA A40", architecture="Ampere",
@@ -177,7 +179,8 @@ class Fleet:
         self.gpn = args.gpus_per_node
         self.nc: Any = None
         self.jobs: dict[str, LocalJob] = {}
-        self.published: dict[str, int] = {"hello": 0, "sample": 0, "events": 0, "meas": 0}
+        self.published: dict[str, int] = {"hello": 0, "sample": 0, "power": 0, "events": 0,
+                                           "meas": 0}
         self.commands: dict[str, int] = {}
         self.renewals = 0
         self.renewal_subs: dict[str, list[Any]] = {}
@@ -190,6 +193,9 @@ class Fleet:
         self._hellos = [self._hello(node) for node in self.nodes]
         self._samples = [(subjects.gpu_samples(node, g, self.prefix), self._sample(node, g))
                          for node in self.nodes for g in range(self.gpn)]
+        self._powers = [(subjects.agent_power(node, self.prefix), codec.encode(NodePower(
+            node=node, gpus=list(range(self.gpn)), power_w=[250.0] * self.gpn)))
+            for node in self.nodes]
 
     def _desc(self, node: str, gpu: int) -> GpuDescription:
         return GPU_DESCRIPTION.model_copy(update={"index": gpu, "uuid": f"GPU-{node}-{gpu}"})
@@ -393,6 +399,7 @@ class Fleet:
         loops = [asyncio.ensure_future(c) for c in (
             self.spread(self._hellos, self.args.hello_s, "hello"),
             self.spread(self._samples, self.args.sample_s, "sample"),
+            self.spread(self._powers, self.args.sample_s, "power"),
             self.steps())]
         await self.quit.wait()
         for task in loops:

@@ -5,9 +5,9 @@ nats-servers with JetStream (`zeus_demo.cluster.NatsCluster`), 2 coordinator rep
 (`zeus-coordinator run`, state buckets with 3 JetStream replicas, `--max-job-idle-time
 --idle-s`), and `--fleet-procs` fake fleet processes (`bench/_fleet.py`), each the agents and
 trainers of a block of nodes: message load only, no GPU physics (each answers the commands of
-its GPUs, publishes an `AgentHello` per node every `--hello-s` and a `SampleBatch` per GPU
-every `--sample-s`, and for every rank of a job on its nodes one event batch per step of
-`--step-s`, and one measurement batch per node of the job).
+its GPUs, publishes an `AgentHello` per node every `--hello-s`, a `SampleBatch` per GPU and a
+`NodePower` per node every `--sample-s`, and for every rank of a job on its nodes one event
+batch per step of `--step-s`, and one measurement batch per node of the job).
 
 Then, in turn:
 
@@ -343,6 +343,7 @@ async def run(size: Size, wave: int) -> dict[str, Any]:
     dt = last["t"] - first["t"]
     expected = {"hello": size.nodes / a.hello_s,
                 "sample": size.gpus / a.sample_s if a.sample_s > 0 else 0,
+                "power": size.nodes / a.sample_s if a.sample_s > 0 else 0,
                 "events": sum(n for *_, n in size.jobs) * a.gpus_per_node / a.step_s}
     expected["meas"] = expected["events"] / a.gpus_per_node  # (Jobs are whole nodes.)
     pub_rates = {k: round(v / dt) for k, v in published.items()}
