@@ -227,12 +227,22 @@ class Size:
         assert self.reps is not None
         s = await asyncio.to_thread(snapshot, self.cluster, self.pids, self.reps.names)
         s["label"] = label
+        # The interpreter's allocated blocks (`/healthz`): what the jobs hold, where the RSS
+        # also counts pages the allocator keeps after they are freed.
+        reps = self.reps
+        s["blocks"] = await asyncio.to_thread(
+            lambda: {n: (reps.health(n) or {}).get("python_blocks") for n in reps.names})
         self.snaps.append(s)
         return s
 
     def replica_rss(self, s: dict[str, Any]) -> float:
         assert self.reps is not None
         return round(sum(s["rss"][n] for n in self.reps.names), 1)
+
+    def replica_blocks(self, s: dict[str, Any]) -> int | None:
+        """Both replicas' allocated Python blocks in snapshot `s` (None: not read)."""
+        blocks = list(s.get("blocks", {}).values())
+        return sum(blocks) if blocks and None not in blocks else None
 
     def nats_rss(self, s: dict[str, Any]) -> float:
         return round(sum(s["rss"][sp.process] for sp in self.cluster.servers), 1)
@@ -427,9 +437,25 @@ def memory(size: Size, waves: int) -> list[dict[str, Any]]:
                     "replicas_after_mb": size.replica_rss(ended),
                     "nats_start_mb": size.nats_rss(start),
                     "nats_peak_mb": max(size.nats_rss(s) for s in during),
-                    "nats_after_mb": size.nats_rss(ended)})
+                    "nats_after_mb": size.nats_rss(ended),
+                    **blocks_released(size, start, during, ended)})
         start = ended
     return out
+
+
+def blocks_released(size: Size, start: dict[str, Any], during: list[dict[str, Any]],
+                    ended: dict[str, Any]) -> dict[str, Any]:
+    """The replicas' allocated Python blocks at a wave's start, peak and end, and the share of
+    what the wave added that its end gave back (1.0: all of it)."""
+    before, after = size.replica_blocks(start), size.replica_blocks(ended)
+    peaks = [b for b in (size.replica_blocks(s) for s in during) if b is not None]
+    if before is None or after is None or not peaks:
+        return {}
+    peak = max(peaks)
+    added = peak - before
+    return {"replicas_blocks_start": before, "replicas_blocks_peak": peak,
+            "replicas_blocks_after": after,
+            "blocks_released_share": round((peak - after) / added, 3) if added > 0 else None}
 
 
 def per_msg_us(r: dict[str, Any], names: list[str]) -> dict[str, float | None]:
@@ -581,7 +607,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
               f"and {r['coordinator_rss_mb_per_1k_gpus']} MB per 1,000 GPUs; NATS "
               f"{r['nats_msgs_per_s_total']} msgs/s, RSS {r['nats_rss_mb_peak']} MB; replicas' "
               f"RSS by wave {[(m['replicas_peak_mb'], m['replicas_after_mb']) for m in mem]} "
-              f"(peak, after the jobs ended); load {r['load']}", flush=True)
+              f"(peak, after the jobs ended), allocated Python blocks the jobs added given "
+              f"back {[m.get('blocks_released_share') for m in mem]}; load {r['load']}",
+              flush=True)
     return {
         "bench": "cluster_scale", "gpus": args.sizes, "by_size": by_size,
         "growth": growth(by_size), "quick": args.quick, "minutes": args.minutes,

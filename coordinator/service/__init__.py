@@ -50,6 +50,7 @@ import gc
 import logging
 import os
 import secrets
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -408,7 +409,10 @@ class CoordinatorService(ExitSignals):
                   "owned": len(self.book.mine(time.time())), "dropped": dict(self.dropped),
                   "replicas_live": self.leases.live(), "roster_warm": self.leases.warm(),
                   "quarantined": len(self.failures.quarantined),
-                  "fenced_commands": self.fenced_commands}
+                  "fenced_commands": self.fenced_commands,
+                  # (Falls back when jobs are removed; the RSS does not: the C allocator keeps
+                  # the freed pages for reuse.)
+                  "python_blocks": sys.getallocatedblocks()}
         problem = self.bus.problem()
         if problem is not None:
             return False, {"status": problem[0], "reason": problem[1], **detail}
