@@ -50,7 +50,8 @@ async def test_wait_for_async_says_what_it_waited_for() -> None:
 
 def test_wait_for_without_failing_returns_the_last_value() -> None:
     values = itertools.chain([None, 0], itertools.repeat([]))
-    assert wait_for(lambda: next(values), 0.02, "never", interval_s=0.005, fail=False) == []
+    # (0.5 s: three polls at least, even when a loaded host sleeps 0.1 s for 0.005.)
+    assert wait_for(lambda: next(values), 0.5, "never", interval_s=0.005, fail=False) == []
     assert wait_for(lambda: 3, 0.02, fail=False) == 3
 
 
