@@ -53,6 +53,8 @@ class BudgetService:
         self.on_lift = on_lift
         self.power_seen: dict[str, float] = {}
         """Node token -> when its last `NodePower` came (wall clock)."""
+        self.power_gap: dict[str, float] = {}
+        """Node token -> the time between its last two `NodePower`s (its publish interval)."""
         self.hellos: dict[str, int] = {}
         """Node token -> announcements heard from it while it sent no `NodePower`."""
         self.sample_subs: dict[str, Any] = {}
@@ -84,10 +86,13 @@ class BudgetService:
         """Follow a node's per-GPU samples when its agent sends no `NodePower` (older).
 
         Decided at its second announcement: the first may come before its first publish.
-        A node whose `NodePower` stopped for three heartbeats is followed again too.
+        A node whose `NodePower` stopped for three heartbeats and three of its publish intervals
+        is followed again too (an interval longer than the heartbeats is no stop: following
+        and leaving its samples every interval made the subscriptions flap).
         """
         seen = self.power_seen.get(node)
-        if seen is not None and self.wall() - seen <= max(3 * hello.heartbeat_s, 10.0):
+        patience = max(3 * hello.heartbeat_s, 3 * self.power_gap.get(node, 0.0), 10.0)
+        if seen is not None and self.wall() - seen <= patience:
             return
         self.hellos[node] = heard = self.hellos.get(node, 0) + 1
         if heard < 2 or node in self.sample_subs or self.link.nc is None:
@@ -109,9 +114,14 @@ class BudgetService:
             self.link.drop("wrong_node", msg.subject,
                            f"power readings of node {power.node!r} on another node's subject")
             return
+        announced = self.cluster.indices.get(power.node, ())
         for index, watts in power.readings():
-            self.cluster.sample(power.node, index, watts)
-        self.power_seen[node] = self.wall()
+            if index in announced:  # (Any other index would be kept forever: a leak.)
+                self.cluster.sample(power.node, index, watts)
+        now = self.wall()
+        if (last := self.power_seen.get(node)) is not None:
+            self.power_gap[node] = now - last
+        self.power_seen[node] = now
         self.hellos.pop(node, None)
         sub = self.sample_subs.pop(node, None)
         if sub is not None:
@@ -124,7 +134,8 @@ class BudgetService:
         except PayloadError:
             return
         parsed = subjects.parse_gpu_subject(msg.subject)
-        if parsed is None or parsed.node != subjects.token(batch.node) or not batch.samples:
+        if parsed is None or parsed.node != subjects.token(batch.node) or not batch.samples \
+                or batch.gpu not in self.cluster.indices.get(batch.node, ()):
             return
         self.cluster.sample(batch.node, batch.gpu, batch.samples[-1].power_w)
 
