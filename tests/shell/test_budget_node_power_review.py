@@ -8,7 +8,9 @@ On a real nats-server, with the budget service's wall clock driven by the test:
   and per node;
 * readings of GPU indices a node never announced (a `NodePower` or, for an older agent, a
   sample batch) are not kept: each index was a new entry kept forever, so an agent could grow
-  a replica's memory by 1,024 entries a message.
+  a replica's memory by 1,024 entries a message;
+* older nodes beyond `MAX_NODE_SUBSCRIPTIONS` share one subscription to every GPU's samples
+  (a subscription each, never dropped for a departed node, grew without bound).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.budget import service
 from coordinator.service import CoordinatorService
 from tests.shell.coordinator_kit import start, stop, wait_for
 from zeus_agent.wire import codec, subjects
@@ -131,5 +134,44 @@ async def test_readings_of_gpus_a_node_never_announced_are_not_kept(
             await nc.publish(subjects.gpu_samples(old, gpu), codec.encode(batch))
         await wait_for(lambda: power_w.get((old, 0)) == 120.0, 5)
         assert (old, 7) not in power_w
+    finally:
+        await stop(coord, task)
+
+
+@pytest.mark.timeout(60)
+async def test_older_nodes_beyond_a_bound_share_one_subscription(
+        nats_server, nc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "MAX_NODE_SUBSCRIPTIONS", 3)
+    coord, task = await start(nats_server, tmp_path / "coord")
+    budgets = coord.budgets
+    olds = [f"old{i}x{os.getpid()}" for i in range(6)]
+    sample = Sample(t_ns=1, energy_j=1.0, power_w=130.0, power_limit_w=300,
+                    sm_clock_mhz=1000, memory_clock_mhz=1000)
+    try:
+        for node in olds:  # older agents: announced twice, no NodePower
+            for _ in range(2):
+                await nc.publish(subjects.agent_hello(node), hello(node, gpus=1))
+        await wait_for(lambda: len(budgets.followed) == len(olds), 5)
+        assert len(budgets.sample_subs) + (budgets.all_samples is not None) <= 3 + 1
+        for node in olds:
+            batch = SampleBatch(node=node, gpu=0, uuid=f"{node}-u0", samples=[sample])
+            await nc.publish(subjects.gpu_samples(node, 0), codec.encode(batch))
+        await wait_for(lambda: all(budgets.cluster.power_w.get((n, 0)) == 130.0
+                                   for n in olds), 5)
+        # A node not followed (it sends NodePower) has its samples ignored, even so.
+        new = f"new{os.getpid()}"
+        await nc.publish(subjects.agent_hello(new), hello(new, gpus=1))
+        power = NodePower(node=new, gpus=[0], power_w=[250.0])
+        await nc.publish(subjects.agent_power(new), codec.encode(power))
+        await wait_for(lambda: budgets.cluster.power_w.get((new, 0)) == 250.0, 5)
+        batch = SampleBatch(node=new, gpu=0, uuid=f"{new}-u0", samples=[sample])
+        await nc.publish(subjects.gpu_samples(new, 0), codec.encode(batch))
+        # Every older node upgraded: the shared subscription ends too.
+        for node in olds:
+            power = NodePower(node=node, gpus=[0], power_w=[140.0])
+            await nc.publish(subjects.agent_power(node), codec.encode(power))
+        await wait_for(lambda: not budgets.followed and budgets.all_samples is None, 5)
+        assert budgets.sample_subs == {}
+        assert budgets.cluster.power_w[(new, 0)] == 250.0
     finally:
         await stop(coord, task)
