@@ -62,6 +62,8 @@ class BudgetService:
         """Node token -> when its last `NodePower` came (wall clock)."""
         self.power_gap: dict[str, float] = {}
         """Node token -> the time between its last two `NodePower`s (its publish interval)."""
+        self.agent_ids: dict[str, str] = {}
+        """Node token -> its agent's id in its last announcement (a new one: a restarted agent)."""
         self.hellos: dict[str, int] = {}
         """Node token -> announcements heard from it while it sent no `NodePower`."""
         self.sample_subs: dict[str, Any] = {}
@@ -98,10 +100,16 @@ class BudgetService:
         """Follow a node's per-GPU samples when its agent sends no `NodePower` (older).
 
         Decided at its second announcement: the first may come before its first publish.
+        A restarted agent (a new id: perhaps downgraded) is judged afresh, from its first.
         A node whose `NodePower` stopped for three heartbeats and three of its publish intervals
         is followed again too (an interval longer than the heartbeats is no stop: following
         and leaving its samples every interval made the subscriptions flap).
         """
+        if self.agent_ids.get(node, hello.agent_id) != hello.agent_id:
+            self.power_seen.pop(node, None)
+            self.power_gap.pop(node, None)
+            self.hellos.pop(node, None)
+        self.agent_ids[node] = hello.agent_id
         seen = self.power_seen.get(node)
         patience = max(3 * hello.heartbeat_s, 3 * self.power_gap.get(node, 0.0), 10.0)
         if seen is not None and self.wall() - seen <= patience:

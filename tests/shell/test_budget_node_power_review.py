@@ -10,7 +10,9 @@ On a real nats-server, with the budget service's wall clock driven by the test:
   sample batch) are not kept: each index was a new entry kept forever, so an agent could grow
   a replica's memory by 1,024 entries a message;
 * older nodes beyond `MAX_NODE_SUBSCRIPTIONS` share one subscription to every GPU's samples
-  (a subscription each, never dropped for a departed node, grew without bound).
+  (a subscription each, never dropped for a departed node, grew without bound);
+* an agent restarted (a new agent id) without NodePower, i.e. downgraded, is followed from its
+  second announcement, not 10 s (3 heartbeats) after the last NodePower of the agent before.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from zeus_agent.wire.messages import AgentHello, GpuDescription, Sample, SampleB
 from zeus_agent.wire.node_power import NodePower
 
 
-def hello(node: str, gpus: int = 2, heartbeat_s: float = 1.0) -> bytes:
+def hello(node: str, gpus: int = 2, heartbeat_s: float = 1.0, agent_id: str = "") -> bytes:
     described = [GpuDescription(index=i, uuid=f"{node}-u{i}", name="A40", architecture="ampere",
                                 min_power_limit_w=100, max_power_limit_w=300,
                                 default_power_limit_w=300, supported_memory_clocks_mhz=[],
                                 supported_graphics_clocks_mhz=[], has_energy_counter=True,
                                 power_limit_w=300, controllable=True)
                  for i in range(gpus)]
-    return codec.encode(AgentHello(node=node, agent_id=f"{node}-agent", backend="sim",
+    return codec.encode(AgentHello(node=node, agent_id=agent_id or f"{node}-agent", backend="sim",
                                    heartbeat_s=heartbeat_s, socket_path="/s", gpus=described))
 
 
@@ -173,5 +175,29 @@ async def test_older_nodes_beyond_a_bound_share_one_subscription(
         await wait_for(lambda: not budgets.followed and budgets.all_samples is None, 5)
         assert budgets.sample_subs == {}
         assert budgets.cluster.power_w[(new, 0)] == 250.0
+    finally:
+        await stop(coord, task)
+
+
+@pytest.mark.timeout(60)
+async def test_a_restarted_agent_that_sends_no_node_power_is_followed_from_its_second_hello(
+        nats_server, nc, tmp_path: Path) -> None:
+    coord, task = await start(nats_server, tmp_path / "coord")
+    clock = Clock()
+    coord.budgets.wall = clock
+    node = f"down{os.getpid()}"
+    tok = subjects.token(node)
+    try:
+        await nc.publish(subjects.agent_hello(node), hello(node))
+        power = NodePower(node=node, gpus=[0, 1], power_w=[250.0, 260.0])
+        await nc.publish(subjects.agent_power(node), codec.encode(power))
+        await wait_for(lambda: coord.budgets.cluster.power_w.get((node, 0)) == 250.0, 5)
+        # Downgraded: restarted (a new agent id) 1 s later, as old as it gets: no NodePower.
+        for _ in range(2):
+            clock.now += 1.0
+            await nc.publish(subjects.agent_hello(node),
+                             hello(node, agent_id=f"{node}-older"))
+        # (Before: its draws were read from its last NodePower 10 s and 2 heartbeats more.)
+        await wait_for(lambda: tok in coord.budgets.sample_subs, 5)
     finally:
         await stop(coord, task)
