@@ -38,6 +38,13 @@ LOG = logging.getLogger(__name__)
 
 Callback = Callable[[Any], Awaitable[None]]
 
+MAX_NODE_SUBSCRIPTIONS = 256
+"""Older nodes followed by a subscription each; beyond, one to every GPU's samples.
+
+A subscription costs a replica an asyncio task and ~5 kB (10,000 took 48 MB), and a departed
+node's was never dropped: a fleet of older agents (coordinators upgraded first) grew them
+without bound."""
+
 
 class BudgetService:
     """Answers budget requests; knows the cluster from announcements and samples."""
@@ -53,10 +60,19 @@ class BudgetService:
         self.on_lift = on_lift
         self.power_seen: dict[str, float] = {}
         """Node token -> when its last `NodePower` came (wall clock)."""
+        self.power_gap: dict[str, float] = {}
+        """Node token -> the time between its last two `NodePower`s (its publish interval)."""
+        self.agent_ids: dict[str, str] = {}
+        """Node token -> its agent's id in its last announcement (a new one: a restarted agent)."""
         self.hellos: dict[str, int] = {}
         """Node token -> announcements heard from it while it sent no `NodePower`."""
         self.sample_subs: dict[str, Any] = {}
         """Node token -> the subscription to its per-GPU samples (an agent without NodePower)."""
+        self.followed: set[str] = set()
+        """Node tokens whose per-GPU samples are read (`sample_subs`' or through `all_samples`)."""
+        self.all_samples: Any = None
+        """One subscription to every GPU's samples, once more nodes are followed than
+        `MAX_NODE_SUBSCRIPTIONS` (until none is)."""
         """Lifts a budget's caps at once (`BudgetLoop.lift`; the owner lifts them too)."""
 
     def subscriptions(self) -> list[tuple[str, Callback]]:
@@ -84,16 +100,33 @@ class BudgetService:
         """Follow a node's per-GPU samples when its agent sends no `NodePower` (older).
 
         Decided at its second announcement: the first may come before its first publish.
-        A node whose `NodePower` stopped for three heartbeats is followed again too.
+        A restarted agent (a new id: perhaps downgraded) is judged afresh, from its first.
+        A node whose `NodePower` stopped for three heartbeats and three of its publish intervals
+        is followed again too (an interval longer than the heartbeats is no stop: following
+        and leaving its samples every interval made the subscriptions flap).
         """
+        if self.agent_ids.get(node, hello.agent_id) != hello.agent_id:
+            self.power_seen.pop(node, None)
+            self.power_gap.pop(node, None)
+            self.hellos.pop(node, None)
+        self.agent_ids[node] = hello.agent_id
         seen = self.power_seen.get(node)
-        if seen is not None and self.wall() - seen <= max(3 * hello.heartbeat_s, 10.0):
+        patience = max(3 * hello.heartbeat_s, 3 * self.power_gap.get(node, 0.0), 10.0)
+        if seen is not None and self.wall() - seen <= patience:
             return
         self.hellos[node] = heard = self.hellos.get(node, 0) + 1
-        if heard < 2 or node in self.sample_subs or self.link.nc is None:
+        if heard < 2 or node in self.followed or self.link.nc is None:
             return
-        subject = pattern(subjects.gpu_samples, node, ANY, prefix=self.prefix)
-        self.sample_subs[node] = await self.link.nc.subscribe(subject, cb=self.on_samples)
+        self.followed.add(node)
+        if self.all_samples is None and len(self.followed) > MAX_NODE_SUBSCRIPTIONS:
+            self.all_samples = await self.link.nc.subscribe(
+                pattern(subjects.gpu_samples, ANY, ANY, prefix=self.prefix), cb=self.on_samples)
+            for sub in self.sample_subs.values():
+                await sub.unsubscribe()
+            self.sample_subs.clear()
+        if self.all_samples is None:
+            subject = pattern(subjects.gpu_samples, node, ANY, prefix=self.prefix)
+            self.sample_subs[node] = await self.link.nc.subscribe(subject, cb=self.on_samples)
         LOG.info("node %s sends no power readings (an older agent?): following its GPUs' "
                  "samples", hello.node)
 
@@ -109,12 +142,21 @@ class BudgetService:
             self.link.drop("wrong_node", msg.subject,
                            f"power readings of node {power.node!r} on another node's subject")
             return
+        announced = self.cluster.indices.get(power.node, ())
         for index, watts in power.readings():
-            self.cluster.sample(power.node, index, watts)
-        self.power_seen[node] = self.wall()
+            if index in announced:  # (Any other index would be kept forever: a leak.)
+                self.cluster.sample(power.node, index, watts)
+        now = self.wall()
+        if (last := self.power_seen.get(node)) is not None:
+            self.power_gap[node] = now - last
+        self.power_seen[node] = now
         self.hellos.pop(node, None)
+        self.followed.discard(node)
         sub = self.sample_subs.pop(node, None)
         if sub is not None:
+            await sub.unsubscribe()
+        if self.all_samples is not None and not self.followed:
+            sub, self.all_samples = self.all_samples, None
             await sub.unsubscribe()
 
     async def on_samples(self, msg: Any) -> None:
@@ -124,7 +166,9 @@ class BudgetService:
         except PayloadError:
             return
         parsed = subjects.parse_gpu_subject(msg.subject)
-        if parsed is None or parsed.node != subjects.token(batch.node) or not batch.samples:
+        if parsed is None or parsed.node not in self.followed \
+                or parsed.node != subjects.token(batch.node) or not batch.samples \
+                or batch.gpu not in self.cluster.indices.get(batch.node, ()):
             return
         self.cluster.sample(batch.node, batch.gpu, batch.samples[-1].power_w)
 

@@ -183,7 +183,7 @@ async def test_agent_publishes_its_own_nodes_samples_measurements_and_events(ser
         streams = [
             subjects.gpu_samples(A, 0), subjects.job_measurements("job-x", A),
             subjects.gpu_errors(A, 1), subjects.agent_hello(A), subjects.agent_errors(A),
-            subjects.job_events("job-x", 0, A),
+            subjects.job_events("job-x", 0, A), subjects.agent_power(A),
         ]  # fmt: skip
         subs = {s: await coord.nc.subscribe(s) for s in streams}
         await confirm_subscriptions(coord.nc)
@@ -295,6 +295,7 @@ async def test_agent_cannot_speak_for_another_node_or_the_coordinator(server):
             (subjects.gpu_samples(B, 0), coord, agent_b),
             (subjects.job_measurements("job-x", B), coord, agent_b),
             (subjects.agent_hello(B), coord, agent_b),
+            (subjects.agent_power(B), coord, agent_b),  # (forged power: a budget's draw)
             (subjects.lease_renewal("job-x"), agent_b, coord),
             (subjects.agent_ping(), agent_b, coord),
             (subjects.job_status("job-x"), obs, coord),
@@ -326,6 +327,8 @@ async def test_agent_cannot_speak_for_another_node_or_the_coordinator(server):
         permissions.inbox("observer") + ".>",
         subjects.all_job_events(),
         subjects.all_coord_register_rank(),
+        subjects.all_agent_power(),  # (another node's power draws)
+        subjects.agent_power(B),
         f"$SRV.INFO.{permissions.COORDINATOR_SERVICE}",
     ],
 )
@@ -411,7 +414,8 @@ async def test_observer_reads_status_and_asks_queries_only(server):
         await coord.nc.publish(subjects.job_status("job-x"), b"status")
         assert (await status.next_msg(timeout=3)).data == b"status"
         for s in (subjects.gpu_command(A, 0), subjects.lease_renewal("x"),
-                  subjects.job_status("x"), subjects.coord_register_job(A)):  # fmt: skip
+                  subjects.job_status("x"), subjects.coord_register_job(A),
+                  subjects.agent_power(A)):  # fmt: skip
             await obs.nc.publish(s, b"x")
             await obs.refused("publish", s)
         for s in (subjects.gpu_command(A, 0), subjects.all_job_events(), "_INBOX.>"):

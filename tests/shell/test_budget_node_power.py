@@ -105,6 +105,8 @@ async def test_bad_power_readings_are_dropped_counted_and_change_nothing(
     coord, task = await start(nats_server, tmp_path / "coord")
     node, other = f"pw{os.getpid()}", f"pv{os.getpid()}"
     try:
+        await nc.publish(subjects.agent_hello(node), hello(node))  # (Only announced GPUs count.)
+        await wait_for(lambda: node in coord.budgets.cluster.labels, 5)
         good = NodePower(node=node, gpus=[0], power_w=[200.0])
         await nc.publish(subjects.agent_power(node), codec.encode(good))
         await wait_for(lambda: power_of(coord, node, 0) == 200.0, 5)
