@@ -16,6 +16,12 @@ from tests.repo_kit import REPO_ROOT
 from zeus_demo.cluster import SimCluster
 
 ARGS = {"profiler_args": {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}}
+ITERATIONS = 80
+"""The trainer's length, in iterations rather than seconds (it was `--seconds 30`, ~100 idle
+iterations, 64 under a load of 10 on 2 cores): under that load the plan was served from
+iteration 39 and pipeline 0 slowed from 43; planning the frontier takes wall time, not
+iterations (12 iterations there; the demo's took ~25 under a load of 14), so 80 leaves ~35
+iterations after the switch."""
 
 
 async def test_perseus_serves_a_plan_and_slows_the_other_pipeline_for_a_straggler() -> None:
@@ -29,7 +35,7 @@ async def test_perseus_serves_a_plan_and_slows_the_other_pipeline_for_a_straggle
         c.procs.spawn("trainer", [
             sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
             "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4", "--dp", "2",
-            "--seconds", "30", "--time-scale", "0.1", "--straggler", "1:1.3",
+            "--iterations", str(ITERATIONS), "--time-scale", "0.1", "--straggler", "1:1.3",
             "--job-metadata", c.tag, "--output", str(out), "--timeout", "120",
             *[arg for node in nodes for arg in ("--node", node)],
         ], cwd=REPO_ROOT)

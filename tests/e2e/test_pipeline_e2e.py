@@ -24,6 +24,11 @@ from zeus_agent.models import load_prof, load_ranks, load_sched
 from zeus_demo.cluster import SimCluster
 
 PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 2}
+ITERATIONS = 50
+"""The trainer's length, in iterations rather than seconds (it was `--seconds 20`, ~70 idle
+iterations): the plan is served from iteration 34 on (3 unscheduled, 7 profiling rounds of 4,
+the last one 7 with the planning; the same at dp 1 and 2 under a load of 12 on 2 cores), so 16
+iterations run the served plan however slow the host is."""
 
 
 @pytest.mark.parametrize("dp", [1, 2])
@@ -39,7 +44,7 @@ async def test_a_pipeline_job_is_profiled_online_and_its_plan_served(dp: int) ->
         c.procs.spawn("trainer", [
             sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
             "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
-            "--dp", str(dp), "--seconds", "20", "--time-scale", "0.1",
+            "--dp", str(dp), "--iterations", str(ITERATIONS), "--time-scale", "0.1",
             "--job-metadata", c.tag, "--output", str(out), "--timeout", "120",
             *[arg for node in nodes for arg in ("--node", node)],
         ], cwd=REPO_ROOT)
