@@ -46,6 +46,7 @@ import msgpack
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.models import RankInfo
 from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.event_columns import EVENT_KINDS
 from zeus_agent.wire.messages import (
     AgentHello,
     GpuBinding,
@@ -82,14 +83,14 @@ def node_name(n: int) -> str:
 
 
 def step_batches(job_id: str, rank: int, node: str, gpu: int, digest: str, first: int,
-                 last: int, step_s: float, t0_ns: int, watts: float
-                 ) -> tuple[bytes, dict[str, Any]]:
+                 last: int, step_s: float, t0_ns: int, watts: float,
+                 event_columns: bool = False) -> tuple[bytes, dict[str, Any]]:
     """A rank's event batch and its GPU's part of the node's measurement batch, for steps
     first..last (inclusive).
 
     Per step: step_end of the previous one and step_begin (events), the step_begin mark (time
     and energy counter) and the previous step's measurement (time, energy), at `t0_ns` +
-    step x `step_s`.
+    step x `step_s`. `event_columns`: the events as a `TrainerEventColumns`.
     """
     step_ns = int(step_s * 1e9)
     events, marks, meas = [], [], []
@@ -105,11 +106,22 @@ def step_batches(job_id: str, rank: int, node: str, gpu: int, digest: str, first
                        "name": ""})
         marks.append({"kind": "step_begin", "epoch": 0, "step": s, "t_ns": t,
                       "energy_j": watts * step_s * s, "power_limit_w": None})
-    ev = msgpack.packb({"v": 1, "job_id": job_id, "rank": rank, "node": node, "gpu": gpu,
-                        "events": events, "join_digest": digest}, use_bin_type=True)
+    header = {"v": 1, "job_id": job_id, "rank": rank, "node": node, "gpu": gpu,
+              "join_digest": digest}
+    body = event_column_fields(events) if event_columns else {"events": events}
+    ev = msgpack.packb({**header, **body}, use_bin_type=True)
     part = {"gpu": gpu, "rank": rank, "marks": marks, "measurements": meas,
             "join_digest": digest}
     return ev, part
+
+
+def event_column_fields(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """`step_batches`' events as the arrays of a `TrainerEventColumns` (as an agent packs them)."""
+    names: dict[str, int] = {}
+    return {"columns": 1, "kind": [EVENT_KINDS.index(e["kind"]) for e in events],
+            **{f: [e[f] for e in events] for f in ("t_ns", "epoch", "step", "index")},
+            "name": [names.setdefault(e["name"], len(names)) for e in events],
+            "power_limit_w": [e.get("power_limit_w") for e in events], "names": list(names)}
 
 
 def node_batch(job_id: str, node: str, parts: list[dict[str, Any]],

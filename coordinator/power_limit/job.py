@@ -259,9 +259,7 @@ class PowerLimitJob(NotAPipeline):
                 actions.append(SaveProgress("windows", state))
         return actions
 
-    def _feed_event(
-        self, rank: int, event: EventLike, now_s: float | None = None
-    ) -> list[Action]:
+    def _feed_event(self, rank: int, event: EventLike, now_s: float | None = None) -> list[Action]:
         """Feed a trainer event of `rank`; only rank 0 paces the machine.
 
         Steps are counted by the event's (epoch, step) counters: a step at or a little before
