@@ -18,8 +18,8 @@ from pydantic import BaseModel
 from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
 from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
-from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.event_columns import TrainerEventColumns
+from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.node_columns import NodeColumnBatch
 from zeus_agent.wire.node_power import NodePower
 from zeus_agent.wire.rank_batch import RegisterRanks
