@@ -81,9 +81,11 @@ async def test_auto_sends_columns_while_every_coordinator_heard_reads_them(nats_
             await wait_for(lambda: agent.formats.columns(time.monotonic()), 2.0, "heard")
             await _drain(events, meas)
             assert await _layouts(trainer, events, meas, 1) == {"columns"}
+            assert agent.health()[1]["layout"] == "columns"  # (`/healthz` says it too.)
             await _renew(nc, reads=False, lease_s=OLD_LEASE_S)  # an older replica renews
             await _drain(events, meas)
             assert await _layouts(trainer, events, meas, 2) == {"rows"}
+            assert agent.health()[1]["layout"] == "rows"
             await _renew(nc, reads=True, lease_s=60)  # (still within the older one's lease)
             await _drain(events, meas)
             assert await _layouts(trainer, events, meas, 3) == {"rows"}

@@ -29,7 +29,8 @@ Health: with `--metrics-port`, `GET /healthz` answers 200 `{"ok": true, "status"
 while the agent is connected and its event loop turns, else 503 with the status
 ("starting", "disconnected" since when, "closed", "stalled", "stopping") and a reason
 (`zeus_agent.status_http`; the connection's part is `zeus_agent.bus.BusHealth`'s, as the
-coordinator's).
+coordinator's); `layout` says whether its batches go out in columns or rows now
+(`--measurement-columns`, `zeus_agent.agent.core.formats`).
 """
 
 from __future__ import annotations
@@ -435,6 +436,7 @@ class AgentServer(ExitSignals):
             "agent_id": self.agent_id,
             "gpus": len(self.agents),
             "nats": self.bus.report(),
+            "layout": "columns" if self.formats.columns(time.monotonic()) else "rows",
         }
         stalled_s = time.monotonic() - self._tick
         if self._stopping and self.bus.state[0] != "closed":
