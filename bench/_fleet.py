@@ -46,6 +46,7 @@ import msgpack
 from zeus_agent.broker import confirm_subscriptions, connect
 from zeus_agent.models import RankInfo
 from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.event_columns import EVENT_KINDS
 from zeus_agent.wire.messages import (
     AgentHello,
     GpuBinding,
@@ -82,34 +83,55 @@ def node_name(n: int) -> str:
 
 
 def step_batches(job_id: str, rank: int, node: str, gpu: int, digest: str, first: int,
-                 last: int, step_s: float, t0_ns: int, watts: float
-                 ) -> tuple[bytes, dict[str, Any]]:
+                 last: int, step_s: float, t0_ns: int, watts: float,
+                 event_columns: bool = False) -> tuple[bytes, dict[str, Any]]:
     """A rank's event batch and its GPU's part of the node's measurement batch, for steps
     first..last (inclusive).
 
     Per step: step_end of the previous one and step_begin (events), the step_begin mark (time
     and energy counter) and the previous step's measurement (time, energy), at `t0_ns` +
-    step x `step_s`.
+    step x `step_s`. `event_columns`: the events as a `TrainerEventColumns`.
     """
     step_ns = int(step_s * 1e9)
-    events, marks, meas = [], [], []
+    kinds, stamps, steps, marks, meas = [], [], [], [], []
     for s in range(first, last + 1):
         t = t0_ns + s * step_ns
         if s > 0:
-            events.append({"kind": "step_end", "t_ns": t - 1000, "epoch": 0, "step": s - 1,
-                           "index": 0, "name": ""})
+            kinds.append("step_end")
+            stamps.append(t - 1000)
+            steps.append(s - 1)
             meas.append({"kind": "step", "name": "step", "epoch": 0, "step": s - 1,
                          "index": 0, "t0_ns": t - step_ns, "t1_ns": t - 1000,
                          "time_s": step_s, "energy_j": watts * step_s, "schedule": None})
-        events.append({"kind": "step_begin", "t_ns": t, "epoch": 0, "step": s, "index": 0,
-                       "name": ""})
+        kinds.append("step_begin")
+        stamps.append(t)
+        steps.append(s)
         marks.append({"kind": "step_begin", "epoch": 0, "step": s, "t_ns": t,
                       "energy_j": watts * step_s * s, "power_limit_w": None})
-    ev = msgpack.packb({"v": 1, "job_id": job_id, "rank": rank, "node": node, "gpu": gpu,
-                        "events": events, "join_digest": digest}, use_bin_type=True)
+    header = {"v": 1, "job_id": job_id, "rank": rank, "node": node, "gpu": gpu,
+              "join_digest": digest}
+    body = (event_column_fields(kinds, stamps, steps) if event_columns else {"events": [
+        {"kind": k, "t_ns": t, "epoch": 0, "step": s, "index": 0, "name": ""}
+        for k, t, s in zip(kinds, stamps, steps, strict=True)]})
+    ev = msgpack.packb({**header, **body}, use_bin_type=True)
     part = {"gpu": gpu, "rank": rank, "marks": marks, "measurements": meas,
             "join_digest": digest}
     return ev, part
+
+
+_EVENT_KIND = {kind: i for i, kind in enumerate(EVENT_KINDS)}
+
+
+def event_column_fields(kinds: list[str], stamps: list[int], steps: list[int]
+                        ) -> dict[str, Any]:
+    """`step_batches`' events as the arrays of a `TrainerEventColumns` (epoch, index 0, no name).
+
+    Built as directly as the rows' maps are (the harness shares the 2 cores with the replicas).
+    """
+    n = len(kinds)
+    return {"columns": 1, "kind": [_EVENT_KIND[k] for k in kinds], "t_ns": stamps,
+            "epoch": [0] * n, "step": steps, "index": [0] * n, "name": [0] * n,
+            "power_limit_w": [None] * n, "names": [""]}
 
 
 def node_batch(job_id: str, node: str, parts: list[dict[str, Any]],

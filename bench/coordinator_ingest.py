@@ -9,7 +9,8 @@ offered rate of `--rates` (steps per second per rank) for `--duration` s, every 
 publishes what a real agent does for a training step, flushed `--flush-hz` times a second at
 most (a flush carries every step since the last one):
 
-* a `TrainerEventBatch` on `<p>.job.<job>.ev.<rank>.<node>`: step_end and step_begin per step;
+* a `TrainerEventBatch` on `<p>.job.<job>.ev.<rank>.<node>` (`TrainerEventColumns` with
+  `--event-layout columns`): step_end and step_begin per step;
 * its GPU's part of its node's `NodeMeasurementBatch` on `<p>.job.<job>.meas.<node>` (one
   message per node of 8 GPUs): per step, the step_begin mark (GPU time and energy counter) and
   the step's measurement (time, energy).
@@ -204,10 +205,13 @@ async def owner_of(nc: Any, job_id: str) -> dict[str, Any]:
 class Ranks:
     """The simulated ranks: what their agents publish at each flush (pre-built subjects)."""
 
-    def __init__(self, job_id: str, ranks: int, join_digest: str, columns: bool = False) -> None:
+    def __init__(self, job_id: str, ranks: int, join_digest: str, columns: bool = False,
+                 event_columns: bool = False) -> None:
         self.job_id = job_id
         self.columns = columns
         """Node batches in columns (`NodeColumnBatch`), not rows."""
+        self.event_columns = event_columns
+        """Trainer events in columns (`TrainerEventColumns`), not rows."""
         self.join_digest = join_digest
         """Sent with every batch, as the agent of a trainer whose HELLO had the token does."""
         self.ranks = ranks
@@ -236,7 +240,7 @@ class Ranks:
         """Rank r's event batch and its GPU's part of the node's batch, steps first..last."""
         node, gpu = self.subjects[r][0], self.subjects[r][1]
         return step_batches(self.job_id, r, node, gpu, self.join_digest, first, last, step_s,
-                            self.t0_ns, 250.0 + (r % 7))
+                            self.t0_ns, 250.0 + (r % 7), self.event_columns)
 
 
 def sentinels(health: dict[str, Any] | None) -> tuple[int, int]:
@@ -397,7 +401,8 @@ async def ingest(args: argparse.Namespace, jetstream_sync: str = "always") -> di
             await wait_for_async(
                 lambda: agents.counts.get("set_power_limit", 0) >= args.ranks, 30,
                 lambda: "the job's first power limit did not reach every GPU")
-            sim = Ranks(job_id, args.ranks, join_token_digest(token), args.layout == "columns")
+            sim = Ranks(job_id, args.ranks, join_token_digest(token), args.layout == "columns",
+                        args.event_layout == "columns")
             nats_pid = server._proc.pid if server._proc is not None else 0  # noqa: SLF001
             published = [0, 0]
             levels = []
@@ -431,6 +436,7 @@ async def ingest(args: argparse.Namespace, jetstream_sync: str = "always") -> di
     return {
         "ranks": args.ranks,
         "layout": args.layout,
+        "event_layout": args.event_layout,
         "registered_s": round(registered_s, 3),
         "owner": owner,
         "sustained_events_per_s": best["events_per_s"] if best else None,
@@ -567,7 +573,8 @@ async def scan_replicas(args: argparse.Namespace) -> dict[str, Any]:
                 for gpu in range(min(GPUS_PER_NODE, ranks - (n - first_node) * GPUS_PER_NODE)):
                     r = (n - first_node) * GPUS_PER_NODE + gpu
                     ev, part = step_batches(job_id, r, node, gpu, digest, first, last, step_s,
-                                            t0_ns, 250.0 + (r % 7))
+                                            t0_ns, 250.0 + (r % 7),
+                                            args.event_layout == "columns")
                     await nc.publish(subjects.job_events(job_id, r, node), ev)
                     parts.append(part)
                 await nc.publish(subjects.job_measurements(job_id, node),
@@ -633,13 +640,19 @@ def main() -> None:
                         "(under 60 s)")
     parser.add_argument("--layout", choices=["rows", "columns"], default="rows",
                         help="the node batches' layout: rows (`NodeMeasurementBatch`, what "
-                        "agents send by default) or columns (`NodeColumnBatch`)")
+                        "older agents and coordinators speak) or columns (`NodeColumnBatch`, "
+                        "what agents send to coordinators that read them: "
+                        "--measurement-columns auto)")
+    parser.add_argument("--event-layout", choices=["rows", "columns"], default=None,
+                        help="the trainer events' layout: rows (`TrainerEventBatch`) or "
+                        "columns (`TrainerEventColumns`); default: --layout's")
     parser.add_argument("--jetstream-sync", type=jetstream_syncs, default=["always"],
                         metavar="SYNC[,SYNC]",
                         help="JetStream sync_interval(s) of the ingest's nats-server: 'always' "
                         "(the project's default) and/or a duration ('2m', nats-server's "
                         "default); with two, the ingest runs once with each")
     args = parser.parse_args()
+    args.event_layout = args.event_layout or args.layout
     args.replicas = 2 if 2 in args.replica_counts else args.replica_counts[0]
     if args.quick:
         args.rates, args.duration, args.leases, args.trials = [5.0], 8.0, [3.0], 1

@@ -31,7 +31,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from zeus_agent.errors import ReplyError
 from zeus_agent.models import FrequencySchedule, PowerLimitMeasurement
-from zeus_agent.wire.messages import REPLY_CODES, TrainerEvent
+from zeus_agent.wire.event_columns import EventLike
+from zeus_agent.wire.messages import REPLY_CODES
 from zeus_agent.wire.node_columns import MarkLike, MeasurementLike
 
 __all__ = [
@@ -246,11 +247,11 @@ class JobOptimizer(Protocol):
         """First actions, once every rank is registered."""
         ...
 
-    def on_event(self, rank: int, event: TrainerEvent, now_s: float) -> list[Action]:
+    def on_event(self, rank: int, event: EventLike, now_s: float) -> list[Action]:
         """A trainer event of `rank`."""
         ...
 
-    def on_events(self, rank: int, events: list[TrainerEvent], now_s: float) -> list[Action]:
+    def on_events(self, rank: int, events: list[EventLike], now_s: float) -> list[Action]:
         """A batch of `rank`'s trainer events, oldest first, as one input.
 
         A late batch may pass windows whose commands would come too late: the optimiser sends

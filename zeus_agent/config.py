@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from zeus_agent.agent.core.fencing import DEFAULT_SKEW_S
+from zeus_agent.agent.core.formats import ColumnsMode
 from zeus_agent.agent.rapl import DEFAULT_RAPL_PERIOD_S, DEFAULT_RAPL_ROOT
 from zeus_agent.bus import NatsSettings
 from zeus_agent.models import MAX_NAME_CHARS
@@ -102,12 +103,14 @@ class AgentSettings(NatsSettings):
         "and counter read); with 8 GPUs, 0.05 sends ~4.5 times fewer messages and a mark "
         "arrives ~30 ms later (bench/node_batches.py)",
     )
-    measurement_columns: bool = Field(
-        False,
-        description="Send the node's batches of marks and measurements in columns "
-        "(NodeColumnBatch: an array per field, not a map per item), which coordinators decode "
-        "several times faster (bench/node_columns.py). Needs coordinators that read them (this "
-        "version on); an older one drops them as malformed, so upgrade the coordinators first",
+    measurement_columns: ColumnsMode = Field(
+        "auto",
+        description="The layout of the node's batches of marks and measurements and of the "
+        "ranks' trainer events: 'auto' sends columns (NodeColumnBatch, TrainerEventColumns: an "
+        "array per field, not a map per item, which coordinators decode several times faster) "
+        "while every coordinator heard through its lease renewals says it reads them, rows "
+        "otherwise (an older coordinator drops columns as malformed); 'on': always columns "
+        "(every coordinator of this version or newer); 'off': always rows",
     )
     heartbeat_s: float = Field(
         5.0, ge=0.1, le=3600, description="Announcement/heartbeat interval (s)"
@@ -207,6 +210,16 @@ class AgentSettings(NatsSettings):
         5.0, gt=0, description="Timeout of requests relayed to the coordinator (s)"
     )
     log_level: str = Field("INFO", description="Log level")
+
+    @field_validator("measurement_columns", mode="before")
+    @classmethod
+    def _columns_mode(cls, value: object) -> object:
+        """Yes/no as the flag was before `auto` (true: on, false: off)."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return "on" if value.lower() in ("true", "1", "yes") else "off"
+        return value
 
     @field_validator("socket_mode")
     @classmethod

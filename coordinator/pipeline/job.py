@@ -95,7 +95,7 @@ from coordinator.pipeline.takeover import (
 )
 from coordinator.pipeline.views import check_arguments, plan_view
 from zeus_agent.models import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
-from zeus_agent.wire.messages import TrainerEvent
+from zeus_agent.wire.event_columns import EventLike
 from zeus_agent.wire.node_columns import MarkLike, MeasurementLike
 
 __all__ = ["MAX_STRAGGLER_FACTOR", "Phase", "PipelineJob", "SchedulerFactory", "StragglerError"]
@@ -278,11 +278,11 @@ class PipelineJob:
                              f"all {len(self.rank_infos)} rank(s) registered; observing one "
                              "iteration to learn each rank's instructions")]
 
-    def on_event(self, rank: int, event: TrainerEvent, now_s: float) -> list[Action]:
+    def on_event(self, rank: int, event: EventLike, now_s: float) -> list[Action]:
         """Trainer events pace nothing here: the measurements carry what is needed."""
         return []
 
-    def on_events(self, rank: int, events: list[TrainerEvent], now_s: float) -> list[Action]:
+    def on_events(self, rank: int, events: list[EventLike], now_s: float) -> list[Action]:
         """Trainer events pace nothing here (`on_event`)."""
         return []
 

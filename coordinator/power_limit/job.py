@@ -82,7 +82,8 @@ from coordinator.power_limit.trainer_choice import TrainerChoice
 from coordinator.power_limit.window_join import MAX_LATE_STEPS, RESTART_RUN, StepKey, WindowJoin
 from coordinator.power_limit.window_length import Verdict, WindowLength
 from zeus_agent.models import PowerLimitMeasurement
-from zeus_agent.wire.messages import PowerLimitOptions, TrainerEvent
+from zeus_agent.wire.event_columns import EventLike
+from zeus_agent.wire.messages import PowerLimitOptions
 from zeus_agent.wire.node_columns import MarkLike
 
 MAX_REPLAYED_STEPS = 1_000
@@ -205,12 +206,12 @@ class PowerLimitJob(NotAPipeline):
             ))
         return actions
 
-    def on_event(self, rank: int, event: TrainerEvent, now_s: float | None = None) -> list[Action]:
+    def on_event(self, rank: int, event: EventLike, now_s: float | None = None) -> list[Action]:
         """Feed a trainer event of `rank` (`_feed_event`); `SaveProgress` after a window."""
         return self._input(lambda: self._feed_event(rank, event, now_s))
 
     def on_events(
-        self, rank: int, events: Iterable[TrainerEvent], now_s: float | None = None
+        self, rank: int, events: Iterable[EventLike], now_s: float | None = None
     ) -> list[Action]:
         """Feed a batch of `rank`'s trainer events, oldest first, as one input.
 
@@ -258,9 +259,7 @@ class PowerLimitJob(NotAPipeline):
                 actions.append(SaveProgress("windows", state))
         return actions
 
-    def _feed_event(
-        self, rank: int, event: TrainerEvent, now_s: float | None = None
-    ) -> list[Action]:
+    def _feed_event(self, rank: int, event: EventLike, now_s: float | None = None) -> list[Action]:
         """Feed a trainer event of `rank`; only rank 0 paces the machine.
 
         Steps are counted by the event's (epoch, step) counters: a step at or a little before
@@ -439,7 +438,7 @@ class PowerLimitJob(NotAPipeline):
         state = self.machine.state
         return isinstance(state, Ready) and state.next_power_limit is None
 
-    def _ran_before_its_limit(self, event: TrainerEvent) -> bool:
+    def _ran_before_its_limit(self, event: EventLike) -> bool:
         """Whether a step of rank 0 began before the limit being warmed up or profiled was set.
 
         Its agent says which limit the GPU had when the step began. Such steps are skipped for
@@ -655,7 +654,7 @@ class PowerLimitJob(NotAPipeline):
         return [*self._translate(effects, step=None),
                 StatusUpdate("done", said, self.progress())]
 
-    def _on_selection(self, rank: int, event: TrainerEvent) -> list[Action]:
+    def _on_selection(self, rank: int, event: EventLike) -> list[Action]:
         """Rank 0's answer: pin its limit, or fall back (it failed, or chose no measured one)."""
         choice = self.choice
         if choice is None or not choice.answers(rank, event.index):

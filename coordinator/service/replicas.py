@@ -31,6 +31,7 @@ from coordinator.state import records
 from coordinator.state.jetstream import StateUnavailableError
 from coordinator.state.ownership import Lease
 from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.formats import reads_headers
 from zeus_agent.wire.messages import LeaseRenewal
 
 __all__ = ["Replicas"]
@@ -295,8 +296,9 @@ class Replicas:
             if driver.failed or self.failures.is_quarantined(driver.job_id):
                 continue  # Set aside: its GPUs go back to their defaults when the leases lapse.
             renewal = LeaseRenewal(holder=driver.job_id, lease_s=s.lease_s)
+            # (The header: this replica reads columns, so its agents may send them.)
             await self.link.nc.publish(subjects.lease_renewal(driver.job_id, s.prefix),
-                                       codec.encode(renewal))
+                                       codec.encode(renewal), headers=reads_headers())
 
     async def collect_idle(self) -> None:
         """Remove the owned jobs idle for longer than `max_job_idle_time`.

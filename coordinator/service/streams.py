@@ -1,6 +1,7 @@
 """`Streams`: the bus streams the coordinator follows, fed to the jobs' optimisers.
 
-* trainer events `<p>.job.<job>.ev.*.<node>` (rank 0 paces the power-limit machine), and
+* trainer events `<p>.job.<job>.ev.*.<node>` (rank 0 paces the power-limit machine), as rows
+  (`TrainerEventBatch`) or columns (`TrainerEventColumns`, fed as `EventRow` tuples), and
 * the nodes' marks and measurements `<p>.job.<job>.meas.<node>` (window energies, step and
   instruction times), one batch per job per node and flush, a part per GPU, as rows
   (`NodeMeasurementBatch`) or columns (`NodeColumnBatch`, fed as tuples): both of the jobs
@@ -36,7 +37,8 @@ from coordinator.service.link import Link
 from coordinator.service.table import JobTable
 from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, ErrorEvent, TrainerEventBatch
+from zeus_agent.wire.event_columns import decode_events, event_rows
+from zeus_agent.wire.messages import AgentHello, ErrorEvent
 from zeus_agent.wire.node_batch import GpuMeasurements
 from zeus_agent.wire.node_columns import (
     GpuRows,
@@ -143,8 +145,10 @@ class Streams:
         where = subjects.parse_job_events(msg.subject)
         if where is None or not self._to_decode(where.job, msg.subject):
             return
-        batch = self._decode(msg, TrainerEventBatch)
-        if batch is None:
+        try:
+            batch = decode_events(msg.data)
+        except PayloadError as e:
+            self.link.drop("malformed", msg.subject, e)
             return
         driver = self.jobs.get(batch.job_id)
         record = driver.record if driver is not None else None
@@ -174,7 +178,7 @@ class Streams:
                 # Renewals stopped while the job was quiet, so the agents have restored their
                 # defaults: the job is back, so are its settings.
                 await self.actions.reapply(record, job, "events again after a quiet spell")
-            events = batch.events
+            events = event_rows(batch)
             for first in range(0, len(events), EVENTS_PER_YIELD):
                 # One input per chunk: a late batch sends only the limit its last event needs,
                 # never one for a window already past.

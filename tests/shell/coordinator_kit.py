@@ -189,24 +189,29 @@ def measurements(limits_energy_time: list[tuple[int, float, float]]) -> list:
             for w, e, t in limits_energy_time]
 
 
-async def feed_steps(nc, job_id: str, steps: range, joules_per_step: float = 100.0) -> None:
+async def feed_steps(nc, job_id: str, steps: range, joules_per_step: float = 100.0,
+                     columns: bool = False) -> None:
     """Rank 0's step_begin events and both ranks' marks, as the agents publish them (with the
     digest of the join token their trainers' HELLO presented): both GPUs' marks in one node
-    batch."""
+    batch. `columns`: both in columns (`TrainerEventColumns`, `NodeColumnBatch`)."""
+    from zeus_agent.wire.event_columns import TrainerEventColumns
     from zeus_agent.wire.messages import Mark, TrainerEvent, TrainerEventBatch
     from zeus_agent.wire.node_batch import GpuMeasurements, NodeMeasurementBatch
+    from zeus_agent.wire.node_columns import NodeColumnBatch
 
     digest = join_token_digest(JOIN_TOKENS[job_id])
     for s in steps:
         events = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, join_digest=digest,
                                    events=[TrainerEvent(kind="step_begin", t_ns=s * 10**9,
                                                         epoch=0, step=s)])
-        await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(events))
+        await nc.publish(subjects.job_events(job_id, 0, NODE), codec.encode(
+            TrainerEventColumns.from_batch(events) if columns else events))
         parts = [GpuMeasurements(gpu=rank, rank=rank, join_digest=digest, marks=[
             Mark(kind="step_begin", epoch=0, step=s, t_ns=s * 10**9,
                  energy_j=s * joules_per_step * (rank + 1))]) for rank in (0, 1)]
         batch = NodeMeasurementBatch(node=NODE, job_id=job_id, gpus=parts)
-        await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(batch))
+        await nc.publish(subjects.job_measurements(job_id, NODE), codec.encode(
+            NodeColumnBatch.from_rows(batch) if columns else batch))
     await nc.flush()
 
 

@@ -6,7 +6,8 @@ of a million one-byte bad marks (`-1`) cost ~8 s of CPU to refuse (an error dict
 then `codec` describing them), during which the replica renews no lease and feeds no job; the
 columns' bounded arrays, ~21,000 errors per ~40 KB batch. Every list of both layouts stops at
 its first bad item, so the error count (what the refusal costs) no longer grows with the
-payload. So do a rank's trainer events, a GPU's samples and the per-GPU view. (Counts, not
+payload. So do a rank's trainer events (in either layout), a GPU's samples and the per-GPU
+view. (Counts, not
 timings: tests/README.md.)
 """
 
@@ -19,6 +20,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from zeus_agent.errors import PayloadError
+from zeus_agent.wire.event_columns import TrainerEventColumns, decode_events
 from zeus_agent.wire.messages import (
     MAX_GPUS_PER_NODE,
     MeasurementBatch,
@@ -74,6 +76,13 @@ def events_flood() -> dict[str, Any]:
     return {"v": 1, "job_id": "j", "rank": 0, "node": "n1", "gpu": 0, "events": [BAD] * MANY}
 
 
+def event_columns_flood() -> dict[str, Any]:
+    """A rank's trainer events in columns: every array as long, every value bad."""
+    return {"v": 1, "columns": 1, "job_id": "j", "rank": 0, "node": "n1", "gpu": 0,
+            **{f: [BAD] * MANY for f in ("names", "kind", "t_ns", "epoch", "step", "index",
+                                         "name", "power_limit_w")}}
+
+
 def samples_flood() -> dict[str, Any]:
     """A GPU's samples: every replica's budget service reads them."""
     return {"v": 1, "node": "n1", "gpu": 0, "uuid": "GPU-0", "samples": [BAD] * MANY}
@@ -85,11 +94,22 @@ def per_gpu_flood() -> dict[str, Any]:
             "measurements": [BAD] * MANY}
 
 
-@pytest.mark.parametrize("flood", [events_flood, samples_flood, per_gpu_flood])
+@pytest.mark.parametrize("flood", [events_flood, event_columns_flood, samples_flood,
+                                   per_gpu_flood])
 def test_the_other_streams_stop_at_their_first_bad_item_too(flood: Any) -> None:
     """Trainer events and samples had no cap either: a million bad items cost ~8 s to refuse."""
-    model = {events_flood: TrainerEventBatch, samples_flood: SampleBatch,
-             per_gpu_flood: MeasurementBatch}[flood]
+    model = {events_flood: TrainerEventBatch, event_columns_flood: TrainerEventColumns,
+             samples_flood: SampleBatch, per_gpu_flood: MeasurementBatch}[flood]
     with pytest.raises(ValidationError) as caught:
         model.model_validate(flood())
-    assert caught.value.error_count() <= 2
+    columns = 8 if flood is event_columns_flood else 1  # (At most one error per list.)
+    assert caught.value.error_count() <= 2 * columns
+
+
+@pytest.mark.parametrize(("flood", "field"), [(events_flood, "events.0"),
+                                              (event_columns_flood, "names.0")])
+def test_an_event_flood_is_refused_naming_its_first_bad_item_in_either_layout(
+        flood: Any, field: str) -> None:
+    with pytest.raises(PayloadError) as caught:
+        decode_events(msgpack.packb(flood()))
+    assert caught.value.field == field

@@ -165,7 +165,7 @@ class GpuAgent:
         self.measurements = measurements or NodeMeasurements(node, prefix, publish)
         self.measurer = RankMeasurer(
             index=self.index, node=node, prefix=prefix, ring=self.ring, counter=self.counter,
-            limits=self.limits, publish=publish, measured=self.measurements.add,
+            limits=self.limits, publish=publish, batches=self.measurements,
             binding=lambda: self.binding, report=self.reports.report,
             refused=self.reports.refused, spawn=self._spawn, counters=self.counters)
         """Measures the bound rank's events once reads bracket them, and publishes them."""

@@ -11,9 +11,10 @@ Here they are measured later, off the clock path:
   read costs milliseconds and is never made for an event;
 * `release_measured()`: called when a read comes in (the reader's `on_knot`): emit what reads
   now bracket, in order, under the rank it was measured for;
-* `flush()`: publish the pending events (at once, on the rank's subject) and hand the pending
-  marks and measurements to the node's publisher (`measured`, `NodeMeasurements.add`), which
-  sends the node's GPUs' together.
+* `flush()`: publish the pending events (at once, on the rank's subject; in columns,
+  `TrainerEventColumns`, when the node's batches are: `NodeMeasurements.in_columns`) and hand
+  the pending marks and measurements to the node's publisher (`batches`,
+  `NodeMeasurements.add`), which sends the node's GPUs' together.
 
 It publishes through the agent's `publish(subject, bytes)` and never touches NATS itself.
 """
@@ -26,11 +27,13 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from zeus_agent.agent.core import EnergyRing, LimitHistory, RankMeter
 from zeus_agent.agent.core.meter import Gap, Interval
 from zeus_agent.agent.counter_reader import CounterReader
 from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.event_columns import TrainerEventColumns
 from zeus_agent.wire.messages import Mark, Measurement, TrainerEvent, TrainerEventBatch
 from zeus_agent.wire.trainer import EventDatagram, Kind
 
@@ -39,8 +42,8 @@ __all__ = ["MAX_UNREAD", "MEASURE_AFTER_CLOCK_S", "Binding", "RankMeasurer"]
 LOG = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
 Emit = Callable[[], Mark | Measurement | None]
-Measured = Callable[[int, str, int, str | None, list[Mark], list[Measurement]], None]
-"""`measured(gpu, job_id, rank, join_digest, marks, measurements)`: `NodeMeasurements.add`."""
+if TYPE_CHECKING:
+    from zeus_agent.agent.node_batch import NodeMeasurements
 
 MAX_UNREAD = 100_000
 """Marks and measurements held per GPU while no read brackets them (the oldest go first)."""
@@ -96,7 +99,7 @@ class RankMeasurer:
         counter: CounterReader,
         limits: LimitHistory,
         publish: Publish,
-        measured: Measured,
+        batches: NodeMeasurements,
         binding: Callable[[], Binding | None],
         report: Callable[[str, str, str, dict[str, object]], None],
         refused: Callable[[str, dict[str, str]], None],
@@ -113,7 +116,8 @@ class RankMeasurer:
             counter: Its counter reader (`covers`, `newest_ns`).
             limits: When the power limit changed (a mark carries the limit at its event).
             publish: `publish(subject, payload)` (trainer events).
-            measured: Takes the marks and measurements to publish (the node's publisher).
+            batches: The node's publisher: takes the marks and measurements to publish (`add`),
+                says whether to send columns (`in_columns`).
             binding: The rank bound now (None: none).
             report: The agent's throttled report of a flood-prone kind (gaps).
             refused: Say a closed step or instruction cannot be measured (its counters).
@@ -127,7 +131,7 @@ class RankMeasurer:
         self.counter = counter
         self.limits = limits
         self._publish = publish
-        self._measured = measured
+        self._batches = batches
         self._binding = binding
         self._report = report
         self._refused = refused
@@ -331,14 +335,15 @@ class RankMeasurer:
             return
         self._hand_over(b, marks, meas)  # (Before any await: a flush meanwhile hands later ones.)
         if events:
-            batch = TrainerEventBatch(
-                job_id=b.job_id,
-                rank=b.rank,
-                node=self.node,
-                gpu=self.index,
-                events=events,
-                join_digest=b.join_digest,
-            )
+            batch: TrainerEventBatch | TrainerEventColumns
+            if self._batches.in_columns():
+                batch = TrainerEventColumns.from_events(
+                    job_id=b.job_id, rank=b.rank, node=self.node, gpu=self.index,
+                    join_digest=b.join_digest, events=events)
+            else:
+                batch = TrainerEventBatch(job_id=b.job_id, rank=b.rank, node=self.node,
+                                          gpu=self.index, events=events,
+                                          join_digest=b.join_digest)
             await self._publish(
                 subjects.job_events(b.job_id, b.rank, self.node, self.prefix), codec.encode(batch)
             )
@@ -346,4 +351,4 @@ class RankMeasurer:
     def _hand_over(self, b: Binding, marks: list[Mark], meas: list[Measurement]) -> None:
         """Hand marks and measurements of the rank bound as `b` to the node's publisher."""
         if marks or meas:
-            self._measured(self.index, b.job_id, b.rank, b.join_digest, marks, meas)
+            self._batches.add(self.index, b.job_id, b.rank, b.join_digest, marks, meas)

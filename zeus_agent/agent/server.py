@@ -29,7 +29,8 @@ Health: with `--metrics-port`, `GET /healthz` answers 200 `{"ok": true, "status"
 while the agent is connected and its event loop turns, else 503 with the status
 ("starting", "disconnected" since when, "closed", "stalled", "stopping") and a reason
 (`zeus_agent.status_http`; the connection's part is `zeus_agent.bus.BusHealth`'s, as the
-coordinator's).
+coordinator's); `layout` says whether its batches go out in columns or rows now
+(`--measurement-columns`, `zeus_agent.agent.core.formats`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import Any
 from zeus_agent import __version__, status_http
 from zeus_agent.agent import recording
 from zeus_agent.agent.commands import handle_command
+from zeus_agent.agent.core.formats import ColumnsChoice
 from zeus_agent.agent.credentials import pass_credentials
 from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gateway import Gateway
@@ -74,6 +76,7 @@ from zeus_agent.gpu.base import GPU
 from zeus_agent.gpu.observe_only import OBSERVE_ONLY_HELP
 from zeus_agent.history import History
 from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.formats import reads_columns
 from zeus_agent.wire.messages import AgentHello, LeaseRenewal
 from zeus_agent.wire.node_power import NodePower
 from zeus_agent.wire.text import bounded
@@ -123,9 +126,11 @@ class AgentServer(ExitSignals):
         super().__init__()
         self.started = asyncio.Event()
         self.agents: dict[int, GpuAgent] = {}
-        self.measurements = NodeMeasurements(settings.node, settings.prefix, self.publish,
-                                             settings.measurement_flush_s,
-                                             settings.measurement_columns)
+        self.formats = ColumnsChoice(settings.measurement_columns)
+        """Whether batches go out in columns: the coordinators' renewals say if they read them."""
+        self.measurements = NodeMeasurements(
+            settings.node, settings.prefix, self.publish, settings.measurement_flush_s,
+            lambda: self.formats.columns(time.monotonic()))
         """The node's marks and measurements, all its GPUs' in one batch per job per flush."""
         self.rapl = RaplReader(settings.rapl_root, settings.rapl_period_s, settings.ring_seconds)
         """The node's CPU package and DRAM energy counters (opened at startup)."""
@@ -431,6 +436,7 @@ class AgentServer(ExitSignals):
             "agent_id": self.agent_id,
             "gpus": len(self.agents),
             "nats": self.bus.report(),
+            "layout": "columns" if self.formats.columns(time.monotonic()) else "rows",
         }
         stalled_s = time.monotonic() - self._tick
         if self._stopping and self.bus.state[0] != "closed":
@@ -486,6 +492,7 @@ class AgentServer(ExitSignals):
     async def _on_lease_renewal(self, msg: Any) -> None:
         try:
             renewal = codec.decode(msg.data, LeaseRenewal)
+            self.formats.heard(reads_columns(msg.headers), renewal.lease_s, time.monotonic())
             for agent in self.agents.values():
                 renewed = agent.renew_leases(renewal.holder, renewal.lease_s)
                 if self.history is not None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from zeus_agent.wire import messages as m
 from zeus_agent.wire import subjects as s
 from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
+from zeus_agent.wire.event_columns import TrainerEventColumns
 from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.node_columns import NodeColumnBatch
 from zeus_agent.wire.node_power import NodePower
@@ -78,7 +79,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 "A GPU's rank errors: schedule mismatches, lapsed leases, measurement gaps."),
     SubjectSpec("{prefix}.lease.{holder}", s.lease_renewal, "coordinator -> agents",
                 m.LeaseRenewal, None, "Renews every lease `holder` has on any agent (each agent "
-                "follows it while it holds one)."),
+                "follows it while it holds one). Header `Zeus-Reads: columns/1`: the sender "
+                "reads columns (`NodeColumnBatch`, `TrainerEventColumns`); an agent sends them "
+                "only while every coordinator it hears says so."),
     SubjectSpec("{prefix}.coord.jobs.register.{node}", s.coord_register_job,
                 "node's agent -> coordinator (request/reply)", m.RegisterJob, m.Reply,
                 "Registers a trainer's job; the reply carries the job id and join token."),
@@ -112,14 +115,20 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 "out among those live, by rendezvous hashing."),
     SubjectSpec("{prefix}.job.{job}.ev.{rank}.{node}", s.job_events, "node's agent ->",
                 m.TrainerEventBatch, None,
-                "A rank's batched trainer events with the rank's counters."),
+                "A rank's batched trainer events with the rank's counters; as rows, or in "
+                "columns (`TrainerEventColumns`: an array per field, told apart by its "
+                "`columns` field) while the coordinators the agent hears read them "
+                "(`--measurement-columns auto`, the `Zeus-Reads` header of their lease "
+                "renewals).",
+                also=(TrainerEventColumns,)),
     SubjectSpec("{prefix}.job.{job}.meas.{node}", s.job_measurements, "node's agent ->",
                 NodeMeasurementBatch, None,
                 "The step marks (time, energy, limit at a step's edge) and step and instruction "
                 "measurements of the job's ranks on the node's GPUs, once counter reads bracket "
                 "them: one batch per job per flush, a part per GPU; as rows, or in columns "
-                "(`NodeColumnBatch`, `--measurement-columns`: an array per field, decoded "
-                "several times faster; told apart by its `columns` field).",
+                "(`NodeColumnBatch`: an array per field, decoded several times faster; told "
+                "apart by its `columns` field) while the coordinators the agent hears read "
+                "them (`--measurement-columns auto`).",
                 also=(NodeColumnBatch,)),
     SubjectSpec("{prefix}.job.{job}.status", s.job_status, "coordinator ->", m.JobStatus, None,
                 "A job's state, message and progress."),
