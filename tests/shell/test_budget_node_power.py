@@ -18,27 +18,9 @@ import pytest
 from coordinator.service import CoordinatorService
 from tests.shell.agent_kit import running_agent
 from tests.shell.coordinator_kit import start, stop, wait_for
+from tests.shell.node_power_kit import hello, samples
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, GpuDescription, Sample, SampleBatch
 from zeus_agent.wire.node_power import NodePower
-
-
-def hello(node: str, gpus: int = 2) -> bytes:
-    described = [GpuDescription(index=i, uuid=f"{node}-u{i}", name="A40", architecture="ampere",
-                                min_power_limit_w=100, max_power_limit_w=300,
-                                default_power_limit_w=300, supported_memory_clocks_mhz=[],
-                                supported_graphics_clocks_mhz=[], has_energy_counter=True,
-                                power_limit_w=300, controllable=True)
-                 for i in range(gpus)]
-    return codec.encode(AgentHello(node=node, agent_id=f"{node}-agent", backend="sim",
-                                   heartbeat_s=0.3, socket_path="/s", gpus=described))
-
-
-def samples(node: str, gpu: int, power_w: float) -> bytes:
-    sample = Sample(t_ns=1, energy_j=1.0, power_w=power_w, power_limit_w=300,
-                    sm_clock_mhz=1000, memory_clock_mhz=1000)
-    return codec.encode(SampleBatch(node=node, gpu=gpu, uuid=f"{node}-u{gpu}",
-                                    samples=[sample]))
 
 
 def power_of(coord: CoordinatorService, node: str, gpu: int) -> float | None:

@@ -24,21 +24,15 @@ import pytest
 
 from coordinator.budget import service
 from coordinator.service import CoordinatorService
+from tests.shell import node_power_kit as kit
 from tests.shell.coordinator_kit import start, stop, wait_for
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.messages import AgentHello, GpuDescription, Sample, SampleBatch
+from zeus_agent.wire.messages import Sample, SampleBatch
 from zeus_agent.wire.node_power import NodePower
 
 
 def hello(node: str, gpus: int = 2, heartbeat_s: float = 1.0, agent_id: str = "") -> bytes:
-    described = [GpuDescription(index=i, uuid=f"{node}-u{i}", name="A40", architecture="ampere",
-                                min_power_limit_w=100, max_power_limit_w=300,
-                                default_power_limit_w=300, supported_memory_clocks_mhz=[],
-                                supported_graphics_clocks_mhz=[], has_energy_counter=True,
-                                power_limit_w=300, controllable=True)
-                 for i in range(gpus)]
-    return codec.encode(AgentHello(node=node, agent_id=agent_id or f"{node}-agent", backend="sim",
-                                   heartbeat_s=heartbeat_s, socket_path="/s", gpus=described))
+    return kit.hello(node, gpus, heartbeat_s, agent_id)
 
 
 class Clock:
@@ -54,13 +48,8 @@ class Clock:
 async def heard(nc, coord: CoordinatorService, seq: int) -> None:
     """Wait until the hellos published before this are handled (a probe hello after them)."""
     probe = f"probe{os.getpid()}"
-    gpus = [GpuDescription(index=0, uuid="p", name="A40", architecture="ampere",
-                           min_power_limit_w=100, max_power_limit_w=300,
-                           default_power_limit_w=300, supported_memory_clocks_mhz=[],
-                           supported_graphics_clocks_mhz=[], has_energy_counter=True,
-                           power_limit_w=300, controllable=True)]
-    msg = AgentHello(node=probe, agent_id="probe", backend="sim", heartbeat_s=1.0,
-                     socket_path="/s", gpus=gpus, labels={"seq": str(seq)})
+    msg = kit.hello_msg(probe, gpus=1, heartbeat_s=1.0, agent_id="probe",
+                        labels={"seq": str(seq)})
     await nc.publish(subjects.agent_hello(probe), codec.encode(msg))
     await wait_for(lambda: coord.budgets.cluster.labels.get(probe) == {"seq": str(seq)}, 5)
 
