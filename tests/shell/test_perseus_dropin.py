@@ -434,6 +434,28 @@ async def test_pipeline_trainer_cli_on_two_agents(nats_server: Any, tmp_path: Pa
     assert ranks[1]["work_energy_j"][0] > 1.3 * ranks[0]["work_energy_j"][0]
 
 
+async def test_the_launcher_can_stop_every_rank_at_one_iteration(nats_server: Any) -> None:
+    """`on_iteration` saying enough stops the job early, every rank after the same iteration."""
+    async with cluster(nats_server.url) as root:
+        nodes = [NodeSpec(n, f"{root}/{n}.sock", f"{root}/{n}", (0, 1)) for n in NODES]
+        places = place_ranks(nodes, 2, 2)
+        options = PipelineOptions(stages=2, dp=2, microbatches=2, iterations=200,
+                                  time_scale=0.02, ipc_timeout_s=30)
+        seen: list[int] = []
+
+        def enough_at_4(count: int, elapsed: float) -> bool:
+            seen.append(count)
+            return count >= 4
+
+        result = await asyncio.to_thread(run_pipeline, places, options, enough_at_4, 60)
+    # Rank 0 learns it at an iteration's end a little later (the launcher polls its queue):
+    # the job stops there, well before 200.
+    assert 4 <= result.iterations < 50, result.iterations
+    assert {len(r.iteration_time_s) for r in result.ranks} == {result.iterations}
+    assert seen == list(range(1, result.iterations + 1))
+    assert multiprocessing.active_children() == []
+
+
 async def test_a_failing_rank_stops_the_job(nats_server: Any) -> None:
     async with cluster(nats_server.url) as root:
         nodes = [NodeSpec(n, f"{root}/{n}.sock", f"{root}/{n}", (0, 1)) for n in NODES]

@@ -204,8 +204,11 @@ class PipelineCluster:
         on_status: Callable[[JobStatus], None] | None = None,
         director: Director | None = None,
         perseus_snapshot: bool = False,
+        enough: Callable[[int, JobObserver], bool] | None = None,
     ) -> JobRun:
         """Run one job under a fresh coordinator running `scheduler`; stop the coordinator.
+
+        `iterations` at most; fewer once `enough(iterations done, the job's observer)` says so.
 
         Raises:
             PipelineDemoError: The coordinator did not start, the job failed, or the
@@ -230,13 +233,14 @@ class PipelineCluster:
             await self.services.wait_coordinator(coord, coord_task)
             options = self._options(iterations, straggler, tag)
 
-            def iteration_done(count: int, elapsed: float) -> None:
+            def iteration_done(count: int, elapsed: float) -> bool:
                 def note() -> None:
                     done_iterations.append(count)
                     observer.changed.set()
                     if on_iteration is not None:
                         on_iteration(count, elapsed)
                 loop.call_soon_threadsafe(note)
+                return enough is not None and enough(count, observer)
 
             if director is not None:
                 ctx = JobContext(self, observer, marks, done_iterations)

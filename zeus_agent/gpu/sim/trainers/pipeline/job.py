@@ -262,6 +262,8 @@ class _Channels:
         barrier: The end of each iteration (the gradient all-reduce and optimizer step).
         stop: Set by rank 0 once the job has run long enough.
         abort: Set when a rank fails: its peers stop quietly.
+        enough: Set by the launcher when its `on_iteration` says so: rank 0 then stops at the
+            end of its iteration (every rank at the same one, through `stop`).
     """
 
     job_ids: Any
@@ -270,12 +272,14 @@ class _Channels:
     barrier: Any
     stop: Any
     abort: Any
+    enough: Any
 
     @classmethod
     def of(cls, ctx: Any, world: int) -> _Channels:
         """Fresh channels for `world` ranks from the multiprocessing context `ctx`."""
         return cls(
-            ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Barrier(world), ctx.Event(), ctx.Event()
+            ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Barrier(world), ctx.Event(), ctx.Event(),
+            ctx.Event(),
         )
 
 
@@ -361,6 +365,7 @@ class _Rank:
             if place.rank == 0 and (
                 (options.seconds is None and iteration >= options.iterations)
                 or (options.seconds is not None and time.monotonic() - started >= options.seconds)
+                or ch.enough.is_set()
             ):
                 ch.stop.set()
             ch.barrier.wait(timeout=options.ipc_timeout_s)  # the all-reduce and optimizer step
@@ -464,7 +469,7 @@ def _describe(place: RankPlacement) -> str:
 def run_pipeline(
     placements: Sequence[RankPlacement],
     options: PipelineOptions,
-    on_iteration: Callable[[int, float], None] | None = None,
+    on_iteration: Callable[[int, float], bool | None] | None = None,
     timeout_s: float = 3600.0,
 ) -> PipelineResult:
     """Run the simulated pipeline job, one process per rank, until it ends.
@@ -473,7 +478,8 @@ def run_pipeline(
         placements: One per rank, rank order (`place_ranks`).
         options: The job.
         on_iteration: Called here with (iterations done, that iteration's time in s) as rank 0
-            finishes each iteration.
+            finishes each iteration; True: the job has run enough, every rank stops after its
+            current iteration (at most `options.iterations` run in any case).
         timeout_s: Give up (and kill the ranks) after this long.
 
     Raises:
@@ -544,7 +550,7 @@ class _Watch:
         placements: Sequence[RankPlacement],
         procs: dict[int, Any],
         ch: _Channels,
-        on_iteration: Callable[[int, float], None] | None,
+        on_iteration: Callable[[int, float], bool | None] | None,
         timeout_s: float,
     ) -> None:
         self.by_rank = {p.rank: p for p in placements}
@@ -582,8 +588,8 @@ class _Watch:
                 count, elapsed = (self.ch.progress.get(timeout=wait_s) if wait_s
                                   else self.ch.progress.get_nowait())
                 self.times.append(elapsed)
-                if self.on_iteration is not None:
-                    self.on_iteration(count, elapsed)
+                if self.on_iteration is not None and self.on_iteration(count, elapsed):
+                    self.ch.enough.set()
 
     def _check_exits(self, now: float) -> None:
         """A rank that exited without a result is a failure."""
