@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from coordinator.state import OwnershipBook
 from coordinator.state.assignment import preferred
+from tests.core.ownership_kit import Leases
 
 L = 3.0
 NAMES = ("a", "b", "c")
@@ -48,17 +49,8 @@ class Cluster:
     """Replicas, the ownership bucket (compare-and-set on revisions), the true time."""
 
     replicas: dict[str, Replica]
-    values: dict[str, tuple[bytes, int]] = field(default_factory=dict)
-    seq: int = 0
+    bucket: Leases = field(default_factory=Leases)
     t: float = 100.0
-
-    def write(self, key: str, value: bytes, revision: int) -> int | None:
-        current = self.values.get(key)
-        if (current[1] if current else 0) != revision:
-            return None
-        self.seq += 1
-        self.values[key] = (value, self.seq)
-        return self.seq
 
     def live(self) -> tuple[str, ...]:
         return tuple(n for n, r in self.replicas.items() if self.t - r.heard < L)
@@ -84,7 +76,7 @@ class Cluster:
             return preferred(h, live)
 
         if watch:  # Its watch of the bucket caught up (else it lags this round).
-            for h, (value, revision) in self.values.items():
+            for h, (value, revision) in self.bucket.values.items():
                 book.observe(h, value, revision)
         renewals = book.renewals()
         for h, lease in renewals[:max(0, round(reach * len(renewals)))]:
@@ -102,7 +94,7 @@ class Cluster:
 
     def _write(self, r: Replica, h: str, value: bytes, revision: int,
                handover: bool = False) -> None:
-        new = None if r.blocked else self.write(h, value, revision)
+        new = None if r.blocked else self.bucket.take(h, value, revision)
         if r.lossy:
             new = None  # (Landed or not, the replica is not told.)
         if new is not None:
@@ -110,7 +102,7 @@ class Cluster:
         elif handover:  # `Replicas.hand_over`: the outcome unknown, it gives the job up.
             r.book.gave_up(h)
         elif not r.blocked:  # A lost compare-and-set: it reads the lease (`read_lease`).
-            r.book.observe(h, *self.values[h])
+            r.book.observe(h, *self.bucket.values[h])
 
 
 def cluster(skews: list[float]) -> Cluster:
