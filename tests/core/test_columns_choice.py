@@ -1,10 +1,12 @@
-"""`ColumnsChoice` and the `Zeus-Reads` header: columns only while every coordinator heard reads
-them.
+"""`ColumnsChoice` and the `Zeus-Reads` header: a job's batches in columns only while its owner
+is heard reading them and no coordinator heard does not.
 
-An agent in `auto` sends rows until a renewal from a coordinator that reads columns is heard,
-columns while that renewal's lease lasts, rows again for the lease of any renewal from one that
-does not (an older replica), whatever else is heard meanwhile. `on` and `off` ignore what is
-heard. The header is read leniently: absent, empty, another layout or a garbled value mean rows.
+An agent in `auto` sends a job's batches as rows until a renewal of the job (its holder) from a
+coordinator that reads columns is heard, in columns while that renewal's lease lasts, and as
+rows again for the lease of any renewal from one that does not (an older replica), whatever
+else is heard meanwhile. A job whose owner is not heard (no lease of it held here) gets rows.
+`on` and `off` ignore what is heard. The header is read leniently: absent, empty, another
+layout or a garbled value mean rows.
 """
 
 from __future__ import annotations
@@ -19,45 +21,80 @@ from zeus_agent.wire.formats import COLUMNS, READS_HEADER, reads_columns, reads_
 
 def test_auto_sends_rows_until_a_coordinator_that_reads_columns_is_heard() -> None:
     choice = ColumnsChoice()
-    assert not choice.columns(0.0)
-    choice.heard(True, 30.0, 1.0)
-    assert choice.columns(1.0) and choice.columns(30.9)
-    assert not choice.columns(31.0)  # its lease ran out, none heard since
+    assert not choice.columns(0.0) and not choice.columns(0.0, "j")
+    choice.heard(True, 30.0, 1.0, "j")
+    assert choice.columns(1.0, "j") and choice.columns(30.9, "j") and choice.columns(30.9)
+    assert not choice.columns(31.0, "j") and not choice.columns(31.0)  # its lease ran out
+
+
+def test_a_job_whose_owner_is_not_heard_gets_rows() -> None:
+    """Its rank is bound here, but it holds no lease here: its owner may be an older replica."""
+    choice = ColumnsChoice()
+    choice.heard(True, 30.0, 0.0, "j")
+    assert choice.columns(1.0, "j") and choice.columns(1.0)
+    assert not choice.columns(1.0, "unheard")
+
+
+def test_a_job_handed_to_an_older_replica_gets_rows_from_its_first_renewal() -> None:
+    choice = ColumnsChoice()
+    choice.heard(True, 60.0, 0.0, "j")
+    choice.heard(False, 10.0, 5.0, "j")  # its new owner's word, not the longer lease before
+    assert not choice.columns(5.0, "j") and not choice.columns(16.0, "j")
+    choice.heard(True, 60.0, 20.0, "j")  # handed back
+    assert choice.columns(20.0, "j")
 
 
 def test_an_older_coordinator_heard_sends_rows_for_its_lease() -> None:
     choice = ColumnsChoice()
-    choice.heard(True, 60.0, 0.0)
-    choice.heard(False, 10.0, 5.0)
-    assert not choice.columns(5.0)
-    choice.heard(True, 60.0, 6.0)  # a newer one renewing meanwhile does not override it
-    assert not choice.columns(14.9)
-    assert choice.columns(15.0)
+    choice.heard(True, 60.0, 0.0, "j")
+    choice.heard(False, 10.0, 5.0, "k")  # another job's owner: any job may go to it next
+    assert not choice.columns(5.0, "j") and not choice.columns(5.0)
+    choice.heard(True, 60.0, 6.0, "j")  # a newer one renewing meanwhile does not override it
+    assert not choice.columns(14.9, "j")
+    assert choice.columns(15.0, "j") and not choice.columns(15.0, "k")
 
 
 def test_on_and_off_ignore_what_is_heard() -> None:
     on, off = ColumnsChoice("on"), ColumnsChoice("off")
     for choice in (on, off):
-        choice.heard(False, 60.0, 0.0)
-        choice.heard(True, 60.0, 0.0)
-    assert on.columns(1.0) and not off.columns(1.0)
+        choice.heard(False, 60.0, 0.0, "j")
+        choice.heard(True, 60.0, 0.0, "k")
+    assert on.columns(1.0) and on.columns(1.0, "j") and not off.columns(1.0, "k")
     with pytest.raises(ValueError, match="auto, on, off"):
         ColumnsChoice("yes")  # type: ignore[arg-type]
 
 
-HEARD = st.lists(st.tuples(st.booleans(), st.floats(0.1, 100.0), st.floats(0.0, 100.0)),
-                 max_size=12)
+HEARD = st.lists(st.tuples(st.booleans(), st.floats(0.1, 100.0), st.floats(0.0, 100.0),
+                           st.sampled_from(["a", "b", "c"])), max_size=12)
 
 
 @given(heard=HEARD, now=st.floats(0.0, 250.0))
-def test_columns_exactly_when_a_reader_is_in_its_lease_and_no_other_is(
-        heard: list[tuple[bool, float, float]], now: float) -> None:
-    """The rule, against every renewal heard (in any order of arrival)."""
+def test_columns_exactly_when_the_jobs_owner_reads_them_and_no_other_heard_does_not(
+        heard: list[tuple[bool, float, float, str]], now: float) -> None:
+    """The rule, against every renewal heard (in any order of arrival).
+
+    A job's owner is its latest renewal's sender; any renewal without the header, in its
+    lease, means rows for every job.
+    """
     choice = ColumnsChoice()
-    for reads, lease_s, at in heard:
-        choice.heard(reads, lease_s, at)
-    live = [reads for reads, lease_s, at in heard if now < at + lease_s]
-    assert choice.columns(now) == (any(live) and all(live))
+    owners: dict[str, tuple[bool, float]] = {}
+    for reads, lease_s, at, holder in heard:
+        choice.heard(reads, lease_s, at, holder)
+        owners[holder] = (reads, at + lease_s)
+    older = any(not reads and now < at + lease_s for reads, lease_s, at, _ in heard)
+    for job in ("a", "b", "c"):
+        reads, until = owners.get(job, (False, 0.0))
+        assert choice.columns(now, job) == (not older and reads and now < until)
+    assert choice.columns(now) == any(choice.columns(now, job) for job in ("a", "b", "c"))
+
+
+def test_the_owners_of_jobs_gone_are_forgotten() -> None:
+    """A long-lived agent hears thousands of jobs' owners over time: not all kept."""
+    choice = ColumnsChoice()
+    for i in range(10_000):
+        choice.heard(True, 1.0, float(i), f"job{i}")
+    assert len(choice._owners) <= 2 * 64
+    assert choice.columns(9_999.5, "job9999") and not choice.columns(9_999.5, "job9998")
 
 
 def test_the_header_says_columns_only_when_it_names_them() -> None:

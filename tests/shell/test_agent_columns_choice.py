@@ -109,3 +109,34 @@ async def test_on_and_off_ignore_the_renewals(nats_server, nc) -> None:
             finally:
                 trainer.close()
             await Inbox.close_all()
+
+
+async def test_a_job_whose_owner_is_not_heard_gets_rows_while_another_jobs_gets_columns(
+        nats_server, nc) -> None:
+    """The agent hears only the owners of the jobs it holds a lease of.
+
+    A job whose rank is bound here but holds no lease on the node (a pipeline job observing
+    its first iteration, a job before its first limit) has an owner the agent never hears: an
+    older replica for all the agent knows. Its batches stay rows while another job's owner,
+    heard, gets columns.
+    """
+    other = "jobOtherOwner"
+    async with running_agent(nats_server.url, sim_count=2, measurement_flush_s=0) as agent:
+        node = agent.settings.node
+        events = await Inbox.open(nc, subjects.job_events(JOB, 0, node))
+        meas = await Inbox.open(nc, subjects.job_measurements(JOB, node))
+        trainer = RawTrainer(agent.settings.socket_path)
+        try:
+            assert (await trainer.hello(JOB, rank=0, gpu_index=0)).ok  # no lease of JOB
+            cmd = SetPowerLimitCmd(power_limit_w=250, holder=other, lease_s=60)
+            assert (await command(nc, node, 1, cmd)).ok  # GPU 1: a lease of the other job
+            await wait_for(lambda: other in agent.renewals.subs, 3.0, "the renewals followed")
+            renewal = codec.encode(LeaseRenewal(holder=other, lease_s=60))
+            await nc.publish(subjects.lease_renewal(other), renewal, headers=reads_headers())
+            await nc.flush()
+            await wait_for(lambda: agent.formats.columns(time.monotonic(), other), 2.0, "heard")
+            assert not agent.formats.columns(time.monotonic(), JOB)
+            await _drain(events, meas)
+            assert await _layouts(trainer, events, meas, 0) == {"rows"}
+        finally:
+            trainer.close()

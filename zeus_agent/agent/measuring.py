@@ -12,7 +12,7 @@ Here they are measured later, off the clock path:
 * `release_measured()`: called when a read comes in (the reader's `on_knot`): emit what reads
   now bracket, in order, under the rank it was measured for;
 * `flush()`: publish the pending events (at once, on the rank's subject; in columns,
-  `TrainerEventColumns`, when the node's batches are: `NodeMeasurements.in_columns`) and hand
+  `TrainerEventColumns`, when the job's node batches are: `NodeMeasurements.in_columns`) and hand
   the pending marks and measurements to the node's publisher (`batches`,
   `NodeMeasurements.add`), which sends the node's GPUs' together.
 
@@ -117,7 +117,7 @@ class RankMeasurer:
             limits: When the power limit changed (a mark carries the limit at its event).
             publish: `publish(subject, payload)` (trainer events).
             batches: The node's publisher: takes the marks and measurements to publish (`add`),
-                says whether to send columns (`in_columns`).
+                says whether to send a job's in columns (`in_columns`).
             binding: The rank bound now (None: none).
             report: The agent's throttled report of a flood-prone kind (gaps).
             refused: Say a closed step or instruction cannot be measured (its counters).
@@ -336,7 +336,7 @@ class RankMeasurer:
         self._hand_over(b, marks, meas)  # (Before any await: a flush meanwhile hands later ones.)
         if events:
             batch: TrainerEventBatch | TrainerEventColumns
-            if self._batches.in_columns():
+            if self._batches.in_columns(b.job_id):
                 batch = TrainerEventColumns.from_events(
                     job_id=b.job_id, rank=b.rank, node=self.node, gpu=self.index,
                     join_digest=b.join_digest, events=events)

@@ -3,7 +3,7 @@
 Each GPU's `RankMeasurer` hands over what reads now bracket (`add`) where it used to publish a
 `MeasurementBatch` per GPU; this publishes them `delay_s` later as one `NodeMeasurementBatch`
 per job on `<p>.job.<job>.meas.<node>` (`PendingMeasurements` groups them; in columns, a
-`NodeColumnBatch`, while `in_columns()`: `--measurement-columns`). A GPU's reads come
+`NodeColumnBatch`, while `in_columns(job)`: `--measurement-columns`). A GPU's reads come
 every counter update (~100 ms) at its own phase, so without the delay each GPU's hand-over would
 still be a message of its own: with 8 GPUs and the default 50 ms, a node sends ~16 batches a
 second per job instead of ~73, each mark ~30 ms later (p50 90 ms instead of 61, p99 229 instead
@@ -29,8 +29,8 @@ __all__ = ["FLUSH_DELAY_S", "NodeMeasurements"]
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
-InColumns: TypeAlias = Callable[[], bool]
-"""Whether batches go out in columns now (`ColumnsChoice.columns` at the time)."""
+InColumns: TypeAlias = Callable[[str], bool]
+"""Whether a job's batches go out in columns now (`ColumnsChoice.columns` at the time)."""
 
 FLUSH_DELAY_S = 0.05
 """How long after the first hand-over the node's batches go out (s): half a counter update."""
@@ -45,14 +45,15 @@ class NodeMeasurements:
 
         0: at the next turn of the event loop (what GPUs handed over in one turn goes together).
         `columns`: each batch as a `NodeColumnBatch` (`--measurement-columns`); a callable:
-        asked at every flush (the trainer events' measurers ask it too: `in_columns`).
+        asked of each job's batch at every flush (the trainer events' measurers ask it too:
+        `in_columns(job_id)`).
         """
         if not delay_s >= 0:
             raise ValueError(f"delay_s must be >= 0, not {delay_s}")
         self.node = node
         self.prefix = prefix
         self.delay_s = delay_s
-        self.in_columns: InColumns = columns if callable(columns) else (lambda: columns)
+        self.in_columns: InColumns = columns if callable(columns) else (lambda _job: columns)
         self._publish = publish
         self.pending = PendingMeasurements(node)
         self._timer: asyncio.TimerHandle | None = None
@@ -83,6 +84,7 @@ class NodeMeasurements:
         async with self._order:
             for batch in self.pending.take():
                 subject = subjects.job_measurements(batch.job_id, self.node, self.prefix)
-                payload = NodeColumnBatch.from_rows(batch) if self.in_columns() else batch
+                payload = (NodeColumnBatch.from_rows(batch) if self.in_columns(batch.job_id)
+                           else batch)
                 await self._publish(subject, codec.encode(payload))
                 self.published += 1

@@ -29,7 +29,8 @@ Health: with `--metrics-port`, `GET /healthz` answers 200 `{"ok": true, "status"
 while the agent is connected and its event loop turns, else 503 with the status
 ("starting", "disconnected" since when, "closed", "stalled", "stopping") and a reason
 (`zeus_agent.status_http`; the connection's part is `zeus_agent.bus.BusHealth`'s, as the
-coordinator's); `layout` says whether its batches go out in columns or rows now
+coordinator's); `layout` says whether batches go out in columns now ("columns": those of the
+jobs whose owners are heard reading them, the others' in rows; "rows": every job's) or rows
 (`--measurement-columns`, `zeus_agent.agent.core.formats`).
 """
 
@@ -130,7 +131,7 @@ class AgentServer(ExitSignals):
         """Whether batches go out in columns: the coordinators' renewals say if they read them."""
         self.measurements = NodeMeasurements(
             settings.node, settings.prefix, self.publish, settings.measurement_flush_s,
-            lambda: self.formats.columns(time.monotonic()))
+            lambda job_id: self.formats.columns(time.monotonic(), job_id))
         """The node's marks and measurements, all its GPUs' in one batch per job per flush."""
         self.rapl = RaplReader(settings.rapl_root, settings.rapl_period_s, settings.ring_seconds)
         """The node's CPU package and DRAM energy counters (opened at startup)."""
@@ -492,7 +493,8 @@ class AgentServer(ExitSignals):
     async def _on_lease_renewal(self, msg: Any) -> None:
         try:
             renewal = codec.decode(msg.data, LeaseRenewal)
-            self.formats.heard(reads_columns(msg.headers), renewal.lease_s, time.monotonic())
+            self.formats.heard(reads_columns(msg.headers), renewal.lease_s, time.monotonic(),
+                               renewal.holder)
             for agent in self.agents.values():
                 renewed = agent.renew_leases(renewal.holder, renewal.lease_s)
                 if self.history is not None:
