@@ -42,9 +42,9 @@ examples:
 
 def _run(argv: Sequence[str]) -> int:
     from zeus_agent.agent.server import AgentServer
-    from zeus_agent.config import AgentSettings
+    from zeus_agent.config import AgentSettings, old_flags
 
-    return run_service(AgentSettings, argv, "zeus-agent run", AgentServer)
+    return run_service(AgentSettings, old_flags(argv), "zeus-agent run", AgentServer)
 
 
 BROKER_DESCRIPTION = """\

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -25,6 +26,8 @@ from zeus_agent.models import MAX_NAME_CHARS
 from zeus_agent.wire.messages import MAX_LEASE_S
 from zeus_agent.wire.trainer import DEFAULT_SOCKET_PATH
 
+OLD_FLAGS = {"--measurement-columns": "on", "--no-measurement-columns": "off"}
+"""`--measurement-columns` as a yes/no flag, as it was until 2026-12-07 (`old_flags`)."""
 MAX_SOCKET_PATH_BYTES = 107
 """Longest Unix socket path Linux binds (`sun_path` is 108 bytes with the final NUL)."""
 
@@ -261,3 +264,19 @@ class AgentSettings(NatsSettings):
     @classmethod
     def _upper(cls, value: str) -> str:
         return value.upper()
+
+
+def old_flags(argv: Sequence[str]) -> list[str]:
+    """`argv` with `--measurement-columns` given as the yes/no flag it was, as its value now.
+
+    Bare (`--measurement-columns`: on) or negated (`--no-measurement-columns`: off), as the
+    deploy guide said to pass it: an agent's unit file from before starts as it did instead of
+    stopping on a usage error. A value given (`auto`, `on`, `off`) is left alone.
+    """
+    out = []
+    for i, arg in enumerate(argv):
+        bare = i + 1 == len(argv) or argv[i + 1].startswith("-")
+        if arg in OLD_FLAGS and (bare or arg.startswith("--no-")):
+            arg = f"--measurement-columns={OLD_FLAGS[arg]}"
+        out.append(arg)
+    return out
