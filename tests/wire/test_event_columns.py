@@ -11,7 +11,7 @@ refused naming the field.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args
 
 import msgpack
 import pytest
@@ -151,3 +151,18 @@ def test_bad_columns_are_refused_naming_the_field(change: dict[str, Any], field:
 def test_an_empty_batch_decodes_in_either_layout() -> None:
     rows = rows_payload([])
     assert verdicts(rows) == ([], [])
+
+
+def test_the_kind_numbers_are_the_wires_pinned_and_documented() -> None:
+    """`kind` carries numbers: which kind each is must not move with the model's `Literal`.
+
+    An older agent's columns are read by a newer coordinator: a `Literal` reordered (or a kind
+    inserted) must not renumber them. A new kind goes at the end. The schema (subjects.md) says
+    which number is which, as a peer needs to pack them.
+    """
+    assert EVENT_KINDS == ("epoch_begin", "epoch_end", "step_begin", "step_end",
+                           "instruction_begin", "instruction_end", "selection")
+    assert set(EVENT_KINDS) == set(get_args(TrainerEvent.model_fields["kind"].annotation))
+    schema = TrainerEventColumns.model_json_schema()["properties"]["kind"]
+    for number, kind in enumerate(EVENT_KINDS):
+        assert f"{number} {kind}" in schema.get("description", ""), kind

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from functools import partial
 from itertools import compress
-from typing import Annotated, Literal, NamedTuple, get_args
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -47,8 +47,11 @@ __all__ = ["EVENTS_COLUMNS_VERSION", "EVENT_KINDS", "EventLike", "EventRow",
 
 EVENTS_COLUMNS_VERSION: Literal[1] = 1
 """The layout's version, in each batch's `columns` field."""
-EVENT_KINDS: tuple[str, ...] = get_args(TrainerEvent.model_fields["kind"].annotation)
-"""`TrainerEvent.kind` by its number in `TrainerEventColumns.kind` (the `Literal`'s order)."""
+EVENT_KINDS: tuple[str, ...] = ("epoch_begin", "epoch_end", "step_begin", "step_end",
+                                "instruction_begin", "instruction_end", "selection")
+"""`TrainerEvent.kind` by its number in `TrainerEventColumns.kind`: the wire's numbers, so
+spelled out, not the `Literal`'s order (which a reordering would renumber); a new kind goes at
+the end (`test_event_columns` checks it names every kind of the model)."""
 _KIND_NUMBERS = {kind: i for i, kind in enumerate(EVENT_KINDS)}
 
 _Items = Field(fail_fast=True)  # (Stops at the first bad item: `test_node_batch_floods`.)
@@ -91,7 +94,9 @@ class TrainerEventColumns(Message):
         "HELLO (None: none), as in `TrainerEventBatch`")
     names: Annotated[list[Name], _Items] = Field(default=[],
                                                  description="The events' names, each once")
-    kind: Annotated[list[Annotated[int, Field(ge=0, lt=len(EVENT_KINDS))]], _Items]
+    kind: Annotated[list[Annotated[int, Field(ge=0, lt=len(EVENT_KINDS))]], _Items] = Field(
+        description="Per event, its kind's number (`EVENT_KINDS`): "
+        + ", ".join(f"{i} {kind}" for i, kind in enumerate(EVENT_KINDS)))
     t_ns: Annotated[list[Nanos], _Items]
     epoch: Annotated[list[Counter], _Items]
     step: Annotated[list[Counter], _Items]
