@@ -109,11 +109,14 @@ class AgentSettings(NatsSettings):
     measurement_columns: ColumnsMode = Field(
         "auto",
         description="The layout of the node's batches of marks and measurements and of the "
-        "ranks' trainer events: 'auto' sends columns (NodeColumnBatch, TrainerEventColumns: an "
-        "array per field, not a map per item, which coordinators decode several times faster) "
-        "while every coordinator heard through its lease renewals says it reads them, rows "
-        "otherwise (an older coordinator drops columns as malformed); 'on': always columns "
-        "(every coordinator of this version or newer); 'off': always rows",
+        "ranks' trainer events: 'auto' sends a job's in columns (NodeColumnBatch, "
+        "TrainerEventColumns: an array per field, not a map per item, which coordinators decode "
+        "several times faster) while the job's owner says in its lease renewals that it reads "
+        "them and no coordinator heard says otherwise, rows otherwise (an older coordinator "
+        "drops columns as malformed; a job that holds no lease on the node has an owner the "
+        "agent does not hear); 'on': always columns (every coordinator of this version or "
+        "newer); 'off': always rows. The yes/no flag of before still works (bare: on, "
+        "--no-measurement-columns: off)",
     )
     heartbeat_s: float = Field(
         5.0, ge=0.1, le=3600, description="Announcement/heartbeat interval (s)"

@@ -80,8 +80,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.lease.{holder}", s.lease_renewal, "coordinator -> agents",
                 m.LeaseRenewal, None, "Renews every lease `holder` has on any agent (each agent "
                 "follows it while it holds one). Header `Zeus-Reads: columns/1`: the sender "
-                "reads columns (`NodeColumnBatch`, `TrainerEventColumns`); an agent sends them "
-                "only while every coordinator it hears says so."),
+                "reads columns (`NodeColumnBatch`, `TrainerEventColumns`); an agent sends a "
+                "job's in columns only while the job's owner says so and no coordinator it "
+                "hears says otherwise."),
     SubjectSpec("{prefix}.coord.jobs.register.{node}", s.coord_register_job,
                 "node's agent -> coordinator (request/reply)", m.RegisterJob, m.Reply,
                 "Registers a trainer's job; the reply carries the job id and join token."),
@@ -117,9 +118,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 m.TrainerEventBatch, None,
                 "A rank's batched trainer events with the rank's counters; as rows, or in "
                 "columns (`TrainerEventColumns`: an array per field, told apart by its "
-                "`columns` field) while the coordinators the agent hears read them "
-                "(`--measurement-columns auto`, the `Zeus-Reads` header of their lease "
-                "renewals).",
+                "`columns` field) while the job's owner says it reads them and no coordinator "
+                "the agent hears says otherwise (`--measurement-columns auto`, the "
+                "`Zeus-Reads` header of their lease renewals).",
                 also=(TrainerEventColumns,)),
     SubjectSpec("{prefix}.job.{job}.meas.{node}", s.job_measurements, "node's agent ->",
                 NodeMeasurementBatch, None,
@@ -127,8 +128,8 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 "measurements of the job's ranks on the node's GPUs, once counter reads bracket "
                 "them: one batch per job per flush, a part per GPU; as rows, or in columns "
                 "(`NodeColumnBatch`: an array per field, decoded several times faster; told "
-                "apart by its `columns` field) while the coordinators the agent hears read "
-                "them (`--measurement-columns auto`).",
+                "apart by its `columns` field) while the job's owner says it reads them and no "
+                "coordinator the agent hears says otherwise (`--measurement-columns auto`).",
                 also=(NodeColumnBatch,)),
     SubjectSpec("{prefix}.job.{job}.status", s.job_status, "coordinator ->", m.JobStatus, None,
                 "A job's state, message and progress."),
