@@ -136,6 +136,7 @@ async def test_a_job_whose_owner_is_not_heard_gets_rows_while_another_jobs_gets_
             await nc.flush()
             await wait_for(lambda: agent.formats.columns(time.monotonic(), other), 2.0, "heard")
             assert not agent.formats.columns(time.monotonic(), JOB)
+            assert agent.health()[1]["layout"] == "columns"  # (Some job's go in columns.)
             await _drain(events, meas)
             assert await _layouts(trainer, events, meas, 0) == {"rows"}
         finally:
