@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from tests.shell.coordinator_kit import (
+    JOIN_TOKENS,
     NODE,
     ask,
     bind_trainers,
@@ -27,7 +28,15 @@ from tests.shell.coordinator_kit import (
 from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.formats import reads_columns
-from zeus_agent.wire.messages import JobQuery, LeaseRenewal, PowerLimitOptions
+from zeus_agent.wire.event_columns import TrainerEventColumns
+from zeus_agent.wire.messages import (
+    JobQuery,
+    LeaseRenewal,
+    PowerLimitOptions,
+    TrainerEvent,
+    TrainerEventBatch,
+    join_token_digest,
+)
 
 
 async def test_the_agent_switches_to_columns_on_the_coordinators_word(nats_server, agent, nc,
@@ -74,3 +83,37 @@ async def test_the_agent_switches_to_columns_on_the_coordinators_word(nats_serve
         await wait_for(lambda: not agent.formats.columns(time.monotonic()), 3)
     finally:
         await stop(coord, task)
+
+
+async def test_events_in_columns_are_checked_against_their_subject_as_rows_are(coord,
+                                                                               nc) -> None:
+    """The same batch, dropped for the same reason in either layout (the checks follow the
+    decode, whichever layout it gave): another node's (named in the payload, or only in the
+    subject), another GPU's, a trainer without the join token, another job's payload on this
+    job's subject."""
+    job_id = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
+    other = await register_job(nc, dp=2, power_limit=PowerLimitOptions())
+    for r in (0, 1):
+        assert (await ask(nc, subjects.coord_register_rank(NODE), rank_request(job_id, r))).ok
+    await wait_for(lambda: job_id in coord.optimisers)
+    digest = join_token_digest(JOIN_TOKENS[job_id])
+    steps = [TrainerEvent(kind="step_begin", t_ns=1, epoch=0, step=s) for s in range(50)]
+    good = TrainerEventBatch(job_id=job_id, rank=0, node=NODE, gpu=0, join_digest=digest,
+                             events=steps)
+    here = subjects.job_events(job_id, 0, NODE)
+    cases = [("wrong_node", subjects.job_events(job_id, 0, "evil"), {"node": "evil"}),
+             ("wrong_node", subjects.job_events(job_id, 0, "evil"), {}),
+             ("wrong_node", here, {"gpu": 1}),
+             ("no_join_token", here, {"join_digest": None}),
+             ("wrong_job", here, {"job_id": other})]
+    for layout in ("rows", "columns"):
+        for reason, subject, change in cases:
+            batch = good.model_copy(update=change)
+            payload = TrainerEventColumns.from_batch(batch) if layout == "columns" else batch
+            before = coord.dropped[reason]
+            await nc.publish(subject, codec.encode(payload))
+            await nc.flush()
+            await wait_for(lambda r=reason, b=before: coord.dropped[r] == b + 1)
+    assert coord.optimisers[job_id].last_step is None  # nothing paced the machine
+    await nc.publish(here, codec.encode(TrainerEventColumns.from_batch(good)))
+    await wait_for(lambda: coord.optimisers[job_id].last_step is not None)  # the good one
