@@ -27,8 +27,8 @@ from tests.shell.coordinator_kit import (
 )
 from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.wire import codec, subjects
-from zeus_agent.wire.formats import reads_columns
 from zeus_agent.wire.event_columns import TrainerEventColumns
+from zeus_agent.wire.formats import reads_columns
 from zeus_agent.wire.messages import (
     JobQuery,
     LeaseRenewal,
