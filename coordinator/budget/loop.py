@@ -312,8 +312,7 @@ class BudgetLoop:
             before = self.plans.get(g.budget_id)
             sent = before.caps if before is not None else tight.held or None
             p = enforce.staged(p, sent, tight, counting)  # (Its raises a round after its cuts.)
-            if sent != p.caps:  # (Taken over: the caps in force are the predecessor's.)
-                tight.hold(raised=enforce.raised_only(sent, p.caps))
+            tight.sent(sent, p.caps, p.room_w)  # (Taken over: `sent` is the predecessor's.)
             self.plans[g.budget_id] = p
             self.statuses[g.budget_id] = enforce.status(p, g, measured, self.book.me)
             if ROUNDS.isEnabledFor(logging.INFO):
