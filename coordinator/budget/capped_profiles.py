@@ -67,16 +67,19 @@ class CappedProfiles:
             f = job.frontier
             known = self.frontiers.get(job.job_id)
             if f is None:  # (Profiling again, or not known here yet.)
-                if known is not None and not job.remote:
+                if (known is not None or job.profiling) and not job.remote:
                     self.capped[job.job_id] = self.capped.get(job.job_id, False) or under
                 continue
             digest = frontier_digest(f.chosen, f.times)
-            if known is not None and known != digest:
-                if self.capped.get(job.job_id, False):
+            if known != digest:
+                if job.planned_capped or self.capped.get(job.job_id, False):
+                    found += [job.job_id] if self.untrusted.get(job.job_id) != digest else []
                     self.untrusted[job.job_id] = digest
-                    found.append(job.job_id)
-                else:  # (Planned with no budget on its GPUs.)
+                elif known is not None:  # (Planned with no budget on its GPUs.)
                     self.untrusted.pop(job.job_id, None)
+            elif job.planned_capped and self.untrusted.get(job.job_id) != digest:
+                self.untrusted[job.job_id] = digest  # (Its record says so: it took it over.)
+                found.append(job.job_id)
             self.frontiers[job.job_id] = digest
             self.capped[job.job_id] = under
         for table in (self.frontiers, self.capped, self.untrusted):
@@ -87,6 +90,12 @@ class CappedProfiles:
     def unobserved(self) -> None:
         """A round in which the jobs were not looked at: what they did meanwhile is not known."""
         self.capped.clear()
+
+    def planned_capped(self, job: JobView) -> bool:
+        """Whether `job`'s frontier was found planned under caps (its record says so)."""
+        f = job.frontier
+        return f is not None and (job.planned_capped or self.untrusted.get(job.job_id)
+                                  == frontier_digest(f.chosen, f.times))
 
     def trusted(self, job: JobView) -> JobView:
         """`job`, without its frontier if that was planned under caps (capped proportionally)."""

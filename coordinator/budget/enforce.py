@@ -90,6 +90,11 @@ class JobView:
     """A pipeline job's draw per GPU there, from its energies (`StragglerHandling.own_draw_w`)."""
     remote: bool = False
     """Another replica drives it (a frontier is the one that replica recorded: `remote`)."""
+    profiling: bool = False
+    """A pipeline job driven here, profiling its instructions now (`capped_profiles`)."""
+    planned_capped: bool = False
+    """Its frontier's record says it was planned from a profile a budget's caps throttled
+    (`BudgetFrontier.planned_capped`: its driver found it so, maybe another replica)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,6 @@ class BudgetLoop:
             self.profiles.unobserved()
             return
         jobs = self.jobs()
-        await self.bucket.record_frontiers(jobs)
         await self.bucket.resume_timing(jobs, self.timing)
         now_s = time.monotonic()
         counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
@@ -155,6 +154,7 @@ class BudgetLoop:
             self.statuses.clear()
             self.observe_profiles(jobs, {k for g in core.governing(
                 budgets, self.cluster, self.wall()) for k in g.gpus})
+            await self.bucket.record_frontiers(jobs, self.profiles.planned_capped)
             held = self.held_here(budgets, jobs)  # (The owner caps them.)
             if counting:
                 self.measure_here(jobs, held)
@@ -164,6 +164,7 @@ class BudgetLoop:
             return
         await self.bucket.resume_backoffs(self.tighteners)
         caps = self.plan(budgets, counting, jobs)
+        await self.bucket.record_frontiers(jobs, self.profiles.planned_capped)
         leases = self.cap_leases(budgets)
         now = self.wall()
         lifts = {k: h for k, (h, until) in self.unlifted.items() if until > now}
