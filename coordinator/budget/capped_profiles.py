@@ -51,6 +51,10 @@ class CappedProfiles:
     since in which it had none (driven here: it was planning again)."""
     untrusted: dict[str, str] = field(default_factory=dict)
     """Job -> the digest of its frontier planned under caps."""
+    asked: dict[str, str] = field(default_factory=dict)
+    """Job -> the digest of the untrusted frontier it was asked to profile again from."""
+    here: set[str] = field(default_factory=set)
+    """The jobs driven here, as last observed."""
 
     def observe(self, jobs: Iterable[JobView], governed: Set[GpuKey]) -> list[str]:
         """One round: the jobs as seen, and the GPUs an active budget governs now.
@@ -61,8 +65,11 @@ class CappedProfiles:
         exist), and a job first seen without one may be a replica replaying it.
         """
         live, found = set(), []
+        self.here = set()
         for job in jobs:
             live.add(job.job_id)
+            if not job.remote:
+                self.here.add(job.job_id)
             under = not governed.isdisjoint(job.gpus)
             f = job.frontier
             known = self.frontiers.get(job.job_id)
@@ -82,10 +89,39 @@ class CappedProfiles:
                 found.append(job.job_id)
             self.frontiers[job.job_id] = digest
             self.capped[job.job_id] = under
-        for table in (self.frontiers, self.capped, self.untrusted):
+        for table in (self.frontiers, self.capped, self.untrusted, self.asked):
             for gone in [j for j in table if j not in live]:
                 del table[gone]
         return found
+
+    def to_reprofile(self, jobs: Iterable[JobView], governed: Set[GpuKey]) -> list[str]:
+        """The jobs driven here to ask to profile again (once per frontier: `reprofiled`).
+
+        Their frontier is not trusted, and no budget governs their GPUs now (`governed`).
+        Else nothing would ask it: such a job is held while a budget governs it (no drift
+        watch), and if its last allowed drift re-profile ran under the caps it stayed capped
+        proportionally in every later budget. Asked once the caps are gone, it plans a
+        frontier the budgets trust.
+        """
+        out = []
+        for job in jobs:
+            f = job.frontier
+            if f is None or job.remote or not governed.isdisjoint(job.gpus):
+                continue
+            digest = frontier_digest(f.chosen, f.times)
+            if self.untrusted.get(job.job_id) == digest != self.asked.get(job.job_id):
+                out.append(job.job_id)
+        return out
+
+    def pending(self) -> bool:
+        """Whether a job driven here may still have to be asked to profile again."""
+        return any(j in self.untrusted and self.untrusted[j] != self.asked.get(j)
+                   for j in self.here)
+
+    def reprofiled(self, job: JobView) -> None:
+        """`job` will profile again (`to_reprofile`): not asked again for this frontier."""
+        if job.frontier is not None:
+            self.asked[job.job_id] = frontier_digest(job.frontier.chosen, job.frontier.times)
 
     def unobserved(self) -> None:
         """A round in which the jobs were not looked at: what they did meanwhile is not known."""
