@@ -14,18 +14,20 @@ was counted over 100 W under its draw it had.
 
 `CappedProfiles` follows each job's frontier round by round (every replica, owner or not)
 and says which frontier is not to be trusted: a job's new frontier, after rounds in which the
-replica driving it saw it without one (planning again) while a budget governed its GPUs, or
-one that changed between two rounds in which a budget did (a job whose profile ended before
-the first round of a budget planned with no caps). Not covered: a job's first frontier (a job
-that starts under a budget), and a re-profile under caps of a job another replica drives
-that this one saw no frontier of before it (its driver records it only while budgets exist):
-after a takeover the new owner then trusts it. The budget loop
-caps such a job proportionally, counted at its cap (`allocator`: a job without a profile), as
-it did while the job profiled, until the job plans a frontier from a profile no budget capped.
+replica driving it saw it without one (planning again, or profiling for the first time:
+`JobView.profiling`) while a budget governed its GPUs, or one that changed between two rounds
+in which a budget did (a job whose profile ended before the first round of a budget planned
+with no caps), or one whose record says so (`JobView.planned_capped`, from
+`BudgetFrontier.planned_capped`, which the driver writes from `planned_capped`: a replica
+taking the budgets or the job over, which saw none of it). The budget loop caps such a job
+proportionally, counted at its cap (`allocator`: a job without a profile), as it did while
+the job profiled, until the job plans a frontier from a profile no budget capped; once no
+budget governs its GPUs, the replica driving it asks it to profile again (`to_reprofile`).
 A frontier seen again after a round without one (a replica replaying a job it took over) is
-the same plan (`timing.frontier_digest`): trusted as it was. Rounds not observed (no budget
-anywhere: the loop does not look at the jobs) end what is known of the jobs' rounds, not the
-frontiers already found untrusted.
+the same plan (`timing.frontier_digest`): trusted as it was, unless its record says
+otherwise. Rounds not observed (no budget anywhere: the loop does not look at the jobs, but
+while one driven here waits to be asked to profile again) end what is known of the jobs'
+rounds, not the frontiers already found untrusted.
 """
 
 from __future__ import annotations

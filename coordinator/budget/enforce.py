@@ -25,7 +25,8 @@ band under the room, `BAND_JITTERS` of the draw's jitter from round to round (at
 After the caps change, the samples describe the old caps for a while (a GPU takes a new
 limit at its next step, an agent publishes its samples every second): for `SETTLE_ROUNDS`
 rounds the tightener holds still (`Tightener.hold`), or it would count the old excess again
-and cut far too deep.
+and cut far too deep; a change under `SETTLED_MOVE` of the room is the samples' noise, and
+does not hold it (`Tightener.sent`).
 A plan that raises some caps and lowers others sends its raises a round after its cuts
 (`staged`): a GPU takes a higher cap at once, a lower one only at its job's next step.
 The backoff is kept in the state bucket with the caps sent (`Tightener.worth_keeping`,
