@@ -215,6 +215,8 @@ class Tightener:
     recent: tuple[Mapping[GpuKey, int], ...] = ()
     """The caps sent in the rounds since the last hold, the latest `SETTLE_ROUNDS` of them
     (`sent`; the last one's replacement not yet)."""
+    cut: bool = False
+    """This round's draw shrank the room (`update`): any change of the caps holds (`sent`)."""
 
     def sent(self, before: Mapping[GpuKey, int] | None, after: Mapping[GpuKey, int],
              room_w: float) -> None:
@@ -228,12 +230,13 @@ class Tightener:
         counted at its draw, moved its cap by a watt or two every round with the draw's noise,
         the tightener never had a settled round, and a new budget's start margin stayed until
         the lift (2 of 10 first events at 16 x 8, 2026-12-07). A GPU capped anew (or the first
-        caps) always holds.
+        caps) always holds, and so does any change in a round whose draw shrank the room
+        (`cut`): its samples would count the same excess again, round after round.
         """
         seen = (*self.recent, before)[-SETTLE_ROUNDS:] if before is not None else ()
         move = math.inf if not seen else sum(
             max(abs(w - c.get(k, -math.inf)) for c in seen) for k, w in after.items())
-        if move > SETTLED_MOVE * room_w:
+        if move > SETTLED_MOVE * room_w or (self.cut and move > 0):
             self.hold(raised=raised_only(before, after))  # (Which forgets `recent`.)
         else:
             self.recent = seen
@@ -301,6 +304,7 @@ class Tightener:
         is over it half the time. The backoff never exceeds the room (one kept by a
         predecessor may: a huge one would hold the group at its floor while it decays).
         """
+        self.cut = False
         if self.fresh:
             self.fresh = False
             self.backoff_w = max(self.backoff_w, START_MARGIN * room_w)
@@ -335,6 +339,7 @@ class Tightener:
         self.over_rounds += 1
         if self.over_rounds >= OVER_ROUNDS:
             self.backoff_w += measured_w - target_w
+            self.cut = True
         return True
 
 

@@ -133,6 +133,8 @@ class BudgetLoop:
         (`budget.capped_profiles`; followed by every replica, owner or not)."""
         self.reprofile = reprofile
         """Asks such jobs driven here to profile again once no budget governs them."""
+        self.governed: set[core.GpuKey] = set()
+        """The GPUs a budget governed in the latest round planned (`plan`)."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
@@ -191,7 +193,7 @@ class BudgetLoop:
         await self.lift_lifted(now)
         points = frontier_points(self.plans.values(), self.views, self.ratios)
         await self.tell(points)
-        await self.reprofile_capped(jobs, set(caps))
+        await self.reprofile_capped(jobs, self.governed)
         await self.bucket.record_points(points, self.views)
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.bucket.keep_backoffs(self.tighteners, self.plans)
@@ -325,7 +327,8 @@ class BudgetLoop:
         governed = [enforce.with_margin(g, self.margin_pct)
                     for g in core.governing(budgets, self.cluster, self.wall())]
         jobs = self.jobs() if jobs is None else jobs
-        self.observe_profiles(jobs, {k for g in governed for k in g.gpus})
+        self.governed = {k for g in governed for k in g.gpus}
+        self.observe_profiles(jobs, self.governed)
         jobs = self.views = self.calibrate(jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:

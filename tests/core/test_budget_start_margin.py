@@ -110,3 +110,15 @@ def test_a_gpu_capped_anew_or_the_first_caps_always_hold() -> None:
     t = enforce.Tightener()
     t.sent({A[0]: 300}, {A[0]: 300}, ROOM)
     assert t.settling == 0
+
+
+def test_a_small_cut_of_the_tighteners_own_holds_it() -> None:
+    """Its samples would count the same excess again until they show the cut."""
+    t = enforce.Tightener(jitter_w=0.0)
+    caps = {k: 200 for k in A + P}
+    for _ in range(enforce.OVER_ROUNDS):
+        t.update(ROOM + 20.0, ROOM)
+    assert t.backoff_w == 20.0 and t.cut
+    t.sent(caps, dict(caps) | {P[0]: 190}, ROOM)  # (Far under the tolerance.)
+    assert t.settling == enforce.SETTLE_ROUNDS
+    assert [t.update(ROOM + 20.0, ROOM) for _ in range(enforce.SETTLE_ROUNDS)] == [20.0] * 3
