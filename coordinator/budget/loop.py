@@ -241,7 +241,8 @@ class BudgetLoop:
         """Ask jobs driven here to profile again (`CappedProfiles.to_reprofile`).
 
         Those whose frontier was planned under a budget's caps, none of whose GPUs a budget
-        governs now.
+        governs now. Asked once per frontier: a job whose scheduler cannot profile again
+        (not Perseus) is not asked every round.
         """
         want = self.profiles.to_reprofile(jobs, governed)
         if not want or self.reprofile is None:
@@ -252,10 +253,11 @@ class BudgetLoop:
             LOG.exception("jobs not asked to profile again")
             return
         for job in jobs:
-            if job.job_id in done:
+            if job.job_id in want:
                 self.profiles.reprofiled(job)
-                LOG.info("job %s: asked to profile again: its frontier was planned under a "
-                         "power budget's caps, and no budget governs its GPUs now", job.job_id)
+                LOG.info("job %s: %s to profile again: its frontier was planned under a power "
+                         "budget's caps, and no budget governs its GPUs now", job.job_id,
+                         "asked" if job.job_id in done else "cannot be asked")
 
     async def cap_profiling(self, planned: dict[core.GpuKey, int],
                             budgets: list[Budget]) -> None:

@@ -142,3 +142,23 @@ def test_the_loop_asks_once_the_budgets_are_gone() -> None:
     assert asked == [{"perseus"}]
     asyncio.run(loop.tick())
     assert asked == [{"perseus"}]  # Asked once for that frontier.
+
+
+def test_a_job_whose_scheduler_cannot_profile_again_is_not_asked_every_round() -> None:
+    cluster = Cluster()
+    views = [job(None, profiling=True)]
+    calls: list[set[str]] = []
+
+    async def refuse(ids: set[str]) -> set[str]:
+        calls.append(ids)
+        return set()
+
+    loop = BudgetLoop(link=None, book=SimpleNamespace(me="r"),  # type: ignore[arg-type]
+                      cluster=cluster, jobs=lambda: views, cap_lease_s=10.0,
+                      view=BudgetView(), reprofile=refuse)
+    loop.observe_profiles(views, set(GPUS))
+    views[0] = job(CAPPED)
+    loop.observe_profiles(views, set())
+    for _ in range(3):
+        asyncio.run(loop.reprofile_capped(views, set()))
+    assert calls == [{"perseus"}] and not loop.profiles.pending()
