@@ -40,7 +40,8 @@ class LoopBucket:
         """Pipeline jobs driven here whose kept measures were read (`resume_timing`)."""
         self.timing_kept: dict[str, BudgetTiming] = {}
         """Job -> its measures as last written to (or read from) the state bucket."""
-        self.frontiers_sent: dict[str, tuple[frontier_options.FrontierView, float | None]] = {}
+        self.frontiers_sent: dict[str, tuple[frontier_options.FrontierView, float | None,
+                                             bool]] = {}
         """Perseus job driven here -> its frontier and own draw as recorded (`budget.remote`)."""
         self.points_sent: dict[str, tuple[int, float]] = {}
         """Perseus job another replica drives -> the point recorded for it (as the owner)."""
@@ -142,11 +143,13 @@ class LoopBucket:
         except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
             LOG.debug("measures under the budgets not kept: %s", e)
 
-    async def record_frontiers(self, jobs: list[enforce.JobView]) -> None:
+    async def record_frontiers(self, jobs: list[enforce.JobView],
+                               capped: Callable[[enforce.JobView], bool] = lambda j: False,
+                               ) -> None:
         """Record the frontiers of the Perseus jobs driven here (`remote.record_frontiers`)."""
         try:
             await remote.record_frontiers(self.link.require_state().kv, jobs,
-                                          self.frontiers_sent)
+                                          self.frontiers_sent, capped)
         except Exception as e:  # noqa: BLE001 - the bucket is away: the next round writes
             LOG.debug("frontiers not recorded for the budgets: %s", e)
 

@@ -25,7 +25,8 @@ band under the room, `BAND_JITTERS` of the draw's jitter from round to round (at
 After the caps change, the samples describe the old caps for a while (a GPU takes a new
 limit at its next step, an agent publishes its samples every second): for `SETTLE_ROUNDS`
 rounds the tightener holds still (`Tightener.hold`), or it would count the old excess again
-and cut far too deep.
+and cut far too deep; a change under `SETTLED_MOVE` of the room is the samples' noise, and
+does not hold it (`Tightener.sent`).
 A plan that raises some caps and lowers others sends its raises a round after its cuts
 (`staged`): a GPU takes a higher cap at once, a lower one only at its job's next step.
 The backoff is kept in the state bucket with the caps sent (`Tightener.worth_keeping`,
@@ -35,6 +36,7 @@ predecessor's for a while (`Tightener.resume`, `guarded`), so the cap holds thro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -62,6 +64,9 @@ START_MARGIN = 0.03
 """Share of the room a new budget's first allocation keeps back (`Tightener.fresh`)."""
 GUARD_ROUNDS = SETTLE_ROUNDS + OVER_ROUNDS + 3
 """Rounds in which an owner that took a budget over sends no cap above its predecessor's."""
+SETTLED_MOVE = 0.01
+"""Share of the room the caps may move by, summed over `SETTLE_ROUNDS` rounds, without a hold
+(`Tightener.sent`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,11 @@ class JobView:
     """A pipeline job's draw per GPU there, from its energies (`StragglerHandling.own_draw_w`)."""
     remote: bool = False
     """Another replica drives it (a frontier is the one that replica recorded: `remote`)."""
+    profiling: bool = False
+    """A pipeline job driven here, profiling its instructions now (`capped_profiles`)."""
+    planned_capped: bool = False
+    """Its frontier's record says it was planned from a profile a budget's caps throttled
+    (`BudgetFrontier.planned_capped`: its driver found it so, maybe another replica)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +212,35 @@ class Tightener:
     group over the cap for `SETTLE_ROUNDS` + `OVER_ROUNDS` rounds; the margin is given back at
     `RELEASE` a round once the group measures under."""
 
+    recent: tuple[Mapping[GpuKey, int], ...] = ()
+    """The caps sent in the rounds since the last hold, the latest `SETTLE_ROUNDS` of them
+    (`sent`; the last one's replacement not yet)."""
+    cut: bool = False
+    """This round's draw shrank the room (`update`): any change of the caps holds (`sent`)."""
+
+    def sent(self, before: Mapping[GpuKey, int] | None, after: Mapping[GpuKey, int],
+             room_w: float) -> None:
+        """The caps `after` replace `before` (None: none sent yet): hold if the move matters.
+
+        The samples may show any caps of the last `SETTLE_ROUNDS` rounds: they are off by at
+        most how far each GPU's cap now is from the farthest of those, summed over the GPUs.
+        Up to `SETTLED_MOVE` of the room (1%, about half the 16 x 8 group's round-to-round
+        jitter, 400 W of a 19 kW cap: what the band already covers) that is the samples'
+        noise, not the caps' step: no hold. Held on any change, a job capped proportionally,
+        counted at its draw, moved its cap by a watt or two every round with the draw's noise,
+        the tightener never had a settled round, and a new budget's start margin stayed until
+        the lift (2 of 10 first events at 16 x 8, 2026-12-07). A GPU capped anew (or the first
+        caps) always holds, and so does any change in a round whose draw shrank the room
+        (`cut`): its samples would count the same excess again, round after round.
+        """
+        seen = (*self.recent, before)[-SETTLE_ROUNDS:] if before is not None else ()
+        move = math.inf if not seen else sum(
+            max(abs(w - c.get(k, -math.inf)) for c in seen) for k, w in after.items())
+        if move > SETTLED_MOVE * room_w or (self.cut and move > 0):
+            self.hold(raised=raised_only(before, after))  # (Which forgets `recent`.)
+        else:
+            self.recent = seen
+
     def resume(self, held: dict[GpuKey, int], jitter_w: float = 0.0) -> None:
         """Taken over from an owner that sent `held` last: bound the caps by them a while.
 
@@ -250,6 +289,7 @@ class Tightener:
         """
         self.raised = raised and (self.settling == 0 or self.raised)
         self.settling = rounds
+        self.recent = ()
         self.over_rounds = 0
         self.last_w = None  # (The next change of the draw is the caps', not noise.)
 
@@ -264,6 +304,7 @@ class Tightener:
         is over it half the time. The backoff never exceeds the room (one kept by a
         predecessor may: a huge one would hold the group at its floor while it decays).
         """
+        self.cut = False
         if self.fresh:
             self.fresh = False
             self.backoff_w = max(self.backoff_w, START_MARGIN * room_w)
@@ -298,6 +339,7 @@ class Tightener:
         self.over_rounds += 1
         if self.over_rounds >= OVER_ROUNDS:
             self.backoff_w += measured_w - target_w
+            self.cut = True
         return True
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from coordinator.budget import enforce, remote
 from coordinator.pipeline import budget_point
 from coordinator.pipeline.job import PipelineJob
+from coordinator.pipeline.phase import Phase
 from coordinator.power_limit.job import PowerLimitJob
 from coordinator.power_limit.job_parts import make_selector
 from zeus_agent.models import PowerLimitMeasurement
@@ -32,10 +33,10 @@ def job_views(drivers: Iterable[JobDriver],
     its own; driven by another, the profile its owner recorded in the state bucket
     (`recorded_profile`); a pipeline job serving a plan of its frontier (Perseus) its
     frontier: driven here, its own; driven by another, the one that replica recorded
-    (`follows`, `budget.remote`); every other job (profiling, a job another replica drives
+    (`follows`, `budget.remote`), with what its record says of how it was planned
+    (`planned_capped`); every other job (profiling: `profiling`, a job another replica drives
     with nothing recorded, one that failed here: its frontier record is then purged) is
-    capped proportionally. Each job's slowdown counts as its
-    registered `priority`.
+    capped proportionally. Each job's slowdown counts as its registered `priority`.
     """
     views = []
     for driver in drivers:
@@ -57,18 +58,22 @@ def job_views(drivers: Iterable[JobDriver],
             views.append(enforce.JobView(driver.job_id, gpus, *known, weight, remote=True))
         elif job is None and follows is not None and (
                 theirs := follows.frontier(driver.job_id)) is not None:
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=theirs,
-                                         own_draw_w=follows.own_draw_w(driver.job_id),
-                                         remote=True))
+            views.append(enforce.JobView(
+                driver.job_id, gpus, weight=weight, frontier=theirs,
+                own_draw_w=follows.own_draw_w(driver.job_id), remote=True,
+                planned_capped=follows.planned_capped(driver.job_id, theirs)))
         elif frontier is not None and isinstance(job, PipelineJob):
+            capped = follows is not None and follows.planned_capped(driver.job_id, frontier)
             views.append(enforce.JobView(driver.job_id, gpus, weight=weight, frontier=frontier,
                                          own_point=not job.straggling.stragglers.factors(),
                                          step_times=tuple(job.straggling.step_times),
                                          own_step_s=job.straggling.own_step_s(),
-                                         own_draw_w=job.straggling.own_draw_w()))
+                                         own_draw_w=job.straggling.own_draw_w(),
+                                         planned_capped=capped))
         else:
-            views.append(enforce.JobView(driver.job_id, gpus, weight=weight,
-                                         remote=job is None))
+            views.append(enforce.JobView(
+                driver.job_id, gpus, weight=weight, remote=job is None,
+                profiling=isinstance(job, PipelineJob) and job.phase is Phase.PROFILING))
     return views
 
 

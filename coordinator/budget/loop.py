@@ -60,6 +60,8 @@ Serve = Callable[[dict[str, tuple[int, float]]], Awaitable[None]]
 """Tells the pipeline jobs their points (`points.serve_points` over this replica's drivers)."""
 CapJobs = Callable[[dict[core.GpuKey, int], set[core.GpuKey]], Awaitable[None]]
 """Tells the power-limit jobs still profiling their cap (`job_caps.cap_profiling_jobs`)."""
+Reprofile = Callable[[set[str]], Awaitable[set[str]]]
+"""Asks pipeline jobs driven here to profile again; those that will (`points.reprofile_jobs`)."""
 
 PERIOD_S = 1.0
 """How often the owner plans and sends the caps (s); and at once when a budget changes."""
@@ -85,7 +87,7 @@ class BudgetLoop:
                  jobs: Callable[[], list[enforce.JobView]], cap_lease_s: float,
                  view: BudgetView, wall: Callable[[], float] = time.time,
                  serve: Serve | None = None, cap_jobs: CapJobs | None = None,
-                 margin_pct: float = 0.0) -> None:
+                 margin_pct: float = 0.0, reprofile: Reprofile | None = None) -> None:
         self.link = link
         self.view = view
         """The budgets, as the state bucket's watch keeps them (`BudgetView`)."""
@@ -129,6 +131,10 @@ class BudgetLoop:
         self.profiles = CappedProfiles()
         """Which pipeline jobs' frontiers were planned under a budget's caps: not planned on
         (`budget.capped_profiles`; followed by every replica, owner or not)."""
+        self.reprofile = reprofile
+        """Asks such jobs driven here to profile again once no budget governs them."""
+        self.governed: set[core.GpuKey] = set()
+        """The GPUs a budget governed in the latest round planned (`plan`)."""
 
     async def tick(self) -> None:
         """One round: own, plan, send caps and lifts."""
@@ -138,10 +144,14 @@ class BudgetLoop:
         if (not budgets and not self.capped and not self.points and not self.unlifted
                 and not self.view.lifted and not self.view.remote.points):
             await self.cap_profiling({}, budgets)  # (A lift seen here: the jobs learn it.)
-            self.profiles.unobserved()
+            if self.profiles.pending():  # (A job to ask to profile again: no caps now.)
+                jobs = self.jobs()
+                self.observe_profiles(jobs, set())
+                await self.reprofile_capped(jobs, set())
+            else:
+                self.profiles.unobserved()
             return
         jobs = self.jobs()
-        await self.bucket.record_frontiers(jobs)
         await self.bucket.resume_timing(jobs, self.timing)
         now_s = time.monotonic()
         counting = now_s - self.counted_at >= COUNTED_GAP * PERIOD_S
@@ -153,17 +163,21 @@ class BudgetLoop:
             self.bucket.disown()
             self.plans.clear()
             self.statuses.clear()
-            self.observe_profiles(jobs, {k for g in core.governing(
-                budgets, self.cluster, self.wall()) for k in g.gpus})
+            governed = {k for g in core.governing(budgets, self.cluster, self.wall())
+                        for k in g.gpus}
+            self.observe_profiles(jobs, governed)
+            await self.bucket.record_frontiers(jobs, self.profiles.planned_capped)
             held = self.held_here(budgets, jobs)  # (The owner caps them.)
             if counting:
                 self.measure_here(jobs, held)
             await self.tell(held)
+            await self.reprofile_capped(jobs, governed)
             await self.bucket.keep_timing(jobs, self.timing)
             await self.cap_profiling({}, budgets)
             return
         await self.bucket.resume_backoffs(self.tighteners)
         caps = self.plan(budgets, counting, jobs)
+        await self.bucket.record_frontiers(jobs, self.profiles.planned_capped)
         leases = self.cap_leases(budgets)
         now = self.wall()
         lifts = {k: h for k, (h, until) in self.unlifted.items() if until > now}
@@ -179,6 +193,7 @@ class BudgetLoop:
         await self.lift_lifted(now)
         points = frontier_points(self.plans.values(), self.views, self.ratios)
         await self.tell(points)
+        await self.reprofile_capped(jobs, self.governed)
         await self.bucket.record_points(points, self.views)
         await self.cap_profiling({k: w for k, (w, _) in caps.items()}, budgets)
         await self.bucket.keep_backoffs(self.tighteners, self.plans)
@@ -220,6 +235,29 @@ class BudgetLoop:
                                 job.own_step_s, job.step_times,
                                 frontier_digest(f.chosen, f.times), len(job.gpus))
         self.timing.forget({j.job_id for j in jobs})
+
+    async def reprofile_capped(self, jobs: list[enforce.JobView],
+                               governed: set[core.GpuKey]) -> None:
+        """Ask jobs driven here to profile again (`CappedProfiles.to_reprofile`).
+
+        Those whose frontier was planned under a budget's caps, none of whose GPUs a budget
+        governs now. Asked once per frontier: a job whose scheduler cannot profile again
+        (not Perseus) is not asked every round.
+        """
+        want = self.profiles.to_reprofile(jobs, governed)
+        if not want or self.reprofile is None:
+            return
+        try:
+            done = await self.reprofile(set(want))
+        except Exception:  # noqa: BLE001 - not asked: the next round asks again
+            LOG.exception("jobs not asked to profile again")
+            return
+        for job in jobs:
+            if job.job_id in want:
+                self.profiles.reprofiled(job)
+                LOG.info("job %s: %s to profile again: its frontier was planned under a power "
+                         "budget's caps, and no budget governs its GPUs now", job.job_id,
+                         "asked" if job.job_id in done else "cannot be asked")
 
     async def cap_profiling(self, planned: dict[core.GpuKey, int],
                             budgets: list[Budget]) -> None:
@@ -291,7 +329,8 @@ class BudgetLoop:
         governed = [enforce.with_margin(g, self.margin_pct)
                     for g in core.governing(budgets, self.cluster, self.wall())]
         jobs = self.jobs() if jobs is None else jobs
-        self.observe_profiles(jobs, {k for g in governed for k in g.gpus})
+        self.governed = {k for g in governed for k in g.gpus}
+        self.observe_profiles(jobs, self.governed)
         jobs = self.views = self.calibrate(jobs, counting)
         caps: dict[core.GpuKey, tuple[int, str]] = {}
         for g in governed:
@@ -312,8 +351,7 @@ class BudgetLoop:
             before = self.plans.get(g.budget_id)
             sent = before.caps if before is not None else tight.held or None
             p = enforce.staged(p, sent, tight, counting)  # (Its raises a round after its cuts.)
-            if sent != p.caps:  # (Taken over: the caps in force are the predecessor's.)
-                tight.hold(raised=enforce.raised_only(sent, p.caps))
+            tight.sent(sent, p.caps, p.room_w)  # (Taken over: `sent` is the predecessor's.)
             self.plans[g.budget_id] = p
             self.statuses[g.budget_id] = enforce.status(p, g, measured, self.book.me)
             if ROUNDS.isEnabledFor(logging.INFO):

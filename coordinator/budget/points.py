@@ -42,6 +42,27 @@ async def serve_points(drivers: Iterable[JobDriver], execute: Execute,
                 await execute(record, actions)
 
 
+async def reprofile_jobs(drivers: Iterable[JobDriver], execute: Execute,
+                         job_ids: set[str]) -> set[str]:
+    """Ask the pipeline jobs `job_ids` driven here to profile again; those that will.
+
+    Their frontiers were planned under a budget's caps and no budget governs their GPUs now
+    (`CappedProfiles.to_reprofile`). The actions (the progress recorded) run under the job's
+    lock.
+    """
+    asked: set[str] = set()
+    for driver in drivers:
+        job, record = driver.optimiser, driver.record
+        if driver.job_id not in job_ids or not isinstance(job, PipelineJob) or record is None:
+            continue
+        async with driver.lock:
+            actions = budget_point.reprofile(job)
+            if actions is not None:
+                asked.add(driver.job_id)
+                await execute(record, actions)
+    return asked
+
+
 def frontier_points(plans: Iterable[enforce.CapPlan], jobs: Iterable[enforce.JobView],
                     ratios: Mapping[str, float] | None = None) -> dict[str, tuple[int, float]]:
     """Job -> (frontier index, power per GPU) the plans give its pipeline jobs.

@@ -27,11 +27,12 @@ DRAW_TOLERANCE = 0.02
 """Relative move of a job's own draw worth recording its frontier again."""
 
 
-def frontier_record(job_id: str, view: FrontierView,
-                    own_draw_w: float | None = None) -> BudgetFrontier | None:
+def frontier_record(job_id: str, view: FrontierView, own_draw_w: float | None = None,
+                    planned_capped: bool = False) -> BudgetFrontier | None:
     """The record of a job's frontier (uncalibrated, unmeasured); None: out of bounds.
 
-    With its draw per GPU at its own point (`JobView.own_draw_w`; left out if out of bounds).
+    With its draw per GPU at its own point (`JobView.own_draw_w`; left out if out of bounds),
+    and whether it was planned from a profile a budget's caps throttled.
     """
     if own_draw_w is not None and not 0 < own_draw_w <= MAX_POWER_W:
         own_draw_w = None
@@ -41,7 +42,7 @@ def frontier_record(job_id: str, view: FrontierView,
             peaks=list(view.peaks), chosen=view.chosen,
             throttled=[ThrottledPoint(cap_w=t.cap_w, time_s=t.time_s, power_w=t.power_w,
                                       peak_w=t.peak_w) for t in view.throttled],
-            own_draw_w=own_draw_w)
+            own_draw_w=own_draw_w, planned_capped=planned_capped)
     except ValidationError:
         return None
 

@@ -20,7 +20,7 @@ energies (`BudgetFrontier.own_draw_w`), by which the owner calibrates the fronti
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from coordinator.budget import recorded
@@ -43,8 +43,9 @@ class Recorded:
     """The frontiers and points recorded, kept current by two watches (`on_frontier`...)."""
 
     def __init__(self) -> None:
-        self.frontiers: dict[str, tuple[str, FrontierView, float | None]] = {}
-        """Job digest -> (job id, its recorded frontier, its draw per GPU at its own point)."""
+        self.frontiers: dict[str, tuple[str, FrontierView, float | None, bool]] = {}
+        """Job digest -> (job id, its recorded frontier, its draw per GPU at its own point,
+        whether it was planned from a profile a budget's caps throttled)."""
         self.points: dict[str, tuple[str, tuple[int, float]]] = {}
         """Job digest -> (job id, the point the budgets' owner gave it)."""
         self.timings: dict[str, BudgetTiming] = {}
@@ -59,6 +60,14 @@ class Recorded:
         """A job's recorded draw per GPU at its own point, if any."""
         found = self.frontiers.get(job_hash(job_id))
         return found[2] if found is not None and found[0] == job_id else None
+
+    def planned_capped(self, job_id: str, frontier: FrontierView) -> bool:
+        """Whether a job's record says `frontier` was planned under a budget's caps.
+
+        Only for that frontier: a job that planned again has another (its record follows).
+        """
+        found = self.frontiers.get(job_hash(job_id))
+        return found is not None and found[0] == job_id and found[3] and found[1] == frontier
 
     def point(self, job_id: str) -> tuple[int, float] | None:
         """The point recorded for a job, if any."""
@@ -89,7 +98,8 @@ class Recorded:
         if value is None:
             self.frontiers.pop(h, None)
         else:
-            self.frontiers[h] = (value.job_id, recorded.frontier_view(value), value.own_draw_w)
+            self.frontiers[h] = (value.job_id, recorded.frontier_view(value), value.own_draw_w,
+                                 value.planned_capped)
 
     async def on_point(self, entry: Any) -> None:
         """Apply one entry of the watch of `budget_point.>`."""
@@ -118,28 +128,30 @@ def _read(entry: Any, prefix: str, model: Any) -> Any:
 
 
 async def record_frontiers(kv: Any, jobs: Iterable[JobView],
-                           kept: dict[str, tuple[FrontierView, float | None]]) -> None:
+                           kept: dict[str, tuple[FrontierView, float | None, bool]],
+                           capped: Callable[[JobView], bool] = lambda job: False) -> None:
     """Record the frontiers of the Perseus jobs driven here (`kept`: as last written).
 
-    Written again when the frontier changes, or the job's own draw moves
-    (`recorded.draw_moved`). A job driven here without a frontier now, or gone, has its
-    record purged; one another replica drives now is left to it.
+    Written again when the frontier changes, the job's own draw moves
+    (`recorded.draw_moved`), or what `capped` says of it changes (its frontier was planned
+    under a budget's caps: `CappedProfiles.planned_capped`). A job driven here without a
+    frontier now, or gone, has its record purged; one another replica drives now is left to it.
     """
     seen = {j.job_id: j for j in jobs}
     for job in seen.values():
         if job.remote or job.frontier is None:
             continue
-        sent = kept.get(job.job_id)
-        if sent is not None and sent[0] == job.frontier and not recorded.draw_moved(
-                sent[1], job.own_draw_w):
+        sent, flag = kept.get(job.job_id), capped(job)
+        if sent is not None and sent[0] == job.frontier and sent[2] == flag and not (
+                recorded.draw_moved(sent[1], job.own_draw_w)):
             continue
-        record = recorded.frontier_record(job.job_id, job.frontier, job.own_draw_w)
+        record = recorded.frontier_record(job.job_id, job.frontier, job.own_draw_w, flag)
         if record is None:
             LOG.warning("job %s: its frontier is too large to record for the budgets",
                         job.job_id)
             continue
         await kv.put(FRONTIER_PREFIX + job_hash(job.job_id), record.model_dump_json().encode())
-        kept[job.job_id] = (job.frontier, record.own_draw_w)
+        kept[job.job_id] = (job.frontier, record.own_draw_w, flag)
     for job_id in list(kept):
         now = seen.get(job_id)
         if now is not None and now.remote:

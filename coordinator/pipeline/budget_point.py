@@ -23,7 +23,7 @@ from coordinator.pipeline import planner
 from coordinator.pipeline.job import PipelineJob
 from coordinator.pipeline.phase import Phase
 
-__all__ = ["frontier_of", "serve"]
+__all__ = ["frontier_of", "reprofile", "serve"]
 
 
 _VIEWS: weakref.WeakKeyDictionary[Any, tuple[Any, Any, int, FrontierView | None]] = (
@@ -86,3 +86,22 @@ def serve(job: PipelineJob, point: tuple[int, float] | None) -> list[Action]:
     # is installed is recorded (`saving`): a replica taking the job over numbers above it.
     return job.saving(job.straggling.set_budget(None if index == found.chosen and point[0] >= 0
                                                 else scheduler.frontier[index], governed=True))
+
+
+def reprofile(job: PipelineJob) -> list[Action] | None:
+    """Ask a job serving its plan to profile again; None: it cannot now (profiling, stopped).
+
+    Its frontier was planned from a profile a power budget's caps throttled, and no budget
+    governs its GPUs any more (`coordinator.budget.capped_profiles`). The scheduler profiles
+    again from the next window it is given (Perseus: not counted in `max_reprofiles`); where
+    it was asked is recorded with the rounds (`KeptRounds.asked`), so that a replica taking the
+    job over replays the same re-profile.
+    """
+    scheduler = job.scheduler
+    if (job.phase is not Phase.SERVING or scheduler is None or scheduler.finished
+            or not scheduler.reprofile()):
+        return None
+    asked = job.kept_rounds.asked
+    if not asked or asked[-1] != len(job.kept_rounds):
+        asked.append(len(job.kept_rounds))
+    return job.saving([], always=True)

@@ -91,6 +91,7 @@ from coordinator.pipeline.takeover import (
     catch_up,
     progress_record,
     read_progress,
+    replay,
     resumed_version,
 )
 from coordinator.pipeline.views import check_arguments, plan_view
@@ -347,7 +348,7 @@ class PipelineJob:
         if self.scheduler is None or self.phase.final:
             return None
         return progress_record(self.first_version, self.orders, self.kept_rounds.rounds,
-                               self.notices, self.version)
+                               self.notices, self.version, self.kept_rounds.asked)
 
     def _replay(self, state: dict[str, Any]) -> None:
         """Rebuild the state `persisted()` described (the actions it implied are not redone).
@@ -369,12 +370,7 @@ class PipelineJob:
                 self._fail(f"rank {rank}: {why}", code="too_large")
                 return
         self._schedule_first()
-        for results in recorded.rounds:
-            if self.phase.final:
-                break
-            # What the replay's actions did is done already, but for the files its scheduler
-            # produced (a frontier planned again): written when the job starts.
-            self._resume_files += [a for a in self._observe(results) if isinstance(a, WriteFile)]
+        self._resume_files += replay(self, recorded)  # (Written when the job starts.)
         self.stragglers.restore_notices(recorded.notices)
         if self.notices and self.phase is Phase.SERVING:
             self.straggling.apply()

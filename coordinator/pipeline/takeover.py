@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from coordinator.optimizer import WriteFile
 from coordinator.pipeline.memory import Kept, result_bytes
 from coordinator.pipeline.phase import Phase
 from zeus_agent.models import ProfilingResult
@@ -35,6 +36,7 @@ __all__ = [
     "Progress",
     "progress_record",
     "read_progress",
+    "replay",
     "resumed_version",
 ]
 
@@ -50,9 +52,14 @@ class KeptRounds:
     def __init__(self, kept: Kept) -> None:
         self.kept = kept
         self.rounds: list[list[ProfilingResult]] = []
+        self.asked = []
         self._served_from: int | None = None
         """Index in `rounds` of the first window served under the current plan (None when
         no plan is being served with unchanged schedules)."""
+
+    asked: list[int]
+    """Where a re-profile was asked from outside (`budget_point.reprofile`): before the round
+    of that index (the one it ends, not served: the rounds before it are not pruned since)."""
 
     def __len__(self) -> int:
         return len(self.rounds)
@@ -82,6 +89,7 @@ class KeptRounds:
     def clear(self) -> None:
         """Forget every round (what they were charged is let go with the job's `Kept`)."""
         self.rounds.clear()
+        self.asked.clear()
         self._served_from = None
 
 
@@ -98,15 +106,19 @@ class Progress:
     """Pipeline -> straggler factor noticed."""
     version: int | None = None
     """The last schedule version installed (None: none, or recorded before it was kept)."""
+    asked: tuple[int, ...] = ()
+    """Before which rounds a re-profile was asked from outside (`KeptRounds.asked`)."""
 
 
 def progress_record(first_version: int, orders: Mapping[int, list[str]],
                     rounds: Sequence[list[ProfilingResult]],
-                    notices: Mapping[int, float], version: int | None = None) -> dict[str, Any]:
-    """The JSON-ready record of a job's progress."""
+                    notices: Mapping[int, float], version: int | None = None,
+                    asked: Sequence[int] = ()) -> dict[str, Any]:
+    """The JSON-ready record of a job's progress (`asked` only when a re-profile was)."""
     return {
         "first_version": first_version,
         "version": version,
+        **({"asked": list(asked)} if asked else {}),
         "orders": {str(r): names for r, names in sorted(orders.items())},
         "rounds": [[r.model_dump(mode="json") for r in results] for results in rounds],
         "notices": {str(d): f for d, f in sorted(notices.items())},
@@ -127,9 +139,31 @@ def read_progress(state: Mapping[str, Any]) -> Progress:
             rounds=[[ProfilingResult(**r) for r in results] for results in state["rounds"]],
             notices={int(d): float(f) for d, f in state.get("notices", {}).items()},
             version=None if state.get("version") is None else int(state["version"]),
+            asked=tuple(sorted({int(i) for i in state.get("asked", ())})),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"recorded progress unreadable: {e}") from None
+
+
+def replay(job: PipelineJob, recorded: Progress) -> list[Action]:
+    """Feed a resumed job's scheduler the recorded rounds; the files it produced meanwhile.
+
+    A re-profile asked from outside is asked again before the round it was asked before (one
+    asked after the last round, again at the end). What the replay's other actions did is done
+    already; the files its scheduler produced (a frontier planned again) are written when the
+    job starts.
+    """
+    files: list[Action] = []
+    for i, results in enumerate(recorded.rounds):
+        if job.phase.final:
+            break
+        if i in recorded.asked and job.scheduler is not None:
+            job.scheduler.reprofile()
+        files += [a for a in job._observe(results) if isinstance(a, WriteFile)]
+    if len(recorded.rounds) in recorded.asked and job.scheduler is not None:
+        job.scheduler.reprofile()
+    job.kept_rounds.asked = [i for i in recorded.asked if i <= len(job.kept_rounds)]
+    return files
 
 
 def resumed_version(replayed: int | None, recorded: int | None) -> int | None:

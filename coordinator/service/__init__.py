@@ -63,7 +63,7 @@ from coordinator.budget.job_caps import cap_profiling_jobs
 from coordinator.budget.job_views import job_views
 from coordinator.budget.loop import PERIOD_S as BUDGET_PERIOD_S
 from coordinator.budget.loop import BudgetLoop
-from coordinator.budget.points import serve_points
+from coordinator.budget.points import reprofile_jobs, serve_points
 from coordinator.budget.remote import FRONTIER_PREFIX, POINT_PREFIX, TIMING_PREFIX
 from coordinator.budget.service import BudgetService
 from coordinator.budget.store import LIFTED_PREFIX, BudgetView
@@ -193,7 +193,9 @@ class CoordinatorService(ExitSignals):
                                           jobs.drivers(), self.actions.execute, points),
                                       cap_jobs=lambda caps, governed: cap_profiling_jobs(
                                           jobs.drivers(), self.actions.execute, caps, governed),
-                                      margin_pct=s.budget_margin_pct)
+                                      margin_pct=s.budget_margin_pct,
+                                      reprofile=lambda ids: reprofile_jobs(
+                                          jobs.drivers(), self.actions.execute, ids))
         self.budgets = BudgetService(s.prefix, link, cluster, on_lift=self.budget_loop.lift)
         self.endpoints = Endpoints(settings=s, pfo=pfo, clock=clock, jobs=jobs, link=link,
                                    leases=self.leases, gpus=self.gpus, durable=self.durable,

@@ -138,7 +138,7 @@ def test_a_job_another_replica_drives_brings_the_frontier_it_recorded() -> None:
     follows = Recorded()
     (seen,) = job_views([driver()], follows)  # Nothing recorded: capped proportionally.
     assert seen.remote and seen.frontier is None
-    follows.frontiers[job_hash("perseus")] = ("perseus", VIEW, 275.0)
+    follows.frontiers[job_hash("perseus")] = ("perseus", VIEW, 275.0, False)
     (seen,) = job_views([driver()], follows)
     assert seen.remote and seen.frontier == VIEW and seen.gpus == GPUS
     assert seen.own_draw_w == 275.0

@@ -378,3 +378,19 @@ def test_the_default_choice_keeps_a_margin_for_clock_changes(stub: StubPlanner) 
     (call,) = [kw for name, kw in stub.calls if name == "choose"]
     assert call["target_time"] == pytest.approx(0.99 * sched.all_max_time)
     assert sched.chosen is not None and sched.chosen.time <= 0.99 * sched.all_max_time
+
+
+def test_a_re_profile_asked_from_outside_is_not_counted_in_max_reprofiles(
+        stub: StubPlanner) -> None:
+    """Its profile ran under a power budget's caps: once they are gone the coordinator asks
+    it to profile again (`coordinator.budget.capped_profiles`), whatever `max_reprofiles`."""
+    sched = Perseus(job(), ranks(), {}, profiler_args=FAST, time_margin=0.0, max_reprofiles=0)
+    assert not sched.reprofile()  # Profiling: nothing to ask.
+    profile_to_end(sched)
+    plan = sched.next_schedule()
+    serve(sched, 1.0)
+    assert sched.reprofile() and sched.next_schedule() == plan  # At the next window.
+    serve(sched, 1.0)
+    assert not sched.serving and sched.reprofiles == 0 and sched.progress() is not None
+    profile_to_end(sched)
+    assert sched.serving and len([c for c in stub.calls if c[0] == "plan"]) == 2

@@ -219,8 +219,8 @@ def test_a_perseus_job_that_failed_here_is_not_taken_for_one_another_replica_dri
     record = BudgetFrontier.model_validate(GOOD)
     bucket.values[key] = record.model_dump_json().encode()  # Recorded while it drove it.
     follows = remote.Recorded()
-    follows.frontiers[job_hash("perseus")] = ("perseus", view, None)
-    kept: dict[str, Any] = {"perseus": (view, None)}
+    follows.frontiers[job_hash("perseus")] = ("perseus", view, None, False)
+    kept: dict[str, Any] = {"perseus": (view, None, False)}
     (seen,) = job_views([failed], follows)
     asyncio.run(remote.record_frontiers(bucket, [seen], kept))
     assert seen.frontier is None and key not in bucket.values

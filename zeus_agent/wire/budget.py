@@ -216,7 +216,7 @@ class ThrottledPoint(_Part):
     peak_w: float = Field(ge=0, le=MAX_POWER_W)
 
 
-class BudgetFrontier(Message):
+class BudgetFrontier(Message, AddedFields):
     """A Perseus job's frontier as the replica driving it records it for the budgets' owner.
 
     Not a subject's payload: the value of `budget_frontier.<h>` in the coordinator's state
@@ -225,6 +225,8 @@ class BudgetFrontier(Message):
     (`coordinator.budget.frontier_options.FrontierView`: per point its planned time, its
     average and its highest instruction power per GPU, uncalibrated; the point it chose).
     """
+
+    ADDED: ClassVar[tuple[str, ...]] = ("planned_capped",)
 
     job_id: Id = Field(min_length=1)
     times: list[float] = Field(min_length=1, max_length=MAX_FRONTIER_POINTS)
@@ -235,6 +237,11 @@ class BudgetFrontier(Message):
     own_draw_w: float | None = Field(default=None, gt=0, le=MAX_POWER_W)
     """The job's draw per GPU at its own point, from its ranks' step energies while nothing
     held it (None: not measured yet): what the owner calibrates the frontier's powers by."""
+    planned_capped: bool = False
+    """The frontier was planned from a profile a budget's caps throttled
+    (`coordinator.budget.capped_profiles`): the budgets cap the job proportionally instead of
+    planning on it. Sent only when true (a record without it, older, reads as false; a replica
+    that predates it refuses such a record, so it caps the job proportionally too)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> BudgetFrontier:

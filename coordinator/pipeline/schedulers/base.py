@@ -147,6 +147,14 @@ class FrequencyScheduler(abc.ABC):
         """(rounds done, rounds planned) while profiling; None when not known or not profiling."""
         return None
 
+    def reprofile(self) -> bool:
+        """Profile again from the next results on, if this scheduler can; whether it will.
+
+        The coordinator asks it of a job whose profile a power budget's caps throttled
+        (`coordinator.budget.capped_profiles`). None can by default.
+        """
+        return False
+
     def take_files(self) -> list[FileOut]:
         """The files produced since the last call, oldest first (and forget them)."""
         files, self._files = self._files, []

@@ -43,6 +43,8 @@ The Perseus (SOSP '24) scheduler, through the ordinary scheduler interface:
    from scratch (a fresh `InstructionProfiler` with the same knobs), plans and chooses again.
    Choosing again from the stale frontier would not help (its times are what drifted), hence the
    re-profile; at most `max_reprofiles` of them (0: never), after which it keeps serving.
+   A re-profile asked from outside (`reprofile`: the profile ran under a power budget's caps)
+   is not counted.
 
 `frontier`, `chosen` and `progress()` are public; the job (`coordinator.pipeline.job`) uses
 `frontier`, `chosen`, `serving` and `replan_window` (`FrequencyScheduler` declares them) to
@@ -206,6 +208,8 @@ class Perseus(FrequencyScheduler):
         self.serving = False
         """True while a chosen plan is served (the job keeps sending results)."""
         self.reprofiles = 0
+        self.asked = False
+        """A re-profile was asked (`reprofile`): at the next window served."""
         self.drift: float | None = None
         """Latest window's measured / planned time relative to the first served window's, - 1."""
         self.profile_rows: list[tuple[int, str, int, float, float]] = []
@@ -268,6 +272,23 @@ class Perseus(FrequencyScheduler):
         """The profiler's (rounds done, rounds planned) while profiling; None while serving."""
         return None if self.serving else self._profiler.progress()
 
+    def reprofile(self) -> bool:
+        """Profile again from the next window served on, not counted in `max_reprofiles`.
+
+        The coordinator asks it once no power budget governs the job's GPUs, when the profile
+        its frontier was planned from ran under a budget's caps (its fast clocks throttled:
+        the frontier has them slower and cooler than they are, and the budgets cap the job
+        proportionally rather than plan on it, `coordinator.budget.capped_profiles`). Not
+        counted: the job did not drift, a cap spoilt the profile; counted, a job whose last
+        allowed re-profile ran under a cap could never be planned on again. The window in
+        which it is asked is served (its results are not used). False (nothing asked): not
+        serving a plan (profiling already).
+        """
+        if not self.serving:
+            return False
+        self.asked = True
+        return True
+
     def schedules_for(self, point: Any) -> list[FrequencySchedule]:
         """Every rank's schedule for a frontier point (by rank).
 
@@ -299,6 +320,12 @@ class Perseus(FrequencyScheduler):
             planned = max(self.chosen.time if self.chosen is not None else 0.0, 1e-12)
             while True:
                 results = yield served
+                if self.asked:  # (Asked from outside: not counted in `max_reprofiles`.)
+                    logger.info("profiling again, as asked (the profile was planned under a "
+                                "power budget's caps)")
+                    self.asked, self.serving = False, False
+                    self._profiler = self._new_profiler()
+                    break
                 ratio = _window_time(results) / planned
                 if baseline is None:
                     baseline = ratio
