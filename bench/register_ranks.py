@@ -4,16 +4,16 @@ The setup: an embedded nats-server with JetStream (file storage, in a temporary 
 `--replicas` coordinator replicas (2 by default), each a `zeus-coordinator run` process
 (`--replica-name r1`, `r2`, ...: request endpoints in one queue group, state in the JetStream
 KV bucket, ownership leases), and, in this process, the rest of the cluster: one fake agent
-subscribed to `<p>.gpu.*.*.cmd` for 512 nodes x 8 GPUs (it answers `info` with a description
-of the GPU and counts `set_power_limit` commands) and the trainers: a client registers the job
+subscribed to `<p>.gpu.*.*.cmd` for 512 nodes x 8 GPUs (it answers `info` with a description of
+the GPU and counts `set_power_limit` commands) and the trainers: a client registers the job
 (dp=4096), then all 4,096 ranks at once, each node's 8 ranks in one request on its node's
-subject as its agent relays ranks that register together (`RegisterRanks`; `--per-rank`: one
-request per rank, as agents did before), every request outstanding at once (4,096 trainers
-starting together). The job's owner is chosen among the replicas; the queue group spreads the
-requests over them, each recording its ranks in JetStream (compare-and-set creates: one key per
-GPU binding, one per rank, many ranks' keys to an atomic batch) before answering; the owner
-learns the others' ranks from the bucket and starts the power-limit optimiser when the last
-one is in.
+subject as its agent relays ranks that register together (`RegisterRankColumns`; `--rows`: a
+`RegisterRanks`; `--per-rank`: one request per rank, as agents did before), every request
+outstanding at once (4,096 trainers starting together). The job's owner is chosen among the
+replicas; the queue group spreads the requests over them, each recording its ranks in JetStream
+(compare-and-set creates: one key per GPU binding, one per rank, many ranks' keys to an atomic
+batch) before answering; the owner learns the others' ranks from the bucket and starts the
+power-limit optimiser when the last one is in.
 
 Per run:
 * register_s: first rank request sent -> last rank reply received (every rank durable);
@@ -81,6 +81,7 @@ from zeus_agent.wire.messages import (
     Reply,
 )
 from zeus_agent.wire.rank_batch import RegisterRanks
+from zeus_agent.wire.rank_columns import RegisterRankColumns
 
 BUDGET_S = 1.0
 ZEUS_HTTP_S = 10.2
@@ -134,7 +135,7 @@ class _FakeAgents:
 
 
 def _requests(job_id: str, token: str, agents: _FakeAgents, nodes: int, gpus_per_node: int,
-              ask_info: bool, per_rank: bool) -> list[tuple[str, bytes]]:
+              ask_info: bool, per_rank: bool, rows: bool = False) -> list[tuple[str, bytes]]:
     """(node, payload) of every registration request, as the nodes' agents relay them."""
     ranks_requests = [
         RegisterRank(
@@ -154,13 +155,17 @@ def _requests(job_id: str, token: str, agents: _FakeAgents, nodes: int, gpus_per
     if per_rank:
         return [(f"node{r // gpus_per_node:04d}", codec.encode(x))
                 for r, x in enumerate(ranks_requests)]
-    return [(f"node{n:04d}", codec.encode(RegisterRanks(
-                ranks=ranks_requests[n * gpus_per_node:(n + 1) * gpus_per_node])))
-            for n in range(nodes)]
+    # In columns, as agents send them to coordinators that read them (`--rows`: as before).
+    batches = [ranks_requests[n * gpus_per_node:(n + 1) * gpus_per_node] for n in range(nodes)]
+    return [(f"node{n:04d}", codec.encode(
+                (None if rows else RegisterRankColumns.from_ranks(batch))
+                or RegisterRanks(ranks=batch)))
+            for n, batch in enumerate(batches)]
 
 
 async def harness(url: str, nodes: int, gpus_per_node: int,
-                  ask_info: bool = False, per_rank: bool = False) -> dict[str, Any]:
+                  ask_info: bool = False, per_rank: bool = False,
+                  rows: bool = False) -> dict[str, Any]:
     """The outside world: fake agents for every GPU, and the trainers registering.
 
     Returns the timings (`time.perf_counter`, the system-wide monotonic clock) and counts.
@@ -176,7 +181,7 @@ async def harness(url: str, nodes: int, gpus_per_node: int,
     registered = codec.decode(raw.data, Reply).result
     job_id = registered["job_id"]
     requests = _requests(job_id, registered["join_token"], agents, nodes, gpus_per_node,
-                         ask_info, per_rank)
+                         ask_info, per_rank, rows)
 
     # The trainers (through their agents): every request outstanding at once, replies on one
     # wildcard inbox (4,096 real trainers each pay their own request overhead, in their own
@@ -389,7 +394,8 @@ def print_profiles(profile_dir: Path, names: list[str], top: int) -> None:
 
 async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: Path | None,
                    py_spy: str | None = None, ask_info: bool = False,
-                   jetstream_sync: str = "always", per_rank: bool = False) -> dict[str, Any]:
+                   jetstream_sync: str = "always", per_rank: bool = False,
+                   rows: bool = False) -> dict[str, Any]:
     """One run on a fresh nats-server and fresh replicas; its record.
 
     With `profile_dir`: py-spy samples the replicas during the run when `py_spy` is given,
@@ -414,7 +420,7 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
                 spies = start_spies(py_spy, reps, profile_dir)
                 await asyncio.sleep(1.0)  # py-spy attached
             self0 = resource.getrusage(resource.RUSAGE_SELF)
-            timings = await harness(server.url, nodes, gpus_per_node, ask_info, per_rank)
+            timings = await harness(server.url, nodes, gpus_per_node, ask_info, per_rank, rows)
             await asyncio.to_thread(stop_spies, spies)
             spies = []
             cpu = {k: round(cpu_seconds(p) - cpu0[k], 3) for k, p in pids.items()}
@@ -468,7 +474,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         # Each setting in turn within a run, so both see the same load.
         for sync in args.jetstream_sync:
             run = await run_once(args.nodes, args.gpus_per_node, args.replicas, args.profile,
-                                 args.py_spy, args.ask_info, sync, args.per_rank)
+                                 args.py_spy, args.ask_info, sync, args.per_rank, args.rows)
             by_sync.setdefault(sync, []).append(run)
             if sync == args.jetstream_sync[0]:
                 runs.append(run)
@@ -494,6 +500,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "state": "JetStream KV, file storage, 1 nats-server",
         "jetstream_sync": args.jetstream_sync[0],
         "requests": "per rank" if args.per_rank else "per node",
+        "layout": "rows" if args.rows or args.per_rank or args.ask_info else "columns",
         "total_s_by_jetstream_sync": {
             sync: spread([r["total_s"] for r in sync_runs]) for sync, sync_runs in by_sync.items()},
         "cpu_total_s_by_jetstream_sync": {
@@ -548,6 +555,9 @@ def main() -> None:
     parser.add_argument("--per-rank", action="store_true",
                         help="one request per rank (agents before node batches), not one per "
                         "node (a node's ranks registering together, as its agent relays them)")
+    parser.add_argument("--rows", action="store_true",
+                        help="a node's batch in rows (`RegisterRanks`, as agents sent them before "
+                        "columns), not in columns (`RegisterRankColumns`)")
     parser.add_argument("--jetstream-sync", type=jetstream_syncs, default=["always"],
                         metavar="SYNC[,SYNC]",
                         help="JetStream sync_interval(s) of the bench's nats-server: 'always' "

@@ -49,7 +49,7 @@ from zeus_agent.wire.messages import (
     Reply,
     StragglerNotice,
 )
-from zeus_agent.wire.rank_batch import RegisterRanks
+from zeus_agent.wire.rank_columns import decode_registration
 from zeus_agent.wire.text import bounded, shown
 
 __all__ = ["INTERNAL_REPLY", "Endpoints", "Handler"]
@@ -286,20 +286,20 @@ class Endpoints:
         return Reply.success(taken=taken, owner=book.me if taken else None)
 
     async def register_rank(self, data: bytes, subject: str = "") -> Reply:
-        """Register a rank (`RegisterRank`), or a node's ranks together (`RegisterRanks`).
+        """Register a rank, or a node's ranks together (`RegisterRanks`, `RegisterRankColumns`).
 
         A node's batch is answered with one reply per rank, in order (`result["replies"]`):
         each rank is checked as if it came alone, side by side, and those that pass are
         recorded together, in one node entry: in the request's own task for the common batch
         (`_register_node`), else one task per rank (`NodeWrite`).
         """
-        request = codec.decode_either(data, RegisterRank, RegisterRanks, "ranks")
-        if isinstance(request, RegisterRanks):
-            plain = await self._register_node(request.ranks, subject)
+        request = decode_registration(data)
+        if isinstance(request, list):
+            plain = await self._register_node(request, subject)
             if plain is None:  # (Not the common batch: one task per rank.)
-                node = NodeWrite(self.link.require_state, len(request.ranks))
+                node = NodeWrite(self.link.require_state, len(request))
                 replies = await asyncio.gather(*(self._answer_rank(r, subject, node)
-                                                 for r in request.ranks))
+                                                 for r in request))
                 plain = [plain_reply(r) for r in replies]
             return Reply.success(replies=plain)
         return await self._register_rank(request, subject)

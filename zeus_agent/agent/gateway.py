@@ -132,6 +132,7 @@ class Gateway:
         publish: `publish(subject, payload)` over NATS.
         request_timeout_s: Timeout of relayed requests.
         rapl: The node's RAPL counters (CPU and DRAM energy of windows), or None.
+        rank_columns: Whether to try a node's rank registrations in columns now.
 
     `attach(sock)` starts reading a bound socket on the running loop; `close()` stops.
     """
@@ -146,6 +147,7 @@ class Gateway:
         request_timeout_s: float = 5.0,
         on_bind: Callable[[], Awaitable[None]] | None = None,
         rapl: RaplReader | None = None,
+        rank_columns: Callable[[], bool] = lambda: True,
     ) -> None:
         self.agents = agents
         self.rapl = rapl
@@ -171,7 +173,7 @@ class Gateway:
         """Job id -> SHA-256 of the join token of a rank the coordinator accepted through this
         agent: a HELLO for the job must present the same token."""
         self.ranks = RankRelay(self._relay, subjects.coord_register_rank(node, prefix),
-                               lambda: len(self.agents))
+                               lambda: len(self.agents), columns=rank_columns)
         """The node's rank registrations, relayed together when they arrive together."""
 
     # ------------------------------------------------------------------ socket

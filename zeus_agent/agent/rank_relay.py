@@ -3,13 +3,17 @@
 The ranks on one node's GPUs register at about the same time (a job's local ranks leave its
 rendezvous together). Each used to be one request to the coordinator; now those that arrive
 within `WINDOW_S` of the first go in one `RegisterRanks` request on the node's subject, and
-each trainer gets its own rank's reply. The window ends early once every GPU of the node has a
-registration waiting (nothing more can come), so a node whose GPUs all register waits no
-longer than its last rank. A lone registration goes as a plain `RegisterRank`; a batch the
-coordinator does not take (`bad_request`: a coordinator that predates batches) or that would
-be too big for one message goes rank by rank, as before; after such a refusal the node's
-batches go rank by rank for `REFUSAL_MEMORY_S` (not refused again each time), then batches are
-tried again (the coordinators may have been upgraded meanwhile).
+each trainer gets its own rank's reply; in columns (`RegisterRankColumns`) when the ranks have
+them and `columns()` allows (no coordinator heard that predates them). The window ends early
+once every GPU of the node has a registration waiting (nothing more can come), so a node whose
+GPUs all register waits no longer than its last rank. A lone registration goes as a plain
+`RegisterRank`; a batch the coordinator does not take (`bad_request`: a coordinator that
+predates batches) or that would be too big for one message goes rank by rank, as before; after
+such a refusal the node's batches go rank by rank for `REFUSAL_MEMORY_S` (not refused again
+each time), then batches are tried again (the coordinators may have been upgraded meanwhile).
+A batch in columns that a coordinator refuses (`bad_request`: it predates them, or refuses a
+rank) goes again in rows; if those are taken, the node's batches go in rows for
+`REFUSAL_MEMORY_S`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from zeus_agent.errors import ZeusAgentError
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import RegisterRank, Reply
 from zeus_agent.wire.rank_batch import RegisterRanks
+from zeus_agent.wire.rank_columns import RegisterRankColumns
 
 __all__ = ["MAX_BATCH_BYTES", "REFUSAL_MEMORY_S", "WINDOW_S", "RankRelay"]
 
@@ -44,7 +49,7 @@ class RankRelay:
     """Registrations of one node's ranks, sent together when they arrive together."""
 
     def __init__(self, send: Send, subject: str, gpus: Callable[[], int],
-                 window_s: float = WINDOW_S) -> None:
+                 window_s: float = WINDOW_S, columns: Callable[[], bool] = lambda: True) -> None:
         self.send = send
         self.subject = subject
         self.gpus = gpus
@@ -57,6 +62,10 @@ class RankRelay:
         """Requests sent to the coordinator (batches and lone ranks), for tests."""
         self._refused_at: float | None = None
         """When (event-loop time) a coordinator last refused a batch; None: never."""
+        self.columns = columns
+        """Whether to try a batch in columns first (no coordinator heard that predates them)."""
+        self._columns_refused_at: float | None = None
+        """When a coordinator last refused a batch in columns and took it in rows; None: never."""
 
     async def relay(self, rank: RegisterRank) -> Reply:
         """The coordinator's reply to `rank`'s registration, sent with the node's others.
@@ -119,28 +128,60 @@ class RankRelay:
         return [await self.send(self.subject, codec.encode(rank))]
 
     async def _batch(self, ranks: list[RegisterRank]) -> list[Reply | BaseException]:
-        """One request for `ranks`; their replies in order."""
+        """One request for `ranks` (in columns if it may and they have them); replies in order."""
         now = asyncio.get_running_loop().time()
         if self._refused_at is not None and now - self._refused_at < REFUSAL_MEMORY_S:
             return await self._each(ranks)
+        columns = None
+        if self.columns() and (self._columns_refused_at is None
+                               or now - self._columns_refused_at >= REFUSAL_MEMORY_S):
+            columns = RegisterRankColumns.from_ranks(ranks)
+        if columns is not None:
+            payload = codec.encode(columns)
+            if len(payload) <= MAX_BATCH_BYTES:
+                self.requests += 1
+                replies = self._answers(await self.send(self.subject, payload), len(ranks))
+                if replies is not None:
+                    return replies
+                # Refused whole: a coordinator that predates columns, or a rank it refuses (the
+                # rows say which). Rows it takes: it predates columns.
+                replies, taken = await self._rows(ranks, now)
+                if taken:
+                    LOG.info("the coordinator did not take a node's ranks in columns: sending "
+                             "rows for %.0f s", REFUSAL_MEMORY_S)
+                    self._columns_refused_at = now
+                return replies
+        return (await self._rows(ranks, now))[0]
+
+    async def _rows(self, ranks: list[RegisterRank],
+                    now: float) -> tuple[list[Reply | BaseException], bool]:
+        """One `RegisterRanks` for `ranks`, or each alone: the replies, and whether it was taken."""
         payload = codec.encode(RegisterRanks(ranks=ranks))
         if len(payload) > MAX_BATCH_BYTES:
-            return await self._each(ranks)
+            return await self._each(ranks), False
         self.requests += 1
         reply = await self.send(self.subject, payload)
+        replies = self._answers(reply, len(ranks))
+        if replies is not None:
+            return replies, True
+        LOG.info("the coordinator did not take a batch of %d ranks (%s): relaying ranks one by "
+                 "one for %.0f s", len(ranks), reply.error, REFUSAL_MEMORY_S)
+        self._refused_at = now
+        return await self._each(ranks), False
+
+    @staticmethod
+    def _answers(reply: Reply, ranks: int) -> list[Reply | BaseException] | None:
+        """Each rank's reply from a batch's; None: the batch was refused (`bad_request`)."""
         replies = reply.result.get("replies") if reply.ok else None
-        if isinstance(replies, list) and len(replies) == len(ranks):
+        if isinstance(replies, list) and len(replies) == ranks:
             try:
                 return [Reply.model_validate(r) for r in replies]
             except ValidationError:
                 pass
         elif not reply.ok and reply.code != "bad_request":
-            return [reply] * len(ranks)  # (Unavailable, internal: every rank's answer.)
+            return [reply] * ranks  # (Unavailable, internal: every rank's answer.)
         elif not reply.ok:
-            LOG.info("the coordinator did not take a batch of %d ranks (%s): relaying ranks "
-                     "one by one for %.0f s", len(ranks), reply.error, REFUSAL_MEMORY_S)
-            self._refused_at = now
-            return await self._each(ranks)
+            return None
         raise ZeusAgentError("the coordinator's reply to a node's ranks has no reply per rank")
 
     async def _each(self, ranks: list[RegisterRank]) -> list[Reply | BaseException]:

@@ -400,6 +400,7 @@ class AgentServer(ExitSignals):
             self.settings.request_timeout_s,
             on_bind=self.announce,
             rapl=self.rapl,
+            rank_columns=lambda: self.formats.try_columns(time.monotonic()),
         )
         self.gateway = gateway
         s = self.settings

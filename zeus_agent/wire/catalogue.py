@@ -23,6 +23,7 @@ from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.node_columns import NodeColumnBatch
 from zeus_agent.wire.node_power import NodePower
 from zeus_agent.wire.rank_batch import RegisterRanks
+from zeus_agent.wire.rank_columns import RegisterRankColumns
 from zeus_agent.wire.replicas import ReplicaAlive
 
 __all__ = ["SUBJECTS", "SubjectSpec"]
@@ -89,8 +90,9 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
     SubjectSpec("{prefix}.coord.ranks.register.{node}", s.coord_register_rank,
                 "node's agent -> coordinator (request/reply)", m.RegisterRank, m.Reply,
                 "Registers a rank, only through the node its GPU is on; the node's ranks that "
-                "register together in one `RegisterRanks`, answered with one reply per rank "
-                "(`result.replies`, in order).", also=(RegisterRanks,)),
+                "register together in one `RegisterRanks` (or `RegisterRankColumns`: the same "
+                "ranks in columns), answered with one reply per rank (`result.replies`, in "
+                "order).", also=(RegisterRanks, RegisterRankColumns)),
     SubjectSpec("{prefix}.coord.jobs.query", s.coord_job_query,
                 "anyone -> coordinator (request/reply)", m.JobQuery, m.Reply,
                 "One job's state, progress and measured profile, or a page of job ids."),

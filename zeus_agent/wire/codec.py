@@ -14,6 +14,7 @@ that repeats a 5 KB value would not fit the wire's bounded text.
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_origin, overload
 
 import msgpack
@@ -245,9 +246,21 @@ def decode_either(data: bytes, model: type[M], other: type[N], key: str) -> M | 
     One unpack for payloads of two shapes on one subject (a `RegisterRank`, or a node's
     `RegisterRanks`); raises `PayloadError` as `decode` does.
     """
+    return cast("M | N", decode_keyed(data, model, {key: other}))
+
+
+def decode_keyed(data: bytes, model: type[BaseModel],
+                 by_key: Mapping[str, type[BaseModel]]) -> BaseModel:
+    """Decode msgpack bytes as the model of the first key of `by_key` the map has, else `model`.
+
+    One unpack for payloads of several shapes on one subject; raises `PayloadError` as `decode`
+    does.
+    """
     obj = unpack(data)
-    chosen = other if isinstance(obj, dict) and key in obj else model
-    return cast("M | N", _validate(chosen, obj, shallow=_shallow_unless_bounded(chosen, data)))
+    chosen = model
+    if isinstance(obj, dict):
+        chosen = next((m for k, m in by_key.items() if k in obj), model)
+    return cast(BaseModel, _validate(chosen, obj, shallow=_shallow_unless_bounded(chosen, data)))
 
 
 @overload

@@ -14,6 +14,8 @@ of its jobs through their lease renewals (`zeus_agent.wire.formats`: a renewal o
   that renewal's lease: during a rolling upgrade a job may be handed to it next.
 * With no coordinator heard at all (no lease held, or none renewed for a lease) it sends rows,
   which every coordinator reads.
+* A node's rank registrations try columns unless an older coordinator is heard (`try_columns`:
+  a refused batch goes again in rows, `zeus_agent.agent.rank_relay`).
 
 Pure: the caller gives the time (monotonic s).
 """
@@ -53,6 +55,16 @@ class ColumnsChoice:
         if len(self._owners) > self._prune_at:  # (Jobs come and go: forget those gone.)
             self._owners = {h: o for h, o in self._owners.items() if o[1] > now}
             self._prune_at = max(_PRUNE_AT, 2 * len(self._owners))
+
+    def try_columns(self, now: float) -> bool:
+        """Whether to try columns where a refusal is heard and answered (rank registrations).
+
+        `auto`: unless a coordinator heard does not read them (its renewal's lease not over);
+        none heard (no lease yet, as when a job's ranks first register) is no reason not to.
+        """
+        if self.mode != "auto":
+            return self.mode == "on"
+        return self._rows_until <= now
 
     def columns(self, now: float, job_id: str | None = None) -> bool:
         """Whether to send `job_id`'s batches in columns at `now`.
