@@ -6,7 +6,8 @@ coordinator that reads columns is heard, in columns while that renewal's lease l
 rows again for the lease of any renewal from one that does not (an older replica), whatever
 else is heard meanwhile. A job whose owner is not heard (no lease of it held here) gets rows.
 `on` and `off` ignore what is heard. The header is read leniently: absent, empty, another
-layout or a garbled value mean rows.
+layout or a garbled value mean rows. A node's rank registrations try columns (`try_columns`: a
+refusal is answered in rows) unless a coordinator that does not read them is in its lease.
 """
 
 from __future__ import annotations
@@ -104,3 +105,18 @@ def test_the_header_says_columns_only_when_it_names_them() -> None:
                     {READS_HEADER: "columns/10"}, {"Zeus-Lease": COLUMNS},
                     {READS_HEADER: " " * 300 + COLUMNS}):
         assert not reads_columns(headers), headers
+
+
+@given(heard=HEARD, now=st.floats(0.0, 250.0))
+def test_registrations_try_columns_unless_an_older_coordinator_is_in_its_lease(
+        heard: list[tuple[bool, float, float, str]], now: float) -> None:
+    """`try_columns` (a refusal is seen and answered in rows): none heard is no reason not to."""
+    choice = ColumnsChoice()
+    for reads, lease_s, at, holder in heard:
+        choice.heard(reads, lease_s, at, holder)
+    older = any(not reads and now < at + lease_s for reads, lease_s, at, _ in heard)
+    assert choice.try_columns(now) == (not older)
+    on, off = ColumnsChoice("on"), ColumnsChoice("off")
+    for reads, lease_s, at, holder in heard:
+        on.heard(reads, lease_s, at, holder)
+    assert on.try_columns(now) and not off.try_columns(now)

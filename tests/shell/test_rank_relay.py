@@ -19,8 +19,8 @@ from zeus_agent.agent.rank_relay import RankRelay
 from zeus_agent.errors import UnansweredError
 from zeus_agent.models import RankInfo
 from zeus_agent.wire import codec
-from zeus_agent.wire.messages import GpuBinding, RegisterRank, Reply
-from zeus_agent.wire.rank_batch import RegisterRanks
+from zeus_agent.wire.messages import GpuBinding, GpuDescription, RegisterRank, Reply
+from zeus_agent.wire.rank_columns import decode_registration
 
 SUBJECT = "zeus.coord.ranks.register.n1"
 
@@ -31,12 +31,26 @@ def _rank(rank: int) -> RegisterRank:
                         gpu=GpuBinding(node="n1", gpu_index=rank))
 
 
+def _described(rank: int) -> RegisterRank:
+    """A rank as the agent relays it, with its GPU's description: it has columns."""
+    return _rank(rank).model_copy(update={"gpu_info": GpuDescription(
+        index=rank, uuid=f"GPU-{rank}", name="A40", architecture="Ampere",
+        min_power_limit_w=100, max_power_limit_w=300, default_power_limit_w=300,
+        supported_memory_clocks_mhz=[7251], supported_graphics_clocks_mhz=[1740, 210],
+        has_energy_counter=True, power_limit_w=300)})
+
+
+def _layouts(requests: list[dict[str, Any]]) -> list[str]:
+    return ["columns" if "columns" in r else "rows" if "ranks" in r else "one"
+            for r in requests]
+
+
 class Coordinator:
     """Answers each rank with its number; `batches` False: refuses batches as before them."""
 
     def __init__(self, batches: bool = True, fail: Exception | None = None,
-                 whole: Reply | None = None) -> None:
-        self.batches, self.fail, self.whole = batches, fail, whole
+                 whole: Reply | None = None, columns: bool = True) -> None:
+        self.batches, self.fail, self.whole, self.columns = batches, fail, whole, columns
         self.requests: list[Any] = []
 
     async def send(self, subject: str, payload: bytes) -> Reply:
@@ -46,15 +60,16 @@ class Coordinator:
         self.requests.append(raw)
         if self.fail is not None:
             raise self.fail
-        if "ranks" not in raw:
+        if "ranks" not in raw and "columns" not in raw:
             return Reply.success(rank=codec.validate(RegisterRank, raw).rank_info.rank)
-        if not self.batches:
+        if not self.batches or ("columns" in raw and not self.columns):
             return Reply.failure("bad_request", "field 'job_id': Field required")
         if self.whole is not None:
             return self.whole
-        batch = codec.validate(RegisterRanks, raw)
+        batch = decode_registration(payload)
+        assert isinstance(batch, list)
         return Reply.success(replies=[Reply.success(rank=r.rank_info.rank).model_dump()
-                                      for r in batch.ranks])
+                                      for r in batch])
 
 
 async def test_a_nodes_ranks_go_in_one_request_once_every_gpu_has_one() -> None:
@@ -127,3 +142,49 @@ async def test_a_trainer_that_gave_up_leaves_the_others_their_replies() -> None:
                                      5)
     assert [r.result["rank"] for r in replies] == [1, 2]
     assert [r["rank_info"]["rank"] for r in coordinator.requests[0]["ranks"]] == [1, 2]
+
+
+async def test_described_ranks_go_in_columns() -> None:
+    coordinator = Coordinator()
+    relay = RankRelay(coordinator.send, SUBJECT, lambda: 2)
+    replies = await asyncio.wait_for(
+        asyncio.gather(relay.relay(_described(1)), relay.relay(_described(0))), 5)
+    assert [r.result["rank"] for r in replies] == [1, 0]
+    assert _layouts(coordinator.requests) == ["columns"] and coordinator.requests[0]["rank"] == [
+        1, 0]
+    # Without descriptions (or `columns()` False), rows.
+    await asyncio.wait_for(asyncio.gather(relay.relay(_rank(2)), relay.relay(_rank(3))), 5)
+    relay.columns = lambda: False
+    await asyncio.wait_for(asyncio.gather(relay.relay(_described(4)),
+                                          relay.relay(_described(5))), 5)
+    assert _layouts(coordinator.requests) == ["columns", "rows", "rows"]
+
+
+async def test_a_coordinator_without_columns_gets_rows_then_columns_again_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    coordinator = Coordinator(columns=False)
+    relay = RankRelay(coordinator.send, SUBJECT, lambda: 2)
+    replies = await asyncio.wait_for(
+        asyncio.gather(relay.relay(_described(0)), relay.relay(_described(1))), 5)
+    assert [(r.ok, r.result["rank"]) for r in replies] == [(True, 0), (True, 1)]
+    assert _layouts(coordinator.requests) == ["columns", "rows"]
+    await asyncio.wait_for(asyncio.gather(relay.relay(_described(2)),
+                                          relay.relay(_described(3))), 5)
+    assert _layouts(coordinator.requests)[2:] == ["rows"]  # (Remembered: rows at once.)
+    coordinator.columns = True  # (The coordinators were upgraded meanwhile.)
+    monkeypatch.setattr(rank_relay, "REFUSAL_MEMORY_S", 0.0)
+    await asyncio.wait_for(asyncio.gather(relay.relay(_described(4)),
+                                          relay.relay(_described(5))), 5)
+    assert _layouts(coordinator.requests)[3:] == ["columns"]
+
+
+async def test_columns_refused_with_their_rows_go_rank_by_rank() -> None:
+    coordinator = Coordinator(batches=False)  # (Refuses any batch, rows or columns.)
+    relay = RankRelay(coordinator.send, SUBJECT, lambda: 2)
+    replies = await asyncio.wait_for(
+        asyncio.gather(relay.relay(_described(0)), relay.relay(_described(1))), 5)
+    assert [(r.ok, r.result["rank"]) for r in replies] == [(True, 0), (True, 1)]
+    assert _layouts(coordinator.requests) == ["columns", "rows", "one", "one"]
+    await asyncio.wait_for(asyncio.gather(relay.relay(_described(2)),
+                                          relay.relay(_described(3))), 5)
+    assert _layouts(coordinator.requests)[4:] == ["one", "one"]
