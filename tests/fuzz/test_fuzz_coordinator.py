@@ -15,6 +15,8 @@ no internal error, still serving):
 * a stream message never gets an answer; a malformed one is counted ("malformed"), and so is
   one about an unknown job, or a rank not bound to the node it came through (in a node's
   measurement batch, each GPU's part that fails is counted once, the others count);
+* a node's ranks in columns (`RegisterRankColumns`) are refused whole exactly when they do not
+  decode, else answered rank by rank with coded replies;
 * racing registrations of a job's ranks leave one rank per GPU and register exactly what was
   acknowledged;
 * an optimiser started with any options (loaded profiles in or out of range, empty, long) and
@@ -70,6 +72,7 @@ from zeus_agent.wire.node_columns import (
     NodeColumnBatch,
     decode_measurements,
 )
+from zeus_agent.wire.rank_columns import decode_registration
 from zeus_demo.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -194,6 +197,58 @@ def test_requests_get_coded_replies_and_the_registry_stays_consistent(
     elif endpoint == "rank":
         ACKNOWLEDGED.setdefault(reply.result["job_id"], set()).add(reply.result["rank"])
     bus.check_healthy(mark, f"{subject} {case!r}")
+
+
+def _rank_columns(job: str, ranks: list[int], gpus: list[int], node: str,
+                  token: str | None) -> Case:
+    """A node's ranks in columns (`RegisterRankColumns`), each with its GPU's description."""
+    n = min(len(ranks), len(gpus))
+    return Case("register rank columns", {
+        "v": 1, "columns": 1, "job_id": job, "join_token": token, "uid": None, "node": node,
+        "rank": ranks[:n], "dp_rank": ranks[:n], "pp_rank": [0] * n, "tp_rank": [0] * n,
+        "clocks": [[1740, 210], [7251]], "available_frequencies": [0] * n,
+        "gpu_index": gpus[:n], "gpu_uuid": [""] * n, "gpu_job_id": [None] * n,
+        "uuid": [f"GPU-{g}" for g in gpus[:n]], "name": ["NVIDIA A40"] * n,
+        "architecture": ["Ampere"] * n, "min_power_limit_w": [100] * n,
+        "max_power_limit_w": [300] * n, "default_power_limit_w": [300] * n,
+        "supported_memory_clocks_mhz": [1] * n, "supported_graphics_clocks_mhz": [0] * n,
+        "has_energy_counter": [True] * n, "power_limit_w": [300] * n,
+        "schedule_version": [None] * n, "controllable": [True] * n,
+        "energy_period_ms": [100.0] * n})  # fmt: skip
+
+
+RANK_COLUMNS = st.builds(
+    _rank_columns, st.sampled_from(["$JOB2", "$JOB2", "$JOB", "no-such-job"]),
+    st.lists(st.sampled_from([0, 1, 2, 3, 3, 4, 2**24 - 1]), min_size=1, max_size=3),
+    st.lists(st.sampled_from([0, 1, 1, 2, 7]), min_size=1, max_size=3), NODES,
+    st.sampled_from(["$TOKEN2", "$TOKEN2", "$TOKEN", None, "a-guessed-token-0000000"]))
+
+
+@fuzz(60)
+@given(case=st.one_of(RANK_COLUMNS, mutated(RANK_COLUMNS)), via=VIA)
+def test_rank_columns_get_a_coded_reply_per_rank(bus: Bus, jobs: dict[str, str], case: Case,
+                                                 via: str):
+    """A node's ranks in columns, near-valid or with one field mutated: refused whole
+    (`bad_request`) or answered rank by rank with coded replies, as the same rows would be."""
+    mark = bus.mark()
+    env = bus.env()
+    via = resolve(via, env)
+    data = case.encode(env)
+    reply = bus.ask(subjects.coord_register_rank(via), data)
+    try:
+        ranks = decode_registration(data)
+    except PayloadError:
+        assert (reply.ok, reply.code) == (False, "bad_request"), (reply, case)
+    else:
+        assert isinstance(ranks, list) and reply.ok, (reply, case)
+        replies = [Reply.model_validate(r) for r in reply.result["replies"]]
+        assert len(replies) == len(ranks)
+        for rank, one in zip(ranks, replies, strict=True):
+            if one.ok:
+                ACKNOWLEDGED.setdefault(rank.job_id, set()).add(rank.rank_info.rank)
+            else:
+                assert one.code in STABLE_CODES, (one, case)
+    bus.check_healthy(mark, f"rank columns via {via} {case!r}")
 
 
 def test_acknowledged_registrations_are_on_disk(bus: Bus, jobs: dict[str, str]):

@@ -25,6 +25,7 @@ from zeus_agent.wire.messages import (
     TrainerEventBatch,
 )
 from zeus_agent.wire.node_batch import NodeMeasurementBatch
+from zeus_agent.wire.rank_columns import decode_registration
 from zeus_agent.wire.trainer import Kind, WindowRequest
 
 K = Kind
@@ -305,17 +306,17 @@ async def test_bye_releases_the_gpu(agent, trainer, nc):
 
 
 async def test_a_nodes_ranks_registering_together_go_in_one_request(agent, nc):
-    """Both GPUs' registrations waiting: the agent sends them at once, in one `RegisterRanks`
-    request, and each trainer gets its own rank's reply."""
+    """Both GPUs' registrations waiting: the agent sends them at once, in one request (in
+    columns: `RegisterRankColumns`), and each trainer gets its own rank's reply."""
     requests: list[dict] = []
 
     async def coordinator(msg):
-        raw = codec.unpack(msg.data)
-        requests.append(raw)
-        ranks = [codec.validate(RegisterRank, r) for r in raw.get("ranks", [raw])]
+        requests.append(codec.unpack(msg.data))
+        decoded = decode_registration(msg.data)
+        ranks = decoded if isinstance(decoded, list) else [decoded]
         replies = [Reply.success(rank=r.rank_info.rank, gpu=r.gpu.gpu_index) for r in ranks]
-        reply = (Reply.success(replies=[r.model_dump() for r in replies]) if "ranks" in raw
-                 else replies[0])
+        reply = (Reply.success(replies=[r.model_dump() for r in replies])
+                 if isinstance(decoded, list) else replies[0])
         await msg.respond(codec.encode(reply))
 
     sub = await nc.subscribe(subjects.coord_register_rank(agent.settings.node), cb=coordinator)
@@ -337,5 +338,5 @@ async def test_a_nodes_ranks_registering_together_go_in_one_request(agent, nc):
         await sub.unsubscribe()
     assert [(r.ok, r.result) for r in replies] == [(True, {"rank": 0, "gpu": 0}),
                                                    (True, {"rank": 1, "gpu": 1})]
-    assert len(requests) == 1 and len(requests[0]["ranks"]) == 2
-    assert all(r["gpu_info"] is not None for r in requests[0]["ranks"])  # described, as alone
+    assert len(requests) == 1 and requests[0]["columns"] == 1 and requests[0]["rank"] == [0, 1]
+    assert requests[0]["power_limit_w"] == [300, 300]  # described, as alone
