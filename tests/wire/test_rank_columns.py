@@ -307,3 +307,25 @@ def test_rows_and_single_ranks_still_decode() -> None:
     wrapped["columns"] = 1  # (A key decides the layout: columns, then refused as such.)
     with pytest.raises(PayloadError):
         decode_registration(msgpack.packb(wrapped))
+
+
+def test_columns_cover_every_field_of_the_rows_models() -> None:
+    """A field added to a rank's models must get its column (else columns would drop it), and
+    the models built without validation must have nothing else to set (`_built`)."""
+    columns = set(RegisterRankColumns.model_fields)
+    covered = {
+        RegisterRank: {"v": "v", "job_id": "job_id", "join_token": "join_token", "uid": "uid",
+                       "rank_info": None, "gpu": None, "gpu_info": None},
+        RankInfo: {f: f for f in ("rank", "dp_rank", "pp_rank", "tp_rank",
+                                  "available_frequencies", "instructions")},
+        GpuBinding: {"node": "node", "gpu_index": "gpu_index", "gpu_uuid": "gpu_uuid"},
+        GpuDescription: {**{f: f for f in (*DESCRIBED, "supported_memory_clocks_mhz",
+                                           "supported_graphics_clocks_mhz")},
+                         "index": "gpu_index", "job_id": "gpu_job_id"},
+    }
+    for cls, fields in covered.items():
+        assert set(cls.model_fields) == set(fields), cls
+        assert {c for c in fields.values() if c is not None} <= columns
+        assert cls.__pydantic_post_init__ is None and not cls.__private_attributes__
+        assert not cls.__pydantic_root_model__
+    assert GpuDescription.ADDED == ("controllable", "energy_period_ms")  # (`_DESCRIPTION_SETS`)
