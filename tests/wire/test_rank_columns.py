@@ -329,3 +329,19 @@ def test_columns_cover_every_field_of_the_rows_models() -> None:
         assert cls.__pydantic_post_init__ is None and not cls.__private_attributes__
         assert not cls.__pydantic_root_model__
     assert GpuDescription.ADDED == ("controllable", "energy_period_ms")  # (`_DESCRIPTION_SETS`)
+
+
+def test_the_largest_batch_has_columns_whatever_its_clocks() -> None:
+    """`MAX_GPUS_PER_NODE` ranks, each with 3 clock lists of its own, decode as their rows."""
+    ranks = []
+    for i in range(MAX_GPUS_PER_NODE):
+        row = rank_row(i)
+        row["rank_info"]["available_frequencies"] = [i]
+        row["gpu_info"]["supported_memory_clocks_mhz"] = [i, 1]
+        row["gpu_info"]["supported_graphics_clocks_mhz"] = [i, 2]
+        ranks.append(codec.validate(RegisterRank, row))
+    columns = RegisterRankColumns.from_ranks(ranks)
+    assert columns is not None and len(columns.clocks) == 3 * MAX_GPUS_PER_NODE
+    decoded = decode_registration(codec.encode(columns))
+    assert isinstance(decoded, list)
+    assert_same_requests(decoded, ranks)

@@ -56,7 +56,8 @@ _Instructions = Annotated[list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]]
                           Field(max_length=MAX_SCHEDULE_LENGTH)]
 """`RankInfo.instructions` (without its None)."""
 _Period = Annotated[float, Field(ge=0, le=MAX_ENERGY_PERIOD_MS)]
-_Index = Annotated[int, Field(ge=0, lt=3 * MAX_GPUS_PER_NODE)]
+_MAX_CLOCK_LISTS = 3 * MAX_GPUS_PER_NODE
+_Index = Annotated[int, Field(ge=0, lt=_MAX_CLOCK_LISTS)]
 _CLOCKS = ("available_frequencies", "supported_memory_clocks_mhz",
            "supported_graphics_clocks_mhz")
 """The columns of indexes in `clocks`."""
@@ -88,7 +89,7 @@ class RegisterRankColumns(Message):
     dp_rank: Annotated[list[Rank], _Col]
     pp_rank: Annotated[list[Rank], _Col]
     tp_rank: Annotated[list[Rank], _Col]
-    clocks: Annotated[list[Clocks], _Col] = Field(
+    clocks: Annotated[list[Clocks], Field(fail_fast=True, max_length=_MAX_CLOCK_LISTS)] = Field(
         description="The ranks' and GPUs' clock lists, each once (at most 3 per rank)")
     available_frequencies: Annotated[list[_Index], _Col] = Field(
         description="Per rank, `RankInfo.available_frequencies`: its index in `clocks`")
