@@ -4,18 +4,19 @@ The common batch (one job's ranks, each with its GPU's description from the agen
 it) has its node-wide fields once (`job_id`, `join_token`, `uid`, the node) and an array per
 field of the ranks, their bindings and their GPUs' descriptions. msgpack unpacks arrays of
 numbers and short strings far faster than a map per rank, and pydantic validates a `list[int]`
-in one go: the coordinator decodes a node's batch without three models per rank (`requests()`
-builds them, their fields already checked).
+in one go: the coordinator decodes a node's batch without validating four models per rank
+(`requests()` builds them, their fields already checked).
 
-Every column's items are checked as the rows' fields are (the same types, bounds and
-`fail_fast`: `tests/wire/test_rank_columns.py` compares their schemas), the columns have one
-length (1 to `MAX_GPUS_PER_NODE`), and each description's limits are ordered as
-`GpuDescription` requires. Versioned by its own field `columns` (now 1): a payload with that
-key is this layout, one with `ranks` a `RegisterRanks`, else a `RegisterRank`
-(`decode_registration`, one unpack). Any other batch (ranks of several jobs, a rank without its
-GPU's description or described as another GPU) has no columns (`from_ranks` gives None) and goes
-as rows. An agent sends columns first; a coordinator that predates them refuses them
-(`bad_request`), and the agent then sends rows (`zeus_agent.agent.rank_relay`).
+Every column's items are checked as the rows' fields are (the same types and bounds, stopping
+at the first bad item: a hostile value gets the same verdict in either layout,
+`tests/wire/test_rank_columns.py`), the columns have one length (1 to `MAX_GPUS_PER_NODE`), and
+each description's limits are ordered as `GpuDescription` requires. Versioned by its own field
+`columns` (now 1): a payload with that key is this layout, one with `ranks` a `RegisterRanks`,
+else a `RegisterRank` (`decode_registration`, one unpack). Any other batch (ranks of several
+jobs, a rank without its GPU's description or described as another GPU) has no columns
+(`from_ranks` gives None) and goes as rows. An agent sends columns first; a coordinator that
+predates them refuses them (`bad_request`), and the agent then sends rows
+(`zeus_agent.agent.rank_relay`).
 
 Kept apart from `messages` (at its size limit).
 """
