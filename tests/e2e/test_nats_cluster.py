@@ -78,6 +78,11 @@ PROFILER_ARGS = {"clocks": 3, "warmup_iterations": 1, "min_profile_iterations": 
 RECONNECTED = re.compile(r"NATS connection of \S+ restored")
 STALL_S = 1.0
 """The longest a step may take to be seen ending (its own time is 30-90 ms)."""
+PIPELINE_ITERATIONS = 50
+"""The pipeline job's length in iterations, as `test_pipeline_e2e`'s (same profiler, same
+switch lead): its plan is served from iteration ~34 however slow the host is (profiling is
+counted in iterations), so ~16 iterations run it. (It was `--seconds 20`, ~70 iterations at
+0.1x, the last ~20 of them only waited for.)"""
 
 
 @pytest.fixture
@@ -222,8 +227,8 @@ async def test_a_power_limit_job_and_a_pipeline_job_complete_on_a_3_server_clust
     c.procs.spawn("pipeline", [
         sys.executable, "-m", "zeus_agent.gpu.sim.trainers.pipeline",
         "--profile", "gpt3-175b+a40", "--stages", "4", "--microbatches", "4",
-        "--seconds", "20", "--time-scale", "0.1", "--job-metadata", c.tag,
-        "--output", str(out), "--timeout", "60",
+        "--iterations", str(PIPELINE_ITERATIONS), "--time-scale", "0.1",
+        "--job-metadata", c.tag, "--output", str(out), "--timeout", "60",
         *[arg for node in nodes for arg in ("--node", node)],
     ], cwd=REPO_ROOT)
     _, discovering = await c.wait_status(lambda s: s.state == "discovering", 30, "discovering",
