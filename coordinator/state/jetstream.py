@@ -30,6 +30,7 @@ from nats.js.errors import (
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
+from coordinator.state.buckets import bind_buckets
 from coordinator.state.group_commit import REFUSED, GroupCommit, Outcome, answer_ack
 from coordinator.state.watch import follow as follow_bucket
 from zeus_agent.history import History
@@ -102,10 +103,6 @@ class StateUnavailableError(RegistryError):
     code = "unavailable"
 
 
-class NoJetStreamError(Exception):
-    """The NATS server has no JetStream (the coordinator cannot keep its state there)."""
-
-
 class JetStreamState:
     """The state and ownership buckets of one subject prefix."""
 
@@ -142,41 +139,13 @@ class JetStreamState:
             self.history.record(kind, bucket=self.bucket, **fields)
 
     async def open(self) -> None:
-        """Bind the buckets, creating them on first use.
+        """Bind the buckets, creating them on first use (`buckets.bind_buckets`).
 
         Raises:
             NoJetStreamError: The server has no JetStream, or refused the buckets.
         """
-        from nats.js import api
-        from nats.js.errors import (
-            BucketNotFoundError,
-            NoStreamResponseError,
-            ServiceUnavailableError,
-        )
-
-        async def bind(name: str, history: int) -> Any:
-            try:
-                return await self.js.key_value(name)
-            except BucketNotFoundError:
-                pass
-            config = api.KeyValueConfig(bucket=name, history=history, replicas=self.replicas,
-                                        storage=api.StorageType.FILE)
-            return await self.js.create_key_value(config)
-
-        try:
-            self.kv = await bind(self.bucket, 1)
-            self.owners = await bind(self.owners_bucket, 1)
-        except (NoStreamResponseError, ServiceUnavailableError, TimeoutError) as e:
-            raise NoJetStreamError(
-                f"the NATS server did not answer JetStream requests ({type(e).__name__}): the "
-                "coordinator keeps its state in JetStream; start nats-server with -js (or a "
-                "`jetstream {}` block in its configuration), and give the coordinator's NATS "
-                "user the JetStream permissions (`zeus-coordinator nats-auth` writes them)"
-            ) from None
-        except Exception as e:  # noqa: BLE001 - nats.js.errors.APIError and kin
-            raise NoJetStreamError(
-                f"JetStream refused the state buckets {self.bucket}, {self.owners_bucket}: {e}"
-            ) from None
+        self.kv, self.owners = await bind_buckets(
+            self.js, [self.bucket, self.owners_bucket], self.replicas, self.retry_s)
         self.batches = GroupCommit(self.nc, self.bucket, self.timeout_s)
         await self.batches.enable(self.timeout_s)
 
