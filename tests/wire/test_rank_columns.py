@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zeus_agent.agent.rank_relay import MAX_BATCH_BYTES
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_CLOCK_MHZ, MAX_POWER_W, MAX_RANK, RankInfo
 from zeus_agent.wire import codec
@@ -390,3 +391,4 @@ def test_interned_clocks_expand_no_further_than_rows_could_carry() -> None:
         ranks.append(codec.validate(RegisterRank, row))
     assert RegisterRankColumns.from_ranks(ranks) is None  # (Rows, rank by rank: too big.)
     assert RegisterRankColumns.from_ranks(ranks[:200]) is not None
+    assert MAX_CLOCK_ITEMS == 524_288 <= MAX_BATCH_BYTES  # (The figure `clocks` says.)

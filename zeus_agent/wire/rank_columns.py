@@ -99,7 +99,9 @@ class RegisterRankColumns(Message):
     pp_rank: Annotated[list[Rank], _Col]
     tp_rank: Annotated[list[Rank], _Col]
     clocks: Annotated[list[Clocks], Field(fail_fast=True, max_length=_MAX_CLOCK_LISTS)] = Field(
-        description="The ranks' and GPUs' clock lists, each once (at most 3 per rank)")
+        description="The ranks' and GPUs' clock lists, each once (at most 3,072); the ranks "
+        "name at most 524,288 clocks in all, a list counted each time it is named "
+        "(`MAX_CLOCK_ITEMS`)")
     available_frequencies: Annotated[list[_Index], _Col] = Field(
         description="Per rank, `RankInfo.available_frequencies`: its index in `clocks`")
     instructions: Annotated[list[_Instructions | None], _Col] | None = Field(
