@@ -369,9 +369,10 @@ def test_interned_clocks_expand_no_further_than_rows_could_carry() -> None:
     """One clock list named by every rank must not make a small payload a huge one.
 
     1,024 ranks naming one list of 1,024 clocks 3 times each: 33-75 KB in columns, 3.1 million
-    clocks once built (9.8 MB as rows; each rank's record keeps its 1,024, a node entry of
-    6.5 MB). Refused: no more clocks than `MAX_CLOCK_ITEMS`, what the largest rows batch an
-    agent sends could hold; a batch that would expand further has no columns.
+    clocks once built (9.8 MB as rows; each rank's record keeps its 1,024: 6.5 MB of records in
+    the bucket and in every replica). Refused: no more clocks than `MAX_CLOCK_ITEMS`, what the
+    largest rows batch an agent sends could hold; a batch that would expand further has no
+    columns.
     """
     payload = msgpack.packb(hostile_interned(MAX_GPUS_PER_NODE, 1024))
     assert len(payload) < 100_000
