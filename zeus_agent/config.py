@@ -115,7 +115,10 @@ class AgentSettings(NatsSettings):
         "them and no coordinator heard says otherwise, rows otherwise (an older coordinator "
         "drops columns as malformed; a job that holds no lease on the node has an owner the "
         "agent does not hear); 'on': always columns (every coordinator of this version or "
-        "newer); 'off': always rows. The yes/no flag of before still works (bare: on, "
+        "newer); 'off': always rows. A node's rank registrations follow it too "
+        "(RegisterRankColumns): 'auto' and 'on' try columns, 'auto' unless a coordinator "
+        "heard does not read them, and a coordinator that refuses them gets the batch again "
+        "in rows; 'off': rows. The yes/no flag of before still works (bare: on, "
         "--no-measurement-columns: off)",
     )
     heartbeat_s: float = Field(

@@ -4,7 +4,8 @@ The coordinator answers a batch in columns exactly as the same batch in rows: th
 per rank (a retry, a GPU taken by another rank, a rank through another node's subject) and the
 same keys in the state bucket. An agent's `RankRelay` sends columns to a coordinator that reads
 them (one request), and to one that predates them (here: the coordinator's decoding of rows
-only, as before columns) sends the batch again in rows, then rows only for a while.
+only, as before columns) sends the batch again in rows, then rows only for a while. Columns
+whose shared clock lists would expand past what rows could carry are refused, nothing recorded.
 """
 
 from __future__ import annotations
@@ -118,3 +119,25 @@ async def test_an_agent_sends_rows_to_a_coordinator_that_predates_columns(
     # The first batch: columns (refused), then rows (taken); the next: rows at once.
     assert ["columns" in s for s in sent] == [True, False, False]
     assert all("ranks" in s for s in sent[1:]) and relay.requests == 3
+
+
+async def test_interned_clocks_that_would_expand_past_rows_are_refused_unrecorded(
+        coord: Any, nc: Any) -> None:
+    """200 ranks naming one list of 1,024 clocks three times each: 10 KB, 614,400 clocks.
+
+    Every rank's record would keep its 1,024 (as rows, 1.9 MB: more than one message). The
+    coordinator refuses the batch (`bad_request`) before anything is recorded.
+    """
+    job_id = await register_job(nc, dp=200, job_metadata="interned")
+    columns = _columns([described(rank_request(job_id, r, gpu=r)) for r in range(200)])
+    columns.clocks = [list(range(1000, 2024))]
+    for field in ("available_frequencies", "supported_memory_clocks_mhz",
+                  "supported_graphics_clocks_mhz"):
+        setattr(columns, field, [0] * 200)
+    payload = codec.encode(columns)
+    assert len(payload) < 20_000
+    before = await state_keys(coord)
+    reply = await ask(nc, subjects.coord_register_rank(NODE), payload)
+    assert (reply.ok, reply.code) == (False, "bad_request") and "clocks" in reply.error
+    assert not coord.jobs.record(job_id).ranks
+    assert await state_keys(coord) == before

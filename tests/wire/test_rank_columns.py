@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zeus_agent.agent.rank_relay import MAX_BATCH_BYTES
 from zeus_agent.errors import PayloadError
 from zeus_agent.models import MAX_CLOCK_MHZ, MAX_POWER_W, MAX_RANK, RankInfo
 from zeus_agent.wire import codec
@@ -32,7 +33,7 @@ from zeus_agent.wire.messages import (
     RegisterRank,
 )
 from zeus_agent.wire.rank_batch import RegisterRanks
-from zeus_agent.wire.rank_columns import RegisterRankColumns, decode_registration
+from zeus_agent.wire.rank_columns import MAX_CLOCK_ITEMS, RegisterRankColumns, decode_registration
 
 JOB = "2026-12-07-23-00-00+dp16+pp1+tp1+PowerLimitOptimizer"
 TOKEN = "a-join-token-of-the-job-0123"
@@ -345,3 +346,50 @@ def test_the_largest_batch_has_columns_whatever_its_clocks() -> None:
     decoded = decode_registration(codec.encode(columns))
     assert isinstance(decoded, list)
     assert_same_requests(decoded, ranks)
+
+
+def hostile_interned(ranks: int, clocks: int) -> dict[str, Any]:
+    """Columns whose every rank names one clock list of `clocks` items, three times over."""
+    out = valid_columns()
+    n = len(out["rank"])
+    for field, column in out.items():  # (Every column stretched to `ranks` from its last.)
+        if isinstance(column, list) and len(column) == n and field != "clocks":
+            out[field] = [column[i % n] for i in range(ranks)]
+    out.update(rank=list(range(ranks)), gpu_index=list(range(ranks)),
+               uuid=[f"GPU-{i}" for i in range(ranks)],
+               gpu_uuid=[f"GPU-{i}" for i in range(ranks)],
+               clocks=[list(range(1000, 1000 + clocks))])
+    for field in ("available_frequencies", "supported_memory_clocks_mhz",
+                  "supported_graphics_clocks_mhz"):
+        out[field] = [0] * ranks
+    return out
+
+
+def test_interned_clocks_expand_no_further_than_rows_could_carry() -> None:
+    """One clock list named by every rank must not make a small payload a huge one.
+
+    1,024 ranks naming one list of 1,024 clocks 3 times each: 33-75 KB in columns, 3.1 million
+    clocks once built (9.8 MB as rows; each rank's record keeps its 1,024: 6.5 MB of records in
+    the bucket and in every replica). Refused: no more clocks than `MAX_CLOCK_ITEMS`, what the
+    largest rows batch an agent sends could hold; a batch that would expand further has no
+    columns.
+    """
+    payload = msgpack.packb(hostile_interned(MAX_GPUS_PER_NODE, 1024))
+    assert len(payload) < 100_000
+    with pytest.raises(PayloadError, match="clock"):
+        decode_registration(payload)
+    per_rank = MAX_CLOCK_ITEMS // (3 * MAX_GPUS_PER_NODE)  # (Just within: taken.)
+    decoded = decode_registration(msgpack.packb(hostile_interned(MAX_GPUS_PER_NODE, per_rank)))
+    assert isinstance(decoded, list) and len(decoded) == MAX_GPUS_PER_NODE
+    ranks = [codec.validate(RegisterRank, row) for row in (rank_row(0), rank_row(1))]
+    assert RegisterRankColumns.from_ranks(ranks) is not None
+    big = list(range(1000, 2024))
+    ranks = []
+    for i in range(MAX_GPUS_PER_NODE):
+        row = rank_row(i)
+        row["rank_info"]["available_frequencies"] = big
+        row["gpu_info"]["supported_graphics_clocks_mhz"] = big
+        ranks.append(codec.validate(RegisterRank, row))
+    assert RegisterRankColumns.from_ranks(ranks) is None  # (Rows, rank by rank: too big.)
+    assert RegisterRankColumns.from_ranks(ranks[:200]) is not None
+    assert MAX_CLOCK_ITEMS == 524_288 <= MAX_BATCH_BYTES  # (The figure `clocks` says.)

@@ -9,14 +9,15 @@ in one go: the coordinator decodes a node's batch without validating four models
 
 Every column's items are checked as the rows' fields are (the same types and bounds, stopping
 at the first bad item: a hostile value gets the same verdict in either layout,
-`tests/wire/test_rank_columns.py`), the columns have one length (1 to `MAX_GPUS_PER_NODE`), and
-each description's limits are ordered as `GpuDescription` requires. Versioned by its own field
-`columns` (now 1): a payload with that key is this layout, one with `ranks` a `RegisterRanks`,
-else a `RegisterRank` (`decode_registration`, one unpack). Any other batch (ranks of several
-jobs, a rank without its GPU's description or described as another GPU) has no columns
-(`from_ranks` gives None) and goes as rows. An agent sends columns first; a coordinator that
-predates them refuses them (`bad_request`), and the agent then sends rows
-(`zeus_agent.agent.rank_relay`).
+`tests/wire/test_rank_columns.py`), the columns have one length (1 to `MAX_GPUS_PER_NODE`),
+each description's limits are ordered as `GpuDescription` requires, and the clock lists the
+ranks name hold no more clocks in all than a rows batch could (`MAX_CLOCK_ITEMS`). Versioned by
+its own field `columns` (now 1): a payload with that key is this layout, one with `ranks` a
+`RegisterRanks`, else a `RegisterRank` (`decode_registration`, one unpack). Any other batch
+(ranks of several jobs, a rank without its GPU's description or described as another GPU, more
+clocks than `MAX_CLOCK_ITEMS`) has no columns (`from_ranks` gives None) and goes as rows. An
+agent sends columns first; a coordinator that predates them refuses them (`bad_request`), and
+the agent then sends rows (`zeus_agent.agent.rank_relay`).
 
 Kept apart from `messages` (at its size limit).
 """
@@ -46,7 +47,8 @@ from zeus_agent.wire.messages import (
 )
 from zeus_agent.wire.rank_batch import RegisterRanks
 
-__all__ = ["RANK_COLUMNS_VERSION", "RegisterRankColumns", "decode_registration"]
+__all__ = ["MAX_CLOCK_ITEMS", "RANK_COLUMNS_VERSION", "RegisterRankColumns",
+           "decode_registration"]
 
 RANK_COLUMNS_VERSION: Literal[1] = 1
 """The layout's version, in each batch's `columns` field."""
@@ -58,6 +60,12 @@ _Instructions = Annotated[list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]]
 """`RankInfo.instructions` (without its None)."""
 _Period = Annotated[float, Field(ge=0, le=MAX_ENERGY_PERIOD_MS)]
 _MAX_CLOCK_LISTS = 3 * MAX_GPUS_PER_NODE
+MAX_CLOCK_ITEMS = 1 << 19
+"""Most clocks a batch's ranks name in all (a list counted each time it is named): what the
+largest rows batch an agent sends (`rank_relay.MAX_BATCH_BYTES`, 512 KiB) could hold at one
+byte a clock. Interned lists would otherwise let 33 KB name 3.1 million clocks (1,024 ranks
+naming one list of 1,024 three times), which each rank's record then keeps; a node's real
+batch names far fewer (1,024 GPUs of 240 clocks a rank: 246,000)."""
 _Index = Annotated[int, Field(ge=0, lt=_MAX_CLOCK_LISTS)]
 _CLOCKS = ("available_frequencies", "supported_memory_clocks_mhz",
            "supported_graphics_clocks_mhz")
@@ -91,7 +99,9 @@ class RegisterRankColumns(Message):
     pp_rank: Annotated[list[Rank], _Col]
     tp_rank: Annotated[list[Rank], _Col]
     clocks: Annotated[list[Clocks], Field(fail_fast=True, max_length=_MAX_CLOCK_LISTS)] = Field(
-        description="The ranks' and GPUs' clock lists, each once (at most 3 per rank)")
+        description="The ranks' and GPUs' clock lists, each once (at most 3,072); the ranks "
+        "name at most 524,288 clocks in all, a list counted each time it is named "
+        "(`MAX_CLOCK_ITEMS`)")
     available_frequencies: Annotated[list[_Index], _Col] = Field(
         description="Per rank, `RankInfo.available_frequencies`: its index in `clocks`")
     instructions: Annotated[list[_Instructions | None], _Col] | None = Field(
@@ -131,6 +141,11 @@ class RegisterRankColumns(Message):
                 i = next(i for i, x in enumerate(column) if x >= len(self.clocks))
                 raise ValueError(f"{field}[{i}] is {column[i]}; the batch has "
                                  f"{len(self.clocks)} clock lists")
+        lengths = [len(c) for c in self.clocks]
+        named = sum(lengths[i] for field in _CLOCKS for i in getattr(self, field))
+        if named > MAX_CLOCK_ITEMS:
+            raise ValueError(f"the ranks name {named} clocks in all (a list each time it is "
+                             f"named); at most {MAX_CLOCK_ITEMS}: send them as rows")
         for i, (lo, hi, default) in enumerate(zip(
                 self.min_power_limit_w, self.max_power_limit_w, self.default_power_limit_w,
                 strict=True)):
@@ -184,6 +199,8 @@ class RegisterRankColumns(Message):
         gpus = [r.gpu_info for r in ranks]
         values: dict[str, Any] = {f: [getattr(i, f) for i in infos] for f in _INFO}
         values |= {f: [getattr(g, f) for g in gpus] for f in _DESCRIBED}
+        if sum(len(c) for f in _CLOCKS for c in values[f]) > MAX_CLOCK_ITEMS:
+            return None  # (A coordinator refuses it: rows, which it may not fit either.)
         clocks: dict[tuple[int, ...], int] = {}
         for field in _CLOCKS:
             values[field] = [clocks.setdefault(tuple(c), len(clocks)) for c in values[field]]
