@@ -8,23 +8,17 @@ replica taking the job over, which saw none of its profile, records the flag aga
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import Callable
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from coordinator.budget import enforce
 from coordinator.budget import frontier_options as fo
-from coordinator.budget.budgets import Cluster, GpuInfo
 from coordinator.budget.job_views import job_views
-from coordinator.budget.loop import BudgetLoop
-from coordinator.budget.store import BudgetView
 from coordinator.state.jetstream import JetStreamState
 from coordinator.state.records import FRONTIER_PREFIX, job_hash
+from tests.shell.budget_remote_kit import replica, theirs, until
 from zeus_agent.wire.budget import Budget
 
 CAPPED = fo.FrontierView(times=(1.0, 1.3), powers=(140.0, 100.0), peaks=(None, None), chosen=0)
@@ -33,30 +27,6 @@ GPUS = (("n", 0), ("n", 1))
 GRID = Budget(budget_id="grid", cap_w=400.0)
 KEY = FRONTIER_PREFIX + job_hash("perseus")
 
-
-def replica(kv: Any, name: str, jobs: Callable[[], list[enforce.JobView]]) -> BudgetLoop:
-    cluster = Cluster()
-    cluster.announce("n", {}, {i: GpuInfo(100, 300) for i in range(2)})
-    for i in range(2):
-        cluster.sample("n", i, 250.0)
-    link: Any = SimpleNamespace(require_state=lambda: SimpleNamespace(kv=kv))
-    return BudgetLoop(link=link, book=SimpleNamespace(me=name),  # type: ignore[arg-type]
-                      cluster=cluster, jobs=jobs, cap_lease_s=30.0, view=BudgetView())
-
-
-def theirs() -> Any:
-    """The job as the owner's table has it: driven by another replica."""
-    ranks = {r: SimpleNamespace(gpu=SimpleNamespace(node="n", gpu_index=r)) for r in (0, 1)}
-    return SimpleNamespace(record=SimpleNamespace(ranks=ranks, power_limit=None),
-                           optimiser=None, job_id="perseus", recorded=None, failed=None)
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    for _ in range(100):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not seen: {what}")
 
 
 @pytest.mark.timeout(30)
