@@ -111,10 +111,11 @@ class _FakeAgents:
         self.all_delivered = asyncio.Event()
         self.delivered_at = 0.0
         self.counts = {"info": 0, "set_power_limit": 0}
+        self.nc: Any = None
 
     async def start(self, url: str) -> Any:
         """Connect and answer every GPU's commands; returns the connection (to drain)."""
-        nc = await connect(url, "fake-agents")
+        nc = self.nc = await connect(url, "fake-agents")
         # A wildcard subscription (subjects.gpu_command would sanitise "*" as a user token).
         await nc.subscribe(subjects.all_gpu_commands(), cb=self.on_cmd)
         await nc.flush()
@@ -123,15 +124,18 @@ class _FakeAgents:
     async def on_cmd(self, msg: Any) -> None:
         op = msgpack.unpackb(msg.data)["cmd"]["op"]
         self.counts[op] = self.counts.get(op, 0) + 1
+        # Answered without the request's headers, as an agent's `nats.micro` endpoint answers
+        # (`msg.respond` would echo the coordinator's `Zeus-Lease` header to it: 16,384 header
+        # blocks for the replicas to parse that a real agent never sends).
         if op == "info":
-            await msg.respond(self.info_replies[msg.subject])
+            await self.nc.publish(msg.reply, self.info_replies[msg.subject])
             return
         if op == "set_power_limit":
             self.delivered.add(msg.subject)
             if len(self.delivered) == self.ranks and not self.all_delivered.is_set():
                 self.delivered_at = time.perf_counter()
                 self.all_delivered.set()
-        await msg.respond(self.ok_reply)
+        await self.nc.publish(msg.reply, self.ok_reply)
 
 
 def _requests(job_id: str, token: str, agents: _FakeAgents, nodes: int, gpus_per_node: int,

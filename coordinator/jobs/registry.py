@@ -376,6 +376,14 @@ class JobRegistry:
                     f"(dp{job.dp_degree} pp{job.pp_degree} tp{job.tp_degree}, "
                     f"world size {job.world_size}): it must be below {limit}"
                 )
+        return self._check_place(record, request, reserved)
+
+    def _check_place(self, record: JobRecord, request: RegisterRank, reserved: bool) -> bool:
+        """`check_rank`'s checks that the job's other ranks decide: a retry, or a place left.
+
+        The rest (user, token, degrees) the job's record decides, and they never change.
+        """
+        info = request.rank_info
         existing = record.ranks.get(info.rank)
         if existing is not None:
             if existing.info == info and existing.gpu == request.gpu:
@@ -433,7 +441,22 @@ class JobRegistry:
             RankRangeError: The rank does not fit the job's degrees.
             DuplicateError: The rank or its GPU is registered differently.
         """
-        retry = self.check_rank(request, reserved)
+        return self._register(request, now_s, self.check_rank(request, reserved))
+
+    def register_checked(self, request: RegisterRank, now_s: float,
+                         checked: JobRecord) -> tuple[JobRecord, bool]:
+        """`register_rank` (not `reserved`) for a rank `check_rank` passed against `checked`.
+
+        While the job's record is still `checked` (not forgotten nor replaced meanwhile), only
+        what may have changed since is checked again: its rank or GPU taken, its node's quota.
+        One check a rank, not two, for a node's batch (`Endpoints._record_node`).
+        """
+        if self.jobs.get(request.job_id) is not checked:
+            return self.register_rank(request, now_s)
+        return self._register(request, now_s, self._check_place(checked, request, False))
+
+    def _register(self, request: RegisterRank, now_s: float,
+                  retry: bool) -> tuple[JobRecord, bool]:
         record = self.jobs[request.job_id]
         record.last_active_s = now_s
         if not retry:

@@ -352,7 +352,7 @@ class Endpoints:
         if given or retries:  # (A registration is activity, as events are.)
             self.jobs.registry.touch(job_id, self.clock())
         if given:
-            recorded = await self._record_node(job_id, [requests[i] for i in given], subject)
+            recorded = await self._record_node(record, [requests[i] for i in given], subject)
             for i, reply in zip(given, recorded, strict=True):
                 replies[i] = reply
         for i in retries:
@@ -378,15 +378,17 @@ class Endpoints:
         registry.reserve_rank(gpu.node)
         return False
 
-    async def _record_node(self, job_id: str, requests: list[RegisterRank],
+    async def _record_node(self, checked: JobRecord, requests: list[RegisterRank],
                            subject: str) -> list[dict[str, Any]]:
         """Record checked ranks of one job together (their quota places held): their replies.
 
         As each rank's `_register_rank` would: recorded in one node entry, or else each alone;
         then registered here (each handler's entries applied once it is done, `defer`), their
         places in the quota given back, the status told, the optimiser started once complete.
+        `checked`: the job's record they were checked against (`register_checked` checks
+        again only what the write's wait may have changed).
         """
-        jobs, registry = self.jobs, self.jobs.registry
+        jobs, registry, job_id = self.jobs, self.jobs.registry, checked.job_id
         held = [jobs.registering_rank(job_id, r.rank_info.rank, self.durable.apply)
                 for r in requests]
         outcomes: list[bool | BaseException] = []
@@ -407,7 +409,7 @@ class Endpoints:
                     registered.append(new)
                     continue
                 try:
-                    record, _ = registry.register_rank(request, self.clock())
+                    record, _ = registry.register_checked(request, self.clock(), checked)
                 except Exception as e:  # noqa: BLE001 - its own reply says why
                     registered.append(e)
                     continue

@@ -395,3 +395,35 @@ def test_one_nodes_gpus_hold_at_most_max_ranks_per_node_over_all_jobs():
     registry.register_rank(rank(second.job_id, 0, gpu=7), 0.0)  # the undone rank's room
     registry.unregister_job(first.job_id)
     assert registry.register_rank(rank(second.job_id, 0, gpu=7), 0.0)[1] is False  # a retry
+
+
+def test_register_checked_checks_again_only_what_a_wait_can_change():
+    """A node's batch checks each rank once, then writes, then registers it (`register_checked`):
+    against the record it was checked with, a rank or GPU taken meanwhile, or the node's quota
+    filled, is still refused, a retry is still a retry; a record forgotten or replaced meanwhile
+    is checked in full (`register_rank`)."""
+    from coordinator.jobs import QuotaError
+
+    registry = JobRegistry(max_ranks_per_node=3)
+    record = registry.register_job(job(dp=4), 0.0)
+    checked = [rank(record.job_id, r) for r in range(4)]
+    assert [registry.check_rank(c) for c in checked] == [False] * 4
+    registry.register_rank(rank(record.job_id, 0), 0.0)  # meanwhile: rank 0, the same
+    registry.register_rank(rank(record.job_id, 1, gpu=9), 0.0)  # rank 1, another GPU
+    assert registry.register_checked(checked[0], 2.0, record) == (record, False)  # a retry
+    assert record.last_active_s == 2.0
+    with pytest.raises(DuplicateError, match="rank 1 .* already registered"):
+        registry.register_checked(checked[1], 2.0, record)
+    assert registry.register_checked(checked[2], 2.0, record) == (record, True)
+    with pytest.raises(QuotaError, match="max_ranks_per_node"):  # 0, 1 and 2 on n0
+        registry.register_checked(checked[3], 2.0, record)
+    assert sorted(record.ranks) == [0, 1, 2]
+    # Forgotten meanwhile: refused as unknown; a job of that id again: all checked again.
+    registry.unregister_job(record.job_id)
+    with pytest.raises(UnknownJobError):
+        registry.register_checked(checked[3], 3.0, record)
+    again = registry.register_job(job(dp=4), 0.0)
+    stranger = rank(again.job_id, 3).model_copy(update={"uid": 1234})
+    again.uid = 99  # (Not the rank's user: only a full check says so.)
+    with pytest.raises(RegistryError, match="another user"):
+        registry.register_checked(stranger, 3.0, record)
