@@ -82,3 +82,24 @@ async def bind_buckets(js: Any, names: list[str], replicas: int,
         except Exception as e:  # noqa: BLE001 - nats.js.errors.APIError and kin
             raise NoJetStreamError(
                 f"JetStream refused the state buckets {', '.join(names)}: {e}") from None
+
+
+async def bucket_keys(kv: Any, tries: int = 5) -> list[str]:
+    """Every key `kv` holds now; [] for a bucket that holds none.
+
+    nats-py's `KeyValue.keys()` can raise `NoKeysError` for a bucket that has keys: its watch
+    can signal "nothing more" before messages already buffered are counted (nats-io/nats.py
+    #842; seen in fresh-clone test runs on a loaded machine). An empty bucket holds no
+    message at all, so only then is the answer [] at once; otherwise the listing is asked
+    again (`tries` times, a little longer each time; a bucket of deleted keys only ends [] too).
+    """
+    from nats.js.errors import NoKeysError
+
+    for attempt in range(tries):
+        try:
+            return list(await kv.keys())
+        except NoKeysError:
+            if not (await kv.status()).values:
+                return []
+            await asyncio.sleep(0.05 * (attempt + 1))
+    return []

@@ -30,7 +30,7 @@ from nats.js.errors import (
 
 from coordinator.jobs import DuplicateError, JobRecord, RankRecord, RegistryError
 from coordinator.state import records
-from coordinator.state.buckets import bind_buckets
+from coordinator.state.buckets import bind_buckets, bucket_keys
 from coordinator.state.group_commit import REFUSED, GroupCommit, Outcome, answer_ack
 from coordinator.state.watch import follow as follow_bucket
 from zeus_agent.history import History
@@ -523,20 +523,9 @@ class JetStreamState:
         This reads the whole bucket: for checks and tools, not for the service (which follows
         the bucket instead).
         """
-        from nats.js.errors import KeyNotFoundError, NoKeysError
+        from nats.js.errors import KeyNotFoundError
 
-        keys: list[str] = []
-        for attempt in range(5):
-            try:
-                keys = await self.kv.keys()
-                break
-            except NoKeysError:
-                # nats-py's `keys()` can come back empty from a bucket that has keys (seen once,
-                # in a fresh-clone test run on a loaded machine); an empty bucket holds no
-                # messages at all, so only then is the answer "no jobs".
-                if not (await self.kv.status()).values:
-                    return {}
-                await asyncio.sleep(0.05 * (attempt + 1))
+        keys = await bucket_keys(self.kv)
         jobs: dict[str, JobRecord] = {}
         ranks: list[tuple[str, RankRecord]] = []
         for key in keys:
@@ -612,12 +601,8 @@ class JetStreamState:
 
     async def list_quarantine(self) -> dict[str, dict[str, Any]]:
         """Every quarantine note now, by job key token."""
-        from nats.js.errors import NoKeysError
-
-        try:  # (nats-py's `keys(filters=...)` matches substrings, not subjects: filter here.)
-            keys = [k for k in await self.kv.keys() if k.startswith("v.quar.")]
-        except NoKeysError:
-            return {}
+        # (nats-py's `keys(filters=...)` matches substrings, not subjects: filter here.)
+        keys = [k for k in await bucket_keys(self.kv) if k.startswith("v.quar.")]
         notes = {}
         for key in keys:
             job_hash = key.rsplit(".", 1)[-1]

@@ -169,12 +169,9 @@ async def wait_for(predicate, timeout_s: float = 5.0) -> None:
 
 async def state_keys(coord: CoordinatorService) -> set[str]:
     """The keys in the coordinator's state bucket now."""
-    from nats.js.errors import NoKeysError
+    from coordinator.state.buckets import bucket_keys
 
-    try:
-        return set(await coord.link.state.kv.keys())
-    except NoKeysError:
-        return set()
+    return set(await bucket_keys(coord.link.state.kv))
 
 
 async def state_values(coord: CoordinatorService) -> list[bytes]:

@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from coordinator.jobs import JobRecord, RankRecord
+from coordinator.state.buckets import bucket_keys
 from coordinator.state.jetstream import JetStreamState
 from zeus_agent.models import RankInfo
 from zeus_agent.wire.messages import GpuBinding, JobInfo
@@ -39,9 +40,4 @@ async def states(nc: Any, n: int = 1) -> list[JetStreamState]:
 
 
 async def keys(state: JetStreamState) -> list[str]:
-    from nats.js.errors import NoKeysError
-
-    try:
-        return sorted(await state.kv.keys())
-    except NoKeysError:
-        return []
+    return sorted(await bucket_keys(state.kv))

@@ -161,13 +161,15 @@ async def read_state(urls: str, buckets: set[str]) -> dict[str, int]:
     """Every key of the state buckets and its revision, as the cluster holds them now."""
     import nats
 
+    from coordinator.state.buckets import bucket_keys
+
     nc = await nats.connect(servers=urls.split(","), connect_timeout=5)
     try:
         js = nc.jetstream(timeout=10)
         out: dict[str, int] = {}
         for bucket in buckets:
             kv = await js.key_value(bucket)
-            for key in await kv.keys():
+            for key in await bucket_keys(kv):  # (Not nats-py's keys(): a spurious empty.)
                 entry = await kv.get(key)
                 out[key] = int(entry.revision or 0)
         return out
