@@ -101,3 +101,30 @@ def test_the_description_carries_the_period_only_when_known() -> None:
     for bad in (-1.0, 1e9):
         with pytest.raises(PayloadError):
             codec.validate(GpuDescription, {**known.model_dump(), "energy_period_ms": bad})
+
+
+def test_the_reader_logs_when_its_counter_locks_loses_and_regains_its_grid(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A counter that skips 6 updates (it holds its value 700 ms, then goes on on its grid)
+    loses the lock and regains it ~2 s later, and the reader says so: an operator (and the e2e
+    test that bounds a window's error by it) can tell when a GPU's knots were placed between
+    reads instead of on the grid. Before, the second miss's bound left the policy LOCKED with
+    no grid: the next plan raised, and the agent's reader never read that GPU again."""
+    policy = ReadPolicy()
+    announced = reader(policy)
+    announced.gpu = SimpleNamespace(index=3)
+    counter = Counter()
+    counter.updates = [u for u in counter.updates if not 5_000 * MS < u < 5_600 * MS]
+    feeding = SimpleNamespace(next_read_at=policy.next_read_at, on_read=announced.feed,
+                              locked=False)
+    caplog.set_level("INFO", logger="zeus_agent.agent.counter_reader")
+    drive(feeding, counter.value_at, 20_000 * MS)  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records]
+    locked = [m for m in said if "locked on its" in m]
+    lost = [m for m in said if "lost its update grid (now learning)" in m]
+    assert len(lost) == 1 and len(locked) == 2, said
+    assert all(m.startswith("GPU 3: energy counter") for m in said), said
+    assert said.index(locked[0]) < said.index(lost[0]) < said.index(locked[1])
+    assert announced.phase_changes == 3 and policy.locked
+    assert announced.update_period_ms == pytest.approx(100.0, abs=1.0)

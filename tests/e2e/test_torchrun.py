@@ -400,7 +400,15 @@ async def test_short_steps_on_a_100_ms_counter_lengthen_the_windows_and_pin_the_
               f"{m.power_limit} W {m.time / 3 * 1000:.1f} ms {m.energy / 3:.2f} J "
               f"({off[m.power_limit]:+.1%})" for m in measurements) +
           f"; torchrun {trained_s:.1f} s, {result['steps']} steps")
-    assert all(abs(e) < 0.05 for e in off.values()), off
+    # Within 5% while the agent's reads stay locked on the counters' update grid. A host stalled
+    # long enough for 4 reads in a row to miss (CI, 2 cores, 2 workers) sends a GPU back to
+    # learning for a few hundred ms, its knots placed between reads meanwhile: a window edge
+    # then may be tens of ms off (CI once: 300 W +6.8%, 250 W -6.6%, the edge between them
+    # ~43 ms late). The agent logs each loss; with one on the job's GPUs, 10%.
+    phase = [line for line in c.agent_log().splitlines() if "energy counter" in line]
+    lost = [line for line in phase if "lost its update grid" in line
+            and re.search(r"GPU [01]:", line)]
+    assert all(abs(e) < (0.10 if lost else 0.05) for e in off.values()), (off, phase)
     # The choice is the measurements' and the workload's optimum for the time the host's steps
     # took: the limits whose true energy (the physics at each window's own step time) is within
     # the measurement's 5% of the least. On a host that runs every limit's steps alike that is

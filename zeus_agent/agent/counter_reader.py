@@ -127,6 +127,8 @@ class CounterReader:
         newest knot may be a second old when a window is asked."""
         self.reads = 0
         self.read_errors = 0
+        self.phase_changes = 0
+        """Times the read policy's state changed (learning, locked, plain)."""
         self._due_boundaries = due_boundaries
         self._on_knot = on_knot
         self._wants_knots = wants_knots
@@ -264,11 +266,35 @@ class CounterReader:
             LOG.debug("GPU %d: energy counter read failed: %s", self.gpu.index, e)
             return False
         self.reads += 1
-        with self._policy_lock:
-            knot = self.policy.on_read(t0, t1, energy)
+        knot = self.feed(t0, t1, energy)
         if knot is not None:
             self._add_knot(knot)
         return True
+
+    def feed(self, t0: int, t1: int, energy: float) -> Knot | None:
+        """Feed one read to the policy (either thread); log when its phase state changes.
+
+        A lock lost means the knots are placed at their reads again (up to a period off) until
+        it locks anew: an operator reading a window's energy wants to know when that happened.
+        """
+        with self._policy_lock:
+            before = self.policy.state
+            knot = self.policy.on_read(t0, t1, energy)
+            after = self.policy.state
+            bounds = self.policy.period_bounds_ns
+        if after is not before:
+            self.phase_changes += 1
+            if after is PhaseState.LOCKED and bounds is not None:
+                LOG.info("GPU %d: energy counter locked on its %.3f ms update grid",
+                         self.gpu.index, (bounds[0] + bounds[1]) / 2e6)
+            elif before is PhaseState.LOCKED:
+                LOG.info("GPU %d: energy counter lost its update grid (now %s): windows "
+                            "measured until it locks again may be off by up to one update "
+                            "period at each edge", self.gpu.index, after.value)
+            else:
+                LOG.info("GPU %d: energy counter read %s (was %s)", self.gpu.index,
+                         after.value, before.value)
+        return knot
 
     async def run(self) -> None:
         """Forever: wait until the policy's next read (clear of due boundaries), read.
@@ -350,8 +376,7 @@ class CounterReader:
                     time.sleep(fallback_s)  # never a hot loop
                     continue
                 self.reads += 1
-                with self._policy_lock:
-                    knot = self.policy.on_read(t0, t1, energy)
+                knot = self.feed(t0, t1, energy)
                 if knot is not None:
                     self._inbox.append(knot)  # taken on the loop by the next query
                     if (self._waiters or self._wants_knots is None or self._wants_knots()

@@ -561,6 +561,12 @@ class ReadPolicy:
         anchor = next((b for b in bounds if b.lo > -math.inf and b.hi < math.inf), None)
         if anchor is None:
             self._poly = []
+            if self.state is PhaseState.LOCKED:
+                # The bounds that contradicted the grid left none to lock on (a counter that
+                # held its value for several periods): learn it from scratch, as after misses.
+                # (Staying LOCKED without a grid raised at the next plan, and the reader never
+                # read that GPU again; keeping the one-sided bounds learnt a wrong period.)
+                self._relearn(None)
             return
         # Start from every grid whose point `anchor.n` lies in its bound, any period allowed.
         pmin, pmax = 2.0 * self.learn_interval_ns, float(_MAX_PERIOD_NS)
