@@ -67,8 +67,15 @@ def drive(
     seed: int = 1,
     start_ns: int = 0,
     run: Run | None = None,
+    anywhere: bool = False,
+    stretched: tuple[float, float, float] | None = None,
 ) -> Run:
-    """Run the read loop in simulated time: plan, read (at a drawn cost), feed."""
+    """Run the read loop in simulated time: plan, read (at a drawn cost), feed.
+
+    `anywhere`: the counter is sampled at a drawn instant of the call (a real read samples it
+    somewhere within it), not at its midpoint. `stretched`: (probability, min ms, max ms) of a
+    read whose call lasts that long (a loaded host: the thread waits for the CPU or the GIL).
+    """
     rng = random.Random(seed)
     run = run or Run()
     now = start_ns
@@ -76,8 +83,12 @@ def drive(
         start = policy.next_read_at(now)
         if start >= until_ns:
             return run
-        end = start + int(rng.choice(COSTS_MS) * MS)
-        knot = policy.on_read(start, end, read_value((start + end) // 2))  # type: ignore[operator]
+        cost_ms = rng.choice(COSTS_MS)
+        if stretched is not None and rng.random() < stretched[0]:
+            cost_ms = rng.uniform(stretched[1], stretched[2])
+        end = start + int(cost_ms * MS)
+        at = start + int(rng.random() * (end - start)) if anywhere else (start + end) // 2
+        knot = policy.on_read(start, end, read_value(at))  # type: ignore[operator]
         run.reads.append((start, end))
         if knot is not None:
             run.knots.append((end, knot))
