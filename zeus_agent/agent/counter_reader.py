@@ -9,7 +9,7 @@ and appends each `Knot` it returns to the `EnergyRing`. Then:
 * `energy_between(t0, t1)`: the default window answer, at once (past the newest knot the ring
   extrapolates with the last full update period's power);
 * `energy_between_exact(t0, t1)`: waits until a knot at or after `t1` is in (the first read after
-  the update that follows `t1`: ~60 ms typically, ~200 ms at most on an H200), then interpolates;
+  the update that follows `t1`: ~70 ms typically, ~225 ms at most on an H200), then interpolates;
 * `covers(t)` / `on_knot`: what the agent uses to publish a step's or instruction's energy only
   once reads bracket both of its edges.
 

@@ -442,10 +442,14 @@ class ReadPolicy:
             return now_ns
         else:
             self._plan = ("regular", n)
-            # Just after the update, and after the latest it can come: a read that straddled
-            # it (sampled before it, returned after its predicted instant) was filed as that
-            # update's, its value a period old (1 run in ~70 had such a knot, 99 ms off).
-            after = max((lo + hi) / 2 + self.late_ns, hi + self.jitter_bound_ns)
+            after = (lo + hi) / 2 + self.late_ns
+            if self._seen < n - 1:
+                # It reads the update before too (its test came first): after the latest this
+                # one can come. A read that straddled it (sampled before it, returned after its
+                # predicted instant) was filed as its, the value a period old (1 run in ~70
+                # had such a knot, 99 ms off). With the update before seen, a change can only
+                # be this one's, and a read that came first is a miss, as it should be.
+                after = max(after, hi + self.jitter_bound_ns)
             at = after - self._cost_q(0.1) / 2
         return max(now_ns, self._origin + round(at))
 
