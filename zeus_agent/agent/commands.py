@@ -54,6 +54,19 @@ async def handle_command(agent: GpuAgent, data: bytes,
     """Decode one command for `agent`, fence it, run it, and return the reply (never raises)."""
     try:
         cmd = codec.decode(data, CommandEnvelope).cmd
+    except Exception as e:  # noqa: BLE001 - every failure becomes a reply
+        return reply_for(e, f"internal error in the agent of GPU {agent.index}; see its log")
+    return await handle_decoded(agent, cmd, headers)
+
+
+async def handle_decoded(agent: GpuAgent, cmd: GpuCommand,
+                         headers: Mapping[str, str] | None = None) -> Reply:
+    """Fence and run one decoded command for `agent` (a GPU's request, or a node batch's item).
+
+    The one path every command takes after decoding, so an item of a node's batch passes
+    exactly the checks its GPU's own request would (never raises).
+    """
+    try:
         if not isinstance(cmd, InfoCmd | EnergyCmd):
             fence(agent, headers)
         return await run_command(agent, cmd)

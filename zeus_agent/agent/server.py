@@ -59,6 +59,7 @@ from zeus_agent.agent.doorbell import doorbell_path
 from zeus_agent.agent.gateway import Gateway
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.agent.node_batch import NodeMeasurements
+from zeus_agent.agent.node_commands import node_handler
 from zeus_agent.agent.rapl import RaplReader
 from zeus_agent.agent.renewals import RenewalSubscriptions
 from zeus_agent.aio import ExitSignals, Releases, every
@@ -303,6 +304,13 @@ class AgentServer(ExitSignals):
                 handler=self._command_handler(agent, self.history, self.renewals.sync),
                 queue_group=f"agent-{self.settings.node}",
             )
+        await self._service.add_endpoint(
+            name="node",
+            subject=subjects.node_command(self.settings.node, self.settings.prefix),
+            handler=node_handler(self.settings.node, self.agents, self.history,
+                                 self.renewals.sync),
+            queue_group=f"agent-{self.settings.node}",
+        )
 
     @staticmethod
     def _command_handler(

@@ -21,6 +21,7 @@ from zeus_agent.wire.budget import BudgetRequest, BudgetStatus
 from zeus_agent.wire.event_columns import TrainerEventColumns
 from zeus_agent.wire.node_batch import NodeMeasurementBatch
 from zeus_agent.wire.node_columns import NodeColumnBatch
+from zeus_agent.wire.node_command import NodeCommandBatch, NodeCommandReply
 from zeus_agent.wire.node_power import NodePower
 from zeus_agent.wire.rank_batch import RegisterRanks
 from zeus_agent.wire.rank_columns import RegisterRankColumns
@@ -76,6 +77,12 @@ SUBJECTS: tuple[SubjectSpec, ...] = (
                 m.CommandEnvelope, m.Reply,
                 "A command to one GPU: info, set/reset power limit, lock/reset clocks, "
                 "install/clear schedule, bind/unbind a rank, energy, renew, a budget's node cap."),
+    SubjectSpec("{prefix}.agent.{node}.cmd", s.node_command, "-> agent (request/reply)",
+                NodeCommandBatch, NodeCommandReply,
+                "Commands for several GPUs of one node in one request: each item is what its "
+                "GPU's `cmd` subject takes, run exactly as there (fencing included); the reply "
+                "holds each item's `Reply` in order, or one `Reply` (`bad_request`) for a batch "
+                "that does not validate, nothing run."),
     SubjectSpec("{prefix}.gpu.{node}.{gpu}.error", s.gpu_errors, "agent ->", m.ErrorEvent, None,
                 "A GPU's rank errors: schedule mismatches, lapsed leases, measurement gaps."),
     SubjectSpec("{prefix}.lease.{holder}", s.lease_renewal, "coordinator -> agents",

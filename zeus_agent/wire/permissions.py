@@ -5,15 +5,17 @@ Three roles share one NATS account, each with its own users:
 * **agent** (one user per node, `agent-<node>`): publishes only its own node's subjects
   (`<p>.gpu.<node>.*.{sample,error}`, `<p>.agent.<node>.{hello,power,error}`,
   `<p>.coord.{jobs,ranks}.register.<node>`, `<p>.job.*.ev.*.<node>`, `<p>.job.*.meas.<node>`),
-  serves only its own GPUs' commands (`<p>.gpu.<node>.*.cmd`), hears lease renewals and pings,
+  serves only its own GPUs' commands (`<p>.gpu.<node>.*.cmd`, and its node's batches
+  `<p>.agent.<node>.cmd`), hears lease renewals and pings,
   and reads replies only under its own inbox prefix `_INBOX.<p>.node.<node>`. So a compromised
   node can neither command another node's GPUs, nor speak for another node, nor read anybody
   else's replies.
-* **coordinator** (`coordinator`): commands every GPU (`<p>.gpu.*.*.cmd`), renews leases,
-  publishes job status and schedules, pings agents, serves `<p>.coord.*` requests and reads
-  every node's measurements and events; its replies arrive under `_INBOX.<p>.coord`. Straggler
-  notices (`<p>.coord.jobs.straggler`, `zeus-coordinator straggler`) change clocks, so they are
-  sent with these credentials (an operator's), not the observer's.
+* **coordinator** (`coordinator`): commands every GPU (`<p>.gpu.*.*.cmd`, and node batches
+  `<p>.agent.*.cmd`), renews leases, publishes job status and schedules, pings agents, serves
+  `<p>.coord.*` requests and reads every node's measurements and events; its replies arrive
+  under `_INBOX.<p>.coord`. Straggler notices (`<p>.coord.jobs.straggler`,
+  `zeus-coordinator straggler`) change clocks, so they are sent with these credentials (an
+  operator's), not the observer's.
 * **observer** (`observer`, for `zeus-coordinator watch` and dashboards): read-only: asks
   `<p>.coord.jobs.query`, reads job status, agent announcements, GPU samples and the nodes'
   measurements (`<p>.job.*.meas.*`); replies under `_INBOX.<p>.observer`.
@@ -181,6 +183,7 @@ def agent(node: str, prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
         ),
         subscribe=(
             pattern(subjects.gpu_command, node, ANY, prefix=p),
+            subjects.node_command(node, p),
             subjects.all_lease_renewals(p),
             subjects.agent_ping(p),
             _below(inbox("agent", node, p)),
@@ -206,6 +209,7 @@ def coordinator(prefix: str = subjects.DEFAULT_PREFIX) -> Permissions:
     return Permissions(
         publish=(
             subjects.all_gpu_commands(p),
+            subjects.all_node_commands(p),
             subjects.all_lease_renewals(p),
             subjects.all_job_status(p),
             subjects.all_budget_status(p),

@@ -17,6 +17,7 @@ agent's credentials to its own node and the coordinator knows which node a reque
 |---|---|---|
 | `agent_hello` | `<p>.agent.<node>.hello` | agent -> all: GPUs, heartbeat |
 | `agent_errors` | `<p>.agent.<node>.error` | agent ->: bad datagrams, gone trainers |
+| `node_command` | `<p>.agent.<node>.cmd` | -> agent, request/reply: several GPUs' commands |
 | `gpu_samples` | `<p>.gpu.<node>.<gpu>.sample` | agent ->: batched samples |
 | `gpu_command` | `<p>.gpu.<node>.<gpu>.cmd` | -> agent, request/reply |
 | `gpu_errors` | `<p>.gpu.<node>.<gpu>.error` | agent ->: schedule mismatches |
@@ -119,6 +120,11 @@ def agent_power(node: str, prefix: str = DEFAULT_PREFIX) -> str:
 def agent_errors(node: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Subject of a node agent's error events (bad datagrams, dead trainers)."""
     return f"{_p(prefix)}.agent.{token(node)}.error"
+
+
+def node_command(node: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Request/reply subject of a node's command batches (`NodeCommandBatch`)."""
+    return f"{_p(prefix)}.agent.{token(node)}.cmd"
 
 
 def _gpu(node: str, gpu: int | str, leaf: str, prefix: str) -> str:
@@ -268,6 +274,11 @@ def all_agent_power(prefix: str = DEFAULT_PREFIX) -> str:
 def all_gpu_commands(prefix: str = DEFAULT_PREFIX) -> str:
     """Every GPU's command subject: `<p>.gpu.*.*.cmd`."""
     return f"{_p(prefix)}.gpu.*.*.cmd"
+
+
+def all_node_commands(prefix: str = DEFAULT_PREFIX) -> str:
+    """Every node's command-batch subject: `<p>.agent.*.cmd`."""
+    return f"{_p(prefix)}.agent.*.cmd"
 
 
 def all_events_of_job(job_id: str, prefix: str = DEFAULT_PREFIX) -> str:
