@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
-from coordinator import bulk
+from coordinator import bulk, node_groups
 from coordinator.config import CoordinatorSettings
 from coordinator.jobs import JobRecord
 from coordinator.service.leases import Leases
@@ -28,11 +29,14 @@ from zeus_agent.errors import PayloadError
 from zeus_agent.wire import codec
 from zeus_agent.wire.fencing import LEASE_HEADER, SenderLease
 from zeus_agent.wire.messages import GpuBinding, Reply
+from zeus_agent.wire.node_command import NodeCommandReply
 
 __all__ = ["GpuCommands"]
 
 LOG = logging.getLogger(__name__)
 
+PER_GPU_S = 300.0
+"""How long a node whose batch was not taken gets its commands one per GPU (an older agent)."""
 SEEN_REPLIES = 16
 """Distinct replies one `request_all` keeps decoded, by their bytes (the first 16 seen)."""
 
@@ -50,6 +54,9 @@ class GpuCommands:
         self.link = link
         self.leases = leases
         self.fenced = 0
+        self.batch_fallbacks = 0
+        self.per_gpu_until: dict[str, float] = {}
+        """Node subjects sent one request per GPU until this time (`time.monotonic`)."""
 
     async def command(self, record: JobRecord, what: str,
                       requests: list[tuple[str, bytes]]) -> list[Reply | str] | None:
@@ -64,13 +71,56 @@ class GpuCommands:
             return []
         replies = None
         if await self.leases.owns_now(record.job_id):
-            replies = await self.request_all(requests, self.fencing_headers(record.job_id),
-                                             fence=lambda: self.leases.owns(record.job_id))
+            replies = await self.request_grouped(requests, self.fencing_headers(record.job_id),
+                                                 fence=lambda: self.leases.owns(record.job_id))
         if replies is None:
             self.fenced += len(requests)
             LOG.warning("job %s: %s not sent to %d GPU(s): this replica no longer drives the job",
                         record.job_id, what, len(requests))
         return replies
+
+    async def request_grouped(self, requests: list[tuple[str, bytes]],
+                              headers: dict[str, str] | None = None,
+                              fence: Callable[[], bool] | None = None) -> list[Reply | str] | None:
+        """`request_all`, with one request per node of >= 2 requests (`node_groups`).
+
+        A node whose batch got no usable answer (no responders, a timeout, one refusal for the
+        whole batch: an agent older than the batches) gets its requests one per GPU at once,
+        and one per GPU for `PER_GPU_S` after. The same `fence` guards every send, the
+        fallback's too; None as `request_all`'s. The replies are in the requests' order.
+        """
+        now = time.monotonic()
+        for subject in [k for k, until in self.per_gpu_until.items() if until <= now]:
+            del self.per_gpu_until[subject]
+        grouped = node_groups.plan(requests, self.per_gpu_until)
+        if not grouped.batches:
+            alone = await self.request_all(requests, headers, fence)
+            return None if alone is None else [_one(r) for r in alone]
+        sent = [(b.subject, node_groups.batch_payload(b, requests)) for b in grouped.batches]
+        sent += [requests[i] for i in grouped.singles]
+        got = await self.request_all(sent, headers, fence)
+        if got is None:
+            return None
+        results: list[Reply | str | None] = [None] * len(requests)
+        for at, i in enumerate(grouped.singles, start=len(grouped.batches)):
+            results[i] = _one(got[at])
+        again: list[int] = []
+        for batch, reply in zip(grouped.batches, got, strict=False):
+            if not node_groups.split(batch, reply, results):
+                self.per_gpu_until[batch.subject] = now + PER_GPU_S
+                self.batch_fallbacks += 1
+                LOG.info("%s: batch of %d command(s) not taken (%s); per GPU for %g s",
+                         batch.subject, len(batch.indices),
+                         reply if isinstance(reply, str) else getattr(reply, "code", "count"),
+                         PER_GPU_S)
+                again.extend(batch.indices)
+        if again:
+            retried = await self.request_all([requests[i] for i in again], headers, fence)
+            if retried is None:
+                return None
+            for i, reply in zip(again, retried, strict=True):
+                results[i] = _one(reply)
+        return [r if r is not None else "no reply" for r in results]
 
     def fencing_headers(self, job_id: str) -> dict[str, str] | None:
         """The `LEASE_HEADER` of the job's commands: this replica's lease, their fencing token."""
@@ -107,7 +157,8 @@ class GpuCommands:
 
     async def request_all(self, requests: list[tuple[str, bytes]],
                           headers: dict[str, str] | None = None,
-                          fence: Callable[[], bool] | None = None) -> list[Reply | str] | None:
+                          fence: Callable[[], bool] | None = None,
+                          ) -> list[Reply | NodeCommandReply | str] | None:
         """Send many requests at once over one reply inbox, within `command_timeout_s`.
 
         Cheaper than one `nc.request` per GPU (no future, timer and task each), which matters
@@ -127,8 +178,8 @@ class GpuCommands:
             return []
         nc, timeout_s = self.link.nc, self.settings.command_timeout_s
         inbox = nc.new_inbox()
-        results: list[Reply | str | None] = [None] * len(requests)
-        seen: dict[bytes, Reply | str] = {}  # Decoded replies by their bytes (`SEEN_REPLIES`).
+        results: list[Reply | NodeCommandReply | str | None] = [None] * len(requests)
+        seen: dict[bytes, Reply | NodeCommandReply | str] = {}  # By their bytes (`SEEN_REPLIES`).
         left = len(requests)
         all_in = asyncio.Event()
 
@@ -145,9 +196,9 @@ class GpuCommands:
             elif (same := seen.get(msg.data)) is not None:
                 results[i] = same
             else:
-                reply: Reply | str
+                reply: Reply | NodeCommandReply | str
                 try:
-                    reply = codec.decode(msg.data, Reply)
+                    reply = codec.decode_either(msg.data, Reply, NodeCommandReply, "replies")
                 except PayloadError as e:
                     reply = f"bad reply: {e}"
                 results[i] = reply
@@ -168,6 +219,13 @@ class GpuCommands:
                 await sub.unsubscribe()
         timeout = f"no reply within {timeout_s:g} s"
         return [timeout if r is None else r for r in results]
+
+
+def _one(reply: Reply | NodeCommandReply | str) -> Reply | str:
+    """A GPU's reply; a node's replies where one GPU's was due is a bad reply."""
+    if isinstance(reply, NodeCommandReply):
+        return "bad reply: a node's batch of replies to one GPU's command"
+    return reply
 
 
 async def _send_all(nc: Any, requests: list[tuple[str, bytes]], inbox: str,

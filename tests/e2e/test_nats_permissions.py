@@ -533,3 +533,40 @@ async def test_real_agent_and_coordinator_register_a_rank_with_their_credentials
     finally:
         procs.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- node command batches (one request per node) -----------------------------------------------
+
+
+async def test_node_command_batches_go_from_the_coordinator_to_their_own_node_only(server):
+    """The coordinator may send a node's batch; the agent serves its own node's subject only;
+    another agent, and the observer, may neither serve nor send one."""
+    async with (
+        agent_client(server, A) as agent_a,
+        agent_client(server, B) as agent_b,
+        coordinator_client(server) as coord,
+        observer_client(server) as obs,
+    ):
+        served = await agent_a.nc.subscribe(subjects.node_command(A))
+        await confirm_subscriptions(agent_a.nc)
+
+        async def answer() -> None:
+            msg = await served.next_msg(timeout=3)
+            await msg.respond(b"batch-reply")
+
+        answering = asyncio.create_task(answer())
+        reply = await coord.nc.request(subjects.node_command(A), b"batch", timeout=3)
+        await answering
+        assert reply.data == b"batch-reply"
+        await agent_b.nc.subscribe(subjects.node_command(A))
+        await agent_b.refused("subscription", subjects.node_command(A))
+        await agent_b.nc.subscribe(subjects.all_node_commands())
+        await agent_b.refused("subscription", subjects.all_node_commands())
+        await obs.nc.subscribe(subjects.node_command(A))
+        await obs.refused("subscription", subjects.node_command(A))
+        for sender in (agent_b, obs):
+            await sender.nc.publish(subjects.node_command(A), b"forged")
+            await sender.refused("publish", subjects.node_command(A))
+        await coord.nc.publish(subjects.node_command(A), b"control")
+        await only_control_arrives(served, b"control")
+        assert [c.violations() for c in (agent_a, coord)] == [[], []]

@@ -57,6 +57,7 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
         assert allowed(perms.publish, s), s
     for s in (
         subjects.gpu_command(other, 0), subjects.gpu_command(node, 0),
+        subjects.node_command(node), subjects.node_command(other),
         subjects.gpu_samples(other, 0), subjects.coord_register_rank(other),
         subjects.coord_register_job(other), subjects.job_events("j", 0, other),
         subjects.job_measurements("j", other),
@@ -68,12 +69,13 @@ def test_an_agent_holds_exactly_its_own_nodes_subjects(node):
         assert not allowed(perms.publish, s), s
     own_sub = [
         subjects.gpu_command(node, 0), subjects.lease_renewal("job"), subjects.agent_ping(),
-        permissions.inbox("agent", node) + ".abc.*",
+        subjects.node_command(node), permissions.inbox("agent", node) + ".abc.*",
     ]  # fmt: skip
     for s in own_sub:
         assert allowed(perms.subscribe, s), s
     for s in (
         subjects.gpu_command(other, 0), subjects.gpu_samples(node, 0),
+        subjects.node_command(other), subjects.all_node_commands(),
         permissions.inbox("coordinator") + ".x", permissions.inbox("agent", other) + ".x",
         "_INBOX.x", subjects.job_status("j"), subjects.coord_register_rank(node),
     ):  # fmt: skip
@@ -108,7 +110,7 @@ def test_coordinator_and_observer():
     coord = permissions.coordinator()
     for s in (
         subjects.gpu_command("n", 0), subjects.lease_renewal("j"), subjects.job_status("j"),
-        subjects.agent_ping(), "$SRV.INFO.zeus-agent",
+        subjects.agent_ping(), "$SRV.INFO.zeus-agent", subjects.node_command("n"),
         permissions.inbox("coordinator") + ".x.1",
     ):  # fmt: skip
         assert allowed(coord.publish, s), s
@@ -121,7 +123,8 @@ def test_coordinator_and_observer():
         subjects.agent_hello("n"), permissions.inbox("coordinator") + ".x.*",
     ):  # fmt: skip
         assert allowed(coord.subscribe, s), s
-    for s in (subjects.gpu_command("n", 0), "_INBOX.x", permissions.inbox("agent", "n") + ".x"):
+    for s in (subjects.gpu_command("n", 0), subjects.node_command("n"), "_INBOX.x",
+              permissions.inbox("agent", "n") + ".x"):
         assert not allowed(coord.subscribe, s), s
 
     obs = permissions.observer("t")
@@ -130,8 +133,10 @@ def test_coordinator_and_observer():
     assert allowed(obs.subscribe, subjects.job_status("j", "t"))
     assert allowed(obs.subscribe, subjects.job_measurements("j", "n", "t"))
     assert allowed(obs.subscribe, subjects.all_node_measurements("n", "t"))
-    for s in (subjects.gpu_command("n", 0, "t"), subjects.job_events("j", 0, "n", "t")):
+    for s in (subjects.gpu_command("n", 0, "t"), subjects.job_events("j", 0, "n", "t"),
+              subjects.node_command("n", "t")):
         assert not allowed(obs.subscribe, s)
+        assert not allowed(obs.publish, s)
 
 
 def test_inboxes_match_subjects_inbox_prefix():

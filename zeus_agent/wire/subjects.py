@@ -127,6 +127,21 @@ def node_command(node: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.agent.{token(node)}.cmd"
 
 
+def node_command_of(gpu_command_subject: str) -> tuple[str, int] | None:
+    """The `node_command` subject of a `gpu_command` subject, and its GPU index; or None.
+
+    Built from the subject's own tokens (its prefix and node token as they are), so the node's
+    batches go to the agent that serves the GPU's subject.
+    """
+    parts = gpu_command_subject.rsplit(".", 4)
+    if len(parts) != 5 or parts[1] != "gpu" or parts[4] != "cmd":
+        return None
+    gpu = parts[3]
+    if not (gpu.isascii() and gpu.isdigit()):
+        return None
+    return f"{parts[0]}.agent.{parts[2]}.cmd", int(gpu)
+
+
 def _gpu(node: str, gpu: int | str, leaf: str, prefix: str) -> str:
     return f"{_p(prefix)}.gpu.{token(node)}.{token(gpu)}.{leaf}"
 
