@@ -63,8 +63,11 @@ def plan(requests: Sequence[tuple[str, bytes]], per_gpu: Collection[str] = (),
         seen: set[int] = set()
         unique: list[tuple[int, int]] = []
         for i, gpu in items:
-            (singles.append(i) if gpu in seen else unique.append((i, gpu)))
-            seen.add(gpu)
+            if gpu in seen:
+                singles.append(i)
+            else:
+                unique.append((i, gpu))
+                seen.add(gpu)
         if len(unique) < min_per_node:
             singles.extend(i for i, _ in unique)
             continue
