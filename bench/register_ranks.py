@@ -4,8 +4,9 @@ The setup: an embedded nats-server with JetStream (file storage, in a temporary 
 `--replicas` coordinator replicas (2 by default), each a `zeus-coordinator run` process
 (`--replica-name r1`, `r2`, ...: request endpoints in one queue group, state in the JetStream
 KV bucket, ownership leases), and, in this process, the rest of the cluster: one fake agent
-subscribed to `<p>.gpu.*.*.cmd` for 512 nodes x 8 GPUs (it answers `info` with a description of
-the GPU and counts `set_power_limit` commands) and the trainers: a client registers the job
+subscribed to `<p>.gpu.*.*.cmd` and the nodes' batches `<p>.agent.*.cmd` for 512 nodes x 8 GPUs
+(it answers `info` with a description of the GPU and counts `set_power_limit` commands;
+`--per-gpu-agents`: the per-GPU subjects only) and the trainers: a client registers the job
 (dp=4096), then all 4,096 ranks at once, each node's 8 ranks in one request on its node's
 subject as its agent relays ranks that register together (`RegisterRankColumns`; `--rows`: a
 `RegisterRanks`; `--per-rank`: one request per rank, as agents did before), every request
@@ -90,8 +91,9 @@ ZEUS_HTTP_S = 10.2
 class _FakeAgents:
     """One responder for every GPU of every node: answers `info`, counts first limits."""
 
-    def __init__(self, nodes: int, gpus_per_node: int) -> None:
+    def __init__(self, nodes: int, gpus_per_node: int, batches: bool = True) -> None:
         self.ranks = nodes * gpus_per_node
+        self.batches = batches
         self.info_replies: dict[str, bytes] = {}
         self.descriptions: dict[tuple[int, int], GpuDescription] = {}
         for n in range(nodes):
@@ -118,8 +120,34 @@ class _FakeAgents:
         nc = self.nc = await connect(url, "fake-agents")
         # A wildcard subscription (subjects.gpu_command would sanitise "*" as a user token).
         await nc.subscribe(subjects.all_gpu_commands(), cb=self.on_cmd)
+        if self.batches:
+            await nc.subscribe(subjects.all_node_commands(), cb=self.on_batch)
         await nc.flush()
         return nc
+
+    async def on_batch(self, msg: Any) -> None:
+        """A node's batch (`NodeCommandBatch`), answered as an agent does: a reply per item."""
+        node = msg.subject.rsplit(".", 2)[1]
+        replies = []
+        for item in msgpack.unpackb(msg.data)["items"]:
+            op = item["envelope"]["cmd"]["op"]
+            self.counts[op] = self.counts.get(op, 0) + 1
+            subject = subjects.gpu_command(node, item["gpu"])
+            if op == "info":
+                replies.append(self.info_replies[subject])
+                continue
+            if op == "set_power_limit":
+                self.deliver(subject)
+            replies.append(self.ok_reply)
+        # (Each reply's msgpack bytes as they are, in a `NodeCommandReply`.)
+        head = msgpack.packb({"v": 1, "replies": []})[:-1] + _array_head(len(replies))
+        await self.nc.publish(msg.reply, head + b"".join(replies))
+
+    def deliver(self, subject: str) -> None:
+        self.delivered.add(subject)
+        if len(self.delivered) == self.ranks and not self.all_delivered.is_set():
+            self.delivered_at = time.perf_counter()
+            self.all_delivered.set()
 
     async def on_cmd(self, msg: Any) -> None:
         op = msgpack.unpackb(msg.data)["cmd"]["op"]
@@ -131,11 +159,13 @@ class _FakeAgents:
             await self.nc.publish(msg.reply, self.info_replies[msg.subject])
             return
         if op == "set_power_limit":
-            self.delivered.add(msg.subject)
-            if len(self.delivered) == self.ranks and not self.all_delivered.is_set():
-                self.delivered_at = time.perf_counter()
-                self.all_delivered.set()
+            self.deliver(msg.subject)
         await self.nc.publish(msg.reply, self.ok_reply)
+
+
+def _array_head(n: int) -> bytes:
+    """A msgpack array header of `n` items."""
+    return bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
 
 
 def _requests(job_id: str, token: str, agents: _FakeAgents, nodes: int, gpus_per_node: int,
@@ -169,13 +199,13 @@ def _requests(job_id: str, token: str, agents: _FakeAgents, nodes: int, gpus_per
 
 async def harness(url: str, nodes: int, gpus_per_node: int,
                   ask_info: bool = False, per_rank: bool = False,
-                  rows: bool = False) -> dict[str, Any]:
+                  rows: bool = False, per_gpu_agents: bool = False) -> dict[str, Any]:
     """The outside world: fake agents for every GPU, and the trainers registering.
 
     Returns the timings (`time.perf_counter`, the system-wide monotonic clock) and counts.
     """
     ranks = nodes * gpus_per_node
-    agents = _FakeAgents(nodes, gpus_per_node)
+    agents = _FakeAgents(nodes, gpus_per_node, batches=not per_gpu_agents)
     agent_nc = await agents.start(url)
     client = await connect(url, "trainers")
     info = JobInfo(dp_degree=ranks, pp_degree=1, tp_degree=1, world_size=ranks)
@@ -399,7 +429,7 @@ def print_profiles(profile_dir: Path, names: list[str], top: int) -> None:
 async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: Path | None,
                    py_spy: str | None = None, ask_info: bool = False,
                    jetstream_sync: str = "always", per_rank: bool = False,
-                   rows: bool = False) -> dict[str, Any]:
+                   rows: bool = False, per_gpu_agents: bool = False) -> dict[str, Any]:
     """One run on a fresh nats-server and fresh replicas; its record.
 
     With `profile_dir`: py-spy samples the replicas during the run when `py_spy` is given,
@@ -424,7 +454,8 @@ async def run_once(nodes: int, gpus_per_node: int, replicas: int, profile_dir: P
                 spies = start_spies(py_spy, reps, profile_dir)
                 await asyncio.sleep(1.0)  # py-spy attached
             self0 = resource.getrusage(resource.RUSAGE_SELF)
-            timings = await harness(server.url, nodes, gpus_per_node, ask_info, per_rank, rows)
+            timings = await harness(server.url, nodes, gpus_per_node, ask_info, per_rank, rows,
+                                    per_gpu_agents)
             await asyncio.to_thread(stop_spies, spies)
             spies = []
             cpu = {k: round(cpu_seconds(p) - cpu0[k], 3) for k, p in pids.items()}
@@ -478,7 +509,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         # Each setting in turn within a run, so both see the same load.
         for sync in args.jetstream_sync:
             run = await run_once(args.nodes, args.gpus_per_node, args.replicas, args.profile,
-                                 args.py_spy, args.ask_info, sync, args.per_rank, args.rows)
+                                 args.py_spy, args.ask_info, sync, args.per_rank, args.rows,
+                                 args.per_gpu_agents)
             by_sync.setdefault(sync, []).append(run)
             if sync == args.jetstream_sync[0]:
                 runs.append(run)
@@ -505,6 +537,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "jetstream_sync": args.jetstream_sync[0],
         "requests": "per rank" if args.per_rank else "per node",
         "layout": "rows" if args.rows or args.per_rank or args.ask_info else "columns",
+        "agents": "per-GPU commands only" if args.per_gpu_agents else "node command batches",
         "total_s_by_jetstream_sync": {
             sync: spread([r["total_s"] for r in sync_runs]) for sync, sync_runs in by_sync.items()},
         "cpu_total_s_by_jetstream_sync": {
@@ -562,6 +595,9 @@ def main() -> None:
     parser.add_argument("--rows", action="store_true",
                         help="a node's batch in rows (`RegisterRanks`, as agents sent them before "
                         "columns), not in columns (`RegisterRankColumns`)")
+    parser.add_argument("--per-gpu-agents", action="store_true",
+                        help="fake agents that serve only the per-GPU command subjects (agents "
+                        "before node batches): the coordinator's batches fall back per GPU")
     parser.add_argument("--jetstream-sync", type=jetstream_syncs, default=["always"],
                         metavar="SYNC[,SYNC]",
                         help="JetStream sync_interval(s) of the bench's nats-server: 'always' "
