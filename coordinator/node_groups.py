@@ -23,7 +23,13 @@ from zeus_agent.wire import subjects
 from zeus_agent.wire.messages import Reply
 from zeus_agent.wire.node_command import MAX_NODE_COMMANDS, NodeCommandReply
 
-__all__ = ["Batch", "Plan", "batch_payload", "plan", "split"]
+__all__ = ["MAX_BATCH_BYTES", "Batch", "Plan", "batch_payload", "plan", "split"]
+
+MAX_BATCH_BYTES = 512 * 1024
+"""A node's commands beyond this many bytes go in another batch (nats-server's default payload
+limit is 1 MiB; each command alone was within it, a node's 8 schedules need not be)."""
+ITEM_OVERHEAD = 24
+"""Bytes an item adds around its command (its map, `gpu`, its index, `envelope`)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,8 @@ def plan(requests: Sequence[tuple[str, bytes]], per_gpu: Collection[str] = (),
     """Group the requests by node (see the module); `per_gpu`: node subjects sent per GPU.
 
     A request whose subject is not a GPU's command subject, or a second command for the same
-    GPU, goes alone; a node's batch holds at most `MAX_NODE_COMMANDS` items (more: several).
+    GPU, goes alone; a node's batch holds at most `MAX_NODE_COMMANDS` items and
+    `MAX_BATCH_BYTES` (more: several; a part of one item goes alone).
     """
     by_node: dict[str, list[tuple[int, int]]] = {}
     singles: list[int] = []
@@ -71,11 +78,28 @@ def plan(requests: Sequence[tuple[str, bytes]], per_gpu: Collection[str] = (),
         if len(unique) < min_per_node:
             singles.extend(i for i, _ in unique)
             continue
-        for at in range(0, len(unique), MAX_NODE_COMMANDS):
-            part = unique[at:at + MAX_NODE_COMMANDS]
-            batches.append(Batch(node_subject, tuple(i for i, _ in part),
-                                 tuple(g for _, g in part)))
+        for part in _parts(unique, requests):
+            if len(part) < min_per_node:
+                singles.extend(i for i, _ in part)
+            else:
+                batches.append(Batch(node_subject, tuple(i for i, _ in part),
+                                     tuple(g for _, g in part)))
     return Plan(tuple(batches), tuple(sorted(singles)))
+
+
+def _parts(items: list[tuple[int, int]],
+           requests: Sequence[tuple[str, bytes]]) -> list[list[tuple[int, int]]]:
+    """A node's items cut into batches of <= `MAX_NODE_COMMANDS` items and `MAX_BATCH_BYTES`."""
+    parts: list[list[tuple[int, int]]] = [[]]
+    size = 0
+    for i, gpu in items:
+        n = len(requests[i][1]) + ITEM_OVERHEAD
+        if parts[-1] and (len(parts[-1]) == MAX_NODE_COMMANDS or size + n > MAX_BATCH_BYTES):
+            parts.append([])
+            size = 0
+        parts[-1].append((i, gpu))
+        size += n
+    return parts
 
 
 def batch_payload(batch: Batch, requests: Sequence[tuple[str, bytes]]) -> bytes:

@@ -69,3 +69,13 @@ def test_split_says_per_gpu_when_the_batch_has_no_usable_answer():
         results: list[Reply | str | None] = [None, None]
         assert not node_groups.split(batch, reply, results)
         assert results == [None, None]
+
+
+def test_a_nodes_commands_beyond_the_most_bytes_go_in_several_batches():
+    big = codec.encode({"v": 1, "cmd": {"op": "info", "pad": "x" * 200_000}})
+    requests = [(subjects.gpu_command("a", g), big) for g in range(5)]
+    plan = node_groups.plan(requests)
+    assert [b.indices for b in plan.batches] == [(0, 1), (2, 3)]
+    assert plan.singles == (4,)
+    for b in plan.batches:
+        assert len(node_groups.batch_payload(b, requests)) <= node_groups.MAX_BATCH_BYTES

@@ -2,7 +2,8 @@
 
 `handle_node_batch(agents, data, headers)` is what the agent's node endpoint
 (`subjects.node_command`) calls. A batch that does not decode or validate is answered with one
-`Reply` (`bad_request`) and nothing in it is run. Otherwise each item runs, in order, through
+`Reply` (`bad_request`) and nothing in it is run. Otherwise each item runs (side by side: each
+GPU appears once, as its own endpoint would run them) through
 `commands.handle_decoded`, the path of a GPU's own request after decoding (the batch's
 `Zeus-Lease` header fences each item as it would fence that request), and its `Reply` takes the
 item's slot in a `NodeCommandReply`; an item for a GPU this agent does not have is answered
@@ -11,6 +12,7 @@ item's slot in a `NodeCommandReply`; an item for a GPU this agent does not have 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -21,7 +23,7 @@ from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import reply_for
 from zeus_agent.history import History
 from zeus_agent.wire import codec
-from zeus_agent.wire.messages import Reply
+from zeus_agent.wire.messages import GpuCommand, Reply
 from zeus_agent.wire.node_command import NodeCommandBatch, NodeCommandReply
 from zeus_agent.wire.text import bounded
 
@@ -50,14 +52,17 @@ async def handle_node_batch(
         batch = codec.decode(data, NodeCommandBatch)
     except Exception as e:  # noqa: BLE001 - every failure becomes a reply
         return reply_for(e, f"internal error in the agent of node {node!r}; see its log"), None
-    replies: list[Reply] = []
-    for item in batch.items:
-        agent = agents.get(item.gpu)
+
+
+    async def run(gpu: int, cmd: GpuCommand) -> Reply:
+        agent = agents.get(gpu)
         if agent is None:
-            replies.append(unknown_gpu(node, item.gpu, agents))
-        else:
-            replies.append(await handle_decoded(agent, item.envelope.cmd, headers))
-    return NodeCommandReply(replies=replies), batch
+            return unknown_gpu(node, gpu, agents)
+        return await handle_decoded(agent, cmd, headers)
+
+    # Each GPU at most once: its items run side by side, as their per-GPU endpoints would.
+    replies = await asyncio.gather(*(run(i.gpu, i.envelope.cmd) for i in batch.items))
+    return NodeCommandReply(replies=list(replies)), batch
 
 
 def node_handler(node: str, agents: Mapping[int, GpuAgent], history: History | None,
