@@ -13,8 +13,10 @@ from typing import Any
 
 from coordinator.service.commands import GpuCommands
 from tests.shell.agent_kit import running_agent
+from tests.shell.coordinator_kit import bound_energy_job, limits_are, wait_for
 from zeus_agent.broker import confirm_subscriptions
 from zeus_agent.wire import codec, subjects
+from zeus_agent.wire.fencing import LEASE_HEADER
 from zeus_agent.wire.messages import CommandEnvelope, Reply, SetPowerLimitCmd
 
 LIMIT = codec.encode(CommandEnvelope(cmd=SetPowerLimitCmd(power_limit_w=200, holder="j",
@@ -101,3 +103,22 @@ async def test_a_fence_that_says_no_sends_nothing(nats_server, nc) -> None:
     assert await commands(nc).request_grouped(requests, fence=lambda: False) is None
     await nc.flush()
     assert seen == []
+
+
+async def test_a_jobs_limit_reaches_a_node_as_one_fenced_batch(nats_server, agent, coord,
+                                                                 nc) -> None:
+    """The coordinator's own path: the job's two GPUs on one node get one batch, under the
+    replica's lease (the `Zeus-Lease` header), and nothing falls back."""
+    sent: list[tuple[str, bool]] = []
+
+    async def note(msg: Any) -> None:
+        if b"set_power_limit" in msg.data:
+            sent.append((msg.subject, bool(msg.headers and LEASE_HEADER in msg.headers)))
+
+    await nc.subscribe(subjects.all_node_commands(), cb=note)
+    await nc.subscribe(subjects.all_gpu_commands(), cb=note)
+    await confirm_subscriptions(nc)
+    await bound_energy_job(nc)
+    await wait_for(lambda: limits_are(agent.settings.sim_state_dir, 250))
+    assert sent and all(s == (subjects.node_command(agent.settings.node), True) for s in sent)
+    assert coord.commands.batch_fallbacks == 0
