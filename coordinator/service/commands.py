@@ -8,6 +8,10 @@ token (the `Zeus-Lease` header): an agent refuses it once the lease is over (`st
 which also covers a message already handed to NATS when the replica was paused, or held in a TCP
 connection through a partition. A GPU that did not take a command is said in the job's status
 (`report_failures`).
+
+A node with two or more of a job's commands gets them in one `NodeCommandBatch` on its node's
+subject (`request_grouped`, `coordinator.node_groups`), under the same lease header and fence;
+the replies are split back per GPU, and a node whose agent does not take batches goes per GPU.
 """
 
 from __future__ import annotations
