@@ -42,7 +42,7 @@ async def handle_node_batch(
     node: str, agents: Mapping[int, GpuAgent], data: bytes,
     headers: Mapping[str, str] | None = None,
 ) -> tuple[NodeCommandReply | Reply, NodeCommandBatch | None]:
-    """Decode a node's batch and run its items in order (never raises).
+    """Decode a node's batch and run its items side by side (never raises).
 
     Returns:
         The reply (a `NodeCommandReply`, or one `Reply` for a batch that does not decode), and

@@ -36,7 +36,7 @@ class NodeCommand(BaseModel):
 
 
 class NodeCommandBatch(Message):
-    """Commands for several GPUs of one node, each GPU at most once, run in order."""
+    """Commands for several GPUs of one node, each GPU at most once; the items run side by side."""
 
     items: list[NodeCommand] = Field(min_length=1, max_length=MAX_NODE_COMMANDS, fail_fast=True)
 
