@@ -60,7 +60,7 @@ def plan(requests: Sequence[tuple[str, bytes]], per_gpu: Collection[str] = (),
     by_node: dict[str, list[tuple[int, int]]] = {}
     singles: list[int] = []
     for i, (subject, _) in enumerate(requests):
-        parsed = subjects.node_command_of(subject)
+        parsed = subjects.parse_node_command_of(subject)
         if parsed is None or parsed[0] in per_gpu:
             singles.append(i)
             continue

@@ -8,8 +8,9 @@ and a simulated data-parallel job all real processes (`zeus_demo.cluster.SimClus
 The other replica must take the job over (`taken_over`) and finish it at the optimum the
 simulated GPUs' physics gives; once continued (SIGCONT), the stale replica must know it lost
 the job (its log and `/healthz`) and send no GPU command for it while the trainer goes on: the
-test listens on every GPU's command subject (`<p>.gpu.*.*.cmd`) and attributes each command to
-its sender by its reply inbox (`_INBOX.<p>.coord.<nuid>...`: nats-py's NUID, whose first 12
+test listens on every GPU's command subject (`<p>.gpu.*.*.cmd`) and every node's command
+batches (`<p>.agent.*.cmd`, each item counted as its GPU's command) and attributes each command
+to its sender by its reply inbox (`_INBOX.<p>.coord.<nuid>...`: nats-py's NUID, whose first 12
 characters are fixed per client connection, so each replica's commands carry their own).
 The GPUs end at the new owner's limit.
 """
@@ -38,6 +39,7 @@ from tests.e2e.job_kit import (
 )
 from zeus_agent.wire import codec, subjects
 from zeus_agent.wire.messages import CommandEnvelope
+from zeus_agent.wire.node_command import NodeCommandBatch
 from zeus_demo.cluster import SimCluster, processes_with_mark
 
 MUTATING = {"set_power_limit", "reset_power_limit", "lock_clocks", "reset_clocks",
@@ -73,7 +75,13 @@ async def test_a_sigstopped_owner_is_taken_over_and_fenced_after_sigcont(resume:
             op = codec.decode(msg.data, CommandEnvelope).cmd.op
             commands.append((time.monotonic(), msg.subject, sender(msg.reply), op))
 
+        async def on_batch(msg: Any) -> None:
+            for item in codec.decode(msg.data, NodeCommandBatch).items:
+                commands.append((time.monotonic(), f"{msg.subject}[gpu {item.gpu}]",
+                                 sender(msg.reply), item.envelope.cmd.op))
+
         await c.nc.subscribe(subjects.all_gpu_commands(), cb=on_command)
+        await c.nc.subscribe(subjects.all_node_commands(), cb=on_batch)
         c.start_trainer(workload=WORKLOAD, steps=260, scale=SCALE,
                         power_limit=job_options(), timeout_s=100)
         _, status = await c.wait_status(lambda s: s.message.startswith("measuring 200 W"), 40,

@@ -56,7 +56,7 @@ def test_a_reply_is_told_from_a_single_reply_by_its_key():
 
 @pytest.mark.parametrize("node", ["gpu-a", "a b.c", "x" * 100, "*"])
 def test_node_subject_of_a_gpus_subject_is_its_nodes(node):
-    assert subjects.node_command_of(subjects.gpu_command(node, 5, "t.p")) == (
+    assert subjects.parse_node_command_of(subjects.gpu_command(node, 5, "t.p")) == (
         subjects.node_command(node, "t.p"), 5)
     assert subjects.node_command(node).startswith("zeus.agent.")
     assert subjects.node_command(node).endswith(".cmd")
@@ -66,4 +66,4 @@ def test_node_subject_of_a_gpus_subject_is_its_nodes(node):
     "zeus.gpu.n.0.sample", "zeus.gpu.n.x.cmd", "zeus.agent.n.cmd", "cmd", "zeus.gpu.n.².cmd",
 ])
 def test_other_subjects_have_no_node_subject(subject):
-    assert subjects.node_command_of(subject) is None
+    assert subjects.parse_node_command_of(subject) is None

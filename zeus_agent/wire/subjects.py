@@ -127,7 +127,7 @@ def node_command(node: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{_p(prefix)}.agent.{token(node)}.cmd"
 
 
-def node_command_of(gpu_command_subject: str) -> tuple[str, int] | None:
+def parse_node_command_of(gpu_command_subject: str) -> tuple[str, int] | None:
     """The `node_command` subject of a `gpu_command` subject, and its GPU index; or None.
 
     Built from the subject's own tokens (its prefix and node token as they are), so the node's
