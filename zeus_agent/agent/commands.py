@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import (
@@ -44,6 +45,7 @@ from zeus_agent.wire.messages import (
     UnbindRankCmd,
 )
 from zeus_agent.wire.node_cap import NodeCapCmd
+from zeus_agent.wire.text import bounded
 from zeus_agent.wire.trainer import SelectRequest
 
 LOG = logging.getLogger(__name__)
@@ -182,3 +184,18 @@ async def info(agent: GpuAgent) -> dict:
         "counters": dict(agent.counters),
         "node_cap": agent.cap.describe(),
     }
+
+
+async def answer(req: Any, data: bytes, before_reply: Callable[[], Awaitable[None]] | None,
+                 who: str, what: str) -> None:
+    """Answer a command request (a GPU's, or a node's batch) after `before_reply` (never raises).
+
+    `before_reply`: the lease renewals' subjects follow the leases the command granted or
+    released before the asker hears of it.
+    """
+    if before_reply is not None:
+        await before_reply()
+    try:
+        await req.respond(data)
+    except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
+        LOG.warning("%s: could not answer %s: %s", who, what, bounded(e, 300))

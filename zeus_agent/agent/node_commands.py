@@ -18,14 +18,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from zeus_agent.agent import recording
-from zeus_agent.agent.commands import handle_decoded
+from zeus_agent.agent.commands import answer, handle_decoded
 from zeus_agent.agent.gpu_agent import GpuAgent
 from zeus_agent.errors import reply_for
 from zeus_agent.history import History
 from zeus_agent.wire import codec
 from zeus_agent.wire.messages import GpuCommand, Reply
 from zeus_agent.wire.node_command import NodeCommandBatch, NodeCommandReply
-from zeus_agent.wire.text import bounded
 
 __all__ = ["handle_node_batch", "node_handler", "unknown_gpu"]
 
@@ -52,7 +51,6 @@ async def handle_node_batch(
         batch = codec.decode(data, NodeCommandBatch)
     except Exception as e:  # noqa: BLE001 - every failure becomes a reply
         return reply_for(e, f"internal error in the agent of node {node!r}; see its log"), None
-
 
     async def run(gpu: int, cmd: GpuCommand) -> Reply:
         agent = agents.get(gpu)
@@ -85,11 +83,6 @@ def node_handler(node: str, agents: Mapping[int, GpuAgent], history: History | N
         except Exception as e:  # noqa: BLE001 - never go silent
             LOG.exception("node %s: command batch handling failed", node)
             data = codec.encode(reply_for(e, f"internal error in the agent of node {node!r}"))
-        await before_reply()
-        try:
-            await req.respond(data)
-        except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
-            LOG.warning("node %s: could not answer a command batch: %s", node,
-                        bounded(e, 300))
+        await answer(req, data, before_reply, f"node {node}", "a command batch")
 
     return handler

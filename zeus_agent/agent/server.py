@@ -52,7 +52,7 @@ from typing import Any
 
 from zeus_agent import __version__, status_http
 from zeus_agent.agent import recording
-from zeus_agent.agent.commands import handle_command
+from zeus_agent.agent.commands import answer, handle_command
 from zeus_agent.agent.core.formats import ColumnsChoice
 from zeus_agent.agent.credentials import pass_credentials
 from zeus_agent.agent.doorbell import doorbell_path
@@ -334,13 +334,7 @@ class AgentServer(ExitSignals):
                 LOG.exception("GPU %d: command handling failed", agent.index)
                 data = codec.encode(reply_for(
                     e, f"internal error in the agent of GPU {agent.index}; see its log"))
-            if before_reply is not None:
-                await before_reply()
-            try:
-                await req.respond(data)
-            except Exception as e:  # noqa: BLE001 - the asker left, or NATS is gone
-                LOG.warning("GPU %d: could not answer a command: %s", agent.index,
-                            bounded(e, 300))
+            await answer(req, data, before_reply, f"GPU {agent.index}", "a command")
 
         return handler
 
