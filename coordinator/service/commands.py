@@ -97,9 +97,6 @@ class GpuCommands:
         for subject in [k for k, until in self.per_gpu_until.items() if until <= now]:
             del self.per_gpu_until[subject]
         grouped = node_groups.plan(requests, self.per_gpu_until)
-        if not grouped.batches:
-            alone = await self.request_all(requests, headers, fence)
-            return None if alone is None else [_one(r) for r in alone]
         sent = [(b.subject, node_groups.batch_payload(b, requests)) for b in grouped.batches]
         sent += [requests[i] for i in grouped.singles]
         got = await self.request_all(sent, headers, fence)

@@ -281,16 +281,15 @@ class CounterReader:
             before = self.policy.state
             knot = self.policy.on_read(t0, t1, energy)
             after = self.policy.state
-            bounds = self.policy.period_bounds_ns
         if after is not before:
             self.phase_changes += 1
-            if after is PhaseState.LOCKED and bounds is not None:
-                LOG.info("GPU %d: energy counter locked on its %.3f ms update grid",
-                         self.gpu.index, (bounds[0] + bounds[1]) / 2e6)
+            if after is PhaseState.LOCKED:
+                LOG.info("GPU %d: energy counter locked on its %s ms update grid",
+                         self.gpu.index, self.update_period_ms)
             elif before is PhaseState.LOCKED:
                 LOG.info("GPU %d: energy counter lost its update grid (now %s): windows "
-                            "measured until it locks again may be off by up to one update "
-                            "period at each edge", self.gpu.index, after.value)
+                         "measured until it locks again may be off by up to one update "
+                         "period at each edge", self.gpu.index, after.value)
             else:
                 LOG.info("GPU %d: energy counter read %s (was %s)", self.gpu.index,
                          after.value, before.value)

@@ -71,7 +71,7 @@ _PLAIN_AFTER_CHANGES = 8
 A read aimed at a predicted update (a test, or a scan after one) counts only when it came
 within 3 learning intervals of the one before: aimed at a 100 ms counter's updates, each lands
 after its update whenever the grid is estimated a little late, for many updates in a row.
-Counted, 1 learning in ~20 with recorded-like read costs went PLAIN (60 s of knots at the
+Counted, 2 learnings in 200 drawn, recorded-like read costs, went PLAIN (60 s of knots at the
 reads, up to half a period off); a continuous counter's grid narrows against ~40 ms, whose
 aimed reads still count."""
 _MAX_LEARN_READS = 400
